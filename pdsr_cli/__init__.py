@@ -1,0 +1,1 @@
+"""The ``pdsr`` command line: thin wrappers that parse, build a config, call the SDK."""

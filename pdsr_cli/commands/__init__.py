@@ -1,0 +1,1 @@
+"""One module per ``pdsr`` subcommand; each defines ``command``."""

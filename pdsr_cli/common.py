@@ -1,0 +1,72 @@
+"""Helpers shared by the CLI commands: config assembly, error reporting."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+import click
+
+from pdsr_sdk.errors import PdsrError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def config_option(f: F) -> F:
+    """``--config FILE``: a YAML/JSON file of the command's config; flags override it."""
+    return click.option(
+        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        help="YAML or JSON config file; command-line flags override its values.",
+    )(f)
+
+
+def handle_errors(f: F) -> F:
+    """Print pdsr's user errors as one clean message (exit 2), never a deep traceback."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except PdsrError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted: finished results are on disk; rerun with --resume to continue", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def build_config(model: type, config_path: Path | None, overrides: Mapping[str, Any]):
+    """Load ``model`` from ``--config`` plus flag overrides (dotted keys; None = not given)."""
+    from pdsr_sdk.config import load_config
+
+    return load_config(model, config_path, overrides)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """A plain fixed-width table (numbers right-aligned, floats to 3 significant places)."""
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(rows[0])
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows) for c in columns]
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+    out = [line(columns), line(["-" * w for w in widths])]
+    out += [line(row) for row in cells]
+    return "\n".join(out)

@@ -1,0 +1,60 @@
+"""``pdsr``: the command group.
+
+Subcommands are imported only when invoked (or when their help is shown),
+so ``pdsr --help`` stays fast and works without torch or vLLM installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+#: command name -> (module under pdsr_cli.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "rollout": ("rollout", "Generate GRPO groups with a P-DSR dispatch policy on vLLM engines."),
+    "score": ("score", "Per-token log-probs of completions under a model, micro-batched."),
+    "gae": ("gae", "Generalized advantage estimation (chunk-scan) on a Parquet file."),
+    "simulate": ("simulate", "Replay a length trace through dispatch policies on simulated engines."),
+    "analyze": ("analyze", "Statistics and plots of a length trace or trajectories file."),
+    "trace": ("trace", "Length traces: synthesize or convert."),
+    "model": ("model", "Prepare local models: the built-in tiny model, SmolLM2-135M."),
+    "schema": ("schema", "Write the JSON/Arrow schemas of configs and outputs into schemas/."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if self._available(name)]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"pdsr_cli.commands.{COMMANDS[name][0]}")
+        return module.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        return importlib.util.find_spec(f"pdsr_cli.commands.{COMMANDS[name][0]}") is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="pdsr")
+def cli() -> None:
+    """pdsr: fast rollout side of LLM reinforcement learning (GRPO/PPO).
+
+    Probe-based Dynamic Segment Rollout over vLLM engines, micro-batched
+    log-prob scoring, chunk-scan GAE, and a simulator and analyser for
+    rollout length traces. Every command takes --config FILE (YAML/JSON);
+    flags override the file.
+    """
+
+
+if __name__ == "__main__":
+    cli()

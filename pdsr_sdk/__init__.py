@@ -1,0 +1,41 @@
+"""pdsr SDK: the fast rollout side of LLM reinforcement learning.
+
+Importing this package is cheap: the public functions below are loaded on
+first use, and heavy dependencies (torch, vllm, numba, ray) are imported only
+inside the backends that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it
+_LAZY = {
+    "compute_gae": "pdsr_sdk.gae",
+    "grpo_advantages": "pdsr_sdk.gae",
+    "masked_whiten": "pdsr_sdk.gae",
+    "partition_by_tokens": "pdsr_sdk.batching",
+    "restore_order": "pdsr_sdk.batching",
+    "PdsrError": "pdsr_sdk.errors",
+    "ConfigError": "pdsr_sdk.errors",
+    "DataError": "pdsr_sdk.errors",
+    "EngineError": "pdsr_sdk.errors",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pdsr_sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,148 @@
+"""Base config model and loading with dotted-key errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pdsr_sdk.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigModel(BaseModel):
+    """Base of every pdsr config: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - parser errors vary by format
+        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``data["a"]["b"] = value`` for ``dotted == "a.b"``, creating mappings on the way."""
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(
+    model: type[M],
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    base: Mapping[str, Any] | None = None,
+) -> M:
+    """Build ``model`` from ``base``, then the file at ``path``, then ``overrides``.
+
+    ``overrides`` maps dotted keys to values; ``None`` values are skipped so
+    unset CLI flags leave the file's value alone.
+    """
+    data: dict[str, Any] = _deep_merge({}, dict(base or {}))
+    if path is not None:
+        data = _deep_merge(data, read_config_file(path))
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    for key, value in given.items():
+        set_dotted(data, key, value)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, source=path, overrides=given)) from None
+
+
+def validate_config(model: type[M], data: Mapping[str, Any], *, source: str | Path | None = None) -> M:
+    """Validate a mapping (e.g. one section of a larger file) with pdsr's error format."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, source=source)) from None
+
+
+def format_validation_error(
+    exc: ValidationError,
+    model: type[BaseModel],
+    *,
+    source: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> str:
+    """One line per problem: ``<file>: <dotted.key>: <what was expected>``."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "(top level)"
+        origin = "command line" if overrides and key in overrides else (str(source) if source else model.__name__)
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(model, loc[:-1])
+            hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
+            lines.append(f"{origin}: {key}: unknown config key{hint}")
+        else:
+            got = err.get("input")
+            shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+            lines.append(f"{origin}: {key}: {err['msg']}{shown}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _valid_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
+    """Field names of the sub-model at ``loc`` (best effort; [] if not a model)."""
+    current: Any = model
+    for part in loc:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        field = current.model_fields.get(part)
+        if field is None:
+            # a dict/list index: descend into the value type if it is a model
+            current = _inner_model(current)
+            continue
+        current = _inner_model(field.annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(current.model_fields)
+    return []
+
+
+def _inner_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in other.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+    return into

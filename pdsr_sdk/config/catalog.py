@@ -1,0 +1,60 @@
+"""Every config model and output schema pdsr exports to ``schemas/``.
+
+Entries are lazy import paths so that listing them imports nothing heavy.
+Add a line here when you add a config model or an output table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdsr_sdk.registry import Registry
+
+#: JSON Schema of each config model, written to ``schemas/<name>.schema.json``.
+CONFIG_MODELS: Registry[type] = Registry("config model")
+CONFIG_MODELS.register("gae", "pdsr_sdk.gae.config:GaeConfig")
+
+#: Arrow schema of each output table: import path of a zero-argument function
+#: returning a ``pyarrow.Schema``; written to ``schemas/<name>.arrow.json``.
+OUTPUT_SCHEMAS: Registry[object] = Registry("output schema")
+OUTPUT_SCHEMAS.register("gae_output", "pdsr_sdk.gae.table:gae_output_schema")
+
+
+def render_schemas() -> dict[str, str]:
+    """File name -> file text for every exported schema (deterministic)."""
+    files: dict[str, str] = {}
+    for name in CONFIG_MODELS.names():
+        model = CONFIG_MODELS.get(name)
+        files[f"{name}.schema.json"] = json.dumps(model.model_json_schema(), indent=2, sort_keys=True) + "\n"
+    for name in OUTPUT_SCHEMAS.names():
+        schema = OUTPUT_SCHEMAS.get(name)()
+        files[f"{name}.arrow.json"] = json.dumps(arrow_schema_to_json(schema), indent=2) + "\n"
+    return files
+
+
+def write_schemas(directory: str | Path) -> list[Path]:
+    """Write every schema into ``directory``; returns the paths written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render_schemas().items():
+        path = directory / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def arrow_schema_to_json(schema) -> dict:
+    """A readable JSON form of a pyarrow schema: name, type, nullable, description."""
+    fields = []
+    for field in schema:
+        meta = {k.decode(): v.decode() for k, v in (field.metadata or {}).items()}
+        fields.append({
+            "name": field.name,
+            "type": str(field.type),
+            "nullable": field.nullable,
+            "description": meta.get("description", ""),
+        })
+    meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+    return {"fields": fields, "metadata": meta}

@@ -1,0 +1,1 @@
+"""Engines: where generation runs (vLLM processes, Ray actors, the simulator)."""

@@ -1,0 +1,36 @@
+"""User-facing errors.
+
+Everything pdsr raises on bad input derives from :class:`PdsrError`; the CLI
+prints these as one clean message (no traceback) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class PdsrError(Exception):
+    """An error the user can fix: bad input, bad config, unknown name."""
+
+
+class ConfigError(PdsrError):
+    """A config file or flag is invalid; the message names the file and dotted key."""
+
+
+class DataError(PdsrError):
+    """An input data file is invalid; the message names the file, row or column."""
+
+
+class EngineError(PdsrError):
+    """An engine failed; carries the engine's name, exit status and its own traceback."""
+
+    def __init__(self, engine: str, message: str, *, exit_status: int | None = None,
+                 remote_traceback: str | None = None):
+        self.engine = engine
+        self.exit_status = exit_status
+        self.remote_traceback = remote_traceback
+        parts = [f"engine {engine!r}: {message}"]
+        if exit_status is not None:
+            parts.append(f"(exit status {exit_status})")
+        text = " ".join(parts)
+        if remote_traceback:
+            text += "\n--- engine traceback ---\n" + remote_traceback.rstrip()
+        super().__init__(text)

@@ -1,0 +1,1 @@
+"""Reading and writing tables: atomic writes, streamed record batches, ragged columns."""

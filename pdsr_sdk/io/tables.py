@@ -1,0 +1,151 @@
+"""Parquet/JSONL table helpers shared by the commands.
+
+- ``read_table`` checks the file and the columns a command needs and names
+  them in errors.
+- ``write_table_atomic`` writes to a temp file beside the target and renames,
+  so an interrupted run never leaves a half-written output.
+- ``list_column_to_numpy`` / ``numpy_to_list_array`` convert between Arrow
+  list columns (one ragged row per sample) and flat numpy buffers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from pdsr_sdk.errors import DataError
+
+
+def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input") -> pa.Table:
+    """Read a Parquet (or Arrow IPC / JSONL) file, checking that ``columns`` exist."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: {what} file does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".jsonl", ".json"):
+            table = _read_jsonl(path)
+        elif suffix in (".arrow", ".ipc", ".feather"):
+            import pyarrow.feather as feather
+
+            table = feather.read_table(path)
+        else:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
+        raise DataError(f"{path}: cannot read {what} file as {suffix.lstrip('.') or 'parquet'}: {exc}") from None
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
+            f"the file has: {', '.join(table.column_names) or '(no columns)'}"
+        )
+    return table
+
+
+def _read_jsonl(path: Path) -> pa.Table:
+    rows = []
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+            rows.append(row)
+    return pa.Table.from_pylist(rows)
+
+
+def write_table_atomic(table: pa.Table, path: str | Path, *, compression: str = "zstd") -> Path:
+    """Write ``table`` as Parquet to ``path`` via a temp file and an atomic rename."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression=compression)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(text: str, path: str | Path) -> Path:
+    """Write a small text file (JSON summaries) atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def list_column_to_numpy(column: pa.ChunkedArray | pa.Array, dtype, *, name: str = "column",
+                         path: str | Path = "") -> tuple[np.ndarray, np.ndarray]:
+    """Flatten a list column: returns (values, offsets) with ``offsets[i]:offsets[i+1]`` for row i.
+
+    Raises DataError naming the first null row.
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        raise DataError(f"{path}: column {name!r} must be a list column, got {column.type}")
+    if column.null_count:
+        row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
+        raise DataError(f"{path}: column {name!r} row {row} is null; expected a list")
+    offsets = np.asarray(column.offsets, dtype=np.int64)
+    values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
+    if values.null_count:
+        flat = int(np.flatnonzero(~np.asarray(values.is_valid()))[0])
+        row = int(np.searchsorted(offsets, flat, side="right") - 1)
+        raise DataError(f"{path}: column {name!r} row {row} has a null element")
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=dtype), offsets
+
+
+def numpy_to_list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    """Inverse of :func:`list_column_to_numpy`."""
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+
+
+def ragged_to_padded(values: np.ndarray, offsets: np.ndarray, *, fill=0, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    """Flat ragged rows -> a right-padded [B, T_max] array and the row lengths."""
+    lengths = np.diff(offsets)
+    rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
+    out = np.full((rows, width), fill, dtype=dtype or values.dtype)
+    col = np.arange(width)
+    mask = col[None, :] < lengths[:, None]
+    out[mask] = values
+    return out, lengths
+
+
+def padded_to_ragged(padded: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A right-padded [B, T] array -> (flat values, offsets)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    mask = np.arange(padded.shape[1])[None, :] < lengths[:, None]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return padded[mask], offsets
+
+
+def iter_rows_as_lists(column: pa.ChunkedArray) -> Iterable[list]:
+    """Python lists of a list column, row by row (for small tables and messages)."""
+    for chunk in column.chunks:
+        yield from chunk.to_pylist()

@@ -1,0 +1,1 @@
+"""Local models: the built-in tiny random model and the SmolLM2 preparation."""
