@@ -36,3 +36,29 @@ def _no_hub(monkeypatch):
     # Tests never reach a model hub: everything is local.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def engine_loop():
+    """One asyncio loop in a background thread for the whole session.
+
+    vLLM's AsyncLLM is tied to the loop it first ran on, so engines shared
+    between tests must live on one long-lived loop; tests submit coroutines
+    to it with :func:`run_on`.
+    """
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="engine-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=30)
+
+
+def run_on(loop, coro, timeout: float = 900):
+    """Run ``coro`` on ``loop`` (another thread) and return its result."""
+    import asyncio
+
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)

@@ -80,12 +80,16 @@ def load_config(
         raise ConfigError(format_validation_error(exc, model, source=path, overrides=given)) from None
 
 
-def validate_config(model: type[M], data: Mapping[str, Any], *, source: str | Path | None = None) -> M:
-    """Validate a mapping (e.g. one section of a larger file) with pdsr's error format."""
+def validate_config(model: type[M], data: Mapping[str, Any], *, source: str | Path | None = None,
+                    prefix: str = "") -> M:
+    """Validate a mapping (e.g. one section of a larger file) with pdsr's error format.
+
+    ``prefix`` is the dotted key of the section, so errors name the full key.
+    """
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, model, source=source)) from None
+        raise ConfigError(format_validation_error(exc, model, source=source, prefix=prefix)) from None
 
 
 def format_validation_error(
@@ -94,12 +98,13 @@ def format_validation_error(
     *,
     source: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
+    prefix: str = "",
 ) -> str:
     """One line per problem: ``<file>: <dotted.key>: <what was expected>``."""
     lines = []
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
-        key = ".".join(loc) or "(top level)"
+        key = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
         origin = "command line" if overrides and key in overrides else (str(source) if source else model.__name__)
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(model, loc[:-1])

@@ -1,1 +1,20 @@
-"""Engines: where generation runs (vLLM processes, Ray actors, the simulator)."""
+"""Engines: where generation runs (vLLM processes, Ray actors, the simulator).
+
+Backends are found by name in :data:`ENGINE_BACKENDS`; each is a class with
+``from_spec(spec, **context)`` returning an object that implements
+:class:`pdsr_sdk.rollout.protocols.Engine`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdsr_sdk.registry import Registry
+
+ENGINE_BACKENDS: Registry[type] = Registry("engine backend")
+ENGINE_BACKENDS.register("vllm", "pdsr_sdk.engines.vllm_engine:VllmEngine")
+
+
+def build_engine(spec, **context: Any):
+    """Instantiate the engine described by ``spec`` (an EngineSpec) with its backend."""
+    return ENGINE_BACKENDS.get(spec.backend).from_spec(spec, **context)

@@ -1,0 +1,81 @@
+"""``pdsr analyze``: the seed 002 statistics and plots of a length trace or trajectories file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from pdsr_cli.common import build_config, config_option, format_table, handle_errors
+from pdsr_sdk.analysis.config import AnalyzeConfig
+
+
+def _help(name: str) -> str:
+    field = AnalyzeConfig.model_fields[name]
+    return field.description if field.default is None else f"{field.description} [default: {field.default}]"
+
+
+@click.command("analyze")
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--top-k", type=float, default=None, help=_help("top_k"))
+@click.option("--safe-k", type=float, default=None, help=_help("safe_k"))
+@click.option("--fn-length", type=int, default=None, help=_help("fn_length"))
+@click.option("--batch-prompts", type=int, default=None, help=_help("batch_prompts"))
+@click.option("--capture-top", type=int, default=None, help=_help("capture_top"))
+@click.option("--dispatch-batch-prompts", type=int, default=None, help=_help("dispatch_batch_prompts"))
+@click.option("--offload-frac", type=float, default=None, help=_help("offload_frac"))
+@click.option("--cap-mult", type=float, default=None, help=_help("cap_mult"))
+@click.option("--cv-ddof", type=click.Choice(["0", "1"]), default=None, help=_help("cv_ddof"))
+@click.option("--plots/--no-plots", default=None, help="Write PNG plots. [default: --plots]")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for the plots (and analysis.json). [default: the --json file's directory, "
+                   "else ./analysis]")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the JSON report. [default: OUT_DIR/analysis.json]")
+@config_option
+@handle_errors
+def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, config_path: Path | None,
+            cv_ddof: str | None, **flags) -> None:
+    """How well sample 0 (the probe) predicts the lengths of its group's other samples.
+
+    TRACE is a JSONL length trace or a trajectories Parquet/Arrow file from
+    `pdsr rollout`. Prints per-group spread (CV), Spearman rank correlation of
+    the probe with each later sample, top-K recall and the "safe" rate, the
+    false-negative rate of a fixed length threshold, batch-level capture of the
+    longest task with its cost ratio, and a V2.5 dispatch replay (heavy / fast /
+    broke); writes them as JSON and draws PNG plots.
+
+    Example: pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
+    """
+    from pdsr_sdk.analysis import analyze_trace, report_tables, write_plots
+    from pdsr_sdk.io.tables import write_text_atomic
+    from pdsr_sdk.traces import read_trace
+
+    flags["cv_ddof"] = None if cv_ddof is None else int(cv_ddof)
+    cfg = build_config(AnalyzeConfig, config_path, flags)
+    trace = read_trace(trace_path)
+    report = analyze_trace(trace, cfg)
+
+    out_dir = out_dir or (json_path.parent if json_path is not None else Path("analysis"))
+    json_path = json_path or out_dir / "analysis.json"
+    plots = []
+    if cfg.plots:
+        plots = write_plots(trace.matrix(), out_dir, cv_ddof=cfg.cv_ddof, title=trace_path.name)
+    report["plots"] = [str(p) for p in plots]
+    write_text_atomic(json.dumps(report, indent=2) + "\n", json_path)
+
+    tables = report_tables(report)
+    dv = report["dispatch_v25"]
+    click.echo(f"{trace_path}: {report['trace']['groups']} groups x {report['trace']['samples_per_group']} samples\n")
+    click.echo(format_table(tables["summary"]))
+    click.echo("\nper later sample j (against the probe, sample 0):")
+    click.echo(format_table(tables["per_sample"]))
+    click.echo(f"\nV2.5 dispatch replay: batches of {dv['batch_prompts']} prompts, top {dv['heavy_prompts_per_batch']} "
+               f"by probe offloaded, fast cap = floor({dv['cap_mult']:g} x L_cut) (median cap "
+               f"{dv['cap_median']:.0f}); {dv['fast_prompts_broke']} of {dv['fast_prompts']} fast prompts had a break; "
+               f"{100 * (dv['wasted_token_frac'] or 0):.1f}% of tokens wasted before breaks")
+    click.echo(format_table(tables["dispatch"]))
+    click.echo("")
+    for path in [json_path, *plots]:
+        click.echo(f"wrote {path}")

@@ -1,0 +1,116 @@
+"""``pdsr rollout``: generate GRPO groups with a P-DSR policy on vLLM engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pdsr_cli.common import build_config, config_option, format_table, handle_errors
+
+
+def _parse_settings(values: tuple[str, ...]) -> dict:
+    import yaml
+
+    out = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
+        out[key.strip()] = yaml.safe_load(raw)
+    return out
+
+
+@click.command("rollout")
+@config_option
+@click.option("--policy", help="Dispatch policy: baseline, v1, v2, v2.5, a preset in policies/, a preset file, "
+                               "or 'package.module:Class'.  [default: v2.5]")
+@click.option("--set", "policy_set", multiple=True, metavar="KEY=VALUE",
+              help="Override one policy setting, e.g. --set cap_multiplier=2.0 (repeatable).")
+@click.option("--data", type=click.Path(dir_okay=False, path_type=Path),
+              help="Prompts (Parquet or JSONL).  [default: the built-in sample prompts]")
+@click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
+@click.option("--n", type=int, help="Samples per prompt (group size).  [default: 8]")
+@click.option("--batch-size", type=int, help="Prompts per batch.  [default: 128]")
+@click.option("--num-batches", type=int, help="Stop after this many batches.")
+@click.option("--limit", type=int, help="Use only the first N prompts.")
+@click.option("--max-tokens", type=int, help="Most response tokens per sample.  [default: 1024]")
+@click.option("--temperature", type=float, help="Sampling temperature.  [default: 1.0]")
+@click.option("--top-p", type=float, help="Nucleus sampling mass.  [default: 1.0]")
+@click.option("--ignore-eos", is_flag=True, default=None, help="Generate to max tokens (or forced lengths) past EOS.")
+@click.option("--fast", "fast_engines", type=int, help="Engines in the fast pool (automatic layout).")
+@click.option("--heavy", "heavy_engines", type=int, help="Engines in the heavy pool (automatic layout).")
+@click.option("--prompt-column", help="Prompt text column.  [default: prompt/problem/question]")
+@click.option("--messages-column", help="Chat messages column (list of {role, content}).")
+@click.option("--id-column", help="Prompt id column.  [default: id/unique_id/prompt_id, else row number]")
+@click.option("--ground-truth-column", help="Reference answer column.  [default: answer/ground_truth]")
+@click.option("--target-lengths-column", help="Per-sample forced lengths (length-controlled replay; needs --ignore-eos).")
+@click.option("--reward", help="math_boxed, none, auto, or 'package.module:fn'.  [default: auto]")
+@click.option("--seed", type=int, help="Engine seed.  [default: 0]")
+@click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Trajectories Parquet.  [default: runs/rollout.parquet]")
+@click.option("--summary", type=click.Path(dir_okay=False, path_type=Path),
+              help="Run summary JSON.  [default: <out>.summary.json]")
+@click.option("--resume", is_flag=True, default=None, help="Skip groups already finished in --out.")
+@click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@handle_errors
+def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
+            temperature, top_p, ignore_eos, fast_engines, heavy_engines, prompt_column, messages_column, id_column,
+            ground_truth_column, target_lengths_column, reward, seed, no_segments, out, summary, resume,
+            overwrite, quiet):
+    """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
+
+    Sample 0 of each prompt probes its difficulty; the policy routes the
+    other samples to the fast or heavy pool. Trajectories stream to Parquet
+    (finished groups are on disk even if the run is interrupted; --resume
+    skips them), and a summary (makespan, tokens/s, engine busy fraction,
+    probes, offloads, breaks, moves, steals, restarts) is printed and saved.
+
+    \b
+    Examples:
+      pdsr rollout --n 4 --max-tokens 256                 # tiny model, sample prompts
+      pdsr rollout --policy v2.5 --data math.parquet --model DIR --n 8 --batch-size 128
+      pdsr rollout --config run.yaml --resume
+    """
+    from pdsr_sdk.progress import silent_progress, tqdm_progress
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.run import run_rollout, summary_path
+
+    overrides = {
+        "policy.name": policy,
+        "data.path": data, "model": model, "sampling.n": n, "batch_size": batch_size,
+        "num_batches": num_batches, "data.limit": limit, "sampling.max_tokens": max_tokens,
+        "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.ignore_eos": ignore_eos,
+        "fast_engines": fast_engines, "heavy_engines": heavy_engines,
+        "data.prompt_column": prompt_column, "data.messages_column": messages_column,
+        "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
+        "data.target_lengths_column": target_lengths_column, "reward": reward, "seed": seed,
+        "segments.enabled": False if no_segments else None,
+        "output.path": out, "output.summary_path": summary, "output.resume": resume,
+        "output.overwrite": overwrite,
+    }
+    overrides.update({f"policy.settings.{k}": v for k, v in _parse_settings(policy_set).items()})
+    cfg = build_config(RolloutConfig, config_path, overrides)
+    if cfg.model is None:
+        click.echo("model: the built-in tiny random model (pass --model DIR for a real one)", err=True)
+    if cfg.data.path is None:
+        click.echo("data: the built-in sample prompts (pass --data FILE for your own)", err=True)
+    result = run_rollout(cfg, progress=silent_progress if quiet else tqdm_progress)
+    click.echo(render_summary(result))
+    click.echo(f"trajectories: {result.output}\nsummary: {summary_path(cfg)}")
+
+
+def render_summary(s) -> str:
+    head = (f"policy {s.policy}: {s.groups} groups, {s.samples} samples"
+            + (f" ({s.skipped_groups} groups already done, skipped)" if s.skipped_groups else "")
+            + f"\nmakespan {s.makespan_s:.2f} s, {s.tokens} tokens, {s.tokens_per_s:.1f} tokens/s")
+    busy = format_table([{"engine": k, "busy": round(v, 3)} for k, v in s.engine_busy_fraction.items()])
+    stats = format_table([{k: v for k, v in s.stats.items()}])
+    batches = format_table(s.batches, ["batch_index", "groups", "makespan_s", "tokens", "tokens_per_s",
+                                       "l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves", "steals"])
+    parts = [head, "", busy, "", stats, "", batches]
+    if s.engine_errors:
+        parts += ["", "engine errors:"] + [f"  {e.splitlines()[0]}" for e in s.engine_errors]
+    return "\n".join(parts)

@@ -1,0 +1,39 @@
+"""``AnalyzeConfig``: parameters of ``pdsr analyze`` (the seed 002 statistics)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pdsr_sdk.config import ConfigModel
+
+
+class AnalyzeConfig(ConfigModel):
+    """Which statistics of a length trace to compute; defaults follow the P-DSR length study (0.5B model, MATH)."""
+
+    top_k: float = Field(
+        0.1, gt=0, le=1,
+        description="Top-K fraction for the recall statistic: the floor(K * G) longest groups by each sample.")
+    safe_k: float = Field(
+        0.2, gt=0, le=1,
+        description="The 'safe' rate counts sample 0's top_k groups that land in sample j's top safe_k groups.")
+    fn_length: int = Field(
+        512, ge=0,
+        description="Length threshold (tokens) of the false-negative rate: probe below it, a later sample above.")
+    batch_prompts: int = Field(
+        16, ge=1, description="Prompts per batch for the batch-level capture test (consecutive groups).")
+    capture_top: int = Field(
+        3, ge=1, description="A batch is captured when its longest task's group is among the top this many probes.")
+    dispatch_batch_prompts: int | None = Field(
+        None, ge=1,
+        description="Prompts per batch for the V2.5 dispatch replay; default: batch_prompts.")
+    offload_frac: float = Field(
+        0.2, gt=0, le=1,
+        description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; ceil(frac * B).")
+    cap_mult: float = Field(
+        1.5, gt=0, description="V2.5: the fast-pool cap is floor(cap_mult * L_cut) tokens.")
+    cv_ddof: Literal[0, 1] = Field(
+        1, description="Delta degrees of freedom of the per-group std in the CV: 1 = sample std (pandas), "
+                       "0 = population std.")
+    plots: bool = Field(True, description="Write PNG plots (length histogram, probe vs later, CV histogram).")

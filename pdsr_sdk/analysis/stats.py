@@ -1,0 +1,338 @@
+"""Statistics of GRPO length traces (seed 002), as pure functions on arrays.
+
+Every function takes ``lengths``, an integer [G, N] array of G prompt groups
+by N samples, where column 0 is the probe (sample 0) and columns 1..N-1 are
+the later samples. No IO, no config objects; vectorised numpy throughout
+(the loops are over the N columns at most). ``reference.py`` holds the naive
+float64 twins the tests compare against.
+
+Conventions (where the seed leaves a choice):
+- top-K sets hold ``floor(K * G)`` groups (at least 1), the seed's "Top 742"
+  of 7424 at K = 10%; ties are broken by group order (earlier group first).
+- ranks for Spearman are average ranks over ties.
+- batches are consecutive runs of B groups; a shorter last batch is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+_EPS = 1e-9  # guards ceil/floor of float products: 0.55 * 100 = 55.00000000000001, 0.7 * 90 = 62.99999999999999
+
+
+def _as_matrix(lengths, *, min_n: int = 1) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 2:
+        raise ValueError(f"lengths must be a [G, N] array, got shape {arr.shape}")
+    if arr.shape[1] < min_n:
+        raise ValueError(f"this statistic needs at least {min_n} samples per group, got N = {arr.shape[1]}")
+    if arr.shape[0] < 1:
+        raise ValueError("lengths has no groups")
+    return arr
+
+
+def top_k_count(num_groups: int, frac: float) -> int:
+    """Size of a top-``frac`` set of ``num_groups`` groups: ``max(1, floor(frac * G))``."""
+    if not 0 < frac <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {frac}")
+    return max(1, math.floor(frac * num_groups + _EPS))
+
+
+def offload_count(frac: float, batch_prompts: int) -> int:
+    """Prompts a V2.5 batch of ``batch_prompts`` offloads to heavy: ``ceil(frac * B)`` (>= 1 when frac > 0)."""
+    if not 0 < frac <= 1:
+        raise ValueError(f"offload fraction must be in (0, 1], got {frac}")
+    return min(batch_prompts, math.ceil(frac * batch_prompts - _EPS))
+
+
+def cap_tokens(cap_mult: float, l_cut):
+    """The fast-pool cap ``floor(cap_mult * L_cut)``; a sample breaks when its length exceeds it.
+
+    For integer lengths, ``length > floor(x)`` is the same as ``length > x``.
+    """
+    return np.floor(cap_mult * np.asarray(l_cut, dtype=np.float64) + _EPS).astype(np.int64)
+
+
+# -- per-group spread ---------------------------------------------------------------------
+
+def group_cv(lengths, ddof: int = 1) -> np.ndarray:
+    """Coefficient of variation std / mean of each group, float64 [G].
+
+    ``ddof=1`` is the sample std (pandas' default; the original P-DSR analysis
+    was pandas-based); ``ddof=0`` the population std. A group whose lengths are all 0 has
+    CV 0. NaN for every group when N <= ddof.
+    """
+    x = _as_matrix(lengths).astype(np.float64)
+    n = x.shape[1]
+    if n <= ddof:
+        return np.full(x.shape[0], np.nan)
+    mean = x.mean(axis=1)
+    std = x.std(axis=1, ddof=ddof)
+    out = np.zeros_like(mean)
+    np.divide(std, mean, out=out, where=mean > 0)
+    return out
+
+
+# -- rank agreement of the probe with later samples ---------------------------------------
+
+def average_ranks(x) -> np.ndarray:
+    """1-based ranks of each column of ``x`` ([G] or [G, N]), ties given their average rank."""
+    arr = np.asarray(x)
+    flat = arr.ndim == 1
+    cols = arr[:, None] if flat else arr
+    g = cols.shape[0]
+    out = np.empty(cols.shape, dtype=np.float64)
+    for j in range(cols.shape[1]):
+        col = cols[:, j]
+        order = np.argsort(col, kind="stable")
+        sorted_col = col[order]
+        new_block = np.empty(g, dtype=bool)
+        new_block[0] = True
+        np.not_equal(sorted_col[1:], sorted_col[:-1], out=new_block[1:])
+        block = np.cumsum(new_block) - 1               # tie block of each sorted position
+        bounds = np.append(np.flatnonzero(new_block), g)  # block b spans sorted positions bounds[b]:bounds[b+1]
+        avg = 0.5 * (bounds[:-1] + 1 + bounds[1:])      # mean of ranks bounds[b]+1 .. bounds[b+1]
+        out[order, j] = avg[block]
+    return out[:, 0] if flat else out
+
+
+def _pearson_cols(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson correlation of column vector ``a`` [G] with each column of ``b`` [G, M]; NaN if constant."""
+    a = a - a.mean()
+    b = b - b.mean(axis=0)
+    num = a @ b
+    den = np.sqrt((a @ a) * np.einsum("ij,ij->j", b, b))
+    out = np.full(b.shape[1], np.nan)
+    np.divide(num, den, out=out, where=den > 0)
+    return out
+
+
+def spearman_vs_probe(lengths) -> np.ndarray:
+    """Spearman rank correlation of sample 0 with sample j across groups, for j = 1..N-1 ([N-1]).
+
+    Pearson correlation of average ranks; NaN when a column is constant.
+    """
+    x = _as_matrix(lengths, min_n=2)
+    ranks = average_ranks(x)
+    return _pearson_cols(ranks[:, 0], ranks[:, 1:])
+
+
+def top_k_mask(lengths, k: int) -> np.ndarray:
+    """bool [G, N]: True for the ``k`` longest groups of each column (ties: earlier group first)."""
+    x = _as_matrix(lengths)
+    g = x.shape[0]
+    if not 1 <= k <= g:
+        raise ValueError(f"k must be in 1..{g}, got {k}")
+    # stable sort of -x keeps group order among equal lengths
+    order = np.argsort(-x.astype(np.int64), axis=0, kind="stable")[:k]
+    mask = np.zeros(x.shape, dtype=bool)
+    np.put_along_axis(mask, order, True, axis=0)
+    return mask
+
+
+def top_k_recall(lengths, k_frac: float = 0.1) -> np.ndarray:
+    """For j = 1..N-1: |top-K of sample 0 ∩ top-K of sample j| / |top-K|  ([N-1])."""
+    x = _as_matrix(lengths, min_n=2)
+    k = top_k_count(x.shape[0], k_frac)
+    mask = top_k_mask(x, k)
+    return (mask[:, :1] & mask[:, 1:]).sum(axis=0) / k
+
+
+def safe_rate(lengths, k_frac: float = 0.1, safe_frac: float = 0.2) -> np.ndarray:
+    """For j = 1..N-1: share of sample 0's top ``k_frac`` that is in sample j's top ``safe_frac`` ([N-1]).
+
+    The seed's "safe dispatch" rate: a group predicted long by the probe and
+    sent to the heavy pool is safe when it is at least among the long ones.
+    """
+    x = _as_matrix(lengths, min_n=2)
+    g = x.shape[0]
+    k_pred, k_safe = top_k_count(g, k_frac), top_k_count(g, safe_frac)
+    pred = top_k_mask(x[:, :1], k_pred)[:, 0]
+    actual = top_k_mask(x[:, 1:], k_safe)
+    return (pred[:, None] & actual).sum(axis=0) / k_pred
+
+
+# -- false negatives of a fixed length threshold ------------------------------------------
+
+@dataclass(frozen=True)
+class FalseNegatives:
+    """Groups whose probe is below ``length`` but whose later samples exceed it."""
+
+    length: int
+    groups_below: int          # groups with probe < length
+    groups_exceeding: int      # ... of which any later sample > length
+    group_rate: float          # groups_exceeding / groups_below (NaN if none below)
+    samples_below: int         # later samples of groups with probe < length
+    samples_exceeding: int     # ... that are > length
+    sample_rate: float         # samples_exceeding / samples_below (NaN if none)
+
+
+def false_negatives(lengths, length: int) -> FalseNegatives:
+    """The seed's false-negative ("漏判") rate of a static threshold ``length``.
+
+    Among groups whose probe is < ``length``: the share where any later
+    sample is > ``length`` (group rate) and the share of those groups' later
+    samples that are > ``length`` (sample rate).
+    """
+    x = _as_matrix(lengths, min_n=2)
+    below = x[:, 0] < length
+    over = x[below, 1:] > length
+    gb, sb = int(below.sum()), int(over.size)
+    ge, se = int(over.any(axis=1).sum()), int(over.sum())
+    return FalseNegatives(length=int(length), groups_below=gb, groups_exceeding=ge,
+                          group_rate=ge / gb if gb else math.nan, samples_below=sb, samples_exceeding=se,
+                          sample_rate=se / sb if sb else math.nan)
+
+
+# -- batch-level statistics -----------------------------------------------------------------
+
+def _batch_blocks(x: np.ndarray, batch_prompts: int) -> list[np.ndarray]:
+    """[G, N] -> [nb, B, N] of the full batches, plus [1, r, N] for a shorter last batch."""
+    if batch_prompts < 1:
+        raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
+    g = x.shape[0]
+    full = g // batch_prompts
+    blocks = []
+    if full:
+        blocks.append(x[: full * batch_prompts].reshape(full, batch_prompts, x.shape[1]))
+    if g % batch_prompts:
+        blocks.append(x[full * batch_prompts:][None])
+    return blocks
+
+
+def count_greater_rowwise(values: np.ndarray) -> np.ndarray:
+    """For an integer [R, B] array: how many entries of the same row are strictly greater than each entry."""
+    v = np.asarray(values, dtype=np.int64)
+    rows, b = v.shape
+    if v.size == 0:
+        return np.zeros(v.shape, dtype=np.int64)
+    # Shift row r by r * span so one global sorted array holds every row in order;
+    # a single searchsorted then answers every row at once.
+    lo = v.min()
+    span = int(v.max() - lo) + 1
+    keyed = (v - lo) + np.arange(rows, dtype=np.int64)[:, None] * span
+    sorted_keys = np.sort(keyed, axis=1).ravel()
+    pos = np.searchsorted(sorted_keys, keyed.ravel(), side="right").reshape(rows, b)
+    return b - (pos - np.arange(rows, dtype=np.int64)[:, None] * b)
+
+
+@dataclass(frozen=True)
+class BatchCapture:
+    """Per-batch capture of the batch's longest task by the probe ranking."""
+
+    batch_prompts: int
+    capture_top: int
+    captured: np.ndarray       # bool [batches]
+    longest: np.ndarray        # int64 [batches]: the batch's longest later sample
+    probe_of_longest: np.ndarray  # int64 [batches]: probe length of the group holding it
+    cost_ratio: np.ndarray     # float64 [batches]: longest / max(probe_of_longest, 1)
+
+    @property
+    def batches(self) -> int:
+        return int(self.captured.size)
+
+    @property
+    def capture_rate(self) -> float:
+        return float(self.captured.mean())
+
+
+def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> BatchCapture:
+    """The seed's batch-level "destructive test" of the probe.
+
+    Groups are split into consecutive batches of ``batch_prompts``. In each,
+    the longest task is the largest later sample (samples 1..N-1); the batch
+    is captured when a group holding it is among the batch's ``capture_top``
+    longest probes. A group is among the top t when fewer than t groups of the
+    batch have a strictly longer probe (ties count in its favour), and when
+    several groups tie for the longest task, the batch is captured if any of
+    them is. The cost ratio is that task's length over its group's probe
+    length (the largest probe among tied groups; a probe of 0 counts as 1):
+    how much longer the task ran than the probe predicted.
+    """
+    x = _as_matrix(lengths, min_n=2)
+    if capture_top < 1:
+        raise ValueError(f"capture_top must be >= 1, got {capture_top}")
+    parts = []
+    for block in _batch_blocks(x.astype(np.int64), batch_prompts):
+        probe = block[:, :, 0]
+        later = block[:, :, 1:].max(axis=2)
+        longest = later.max(axis=1)
+        holds = later == longest[:, None]
+        in_top = count_greater_rowwise(probe) < capture_top
+        captured = (holds & in_top).any(axis=1)
+        probe_of_longest = np.where(holds, probe, -1).max(axis=1)
+        parts.append((captured, longest, probe_of_longest))
+    captured, longest, probe_of_longest = (np.concatenate(p) for p in zip(*parts))
+    ratio = longest / np.maximum(probe_of_longest, 1)
+    return BatchCapture(batch_prompts=batch_prompts, capture_top=capture_top, captured=captured,
+                        longest=longest, probe_of_longest=probe_of_longest, cost_ratio=ratio)
+
+
+@dataclass(frozen=True)
+class DispatchCounts:
+    """Sample counts of a V2.5 rank-based offloading replay (the seed's dispatch table)."""
+
+    batch_prompts: int
+    offload_frac: float
+    cap_mult: float
+    batches: int
+    samples: int
+    heavy: int             # samples of offloaded prompts (all N samples, probe included)
+    fast: int              # samples of prompts kept on the fast pool (probe included)
+    fast_broke: int        # fast samples longer than the batch's cap -> break, retried on heavy
+    fast_prompts: int      # prompts kept on the fast pool
+    fast_prompts_broke: int  # ... with at least one sample that breaks (likely what the seed table counted)
+    tokens: int            # total response tokens of the trace
+    wasted_tokens: int     # tokens fast samples generated before breaking (cap per break)
+    l_cut: np.ndarray      # int64 [batches]: probe length of the shortest offloaded prompt
+    cap: np.ndarray        # int64 [batches]: floor(cap_mult * l_cut)
+
+    @property
+    def fast_ok(self) -> int:
+        return self.fast - self.fast_broke
+
+
+def dispatch_v25(lengths, batch_prompts: int = 16, offload_frac: float = 0.2,
+                 cap_mult: float = 1.5) -> DispatchCounts:
+    """Replay V2.5 rank-based offloading on recorded lengths.
+
+    Per batch of B consecutive prompts: sort by probe length (longest first,
+    ties by group order) and offload the first ``ceil(offload_frac * B)``
+    prompts, all their N samples, to the heavy pool. ``L_cut`` is the probe
+    length of the last (shortest) offloaded prompt, and every sample of the
+    remaining prompts runs on the fast pool with the cap
+    ``floor(cap_mult * L_cut)``; a fast sample longer than the cap breaks
+    (and is retried on heavy, having generated ``cap`` tokens first).
+    A shorter last batch offloads ``ceil(offload_frac * its size)`` prompts.
+    """
+    x = _as_matrix(lengths, min_n=1).astype(np.int64)
+    n = x.shape[1]
+    heavy = broke = wasted = fast_prompts = prompts_broke = 0
+    l_cuts, caps = [], []
+    for block in _batch_blocks(x, batch_prompts):
+        nb, b, _ = block.shape
+        n_heavy = offload_count(offload_frac, b)
+        order = np.argsort(-block[:, :, 0], axis=1, kind="stable")
+        is_heavy = np.zeros((nb, b), dtype=bool)
+        np.put_along_axis(is_heavy, order[:, :n_heavy], True, axis=1)
+        l_cut = np.take_along_axis(block[:, :, 0], order[:, n_heavy - 1: n_heavy], axis=1)[:, 0]
+        cap = cap_tokens(cap_mult, l_cut)
+        breaks = (block > cap[:, None, None]) & ~is_heavy[:, :, None]
+        per_batch = breaks.sum(axis=(1, 2))
+        fast_prompts += int((~is_heavy).sum())
+        prompts_broke += int(breaks.any(axis=2).sum())
+        heavy += int(is_heavy.sum()) * n
+        broke += int(per_batch.sum())
+        wasted += int((per_batch * cap).sum())
+        l_cuts.append(l_cut)
+        caps.append(cap)
+    samples = int(x.size)
+    l_cut_all = np.concatenate(l_cuts)
+    return DispatchCounts(batch_prompts=batch_prompts, offload_frac=offload_frac, cap_mult=cap_mult,
+                          batches=int(l_cut_all.size), samples=samples, heavy=heavy, fast=samples - heavy,
+                          fast_broke=broke, fast_prompts=fast_prompts, fast_prompts_broke=prompts_broke,
+                          tokens=int(x.sum()), wasted_tokens=wasted, l_cut=l_cut_all,
+                          cap=np.concatenate(caps))

@@ -1,0 +1,354 @@
+"""Token-quota micro-batching: balanced partitions under a hard token cap.
+
+Lengths in, lists of sample indices out; ``restore_order`` puts per
+micro-batch outputs back in the original sample order. Same idea as the
+dynamic batch size of verl (``rearrange_micro_batches``), re-implemented.
+
+Rules (what callers can rely on)
+- The count k is the first of k0, k0 + d, k0 + 2d, ... (d = ``divisible_by``)
+  at which the balanced partition keeps every micro-batch within the token
+  cap. k0 = max(ceil(total / cap), min_micro_batches, a packing lower bound)
+  rounded up to a multiple of d. The packing bound (no micro-batch can hold
+  j + 1 samples longer than cap / (j + 1)) only skips counts that no
+  partition could satisfy, so it changes no result, it only saves attempts.
+- Balancing is k-way Karmarkar-Karp (largest differencing). Its max - min
+  load spread never exceeds the largest single weight. If it breaks the cap
+  at some k while first-fit-decreasing packing fits in k micro-batches, the
+  FFD packing is returned instead (feasible, but less balanced; it only
+  happens when the cap is tight relative to the lengths). FFD fits for every
+  k >= its own bin count (<= n), so the search always ends. At k >= n every
+  sample gets its own micro-batch (what KK gives there) without running KK.
+- ``balance="attention"`` balances a*L + L**2 per sample (the cap still
+  counts tokens). Per layer, a causal forward costs about 24*h*h*L FLOPs in
+  the linear layers and 2*h*L*L in attention, i.e. proportional to
+  12*h*L + L**2: pass ``attention_coef=12 * hidden_size`` for your model. The
+  default, 24576, is 12 x 2048 (a 1.5B-3B class model).
+- Every index appears exactly once; indices inside a micro-batch ascend;
+  micro-batches are ordered by descending load (tokens, or the attention
+  cost when balancing it), ties by smallest first index, so the heaviest
+  micro-batch runs first and an out-of-memory shows up at once.
+- No samples -> ``[]``. Otherwise micro-batches are never empty: when the
+  options need more micro-batches than there are samples, DataError says so
+  (use :func:`pdsr_sdk.batching.pad_micro_batches` or
+  :func:`pdsr_sdk.batching.partition_for_data_parallel` if your trainer runs
+  empty micro-batches).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from pdsr_sdk.errors import ConfigError, DataError
+
+DEFAULT_ATTENTION_COEF = 24576
+BALANCE_MODES = ("tokens", "attention")
+
+# Weights are summed in int64 and the kernel sorts on 2 * sum + 1.
+_MAX_TOTAL_WEIGHT = 2**60
+# Token sums go through float64 bincount: exact below 2**53.
+_MAX_TOTAL_TOKENS = 2**53
+
+
+# --------------------------------------------------------------- validation
+
+def as_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
+    """Validated 1-D int64 copy of ``lengths`` (list, numpy array or CPU/GPU tensor)."""
+    if hasattr(lengths, "detach") and hasattr(lengths, "cpu"):  # a torch tensor
+        lengths = lengths.detach().cpu().numpy()
+    try:
+        arr = np.asarray(lengths)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{name}: expected a 1-D sequence of integers, got {type(lengths).__name__} ({exc})") from None
+    if arr.ndim != 1:
+        raise DataError(f"{name}: expected a 1-D sequence of integers, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind in "iu":
+        out = arr.astype(np.int64)
+    elif arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise DataError(f"{name}[{i}] = {arr[i].item()!r}: expected a whole number of tokens")
+        out = arr.astype(np.int64)
+    else:
+        raise DataError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if (out < 0).any():
+        i = int(np.argmax(out < 0))
+        raise DataError(f"{name}[{i}] = {int(out[i])}: a length must be >= 0")
+    return out
+
+
+def _int_option(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name}: expected an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_options(cap, min_micro_batches, divisible_by, balance, attention_coef):
+    cap = _int_option("max_tokens_per_micro_batch", cap, 1)
+    min_micro_batches = _int_option("min_micro_batches", min_micro_batches, 1)
+    divisible_by = _int_option("divisible_by", divisible_by, 1)
+    if balance not in BALANCE_MODES:
+        raise ConfigError(f"balance: expected one of {', '.join(BALANCE_MODES)}, got {balance!r}")
+    attention_coef = _int_option("attention_coef", attention_coef, 0)
+    return cap, min_micro_batches, divisible_by, balance, attention_coef
+
+
+def balance_weights(lengths: np.ndarray, balance: str, attention_coef: int) -> np.ndarray:
+    """What the partition balances: tokens, or a*L + L**2 (int64, exact)."""
+    if balance == "tokens":
+        return lengths
+    approx = float(np.sum(lengths.astype(np.float64) * (attention_coef + lengths.astype(np.float64))))
+    if approx >= _MAX_TOTAL_WEIGHT:
+        raise DataError(
+            f"lengths: attention costs a*L + L**2 add up to about {approx:.3g}, too large for exact "
+            f"int64 balancing (limit 2**60); use balance='tokens' or a smaller attention_coef")
+    return lengths * attention_coef + lengths * lengths
+
+
+# --------------------------------------------------------------- algorithms
+
+def packing_lower_bound(lengths: np.ndarray, cap: int) -> int:
+    """A count below which no partition respects the cap.
+
+    max(ceil(total / cap), max over j of ceil(#{L > cap / (j+1)} / j)): a
+    micro-batch holds at most j samples longer than cap / (j + 1).
+    """
+    n = lengths.shape[0]
+    if n == 0:
+        return 0
+    bound = -(-int(lengths.sum()) // cap)
+    s = np.sort(lengths)
+    j = np.arange(1, min(n, cap) + 1, dtype=np.int64)
+    # L > cap / (j+1)  <=>  L > floor(cap / (j+1)) for integer L
+    longer = n - np.searchsorted(s, cap // (j + 1), side="right")
+    return max(bound, int(np.max(-(-longer // j))))
+
+
+def ffd_labels(lengths: np.ndarray, cap: int) -> tuple[np.ndarray, int]:
+    """First-fit-decreasing packing with unlimited bins: (bin of each sample, bins used).
+
+    With k bins FFD places every sample exactly as here as long as it needs
+    no bin beyond k, so it fits in k bins iff ``bins used <= k``.
+    """
+    n = lengths.shape[0]
+    order = np.argsort(-lengths, kind="stable")
+    room = np.full(max(n, 1), cap, np.int64)
+    labels = np.empty(n, np.int64)
+    used = 0
+    for i in order:
+        length = lengths[i]
+        j = int(np.argmax(room[: used + 1] >= length))  # bin `used` is fresh and always fits
+        room[j] -= length
+        labels[i] = j
+        used = max(used, j + 1)
+    return labels, used
+
+
+def _fill_empty_parts(labels: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
+    """Move samples into empty parts (k <= n), each from the part with the most samples.
+
+    The moved sample is that part's shortest (ties: highest index). Loads only
+    shrink or become one sample, so a cap that held still holds.
+    """
+    labels = labels.copy()
+    counts = np.bincount(labels, minlength=k)
+    for empty in np.flatnonzero(counts == 0):
+        donor = int(np.argmax(counts))
+        if counts[donor] < 2:
+            break
+        members = np.flatnonzero(labels == donor)
+        pick = members[np.lexsort((-members, lengths[members]))[0]]
+        labels[pick] = empty
+        counts[donor] -= 1
+        counts[empty] = 1
+    return labels
+
+
+def kk_labels(weights: np.ndarray, k: int) -> np.ndarray:
+    """k-way Karmarkar-Karp labels through the numba kernel (compiled on first use)."""
+    from pdsr_sdk.batching.kk_kernel import kk_labels_fast
+
+    return kk_labels_fast(np.ascontiguousarray(weights, dtype=np.int64), int(k))
+
+
+def _labels_to_partitions(labels: np.ndarray, weights: np.ndarray, k: int) -> list[list[int]]:
+    order = np.argsort(labels, kind="stable")  # ascending indices inside each part
+    counts = np.bincount(labels, minlength=k)
+    groups = np.split(order, np.cumsum(counts)[:-1])
+    loads = np.zeros(k, np.int64)
+    np.add.at(loads, labels, weights)
+    first = np.array([g[0] if len(g) else 0 for g in groups], np.int64)
+    # heaviest first; ties by first index; empty parts last
+    rank = np.lexsort((first, -loads, counts == 0))
+    return [groups[j].tolist() for j in rank]
+
+
+def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, divisible_by: int,
+                      balance: str, attention_coef: int, allow_empty: bool) -> list[list[int]]:
+    """The search behind :func:`partition_by_tokens` on validated inputs.
+
+    ``allow_empty=True`` (data-parallel padding) returns exactly the count the
+    rules give even when it exceeds the number of samples, padding with empty
+    micro-batches; otherwise that case raises DataError.
+    """
+    n = lengths.shape[0]
+    d = divisible_by
+    if n == 0 and not allow_empty:
+        return []
+    too_long = np.flatnonzero(lengths > cap)
+    if too_long.size:
+        i = int(too_long[0])
+        raise DataError(
+            f"lengths[{i}] = {int(lengths[i])} tokens is longer than max_tokens_per_micro_batch={cap}: "
+            f"a sample cannot be split across micro-batches; raise the cap or truncate/drop the sample"
+            + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
+    total = int(lengths.sum())
+    if total >= _MAX_TOTAL_TOKENS:
+        raise DataError(f"lengths: {total} tokens in total, more than supported (2**53)")
+    weights = balance_weights(lengths, balance, attention_coef)
+    bound = packing_lower_bound(lengths, cap)
+    k = -(-max(bound, min_micro_batches) // d) * d
+
+    ffd = None
+    while True:
+        if k > n and not allow_empty:
+            raise DataError(
+                f"lengths: {n} samples cannot fill {k} micro-batches (packing lower bound {bound}, "
+                f"min_micro_batches={min_micro_batches}, divisible_by={d}, max_tokens_per_micro_batch={cap}); "
+                f"partition_by_tokens never returns empty micro-batches: pass fewer/looser options, or use "
+                f"partition_for_data_parallel / pad_micro_batches if empty micro-batches are acceptable")
+        if k >= n:  # KK would give every sample its own micro-batch: skip it
+            labels = np.arange(n, dtype=np.int64)
+        else:
+            labels = kk_labels(weights, k) if k > 1 else np.zeros(n, np.int64)
+        if n == 0 or int(np.bincount(labels, weights=lengths, minlength=k).max()) <= cap:
+            break
+        if ffd is None:
+            ffd = ffd_labels(lengths, cap)
+        if k >= ffd[1]:
+            labels = _fill_empty_parts(ffd[0], lengths, k)
+            break
+        k += d
+    return _labels_to_partitions(labels, weights, k)
+
+
+# ------------------------------------------------------------------ public
+
+def partition_by_tokens(lengths, max_tokens_per_micro_batch: int, *, min_micro_batches: int = 1,
+                        divisible_by: int = 1, balance: str = "tokens",
+                        attention_coef: int = DEFAULT_ATTENTION_COEF) -> list[list[int]]:
+    """Split samples into the fewest balanced micro-batches whose token sums stay within a cap.
+
+    Args:
+        lengths: tokens per sample (list, numpy array or tensor of integers >= 0;
+            zero-length samples are allowed).
+        max_tokens_per_micro_batch: hard cap on the tokens of one micro-batch.
+        min_micro_batches: at least this many micro-batches.
+        divisible_by: the count is a multiple of this (e.g. pipeline stages).
+        balance: ``"tokens"`` balances token sums; ``"attention"`` balances
+            ``attention_coef * L + L**2`` per sample (the cap still counts tokens).
+        attention_coef: the linear-layer weight a in a*L + L**2, about 12 x hidden size.
+
+    Returns:
+        Lists of sample indices, one per micro-batch: each index once, ascending
+        inside a micro-batch, heaviest micro-batch first. ``[]`` for no samples.
+
+    Raises:
+        DataError: a negative or non-integer length, a sample longer than the
+            cap (names its index, length and the cap), or options that need more
+            micro-batches than there are samples.
+        ConfigError: a bad option value.
+
+    See the module docstring for the exact search rule.
+    """
+    cap, min_mb, d, balance, coef = _check_options(
+        max_tokens_per_micro_batch, min_micro_batches, divisible_by, balance, attention_coef)
+    arr = as_lengths(lengths)
+    return partition_lengths(arr, cap, min_micro_batches=min_mb, divisible_by=d, balance=balance,
+                             attention_coef=coef, allow_empty=False)
+
+
+def inverse_permutation(partitions: Sequence[Sequence[int]]) -> np.ndarray:
+    """``inv`` such that ``concat(outputs)[inv]`` is in the original sample order.
+
+    ``inv[i]`` is the position of sample i in the micro-batches laid end to end.
+    The partitions must hold each of 0..n-1 exactly once (DataError otherwise).
+    """
+    flat = [int(i) for part in partitions for i in part]
+    n = len(flat)
+    perm = np.asarray(flat, dtype=np.int64)
+    if n and (perm.min() < 0 or perm.max() >= n):
+        bad = int(perm[(perm < 0) | (perm >= n)][0])
+        raise DataError(f"partitions: index {bad} is outside 0..{n - 1} ({n} indices in all)")
+    counts = np.bincount(perm, minlength=n)
+    if n and (counts != 1).any():
+        dup = np.flatnonzero(counts > 1)
+        raise DataError(f"partitions: index {int(dup[0])} appears {int(counts[dup[0]])} times; "
+                        f"each sample must appear exactly once")
+    inv = np.empty(n, np.int64)
+    inv[perm] = np.arange(n, dtype=np.int64)
+    return inv
+
+
+def _is_tensor(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def restore_order(per_micro_batch_outputs: Sequence[Any], partitions: Sequence[Sequence[int]]):
+    """Outputs of each micro-batch -> all outputs in the original sample order.
+
+    ``per_micro_batch_outputs[m]`` holds micro-batch m's samples along dim 0
+    in the order of ``partitions[m]``: numpy arrays or torch tensors
+    (concatenated, then index-permuted; trailing shapes must agree) or Python
+    lists (returned as one list). An empty micro-batch may give ``None``.
+    """
+    outputs = list(per_micro_batch_outputs)
+    if len(outputs) != len(partitions):
+        raise DataError(f"restore_order: {len(outputs)} outputs for {len(partitions)} micro-batches")
+    inv = inverse_permutation(partitions)
+    kinds = set()
+    present = []
+    for m, (out, part) in enumerate(zip(outputs, partitions)):
+        if out is None:
+            if len(part):
+                raise DataError(f"restore_order: output {m} is None but micro-batch {m} has {len(part)} samples")
+            continue
+        if _is_tensor(out):
+            kinds.add("tensor")
+            size = int(out.shape[0]) if out.dim() else -1
+        elif isinstance(out, np.ndarray):
+            kinds.add("array")
+            size = out.shape[0] if out.ndim else -1
+        elif isinstance(out, (list, tuple)):
+            kinds.add("list")
+            size = len(out)
+        else:
+            raise DataError(f"restore_order: output {m} is a {type(out).__name__}; expected a numpy array, "
+                            f"torch tensor or list")
+        if size != len(part):
+            raise DataError(f"restore_order: output {m} has {size} rows along dim 0 but micro-batch {m} "
+                            f"has {len(part)} samples")
+        present.append(out)
+    if len(kinds) > 1:
+        raise DataError(f"restore_order: outputs mix {' and '.join(sorted(kinds))}; pass one kind")
+    kind = kinds.pop() if kinds else "list"
+    if kind == "list":
+        flat = [x for out in present for x in out]
+        return [flat[p] for p in inv.tolist()]
+    trailing = {tuple(out.shape[1:]) for out in present}
+    if len(trailing) > 1:
+        raise DataError(f"restore_order: micro-batch outputs have different trailing shapes "
+                        f"{sorted(trailing)}; pad them to one shape or pass lists")
+    if kind == "array":
+        return np.concatenate(present, axis=0)[inv]
+    torch = sys.modules["torch"]
+    joined = torch.cat(present, dim=0)
+    return joined.index_select(0, torch.as_tensor(inv, device=joined.device))

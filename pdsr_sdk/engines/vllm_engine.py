@@ -1,0 +1,284 @@
+"""A vLLM engine (``AsyncLLM``) serving one pool, in its own engine-core process.
+
+``AsyncLLM`` runs the model in a spawned engine-core process; this class
+lives in the orchestrator's event loop, streams each request's new tokens
+(``RequestOutputKind.DELTA``) to the scheduler, and aborts on request. The
+core process is pinned at spawn: ``CUDA_VISIBLE_DEVICES`` on GPUs,
+``VLLM_CPU_OMP_THREADS_BIND`` on the CPU build. If the core dies, the error
+the core logged (captured by pdsr's vLLM plugin into a per-engine file) and
+its exit status reach the caller as an :class:`~pdsr_sdk.errors.EngineError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pdsr_sdk.errors import EngineError
+from pdsr_sdk.rollout.protocols import EngineListener
+from pdsr_sdk.rollout.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
+
+#: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
+ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"
+ENGINE_NAME_ENV = "PDSR_ENGINE_NAME"
+
+
+class VllmEngine:
+    """The ``vllm`` engine backend."""
+
+    counts_only = False
+
+    def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
+                 logprobs_mode: str = "processed_logprobs", cpu: bool | None = None):
+        self.spec = spec
+        self.name = spec.name
+        self.pool = spec.pool
+        self.max_concurrency = spec.max_num_seqs
+        self.segment_capacity_tokens = spec.segment_capacity_tokens
+        self.model = model
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.logprobs_mode = logprobs_mode
+        self.cpu = cpu
+        self._llm = None
+        self._listener: EngineListener | None = None
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._stats = _LoadRecorder()
+        self._dead = False
+        self._closing = False
+        self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
+
+    @classmethod
+    def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
+                  logprobs_mode: str = "processed_logprobs", **_: object) -> "VllmEngine":
+        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
+
+    # ------------------------------------------------------------ lifecycle
+    def bind(self, listener: EngineListener) -> None:
+        self._listener = listener
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        from pdsr_sdk.engines.vllm_env import apply_cpu_defaults, is_cpu_build
+
+        cpu = is_cpu_build() if self.cpu is None else self.cpu
+        env = {ERROR_FILE_ENV: str(self._error_file), ENGINE_NAME_ENV: self.name}
+        if cpu:
+            apply_cpu_defaults()
+            env["VLLM_CPU_KVCACHE_SPACE"] = _fmt(self.spec.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)))
+            if self.spec.devices:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(d) for d in self.spec.devices)
+        elif self.spec.devices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.spec.devices)
+        args = self._engine_args(cpu)
+        # The engine core is spawned inside from_engine_args and inherits the
+        # environment at that moment; restore ours right after.
+        with _patched_environ(env):
+            try:
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
+
+                self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stats.factory])
+            except Exception as exc:  # noqa: BLE001 - vLLM raises many types at start-up
+                raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}",
+                                  remote_traceback=self._read_error()) from exc
+
+    def _engine_args(self, cpu: bool) -> dict[str, Any]:
+        spec = self.spec
+        args: dict[str, Any] = dict(
+            model=self.model,
+            tokenizer=self.tokenizer or self.model,
+            seed=self.seed,
+            max_model_len=spec.max_model_len,
+            max_num_seqs=spec.max_num_seqs,
+            tensor_parallel_size=spec.tensor_parallel_size,
+            enable_prefix_caching=True,   # segment continuations resubmit prompt + generated ids
+            logprobs_mode=self.logprobs_mode,
+            disable_log_stats=True,       # default loggers off; our load recorder still runs
+        )
+        if cpu:
+            args.update(enforce_eager=True, dtype="bfloat16" if spec.dtype == "auto" else spec.dtype)
+        else:
+            args.update(dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization)
+        args.update(spec.engine_args)
+        return args
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in list(self._tasks.values()):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            with contextlib.suppress(Exception):
+                llm.shutdown()
+        self._error_file.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------- requests
+    def submit(self, request: SegmentRequest) -> None:
+        if self._dead or self._llm is None:
+            raise EngineError(self.name, "engine is not running")
+        self._tasks[request.request_id] = asyncio.get_running_loop().create_task(self._stream(request))
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._tasks and self._llm is not None and not self._dead:
+            asyncio.get_running_loop().create_task(self._abort(request_id))
+
+    async def _abort(self, request_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self._llm.abort(request_id)
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=self._stats.running, waiting=self._stats.waiting,
+                          kv_cache_usage=self._stats.kv_cache_usage)
+
+    async def _stream(self, request: SegmentRequest) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else 0,
+            stop=list(s.stop) or None,
+            ignore_eos=request.ignore_eos,
+            logprobs=0,
+            detokenize=bool(s.stop),   # text is decoded once at the end; stop strings need it
+            output_kind=RequestOutputKind.DELTA,
+        )
+        reason = ABORT
+        listener = self._listener
+        try:
+            gen = self._llm.generate(TokensPrompt(prompt_token_ids=request.context_ids), params, request.request_id)
+            async for out in gen:
+                comp = out.outputs[0]
+                ids = comp.token_ids
+                if ids:
+                    lps = [step[tok].logprob for step, tok in zip(comp.logprobs or (), ids)] if comp.logprobs else None
+                    listener.on_tokens(self, request.request_id, len(ids), ids, lps)
+                if out.finished:
+                    reason = _finish_reason(comp.finish_reason)
+        except asyncio.CancelledError:
+            if self._closing:
+                return
+            raise
+        except Exception as exc:  # noqa: BLE001 - classify below
+            self._tasks.pop(request.request_id, None)
+            if self._closing:
+                return
+            if self._is_dead(exc):
+                self._die(exc)
+                return
+            listener.on_engine_dead(self, EngineError(
+                self.name, f"request {request.request_id} failed: {type(exc).__name__}: {exc}",
+                remote_traceback=self._read_error()))
+            return
+        self._tasks.pop(request.request_id, None)
+        listener.on_segment_end(self, request.request_id, reason)
+
+    # ---------------------------------------------------------------- death
+    def _is_dead(self, exc: Exception) -> bool:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        return isinstance(exc, EngineDeadError) or (self._llm is not None and getattr(self._llm, "errored", False))
+
+    def _die(self, exc: Exception) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        status = self.exit_status()
+        self._listener.on_engine_dead(self, EngineError(
+            self.name, f"engine core died ({type(exc).__name__}: {exc})",
+            exit_status=status, remote_traceback=self._read_error()))
+
+    def exit_status(self) -> int | None:
+        """Exit status of the engine-core process if it has exited (negative = killed by a signal)."""
+        for proc in self.core_processes():
+            code = getattr(proc, "exitcode", None)
+            if code is not None:
+                return code
+        return None
+
+    def core_processes(self) -> list[Any]:
+        """The engine-core process handles (multiprocessing.Process) vLLM started for us."""
+        client = getattr(self._llm, "engine_core", None)
+        resources = getattr(client, "resources", None)
+        manager = getattr(resources, "engine_manager", None)
+        procs = getattr(manager, "processes", None)
+        return list(procs or [])
+
+    def _read_error(self) -> str | None:
+        try:
+            text = self._error_file.read_text(errors="replace").strip()
+        except OSError:
+            return None
+        return text[-20000:] or None
+
+
+class _LoadRecorder:
+    """A vLLM stat logger that keeps the last scheduler snapshot (running, waiting, KV usage)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage: float | None = None
+
+    def factory(self, vllm_config, engine_index: int = 0):
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        recorder = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+                if scheduler_stats is not None:
+                    recorder.running = scheduler_stats.num_running_reqs
+                    recorder.waiting = scheduler_stats.num_waiting_reqs
+                    recorder.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+            def log_engine_initialized(self):
+                pass
+
+        return _Logger(vllm_config, engine_index)
+
+
+def _finish_reason(reason: str | None) -> str:
+    if reason == "length":
+        return LENGTH
+    if reason == "abort":
+        return ABORT
+    return STOP
+
+
+@contextlib.contextmanager
+def _patched_environ(values: dict[str, str]):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

@@ -1,0 +1,21 @@
+"""Dispatch policies, found by name.
+
+Built-ins are registered lazily; a user policy is either registered with
+``POLICIES.register("name", MyPolicy)`` or named by import path
+(``--policy my_pkg.policies:MyPolicy``). A policy is a class implementing
+:class:`pdsr_sdk.rollout.protocols.Dispatcher` (subclass
+:class:`pdsr_sdk.policies.base.Policy` for no-op defaults) with a pydantic
+``config_model`` for its settings.
+"""
+
+from __future__ import annotations
+
+from pdsr_sdk.registry import Registry
+
+POLICIES: Registry[type] = Registry("policy")
+POLICIES.register("baseline", "pdsr_sdk.policies.baseline:BaselinePolicy")
+POLICIES.register("v1", "pdsr_sdk.policies.v1:BatchSyncProbePolicy")
+POLICIES.register("v2", "pdsr_sdk.policies.v2:StreamingProbePolicy")
+POLICIES.register("v2.5", "pdsr_sdk.policies.v25:RankOffloadPolicy")
+
+__all__ = ["POLICIES"]

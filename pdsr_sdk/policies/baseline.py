@@ -1,0 +1,40 @@
+"""``baseline``: what trainers do today. Every comparison is against it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.policies.base import Policy
+from pdsr_sdk.rollout.types import Group
+
+
+class BaselineSettings(ConfigModel):
+    """Settings of the baseline policy."""
+
+    assignment: Literal["chunk", "round_robin"] = Field(
+        "chunk", description="'chunk': split the B x N samples into equal contiguous chunks, one per engine "
+                             "(verl's split of a batch over rollout replicas; a group stays together); "
+                             "'round_robin': sample i goes to engine i mod E.")
+
+
+class BaselinePolicy(Policy):
+    """Submit all B x N samples at once, spread evenly over all engines; no probe, no cap."""
+
+    name = "baseline"
+    config_model = BaselineSettings
+
+    def on_batch(self, groups: list[Group]) -> None:
+        engines = [e for pool in self.ctx.pools().values() for e in pool]
+        engines.sort(key=lambda e: e.name)
+        samples = [s for g in groups for s in g.samples]
+        n_eng = len(engines)
+        for i, sample in enumerate(samples):
+            if self.cfg.assignment == "chunk":
+                # engine k gets samples [k*len/E, (k+1)*len/E)
+                k = i * n_eng // len(samples)
+            else:
+                k = i % n_eng
+            self.ctx.submit(sample, engine=engines[k])

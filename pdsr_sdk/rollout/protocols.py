@@ -1,0 +1,166 @@
+"""The seams of the rollout machinery: Clock, Engine, Dispatcher.
+
+Who calls what:
+
+- The :class:`~pdsr_sdk.rollout.scheduler.Scheduler` owns the queues and the
+  engines' slots. It calls ``Engine.submit``/``Engine.abort`` and receives the
+  engine's progress through the :class:`EngineListener` methods.
+- The scheduler calls the :class:`Dispatcher` (a policy) on events; the
+  policy answers by calling :class:`DispatchContext` commands. A policy does
+  no IO and reads time only from ``ctx.clock``, so the same class runs on
+  real engines (wall clock) and on simulated ones (virtual clock).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
+
+from pdsr_sdk.rollout.types import EngineLoad, Group, Sample, SegmentRequest
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """Time as the dispatcher sees it: seconds since the run started."""
+
+    def now(self) -> float:
+        """Current time in seconds (wall or virtual)."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        """Run ``callback()`` after ``delay`` seconds; the handle cancels it."""
+
+
+class EngineListener(Protocol):
+    """Receives an engine's progress. Implemented by the scheduler."""
+
+    def on_tokens(self, engine: "Engine", request_id: str, n: int,
+                  token_ids: Sequence[int] | None, logprobs: Sequence[float] | None) -> None:
+        """Called zero or more times per request as tokens are generated (``n`` new tokens)."""
+
+    def on_segment_end(self, engine: "Engine", request_id: str, finish_reason: str) -> None:
+        """Called exactly once per submitted request, after its last ``on_tokens``.
+
+        ``finish_reason``: ``stop`` (EOS/stop string), ``length`` (hit the
+        request's ``max_tokens``) or ``abort`` (after ``Engine.abort``).
+        """
+
+    def on_engine_dead(self, engine: "Engine", error: Exception) -> None:
+        """Called once when the engine can no longer serve; its open requests get no
+        ``on_segment_end``. ``error`` is a :class:`~pdsr_sdk.errors.EngineError`."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generation engine (a vLLM engine, a Ray actor holding one, or a simulated one)."""
+
+    name: str
+    pool: str
+    #: most requests the scheduler runs on it at once
+    max_concurrency: int
+    #: token budget used to size segments (``L_next = capacity / n_active``)
+    segment_capacity_tokens: int
+
+    async def start(self) -> None:
+        """Called once before any submit: loads the model (may take a while)."""
+
+    def bind(self, listener: EngineListener) -> None:
+        """Send progress to ``listener`` from now on. Called by the owner of a scheduler
+        before its first submit; engines outlive schedulers (one per rollout session)."""
+
+    def submit(self, request: SegmentRequest) -> None:
+        """Start generating up to ``request.max_tokens`` tokens after ``request.context_ids``.
+
+        Must not block; progress arrives via the listener.
+        """
+
+    def abort(self, request_id: str) -> None:
+        """Stop a running request; the listener then gets ``on_segment_end(..., "abort")``
+        with every token produced so far already reported."""
+
+    def load(self) -> EngineLoad:
+        """Running/waiting requests and KV-cache usage as last seen."""
+
+    async def close(self) -> None:
+        """Release the engine (stop its process). Safe to call twice."""
+
+
+class DispatchContext(Protocol):
+    """Commands and read-only state a policy may use. Implemented by the scheduler."""
+
+    clock: Clock
+    policy_version: int
+
+    def pools(self) -> dict[str, list[Engine]]:
+        """Live engines by pool name (``fast``, ``heavy``)."""
+
+    def submit(self, sample: Sample, pool: str | None = None, *, engine: Engine | None = None,
+               cap: int | None = None, front: bool = False) -> None:
+        """Queue a sample on a pool's queue (or one engine's queue). ``cap`` bounds its
+        response tokens while in that pool (``None`` = only its ``max_tokens``)."""
+
+    def move(self, sample: Sample, pool: str, *, restart: bool = False, cap: int | None = None) -> None:
+        """Move a queued or running sample to another pool's queue. A running one is
+        aborted first and continues from its tokens (``restart=True`` throws them away)."""
+
+    def finish(self, sample: Sample, reason: str) -> None:
+        """End a sample now with ``reason`` (e.g. ``truncated``); aborts it if running."""
+
+    def queued(self, pool: str) -> list[Sample]:
+        """The samples waiting in a pool's queue, in order (a copy)."""
+
+    def queue_length(self, pool: str) -> int:
+        """How many samples wait in a pool's queue."""
+
+    def engine_of(self, sample: Sample) -> Engine | None:
+        """The engine running the sample now, or None if it is queued or finished."""
+
+    def steal(self, engine: Engine, from_pool: str, max_items: int, *,
+              time_limit_s: float | None = None, cap: int | None | str = "keep") -> int:
+        """Run up to ``max_items`` samples from another pool's queue on ``engine`` now.
+        With ``time_limit_s``, a stolen sample still running after that long goes back
+        to ``from_pool`` (continuing from its tokens). ``cap`` replaces the samples' caps
+        (``"keep"`` keeps them). Returns how many were taken."""
+
+    def count(self, key: str, n: int = 1) -> None:
+        """Add to a run statistic (e.g. ``offloaded_prompts``, ``breaks``)."""
+
+
+class Dispatcher(Protocol):
+    """A dispatch policy. One instance serves one run; hooks are called by the scheduler.
+
+    Subclass :class:`pdsr_sdk.policies.base.Policy` for no-op defaults.
+    """
+
+    name: ClassVar[str]
+    #: pydantic model of this policy's settings (``extra="forbid"``)
+    config_model: ClassVar[type]
+
+    def on_batch(self, groups: list[Group]) -> None:
+        """A batch of prompt groups arrived; every sample is in ``group.samples``.
+        The policy must eventually submit every sample."""
+
+    def on_launch(self, sample: Sample, engine: Engine) -> None:
+        """A sample left a queue and started running on ``engine`` (not called for the
+        continuation segments that follow on the same engine)."""
+
+    def on_sample_finished(self, sample: Sample) -> None:
+        """A sample finished (any reason). Probes are reported here too (``sample.is_probe``)."""
+
+    def on_segment_end(self, sample: Sample, engine: Engine) -> None:
+        """A segment ended and the sample is not finished. Unless the policy moves or
+        finishes it here, it continues on the same engine."""
+
+    def on_over_cap(self, sample: Sample, engine: Engine) -> None:
+        """The sample reached its pool cap (``sample.cap``) without finishing. The policy
+        must move or finish it; if it does neither, the sample is truncated."""
+
+    def on_worker_idle(self, engine: Engine) -> None:
+        """An engine has free slots and nothing queued for it (a chance to steal work)."""
+
+    def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
+        """An engine died; ``requeued`` were put back on its pool's queue."""
+
+
+DispatcherFactory = Callable[[Any, DispatchContext], Dispatcher]

@@ -1,0 +1,216 @@
+"""``pdsr rollout`` as a function: batches through a session, streamed to disk, summarised."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.tables import write_text_atomic
+from pdsr_sdk.progress import ProgressFactory, silent_progress
+from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
+from pdsr_sdk.rollout.reward import resolve_reward
+from pdsr_sdk.rollout.schema import trajectory_schema
+from pdsr_sdk.rollout.session import BatchResult, RolloutSession
+from pdsr_sdk.rollout.types import Group, Sample
+from pdsr_sdk.rollout.writer import TrajectoryWriter
+
+#: run statistics reported in the summary (always present, 0 when nothing happened)
+STAT_KEYS = ("probes", "offloaded_prompts", "breaks", "moves", "steals", "restarts", "wasted_tokens",
+             "retries", "truncations", "probe_timeouts", "steal_timeouts", "engines_lost")
+
+
+@dataclass
+class RolloutSummary:
+    policy: str
+    model: str
+    output: str
+    groups: int
+    samples: int
+    skipped_groups: int
+    batches: list[dict[str, Any]]
+    makespan_s: float
+    tokens: int
+    tokens_per_s: float
+    engine_busy_fraction: dict[str, float]
+    stats: dict[str, int]
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    engine_errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+def resolve_model_dir(config) -> str:
+    if config.model:
+        path = Path(config.model)
+        if not (path / "config.json").exists():
+            raise DataError(f"{path}: not a model directory (no config.json); pass a local Hugging Face model folder")
+        return str(path)
+    from pdsr_sdk.models.tiny import ensure_tiny_model
+
+    return str(ensure_tiny_model())
+
+
+def sample_row(sample: Sample, tokenizer, reward_fn, *, decode: bool = True) -> dict[str, Any]:
+    g = sample.group
+    text = tokenizer.decode(sample.token_ids, skip_special_tokens=True) if decode and sample.token_ids else ""
+    reward = None
+    if reward_fn is not None:
+        reward = float(reward_fn(text, g.ground_truth, prompt_id=g.prompt_id, sample_index=sample.index,
+                                 prompt_text=g.prompt_text))
+    return {
+        "prompt_id": g.prompt_id,
+        "sample_index": sample.index,
+        "group_size": g.n,
+        "batch_index": g.batch_index,
+        "is_probe": sample.is_probe,
+        "prompt_token_ids": g.prompt_token_ids,
+        "response_token_ids": sample.token_ids,
+        "prompt_text": g.prompt_text,
+        "response_text": text,
+        "response_logprobs": sample.logprobs,
+        "finish_reason": sample.finish_reason,
+        "prompt_length": g.prompt_len,
+        "response_length": sample.num_generated,
+        "routed_to": sample.routed_to,
+        "segments": [asdict(seg) for seg in sample.segments],
+        "num_segments": len(sample.segments),
+        "moves": sample.moves,
+        "restarts": sample.restarts,
+        "retries": sample.retries,
+        "steals": sample.steals,
+        "wasted_tokens": sample.wasted_tokens,
+        "submit_time_s": sample.submit_time_s,
+        "first_token_time_s": sample.first_token_time_s,
+        "finish_time_s": sample.finish_time_s,
+        "policy_versions": sorted({seg.policy_version for seg in sample.segments if seg.num_tokens}),
+        "ground_truth": g.ground_truth,
+        "reward": reward,
+    }
+
+
+def run_rollout(config, *, progress: ProgressFactory = silent_progress) -> RolloutSummary:
+    """Run ``pdsr rollout`` for ``config`` (a :class:`RolloutConfig`); blocks until done."""
+    return asyncio.run(run_rollout_async(config, progress=progress))
+
+
+async def run_rollout_async(config, *, progress: ProgressFactory = silent_progress,
+                            engines: list | None = None) -> RolloutSummary:
+    from pdsr_sdk.rollout.sample_data import default_sample_path
+
+    model_dir = resolve_model_dir(config)
+    tokenizer = load_tokenizer(config.tokenizer or model_dir)
+    data_path = config.data.path or default_sample_path()
+    records = load_prompts(config.data, tokenizer, path=data_path, n=config.sampling.n)
+    if config.data.target_lengths_column and not config.sampling.ignore_eos:
+        raise DataError(f"{data_path}: data.target_lengths_column forces response lengths; "
+                        f"set sampling.ignore_eos (--ignore-eos) so the model's EOS does not end them early")
+    out = config.output
+    writer = TrajectoryWriter(
+        out.path, trajectory_schema(), resume=out.resume, overwrite=out.overwrite,
+        flush_groups=out.flush_groups, flush_interval_s=out.flush_interval_s,
+        metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy.name, "model": model_dir})
+    done_ids = writer.finished_prompt_ids() if out.resume else set()
+    todo = [r for r in records if r.prompt_id not in done_ids]
+    batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
+    if config.num_batches is not None:
+        batches = batches[:config.num_batches]
+    reward_fn = resolve_reward(config.reward, any(r.ground_truth is not None for r in records))
+    longest_prompt = max((len(r.token_ids) for r in todo), default=0)
+    max_model_len = _round_up(longest_prompt + max(
+        [config.sampling.max_tokens] + [max(r.target_lengths) for r in todo if r.target_lengths]), 256)
+
+    session = RolloutSession(config, engines=engines, model_dir=model_dir)
+    total_groups = sum(len(b) for b in batches)
+    sample_bar = probe_bar = None
+
+    def on_sample(sample: Sample) -> None:
+        nonlocal probe_bar, sample_bar
+        if sample_bar is None:  # created on first use so engine start-up is not counted
+            sample_bar = progress(desc="samples", total=total_groups * config.sampling.n, unit="sample")
+        sample_bar.update(1)
+        if sample.is_probe:
+            if probe_bar is None:
+                probe_bar = progress(desc="probes", total=total_groups, unit="probe")
+            probe_bar.update(1)
+
+    def on_group(group: Group) -> None:
+        writer.add_group([sample_row(s, tokenizer, reward_fn) for s in group.samples])
+
+    session.hooks.on_sample_done.append(on_sample)
+    session.hooks.on_group_done.append(on_group)
+    results: list[BatchResult] = []
+    try:
+        if batches:
+            await session.start(max_model_len=max_model_len)
+            _check_prompt_lengths(todo, config, session)
+        for batch in batches:
+            results.append(await session.generate(batch))
+            writer.flush()
+        writer.finalize()
+    finally:
+        writer.flush()  # whatever finished is on disk, even on interrupt or engine failure
+        for bar in (sample_bar, probe_bar):
+            if bar is not None:
+                bar.close()
+        await session.close()
+    summary = _summarise(config, model_dir, session, results, skipped=len(records) - len(todo))
+    write_text_atomic(summary.to_json(), summary_path(config))
+    return summary
+
+
+def summary_path(config) -> Path:
+    out = config.output
+    return out.summary_path or out.path.with_name(out.path.stem + ".summary.json")
+
+
+def _check_prompt_lengths(records, config, session) -> None:
+    limit = min((e.spec.max_model_len for e in session.engines if hasattr(e, "spec")), default=None)
+    if limit is None:
+        return
+    for r in records:
+        if len(r.token_ids) + 1 > limit:
+            raise DataError(f"prompt {r.prompt_id!r} has {len(r.token_ids)} tokens; engines accept at most "
+                            f"{limit} (max_model_len) including the response")
+
+
+def _summarise(config, model_dir: str, session: RolloutSession, results: list[BatchResult], *,
+               skipped: int) -> RolloutSummary:
+    sched = session.scheduler
+    makespan = sum(r.makespan_s for r in results)
+    tokens = sum(r.tokens for r in results)
+    stats = {k: 0 for k in STAT_KEYS}
+    for r in results:
+        for k, v in r.stats.items():
+            stats[k] = stats.get(k, 0) + v
+    stats.pop("samples_finished", None)
+    stats.pop("tokens_generated", None)
+    busy = {name: 0.0 for name in (sched.usage if sched else {})}
+    for r in results:
+        for name, b in r.engine_busy_s.items():
+            busy[name] = busy.get(name, 0.0) + b
+    batches = [{
+        "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
+        "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
+        **{k: r.stats.get(k, 0) for k in STAT_KEYS},
+    } for r in results]
+    return RolloutSummary(
+        policy=config.policy.name, model=model_dir, output=str(config.output.path),
+        groups=sum(len(r.groups) for r in results), samples=sum(len(g.samples) for r in results for g in r.groups),
+        skipped_groups=skipped, batches=batches, makespan_s=makespan, tokens=tokens,
+        tokens_per_s=tokens / makespan if makespan > 0 else 0.0,
+        engine_busy_fraction={k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()},
+        stats=stats,
+        engines=[{"name": s.name, "pool": s.pool, "devices": s.devices, "max_num_seqs": s.max_num_seqs,
+                  "max_model_len": s.max_model_len} for s in session.engine_specs],
+        engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
+    )
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+

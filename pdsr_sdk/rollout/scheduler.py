@@ -1,0 +1,554 @@
+"""The scheduler: queues, engine slots, segments, and the policy's command surface.
+
+Single-threaded and IO-free: engines report progress through the
+:class:`~pdsr_sdk.rollout.protocols.EngineListener` methods, the policy is
+called on events and answers with :class:`DispatchContext` commands, and time
+comes from a clock. The same object runs real vLLM engines (on an asyncio
+loop) and simulated ones (on a virtual clock).
+
+A sample's life: queued (on a pool's or an engine's queue) -> running (one
+segment on one engine) -> at the segment's end it finishes, continues on the
+same engine, or goes back to a queue (moved, stolen back, or its engine died).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from pdsr_sdk.errors import EngineError, PdsrError
+from pdsr_sdk.rollout.protocols import Clock, Dispatcher, Engine
+from pdsr_sdk.rollout.segments import next_segment_len
+from pdsr_sdk.rollout.types import (
+    ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest,
+)
+
+
+@dataclass(eq=False)
+class _Run:
+    """One submitted segment of one sample."""
+
+    request_id: str
+    sample: Sample
+    engine: Engine
+    #: what to do when an abort we issued comes back: ("queue", pool, engine, cap, restart) or ("finish", reason)
+    intent: tuple | None = None
+    stolen_from: str | None = None
+
+
+@dataclass
+class EngineUsage:
+    """Per-engine counters for the run summary."""
+
+    busy_s: float = 0.0
+    busy_since: float | None = None
+    segments: int = 0
+    tokens: int = 0
+    dead: bool = False
+
+
+@dataclass
+class _Queued:
+    sample: Sample
+    cap: int | None
+
+
+class Scheduler:
+    """Runs one batch of groups at a time through a policy on a set of engines."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        policy_factory: Callable[["Scheduler"], Dispatcher],
+        clock: Clock,
+        sampling,
+        segments,
+        *,
+        policy_version: int = 0,
+        on_sample_done: Callable[[Sample], None] | None = None,
+        on_group_done: Callable[[Group], None] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ):
+        names = [e.name for e in engines]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise PdsrError(f"engine names must be unique; repeated: {', '.join(dupes)}")
+        self.clock = clock
+        self.sampling = sampling
+        self.segment_cfg = segments
+        self.policy_version = policy_version
+        self.engines: list[Engine] = list(engines)
+        self.usage: dict[str, EngineUsage] = {e.name: EngineUsage() for e in engines}
+        self.stats: Counter[str] = Counter()
+        self.engine_errors: list[EngineError] = []
+        self._on_sample_done = on_sample_done or (lambda s: None)
+        self._on_group_done = on_group_done or (lambda g: None)
+        self._on_fatal = on_fatal or _raise
+        self._pool_queues: dict[str, deque[_Queued]] = {}
+        self._engine_queues: dict[str, deque[_Queued]] = {e.name: deque() for e in engines}
+        for e in engines:
+            self._pool_queues.setdefault(e.pool, deque())
+        self._runs: dict[str, _Run] = {}               # request_id -> run
+        self._run_of: dict[Sample, _Run] = {}           # running sample -> run
+        self._where: dict[Sample, tuple[str, str]] = {}  # queued sample -> ("pool"|"engine", key)
+        self._running_on: dict[str, set[str]] = {e.name: set() for e in engines}
+        self._by_name: dict[str, Engine] = {e.name: e for e in engines}
+        self._order: dict[str, int] = {e.name: i for i, e in enumerate(engines)}
+        # per pool, a lazy heap of (load fraction, order, name): the least loaded engine first
+        self._free_heap: dict[str, list[tuple[float, int, str]]] = {p: [] for p in self._pool_queues}
+        for e in engines:
+            self._push_free(e)
+        self._dirty_engines: set[str] = set()
+        self._dirty_pools: set[str] = set()
+        self._grown_pools: set[str] = set()   # pools whose queue got work since the last pump
+        self._rid = itertools.count()
+        self._pumping = False
+        self._pump_again = False
+        self._groups_left = 0
+        self._batch_done: Callable[[], None] | None = None
+        self.policy: Dispatcher = policy_factory(self)
+        # skip hooks the policy does not override (the simulator calls these millions of times)
+        self._wants_launch = _overrides(self.policy, "on_launch")
+        self._wants_idle = _overrides(self.policy, "on_worker_idle")
+
+    # ------------------------------------------------------------------ batch
+    def start_batch(self, groups: list[Group], on_done: Callable[[], None]) -> None:
+        """Hand a batch to the policy; ``on_done`` runs when its last sample finishes."""
+        self._groups_left = sum(1 for g in groups if not g.done)
+        self._batch_done = on_done
+        if self._groups_left == 0:
+            on_done()
+            return
+        self._dirty_engines.update(e.name for e in self.live_engines())
+        self._guard(self.policy.on_batch, groups)
+        self._pump()
+
+    @property
+    def idle(self) -> bool:
+        return not self._runs and not self._where
+
+    # ------------------------------------------------------- DispatchContext
+    def pools(self) -> dict[str, list[Engine]]:
+        out: dict[str, list[Engine]] = {pool: [] for pool in self._pool_queues}
+        for e in self.live_engines():
+            out.setdefault(e.pool, []).append(e)
+        return out
+
+    def live_engines(self) -> list[Engine]:
+        return [e for e in self.engines if not self.usage[e.name].dead]
+
+    def submit(self, sample: Sample, pool: str | None = None, *, engine: Engine | None = None,
+               cap: int | None = None, front: bool = False) -> None:
+        if sample.finished:
+            raise PdsrError(f"policy submitted finished sample {sample.key}")
+        if sample in self._run_of or sample in self._where:
+            raise PdsrError(f"policy submitted sample {sample.key} twice (it is already queued or running)")
+        if sample.submit_time_s is None:
+            sample.submit_time_s = self.clock.now()
+        self._enqueue(sample, pool, engine, cap, front)
+        self._pump()
+
+    def move(self, sample: Sample, pool: str, *, restart: bool = False, cap: int | None = None) -> None:
+        if sample.finished:
+            return
+        run = self._run_of.get(sample)
+        if run is not None:
+            if run.intent is None:
+                run.intent = ("queue", pool, None, cap, restart)
+                sample.moves += 1
+                self.stats["moves"] += 1
+                run.engine.abort(run.request_id)
+            return
+        if sample in self._where:
+            self._dequeue(sample)
+        sample.moves += 1
+        self.stats["moves"] += 1
+        if restart:
+            self._restart(sample)
+        self._enqueue(sample, pool, None, cap, False)
+        self._pump()
+
+    def finish(self, sample: Sample, reason: str) -> None:
+        if sample.finished:
+            return
+        run = self._run_of.get(sample)
+        if run is not None:
+            if run.intent is None or run.intent[0] != "finish":
+                run.intent = ("finish", reason)
+                run.engine.abort(run.request_id)
+            return
+        if sample in self._where:
+            self._dequeue(sample)
+        self._finish(sample, reason)
+        self._pump()
+
+    def queued(self, pool: str) -> list[Sample]:
+        return [q.sample for q in self._pool_queues.get(pool, ())]
+
+    def queue_length(self, pool: str) -> int:
+        return len(self._pool_queues.get(pool, ()))
+
+    def running(self, engine: Engine | None = None) -> list[Sample]:
+        if engine is None:
+            return list(self._run_of)
+        return [self._runs[r].sample for r in self._running_on[engine.name]]
+
+    def engine_of(self, sample: Sample) -> Engine | None:
+        run = self._run_of.get(sample)
+        return run.engine if run is not None else None
+
+    def steal(self, engine: Engine, from_pool: str, max_items: int, *,
+              time_limit_s: float | None = None, cap: int | None | str = "keep") -> int:
+        queue = self._pool_queues.get(from_pool)
+        taken = 0
+        while queue and taken < max_items and self._free_slots(engine) > 0:
+            item = queue.popleft()
+            del self._where[item.sample]
+            item.sample.steals += 1
+            self.stats["steals"] += 1
+            run = self._launch(item.sample, engine, item.cap if cap == "keep" else cap, stolen_from=from_pool)
+            if time_limit_s is not None:
+                self.clock.call_later(time_limit_s, lambda r=run: self._steal_expired(r))
+            taken += 1
+        return taken
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.stats[key] += n
+
+    # ------------------------------------------------------ EngineListener
+    def on_tokens(self, engine: Engine, request_id: str, n: int,
+                  token_ids: Sequence[int] | None, logprobs: Sequence[float] | None) -> None:
+        run = self._runs.get(request_id)
+        if run is None or n <= 0:
+            return
+        sample = run.sample
+        if sample.first_token_time_s is None:
+            sample.first_token_time_s = self.clock.now()
+        sample.add_tokens(n, token_ids, logprobs)
+        usage = self.usage[engine.name]
+        usage.tokens += n
+
+    def on_segment_end(self, engine: Engine, request_id: str, finish_reason: str) -> None:
+        run = self._runs.pop(request_id, None)
+        if run is None:
+            return
+        sample = run.sample
+        del self._run_of[sample]
+        self._release_slot(engine, request_id)
+        seg = sample.segments[-1]
+        seg.end_time_s = self.clock.now()
+        self._guard(self._after_segment, run, finish_reason)
+        self._pump()
+
+    def on_engine_dead(self, engine: Engine, error: Exception) -> None:
+        usage = self.usage[engine.name]
+        if usage.dead:
+            return
+        usage.dead = True
+        self._mark_idle(engine)
+        err = error if isinstance(error, EngineError) else EngineError(engine.name, str(error))
+        self.engine_errors.append(err)
+        self.stats["engines_lost"] += 1
+        requeued: list[Sample] = []
+        for rid in list(self._running_on[engine.name]):
+            run = self._runs.pop(rid)
+            sample = run.sample
+            del self._run_of[sample]
+            sample.segments[-1].end_time_s = self.clock.now()
+            sample.segments[-1].end_reason = "engine_dead"
+            sample.retries += 1
+            self.stats["retries"] += 1
+            if run.intent and run.intent[0] == "finish":
+                self._finish(sample, run.intent[1])
+                continue
+            target = run.intent[1] if run.intent else (run.stolen_from or engine.pool)
+            requeued.append(sample)
+            self._enqueue(sample, target, None, run.intent[3] if run.intent else sample.cap, True,
+                          check_live=False)
+        self._running_on[engine.name].clear()
+        for item in self._engine_queues.pop(engine.name, deque()):
+            del self._where[item.sample]
+            requeued.append(item.sample)
+            self._enqueue(item.sample, engine.pool, None, item.cap, False, check_live=False)
+        if not self.pools().get(engine.pool):
+            self._on_fatal(EngineError(
+                engine.name,
+                f"died and no live engine is left in pool {engine.pool!r} to take its "
+                f"{len(requeued)} unfinished request(s); original error: {err}",
+                exit_status=err.exit_status, remote_traceback=None))
+            return
+        self._guard(self.policy.on_engine_lost, engine, requeued)
+        self._pump()
+
+    # -------------------------------------------------------------- internals
+    def _after_segment(self, run: _Run, reason: str) -> None:
+        sample, engine = run.sample, run.engine
+        seg = sample.segments[-1]
+        if reason == STOP:
+            seg.end_reason = STOP
+            self._finish(sample, STOP)
+            return
+        if sample.num_generated >= sample.max_tokens:
+            seg.end_reason = LENGTH
+            self._finish(sample, self._final_length_reason(sample))
+            return
+        if run.intent is not None:
+            seg.end_reason = "moved" if run.intent[0] == "queue" else run.intent[1]
+            if run.intent[0] == "finish":
+                self._finish(sample, run.intent[1])
+            else:
+                _, pool, target_engine, cap, restart = run.intent
+                if restart:
+                    self._restart(sample)
+                self._enqueue(sample, pool, target_engine, cap, False)
+            return
+        if reason == ABORT:
+            # An abort nobody asked for (engine-side); run it again where it was.
+            seg.end_reason = ABORT
+            self._enqueue(sample, run.stolen_from or engine.pool, None, sample.cap, True)
+            return
+        if sample.cap is not None and sample.num_generated >= sample.cap:
+            seg.end_reason = "cap"
+            self.policy.on_over_cap(sample, engine)
+            if self._untouched(sample):
+                self._finish(sample, TRUNCATED)
+            return
+        seg.end_reason = "segment"
+        self.policy.on_segment_end(sample, engine)
+        if self._untouched(sample):
+            self._launch(sample, engine, sample.cap, stolen_from=run.stolen_from, continuing=True)
+
+    def _untouched(self, sample: Sample) -> bool:
+        """True if the policy neither finished, queued nor relaunched the sample."""
+        return not sample.finished and sample not in self._where and sample not in self._run_of
+
+    def _final_length_reason(self, sample: Sample) -> str:
+        if not sample.forced:
+            return LENGTH
+        reasons = sample.group.target_finish_reasons
+        return reasons[sample.index] if reasons else STOP
+
+    def _restart(self, sample: Sample) -> None:
+        wasted = sample.discard_tokens()
+        sample.restarts += 1
+        self.stats["restarts"] += 1
+        self.stats["wasted_tokens"] += wasted
+
+    def _enqueue(self, sample: Sample, pool: str | None, engine: Engine | None, cap: int | None,
+                 front: bool, *, check_live: bool = True) -> None:
+        item = _Queued(sample, cap)
+        if engine is not None:
+            if self.usage[engine.name].dead:
+                pool, engine = engine.pool, None
+            else:
+                q = self._engine_queues[engine.name]
+                q.appendleft(item) if front else q.append(item)
+                self._where[sample] = ("engine", engine.name)
+                self._dirty_engines.add(engine.name)
+                return
+        if pool is None:
+            raise PdsrError(f"policy submitted sample {sample.key} without a pool or an engine")
+        if pool not in self._pool_queues:
+            raise PdsrError(f"policy submitted sample {sample.key} to pool {pool!r}; pools: "
+                            f"{', '.join(sorted(self._pool_queues))}")
+        if check_live and not self.pools().get(pool):
+            raise EngineError(pool, f"no live engine left in pool {pool!r}")
+        if sample.routed_to is None and not sample.is_probe:
+            sample.routed_to = pool
+        q = self._pool_queues[pool]
+        q.appendleft(item) if front else q.append(item)
+        self._where[sample] = ("pool", pool)
+        self._dirty_pools.add(pool)
+        self._grown_pools.add(pool)
+
+    def _dequeue(self, sample: Sample) -> None:
+        kind, key = self._where.pop(sample)
+        q = self._pool_queues[key] if kind == "pool" else self._engine_queues[key]
+        for i, item in enumerate(q):
+            if item.sample is sample:
+                del q[i]
+                return
+
+    def _free_slots(self, engine: Engine) -> int:
+        if self.usage[engine.name].dead:
+            return 0
+        return engine.max_concurrency - len(self._running_on[engine.name])
+
+    def _launch(self, sample: Sample, engine: Engine, cap: int | None, *, stolen_from: str | None = None,
+                continuing: bool = False) -> _Run:
+        """Submit the sample's next segment to ``engine`` (its slot is taken now)."""
+        sample.cap = cap
+        now = self.clock.now()
+        if not continuing:
+            sample.run_start_s = now
+        n_active = len(self._running_on[engine.name]) + 1
+        seg_len = (next_segment_len(engine.segment_capacity_tokens, n_active,
+                                    self.segment_cfg.min_tokens, self.segment_cfg.max_tokens)
+                   if self.segment_cfg.enabled else sample.max_tokens)
+        limit = sample.max_tokens if cap is None else min(cap, sample.max_tokens)
+        max_tokens = max(1, min(seg_len, limit - sample.num_generated))
+        request_id = f"{sample.key}#{next(self._rid)}"
+        run = _Run(request_id, sample, engine, stolen_from=stolen_from)
+        self._runs[request_id] = run
+        self._run_of[sample] = run
+        self._take_slot(engine, request_id)
+        sample.segments.append(SegmentRecord(
+            pool=engine.pool if stolen_from is None else f"{engine.pool}<-{stolen_from}",
+            engine=engine.name, start_token=sample.num_generated,
+            policy_version=self.policy_version, submit_time_s=now))
+        usage = self.usage[engine.name]
+        usage.segments += 1
+        if not continuing and self._wants_launch:
+            self._guard(self.policy.on_launch, sample, engine)
+        keep_ids = not getattr(engine, "counts_only", False)
+        engine.submit(SegmentRequest(
+            request_id=request_id,
+            context_ids=sample.context_ids() if keep_ids else None,
+            context_len=sample.prompt_len + sample.num_generated,
+            max_tokens=max_tokens,
+            ignore_eos=sample.forced or self.sampling.ignore_eos,
+            sampling=self.sampling,
+            sample=sample,
+        ))
+        return run
+
+    def _steal_expired(self, run: _Run) -> None:
+        if self._runs.get(run.request_id) is run and run.intent is None and not run.sample.finished:
+            self.stats["steal_timeouts"] += 1
+            self.move(run.sample, run.stolen_from)
+
+    def _take_slot(self, engine: Engine, request_id: str) -> None:
+        slots = self._running_on[engine.name]
+        if not slots:
+            self.usage[engine.name].busy_since = self.clock.now()
+        slots.add(request_id)
+        self._push_free(engine)
+
+    def _release_slot(self, engine: Engine, request_id: str) -> None:
+        slots = self._running_on[engine.name]
+        slots.discard(request_id)
+        if not slots:
+            self._mark_idle(engine)
+        self._push_free(engine)
+        self._dirty_engines.add(engine.name)
+        self._dirty_pools.add(engine.pool)
+
+    def _push_free(self, engine: Engine) -> None:
+        """Record the engine's current load in its pool's heap (stale entries are skipped on pop)."""
+        if self._free_slots(engine) > 0:
+            load = len(self._running_on[engine.name]) / engine.max_concurrency
+            heapq.heappush(self._free_heap[engine.pool], (load, self._order[engine.name], engine.name))
+
+    def _pop_least_loaded(self, pool: str) -> Engine | None:
+        heap = self._free_heap[pool]
+        while heap:
+            load, _, name = heap[0]
+            engine = self._by_name[name]
+            if (not self.usage[name].dead and self._free_slots(engine) > 0
+                    and load == len(self._running_on[name]) / engine.max_concurrency):
+                return engine
+            heapq.heappop(heap)
+        return None
+
+    def _mark_idle(self, engine: Engine) -> None:
+        usage = self.usage[engine.name]
+        if usage.busy_since is not None:
+            usage.busy_s += self.clock.now() - usage.busy_since
+            usage.busy_since = None
+
+    def _finish(self, sample: Sample, reason: str) -> None:
+        sample.finish_reason = reason
+        sample.finish_time_s = self.clock.now()
+        self.stats["samples_finished"] += 1
+        self.stats["tokens_generated"] += sample.num_generated
+        self._on_sample_done(sample)
+        self._guard(self.policy.on_sample_finished, sample)
+        if sample.group.done:
+            self._on_group_done(sample.group)
+            self._groups_left -= 1
+            if self._groups_left == 0 and self._batch_done is not None:
+                done, self._batch_done = self._batch_done, None
+                done()
+
+    def _pump(self) -> None:
+        """Fill free slots from engine queues, then pool queues; tell idle engines once."""
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
+        told: set[str] = set()  # each engine hears "idle" at most once per pump
+        try:
+            while True:
+                self._pump_again = False
+                for engine in self._fill():
+                    if (self._wants_idle and engine.name not in told and self._free_slots(engine) > 0
+                            and not self._engine_queues.get(engine.name)
+                            and not self._pool_queues[engine.pool]):
+                        told.add(engine.name)
+                        self._guard(self.policy.on_worker_idle, engine)
+                if not self._pump_again and not self._dirty_engines and not self._dirty_pools:
+                    break
+        finally:
+            self._pumping = False
+
+    def _fill(self) -> list[Engine]:
+        """Launch queued samples into free slots; returns engines that may now be idle."""
+        dirty_engines, self._dirty_engines = self._dirty_engines, set()
+        dirty_pools, self._dirty_pools = self._dirty_pools, set()
+        candidates: dict[str, Engine] = {}
+        for name in dirty_engines:
+            engine = self._by_name[name]
+            if self.usage[name].dead:
+                continue
+            q = self._engine_queues[name]
+            while q and self._free_slots(engine) > 0:
+                item = q.popleft()
+                del self._where[item.sample]
+                self._launch(item.sample, engine, item.cap)
+            candidates[name] = engine
+            dirty_pools.add(engine.pool)
+        for pool in dirty_pools:
+            q = self._pool_queues[pool]
+            had_work = bool(q)
+            while q:
+                engine = self._pop_least_loaded(pool)
+                if engine is None:
+                    break
+                item = q.popleft()
+                del self._where[item.sample]
+                self._launch(item.sample, engine, item.cap)
+            if had_work and not q:
+                # the queue just drained: every engine of the pool with room is now idle
+                for engine in self.live_engines():
+                    if engine.pool == pool:
+                        candidates[engine.name] = engine
+        grown, self._grown_pools = self._grown_pools, set()
+        if any(self._pool_queues[p] for p in grown):
+            # work is waiting that its own pool cannot take now: engines elsewhere may steal it
+            for engine in self.live_engines():
+                if not self._pool_queues[engine.pool]:
+                    candidates.setdefault(engine.name, engine)
+        # launches above may have dirtied engines again; those were handled in this pass
+        self._dirty_engines.difference_update(candidates)
+        return list(candidates.values())
+
+    def _guard(self, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - a policy bug must end the run, loudly
+            self._on_fatal(exc)
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def _overrides(policy: object, hook: str) -> bool:
+    """True if ``policy`` defines ``hook`` itself rather than inheriting the base no-op."""
+    from pdsr_sdk.policies.base import Policy
+
+    impl = getattr(type(policy), hook, None)
+    return impl is not None and impl is not getattr(Policy, hook, None)

@@ -1,0 +1,59 @@
+"""Arrow schema of the trajectories file: one row per sample."""
+
+from __future__ import annotations
+
+
+def _f(name: str, type_, description: str, nullable: bool = False):
+    import pyarrow as pa
+
+    return pa.field(name, type_, nullable=nullable, metadata={"description": description})
+
+
+def segment_type():
+    import pyarrow as pa
+
+    return pa.struct([
+        _f("pool", pa.string(), "Pool of the engine that ran the span ('fast', 'heavy'; 'fast<-heavy' = fast engine running stolen heavy work)."),
+        _f("engine", pa.string(), "Engine name."),
+        _f("start_token", pa.int32(), "Index of the span's first response token."),
+        _f("num_tokens", pa.int32(), "Tokens generated in the span (for a restarted sample, spans before the restart were discarded)."),
+        _f("policy_version", pa.int32(), "Weights version that generated the span."),
+        _f("submit_time_s", pa.float64(), "When the span was submitted (seconds since run start)."),
+        _f("end_time_s", pa.float64(), "When the span ended.", nullable=True),
+        _f("end_reason", pa.string(), "stop | length | segment (continued) | cap | moved | truncated | abort | engine_dead."),
+    ])
+
+
+def trajectory_schema():
+    """The schema ``pdsr rollout`` writes (also in schemas/trajectory.arrow.json)."""
+    import pyarrow as pa
+
+    return pa.schema([
+        _f("prompt_id", pa.string(), "Prompt group id."),
+        _f("sample_index", pa.int32(), "Sample index within the group (0 = the probe for probing policies)."),
+        _f("group_size", pa.int32(), "N: samples in the group."),
+        _f("batch_index", pa.int32(), "Index of the batch (GRPO step) the group ran in."),
+        _f("is_probe", pa.bool_(), "True if this sample was used to probe the group's difficulty."),
+        _f("prompt_token_ids", pa.list_(pa.int32()), "Prompt token ids (after the chat template)."),
+        _f("response_token_ids", pa.list_(pa.int32()), "Response token ids."),
+        _f("prompt_text", pa.string(), "Prompt text as sent to the model (after the chat template)."),
+        _f("response_text", pa.string(), "Decoded response (special tokens skipped)."),
+        _f("response_logprobs", pa.list_(pa.float32()), "Engine log-prob of each response token (see the file's logprobs_mode metadata)."),
+        _f("finish_reason", pa.string(), "stop | length | truncated."),
+        _f("prompt_length", pa.int32(), "Prompt tokens."),
+        _f("response_length", pa.int32(), "Response tokens."),
+        _f("routed_to", pa.string(), "Pool the sample was first queued on after probing (null for probes).", nullable=True),
+        _f("segments", pa.list_(segment_type()), "Every span of generation: pool, engine, tokens, policy version, times."),
+        _f("num_segments", pa.int32(), "Number of spans."),
+        _f("moves", pa.int32(), "Times the sample was moved between pools (breaker, steal time limit, probe timeout)."),
+        _f("restarts", pa.int32(), "Times the sample started over, discarding its tokens."),
+        _f("retries", pa.int32(), "Times the sample was re-queued because its engine died."),
+        _f("steals", pa.int32(), "Times an engine of another pool took the sample from its queue."),
+        _f("wasted_tokens", pa.int32(), "Tokens generated and then discarded by restarts."),
+        _f("submit_time_s", pa.float64(), "When the sample was first queued (seconds since run start)."),
+        _f("first_token_time_s", pa.float64(), "When its first token arrived.", nullable=True),
+        _f("finish_time_s", pa.float64(), "When it finished."),
+        _f("policy_versions", pa.list_(pa.int32()), "Distinct weights versions that generated its tokens (ascending)."),
+        _f("ground_truth", pa.string(), "Reference answer, when the data has one.", nullable=True),
+        _f("reward", pa.float32(), "Reward, when a reward function is set.", nullable=True),
+    ])

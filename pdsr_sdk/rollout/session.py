@@ -1,0 +1,204 @@
+"""A rollout session: engines + a policy serving one batch after another.
+
+Trainers use it directly::
+
+    async with RolloutSession(config) as session:
+        for step in range(steps):
+            groups = await session.generate(records)   # one batch
+            ...train...
+            session.policy_version += 1                 # recorded on new segments
+
+``pdsr rollout`` (:func:`pdsr_sdk.rollout.run.run_rollout`) is a loop over this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pdsr_sdk.config import validate_config
+from pdsr_sdk.errors import ConfigError, PdsrError
+from pdsr_sdk.rollout.clock import LoopClock
+from pdsr_sdk.rollout.data import PromptRecord, build_groups
+from pdsr_sdk.rollout.scheduler import Scheduler
+from pdsr_sdk.rollout.types import Group, Sample
+
+
+def resolve_policy(policy_cfg) -> tuple[type, Any]:
+    """(policy class, validated settings) for ``config.policy``; presets come from policies/."""
+    from pdsr_sdk.policies import POLICIES
+    from pdsr_sdk.policies.presets import load_preset
+
+    name, settings = policy_cfg.name, dict(policy_cfg.settings)
+    preset = load_preset(name)
+    source = None
+    if preset is not None:
+        name, base = preset["policy"], dict(preset.get("settings") or {})
+        settings = {**base, **settings}
+        source = preset["_path"]
+    cls = POLICIES.get(name)
+    model = getattr(cls, "config_model", None)
+    if model is None:
+        raise ConfigError(f"policy {name!r}: class {cls.__name__} has no config_model")
+    return cls, validate_config(model, settings, source=source, prefix="policy.settings")
+
+
+@dataclass
+class BatchResult:
+    """One finished batch: its groups and what it cost."""
+
+    batch_index: int
+    groups: list[Group]
+    makespan_s: float
+    tokens: int
+    engine_busy_s: dict[str, float]
+    stats: dict[str, int]
+    l_cut: int | None = None
+    fast_cap: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+
+@dataclass
+class SessionHooks:
+    """Callbacks the caller may set (progress bars, writers). Called on the event loop."""
+
+    on_sample_done: list[Callable[[Sample], None]] = field(default_factory=list)
+    on_group_done: list[Callable[[Group], None]] = field(default_factory=list)
+
+
+class RolloutSession:
+    """Engines + one policy instance for a sequence of batches.
+
+    ``engines``: already started engines to use (the caller keeps ownership
+    and closes them); default: build and start them from the config.
+    """
+
+    def __init__(self, config, *, engines: list | None = None, model_dir: str | Path | None = None):
+        self.config = config
+        self.model_dir = str(model_dir or config.model or "")
+        self.policy_cls, self.policy_settings = resolve_policy(config.policy)
+        self._given_engines = engines
+        self.engines: list = []
+        self.engine_specs: list = []
+        self.hooks = SessionHooks()
+        self.scheduler: Scheduler | None = None
+        self._fatal: asyncio.Future | None = None
+        self._started = False
+        self._batch_index = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.scheduler.policy_version if self.scheduler else self.config.policy_version
+
+    @policy_version.setter
+    def policy_version(self, value: int) -> None:
+        if self.scheduler is None:
+            raise PdsrError("start the session before setting the policy version")
+        self.scheduler.policy_version = value
+
+    async def __aenter__(self) -> "RolloutSession":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self, *, max_model_len: int | None = None) -> None:
+        """Build and start the engines (sequentially: each engine process is pinned at spawn)."""
+        if self._started:
+            return
+        from pdsr_sdk.engines import build_engine
+        from pdsr_sdk.engines.vllm_env import is_cpu_build
+        from pdsr_sdk.rollout.layout import engine_layout
+
+        cfg = self.config
+        if self._given_engines is not None:
+            self.engines = list(self._given_engines)
+        else:
+            needed = max_model_len or (cfg.sampling.max_tokens + 1024)
+            self.engine_specs = engine_layout(cfg, required_pools=self.policy_cls.required_pools,
+                                              cpu=is_cpu_build(), max_model_len=needed)
+            self.engines = [build_engine(spec, model=self.model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
+                                         logprobs_mode=cfg.logprobs_mode) for spec in self.engine_specs]
+        missing = [p for p in self.policy_cls.required_pools if p not in {e.pool for e in self.engines}]
+        if missing:
+            raise ConfigError(f"policy {self.policy_cls.name!r} needs an engine in pool(s) {', '.join(missing)}")
+        loop = asyncio.get_running_loop()
+        self._fatal = loop.create_future()
+        self.scheduler = Scheduler(
+            self.engines, lambda ctx: self.policy_cls(self.policy_settings, ctx), LoopClock(loop),
+            cfg.sampling, cfg.segments, policy_version=cfg.policy_version,
+            on_sample_done=self._sample_done, on_group_done=self._group_done, on_fatal=self._set_fatal)
+        for engine in self.engines:
+            engine.bind(self.scheduler)
+        if self._given_engines is None:
+            started = []
+            try:
+                for engine in self.engines:
+                    await engine.start()
+                    started.append(engine)
+            except BaseException:
+                for engine in started:
+                    await engine.close()
+                raise
+        self._started = True
+
+    async def close(self) -> None:
+        """Close the engines this session built (engines passed in belong to the caller)."""
+        if self._given_engines is not None:
+            self._started = False
+            return
+        for engine in self.engines:
+            try:
+                await engine.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self._started = False
+
+    async def generate(self, records: list[PromptRecord], *, n: int | None = None) -> BatchResult:
+        """Run one batch to completion and return its groups and costs."""
+        if not self._started:
+            await self.start()
+        groups = build_groups(records, n or self.config.sampling.n, self.config.sampling.max_tokens)
+        return await self.run_groups(groups)
+
+    async def run_groups(self, groups: list[Group]) -> BatchResult:
+        sched = self.scheduler
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        busy0 = {name: u.busy_s for name, u in sched.usage.items()}
+        stats0 = dict(sched.stats)
+        t0 = sched.clock.now()
+        sched.start_batch(groups, lambda: done.done() or done.set_result(None))
+        waiter = await asyncio.wait({done, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done():
+            raise self._fatal.result()
+        del waiter
+        makespan = sched.clock.now() - t0
+        stats = {k: v - stats0.get(k, 0) for k, v in sched.stats.items() if v - stats0.get(k, 0)}
+        policy = sched.policy
+        result = BatchResult(
+            batch_index=self._batch_index, groups=groups, makespan_s=makespan,
+            tokens=sum(s.num_generated for g in groups for s in g.samples),
+            engine_busy_s={name: u.busy_s - busy0.get(name, 0.0) for name, u in sched.usage.items()},
+            stats=stats, l_cut=getattr(policy, "l_cut", None), fast_cap=getattr(policy, "cap", None))
+        self._batch_index += 1
+        return result
+
+    # -------------------------------------------------------------- hooks
+    def _sample_done(self, sample: Sample) -> None:
+        for fn in self.hooks.on_sample_done:
+            fn(sample)
+
+    def _group_done(self, group: Group) -> None:
+        for fn in self.hooks.on_group_done:
+            fn(group)
+
+    def _set_fatal(self, exc: BaseException) -> None:
+        if self._fatal is not None and not self._fatal.done():
+            self._fatal.set_result(exc)

@@ -1,0 +1,92 @@
+"""Streaming, resumable trajectories output.
+
+Finished groups are written as small Parquet part files (each written
+atomically) into ``<out>.parts/`` while the run goes on, so an interrupted
+run keeps every finished group. At the end the parts are merged into
+``<out>`` (atomic rename) and the parts directory is removed. ``resume``
+reads the finished prompt ids from both, and the run skips them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.tables import write_table_atomic
+
+
+class TrajectoryWriter:
+    def __init__(self, path: str | Path, schema, *, resume: bool = False, overwrite: bool = False,
+                 flush_groups: int = 16, flush_interval_s: float = 10.0, metadata: dict[str, str] | None = None):
+        import pyarrow as pa
+
+        self.path = Path(path)
+        self.parts_dir = self.path.with_name(self.path.name + ".parts")
+        self.schema = schema.with_metadata({**(schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}) if metadata else schema
+        self.flush_groups = flush_groups
+        self.flush_interval_s = flush_interval_s
+        self._rows: list[dict] = []
+        self._groups = 0
+        self._last_flush = time.monotonic()
+        self._pa = pa
+        exists = self.path.exists() or self.parts_dir.exists()
+        if exists and not (resume or overwrite):
+            raise DataError(f"{self.path}: output already exists (or an interrupted run left {self.parts_dir.name}/); "
+                            f"pass --resume to continue it or --overwrite to replace it")
+        if overwrite and not resume:
+            self.path.unlink(missing_ok=True)
+            shutil.rmtree(self.parts_dir, ignore_errors=True)
+        self._next_part = len(list(self.parts_dir.glob("part-*.parquet"))) if self.parts_dir.exists() else 0
+
+    # -------------------------------------------------------------- resume
+    def finished_prompt_ids(self) -> set[str]:
+        """Prompt ids whose groups are already on disk (final file and part files)."""
+        import pyarrow.parquet as pq
+
+        done: set[str] = set()
+        for f in self._existing_files():
+            try:
+                col = pq.read_table(f, columns=["prompt_id"]).column("prompt_id")
+            except Exception as exc:  # noqa: BLE001
+                raise DataError(f"{f}: cannot read the existing output to resume: {exc}") from None
+            done.update(col.to_pylist())
+        return done
+
+    def _existing_files(self) -> list[Path]:
+        files = [self.path] if self.path.exists() else []
+        if self.parts_dir.exists():
+            files += sorted(self.parts_dir.glob("part-*.parquet"))
+        return files
+
+    # -------------------------------------------------------------- writing
+    def add_group(self, rows: list[dict]) -> None:
+        self._rows.extend(rows)
+        self._groups += 1
+        if self._groups >= self.flush_groups or time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write buffered groups as one part file (atomically)."""
+        if not self._rows:
+            return
+        table = self._pa.Table.from_pylist(self._rows, schema=self.schema)
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        write_table_atomic(table, self.parts_dir / f"part-{self._next_part:06d}.parquet")
+        self._next_part += 1
+        self._rows.clear()
+        self._groups = 0
+        self._last_flush = time.monotonic()
+
+    def finalize(self) -> Path:
+        """Merge everything on disk into the output file and remove the parts."""
+        import pyarrow.parquet as pq
+
+        self.flush()
+        tables = [pq.read_table(f).cast(self.schema) for f in self._existing_files()]
+        table = self._pa.concat_tables(tables) if tables else self.schema.empty_table()
+        table = table.replace_schema_metadata(self.schema.metadata)
+        write_table_atomic(table, self.path)
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
+        return self.path

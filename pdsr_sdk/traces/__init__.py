@@ -1,0 +1,30 @@
+"""Length traces: per-prompt-group response lengths (sample 0 is the probe).
+
+``read_trace`` reads a JSONL trace or a trajectories Parquet/Arrow file,
+``write_trace_jsonl`` writes the JSONL form, ``synth_trace`` draws a
+synthetic long-tailed trace.
+"""
+
+from pdsr_sdk.traces.config import TraceSynthConfig
+from pdsr_sdk.traces.io import (
+    detect_format,
+    read_trace,
+    read_trace_jsonl,
+    read_trajectories_trace,
+    trace_from_trajectories,
+    write_trace_jsonl,
+)
+from pdsr_sdk.traces.synth import synth_trace
+from pdsr_sdk.traces.trace import LengthTrace
+
+__all__ = [
+    "LengthTrace",
+    "TraceSynthConfig",
+    "detect_format",
+    "read_trace",
+    "read_trace_jsonl",
+    "read_trajectories_trace",
+    "synth_trace",
+    "trace_from_trajectories",
+    "write_trace_jsonl",
+]

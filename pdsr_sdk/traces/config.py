@@ -1,0 +1,55 @@
+"""``TraceSynthConfig``: parameters of the synthetic long-tailed length traces (``pdsr trace synth``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pdsr_sdk.config import ConfigModel
+
+
+class TraceSynthConfig(ConfigModel):
+    """A synthetic GRPO length trace: G prompt groups of N samples.
+
+    Model: prompt g has a difficulty ``d_g = median_length * exp(prompt_sigma * z_g)``;
+    sample j has length ``round(d_g * exp(noise_sigma * e_gj))`` clipped to
+    [min_length, max_length]; a fraction ``runaway_frac`` of samples runs away
+    and hits ``max_length`` (finish reason ``"length"``). z, e are standard
+    normal. Sample 0 (the probe) is drawn like every other sample.
+
+    The defaults resemble the P-DSR length study of a 0.5B model on MATH.
+    At G=7424, N=8, seed 0 (the study's numbers in brackets):
+    mean CV (ddof=1) 0.315 [0.29], Spearman(sample 0, sample j) 0.61 [0.62],
+    false negatives at 512 tokens 55% [63%], batch capture 57% [47%], median
+    length 424, p99 1426, 0.3% of samples at the 4096 cap. Top-10% recall is
+    41% [31%]: real within-group noise has a heavier upper tail than a
+    log-normal, so real traces agree even less at the top; and single
+    runaways make the max CV larger (2.2 [1.18]).
+    """
+
+    groups: int = Field(512, ge=1, description="Number of prompt groups G.")
+    n: int = Field(8, ge=1, description="Samples per group N (sample 0 is the probe).")
+    seed: int = Field(0, ge=0, description="Seed of the numpy random Generator; the same seed gives the same trace.")
+    median_length: float = Field(
+        420.0, gt=0, description="Median response length of a prompt of median difficulty, in tokens.")
+    prompt_sigma: float = Field(
+        0.4, ge=0, description="Log-normal sigma of per-prompt difficulty (spread between prompts).")
+    noise_sigma: float = Field(
+        0.3, ge=0, description="Log-normal sigma of the multiplicative within-group noise (spread inside a group).")
+    runaway_frac: float = Field(
+        0.003, ge=0, le=1, description="Fraction of samples that run away and stop at max_length.")
+    max_length: int = Field(4096, ge=1, description="Maximum response length (generation cap) in tokens.")
+    min_length: int = Field(1, ge=0, description="Minimum response length in tokens.")
+    prompt_len_min: int = Field(30, ge=0, description="Smallest prompt length (uniform integer range, inclusive).")
+    prompt_len_max: int = Field(300, ge=0, description="Largest prompt length (uniform integer range, inclusive).")
+    tokens_per_s: float | None = Field(
+        None, gt=0, description="When set, write durations_s = length / tokens_per_s for every sample.")
+    id_prefix: str = Field("p", description="Prompt ids are this prefix followed by the zero-padded group index.")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "TraceSynthConfig":
+        if self.min_length > self.max_length:
+            raise ValueError(f"min_length ({self.min_length}) must be <= max_length ({self.max_length})")
+        if self.prompt_len_min > self.prompt_len_max:
+            raise ValueError(f"prompt_len_min ({self.prompt_len_min}) must be <= prompt_len_max "
+                             f"({self.prompt_len_max})")
+        return self

@@ -1,0 +1,166 @@
+"""``LengthTrace``: per-prompt-group response lengths, the input of ``analyze`` and ``simulate``.
+
+A trace holds G prompt groups; group g has n_g samples whose lengths are
+``lengths[offsets[g]:offsets[g+1]]`` (flat, ragged storage). Sample 0 of every
+group is the probe. Most consumers want the equal-N view ``matrix()`` ([G, N]),
+which raises a clear ``DataError`` when group sizes differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from pdsr_sdk.errors import DataError
+
+
+@dataclass(frozen=True, eq=False)
+class LengthTrace:
+    """Response lengths of G prompt groups (sample 0 of each group is the probe).
+
+    Attributes:
+        prompt_ids: G prompt identifiers, unique.
+        prompt_lens: int64 [G], prompt length in tokens.
+        lengths: int64 [S], response lengths of all samples, group after group.
+        offsets: int64 [G + 1], group g is ``lengths[offsets[g]:offsets[g + 1]]``.
+        durations_s: float64 [S] wall time of each sample in seconds, or None.
+        finish_reasons: object [S] of str (``"stop"``, ``"length"``, ...), or None.
+        source: where the trace was read from (used in error messages), or None.
+    """
+
+    prompt_ids: list[str]
+    prompt_lens: np.ndarray
+    lengths: np.ndarray
+    offsets: np.ndarray
+    durations_s: np.ndarray | None = None
+    finish_reasons: np.ndarray | None = None
+    source: str | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        where = self.source or "LengthTrace"
+        g = len(self.prompt_ids)
+        offsets = np.asarray(self.offsets, dtype=np.int64)
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        prompt_lens = np.asarray(self.prompt_lens, dtype=np.int64)
+        if offsets.shape != (g + 1,) or offsets[0] != 0 or offsets[-1] != len(lengths):
+            raise DataError(f"{where}: offsets must have G + 1 = {g + 1} entries from 0 to {len(lengths)}")
+        sizes = np.diff(offsets)
+        if g and sizes.min() < 1:
+            bad = int(np.argmax(sizes < 1))
+            raise DataError(f"{where}: group {bad} ({self.prompt_ids[bad]!r}) has no samples")
+        if prompt_lens.shape != (g,):
+            raise DataError(f"{where}: prompt_lens has {prompt_lens.size} entries, expected one per group ({g})")
+        if lengths.size and lengths.min() < 0:
+            bad = int(np.searchsorted(offsets, int(np.argmax(lengths < 0)), side="right") - 1)
+            raise DataError(f"{where}: group {bad} ({self.prompt_ids[bad]!r}) has a negative length")
+        if g and prompt_lens.min() < 0:
+            bad = int(np.argmax(prompt_lens < 0))
+            raise DataError(f"{where}: group {bad} ({self.prompt_ids[bad]!r}) has a negative prompt_len")
+        durations = None
+        if self.durations_s is not None:
+            durations = np.asarray(self.durations_s, dtype=np.float64)
+            if durations.shape != lengths.shape:
+                raise DataError(f"{where}: durations_s has {durations.size} entries, expected one per sample "
+                                f"({lengths.size})")
+        reasons = None
+        if self.finish_reasons is not None:
+            reasons = np.asarray(self.finish_reasons, dtype=object)
+            if reasons.shape != lengths.shape:
+                raise DataError(f"{where}: finish_reasons has {reasons.size} entries, expected one per sample "
+                                f"({lengths.size})")
+        object.__setattr__(self, "prompt_ids", [str(p) for p in self.prompt_ids])
+        object.__setattr__(self, "prompt_lens", prompt_lens)
+        object.__setattr__(self, "lengths", lengths)
+        object.__setattr__(self, "offsets", offsets)
+        object.__setattr__(self, "durations_s", durations)
+        object.__setattr__(self, "finish_reasons", reasons)
+
+    # -- construction -----------------------------------------------------------------
+
+    @classmethod
+    def from_matrix(cls, lengths, *, prompt_ids: Sequence[str] | None = None, prompt_lens=None,
+                    durations_s=None, finish_reasons=None, source: str | None = None) -> "LengthTrace":
+        """Build from an equal-N [G, N] array (and optional [G, N] durations / finish reasons)."""
+        matrix = np.asarray(lengths)
+        if matrix.ndim != 2 or matrix.shape[1] < 1:
+            raise DataError(f"{source or 'LengthTrace'}: lengths must be a [G, N] array with N >= 1, "
+                            f"got shape {matrix.shape}")
+        if matrix.size and not np.issubdtype(matrix.dtype, np.integer):
+            raise DataError(f"{source or 'LengthTrace'}: lengths must be integers, got dtype {matrix.dtype}")
+        g, n = matrix.shape
+        ids = list(prompt_ids) if prompt_ids is not None else [f"p{i}" for i in range(g)]
+        if len(ids) != g:
+            raise DataError(f"{source or 'LengthTrace'}: {len(ids)} prompt_ids for {g} groups")
+        plens = np.zeros(g, dtype=np.int64) if prompt_lens is None else prompt_lens
+        durations = None if durations_s is None else np.asarray(durations_s, dtype=np.float64).reshape(-1)
+        reasons = None if finish_reasons is None else np.asarray(finish_reasons, dtype=object).reshape(-1)
+        return cls(prompt_ids=ids, prompt_lens=plens, lengths=matrix.reshape(-1),
+                   offsets=np.arange(g + 1, dtype=np.int64) * n, durations_s=durations,
+                   finish_reasons=reasons, source=source)
+
+    # -- shape ------------------------------------------------------------------------
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.lengths.size)
+
+    @property
+    def group_sizes(self) -> np.ndarray:
+        """int64 [G]: number of samples of each group."""
+        return np.diff(self.offsets)
+
+    @property
+    def is_rectangular(self) -> bool:
+        """True when every group has the same number of samples."""
+        sizes = self.group_sizes
+        return bool(sizes.size == 0 or (sizes == sizes[0]).all())
+
+    @property
+    def samples_per_group(self) -> int:
+        """N, the common group size; raises ``DataError`` when groups differ in size."""
+        self.require_rectangular("this needs")
+        return int(self.group_sizes[0]) if self.num_groups else 0
+
+    def __len__(self) -> int:
+        return self.num_groups
+
+    # -- views ------------------------------------------------------------------------
+
+    def matrix(self) -> np.ndarray:
+        """int64 [G, N] lengths (column 0 is the probe); raises ``DataError`` if groups differ in size."""
+        n = self.samples_per_group
+        return self.lengths.reshape(self.num_groups, n)
+
+    def duration_matrix(self) -> np.ndarray | None:
+        """float64 [G, N] durations in seconds, or None when the trace has none."""
+        if self.durations_s is None:
+            return None
+        return self.durations_s.reshape(self.num_groups, self.samples_per_group)
+
+    def group(self, i: int) -> dict:
+        """One group as the JSON-able mapping of its trace line."""
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        row: dict = {"prompt_id": self.prompt_ids[i], "prompt_len": int(self.prompt_lens[i]),
+                     "lengths": self.lengths[lo:hi].tolist()}
+        if self.durations_s is not None:
+            row["durations_s"] = self.durations_s[lo:hi].tolist()
+        if self.finish_reasons is not None:
+            row["finish_reasons"] = [str(r) for r in self.finish_reasons[lo:hi]]
+        return row
+
+    def require_rectangular(self, what: str = "this needs") -> None:
+        """Raise ``DataError`` naming two groups of different sizes unless all groups have the same N."""
+        if self.is_rectangular:
+            return
+        sizes = self.group_sizes
+        bad = int(np.argmax(sizes != sizes[0]))
+        raise DataError(
+            f"{self.source or 'LengthTrace'}: {what} the same number of samples in every group, but group 0 "
+            f"({self.prompt_ids[0]!r}) has {sizes[0]} and group {bad} ({self.prompt_ids[bad]!r}) has {sizes[bad]}"
+        )

@@ -1,0 +1,114 @@
+"""A deterministic fake engine on a virtual clock, for scheduler and policy tests.
+
+Each running request produces one token every ``token_time`` seconds (no
+batching effects). Token ``i`` of sample ``k`` of prompt ``p`` is a fixed
+function of (p, k, i), so a sample that is moved or aborted and continued
+elsewhere must end with exactly the ids of an uninterrupted run. A sample's
+natural length (where it emits EOS) comes from ``lengths[(prompt_id, k)]``,
+or its ``max_tokens`` when forced.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from pdsr_sdk.errors import EngineError
+from pdsr_sdk.rollout.types import ABORT, LENGTH, STOP, EngineLoad
+
+
+def token_at(prompt_id: str, sample_index: int, i: int) -> int:
+    return zlib.crc32(f"{prompt_id}/{sample_index}/{i}".encode()) % 1000 + 3
+
+
+class FakeEngine:
+    counts_only = False
+
+    def __init__(self, name: str, pool: str, clock, *, max_concurrency: int = 8, token_time: float = 0.01,
+                 lengths: dict | None = None, segment_capacity_tokens: int = 8192):
+        self.name, self.pool, self.clock = name, pool, clock
+        self.max_concurrency = max_concurrency
+        self.segment_capacity_tokens = segment_capacity_tokens
+        self.token_time = token_time
+        self.lengths = lengths or {}
+        self.running: dict[str, dict] = {}
+        self.submitted: list = []          # every SegmentRequest seen, in order
+        self.max_running_seen = 0
+        self.dead = False
+        self.listener = None
+
+    async def start(self) -> None:
+        pass
+
+    def bind(self, listener) -> "FakeEngine":
+        self.listener = listener
+        return self
+
+    def natural_length(self, sample) -> int:
+        if sample.forced:
+            return sample.max_tokens
+        return self.lengths.get((sample.group.prompt_id, sample.index), sample.max_tokens)
+
+    def submit(self, req) -> None:
+        assert not self.dead, f"submit to dead engine {self.name}"
+        assert len(self.running) < self.max_concurrency, f"{self.name} over its concurrency"
+        sample = req.sample
+        start_pos = req.context_len - sample.prompt_len
+        assert start_pos == sample.num_generated
+        if req.context_ids is not None:
+            assert req.context_ids[: sample.prompt_len] == sample.group.prompt_token_ids
+            # the context must be exactly what an uninterrupted run would have produced
+            expected = [token_at(sample.group.prompt_id, sample.index, i) for i in range(start_pos)]
+            assert req.context_ids[sample.prompt_len:] == expected, "context is not the sample's own tokens"
+        to_eos = self.natural_length(sample) - start_pos
+        eos = not req.ignore_eos and to_eos <= req.max_tokens
+        n = min(req.max_tokens, to_eos) if not req.ignore_eos else req.max_tokens
+        entry = {"req": req, "start": self.clock.now(), "start_pos": start_pos, "n": n,
+                 "reason": STOP if eos else LENGTH}
+        entry["timer"] = self.clock.call_later(n * self.token_time, lambda rid=req.request_id: self._finish(rid))
+        self.running[req.request_id] = entry
+        self.submitted.append(req)
+        self.max_running_seen = max(self.max_running_seen, len(self.running))
+
+    def _emit(self, entry, n: int) -> None:
+        req = entry["req"]
+        s = req.sample
+        ids = [token_at(s.group.prompt_id, s.index, entry["start_pos"] + i) for i in range(n)]
+        if n:
+            self.listener.on_tokens(self, req.request_id, n, ids, [-0.5] * n)
+
+    def _finish(self, rid: str) -> None:
+        entry = self.running.pop(rid, None)
+        if entry is None:
+            return
+        self._emit(entry, entry["n"])
+        self.listener.on_segment_end(self, rid, entry["reason"])
+
+    def abort(self, rid: str) -> None:
+        entry = self.running.get(rid)
+        if entry is None:
+            return
+        # the abort lands a moment later, as with a real engine
+        self.clock.call_later(0.0, lambda: self._abort(rid))
+
+    def _abort(self, rid: str) -> None:
+        entry = self.running.pop(rid, None)
+        if entry is None:
+            return
+        entry["timer"].cancel()
+        done = min(entry["n"], int((self.clock.now() - entry["start"]) / self.token_time + 1e-9))
+        self._emit(entry, done)
+        self.listener.on_segment_end(self, rid, ABORT)
+
+    def kill(self) -> None:
+        self.dead = True
+        for entry in self.running.values():
+            entry["timer"].cancel()
+        self.running.clear()
+        self.listener.on_engine_dead(self, EngineError(self.name, "killed by the test", exit_status=-9,
+                                                       remote_traceback="Traceback: boom"))
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self.running))
+
+    async def close(self) -> None:
+        pass

@@ -1,0 +1,255 @@
+"""Scheduler + dispatch policies on fake engines in virtual time (no vLLM).
+
+The fake engine emits a fixed token id per (prompt, sample, position) and
+checks every resubmitted context, so any move or continuation that loses or
+duplicates a token fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes import FakeEngine, token_at
+from pdsr_sdk.errors import EngineError, PdsrError
+from pdsr_sdk.policies import POLICIES
+from pdsr_sdk.rollout.clock import VirtualClock
+from pdsr_sdk.rollout.config import SamplingConfig, SegmentConfig
+from pdsr_sdk.rollout.data import PromptRecord, build_groups
+from pdsr_sdk.rollout.scheduler import Scheduler
+
+# Forced response lengths per prompt (sample 0 is the probe).
+LENGTHS = {
+    "p0": [100, 90, 120, 80],
+    "p1": [40, 30, 130, 45],
+    "p2": [10, 12, 8, 91],
+    "p3": [60, 50, 95, 55],
+    "p4": [20, 90, 15, 22],
+}
+
+
+def records(lengths=LENGTHS):
+    return [PromptRecord(pid, f"prompt {pid}", [1, 2, 3 + i], target_lengths=list(ls))
+            for i, (pid, ls) in enumerate(lengths.items())]
+
+
+def run(policy, settings=None, *, fast=1, heavy=1, conc=4, token_time=0.01, lengths=LENGTHS, seg=None,
+        natural=None, sampling=None, before=None, until=None):
+    clock = VirtualClock()
+    engines = [FakeEngine(f"fast-{i}", "fast", clock, max_concurrency=conc, token_time=token_time,
+                          lengths=natural) for i in range(fast)]
+    engines += [FakeEngine(f"heavy-{i}", "heavy", clock, max_concurrency=conc, token_time=token_time,
+                           lengths=natural) for i in range(heavy)]
+    cls = POLICIES.get(policy)
+    cfg = cls.config_model(**(settings or {}))
+    fatal = []
+    sched = Scheduler(engines, lambda ctx: cls(cfg, ctx), clock,
+                      sampling or SamplingConfig(n=4, max_tokens=1000),
+                      seg or SegmentConfig(min_tokens=16, max_tokens=64),
+                      on_fatal=fatal.append)
+    for e in engines:
+        e.bind(sched)
+    groups = build_groups(records(lengths), len(next(iter(lengths.values()))), 1000)
+    done = []
+    if before:
+        before(clock, engines, sched)
+    sched.start_batch(groups, lambda: done.append(clock.now()))
+    clock.run(until=lambda: bool(done) or bool(fatal) or (until and until()))
+    return groups, sched, engines, done, fatal
+
+
+def by_key(groups):
+    return {(g.prompt_id, s.index): s for g in groups for s in g.samples}
+
+
+def assert_complete(groups, lengths=LENGTHS, truncated=None):
+    truncated = truncated or {}
+    for g in groups:
+        assert len(g.samples) == len(lengths[g.prompt_id])
+        for s in g.samples:
+            assert s.finished, s.key
+            want = truncated.get((g.prompt_id, s.index), lengths[g.prompt_id][s.index])
+            assert s.num_generated == want, s.key
+            assert s.token_ids == [token_at(g.prompt_id, s.index, i) for i in range(want)], s.key
+            assert len(s.logprobs) == want
+            assert sum(seg.num_tokens for seg in s.segments) - s.wasted_tokens == want
+
+
+@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5"])
+def test_every_policy_finishes_every_sample_with_its_own_tokens(policy):
+    groups, sched, engines, done, fatal = run(policy, conc=3)
+    assert not fatal and done
+    assert_complete(groups)   # (v1's fast cap, 2048, is above every length here)
+    for e in engines:
+        assert e.max_running_seen <= e.max_concurrency
+    assert sched.idle
+
+
+def test_v25_routes_top_fraction_heavy_and_breaks_over_the_cap():
+    # probes 100, 40, 10, 60, 20 -> top 40% (2 prompts, rounded up) = p0 and p3; L_cut = 60; cap = 90
+    groups, sched, engines, done, fatal = run("v2.5", {"offload_fraction": 0.4, "cap_multiplier": 1.5})
+    assert not fatal
+    pol = sched.policy
+    assert pol.l_cut == 60 and pol.cap == 90
+    s = by_key(groups)
+    heavy_prompts = {g.prompt_id for g in groups if g.samples[1].routed_to == "heavy"}
+    assert heavy_prompts == {"p0", "p3"}
+    broke = {k for k, smp in s.items() if smp.moves}
+    assert broke == {("p1", 2), ("p2", 3)}          # 130 > 90 and 91 > 90; ("p4", 1) = 90 fits exactly
+    assert sched.stats["breaks"] == 2 and sched.stats["offloaded_prompts"] == 2
+    for key in broke:
+        smp = s[key]
+        assert [seg.pool for seg in smp.segments if seg.num_tokens][-1] == "heavy"
+        assert sum(seg.num_tokens for seg in smp.segments if seg.pool == "fast") == 90   # exactly the cap
+    for smp in s.values():
+        if smp.routed_to == "fast":
+            assert sum(seg.num_tokens for seg in smp.segments if seg.pool == "fast") <= 90
+    assert_complete(groups)
+
+
+def test_v25_restart_wastes_the_fast_tokens():
+    groups, sched, *_ , fatal = run("v2.5", {"offload_fraction": 0.4, "on_break": "restart"})
+    assert not fatal
+    s = by_key(groups)
+    for key in [("p1", 2), ("p2", 3)]:
+        assert s[key].restarts == 1 and s[key].wasted_tokens == 90
+    assert sched.stats["wasted_tokens"] == 180 and sched.stats["restarts"] == 2
+    assert_complete(groups)
+
+
+def test_v25_probes_run_on_both_pools_split_by_slots():
+    groups, *_ = run("v2.5", fast=1, heavy=1, conc=4)
+    probe_pools = [g.samples[0].segments[0].pool for g in groups]
+    # 5 probes over 4 + 4 slots: 2.5 each; the tie goes to the first pool (fast)
+    assert sorted(probe_pools) == ["fast"] * 3 + ["heavy"] * 2
+
+
+def test_v1_truncates_fast_samples_at_the_static_cap_and_offloads_the_slowest():
+    groups, sched, *_ , fatal = run("v1", {"top_fraction": 0.2, "fast_max_tokens": 50, "probe_timeout_s": None})
+    assert not fatal
+    s = by_key(groups)
+    # probe times are proportional to length: p0 (100) is the slowest -> heavy
+    assert {g.prompt_id for g in groups if g.samples[1].routed_to == "heavy"} == {"p0"}
+    truncated = {k: 50 for k, smp in s.items() if smp.routed_to == "fast" and LENGTHS[k[0]][k[1]] > 50}
+    assert set(truncated) == {("p1", 2), ("p3", 2), ("p3", 3), ("p4", 1), ("p2", 3)}
+    for k in truncated:
+        assert s[k].finish_reason == "truncated"
+    assert sched.stats["truncations"] == len(truncated)
+    assert_complete(groups, truncated=truncated)
+
+
+def test_v1_probe_timeout_marks_slow_prompts_heavy_and_keeps_the_probe():
+    # 10 ms per token: at 0.5 s the probes of p0 (100 tokens) and p3 (60) are still running
+    groups, sched, *_ , fatal = run("v1", {"top_fraction": 0.2, "probe_timeout_s": 0.5, "fast_max_tokens": None},
+                                    conc=8)
+    assert not fatal
+    assert sched.stats["probe_timeouts"] == 2
+    heavy = {g.prompt_id for g in groups if g.samples[1].routed_to == "heavy"}
+    assert heavy == {"p0", "p3"}   # timed-out prompts fill the 20% (1 prompt) and more
+    s = by_key(groups)
+    for pid in ("p0", "p3"):
+        probe = s[(pid, 0)]
+        assert probe.moves == 1 and probe.segments[-1].pool == "heavy"
+        assert sum(seg.num_tokens for seg in probe.segments if seg.pool == "fast") == 50  # 0.5 s of tokens
+    assert_complete(groups)
+
+
+def test_v2_token_breaker_moves_to_heavy_and_marks_the_prompt_hard():
+    groups, sched, *_ , fatal = run("v2", {"breaker_tokens": 50, "breaker_time_s": None, "min_history": 100,
+                                           "steal": False})
+    assert not fatal
+    s = by_key(groups)
+    # min_history 100: every prompt is first routed fast; the breaker catches the long ones
+    broke = {k for k, smp in s.items() if smp.moves}
+    assert ("p0", 0) in broke and ("p3", 0) in broke                # probes over 50 break too
+    assert {"p0", "p1", "p2", "p3", "p4"} >= sched.policy.hard >= {"p0", "p3"}
+    for k, smp in s.items():
+        assert sum(seg.num_tokens for seg in smp.segments if seg.pool == "fast") <= 50
+    # a hard prompt's samples that never ran on fast were re-routed to heavy
+    assert all(s[("p0", i)].segments[0].pool == "heavy" for i in (1, 2, 3))
+    assert sched.stats["breaks"] == sched.stats["breaks_tokens"] > 0
+    assert_complete(groups)
+
+
+def test_v2_time_breaker_uses_the_clock():
+    groups, sched, *_ , fatal = run("v2", {"breaker_tokens": None, "breaker_time_s": 0.3, "min_history": 100,
+                                           "steal": False}, seg=SegmentConfig(min_tokens=1000, max_tokens=1000))
+    assert not fatal
+    s = by_key(groups)
+    assert sched.stats["breaks_time"] > 0
+    for smp in s.values():
+        # a fast run is cut at 0.3 s = 30 tokens (no segment boundary helps it: segments are long)
+        assert sum(seg.num_tokens for seg in smp.segments if seg.pool == "fast") <= 30
+    assert_complete(groups)
+
+
+def test_v2_heavy_engine_steals_fast_work_when_idle():
+    groups, sched, *_ , fatal = run("v2", {"min_history": 100, "breaker_tokens": None, "breaker_time_s": None},
+                                    fast=1, heavy=1, conc=2)
+    assert not fatal
+    assert sched.stats["steals"] > 0
+    stolen = [smp for smp in by_key(groups).values() if smp.steals]
+    assert any(seg.pool == "heavy<-fast" for smp in stolen for seg in smp.segments)
+    assert_complete(groups)
+
+
+def test_segments_follow_the_budget_formula():
+    # capacity 64 tokens, 4 slots: L = clamp(64 / n_active, 16, 64)
+    groups, sched, engines, *_ = run("baseline", {"assignment": "round_robin"}, fast=1, heavy=1, conc=4)
+    lens = [r.max_tokens for e in engines for r in e.submitted]
+    assert max(lens) <= 64 and min(lens) >= 1
+    assert any(16 <= x < 64 for x in lens)   # several active -> shorter segments
+
+
+def test_a_dead_engine_requeues_its_samples_on_its_pool():
+    def kill_later(clock, engines, sched):
+        clock.call_later(0.15, engines[0].kill)
+
+    groups, sched, engines, done, fatal = run("baseline", {"assignment": "round_robin"}, fast=2, heavy=1,
+                                              conc=4, before=kill_later)
+    assert not fatal and done
+    assert sched.stats["engines_lost"] == 1 and sched.stats["retries"] > 0
+    err = sched.engine_errors[0]
+    assert err.engine == "fast-0" and err.exit_status == -9 and "boom" in str(err)
+    retried = [s for s in by_key(groups).values() if s.retries]
+    assert all(seg.engine != "fast-0" for s in retried for seg in s.segments[-1:])
+    assert_complete(groups)
+
+
+def test_losing_the_last_engine_of_a_pool_is_a_clear_error():
+    def kill_heavy(clock, engines, sched):
+        clock.call_later(0.05, engines[1].kill)
+
+    *_, fatal = run("v2.5", fast=1, heavy=1, before=kill_heavy)
+    assert fatal and isinstance(fatal[0], EngineError)
+    assert "heavy-0" in str(fatal[0]) and "pool 'heavy'" in str(fatal[0])
+
+
+def test_natural_eos_finishes_with_stop_and_max_tokens_with_length():
+    natural = {("a", 0): 5, ("a", 1): 500}
+    lengths = {"a": [5, 500]}
+    clock = VirtualClock()
+    engines = [FakeEngine("fast-0", "fast", clock, lengths=natural), FakeEngine("heavy-0", "heavy", clock, lengths=natural)]
+    cls = POLICIES.get("baseline")
+    sched = Scheduler(engines, lambda ctx: cls(cls.config_model(), ctx), clock, SamplingConfig(n=2, max_tokens=100),
+                      SegmentConfig(min_tokens=16, max_tokens=64))
+    for e in engines:
+        e.bind(sched)
+    groups = build_groups([PromptRecord("a", "a", [1, 2])], 2, 100)
+    done = []
+    sched.start_batch(groups, lambda: done.append(1))
+    clock.run(until=lambda: bool(done))
+    a0, a1 = groups[0].samples
+    assert (a0.finish_reason, a0.num_generated) == ("stop", 5)
+    assert (a1.finish_reason, a1.num_generated) == ("length", 100)
+
+
+def test_unknown_policy_lists_the_valid_names():
+    with pytest.raises(PdsrError) as exc:
+        POLICIES.get("v3")
+    for name in ("baseline", "v1", "v2", "v2.5"):
+        assert name in str(exc.value)
+
+
+def test_policy_registry_rejects_duplicates():
+    with pytest.raises(PdsrError, match="already registered"):
+        POLICIES.register("v2.5", object)
