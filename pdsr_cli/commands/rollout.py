@@ -40,6 +40,10 @@ def _parse_settings(values: tuple[str, ...]) -> dict:
 @click.option("--ignore-eos", is_flag=True, default=None, help="Generate to max tokens (or forced lengths) past EOS.")
 @click.option("--fast", "fast_engines", type=int, help="Engines in the fast pool (automatic layout).")
 @click.option("--heavy", "heavy_engines", type=int, help="Engines in the heavy pool (automatic layout).")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run the engines as Ray actors on this cluster: 'auto' (the one this machine joined with "
+                   "`ray start`), 'local' (start a one-machine cluster), 'HOST:6379', or 'ray://HOST:10001'. "
+                   "See docs/ray.md.  [default: local engines, no Ray]")
 @click.option("--prompt-column", help="Prompt text column.  [default: prompt/problem/question]")
 @click.option("--messages-column", help="Chat messages column (list of {role, content}).")
 @click.option("--id-column", help="Prompt id column.  [default: id/unique_id/prompt_id, else row number]")
@@ -57,9 +61,9 @@ def _parse_settings(values: tuple[str, ...]) -> dict:
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
-            temperature, top_p, ignore_eos, fast_engines, heavy_engines, prompt_column, messages_column, id_column,
-            ground_truth_column, target_lengths_column, reward, seed, no_segments, out, summary, resume,
-            overwrite, quiet):
+            temperature, top_p, ignore_eos, fast_engines, heavy_engines, ray_address, prompt_column,
+            messages_column, id_column, ground_truth_column, target_lengths_column, reward, seed, no_segments, out,
+            summary, resume, overwrite, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
     Sample 0 of each prompt probes its difficulty; the policy routes the
@@ -73,6 +77,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --n 4 --max-tokens 256                 # tiny model, sample prompts
       pdsr rollout --policy v2.5 --data math.parquet --model DIR --n 8 --batch-size 128
       pdsr rollout --config run.yaml --resume
+      pdsr rollout --ray auto --model /shared/models/qwen --data math.parquet   # engines on a Ray cluster
     """
     from pdsr_sdk.progress import silent_progress, tqdm_progress
     from pdsr_sdk.rollout.config import RolloutConfig
@@ -83,7 +88,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "data.path": data, "model": model, "sampling.n": n, "batch_size": batch_size,
         "num_batches": num_batches, "data.limit": limit, "sampling.max_tokens": max_tokens,
         "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.ignore_eos": ignore_eos,
-        "fast_engines": fast_engines, "heavy_engines": heavy_engines,
+        "fast_engines": fast_engines, "heavy_engines": heavy_engines, "ray.address": ray_address,
         "data.prompt_column": prompt_column, "data.messages_column": messages_column,
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
         "data.target_lengths_column": target_lengths_column, "reward": reward, "seed": seed,

@@ -14,11 +14,21 @@ from pdsr_sdk.registry import Registry
 #: JSON Schema of each config model, written to ``schemas/<name>.schema.json``.
 CONFIG_MODELS: Registry[type] = Registry("config model")
 CONFIG_MODELS.register("gae", "pdsr_sdk.gae.config:GaeConfig")
+CONFIG_MODELS.register("score", "pdsr_sdk.scoring.config:ScoreConfig")
+CONFIG_MODELS.register("analyze", "pdsr_sdk.analysis.config:AnalyzeConfig")
+CONFIG_MODELS.register("trace_synth", "pdsr_sdk.traces.config:TraceSynthConfig")
+CONFIG_MODELS.register("rollout", "pdsr_sdk.rollout.config:RolloutConfig")
+CONFIG_MODELS.register("policy-baseline", "pdsr_sdk.policies.baseline:BaselineSettings")
+CONFIG_MODELS.register("policy-v1", "pdsr_sdk.policies.v1:V1Settings")
+CONFIG_MODELS.register("policy-v2", "pdsr_sdk.policies.v2:V2Settings")
+CONFIG_MODELS.register("policy-v2.5", "pdsr_sdk.policies.v25:V25Settings")
 
 #: Arrow schema of each output table: import path of a zero-argument function
 #: returning a ``pyarrow.Schema``; written to ``schemas/<name>.arrow.json``.
 OUTPUT_SCHEMAS: Registry[object] = Registry("output schema")
 OUTPUT_SCHEMAS.register("gae_output", "pdsr_sdk.gae.table:gae_output_schema")
+OUTPUT_SCHEMAS.register("score_output", "pdsr_sdk.scoring.table:score_output_schema")
+OUTPUT_SCHEMAS.register("trajectory", "pdsr_sdk.rollout.schema:trajectory_schema")
 
 
 def render_schemas() -> dict[str, str]:

@@ -44,6 +44,7 @@ def ensure_tiny_model(path: str | Path | None = None, *, vocab_size: int = 1024)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=target.parent))
     try:
         build_tiny_model(tmp, vocab_size=vocab_size)
+        tmp.chmod(0o755)  # mkdtemp makes it private
         try:
             tmp.rename(target)
         except OSError:

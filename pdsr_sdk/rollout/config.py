@@ -36,13 +36,28 @@ class SegmentConfig(ConfigModel):
         return self
 
 
+class RayConfig(ConfigModel):
+    """Ray: engines as Ray actors (backend 'ray'). Engine-level keys may be overridden per engine."""
+
+    address: str = Field("auto", description="Ray cluster: 'auto' (the cluster this machine joined with `ray start`), 'local' (start a one-machine cluster in this process), a head address 'host:6379', or a Ray Client address 'ray://host:10001'. Ignored when Ray is already initialised in this process.")
+    namespace: str | None = Field(None, description="Ray namespace of the engine actors; default: an anonymous one for this run.")
+    local_num_cpus: int | None = Field(None, ge=1, description="With address 'local': logical CPUs of the started cluster (default: this machine's count).")
+    num_cpus: float = Field(1.0, ge=0, description="Logical CPUs Ray reserves for each engine actor.")
+    num_gpus: float | None = Field(None, ge=0, description="GPUs per tensor-parallel rank of each engine; default: 1 when the cluster has GPUs, else 0.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources each engine needs, e.g. {'heavy_node': 1} to keep heavy engines on nodes started with --resources='{\"heavy_node\": 8}'.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field("STRICT_PACK", description="Placement-group strategy for the GPUs of a tensor-parallel engine (tensor_parallel_size > 1, one bundle per GPU); STRICT_PACK keeps them on one node.")
+    scheduling_strategy: Literal["DEFAULT", "SPREAD"] = Field("DEFAULT", description="How engine actors without a placement group are spread over nodes: Ray's DEFAULT (fills nodes) or SPREAD (different nodes first).")
+    env_vars: dict[str, str] = Field(default_factory=dict, description="Environment variables of the engine actors (Ray runtime_env env_vars), e.g. NCCL_SOCKET_IFNAME, HF_HUB_OFFLINE, VLLM_CPU_OMP_THREADS_BIND.")
+    placement_timeout_s: float = Field(300.0, gt=0, description="Longest wait for Ray to find resources for an engine (its actor scheduled, its placement group ready); then the run stops with an error naming what was missing.")
+
+
 class EngineSpec(ConfigModel):
     """One engine (one vLLM instance) and the pool it serves."""
 
     name: str = Field(description="Unique engine name, used in logs, errors and the trajectories' segment records.")
     pool: str = Field(description="Pool this engine serves: 'fast' (high concurrency, token cap) or 'heavy' (long context).")
     backend: str = Field("vllm", description="Engine backend: 'vllm' (local process), 'ray' (Ray actor), 'sim' (simulated), or an import path.")
-    devices: list[int] = Field(default_factory=list, description="GPU ids for this engine (CUDA_VISIBLE_DEVICES); on the CPU build, the CPU cores its threads are bound to. Empty = automatic.")
+    devices: list[int] = Field(default_factory=list, description="GPU ids for this engine (CUDA_VISIBLE_DEVICES); on the CPU build, the CPU cores its threads are bound to (on its node, for Ray engines). Empty = automatic. Ray engines on GPUs get their GPUs from Ray.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (tensor parallel).")
     max_num_seqs: int = Field(64, ge=1, description="Most requests running at once on this engine.")
     max_model_len: int = Field(4096, ge=16, description="Longest context (prompt + response) this engine accepts.")
@@ -51,6 +66,7 @@ class EngineSpec(ConfigModel):
     dtype: str = Field("auto", description="Model dtype for vLLM ('auto', 'bfloat16', 'float16', 'float32').")
     segment_capacity_tokens: int = Field(8192, ge=1, description="Total_Token_Capacity of the segment formula for this engine.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine arguments passed through unchanged (e.g. {'enable_chunked_prefill': true}).")
+    ray: RayConfig | None = Field(None, description="Ray settings of this engine (backend 'ray'); keys not given here come from the run's top-level 'ray' section.")
 
 
 class DataConfig(ConfigModel):
@@ -105,3 +121,4 @@ class RolloutConfig(ConfigModel):
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field("processed_logprobs", description="Which log-probs engines report: after temperature/top-k/top-p ('processed', what was sampled from) or of the raw model.")
     policy_version: int = Field(0, description="Policy (weights) version recorded on every segment.")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
+    ray: RayConfig | None = Field(None, description="Run engines as Ray actors: when set, the automatic layout's engines use backend 'ray', and engines listed with backend 'ray' take their defaults from here (see docs/ray.md).")

@@ -2,7 +2,9 @@
 
 Automatic layout: on GPUs, one engine per GPU (``heavy_engines`` of them in
 the heavy pool, default one per four GPUs, at least one); on the CPU build,
-one fast and one heavy engine splitting the cores between them.
+one fast and one heavy engine splitting the cores between them. With a
+``ray`` section the automatic layout's engines are Ray actors (backend
+``ray``) and the GPUs counted are the Ray cluster's.
 """
 
 from __future__ import annotations
@@ -37,10 +39,17 @@ def available_devices(cpu: bool) -> list[int]:
 
 def engine_layout(config, *, required_pools: tuple[str, ...], cpu: bool, max_model_len: int) -> list[EngineSpec]:
     """The engine specs of a run (explicit ``config.engines`` or the automatic layout)."""
+    ray_gpus = None   # GPUs of the Ray cluster, for the automatic layout of Ray engines
     if config.engines:
         specs = list(config.engines)
     else:
-        specs = _auto_layout(config, cpu, max_model_len, required_pools)
+        if config.ray is not None:
+            from pdsr_sdk.engines.ray_engine import cluster_gpus
+
+            ray_gpus = cluster_gpus(config.ray)
+            cpu = ray_gpus == 0
+        specs = _auto_layout(config, cpu, max_model_len, required_pools, ray_gpus)
+    specs = [_with_ray_settings(config, i, s) for i, s in enumerate(specs)]
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -53,8 +62,25 @@ def engine_layout(config, *, required_pools: tuple[str, ...], cpu: bool, max_mod
     return specs
 
 
-def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[str, ...]) -> list[EngineSpec]:
-    devices = available_devices(cpu)
+def _with_ray_settings(config, index: int, spec: EngineSpec) -> EngineSpec:
+    """A ``ray`` engine gets the run's ray section merged under its own keys; Ray must be installed."""
+    if spec.backend != "ray":
+        if spec.ray is not None:
+            raise ConfigError(f"engines[{index}] ({spec.name!r}): 'ray' settings need backend 'ray', not {spec.backend!r}")
+        return spec
+    from pdsr_sdk.engines.ray_engine import merge_ray_config, require_ray
+    from pdsr_sdk.rollout.config import RayConfig
+
+    require_ray()
+    return spec.model_copy(update={"ray": merge_ray_config(config.ray, spec.ray) or RayConfig()})
+
+
+def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[str, ...],
+                 ray_gpus: int | None = None) -> list[EngineSpec]:
+    if ray_gpus:   # one engine slot per tensor-parallel group of the cluster's GPUs
+        devices = list(range(ray_gpus // int(config.engine_defaults.get("tensor_parallel_size", 1))))
+    else:
+        devices = available_devices(cpu)
     wants_heavy = HEAVY in required_pools
     if cpu:
         n_fast = 1 if config.fast_engines is None else config.fast_engines
@@ -79,6 +105,9 @@ def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[st
     for i in range(n):
         pool, k = (FAST, i) if i < n_fast else (HEAVY, i - n_fast)
         data = {"name": f"{pool}-{k}", "pool": pool, "devices": groups[i], "max_model_len": max_model_len,
-                **POOL_DEFAULTS[pool], **config.engine_defaults}
+                **POOL_DEFAULTS[pool]}
+        if config.ray is not None:   # Ray engines: Ray assigns GPUs; CPU engines keep the core split per node
+            data.update(backend="ray", devices=groups[i] if cpu else [])
+        data.update(config.engine_defaults)
         specs.append(validate_config(EngineSpec, data, source="engine_defaults"))
     return specs

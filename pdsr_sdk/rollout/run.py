@@ -103,6 +103,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     from pdsr_sdk.rollout.sample_data import default_sample_path
 
     model_dir = resolve_model_dir(config)
+    # config problems (policy name, its settings) surface before any data or engine work
+    session = RolloutSession(config, engines=engines, model_dir=model_dir)
     tokenizer = load_tokenizer(config.tokenizer or model_dir)
     data_path = config.data.path or default_sample_path()
     records = load_prompts(config.data, tokenizer, path=data_path, n=config.sampling.n)
@@ -124,7 +126,6 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     max_model_len = _round_up(longest_prompt + max(
         [config.sampling.max_tokens] + [max(r.target_lengths) for r in todo if r.target_lengths]), 256)
 
-    session = RolloutSession(config, engines=engines, model_dir=model_dir)
     total_groups = sum(len(b) for b in batches)
     sample_bar = probe_bar = None
 

@@ -175,10 +175,9 @@ class RolloutSession:
         stats0 = dict(sched.stats)
         t0 = sched.clock.now()
         sched.start_batch(groups, lambda: done.done() or done.set_result(None))
-        waiter = await asyncio.wait({done, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({done, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
         if self._fatal.done():
             raise self._fatal.result()
-        del waiter
         makespan = sched.clock.now() - t0
         stats = {k: v - stats0.get(k, 0) for k, v in sched.stats.items() if v - stats0.get(k, 0)}
         policy = sched.policy

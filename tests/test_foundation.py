@@ -1,0 +1,157 @@
+"""Package-wide guarantees: light imports, fresh schemas, described configs, loud registries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from pdsr_sdk.config import ConfigModel, load_config
+from pdsr_sdk.config.catalog import CONFIG_MODELS, render_schemas
+from pdsr_sdk.errors import ConfigError, PdsrError
+from pdsr_sdk.registry import Registry
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "vllm", "numba", "ray", "matplotlib", "transformers", "pyarrow.parquet")
+
+
+def _imported_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_import_pdsr_sdk_is_light():
+    mods = _imported_after("import pdsr_sdk, pdsr_sdk.config, pdsr_sdk.registry")
+    assert not [m for m in HEAVY if m in mods]
+
+
+def test_cli_help_is_light_and_lists_every_command():
+    mods = _imported_after("from click.testing import CliRunner\nfrom pdsr_cli.main import cli\n"
+                           "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0, r.output")
+    assert not [m for m in HEAVY if m in mods]
+    out = subprocess.run([sys.executable, "-m", "pdsr_cli.main", "--help"], capture_output=True, text=True, cwd=ROOT)
+    for name in ("rollout", "score", "gae", "simulate", "analyze", "trace", "model", "schema"):
+        assert name in out.stdout
+
+
+def test_checked_in_schemas_are_current():
+    rendered = render_schemas()
+    stale = [name for name, text in rendered.items()
+             if not (ROOT / "schemas" / name).exists() or (ROOT / "schemas" / name).read_text() != text]
+    assert not stale, f"schemas out of date (run `pdsr schema`): {stale}"
+    extra = {p.name for p in (ROOT / "schemas").glob("*.json")} - set(rendered)
+    assert not extra, f"schemas/ has files no model produces: {sorted(extra)}"
+
+
+def _models(model: type[BaseModel], seen=None):
+    seen = seen if seen is not None else set()
+    if model in seen:
+        return
+    seen.add(model)
+    yield model
+    for field in model.model_fields.values():
+        for sub in _nested(field.annotation):
+            yield from _models(sub, seen)
+
+
+def _nested(annotation):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        yield from _nested(arg)
+
+
+@pytest.mark.parametrize("name", CONFIG_MODELS.names())
+def test_every_config_field_is_described_and_extra_keys_are_forbidden(name):
+    for model in _models(CONFIG_MODELS.get(name)):
+        assert issubclass(model, ConfigModel), f"{model.__name__} must subclass ConfigModel"
+        assert model.model_config.get("extra") == "forbid"
+        missing = [f for f, info in model.model_fields.items() if not info.description]
+        assert not missing, f"{model.__name__}: fields without description: {missing}"
+
+
+def test_config_errors_name_the_file_and_dotted_key(tmp_path):
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("sampling:\n  n: 0\nengines:\n  - name: a\n    pool: fast\n    max_num_sqs: 3\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(RolloutConfig, cfg)
+    text = str(exc.value)
+    assert "run.yaml: sampling.n" in text
+    assert "engines.0.max_num_sqs: unknown config key" in text and "max_num_seqs" in text
+
+
+def test_config_flags_override_the_file_and_are_named_as_command_line(tmp_path):
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({"sampling": {"n": 4, "temperature": 0.5}}))
+    c = load_config(RolloutConfig, cfg, {"sampling.n": 16, "sampling.top_p": None})
+    assert c.sampling.n == 16 and c.sampling.temperature == 0.5 and c.sampling.top_p == 1.0
+    with pytest.raises(ConfigError, match="command line: sampling.n"):
+        load_config(RolloutConfig, cfg, {"sampling.n": -1})
+
+
+def test_config_file_problems_are_clear(tmp_path):
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
+        load_config(RolloutConfig, tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sampling: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(RolloutConfig, bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(RolloutConfig, top)
+
+
+def test_registry_fails_loudly():
+    reg: Registry[int] = Registry("widget")
+    reg.register("a", 1)
+    with pytest.raises(PdsrError, match="widget 'a' is already registered"):
+        reg.register("a", 2)
+    with pytest.raises(PdsrError, match="unknown widget 'b'; valid names: a"):
+        reg.get("b")
+    reg.register("lazy", "json:dumps")
+    assert reg.get("lazy") is json.dumps
+    assert reg.get("json:loads") is json.loads
+    with pytest.raises(PdsrError, match="cannot import module"):
+        reg.get("no_such_module_xyz:thing")
+
+
+def test_policy_presets_validate_against_their_policies():
+    from pdsr_sdk.policies.presets import list_presets
+    from pdsr_sdk.rollout.config import PolicyConfig
+    from pdsr_sdk.rollout.session import resolve_policy
+
+    presets = list_presets()
+    assert {"baseline", "v1", "v2", "v2.5"} <= set(presets)
+    for name in presets:
+        cls, settings = resolve_policy(PolicyConfig(name=name))
+        assert isinstance(settings, cls.config_model)
+
+
+def test_builtin_presets_restate_the_seed_defaults():
+    # the preset named after a policy is its default configuration, written out for users to read
+    from pdsr_sdk.policies import POLICIES
+    from pdsr_sdk.policies.presets import load_preset
+
+    for name in ("baseline", "v1", "v2", "v2.5"):
+        preset = load_preset(name)
+        cls = POLICIES.get(preset["policy"])
+        assert cls.config_model(**preset["settings"]) == cls.config_model(), name
+
+
+def test_sample_prompts_in_examples_match_the_generator(tmp_path):
+    from pdsr_sdk.rollout.sample_data import write_sample_prompts
+
+    write_sample_prompts(tmp_path / "s.jsonl")
+    assert (tmp_path / "s.jsonl").read_text() == (ROOT / "examples" / "sample_prompts.jsonl").read_text()

@@ -1,0 +1,92 @@
+"""``pdsr rollout`` bad input: clear errors that name the file, column or key, before any engine starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, ["rollout", "--quiet", *args], catch_exceptions=False)
+
+
+@pytest.fixture()
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(3)))
+    return path
+
+
+def test_missing_prompt_column_lists_the_columns(tmp_path, tiny_model_dir):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"text": "hi", "answer": "1"}) + "\n")
+    r = invoke("--data", str(data), "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2
+    assert "bad.jsonl" in r.output and "no prompt column" in r.output and "text" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_named_prompt_column_that_does_not_exist(prompts, tmp_path, tiny_model_dir):
+    r = invoke("--data", str(prompts), "--prompt-column", "question_text", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "data.prompt_column" in r.output and "question_text" in r.output
+
+
+def test_empty_file(tmp_path, tiny_model_dir):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    r = invoke("--data", str(data), "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "empty.jsonl" in r.output and "empty" in r.output
+
+
+def test_unknown_policy_lists_valid_names(prompts, tmp_path, tiny_model_dir):
+    r = invoke("--data", str(prompts), "--policy", "v3", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2
+    for name in ("baseline", "v1", "v2", "v2.5"):
+        assert name in r.output
+
+
+def test_unknown_config_key_is_named_with_its_dotted_path(prompts, tmp_path, tiny_model_dir):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"data:\n  path: {prompts}\nsampling:\n  temprature: 0.7\n")
+    r = invoke("--config", str(cfg), "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2
+    assert "run.yaml" in r.output and "sampling.temprature" in r.output and "temperature" in r.output
+
+
+def test_bad_policy_setting_is_named(prompts, tmp_path, tiny_model_dir):
+    r = invoke("--data", str(prompts), "--policy", "v2.5", "--set", "cap_multipler=2",
+               "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "policy.settings.cap_multipler" in r.output and "cap_multiplier" in r.output
+    r = invoke("--data", str(prompts), "--policy", "v2.5", "--set", "offload_fraction=1.5",
+               "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "policy.settings.offload_fraction" in r.output
+
+
+def test_existing_output_needs_resume_or_overwrite(prompts, tmp_path, tiny_model_dir):
+    out = tmp_path / "o.parquet"
+    out.write_bytes(b"not empty")
+    r = invoke("--data", str(prompts), "--out", str(out))
+    assert r.exit_code == 2 and "--resume" in r.output and "--overwrite" in r.output
+
+
+def test_model_dir_without_config(prompts, tmp_path):
+    r = invoke("--data", str(prompts), "--model", str(tmp_path), "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "config.json" in r.output
+
+
+def test_forced_lengths_need_ignore_eos(tmp_path, tiny_model_dir):
+    data = tmp_path / "replay.jsonl"
+    data.write_text(json.dumps({"prompt": "x", "lengths": [3, 4]}) + "\n")
+    r = invoke("--data", str(data), "--target-lengths-column", "lengths", "--n", "2",
+               "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "ignore_eos" in r.output
+
+
+def test_help_lists_the_policies_and_defaults():
+    r = CliRunner().invoke(cli, ["rollout", "--help"])
+    assert r.exit_code == 0 and "v2.5" in r.output and "--resume" in r.output

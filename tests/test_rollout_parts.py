@@ -1,0 +1,144 @@
+"""Rollout pieces without engines: rewards, prompt loading, the resumable writer, segments."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.rollout.config import DataConfig
+from pdsr_sdk.rollout.data import build_groups, load_prompts, load_tokenizer
+from pdsr_sdk.rollout.reward import last_boxed, math_boxed, normalize_answer, resolve_reward
+from pdsr_sdk.rollout.segments import next_segment_len
+from pdsr_sdk.rollout.writer import TrajectoryWriter
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("so \\boxed{42}.", "42"),
+    ("first \\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\fbox{x+1}", "x+1"),
+    ("no box here", None),
+    ("unbalanced \\boxed{3", None),
+])
+def test_last_boxed(text, expected):
+    assert last_boxed(text) == expected
+
+
+@pytest.mark.parametrize("response,truth,reward", [
+    ("The answer is \\boxed{42}", "42", 1.0),
+    ("\\boxed{ 0.50 }", "0.5", 1.0),
+    ("\\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}", 1.0),
+    ("\\boxed{90^\\circ}", "90", 1.0),
+    ("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1.0),
+    ("\\boxed{1,000}", "1000", 1.0),
+    ("\\boxed{41}", "42", 0.0),
+    ("42", "42", 0.0),                       # no boxed answer, no reward
+    ("\\boxed{18}", "Janet sells ... #### 18", 1.0),   # GSM8K answers
+])
+def test_math_boxed(response, truth, reward):
+    assert math_boxed(response, truth) == reward
+
+
+def test_reward_resolution():
+    assert resolve_reward("auto", has_ground_truth=True) is math_boxed
+    assert resolve_reward("auto", has_ground_truth=False) is None
+    assert resolve_reward("none", True) is None
+    assert resolve_reward("pdsr_sdk.rollout.reward:normalize_answer", True) is normalize_answer
+
+
+def test_segment_length_formula():
+    assert next_segment_len(8192, 128, 64, 4096) == 64
+    assert next_segment_len(8192, 1, 64, 4096) == 4096
+    assert next_segment_len(8192, 16, 64, 4096) == 512
+    assert next_segment_len(8192, 1000, 64, 4096) == 64
+
+
+def test_load_prompts_variants(tmp_path, tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    path = tmp_path / "p.jsonl"
+    rows = [{"unique_id": "a", "problem": "What is 1+1?", "answer": "2"},
+            {"unique_id": "b", "problem": "What is 2+2?", "answer": "4"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = load_prompts(DataConfig(), tok, path=path)
+    assert [r.prompt_id for r in recs] == ["a", "b"] and [r.ground_truth for r in recs] == ["2", "4"]
+    assert recs[0].text.startswith("<|im_start|>user\nWhat is 1+1?") and recs[0].text.endswith("assistant\n")
+    assert recs[0].token_ids == tok(recs[0].text, add_special_tokens=False)["input_ids"]
+    plain = load_prompts(DataConfig(apply_chat_template=False, system_prompt="Be brief."), tok, path=path)
+    assert plain[0].text == "Be brief.\n\nWhat is 1+1?"
+
+    msgs = tmp_path / "m.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": [{"role": "system", "content": "S"},
+                                                       {"role": "user", "content": "Hi"}]}]), msgs)
+    m = load_prompts(DataConfig(messages_column="messages"), tok, path=msgs)
+    assert m[0].prompt_id == "row-0" and "<|im_start|>system\nS" in m[0].text
+
+
+def test_load_prompts_errors_name_file_and_row(tmp_path, tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n" + json.dumps({"id": "a", "prompt": "y"}) + "\n")
+    with pytest.raises(DataError, match="p.jsonl: row 1: duplicate prompt id 'a' \\(also row 0\\)"):
+        load_prompts(DataConfig(), tok, path=path)
+    path.write_text(json.dumps({"id": "a", "prompt": ""}) + "\n")
+    with pytest.raises(DataError, match="row 0: column 'prompt' must be a non-empty string"):
+        load_prompts(DataConfig(), tok, path=path)
+    path.write_text(json.dumps({"prompt": "x", "lengths": [3, 0]}) + "\n")
+    with pytest.raises(DataError, match="lengths.*positive integers"):
+        load_prompts(DataConfig(target_lengths_column="lengths"), tok, path=path, n=2)
+    path.write_text("{not json\n")
+    with pytest.raises(DataError, match="p.jsonl:1: not valid JSON"):
+        load_prompts(DataConfig(), tok, path=path)
+
+
+def test_build_groups_forces_lengths():
+    from pdsr_sdk.rollout.data import PromptRecord
+
+    g = build_groups([PromptRecord("a", "a", [1], target_lengths=[5, 7])], 2, 100)[0]
+    assert [s.max_tokens for s in g.samples] == [5, 7] and all(s.forced for s in g.samples)
+    g = build_groups([PromptRecord("b", "b", [1])], 3, 100)[0]
+    assert [s.max_tokens for s in g.samples] == [100] * 3 and not any(s.forced for s in g.samples)
+
+
+def _rows(pid, n=2):
+    from pdsr_sdk.rollout.schema import trajectory_schema
+
+    names = trajectory_schema().names
+    base = {k: None for k in names}
+    out = []
+    for i in range(n):
+        r = dict(base, prompt_id=pid, sample_index=i, group_size=n, batch_index=0, is_probe=i == 0,
+                 prompt_token_ids=[1], response_token_ids=[2], prompt_text="p", response_text="r",
+                 response_logprobs=[-0.1], finish_reason="stop", prompt_length=1, response_length=1,
+                 segments=[], num_segments=0, moves=0, restarts=0, retries=0, steals=0, wasted_tokens=0,
+                 submit_time_s=0.0, finish_time_s=1.0, policy_versions=[0])
+        out.append(r)
+    return out
+
+
+def test_writer_streams_parts_resumes_and_finalizes(tmp_path):
+    from pdsr_sdk.rollout.schema import trajectory_schema
+
+    out = tmp_path / "t.parquet"
+    w = TrajectoryWriter(out, trajectory_schema(), flush_groups=1)
+    w.add_group(_rows("a"))
+    w.add_group(_rows("b"))
+    parts = sorted((tmp_path / "t.parquet.parts").glob("part-*.parquet"))
+    assert len(parts) == 2 and not out.exists()       # "crash" here: both groups are on disk
+    with pytest.raises(DataError, match="--resume"):
+        TrajectoryWriter(out, trajectory_schema())
+    w2 = TrajectoryWriter(out, trajectory_schema(), resume=True, flush_groups=1,
+                          metadata={"policy": "v2.5"})
+    assert w2.finished_prompt_ids() == {"a", "b"}
+    w2.add_group(_rows("c"))
+    w2.finalize()
+    t = pq.read_table(out)
+    assert sorted(set(t.column("prompt_id").to_pylist())) == ["a", "b", "c"] and t.num_rows == 6
+    assert t.schema.metadata[b"policy"] == b"v2.5"
+    assert not (tmp_path / "t.parquet.parts").exists()
+    w3 = TrajectoryWriter(out, trajectory_schema(), resume=True)
+    assert w3.finished_prompt_ids() == {"a", "b", "c"}
+    TrajectoryWriter(out, trajectory_schema(), overwrite=True)
+    assert not out.exists()
