@@ -31,7 +31,8 @@ def parse_args():
     p.add_argument("--max-length", type=int, default=1024, help="synthetic trace: max length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batch")
-    p.add_argument("--policies", default="baseline,v1,v2,v2.5")
+    p.add_argument("--policies", default="baseline,baseline-noseg,v1,v2,v2.5,lpt",
+                   help="policies to run; NAME-noseg runs NAME without dynamic segments")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -80,8 +81,10 @@ async def main_async(args) -> None:
         rows = []
         for policy in args.policies.split(","):
             runs = []
+            name, noseg, _ = policy.partition("-noseg")
+            extra = {"segments.enabled": False} if noseg else {}
             for r in range(args.repeats):
-                s = await run_rollout_async(config(policy, work / f"{policy}-{r}.parquet"), engines=engines)
+                s = await run_rollout_async(config(name, work / f"{policy}-{r}.parquet", **extra), engines=engines)
                 runs.append(s)
             runs.sort(key=lambda s: s.makespan_s)
             s = runs[len(runs) // 2]
@@ -102,7 +105,8 @@ async def main_async(args) -> None:
         print(f"{policy:10s}{s.makespan_s:12.2f}{s.tokens_per_s:10.1f}{ratio:12.2f}x{busy.get('fast-0', 0):11.2f}"
               f"{busy.get('heavy-0', 0):12.2f}{st['offloaded_prompts']:9d}{st['breaks']:8d}{st['moves']:7d}"
               f"{st['steals']:8d}{st['wasted_tokens']:8d}")
-    print("\nvs baseline = baseline makespan / policy makespan (>1 is faster). Same engines, same trace, one run.")
+    print("\nvs baseline = baseline makespan / policy makespan (>1 is faster). Same engines, same trace, one run."
+          "\n-noseg = the same policy with each request run to its end in one go (no dynamic segments).")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def assert_complete(groups, lengths=LENGTHS, truncated=None):
             assert sum(seg.num_tokens for seg in s.segments) - s.wasted_tokens == want
 
 
-@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5"])
+@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5", "lpt"])
 def test_every_policy_finishes_every_sample_with_its_own_tokens(policy):
     groups, sched, engines, done, fatal = run(policy, conc=3)
     assert not fatal and done
@@ -253,3 +253,19 @@ def test_unknown_policy_lists_the_valid_names():
 def test_policy_registry_rejects_duplicates():
     with pytest.raises(PdsrError, match="already registered"):
         POLICIES.register("v2.5", object)
+
+
+def test_lpt_queues_longest_predicted_first_and_balances_engines():
+    groups, sched, engines, done, fatal = run("lpt", fast=1, heavy=1, conc=2)
+    assert not fatal
+    # after the probes, each engine ran its samples longest predicted (probe length) first
+    probe_len = {g.prompt_id: LENGTHS[g.prompt_id][0] for g in groups}
+    for e in engines:
+        starts = [r.sample for r in e.submitted if not r.sample.is_probe and r.context_len == r.sample.prompt_len]
+        predicted = [probe_len[s.group.prompt_id] for s in starts]
+        assert predicted == sorted(predicted, reverse=True) and predicted[0] == 100
+    per_engine = {e.name: sum(s.num_generated for g in groups for s in g.samples[1:]
+                              if s.segments[0].engine == e.name) for e in engines}
+    total = sum(per_engine.values())
+    assert max(per_engine.values()) <= 0.65 * total   # balanced by predicted work
+    assert_complete(groups)

@@ -74,7 +74,7 @@ def by_key(rows):
     return {(r["prompt_id"], r["sample_index"]): r for r in rows}
 
 
-@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5"])
+@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5", "lpt"])
 def test_every_policy_writes_b_x_n_consistent_samples(policy, engine_loop, engines, tiny_model_dir, tmp_path,
                                                      replay_data):
     from transformers import AutoTokenizer

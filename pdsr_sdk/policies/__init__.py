@@ -17,5 +17,6 @@ POLICIES.register("baseline", "pdsr_sdk.policies.baseline:BaselinePolicy")
 POLICIES.register("v1", "pdsr_sdk.policies.v1:BatchSyncProbePolicy")
 POLICIES.register("v2", "pdsr_sdk.policies.v2:StreamingProbePolicy")
 POLICIES.register("v2.5", "pdsr_sdk.policies.v25:RankOffloadPolicy")
+POLICIES.register("lpt", "pdsr_sdk.policies.lpt:LongestPredictedFirstPolicy")
 
 __all__ = ["POLICIES"]

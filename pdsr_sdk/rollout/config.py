@@ -66,7 +66,7 @@ class EngineSpec(ConfigModel):
     dtype: str = Field("auto", description="Model dtype for vLLM ('auto', 'bfloat16', 'float16', 'float32').")
     segment_capacity_tokens: int = Field(8192, ge=1, description="Total_Token_Capacity of the segment formula for this engine.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine arguments passed through unchanged (e.g. {'enable_chunked_prefill': true}).")
-    ray: RayConfig | None = Field(None, description="Ray settings of this engine (backend 'ray'); keys not given here come from the run's top-level 'ray' section.")
+    ray: RayConfig | None = Field(None, description="Ray settings of this engine (backend 'ray'); keys not given here come from the run's top-level 'ray' section (env_vars and resources are added to the run's).")
 
 
 class DataConfig(ConfigModel):

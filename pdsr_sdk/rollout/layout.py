@@ -66,7 +66,8 @@ def _with_ray_settings(config, index: int, spec: EngineSpec) -> EngineSpec:
     """A ``ray`` engine gets the run's ray section merged under its own keys; Ray must be installed."""
     if spec.backend != "ray":
         if spec.ray is not None:
-            raise ConfigError(f"engines[{index}] ({spec.name!r}): 'ray' settings need backend 'ray', not {spec.backend!r}")
+            raise ConfigError(f"engines[{index}] ({spec.name!r}): 'ray' settings need backend 'ray', "
+                              f"not {spec.backend!r}")
         return spec
     from pdsr_sdk.engines.ray_engine import merge_ray_config, require_ray
     from pdsr_sdk.rollout.config import RayConfig

@@ -1,0 +1,366 @@
+"""The ``ray`` engine backend: a vLLM engine in a Ray actor, driven from the orchestrator.
+
+The actor (:class:`pdsr_sdk.engines.ray_actor.EngineActor`) hosts a
+:class:`~pdsr_sdk.engines.vllm_engine.VllmEngine`; this class implements the
+same :class:`~pdsr_sdk.rollout.protocols.Engine` protocol on the
+orchestrator's event loop, so every policy runs unchanged and pools can mix
+local and Ray engines.
+
+Transport. Submits and aborts issued in one loop tick go to the actor as one
+ordered ``commands`` call. Tokens come back through a long poll: one
+``poll`` call at a time is outstanding; it returns as soon as anything
+happened, with every request's new tokens since the previous poll (a busy
+engine so delivers a step's worth of deltas per round trip). Ray's streaming
+actor methods (``num_returns="streaming"``) would also do, but Ray Client
+(``ray://`` addresses) rejects them (Ray 2.60, ``util/client/worker.py``); a
+plain call works with every address.
+
+Failure. The outstanding poll fails as soon as the actor dies (``ray.kill``,
+a crashed worker, a lost node); the engine then reports an
+:class:`~pdsr_sdk.errors.EngineError` naming the node (IP, node id) and Ray's
+error to ``listener.on_engine_dead``, and the scheduler re-queues its
+requests on the pool's live engines. An engine-core crash inside a live actor
+is reported the same way with the core's own traceback.
+
+Placement. One GPU per tensor-parallel rank (``num_gpus``), ``num_cpus`` and
+custom ``resources`` per engine. A tensor-parallel engine on GPUs gets a
+placement group of one bundle per GPU (``placement_strategy``, STRICT_PACK
+by default) that vLLM's Ray executor fills with its workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+from pdsr_sdk.errors import ConfigError, EngineError
+from pdsr_sdk.rollout.protocols import EngineListener
+from pdsr_sdk.rollout.types import EngineLoad, SegmentRequest
+
+INSTALL_HINT = "install Ray with `pip install 'pdsr[ray]'` (or `pip install ray`)"
+
+#: how long one poll may wait in the actor before returning an empty batch (keeps load() fresh)
+POLL_WAIT_S = 2.0
+#: how long close() waits for the actor to shut its engine down before killing it
+CLOSE_TIMEOUT_S = 30.0
+
+_connected_address: str | None = None   # the address this process called ray.init with
+
+
+def require_ray():
+    """The ``ray`` module, or a ConfigError telling how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(f"Ray engines (backend 'ray', the 'ray' config section, --ray) need Ray, which is "
+                          f"not installed here ({exc}); {INSTALL_HINT}") from None
+    return ray
+
+
+def connect(cfg) -> Any:
+    """Connect this process to the Ray cluster of ``cfg`` (a RayConfig) once; returns ``ray``.
+
+    If Ray is already initialised (by a trainer, a test, or an earlier engine) that
+    connection is used as it is.
+    """
+    global _connected_address
+    ray = require_ray()
+    if ray.is_initialized():
+        if _connected_address is not None and cfg.address != _connected_address:
+            raise ConfigError(f"ray.address: this process is connected to Ray at {_connected_address!r}; "
+                              f"an engine asks for {cfg.address!r} (all Ray engines of a process share one cluster)")
+        return ray
+    kwargs: dict[str, Any] = {"namespace": cfg.namespace, "logging_level": "WARNING"}
+    try:
+        if cfg.address == "local":
+            ray.init(num_cpus=cfg.local_num_cpus, include_dashboard=False, **kwargs)
+        else:
+            ray.init(address=cfg.address, **kwargs)
+    except ConnectionError as exc:
+        hint = ("start a cluster first (`ray start --head` on this machine, `ray start --address=HEAD:6379` "
+                "on the others) or use address 'local' (--ray local) for a one-machine cluster")
+        raise ConfigError(f"ray.address {cfg.address!r}: cannot connect to a Ray cluster ({exc}); {hint}") from None
+    _connected_address = cfg.address
+    return ray
+
+
+def cluster_gpus(cfg) -> int:
+    """GPUs in the Ray cluster of ``cfg`` (connects first)."""
+    ray = connect(cfg)
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def placement(spec, cfg, *, gpu_cluster: bool) -> tuple[dict[str, Any], list[dict[str, float]] | None]:
+    """(actor options without scheduling_strategy, placement-group bundles or None) for one engine.
+
+    One GPU per tensor-parallel rank by default. With ``tensor_parallel_size > 1`` on GPUs,
+    bundle 0 holds the actor (CPUs, custom resources) and a GPU, the others one GPU each;
+    vLLM's Ray executor places its workers in those bundles (it accepts at most one GPU per
+    bundle). The same shape OpenRLHF uses for its vLLM actors.
+    """
+    gpus = cfg.num_gpus if cfg.num_gpus is not None else (1.0 if gpu_cluster else 0.0)
+    tp = spec.tensor_parallel_size
+    options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "resources": dict(cfg.resources)}
+    if tp > 1 and gpus > 0:
+        if gpus > 1:
+            raise ConfigError(f"engine {spec.name!r}: ray.num_gpus is {gpus:g} per tensor-parallel rank; vLLM's Ray "
+                              f"executor takes at most 1 GPU per rank")
+        first = {"CPU": cfg.num_cpus, "GPU": gpus, **cfg.resources}
+        bundles = [{k: v for k, v in first.items() if v}] + [{"GPU": gpus} for _ in range(tp - 1)]
+        options["num_gpus"] = 0
+        return options, bundles
+    options["num_gpus"] = gpus * tp
+    return options, None
+
+
+def engine_args_for(spec, *, tp_placement_group: bool):
+    """``spec`` with the vLLM arguments a Ray-hosted engine needs (user's engine_args win)."""
+    if not tp_placement_group:
+        return spec
+    args = {"distributed_executor_backend": "ray", **spec.engine_args}
+    return spec.model_copy(update={"engine_args": args})
+
+
+class RayEngine:
+    """The ``ray`` engine backend (see the module docstring)."""
+
+    counts_only = False
+
+    def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
+                 logprobs_mode: str = "processed_logprobs", ray=None):
+        from pdsr_sdk.rollout.config import RayConfig
+
+        self.spec = spec
+        self.name = spec.name
+        self.pool = spec.pool
+        self.max_concurrency = spec.max_num_seqs
+        self.segment_capacity_tokens = spec.segment_capacity_tokens
+        self.model = model
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.logprobs_mode = logprobs_mode
+        self.ray_config = merge_ray_config(ray, spec.ray) or RayConfig()
+        #: where the actor runs (node_id, ip, hostname, pid, actor_id, ...) once started
+        self.node: dict[str, Any] | None = None
+        self._actor = None
+        self._pg = None
+        self._listener: EngineListener | None = None
+        self._outbox: list[tuple[str, Any]] = []
+        self._flush_scheduled = False
+        self._poller: asyncio.Task | None = None
+        self._load = EngineLoad()
+        self._dead = False
+        self._closing = False
+
+    @classmethod
+    def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
+                  logprobs_mode: str = "processed_logprobs", ray=None, **_: object) -> "RayEngine":
+        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode, ray=ray)
+
+    # ------------------------------------------------------------ lifecycle
+    def bind(self, listener: EngineListener) -> None:
+        self._listener = listener
+
+    async def start(self) -> None:
+        if self._actor is not None:
+            return
+        from pdsr_sdk.engines.ray_actor import EngineActor
+
+        cfg = self.ray_config
+        ray = connect(cfg)   # a ConfigError naming the extra when Ray is missing
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpu_cluster = ray.cluster_resources().get("GPU", 0) > 0
+        options, bundles = placement(self.spec, cfg, gpu_cluster=gpu_cluster)
+        spec = engine_args_for(self.spec, tp_placement_group=bundles is not None)
+        if bundles is not None:
+            from ray.util.placement_group import placement_group
+
+            self._pg = placement_group(bundles, strategy=cfg.placement_strategy,
+                                       name=f"pdsr-{self.name}-{uuid.uuid4().hex[:8]}")
+            try:
+                await asyncio.wait_for(_wait(self._pg.ready()), cfg.placement_timeout_s)
+            except asyncio.TimeoutError:
+                msg = self._unplaced(f"placement group {bundles} (strategy {cfg.placement_strategy})")
+                await self.close()
+                raise EngineError(self.name, msg) from None
+            strategy = PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=0,
+                                                        placement_group_capture_child_tasks=True)
+        else:
+            strategy = cfg.scheduling_strategy
+        env = dict(cfg.env_vars)
+        actor_cls = _remote_class(ray, EngineActor)
+        self._actor = actor_cls.options(
+            **options, scheduling_strategy=strategy, max_restarts=0, max_task_retries=0,
+            name=f"pdsr-{self.name}-{uuid.uuid4().hex[:8]}",
+            runtime_env={"env_vars": env} if env else None,
+        ).remote(spec, self.model, self.tokenizer, self.seed, self.logprobs_mode)
+        try:
+            self.node = await asyncio.wait_for(_wait(self._actor.node_info.remote()), cfg.placement_timeout_s)
+        except asyncio.TimeoutError:
+            need = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
+            msg = self._unplaced(f"an actor needing {_describe(need)}")
+            await self.close()
+            raise EngineError(self.name, msg) from None
+        except Exception as exc:  # noqa: BLE001 - the actor died while being created
+            await self.close()
+            raise self._gone(exc, "failed to start") from None
+        try:
+            err = await _wait(self._actor.start.remote())
+        except Exception as exc:  # noqa: BLE001 - the actor process died while loading
+            await self.close()
+            raise self._gone(exc, "failed to start") from None
+        if err is not None:
+            await self.close()
+            raise EngineError(self.name, f"failed to start on {self.where()}: {err['message']}",
+                              exit_status=err["exit_status"], remote_traceback=err["remote_traceback"])
+        self._poller = asyncio.get_running_loop().create_task(self._poll_loop(), name=f"poll-{self.name}")
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(BaseException):
+                await self._poller
+            self._poller = None
+        actor, self._actor = self._actor, None
+        if actor is not None:
+            import ray
+
+            if not self._dead and self.node is not None:   # a live actor shuts its engine down cleanly
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(_wait(actor.close.remote()), CLOSE_TIMEOUT_S)
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+    # ------------------------------------------------------------- requests
+    def submit(self, request: SegmentRequest) -> None:
+        from pdsr_sdk.engines.ray_actor import request_payload
+
+        if self._dead or self._actor is None:
+            raise EngineError(self.name, f"engine is not running (Ray actor on {self.where()})")
+        self._send(("submit", request_payload(request)))
+
+    def abort(self, request_id: str) -> None:
+        if not self._dead and self._actor is not None:
+            self._send(("abort", request_id))
+
+    def load(self) -> EngineLoad:
+        return self._load
+
+    def where(self) -> str:
+        """Where the actor runs, for messages: ``node IP (node id ..., pid ...)``."""
+        n = self.node
+        if not n:
+            return "an unknown node (the actor never reported in)"
+        return f"node {n['ip']} (node id {n['node_id']}, host {n['hostname']}, pid {n['pid']})"
+
+    def _send(self, cmd: tuple[str, Any]) -> None:
+        # everything issued in one loop tick goes as one ordered call
+        self._outbox.append(cmd)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        cmds, self._outbox = self._outbox, []
+        if not cmds or self._dead or self._actor is None:
+            return
+        fut = _wait(self._actor.commands.remote(cmds))
+        fut.add_done_callback(self._commands_done)
+
+    def _commands_done(self, fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is None or self._closing:
+            return
+        # a dead actor is reported by the poll loop (with the same error); anything else ends the engine too
+        self._die(self._gone(fut.exception(), "lost"))
+
+    # --------------------------------------------------------------- events
+    async def _poll_loop(self) -> None:
+        while not self._dead and self._actor is not None:
+            try:
+                tokens, ends, dead, load = await _wait(self._actor.poll.remote(POLL_WAIT_S))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - RayActorError and friends: the actor is gone
+                if not self._closing:
+                    self._die(self._gone(exc, "lost"))
+                return
+            if self._closing:
+                return
+            self._load = EngineLoad(*load)
+            listener = self._listener
+            for rid, ids, lps in tokens:
+                listener.on_tokens(self, rid, len(ids), ids, lps)
+            for rid, reason in ends:
+                listener.on_segment_end(self, rid, reason)
+            if dead is not None:
+                self._die(EngineError(self.name, f"{dead['message']} (in its Ray actor on {self.where()})",
+                                      exit_status=dead["exit_status"], remote_traceback=dead["remote_traceback"]))
+
+    def _die(self, error: EngineError) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        self._outbox.clear()
+        if self._listener is not None:
+            self._listener.on_engine_dead(self, error)
+
+    def _gone(self, exc: BaseException, what: str) -> EngineError:
+        """An EngineError for an actor that died: its node and Ray's own account of why."""
+        detail = " ".join(str(exc).split())
+        return EngineError(self.name, f"Ray actor {what} on {self.where()}: {type(exc).__name__}: {detail}")
+
+    def _unplaced(self, what: str) -> str:
+        import ray
+
+        cfg = self.ray_config
+        total = _describe(ray.cluster_resources())
+        free = _describe(ray.available_resources())
+        return (f"Ray could not place {what} within {cfg.placement_timeout_s:g} s "
+                f"(ray.placement_timeout_s); the cluster has {total} in total, {free} free. "
+                f"Add nodes, or lower ray.num_cpus / ray.num_gpus / ray.resources")
+
+
+def merge_ray_config(run, engine):
+    """The engine's Ray settings: the run's ``ray`` section overridden by the keys the engine sets."""
+    from pdsr_sdk.rollout.config import RayConfig
+
+    if engine is None:
+        return run
+    if run is None:
+        return engine
+    base, own = run.model_dump(exclude_unset=True), engine.model_dump(exclude_unset=True)
+    for key in ("env_vars", "resources"):   # mappings add up (the engine's values win)
+        if key in base and key in own:
+            own[key] = {**base[key], **own[key]}
+    return RayConfig.model_validate({**base, **own})
+
+
+def _wait(ref) -> asyncio.Future:
+    """An asyncio future for a Ray ObjectRef (works for Ray Client refs too)."""
+    return asyncio.wrap_future(ref.future())
+
+
+_REMOTE: dict[type, Any] = {}
+
+
+def _remote_class(ray, cls):
+    if cls not in _REMOTE:
+        _REMOTE[cls] = ray.remote(cls)
+    return _REMOTE[cls]
+
+
+def _describe(resources: dict) -> str:
+    shown = {k: v for k, v in sorted(resources.items())
+             if v and not k.startswith(("node:", "memory", "object_store_memory", "accelerator_type"))}
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in shown.items()) + "}"

@@ -1,0 +1,62 @@
+"""Config of ``pdsr gae`` (GAE over a table of per-token rewards, values and masks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+
+from pdsr_sdk.config import ConfigModel
+
+
+class GaeConfig(ConfigModel):
+    """GAE over a Parquet/Arrow/JSONL table; writes the input plus ``advantages`` and ``returns``."""
+
+    data: Path = Field(description="Input table (Parquet, Arrow IPC or JSONL), one row per sample with list "
+                                   "columns of per-token rewards, values and response mask; rows may have "
+                                   "different lengths.")
+    out: Path = Field(description="Output Parquet file: the input columns plus 'advantages' and 'returns' "
+                                  "(list<float32>, replacing columns of those names); written atomically.")
+    rewards_column: str = Field("rewards", description="Column of per-token rewards (a list per row), or of one "
+                                                       "number per row, which is placed on the row's last valid "
+                                                       "token (verl's token_level_rewards convention).")
+    values_column: str = Field("values", description="Column of per-token value estimates V_t (a list per row, "
+                                                     "as long as the rewards list).")
+    mask_column: Optional[str] = Field("response_mask", description="Column of the per-token response mask (a "
+                                                                    "list of bool or 0/1 per row; nonzero = valid "
+                                                                    "token). null: every token is valid.")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount factor gamma, in [0, 1].")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda, in [0, 1].")
+    chunk: int = Field(256, ge=1, description="Chunk length C of the torch chunk-scan backend (numba and "
+                                              "reference ignore it).")
+    backend: str = Field("auto", description="GAE backend: auto (torch on a CUDA device, numba otherwise), "
+                                             "numba, torch, reference (float64 loop, slow), or an import path "
+                                             "'package.module:Class' of a registered-style backend.")
+    carry_dtype: Literal["auto", "float32", "float64"] = Field(
+        "auto", description="Precision of the recurrence state: auto = the backend's choice (numba: float32 for "
+                            "float32 data; torch: float64), float32 or float64.")
+    device: str = Field("cpu", description="Device of the torch backend: cpu, cuda or cuda:N.")
+    whiten: bool = Field(False, description="Whiten the advantages over all valid tokens of the file (verl's "
+                                            "masked_whiten: unbiased variance, eps 1e-8); returns are computed "
+                                            "before whitening.")
+    threads: int = Field(0, ge=0, description="CPU threads of the numba backend; 0 = all CPUs available to "
+                                              "the process.")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from pdsr_sdk.gae.api import GAE_BACKENDS
+
+        if value != "auto" and value not in GAE_BACKENDS and ":" not in value:
+            raise ValueError(f"unknown GAE backend {value!r}; valid: auto, {', '.join(GAE_BACKENDS.names())} "
+                             f"or an import path 'package.module:Class'")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+            raise ValueError(f"expected cpu, cuda or cuda:N, got {value!r}")
+        return value

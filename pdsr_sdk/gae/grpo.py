@@ -1,0 +1,60 @@
+"""GRPO group-normalised advantages (one scalar per sample).
+
+``adv_i = (r_i - mean_g) / (std_g + eps)`` over the samples of i's group g,
+or ``r_i - mean_g`` with ``normalize_std=False``.
+
+- ``std_g`` is the unbiased (n-1) standard deviation, as verl's
+  ``compute_grpo_outcome_advantage`` (``torch.std``) uses.
+- A group of size 1 gets advantage 0: the sample is its own mean, so it
+  carries no relative signal. (verl instead keeps the raw score for
+  singleton groups, mean 0 and std 1.) A group whose rewards are all equal
+  also gets 0.
+- Per-token advantages, as verl returns them, are ``adv[:, None] * mask``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pdsr_sdk.errors import DataError
+
+
+def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool = True, eps: float = 1e-6) -> Any:
+    """Group-normalised advantages of [N] rewards grouped by [N] ``group_ids`` (any sortable ids).
+
+    Statistics are computed in float64; the result is float64 for float64
+    rewards and float32 otherwise, a numpy array or (for a tensor input) a
+    tensor on the rewards' device.
+    """
+    tensor_in = type(rewards).__module__.startswith("torch")
+    r_np = rewards.detach().cpu().double().numpy() if tensor_in else np.asarray(rewards)
+    ids = group_ids.detach().cpu().numpy() if type(group_ids).__module__.startswith("torch") else np.asarray(group_ids)
+    if r_np.ndim != 1:
+        raise DataError(f"rewards must be 1-D [N] (one scalar per sample), got shape {r_np.shape}")
+    if ids.shape != r_np.shape:
+        raise DataError(f"group_ids has shape {ids.shape}, expected the shape of rewards {r_np.shape}")
+    if not (np.issubdtype(r_np.dtype, np.floating) or np.issubdtype(r_np.dtype, np.integer)
+            or r_np.dtype == np.bool_):
+        raise DataError(f"rewards must be numeric, got dtype {r_np.dtype}")
+    out_dtype = np.float64 if r_np.dtype == np.float64 else np.float32
+    if r_np.size == 0:
+        result = np.zeros(0, dtype=out_dtype)
+    else:
+        x = r_np.astype(np.float64)
+        _, inverse = np.unique(ids, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        counts = np.bincount(inverse).astype(np.float64)
+        mean = np.bincount(inverse, weights=x) / counts
+        centered = x - mean[inverse]                        # exactly 0 for singleton groups
+        if normalize_std:
+            sq = np.bincount(inverse, weights=centered * centered)
+            std = np.sqrt(sq / np.maximum(counts - 1.0, 1.0))   # unbiased; singleton: 0
+            centered = centered / (std[inverse] + eps)
+        result = centered.astype(out_dtype)
+    if tensor_in:
+        import torch
+
+        return torch.from_numpy(result).to(rewards.device)
+    return result

@@ -1,0 +1,145 @@
+"""GAE over a table file (``pdsr gae``): ragged list columns in, two list columns out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.gae.config import GaeConfig
+from pdsr_sdk.io.tables import (list_column_to_numpy, numpy_to_list_array, padded_to_ragged, ragged_to_padded,
+                                read_table, write_table_atomic)
+
+ADVANTAGES = "advantages"
+RETURNS = "returns"
+
+
+def gae_output_schema() -> pa.Schema:
+    """The columns ``pdsr gae`` appends to its input table."""
+    return pa.schema(
+        [
+            pa.field(ADVANTAGES, pa.list_(pa.float32()), nullable=False, metadata={
+                "description": "Per-token GAE advantage A_t, as long as the row's rewards list; at a masked token "
+                               "the advantage of the next valid token, after the last valid token 0; whitened "
+                               "over the file's valid tokens when --whiten is given."}),
+            pa.field(RETURNS, pa.list_(pa.float32()), nullable=False, metadata={
+                "description": "Per-token return (value target) A_t + V_t, with A_t before whitening."}),
+        ],
+        metadata={"description": "Columns added by `pdsr gae` to a copy of its input table."},
+    )
+
+
+@dataclass(frozen=True)
+class GaeRunSummary:
+    """What :func:`run_gae_file` did (the CLI prints it)."""
+
+    out: Path
+    rows: int
+    tokens: int
+    valid_tokens: int
+    backend: str
+    seconds: float
+
+
+def run_gae_file(cfg: GaeConfig) -> GaeRunSummary:
+    """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically."""
+    columns = [cfg.rewards_column, cfg.values_column] + ([cfg.mask_column] if cfg.mask_column else [])
+    table = read_table(cfg.data, columns, what="GAE input")
+    result, summary = gae_table(table, cfg, source=cfg.data)
+    write_table_atomic(result, cfg.out)
+    return summary
+
+
+def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "") -> tuple[pa.Table, GaeRunSummary]:
+    """``table`` plus ``advantages`` and ``returns`` columns computed as ``cfg`` says."""
+    from pdsr_sdk.gae import compute_gae, masked_whiten
+    from pdsr_sdk.gae.api import get_backend, resolve_backend_name
+
+    values, offsets = list_column_to_numpy(table.column(cfg.values_column), np.float32, name=cfg.values_column,
+                                           path=source)
+    lengths = np.diff(offsets)
+    if cfg.mask_column:
+        mask, mask_offsets = list_column_to_numpy(table.column(cfg.mask_column), None, name=cfg.mask_column,
+                                                  path=source)
+        _check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets))
+        mask = mask != 0
+    else:
+        mask = np.ones(len(values), dtype=np.bool_)
+    rewards = _rewards(table, cfg, source, offsets, mask)
+
+    padded_r, _ = ragged_to_padded(rewards, offsets, dtype=np.float32)
+    padded_v, _ = ragged_to_padded(values, offsets, dtype=np.float32)
+    padded_m, _ = ragged_to_padded(mask, offsets, fill=False, dtype=np.bool_)
+    cuda = cfg.device.startswith("cuda")
+    name = resolve_backend_name(cfg.backend, cuda=cuda)
+    backend = get_backend(name)
+    backend.warmup("float32", cfg.carry_dtype)
+    threads = cfg.threads or None
+    start = time.perf_counter()
+    if cuda or backend.array_kind == "torch":
+        import torch
+
+        if cuda and not torch.cuda.is_available():
+            raise ConfigError(f"device: {cfg.device!r} requested but torch sees no CUDA device; use --device cpu")
+        args = [torch.from_numpy(a).to(cfg.device) for a in (padded_r, padded_v, padded_m)]
+        adv, ret = compute_gae(*args, cfg.gamma, cfg.lam, backend=name, chunk_size=cfg.chunk,
+                               carry_dtype=cfg.carry_dtype, threads=threads)
+        adv, ret = adv.cpu().numpy(), ret.cpu().numpy()
+    else:
+        adv, ret = compute_gae(padded_r, padded_v, padded_m, cfg.gamma, cfg.lam, backend=name,
+                               chunk_size=cfg.chunk, carry_dtype=cfg.carry_dtype, threads=threads)
+    if cfg.whiten:
+        try:
+            adv = masked_whiten(adv, padded_m)
+        except DataError as exc:
+            raise DataError(f"{source}: cannot whiten: {exc}") from None
+    seconds = time.perf_counter() - start
+
+    schema = gae_output_schema()
+    for field, padded in ((schema.field(ADVANTAGES), adv), (schema.field(RETURNS), ret)):
+        flat, new_offsets = padded_to_ragged(padded, lengths)
+        column = numpy_to_list_array(np.ascontiguousarray(flat, dtype=np.float32), new_offsets, pa.float32())
+        if field.name in table.column_names:
+            table = table.drop_columns([field.name])
+        table = table.append_column(field, column)
+    summary = GaeRunSummary(out=Path(cfg.out), rows=table.num_rows, tokens=int(lengths.sum()),
+                            valid_tokens=int(mask.sum()), backend=name, seconds=seconds)
+    return table, summary
+
+
+def _check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: np.ndarray) -> None:
+    bad = np.flatnonzero(len_a != len_b)
+    if bad.size:
+        row = int(bad[0])
+        raise DataError(f"{source}: row {row}: {name_a!r} has {int(len_a[row])} elements but {name_b!r} has "
+                        f"{int(len_b[row])}; the per-token lists of a row must have equal length "
+                        f"({bad.size} row(s) differ)")
+
+
+def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Flat per-token rewards; a scalar column goes on each row's last valid token."""
+    column = table.column(cfg.rewards_column)
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        rewards, r_offsets = list_column_to_numpy(column, np.float32, name=cfg.rewards_column, path=source)
+        _check_lengths(source, cfg.rewards_column, np.diff(r_offsets), cfg.values_column, np.diff(offsets))
+        return rewards
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        raise DataError(f"{source}: column {cfg.rewards_column!r} must be a list of numbers per row or one number "
+                        f"per row, got {kind}")
+    if column.null_count:
+        row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
+        raise DataError(f"{source}: column {cfg.rewards_column!r} row {row} is null; expected a number")
+    scalars = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+    rewards = np.zeros(int(offsets[-1]), dtype=np.float32)
+    # last valid flat index of each row: the last valid index before the row's end, if inside the row
+    valid_idx = np.flatnonzero(mask)
+    k = np.searchsorted(valid_idx, offsets[1:], side="left") - 1
+    last = valid_idx[np.maximum(k, 0)] if valid_idx.size else np.zeros(len(k), dtype=np.int64)
+    has_valid = (k >= 0) & (last >= offsets[:-1])
+    rewards[last[has_valid]] = scalars[has_valid]   # a row with no valid token carries no reward
+    return rewards
