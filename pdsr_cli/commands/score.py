@@ -1,0 +1,90 @@
+"""``pdsr score``: per-token log-probs of completions under a model, micro-batched, written back as a column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pdsr_cli.common import config_option, handle_errors
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.scoring.config import ScoreConfig
+
+
+def _help(name: str) -> str:
+    field = ScoreConfig.model_fields[name]
+    if field.is_required() or field.default is None:
+        return field.description
+    default = field.default if not isinstance(field.default, bool) else str(field.default).lower()
+    return f"{field.description} [default: {default}]"
+
+
+@click.command("score")
+@click.option("--model", type=click.Path(path_type=Path), default=None, help=_help("model"))
+@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=_help("data") + " [required: flag or config]")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=_help("out") + " [required: flag or config]")
+@click.option("--mbs", type=int, default=None, help=_help("mbs"))
+@click.option("--max-tokens-per-mb", "max_tokens_per_micro_batch", type=int, default=None,
+              help=_help("max_tokens_per_micro_batch"))
+@click.option("--backend", type=click.Choice(["torch", "vllm"]), default=None, help=_help("backend"))
+@click.option("--column", default=None, help=_help("column"))
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help=_help("device"))
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None,
+              help=_help("dtype"))
+@click.option("--prompt-column", default=None, help=_help("prompt_column"))
+@click.option("--response-column", default=None, help=_help("response_column"))
+@click.option("--entropy/--no-entropy", default=None, help=_help("entropy"))
+@click.option("--temperature", type=float, default=None, help=_help("temperature"))
+@click.option("--length-bucket", type=int, default=None, help=_help("length_bucket"))
+@click.option("--row-chunk", type=int, default=None, help=_help("row_chunk"))
+@config_option
+@handle_errors
+def command(config_path: Path | None, **flags) -> None:
+    """Score each response's tokens: log p(token | prompt, earlier response tokens).
+
+    Reads a Parquet file with list columns of prompt and response token ids
+    (what `pdsr rollout` writes), computes the per-token log-probs under the
+    model (fp32 log-softmax, logits / temperature) and writes the input plus a
+    list<float32> column. Micro-batching: --mbs N (fixed size; the tail block
+    is padded to N rows) or --max-tokens-per-mb N (token quota, balanced,
+    original order restored), else one forward over everything.
+
+    \b
+    Example:
+      pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 8192 --out scored.parquet
+    """
+    from pydantic import ValidationError
+
+    from pdsr_sdk.config import read_config_file, set_dotted
+    from pdsr_sdk.config.base import format_validation_error
+    from pdsr_sdk.progress import tqdm_progress
+    from pdsr_sdk.scoring.table import score_file
+
+    mbs, quota = flags["mbs"], flags["max_tokens_per_micro_batch"]
+    if mbs is not None and quota is not None:
+        raise ConfigError(f"--mbs ({mbs}) and --max-tokens-per-mb ({quota}) are exclusive: give a fixed "
+                          f"micro-batch size or a token quota, not both")
+    data = read_config_file(config_path) if config_path is not None else {}
+    # a mode flag replaces the other mode if the config file set it
+    if mbs is not None:
+        data.pop("max_tokens_per_micro_batch", None)
+    if quota is not None:
+        data.pop("mbs", None)
+    for key in ("data", "out"):
+        if flags[key] is None and key not in data:
+            raise ConfigError(f"--{key} is required (or '{key}:' in the --config file)")
+    given = {k: v for k, v in flags.items() if v is not None}
+    for key, value in given.items():
+        set_dotted(data, key, value)
+    try:
+        cfg = ScoreConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, ScoreConfig, source=config_path, overrides=given)) from None
+    if cfg.model is None:
+        click.echo("model: none given (--model), using the built-in tiny random model", err=True)
+    path, stats = score_file(cfg, progress=tqdm_progress)
+    extra = f" and '{cfg.column}_entropy'" if cfg.entropy else ""
+    click.echo(f"wrote {path}: {stats.samples} rows, column '{cfg.column}'{extra} ({stats.backend}, {stats.head})")
+    click.echo(stats.summary())

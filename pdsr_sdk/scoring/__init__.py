@@ -1,0 +1,41 @@
+"""Micro-batched per-token log-prob scoring (``pdsr score``).
+
+- :func:`per_token_logps`: ragged prompt/completion ids in, one float32
+  array of completion log-probs per sample out (plus entropy and stats).
+  Backends: torch + transformers (chunked fp32 log-softmax over the lm_head)
+  and vLLM prompt logprobs.
+- Micro-batching: one forward, fixed ``mbs`` (tail padded to ``mbs`` rows),
+  or a token quota (balanced partitions, original order restored).
+- :func:`score_table` / :func:`score_file`: the same on a trajectories table.
+
+Importing this package does not import torch, transformers or vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pdsr_sdk.scoring.api import ScoreResult, ScoreStats, per_token_logps
+from pdsr_sdk.scoring.config import ScoreConfig
+
+_LAZY = {
+    "load_model": "pdsr_sdk.scoring.torch_backend",
+    "make_engine": "pdsr_sdk.scoring.vllm_backend",
+    "score_table": "pdsr_sdk.scoring.table",
+    "score_file": "pdsr_sdk.scoring.table",
+    "score_output_schema": "pdsr_sdk.scoring.table",
+    "chunked_token_logps": "pdsr_sdk.scoring.logprob_kernel",
+    "naive_token_logps": "pdsr_sdk.scoring.logprob_kernel",
+}
+
+__all__ = sorted(["ScoreConfig", "ScoreResult", "ScoreStats", "per_token_logps", *_LAZY])
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pdsr_sdk.scoring' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,92 @@
+"""Scoring a trajectories table: read token-id columns, score, add list<float32> column(s)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.tables import list_column_to_numpy, numpy_to_list_array, read_table, write_table_atomic
+from pdsr_sdk.progress import ProgressFactory
+from pdsr_sdk.scoring.api import Ragged, ScoreStats, per_token_logps
+from pdsr_sdk.scoring.config import ScoreConfig
+
+LOGPS_DESCRIPTION = ("Log-probability of each response token given the prompt and the earlier response tokens, "
+                     "under the scoring model (logits / temperature, fp32 log-softmax); one entry per "
+                     "response token.")
+ENTROPY_DESCRIPTION = ("Written with --entropy (torch backend). Entropy (nats) of the scoring model's next-token distribution at each response "
+                       "position (logits / temperature); one entry per response token.")
+
+
+def score_output_schema(column: str = "ref_logps", entropy: bool = True) -> pa.Schema:
+    """Arrow schema of the column(s) ``pdsr score`` adds to the input table."""
+    fields = [pa.field(column, pa.list_(pa.float32()), nullable=False,
+                       metadata={"description": LOGPS_DESCRIPTION})]
+    if entropy:
+        fields.append(pa.field(f"{column}_entropy", pa.list_(pa.float32()), nullable=False,
+                               metadata={"description": ENTROPY_DESCRIPTION}))
+    return pa.schema(fields)
+
+
+def _ragged_column(table: pa.Table, name: str, source: str) -> Ragged:
+    column = table.column(name)
+    typ = column.type
+    if not ((pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_integer(typ.value_type)):
+        raise DataError(f"{source}: column {name!r} must be a list of integer token ids, got {typ}")
+    values, offsets = list_column_to_numpy(column, np.int64, name=name, path=source)
+    return Ragged(values, offsets)
+
+
+def _attach(table: pa.Table, name: str, arrays: list[np.ndarray], description: str) -> pa.Table:
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays).astype(np.float32) if arrays else np.zeros(0, np.float32)
+    column = numpy_to_list_array(values, offsets, pa.float32())
+    fld = pa.field(name, pa.list_(pa.float32()), nullable=False, metadata={"description": description})
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), fld, column)
+    return table.append_column(fld, column)
+
+
+def score_table(table: pa.Table, config: ScoreConfig, model, *, progress: ProgressFactory | None = None,
+                source: str = "input") -> tuple[pa.Table, ScoreStats]:
+    """Score ``table``'s completions with ``model`` (a loaded model, LLM, or directory) per ``config``."""
+    missing = [c for c in (config.prompt_column, config.response_column) if c not in table.column_names]
+    if missing:
+        raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing)}; the file has: "
+                        f"{', '.join(table.column_names) or '(no columns)'}")
+    prompts = _ragged_column(table, config.prompt_column, source)
+    completions = _ragged_column(table, config.response_column, source)
+    result = per_token_logps(
+        model, prompts, completions, mbs=config.mbs, max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+        pad_id=config.pad_id, temperature=config.temperature, return_entropy=config.entropy,
+        length_bucket=config.length_bucket, row_chunk=config.row_chunk, progress=progress,
+        backend=config.backend, token_grouping=config.token_grouping,
+        max_padding_fraction=config.max_padding_fraction, attention_mask=config.attention_mask,
+        device=config.device, dtype=config.dtype, vllm_max_model_len=config.vllm_max_model_len,
+        vllm_kv_cache_gib=config.vllm_kv_cache_gib,
+        names=(config.prompt_column, config.response_column), source=source)
+    out = _attach(table, config.column, result.logps, LOGPS_DESCRIPTION)
+    if result.entropy is not None:
+        out = _attach(out, f"{config.column}_entropy", result.entropy, ENTROPY_DESCRIPTION)
+    return out, result.stats
+
+
+def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) -> tuple[Path, ScoreStats]:
+    """Read ``config.data``, score it, write ``config.out`` atomically; returns (path, stats).
+
+    ``config.model`` None uses the built-in tiny model (built on first use).
+    """
+    if config.model is not None:
+        from pdsr_sdk.scoring.torch_backend import check_model_dir
+
+        model_dir = check_model_dir(config.model)  # fail before reading a large input
+    else:
+        from pdsr_sdk.models.tiny import ensure_tiny_model
+
+        model_dir = ensure_tiny_model()
+    table = read_table(config.data, (config.prompt_column, config.response_column))
+    scored, stats = score_table(table, config, model_dir, progress=progress, source=str(config.data))
+    return write_table_atomic(scored, config.out), stats

@@ -1,0 +1,227 @@
+"""The torch + transformers scoring backend.
+
+Each micro-batch is one right-padded forward of the model's decoder (the
+base model without its lm_head) with position ids 0..T-1, so every real
+token sees exactly what it would see unpadded. Only the hidden states at
+completion positions (position t predicts token t+1) go through the lm_head,
+in row chunks, with an fp32 log-softmax (``logprob_kernel``).
+
+Finding the head: ``get_output_embeddings()`` (tied embeddings share the
+weight, so this is the same call) and ``get_decoder()`` / ``.model``. The
+split is checked once per call against the model's own logits on a few
+tokens; if no head/decoder is found, or the check fails (models that post-
+process logits: soft-capping, logit scales), the backend falls back to the
+model's full logits ([rows, T, vocab] in the model dtype, upcast per chunk)
+and says so in the stats (``head``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.scoring.buckets import MicroBatch
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device: {device!r} requested but torch sees no CUDA device (use 'cpu' or 'auto')")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ConfigError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    return device
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers draws a weight-loading bar on stderr; the SDK never prints."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def check_model_dir(model_dir: str | Path) -> Path:
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise DataError(f"{path}: model directory does not exist")
+    if not (path / "config.json").is_file():
+        raise DataError(f"{path}: not a Hugging Face model directory (no config.json in it)")
+    return path
+
+
+def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto"):
+    """Load a local Hugging Face causal LM for scoring (eval mode, on ``device``)."""
+    import torch
+
+    path = check_model_dir(model_dir)
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype: expected one of {', '.join(_DTYPES)}, got {dtype!r}")
+    device = resolve_device(device)
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    try:
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types
+        raise DataError(f"{path}: cannot load a causal LM from this directory: {exc}") from None
+    return model.to(device).eval()
+
+
+def model_vocab_size(model) -> int:
+    """Rows of the input embedding (ids must index it) and of the output head, whichever is smaller."""
+    sizes = []
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None and hasattr(emb, "weight"):
+        sizes.append(int(emb.weight.shape[0]))
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "weight"):
+        sizes.append(int(head.weight.shape[0]))
+    if not sizes:
+        sizes.append(int(model.config.vocab_size))
+    return min(sizes)
+
+
+def model_device(model) -> Any:
+    return next(model.parameters()).device
+
+
+@dataclass
+class Parts:
+    """How hidden states become logits: ``decoder`` + ``head`` (chunked), or the whole model (full logits)."""
+
+    decoder: Any
+    head: Any
+    description: str
+
+    @property
+    def chunked(self) -> bool:
+        return self.head is not None
+
+
+def find_parts(model, probe_ids: np.ndarray) -> Parts:
+    """Split ``model`` into decoder and lm_head, verified on ``probe_ids`` (a short real sequence)."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder = None
+    if hasattr(model, "get_decoder"):
+        try:
+            decoder = model.get_decoder()
+        except Exception:  # noqa: BLE001 - some models raise instead of returning None
+            decoder = None
+    if decoder is None:
+        decoder = getattr(model, "model", None)
+    if head is None or decoder is None or decoder is model:
+        return Parts(None, None, "full logits (no separate decoder and lm_head found)")
+    ids = torch.as_tensor(probe_ids[None, :], device=model_device(model))
+    with torch.inference_mode():
+        expected = model(input_ids=ids, use_cache=False).logits
+        got = head(_last_hidden(decoder(input_ids=ids, use_cache=False, return_dict=True)))
+    if got.shape != expected.shape:
+        return Parts(None, None, f"full logits (lm_head gives shape {tuple(got.shape)}, model {tuple(expected.shape)})")
+    eps = torch.finfo(expected.dtype).eps
+    scale = float(expected.float().abs().max()) + 1.0
+    err = float((got.float() - expected.float()).abs().max())
+    if not err <= 16 * eps * scale:
+        return Parts(None, None, f"full logits (decoder + lm_head differ from the model's logits by {err:.3g}: "
+                                 f"the model post-processes its logits)")
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    return Parts(decoder, head, "chunked lm_head" + (" (tied embeddings)" if tied else ""))
+
+
+def _last_hidden(out) -> Any:
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def build_batch(mb: MicroBatch, seqs: Sequence[np.ndarray], pad_id: int):
+    """Right-padded ids [rows, T] and mask; dummy rows are one pad token (kept attendable: no all-masked rows)."""
+    ids = np.full((mb.rows, mb.seq_len), pad_id, dtype=np.int64)
+    mask = np.zeros((mb.rows, mb.seq_len), dtype=np.int64)
+    for r, i in enumerate(mb.indices):
+        seq = seqs[i]
+        ids[r, : len(seq)] = seq
+        mask[r, : len(seq)] = 1
+    mask[len(mb.indices):, 0] = 1
+    return ids, mask
+
+
+def score_micro_batch(model, parts: Parts, mb: MicroBatch, seqs: Sequence[np.ndarray], prompt_lens: np.ndarray,
+                      *, pad_id: int, temperature: float, row_chunk: int, return_entropy: bool,
+                      attention_mask: bool) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Log-probs (and entropies) of the completion tokens of ``mb``'s samples, in ``mb.indices`` order."""
+    import torch
+
+    from pdsr_sdk.scoring.logprob_kernel import chunked_token_logps
+
+    device = model_device(model)
+    ids_np, mask_np = build_batch(mb, seqs, pad_id)
+    # completion token t of sample i sits at position p_i + t; position p_i + t - 1 predicts it
+    row_parts, pos_parts, sizes = [], [], []
+    for r, i in enumerate(mb.indices):
+        p, total = int(prompt_lens[i]), len(seqs[i])
+        row_parts.append(np.full(total - p, r, dtype=np.int64))
+        pos_parts.append(np.arange(p - 1, total - 1, dtype=np.int64))
+        sizes.append(total - p)
+    rows = np.concatenate(row_parts)
+    pos = np.concatenate(pos_parts)
+    targets = torch.as_tensor(ids_np[rows, pos + 1], device=device)
+    rows_t = torch.as_tensor(rows, device=device)
+    pos_t = torch.as_tensor(pos, device=device)
+
+    ids = torch.as_tensor(ids_np, device=device)
+    position_ids = torch.arange(mb.seq_len, device=device).expand(mb.rows, -1)
+    kwargs = dict(input_ids=ids, position_ids=position_ids, use_cache=False)
+    if attention_mask:
+        kwargs["attention_mask"] = torch.as_tensor(mask_np, device=device)
+    with torch.inference_mode():
+        if parts.chunked:
+            hidden = _last_hidden(parts.decoder(**kwargs, return_dict=True))
+            selected = hidden[rows_t, pos_t]
+            del hidden
+            logps, entropy = chunked_token_logps(selected, targets, parts.head, temperature=temperature,
+                                                 row_chunk=row_chunk, return_entropy=return_entropy)
+        else:
+            logits = model(**kwargs).logits
+            selected = logits[rows_t, pos_t]
+            del logits
+            logps, entropy = chunked_token_logps(selected, targets, None, temperature=temperature,
+                                                 row_chunk=row_chunk, return_entropy=return_entropy)
+    splits = np.cumsum(sizes)[:-1]
+    out_logps = np.split(logps.cpu().numpy(), splits)
+    out_entropy = np.split(entropy.cpu().numpy(), splits) if entropy is not None else None
+    return out_logps, out_entropy
+
+
+def run_plan(model, plan: Sequence[MicroBatch], seqs: Sequence[np.ndarray], prompt_lens: np.ndarray, *,
+             pad_id: int, temperature: float, row_chunk: int, return_entropy: bool, attention_mask: bool,
+             on_micro_batch: Callable[[MicroBatch], None] | None = None):
+    """Score every micro-batch of ``plan``; returns (per-micro-batch logps, entropies, head description)."""
+    probe_len = min(16, len(seqs[plan[0].indices[0]])) if plan else 0
+    parts = find_parts(model, seqs[plan[0].indices[0]][:probe_len]) if plan else Parts(None, None, "n/a")
+    all_logps, all_entropy = [], []
+    for mb in plan:
+        logps, entropy = score_micro_batch(model, parts, mb, seqs, prompt_lens, pad_id=pad_id,
+                                           temperature=temperature, row_chunk=row_chunk,
+                                           return_entropy=return_entropy, attention_mask=attention_mask)
+        all_logps.append(logps)
+        all_entropy.append(entropy)
+        if on_micro_batch is not None:
+            on_micro_batch(mb)
+    return all_logps, (all_entropy if return_entropy else None), parts.description

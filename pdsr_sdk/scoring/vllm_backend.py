@@ -1,0 +1,115 @@
+"""The vLLM scoring backend: prompt logprobs of prompt + completion.
+
+Each sample is one request ``TokensPrompt(prompt + completion)`` with
+``SamplingParams(max_tokens=1, prompt_logprobs=0)``: vLLM returns, for every
+token after the first, the log-prob of that token given the ones before it
+(entry 0 is None); the completion positions are kept. vLLM batches the
+requests itself (continuous batching, unpadded), so there are no padded
+shapes; requests are submitted in blocks of consecutive samples (``mbs`` or
+a real-token quota) only to bound one call and report progress.
+
+Limits, checked in vLLM 0.32's source (``GPUModelRunner._get_prompt_logprobs_dict``,
+which the CPU runner inherits): prompt logprobs are ``log_softmax`` of the
+raw logits in fp32 ("prompt tokens skip sampling processors"), so a
+temperature other than 1 is not applied, and only the top-k plus the given
+token are returned, so there is no entropy. Both raise ConfigError here
+instead of silently returning something else. Prefix caching is disabled:
+cached prompt tokens get no prompt logprobs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pdsr_sdk.errors import ConfigError, EngineError
+
+
+def make_engine(model_dir: str | Path, *, dtype: str = "auto", max_model_len: int | None = None,
+                kv_cache_gib: float = 1.0, seed: int = 0, **engine_args: Any):
+    """A ``vllm.LLM`` set up for scoring (eager, no prefix caching, no tokenizer needed)."""
+    from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
+    from pdsr_sdk.scoring.torch_backend import check_model_dir
+
+    path = check_model_dir(model_dir)
+    apply_cpu_defaults(kv_cache_gib)
+    from vllm import LLM
+
+    # token ids in, log-probs out: a tokenizer is only loaded if the directory has one
+    has_tokenizer = any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    args = dict(model=str(path), enforce_eager=True, dtype=dtype, seed=seed, enable_prefix_caching=False,
+                skip_tokenizer_init=not has_tokenizer)
+    if max_model_len is not None:
+        args["max_model_len"] = int(max_model_len)
+    args.update(engine_args)
+    try:
+        return LLM(**args)
+    except Exception as exc:  # noqa: BLE001 - vLLM start-up failures vary
+        hint = ""
+        if "_lib_fn_wrapper" in str(exc):
+            # vllm/triton_utils/dispatcher.py (CPU build) scans every loaded module and trips
+            # over llvmlite's library wrapper; only the in-process engine core runs that scan
+            # in this process.
+            hint = (" (a known vLLM 0.32 CPU-build problem: an in-process engine core, "
+                    "VLLM_ENABLE_V1_MULTIPROCESSING=0, cannot start once numba/llvmlite is imported; "
+                    "unset that variable or create the engine before importing numba)")
+        raise EngineError("vllm-score", f"cannot start vLLM on {path}: {type(exc).__name__}: {exc}{hint}") from exc
+
+
+def shutdown_engine(llm) -> None:
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        try:
+            core.shutdown()
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+
+def engine_vocab_size(llm) -> int:
+    return int(llm.llm_engine.model_config.get_vocab_size())
+
+
+def engine_max_model_len(llm) -> int:
+    return int(llm.llm_engine.model_config.max_model_len)
+
+
+def check_options(*, temperature: float, return_entropy: bool) -> None:
+    if temperature != 1.0:
+        raise ConfigError(
+            f"temperature: the vllm backend cannot apply temperature={temperature}: vLLM computes prompt "
+            f"logprobs from the raw logits (sampling processors, temperature included, are skipped); "
+            f"use backend='torch' or temperature=1")
+    if return_entropy:
+        raise ConfigError("entropy: the vllm backend has no entropy (prompt logprobs hold only the given "
+                          "tokens' log-probs); use backend='torch'")
+
+
+def score_blocks(llm, blocks: Sequence[Sequence[int]], seqs: Sequence[np.ndarray], prompt_lens: np.ndarray,
+                 *, on_block: Callable[[Sequence[int]], None] | None = None) -> list[list[np.ndarray]]:
+    """Per block of sample indices, the completion log-probs of each sample (float32)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+    out: list[list[np.ndarray]] = []
+    for block in blocks:
+        prompts = [TokensPrompt(prompt_token_ids=seqs[i].tolist()) for i in block]
+        try:
+            results = llm.generate(prompts, params, use_tqdm=False)
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError("vllm-score", f"scoring failed: {type(exc).__name__}: {exc}") from exc
+        block_out = []
+        for i, res in zip(block, results):
+            seq, p = seqs[i], int(prompt_lens[i])
+            entries = res.prompt_logprobs
+            if entries is None or len(entries) != len(seq):
+                raise EngineError("vllm-score", f"sample {i}: expected {len(seq)} prompt logprob entries, got "
+                                                f"{None if entries is None else len(entries)}")
+            block_out.append(np.array([entries[t][int(seq[t])].logprob for t in range(p, len(seq))],
+                                      dtype=np.float32))
+        out.append(block_out)
+        if on_block is not None:
+            on_block(block)
+    return out

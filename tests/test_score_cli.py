@@ -1,0 +1,133 @@
+"""``pdsr score``: round trip on a small Parquet file and its error messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from pdsr_cli.main import cli  # noqa: E402
+
+
+def _write(path, prompts, responses, **extra):
+    pq.write_table(pa.table({"prompt_token_ids": prompts, "response_token_ids": responses, **extra}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows():
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 1024, int(rng.integers(1, 30))).tolist() for _ in range(10)]
+    responses = [rng.integers(0, 1024, int(rng.integers(1, 60))).tolist() for _ in range(10)]
+    return prompts, responses
+
+
+def _run(*args):
+    result = CliRunner().invoke(cli, ["score", *map(str, args)])
+    return result
+
+
+def test_round_trip_matches_sdk(tmp_path, tiny_model_dir, rows):
+    from pdsr_sdk.scoring import per_token_logps
+    from pdsr_sdk.scoring.torch_backend import load_model
+
+    data = _write(tmp_path / "traj.parquet", *rows, sample_id=list(range(10)))
+    out = tmp_path / "sub" / "scored.parquet"
+    res = _run("--model", tiny_model_dir, "--data", data, "--out", out, "--mbs", 4, "--entropy",
+               "--dtype", "float32", "--device", "cpu", "--column", "old_logps")
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(out)
+    assert table.column_names == ["prompt_token_ids", "response_token_ids", "sample_id", "old_logps",
+                                  "old_logps_entropy"]
+    assert table.column("sample_id").to_pylist() == list(range(10))
+    assert table.schema.field("old_logps").type == pa.list_(pa.float32())
+    assert b"description" in table.schema.field("old_logps").metadata
+    expected = per_token_logps(load_model(tiny_model_dir, "cpu", "float32"), *rows, return_entropy=True)
+    for got, want, resp in zip(table.column("old_logps").to_pylist(), expected.logps, rows[1]):
+        assert len(got) == len(resp)
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-6, atol=1e-6)
+    for got, want in zip(table.column("old_logps_entropy").to_pylist(), expected.entropy):
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-6, atol=1e-6)
+    # the one summary line
+    for piece in ("tokens/s", "peak memory", "micro-batches", "distinct shapes", "padding efficiency"):
+        assert piece in res.output
+    assert "3 micro-batches (mbs=4)" in res.output
+    assert not list(out.parent.glob(".*.tmp"))  # atomic write left no temp file
+
+
+def test_config_file_and_flag_override(tmp_path, tiny_model_dir, rows):
+    data = _write(tmp_path / "traj.parquet", *rows)
+    cfg = tmp_path / "score.yaml"
+    cfg.write_text(f"model: {tiny_model_dir}\ndata: {data}\nout: {tmp_path / 'a.parquet'}\nmbs: 3\n"
+                   f"dtype: float32\ndevice: cpu\n")
+    res = _run("--config", cfg, "--max-tokens-per-mb", 512, "--out", tmp_path / "b.parquet")
+    assert res.exit_code == 0, res.output
+    assert "(token quota 512)" in res.output  # the flag's mode replaced the file's mbs
+    assert (tmp_path / "b.parquet").exists() and not (tmp_path / "a.parquet").exists()
+
+
+def test_without_model_uses_tiny_model(tmp_path, tiny_model_dir, rows, monkeypatch):
+    from pdsr_sdk.models import tiny
+
+    monkeypatch.setattr(tiny, "ensure_tiny_model", lambda *a, **k: tiny_model_dir)
+    data = _write(tmp_path / "traj.parquet", *rows)
+    res = _run("--data", data, "--out", tmp_path / "o.parquet", "--max-tokens-per-mb", 256)
+    assert res.exit_code == 0, res.output
+    assert "built-in tiny random model" in res.output
+    assert "token quota 256" in res.output
+
+
+@pytest.mark.parametrize("case,pattern", [
+    ("missing_column", r"missing column\(s\) 'response_token_ids'"),
+    ("empty_completion", r"row 2: empty completion"),
+    ("bad_token", r"row 1: token id 4096 in response_token_ids .*vocab size 1024"),
+    ("no_config_json", r"not a Hugging Face model directory \(no config.json"),
+    ("both_modes", r"--mbs \(4\) and --max-tokens-per-mb \(100\) are exclusive"),
+    ("missing_out", r"--out is required"),
+    ("vllm_temperature", r"vllm backend cannot apply temperature=0.5"),
+])
+def test_errors_are_clean(tmp_path, tiny_model_dir, case, pattern):
+    data = tmp_path / "traj.parquet"
+    args = ["--model", tiny_model_dir, "--data", data, "--out", tmp_path / "o.parquet"]
+    prompts, responses = [[1, 2], [3], [4, 5]], [[6], [7, 8], [9]]
+    if case == "missing_column":
+        pq.write_table(pa.table({"prompt_token_ids": prompts}), data)
+    else:
+        if case == "empty_completion":
+            responses[2] = []
+        if case == "bad_token":
+            responses[1] = [7, 4096]
+        _write(data, prompts, responses)
+    if case == "no_config_json":
+        (tmp_path / "empty_model").mkdir()
+        args[1] = tmp_path / "empty_model"
+    if case == "both_modes":
+        args += ["--mbs", 4, "--max-tokens-per-mb", 100]
+    if case == "missing_out":
+        args = args[:4]
+    if case == "vllm_temperature":
+        args += ["--backend", "vllm", "--temperature", 0.5]
+    res = _run(*args)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert res.output.startswith("error: ")
+    import re
+
+    assert re.search(pattern, res.output), res.output
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_score_schemas_are_registered():
+    from pdsr_sdk.config.catalog import CONFIG_MODELS, OUTPUT_SCHEMAS, arrow_schema_to_json
+    from pdsr_sdk.scoring import ScoreConfig
+
+    assert CONFIG_MODELS.get("score") is ScoreConfig
+    arrow = arrow_schema_to_json(OUTPUT_SCHEMAS.get("score_output")())
+    assert [f["name"] for f in arrow["fields"]] == ["ref_logps", "ref_logps_entropy"]
+    assert all(f["description"] and f["type"] == "list<item: float>" for f in arrow["fields"])
+    schema = ScoreConfig.model_json_schema()
+    assert all(p.get("description") for p in schema["properties"].values())
