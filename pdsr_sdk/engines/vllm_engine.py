@@ -44,6 +44,7 @@ class VllmEngine:
         self.seed = seed
         self.logprobs_mode = logprobs_mode
         self.cpu = cpu
+        self.shutdown_timeout_s = 2.0
         self._llm = None
         self._listener: EngineListener | None = None
         self._tasks: dict[str, asyncio.Task] = {}
@@ -64,10 +65,11 @@ class VllmEngine:
     async def start(self) -> None:
         if self._llm is not None:
             return
-        from pdsr_sdk.engines.vllm_env import apply_cpu_defaults, is_cpu_build
+        from pdsr_sdk.engines.vllm_env import apply_cpu_defaults, apply_engine_defaults, engine_process_env, is_cpu_build
 
         cpu = is_cpu_build() if self.cpu is None else self.cpu
-        env = {ERROR_FILE_ENV: str(self._error_file), ENGINE_NAME_ENV: self.name}
+        apply_engine_defaults()
+        env = {ERROR_FILE_ENV: str(self._error_file), ENGINE_NAME_ENV: self.name, **engine_process_env()}
         if cpu:
             apply_cpu_defaults()
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt(self.spec.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)))
@@ -118,7 +120,9 @@ class VllmEngine:
         if self._llm is not None:
             llm, self._llm = self._llm, None
             with contextlib.suppress(Exception):
-                llm.shutdown()
+                # vLLM waits up to 5 s for the core to exit after SIGTERM, then kills it;
+                # in a thread, so several engines shut down at once
+                await asyncio.to_thread(llm.shutdown, timeout=self.shutdown_timeout_s)
         self._error_file.unlink(missing_ok=True)
 
     # ------------------------------------------------------------- requests

@@ -153,11 +153,7 @@ class RolloutSession:
         if self._given_engines is not None:
             self._started = False
             return
-        for engine in self.engines:
-            try:
-                await engine.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+        await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
         self._started = False
 
     async def generate(self, records: list[PromptRecord], *, n: int | None = None) -> BatchResult:
