@@ -269,3 +269,15 @@ def test_lpt_queues_longest_predicted_first_and_balances_engines():
     total = sum(per_engine.values())
     assert max(per_engine.values()) <= 0.65 * total   # balanced by predicted work
     assert_complete(groups)
+
+
+def test_v25_probe_timeout_routes_unfinished_probes_heavy():
+    # 10 ms/token: at 0.5 s the probes of p0 (100 tokens, on fast) and p3 (60, on heavy) are unfinished
+    groups, sched, *_ , fatal = run("v2.5", {"offload_fraction": 0.2, "probe_timeout_s": 0.5}, conc=4)
+    assert not fatal
+    s = by_key(groups)
+    assert sched.stats["probe_timeouts"] == 2
+    assert {g.prompt_id for g in groups if g.samples[1].routed_to == "heavy"} == {"p0", "p3"}
+    assert s[("p0", 0)].moves == 1 and s[("p0", 0)].segments[-1].pool == "heavy"   # left fast at the timeout
+    assert s[("p3", 0)].moves == 0 and {seg.pool for seg in s[("p3", 0)].segments} == {"heavy"}
+    assert_complete(groups)

@@ -92,7 +92,7 @@ def test_every_policy_writes_b_x_n_consistent_samples(policy, engine_loop, engin
         assert sum(s["num_tokens"] for s in r["segments"]) - r["wasted_tokens"] == want
         assert r["finish_time_s"] >= r["submit_time_s"] >= 0
         assert r["reward"] in (0.0, 1.0)
-        assert r["policy_versions"] == [0]
+        assert r["policy_versions"] == [0] and r["batch_index"] == 0
     if policy != "baseline":
         assert sum(r["is_probe"] for r in rows) == 5
         assert summary.stats["probes"] == 5
@@ -142,15 +142,19 @@ def test_resume_after_an_interrupted_run_has_every_sample_once(engine_loop, engi
     calls = {"n": 0}
     real_generate = run_mod.RolloutSession.generate
 
+    class SimulatedCrash(Exception):
+        pass
+
+    # (not KeyboardInterrupt: raised inside a task it would stop the shared test loop itself)
     async def generate_then_crash(self, records, **kw):
         calls["n"] += 1
         if calls["n"] == 2:
-            raise KeyboardInterrupt("simulated crash")
+            raise SimulatedCrash()
         return await real_generate(self, records, **kw)
 
     run_mod.RolloutSession.generate = generate_then_crash
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(SimulatedCrash):
             rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v2.5", batch_size=2)
     finally:
         run_mod.RolloutSession.generate = real_generate

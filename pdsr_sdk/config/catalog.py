@@ -17,11 +17,14 @@ CONFIG_MODELS.register("gae", "pdsr_sdk.gae.config:GaeConfig")
 CONFIG_MODELS.register("score", "pdsr_sdk.scoring.config:ScoreConfig")
 CONFIG_MODELS.register("analyze", "pdsr_sdk.analysis.config:AnalyzeConfig")
 CONFIG_MODELS.register("trace_synth", "pdsr_sdk.traces.config:TraceSynthConfig")
+CONFIG_MODELS.register("simulate", "pdsr_sdk.sim.config:SimulateConfig")
+CONFIG_MODELS.register("simulate_calibrate", "pdsr_sdk.sim.config:CalibrateConfig")
 CONFIG_MODELS.register("rollout", "pdsr_sdk.rollout.config:RolloutConfig")
 CONFIG_MODELS.register("policy-baseline", "pdsr_sdk.policies.baseline:BaselineSettings")
 CONFIG_MODELS.register("policy-v1", "pdsr_sdk.policies.v1:V1Settings")
 CONFIG_MODELS.register("policy-v2", "pdsr_sdk.policies.v2:V2Settings")
 CONFIG_MODELS.register("policy-v2.5", "pdsr_sdk.policies.v25:V25Settings")
+CONFIG_MODELS.register("policy-lpt", "pdsr_sdk.policies.lpt:LptSettings")
 
 #: Arrow schema of each output table: import path of a zero-argument function
 #: returning a ``pyarrow.Schema``; written to ``schemas/<name>.arrow.json``.

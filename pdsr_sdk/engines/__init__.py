@@ -13,6 +13,8 @@ from pdsr_sdk.registry import Registry
 
 ENGINE_BACKENDS: Registry[type] = Registry("engine backend")
 ENGINE_BACKENDS.register("vllm", "pdsr_sdk.engines.vllm_engine:VllmEngine")
+ENGINE_BACKENDS.register("ray", "pdsr_sdk.engines.ray_engine:RayEngine")
+ENGINE_BACKENDS.register("sim", "pdsr_sdk.sim.engine:SimEngine")
 
 
 def build_engine(spec, **context: Any):

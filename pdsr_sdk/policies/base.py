@@ -44,6 +44,15 @@ class Policy:
     def on_worker_idle(self, engine: Engine) -> None:
         pass
 
+    def idle_interest(self, pool: str) -> bool:
+        """Whether ``on_worker_idle`` may act on an idle engine of ``pool`` now (default: yes).
+
+        A speed hint for large pools: the scheduler skips telling a pool's idle engines when this is
+        False. Return False only if ``on_worker_idle`` would do nothing for every engine of the pool
+        until the scheduler's current pump ends (no hook called during it makes it act).
+        """
+        return True
+
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
         pass
 

@@ -53,7 +53,7 @@ class LongestPredictedFirstPolicy(Policy):
 
     def _dispatch(self) -> None:
         engines = sorted((e for pool in self.ctx.pools().values() for e in pool), key=lambda e: e.name)
-        rest = [(self._predict(g), g.batch_index, s) for g in self.groups for s in g.samples[1:]]
+        rest = [(self._predict(g), g.position, s) for g in self.groups for s in g.samples[1:]]
         rest.sort(key=lambda t: (-t[0], t[1], t[2].index))
         # min-heap of (predicted work per slot, engine order)
         heap = [(0.0, i) for i in range(len(engines))]

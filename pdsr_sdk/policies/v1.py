@@ -61,7 +61,7 @@ class BatchSyncProbePolicy(Policy):
     def _probe_timeout(self) -> None:
         if self.routed:
             return
-        for probe in sorted(self.pending, key=lambda s: s.group.batch_index):
+        for probe in sorted(self.pending, key=lambda s: s.group.position):
             self.timed_out.append(probe.group)
             self.ctx.count("probe_timeouts")
             self.ctx.move(probe, HEAVY, restart=self.cfg.on_probe_timeout == "restart")
@@ -81,7 +81,7 @@ class BatchSyncProbePolicy(Policy):
             probe = g.samples[0]
             return probe_duration(probe) if self.cfg.rank_by == "time" else probe.num_generated
 
-        ranked = sorted(finished, key=lambda g: (-key(g), g.batch_index))
+        ranked = sorted(finished, key=lambda g: (-key(g), g.position))
         n_heavy = max(0, math.ceil(self.cfg.top_fraction * len(self.groups)) - len(self.timed_out))
         for g in self.timed_out + ranked[:n_heavy]:
             self.route_group(g, HEAVY)

@@ -13,10 +13,10 @@ work in bulk.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Literal
 
-import numpy as np
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
@@ -57,7 +57,7 @@ class StreamingProbePolicy(Policy):
     def threshold(self) -> float:
         if len(self.window) < self.cfg.min_history:
             return float("inf")
-        return float(np.percentile(np.fromiter(self.window, float), self.cfg.percentile))
+        return linear_percentile(self.window, self.cfg.percentile)
 
     def on_launch(self, sample: Sample, engine) -> None:
         if engine.pool != FAST or self.cfg.breaker_time_s is None:
@@ -106,6 +106,13 @@ class StreamingProbePolicy(Policy):
                              cap=None if heavy else self.cfg.breaker_tokens)
         self.window.append(duration)
 
+    def idle_interest(self, pool: str) -> bool:
+        # on_worker_idle acts only when the other pool's queue has work, and stealing never queues work
+        if not self.cfg.steal:
+            return False
+        other = HEAVY if pool == FAST else FAST if pool == HEAVY else None
+        return other is not None and self.ctx.queue_length(other) > 0
+
     def on_worker_idle(self, engine) -> None:
         if not self.cfg.steal:
             return
@@ -113,3 +120,20 @@ class StreamingProbePolicy(Policy):
             self.ctx.steal(engine, HEAVY, self.cfg.fast_steal_max, time_limit_s=self.cfg.fast_steal_time_limit_s)
         elif engine.pool == HEAVY and self.ctx.queue_length(FAST):
             self.ctx.steal(engine, FAST, self.cfg.heavy_steal_max or engine.max_concurrency, cap=None)
+
+
+def linear_percentile(values, q: float) -> float:
+    """``np.percentile(values, q)`` (method 'linear'), bit for bit, without numpy's per-call overhead.
+
+    Same arithmetic in the same order: virtual index (n-1)*q/100, its floor, and numpy's two-sided lerp.
+    """
+    a = sorted(values)
+    n = len(a)
+    vi = (n - 1) * (q / 100)
+    if vi >= n - 1:
+        return float(a[-1])
+    lo = math.floor(vi)
+    gamma = vi - lo
+    x, y = a[lo], a[lo + 1]
+    diff = y - x
+    return float(y - diff * (1 - gamma) if gamma >= 0.5 else x + diff * gamma)

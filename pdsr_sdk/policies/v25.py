@@ -30,6 +30,7 @@ class V25Settings(ConfigModel):
     min_cap_tokens: int = Field(16, ge=1, description="The fast cap is never below this many tokens.")
     on_break: Literal["resume", "restart"] = Field("resume", description="A fast sample over the cap continues on heavy from its tokens, or starts over there.")
     probe_pools: Literal["all", "fast"] = Field("all", description="Run probes on every engine (split by slots) or on the fast pool only.")
+    probe_timeout_s: float | None = Field(None, gt=0, description="Stop waiting for probes this long after the batch started (not in the seed; v1's mitigation of the probe barrier): unfinished probes rank as the longest, continue on the heavy pool, and their prompts go heavy. null = wait for every probe.")
 
 
 class RankOffloadPolicy(Policy):
@@ -43,6 +44,11 @@ class RankOffloadPolicy(Policy):
         self.pending = set(self.submit_probes(groups, pools))
         self.l_cut: int | None = None
         self.cap: int | None = None
+        self.timed_out: set[Sample] = set()
+        self.routed = False
+        self.timer = None
+        if self.cfg.probe_timeout_s is not None:
+            self.timer = self.ctx.clock.call_later(self.cfg.probe_timeout_s, self._probe_timeout)
 
     def on_sample_finished(self, sample: Sample) -> None:
         if sample in self.pending:
@@ -50,9 +56,29 @@ class RankOffloadPolicy(Policy):
             if not self.pending:
                 self._route()
 
+    def _probe_timeout(self) -> None:
+        if self.routed:
+            return
+        self.timed_out = set(self.pending)
+        self.pending.clear()
+        for probe in sorted(self.timed_out, key=lambda s: s.group.position):
+            self.ctx.count("probe_timeouts")
+            engine = self.ctx.engine_of(probe)
+            if engine is None or engine.pool != HEAVY:
+                self.ctx.move(probe, HEAVY, cap=None)
+        self._route()
+
     def _route(self) -> None:
-        ranked = sorted(self.groups, key=lambda g: (-g.samples[0].num_generated, g.batch_index))
+        if self.routed:
+            return
+        self.routed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        # timed-out probes rank first (their length is at least what they have so far)
+        ranked = sorted(self.groups, key=lambda g: (g.samples[0] not in self.timed_out,
+                                                    -g.samples[0].num_generated, g.position))
         n_heavy = offload_count(self.cfg.offload_fraction, len(ranked)) if self.cfg.offload_fraction > 0 else 0
+        n_heavy = max(n_heavy, len(self.timed_out))
         heavy, fast = ranked[:n_heavy], ranked[n_heavy:]
         boundary = heavy[-1] if heavy else ranked[0]
         self.l_cut = boundary.samples[0].num_generated

@@ -86,7 +86,7 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
 
 
 def build_groups(records: list[PromptRecord], n: int, max_tokens: int) -> list[Group]:
-    """A group of ``n`` samples per prompt record (in record order, ``batch_index`` = position).
+    """A group of ``n`` samples per prompt record (in record order; ``position`` = index in the list).
 
     A record with ``target_lengths`` gets forced samples that generate exactly those lengths.
     """
@@ -94,7 +94,7 @@ def build_groups(records: list[PromptRecord], n: int, max_tokens: int) -> list[G
     for i, r in enumerate(records):
         g = Group(prompt_id=r.prompt_id, prompt_token_ids=list(r.token_ids), prompt_text=r.text, n=n,
                   ground_truth=r.ground_truth, target_lengths=r.target_lengths,
-                  target_finish_reasons=r.target_finish_reasons, batch_index=i)
+                  target_finish_reasons=r.target_finish_reasons, position=i)
         forced = r.target_lengths is not None
         g.samples = [Sample(group=g, index=k, forced=forced,
                             max_tokens=r.target_lengths[k] if forced else max_tokens) for k in range(n)]

@@ -27,7 +27,7 @@ from pdsr_sdk.rollout.types import (
 )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Run:
     """One submitted segment of one sample."""
 
@@ -50,7 +50,7 @@ class EngineUsage:
     dead: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Queued:
     sample: Sample
     cap: int | None
@@ -97,8 +97,14 @@ class Scheduler:
         self._running_on: dict[str, set[str]] = {e.name: set() for e in engines}
         self._by_name: dict[str, Engine] = {e.name: e for e in engines}
         self._order: dict[str, int] = {e.name: i for i, e in enumerate(engines)}
-        # per pool, a lazy heap of (load fraction, order, name): the least loaded engine first
+        # live engines per pool (O(1) "is the pool alive" checks; pools() is O(engines))
+        self._live: dict[str, int] = {p: 0 for p in self._pool_queues}
+        for e in engines:
+            self._live[e.pool] += 1
+        # per pool, a lazy heap of (load fraction, order, name): the least loaded engine first. Loads that
+        # changed since the last pop wait in _load_changed and are pushed just before the next pop.
         self._free_heap: dict[str, list[tuple[float, int, str]]] = {p: [] for p in self._pool_queues}
+        self._load_changed: dict[str, set[str]] = {p: set() for p in self._pool_queues}
         for e in engines:
             self._push_free(e)
         self._dirty_engines: set[str] = set()
@@ -113,6 +119,10 @@ class Scheduler:
         # skip hooks the policy does not override (the simulator calls these millions of times)
         self._wants_launch = _overrides(self.policy, "on_launch")
         self._wants_idle = _overrides(self.policy, "on_worker_idle")
+        # optional: which pools' idle engines the policy may act on now (see Policy.idle_interest)
+        self._idle_interest = getattr(self.policy, "idle_interest", None)
+        self._pool_engines: dict[str, list[Engine]] = {p: [e for e in engines if e.pool == p]
+                                                       for p in self._pool_queues}
 
     # ------------------------------------------------------------------ batch
     def start_batch(self, groups: list[Group], on_done: Callable[[], None]) -> None:
@@ -248,6 +258,7 @@ class Scheduler:
         if usage.dead:
             return
         usage.dead = True
+        self._live[engine.pool] -= 1
         self._mark_idle(engine)
         err = error if isinstance(error, EngineError) else EngineError(engine.name, str(error))
         self.engine_errors.append(err)
@@ -273,7 +284,7 @@ class Scheduler:
             del self._where[item.sample]
             requeued.append(item.sample)
             self._enqueue(item.sample, engine.pool, None, item.cap, False, check_live=False)
-        if not self.pools().get(engine.pool):
+        if not self._live[engine.pool]:
             self._on_fatal(EngineError(
                 engine.name,
                 f"died and no live engine is left in pool {engine.pool!r} to take its "
@@ -354,7 +365,7 @@ class Scheduler:
         if pool not in self._pool_queues:
             raise PdsrError(f"policy submitted sample {sample.key} to pool {pool!r}; pools: "
                             f"{', '.join(sorted(self._pool_queues))}")
-        if check_live and not self.pools().get(pool):
+        if check_live and not self._live[pool]:
             raise EngineError(pool, f"no live engine left in pool {pool!r}")
         if sample.routed_to is None and not sample.is_probe:
             sample.routed_to = pool
@@ -425,14 +436,14 @@ class Scheduler:
         if not slots:
             self.usage[engine.name].busy_since = self.clock.now()
         slots.add(request_id)
-        self._push_free(engine)
+        self._load_changed[engine.pool].add(engine.name)
 
     def _release_slot(self, engine: Engine, request_id: str) -> None:
         slots = self._running_on[engine.name]
         slots.discard(request_id)
         if not slots:
             self._mark_idle(engine)
-        self._push_free(engine)
+        self._load_changed[engine.pool].add(engine.name)
         self._dirty_engines.add(engine.name)
         self._dirty_pools.add(engine.pool)
 
@@ -443,6 +454,18 @@ class Scheduler:
             heapq.heappush(self._free_heap[engine.pool], (load, self._order[engine.name], engine.name))
 
     def _pop_least_loaded(self, pool: str) -> Engine | None:
+        changed = self._load_changed[pool]
+        if changed:
+            for name in changed:
+                self._push_free(self._by_name[name])
+            changed.clear()
+            heap = self._free_heap[pool]
+            if len(heap) > 4 * self._live[pool] + 64:
+                # drop stale entries (each live engine with room keeps exactly its current entry)
+                heap[:] = [(len(self._running_on[n]) / e.max_concurrency, self._order[n], n)
+                           for n, e in self._by_name.items()
+                           if e.pool == pool and self._free_slots(e) > 0]
+                heapq.heapify(heap)
         heap = self._free_heap[pool]
         while heap:
             load, _, name = heap[0]
@@ -510,6 +533,7 @@ class Scheduler:
                 self._launch(item.sample, engine, item.cap)
             candidates[name] = engine
             dirty_pools.add(engine.pool)
+        drained = []
         for pool in dirty_pools:
             q = self._pool_queues[pool]
             had_work = bool(q)
@@ -521,19 +545,52 @@ class Scheduler:
                 del self._where[item.sample]
                 self._launch(item.sample, engine, item.cap)
             if had_work and not q:
-                # the queue just drained: every engine of the pool with room is now idle
-                for engine in self.live_engines():
-                    if engine.pool == pool:
-                        candidates[engine.name] = engine
+                drained.append(pool)
         grown, self._grown_pools = self._grown_pools, set()
-        if any(self._pool_queues[p] for p in grown):
+        waiting = any(self._pool_queues[p] for p in grown)
+        if not self._wants_idle:
+            # nobody listens for "idle": skip the O(engines) candidate lists, but leave the dirty set
+            # exactly as below (engines that would have been candidates are dropped from it)
+            if self._dirty_engines:
+                self._dirty_engines = {n for n in self._dirty_engines
+                                       if not (n in candidates or self._idle_candidate(n, drained, waiting))}
+            return []
+        interest: dict[str, bool] = {}
+
+        def interested(pool: str) -> bool:
+            if pool not in interest:
+                interest[pool] = self._idle_interest is None or bool(self._idle_interest(pool))
+            return interest[pool]
+
+        for pool in drained:
+            # the queue just drained: every engine of the pool with room is now idle
+            if interested(pool):
+                for engine in self._pool_engines[pool]:
+                    if not self.usage[engine.name].dead:
+                        candidates[engine.name] = engine
+        if waiting:
             # work is waiting that its own pool cannot take now: engines elsewhere may steal it
-            for engine in self.live_engines():
-                if not self._pool_queues[engine.pool]:
-                    candidates.setdefault(engine.name, engine)
-        # launches above may have dirtied engines again; those were handled in this pass
-        self._dirty_engines.difference_update(candidates)
+            pools = [p for p, q in self._pool_queues.items() if not q and interested(p)]
+            found = [e for p in pools for e in self._pool_engines[p] if not self.usage[e.name].dead]
+            if len(pools) > 1:
+                found.sort(key=lambda e: self._order[e.name])   # engine order, as live_engines() gives
+            for engine in found:
+                candidates.setdefault(engine.name, engine)
+        # launches above may have dirtied engines again; those were handled in this pass (engines of
+        # pools skipped as uninterested count as handled too)
+        if len(interest) == sum(interest.values()):
+            self._dirty_engines.difference_update(candidates)
+        elif self._dirty_engines:
+            self._dirty_engines = {n for n in self._dirty_engines
+                                   if not (n in candidates or self._idle_candidate(n, drained, waiting))}
         return list(candidates.values())
+
+    def _idle_candidate(self, name: str, drained: list[str], waiting: bool) -> bool:
+        """Whether _fill's idle-candidate lists would hold engine ``name`` (see _fill)."""
+        engine = self._by_name[name]
+        if self.usage[name].dead:
+            return False
+        return engine.pool in drained or (waiting and not self._pool_queues[engine.pool])
 
     def _guard(self, fn: Callable, *args) -> None:
         try:

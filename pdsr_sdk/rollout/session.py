@@ -167,6 +167,8 @@ class RolloutSession:
         sched = self.scheduler
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        for g in groups:
+            g.batch_index = self._batch_index
         busy0 = {name: u.busy_s for name, u in sched.usage.items()}
         stats0 = dict(sched.stats)
         t0 = sched.clock.now()

@@ -29,6 +29,9 @@ class Group:
     #: finish reasons to report for forced samples (from a recorded trace); default "stop"
     target_finish_reasons: list[str] | None = None
     samples: list["Sample"] = field(default_factory=list)
+    #: position of the group in its batch (policies break ties by it)
+    position: int = 0
+    #: which batch (GRPO step) the group ran in; set when the batch starts
     batch_index: int = 0
     #: prompt length when the ids are not kept (simulation replays only need counts)
     prompt_length: int | None = None

@@ -1,0 +1,158 @@
+"""``pdsr simulate``: replay a length trace through dispatch policies on simulated engines;
+``pdsr simulate calibrate``: fit engine profiles from a real run's timings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pdsr_cli.common import build_config, config_option, format_table, handle_errors
+
+
+def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]:
+    import yaml
+
+    out = []
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected [POLICY:]KEY=VALUE, got {item!r}", param_hint="--policy-set")
+        policy, colon, name = key.strip().rpartition(":")
+        out.append((policy if colon else None, name, yaml.safe_load(raw)))
+    return out
+
+
+@click.group("simulate", invoke_without_command=True)
+@click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
+@click.option("--policy", default=None,
+              help="Policy (baseline, v1, v2, v2.5, a preset, 'pkg.mod:Class'), a comma-separated list, or 'all' "
+                   "(baseline, v1, v2, v2.5 side by side).  [default: v2.5]")
+@click.option("--policy-set", "policy_set", multiple=True, metavar="[POLICY:]KEY=VALUE",
+              help="Override a policy setting (repeatable); without POLICY: it applies to every selected policy "
+                   "that has the setting, e.g. --policy-set cap_multiplier=2.0 or --policy-set v2:steal=false.")
+@click.option("--fast", type=int, default=None, help="Engines in the fast pool.  [default: 6]")
+@click.option("--heavy", type=int, default=None, help="Engines in the heavy pool.  [default: 2]")
+@click.option("--batch-size", type=int, default=None, help="Prompts per batch (B).  [default: 128]")
+@click.option("--n", "n", type=int, default=None, help="Samples per prompt (the first n of each group).  [default: all]")
+@click.option("--num-batches", type=int, default=None, help="Simulate only the first this many batches.")
+@click.option("--profile", "profile", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`); "
+                   "overrides --config's profiles.  [default: the illustrative GPU-like profiles]")
+@click.option("--segment-min", type=int, default=None, help="Shortest dynamic segment (L_min).  [default: 64]")
+@click.option("--segment-max", type=int, default=None, help="Longest dynamic segment (L_max).  [default: 4096]")
+@click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end (or cap) in one go.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write simulate.json and timeline.png here.  [default: print only]")
+@click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@config_option
+@click.pass_context
+@handle_errors
+def command(ctx: click.Context, trace, policy, policy_set, fast, heavy, batch_size, n, num_batches, profile,
+            segment_min, segment_max, no_segments, out_dir, no_timeline, quiet, config_path) -> None:
+    """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
+
+    Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
+    run one after another. Engines batch continuously with a step-time cost model
+    (c0 + c1*running + c2*context tokens, plus prefill), a block-granular KV cache with preemption,
+    and prefix caching of segment continuations. Prints per policy: makespan, a lower bound and their
+    ratio, tokens/s, busy fraction per pool, the share of time on the last 10% of samples, and the
+    policy's counters; --out-dir writes the JSON report and an engines x time PNG.
+
+    \b
+    Examples:
+      pdsr simulate --trace examples/traces/synth_256x8.jsonl --policy all --fast 6 --heavy 2
+      pdsr simulate --trace lengths.jsonl --policy v2.5 --policy-set cap_multiplier=2 --out-dir sim
+      pdsr simulate --trace run.parquet --profile profile.yaml --policy all
+      pdsr simulate calibrate --trajectories run.parquet --out profile.yaml
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from pdsr_sdk.progress import silent_progress, tqdm_progress
+    from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
+    from pdsr_sdk.sim.driver import apply_policy_sets, simulate
+    from pdsr_sdk.traces import read_trace
+
+    overrides = {
+        "trace": trace, "policy": policy, "fast": fast, "heavy": heavy, "batch_size": batch_size, "n": n,
+        "num_batches": num_batches, "segments.min_tokens": segment_min, "segments.max_tokens": segment_max,
+        "segments.enabled": False if no_segments else None, "out_dir": out_dir,
+        "timeline": False if no_timeline else None,
+    }
+    if profile is not None:
+        for pool, values in load_profile_file(profile).items():
+            overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
+    cfg = build_config(SimulateConfig, config_path, overrides)
+    if cfg.trace is None:
+        raise click.UsageError("give a trace: --trace FILE (or 'trace:' in --config)")
+    cfg = apply_policy_sets(cfg, _parse_sets(policy_set))
+    tr = read_trace(cfg.trace)
+    report = simulate(tr, cfg, progress=silent_progress if quiet else tqdm_progress)
+    if cfg.out_dir is not None:
+        write_outputs(report, cfg.out_dir)
+    tb = report.batches
+    click.echo(f"{cfg.trace}: {tb.num_groups} groups, {tb.num_samples} samples in {len(tb.batches)} batch(es) of "
+               f"{cfg.batch_size} prompts; engines: {cfg.fast} fast ({cfg.profiles.fast.max_num_seqs} seqs), "
+               f"{cfg.heavy} heavy ({cfg.profiles.heavy.max_num_seqs} seqs)"
+               + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else ""))
+    click.echo(format_table(report.rows()))
+    sim_s = sum(r.wall_s for r in report.runs)
+    click.echo(f"(bound = max(work / engines, longest sample alone) per batch; tail = share of the makespan "
+               f"after 90% of each batch's samples finished; simulated in {sim_s:.2f} s)")
+    if cfg.out_dir is not None:
+        click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
+
+
+def write_outputs(report, out_dir: Path) -> None:
+    from pdsr_sdk.io.tables import write_text_atomic
+    from pdsr_sdk.sim.timeline import write_timeline
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if report.cfg.timeline:
+        report.timelines.append(str(write_timeline(report, out_dir / "timeline.png")))
+    write_text_atomic(report.to_json() + "\n", out_dir / "simulate.json")
+
+
+@command.command("calibrate", short_help="Fit engine profiles (c0, c1, c2, prefill per pool) from a rollout run.")
+@click.option("--trajectories", "trajectories", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Trajectories Parquet/Arrow file(s) written by `pdsr rollout` (repeatable).")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the profile YAML (use it with `pdsr simulate --profile`).")
+@click.option("--block-size", type=int, default=None, help="KV block size of the engines that ran.  [default: 16]")
+@click.option("--iterations", type=int, default=None, help="Refinement passes of the fit.  [default: 8]")
+@click.option("--shared", is_flag=True, default=None,
+              help="One fit over every pool's segments (same hardware and model in all pools).  [default: per pool]")
+@config_option
+@handle_errors
+def calibrate_cmd(trajectories, out, block_size, iterations, shared, config_path) -> None:
+    """Fit the simulator's cost model per pool from the segment timings a `pdsr rollout` run recorded.
+
+    Each segment's duration is modelled as the sum of its steps' times (c0 + c1*running +
+    c2*context tokens, plus prefill of requests joining); the engines' batches over time are
+    rebuilt from all segments; a non-negative least-squares fit alternates with re-estimating how
+    many steps fell in each interval. Writes {fast: {...}, heavy: {...}} for --profile.
+
+    Example: pdsr simulate calibrate --trajectories runs/rollout.parquet --out profile.yaml
+    """
+    from pdsr_sdk.io.tables import write_text_atomic
+    from pdsr_sdk.sim.calibrate import calibrate, profile_yaml
+    from pdsr_sdk.sim.config import CalibrateConfig
+
+    cfg = build_config(CalibrateConfig, config_path, {
+        "trajectories": [str(p) for p in trajectories] or None, "out": out, "block_size": block_size,
+        "iterations": iterations, "per_pool": False if shared else None})
+    if not cfg.trajectories:
+        raise click.UsageError("give at least one --trajectories FILE")
+    if cfg.out is None:
+        raise click.UsageError("give --out FILE for the fitted profile")
+    fits = calibrate(cfg.trajectories, block_size=cfg.block_size, iterations=cfg.iterations,
+                     min_spans=cfg.min_spans, per_pool=cfg.per_pool)
+    write_text_atomic(profile_yaml(fits, cfg.trajectories), cfg.out)
+    rows = [{"pool": f.pool, "spans": f.spans, "outliers": f.outliers, "engines": f.engines, "c0_s": f.coefficients["c0_s"],
+             "c1_s_per_seq": f.coefficients["c1_s_per_seq"], "c2_s_per_token": f.coefficients["c2_s_per_token"],
+             "prefill_s_per_token": f.coefficients["prefill_s_per_token"], "r2": f.r2,
+             "median_err": f.median_rel_error} for f in fits.values()]
+    click.echo(format_table(rows))
+    click.echo(f"wrote {cfg.out}")

@@ -1,0 +1,144 @@
+"""Configs of ``pdsr simulate``: engine profiles (the cost model's numbers) and the run itself.
+
+Default profiles are illustrative, GPU-like numbers for a ~7B model on one
+modern GPU, not measurements: a fixed per-step cost ``c0`` of 5 ms (kernel
+launches, sampling, scheduling), 0.05 ms per running sequence, 1e-7 s per
+context token read by attention (256 sequences x 1,000 tokens add 26 ms), and
+2e-5 s per prefill token (50k tokens/s). ``pdsr simulate calibrate`` fits real
+ones from a ``pdsr rollout`` run. The fast profile has many sequences and a
+smaller KV budget per sequence; the heavy one fewer sequences and a large KV
+budget (long contexts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from pdsr_sdk.config import ConfigModel, validate_config
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.rollout.config import SegmentConfig
+
+#: cost/KV keys of a profile (the rest mirror EngineSpec's fields of the same name)
+COST_KEYS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
+
+
+class EngineProfile(ConfigModel):
+    """One simulated engine: limits (named as in EngineSpec) and the step-time cost model.
+
+    ``t_step = c0_s + c1_s_per_seq * running + c2_s_per_token * context_tokens_in_batch
+    + prefill_s_per_token * prefill_tokens``.
+    """
+
+    max_num_seqs: int = Field(256, ge=1, description="Most requests running at once (EngineSpec.max_num_seqs).")
+    max_model_len: int = Field(32768, ge=16, description="Longest context (prompt + response) a request may reach; longer ones are an error (EngineSpec.max_model_len).")
+    segment_capacity_tokens: int = Field(8192, ge=1, description="Total_Token_Capacity of the segment formula (EngineSpec.segment_capacity_tokens).")
+    kv_cache_tokens: int = Field(262144, ge=16, description="KV-cache capacity in tokens (rounded down to whole blocks). When the running requests need more, the newest is preempted and later recomputed.")
+    block_size: int = Field(16, ge=1, description="KV-cache block size in tokens (vLLM's default 16); capacity and the prefix cache are block-granular.")
+    c0_s: float = Field(5e-3, gt=0, description="Fixed seconds per decode step (illustrative default; calibrate for real numbers).")
+    c1_s_per_seq: float = Field(5e-5, ge=0, description="Seconds per step per running sequence.")
+    c2_s_per_token: float = Field(1e-7, ge=0, description="Seconds per step per context token in the batch (attention reads).")
+    prefill_s_per_token: float = Field(2e-5, ge=0, description="Seconds per prefilled (uncached) context token, added to the step that admits the request.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "EngineProfile":
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block "
+                             f"({self.block_size} tokens)")
+        return self
+
+    @property
+    def kv_blocks(self) -> int:
+        return self.kv_cache_tokens // self.block_size
+
+    @classmethod
+    def from_spec(cls, spec, base: "EngineProfile | None" = None) -> "EngineProfile":
+        """A profile from an :class:`EngineSpec` (``backend: sim``): its limits, plus cost keys from
+        ``spec.engine_args`` (over ``base`` or the pool's default)."""
+        start = base or default_profile(spec.pool)
+        data = start.model_dump()
+        data.update(max_num_seqs=spec.max_num_seqs, max_model_len=spec.max_model_len,
+                    segment_capacity_tokens=spec.segment_capacity_tokens)
+        data.update(spec.engine_args)
+        return validate_config(cls, data, prefix=f"engines[{spec.name}].engine_args")
+
+
+def default_profile(pool: str) -> EngineProfile:
+    """The documented default profile of a pool (``heavy``: 64 sequences, 512k KV tokens; else fast)."""
+    if pool == "heavy":
+        return EngineProfile(max_num_seqs=64, kv_cache_tokens=524288)
+    return EngineProfile(max_num_seqs=256, kv_cache_tokens=262144)
+
+
+class SimProfiles(ConfigModel):
+    """Engine profiles of the two pools."""
+
+    fast: EngineProfile = Field(default_factory=lambda: default_profile("fast"), description="Profile of every fast-pool engine (default: 256 sequences, 262,144 KV tokens).")
+    heavy: EngineProfile = Field(default_factory=lambda: default_profile("heavy"), description="Profile of every heavy-pool engine (default: 64 sequences, 524,288 KV tokens).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_defaults(cls, data: Any) -> Any:
+        # a partial profile is completed from its own pool's defaults, not the class defaults
+        if isinstance(data, dict):
+            data = dict(data)
+            for pool in ("fast", "heavy"):
+                if isinstance(data.get(pool), dict):
+                    data[pool] = {**default_profile(pool).model_dump(), **data[pool]}
+        return data
+
+
+class SimulateConfig(ConfigModel):
+    """``pdsr simulate``: replay a length trace through dispatch policies on simulated engines."""
+
+    trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
+    policy: str = Field("v2.5", description="Policy name, preset or import path; 'all' runs baseline, v1, v2 and v2.5 side by side.")
+    policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}.")
+    fast: int = Field(6, ge=0, description="Engines in the fast pool.")
+    heavy: int = Field(2, ge=0, description="Engines in the heavy pool.")
+    batch_size: int = Field(128, ge=1, description="Prompts per batch B; batches are consecutive groups of the trace, run one after another (GRPO steps).")
+    n: int | None = Field(None, ge=1, description="Samples per prompt: the first n lengths of each group; default: all of them.")
+    num_batches: int | None = Field(None, ge=1, description="Simulate only the first this many batches.")
+    profiles: SimProfiles = Field(default_factory=SimProfiles, description="Engine profiles per pool (cost model, limits).")
+    segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments (as in `pdsr rollout`).")
+    tail_fraction: float = Field(0.1, gt=0, lt=1, description="The tail share measures the time spent on the last this fraction of each batch's samples.")
+    out_dir: Path | None = Field(None, description="Directory for simulate.json and timeline PNGs; none = print only.")
+    timeline: bool = Field(True, description="Draw the engines x time occupancy timeline (needs out_dir).")
+
+    @model_validator(mode="after")
+    def _engines(self) -> "SimulateConfig":
+        if self.fast + self.heavy == 0:
+            raise ValueError("fast + heavy is 0: a simulation needs at least one engine")
+        return self
+
+
+class CalibrateConfig(ConfigModel):
+    """``pdsr simulate calibrate``: fit engine profiles from the segment timings of `pdsr rollout` runs."""
+
+    trajectories: list[Path] = Field(default_factory=list, description="Trajectories Parquet/Arrow files written by `pdsr rollout` (their 'segments' column).")
+    out: Path | None = Field(None, description="Where to write the fitted profiles (YAML: {fast: {...}, heavy: {...}}).")
+    block_size: int = Field(16, ge=1, description="KV block size of the engines that ran (prefix-cache granularity of continuations).")
+    iterations: int = Field(8, ge=1, description="Refinement passes (step counts per interval re-estimated from the previous fit).")
+    min_spans: int = Field(8, ge=1, description="A pool needs at least this many timed segments to be fitted.")
+    per_pool: bool = Field(True, description="Fit each pool separately; false = one fit over all segments, written for every pool (engines of the same hardware and model).")
+
+
+def load_profile_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a profile file ``{fast: {...}, heavy: {...}}`` (as written by calibrate) and validate each pool."""
+    from pdsr_sdk.config import read_config_file
+
+    data = read_config_file(path)
+    unknown = sorted(set(data) - {"fast", "heavy"})
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]}: unknown pool; a profile file maps 'fast' and/or 'heavy' to "
+                          f"profile settings")
+    out = {}
+    for pool, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: {pool}: expected a mapping of profile settings")
+        merged = {**default_profile(pool).model_dump(), **values}
+        validate_config(EngineProfile, merged, source=path, prefix=pool)
+        out[pool] = dict(values)
+    return out

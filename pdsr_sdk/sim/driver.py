@@ -1,0 +1,314 @@
+"""Run a length trace through a dispatch policy on simulated engines, in virtual time.
+
+Batches are consecutive runs of ``batch_size`` prompt groups of the trace,
+run one after another (like GRPO steps); the policy instance persists across
+batches. Every sample is forced to its recorded length. The same
+:class:`~pdsr_sdk.rollout.scheduler.Scheduler` and policy classes as a real
+``pdsr rollout`` run drive :class:`~pdsr_sdk.sim.engine.SimEngine` s on a
+:class:`~pdsr_sdk.rollout.clock.VirtualClock`.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.progress import ProgressFactory, silent_progress
+from pdsr_sdk.rollout.clock import VirtualClock
+from pdsr_sdk.rollout.config import PolicyConfig, SamplingConfig
+from pdsr_sdk.rollout.types import FAST, HEAVY, TRUNCATED, Group, Sample
+from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
+from pdsr_sdk.sim.engine import SimEngine
+
+ALL_POLICIES = ("baseline", "v1", "v2", "v2.5")
+
+#: scheduler statistics reported per policy (0 when nothing happened)
+STAT_KEYS = ("probes", "offloaded_prompts", "breaks", "moves", "steals", "restarts", "wasted_tokens",
+             "truncations", "probe_timeouts", "steal_timeouts")
+
+
+@dataclass
+class TraceBatches:
+    """The trace cut into batches: per batch, the groups' ids, prompt lengths and forced lengths."""
+
+    source: str
+    batches: list[list[tuple[str, int, list[int], list[str] | None]]]
+    zero_length_samples: int
+    n: int | None
+
+    @property
+    def num_groups(self) -> int:
+        return sum(len(b) for b in self.batches)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(g[2]) for b in self.batches for g in b)
+
+
+@dataclass
+class BatchOutcome:
+    batch_index: int
+    groups: int
+    samples: int
+    start_s: float
+    makespan_s: float
+    tokens: int
+    work_bound_s: float        # least engine-seconds of the batch / number of engines
+    longest_bound_s: float     # the slowest single sample alone on the cheapest engine
+    tail_s: float              # time from when (1 - tail_fraction) of its samples had finished to its end
+    stats: dict[str, int]
+    busy_s: dict[str, float]
+    finish_times: np.ndarray | None = None
+    group_objects: list[Group] | None = None
+
+    @property
+    def lower_bound_s(self) -> float:
+        return max(self.work_bound_s, self.longest_bound_s)
+
+
+@dataclass
+class PolicyRun:
+    """One policy's simulated run over all batches."""
+
+    policy: str
+    settings: dict[str, Any]
+    batches: list[BatchOutcome]
+    engines: list[SimEngine]
+    events: int
+    wall_s: float
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def makespan_s(self) -> float:
+        return sum(b.makespan_s for b in self.batches)
+
+    @property
+    def lower_bound_s(self) -> float:
+        return sum(b.lower_bound_s for b in self.batches)
+
+    @property
+    def tokens(self) -> int:
+        return sum(b.tokens for b in self.batches)
+
+    @property
+    def groups(self) -> list[Group]:
+        return [g for b in self.batches for g in (b.group_objects or [])]
+
+
+def policy_names(spec: str) -> list[str]:
+    """``all`` -> baseline, v1, v2, v2.5; ``a,b`` -> both (``all`` may be one of them); else the one name."""
+    names: list[str] = []
+    for item in (s.strip() for s in spec.split(",")):
+        for name in (ALL_POLICIES if item == "all" else (item,) if item else ()):
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ConfigError("policy: expected a policy name, a comma-separated list, or 'all'")
+    return names
+
+
+def trace_batches(trace, cfg: SimulateConfig) -> TraceBatches:
+    """Cut ``trace`` (a LengthTrace) into batches of ``cfg.batch_size`` groups; lengths 0 become 1."""
+    source = trace.source or "trace"
+    sizes = trace.group_sizes
+    if cfg.n is not None and trace.num_groups and sizes.min() < cfg.n:
+        bad = int(np.argmax(sizes < cfg.n))
+        raise DataError(f"{source}: n is {cfg.n} but group {bad} ({trace.prompt_ids[bad]!r}) has only "
+                        f"{sizes[bad]} samples")
+    lengths = trace.lengths.tolist()
+    offsets = trace.offsets.tolist()
+    plens = trace.prompt_lens.tolist()
+    reasons = [str(r) for r in trace.finish_reasons] if trace.finish_reasons is not None else None
+    groups = []
+    zero = 0
+    for g, pid in enumerate(trace.prompt_ids):
+        lo = offsets[g]
+        hi = lo + cfg.n if cfg.n is not None else offsets[g + 1]
+        lens = lengths[lo:hi]
+        if 0 in lens:
+            zero += lens.count(0)
+            lens = [max(1, x) for x in lens]
+        groups.append((pid, plens[g], lens, reasons[lo:hi] if reasons is not None else None))
+    b = cfg.batch_size
+    batches = [groups[i:i + b] for i in range(0, len(groups), b)]
+    if cfg.num_batches is not None:
+        batches = batches[:cfg.num_batches]
+    if not batches:
+        raise DataError(f"{source}: the trace has no groups")
+    return TraceBatches(source, batches, zero, cfg.n)
+
+
+def build_batch(rows) -> list[Group]:
+    """Groups of forced samples (prompt ids not kept: only lengths matter to the simulator)."""
+    groups = []
+    for i, (pid, plen, lens, reasons) in enumerate(rows):
+        g = Group(prompt_id=pid, prompt_token_ids=[], prompt_text="", n=len(lens), target_lengths=lens,
+                  target_finish_reasons=reasons, position=i, prompt_length=plen)
+        g.samples = [Sample(group=g, index=k, max_tokens=n, forced=True) for k, n in enumerate(lens)]
+        groups.append(g)
+    return groups
+
+
+def build_engines(cfg: SimulateConfig, clock, *, record: bool = True) -> list[SimEngine]:
+    engines = [SimEngine(f"fast-{i}", FAST, cfg.profiles.fast, clock, record=record) for i in range(cfg.fast)]
+    engines += [SimEngine(f"heavy-{i}", HEAVY, cfg.profiles.heavy, clock, record=record) for i in range(cfg.heavy)]
+    return engines
+
+
+def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
+    """The cheapest cost of every term over the pools that have engines (for the lower bound)."""
+    profiles: list[EngineProfile] = []
+    if cfg.fast:
+        profiles.append(cfg.profiles.fast)
+    if cfg.heavy:
+        profiles.append(cfg.profiles.heavy)
+    return dict(c0=min(p.c0_s for p in profiles), c1=min(p.c1_s_per_seq for p in profiles),
+                c2=min(p.c2_s_per_token for p in profiles), prefill=min(p.prefill_s_per_token for p in profiles),
+                max_seqs=max(p.max_num_seqs for p in profiles))
+
+
+def resolve_policy(name: str, settings: dict[str, Any]):
+    from pdsr_sdk.rollout.session import resolve_policy as _resolve
+
+    return _resolve(PolicyConfig(name=name, settings=settings))
+
+
+def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_groups: bool = False,
+               record: bool = True, progress: ProgressFactory = silent_progress) -> PolicyRun:
+    """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes."""
+    from pdsr_sdk.rollout.scheduler import Scheduler
+    from pdsr_sdk.sim.report import batch_bounds, tail_time
+
+    cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}))
+    pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
+    missing = [p for p in getattr(cls, "required_pools", ()) if p not in pools]
+    if missing:
+        raise ConfigError(f"policy {name!r} needs at least one engine in pool(s) {', '.join(missing)}; "
+                          f"set --{missing[0]} (fast: {cfg.fast}, heavy: {cfg.heavy})")
+    clock = VirtualClock()
+    engines = build_engines(cfg, clock, record=record)
+    longest = max((max(g[2]) for b in batches.batches for g in b), default=1)
+    fatal: list[BaseException] = []
+    sched = Scheduler(engines, lambda ctx: cls(settings, ctx), clock,
+                      SamplingConfig(n=max(len(g[2]) for b in batches.batches for g in b), max_tokens=longest,
+                                     ignore_eos=True),
+                      cfg.segments, on_fatal=fatal.append)
+    for e in engines:
+        e.bind(sched)
+    coeffs = bound_coefficients(cfg)
+    outcomes: list[BatchOutcome] = []
+    events = 0
+    wall0 = time.perf_counter()
+    bar = progress(desc=f"simulate {name}", total=len(batches.batches), unit="batch")
+    # the run allocates millions of small objects and frees few: the cyclic GC's full passes over them
+    # cost more than the simulation itself at 100k samples, and there are no cycles to collect here
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for bi, rows in enumerate(batches.batches):
+            groups = build_batch(rows)
+            done: list[float] = []
+            t0 = clock.now()
+            stats0 = dict(sched.stats)
+            busy0 = {e.name: _busy_at(e, t0) for e in engines}
+            try:
+                sched.start_batch(groups, lambda: done.append(clock.now()))
+            except PdsrError as exc:
+                fatal.append(exc)
+            if not done and not fatal:
+                events += clock.run(until=lambda: bool(done) or bool(fatal))
+            if fatal:
+                exc = fatal[0]
+                if isinstance(exc, PdsrError):
+                    raise exc
+                raise PdsrError(f"policy {name!r} failed in batch {bi}: {type(exc).__name__}: {exc}") from exc
+            if not done:
+                raise PdsrError(f"policy {name!r}: batch {bi} stalled with samples unfinished (nothing left to run)")
+            t1 = done[0]
+            samples = [s for g in groups for s in g.samples]
+            _check_lengths(name, bi, samples)
+            finish = np.fromiter((s.finish_time_s for s in samples), dtype=np.float64, count=len(samples))
+            gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
+            plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
+            work, alone = batch_bounds(plen, gen, len(engines), **coeffs)
+            stats = {k: v - stats0.get(k, 0) for k, v in sched.stats.items() if v - stats0.get(k, 0)}
+            outcomes.append(BatchOutcome(
+                batch_index=bi, groups=len(groups), samples=len(samples), start_s=t0, makespan_s=t1 - t0,
+                tokens=int(gen.sum()), work_bound_s=work, longest_bound_s=alone,
+                tail_s=tail_time(finish, t1, cfg.tail_fraction), stats=stats,
+                busy_s={e.name: _busy_at(e, t1) - busy0[e.name] for e in engines},
+                finish_times=finish - t0, group_objects=groups if keep_groups else None))
+            bar.update(1)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        bar.close()
+    totals = {k: sum(b.stats.get(k, 0) for b in outcomes) for k in STAT_KEYS}
+    return PolicyRun(policy=name, settings=settings.model_dump(), batches=outcomes, engines=engines,
+                     events=events, wall_s=time.perf_counter() - wall0, stats=totals)
+
+
+def _busy_at(engine: SimEngine, now: float) -> float:
+    """Busy seconds of ``engine`` up to ``now`` (its counter is updated only at step boundaries)."""
+    return engine.busy_s + (now - engine._t0 if engine._running and now > engine._t0 else 0.0)
+
+
+def _check_lengths(policy: str, batch: int, samples: list[Sample]) -> None:
+    for s in samples:
+        if not s.finished or (s.num_generated != s.max_tokens and s.finish_reason != TRUNCATED):
+            raise PdsrError(f"policy {policy!r}, batch {batch}: sample {s.key} ended with {s.num_generated} of "
+                            f"{s.max_tokens} tokens ({s.finish_reason}); the simulation lost tokens (a bug)")
+
+
+def simulate(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress,
+             keep_groups: bool = False) -> "SimulationReport":
+    """Simulate ``trace`` with every policy of ``cfg.policy``; returns the report (see :mod:`report`)."""
+    from pdsr_sdk.sim.report import SimulationReport
+
+    batches = trace_batches(trace, cfg)
+    runs = [run_policy(batches, cfg, name, keep_groups=keep_groups, record=cfg.timeline, progress=progress)
+            for name in policy_names(cfg.policy)]
+    return SimulationReport(cfg, batches, runs)
+
+
+def trajectories_table(groups: list[Group]):
+    """The simulated samples as a trajectories table (the schema `pdsr rollout` writes; no token ids)."""
+    import pyarrow as pa
+
+    from pdsr_sdk.rollout.run import sample_row
+    from pdsr_sdk.rollout.schema import trajectory_schema
+
+    rows = [sample_row(s, None, None, decode=False) for g in groups for s in g.samples]
+    return pa.Table.from_pylist(rows, schema=trajectory_schema())
+
+
+def apply_policy_sets(cfg: SimulateConfig, items: list[tuple[str | None, str, Any]]) -> SimulateConfig:
+    """Add ``(policy or None, key, value)`` settings to ``cfg.policy_settings``.
+
+    A key without a policy applies to every selected policy whose settings have that key (an error if
+    none does), so ``--policy all --policy-set cap_multiplier=2`` changes v2.5 only.
+    """
+    if not items:
+        return cfg
+    selected = policy_names(cfg.policy)
+    fields = {}
+    for name in selected:
+        cls, _ = resolve_policy(name, {})
+        fields[name] = set(getattr(cls.config_model, "model_fields", {}))
+    settings = {k: dict(v) for k, v in cfg.policy_settings.items()}
+    for policy, key, value in items:
+        targets = [policy] if policy else [n for n in selected if key in fields[n]]
+        if not targets:
+            known = ", ".join(f"{n}: {', '.join(sorted(fields[n])) or '(none)'}" for n in selected)
+            raise ConfigError(f"policy setting {key!r} belongs to none of the selected policies; settings are {known}")
+        for name in targets:
+            settings.setdefault(name, {})[key] = value
+    out = cfg.model_copy(update={"policy_settings": settings})
+    for name in selected:   # validate now, naming the setting
+        resolve_policy(name, settings.get(name, {}))
+    return out

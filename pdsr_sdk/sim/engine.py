@@ -1,0 +1,362 @@
+"""``SimEngine``: a simulated vLLM-like engine in virtual time (the ``sim`` engine backend).
+
+What it models (the rules; :mod:`pdsr_sdk.sim.naive` implements the same rules
+token by token and the tests hold the two together):
+
+- Continuous batching: all running requests advance one token per step; at
+  most ``max_num_seqs`` run at once. Step time is the cost model of
+  :mod:`pdsr_sdk.sim.cost` (``c0 + c1*R + c2*C`` plus prefill of the
+  requests admitted at that step).
+- Requests join and leave only at step boundaries. A request submitted while
+  a step runs waits for the next boundary (an idle engine starts at once);
+  requests submitted in the same instant join together, in submission order.
+- KV cache of ``kv_cache_tokens`` in blocks of ``block_size``: a request
+  reading a context of c tokens holds ``ceil(c / block)`` blocks. At a
+  boundary, if the running requests need more blocks than there are, the
+  newest running request is preempted (its KV dropped; it goes to the front of
+  the waiting queue keeping its tokens and pays prefill of its whole context
+  when resumed), as vLLM's recompute preemption does; no request is admitted at
+  a boundary that preempted. Waiting requests are admitted first-come
+  first-served while slots and blocks allow.
+- Prefix cache: after a segment ends the engine remembers the whole blocks of
+  the sample's computed context, so a continuation on the same engine
+  prefills only the uncached tail; preemption, abort (the sample leaves) and
+  the sample's last token forget it. A sample moved elsewhere pays full
+  prefill there.
+- A segment generates exactly its ``max_tokens`` (lengths are forced) and ends
+  with ``length``. ``abort(rid)`` reports the tokens of the steps completed so
+  far, then ``abort``, from a 0-delay timer; the request leaves the batch at
+  the next boundary (the step in flight is wasted).
+
+Event-driven: between events the batch is fixed, so the time of k steps is an
+arithmetic series (closed form). Each engine keeps one timer for its next
+event: the earliest segment end (a heap of end steps on a per-engine global
+step counter) or the step at which the KV cache would overflow.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from pdsr_sdk.errors import EngineError
+from pdsr_sdk.rollout.types import ABORT, LENGTH, EngineLoad
+from pdsr_sdk.sim.config import EngineProfile
+from pdsr_sdk.sim.cost import overflow_step, steps_time, steps_within
+
+_WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
+
+
+class _Req:
+    __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill")
+
+    def __init__(self, rid: str, sample, ctx: int, max_tokens: int):
+        self.rid = rid
+        self.sample = sample
+        self.ctx = ctx            # context (prompt + generated) when last admitted / now if waiting
+        self.max_tokens = max_tokens
+        self.done = 0             # tokens of this segment generated before its current admission
+        self.s_adm = 0            # global step at which it was (last) admitted
+        self.off = 0              # ctx - s_adm: its context at global step S is S + off
+        self.seq = 0              # admission number (running order; heap entries of older admissions are stale)
+        self.state = _WAITING
+        self.prefill = 0          # uncached tokens prefilled at its admission
+
+
+class SimEngine:
+    """A simulated engine implementing :class:`pdsr_sdk.rollout.protocols.Engine`."""
+
+    counts_only = True   # the scheduler sends no token ids; progress is reported as counts
+
+    def __init__(self, name: str, pool: str, profile: EngineProfile | None = None, clock=None, *,
+                 record: bool = True):
+        self.name = name
+        self.pool = pool
+        self.profile = profile or EngineProfile()
+        p = self.profile
+        self.max_concurrency = p.max_num_seqs
+        self.segment_capacity_tokens = p.segment_capacity_tokens
+        self.clock = clock
+        self._c0, self._c1, self._c2, self._p = p.c0_s, p.c1_s_per_seq, p.c2_s_per_token, p.prefill_s_per_token
+        self._block = p.block_size
+        self._kv = p.kv_blocks
+        self._max_ctx = min(p.max_model_len, self._kv * self._block)
+        self._record = record
+        self._listener = None
+        self._running: dict[str, _Req] = {}
+        self._waiting: deque[_Req] = deque()
+        self._reqs: dict[str, _Req] = {}
+        self._heap: list[tuple[int, int, _Req]] = []
+        self._leaving: list[_Req] = []
+        self._cache: dict = {}                 # sample -> cached prefix tokens on this engine
+        self._seq = 0
+        # the current epoch: from boundary (t0, step) with a fixed batch, step j costs a + b*j (+ extra if j == 0)
+        self._step = 0
+        self._t0 = 0.0
+        self._a = self._b = self._extra = 0.0
+        self._sum_off = 0                      # sum of running requests' off: context tokens = sum_off + R*S
+        self._sum_q = 0                        # sum of off // block
+        self._res = [0] * self._block          # running requests per off % block
+        self._pending_prefill = 0              # prefill tokens of the epoch's first step (not yet run)
+        self._timer = None
+        self._timer_step = -1
+        self._in_boundary = False
+        self._call_at = None
+        # statistics
+        self.busy_s = 0.0
+        self.steps = 0
+        self.tokens = 0
+        self.preemptions = 0
+        self.prefill_tokens = 0
+        self.occupancy_t: list[float] = [0.0]
+        self.occupancy_n: list[int] = [0]
+
+    @classmethod
+    def from_spec(cls, spec, *, clock=None, profile: EngineProfile | None = None, **_: object) -> "SimEngine":
+        """Build from an EngineSpec (``backend: sim``): limits from the spec, cost keys from
+        ``spec.engine_args`` over ``profile`` (or the pool's default profile)."""
+        return cls(spec.name, spec.pool, EngineProfile.from_spec(spec, base=profile), clock)
+
+    # ------------------------------------------------------------- lifecycle
+    def bind(self, listener) -> "SimEngine":
+        self._listener = listener
+        return self
+
+    async def start(self) -> None:
+        if self.clock is None:   # standalone in a real run: simulate in wall time
+            from pdsr_sdk.rollout.clock import LoopClock
+
+            self.clock = LoopClock()
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def load(self) -> EngineLoad:
+        used = self._total_blocks(self._step) if self._running else 0
+        return EngineLoad(running=len(self._running), waiting=len(self._waiting), kv_cache_usage=used / self._kv)
+
+    # -------------------------------------------------------------- requests
+    def submit(self, request) -> None:
+        ctx, n = request.context_len, request.max_tokens
+        if ctx + n > self._max_ctx:
+            raise EngineError(self.name, f"request {request.request_id} needs a context of {ctx + n} tokens; this "
+                              f"simulated engine holds at most {self._max_ctx} (max_model_len / kv_cache_tokens)")
+        if n < 1:
+            raise EngineError(self.name, f"request {request.request_id} asks for {n} tokens; expected >= 1")
+        r = _Req(request.request_id, request.sample, ctx, n)
+        self._reqs[r.rid] = r
+        self._waiting.append(r)
+        if not self._in_boundary:   # inside a boundary the batch is planned right after the callbacks
+            self._wake()
+
+    def abort(self, request_id: str) -> None:
+        r = self._reqs.pop(request_id, None)
+        if r is None:
+            return
+        if r.state == _WAITING:
+            self._waiting.remove(r)
+            r.state = _GONE
+            n = r.done
+        elif self._in_boundary:
+            self._remove_running(r, self._step)
+            r.state = _GONE
+            n = r.done
+        else:
+            # mid-epoch: the tokens of the steps completed by now; it leaves at the next boundary
+            k = steps_within(self.clock.now() - self._t0, self._a, self._b, self._extra)
+            n = min(r.done + self._step + k - r.s_adm, r.max_tokens)
+            r.state = _LEAVING
+            self._leaving.append(r)
+            self._wake()
+        self._cache.pop(r.sample, None)
+        self.tokens += n
+        self.clock.call_later(0.0, lambda: self._report_abort(request_id, n))
+
+    def _report_abort(self, rid: str, n: int) -> None:
+        if n:
+            self._listener.on_tokens(self, rid, n, None, None)
+        self._listener.on_segment_end(self, rid, ABORT)
+
+    # ------------------------------------------------------------ the events
+    def _wake(self) -> None:
+        """Make sure a boundary is processed at the first step boundary at or after now."""
+        now = self.clock.now()
+        if self._running:
+            k = steps_within(now - self._t0, self._a, self._b, self._extra)
+            when = self._t0 + steps_time(k, self._a, self._b, self._extra)
+            if when < now:
+                k += 1
+                when = self._t0 + steps_time(k, self._a, self._b, self._extra)
+            target = self._step + k
+        else:
+            target, when = self._step, now
+        if self._timer is not None:
+            if self._timer_step <= target:
+                return
+            self._timer.cancel()
+        self._set_timer(when, target)
+
+    def _set_timer(self, when: float, step: int) -> None:
+        self._timer_step = step
+        call_at = self._call_at
+        if call_at is None:
+            call_at = self._call_at = getattr(self.clock, "call_at", None) or self._call_at_fallback
+        self._timer = call_at(when, self._on_timer)
+
+    def _call_at_fallback(self, when: float, callback):
+        return self.clock.call_later(when - self.clock.now(), callback)
+
+    def _on_timer(self) -> None:
+        """A step boundary: drop leavers, end finished segments (callbacks may submit/abort), replan."""
+        self._timer = None
+        S = self._timer_step
+        now = self.clock.now()
+        if self._running:
+            self.busy_s += now - self._t0
+            if S > self._step:
+                self.steps += S - self._step
+                self._pending_prefill = 0
+        self._step = S
+        self._t0 = now
+        heap = self._heap
+        finished = []
+        while heap and heap[0][0] <= S:
+            _, seq, r = heapq.heappop(heap)
+            if r.seq == seq and r.state == _RUNNING:
+                finished.append(r)
+        if self._leaving:
+            for r in self._leaving:
+                self._remove_running(r, S)
+                r.state = _GONE
+            self._leaving.clear()
+        if finished:
+            block = self._block
+            cache = self._cache
+            reqs = self._reqs
+            for r in finished:
+                self._remove_running(r, S)
+                r.state = _GONE
+                del reqs[r.rid]
+                sample = r.sample
+                if sample.num_generated + r.done >= sample.max_tokens:   # its last token: nothing to continue
+                    cache.pop(sample, None)
+                else:   # whole blocks of the computed context (the last sampled token has no KV yet)
+                    cache[sample] = block * ((r.off + S - 1) // block)
+            self._in_boundary = True
+            try:
+                listener = self._listener
+                for r in finished:
+                    self.tokens += r.done
+                    listener.on_tokens(self, r.rid, r.done, None, None)
+                    listener.on_segment_end(self, r.rid, LENGTH)
+            finally:
+                self._in_boundary = False
+        self._plan()
+
+    def _remove_running(self, r: _Req, S: int) -> None:
+        del self._running[r.rid]
+        q, res = divmod(r.off, self._block)
+        self._sum_off -= r.off
+        self._sum_q -= q
+        self._res[res] -= 1
+        if r.s_adm == S:   # removed before its first step ran: its prefill never happened
+            self._pending_prefill -= r.prefill
+            self.prefill_tokens -= r.prefill
+        r.done += S - r.s_adm
+
+    def _total_blocks(self, S: int) -> int:
+        """Blocks the running requests need for the step at global step S (exact, O(block))."""
+        block = self._block
+        total = self._sum_q
+        res = self._res
+        for r in range(block):
+            if res[r]:
+                total += res[r] * ((S + r + block - 1) // block)
+        return total
+
+    def _plan(self) -> None:
+        """At a boundary: preempt if the KV cache overflows, admit waiting requests, time the next event."""
+        S = self._step
+        block, kv = self._block, self._kv
+        running = self._running
+        total = None
+        preempted = False
+        if running and (self._sum_off + len(running) * (S + block - 1)) // block > kv:  # cheap upper bound first
+            total = self._total_blocks(S)
+            while total > kv:
+                victim = running[next(reversed(running))]
+                total -= -(-(victim.off + S) // block)
+                self._preempt(victim, S)
+                preempted = True
+        waiting = self._waiting
+        if waiting and not preempted:
+            max_seqs = self.max_concurrency
+            while waiting and len(running) < max_seqs:
+                w = waiting[0]
+                need = -(-w.ctx // block)
+                if total is None and (self._sum_off + len(running) * (S + block - 1)) // block + need > kv:
+                    total = self._total_blocks(S)
+                if total is not None:
+                    if total + need > kv:
+                        break
+                    total += need
+                waiting.popleft()
+                self._admit(w, S)
+        R = len(running)
+        if self._record and R != self.occupancy_n[-1]:
+            self.occupancy_t.append(self._t0)
+            self.occupancy_n.append(R)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if R == 0:
+            self._a = self._b = self._extra = 0.0
+            return
+        c2 = self._c2
+        self._a = a = self._c0 + self._c1 * R + c2 * (self._sum_off + R * S)
+        self._b = b = c2 * R
+        self._extra = extra = self._p * self._pending_prefill
+        heap = self._heap
+        while True:
+            end, seq, r = heap[0]
+            if r.seq == seq and r.state == _RUNNING:
+                break
+            heapq.heappop(heap)
+        target = end
+        # the KV cache can overflow before `end` only if the context then may need more blocks than there are
+        if end - 1 > S and (self._sum_off + R * (end - 1 + block - 1)) // block > kv:
+            if total is None:
+                total = self._total_blocks(S)
+            ovf = overflow_step(kv - total, self._res, S, block)
+            if ovf < end:
+                target = ovf
+        self._set_timer(self._t0 + steps_time(target - S, a, b, extra), target)
+
+    def _admit(self, w: _Req, S: int) -> None:
+        self._seq += 1
+        w.seq = self._seq
+        w.s_adm = S
+        w.off = off = w.ctx - S
+        q, res = divmod(off, self._block)
+        self._sum_off += off
+        self._sum_q += q
+        self._res[res] += 1
+        w.state = _RUNNING
+        self._running[w.rid] = w
+        cached = self._cache.get(w.sample, 0)
+        if cached:
+            cached = min(cached, self._block * ((w.ctx - 1) // self._block))
+        w.prefill = w.ctx - cached
+        self._pending_prefill += w.prefill
+        self.prefill_tokens += w.prefill
+        heapq.heappush(self._heap, (S + w.max_tokens - w.done, w.seq, w))
+
+    def _preempt(self, v: _Req, S: int) -> None:
+        self._remove_running(v, S)
+        v.ctx = v.off + S
+        v.state = _WAITING
+        self._cache.pop(v.sample, None)
+        self._waiting.appendleft(v)
+        self.preemptions += 1

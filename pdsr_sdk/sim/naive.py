@@ -1,0 +1,130 @@
+"""The naive twin of :class:`pdsr_sdk.sim.engine.SimEngine`: the same rules, one step at a time.
+
+No heaps, no closed forms, no virtual clock: a loop that runs the engine
+step by step, summing step times in float64, re-counting KV blocks from
+scratch at every boundary. Tests feed the same script to both and compare
+every segment's end time and token count.
+
+A script is a list of :class:`NaiveJob`: a sample arriving at ``arrival_s``
+with a prompt of ``prompt_len`` tokens that generates ``segments`` (token
+counts) one after another on this engine, each continuation submitted the
+moment the previous segment ends; optionally its current segment is aborted
+at ``abort_s`` (and the job ends there).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class NaiveJob:
+    key: str
+    arrival_s: float
+    prompt_len: int
+    segments: list[int]
+    abort_s: float | None = None
+
+
+class _R:
+    def __init__(self, j: int, seg: int, ctx: int, n: int):
+        self.j, self.seg, self.ctx, self.remaining = j, seg, ctx, n
+        self.done = 0
+        self.prefill = 0
+        self.leaving = False
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def naive_replay(profile, jobs: list[NaiveJob]) -> dict[str, list[tuple[str, float, int]]]:
+    """Per job key, its segment ends in order: ``(reason, time_s, tokens)`` with reason ``length`` or ``abort``."""
+    B, kv, M = profile.block_size, profile.kv_blocks, profile.max_num_seqs
+    c0, c1, c2, p = profile.c0_s, profile.c1_s_per_seq, profile.c2_s_per_token, profile.prefill_s_per_token
+    events = sorted([(job.arrival_s, 0, j) for j, job in enumerate(jobs)]
+                    + [(job.abort_s, 1, j) for j, job in enumerate(jobs) if job.abort_s is not None])
+    out: dict[str, list[tuple[str, float, int]]] = {job.key: [] for job in jobs}
+    running: list[_R] = []
+    waiting: deque[_R] = deque()
+    cache: dict[int, int] = {}
+    current: dict[int, _R] = {}
+
+    def handle(time: float, kind: int, j: int) -> None:
+        if kind == 0:
+            r = _R(j, 0, jobs[j].prompt_len, jobs[j].segments[0])
+            waiting.append(r)
+            current[j] = r
+            return
+        r = current.pop(j, None)
+        if r is None:
+            return
+        if r in waiting:
+            waiting.remove(r)
+        else:
+            r.leaving = True   # still runs the step in flight; its token is thrown away
+        out[jobs[j].key].append(("abort", time, r.done))
+        cache.pop(j, None)
+
+    def plan() -> None:
+        preempted = False
+        while sum(_ceil(r.ctx, B) for r in running) > kv:
+            victim = running.pop()          # the newest running request
+            victim.prefill = 0
+            cache.pop(victim.j, None)
+            waiting.appendleft(victim)
+            preempted = True
+        if preempted:
+            return
+        while waiting and len(running) < M:
+            w = waiting[0]
+            if sum(_ceil(r.ctx, B) for r in running) + _ceil(w.ctx, B) > kv:
+                break
+            waiting.popleft()
+            cached = min(cache.get(w.j, 0), B * ((w.ctx - 1) // B))
+            w.prefill = w.ctx - cached
+            running.append(w)
+
+    t = 0.0
+    i = 0
+    while True:
+        if not running:
+            if waiting:
+                raise AssertionError("an idle engine with waiting requests")
+            if i == len(events):
+                break
+            t = events[i][0]
+            while i < len(events) and events[i][0] == t:
+                handle(*events[i])
+                i += 1
+            plan()
+            continue
+        dt = (c0 + c1 * len(running) + c2 * sum(r.ctx for r in running)
+              + p * sum(r.prefill for r in running))
+        t_next = t + dt
+        while i < len(events) and events[i][0] < t_next:
+            handle(*events[i])
+            i += 1
+        for r in running:
+            r.ctx += 1
+            r.done += 1
+            r.remaining -= 1
+            r.prefill = 0
+        t = t_next
+        running = [r for r in running if not r.leaving]
+        finished = [r for r in running if r.remaining == 0]
+        running = [r for r in running if r.remaining > 0]
+        for r in finished:
+            job = jobs[r.j]
+            out[job.key].append(("length", t, r.done))
+            if r.seg + 1 < len(job.segments):
+                cache[r.j] = B * ((r.ctx - 1) // B)
+                nxt = _R(r.j, r.seg + 1, r.ctx, job.segments[r.seg + 1])
+                waiting.append(nxt)
+                current[r.j] = nxt
+            else:
+                cache.pop(r.j, None)
+                current.pop(r.j, None)
+        plan()
+    return out

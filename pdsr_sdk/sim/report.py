@@ -1,0 +1,150 @@
+"""Metrics of a simulated run: makespan, a lower bound, utilisation, tail share, policy counters.
+
+Lower bound (per batch, summed over batches, since batches run one after
+another). With the cheapest coefficient of each term over the pools in use
+(``c0, c1, c2, p``) and the largest ``max_num_seqs`` M:
+
+- *work* of a sample with prompt P and L kept tokens:
+  ``W = p*P + L*(c0/M + c1) + c2*(L*P + L(L-1)/2)`` engine-seconds. A step of R
+  <= M requests costs ``c0 + c1 R + c2 C + p Q``; split over its requests, each
+  token pays at least ``c0/M + c1 + c2 * its context`` (its context at token j is
+  P + j), and each sample prefills its prompt at least once. So the engines'
+  busy time is at least the batch's total work.
+- *capacity*: E engines deliver at most E engine-seconds per second, so
+  ``makespan >= sum(W) / E``.
+- *longest request*: a sample's tokens come one step at a time, each step at
+  least ``c0 + c1 + c2 * context``, the first with its prompt's prefill, so
+  ``makespan >= max over samples of p*P + L(c0 + c1) + c2 (L P + L(L-1)/2)``.
+
+``lower_bound = max(work / capacity, longest)``. Preemption, re-prefill,
+restarts, idle slots and segment boundaries only add time. Kept tokens are the
+samples' final lengths (a policy that truncates, v1, lowers its own bound).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from pdsr_sdk.sim.cost import alone_time, sample_work
+
+DEFINITIONS = {
+    "makespan_s": "Virtual seconds from each batch's start to its last sample's finish, summed over batches.",
+    "lower_bound_s": "Per batch max(work / engines, longest sample alone), summed over batches; work = "
+                     "p*P + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) engine-seconds per sample with the cheapest "
+                     "coefficients of the pools in use and M their largest max_num_seqs.",
+    "ratio": "makespan_s / lower_bound_s (>= 1; 1 would be perfect packing).",
+    "tokens_per_s": "Kept response tokens / makespan_s.",
+    "util_<pool>": "Busy engine-seconds of the pool (a step running) / (its engines x makespan_s).",
+    "tail_share": "Per batch, the time from when ceil((1 - tail_fraction) x samples) had finished to the batch's "
+                  "end, summed over batches, / makespan_s.",
+    "preemptions": "Running requests evicted because the KV cache was full (their context is re-prefilled).",
+    "prefill_tokens": "Context tokens prefilled by the engines (prompts, uncached continuation tails, recomputes).",
+}
+
+
+def batch_bounds(prompt_len, length, engines: int, *, c0: float, c1: float, c2: float, prefill: float,
+                 max_seqs: int) -> tuple[float, float]:
+    """(work / capacity, longest alone) of one batch, from per-sample prompt and kept lengths."""
+    work = float(sample_work(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill, max_seqs=max_seqs).sum())
+    alone = alone_time(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill)
+    return work / engines, float(alone.max()) if alone.size else 0.0
+
+
+def tail_time(finish_times, end: float, fraction: float) -> float:
+    """Seconds from when ``ceil((1 - fraction) * S)`` samples had finished to ``end``."""
+    t = np.sort(np.asarray(finish_times, dtype=np.float64))
+    if t.size == 0:
+        return 0.0
+    k = max(1, math.ceil((1.0 - fraction) * t.size - 1e-9))
+    return float(end - t[k - 1])
+
+
+class SimulationReport:
+    """All policies' results, as JSON (``to_dict``) and table rows (``rows``)."""
+
+    def __init__(self, cfg, batches, runs):
+        self.cfg = cfg
+        self.batches = batches
+        self.runs = runs
+        self.timelines: list[str] = []
+
+    def policy_summary(self, run) -> dict[str, Any]:
+        cfg = self.cfg
+        makespan = run.makespan_s
+        bound = run.lower_bound_s
+        pools = {"fast": cfg.fast, "heavy": cfg.heavy}
+        util = {}
+        for pool, count in pools.items():
+            if count:
+                busy = sum(b.busy_s[e.name] for b in run.batches for e in run.engines if e.pool == pool)
+                util[pool] = busy / (count * makespan) if makespan > 0 else 0.0
+        tail = sum(b.tail_s for b in run.batches)
+        return {
+            "policy": run.policy,
+            "settings": run.settings,
+            "makespan_s": makespan,
+            "lower_bound_s": bound,
+            "ratio": makespan / bound if bound > 0 else None,
+            "tokens": run.tokens,
+            "tokens_per_s": run.tokens / makespan if makespan > 0 else 0.0,
+            "utilisation": util,
+            "tail_share": tail / makespan if makespan > 0 else 0.0,
+            **{k: run.stats.get(k, 0) for k in run.stats},
+            "preemptions": sum(e.preemptions for e in run.engines),
+            "prefill_tokens": sum(e.prefill_tokens for e in run.engines),
+            "events": run.events,
+            "sim_wall_s": run.wall_s,
+            "batches": [{
+                "batch_index": b.batch_index, "groups": b.groups, "samples": b.samples,
+                "makespan_s": b.makespan_s, "lower_bound_s": b.lower_bound_s, "work_bound_s": b.work_bound_s,
+                "longest_bound_s": b.longest_bound_s, "tail_s": b.tail_s, "tokens": b.tokens, **b.stats,
+            } for b in run.batches],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        cfg = self.cfg
+        tb = self.batches
+        return {
+            "trace": {"source": tb.source, "groups": tb.num_groups, "samples": tb.num_samples,
+                      "batches": len(tb.batches), "batch_size": cfg.batch_size, "n": tb.n,
+                      "zero_length_samples": tb.zero_length_samples},
+            "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
+                        "heavy": {"count": cfg.heavy, **cfg.profiles.heavy.model_dump()}},
+            "segments": cfg.segments.model_dump(),
+            "tail_fraction": cfg.tail_fraction,
+            "definitions": DEFINITIONS,
+            "policies": [self.policy_summary(r) for r in self.runs],
+            "timelines": self.timelines,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_jsonable)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per policy for a side-by-side table."""
+        out = []
+        for r in self.runs:
+            s = self.policy_summary(r)
+            row = {"policy": s["policy"], "makespan_s": s["makespan_s"], "bound_s": s["lower_bound_s"],
+                   "ratio": s["ratio"], "tok/s": s["tokens_per_s"]}
+            for pool, u in s["utilisation"].items():
+                row[f"util_{pool}"] = u
+            row["tail"] = s["tail_share"]
+            for key, label in (("probes", "probes"), ("offloaded_prompts", "offloads"), ("breaks", "breaks"),
+                               ("moves", "moves"), ("steals", "steals"), ("restarts", "restarts"),
+                               ("wasted_tokens", "wasted"), ("truncations", "trunc"), ("preemptions", "preempt")):
+                row[label] = s.get(key, 0)
+            out.append(row)
+        return out
+
+
+def _jsonable(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return str(value)

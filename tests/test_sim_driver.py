@@ -1,0 +1,258 @@
+"""`pdsr simulate` end to end: every policy on simulated engines, the report's numbers, calibration, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pdsr_cli.main import cli
+from pdsr_sdk.engines import ENGINE_BACKENDS, build_engine
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.rollout.clock import VirtualClock
+from pdsr_sdk.rollout.config import EngineSpec
+from pdsr_sdk.sim.calibrate import calibrate
+from pdsr_sdk.sim.config import SimulateConfig
+from pdsr_sdk.sim.driver import simulate, trajectories_table
+from pdsr_sdk.traces import LengthTrace, synth_trace, write_trace_jsonl
+
+SMALL = dict(max_num_seqs=6, kv_cache_tokens=2048, block_size=16)
+
+
+def small_trace(groups=24, n=4, seed=1, max_length=700):
+    return synth_trace(groups=groups, n=n, seed=seed, median_length=120, max_length=max_length,
+                       runaway_frac=0.02, prompt_len_min=5, prompt_len_max=200)
+
+
+def check_run(run, trace, cfg, *, truncate_at=None):
+    lengths = {(pid, k): int(x) for g, pid in enumerate(trace.prompt_ids)
+               for k, x in enumerate(trace.lengths[trace.offsets[g]:trace.offsets[g + 1]])}
+    seen = set()
+    for g in run.groups:
+        for s in g.samples:
+            seen.add((g.prompt_id, s.index))
+            want = max(1, lengths[(g.prompt_id, s.index)])
+            if s.finish_reason == "truncated":
+                assert truncate_at is not None and s.num_generated == truncate_at < want
+            else:
+                assert s.num_generated == want, s.key
+            assert sum(seg.num_tokens for seg in s.segments) - s.wasted_tokens == s.num_generated
+            # a sample runs in one place at a time
+            spans = sorted((seg.submit_time_s, seg.end_time_s) for seg in s.segments)
+            assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:])), s.key
+    assert seen == set(lengths)
+    for b in run.batches:
+        assert b.lower_bound_s <= b.makespan_s * (1 + 1e-9)
+    for e in run.engines:
+        assert max(e.occupancy_n) <= e.max_concurrency
+
+
+@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5", "v2.5-restart"])
+def test_every_policy_finishes_every_sample_with_exact_lengths(policy):
+    trace = small_trace()
+    cfg = SimulateConfig(policy=policy, fast=2, heavy=1, batch_size=8, timeline=False,
+                         profiles={"fast": SMALL, "heavy": {**SMALL, "kv_cache_tokens": 4096}},
+                         segments={"min_tokens": 16, "max_tokens": 128})
+    rep = simulate(trace, cfg, keep_groups=True)
+    (run,) = rep.runs
+    check_run(run, trace, cfg, truncate_at=run.settings.get("fast_max_tokens"))
+    assert len(run.batches) == 3
+    s = rep.policy_summary(run)
+    assert s["makespan_s"] == pytest.approx(sum(b.makespan_s for b in run.batches))
+    assert 1.0 <= s["ratio"] < 10
+    assert 0 < s["utilisation"]["fast"] <= 1 + 1e-9 and 0 <= s["utilisation"]["heavy"] <= 1 + 1e-9
+    assert s["tokens"] == sum(smp.num_generated for g in run.groups for smp in g.samples)
+    if policy != "baseline":
+        assert s["probes"] == 24
+    if policy == "v2.5-restart":
+        assert s["restarts"] == s["breaks"] > 0 and s["wasted_tokens"] > 0
+
+
+def test_small_kv_budget_preempts_and_still_finishes_exactly():
+    trace = small_trace(groups=16, seed=4)
+    cfg = SimulateConfig(policy="baseline", fast=1, heavy=1, batch_size=16, timeline=False,
+                         profiles={"fast": {**SMALL, "kv_cache_tokens": 1024},
+                                   "heavy": {**SMALL, "kv_cache_tokens": 1024}})
+    rep = simulate(trace, cfg, keep_groups=True)
+    check_run(rep.runs[0], trace, cfg)
+    assert rep.policy_summary(rep.runs[0])["preemptions"] > 0
+
+
+def test_report_numbers_on_a_hand_made_case():
+    # one engine, one group of two samples (prompt 10; lengths 3 and 5), both admitted at t = 0
+    c0, c1, c2, p = 0.01, 0.001, 1e-4, 2e-4
+    trace = LengthTrace.from_matrix(np.array([[3, 5]]), prompt_lens=[10])
+    prof = dict(max_num_seqs=4, c0_s=c0, c1_s_per_seq=c1, c2_s_per_token=c2, prefill_s_per_token=p)
+    cfg = SimulateConfig(policy="baseline", fast=1, heavy=0, batch_size=1, timeline=False, tail_fraction=0.5,
+                         profiles={"fast": prof})
+    rep = simulate(trace, cfg)
+    s = rep.to_dict()["policies"][0]
+    # 3 steps with both (contexts 10 + j each; the first step also prefills 20 prompt tokens), then 2 alone
+    t_a = 20 * p + sum(c0 + 2 * c1 + c2 * 2 * (10 + j) for j in range(3))
+    makespan = t_a + sum(c0 + c1 + c2 * (13 + j) for j in range(2))
+    assert s["makespan_s"] == pytest.approx(makespan, rel=1e-12)
+    assert s["tokens"] == 8 and s["tokens_per_s"] == pytest.approx(8 / makespan)
+    assert s["utilisation"] == {"fast": pytest.approx(1.0)}
+    assert s["tail_share"] == pytest.approx((makespan - t_a) / makespan)   # 1 of 2 samples = the last 50%
+    work = sum(p * 10 + n * (c0 / 4 + c1) + c2 * (n * 10 + n * (n - 1) / 2) for n in (3, 5))
+    alone = p * 10 + 5 * (c0 + c1) + c2 * (5 * 10 + 10)
+    assert s["lower_bound_s"] == pytest.approx(max(work, alone), rel=1e-12)
+    assert s["ratio"] == pytest.approx(makespan / max(work, alone))
+    assert s["prefill_tokens"] == 20 and s["preemptions"] == 0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["baseline", "v1", "v2", "v2.5"]),
+       fast=st.integers(1, 3), heavy=st.integers(1, 2), kv=st.sampled_from([1024, 2048, 1 << 20]),
+       seqs=st.integers(1, 8), batch=st.integers(1, 10), c2=st.sampled_from([0.0, 1e-7, 1e-5]))
+def test_lower_bound_never_exceeds_the_makespan(seed, policy, fast, heavy, kv, seqs, batch, c2):
+    trace = synth_trace(groups=10, n=3, seed=seed, median_length=60, max_length=500, runaway_frac=0.05,
+                        prompt_len_min=0, prompt_len_max=300, min_length=0)
+    prof = dict(max_num_seqs=seqs, kv_cache_tokens=kv, c2_s_per_token=c2)
+    cfg = SimulateConfig(policy=policy, fast=fast, heavy=heavy, batch_size=batch, timeline=False,
+                         profiles={"fast": prof, "heavy": {**prof, "max_num_seqs": seqs + 2, "c0_s": 0.004}},
+                         segments={"min_tokens": 8, "max_tokens": 64})
+    rep = simulate(trace, cfg, keep_groups=True)
+    (run,) = rep.runs
+    assert run.lower_bound_s <= run.makespan_s * (1 + 1e-9)
+    check_run(run, trace, cfg, truncate_at=run.settings.get("fast_max_tokens"))
+
+
+def test_calibrate_recovers_the_coefficients_of_a_simulated_run(tmp_path):
+    truth = dict(c0_s=5e-3, c1_s_per_seq=4e-4, c2_s_per_token=2e-6, prefill_s_per_token=5e-5)
+    heavy_truth = dict(c0_s=8e-3, c1_s_per_seq=1e-4, c2_s_per_token=5e-6, prefill_s_per_token=2e-5)
+    trace = synth_trace(groups=48, n=8, seed=3, median_length=150, max_length=600)
+    cfg = SimulateConfig(policy="baseline", fast=2, heavy=1, batch_size=24, timeline=False,
+                         profiles={"fast": {"max_num_seqs": 16, "kv_cache_tokens": 1 << 20, **truth},
+                                   "heavy": {"max_num_seqs": 16, "kv_cache_tokens": 1 << 20, **heavy_truth}})
+    rep = simulate(trace, cfg, keep_groups=True)
+    path = tmp_path / "sim.parquet"
+    pq.write_table(trajectories_table(rep.runs[0].groups), path)
+    fits = calibrate([path])
+    for pool, want in (("fast", truth), ("heavy", heavy_truth)):
+        got = fits[pool].coefficients
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=0.05), (pool, key, got)
+        assert fits[pool].r2 > 0.999
+
+
+def test_sim_backend_builds_from_an_engine_spec():
+    assert ENGINE_BACKENDS.get("sim").__name__ == "SimEngine"
+    spec = EngineSpec(name="h0", pool="heavy", backend="sim", max_num_seqs=12, segment_capacity_tokens=512,
+                      engine_args={"c0_s": 0.02})
+    e = build_engine(spec, clock=VirtualClock(), model="unused")
+    assert (e.name, e.pool, e.max_concurrency, e.segment_capacity_tokens) == ("h0", "heavy", 12, 512)
+    assert e.profile.c0_s == 0.02 and e.profile.kv_cache_tokens == 524288   # the heavy default
+    with pytest.raises(ConfigError, match=r"engines\[h0\]\.engine_args.*c9"):
+        build_engine(spec.model_copy(update={"engine_args": {"c9": 1}}), clock=VirtualClock())
+
+
+def test_partial_profiles_keep_their_pools_defaults():
+    cfg = SimulateConfig(profiles={"heavy": {"c0_s": 0.02}})
+    assert cfg.profiles.heavy.max_num_seqs == 64 and cfg.profiles.heavy.c0_s == 0.02
+    assert cfg.profiles.fast.max_num_seqs == 256
+
+
+# -- CLI --------------------------------------------------------------------------------
+
+def test_cli_round_trip_writes_json_and_png_and_calibrates(tmp_path):
+    trace_path = write_trace_jsonl(small_trace(groups=16), tmp_path / "t.jsonl")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--policy", "all", "--fast", "2",
+                                 "--heavy", "1", "--batch-size", "8", "--out-dir", str(out), "--quiet",
+                                 "--policy-set", "cap_multiplier=2.0"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "simulate.json").read_text())
+    assert [p["policy"] for p in report["policies"]] == ["baseline", "v1", "v2", "v2.5"]
+    assert report["policies"][3]["settings"]["cap_multiplier"] == 2.0
+    assert report["trace"]["samples"] == 64 and report["trace"]["batches"] == 2
+    for p in report["policies"]:
+        assert p["lower_bound_s"] <= p["makespan_s"]
+        assert p["ratio"] == pytest.approx(p["makespan_s"] / p["lower_bound_s"])
+        assert f"{p['makespan_s']:.4g}" in r.output
+    png = out / "timeline.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and report["timelines"] == [str(png)]
+
+    # calibrate from a simulated "run", then simulate with the fitted profile
+    rep = simulate(small_trace(groups=16), SimulateConfig(policy="baseline", fast=1, heavy=1, batch_size=16,
+                                                          timeline=False), keep_groups=True)
+    traj = tmp_path / "run.parquet"
+    pq.write_table(trajectories_table(rep.runs[0].groups), traj)
+    r = CliRunner().invoke(cli, ["simulate", "calibrate", "--trajectories", str(traj), "--out",
+                                 str(tmp_path / "p.yaml")])
+    assert r.exit_code == 0, r.output
+    assert "fast" in r.output and "heavy" in r.output
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(traj), "--profile", str(tmp_path / "p.yaml"),
+                                 "--policy", "baseline", "--fast", "1", "--heavy", "1", "--batch-size", "16",
+                                 "--quiet"])
+    assert r.exit_code == 0, r.output
+    # the fitted profile reproduces the run it was fitted on
+    sim = float(r.output.splitlines()[3].split()[1])
+    assert sim == pytest.approx(rep.runs[0].makespan_s, rel=0.02)
+
+
+def test_cli_errors_are_clean(tmp_path):
+    trace_path = write_trace_jsonl(small_trace(groups=4), tmp_path / "t.jsonl")
+    run = CliRunner().invoke
+    r = run(cli, ["simulate", "--policy", "v2.5"])
+    assert r.exit_code == 2 and "--trace" in r.output
+    r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "v2.5", "--heavy", "0", "--quiet"])
+    assert r.exit_code == 2 and "needs at least one engine in pool(s) heavy" in r.output
+    r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "all", "--policy-set", "bogus=1"])
+    assert r.exit_code == 2 and "'bogus' belongs to none of the selected policies" in r.output
+    r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "v2.5", "--policy-set", "v2.5:cap_multiplier=-1"])
+    assert r.exit_code == 2 and "cap_multiplier" in r.output
+    r = run(cli, ["simulate", "--trace", str(trace_path), "--n", "9"])
+    assert r.exit_code == 2 and "n is 9 but group 0" in r.output and "has only 4 samples" in r.output
+    (tmp_path / "bad.yaml").write_text("medium: {c0_s: 1}\n")
+    r = run(cli, ["simulate", "--trace", str(trace_path), "--profile", str(tmp_path / "bad.yaml")])
+    assert r.exit_code == 2 and "medium: unknown pool" in r.output
+    r = run(cli, ["simulate", "calibrate", "--out", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and "--trajectories" in r.output
+
+
+def test_v2_threshold_is_numpys_percentile_bit_for_bit():
+    from pdsr_sdk.policies.v2 import linear_percentile
+
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        n = int(rng.integers(1, 70))
+        values = [float(v) for v in rng.exponential(3.0, n).round(int(rng.integers(0, 4)))]
+        q = float(rng.choice([80.0, 50.0, 99.0, rng.uniform(0.01, 99.99)]))
+        assert linear_percentile(values, q) == float(np.percentile(np.asarray(values), q))
+
+
+def test_calibrate_leaves_out_stalled_segments(tmp_path):
+    truth = dict(c0_s=5e-3, c1_s_per_seq=4e-4, c2_s_per_token=2e-6, prefill_s_per_token=5e-5)
+    prof = {"max_num_seqs": 16, "kv_cache_tokens": 1 << 20, **truth}
+    trace = synth_trace(groups=48, n=8, seed=3, median_length=150, max_length=600)
+    cfg = SimulateConfig(policy="baseline", fast=2, heavy=1, batch_size=24, timeline=False,
+                         profiles={"fast": prof, "heavy": prof})
+    table = trajectories_table(simulate(trace, cfg, keep_groups=True).runs[0].groups).to_pylist()
+    # another fast engine stalled: four requests alone, one after another, each 20x slower than the model
+    t = 0.0
+    for k in range(4):
+        row = dict(table[k])
+        n, ctx = 50, row["prompt_length"]
+        d = 20 * (n * (truth["c0_s"] + truth["c1_s_per_seq"]) + truth["c2_s_per_token"] * (n * ctx + n * (n - 1) / 2)
+                  + truth["prefill_s_per_token"] * ctx)
+        row["prompt_id"] = f"stall{k}"
+        row["segments"] = [{**row["segments"][0], "engine": "fast-stalled", "pool": "fast", "start_token": 0,
+                            "num_tokens": n, "submit_time_s": t, "end_time_s": t + d}]
+        table.append(row)
+        t += d
+    import pyarrow as pa
+
+    from pdsr_sdk.rollout.schema import trajectory_schema
+
+    path = tmp_path / "stalled.parquet"
+    pq.write_table(pa.Table.from_pylist(table, schema=trajectory_schema()), path)
+    fit = calibrate([path])["fast"]
+    assert fit.outliers == 4
+    for key, value in truth.items():
+        assert fit.coefficients[key] == pytest.approx(value, rel=0.05), (key, fit.coefficients)

@@ -1,0 +1,233 @@
+"""SimEngine (event-driven, closed forms) against its naive token-by-token twin, and the cost kernels."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from pdsr_sdk.errors import EngineError
+from pdsr_sdk.rollout.clock import VirtualClock
+from pdsr_sdk.rollout.types import ABORT, LENGTH, Group, Sample, SegmentRequest
+from pdsr_sdk.sim import cost
+from pdsr_sdk.sim.config import EngineProfile
+from pdsr_sdk.sim.engine import SimEngine
+from pdsr_sdk.sim.naive import NaiveJob, naive_replay
+
+
+class Harness:
+    """Drives one SimEngine with a NaiveJob script on a VirtualClock (continuations resubmitted at once)."""
+
+    def __init__(self, profile: EngineProfile, jobs: list[NaiveJob]):
+        self.clock = VirtualClock()
+        self.engine = SimEngine("e0", "fast", profile, self.clock).bind(self)
+        self.jobs = jobs
+        self.out = {job.key: [] for job in jobs}
+        self.samples = []
+        for job in jobs:
+            g = Group(prompt_id=job.key, prompt_token_ids=[], prompt_text="", n=1, prompt_length=job.prompt_len)
+            s = Sample(group=g, index=0, max_tokens=sum(job.segments), forced=True)
+            g.samples = [s]
+            self.samples.append(s)
+        self.current: dict[int, str] = {}
+        self.rid_job: dict[str, tuple[int, int]] = {}
+        self.seg_tokens: dict[str, int] = {}
+        for j, job in enumerate(jobs):
+            self.clock.call_at(job.arrival_s, lambda j=j: self.submit(j, 0))
+            if job.abort_s is not None:
+                self.clock.call_at(job.abort_s, lambda j=j: self.abort(j))
+
+    def submit(self, j: int, seg: int) -> None:
+        s = self.samples[j]
+        rid = f"{self.jobs[j].key}#{seg}"
+        self.current[j] = rid
+        self.rid_job[rid] = (j, seg)
+        self.seg_tokens[rid] = 0
+        self.engine.submit(SegmentRequest(rid, None, s.prompt_len + s.num_generated, self.jobs[j].segments[seg],
+                                          True, None, s))
+
+    def abort(self, j: int) -> None:
+        rid = self.current.get(j)
+        if rid is not None:
+            self.engine.abort(rid)
+
+    # EngineListener
+    def on_tokens(self, engine, rid, n, ids, lps):
+        assert ids is None and lps is None
+        j, _ = self.rid_job[rid]
+        self.samples[j].num_generated += n
+        self.seg_tokens[rid] += n
+
+    def on_segment_end(self, engine, rid, reason):
+        j, seg = self.rid_job[rid]
+        self.out[self.jobs[j].key].append((reason, self.clock.now(), self.seg_tokens[rid]))
+        if reason == LENGTH and seg + 1 < len(self.jobs[j].segments):
+            self.submit(j, seg + 1)
+        else:
+            self.current.pop(j, None)
+
+    def on_engine_dead(self, engine, error):  # pragma: no cover - the simulator does not die
+        raise AssertionError(error)
+
+    def run(self):
+        self.clock.run()
+        return self.out
+
+
+def random_case(seed: int):
+    rng = random.Random(seed)
+    n_jobs = rng.randint(1, 12)
+    jobs = []
+    for j in range(n_jobs):
+        segs = [rng.randint(1, 40) for _ in range(rng.randint(1, 3))]
+        abort = rng.uniform(0.0, 1.5) if rng.random() < 0.3 else None
+        arrival = 0.0 if rng.random() < 0.3 else rng.uniform(0.0, 0.5)
+        jobs.append(NaiveJob(f"j{j}", arrival, rng.randint(1, 60), segs, abort))
+    longest = max(j.prompt_len + sum(j.segments) for j in jobs)
+    block = rng.choice([1, 4, 16])
+    kv = max(longest + block, rng.randint(longest, 3 * longest))
+    profile = EngineProfile(max_num_seqs=rng.randint(1, 6), kv_cache_tokens=kv, block_size=block,
+                            max_model_len=4096, c0_s=1e-3 * rng.uniform(0.5, 2), c1_s_per_seq=2e-4 * rng.random(),
+                            c2_s_per_token=1e-5 * rng.random(), prefill_s_per_token=3e-5 * rng.random())
+    return profile, jobs
+
+
+def assert_same(event, naive):
+    assert event.keys() == naive.keys()
+    for key in naive:
+        assert len(event[key]) == len(naive[key]), (key, event[key], naive[key])
+        for (r1, t1, n1), (r2, t2, n2) in zip(event[key], naive[key]):
+            assert (r1, n1) == (r2, n2), (key, event[key], naive[key])
+            assert abs(t1 - t2) <= 1e-9, (key, t1, t2)
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_engine_matches_the_naive_twin(seed):
+    profile, jobs = random_case(seed)
+    assert_same(Harness(profile, jobs).run(), naive_replay(profile, jobs))
+
+
+def test_preemption_under_a_small_kv_budget_matches_the_twin_and_recomputes():
+    # 4 requests of prompt 10 + 30 tokens on a 64-token cache in blocks of 4: they cannot all grow
+    profile = EngineProfile(max_num_seqs=4, kv_cache_tokens=64, block_size=4, c0_s=1e-3, c1_s_per_seq=1e-4,
+                            c2_s_per_token=1e-5, prefill_s_per_token=1e-4)
+    jobs = [NaiveJob(f"j{i}", 0.0, 10, [30]) for i in range(4)]
+    h = Harness(profile, jobs)
+    out = h.run()
+    assert_same(out, naive_replay(profile, jobs))
+    assert h.engine.preemptions > 0
+    # every preemption re-prefills the victim's whole context: more prefill than the 4 prompts
+    assert h.engine.prefill_tokens > 4 * 10
+    assert all(ev == [("length", ev[0][1], 30)] for ev in out.values())
+    # the oldest request is never preempted: it finishes first, after exactly 30 steps
+    assert out["j0"][0][1] == min(ev[0][1] for ev in out.values())
+
+
+def test_two_requests_closed_form_by_hand():
+    # one engine, no prefill: R=2, contexts 5 and 7 -> step j costs c0 + 2 c1 + c2 (12 + 2j)
+    profile = EngineProfile(max_num_seqs=8, c0_s=0.01, c1_s_per_seq=0.001, c2_s_per_token=0.0001,
+                            prefill_s_per_token=0.0)
+    jobs = [NaiveJob("a", 0.0, 5, [3]), NaiveJob("b", 0.0, 7, [5])]
+    out = Harness(profile, jobs).run()
+    a = sum(0.01 + 0.002 + 0.0001 * (12 + 2 * j) for j in range(3))
+    # then b alone with context 10: c0 + c1 + c2 (10 + j), 2 steps
+    b = a + sum(0.01 + 0.001 + 0.0001 * (10 + j) for j in range(2))
+    assert out["a"] == [("length", pytest.approx(a, abs=1e-12), 3)]
+    assert out["b"] == [("length", pytest.approx(b, abs=1e-12), 5)]
+
+
+def test_abort_mid_segment_reports_completed_steps_then_abort_after_zero_delay():
+    profile = EngineProfile(max_num_seqs=4, c0_s=0.01, c1_s_per_seq=0.0, c2_s_per_token=0.0,
+                            prefill_s_per_token=0.0)
+    jobs = [NaiveJob("a", 0.0, 4, [100], abort_s=0.255), NaiveJob("b", 0.0, 4, [50])]
+    h = Harness(profile, jobs)
+    out = h.run()
+    # 10 ms steps: by 0.255 s, 25 steps are done; the abort is reported at 0.255 (0-delay timer)
+    assert out["a"] == [(ABORT, 0.255, 25)]
+    # a leaves at the next boundary (0.26); b goes on alone and ends at step 50
+    assert out["b"] == [(LENGTH, pytest.approx(0.50, abs=1e-12), 50)]
+    assert_same(out, naive_replay(profile, jobs))
+    assert h.engine.tokens == 75
+
+
+def test_abort_is_not_reported_synchronously():
+    clock = VirtualClock()
+    calls = []
+
+    class L:
+        def on_tokens(self, *a):
+            calls.append("tokens")
+
+        def on_segment_end(self, *a):
+            calls.append("end")
+
+    e = SimEngine("e", "fast", EngineProfile(), clock).bind(L())
+    g = Group("p", [], "", 1, prompt_length=3)
+    s = Sample(group=g, index=0, max_tokens=10, forced=True)
+    e.submit(SegmentRequest("r", None, 3, 10, True, None, s))
+    clock.step()                         # the engine starts
+    e.abort("r")
+    assert calls == []
+    clock.run()
+    assert calls == ["end"]              # no step had completed: nothing to report but the abort
+
+
+def test_continuation_on_the_same_engine_prefills_only_the_uncached_tail():
+    profile = EngineProfile(max_num_seqs=2, block_size=16, prefill_s_per_token=1e-3)
+    jobs = [NaiveJob("a", 0.0, 100, [20, 20, 20])]
+    h = Harness(profile, jobs)
+    assert_same(h.run(), naive_replay(profile, jobs))
+    # first segment prefills 100; continuations at contexts 120 and 140 reuse 112 and 128 cached tokens
+    assert h.engine.prefill_tokens == 100 + (120 - 112) + (140 - 128)
+
+
+def test_a_request_longer_than_the_cache_is_refused():
+    clock = VirtualClock()
+    e = SimEngine("e", "fast", EngineProfile(kv_cache_tokens=64, block_size=16, max_model_len=4096), clock)
+    g = Group("p", [], "", 1, prompt_length=40)
+    s = Sample(group=g, index=0, max_tokens=100, forced=True)
+    with pytest.raises(EngineError, match="at most 64"):
+        e.submit(SegmentRequest("r", None, 40, 100, True, None, s))
+
+
+# -- cost kernels against their naive twins ---------------------------------------------
+
+@pytest.mark.parametrize("k,a,b,extra", [(0, 1.0, 0.5, 0.0), (1, 0.01, 0.0, 0.2), (7, 0.013, 1e-5, 0.004),
+                                         (1000, 5e-3, 2.56e-5, 0.0)])
+def test_steps_time_matches_a_loop(k, a, b, extra):
+    assert cost.steps_time(k, a, b, extra) == pytest.approx(cost.steps_time_naive(k, a, b, extra), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_steps_within_is_the_inverse_of_steps_time(seed):
+    rng = np.random.default_rng(seed)
+    a, b, extra = rng.uniform(1e-3, 1e-2), rng.choice([0.0, rng.uniform(0, 1e-4)]), rng.uniform(0, 1e-2)
+    dt = rng.uniform(0, 3.0)
+    k = cost.steps_within(dt, a, b, extra)
+    assert cost.steps_time(k, a, b, extra) <= dt < cost.steps_time(k + 1, a, b, extra)
+    assert k == cost.steps_within_naive(dt, a, b, extra)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_overflow_step_matches_a_step_by_step_count(seed):
+    rng = np.random.default_rng(seed)
+    block = int(rng.choice([1, 4, 16]))
+    step0 = int(rng.integers(0, 100))
+    offsets = [int(x) for x in rng.integers(-step0 + 1, 300, size=int(rng.integers(1, 9)))]
+    counts = [0] * block
+    for o in offsets:
+        counts[o % block] += 1
+    free = int(rng.integers(0, 40))
+    assert cost.overflow_step(free, counts, step0, block) == cost.overflow_step_naive(free, offsets, step0, block)
+
+
+def test_work_and_alone_time_match_loops():
+    rng = np.random.default_rng(0)
+    p, n = rng.integers(0, 300, 50), rng.integers(1, 500, 50)
+    kw = dict(c0=5e-3, c1=5e-5, c2=1e-7, prefill=2e-5)
+    np.testing.assert_allclose(cost.sample_work(p, n, max_seqs=64, **kw),
+                               cost.sample_work_naive(p, n, max_seqs=64, **kw), rtol=1e-12)
+    np.testing.assert_allclose(cost.alone_time(p, n, **kw), cost.alone_time_naive(p, n, **kw), rtol=1e-12)
+    assert math.isclose(cost.alone_time([10], [1], **kw)[0], 2e-5 * 10 + 5e-3 + 5e-5 + 1e-7 * 10)
