@@ -29,6 +29,7 @@ def parse_args():
     p.add_argument("--n", type=int, default=8, help="synthetic trace: samples per group")
     p.add_argument("--median-length", type=float, default=120.0, help="synthetic trace: median length")
     p.add_argument("--max-length", type=int, default=1024, help="synthetic trace: max length")
+    p.add_argument("--runaway-frac", type=float, default=0.003, help="synthetic trace: share of samples that run to max length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batch")
     p.add_argument("--policies", default="baseline,baseline-noseg,v1,v2,v2.5,lpt",
@@ -36,6 +37,8 @@ def parse_args():
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--fast-kv-gib", type=float, default=None, help="KV cache of the fast engine (CPU build, GiB)")
+    p.add_argument("--heavy-kv-gib", type=float, default=None, help="KV cache of the heavy engine (CPU build, GiB)")
     p.add_argument("--repeats", type=int, default=1, help="runs per policy (median reported)")
     return p.parse_args()
 
@@ -53,15 +56,15 @@ async def main_async(args) -> None:
     model = args.model or str(ensure_tiny_model())
     trace = read_trace(args.trace) if args.trace else synth_trace(
         groups=args.groups, n=args.n, seed=args.seed, median_length=args.median_length,
-        max_length=args.max_length, prompt_len_min=20, prompt_len_max=120)
+        max_length=args.max_length, runaway_frac=args.runaway_frac, prompt_len_min=20, prompt_len_max=120)
     n = trace.samples_per_group
     work = Path(tempfile.mkdtemp(prefix="pdsr-bench-rollout-"))
     prompts = write_replay_prompts(trace, work / "prompts.jsonl", load_tokenizer(model))
     longest = int(trace.lengths.max())
     specs = [EngineSpec(name="fast-0", pool="fast", devices=[0], max_num_seqs=args.max_num_seqs,
-                        max_model_len=longest + 512, dtype=args.dtype),
+                        max_model_len=longest + 512, dtype=args.dtype, kv_cache_gib=args.fast_kv_gib),
              EngineSpec(name="heavy-0", pool="heavy", devices=[1], max_num_seqs=args.max_num_seqs,
-                        max_model_len=longest + 512, dtype=args.dtype)]
+                        max_model_len=longest + 512, dtype=args.dtype, kv_cache_gib=args.heavy_kv_gib)]
     engines = [VllmEngine.from_spec(s, model=model) for s in specs]
     t0 = time.perf_counter()
     for e in engines:

@@ -119,6 +119,13 @@ class VllmEngine:
         self._tasks.clear()
         if self._llm is not None:
             llm, self._llm = self._llm, None
+            # stop the output handler first: once the core is gone it would log an EngineDeadError
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
+                with contextlib.suppress(BaseException):
+                    await handler
+                llm.output_handler = None
             with contextlib.suppress(Exception):
                 # vLLM waits up to 5 s for the core to exit after SIGTERM, then kills it;
                 # in a thread, so several engines shut down at once

@@ -50,6 +50,8 @@ class StreamingProbePolicy(Policy):
         self.window: deque[float] = deque(maxlen=config.window)  # persists across batches
         self.hard: set[str] = set()
         self.routed: set[str] = set()
+        # pending elapsed-time checks; cancelled when their sample finishes (most do, long before)
+        self.breaker_timers: dict[Sample, object] = {}
 
     def on_batch(self, groups: list[Group]) -> None:
         self.submit_probes(groups, (FAST,), cap=self.cfg.breaker_tokens if self.cfg.breaker_on_probes else None)
@@ -67,9 +69,14 @@ class StreamingProbePolicy(Policy):
         if sample.segments[-1].pool != FAST:  # stolen heavy work has its own time limit
             return
         started = sample.run_start_s
-        self.ctx.clock.call_later(self.cfg.breaker_time_s, lambda: self._check_elapsed(sample, engine, started))
+        old = self.breaker_timers.pop(sample, None)
+        if old is not None:
+            old.cancel()
+        self.breaker_timers[sample] = self.ctx.clock.call_later(
+            self.cfg.breaker_time_s, lambda: self._check_elapsed(sample, engine, started))
 
     def _check_elapsed(self, sample: Sample, engine, started: float | None) -> None:
+        self.breaker_timers.pop(sample, None)
         if not sample.finished and self.ctx.engine_of(sample) is engine and sample.run_start_s == started:
             self._break(sample, "time")
 
@@ -95,6 +102,9 @@ class StreamingProbePolicy(Policy):
                 self.ctx.move(s, HEAVY, cap=None)
 
     def on_sample_finished(self, sample: Sample) -> None:
+        timer = self.breaker_timers.pop(sample, None)
+        if timer is not None:
+            timer.cancel()
         if not sample.is_probe:
             return
         group = sample.group

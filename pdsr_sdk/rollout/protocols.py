@@ -162,5 +162,9 @@ class Dispatcher(Protocol):
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
         """An engine died; ``requeued`` were put back on its pool's queue."""
 
+    def idle_interest(self, pool: str) -> bool:
+        """Optional speed hint, asked before ``on_worker_idle`` calls for a pool's engines:
+        False means the policy would do nothing for them now (skipped at scale)."""
+
 
 DispatcherFactory = Callable[[Any, DispatchContext], Dispatcher]

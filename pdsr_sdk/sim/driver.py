@@ -208,6 +208,7 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     # the run allocates millions of small objects and frees few: the cyclic GC's full passes over them
     # cost more than the simulation itself at 100k samples, and there are no cycles to collect here
     gc_was_enabled = gc.isenabled()
+    gc.collect()   # start clean: garbage from an earlier run would otherwise sit in the heap during this one
     gc.disable()
     try:
         for bi, rows in enumerate(batches.batches):
