@@ -16,15 +16,8 @@ from pdsr_sdk.rollout.clock import VirtualClock
 from pdsr_sdk.rollout.config import SamplingConfig, SegmentConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
 from pdsr_sdk.rollout.scheduler import Scheduler
+from workloads import LENGTHS
 
-# Forced response lengths per prompt (sample 0 is the probe).
-LENGTHS = {
-    "p0": [100, 90, 120, 80],
-    "p1": [40, 30, 130, 45],
-    "p2": [10, 12, 8, 91],
-    "p3": [60, 50, 95, 55],
-    "p4": [20, 90, 15, 22],
-}
 
 
 def records(lengths=LENGTHS):

@@ -16,7 +16,6 @@ the config, the layout, and the message when Ray is not installed.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 
@@ -27,14 +26,8 @@ from conftest import requires_ray, requires_torch, requires_vllm, run_on
 from pdsr_sdk.config import load_config
 from pdsr_sdk.errors import ConfigError, EngineError
 from pdsr_sdk.rollout.config import EngineSpec, RayConfig, RolloutConfig
+from workloads import LENGTHS, write_replay_prompts
 
-LENGTHS = {
-    "p0": [100, 90, 120, 80],
-    "p1": [40, 30, 130, 45],
-    "p2": [10, 12, 8, 91],
-    "p3": [60, 50, 95, 55],
-    "p4": [20, 90, 15, 22],
-}
 
 
 def ray_test(fn):
@@ -242,12 +235,7 @@ def _request(rid, ids, max_tokens):
 
 @pytest.fixture(scope="module")
 def replay_data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ray-data") / "prompts.jsonl"
-    with path.open("w") as fh:
-        for i, (pid, lengths) in enumerate(LENGTHS.items()):
-            fh.write(json.dumps({"id": pid, "prompt": f"Question {i}: what is {i} + {i * 3}?",
-                                 "answer": str(4 * i), "lengths": lengths}) + "\n")
-    return path
+    return write_replay_prompts(tmp_path_factory.mktemp("ray-data") / "prompts.jsonl")
 
 
 def _config(tiny_model_dir, data, out, policy, **over) -> RolloutConfig:

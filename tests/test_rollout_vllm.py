@@ -6,25 +6,16 @@ module and shared by every test through one background event loop.
 
 from __future__ import annotations
 
-import json
-
 import pyarrow.parquet as pq
 import pytest
 
 from conftest import requires_vllm, run_on
 from pdsr_sdk.config import load_config
 from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+from workloads import LENGTHS, write_replay_prompts
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
-# forced response lengths (ignore_eos); sample 0 is the probe
-LENGTHS = {
-    "p0": [100, 90, 120, 80],
-    "p1": [40, 30, 130, 45],
-    "p2": [10, 12, 8, 91],
-    "p3": [60, 50, 95, 55],
-    "p4": [20, 90, 15, 22],
-}
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +36,7 @@ def engines(engine_loop, tiny_model_dir):
 
 @pytest.fixture()
 def replay_data(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    with path.open("w") as fh:
-        for i, (pid, lengths) in enumerate(LENGTHS.items()):
-            fh.write(json.dumps({"id": pid, "prompt": f"Question {i}: what is {i} + {i * 3}?",
-                                 "answer": str(4 * i), "lengths": lengths}) + "\n")
-    return path
+    return write_replay_prompts(tmp_path / "prompts.jsonl")
 
 
 def rollout(engine_loop, engines, tiny_model_dir, tmp_path, data, policy, settings=None, **over):

@@ -16,8 +16,8 @@ from typing import Literal
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
-from pdsr_sdk.policies.base import Policy
-from pdsr_sdk.rollout.types import Group, Sample
+from pdsr_sdk.policies.base import ProbeBarrierPolicy
+from pdsr_sdk.rollout.types import Group
 
 
 class LptSettings(ConfigModel):
@@ -28,20 +28,12 @@ class LptSettings(ConfigModel):
     weight_by_slots: bool = Field(True, description="Divide an engine's predicted work by its slots (engines of different concurrency).")
 
 
-class LongestPredictedFirstPolicy(Policy):
+class LongestPredictedFirstPolicy(ProbeBarrierPolicy):
     name = "lpt"
     config_model = LptSettings
 
-    def on_batch(self, groups: list[Group]) -> None:
-        self.groups = groups
-        pools = tuple(p for p, engines in self.ctx.pools().items() if engines)
-        self.pending = set(self.submit_probes(groups, pools))
-
-    def on_sample_finished(self, sample: Sample) -> None:
-        if sample in self.pending:
-            self.pending.discard(sample)
-            if not self.pending:
-                self._dispatch()
+    def probe_pools(self) -> tuple[str, ...]:
+        return tuple(p for p, engines in self.ctx.pools().items() if engines)
 
     def _predict(self, group: Group) -> float:
         probe = group.samples[0]
@@ -51,7 +43,7 @@ class LongestPredictedFirstPolicy(Policy):
             return probe_duration(probe)
         return float(probe.num_generated)
 
-    def _dispatch(self) -> None:
+    def route(self) -> None:
         engines = sorted((e for pool in self.ctx.pools().values() for e in pool), key=lambda e: e.name)
         rest = [(self._predict(g), g.position, s) for g in self.groups for s in g.samples[1:]]
         rest.sort(key=lambda t: (-t[0], t[1], t[2].index))

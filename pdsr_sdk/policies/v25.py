@@ -18,7 +18,7 @@ from pydantic import Field
 
 from pdsr_sdk.analysis.stats import cap_tokens, offload_count
 from pdsr_sdk.config import ConfigModel
-from pdsr_sdk.policies.base import Policy
+from pdsr_sdk.policies.base import ProbeBarrierPolicy
 from pdsr_sdk.rollout.types import FAST, HEAVY, Group, Sample
 
 
@@ -33,52 +33,31 @@ class V25Settings(ConfigModel):
     probe_timeout_s: float | None = Field(None, gt=0, description="Stop waiting for probes this long after the batch started (not in the seed; v1's mitigation of the probe barrier): unfinished probes rank as the longest, continue on the heavy pool, and their prompts go heavy. null = wait for every probe.")
 
 
-class RankOffloadPolicy(Policy):
+class RankOffloadPolicy(ProbeBarrierPolicy):
     name = "v2.5"
     config_model = V25Settings
     required_pools = (FAST, HEAVY)
 
+    def probe_pools(self) -> tuple[str, ...]:
+        return (FAST, HEAVY) if self.cfg.probe_pools == "all" else (FAST,)
+
     def on_batch(self, groups: list[Group]) -> None:
-        self.groups = groups
-        pools = (FAST, HEAVY) if self.cfg.probe_pools == "all" else (FAST,)
-        self.pending = set(self.submit_probes(groups, pools))
         self.l_cut: int | None = None
         self.cap: int | None = None
-        self.timed_out: set[Sample] = set()
-        self.routed = False
-        self.timer = None
-        if self.cfg.probe_timeout_s is not None:
-            self.timer = self.ctx.clock.call_later(self.cfg.probe_timeout_s, self._probe_timeout)
+        super().on_batch(groups)
 
-    def on_sample_finished(self, sample: Sample) -> None:
-        if sample in self.pending:
-            self.pending.discard(sample)
-            if not self.pending:
-                self._route()
+    def on_probe_timeout(self, probe: Sample) -> None:
+        engine = self.ctx.engine_of(probe)
+        if engine is None or engine.pool != HEAVY:
+            self.ctx.move(probe, HEAVY, cap=None)
 
-    def _probe_timeout(self) -> None:
-        if self.routed:
-            return
-        self.timed_out = set(self.pending)
-        self.pending.clear()
-        for probe in sorted(self.timed_out, key=lambda s: s.group.position):
-            self.ctx.count("probe_timeouts")
-            engine = self.ctx.engine_of(probe)
-            if engine is None or engine.pool != HEAVY:
-                self.ctx.move(probe, HEAVY, cap=None)
-        self._route()
-
-    def _route(self) -> None:
-        if self.routed:
-            return
-        self.routed = True
-        if self.timer is not None:
-            self.timer.cancel()
+    def route(self) -> None:
+        late = set(self.timed_out)
         # timed-out probes rank first (their length is at least what they have so far)
-        ranked = sorted(self.groups, key=lambda g: (g.samples[0] not in self.timed_out,
+        ranked = sorted(self.groups, key=lambda g: (g.samples[0] not in late,
                                                     -g.samples[0].num_generated, g.position))
         n_heavy = offload_count(self.cfg.offload_fraction, len(ranked)) if self.cfg.offload_fraction > 0 else 0
-        n_heavy = max(n_heavy, len(self.timed_out))
+        n_heavy = max(n_heavy, len(late))
         heavy, fast = ranked[:n_heavy], ranked[n_heavy:]
         boundary = heavy[-1] if heavy else ranked[0]
         self.l_cut = boundary.samples[0].num_generated
