@@ -28,6 +28,7 @@ class V2Settings(ConfigModel):
     """Settings of the v2 streaming policy."""
 
     window: int = Field(64, ge=1, description="M: how many recent probe durations the threshold is computed over.")
+    route_by: Literal["time", "length"] = Field("time", description="What a probe is measured by: its wall time (the seed's choice; slows down as the fast pool fills) or its length in tokens.")
     percentile: float = Field(80.0, gt=0, lt=100, description="P: the threshold is this percentile of the window.")
     min_history: int = Field(8, ge=1, description="Below this many probe durations every prompt is routed fast (the breaker still guards).")
     breaker_time_s: float | None = Field(10.0, gt=0, description="A fast sample running longer than this moves to heavy; null disables.")
@@ -38,6 +39,7 @@ class V2Settings(ConfigModel):
     fast_steal_max: int = Field(1, ge=1, description="Heavy-queue samples an idle fast engine takes at a time.")
     fast_steal_time_limit_s: float = Field(5.0, gt=0, description="A stolen heavy sample still running on a fast engine after this long goes back to the heavy queue.")
     heavy_steal_max: int | None = Field(None, ge=1, description="Fast-queue samples an idle heavy engine takes at a time; null = as many as it has free slots.")
+    steal_below_load: float = Field(0.5, gt=0, le=1, description="An engine steals only while at most this fraction of its slots is busy (an idle worker, not merely one with a free slot); keeps one busy engine from collecting the other pool's queue.")
 
 
 class StreamingProbePolicy(Policy):
@@ -108,7 +110,7 @@ class StreamingProbePolicy(Policy):
         if not sample.is_probe:
             return
         group = sample.group
-        duration = probe_duration(sample)
+        duration = probe_duration(sample) if self.cfg.route_by == "time" else float(sample.num_generated)
         if group.prompt_id not in self.routed:
             self.routed.add(group.prompt_id)
             heavy = duration > self.threshold()
@@ -124,12 +126,25 @@ class StreamingProbePolicy(Policy):
         return other is not None and self.ctx.queue_length(other) > 0
 
     def on_worker_idle(self, engine) -> None:
+        """An engine of ``engine.pool`` went idle: the least loaded engine of that pool steals
+        (busy engines hear "idle" most often; stealing for them would pile work on them)."""
         if not self.cfg.steal:
             return
-        if engine.pool == FAST and self.ctx.queue_length(HEAVY):
-            self.ctx.steal(engine, HEAVY, self.cfg.fast_steal_max, time_limit_s=self.cfg.fast_steal_time_limit_s)
-        elif engine.pool == HEAVY and self.ctx.queue_length(FAST):
-            self.ctx.steal(engine, FAST, self.cfg.heavy_steal_max or engine.max_concurrency, cap=None)
+        other = HEAVY if engine.pool == FAST else FAST if engine.pool == HEAVY else None
+        if other is None or not self.ctx.queue_length(other):
+            return
+        thief = self.ctx.least_loaded(engine.pool)
+        if thief is None:
+            return
+        limit = int(self.cfg.steal_below_load * thief.max_concurrency)
+        busy = thief.max_concurrency - self.ctx.free_slots(thief)
+        if busy > limit:
+            return
+        if thief.pool == FAST:
+            self.ctx.steal(thief, HEAVY, self.cfg.fast_steal_max, time_limit_s=self.cfg.fast_steal_time_limit_s)
+        else:
+            room = max(1, limit - busy)
+            self.ctx.steal(thief, FAST, min(room, self.cfg.heavy_steal_max or room), cap=None)
 
 
 def linear_percentile(values, q: float) -> float:

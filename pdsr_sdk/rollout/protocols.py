@@ -113,6 +113,12 @@ class DispatchContext(Protocol):
     def queue_length(self, pool: str) -> int:
         """How many samples wait in a pool's queue."""
 
+    def free_slots(self, engine: Engine) -> int:
+        """How many more samples the engine can run now (0 if it is dead)."""
+
+    def least_loaded(self, pool: str) -> Engine | None:
+        """The live engine of ``pool`` with the smallest busy fraction that has a free slot."""
+
     def engine_of(self, sample: Sample) -> Engine | None:
         """The engine running the sample now, or None if it is queued or finished."""
 

@@ -206,6 +206,12 @@ class Scheduler:
             return list(self._run_of)
         return [self._runs[r].sample for r in self._running_on[engine.name]]
 
+    def free_slots(self, engine: Engine) -> int:
+        return self._free_slots(engine)
+
+    def least_loaded(self, pool: str) -> Engine | None:
+        return self._pop_least_loaded(pool) if pool in self._free_heap else None
+
     def engine_of(self, sample: Sample) -> Engine | None:
         run = self._run_of.get(sample)
         return run.engine if run is not None else None
