@@ -155,3 +155,11 @@ def test_sample_prompts_in_examples_match_the_generator(tmp_path):
 
     write_sample_prompts(tmp_path / "s.jsonl")
     assert (tmp_path / "s.jsonl").read_text() == (ROOT / "examples" / "sample_prompts.jsonl").read_text()
+
+
+def test_ci_runs_the_readme_test_command_word_for_word():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(block) == 2, "the README starts with exactly two commands"
+    assert "pdsr rollout" in block[0]
+    assert block[1] in (ROOT / ".ci" / "run").read_text()

@@ -74,7 +74,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
 
     \b
     Examples:
-      pdsr rollout --n 4 --max-tokens 256                 # tiny model, sample prompts
+      pdsr rollout --n 4 --max-tokens 256 --overwrite     # tiny model, sample prompts
       pdsr rollout --policy v2.5 --data math.parquet --model DIR --n 8 --batch-size 128
       pdsr rollout --config run.yaml --resume
       pdsr rollout --ray auto --model /shared/models/qwen --data math.parquet   # engines on a Ray cluster
