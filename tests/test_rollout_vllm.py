@@ -77,6 +77,9 @@ def test_every_policy_writes_b_x_n_consistent_samples(policy, engine_loop, engin
         assert r["prompt_length"] == len(r["prompt_token_ids"]) and r["prompt_token_ids"]
         assert sum(s["num_tokens"] for s in r["segments"]) - r["wasted_tokens"] == want
         assert r["finish_time_s"] >= r["submit_time_s"] >= 0
+        for seg in r["segments"]:   # a span with tokens saw its first one after submit, at or before its end
+            if seg["num_tokens"]:
+                assert seg["submit_time_s"] <= seg["first_token_time_s"] <= seg["end_time_s"]
         assert r["reward"] in (0.0, 1.0)
         assert r["policy_versions"] == [0] and r["batch_index"] == 0
     if policy != "baseline":

@@ -141,6 +141,43 @@ def test_calibrate_recovers_the_coefficients_of_a_simulated_run(tmp_path):
         assert fits[pool].r2 > 0.999
 
 
+CAL_TRUTH = dict(c0_s=5e-3, c1_s_per_seq=4e-4, c2_s_per_token=2e-6, prefill_s_per_token=5e-5)
+
+
+def _simulated_trajectories(coefficients: dict) -> list[dict]:
+    """Trajectory rows of a baseline run on three simulated engines with these cost coefficients."""
+    prof = {"max_num_seqs": 16, "kv_cache_tokens": 1 << 20, **coefficients}
+    trace = synth_trace(groups=48, n=8, seed=3, median_length=150, max_length=600)
+    cfg = SimulateConfig(policy="baseline", fast=2, heavy=1, batch_size=24, timeline=False,
+                         profiles={"fast": prof, "heavy": prof})
+    return trajectories_table(simulate(trace, cfg, keep_groups=True).runs[0].groups).to_pylist()
+
+
+def _write_trajectories(rows: list[dict], path):
+    import pyarrow as pa
+
+    from pdsr_sdk.rollout.schema import trajectory_schema
+
+    pq.write_table(pa.Table.from_pylist(rows, schema=trajectory_schema()), path)
+    return path
+
+
+def test_calibrate_times_spans_from_their_first_token(tmp_path):
+    # A real engine's span starts with a wait in the queue, then the prefill step samples
+    # its first token. Add random waits before every simulated span and record its start
+    # as the first token: the fit must not count the waits as decode time.
+    rows = _simulated_trajectories(CAL_TRUTH)
+    rng = np.random.default_rng(0)
+    for row in rows:
+        for seg in row["segments"]:
+            seg["first_token_time_s"] = seg["submit_time_s"]
+            seg["submit_time_s"] -= float(rng.uniform(0.0, 2.0))
+    fit = calibrate([_write_trajectories(rows, tmp_path / "queued.parquet")])["fast"]
+    truth = CAL_TRUTH
+    for key in ("c0_s", "c1_s_per_seq", "c2_s_per_token"):   # one step per span is left out: a few % off
+        assert fit.coefficients[key] == pytest.approx(truth[key], rel=0.1), (key, fit.coefficients)
+
+
 def test_sim_backend_builds_from_an_engine_spec():
     assert ENGINE_BACKENDS.get("sim").__name__ == "SimEngine"
     spec = EngineSpec(name="h0", pool="heavy", backend="sim", max_num_seqs=12, segment_capacity_tokens=512,
@@ -228,12 +265,8 @@ def test_v2_threshold_is_numpys_percentile_bit_for_bit():
 
 
 def test_calibrate_leaves_out_stalled_segments(tmp_path):
-    truth = dict(c0_s=5e-3, c1_s_per_seq=4e-4, c2_s_per_token=2e-6, prefill_s_per_token=5e-5)
-    prof = {"max_num_seqs": 16, "kv_cache_tokens": 1 << 20, **truth}
-    trace = synth_trace(groups=48, n=8, seed=3, median_length=150, max_length=600)
-    cfg = SimulateConfig(policy="baseline", fast=2, heavy=1, batch_size=24, timeline=False,
-                         profiles={"fast": prof, "heavy": prof})
-    table = trajectories_table(simulate(trace, cfg, keep_groups=True).runs[0].groups).to_pylist()
+    truth = CAL_TRUTH
+    table = _simulated_trajectories(truth)
     # another fast engine stalled: four requests alone, one after another, each 20x slower than the model
     t = 0.0
     for k in range(4):
@@ -246,13 +279,7 @@ def test_calibrate_leaves_out_stalled_segments(tmp_path):
                             "num_tokens": n, "submit_time_s": t, "end_time_s": t + d}]
         table.append(row)
         t += d
-    import pyarrow as pa
-
-    from pdsr_sdk.rollout.schema import trajectory_schema
-
-    path = tmp_path / "stalled.parquet"
-    pq.write_table(pa.Table.from_pylist(table, schema=trajectory_schema()), path)
-    fit = calibrate([path])["fast"]
+    fit = calibrate([_write_trajectories(table, tmp_path / "stalled.parquet")])["fast"]
     assert fit.outliers == 4
     for key, value in truth.items():
         assert fit.coefficients[key] == pytest.approx(value, rel=0.05), (key, fit.coefficients)

@@ -89,6 +89,22 @@ class VllmEngine:
             except Exception as exc:  # noqa: BLE001 - vLLM raises many types at start-up
                 raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}",
                                   remote_traceback=self._read_error()) from exc
+        if self.spec.warmup_tokens:
+            await self._warm_up(self.spec.warmup_tokens)
+
+    async def _warm_up(self, tokens: int) -> None:
+        # The first step that samples with log-probs sets up kernels once (3-15 s
+        # on the CPU build); pay it here rather than in the first batch's makespan.
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=tokens, temperature=1.0, logprobs=0, ignore_eos=True, detokenize=False)
+        try:
+            async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=[0, 1, 2, 3]), params, "pdsr-warmup"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - same classification as start-up failures
+            raise EngineError(self.name, f"warm-up request failed: {type(exc).__name__}: {exc}",
+                              remote_traceback=self._read_error()) from exc
 
     def _engine_args(self, cpu: bool) -> dict[str, Any]:
         spec = self.spec

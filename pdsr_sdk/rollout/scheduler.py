@@ -243,6 +243,10 @@ class Scheduler:
         sample = run.sample
         if sample.first_token_time_s is None:
             sample.first_token_time_s = self.clock.now()
+        seg = sample.segments[-1]
+        if seg.first_token_time_s is None and not getattr(engine, "counts_only", False):
+            # when the engine admitted the span (its queue wait excluded): what calibration needs
+            seg.first_token_time_s = self.clock.now()
         sample.add_tokens(n, token_ids, logprobs)
         usage = self.usage[engine.name]
         usage.tokens += n

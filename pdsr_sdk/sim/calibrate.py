@@ -2,7 +2,9 @@
 
 Data: every span of a trajectories file's ``segments`` column (engine,
 ``num_tokens`` n, ``submit_time_s`` a, ``end_time_s`` b, start context =
-prompt + ``start_token``). From all spans of one engine we rebuild its batch
+prompt + ``start_token``). When the span records ``first_token_time_s`` (real
+engines do), the span starts there with n - 1 steps: time a request waited in
+the engine's queue (more requests than ``max_num_seqs``) is not running time. From all spans of one engine we rebuild its batch
 over time: the span endpoints cut its timeline into elementary intervals in
 which the set of running requests is fixed (R_i of them), context tokens C_i
 grow with the steps, and Q_i prefill tokens join at the interval's start (the
@@ -109,15 +111,19 @@ def read_spans(paths, *, block_size: int = 16) -> list[Span]:
                 except (KeyError, TypeError):
                     raise DataError(f"{path}: row {row}: segments[{k}] lacks engine/pool/submit_time_s/end_time_s/"
                                     f"num_tokens/start_token") from None
-                if b is None or n is None or n <= 0 or not (b > a):
-                    prev = None
-                    continue
                 context = int(plen) + int(start)
                 cont = (prev is not None and prev["engine"] == engine and prev["end_time_s"] is not None
                         and abs(prev["end_time_s"] - a) < 1e-6 and prev["start_token"] + prev["num_tokens"] == start)
+                prev = seg
+                first = seg.get("first_token_time_s")
+                if first is not None and n is not None:
+                    # The span really ran from its first token on (before: a wait in the engine's
+                    # queue, then the prefill step that sampled the first token): n - 1 decode steps.
+                    a, n, context = first, n - 1, context + 1
+                if b is None or n is None or n <= 0 or not (b > a):
+                    continue
                 prefill = context - block_size * ((context - 1) // block_size) if cont else context
                 spans.append(Span(f"{fi}/{engine}", pool, float(a), float(b), int(n), context, int(prefill)))
-                prev = seg
     return spans
 
 
