@@ -190,6 +190,19 @@ class SimEngine:
                 k += 1
                 when = self._t0 + steps_time(k, self._a, self._b, self._extra)
             target = self._step + k
+            timer = self._timer
+            if (not self._leaving and timer is not None and self._timer_step > target
+                    and self._next_end() > target):
+                # Nothing happens at that boundary but the admission: plan it now instead of
+                # firing an event there (streaming policies submit mid-step all the time).
+                # The new epoch starts at `when`, possibly after now; nothing runs before it.
+                self.busy_s += when - self._t0
+                if target > self._step:
+                    self.steps += target - self._step
+                    self._pending_prefill = 0
+                self._step, self._t0 = target, when
+                self._plan()
+                return
         else:
             target, when = self._step, now
         if self._timer is not None:
@@ -197,6 +210,15 @@ class SimEngine:
                 return
             self._timer.cancel()
         self._set_timer(when, target)
+
+    def _next_end(self) -> int:
+        """The step at which the first running request finishes (dropping stale heap entries)."""
+        heap = self._heap
+        while True:
+            end, seq, r = heap[0]
+            if r.seq == seq and r.state == _RUNNING:
+                return end
+            heapq.heappop(heap)
 
     def _set_timer(self, when: float, step: int) -> None:
         self._timer_step = step
@@ -318,13 +340,7 @@ class SimEngine:
         self._a = a = self._c0 + self._c1 * R + c2 * (self._sum_off + R * S)
         self._b = b = c2 * R
         self._extra = extra = self._p * self._pending_prefill
-        heap = self._heap
-        while True:
-            end, seq, r = heap[0]
-            if r.seq == seq and r.state == _RUNNING:
-                break
-            heapq.heappop(heap)
-        target = end
+        end = target = self._next_end()
         # the KV cache can overflow before `end` only if the context then may need more blocks than there are
         if end - 1 > S and (self._sum_off + R * (end - 1 + block - 1)) // block > kv:
             if total is None:
