@@ -112,3 +112,28 @@ class FakeEngine:
 
     async def close(self) -> None:
         pass
+
+
+class StartupEngine(FakeEngine):
+    """A FakeEngine built from an EngineSpec whose start takes a while, or fails when
+    ``engine_args['fail']`` is set; ``LOG`` records (event, name) for start/close."""
+
+    LOG: list[tuple[str, str]] = []
+
+    @classmethod
+    def from_spec(cls, spec, **_):
+        engine = cls(spec.name, spec.pool, None, max_concurrency=spec.max_num_seqs)
+        engine.fail = bool(spec.engine_args.get("fail"))
+        return engine
+
+    async def start(self) -> None:
+        import asyncio
+
+        self.LOG.append(("begin", self.name))
+        await asyncio.sleep(0.05)
+        if self.fail:
+            raise EngineError(self.name, "failed to start: the test says so")
+        self.LOG.append(("ready", self.name))
+
+    async def close(self) -> None:
+        self.LOG.append(("close", self.name))

@@ -142,3 +142,28 @@ def test_writer_streams_parts_resumes_and_finalizes(tmp_path):
     assert w3.finished_prompt_ids() == {"a", "b", "c"}
     TrajectoryWriter(out, trajectory_schema(), overwrite=True)
     assert not out.exists()
+
+
+def test_session_starts_engines_at_once_and_closes_all_when_one_fails(tmp_path):
+    import asyncio
+
+    from fakes import StartupEngine
+
+    from pdsr_sdk.config import load_config
+    from pdsr_sdk.errors import EngineError
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    def session(fail: bool) -> RolloutSession:
+        engines = [{"name": "f0", "pool": "fast", "backend": "fakes:StartupEngine"},
+                   {"name": "h0", "pool": "heavy", "backend": "fakes:StartupEngine", "engine_args": {"fail": fail}}]
+        cfg = load_config(RolloutConfig, None, {"engines": engines, "model": str(tmp_path)})
+        return RolloutSession(cfg)
+
+    StartupEngine.LOG.clear()
+    asyncio.run(session(fail=False).start())
+    assert StartupEngine.LOG[:2] == [("begin", "f0"), ("begin", "h0")]   # both start before either is ready
+    StartupEngine.LOG.clear()
+    with pytest.raises(EngineError, match="h0.*failed to start"):
+        asyncio.run(session(fail=True).start())
+    assert sorted(e for e in StartupEngine.LOG if e[0] == "close") == [("close", "f0"), ("close", "h0")]

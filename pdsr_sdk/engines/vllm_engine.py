@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +80,17 @@ class VllmEngine:
         elif self.spec.devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.spec.devices)
         args = self._engine_args(cpu)
-        # The engine core is spawned inside from_engine_args and inherits the
-        # environment at that moment; restore ours right after.
-        with _patched_environ(env):
-            try:
-                from vllm.engine.arg_utils import AsyncEngineArgs
-                from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-                self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stats.factory])
-            except Exception as exc:  # noqa: BLE001 - vLLM raises many types at start-up
-                raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}",
-                                  remote_traceback=self._read_error()) from exc
+        def create():
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stats.factory])
+
+        try:
+            self._llm = await _spawn(create, env)
+        except Exception as exc:  # noqa: BLE001 - vLLM raises many types at start-up
+            raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}",
+                              remote_traceback=self._read_error()) from exc
         if self.spec.warmup_tokens:
             await self._warm_up(self.spec.warmup_tokens)
 
@@ -287,6 +289,34 @@ def _finish_reason(reason: str | None) -> str:
     if reason == "abort":
         return ABORT
     return STOP
+
+
+async def _spawn(create, env: dict[str, str]):
+    """``create()`` in a thread, with ``env`` set until it has spawned the engine-core process.
+
+    The core inherits the environment when it is spawned, early in ``from_engine_args``; hold
+    ours (and a lock, so engines starting at once do not mix theirs) only until then. The long
+    part, the core loading the model, overlaps with other engines' start-up.
+    """
+    async with _spawn_lock():
+        with _patched_environ(env):
+            before = {p.pid for p in multiprocessing.active_children()}
+            creating = asyncio.ensure_future(asyncio.to_thread(create))
+            while not creating.done() and not {p.pid for p in multiprocessing.active_children()} - before:
+                await asyncio.wait({creating}, timeout=0.02)
+    return await creating
+
+
+_SPAWN_LOCKS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+
+
+def _spawn_lock() -> asyncio.Lock:
+    """One lock per event loop around 'set the environment, spawn the engine core'."""
+    loop = asyncio.get_running_loop()
+    lock = _SPAWN_LOCKS.get(loop)
+    if lock is None:
+        lock = _SPAWN_LOCKS[loop] = asyncio.Lock()
+    return lock
 
 
 @contextlib.contextmanager

@@ -109,7 +109,7 @@ class RolloutSession:
         await self.close()
 
     async def start(self, *, max_model_len: int | None = None) -> None:
-        """Build and start the engines (sequentially: each engine process is pinned at spawn)."""
+        """Build and start the engines (at once; each engine process is pinned when it is spawned)."""
         if self._started:
             return
         from pdsr_sdk.engines import build_engine
@@ -137,15 +137,11 @@ class RolloutSession:
         for engine in self.engines:
             engine.bind(self.scheduler)
         if self._given_engines is None:
-            started = []
-            try:
-                for engine in self.engines:
-                    await engine.start()
-                    started.append(engine)
-            except BaseException:
-                for engine in started:
-                    await engine.close()
-                raise
+            results = await asyncio.gather(*(engine.start() for engine in self.engines), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
+                raise failed[0]
         self._started = True
 
     async def close(self) -> None:
