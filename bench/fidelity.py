@@ -53,8 +53,7 @@ async def run_real(args, prompts: Path, out_dir: Path) -> dict[str, dict]:
              EngineSpec(name="heavy-0", pool="heavy", devices=[1], max_num_seqs=args.max_num_seqs,
                         max_model_len=2048)]
     engines = [VllmEngine.from_spec(s, model=model) for s in specs]
-    for e in engines:
-        await e.start()
+    await asyncio.gather(*(e.start() for e in engines))
     results = {}
     try:
         # warm-up, not measured: a fresh engine's first steps (new batch shapes) are many times slower

@@ -67,8 +67,7 @@ async def main_async(args) -> None:
                         max_model_len=longest + 512, dtype=args.dtype, kv_cache_gib=args.heavy_kv_gib)]
     engines = [VllmEngine.from_spec(s, model=model) for s in specs]
     t0 = time.perf_counter()
-    for e in engines:
-        await e.start()
+    await asyncio.gather(*(e.start() for e in engines))
     print(f"engines started in {time.perf_counter() - t0:.1f} s; trace: {trace.num_groups} groups x {n}, "
           f"{int(trace.lengths.sum())} tokens, longest {longest}, batch {args.batch_size} prompts")
 
