@@ -245,7 +245,7 @@ class Scheduler:
             sample.first_token_time_s = self.clock.now()
         seg = sample.segments[-1]
         if seg.first_token_time_s is None and not getattr(engine, "counts_only", False):
-            # when the engine admitted the span (its queue wait excluded): what calibration needs
+            # the span's decode steps run from here on (`pdsr simulate calibrate` times them)
             seg.first_token_time_s = self.clock.now()
         sample.add_tokens(n, token_ids, logprobs)
         usage = self.usage[engine.name]

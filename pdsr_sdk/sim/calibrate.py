@@ -3,13 +3,14 @@
 Data: every span of a trajectories file's ``segments`` column (engine,
 ``num_tokens`` n, ``submit_time_s`` a, ``end_time_s`` b, start context =
 prompt + ``start_token``). When the span records ``first_token_time_s`` (real
-engines do), the span starts there with n - 1 steps: time a request waited in
-the engine's queue (more requests than ``max_num_seqs``) is not running time. From all spans of one engine we rebuild its batch
-over time: the span endpoints cut its timeline into elementary intervals in
-which the set of running requests is fixed (R_i of them), context tokens C_i
-grow with the steps, and Q_i prefill tokens join at the interval's start (the
-whole context of a new request; only the uncached tail of a continuation on
-the same engine).
+engines do), it starts there with n - 1 decode steps: the time before (the
+request's trip to the engine, any wait in its queue, the prefill step) is not
+decode time. From all spans of one engine we rebuild its batch over time:
+the span endpoints cut its timeline into elementary intervals in which the
+set of running requests is fixed (R_i of them), context tokens C_i grow with
+the steps, and Q_i prefill tokens join at the interval's start (the whole
+context of a new request; only the uncached tail of a continuation on the
+same engine).
 
 Model: a span's duration is the time of the n steps it took part in::
 
