@@ -163,3 +163,24 @@ def test_ci_runs_the_readme_test_command_word_for_word():
     assert len(block) == 2, "the README starts with exactly two commands"
     assert "pdsr rollout" in block[0]
     assert block[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_atomic_writes_replace_whole_files_with_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.io.tables import write_table_atomic, write_text_atomic
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    usual = stat.S_IMODE(os.stat(plain).st_mode)
+    out = write_table_atomic(pa.table({"a": [1, 2]}), tmp_path / "sub" / "t.parquet")
+    write_table_atomic(pa.table({"a": [3]}), out)
+    assert pq.read_table(out)["a"].to_pylist() == [3]
+    summary = write_text_atomic('{"ok": 1}', tmp_path / "s.json")
+    assert summary.read_text() == '{"ok": 1}'
+    assert {stat.S_IMODE(os.stat(p).st_mode) for p in (out, summary)} == {usual}
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["t.parquet"]   # no temp files left

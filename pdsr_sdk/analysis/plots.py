@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 
 import numpy as np
@@ -105,12 +103,8 @@ def _cv_hist(cv: np.ndarray, ddof: int, suffix: str):
 
 
 def _save(fig, path: Path) -> Path:
-    # temp file + rename; a plain unique name (not mkstemp) so the PNG gets the usual umask permissions
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
+    from pdsr_sdk.io.tables import atomic_path
+
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

@@ -2,19 +2,21 @@
 
 - ``read_table`` checks the file and the columns a command needs and names
   them in errors.
-- ``write_table_atomic`` writes to a temp file beside the target and renames,
-  so an interrupted run never leaves a half-written output.
+- ``write_table_atomic`` / ``write_text_atomic`` / ``atomic_path`` write to a
+  temp file beside the target and rename, so an interrupted run never leaves
+  a half-written output.
 - ``list_column_to_numpy`` / ``numpy_to_list_array`` convert between Arrow
   list columns (one ragged row per sample) and flat numpy buffers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -73,28 +75,53 @@ def write_table_atomic(table: pa.Table, path: str | Path, *, compression: str = 
     """Write ``table`` as Parquet to ``path`` via a temp file and an atomic rename."""
     import pyarrow.parquet as pq
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression=compression)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
 
 
 def write_text_atomic(text: str, path: str | Path) -> Path:
     """Write a small text file (JSON summaries) atomically."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[str]:
+    """Yield a temp file's path beside ``path`` to write; rename it over ``path`` when the block
+    succeeds, remove it when it fails (an interrupted write never leaves a half-written file)."""
     path = Path(path)
+    tmp = _temp_beside(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _temp_beside(path: Path) -> str:
+    """A new empty file next to ``path`` (same filesystem: the rename is atomic) with the
+    permissions a plain ``open`` would give it (``mkstemp`` makes it 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-    return path
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+    finally:
+        os.close(fd)
+    return tmp
+
+
+_UMASK: int | None = None
+
+
+def _umask() -> int:
+    global _UMASK
+    if _UMASK is None:   # reading the umask means setting it; once per process
+        _UMASK = os.umask(0o022)
+        os.umask(_UMASK)
+    return _UMASK
 
 
 def list_column_to_numpy(column: pa.ChunkedArray | pa.Array, dtype, *, name: str = "column",

@@ -56,10 +56,11 @@ def write_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
     axes[-1, 0].set_xlabel("virtual time (s)")
     if image is not None:
         fig.colorbar(image, ax=axes[:, 0].tolist(), label="running sequences", shrink=0.8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    from pdsr_sdk.io.tables import atomic_path
+
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return Path(path)
