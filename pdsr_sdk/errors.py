@@ -25,6 +25,7 @@ class EngineError(PdsrError):
     def __init__(self, engine: str, message: str, *, exit_status: int | None = None,
                  remote_traceback: str | None = None):
         self.engine = engine
+        self.message = message
         self.exit_status = exit_status
         self.remote_traceback = remote_traceback
         parts = [f"engine {engine!r}: {message}"]
@@ -34,3 +35,11 @@ class EngineError(PdsrError):
         if remote_traceback:
             text += "\n--- engine traceback ---\n" + remote_traceback.rstrip()
         super().__init__(text)
+
+    def __reduce__(self):
+        # so it crosses process boundaries (multiprocessing, Ray) intact
+        return (_rebuild_engine_error, (self.engine, self.message, self.exit_status, self.remote_traceback))
+
+
+def _rebuild_engine_error(engine, message, exit_status, remote_traceback) -> EngineError:
+    return EngineError(engine, message, exit_status=exit_status, remote_traceback=remote_traceback)

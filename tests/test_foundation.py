@@ -184,3 +184,14 @@ def test_atomic_writes_replace_whole_files_with_the_usual_permissions(tmp_path):
     assert summary.read_text() == '{"ok": 1}'
     assert {stat.S_IMODE(os.stat(p).st_mode) for p in (out, summary)} == {usual}
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["t.parquet"]   # no temp files left
+
+
+def test_engine_errors_survive_pickling():
+    import pickle
+
+    from pdsr_sdk.errors import EngineError
+
+    err = EngineError("fast-0", "engine core died", exit_status=-9, remote_traceback="Traceback: boom")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.engine, back.exit_status, back.remote_traceback, str(back)) == \
+        ("fast-0", -9, "Traceback: boom", str(err))
