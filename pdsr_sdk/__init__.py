@@ -7,8 +7,7 @@ inside the backends that need them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pdsr_sdk.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -32,14 +31,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pdsr_sdk' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -195,3 +195,15 @@ def test_engine_errors_survive_pickling():
     back = pickle.loads(pickle.dumps(err))
     assert (back.engine, back.exit_status, back.remote_traceback, str(back)) == \
         ("fast-0", -9, "Traceback: boom", str(err))
+
+
+def test_lazy_package_attributes_load_on_use_and_fail_clearly():
+    import pdsr_sdk
+    import pdsr_sdk.rollout
+
+    assert "compute_gae" in dir(pdsr_sdk) and "RolloutSession" in dir(pdsr_sdk.rollout)
+    from pdsr_sdk.gae import compute_gae
+
+    assert pdsr_sdk.compute_gae is compute_gae and vars(pdsr_sdk)["compute_gae"] is compute_gae   # cached
+    with pytest.raises(AttributeError, match="module 'pdsr_sdk.rollout' has no attribute 'nope'"):
+        pdsr_sdk.rollout.nope  # noqa: B018

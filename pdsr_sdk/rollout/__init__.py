@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pdsr_sdk.lazy import lazy_attributes
 
 _LAZY = {
     "RolloutConfig": "pdsr_sdk.rollout.config",
@@ -17,9 +17,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name not in _LAZY:
-        raise AttributeError(f"module 'pdsr_sdk.rollout' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -13,8 +13,7 @@ Importing this package does not import torch, transformers or vLLM.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pdsr_sdk.lazy import lazy_attributes
 
 from pdsr_sdk.scoring.api import ScoreResult, ScoreStats, per_token_logps
 from pdsr_sdk.scoring.config import ScoreConfig
@@ -32,10 +31,4 @@ _LAZY = {
 __all__ = sorted(["ScoreConfig", "ScoreResult", "ScoreStats", "per_token_logps", *_LAZY])
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pdsr_sdk.scoring' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
