@@ -35,8 +35,8 @@ import contextlib
 import uuid
 from typing import Any
 
+from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.errors import ConfigError, EngineError
-from pdsr_sdk.rollout.protocols import EngineListener
 from pdsr_sdk.rollout.types import EngineLoad, SegmentRequest
 
 INSTALL_HINT = "install Ray with `pip install 'pdsr[ray]'` (or `pip install ray`)"
@@ -123,36 +123,23 @@ def engine_args_for(spec, *, tp_placement_group: bool):
     return spec.model_copy(update={"engine_args": args})
 
 
-class RayEngine:
+class RayEngine(ModelEngine):
     """The ``ray`` engine backend (see the module docstring)."""
-
-    counts_only = False
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
                  logprobs_mode: str = "processed_logprobs", ray=None):
         from pdsr_sdk.rollout.config import RayConfig
 
-        self.spec = spec
-        self.name = spec.name
-        self.pool = spec.pool
-        self.max_concurrency = spec.max_num_seqs
-        self.segment_capacity_tokens = spec.segment_capacity_tokens
-        self.model = model
-        self.tokenizer = tokenizer
-        self.seed = seed
-        self.logprobs_mode = logprobs_mode
+        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
         self.ray_config = merge_ray_config(ray, spec.ray) or RayConfig()
         #: where the actor runs (node_id, ip, hostname, pid, actor_id, ...) once started
         self.node: dict[str, Any] | None = None
         self._actor = None
         self._pg = None
-        self._listener: EngineListener | None = None
         self._outbox: list[tuple[str, Any]] = []
         self._flush_scheduled = False
         self._poller: asyncio.Task | None = None
         self._load = EngineLoad()
-        self._dead = False
-        self._closing = False
 
     @classmethod
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
@@ -160,9 +147,6 @@ class RayEngine:
         return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode, ray=ray)
 
     # ------------------------------------------------------------ lifecycle
-    def bind(self, listener: EngineListener) -> None:
-        self._listener = listener
-
     async def start(self) -> None:
         if self._actor is not None:
             return

@@ -20,8 +20,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.errors import EngineError
-from pdsr_sdk.rollout.protocols import EngineListener
 from pdsr_sdk.rollout.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
@@ -29,30 +29,17 @@ ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"
 ENGINE_NAME_ENV = "PDSR_ENGINE_NAME"
 
 
-class VllmEngine:
+class VllmEngine(ModelEngine):
     """The ``vllm`` engine backend."""
-
-    counts_only = False
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
                  logprobs_mode: str = "processed_logprobs", cpu: bool | None = None):
-        self.spec = spec
-        self.name = spec.name
-        self.pool = spec.pool
-        self.max_concurrency = spec.max_num_seqs
-        self.segment_capacity_tokens = spec.segment_capacity_tokens
-        self.model = model
-        self.tokenizer = tokenizer
-        self.seed = seed
-        self.logprobs_mode = logprobs_mode
+        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
         self.cpu = cpu
         self.shutdown_timeout_s = 2.0
         self._llm = None
-        self._listener: EngineListener | None = None
         self._tasks: dict[str, asyncio.Task] = {}
         self._stats = _LoadRecorder()
-        self._dead = False
-        self._closing = False
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
 
     @classmethod
@@ -61,9 +48,6 @@ class VllmEngine:
         return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
 
     # ------------------------------------------------------------ lifecycle
-    def bind(self, listener: EngineListener) -> None:
-        self._listener = listener
-
     async def start(self) -> None:
         if self._llm is not None:
             return

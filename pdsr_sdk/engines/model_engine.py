@@ -1,0 +1,30 @@
+"""What the engines that serve a model (vLLM here or in a Ray actor) share: their identity
+from an :class:`~pdsr_sdk.rollout.config.EngineSpec`, the model they load, and the listener
+the scheduler binds. Generation itself is each backend's own."""
+
+from __future__ import annotations
+
+from pdsr_sdk.rollout.protocols import EngineListener
+
+
+class ModelEngine:
+    counts_only = False   # streams token ids and log-probs, not just counts
+
+    def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
+                 logprobs_mode: str = "processed_logprobs"):
+        self.spec = spec
+        self.name = spec.name
+        self.pool = spec.pool
+        self.max_concurrency = spec.max_num_seqs
+        self.segment_capacity_tokens = spec.segment_capacity_tokens
+        self.model = model
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.logprobs_mode = logprobs_mode
+        self._listener: EngineListener | None = None
+        self._dead = False
+        self._closing = False
+
+    def bind(self, listener: EngineListener) -> None:
+        """Called once by the scheduler before start; engine events go to ``listener``."""
+        self._listener = listener
