@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import zlib
 
+from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad
 from pdsr_sdk.errors import EngineError
-from pdsr_sdk.rollout.types import ABORT, LENGTH, STOP, EngineLoad
 
 
 def token_at(prompt_id: str, sample_index: int, i: int) -> int:

@@ -129,13 +129,12 @@ def test_registry_fails_loudly():
 
 def test_policy_presets_validate_against_their_policies():
     from pdsr_sdk.policies.presets import list_presets
-    from pdsr_sdk.rollout.config import PolicyConfig
-    from pdsr_sdk.rollout.session import resolve_policy
+    from pdsr_sdk.policies.resolve import resolve_policy
 
     presets = list_presets()
     assert {"baseline", "v1", "v2", "v2.5"} <= set(presets)
     for name in presets:
-        cls, settings = resolve_policy(PolicyConfig(name=name))
+        cls, settings = resolve_policy(name)
         assert isinstance(settings, cls.config_model)
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 
 from fakes import FakeEngine, token_at
+from pdsr_sdk.dispatch.clock import VirtualClock
+from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.errors import EngineError, PdsrError
 from pdsr_sdk.policies import POLICIES
-from pdsr_sdk.rollout.clock import VirtualClock
 from pdsr_sdk.rollout.config import SamplingConfig, SegmentConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
-from pdsr_sdk.rollout.scheduler import Scheduler
 from workloads import LENGTHS
 
 

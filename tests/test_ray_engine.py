@@ -226,8 +226,8 @@ class Collector:
 
 
 def _request(rid, ids, max_tokens):
+    from pdsr_sdk.dispatch.types import SegmentRequest
     from pdsr_sdk.rollout.config import SamplingConfig
-    from pdsr_sdk.rollout.types import SegmentRequest
 
     return SegmentRequest(request_id=rid, context_ids=ids, context_len=len(ids), max_tokens=max_tokens,
                           ignore_eos=True, sampling=SamplingConfig(temperature=0.0), sample=None)

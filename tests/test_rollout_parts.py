@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pdsr_sdk.dispatch.segments import next_segment_len
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.rollout.config import DataConfig
 from pdsr_sdk.rollout.data import build_groups, load_prompts, load_tokenizer
 from pdsr_sdk.rollout.reward import last_boxed, math_boxed, normalize_answer, resolve_reward
-from pdsr_sdk.rollout.segments import next_segment_len
 from pdsr_sdk.rollout.writer import TrajectoryWriter
 
 
@@ -103,7 +103,7 @@ def test_build_groups_forces_lengths():
 
 
 def _rows(pid, n=2):
-    from pdsr_sdk.rollout.schema import trajectory_schema
+    from pdsr_sdk.dispatch.trajectory import trajectory_schema
 
     names = trajectory_schema().names
     base = {k: None for k in names}
@@ -119,7 +119,7 @@ def _rows(pid, n=2):
 
 
 def test_writer_streams_parts_resumes_and_finalizes(tmp_path):
-    from pdsr_sdk.rollout.schema import trajectory_schema
+    from pdsr_sdk.dispatch.trajectory import trajectory_schema
 
     out = tmp_path / "t.parquet"
     w = TrajectoryWriter(out, trajectory_schema(), flush_groups=1)

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdsr_cli.main import cli
+from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.engines import ENGINE_BACKENDS, build_engine
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.rollout.clock import VirtualClock
 from pdsr_sdk.rollout.config import EngineSpec
 from pdsr_sdk.sim.calibrate import calibrate
 from pdsr_sdk.sim.config import SimulateConfig
@@ -156,7 +156,7 @@ def _simulated_trajectories(coefficients: dict) -> list[dict]:
 def _write_trajectories(rows: list[dict], path):
     import pyarrow as pa
 
-    from pdsr_sdk.rollout.schema import trajectory_schema
+    from pdsr_sdk.dispatch.trajectory import trajectory_schema
 
     pq.write_table(pa.Table.from_pylist(rows, schema=trajectory_schema()), path)
     return path

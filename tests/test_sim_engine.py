@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
+from pdsr_sdk.dispatch.clock import VirtualClock
+from pdsr_sdk.dispatch.types import ABORT, LENGTH, Group, Sample, SegmentRequest
 from pdsr_sdk.errors import EngineError
-from pdsr_sdk.rollout.clock import VirtualClock
-from pdsr_sdk.rollout.types import ABORT, LENGTH, Group, Sample, SegmentRequest
 from pdsr_sdk.sim import cost
 from pdsr_sdk.sim.config import EngineProfile
 from pdsr_sdk.sim.engine import SimEngine

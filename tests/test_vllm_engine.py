@@ -9,9 +9,9 @@ import signal
 import pytest
 
 from conftest import requires_vllm, run_on
+from pdsr_sdk.dispatch.types import SegmentRequest
 from pdsr_sdk.rollout.config import EngineSpec, SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
-from pdsr_sdk.rollout.types import SegmentRequest
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 

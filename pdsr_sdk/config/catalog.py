@@ -31,7 +31,7 @@ CONFIG_MODELS.register("policy-lpt", "pdsr_sdk.policies.lpt:LptSettings")
 OUTPUT_SCHEMAS: Registry[object] = Registry("output schema")
 OUTPUT_SCHEMAS.register("gae_output", "pdsr_sdk.gae.table:gae_output_schema")
 OUTPUT_SCHEMAS.register("score_output", "pdsr_sdk.scoring.table:score_output_schema")
-OUTPUT_SCHEMAS.register("trajectory", "pdsr_sdk.rollout.schema:trajectory_schema")
+OUTPUT_SCHEMAS.register("trajectory", "pdsr_sdk.dispatch.trajectory:trajectory_schema")
 
 
 def render_schemas() -> dict[str, str]:

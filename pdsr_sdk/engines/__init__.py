@@ -2,7 +2,7 @@
 
 Backends are found by name in :data:`ENGINE_BACKENDS`; each is a class with
 ``from_spec(spec, **context)`` returning an object that implements
-:class:`pdsr_sdk.rollout.protocols.Engine`.
+:class:`pdsr_sdk.dispatch.protocols.Engine`.
 """
 
 from __future__ import annotations

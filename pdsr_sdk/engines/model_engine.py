@@ -1,10 +1,10 @@
 """What the engines that serve a model (vLLM here or in a Ray actor) share: their identity
-from an :class:`~pdsr_sdk.rollout.config.EngineSpec`, the model they load, and the listener
+from an :class:`~pdsr_sdk.engines.config.EngineSpec`, the model they load, and the listener
 the scheduler binds. Generation itself is each backend's own."""
 
 from __future__ import annotations
 
-from pdsr_sdk.rollout.protocols import EngineListener
+from pdsr_sdk.dispatch.protocols import EngineListener
 
 
 class ModelEngine:

@@ -99,7 +99,7 @@ class EngineActor:
 
     async def commands(self, cmds: list[tuple[str, Any]]) -> None:
         """Apply ``("submit", payload)`` / ``("abort", request_id)`` in order; never raises."""
-        from pdsr_sdk.rollout.types import SegmentRequest
+        from pdsr_sdk.dispatch.types import SegmentRequest
 
         for kind, arg in cmds:
             try:

@@ -2,7 +2,7 @@
 
 The actor (:class:`pdsr_sdk.engines.ray_actor.EngineActor`) hosts a
 :class:`~pdsr_sdk.engines.vllm_engine.VllmEngine`; this class implements the
-same :class:`~pdsr_sdk.rollout.protocols.Engine` protocol on the
+same :class:`~pdsr_sdk.dispatch.protocols.Engine` protocol on the
 orchestrator's event loop, so every policy runs unchanged and pools can mix
 local and Ray engines.
 
@@ -35,9 +35,9 @@ import contextlib
 import uuid
 from typing import Any
 
+from pdsr_sdk.dispatch.types import EngineLoad, SegmentRequest
 from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.errors import ConfigError, EngineError
-from pdsr_sdk.rollout.types import EngineLoad, SegmentRequest
 
 INSTALL_HINT = "install Ray with `pip install 'pdsr[ray]'` (or `pip install ray`)"
 
@@ -128,7 +128,7 @@ class RayEngine(ModelEngine):
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
                  logprobs_mode: str = "processed_logprobs", ray=None):
-        from pdsr_sdk.rollout.config import RayConfig
+        from pdsr_sdk.engines.config import RayConfig
 
         super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
         self.ray_config = merge_ray_config(ray, spec.ray) or RayConfig()
@@ -317,7 +317,7 @@ class RayEngine(ModelEngine):
 
 def merge_ray_config(run, engine):
     """The engine's Ray settings: the run's ``ray`` section overridden by the keys the engine sets."""
-    from pdsr_sdk.rollout.config import RayConfig
+    from pdsr_sdk.engines.config import RayConfig
 
     if engine is None:
         return run

@@ -20,9 +20,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
 from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.errors import EngineError
-from pdsr_sdk.rollout.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
 ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"

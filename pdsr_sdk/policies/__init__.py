@@ -3,7 +3,7 @@
 Built-ins are registered lazily; a user policy is either registered with
 ``POLICIES.register("name", MyPolicy)`` or named by import path
 (``--policy my_pkg.policies:MyPolicy``). A policy is a class implementing
-:class:`pdsr_sdk.rollout.protocols.Dispatcher` (subclass
+:class:`pdsr_sdk.dispatch.protocols.Dispatcher` (subclass
 :class:`pdsr_sdk.policies.base.Policy` for no-op defaults) with a pydantic
 ``config_model`` for its settings.
 """

@@ -1,104 +1,12 @@
-"""Base class for dispatch policies: no-op hooks and shared helpers."""
+"""Shared policy bases: :class:`Policy` (no-op hooks, from :mod:`pdsr_sdk.dispatch.policy`) and
+:class:`ProbeBarrierPolicy` (probe every prompt, then route the batch once)."""
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar
+from pdsr_sdk.dispatch.policy import NoSettings, Policy, probe_duration
+from pdsr_sdk.dispatch.types import FAST, Group, Sample
 
-from pdsr_sdk.config import ConfigModel
-from pdsr_sdk.rollout.protocols import DispatchContext, Engine
-from pdsr_sdk.rollout.types import FAST, HEAVY, TRUNCATED, Group, Sample
-
-
-class NoSettings(ConfigModel):
-    """This policy has no settings."""
-
-
-class Policy:
-    """Default hooks do nothing; see :class:`pdsr_sdk.rollout.protocols.Dispatcher`."""
-
-    name: ClassVar[str] = ""
-    config_model: ClassVar[type[ConfigModel]] = NoSettings
-    #: pools this policy needs at least one engine in
-    required_pools: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, config: Any, ctx: DispatchContext):
-        self.cfg = config
-        self.ctx = ctx
-
-    def on_batch(self, groups: list[Group]) -> None:  # pragma: no cover - every policy overrides
-        raise NotImplementedError
-
-    def on_launch(self, sample: Sample, engine: Engine) -> None:
-        pass
-
-    def on_sample_finished(self, sample: Sample) -> None:
-        pass
-
-    def on_segment_end(self, sample: Sample, engine: Engine) -> None:
-        pass
-
-    def on_over_cap(self, sample: Sample, engine: Engine) -> None:
-        self.ctx.finish(sample, TRUNCATED)
-
-    def on_worker_idle(self, engine: Engine) -> None:
-        pass
-
-    def idle_interest(self, pool: str) -> bool:
-        """Whether ``on_worker_idle`` may act on an idle engine of ``pool`` now (default: yes).
-
-        A speed hint for large pools: the scheduler skips telling a pool's idle engines when this is
-        False. Return False only if ``on_worker_idle`` would do nothing for every engine of the pool
-        until the scheduler's current pump ends (no hook called during it makes it act).
-        """
-        return True
-
-    def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
-        pass
-
-    # ---------------------------------------------------------------- helpers
-    def submit_probes(self, groups: list[Group], pools: tuple[str, ...] = (FAST,), *,
-                      cap: int | None = None) -> list[Sample]:
-        """Mark sample 0 of each group as its probe and queue the probes (uncapped by default).
-
-        With several pools the probes are split in proportion to each pool's slots.
-        """
-        probes = []
-        for g in groups:
-            probe = g.samples[0]
-            probe.is_probe = True
-            probes.append(probe)
-        live = self.ctx.pools()
-        slots = [sum(e.max_concurrency for e in live.get(p, [])) for p in pools]
-        total = sum(slots)
-        if total == 0:
-            raise ValueError(f"no live engine in pool(s) {', '.join(pools)} to run probes")
-        # largest-remainder split so the shares add up exactly
-        quotas = [len(probes) * s / total for s in slots]
-        counts = [math.floor(q) for q in quotas]
-        for i in sorted(range(len(pools)), key=lambda i: quotas[i] - counts[i], reverse=True)[: len(probes) - sum(counts)]:
-            counts[i] += 1
-        start = 0
-        for pool, count in zip(pools, counts):
-            for probe in probes[start:start + count]:
-                self.ctx.submit(probe, pool, cap=cap)
-            start += count
-        self.ctx.count("probes", len(probes))
-        return probes
-
-    def route_group(self, group: Group, pool: str, *, cap: int | None = None) -> None:
-        """Queue every not-yet-submitted sample of ``group`` (all but the probe) on ``pool``."""
-        for s in group.samples[1:]:
-            if not s.finished and self.ctx.engine_of(s) is None and s.submit_time_s is None:
-                self.ctx.submit(s, pool, cap=cap)
-        if pool == HEAVY:
-            self.ctx.count("offloaded_prompts")
-
-
-def probe_duration(sample: Sample) -> float:
-    """Wall (or virtual) time a probe spent generating: first launch to finish."""
-    start = sample.segments[0].submit_time_s if sample.segments else (sample.submit_time_s or 0.0)
-    return (sample.finish_time_s or start) - start
+__all__ = ["NoSettings", "Policy", "ProbeBarrierPolicy", "probe_duration"]
 
 
 class ProbeBarrierPolicy(Policy):

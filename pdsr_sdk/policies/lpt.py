@@ -16,8 +16,8 @@ from typing import Literal
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.policies.base import ProbeBarrierPolicy
-from pdsr_sdk.rollout.types import Group
 
 
 class LptSettings(ConfigModel):

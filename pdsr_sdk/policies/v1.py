@@ -18,10 +18,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.analysis.stats import offload_count
+from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.dispatch.types import FAST, HEAVY, TRUNCATED, Group, Sample
 from pdsr_sdk.policies.base import ProbeBarrierPolicy, probe_duration
-from pdsr_sdk.rollout.types import FAST, HEAVY, TRUNCATED, Group, Sample
 
 
 class V1Settings(ConfigModel):

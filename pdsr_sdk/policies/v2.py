@@ -20,8 +20,8 @@ from typing import Literal
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.dispatch.types import FAST, HEAVY, Group, Sample
 from pdsr_sdk.policies.base import Policy, probe_duration
-from pdsr_sdk.rollout.types import FAST, HEAVY, Group, Sample
 
 
 class V2Settings(ConfigModel):

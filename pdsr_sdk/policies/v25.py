@@ -18,8 +18,8 @@ from pydantic import Field
 
 from pdsr_sdk.analysis.stats import cap_tokens, offload_count
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.dispatch.types import FAST, HEAVY, Group, Sample
 from pdsr_sdk.policies.base import ProbeBarrierPolicy
-from pdsr_sdk.rollout.types import FAST, HEAVY, Group, Sample
 
 
 class V25Settings(ConfigModel):

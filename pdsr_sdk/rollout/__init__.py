@@ -2,6 +2,8 @@
 
 - :class:`RolloutSession`: engines + policy, one batch after another (for trainers).
 - :func:`run_rollout`: the ``pdsr rollout`` job (data in, trajectories Parquet out).
+
+The scheduler, clocks and types they run on are in :mod:`pdsr_sdk.dispatch`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ _LAZY = {
     "RolloutSession": "pdsr_sdk.rollout.session",
     "run_rollout": "pdsr_sdk.rollout.run",
     "run_rollout_async": "pdsr_sdk.rollout.run",
-    "Scheduler": "pdsr_sdk.rollout.scheduler",
 }
 
 

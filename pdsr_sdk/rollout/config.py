@@ -1,73 +1,22 @@
-"""Configuration of ``pdsr rollout`` (one pydantic model per section)."""
+"""Configuration of ``pdsr rollout`` (one pydantic model per section).
+
+The sampling and segment sections are the scheduler's own (:mod:`pdsr_sdk.dispatch.config`), the
+engine entries the engines' (:mod:`pdsr_sdk.engines.config`); they are re-exported here.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
+from pdsr_sdk.engines.config import EngineSpec, RayConfig
 
-
-class SamplingConfig(ConfigModel):
-    """How each response is sampled."""
-
-    n: int = Field(8, ge=1, description="Samples per prompt (the GRPO group size N). Sample 0 is the probe.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 = greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
-    max_tokens: int = Field(1024, ge=1, description="Most response tokens per sample (finish reason 'length' past it).")
-    stop: list[str] = Field(default_factory=list, description="Stop strings that end a response.")
-    ignore_eos: bool = Field(False, description="Keep generating past EOS until max_tokens (benchmarks).")
-
-
-class SegmentConfig(ConfigModel):
-    """Budget-aware dynamic segments: L_next = clamp(capacity / n_active, min_tokens, max_tokens)."""
-
-    enabled: bool = Field(True, description="Generate in segments; if false each request runs to its end (or cap) in one go.")
-    min_tokens: int = Field(64, ge=1, description="L_min: shortest segment (many active requests).")
-    max_tokens: int = Field(4096, ge=1, description="L_max: longest segment (the last few requests).")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "SegmentConfig":
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        return self
-
-
-class RayConfig(ConfigModel):
-    """Ray: engines as Ray actors (backend 'ray'). Engine-level keys may be overridden per engine."""
-
-    address: str = Field("auto", description="Ray cluster: 'auto' (the cluster this machine joined with `ray start`), 'local' (start a one-machine cluster in this process), a head address 'host:6379', or a Ray Client address 'ray://host:10001'. Ignored when Ray is already initialised in this process.")
-    namespace: str | None = Field(None, description="Ray namespace of the engine actors; default: an anonymous one for this run.")
-    local_num_cpus: int | None = Field(None, ge=1, description="With address 'local': logical CPUs of the started cluster (default: this machine's count).")
-    num_cpus: float = Field(1.0, ge=0, description="Logical CPUs Ray reserves for each engine actor.")
-    num_gpus: float | None = Field(None, ge=0, description="GPUs per tensor-parallel rank of each engine; default: 1 when the cluster has GPUs, else 0.")
-    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources each engine needs, e.g. {'heavy_node': 1} to keep heavy engines on nodes started with --resources='{\"heavy_node\": 8}'.")
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field("STRICT_PACK", description="Placement-group strategy for the GPUs of a tensor-parallel engine (tensor_parallel_size > 1, one bundle per GPU); STRICT_PACK keeps them on one node.")
-    scheduling_strategy: Literal["DEFAULT", "SPREAD"] = Field("DEFAULT", description="How engine actors without a placement group are spread over nodes: Ray's DEFAULT (fills nodes) or SPREAD (different nodes first).")
-    env_vars: dict[str, str] = Field(default_factory=dict, description="Environment variables of the engine actors (Ray runtime_env env_vars), e.g. NCCL_SOCKET_IFNAME, HF_HUB_OFFLINE, VLLM_CPU_OMP_THREADS_BIND.")
-    placement_timeout_s: float = Field(300.0, gt=0, description="Longest wait for Ray to find resources for an engine (its actor scheduled, its placement group ready); then the run stops with an error naming what was missing.")
-
-
-class EngineSpec(ConfigModel):
-    """One engine (one vLLM instance) and the pool it serves."""
-
-    name: str = Field(description="Unique engine name, used in logs, errors and the trajectories' segment records.")
-    pool: str = Field(description="Pool this engine serves: 'fast' (high concurrency, token cap) or 'heavy' (long context).")
-    backend: str = Field("vllm", description="Engine backend: 'vllm' (local process), 'ray' (Ray actor), 'sim' (simulated), or an import path.")
-    devices: list[int] = Field(default_factory=list, description="GPU ids for this engine (CUDA_VISIBLE_DEVICES); on the CPU build, the CPU cores its threads are bound to (on its node, for Ray engines). Empty = automatic. Ray engines on GPUs get their GPUs from Ray.")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (tensor parallel).")
-    max_num_seqs: int = Field(64, ge=1, description="Most requests running at once on this engine.")
-    max_model_len: int = Field(4096, ge=16, description="Longest context (prompt + response) this engine accepts.")
-    kv_cache_gib: float | None = Field(None, gt=0, description="KV-cache size in GiB on the CPU build (VLLM_CPU_KVCACHE_SPACE); default 1.")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use (GPU builds).")
-    dtype: str = Field("auto", description="Model dtype for vLLM ('auto', 'bfloat16', 'float16', 'float32').")
-    segment_capacity_tokens: int = Field(8192, ge=1, description="Total_Token_Capacity of the segment formula for this engine.")
-    warmup_tokens: int = Field(4, ge=0, description="Tokens generated by one throw-away request when the engine starts, so one-time costs of the first sampling step with log-probs (seconds on the CPU build) are paid at start-up, not inside the first batch's timings; 0 = no warm-up.")
-    engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine arguments passed through unchanged (e.g. {'enable_chunked_prefill': true}).")
-    ray: RayConfig | None = Field(None, description="Ray settings of this engine (backend 'ray'); keys not given here come from the run's top-level 'ray' section (env_vars and resources are added to the run's).")
+__all__ = ["DataConfig", "EngineSpec", "OutputConfig", "PolicyConfig", "RayConfig", "RolloutConfig",
+           "SamplingConfig", "SegmentConfig"]
 
 
 class DataConfig(ConfigModel):

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import read_table
-from pdsr_sdk.rollout.types import Group, Sample
 
 PROMPT_COLUMNS = ("prompt", "problem", "question")
 ID_COLUMNS = ("id", "unique_id", "prompt_id")

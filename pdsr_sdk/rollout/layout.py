@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 
 from pdsr_sdk.config import validate_config
+from pdsr_sdk.dispatch.types import FAST, HEAVY
+from pdsr_sdk.engines.config import EngineSpec, RayConfig
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.rollout.config import EngineSpec
-from pdsr_sdk.rollout.types import FAST, HEAVY
 
 #: per-pool defaults for automatically laid-out engines
 POOL_DEFAULTS = {
@@ -70,7 +70,6 @@ def _with_ray_settings(config, index: int, spec: EngineSpec) -> EngineSpec:
                               f"not {spec.backend!r}")
         return spec
     from pdsr_sdk.engines.ray_engine import merge_ray_config, require_ray
-    from pdsr_sdk.rollout.config import RayConfig
 
     require_ray()
     return spec.model_copy(update={"ray": merge_ray_config(config.ray, spec.ray) or RayConfig()})

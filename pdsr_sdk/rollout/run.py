@@ -8,14 +8,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
+from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
 from pdsr_sdk.rollout.reward import resolve_reward
-from pdsr_sdk.rollout.schema import trajectory_schema
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
-from pdsr_sdk.rollout.types import Group, Sample
 from pdsr_sdk.rollout.writer import TrajectoryWriter
 
 #: run statistics reported in the summary (always present, 0 when nothing happened)
@@ -53,44 +53,6 @@ def resolve_model_dir(config) -> str:
     from pdsr_sdk.models.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model())
-
-
-def sample_row(sample: Sample, tokenizer, reward_fn, *, decode: bool = True) -> dict[str, Any]:
-    g = sample.group
-    text = tokenizer.decode(sample.token_ids, skip_special_tokens=True) if decode and sample.token_ids else ""
-    reward = None
-    if reward_fn is not None:
-        reward = float(reward_fn(text, g.ground_truth, prompt_id=g.prompt_id, sample_index=sample.index,
-                                 prompt_text=g.prompt_text))
-    return {
-        "prompt_id": g.prompt_id,
-        "sample_index": sample.index,
-        "group_size": g.n,
-        "batch_index": g.batch_index,
-        "is_probe": sample.is_probe,
-        "prompt_token_ids": g.prompt_token_ids,
-        "response_token_ids": sample.token_ids,
-        "prompt_text": g.prompt_text,
-        "response_text": text,
-        "response_logprobs": sample.logprobs,
-        "finish_reason": sample.finish_reason,
-        "prompt_length": g.prompt_len,
-        "response_length": sample.num_generated,
-        "routed_to": sample.routed_to,
-        "segments": [asdict(seg) for seg in sample.segments],
-        "num_segments": len(sample.segments),
-        "moves": sample.moves,
-        "restarts": sample.restarts,
-        "retries": sample.retries,
-        "steals": sample.steals,
-        "wasted_tokens": sample.wasted_tokens,
-        "submit_time_s": sample.submit_time_s,
-        "first_token_time_s": sample.first_token_time_s,
-        "finish_time_s": sample.finish_time_s,
-        "policy_versions": sorted({seg.policy_version for seg in sample.segments if seg.num_tokens}),
-        "ground_truth": g.ground_truth,
-        "reward": reward,
-    }
 
 
 def run_rollout(config, *, progress: ProgressFactory = silent_progress) -> RolloutSummary:

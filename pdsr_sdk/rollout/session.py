@@ -16,33 +16,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from pdsr_sdk.config import validate_config
+from pdsr_sdk.dispatch.clock import LoopClock
+from pdsr_sdk.dispatch.scheduler import Scheduler
+from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, PdsrError
-from pdsr_sdk.rollout.clock import LoopClock
+from pdsr_sdk.policies.resolve import resolve_policy
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
-from pdsr_sdk.rollout.scheduler import Scheduler
-from pdsr_sdk.rollout.types import Group, Sample
-
-
-def resolve_policy(policy_cfg) -> tuple[type, Any]:
-    """(policy class, validated settings) for ``config.policy``; presets come from policies/."""
-    from pdsr_sdk.policies import POLICIES
-    from pdsr_sdk.policies.presets import load_preset
-
-    name, settings = policy_cfg.name, dict(policy_cfg.settings)
-    preset = load_preset(name)
-    source = None
-    if preset is not None:
-        name, base = preset["policy"], dict(preset.get("settings") or {})
-        settings = {**base, **settings}
-        source = preset["_path"]
-    cls = POLICIES.get(name)
-    model = getattr(cls, "config_model", None)
-    if model is None:
-        raise ConfigError(f"policy {name!r}: class {cls.__name__} has no config_model")
-    return cls, validate_config(model, settings, source=source, prefix="policy.settings")
 
 
 @dataclass
@@ -81,7 +62,7 @@ class RolloutSession:
     def __init__(self, config, *, engines: list | None = None, model_dir: str | Path | None = None):
         self.config = config
         self.model_dir = str(model_dir or config.model or "")
-        self.policy_cls, self.policy_settings = resolve_policy(config.policy)
+        self.policy_cls, self.policy_settings = resolve_policy(config.policy.name, config.policy.settings)
         self._given_engines = engines
         self.engines: list = []
         self.engine_specs: list = []

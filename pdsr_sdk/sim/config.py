@@ -18,8 +18,8 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel, validate_config
+from pdsr_sdk.dispatch.config import SegmentConfig
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.rollout.config import SegmentConfig
 
 #: cost/KV keys of a profile (the rest mirror EngineSpec's fields of the same name)
 COST_KEYS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")

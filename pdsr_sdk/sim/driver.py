@@ -3,9 +3,9 @@
 Batches are consecutive runs of ``batch_size`` prompt groups of the trace,
 run one after another (like GRPO steps); the policy instance persists across
 batches. Every sample is forced to its recorded length. The same
-:class:`~pdsr_sdk.rollout.scheduler.Scheduler` and policy classes as a real
+:class:`~pdsr_sdk.dispatch.scheduler.Scheduler` and policy classes as a real
 ``pdsr rollout`` run drive :class:`~pdsr_sdk.sim.engine.SimEngine` s on a
-:class:`~pdsr_sdk.rollout.clock.VirtualClock`.
+:class:`~pdsr_sdk.dispatch.clock.VirtualClock`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from pdsr_sdk.dispatch.clock import VirtualClock
+from pdsr_sdk.dispatch.config import SamplingConfig
+from pdsr_sdk.dispatch.types import FAST, HEAVY, TRUNCATED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.policies.resolve import resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
-from pdsr_sdk.rollout.clock import VirtualClock
-from pdsr_sdk.rollout.config import PolicyConfig, SamplingConfig
-from pdsr_sdk.rollout.types import FAST, HEAVY, TRUNCATED, Group, Sample
 from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
 from pdsr_sdk.sim.engine import SimEngine
 
@@ -172,16 +173,10 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
                 max_seqs=max(p.max_num_seqs for p in profiles))
 
 
-def resolve_policy(name: str, settings: dict[str, Any]):
-    from pdsr_sdk.rollout.session import resolve_policy as _resolve
-
-    return _resolve(PolicyConfig(name=name, settings=settings))
-
-
 def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_groups: bool = False,
                record: bool = True, progress: ProgressFactory = silent_progress) -> PolicyRun:
     """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes."""
-    from pdsr_sdk.rollout.scheduler import Scheduler
+    from pdsr_sdk.dispatch.scheduler import Scheduler
     from pdsr_sdk.sim.report import batch_bounds, tail_time
 
     cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}))
@@ -281,8 +276,7 @@ def trajectories_table(groups: list[Group]):
     """The simulated samples as a trajectories table (the schema `pdsr rollout` writes; no token ids)."""
     import pyarrow as pa
 
-    from pdsr_sdk.rollout.run import sample_row
-    from pdsr_sdk.rollout.schema import trajectory_schema
+    from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
 
     rows = [sample_row(s, None, None, decode=False) for g in groups for s in g.samples]
     return pa.Table.from_pylist(rows, schema=trajectory_schema())

@@ -39,8 +39,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from pdsr_sdk.dispatch.types import ABORT, LENGTH, EngineLoad
 from pdsr_sdk.errors import EngineError
-from pdsr_sdk.rollout.types import ABORT, LENGTH, EngineLoad
 from pdsr_sdk.sim.config import EngineProfile
 from pdsr_sdk.sim.cost import overflow_step, steps_time, steps_within
 
@@ -64,7 +64,7 @@ class _Req:
 
 
 class SimEngine:
-    """A simulated engine implementing :class:`pdsr_sdk.rollout.protocols.Engine`."""
+    """A simulated engine implementing :class:`pdsr_sdk.dispatch.protocols.Engine`."""
 
     counts_only = True   # the scheduler sends no token ids; progress is reported as counts
 
@@ -124,7 +124,7 @@ class SimEngine:
 
     async def start(self) -> None:
         if self.clock is None:   # standalone in a real run: simulate in wall time
-            from pdsr_sdk.rollout.clock import LoopClock
+            from pdsr_sdk.dispatch.clock import LoopClock
 
             self.clock = LoopClock()
 

@@ -1,4 +1,4 @@
-"""Plain data the rollout machinery passes around: samples, groups, segments."""
+"""Plain data the dispatch machinery passes around: samples, groups, segments."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class SegmentRequest:
     max_tokens: int
     #: generate exactly ``max_tokens`` (length-controlled replay): the model's EOS is ignored
     ignore_eos: bool
-    sampling: Any                    # pdsr_sdk.rollout.config.SamplingConfig
+    sampling: Any                    # pdsr_sdk.dispatch.config.SamplingConfig
     sample: Sample
 
 

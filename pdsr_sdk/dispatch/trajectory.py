@@ -1,6 +1,13 @@
-"""Arrow schema of the trajectories file: one row per sample."""
+"""The trajectories table: one row per sample (its Arrow schema, and a sample as a row).
+
+``pdsr rollout`` writes it, ``pdsr simulate`` can (counts only, no token ids), and calibration and
+``pdsr trace convert`` read it.
+"""
 
 from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
 
 
 def _f(name: str, type_, description: str, nullable: bool = False):
@@ -58,3 +65,43 @@ def trajectory_schema():
         _f("ground_truth", pa.string(), "Reference answer, when the data has one.", nullable=True),
         _f("reward", pa.float32(), "Reward, when a reward function is set.", nullable=True),
     ])
+
+
+def sample_row(sample, tokenizer, reward_fn, *, decode: bool = True) -> dict[str, Any]:
+    """A finished :class:`~pdsr_sdk.dispatch.types.Sample` as a trajectories row; ``tokenizer`` decodes
+    the response text (when ``decode``), ``reward_fn`` (or None) scores it."""
+    g = sample.group
+    text = tokenizer.decode(sample.token_ids, skip_special_tokens=True) if decode and sample.token_ids else ""
+    reward = None
+    if reward_fn is not None:
+        reward = float(reward_fn(text, g.ground_truth, prompt_id=g.prompt_id, sample_index=sample.index,
+                                 prompt_text=g.prompt_text))
+    return {
+        "prompt_id": g.prompt_id,
+        "sample_index": sample.index,
+        "group_size": g.n,
+        "batch_index": g.batch_index,
+        "is_probe": sample.is_probe,
+        "prompt_token_ids": g.prompt_token_ids,
+        "response_token_ids": sample.token_ids,
+        "prompt_text": g.prompt_text,
+        "response_text": text,
+        "response_logprobs": sample.logprobs,
+        "finish_reason": sample.finish_reason,
+        "prompt_length": g.prompt_len,
+        "response_length": sample.num_generated,
+        "routed_to": sample.routed_to,
+        "segments": [asdict(seg) for seg in sample.segments],
+        "num_segments": len(sample.segments),
+        "moves": sample.moves,
+        "restarts": sample.restarts,
+        "retries": sample.retries,
+        "steals": sample.steals,
+        "wasted_tokens": sample.wasted_tokens,
+        "submit_time_s": sample.submit_time_s,
+        "first_token_time_s": sample.first_token_time_s,
+        "finish_time_s": sample.finish_time_s,
+        "policy_versions": sorted({seg.policy_version for seg in sample.segments if seg.num_tokens}),
+        "ground_truth": g.ground_truth,
+        "reward": reward,
+    }

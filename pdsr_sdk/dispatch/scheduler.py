@@ -1,7 +1,7 @@
 """The scheduler: queues, engine slots, segments, and the policy's command surface.
 
 Single-threaded and IO-free: engines report progress through the
-:class:`~pdsr_sdk.rollout.protocols.EngineListener` methods, the policy is
+:class:`~pdsr_sdk.dispatch.protocols.EngineListener` methods, the policy is
 called on events and answers with :class:`DispatchContext` commands, and time
 comes from a clock. The same object runs real vLLM engines (on an asyncio
 loop) and simulated ones (on a virtual clock).
@@ -19,12 +19,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from pdsr_sdk.errors import EngineError, PdsrError
-from pdsr_sdk.rollout.protocols import Clock, Dispatcher, Engine
-from pdsr_sdk.rollout.segments import next_segment_len
-from pdsr_sdk.rollout.types import (
+from pdsr_sdk.dispatch.policy import Policy
+from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
+from pdsr_sdk.dispatch.segments import next_segment_len
+from pdsr_sdk.dispatch.types import (
     ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest,
 )
+from pdsr_sdk.errors import EngineError, PdsrError
 
 
 @dataclass(eq=False, slots=True)
@@ -615,7 +616,5 @@ def _raise(exc: BaseException) -> None:
 
 def _overrides(policy: object, hook: str) -> bool:
     """True if ``policy`` defines ``hook`` itself rather than inheriting the base no-op."""
-    from pdsr_sdk.policies.base import Policy
-
     impl = getattr(type(policy), hook, None)
     return impl is not None and impl is not getattr(Policy, hook, None)

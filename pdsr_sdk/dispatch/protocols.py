@@ -1,8 +1,8 @@
-"""The seams of the rollout machinery: Clock, Engine, Dispatcher.
+"""The seams of the dispatch machinery: Clock, Engine, Dispatcher.
 
 Who calls what:
 
-- The :class:`~pdsr_sdk.rollout.scheduler.Scheduler` owns the queues and the
+- The :class:`~pdsr_sdk.dispatch.scheduler.Scheduler` owns the queues and the
   engines' slots. It calls ``Engine.submit``/``Engine.abort`` and receives the
   engine's progress through the :class:`EngineListener` methods.
 - The scheduler calls the :class:`Dispatcher` (a policy) on events; the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
-from pdsr_sdk.rollout.types import EngineLoad, Group, Sample, SegmentRequest
+from pdsr_sdk.dispatch.types import EngineLoad, Group, Sample, SegmentRequest
 
 
 class TimerHandle(Protocol):
@@ -136,7 +136,8 @@ class DispatchContext(Protocol):
 class Dispatcher(Protocol):
     """A dispatch policy. One instance serves one run; hooks are called by the scheduler.
 
-    Subclass :class:`pdsr_sdk.policies.base.Policy` for no-op defaults.
+    Subclass :class:`pdsr_sdk.dispatch.policy.Policy` (also ``pdsr_sdk.policies.base.Policy``)
+    for no-op defaults.
     """
 
     name: ClassVar[str]

@@ -1,0 +1,26 @@
+"""The dispatch layer: what engines, policies, the simulator and the rollout are built on.
+
+- :mod:`~pdsr_sdk.dispatch.types`: samples, groups, segment records and requests.
+- :mod:`~pdsr_sdk.dispatch.protocols`: the seams (Clock, Engine, Dispatcher, DispatchContext).
+- :mod:`~pdsr_sdk.dispatch.clock`: wall clock on an asyncio loop, virtual clock for simulation.
+- :mod:`~pdsr_sdk.dispatch.scheduler`: queues, engine slots, segments, the policy's commands.
+- :mod:`~pdsr_sdk.dispatch.policy`: the policy base class (also ``pdsr_sdk.policies.base.Policy``).
+- :mod:`~pdsr_sdk.dispatch.config`, :mod:`~pdsr_sdk.dispatch.segments`, :mod:`~pdsr_sdk.dispatch.trajectory`:
+  sampling/segment settings, the segment length formula, the trajectories table.
+
+Nothing here imports engines, policies, the simulator or the rollout (``tests/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+from pdsr_sdk.lazy import lazy_attributes
+
+_LAZY = {
+    "Policy": "pdsr_sdk.dispatch.policy",
+    "Scheduler": "pdsr_sdk.dispatch.scheduler",
+    "LoopClock": "pdsr_sdk.dispatch.clock",
+    "VirtualClock": "pdsr_sdk.dispatch.clock",
+}
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -1,0 +1,37 @@
+"""Settings the scheduler itself reads: how responses are sampled and how long segments are.
+
+``pdsr rollout`` and ``pdsr simulate`` configs embed these sections
+(:mod:`pdsr_sdk.rollout.config` re-exports them).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pdsr_sdk.config import ConfigModel
+
+
+class SamplingConfig(ConfigModel):
+    """How each response is sampled."""
+
+    n: int = Field(8, ge=1, description="Samples per prompt (the GRPO group size N). Sample 0 is the probe.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
+    max_tokens: int = Field(1024, ge=1, description="Most response tokens per sample (finish reason 'length' past it).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings that end a response.")
+    ignore_eos: bool = Field(False, description="Keep generating past EOS until max_tokens (benchmarks).")
+
+
+class SegmentConfig(ConfigModel):
+    """Budget-aware dynamic segments: L_next = clamp(capacity / n_active, min_tokens, max_tokens)."""
+
+    enabled: bool = Field(True, description="Generate in segments; if false each request runs to its end (or cap) in one go.")
+    min_tokens: int = Field(64, ge=1, description="L_min: shortest segment (many active requests).")
+    max_tokens: int = Field(4096, ge=1, description="L_max: longest segment (the last few requests).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SegmentConfig":
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        return self
