@@ -11,7 +11,7 @@ import pytest
 
 from fakes import FakeEngine, token_at
 from pdsr_sdk.dispatch.clock import VirtualClock
-from pdsr_sdk.dispatch.scheduler import Scheduler
+from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.errors import EngineError, PdsrError
 from pdsr_sdk.policies import POLICIES
 from pdsr_sdk.rollout.config import SamplingConfig, SegmentConfig
@@ -35,17 +35,14 @@ def run(policy, settings=None, *, fast=1, heavy=1, conc=4, token_time=0.01, leng
     cls = POLICIES.get(policy)
     cfg = cls.config_model(**(settings or {}))
     fatal = []
-    sched = Scheduler(engines, lambda ctx: cls(cfg, ctx), clock,
-                      sampling or SamplingConfig(n=4, max_tokens=1000),
-                      seg or SegmentConfig(min_tokens=16, max_tokens=64),
-                      on_fatal=fatal.append)
-    for e in engines:
-        e.bind(sched)
+    dispatch = DispatchRun(engines, cls, cfg, clock, sampling or SamplingConfig(n=4, max_tokens=1000),
+                           seg or SegmentConfig(min_tokens=16, max_tokens=64), on_fatal=fatal.append)
+    sched = dispatch.scheduler
     groups = build_groups(records(lengths), len(next(iter(lengths.values()))), 1000)
     done = []
     if before:
         before(clock, engines, sched)
-    sched.start_batch(groups, lambda: done.append(clock.now()))
+    dispatch.start_batch(groups, lambda: done.append(clock.now()))
     clock.run(until=lambda: bool(done) or bool(fatal) or (until and until()))
     return groups, sched, engines, done, fatal
 
@@ -223,13 +220,11 @@ def test_natural_eos_finishes_with_stop_and_max_tokens_with_length():
     clock = VirtualClock()
     engines = [FakeEngine("fast-0", "fast", clock, lengths=natural), FakeEngine("heavy-0", "heavy", clock, lengths=natural)]
     cls = POLICIES.get("baseline")
-    sched = Scheduler(engines, lambda ctx: cls(cls.config_model(), ctx), clock, SamplingConfig(n=2, max_tokens=100),
-                      SegmentConfig(min_tokens=16, max_tokens=64))
-    for e in engines:
-        e.bind(sched)
+    dispatch = DispatchRun(engines, cls, cls.config_model(), clock, SamplingConfig(n=2, max_tokens=100),
+                           SegmentConfig(min_tokens=16, max_tokens=64))
     groups = build_groups([PromptRecord("a", "a", [1, 2])], 2, 100)
     done = []
-    sched.start_batch(groups, lambda: done.append(1))
+    dispatch.start_batch(groups, lambda: done.append(1))
     clock.run(until=lambda: bool(done))
     a0, a1 = groups[0].samples
     assert (a0.finish_reason, a0.num_generated) == ("stop", 5)
@@ -274,3 +269,32 @@ def test_v25_probe_timeout_routes_unfinished_probes_heavy():
     assert s[("p0", 0)].moves == 1 and s[("p0", 0)].segments[-1].pool == "heavy"   # left fast at the timeout
     assert s[("p3", 0)].moves == 0 and {seg.pool for seg in s[("p3", 0)].segments} == {"heavy"}
     assert_complete(groups)
+
+
+def test_dispatch_run_reports_each_batch_with_every_stat_key_and_the_policys_facts():
+    from pdsr_sdk.dispatch.run import STAT_KEYS
+
+    clock = VirtualClock()
+    engines = [FakeEngine("fast-0", "fast", clock), FakeEngine("heavy-0", "heavy", clock)]
+    cls = POLICIES.get("v2.5")
+    dispatch = DispatchRun(engines, cls, cls.config_model(offload_fraction=0.4), clock,
+                           SamplingConfig(n=4, max_tokens=1000), SegmentConfig(min_tokens=16, max_tokens=64))
+    reports = []
+    for _ in range(2):
+        groups = build_groups(records(), 4, 1000)
+        done = []
+        dispatch.start_batch(groups, lambda: done.append(clock.now()))
+        clock.run(until=lambda: bool(done))
+        reports.append(dispatch.finish_batch())
+    first, second = reports
+    assert [r.batch_index for r in reports] == [0, 1]
+    assert all(g.batch_index == 1 for g in second.groups)
+    assert second.start_s == first.end_s and second.end_s == done[0]
+    assert second.makespan_s == second.end_s - second.start_s > 0
+    assert second.tokens == sum(sum(ls) for ls in LENGTHS.values())
+    assert set(STAT_KEYS) <= set(second.stats) and second.stats["breaks"] == 2 and second.stats["steals"] == 0
+    assert second.policy == {"l_cut": 60, "fast_cap": 90}
+    assert set(second.engine_busy_s) == {"fast-0", "heavy-0"}
+    assert 0 < second.engine_busy_s["fast-0"] <= second.makespan_s
+    with pytest.raises(RuntimeError, match="no finished batch"):
+        dispatch.finish_batch()

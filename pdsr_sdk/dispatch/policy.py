@@ -60,6 +60,10 @@ class Policy:
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
         pass
 
+    def batch_report(self) -> dict[str, Any]:
+        """Facts about the batch that just finished, for its report (default: none)."""
+        return {}
+
     # ---------------------------------------------------------------- helpers
     def submit_probes(self, groups: list[Group], pools: tuple[str, ...] = (FAST,), *,
                       cap: int | None = None) -> list[Sample]:

@@ -173,5 +173,10 @@ class Dispatcher(Protocol):
         """Optional speed hint, asked before ``on_worker_idle`` calls for a pool's engines:
         False means the policy would do nothing for them now (skipped at scale)."""
 
+    def batch_report(self) -> dict[str, Any]:
+        """Optional: facts about the batch that just finished (e.g. v2.5's ``l_cut``, ``fast_cap``),
+        put in its :class:`~pdsr_sdk.dispatch.run.BatchReport`. Called once per batch, after its
+        last sample finished."""
+
 
 DispatcherFactory = Callable[[Any, DispatchContext], Dispatcher]

@@ -12,7 +12,7 @@ simulation counted it).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -37,14 +37,20 @@ class RankOffloadPolicy(ProbeBarrierPolicy):
     name = "v2.5"
     config_model = V25Settings
     required_pools = (FAST, HEAVY)
+    #: this batch's cut (the probe length at the offload boundary) and fast-pool cap; set when it is routed
+    l_cut: int | None = None
+    cap: int | None = None
 
     def probe_pools(self) -> tuple[str, ...]:
         return (FAST, HEAVY) if self.cfg.probe_pools == "all" else (FAST,)
 
     def on_batch(self, groups: list[Group]) -> None:
-        self.l_cut: int | None = None
-        self.cap: int | None = None
+        self.l_cut = None
+        self.cap = None
         super().on_batch(groups)
+
+    def batch_report(self) -> dict[str, Any]:
+        return {"l_cut": self.l_cut, "fast_cap": self.cap}
 
     def on_probe_timeout(self, probe: Sample) -> None:
         engine = self.ctx.engine_of(probe)

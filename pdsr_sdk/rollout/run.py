@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import DataError
@@ -17,10 +18,6 @@ from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
 from pdsr_sdk.rollout.reward import resolve_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.writer import TrajectoryWriter
-
-#: run statistics reported in the summary (always present, 0 when nothing happened)
-STAT_KEYS = ("probes", "offloaded_prompts", "breaks", "moves", "steals", "restarts", "wasted_tokens",
-             "retries", "truncations", "probe_timeouts", "steal_timeouts", "engines_lost")
 
 
 @dataclass
@@ -159,7 +156,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
     batches = [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
-        **{k: r.stats.get(k, 0) for k in STAT_KEYS},
+        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
     } for r in results]
     return RolloutSummary(
         policy=config.policy.name, model=model_dir, output=str(config.output.path),

@@ -14,11 +14,12 @@ Trainers use it directly::
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
 from pdsr_sdk.dispatch.clock import LoopClock
+from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, PdsrError
@@ -27,21 +28,18 @@ from pdsr_sdk.rollout.data import PromptRecord, build_groups
 
 
 @dataclass
-class BatchResult:
-    """One finished batch: its groups and what it cost."""
+class BatchResult(BatchReport):
+    """One finished batch: its groups and what it cost (a :class:`~pdsr_sdk.dispatch.run.BatchReport`),
+    with v2.5's cut and fast-pool cap (None for other policies)."""
 
-    batch_index: int
-    groups: list[Group]
-    makespan_s: float
-    tokens: int
-    engine_busy_s: dict[str, float]
-    stats: dict[str, int]
     l_cut: int | None = None
     fast_cap: int | None = None
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+    @classmethod
+    def from_report(cls, report: BatchReport) -> "BatchResult":
+        facts = report.policy
+        return cls(**{f.name: getattr(report, f.name) for f in fields(BatchReport)},
+                   l_cut=facts.get("l_cut"), fast_cap=facts.get("fast_cap"))
 
 
 @dataclass
@@ -67,10 +65,13 @@ class RolloutSession:
         self.engines: list = []
         self.engine_specs: list = []
         self.hooks = SessionHooks()
-        self.scheduler: Scheduler | None = None
+        self.run: DispatchRun | None = None
         self._fatal: asyncio.Future | None = None
         self._started = False
-        self._batch_index = 0
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        return self.run.scheduler if self.run is not None else None
 
     @property
     def policy_version(self) -> int:
@@ -111,12 +112,10 @@ class RolloutSession:
             raise ConfigError(f"policy {self.policy_cls.name!r} needs an engine in pool(s) {', '.join(missing)}")
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
-        self.scheduler = Scheduler(
-            self.engines, lambda ctx: self.policy_cls(self.policy_settings, ctx), LoopClock(loop),
-            cfg.sampling, cfg.segments, policy_version=cfg.policy_version,
-            on_sample_done=self._sample_done, on_group_done=self._group_done, on_fatal=self._set_fatal)
-        for engine in self.engines:
-            engine.bind(self.scheduler)
+        self.run = DispatchRun(
+            self.engines, self.policy_cls, self.policy_settings, LoopClock(loop), cfg.sampling, cfg.segments,
+            policy_version=cfg.policy_version, on_sample_done=self._sample_done, on_group_done=self._group_done,
+            on_fatal=self._set_fatal, first_batch_index=self.run.batch_index if self.run is not None else 0)
         if self._given_engines is None:
             results = await asyncio.gather(*(engine.start() for engine in self.engines), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
@@ -141,28 +140,12 @@ class RolloutSession:
         return await self.run_groups(groups)
 
     async def run_groups(self, groups: list[Group]) -> BatchResult:
-        sched = self.scheduler
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        for g in groups:
-            g.batch_index = self._batch_index
-        busy0 = {name: u.busy_s for name, u in sched.usage.items()}
-        stats0 = dict(sched.stats)
-        t0 = sched.clock.now()
-        sched.start_batch(groups, lambda: done.done() or done.set_result(None))
+        done = asyncio.get_running_loop().create_future()
+        self.run.start_batch(groups, lambda: done.done() or done.set_result(None))
         await asyncio.wait({done, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
         if self._fatal.done():
             raise self._fatal.result()
-        makespan = sched.clock.now() - t0
-        stats = {k: v - stats0.get(k, 0) for k, v in sched.stats.items() if v - stats0.get(k, 0)}
-        policy = sched.policy
-        result = BatchResult(
-            batch_index=self._batch_index, groups=groups, makespan_s=makespan,
-            tokens=sum(s.num_generated for g in groups for s in g.samples),
-            engine_busy_s={name: u.busy_s - busy0.get(name, 0.0) for name, u in sched.usage.items()},
-            stats=stats, l_cut=getattr(policy, "l_cut", None), fast_cap=getattr(policy, "cap", None))
-        self._batch_index += 1
-        return result
+        return BatchResult.from_report(self.run.finish_batch())
 
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:

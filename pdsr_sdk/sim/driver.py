@@ -2,9 +2,9 @@
 
 Batches are consecutive runs of ``batch_size`` prompt groups of the trace,
 run one after another (like GRPO steps); the policy instance persists across
-batches. Every sample is forced to its recorded length. The same
-:class:`~pdsr_sdk.dispatch.scheduler.Scheduler` and policy classes as a real
-``pdsr rollout`` run drive :class:`~pdsr_sdk.sim.engine.SimEngine` s on a
+batches. Every sample is forced to its recorded length. The same run assembly
+(:class:`~pdsr_sdk.dispatch.run.DispatchRun`: scheduler, policy classes, batch reports) as a real
+``pdsr rollout`` run drives :class:`~pdsr_sdk.sim.engine.SimEngine` s on a
 :class:`~pdsr_sdk.dispatch.clock.VirtualClock`.
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
+from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
 from pdsr_sdk.dispatch.types import FAST, HEAVY, TRUNCATED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import resolve_policy
@@ -27,10 +28,6 @@ from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
 from pdsr_sdk.sim.engine import SimEngine
 
 ALL_POLICIES = ("baseline", "v1", "v2", "v2.5")
-
-#: scheduler statistics reported per policy (0 when nothing happened)
-STAT_KEYS = ("probes", "offloaded_prompts", "breaks", "moves", "steals", "restarts", "wasted_tokens",
-             "truncations", "probe_timeouts", "steal_timeouts")
 
 
 @dataclass
@@ -66,6 +63,7 @@ class BatchOutcome:
     busy_s: dict[str, float]
     finish_times: np.ndarray | None = None
     group_objects: list[Group] | None = None
+    policy: dict[str, Any] = field(default_factory=dict)   # the policy's facts (Policy.batch_report)
 
     @property
     def lower_bound_s(self) -> float:
@@ -176,7 +174,6 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
 def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_groups: bool = False,
                record: bool = True, progress: ProgressFactory = silent_progress) -> PolicyRun:
     """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes."""
-    from pdsr_sdk.dispatch.scheduler import Scheduler
     from pdsr_sdk.sim.report import batch_bounds, tail_time
 
     cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}))
@@ -189,12 +186,10 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     engines = build_engines(cfg, clock, record=record)
     longest = max((max(g[2]) for b in batches.batches for g in b), default=1)
     fatal: list[BaseException] = []
-    sched = Scheduler(engines, lambda ctx: cls(settings, ctx), clock,
+    run = DispatchRun(engines, cls, settings, clock,
                       SamplingConfig(n=max(len(g[2]) for b in batches.batches for g in b), max_tokens=longest,
                                      ignore_eos=True),
-                      cfg.segments, on_fatal=fatal.append)
-    for e in engines:
-        e.bind(sched)
+                      cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at)
     coeffs = bound_coefficients(cfg)
     outcomes: list[BatchOutcome] = []
     events = 0
@@ -208,12 +203,9 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     try:
         for bi, rows in enumerate(batches.batches):
             groups = build_batch(rows)
-            done: list[float] = []
-            t0 = clock.now()
-            stats0 = dict(sched.stats)
-            busy0 = {e.name: _busy_at(e, t0) for e in engines}
+            done: list[bool] = []   # checked after every event: a list is cheaper than a property
             try:
-                sched.start_batch(groups, lambda: done.append(clock.now()))
+                run.start_batch(groups, lambda: done.append(True))
             except PdsrError as exc:
                 fatal.append(exc)
             if not done and not fatal:
@@ -223,22 +215,21 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
                 if isinstance(exc, PdsrError):
                     raise exc
                 raise PdsrError(f"policy {name!r} failed in batch {bi}: {type(exc).__name__}: {exc}") from exc
-            if not done:
+            if not run.batch_done:
                 raise PdsrError(f"policy {name!r}: batch {bi} stalled with samples unfinished (nothing left to run)")
-            t1 = done[0]
+            report = run.finish_batch()
+            t0, t1 = report.start_s, report.end_s
             samples = [s for g in groups for s in g.samples]
             _check_lengths(name, bi, samples)
             finish = np.fromiter((s.finish_time_s for s in samples), dtype=np.float64, count=len(samples))
             gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
             plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
             work, alone = batch_bounds(plen, gen, len(engines), **coeffs)
-            stats = {k: v - stats0.get(k, 0) for k, v in sched.stats.items() if v - stats0.get(k, 0)}
             outcomes.append(BatchOutcome(
-                batch_index=bi, groups=len(groups), samples=len(samples), start_s=t0, makespan_s=t1 - t0,
-                tokens=int(gen.sum()), work_bound_s=work, longest_bound_s=alone,
-                tail_s=tail_time(finish, t1, cfg.tail_fraction), stats=stats,
-                busy_s={e.name: _busy_at(e, t1) - busy0[e.name] for e in engines},
-                finish_times=finish - t0, group_objects=groups if keep_groups else None))
+                batch_index=report.batch_index, groups=len(groups), samples=len(samples), start_s=t0,
+                makespan_s=report.makespan_s, tokens=report.tokens, work_bound_s=work, longest_bound_s=alone,
+                tail_s=tail_time(finish, t1, cfg.tail_fraction), stats=report.stats, busy_s=report.engine_busy_s,
+                finish_times=finish - t0, group_objects=groups if keep_groups else None, policy=report.policy))
             bar.update(1)
     finally:
         if gc_was_enabled:
@@ -247,11 +238,6 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     totals = {k: sum(b.stats.get(k, 0) for b in outcomes) for k in STAT_KEYS}
     return PolicyRun(policy=name, settings=settings.model_dump(), batches=outcomes, engines=engines,
                      events=events, wall_s=time.perf_counter() - wall0, stats=totals)
-
-
-def _busy_at(engine: SimEngine, now: float) -> float:
-    """Busy seconds of ``engine`` up to ``now`` (its counter is updated only at step boundaries)."""
-    return engine.busy_s + (now - engine._t0 if engine._running and now > engine._t0 else 0.0)
 
 
 def _check_lengths(policy: str, batch: int, samples: list[Sample]) -> None:

@@ -137,6 +137,11 @@ class SimEngine:
         used = self._total_blocks(self._step) if self._running else 0
         return EngineLoad(running=len(self._running), waiting=len(self._waiting), kv_cache_usage=used / self._kv)
 
+    def busy_s_at(self, now: float) -> float:
+        """Seconds a step was running on this engine up to ``now`` (``busy_s`` itself advances only at
+        step boundaries; this adds the step in flight)."""
+        return self.busy_s + (now - self._t0 if self._running and now > self._t0 else 0.0)
+
     # -------------------------------------------------------------- requests
     def submit(self, request) -> None:
         ctx, n = request.context_len, request.max_tokens

@@ -102,6 +102,7 @@ class SimulationReport:
                 "batch_index": b.batch_index, "groups": b.groups, "samples": b.samples,
                 "makespan_s": b.makespan_s, "lower_bound_s": b.lower_bound_s, "work_bound_s": b.work_bound_s,
                 "longest_bound_s": b.longest_bound_s, "tail_s": b.tail_s, "tokens": b.tokens, **b.stats,
+                "policy": b.policy,
             } for b in run.batches],
         }
 

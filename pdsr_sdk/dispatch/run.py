@@ -1,0 +1,148 @@
+"""One dispatch run: a policy instance on a set of engines through one scheduler, batch after batch.
+
+The rollout session (wall clock: it awaits each batch) and the simulator (virtual clock: it runs the
+clock until the batch is done) both start their runs here, so the scheduler is wired the same way
+and every batch is reported with the same numbers and the same stat keys::
+
+    run = DispatchRun(engines, policy_cls, settings, clock, sampling, segments)
+    run.start_batch(groups, on_done)        # returns at once; on_done() when its last sample finishes
+    ...                                     # let the clock run: await, or clock.run(until=...)
+    report = run.finish_batch()             # a BatchReport
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
+from pdsr_sdk.dispatch.scheduler import Scheduler
+from pdsr_sdk.dispatch.types import Group, Sample
+
+#: counters every batch report has (0 when nothing happened); scheduler and policy counters
+#: (``ctx.count``) that are not listed here appear in a report only when they moved
+STAT_KEYS = ("probes", "offloaded_prompts", "breaks", "moves", "steals", "restarts", "wasted_tokens",
+             "retries", "truncations", "probe_timeouts", "steal_timeouts", "engines_lost")
+
+
+@dataclass
+class BatchReport:
+    """One finished batch: its groups and what it cost."""
+
+    batch_index: int
+    groups: list[Group]
+    #: clock time (seconds since the run started) when the batch started and when its last sample finished
+    start_s: float
+    end_s: float
+    makespan_s: float
+    #: response tokens of the batch's samples (tokens thrown away by restarts not counted)
+    tokens: int
+    #: per engine, the seconds it was busy during the batch (see DispatchRun's ``busy_s``)
+    engine_busy_s: dict[str, float]
+    #: counters of the batch: every key of STAT_KEYS, and any other counter that moved
+    stats: dict[str, int]
+    #: the policy's facts about the batch (``Policy.batch_report()``, e.g. v2.5's l_cut and fast_cap)
+    policy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+
+class DispatchRun:
+    """A scheduler with one policy instance (``policy_cls(settings, scheduler)``) over ``engines``,
+    the engines bound to it, and per-batch counters.
+
+    ``busy_s(engine, now)``: the engine's busy seconds up to ``now`` (cumulative); default: the
+    seconds the scheduler had at least one request running on it. The simulator passes
+    :meth:`SimEngine.busy_s_at <pdsr_sdk.sim.engine.SimEngine.busy_s_at>` (seconds a step was running).
+    ``on_fatal`` receives a policy's exception or the loss of a pool's last engine (default: raise).
+    """
+
+    def __init__(self, engines: Sequence[Engine], policy_cls: Callable[[Any, Any], Dispatcher], settings: Any,
+                 clock: Clock, sampling, segments, *, policy_version: int = 0,
+                 on_sample_done: Callable[[Sample], None] | None = None,
+                 on_group_done: Callable[[Group], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 busy_s: Callable[[Engine, float], float] | None = None,
+                 first_batch_index: int = 0):
+        self.scheduler = Scheduler(
+            engines, lambda ctx: policy_cls(settings, ctx), clock, sampling, segments,
+            policy_version=policy_version, on_sample_done=on_sample_done, on_group_done=on_group_done,
+            on_fatal=on_fatal)
+        for engine in self.scheduler.engines:
+            engine.bind(self.scheduler)
+        self._busy_s = busy_s or self._slot_busy_s
+        #: index the next batch gets
+        self.batch_index = first_batch_index
+        self._groups: list[Group] | None = None
+        self._start = 0.0
+        self._end: float | None = None
+        self._stats0: dict[str, int] = {}
+        self._busy0: dict[str, float] = {}
+
+    @property
+    def policy(self) -> Dispatcher:
+        return self.scheduler.policy
+
+    @property
+    def clock(self) -> Clock:
+        return self.scheduler.clock
+
+    @property
+    def engines(self) -> list[Engine]:
+        return self.scheduler.engines
+
+    def start_batch(self, groups: list[Group], on_done: Callable[[], None] | None = None) -> None:
+        """Stamp the groups with the batch index, take the counters, hand the batch to the policy.
+        ``on_done()`` runs when its last sample finishes (at once if every group is already done)."""
+        for g in groups:
+            g.batch_index = self.batch_index
+        clock = self.scheduler.clock
+        self._groups = groups
+        self._start = now = clock.now()
+        self._end = None
+        self._stats0 = dict(self.scheduler.stats)
+        self._busy0 = self._engine_busy(now)
+
+        def done() -> None:
+            self._end = clock.now()
+            if on_done is not None:
+                on_done()
+
+        self.scheduler.start_batch(groups, done)
+
+    @property
+    def batch_done(self) -> bool:
+        """True once the batch started last has finished."""
+        return self._end is not None
+
+    def finish_batch(self) -> BatchReport:
+        """The report of the finished batch; the next batch gets the next index."""
+        if self._groups is None or self._end is None:
+            raise RuntimeError("finish_batch: no finished batch (start one and wait for it)")
+        sched = self.scheduler
+        groups, start, end = self._groups, self._start, self._end
+        busy = self._engine_busy(end)
+        stats = dict.fromkeys(STAT_KEYS, 0)
+        stats0 = self._stats0
+        for key, value in sched.stats.items():
+            delta = value - stats0.get(key, 0)
+            if delta:
+                stats[key] = delta
+        facts = getattr(self.policy, "batch_report", None)
+        report = BatchReport(
+            batch_index=self.batch_index, groups=groups, start_s=start, end_s=end, makespan_s=end - start,
+            tokens=sum(s.num_generated for g in groups for s in g.samples),
+            engine_busy_s={name: b - self._busy0[name] for name, b in busy.items()},
+            stats=stats, policy=dict(facts()) if facts is not None else {})
+        self._groups = None
+        self.batch_index += 1
+        return report
+
+    def _engine_busy(self, now: float) -> dict[str, float]:
+        return {e.name: self._busy_s(e, now) for e in self.scheduler.engines}
+
+    def _slot_busy_s(self, engine: Engine, now: float) -> float:
+        usage = self.scheduler.usage[engine.name]
+        return usage.busy_s + (now - usage.busy_since if usage.busy_since is not None else 0.0)
