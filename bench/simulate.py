@@ -7,8 +7,10 @@ Large case: a synthetic trace of 12,500 prompts x 8 samples = 100,000
 requests on 1,000 simulated engines (750 fast, 250 heavy, default profiles),
 in batches of 1,250 prompts (10 GRPO steps), default dynamic segments.
 Target: under 10 s per policy on one core. Small case: `pdsr simulate
---policy all` on examples/traces/synth_256x8.jsonl with 8 engines (target: a
-couple of seconds, trace reading included). Prints wall and CPU times (the machine
+--policy all` on examples/traces/synth_256x8.jsonl with 8 engines: every
+policy for real engines and the reference schedules oracle (two variants)
+and oracle-probe, as the command runs them (target: a couple of seconds,
+trace reading included). Prints wall and CPU times (the machine
 may be shared: CPU time is the process's own), simulated
 events (timer firings) and the ratio to the target. ``--profile`` prints the
 top functions of a cProfile run of the large case.
@@ -39,16 +41,18 @@ def main() -> None:
     args = parser.parse_args()
 
     from pdsr_sdk.sim.config import SimulateConfig
-    from pdsr_sdk.sim.driver import policy_names, run_policy, trace_batches
+    from pdsr_sdk.sim.driver import policy_names, run_names, run_policy, trace_batches
     from pdsr_sdk.traces import read_trace, synth_trace
 
     # small case: the example trace, every policy, 8 engines, as `pdsr simulate --policy all` runs it
     t, c = time.perf_counter(), time.process_time()
     small = SimulateConfig(policy="all", fast=6, heavy=2, batch_size=128)
     tb = trace_batches(read_trace(EXAMPLE), small)
-    events = sum(run_policy(tb, small, name).events for name in policy_names("all"))
+    names = run_names(small)
+    events = sum(run_policy(tb, small, name).events for name in names)
     dt, cpu = time.perf_counter() - t, time.process_time() - c
-    print(f"small: {EXAMPLE.name}, {tb.num_samples} samples, 4 policies, 8 engines: wall {dt:.2f} s, cpu {cpu:.2f} s "
+    print(f"small: {EXAMPLE.name}, {tb.num_samples} samples, {len(names)} policies ({', '.join(names)}), 8 engines: "
+          f"wall {dt:.2f} s, cpu {cpu:.2f} s "
           f"({events} events); target {SMALL_TARGET_S:.0f} s -> {SMALL_TARGET_S / cpu:.2f}x (cpu)")
 
     trace = synth_trace(groups=args.groups, n=args.n, seed=0)

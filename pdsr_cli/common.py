@@ -64,7 +64,8 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
 
     cells = [[cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    numeric = [all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows) for c in columns]
+    # "n/a" (a number that does not apply) keeps a column numeric
+    numeric = [all(isinstance(r.get(c), (int, float)) or r.get(c) in (None, "n/a") for r in rows) for c in columns]
     def line(vals: list[str]) -> str:
         return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
     out = [line(columns), line(["-" * w for w in widths])]

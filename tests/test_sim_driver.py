@@ -52,7 +52,7 @@ def check_run(run, trace, cfg, *, truncate_at=None):
         assert max(e.occupancy_n) <= e.max_concurrency
 
 
-@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5", "v2.5-restart"])
+@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5", "v2.5-restart", "lpt", "oracle", "oracle-probe"])
 def test_every_policy_finishes_every_sample_with_exact_lengths(policy):
     trace = small_trace()
     cfg = SimulateConfig(policy=policy, fast=2, heavy=1, batch_size=8, timeline=False,
@@ -67,7 +67,7 @@ def test_every_policy_finishes_every_sample_with_exact_lengths(policy):
     assert 1.0 <= s["ratio"] < 10
     assert 0 < s["utilisation"]["fast"] <= 1 + 1e-9 and 0 <= s["utilisation"]["heavy"] <= 1 + 1e-9
     assert s["tokens"] == sum(smp.num_generated for g in run.groups for smp in g.samples)
-    if policy != "baseline":
+    if policy not in ("baseline", "oracle", "oracle-probe"):
         assert s["probes"] == 24
     if policy == "v2.5-restart":
         assert s["restarts"] == s["breaks"] > 0 and s["wasted_tokens"] > 0
@@ -107,7 +107,7 @@ def test_report_numbers_on_a_hand_made_case():
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["baseline", "v1", "v2", "v2.5"]),
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["baseline", "v1", "v2", "v2.5", "oracle", "oracle-probe"]),
        fast=st.integers(1, 3), heavy=st.integers(1, 2), kv=st.sampled_from([1024, 2048, 1 << 20]),
        seqs=st.integers(1, 8), batch=st.integers(1, 10), c2=st.sampled_from([0.0, 1e-7, 1e-5]))
 def test_lower_bound_never_exceeds_the_makespan(seed, policy, fast, heavy, kv, seqs, batch, c2):
@@ -184,15 +184,37 @@ def test_sim_backend_builds_from_an_engine_spec():
                       engine_args={"c0_s": 0.02})
     e = build_engine(spec, clock=VirtualClock(), model="unused")
     assert (e.name, e.pool, e.max_concurrency, e.segment_capacity_tokens) == ("h0", "heavy", 12, 512)
-    assert e.profile.c0_s == 0.02 and e.profile.kv_cache_tokens == 524288   # the heavy default
+    assert e.profile.c0_s == 0.02 and e.profile.kv_cache_tokens == 262144   # the heavy default (= fast's)
     with pytest.raises(ConfigError, match=r"engines\[h0\]\.engine_args.*c9"):
         build_engine(spec.model_copy(update={"engine_args": {"c9": 1}}), clock=VirtualClock())
 
 
 def test_partial_profiles_keep_their_pools_defaults():
     cfg = SimulateConfig(profiles={"heavy": {"c0_s": 0.02}})
-    assert cfg.profiles.heavy.max_num_seqs == 64 and cfg.profiles.heavy.c0_s == 0.02
+    assert cfg.profiles.heavy.max_num_seqs == 256 and cfg.profiles.heavy.c0_s == 0.02
     assert cfg.profiles.fast.max_num_seqs == 256
+
+
+def test_default_engines_are_equal_heavy_is_a_role():
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.layout import engine_layout
+    from pdsr_sdk.sim.config import default_profile
+
+    assert default_profile("heavy") == default_profile("fast") == SimulateConfig().profiles.heavy
+    assert SimulateConfig().profiles.fast == SimulateConfig().profiles.heavy
+    assert (default_profile("heavy").max_num_seqs, default_profile("heavy").kv_cache_tokens) == (256, 262144)
+    # a profile may still make them differ
+    cfg = SimulateConfig(profiles={"heavy": {"max_num_seqs": 64}})
+    assert cfg.profiles.heavy.max_num_seqs == 64 and cfg.profiles.heavy.kv_cache_tokens == 262144
+    # real engines: the automatic layout starts fast and heavy engines with the same settings
+    fast, heavy = engine_layout(RolloutConfig(), required_pools=("fast", "heavy"), cpu=True, max_model_len=512)
+    assert (fast.pool, heavy.pool) == ("fast", "heavy")
+    same = {k: v for k, v in heavy.model_dump().items() if k not in ("name", "pool", "devices")}
+    assert same == {k: v for k, v in fast.model_dump().items() if k not in ("name", "pool", "devices")}
+    # an explicit engine_defaults change applies to both
+    cfg = RolloutConfig(engine_defaults={"max_num_seqs": 32})
+    assert [s.max_num_seqs for s in engine_layout(cfg, required_pools=("fast", "heavy"), cpu=True,
+                                                  max_model_len=512)] == [32, 32]
 
 
 # -- CLI --------------------------------------------------------------------------------
@@ -205,8 +227,10 @@ def test_cli_round_trip_writes_json_and_png_and_calibrates(tmp_path):
                                  "--policy-set", "cap_multiplier=2.0"])
     assert r.exit_code == 0, r.output
     report = json.loads((out / "simulate.json").read_text())
-    assert [p["policy"] for p in report["policies"]] == ["baseline", "v1", "v2", "v2.5"]
-    assert report["policies"][3]["settings"]["cap_multiplier"] == 2.0
+    # every registered policy for real engines, then the simulator-only references (on by default)
+    assert [p["policy"] for p in report["policies"]] == ["baseline", "lpt", "v1", "v2", "v2.5", "oracle",
+                                                         "oracle-probe"]
+    assert report["policies"][4]["settings"]["cap_multiplier"] == 2.0
     assert report["trace"]["samples"] == 64 and report["trace"]["batches"] == 2
     for p in report["policies"]:
         assert p["lower_bound_s"] <= p["makespan_s"]

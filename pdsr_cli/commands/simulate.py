@@ -27,8 +27,13 @@ def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
 @click.option("--policy", default=None,
-              help="Policy (baseline, v1, v2, v2.5, a preset, 'pkg.mod:Class'), a comma-separated list, or 'all' "
-                   "(baseline, v1, v2, v2.5 side by side).  [default: v2.5]")
+              help="Policy (baseline, lpt, v1, v2, v2.5, a preset, 'pkg.mod:Class'; or a reference schedule: oracle, "
+                   "oracle-probe), a comma-separated list, or 'all' (every registered policy that runs on real "
+                   "engines, side by side).  [default: v2.5]")
+@click.option("--references/--no-references", "references", default=None,
+              help="Also run baseline (if missing) and the simulator-only reference schedules oracle (true "
+                   "lengths) and oracle-probe (probe lengths known from the start), for the vs_base and share "
+                   "columns.  [default: on when more than one policy is selected]")
 @click.option("--policy-set", "policy_set", multiple=True, metavar="[POLICY:]KEY=VALUE",
               help="Override a policy setting (repeatable); without POLICY: it applies to every selected policy "
                    "that has the setting, e.g. --policy-set cap_multiplier=2.0 or --policy-set v2:steal=false.")
@@ -39,7 +44,7 @@ def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]
 @click.option("--num-batches", type=int, default=None, help="Simulate only the first this many batches.")
 @click.option("--profile", "profile", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`); "
-                   "overrides --config's profiles.  [default: the illustrative GPU-like profiles]")
+                   "overrides --config's profiles.  [default: one illustrative GPU-like profile for every engine]")
 @click.option("--segment-min", type=int, default=None, help="Shortest dynamic segment (L_min).  [default: 64]")
 @click.option("--segment-max", type=int, default=None, help="Longest dynamic segment (L_max).  [default: 4096]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end (or cap) in one go.")
@@ -50,16 +55,23 @@ def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]
 @config_option
 @click.pass_context
 @handle_errors
-def command(ctx: click.Context, trace, policy, policy_set, fast, heavy, batch_size, n, num_batches, profile,
+def command(ctx: click.Context, trace, policy, references, policy_set, fast, heavy, batch_size, n, num_batches, profile,
             segment_min, segment_max, no_segments, out_dir, no_timeline, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
     run one after another. Engines batch continuously with a step-time cost model
     (c0 + c1*running + c2*context tokens, plus prefill), a block-granular KV cache with preemption,
-    and prefix caching of segment continuations. Prints per policy: makespan, a lower bound and their
-    ratio, tokens/s, busy fraction per pool, the share of time on the last 10% of samples, and the
+    and prefix caching of segment continuations. Engines are equal by default (heavy is a role);
+    --profile may give a pool other numbers. Prints per policy: makespan and its ratio to baseline's,
+    a lower bound and the ratio to it, the share of each reference schedule's gain over baseline it
+    takes, tokens/s, busy fraction per pool, the share of time on the last 10% of samples, and the
     policy's counters; --out-dir writes the JSON report and an engines x time PNG.
+
+    Reference schedules (simulator only; they read the trace): oracle keeps, per batch, the better
+    of true-length longest-first over all engines and the longest 2% alone on the heavy pool with
+    the rest longest-first on the fast pool; oracle-probe knows each group's probe length from the
+    start and nothing else, and runs longest-first by it.
 
     \b
     Examples:
@@ -76,7 +88,8 @@ def command(ctx: click.Context, trace, policy, policy_set, fast, heavy, batch_si
     from pdsr_sdk.traces import read_trace
 
     overrides = {
-        "trace": trace, "policy": policy, "fast": fast, "heavy": heavy, "batch_size": batch_size, "n": n,
+        "trace": trace, "policy": policy, "references": references, "fast": fast, "heavy": heavy,
+        "batch_size": batch_size, "n": n,
         "num_batches": num_batches, "segments.min_tokens": segment_min, "segments.max_tokens": segment_max,
         "segments.enabled": False if no_segments else None, "out_dir": out_dir,
         "timeline": False if no_timeline else None,
@@ -99,8 +112,10 @@ def command(ctx: click.Context, trace, policy, policy_set, fast, heavy, batch_si
                + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else ""))
     click.echo(format_table(report.rows()))
     sim_s = sum(r.wall_s for r in report.runs)
-    click.echo(f"(bound = max(work / engines, longest sample alone) per batch; tail = share of the makespan "
-               f"after 90% of each batch's samples finished; simulated in {sim_s:.2f} s)")
+    click.echo(f"(vs_base = makespan / baseline's; bound = max(work / engines, longest sample alone) per batch; "
+               f"of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and oracle-probe, "
+               f"n/a when the reference gains under 1% of baseline; tail = share of the makespan after 90% of "
+               f"each batch's samples finished; simulated in {sim_s:.2f} s)")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
 

@@ -25,10 +25,23 @@ class Policy:
     config_model: ClassVar[type[ConfigModel]] = NoSettings
     #: pools this policy needs at least one engine in
     required_pools: ClassVar[tuple[str, ...]] = ()
+    #: a reference schedule that reads what only the simulator knows (the trace's lengths): `pdsr simulate`
+    #: runs it, `pdsr rollout` refuses it, and ``--policy all`` leaves it out
+    simulation_only: ClassVar[bool] = False
 
     def __init__(self, config: Any, ctx: DispatchContext):
         self.cfg = config
         self.ctx = ctx
+
+    @classmethod
+    def simulation_variants(cls, settings: Any, pools: set[str]) -> list[tuple[str, Any]]:
+        """``(label, settings)`` of the runs ``pdsr simulate`` makes of this policy on engines in ``pools``.
+
+        With more than one, each variant runs over every batch and the report keeps, per batch, the
+        variant with the smallest makespan (batches run one after another on empty engines, so the
+        best of each is a schedule too). Default: one run with ``settings``.
+        """
+        return [("", settings)]
 
     def on_batch(self, groups: list[Group]) -> None:  # pragma: no cover - every policy overrides
         raise NotImplementedError

@@ -32,7 +32,7 @@ class EngineSpec(ConfigModel):
     """One engine (one vLLM instance) and the pool it serves."""
 
     name: str = Field(description="Unique engine name, used in logs, errors and the trajectories' segment records.")
-    pool: str = Field(description="Pool this engine serves: 'fast' (high concurrency, token cap) or 'heavy' (long context).")
+    pool: str = Field(description="Pool this engine serves: 'fast' or 'heavy', a role the policy gives it (e.g. v2.5 sends long prompts to 'heavy'); the automatic layout starts engines of both pools with the same settings.")
     backend: str = Field("vllm", description="Engine backend: 'vllm' (local process), 'ray' (Ray actor), 'sim' (simulated), or an import path.")
     devices: list[int] = Field(default_factory=list, description="GPU ids for this engine (CUDA_VISIBLE_DEVICES); on the CPU build, the CPU cores its threads are bound to (on its node, for Ray engines). Empty = automatic. Ray engines on GPUs get their GPUs from Ray.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (tensor parallel).")

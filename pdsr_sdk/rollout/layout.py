@@ -2,7 +2,10 @@
 
 Automatic layout: on GPUs, one engine per GPU (``heavy_engines`` of them in
 the heavy pool, default one per four GPUs, at least one); on the CPU build,
-one fast and one heavy engine splitting the cores between them. With a
+one fast and one heavy engine splitting the cores between them. Every engine
+of the automatic layout starts with the same vLLM settings (equal engines;
+"heavy" is a role a policy gives some of them); ``engine_defaults`` changes
+them all, and an explicit engine list may still make them differ. With a
 ``ray`` section the automatic layout's engines are Ray actors (backend
 ``ray``) and the GPUs counted are the Ray cluster's.
 """
@@ -16,11 +19,8 @@ from pdsr_sdk.dispatch.types import FAST, HEAVY
 from pdsr_sdk.engines.config import EngineSpec, RayConfig
 from pdsr_sdk.errors import ConfigError
 
-#: per-pool defaults for automatically laid-out engines
-POOL_DEFAULTS = {
-    FAST: {"max_num_seqs": 128},
-    HEAVY: {"max_num_seqs": 64},
-}
+#: settings of every automatically laid-out engine, fast or heavy (equal engines; heavy is a role)
+ENGINE_DEFAULTS = {"max_num_seqs": 128}
 
 
 def available_devices(cpu: bool) -> list[int]:
@@ -105,7 +105,7 @@ def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[st
     for i in range(n):
         pool, k = (FAST, i) if i < n_fast else (HEAVY, i - n_fast)
         data = {"name": f"{pool}-{k}", "pool": pool, "devices": groups[i], "max_model_len": max_model_len,
-                **POOL_DEFAULTS[pool]}
+                **ENGINE_DEFAULTS}
         if config.ray is not None:   # Ray engines: Ray assigns GPUs; CPU engines keep the core split per node
             data.update(backend="ray", devices=groups[i] if cpu else [])
         data.update(config.engine_defaults)

@@ -5,9 +5,14 @@ modern GPU, not measurements: a fixed per-step cost ``c0`` of 5 ms (kernel
 launches, sampling, scheduling), 0.05 ms per running sequence, 1e-7 s per
 context token read by attention (256 sequences x 1,000 tokens add 26 ms), and
 2e-5 s per prefill token (50k tokens/s). ``pdsr simulate calibrate`` fits real
-ones from a ``pdsr rollout`` run. The fast profile has many sequences and a
-smaller KV budget per sequence; the heavy one fewer sequences and a large KV
-budget (long contexts).
+ones from a ``pdsr rollout`` run.
+
+Engines are equal by default: every engine, fast or heavy, gets the same
+profile (256 sequences, 262,144 KV tokens); "heavy" is a role a policy gives
+some engines, not bigger hardware (a policy may run its heavy engines with
+fewer sequences as one of its own settings; baseline runs every engine at the
+profile's limits). A profile file, a config or ``--profile`` may still give a
+pool other numbers.
 """
 
 from __future__ import annotations
@@ -66,17 +71,16 @@ class EngineProfile(ConfigModel):
 
 
 def default_profile(pool: str) -> EngineProfile:
-    """The documented default profile of a pool (``heavy``: 64 sequences, 512k KV tokens; else fast)."""
-    if pool == "heavy":
-        return EngineProfile(max_num_seqs=64, kv_cache_tokens=524288)
+    """The documented default profile of a pool: the same for every pool (equal engines; heavy is a role):
+    256 sequences, 262,144 KV tokens."""
     return EngineProfile(max_num_seqs=256, kv_cache_tokens=262144)
 
 
 class SimProfiles(ConfigModel):
-    """Engine profiles of the two pools."""
+    """Engine profiles of the two pools (equal engines by default; heavy is a role, not bigger hardware)."""
 
-    fast: EngineProfile = Field(default_factory=lambda: default_profile("fast"), description="Profile of every fast-pool engine (default: 256 sequences, 262,144 KV tokens).")
-    heavy: EngineProfile = Field(default_factory=lambda: default_profile("heavy"), description="Profile of every heavy-pool engine (default: 64 sequences, 524,288 KV tokens).")
+    fast: EngineProfile = Field(default_factory=lambda: default_profile("fast"), description="Profile of every fast-pool engine (default: 256 sequences, 262,144 KV tokens, the same as heavy).")
+    heavy: EngineProfile = Field(default_factory=lambda: default_profile("heavy"), description="Profile of every heavy-pool engine (default: the fast profile, 256 sequences, 262,144 KV tokens: equal engines; heavy is a role).")
 
     @model_validator(mode="before")
     @classmethod
@@ -94,7 +98,8 @@ class SimulateConfig(ConfigModel):
     """``pdsr simulate``: replay a length trace through dispatch policies on simulated engines."""
 
     trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
-    policy: str = Field("v2.5", description="Policy name, preset or import path; 'all' runs baseline, v1, v2 and v2.5 side by side.")
+    policy: str = Field("v2.5", description="Policy name, preset or import path, or a comma-separated list; 'all' runs every registered policy that runs on real engines (baseline, lpt, v1, v2, v2.5, ...) side by side. The simulator-only reference schedules (oracle, oracle-probe) may be named too.")
+    references: bool | None = Field(None, description="Also run baseline (when missing) and the reference schedules oracle and oracle-probe, which the report's vs_baseline and share-of-gain columns need. null: on when more than one policy is selected.")
     policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}.")
     fast: int = Field(6, ge=0, description="Engines in the fast pool.")
     heavy: int = Field(2, ge=0, description="Engines in the heavy pool.")

@@ -2,7 +2,9 @@
 
 Batches are consecutive runs of ``batch_size`` prompt groups of the trace,
 run one after another (like GRPO steps); the policy instance persists across
-batches. Every sample is forced to its recorded length. The same run assembly
+batches. Every sample is forced to its recorded length. A policy with several
+:meth:`~pdsr_sdk.dispatch.policy.Policy.simulation_variants` (the ``oracle`` reference) runs once per
+variant, and its run keeps each batch's best outcome (:func:`best_of`). The same run assembly
 (:class:`~pdsr_sdk.dispatch.run.DispatchRun`: scheduler, policy classes, batch reports) as a real
 ``pdsr rollout`` run drives :class:`~pdsr_sdk.sim.engine.SimEngine` s on a
 :class:`~pdsr_sdk.dispatch.clock.VirtualClock`.
@@ -10,6 +12,7 @@ batches. Every sample is forced to its recorded length. The same run assembly
 
 from __future__ import annotations
 
+import bisect
 import gc
 import time
 from dataclasses import dataclass, field
@@ -22,12 +25,10 @@ from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
 from pdsr_sdk.dispatch.types import FAST, HEAVY, TRUNCATED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
-from pdsr_sdk.policies.resolve import resolve_policy
+from pdsr_sdk.policies.resolve import reference_policies, resolve_policy, runnable_policies
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
 from pdsr_sdk.sim.engine import SimEngine
-
-ALL_POLICIES = ("baseline", "v1", "v2", "v2.5")
 
 
 @dataclass
@@ -64,10 +65,24 @@ class BatchOutcome:
     finish_times: np.ndarray | None = None
     group_objects: list[Group] | None = None
     policy: dict[str, Any] = field(default_factory=dict)   # the policy's facts (Policy.batch_report)
+    preemptions: int = 0       # requests evicted from a full KV cache during the batch (all engines)
+    prefill_tokens: int = 0    # context tokens prefilled during the batch (all engines)
 
     @property
     def lower_bound_s(self) -> float:
         return max(self.work_bound_s, self.longest_bound_s)
+
+
+@dataclass
+class EngineView:
+    """One engine of a best-of run: its occupancy stitched from the batches the run kept (what the
+    timeline reads; the rest of an engine's numbers are per batch in :class:`BatchOutcome`)."""
+
+    name: str
+    pool: str
+    max_concurrency: int
+    occupancy_t: list[float] = field(default_factory=lambda: [0.0])
+    occupancy_n: list[int] = field(default_factory=lambda: [0])
 
 
 @dataclass
@@ -77,10 +92,12 @@ class PolicyRun:
     policy: str
     settings: dict[str, Any]
     batches: list[BatchOutcome]
-    engines: list[SimEngine]
+    engines: list[SimEngine] | list[EngineView]
     events: int
     wall_s: float
     stats: dict[str, int] = field(default_factory=dict)
+    #: a best-of run (several simulation variants): per variant, its own makespan and batches kept
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def makespan_s(self) -> float:
@@ -100,14 +117,29 @@ class PolicyRun:
 
 
 def policy_names(spec: str) -> list[str]:
-    """``all`` -> baseline, v1, v2, v2.5; ``a,b`` -> both (``all`` may be one of them); else the one name."""
+    """``all`` -> every registered policy that runs on real engines (baseline first; not the simulator-only
+    references); ``a,b`` -> both (``all`` may be one of them); else the one name."""
     names: list[str] = []
     for item in (s.strip() for s in spec.split(",")):
-        for name in (ALL_POLICIES if item == "all" else (item,) if item else ()):
+        for name in (runnable_policies() if item == "all" else (item,) if item else ()):
             if name not in names:
                 names.append(name)
     if not names:
         raise ConfigError("policy: expected a policy name, a comma-separated list, or 'all'")
+    return names
+
+
+def run_names(cfg: SimulateConfig) -> list[str]:
+    """The policies a simulation runs: those of ``cfg.policy`` (:func:`policy_names`) and, when
+    ``cfg.references`` is on (default: when more than one policy is selected), baseline first if it is
+    missing and the reference schedules (``oracle``, ``oracle-probe``) last: the report's comparison
+    columns need them."""
+    names = policy_names(cfg.policy)
+    references = cfg.references if cfg.references is not None else len(names) > 1
+    if references:
+        if "baseline" not in names:
+            names.insert(0, "baseline")
+        names += [r for r in reference_policies() if r not in names]
     return names
 
 
@@ -173,15 +205,74 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
 
 def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_groups: bool = False,
                record: bool = True, progress: ProgressFactory = silent_progress) -> PolicyRun:
-    """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes."""
-    from pdsr_sdk.sim.report import batch_bounds, tail_time
+    """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes.
 
-    cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}))
+    A policy whose ``simulation_variants`` names several variants (the ``oracle``) runs once per
+    variant and the run keeps each batch's best outcome (:func:`best_of`).
+    """
+    cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}), simulation=True)
     pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
     missing = [p for p in getattr(cls, "required_pools", ()) if p not in pools]
     if missing:
         raise ConfigError(f"policy {name!r} needs at least one engine in pool(s) {', '.join(missing)}; "
                           f"set --{missing[0]} (fast: {cfg.fast}, heavy: {cfg.heavy})")
+    variants = getattr(cls, "simulation_variants", None)
+    variants = variants(settings, pools) if variants is not None else [("", settings)]
+    runs = []
+    for label, variant in variants:
+        run = _run_one(batches, cfg, name, cls, variant, keep_groups=keep_groups, record=record,
+                       progress=progress, desc=f"simulate {name}" + (f" ({label})" if len(variants) > 1 else ""))
+        runs.append((label, run))
+    if len(runs) == 1:
+        return runs[0][1]
+    return best_of(name, settings.model_dump(), runs)
+
+
+def best_of(name: str, settings: dict[str, Any], runs: list[tuple[str, PolicyRun]]) -> PolicyRun:
+    """One run made of each batch's shortest outcome among ``runs`` (labelled variants of one policy over
+    the same batches). Batches run one after another on empty engines, so the kept outcomes are a
+    schedule: batch start times are recomputed and the engines' occupancy is stitched from the kept
+    batches. Each kept batch's ``policy`` facts name its variant and every variant's makespan."""
+    kept: list[BatchOutcome] = []
+    sources: list[tuple[BatchOutcome, PolicyRun]] = []
+    counts = dict.fromkeys((label for label, _ in runs), 0)
+    start = 0.0
+    for bi in range(len(runs[0][1].batches)):
+        label, run = min(runs, key=lambda lr: lr[1].batches[bi].makespan_s)   # ties: the first variant
+        b = run.batches[bi]
+        counts[label] += 1
+        facts = {**b.policy, "variant": label,
+                 "variant_makespans_s": {lb: r.batches[bi].makespan_s for lb, r in runs}}
+        kept.append(BatchOutcome(**{**b.__dict__, "start_s": start, "policy": facts}))
+        sources.append((b, run))
+        start += b.makespan_s
+    engines = [EngineView(e.name, e.pool, e.max_concurrency) for e in runs[0][1].engines]
+    for i, view in enumerate(engines):
+        for b_new, (b_old, run) in zip(kept, sources):
+            _stitch(view, run.engines[i], b_old.start_s, b_old.makespan_s, b_new.start_s)
+    totals = {k: sum(b.stats.get(k, 0) for b in kept) for k in STAT_KEYS}
+    return PolicyRun(policy=name, settings=settings, batches=kept, engines=engines,
+                     events=sum(r.events for _, r in runs), wall_s=sum(r.wall_s for _, r in runs), stats=totals,
+                     variants={label: {"makespan_s": r.makespan_s, "batches_kept": counts[label]}
+                               for label, r in runs})
+
+
+def _stitch(view: EngineView, engine, t0: float, span: float, at: float) -> None:
+    """Append ``engine``'s occupancy during ``[t0, t0 + span]`` to ``view``, moved to start at ``at``."""
+    t, n = engine.occupancy_t, engine.occupancy_n
+    lo, hi = bisect.bisect_left(t, t0), bisect.bisect_right(t, t0 + span)
+    for k in range(lo, hi):
+        view.occupancy_t.append(max(t[k] - t0 + at, view.occupancy_t[-1]))
+        view.occupancy_n.append(n[k])
+    if view.occupancy_n[-1] != 0:   # engines are empty between batches
+        view.occupancy_t.append(at + span)
+        view.occupancy_n.append(0)
+
+
+def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, settings, *, keep_groups: bool,
+             record: bool, progress: ProgressFactory, desc: str) -> PolicyRun:
+    from pdsr_sdk.sim.report import batch_bounds, tail_time
+
     clock = VirtualClock()
     engines = build_engines(cfg, clock, record=record)
     longest = max((max(g[2]) for b in batches.batches for g in b), default=1)
@@ -194,7 +285,7 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     outcomes: list[BatchOutcome] = []
     events = 0
     wall0 = time.perf_counter()
-    bar = progress(desc=f"simulate {name}", total=len(batches.batches), unit="batch")
+    bar = progress(desc=desc, total=len(batches.batches), unit="batch")
     # the run allocates millions of small objects and frees few: the cyclic GC's full passes over them
     # cost more than the simulation itself at 100k samples, and there are no cycles to collect here
     gc_was_enabled = gc.isenabled()
@@ -203,6 +294,7 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     try:
         for bi, rows in enumerate(batches.batches):
             groups = build_batch(rows)
+            pre0 = sum(e.preemptions for e in engines), sum(e.prefill_tokens for e in engines)
             done: list[bool] = []   # checked after every event: a list is cheaper than a property
             try:
                 run.start_batch(groups, lambda: done.append(True))
@@ -218,6 +310,7 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
             if not run.batch_done:
                 raise PdsrError(f"policy {name!r}: batch {bi} stalled with samples unfinished (nothing left to run)")
             report = run.finish_batch()
+            pre1 = sum(e.preemptions for e in engines), sum(e.prefill_tokens for e in engines)
             t0, t1 = report.start_s, report.end_s
             samples = [s for g in groups for s in g.samples]
             _check_lengths(name, bi, samples)
@@ -229,7 +322,8 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
                 batch_index=report.batch_index, groups=len(groups), samples=len(samples), start_s=t0,
                 makespan_s=report.makespan_s, tokens=report.tokens, work_bound_s=work, longest_bound_s=alone,
                 tail_s=tail_time(finish, t1, cfg.tail_fraction), stats=report.stats, busy_s=report.engine_busy_s,
-                finish_times=finish - t0, group_objects=groups if keep_groups else None, policy=report.policy))
+                finish_times=finish - t0, group_objects=groups if keep_groups else None, policy=report.policy,
+                preemptions=pre1[0] - pre0[0], prefill_tokens=pre1[1] - pre0[1]))
             bar.update(1)
     finally:
         if gc_was_enabled:
@@ -254,7 +348,7 @@ def simulate(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_p
 
     batches = trace_batches(trace, cfg)
     runs = [run_policy(batches, cfg, name, keep_groups=keep_groups, record=cfg.timeline, progress=progress)
-            for name in policy_names(cfg.policy)]
+            for name in run_names(cfg)]
     return SimulationReport(cfg, batches, runs)
 
 
@@ -272,14 +366,15 @@ def apply_policy_sets(cfg: SimulateConfig, items: list[tuple[str | None, str, An
     """Add ``(policy or None, key, value)`` settings to ``cfg.policy_settings``.
 
     A key without a policy applies to every selected policy whose settings have that key (an error if
-    none does), so ``--policy all --policy-set cap_multiplier=2`` changes v2.5 only.
+    none does), so ``--policy all --policy-set cap_multiplier=2`` changes v2.5 only. The reference
+    schedules a run adds (:func:`run_names`) count as selected.
     """
     if not items:
         return cfg
-    selected = policy_names(cfg.policy)
+    selected = run_names(cfg)
     fields = {}
     for name in selected:
-        cls, _ = resolve_policy(name, {})
+        cls, _ = resolve_policy(name, {}, simulation=True)
         fields[name] = set(getattr(cls.config_model, "model_fields", {}))
     settings = {k: dict(v) for k, v in cfg.policy_settings.items()}
     for policy, key, value in items:
@@ -291,5 +386,5 @@ def apply_policy_sets(cfg: SimulateConfig, items: list[tuple[str | None, str, An
             settings.setdefault(name, {})[key] = value
     out = cfg.model_copy(update={"policy_settings": settings})
     for name in selected:   # validate now, naming the setting
-        resolve_policy(name, settings.get(name, {}))
+        resolve_policy(name, settings.get(name, {}), simulation=True)
     return out

@@ -19,6 +19,12 @@ another). With the cheapest coefficient of each term over the pools in use
 ``lower_bound = max(work / capacity, longest)``. Preemption, re-prefill,
 restarts, idle slots and segment boundaries only add time. Kept tokens are the
 samples' final lengths (a policy that truncates, v1, lowers its own bound).
+
+Comparisons (every policy against the runs of the same simulation): ``vs_baseline`` =
+makespan / baseline's; ``vs_lower_bound`` = makespan / lower bound; the share of a reference
+schedule's gain (``oracle``, ``oracle-probe``) = (baseline - policy) / (baseline - reference),
+None ("n/a" in the table) when that run is missing or the reference gains less than 1% of
+baseline's makespan (the share would divide by noise).
 """
 
 from __future__ import annotations
@@ -36,7 +42,14 @@ DEFINITIONS = {
     "lower_bound_s": "Per batch max(work / engines, longest sample alone), summed over batches; work = "
                      "p*P + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) engine-seconds per sample with the cheapest "
                      "coefficients of the pools in use and M their largest max_num_seqs.",
-    "ratio": "makespan_s / lower_bound_s (>= 1; 1 would be perfect packing).",
+    "ratio": "makespan_s / lower_bound_s (>= 1; 1 would be perfect packing); the same as vs_lower_bound.",
+    "vs_baseline": "makespan_s / baseline's makespan_s (null without a baseline run).",
+    "vs_lower_bound": "makespan_s / lower_bound_s.",
+    "share_of_oracle_gain": "(baseline - policy) / (baseline - oracle) makespans: the share of the true-length "
+                            "reference's gain this policy takes; null when oracle gains under 1% of baseline "
+                            "(or either run is missing).",
+    "share_of_oracle_probe_gain": "The same against oracle-probe (each group's probe length known for free at "
+                                  "the start).",
     "tokens_per_s": "Kept response tokens / makespan_s.",
     "util_<pool>": "Busy engine-seconds of the pool (a step running) / (its engines x makespan_s).",
     "tail_share": "Per batch, the time from when ceil((1 - tail_fraction) x samples) had finished to the batch's "
@@ -52,6 +65,27 @@ def batch_bounds(prompt_len, length, engines: int, *, c0: float, c1: float, c2: 
     work = float(sample_work(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill, max_seqs=max_seqs).sum())
     alone = alone_time(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill)
     return work / engines, float(alone.max()) if alone.size else 0.0
+
+
+#: the smallest gain (as a share of baseline's makespan) a reference must make for shares of it to be reported
+MIN_REFERENCE_GAIN = 0.01
+
+#: reference schedule -> its share key in the report
+REFERENCES = {"oracle": "share_of_oracle_gain", "oracle-probe": "share_of_oracle_probe_gain"}
+#: reference schedule -> its share column in the table
+SHARE_COLUMNS = {"oracle": "of_oracle", "oracle-probe": "of_probe"}
+
+
+def gain_share(baseline: float | None, policy: float, reference: float | None, *,
+               min_gain: float = MIN_REFERENCE_GAIN) -> float | None:
+    """(baseline - policy) / (baseline - reference), or None when a makespan is missing or the reference
+    gains less than ``min_gain`` x baseline (then any share would mostly measure noise)."""
+    if baseline is None or reference is None or baseline <= 0:
+        return None
+    gain = baseline - reference
+    if gain < min_gain * baseline:
+        return None
+    return (baseline - policy) / gain
 
 
 def tail_time(finish_times, end: float, fraction: float) -> float:
@@ -72,6 +106,13 @@ class SimulationReport:
         self.runs = runs
         self.timelines: list[str] = []
 
+    def makespan_of(self, policy: str) -> float | None:
+        """The makespan of the run named ``policy`` in this report, or None."""
+        for r in self.runs:
+            if r.policy == policy:
+                return r.makespan_s
+        return None
+
     def policy_summary(self, run) -> dict[str, Any]:
         cfg = self.cfg
         makespan = run.makespan_s
@@ -83,28 +124,35 @@ class SimulationReport:
                 busy = sum(b.busy_s[e.name] for b in run.batches for e in run.engines if e.pool == pool)
                 util[pool] = busy / (count * makespan) if makespan > 0 else 0.0
         tail = sum(b.tail_s for b in run.batches)
-        return {
+        base = self.makespan_of("baseline")
+        out = {
             "policy": run.policy,
             "settings": run.settings,
             "makespan_s": makespan,
             "lower_bound_s": bound,
             "ratio": makespan / bound if bound > 0 else None,
+            "vs_baseline": makespan / base if base else None,
+            "vs_lower_bound": makespan / bound if bound > 0 else None,
+            **{key: gain_share(base, makespan, self.makespan_of(ref)) for ref, key in REFERENCES.items()},
             "tokens": run.tokens,
             "tokens_per_s": run.tokens / makespan if makespan > 0 else 0.0,
             "utilisation": util,
             "tail_share": tail / makespan if makespan > 0 else 0.0,
             **{k: run.stats.get(k, 0) for k in run.stats},
-            "preemptions": sum(e.preemptions for e in run.engines),
-            "prefill_tokens": sum(e.prefill_tokens for e in run.engines),
+            "preemptions": sum(b.preemptions for b in run.batches),
+            "prefill_tokens": sum(b.prefill_tokens for b in run.batches),
             "events": run.events,
             "sim_wall_s": run.wall_s,
             "batches": [{
                 "batch_index": b.batch_index, "groups": b.groups, "samples": b.samples,
                 "makespan_s": b.makespan_s, "lower_bound_s": b.lower_bound_s, "work_bound_s": b.work_bound_s,
                 "longest_bound_s": b.longest_bound_s, "tail_s": b.tail_s, "tokens": b.tokens, **b.stats,
-                "policy": b.policy,
+                "preemptions": b.preemptions, "prefill_tokens": b.prefill_tokens, "policy": b.policy,
             } for b in run.batches],
         }
+        if run.variants:
+            out["variants"] = run.variants
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -126,12 +174,20 @@ class SimulationReport:
         return json.dumps(self.to_dict(), indent=2, default=_jsonable)
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per policy for a side-by-side table."""
+        """One row per policy for a side-by-side table. The comparison columns (``vs_base``, ``of_oracle``,
+        ``of_probe``) are there when the runs they compare with are."""
         out = []
+        has_base = self.makespan_of("baseline") is not None
         for r in self.runs:
             s = self.policy_summary(r)
-            row = {"policy": s["policy"], "makespan_s": s["makespan_s"], "bound_s": s["lower_bound_s"],
-                   "ratio": s["ratio"], "tok/s": s["tokens_per_s"]}
+            row = {"policy": s["policy"], "makespan_s": s["makespan_s"]}
+            if has_base:
+                row["vs_base"] = _or_na(s["vs_baseline"])
+            row.update({"bound_s": s["lower_bound_s"], "vs_bound": s["vs_lower_bound"]})
+            for ref, key in REFERENCES.items():
+                if has_base and self.makespan_of(ref) is not None:
+                    row[SHARE_COLUMNS[ref]] = _or_na(s[key])
+            row["tok/s"] = s["tokens_per_s"]
             for pool, u in s["utilisation"].items():
                 row[f"util_{pool}"] = u
             row["tail"] = s["tail_share"]
@@ -141,6 +197,10 @@ class SimulationReport:
                 row[label] = s.get(key, 0)
             out.append(row)
         return out
+
+
+def _or_na(value):
+    return "n/a" if value is None else value
 
 
 def _jsonable(value):
