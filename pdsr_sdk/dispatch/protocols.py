@@ -61,6 +61,8 @@ class Engine(Protocol):
     max_concurrency: int
     #: token budget used to size segments (``L_next = capacity / n_active``)
     segment_capacity_tokens: int
+    #: KV-cache capacity in tokens, when known (None until a real engine has started, or unknown)
+    kv_cache_tokens: int | None
 
     async def start(self) -> None:
         """Called once before any submit: loads the model (may take a while)."""
@@ -100,9 +102,11 @@ class DispatchContext(Protocol):
         """Queue a sample on a pool's queue (or one engine's queue). ``cap`` bounds its
         response tokens while in that pool (``None`` = only its ``max_tokens``)."""
 
-    def move(self, sample: Sample, pool: str, *, restart: bool = False, cap: int | None = None) -> None:
-        """Move a queued or running sample to another pool's queue. A running one is
-        aborted first and continues from its tokens (``restart=True`` throws them away)."""
+    def move(self, sample: Sample, pool: str | None = None, *, restart: bool = False, cap: int | None = None,
+             engine: Engine | None = None) -> None:
+        """Move a queued or running sample to another pool's queue (or to ``engine``'s queue). A
+        running one is aborted first and continues from its tokens (``restart=True`` throws them
+        away)."""
 
     def finish(self, sample: Sample, reason: str) -> None:
         """End a sample now with ``reason`` (e.g. ``truncated``); aborts it if running."""

@@ -162,13 +162,18 @@ class Scheduler:
         self._enqueue(sample, pool, engine, cap, front)
         self._pump()
 
-    def move(self, sample: Sample, pool: str, *, restart: bool = False, cap: int | None = None) -> None:
+    def move(self, sample: Sample, pool: str | None = None, *, restart: bool = False, cap: int | None = None,
+             engine: Engine | None = None) -> None:
         if sample.finished:
             return
+        if pool is None:
+            if engine is None:
+                raise PdsrError(f"policy moved sample {sample.key} without a pool or an engine")
+            pool = engine.pool
         run = self._run_of.get(sample)
         if run is not None:
             if run.intent is None:
-                run.intent = ("queue", pool, None, cap, restart)
+                run.intent = ("queue", pool, engine, cap, restart)
                 sample.moves += 1
                 self.stats["moves"] += 1
                 run.engine.abort(run.request_id)
@@ -179,7 +184,7 @@ class Scheduler:
         self.stats["moves"] += 1
         if restart:
             self._restart(sample)
-        self._enqueue(sample, pool, None, cap, False)
+        self._enqueue(sample, pool, engine, cap, False)
         self._pump()
 
     def finish(self, sample: Sample, reason: str) -> None:

@@ -23,5 +23,6 @@ POLICIES.register("v1", "pdsr_sdk.policies.v1:BatchSyncProbePolicy")
 POLICIES.register("v2", "pdsr_sdk.policies.v2:StreamingProbePolicy")
 POLICIES.register("v2.5", "pdsr_sdk.policies.v25:RankOffloadPolicy")
 POLICIES.register("lpt", "pdsr_sdk.policies.lpt:LongestPredictedFirstPolicy")
+POLICIES.register("v3", "pdsr_sdk.policies.v3:V3Policy")
 
 __all__ = ["POLICIES"]

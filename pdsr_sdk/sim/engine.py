@@ -76,6 +76,7 @@ class SimEngine:
         p = self.profile
         self.max_concurrency = p.max_num_seqs
         self.segment_capacity_tokens = p.segment_capacity_tokens
+        self.kv_cache_tokens = p.kv_blocks * p.block_size
         self.clock = clock
         self._c0, self._c1, self._c2, self._p = p.c0_s, p.c1_s_per_seq, p.c2_s_per_token, p.prefill_s_per_token
         self._block = p.block_size

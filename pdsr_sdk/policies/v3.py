@@ -1,0 +1,416 @@
+"""``v3`` (the default): every engine busy from the start, longest-ranked work first, KV-aware, tail moved once.
+
+What the measurements taught (docs/benchmarks.md): waiting for probes costs more than routing
+saves, and on equal engines a group's probe says little about which single samples will be the
+longest. So v3 never waits on a barrier and takes only what the probes and the running samples can
+tell:
+
+- every sample is queued at once, in the policy's own ranked pool; probes (sample 0 of each group)
+  go first;
+- a group with no finished sample ranks as long; each finished sample re-ranks its group's waiting
+  samples (a group's rank is its longest finished sample, as in Seer); a free slot takes the
+  longest-ranked waiting sample;
+- admission is KV-aware: an engine takes new work while the predicted KV demand of what it runs
+  (prompt + the larger of what a sample has produced and its predicted length) leaves room for
+  the new sample's; an engine with nothing running always takes work (the estimate never idles
+  an engine);
+- at a segment boundary, once nothing waits, a running sample that has already run long moves
+  once to the engine running the fewest samples, when that engine runs clearly fewer than its
+  own (the tail then runs on lightly loaded engines); nothing moves twice.
+
+With no information (nothing finished yet, or a probe that predicts nothing) it behaves like
+baseline: all work spread evenly over all engines from the start.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+
+from pydantic import Field
+
+from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.policies.base import Policy
+from pdsr_sdk.rollout.protocols import Engine
+from pdsr_sdk.rollout.types import Group, Sample
+
+
+class V3Settings(ConfigModel):
+    """Settings of the v3 policy."""
+
+    probes_first: bool = Field(
+        True, description="Launch sample 0 of every group before the others, so that each group's rank is "
+                          "learnt early (costs nothing: no sample waits for a probe).")
+    min_correlation: float = Field(
+        0.3, ge=-1, le=1, description="Rank groups by their longest finished sample only while the correlation of "
+                                      "log probe length with log sibling length (measured on finished samples) is "
+                                      "at least this; below it the rank is noise and work runs in queue order.")
+    correlation_window: int = Field(
+        1024, ge=16, description="(probe, sibling) length pairs the correlation is measured over (across batches).")
+    min_pairs: int = Field(
+        64, ge=2, description="Pairs needed before the correlation is trusted (until then v3 ranks).")
+    kv_admission: bool = Field(
+        True, description="Admit new work on an engine only while the predicted KV demand of what it runs leaves "
+                          "room (real reasoning RL is memory-bound; a preempted request is recomputed).")
+    kv_budget: float = Field(
+        1.0, gt=0, description="Admit while the predicted final KV demand of an engine's running samples, plus the "
+                               "new one's, stays within this multiple of its KV capacity. 1.0: samples finish at "
+                               "different times, so the true peak stays below the sum of final lengths.")
+    history: int = Field(
+        2048, ge=1, description="Finished lengths remembered across batches for the length prior (a sample of a "
+                                "group with no finished sample is predicted at their mean).")
+    migrate: bool = Field(
+        True, description="Move a long-running sample once, at a segment boundary, to a lightly loaded engine "
+                          "when nothing waits.")
+    migrate_min_gap: int = Field(
+        4, ge=1, description="Move only when the target engine runs at least this many fewer samples than the "
+                             "source (a move re-prefills the sample's context on the target).")
+    migrate_min_ratio: float = Field(
+        0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
+    migrate_quantile: float = Field(
+        0.5, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
+                                     "the finished lengths in the history (it is then likely in the tail).")
+    balance: bool = Field(
+        True, description="When the last waiting samples are handed out, an engine takes no more than its share "
+                          "(by slots) of the batch's unfinished work, so that no engine's tail is crowded.")
+    heavy_max_seqs: int | None = Field(
+        None, ge=1, description="Run the heavy pool's engines with at most this many samples each (none: the "
+                                "engine's own limit, as every other engine).")
+
+
+class _GroupRank:
+    __slots__ = ("longest", "total", "count", "stamp")
+
+    def __init__(self) -> None:
+        self.longest = -1      # longest finished sample (-1: none finished: ranks as long)
+        self.total = 0
+        self.count = 0
+        self.stamp = 0
+
+
+class V3Policy(Policy):
+    """Seer-style ranked pool, KV-aware admission, one early move for the tail."""
+
+    name = "v3"
+    config_model = V3Settings
+
+    def __init__(self, config: V3Settings, ctx):
+        super().__init__(config, ctx)
+        self.heap: list[tuple] = []
+        self.ranks: dict[int, _GroupRank] = {}
+        self.waiting: set[Sample] = set()
+        self.engine_of: dict[Sample, str] = {}       # submitted (queued on or running on) engine
+        self.demand: dict[str, float] = {}           # predicted final KV tokens per engine
+        self.predicted: dict[Sample, tuple[float, int]] = {}   # placed sample -> (predicted length, generated then)
+        self.assigned: dict[str, int] = {}           # samples placed on each engine and not finished
+        self.finished_lengths: deque[int] = deque(maxlen=config.history)
+        self.finished_sum = 0
+        self.tail_threshold = math.inf
+        self.by_name: dict[str, Engine] = {}
+        self.seq = itertools.count()
+        self.filling = False
+        self.total_assigned = 0
+        self.total_slots = 0
+        self.remaining: dict[str, float] = {}        # predicted tokens still to generate per engine
+        self.pairs: deque[tuple[float, float]] = deque(maxlen=config.correlation_window)
+        self.sums = [0.0] * 5
+        self.pairs_seen = 0
+        self.correlation: float | None = None
+        self.informative = True      # until measured: rank as Seer does
+        self.tail: set[Sample] = set()               # running samples past the tail threshold (or moved)
+        self.tail_on: dict[str, int] = {}            # tail samples per engine
+        self.targets: list[tuple[int, int, str]] = []   # lazy heap of move targets
+        self.total_remaining = 0.0
+
+    # ------------------------------------------------------------------ hooks
+    def on_batch(self, groups: list[Group]) -> None:
+        pools = self.ctx.pools()
+        for engines in pools.values():
+            for e in engines:
+                self.by_name.setdefault(e.name, e)
+                self.demand.setdefault(e.name, 0.0)
+                self.assigned.setdefault(e.name, 0)
+                self.remaining.setdefault(e.name, 0.0)
+                if e.name not in self.tail_on:
+                    self.tail_on[e.name] = 0
+                    self._push_engine(e.name)
+        self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
+        for g in groups:
+            self.ranks[id(g)] = _GroupRank()
+            for s in g.samples:
+                if s.finished:
+                    continue
+                if s.index == 0 and self.cfg.probes_first:
+                    s.is_probe = True
+                self.waiting.add(s)
+                self._push(s)
+        if self.cfg.probes_first:
+            self.ctx.count("probes", len(groups))
+        self._fill_all()
+
+    def on_worker_idle(self, engine: Engine) -> None:
+        if self.waiting and not self.filling:
+            self._fill(engine)
+
+    def idle_interest(self, pool: str) -> bool:
+        return bool(self.waiting)
+
+    def on_sample_finished(self, sample: Sample) -> None:
+        self._unplace(sample)
+        self.tail.discard(sample)
+        self.waiting.discard(sample)
+        n = sample.num_generated
+        if len(self.finished_lengths) == self.finished_lengths.maxlen:
+            self.finished_sum -= self.finished_lengths[0]
+        self.finished_lengths.append(n)
+        self.finished_sum += n
+        if len(self.finished_lengths) % 64 == 1:
+            self._update_tail_threshold()
+        probe = sample.group.samples[0]
+        if sample is not probe and probe.finished and probe.is_probe:
+            self._add_pair(probe.num_generated, n)
+        g = sample.group
+        rank = self.ranks.get(id(g))
+        if rank is None:
+            return
+        rank.total += n
+        rank.count += 1
+        if g.done:
+            del self.ranks[id(g)]
+            return
+        if n > rank.longest:
+            rank.longest = n
+            rank.stamp += 1
+            for s in g.samples:
+                if s in self.waiting:
+                    self._push(s)
+        # the group's running samples are now predicted by its own mean
+        for s in g.samples:
+            if s in self.engine_of and not s.finished:
+                self._repredict(s)
+
+    def on_segment_end(self, sample: Sample, engine: Engine) -> None:
+        self._repredict(sample)
+        if sample not in self.tail and sample.num_generated >= self.tail_threshold:
+            self._mark_tail(sample, engine.name, +1)
+        if self.cfg.migrate and not self.waiting and sample.moves == 0 and sample in self.tail:
+            self._maybe_move(sample, engine)
+
+    def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
+        for s in requeued:
+            self._unplace(s)
+        self.demand.pop(engine.name, None)
+        self.remaining.pop(engine.name, None)
+        self.tail_on.pop(engine.name, None)
+        self.assigned.pop(engine.name, None)
+        self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
+
+    # --------------------------------------------------------------- ranking
+    def _add_pair(self, probe_len: int, length: int) -> None:
+        """Record (probe length, sibling length); every 64 pairs, re-decide whether ranking pays."""
+        x, y = math.log1p(probe_len), math.log1p(length)
+        pairs = self.pairs
+        if len(pairs) == pairs.maxlen:
+            ox, oy = pairs[0]
+            self.sums = [a - b for a, b in zip(self.sums, (ox, oy, ox * ox, oy * oy, ox * oy))]
+        pairs.append((x, y))
+        self.sums = [a + b for a, b in zip(self.sums, (x, y, x * x, y * y, x * y))]
+        self.pairs_seen += 1
+        if self.pairs_seen % 64 == 0 and len(pairs) >= self.cfg.min_pairs:
+            n = len(pairs)
+            sx, sy, sxx, syy, sxy = self.sums
+            vx, vy = sxx - sx * sx / n, syy - sy * sy / n
+            self.correlation = (sxy - sx * sy / n) / math.sqrt(vx * vy) if vx > 0 and vy > 0 else 0.0
+            informative = self.correlation >= self.cfg.min_correlation
+            if informative != self.informative:
+                self.informative = informative
+                self.heap = []
+                for w in self.waiting:
+                    self._push(w)
+
+    def _push(self, s: Sample) -> None:
+        rank = self.ranks[id(s.group)]
+        tier = 0 if (s.is_probe and self.cfg.probes_first) else 1
+        # rank by the group's longest finished sample only while the groups' lengths have been seen to
+        # predict their samples' (otherwise the order is noise and costs; queue order is baseline's)
+        key = (-math.inf if rank.longest < 0 else -rank.longest) if self.informative else 0.0
+        heapq.heappush(self.heap, (tier, key, s.group.position, s.index, rank.stamp, next(self.seq), s))
+
+    def _top(self) -> Sample | None:
+        heap = self.heap
+        while heap:
+            entry = heap[0]
+            s = entry[-1]
+            rank = self.ranks.get(id(s.group))
+            if s in self.waiting and rank is not None and entry[4] == rank.stamp:
+                return s
+            heapq.heappop(heap)
+        return None
+
+    # ------------------------------------------------------------ prediction
+    def _prior(self) -> float:
+        """Mean finished length of the history (0 before anything finished: the context alone, as an
+        engine's own admission sees it)."""
+        return self.finished_sum / len(self.finished_lengths) if self.finished_lengths else 0.0
+
+    def _expected_length(self, s: Sample) -> float:
+        """Predicted response length: its group's mean finished length, else the prior; never less than
+        what it has produced."""
+        rank = self.ranks.get(id(s.group))
+        est = rank.total / rank.count if rank is not None and rank.count else self._prior()
+        return max(float(s.num_generated), min(est, float(s.max_tokens)))
+
+    def _repredict(self, s: Sample) -> None:
+        name = self.engine_of.get(s)
+        if name is None:
+            return
+        new = self._expected_length(s)
+        old_len, old_gen = self.predicted[s]
+        self.demand[name] += new - old_len
+        d_rem = (new - s.num_generated) - (old_len - old_gen)
+        self.remaining[name] += d_rem
+        self.total_remaining += d_rem
+        self.predicted[s] = (new, s.num_generated)
+
+    def _update_tail_threshold(self) -> None:
+        q = self.cfg.migrate_quantile
+        data = sorted(self.finished_lengths)
+        self.tail_threshold = data[min(len(data) - 1, int(q * len(data)))] if data else math.inf
+
+    # ------------------------------------------------------------- placement
+    def _limit(self, e: Engine) -> int:
+        limit = e.max_concurrency
+        if self.cfg.heavy_max_seqs is not None and e.pool == "heavy":
+            limit = min(limit, self.cfg.heavy_max_seqs)
+        return limit
+
+    def _slots(self, e: Engine) -> int:
+        """Free slots of ``e`` counting samples placed on it but not yet launched."""
+        return self._limit(e) - self.assigned.get(e.name, 0)
+
+    def _fits(self, e: Engine, need: float) -> bool:
+        if not self.cfg.kv_admission or self.assigned.get(e.name, 0) == 0:
+            return True
+        cap = getattr(e, "kv_cache_tokens", None)
+        return cap is None or self.demand[e.name] + need <= self.cfg.kv_budget * cap
+
+    def _place(self, s: Sample, e: Engine) -> None:
+        length = self._expected_length(s)
+        self.engine_of[s] = e.name
+        self.predicted[s] = (length, s.num_generated)
+        self.demand[e.name] += s.prompt_len + length
+        self.remaining[e.name] += length - s.num_generated
+        self.total_remaining += length - s.num_generated
+        self.assigned[e.name] += 1
+        self.total_assigned += 1
+        if s in self.tail:
+            self.tail_on[e.name] += 1
+        self._push_engine(e.name)
+
+    def _unplace(self, s: Sample) -> None:
+        name = self.engine_of.pop(s, None)
+        if name is None:
+            return
+        length, gen = self.predicted.pop(s)
+        if name in self.demand:
+            self.demand[name] -= s.prompt_len + length
+            self.remaining[name] -= length - gen
+            self.assigned[name] -= 1
+            if s in self.tail:
+                self.tail_on[name] -= 1
+            self._push_engine(name)
+        self.total_remaining -= length - gen
+        self.total_assigned -= 1
+
+    def _fair_share(self, e: Engine) -> float:
+        """``e``'s share (by slots) of the predicted remaining tokens of all unfinished work: when the last
+        waiting samples are handed out, an engine that freed many slots at once must not take them all
+        (its tail would run at a high step cost while the others drain)."""
+        waiting_work = len(self.waiting) * self._prior()
+        return self._limit(e) * (self.total_remaining + waiting_work) / self.total_slots
+
+    def _take(self, e: Engine) -> bool:
+        """Give ``e`` the top-ranked waiting sample if it has a slot and KV room; True if it did."""
+        if self._slots(e) <= 0 or self.ctx.free_slots(e) <= 0:
+            return False
+        s = self._top()
+        if s is None or not self._fits(e, s.prompt_len + self._expected_length(s)):
+            return False
+        if (self.cfg.balance and self.assigned[e.name]
+                and self.remaining[e.name] + self._expected_length(s) > self._fair_share(e)):
+            return False
+        heapq.heappop(self.heap)
+        self.waiting.discard(s)
+        self._place(s, e)
+        self.ctx.submit(s, engine=e)
+        return True
+
+    def _fill(self, engine: Engine) -> None:
+        self.filling = True
+        try:
+            while self.waiting and self._take(engine):
+                pass
+        finally:
+            self.filling = False
+
+    def _fill_all(self) -> None:
+        """Spread the ranked work over all engines, one sample at a time to the least loaded one."""
+        self.filling = True
+        try:
+            engines = [e for es in self.ctx.pools().values() for e in es]
+            order = {e.name: i for i, e in enumerate(sorted(engines, key=lambda e: e.name))}
+            heap = [(self.assigned[e.name] / e.max_concurrency, order[e.name], e) for e in engines]
+            heapq.heapify(heap)
+            while heap and self.waiting:
+                _, i, e = heapq.heappop(heap)
+                if self._take(e):
+                    heapq.heappush(heap, (self.assigned[e.name] / e.max_concurrency, i, e))
+        finally:
+            self.filling = False
+
+    # --------------------------------------------------------------- the tail
+    def _mark_tail(self, s: Sample, name: str, delta: int) -> None:
+        if delta > 0:
+            self.tail.add(s)
+        else:
+            self.tail.discard(s)
+        if name in self.tail_on:
+            self.tail_on[name] += delta
+            self._push_engine(name)
+
+    def _push_engine(self, name: str) -> None:
+        """Record an engine's (tail samples, samples) in the lazy heap of move targets."""
+        heapq.heappush(self.targets, (self.tail_on[name], self.assigned[name], name))
+
+    def _best_target(self) -> Engine | None:
+        """The live engine running the fewest tail samples, then the fewest samples."""
+        heap = self.targets
+        while heap:
+            tails, count, name = heap[0]
+            if name in self.tail_on and tails == self.tail_on[name] and count == self.assigned[name]:
+                return self.by_name[name]
+            heapq.heappop(heap)
+        return None
+
+    def _maybe_move(self, s: Sample, engine: Engine) -> None:
+        """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
+        when that engine is clearly less crowded than its own."""
+        target = self._best_target()
+        if target is None or target is engine:
+            return
+        name, to = engine.name, target.name
+        fewer_tails = self.tail_on[to] + 1 < self.tail_on[name]
+        fewer_samples = (self.tail_on[to] <= self.tail_on[name] - 1
+                         and self.assigned[name] - self.assigned[to] >= self.cfg.migrate_min_gap
+                         and self.assigned[to] <= self.cfg.migrate_min_ratio * self.assigned[name])
+        if not (fewer_tails or fewer_samples):
+            return
+        need = s.prompt_len + self._expected_length(s)
+        if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, need):
+            return
+        self._unplace(s)
+        self._place(s, target)
+        self.ctx.move(s, engine=target)
+        self.ctx.count("migrations")
