@@ -32,9 +32,9 @@ from collections import deque
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
-from pdsr_sdk.policies.base import Policy
-from pdsr_sdk.rollout.protocols import Engine
-from pdsr_sdk.rollout.types import Group, Sample
+from pdsr_sdk.dispatch.policy import Policy
+from pdsr_sdk.dispatch.protocols import Engine
+from pdsr_sdk.dispatch.types import Group, Sample
 
 
 class V3Settings(ConfigModel):
@@ -50,7 +50,7 @@ class V3Settings(ConfigModel):
     correlation_window: int = Field(
         1024, ge=16, description="(probe, sibling) length pairs the correlation is measured over (across batches).")
     min_pairs: int = Field(
-        64, ge=2, description="Pairs needed before the correlation is trusted (until then v3 ranks).")
+        64, ge=2, description="Pairs needed before the correlation is trusted (until then work runs in queue order).")
     kv_admission: bool = Field(
         True, description="Admit new work on an engine only while the predicted KV demand of what it runs leaves "
                           "room (real reasoning RL is memory-bound; a preempted request is recomputed).")
@@ -70,7 +70,7 @@ class V3Settings(ConfigModel):
     migrate_min_ratio: float = Field(
         0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
     migrate_quantile: float = Field(
-        0.5, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
+        0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
     balance: bool = Field(
         True, description="When the last waiting samples are handed out, an engine takes no more than its share "
@@ -118,7 +118,7 @@ class V3Policy(Policy):
         self.sums = [0.0] * 5
         self.pairs_seen = 0
         self.correlation: float | None = None
-        self.informative = True      # until measured: rank as Seer does
+        self.informative = False     # until measured: queue order (ranking by noise costs)
         self.tail: set[Sample] = set()               # running samples past the tail threshold (or moved)
         self.tail_on: dict[str, int] = {}            # tail samples per engine
         self.targets: list[tuple[int, int, str]] = []   # lazy heap of move targets
@@ -168,9 +168,6 @@ class V3Policy(Policy):
         self.finished_sum += n
         if len(self.finished_lengths) % 64 == 1:
             self._update_tail_threshold()
-        probe = sample.group.samples[0]
-        if sample is not probe and probe.finished and probe.is_probe:
-            self._add_pair(probe.num_generated, n)
         g = sample.group
         rank = self.ranks.get(id(g))
         if rank is None:
@@ -179,6 +176,11 @@ class V3Policy(Policy):
         rank.count += 1
         if g.done:
             del self.ranks[id(g)]
+            # whole groups only: pairs taken as samples finish would over-represent the short ones
+            probe = g.samples[0]
+            if probe.is_probe:
+                for s in g.samples[1:]:
+                    self._add_pair(probe.num_generated, s.num_generated)
             return
         if n > rank.longest:
             rank.longest = n
