@@ -25,6 +25,9 @@ class Policy:
     config_model: ClassVar[type[ConfigModel]] = NoSettings
     #: pools this policy needs at least one engine in
     required_pools: ClassVar[tuple[str, ...]] = ()
+    #: True if ``on_batch`` may be called again while groups of earlier calls still run (streaming:
+    #: ``DispatchRun.add_groups``, ``pdsr simulate --steps``); a policy with per-batch state leaves it False
+    streaming: ClassVar[bool] = False
 
     def __init__(self, config: Any, ctx: DispatchContext):
         self.cfg = config

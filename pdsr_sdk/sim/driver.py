@@ -171,17 +171,22 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
                 max_seqs=max(p.max_num_seqs for p in profiles))
 
 
+def check_pools(cls, cfg: SimulateConfig, name: str) -> None:
+    """A ConfigError if the policy needs a pool that has no engines."""
+    pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
+    missing = [p for p in getattr(cls, "required_pools", ()) if p not in pools]
+    if missing:
+        raise ConfigError(f"policy {name!r} needs at least one engine in pool(s) {', '.join(missing)}; "
+                          f"set --{missing[0]} (fast: {cfg.fast}, heavy: {cfg.heavy})")
+
+
 def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_groups: bool = False,
                record: bool = True, progress: ProgressFactory = silent_progress) -> PolicyRun:
     """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes."""
     from pdsr_sdk.sim.report import batch_bounds, tail_time
 
     cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}))
-    pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
-    missing = [p for p in getattr(cls, "required_pools", ()) if p not in pools]
-    if missing:
-        raise ConfigError(f"policy {name!r} needs at least one engine in pool(s) {', '.join(missing)}; "
-                          f"set --{missing[0]} (fast: {cfg.fast}, heavy: {cfg.heavy})")
+    check_pools(cls, cfg, name)
     clock = VirtualClock()
     engines = build_engines(cfg, clock, record=record)
     longest = max((max(g[2]) for b in batches.batches for g in b), default=1)
