@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -51,12 +52,23 @@ def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
+@click.option("--steps", type=int, default=None,
+              help="Multi-step run: K training steps over a stream of the trace's groups; unfinished groups carry "
+                   "into the next step (partial rollout). Compared with the on-policy baseline at the same B.")
+@click.option("--over-provision", type=float, default=None,
+              help="With --steps: keep ceil(B x (1 + F)) groups in flight.  [default: the curve F = 0, 0.25, 0.5, 1]")
+@click.option("--step-groups", type=int, default=None, help="With --steps: groups a step consumes (B).  [default: --batch-size]")
+@click.option("--max-staleness", type=int, default=None,
+              help="With --steps: restart samples whose tokens are more than S policy versions old.  [default: no bound]")
+@click.option("--group-deadline", type=int, default=None,
+              help="With --steps: a group launched at step t is consumed by step t + D (the step waits for it).  [default: none]")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @config_option
 @click.pass_context
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, fast, heavy, batch_size, n, num_batches, profile,
-            segment_min, segment_max, no_segments, out_dir, no_timeline, quiet, config_path) -> None:
+            segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision, step_groups,
+            max_staleness, group_deadline, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -79,6 +91,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, fast, hea
       pdsr simulate --trace lengths.jsonl --policy v2.5 --policy-set cap_multiplier=2 --out-dir sim
       pdsr simulate --trace run.parquet --profile profile.yaml --policy all
       pdsr simulate calibrate --trajectories run.parquet --out profile.yaml
+      pdsr simulate --trace lengths.jsonl --steps 10 --step-groups 128 --max-staleness 2 --out-dir steps
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -92,7 +105,8 @@ def command(ctx: click.Context, trace, policy, references, policy_set, fast, hea
         "batch_size": batch_size, "n": n,
         "num_batches": num_batches, "segments.min_tokens": segment_min, "segments.max_tokens": segment_max,
         "segments.enabled": False if no_segments else None, "out_dir": out_dir,
-        "timeline": False if no_timeline else None,
+        "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
+        "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
     }
     if profile is not None:
         for pool, values in load_profile_file(profile).items():
@@ -100,8 +114,13 @@ def command(ctx: click.Context, trace, policy, references, policy_set, fast, hea
     cfg = build_config(SimulateConfig, config_path, overrides)
     if cfg.trace is None:
         raise click.UsageError("give a trace: --trace FILE (or 'trace:' in --config)")
+    if cfg.steps is not None and "policy" not in cfg.model_fields_set:
+        cfg = cfg.model_copy(update={"policy": "baseline"})   # v2.5 (the default) cannot stream
     cfg = apply_policy_sets(cfg, _parse_sets(policy_set))
     tr = read_trace(cfg.trace)
+    if cfg.steps is not None:
+        _run_steps(tr, cfg, quiet)
+        return
     report = simulate(tr, cfg, progress=silent_progress if quiet else tqdm_progress)
     if cfg.out_dir is not None:
         write_outputs(report, cfg.out_dir)
@@ -118,6 +137,29 @@ def command(ctx: click.Context, trace, policy, references, policy_set, fast, hea
                f"each batch's samples finished; simulated in {sim_s:.2f} s)")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
+
+
+def _run_steps(tr, cfg, quiet: bool) -> None:
+    from pdsr_sdk.io.tables import write_text_atomic
+    from pdsr_sdk.progress import silent_progress, tqdm_progress
+    from pdsr_sdk.sim.steps import simulate_steps, write_steps_plot
+
+    report = simulate_steps(tr, cfg, progress=silent_progress if quiet else tqdm_progress)
+    b = cfg.step_groups or cfg.batch_size
+    click.echo(f"{cfg.trace}: {cfg.steps} steps of {b} groups, policy {cfg.policy}, max staleness "
+               f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
+               f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s")
+    if len(report.runs) == 1:
+        click.echo(format_table(report.step_rows(report.runs[0])))
+    click.echo(format_table(report.rows()))
+    click.echo("(step_s: mean of steps 3 to K-1; ratio = step_s / on-policy step; off_policy: share of consumed "
+               "tokens from an older policy version, partial: the part of it from responses carried across a "
+               "weight update; held_s: time steps waited for due groups)")
+    if cfg.out_dir is not None:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))
+        write_text_atomic(json.dumps(report.to_dict(), indent=2) + "\n", cfg.out_dir / "steps.json")
+        click.echo(f"wrote {cfg.out_dir / 'steps.json'}\nwrote {report.plots[0]}")
 
 
 def write_outputs(report, out_dir: Path) -> None:

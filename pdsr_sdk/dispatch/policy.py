@@ -28,6 +28,9 @@ class Policy:
     #: a reference schedule that reads what only the simulator knows (the trace's lengths): `pdsr simulate`
     #: runs it, `pdsr rollout` refuses it, and ``--policy all`` leaves it out
     simulation_only: ClassVar[bool] = False
+    #: True if ``on_batch`` may be called again while groups of earlier calls still run (streaming:
+    #: ``DispatchRun.add_groups``, ``pdsr simulate --steps``); a policy with per-batch state leaves it False
+    streaming: ClassVar[bool] = False
 
     def __init__(self, config: Any, ctx: DispatchContext):
         self.cfg = config

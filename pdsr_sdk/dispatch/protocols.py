@@ -111,6 +111,10 @@ class DispatchContext(Protocol):
     def finish(self, sample: Sample, reason: str) -> None:
         """End a sample now with ``reason`` (e.g. ``truncated``); aborts it if running."""
 
+    def restart(self, sample: Sample) -> None:
+        """Throw a sample's tokens away and generate it again from its prompt on the engine it
+        ran on (aborting it first if running; a finished one runs again)."""
+
     def queued(self, pool: str) -> list[Sample]:
         """The samples waiting in a pool's queue, in order (a copy)."""
 
@@ -147,6 +151,9 @@ class Dispatcher(Protocol):
     name: ClassVar[str]
     #: pydantic model of this policy's settings (``extra="forbid"``)
     config_model: ClassVar[type]
+    #: optional: True if ``on_batch`` may be called again while earlier groups still run
+    #: (streaming: ``DispatchRun.add_groups``, ``pdsr simulate --steps``); absent = False
+    streaming: ClassVar[bool]
 
     def on_batch(self, groups: list[Group]) -> None:
         """A batch of prompt groups arrived; every sample is in ``group.samples``.

@@ -8,6 +8,9 @@ and every batch is reported with the same numbers and the same stat keys::
     run.start_batch(groups, on_done)        # returns at once; on_done() when its last sample finishes
     ...                                     # let the clock run: await, or clock.run(until=...)
     report = run.finish_batch()             # a BatchReport
+
+or, streaming (``pdsr simulate --steps``), ``run.add_groups(groups, step)`` whenever more groups should
+run, with ``on_group_done`` reporting each group as it completes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Callable, Sequence
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.errors import ConfigError
 
 #: counters every batch report has (0 when nothing happened); scheduler and policy counters
 #: (``ctx.count``) that are not listed here appear in a report only when they moved
@@ -111,6 +115,18 @@ class DispatchRun:
                 on_done()
 
         self.scheduler.start_batch(groups, done)
+
+    def add_groups(self, groups: list[Group], batch_index: int) -> None:
+        """Streaming: stamp the groups with ``batch_index`` (e.g. the step they were launched in) and hand
+        them to the policy while earlier groups may still run; each group's end reaches ``on_group_done``.
+        Only for a policy whose ``streaming`` is True (its ``on_batch`` may be called mid-run); batch
+        reports (``finish_batch``) do not apply."""
+        if not getattr(self.policy, "streaming", False):
+            raise ConfigError(f"policy {getattr(self.policy, 'name', '') or type(self.policy).__name__!r} cannot take "
+                              f"groups while others run (its on_batch keeps per-batch state; streaming is False)")
+        for g in groups:
+            g.batch_index = batch_index
+        self.scheduler.add_groups(groups)
 
     @property
     def batch_done(self) -> bool:

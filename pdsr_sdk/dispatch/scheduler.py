@@ -58,7 +58,8 @@ class _Queued:
 
 
 class Scheduler:
-    """Runs one batch of groups at a time through a policy on a set of engines."""
+    """Runs groups through a policy on a set of engines: one batch at a time (``start_batch``) or
+    as a stream (``add_groups``)."""
 
     def __init__(
         self,
@@ -137,6 +138,21 @@ class Scheduler:
         self._guard(self.policy.on_batch, groups)
         self._pump()
 
+    def add_groups(self, groups: list[Group]) -> None:
+        """Streaming: hand more groups to the policy (``on_batch``) while earlier ones may still run.
+
+        No batch-done callback: each group's end is reported through ``on_group_done``. For policies
+        whose ``on_batch`` may be called again before earlier groups finish (``Policy.streaming``);
+        not while a ``start_batch`` batch is running.
+        """
+        if self._batch_done is not None:
+            raise PdsrError("add_groups: a start_batch batch is still running; stream groups or run batches, not both")
+        if not groups:
+            return
+        self._dirty_engines.update(e.name for e in self.live_engines())
+        self._guard(self.policy.on_batch, groups)
+        self._pump()
+
     @property
     def idle(self) -> bool:
         return not self._runs and not self._where
@@ -199,6 +215,39 @@ class Scheduler:
         if sample in self._where:
             self._dequeue(sample)
         self._finish(sample, reason)
+        self._pump()
+
+    def restart(self, sample: Sample) -> None:
+        """Throw the sample's tokens away and generate it again from its prompt (``restarts``,
+        ``wasted_tokens``). Running: aborted, then queued on the engine it ran on (unless the abort
+        finds its last token already generated: then it finishes as usual). Queued: stays
+        where it is. Finished (e.g. its tokens grew too stale before its group was used): queued
+        again on the engine it last ran on; its group is reported done again when it finishes."""
+        run = self._run_of.get(sample)
+        if run is not None:
+            if run.intent is None:
+                run.intent = ("queue", None, run.engine, sample.cap, True)
+                run.engine.abort(run.request_id)
+            elif run.intent[0] == "queue":
+                run.intent = (*run.intent[:4], True)
+            else:   # an abort to finish it is on its way: restart instead
+                run.intent = ("queue", None, run.engine, sample.cap, True)
+            return
+        if sample in self._where:
+            self._restart(sample)
+            return
+        if not sample.finished:
+            return   # never submitted: nothing to throw away
+        engine = self._by_name.get(sample.segments[-1].engine) if sample.segments else None
+        pool = engine.pool if engine is not None else sample.routed_to
+        if pool is None:
+            raise PdsrError(f"restart: finished sample {sample.key} never ran; no engine or pool to run it on")
+        self.stats["samples_finished"] -= 1
+        self.stats["tokens_generated"] -= sample.num_generated
+        sample.finish_reason = None
+        sample.finish_time_s = None
+        self._restart(sample)
+        self._enqueue(sample, pool, engine, sample.cap, False)
         self._pump()
 
     def queued(self, pool: str) -> list[Sample]:

@@ -18,6 +18,9 @@ class ProbeBarrierPolicy(Policy):
     unfinished probes in ``self.timed_out``).
     """
 
+    #: per-batch state (pending probes, one routing pass): on_batch cannot be called again mid-batch
+    streaming = False
+
     def probe_pools(self) -> tuple[str, ...]:
         return (FAST,)
 

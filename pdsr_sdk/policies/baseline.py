@@ -25,6 +25,7 @@ class BaselinePolicy(Policy):
 
     name = "baseline"
     config_model = BaselineSettings
+    streaming = True   # each on_batch splits only its own samples; no per-batch state
 
     def on_batch(self, groups: list[Group]) -> None:
         engines = [e for pool in self.ctx.pools().values() for e in pool]

@@ -46,6 +46,7 @@ class StreamingProbePolicy(Policy):
     name = "v2"
     config_model = V2Settings
     required_pools = (FAST, HEAVY)
+    streaming = True   # routes each group when its own probe finishes; its state spans batches
 
     def __init__(self, config, ctx):
         super().__init__(config, ctx)

@@ -94,6 +94,7 @@ class V3Policy(Policy):
     """Seer-style ranked pool, KV-aware admission, one early move for the tail."""
 
     name = "v3"
+    streaming = True
     config_model = V3Settings
 
     def __init__(self, config: V3Settings, ctx):

@@ -111,11 +111,21 @@ class SimulateConfig(ConfigModel):
     tail_fraction: float = Field(0.1, gt=0, lt=1, description="The tail share measures the time spent on the last this fraction of each batch's samples.")
     out_dir: Path | None = Field(None, description="Directory for simulate.json and timeline PNGs; none = print only.")
     timeline: bool = Field(True, description="Draw the engines x time occupancy timeline (needs out_dir).")
+    # multi-step runs (partial rollout across steps; pdsr_sdk.sim.steps)
+    steps: int | None = Field(None, ge=1, description="Multi-step run: simulate this many training steps K over a stream of the trace's groups (in order), with over_provision groups in flight beyond each step's batch; unfinished groups carry into the next step. Reported next to the on-policy baseline at the same batch size. None = ordinary batch-by-batch simulation.")
+    over_provision: float | None = Field(None, ge=0, description="Multi-step: keep ceil(step_groups x (1 + over_provision)) groups in flight (carried + newly launched). None with steps set = the curve over 0, 0.25, 0.5 and 1.")
+    step_groups: int | None = Field(None, ge=1, description="Multi-step: groups B a step consumes; the step ends when B groups have completed since the previous step ended. Default: batch_size.")
+    max_staleness: int | None = Field(None, ge=0, description="Multi-step: at each step end, a sample (finished or not) of an unconsumed group whose oldest kept token is more than this many policy versions old is restarted (its tokens are thrown away and counted as wasted), so no consumed token is older than this. None = no bound.")
+    group_deadline: int | None = Field(None, ge=1, description="Multi-step: a group launched at step t is consumed at step t + group_deadline at the latest; that step does not end before the group completes (a hard bound on how long any group waits). None = no such bound (with max_staleness a sample is still restarted at most once: a step waits for it rather than restart it again).")
 
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
         if self.fast + self.heavy == 0:
             raise ValueError("fast + heavy is 0: a simulation needs at least one engine")
+        if self.steps is None:
+            for key in ("over_provision", "step_groups", "max_staleness", "group_deadline"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies to multi-step runs only; set steps too")
         return self
 
 

@@ -203,6 +203,15 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
                 max_seqs=max(p.max_num_seqs for p in profiles))
 
 
+def check_pools(cls, cfg: SimulateConfig, name: str) -> None:
+    """A ConfigError if the policy needs a pool that has no engines."""
+    pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
+    missing = [p for p in getattr(cls, "required_pools", ()) if p not in pools]
+    if missing:
+        raise ConfigError(f"policy {name!r} needs at least one engine in pool(s) {', '.join(missing)}; "
+                          f"set --{missing[0]} (fast: {cfg.fast}, heavy: {cfg.heavy})")
+
+
 def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_groups: bool = False,
                record: bool = True, progress: ProgressFactory = silent_progress) -> PolicyRun:
     """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes.
@@ -211,11 +220,8 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     variant and the run keeps each batch's best outcome (:func:`best_of`).
     """
     cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}), simulation=True)
+    check_pools(cls, cfg, name)
     pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
-    missing = [p for p in getattr(cls, "required_pools", ()) if p not in pools]
-    if missing:
-        raise ConfigError(f"policy {name!r} needs at least one engine in pool(s) {', '.join(missing)}; "
-                          f"set --{missing[0]} (fast: {cfg.fast}, heavy: {cfg.heavy})")
     variants = getattr(cls, "simulation_variants", None)
     variants = variants(settings, pools) if variants is not None else [("", settings)]
     runs = []
