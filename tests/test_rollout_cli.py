@@ -44,9 +44,9 @@ def test_empty_file(tmp_path, tiny_model_dir):
 
 
 def test_unknown_policy_lists_valid_names(prompts, tmp_path, tiny_model_dir):
-    r = invoke("--data", str(prompts), "--policy", "v3", "--out", str(tmp_path / "o.parquet"))
+    r = invoke("--data", str(prompts), "--policy", "v9", "--out", str(tmp_path / "o.parquet"))
     assert r.exit_code == 2
-    for name in ("baseline", "v1", "v2", "v2.5"):
+    for name in ("baseline", "v1", "v2", "v2.5", "v3"):
         assert name in r.output
 
 

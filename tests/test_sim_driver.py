@@ -228,7 +228,7 @@ def test_cli_round_trip_writes_json_and_png_and_calibrates(tmp_path):
     assert r.exit_code == 0, r.output
     report = json.loads((out / "simulate.json").read_text())
     # every registered policy for real engines, then the simulator-only references (on by default)
-    assert [p["policy"] for p in report["policies"]] == ["baseline", "lpt", "v1", "v2", "v2.5", "oracle",
+    assert [p["policy"] for p in report["policies"]] == ["baseline", "lpt", "v1", "v2", "v2.5", "v3", "oracle",
                                                          "oracle-probe"]
     assert report["policies"][4]["settings"]["cap_multiplier"] == 2.0
     assert report["trace"]["samples"] == 64 and report["trace"]["batches"] == 2

@@ -66,7 +66,7 @@ def test_f0_is_the_on_policy_run_step_for_step():
     assert run.dropped_groups == 0 and all(s.groups == 6 for s in run.steps)
 
 
-@pytest.mark.parametrize("policy,staleness", [("baseline", None), ("baseline", 1), ("baseline", 0), ("v2", 1)])
+@pytest.mark.parametrize("policy,staleness", [("baseline", None), ("baseline", 1), ("baseline", 0), ("v2", 1), ("v3", None), ("v3", 1)])
 def test_no_sample_lost_or_duplicated_and_staleness_holds(policy, staleness):
     trace = small_trace()
     want = recorded(trace)
@@ -144,7 +144,7 @@ def test_no_starvation_of_the_longest_group(staleness, deadline):
 
 
 def test_only_streaming_policies_run_steps():
-    assert {"baseline", "v2"} <= set(streaming_policies())
+    assert {"baseline", "v2", "v3"} <= set(streaming_policies())
     assert not {"v1", "v2.5", "lpt"} & set(streaming_policies())
     with pytest.raises(ConfigError, match=r"policy 'v2.5' cannot run --steps.*can: .*baseline"):
         run_steps(small_trace(), small_cfg(policy="v2.5"), "v2.5", 0.5)
@@ -170,7 +170,7 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     profile = tmp_path / "p.yaml"
     profile.write_text("fast: {max_num_seqs: 8, kv_cache_tokens: 4096}\nheavy: {max_num_seqs: 8, kv_cache_tokens: 4096}\n")
     res = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--steps", "5", "--batch-size", "6",
-                                   "--fast", "2", "--heavy", "1", "--profile", str(profile), "--max-staleness", "1",
+                                   "--fast", "2", "--heavy", "1", "--profile", str(profile), "--max-staleness", "1", "--policy", "baseline",
                                    "--out-dir", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
     assert "on-policy baseline step" in res.output and "off_policy" in res.output

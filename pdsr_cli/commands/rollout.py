@@ -24,7 +24,7 @@ def _parse_settings(values: tuple[str, ...]) -> dict:
 @click.command("rollout")
 @config_option
 @click.option("--policy", help="Dispatch policy: baseline, v1, v2, v2.5, a preset in policies/, a preset file, "
-                               "or 'package.module:Class'.  [default: v2.5]")
+                               "or 'package.module:Class'.  [default: v3]")
 @click.option("--set", "policy_set", multiple=True, metavar="KEY=VALUE",
               help="Override one policy setting, e.g. --set cap_multiplier=2.0 (repeatable).")
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path),

@@ -28,9 +28,9 @@ def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
 @click.option("--policy", default=None,
-              help="Policy (baseline, lpt, v1, v2, v2.5, a preset, 'pkg.mod:Class'; or a reference schedule: oracle, "
+              help="Policy (v3, baseline, lpt, v1, v2, v2.5, a preset, 'pkg.mod:Class'; or a reference schedule: oracle, "
                    "oracle-probe), a comma-separated list, or 'all' (every registered policy that runs on real "
-                   "engines, side by side).  [default: v2.5]")
+                   "engines, side by side).  [default: v3]")
 @click.option("--references/--no-references", "references", default=None,
               help="Also run baseline (if missing) and the simulator-only reference schedules oracle (true "
                    "lengths) and oracle-probe (probe lengths known from the start), for the vs_base and share "
@@ -114,8 +114,6 @@ def command(ctx: click.Context, trace, policy, references, policy_set, fast, hea
     cfg = build_config(SimulateConfig, config_path, overrides)
     if cfg.trace is None:
         raise click.UsageError("give a trace: --trace FILE (or 'trace:' in --config)")
-    if cfg.steps is not None and "policy" not in cfg.model_fields_set:
-        cfg = cfg.model_copy(update={"policy": "baseline"})   # v2.5 (the default) cannot stream
     cfg = apply_policy_sets(cfg, _parse_sets(policy_set))
     tr = read_trace(cfg.trace)
     if cfg.steps is not None:

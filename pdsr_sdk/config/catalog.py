@@ -25,6 +25,7 @@ CONFIG_MODELS.register("policy-v1", "pdsr_sdk.policies.v1:V1Settings")
 CONFIG_MODELS.register("policy-v2", "pdsr_sdk.policies.v2:V2Settings")
 CONFIG_MODELS.register("policy-v2.5", "pdsr_sdk.policies.v25:V25Settings")
 CONFIG_MODELS.register("policy-lpt", "pdsr_sdk.policies.lpt:LptSettings")
+CONFIG_MODELS.register("policy-v3", "pdsr_sdk.policies.v3:V3Settings")
 CONFIG_MODELS.register("policy-oracle", "pdsr_sdk.policies.oracle:OracleSettings")
 CONFIG_MODELS.register("policy-oracle-probe", "pdsr_sdk.policies.oracle:OracleProbeSettings")
 

@@ -17,6 +17,8 @@ class ModelEngine:
         self.pool = spec.pool
         self.max_concurrency = spec.max_num_seqs
         self.segment_capacity_tokens = spec.segment_capacity_tokens
+        #: KV-cache capacity in tokens; known once the engine has started and sized its cache
+        self.kv_cache_tokens: int | None = None
         self.model = model
         self.tokenizer = tokenizer
         self.seed = seed

@@ -75,6 +75,9 @@ class VllmEngine(ModelEngine):
         except Exception as exc:  # noqa: BLE001 - vLLM raises many types at start-up
             raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}",
                               remote_traceback=self._read_error()) from exc
+        cache = self._llm.vllm_config.cache_config
+        if cache.num_gpu_blocks and cache.block_size:   # sized by the engine core at start-up
+            self.kv_cache_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
         if self.spec.warmup_tokens:
             await self._warm_up(self.spec.warmup_tokens)
 

@@ -28,6 +28,7 @@ import heapq
 import itertools
 import math
 from collections import deque
+from typing import Literal
 
 from pydantic import Field
 
@@ -43,6 +44,10 @@ class V3Settings(ConfigModel):
     probes_first: bool = Field(
         True, description="Launch sample 0 of every group before the others, so that each group's rank is "
                           "learnt early (costs nothing: no sample waits for a probe).")
+    rank: Literal["auto", "always", "never"] = Field(
+        "auto", description="Order waiting work by its group's longest finished sample (Seer's rank): 'auto' "
+                            "while the measured probe/sibling correlation reaches min_correlation, 'always', or "
+                            "'never' (queue order: probes, then groups in batch order).")
     min_correlation: float = Field(
         0.3, ge=-1, le=1, description="Rank groups by their longest finished sample only while the correlation of "
                                       "log probe length with log sibling length (measured on finished samples) is "
@@ -119,7 +124,8 @@ class V3Policy(Policy):
         self.sums = [0.0] * 5
         self.pairs_seen = 0
         self.correlation: float | None = None
-        self.informative = False     # until measured: queue order (ranking by noise costs)
+        # 'auto' starts in queue order until measured: ranking by noise costs (docs/benchmarks.md)
+        self.informative = config.rank == "always"
         self.tail: set[Sample] = set()               # running samples past the tail threshold (or moved)
         self.tail_on: dict[str, int] = {}            # tail samples per engine
         self.targets: list[tuple[int, int, str]] = []   # lazy heap of move targets
@@ -150,6 +156,12 @@ class V3Policy(Policy):
         if self.cfg.probes_first:
             self.ctx.count("probes", len(groups))
         self._fill_all()
+
+    def batch_report(self) -> dict:
+        """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold."""
+        return {"ranking": self.informative,
+                "probe_correlation": None if self.correlation is None else round(self.correlation, 4),
+                "tail_threshold": None if math.isinf(self.tail_threshold) else int(self.tail_threshold)}
 
     def on_worker_idle(self, engine: Engine) -> None:
         if self.waiting and not self.filling:
@@ -182,6 +194,7 @@ class V3Policy(Policy):
             if probe.is_probe:
                 for s in g.samples[1:]:
                     self._add_pair(probe.num_generated, s.num_generated)
+                self._decide_ranking()
             return
         if n > rank.longest:
             rank.longest = n
@@ -212,7 +225,7 @@ class V3Policy(Policy):
 
     # --------------------------------------------------------------- ranking
     def _add_pair(self, probe_len: int, length: int) -> None:
-        """Record (probe length, sibling length); every 64 pairs, re-decide whether ranking pays."""
+        """Record a (probe length, sibling length) pair of a completed group (log lengths, sliding window)."""
         x, y = math.log1p(probe_len), math.log1p(length)
         pairs = self.pairs
         if len(pairs) == pairs.maxlen:
@@ -221,7 +234,11 @@ class V3Policy(Policy):
         pairs.append((x, y))
         self.sums = [a + b for a, b in zip(self.sums, (x, y, x * x, y * y, x * y))]
         self.pairs_seen += 1
-        if self.pairs_seen % 64 == 0 and len(pairs) >= self.cfg.min_pairs:
+
+    def _decide_ranking(self) -> None:
+        """After a group completes: rank only while its probe has been seen to predict its siblings."""
+        pairs = self.pairs
+        if self.cfg.rank == "auto" and len(pairs) >= self.cfg.min_pairs:
             n = len(pairs)
             sx, sy, sxx, syy, sxy = self.sums
             vx, vy = sxx - sx * sx / n, syy - sy * sy / n
@@ -230,7 +247,7 @@ class V3Policy(Policy):
             if informative != self.informative:
                 self.informative = informative
                 self.heap = []
-                for w in self.waiting:
+                for w in sorted(self.waiting, key=lambda w: (w.group.batch_index, w.group.position, w.index)):
                     self._push(w)
 
     def _push(self, s: Sample) -> None:
@@ -239,7 +256,8 @@ class V3Policy(Policy):
         # rank by the group's longest finished sample only while the groups' lengths have been seen to
         # predict their samples' (otherwise the order is noise and costs; queue order is baseline's)
         key = (-math.inf if rank.longest < 0 else -rank.longest) if self.informative else 0.0
-        heapq.heappush(self.heap, (tier, key, s.group.position, s.index, rank.stamp, next(self.seq), s))
+        g = s.group
+        heapq.heappush(self.heap, (tier, key, g.batch_index, g.position, s.index, rank.stamp, next(self.seq), s))
 
     def _top(self) -> Sample | None:
         heap = self.heap
@@ -247,7 +265,7 @@ class V3Policy(Policy):
             entry = heap[0]
             s = entry[-1]
             rank = self.ranks.get(id(s.group))
-            if s in self.waiting and rank is not None and entry[4] == rank.stamp:
+            if s in self.waiting and rank is not None and entry[5] == rank.stamp:
                 return s
             heapq.heappop(heap)
         return None
@@ -415,5 +433,4 @@ class V3Policy(Policy):
             return
         self._unplace(s)
         self._place(s, target)
-        self.ctx.move(s, engine=target)
-        self.ctx.count("migrations")
+        self.ctx.move(s, engine=target)     # counted by the scheduler as a move

@@ -36,7 +36,7 @@ class DataConfig(ConfigModel):
 class PolicyConfig(ConfigModel):
     """The dispatch policy and its settings."""
 
-    name: str = Field("v2.5", description="Policy name ('baseline', 'v1', 'v2', 'v2.5', or 'package.module:Class'), or a preset in policies/.")
+    name: str = Field("v3", description="Policy name ('v3' the default, 'baseline', 'v1', 'v2', 'v2.5', 'lpt', or 'package.module:Class'), or a preset in policies/.")
     settings: dict[str, Any] = Field(default_factory=dict, description="The policy's own settings; see schemas/policy-<name>.schema.json.")
 
 

@@ -1,0 +1,123 @@
+"""v3 (the default policy): ordering, KV-aware admission, the single move, and never losing to baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdsr_sdk.policies.resolve import resolve_policy
+from pdsr_sdk.sim.config import SimulateConfig
+from pdsr_sdk.sim.driver import run_policy, simulate, trace_batches
+from pdsr_sdk.traces import LengthTrace, synth_trace
+
+C0 = 0.01
+#: one request at a time, every step costs c0: a sample of L tokens takes exactly L steps
+UNIT = dict(max_num_seqs=1, kv_cache_tokens=4096, c0_s=C0, c1_s_per_seq=0.0, c2_s_per_token=0.0,
+            prefill_s_per_token=0.0)
+EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)
+
+
+def hand_run(matrix, policy="v3", *, fast=1, heavy=0, profile=UNIT, settings=None):
+    trace = LengthTrace.from_matrix(np.array(matrix), prompt_lens=[1] * len(matrix))
+    cfg = SimulateConfig(policy=policy, fast=fast, heavy=heavy, timeline=False, batch_size=len(matrix),
+                         profiles={"fast": profile, "heavy": profile}, segments={"enabled": False},
+                         policy_settings={policy: settings or {}}, references=False)
+    return run_policy(trace_batches(trace, cfg), cfg, policy, keep_groups=True)
+
+
+def launch_order(run):
+    samples = [s for g in run.groups for s in g.samples]
+    return [s.key for s in sorted(samples, key=lambda s: (s.segments[0].submit_time_s, s.finish_time_s))]
+
+
+def test_probes_first_then_the_longest_ranked_group():
+    # one single-slot engine: probes a/0 (10) and b/0 (50) run first, in batch order; then group b
+    # (longest finished sample 50) ranks above group a (10)
+    run = hand_run([[10, 10, 10], [50, 50, 50]], settings={"rank": "always"})
+    assert launch_order(run) == ["p0/0", "p1/0", "p1/1", "p1/2", "p0/1", "p0/2"]
+
+
+def test_a_group_with_no_finished_sample_ranks_as_long():
+    # two slots: p1's probe (100) is still running when p0's samples wait; p1 is unknown, so it ranks long
+    run = hand_run([[5, 5, 5], [100, 100, 100]], settings={"rank": "always"},
+                   profile={**UNIT, "max_num_seqs": 2})
+    order = launch_order(run)
+    assert order[:2] == ["p0/0", "p1/0"]
+    assert order[2:4] == ["p1/1", "p1/2"]
+
+
+def test_queue_order_when_ranking_is_off_or_not_yet_measured():
+    for settings in ({"rank": "never"}, {}):   # 'auto' starts in queue order until it has measured
+        run = hand_run([[10, 10, 10], [50, 50, 50]], settings=settings)
+        assert launch_order(run) == ["p0/0", "p1/0", "p0/1", "p0/2", "p1/1", "p1/2"]
+
+
+def test_ranking_turns_on_only_for_a_probe_that_predicts():
+    informative = synth_trace(groups=96, n=8, seed=3, prompt_sigma=1.0, noise_sigma=0.1, runaway_frac=0.0)
+    noise = synth_trace(groups=96, n=8, seed=3, prompt_sigma=0.0, noise_sigma=0.7, runaway_frac=0.0)
+    for trace, expect in ((informative, True), (noise, False)):
+        cfg = SimulateConfig(policy="v3", fast=2, heavy=0, batch_size=32, timeline=False,
+                             profiles={"fast": EQUAL, "heavy": EQUAL}, references=False)
+        run = run_policy(trace_batches(trace, cfg), cfg, "v3")
+        last = run.batches[-1].policy
+        assert last["ranking"] is expect, last
+        assert (last["probe_correlation"] > 0.5) if expect else (abs(last["probe_correlation"]) < 0.3)
+
+
+def kv_bound(policy, **settings):
+    trace = synth_trace(groups=48, n=8, seed=4, median_length=1600, max_length=8192)
+    prof = dict(max_num_seqs=64, kv_cache_tokens=65536, max_model_len=16384)
+    cfg = SimulateConfig(policy=policy, fast=2, heavy=0, batch_size=24, timeline=False,
+                         profiles={"fast": prof, "heavy": prof}, policy_settings={policy: settings},
+                         references=False)
+    run = run_policy(trace_batches(trace, cfg), cfg, policy, keep_groups=True)
+    return run, sum(e.preemptions for e in run.engines)
+
+
+def test_kv_aware_admission_preempts_less_than_baseline_and_never_idles():
+    base, base_pre = kv_bound("baseline")
+    v3, v3_pre = kv_bound("v3")
+    free, free_pre = kv_bound("v3", kv_admission=False)
+    assert base_pre > 0
+    assert v3_pre < base_pre and v3_pre < free_pre
+    # every sample ran to its recorded length (the estimate never stalls an engine: the run finished)
+    assert all(s.num_generated == s.max_tokens for g in v3.groups for s in g.samples)
+
+
+def test_nothing_moves_twice_and_every_move_is_counted():
+    trace = synth_trace(groups=64, n=8, seed=5, runaway_frac=0.02)
+    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False,
+                         profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
+                         policy_settings={"v3": {"migrate_quantile": 0.8}})
+    run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
+    moves = [s.moves for g in run.groups for s in g.samples]
+    assert max(moves) == 1
+    assert sum(moves) == run.stats["moves"] > 0
+    no_moves = cfg.model_copy(update={"policy_settings": {"v3": {"migrate": False}}})
+    off = run_policy(trace_batches(trace, no_moves), no_moves, "v3")
+    assert off.stats["moves"] == 0
+
+
+@pytest.mark.parametrize("matrix", [[[6, 5, 4], [3, 2, 2]], [[1, 9, 1], [8, 1, 8], [2, 2, 2]]])
+def test_oracle_is_never_slower_than_v3_on_hand_made_traces(matrix):
+    assert hand_run(matrix, "oracle", fast=2).makespan_s <= hand_run(matrix, "v3", fast=2).makespan_s + 1e-9
+
+
+def test_v3_at_most_one_percent_slower_than_baseline_when_the_probe_is_noise():
+    # lengths independent of the prompt: the probe says nothing (8 equal engines, B=128, two batches)
+    trace = synth_trace(groups=256, n=8, seed=6, prompt_sigma=0.0, noise_sigma=0.7, runaway_frac=0.3,
+                        max_length=1024)
+    cfg = SimulateConfig(policy="baseline,v3", fast=6, heavy=2, batch_size=128, timeline=False,
+                         profiles={"fast": EQUAL, "heavy": EQUAL}, references=False)
+    rep = simulate(trace, cfg)
+    by = {r.policy: r.makespan_s for r in rep.runs}
+    assert by["v3"] <= 1.01 * by["baseline"], by
+
+
+def test_v3_is_the_default_everywhere():
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    assert RolloutConfig().policy.name == "v3"
+    assert SimulateConfig().policy == "v3"
+    cls, settings = resolve_policy("v3")
+    assert cls.streaming and settings.probes_first
