@@ -1,19 +1,27 @@
-"""Length-controlled replay of a trace through every policy on the same real vLLM engines.
+"""Length-controlled replay of a trace through policies on the same real vLLM engines, and what the
+simulator predicts for it.
 
 Every request generates exactly its recorded length (``ignore_eos`` and a
 per-sample max), so the policies differ only in where and when work runs.
-Two CPU engines (fast-0 on core 0, heavy-0 on core 1) are started once and
-shared by all policies; a warm-up batch runs first. Prints makespan,
-tokens/s and the ratio to baseline per policy, measured in one run.
+Two equal CPU engines (fast-0 on core 0, heavy-0 on core 1, 64 sequences each)
+are started once and shared by all policies; a warm-up batch runs first.
+Two CPU engines vary by about 8% from run to run, so repeats alternate the
+policies (A B A B ...) and the ratio reported is the median of the pairwise
+ratios (baseline makespan / policy makespan of the same repeat) with its
+spread. Then the cost model is calibrated from this run's segment timings and
+``pdsr simulate`` replays the same trace with the same policies: its
+predicted ratio is printed beside the measured one.
 
-    python bench/rollout.py                       # synthetic trace, tiny model
-    python bench/rollout.py --trace lengths.jsonl --model DIR --batch-size 16
+    python bench/rollout.py                                   # baseline vs v3, tiny model
+    python bench/rollout.py --batch-size 32 --runaway-frac 0.02 --max-length 2048 --repeats 3
+    python bench/rollout.py --trace lengths.jsonl --model DIR --policies baseline,v3,v2.5
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -32,14 +40,14 @@ def parse_args():
     p.add_argument("--runaway-frac", type=float, default=0.003, help="synthetic trace: share of samples that run to max length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batch")
-    p.add_argument("--policies", default="baseline,baseline-noseg,v1,v2,v2.5,lpt",
+    p.add_argument("--policies", default="baseline,v3",
                    help="policies to run; NAME-noseg runs NAME without dynamic segments")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--fast-kv-gib", type=float, default=None, help="KV cache of the fast engine (CPU build, GiB)")
     p.add_argument("--heavy-kv-gib", type=float, default=None, help="KV cache of the heavy engine (CPU build, GiB)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per policy (median reported)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of all policies, alternating (A B A B ...)")
     return p.parse_args()
 
 
@@ -80,35 +88,64 @@ async def main_async(args) -> None:
 
     try:
         await run_rollout_async(config("baseline", work / "warmup.parquet", **{"data.limit": 4}), engines=engines)
-        rows = []
-        for policy in args.policies.split(","):
-            runs = []
-            name, noseg, _ = policy.partition("-noseg")
-            extra = {"segments.enabled": False} if noseg else {}
-            for r in range(args.repeats):
+        policies = args.policies.split(",")
+        if policies[0] != "baseline":
+            policies = ["baseline"] + [p for p in policies if p != "baseline"]
+        runs: dict[str, list] = {p: [] for p in policies}
+        for r in range(args.repeats):
+            for policy in policies:   # alternate: run-to-run drift of the engines hits every policy alike
+                name, noseg, _ = policy.partition("-noseg")
+                extra = {"segments.enabled": False} if noseg else {}
                 s = await run_rollout_async(config(name, work / f"{policy}-{r}.parquet", **extra), engines=engines)
-                runs.append(s)
-            runs.sort(key=lambda s: s.makespan_s)
-            s = runs[len(runs) // 2]
-            rows.append((policy, s))
-            print(f"  {policy:9s} makespan {s.makespan_s:8.2f} s  {s.tokens_per_s:8.1f} tok/s", flush=True)
+                runs[policy].append((s, work / f"{policy}-{r}.parquet"))
+                print(f"  round {r}: {policy:9s} makespan {s.makespan_s:8.2f} s  {s.tokens_per_s:8.1f} tok/s", flush=True)
+        kv_tokens = min((e.kv_cache_tokens for e in engines if e.kv_cache_tokens), default=1 << 22)
     finally:
         for e in engines:
             await e.close()
 
-    base = dict(rows).get("baseline")
-    print()
-    print(f"{'policy':10s}{'makespan_s':>12s}{'tokens/s':>10s}{'vs baseline':>13s}{'busy fast':>11s}"
-          f"{'busy heavy':>12s}{'offload':>9s}{'breaks':>8s}{'moves':>7s}{'steals':>8s}{'wasted':>8s}")
-    for policy, s in rows:
-        ratio = base.makespan_s / s.makespan_s if base else float("nan")
-        busy = s.engine_busy_fraction
-        st = s.stats
-        print(f"{policy:10s}{s.makespan_s:12.2f}{s.tokens_per_s:10.1f}{ratio:12.2f}x{busy.get('fast-0', 0):11.2f}"
-              f"{busy.get('heavy-0', 0):12.2f}{st['offloaded_prompts']:9d}{st['breaks']:8d}{st['moves']:7d}"
-              f"{st['steals']:8d}{st['wasted_tokens']:8d}")
-    print("\nvs baseline = baseline makespan / policy makespan (>1 is faster). Same engines, same trace, one run."
-          "\n-noseg = the same policy with each request run to its end in one go (no dynamic segments).")
+    base = [s.makespan_s for s, _ in runs["baseline"]]
+    predicted = simulate_ratios(args, trace, runs, kv_tokens)
+    print(f"\n{'policy':10s}{'makespan_s':>12s}{'tokens/s':>10s}{'vs baseline':>13s}{'spread':>17s}{'simulated':>11s}"
+          f"{'busy fast':>11s}{'busy heavy':>12s}{'moves':>7s}{'steals':>8s}{'wasted':>8s}")
+    for policy, rs in runs.items():
+        ratios = sorted(b / s.makespan_s for b, (s, _) in zip(base, rs))
+        s = sorted(rs, key=lambda x: x[0].makespan_s)[len(rs) // 2][0]
+        busy, st = s.engine_busy_fraction, s.stats
+        print(f"{policy:10s}{s.makespan_s:12.2f}{s.tokens_per_s:10.1f}{statistics.median(ratios):12.3f}x"
+              f"{'  [' + f'{ratios[0]:.3f}, {ratios[-1]:.3f}' + ']':>17s}{predicted.get(policy, float('nan')):10.3f}x"
+              f"{busy.get('fast-0', 0):11.2f}{busy.get('heavy-0', 0):12.2f}{st['moves']:7d}{st['steals']:8d}"
+              f"{st['wasted_tokens']:8d}")
+    print("\nvs baseline = median over rounds of baseline makespan / policy makespan in the same round (>1 is "
+          "faster), [min, max] over rounds; simulated = the same ratio predicted by `pdsr simulate` with a "
+          "profile calibrated from this run. -noseg = the policy without dynamic segments.")
+
+
+def simulate_ratios(args, trace, runs, kv_tokens: int) -> dict[str, float]:
+    """baseline / policy makespan predicted by the simulator, calibrated from this run's segment timings."""
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.sim.calibrate import calibrate
+    from pdsr_sdk.sim.config import SimulateConfig
+    from pdsr_sdk.sim.driver import run_policy, trace_batches
+    from pdsr_sdk.traces import LengthTrace
+
+    paths = [p for rs in runs.values() for _, p in rs]
+    fits = calibrate(paths, per_pool=False)   # equal engines: one fit over all segments
+    table = pq.read_table(paths[0], columns=["prompt_id", "prompt_length"]).to_pylist()
+    plen = {r["prompt_id"]: r["prompt_length"] for r in table}
+    replay = LengthTrace(prompt_ids=trace.prompt_ids, prompt_lens=[plen.get(p, 1) for p in trace.prompt_ids],
+                         lengths=trace.lengths, offsets=trace.offsets, source="bench")
+    profile = {**next(iter(fits.values())).profile(), "max_num_seqs": args.max_num_seqs,
+               "kv_cache_tokens": kv_tokens, "max_model_len": int(trace.lengths.max()) + 512}
+    out = {}
+    for policy in runs:
+        name, noseg, _ = policy.partition("-noseg")
+        cfg = SimulateConfig(policy=name, fast=1, heavy=1, batch_size=args.batch_size,
+                             profiles={"fast": profile, "heavy": profile}, timeline=False,
+                             segments={"enabled": not noseg})
+        out[policy] = run_policy(trace_batches(replay, cfg), cfg, name, record=False).makespan_s
+    return {p: out["baseline"] / v for p, v in out.items()}
 
 
 if __name__ == "__main__":
