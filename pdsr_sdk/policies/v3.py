@@ -352,14 +352,14 @@ class V3Policy(Policy):
         waiting_work = len(self.waiting) * self._prior()
         return self._limit(e) * (self.total_remaining + waiting_work) / self.total_slots
 
-    def _take(self, e: Engine) -> bool:
+    def _take(self, e: Engine, balance: bool = True) -> bool:
         """Give ``e`` the top-ranked waiting sample if it has a slot and KV room; True if it did."""
         if self._slots(e) <= 0 or self.ctx.free_slots(e) <= 0:
             return False
         s = self._top()
         if s is None or not self._fits(e, s.prompt_len + self._expected_length(s)):
             return False
-        if (self.cfg.balance and self.assigned[e.name]
+        if (balance and self.cfg.balance and self.assigned[e.name]
                 and self.remaining[e.name] + self._expected_length(s) > self._fair_share(e)):
             return False
         heapq.heappop(self.heap)
@@ -377,7 +377,8 @@ class V3Policy(Policy):
             self.filling = False
 
     def _fill_all(self) -> None:
-        """Spread the ranked work over all engines, one sample at a time to the least loaded one."""
+        """A batch arrived: spread its ranked work over all engines, one sample at a time to the least loaded
+        one, as far as slots and KV allow (no share limit: what fits now starts now)."""
         self.filling = True
         try:
             engines = [e for es in self.ctx.pools().values() for e in es]
@@ -386,7 +387,7 @@ class V3Policy(Policy):
             heapq.heapify(heap)
             while heap and self.waiting:
                 _, i, e = heapq.heappop(heap)
-                if self._take(e):
+                if self._take(e, balance=False):
                     heapq.heappush(heap, (self.assigned[e.name] / e.max_concurrency, i, e))
         finally:
             self.filling = False
