@@ -129,6 +129,7 @@ class V3Policy(Policy):
         self.tail: set[Sample] = set()               # running samples past the tail threshold (or moved)
         self.tail_on: dict[str, int] = {}            # tail samples per engine
         self.targets: list[tuple[int, int, str]] = []   # lazy heap of move targets
+        self.targets_stale = True
         self.total_remaining = 0.0
 
     # ------------------------------------------------------------------ hooks
@@ -403,11 +404,19 @@ class V3Policy(Policy):
             self._push_engine(name)
 
     def _push_engine(self, name: str) -> None:
-        """Record an engine's (tail samples, samples) in the lazy heap of move targets."""
+        """Record an engine's (tail samples, samples) in the lazy heap of move targets. Targets are only
+        looked up once nothing waits, so while work waits the heap is marked stale instead (rebuilt once)."""
+        if self.waiting:
+            self.targets_stale = True
+            return
         heapq.heappush(self.targets, (self.tail_on[name], self.assigned[name], name))
 
     def _best_target(self) -> Engine | None:
         """The live engine running the fewest tail samples, then the fewest samples."""
+        if self.targets_stale:
+            self.targets = [(n, self.assigned[name], name) for name, n in self.tail_on.items()]
+            heapq.heapify(self.targets)
+            self.targets_stale = False
         heap = self.targets
         while heap:
             tails, count, name = heap[0]
