@@ -101,6 +101,17 @@ def atomic_path(path: str | Path) -> Iterator[str]:
         raise
 
 
+def write_png(fig, path: str | Path, *, dpi: int = 110) -> None:
+    """Save a matplotlib figure as a PNG atomically, then close it (pyplot keeps open figures alive)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
+
+
 def _temp_beside(path: Path) -> str:
     """A new empty file next to ``path`` (same filesystem: the rename is atomic) with the
     permissions a plain ``open`` would give it (``mkstemp`` makes it 0600)."""

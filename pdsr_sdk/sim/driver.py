@@ -203,6 +203,13 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
                 max_seqs=max(p.max_num_seqs for p in profiles))
 
 
+def raise_fatal(exc: BaseException, policy: str, where: str) -> None:
+    """Re-raise what ended a simulated run: a PdsrError as it is, a policy's bug named with where it happened."""
+    if isinstance(exc, PdsrError):
+        raise exc
+    raise PdsrError(f"policy {policy!r} failed in {where}: {type(exc).__name__}: {exc}") from exc
+
+
 def check_pools(cls, cfg: SimulateConfig, name: str) -> None:
     """A ConfigError if the policy needs a pool that has no engines."""
     pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
@@ -309,10 +316,7 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
             if not done and not fatal:
                 events += clock.run(until=lambda: bool(done) or bool(fatal))
             if fatal:
-                exc = fatal[0]
-                if isinstance(exc, PdsrError):
-                    raise exc
-                raise PdsrError(f"policy {name!r} failed in batch {bi}: {type(exc).__name__}: {exc}") from exc
+                raise_fatal(fatal[0], name, f"batch {bi}")
             if not run.batch_done:
                 raise PdsrError(f"policy {name!r}: batch {bi} stalled with samples unfinished (nothing left to run)")
             report = run.finish_batch()

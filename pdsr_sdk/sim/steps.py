@@ -48,7 +48,7 @@ from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
-from pdsr_sdk.sim.driver import build_batch, build_engines, check_pools, trace_batches
+from pdsr_sdk.sim.driver import build_batch, build_engines, check_pools, raise_fatal, trace_batches
 from pdsr_sdk.sim.engine import SimEngine
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
@@ -429,10 +429,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         if not fatal:
             events = clock.run(until=lambda: stream.done or bool(fatal))
         if fatal:
-            exc = fatal[0]
-            if isinstance(exc, PdsrError):
-                raise exc
-            raise PdsrError(f"policy {name!r} failed in step {stream.t}: {type(exc).__name__}: {exc}") from exc
+            raise_fatal(fatal[0], name, f"step {stream.t}")
         if not stream.done:
             raise PdsrError(f"policy {name!r}: step {stream.t} stalled with {len(stream.flying)} groups in "
                             f"flight, {len(stream.complete)} complete (nothing left to run)")
@@ -581,7 +578,7 @@ def write_steps_plot(report: StepsReport, path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pdsr_sdk.io.tables import atomic_path
+    from pdsr_sdk.io.tables import write_png
 
     rows = report.rows()
     fig, ax = plt.subplots(figsize=(6, 4.2))
@@ -601,9 +598,5 @@ def write_steps_plot(report: StepsReport, path) -> str:
     ax.set_title(f"{report.runs[0].policy}, B={cfg.step_groups or cfg.batch_size}, K={cfg.steps}, "
                  f"max staleness {s}", fontsize=9)
     ax.set_ylim(bottom=0)
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
+    write_png(fig, path)
     return str(path)

@@ -56,11 +56,7 @@ def write_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
     axes[-1, 0].set_xlabel("virtual time (s)")
     if image is not None:
         fig.colorbar(image, ax=axes[:, 0].tolist(), label="running sequences", shrink=0.8)
-    from pdsr_sdk.io.tables import atomic_path
+    from pdsr_sdk.io.tables import write_png
 
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
+    write_png(fig, path)
     return Path(path)
