@@ -318,8 +318,7 @@ class V3Policy(Policy):
         cap = getattr(e, "kv_cache_tokens", None)
         return cap is None or self.demand[e.name] + need <= self.cfg.kv_budget * cap
 
-    def _place(self, s: Sample, e: Engine) -> None:
-        length = self._expected_length(s)
+    def _place(self, s: Sample, e: Engine, length: float) -> None:
         self.engine_of[s] = e.name
         self.predicted[s] = (length, s.num_generated)
         self.demand[e.name] += s.prompt_len + length
@@ -358,14 +357,17 @@ class V3Policy(Policy):
         if self._slots(e) <= 0 or self.ctx.free_slots(e) <= 0:
             return False
         s = self._top()
-        if s is None or not self._fits(e, s.prompt_len + self._expected_length(s)):
+        if s is None:
+            return False
+        length = self._expected_length(s)
+        if not self._fits(e, s.prompt_len + length):
             return False
         if (balance and self.cfg.balance and self.assigned[e.name]
-                and self.remaining[e.name] + self._expected_length(s) > self._fair_share(e)):
+                and self.remaining[e.name] + length > self._fair_share(e)):
             return False
         heapq.heappop(self.heap)
         self.waiting.discard(s)
-        self._place(s, e)
+        self._place(s, e, length)
         self.ctx.submit(s, engine=e)
         return True
 
@@ -438,9 +440,9 @@ class V3Policy(Policy):
                          and self.assigned[to] <= self.cfg.migrate_min_ratio * self.assigned[name])
         if not (fewer_tails or fewer_samples):
             return
-        need = s.prompt_len + self._expected_length(s)
-        if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, need):
+        length = self._expected_length(s)
+        if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, s.prompt_len + length):
             return
         self._unplace(s)
-        self._place(s, target)
+        self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
