@@ -86,13 +86,14 @@ class V3Settings(ConfigModel):
 
 
 class _GroupRank:
-    __slots__ = ("longest", "total", "count", "stamp")
+    __slots__ = ("longest", "total", "count", "stamp", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
         self.longest = -1      # longest finished sample (-1: none finished: ranks as long)
         self.total = 0
-        self.count = 0
+        self.count = 0         # finishes seen (a restarted sample may count twice)
         self.stamp = 0
+        self.size = size       # samples unfinished when the group arrived: it cannot be done before count reaches this
 
 
 class V3Policy(Policy):
@@ -146,7 +147,7 @@ class V3Policy(Policy):
                     self._push_engine(e.name)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
         for g in groups:
-            self.ranks[id(g)] = _GroupRank()
+            self.ranks[id(g)] = _GroupRank(sum(1 for s in g.samples if not s.finished))
             for s in g.samples:
                 if s.finished:
                     continue
@@ -188,7 +189,7 @@ class V3Policy(Policy):
             return
         rank.total += n
         rank.count += 1
-        if g.done:
+        if rank.count >= rank.size and g.done:   # the count first: Group.done walks the samples
             del self.ranks[id(g)]
             # whole groups only: pairs taken as samples finish would over-represent the short ones
             probe = g.samples[0]
@@ -203,10 +204,8 @@ class V3Policy(Policy):
             for s in g.samples:
                 if s in self.waiting:
                     self._push(s)
-        # the group's running samples are now predicted by its own mean
-        for s in g.samples:
-            if s in self.engine_of and not s.finished:
-                self._repredict(s)
+        # the group's running samples take its new mean at their next segment end (segments are short:
+        # re-predicting every sibling on every finish cost more than the rest of the policy at scale)
 
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
         self._repredict(sample)
@@ -229,11 +228,12 @@ class V3Policy(Policy):
         """Record a (probe length, sibling length) pair of a completed group (log lengths, sliding window)."""
         x, y = math.log1p(probe_len), math.log1p(length)
         pairs = self.pairs
+        sx, sy, sxx, syy, sxy = self.sums
         if len(pairs) == pairs.maxlen:
             ox, oy = pairs[0]
-            self.sums = [a - b for a, b in zip(self.sums, (ox, oy, ox * ox, oy * oy, ox * oy))]
+            sx, sy, sxx, syy, sxy = sx - ox, sy - oy, sxx - ox * ox, syy - oy * oy, sxy - ox * oy
         pairs.append((x, y))
-        self.sums = [a + b for a, b in zip(self.sums, (x, y, x * x, y * y, x * y))]
+        self.sums = [sx + x, sy + y, sxx + x * x, syy + y * y, sxy + x * y]
         self.pairs_seen += 1
 
     def _decide_ranking(self) -> None:
