@@ -19,6 +19,10 @@ class DataError(PdsrError):
     """An input data file is invalid; the message names the file, row or column."""
 
 
+class PdsrDeprecationWarning(DeprecationWarning):
+    """An old spelling (config key, flag) that still works; the message names what to use instead."""
+
+
 class EngineError(PdsrError):
     """An engine failed; carries the engine's name, exit status and its own traceback."""
 
