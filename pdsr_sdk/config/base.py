@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from pdsr_sdk.errors import ConfigError, PdsrDeprecationWarning
+from pdsr_sdk.errors import ConfigError, PdsrDeprecationWarning, PdsrError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -145,6 +145,8 @@ def format_validation_error(
             valid = _valid_keys(model, loc[:-1])
             hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
             lines.append(f"{origin}: {key}: unknown config key{hint}")
+        elif isinstance((err.get("ctx") or {}).get("error"), PdsrError):   # our validators' own message
+            lines.append(f"{origin}: {key}: {err['ctx']['error']}")
         else:
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"

@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel, validate_config
 from pdsr_sdk.dispatch.config import SegmentConfig
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, ConfigValueError
 
 #: cost/KV keys of a profile (the rest mirror EngineSpec's fields of the same name)
 COST_KEYS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
@@ -50,8 +50,8 @@ class EngineProfile(ConfigModel):
     @model_validator(mode="after")
     def _fits(self) -> "EngineProfile":
         if self.kv_cache_tokens < self.block_size:
-            raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block "
-                             f"({self.block_size} tokens)")
+            raise ConfigValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block "
+                                   f"({self.block_size} tokens)")
         return self
 
     @property
@@ -121,11 +121,11 @@ class SimulateConfig(ConfigModel):
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
         if self.fast + self.heavy == 0:
-            raise ValueError("fast + heavy is 0: a simulation needs at least one engine")
+            raise ConfigValueError("fast + heavy is 0: a simulation needs at least one engine")
         if self.steps is None:
             for key in ("over_provision", "step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"{key} applies to multi-step runs only; set steps too")
+                    raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
         return self
 
 
