@@ -64,3 +64,10 @@ def test_the_cli_prints_any_pdsr_error_in_one_line():
 
     r = CliRunner().invoke(boom, [])
     clean(r, "error: policy 'x': no live engine in pool(s) heavy to run probes")
+
+
+def test_sdk_config_overrides_are_validated_naming_the_key():
+    from pdsr_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"groups: Input should be greater than or equal to 1"):
+        synth_trace(groups=0)
