@@ -58,7 +58,8 @@ def test_cli_prints_the_deprecation_on_stderr(tmp_path):
 
 
 def test_simulate_policy_set_is_an_alias_of_set(tmp_path):
-    trace = write_trace_jsonl(synth_trace(groups=4, n=4, seed=1, median_length=120, max_length=700), tmp_path / "t.jsonl")
+    trace = write_trace_jsonl(synth_trace(groups=4, n=4, seed=1, median_length=120, max_length=700),
+                              tmp_path / "t.jsonl")
     args = ["simulate", "--trace", str(trace), "--policy", "v2.5", "--fast", "1", "--heavy", "1", "--quiet",
             "--out-dir", str(tmp_path / "o"), "--no-timeline"]
     r = CliRunner().invoke(cli, [*args, "--policy-set", "cap_multiplier=3"])

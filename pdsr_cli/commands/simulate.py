@@ -52,9 +52,9 @@ from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, config_option, de
 @config_option
 @click.pass_context
 @handle_errors
-def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n, num_batches, profile,
-            segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision, step_groups,
-            max_staleness, group_deadline, quiet, config_path) -> None:
+def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
+            num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
+            step_groups, max_staleness, group_deadline, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts

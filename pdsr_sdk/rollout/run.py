@@ -66,7 +66,8 @@ def policy_configs(config) -> list:
         tag = re.sub(r"[^\w.-]+", "_", name)
         paths = {"path": out.path.with_name(f"{out.path.stem}.{tag}{out.path.suffix}")}
         if out.summary_path is not None:
-            paths["summary_path"] = out.summary_path.with_name(f"{out.summary_path.stem}.{tag}{out.summary_path.suffix}")
+            summary = out.summary_path
+            paths["summary_path"] = summary.with_name(f"{summary.stem}.{tag}{summary.suffix}")
         configs.append(config.model_copy(update={"policy": name, "output": out.model_copy(update=paths)}))
     return configs
 
