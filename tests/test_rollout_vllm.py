@@ -45,13 +45,11 @@ def rollout(engine_loop, engines, tiny_model_dir, tmp_path, data, policy, settin
     overrides = {
         "model": str(tiny_model_dir), "data.path": str(data), "data.target_lengths_column": "lengths",
         "sampling.ignore_eos": True, "sampling.n": 4, "sampling.max_tokens": 256, "batch_size": 5,
-        "policy.name": policy, "output.path": str(tmp_path / f"{policy}.parquet"),
+        "policy": policy, "output.path": str(tmp_path / f"{policy}.parquet"),
         "segments.min_tokens": 16, "segments.max_tokens": 64,
         **over,
     }
-    for k, v in (settings or {}).items():
-        overrides[f"policy.settings.{k}"] = v
-    cfg = load_config(RolloutConfig, None, overrides)
+    cfg = load_config(RolloutConfig, None, overrides, base={"policy_settings": {policy: settings or {}}})
     summary = run_on(engine_loop, run_rollout_async(cfg, engines=engines))
     return summary, pq.read_table(cfg.output.path).to_pylist()
 

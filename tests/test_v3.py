@@ -117,7 +117,7 @@ def test_v3_at_most_one_percent_slower_than_baseline_when_the_probe_is_noise():
 def test_v3_is_the_default_everywhere():
     from pdsr_sdk.rollout.config import RolloutConfig
 
-    assert RolloutConfig().policy.name == "v3"
+    assert RolloutConfig().policy == "v3"
     assert SimulateConfig().policy == "v3"
     cls, settings = resolve_policy("v3")
     assert cls.streaming and settings.probes_first

@@ -60,7 +60,7 @@ class RolloutSession:
     def __init__(self, config, *, engines: list | None = None, model_dir: str | Path | None = None):
         self.config = config
         self.model_dir = str(model_dir or config.model or "")
-        self.policy_cls, self.policy_settings = resolve_policy(config.policy.name, config.policy.settings)
+        self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
         self._given_engines = engines
         self.engines: list = []
         self.engine_specs: list = []
