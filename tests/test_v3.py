@@ -142,12 +142,12 @@ def stream(lane, **kw):
 
     trace = synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
     cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, over_provision=0.25,
-                         timeline=False, profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
+                         max_staleness=1, timeline=False, profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
                          policy_settings={"v3": {"tail_lane": lane, "migrate_min_history": 256}}, **kw)
     return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
 
 
-def test_in_a_stream_the_tail_moves_once_to_the_heavy_lane():
+def test_in_a_stream_under_a_staleness_bound_the_tail_moves_once_to_the_heavy_lane():
     run = stream("auto")
     # groups launched after the first step (step 0 starts on empty engines: no stream yet, no lane)
     moved = [s for g in run.groups if run.launched_at[g.prompt_id] > 0 for s in g.samples if s.moves]
@@ -155,8 +155,10 @@ def test_in_a_stream_the_tail_moves_once_to_the_heavy_lane():
     for s in moved:
         assert s.moves <= 1 + s.restarts
         assert s.segments[-1].pool == "heavy" and s.segments[-1].end_reason != "moved"
-    never = stream("never")
-    assert sum(s.moves for g in never.groups if never.launched_at[g.prompt_id] > 0 for s in g.samples) < len(moved)
+    never = stream("never")    # moves then go to the least crowded engine, of either pool
+    ends = [s.segments[-1].pool for g in never.groups if never.launched_at[g.prompt_id] > 0
+            for s in g.samples if s.moves]
+    assert "fast" in ends
 
 
 def test_the_lane_stays_off_within_a_batch():

@@ -93,10 +93,11 @@ class V3Settings(ConfigModel):
     tail_lane: Literal["auto", "always", "never"] = Field(
         "auto", description="A tail lane on the heavy pool: a sample in the tail (or restarted) moves once to the heavy "
                             "engine with the fewest tail samples, and a heavy engine that holds one admits new work "
-                            "only up to lane_seqs, so the tail runs on lightly loaded engines. 'auto': on once groups "
-                            "arrive while others still run (partial rollout across steps: there new work never stops "
-                            "and the tail would otherwise run for steps at full load); within one batch the lane "
-                            "costs more capacity than it saves (docs/benchmarks.md).")
+                            "only up to lane_seqs, so the tail runs on lightly loaded engines. 'auto': on while groups "
+                            "arrive as others still run with slots to spare (partial rollout across steps) and "
+                            "samples come back restarted for staleness: new work never stops there and the tail "
+                            "would run at full load until it grows too stale; within one batch, or with no "
+                            "staleness bound, the lane costs more capacity than it saves (docs/benchmarks.md).")
     lane_seqs: int = Field(
         48, ge=1, description="A heavy engine holding a tail sample admits new work only while it runs fewer samples "
                               "than this (its step time stays a few times below a full engine's).")
@@ -136,6 +137,8 @@ class V3Policy(Policy):
         self.finished_sum = 0
         self.finished_count = 0
         self.lane = config.tail_lane == "always"
+        self.stream_has_room = False
+        self.restarts_seen = False     # a sample came back restarted: a staleness bound is in force
         self.tail_threshold = math.inf
         self.by_name: dict[str, Engine] = {}
         self.seq = itertools.count()
@@ -180,9 +183,9 @@ class V3Policy(Policy):
                 self._push(s)
         if self.cfg.probes_first:
             self.ctx.count("probes", len(groups))
-        if self.cfg.tail_lane == "auto":
-            # the lane takes capacity from new work: worth it only while the stream leaves slots free
-            self.lane = streaming and self.total_assigned + len(self.waiting) <= self.total_slots
+        # the lane takes capacity from new work: worth it only while the stream leaves slots free
+        self.stream_has_room = streaming and self.total_assigned + len(self.waiting) <= self.total_slots
+        self._set_lane()
         self._fill_all()
 
     def batch_report(self) -> dict:
@@ -236,6 +239,9 @@ class V3Policy(Policy):
         # re-predicting every sibling on every finish cost more than the rest of the policy at scale)
 
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
+        if sample.restarts and not self.restarts_seen:
+            self.restarts_seen = True
+            self._set_lane()
         self._repredict(sample)
         if sample not in self.tail and sample.num_generated >= self.tail_threshold:
             self._mark_tail(sample, engine.name, +1)
@@ -481,6 +487,12 @@ class V3Policy(Policy):
         self._unplace(s)
         self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+
+    def _set_lane(self) -> None:
+        """'auto': a tail lane while a stream leaves slots free and samples are being restarted for staleness
+        (without a staleness bound a slow tail just carries over, and the lane's capacity costs ~4%)."""
+        if self.cfg.tail_lane == "auto":
+            self.lane = self.stream_has_room and self.restarts_seen
 
     def _lane_move(self, s: Sample, engine: Engine) -> None:
         """Move a tail (or restarted) sample to the heavy engine holding the fewest tail samples (then the
