@@ -88,7 +88,7 @@ def test_nothing_moves_twice_and_every_move_is_counted():
     trace = synth_trace(groups=64, n=8, seed=5, runaway_frac=0.02)
     cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False,
                          profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
-                         policy_settings={"v3": {"migrate_quantile": 0.8, "migrate_min_history": 64}})
+                         policy_settings={"v3": {"migrate_quantile": 0.8}})
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     moves = [s.moves for g in run.groups for s in g.samples]
     assert max(moves) == 1
@@ -122,19 +122,10 @@ def test_tail_threshold_follows_the_history_once_it_is_full():
     trace = LengthTrace.from_matrix(lengths, prompt_lens=[1] * 32)
     cfg = SimulateConfig(policy="v3", fast=2, heavy=0, batch_size=16, timeline=False,
                          profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
-                         policy_settings={"v3": {"history": 64, "migrate_min_history": 64}})
+                         policy_settings={"v3": {"history": 64}})
     run = run_policy(trace_batches(trace, cfg), cfg, "v3")
     first, last = (b.policy["tail_threshold"] for b in run.batches)
     assert first is not None and first < 200 and last >= 1000
-
-
-def test_no_tail_before_enough_lengths_are_known():
-    # a cold first batch: its early finishes are its short samples, so nothing counts as tail yet
-    trace = synth_trace(groups=32, n=8, seed=5, runaway_frac=0.02)
-    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False,
-                         profiles={"fast": EQUAL, "heavy": EQUAL}, references=False)
-    run = run_policy(trace_batches(trace, cfg), cfg, "v3")
-    assert run.batches[0].policy["tail_threshold"] is None and run.stats["moves"] == 0
 
 
 def stream(lane, **kw):
@@ -143,7 +134,7 @@ def stream(lane, **kw):
     trace = synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
     cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, over_provision=0.25,
                          max_staleness=1, timeline=False, profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
-                         policy_settings={"v3": {"tail_lane": lane, "migrate_min_history": 256}}, **kw)
+                         policy_settings={"v3": {"tail_lane": lane}}, **kw)
     return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
 
 

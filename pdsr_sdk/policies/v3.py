@@ -80,10 +80,6 @@ class V3Settings(ConfigModel):
                              "source (a move re-prefills the sample's context on the target).")
     migrate_min_ratio: float = Field(
         0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
-    migrate_min_history: int = Field(
-        2048, ge=0, description="No sample counts as in the tail until this many finished lengths are known: early "
-                                "in a first batch the finished samples are the short ones, the quantile is too low "
-                                "and moving many samples costs more than it saves (docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
@@ -212,7 +208,7 @@ class V3Policy(Policy):
         self.finished_lengths.append(n)
         self.finished_sum += n
         self.finished_count += 1
-        if self.finished_count % 64 == 0 and self.finished_count >= self.cfg.migrate_min_history:
+        if self.finished_count % 64 == 0:   # (by count: the history stops growing once full)
             self._update_tail_threshold()
         g = sample.group
         rank = self.ranks.get(id(g))
@@ -470,12 +466,15 @@ class V3Policy(Policy):
 
     def _maybe_move(self, s: Sample, engine: Engine) -> None:
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
-        when that engine is clearly less crowded than its own."""
+        when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
+        or clearly fewer samples. (A move costs a prefill of the whole context on the target; moving
+        between engines that differ only in their tail counts cost 1-2% on cold batches, whose early
+        tail threshold is low.)"""
         target = self._best_target()
         if target is None or target is engine:
             return
         name, to = engine.name, target.name
-        fewer_tails = self.tail_on[to] + 1 < self.tail_on[name]
+        fewer_tails = self.tail_on[to] + 1 < self.tail_on[name] and self.assigned[to] < self.assigned[name]
         fewer_samples = (self.tail_on[to] <= self.tail_on[name] - 1
                          and self.assigned[name] - self.assigned[to] >= self.cfg.migrate_min_gap
                          and self.assigned[to] <= self.cfg.migrate_min_ratio * self.assigned[name])
