@@ -60,7 +60,7 @@ async def run_real(args, prompts: Path, out_dir: Path) -> dict[str, dict]:
         warm = {"model": model, "data.path": str(prompts), "data.target_lengths_column": "lengths",
                 "data.apply_chat_template": False, "data.limit": args.batch_size, "sampling.ignore_eos": True,
                 "sampling.n": args.n, "sampling.max_tokens": args.max_length, "batch_size": args.batch_size,
-                "policy.name": "baseline", "reward": "none", "output.path": str(out_dir / "warmup.parquet"),
+                "policy": "baseline", "reward": "none", "output.path": str(out_dir / "warmup.parquet"),
                 "output.overwrite": True}
         t = time.perf_counter()
         await run_rollout_async(load_config(RolloutConfig, None, warm), engines=engines)
@@ -69,7 +69,7 @@ async def run_real(args, prompts: Path, out_dir: Path) -> dict[str, dict]:
             overrides = {
                 "model": model, "data.path": str(prompts), "data.target_lengths_column": "lengths",
                 "data.apply_chat_template": False, "sampling.ignore_eos": True, "sampling.n": args.n,
-                "sampling.max_tokens": args.max_length, "batch_size": args.batch_size, "policy.name": policy,
+                "sampling.max_tokens": args.max_length, "batch_size": args.batch_size, "policy": policy,
                 "reward": "none", "output.path": str(out_dir / f"{policy}.parquet"), "output.overwrite": True,
             }
             cfg = load_config(RolloutConfig, None, overrides)

@@ -22,7 +22,7 @@ FAMILIES = {
     "uninformative": dict(prompt_sigma=0.05, noise_sigma=0.7, runaway_frac=0.35, max_length=1024),
     "kv-bound": dict(median_length=3400, max_length=32768),
 }
-POLICIES = ("baseline", "v1", "v2", "v2.5", "lpt", "v3", "oracle-probe", "oracle")
+POLICIES = "all,oracle-probe,oracle"   # every registered policy for real engines, then the references
 
 
 def main() -> None:
@@ -32,14 +32,15 @@ def main() -> None:
     ap.add_argument("--engines", default="8,64")
     ap.add_argument("--batch-sizes", default="128,512")
     ap.add_argument("--families", default=",".join(FAMILIES))
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=POLICIES)
     args = ap.parse_args()
 
+    from pdsr_sdk.policies.resolve import policy_names
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import run_policy, trace_batches
     from pdsr_sdk.traces import synth_trace
 
-    policies = args.policies.split(",")
+    policies = policy_names(args.policies)
     for fam in args.families.split(","):
         print(f"\n{fam}:\n")
         print("| engines | B | " + " | ".join(policies) + " | v3 share of oracle gain | preemptions base / v3 |")

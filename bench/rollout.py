@@ -83,7 +83,7 @@ async def main_async(args) -> None:
         return load_config(RolloutConfig, None, {
             "model": model, "data.path": str(prompts), "data.target_lengths_column": "target_lengths",
             "sampling.ignore_eos": True, "sampling.n": n, "sampling.max_tokens": longest,
-            "batch_size": args.batch_size, "policy.name": policy, "output.path": str(out),
+            "batch_size": args.batch_size, "policy": policy, "output.path": str(out),
             "output.overwrite": True, "reward": "none", **extra})
 
     try:

@@ -57,7 +57,7 @@ async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
     engines = [VllmEngine.from_spec(EngineSpec(name=f"fast-{i}", pool="fast", devices=[i % cores], max_num_seqs=4,
                                                max_model_len=512, kv_cache_gib=kv_gib, dtype="bfloat16"), model=model)
                for i in range(engines_n)]
-    cfg = RolloutConfig(model=model, policy={"name": "baseline"})
+    cfg = RolloutConfig(model=model, policy="baseline")
     update, write, stage, load = [], [], [], []
     async with RolloutSession(cfg, engines=engines) as session:
         await asyncio.gather(*(e.start() for e in engines))

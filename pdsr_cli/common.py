@@ -1,16 +1,18 @@
-"""Helpers shared by the CLI commands: config assembly, error reporting."""
+"""Helpers shared by the CLI commands: config assembly, error and deprecation reporting, the policy
+flags (``--policy``, ``--set [POLICY:]KEY=VALUE``) of ``pdsr rollout`` and ``pdsr simulate``."""
 
 from __future__ import annotations
 
 import functools
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 import click
 
-from pdsr_sdk.errors import PdsrError
+from pdsr_sdk.errors import PdsrDeprecationWarning, PdsrError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,7 +31,10 @@ def handle_errors(f: F) -> F:
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return f(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", PdsrDeprecationWarning)
+                warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+                return f(*args, **kwargs)
         except PdsrError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
@@ -38,6 +43,67 @@ def handle_errors(f: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _show_warning(fallback: Callable[..., None], message, category, filename, lineno, file=None, line=None) -> None:
+    """pdsr's deprecation warnings as one ``warning:`` line on stderr; others go to ``fallback``."""
+    if issubclass(category, PdsrDeprecationWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        fallback(message, category, filename, lineno, file, line)
+
+
+def deprecated_flag(old: str, new: str, dest: str, **kwargs: Any) -> Callable[[F], F]:
+    """A hidden old spelling ``old`` of flag ``new``: it still works, and says on stderr what to use."""
+    def warn(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value:
+            click.echo(f"warning: {old} is deprecated; use {new}", err=True)
+        return value
+
+    return click.option(old, dest, hidden=True, callback=warn, **kwargs)
+
+
+class _PolicyOption(click.Option):
+    """An option whose help names the registered policies, looked up only when help is shown."""
+
+    def get_help_record(self, ctx: click.Context):
+        if self.help and "{runnable}" in self.help:
+            from pdsr_sdk.policies.resolve import reference_policies, runnable_policies
+
+            self.help = self.help.format(runnable=", ".join(runnable_policies()),
+                                         references=", ".join(reference_policies()))
+        return super().get_help_record(ctx)
+
+
+def policy_option(help: str) -> Callable[[F], F]:
+    """``--policy``: ``{runnable}`` and ``{references}`` in ``help`` become the registry's policy lists."""
+    return click.option("--policy", cls=_PolicyOption, default=None, help=help)
+
+
+POLICY_SET_METAVAR = "[POLICY:]KEY=VALUE"
+
+
+def policy_set_option(f: F) -> F:
+    """``--set [POLICY:]KEY=VALUE`` (repeatable): one policy setting."""
+    return click.option(
+        "--set", "policy_set", multiple=True, metavar=POLICY_SET_METAVAR,
+        help="Override a policy setting (repeatable); without POLICY: it applies to every selected policy that "
+             "has the setting, e.g. --set cap_multiplier=2.0 or --set v2:steal=false.",
+    )(f)
+
+
+def parse_policy_sets(values: tuple[str, ...], flag: str = "--set") -> list[tuple[str | None, str, Any]]:
+    """``[POLICY:]KEY=VALUE`` strings -> ``(policy or None, key, value)``; values are read as YAML."""
+    import yaml
+
+    out = []
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected {POLICY_SET_METAVAR}, got {item!r}", param_hint=flag)
+        policy, colon, name = key.strip().rpartition(":")
+        out.append((policy if colon else None, name, yaml.safe_load(raw)))
+    return out
 
 
 def build_config(model: type, config_path: Path | None, overrides: Mapping[str, Any]):
@@ -71,3 +137,42 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
     out = [line(columns), line(["-" * w for w in widths])]
     out += [line(row) for row in cells]
     return "\n".join(out)
+
+
+def build_config_replacing(model: type, config_path: Path | None, overrides: Mapping[str, Any], *,
+                           drop_from_file: tuple[str, ...] = (), required: Mapping[str, str] | None = None):
+    """:func:`build_config`, for a command whose flags do more than override a key of the file.
+
+    ``drop_from_file``: dotted keys removed from the ``--config`` file's values
+    before the flags apply (a flag that replaces a *different* key, e.g. one of
+    two exclusive modes: ``pdsr score --max-tokens-per-mb`` replaces the
+    file's ``mbs``). ``required``: dotted key -> flag; a key set neither by the
+    file nor by a flag is a ConfigError naming both.
+    """
+    from pydantic import ValidationError
+
+    from pdsr_sdk.config import read_config_file, set_dotted
+    from pdsr_sdk.config.base import format_validation_error
+    from pdsr_sdk.errors import ConfigError
+
+    data = read_config_file(config_path) if config_path is not None else {}
+    for dotted in drop_from_file:
+        *parents, last = dotted.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for dotted, value in given.items():
+        set_dotted(data, dotted, value)
+    for dotted, flag in (required or {}).items():
+        node = data
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            raise ConfigError(f"{flag} is required (or '{dotted}:' in the --config file)")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, source=config_path, overrides=given)) from None

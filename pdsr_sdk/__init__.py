@@ -31,6 +31,7 @@ _LAZY = {
     "ConfigError": "pdsr_sdk.errors",
     "DataError": "pdsr_sdk.errors",
     "EngineError": "pdsr_sdk.errors",
+    "RunError": "pdsr_sdk.errors", "DataValueError": "pdsr_sdk.errors", "ConfigValueError": "pdsr_sdk.errors",
 }
 
 __all__ = sorted(_LAZY)

@@ -19,6 +19,24 @@ class DataError(PdsrError):
     """An input data file is invalid; the message names the file, row or column."""
 
 
+class ConfigValueError(ConfigError, ValueError):
+    """A config value or SDK argument out of range. Also a ValueError: pydantic validators raise it (and
+    :func:`~pdsr_sdk.config.load_config` reports it naming the file and key), callers may catch ValueError."""
+
+
+class DataValueError(DataError, ValueError):
+    """Input data of the wrong shape or size; also a ValueError."""
+
+
+class RunError(PdsrError, RuntimeError):
+    """A run cannot go on (no live engine left in a pool a policy needs), or an SDK call came out of
+    order (a batch report before the batch finished). Also a RuntimeError."""
+
+
+class PdsrDeprecationWarning(DeprecationWarning):
+    """An old spelling (config key, flag) that still works; the message names what to use instead."""
+
+
 class EngineError(PdsrError):
     """An engine failed; carries the engine's name, exit status and its own traceback."""
 

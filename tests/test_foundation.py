@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from pdsr_sdk.config import ConfigModel, load_config
-from pdsr_sdk.config.catalog import CONFIG_MODELS, render_schemas
+from pdsr_sdk.config.catalog import config_models, render_schemas
 from pdsr_sdk.errors import ConfigError, PdsrError
 from pdsr_sdk.registry import Registry
 
@@ -66,9 +66,9 @@ def _nested(annotation):
         yield from _nested(arg)
 
 
-@pytest.mark.parametrize("name", CONFIG_MODELS.names())
+@pytest.mark.parametrize("name", sorted(config_models()))
 def test_every_config_field_is_described_and_extra_keys_are_forbidden(name):
-    for model in _models(CONFIG_MODELS.get(name)):
+    for model in _models(config_models()[name]):
         assert issubclass(model, ConfigModel), f"{model.__name__} must subclass ConfigModel"
         assert model.model_config.get("extra") == "forbid"
         missing = [f for f, info in model.model_fields.items() if not info.description]

@@ -197,7 +197,7 @@ def test_references_are_refused_outside_the_simulator(tmp_path):
     from pdsr_sdk.rollout.session import RolloutSession
 
     with pytest.raises(ConfigError, match="simulator-only reference schedule.*pdsr simulate"):
-        RolloutSession(RolloutConfig(policy={"name": "oracle"}))
+        RolloutSession(RolloutConfig(policy="oracle"))
     # a preset naming a reference is refused as well
     (tmp_path / "mine.yaml").write_text("policy: oracle\nsettings: {placement: lpt}\n")
     with pytest.raises(ConfigError, match="simulator-only"):
@@ -231,5 +231,5 @@ def test_simulate_cli_names_references_and_leaves_them_out_on_request(tmp_path):
     policies = [line.split()[0] for line in r.output.splitlines()[3:-1]]
     assert policies == policy_names("all")
     assert "of_oracle" not in r.output.splitlines()[1] and "vs_base" in r.output.splitlines()[1]
-    r = CliRunner().invoke(cli, [*common, "--policy", "v2.5", "--references", "--policy-set", "oracle:variant=bad"])
+    r = CliRunner().invoke(cli, [*common, "--policy", "v2.5", "--references", "--set", "oracle:variant=bad"])
     assert r.exit_code == 2 and "variant" in r.output

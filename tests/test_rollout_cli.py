@@ -61,10 +61,10 @@ def test_unknown_config_key_is_named_with_its_dotted_path(prompts, tmp_path, tin
 def test_bad_policy_setting_is_named(prompts, tmp_path, tiny_model_dir):
     r = invoke("--data", str(prompts), "--policy", "v2.5", "--set", "cap_multipler=2",
                "--out", str(tmp_path / "o.parquet"))
-    assert r.exit_code == 2 and "policy.settings.cap_multipler" in r.output and "cap_multiplier" in r.output
+    assert r.exit_code == 2 and "policy_settings.v2.5.cap_multipler" in r.output and "cap_multiplier" in r.output
     r = invoke("--data", str(prompts), "--policy", "v2.5", "--set", "offload_fraction=1.5",
                "--out", str(tmp_path / "o.parquet"))
-    assert r.exit_code == 2 and "policy.settings.offload_fraction" in r.output
+    assert r.exit_code == 2 and "policy_settings.v2.5.offload_fraction" in r.output
 
 
 def test_existing_output_needs_resume_or_overwrite(prompts, tmp_path, tiny_model_dir):

@@ -45,13 +45,11 @@ def rollout(engine_loop, engines, tiny_model_dir, tmp_path, data, policy, settin
     overrides = {
         "model": str(tiny_model_dir), "data.path": str(data), "data.target_lengths_column": "lengths",
         "sampling.ignore_eos": True, "sampling.n": 4, "sampling.max_tokens": 256, "batch_size": 5,
-        "policy.name": policy, "output.path": str(tmp_path / f"{policy}.parquet"),
+        "policy": policy, "output.path": str(tmp_path / f"{policy}.parquet"),
         "segments.min_tokens": 16, "segments.max_tokens": 64,
         **over,
     }
-    for k, v in (settings or {}).items():
-        overrides[f"policy.settings.{k}"] = v
-    cfg = load_config(RolloutConfig, None, overrides)
+    cfg = load_config(RolloutConfig, None, overrides, base={"policy_settings": {policy: settings or {}}})
     summary = run_on(engine_loop, run_rollout_async(cfg, engines=engines))
     return summary, pq.read_table(cfg.output.path).to_pylist()
 
@@ -206,7 +204,7 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
     from pdsr_sdk.errors import DataError, EngineError
     from pdsr_sdk.rollout.session import RolloutSession
 
-    cfg = RolloutConfig(model=str(tiny_model_dir), batch_size=2, policy={"name": "baseline"},
+    cfg = RolloutConfig(model=str(tiny_model_dir), batch_size=2, policy="baseline",
                         sampling={"n": 2, "max_tokens": 24}, segments={"min_tokens": 8, "max_tokens": 16})
     policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     old = torch_logps(policy)

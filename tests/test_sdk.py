@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_torch, requires_vllm
-from pdsr_sdk.errors import DataError, PdsrError
+from pdsr_sdk.errors import DataError, DataValueError, RunError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,14 +31,14 @@ def test_the_trainer_names_come_from_pdsr_sdk():
 def test_the_synchronous_calls_need_the_session_open():
     from pdsr_sdk import RolloutConfig, RolloutSession
 
-    session = RolloutSession(RolloutConfig(policy={"name": "baseline"}))
-    with pytest.raises(PdsrError, match=r"with RolloutSession\(config\) as session"):
+    session = RolloutSession(RolloutConfig(policy="baseline"))
+    with pytest.raises(RunError, match=r"with RolloutSession\(config\) as session"):
         session.step(["hi"])
 
     async def inside():
         session.update_weights({})
 
-    with pytest.raises(PdsrError, match=r"await session\.aupdate_weights"):
+    with pytest.raises(RunError, match=r"await session\.aupdate_weights"):
         asyncio.run(inside())
 
 
@@ -102,7 +102,7 @@ def test_weights_are_checked_against_the_model_and_written_once_to_shared_memory
     assert stage_weights(iter(sd.items()), ref).items is not None       # an iterator of pairs
 
     name = "model.layers.0.self_attn.q_proj.weight"
-    with pytest.raises(DataError, match=rf"unknown parameter 'model.layers.0.self_attn.q_proj.weights'.*did you mean '{name}'"):
+    with pytest.raises(DataValueError, match=rf"unknown parameter 'model.layers.0.self_attn.q_proj.weights'.*did you mean '{name}'"):
         stage_weights({**sd, name + "s": sd[name]}, ref)
     with pytest.raises(DataError, match=rf"parameter '{name}' has shape \[2, 2\]; .* expects \[256, 256\]"):
         stage_weights({**sd, name: torch.zeros(2, 2)}, ref)

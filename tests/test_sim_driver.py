@@ -224,7 +224,7 @@ def test_cli_round_trip_writes_json_and_png_and_calibrates(tmp_path):
     out = tmp_path / "out"
     r = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--policy", "all", "--fast", "2",
                                  "--heavy", "1", "--batch-size", "8", "--out-dir", str(out), "--quiet",
-                                 "--policy-set", "cap_multiplier=2.0"])
+                                 "--set", "cap_multiplier=2.0"])
     assert r.exit_code == 0, r.output
     report = json.loads((out / "simulate.json").read_text())
     # every registered policy for real engines, then the simulator-only references (on by default)
@@ -264,9 +264,9 @@ def test_cli_errors_are_clean(tmp_path):
     assert r.exit_code == 2 and "--trace" in r.output
     r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "v2.5", "--heavy", "0", "--quiet"])
     assert r.exit_code == 2 and "needs at least one engine in pool(s) heavy" in r.output
-    r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "all", "--policy-set", "bogus=1"])
+    r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "all", "--set", "bogus=1"])
     assert r.exit_code == 2 and "'bogus' belongs to none of the selected policies" in r.output
-    r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "v2.5", "--policy-set", "v2.5:cap_multiplier=-1"])
+    r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "v2.5", "--set", "v2.5:cap_multiplier=-1"])
     assert r.exit_code == 2 and "cap_multiplier" in r.output
     r = run(cli, ["simulate", "--trace", str(trace_path), "--n", "9"])
     assert r.exit_code == 2 and "n is 9 but group 0" in r.output and "has only 4 samples" in r.output

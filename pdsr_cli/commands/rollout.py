@@ -6,27 +6,16 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config, config_option, format_table, handle_errors
-
-
-def _parse_settings(values: tuple[str, ...]) -> dict:
-    import yaml
-
-    out = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
-        out[key.strip()] = yaml.safe_load(raw)
-    return out
+from pdsr_cli.common import (build_config, config_option, format_table, handle_errors, parse_policy_sets,
+                             policy_option, policy_set_option)
 
 
 @click.command("rollout")
 @config_option
-@click.option("--policy", help="Dispatch policy: baseline, v1, v2, v2.5, a preset in policies/, a preset file, "
-                               "or 'package.module:Class'.  [default: v3]")
-@click.option("--set", "policy_set", multiple=True, metavar="KEY=VALUE",
-              help="Override one policy setting, e.g. --set cap_multiplier=2.0 (repeatable).")
+@policy_option("Dispatch policy ({runnable}), a preset in policies/, a preset file, or 'package.module:Class'; "
+               "a comma-separated list, or 'all' (every registered policy that runs on real engines): one run "
+               "per policy, each to <out stem>.<policy>.parquet.  [default: v3]")
+@policy_set_option
 @click.option("--data", type=click.Path(dir_okay=False, path_type=Path),
               help="Prompts (Parquet or JSONL).  [default: the built-in sample prompts]")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
@@ -38,8 +27,8 @@ def _parse_settings(values: tuple[str, ...]) -> dict:
 @click.option("--temperature", type=float, help="Sampling temperature.  [default: 1.0]")
 @click.option("--top-p", type=float, help="Nucleus sampling mass.  [default: 1.0]")
 @click.option("--ignore-eos", is_flag=True, default=None, help="Generate to max tokens (or forced lengths) past EOS.")
-@click.option("--fast", "fast_engines", type=int, help="Engines in the fast pool (automatic layout).")
-@click.option("--heavy", "heavy_engines", type=int, help="Engines in the heavy pool (automatic layout).")
+@click.option("--fast", type=int, help="Engines in the fast pool (automatic layout).")
+@click.option("--heavy", type=int, help="Engines in the heavy pool (automatic layout).")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="Run the engines as Ray actors on this cluster: 'auto' (the one this machine joined with "
                    "`ray start`), 'local' (start a one-machine cluster), 'HOST:6379', or 'ray://HOST:10001'. "
@@ -61,7 +50,7 @@ def _parse_settings(values: tuple[str, ...]) -> dict:
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
-            temperature, top_p, ignore_eos, fast_engines, heavy_engines, ray_address, prompt_column,
+            temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, id_column, ground_truth_column, target_lengths_column, reward, seed, no_segments, out,
             summary, resume, overwrite, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
@@ -77,18 +66,21 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --n 4 --max-tokens 256 --overwrite     # tiny model, sample prompts
       pdsr rollout --policy v2.5 --data math.parquet --model DIR --n 8 --batch-size 128
       pdsr rollout --config run.yaml --resume
+      pdsr rollout --policy v2 --set breaker_tokens=1024 --fast 6 --heavy 2
+      pdsr rollout --policy all --data math.parquet --model DIR --out runs/ab.parquet   # one run per policy
       pdsr rollout --ray auto --model /shared/models/qwen --data math.parquet   # engines on a Ray cluster
     """
     from pdsr_sdk.progress import silent_progress, tqdm_progress
     from pdsr_sdk.rollout.config import RolloutConfig
-    from pdsr_sdk.rollout.run import run_rollout, summary_path
+    from pdsr_sdk.policies.resolve import with_policy_sets
+    from pdsr_sdk.rollout.run import policy_configs, run_rollout, summary_path
 
     overrides = {
-        "policy.name": policy,
+        "policy": policy,
         "data.path": data, "model": model, "sampling.n": n, "batch_size": batch_size,
         "num_batches": num_batches, "data.limit": limit, "sampling.max_tokens": max_tokens,
         "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.ignore_eos": ignore_eos,
-        "fast_engines": fast_engines, "heavy_engines": heavy_engines, "ray.address": ray_address,
+        "fast": fast, "heavy": heavy, "ray.address": ray_address,
         "data.prompt_column": prompt_column, "data.messages_column": messages_column,
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
         "data.target_lengths_column": target_lengths_column, "reward": reward, "seed": seed,
@@ -96,15 +88,20 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite,
     }
-    overrides.update({f"policy.settings.{k}": v for k, v in _parse_settings(policy_set).items()})
-    cfg = build_config(RolloutConfig, config_path, overrides)
+    cfg = with_policy_sets(build_config(RolloutConfig, config_path, overrides), parse_policy_sets(policy_set))
+    runs = policy_configs(cfg)
     if cfg.model is None:
         click.echo("model: the built-in tiny random model (pass --model DIR for a real one)", err=True)
     if cfg.data.path is None:
         click.echo("data: the built-in sample prompts (pass --data FILE for your own)", err=True)
-    result = run_rollout(cfg, progress=silent_progress if quiet else tqdm_progress)
-    click.echo(render_summary(result))
-    click.echo(f"trajectories: {result.output}\nsummary: {summary_path(cfg)}")
+    results = []
+    for run_cfg in runs:
+        results.append(run_rollout(run_cfg, progress=silent_progress if quiet else tqdm_progress))
+        click.echo(render_summary(results[-1]))
+        click.echo(f"trajectories: {results[-1].output}\nsummary: {summary_path(run_cfg)}")
+    if len(results) > 1:
+        click.echo("\n" + format_table([{"policy": s.policy, "makespan_s": round(s.makespan_s, 3), "tokens": s.tokens,
+                                         "tokens_per_s": round(s.tokens_per_s, 1)} for s in results]))
 
 
 def render_summary(s) -> str:

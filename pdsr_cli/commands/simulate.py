@@ -8,36 +8,22 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config, config_option, format_table, handle_errors
-
-
-def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]:
-    import yaml
-
-    out = []
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"expected [POLICY:]KEY=VALUE, got {item!r}", param_hint="--policy-set")
-        policy, colon, name = key.strip().rpartition(":")
-        out.append((policy if colon else None, name, yaml.safe_load(raw)))
-    return out
+from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, config_option, deprecated_flag, format_table,
+                             handle_errors, parse_policy_sets, policy_option, policy_set_option)
 
 
 @click.group("simulate", invoke_without_command=True)
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
-@click.option("--policy", default=None,
-              help="Policy (v3, baseline, lpt, v1, v2, v2.5, a preset, 'pkg.mod:Class'; or a reference schedule: oracle, "
-                   "oracle-probe), a comma-separated list, or 'all' (every registered policy that runs on real "
-                   "engines, side by side).  [default: v3]")
+@policy_option("Policy ({runnable}, a preset, 'pkg.mod:Class'; or a reference schedule: {references}), a "
+               "comma-separated list, or 'all' (every registered policy that runs on real engines, side by side).  "
+               "[default: v3]")
 @click.option("--references/--no-references", "references", default=None,
               help="Also run baseline (if missing) and the simulator-only reference schedules oracle (true "
                    "lengths) and oracle-probe (probe lengths known from the start), for the vs_base and share "
                    "columns.  [default: on when more than one policy is selected]")
-@click.option("--policy-set", "policy_set", multiple=True, metavar="[POLICY:]KEY=VALUE",
-              help="Override a policy setting (repeatable); without POLICY: it applies to every selected policy "
-                   "that has the setting, e.g. --policy-set cap_multiplier=2.0 or --policy-set v2:steal=false.")
+@policy_set_option
+@deprecated_flag("--policy-set", "--set", "old_policy_set", multiple=True, metavar=POLICY_SET_METAVAR)
 @click.option("--fast", type=int, default=None, help="Engines in the fast pool.  [default: 6]")
 @click.option("--heavy", type=int, default=None, help="Engines in the heavy pool.  [default: 2]")
 @click.option("--batch-size", type=int, default=None, help="Prompts per batch (B).  [default: 128]")
@@ -66,9 +52,9 @@ def _parse_sets(values: tuple[str, ...]) -> list[tuple[str | None, str, object]]
 @config_option
 @click.pass_context
 @handle_errors
-def command(ctx: click.Context, trace, policy, references, policy_set, fast, heavy, batch_size, n, num_batches, profile,
-            segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision, step_groups,
-            max_staleness, group_deadline, quiet, config_path) -> None:
+def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
+            num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
+            step_groups, max_staleness, group_deadline, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -88,7 +74,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, fast, hea
     \b
     Examples:
       pdsr simulate --trace examples/traces/synth_256x8.jsonl --policy all --fast 6 --heavy 2
-      pdsr simulate --trace lengths.jsonl --policy v2.5 --policy-set cap_multiplier=2 --out-dir sim
+      pdsr simulate --trace lengths.jsonl --policy v2.5 --set cap_multiplier=2 --out-dir sim
       pdsr simulate --trace run.parquet --profile profile.yaml --policy all
       pdsr simulate calibrate --trajectories run.parquet --out profile.yaml
       pdsr simulate --trace lengths.jsonl --steps 10 --step-groups 128 --max-staleness 2 --out-dir steps
@@ -114,7 +100,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, fast, hea
     cfg = build_config(SimulateConfig, config_path, overrides)
     if cfg.trace is None:
         raise click.UsageError("give a trace: --trace FILE (or 'trace:' in --config)")
-    cfg = apply_policy_sets(cfg, _parse_sets(policy_set))
+    cfg = apply_policy_sets(cfg, parse_policy_sets(policy_set) + parse_policy_sets(old_policy_set, "--policy-set"))
     tr = read_trace(cfg.trace)
     if cfg.steps is not None:
         _run_steps(tr, cfg, quiet)

@@ -20,31 +20,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdsr_sdk.errors import ConfigValueError, DataValueError
+
 _EPS = 1e-9  # guards ceil/floor of float products: 0.55 * 100 = 55.00000000000001, 0.7 * 90 = 62.99999999999999
 
 
 def _as_matrix(lengths, *, min_n: int = 1) -> np.ndarray:
     arr = np.asarray(lengths)
     if arr.ndim != 2:
-        raise ValueError(f"lengths must be a [G, N] array, got shape {arr.shape}")
+        raise DataValueError(f"lengths must be a [G, N] array, got shape {arr.shape}")
     if arr.shape[1] < min_n:
-        raise ValueError(f"this statistic needs at least {min_n} samples per group, got N = {arr.shape[1]}")
+        raise DataValueError(f"this statistic needs at least {min_n} samples per group, got N = {arr.shape[1]}")
     if arr.shape[0] < 1:
-        raise ValueError("lengths has no groups")
+        raise DataValueError("lengths has no groups")
     return arr
 
 
 def top_k_count(num_groups: int, frac: float) -> int:
     """Size of a top-``frac`` set of ``num_groups`` groups: ``max(1, floor(frac * G))``."""
     if not 0 < frac <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {frac}")
+        raise ConfigValueError(f"fraction must be in (0, 1], got {frac}")
     return max(1, math.floor(frac * num_groups + _EPS))
 
 
 def offload_count(frac: float, batch_prompts: int) -> int:
     """Prompts a V2.5 batch of ``batch_prompts`` offloads to heavy: ``ceil(frac * B)`` (>= 1 when frac > 0)."""
     if not 0 < frac <= 1:
-        raise ValueError(f"offload fraction must be in (0, 1], got {frac}")
+        raise ConfigValueError(f"offload fraction must be in (0, 1], got {frac}")
     return min(batch_prompts, math.ceil(frac * batch_prompts - _EPS))
 
 
@@ -125,7 +127,7 @@ def top_k_mask(lengths, k: int) -> np.ndarray:
     x = _as_matrix(lengths)
     g = x.shape[0]
     if not 1 <= k <= g:
-        raise ValueError(f"k must be in 1..{g}, got {k}")
+        raise ConfigValueError(f"k must be in 1..{g}, got {k}")
     # stable sort of -x keeps group order among equal lengths
     order = np.argsort(-x.astype(np.int64), axis=0, kind="stable")[:k]
     mask = np.zeros(x.shape, dtype=bool)
@@ -192,7 +194,7 @@ def false_negatives(lengths, length: int) -> FalseNegatives:
 def _batch_blocks(x: np.ndarray, batch_prompts: int) -> list[np.ndarray]:
     """[G, N] -> [nb, B, N] of the full batches, plus [1, r, N] for a shorter last batch."""
     if batch_prompts < 1:
-        raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
+        raise ConfigValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
     g = x.shape[0]
     full = g // batch_prompts
     blocks = []
@@ -254,7 +256,7 @@ def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> Bat
     """
     x = _as_matrix(lengths, min_n=2)
     if capture_top < 1:
-        raise ValueError(f"capture_top must be >= 1, got {capture_top}")
+        raise ConfigValueError(f"capture_top must be >= 1, got {capture_top}")
     parts = []
     for block in _batch_blocks(x.astype(np.int64), batch_prompts):
         probe = block[:, :, 0]

@@ -4,20 +4,52 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, PdsrDeprecationWarning, PdsrError
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigModel(BaseModel):
-    """Base of every pdsr config: unknown keys are errors."""
+    """Base of every pdsr config: unknown keys are errors; old key spellings work, with a warning."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    #: old top-level key -> its new name (still accepted, with a :class:`PdsrDeprecationWarning`)
+    renamed_keys: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_old_keys(cls, data: Any) -> Any:
+        return cls.upgrade(data) if isinstance(data, dict) else data
+
+    @classmethod
+    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None) -> dict[str, Any]:
+        """``data`` with old key spellings moved to their new keys, warning once per old key."""
+        data = dict(data)
+        for old, new in cls.renamed_keys.items():
+            if old in data:
+                if new in data:
+                    raise ConfigError(f"{_origin(source)}{old} and {new} are the same setting ({old} is its old "
+                                      f"name); keep {new} only")
+                deprecated_key(old, new, source)
+                data[new] = data.pop(old)
+        return data
+
+
+def deprecated_key(old: str, new: str, source: str | Path | None = None) -> None:
+    """Warn that config key ``old`` is deprecated in favour of ``new`` (naming the file, if any)."""
+    warnings.warn(f"{_origin(source)}config key '{old}' is deprecated; use '{new}'", PdsrDeprecationWarning,
+                  stacklevel=3)
+
+
+def _origin(source: str | Path | None) -> str:
+    return f"{source}: " if source else ""
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -70,7 +102,10 @@ def load_config(
     """
     data: dict[str, Any] = _deep_merge({}, dict(base or {}))
     if path is not None:
-        data = _deep_merge(data, read_config_file(path))
+        found = read_config_file(path)
+        if issubclass(model, ConfigModel):   # old keys are renamed before flags override the new ones
+            found = model.upgrade(found, source=path)
+        data = _deep_merge(data, found)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     for key, value in given.items():
         set_dotted(data, key, value)
@@ -110,6 +145,8 @@ def format_validation_error(
             valid = _valid_keys(model, loc[:-1])
             hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
             lines.append(f"{origin}: {key}: unknown config key{hint}")
+        elif isinstance((err.get("ctx") or {}).get("error"), PdsrError):   # our validators' own message
+            lines.append(f"{origin}: {key}: {err['ctx']['error']}")
         else:
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"

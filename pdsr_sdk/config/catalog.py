@@ -1,7 +1,8 @@
 """Every config model and output schema pdsr exports to ``schemas/``.
 
 Entries are lazy import paths so that listing them imports nothing heavy.
-Add a line here when you add a config model or an output table.
+Add a line here when you add a config model or an output table; a policy's settings model
+(``policy-<name>``) comes from the policy registry, so a registered policy needs no line here.
 """
 
 from __future__ import annotations
@@ -20,14 +21,11 @@ CONFIG_MODELS.register("trace_synth", "pdsr_sdk.traces.config:TraceSynthConfig")
 CONFIG_MODELS.register("simulate", "pdsr_sdk.sim.config:SimulateConfig")
 CONFIG_MODELS.register("simulate_calibrate", "pdsr_sdk.sim.config:CalibrateConfig")
 CONFIG_MODELS.register("rollout", "pdsr_sdk.rollout.config:RolloutConfig")
-CONFIG_MODELS.register("policy-baseline", "pdsr_sdk.policies.baseline:BaselineSettings")
-CONFIG_MODELS.register("policy-v1", "pdsr_sdk.policies.v1:V1Settings")
-CONFIG_MODELS.register("policy-v2", "pdsr_sdk.policies.v2:V2Settings")
-CONFIG_MODELS.register("policy-v2.5", "pdsr_sdk.policies.v25:V25Settings")
-CONFIG_MODELS.register("policy-lpt", "pdsr_sdk.policies.lpt:LptSettings")
-CONFIG_MODELS.register("policy-v3", "pdsr_sdk.policies.v3:V3Settings")
-CONFIG_MODELS.register("policy-oracle", "pdsr_sdk.policies.oracle:OracleSettings")
-CONFIG_MODELS.register("policy-oracle-probe", "pdsr_sdk.policies.oracle:OracleProbeSettings")
+
+#: config models another registry knows: schema-name prefix -> import path of a function returning
+#: {name: model}, written as ``schemas/<prefix>-<name>.schema.json``
+CONFIG_FAMILIES: Registry[object] = Registry("config model family")
+CONFIG_FAMILIES.register("policy", "pdsr_sdk.policies.resolve:settings_models")
 
 #: Arrow schema of each output table: import path of a zero-argument function
 #: returning a ``pyarrow.Schema``; written to ``schemas/<name>.arrow.json``.
@@ -37,11 +35,18 @@ OUTPUT_SCHEMAS.register("score_output", "pdsr_sdk.scoring.table:score_output_sch
 OUTPUT_SCHEMAS.register("trajectory", "pdsr_sdk.dispatch.trajectory:trajectory_schema")
 
 
+def config_models() -> dict[str, type]:
+    """Schema name -> config model: every entry of CONFIG_MODELS and of each CONFIG_FAMILIES function."""
+    models = {name: CONFIG_MODELS.get(name) for name in CONFIG_MODELS.names()}
+    for prefix in CONFIG_FAMILIES.names():
+        models.update({f"{prefix}-{name}": model for name, model in CONFIG_FAMILIES.get(prefix)().items()})
+    return models
+
+
 def render_schemas() -> dict[str, str]:
     """File name -> file text for every exported schema (deterministic)."""
     files: dict[str, str] = {}
-    for name in CONFIG_MODELS.names():
-        model = CONFIG_MODELS.get(name)
+    for name, model in config_models().items():
         files[f"{name}.schema.json"] = json.dumps(model.model_json_schema(), indent=2, sort_keys=True) + "\n"
     for name in OUTPUT_SCHEMAS.names():
         schema = OUTPUT_SCHEMAS.get(name)()

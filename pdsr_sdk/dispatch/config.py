@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.errors import ConfigValueError
 
 
 class SamplingConfig(ConfigModel):
@@ -33,5 +34,5 @@ class SegmentConfig(ConfigModel):
     @model_validator(mode="after")
     def _ordered(self) -> "SegmentConfig":
         if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            raise ConfigValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         return self

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.dispatch.protocols import DispatchContext, Engine
 from pdsr_sdk.dispatch.types import FAST, HEAVY, TRUNCATED, Group, Sample
+from pdsr_sdk.errors import RunError
 
 
 class NoSettings(ConfigModel):
@@ -96,7 +97,9 @@ class Policy:
         slots = [sum(e.max_concurrency for e in live.get(p, [])) for p in pools]
         total = sum(slots)
         if total == 0:
-            raise ValueError(f"no live engine in pool(s) {', '.join(pools)} to run probes")
+            raise RunError(f"policy {self.name or type(self).__name__!r}: no live engine in pool(s) {', '.join(pools)} "
+                           f"to run probes (their engines failed or none was configured: see the engine errors, "
+                           f"or set --fast/--heavy)")
         # largest-remainder split so the shares add up exactly
         quotas = [len(probes) * s / total for s in slots]
         counts = [math.floor(q) for q in quotas]

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, RunError
 
 #: counters every batch report has (0 when nothing happened); scheduler and policy counters
 #: (``ctx.count``) that are not listed here appear in a report only when they moved
@@ -136,7 +136,7 @@ class DispatchRun:
     def finish_batch(self) -> BatchReport:
         """The report of the finished batch; the next batch gets the next index."""
         if self._groups is None or self._end is None:
-            raise RuntimeError("finish_batch: no finished batch (start one and wait for it)")
+            raise RunError("finish_batch: no finished batch (start one with start_batch and wait until batch_done)")
         sched = self.scheduler
         groups, start, end = self._groups, self._start, self._end
         busy = self._engine_busy(end)

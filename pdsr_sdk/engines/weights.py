@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import DataError, DataValueError
 
 #: names a Hugging Face state dict may hold that vLLM's loaders skip
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -215,18 +215,18 @@ class ModelWeights:
                     continue
                 close = _closest(name, self.shapes)
                 hint = f" (did you mean {close!r}?)" if close else ""
-                raise DataError(f"{what}: unknown parameter {name!r}: the model in {self.folder} has no such "
+                raise DataValueError(f"{what}: unknown parameter {name!r}: the model in {self.folder} has no such "
                                 f"tensor{hint}")
             if tuple(shape) != tuple(ref[0]):
-                raise DataError(f"{what}: parameter {name!r} has shape {list(shape)}; the model in {self.folder} "
+                raise DataValueError(f"{what}: parameter {name!r} has shape {list(shape)}; the model in {self.folder} "
                                 f"expects {list(ref[0])}")
             if name in seen:
-                raise DataError(f"{what}: parameter {name!r} is given twice")
+                raise DataValueError(f"{what}: parameter {name!r} is given twice")
             seen.add(name)
         missing = [n for n in self.shapes if n not in seen]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-            raise DataError(f"{what}: {len(missing)} parameter(s) of the model in {self.folder} are missing: "
+            raise DataValueError(f"{what}: {len(missing)} parameter(s) of the model in {self.folder} are missing: "
                             f"{', '.join(repr(m) for m in missing[:3])}{more} (update_weights takes every tensor "
                             f"of the model at once)")
         return skip
@@ -312,12 +312,12 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None) -> Staged
         try:
             name, tensor = pair
         except (TypeError, ValueError):
-            raise DataError(f"update_weights: item {i} is not a (name, tensor) pair: {type(pair).__name__}") from None
+            raise DataValueError(f"update_weights: item {i} is not a (name, tensor) pair: {type(pair).__name__}") from None
         if not isinstance(name, str) or not hasattr(tensor, "shape") or not hasattr(tensor, "element_size"):
-            raise DataError(f"update_weights: item {i} ({name!r}) is not a (str, torch.Tensor) pair")
+            raise DataValueError(f"update_weights: item {i} ({name!r}) is not a (str, torch.Tensor) pair")
         items.append((name, tensor))
     if not items:
-        raise DataError("update_weights: no tensors given")
+        raise DataValueError("update_weights: no tensors given")
     if reference is not None:
         skip = reference.check(((n, tuple(t.shape)) for n, t in items), what="update_weights")
         if skip:

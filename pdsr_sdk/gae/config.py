@@ -8,6 +8,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.errors import ConfigValueError
 
 
 class GaeConfig(ConfigModel):
@@ -49,8 +50,8 @@ class GaeConfig(ConfigModel):
         from pdsr_sdk.gae.api import GAE_BACKENDS
 
         if value != "auto" and value not in GAE_BACKENDS and ":" not in value:
-            raise ValueError(f"unknown GAE backend {value!r}; valid: auto, {', '.join(GAE_BACKENDS.names())} "
-                             f"or an import path 'package.module:Class'")
+            raise ConfigValueError(f"unknown GAE backend {value!r}; valid: auto, {', '.join(GAE_BACKENDS.names())} "
+                                   f"or an import path 'package.module:Class'")
         return value
 
     @field_validator("device")
@@ -58,5 +59,5 @@ class GaeConfig(ConfigModel):
     def _known_device(cls, value: str) -> str:
         kind, _, index = value.partition(":")
         if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-            raise ValueError(f"expected cpu, cuda or cuda:N, got {value!r}")
+            raise ConfigValueError(f"expected cpu, cuda or cuda:N, got {value!r}")
         return value

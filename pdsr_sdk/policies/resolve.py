@@ -1,5 +1,6 @@
 """A policy name (registered, preset or import path) and settings -> the class and its validated settings;
-which registered policies run on real engines (``--policy all``) and which are simulator-only references."""
+which registered policies run on real engines (``--policy all``) and which are simulator-only references;
+``--policy`` lists and ``--set [POLICY:]KEY=VALUE`` settings, the same for ``pdsr rollout`` and ``pdsr simulate``."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def resolve_policy(name: str, settings: Mapping[str, Any] | None = None, *,
     model = getattr(cls, "config_model", None)
     if model is None:
         raise ConfigError(f"policy {name!r}: class {cls.__name__} has no config_model")
-    return cls, validate_config(model, settings, source=source, prefix="policy.settings")
+    return cls, validate_config(model, settings, source=source, prefix=f"policy_settings.{given}")
 
 
 def is_simulation_only(cls: type) -> bool:
@@ -49,6 +50,61 @@ def runnable_policies() -> list[str]:
     return sorted(names, key=lambda n: (n != "baseline", n))
 
 
+def settings_models() -> dict[str, type]:
+    """Policy name -> its settings model, for every registered policy that has one (``pdsr schema``)."""
+    models = {n: getattr(POLICIES.get(n), "config_model", None) for n in POLICIES.names()}
+    return {n: m for n, m in models.items() if m is not None}
+
+
 def reference_policies() -> list[str]:
     """Registered simulation-only reference schedules (``oracle``, ``oracle-probe``), by name."""
     return [n for n in POLICIES.names() if is_simulation_only(POLICIES.get(n))]
+
+
+def policy_names(spec: str) -> list[str]:
+    """``all`` -> every registered policy that runs on real engines (baseline first; not the simulator-only
+    references); ``a,b`` -> both (``all`` may be one of them); else the one name."""
+    names: list[str] = []
+    for item in (s.strip() for s in spec.split(",")):
+        for name in (runnable_policies() if item == "all" else (item,) if item else ()):
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ConfigError("policy: expected a policy name, a comma-separated list, or 'all'")
+    return names
+
+
+def merge_policy_sets(policy_settings: Mapping[str, Mapping[str, Any]], selected: list[str],
+                      items: list[tuple[str | None, str, Any]], *, simulation: bool = False) -> dict[str, dict]:
+    """``policy_settings`` (keyed by policy) with ``(policy or None, key, value)`` settings added, validated.
+
+    A key without a policy applies to every selected policy whose settings have that key, so
+    ``--policy all --set cap_multiplier=2`` changes v2.5 only; when none has it, the one selected policy
+    gets it (its validation names the key and the valid ones), or it is an error naming each policy's keys.
+    """
+    fields = {name: set(resolve_policy(name, {}, simulation=simulation)[0].config_model.model_fields)
+              for name in selected}
+    settings = {k: dict(v) for k, v in policy_settings.items()}
+    for policy, key, value in items:
+        targets = [policy] if policy else [n for n in selected if key in fields[n]]
+        if not targets and len(selected) == 1:
+            targets = selected
+        if not targets:
+            known = ", ".join(f"{n}: {', '.join(sorted(fields[n])) or '(none)'}" for n in selected)
+            raise ConfigError(f"policy setting {key!r} belongs to none of the selected policies; settings are {known}")
+        for name in targets:
+            settings.setdefault(name, {})[key] = value
+    for name in selected:   # validate now, naming the setting
+        resolve_policy(name, settings.get(name, {}), simulation=simulation)
+    return settings
+
+
+def with_policy_sets(cfg: Any, items: list[tuple[str | None, str, Any]], selected: list[str] | None = None, *,
+                     simulation: bool = False) -> Any:
+    """A copy of ``cfg`` (a config with ``policy`` and ``policy_settings``) with ``items`` merged
+    (:func:`merge_policy_sets`); ``selected`` defaults to the policies ``cfg.policy`` names."""
+    if not items:
+        return cfg
+    names = selected if selected is not None else policy_names(cfg.policy)
+    settings = merge_policy_sets(cfg.policy_settings, names, items, simulation=simulation)
+    return cfg.model_copy(update={"policy_settings": settings})

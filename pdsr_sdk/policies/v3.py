@@ -16,7 +16,13 @@ tell:
   an engine);
 - at a segment boundary, once nothing waits, a running sample that has already run long moves
   once to the engine running the fewest samples, when that engine runs clearly fewer than its
-  own (the tail then runs on lightly loaded engines); nothing moves twice.
+  own (the tail then runs on lightly loaded engines); nothing moves twice;
+- in a stream (groups arriving while others run: partial rollout across steps) that leaves slots
+  free, the heavy pool becomes a tail lane: tail samples and samples restarted for staleness move
+  there once, and a heavy engine holding one admits new work only up to ``lane_seqs``. New work
+  never stops in a stream, so without the lane the tail would run at full load for several steps
+  (and be restarted when it grows too stale); within one batch the lane costs more capacity than
+  it saves.
 
 With no information (nothing finished yet, or a probe that predicts nothing) it behaves like
 baseline: all work spread evenly over all engines from the start.
@@ -35,7 +41,7 @@ from pydantic import Field
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Engine
-from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
 
 
 class V3Settings(ConfigModel):
@@ -74,25 +80,41 @@ class V3Settings(ConfigModel):
                              "source (a move re-prefills the sample's context on the target).")
     migrate_min_ratio: float = Field(
         0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
+    migrate_min_history: int = Field(
+        2048, ge=0, description="No sample counts as in the tail until this many finished lengths are known: early "
+                                "in a first batch the finished samples are the short ones, the quantile is too low "
+                                "and moving many samples costs more than it saves (docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
     balance: bool = Field(
         True, description="When the last waiting samples are handed out, an engine takes no more than its share "
                           "(by slots) of the batch's unfinished work, so that no engine's tail is crowded.")
+    tail_lane: Literal["auto", "always", "never"] = Field(
+        "auto", description="A tail lane on the heavy pool: a sample in the tail (or restarted) moves once to the heavy "
+                            "engine with the fewest tail samples, and a heavy engine that holds one admits new work "
+                            "only up to lane_seqs, so the tail runs on lightly loaded engines. 'auto': on while groups "
+                            "arrive as others still run with slots to spare (partial rollout across steps) and "
+                            "samples come back restarted for staleness: new work never stops there and the tail "
+                            "would run at full load until it grows too stale; within one batch, or with no "
+                            "staleness bound, the lane costs more capacity than it saves (docs/benchmarks.md).")
+    lane_seqs: int = Field(
+        48, ge=1, description="A heavy engine holding a tail sample admits new work only while it runs fewer samples "
+                              "than this (its step time stays a few times below a full engine's).")
     heavy_max_seqs: int | None = Field(
         None, ge=1, description="Run the heavy pool's engines with at most this many samples each (none: the "
                                 "engine's own limit, as every other engine).")
 
 
 class _GroupRank:
-    __slots__ = ("longest", "total", "count", "stamp")
+    __slots__ = ("longest", "total", "count", "stamp", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
         self.longest = -1      # longest finished sample (-1: none finished: ranks as long)
         self.total = 0
-        self.count = 0
+        self.count = 0         # finishes seen (a restarted sample may count twice)
         self.stamp = 0
+        self.size = size       # samples unfinished when the group arrived: it cannot be done before count reaches this
 
 
 class V3Policy(Policy):
@@ -113,6 +135,10 @@ class V3Policy(Policy):
         self.assigned: dict[str, int] = {}           # samples placed on each engine and not finished
         self.finished_lengths: deque[int] = deque(maxlen=config.history)
         self.finished_sum = 0
+        self.finished_count = 0
+        self.lane = config.tail_lane == "always"
+        self.stream_has_room = False
+        self.restarts_seen = False     # a sample came back restarted: a staleness bound is in force
         self.tail_threshold = math.inf
         self.by_name: dict[str, Engine] = {}
         self.seq = itertools.count()
@@ -134,6 +160,7 @@ class V3Policy(Policy):
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
+        streaming = bool(self.engine_of)   # groups arrive while others run: a stream (partial rollout)
         pools = self.ctx.pools()
         for engines in pools.values():
             for e in engines:
@@ -146,7 +173,7 @@ class V3Policy(Policy):
                     self._push_engine(e.name)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
         for g in groups:
-            self.ranks[id(g)] = _GroupRank()
+            self.ranks[id(g)] = _GroupRank(sum(1 for s in g.samples if not s.finished))
             for s in g.samples:
                 if s.finished:
                     continue
@@ -156,11 +183,15 @@ class V3Policy(Policy):
                 self._push(s)
         if self.cfg.probes_first:
             self.ctx.count("probes", len(groups))
+        # the lane takes capacity from new work: worth it only while the stream leaves slots free
+        self.stream_has_room = streaming and self.total_assigned + len(self.waiting) <= self.total_slots
+        self._set_lane()
         self._fill_all()
 
     def batch_report(self) -> dict:
-        """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold."""
-        return {"ranking": self.informative,
+        """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold,
+        whether the heavy pool is a tail lane."""
+        return {"ranking": self.informative, "tail_lane": self.lane,
                 "probe_correlation": None if self.correlation is None else round(self.correlation, 4),
                 "tail_threshold": None if math.isinf(self.tail_threshold) else int(self.tail_threshold)}
 
@@ -180,7 +211,8 @@ class V3Policy(Policy):
             self.finished_sum -= self.finished_lengths[0]
         self.finished_lengths.append(n)
         self.finished_sum += n
-        if len(self.finished_lengths) % 64 == 1:
+        self.finished_count += 1
+        if self.finished_count % 64 == 0 and self.finished_count >= self.cfg.migrate_min_history:
             self._update_tail_threshold()
         g = sample.group
         rank = self.ranks.get(id(g))
@@ -188,7 +220,7 @@ class V3Policy(Policy):
             return
         rank.total += n
         rank.count += 1
-        if g.done:
+        if rank.count >= rank.size and g.done:   # the count first: Group.done walks the samples
             del self.ranks[id(g)]
             # whole groups only: pairs taken as samples finish would over-represent the short ones
             probe = g.samples[0]
@@ -203,16 +235,22 @@ class V3Policy(Policy):
             for s in g.samples:
                 if s in self.waiting:
                     self._push(s)
-        # the group's running samples are now predicted by its own mean
-        for s in g.samples:
-            if s in self.engine_of and not s.finished:
-                self._repredict(s)
+        # the group's running samples take its new mean at their next segment end (segments are short:
+        # re-predicting every sibling on every finish cost more than the rest of the policy at scale)
 
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
+        if sample.restarts and not self.restarts_seen:
+            self.restarts_seen = True
+            self._set_lane()
         self._repredict(sample)
         if sample not in self.tail and sample.num_generated >= self.tail_threshold:
             self._mark_tail(sample, engine.name, +1)
-        if self.cfg.migrate and not self.waiting and sample.moves == 0 and sample in self.tail:
+        if self.lane:
+            # once per generation: a restarted sample (its tokens thrown away for staleness) may move again
+            if (engine.pool != HEAVY and sample.moves <= sample.restarts
+                    and (sample in self.tail or sample.restarts)):
+                self._lane_move(sample, engine)
+        elif self.cfg.migrate and not self.waiting and sample.moves == 0 and sample in self.tail:
             self._maybe_move(sample, engine)
 
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
@@ -229,11 +267,12 @@ class V3Policy(Policy):
         """Record a (probe length, sibling length) pair of a completed group (log lengths, sliding window)."""
         x, y = math.log1p(probe_len), math.log1p(length)
         pairs = self.pairs
+        sx, sy, sxx, syy, sxy = self.sums
         if len(pairs) == pairs.maxlen:
             ox, oy = pairs[0]
-            self.sums = [a - b for a, b in zip(self.sums, (ox, oy, ox * ox, oy * oy, ox * oy))]
+            sx, sy, sxx, syy, sxy = sx - ox, sy - oy, sxx - ox * ox, syy - oy * oy, sxy - ox * oy
         pairs.append((x, y))
-        self.sums = [a + b for a, b in zip(self.sums, (x, y, x * x, y * y, x * y))]
+        self.sums = [sx + x, sy + y, sxx + x * x, syy + y * y, sxy + x * y]
         self.pairs_seen += 1
 
     def _decide_ranking(self) -> None:
@@ -304,7 +343,7 @@ class V3Policy(Policy):
     # ------------------------------------------------------------- placement
     def _limit(self, e: Engine) -> int:
         limit = e.max_concurrency
-        if self.cfg.heavy_max_seqs is not None and e.pool == "heavy":
+        if self.cfg.heavy_max_seqs is not None and e.pool == HEAVY:
             limit = min(limit, self.cfg.heavy_max_seqs)
         return limit
 
@@ -356,6 +395,8 @@ class V3Policy(Policy):
         """Give ``e`` the top-ranked waiting sample if it has a slot and KV room; True if it did."""
         if self._slots(e) <= 0 or self.ctx.free_slots(e) <= 0:
             return False
+        if self.lane and e.pool == HEAVY and self.tail_on.get(e.name) and self.assigned[e.name] >= self.cfg.lane_seqs:
+            return False    # a lane engine holding the tail stays light
         s = self._top()
         if s is None:
             return False
@@ -443,6 +484,26 @@ class V3Policy(Policy):
         length = self._expected_length(s)
         if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, s.prompt_len + length):
             return
+        self._unplace(s)
+        self._place(s, target, length)
+        self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+
+    def _set_lane(self) -> None:
+        """'auto': a tail lane while a stream leaves slots free and samples are being restarted for staleness
+        (without a staleness bound a slow tail just carries over, and the lane's capacity costs ~4%)."""
+        if self.cfg.tail_lane == "auto":
+            self.lane = self.stream_has_room and self.restarts_seen
+
+    def _lane_move(self, s: Sample, engine: Engine) -> None:
+        """Move a tail (or restarted) sample to the heavy engine holding the fewest tail samples (then the
+        fewest samples); that engine then admits little new work (``_take``), so the tail runs light."""
+        lane = [e for e in self.ctx.pools().get(HEAVY, []) if e.name in self.tail_on]
+        if not lane:
+            return
+        target = min(lane, key=lambda e: (self.tail_on[e.name], self.assigned[e.name]))
+        if self.ctx.free_slots(target) <= 0:
+            return
+        length = self._expected_length(s)
         self._unplace(s)
         self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move

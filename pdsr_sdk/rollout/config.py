@@ -7,15 +7,17 @@ engine entries the engines' (:mod:`pdsr_sdk.engines.config`); they are re-export
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.config.base import deprecated_key
+from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
 from pdsr_sdk.engines.config import EngineSpec, RayConfig
 
-__all__ = ["DataConfig", "EngineSpec", "OutputConfig", "PolicyConfig", "RayConfig", "RolloutConfig",
+__all__ = ["DataConfig", "EngineSpec", "OutputConfig", "RayConfig", "RolloutConfig",
            "SamplingConfig", "SegmentConfig"]
 
 
@@ -31,13 +33,6 @@ class DataConfig(ConfigModel):
     system_prompt: str | None = Field(None, description="System message prepended when applying the chat template.")
     limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
     target_lengths_column: str | None = Field(None, description="Column of per-sample response lengths to force (length-controlled replay, needs ignore_eos).")
-
-
-class PolicyConfig(ConfigModel):
-    """The dispatch policy and its settings."""
-
-    name: str = Field("v3", description="Policy name ('v3' the default, 'baseline', 'v1', 'v2', 'v2.5', 'lpt', or 'package.module:Class'), or a preset in policies/.")
-    settings: dict[str, Any] = Field(default_factory=dict, description="The policy's own settings; see schemas/policy-<name>.schema.json.")
 
 
 class OutputConfig(ConfigModel):
@@ -60,10 +55,11 @@ class RolloutConfig(ConfigModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling settings.")
     batch_size: int = Field(128, ge=1, description="Prompts per batch (B); a batch is one GRPO step's rollout.")
     num_batches: int | None = Field(None, ge=1, description="Stop after this many batches.")
-    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Dispatch policy.")
-    engines: list[EngineSpec] | None = Field(None, description="Explicit engine list; default: an automatic layout from fast_engines/heavy_engines.")
-    fast_engines: int | None = Field(None, ge=0, description="Engines in the fast pool for the automatic layout (default: most devices).")
-    heavy_engines: int | None = Field(None, ge=0, description="Engines in the heavy pool for the automatic layout (default: 1 per 4 devices, at least 1).")
+    policy: str = Field("v3", description="Dispatch policy: a registered name (see schemas/policy-*.schema.json), a preset in policies/ or a preset file, or 'package.module:Class'; a comma-separated list or 'all' (every registered policy that runs on real engines) runs one rollout per policy, each to <output.path stem>.<policy>.parquet.")
+    policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; see schemas/policy-<name>.schema.json.")
+    engines: list[EngineSpec] | None = Field(None, description="Explicit engine list; default: an automatic layout from fast/heavy.")
+    fast: int | None = Field(None, ge=0, description="Engines in the fast pool for the automatic layout (default: most devices).")
+    heavy: int | None = Field(None, ge=0, description="Engines in the heavy pool for the automatic layout (default: 1 per 4 devices, at least 1).")
     engine_defaults: dict[str, Any] = Field(default_factory=dict, description="Settings applied to every automatically laid-out engine (keys of an engine entry).")
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments.")
     reward: str | None = Field("auto", description="Reward: 'math_boxed', 'none', an import path 'pkg.mod:fn', or 'auto' (math_boxed when a ground truth exists).")
@@ -72,3 +68,30 @@ class RolloutConfig(ConfigModel):
     policy_version: int = Field(0, description="Policy (weights) version recorded on every segment.")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
     ray: RayConfig | None = Field(None, description="Run engines as Ray actors: when set, the automatic layout's engines use backend 'ray', and engines listed with backend 'ray' take their defaults from here (see docs/ray.md).")
+
+    renamed_keys: ClassVar[dict[str, str]] = {"fast_engines": "fast", "heavy_engines": "heavy"}
+
+    @classmethod
+    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None) -> dict[str, Any]:
+        """Also the old ``policy: {name, settings}`` section -> ``policy`` and ``policy_settings.<name>``."""
+        data = super().upgrade(data, source)
+        old = data.get("policy")
+        if not isinstance(old, dict):
+            return data
+        unknown = sorted(set(old) - {"name", "settings"})
+        if unknown:
+            raise ConfigError(f"{source or 'config'}: policy.{unknown[0]}: unknown config key; 'policy' is a "
+                              f"policy name, and its settings go in policy_settings.<name>")
+        name = old.get("name", cls.model_fields["policy"].default)
+        data.pop("policy")
+        if "name" in old:
+            deprecated_key("policy.name", "policy", source)
+            data["policy"] = name
+        if old.get("settings") is not None:
+            if not isinstance(old["settings"], dict):
+                raise ConfigError(f"{source or 'config'}: policy.settings: expected a mapping of policy settings")
+            deprecated_key("policy.settings", f"policy_settings.{name}", source)
+            merged = dict(data.get("policy_settings") or {})
+            merged[name] = {**old["settings"], **(merged.get(name) or {})}
+            data["policy_settings"] = merged
+        return data

@@ -1,6 +1,6 @@
 """Which engines a run gets: an explicit list from config, or an automatic layout.
 
-Automatic layout: on GPUs, one engine per GPU (``heavy_engines`` of them in
+Automatic layout: on GPUs, one engine per GPU (``heavy`` of them in
 the heavy pool, default one per four GPUs, at least one); on the CPU build,
 one fast and one heavy engine splitting the cores between them. Every engine
 of the automatic layout starts with the same vLLM settings (equal engines;
@@ -57,7 +57,7 @@ def engine_layout(config, *, required_pools: tuple[str, ...], cpu: bool, max_mod
     pools = {s.pool for s in specs}
     missing = [p for p in required_pools if p not in pools]
     if missing:
-        raise ConfigError(f"engines: policy {config.policy.name!r} needs at least one engine in pool(s) "
+        raise ConfigError(f"engines: policy {config.policy!r} needs at least one engine in pool(s) "
                           f"{', '.join(missing)}; configured pools: {', '.join(sorted(pools)) or '(none)'}")
     return specs
 
@@ -83,22 +83,22 @@ def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[st
         devices = available_devices(cpu)
     wants_heavy = HEAVY in required_pools
     if cpu:
-        n_fast = 1 if config.fast_engines is None else config.fast_engines
-        n_heavy = (1 if wants_heavy else 0) if config.heavy_engines is None else config.heavy_engines
+        n_fast = 1 if config.fast is None else config.fast
+        n_heavy = (1 if wants_heavy else 0) if config.heavy is None else config.heavy
         n = n_fast + n_heavy
         if n == 0:
-            raise ConfigError("fast_engines + heavy_engines is 0: a run needs at least one engine")
+            raise ConfigError("fast + heavy is 0: a run needs at least one engine")
         # split the cores into n contiguous sets (engines share cores if there are fewer cores)
         groups = [devices[i * len(devices) // n:(i + 1) * len(devices) // n] or [devices[i % len(devices)]]
                   for i in range(n)]
     else:
         if not devices:
             raise ConfigError("no GPU found and vLLM is not the CPU build; install the 'cpu' extra on machines without a GPU")
-        n_heavy = (max(1, len(devices) // 4) if wants_heavy else 0) if config.heavy_engines is None else config.heavy_engines
-        n_fast = max(1, len(devices) - n_heavy) if config.fast_engines is None else config.fast_engines
+        n_heavy = (max(1, len(devices) // 4) if wants_heavy else 0) if config.heavy is None else config.heavy
+        n_fast = max(1, len(devices) - n_heavy) if config.fast is None else config.fast
         n = n_fast + n_heavy
         if n > len(devices):
-            raise ConfigError(f"fast_engines + heavy_engines = {n} but only {len(devices)} GPU(s) are visible; "
+            raise ConfigError(f"fast + heavy = {n} but only {len(devices)} GPU(s) are visible; "
                               f"list engines explicitly to share GPUs")
         groups = [[d] for d in devices[:n]]
     specs = []

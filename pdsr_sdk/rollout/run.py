@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,9 @@ from typing import Any
 from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.io.tables import write_text_atomic
+from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.reward import resolve_reward
@@ -52,6 +54,24 @@ def resolve_model_dir(config) -> str:
     return str(ensure_tiny_model())
 
 
+def policy_configs(config) -> list:
+    """One config per policy ``config.policy`` selects (a name, a comma-separated list or ``all``); with
+    more than one, each writes ``<stem>.<policy><suffix>`` beside ``output.path`` (and its own summary)."""
+    names = policy_names(config.policy)
+    if len(names) == 1:
+        return [config.model_copy(update={"policy": names[0]})]
+    out = config.output
+    configs = []
+    for name in names:
+        tag = re.sub(r"[^\w.-]+", "_", name)
+        paths = {"path": out.path.with_name(f"{out.path.stem}.{tag}{out.path.suffix}")}
+        if out.summary_path is not None:
+            summary = out.summary_path
+            paths["summary_path"] = summary.with_name(f"{summary.stem}.{tag}{summary.suffix}")
+        configs.append(config.model_copy(update={"policy": name, "output": out.model_copy(update=paths)}))
+    return configs
+
+
 def run_rollout(config, *, progress: ProgressFactory = silent_progress) -> RolloutSummary:
     """Run ``pdsr rollout`` for ``config`` (a :class:`RolloutConfig`); blocks until done."""
     return asyncio.run(run_rollout_async(config, progress=progress))
@@ -61,6 +81,10 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                             engines: list | None = None) -> RolloutSummary:
     from pdsr_sdk.rollout.sample_data import default_sample_path
 
+    names = policy_names(config.policy)
+    if len(names) > 1:
+        raise ConfigError(f"policy {config.policy!r} selects {len(names)} policies ({', '.join(names)}); a run has "
+                          f"one: run each of policy_configs(config)")
     model_dir = resolve_model_dir(config)
     # config problems (policy name, its settings) surface before any data or engine work
     session = RolloutSession(config, engines=engines, model_dir=model_dir)
@@ -74,7 +98,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     writer = TrajectoryWriter(
         out.path, trajectory_schema(), resume=out.resume, overwrite=out.overwrite,
         flush_groups=out.flush_groups, flush_interval_s=out.flush_interval_s,
-        metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy.name, "model": model_dir})
+        metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy, "model": model_dir})
     done_ids = writer.finished_prompt_ids() if out.resume else set()
     todo = [r for r in records if r.prompt_id not in done_ids]
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
@@ -159,7 +183,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
     } for r in results]
     return RolloutSummary(
-        policy=config.policy.name, model=model_dir, output=str(config.output.path),
+        policy=config.policy, model=model_dir, output=str(config.output.path),
         groups=sum(len(r.groups) for r in results), samples=sum(len(g.samples) for r in results for g in r.groups),
         skipped_groups=skipped, batches=batches, makespan_s=makespan, tokens=tokens,
         tokens_per_s=tokens / makespan if makespan > 0 else 0.0,

@@ -26,7 +26,7 @@ from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.errors import ConfigError, DataError, PdsrError, RunError
 from pdsr_sdk.policies.resolve import resolve_policy
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
 
@@ -101,7 +101,7 @@ class RolloutSession:
         given = model_dir or config.model
         #: the model folder the engines load (resolved when the session starts if not given)
         self.model_dir: str | None = str(given) if given else None
-        self.policy_cls, self.policy_settings = resolve_policy(config.policy.name, config.policy.settings)
+        self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
         self._given_engines = engines
         self.engines: list = []
         self.engine_specs: list = []
@@ -127,7 +127,7 @@ class RolloutSession:
     @policy_version.setter
     def policy_version(self, value: int) -> None:
         if self.scheduler is None:
-            raise PdsrError("start the session before setting the policy version")
+            raise RunError("start the session before setting the policy version")
         self.scheduler.policy_version = value
 
     @property
@@ -142,7 +142,7 @@ class RolloutSession:
     # ------------------------------------------------------- context managers
     def __enter__(self) -> "RolloutSession":
         if self._thread is not None or self._started:
-            raise PdsrError("this session is already open")
+            raise RunError("this session is already open")
         self._thread = _LoopThread()
         try:
             self._thread.call(self.start())
@@ -179,9 +179,9 @@ class RolloutSession:
             except RuntimeError:
                 inside = False
             if inside:
-                raise PdsrError(f"session.{what}() is the synchronous call; in async code use "
+                raise RunError(f"session.{what}() is the synchronous call; in async code use "
                                 f"`await session.a{what}(...)`")
-            raise PdsrError(f"session.{what}(): open the session first: `with RolloutSession(config) as session:`")
+            raise RunError(f"session.{what}(): open the session first: `with RolloutSession(config) as session:`")
         return self._thread.call(coro)
 
     # ------------------------------------------------------------- lifecycle
@@ -331,14 +331,14 @@ class RolloutSession:
         from pdsr_sdk.engines.weights import ModelWeights, stage_weights
 
         if not self._started:
-            raise PdsrError("update_weights: start the session first")
+            raise RunError("update_weights: start the session first")
         if self.scheduler is not None and not self.scheduler.idle:
-            raise PdsrError("update_weights: a step is running; update weights between steps")
+            raise RunError("update_weights: a step is running; update weights between steps")
         engines = [e for e in self.engines if not getattr(e, "_dead", False)]
         unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
         if unsupported:
-            raise PdsrError(f"update_weights: engine(s) {', '.join(unsupported)} cannot load weights (their "
-                            f"backend has no update_weights; the 'vllm' and 'ray' backends do)")
+            raise ConfigError(f"update_weights: engine(s) {', '.join(unsupported)} cannot load weights (their "
+                              f"backend has no update_weights; the 'vllm' and 'ray' backends do)")
         if self._reference_weights is None:
             self._reference_weights = ModelWeights.read(self._model_dir())
         staged = stage_weights(weights, self._reference_weights)

@@ -1,4 +1,4 @@
-"""The torch + transformers scoring backend.
+"""The torch + transformers scoring backend (``backend="torch"``, :class:`TorchScoring`).
 
 Each micro-batch is one right-padded forward of the model's decoder (the
 base model without its lm_head) with position ids 0..T-1, so every real
@@ -20,12 +20,16 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.scoring.backend import BackendOutput, ScoreInputs, ScoreMeter
 from pdsr_sdk.scoring.buckets import MicroBatch
+
+if TYPE_CHECKING:
+    from pdsr_sdk.scoring.config import ScoreOptions
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -225,3 +229,68 @@ def run_plan(model, plan: Sequence[MicroBatch], seqs: Sequence[np.ndarray], prom
         if on_micro_batch is not None:
             on_micro_batch(mb)
     return all_logps, (all_entropy if return_entropy else None), parts.description
+
+
+def plan_for(lengths: np.ndarray, options: ScoreOptions) -> tuple[list[MicroBatch], str]:
+    """The micro-batch plan of ``options`` (fixed mbs, token quota or one forward) and its description."""
+    from pdsr_sdk.scoring.buckets import plan_fixed, plan_single, plan_token_quota
+
+    mbs, max_tokens, bucket = options.mbs, options.max_tokens_per_micro_batch, int(options.length_bucket)
+    if len(lengths) == 0:
+        return [], "empty"
+    if mbs is not None:
+        return plan_fixed(lengths, int(mbs), length_bucket=bucket), f"mbs={mbs}"
+    if max_tokens is not None:
+        grouping = options.token_grouping
+        plan, _ = plan_token_quota(lengths, int(max_tokens), length_bucket=bucket, grouping=grouping,
+                                   max_padding_fraction=options.max_padding_fraction)
+        return plan, f"token quota {max_tokens}" + ("" if grouping == "length" else f", grouping={grouping}")
+    return plan_single(lengths, length_bucket=bucket), "single forward"
+
+
+def resolve_pad_id(model, pad_id: int | None) -> int:
+    """``pad_id``, else the model's ``pad_token_id`` if it is a token id, else 0; ConfigError if outside the vocab."""
+    vocab = model_vocab_size(model)
+    if pad_id is None:
+        pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+        return int(pad_id) if 0 <= pad_id < vocab else 0
+    if not 0 <= int(pad_id) < vocab:
+        raise ConfigError(f"pad_id: {pad_id} is not a token id of the model (vocab size {vocab}); "
+                          f"any id in [0, {vocab}) works, it never changes results")
+    return int(pad_id)
+
+
+class TorchScoring:
+    """The ``torch`` scoring backend: right-padded transformers forwards per micro-batch plan."""
+
+    def check(self, options: ScoreOptions) -> None:
+        pass  # every option applies (device/dtype are checked by load())
+
+    def load(self, model_dir: Path, options: ScoreOptions) -> Any:
+        return load_model(model_dir, options.device, options.dtype)
+
+    def vocab_size(self, model: Any) -> int:
+        return model_vocab_size(model)
+
+    def score(self, model: Any, inputs: ScoreInputs, options: ScoreOptions, meter: ScoreMeter) -> BackendOutput:
+        from pdsr_sdk.scoring.buckets import plan_stats
+        from pdsr_sdk.scoring.memory import PeakMemory
+
+        plan, mode = plan_for(inputs.lengths, options)
+        pad_id = resolve_pad_id(model, options.pad_id)
+        with PeakMemory(str(model_device(model))) as mem:
+            meter.start(len(plan))
+            try:
+                per_mb_logps, per_mb_entropy, head = run_plan(
+                    model, plan, inputs.seqs, inputs.prompt_lens, pad_id=pad_id,
+                    temperature=float(options.temperature), row_chunk=int(options.row_chunk),
+                    return_entropy=options.entropy, attention_mask=options.attention_mask,
+                    on_micro_batch=lambda mb: meter.advance(mb.indices))
+            finally:
+                meter.stop()
+        stats = plan_stats(plan)
+        return BackendOutput(
+            partitions=[list(mb.indices) for mb in plan], logps=per_mb_logps, entropy=per_mb_entropy, mode=mode,
+            head=head, computed_tokens=stats["computed_tokens"], distinct_shapes=stats["distinct_shapes"],
+            shapes=tuple(sorted({mb.shape for mb in plan})), peak_memory_bytes=mem.bytes,
+            peak_memory_method=mem.method)

@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel, validate_config
 from pdsr_sdk.dispatch.config import SegmentConfig
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, ConfigValueError
 
 #: cost/KV keys of a profile (the rest mirror EngineSpec's fields of the same name)
 COST_KEYS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
@@ -50,8 +50,8 @@ class EngineProfile(ConfigModel):
     @model_validator(mode="after")
     def _fits(self) -> "EngineProfile":
         if self.kv_cache_tokens < self.block_size:
-            raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block "
-                             f"({self.block_size} tokens)")
+            raise ConfigValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one block "
+                                   f"({self.block_size} tokens)")
         return self
 
     @property
@@ -98,7 +98,7 @@ class SimulateConfig(ConfigModel):
     """``pdsr simulate``: replay a length trace through dispatch policies on simulated engines."""
 
     trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
-    policy: str = Field("v3", description="Policy name, preset or import path, or a comma-separated list; 'all' runs every registered policy that runs on real engines (baseline, lpt, v1, v2, v2.5, v3, ...) side by side. The simulator-only reference schedules (oracle, oracle-probe) may be named too.")
+    policy: str = Field("v3", description="Policy name, preset or import path, or a comma-separated list; 'all' runs every registered policy that runs on real engines side by side. The simulator-only reference schedules (oracle, oracle-probe) may be named too.")
     references: bool | None = Field(None, description="Also run baseline (when missing) and the reference schedules oracle and oracle-probe, which the report's vs_baseline and share-of-gain columns need. null: on when more than one policy is selected.")
     policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}.")
     fast: int = Field(6, ge=0, description="Engines in the fast pool.")
@@ -121,11 +121,11 @@ class SimulateConfig(ConfigModel):
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
         if self.fast + self.heavy == 0:
-            raise ValueError("fast + heavy is 0: a simulation needs at least one engine")
+            raise ConfigValueError("fast + heavy is 0: a simulation needs at least one engine")
         if self.steps is None:
             for key in ("over_provision", "step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"{key} applies to multi-step runs only; set steps too")
+                    raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
         return self
 
 

@@ -25,7 +25,7 @@ from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
 from pdsr_sdk.dispatch.types import FAST, HEAVY, TRUNCATED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
-from pdsr_sdk.policies.resolve import reference_policies, resolve_policy, runnable_policies
+from pdsr_sdk.policies.resolve import policy_names, reference_policies, resolve_policy, with_policy_sets
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
 from pdsr_sdk.sim.engine import SimEngine
@@ -114,19 +114,6 @@ class PolicyRun:
     @property
     def groups(self) -> list[Group]:
         return [g for b in self.batches for g in (b.group_objects or [])]
-
-
-def policy_names(spec: str) -> list[str]:
-    """``all`` -> every registered policy that runs on real engines (baseline first; not the simulator-only
-    references); ``a,b`` -> both (``all`` may be one of them); else the one name."""
-    names: list[str] = []
-    for item in (s.strip() for s in spec.split(",")):
-        for name in (runnable_policies() if item == "all" else (item,) if item else ()):
-            if name not in names:
-                names.append(name)
-    if not names:
-        raise ConfigError("policy: expected a policy name, a comma-separated list, or 'all'")
-    return names
 
 
 def run_names(cfg: SimulateConfig) -> list[str]:
@@ -373,28 +360,7 @@ def trajectories_table(groups: list[Group]):
 
 
 def apply_policy_sets(cfg: SimulateConfig, items: list[tuple[str | None, str, Any]]) -> SimulateConfig:
-    """Add ``(policy or None, key, value)`` settings to ``cfg.policy_settings``.
-
-    A key without a policy applies to every selected policy whose settings have that key (an error if
-    none does), so ``--policy all --policy-set cap_multiplier=2`` changes v2.5 only. The reference
-    schedules a run adds (:func:`run_names`) count as selected.
-    """
-    if not items:
-        return cfg
-    selected = run_names(cfg)
-    fields = {}
-    for name in selected:
-        cls, _ = resolve_policy(name, {}, simulation=True)
-        fields[name] = set(getattr(cls.config_model, "model_fields", {}))
-    settings = {k: dict(v) for k, v in cfg.policy_settings.items()}
-    for policy, key, value in items:
-        targets = [policy] if policy else [n for n in selected if key in fields[n]]
-        if not targets:
-            known = ", ".join(f"{n}: {', '.join(sorted(fields[n])) or '(none)'}" for n in selected)
-            raise ConfigError(f"policy setting {key!r} belongs to none of the selected policies; settings are {known}")
-        for name in targets:
-            settings.setdefault(name, {})[key] = value
-    out = cfg.model_copy(update={"policy_settings": settings})
-    for name in selected:   # validate now, naming the setting
-        resolve_policy(name, settings.get(name, {}), simulation=True)
-    return out
+    """Add ``(policy or None, key, value)`` settings to ``cfg.policy_settings``
+    (:func:`~pdsr_sdk.policies.resolve.with_policy_sets`); the reference schedules a run adds
+    (:func:`run_names`) count as selected."""
+    return with_policy_sets(cfg, items, run_names(cfg) if items else None, simulation=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.errors import ConfigValueError
 
 
 class TraceSynthConfig(ConfigModel):
@@ -48,8 +49,8 @@ class TraceSynthConfig(ConfigModel):
     @model_validator(mode="after")
     def _ranges(self) -> "TraceSynthConfig":
         if self.min_length > self.max_length:
-            raise ValueError(f"min_length ({self.min_length}) must be <= max_length ({self.max_length})")
+            raise ConfigValueError(f"min_length ({self.min_length}) must be <= max_length ({self.max_length})")
         if self.prompt_len_min > self.prompt_len_max:
-            raise ValueError(f"prompt_len_min ({self.prompt_len_min}) must be <= prompt_len_max "
-                             f"({self.prompt_len_max})")
+            raise ConfigValueError(f"prompt_len_min ({self.prompt_len_min}) must be <= prompt_len_max "
+                                   f"({self.prompt_len_max})")
         return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pdsr_sdk.config import validate_config
 from pdsr_sdk.traces.config import TraceSynthConfig
 from pdsr_sdk.traces.trace import LengthTrace
 
@@ -12,7 +13,7 @@ def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTr
     """Draw a reproducible synthetic trace; ``overrides`` replace config fields (``groups=64``)."""
     cfg = config or TraceSynthConfig()
     if overrides:
-        cfg = TraceSynthConfig.model_validate({**cfg.model_dump(), **overrides})
+        cfg = validate_config(TraceSynthConfig, {**cfg.model_dump(), **overrides})   # errors name the key
     g, n = cfg.groups, cfg.n
     rng = np.random.default_rng(cfg.seed)
     # Draw order is part of the format: changing it changes every trace for a seed.

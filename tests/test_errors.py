@@ -1,0 +1,73 @@
+"""Every error a user can cause is a PdsrError subclass: the CLI prints one line naming the key, flag or
+file and what was expected (exit 2, no traceback); the SDK's also subclass ValueError/RuntimeError."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.common import handle_errors
+from pdsr_cli.main import cli
+from pdsr_sdk.analysis import stats
+from pdsr_sdk.dispatch.policy import Policy
+from pdsr_sdk.errors import ConfigValueError, DataValueError, PdsrError, RunError
+from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+
+
+def clean(r, *fragments):
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    for f in fragments:
+        assert f in r.output, r.output
+
+
+def test_config_range_errors_name_the_keys(tmp_path):
+    trace = write_trace_jsonl(synth_trace(groups=2, n=2, seed=0), tmp_path / "t.jsonl")
+    run = CliRunner().invoke
+    clean(run(cli, ["simulate", "--trace", str(trace), "--segment-min", "100", "--segment-max", "10"]),
+          "segments", "min_tokens (100) must be <= max_tokens (10)")
+    clean(run(cli, ["simulate", "--trace", str(trace), "--fast", "0", "--heavy", "0"]),
+          "fast + heavy is 0")
+    clean(run(cli, ["trace", "synth", "--out", str(tmp_path / "s.jsonl"), "--min-length", "10", "--max-length", "5"]),
+          "min_length (10) must be <= max_length (5)")
+    clean(run(cli, ["gae", "--data", str(tmp_path / "x.parquet"), "--device", "tpu"]),
+          "device", "expected cpu, cuda or cuda:N, got 'tpu'")
+
+
+def test_sdk_errors_are_pdsr_errors_and_the_builtin_kind_callers_catch():
+    with pytest.raises(DataValueError, match=r"\[G, N\]") as exc:
+        stats.top_k_mask([1, 2, 3], 1)
+    assert isinstance(exc.value, ValueError) and isinstance(exc.value, PdsrError)
+    with pytest.raises(ConfigValueError, match=r"fraction must be in \(0, 1\], got 2"):
+        stats.top_k_count(10, 2)
+    with pytest.raises(ConfigValueError, match="capture_top must be >= 1"):
+        stats.batch_capture([[1, 2], [3, 4]], batch_prompts=2, capture_top=0)
+
+
+def test_no_live_engine_to_probe_is_a_run_error():
+    class NoEngines:
+        def pools(self):
+            return {}
+
+    with pytest.raises(RunError, match=r"no live engine in pool\(s\) fast to run probes") as exc:
+        Policy(None, NoEngines()).submit_probes([], ("fast",))
+    assert isinstance(exc.value, RuntimeError)
+
+
+def test_the_cli_prints_any_pdsr_error_in_one_line():
+    @click.command()
+    @handle_errors
+    def boom():
+        raise RunError("policy 'x': no live engine in pool(s) heavy to run probes")
+
+    r = CliRunner().invoke(boom, [])
+    clean(r, "error: policy 'x': no live engine in pool(s) heavy to run probes")
+
+
+def test_sdk_config_overrides_are_validated_naming_the_key():
+    from pdsr_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"groups: Input should be greater than or equal to 1"):
+        synth_trace(groups=0)
