@@ -380,8 +380,10 @@ def test_update_weights_reaches_ray_engines_through_the_object_store(engines, re
             updated = await greedy("new")
             bad = dict(policy.state_dict())
             bad["model.norm.weight"] = torch.ones(5)
+            staged = StagedWeights(items=list(bad.items()))
             with pytest.raises(EngineError, match=r"engine 'heavy-ray-1'.*'model\.norm\.weight' has shape \[5\].*in its Ray actor on node") as info:
-                await ray1.update_weights(StagedWeights(items=list(bad.items())))
+                await ray1.update_weights(staged)
+            staged.close()
             assert "Traceback" not in str(info.value).split("--- engine traceback ---")[0]
             assert await session.aupdate_weights(str(tiny_model_dir)) == 2
             restored = await greedy("old")

@@ -232,8 +232,10 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
             with pytest.raises(DataError, match=r"'model\.layers\.1\.self_attn\.q_proj\.weight' has shape \[3, 7\]"):
                 await session.aupdate_weights(bad)
             # the engine process checks too (here bypassing the session's check): an EngineError with its name
+            staged = StagedWeights(items=list(bad.items()))
             with pytest.raises(EngineError, match=r"engine 'fast-0'.*'model\.layers\.1\.self_attn\.q_proj\.weight' has shape") as info:
-                await engines[0].update_weights(StagedWeights(items=list(bad.items())))
+                await engines[0].update_weights(staged)
+            staged.close()
             assert "Traceback" not in str(info.value)
             got["after_bad"] = await engine_logps(engines[0])
             assert session.policy_version == 1

@@ -99,6 +99,10 @@ def test_weights_are_checked_against_the_model_and_written_once_to_shared_memory
     finally:
         staged.close()
     assert not Path(block.path).exists()
+    forgotten = stage_weights(sd, ref)          # never closed: the block goes with the object
+    path = forgotten.shared().path
+    del forgotten
+    assert not Path(path).exists()
     assert stage_weights(iter(sd.items()), ref).items is not None       # an iterator of pairs
 
     name = "model.layers.0.self_attn.q_proj.weight"

@@ -27,6 +27,7 @@ import struct
 import tempfile
 import uuid
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -259,6 +260,7 @@ class StagedWeights:
         self.items = items
         self.folder = folder
         self._shared: SharedWeights | None = None
+        self._finalizer: weakref.finalize | None = None
         self._ray_ref = None
 
     @property
@@ -272,6 +274,8 @@ class StagedWeights:
     def shared(self) -> SharedWeights:
         if self._shared is None:
             self._shared = write_block(self.items or [])
+            # the block goes with this object even if close() is never called
+            self._finalizer = weakref.finalize(self, _unlink, self._shared.path)
         return self._shared
 
     def ray_ref(self, ray):
@@ -283,10 +287,14 @@ class StagedWeights:
 
     def close(self) -> None:
         if self._shared is not None:
-            Path(self._shared.path).unlink(missing_ok=True)
+            self._finalizer()
             self._shared = None
         self._ray_ref = None
         self.items = None
+
+
+def _unlink(path: str) -> None:
+    Path(path).unlink(missing_ok=True)
 
 
 def stage_weights(weights: Any, reference: ModelWeights | None = None) -> StagedWeights:
