@@ -289,8 +289,9 @@ def check_packing(model, probe_ids: np.ndarray) -> None:
 
 
 #: The rule behind ``pack=None``: (backend, device type) -> packed forwards were measured faster there.
-#: CPU (fp32, tiny Qwen2, bench/score.py distribution, 2 cores): see docs/benchmarks.md; CUDA: pending
-#: a measurement with bench/gpu.py on a lent GPU (kept unpacked until then).
+#: CPU (fp32, tiny Qwen2, bench/score.py --samples 128, 2 cores): packed 0.26x the tokens/s of the padded
+#: token quota at 8192 tokens (sdpa computes the whole N x N block-diagonal mask there; docs/benchmarks.md).
+#: CUDA: pending a measurement with bench/gpu.py on a lent GPU (kept unpacked until then).
 PACK_MEASURED_FASTER: dict[tuple[str, str], bool] = {("torch", "cpu"): False, ("torch", "cuda"): False}
 
 
