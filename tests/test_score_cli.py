@@ -59,6 +59,23 @@ def test_round_trip_matches_sdk(tmp_path, tiny_model_dir, rows):
     assert not list(out.parent.glob(".*.tmp"))  # atomic write left no temp file
 
 
+def test_pack_flag_packs_and_matches_unpacked(tmp_path, tiny_model_dir, rows):
+    data = _write(tmp_path / "traj.parquet", *rows)
+    outs = {}
+    for name, extra in (("packed", ["--pack"]), ("padded", ["--no-pack"])):
+        outs[name] = tmp_path / f"{name}.parquet"
+        res = _run("--model", tiny_model_dir, "--data", data, "--out", outs[name], "--max-tokens-per-mb", 256,
+                   "--dtype", "float32", "--device", "cpu", *extra)
+        assert res.exit_code == 0, res.output
+        assert ("packed, token quota 256" in res.output) == (name == "packed")
+        if name == "packed":
+            assert "padding efficiency 1.000" in res.output
+    got = pq.read_table(outs["packed"]).column("ref_logps").to_pylist()
+    want = pq.read_table(outs["padded"]).column("ref_logps").to_pylist()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
 def test_config_file_and_flag_override(tmp_path, tiny_model_dir, rows):
     data = _write(tmp_path / "traj.parquet", *rows)
     cfg = tmp_path / "score.yaml"

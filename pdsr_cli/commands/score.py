@@ -43,6 +43,7 @@ def _help(name: str) -> str:
 @click.option("--token-grouping", type=click.Choice(["length", "none"]), default=None, help=_help("token_grouping"))
 @click.option("--max-padding-fraction", type=float, default=None, help=_help("max_padding_fraction"))
 @click.option("--attention-mask/--no-attention-mask", default=None, help=_help("attention_mask"))
+@click.option("--pack/--no-pack", default=None, help=_help("pack"))
 @click.option("--pad-id", type=int, default=None, help=_help("pad_id"))
 @click.option("--vllm-max-model-len", type=int, default=None, help=_help("vllm_max_model_len"))
 @click.option("--vllm-kv-cache-gib", type=float, default=None, help=_help("vllm_kv_cache_gib"))
@@ -57,11 +58,14 @@ def command(config_path: Path | None, **flags) -> None:
     list<float32> column. Micro-batching: --mbs N (fixed size; the tail block
     is padded to N rows) or --max-tokens-per-mb N (token quota, balanced,
     original order restored), else one forward over everything; either flag
-    replaces the other mode set in --config.
+    replaces the other mode set in --config. --pack: each micro-batch is one
+    row of concatenated samples (no padding; attention stays inside each
+    sample), N real tokens with --max-tokens-per-mb N.
 
     \b
     Example:
       pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 8192 --out scored.parquet
+      pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 16384 --pack --out scored.parquet
     """
     from pdsr_sdk.progress import tqdm_progress
     from pdsr_sdk.scoring.table import score_file

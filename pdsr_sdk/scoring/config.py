@@ -63,6 +63,14 @@ class ScoreOptions(ConfigModel):
         True, description="Pass the right-padding attention mask to the model. False skips it, which is exact "
                           "for causal LMs (real tokens never attend to the later padding) and lets SDPA use "
                           "its causal kernel (faster).")
+    pack: bool | None = Field(
+        None, description="torch backend: packed micro-batches, each one row of concatenated samples with "
+                          "per-sample position ids and attention that never crosses a sample boundary, so no "
+                          "token is padding; a micro-batch is max_tokens_per_micro_batch real tokens (or mbs "
+                          "consecutive samples, or everything). null = the rule 'packed where measured faster' "
+                          "(pdsr_sdk.scoring.torch_backend.PACK_MEASURED_FASTER): unpacked on the CPU (measured "
+                          "slower there) and, until a GPU measurement says otherwise, on CUDA. length_bucket, "
+                          "attention_mask and pad_id do not apply to packed forwards.")
     pad_id: int | None = Field(None, ge=0, description="Token id used for padding (never affects results); "
                                                        "default: the model's pad_token_id, else 0.")
     vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM max_model_len when the vllm backend "

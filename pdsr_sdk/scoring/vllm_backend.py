@@ -129,6 +129,9 @@ class VllmScoring:
 
     def check(self, options: ScoreOptions) -> None:
         check_options(temperature=options.temperature, return_entropy=options.entropy)
+        if options.pack:
+            raise ConfigError("pack: the vllm backend batches unpadded tokens itself; pack applies to "
+                              "backend='torch'")
 
     def load(self, model_dir: Path, options: ScoreOptions) -> Any:
         return model_dir  # the engine's max_model_len depends on the samples: started in score()
