@@ -219,7 +219,7 @@ def memory_part(hidden_size: int, vocab: int, mem_tokens: int) -> None:
                 print(f"  {n_tok:>9}  {name:<26} {format_bytes(mem.bytes):>10}  {size:<36} "
                       f"{float((out - ref).abs().max()):>19.1e}")
                 del out
-            del hid, targets, ref
+            hid = targets = ref = None  # frees them (the lambdas read these names, so no `del`)
 
 
 if __name__ == "__main__":

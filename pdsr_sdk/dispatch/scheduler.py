@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from pdsr_sdk.dispatch.policy import Policy
