@@ -26,7 +26,7 @@ from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import ConfigError, DataError, PdsrError, RunError
+from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import resolve_policy
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
 
