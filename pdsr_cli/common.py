@@ -38,8 +38,10 @@ def handle_errors(f: F) -> F:
         except PdsrError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("\ninterrupted: finished results are on disk; rerun with --resume to continue", err=True)
+        except KeyboardInterrupt as exc:
+            # one line; what was written is said only where the command knows (pdsr_sdk.errors.Interrupted)
+            lead = "\n" if sys.stderr.isatty() else ""   # past the terminal's ^C
+            click.echo(lead + (str(exc) or "interrupted"), err=True)
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]

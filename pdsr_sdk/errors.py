@@ -33,6 +33,12 @@ class RunError(PdsrError, RuntimeError):
     order (a batch report before the batch finished). Also a RuntimeError."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped a run; the message (one line, starting "interrupted") says what, if
+    anything, was written. Still a
+    KeyboardInterrupt, so code that catches that keeps working."""
+
+
 class PdsrDeprecationWarning(DeprecationWarning):
     """An old spelling (config key, flag) that still works; the message names what to use instead."""
 

@@ -57,7 +57,11 @@ class VllmEngine(ModelEngine):
 
         cpu = is_cpu_build() if self.cpu is None else self.cpu
         apply_engine_defaults()
-        env = {ERROR_FILE_ENV: str(self._error_file), ENGINE_NAME_ENV: self.name, **engine_process_env()}
+        from pdsr_sdk.engines.parent_watch import ORCHESTRATOR_PID_ENV
+
+        # the engine processes end when this process dies (see parent_watch.py)
+        env = {ERROR_FILE_ENV: str(self._error_file), ENGINE_NAME_ENV: self.name,
+               ORCHESTRATOR_PID_ENV: str(os.getpid()), **engine_process_env()}
         if cpu:
             apply_cpu_defaults()
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt(self.spec.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)))
@@ -319,9 +323,46 @@ async def _spawn(create, env: dict[str, str]):
         with _patched_environ(env):
             before = {p.pid for p in multiprocessing.active_children()}
             creating = asyncio.ensure_future(asyncio.to_thread(create))
-            while not creating.done() and not {p.pid for p in multiprocessing.active_children()} - before:
-                await asyncio.wait({creating}, timeout=0.02)
-    return await creating
+            try:
+                while not creating.done() and not {p.pid for p in multiprocessing.active_children()} - before:
+                    await asyncio.wait({creating}, timeout=0.02)
+            except BaseException:   # cancelled (Ctrl-C) before the core appeared
+                await _abandon(creating, before)
+                raise
+    try:
+        return await asyncio.shield(creating)
+    except BaseException:
+        await _abandon(creating, before)
+        raise
+
+
+async def _abandon(creating, before: set[int], timeout_s: float = 60.0) -> None:
+    """Start-up was cancelled: end the engine processes ``create()`` spawned (it cannot be stopped
+    itself; with its core gone it fails within a moment), and shut down what it made if it won."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not creating.done() and loop.time() < end:
+        for proc in multiprocessing.active_children():
+            if proc.pid not in before:
+                _kill_tree(proc.pid)
+        await asyncio.wait({creating}, timeout=0.05)
+    if creating.done() and not creating.cancelled() and creating.exception() is None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(creating.result().shutdown, timeout=1.0)
+
+
+def _kill_tree(pid: int) -> None:
+    import signal
+
+    try:
+        import psutil  # a vLLM dependency
+
+        pids = [p.pid for p in psutil.Process(pid).children(recursive=True)] + [pid]
+    except Exception:  # noqa: BLE001 - gone already, or no psutil
+        pids = [pid]
+    for p in pids:
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
 
 
 _SPAWN_LOCKS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()

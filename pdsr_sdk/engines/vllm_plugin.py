@@ -8,6 +8,8 @@
 2. In an engine-core process started by pdsr (``PDSR_ENGINE_ERROR_FILE`` is
    set), errors the core logs and fatal signals are also written to that
    file, so the orchestrator can report the engine's own traceback.
+3. In a process pdsr's orchestrator started (the engine core, vLLM's workers), a thread ends the
+   process when its parent dies, SIGKILL included (see parent_watch.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def register() -> None:
     path = os.environ.get("PDSR_ENGINE_ERROR_FILE")
     if path and multiprocessing.parent_process() is not None:
         _capture_errors(path)
+    _watch_parent()
 
 
 def _grant_amx() -> None:
@@ -36,6 +39,15 @@ def _grant_amx() -> None:
 
         if not torch.cuda.is_available() and hasattr(torch.cpu, "_init_amx"):
             torch.cpu._init_amx()
+    except Exception:  # noqa: BLE001 - never break engine start-up over this
+        pass
+
+
+def _watch_parent() -> None:
+    try:
+        from pdsr_sdk.engines.parent_watch import arm_from_env
+
+        arm_from_env()
     except Exception:  # noqa: BLE001 - never break engine start-up over this
         pass
 

@@ -7,6 +7,7 @@ where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from typing import Callable
 
 from pdsr_sdk.errors import ConfigError
@@ -59,9 +60,77 @@ def normalize_answer(answer: str) -> str:
     return s
 
 
+_UNSIGNED = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+
+
+def exact_value(answer: str) -> Fraction | None:
+    """The exact rational value of a number written as an integer, a decimal, ``a/b`` or
+    ``\\frac{a}{b}`` (also ``\\dfrac``/``\\tfrac`` and the short ``\\frac12``), with a sign; None for
+    anything else (expressions, mixed numbers, units, lists). Decimals are exact: 0.333 is
+    333/1000, not 1/3. Expects the output of :func:`normalize_answer` (no spaces)."""
+    s = answer
+    while len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _closing_brace(s, 0) == len(s) - 1:
+        s = s[1:-1]
+    sign = 1
+    if s[:1] in ("+", "-"):
+        sign, s = (-1 if s[0] == "-" else 1), s[1:]
+    if _UNSIGNED.fullmatch(s):
+        return sign * Fraction(s)
+    if s.startswith("\\frac") or s.startswith("\\dfrac") or s.startswith("\\tfrac"):
+        rest = s[s.index("frac") + 4:]
+        num, rest = _frac_argument(rest)
+        den, rest = _frac_argument(rest) if num is not None else (None, rest)
+        if num is None or den is None or rest:
+            return None
+        top, bottom = exact_value(num), exact_value(den)
+    elif s.count("/") == 1:
+        a, b = s.split("/")
+        if a[:1] in ("+", "-") or not _UNSIGNED.fullmatch(a):
+            return None
+        top, bottom = Fraction(a), exact_value(b)
+    else:
+        return None
+    if top is None or bottom is None or bottom == 0:
+        return None
+    return sign * top / bottom
+
+
+def _frac_argument(s: str) -> tuple[str | None, str]:
+    """One argument of ``\\frac``: ``{...}`` or a single digit (``\\frac12``); (argument, rest)."""
+    if s[:1] == "{":
+        end = _closing_brace(s, 0)
+        return (None, s) if end < 0 else (s[1:end], s[end + 1:])
+    if s[:1].isdigit():
+        return s[0], s[1:]
+    return None, s
+
+
+def _closing_brace(s: str, i: int) -> int:
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] == "{":
+            depth += 1
+        elif s[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def answers_equal(predicted: str, truth: str) -> bool:
+    """Equal after :func:`normalize_answer`, or both numbers of the same exact value (:func:`exact_value`)."""
+    p, t = normalize_answer(predicted), normalize_answer(truth)
+    if p == t:
+        return True
+    vp = exact_value(p)
+    return vp is not None and vp == exact_value(t)
+
+
 def math_boxed(response_text: str, ground_truth: str | None, **info) -> float:
-    """1.0 if the last ``\\boxed{}`` of the response equals the ground truth after
-    :func:`normalize_answer`, else 0.0 (also 0.0 without a boxed answer)."""
+    """1.0 if the last ``\\boxed{}`` of the response equals the ground truth (:func:`answers_equal`:
+    the same text after :func:`normalize_answer`, or numbers of the same exact rational value, so
+    1/2, \\frac{1}{2}, \\dfrac12 and 0.5 match and 0.333 and 1/3 do not), else 0.0 (also 0.0
+    without a boxed answer)."""
     if ground_truth is None:
         return 0.0
     predicted = last_boxed(response_text)
@@ -71,7 +140,7 @@ def math_boxed(response_text: str, ground_truth: str | None, **info) -> float:
     if truth is None:
         # GSM8K-style worked solutions end with "#### <answer>"
         truth = ground_truth.rsplit("####", 1)[-1] if "####" in ground_truth else ground_truth
-    return 1.0 if normalize_answer(predicted) == normalize_answer(truth) else 0.0
+    return 1.0 if answers_equal(predicted, truth) else 0.0
 
 
 REWARDS: Registry[RewardFn] = Registry("reward")

@@ -12,7 +12,7 @@ from typing import Any
 from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import ConfigError, DataError, Interrupted
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, silent_progress
@@ -73,12 +73,39 @@ def policy_configs(config) -> list:
 
 
 def run_rollout(config, *, progress: ProgressFactory = silent_progress) -> RolloutSummary:
-    """Run ``pdsr rollout`` for ``config`` (a :class:`RolloutConfig`); blocks until done."""
-    return asyncio.run(run_rollout_async(config, progress=progress))
+    """Run ``pdsr rollout`` for ``config`` (a :class:`RolloutConfig`); blocks until done.
+    Ctrl-C raises :class:`~pdsr_sdk.errors.Interrupted` saying what, if anything, was written."""
+    state = _RunState()
+    try:
+        return asyncio.run(run_rollout_async(config, progress=progress, _state=state))
+    except KeyboardInterrupt:
+        raise Interrupted(state.describe(config)) from None
+
+
+@dataclass
+class _RunState:
+    """How far a run got, for the message of an interrupted run."""
+    writer_made: bool = False
+    replaced_output: bool = False
+    engines_started: bool = False
+    groups_written: int = 0
+
+    def describe(self, config) -> str:
+        out = config.output.path
+        parts = out.with_name(out.name + ".parts")
+        removed = (f"; the previous {out} was removed (--overwrite)" if self.replaced_output else "")
+        if not self.engines_started:
+            when = "before the engines had started" if not self.writer_made else "while the engines were starting"
+            return f"interrupted {when}: nothing was written{removed}"
+        if not self.groups_written:
+            return f"interrupted before any group had finished: nothing was written{removed}"
+        return (f"interrupted: {self.groups_written} finished groups were written to {parts}/; "
+                f"rerun with --resume to continue")
 
 
 async def run_rollout_async(config, *, progress: ProgressFactory = silent_progress,
-                            engines: list | None = None) -> RolloutSummary:
+                            engines: list | None = None, _state: "_RunState | None" = None) -> RolloutSummary:
+    state = _state if _state is not None else _RunState()
     from pdsr_sdk.rollout.sample_data import default_sample_path
 
     names = policy_names(config.policy)
@@ -95,10 +122,13 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         raise DataError(f"{data_path}: data.target_lengths_column forces response lengths; "
                         f"set sampling.ignore_eos (--ignore-eos) so the model's EOS does not end them early")
     out = config.output
+    state.replaced_output = bool(out.overwrite and not out.resume and (
+        out.path.exists() or out.path.with_name(out.path.name + ".parts").exists()))
     writer = TrajectoryWriter(
         out.path, trajectory_schema(), resume=out.resume, overwrite=out.overwrite,
         flush_groups=out.flush_groups, flush_interval_s=out.flush_interval_s,
         metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy, "model": model_dir})
+    state.writer_made = True
     done_ids = writer.finished_prompt_ids() if out.resume else set()
     todo = [r for r in records if r.prompt_id not in done_ids]
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
@@ -124,6 +154,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
 
     def on_group(group: Group) -> None:
         writer.add_group([sample_row(s, tokenizer, reward_fn) for s in group.samples])
+        state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
 
     session.hooks.on_sample_done.append(on_sample)
     session.hooks.on_group_done.append(on_group)
@@ -131,6 +162,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     try:
         if batches:
             await session.start(max_model_len=max_model_len)
+            state.engines_started = True
             _check_prompt_lengths(todo, config, session)
         for batch in batches:
             results.append(await session.generate(batch))
