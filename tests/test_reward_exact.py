@@ -10,7 +10,8 @@ import pytest
 
 from pdsr_sdk.rollout.reward import answers_equal, exact_value, math_boxed, normalize_answer
 
-ANSWERS = [json.loads(line) for line in (Path(__file__).parent / "data" / "math500_answers.jsonl").open()]
+#: the team's shared data sits beside the repository and is not copied into it (its README says so)
+MATH500 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math500.jsonl"
 
 
 def boxed(answer: str) -> str:
@@ -39,9 +40,10 @@ def test_parser_refuses_what_is_not_a_plain_number():
         assert exact_value(normalize_answer(text)) is None, text
 
 
+@pytest.mark.skipif(not MATH500.is_file(), reason="MATH-500 not found at ../shared/data/math500.jsonl")
 def test_math500_answers():
     numbers = 0
-    for row in ANSWERS:
+    for row in map(json.loads, MATH500.open()):
         answer = row["answer"]
         assert math_boxed(boxed(answer), answer) == 1.0, row   # every answer matches itself
         value = exact_value(normalize_answer(answer))
