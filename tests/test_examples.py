@@ -84,3 +84,23 @@ def test_custom_policy_drives_real_engines_through_the_sdk_and_pdsr_rollout(tmp_
     import pyarrow.parquet as pq
 
     assert pq.read_table(traj).num_rows == 4
+
+
+@requires_vllm
+@requires_torch
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_grpo_example_runs_end_to_end_and_reports_its_numbers():
+    """Three GRPO steps at small settings (B=2 x N=4, 12 tokens): every step prints its numbers, each
+    update bumps the policy version, and the engine's log-probs agree with the trainer's (bf16 vs fp32).
+    No learning assertion here: see the example's docstring and the branch's report."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "grpo_train.py"), "--steps", "3",
+                          "--batch-size", "2", "--n", "4", "--max-tokens", "12"],
+                         capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-5000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["policy_version"] for r in rows] == [1, 2, 3]   # version 1 = the initial weights pushed once
+    for r in rows:
+        assert 0.0 <= r["reward_mean"] <= 1.0 and 0 < r["response_len"] <= 12 and r["kl_ref"] >= 0
+        assert r["engine_trainer_logp_gap"] < 0.1
