@@ -24,6 +24,12 @@ sampled tokens (engine bf16 vs trainer fp32, before the update; the weights are 
 
     python examples/grpo_train.py --steps 8
     python examples/grpo_train.py --steps 8 --no-update
+
+Status (measured on the shared 2-core machine, defaults, seed 0): reward per step 0.512 0.586 0.552
+0.548 0.561 0.585 0.619 0.599 with updates, 0.512 0.581 0.540 0.587 0.543 0.582 0.579 0.574 without;
+last-3 minus first-3 is +0.051 vs +0.034, so learning is NOT shown yet. kl_ref is tens of nats after
+the first step: lr 2e-3 with 2 inner steps moves the random model far too much; the task (base rate
+~0.5) and step sizes still need tuning before a test can assert a margin.
 """
 
 from __future__ import annotations
