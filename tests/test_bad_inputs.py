@@ -80,3 +80,27 @@ def test_gae_unwritable_out_fails_before_computing(tmp_path, gae_input, monkeypa
     failed(invoke("gae", "--data", path, "--out", blocker / "out.parquet"), "--out", "blocker", "is a file")
     failed(invoke("gae", "--data", path, "--out", tmp_path), "--out", "is a directory")
     assert blocker.read_text() == "a file where a folder must be"
+
+
+# --------------------------------------------------------------------------- --set POLICY:KEY=VALUE
+
+TRACE = "examples/traces/synth_256x8.jsonl"
+
+
+@pytest.mark.parametrize("flag", ["--set", "--policy-set"])
+@pytest.mark.parametrize("item, what", [("v2:steal=false", "policy 'v2' is not selected"),
+                                        ("v9:steal=false", "policy 'v9' is not a known policy")])
+def test_simulate_setting_for_a_policy_not_selected(flag, item, what):
+    from pathlib import Path
+
+    trace = Path(__file__).parents[1] / TRACE
+    out = failed(invoke("simulate", "--trace", trace, "--policy", "v3,v2.5", "--no-references", flag, item,
+                        "--num-batches", 1, "--quiet"), f"{flag} {item.split('=')[0]}", what)
+    assert "the selected policies are v3, v2.5" in out
+
+
+def test_rollout_setting_for_a_policy_not_selected(tmp_path):
+    out = tmp_path / "o.parquet"
+    failed(invoke("rollout", "--policy", "v3", "--set", "v2.5:cap_multiplier=2", "--out", out),
+           "--set v2.5:cap_multiplier: policy 'v2.5' is not selected; the selected policy is v3")
+    assert not out.exists()

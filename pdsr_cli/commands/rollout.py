@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import (build_config, config_option, format_table, handle_errors, parse_policy_sets,
-                             policy_option, policy_set_option)
+from pdsr_cli.common import (build_config, check_policy_set_targets, config_option, format_table, handle_errors,
+                             parse_policy_sets, policy_option, policy_set_option)
 
 
 @click.command("rollout")
@@ -72,7 +72,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     """
     from pdsr_sdk.progress import silent_progress, tqdm_progress
     from pdsr_sdk.rollout.config import RolloutConfig
-    from pdsr_sdk.policies.resolve import with_policy_sets
+    from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
     from pdsr_sdk.rollout.run import policy_configs, run_rollout, summary_path
 
     overrides = {
@@ -88,7 +88,10 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite,
     }
-    cfg = with_policy_sets(build_config(RolloutConfig, config_path, overrides), parse_policy_sets(policy_set))
+    cfg = build_config(RolloutConfig, config_path, overrides)
+    sets = parse_policy_sets(policy_set)
+    check_policy_set_targets(sets, policy_names(cfg.policy))
+    cfg = with_policy_sets(cfg, sets)
     runs = policy_configs(cfg)
     if cfg.model is None:
         click.echo("model: the built-in tiny random model (pass --model DIR for a real one)", err=True)
