@@ -135,8 +135,8 @@ class TableColumns:
         hint = ""
         if pa.types.is_struct(kind):
             fields = [kind.field(i).name for i in range(kind.num_fields)]
-            hint = f" (fields: {', '.join(fields)}); name a field with a dotted path, e.g. {flag} {name}.{fields[0]}"
-        raise DataError(f"{self.path}: column {name!r} ({key}, {flag}) is {kind}{hint}; expected {expected}")
+            hint = f": name one of its fields ({', '.join(fields)}) with a dotted path, e.g. {flag} {name}.{fields[0]}"
+        raise DataError(f"{self.path}: column {name!r} ({key}, {flag}) is {kind}; expected {expected}{hint}")
 
     def values(self, name: str) -> list:
         return self._find(name)[0].to_pylist()
