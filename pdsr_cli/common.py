@@ -155,3 +155,42 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
     out = [line(columns), line(["-" * w for w in widths])]
     out += [line(row) for row in cells]
     return "\n".join(out)
+
+
+def build_config_replacing(model: type, config_path: Path | None, overrides: Mapping[str, Any], *,
+                           drop_from_file: tuple[str, ...] = (), required: Mapping[str, str] | None = None):
+    """:func:`build_config`, for a command whose flags do more than override a key of the file.
+
+    ``drop_from_file``: dotted keys removed from the ``--config`` file's values
+    before the flags apply (a flag that replaces a *different* key, e.g. one of
+    two exclusive modes: ``pdsr score --max-tokens-per-mb`` replaces the
+    file's ``mbs``). ``required``: dotted key -> flag; a key set neither by the
+    file nor by a flag is a ConfigError naming both.
+    """
+    from pydantic import ValidationError
+
+    from pdsr_sdk.config import read_config_file, set_dotted
+    from pdsr_sdk.config.base import format_validation_error
+    from pdsr_sdk.errors import ConfigError
+
+    data = read_config_file(config_path) if config_path is not None else {}
+    for dotted in drop_from_file:
+        *parents, last = dotted.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for dotted, value in given.items():
+        set_dotted(data, dotted, value)
+    for dotted, flag in (required or {}).items():
+        node = data
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            raise ConfigError(f"{flag} is required (or '{dotted}:' in the --config file)")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, source=config_path, overrides=given)) from None

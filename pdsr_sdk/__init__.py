@@ -13,6 +13,11 @@ __version__ = "0.1.0"
 
 #: public name -> module that defines it
 _LAZY = {
+    # a trainer's rollout (docs/sdk.md)
+    "RolloutSession": "pdsr_sdk.rollout.session", "StepResult": "pdsr_sdk.rollout.session",
+    "RolloutConfig": "pdsr_sdk.rollout.config", "SamplingConfig": "pdsr_sdk.rollout.config",
+    "EngineSpec": "pdsr_sdk.rollout.config", "PromptRecord": "pdsr_sdk.rollout.data",
+    "load_config": "pdsr_sdk.config",
     "compute_gae": "pdsr_sdk.gae",
     "grpo_advantages": "pdsr_sdk.gae",
     "masked_whiten": "pdsr_sdk.gae",
@@ -26,6 +31,7 @@ _LAZY = {
     "ConfigError": "pdsr_sdk.errors",
     "DataError": "pdsr_sdk.errors",
     "EngineError": "pdsr_sdk.errors",
+    "RunError": "pdsr_sdk.errors", "DataValueError": "pdsr_sdk.errors", "ConfigValueError": "pdsr_sdk.errors",
 }
 
 __all__ = sorted(_LAZY)

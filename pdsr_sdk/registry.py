@@ -11,7 +11,7 @@ imported on request, which is how users plug in their own classes.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, Iterator, TypeVar
 
 from pdsr_sdk.errors import PdsrError
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,6 +102,76 @@ def test_torch_chunk_scan_matches_reference(chunk, gamma, lam, shape, mask_kind)
                            backend="torch", chunk_size=chunk)
     assert isinstance(adv, torch.Tensor) and adv.dtype == torch.float32
     assert_matches_reference(adv.numpy(), ret.numpy(), r, v, m, gamma, lam)
+
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CUDA_TRITON = HAS_TRITON and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not CUDA_TRITON, reason="needs a CUDA device and triton (the CPU run is "
+                                            "test_triton_in_interpreter_matches_reference)")
+@pytest.mark.parametrize("carry", ["float32", "float64"])
+@pytest.mark.parametrize("gamma,lam", GAMMA_LAM)
+@pytest.mark.parametrize("shape", SHAPES + [(5, 3000)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("mask_kind", MASKS)
+def test_triton_matches_reference(carry, gamma, lam, shape, mask_kind):
+    from pdsr_sdk.gae.triton_kernel import triton_gae
+
+    r, v, m = make_inputs(seed_of(shape, mask_kind, "tt"), *shape, mask_kind)
+    dev = [torch.from_numpy(a).cuda() for a in (r, v, m)]
+    for segments in (None, 3):   # one segment per row; three (summary kernel + fold)
+        adv, ret = triton_gae(*dev, gamma, lam, carry_dtype=carry, block=256, segments=segments)
+        assert adv.dtype == torch.float32 and adv.is_cuda
+        assert_matches_reference(adv.cpu().numpy(), ret.cpu().numpy(), r, v, m, gamma, lam)
+    adv, ret = compute_gae(*dev, gamma, lam, backend="triton", carry_dtype=carry)
+    assert_matches_reference(adv.cpu().numpy(), ret.cpu().numpy(), r, v, m, gamma, lam)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_triton_in_interpreter_matches_reference():
+    """The kernel itself, on the CPU: every mask kind and (gamma, lam), one and several tiles and
+    segments per row, float32 and float64 carries, in Triton's interpreter (a subprocess, since
+    TRITON_INTERPRET must be set before triton is imported)."""
+    script = Path(__file__).with_name("gae_triton_interpret.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(script.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0 and "interpret" in proc.stderr.lower() and "not supported" in proc.stderr.lower():
+        pytest.skip(f"Triton's interpreter cannot run here: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["checked"] == len(MASKS) * len(GAMMA_LAM) * 2
+    assert report["failures"] == []
+    api = report["api"]
+    assert api["numpy_kind"] == "ndarray" and api["numpy_dtype"] == "float32" and api["numpy_err"] < 1e-5
+    assert api["alias_same_objects"] and api["alias_dtype"] == "torch.float64" and api["alias_err"] < 1e-12
+    assert api["empty_shape"] == [0, 4]
+
+
+def test_triton_on_cpu_tensors_without_interpreter_raises(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    z = torch.zeros((2, 3))
+    with pytest.raises(ConfigError, match="needs CUDA tensors"):
+        compute_gae(z, z, None, 0.9, 0.9, backend="triton")
+
+
+def test_auto_picks_triton_on_cuda_when_importable(monkeypatch):
+    from pdsr_sdk.gae import api
+
+    assert api.resolve_backend_name("auto", cuda=False) == "numba"
+    assert api.resolve_backend_name("auto", cuda=True) == ("triton" if HAS_TRITON else "torch")
+    monkeypatch.setattr(api, "triton_available", lambda: False)
+    assert api.resolve_backend_name("auto", cuda=True) == "torch"
+    assert api.resolve_backend_name("triton", cuda=False) == "triton"
+
+
+def test_triton_backend_is_imported_lazily():
+    code = ("import sys, pdsr_sdk.gae\nfrom pdsr_sdk.gae import get_backend, resolve_backend_name\n"
+            "resolve_backend_name('auto', cuda=True); get_backend('triton')\n"
+            "print('triton' in sys.modules, 'pdsr_sdk.gae.triton_kernel' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.split() == ["False", "False"]
 
 
 @pytest.mark.parametrize("block_rows", [1, 2, 3])
@@ -376,7 +452,7 @@ def test_bad_parameters_raise_config_error(kwargs, match):
 
 def test_unknown_backend_lists_valid_names():
     z = np.zeros((1, 2), np.float32)
-    with pytest.raises(PdsrError, match=r"unknown GAE backend 'fast'; valid names: numba, reference, torch"):
+    with pytest.raises(PdsrError, match=r"unknown GAE backend 'fast'; valid names: numba, reference, torch, triton"):
         compute_gae(z, z, None, 0.9, 0.9, backend="fast")
 
 

@@ -216,7 +216,6 @@ def test_losing_the_last_engine_of_a_pool_is_a_clear_error():
 
 def test_natural_eos_finishes_with_stop_and_max_tokens_with_length():
     natural = {("a", 0): 5, ("a", 1): 500}
-    lengths = {"a": [5, 500]}
     clock = VirtualClock()
     engines = [FakeEngine("fast-0", "fast", clock, lengths=natural), FakeEngine("heavy-0", "heavy", clock, lengths=natural)]
     cls = POLICIES.get("baseline")

@@ -346,6 +346,55 @@ def test_abort_mid_stream_delivers_every_token_then_abort_and_load_is_reported(e
     assert not col.dead
 
 
+@engine_test
+def test_update_weights_reaches_ray_engines_through_the_object_store(engines, reference, engine_loop, tiny_model_dir):
+    """New weights go to both actors (Ray's object store) and the local engine (shared memory): greedy
+    continuations then agree with each other and differ from the old weights'; a bad shape is refused
+    inside the actor with the engine's name and node; the model folder restores the old weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.weights import StagedWeights
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    ray0, ray1, local = engines
+    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    prompt = reference["prompts"]["p0"]
+    cfg = _config(tiny_model_dir, "unused.jsonl", "unused.parquet", "baseline")
+
+    async def greedy(tag):
+        col = Collector()
+        for e in (ray0, ray1, local):
+            e.bind(col)
+            e.submit(_request(f"{tag}-{e.name}", prompt, 30))
+        await col.wait(lambda: len(col.ends) == 3)
+        return [col.tokens[f"{tag}-{e.name}"] for e in (ray0, ray1, local)]
+
+    async def go():
+        async with RolloutSession(cfg, engines=[ray0, ray1, local]) as session:
+            assert await session.aupdate_weights(policy.state_dict()) == 1
+            updated = await greedy("new")
+            bad = dict(policy.state_dict())
+            bad["model.norm.weight"] = torch.ones(5)
+            staged = StagedWeights(items=list(bad.items()))
+            with pytest.raises(EngineError, match=r"engine 'heavy-ray-1'.*'model\.norm\.weight' has shape \[5\].*in its Ray actor on node") as info:
+                await ray1.update_weights(staged)
+            staged.close()
+            assert "Traceback" not in str(info.value).split("--- engine traceback ---")[0]
+            assert await session.aupdate_weights(str(tiny_model_dir)) == 2
+            restored = await greedy("old")
+        return updated, restored
+
+    updated, restored = run_on(engine_loop, go())
+    ref = reference["tokens"]["p0"][:30]
+    assert updated[0] == updated[1] == updated[2] != ref
+    assert restored == [ref, ref, ref]
+
+
 def _session_run(engine_loop, cfg, engines, records, kill_when):
     """Run one batch through a RolloutSession, calling ``kill_when(session, sample)`` after each sample."""
     from pdsr_sdk.rollout.session import RolloutSession

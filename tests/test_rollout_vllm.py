@@ -160,3 +160,103 @@ def test_resume_after_an_interrupted_run_has_every_sample_once(engine_loop, engi
     keys = [(r["prompt_id"], r["sample_index"]) for r in rows]
     assert len(keys) == len(set(keys)) == 20
     assert not (tmp_path / "v2.5.parquet.parts").exists()
+
+
+# ------------------------------------------------------------- update_weights (issue 13)
+#: a fixed prompt + response whose per-token log-probs the engines and the trainer compare
+FIXED_IDS = [5, 17, 250, 3, 99, 42, 7, 600, 31, 8, 77, 500, 12, 64, 300, 9, 150, 21, 40, 2]
+
+
+async def engine_logps(engine, ids=FIXED_IDS):
+    """The engine's log-prob of every token of ``ids`` after the first (vLLM prompt log-probs)."""
+    import uuid
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    out = None
+    async for out in engine._llm.generate(TokensPrompt(prompt_token_ids=ids), params, f"lp-{uuid.uuid4().hex}"):
+        pass
+    return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], ids[1:])]
+
+
+def torch_logps(model, ids=FIXED_IDS):
+    import torch
+
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        lp = torch.log_softmax(model(x).logits.float(), -1)[0, :-1]
+        return lp.gather(-1, x[0, 1:, None])[:, 0].tolist()
+
+
+def mean_abs(a, b):
+    assert len(a) == len(b)
+    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
+
+
+def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, engines, tiny_model_dir):
+    """fp32 engines: after update_weights(state dict) both engines' log-probs of a fixed response equal
+    the trainer's torch log-probs of the new weights (and not the old ones); segments after it carry
+    version 1; an iterator of pairs works; bad names/shapes are PdsrErrors naming the parameter (checked
+    before anything changes, and again inside the engine process, with the engine's name); the model
+    folder restores the old weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.weights import StagedWeights
+    from pdsr_sdk.errors import DataError, EngineError
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), batch_size=2, policy="baseline",
+                        sampling={"n": 2, "max_tokens": 24}, segments={"min_tokens": 8, "max_tokens": 16})
+    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    old = torch_logps(policy)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    new = torch_logps(policy)
+    prompts = ["What is 2 + 3?", {"id": "q", "messages": [{"role": "user", "content": "Hi"}], "ground_truth": "5"}]
+
+    async def scenario():
+        got = {}
+        async with RolloutSession(cfg, engines=engines) as session:
+            got["before"] = [await engine_logps(e) for e in engines]
+            first = await session.astep(prompts)
+            assert await session.aupdate_weights(policy.state_dict()) == 1
+            got["after"] = [await engine_logps(e) for e in engines]
+            second = await session.astep(iter(prompts))
+            # bad input: nothing reaches the engines, the error names the parameter
+            sd = policy.state_dict()
+            with pytest.raises(DataError, match=r"unknown parameter 'model\.layers\.0\.mlp\.up_proj\.weigth'.*did you mean"):
+                await session.aupdate_weights({**sd, "model.layers.0.mlp.up_proj.weigth": sd["model.norm.weight"]})
+            bad = dict(sd)
+            bad["model.layers.1.self_attn.q_proj.weight"] = torch.zeros(3, 7)
+            with pytest.raises(DataError, match=r"'model\.layers\.1\.self_attn\.q_proj\.weight' has shape \[3, 7\]"):
+                await session.aupdate_weights(bad)
+            # the engine process checks too (here bypassing the session's check): an EngineError with its name
+            staged = StagedWeights(items=list(bad.items()))
+            with pytest.raises(EngineError, match=r"engine 'fast-0'.*'model\.layers\.1\.self_attn\.q_proj\.weight' has shape") as info:
+                await engines[0].update_weights(staged)
+            staged.close()
+            assert "Traceback" not in str(info.value)
+            got["after_bad"] = await engine_logps(engines[0])
+            assert session.policy_version == 1
+            assert await session.aupdate_weights(iter(policy.state_dict().items())) == 2
+            assert await session.aupdate_weights(tiny_model_dir) == 3   # a model folder: the original weights
+            got["restored"] = [await engine_logps(e) for e in engines]
+        return got, first, second
+
+    got, first, second = run_on(engine_loop, scenario(), timeout=600)
+    for before, after, restored in zip(got["before"], got["after"], got["restored"]):
+        assert mean_abs(before, old) <= 1e-3
+        assert mean_abs(after, new) <= 1e-3 and mean_abs(after, old) > 0.05
+        assert mean_abs(restored, old) <= 1e-3
+    assert got["after_bad"] == got["after"][0]    # the refused update changed nothing
+    assert (first.policy_version, second.policy_version) == (0, 1)
+    for result, version in ((first, 0), (second, 1)):
+        assert result.table.num_rows == 4 and result.summary["samples"] == 4
+        assert {seg.policy_version for s in result.samples for seg in s.segments} == {version}
+        assert all(r == [version] for r in result.table.column("policy_versions").to_pylist())
+    assert sorted(g.prompt_id for g in second.groups) == ["q", "s1-p0"]

@@ -59,6 +59,23 @@ def test_round_trip_matches_sdk(tmp_path, tiny_model_dir, rows):
     assert not list(out.parent.glob(".*.tmp"))  # atomic write left no temp file
 
 
+def test_pack_flag_packs_and_matches_unpacked(tmp_path, tiny_model_dir, rows):
+    data = _write(tmp_path / "traj.parquet", *rows)
+    outs = {}
+    for name, extra in (("packed", ["--pack"]), ("padded", ["--no-pack"])):
+        outs[name] = tmp_path / f"{name}.parquet"
+        res = _run("--model", tiny_model_dir, "--data", data, "--out", outs[name], "--max-tokens-per-mb", 256,
+                   "--dtype", "float32", "--device", "cpu", *extra)
+        assert res.exit_code == 0, res.output
+        assert ("packed, token quota 256" in res.output) == (name == "packed")
+        if name == "packed":
+            assert "padding efficiency 1.000" in res.output
+    got = pq.read_table(outs["packed"]).column("ref_logps").to_pylist()
+    want = pq.read_table(outs["padded"]).column("ref_logps").to_pylist()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
 def test_config_file_and_flag_override(tmp_path, tiny_model_dir, rows):
     data = _write(tmp_path / "traj.parquet", *rows)
     cfg = tmp_path / "score.yaml"
@@ -131,3 +148,43 @@ def test_score_schemas_are_registered():
     assert all(f["description"] and f["type"] == "list<item: float>" for f in arrow["fields"])
     schema = ScoreConfig.model_json_schema()
     assert all(p.get("description") for p in schema["properties"].values())
+
+
+def test_option_errors_name_the_key_and_where_it_came_from(tmp_path, tiny_model_dir, rows):
+    import re
+
+    data = _write(tmp_path / "traj.parquet", *rows)
+    args = ["--model", tiny_model_dir, "--data", data, "--out", tmp_path / "o.parquet"]
+    cfg = tmp_path / "score.yaml"
+    cfg.write_text(f"out: {tmp_path / 'o.parquet'}\nmbz: 3\n")
+    for extra, pattern in [
+        (["--backend", "jax"], r"command line: backend: .*unknown scoring backend; valid names: torch, vllm"),
+        (["--row-chunk", "0"], r"command line: row_chunk: Input should be greater than or equal to 1"),
+        (["--device", "gpu"], r"command line: device: .*expected auto, cpu, cuda or cuda:N"),
+        (["--config", cfg], rf"{cfg}: mbz: unknown config key; valid keys here: .*max_tokens_per_micro_batch"),
+    ]:
+        res = _run(*args, *extra)
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert re.search(pattern, res.output), res.output
+    res = _run("--config", cfg, "--out", tmp_path / "o.parquet")
+    assert res.exit_code == 2 and "--data is required (or 'data:' in the --config file)" in res.output, res.output
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_every_option_has_a_flag(tmp_path, tiny_model_dir, rows):
+    from pdsr_cli.commands.score import command
+    from pdsr_sdk.scoring import ScoreConfig, per_token_logps
+    from pdsr_sdk.scoring.torch_backend import load_model
+
+    flags = {p.name for p in command.params}
+    assert set(ScoreConfig.model_fields) <= flags
+    data = _write(tmp_path / "traj.parquet", *rows)
+    out = tmp_path / "o.parquet"
+    res = _run("--model", tiny_model_dir, "--data", data, "--out", out, "--dtype", "float32", "--device", "cpu",
+               "--max-tokens-per-mb", 300, "--token-grouping", "none", "--no-attention-mask", "--pad-id", 977,
+               "--length-bucket", 16, "--max-padding-fraction", 0.1)
+    assert res.exit_code == 0, res.output
+    assert "token quota 300, grouping=none" in res.output
+    expected = per_token_logps(load_model(tiny_model_dir, "cpu", "float32"), *rows)
+    for got, want in zip(pq.read_table(out).column("ref_logps").to_pylist(), expected.logps, strict=True):
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-6, atol=1e-6)

@@ -114,6 +114,52 @@ def test_v3_at_most_one_percent_slower_than_baseline_when_the_probe_is_noise():
     assert by["v3"] <= 1.01 * by["baseline"], by
 
 
+def test_tail_threshold_follows_the_history_once_it_is_full():
+    # the history holds 64 lengths: batch 0's samples are short, batch 1's ten times longer; the threshold
+    # must move with them (it once froze when the history was full)
+    lengths = np.concatenate([np.full((16, 8), 100), np.full((16, 8), 1000)])
+    lengths[:, 1] += np.arange(32) % 5
+    trace = LengthTrace.from_matrix(lengths, prompt_lens=[1] * 32)
+    cfg = SimulateConfig(policy="v3", fast=2, heavy=0, batch_size=16, timeline=False,
+                         profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
+                         policy_settings={"v3": {"history": 64}})
+    run = run_policy(trace_batches(trace, cfg), cfg, "v3")
+    first, last = (b.policy["tail_threshold"] for b in run.batches)
+    assert first is not None and first < 200 and last >= 1000
+
+
+def stream(lane, **kw):
+    from pdsr_sdk.sim.steps import run_steps
+
+    trace = synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
+    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, over_provision=0.25,
+                         max_staleness=1, timeline=False, profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
+                         policy_settings={"v3": {"tail_lane": lane}}, **kw)
+    return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
+
+
+def test_in_a_stream_under_a_staleness_bound_the_tail_moves_once_to_the_heavy_lane():
+    run = stream("auto")
+    # groups launched after the first step (step 0 starts on empty engines: no stream yet, no lane)
+    moved = [s for g in run.groups if run.launched_at[g.prompt_id] > 0 for s in g.samples if s.moves]
+    assert moved, "a stream with free slots puts its tail on the lane"
+    for s in moved:
+        assert s.moves <= 1 + s.restarts
+        assert s.segments[-1].pool == "heavy" and s.segments[-1].end_reason != "moved"
+    never = stream("never")    # moves then go to the least crowded engine, of either pool
+    ends = [s.segments[-1].pool for g in never.groups if never.launched_at[g.prompt_id] > 0
+            for s in g.samples if s.moves]
+    assert "fast" in ends
+
+
+def test_the_lane_stays_off_within_a_batch():
+    trace = synth_trace(groups=64, n=8, seed=5, runaway_frac=0.02)
+    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False,
+                         profiles={"fast": EQUAL, "heavy": EQUAL}, references=False)
+    run = run_policy(trace_batches(trace, cfg), cfg, "v3")
+    assert all(b.policy["tail_lane"] is False for b in run.batches)
+
+
 def test_v3_is_the_default_everywhere():
     from pdsr_sdk.rollout.config import RolloutConfig
 

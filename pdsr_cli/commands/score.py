@@ -6,14 +6,17 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import config_option, handle_errors
+from pdsr_cli.common import build_config_replacing, config_option, handle_errors
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.scoring.config import ScoreConfig
 
 
 def _help(name: str) -> str:
+    """A flag's help: the config field's description and its default (one source of truth)."""
     field = ScoreConfig.model_fields[name]
-    if field.is_required() or field.default is None:
+    if field.is_required():
+        return f"{field.description} [required: flag or config]"
+    if field.default is None:
         return field.description
     default = field.default if not isinstance(field.default, bool) else str(field.default).lower()
     return f"{field.description} [default: {default}]"
@@ -21,16 +24,14 @@ def _help(name: str) -> str:
 
 @click.command("score")
 @click.option("--model", type=click.Path(path_type=Path), default=None, help=_help("model"))
-@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=_help("data") + " [required: flag or config]")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=_help("out") + " [required: flag or config]")
+@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None, help=_help("data"))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help=_help("out"))
 @click.option("--mbs", type=int, default=None, help=_help("mbs"))
 @click.option("--max-tokens-per-mb", "max_tokens_per_micro_batch", type=int, default=None,
               help=_help("max_tokens_per_micro_batch"))
-@click.option("--backend", type=click.Choice(["torch", "vllm"]), default=None, help=_help("backend"))
+@click.option("--backend", default=None, help=_help("backend"))
 @click.option("--column", default=None, help=_help("column"))
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help=_help("device"))
+@click.option("--device", default=None, help=_help("device"))
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None,
               help=_help("dtype"))
 @click.option("--prompt-column", default=None, help=_help("prompt_column"))
@@ -39,6 +40,13 @@ def _help(name: str) -> str:
 @click.option("--temperature", type=float, default=None, help=_help("temperature"))
 @click.option("--length-bucket", type=int, default=None, help=_help("length_bucket"))
 @click.option("--row-chunk", type=int, default=None, help=_help("row_chunk"))
+@click.option("--token-grouping", type=click.Choice(["length", "none"]), default=None, help=_help("token_grouping"))
+@click.option("--max-padding-fraction", type=float, default=None, help=_help("max_padding_fraction"))
+@click.option("--attention-mask/--no-attention-mask", default=None, help=_help("attention_mask"))
+@click.option("--pack/--no-pack", default=None, help=_help("pack"))
+@click.option("--pad-id", type=int, default=None, help=_help("pad_id"))
+@click.option("--vllm-max-model-len", type=int, default=None, help=_help("vllm_max_model_len"))
+@click.option("--vllm-kv-cache-gib", type=float, default=None, help=_help("vllm_kv_cache_gib"))
 @config_option
 @handle_errors
 def command(config_path: Path | None, **flags) -> None:
@@ -49,16 +57,16 @@ def command(config_path: Path | None, **flags) -> None:
     model (fp32 log-softmax, logits / temperature) and writes the input plus a
     list<float32> column. Micro-batching: --mbs N (fixed size; the tail block
     is padded to N rows) or --max-tokens-per-mb N (token quota, balanced,
-    original order restored), else one forward over everything.
+    original order restored), else one forward over everything; either flag
+    replaces the other mode set in --config. --pack: each micro-batch is one
+    row of concatenated samples (no padding; attention stays inside each
+    sample), N real tokens with --max-tokens-per-mb N.
 
     \b
     Example:
       pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 8192 --out scored.parquet
+      pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 16384 --pack --out scored.parquet
     """
-    from pydantic import ValidationError
-
-    from pdsr_sdk.config import read_config_file, set_dotted
-    from pdsr_sdk.config.base import format_validation_error
     from pdsr_sdk.progress import tqdm_progress
     from pdsr_sdk.scoring.table import score_file
 
@@ -66,22 +74,10 @@ def command(config_path: Path | None, **flags) -> None:
     if mbs is not None and quota is not None:
         raise ConfigError(f"--mbs ({mbs}) and --max-tokens-per-mb ({quota}) are exclusive: give a fixed "
                           f"micro-batch size or a token quota, not both")
-    data = read_config_file(config_path) if config_path is not None else {}
     # a mode flag replaces the other mode if the config file set it
-    if mbs is not None:
-        data.pop("max_tokens_per_micro_batch", None)
-    if quota is not None:
-        data.pop("mbs", None)
-    for key in ("data", "out"):
-        if flags[key] is None and key not in data:
-            raise ConfigError(f"--{key} is required (or '{key}:' in the --config file)")
-    given = {k: v for k, v in flags.items() if v is not None}
-    for key, value in given.items():
-        set_dotted(data, key, value)
-    try:
-        cfg = ScoreConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, ScoreConfig, source=config_path, overrides=given)) from None
+    replaced = ("max_tokens_per_micro_batch",) if mbs is not None else ("mbs",) if quota is not None else ()
+    cfg = build_config_replacing(ScoreConfig, config_path, flags, drop_from_file=replaced,
+                                 required={"data": "--data", "out": "--out"})
     if cfg.model is None:
         click.echo("model: none given (--model), using the built-in tiny random model", err=True)
     path, stats = score_file(cfg, progress=tqdm_progress)

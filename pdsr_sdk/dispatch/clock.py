@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class LoopClock:
     """Wall-clock seconds since creation, timers on the running asyncio loop."""
 
-    def __init__(self, loop=None):
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         import asyncio
 
         self._loop = loop or asyncio.get_running_loop()
@@ -19,7 +22,7 @@ class LoopClock:
     def now(self) -> float:
         return self._loop.time() - self._t0
 
-    def call_later(self, delay: float, callback: Callable[[], None]):
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
         return self._loop.call_later(max(0.0, delay), callback)
 
 

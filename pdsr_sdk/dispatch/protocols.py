@@ -13,7 +13,7 @@ Who calls what:
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Literal, Protocol, Sequence, runtime_checkable
 
 from pdsr_sdk.dispatch.types import EngineLoad, Group, Sample, SegmentRequest
 
@@ -131,7 +131,7 @@ class DispatchContext(Protocol):
         """The engine running the sample now, or None if it is queued or finished."""
 
     def steal(self, engine: Engine, from_pool: str, max_items: int, *,
-              time_limit_s: float | None = None, cap: int | None | str = "keep") -> int:
+              time_limit_s: float | None = None, cap: int | None | Literal["keep"] = "keep") -> int:
         """Run up to ``max_items`` samples from another pool's queue on ``engine`` now.
         With ``time_limit_s``, a stolen sample still running after that long goes back
         to ``from_pool`` (continuing from its tokens). ``cap`` replaces the samples' caps

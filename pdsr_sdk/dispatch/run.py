@@ -16,12 +16,15 @@ run, with ``on_group_done`` reporting each group as it completes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, RunError
+
+if TYPE_CHECKING:
+    from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
 
 #: counters every batch report has (0 when nothing happened); scheduler and policy counters
 #: (``ctx.count``) that are not listed here appear in a report only when they moved
@@ -64,7 +67,7 @@ class DispatchRun:
     """
 
     def __init__(self, engines: Sequence[Engine], policy_cls: Callable[[Any, Any], Dispatcher], settings: Any,
-                 clock: Clock, sampling, segments, *, policy_version: int = 0,
+                 clock: Clock, sampling: SamplingConfig, segments: SegmentConfig, *, policy_version: int = 0,
                  on_sample_done: Callable[[Sample], None] | None = None,
                  on_group_done: Callable[[Group], None] | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None,

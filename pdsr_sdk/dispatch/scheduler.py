@@ -16,8 +16,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
@@ -26,6 +27,9 @@ from pdsr_sdk.dispatch.types import (
     ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest,
 )
 from pdsr_sdk.errors import EngineError, PdsrError
+
+if TYPE_CHECKING:
+    from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
 
 
 @dataclass(eq=False, slots=True)
@@ -36,7 +40,7 @@ class _Run:
     sample: Sample
     engine: Engine
     #: what to do when an abort we issued comes back: ("queue", pool, engine, cap, restart) or ("finish", reason)
-    intent: tuple | None = None
+    intent: tuple[Any, ...] | None = None
     stolen_from: str | None = None
 
 
@@ -66,8 +70,8 @@ class Scheduler:
         engines: Sequence[Engine],
         policy_factory: Callable[["Scheduler"], Dispatcher],
         clock: Clock,
-        sampling,
-        segments,
+        sampling: SamplingConfig,
+        segments: SegmentConfig,
         *,
         policy_version: int = 0,
         on_sample_done: Callable[[Sample], None] | None = None,
@@ -272,7 +276,7 @@ class Scheduler:
         return run.engine if run is not None else None
 
     def steal(self, engine: Engine, from_pool: str, max_items: int, *,
-              time_limit_s: float | None = None, cap: int | None | str = "keep") -> int:
+              time_limit_s: float | None = None, cap: int | None | Literal["keep"] = "keep") -> int:
         queue = self._pool_queues.get(from_pool)
         taken = 0
         while queue and taken < max_items and self._free_slots(engine) > 0:
@@ -282,7 +286,7 @@ class Scheduler:
             self.stats["steals"] += 1
             run = self._launch(item.sample, engine, item.cap if cap == "keep" else cap, stolen_from=from_pool)
             if time_limit_s is not None:
-                self.clock.call_later(time_limit_s, lambda r=run: self._steal_expired(r))
+                self.clock.call_later(time_limit_s, partial(self._steal_expired, run))
             taken += 1
         return taken
 
@@ -603,12 +607,12 @@ class Scheduler:
             q = self._pool_queues[pool]
             had_work = bool(q)
             while q:
-                engine = self._pop_least_loaded(pool)
-                if engine is None:
+                least = self._pop_least_loaded(pool)
+                if least is None:
                     break
                 item = q.popleft()
                 del self._where[item.sample]
-                self._launch(item.sample, engine, item.cap)
+                self._launch(item.sample, least, item.cap)
             if had_work and not q:
                 drained.append(pool)
         grown, self._grown_pools = self._grown_pools, set()
@@ -657,7 +661,7 @@ class Scheduler:
             return False
         return engine.pool in drained or (waiting and not self._pool_queues[engine.pool])
 
-    def _guard(self, fn: Callable, *args) -> None:
+    def _guard(self, fn: Callable[..., object], *args: Any) -> None:
         try:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - a policy bug must end the run, loudly

@@ -7,16 +7,21 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from pdsr_sdk.dispatch.types import Sample
 
 
-def _f(name: str, type_, description: str, nullable: bool = False):
+def _f(name: str, type_: pa.DataType, description: str, nullable: bool = False) -> pa.Field:
     import pyarrow as pa
 
     return pa.field(name, type_, nullable=nullable, metadata={"description": description})
 
 
-def segment_type():
+def segment_type() -> pa.StructType:
     import pyarrow as pa
 
     return pa.struct([
@@ -32,7 +37,7 @@ def segment_type():
     ])
 
 
-def trajectory_schema():
+def trajectory_schema() -> pa.Schema:
     """The schema ``pdsr rollout`` writes (also in schemas/trajectory.arrow.json)."""
     import pyarrow as pa
 
@@ -67,7 +72,8 @@ def trajectory_schema():
     ])
 
 
-def sample_row(sample, tokenizer, reward_fn, *, decode: bool = True) -> dict[str, Any]:
+def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] | None, *,
+               decode: bool = True) -> dict[str, Any]:
     """A finished :class:`~pdsr_sdk.dispatch.types.Sample` as a trajectories row; ``tokenizer`` decodes
     the response text (when ``decode``), ``reward_fn`` (or None) scores it."""
     g = sample.group

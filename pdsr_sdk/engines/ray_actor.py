@@ -5,13 +5,16 @@ engine class, so streaming, abort, load stats and engine-core error capture
 behave exactly as on one machine) and keeps what the engine reports until the
 orchestrator polls for it:
 
-- ``commands(cmds)`` applies submits and aborts in the order they were issued;
-- ``poll(max_wait_s)`` waits until something happened, then returns every
-  request's new tokens since the last poll, the requests that ended, the
-  engine's death (if it died) and a load snapshot.
+- ``commands(cmds)`` applies :class:`Submit` and :class:`Abort` messages in the order they were issued;
+- ``poll(max_wait_s)`` waits until something happened, then returns a :class:`PollResult`: every
+  request's new tokens since the last poll, the requests that ended, the engine's death (if it
+  died) and a load snapshot;
+- ``update_weights(message, buffer)`` loads new weights (:class:`UpdateWeights`; the tensors' bytes
+  come from Ray's object store as ``buffer``).
 
-Ray imports this module by name in the actor's worker process, so it must not
-import ray, torch or vllm at the top.
+Every message is one of the small frozen dataclasses below (plain data; the Sample objects stay
+behind on the orchestrator). Ray imports this module by name in the actor's worker process, so it
+must not import ray, torch or vllm at the top.
 """
 
 from __future__ import annotations
@@ -34,15 +37,99 @@ class WireSampling:
     stop: tuple[str, ...]
 
 
-def request_payload(request) -> tuple:
-    """A SegmentRequest as a small picklable tuple (the Sample object stays behind)."""
-    s = request.sampling
-    return (request.request_id, list(request.context_ids), request.context_len, request.max_tokens,
-            request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop)))
+@dataclass(frozen=True)
+class Submit:
+    """Orchestrator -> actor: run one segment request."""
+
+    request_id: str
+    context_ids: list[int]
+    context_len: int
+    max_tokens: int
+    ignore_eos: bool
+    sampling: WireSampling
+
+    @classmethod
+    def of(cls, request) -> "Submit":
+        s = request.sampling
+        return cls(request.request_id, list(request.context_ids), request.context_len, request.max_tokens,
+                   request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop)))
+
+    def request(self):
+        from pdsr_sdk.dispatch.types import SegmentRequest
+
+        return SegmentRequest(request_id=self.request_id, context_ids=self.context_ids, context_len=self.context_len,
+                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos, sampling=self.sampling,
+                              sample=None)
 
 
-def error_info(exc: BaseException) -> dict[str, Any]:
-    """An exception as plain data (EngineError's constructor does not survive pickling)."""
+@dataclass(frozen=True)
+class Abort:
+    """Orchestrator -> actor: stop a request (its segment then ends with 'abort')."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """Actor -> orchestrator: a request's new tokens (and their log-probs) since the last poll."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float] | None
+
+
+@dataclass(frozen=True)
+class SegmentEnd:
+    """Actor -> orchestrator: a request's segment ended."""
+
+    request_id: str
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An engine error as plain data (EngineError's constructor does not survive pickling)."""
+
+    message: str
+    exit_status: int | None = None
+    remote_traceback: str | None = None
+
+    def error(self, engine: str, where: str = ""):
+        from pdsr_sdk.errors import EngineError
+
+        return EngineError(engine, self.message + where, exit_status=self.exit_status,
+                           remote_traceback=self.remote_traceback)
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    running: int
+    waiting: int
+    kv_cache_usage: float | None
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """Actor -> orchestrator: everything since the previous poll."""
+
+    tokens: list[TokenDelta]
+    ends: list[SegmentEnd]
+    dead: ErrorInfo | None
+    load: LoadSnapshot
+
+
+@dataclass(frozen=True)
+class UpdateWeights:
+    """Orchestrator -> actor: load new weights. Either ``entries`` (a table of
+    :class:`~pdsr_sdk.engines.weights.WeightEntry` into the packed bytes passed beside this message,
+    from Ray's object store) or ``folder`` (a model folder the actor's node can read)."""
+
+    entries: tuple | None = None
+    folder: str | None = None
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """An exception as an :class:`ErrorInfo`."""
     from pdsr_sdk.errors import EngineError
 
     if isinstance(exc, EngineError):
@@ -51,9 +138,8 @@ def error_info(exc: BaseException) -> dict[str, Any]:
         message = text[len(prefix):] if text.startswith(prefix) else text
         if exc.exit_status is not None:
             message = message.removesuffix(f" (exit status {exc.exit_status})")
-        return {"message": message, "exit_status": exc.exit_status, "remote_traceback": exc.remote_traceback}
-    return {"message": f"{type(exc).__name__}: {exc}", "exit_status": None,
-            "remote_traceback": "".join(traceback.format_exception(exc)).strip()}
+        return ErrorInfo(message, exc.exit_status, exc.remote_traceback)
+    return ErrorInfo(f"{type(exc).__name__}: {exc}", None, "".join(traceback.format_exception(exc)).strip())
 
 
 class EngineActor:
@@ -74,8 +160,8 @@ class EngineActor:
         self.engine.bind(self)
         # request id -> (token ids, logprobs) generated since the last poll, in order of first arrival
         self._tokens: dict[str, tuple[list[int], list[float]]] = {}
-        self._ends: list[tuple[str, str]] = []
-        self._dead: dict[str, Any] | None = None
+        self._ends: list[SegmentEnd] = []
+        self._dead: ErrorInfo | None = None
         self._dead_sent = False
         self._wakeup: asyncio.Event | None = None
 
@@ -88,7 +174,7 @@ class EngineActor:
                 "pid": os.getpid(), "actor_id": ctx.get_actor_id(), "cpu_build": self.cpu,
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
-    async def start(self) -> dict[str, Any] | None:
+    async def start(self) -> ErrorInfo | None:
         """Load the model; returns None, or the error as plain data."""
         self._wakeup = asyncio.Event()
         try:
@@ -97,25 +183,20 @@ class EngineActor:
             return error_info(exc)
         return None
 
-    async def commands(self, cmds: list[tuple[str, Any]]) -> None:
-        """Apply ``("submit", payload)`` / ``("abort", request_id)`` in order; never raises."""
-        from pdsr_sdk.dispatch.types import SegmentRequest
-
-        for kind, arg in cmds:
+    async def commands(self, cmds: list[Submit | Abort]) -> None:
+        """Apply :class:`Submit` / :class:`Abort` messages in order; never raises."""
+        for cmd in cmds:
             try:
-                if kind == "submit":
-                    rid, ids, ctx_len, max_tokens, ignore_eos, sampling = arg
-                    self.engine.submit(SegmentRequest(request_id=rid, context_ids=ids, context_len=ctx_len,
-                                                      max_tokens=max_tokens, ignore_eos=ignore_eos,
-                                                      sampling=sampling, sample=None))
-                elif kind == "abort":
-                    self.engine.abort(arg)
+                if isinstance(cmd, Submit):
+                    self.engine.submit(cmd.request())
+                elif isinstance(cmd, Abort):
+                    self.engine.abort(cmd.request_id)
                 else:
-                    raise ValueError(f"unknown command {kind!r}")
+                    raise ValueError(f"unknown command {cmd!r}")
             except Exception as exc:  # noqa: BLE001 - the engine can no longer serve
                 self.on_engine_dead(self.engine, exc)
 
-    async def poll(self, max_wait_s: float) -> tuple[list, list, dict | None, tuple]:
+    async def poll(self, max_wait_s: float) -> PollResult:
         """Wait up to ``max_wait_s`` for news, then hand over everything queued since the last poll."""
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
@@ -125,13 +206,35 @@ class EngineActor:
                 await asyncio.wait_for(self._wakeup.wait(), max_wait_s)
             except asyncio.TimeoutError:
                 pass
-        tokens = [(rid, ids, lps or None) for rid, (ids, lps) in self._tokens.items()]
+        tokens = [TokenDelta(rid, ids, lps or None) for rid, (ids, lps) in self._tokens.items()]
         ends, self._tokens, self._ends = self._ends, {}, []
         dead = None
         if self._dead is not None and not self._dead_sent:
             dead, self._dead_sent = self._dead, True
         load = self.engine.load()
-        return tokens, ends, dead, (load.running, load.waiting, load.kv_cache_usage)
+        return PollResult(tokens, ends, dead, LoadSnapshot(load.running, load.waiting, load.kv_cache_usage))
+
+    async def update_weights(self, message: UpdateWeights, buffer: Any = None) -> ErrorInfo | None:
+        """Load new weights: ``buffer`` (the packed bytes, resolved by Ray from the object store) is
+        copied into a shared block of this node that the engine process maps. Returns None, or the
+        error as data."""
+        from pathlib import Path
+
+        from pdsr_sdk.engines.weights import FolderWeights, write_buffer
+
+        block = None
+        try:
+            if message.folder is not None:
+                source = FolderWeights(message.folder)
+            else:
+                source = block = write_buffer(buffer, message.entries)
+            await self.engine.update_weights(source)
+        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator as data
+            return error_info(exc)
+        finally:
+            if block is not None:
+                Path(block.path).unlink(missing_ok=True)
+        return None
 
     async def close(self) -> None:
         await self.engine.close()
@@ -145,7 +248,7 @@ class EngineActor:
         self._wake()
 
     def on_segment_end(self, engine, request_id: str, finish_reason: str) -> None:
-        self._ends.append((request_id, finish_reason))
+        self._ends.append(SegmentEnd(request_id, finish_reason))
         self._wake()
 
     def on_engine_dead(self, engine, error: BaseException) -> None:

@@ -136,7 +136,7 @@ class RayEngine(ModelEngine):
         self.node: dict[str, Any] | None = None
         self._actor = None
         self._pg = None
-        self._outbox: list[tuple[str, Any]] = []
+        self._outbox: list = []   # Submit / Abort messages issued in this loop tick
         self._flush_scheduled = False
         self._poller: asyncio.Task | None = None
         self._load = EngineLoad()
@@ -198,8 +198,8 @@ class RayEngine(ModelEngine):
             raise self._gone(exc, "failed to start") from None
         if err is not None:
             await self.close()
-            raise EngineError(self.name, f"failed to start on {self.where()}: {err['message']}",
-                              exit_status=err["exit_status"], remote_traceback=err["remote_traceback"])
+            raise EngineError(self.name, f"failed to start on {self.where()}: {err.message}",
+                              exit_status=err.exit_status, remote_traceback=err.remote_traceback)
         self._poller = asyncio.get_running_loop().create_task(self._poll_loop(), name=f"poll-{self.name}")
 
     async def close(self) -> None:
@@ -227,18 +227,42 @@ class RayEngine(ModelEngine):
 
     # ------------------------------------------------------------- requests
     def submit(self, request: SegmentRequest) -> None:
-        from pdsr_sdk.engines.ray_actor import request_payload
+        from pdsr_sdk.engines.ray_actor import Submit
 
         if self._dead or self._actor is None:
             raise EngineError(self.name, f"engine is not running (Ray actor on {self.where()})")
-        self._send(("submit", request_payload(request)))
+        self._send(Submit.of(request))
 
     def abort(self, request_id: str) -> None:
+        from pdsr_sdk.engines.ray_actor import Abort
+
         if not self._dead and self._actor is not None:
-            self._send(("abort", request_id))
+            self._send(Abort(request_id))
 
     def load(self) -> EngineLoad:
         return self._load
+
+    async def update_weights(self, weights) -> None:
+        """Load new weights (a :class:`~pdsr_sdk.engines.weights.StagedWeights`) in the actor's engine:
+        the packed tensors go through Ray's object store (put once per update, shared by every actor),
+        a model folder by its path. Raises an EngineError naming this engine and its node."""
+        from pdsr_sdk.engines.ray_actor import UpdateWeights
+
+        if self._dead or self._actor is None:
+            raise EngineError(self.name, f"update_weights: the engine is not running (Ray actor on {self.where()})")
+        import ray
+
+        if weights.is_folder:
+            call = self._actor.update_weights.remote(UpdateWeights(folder=weights.folder))
+        else:
+            block = weights.shared()
+            call = self._actor.update_weights.remote(UpdateWeights(entries=block.entries), weights.ray_ref(ray))
+        try:
+            err = await _wait(call)
+        except Exception as exc:  # noqa: BLE001 - the actor died
+            raise self._gone(exc, "lost during update_weights") from None
+        if err is not None:
+            raise err.error(self.name, f" (in its Ray actor on {self.where()})")
 
     def where(self) -> str:
         """Where the actor runs, for messages: ``node IP (node id ..., pid ...)``."""
@@ -247,7 +271,7 @@ class RayEngine(ModelEngine):
             return "an unknown node (the actor never reported in)"
         return f"node {n['ip']} (node id {n['node_id']}, host {n['hostname']}, pid {n['pid']})"
 
-    def _send(self, cmd: tuple[str, Any]) -> None:
+    def _send(self, cmd) -> None:
         # everything issued in one loop tick goes as one ordered call
         self._outbox.append(cmd)
         if not self._flush_scheduled:
@@ -272,7 +296,7 @@ class RayEngine(ModelEngine):
     async def _poll_loop(self) -> None:
         while not self._dead and self._actor is not None:
             try:
-                tokens, ends, dead, load = await _wait(self._actor.poll.remote(POLL_WAIT_S))
+                news = await _wait(self._actor.poll.remote(POLL_WAIT_S))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - RayActorError and friends: the actor is gone
@@ -281,15 +305,15 @@ class RayEngine(ModelEngine):
                 return
             if self._closing:
                 return
-            self._load = EngineLoad(*load)
+            load = news.load
+            self._load = EngineLoad(load.running, load.waiting, load.kv_cache_usage)
             listener = self._listener
-            for rid, ids, lps in tokens:
-                listener.on_tokens(self, rid, len(ids), ids, lps)
-            for rid, reason in ends:
-                listener.on_segment_end(self, rid, reason)
-            if dead is not None:
-                self._die(EngineError(self.name, f"{dead['message']} (in its Ray actor on {self.where()})",
-                                      exit_status=dead["exit_status"], remote_traceback=dead["remote_traceback"]))
+            for delta in news.tokens:
+                listener.on_tokens(self, delta.request_id, len(delta.token_ids), delta.token_ids, delta.logprobs)
+            for end in news.ends:
+                listener.on_segment_end(self, end.request_id, end.finish_reason)
+            if news.dead is not None:
+                self._die(news.dead.error(self.name, f" (in its Ray actor on {self.where()})"))
 
     def _die(self, error: EngineError) -> None:
         if self._dead:

@@ -27,6 +27,8 @@ from pdsr_sdk.errors import EngineError
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
 ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"
 ENGINE_NAME_ENV = "PDSR_ENGINE_NAME"
+#: mixed into vLLM's worker class in the engine process: pdsr's collective_rpc methods
+WORKER_EXTENSION = "pdsr_sdk.engines.vllm_worker.PdsrWorkerExtension"
 
 
 class VllmEngine(ModelEngine):
@@ -107,6 +109,7 @@ class VllmEngine(ModelEngine):
             enable_prefix_caching=True,   # segment continuations resubmit prompt + generated ids
             logprobs_mode=self.logprobs_mode,
             disable_log_stats=True,       # default loggers off; our load recorder still runs
+            worker_extension_cls=WORKER_EXTENSION,   # update_weights (see vllm_worker.py)
         )
         if cpu:
             args.update(enforce_eager=True, dtype="bfloat16" if spec.dtype == "auto" else spec.dtype)
@@ -201,6 +204,33 @@ class VllmEngine(ModelEngine):
             return
         self._tasks.pop(request.request_id, None)
         listener.on_segment_end(self, request.request_id, reason)
+
+    # -------------------------------------------------------------- weights
+    async def update_weights(self, weights) -> None:
+        """Load new weights (a :class:`~pdsr_sdk.engines.weights.StagedWeights`, or what its ``local()``
+        gives) into the engine process, then reset the prefix cache (its KV blocks were computed with
+        the old weights). Call it while no request runs. Raises an EngineError naming this engine."""
+        if self._dead or self._llm is None:
+            raise EngineError(self.name, "update_weights: the engine is not running")
+        source = weights.local() if hasattr(weights, "local") else weights
+        try:
+            results = await self._llm.collective_rpc("pdsr_load_weights", kwargs={"source": source.message()})
+        except Exception as exc:  # noqa: BLE001 - the engine process failed or died
+            raise EngineError(self.name, f"update_weights failed: {type(exc).__name__}: {exc}",
+                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
+        for err in results or ():
+            if err:
+                raise EngineError(self.name, f"update_weights: {err['message']}",
+                                  remote_traceback=err.get("traceback"))
+        if not await self._llm.reset_prefix_cache():
+            raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
+                                         "reset (requests were running); update weights between steps")
+
+    async def collective_rpc(self, method: str, **kwargs):
+        """``AsyncLLM.collective_rpc`` on this engine's workers (one result per worker)."""
+        if self._llm is None:
+            raise EngineError(self.name, "engine is not running")
+        return await self._llm.collective_rpc(method, kwargs=kwargs)
 
     # ---------------------------------------------------------------- death
     def _is_dead(self, exc: Exception) -> bool:

@@ -30,8 +30,9 @@ How this relates to other conventions:
 
 Backends (:data:`GAE_BACKENDS`, each a :class:`GaeBackend`):
 ``reference`` (float64 loop, the oracle), ``numba`` (CPU, parallel over
-rows), ``torch`` (chunk-scan, CPU or CUDA tensors); ``auto`` picks torch for
-CUDA tensors and numba otherwise.
+rows), ``torch`` (chunk-scan, CPU or CUDA tensors), ``triton`` (fused
+chunked scan, CUDA tensors); ``auto`` picks triton for CUDA tensors when
+triton is installed (torch otherwise) and numba for everything else.
 """
 
 from pdsr_sdk.gae.api import GAE_BACKENDS, GaeBackend, compute_gae, get_backend, resolve_backend_name

@@ -8,6 +8,7 @@ package docstring (:mod:`pdsr_sdk.gae`) for the exact semantics.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import Any, Protocol, runtime_checkable
 
@@ -53,11 +54,13 @@ class GaeBackend(Protocol):
 
 
 #: name -> backend class (lazy import paths). ``auto`` is resolved by
-#: :func:`compute_gae`: ``torch`` for CUDA tensors, ``numba`` otherwise.
+#: :func:`compute_gae`: ``triton`` for CUDA tensors when triton is installed,
+#: else ``torch`` for CUDA tensors, ``numba`` otherwise.
 GAE_BACKENDS: Registry[type] = Registry("GAE backend")
 GAE_BACKENDS.register("reference", "pdsr_sdk.gae.reference:ReferenceGae")
 GAE_BACKENDS.register("numba", "pdsr_sdk.gae.numba_kernel:NumbaGae")
 GAE_BACKENDS.register("torch", "pdsr_sdk.gae.torch_chunk_scan:TorchChunkScanGae")
+GAE_BACKENDS.register("triton", "pdsr_sdk.gae.triton_backend:TritonGae")
 
 
 def compute_gae(rewards: Any, values: Any, mask: Any, gamma: float, lam: float, *,
@@ -71,7 +74,8 @@ def compute_gae(rewards: Any, values: Any, mask: Any, gamma: float, lam: float, 
         mask: [B, T] response mask (bool or numeric, nonzero = valid token),
             or None for "every token is valid".
         gamma, lam: discount and GAE lambda, each in [0, 1].
-        backend: ``"auto"`` (torch for CUDA tensors, numba otherwise), a name
+        backend: ``"auto"`` (triton for CUDA tensors when triton is installed,
+            else torch for CUDA tensors; numba otherwise), a name
             in :data:`GAE_BACKENDS`, or an import path ``"pkg.mod:Class"``.
         chunk_size: chunk length C of the torch chunk-scan (ignored by others).
         out: optional ``(advantages, returns)`` buffers of the input's kind,
@@ -83,7 +87,8 @@ def compute_gae(rewards: Any, values: Any, mask: Any, gamma: float, lam: float, 
             like verl's torch loop, within ~3e-6 * max|A| even at
             gamma*lam = 1 over T = 131072 (float64 costs ~1.5x). torch:
             float64, because float32 matmuls lose more (see
-            :mod:`pdsr_sdk.gae.torch_chunk_scan`). The reference backend
+            :mod:`pdsr_sdk.gae.torch_chunk_scan`). triton: the data's dtype
+            (its tile scans round like a tree, not like a C-term matmul). The reference backend
             always uses float64.
         threads: CPU threads for the numba backend (None = all available).
 
@@ -107,10 +112,21 @@ def get_backend(name: str) -> GaeBackend:
 
 
 def resolve_backend_name(name: str, *, cuda: bool = False) -> str:
-    """``auto`` -> ``torch`` for CUDA data, ``numba`` otherwise; other names pass through."""
+    """``auto`` -> ``triton`` for CUDA data when triton is importable (else ``torch``),
+    ``numba`` otherwise; other names pass through."""
     if name == "auto":
-        return "torch" if cuda else "numba"
+        if not cuda:
+            return "numba"
+        return "triton" if triton_available() else "torch"
     return name
+
+
+def triton_available() -> bool:
+    """Whether triton can be imported (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------- checks

@@ -33,12 +33,13 @@ class GaeConfig(ConfigModel):
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda, in [0, 1].")
     chunk: int = Field(256, ge=1, description="Chunk length C of the torch chunk-scan backend (numba and "
                                               "reference ignore it).")
-    backend: str = Field("auto", description="GAE backend: auto (torch on a CUDA device, numba otherwise), "
-                                             "numba, torch, reference (float64 loop, slow), or an import path "
+    backend: str = Field("auto", description="GAE backend: auto (on a CUDA device triton if installed, else "
+                                             "torch; numba otherwise), numba, torch, triton (fused kernel, CUDA "
+                                             "only), reference (float64 loop, slow), or an import path "
                                              "'package.module:Class' of a registered-style backend.")
     carry_dtype: Literal["auto", "float32", "float64"] = Field(
-        "auto", description="Precision of the recurrence state: auto = the backend's choice (numba: float32 for "
-                            "float32 data; torch: float64), float32 or float64.")
+        "auto", description="Precision of the recurrence state: auto = the backend's choice (numba and triton: "
+                            "float32 for float32 data; torch: float64), float32 or float64.")
     device: str = Field("cpu", description="Device of the torch backend: cpu, cuda or cuda:N.")
     whiten: bool = Field(False, description="Whiten the advantages over all valid tokens of the file (verl's "
                                             "masked_whiten: unbiased variance, eps 1e-8); returns are computed "

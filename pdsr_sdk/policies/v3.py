@@ -16,7 +16,13 @@ tell:
   an engine);
 - at a segment boundary, once nothing waits, a running sample that has already run long moves
   once to the engine running the fewest samples, when that engine runs clearly fewer than its
-  own (the tail then runs on lightly loaded engines); nothing moves twice.
+  own (the tail then runs on lightly loaded engines); nothing moves twice;
+- in a stream (groups arriving while others run: partial rollout across steps) that leaves slots
+  free, the heavy pool becomes a tail lane: tail samples and samples restarted for staleness move
+  there once, and a heavy engine holding one admits new work only up to ``lane_seqs``. New work
+  never stops in a stream, so without the lane the tail would run at full load for several steps
+  (and be restarted when it grows too stale); within one batch the lane costs more capacity than
+  it saves.
 
 With no information (nothing finished yet, or a probe that predicts nothing) it behaves like
 baseline: all work spread evenly over all engines from the start.
@@ -35,7 +41,7 @@ from pydantic import Field
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Engine
-from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
 
 
 class V3Settings(ConfigModel):
@@ -80,6 +86,17 @@ class V3Settings(ConfigModel):
     balance: bool = Field(
         True, description="When the last waiting samples are handed out, an engine takes no more than its share "
                           "(by slots) of the batch's unfinished work, so that no engine's tail is crowded.")
+    tail_lane: Literal["auto", "always", "never"] = Field(
+        "auto", description="A tail lane on the heavy pool: a sample in the tail (or restarted) moves once to the heavy "
+                            "engine with the fewest tail samples, and a heavy engine that holds one admits new work "
+                            "only up to lane_seqs, so the tail runs on lightly loaded engines. 'auto': on while groups "
+                            "arrive as others still run with slots to spare (partial rollout across steps) and "
+                            "samples come back restarted for staleness: new work never stops there and the tail "
+                            "would run at full load until it grows too stale; within one batch, or with no "
+                            "staleness bound, the lane costs more capacity than it saves (docs/benchmarks.md).")
+    lane_seqs: int = Field(
+        48, ge=1, description="A heavy engine holding a tail sample admits new work only while it runs fewer samples "
+                              "than this (its step time stays a few times below a full engine's).")
     heavy_max_seqs: int | None = Field(
         None, ge=1, description="Run the heavy pool's engines with at most this many samples each (none: the "
                                 "engine's own limit, as every other engine).")
@@ -114,6 +131,10 @@ class V3Policy(Policy):
         self.assigned: dict[str, int] = {}           # samples placed on each engine and not finished
         self.finished_lengths: deque[int] = deque(maxlen=config.history)
         self.finished_sum = 0
+        self.finished_count = 0
+        self.lane = config.tail_lane == "always"
+        self.stream_has_room = False
+        self.restarts_seen = False     # a sample came back restarted: a staleness bound is in force
         self.tail_threshold = math.inf
         self.by_name: dict[str, Engine] = {}
         self.seq = itertools.count()
@@ -135,6 +156,7 @@ class V3Policy(Policy):
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
+        streaming = bool(self.engine_of)   # groups arrive while others run: a stream (partial rollout)
         pools = self.ctx.pools()
         for engines in pools.values():
             for e in engines:
@@ -157,11 +179,15 @@ class V3Policy(Policy):
                 self._push(s)
         if self.cfg.probes_first:
             self.ctx.count("probes", len(groups))
+        # the lane takes capacity from new work: worth it only while the stream leaves slots free
+        self.stream_has_room = streaming and self.total_assigned + len(self.waiting) <= self.total_slots
+        self._set_lane()
         self._fill_all()
 
     def batch_report(self) -> dict:
-        """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold."""
-        return {"ranking": self.informative,
+        """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold,
+        whether the heavy pool is a tail lane."""
+        return {"ranking": self.informative, "tail_lane": self.lane,
                 "probe_correlation": None if self.correlation is None else round(self.correlation, 4),
                 "tail_threshold": None if math.isinf(self.tail_threshold) else int(self.tail_threshold)}
 
@@ -181,7 +207,8 @@ class V3Policy(Policy):
             self.finished_sum -= self.finished_lengths[0]
         self.finished_lengths.append(n)
         self.finished_sum += n
-        if len(self.finished_lengths) % 64 == 1:
+        self.finished_count += 1
+        if self.finished_count % 64 == 0:   # (by count: the history stops growing once full)
             self._update_tail_threshold()
         g = sample.group
         rank = self.ranks.get(id(g))
@@ -208,10 +235,18 @@ class V3Policy(Policy):
         # re-predicting every sibling on every finish cost more than the rest of the policy at scale)
 
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
+        if sample.restarts and not self.restarts_seen:
+            self.restarts_seen = True
+            self._set_lane()
         self._repredict(sample)
         if sample not in self.tail and sample.num_generated >= self.tail_threshold:
             self._mark_tail(sample, engine.name, +1)
-        if self.cfg.migrate and not self.waiting and sample.moves == 0 and sample in self.tail:
+        if self.lane:
+            # once per generation: a restarted sample (its tokens thrown away for staleness) may move again
+            if (engine.pool != HEAVY and sample.moves <= sample.restarts
+                    and (sample in self.tail or sample.restarts)):
+                self._lane_move(sample, engine)
+        elif self.cfg.migrate and not self.waiting and sample.moves == 0 and sample in self.tail:
             self._maybe_move(sample, engine)
 
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
@@ -304,7 +339,7 @@ class V3Policy(Policy):
     # ------------------------------------------------------------- placement
     def _limit(self, e: Engine) -> int:
         limit = e.max_concurrency
-        if self.cfg.heavy_max_seqs is not None and e.pool == "heavy":
+        if self.cfg.heavy_max_seqs is not None and e.pool == HEAVY:
             limit = min(limit, self.cfg.heavy_max_seqs)
         return limit
 
@@ -356,6 +391,8 @@ class V3Policy(Policy):
         """Give ``e`` the top-ranked waiting sample if it has a slot and KV room; True if it did."""
         if self._slots(e) <= 0 or self.ctx.free_slots(e) <= 0:
             return False
+        if self.lane and e.pool == HEAVY and self.tail_on.get(e.name) and self.assigned[e.name] >= self.cfg.lane_seqs:
+            return False    # a lane engine holding the tail stays light
         s = self._top()
         if s is None:
             return False
@@ -429,12 +466,15 @@ class V3Policy(Policy):
 
     def _maybe_move(self, s: Sample, engine: Engine) -> None:
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
-        when that engine is clearly less crowded than its own."""
+        when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
+        or clearly fewer samples. (A move costs a prefill of the whole context on the target; moving
+        between engines that differ only in their tail counts cost 1-2% on cold batches, whose early
+        tail threshold is low.)"""
         target = self._best_target()
         if target is None or target is engine:
             return
         name, to = engine.name, target.name
-        fewer_tails = self.tail_on[to] + 1 < self.tail_on[name]
+        fewer_tails = self.tail_on[to] + 1 < self.tail_on[name] and self.assigned[to] < self.assigned[name]
         fewer_samples = (self.tail_on[to] <= self.tail_on[name] - 1
                          and self.assigned[name] - self.assigned[to] >= self.cfg.migrate_min_gap
                          and self.assigned[to] <= self.cfg.migrate_min_ratio * self.assigned[name])
@@ -443,6 +483,26 @@ class V3Policy(Policy):
         length = self._expected_length(s)
         if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, s.prompt_len + length):
             return
+        self._unplace(s)
+        self._place(s, target, length)
+        self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+
+    def _set_lane(self) -> None:
+        """'auto': a tail lane while a stream leaves slots free and samples are being restarted for staleness
+        (without a staleness bound a slow tail just carries over, and the lane's capacity costs ~4%)."""
+        if self.cfg.tail_lane == "auto":
+            self.lane = self.stream_has_room and self.restarts_seen
+
+    def _lane_move(self, s: Sample, engine: Engine) -> None:
+        """Move a tail (or restarted) sample to the heavy engine holding the fewest tail samples (then the
+        fewest samples); that engine then admits little new work (``_take``), so the tail runs light."""
+        lane = [e for e in self.ctx.pools().get(HEAVY, []) if e.name in self.tail_on]
+        if not lane:
+            return
+        target = min(lane, key=lambda e: (self.tail_on[e.name], self.assigned[e.name]))
+        if self.ctx.free_slots(target) <= 0:
+            return
+        length = self._expected_length(s)
         self._unplace(s)
         self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move

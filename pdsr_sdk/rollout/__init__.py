@@ -1,6 +1,6 @@
 """Rollout orchestration: P-DSR dispatch policies over engine pools.
 
-- :class:`RolloutSession`: engines + policy, one batch after another (for trainers).
+- :class:`RolloutSession`: engines + policy, one training step after another (for trainers; docs/sdk.md).
 - :func:`run_rollout`: the ``pdsr rollout`` job (data in, trajectories Parquet out).
 
 The scheduler, clocks and types they run on are in :mod:`pdsr_sdk.dispatch`.
@@ -13,6 +13,7 @@ from pdsr_sdk.lazy import lazy_attributes
 _LAZY = {
     "RolloutConfig": "pdsr_sdk.rollout.config",
     "RolloutSession": "pdsr_sdk.rollout.session",
+    "StepResult": "pdsr_sdk.rollout.session",
     "run_rollout": "pdsr_sdk.rollout.run",
     "run_rollout_async": "pdsr_sdk.rollout.run",
 }

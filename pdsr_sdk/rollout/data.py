@@ -88,14 +88,7 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
             if not isinstance(text, str) or not text.strip():
                 raise DataError(f"{where}: column {prompt_col!r} must be a non-empty string, got {text!r}")
             messages = [{"role": "user", "content": text}]
-        if cfg.system_prompt and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": cfg.system_prompt}] + messages
-        if template:
-            prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-        else:
-            prompt_text = "\n\n".join(m["content"] for m in messages)
-            ids = tokenizer(prompt_text)["input_ids"]
+        prompt_text, ids = encode_messages(messages, cfg, tokenizer, template=template)
         if not ids:
             raise DataError(f"{where}: the prompt tokenizes to nothing")
         truth = values[truth_col][i] if truth_col else None
@@ -177,6 +170,68 @@ def _is_list(kind) -> bool:
 def _is_scalar(kind) -> bool:
     return (_is_text(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
             or pa.types.is_boolean(kind))
+
+
+def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None) -> tuple[str, list[int]]:
+    """Chat ``messages`` as the prompt text and token ids the engines get: the tokenizer's chat template
+    (when ``cfg.apply_chat_template`` and it has one) after ``cfg.system_prompt``; else the contents
+    joined by blank lines. ``cfg`` is a :class:`DataConfig`."""
+    if template is None:
+        template = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
+    if cfg.system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": cfg.system_prompt}] + messages
+    if template:
+        prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    else:
+        prompt_text = "\n\n".join(m["content"] for m in messages)
+        ids = tokenizer(prompt_text)["input_ids"]
+    return prompt_text, list(ids)
+
+
+def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str = "prompts") -> list[PromptRecord]:
+    """Prompts a trainer passes (:meth:`RolloutSession.step`) as records. Each item is a
+    :class:`PromptRecord` (used as it is), a string (one user message), a list of chat messages
+    (``{role, content}``), or a mapping with ``prompt`` (str) or ``messages``, and optionally
+    ``id`` / ``prompt_id`` and ``ground_truth`` / ``answer``. Items without an id get
+    ``f"{id_prefix}{i}"``. Ids must be unique."""
+    records: list[PromptRecord] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(prompts):
+        at = f"{where}[{i}]"
+        if isinstance(item, PromptRecord):
+            record = item
+        else:
+            pid, truth = None, None
+            if isinstance(item, str):
+                messages = [{"role": "user", "content": item}]
+            elif isinstance(item, list):
+                messages = _messages(item, at, "messages")
+            elif isinstance(item, dict):
+                pid = item.get("id", item.get("prompt_id"))
+                truth = item.get("ground_truth", item.get("answer"))
+                if "messages" in item:
+                    messages = _messages(item["messages"], at, "messages")
+                elif isinstance(item.get("prompt"), str) and item["prompt"].strip():
+                    messages = [{"role": "user", "content": item["prompt"]}]
+                else:
+                    raise DataError(f"{at}: a prompt mapping needs a non-empty 'prompt' string or 'messages'; "
+                                    f"got keys {sorted(item)}")
+            else:
+                raise DataError(f"{at}: a prompt is a string, a list of chat messages, a mapping with 'prompt' or "
+                                f"'messages', or a PromptRecord; got {type(item).__name__}")
+            if isinstance(item, str) and not item.strip():
+                raise DataError(f"{at}: the prompt is empty")
+            text, ids = encode_messages(messages, cfg, tokenizer)
+            if not ids:
+                raise DataError(f"{at}: the prompt tokenizes to nothing")
+            record = PromptRecord(str(pid) if pid is not None else f"{id_prefix}{i}", text, ids,
+                                  None if truth is None else str(truth))
+        if record.prompt_id in seen:
+            raise DataError(f"{at}: duplicate prompt id {record.prompt_id!r} (also item {seen[record.prompt_id]})")
+        seen[record.prompt_id] = i
+        records.append(record)
+    return records
 
 
 def build_groups(records: list[PromptRecord], n: int, max_tokens: int) -> list[Group]:

@@ -16,7 +16,7 @@ from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, silent_progress
-from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
+from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
 from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, read_resume_state, run_settings
 from pdsr_sdk.rollout.reward import resolve_reward
@@ -95,7 +95,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     model_dir = resolve_model_dir(config)
     # config problems (policy name, its settings) surface before any data or engine work
     session = RolloutSession(config, engines=engines, model_dir=model_dir)
-    tokenizer = load_tokenizer(config.tokenizer or model_dir)
+    tokenizer = session.tokenizer
     data_path = config.data.path or default_sample_path()
     records = load_prompts(config.data, tokenizer, path=data_path, n=config.sampling.n)
     if config.data.target_lengths_column and not config.sampling.ignore_eos:

@@ -1,30 +1,34 @@
-"""A rollout session: engines + a policy serving one batch after another.
+"""A rollout session: engines + a policy serving one training step after another.
 
-Trainers use it directly::
+Trainers use it directly (see docs/sdk.md)::
 
-    async with RolloutSession(config) as session:
+    with RolloutSession(config) as session:             # starts the engines
         for step in range(steps):
-            groups = await session.generate(records)   # one batch
+            out = session.step(prompts)                  # this step's groups: out.table, out.groups, out.summary
             ...train...
-            session.policy_version += 1                 # recorded on new segments
+            session.update_weights(model.state_dict())   # into every engine; the policy version goes up
 
-``pdsr rollout`` (:func:`pdsr_sdk.rollout.run.run_rollout`) is a loop over this.
+or, from async code, ``async with RolloutSession(config) as session`` and ``await session.astep(...)``,
+``await session.aupdate_weights(...)``. ``pdsr rollout`` (:func:`pdsr_sdk.rollout.run.run_rollout`)
+is a loop over :meth:`RolloutSession.generate`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import ConfigError, PdsrError
+from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import resolve_policy
-from pdsr_sdk.rollout.data import PromptRecord, build_groups
+from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
 
 
 @dataclass
@@ -43,6 +47,30 @@ class BatchResult(BatchReport):
 
 
 @dataclass
+class StepResult:
+    """What one :meth:`RolloutSession.step` completed.
+
+    ``groups`` are the Python objects (:class:`~pdsr_sdk.dispatch.types.Group`, each with its
+    samples' token ids, engine log-probs and segments); ``table`` the same samples as Arrow, one
+    row per sample, in the trajectories schema (``schemas/trajectory.arrow.json``: text, reward,
+    segments with their policy version, ...); ``summary`` plain numbers about the step;
+    ``report`` the batch report they come from.
+    """
+
+    step: int
+    #: the policy version the step's segments were generated with
+    policy_version: int
+    groups: list[Group]
+    table: Any   # pyarrow.Table
+    summary: dict[str, Any]
+    report: BatchResult
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for g in self.groups for s in g.samples]
+
+
+@dataclass
 class SessionHooks:
     """Callbacks the caller may set (progress bars, writers). Called on the event loop."""
 
@@ -51,15 +79,28 @@ class SessionHooks:
 
 
 class RolloutSession:
-    """Engines + one policy instance for a sequence of batches.
+    """Engines + one policy instance for a sequence of training steps (see the module docstring).
 
-    ``engines``: already started engines to use (the caller keeps ownership
-    and closes them); default: build and start them from the config.
+    ``config``: a :class:`~pdsr_sdk.rollout.config.RolloutConfig` (default: all defaults: the
+    built-in tiny model on an automatic engine layout). ``engines``: already started engines to use
+    (the caller keeps ownership and closes them); default: build and start them from the config.
+    ``model_dir``: the model folder (default ``config.model``, else the built-in tiny model).
+
+    Use it as a context manager: ``with`` (synchronous calls: :meth:`step`, :meth:`update_weights`;
+    the engines run on an event loop in a background thread) or ``async with`` (:meth:`astep`,
+    :meth:`aupdate_weights` on the caller's loop). Engine processes are spawned: a script that
+    starts a session needs the ``if __name__ == "__main__":`` guard.
     """
 
-    def __init__(self, config, *, engines: list | None = None, model_dir: str | Path | None = None):
+    def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None):
+        if config is None:
+            from pdsr_sdk.rollout.config import RolloutConfig
+
+            config = RolloutConfig()
         self.config = config
-        self.model_dir = str(model_dir or config.model or "")
+        given = model_dir or config.model
+        #: the model folder the engines load (resolved when the session starts if not given)
+        self.model_dir: str | None = str(given) if given else None
         self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
         self._given_engines = engines
         self.engines: list = []
@@ -68,6 +109,11 @@ class RolloutSession:
         self.run: DispatchRun | None = None
         self._fatal: asyncio.Future | None = None
         self._started = False
+        self._tokenizer = None
+        self._reward_fns: dict[bool, Any] = {}
+        self._reference_weights = None
+        self._thread: _LoopThread | None = None
+        self._prompt_counter = itertools.count()
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -75,13 +121,46 @@ class RolloutSession:
 
     @property
     def policy_version(self) -> int:
+        """The weights version new segments are stamped with (bumped by :meth:`update_weights`)."""
         return self.scheduler.policy_version if self.scheduler else self.config.policy_version
 
     @policy_version.setter
     def policy_version(self, value: int) -> None:
         if self.scheduler is None:
-            raise PdsrError("start the session before setting the policy version")
+            raise RunError("start the session before setting the policy version")
         self.scheduler.policy_version = value
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (``config.tokenizer`` or the model folder's), loaded on first use."""
+        if self._tokenizer is None:
+            from pdsr_sdk.rollout.data import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.config.tokenizer or self._model_dir())
+        return self._tokenizer
+
+    # ------------------------------------------------------- context managers
+    def __enter__(self) -> "RolloutSession":
+        if self._thread is not None or self._started:
+            raise RunError("this session is already open")
+        self._thread = _LoopThread()
+        try:
+            self._thread.call(self.start())
+        except BaseException:
+            self._thread.call(self.close())
+            self._thread.stop()
+            self._thread = None
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        try:
+            thread.call(self.close())
+        finally:
+            thread.stop()
 
     async def __aenter__(self) -> "RolloutSession":
         await self.start()
@@ -89,6 +168,29 @@ class RolloutSession:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+    def _call(self, coro, what: str):
+        """Run ``coro`` on the session's background loop (synchronous API)."""
+        if self._thread is None:
+            coro.close()
+            try:
+                asyncio.get_running_loop()
+                inside = True
+            except RuntimeError:
+                inside = False
+            if inside:
+                raise RunError(f"session.{what}() is the synchronous call; in async code use "
+                                f"`await session.a{what}(...)`")
+            raise RunError(f"session.{what}(): open the session first: `with RolloutSession(config) as session:`")
+        return self._thread.call(coro)
+
+    # ------------------------------------------------------------- lifecycle
+    def _model_dir(self) -> str:
+        if self.model_dir is None:
+            from pdsr_sdk.models.tiny import ensure_tiny_model
+
+            self.model_dir = str(ensure_tiny_model())
+        return self.model_dir
 
     async def start(self, *, max_model_len: int | None = None) -> None:
         """Build and start the engines (at once; each engine process is pinned when it is spawned)."""
@@ -102,19 +204,21 @@ class RolloutSession:
         if self._given_engines is not None:
             self.engines = list(self._given_engines)
         else:
+            model_dir = self._model_dir()
             needed = max_model_len or (cfg.sampling.max_tokens + 1024)
             self.engine_specs = engine_layout(cfg, required_pools=self.policy_cls.required_pools,
                                               cpu=is_cpu_build(), max_model_len=needed)
-            self.engines = [build_engine(spec, model=self.model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
+            self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
                                          logprobs_mode=cfg.logprobs_mode) for spec in self.engine_specs]
         missing = [p for p in self.policy_cls.required_pools if p not in {e.pool for e in self.engines}]
         if missing:
             raise ConfigError(f"policy {self.policy_cls.name!r} needs an engine in pool(s) {', '.join(missing)}")
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
+        version = self.scheduler.policy_version if self.scheduler is not None else cfg.policy_version
         self.run = DispatchRun(
             self.engines, self.policy_cls, self.policy_settings, LoopClock(loop), cfg.sampling, cfg.segments,
-            policy_version=cfg.policy_version, on_sample_done=self._sample_done, on_group_done=self._group_done,
+            policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
             on_fatal=self._set_fatal, first_batch_index=self.run.batch_index if self.run is not None else 0)
         if self._given_engines is None:
             results = await asyncio.gather(*(engine.start() for engine in self.engines), return_exceptions=True)
@@ -132,8 +236,68 @@ class RolloutSession:
         await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
         self._started = False
 
+    # ------------------------------------------------------------ one step
+    def load_prompts(self, path: str | Path | None = None) -> list[PromptRecord]:
+        """Prompts from a Parquet/JSONL file read as ``config.data`` says (default: ``config.data.path``,
+        else the built-in sample prompts), tokenized with the model's chat template."""
+        from pdsr_sdk.rollout.data import load_prompts
+        from pdsr_sdk.rollout.sample_data import default_sample_path
+
+        data_path = path or self.config.data.path or default_sample_path()
+        return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n)
+
+    def step(self, prompts: Iterable, *, n: int | None = None) -> StepResult:
+        """Run one training step's rollout and return the groups it completed (synchronous; see :meth:`astep`)."""
+        return self._call(self.astep(prompts, n=n), "step")
+
+    async def astep(self, prompts: Iterable, *, n: int | None = None) -> StepResult:
+        """Run one training step's rollout: ``prompts`` is this step's list, or an iterator the step takes
+        ``config.batch_size`` prompts from (the rest stay for the next steps). A prompt is a string, a list
+        of chat messages, a mapping (``prompt`` or ``messages``, optional ``id``, ``ground_truth``) or a
+        :class:`~pdsr_sdk.rollout.data.PromptRecord`. Every group gets ``n`` samples (default
+        ``config.sampling.n``); each segment records the current :attr:`policy_version`.
+
+        Today every group of the step completes within it; partial rollout (unfinished groups carried
+        into the next step) will extend this call, so read the groups from the result rather than
+        assume they are the prompts given."""
+        if not self._started:
+            await self.start()
+        items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
+        if not items:
+            raise DataError("step: no prompts (an empty list, or the prompt iterator is exhausted)")
+        step = self.run.batch_index
+        records = prompt_records(items, self.config.data, self.tokenizer, id_prefix=f"s{step}-p",
+                                 where=f"step {step} prompts")
+        version = self.policy_version
+        result = await self.generate(records, n=n)
+        return self._step_result(result, version)
+
+    def _step_result(self, result: BatchResult, version: int) -> StepResult:
+        import pyarrow as pa
+
+        from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
+        from pdsr_sdk.rollout.reward import resolve_reward
+
+        has_truth = any(g.ground_truth is not None for g in result.groups)
+        if has_truth not in self._reward_fns:
+            self._reward_fns[has_truth] = resolve_reward(self.config.reward, has_truth)
+        reward_fn = self._reward_fns[has_truth]
+        rows = [sample_row(s, self.tokenizer, reward_fn) for g in result.groups for s in g.samples]
+        table = pa.Table.from_pylist(rows, schema=trajectory_schema())
+        rewards = [r["reward"] for r in rows if r["reward"] is not None]
+        summary = {
+            "step": result.batch_index, "policy_version": version, "groups": len(result.groups),
+            "samples": len(rows), "tokens": result.tokens, "makespan_s": result.makespan_s,
+            "tokens_per_s": result.tokens_per_s,
+            "mean_response_length": result.tokens / len(rows) if rows else 0.0,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "engine_busy_s": dict(result.engine_busy_s), **result.stats,
+        }
+        return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,
+                          summary=summary, report=result)
+
     async def generate(self, records: list[PromptRecord], *, n: int | None = None) -> BatchResult:
-        """Run one batch to completion and return its groups and costs."""
+        """Run one batch of prompt records to completion and return its groups and costs."""
         if not self._started:
             await self.start()
         groups = build_groups(records, n or self.config.sampling.n, self.config.sampling.max_tokens)
@@ -147,6 +311,48 @@ class RolloutSession:
             raise self._fatal.result()
         return BatchResult.from_report(self.run.finish_batch())
 
+    # -------------------------------------------------------------- weights
+    def update_weights(self, weights, *, version: int | None = None) -> int:
+        """Load new weights into every engine (synchronous; see :meth:`aupdate_weights`)."""
+        return self._call(self.aupdate_weights(weights, version=version), "update_weights")
+
+    async def aupdate_weights(self, weights, *, version: int | None = None) -> int:
+        """Load new weights into every engine, reset their prefix caches, and bump the policy version
+        (to ``version`` if given, else by one); returns the new version.
+
+        ``weights``: a state dict (``{name: tensor}``, e.g. ``model.state_dict()``), an iterable of
+        ``(name, tensor)`` pairs, or a model folder (safetensors). Every tensor of the model at once,
+        with the checkpoint's names (Hugging Face names; a tied ``lm_head.weight`` may be left in).
+        Tensors travel through one shared-memory block that every local engine process maps (no
+        pickling), to Ray engines through Ray's object store. Between steps only (no step running).
+        A bad name or shape raises a :class:`~pdsr_sdk.errors.DataError` naming the parameter before
+        anything changes; an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
+        """
+        from pdsr_sdk.engines.weights import ModelWeights, stage_weights
+
+        if not self._started:
+            raise RunError("update_weights: start the session first")
+        if self.scheduler is not None and not self.scheduler.idle:
+            raise RunError("update_weights: a step is running; update weights between steps")
+        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+        unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
+        if unsupported:
+            raise ConfigError(f"update_weights: engine(s) {', '.join(unsupported)} cannot load weights (their "
+                              f"backend has no update_weights; the 'vllm' and 'ray' backends do)")
+        if self._reference_weights is None:
+            self._reference_weights = ModelWeights.read(self._model_dir())
+        staged = stage_weights(weights, self._reference_weights)
+        try:
+            results = await asyncio.gather(*(e.update_weights(staged) for e in engines), return_exceptions=True)
+        finally:
+            staged.close()
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        new = self.policy_version + 1 if version is None else int(version)
+        self.policy_version = new
+        return new
+
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:
         for fn in self.hooks.on_sample_done:
@@ -159,3 +365,34 @@ class RolloutSession:
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_result(exc)
+
+
+def _take(prompts: Iterable, count: int) -> list:
+    """Up to ``count`` items from an iterator (or any iterable)."""
+    it: Iterator = iter(prompts)
+    return list(itertools.islice(it, count))
+
+
+class _LoopThread:
+    """An asyncio loop in a daemon thread: where a synchronous session's engines live (vLLM's
+    ``AsyncLLM`` stays on the loop it started on)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="pdsr-session", daemon=True)
+        self.thread.start()
+
+    def call(self, coro):
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Ctrl-C or an error here: stop the coroutine too (its engines are closed by __exit__)
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=60)
+        if not self.thread.is_alive():
+            self.loop.close()

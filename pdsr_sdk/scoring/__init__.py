@@ -1,9 +1,11 @@
 """Micro-batched per-token log-prob scoring (``pdsr score``).
 
 - :func:`per_token_logps`: ragged prompt/completion ids in, one float32
-  array of completion log-probs per sample out (plus entropy and stats).
-  Backends: torch + transformers (chunked fp32 log-softmax over the lm_head)
-  and vLLM prompt logprobs.
+  array of completion log-probs per sample out (plus entropy and stats);
+  how it runs is a :class:`ScoreOptions` (or the same keys as keywords).
+- Backends (:data:`SCORING_BACKENDS`, each a :class:`ScoringBackend`):
+  ``torch`` (transformers, chunked fp32 log-softmax over the lm_head) and
+  ``vllm`` (prompt logprobs); register your own or pass an import path.
 - Micro-batching: one forward, fixed ``mbs`` (tail padded to ``mbs`` rows),
   or a token quota (balanced partitions, original order restored).
 - :func:`score_table` / :func:`score_file`: the same on a trajectories table.
@@ -16,7 +18,15 @@ from __future__ import annotations
 from pdsr_sdk.lazy import lazy_attributes
 
 from pdsr_sdk.scoring.api import ScoreResult, ScoreStats, per_token_logps
-from pdsr_sdk.scoring.config import ScoreConfig
+from pdsr_sdk.scoring.backend import (
+    SCORING_BACKENDS,
+    BackendOutput,
+    ScoreInputs,
+    ScoreMeter,
+    ScoringBackend,
+    get_backend,
+)
+from pdsr_sdk.scoring.config import ScoreConfig, ScoreOptions
 
 _LAZY = {
     "load_model": "pdsr_sdk.scoring.torch_backend",
@@ -28,7 +38,8 @@ _LAZY = {
     "naive_token_logps": "pdsr_sdk.scoring.logprob_kernel",
 }
 
-__all__ = sorted(["ScoreConfig", "ScoreResult", "ScoreStats", "per_token_logps", *_LAZY])
+__all__ = sorted(["SCORING_BACKENDS", "BackendOutput", "ScoreConfig", "ScoreInputs", "ScoreMeter", "ScoreOptions",
+                  "ScoreResult", "ScoreStats", "ScoringBackend", "get_backend", "per_token_logps", *_LAZY])
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

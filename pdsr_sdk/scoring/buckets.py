@@ -176,6 +176,38 @@ def request_blocks(lengths: np.ndarray, *, mbs: int | None = None, max_tokens: i
     return blocks
 
 
+def plan_packed(lengths: np.ndarray, *, mbs: int | None = None, max_tokens: int | None = None) -> list[MicroBatch]:
+    """Packed micro-batches: each is ONE row of concatenated samples, no padding (rows=1, seq_len = real tokens).
+
+    ``max_tokens``: the fewest balanced micro-batches whose real tokens stay
+    within the budget (:func:`pdsr_sdk.batching.partition_by_tokens`, verl's
+    rule, made for exactly this unpadded forward); ``mbs``: consecutive
+    blocks of ``mbs`` samples; neither: everything in one row.
+    """
+    from pdsr_sdk.batching import partition_by_tokens
+
+    n = len(lengths)
+    if n == 0:
+        return []
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens_per_micro_batch: expected an integer >= 1, got {max_tokens}")
+        too_long = np.flatnonzero(lengths > max_tokens)
+        if too_long.size:
+            i = int(too_long[0])
+            raise DataError(f"sample {i}: prompt + completion = {int(lengths[i])} tokens does not fit "
+                            f"max_tokens_per_micro_batch={max_tokens}; raise the quota"
+                            + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
+        partitions = partition_by_tokens(lengths, int(max_tokens))
+    elif mbs is not None:
+        if mbs < 1:
+            raise ConfigError(f"mbs: expected an integer >= 1, got {mbs}")
+        partitions = [list(range(s, min(s + mbs, n))) for s in range(0, n, mbs)]
+    else:
+        partitions = [list(range(n))]
+    return [MicroBatch(tuple(int(i) for i in part), 1, int(lengths[list(part)].sum())) for part in partitions]
+
+
 def plan_stats(plan: Sequence[MicroBatch]) -> dict[str, int]:
     """Micro-batch count, distinct (rows, seq_len) shapes and computed tokens of a plan."""
     return {

@@ -1,37 +1,39 @@
-"""Configuration of ``pdsr score`` (per-token log-probs of completions)."""
+"""Options of :func:`~pdsr_sdk.scoring.per_token_logps` and the config of ``pdsr score``.
+
+:class:`ScoreOptions` is how one scoring call runs (backend, micro-batching,
+numerics); :class:`ScoreConfig` is ``pdsr score``'s config: the same options
+plus the files and columns, so a config file keeps one flat set of keys.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Mapping
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
 
 DEFAULT_ROW_CHUNK = 512
 DEFAULT_LENGTH_BUCKET = 64
 
+#: the keyword ``per_token_logps`` once took for :attr:`ScoreOptions.entropy` (still accepted)
+OLD_KEYWORDS = {"return_entropy": "entropy"}
 
-class ScoreConfig(ConfigModel):
-    """Score the completions of a trajectories file under a model and write the log-probs back."""
 
-    data: Path = Field(description="Input Parquet/JSONL/Arrow file with list columns of prompt and response token ids "
-                                   "(what `pdsr rollout` writes).")
-    out: Path = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
-    model: Path | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
-                                                 "default: the built-in tiny random model.")
-    prompt_column: str = Field("prompt_token_ids", description="List column with each sample's prompt token ids.")
-    response_column: str = Field("response_token_ids", description="List column with each sample's completion token ids "
-                                                                   "(the tokens that get a log-prob).")
-    column: str = Field("ref_logps", description="Name of the output list<float32> column; with `entropy`, "
-                                                 "`<column>_entropy` is written too.")
-    backend: Literal["torch", "vllm"] = Field("torch", description="'torch': transformers forward with chunked fp32 "
-                                                                   "log-softmax; 'vllm': vLLM prompt logprobs.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the torch backend; 'auto' = cuda "
-                                                                       "when available, else cpu.")
+class ScoreOptions(ConfigModel):
+    """How :func:`~pdsr_sdk.scoring.per_token_logps` scores: backend, micro-batching and numerics."""
+
+    backend: str = Field("torch", description="Scoring backend: a name registered in SCORING_BACKENDS ('torch': "
+                                              "transformers forward with chunked fp32 log-softmax; 'vllm': vLLM "
+                                              "prompt logprobs) or an import path 'package.module:Class' of a "
+                                              "ScoringBackend.")
+    device: str = Field("auto", description="Device of the torch backend when it loads a model directory: auto "
+                                            "(cuda when available, else cpu), cpu, cuda or cuda:N.",
+                        json_schema_extra={"pattern": r"^(auto|cpu|cuda(:[0-9]+)?)$"})
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Model weights dtype ('auto' = the checkpoint's). Log-softmax always runs in fp32.")
+        "auto", description="Model weights dtype when a model directory is loaded ('auto' = the checkpoint's). "
+                            "Log-softmax always runs in fp32.")
     mbs: int | None = Field(None, ge=1, description="Fixed micro-batch size (rows); the last block is padded with "
                                                     "dummy rows to mbs so the (rows, seq_len) shapes stay few. "
                                                     "Exclusive with max_tokens_per_micro_batch.")
@@ -54,23 +56,110 @@ class ScoreConfig(ConfigModel):
                                        "materialised for at most row_chunk x vocab at a time.")
     temperature: float = Field(1.0, gt=0.0, description="Logits are divided by this before the softmax "
                                                         "(match the sampling temperature of the rollout).")
-    entropy: bool = Field(False, description="Also write the per-token entropy as `<column>_entropy` "
-                                             "(torch backend only).")
+    entropy: bool = Field(False, description="Also compute the per-token entropy (torch backend only); `pdsr "
+                                             "score` writes it as `<column>_entropy`. Python keyword: "
+                                             "return_entropy.")
     attention_mask: bool = Field(
         True, description="Pass the right-padding attention mask to the model. False skips it, which is exact "
                           "for causal LMs (real tokens never attend to the later padding) and lets SDPA use "
                           "its causal kernel (faster).")
+    pack: bool | None = Field(
+        None, description="torch backend: packed micro-batches, each one row of concatenated samples with "
+                          "per-sample position ids and attention that never crosses a sample boundary, so no "
+                          "token is padding; a micro-batch is max_tokens_per_micro_batch real tokens (or mbs "
+                          "consecutive samples, or everything). null = the rule 'packed where measured faster' "
+                          "(pdsr_sdk.scoring.torch_backend.PACK_MEASURED_FASTER): unpacked on the CPU (measured "
+                          "slower there) and, until a GPU measurement says otherwise, on CUDA. length_bucket, "
+                          "attention_mask and pad_id do not apply to packed forwards.")
     pad_id: int | None = Field(None, ge=0, description="Token id used for padding (never affects results); "
                                                        "default: the model's pad_token_id, else 0.")
-    vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM max_model_len; default: the longest "
+    vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM max_model_len when the vllm backend "
+                                                                    "starts its own engine; default: the longest "
                                                                     "prompt + completion.")
     vllm_kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV-cache size in GiB "
                                                             "(VLLM_CPU_KVCACHE_SPACE, when not already set).")
 
+    @field_validator("mbs", "max_tokens_per_micro_batch", "length_bucket", "row_chunk", "pad_id",
+                     "vllm_max_model_len", mode="before")
+    @classmethod
+    def _no_bool_for_int(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("expected an integer, not a bool")
+        return value
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from pdsr_sdk.scoring.backend import SCORING_BACKENDS
+
+        if value not in SCORING_BACKENDS and ":" not in value:
+            raise ValueError(f"unknown scoring backend; valid names: {', '.join(SCORING_BACKENDS.names())} "
+                             f"(or an import path 'package.module:Class')")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        kind, sep, index = value.partition(":")
+        if kind not in ("auto", "cpu", "cuda") or (sep and (kind != "cuda" or not index.isdigit())):
+            raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return value
+
     @model_validator(mode="after")
-    def _one_micro_batch_mode(self) -> "ScoreConfig":
+    def _one_micro_batch_mode(self) -> "ScoreOptions":
         if self.mbs is not None and self.max_tokens_per_micro_batch is not None:
             raise ValueError(
                 f"mbs ({self.mbs}) and max_tokens_per_micro_batch ({self.max_tokens_per_micro_batch}) are "
                 f"exclusive: give a fixed micro-batch size or a token quota, not both")
         return self
+
+    @classmethod
+    def resolve(cls, options: "ScoreOptions | Mapping[str, Any] | None" = None,
+                overrides: Mapping[str, Any] | None = None) -> "ScoreOptions":
+        """``options`` (an instance, a mapping of keys, or None = defaults) with ``overrides`` applied.
+
+        ``overrides`` are option keys given as keywords (the old keyword
+        ``return_entropy`` means ``entropy``). Any bad or unknown key raises
+        :class:`~pdsr_sdk.errors.ConfigError` naming it.
+        """
+        from pdsr_sdk.config import validate_config
+        from pdsr_sdk.errors import ConfigError
+
+        if isinstance(options, ScoreOptions) and not overrides:
+            return options if type(options) is cls else options.options()
+        if options is None:
+            data: dict[str, Any] = {}
+        elif isinstance(options, ScoreOptions):
+            data = options.options().model_dump()
+        elif isinstance(options, Mapping):
+            data = dict(options)
+        else:
+            raise ConfigError(f"options: expected a ScoreOptions, a mapping of option keys or None, "
+                              f"got {type(options).__name__}")
+        for key, value in (overrides or {}).items():
+            new = OLD_KEYWORDS.get(key, key)
+            if new != key and new in (overrides or {}):
+                raise ConfigError(f"{key} and {new} are the same option ({key} is its old name): give one")
+            data[new] = value
+        return validate_config(cls, data)
+
+    def options(self) -> "ScoreOptions":
+        """Just the scoring options (drops the fields a subclass such as :class:`ScoreConfig` adds)."""
+        if type(self) is ScoreOptions:
+            return self
+        return ScoreOptions.model_validate(self.model_dump(include=set(ScoreOptions.model_fields)))
+
+
+class ScoreConfig(ScoreOptions):
+    """Score the completions of a trajectories file under a model and write the log-probs back."""
+
+    data: Path = Field(description="Input Parquet/JSONL/Arrow file with list columns of prompt and response token ids "
+                                   "(what `pdsr rollout` writes).")
+    out: Path = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
+    model: Path | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
+                                                 "default: the built-in tiny random model.")
+    prompt_column: str = Field("prompt_token_ids", description="List column with each sample's prompt token ids.")
+    response_column: str = Field("response_token_ids", description="List column with each sample's completion token ids "
+                                                                   "(the tokens that get a log-prob).")
+    column: str = Field("ref_logps", description="Name of the output list<float32> column; with `entropy`, "
+                                                 "`<column>_entropy` is written too.")

@@ -59,15 +59,8 @@ def score_table(table: pa.Table, config: ScoreConfig, model, *, progress: Progre
                         f"{', '.join(table.column_names) or '(no columns)'}")
     prompts = _ragged_column(table, config.prompt_column, source)
     completions = _ragged_column(table, config.response_column, source)
-    result = per_token_logps(
-        model, prompts, completions, mbs=config.mbs, max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
-        pad_id=config.pad_id, temperature=config.temperature, return_entropy=config.entropy,
-        length_bucket=config.length_bucket, row_chunk=config.row_chunk, progress=progress,
-        backend=config.backend, token_grouping=config.token_grouping,
-        max_padding_fraction=config.max_padding_fraction, attention_mask=config.attention_mask,
-        device=config.device, dtype=config.dtype, vllm_max_model_len=config.vllm_max_model_len,
-        vllm_kv_cache_gib=config.vllm_kv_cache_gib,
-        names=(config.prompt_column, config.response_column), source=source)
+    result = per_token_logps(model, prompts, completions, config.options(), progress=progress,
+                             names=(config.prompt_column, config.response_column), source=source)
     out = _attach(table, config.column, result.logps, LOGPS_DESCRIPTION)
     if result.entropy is not None:
         out = _attach(out, f"{config.column}_entropy", result.entropy, ENTROPY_DESCRIPTION)

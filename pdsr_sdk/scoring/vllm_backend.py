@@ -1,4 +1,4 @@
-"""The vLLM scoring backend: prompt logprobs of prompt + completion.
+"""The vLLM scoring backend (``backend="vllm"``, :class:`VllmScoring`): prompt logprobs of prompt + completion.
 
 Each sample is one request ``TokensPrompt(prompt + completion)`` with
 ``SamplingParams(max_tokens=1, prompt_logprobs=0)``: vLLM returns, for every
@@ -20,11 +20,15 @@ cached prompt tokens get no prompt logprobs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from pdsr_sdk.errors import ConfigError, EngineError
+from pdsr_sdk.errors import ConfigError, DataError, EngineError
+from pdsr_sdk.scoring.backend import BackendOutput, ScoreInputs, ScoreMeter
+
+if TYPE_CHECKING:
+    from pdsr_sdk.scoring.config import ScoreOptions
 
 
 def make_engine(model_dir: str | Path, *, dtype: str = "auto", max_model_len: int | None = None,
@@ -113,3 +117,67 @@ def score_blocks(llm, blocks: Sequence[Sequence[int]], seqs: Sequence[np.ndarray
         if on_block is not None:
             on_block(block)
     return out
+
+
+class VllmScoring:
+    """The ``vllm`` scoring backend: prompt logprobs, requests submitted in blocks of consecutive samples.
+
+    With a model directory it starts its own engine in :meth:`score` (sized to
+    the longest sample unless ``options.vllm_max_model_len``) and shuts it
+    down before returning.
+    """
+
+    def check(self, options: ScoreOptions) -> None:
+        check_options(temperature=options.temperature, return_entropy=options.entropy)
+        if options.pack:
+            raise ConfigError("pack: the vllm backend batches unpadded tokens itself; pack applies to "
+                              "backend='torch'")
+
+    def load(self, model_dir: Path, options: ScoreOptions) -> Any:
+        return model_dir  # the engine's max_model_len depends on the samples: started in score()
+
+    def vocab_size(self, model: Any) -> int | None:
+        return None if isinstance(model, (str, Path)) else engine_vocab_size(model)
+
+    def score(self, model: Any, inputs: ScoreInputs, options: ScoreOptions, meter: ScoreMeter) -> BackendOutput:
+        from pdsr_sdk.scoring.buckets import request_blocks
+
+        lengths = inputs.lengths
+        mbs, quota = options.mbs, options.max_tokens_per_micro_batch
+        # vLLM batches unpadded tokens itself: blocks of consecutive requests, no partitioner
+        # (which also keeps numba out of this process, see make_engine)
+        partitions = request_blocks(lengths, mbs=mbs, max_tokens=quota)
+        mode = (f"mbs={mbs}" if mbs is not None else f"token quota {quota}" if quota is not None
+                else "single block")
+        logps = self._run(model, partitions, inputs, options, meter) if partitions else []
+        # vLLM's memory is its engine's (KV cache sized up front by VLLM_CPU_KVCACHE_SPACE or
+        # gpu_memory_utilization, often in another process): this process's RSS would say nothing
+        return BackendOutput(
+            partitions=partitions, logps=logps, entropy=None, mode=mode,
+            head="vLLM prompt logprobs (fp32 log_softmax of the engine's logits)",
+            computed_tokens=int(lengths.sum()), distinct_shapes=None, shapes=(), peak_memory_bytes=None,
+            peak_memory_method="n/a for vLLM (its KV cache is sized up front)")
+
+    @staticmethod
+    def _run(model, partitions, inputs: ScoreInputs, options: ScoreOptions, meter: ScoreMeter):
+        lengths, source = inputs.lengths, inputs.source
+        owned = None
+        try:
+            if isinstance(model, (str, Path)):
+                max_len = options.vllm_max_model_len or int(lengths.max()) + 1
+                owned = model = make_engine(model, dtype=options.dtype, max_model_len=max_len,
+                                            kv_cache_gib=options.vllm_kv_cache_gib)
+            limit = engine_max_model_len(model)
+            too_long = np.flatnonzero(lengths + 1 > limit)
+            if too_long.size:
+                i = int(too_long[0])
+                raise DataError(f"{source + ': ' if source else ''}row {i}: prompt + completion = {int(lengths[i])} "
+                                f"tokens does not fit the vLLM engine's max_model_len={limit} (needs length + 1)")
+            meter.start(len(partitions))
+            try:
+                return score_blocks(model, partitions, inputs.seqs, inputs.prompt_lens, on_block=meter.advance)
+            finally:
+                meter.stop()
+        finally:
+            if owned is not None:
+                shutdown_engine(owned)

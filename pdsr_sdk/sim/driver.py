@@ -16,7 +16,7 @@ import bisect
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from pdsr_sdk.policies.resolve import policy_names, reference_policies, resolve_
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
 from pdsr_sdk.sim.engine import SimEngine
+
+if TYPE_CHECKING:
+    from pdsr_sdk.sim.report import SimulationReport
 
 
 @dataclass

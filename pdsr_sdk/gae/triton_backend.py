@@ -1,0 +1,48 @@
+"""``backend="triton"``: the registry entry of the fused Triton GAE kernel.
+
+A light module (no triton or torch import at module level): the kernels
+live in :mod:`pdsr_sdk.gae.triton_kernel`, imported on first use.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pdsr_sdk.errors import ConfigError
+
+
+def interpreting() -> bool:
+    """Whether Triton runs (or will run) in its CPU interpreter: TRITON_INTERPRET=1 when triton is imported."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+class TritonGae:
+    """``backend="triton"``: one fused chunked-scan kernel over CUDA tensors
+    (:func:`pdsr_sdk.gae.triton_kernel.triton_gae`); CPU tensors only under
+    Triton's interpreter."""
+
+    array_kind = "torch"
+
+    def warmup(self, dtype: str, carry_dtype: str) -> None:
+        """Compile the kernels for this dtype pair on the current CUDA device (no-op without CUDA)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        from pdsr_sdk.gae.triton_kernel import DEFAULT_BLOCK, triton_gae
+
+        steps = 2 * DEFAULT_BLOCK
+        tiny = torch.zeros((1, steps), dtype=getattr(torch, dtype), device="cuda")
+        ones = torch.ones((1, steps), dtype=torch.bool, device="cuda")
+        triton_gae(tiny, tiny, ones, 1.0, 1.0, carry_dtype=carry_dtype, segments=1)
+        triton_gae(tiny, tiny, ones, 1.0, 1.0, carry_dtype=carry_dtype, segments=2)   # + the summary kernel
+        torch.cuda.synchronize()
+
+    def compute(self, rewards, values, mask, *, gamma, lam, chunk_size, carry_dtype, threads, out):
+        if rewards.device.type != "cuda" and not interpreting():
+            raise ConfigError(f"GAE backend 'triton' needs CUDA tensors, got {rewards.device} "
+                              f"(use backend 'torch' or 'numba' on the CPU, or set TRITON_INTERPRET=1 "
+                              f"before importing triton to run the kernel in Triton's interpreter)")
+        from pdsr_sdk.gae.triton_kernel import triton_gae
+
+        return triton_gae(rewards, values, mask, gamma, lam, carry_dtype=carry_dtype, out=out)
