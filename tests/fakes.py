@@ -137,3 +137,19 @@ class StartupEngine(FakeEngine):
 
     async def close(self) -> None:
         self.LOG.append(("close", self.name))
+
+
+class LoopEngine(FakeEngine):
+    """A FakeEngine on the running event loop's clock, built from an EngineSpec (backend
+    ``fakes:LoopEngine``): a whole ``pdsr rollout`` without vLLM. Responses run to max_tokens."""
+
+    @classmethod
+    def from_spec(cls, spec, **_):
+        import asyncio
+
+        from pdsr_sdk.dispatch.clock import LoopClock
+
+        engine = cls(spec.name, spec.pool, LoopClock(asyncio.get_running_loop()), max_concurrency=spec.max_num_seqs,
+                     token_time=0.0002)
+        engine.spec = spec
+        return engine

@@ -111,7 +111,7 @@ def test_whiten_and_no_mask_and_existing_columns_replaced(tmp_path):
     for r in rows:
         r["advantages"] = [0.0] * len(r["rewards"])      # stale output of an earlier run
     src = write(rows, tmp_path / "in.parquet")
-    result = invoke("--data", src, "--out", src, "--mask-column", "", "--whiten")   # in place
+    result = invoke("--data", src, "--out", src, "--mask-column", "", "--whiten", "--overwrite")   # in place
     assert result.exit_code == 0, result.output
     table = pq.read_table(src)
     assert table.column_names.count("advantages") == 1

@@ -140,8 +140,12 @@ def test_writer_streams_parts_resumes_and_finalizes(tmp_path):
     assert not (tmp_path / "t.parquet.parts").exists()
     w3 = TrajectoryWriter(out, trajectory_schema(), resume=True)
     assert w3.finished_prompt_ids() == {"a", "b", "c"}
-    TrajectoryWriter(out, trajectory_schema(), overwrite=True)
+    w4 = TrajectoryWriter(out, trajectory_schema(), overwrite=True)
+    assert out.exists() and w4.finished_prompt_ids() == set()   # the old output goes with the first new group
+    w4.add_group(_rows("d"))
+    w4.flush()
     assert not out.exists()
+    assert w4.finalize() == out and set(pq.read_table(out).column("prompt_id").to_pylist()) == {"d"}
 
 
 def test_session_starts_engines_at_once_and_closes_all_when_one_fails(tmp_path):

@@ -152,7 +152,11 @@ def test_resume_after_an_interrupted_run_has_every_sample_once(engine_loop, engi
 
     summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v2.5", batch_size=2,
                             **{"output.resume": True})
-    assert summary.skipped_groups == 2 and summary.groups == 3
+    # the summary covers the whole run; batch numbering goes on after the batch on disk
+    assert summary.skipped_groups == 2 and summary.groups == 5 and summary.samples == 20
+    assert [(b["batch_index"], b["groups"]) for b in summary.batches] == [(0, 2), (1, 2), (2, 1)]
+    assert summary.tokens == sum(r["response_length"] for r in rows)
+    assert {r["prompt_id"]: r["batch_index"] for r in rows} == {"p0": 0, "p1": 0, "p2": 1, "p3": 1, "p4": 2}
     keys = [(r["prompt_id"], r["sample_index"]) for r in rows]
     assert len(keys) == len(set(keys)) == 20
     assert not (tmp_path / "v2.5.parquet.parts").exists()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import (build_config, config_option, format_table, handle_errors, parse_policy_sets,
-                             policy_option, policy_set_option)
+from pdsr_cli.common import (build_config, check_policy_set_targets, config_option, format_table, handle_errors,
+                             parse_policy_sets, policy_option, policy_set_option)
 
 
 @click.command("rollout")
@@ -38,6 +38,9 @@ from pdsr_cli.common import (build_config, config_option, format_table, handle_e
 @click.option("--id-column", help="Prompt id column.  [default: id/unique_id/prompt_id, else row number]")
 @click.option("--ground-truth-column", help="Reference answer column.  [default: answer/ground_truth]")
 @click.option("--target-lengths-column", help="Per-sample forced lengths (length-controlled replay; needs --ignore-eos).")
+@click.option("--skip-long", is_flag=True, default=None,
+              help="Skip prompts whose tokens plus --max-tokens exceed the model's context (counted in the summary); "
+                   "without it such a prompt is an error naming its row.")
 @click.option("--reward", help="math_boxed, none, auto, or 'package.module:fn'.  [default: auto]")
 @click.option("--seed", type=int, help="Engine seed.  [default: 0]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")
@@ -51,8 +54,8 @@ from pdsr_cli.common import (build_config, config_option, format_table, handle_e
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
-            messages_column, id_column, ground_truth_column, target_lengths_column, reward, seed, no_segments, out,
-            summary, resume, overwrite, quiet):
+            messages_column, id_column, ground_truth_column, target_lengths_column, skip_long, reward, seed,
+            no_segments, out, summary, resume, overwrite, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
     Sample 0 of each prompt probes its difficulty; the policy routes the
@@ -72,7 +75,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     """
     from pdsr_sdk.progress import silent_progress, tqdm_progress
     from pdsr_sdk.rollout.config import RolloutConfig
-    from pdsr_sdk.policies.resolve import with_policy_sets
+    from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
+    from pdsr_sdk.rollout.preflight import check_outputs
     from pdsr_sdk.rollout.run import policy_configs, run_rollout, summary_path
 
     overrides = {
@@ -83,13 +87,19 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "fast": fast, "heavy": heavy, "ray.address": ray_address,
         "data.prompt_column": prompt_column, "data.messages_column": messages_column,
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
-        "data.target_lengths_column": target_lengths_column, "reward": reward, "seed": seed,
+        "data.target_lengths_column": target_lengths_column, "data.skip_long": skip_long,
+        "reward": reward, "seed": seed,
         "segments.enabled": False if no_segments else None,
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite,
     }
-    cfg = with_policy_sets(build_config(RolloutConfig, config_path, overrides), parse_policy_sets(policy_set))
+    cfg = build_config(RolloutConfig, config_path, overrides)
+    sets = parse_policy_sets(policy_set)
+    check_policy_set_targets(sets, policy_names(cfg.policy))
+    cfg = with_policy_sets(cfg, sets)
     runs = policy_configs(cfg)
+    for run_cfg in runs:   # every run's outputs, before the first run's engines start
+        check_outputs(run_cfg)
     if cfg.model is None:
         click.echo("model: the built-in tiny random model (pass --model DIR for a real one)", err=True)
     if cfg.data.path is None:
@@ -106,7 +116,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
 
 def render_summary(s) -> str:
     head = (f"policy {s.policy}: {s.groups} groups, {s.samples} samples"
-            + (f" ({s.skipped_groups} groups already done, skipped)" if s.skipped_groups else "")
+            + (f" ({s.skipped_groups} groups from before the resume)" if s.skipped_groups else "")
+            + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else "")
             + f"\nmakespan {s.makespan_s:.2f} s, {s.tokens} tokens, {s.tokens_per_s:.1f} tokens/s")
     busy = format_table([{"engine": k, "busy": round(v, 3)} for k, v in s.engine_busy_fraction.items()])
     stats = format_table([{k: v for k, v in s.stats.items()}])

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, config_option, deprecated_flag, format_table,
-                             handle_errors, parse_policy_sets, policy_option, policy_set_option)
+from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, config_option,
+                             deprecated_flag, format_table, handle_errors, parse_policy_sets, policy_option,
+                             policy_set_option)
 
 
 @click.group("simulate", invoke_without_command=True)
@@ -83,7 +84,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         return
     from pdsr_sdk.progress import silent_progress, tqdm_progress
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
-    from pdsr_sdk.sim.driver import apply_policy_sets, simulate
+    from pdsr_sdk.sim.driver import apply_policy_sets, run_names, simulate
     from pdsr_sdk.traces import read_trace
 
     overrides = {
@@ -100,7 +101,10 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     cfg = build_config(SimulateConfig, config_path, overrides)
     if cfg.trace is None:
         raise click.UsageError("give a trace: --trace FILE (or 'trace:' in --config)")
-    cfg = apply_policy_sets(cfg, parse_policy_sets(policy_set) + parse_policy_sets(old_policy_set, "--policy-set"))
+    sets, old_sets = parse_policy_sets(policy_set), parse_policy_sets(old_policy_set, "--policy-set")
+    check_policy_set_targets(sets, run_names(cfg))
+    check_policy_set_targets(old_sets, run_names(cfg), "--policy-set")
+    cfg = apply_policy_sets(cfg, sets + old_sets)
     tr = read_trace(cfg.trace)
     if cfg.steps is not None:
         _run_steps(tr, cfg, quiet)

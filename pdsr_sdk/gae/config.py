@@ -19,6 +19,8 @@ class GaeConfig(ConfigModel):
                                    "different lengths.")
     out: Path = Field(description="Output Parquet file: the input columns plus 'advantages' and 'returns' "
                                   "(list<float32>, replacing columns of those names); written atomically.")
+    overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' "
+                                               "is an error).")
     rewards_column: str = Field("rewards", description="Column of per-token rewards (a list per row), or of one "
                                                        "number per row, which is placed on the row's last valid "
                                                        "token (verl's token_level_rewards convention).")

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.gae.config import GaeConfig
-from pdsr_sdk.io.tables import (list_column_to_numpy, numpy_to_list_array, padded_to_ragged, ragged_to_padded,
+from pdsr_sdk.io.tables import (check_writable, list_column_to_numpy, numpy_to_list_array, padded_to_ragged, ragged_to_padded,
                                 read_table, write_table_atomic)
 
 ADVANTAGES = "advantages"
@@ -46,7 +46,10 @@ class GaeRunSummary:
 
 
 def run_gae_file(cfg: GaeConfig) -> GaeRunSummary:
-    """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically."""
+    """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically (checked writable first)."""
+    if Path(cfg.out).exists() and not cfg.overwrite:
+        raise DataError(f"out (--out) {cfg.out}: already exists; pass --overwrite (overwrite: true) to replace it")
+    check_writable(cfg.out, "out (--out)")
     columns = [cfg.rewards_column, cfg.values_column] + ([cfg.mask_column] if cfg.mask_column else [])
     table = read_table(cfg.data, columns, what="GAE input")
     result, summary = gae_table(table, cfg, source=cfg.data)
@@ -62,10 +65,13 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "") -> tu
     values, offsets = list_column_to_numpy(table.column(cfg.values_column), np.float32, name=cfg.values_column,
                                            path=source)
     lengths = np.diff(offsets)
+    _check_finite(source, cfg.values_column, values, offsets)
     if cfg.mask_column:
         mask, mask_offsets = list_column_to_numpy(table.column(cfg.mask_column), None, name=cfg.mask_column,
                                                   path=source)
         _check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets))
+        if mask.dtype.kind == "f":
+            _check_finite(source, cfg.mask_column, mask, mask_offsets)
         mask = mask != 0
     else:
         mask = np.ones(len(values), dtype=np.bool_)
@@ -111,6 +117,16 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "") -> tu
     return table, summary
 
 
+def _check_finite(source, name: str, flat: np.ndarray, offsets: np.ndarray) -> None:
+    """NaN/inf would spread through a row's advantages (with whitening, the whole file's): name the first."""
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if bad.size:
+        i = int(bad[0])
+        row = int(np.searchsorted(offsets, i, side="right") - 1)
+        raise DataError(f"{source}: column {name!r} row {row} token {i - int(offsets[row])} is {flat[i]}; expected "
+                        f"finite numbers ({bad.size} non-finite value(s) in the column)")
+
+
 def _check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: np.ndarray) -> None:
     bad = np.flatnonzero(len_a != len_b)
     if bad.size:
@@ -127,6 +143,7 @@ def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, mask:
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         rewards, r_offsets = list_column_to_numpy(column, np.float32, name=cfg.rewards_column, path=source)
         _check_lengths(source, cfg.rewards_column, np.diff(r_offsets), cfg.values_column, np.diff(offsets))
+        _check_finite(source, cfg.rewards_column, rewards, r_offsets)
         return rewards
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
         raise DataError(f"{source}: column {cfg.rewards_column!r} must be a list of numbers per row or one number "
@@ -135,6 +152,10 @@ def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, mask:
         row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
         raise DataError(f"{source}: column {cfg.rewards_column!r} row {row} is null; expected a number")
     scalars = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(scalars))
+    if bad.size:
+        raise DataError(f"{source}: column {cfg.rewards_column!r} row {int(bad[0])} is {scalars[bad[0]]}; expected "
+                        f"a finite number ({bad.size} non-finite row(s))")
     rewards = np.zeros(int(offsets[-1]), dtype=np.float32)
     # last valid flat index of each row: the last valid index before the row's end, if inside the row
     valid_idx = np.flatnonzero(mask)

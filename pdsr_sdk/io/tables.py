@@ -2,6 +2,7 @@
 
 - ``read_table`` checks the file and the columns a command needs and names
   them in errors.
+- ``check_writable`` says before a long run whether an output can be written.
 - ``write_table_atomic`` / ``write_text_atomic`` / ``atomic_path`` write to a
   temp file beside the target and rename, so an interrupted run never leaves
   a half-written output.
@@ -99,6 +100,26 @@ def atomic_path(path: str | Path) -> Iterator[str]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path: str | Path, what: str) -> None:
+    """Raise DataError (naming ``what``, e.g. "--out", and the path) unless ``path`` can be written atomically:
+    not a folder, and its folder (or the nearest existing ancestor, for one still to be created) takes a new
+    file. Tries a temp file there (removed at once), so it holds for root and read-only mounts too."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{what} {path}: is a folder; expected a file path")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise DataError(f"{what} {path}: cannot create its folder: {folder} is a file, not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".check", dir=folder)
+    except OSError as exc:
+        raise DataError(f"{what} {path}: cannot write in {folder}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def write_png(fig, path: str | Path, *, dpi: int = 110) -> None:

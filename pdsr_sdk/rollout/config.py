@@ -25,14 +25,15 @@ class DataConfig(ConfigModel):
     """Where prompts come from."""
 
     path: Path | None = Field(None, description="Parquet or JSONL file of prompts; default: the built-in sample prompts.")
-    prompt_column: str | None = Field(None, description="Column with the prompt text; default: the first of 'prompt', 'problem', 'question' present.")
+    prompt_column: str | None = Field(None, description="Column with the prompt text, or with chat messages (then used as messages_column); default: the first of 'prompt', 'problem', 'question', 'input', 'context_messages' present. Column names may be dotted paths into struct columns.")
     messages_column: str | None = Field(None, description="Column with chat messages (a list of {role, content}); used instead of prompt_column.")
     id_column: str | None = Field(None, description="Column with a unique prompt id; default: 'id'/'unique_id'/'prompt_id' if present, else the row number.")
-    ground_truth_column: str | None = Field(None, description="Column with the reference answer for the reward; default: 'answer' or 'ground_truth' if present.")
+    ground_truth_column: str | None = Field(None, description="Column with the reference answer for the reward (a string or number); default: the first of 'answer', 'ground_truth', 'reward_model.ground_truth' (verl), 'label' (OpenRLHF) present.")
     apply_chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template (when it has one).")
     system_prompt: str | None = Field(None, description="System message prepended when applying the chat template.")
     limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
     target_lengths_column: str | None = Field(None, description="Column of per-sample response lengths to force (length-controlled replay, needs ignore_eos).")
+    skip_long: bool = Field(False, description="Skip prompts whose tokens plus max_tokens exceed the model's context (counted in the summary) instead of failing.")
 
 
 class OutputConfig(ConfigModel):

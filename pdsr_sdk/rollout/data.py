@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import read_table
 
-PROMPT_COLUMNS = ("prompt", "problem", "question")
+#: looked for in this order when no column is named (verl: prompt as chat messages, reward_model.ground_truth;
+#: OpenRLHF: input or context_messages, label); a prompt column of chat messages is used as messages
+PROMPT_COLUMNS = ("prompt", "problem", "question", "input", "context_messages")
 ID_COLUMNS = ("id", "unique_id", "prompt_id")
-TRUTH_COLUMNS = ("answer", "ground_truth")
+TRUTH_COLUMNS = ("answer", "ground_truth", "reward_model.ground_truth", "label")
 
 
 @dataclass
@@ -23,59 +29,147 @@ class PromptRecord:
     ground_truth: str | None = None
     target_lengths: list[int] | None = None
     target_finish_reasons: list[str] | None = None
+    row: int | None = None        # row of the data file, for messages
 
 
 def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> list[PromptRecord]:
-    """Read prompts as configured by ``cfg`` (a :class:`DataConfig`) and tokenize them."""
+    """Read prompts as configured by ``cfg`` (a :class:`DataConfig`) and tokenize them. Column names may be
+    dotted paths into struct columns (``reward_model.ground_truth``)."""
     path = Path(path)
     table = read_table(path, what="prompt")
     if table.num_rows == 0:
         raise DataError(f"{path}: the prompt file is empty")
-    columns = table.column_names
-    messages_col = cfg.messages_column
-    prompt_col = None
-    if messages_col is None:
-        prompt_col = cfg.prompt_column or next((c for c in PROMPT_COLUMNS if c in columns), None)
+    if cfg.limit:
+        table = table.slice(0, cfg.limit)
+    cols = TableColumns(table, path)
+    if cfg.messages_column:
+        messages_col, prompt_col = cfg.messages_column, None
+        cols.get(messages_col, "data.messages_column", "--messages-column")
+    else:
+        prompt_col = cfg.prompt_column or next((c for c in PROMPT_COLUMNS if cols.has(c)), None)
         if prompt_col is None:
-            raise DataError(f"{path}: no prompt column; set data.prompt_column (or --prompt-column) to one of: "
-                            f"{', '.join(columns)}; tried {', '.join(PROMPT_COLUMNS)}")
-    for name, col in (("data.prompt_column", prompt_col), ("data.messages_column", messages_col),
-                      ("data.id_column", cfg.id_column), ("data.ground_truth_column", cfg.ground_truth_column),
-                      ("data.target_lengths_column", cfg.target_lengths_column)):
-        if col is not None and col not in columns:
-            raise DataError(f"{path}: {name} is {col!r} but the file has no such column; columns: {', '.join(columns)}")
-    id_col = cfg.id_column or next((c for c in ID_COLUMNS if c in columns), None)
-    truth_col = cfg.ground_truth_column or next((c for c in TRUTH_COLUMNS if c in columns), None)
-    rows = table.slice(0, cfg.limit).to_pylist() if cfg.limit else table.to_pylist()
+            raise DataError(f"{path}: no prompt column; set --prompt-column (data.prompt_column) to a text column "
+                            f"or --messages-column (data.messages_column) to a chat-messages column; columns: "
+                            f"{cols.listing()}; tried {', '.join(PROMPT_COLUMNS)}")
+        messages_col = None
+        if _is_list(cols.get(prompt_col, "data.prompt_column", "--prompt-column").type):
+            messages_col, prompt_col = prompt_col, None   # verl/OpenRLHF: the prompt is a list of chat messages
+        else:
+            cols.expect(prompt_col, _is_text, "text", "data.prompt_column", "--prompt-column")
+    id_col = cfg.id_column or next((c for c in ID_COLUMNS if cols.has(c)), None)
+    truth_col = cfg.ground_truth_column or next((c for c in TRUTH_COLUMNS if cols.has(c)), None)
+    if id_col:
+        cols.expect(id_col, lambda t: _is_text(t) or pa.types.is_integer(t) or pa.types.is_null(t),
+                    "a string or integer id",
+                    "data.id_column", "--id-column")
+    if truth_col:
+        cols.expect(truth_col, _is_scalar, "a string or number", "data.ground_truth_column", "--ground-truth-column")
+    if cfg.target_lengths_column:
+        cols.expect(cfg.target_lengths_column, _is_list, "a list of positive integers", "data.target_lengths_column",
+                    "--target-lengths-column")
+    values = {c: cols.values(c) for c in (prompt_col, messages_col, id_col, truth_col, cfg.target_lengths_column)
+              if c}
+    reasons = cols.values("finish_reasons") if cfg.target_lengths_column and cols.has("finish_reasons") else None
 
     template = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
-    for i, row in enumerate(rows):
+    for i in range(table.num_rows):
         where = f"{path}: row {i}"
-        pid = str(row[id_col]) if id_col and row.get(id_col) is not None else f"row-{i}"
+        raw_id = values[id_col][i] if id_col else None
+        pid = str(raw_id) if raw_id is not None else f"row-{i}"
         if pid in seen:
             raise DataError(f"{where}: duplicate prompt id {pid!r} (also row {seen[pid]})")
         seen[pid] = i
         if messages_col:
-            messages = _messages(row.get(messages_col), where, messages_col)
+            messages = _messages(values[messages_col][i], where, messages_col)
         else:
-            text = row.get(prompt_col)
+            text = values[prompt_col][i]
             if not isinstance(text, str) or not text.strip():
                 raise DataError(f"{where}: column {prompt_col!r} must be a non-empty string, got {text!r}")
             messages = [{"role": "user", "content": text}]
         prompt_text, ids = encode_messages(messages, cfg, tokenizer, template=template)
         if not ids:
             raise DataError(f"{where}: the prompt tokenizes to nothing")
-        truth = row.get(truth_col) if truth_col else None
-        targets = reasons = None
+        truth = values[truth_col][i] if truth_col else None
+        if isinstance(truth, float) and not math.isfinite(truth):
+            raise DataError(f"{where}: column {truth_col!r} is {truth}; expected a finite number or a string")
+        targets = fr = None
         if cfg.target_lengths_column:
-            targets = _lengths(row.get(cfg.target_lengths_column), where, cfg.target_lengths_column, n)
-            fr = row.get("finish_reasons")
-            reasons = [str(r) for r in fr] if isinstance(fr, list) and len(fr) == len(targets) else None
+            targets = _lengths(values[cfg.target_lengths_column][i], where, cfg.target_lengths_column, n)
+            got = reasons[i] if reasons is not None else None
+            fr = [str(r) for r in got] if isinstance(got, list) and len(got) == len(targets) else None
         records.append(PromptRecord(pid, prompt_text, list(ids), None if truth is None else str(truth),
-                                    targets, reasons))
+                                    targets, fr, row=i))
     return records
+
+
+class TableColumns:
+    """A table's columns by name, or by a dotted path into struct columns; errors name the file, the flag and
+    config key, and what was expected."""
+
+    def __init__(self, table: pa.Table, path: Path):
+        self.table, self.path = table, path
+
+    def has(self, name: str) -> bool:
+        return self._find(name)[0] is not None
+
+    def get(self, name: str, key: str, flag: str) -> pa.ChunkedArray:
+        column, missing = self._find(name)
+        if column is None:
+            raise DataError(f"{self.path}: {key} ({flag}) is {name!r} but {missing}; columns: "
+                            f"{self.listing()}")
+        return column
+
+    def expect(self, name: str, ok, expected: str, key: str, flag: str) -> None:
+        kind = self.get(name, key, flag).type
+        if ok(kind):
+            return
+        hint = ""
+        if pa.types.is_struct(kind):
+            fields = [kind.field(i).name for i in range(kind.num_fields)]
+            hint = f": name one of its fields ({', '.join(fields)}) with a dotted path, e.g. {flag} {name}.{fields[0]}"
+        raise DataError(f"{self.path}: column {name!r} ({key}, {flag}) is {kind}; expected {expected}{hint}")
+
+    def values(self, name: str) -> list:
+        return self._find(name)[0].to_pylist()
+
+    def listing(self) -> str:
+        out = []
+        for field in self.table.schema:
+            kind = field.type
+            sub = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else []
+            out.append(f"{field.name} (fields: {', '.join(sub)})" if sub else field.name)
+        return ", ".join(out) or "(no columns)"
+
+    def _find(self, name: str) -> tuple[pa.ChunkedArray | None, str]:
+        if name in self.table.column_names:
+            return self.table.column(name), ""
+        head, *rest = name.split(".")
+        if head not in self.table.column_names:
+            return None, "the file has no such column"
+        column, done = self.table.column(head), head
+        for part in rest:
+            kind = column.type
+            if not pa.types.is_struct(kind) or kind.get_field_index(part) < 0:
+                fields = ([kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else [])
+                return None, (f"column {done!r} has no field {part!r}" + (f" (fields: {', '.join(fields)})"
+                                                                         if fields else f" (it is {kind})"))
+            column, done = pc.struct_field(column, part), f"{done}.{part}"
+        return column, ""
+
+
+def _is_text(kind) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _is_list(kind) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _is_scalar(kind) -> bool:
+    return (_is_text(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
+            or pa.types.is_boolean(kind))
 
 
 def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None) -> tuple[str, list[int]]:

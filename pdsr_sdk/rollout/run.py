@@ -17,6 +17,8 @@ from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.rollout.data import load_prompts
+from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
+from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, read_resume_state, run_settings
 from pdsr_sdk.rollout.reward import resolve_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.writer import TrajectoryWriter
@@ -29,7 +31,7 @@ class RolloutSummary:
     output: str
     groups: int
     samples: int
-    skipped_groups: int
+    skipped_groups: int       # groups on disk before this call (--resume); groups counts them too
     batches: list[dict[str, Any]]
     makespan_s: float
     tokens: int
@@ -38,6 +40,8 @@ class RolloutSummary:
     stats: dict[str, int]
     engines: list[dict[str, Any]] = field(default_factory=list)
     engine_errors: list[str] = field(default_factory=list)
+    skipped_long: int = 0     # prompts longer than the context, skipped (data.skip_long)
+    run_id: str = ""          # the same across a run and its resumes
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -86,25 +90,26 @@ def run_rollout(config, *, progress: ProgressFactory = silent_progress) -> Rollo
 class _RunState:
     """How far a run got, for the message of an interrupted run."""
     writer_made: bool = False
-    replaced_output: bool = False
     engines_started: bool = False
     groups_written: int = 0
 
     def describe(self, config) -> str:
         out = config.output.path
         parts = out.with_name(out.name + ".parts")
-        removed = (f"; the previous {out} was removed (--overwrite)" if self.replaced_output else "")
+        # an --overwrite'n output is replaced only once the first new group is written: nothing lost here
         if not self.engines_started:
             when = "before the engines had started" if not self.writer_made else "while the engines were starting"
-            return f"interrupted {when}: nothing was written{removed}"
+            return f"interrupted {when}: nothing was written"
         if not self.groups_written:
-            return f"interrupted before any group had finished: nothing was written{removed}"
+            return "interrupted before any group had finished: nothing was written"
         return (f"interrupted: {self.groups_written} finished groups were written to {parts}/; "
                 f"rerun with --resume to continue")
 
 
 async def run_rollout_async(config, *, progress: ProgressFactory = silent_progress,
                             engines: list | None = None, _state: "_RunState | None" = None) -> RolloutSummary:
+    """Every check that needs no engine comes first (outputs, options, policy, data, the run resumed, prompt
+    lengths); nothing on disk changes before they pass."""
     state = _state if _state is not None else _RunState()
     from pdsr_sdk.rollout.sample_data import default_sample_path
 
@@ -112,6 +117,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     if len(names) > 1:
         raise ConfigError(f"policy {config.policy!r} selects {len(names)} policies ({', '.join(names)}); a run has "
                           f"one: run each of policy_configs(config)")
+    check_outputs(config)
     model_dir = resolve_model_dir(config)
     # config problems (policy name, its settings) surface before any data or engine work
     session = RolloutSession(config, engines=engines, model_dir=model_dir)
@@ -122,15 +128,11 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         raise DataError(f"{data_path}: data.target_lengths_column forces response lengths; "
                         f"set sampling.ignore_eos (--ignore-eos) so the model's EOS does not end them early")
     out = config.output
-    state.replaced_output = bool(out.overwrite and not out.resume and (
-        out.path.exists() or out.path.with_name(out.path.name + ".parts").exists()))
-    writer = TrajectoryWriter(
-        out.path, trajectory_schema(), resume=out.resume, overwrite=out.overwrite,
-        flush_groups=out.flush_groups, flush_interval_s=out.flush_interval_s,
-        metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy, "model": model_dir})
-    state.writer_made = True
-    done_ids = writer.finished_prompt_ids() if out.resume else set()
-    todo = [r for r in records if r.prompt_id not in done_ids]
+    settings = run_settings(config, model_dir)
+    prior = read_resume_state(out.path, settings, summary_path(config)) if out.resume else ResumeState()
+    limit, source = context_limit(config, model_dir, engines)
+    todo, too_long = split_long_prompts([r for r in records if r.prompt_id not in prior.done_ids], config,
+                                        limit, source, data_path)
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
     if config.num_batches is not None:
         batches = batches[:config.num_batches]
@@ -138,6 +140,14 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     longest_prompt = max((len(r.token_ids) for r in todo), default=0)
     max_model_len = _round_up(longest_prompt + max(
         [config.sampling.max_tokens] + [max(r.target_lengths) for r in todo if r.target_lengths]), 256)
+    if limit is not None:
+        max_model_len = min(max_model_len, limit)
+    writer = TrajectoryWriter(
+        out.path, trajectory_schema(), resume=out.resume, overwrite=out.overwrite,
+        flush_groups=out.flush_groups, flush_interval_s=out.flush_interval_s,
+        metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy, "model": model_dir,
+                  "run_id": prior.run_id, METADATA_KEY: json.dumps(settings)})
+    state.writer_made = True
 
     total_groups = sum(len(b) for b in batches)
     sample_bar = probe_bar = None
@@ -156,6 +166,9 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         writer.add_group([sample_row(s, tokenizer, reward_fn) for s in group.samples])
         state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
 
+    def summarise() -> RolloutSummary:
+        return _summarise(config, model_dir, session, results, prior, skipped_long=len(too_long))
+
     session.hooks.on_sample_done.append(on_sample)
     session.hooks.on_group_done.append(on_group)
     results: list[BatchResult] = []
@@ -163,10 +176,11 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         if batches:
             await session.start(max_model_len=max_model_len)
             state.engines_started = True
-            _check_prompt_lengths(todo, config, session)
+            session.run.batch_index = max(session.run.batch_index, prior.next_batch_index)   # numbering goes on
         for batch in batches:
             results.append(await session.generate(batch))
             writer.flush()
+            write_text_atomic(summarise().to_json(), summary_path(config))   # an interrupted run keeps its batches
         writer.finalize()
     finally:
         writer.flush()  # whatever finished is on disk, even on interrupt or engine failure
@@ -174,56 +188,49 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
             if bar is not None:
                 bar.close()
         await session.close()
-    summary = _summarise(config, model_dir, session, results, skipped=len(records) - len(todo))
+    summary = summarise()
     write_text_atomic(summary.to_json(), summary_path(config))
     return summary
 
 
-def summary_path(config) -> Path:
-    out = config.output
-    return out.summary_path or out.path.with_name(out.path.stem + ".summary.json")
-
-
-def _check_prompt_lengths(records, config, session) -> None:
-    limit = min((e.spec.max_model_len for e in session.engines if hasattr(e, "spec")), default=None)
-    if limit is None:
-        return
-    for r in records:
-        if len(r.token_ids) + 1 > limit:
-            raise DataError(f"prompt {r.prompt_id!r} has {len(r.token_ids)} tokens; engines accept at most "
-                            f"{limit} (max_model_len) including the response")
-
-
-def _summarise(config, model_dir: str, session: RolloutSession, results: list[BatchResult], *,
-               skipped: int) -> RolloutSummary:
+def _summarise(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
+               *, skipped_long: int = 0) -> RolloutSummary:
+    """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
     sched = session.scheduler
-    makespan = sum(r.makespan_s for r in results)
-    tokens = sum(r.tokens for r in results)
-    stats = {k: 0 for k in STAT_KEYS}
-    for r in results:
-        for k, v in r.stats.items():
-            stats[k] = stats.get(k, 0) + v
-    stats.pop("samples_finished", None)
-    stats.pop("tokens_generated", None)
-    busy = {name: 0.0 for name in (sched.usage if sched else {})}
-    for r in results:
-        for name, b in r.engine_busy_s.items():
-            busy[name] = busy.get(name, 0.0) + b
-    batches = [{
+    batches = list(prior.batches) + [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
         **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
     } for r in results]
+    makespan = sum(r.makespan_s for r in results) + sum(b["makespan_s"] for b in prior.batches)
+    tokens = sum(r.tokens for r in results) + sum(b["tokens"] for b in prior.batches)
+    stats = {k: 0 for k in STAT_KEYS}
+    for r in results:
+        for k, v in r.stats.items():
+            stats[k] = stats.get(k, 0) + v
+    for b in prior.batches:
+        for k in STAT_KEYS:
+            stats[k] += b.get(k, 0)
+    stats.pop("samples_finished", None)
+    stats.pop("tokens_generated", None)
+    busy = dict.fromkeys(sched.usage if sched else {}, 0.0)
+    for name, b in prior.busy_s.items():
+        busy[name] = busy.get(name, 0.0) + b
+    for r in results:
+        for name, b in r.engine_busy_s.items():
+            busy[name] = busy.get(name, 0.0) + b
     return RolloutSummary(
         policy=config.policy, model=model_dir, output=str(config.output.path),
-        groups=sum(len(r.groups) for r in results), samples=sum(len(g.samples) for r in results for g in r.groups),
-        skipped_groups=skipped, batches=batches, makespan_s=makespan, tokens=tokens,
+        groups=prior.groups + sum(len(r.groups) for r in results),
+        samples=prior.samples + sum(len(g.samples) for r in results for g in r.groups),
+        skipped_groups=prior.groups, batches=batches, makespan_s=makespan, tokens=tokens,
         tokens_per_s=tokens / makespan if makespan > 0 else 0.0,
         engine_busy_fraction={k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()},
         stats=stats,
         engines=[{"name": s.name, "pool": s.pool, "devices": s.devices, "max_num_seqs": s.max_num_seqs,
                   "max_model_len": s.max_model_len} for s in session.engine_specs],
         engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
+        skipped_long=skipped_long, run_id=prior.run_id,
     )
 
 

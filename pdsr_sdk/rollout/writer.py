@@ -5,6 +5,8 @@ atomically) into ``<out>.parts/`` while the run goes on, so an interrupted
 run keeps every finished group. At the end the parts are merged into
 ``<out>`` (atomic rename) and the parts directory is removed. ``resume``
 reads the finished prompt ids from both, and the run skips them.
+``overwrite`` removes the old output only when the first new group is
+written (a run that fails before that leaves it as it was).
 """
 
 from __future__ import annotations
@@ -35,10 +37,8 @@ class TrajectoryWriter:
         if exists and not (resume or overwrite):
             raise DataError(f"{self.path}: output already exists (or an interrupted run left {self.parts_dir.name}/); "
                             f"pass --resume to continue it or --overwrite to replace it")
-        if overwrite and not resume:
-            self.path.unlink(missing_ok=True)
-            shutil.rmtree(self.parts_dir, ignore_errors=True)
-        self._next_part = len(list(self.parts_dir.glob("part-*.parquet"))) if self.parts_dir.exists() else 0
+        self._replace = exists and overwrite and not resume
+        self._next_part = 0 if self._replace else len(existing_files(self.path)) - self.path.exists()
 
     # -------------------------------------------------------------- resume
     def finished_prompt_ids(self) -> set[str]:
@@ -55,10 +55,13 @@ class TrajectoryWriter:
         return done
 
     def _existing_files(self) -> list[Path]:
-        files = [self.path] if self.path.exists() else []
-        if self.parts_dir.exists():
-            files += sorted(self.parts_dir.glob("part-*.parquet"))
-        return files
+        return [] if self._replace else existing_files(self.path)
+
+    def _remove_old(self) -> None:
+        if self._replace:
+            self.path.unlink(missing_ok=True)
+            shutil.rmtree(self.parts_dir, ignore_errors=True)
+            self._replace = False
 
     # -------------------------------------------------------------- writing
     def add_group(self, rows: list[dict]) -> None:
@@ -72,6 +75,7 @@ class TrajectoryWriter:
         if not self._rows:
             return
         table = self._pa.Table.from_pylist(self._rows, schema=self.schema)
+        self._remove_old()
         self.parts_dir.mkdir(parents=True, exist_ok=True)
         write_table_atomic(table, self.parts_dir / f"part-{self._next_part:06d}.parquet")
         self._next_part += 1
@@ -84,9 +88,20 @@ class TrajectoryWriter:
         import pyarrow.parquet as pq
 
         self.flush()
+        self._remove_old()
         tables = [pq.read_table(f).cast(self.schema) for f in self._existing_files()]
         table = self._pa.concat_tables(tables) if tables else self.schema.empty_table()
         table = table.replace_schema_metadata(self.schema.metadata)
         write_table_atomic(table, self.path)
         shutil.rmtree(self.parts_dir, ignore_errors=True)
         return self.path
+
+
+def existing_files(path: str | Path) -> list[Path]:
+    """The trajectory files of ``path`` on disk: the merged file, then the part files of an unfinished run."""
+    path = Path(path)
+    parts = path.with_name(path.name + ".parts")
+    files = [path] if path.exists() else []
+    if parts.is_dir():
+        files += sorted(parts.glob("part-*.parquet"))
+    return files

@@ -1,0 +1,105 @@
+"""Checks of a rollout that need no engine, made before any starts: outputs, option conflicts, prompt lengths
+against the model's context. (Data columns: :mod:`pdsr_sdk.rollout.data`; the run being resumed:
+:mod:`pdsr_sdk.rollout.resume`.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.io.tables import check_writable
+from pdsr_sdk.rollout.resume import check_resume_options
+from pdsr_sdk.rollout.writer import existing_files
+
+#: config.json keys vLLM reads the model's context from (the smallest present wins)
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                 "model_max_length")
+
+
+def summary_path(config) -> Path:
+    out = config.output
+    return out.summary_path or out.path.with_name(out.path.stem + ".summary.json")
+
+
+def check_outputs(config) -> None:
+    """Option conflicts, an existing output, and outputs that cannot be written: errors naming the flag."""
+    out = config.output
+    check_resume_options(config)
+    summary = summary_path(config)
+    data = config.data.path
+    for flag, path in (("--summary", summary), ("--data", data)):
+        if path is not None and Path(path).resolve() == Path(out.path).resolve():
+            raise ConfigError(f"--out and {flag} are the same file {out.path}; give them different paths")
+    check_writable(out.path, "--out (output.path)")
+    parts = out.path.with_name(out.path.name + ".parts")
+    if parts.exists() and not parts.is_dir():
+        raise DataError(f"--out (output.path) {out.path}: {parts} is a file; streaming needs it to be a folder")
+    check_writable(summary, "--summary (output.summary_path)")
+    if existing_files(out.path) and not (out.resume or out.overwrite):
+        raise DataError(f"{out.path}: output already exists (or an interrupted run left {out.path.name}.parts/); "
+                        f"pass --resume to continue it or --overwrite to replace it")
+
+
+def model_context(model_dir: str | Path) -> tuple[int | None, str]:
+    """The longest context ``model_dir``'s config.json allows (rope scaling applied as vLLM does), and where
+    that number comes from; (None, "") when the config names none."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None, ""
+    cfg = {**cfg.get("text_config", {}), **cfg} if isinstance(cfg.get("text_config"), dict) else cfg
+    found = [(int(cfg[k]), k) for k in POSITION_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0]
+    if not found:
+        return None, ""
+    limit, key = min(found)
+    rope = cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type"))
+    if isinstance(rope, dict) and "factor" in rope and kind not in ("su", "longrope", "llama3", "default", "mrope"):
+        if kind == "yarn" and "original_max_position_embeddings" in rope:
+            limit = int(rope["original_max_position_embeddings"])
+        limit, key = int(limit * rope["factor"]), f"{key} x rope_scaling.factor"
+    return limit, f"{key} in {path}"
+
+
+def context_limit(config, model_dir: str, engines: list | None = None) -> tuple[int | None, str]:
+    """The most tokens (prompt + response) a request may have on this run's engines, and its source."""
+    limits = []
+    if engines is not None:   # already started: their own limits
+        limits = [(e.spec.max_model_len, f"max_model_len of engine {e.spec.name!r}") for e in engines
+                  if getattr(e, "spec", None) is not None]
+        return min(limits, default=(None, ""))
+    if config.engines:
+        limits = [(s.max_model_len, f"engines[{i}].max_model_len") for i, s in enumerate(config.engines)]
+    elif isinstance(config.engine_defaults.get("max_model_len"), int):
+        limits = [(config.engine_defaults["max_model_len"], "engine_defaults.max_model_len")]
+    limit, source = model_context(model_dir)
+    if limit is not None:
+        limits.append((limit, source))
+    return min(limits, default=(None, ""))
+
+
+def split_long_prompts(records: list, config, limit: int | None, source: str, data_path) -> tuple[list, list]:
+    """(records that fit, records skipped by ``data.skip_long``); a prompt whose tokens plus its response
+    budget exceed ``limit`` is an error naming its row unless ``data.skip_long``."""
+    if limit is None:
+        return records, []
+    max_tokens = config.sampling.max_tokens
+    if max_tokens + 1 > limit and not any(r.target_lengths for r in records):
+        raise ConfigError(f"--max-tokens (sampling.max_tokens) is {max_tokens} but the context is {limit} tokens "
+                          f"({source}): no prompt fits; lower --max-tokens below {limit}")
+
+    def budget(r) -> int:
+        return max(r.target_lengths) if r.target_lengths else max_tokens
+
+    long = [r for r in records if len(r.token_ids) + budget(r) > limit]
+    if long and not config.data.skip_long:
+        r = long[0]
+        what = "forced response tokens (--target-lengths-column)" if r.target_lengths else "--max-tokens"
+        raise DataError(f"{data_path}: row {r.row} (prompt id {r.prompt_id!r}): {len(r.token_ids)} prompt tokens + "
+                        f"{budget(r)} {what} = {len(r.token_ids) + budget(r)} exceed the context of {limit} tokens "
+                        f"({source}); {len(long)} row(s) in all. Pass --skip-long (data.skip_long) to skip them, "
+                        f"or lower --max-tokens")
+    skipped = {id(r) for r in long}
+    return [r for r in records if id(r) not in skipped], long

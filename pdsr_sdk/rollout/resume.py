@@ -1,0 +1,147 @@
+"""The run on disk that ``--resume`` continues: what it finished, the settings it ran with, its batches.
+
+A rollout records its settings (:func:`run_settings`) in the trajectories' Parquet metadata; resuming with
+different ones is an error naming each key. Batches go on from the last index on disk, and the summary
+covers the whole run: batches the earlier summary reported (same ``run_id``), and batches only partly
+done when the run stopped, counted from the trajectories.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdsr_sdk.dispatch.run import STAT_KEYS
+from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.rollout.writer import existing_files
+
+#: settings a resumed run must share with the run on disk (config key -> flag)
+RESUME_KEYS = {
+    "policy": "--policy", "policy_settings": "--set", "model": "--model", "sampling.n": "--n",
+    "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature", "sampling.top_p": "--top-p",
+    "sampling.top_k": "sampling.top_k", "sampling.stop": "sampling.stop", "sampling.ignore_eos": "--ignore-eos",
+    "logprobs_mode": "logprobs_mode", "reward": "--reward", "data.path": "--data",
+    "data.system_prompt": "data.system_prompt", "data.apply_chat_template": "data.apply_chat_template",
+    "data.target_lengths_column": "--target-lengths-column",
+}
+METADATA_KEY = "pdsr_run"
+_COUNTERS = ("moves", "steals", "restarts", "wasted_tokens", "retries")
+
+
+def run_settings(config, model_dir: str) -> dict[str, Any]:
+    """The settings a resumed run must match. Model and data by folder/file name, so a run directory moved to
+    another mount still resumes."""
+    s = config.sampling
+    return {
+        "policy": config.policy, "policy_settings": config.policy_settings.get(config.policy, {}),
+        "model": Path(model_dir).name, "sampling.n": s.n, "sampling.max_tokens": s.max_tokens,
+        "sampling.temperature": s.temperature, "sampling.top_p": s.top_p, "sampling.top_k": s.top_k,
+        "sampling.stop": list(s.stop), "sampling.ignore_eos": s.ignore_eos, "logprobs_mode": config.logprobs_mode,
+        "reward": config.reward, "data.path": Path(config.data.path).name if config.data.path else None,
+        "data.system_prompt": config.data.system_prompt, "data.apply_chat_template": config.data.apply_chat_template,
+        "data.target_lengths_column": config.data.target_lengths_column,
+    }
+
+
+@dataclass
+class ResumeState:
+    """What is on disk for ``path`` (empty when nothing is)."""
+
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    done_ids: set[str] = field(default_factory=set)
+    groups: int = 0
+    samples: int = 0
+    batches: list[dict[str, Any]] = field(default_factory=list)   # summary rows of the batches on disk
+    busy_s: dict[str, float] = field(default_factory=dict)        # engine busy seconds of the reported batches
+
+    @property
+    def next_batch_index(self) -> int:
+        return max((b["batch_index"] for b in self.batches), default=-1) + 1
+
+
+def read_resume_state(path: Path, settings: dict[str, Any], summary: Path) -> ResumeState:
+    """The run on disk at ``path``; a ConfigError naming every setting that differs from ``settings``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = existing_files(path)
+    if not files:
+        return ResumeState()
+    columns = ["prompt_id", "group_size", "batch_index", "is_probe", "response_length", "submit_time_s",
+               "finish_time_s", *_COUNTERS]
+    try:
+        meta = pq.read_schema(files[0]).metadata or {}
+        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
+        raise DataError(f"{path}: cannot read the existing output to resume: {exc}") from None
+    rows = table.to_pydict()
+    _check_settings(path, settings, meta, set(rows["group_size"]))
+    run_id = meta.get(b"run_id", b"").decode() or uuid.uuid4().hex
+    state = ResumeState(run_id=run_id, done_ids=set(rows["prompt_id"]), groups=len(set(rows["prompt_id"])),
+                        samples=table.num_rows)
+    reported, state.busy_s = _reported_batches(summary, run_id)
+    on_disk = _batches_from_rows(rows)
+    for index, derived in sorted(on_disk.items()):
+        report = reported.get(index)
+        state.batches.append(report if report and report["groups"] == derived["groups"] else derived)
+    return state
+
+
+def _check_settings(path: Path, now: dict[str, Any], meta: dict[bytes, bytes], group_sizes: set[int]) -> None:
+    if METADATA_KEY.encode() in meta:
+        then = json.loads(meta[METADATA_KEY.encode()])
+    else:   # written before settings were recorded: what the file still says
+        then = {k: meta[k.encode()].decode() for k in ("policy", "logprobs_mode") if k.encode() in meta}
+    if len(group_sizes) == 1:
+        then.setdefault("sampling.n", next(iter(group_sizes)))
+    diffs = [f"{key} ({RESUME_KEYS[key]}) is {now[key]!r} now but was {then[key]!r}"
+             for key in RESUME_KEYS if key in then and key in now and then[key] != now[key]]
+    if diffs:
+        raise ConfigError(f"{path}: --resume continues a run made with other settings: {'; '.join(diffs)}. Resume "
+                          f"with the run's settings, or start over with --overwrite (which replaces it)")
+
+
+def _reported_batches(summary: Path, run_id: str) -> tuple[dict[int, dict], dict[str, float]]:
+    """Batches (and engine busy seconds) of the earlier summary, when it is this run's."""
+    try:
+        data = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return {}, {}
+    if not isinstance(data, dict) or data.get("run_id") != run_id:
+        return {}, {}
+    makespan = float(data.get("makespan_s") or 0.0)
+    busy = {k: float(v) * makespan for k, v in (data.get("engine_busy_fraction") or {}).items()}
+    return {b["batch_index"]: b for b in data.get("batches", []) if isinstance(b, dict)}, busy
+
+
+def _batches_from_rows(rows: dict[str, list]) -> dict[int, dict[str, Any]]:
+    """Summary rows counted from the trajectories (a batch cut short: no policy facts, makespan from times)."""
+    out: dict[int, dict[str, Any]] = {}
+    ids: dict[int, set] = {}
+    for i, index in enumerate(rows["batch_index"]):
+        b = out.setdefault(index, {"batch_index": index, "groups": 0, "start": float("inf"), "end": 0.0,
+                                   "tokens": 0, "l_cut": None, "fast_cap": None, **{k: 0 for k in STAT_KEYS},
+                                   "policy": {}, "interrupted": True})
+        ids.setdefault(index, set()).add(rows["prompt_id"][i])
+        b["tokens"] += rows["response_length"][i]
+        b["probes"] += bool(rows["is_probe"][i])
+        for k in _COUNTERS:
+            b[k] += rows[k][i] or 0
+        b["start"] = min(b["start"], rows["submit_time_s"][i])
+        b["end"] = max(b["end"], rows["finish_time_s"][i])
+    for index, b in out.items():
+        b["groups"] = len(ids[index])
+        makespan = max(0.0, b.pop("end") - b.pop("start"))
+        b["makespan_s"] = round(makespan, 4)
+        b["tokens_per_s"] = round(b["tokens"] / makespan, 2) if makespan > 0 else 0.0
+    return out
+
+
+def check_resume_options(config) -> None:
+    out = config.output
+    if out.resume and out.overwrite:
+        raise ConfigError(f"--resume and --overwrite (output.resume, output.overwrite) conflict: --resume continues "
+                          f"the run in {out.path}, --overwrite replaces it; pass one of them")
