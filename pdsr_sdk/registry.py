@@ -63,6 +63,12 @@ class Registry(Generic[T]):
         self._entries[name] = obj
         return obj
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a plug-in registered for a while, e.g. by a test). Raises if it is unknown."""
+        if name not in self._entries:
+            raise PdsrError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names()) or '(none)'}")
+        del self._entries[name]
+
     def get(self, name: str) -> T:
         """Return the entry for ``name``, importing it if it was registered lazily.
 

@@ -43,11 +43,20 @@ def test_custom_policy_runs_in_pdsr_simulate_by_import_path_with_its_setting(tmp
 def test_custom_policy_registered_by_name_runs_through_the_sdk_simulator():
     from examples.custom_policy import GroupAffinityPolicy, register
     from pdsr_sdk.policies import POLICIES
+
+    name = register()
+    try:
+        assert register() == name and POLICIES.get(name) is GroupAffinityPolicy
+        run_registered(name)
+    finally:   # the registry is global: later tests list every registered policy
+        POLICIES.unregister(name)
+    assert name not in POLICIES
+
+
+def run_registered(name):
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import simulate
 
-    name = register()
-    assert register() == name and POLICIES.get(name) is GroupAffinityPolicy
     trace = synth_trace(groups=8, n=4, seed=1)
     rep = simulate(trace, SimulateConfig(policy=name, fast=2, heavy=0, batch_size=4, timeline=False),
                    keep_groups=True)

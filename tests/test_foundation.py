@@ -125,6 +125,10 @@ def test_registry_fails_loudly():
     assert reg.get("json:loads") is json.loads
     with pytest.raises(PdsrError, match="cannot import module"):
         reg.get("no_such_module_xyz:thing")
+    reg.unregister("lazy")
+    assert reg.names() == ["a"]
+    with pytest.raises(PdsrError, match="unknown widget 'lazy'; valid names: a"):
+        reg.unregister("lazy")
 
 
 def test_policy_presets_validate_against_their_policies():
