@@ -18,11 +18,11 @@ tell:
   once to the engine running the fewest samples, when that engine runs clearly fewer than its
   own (the tail then runs on lightly loaded engines); nothing moves twice;
 - in a stream (groups arriving while others run: partial rollout across steps) that leaves slots
-  free, the heavy pool becomes a tail lane: tail samples and samples restarted for staleness move
-  there once, and a heavy engine holding one admits new work only up to ``lane_seqs``. New work
-  never stops in a stream, so without the lane the tail would run at full load for several steps
-  (and be restarted when it grows too stale); within one batch the lane costs more capacity than
-  it saves.
+  free and restarts samples for staleness, the heavy pool becomes a tail lane: tail samples and
+  restarted samples move there once, and a heavy engine holding one admits new work only up to
+  ``lane_seqs``. New work never stops in a stream, so without the lane the tail would run at full
+  load for several steps (and be restarted when it grows too stale); within one batch, or with no
+  staleness bound, the lane costs more capacity than it saves.
 
 With no information (nothing finished yet, or a probe that predicts nothing) it behaves like
 baseline: all work spread evenly over all engines from the start.
@@ -483,9 +483,7 @@ class V3Policy(Policy):
         length = self._expected_length(s)
         if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, s.prompt_len + length):
             return
-        self._unplace(s)
-        self._place(s, target, length)
-        self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+        self._move_to(s, target, length)
 
     def _set_lane(self) -> None:
         """'auto': a tail lane while a stream leaves slots free and samples are being restarted for staleness
@@ -502,7 +500,10 @@ class V3Policy(Policy):
         target = min(lane, key=lambda e: (self.tail_on[e.name], self.assigned[e.name]))
         if self.ctx.free_slots(target) <= 0:
             return
-        length = self._expected_length(s)
+        self._move_to(s, target, self._expected_length(s))
+
+    def _move_to(self, s: Sample, target: Engine, length: float) -> None:
+        """Re-place ``s`` on ``target`` in the policy's books and ask the scheduler to move it there."""
         self._unplace(s)
         self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move

@@ -24,15 +24,8 @@ def last_boxed(text: str) -> str | None:
     i = text.find("{", start)
     if i < 0:
         return None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1:j]
-    return None
+    end = _closing_brace(text, i)
+    return None if end < 0 else text[i + 1:end]
 
 
 _STRIP = [
@@ -106,6 +99,7 @@ def _frac_argument(s: str) -> tuple[str | None, str]:
 
 
 def _closing_brace(s: str, i: int) -> int:
+    """Index of the brace closing the one at ``s[i]`` (balanced), or -1."""
     depth = 0
     for j in range(i, len(s)):
         if s[j] == "{":
