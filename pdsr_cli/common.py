@@ -110,20 +110,10 @@ def parse_policy_sets(values: tuple[str, ...], flag: str = "--set") -> list[tupl
 
 def check_policy_set_targets(items: list[tuple[str | None, str, Any]], selected: list[str],
                              flag: str = "--set") -> None:
-    """A ``POLICY:KEY=VALUE`` setting for a policy that is not selected (or does not exist) is an error
-    (it would change nothing), naming the policy and the selected ones."""
-    from pdsr_sdk.errors import ConfigError
-    from pdsr_sdk.policies import POLICIES
-    from pdsr_sdk.policies.presets import load_preset
+    """The SDK's check (:func:`~pdsr_sdk.policies.resolve.check_set_targets`), naming the flag."""
+    from pdsr_sdk.policies.resolve import check_set_targets
 
-    for policy, key, _ in items:
-        if policy is None or policy in selected:
-            continue
-        known = policy in POLICIES.names() or load_preset(policy) is not None
-        what = "is not selected" if known else "is not a known policy"
-        raise ConfigError(f"{flag} {policy}:{key}: policy {policy!r} {what}; the selected "
-                          f"{'policies are' if len(selected) > 1 else 'policy is'} {', '.join(selected)} "
-                          f"(add it to --policy, or drop the '{policy}:' prefix)")
+    check_set_targets(items, selected, flag)
 
 
 def build_config(model: type, config_path: Path | None, overrides: Mapping[str, Any]):

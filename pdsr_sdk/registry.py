@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Generic, Iterator, TypeVar
 
-from pdsr_sdk.errors import PdsrError
+from pdsr_sdk.errors import ConfigValueError, PdsrError
 
 T = TypeVar("T")
 
@@ -86,6 +86,17 @@ class Registry(Generic[T]):
             entry = import_object(entry)
             self._entries[name] = entry
         return entry  # type: ignore[return-value]
+
+    def check_name(self, name: str, *, also: tuple[str, ...] = ()) -> str:
+        """``name`` if :meth:`get` can resolve it (or it is one of ``also``, e.g. "auto"), without importing.
+
+        For config validators: an unknown name is a ConfigValueError listing the valid names.
+        """
+        if name in self._entries or name in also or ":" in name:
+            return name
+        valid = ", ".join([*also, *self.names()]) or "(none)"
+        raise ConfigValueError(f"unknown {self.kind} {name!r}; valid names: {valid} "
+                               f"(or an import path 'package.module:Name')")
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -71,3 +71,41 @@ def test_sdk_config_overrides_are_validated_naming_the_key():
 
     with pytest.raises(ConfigError, match=r"groups: Input should be greater than or equal to 1"):
         synth_trace(groups=0)
+
+
+@pytest.mark.parametrize("build, key, expected", [
+    ("pdsr_sdk.sim.config:SimulateConfig", dict(fast=0, heavy=0), "(top level): fast + heavy is 0"),
+    ("pdsr_sdk.sim.config:SimulateConfig", dict(segments={"min_tokens": 100, "max_tokens": 10}),
+     "segments: min_tokens (100) must be <= max_tokens (10)"),
+    ("pdsr_sdk.sim.config:SimulateConfig", dict(fastt=2), "fastt: unknown config key; valid keys here: "),
+    ("pdsr_sdk.gae.config:GaeConfig", dict(device="tpu"), "device: expected cpu, cuda or cuda:N, got 'tpu'"),
+    ("pdsr_sdk.gae.config:GaeConfig", dict(backend="fast"),
+     "backend: unknown GAE backend 'fast'; valid names: auto, numba, reference, torch, triton"),
+    ("pdsr_sdk.rollout.config:RolloutConfig", dict(sampling={"n": 0}), "sampling.n: Input should be greater than or equal to 1"),
+])
+def test_configs_built_in_python_raise_pdsr_errors_naming_the_key(build, key, expected):
+    """An SDK user building a config directly gets the CLI's message (class name, dotted key, what was
+    expected) as a ConfigValueError, which is still a ValueError like pydantic's own error."""
+    from pdsr_sdk.registry import import_object
+
+    model = import_object(build)
+    with pytest.raises(ConfigValueError) as exc:
+        model(**key)
+    assert isinstance(exc.value, ValueError)
+    assert f"{model.__name__}: {expected}" in str(exc.value)
+
+
+def test_sdk_policy_set_for_an_unselected_policy_is_an_error():
+    """The rule the CLI's --set follows lives in the SDK: a setting aimed at a policy that is not selected
+    would change nothing."""
+    from pdsr_sdk.errors import ConfigError
+    from pdsr_sdk.policies.resolve import with_policy_sets
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    cfg = SimulateConfig(policy="v3")
+    with pytest.raises(ConfigError, match=r"policy setting v2:steal: policy 'v2' is not selected; the selected "
+                                          r"policy is v3"):
+        with_policy_sets(cfg, [("v2", "steal", False)])
+    with pytest.raises(ConfigError, match=r"v9:steal: policy 'v9' is not a known policy"):
+        with_policy_sets(cfg, [("v9", "steal", False)])
+    assert with_policy_sets(cfg, [("v3", "lane_seqs", 32)]).policy_settings["v3"]["lane_seqs"] == 32

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from pdsr_sdk.config import load_config
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
@@ -41,7 +40,7 @@ def test_registry_rejects_a_taken_name():
 def test_unknown_backend_lists_the_valid_names():
     with pytest.raises(PdsrError, match=r"unknown scoring backend 'jax'; valid names: torch, vllm"):
         SCORING_BACKENDS.get("jax")
-    with pytest.raises(ConfigError, match=r"backend: .*unknown scoring backend; valid names: torch, vllm"):
+    with pytest.raises(ConfigError, match=r"backend: unknown scoring backend 'jax'; valid names: torch, vllm"):
         per_token_logps("unused", [[1]], [[2]], backend="jax")
     with pytest.raises(ConfigError, match=r"backend: .*valid names: torch, vllm"):
         load_config(ScoreConfig, None, {"data": "a.parquet", "out": "b.parquet", "backend": "jax"})
@@ -78,8 +77,8 @@ def test_option_errors_name_the_key(options, key):
         per_token_logps("unused", [[1]], [[2]], options)
     with pytest.raises(ConfigError, match=rf"ScoreOptions: {key}: "):
         per_token_logps("unused", [[1]], [[2]], **options)  # the same as keywords
-    with pytest.raises(ValidationError, match=key):
-        ScoreOptions(**options)
+    with pytest.raises(ConfigError, match=rf"ScoreOptions: {key}: "):
+        ScoreOptions(**options)  # built directly: the same message
 
 
 def test_unknown_option_lists_the_valid_keys():

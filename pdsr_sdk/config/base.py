@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from pdsr_sdk.errors import ConfigError, PdsrDeprecationWarning, PdsrError
+from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrDeprecationWarning, PdsrError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -22,6 +22,19 @@ class ConfigModel(BaseModel):
 
     #: old top-level key -> its new name (still accepted, with a :class:`PdsrDeprecationWarning`)
     renamed_keys: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, /, **data: Any) -> None:
+        """Built in Python (``SimulateConfig(fast=0)``): a bad value is a :class:`ConfigValueError` in
+        pdsr's format (one line per key), not pydantic's ValidationError."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigValueError(format_validation_error(exc, type(self))) from None
+
+    # pydantic calls a model's own __init__ for nested models and model_validate too; marked as the base
+    # init, it is only called for direct construction, so nested errors keep their full dotted keys and
+    # load_config/validate_config still get the ValidationError they format with the file's name.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @model_validator(mode="before")
     @classmethod
@@ -40,6 +53,15 @@ class ConfigModel(BaseModel):
                 deprecated_key(old, new, source)
                 data[new] = data.pop(old)
         return data
+
+
+def check_device(value: str, *, auto: bool = False) -> str:
+    """``value`` if it names a torch device pdsr accepts: cpu, cuda, cuda:N (and auto, if allowed)."""
+    kind, sep, index = value.partition(":")
+    kinds = ("auto", "cpu", "cuda") if auto else ("cpu", "cuda")
+    if kind not in kinds or (sep and (kind != "cuda" or not index.isdigit())):
+        raise ConfigValueError(f"expected {'auto, ' if auto else ''}cpu, cuda or cuda:N, got {value!r}")
+    return value
 
 
 def deprecated_key(old: str, new: str, source: str | Path | None = None) -> None:

@@ -8,7 +8,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator
 
 from pdsr_sdk.config import ConfigModel
-from pdsr_sdk.errors import ConfigValueError
+from pdsr_sdk.config.base import check_device
 
 
 class GaeConfig(ConfigModel):
@@ -52,15 +52,9 @@ class GaeConfig(ConfigModel):
     def _known_backend(cls, value: str) -> str:
         from pdsr_sdk.gae.api import GAE_BACKENDS
 
-        if value != "auto" and value not in GAE_BACKENDS and ":" not in value:
-            raise ConfigValueError(f"unknown GAE backend {value!r}; valid: auto, {', '.join(GAE_BACKENDS.names())} "
-                                   f"or an import path 'package.module:Class'")
-        return value
+        return GAE_BACKENDS.check_name(value, also=("auto",))
 
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str) -> str:
-        kind, _, index = value.partition(":")
-        if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-            raise ConfigValueError(f"expected cpu, cuda or cuda:N, got {value!r}")
-        return value
+        return check_device(value)

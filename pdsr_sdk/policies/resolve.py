@@ -74,6 +74,21 @@ def policy_names(spec: str) -> list[str]:
     return names
 
 
+def check_set_targets(items: list[tuple[str | None, str, Any]], selected: list[str],
+                      label: str = "policy setting") -> None:
+    """A ``POLICY:KEY=VALUE`` setting for a policy that is not selected (or does not exist) is an error
+    (it would change nothing), naming the policy and the selected ones. ``label`` names where the setting
+    came from (the CLI passes its flag)."""
+    for policy, key, _ in items:
+        if policy is None or policy in selected:
+            continue
+        known = policy in POLICIES.names() or load_preset(policy) is not None
+        what = "is not selected" if known else "is not a known policy"
+        raise ConfigError(f"{label} {policy}:{key}: policy {policy!r} {what}; the selected "
+                          f"{'policies are' if len(selected) > 1 else 'policy is'} {', '.join(selected)} "
+                          f"(add it to the selected policies, or drop the '{policy}:' prefix)")
+
+
 def merge_policy_sets(policy_settings: Mapping[str, Mapping[str, Any]], selected: list[str],
                       items: list[tuple[str | None, str, Any]], *, simulation: bool = False) -> dict[str, dict]:
     """``policy_settings`` (keyed by policy) with ``(policy or None, key, value)`` settings added, validated.
@@ -82,6 +97,7 @@ def merge_policy_sets(policy_settings: Mapping[str, Mapping[str, Any]], selected
     ``--policy all --set cap_multiplier=2`` changes v2.5 only; when none has it, the one selected policy
     gets it (its validation names the key and the valid ones), or it is an error naming each policy's keys.
     """
+    check_set_targets(items, selected)
     fields = {name: set(resolve_policy(name, {}, simulation=simulation)[0].config_model.model_fields)
               for name in selected}
     settings = {k: dict(v) for k, v in policy_settings.items()}

@@ -13,6 +13,8 @@ from typing import Any, Literal, Mapping
 from pydantic import Field, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.config.base import check_device
+from pdsr_sdk.errors import ConfigValueError
 
 DEFAULT_ROW_CHUNK = 512
 DEFAULT_LENGTH_BUCKET = 64
@@ -84,7 +86,7 @@ class ScoreOptions(ConfigModel):
     @classmethod
     def _no_bool_for_int(cls, value: Any) -> Any:
         if isinstance(value, bool):
-            raise ValueError("expected an integer, not a bool")
+            raise ConfigValueError("expected an integer, not a bool")
         return value
 
     @field_validator("backend")
@@ -92,23 +94,17 @@ class ScoreOptions(ConfigModel):
     def _known_backend(cls, value: str) -> str:
         from pdsr_sdk.scoring.backend import SCORING_BACKENDS
 
-        if value not in SCORING_BACKENDS and ":" not in value:
-            raise ValueError(f"unknown scoring backend; valid names: {', '.join(SCORING_BACKENDS.names())} "
-                             f"(or an import path 'package.module:Class')")
-        return value
+        return SCORING_BACKENDS.check_name(value)
 
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str) -> str:
-        kind, sep, index = value.partition(":")
-        if kind not in ("auto", "cpu", "cuda") or (sep and (kind != "cuda" or not index.isdigit())):
-            raise ValueError("expected auto, cpu, cuda or cuda:N")
-        return value
+        return check_device(value, auto=True)
 
     @model_validator(mode="after")
     def _one_micro_batch_mode(self) -> "ScoreOptions":
         if self.mbs is not None and self.max_tokens_per_micro_batch is not None:
-            raise ValueError(
+            raise ConfigValueError(
                 f"mbs ({self.mbs}) and max_tokens_per_micro_batch ({self.max_tokens_per_micro_batch}) are "
                 f"exclusive: give a fixed micro-batch size or a token quota, not both")
         return self
