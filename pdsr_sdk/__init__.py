@@ -25,6 +25,8 @@ _LAZY = {
     "restore_order": "pdsr_sdk.batching",
     "partition_for_data_parallel": "pdsr_sdk.batching", "inverse_permutation": "pdsr_sdk.batching",
     "per_token_logps": "pdsr_sdk.scoring",
+    "importance_weights": "pdsr_sdk.offpolicy", "token_versions_of_rows": "pdsr_sdk.offpolicy",
+    "off_policy_share": "pdsr_sdk.offpolicy",
     "simulate": "pdsr_sdk.sim", "SimEngine": "pdsr_sdk.sim", "SimulateConfig": "pdsr_sdk.sim",
     "LengthTrace": "pdsr_sdk.traces", "read_trace": "pdsr_sdk.traces", "analyze_trace": "pdsr_sdk.analysis",
     "PdsrError": "pdsr_sdk.errors",

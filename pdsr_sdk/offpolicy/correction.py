@@ -1,0 +1,105 @@
+"""Vectorised kernels of the off-policy corrections (numpy, or torch tensors in and out).
+
+Plain arrays and numbers in and out; the float64 loop twins are in :mod:`pdsr_sdk.offpolicy.reference`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from pdsr_sdk.errors import ConfigValueError, DataValueError
+
+LEVELS = ("token", "sequence", "geometric")
+MODES = ("truncate", "mask")
+
+#: log-ratios are clamped here before exp(): a token the trainer finds e^20 times likelier is an outlier
+#: either way, and exp() of more overflows float32
+LOG_RATIO_CLAMP = 20.0
+
+
+def token_versions(starts: Any, counts: Any, versions: Any, length: int) -> np.ndarray:
+    """Policy version of each of ``length`` response tokens, from a sample's spans in order.
+
+    Span ``i`` covers tokens ``[starts[i], starts[i] + counts[i])``; a later span overwrites an earlier
+    one (after a restart the spans start at 0 again and the discarded tokens are gone). A token no span
+    covers is -1 (the trajectories of pdsr cover every token; -1 flags a row that does not).
+    """
+    out = np.full(int(length), -1, dtype=np.int64)
+    for start, count, version in zip(np.asarray(starts), np.asarray(counts), np.asarray(versions)):
+        out[int(start):int(start) + int(count)] = int(version)
+    return out
+
+
+def token_versions_of_rows(rows: Iterable[Mapping[str, Any]]) -> list[np.ndarray]:
+    """:func:`token_versions` of every trajectory row (dicts with ``segments`` and ``response_length``,
+    e.g. ``table.to_pylist()`` of a ``pdsr rollout`` output)."""
+    out = []
+    for row in rows:
+        spans = row["segments"]
+        out.append(token_versions([s["start_token"] for s in spans], [s["num_tokens"] for s in spans],
+                                  [s["policy_version"] for s in spans], row["response_length"]))
+    return out
+
+
+def off_policy_share(versions: Any, current: int, mask: Any = None) -> float:
+    """Share of the (masked) tokens sampled with a policy version older than ``current``; 0 when none."""
+    v = np.asarray(versions)
+    keep = np.ones(v.shape, bool) if mask is None else np.asarray(mask, bool)
+    total = int(keep.sum())
+    return float(((v < current) & keep).sum() / total) if total else 0.0
+
+
+def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, *, level: str = "token",
+                       mode: str = "truncate", upper: float = 2.0, lower: float | None = None) -> tuple[Any, Any]:
+    """(weights, keep) for [B, T] log-probs of the sampled tokens and their [B, T] mask.
+
+    ``ratio = exp(trainer - rollout)`` per token (``level="token"``), or per sequence: the product
+    (``"sequence"``) or geometric mean (``"geometric"``) of the masked token ratios, given to each of its
+    tokens. ``mode="truncate"`` (TIS): ``weights = min(ratio, upper)``, ``keep = mask``.
+    ``mode="mask"`` (MIS): ``weights = ratio``, ``keep = mask & (lower <= ratio <= upper)`` with
+    ``lower`` defaulting to ``1 / upper``. Weights are 0 where ``keep`` is false. Multiply the
+    per-token loss by ``weights`` and normalise by ``keep.sum()``, so rejected tokens leave the
+    denominator too. Torch tensors in give tensors out on their device (no gradient: the weights are constants of the loss).
+    """
+    if level not in LEVELS:
+        raise ConfigValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
+    if mode not in MODES:
+        raise ConfigValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if not upper > 0 or (lower is not None and not 0 <= lower <= upper):
+        raise ConfigValueError(f"expected 0 <= lower <= upper and upper > 0, got lower={lower}, upper={upper}")
+    low = 1.0 / upper if lower is None else lower
+    if type(trainer_logprobs).__module__.startswith("torch"):   # stay on the tensors' device
+        import torch as xp
+
+        lp_t = trainer_logprobs.detach().double()
+        lp_r = xp.as_tensor(rollout_logprobs, device=lp_t.device).detach().double()
+        m = xp.as_tensor(mask, device=lp_t.device).bool()
+    else:
+        xp = np   # type: ignore[assignment]
+        lp_t, lp_r = np.asarray(trainer_logprobs, np.float64), np.asarray(rollout_logprobs, np.float64)
+        m = np.asarray(mask).astype(bool)
+    if tuple(lp_t.shape) != tuple(lp_r.shape) or tuple(lp_t.shape) != tuple(m.shape) or lp_t.ndim != 2:
+        raise DataValueError(f"expected [B, T] trainer log-probs, rollout log-probs and mask of one shape, got "
+                             f"{tuple(lp_t.shape)}, {tuple(lp_r.shape)} and {tuple(m.shape)}")
+    delta = xp.where(m, lp_t - lp_r, 0.0)
+    bad = ~xp.isfinite(delta)
+    if bad.any():
+        raise DataValueError(f"row {int(bad.nonzero()[0][0])}: a masked-in log-prob is NaN or infinite")
+    if level == "token":
+        log_ratio = delta
+    else:   # one ratio per sequence, given to each of its tokens
+        per_seq = delta.sum(1)[:, None]
+        if level == "geometric":
+            per_seq = per_seq / xp.clip(m.sum(1)[:, None], 1, None)
+        log_ratio = per_seq + 0.0 * delta
+    ratio = xp.exp(xp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    if mode == "truncate":
+        keep, weights = m, xp.clip(ratio, None, upper)
+    else:
+        keep, weights = m & (ratio >= low) & (ratio <= upper), ratio
+    weights = xp.where(keep, weights, 0.0)
+    dtype = trainer_logprobs.dtype if xp is not np else (
+        np.float64 if np.asarray(trainer_logprobs).dtype == np.float64 else np.float32)
+    return weights.to(dtype) if xp is not np else weights.astype(dtype), keep

@@ -1,0 +1,48 @@
+"""Float64 loop twins of :mod:`pdsr_sdk.offpolicy.correction`, token by token (for tests)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def token_versions_naive(spans: list[tuple[int, int, int]], length: int) -> list[int]:
+    """Each token's version: the last span (start, count, version) that covers it, else -1."""
+    out = []
+    for t in range(length):
+        version = -1
+        for start, count, v in spans:
+            if start <= t < start + count:
+                version = v
+        out.append(version)
+    return out
+
+
+def importance_weights_naive(trainer: Any, rollout: Any, mask: Any, *, level: str, mode: str, upper: float,
+                             lower: float | None = None) -> tuple[list[list[float]], list[list[bool]]]:
+    low = 1.0 / upper if lower is None else lower
+    weights, keeps = [], []
+    for lt_row, lr_row, m_row in zip(trainer, rollout, mask):
+        total, count = 0.0, 0
+        for lt, lr, m in zip(lt_row, lr_row, m_row):
+            if m:
+                total += float(lt) - float(lr)
+                count += 1
+        w_row, k_row = [], []
+        for lt, lr, m in zip(lt_row, lr_row, m_row):
+            if level == "token":
+                log_ratio = float(lt) - float(lr)
+            elif level == "sequence":
+                log_ratio = total
+            else:
+                log_ratio = total / max(count, 1)
+            ratio = math.exp(min(max(log_ratio, -20.0), 20.0))
+            if mode == "truncate":
+                keep, w = bool(m), min(ratio, upper)
+            else:
+                keep, w = bool(m) and low <= ratio <= upper, ratio
+            w_row.append(w if keep else 0.0)
+            k_row.append(keep)
+        weights.append(w_row)
+        keeps.append(k_row)
+    return weights, keeps
