@@ -1,0 +1,309 @@
+"""Partial rollout across training steps: the step accounting that the simulator (``pdsr simulate
+--steps``) and a trainer's session share.
+
+A stream of groups runs through one dispatch run; nothing waits for a batch's longest sample:
+
+- Step t keeps ``in_flight`` groups in flight (carried + newly launched; over-provision F gives
+  ``ceil(B x (1 + F))``, :func:`in_flight`).
+- The step ends at the moment B groups are complete and not yet consumed (counted in completion
+  order: a group completing after the B-th, even in the same instant, is the next step's) and no
+  *due* group (below) is incomplete. It consumes B complete groups (more only if more are due):
+  due ones first, then the earliest launched. Its end is the trainer's weight update: the owner's
+  ``on_step_end`` bumps the scheduler's ``policy_version`` (recorded on every segment launched from
+  then on) and later calls :meth:`StepStream.advance`, which consumes the step's groups, refills the
+  in-flight count, and lets unfinished samples continue with their tokens.
+- A segment's tokens carry the version its segment started under, so a token's age at consumption
+  is at least its true age. Off-policy tokens are both the older part of responses carried across
+  a weight update and whole responses that finished under an older version while their group
+  waited for its other samples.
+- Staleness (``max_staleness`` S): at each step's advance, every sample of an unconsumed group whose
+  oldest kept token is more than S versions old is restarted (``Scheduler.restart``; finished
+  samples too), so no consumed token is older than S versions. Thrown-away tokens count as wasted.
+- No starvation: a sample is restarted for staleness at most once. A group holding a restarted
+  sample that would be too stale after the next version change is due: the step does not end
+  before it completes and consumes it. So with S set every sample is generated at most twice, and
+  a group is consumed at most S steps after the version under which its first restarted sample
+  generated its first new token. Without S nothing is restarted. ``group_deadline`` D adds a hard
+  bound: a group launched at step t is due at step t + D. Groups are complete when consumed (GRPO
+  needs all N of a group).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from pdsr_sdk.dispatch.run import DispatchRun
+from pdsr_sdk.dispatch.types import TRUNCATED, Group, Sample, SegmentRecord
+from pdsr_sdk.errors import PdsrError
+
+
+@dataclass
+class StepRecord:
+    """One training step of a multi-step run."""
+
+    index: int
+    start_s: float
+    end_s: float
+    #: groups consumed at its end, and launched at its start (the refill after the previous step)
+    groups: int
+    launched: int
+    #: response tokens of the consumed groups; those generated under an older version than the step's
+    tokens: int
+    off_policy_tokens: int
+    #: the off-policy tokens of responses that crossed a weight update while being generated (their
+    #: older part: the partial responses a step carried); the rest are whole responses finished under
+    #: an older version while their group waited for its other samples
+    partial_tokens: int
+    #: tokens of the consumed groups by age in versions (the step's version - segment's policy_version)
+    ages: dict[int, int]
+    #: most steps a consumed group spent in flight (consumed step - launch step)
+    max_group_lag: int
+    #: restarts and wasted tokens during the step (all causes), and staleness restarts at its start
+    restarts: int
+    wasted_tokens: int
+    stale_restarts: int
+    #: seconds the step's end was held for an overdue group (group_deadline)
+    held_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def max_age(self) -> int:
+        return max((a for a, n in self.ages.items() if n), default=0)
+
+    @property
+    def off_policy_share(self) -> float:
+        return self.off_policy_tokens / self.tokens if self.tokens else 0.0
+
+
+def in_flight(b: int, over_provision: float) -> int:
+    """Groups kept in flight for steps of ``b`` groups with over-provision ``over_provision``."""
+    return max(b, math.ceil(b * (1.0 + over_provision) - 1e-9))
+
+
+def kept_segments(sample: Sample) -> list[SegmentRecord]:
+    """The segments whose tokens the sample still holds (those after its last restart), including
+    one running now (the simulator reports a segment's tokens when it ends)."""
+    segs = sample.segments
+    if not segs or (sample.num_generated == 0 and segs[-1].end_time_s is not None):
+        return []
+    i = len(segs) - 1
+    while i > 0 and segs[i].start_token != 0:
+        i -= 1
+    return segs[i:]
+
+
+def oldest_version(sample: Sample) -> int | None:
+    """Policy version of the sample's oldest kept token (a running segment counts), None if none."""
+    for seg in kept_segments(sample):
+        if seg.num_tokens > 0 or seg.end_time_s is None:
+            return seg.policy_version
+    return None
+
+
+def check_consumed(s: Sample, step: int) -> None:
+    """A consumed sample is finished and holds every token its kept segments say (else a bug)."""
+    kept = sum(seg.num_tokens for seg in kept_segments(s))
+    if (not s.finished or kept != s.num_generated
+            or (s.max_tokens is not None and s.num_generated != s.max_tokens and s.finish_reason != TRUNCATED)):
+        raise PdsrError(f"step {step}: sample {s.key} consumed with {s.num_generated} of {s.max_tokens} tokens "
+                        f"({kept} in kept segments, {s.finish_reason}); tokens were lost (a bug)")
+
+
+class StepStream:
+    """The event handlers of one multi-step run (called by the scheduler and the owner's clock).
+
+    ``new_groups(count)`` builds up to ``count`` new groups (fewer when the data runs out);
+    ``on_step_end()`` is called once a step's groups are chosen (:attr:`pending`): the owner bumps the
+    policy version (its weight update) and then calls :meth:`advance`. ``check`` verifies every
+    consumed sample (:func:`check_consumed`, for runs whose lengths are known in advance).
+    """
+
+    def __init__(self, run: DispatchRun, *, step_groups: int, in_flight: int, steps: int | None,
+                 max_staleness: int | None, group_deadline: int | None,
+                 new_groups: Callable[[int], list[Group]], on_step_end: Callable[[], None],
+                 keep_groups: bool = False, check: bool = False, on_advance: Callable[[], None] | None = None):
+        self.run = run
+        self.sched = run.scheduler
+        self.clock = run.clock
+        self.b = step_groups
+        self.k = steps
+        self.target = in_flight
+        self.s = max_staleness
+        self.d = group_deadline
+        self.keep = keep_groups
+        self.check = check
+        self.new_groups = new_groups
+        self.on_step_end = on_step_end
+        self.on_advance = on_advance
+        self.t = 0
+        self.step_version = self.sched.policy_version
+        # keyed by id(group) (groups are unhashable dataclasses)
+        self.flying: dict[int, tuple[Group, int]] = {}   # in flight (launched, not consumed): (group, launch step)
+        self.complete: dict[int, Group] = {}             # complete, not consumed, in completion order
+        self.closing = False
+        self.done = False
+        self.start_s = self.clock.now()
+        self.end_s = self.start_s
+        self.held_since: float | None = None
+        self.held_s = 0.0
+        self.stale_restarts = 0
+        self.stats0 = dict(self.sched.stats)
+        self.records: list[StepRecord] = []
+        self.consumed: list[Group] = []
+        self.consumed_at: dict[str, int] = {}
+        self.launched_at: dict[str, int] = {}
+        self.pending: list[Group] = []
+        self.restarted: dict[int, int] = {}    # id(sample) -> its restarts count once the staleness restart is done
+        self.watch: dict[int, Group] = {}      # groups with such a sample (checked by _due)
+        self._launched_now = 0
+
+    # ------------------------------------------------------------ launching
+    def launch(self, count: int) -> None:
+        """Launch up to ``count`` new groups, tagged with the current step."""
+        groups = self.new_groups(count) if count > 0 else []
+        for g in groups:
+            self.flying[id(g)] = (g, self.t)
+            self.launched_at[g.prompt_id] = self.t
+        self._launched_now = len(groups)
+        if groups:
+            self.run.add_groups(groups, self.t)
+
+    def start(self) -> None:
+        """Launch the first step's groups."""
+        self.launch(self.target)
+        self.maybe_end()
+
+    # --------------------------------------------------------------- events
+    def group_done(self, group: Group) -> None:
+        if id(group) not in self.flying or id(group) in self.complete:
+            return
+        if self.s is not None and self._stale(group, self.sched.policy_version):
+            # finished with tokens too old for this step (an abort found its last token generated):
+            # regenerate them, after the scheduler's current callback
+            self.clock.call_later(0.0, lambda: self._restart_stale(group, self.sched.policy_version))
+            return
+        self.complete[id(group)] = group
+        self.maybe_end()
+
+    def maybe_end(self) -> None:
+        """End the step if B groups are complete and no due group is incomplete."""
+        if self.closing or self.done or len(self.complete) < self.b:
+            return
+        now = self.clock.now()
+        if any(key not in self.complete for key in self._due()):
+            if self.held_since is None:
+                self.held_since = now
+            return
+        if self.held_since is not None:
+            self.held_s = now - self.held_since
+        self.closing = True
+        # due groups first, then the earliest launched (a stable sort keeps completion order within a
+        # launch step); every due group is taken even if that makes more than B
+        due = self._due()
+        order = sorted(self.complete.values(), key=lambda g: (id(g) not in due, self.flying[id(g)][1]))
+        self.pending = order[:max(self.b, len(due))]
+        self.end_s = now
+        self.on_step_end()
+
+    def _due(self) -> set[int]:
+        """Groups that must be consumed at this step: at their deadline, or holding a sample that was
+        restarted for staleness once and would be too stale after the next version change."""
+        due: set[int] = set()
+        if self.d is not None:
+            due.update(key for key, (_, step) in self.flying.items() if step + self.d <= self.t)
+        if self.s is not None:
+            for key in list(self.watch):
+                if key not in self.flying:
+                    del self.watch[key]
+                elif self._stale(self.watch[key], self.step_version + 1, restarted_only=True):
+                    due.add(key)
+        return due
+
+    def advance(self) -> list[Group]:
+        """Consume the ended step's groups (returned), record it, and start the next step (at the
+        scheduler's policy version now): restart what is too stale, refill the in-flight count."""
+        t = self.t
+        consumed = self.pending
+        lags = []
+        for g in consumed:
+            lags.append(t - self.flying.pop(id(g))[1])
+            del self.complete[id(g)]
+            self.consumed_at[g.prompt_id] = t
+        ages: Counter[int] = Counter()
+        partial = 0
+        for g in consumed:
+            for s in g.samples:
+                if self.check:
+                    check_consumed(s, t)
+                segs = [seg for seg in kept_segments(s) if seg.num_tokens]
+                mixed = len(segs) > 1 and segs[0].policy_version != segs[-1].policy_version
+                for seg in segs:
+                    ages[self.step_version - seg.policy_version] += seg.num_tokens
+                    if mixed and seg.policy_version < self.step_version:
+                        partial += seg.num_tokens
+        stats = self.sched.stats
+        tokens = sum(ages.values())
+        self.records.append(StepRecord(
+            index=t, start_s=self.start_s, end_s=self.end_s, groups=len(consumed), launched=self._launched_now,
+            tokens=tokens, off_policy_tokens=tokens - ages.get(0, 0), partial_tokens=partial,
+            ages=dict(sorted(ages.items())), max_group_lag=max(lags, default=0),
+            restarts=stats["restarts"] - self.stats0.get("restarts", 0),
+            wasted_tokens=stats["wasted_tokens"] - self.stats0.get("wasted_tokens", 0),
+            stale_restarts=self.stale_restarts, held_s=self.held_s))
+        self.stats0 = dict(stats)
+        self.stale_restarts = 0
+        if self.keep:
+            self.consumed.extend(consumed)
+        self.t = t = t + 1
+        self.step_version = self.sched.policy_version
+        self.pending = []
+        if self.on_advance is not None:
+            self.on_advance()
+        if self.k is not None and t == self.k:
+            self.done = True
+            return consumed
+        if self.s is not None:
+            for g, _ in list(self.flying.values()):
+                self._restart_stale(g, self.step_version)
+        self.launch(self.target - len(self.flying))
+        self.start_s = self.clock.now()
+        self.held_since = None
+        self.held_s = 0.0
+        self.closing = False
+        self.maybe_end()
+        return consumed
+
+    # ------------------------------------------------------------ staleness
+    def _restarted(self, s: Sample) -> bool:
+        """Whether a staleness restart of ``s`` took effect (one of a running sample is only asked for
+        until its abort comes back; if that finds its last token generated, it never happened)."""
+        want = self.restarted.get(id(s))
+        return want is not None and s.restarts >= want
+
+    def _stale(self, group: Group, version: int, *, restarted_only: bool = False) -> bool:
+        assert self.s is not None
+        return any((v := oldest_version(s)) is not None and version - v > self.s
+                   and (not restarted_only or self._restarted(s)) for s in group.samples)
+
+    def _restart_stale(self, group: Group, version: int) -> None:
+        """Restart the group's samples whose oldest kept token is more than S versions older than
+        ``version`` (each at most once: ``_due`` makes the step wait rather than restart one again)."""
+        if id(group) not in self.flying or self.s is None:
+            return
+        for s in group.samples:
+            v = oldest_version(s)
+            if v is not None and version - v > self.s:
+                if self._restarted(s):
+                    raise PdsrError(f"step {self.t}: sample {s.key} would be restarted for staleness a second "
+                                    f"time (the step should have waited for it; a bug)")
+                self.restarted[id(s)] = s.restarts + 1
+                self.watch[id(group)] = group
+                self.sched.restart(s)
+                self.stale_restarts += 1
+                self.complete.pop(id(group), None)
