@@ -182,3 +182,50 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     assert (out / "steps.png").read_bytes()[:4] == b"\x89PNG"
     res = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--steps", "5", "--policy", "v1"])
     assert res.exit_code == 2 and "cannot run --steps" in res.output
+
+
+def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains():
+    """The StepStream as a session drives it: at a step's end the owner takes the groups (consume), bumps
+    the version later (the trainer's update), then refills; the last step launches nothing and ends when
+    every group in flight is complete. Every launched group is consumed exactly once, whole."""
+    from pdsr_sdk.dispatch.clock import VirtualClock
+    from pdsr_sdk.dispatch.config import SamplingConfig
+    from pdsr_sdk.dispatch.run import DispatchRun
+    from pdsr_sdk.dispatch.steps import StepStream, in_flight
+    from pdsr_sdk.sim.driver import build_batch, build_engines
+
+    trace = small_trace(groups=40)
+    want = recorded(trace)
+    cfg = small_cfg(policy="v3")
+    rows = [g for b in trace_batches(trace, cfg.model_copy(update={"num_batches": None})).batches for g in b]
+    clock = VirtualClock()
+    cls, settings = resolve_policy("v3", {})
+    handlers, ended = [], []
+    run = DispatchRun(build_engines(cfg, clock, record=False), cls, settings, clock,
+                      SamplingConfig(n=4, max_tokens=600, ignore_eos=True), cfg.segments,
+                      busy_s=SimEngine.busy_s_at, on_group_done=lambda g: handlers[0].group_done(g))
+    taken = []
+
+    def new_groups(count):
+        batch = rows[len(taken):len(taken) + count]
+        taken.extend(batch)
+        return build_batch(batch)
+
+    stream = StepStream(run, step_groups=6, in_flight=in_flight(6, 0.5), steps=None, max_staleness=1,
+                        group_deadline=None, new_groups=new_groups, on_step_end=lambda: ended.append(clock.now()),
+                        check=True)
+    handlers.append(stream)
+    stream.start()
+    consumed = []
+    for step in range(5):
+        clock.run(until=lambda: len(ended) > step)
+        consumed.append(stream.consume())
+        run.scheduler.policy_version += 1
+        stream.refill(launch=step < 3)
+    assert stream.draining and not stream.flying
+    ids = [g.prompt_id for step in consumed for g in step]
+    assert len(ids) == len(set(ids)) == len(taken) == 9 + 3 * 6
+    assert [len(step) for step in consumed[:4]] == [6, 6, 6, 6] and len(consumed[4]) == 3
+    assert {g.prompt_id: sorted(s.num_generated for s in g.samples) for step in consumed for g in step} == \
+        {pid: sorted(v) for pid, v in want.items() if pid in set(ids)}
+    assert max(r.max_age for r in stream.records) <= 1

@@ -148,6 +148,8 @@ class StepStream:
         self.complete: dict[int, Group] = {}             # complete, not consumed, in completion order
         self.closing = False
         self.done = False
+        #: the last step: nothing new launches, and the step ends when every group in flight is complete
+        self.draining = False
         self.start_s = self.clock.now()
         self.end_s = self.start_s
         self.held_since: float | None = None
@@ -192,8 +194,14 @@ class StepStream:
         self.maybe_end()
 
     def maybe_end(self) -> None:
-        """End the step if B groups are complete and no due group is incomplete."""
-        if self.closing or self.done or len(self.complete) < self.b:
+        """End the step if B groups are complete and no due group is incomplete (when draining: once
+        every group in flight is complete)."""
+        if self.closing or self.done:
+            return
+        if self.draining:
+            if len(self.complete) < len(self.flying):
+                return
+        elif len(self.complete) < self.b:
             return
         now = self.clock.now()
         if any(key not in self.complete for key in self._due()):
@@ -207,7 +215,7 @@ class StepStream:
         # launch step); every due group is taken even if that makes more than B
         due = self._due()
         order = sorted(self.complete.values(), key=lambda g: (id(g) not in due, self.flying[id(g)][1]))
-        self.pending = order[:max(self.b, len(due))]
+        self.pending = order if self.draining else order[:max(self.b, len(due))]
         self.end_s = now
         self.on_step_end()
 
@@ -226,8 +234,13 @@ class StepStream:
         return due
 
     def advance(self) -> list[Group]:
-        """Consume the ended step's groups (returned), record it, and start the next step (at the
-        scheduler's policy version now): restart what is too stale, refill the in-flight count."""
+        """:meth:`consume` the ended step, then :meth:`refill` for the next; returns the consumed groups."""
+        consumed = self.consume()
+        self.refill()
+        return consumed
+
+    def consume(self) -> list[Group]:
+        """Take the ended step's groups (returned) out of the stream and record the step."""
         t = self.t
         consumed = self.pending
         lags = []
@@ -260,24 +273,34 @@ class StepStream:
         self.stale_restarts = 0
         if self.keep:
             self.consumed.extend(consumed)
-        self.t = t = t + 1
-        self.step_version = self.sched.policy_version
+        self.t += 1
         self.pending = []
         if self.on_advance is not None:
             self.on_advance()
-        if self.k is not None and t == self.k:
+        if self.k is not None and self.t == self.k:
             self.done = True
-            return consumed
+        return consumed
+
+    def refill(self, *, launch: bool = True) -> None:
+        """Start the next step at the scheduler's policy version now: restart what is too stale for it,
+        refill the in-flight count (``launch=False``: launch nothing; the step then ends when every
+        group in flight is complete: the last step drains)."""
+        if self.done:
+            return
+        self.step_version = self.sched.policy_version
         if self.s is not None:
             for g, _ in list(self.flying.values()):
                 self._restart_stale(g, self.step_version)
-        self.launch(self.target - len(self.flying))
+        if launch:
+            self.launch(self.target - len(self.flying))
+        else:
+            self.draining = True
+            self._launched_now = 0
         self.start_s = self.clock.now()
         self.held_since = None
         self.held_s = 0.0
         self.closing = False
         self.maybe_end()
-        return consumed
 
     # ------------------------------------------------------------ staleness
     def _restarted(self, s: Sample) -> bool:
