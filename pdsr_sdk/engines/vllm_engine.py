@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
-from pdsr_sdk.engines.model_engine import ModelEngine
+from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
 from pdsr_sdk.errors import EngineError, UnsupportedError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
@@ -259,7 +259,7 @@ class VllmEngine(ModelEngine):
         if self._llm is None or self._dead:
             return "the engine is not running"
         if self.cpu:
-            return "vLLM's CPU build cannot free engine memory (its sleep mode is GPU-only; the CPU worker ignores it)"
+            return CPU_CANNOT_SLEEP
         model_config = getattr(getattr(self._llm, "vllm_config", None), "model_config", None)
         if not getattr(model_config, "enable_sleep_mode", False):
             return ("started without sleep mode; set `engine_args: {enable_sleep_mode: true}` in its engine spec "
