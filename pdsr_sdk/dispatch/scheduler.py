@@ -9,6 +9,10 @@ loop) and simulated ones (on a virtual clock).
 A sample's life: queued (on a pool's or an engine's queue) -> running (one
 segment on one engine) -> at the segment's end it finishes, continues on the
 same engine, or goes back to a queue (moved, stolen back, or its engine died).
+
+``pause(mode)`` stops launches until ``resume()`` (a trainer updating weights mid-step): ``abort``
+aborts every running segment and holds its sample, tokens kept, to continue at resume; ``wait`` lets
+running samples go on; ``keep`` leaves running requests where they are (the engine freezes them).
 """
 
 from __future__ import annotations
