@@ -34,6 +34,7 @@ _LAZY = {
     "DataError": "pdsr_sdk.errors",
     "EngineError": "pdsr_sdk.errors",
     "RunError": "pdsr_sdk.errors", "DataValueError": "pdsr_sdk.errors", "ConfigValueError": "pdsr_sdk.errors",
+    "UnsupportedError": "pdsr_sdk.errors",
 }
 
 __all__ = sorted(_LAZY)

@@ -33,6 +33,11 @@ class RunError(PdsrError, RuntimeError):
     order (a batch report before the batch finished). Also a RuntimeError."""
 
 
+class UnsupportedError(PdsrError, NotImplementedError):
+    """An engine cannot do what was asked (e.g. free its memory with ``session.sleep()`` on vLLM's CPU
+    build); the message names the engines and what works instead. Also a NotImplementedError."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) stopped a run; the message (one line, starting "interrupted") says what, if
     anything, was written. Still a

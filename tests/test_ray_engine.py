@@ -395,6 +395,58 @@ def test_update_weights_reaches_ray_engines_through_the_object_store(engines, re
     assert restored == [ref, ref, ref]
 
 
+@engine_test
+def test_pause_keep_and_abort_on_ray_engines_keep_every_sample_and_its_greedy_tokens(
+        engines, reference, engine_loop, tiny_model_dir):
+    """session.pause('keep') freezes the actors' requests (no token while paused) and pause('abort') holds
+    the running samples; after a weight update (the model folder again) and resume, every sample equals
+    the local greedy reference, and segments after the update carry the new version. sleep() names the
+    CPU build."""
+    from pdsr_sdk.errors import UnsupportedError
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    ray0, ray1, _ = engines
+    cfg = _config(tiny_model_dir, "unused.jsonl", "unused.parquet", "baseline")
+    records = reference["records"]
+
+    async def go():
+        out = {}
+        async with RolloutSession(cfg, engines=[ray0, ray1]) as session:
+            sched = session.scheduler
+            with pytest.raises(UnsupportedError, match=r"fast-ray-0: vLLM's CPU build cannot free engine memory"):
+                await session.asleep()
+            for mode in ("keep", "abort"):
+                task = asyncio.ensure_future(session.astep(records))
+                end = time.monotonic() + 120
+                while not (sched.in_flight == 16 and all(s.num_generated >= 4 for s in sched.running())):
+                    assert time.monotonic() < end and not task.done()
+                    await asyncio.sleep(0.005)
+                running = set(sched.running())
+                await session.apause(mode)
+                generated = {s: s.num_generated for s in running}
+                await asyncio.sleep(0.5)
+                later = {s: s.num_generated for s in running}
+                version = await session.aupdate_weights(str(tiny_model_dir))
+                await session.aresume()
+                out[mode] = (running, generated, later, version, await asyncio.wait_for(task, 300))
+        return out
+
+    out = run_on(engine_loop, go())
+    for mode, (running, generated, later, version, result) in out.items():
+        assert generated == later, mode            # nothing generated while paused
+        assert len(result.samples) == 20
+        for s in result.samples:
+            want = LENGTHS[s.group.prompt_id][s.index]
+            assert s.num_generated == len(s.token_ids) == len(s.logprobs) == want, (mode, s.key)
+            assert s.token_ids == reference["tokens"][s.group.prompt_id][:want], (mode, s.key)
+        # the running samples' segments: the old version up to the pause, the new one after it
+        assert any(seg.end_reason == "pause" for s in running for seg in s.segments), mode
+        for s in running:
+            versions = [seg.policy_version for seg in s.segments if seg.num_tokens]
+            assert versions == sorted(versions) and set(versions) <= {version - 1, version}, (mode, s.key)
+        assert any(seg.policy_version == version for s in running for seg in s.segments if seg.num_tokens), mode
+
+
 def _session_run(engine_loop, cfg, engines, records, kill_when):
     """Run one batch through a RolloutSession, calling ``kill_when(session, sample)`` after each sample."""
     from pdsr_sdk.rollout.session import RolloutSession

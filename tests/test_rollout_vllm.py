@@ -6,6 +6,8 @@ module and shared by every test through one background event loop.
 
 from __future__ import annotations
 
+import asyncio
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -260,3 +262,124 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
         assert {seg.policy_version for s in result.samples for seg in s.segments} == {version}
         assert all(r == [version] for r in result.table.column("policy_versions").to_pylist())
     assert sorted(g.prompt_id for g in second.groups) == ["q", "s1-p0"]
+
+
+# ------------------------------------------------------------------------------------ pause / sleep
+MAX_TOKENS = 64
+
+
+def pause_config(tiny_model_dir):
+    # greedy, EOS ignored: every sample has exactly MAX_TOKENS tokens, the same in every run (fp32 engines);
+    # 3 prompts x 6 = 18 samples on 16 slots: two wait in the engines' queues
+    return RolloutConfig(model=str(tiny_model_dir), policy="baseline",
+                         sampling={"n": 6, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True},
+                         segments={"min_tokens": 16, "max_tokens": 32})
+
+
+PAUSE_PROMPTS = [{"id": "a", "prompt": "What is 2 + 3?"}, {"id": "b", "prompt": "Name a color."},
+                 {"id": "c", "prompt": "Count to five."}]
+
+
+def tokens_of(result):
+    return {s.key: list(s.token_ids) for s in result.samples}
+
+
+async def until(pred, timeout=60.0):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def assert_whole(result, reference):
+    assert sorted(s.key for s in result.samples) == sorted(reference)
+    for s in result.samples:
+        assert s.finish_reason == "length" and s.num_generated == MAX_TOKENS == len(s.token_ids) == len(s.logprobs)
+        assert s.token_ids == reference[s.key], s.key
+        assert sum(seg.num_tokens for seg in s.segments) == MAX_TOKENS
+    assert result.table.num_rows == 18
+
+
+def test_every_pause_mode_keeps_every_sample_and_its_tokens(engine_loop, engines, tiny_model_dir):
+    """A step runs as a task; mid-step the trainer pauses, loads weights (the model folder again: the
+    greedy tokens must then equal an uninterrupted run's, token for token) and resumes. abort: the running
+    samples come back held with their tokens and continue after the update in new segments of version 1;
+    wait: the running samples finish, nothing else starts while paused; keep: the requests stay in the
+    engines, frozen (no token while paused), and go on; their segment is split at the version change."""
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    async def scenario():
+        out = {}
+        async with RolloutSession(pause_config(tiny_model_dir), engines=engines) as session:
+            reference = await session.astep(PAUSE_PROMPTS)
+            sched = session.scheduler
+            ref = tokens_of(reference)
+            for mode in ("abort", "wait", "keep"):
+                task = asyncio.ensure_future(session.astep(PAUSE_PROMPTS))
+                await until(lambda: sched.in_flight == 16 and all(s.num_generated >= 4 for s in sched.running()))
+                running = set(sched.running())
+                await session.apause(mode)
+                assert session.paused == mode
+                await asyncio.sleep(0.1)          # let what the engines sent before the pause arrive
+                info = {"running": running, "held": set(sched.held()), "in_flight": sched.in_flight,
+                        "generated": {s: s.num_generated for s in running}}
+                await asyncio.sleep(0.3)          # nothing may move while paused
+                info["generated_later"] = {s: s.num_generated for s in running}
+                info["launched_while_paused"] = sched.in_flight
+                version = await session.aupdate_weights(tiny_model_dir)
+                await session.aresume()
+                info["result"] = result = await asyncio.wait_for(task, 120)
+                info["version"] = version
+                assert_whole(result, ref)
+                out[mode] = info
+        return out
+
+    out = run_on(engine_loop, scenario(), timeout=300)
+
+    abort = out["abort"]
+    assert abort["in_flight"] == 0 and abort["held"] == abort["running"] and len(abort["held"]) == 16
+    assert abort["generated_later"] == abort["generated"]
+    for s in abort["held"]:
+        cut = [i for i, seg in enumerate(s.segments) if seg.end_reason == "pause"]
+        assert len(cut) == 1 and s.segments[cut[0]].num_tokens > 0
+        assert {seg.policy_version for seg in s.segments[:cut[0] + 1]} == {abort["version"] - 1}
+        assert {seg.policy_version for seg in s.segments[cut[0] + 1:]} == {abort["version"]}
+
+    wait = out["wait"]
+    assert wait["in_flight"] == 0 and not wait["held"]
+    assert all(s.finished for s in wait["running"])           # they ran to their end before pause returned
+    others = [s for s in wait["result"].samples if s not in wait["running"]]
+    assert len(others) == 2 and all(seg.policy_version == wait["version"] for s in others for seg in s.segments)
+
+    keep = out["keep"]
+    assert keep["in_flight"] == 16 and keep["launched_while_paused"] == 16 and not keep["held"]
+    assert keep["generated_later"] == keep["generated"]      # frozen inside the engines
+    split = 0
+    for s in keep["running"]:
+        versions = [seg.policy_version for seg in s.segments]
+        assert versions == sorted(versions) and versions[-1] == keep["version"]
+        cut = [seg for seg in s.segments if seg.end_reason == "pause"]
+        split += len(cut)
+        if cut:
+            assert cut[0].policy_version == keep["version"] - 1 and cut[0].num_tokens > 0
+    assert split >= 1
+    assert [out[m]["result"].policy_version for m in ("abort", "wait", "keep")] == [0, 1, 2]
+
+
+def test_sleep_on_the_cpu_build_says_it_cannot_free_memory(engine_loop, engines, tiny_model_dir):
+    from pdsr_sdk.errors import UnsupportedError
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    async def scenario():
+        async with RolloutSession(pause_config(tiny_model_dir), engines=engines) as session:
+            with pytest.raises(UnsupportedError, match=r"sleep: engine memory cannot be freed here \(fast-0: vLLM's "
+                                                       r"CPU build cannot free engine memory .*heavy-0: ") as info:
+                await session.asleep()
+            assert isinstance(info.value, NotImplementedError)
+            await session.awake()                      # never asleep: nothing
+            result = await session.astep(PAUSE_PROMPTS[:1])  # the engines still serve
+            return result
+
+    result = run_on(engine_loop, scenario(), timeout=120)
+    assert result.table.num_rows == 6

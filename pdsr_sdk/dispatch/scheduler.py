@@ -9,6 +9,10 @@ loop) and simulated ones (on a virtual clock).
 A sample's life: queued (on a pool's or an engine's queue) -> running (one
 segment on one engine) -> at the segment's end it finishes, continues on the
 same engine, or goes back to a queue (moved, stolen back, or its engine died).
+
+``pause(mode)`` stops launches until ``resume()`` (a trainer updating weights mid-step): ``abort``
+aborts every running segment and holds its sample, tokens kept, to continue at resume; ``wait`` lets
+running samples go on; ``keep`` leaves running requests where they are (the engine freezes them).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ if TYPE_CHECKING:
     from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
 
 
+#: how :meth:`Scheduler.pause` treats running samples
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
 @dataclass(eq=False, slots=True)
 class _Run:
     """One submitted segment of one sample."""
@@ -39,7 +47,8 @@ class _Run:
     request_id: str
     sample: Sample
     engine: Engine
-    #: what to do when an abort we issued comes back: ("queue", pool, engine, cap, restart) or ("finish", reason)
+    #: what to do when an abort we issued comes back: ("queue", pool, engine, cap, restart), ("finish", reason)
+    #: or ("pause",) (hold it until the scheduler resumes)
     intent: tuple[Any, ...] | None = None
     stolen_from: str | None = None
 
@@ -121,6 +130,10 @@ class Scheduler:
         self._pump_again = False
         self._groups_left = 0
         self._batch_done: Callable[[], None] | None = None
+        #: the pause mode while paused (``abort``, ``wait``, ``keep``), else None; see :meth:`pause`
+        self.paused: str | None = None
+        self._held: dict[Sample, _Run] = {}             # samples a pause stopped, by the run that was stopped
+        self._drained: list[Callable[[], None]] = []    # called once nothing runs any more while paused
         self.policy: Dispatcher = policy_factory(self)
         # skip hooks the policy does not override (the simulator calls these millions of times)
         self._wants_launch = _overrides(self.policy, "on_launch")
@@ -159,7 +172,95 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not self._runs and not self._where
+        return not self._runs and not self._where and not self._held
+
+    # ----------------------------------------------------------------- pause
+    def pause(self, mode: str, on_drained: Callable[[], None] | None = None) -> None:
+        """Stop launching work until :meth:`resume`; samples keep every token.
+
+        - ``abort``: every running segment is aborted; its sample keeps its tokens and log-probs and
+          waits, held, to continue on the same engine at :meth:`resume` (a new segment, stamped with
+          the policy version current then).
+        - ``wait``: running samples go on (segment after segment) until they finish or a policy sends
+          them back to a queue; nothing new starts.
+        - ``keep``: running requests stay on their engines (the caller freezes them there); nothing
+          new starts; at :meth:`resume` each running sample's segment is split where the policy version
+          changed.
+
+        ``on_drained()`` runs once no request runs (at once if none does); with ``keep`` the requests
+        stay, so it is not called.
+        """
+        if mode not in PAUSE_MODES:
+            raise PdsrError(f"pause mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+        if self.paused is not None:
+            raise PdsrError(f"already paused (mode {self.paused!r}); resume first")
+        self.paused = mode
+        if mode == "abort":
+            for run in list(self._runs.values()):
+                if run.intent is None:
+                    run.intent = ("pause",)
+                    run.engine.abort(run.request_id)
+        if on_drained is not None:
+            if self._runs:
+                if mode != "keep":
+                    self._drained.append(on_drained)
+            else:
+                on_drained()
+
+    def resume(self) -> None:
+        """End a pause: held samples continue where they stopped (as at a segment's end: the policy
+        hears ``on_segment_end``), running ones (``keep``) get a new segment if the policy version
+        changed, and queued work launches."""
+        if self.paused is None:
+            return
+        self.paused = None
+        self._drained.clear()
+        now = self.clock.now()
+        for run in list(self._runs.values()):
+            self._split_segment(run.sample, now)
+        held, self._held = self._held, {}
+        for run in held.values():
+            self._guard(self._continue_held, run)
+        self._dirty_engines.update(e.name for e in self.live_engines())
+        self._dirty_pools.update(self._pool_queues)
+        self._grown_pools.update(p for p, q in self._pool_queues.items() if q)
+        self._pump()
+
+    def held(self) -> list[Sample]:
+        """Samples a pause stopped (``abort``), waiting for :meth:`resume`."""
+        return list(self._held)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted to engines that have not ended."""
+        return len(self._runs)
+
+    def _split_segment(self, sample: Sample, now: float) -> None:
+        seg = sample.segments[-1]
+        if seg.policy_version == self.policy_version:
+            return
+        if seg.num_tokens == 0:
+            seg.policy_version = self.policy_version
+            return
+        seg.end_time_s = now
+        seg.end_reason = "pause"
+        sample.segments.append(SegmentRecord(pool=seg.pool, engine=seg.engine, start_token=sample.num_generated,
+                                             policy_version=self.policy_version, submit_time_s=now))
+
+    def _continue_held(self, run: _Run) -> None:
+        sample, engine = run.sample, run.engine
+        if sample.finished or sample in self._where or sample in self._run_of:
+            return
+        if self.usage[engine.name].dead:
+            self._enqueue(sample, run.stolen_from or engine.pool, None, sample.cap, True)
+            return
+        self._next_segment(run, mark=False)
+
+    def _check_drained(self) -> None:
+        if self._drained and not self._runs:
+            callbacks, self._drained = self._drained, []
+            for fn in callbacks:
+                fn()
 
     # ------------------------------------------------------- DispatchContext
     def pools(self) -> dict[str, list[Engine]]:
@@ -192,14 +293,16 @@ class Scheduler:
             pool = engine.pool
         run = self._run_of.get(sample)
         if run is not None:
-            if run.intent is None:
+            if run.intent is None or run.intent[0] == "pause":
+                if run.intent is None:
+                    run.engine.abort(run.request_id)
                 run.intent = ("queue", pool, engine, cap, restart)
                 sample.moves += 1
                 self.stats["moves"] += 1
-                run.engine.abort(run.request_id)
             return
         if sample in self._where:
             self._dequeue(sample)
+        self._held.pop(sample, None)
         sample.moves += 1
         self.stats["moves"] += 1
         if restart:
@@ -218,6 +321,7 @@ class Scheduler:
             return
         if sample in self._where:
             self._dequeue(sample)
+        self._held.pop(sample, None)
         self._finish(sample, reason)
         self._pump()
 
@@ -237,8 +341,8 @@ class Scheduler:
             else:   # an abort to finish it is on its way: restart instead
                 run.intent = ("queue", None, run.engine, sample.cap, True)
             return
-        if sample in self._where:
-            self._restart(sample)
+        if sample in self._where or sample in self._held:
+            self._restart(sample)   # a held one continues from its prompt at resume
             return
         if not sample.finished:
             return   # never submitted: nothing to throw away
@@ -277,6 +381,8 @@ class Scheduler:
 
     def steal(self, engine: Engine, from_pool: str, max_items: int, *,
               time_limit_s: float | None = None, cap: int | None | Literal["keep"] = "keep") -> int:
+        if self.paused is not None:
+            return 0
         queue = self._pool_queues.get(from_pool)
         taken = 0
         while queue and taken < max_items and self._free_slots(engine) > 0:
@@ -321,6 +427,8 @@ class Scheduler:
         seg.end_time_s = self.clock.now()
         self._guard(self._after_segment, run, finish_reason)
         self._pump()
+        if self.paused is not None:
+            self._check_drained()
 
     def on_engine_dead(self, engine: Engine, error: Exception) -> None:
         usage = self.usage[engine.name]
@@ -341,12 +449,13 @@ class Scheduler:
             sample.segments[-1].end_reason = "engine_dead"
             sample.retries += 1
             self.stats["retries"] += 1
-            if run.intent and run.intent[0] == "finish":
-                self._finish(sample, run.intent[1])
+            intent = run.intent if run.intent and run.intent[0] != "pause" else None
+            if intent and intent[0] == "finish":
+                self._finish(sample, intent[1])
                 continue
-            target = run.intent[1] if run.intent else (run.stolen_from or engine.pool)
+            target = intent[1] if intent else (run.stolen_from or engine.pool)
             requeued.append(sample)
-            self._enqueue(sample, target, None, run.intent[3] if run.intent else sample.cap, True,
+            self._enqueue(sample, target, None, intent[3] if intent else sample.cap, True,
                           check_live=False)
         self._running_on[engine.name].clear()
         for item in self._engine_queues.pop(engine.name, deque()):
@@ -362,6 +471,8 @@ class Scheduler:
             return
         self._guard(self.policy.on_engine_lost, engine, requeued)
         self._pump()
+        if self.paused is not None:
+            self._check_drained()
 
     # -------------------------------------------------------------- internals
     def _after_segment(self, run: _Run, reason: str) -> None:
@@ -374,6 +485,10 @@ class Scheduler:
         if sample.num_generated >= sample.max_tokens:
             seg.end_reason = LENGTH
             self._finish(sample, self._final_length_reason(sample))
+            return
+        if run.intent is not None and run.intent[0] == "pause":
+            seg.end_reason = "pause"
+            self._held[sample] = run
             return
         if run.intent is not None:
             seg.end_reason = "moved" if run.intent[0] == "queue" else run.intent[1]
@@ -390,13 +505,22 @@ class Scheduler:
             seg.end_reason = ABORT
             self._enqueue(sample, run.stolen_from or engine.pool, None, sample.cap, True)
             return
+        self._next_segment(run, mark=True)
+
+    def _next_segment(self, run: _Run, *, mark: bool) -> None:
+        """A segment ended short of the sample's end: the policy may act, else it continues on the same
+        engine. ``mark``: record why the segment ended (a held sample's says ``pause`` already)."""
+        sample, engine = run.sample, run.engine
+        seg = sample.segments[-1]
         if sample.cap is not None and sample.num_generated >= sample.cap:
-            seg.end_reason = "cap"
+            if mark:
+                seg.end_reason = "cap"
             self.policy.on_over_cap(sample, engine)
             if self._untouched(sample):
                 self._finish(sample, TRUNCATED)
             return
-        seg.end_reason = "segment"
+        if mark:
+            seg.end_reason = "segment"
         self.policy.on_segment_end(sample, engine)
         if self._untouched(sample):
             self._launch(sample, engine, sample.cap, stolen_from=run.stolen_from, continuing=True)
@@ -588,6 +712,11 @@ class Scheduler:
 
     def _fill(self) -> list[Engine]:
         """Launch queued samples into free slots; returns engines that may now be idle."""
+        if self.paused is not None:
+            self._dirty_engines.clear()   # resume marks every engine and pool dirty again
+            self._dirty_pools.clear()
+            self._grown_pools.clear()
+            return []
         dirty_engines, self._dirty_engines = self._dirty_engines, set()
         dirty_pools, self._dirty_pools = self._dirty_pools, set()
         candidates: dict[str, Engine] = {}

@@ -33,7 +33,7 @@ def segment_type() -> pa.StructType:
         _f("submit_time_s", pa.float64(), "When the span was submitted (seconds since run start)."),
         _f("first_token_time_s", pa.float64(), "When the span's first token arrived (after any wait in the engine's queue); null for simulated engines.", nullable=True),
         _f("end_time_s", pa.float64(), "When the span ended.", nullable=True),
-        _f("end_reason", pa.string(), "stop | length | segment (continued) | cap | moved | truncated | abort | engine_dead."),
+        _f("end_reason", pa.string(), "stop | length | segment (continued) | cap | moved | truncated | abort | engine_dead | pause (cut by session.pause)."),
     ])
 
 

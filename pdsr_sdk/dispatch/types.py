@@ -57,7 +57,7 @@ class SegmentRecord:
     submit_time_s: float = 0.0
     first_token_time_s: float | None = None   # None on engines that report counts only at the end (sim)
     end_time_s: float | None = None
-    end_reason: str = ""      # stop | length | segment | cap | moved | abort | engine_dead
+    end_reason: str = ""      # stop | length | segment | cap | moved | abort | engine_dead | pause
 
 
 @dataclass(eq=False)

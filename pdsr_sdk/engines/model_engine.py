@@ -7,6 +7,11 @@ from __future__ import annotations
 from pdsr_sdk.dispatch.protocols import EngineListener
 
 
+#: why ``session.sleep()`` cannot free a CPU engine's memory (vLLM's sleep mode is for GPUs)
+CPU_CANNOT_SLEEP = ("vLLM's CPU build cannot free engine memory (its sleep mode is GPU-only; the CPU worker "
+                    "ignores it)")
+
+
 class ModelEngine:
     counts_only = False   # streams token ids and log-probs, not just counts
 

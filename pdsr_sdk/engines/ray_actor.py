@@ -10,7 +10,9 @@ orchestrator polls for it:
   request's new tokens since the last poll, the requests that ended, the engine's death (if it
   died) and a load snapshot;
 - ``update_weights(message, buffer)`` loads new weights (:class:`UpdateWeights`; the tensors' bytes
-  come from Ray's object store as ``buffer``).
+  come from Ray's object store as ``buffer``);
+- ``control(message)`` pauses, resumes, sleeps or wakes the engine (:class:`Control`); the next poll
+  answers at once, so the orchestrator gets everything the engine sent before the call returned.
 
 Every message is one of the small frozen dataclasses below (plain data; the Sample objects stay
 behind on the orchestrator). Ray imports this module by name in the actor's worker process, so it
@@ -116,6 +118,8 @@ class PollResult:
     ends: list[SegmentEnd]
     dead: ErrorInfo | None
     load: LoadSnapshot
+    #: this poll's number (1, 2, ...): see :class:`ControlResult`
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,28 @@ class UpdateWeights:
 
     entries: tuple | None = None
     folder: str | None = None
+
+
+#: the engine methods :class:`Control` may call
+CONTROL_METHODS = ("pause_generation", "resume_generation", "sleep", "wake_up")
+
+
+@dataclass(frozen=True)
+class Control:
+    """Orchestrator -> actor: call one of :data:`CONTROL_METHODS` on the engine with ``kwargs``
+    (``(name, value)`` pairs)."""
+
+    method: str
+    kwargs: tuple = ()
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """Actor -> orchestrator: the call's error (None if it worked), and how many polls the actor had
+    answered when it returned: a poll numbered higher carries everything the engine reported before."""
+
+    error: ErrorInfo | None
+    polls: int
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
@@ -164,6 +190,8 @@ class EngineActor:
         self._dead: ErrorInfo | None = None
         self._dead_sent = False
         self._wakeup: asyncio.Event | None = None
+        self._polls = 0             # polls answered
+        self._answer_now = False    # a control call returned: the next poll answers without waiting
 
     # ------------------------------------------------------------ called via Ray
     async def node_info(self) -> dict[str, Any]:
@@ -200,19 +228,22 @@ class EngineActor:
         """Wait up to ``max_wait_s`` for news, then hand over everything queued since the last poll."""
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
-        if not self._has_news():
+        if not self._has_news() and not self._answer_now:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), max_wait_s)
             except asyncio.TimeoutError:
                 pass
+        self._answer_now = False
+        self._polls += 1
         tokens = [TokenDelta(rid, ids, lps or None) for rid, (ids, lps) in self._tokens.items()]
         ends, self._tokens, self._ends = self._ends, {}, []
         dead = None
         if self._dead is not None and not self._dead_sent:
             dead, self._dead_sent = self._dead, True
         load = self.engine.load()
-        return PollResult(tokens, ends, dead, LoadSnapshot(load.running, load.waiting, load.kv_cache_usage))
+        return PollResult(tokens, ends, dead, LoadSnapshot(load.running, load.waiting, load.kv_cache_usage),
+                          self._polls)
 
     async def update_weights(self, message: UpdateWeights, buffer: Any = None) -> ErrorInfo | None:
         """Load new weights: ``buffer`` (the packed bytes, resolved by Ray from the object store) is
@@ -235,6 +266,19 @@ class EngineActor:
             if block is not None:
                 Path(block.path).unlink(missing_ok=True)
         return None
+
+    async def control(self, message: Control) -> ControlResult:
+        """Pause, resume, sleep or wake the engine; never raises (the error comes back as data)."""
+        error = None
+        try:
+            if message.method not in CONTROL_METHODS:
+                raise ValueError(f"unknown control method {message.method!r}")
+            await getattr(self.engine, message.method)(**dict(message.kwargs))
+        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator as data
+            error = error_info(exc)
+        self._answer_now = True
+        self._wake()
+        return ControlResult(error, self._polls)
 
     async def close(self) -> None:
         await self.engine.close()

@@ -36,8 +36,8 @@ import uuid
 from typing import Any
 
 from pdsr_sdk.dispatch.types import EngineLoad, SegmentRequest
-from pdsr_sdk.engines.model_engine import ModelEngine
-from pdsr_sdk.errors import ConfigError, EngineError
+from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
+from pdsr_sdk.errors import ConfigError, EngineError, UnsupportedError
 
 INSTALL_HINT = "install Ray with `pip install 'pdsr[ray]'` (or `pip install ray`)"
 
@@ -140,6 +140,7 @@ class RayEngine(ModelEngine):
         self._flush_scheduled = False
         self._poller: asyncio.Task | None = None
         self._load = EngineLoad()
+        self._polls_seen = 0      # number of the last poll handled
 
     @classmethod
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
@@ -264,6 +265,54 @@ class RayEngine(ModelEngine):
         if err is not None:
             raise err.error(self.name, f" (in its Ray actor on {self.where()})")
 
+    # ------------------------------------------------------- pause and sleep
+    async def pause_generation(self, mode: str = "keep") -> None:
+        """The actor's engine freezes (``keep``), drains or aborts its requests until :meth:`resume_generation`
+        (see :meth:`VllmEngine.pause_generation <pdsr_sdk.engines.vllm_engine.VllmEngine.pause_generation>`).
+        Returns once every token the engine sent before pausing has reached the listener."""
+        await self._control("pause_generation", mode=mode)
+
+    async def resume_generation(self) -> None:
+        if not self._dead and self._actor is not None:
+            await self._control("resume_generation")
+
+    def sleep_unsupported(self) -> str | None:
+        """Why :meth:`sleep` cannot free this engine's memory, or None if the actor's engine may (a GPU
+        engine started without sleep mode says so when asked)."""
+        if self._dead or self._actor is None or not self.node:
+            return "the engine is not running"
+        if self.node.get("cpu_build"):
+            return CPU_CANNOT_SLEEP
+        return None
+
+    async def sleep(self, level: int = 1) -> None:
+        reason = self.sleep_unsupported()
+        if reason is not None:
+            raise UnsupportedError(f"engine {self.name!r} cannot sleep: {reason}")
+        await self._control("sleep", level=level)
+
+    async def wake_up(self) -> None:
+        await self._control("wake_up")
+
+    async def _control(self, method: str, **kwargs: Any) -> None:
+        from pdsr_sdk.engines.ray_actor import Control
+
+        if self._dead or self._actor is None:
+            raise EngineError(self.name, f"{method}: the engine is not running (Ray actor on {self.where()})")
+        try:
+            result = await _wait(self._actor.control.remote(Control(method, tuple(kwargs.items()))))
+        except Exception as exc:  # noqa: BLE001 - the actor died
+            raise self._gone(exc, f"lost during {method}") from None
+        if result.error is not None:
+            raise result.error.error(self.name, f" (in its Ray actor on {self.where()})")
+        # what the engine reported before the call returned comes with the next poll (answered at once)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 2 * POLL_WAIT_S + 10.0
+        while self._polls_seen <= result.polls and not self._dead and self._actor is not None:
+            if loop.time() > end:
+                raise EngineError(self.name, f"{method}: no poll answered by the Ray actor on {self.where()}")
+            await asyncio.sleep(0.005)
+
     def where(self) -> str:
         """Where the actor runs, for messages: ``node IP (node id ..., pid ...)``."""
         n = self.node
@@ -314,6 +363,7 @@ class RayEngine(ModelEngine):
                 listener.on_segment_end(self, end.request_id, end.finish_reason)
             if news.dead is not None:
                 self._die(news.dead.error(self.name, f" (in its Ray actor on {self.where()})"))
+            self._polls_seen = news.seq
 
     def _die(self, error: EngineError) -> None:
         if self._dead:

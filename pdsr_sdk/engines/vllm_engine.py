@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
-from pdsr_sdk.engines.model_engine import ModelEngine
-from pdsr_sdk.errors import EngineError
+from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
+from pdsr_sdk.errors import EngineError, UnsupportedError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
 ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"
@@ -56,6 +56,7 @@ class VllmEngine(ModelEngine):
         from pdsr_sdk.engines.vllm_env import apply_cpu_defaults, apply_engine_defaults, engine_process_env, is_cpu_build
 
         cpu = is_cpu_build() if self.cpu is None else self.cpu
+        self.cpu = cpu
         apply_engine_defaults()
         from pdsr_sdk.engines.parent_watch import ORCHESTRATOR_PID_ENV
 
@@ -229,6 +230,64 @@ class VllmEngine(ModelEngine):
         if not await self._llm.reset_prefix_cache():
             raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
                                          "reset (requests were running); update weights between steps")
+
+    # ------------------------------------------------------- pause and sleep
+    async def pause_generation(self, mode: str = "keep") -> None:
+        """Freeze (``keep``), drain (``wait``) or abort (``abort``) the engine's requests and start no
+        new ones until :meth:`resume_generation` (vLLM's ``pause_generation``). The KV cache is cleared:
+        kept requests recompute their context at resume, with the weights loaded by then."""
+        if self._dead or self._llm is None:
+            raise EngineError(self.name, "pause: the engine is not running")
+        try:
+            await self._llm.pause_generation(mode=mode, clear_cache=True)
+        except Exception as exc:  # noqa: BLE001 - the engine process failed
+            raise EngineError(self.name, f"pause ({mode}) failed: {type(exc).__name__}: {exc}",
+                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
+
+    async def resume_generation(self) -> None:
+        """Go on after :meth:`pause_generation` (kept requests continue)."""
+        if self._dead or self._llm is None:
+            return
+        try:
+            await self._llm.resume_generation()
+        except Exception as exc:  # noqa: BLE001 - the engine process failed
+            raise EngineError(self.name, f"resume failed: {type(exc).__name__}: {exc}",
+                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
+
+    def sleep_unsupported(self) -> str | None:
+        """Why :meth:`sleep` cannot free this engine's memory, or None if it can."""
+        if self._llm is None or self._dead:
+            return "the engine is not running"
+        if self.cpu:
+            return CPU_CANNOT_SLEEP
+        model_config = getattr(getattr(self._llm, "vllm_config", None), "model_config", None)
+        if not getattr(model_config, "enable_sleep_mode", False):
+            return ("started without sleep mode; set `engine_args: {enable_sleep_mode: true}` in its engine spec "
+                    "(vLLM reserves memory for it at start-up)")
+        return None
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free the engine's memory (vLLM sleep mode): level 1 offloads the weights to host memory and drops
+        the KV cache, level 2 drops the weights too (load weights again after :meth:`wake_up`). Only with no
+        request running. Raises :class:`~pdsr_sdk.errors.UnsupportedError` where the engine cannot."""
+        reason = self.sleep_unsupported()
+        if reason is not None:
+            raise UnsupportedError(f"engine {self.name!r} cannot sleep: {reason}")
+        try:
+            await self._llm.sleep(level)
+        except Exception as exc:  # noqa: BLE001 - the engine process failed
+            raise EngineError(self.name, f"sleep({level}) failed: {type(exc).__name__}: {exc}",
+                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
+
+    async def wake_up(self) -> None:
+        """Restore what :meth:`sleep` freed (and let requests run again)."""
+        if self._dead or self._llm is None:
+            raise EngineError(self.name, "wake_up: the engine is not running")
+        try:
+            await self._llm.wake_up()
+        except Exception as exc:  # noqa: BLE001 - the engine process failed
+            raise EngineError(self.name, f"wake_up failed: {type(exc).__name__}: {exc}",
+                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
 
     async def collective_rpc(self, method: str, **kwargs):
         """``AsyncLLM.collective_rpc`` on this engine's workers (one result per worker)."""

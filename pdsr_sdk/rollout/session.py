@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
-from pdsr_sdk.dispatch.scheduler import Scheduler
+from pdsr_sdk.dispatch.scheduler import PAUSE_MODES, Scheduler
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import ConfigError, DataError, RunError
+from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError, RunError, UnsupportedError
 from pdsr_sdk.policies.resolve import resolve_policy
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
 
@@ -114,6 +114,8 @@ class RolloutSession:
         self._reference_weights = None
         self._thread: _LoopThread | None = None
         self._prompt_counter = itertools.count()
+        self._asleep = False
+        self._sleep_paused = False   # sleep() paused the scheduler itself (wake() resumes it)
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -332,8 +334,11 @@ class RolloutSession:
 
         if not self._started:
             raise RunError("update_weights: start the session first")
-        if self.scheduler is not None and not self.scheduler.idle:
-            raise RunError("update_weights: a step is running; update weights between steps")
+        if self.scheduler is not None and not self.scheduler.idle and self.scheduler.paused is None:
+            raise RunError("update_weights: a step is running; pause it first (session.pause(...)) or update "
+                           "weights between steps")
+        if self._asleep:
+            raise RunError("update_weights: the engines are asleep; call session.wake() first")
         engines = [e for e in self.engines if not getattr(e, "_dead", False)]
         unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
         if unsupported:
@@ -352,6 +357,140 @@ class RolloutSession:
         new = self.policy_version + 1 if version is None else int(version)
         self.policy_version = new
         return new
+
+    # --------------------------------------------------------- pause / sleep
+    @property
+    def paused(self) -> str | None:
+        """The pause mode while paused (``abort``, ``wait``, ``keep``), else None."""
+        return self.scheduler.paused if self.scheduler is not None else None
+
+    def pause(self, mode: str = "abort") -> None:
+        """Pause generation for a weight update (synchronous; see :meth:`apause`). Call it from another
+        thread than the one blocked in :meth:`step`."""
+        return self._call(self.apause(mode), "pause")
+
+    async def apause(self, mode: str = "abort") -> None:
+        """Pause generation, e.g. to update weights in the middle of a step; :meth:`aresume` goes on.
+
+        - ``abort``: running requests are aborted now; each sample keeps its tokens and log-probs and
+          continues from them after resume (a new segment, stamped with the policy version then).
+          Returns once every aborted request has come back.
+        - ``wait``: running samples run to their end (or until the policy queues them); nothing new
+          starts. Returns when none runs.
+        - ``keep``: running requests are frozen inside the engines (vLLM's ``pause_generation("keep")``;
+          the KV cache is dropped, so they recompute their context with the weights loaded by resume)
+          and go on after resume; each such sample's segment is split at the resume when the policy
+          version changed. Needs engines that can freeze requests (the ``vllm`` and ``ray`` backends).
+
+        Nothing new starts until resume, also in a step started while paused. Every sample finishes
+        in full: the step returns every sample of its groups.
+        """
+        if mode not in PAUSE_MODES:
+            raise ConfigValueError(f"pause: mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+        if not self._started or self.scheduler is None:
+            raise RunError("pause: start the session first")
+        sched = self.scheduler
+        if sched.paused is not None:
+            raise RunError(f"pause: already paused (mode {sched.paused!r}); call resume() first")
+        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+        if mode == "keep":
+            lacking = [e.name for e in engines if not hasattr(e, "pause_generation")]
+            if lacking:
+                raise UnsupportedError(f"pause('keep'): engine(s) {', '.join(lacking)} cannot freeze running "
+                                       f"requests (their backend has no pause_generation; the 'vllm' and 'ray' "
+                                       f"backends do); use pause('abort') or pause('wait')")
+        drained = asyncio.get_running_loop().create_future()
+        sched.pause(mode, on_drained=lambda: drained.done() or drained.set_result(None))
+        if mode == "keep":
+            results = await asyncio.gather(*(e.pause_generation("keep") for e in engines), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                await self.aresume()
+                raise failed[0]
+            return
+        await asyncio.wait({drained, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done() and not drained.done():
+            raise self._fatal.result()
+
+    def resume(self) -> None:
+        """End a pause (synchronous; see :meth:`aresume`)."""
+        return self._call(self.aresume(), "resume")
+
+    async def aresume(self) -> None:
+        """End a pause: held samples continue from their tokens, frozen ones go on, queued work starts.
+        Segments generated from here on record the current :attr:`policy_version`. Not paused: nothing."""
+        sched = self.scheduler
+        if sched is None or sched.paused is None:
+            return
+        if self._asleep:
+            raise RunError("resume: the engines are asleep; call session.wake() first")
+        mode = sched.paused
+        self._sleep_paused = False
+        sched.resume()
+        if mode == "keep":
+            engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+            results = await asyncio.gather(*(e.resume_generation() for e in engines), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the engines' memory between steps (synchronous; see :meth:`asleep`)."""
+        return self._call(self.asleep(level), "sleep")
+
+    async def asleep(self, level: int = 1) -> None:
+        """Free the engines' memory (vLLM sleep mode) while the trainer needs it; :meth:`awake` restores it.
+        Level 1 keeps the weights in host memory and drops the KV cache; level 2 drops the weights too
+        (load them again with :meth:`aupdate_weights` after waking). No request may be running: call it
+        between steps or after ``pause("abort")`` / ``pause("wait")``; nothing starts while asleep.
+
+        Engines that cannot free memory make it raise :class:`~pdsr_sdk.errors.UnsupportedError` naming
+        them, before any engine sleeps: vLLM's CPU build (its sleep mode is GPU-only), and GPU engines
+        started without ``engine_args: {enable_sleep_mode: true}``."""
+        if not self._started or self.scheduler is None:
+            raise RunError("sleep: start the session first")
+        if self._asleep:
+            return
+        sched = self.scheduler
+        if sched.in_flight:
+            raise RunError(f"sleep: {sched.in_flight} request(s) are running; call it between steps or after "
+                           f"pause('abort') / pause('wait')")
+        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+        reasons = {e.name: (e.sleep_unsupported() if hasattr(e, "sleep_unsupported") else
+                            "its backend has no sleep mode") for e in engines}
+        reasons = {name: why for name, why in reasons.items() if why}
+        if reasons:
+            detail = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+            raise UnsupportedError(f"sleep: engine memory cannot be freed here ({detail}); the engines stay "
+                                   f"awake and keep their memory")
+        if sched.paused is None:
+            sched.pause("abort")   # nothing runs: this only keeps new work from starting
+            self._sleep_paused = True
+        results = await asyncio.gather(*(e.sleep(level) for e in engines), return_exceptions=True)
+        self._asleep = True
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await self.awake()
+            raise failed[0]
+
+    def wake(self) -> None:
+        """Restore what :meth:`sleep` freed (synchronous; see :meth:`awake`)."""
+        return self._call(self.awake(), "wake")
+
+    async def awake(self) -> None:
+        """Restore the engines' memory after :meth:`asleep` (after level 2, load weights next). Not asleep:
+        nothing."""
+        if not self._asleep:
+            return
+        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+        results = await asyncio.gather(*(e.wake_up() for e in engines), return_exceptions=True)
+        self._asleep = False
+        if self._sleep_paused:
+            self._sleep_paused = False
+            self.scheduler.resume()
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
 
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:
