@@ -383,3 +383,99 @@ def test_sleep_on_the_cpu_build_says_it_cannot_free_memory(engine_loop, engines,
 
     result = run_on(engine_loop, scenario(), timeout=120)
     assert result.table.num_rows == 6
+
+
+# ----------------------------------------------------------------------- partial rollout across steps
+#: per group, forced lengths of its 4 samples: a few long samples make most groups finish late
+STREAM_LENGTHS = [[8, 8, 8, 8], [8, 8, 8, 120], [8, 16, 8, 8], [120, 8, 8, 8], [16, 16, 16, 16], [8, 8, 120, 8],
+                  [8, 8, 8, 16], [16, 8, 8, 8], [8, 120, 8, 8], [8, 8, 16, 8]]
+
+
+def stream_records(session):
+    from pdsr_sdk.rollout.data import PromptRecord
+
+    tok = session.tokenizer
+    return [PromptRecord(prompt_id=f"g{i}", text=f"Question {i}: what is {i} + {i}?",
+                         token_ids=tok.encode(f"Question {i}: what is {i} + {i}?"), target_lengths=lengths)
+            for i, lengths in enumerate(STREAM_LENGTHS)]
+
+
+@pytest.mark.parametrize("policy,staleness", [("v3", 1), ("baseline", 0)])
+def test_partial_rollout_carries_every_sample_with_its_tokens(engine_loop, engines, tiny_model_dir, policy,
+                                                              staleness):
+    """Steps of 2 groups with 2 more in flight: a step ends when 2 groups are complete; the samples still
+    running are carried into the next step with their tokens and log-probs and continue under the next
+    policy version (greedy, fp32 engines: the joined tokens equal an uninterrupted run's). No group is
+    lost or returned twice; with max_staleness S no consumed token is older than S versions (S=0:
+    every carried sample starts over, its thrown-away tokens counted); the last step drains."""
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    base = dict(model=str(tiny_model_dir), policy=policy, segments={"min_tokens": 16, "max_tokens": 32},
+                sampling={"n": 4, "max_tokens": 128, "temperature": 0.0, "ignore_eos": True})
+
+    async def scenario():
+        async with RolloutSession(RolloutConfig(**base), engines=engines) as session:
+            reference = await session.astep(stream_records(session))
+        cfg = RolloutConfig(**base, over_provision=1.0, step_groups=2, max_staleness=staleness)
+        steps, carried = [], {}
+        async with RolloutSession(cfg, engines=engines) as session:
+            records = iter(stream_records(session))
+            for k in range(5):   # 10 groups, 2 a step; 4 in flight until the data runs out
+                out = await session.astep(records if k == 0 else (), last=k == 4)
+                steps.append(out)
+                for s in session.scheduler.held():   # what the next step resumes from
+                    carried.setdefault(s.key, []).append((out.step, list(s.token_ids), list(s.logprobs)))
+                session.policy_version += 1          # the trainer's update
+            assert not session._stream.flying and not session.scheduler.held()
+        return reference, steps, carried
+
+    reference, steps, carried = run_on(engine_loop, scenario(), timeout=300)
+    ref = {s.key: s for s in reference.samples}
+    got = [s for out in steps for s in out.samples]
+    assert sorted(s.key for s in got) == sorted(ref)                    # every sample once
+    assert [len(out.groups) for out in steps] == [2] * 5
+    assert sum(len(out.groups) for out in steps) == len(STREAM_LENGTHS)
+    assert carried, "some samples must cross a step end"
+    for s in got:
+        assert s.token_ids == ref[s.key].token_ids and s.num_generated == len(s.logprobs) == ref[s.key].num_generated
+    by_key = {s.key: s for s in got}
+    for key, snaps in carried.items():
+        final = by_key[key]
+        for _, tokens, logprobs in snaps:
+            if staleness:   # kept exactly across the step end
+                assert final.token_ids[:len(tokens)] == tokens and final.logprobs[:len(logprobs)] == logprobs
+    for out in steps:
+        assert out.summary["max_token_age"] <= staleness
+        assert out.record.off_policy_tokens == round(out.summary["off_policy_share"] * out.record.tokens)
+        for s in out.samples:
+            kept = [seg for seg in s.segments[max(i for i, seg in enumerate(s.segments) if seg.start_token == 0):]]
+            assert sum(seg.num_tokens for seg in kept) == s.num_generated
+            assert all(out.policy_version - seg.policy_version <= staleness for seg in kept if seg.num_tokens)
+    crossed = [by_key[k] for k in carried]
+    if staleness:
+        assert any(len({seg.policy_version for seg in s.segments if seg.num_tokens}) > 1 for s in crossed)
+        assert any(out.summary["off_policy_share"] > 0 for out in steps)
+    else:
+        assert sum(out.summary["stale_restarts"] for out in steps) >= 1
+        assert sum(out.summary["wasted_tokens"] for out in steps) > 0
+
+
+def test_rollout_steps_writes_every_group_once_in_the_step_that_consumed_it(engine_loop, engines, tiny_model_dir,
+                                                                           tmp_path, replay_data):
+    """``pdsr rollout --steps 3 --step-groups 2 --over-provision 0.5``: 3 groups in flight, 2 consumed a
+    step, the last step drains: 5 groups in 2 + 2 + 1, each sample whole, each step summarised with its
+    off-policy share."""
+    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3",
+                            steps=3, step_groups=2, over_provision=0.5)
+    assert summary.samples == len(rows) == 20
+    assert set(by_key(rows)) == {(p, i) for p in LENGTHS for i in range(4)}
+    for r in rows:
+        want = LENGTHS[r["prompt_id"]][r["sample_index"]]
+        assert r["response_length"] == len(r["response_token_ids"]) == len(r["response_logprobs"]) == want
+        assert sum(s["num_tokens"] for s in r["segments"]) - r["wasted_tokens"] == want
+        assert set(r["policy_versions"]) <= set(range(r["batch_index"] + 1))
+    per_step = [len({r["prompt_id"] for r in rows if r["batch_index"] == k}) for k in range(3)]
+    assert per_step == [2, 2, 1]
+    assert [b["batch_index"] for b in summary.batches] == [0, 1, 2]
+    assert all({"off_policy_share", "max_token_age", "carried_groups"} <= set(b) for b in summary.batches)
+    assert summary.batches[-1]["carried_groups"] == 0

@@ -36,3 +36,12 @@ class SegmentConfig(ConfigModel):
         if self.min_tokens > self.max_tokens:
             raise ConfigValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         return self
+
+
+class StepStreamConfig(ConfigModel):
+    """Partial rollout across steps (:mod:`pdsr_sdk.dispatch.steps`): the keys ``pdsr rollout`` and
+    ``pdsr simulate`` share (each adds ``steps`` and ``over_provision``)."""
+
+    step_groups: int | None = Field(None, ge=1, description="Multi-step: groups B a step consumes; the step ends when B groups have completed since the previous step ended. Default: batch_size.")
+    max_staleness: int | None = Field(None, ge=0, description="Multi-step: at each step end, a sample (finished or not) of an unconsumed group whose oldest kept token is more than this many policy versions old is restarted (its tokens are thrown away and counted as wasted), so no consumed token is older than this. None = no bound.")
+    group_deadline: int | None = Field(None, ge=1, description="Multi-step: a group launched at step t is consumed at step t + group_deadline at the latest; that step does not end before the group completes (a hard bound on how long any group waits). None = no such bound (with max_staleness a sample is still restarted at most once: a step waits for it rather than restart it again).")

@@ -140,8 +140,22 @@ class DispatchRun:
         """The report of the finished batch; the next batch gets the next index."""
         if self._groups is None or self._end is None:
             raise RunError("finish_batch: no finished batch (start one with start_batch and wait until batch_done)")
+        report = self._report(self._groups, self._start, self._end)
+        self._groups = None
+        return report
+
+    def begin_span(self) -> None:
+        """Streaming: take the counters that the next :meth:`report_span` measures from (a step's start)."""
+        self._stats0 = dict(self.scheduler.stats)
+        self._busy0 = self._engine_busy(self.scheduler.clock.now())
+
+    def report_span(self, groups: list[Group], start_s: float, end_s: float) -> BatchReport:
+        """Streaming: the report of one step, from ``start_s`` to ``end_s`` with the ``groups`` it
+        consumed, counters since :meth:`begin_span`; the next report gets the next index."""
+        return self._report(groups, start_s, end_s)
+
+    def _report(self, groups: list[Group], start: float, end: float) -> BatchReport:
         sched = self.scheduler
-        groups, start, end = self._groups, self._start, self._end
         busy = self._engine_busy(end)
         stats = dict.fromkeys(STAT_KEYS, 0)
         stats0 = self._stats0
@@ -153,9 +167,8 @@ class DispatchRun:
         report = BatchReport(
             batch_index=self.batch_index, groups=groups, start_s=start, end_s=end, makespan_s=end - start,
             tokens=sum(s.num_generated for g in groups for s in g.samples),
-            engine_busy_s={name: b - self._busy0[name] for name, b in busy.items()},
+            engine_busy_s={name: b - self._busy0.get(name, 0.0) for name, b in busy.items()},
             stats=stats, policy=dict(facts()) if facts is not None else {})
-        self._groups = None
         self.batch_index += 1
         return report
 

@@ -150,6 +150,8 @@ class StepStream:
         self.done = False
         #: the last step: nothing new launches, and the step ends when every group in flight is complete
         self.draining = False
+        #: ``new_groups`` gave fewer groups than asked: the source ran out
+        self.exhausted = False
         self.start_s = self.clock.now()
         self.end_s = self.start_s
         self.held_since: float | None = None
@@ -169,6 +171,8 @@ class StepStream:
     def launch(self, count: int) -> None:
         """Launch up to ``count`` new groups, tagged with the current step."""
         groups = self.new_groups(count) if count > 0 else []
+        if len(groups) < count:
+            self.exhausted = True
         for g in groups:
             self.flying[id(g)] = (g, self.t)
             self.launched_at[g.prompt_id] = self.t
@@ -194,12 +198,12 @@ class StepStream:
         self.maybe_end()
 
     def maybe_end(self) -> None:
-        """End the step if B groups are complete and no due group is incomplete (when draining: once
-        every group in flight is complete)."""
+        """End the step if B groups are complete and no due group is incomplete; when draining (or when
+        the source ran out and fewer than B are left), once every group in flight is complete."""
         if self.closing or self.done:
             return
-        if self.draining:
-            if len(self.complete) < len(self.flying):
+        if self.draining or (self.exhausted and len(self.flying) < self.b):
+            if not self.flying or len(self.complete) < len(self.flying):
                 return
         elif len(self.complete) < self.b:
             return

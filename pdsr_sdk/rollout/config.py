@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
-from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
+from pdsr_sdk.errors import ConfigError, ConfigValueError
+from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamConfig
 from pdsr_sdk.engines.config import EngineSpec, RayConfig
 
 __all__ = ["DataConfig", "EngineSpec", "OutputConfig", "RayConfig", "RolloutConfig",
@@ -47,7 +47,7 @@ class OutputConfig(ConfigModel):
     flush_interval_s: float = Field(10.0, gt=0, description="... or at least this often (seconds).")
 
 
-class RolloutConfig(ConfigModel):
+class RolloutConfig(StepStreamConfig):
     """``pdsr rollout``: generate GRPO groups with a P-DSR dispatch policy."""
 
     model: str | None = Field(None, description="Local model directory (Hugging Face format); default: the built-in tiny random model.")
@@ -70,7 +70,24 @@ class RolloutConfig(ConfigModel):
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
     ray: RayConfig | None = Field(None, description="Run engines as Ray actors: when set, the automatic layout's engines use backend 'ray', and engines listed with backend 'ray' take their defaults from here (see docs/ray.md).")
 
+    # partial rollout across steps (pdsr_sdk.dispatch.steps; step_groups, max_staleness, group_deadline above)
+    steps: int | None = Field(None, ge=1, description="Multi-step run (`pdsr rollout --steps K`): K training steps over a stream of the data's prompts, each step's end bumping the policy version as a trainer's update would; unfinished samples carry into the next step with their tokens, and the last step drains. None = batch by batch.")
+    over_provision: float | None = Field(None, ge=0, description="Multi-step: keep ceil(step_groups x (1 + over_provision)) groups in flight (carried + newly launched); a step ends when step_groups groups are complete. With steps set, default 0 (each step waits for its own groups). In the SDK, setting it makes RolloutSession.step stream.")
+
     renamed_keys: ClassVar[dict[str, str]] = {"fast_engines": "fast", "heavy_engines": "heavy"}
+
+    @property
+    def streaming(self) -> bool:
+        """Whether steps stream (partial rollout): ``steps`` or ``over_provision`` set."""
+        return self.steps is not None or self.over_provision is not None
+
+    @model_validator(mode="after")
+    def _stream_keys(self) -> "RolloutConfig":
+        if not self.streaming:
+            for key in ("step_groups", "max_staleness", "group_deadline"):
+                if getattr(self, key) is not None:
+                    raise ConfigValueError(f"{key} applies to multi-step runs only; set steps (or over_provision) too")
+        return self
 
     @classmethod
     def upgrade(cls, data: dict[str, Any], source: str | Path | None = None) -> dict[str, Any]:

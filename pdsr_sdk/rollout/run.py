@@ -170,14 +170,30 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         return _summarise(config, model_dir, session, results, prior, skipped_long=len(too_long))
 
     session.hooks.on_sample_done.append(on_sample)
-    session.hooks.on_group_done.append(on_group)
+    if not config.streaming:   # multi-step runs write a step's groups when it consumes them
+        session.hooks.on_group_done.append(on_group)
     results: list[BatchResult] = []
     try:
         if batches:
             await session.start(max_model_len=max_model_len)
             state.engines_started = True
             session.run.batch_index = max(session.run.batch_index, prior.next_batch_index)   # numbering goes on
-        for batch in batches:
+        if config.streaming:
+            todo_left = [r for b in batches for r in b]
+            source = iter(todo_left)
+            consumed = 0
+            for k in range(config.steps or 1):
+                if consumed == len(todo_left):
+                    break
+                out = await session.astep(source if k == 0 else (), last=k == (config.steps or 1) - 1)
+                for group in out.groups:
+                    on_group(group)
+                consumed += len(out.groups)
+                results.append(out.report)
+                session.policy_version += 1   # each step's end is a trainer's weight update
+                writer.flush()
+                write_text_atomic(summarise().to_json(), summary_path(config))
+        for batch in ([] if config.streaming else batches):
             results.append(await session.generate(batch))
             writer.flush()
             write_text_atomic(summarise().to_json(), summary_path(config))   # an interrupted run keeps its batches
@@ -200,7 +216,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
     batches = list(prior.batches) + [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
-        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
+        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy, **(r.step or {}),
     } for r in results]
     makespan = sum(r.makespan_s for r in results) + sum(b["makespan_s"] for b in prior.batches)
     tokens = sum(r.tokens for r in results) + sum(b["tokens"] for b in prior.batches)

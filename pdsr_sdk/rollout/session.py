@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -25,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
 from pdsr_sdk.dispatch.scheduler import PAUSE_MODES, Scheduler
+from pdsr_sdk.dispatch.steps import StepRecord, StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError, RunError, UnsupportedError
 from pdsr_sdk.policies.resolve import resolve_policy
@@ -38,6 +40,9 @@ class BatchResult(BatchReport):
 
     l_cut: int | None = None
     fast_cap: int | None = None
+    #: a step of partial rollout: its off-policy tokens and share, oldest token age, staleness restarts,
+    #: and what it left in flight (None for a batch)
+    step: dict[str, Any] | None = None
 
     @classmethod
     def from_report(cls, report: BatchReport) -> "BatchResult":
@@ -64,6 +69,8 @@ class StepResult:
     table: Any   # pyarrow.Table
     summary: dict[str, Any]
     report: BatchResult
+    #: with partial rollout: the step's record (off-policy tokens, token ages, restarts); else None
+    record: StepRecord | None = None
 
     @property
     def samples(self) -> list[Sample]:
@@ -116,6 +123,12 @@ class RolloutSession:
         self._prompt_counter = itertools.count()
         self._asleep = False
         self._sleep_paused = False   # sleep() paused the scheduler itself (wake() resumes it)
+        # partial rollout across steps (config.streaming): the step stream, where its new prompts come
+        # from, the group size, and the future a step's end sets (to the future of its drained pause)
+        self._stream: StepStream | None = None
+        self._sources: deque[Iterator] = deque()
+        self._stream_n = 0
+        self._step_end: asyncio.Future | None = None
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -248,22 +261,24 @@ class RolloutSession:
         data_path = path or self.config.data.path or default_sample_path()
         return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n)
 
-    def step(self, prompts: Iterable, *, n: int | None = None) -> StepResult:
+    def step(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False) -> StepResult:
         """Run one training step's rollout and return the groups it completed (synchronous; see :meth:`astep`)."""
-        return self._call(self.astep(prompts, n=n), "step")
+        return self._call(self.astep(prompts, n=n, last=last), "step")
 
-    async def astep(self, prompts: Iterable, *, n: int | None = None) -> StepResult:
+    async def astep(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False) -> StepResult:
         """Run one training step's rollout: ``prompts`` is this step's list, or an iterator the step takes
         ``config.batch_size`` prompts from (the rest stay for the next steps). A prompt is a string, a list
         of chat messages, a mapping (``prompt`` or ``messages``, optional ``id``, ``ground_truth``) or a
         :class:`~pdsr_sdk.rollout.data.PromptRecord`. Every group gets ``n`` samples (default
         ``config.sampling.n``); each segment records the current :attr:`policy_version`.
 
-        Today every group of the step completes within it; partial rollout (unfinished groups carried
-        into the next step) will extend this call, so read the groups from the result rather than
-        assume they are the prompts given."""
+        With partial rollout (``config.over_provision`` set, see :meth:`_astream_step`) the step returns
+        the ``step_groups`` groups that completed first, and unfinished samples carry into the next
+        step: read the groups from the result rather than assume they are the prompts given."""
         if not self._started:
             await self.start()
+        if self.config.streaming:
+            return await self._astream_step(prompts, n=n, last=last)
         items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
         if not items:
             raise DataError("step: no prompts (an empty list, or the prompt iterator is exhausted)")
@@ -273,6 +288,87 @@ class RolloutSession:
         version = self.policy_version
         result = await self.generate(records, n=n)
         return self._step_result(result, version)
+
+    # ------------------------------------------------- partial rollout
+    async def _astream_step(self, prompts: Iterable, *, n: int | None, last: bool) -> StepResult:
+        """One step of partial rollout (:mod:`pdsr_sdk.dispatch.steps`).
+
+        ``prompts`` join the stream's source (a list or an iterator; the session takes from it as it
+        refills, so an iterator may be given once and ``()`` afterwards). The first step launches
+        ``ceil(step_groups x (1 + over_provision))`` groups; each later one restarts samples too stale
+        for the current policy version (``max_staleness``), refills that count, and resumes the samples
+        the previous step carried, ahead of new work. The step ends when ``step_groups`` groups are
+        complete (due groups first, ``group_deadline``): running samples are then aborted with their
+        tokens and log-probs kept (as ``pause("abort")``), so the engines are idle while the trainer
+        trains and updates weights, and the carried samples continue from their tokens at the next
+        step under the new version (their segments say which tokens came from which version).
+        ``last=True`` launches nothing new and returns every group in flight once all are complete.
+        """
+        cfg = self.config
+        self._sources.append(iter(prompts))
+        self._step_end = asyncio.get_running_loop().create_future()
+        self.run.begin_span()
+        if self._stream is None:
+            b = cfg.step_groups or cfg.batch_size
+            self._stream_n = n or cfg.sampling.n
+            self._stream = StepStream(
+                self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
+                max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
+                new_groups=self._new_stream_groups, on_step_end=self._stream_step_end)
+            self._stream.draining = last
+            self._stream.start()
+        else:
+            self._stream.refill(launch=not last)
+            self.scheduler.resume()
+        stream = self._stream
+        if not stream.flying:
+            raise DataError("step: nothing to run: no new prompts (an empty list, or the iterator is exhausted) "
+                            "and no group carried from the previous step")
+        await asyncio.wait({self._step_end, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done():
+            raise self._fatal.result()
+        drained = self._step_end.result()
+        await asyncio.wait({drained, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done():
+            raise self._fatal.result()
+        version = stream.step_version
+        consumed = stream.consume()
+        record = stream.records[-1]
+        report = BatchResult.from_report(self.run.report_span(consumed, record.start_s, record.end_s))
+        for g in consumed:   # the step that hands the group to the trainer (it may have started earlier)
+            g.batch_index = report.batch_index
+        report.step = {
+            "policy_version": version, "off_policy_tokens": record.off_policy_tokens,
+            "off_policy_share": record.off_policy_share, "partial_tokens": record.partial_tokens,
+            "max_token_age": record.max_age, "stale_restarts": record.stale_restarts,
+            "carried_groups": len(stream.flying), "carried_samples": len(self.scheduler.held())}
+        result = self._step_result(report, version)
+        result.summary.update(report.step)
+        result.record = record
+        return result
+
+    def _new_stream_groups(self, count: int) -> list[Group]:
+        items: list = []
+        while len(items) < count and self._sources:
+            items.extend(itertools.islice(self._sources[0], count - len(items)))
+            if len(items) < count:
+                self._sources.popleft()   # exhausted
+        if not items:
+            return []
+        step = self.run.batch_index
+        records = prompt_records(items, self.config.data, self.tokenizer, id_prefix=f"s{step}-p",
+                                 where=f"step {step} prompts")
+        return build_groups(records, self._stream_n, self.config.sampling.max_tokens)
+
+    def _stream_step_end(self) -> None:
+        """A step's groups are chosen (called inside the scheduler): stop the engines, keeping every token."""
+        drained = asyncio.get_running_loop().create_future()
+        if self.scheduler.paused is None:
+            self.scheduler.pause("abort", on_drained=lambda: drained.done() or drained.set_result(None))
+        elif not self.scheduler.in_flight:
+            drained.set_result(None)
+        if self._step_end is not None and not self._step_end.done():
+            self._step_end.set_result(drained)
 
     def _step_result(self, result: BatchResult, version: int) -> StepResult:
         import pyarrow as pa
@@ -500,6 +596,8 @@ class RolloutSession:
     def _group_done(self, group: Group) -> None:
         for fn in self.hooks.on_group_done:
             fn(group)
+        if self._stream is not None:
+            self._stream.group_done(group)
 
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel, validate_config
-from pdsr_sdk.dispatch.config import SegmentConfig
+from pdsr_sdk.dispatch.config import SegmentConfig, StepStreamConfig
 from pdsr_sdk.errors import ConfigError, ConfigValueError
 
 #: cost/KV keys of a profile (the rest mirror EngineSpec's fields of the same name)
@@ -94,7 +94,7 @@ class SimProfiles(ConfigModel):
         return data
 
 
-class SimulateConfig(ConfigModel):
+class SimulateConfig(StepStreamConfig):
     """``pdsr simulate``: replay a length trace through dispatch policies on simulated engines."""
 
     trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
@@ -114,9 +114,6 @@ class SimulateConfig(ConfigModel):
     # multi-step runs (partial rollout across steps; pdsr_sdk.sim.steps)
     steps: int | None = Field(None, ge=1, description="Multi-step run: simulate this many training steps K over a stream of the trace's groups (in order), with over_provision groups in flight beyond each step's batch; unfinished groups carry into the next step. Reported next to the on-policy baseline at the same batch size. None = ordinary batch-by-batch simulation.")
     over_provision: float | None = Field(None, ge=0, description="Multi-step: keep ceil(step_groups x (1 + over_provision)) groups in flight (carried + newly launched). None with steps set = the curve over 0, 0.25, 0.5 and 1.")
-    step_groups: int | None = Field(None, ge=1, description="Multi-step: groups B a step consumes; the step ends when B groups have completed since the previous step ended. Default: batch_size.")
-    max_staleness: int | None = Field(None, ge=0, description="Multi-step: at each step end, a sample (finished or not) of an unconsumed group whose oldest kept token is more than this many policy versions old is restarted (its tokens are thrown away and counted as wasted), so no consumed token is older than this. None = no bound.")
-    group_deadline: int | None = Field(None, ge=1, description="Multi-step: a group launched at step t is consumed at step t + group_deadline at the latest; that step does not end before the group completes (a hard bound on how long any group waits). None = no such bound (with max_staleness a sample is still restarted at most once: a step waits for it rather than restart it again).")
 
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
