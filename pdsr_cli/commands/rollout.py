@@ -137,16 +137,14 @@ HIDDEN_WHEN_EMPTY = ("l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves"
 
 def render_summary(s) -> str:
     """The printed summary: what matters first, zero counters left out (the JSON summary has every key)."""
-    notes = []
-    if s.skipped_groups:
-        notes.append(f"{s.skipped_groups} groups from before the resume")
-    if s.skipped_long:
-        notes.append(f"{s.skipped_long} prompts longer than the context skipped (--skip-long)")
+    counts = (f"{s.groups} groups, {s.samples} samples"
+              + (f" ({s.skipped_groups} groups from before the resume)" if s.skipped_groups else "")
+              + f", {s.tokens} tokens"
+              + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else ""))
     lead = [("makespan", f"{s.makespan_s:.2f} s"), ("", f"{s.tokens_per_s:.1f} tokens/s"),
             ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}")]
     busy = ", ".join(f"{k} {v:.0%}" for k, v in s.engine_busy_fraction.items())
-    details = [f"{s.groups} groups, {s.samples} samples, {s.tokens} tokens" + "".join(f"; {n}" for n in notes),
-               f"engines busy: {busy}" if busy else "engines busy: none"]
+    details = [counts, f"engines busy: {busy}" if busy else "engines busy: none"]
     if len(s.batches) > 1:
         rows = [{**b, "reward_mean": (b["reward_sum"] / b["rewarded_samples"] if b.get("rewarded_samples") else None)}
                 for b in s.batches]
