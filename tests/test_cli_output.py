@@ -123,6 +123,42 @@ def test_format_table_hides_only_the_named_empty_columns():
     assert header == ["policy", "steals", "tail"]
 
 
+# -- status lines and a whole run on fake engines (no vLLM: fast) --------------------------------------
+
+def fake_config(tmp_path, tiny_model_dir) -> Path:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
+    return cfg
+
+
+def test_session_reports_engine_start_through_on_status(tmp_path, tiny_model_dir):
+    from pdsr_sdk.config import load_config
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    session = RolloutSession(load_config(RolloutConfig, fake_config(tmp_path, tiny_model_dir)))
+    seen: list[str] = []
+    session.hooks.on_status.append(seen.append)
+    with session:
+        session.step(["What is 1+1?"])
+    assert seen[0] == f"starting 1 engine (1 fast; model {Path(tiny_model_dir).name}) ..."
+    assert re.fullmatch(r"engines ready in \d+\.\d s", seen[1]) and len(seen) == 2
+
+
+def test_cli_run_in_a_log_file_on_fake_engines(tmp_path, tiny_model_dir):
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(fake_config(tmp_path, tiny_model_dir)),
+                                 "--out", str(tmp_path / "o.parquet"), "--n", "2", "--batch-size", "2"])
+    assert r.exit_code == 0, r.output
+    assert "\r" not in r.output and "\x1b[" not in r.output                  # CliRunner's stderr is no terminal
+    assert "pdsr: starting 1 engine (1 fast; model " in r.output and "pdsr: engines ready in " in r.output
+    assert re.search(r"^samples: (\d+)/\1 \(100%\), .* sample/s, \d+ s$", r.output, re.M), r.output
+    q = CliRunner().invoke(cli, ["rollout", "--config", str(fake_config(tmp_path, tiny_model_dir)), "--quiet",
+                                 "--out", str(tmp_path / "o.parquet"), "--overwrite"])
+    assert q.exit_code == 0 and "samples:" not in q.output and "pdsr: engines ready in " in q.output
+
+
 # -- --quiet ------------------------------------------------------------------------------------------
 
 def test_quiet_mode_sets_the_engine_environment_and_restores_it(monkeypatch):
