@@ -116,6 +116,28 @@ def check_policy_set_targets(items: list[tuple[str | None, str, Any]], selected:
     check_set_targets(items, selected, flag)
 
 
+def quiet_option(f: F) -> F:
+    """``--quiet``: see :mod:`pdsr_cli.quiet`."""
+    return click.option(
+        "--quiet", is_flag=True,
+        help="No progress bars and no third-party warnings or logs (vLLM, transformers, torch, Triton, Python "
+             "warnings), also in the engine processes; pdsr's 'pdsr: ...' status lines and the summary stay.",
+    )(f)
+
+
+def echo_status(message: str) -> None:
+    """One status line on stderr, ``pdsr: <message>`` (the CLI's ``status`` callback for the SDK)."""
+    click.echo(f"pdsr: {message}", err=True)
+
+
+def cli_progress(quiet: bool):
+    """The progress factory of a command: none with --quiet, else tqdm bars on a terminal or plain lines
+    in a log file (:func:`pdsr_sdk.progress.stderr_progress`)."""
+    from pdsr_sdk.progress import silent_progress, stderr_progress
+
+    return silent_progress if quiet else stderr_progress
+
+
 def build_config(model: type, config_path: Path | None, overrides: Mapping[str, Any]):
     """Load ``model`` from ``--config`` plus flag overrides (dotted keys; None = not given)."""
     from pdsr_sdk.config import load_config
@@ -127,11 +149,45 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """A plain fixed-width table (numbers right-aligned, floats to 3 significant places)."""
+def is_empty(value: Any) -> bool:
+    """A counter or fact that says nothing: 0, None, an empty dict or list."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0) \
+        or (isinstance(value, (dict, list)) and not value)
+
+
+def format_counters(counters: Mapping[str, Any]) -> str:
+    """``probes 8, moves 2``: the counters that are not zero, in order ('' when all are)."""
+    return ", ".join(f"{k} {_number(v)}" for k, v in counters.items() if not is_empty(v))
+
+
+def format_summary(title: str, lead: list[tuple[str, Any]], counters: Mapping[str, Any] | None = None,
+                   details: list[str] | None = None) -> str:
+    """What the commands print after a run, one shape for all: ``title: lead, lead, ...`` (what matters:
+    makespan, tokens/s, reward), then ``counters: ...`` without the zero ones (the line is left out when all
+    are zero), then ``details`` (tables, notes). Lead items whose value is None are left out; a value is a
+    number (printed to 4 significant places) or text."""
+    head = ", ".join(f"{label} {_number(v)}".strip() for label, v in lead if v is not None)
+    lines = [f"{title}: {head}" if head else title]
+    shown = format_counters(counters or {})
+    if shown:
+        lines.append(f"counters: {shown}")
+    return "\n".join(lines + list(details or []))
+
+
+def _number(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.0f}"
+    return str(v)
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None, *,
+                 hide_empty: tuple[str, ...] | list[str] = ()) -> str:
+    """A plain fixed-width table (numbers right-aligned, floats to 3 significant places). Columns named
+    in ``hide_empty`` are left out when every row's value is empty (0 or None)."""
     if not rows:
         return "(no rows)"
     columns = columns or list(rows[0])
+    columns = [c for c in columns if c not in hide_empty or not all(is_empty(r.get(c)) for r in rows)]
 
     def cell(v: Any) -> str:
         if isinstance(v, float):

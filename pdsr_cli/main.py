@@ -7,8 +7,16 @@ so ``pdsr --help`` stays fast and works without torch or vLLM installed.
 from __future__ import annotations
 
 import importlib
+import os
 
 import click
+
+if os.environ.get("PDSR_QUIET") == "1":
+    # an engine process spawned by a --quiet run imports this module first (multiprocessing's spawn
+    # re-imports the main module): quiet its loggers before vLLM's import-time warnings
+    from pdsr_cli.quiet import quiet_logging
+
+    quiet_logging()
 
 #: command name -> (module under pdsr_cli.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

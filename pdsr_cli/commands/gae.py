@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config, config_option, handle_errors
+from pdsr_cli.common import build_config, config_option, handle_errors, quiet_option
 from pdsr_sdk.gae.config import GaeConfig
 
 
@@ -35,9 +35,10 @@ def _help(name: str) -> str:
 @click.option("--device", default=None, help=_help("device"))
 @click.option("--whiten/--no-whiten", default=None, help=_help("whiten"))
 @click.option("--threads", type=int, default=None, help=_help("threads"))
+@quiet_option
 @config_option
 @handle_errors
-def command(config_path: Path | None, **flags) -> None:
+def command(config_path: Path | None, quiet: bool, **flags) -> None:
     """Add per-token 'advantages' and 'returns' columns to a table of rollouts.
 
     Semantics are verl's masked GAE: walking each row backwards, a valid
@@ -47,6 +48,7 @@ def command(config_path: Path | None, **flags) -> None:
 
     Example: pdsr gae --data rollouts.parquet --out rollouts_gae.parquet --gamma 1.0 --lam 0.95
     """
+    from pdsr_cli.quiet import output_mode
     from pdsr_sdk.gae.table import run_gae_file
 
     no_mask = flags.get("mask_column") == ""
@@ -55,6 +57,7 @@ def command(config_path: Path | None, **flags) -> None:
     cfg = build_config(GaeConfig, config_path, flags)
     if no_mask:
         cfg = cfg.model_copy(update={"mask_column": None})
-    summary = run_gae_file(cfg)
+    with output_mode(quiet):   # no progress bars here: --quiet hides third-party warnings (numba, torch)
+        summary = run_gae_file(cfg)
     click.echo(f"wrote {summary.out}: {summary.rows} rows, {summary.tokens} tokens ({summary.valid_tokens} valid), "
                f"backend {summary.backend}, {summary.seconds:.3g} s")

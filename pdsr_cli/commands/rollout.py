@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import (build_config, check_policy_set_targets, config_option, format_table, handle_errors,
-                             parse_policy_sets, policy_option, policy_set_option)
+from pdsr_cli.common import (build_config, check_policy_set_targets, cli_progress, config_option, echo_status,
+                             format_summary, format_table, handle_errors, parse_policy_sets, policy_option,
+                             policy_set_option, quiet_option)
+from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 
 
 @click.command("rollout")
@@ -35,6 +37,10 @@ from pdsr_cli.common import (build_config, check_policy_set_targets, config_opti
                    "See docs/ray.md.  [default: local engines, no Ray]")
 @click.option("--prompt-column", help="Prompt text column.  [default: prompt/problem/question]")
 @click.option("--messages-column", help="Chat messages column (list of {role, content}).")
+@click.option("--system-prompt", metavar="TEXT", help=DataConfig.model_fields["system_prompt"].description)
+@click.option("--instruction", metavar="NAME",
+              help=f"Append a standard instruction to each prompt ({', '.join(INSTRUCTIONS)}); e.g. math: "
+                   f"'{INSTRUCTIONS['math']}'.")
 @click.option("--id-column", help="Prompt id column.  [default: id/unique_id/prompt_id, else row number]")
 @click.option("--ground-truth-column", help="Reference answer column.  [default: answer/ground_truth]")
 @click.option("--target-lengths-column", help="Per-sample forced lengths (length-controlled replay; needs --ignore-eos).")
@@ -50,11 +56,11 @@ from pdsr_cli.common import (build_config, check_policy_set_targets, config_opti
               help="Run summary JSON.  [default: <out>.summary.json]")
 @click.option("--resume", is_flag=True, default=None, help="Skip groups already finished in --out.")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out.")
-@click.option("--quiet", is_flag=True, help="No progress bars.")
+@quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
-            messages_column, id_column, ground_truth_column, target_lengths_column, skip_long, reward, seed,
+            messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward, seed,
             no_segments, out, summary, resume, overwrite, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
@@ -72,10 +78,11 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --policy v2 --set breaker_tokens=1024 --fast 6 --heavy 2
       pdsr rollout --policy all --data math.parquet --model DIR --out runs/ab.parquet   # one run per policy
       pdsr rollout --ray auto --model /shared/models/qwen --data math.parquet   # engines on a Ray cluster
+      pdsr rollout --data math.parquet --model DIR --instruction math --system-prompt "You are a careful solver."
     """
-    from pdsr_sdk.progress import silent_progress, tqdm_progress
-    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
+    from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.preflight import check_outputs
     from pdsr_sdk.rollout.run import policy_configs, run_rollout, summary_path
 
@@ -86,6 +93,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.ignore_eos": ignore_eos,
         "fast": fast, "heavy": heavy, "ray.address": ray_address,
         "data.prompt_column": prompt_column, "data.messages_column": messages_column,
+        "data.system_prompt": system_prompt, "data.instruction": instruction,
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
         "data.target_lengths_column": target_lengths_column, "data.skip_long": skip_long,
         "reward": reward, "seed": seed,
@@ -101,29 +109,47 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     for run_cfg in runs:   # every run's outputs, before the first run's engines start
         check_outputs(run_cfg)
     if cfg.model is None:
-        click.echo("model: the built-in tiny random model (pass --model DIR for a real one)", err=True)
+        echo_status("model: the built-in tiny random model (pass --model DIR for a real one)")
     if cfg.data.path is None:
-        click.echo("data: the built-in sample prompts (pass --data FILE for your own)", err=True)
+        echo_status("data: the built-in sample prompts (pass --data FILE for your own)")
     results = []
-    for run_cfg in runs:
-        results.append(run_rollout(run_cfg, progress=silent_progress if quiet else tqdm_progress))
-        click.echo(render_summary(results[-1]))
-        click.echo(f"trajectories: {results[-1].output}\nsummary: {summary_path(run_cfg)}")
+    with output_mode(quiet):
+        for run_cfg in runs:
+            if quiet or not stderr_is_terminal():
+                run_cfg = quiet_engine_args(run_cfg)
+            results.append(run_rollout(run_cfg, progress=cli_progress(quiet), status=echo_status))
+            click.echo(render_summary(results[-1]))
+            click.echo(f"trajectories: {results[-1].output}\nsummary: {summary_path(run_cfg)}")
     if len(results) > 1:
-        click.echo("\n" + format_table([{"policy": s.policy, "makespan_s": round(s.makespan_s, 3), "tokens": s.tokens,
-                                         "tokens_per_s": round(s.tokens_per_s, 1)} for s in results]))
+        rewarded = any(s.reward_mean is not None for s in results)
+        click.echo("\n" + format_table([{"policy": s.policy, "makespan_s": round(s.makespan_s, 3),
+                                         "tokens_per_s": round(s.tokens_per_s, 1),
+                                         **({"reward_mean": s.reward_mean} if rewarded else {}),
+                                         "tokens": s.tokens} for s in results]))
+
+
+#: per-batch columns of the printed summary (reward_mean when there is a reward); then policy facts and counters,
+#: each only when some batch has it (the JSON summary has every key)
+BATCH_COLUMNS = ["batch_index", "groups", "makespan_s", "tokens_per_s", "reward_mean", "tokens"]
+HIDDEN_WHEN_EMPTY = ("l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves", "steals", "restarts",
+                     "wasted_tokens", "retries", "truncations")
 
 
 def render_summary(s) -> str:
-    head = (f"policy {s.policy}: {s.groups} groups, {s.samples} samples"
-            + (f" ({s.skipped_groups} groups from before the resume)" if s.skipped_groups else "")
-            + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else "")
-            + f"\nmakespan {s.makespan_s:.2f} s, {s.tokens} tokens, {s.tokens_per_s:.1f} tokens/s")
-    busy = format_table([{"engine": k, "busy": round(v, 3)} for k, v in s.engine_busy_fraction.items()])
-    stats = format_table([{k: v for k, v in s.stats.items()}])
-    batches = format_table(s.batches, ["batch_index", "groups", "makespan_s", "tokens", "tokens_per_s",
-                                       "l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves", "steals"])
-    parts = [head, "", busy, "", stats, "", batches]
+    """The printed summary: what matters first, zero counters left out (the JSON summary has every key)."""
+    counts = (f"{s.groups} groups, {s.samples} samples"
+              + (f" ({s.skipped_groups} groups from before the resume)" if s.skipped_groups else "")
+              + f", {s.tokens} tokens"
+              + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else ""))
+    lead = [("makespan", f"{s.makespan_s:.2f} s"), ("", f"{s.tokens_per_s:.1f} tokens/s"),
+            ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}")]
+    busy = ", ".join(f"{k} {v:.0%}" for k, v in s.engine_busy_fraction.items())
+    details = [counts, f"engines busy: {busy}" if busy else "engines busy: none"]
+    if len(s.batches) > 1:
+        rows = [{**b, "reward_mean": (b["reward_sum"] / b["rewarded_samples"] if b.get("rewarded_samples") else None)}
+                for b in s.batches]
+        columns = [c for c in BATCH_COLUMNS if c != "reward_mean" or s.reward_mean is not None]
+        details += ["", format_table(rows, columns + list(HIDDEN_WHEN_EMPTY), hide_empty=HIDDEN_WHEN_EMPTY)]
     if s.engine_errors:
-        parts += ["", "engine errors:"] + [f"  {e.splitlines()[0]}" for e in s.engine_errors]
-    return "\n".join(parts)
+        details += ["", "engine errors:"] + [f"  {e.splitlines()[0]}" for e in s.engine_errors]
+    return format_summary(f"policy {s.policy}", lead, s.stats, details)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config_replacing, config_option, handle_errors
+from pdsr_cli.common import build_config_replacing, cli_progress, config_option, echo_status, handle_errors, quiet_option
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.scoring.config import ScoreConfig
 
@@ -47,9 +47,10 @@ def _help(name: str) -> str:
 @click.option("--pad-id", type=int, default=None, help=_help("pad_id"))
 @click.option("--vllm-max-model-len", type=int, default=None, help=_help("vllm_max_model_len"))
 @click.option("--vllm-kv-cache-gib", type=float, default=None, help=_help("vllm_kv_cache_gib"))
+@quiet_option
 @config_option
 @handle_errors
-def command(config_path: Path | None, **flags) -> None:
+def command(config_path: Path | None, quiet: bool, **flags) -> None:
     """Score each response's tokens: log p(token | prompt, earlier response tokens).
 
     Reads a Parquet file with list columns of prompt and response token ids
@@ -67,7 +68,7 @@ def command(config_path: Path | None, **flags) -> None:
       pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 8192 --out scored.parquet
       pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 16384 --pack --out scored.parquet
     """
-    from pdsr_sdk.progress import tqdm_progress
+    from pdsr_cli.quiet import output_mode
     from pdsr_sdk.scoring.table import score_file
 
     mbs, quota = flags["mbs"], flags["max_tokens_per_micro_batch"]
@@ -79,8 +80,9 @@ def command(config_path: Path | None, **flags) -> None:
     cfg = build_config_replacing(ScoreConfig, config_path, flags, drop_from_file=replaced,
                                  required={"data": "--data", "out": "--out"})
     if cfg.model is None:
-        click.echo("model: none given (--model), using the built-in tiny random model", err=True)
-    path, stats = score_file(cfg, progress=tqdm_progress)
+        echo_status("model: none given (--model), using the built-in tiny random model")
+    with output_mode(quiet):
+        path, stats = score_file(cfg, progress=cli_progress(quiet))
     extra = f" and '{cfg.column}_entropy'" if cfg.entropy else ""
     click.echo(f"wrote {path}: {stats.samples} rows, column '{cfg.column}'{extra} ({stats.backend}, {stats.head})")
     click.echo(stats.summary())

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, config_option,
-                             deprecated_flag, format_table, handle_errors, parse_policy_sets, policy_option,
-                             policy_set_option)
+from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, cli_progress,
+                             config_option, deprecated_flag, format_table, handle_errors, parse_policy_sets,
+                             policy_option, policy_set_option, quiet_option)
+
+#: counter columns of the side-by-side table, left out when every policy's is zero (simulate.json has them all)
+COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts", "wasted", "trunc", "preempt")
 
 
 @click.group("simulate", invoke_without_command=True)
@@ -49,7 +52,7 @@ from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_
               help="With --steps: restart samples whose tokens are more than S policy versions old.  [default: no bound]")
 @click.option("--group-deadline", type=int, default=None,
               help="With --steps: a group launched at step t is consumed by step t + D (the step waits for it).  [default: none]")
-@click.option("--quiet", is_flag=True, help="No progress bars.")
+@quiet_option
 @config_option
 @click.pass_context
 @handle_errors
@@ -82,7 +85,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     """
     if ctx.invoked_subcommand is not None:
         return
-    from pdsr_sdk.progress import silent_progress, tqdm_progress
+    from pdsr_cli.quiet import output_mode
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
     from pdsr_sdk.sim.driver import apply_policy_sets, run_names, simulate
     from pdsr_sdk.traces import read_trace
@@ -107,9 +110,11 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     cfg = apply_policy_sets(cfg, sets + old_sets)
     tr = read_trace(cfg.trace)
     if cfg.steps is not None:
-        _run_steps(tr, cfg, quiet)
+        with output_mode(quiet):
+            _run_steps(tr, cfg, quiet)
         return
-    report = simulate(tr, cfg, progress=silent_progress if quiet else tqdm_progress)
+    with output_mode(quiet):
+        report = simulate(tr, cfg, progress=cli_progress(quiet))
     if cfg.out_dir is not None:
         write_outputs(report, cfg.out_dir)
     tb = report.batches
@@ -117,7 +122,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
                f"{cfg.batch_size} prompts; engines: {cfg.fast} fast ({cfg.profiles.fast.max_num_seqs} seqs), "
                f"{cfg.heavy} heavy ({cfg.profiles.heavy.max_num_seqs} seqs)"
                + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else ""))
-    click.echo(format_table(report.rows()))
+    click.echo(format_table(report.rows(), hide_empty=COUNTER_COLUMNS))
     sim_s = sum(r.wall_s for r in report.runs)
     click.echo(f"(vs_base = makespan / baseline's; bound = max(work / engines, longest sample alone) per batch; "
                f"of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and oracle-probe, "
@@ -129,10 +134,9 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
 
 def _run_steps(tr, cfg, quiet: bool) -> None:
     from pdsr_sdk.io.tables import write_text_atomic
-    from pdsr_sdk.progress import silent_progress, tqdm_progress
     from pdsr_sdk.sim.steps import simulate_steps, write_steps_plot
 
-    report = simulate_steps(tr, cfg, progress=silent_progress if quiet else tqdm_progress)
+    report = simulate_steps(tr, cfg, progress=cli_progress(quiet))
     b = cfg.step_groups or cfg.batch_size
     click.echo(f"{cfg.trace}: {cfg.steps} steps of {b} groups, policy {cfg.policy}, max staleness "
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "

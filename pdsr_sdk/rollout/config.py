@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
@@ -17,7 +17,12 @@ from pdsr_sdk.errors import ConfigError, ConfigValueError
 from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamConfig
 from pdsr_sdk.engines.config import EngineSpec, RayConfig
 
-__all__ = ["DataConfig", "EngineSpec", "OutputConfig", "RayConfig", "RolloutConfig",
+#: standard instructions by name (``data.instruction``, ``--instruction``), appended to the last user message
+INSTRUCTIONS: dict[str, str] = {
+    "math": "Please reason step by step, and put your final answer within \\boxed{}.",
+}
+
+__all__ = ["INSTRUCTIONS", "DataConfig", "EngineSpec", "OutputConfig", "RayConfig", "RolloutConfig",
            "SamplingConfig", "SegmentConfig"]
 
 
@@ -30,10 +35,18 @@ class DataConfig(ConfigModel):
     id_column: str | None = Field(None, description="Column with a unique prompt id; default: 'id'/'unique_id'/'prompt_id' if present, else the row number.")
     ground_truth_column: str | None = Field(None, description="Column with the reference answer for the reward (a string or number); default: the first of 'answer', 'ground_truth', 'reward_model.ground_truth' (verl), 'label' (OpenRLHF) present.")
     apply_chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template (when it has one).")
-    system_prompt: str | None = Field(None, description="System message prepended when applying the chat template.")
+    system_prompt: str | None = Field(None, description="System message put first in every prompt (without a chat template: the first paragraph of the prompt text). A prompt whose chat messages already start with a system message is an error naming its row.")
+    instruction: str | None = Field(None, description="Name of a standard instruction appended to each prompt's last user message, after a newline: " + "; ".join(f"'{k}': '{v}'" for k, v in INSTRUCTIONS.items()) + " ('math' asks for what the math_boxed reward reads).")
     limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
     target_lengths_column: str | None = Field(None, description="Column of per-sample response lengths to force (length-controlled replay, needs ignore_eos).")
     skip_long: bool = Field(False, description="Skip prompts whose tokens plus max_tokens exceed the model's context (counted in the summary) instead of failing.")
+
+    @field_validator("instruction")
+    @classmethod
+    def _known_instruction(cls, name: str | None) -> str | None:
+        if name is not None and name not in INSTRUCTIONS:
+            raise ValueError(f"unknown instruction {name!r}; valid names: {', '.join(INSTRUCTIONS)}")
+        return name
 
 
 class OutputConfig(ConfigModel):

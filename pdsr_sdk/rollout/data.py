@@ -88,7 +88,7 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
             if not isinstance(text, str) or not text.strip():
                 raise DataError(f"{where}: column {prompt_col!r} must be a non-empty string, got {text!r}")
             messages = [{"role": "user", "content": text}]
-        prompt_text, ids = encode_messages(messages, cfg, tokenizer, template=template)
+        prompt_text, ids = encode_messages(messages, cfg, tokenizer, template=template, where=where)
         if not ids:
             raise DataError(f"{where}: the prompt tokenizes to nothing")
         truth = values[truth_col][i] if truth_col else None
@@ -172,14 +172,13 @@ def _is_scalar(kind) -> bool:
             or pa.types.is_boolean(kind))
 
 
-def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None) -> tuple[str, list[int]]:
-    """Chat ``messages`` as the prompt text and token ids the engines get: the tokenizer's chat template
-    (when ``cfg.apply_chat_template`` and it has one) after ``cfg.system_prompt``; else the contents
-    joined by blank lines. ``cfg`` is a :class:`DataConfig`."""
+def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None, where: str = "prompt") -> tuple[str, list[int]]:
+    """Chat ``messages`` as the prompt text and token ids the engines get: :func:`add_system_and_instruction`,
+    then the tokenizer's chat template (when ``cfg.apply_chat_template`` and it has one); else the contents
+    joined by blank lines. ``cfg`` is a :class:`DataConfig`; ``where`` names the prompt in errors."""
     if template is None:
         template = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
-    if cfg.system_prompt and messages[0]["role"] != "system":
-        messages = [{"role": "system", "content": cfg.system_prompt}] + messages
+    messages = add_system_and_instruction(messages, cfg, where)
     if template:
         prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
@@ -187,6 +186,29 @@ def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None) -> t
         prompt_text = "\n\n".join(m["content"] for m in messages)
         ids = tokenizer(prompt_text)["input_ids"]
     return prompt_text, list(ids)
+
+
+def add_system_and_instruction(messages: list[dict], cfg, where: str = "prompt") -> list[dict]:
+    """``messages`` with ``cfg.system_prompt`` as a first system message and ``cfg.instruction``'s text
+    (:data:`~pdsr_sdk.rollout.config.INSTRUCTIONS`) appended to the last user message, after a newline.
+    A prompt that already starts with a system message while ``system_prompt`` is set, or that has no user
+    message while ``instruction`` is set, is a DataError naming ``where`` (nothing is silently replaced)."""
+    out = [dict(m) for m in messages]
+    if getattr(cfg, "instruction", None):
+        from pdsr_sdk.rollout.config import INSTRUCTIONS
+
+        users = [i for i, m in enumerate(out) if m["role"] == "user"]
+        if not users:
+            raise DataError(f"{where}: data.instruction (--instruction) {cfg.instruction!r} is appended to the last "
+                            f"user message, but the prompt has none (roles: {', '.join(m['role'] for m in out)})")
+        last = out[users[-1]]
+        last["content"] = f"{last['content'].rstrip()}\n{INSTRUCTIONS[cfg.instruction]}"
+    if cfg.system_prompt:
+        if out and out[0]["role"] == "system":
+            raise DataError(f"{where}: the prompt already has a system message and data.system_prompt "
+                            f"(--system-prompt) is set; drop one of them (pdsr does not replace either)")
+        out.insert(0, {"role": "system", "content": cfg.system_prompt})
+    return out
 
 
 def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str = "prompts") -> list[PromptRecord]:
@@ -222,7 +244,7 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
                                 f"'messages', or a PromptRecord; got {type(item).__name__}")
             if isinstance(item, str) and not item.strip():
                 raise DataError(f"{at}: the prompt is empty")
-            text, ids = encode_messages(messages, cfg, tokenizer)
+            text, ids = encode_messages(messages, cfg, tokenizer, where=at)
             if not ids:
                 raise DataError(f"{at}: the prompt tokenizes to nothing")
             record = PromptRecord(str(pid) if pid is not None else f"{id_prefix}{i}", text, ids,

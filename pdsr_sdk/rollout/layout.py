@@ -13,6 +13,7 @@ them all, and an explicit engine list may still make them differ. With a
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from pdsr_sdk.config import validate_config
 from pdsr_sdk.dispatch.types import FAST, HEAVY
@@ -111,3 +112,14 @@ def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[st
         data.update(config.engine_defaults)
         specs.append(validate_config(EngineSpec, data, source="engine_defaults"))
     return specs
+
+
+def starting_message(specs: list, model_dir: str) -> str:
+    """The status line before engines start: ``starting 2 vLLM engines (1 fast, 1 heavy; model tiny-qwen2) ...``"""
+    pools: dict[str, int] = {}
+    for spec in specs:
+        pools[spec.pool] = pools.get(spec.pool, 0) + 1
+    kind = "vLLM " if all(spec.backend in ("vllm", "ray") for spec in specs) else ""
+    ray = " on Ray" if any(spec.backend == "ray" for spec in specs) else ""
+    return (f"starting {len(specs)} {kind}engine{'s' if len(specs) != 1 else ''}{ray} "
+            f"({', '.join(f'{n} {pool}' for pool, n in pools.items())}; model {Path(model_dir).name}) ...")

@@ -24,8 +24,8 @@ RESUME_KEYS = {
     "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature", "sampling.top_p": "--top-p",
     "sampling.top_k": "sampling.top_k", "sampling.stop": "sampling.stop", "sampling.ignore_eos": "--ignore-eos",
     "logprobs_mode": "logprobs_mode", "reward": "--reward", "data.path": "--data",
-    "data.system_prompt": "data.system_prompt", "data.apply_chat_template": "data.apply_chat_template",
-    "data.target_lengths_column": "--target-lengths-column",
+    "data.system_prompt": "--system-prompt", "data.instruction": "--instruction",
+    "data.apply_chat_template": "data.apply_chat_template", "data.target_lengths_column": "--target-lengths-column",
 }
 METADATA_KEY = "pdsr_run"
 _COUNTERS = ("moves", "steals", "restarts", "wasted_tokens", "retries")
@@ -42,7 +42,7 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
         "sampling.stop": list(s.stop), "sampling.ignore_eos": s.ignore_eos, "logprobs_mode": config.logprobs_mode,
         "reward": config.reward, "data.path": Path(config.data.path).name if config.data.path else None,
         "data.system_prompt": config.data.system_prompt, "data.apply_chat_template": config.data.apply_chat_template,
-        "data.target_lengths_column": config.data.target_lengths_column,
+        "data.target_lengths_column": config.data.target_lengths_column, "data.instruction": config.data.instruction,
     }
 
 
@@ -71,7 +71,7 @@ def read_resume_state(path: Path, settings: dict[str, Any], summary: Path) -> Re
     if not files:
         return ResumeState()
     columns = ["prompt_id", "group_size", "batch_index", "is_probe", "response_length", "submit_time_s",
-               "finish_time_s", *_COUNTERS]
+               "finish_time_s", "reward", *_COUNTERS]
     try:
         meta = pq.read_schema(files[0]).metadata or {}
         table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
@@ -124,10 +124,13 @@ def _batches_from_rows(rows: dict[str, list]) -> dict[int, dict[str, Any]]:
     for i, index in enumerate(rows["batch_index"]):
         b = out.setdefault(index, {"batch_index": index, "groups": 0, "start": float("inf"), "end": 0.0,
                                    "tokens": 0, "l_cut": None, "fast_cap": None, **{k: 0 for k in STAT_KEYS},
-                                   "policy": {}, "interrupted": True})
+                                   "policy": {}, "interrupted": True, "reward_sum": 0.0, "rewarded_samples": 0})
         ids.setdefault(index, set()).add(rows["prompt_id"][i])
         b["tokens"] += rows["response_length"][i]
         b["probes"] += bool(rows["is_probe"][i])
+        if rows["reward"][i] is not None:
+            b["reward_sum"] += rows["reward"][i]
+            b["rewarded_samples"] += 1
         for k in _COUNTERS:
             b[k] += rows[k][i] or 0
         b["start"] = min(b["start"], rows["submit_time_s"][i])

@@ -15,7 +15,7 @@ from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, Interrupted
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
-from pdsr_sdk.progress import ProgressFactory, silent_progress
+from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
 from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, read_resume_state, run_settings
@@ -41,6 +41,8 @@ class RolloutSummary:
     engines: list[dict[str, Any]] = field(default_factory=list)
     engine_errors: list[str] = field(default_factory=list)
     skipped_long: int = 0     # prompts longer than the context, skipped (data.skip_long)
+    reward_mean: float | None = None   # over the samples with a reward (None: no reward function)
+    rewarded_samples: int = 0          # samples with a reward
     run_id: str = ""          # the same across a run and its resumes
 
     def to_json(self) -> str:
@@ -76,12 +78,14 @@ def policy_configs(config) -> list:
     return configs
 
 
-def run_rollout(config, *, progress: ProgressFactory = silent_progress) -> RolloutSummary:
-    """Run ``pdsr rollout`` for ``config`` (a :class:`RolloutConfig`); blocks until done.
+def run_rollout(config, *, progress: ProgressFactory = silent_progress,
+                status: StatusFn = silent_status) -> RolloutSummary:
+    """Run ``pdsr rollout`` for ``config`` (a :class:`RolloutConfig`); blocks until done. ``progress`` makes
+    the sample and probe bars, ``status`` gets one-line messages (engines starting, ready).
     Ctrl-C raises :class:`~pdsr_sdk.errors.Interrupted` saying what, if anything, was written."""
     state = _RunState()
     try:
-        return asyncio.run(run_rollout_async(config, progress=progress, _state=state))
+        return asyncio.run(run_rollout_async(config, progress=progress, status=status, _state=state))
     except KeyboardInterrupt:
         raise Interrupted(state.describe(config)) from None
 
@@ -107,7 +111,7 @@ class _RunState:
 
 
 async def run_rollout_async(config, *, progress: ProgressFactory = silent_progress,
-                            engines: list | None = None, _state: "_RunState | None" = None) -> RolloutSummary:
+                            status: StatusFn = silent_status, engines: list | None = None, _state: "_RunState | None" = None) -> RolloutSummary:
     """Every check that needs no engine comes first (outputs, options, policy, data, the run resumed, prompt
     lengths); nothing on disk changes before they pass."""
     state = _state if _state is not None else _RunState()
@@ -163,15 +167,20 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
             probe_bar.update(1)
 
     def on_group(group: Group) -> None:
-        writer.add_group([sample_row(s, tokenizer, reward_fn) for s in group.samples])
+        rows = [sample_row(s, tokenizer, reward_fn) for s in group.samples]
+        writer.add_group(rows)
+        given = [r["reward"] for r in rows if r["reward"] is not None]
+        rewards[group.prompt_id] = (sum(given), len(given))
         state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
 
     def summarise() -> RolloutSummary:
-        return _summarise(config, model_dir, session, results, prior, skipped_long=len(too_long))
+        return _summarise(config, model_dir, session, results, prior, rewards, skipped_long=len(too_long))
 
     session.hooks.on_sample_done.append(on_sample)
     if not config.streaming:   # multi-step runs write a step's groups when it consumes them
         session.hooks.on_group_done.append(on_group)
+    session.hooks.on_status.append(status)
+    rewards: dict[str, tuple[float, int]] = {}   # prompt id -> (sum of its samples' rewards, how many)
     results: list[BatchResult] = []
     try:
         if batches:
@@ -210,14 +219,22 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
 
 
 def _summarise(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
-               *, skipped_long: int = 0) -> RolloutSummary:
+               rewards: dict[str, tuple[float, int]], *, skipped_long: int = 0) -> RolloutSummary:
     """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
     sched = session.scheduler
+
+    def batch_rewards(r: BatchResult) -> tuple[float, int]:
+        got = [rewards.get(g.prompt_id, (0.0, 0)) for g in r.groups]
+        return sum(s for s, _ in got), sum(c for _, c in got)
+
     batches = list(prior.batches) + [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
-        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy, **(r.step or {}),
+        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
+        "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1], **(r.step or {}),
     } for r in results]
+    reward_sum = sum(b.get("reward_sum", 0.0) for b in batches)
+    rewarded = sum(b.get("rewarded_samples", 0) for b in batches)
     makespan = sum(r.makespan_s for r in results) + sum(b["makespan_s"] for b in prior.batches)
     tokens = sum(r.tokens for r in results) + sum(b["tokens"] for b in prior.batches)
     stats = {k: 0 for k in STAT_KEYS}
@@ -247,6 +264,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
                   "max_model_len": s.max_model_len} for s in session.engine_specs],
         engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
         skipped_long=skipped_long, run_id=prior.run_id,
+        reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
     )
 
 

@@ -83,6 +83,8 @@ class SessionHooks:
 
     on_sample_done: list[Callable[[Sample], None]] = field(default_factory=list)
     on_group_done: list[Callable[[Group], None]] = field(default_factory=list)
+    #: one-line messages (``starting 2 vLLM engines ...``, ``engines ready in 23.1 s``); see pdsr_sdk.progress
+    on_status: list[Callable[[str], None]] = field(default_factory=list)
 
 
 class RolloutSession:
@@ -213,7 +215,7 @@ class RolloutSession:
             return
         from pdsr_sdk.engines import build_engine
         from pdsr_sdk.engines.vllm_env import is_cpu_build
-        from pdsr_sdk.rollout.layout import engine_layout
+        from pdsr_sdk.rollout.layout import engine_layout, starting_message
 
         cfg = self.config
         if self._given_engines is not None:
@@ -236,11 +238,14 @@ class RolloutSession:
             policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
             on_fatal=self._set_fatal, first_batch_index=self.run.batch_index if self.run is not None else 0)
         if self._given_engines is None:
+            began = loop.time()
+            self._status(starting_message(self.engine_specs, self._model_dir()))
             results = await asyncio.gather(*(engine.start() for engine in self.engines), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:
                 await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
                 raise failed[0]
+            self._status(f"engines ready in {loop.time() - began:.1f} s")
         self._started = True
 
     async def close(self) -> None:
@@ -598,6 +603,10 @@ class RolloutSession:
             fn(group)
         if self._stream is not None:
             self._stream.group_done(group)
+
+    def _status(self, message: str) -> None:
+        for fn in self.hooks.on_status:
+            fn(message)
 
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():

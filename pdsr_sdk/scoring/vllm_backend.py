@@ -19,6 +19,8 @@ cached prompt tokens get no prompt logprobs.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -47,6 +49,10 @@ def make_engine(model_dir: str | Path, *, dtype: str = "auto", max_model_len: in
                 skip_tokenizer_init=not has_tokenizer)
     if max_model_len is not None:
         args["max_model_len"] = int(max_model_len)
+    if os.environ.get("TQDM_DISABLE", "") not in ("", "0"):
+        # tqdm's own switch (the CLI sets it for --quiet and log files); vLLM draws its weight-loading bar
+        # with an explicit setting that the variable does not reach
+        args["use_tqdm_on_load"] = False
     args.update(engine_args)
     try:
         return LLM(**args)
