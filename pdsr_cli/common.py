@@ -125,6 +125,34 @@ def quiet_option(f: F) -> F:
     )(f)
 
 
+def step_stream_options(stream: str, over_provision_default: str) -> Callable[[F], F]:
+    """The flags of a multi-step run (partial rollout across steps), the same in ``pdsr rollout`` and
+    ``pdsr simulate`` (config keys ``steps``, ``over_provision``, ``step_groups``, ``max_staleness``,
+    ``group_deadline``). ``stream`` says what the groups come from."""
+    options = [
+        click.option("--steps", type=int, default=None,
+                     help=f"Multi-step run: K training steps over a stream of {stream}; unfinished samples carry "
+                          f"into the next step with their tokens (partial rollout)."),
+        click.option("--over-provision", type=float, default=None,
+                     help=f"With --steps: keep ceil(B x (1 + F)) groups in flight; a step ends when B are "
+                          f"complete.  [default: {over_provision_default}]"),
+        click.option("--step-groups", type=int, default=None,
+                     help="With --steps: groups a step consumes (B).  [default: --batch-size]"),
+        click.option("--max-staleness", type=int, default=None,
+                     help="With --steps: restart samples whose tokens are more than S policy versions old.  "
+                          "[default: no bound]"),
+        click.option("--group-deadline", type=int, default=None,
+                     help="With --steps: a group launched at step t is consumed by step t + D (the step waits "
+                          "for it).  [default: none]"),
+    ]
+
+    def decorate(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
+
+
 def echo_status(message: str) -> None:
     """One status line on stderr, ``pdsr: <message>`` (the CLI's ``status`` callback for the SDK)."""
     click.echo(f"pdsr: {message}", err=True)

@@ -90,3 +90,17 @@ def test_forced_lengths_need_ignore_eos(tmp_path, tiny_model_dir):
 def test_help_lists_the_policies_and_defaults():
     r = CliRunner().invoke(cli, ["rollout", "--help"])
     assert r.exit_code == 0 and "v2.5" in r.output and "--resume" in r.output
+
+
+def test_steps_with_a_policy_that_cannot_stream_fails_before_any_engine(prompts, tmp_path, tiny_model_dir):
+    r = invoke("--data", str(prompts), "--policy", "v2.5", "--steps", "2", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "policy 'v2.5' cannot run --steps" in r.output and "baseline, v2, v3" in r.output
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_dir):
+    r = invoke("--data", str(prompts), "--max-staleness", "1", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "max_staleness applies to multi-step runs only" in r.output
+    r = invoke("--data", str(prompts), "--steps", "2", "--over-provision", "-1", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "over_provision" in r.output and "greater than or equal to 0" in r.output

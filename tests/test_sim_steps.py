@@ -18,7 +18,8 @@ from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import run_policy, trace_batches
 from pdsr_sdk.sim.engine import SimEngine
 from pdsr_sdk.dispatch.steps import kept_segments
-from pdsr_sdk.sim.steps import run_steps, simulate_steps, streaming_policies
+from pdsr_sdk.policies.resolve import streaming_policies
+from pdsr_sdk.sim.steps import run_steps, simulate_steps
 from pdsr_sdk.traces import LengthTrace, synth_trace, write_trace_jsonl
 
 SMALL = dict(max_num_seqs=8, kv_cache_tokens=4096, block_size=16)

@@ -8,7 +8,7 @@ import click
 
 from pdsr_cli.common import (build_config, check_policy_set_targets, cli_progress, config_option, echo_status,
                              format_summary, format_table, handle_errors, parse_policy_sets, policy_option,
-                             policy_set_option, quiet_option)
+                             policy_set_option, quiet_option, step_stream_options)
 from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 
 
@@ -56,12 +56,15 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
               help="Run summary JSON.  [default: <out>.summary.json]")
 @click.option("--resume", is_flag=True, default=None, help="Skip groups already finished in --out.")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out.")
+@step_stream_options("the data's prompts (each step's end bumps the policy version, as a trainer's update would; "
+                     "the last step drains)", "0: each step waits for its own groups")
 @quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward, seed,
-            no_segments, out, summary, resume, overwrite, quiet):
+            no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
+            group_deadline, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
     Sample 0 of each prompt probes its difficulty; the policy routes the
@@ -79,6 +82,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --policy all --data math.parquet --model DIR --out runs/ab.parquet   # one run per policy
       pdsr rollout --ray auto --model /shared/models/qwen --data math.parquet   # engines on a Ray cluster
       pdsr rollout --data math.parquet --model DIR --instruction math --system-prompt "You are a careful solver."
+      pdsr rollout --steps 5 --step-groups 64 --over-provision 0.25 --max-staleness 2   # partial rollout
     """
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
@@ -99,7 +103,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "reward": reward, "seed": seed,
         "segments.enabled": False if no_segments else None,
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
-        "output.overwrite": overwrite,
+        "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,
+        "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
     sets = parse_policy_sets(policy_set)

@@ -10,7 +10,7 @@ import click
 
 from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, cli_progress,
                              config_option, deprecated_flag, format_table, handle_errors, parse_policy_sets,
-                             policy_option, policy_set_option, quiet_option)
+                             policy_option, policy_set_option, quiet_option, step_stream_options)
 
 #: counter columns of the side-by-side table, left out when every policy's is zero (simulate.json has them all)
 COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts", "wasted", "trunc", "preempt")
@@ -42,16 +42,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
-@click.option("--steps", type=int, default=None,
-              help="Multi-step run: K training steps over a stream of the trace's groups; unfinished groups carry "
-                   "into the next step (partial rollout). Compared with the on-policy baseline at the same B.")
-@click.option("--over-provision", type=float, default=None,
-              help="With --steps: keep ceil(B x (1 + F)) groups in flight.  [default: the curve F = 0, 0.25, 0.5, 1]")
-@click.option("--step-groups", type=int, default=None, help="With --steps: groups a step consumes (B).  [default: --batch-size]")
-@click.option("--max-staleness", type=int, default=None,
-              help="With --steps: restart samples whose tokens are more than S policy versions old.  [default: no bound]")
-@click.option("--group-deadline", type=int, default=None,
-              help="With --steps: a group launched at step t is consumed by step t + D (the step waits for it).  [default: none]")
+@step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
+                     "the curve F = 0, 0.25, 0.5, 1")
 @quiet_option
 @config_option
 @click.pass_context

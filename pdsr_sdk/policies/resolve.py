@@ -61,6 +61,20 @@ def reference_policies() -> list[str]:
     return [n for n in POLICIES.names() if is_simulation_only(POLICIES.get(n))]
 
 
+def streaming_policies() -> list[str]:
+    """Registered policies that take new groups while others run (``streaming``): the ones a multi-step run
+    (partial rollout across steps) can use."""
+    return [n for n in POLICIES.names() if getattr(POLICIES.get(n), "streaming", False)]
+
+
+def check_streaming(policy_cls: type, name: str) -> None:
+    """A ConfigError naming ``name`` and the policies that can run multi-step, unless ``policy_cls`` streams."""
+    if not getattr(policy_cls, "streaming", False):
+        raise ConfigError(f"policy {name!r} cannot run --steps: its on_batch keeps per-batch state (it waits for "
+                          f"the whole batch's probes) and cannot take new groups while others run; policies that "
+                          f"can: {', '.join(streaming_policies())}")
+
+
 def policy_names(spec: str) -> list[str]:
     """``all`` -> every registered policy that runs on real engines (baseline first; not the simulator-only
     references); ``a,b`` -> both (``all`` may be one of them); else the one name."""

@@ -29,7 +29,7 @@ from pdsr_sdk.dispatch.scheduler import PAUSE_MODES, Scheduler
 from pdsr_sdk.dispatch.steps import StepRecord, StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError, RunError, UnsupportedError
-from pdsr_sdk.policies.resolve import resolve_policy
+from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
 
 
@@ -111,6 +111,8 @@ class RolloutSession:
         #: the model folder the engines load (resolved when the session starts if not given)
         self.model_dir: str | None = str(given) if given else None
         self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
+        if config.streaming:
+            check_streaming(self.policy_cls, config.policy)
         self._given_engines = engines
         self.engines: list = []
         self.engine_specs: list = []

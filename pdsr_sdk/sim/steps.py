@@ -23,7 +23,7 @@ from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
 from pdsr_sdk.dispatch.steps import StepRecord, StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
-from pdsr_sdk.policies.resolve import resolve_policy
+from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import build_batch, build_engines, check_pools, raise_fatal, trace_batches
@@ -98,22 +98,12 @@ def steady_mean(values: list[float]) -> float:
     return sum(window) / len(window) if window else 0.0
 
 
-def streaming_policies() -> list[str]:
-    """Registered policies whose ``on_batch`` may be called while earlier groups run."""
-    from pdsr_sdk.policies import POLICIES
-
-    return [n for n in POLICIES.names() if getattr(POLICIES.get(n), "streaming", False)]
-
-
 def policy_for_steps(cfg: SimulateConfig, name: str):
     """(class, settings) of a policy that can stream, or a ConfigError naming it and those that can."""
     if "," in name or name == "all":
         raise ConfigError(f"policy: --steps runs one policy; got {name!r}")
     cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}))
-    if not getattr(cls, "streaming", False):
-        raise ConfigError(f"policy {name!r} cannot run --steps: its on_batch keeps per-batch state (it waits for "
-                          f"the whole batch's probes) and cannot take new groups while others run; policies that "
-                          f"can: {', '.join(streaming_policies())}")
+    check_streaming(cls, name)
     check_pools(cls, cfg, name)
     return cls, settings
 
