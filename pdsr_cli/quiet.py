@@ -73,12 +73,17 @@ def output_mode(quiet: bool) -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def quiet_engine_args(config):
+def quiet_engine_args(config, quiet: bool = False):
     """``config`` (a RolloutConfig) with vLLM's weight-loading bar off (``use_tqdm_on_load: false``) on every
     vLLM/Ray engine whose ``engine_args`` do not set it: for --quiet and for log files. (That bar is drawn
-    in the engine process with an explicit setting, so TQDM_DISABLE does not reach it.)"""
+    in the engine process with an explicit setting, so TQDM_DISABLE does not reach it.) Ray actors do not
+    inherit this process's environment: with ``config.ray`` set they get the environment of the mode
+    (:data:`QUIET_ENV` with ``quiet``, else :data:`LOG_ENV`) in ``ray.env_vars``, the user's values first."""
     key = "use_tqdm_on_load"
     update: dict = {}
+    if config.ray is not None:
+        env = QUIET_ENV if quiet else LOG_ENV
+        update["ray"] = config.ray.model_copy(update={"env_vars": {**env, **config.ray.env_vars}})
     defaults = dict(config.engine_defaults)
     if defaults.get("backend", "vllm") in ("vllm", "ray"):
         defaults["engine_args"] = {key: False, **(defaults.get("engine_args") or {})}

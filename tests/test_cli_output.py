@@ -350,3 +350,16 @@ def test_quiet_keeps_only_pdsr_lines(rollout_runs):
     assert lines and all(line.startswith("pdsr: ") for line in lines), stderr[-3000:]   # no vLLM, torch, Triton
     assert any(line.startswith("pdsr: engines ready in") for line in lines)
     assert stdout.splitlines()[0].startswith("policy baseline: makespan ")
+
+
+def test_ray_actors_get_the_quiet_environment_the_users_values_first():
+    """Ray actors do not inherit the command's environment: --quiet reaches them through ray.env_vars."""
+    from pdsr_cli.quiet import LOG_ENV, QUIET_ENV, quiet_engine_args
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    cfg = RolloutConfig(ray={"address": "local", "env_vars": {"VLLM_LOGGING_LEVEL": "DEBUG"}})
+    quiet = quiet_engine_args(cfg, quiet=True).ray.env_vars
+    assert quiet["VLLM_LOGGING_LEVEL"] == "DEBUG" and quiet["PYTHONWARNINGS"] == QUIET_ENV["PYTHONWARNINGS"]
+    assert quiet_engine_args(cfg).ray.env_vars == {**LOG_ENV, "VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert quiet_engine_args(RolloutConfig()).ray is None
+

@@ -121,7 +121,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     with output_mode(quiet):
         for run_cfg in runs:
             if quiet or not stderr_is_terminal():
-                run_cfg = quiet_engine_args(run_cfg)
+                run_cfg = quiet_engine_args(run_cfg, quiet)
             results.append(run_rollout(run_cfg, progress=cli_progress(quiet), status=echo_status))
             click.echo(render_summary(results[-1]))
             click.echo(f"trajectories: {results[-1].output}\nsummary: {summary_path(run_cfg)}")
