@@ -1,0 +1,170 @@
+"""Partial rollout across steps against on-policy steps, on the same real vLLM engines.
+
+A heavy-tailed synthetic trace is replayed with its recorded lengths (``ignore_eos`` and a per-sample
+max), so the two runs differ only in when work runs:
+
+- **on-policy** (``baseline``, batch by batch): each step launches B groups and waits for all of them;
+- **partial** (``v3`` with ``over_provision``, ``max_staleness``): ``ceil(B x (1 + F))`` groups in
+  flight, a step ends when B are complete, and the unfinished samples carry into the next step with
+  their tokens (aborted at the step's end and resumed under the next policy version).
+
+Both run K steps of B groups on two equal CPU engines (64 sequences each), started once; a warm-up
+runs first. Samples per second = the K x B x N samples the steps hand to the trainer / the steps'
+summed wall time (the partial run's last carried groups are drained afterwards and not counted, as a
+trainer's next step would take them). Repeats alternate the runs (A B A B ...); the ratio reported is
+the median of the pairwise ratios with its spread. The simulator's prediction for the same trace
+(`pdsr simulate --steps` with a profile calibrated from the on-policy run) is printed beside it.
+
+    python bench/partial.py                        # K=5, B=8, N=8, F=0.5, S=2, tiny model
+    python bench/partial.py --steps 8 --step-groups 16 --over-provision 0.25 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=5, help="training steps K")
+    p.add_argument("--step-groups", type=int, default=8, help="groups a step hands to the trainer (B)")
+    p.add_argument("--n", type=int, default=8, help="samples per group")
+    p.add_argument("--over-provision", type=float, default=0.5, help="partial run: F")
+    p.add_argument("--max-staleness", type=int, default=2, help="partial run: S")
+    p.add_argument("--median-length", type=float, default=120.0, help="synthetic trace: median length")
+    p.add_argument("--max-length", type=int, default=1024, help="synthetic trace: max length")
+    p.add_argument("--runaway-frac", type=float, default=0.02, help="synthetic trace: share of samples at the max")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1, help="rounds of both runs, alternating")
+    p.add_argument("--model", help="model directory (default: the built-in tiny model)")
+    return p.parse_args()
+
+
+async def main_async(args) -> None:
+    from pdsr_sdk.dispatch.steps import in_flight
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+    from pdsr_sdk.models.tiny import ensure_tiny_model
+    from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+    from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
+    from pdsr_sdk.rollout.replay import write_replay_prompts
+    from pdsr_sdk.rollout.session import RolloutSession
+    from pdsr_sdk.traces import synth_trace
+
+    k, b, n = args.steps, args.step_groups, args.n
+    need = in_flight(b, args.over_provision) + (k - 1) * b
+    model = args.model or str(ensure_tiny_model())
+    trace = synth_trace(groups=max(need, k * b) + 4, n=n, seed=args.seed, median_length=args.median_length,
+                        max_length=args.max_length, runaway_frac=args.runaway_frac, prompt_len_min=20,
+                        prompt_len_max=120)
+    work = Path(tempfile.mkdtemp(prefix="pdsr-bench-partial-"))
+    path = write_replay_prompts(trace, work / "prompts.jsonl", load_tokenizer(model))
+    longest = int(trace.lengths.max())
+    specs = [EngineSpec(name=f"{pool}-0", pool=pool, devices=[i], max_num_seqs=args.max_num_seqs,
+                        max_model_len=longest + 512) for i, pool in enumerate(("fast", "heavy"))]
+    engines = [VllmEngine.from_spec(s, model=model) for s in specs]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(e.start() for e in engines))
+    print(f"engines started in {time.perf_counter() - t0:.1f} s; trace: {trace.num_groups} groups x {n}, "
+          f"longest {longest}; K={k} steps of B={b} groups; partial: F={args.over_provision:g}, "
+          f"S={args.max_staleness}")
+    base = dict(model=model, reward="none", segments={"min_tokens": 32, "max_tokens": 256},
+                sampling={"n": n, "max_tokens": longest, "ignore_eos": True},
+                data={"target_lengths_column": "target_lengths"})
+    on_cfg = RolloutConfig(**base, policy="baseline", batch_size=b)
+    part_cfg = RolloutConfig(**base, policy="v3", batch_size=b, over_provision=args.over_provision,
+                             max_staleness=args.max_staleness)
+
+    tables: list[Path] = []   # the on-policy steps' trajectories, to calibrate the simulator
+
+    async def on_policy(records) -> dict:
+        import pyarrow.parquet as pq
+
+        async with RolloutSession(on_cfg, engines=engines) as session:
+            wall, samples = 0.0, 0
+            for step in range(k):
+                out = await session.astep(records[step * b:(step + 1) * b])
+                wall += out.summary["makespan_s"]
+                samples += out.summary["samples"]
+                tables.append(work / f"on-{len(tables)}.parquet")
+                pq.write_table(out.table, tables[-1])
+                session.policy_version += 1
+        return {"wall_s": wall, "samples": samples, "steps": k}
+
+    async def partial(records) -> dict:
+        async with RolloutSession(part_cfg, engines=engines) as session:
+            wall, samples, off, ages = 0.0, 0, [], []
+            source = iter(records)
+            for step in range(k):
+                out = await session.astep(source if step == 0 else ())
+                wall += out.summary["makespan_s"]
+                samples += out.summary["samples"]
+                off.append(out.summary["off_policy_share"])
+                ages.append(out.summary["max_token_age"])
+                session.policy_version += 1
+            tail = await session.astep((), last=True)   # the carried groups, not counted
+        return {"wall_s": wall, "samples": samples, "steps": k, "off_policy_share": statistics.mean(off),
+                "max_token_age": max(ages), "drained_groups": len(tail.groups)}
+
+    tok = load_tokenizer(model)
+    records = load_prompts(on_cfg.data, tok, path=path, n=n)
+    try:
+        async with RolloutSession(on_cfg, engines=engines) as warm:   # warm-up
+            await warm.astep(records[:2])
+        runs: dict[str, list[dict]] = {"on-policy": [], "partial": []}
+        for r in range(args.repeats):
+            for name, fn in (("on-policy", on_policy), ("partial", partial)):
+                res = await fn(records)
+                runs[name].append(res)
+                print(f"  round {r}: {name:9s} {res['samples']} samples in {res['wall_s']:7.2f} s  "
+                      f"{res['samples'] / res['wall_s']:7.2f} samples/s", flush=True)
+    finally:
+        for e in engines:
+            await e.close()
+    ratios = sorted((p["samples"] / p["wall_s"]) / (o["samples"] / o["wall_s"])
+                    for o, p in zip(runs["on-policy"], runs["partial"]))
+    part = runs["partial"][len(ratios) // 2]
+    predicted = simulated_ratio(args, trace, k, b, calibrated_profile(tables))
+    print(f"\npartial / on-policy samples per second: {statistics.median(ratios):.3f}x "
+          f"[{ratios[0]:.3f}, {ratios[-1]:.3f}] over {len(ratios)} round(s); simulated with a profile calibrated "
+          f"from the on-policy steps: {predicted:.3f}x; partial run: off-policy token share {part['off_policy_share']:.3f}, oldest token "
+          f"{part['max_token_age']} version(s), {part['drained_groups']} carried groups drained after step {k}")
+
+
+def calibrated_profile(tables: list[Path]) -> dict:
+    """The engines' cost model fitted from the on-policy steps' segment timings (one fit: equal engines)."""
+    from pdsr_sdk.sim.calibrate import calibrate
+
+    fit = next(iter(calibrate(tables, per_pool=False).values()))
+    print("calibrated profile: " + ", ".join(f"{k} {v:.3g}" for k, v in fit.profile().items()
+                                             if isinstance(v, float)))
+    return fit.profile()
+
+
+def simulated_ratio(args, trace, k: int, b: int, fitted: dict) -> float:
+    """Partial / on-policy samples per second as ``pdsr simulate --steps`` predicts them for this trace on
+    two equal engines of the bench's size with the fitted cost model (mean step times over the K steps)."""
+    from pdsr_sdk.sim.config import SimulateConfig
+    from pdsr_sdk.sim.steps import simulate_steps
+
+    profile = {**fitted, "max_num_seqs": args.max_num_seqs, "max_model_len": int(trace.lengths.max()) + 512}
+    cfg = SimulateConfig(policy="v3", fast=1, heavy=1, batch_size=b, steps=k, over_provision=args.over_provision,
+                         max_staleness=args.max_staleness, profiles={"fast": profile, "heavy": profile},
+                         timeline=False)
+    report = simulate_steps(trace, cfg)
+    run = report.runs[0]
+    on = sum(report.baseline_steps_s) / len(report.baseline_steps_s)
+    mean_step = sum(run.step_times) / len(run.step_times)
+    return on / mean_step
+
+
+if __name__ == "__main__":
+    asyncio.run(main_async(parse_args()))
