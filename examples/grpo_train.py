@@ -3,9 +3,9 @@ clipped policy-gradient step in torch -> ``session.update_weights`` -> next step
 
 The task, chosen so that learning shows within minutes with the built-in tiny (random) model:
 **"write with common words"**. A prompt asks for a few words about a topic; the reward of a response is
-the number of its tokens that are one of eight common English words (" the", " a", " of", " to",
-" and", " is", " in", " that"; each one token in the tiny model's vocabulary) divided by
-``--max-tokens``. The random model starts near 0.01; a policy that writes only those words gets 1.0.
+the number of its tokens that are one of 16 common English words (" the", " a", " of", " to", ...,
+``COMMON_WORDS``; each is one token in the tiny model's vocabulary) divided by ``--max-tokens``.
+The random model starts near 0.01; a policy that writes only those words gets 1.0.
 Each word's logit is one embedding row (the tiny model ties input and output embeddings), so what a
 step learns carries over to every context: the reward mean rises within a few steps.
 
@@ -46,7 +46,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Sequence
 
 #: the task's rewarded words: each is one token of the built-in tiny model (checked at start)
-COMMON_WORDS = (" the", " a", " of", " to", " and", " is", " in", " that")
+COMMON_WORDS = (" the", " a", " of", " to", " and", " is", " in", " that",
+                " for", " it", " as", " with", " was", " on", " be", " by")
 TOPICS = ("cats", "rain", "music", "bread", "rivers", "stars", "games", "trees",
           "snow", "tea", "clocks", "ships", "maps", "birds", "paint", "glass")
 
