@@ -171,9 +171,13 @@ def test_grpo_example_learns_with_updates_and_not_without(grpo_compare):
 @pytest.mark.ray
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PDSR_TEST_RAY_EXAMPLE") != "1",
+                    reason="opt-in (PDSR_TEST_RAY_EXAMPLE=1): starting Ray and an engine in an actor took 130-280 s "
+                           "on the shared 2-core machine, over the examples' share of CI time")
 def test_ray_engines_example_runs_the_same_loop_on_ray_actors():
-    """examples/ray_engines.py: two steps of the GRPO loop with the engines in Ray actors of a local
-    cluster (the automatic layout on a CPU cluster: one fast and one heavy engine)."""
+    """examples/ray_engines.py: two steps of the GRPO loop with the engine(s) in Ray actors of a local
+    cluster (the automatic layout of a 2-core CPU cluster); each update goes through Ray's object store.
+    Opt-in: see the skip reason."""
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_engines.py"), "--steps", "2",
                           "--batch-size", "2", "--n", "4", "--max-tokens", "8"],
                          capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=900)
