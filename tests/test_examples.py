@@ -122,7 +122,8 @@ def _grpo_runs(stdout: str) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def grpo_compare():
-    """One run of examples/grpo_train.py --compare at the tests' settings (about 2 minutes on 2 quiet cores)."""
+    """One run of examples/grpo_train.py --compare at the tests' settings (measured 100-230 s on the shared 2-core
+    machine, load average 3-11; the engine start is most of it under load)."""
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "grpo_train.py"), *GRPO_ARGS],
                          capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=900)
     assert out.returncode == 0, out.stderr[-5000:]
@@ -172,8 +173,8 @@ def test_grpo_example_learns_with_updates_and_not_without(grpo_compare):
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("PDSR_TEST_RAY_EXAMPLE") != "1",
-                    reason="opt-in (PDSR_TEST_RAY_EXAMPLE=1): starting Ray and an engine in an actor took 130-280 s "
-                           "on the shared 2-core machine, over the examples' share of CI time")
+                    reason="opt-in (PDSR_TEST_RAY_EXAMPLE=1): the test took 157-282 s on the shared 2-core machine (Ray "
+                           "and an engine in an actor start for 130 s or more), over the examples' share of CI time")
 def test_ray_engines_example_runs_the_same_loop_on_ray_actors():
     """examples/ray_engines.py: two steps of the GRPO loop with the engine(s) in Ray actors of a local
     cluster (the automatic layout of a 2-core CPU cluster); each update goes through Ray's object store.
