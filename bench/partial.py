@@ -92,6 +92,7 @@ async def main_async(args) -> None:
             wall, samples = 0.0, 0
             for step in range(k):
                 out = await session.astep(records[step * b:(step + 1) * b])
+                print(f"    on-policy step {step}: {out.summary['makespan_s']:.2f} s", flush=True)
                 wall += out.summary["makespan_s"]
                 samples += out.summary["samples"]
                 tables.append(work / f"on-{len(tables)}.parquet")
@@ -101,18 +102,23 @@ async def main_async(args) -> None:
 
     async def partial(records) -> dict:
         async with RolloutSession(part_cfg, engines=engines) as session:
-            wall, samples, off, ages = 0.0, 0, [], []
+            wall, samples, off, ages, wasted, restarts = 0.0, 0, [], [], 0, 0
             source = iter(records)
+            step_times: list[float] = []
             for step in range(k):
                 out = await session.astep(source if step == 0 else ())
+                step_times.append(out.summary["makespan_s"])
                 wall += out.summary["makespan_s"]
                 samples += out.summary["samples"]
                 off.append(out.summary["off_policy_share"])
                 ages.append(out.summary["max_token_age"])
+                wasted += out.summary["wasted_tokens"]
+                restarts += out.summary["stale_restarts"]
                 session.policy_version += 1
             tail = await session.astep((), last=True)   # the carried groups, not counted
         return {"wall_s": wall, "samples": samples, "steps": k, "off_policy_share": statistics.mean(off),
-                "max_token_age": max(ages), "drained_groups": len(tail.groups)}
+                "max_token_age": max(ages), "drained_groups": len(tail.groups), "wasted_tokens": wasted,
+                "stale_restarts": restarts, "step_s": [round(x, 2) for x in step_times]}
 
     tok = load_tokenizer(model)
     records = load_prompts(on_cfg.data, tok, path=path, n=n)
@@ -136,7 +142,9 @@ async def main_async(args) -> None:
     print(f"\npartial / on-policy samples per second: {statistics.median(ratios):.3f}x "
           f"[{ratios[0]:.3f}, {ratios[-1]:.3f}] over {len(ratios)} round(s); simulated with a profile calibrated "
           f"from the on-policy steps: {predicted:.3f}x; partial run: off-policy token share {part['off_policy_share']:.3f}, oldest token "
-          f"{part['max_token_age']} version(s), {part['drained_groups']} carried groups drained after step {k}")
+          f"{part['max_token_age']} version(s), {part['stale_restarts']} staleness restarts ({part['wasted_tokens']} "
+          f"tokens thrown away), steps {part['step_s']} s, {part['drained_groups']} carried groups drained after "
+          f"step {k}")
 
 
 def calibrated_profile(tables: list[Path]) -> dict:
