@@ -15,7 +15,7 @@ trainer's next step would take them). Repeats alternate the runs (A B A B ...); 
 the median of the pairwise ratios with its spread. The simulator's prediction for the same trace
 (`pdsr simulate --steps` with a profile calibrated from the on-policy run) is printed beside it.
 
-    python bench/partial.py                        # K=5, B=8, N=8, F=0.5, S=2, tiny model
+    python bench/partial.py                        # K=5, B=4, N=8, F=0.5, S=2, lengths to 2048, tiny model
     python bench/partial.py --steps 8 --step-groups 16 --over-provision 0.25 --repeats 3
 """
 
@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=5, help="training steps K")
-    p.add_argument("--step-groups", type=int, default=8, help="groups a step hands to the trainer (B)")
+    p.add_argument("--step-groups", type=int, default=4, help="groups a step hands to the trainer (B)")
     p.add_argument("--n", type=int, default=8, help="samples per group")
     p.add_argument("--over-provision", type=float, default=0.5, help="partial run: F")
     p.add_argument("--max-staleness", type=int, default=2, help="partial run: S")
     p.add_argument("--median-length", type=float, default=120.0, help="synthetic trace: median length")
-    p.add_argument("--max-length", type=int, default=1024, help="synthetic trace: max length")
+    p.add_argument("--max-length", type=int, default=2048, help="synthetic trace: max length")
     p.add_argument("--runaway-frac", type=float, default=0.02, help="synthetic trace: share of samples at the max")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=64)
