@@ -11,6 +11,9 @@ import os
 
 import click
 
+if os.environ.get("PDSR_ORCHESTRATOR_PID"):
+    import pdsr_sdk  # noqa: F401 - in an engine process spawned by pdsr: starts its parent watch at once
+
 if os.environ.get("PDSR_QUIET") == "1":
     # an engine process spawned by a --quiet run imports this module first (multiprocessing's spawn
     # re-imports the main module): quiet its loggers before vLLM's import-time warnings

@@ -7,6 +7,8 @@ inside the backends that need them.
 
 from __future__ import annotations
 
+import os as _os
+
 from pdsr_sdk.lazy import lazy_attributes
 
 __version__ = "0.1.0"
@@ -41,3 +43,10 @@ __all__ = sorted(_LAZY)
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+
+if _os.environ.get("PDSR_ORCHESTRATOR_PID"):
+    # an engine process pdsr spawned imports the parent's main module first: watch the parent from now
+    # on, not from when vLLM loads plugins (pdsr_sdk/parent_watch.py)
+    from pdsr_sdk.parent_watch import arm_early as _arm_early
+
+    _arm_early()

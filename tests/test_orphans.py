@@ -127,3 +127,33 @@ def test_ctrl_c_during_engine_start_up_exits_with_one_line(tmp_path, tiny_model_
     assert "on disk" not in stderr
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
     assert not _gone_within(kids, 5.0)
+
+
+def test_sigkill_in_the_first_moments_of_an_engine_core_ends_it_too(tmp_path, tiny_model_dir):
+    """The parent dies right after spawning the engine core, before vLLM loads pdsr's plugin: the core
+    (which imports the parent's main module, and so pdsr, first) watches its parent from then on and
+    ends within seconds, not when vLLM's 600 s handshake timeout ends."""
+    out = tmp_path / "r.parquet"
+    cmd = [sys.executable, "-m", "pdsr_cli.main", "rollout", "--model", str(tiny_model_dir), "--n", "2",
+           "--max-tokens", "8", "--limit", "2", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    core = None
+    try:
+        end = time.monotonic() + 240
+        while core is None and time.monotonic() < end:
+            assert proc.poll() is None, f"exit {proc.returncode}"
+            for k in _descendants(proc.pid):
+                try:
+                    if "spawn_main" in " ".join(k.cmdline()):
+                        core = k
+                except psutil.Error:
+                    pass
+            time.sleep(0.02)
+        assert core is not None, "no engine core was spawned"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        left = _gone_within([core], 30.0)
+    finally:
+        for p in _alive(_descendants(proc.pid) + ([core] if core else [])):
+            p.kill()
+    assert not left, "the engine core outlived its parent by 30 s"

@@ -58,7 +58,7 @@ class VllmEngine(ModelEngine):
         cpu = is_cpu_build() if self.cpu is None else self.cpu
         self.cpu = cpu
         apply_engine_defaults()
-        from pdsr_sdk.engines.parent_watch import ORCHESTRATOR_PID_ENV
+        from pdsr_sdk.parent_watch import ORCHESTRATOR_PID_ENV
 
         # the engine processes end when this process dies (see parent_watch.py)
         env = {ERROR_FILE_ENV: str(self._error_file), ENGINE_NAME_ENV: self.name,

@@ -45,7 +45,7 @@ def _grant_amx() -> None:
 
 def _watch_parent() -> None:
     try:
-        from pdsr_sdk.engines.parent_watch import arm_from_env
+        from pdsr_sdk.parent_watch import arm_from_env
 
         arm_from_env()
     except Exception:  # noqa: BLE001 - never break engine start-up over this

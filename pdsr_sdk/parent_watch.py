@@ -12,9 +12,13 @@ Polling (every 0.2 s) rather than ``PR_SET_PDEATHSIG``: Linux sends the death si
 *thread* that forked the child ends, and pdsr spawns engine cores from a pool thread that can end
 while the orchestrator lives on. Polling works on every POSIX system too.
 
-Limit: the watch starts when vLLM loads its plugins in the new process (a few seconds after it is
-spawned, after its first handshake with the orchestrator). A core whose parent dies before then
-waits for the handshake's answer and exits on its own when vLLM's handshake timeout ends.
+When it starts: a spawned process imports the parent's main module first (multiprocessing's spawn),
+so ``import pdsr_sdk`` there (a trainer script, or ``pdsr`` itself) calls :func:`arm_early`: an engine
+core starts its watch (and leaves the terminal's process group) within a fraction of a second of
+being spawned. Otherwise (a main module that does not import pdsr) the watch starts when vLLM loads
+its plugins (a few seconds later, after its first handshake with the orchestrator); a core whose
+parent dies before then waits for that handshake and exits when vLLM's timeout ends
+(``VLLM_ENGINE_READY_TIMEOUT_S``, 600 s).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import threading
 
 #: pid of the pdsr process that started the engines (set while an engine core is spawned)
 ORCHESTRATOR_PID_ENV = "PDSR_ORCHESTRATOR_PID"
+#: pid of the engine core, set in the core itself: its children (vLLM's workers) are not direct children
+ENGINE_CORE_PID_ENV = "PDSR_ENGINE_CORE_PID"
 POLL_S = 0.2
 
 _armed = False
@@ -40,10 +46,25 @@ def arm_from_env() -> bool:
     if not orchestrator or parent is None or parent.pid is None or str(os.getpid()) == orchestrator:
         return False
     if str(parent.pid) == orchestrator:
+        os.environ[ENGINE_CORE_PID_ENV] = str(os.getpid())
         leave_terminal_group()
     # the engine core (a direct child) also removes the error file its dead orchestrator can no longer read
     error_file = os.environ.get("PDSR_ENGINE_ERROR_FILE") if str(parent.pid) == orchestrator else None
     return watch_parent(parent.pid, remove=(error_file,) if error_file else ())
+
+
+def arm_early() -> bool:
+    """Start the watch in an engine core (a direct child of pdsr's orchestrator) while it imports the main
+    module, before multiprocessing knows its parent. Returns whether a watch was started; in the
+    orchestrator and in vLLM's workers (whose environment names their core) nothing. If the orchestrator
+    is already gone, the core ends here."""
+    orchestrator = os.environ.get(ORCHESTRATOR_PID_ENV)
+    if not orchestrator or str(os.getpid()) == orchestrator or os.environ.get(ENGINE_CORE_PID_ENV):
+        return False
+    os.environ[ENGINE_CORE_PID_ENV] = str(os.getpid())   # what this core spawns (vLLM's workers) inherits it
+    leave_terminal_group()
+    error_file = os.environ.get("PDSR_ENGINE_ERROR_FILE")
+    return watch_parent(int(orchestrator), remove=(error_file,) if error_file else ())
 
 
 def leave_terminal_group() -> None:
