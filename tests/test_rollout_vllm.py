@@ -479,3 +479,21 @@ def test_rollout_steps_writes_every_group_once_in_the_step_that_consumed_it(engi
     assert [b["batch_index"] for b in summary.batches] == [0, 1, 2]
     assert all({"off_policy_share", "max_token_age", "carried_groups"} <= set(b) for b in summary.batches)
     assert summary.batches[-1]["carried_groups"] == 0
+
+
+def test_an_interrupted_steps_run_resumes_with_the_groups_left_and_goes_on_numbering(engine_loop, engines,
+                                                                                    tiny_model_dir, tmp_path,
+                                                                                    replay_data):
+    """A multi-step run that stopped after 2 steps (4 of 5 groups on disk; what it carried was not written)
+    resumes: the groups on disk are skipped, the rest run in the next step, numbered after the last one,
+    and the summary covers the whole run."""
+    first, before = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", steps=2,
+                            step_groups=2, over_provision=0.0)
+    assert first.groups == 4 and [b["batch_index"] for b in first.batches] == [0, 1]
+    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", steps=2,
+                            step_groups=2, over_provision=0.0, **{"output.resume": True})
+    assert set(by_key(rows)) == {(p, i) for p in LENGTHS for i in range(4)} and len(rows) == 20
+    assert summary.groups == 5 and summary.skipped_groups == 4
+    assert [b["batch_index"] for b in summary.batches] == [0, 1, 2]
+    done = {r["prompt_id"] for r in before}
+    assert len(done) == 4 and {r["batch_index"] for r in rows if r["prompt_id"] not in done} == {2}

@@ -187,8 +187,8 @@ def test_cli_curve_writes_json_and_png(tmp_path):
 
 def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains():
     """The StepStream as a session drives it: at a step's end the owner takes the groups (consume), bumps
-    the version later (the trainer's update), then refills; the last step launches nothing and ends when
-    every group in flight is complete. Every launched group is consumed exactly once, whole."""
+    the version later (the trainer's update), then refills; the last step tops the groups in flight up to
+    B and ends when every one is complete. Every launched group is consumed exactly once, whole."""
     from pdsr_sdk.dispatch.clock import VirtualClock
     from pdsr_sdk.dispatch.config import SamplingConfig
     from pdsr_sdk.dispatch.run import DispatchRun
@@ -221,12 +221,13 @@ def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains():
     for step in range(5):
         clock.run(until=lambda: len(ended) > step)
         consumed.append(stream.consume())
-        run.scheduler.policy_version += 1
-        stream.refill(launch=step < 3)
+        if step < 4:
+            run.scheduler.policy_version += 1
+            stream.refill(last=step == 3)   # the last step tops up to B and drains
     assert stream.draining and not stream.flying
     ids = [g.prompt_id for step in consumed for g in step]
-    assert len(ids) == len(set(ids)) == len(taken) == 9 + 3 * 6
-    assert [len(step) for step in consumed[:4]] == [6, 6, 6, 6] and len(consumed[4]) == 3
+    assert len(ids) == len(set(ids)) == len(taken) == 9 + 3 * 6 + 3
+    assert [len(step) for step in consumed] == [6] * 5
     assert {g.prompt_id: sorted(s.num_generated for s in g.samples) for step in consumed for g in step} == \
         {pid: sorted(v) for pid, v in want.items() if pid in set(ids)}
     assert max(r.max_age for r in stream.records) <= 1

@@ -180,9 +180,10 @@ class StepStream:
         if groups:
             self.run.add_groups(groups, self.t)
 
-    def start(self) -> None:
-        """Launch the first step's groups."""
-        self.launch(self.target)
+    def start(self, *, last: bool = False) -> None:
+        """Launch the first step's groups (``last``: B of them, and the step drains; see :meth:`refill`)."""
+        self.draining = last
+        self.launch(self.b if last else self.target)
         self.maybe_end()
 
     # --------------------------------------------------------------- events
@@ -285,21 +286,18 @@ class StepStream:
             self.done = True
         return consumed
 
-    def refill(self, *, launch: bool = True) -> None:
+    def refill(self, *, last: bool = False) -> None:
         """Start the next step at the scheduler's policy version now: restart what is too stale for it,
-        refill the in-flight count (``launch=False``: launch nothing; the step then ends when every
-        group in flight is complete: the last step drains)."""
+        refill the in-flight count. ``last``: the last step: launch only what brings the groups in flight
+        to B, and end when every group in flight is complete (it drains)."""
         if self.done:
             return
         self.step_version = self.sched.policy_version
         if self.s is not None:
             for g, _ in list(self.flying.values()):
                 self._restart_stale(g, self.step_version)
-        if launch:
-            self.launch(self.target - len(self.flying))
-        else:
-            self.draining = True
-            self._launched_now = 0
+        self.draining = last
+        self.launch((self.b if last else self.target) - len(self.flying))
         self.start_s = self.clock.now()
         self.held_since = None
         self.held_s = 0.0

@@ -309,7 +309,8 @@ class RolloutSession:
         tokens and log-probs kept (as ``pause("abort")``), so the engines are idle while the trainer
         trains and updates weights, and the carried samples continue from their tokens at the next
         step under the new version (their segments say which tokens came from which version).
-        ``last=True`` launches nothing new and returns every group in flight once all are complete.
+        ``last=True`` launches only what brings the groups in flight to ``step_groups`` and returns every
+        group in flight once all are complete (nothing is left carried).
         """
         cfg = self.config
         self._sources.append(iter(prompts))
@@ -322,10 +323,9 @@ class RolloutSession:
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                 new_groups=self._new_stream_groups, on_step_end=self._stream_step_end)
-            self._stream.draining = last
-            self._stream.start()
+            self._stream.start(last=last)
         else:
-            self._stream.refill(launch=not last)
+            self._stream.refill(last=last)
             self.scheduler.resume()
         stream = self._stream
         if not stream.flying:
