@@ -92,13 +92,6 @@ def test_help_lists_the_policies_and_defaults():
     assert r.exit_code == 0 and "v2.5" in r.output and "--resume" in r.output
 
 
-def test_steps_with_a_policy_that_cannot_stream_fails_before_any_engine(prompts, tmp_path, tiny_model_dir):
-    r = invoke("--data", str(prompts), "--policy", "v2.5", "--steps", "2", "--out", str(tmp_path / "o.parquet"))
-    assert r.exit_code == 2 and "Traceback" not in r.output
-    assert "policy 'v2.5' cannot run --steps" in r.output and "baseline, v2, v3" in r.output
-    assert not (tmp_path / "o.parquet").exists()
-
-
 def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_dir):
     r = invoke("--data", str(prompts), "--max-staleness", "1", "--out", str(tmp_path / "o.parquet"))
     assert r.exit_code == 2 and "max_staleness applies to multi-step runs only" in r.output

@@ -400,7 +400,7 @@ def stream_records(session):
             for i, lengths in enumerate(STREAM_LENGTHS)]
 
 
-@pytest.mark.parametrize("policy,staleness", [("v3", 1), ("baseline", 0)])
+@pytest.mark.parametrize("policy,staleness", [("v3", 1), ("baseline", 0), ("v2.5", 1)])
 def test_partial_rollout_carries_every_sample_with_its_tokens(engine_loop, engines, tiny_model_dir, policy,
                                                               staleness):
     """Steps of 2 groups with 2 more in flight: a step ends when 2 groups are complete; the samples still
@@ -497,3 +497,52 @@ def test_an_interrupted_steps_run_resumes_with_the_groups_left_and_goes_on_numbe
     assert [b["batch_index"] for b in summary.batches] == [0, 1, 2]
     done = {r["prompt_id"] for r in before}
     assert len(done) == 4 and {r["batch_index"] for r in rows if r["prompt_id"] not in done} == {2}
+
+
+def test_an_interrupted_steps_run_resumes_its_carried_samples_from_their_tokens(engine_loop, engines, tiny_model_dir,
+                                                                                tmp_path, replay_data, monkeypatch):
+    """A multi-step run that stopped right after its first step (the summary write after it failed) left
+    the groups it carried on disk with their tokens, log-probs and segments (``<out>.parts/_carry.parquet``).
+    ``--resume`` continues them from those tokens under the next version: every sample once and whole, each
+    carried prefix (tokens, log-probs, segments) kept exactly, and the carry file gone once the run ends."""
+    from pdsr_sdk.rollout import run as run_module
+    from pdsr_sdk.rollout.writer import carry_file
+
+    write = run_module.write_text_atomic
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("stopped after a step")
+
+    monkeypatch.setattr(run_module, "write_text_atomic", stop)
+    opts = dict(steps=4, step_groups=1, over_provision=2.0)   # 3 groups in flight, 1 consumed a step
+    with pytest.raises(RuntimeError, match="stopped after a step"):
+        rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", **opts)
+    monkeypatch.setattr(run_module, "write_text_atomic", write)
+    out = tmp_path / "v3.parquet"
+    before = pq.read_table(out.with_name(out.name + ".parts")).to_pylist()
+    carry = pq.read_table(carry_file(out)).to_pylist()
+    assert len({r["prompt_id"] for r in before}) == 1 and {r["batch_index"] for r in before} == {0}
+    assert len({r["prompt_id"] for r in carry}) == 2 and not {r["prompt_id"] for r in carry} & {r["prompt_id"] for r in before}
+    partial = [r for r in carry if r["finish_reason"] is None and r["response_length"]]
+    assert partial, "some carried sample must hold tokens without being finished"
+    assert all(r["launch_step"] == 0 and r["response_length"] == len(r["response_token_ids"])
+               == len(r["response_logprobs"]) for r in carry)
+
+    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", **opts,
+                            **{"output.resume": True})
+    assert sorted(by_key(rows)) == sorted((p, i) for p in LENGTHS for i in range(4)) and len(rows) == 20
+    assert summary.groups == 5 and summary.skipped_groups == 1
+    got = by_key(rows)
+    for r in rows:
+        assert r["response_length"] == len(r["response_token_ids"]) == LENGTHS[r["prompt_id"]][r["sample_index"]]
+    for c in carry:
+        r = got[(c["prompt_id"], c["sample_index"])]
+        n = c["response_length"]
+        assert r["response_token_ids"][:n] == c["response_token_ids"]
+        assert r["response_logprobs"][:n] == c["response_logprobs"]
+        assert r["segments"][:len(c["segments"])] == c["segments"]
+        assert r["restarts"] == 0 and r["batch_index"] >= 1
+    for c in partial:   # continued under the version after the first step's update
+        r = got[(c["prompt_id"], c["sample_index"])]
+        assert 0 in r["policy_versions"] and max(r["policy_versions"]) >= 1
+    assert not carry_file(out).exists() and not out.with_name(out.name + ".parts").exists()

@@ -68,7 +68,8 @@ def test_f0_is_the_on_policy_run_step_for_step():
     assert run.dropped_groups == 0 and all(s.groups == 6 for s in run.steps)
 
 
-@pytest.mark.parametrize("policy,staleness", [("baseline", None), ("baseline", 1), ("baseline", 0), ("v2", 1), ("v3", None), ("v3", 1)])
+@pytest.mark.parametrize("policy,staleness", [("baseline", None), ("baseline", 1), ("baseline", 0), ("v2", 1), ("v3", None), ("v3", 1),
+                                              ("v1", 1), ("v2.5", None), ("v2.5", 1), ("lpt", 1)])
 def test_no_sample_lost_or_duplicated_and_staleness_holds(policy, staleness):
     trace = small_trace()
     want = recorded(trace)
@@ -145,14 +146,48 @@ def test_no_starvation_of_the_longest_group(staleness, deadline):
     assert sum(s.held_s for s in run.steps) > 0
 
 
-def test_only_streaming_policies_run_steps():
-    assert {"baseline", "v2", "v3"} <= set(streaming_policies())
-    assert not {"v1", "v2.5", "lpt"} & set(streaming_policies())
-    with pytest.raises(ConfigError, match=r"policy 'v2.5' cannot run --steps.*can: .*baseline"):
-        run_steps(small_trace(), small_cfg(policy="v2.5"), "v2.5", 0.5)
-    cls, settings = resolve_policy("lpt")
+@pytest.mark.parametrize("refresh", [False, True])
+def test_v3_refresh_regenerates_a_carried_groups_finished_samples_under_the_new_version(refresh):
+    """One token per second. g0 = [5, 12] and g1 = [8, 8] start at t=0; step 0 ends at t=8 with g1 and
+    carries g0 (sample 0 finished with 5 tokens under version 0, sample 1 running: one segment, so all
+    its 12 tokens count as version 0). With refresh, v3 regenerates sample 0 under version 1 (5 tokens
+    wasted): g0 completes at t=13 with 12 off-policy tokens; without it, at t=12 with 5 + 12."""
+    trace = LengthTrace.from_matrix(np.array([[5, 12], [8, 8], [20, 20], [20, 20], [20, 20]]),
+                                    prompt_ids=[f"g{i}" for i in range(5)], prompt_lens=np.full(5, 4))
+    cfg = unit_cfg(policy="v3", steps=2, policy_settings={"v3": {"refresh": refresh}})
+    run = run_steps(trace, cfg, "v3", 1.0, keep_groups=True)
+    assert run.consumed_at["g1"] == 0 and run.consumed_at["g0"] == 1
+    step = run.steps[1]
+    (g0,) = [g for g in run.groups if g.prompt_id == "g0"]
+    if refresh:
+        assert (step.end_s, step.off_policy_tokens, step.refreshed) == (13, 12, 1)
+        assert g0.samples[0].restarts == 1 and g0.samples[0].wasted_tokens == 5
+        assert [seg.policy_version for seg in kept_segments(g0.samples[0])] == [1]
+    else:
+        assert (step.end_s, step.off_policy_tokens, step.refreshed) == (12, 17, 0)
+        assert g0.samples[0].restarts == 0
+    assert step.tokens == 17 and g0.samples[1].restarts == 0
+
+
+def test_every_policy_streams_and_one_with_per_batch_state_is_refused():
+    """Every registered policy that runs on real engines takes groups while others run (the probe-barrier
+    ones probe and route each refill as its own wave); a policy that declares per-batch state is refused
+    with the names of those that can."""
+    from pdsr_sdk.dispatch.policy import Policy
+    from pdsr_sdk.policies.resolve import check_streaming, policy_names
+
+    assert set(policy_names("all")) <= set(streaming_policies())
+
+    class OneBatch(Policy):
+        name = "one-batch"
+
+        def on_batch(self, groups):
+            pass
+
+    with pytest.raises(ConfigError, match=r"policy 'one-batch' cannot run --steps.*can: .*baseline.*v2.5"):
+        check_streaming(OneBatch, "one-batch")
     clock = VirtualClock()
-    run = DispatchRun([SimEngine("fast-0", "fast", None, clock)], cls, settings, clock,
+    run = DispatchRun([SimEngine("fast-0", "fast", None, clock)], OneBatch, None, clock,
                       SamplingConfig(), SegmentConfig())
     with pytest.raises(ConfigError, match="cannot take groups while others run"):
         run.add_groups([], 0)
@@ -181,8 +216,6 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     assert data["runs"][0]["ratio"] == pytest.approx(1.0) and data["runs"][0]["off_policy_share"] == 0
     assert all(r["max_age"] <= 1 for r in data["runs"])
     assert (out / "steps.png").read_bytes()[:4] == b"\x89PNG"
-    res = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--steps", "5", "--policy", "v1"])
-    assert res.exit_code == 2 and "cannot run --steps" in res.output
 
 
 def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains():

@@ -33,6 +33,7 @@ OUTPUT_SCHEMAS: Registry[object] = Registry("output schema")
 OUTPUT_SCHEMAS.register("gae_output", "pdsr_sdk.gae.table:gae_output_schema")
 OUTPUT_SCHEMAS.register("score_output", "pdsr_sdk.scoring.table:score_output_schema")
 OUTPUT_SCHEMAS.register("trajectory", "pdsr_sdk.dispatch.trajectory:trajectory_schema")
+OUTPUT_SCHEMAS.register("carry", "pdsr_sdk.dispatch.trajectory:carry_schema")
 
 
 def config_models() -> dict[str, type]:

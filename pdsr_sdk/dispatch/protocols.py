@@ -184,6 +184,12 @@ class Dispatcher(Protocol):
         """Optional speed hint, asked before ``on_worker_idle`` calls for a pool's engines:
         False means the policy would do nothing for them now (skipped at scale)."""
 
+    def on_step_end(self, carried: list[Group]) -> list[Sample]:
+        """Optional (partial rollout across steps): a step ended and the weights changed; ``carried`` are
+        the groups going into the next step (their running samples stopped, holding their tokens). Return
+        finished samples to generate again under the new weights (their tokens are thrown away and
+        counted as wasted); called before the step's new groups arrive."""
+
     def batch_report(self) -> dict[str, Any]:
         """Optional: facts about the batch that just finished (e.g. v2.5's ``l_cut``, ``fast_cap``),
         put in its :class:`~pdsr_sdk.dispatch.run.BatchReport`. Called once per batch, after its

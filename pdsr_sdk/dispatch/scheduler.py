@@ -330,7 +330,8 @@ class Scheduler:
         ``wasted_tokens``). Running: aborted, then queued on the engine it ran on (unless the abort
         finds its last token already generated: then it finishes as usual). Queued: stays
         where it is. Finished (e.g. its tokens grew too stale before its group was used): queued
-        again on the engine it last ran on; its group is reported done again when it finishes."""
+        again on the engine it last ran on; its group is reported done again when it finishes. Not
+        queued yet but holding tokens (restored from disk): its tokens are thrown away."""
         run = self._run_of.get(sample)
         if run is not None:
             if run.intent is None:
@@ -345,6 +346,8 @@ class Scheduler:
             self._restart(sample)   # a held one continues from its prompt at resume
             return
         if not sample.finished:
+            if sample.num_generated:   # restored with tokens (a resumed run), not queued yet
+                self._restart(sample)
             return   # never submitted: nothing to throw away
         engine = self._by_name.get(sample.segments[-1].engine) if sample.segments else None
         pool = engine.pool if engine is not None else sample.routed_to

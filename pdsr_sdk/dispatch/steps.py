@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.dispatch.types import TRUNCATED, Group, Sample, SegmentRecord
@@ -67,6 +67,9 @@ class StepRecord:
     stale_restarts: int
     #: seconds the step's end was held for an overdue group (group_deadline)
     held_s: float
+    #: finished samples of carried groups the policy chose to generate again at the step's start
+    #: (``on_step_end``; their tokens are in ``wasted_tokens``)
+    refreshed: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -157,6 +160,7 @@ class StepStream:
         self.held_since: float | None = None
         self.held_s = 0.0
         self.stale_restarts = 0
+        self.refreshed = 0
         self.stats0 = dict(self.sched.stats)
         self.records: list[StepRecord] = []
         self.consumed: list[Group] = []
@@ -180,11 +184,40 @@ class StepStream:
         if groups:
             self.run.add_groups(groups, self.t)
 
-    def start(self, *, last: bool = False) -> None:
-        """Launch the first step's groups (``last``: B of them, and the step drains; see :meth:`refill`)."""
+    def start(self, *, last: bool = False, carried: Sequence[tuple[Group, int]] = ()) -> None:
+        """Launch the first step's groups (``last``: B of them, and the step drains; see :meth:`refill`).
+
+        ``carried``: groups an earlier run had in flight (restored from disk, with the step each was
+        launched in, counted from this stream's step 0, so earlier steps are negative). They go first,
+        continuing from their tokens; a sample too stale for the current version starts over now (a
+        resumed run may thus restart a sample once more than an uninterrupted one)."""
         self.draining = last
-        self.launch(self.b if last else self.target)
+        running = []
+        for g, step in carried:
+            self.flying[id(g)] = (g, step)
+            self.launched_at[g.prompt_id] = step
+            for smp in g.samples:
+                v = oldest_version(smp)
+                if self.s is not None and v is not None and self.step_version - v > self.s:
+                    # before the policy sees the group: it queues the sample afresh
+                    smp.finish_reason = smp.finish_time_s = None
+                    self.sched.restart(smp)
+                    self.stale_restarts += 1
+                if smp.restarts:
+                    self.restarted[id(smp)] = smp.restarts
+                    self.watch[id(g)] = g
+            if g.done:
+                self.complete[id(g)] = g
+            else:
+                running.append(g)
+        if running:
+            self.run.add_groups(running, self.t)
+        self.launch((self.b if last else self.target) - len(self.flying))
         self.maybe_end()
+
+    def in_flight_groups(self) -> list[tuple[Group, int]]:
+        """Groups launched and not consumed, each with the step it was launched in."""
+        return list(self.flying.values())
 
     # --------------------------------------------------------------- events
     def group_done(self, group: Group) -> None:
@@ -273,9 +306,10 @@ class StepStream:
             ages=dict(sorted(ages.items())), max_group_lag=max(lags, default=0),
             restarts=stats["restarts"] - self.stats0.get("restarts", 0),
             wasted_tokens=stats["wasted_tokens"] - self.stats0.get("wasted_tokens", 0),
-            stale_restarts=self.stale_restarts, held_s=self.held_s))
+            stale_restarts=self.stale_restarts, held_s=self.held_s, refreshed=self.refreshed))
         self.stats0 = dict(stats)
         self.stale_restarts = 0
+        self.refreshed = 0
         if self.keep:
             self.consumed.extend(consumed)
         self.t += 1
@@ -296,6 +330,13 @@ class StepStream:
         if self.s is not None:
             for g, _ in list(self.flying.values()):
                 self._restart_stale(g, self.step_version)
+        choose = getattr(self.run.policy, "on_step_end", None)
+        if choose is not None:
+            for smp in choose([g for g, _ in self.flying.values()]):
+                if smp.finished and id(smp.group) in self.flying:
+                    self.sched.restart(smp)
+                    self.refreshed += 1
+                    self.complete.pop(id(smp.group), None)
         self.draining = last
         self.launch((self.b if last else self.target) - len(self.flying))
         self.start_s = self.clock.now()

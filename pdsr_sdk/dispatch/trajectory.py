@@ -72,6 +72,42 @@ def trajectory_schema() -> pa.Schema:
     ])
 
 
+#: columns a carried (unfinished) sample may leave empty
+_CARRY_NULLABLE = ("finish_reason", "finish_time_s", "submit_time_s")
+
+
+def carry_schema() -> pa.Schema:
+    """The groups in flight at a multi-step run's step end, with every sample's tokens, log-probs and
+    segments so far (``<out>.parts/_carry.parquet``; ``--resume`` continues them): the trajectories
+    schema, nullable where an unfinished sample has no value yet, plus the step that launched the group."""
+    import pyarrow as pa
+
+    fields = [f.with_nullable(True) if f.name in _CARRY_NULLABLE else f for f in trajectory_schema()]
+    fields.append(_f("launch_step", pa.int32(), "Step (batch index) the group was launched in; its deadline "
+                                               "(group_deadline) counts from it."))
+    return pa.schema(fields)
+
+
+def restore_sample(sample: Sample, row: dict[str, Any]) -> None:
+    """Give a fresh ``sample`` (same group and index) the state a carry row recorded, so that it goes on
+    from its tokens (or, finished, waits for its group)."""
+    from pdsr_sdk.dispatch.types import SegmentRecord
+
+    sample.token_ids = list(row["response_token_ids"] or [])
+    sample.logprobs = list(row["response_logprobs"] or [])
+    sample.num_generated = row["response_length"]
+    sample.segments = [SegmentRecord(**seg) for seg in row["segments"] or []]
+    sample.finish_reason = row["finish_reason"]
+    sample.is_probe = row["is_probe"]
+    sample.routed_to = row["routed_to"]
+    for key in ("moves", "restarts", "retries", "steals", "wasted_tokens"):
+        setattr(sample, key, row[key] or 0)
+    # an unfinished sample is submitted afresh in the run that restores it (policies queue unsubmitted ones)
+    sample.submit_time_s = row["submit_time_s"] if sample.finished else None
+    sample.first_token_time_s = row["first_token_time_s"]
+    sample.finish_time_s = row["finish_time_s"]
+
+
 def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] | None, *,
                decode: bool = True) -> dict[str, Any]:
     """A finished :class:`~pdsr_sdk.dispatch.types.Sample` as a trajectories row; ``tokenizer`` decodes

@@ -97,6 +97,18 @@ class V3Settings(ConfigModel):
     lane_seqs: int = Field(
         48, ge=1, description="A heavy engine holding a tail sample admits new work only while it runs fewer samples "
                               "than this (its step time stays a few times below a full engine's).")
+    refresh: bool = Field(
+        False, description="Partial rollout: at a step's end, generate again under the new weights the finished samples "
+                           "of each carried group that ran no longer than refresh_ratio x the longest time a "
+                           "still-running sibling has run, so that the group is consumed with fresh samples instead "
+                           "of responses a version old; each sample at most once; the thrown-away tokens count as "
+                           "wasted. Off by default: it trades step time for freshness (numbers in "
+                           "docs/benchmarks.md), and with every slot full it costs throughput.")
+    refresh_ratio: float = Field(
+        1.0, ge=0, le=1, description="With refresh: regenerate a finished sample of a carried group only if it ran at "
+                                     "most this fraction of the time its longest-running sibling has run so far (that "
+                                     "sibling needs at least that long, so the regenerated one rarely delays the "
+                                     "group); lower values trade less step time for less freshness.")
     heavy_max_seqs: int | None = Field(
         None, ge=1, description="Run the heavy pool's engines with at most this many samples each (none: the "
                                 "engine's own limit, as every other engine).")
@@ -153,6 +165,7 @@ class V3Policy(Policy):
         self.targets: list[tuple[int, int, str]] = []   # lazy heap of move targets
         self.targets_stale = True
         self.total_remaining = 0.0
+        self.refreshed: set[Sample] = set()          # samples regenerated at a step's end (each once)
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
@@ -183,6 +196,25 @@ class V3Policy(Policy):
         self.stream_has_room = streaming and self.total_assigned + len(self.waiting) <= self.total_slots
         self._set_lane()
         self._fill_all()
+
+    def on_step_end(self, carried: list[Group]) -> list[Sample]:
+        """Partial rollout, a step ended: the finished samples of carried groups worth generating again
+        under the new weights (``refresh``). Lengths are compared as time on an engine (a simulated
+        engine reports a running segment's tokens only when it ends; a stopped one's pause is no work)."""
+        if not self.cfg.refresh:
+            return []
+        now = self.ctx.clock.now()
+        out = []
+        for g in carried:
+            running = [_engine_time(s, now) for s in g.samples if not s.finished]
+            if not running:
+                continue   # complete, waiting to be consumed: regenerating would only delay it
+            bound = self.cfg.refresh_ratio * max(running)
+            for s in g.samples:
+                if s.finished and _engine_time(s, now) <= bound and s not in self.refreshed:
+                    self.refreshed.add(s)
+                    out.append(s)
+        return out
 
     def batch_report(self) -> dict:
         """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold,
@@ -507,3 +539,8 @@ class V3Policy(Policy):
         self._unplace(s)
         self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+
+
+def _engine_time(sample: Sample, now: float) -> float:
+    """Seconds the sample has spent running on engines (a running segment counts up to ``now``)."""
+    return sum((now if seg.end_time_s is None else seg.end_time_s) - seg.submit_time_s for seg in sample.segments)

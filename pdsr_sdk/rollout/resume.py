@@ -1,7 +1,8 @@
 """The run on disk that ``--resume`` continues: what it finished, the settings it ran with, its batches.
 
 A rollout records its settings (:func:`run_settings`) in the trajectories' Parquet metadata; resuming with
-different ones is an error naming each key. Batches go on from the last index on disk, and the summary
+different ones is an error naming each key. Batches go on from the last index on disk, a multi-step run's carried groups continue from their tokens
+(``<out>.parts/_carry.parquet``), and the summary
 covers the whole run: batches the earlier summary reported (same ``run_id``), and batches only partly
 done when the run stopped, counted from the trajectories.
 """
@@ -15,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from pdsr_sdk.dispatch.run import STAT_KEYS
+from pdsr_sdk.dispatch.trajectory import restore_sample
+from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError
-from pdsr_sdk.rollout.writer import existing_files
+from pdsr_sdk.rollout.data import build_groups
+from pdsr_sdk.rollout.writer import carry_file, existing_files
 
 #: settings a resumed run must share with the run on disk (config key -> flag)
 RESUME_KEYS = {
@@ -56,6 +60,8 @@ class ResumeState:
     samples: int = 0
     batches: list[dict[str, Any]] = field(default_factory=list)   # summary rows of the batches on disk
     busy_s: dict[str, float] = field(default_factory=dict)        # engine busy seconds of the reported batches
+    #: rows (carry schema) of the groups a multi-step run had in flight at its last step's end
+    carried: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def next_batch_index(self) -> int:
@@ -82,12 +88,54 @@ def read_resume_state(path: Path, settings: dict[str, Any], summary: Path) -> Re
     run_id = meta.get(b"run_id", b"").decode() or uuid.uuid4().hex
     state = ResumeState(run_id=run_id, done_ids=set(rows["prompt_id"]), groups=len(set(rows["prompt_id"])),
                         samples=table.num_rows)
+    state.carried = _read_carry(path, run_id, state.done_ids)
     reported, state.busy_s = _reported_batches(summary, run_id)
     on_disk = _batches_from_rows(rows)
     for index, derived in sorted(on_disk.items()):
         report = reported.get(index)
         state.batches.append(report if report and report["groups"] == derived["groups"] else derived)
     return state
+
+
+def _read_carry(path: Path, run_id: str, done: set[str]) -> list[dict[str, Any]]:
+    """The carry rows of this run (groups already on disk as consumed dropped: the run stopped between
+    writing a step's groups and its carry)."""
+    import pyarrow.parquet as pq
+
+    file = carry_file(path)
+    if not file.exists():
+        return []
+    try:
+        table = pq.read_table(file)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
+        raise DataError(f"{file}: cannot read the groups the run carried between steps: {exc}; remove the file "
+                        f"to start them over") from None
+    if (table.schema.metadata or {}).get(b"run_id", b"").decode() != run_id:
+        return []
+    return [r for r in table.to_pylist() if r["prompt_id"] not in done]
+
+
+def carried_groups(rows: list[dict[str, Any]], records: list, n: int, max_tokens: int,
+                   where: str) -> list[tuple[Group, int]]:
+    """Groups rebuilt from carry ``rows`` (their prompts from ``records``, the data's prompt records), each
+    sample given its tokens, log-probs and segments, with the step each group was launched in."""
+    by_id = {r.prompt_id: r for r in records}
+    rows_of: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        rows_of.setdefault(row["prompt_id"], []).append(row)
+    out = []
+    for pid, group_rows in rows_of.items():
+        if pid not in by_id:
+            raise DataError(f"{where}: the run carried prompt id {pid!r} between steps but the data has no such "
+                            f"prompt; resume with the run's data, or start over with --overwrite")
+        group = build_groups([by_id[pid]], n, max_tokens)[0]
+        if len(group_rows) != len(group.samples):
+            raise DataError(f"{where}: carried group {pid!r} has {len(group_rows)} samples, the run makes "
+                            f"{len(group.samples)}; resume with the run's --n")
+        for row in group_rows:
+            restore_sample(group.samples[row["sample_index"]], row)
+        out.append((group, group_rows[0]["launch_step"]))
+    return out
 
 
 def _check_settings(path: Path, now: dict[str, Any], meta: dict[bytes, bytes], group_sizes: set[int]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsr_sdk.dispatch.run import STAT_KEYS
-from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
+from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, Interrupted
 from pdsr_sdk.io.tables import write_text_atomic
@@ -18,10 +18,10 @@ from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
-from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, read_resume_state, run_settings
+from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, carried_groups, read_resume_state, run_settings
 from pdsr_sdk.rollout.reward import resolve_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
-from pdsr_sdk.rollout.writer import TrajectoryWriter
+from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file
 
 
 @dataclass
@@ -135,15 +135,19 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     settings = run_settings(config, model_dir)
     prior = read_resume_state(out.path, settings, summary_path(config)) if out.resume else ResumeState()
     limit, source = context_limit(config, model_dir, engines)
-    todo, too_long = split_long_prompts([r for r in records if r.prompt_id not in prior.done_ids], config,
+    carried = carried_groups(prior.carried, records, config.sampling.n, config.sampling.max_tokens,
+                             str(carry_file(out.path))) if prior.carried else []
+    left = prior.done_ids | {g.prompt_id for g, _ in carried}
+    todo, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
                                         limit, source, data_path)
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
     if config.num_batches is not None:
         batches = batches[:config.num_batches]
     reward_fn = resolve_reward(config.reward, any(r.ground_truth is not None for r in records))
-    longest_prompt = max((len(r.token_ids) for r in todo), default=0)
+    running = todo + [r for r in records if r.prompt_id in left and r.prompt_id not in prior.done_ids]
+    longest_prompt = max((len(r.token_ids) for r in running), default=0)
     max_model_len = _round_up(longest_prompt + max(
-        [config.sampling.max_tokens] + [max(r.target_lengths) for r in todo if r.target_lengths]), 256)
+        [config.sampling.max_tokens] + [max(r.target_lengths) for r in running if r.target_lengths]), 256)
     if limit is not None:
         max_model_len = min(max_model_len, limit)
     writer = TrajectoryWriter(
@@ -153,7 +157,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                   "run_id": prior.run_id, METADATA_KEY: json.dumps(settings)})
     state.writer_made = True
 
-    total_groups = sum(len(b) for b in batches)
+    total_groups = sum(len(b) for b in batches) + len(carried)
     sample_bar = probe_bar = None
 
     def on_sample(sample: Sample) -> None:
@@ -183,7 +187,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     rewards: dict[str, tuple[float, int]] = {}   # prompt id -> (sum of its samples' rewards, how many)
     results: list[BatchResult] = []
     try:
-        if batches:
+        if batches or carried:
             await session.start(max_model_len=max_model_len)
             state.engines_started = True
             session.run.batch_index = max(session.run.batch_index, prior.next_batch_index)   # numbering goes on
@@ -191,8 +195,11 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
             todo_left = [r for b in batches for r in b]
             source = iter(todo_left)
             consumed = 0
+            if prior.batches:   # each step's end was a version change
+                session.policy_version = config.policy_version + prior.next_batch_index
+            session.restore_carried(carried)
             for k in range(config.steps or 1):
-                if consumed == len(todo_left):
+                if consumed == len(todo_left) + len(carried):
                     break
                 out = await session.astep(source if k == 0 else (), last=k == (config.steps or 1) - 1)
                 for group in out.groups:
@@ -201,6 +208,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                 results.append(out.report)
                 session.policy_version += 1   # each step's end is a trainer's weight update
                 writer.flush()
+                writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
+                                    for g, step in session.carried() for s in g.samples], carry_schema())
                 write_text_atomic(summarise().to_json(), summary_path(config))
         for batch in ([] if config.streaming else batches):
             results.append(await session.generate(batch))

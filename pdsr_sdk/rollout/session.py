@@ -133,6 +133,8 @@ class RolloutSession:
         self._sources: deque[Iterator] = deque()
         self._stream_n = 0
         self._step_end: asyncio.Future | None = None
+        self._stream_base = 0   # batch index of the stream's first step (launch steps are counted from it)
+        self._restored: list[tuple[Group, int]] = []
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -323,7 +325,9 @@ class RolloutSession:
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                 new_groups=self._new_stream_groups, on_step_end=self._stream_step_end)
-            self._stream.start(last=last)
+            self._stream_base = self.run.batch_index
+            self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
+            self._restored = []
         else:
             self._stream.refill(last=last)
             self.scheduler.resume()
@@ -353,6 +357,26 @@ class RolloutSession:
         result.summary.update(report.step)
         result.record = record
         return result
+
+    def carried(self) -> list[tuple[Group, int]]:
+        """Partial rollout: the groups in flight after a step (carried into the next), each with the step
+        (batch index) it was launched in. Between steps every sample is stopped, holding its tokens,
+        log-probs and segments: save them (``pdsr rollout`` writes ``<out>.parts/_carry.parquet``) and
+        give them to :meth:`restore_carried` of a new session to go on after a crash."""
+        if self._stream is None:
+            return list(self._restored)
+        return [(g, self._stream_base + step) for g, step in self._stream.in_flight_groups()]
+
+    def restore_carried(self, groups: list[tuple[Group, int]]) -> None:
+        """Before the first step of a partial-rollout session: groups (with their launch steps) that an
+        earlier session had in flight, as :meth:`carried` gave them (samples restored, e.g. with
+        :func:`~pdsr_sdk.dispatch.trajectory.restore_sample`). They go first and continue from their
+        tokens; set :attr:`policy_version` to the version the earlier session had reached first."""
+        if not self.config.streaming:
+            raise RunError("restore_carried: only for partial rollout (config.over_provision or config.steps)")
+        if self._stream is not None:
+            raise RunError("restore_carried: the stream has started; call it before the first step")
+        self._restored = list(groups)
 
     def _new_stream_groups(self, count: int) -> list[Group]:
         items: list = []

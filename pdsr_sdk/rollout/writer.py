@@ -6,7 +6,9 @@ run keeps every finished group. At the end the parts are merged into
 ``<out>`` (atomic rename) and the parts directory is removed. ``resume``
 reads the finished prompt ids from both, and the run skips them.
 ``overwrite`` removes the old output only when the first new group is
-written (a run that fails before that leaves it as it was).
+written (a run that fails before that leaves it as it was). A multi-step
+run also keeps the groups it carries between steps in
+``<out>.parts/_carry.parquet``, which ``resume`` continues.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import write_table_atomic
+
+CARRY_FILE = "_carry.parquet"   # "_": dataset readers of the parts folder skip it
 
 
 class TrajectoryWriter:
@@ -83,6 +87,19 @@ class TrajectoryWriter:
         self._groups = 0
         self._last_flush = time.monotonic()
 
+    def write_carry(self, rows: list[dict], schema) -> None:
+        """Replace ``<out>.parts/_carry.parquet`` (atomically) with the groups a multi-step run has in flight
+        (``rows`` in ``schema``); no rows removes it. Call it after :meth:`flush`, so that a group is on
+        disk as consumed or as carried, or (between the two writes) as both: resume drops a carried group
+        that is also consumed."""
+        path = carry_file(self.path)
+        if not rows:
+            path.unlink(missing_ok=True)
+            return
+        self._remove_old()
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        write_table_atomic(self._pa.Table.from_pylist(rows, schema=schema.with_metadata(self.schema.metadata)), path)
+
     def finalize(self) -> Path:
         """Merge everything on disk into the output file and remove the parts."""
         import pyarrow.parquet as pq
@@ -95,6 +112,12 @@ class TrajectoryWriter:
         write_table_atomic(table, self.path)
         shutil.rmtree(self.parts_dir, ignore_errors=True)
         return self.path
+
+
+def carry_file(path: str | Path) -> Path:
+    """Where a multi-step run writing ``path`` keeps the groups it has in flight (see ``write_carry``)."""
+    path = Path(path)
+    return path.with_name(path.name + ".parts") / CARRY_FILE
 
 
 def existing_files(path: str | Path) -> list[Path]:
