@@ -93,6 +93,8 @@ class DispatchContext(Protocol):
 
     clock: Clock
     policy_version: int
+    #: True once groups have arrived while others may run (``add_groups``: partial rollout across steps)
+    streaming: bool
 
     def pools(self) -> dict[str, list[Engine]]:
         """Live engines by pool name (``fast``, ``heavy``)."""

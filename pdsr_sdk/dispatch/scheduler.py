@@ -134,6 +134,7 @@ class Scheduler:
         self.paused: str | None = None
         self._held: dict[Sample, _Run] = {}             # samples a pause stopped, by the run that was stopped
         self._drained: list[Callable[[], None]] = []    # called once nothing runs any more while paused
+        self.streaming = False   # set by add_groups (DispatchContext.streaming)
         self.policy: Dispatcher = policy_factory(self)
         # skip hooks the policy does not override (the simulator calls these millions of times)
         self._wants_launch = _overrides(self.policy, "on_launch")
@@ -164,6 +165,7 @@ class Scheduler:
         """
         if self._batch_done is not None:
             raise PdsrError("add_groups: a start_batch batch is still running; stream groups or run batches, not both")
+        self.streaming = True
         if not groups:
             return
         self._dirty_engines.update(e.name for e in self.live_engines())

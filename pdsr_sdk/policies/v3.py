@@ -25,7 +25,8 @@ tell:
   staleness bound, the lane costs more capacity than it saves.
 
 With no information (nothing finished yet, or a probe that predicts nothing) it behaves like
-baseline: all work spread evenly over all engines from the start.
+baseline: all work spread evenly over all engines from the start; in a stream, each arrival's groups
+go in baseline's contiguous chunks (``stream_placement``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,16 @@ class V3Settings(ConfigModel):
     lane_seqs: int = Field(
         48, ge=1, description="A heavy engine holding a tail sample admits new work only while it runs fewer samples "
                               "than this (its step time stays a few times below a full engine's).")
+    stream_placement: Literal["auto", "chunk", "deal"] = Field(
+        "auto", description="How new groups are placed in a stream (partial rollout across steps, where a step ends "
+                            "once B whole groups are complete). 'deal': one sample at a time to the least loaded "
+                            "engine, as within a batch. 'chunk': baseline's split, each arrival's samples in "
+                            "contiguous chunks per engine, whatever the engines already run. 'auto': chunk until "
+                            "the probe is measured to predict (min_correlation), then deal. Dealing keeps every "
+                            "engine equally loaded, so when lengths carry no signal every group finishes at the "
+                            "same moment and over-provision buys nothing (uninformative lengths, B=128, F=0.25: "
+                            "step 1.000x of on-policy against baseline's 0.980x); chunks leave the engines that hold "
+                            "carried work slower, so the others complete their groups first.")
     refresh: bool = Field(
         False, description="Partial rollout: at a step's end, generate again under the new weights the finished samples "
                            "of each carried group that ran no longer than refresh_ratio x the longest time a "
@@ -181,6 +192,10 @@ class V3Policy(Policy):
                     self.tail_on[e.name] = 0
                     self._push_engine(e.name)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
+        mode = self.cfg.stream_placement
+        if self.ctx.streaming and (mode == "chunk" or (mode == "auto" and not self.informative)):
+            self._place_chunks(groups)
+            return
         for g in groups:
             self.ranks[id(g)] = _GroupRank(sum(1 for s in g.samples if not s.finished))
             for s in g.samples:
@@ -196,6 +211,19 @@ class V3Policy(Policy):
         self.stream_has_room = streaming and self.total_assigned + len(self.waiting) <= self.total_slots
         self._set_lane()
         self._fill_all()
+
+    def _place_chunks(self, groups: list[Group]) -> None:
+        """Baseline's placement of the arriving groups (``stream_placement``), with v3's bookkeeping."""
+        engines = sorted((e for es in self.ctx.pools().values() for e in es), key=lambda e: e.name)
+        samples = [s for g in groups for s in g.samples if not s.finished]
+        for g in groups:
+            self.ranks[id(g)] = _GroupRank(sum(1 for s in g.samples if not s.finished))
+            if self.cfg.probes_first and not g.samples[0].finished:
+                g.samples[0].is_probe = True   # its length still measures the probe's correlation
+        for i, s in enumerate(samples):
+            e = engines[i * len(engines) // len(samples)]
+            self._place(s, e, self._expected_length(s))
+            self.ctx.submit(s, engine=e)
 
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """Partial rollout, a step ended: the finished samples of carried groups worth generating again

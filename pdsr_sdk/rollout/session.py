@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
@@ -244,10 +244,9 @@ class RolloutSession:
         if self._given_engines is None:
             began = loop.time()
             self._status(starting_message(self.engine_specs, self._model_dir()))
-            results = await asyncio.gather(*(engine.start() for engine in self.engines), return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
+            failed = await _failures(engine.start() for engine in self.engines)
             if failed:
-                await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
+                await _failures(engine.close() for engine in self.engines)
                 raise failed[0]
             self._status(f"engines ready in {loop.time() - began:.1f} s")
         self._started = True
@@ -257,7 +256,7 @@ class RolloutSession:
         if self._given_engines is not None:
             self._started = False
             return
-        await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
+        await _failures(engine.close() for engine in self.engines)
         self._started = False
 
     # ------------------------------------------------------------ one step
@@ -466,7 +465,7 @@ class RolloutSession:
                            "weights between steps")
         if self._asleep:
             raise RunError("update_weights: the engines are asleep; call session.wake() first")
-        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+        engines = self._live_engines()
         unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
         if unsupported:
             raise ConfigError(f"update_weights: engine(s) {', '.join(unsupported)} cannot load weights (their "
@@ -475,10 +474,9 @@ class RolloutSession:
             self._reference_weights = ModelWeights.read(self._model_dir())
         staged = stage_weights(weights, self._reference_weights)
         try:
-            results = await asyncio.gather(*(e.update_weights(staged) for e in engines), return_exceptions=True)
+            failed = await _failures(e.update_weights(staged) for e in engines)
         finally:
             staged.close()
-        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
         new = self.policy_version + 1 if version is None else int(version)
@@ -519,7 +517,7 @@ class RolloutSession:
         sched = self.scheduler
         if sched.paused is not None:
             raise RunError(f"pause: already paused (mode {sched.paused!r}); call resume() first")
-        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+        engines = self._live_engines()
         if mode == "keep":
             lacking = [e.name for e in engines if not hasattr(e, "pause_generation")]
             if lacking:
@@ -529,8 +527,7 @@ class RolloutSession:
         drained = asyncio.get_running_loop().create_future()
         sched.pause(mode, on_drained=lambda: drained.done() or drained.set_result(None))
         if mode == "keep":
-            results = await asyncio.gather(*(e.pause_generation("keep") for e in engines), return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
+            failed = await _failures(e.pause_generation("keep") for e in engines)
             if failed:
                 await self.aresume()
                 raise failed[0]
@@ -555,9 +552,7 @@ class RolloutSession:
         self._sleep_paused = False
         sched.resume()
         if mode == "keep":
-            engines = [e for e in self.engines if not getattr(e, "_dead", False)]
-            results = await asyncio.gather(*(e.resume_generation() for e in engines), return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
+            failed = await _failures(e.resume_generation() for e in self._live_engines())
             if failed:
                 raise failed[0]
 
@@ -582,7 +577,7 @@ class RolloutSession:
         if sched.in_flight:
             raise RunError(f"sleep: {sched.in_flight} request(s) are running; call it between steps or after "
                            f"pause('abort') / pause('wait')")
-        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
+        engines = self._live_engines()
         reasons = {e.name: (e.sleep_unsupported() if hasattr(e, "sleep_unsupported") else
                             "its backend has no sleep mode") for e in engines}
         reasons = {name: why for name, why in reasons.items() if why}
@@ -593,9 +588,8 @@ class RolloutSession:
         if sched.paused is None:
             sched.pause("abort")   # nothing runs: this only keeps new work from starting
             self._sleep_paused = True
-        results = await asyncio.gather(*(e.sleep(level) for e in engines), return_exceptions=True)
+        failed = await _failures(e.sleep(level) for e in engines)
         self._asleep = True
-        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             await self.awake()
             raise failed[0]
@@ -609,15 +603,17 @@ class RolloutSession:
         nothing."""
         if not self._asleep:
             return
-        engines = [e for e in self.engines if not getattr(e, "_dead", False)]
-        results = await asyncio.gather(*(e.wake_up() for e in engines), return_exceptions=True)
+        failed = await _failures(e.wake_up() for e in self._live_engines())
         self._asleep = False
         if self._sleep_paused:
             self._sleep_paused = False
             self.scheduler.resume()
-        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
+
+    def _live_engines(self) -> list:
+        """The engines the scheduler has not seen die."""
+        return self.scheduler.live_engines() if self.scheduler is not None else list(self.engines)
 
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:
@@ -637,6 +633,12 @@ class RolloutSession:
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_result(exc)
+
+
+async def _failures(calls: Iterable[Awaitable]) -> list[BaseException]:
+    """Await ``calls`` together, each to its end; the exceptions they raised (the caller raises the first)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    return [r for r in results if isinstance(r, BaseException)]
 
 
 def _take(prompts: Iterable, count: int) -> list:
