@@ -135,8 +135,9 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     settings = run_settings(config, model_dir)
     prior = read_resume_state(out.path, settings, summary_path(config)) if out.resume else ResumeState()
     limit, source = context_limit(config, model_dir, engines)
+    # resumed without --steps: the carried groups run again from their prompts, as any unfinished group
     carried = carried_groups(prior.carried, records, config.sampling.n, config.sampling.max_tokens,
-                             str(carry_file(out.path))) if prior.carried else []
+                             str(carry_file(out.path))) if prior.carried and config.streaming else []
     left = prior.done_ids | {g.prompt_id for g, _ in carried}
     todo, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
                                         limit, source, data_path)
