@@ -122,6 +122,12 @@ class Policy:
             self.ctx.count("offloaded_prompts")
 
 
+def contiguous_chunks(samples: list[Sample], engines: list[Engine]) -> list[tuple[Sample, Engine]]:
+    """Baseline's split (verl's split of a batch over rollout replicas): sample i of n goes to engine
+    floor(i x E / n), so the engines get equal contiguous chunks and a group stays together."""
+    return [(s, engines[i * len(engines) // len(samples)]) for i, s in enumerate(samples)]
+
+
 def probe_duration(sample: Sample) -> float:
     """Wall (or virtual) time a probe spent generating: first launch to finish."""
     start = sample.segments[0].submit_time_s if sample.segments else (sample.submit_time_s or 0.0)

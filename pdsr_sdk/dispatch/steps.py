@@ -197,8 +197,7 @@ class StepStream:
             self.flying[id(g)] = (g, step)
             self.launched_at[g.prompt_id] = step
             for smp in g.samples:
-                v = oldest_version(smp)
-                if self.s is not None and v is not None and self.step_version - v > self.s:
+                if self._too_old(smp, self.step_version):
                     # before the policy sees the group: it queues the sample afresh
                     smp.finish_reason = smp.finish_time_s = None
                     self.sched.restart(smp)
@@ -352,10 +351,14 @@ class StepStream:
         want = self.restarted.get(id(s))
         return want is not None and s.restarts >= want
 
+    def _too_old(self, s: Sample, version: int) -> bool:
+        """Whether ``s``'s oldest kept token would be more than S versions old at ``version``."""
+        v = oldest_version(s)
+        return self.s is not None and v is not None and version - v > self.s
+
     def _stale(self, group: Group, version: int, *, restarted_only: bool = False) -> bool:
         assert self.s is not None
-        return any((v := oldest_version(s)) is not None and version - v > self.s
-                   and (not restarted_only or self._restarted(s)) for s in group.samples)
+        return any(self._too_old(s, version) and (not restarted_only or self._restarted(s)) for s in group.samples)
 
     def _restart_stale(self, group: Group, version: int) -> None:
         """Restart the group's samples whose oldest kept token is more than S versions older than
@@ -363,8 +366,7 @@ class StepStream:
         if id(group) not in self.flying or self.s is None:
             return
         for s in group.samples:
-            v = oldest_version(s)
-            if v is not None and version - v > self.s:
+            if self._too_old(s, version):
                 if self._restarted(s):
                     raise PdsrError(f"step {self.t}: sample {s.key} would be restarted for staleness a second "
                                     f"time (the step should have waited for it; a bug)")

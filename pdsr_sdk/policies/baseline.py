@@ -8,6 +8,7 @@ from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.dispatch.types import Group
+from pdsr_sdk.dispatch.policy import contiguous_chunks
 from pdsr_sdk.policies.base import Policy
 
 
@@ -32,10 +33,9 @@ class BaselinePolicy(Policy):
         engines.sort(key=lambda e: e.name)
         samples = [s for g in groups for s in g.samples]
         n_eng = len(engines)
-        for i, sample in enumerate(samples):
-            if self.cfg.assignment == "chunk":
-                # engine k gets samples [k*len/E, (k+1)*len/E)
-                k = i * n_eng // len(samples)
-            else:
-                k = i % n_eng
-            self.ctx.submit(sample, engine=engines[k])
+        if self.cfg.assignment == "chunk":
+            placed = contiguous_chunks(samples, engines)
+        else:
+            placed = [(sample, engines[i % n_eng]) for i, sample in enumerate(samples)]
+        for sample, engine in placed:
+            self.ctx.submit(sample, engine=engine)

@@ -40,7 +40,7 @@ from typing import Literal
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
-from pdsr_sdk.dispatch.policy import Policy
+from pdsr_sdk.dispatch.policy import Policy, contiguous_chunks
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
 
@@ -220,8 +220,7 @@ class V3Policy(Policy):
             self.ranks[id(g)] = _GroupRank(sum(1 for s in g.samples if not s.finished))
             if self.cfg.probes_first and not g.samples[0].finished:
                 g.samples[0].is_probe = True   # its length still measures the probe's correlation
-        for i, s in enumerate(samples):
-            e = engines[i * len(engines) // len(samples)]
+        for s, e in contiguous_chunks(samples, engines):
             self._place(s, e, self._expected_length(s))
             self.ctx.submit(s, engine=e)
 
