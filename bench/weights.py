@@ -7,10 +7,11 @@ Loads the model's weights as an in-memory bf16 state dict (what a trainer holds)
 ``--engines`` local vLLM engines (bf16, one core each), and times, in one run:
 
 - ``update_weights(state_dict)`` through a session: check names/shapes, write the tensors once
-  into a shared-memory block, every engine process maps it and reloads in place (in parallel),
+  into the session's shared-memory block (kept across updates and rewritten in place; the first,
+  untimed update allocates it), every engine process maps it and reloads in place (in parallel),
   prefix caches reset, policy version bumped; split into the staging write and the engines' part;
-- the same state dict written once to shared memory (a fresh block in /dev/shm, as the update
-  does), the floor an update over shared memory cannot beat;
+- the same state dict written once to shared memory: into a fresh block in /dev/shm (the
+  reference of the target), and rewritten into an existing one (what the update's staging does);
 
 and prints their medians over ``--repeats`` and the ratio (target: under 3 s and within 3x of the
 write for SmolLM2-135M into 2 engines).
@@ -47,7 +48,7 @@ async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
     from transformers import AutoModelForCausalLM
 
     from pdsr_sdk.engines.vllm_engine import VllmEngine
-    from pdsr_sdk.engines.weights import ModelWeights, stage_weights, write_block
+    from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, stage_weights, write_block
     from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
 
@@ -58,11 +59,13 @@ async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
                                                max_model_len=512, kv_cache_gib=kv_gib, dtype="bfloat16"), model=model)
                for i in range(engines_n)]
     cfg = RolloutConfig(model=model, policy="baseline")
-    update, write, stage, load = [], [], [], []
+    update, write, rewrite, stage, load = [], [], [], [], []
+    kept = WeightsBlock()
     async with RolloutSession(cfg, engines=engines) as session:
         await asyncio.gather(*(e.start() for e in engines))
         try:
             reference = ModelWeights.read(model)
+            stage_weights(state, reference, block=kept).shared()     # allocated once, as the session's
             await session.aupdate_weights(state)            # untimed: first-call costs in the engines
             for _ in range(repeats):
                 t0 = time.perf_counter()
@@ -72,11 +75,14 @@ async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
                 t0 = time.perf_counter()
                 block = write_block(list(state.items()))
                 write.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                write_block(list(state.items()), block.path)
+                rewrite.append(time.perf_counter() - t0)
                 os.unlink(block.path)
 
                 # the same update by hand, timed in its two parts
                 t0 = time.perf_counter()
-                staged = stage_weights(state, reference)
+                staged = stage_weights(state, reference, block=kept)
                 staged.shared()
                 t1 = time.perf_counter()
                 await asyncio.gather(*(e.update_weights(staged) for e in engines))
@@ -85,9 +91,10 @@ async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
                 stage.append(t1 - t0)
                 load.append(t2 - t1)
         finally:
+            kept.close()
             await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
-    return {"bytes": nbytes, "tensors": len(state), "update": update, "write": write, "stage": stage,
-            "load": load, "version": session.policy_version}
+    return {"bytes": nbytes, "tensors": len(state), "update": update, "write": write, "rewrite": rewrite,
+            "stage": stage, "load": load, "version": session.policy_version}
 
 
 def main() -> None:
@@ -103,16 +110,19 @@ def main() -> None:
     apply_cpu_defaults()
     model, label = pick_model(args.model)
     r = asyncio.run(run(model, args.engines, args.repeats, args.kv_gib))
-    med = {k: statistics.median(r[k]) for k in ("update", "write", "stage", "load")}
+    med = {k: statistics.median(r[k]) for k in ("update", "write", "rewrite", "stage", "load")}
     gb = r["bytes"] / 1e9
     print(f"model: {label} ({model}): {r['tensors']} tensors, {gb:.3f} GB in bf16; {args.engines} local CPU engines; "
           f"median of {args.repeats}")
     print(f"  update_weights(state dict)          {med['update']:.3f} s  ({gb / med['update']:.2f} GB/s of weights)")
     print(f"    staging: check + write the block   {med['stage']:.3f} s")
     print(f"    engines: map + reload + reset      {med['load']:.3f} s  (all {args.engines} in parallel)")
-    print(f"  write the state dict once to shm    {med['write']:.3f} s  ({gb / med['write']:.2f} GB/s)")
+    print(f"  write the state dict once to shm    {med['write']:.3f} s  ({gb / med['write']:.2f} GB/s, a fresh block)")
+    print(f"    the same, into an existing block  {med['rewrite']:.3f} s  ({gb / med['rewrite']:.2f} GB/s)")
     print(f"  ratio update / write                {med['update'] / med['write']:.2f}x  (target: under 3 s and within 3x)")
-    print(f"  all runs (s): update {[round(x, 3) for x in r['update']]}, write {[round(x, 3) for x in r['write']]}")
+    print(f"    update / rewrite (stricter)       {med['update'] / med['rewrite']:.2f}x")
+    print(f"  all runs (s): update {[round(x, 3) for x in r['update']]}, write {[round(x, 3) for x in r['write']]}, "
+          f"rewrite {[round(x, 3) for x in r['rewrite']]}")
 
 
 if __name__ == "__main__":

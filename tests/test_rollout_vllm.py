@@ -197,12 +197,14 @@ def mean_abs(a, b):
     return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
 
 
-def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, engines, tiny_model_dir):
+def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, engines, tiny_model_dir, tmp_path,
+                                                                   monkeypatch):
     """fp32 engines: after update_weights(state dict) both engines' log-probs of a fixed response equal
     the trainer's torch log-probs of the new weights (and not the old ones); segments after it carry
-    version 1; an iterator of pairs works; bad names/shapes are PdsrErrors naming the parameter (checked
-    before anything changes, and again inside the engine process, with the engine's name); the model
-    folder restores the old weights."""
+    version 1; an iterator of pairs of other weights works (rewritten into the session's one shared
+    block, which is removed when the session closes); bad names/shapes are PdsrErrors naming the
+    parameter (checked before anything changes, and again inside the engine process, with the engine's
+    name); the model folder restores the old weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -220,6 +222,9 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
             p.add_(torch.randn_like(p) * 0.05)
     new = torch_logps(policy)
     prompts = ["What is 2 + 3?", {"id": "q", "messages": [{"role": "user", "content": "Hi"}], "ground_truth": "5"}]
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv("PDSR_SHM_DIR", str(shm))
 
     async def scenario():
         got = {}
@@ -245,16 +250,26 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
             assert "Traceback" not in str(info.value)
             got["after_bad"] = await engine_logps(engines[0])
             assert session.policy_version == 1
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+            got["new2"] = torch_logps(policy)
             assert await session.aupdate_weights(iter(policy.state_dict().items())) == 2
+            got["after2"] = [await engine_logps(e) for e in engines]
+            got["blocks"] = sorted(f.name for f in shm.iterdir())
             assert await session.aupdate_weights(tiny_model_dir) == 3   # a model folder: the original weights
             got["restored"] = [await engine_logps(e) for e in engines]
+        got["blocks_after_close"] = list(shm.iterdir())
         return got, first, second
 
     got, first, second = run_on(engine_loop, scenario(), timeout=600)
-    for before, after, restored in zip(got["before"], got["after"], got["restored"]):
+    for before, after, after2, restored in zip(got["before"], got["after"], got["after2"], got["restored"]):
         assert mean_abs(before, old) <= 1e-3
         assert mean_abs(after, new) <= 1e-3 and mean_abs(after, old) > 0.05
+        assert mean_abs(after2, got["new2"]) <= 1e-3 and mean_abs(after2, new) > 0.05
         assert mean_abs(restored, old) <= 1e-3
+    assert len(got["blocks"]) == 1 and got["blocks"][0].startswith("pdsr-weights-")   # one block, reused
+    assert got["blocks_after_close"] == []
     assert got["after_bad"] == got["after"][0]    # the refused update changed nothing
     assert (first.policy_version, second.policy_version) == (0, 1)
     for result, version in ((first, 0), (second, 1)):

@@ -4,6 +4,7 @@ messages, and the README's trainer snippet run as written."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -73,7 +74,7 @@ def test_weights_are_checked_against_the_model_and_written_once_to_shared_memory
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdsr_sdk.engines.weights import ModelWeights, read_block, stage_weights, write_buffer
+    from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, read_block, stage_weights, write_block, write_buffer
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.bfloat16)
     sd = model.state_dict()
@@ -117,6 +118,93 @@ def test_weights_are_checked_against_the_model_and_written_once_to_shared_memory
     with pytest.raises(DataError, match="not a model folder"):
         stage_weights(str(tiny_model_dir / "nowhere"), ref)
     assert stage_weights(tiny_model_dir, ref).folder == str(Path(tiny_model_dir).resolve())
+
+    # a block kept across updates (a session's): rewritten in place, kept by close(), freed by its owner
+    kept = WeightsBlock()
+    first = stage_weights(sd, ref, block=kept)
+    assert first.shared().path == kept.path
+    first.close()
+    assert Path(kept.path).exists()
+    halved = {n: t / 2 for n, t in sd.items()}
+    second = stage_weights(halved, ref, block=kept)
+    back = dict(read_block(kept.path, second.shared().size, second.shared().entries))
+    assert all(torch.equal(back[n], halved[n]) for n in back)
+    second.close()
+    other = write_block([("x", torch.ones(3))], kept.path)      # another layout: a block of its own size
+    assert other.path == kept.path and os.path.getsize(kept.path) == other.size == 64
+    kept.close()
+    assert not Path(kept.path).exists()
+
+
+@requires_torch
+def test_cpu_weights_take_the_shared_block_and_a_worker_refuses_ipc_weights_of_another_gpu(tiny_model_dir):
+    """CUDA IPC is chosen only for an engine on the GPU the tensors sit on; CPU tensors always travel
+    through the shared block, and an engine handed IPC handles of another device says so (as data)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.vllm_worker import PdsrWorkerExtension
+    from pdsr_sdk.engines.weights import ModelWeights, SharedWeights, stage_weights
+
+    sd = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).state_dict()
+    ref = ModelWeights.read(tiny_model_dir)
+    staged = stage_weights(sd, ref)
+    try:
+        assert staged.cuda_uuid is None
+        assert isinstance(staged.local("GPU-0000"), SharedWeights) and isinstance(staged.local(None), SharedWeights)
+    finally:
+        staged.close()
+
+    worker = PdsrWorkerExtension()
+    worker.device = torch.device("cpu")
+    worker._pdsr_reference_weights = ref
+    assert worker.pdsr_device_uuid() is None
+    err = worker.pdsr_load_weights({"kind": "cuda_ipc", "device_uuid": "GPU-0000", "names": [], "shapes": [],
+                                    "handles": b""})
+    assert err is not None and err["message"] == ("the new weights are on GPU GPU-0000, shared by CUDA IPC, but "
+                                                  "this engine runs on the CPU")
+
+
+CUDA_IPC_READER = """
+import json, pickle, sys
+from pdsr_sdk.engines.weights import open_cuda_tensors
+message = pickle.load(sys.stdin.buffer)
+print(json.dumps({n: float(t.double().sum()) for n, t in open_cuda_tensors(message, 0)}))
+"""
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not has_cuda(), reason="needs a CUDA device (CUDA IPC)")
+def test_cuda_ipc_weights_open_in_another_process():
+    """Tensors on a GPU, shared by handle, read by another process on the same GPU (what a colocated
+    engine does): same values, and a non-contiguous tensor shared through its contiguous copy."""
+    import pickle
+
+    import torch
+
+    from pdsr_sdk.engines.weights import CudaIpcWeights, StagedWeights
+
+    a = torch.arange(12.0, device="cuda").view(3, 4)
+    b = torch.randn(6, 5, device="cuda", dtype=torch.bfloat16).t()     # not contiguous
+    staged = StagedWeights(items=[("a", a), ("b", b)])
+    try:
+        assert staged.cuda_uuid == str(torch.cuda.get_device_properties(0).uuid)
+        ipc = staged.local(staged.cuda_uuid)
+        assert isinstance(ipc, CudaIpcWeights) and ipc.shapes == ((3, 4), (5, 6))
+        out = subprocess.run([sys.executable, "-c", CUDA_IPC_READER], input=pickle.dumps(ipc.message()),
+                             capture_output=True, cwd=ROOT, timeout=120)
+        assert out.returncode == 0, out.stderr.decode()
+        sums = json.loads(out.stdout.decode().strip().splitlines()[-1])
+        assert sums == {"a": 66.0, "b": float(b.double().sum())}
+    finally:
+        staged.close()
 
 
 def readme_trainer_snippet() -> str:

@@ -40,6 +40,7 @@ class VllmEngine(ModelEngine):
         self.cpu = cpu
         self.shutdown_timeout_s = 2.0
         self._llm = None
+        self._gpu_uuid: list[str | None] = []   # the engine's GPU, once asked (see _device_uuid)
         self._tasks: dict[str, asyncio.Task] = {}
         self._stats = _LoadRecorder()
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
@@ -217,8 +218,13 @@ class VllmEngine(ModelEngine):
         the old weights). Call it while no request runs. Raises an EngineError naming this engine."""
         if self._dead or self._llm is None:
             raise EngineError(self.name, "update_weights: the engine is not running")
-        source = weights.local() if hasattr(weights, "local") else weights
         try:
+            if hasattr(weights, "local"):
+                # tensors on a GPU go by CUDA IPC handle to an engine on that same GPU
+                gpu = await self._device_uuid() if getattr(weights, "cuda_uuid", None) else None
+                source = weights.local(gpu)
+            else:
+                source = weights
             results = await self._llm.collective_rpc("pdsr_load_weights", kwargs={"source": source.message()})
         except Exception as exc:  # noqa: BLE001 - the engine process failed or died
             raise EngineError(self.name, f"update_weights failed: {type(exc).__name__}: {exc}",
@@ -230,6 +236,13 @@ class VllmEngine(ModelEngine):
         if not await self._llm.reset_prefix_cache():
             raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
                                          "reset (requests were running); update weights between steps")
+
+    async def _device_uuid(self) -> str | None:
+        """The physical UUID of this engine's GPU (asked once), None on the CPU."""
+        if not self._gpu_uuid:
+            uuids = await self._llm.collective_rpc("pdsr_device_uuid")
+            self._gpu_uuid.append(uuids[0] if uuids and len(set(uuids)) == 1 else None)
+        return self._gpu_uuid[0]
 
     # ------------------------------------------------------- pause and sleep
     async def pause_generation(self, mode: str = "keep") -> None:

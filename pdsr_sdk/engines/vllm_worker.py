@@ -24,9 +24,11 @@ class PdsrWorkerExtension:
 
     def pdsr_load_weights(self, source: dict[str, Any]) -> dict[str, Any] | None:
         """Load new weights from ``source`` (see :mod:`pdsr_sdk.engines.weights`): a shared block
-        (``{"kind": "shared", "path", "size", "entries"}``) or a model folder
-        (``{"kind": "folder", "path"}``). Returns None, or the error as data."""
-        from pdsr_sdk.engines.weights import ModelWeights, WeightEntry, read_block
+        (``{"kind": "shared", "path", "size", "entries"}``), a model folder
+        (``{"kind": "folder", "path"}``) or CUDA IPC handles of tensors on this worker's GPU
+        (``{"kind": "cuda_ipc", "device_uuid", "names", "shapes", "handles"}``). Returns None, or the
+        error as data."""
+        from pdsr_sdk.engines.weights import ModelWeights, WeightEntry, open_cuda_tensors, read_block
         from pdsr_sdk.errors import PdsrError
 
         try:
@@ -39,6 +41,15 @@ class PdsrWorkerExtension:
                 given = ModelWeights.read(source["path"])
                 skip = reference.check(((n, s) for n, (s, _) in given.shapes.items()), what=f"update_weights({source['path']})")
                 weights = _read_folder(source["path"], skip)
+            elif source["kind"] == "cuda_ipc":
+                here = self.pdsr_device_uuid()
+                if source["device_uuid"] != here:
+                    return {"message": f"the new weights are on GPU {source['device_uuid']}, shared by CUDA IPC, but "
+                                       f"this engine runs on {'GPU ' + here if here else 'the CPU'}",
+                            "parameter": None}
+                skip = reference.check(zip(source["names"], (tuple(s) for s in source["shapes"])),
+                                       what="new weights")
+                weights = ((n, t) for n, t in open_cuda_tensors(source, self._pdsr_device_index()) if n not in skip)
             else:
                 return {"message": f"unknown weights source {source.get('kind')!r}", "parameter": None}
         except PdsrError as exc:
@@ -79,6 +90,20 @@ class PdsrWorkerExtension:
             if len(modules) > 1:
                 for module in modules:
                     module.quant_method.process_weights_after_loading(module)
+
+    def pdsr_device_uuid(self) -> str | None:
+        """The physical UUID of this worker's GPU (what CUDA IPC weights must sit on), None on the CPU."""
+        from pdsr_sdk.engines.weights import cuda_device_uuid
+
+        device = getattr(self, "device", None)
+        return cuda_device_uuid(device) if device is not None else None
+
+    def _pdsr_device_index(self) -> int:
+        import torch
+
+        device = getattr(self, "device", None)
+        index = getattr(device, "index", None)
+        return int(index) if index is not None else torch.cuda.current_device()
 
     def pdsr_weight_checksum(self) -> float:
         """Sum of every parameter (as float64): a cheap fingerprint for tests."""

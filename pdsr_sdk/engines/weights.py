@@ -9,7 +9,11 @@ session stages it once (:func:`stage_weights`):
   ``(name, dtype, shape, offset)`` entries travels with the call (:class:`SharedWeights`);
 - Ray engines get the block through Ray's object store (one ``ray.put`` per update, shared by
   every actor); an actor copies it into a block of its own node and loads from there;
-- a model folder is read by each engine process itself (its ``*.safetensors`` files).
+- a model folder is read by each engine process itself (its ``*.safetensors`` files);
+- on GPUs, when every tensor sits on one CUDA device and an engine runs on that same physical
+  device (a colocated trainer), the engine opens the trainer's tensors by CUDA IPC handle
+  (:class:`CudaIpcWeights`) instead: no copy through host memory. Engines on other devices take
+  the shared block.
 
 Names and shapes are checked against the engine's model folder (its safetensors headers) before
 anything is copied, and again inside the engine process before any parameter changes: a bad
@@ -82,6 +86,63 @@ class FolderWeights:
         return {"kind": "folder", "path": self.path}
 
 
+@dataclass(frozen=True)
+class CudaIpcWeights:
+    """Tensors on one CUDA device of this machine, shared by CUDA IPC handle (what crosses to a local
+    engine on the same physical GPU). ``handles`` is the pickled list of
+    ``torch.multiprocessing.reductions.reduce_tensor`` arguments, one per tensor, in ``names`` order;
+    the engine rebuilds each on its own device index (the one it sees for that GPU)."""
+
+    device_uuid: str
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    handles: bytes
+
+    def message(self) -> dict[str, Any]:
+        return {"kind": "cuda_ipc", "device_uuid": self.device_uuid, "names": list(self.names),
+                "shapes": [list(s) for s in self.shapes], "handles": self.handles}
+
+
+def cuda_device_uuid(device: Any) -> str | None:
+    """The physical UUID of a CUDA device (stable across processes whatever their
+    ``CUDA_VISIBLE_DEVICES``), or None for any other device."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def share_cuda_tensors(items: list[tuple[str, Any]]) -> tuple[CudaIpcWeights, list[Any]]:
+    """IPC handles for ``(name, tensor)`` pairs on one CUDA device, and the tensors the handles point
+    into (contiguous copies where needed): the caller keeps them alive until every engine loaded."""
+    import pickle
+
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    uuid_ = cuda_device_uuid(items[0][1].device)
+    keep, args = [], []
+    for _, t in items:
+        t = t.detach().contiguous()
+        keep.append(t)
+        args.append(reduce_tensor(t)[1])
+    return CudaIpcWeights(str(uuid_), tuple(n for n, _ in items), tuple(tuple(t.shape) for _, t in items),
+                          pickle.dumps(args)), keep
+
+
+def open_cuda_tensors(message: Mapping[str, Any], device_index: int) -> Iterator[tuple[str, Any]]:
+    """The engine side of :func:`share_cuda_tensors`: ``(name, tensor)`` views of the trainer's
+    tensors, opened on this process's ``device_index`` (no copy)."""
+    import pickle
+
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    for name, args in zip(message["names"], pickle.loads(message["handles"])):
+        args = list(args)
+        args[6] = device_index          # the storage's device, as this process numbers it
+        yield name, rebuild_cuda_tensor(*args)
+
+
 def shm_dir() -> str:
     """Where shared blocks live: ``$PDSR_SHM_DIR``, else ``/dev/shm`` (RAM), else the temp folder."""
     root = os.environ.get("PDSR_SHM_DIR")
@@ -119,10 +180,14 @@ def map_block(path: str, size: int, *, populate: bool = False):
 
 
 def write_block(items: list[tuple[str, Any]], path: str | None = None) -> SharedWeights:
-    """Copy ``(name, tensor)`` pairs once into a new shared block; returns its description."""
+    """Copy ``(name, tensor)`` pairs once into a shared block: a new one, or the block at ``path``
+    (rewritten in place when its size fits: its pages exist already, which makes the write several
+    times faster than into fresh pages); returns its description."""
     import torch
 
     entries, size = pack_layout(items)
+    if path is not None and os.path.exists(path) and os.path.getsize(path) != size:
+        os.unlink(path)           # another layout: a fresh block under the same name
     path = path or new_block_path()
     try:
         block = map_block(path, size)
@@ -252,30 +317,47 @@ def _closest(name: str, known: Mapping[str, Any]) -> str | None:
 class StagedWeights:
     """One update's weights, staged once for every engine (see the module docstring).
 
-    Engines ask for the form they need: :meth:`shared` (local engine processes), :meth:`ray_ref`
-    (Ray actors), :attr:`folder`. :meth:`close` frees the shared block.
+    Engines ask for the form they need: :meth:`local` (local engine processes: the shared block, the
+    folder, or CUDA IPC handles for an engine on the tensors' GPU), :meth:`ray_ref` (Ray actors).
+    :meth:`close` frees the shared block and releases the IPC-shared tensors.
     """
 
-    def __init__(self, *, items: list[tuple[str, Any]] | None = None, folder: str | None = None):
+    def __init__(self, *, items: list[tuple[str, Any]] | None = None, folder: str | None = None,
+                 block: "WeightsBlock | None" = None):
         self.items = items
         self.folder = folder
+        self.block = block         # a block kept across updates (its owner frees it), else a block of its own
         self._shared: SharedWeights | None = None
         self._finalizer: weakref.finalize | None = None
         self._ray_ref = None
+        self._ipc: CudaIpcWeights | None = None
+        self._ipc_keep: list[Any] = []
+        devices = {t.device for _, t in items or ()}
+        #: the physical UUID of the one CUDA device every tensor is on, else None
+        self.cuda_uuid = cuda_device_uuid(next(iter(devices))) if len(devices) == 1 else None
 
     @property
     def is_folder(self) -> bool:
         return self.folder is not None
 
-    def local(self) -> SharedWeights | FolderWeights:
-        """What a local engine process loads from."""
-        return FolderWeights(self.folder) if self.folder is not None else self.shared()
+    def local(self, device_uuid: str | None = None) -> SharedWeights | FolderWeights | CudaIpcWeights:
+        """What a local engine process loads from; ``device_uuid``: the engine's GPU, if it has one."""
+        if self.folder is not None:
+            return FolderWeights(self.folder)
+        if device_uuid is not None and device_uuid == self.cuda_uuid:
+            if self._ipc is None:
+                self._ipc, self._ipc_keep = share_cuda_tensors(self.items or [])
+            return self._ipc
+        return self.shared()
 
     def shared(self) -> SharedWeights:
         if self._shared is None:
-            self._shared = write_block(self.items or [])
-            # the block goes with this object even if close() is never called
-            self._finalizer = weakref.finalize(self, _unlink, self._shared.path)
+            if self.block is not None:
+                self._shared = write_block(self.items or [], self.block.path)
+            else:
+                self._shared = write_block(self.items or [])
+                # the block goes with this object even if close() is never called
+                self._finalizer = weakref.finalize(self, _unlink, self._shared.path)
         return self._shared
 
     def ray_ref(self, ray):
@@ -287,19 +369,40 @@ class StagedWeights:
 
     def close(self) -> None:
         if self._shared is not None:
-            self._finalizer()
+            if self._finalizer is not None:
+                self._finalizer()
             self._shared = None
         self._ray_ref = None
         self.items = None
+        if self._ipc is not None:
+            import torch
+
+            self._ipc, self._ipc_keep = None, []
+            torch.cuda.ipc_collect()        # the engines have loaded: free the shared copies' IPC slots
 
 
 def _unlink(path: str) -> None:
     Path(path).unlink(missing_ok=True)
 
 
-def stage_weights(weights: Any, reference: ModelWeights | None = None) -> StagedWeights:
+class WeightsBlock:
+    """One shared-memory block name kept across weight updates (a session holds one): each update
+    rewrites it in place instead of allocating a model's worth of fresh pages. Costs the model's size
+    in shared memory while it lives; :meth:`close` (or garbage collection) removes it."""
+
+    def __init__(self) -> None:
+        self.path = new_block_path()
+        self._finalizer = weakref.finalize(self, _unlink, self.path)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def stage_weights(weights: Any, reference: ModelWeights | None = None, *,
+                  block: WeightsBlock | None = None) -> StagedWeights:
     """Stage ``weights`` (a state dict, an iterable of ``(name, tensor)``, or a model folder) after
-    checking it against ``reference`` (the engines' model). Nothing is copied yet."""
+    checking it against ``reference`` (the engines' model). Nothing is copied yet; tensors will be
+    written into ``block`` if given (kept across updates), else into a block of their own."""
     if isinstance(weights, (str, os.PathLike)):
         folder = Path(weights)
         if not folder.is_dir():
@@ -330,4 +433,4 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None) -> Staged
         skip = reference.check(((n, tuple(t.shape)) for n, t in items), what="update_weights")
         if skip:
             items = [(n, t) for n, t in items if n not in skip]
-    return StagedWeights(items=items)
+    return StagedWeights(items=items, block=block)

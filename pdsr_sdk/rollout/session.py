@@ -123,6 +123,7 @@ class RolloutSession:
         self._tokenizer = None
         self._reward_fns: dict[bool, Any] = {}
         self._reference_weights = None
+        self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._thread: _LoopThread | None = None
         self._prompt_counter = itertools.count()
         self._asleep = False
@@ -252,7 +253,11 @@ class RolloutSession:
         self._started = True
 
     async def close(self) -> None:
-        """Close the engines this session built (engines passed in belong to the caller)."""
+        """Close the engines this session built (engines passed in belong to the caller) and free the
+        shared-memory block weight updates used."""
+        if self._weights_block is not None:
+            self._weights_block.close()
+            self._weights_block = None
         if self._given_engines is not None:
             self._started = False
             return
@@ -452,11 +457,13 @@ class RolloutSession:
         ``(name, tensor)`` pairs, or a model folder (safetensors). Every tensor of the model at once,
         with the checkpoint's names (Hugging Face names; a tied ``lm_head.weight`` may be left in).
         Tensors travel through one shared-memory block that every local engine process maps (no
-        pickling), to Ray engines through Ray's object store. Between steps only (no step running).
+        pickling; the session keeps the block and rewrites it at each update, until :meth:`close`), to
+        Ray engines through Ray's object store, and by CUDA IPC handle to a local engine on the GPU the
+        tensors sit on. Between steps only (no step running).
         A bad name or shape raises a :class:`~pdsr_sdk.errors.DataError` naming the parameter before
         anything changes; an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
         """
-        from pdsr_sdk.engines.weights import ModelWeights, stage_weights
+        from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, stage_weights
 
         if not self._started:
             raise RunError("update_weights: start the session first")
@@ -472,7 +479,9 @@ class RolloutSession:
                               f"backend has no update_weights; the 'vllm' and 'ray' backends do)")
         if self._reference_weights is None:
             self._reference_weights = ModelWeights.read(self._model_dir())
-        staged = stage_weights(weights, self._reference_weights)
+        if self._weights_block is None:
+            self._weights_block = WeightsBlock()
+        staged = stage_weights(weights, self._reference_weights, block=self._weights_block)
         try:
             failed = await _failures(e.update_weights(staged) for e in engines)
         finally:
