@@ -52,6 +52,22 @@ def test_queue_order_when_ranking_is_off_or_not_yet_measured():
         assert launch_order(run) == ["p0/0", "p1/0", "p0/1", "p0/2", "p1/1", "p1/2"]
 
 
+def test_probes_stop_jumping_the_queue_once_measured_to_predict_nothing():
+    # one single-slot engine, two batches of two groups; min_pairs 2: group p0's completion measures the
+    # probe (every probe's siblings are 12 and 8: correlation 0, rank stays off), so the second batch
+    # runs in queue order, as baseline does
+    trace = LengthTrace.from_matrix(np.array([[10, 12, 8], [9, 12, 8], [11, 12, 8], [9, 12, 8]]),
+                                    prompt_lens=[1] * 4)
+    cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=2,
+                         profiles={"fast": UNIT, "heavy": UNIT}, segments={"enabled": False},
+                         policy_settings={"v3": {"min_pairs": 2}}, references=False)
+    run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
+    order = launch_order(run)
+    assert order[:2] == ["p0/0", "p1/0"]                                  # undecided: probes first
+    assert order[6:] == ["p2/0", "p2/1", "p2/2", "p3/0", "p3/1", "p3/2"]  # measured: queue order
+    assert run.batches[-1].policy["ranking"] is False and run.batches[-1].policy["probe_correlation"] == 0.0
+
+
 def test_ranking_turns_on_only_for_a_probe_that_predicts():
     informative = synth_trace(groups=96, n=8, seed=3, prompt_sigma=1.0, noise_sigma=0.1, runaway_frac=0.0)
     noise = synth_trace(groups=96, n=8, seed=3, prompt_sigma=0.0, noise_sigma=0.7, runaway_frac=0.0)
