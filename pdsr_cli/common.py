@@ -42,7 +42,7 @@ def handle_errors(f: F) -> F:
             # one line; what was written is said only where the command knows (pdsr_sdk.errors.Interrupted)
             lead = "\n" if sys.stderr.isatty() else ""   # past the terminal's ^C
             click.echo(lead + (str(exc) or "interrupted"), err=True)
-            sys.exit(130)
+            sys.exit(getattr(exc, "exit_status", 130))
 
     return wrapper  # type: ignore[return-value]
 

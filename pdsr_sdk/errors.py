@@ -39,9 +39,14 @@ class UnsupportedError(PdsrError, NotImplementedError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) stopped a run; the message (one line, starting "interrupted") says what, if
-    anything, was written. Still a
+    """Ctrl-C (SIGINT) or SIGTERM stopped a run; the message (one line, starting "interrupted" or
+    "terminated (SIGTERM)") says what, if anything, was written; ``exit_status`` is the CLI's (130 for
+    SIGINT, 143 for SIGTERM, as a shell reports a process those signals ended). Still a
     KeyboardInterrupt, so code that catches that keeps working."""
+
+    def __init__(self, message: str = "", exit_status: int = 130) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 class PdsrDeprecationWarning(DeprecationWarning):

@@ -129,6 +129,29 @@ def test_ctrl_c_during_engine_start_up_exits_with_one_line(tmp_path, tiny_model_
     assert not _gone_within(kids, 5.0)
 
 
+def test_sigterm_to_the_parent_alone_stops_like_ctrl_c(tmp_path, tiny_model_dir):
+    """SIGTERM (kill PID, a scheduler, a container runtime) to the pdsr process only, not its group:
+    the run is cancelled as Ctrl-C cancels it, says so in one line, exits 143, and its engines end."""
+    out = tmp_path / "runs" / "r.parquet"
+    cmd = [sys.executable, "-m", "pdsr_cli.main", "rollout", "--model", str(tiny_model_dir), "--n", "2",
+           "--max-tokens", "8", "--limit", "2", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        kids = _wait_for_worker(proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stdout + stderr, stdout + stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert lines[-1] == "terminated (SIGTERM) while the engines were starting: nothing was written", stderr
+    assert not out.exists() and not out.with_name(out.name + ".parts").exists()
+    assert not _gone_within(kids, 5.0)
+
+
 def test_sigkill_in_the_first_moments_of_an_engine_core_ends_it_too(tmp_path, tiny_model_dir):
     """The parent dies right after spawning the engine core, before vLLM loads pdsr's plugin: the core
     (which imports the parent's main module, and so pdsr, first) watches its parent from then on and

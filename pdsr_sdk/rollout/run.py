@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,12 +84,32 @@ def run_rollout(config, *, progress: ProgressFactory = silent_progress,
                 status: StatusFn = silent_status) -> RolloutSummary:
     """Run ``pdsr rollout`` for ``config`` (a :class:`RolloutConfig`); blocks until done. ``progress`` makes
     the sample and probe bars, ``status`` gets one-line messages (engines starting, ready).
-    Ctrl-C raises :class:`~pdsr_sdk.errors.Interrupted` saying what, if anything, was written."""
+    Ctrl-C (SIGINT) and SIGTERM (what ``kill``, a batch scheduler or a container runtime sends; a
+    background job of a non-interactive shell ignores SIGINT) stop it the same way: the running work is
+    cancelled, the engines close, and :class:`~pdsr_sdk.errors.Interrupted` says what, if anything, was
+    written (exit status 130, or 143 for SIGTERM, in the CLI)."""
     state = _RunState()
+
+    async def main() -> RolloutSummary:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_sigterm() -> None:
+            state.signal = "SIGTERM"
+            task.cancel()
+
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):   # not the main thread
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+        return await run_rollout_async(config, progress=progress, status=status, _state=state)
+
     try:
-        return asyncio.run(run_rollout_async(config, progress=progress, status=status, _state=state))
+        return asyncio.run(main())       # closing the loop removes the SIGTERM handler
     except KeyboardInterrupt:
         raise Interrupted(state.describe(config)) from None
+    except asyncio.CancelledError:
+        if state.signal is None:
+            raise
+        raise Interrupted(state.describe(config), exit_status=143) from None
 
 
 @dataclass
@@ -96,17 +118,19 @@ class _RunState:
     writer_made: bool = False
     engines_started: bool = False
     groups_written: int = 0
+    signal: str | None = None      # the signal that stopped the run, if not SIGINT
 
     def describe(self, config) -> str:
         out = config.output.path
         parts = out.with_name(out.name + ".parts")
+        how = "interrupted" if self.signal is None else f"terminated ({self.signal})"
         # an --overwrite'n output is replaced only once the first new group is written: nothing lost here
         if not self.engines_started:
             when = "before the engines had started" if not self.writer_made else "while the engines were starting"
-            return f"interrupted {when}: nothing was written"
+            return f"{how} {when}: nothing was written"
         if not self.groups_written:
-            return "interrupted before any group had finished: nothing was written"
-        return (f"interrupted: {self.groups_written} finished groups were written to {parts}/; "
+            return f"{how} before any group had finished: nothing was written"
+        return (f"{how}: {self.groups_written} finished groups were written to {parts}/; "
                 f"rerun with --resume to continue")
 
 
