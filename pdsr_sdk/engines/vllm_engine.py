@@ -40,7 +40,7 @@ class VllmEngine(ModelEngine):
         self.cpu = cpu
         self.shutdown_timeout_s = 2.0
         self._llm = None
-        self._gpu_uuid: list[str | None] = []   # the engine's GPU, once asked (see _device_uuid)
+        self._gpu_uuid: list[str | None] = []   # the engine's GPU, once asked (see device_uuid)
         self._tasks: dict[str, asyncio.Task] = {}
         self._stats = _LoadRecorder()
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
@@ -221,7 +221,7 @@ class VllmEngine(ModelEngine):
         try:
             if hasattr(weights, "local"):
                 # tensors on a GPU go by CUDA IPC handle to an engine on that same GPU
-                gpu = await self._device_uuid() if getattr(weights, "cuda_uuid", None) else None
+                gpu = await self.device_uuid() if getattr(weights, "cuda_uuid", None) else None
                 source = weights.local(gpu)
             else:
                 source = weights
@@ -237,7 +237,7 @@ class VllmEngine(ModelEngine):
             raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
                                          "reset (requests were running); update weights between steps")
 
-    async def _device_uuid(self) -> str | None:
+    async def device_uuid(self) -> str | None:
         """The physical UUID of this engine's GPU (asked once), None on the CPU."""
         if not self._gpu_uuid:
             uuids = await self._llm.collective_rpc("pdsr_device_uuid")
