@@ -105,49 +105,35 @@ def test_sigkill_of_the_parent_ends_every_engine_process(tmp_path, tiny_model_di
     assert not left, f"still running 5 s after the parent was killed: {left}"
 
 
-def test_ctrl_c_during_engine_start_up_exits_with_one_line(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("stop, status, lead", [
+    ("ctrl-c", 130, "interrupted"),
+    ("sigterm-to-parent", 143, "terminated (SIGTERM)"),
+])
+def test_stopped_during_engine_start_up_exits_with_one_line(tmp_path, tiny_model_dir, stop, status, lead):
+    """Ctrl-C at a terminal (SIGINT to the whole group), or SIGTERM (kill PID, a scheduler, a container
+    runtime) to the pdsr process alone: the run is cancelled, says so in one line, and its engines end."""
     out = tmp_path / "runs" / "r.parquet"
     cmd = [sys.executable, "-m", "pdsr_cli.main", "rollout", "--model", str(tiny_model_dir), "--n", "2",
            "--max-tokens", "8", "--limit", "2", "--out", str(out), "--quiet"]
-    # a session of its own, so the SIGINT below reaches the whole group, as Ctrl-C at a terminal does
+    # a session of its own, so a SIGINT to its group reaches every process in it, as Ctrl-C at a terminal does
     proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         kids = _wait_for_worker(proc)
-        os.killpg(proc.pid, signal.SIGINT)
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == status, stderr
     assert "Traceback" not in stdout + stderr, stdout + stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert lines[-1] == "interrupted while the engines were starting: nothing was written", stderr
-    assert sum("interrupted" in ln for ln in lines) == 1
+    assert lines[-1] == f"{lead} while the engines were starting: nothing was written", stderr
+    assert sum(lead in ln for ln in lines) == 1
     assert "on disk" not in stderr
-    assert not out.exists() and not out.with_name(out.name + ".parts").exists()
-    assert not _gone_within(kids, 5.0)
-
-
-def test_sigterm_to_the_parent_alone_stops_like_ctrl_c(tmp_path, tiny_model_dir):
-    """SIGTERM (kill PID, a scheduler, a container runtime) to the pdsr process only, not its group:
-    the run is cancelled as Ctrl-C cancels it, says so in one line, exits 143, and its engines end."""
-    out = tmp_path / "runs" / "r.parquet"
-    cmd = [sys.executable, "-m", "pdsr_cli.main", "rollout", "--model", str(tiny_model_dir), "--n", "2",
-           "--max-tokens", "8", "--limit", "2", "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        kids = _wait_for_worker(proc)
-        os.kill(proc.pid, signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143, stderr
-    assert "Traceback" not in stdout + stderr, stdout + stderr
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert lines[-1] == "terminated (SIGTERM) while the engines were starting: nothing was written", stderr
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
     assert not _gone_within(kids, 5.0)
 

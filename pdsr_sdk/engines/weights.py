@@ -352,11 +352,8 @@ class StagedWeights:
 
     def shared(self) -> SharedWeights:
         if self._shared is None:
-            if self.block is not None:
-                self._shared = write_block(self.items or [], self.block.path)
-            else:
-                self._shared = write_block(self.items or [])
-                # the block goes with this object even if close() is never called
+            self._shared = write_block(self.items or [], self.block.path if self.block is not None else None)
+            if self.block is None:   # a block of its own goes with this object even if close() is never called
                 self._finalizer = weakref.finalize(self, _unlink, self._shared.path)
         return self._shared
 
