@@ -148,8 +148,8 @@ def stream(lane, **kw):
     from pdsr_sdk.sim.steps import run_steps
 
     trace = synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
-    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, over_provision=0.25,
-                         max_staleness=1, timeline=False, profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
+    kw = {"fast": 3, "heavy": 1, "max_staleness": 1, "profiles": {"fast": EQUAL, "heavy": EQUAL}} | kw
+    cfg = SimulateConfig(policy="v3", batch_size=32, steps=8, over_provision=0.25, timeline=False, references=False,
                          policy_settings={"v3": {"tail_lane": lane}}, **kw)
     return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
 
@@ -166,6 +166,35 @@ def test_in_a_stream_under_a_staleness_bound_the_tail_moves_once_to_the_heavy_la
     ends = [s.segments[-1].pool for g in never.groups if never.launched_at[g.prompt_id] > 0
             for s in g.samples if s.moves]
     assert "fast" in ends
+
+
+def lane_ends(run):
+    """Engines where samples moved onto the lane (launched after the first step) ended."""
+    return {s.segments[-1].engine for g in run.groups if run.launched_at[g.prompt_id] > 0
+            for s in g.samples if s.moves and s.segments[-1].pool == "heavy"}
+
+
+def test_a_stream_that_fills_every_slot_keeps_its_lane_to_one_heavy_engine():
+    # 5 engines of 16 slots against 40 groups x 8 in flight: every slot is taken, so a second lane engine
+    # would be capacity the stream needs (the first heavy engine by name is the lane)
+    small = dict(max_num_seqs=16, kv_cache_tokens=262144)
+    run = stream("always", fast=3, heavy=2, profiles={"fast": small, "heavy": small})
+    ends = lane_ends(run)
+    assert ends and len(ends) == 1
+    roomy = stream("always", fast=3, heavy=2)     # 256 slots each: room to spare, both heavy engines
+    assert len(lane_ends(roomy)) == 2
+
+
+def placements(run):
+    return [(g.prompt_id, s.index, [(seg.engine, seg.num_tokens) for seg in s.segments]) for g in run.groups
+            for s in g.samples]
+
+
+def test_the_lane_is_on_in_a_stream_exactly_when_a_staleness_bound_is_set():
+    # without a bound a slow tail just carries over and the lane's capacity would cost ~2% (docs/benchmarks.md)
+    assert placements(stream("auto", max_staleness=None)) == placements(stream("never", max_staleness=None))
+    assert placements(stream("auto")) == placements(stream("always"))
+    assert placements(stream("auto")) != placements(stream("never"))
 
 
 def test_the_lane_stays_off_within_a_batch():

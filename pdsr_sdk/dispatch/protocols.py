@@ -95,6 +95,9 @@ class DispatchContext(Protocol):
     policy_version: int
     #: True once groups have arrived while others may run (``add_groups``: partial rollout across steps)
     streaming: bool
+    #: the staleness bound of a multi-step stream in policy versions (``StepStream``), None when unbounded
+    #: or not streaming: a policy may spend capacity to keep long samples within it
+    max_staleness: int | None
 
     def pools(self) -> dict[str, list[Engine]]:
         """Live engines by pool name (``fast``, ``heavy``)."""

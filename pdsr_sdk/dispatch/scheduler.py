@@ -135,6 +135,7 @@ class Scheduler:
         self._held: dict[Sample, _Run] = {}             # samples a pause stopped, by the run that was stopped
         self._drained: list[Callable[[], None]] = []    # called once nothing runs any more while paused
         self.streaming = False   # set by add_groups (DispatchContext.streaming)
+        self.max_staleness: int | None = None   # set by a StepStream (DispatchContext.max_staleness)
         self.policy: Dispatcher = policy_factory(self)
         # skip hooks the policy does not override (the simulator calls these millions of times)
         self._wants_launch = _overrides(self.policy, "on_launch")

@@ -138,6 +138,7 @@ class StepStream:
         self.k = steps
         self.target = in_flight
         self.s = max_staleness
+        self.sched.max_staleness = max_staleness
         self.d = group_deadline
         self.keep = keep_groups
         self.check = check

@@ -17,12 +17,13 @@ tell:
 - at a segment boundary, once nothing waits, a running sample that has already run long moves
   once to the engine running the fewest samples, when that engine runs clearly fewer than its
   own (the tail then runs on lightly loaded engines); nothing moves twice;
-- in a stream (groups arriving while others run: partial rollout across steps) that leaves slots
-  free and restarts samples for staleness, the heavy pool becomes a tail lane: tail samples and
-  restarted samples move there once, and a heavy engine holding one admits new work only up to
-  ``lane_seqs``. New work never stops in a stream, so without the lane the tail would run at full
-  load for several steps (and be restarted when it grows too stale); within one batch, or with no
-  staleness bound, the lane costs more capacity than it saves.
+- in a stream (groups arriving while others run: partial rollout across steps) under a
+  staleness bound, the heavy pool (all of it while the stream leaves slots free, one engine
+  when it fills every slot) becomes a tail lane: runaways (past the 99.5th percentile of finished
+  lengths, also after a restart) move there once, and a lane engine holding one admits new work
+  only up to ``lane_seqs``. New work never stops in a stream, so without the lane a runaway would
+  run at full load for several steps (and be restarted when it grows too stale); within one
+  batch, or with no staleness bound, the lane costs more capacity than it saves.
 
 With no information (nothing finished yet, or a probe that predicts nothing) it behaves like
 baseline: all work spread evenly over all engines from the start; in a stream, each arrival's groups
@@ -90,16 +91,27 @@ class V3Settings(ConfigModel):
         True, description="When the last waiting samples are handed out, an engine takes no more than its share "
                           "(by slots) of the batch's unfinished work, so that no engine's tail is crowded.")
     tail_lane: Literal["auto", "always", "never"] = Field(
-        "auto", description="A tail lane on the heavy pool: a sample in the tail (or restarted) moves once to the heavy "
-                            "engine with the fewest tail samples, and a heavy engine that holds one admits new work "
-                            "only up to lane_seqs, so the tail runs on lightly loaded engines. 'auto': on while groups "
-                            "arrive as others still run with slots to spare (partial rollout across steps) and "
-                            "samples come back restarted for staleness: new work never stops there and the tail "
+        "auto", description="A tail lane on the heavy pool (lane_engines): a runaway (a sample past lane_quantile, also "
+                            "after a restart) moves once per generation to the lane engine with the fewest runaways, "
+                            "and a lane engine that holds one admits new work only up to lane_seqs, so runaways run "
+                            "on lightly loaded engines. "
+                            "'auto': on while groups arrive as others still run (partial rollout across steps) under "
+                            "a staleness bound (max_staleness): new work never stops there and a runaway "
                             "would run at full load until it grows too stale; within one batch, or with no "
                             "staleness bound, the lane costs more capacity than it saves (docs/benchmarks.md).")
     lane_seqs: int = Field(
-        48, ge=1, description="A heavy engine holding a tail sample admits new work only while it runs fewer samples "
+        48, ge=1, description="A lane engine holding a runaway admits new work only while it runs fewer samples "
                               "than this (its step time stays a few times below a full engine's).")
+    lane_quantile: float = Field(
+        0.995, ge=0, le=1, description="A sample moves to the tail lane once it has produced more tokens than this "
+                                       "quantile of the finished lengths: the lane is for the few runaways that cannot "
+                                       "finish within the staleness bound at full load (at migrate_quantile's 0.97 it "
+                                       "filled with samples that would have finished anyway: seed 7, B=512, step 0.676x "
+                                       "against 0.646x of on-policy; docs/benchmarks.md).")
+    lane_engines: int | None = Field(
+        None, ge=1, description="Heavy engines that serve as the tail lane (the first by name). None: every heavy engine "
+                                "while the stream leaves slots free, one when it fills every slot (there a lane engine "
+                                "is capacity the stream needs: two cost 0.677x against one's 0.646x at B=512).")
     stream_placement: Literal["auto", "chunk", "deal"] = Field(
         "auto", description="How new groups are placed in a stream (partial rollout across steps, where a step ends "
                             "once B whole groups are complete). 'deal': one sample at a time to the least loaded "
@@ -159,8 +171,11 @@ class V3Policy(Policy):
         self.finished_count = 0
         self.lane = config.tail_lane == "always"
         self.stream_has_room = False
-        self.restarts_seen = False     # a sample came back restarted: a staleness bound is in force
         self.tail_threshold = math.inf
+        self.lane_threshold = math.inf
+        self.lane_names: set[str] = set()
+        self.runaways: set[Sample] = set()           # samples past the lane threshold on a lane engine
+        self.runaways_on: dict[str, int] = {}        # such samples per lane engine
         self.by_name: dict[str, Engine] = {}
         self.seq = itertools.count()
         self.filling = False
@@ -182,7 +197,6 @@ class V3Policy(Policy):
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
-        streaming = bool(self.engine_of)   # groups arrive while others run: a stream (partial rollout)
         pools = self.ctx.pools()
         for engines in pools.values():
             for e in engines:
@@ -194,6 +208,9 @@ class V3Policy(Policy):
                     self.tail_on[e.name] = 0
                     self._push_engine(e.name)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
+        waiting_after = sum(1 for g in groups for s in g.samples if not s.finished) + len(self.waiting)
+        self.stream_has_room = self.ctx.streaming and self.total_assigned + waiting_after <= self.total_slots
+        self._set_lane()
         mode = self.cfg.stream_placement
         if self.ctx.streaming and (mode == "chunk" or (mode == "auto" and not self.informative)):
             self._place_chunks(groups)
@@ -209,9 +226,6 @@ class V3Policy(Policy):
                 self._push(s)
         if self.cfg.probes_first:
             self.ctx.count("probes", len(groups))
-        # the lane takes capacity from new work: worth it only while the stream leaves slots free
-        self.stream_has_room = streaming and self.total_assigned + len(self.waiting) <= self.total_slots
-        self._set_lane()
         self._fill_all()
 
     def _place_chunks(self, groups: list[Group]) -> None:
@@ -296,17 +310,18 @@ class V3Policy(Policy):
         # re-predicting every sibling on every finish cost more than the rest of the policy at scale)
 
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
-        if sample.restarts and not self.restarts_seen:
-            self.restarts_seen = True
-            self._set_lane()
         self._repredict(sample)
         if sample not in self.tail and sample.num_generated >= self.tail_threshold:
             self._mark_tail(sample, engine.name, +1)
         if self.lane:
-            # once per generation: a restarted sample (its tokens thrown away for staleness) may move again
-            if (engine.pool != HEAVY and sample.moves <= sample.restarts
-                    and (sample in self.tail or sample.restarts)):
-                self._lane_move(sample, engine)
+            # a restarted runaway (its tokens thrown away for staleness) goes back to the lane at once, once
+            # per generation; its restarted siblings are short and stay where they are
+            if sample not in self.runaways and (sample.num_generated >= self.lane_threshold or sample.restarts) \
+                    and _peak_generated(sample) >= self.lane_threshold:
+                if engine.name in self.lane_names:
+                    self._hold_runaway(sample, engine.name)
+                elif sample.moves <= sample.restarts:
+                    self._lane_move(sample, engine)
         elif self.cfg.migrate and not self.waiting and sample.moves == 0 and sample in self.tail:
             self._maybe_move(sample, engine)
 
@@ -316,6 +331,7 @@ class V3Policy(Policy):
         self.demand.pop(engine.name, None)
         self.remaining.pop(engine.name, None)
         self.tail_on.pop(engine.name, None)
+        self.runaways_on.pop(engine.name, None)
         self.assigned.pop(engine.name, None)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
 
@@ -399,6 +415,12 @@ class V3Policy(Policy):
         q = self.cfg.migrate_quantile
         data = sorted(self.finished_lengths)
         self.tail_threshold = data[min(len(data) - 1, int(q * len(data)))] if data else math.inf
+        # the first finishes are the short ones, so an early quantile sends ordinary samples to the lane as
+        # well: that spreads an informative stream's first steps (B=128: 0.436x against 0.455x when the lane
+        # waits for a full history) but costs where lengths are noise, where v3 must be baseline
+        trusted = self.informative or len(data) == self.finished_lengths.maxlen
+        self.lane_threshold = (data[min(len(data) - 1, int(self.cfg.lane_quantile * len(data)))]
+                               if data and trusted else math.inf)
 
     # ------------------------------------------------------------- placement
     def _limit(self, e: Engine) -> int:
@@ -441,6 +463,9 @@ class V3Policy(Policy):
             if s in self.tail:
                 self.tail_on[name] -= 1
             self._push_engine(name)
+        if s in self.runaways:
+            self.runaways.discard(s)
+            self.runaways_on[name] -= 1
         self.total_remaining -= length - gen
         self.total_assigned -= 1
 
@@ -455,8 +480,8 @@ class V3Policy(Policy):
         """Give ``e`` the top-ranked waiting sample if it has a slot and KV room; True if it did."""
         if self._slots(e) <= 0 or self.ctx.free_slots(e) <= 0:
             return False
-        if self.lane and e.pool == HEAVY and self.tail_on.get(e.name) and self.assigned[e.name] >= self.cfg.lane_seqs:
-            return False    # a lane engine holding the tail stays light
+        if self.lane and self.runaways_on.get(e.name) and self.assigned[e.name] >= self.cfg.lane_seqs:
+            return False    # a lane engine holding a runaway stays light
         s = self._top()
         if s is None:
             return False
@@ -550,27 +575,42 @@ class V3Policy(Policy):
         self._move_to(s, target, length)
 
     def _set_lane(self) -> None:
-        """'auto': a tail lane while a stream leaves slots free and samples are being restarted for staleness
-        (without a staleness bound a slow tail just carries over, and the lane's capacity costs ~4%)."""
+        """'auto': a tail lane while groups stream in under a staleness bound (without a
+        staleness bound a slow tail just carries over, and the lane's capacity costs ~4%); its engines: every
+        heavy one while the stream leaves slots free, one when the stream fills every slot (``lane_engines``)."""
         if self.cfg.tail_lane == "auto":
-            self.lane = self.stream_has_room and self.restarts_seen
+            self.lane = self.ctx.streaming and self.ctx.max_staleness is not None
+        heavy = sorted(e.name for e in self.ctx.pools().get(HEAVY, []))
+        count = self.cfg.lane_engines or (len(heavy) if self.stream_has_room else 1)
+        self.lane_names = set(heavy[:count])
 
     def _lane_move(self, s: Sample, engine: Engine) -> None:
-        """Move a tail (or restarted) sample to the heavy engine holding the fewest tail samples (then the
-        fewest samples); that engine then admits little new work (``_take``), so the tail runs light."""
-        lane = [e for e in self.ctx.pools().get(HEAVY, []) if e.name in self.tail_on]
+        """Move a runaway to the lane engine holding the fewest runaways (then the fewest samples); that
+        engine then admits little new work (``_take``), so the runaway runs light."""
+        lane = [e for e in self.ctx.pools().get(HEAVY, []) if e.name in self.tail_on and e.name in self.lane_names]
         if not lane:
             return
-        target = min(lane, key=lambda e: (self.tail_on[e.name], self.assigned[e.name]))
+        target = min(lane, key=lambda e: (self.runaways_on.get(e.name, 0), self.assigned[e.name]))
         if self.ctx.free_slots(target) <= 0:
             return
         self._move_to(s, target, self._expected_length(s))
+        self._hold_runaway(s, target.name)
+
+    def _hold_runaway(self, s: Sample, name: str) -> None:
+        """``s`` runs on lane engine ``name`` past the lane threshold: the engine stays light while it does."""
+        self.runaways.add(s)
+        self.runaways_on[name] = self.runaways_on.get(name, 0) + 1
 
     def _move_to(self, s: Sample, target: Engine, length: float) -> None:
         """Re-place ``s`` on ``target`` in the policy's books and ask the scheduler to move it there."""
         self._unplace(s)
         self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+
+
+def _peak_generated(sample: Sample) -> int:
+    """The most tokens the sample has held, counting generations it was restarted from."""
+    return max((seg.start_token + seg.num_tokens for seg in sample.segments), default=0)
 
 
 def _engine_time(sample: Sample, now: float) -> float:
