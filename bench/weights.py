@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import time
@@ -48,76 +49,78 @@ def pick_model(arg: str | None) -> tuple[str, str]:
     return str(ensure_tiny_model()), "the built-in tiny model (SmolLM2 not prepared: see the docstring)"
 
 
-async def run_cuda(model: str, engines_n: int, repeats: int, gpu_util: float) -> dict:
-    """The CUDA IPC path: both engines on GPU 0 beside the trainer's state dict."""
+def bf16_state(model: str, device: str = "cpu") -> tuple[dict, int]:
+    """The model's bf16 state dict on ``device`` (the trainer's weights) and its size in bytes."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to(device).state_dict()
+    return state, sum(t.numel() * t.element_size() for t in state.values())
+
+
+@contextlib.asynccontextmanager
+async def started_session(model: str, engines_n: int, devices, **spec):
+    """A session over ``engines_n`` started vLLM engines (engine i on ``devices(i)``), closed after."""
     from pdsr_sdk.engines.vllm_engine import VllmEngine
-    from pdsr_sdk.engines.weights import CudaIpcWeights, ModelWeights, stage_weights
     from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
 
-    state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to("cuda:0").state_dict()
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    engines = [VllmEngine.from_spec(EngineSpec(name=f"fast-{i}", pool="fast", devices=[0], max_num_seqs=4,
-                                               max_model_len=512, gpu_memory_utilization=gpu_util,
-                                               dtype="bfloat16"), model=model)
+    engines = [VllmEngine.from_spec(EngineSpec(name=f"fast-{i}", pool="fast", devices=[devices(i)], max_num_seqs=4,
+                                               max_model_len=512, dtype="bfloat16", **spec), model=model)
                for i in range(engines_n)]
-    update, shm, copy = [], [], []
     async with RolloutSession(RolloutConfig(model=model, policy="baseline"), engines=engines) as session:
         await asyncio.gather(*(e.start() for e in engines))
         try:
-            reference = ModelWeights.read(model)
-            staged = stage_weights(state, reference)
-            if not isinstance(staged.local(await engines[0].device_uuid()), CudaIpcWeights):
-                raise SystemExit("the engines do not run on the state dict's GPU: no CUDA IPC to measure")
-            staged.close()
-            await session.aupdate_weights(state)            # untimed: first-call costs in the engines
-            for _ in range(repeats):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                await session.aupdate_weights(state)
-                update.append(time.perf_counter() - t0)
-
-                t0 = time.perf_counter()
-                staged = stage_weights(state, reference)
-                await asyncio.gather(*(e.update_weights(staged.shared()) for e in engines))
-                shm.append(time.perf_counter() - t0)
-                staged.close()
-
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                clones = [t.clone() for t in state.values()]
-                torch.cuda.synchronize()
-                copy.append(time.perf_counter() - t0)
-                del clones
+            yield session, engines
         finally:
             await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+
+
+async def run_cuda(model: str, engines_n: int, repeats: int, gpu_util: float) -> dict:
+    """The CUDA IPC path: both engines on GPU 0 beside the trainer's state dict."""
+    import torch
+
+    from pdsr_sdk.engines.weights import CudaIpcWeights, ModelWeights, stage_weights
+
+    state, nbytes = bf16_state(model, "cuda:0")
+    update, shm, copy = [], [], []
+    async with started_session(model, engines_n, lambda i: 0, gpu_memory_utilization=gpu_util) as (session, engines):
+        reference = ModelWeights.read(model)
+        staged = stage_weights(state, reference)
+        if not isinstance(staged.local(await engines[0].device_uuid()), CudaIpcWeights):
+            raise SystemExit("the engines do not run on the state dict's GPU: no CUDA IPC to measure")
+        staged.close()
+        await session.aupdate_weights(state)            # untimed: first-call costs in the engines
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            await session.aupdate_weights(state)
+            update.append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            staged = stage_weights(state, reference)
+            await asyncio.gather(*(e.update_weights(staged.shared()) for e in engines))
+            shm.append(time.perf_counter() - t0)
+            staged.close()
+
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            clones = [t.clone() for t in state.values()]
+            torch.cuda.synchronize()
+            copy.append(time.perf_counter() - t0)
+            del clones
     return {"bytes": nbytes, "tensors": len(state), "update": update, "shm": shm, "copy": copy}
 
 
 async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pdsr_sdk.engines.vllm_engine import VllmEngine
     from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, stage_weights, write_block
-    from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
-    from pdsr_sdk.rollout.session import RolloutSession
 
-    state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).state_dict()
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    state, nbytes = bf16_state(model)
     cores = os.cpu_count() or 1
-    engines = [VllmEngine.from_spec(EngineSpec(name=f"fast-{i}", pool="fast", devices=[i % cores], max_num_seqs=4,
-                                               max_model_len=512, kv_cache_gib=kv_gib, dtype="bfloat16"), model=model)
-               for i in range(engines_n)]
-    cfg = RolloutConfig(model=model, policy="baseline")
     update, write, rewrite, stage, load = [], [], [], [], []
     kept = WeightsBlock()
-    async with RolloutSession(cfg, engines=engines) as session:
-        await asyncio.gather(*(e.start() for e in engines))
-        try:
+    try:
+        async with started_session(model, engines_n, lambda i: i % cores, kv_cache_gib=kv_gib) as (session, engines):
             reference = ModelWeights.read(model)
             stage_weights(state, reference, block=kept).shared()     # allocated once, as the session's
             await session.aupdate_weights(state)            # untimed: first-call costs in the engines
@@ -144,9 +147,8 @@ async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
                 staged.close()
                 stage.append(t1 - t0)
                 load.append(t2 - t1)
-        finally:
-            kept.close()
-            await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+    finally:
+        kept.close()
     return {"bytes": nbytes, "tensors": len(state), "update": update, "write": write, "rewrite": rewrite,
             "stage": stage, "load": load, "version": session.policy_version}
 

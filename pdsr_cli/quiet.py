@@ -16,6 +16,8 @@ import sys
 import warnings
 from typing import Iterator
 
+from pdsr_sdk.environ import patched_environ
+
 #: the environment of a --quiet run (forced: the flag says what the user wants), inherited by engine processes
 QUIET_ENV = {
     "PDSR_QUIET": "1",                        # read by pdsr_cli.main when an engine process imports it
@@ -51,11 +53,9 @@ def output_mode(quiet: bool) -> Iterator[None]:
     env = dict(QUIET_ENV) if quiet else {}
     if not stderr_is_terminal():
         env.update({k: v for k, v in LOG_ENV.items() if k not in os.environ})
-    saved_env = {k: os.environ.get(k) for k in env}
     saved_levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
-    os.environ.update(env)
     try:
-        with warnings.catch_warnings():
+        with patched_environ(env), warnings.catch_warnings():
             if quiet:
                 from pdsr_sdk.errors import PdsrDeprecationWarning
 
@@ -64,11 +64,6 @@ def output_mode(quiet: bool) -> Iterator[None]:
                 warnings.simplefilter("always", PdsrDeprecationWarning)   # pdsr's own: a one-line 'warning:'
             yield
     finally:
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         for name, level in saved_levels.items():
             logging.getLogger(name).setLevel(level)
 

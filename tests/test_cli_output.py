@@ -363,3 +363,14 @@ def test_ray_actors_get_the_quiet_environment_the_users_values_first():
     assert quiet_engine_args(cfg).ray.env_vars == {**LOG_ENV, "VLLM_LOGGING_LEVEL": "DEBUG"}
     assert quiet_engine_args(RolloutConfig()).ray is None
 
+
+
+def test_patched_environ_restores_changed_and_removes_added_keys(monkeypatch):
+    from pdsr_sdk.environ import patched_environ
+
+    monkeypatch.setenv("PDSR_TEST_KEPT", "before")
+    monkeypatch.delenv("PDSR_TEST_ADDED", raising=False)
+    with pytest.raises(RuntimeError), patched_environ({"PDSR_TEST_KEPT": "inside", "PDSR_TEST_ADDED": "x"}):
+        assert os.environ["PDSR_TEST_KEPT"] == "inside" and os.environ["PDSR_TEST_ADDED"] == "x"
+        raise RuntimeError   # restored on the way out of a failing block too
+    assert os.environ["PDSR_TEST_KEPT"] == "before" and "PDSR_TEST_ADDED" not in os.environ

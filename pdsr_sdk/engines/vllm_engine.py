@@ -22,6 +22,7 @@ from typing import Any
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
 from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
+from pdsr_sdk.environ import patched_environ
 from pdsr_sdk.errors import EngineError, UnsupportedError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
@@ -392,7 +393,7 @@ async def _spawn(create, env: dict[str, str]):
     part, the core loading the model, overlaps with other engines' start-up.
     """
     async with _spawn_lock():
-        with _patched_environ(env):
+        with patched_environ(env):
             before = {p.pid for p in multiprocessing.active_children()}
             creating = asyncio.ensure_future(asyncio.to_thread(create))
             try:
@@ -447,20 +448,6 @@ def _spawn_lock() -> asyncio.Lock:
     if lock is None:
         lock = _SPAWN_LOCKS[loop] = asyncio.Lock()
     return lock
-
-
-@contextlib.contextmanager
-def _patched_environ(values: dict[str, str]):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _fmt(value: float) -> str:
