@@ -2,7 +2,7 @@
 
 Bottom to top (see CONTRIBUTING.md):
 
-0. ``pdsr_sdk`` itself and ``errors``, ``config``, ``registry``, ``lazy``, ``progress``, ``io``, ``parent_watch``
+0. ``pdsr_sdk`` itself and ``errors``, ``config``, ``registry``, ``lazy``, ``progress``, ``io``, ``parent_watch``, ``environ``
 1. ``dispatch``: types, protocols, clocks, segments, the scheduler, the policy base, run assembly
 2. ``engines``, ``policies``, ``models``, ``traces``, ``batching``, ``gae``, ``scoring``, ``analysis``, ``offpolicy``
 3. ``sim``, ``rollout``
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
-    "pdsr_sdk": 0, "errors": 0, "config": 0, "registry": 0, "lazy": 0, "progress": 0, "io": 0, "parent_watch": 0,
+    "pdsr_sdk": 0, "errors": 0, "config": 0, "registry": 0, "lazy": 0, "progress": 0, "io": 0, "parent_watch": 0, "environ": 0,
     "dispatch": 1,
     "engines": 2, "policies": 2, "models": 2, "traces": 2, "batching": 2, "gae": 2, "scoring": 2, "analysis": 2,
     "offpolicy": 2,
