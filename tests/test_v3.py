@@ -185,6 +185,27 @@ def test_a_stream_that_fills_every_slot_keeps_its_lane_to_one_heavy_engine():
     assert len(lane_ends(roomy)) == 2
 
 
+def test_only_the_longest_go_to_the_lane_and_restarted_siblings_stay_put():
+    from pdsr_sdk.sim.steps import run_steps
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(80, 121, size=(400, 8))
+    # the runaways (0.3%, below the lane's 99.5th percentile): a staleness bound of 1 catches them
+    lengths[rng.random((400, 8)) < 0.003] = 3000
+    trace = LengthTrace.from_matrix(lengths, prompt_lens=[16] * 400)
+    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, over_provision=0.25, max_staleness=1,
+                         timeline=False, profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
+                         policy_settings={"v3": {"history": 256}})   # (a full history: the lane trusts it)
+    run = run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
+    samples = [s for g in run.groups for s in g.samples]
+    moved = [s for s in samples if s.moves]
+    # the runaways, and the 0.5% of ordinary samples the 99.5th percentile leaves above it
+    assert any(s.max_tokens == 3000 for s in moved)
+    assert all(s.max_tokens >= np.quantile(lengths[lengths < 3000], 0.9) for s in moved)
+    restarted_short = [s for s in samples if s.restarts and s.max_tokens < 3000]
+    assert restarted_short and not any(s.moves for s in restarted_short)
+
+
 def placements(run):
     return [(g.prompt_id, s.index, [(seg.engine, seg.num_tokens) for seg in s.segments]) for g in run.groups
             for s in g.samples]
