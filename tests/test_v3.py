@@ -144,13 +144,13 @@ def test_tail_threshold_follows_the_history_once_it_is_full():
     assert first is not None and first < 200 and last >= 1000
 
 
-def stream(lane, **kw):
+def stream(lane, trace=None, settings=None, **kw):
     from pdsr_sdk.sim.steps import run_steps
 
-    trace = synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
+    trace = trace if trace is not None else synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
     kw = {"fast": 3, "heavy": 1, "max_staleness": 1, "profiles": {"fast": EQUAL, "heavy": EQUAL}} | kw
     cfg = SimulateConfig(policy="v3", batch_size=32, steps=8, over_provision=0.25, timeline=False, references=False,
-                         policy_settings={"v3": {"tail_lane": lane}}, **kw)
+                         policy_settings={"v3": {"tail_lane": lane, **(settings or {})}}, **kw)
     return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
 
 
@@ -186,17 +186,12 @@ def test_a_stream_that_fills_every_slot_keeps_its_lane_to_one_heavy_engine():
 
 
 def test_only_the_longest_go_to_the_lane_and_restarted_siblings_stay_put():
-    from pdsr_sdk.sim.steps import run_steps
-
     rng = np.random.default_rng(3)
     lengths = rng.integers(80, 121, size=(400, 8))
     # the runaways (0.3%, below the lane's 99.5th percentile): a staleness bound of 1 catches them
     lengths[rng.random((400, 8)) < 0.003] = 3000
     trace = LengthTrace.from_matrix(lengths, prompt_lens=[16] * 400)
-    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, over_provision=0.25, max_staleness=1,
-                         timeline=False, profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
-                         policy_settings={"v3": {"history": 256}})   # (a full history: the lane trusts it)
-    run = run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
+    run = stream("auto", trace, {"history": 256})   # (a full history: the lane trusts it)
     samples = [s for g in run.groups for s in g.samples]
     moved = [s for s in samples if s.moves]
     # the runaways, and the 0.5% of ordinary samples the 99.5th percentile leaves above it

@@ -41,7 +41,8 @@ class VllmEngine(ModelEngine):
         self.cpu = cpu
         self.shutdown_timeout_s = 2.0
         self._llm = None
-        self._gpu_uuid: list[str | None] = []   # the engine's GPU, once asked (see device_uuid)
+        self._gpu_uuid: str | None = None        # the engine's GPU (see device_uuid) ...
+        self._gpu_asked = False                  # ... once asked
         self._tasks: dict[str, asyncio.Task] = {}
         self._stats = _LoadRecorder()
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
@@ -240,10 +241,13 @@ class VllmEngine(ModelEngine):
 
     async def device_uuid(self) -> str | None:
         """The physical UUID of this engine's GPU (asked once), None on the CPU."""
-        if not self._gpu_uuid:
+        if not self._gpu_asked:
+            if self._dead or self._llm is None:
+                raise EngineError(self.name, "device_uuid: the engine is not running")
             uuids = await self._llm.collective_rpc("pdsr_device_uuid")
-            self._gpu_uuid.append(uuids[0] if uuids and len(set(uuids)) == 1 else None)
-        return self._gpu_uuid[0]
+            self._gpu_uuid = uuids[0] if uuids and len(set(uuids)) == 1 else None
+            self._gpu_asked = True
+        return self._gpu_uuid
 
     # ------------------------------------------------------- pause and sleep
     async def pause_generation(self, mode: str = "keep") -> None:
