@@ -27,7 +27,8 @@ class Harness:
         self.out = {job.key: [] for job in jobs}
         self.samples = []
         for job in jobs:
-            g = Group(prompt_id=job.key, prompt_token_ids=[], prompt_text="", n=1, prompt_length=job.prompt_len)
+            g = Group(prompt_id=job.prompt or job.key, prompt_token_ids=[], prompt_text="", n=1,
+                      prompt_length=job.prompt_len)
             s = Sample(group=g, index=0, max_tokens=sum(job.segments), forced=True)
             g.samples = [s]
             self.samples.append(s)
@@ -79,16 +80,20 @@ class Harness:
 def random_case(seed: int):
     rng = random.Random(seed)
     n_jobs = rng.randint(1, 12)
+    prompts = {f"p{i}": rng.randint(1, 60) for i in range(3)}   # some jobs share a prompt (a group's samples)
     jobs = []
     for j in range(n_jobs):
         segs = [rng.randint(1, 40) for _ in range(rng.randint(1, 3))]
         abort = rng.uniform(0.0, 1.5) if rng.random() < 0.3 else None
         arrival = 0.0 if rng.random() < 0.3 else rng.uniform(0.0, 0.5)
-        jobs.append(NaiveJob(f"j{j}", arrival, rng.randint(1, 60), segs, abort))
+        prompt = rng.choice(list(prompts)) if rng.random() < 0.5 else None
+        plen = prompts[prompt] if prompt else rng.randint(1, 60)
+        jobs.append(NaiveJob(f"j{j}", arrival, plen, segs, abort, prompt))
     longest = max(j.prompt_len + sum(j.segments) for j in jobs)
     block = rng.choice([1, 4, 16])
     kv = max(longest + block, rng.randint(longest, 3 * longest))
     profile = EngineProfile(max_num_seqs=rng.randint(1, 6), kv_cache_tokens=kv, block_size=block,
+                            prompt_cache=rng.random() < 0.8,
                             max_model_len=4096, c0_s=1e-3 * rng.uniform(0.5, 2), c1_s_per_seq=2e-4 * rng.random(),
                             c2_s_per_token=1e-5 * rng.random(), prefill_s_per_token=3e-5 * rng.random())
     return profile, jobs
@@ -181,6 +186,20 @@ def test_continuation_on_the_same_engine_prefills_only_the_uncached_tail():
     assert_same(h.run(), naive_replay(profile, jobs))
     # first segment prefills 100; continuations at contexts 120 and 140 reuse 112 and 128 cached tokens
     assert h.engine.prefill_tokens == 100 + (120 - 112) + (140 - 128)
+
+
+@pytest.mark.parametrize("prompt_cache", [True, False])
+def test_samples_of_one_prompt_share_its_whole_blocks_while_one_runs(prompt_cache):
+    profile = EngineProfile(max_num_seqs=4, block_size=16, prefill_s_per_token=1e-3, prompt_cache=prompt_cache)
+    jobs = [NaiveJob("a", 0.0, 100, [20], prompt="p"), NaiveJob("b", 0.0, 100, [30], prompt="p"),
+            NaiveJob("c", 0.0, 100, [20], prompt="q"),          # another prompt of the same length
+            NaiveJob("d", 0.5, 100, [20], prompt="p")]          # arrives after a and b have left
+    h = Harness(profile, jobs)
+    out = h.run()
+    assert_same(out, naive_replay(profile, jobs))
+    assert out["b"][0][1] < 0.5 < out["d"][0][1]                # d starts when no request of p runs
+    # b (admitted with a, in the same step) finds p's 96 whole-block tokens cached; c and d pay in full
+    assert h.engine.prefill_tokens == (100 + 4 + 100 + 100 if prompt_cache else 400)
 
 
 def test_a_request_longer_than_the_cache_is_refused():

@@ -181,7 +181,7 @@ def test_v3_stream_is_no_slower_than_baseline_when_the_probe_predicts_nothing(se
     def step(policy, placement="auto"):
         cfg = SimulateConfig(policy=policy, fast=3, heavy=1, batch_size=b, steps=8, max_staleness=2, timeline=False,
                              profiles={"fast": profile, "heavy": profile},
-                             policy_settings={"v3": {"stream_placement": placement}})
+                             policy_settings={"v3": {"placement": placement}})
         return float(np.mean([s.duration_s for s in run_steps(trace, cfg, policy, 0.25).steps[2:-1]]))
 
     base = step("baseline")

@@ -130,6 +130,21 @@ def test_v3_at_most_one_percent_slower_than_baseline_when_the_probe_is_noise():
     assert by["v3"] <= 1.01 * by["baseline"], by
 
 
+def test_without_a_predictive_probe_each_group_stays_on_one_engine():
+    """While the rank is off, a group's samples share its prompt's prefix cache on one engine: the first batch
+    deals probes first and each engine then takes its own groups' siblings; once the probe is measured
+    useless, batches go in baseline's chunks. So v3 prefills about what baseline does (dealt one by one: 3.1x)."""
+    trace = synth_trace(groups=96, n=8, seed=3, prompt_sigma=0.0, noise_sigma=0.7, runaway_frac=0.0)
+    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False,
+                         profiles={"fast": EQUAL, "heavy": EQUAL}, references=False, segments={"enabled": False})
+    tb = trace_batches(trace, cfg)
+    run = run_policy(tb, cfg, "v3", keep_groups=True)
+    assert not run.batches[-1].policy["ranking"] and run.batches[-1].policy["probe_correlation"] < 0.3
+    assert all(len({s.segments[0].engine for s in g.samples}) == 1 for g in run.groups)
+    base = run_policy(tb, cfg, "baseline")
+    assert sum(b.prefill_tokens for b in run.batches) <= 1.02 * sum(b.prefill_tokens for b in base.batches)
+
+
 def test_tail_threshold_follows_the_history_once_it_is_full():
     # the history holds 64 lengths: batch 0's samples are short, batch 1's ten times longer; the threshold
     # must move with them (it once froze when the history was full)

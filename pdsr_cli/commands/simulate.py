@@ -56,7 +56,8 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
     run one after another. Engines batch continuously with a step-time cost model
     (c0 + c1*running + c2*context tokens, plus prefill), a block-granular KV cache with preemption,
-    and prefix caching of segment continuations. Engines are equal by default (heavy is a role);
+    and prefix caching as vLLM's: segment continuations, and a prompt shared by the requests of one
+    group on one engine (profile key prompt_cache). Engines are equal by default (heavy is a role);
     --profile may give a pool other numbers. Prints per policy: makespan and its ratio to baseline's,
     a lower bound and the ratio to it, the share of each reference schedule's gain over baseline it
     takes, tokens/s, busy fraction per pool, the share of time on the last 10% of samples, and the

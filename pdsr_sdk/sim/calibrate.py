@@ -10,7 +10,9 @@ the span endpoints cut its timeline into elementary intervals in which the
 set of running requests is fixed (R_i of them), context tokens C_i grow with
 the steps, and Q_i prefill tokens join at the interval's start (the whole
 context of a new request; only the uncached tail of a continuation on the
-same engine).
+same engine; past the prompt's whole blocks for a request that joins while
+another request of its prompt runs there, as vLLM's prefix caching and the
+simulator's ``prompt_cache`` have it).
 
 Model: a span's duration is the time of the n steps it took part in::
 
@@ -103,6 +105,8 @@ def read_spans(paths, *, block_size: int = 16) -> list[Span]:
             raise DataError(f"{path}: missing column(s) {', '.join(missing)}; calibrate needs a trajectories file "
                             f"written by `pdsr rollout` (with its 'segments' timings)")
         plens = table["prompt_length"].to_pylist()
+        prompts = table["prompt_id"].to_pylist() if "prompt_id" in table.column_names else [None] * len(plens)
+        fresh: dict[tuple[str, object], list[tuple[float, int, int, int]]] = {}   # (engine, prompt) -> its spans
         for row, (plen, segs) in enumerate(zip(plens, table["segments"].to_pylist())):
             prev = None
             for k, seg in enumerate(segs or []):
@@ -124,8 +128,26 @@ def read_spans(paths, *, block_size: int = 16) -> list[Span]:
                 if b is None or n is None or n <= 0 or not (b > a):
                     continue
                 prefill = context - block_size * ((context - 1) // block_size) if cont else context
+                if prompts[row] is not None:
+                    fresh.setdefault((engine, prompts[row]), []).append((float(a), row, len(spans), int(plen)))
                 spans.append(Span(f"{fi}/{engine}", pool, float(a), float(b), int(n), context, int(prefill)))
+        _share_prompts(spans, fresh, block_size)
     return spans
+
+
+def _share_prompts(spans: list[Span], by_prompt: dict, block: int) -> None:
+    """A span that joined while another span of its prompt ran on its engine found the prompt's whole blocks
+    cached: its prefill is at most what lies past them (``by_prompt``: (engine, prompt) -> (start, row, span
+    index, prompt length); earlier joins, by start then row, count as running)."""
+    for members in by_prompt.values():
+        if len(members) < 2:
+            continue
+        members.sort()
+        for i, (start, row, k, plen) in enumerate(members):
+            if any(spans[j].end > start and r != row for _, r, j, _ in members[:i]):
+                sp = spans[k]
+                cached = min(block * (plen // block), block * ((sp.context - 1) // block))
+                sp.prefill = min(sp.prefill, sp.context - cached)
 
 
 def _read_table(path: Path, pq):
@@ -135,7 +157,7 @@ def _read_table(path: Path, pq):
         head = fh.read(8)
     if head.startswith(b"PAR1"):
         names = pq.read_schema(path).names
-        return pq.read_table(path, columns=[c for c in ("prompt_length", "segments") if c in names])
+        return pq.read_table(path, columns=[c for c in ("prompt_id", "prompt_length", "segments") if c in names])
     with pa.memory_map(str(path)) as source:
         reader = pa.ipc.open_file(source) if head.startswith(b"ARROW1") else pa.ipc.open_stream(source)
         return reader.read_all()

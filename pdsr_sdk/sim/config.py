@@ -46,6 +46,7 @@ class EngineProfile(ConfigModel):
     c1_s_per_seq: float = Field(5e-5, ge=0, description="Seconds per step per running sequence.")
     c2_s_per_token: float = Field(1e-7, ge=0, description="Seconds per step per context token in the batch (attention reads).")
     prefill_s_per_token: float = Field(2e-5, ge=0, description="Seconds per prefilled (uncached) context token, added to the step that admits the request.")
+    prompt_cache: bool = Field(True, description="Requests of one prompt share its KV blocks, as vLLM's prefix caching does (pdsr starts its engines with it): a request admitted while another of the same prompt runs on the engine prefills only what lies past the prompt's whole blocks. A group's samples on one engine thus pay the prompt's prefill about once.")
 
     @model_validator(mode="after")
     def _fits(self) -> "EngineProfile":

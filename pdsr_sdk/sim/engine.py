@@ -22,7 +22,12 @@ token by token and the tests hold the two together):
   the sample's computed context, so a continuation on the same engine
   prefills only the uncached tail; preemption, abort (the sample leaves) and
   the sample's last token forget it. A sample moved elsewhere pays full
-  prefill there.
+  prefill there. With ``prompt_cache``, a request admitted while another
+  request of the same prompt (``Group.prompt_id``) runs on the engine also
+  finds the prompt's whole blocks cached (vLLM caches a block as soon as it is
+  allocated, so this holds within one step too); the cache is forgotten when
+  the prompt's last request leaves the batch, a conservative stand-in for
+  vLLM's LRU eviction.
 - A segment generates exactly its ``max_tokens`` (lengths are forced) and ends
   with ``length``. ``abort(rid)`` reports the tokens of the steps completed so
   far, then ``abort``, from a 0-delay timer; the request leaves the batch at
@@ -48,11 +53,12 @@ _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
 
 class _Req:
-    __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill")
+    __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt")
 
-    def __init__(self, rid: str, sample, ctx: int, max_tokens: int):
+    def __init__(self, rid: str, sample, ctx: int, max_tokens: int, prompt):
         self.rid = rid
         self.sample = sample
+        self.prompt = prompt      # the prompt's identity for the prompt cache (None: not shared)
         self.ctx = ctx            # context (prompt + generated) when last admitted / now if waiting
         self.max_tokens = max_tokens
         self.done = 0             # tokens of this segment generated before its current admission
@@ -90,6 +96,8 @@ class SimEngine:
         self._heap: list[tuple[int, int, _Req]] = []
         self._leaving: list[_Req] = []
         self._cache: dict = {}                 # sample -> cached prefix tokens on this engine
+        self._prompt_cache = p.prompt_cache
+        self._prompt_refs: dict = {}           # prompt -> its running requests on this engine
         self._seq = 0
         # the current epoch: from boundary (t0, step) with a fixed batch, step j costs a + b*j (+ extra if j == 0)
         self._step = 0
@@ -151,7 +159,11 @@ class SimEngine:
                               f"simulated engine holds at most {self._max_ctx} (max_model_len / kv_cache_tokens)")
         if n < 1:
             raise EngineError(self.name, f"request {request.request_id} asks for {n} tokens; expected >= 1")
-        r = _Req(request.request_id, request.sample, ctx, n)
+        prompt = None
+        if self._prompt_cache:
+            group = getattr(request.sample, "group", None)
+            prompt = getattr(group, "prompt_id", None)
+        r = _Req(request.request_id, request.sample, ctx, n, prompt)
         self._reqs[r.rid] = r
         self._waiting.append(r)
         if not self._in_boundary:   # inside a boundary the batch is planned right after the callbacks
@@ -285,6 +297,12 @@ class SimEngine:
 
     def _remove_running(self, r: _Req, S: int) -> None:
         del self._running[r.rid]
+        if r.prompt is not None:
+            refs = self._prompt_refs[r.prompt] - 1
+            if refs:
+                self._prompt_refs[r.prompt] = refs
+            else:
+                del self._prompt_refs[r.prompt]
         q, res = divmod(r.off, self._block)
         self._sum_off -= r.off
         self._sum_q -= q
@@ -368,6 +386,11 @@ class SimEngine:
         w.state = _RUNNING
         self._running[w.rid] = w
         cached = self._cache.get(w.sample, 0)
+        if w.prompt is not None:
+            refs = self._prompt_refs.get(w.prompt, 0)
+            if refs:
+                cached = max(cached, self._block * (w.sample.prompt_len // self._block))
+            self._prompt_refs[w.prompt] = refs + 1
         if cached:
             cached = min(cached, self._block * ((w.ctx - 1) // self._block))
         w.prefill = w.ctx - cached

@@ -9,7 +9,8 @@ A script is a list of :class:`NaiveJob`: a sample arriving at ``arrival_s``
 with a prompt of ``prompt_len`` tokens that generates ``segments`` (token
 counts) one after another on this engine, each continuation submitted the
 moment the previous segment ends; optionally its current segment is aborted
-at ``abort_s`` (and the job ends there).
+at ``abort_s`` (and the job ends there). Jobs with the same ``prompt`` share its
+whole blocks while one of them runs (``prompt_cache``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class NaiveJob:
     prompt_len: int
     segments: list[int]
     abort_s: float | None = None
+    #: the prompt's identity (jobs of one prompt have the same prompt_len); None: the job's own key
+    prompt: str | None = None
 
 
 class _R:
@@ -50,6 +53,9 @@ def naive_replay(profile, jobs: list[NaiveJob]) -> dict[str, list[tuple[str, flo
     waiting: deque[_R] = deque()
     cache: dict[int, int] = {}
     current: dict[int, _R] = {}
+
+    def prompt(j: int) -> str:
+        return jobs[j].prompt or jobs[j].key
 
     def handle(time: float, kind: int, j: int) -> None:
         if kind == 0:
@@ -82,7 +88,10 @@ def naive_replay(profile, jobs: list[NaiveJob]) -> dict[str, list[tuple[str, flo
             if sum(_ceil(r.ctx, B) for r in running) + _ceil(w.ctx, B) > kv:
                 break
             waiting.popleft()
-            cached = min(cache.get(w.j, 0), B * ((w.ctx - 1) // B))
+            cached = cache.get(w.j, 0)
+            if profile.prompt_cache and any(prompt(r.j) == prompt(w.j) for r in running):
+                cached = max(cached, B * (jobs[w.j].prompt_len // B))
+            cached = min(cached, B * ((w.ctx - 1) // B))
             w.prefill = w.ctx - cached
             running.append(w)
 
