@@ -189,6 +189,23 @@ def test_v3_stream_is_no_slower_than_baseline_when_the_probe_predicts_nothing(se
     assert step("v3", "deal") > base * 1.001
 
 
+def test_v3_stream_without_a_staleness_bound_places_as_baseline():
+    """No bound, no tail lane: v3 keeps a stream's groups in baseline's chunks even with a predictive probe
+    (dealing only spreads groups and pays their prompts on every engine), so it is not slower than baseline."""
+    trace = synth_trace(groups=400, n=8, seed=2)
+    profile = dict(max_num_seqs=64, kv_cache_tokens=65536)
+
+    def step(policy, placement="auto", staleness=None):
+        cfg = SimulateConfig(policy=policy, fast=3, heavy=1, batch_size=32, steps=8, max_staleness=staleness,
+                             timeline=False, profiles={"fast": profile, "heavy": profile},
+                             policy_settings={"v3": {"placement": placement}})
+        return float(np.mean([s.duration_s for s in run_steps(trace, cfg, policy, 0.25).steps[2:-1]]))
+
+    assert step("v3") == step("v3", "chunk") <= step("baseline") * 1.001
+    # under a bound it deals once the probe is measured to predict (the ranked order and the lane need it)
+    assert step("v3", staleness=2) != step("v3", "chunk", 2)
+
+
 def test_every_policy_streams_and_one_with_per_batch_state_is_refused():
     """Every registered policy that runs on real engines takes groups while others run (the probe-barrier
     ones probe and route each refill as its own wave); a policy that declares per-batch state is refused
