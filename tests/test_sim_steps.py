@@ -206,6 +206,23 @@ def test_v3_stream_without_a_staleness_bound_places_as_baseline():
     assert step("v3", staleness=2) != step("v3", "chunk", 2)
 
 
+def test_v3_keeps_a_streams_groups_together_where_their_prompts_are_cached():
+    """Under a bound v3 deals a predictive stream's samples; with locality an engine takes its own groups'
+    siblings first, so a consumed group ran on fewer engines (each pays the group's prompt once)."""
+    trace = synth_trace(groups=400, n=8, seed=2)
+    profile = dict(max_num_seqs=64, kv_cache_tokens=65536)
+
+    def engines_per_group(locality):
+        cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, max_staleness=2, timeline=False,
+                             profiles={"fast": profile, "heavy": profile},
+                             policy_settings={"v3": {"locality": locality}})
+        run = run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
+        return float(np.mean([len({seg.engine for s in g.samples for seg in s.segments[:1]}) for g in run.groups]))
+
+    together, spread = engines_per_group(True), engines_per_group(False)
+    assert together < 0.8 * spread, (together, spread)
+
+
 def test_every_policy_streams_and_one_with_per_batch_state_is_refused():
     """Every registered policy that runs on real engines takes groups while others run (the probe-barrier
     ones probe and route each refill as its own wave); a policy that declares per-batch state is refused
