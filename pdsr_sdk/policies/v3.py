@@ -386,6 +386,8 @@ class V3Policy(Policy):
             informative = self.correlation >= self.cfg.min_correlation
             if informative != self.informative or (first and not informative):
                 self.informative = informative
+                if informative and not self.ctx.streaming:
+                    self.placed.clear()     # a ranked batch takes no sibling first (_take)
                 self.heap = []
                 for w in sorted(self.waiting, key=lambda w: (w.group.batch_index, w.group.position, w.index)):
                     self._push(w)
@@ -516,7 +518,8 @@ class V3Policy(Policy):
         top = s = self._top()
         if top is None:
             return False
-        if self.cfg.locality and (self.ctx.streaming or not self.informative) and not top.is_probe:
+        local = self.cfg.locality and (self.ctx.streaming or not self.informative)
+        if local and not top.is_probe:
             s = _waiting_sibling(self.placed.get(e.name), self.waiting) or top
         length = self._expected_length(s)
         if not self._fits(e, s.prompt_len + length):
@@ -528,7 +531,8 @@ class V3Policy(Policy):
             heapq.heappop(self.heap)
         self.waiting.discard(s)     # (a sibling taken before the top leaves its heap entry to _top)
         self._place(s, e, length)
-        self.placed.setdefault(e.name, {})[id(s.group)] = s.group
+        if local:
+            self.placed.setdefault(e.name, {})[id(s.group)] = s.group
         self.ctx.submit(s, engine=e)
         return True
 
