@@ -106,7 +106,7 @@ def read_spans(paths, *, block_size: int = 16) -> list[Span]:
                             f"written by `pdsr rollout` (with its 'segments' timings)")
         plens = table["prompt_length"].to_pylist()
         prompts = table["prompt_id"].to_pylist() if "prompt_id" in table.column_names else [None] * len(plens)
-        fresh: dict[tuple[str, object], list[tuple[float, int, int, int]]] = {}   # (engine, prompt) -> its spans
+        by_prompt: dict[tuple[str, object], list[tuple[float, int, int, int]]] = {}   # (engine, prompt) -> its spans
         for row, (plen, segs) in enumerate(zip(plens, table["segments"].to_pylist())):
             prev = None
             for k, seg in enumerate(segs or []):
@@ -129,9 +129,9 @@ def read_spans(paths, *, block_size: int = 16) -> list[Span]:
                     continue
                 prefill = context - block_size * ((context - 1) // block_size) if cont else context
                 if prompts[row] is not None:
-                    fresh.setdefault((engine, prompts[row]), []).append((float(a), row, len(spans), int(plen)))
+                    by_prompt.setdefault((engine, prompts[row]), []).append((float(a), row, len(spans), int(plen)))
                 spans.append(Span(f"{fi}/{engine}", pool, float(a), float(b), int(n), context, int(prefill)))
-        _share_prompts(spans, fresh, block_size)
+        _share_prompts(spans, by_prompt, block_size)
     return spans
 
 
