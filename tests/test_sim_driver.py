@@ -106,14 +106,33 @@ def test_report_numbers_on_a_hand_made_case():
     assert s["prefill_tokens"] == 20 and s["preemptions"] == 0
 
 
+def test_lower_bound_counts_a_prompt_its_group_shares_once():
+    """With the prompt cache, four samples of one 1,600-token prompt on one engine prefill it once (and
+    the last block each: vLLM computes at least one token); the bound charges the same, never more
+    than the run took. Without the cache each pays the whole prompt."""
+    c0, c1, c2, p = 5e-3, 5e-5, 1e-7, 1e-3
+    trace = LengthTrace.from_matrix(np.array([[1, 1, 1, 1]]), prompt_lens=[1600])
+    for cache, prefilled in ((True, 1600 + 3 * 16), (False, 4 * 1600)):
+        prof = dict(prefill_s_per_token=p, prompt_cache=cache)
+        cfg = SimulateConfig(policy="baseline", fast=1, heavy=0, batch_size=1, timeline=False,
+                             profiles={"fast": prof})
+        s = simulate(trace, cfg).to_dict()["policies"][0]
+        assert s["prefill_tokens"] == prefilled
+        work = p * prefilled + 4 * (c0 / 256 + c1 + c2 * 1600)
+        assert s["lower_bound_s"] == pytest.approx(work, rel=1e-12)
+        assert s["lower_bound_s"] <= s["makespan_s"]
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["baseline", "v1", "v2", "v2.5", "oracle", "oracle-probe"]),
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["baseline", "v1", "v2", "v2.5", "v3", "oracle",
+                                                            "oracle-probe"]),
        fast=st.integers(1, 3), heavy=st.integers(1, 2), kv=st.sampled_from([1024, 2048, 1 << 20]),
-       seqs=st.integers(1, 8), batch=st.integers(1, 10), c2=st.sampled_from([0.0, 1e-7, 1e-5]))
-def test_lower_bound_never_exceeds_the_makespan(seed, policy, fast, heavy, kv, seqs, batch, c2):
+       seqs=st.integers(1, 8), batch=st.integers(1, 10), c2=st.sampled_from([0.0, 1e-7, 1e-5]),
+       prefill=st.sampled_from([2e-5, 2e-3]))
+def test_lower_bound_never_exceeds_the_makespan(seed, policy, fast, heavy, kv, seqs, batch, c2, prefill):
     trace = synth_trace(groups=10, n=3, seed=seed, median_length=60, max_length=500, runaway_frac=0.05,
                         prompt_len_min=0, prompt_len_max=300, min_length=0)
-    prof = dict(max_num_seqs=seqs, kv_cache_tokens=kv, c2_s_per_token=c2)
+    prof = dict(max_num_seqs=seqs, kv_cache_tokens=kv, c2_s_per_token=c2, prefill_s_per_token=prefill)
     cfg = SimulateConfig(policy=policy, fast=fast, heavy=heavy, batch_size=batch, timeline=False,
                          profiles={"fast": prof, "heavy": {**prof, "max_num_seqs": seqs + 2, "c0_s": 0.004}},
                          segments={"min_tokens": 8, "max_tokens": 64})

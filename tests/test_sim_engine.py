@@ -242,11 +242,19 @@ def test_overflow_step_matches_a_step_by_step_count(seed):
     assert cost.overflow_step(free, counts, step0, block) == cost.overflow_step_naive(free, offsets, step0, block)
 
 
-def test_work_and_alone_time_match_loops():
+@pytest.mark.parametrize("block", [None, 1, 4, 16])
+def test_work_and_alone_time_match_loops(block):
     rng = np.random.default_rng(0)
     p, n = rng.integers(0, 300, 50), rng.integers(1, 500, 50)
+    p[:4] = [0, 1, 16, 32]      # empty, one token, prompts of whole blocks (the last block is recomputed)
+    first = rng.random(50) < 0.3
+    q = cost.least_prefill(p, first, block)
+    np.testing.assert_array_equal(q, cost.least_prefill_naive(p, first, block))
+    assert (q <= p).all() and (q[first] == p[first]).all()
     kw = dict(c0=5e-3, c1=5e-5, c2=1e-7, prefill=2e-5)
-    np.testing.assert_allclose(cost.sample_work(p, n, max_seqs=64, **kw),
-                               cost.sample_work_naive(p, n, max_seqs=64, **kw), rtol=1e-12)
-    np.testing.assert_allclose(cost.alone_time(p, n, **kw), cost.alone_time_naive(p, n, **kw), rtol=1e-12)
+    for least in (None, q):
+        np.testing.assert_allclose(cost.sample_work(p, n, max_seqs=64, prefill_len=least, **kw),
+                                   cost.sample_work_naive(p, n, max_seqs=64, prefill_len=least, **kw), rtol=1e-12)
+        np.testing.assert_allclose(cost.alone_time(p, n, prefill_len=least, **kw),
+                                   cost.alone_time_naive(p, n, prefill_len=least, **kw), rtol=1e-12)
     assert math.isclose(cost.alone_time([10], [1], **kw)[0], 2e-5 * 10 + 5e-3 + 5e-5 + 1e-7 * 10)

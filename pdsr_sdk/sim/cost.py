@@ -114,42 +114,76 @@ def overflow_step_naive(free_blocks: int, offsets, step0: int, block: int) -> in
 
 # -- lower bound -----------------------------------------------------------------------
 
+def least_prefill(prompt_len, first, block: int | None) -> np.ndarray:
+    """Least tokens each sample prefills at its first admission (int64 array).
+
+    ``first`` marks the first sample of each prompt in the batch: it prefills its whole prompt.
+    With a prompt cache of ``block``-token blocks (``block`` None: none), a later sample of the
+    same prompt can find the prompt's whole blocks cached, but vLLM computes at least the last
+    token, so it prefills ``P - block * floor((P - 1) / block)`` (a prompt that fills whole
+    blocks recomputes its last block; the engine's rule, see ``cached_prefix``).
+    """
+    p = np.asarray(prompt_len, dtype=np.int64)
+    if block is None:
+        return p.copy()
+    shared = p - block * (np.maximum(p - 1, 0) // block)
+    return np.where(np.asarray(first, dtype=bool), p, shared)
+
+
 def sample_work(prompt_len, length, *, c0: float, c1: float, c2: float, prefill: float,
-                max_seqs: int) -> np.ndarray:
+                max_seqs: int, prefill_len=None) -> np.ndarray:
     """Least engine-seconds each sample costs (float64 array).
 
     A step's cost split over its R <= max_seqs requests charges each at least
-    ``c0/max_seqs + c1 + c2*context`` per token, and its prompt is prefilled at
-    least once: ``W = p*P + L*(c0/M + c1) + c2*(L*P + L(L-1)/2)``.
+    ``c0/max_seqs + c1 + c2*context`` per token, and it prefills at least
+    ``prefill_len`` tokens (default: its prompt; see :func:`least_prefill`):
+    ``W = p*Q + L*(c0/M + c1) + c2*(L*P + L(L-1)/2)``.
     """
     p = np.asarray(prompt_len, dtype=np.float64)
+    q = p if prefill_len is None else np.asarray(prefill_len, dtype=np.float64)
     n = np.asarray(length, dtype=np.float64)
-    return prefill * p + n * (c0 / max_seqs + c1) + c2 * (n * p + n * (n - 1) / 2)
+    return prefill * q + n * (c0 / max_seqs + c1) + c2 * (n * p + n * (n - 1) / 2)
 
 
-def alone_time(prompt_len, length, *, c0: float, c1: float, c2: float, prefill: float) -> np.ndarray:
+def alone_time(prompt_len, length, *, c0: float, c1: float, c2: float, prefill: float,
+               prefill_len=None) -> np.ndarray:
     """Seconds a sample needs even alone on an engine: its L steps in sequence, each at least
-    ``c0 + c1 + c2*context``, the first with its prompt's prefill (float64 array)."""
+    ``c0 + c1 + c2*context``, the first with its prefill of ``prefill_len`` tokens (default: its
+    prompt) (float64 array)."""
     p = np.asarray(prompt_len, dtype=np.float64)
+    q = p if prefill_len is None else np.asarray(prefill_len, dtype=np.float64)
     n = np.asarray(length, dtype=np.float64)
-    return np.where(n > 0, prefill * p + n * (c0 + c1) + c2 * (n * p + n * (n - 1) / 2), 0.0)
+    return np.where(n > 0, prefill * q + n * (c0 + c1) + c2 * (n * p + n * (n - 1) / 2), 0.0)
 
 
-def sample_work_naive(prompt_len, length, *, c0, c1, c2, prefill, max_seqs) -> list[float]:
+def least_prefill_naive(prompt_len, first, block) -> list[int]:
     out = []
-    for p, n in zip(prompt_len, length):
-        w = prefill * p
+    for p, f in zip(prompt_len, first):
+        cached = 0
+        if block is not None and not f:
+            # whole blocks of the prompt, but never the last token (the engine computes at least one)
+            cached = min(block * (int(p) // block), block * (max(int(p) - 1, 0) // block))
+        out.append(int(p) - cached)
+    return out
+
+
+def sample_work_naive(prompt_len, length, *, c0, c1, c2, prefill, max_seqs, prefill_len=None) -> list[float]:
+    out = []
+    q_all = prompt_len if prefill_len is None else prefill_len
+    for p, n, q in zip(prompt_len, length, q_all):
+        w = prefill * q
         for j in range(int(n)):
             w += c0 / max_seqs + c1 + c2 * (p + j)
         out.append(float(w))
     return out
 
 
-def alone_time_naive(prompt_len, length, *, c0, c1, c2, prefill) -> list[float]:
+def alone_time_naive(prompt_len, length, *, c0, c1, c2, prefill, prefill_len=None) -> list[float]:
     out = []
-    for p, n in zip(prompt_len, length):
+    q_all = prompt_len if prefill_len is None else prefill_len
+    for p, n, q in zip(prompt_len, length, q_all):
         t = 0.0
         for j in range(int(n)):
-            t += c0 + c1 + c2 * (p + j) + (prefill * p if j == 0 else 0.0)
+            t += c0 + c1 + c2 * (p + j) + (prefill * q if j == 0 else 0.0)
         out.append(t)
     return out

@@ -28,6 +28,7 @@ from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import policy_names, reference_policies, resolve_policy, with_policy_sets
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
+from pdsr_sdk.sim.cost import least_prefill
 from pdsr_sdk.sim.engine import SimEngine
 
 if TYPE_CHECKING:
@@ -193,6 +194,23 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
                 max_seqs=max(p.max_num_seqs for p in profiles))
 
 
+def least_prefill_tokens(prompt_len, prompt_ids, cfg: SimulateConfig) -> np.ndarray:
+    """The least tokens each sample of a batch prefills (for the lower bound): the first sample of each
+    prompt its whole prompt; a later one, where a pool in use caches prompts, the least that any such
+    pool's prefix cache leaves (``cost.least_prefill``)."""
+    first = np.zeros(len(prompt_ids), dtype=bool)
+    seen: set = set()
+    for i, pid in enumerate(prompt_ids):
+        if pid not in seen:
+            seen.add(pid)
+            first[i] = True
+    blocks = {p.block_size for p, k in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy))
+              if k and p.prompt_cache}
+    if not blocks:
+        return np.asarray(prompt_len, dtype=np.int64)
+    return np.min([least_prefill(prompt_len, first, b) for b in sorted(blocks)], axis=0)
+
+
 def raise_fatal(exc: BaseException, policy: str, where: str) -> None:
     """Re-raise what ended a simulated run: a PdsrError as it is, a policy's bug named with where it happened."""
     if isinstance(exc, PdsrError):
@@ -317,7 +335,8 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
             finish = np.fromiter((s.finish_time_s for s in samples), dtype=np.float64, count=len(samples))
             gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
             plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
-            work, alone = batch_bounds(plen, gen, len(engines), **coeffs)
+            least = least_prefill_tokens(plen, [s.group.prompt_id for s in samples], cfg)
+            work, alone = batch_bounds(plen, gen, len(engines), **coeffs, prefill_len=least)
             outcomes.append(BatchOutcome(
                 batch_index=report.batch_index, groups=len(groups), samples=len(samples), start_s=t0,
                 makespan_s=report.makespan_s, tokens=report.tokens, work_bound_s=work, longest_bound_s=alone,

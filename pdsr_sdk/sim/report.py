@@ -4,17 +4,21 @@ Lower bound (per batch, summed over batches, since batches run one after
 another). With the cheapest coefficient of each term over the pools in use
 (``c0, c1, c2, p``) and the largest ``max_num_seqs`` M:
 
-- *work* of a sample with prompt P and L kept tokens:
-  ``W = p*P + L*(c0/M + c1) + c2*(L*P + L(L-1)/2)`` engine-seconds. A step of R
+- *work* of a sample with prompt P, L kept tokens and least prefill Q:
+  ``W = p*Q + L*(c0/M + c1) + c2*(L*P + L(L-1)/2)`` engine-seconds. A step of R
   <= M requests costs ``c0 + c1 R + c2 C + p Q``; split over its requests, each
   token pays at least ``c0/M + c1 + c2 * its context`` (its context at token j is
-  P + j), and each sample prefills its prompt at least once. So the engines'
-  busy time is at least the batch's total work.
+  P + j), and each prompt is prefilled whole at least once in a batch (the
+  engines start each batch empty); with the prompt cache (a profile's
+  ``prompt_cache``) a later sample of the same prompt prefills at least what
+  lies past the prompt's whole blocks (``cost.least_prefill``), without it its
+  whole prompt. So the engines' busy time is at least the batch's total work.
 - *capacity*: E engines deliver at most E engine-seconds per second, so
   ``makespan >= sum(W) / E``.
 - *longest request*: a sample's tokens come one step at a time, each step at
   least ``c0 + c1 + c2 * context``, the first with its prompt's prefill, so
-  ``makespan >= max over samples of p*P + L(c0 + c1) + c2 (L P + L(L-1)/2)``.
+  ``makespan >= max over samples of p*Q + L(c0 + c1) + c2 (L P + L(L-1)/2)``,
+  Q its least prefill as above.
 
 ``lower_bound = max(work / capacity, longest)``. Preemption, re-prefill,
 restarts, idle slots and segment boundaries only add time. Kept tokens are the
@@ -40,8 +44,10 @@ from pdsr_sdk.sim.cost import alone_time, sample_work
 DEFINITIONS = {
     "makespan_s": "Virtual seconds from each batch's start to its last sample's finish, summed over batches.",
     "lower_bound_s": "Per batch max(work / engines, longest sample alone), summed over batches; work = "
-                     "p*P + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) engine-seconds per sample with the cheapest "
-                     "coefficients of the pools in use and M their largest max_num_seqs.",
+                     "p*Q + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) engine-seconds per sample with the cheapest "
+                     "coefficients of the pools in use and M their largest max_num_seqs; Q, the least tokens it "
+                     "prefills: its prompt P for the first sample of each prompt, and with the prompt cache what "
+                     "lies past the prompt's whole blocks for the others.",
     "ratio": "makespan_s / lower_bound_s (>= 1; 1 would be perfect packing); the same as vs_lower_bound.",
     "vs_baseline": "makespan_s / baseline's makespan_s (null without a baseline run).",
     "vs_lower_bound": "makespan_s / lower_bound_s.",
@@ -60,10 +66,12 @@ DEFINITIONS = {
 
 
 def batch_bounds(prompt_len, length, engines: int, *, c0: float, c1: float, c2: float, prefill: float,
-                 max_seqs: int) -> tuple[float, float]:
-    """(work / capacity, longest alone) of one batch, from per-sample prompt and kept lengths."""
-    work = float(sample_work(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill, max_seqs=max_seqs).sum())
-    alone = alone_time(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill)
+                 max_seqs: int, prefill_len=None) -> tuple[float, float]:
+    """(work / capacity, longest alone) of one batch, from per-sample prompt and kept lengths and the
+    least tokens each prefills (default: its prompt)."""
+    work = float(sample_work(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill, max_seqs=max_seqs,
+                             prefill_len=prefill_len).sum())
+    alone = alone_time(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill, prefill_len=prefill_len)
     return work / engines, float(alone.max()) if alone.size else 0.0
 
 
