@@ -66,6 +66,8 @@ def test_f0_is_the_on_policy_run_step_for_step():
     assert all(run.consumed_at[g.prompt_id] == g.batch_index for g in on.groups)
     assert run.off_policy_share == 0 and run.max_age == 0 and run.stats["restarts"] == 0
     assert run.dropped_groups == 0 and all(s.groups == 6 for s in run.steps)
+    # ... and its work bound is the batch's (the batch report's own computation)
+    assert run.work_bounds_s == pytest.approx([b.work_bound_s for b in on.batches], rel=1e-12)
 
 
 @pytest.mark.parametrize("policy,staleness", [("baseline", None), ("baseline", 1), ("baseline", 0), ("v2", 1), ("v3", None), ("v3", 1),
@@ -96,6 +98,9 @@ def test_no_sample_lost_or_duplicated_and_staleness_holds(policy, staleness):
             if policy == "baseline":   # no policy restarts: each sample restarted for staleness at most once
                 assert s.restarts <= 1
     assert sum(s.tokens for s in run.steps) == sum(x.num_generated for g in run.groups for x in g.samples)
+    # every consumed token was generated after the start: the steps up to any step take at least their work
+    assert len(run.work_bounds_s) == len(run.steps)
+    assert (np.cumsum(run.step_times) >= np.cumsum(run.work_bounds_s) * (1 - 1e-9)).all()
     if staleness == 0:
         assert run.off_policy_share == 0 and run.stats["restarts"] > 0 and run.stats["wasted_tokens"] > 0
         # finished samples of groups still waiting were restarted too
@@ -115,6 +120,9 @@ def test_carry_over_gain_on_a_hand_made_trace():
     assert [(s.start_s, s.end_s) for s in run.steps] == [(0, 10), (10, 20), (20, 25), (25, 30), (30, 35), (35, 40)]
     assert run.consumed_at == {"g1": 0, "g2": 1, "g0": 2, "g3": 3, "g4": 4, "g5": 5}
     assert run.steps[2].ages == {2: 25} and run.off_policy_share == pytest.approx(55 / 75)
+    # work bound: c0 = 1 s shared by up to 64 sequences, nothing else costs: L / 64 a step
+    assert run.work_bounds_s == pytest.approx([10 / 64, 10 / 64, 25 / 64, 10 / 64, 10 / 64, 10 / 64])
+    assert run.work_bound_s == pytest.approx(np.mean([25, 10, 10]) / 64)   # steps 3 to 5
     rep = simulate_steps(trace, cfg)
     assert rep.baseline_steps_s == [25, 10, 10, 10, 10, 10]
     assert rep.baseline_step_s == 10 and rep.runs[0].steady_step_s == pytest.approx(5.0)

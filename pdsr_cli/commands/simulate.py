@@ -137,9 +137,10 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
     click.echo(format_table(report.rows()))
-    click.echo("(step_s: mean of steps 3 to K-1; ratio = step_s / on-policy step; off_policy: share of consumed "
-               "tokens from an older policy version, partial: the part of it from responses carried across a "
-               "weight update; held_s: time steps waited for due groups)")
+    click.echo("(step_s: mean of steps 3 to K-1; ratio = step_s / on-policy step; vs_bound = step_s / the work "
+               "bound, the consumed tokens generated at full occupancy (bound_s per step); off_policy: share of "
+               "consumed tokens from an older policy version, partial: the part of it from responses carried "
+               "across a weight update; held_s: time steps waited for due groups)")
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))

@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
@@ -26,8 +28,10 @@ from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
-from pdsr_sdk.sim.driver import build_batch, build_engines, check_pools, raise_fatal, trace_batches
+from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, least_prefill_tokens,
+                                 raise_fatal, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
+from pdsr_sdk.sim.report import batch_bounds
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
 CURVE = (0.0, 0.25, 0.5, 1.0)
@@ -51,6 +55,8 @@ class StepsRun:
     stats: dict[str, int]
     events: int
     wall_s: float
+    #: per step, the engine time its consumed groups' tokens need at least / engines (see work_bound_s)
+    work_bounds_s: list[float] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)       # consumed groups (keep_groups)
     consumed_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was consumed in
     launched_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was launched in
@@ -62,6 +68,12 @@ class StepsRun:
     @property
     def steady_step_s(self) -> float:
         return steady_mean(self.step_times)
+
+    @property
+    def work_bound_s(self) -> float:
+        """Steady-state mean of the steps' work bounds: a step if every token it consumes were generated at
+        full occupancy and nothing were wasted."""
+        return steady_mean(self.work_bounds_s)
 
     @property
     def tokens(self) -> int:
@@ -142,6 +154,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
     bar = progress(desc=f"steps {name} F={over_provision:g}", total=cfg.steps, unit="step")
     b = cfg.step_groups or cfg.batch_size
     next_row = 0
+    coeffs = bound_coefficients(cfg)
+    bounds: list[float] = []
 
     def new_groups(count: int) -> list[Group]:
         nonlocal next_row
@@ -150,6 +164,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         return build_batch(taken)
 
     def step_end() -> None:   # the weight update, at once: segments launched from now on are version t + 1
+        bounds.append(step_work_bound(stream.pending, len(engines), cfg, coeffs))
         run.scheduler.policy_version = stream.t + 1
         clock.call_later(0.0, stream.advance)
 
@@ -186,8 +201,23 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         max_staleness=cfg.max_staleness, group_deadline=stream.d, steps=stream.records,
         dropped_groups=len(left), dropped_samples=sum(1 for g in left for s in g.samples if s.finished),
         dropped_tokens=sum(s.num_generated for g in left for s in g.samples),
-        stats=totals, events=events, wall_s=time.perf_counter() - wall0, groups=stream.consumed,
+        stats=totals, events=events, wall_s=time.perf_counter() - wall0, work_bounds_s=bounds[:len(stream.records)],
+        groups=stream.consumed,
         consumed_at=stream.consumed_at, launched_at=stream.launched_at)
+
+
+def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coeffs: dict[str, float]) -> float:
+    """The least engine time the kept tokens of a step's consumed groups cost (``report.batch_bounds``'s work,
+    each group's prompt prefilled whole once), over ``engines``. Not a bound on one step (its carried tokens
+    were generated earlier), but the steps up to any step together take at least the sum of theirs: every
+    consumed token was generated after the run started."""
+    samples = [s for g in groups for s in g.samples]
+    if not samples:
+        return 0.0
+    plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
+    gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
+    least = least_prefill_tokens(plen, [id(s.group) for s in samples], cfg)
+    return batch_bounds(plen, gen, engines, **coeffs, prefill_len=least)[0]
 
 
 def on_policy_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress) -> list[float]:
@@ -225,6 +255,8 @@ class StepsReport:
             "in_flight": r.in_flight, "max_staleness": r.max_staleness, "group_deadline": r.group_deadline,
             "steady_step_s": r.steady_step_s, "baseline_step_s": base,
             "ratio": r.steady_step_s / base if base > 0 else None,
+            "work_bound_s": r.work_bound_s,
+            "vs_work_bound": r.steady_step_s / r.work_bound_s if r.work_bound_s > 0 else None,
             "off_policy_share": r.off_policy_share, "partial_share": r.partial_share, "max_age": r.max_age,
             "ages": {str(a): n for a, n in r.ages.items()},
             "restarts": r.stats.get("restarts", 0), "stale_restarts": sum(s.stale_restarts for s in r.steps),
@@ -233,7 +265,9 @@ class StepsReport:
             "dropped_tokens": r.dropped_tokens, "held_s": sum(s.held_s for s in r.steps),
             "max_group_lag": max((s.max_group_lag for s in r.steps), default=0),
             "events": r.events, "sim_wall_s": r.wall_s,
-            "steps": [{"step": s.index + 1, "start_s": s.start_s, "time_s": s.duration_s, "groups": s.groups,
+            "steps": [{"step": s.index + 1, "start_s": s.start_s, "time_s": s.duration_s,
+                       "work_bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
+                       "groups": s.groups,
                        "launched": s.launched, "tokens": s.tokens, "off_policy_tokens": s.off_policy_tokens,
                        "partial_tokens": s.partial_tokens,
                        "ages": {str(a): n for a, n in s.ages.items()}, "max_group_lag": s.max_group_lag,
@@ -247,7 +281,7 @@ class StepsReport:
         for r in self.runs:
             s = self.summary(r)
             out.append({"F": r.over_provision, "in_flight": r.in_flight, "step_s": s["steady_step_s"],
-                        "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"],
+                        "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"], "vs_bound": s["vs_work_bound"],
                         "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
                         "restarts": s["restarts"], "wasted": s["wasted_tokens"], "held_s": s["held_s"],
                         "max_lag": s["max_group_lag"], "dropped": s["dropped_groups"]})
@@ -257,6 +291,7 @@ class StepsReport:
         """Per-step rows of one run, next to the on-policy step of the same index."""
         return [{"step": s.index + 1, "time_s": s.duration_s,
                  "on_policy_s": self.baseline_steps_s[s.index] if s.index < len(self.baseline_steps_s) else None,
+                 "bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
                  "groups": s.groups, "off_policy": s.off_policy_tokens / s.tokens if s.tokens else 0.0,
                  "partial": s.partial_tokens / s.tokens if s.tokens else 0.0,
                  "max_age": s.max_age, "restarts": s.restarts, "wasted": s.wasted_tokens, "held_s": s.held_s}
@@ -284,6 +319,12 @@ DEFINITIONS = {
     "baseline_step_s": "Mean makespan of the ordinary on-policy batch simulation (baseline policy, B groups a "
                        "batch) over the same steps.",
     "ratio": "steady_step_s / baseline_step_s.",
+    "work_bound_s": "Per step, the least engine time its consumed groups' kept tokens cost at full occupancy "
+                    "(the batch lower bound's work: p*Q + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) a sample, each "
+                    "group's prompt prefilled whole once) / engines; here the mean over steps 3 to K-1. One step may "
+                    "take less (its carried tokens were generated earlier); the steps up to any step never do.",
+    "vs_work_bound": "steady_step_s / work_bound_s: what over-provision, waits, restarts and idle slots cost over "
+                     "generating the consumed tokens at full occupancy.",
     "off_policy_share": "Tokens of consumed groups generated under an older policy version than their step's, "
                         "over all consumed tokens (a segment's tokens carry the version it started under).",
     "partial_share": "The part of off_policy_share from responses that crossed a weight update while being "
