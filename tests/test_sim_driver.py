@@ -19,7 +19,7 @@ from pdsr_sdk.rollout.config import EngineSpec
 from pdsr_sdk.sim.calibrate import calibrate
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import simulate, trajectories_table
-from pdsr_sdk.traces import LengthTrace, synth_trace, write_trace_jsonl
+from pdsr_sdk.traces import LengthTrace, read_trace, synth_trace, write_trace_jsonl
 
 SMALL = dict(max_num_seqs=6, kv_cache_tokens=2048, block_size=16)
 
@@ -276,11 +276,32 @@ def test_cli_round_trip_writes_json_and_png_and_calibrates(tmp_path):
     assert sim == pytest.approx(rep.runs[0].makespan_s, rel=0.02)
 
 
+def test_cli_without_a_trace_runs_the_built_in_one(tmp_path, monkeypatch):
+    """No --trace: the `pdsr trace synth` defaults, written once to pdsr's cache with the groups the run
+    needs (at least 1,024, in 512s), then read from there."""
+    monkeypatch.setenv("PDSR_CACHE_DIR", str(tmp_path))
+    args = ["simulate", "--policy", "baseline,v3", "--no-references", "--batch-size", "64", "--num-batches", "2",
+            "--fast", "2", "--heavy", "1", "--quiet"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "data" / "synth_1024x8_seed0.jsonl"
+    assert f"{path}: 128 groups, 1024 samples in 2 batch(es) of 64 prompts" in r.output
+    built = read_trace(path)
+    want = synth_trace(groups=1024)
+    assert built.num_groups == 1024 and np.array_equal(built.lengths, want.lengths)
+    mtime = path.stat().st_mtime_ns
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0 and path.stat().st_mtime_ns == mtime    # reused, not drawn again
+    # a multi-step run gets a trace long enough for every step of the curve (F up to 1)
+    r = CliRunner().invoke(cli, ["simulate", "--steps", "12", "--step-groups", "128", "--fast", "2", "--heavy", "1",
+                                 "--quiet", "--over-provision", "1"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "data" / "synth_2048x8_seed0.jsonl").exists()   # 256 + 11 x 128 = 1,664 groups
+
+
 def test_cli_errors_are_clean(tmp_path):
     trace_path = write_trace_jsonl(small_trace(groups=4), tmp_path / "t.jsonl")
     run = CliRunner().invoke
-    r = run(cli, ["simulate", "--policy", "v2.5"])
-    assert r.exit_code == 2 and "--trace" in r.output
     r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "v2.5", "--heavy", "0", "--quiet"])
     assert r.exit_code == 2 and "needs at least one engine in pool(s) heavy" in r.output
     r = run(cli, ["simulate", "--trace", str(trace_path), "--policy", "all", "--set", "bogus=1"])

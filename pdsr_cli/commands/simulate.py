@@ -18,7 +18,9 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 
 @click.group("simulate", invoke_without_command=True)
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
+              help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.  [default: a "
+                   "built-in synthetic trace (`pdsr trace synth` defaults: seed-002-like lengths), written to "
+                   "pdsr's cache on first use, with the groups the run needs]")
 @policy_option("Policy ({runnable}, a preset, 'pkg.mod:Class'; or a reference schedule: {references}), a "
                "comma-separated list, or 'all' (every registered policy that runs on real engines, side by side).  "
                "[default: v3]")
@@ -70,6 +72,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
 
     \b
     Examples:
+      pdsr simulate --policy all                  # the built-in synthetic trace, every policy
       pdsr simulate --trace examples/traces/synth_256x8.jsonl --policy all --fast 6 --heavy 2
       pdsr simulate --trace lengths.jsonl --policy v2.5 --set cap_multiplier=2 --out-dir sim
       pdsr simulate --trace run.parquet --profile profile.yaml --policy all
@@ -81,7 +84,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     from pdsr_cli.quiet import output_mode
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
     from pdsr_sdk.sim.driver import apply_policy_sets, run_names, simulate
-    from pdsr_sdk.traces import read_trace
+    from pdsr_sdk.traces import default_trace_path, read_trace
 
     overrides = {
         "trace": trace, "policy": policy, "references": references, "fast": fast, "heavy": heavy,
@@ -96,7 +99,9 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
             overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
     cfg = build_config(SimulateConfig, config_path, overrides)
     if cfg.trace is None:
-        raise click.UsageError("give a trace: --trace FILE (or 'trace:' in --config)")
+        cfg = cfg.model_copy(update={"trace": default_trace_path(builtin_trace_groups(cfg))})
+        click.echo(f"pdsr: no --trace: the built-in synthetic trace {cfg.trace} (`pdsr trace synth` defaults)",
+                   err=True)
     sets, old_sets = parse_policy_sets(policy_set), parse_policy_sets(old_policy_set, "--policy-set")
     check_policy_set_targets(sets, run_names(cfg))
     check_policy_set_targets(old_sets, run_names(cfg), "--policy-set")
@@ -123,6 +128,18 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
                f"each batch's samples finished; simulated in {sim_s:.2f} s)")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
+
+
+def builtin_trace_groups(cfg) -> int:
+    """Groups the built-in trace needs for this run, as a multiple of 512 and at least 1,024 (so that runs
+    share a few cached files): every step at the curve's largest over-provision, or --num-batches batches."""
+    from pdsr_sdk.sim.steps import CURVE, groups_needed
+
+    if cfg.steps is not None:
+        need = max(groups_needed(cfg, f) for f in (CURVE if cfg.over_provision is None else (cfg.over_provision,)))
+    else:
+        need = cfg.batch_size * (cfg.num_batches or 1)
+    return max(1024, -(-need // 512) * 512)
 
 
 def _run_steps(tr, cfg, quiet: bool) -> None:

@@ -98,7 +98,7 @@ class SimProfiles(ConfigModel):
 class SimulateConfig(StepStreamConfig):
     """``pdsr simulate``: replay a length trace through dispatch policies on simulated engines."""
 
-    trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.")
+    trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`. None: `pdsr simulate` uses a built-in synthetic trace (`pdsr trace synth` defaults, cached; `pdsr_sdk.traces.default_trace_path`).")
     policy: str = Field("v3", description="Policy name, preset or import path, or a comma-separated list; 'all' runs every registered policy that runs on real engines side by side. The simulator-only reference schedules (oracle, oracle-probe) may be named too.")
     references: bool | None = Field(None, description="Also run baseline (when missing) and the reference schedules oracle and oracle-probe, which the report's vs_baseline and share-of-gain columns need. null: on when more than one policy is selected.")
     policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}.")

@@ -2,7 +2,7 @@
 
 ``read_trace`` reads a JSONL trace or a trajectories Parquet/Arrow file,
 ``write_trace_jsonl`` writes the JSONL form, ``synth_trace`` draws a
-synthetic long-tailed trace.
+synthetic long-tailed trace, ``default_trace_path`` is the built-in one.
 """
 
 from pdsr_sdk.traces.config import TraceSynthConfig
@@ -14,12 +14,13 @@ from pdsr_sdk.traces.io import (
     trace_from_trajectories,
     write_trace_jsonl,
 )
-from pdsr_sdk.traces.synth import synth_trace
+from pdsr_sdk.traces.synth import default_trace_path, synth_trace
 from pdsr_sdk.traces.trace import LengthTrace
 
 __all__ = [
     "LengthTrace",
     "TraceSynthConfig",
+    "default_trace_path",
     "detect_format",
     "read_trace",
     "read_trace_jsonl",

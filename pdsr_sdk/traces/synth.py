@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from pdsr_sdk.config import validate_config
@@ -29,3 +31,17 @@ def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTr
     ids = [f"{cfg.id_prefix}{i:0{width}d}" for i in range(g)]
     return LengthTrace.from_matrix(lengths, prompt_ids=ids, prompt_lens=prompt_lens, durations_s=durations,
                                    finish_reasons=reasons, source=f"synth(seed={cfg.seed})")
+
+
+def default_trace_path(groups: int) -> Path:
+    """The built-in trace of ``pdsr simulate`` without one: ``TraceSynthConfig``'s defaults (lengths built to
+    seed 002's statistics, seed 0) with ``groups`` groups, in pdsr's cache (``$PDSR_CACHE_DIR`` or
+    ``~/.cache/pdsr``), written atomically on first use."""
+    from pdsr_sdk.models.tiny import cache_dir
+    from pdsr_sdk.traces.io import write_trace_jsonl
+
+    base = TraceSynthConfig()
+    path = cache_dir() / "data" / f"synth_{groups}x{base.n}_seed{base.seed}.jsonl"
+    if not path.exists():
+        write_trace_jsonl(synth_trace(base, groups=groups), path)
+    return path
