@@ -98,6 +98,10 @@ class DispatchContext(Protocol):
     #: the staleness bound of a multi-step stream in policy versions (``StepStream``), None when unbounded
     #: or not streaming: a policy may spend capacity to keep long samples within it
     max_staleness: int | None
+    #: how responses are sampled (``SamplingConfig``); its ``max_tokens`` is the response cap a policy's
+    #: predictions may use. A forced sample's own ``max_tokens`` is its recorded length (a replay or the
+    #: simulator): a policy that is not a reference schedule must not read it.
+    sampling: Any
 
     def pools(self) -> dict[str, list[Engine]]:
         """Live engines by pool name (``fast``, ``heavy``)."""
