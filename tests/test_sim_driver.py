@@ -123,6 +123,19 @@ def test_lower_bound_counts_a_prompt_its_group_shares_once():
         assert s["lower_bound_s"] <= s["makespan_s"]
 
 
+def test_least_prefill_counts_a_shared_prompt_once_together_and_at_its_cached_tail_alone():
+    from pdsr_sdk.sim.driver import least_prefill_tokens
+
+    plen, pids = [40, 40, 40, 7], ["a", "a", "a", "b"]
+    cached = SimulateConfig(fast=1, heavy=0)                                      # block 16
+    assert least_prefill_tokens(plen, pids, cached).tolist() == [40, 8, 8, 7]     # 40 - 16 x 2
+    # alone, any sample of "a" may be the one that came first: each may pay only the tail; "b" pays whole
+    assert least_prefill_tokens(plen, pids, cached, each=True).tolist() == [8, 8, 8, 7]
+    plain = SimulateConfig(fast=1, heavy=0, profiles={"fast": {"prompt_cache": False}})
+    assert least_prefill_tokens(plen, pids, plain).tolist() == plen
+    assert least_prefill_tokens(plen, pids, plain, each=True).tolist() == plen
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), policy=st.sampled_from(["baseline", "v1", "v2", "v2.5", "v3", "oracle",
                                                             "oracle-probe"]),

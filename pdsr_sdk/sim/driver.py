@@ -194,21 +194,28 @@ def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
                 max_seqs=max(p.max_num_seqs for p in profiles))
 
 
-def least_prefill_tokens(prompt_len, prompt_ids, cfg: SimulateConfig) -> np.ndarray:
-    """The least tokens each sample of a batch prefills (for the lower bound): the first sample of each
-    prompt its whole prompt; a later one, where a pool in use caches prompts, the least that any such
-    pool's prefix cache leaves (``cost.least_prefill``)."""
-    first = np.zeros(len(prompt_ids), dtype=bool)
+def least_prefill_tokens(prompt_len, prompt_ids, cfg: SimulateConfig, *, each: bool = False) -> np.ndarray:
+    """The least tokens each sample of a batch prefills (for the lower bound). Together (the work): the first
+    sample of each prompt its whole prompt, a later one, where a pool in use caches prompts, the least that
+    any such pool's prefix cache leaves (``cost.least_prefill``). ``each``: the least each one alone may
+    prefill (the longest-sample bound): which sample of a shared prompt comes first is not known, so only a
+    prompt's sole sample pays it whole."""
+    counts: dict = {}
+    for pid in prompt_ids:
+        counts[pid] = counts.get(pid, 0) + 1
+    whole = np.zeros(len(prompt_ids), dtype=bool)
     seen: set = set()
     for i, pid in enumerate(prompt_ids):
-        if pid not in seen:
+        if each:
+            whole[i] = counts[pid] == 1
+        elif pid not in seen:
             seen.add(pid)
-            first[i] = True
+            whole[i] = True
     blocks = {p.block_size for p, k in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy))
               if k and p.prompt_cache}
     if not blocks:
         return np.asarray(prompt_len, dtype=np.int64)
-    return np.min([least_prefill(prompt_len, first, b) for b in sorted(blocks)], axis=0)
+    return np.min([least_prefill(prompt_len, whole, b) for b in sorted(blocks)], axis=0)
 
 
 def raise_fatal(exc: BaseException, policy: str, where: str) -> None:
@@ -335,8 +342,10 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
             finish = np.fromiter((s.finish_time_s for s in samples), dtype=np.float64, count=len(samples))
             gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
             plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
-            least = least_prefill_tokens(plen, [s.group.prompt_id for s in samples], cfg)
-            work, alone = batch_bounds(plen, gen, len(engines), **coeffs, prefill_len=least)
+            pids = [s.group.prompt_id for s in samples]
+            work, alone = batch_bounds(plen, gen, len(engines), **coeffs,
+                                       prefill_len=least_prefill_tokens(plen, pids, cfg),
+                                       alone_prefill_len=least_prefill_tokens(plen, pids, cfg, each=True))
             outcomes.append(BatchOutcome(
                 batch_index=report.batch_index, groups=len(groups), samples=len(samples), start_s=t0,
                 makespan_s=report.makespan_s, tokens=report.tokens, work_bound_s=work, longest_bound_s=alone,

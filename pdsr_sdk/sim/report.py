@@ -18,7 +18,9 @@ another). With the cheapest coefficient of each term over the pools in use
 - *longest request*: a sample's tokens come one step at a time, each step at
   least ``c0 + c1 + c2 * context``, the first with its prompt's prefill, so
   ``makespan >= max over samples of p*Q + L(c0 + c1) + c2 (L P + L(L-1)/2)``,
-  Q its least prefill as above.
+  Q the least it may prefill: its whole prompt if no other sample of the batch
+  shares it, else (with the prompt cache) what lies past the whole blocks,
+  since any of them may come first.
 
 ``lower_bound = max(work / capacity, longest)``. Preemption, re-prefill,
 restarts, idle slots and segment boundaries only add time. Kept tokens are the
@@ -66,12 +68,14 @@ DEFINITIONS = {
 
 
 def batch_bounds(prompt_len, length, engines: int, *, c0: float, c1: float, c2: float, prefill: float,
-                 max_seqs: int, prefill_len=None) -> tuple[float, float]:
+                 max_seqs: int, prefill_len=None, alone_prefill_len=None) -> tuple[float, float]:
     """(work / capacity, longest alone) of one batch, from per-sample prompt and kept lengths and the
-    least tokens each prefills (default: its prompt)."""
+    least tokens the samples prefill together (``prefill_len``) and each alone (``alone_prefill_len``;
+    default: ``prefill_len``, and by default its prompt)."""
     work = float(sample_work(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill, max_seqs=max_seqs,
                              prefill_len=prefill_len).sum())
-    alone = alone_time(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill, prefill_len=prefill_len)
+    alone = alone_time(prompt_len, length, c0=c0, c1=c1, c2=c2, prefill=prefill,
+                       prefill_len=prefill_len if alone_prefill_len is None else alone_prefill_len)
     return work / engines, float(alone.max()) if alone.size else 0.0
 
 
