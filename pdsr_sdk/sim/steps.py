@@ -355,7 +355,8 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
 
 
 def write_steps_plot(report: StepsReport, path) -> str:
-    """PNG: steady step time / on-policy step against the off-policy token share, one point per F."""
+    """PNG: steady step time / on-policy step against the off-policy token share, one point per F, with
+    each point's work bound below it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -370,6 +371,10 @@ def write_steps_plot(report: StepsReport, path) -> str:
     ax.plot(xs, ys, "o-", color="tab:blue", label="all off-policy tokens")
     ax.plot([r["partial"] * 100 for r in rows], ys, "o--", color="tab:orange", mfc="none",
             label="of them: carried partial responses")
+    base = report.baseline_step_s
+    if base > 0:   # the floor under each point: its consumed tokens generated at full occupancy
+        ax.plot(xs, [r.work_bound_s / base for r in report.runs], "_", color="grey", ms=14, mew=2,
+                label="work bound (consumed tokens at full occupancy)")
     ax.legend(fontsize=8, loc="lower right")
     for x, y, r in zip(xs, ys, rows):
         ax.annotate(f"F={r['F']:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
