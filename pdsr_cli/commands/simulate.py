@@ -84,6 +84,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     from pdsr_cli.quiet import output_mode
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
     from pdsr_sdk.sim.driver import apply_policy_sets, run_names, simulate
+    from pdsr_sdk.sim.steps import builtin_trace_groups
     from pdsr_sdk.traces import default_trace_path, read_trace
 
     overrides = {
@@ -128,18 +129,6 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
                f"each batch's samples finished; simulated in {sim_s:.2f} s)")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
-
-
-def builtin_trace_groups(cfg) -> int:
-    """Groups the built-in trace needs for this run, as a multiple of 512 and at least 1,024 (so that runs
-    share a few cached files): every step at the curve's largest over-provision, or --num-batches batches."""
-    from pdsr_sdk.sim.steps import CURVE, groups_needed
-
-    if cfg.steps is not None:
-        need = max(groups_needed(cfg, f) for f in (CURVE if cfg.over_provision is None else (cfg.over_provision,)))
-    else:
-        need = cfg.batch_size * (cfg.num_batches or 1)
-    return max(1024, -(-need // 512) * 512)
 
 
 def _run_steps(tr, cfg, quiet: bool) -> None:

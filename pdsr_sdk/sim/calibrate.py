@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.sim.cost import cached_prefix, uncached_tokens
 
 COEFFS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
 
@@ -127,7 +128,7 @@ def read_spans(paths, *, block_size: int = 16) -> list[Span]:
                     a, n, context = first, n - 1, context + 1
                 if b is None or n is None or n <= 0 or not (b > a):
                     continue
-                prefill = context - block_size * ((context - 1) // block_size) if cont else context
+                prefill = uncached_tokens(context, context, block_size) if cont else context
                 if prompts[row] is not None:
                     by_prompt.setdefault((engine, prompts[row]), []).append((float(a), row, len(spans), int(plen)))
                 spans.append(Span(f"{fi}/{engine}", pool, float(a), float(b), int(n), context, int(prefill)))
@@ -146,8 +147,7 @@ def _share_prompts(spans: list[Span], by_prompt: dict, block: int) -> None:
         for i, (start, row, k, plen) in enumerate(members):
             if any(spans[j].end > start and r != row for _, r, j, _ in members[:i]):
                 sp = spans[k]
-                cached = min(block * (plen // block), block * ((sp.context - 1) // block))
-                sp.prefill = min(sp.prefill, sp.context - cached)
+                sp.prefill = min(sp.prefill, uncached_tokens(sp.context, cached_prefix(plen, block), block))
 
 
 def _read_table(path: Path, pq):

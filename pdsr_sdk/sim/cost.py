@@ -81,6 +81,12 @@ def cached_prefix(computed_tokens: int, block: int) -> int:
     return block * (max(computed_tokens, 0) // block)
 
 
+def uncached_tokens(context: int, cached: int, block: int) -> int:
+    """Tokens a request of ``context`` tokens prefills when the first ``cached`` (whole blocks) are in the
+    prefix cache: vLLM computes at least the last token, so only the whole blocks of ``context - 1`` count."""
+    return context - min(cached, cached_prefix(context - 1, block))
+
+
 def overflow_step(free_blocks: int, residue_counts, step0: int, block: int) -> int:
     """First global step S > step0 at which the running requests need more than ``free_blocks`` new blocks.
 
@@ -121,7 +127,7 @@ def least_prefill(prompt_len, first, block: int | None) -> np.ndarray:
     With a prompt cache of ``block``-token blocks (``block`` None: none), a later sample of the
     same prompt can find the prompt's whole blocks cached, but vLLM computes at least the last
     token, so it prefills ``P - block * floor((P - 1) / block)`` (a prompt that fills whole
-    blocks recomputes its last block; the engine's rule, see ``cached_prefix``).
+    blocks recomputes its last block; :func:`uncached_tokens`, the engine's rule, for a whole array).
     """
     p = np.asarray(prompt_len, dtype=np.int64)
     if block is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import gc
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
 from pdsr_sdk.sim.cost import least_prefill
 from pdsr_sdk.sim.engine import SimEngine
+from pdsr_sdk.sim.report import batch_bounds, tail_time
 
 if TYPE_CHECKING:
     from pdsr_sdk.sim.report import SimulationReport
@@ -200,22 +202,29 @@ def least_prefill_tokens(prompt_len, prompt_ids, cfg: SimulateConfig, *, each: b
     any such pool's prefix cache leaves (``cost.least_prefill``). ``each``: the least each one alone may
     prefill (the longest-sample bound): which sample of a shared prompt comes first is not known, so only a
     prompt's sole sample pays it whole."""
-    counts: dict = {}
-    for pid in prompt_ids:
-        counts[pid] = counts.get(pid, 0) + 1
-    whole = np.zeros(len(prompt_ids), dtype=bool)
-    seen: set = set()
-    for i, pid in enumerate(prompt_ids):
-        if each:
-            whole[i] = counts[pid] == 1
-        elif pid not in seen:
-            seen.add(pid)
-            whole[i] = True
+    if each:
+        counts = Counter(prompt_ids)
+        whole = np.fromiter((counts[pid] == 1 for pid in prompt_ids), dtype=bool, count=len(prompt_ids))
+    else:
+        firsts = {pid: i for i, pid in reversed(list(enumerate(prompt_ids)))}   # each prompt's first index
+        whole = np.zeros(len(prompt_ids), dtype=bool)
+        whole[list(firsts.values())] = True
     blocks = {p.block_size for p, k in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy))
               if k and p.prompt_cache}
     if not blocks:
         return np.asarray(prompt_len, dtype=np.int64)
     return np.min([least_prefill(prompt_len, whole, b) for b in sorted(blocks)], axis=0)
+
+
+def sample_bounds(samples: list[Sample], engines: int, cfg: SimulateConfig,
+                  coeffs: dict[str, float]) -> tuple[float, float]:
+    """(work / engines, longest alone) of finished samples (``report.batch_bounds``), with each prompt's
+    least prefill (:func:`least_prefill_tokens`)."""
+    plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
+    gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
+    pids = [s.group.prompt_id for s in samples]
+    return batch_bounds(plen, gen, engines, **coeffs, prefill_len=least_prefill_tokens(plen, pids, cfg),
+                        alone_prefill_len=least_prefill_tokens(plen, pids, cfg, each=True))
 
 
 def raise_fatal(exc: BaseException, policy: str, where: str) -> None:
@@ -299,8 +308,6 @@ def _stitch(view: EngineView, engine, t0: float, span: float, at: float) -> None
 
 def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, settings, *, keep_groups: bool,
              record: bool, progress: ProgressFactory, desc: str) -> PolicyRun:
-    from pdsr_sdk.sim.report import batch_bounds, tail_time
-
     clock = VirtualClock()
     engines = build_engines(cfg, clock, record=record)
     longest = max((max(g[2]) for b in batches.batches for g in b), default=1)
@@ -340,12 +347,7 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
             samples = [s for g in groups for s in g.samples]
             _check_lengths(name, bi, samples)
             finish = np.fromiter((s.finish_time_s for s in samples), dtype=np.float64, count=len(samples))
-            gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
-            plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
-            pids = [s.group.prompt_id for s in samples]
-            work, alone = batch_bounds(plen, gen, len(engines), **coeffs,
-                                       prefill_len=least_prefill_tokens(plen, pids, cfg),
-                                       alone_prefill_len=least_prefill_tokens(plen, pids, cfg, each=True))
+            work, alone = sample_bounds(samples, len(engines), cfg, coeffs)
             outcomes.append(BatchOutcome(
                 batch_index=report.batch_index, groups=len(groups), samples=len(samples), start_s=t0,
                 makespan_s=report.makespan_s, tokens=report.tokens, work_bound_s=work, longest_bound_s=alone,

@@ -47,7 +47,7 @@ from collections import deque
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, EngineLoad
 from pdsr_sdk.errors import EngineError
 from pdsr_sdk.sim.config import EngineProfile
-from pdsr_sdk.sim.cost import overflow_step, steps_time, steps_within
+from pdsr_sdk.sim.cost import overflow_step, steps_time, steps_within, uncached_tokens
 
 _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
@@ -391,9 +391,7 @@ class SimEngine:
             if refs:
                 cached = max(cached, self._block * (w.sample.prompt_len // self._block))
             self._prompt_refs[w.prompt] = refs + 1
-        if cached:
-            cached = min(cached, self._block * ((w.ctx - 1) // self._block))
-        w.prefill = w.ctx - cached
+        w.prefill = uncached_tokens(w.ctx, cached, self._block)
         self._pending_prefill += w.prefill
         self.prefill_tokens += w.prefill
         heapq.heappush(self._heap, (S + w.max_tokens - w.done, w.seq, w))

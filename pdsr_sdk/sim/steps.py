@@ -17,8 +17,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
@@ -28,10 +26,9 @@ from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
-from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, least_prefill_tokens,
-                                 raise_fatal, trace_batches)
+from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, raise_fatal,
+                                 sample_bounds, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
-from pdsr_sdk.sim.report import batch_bounds
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
 CURVE = (0.0, 0.25, 0.5, 1.0)
@@ -135,6 +132,17 @@ def groups_needed(cfg: SimulateConfig, over_provision: float) -> int:
     return in_flight(b, over_provision) + (cfg.steps - 1) * b
 
 
+def builtin_trace_groups(cfg: SimulateConfig) -> int:
+    """Groups the built-in trace (``traces.default_trace_path``) needs for ``cfg``, as a multiple of 512 and at
+    least 1,024 (so that runs share a few cached files): every step at the curve's largest over-provision, or
+    ``num_batches`` batches."""
+    if cfg.steps is not None:
+        need = max(groups_needed(cfg, f) for f in (CURVE if cfg.over_provision is None else (cfg.over_provision,)))
+    else:
+        need = cfg.batch_size * (cfg.num_batches or 1)
+    return max(1024, -(-need // 512) * 512)
+
+
 def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, keep_groups: bool = False,
               progress: ProgressFactory = silent_progress) -> StepsRun:
     """Simulate ``cfg.steps`` training steps of policy ``name`` with ``over_provision`` (see the module)."""
@@ -207,17 +215,12 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
 
 
 def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coeffs: dict[str, float]) -> float:
-    """The least engine time the kept tokens of a step's consumed groups cost (``report.batch_bounds``'s work,
-    each group's prompt prefilled whole once), over ``engines``. Not a bound on one step (its carried tokens
-    were generated earlier), but the steps up to any step together take at least the sum of theirs: every
-    consumed token was generated after the run started."""
+    """The least engine time the kept tokens of a step's consumed groups cost (``driver.sample_bounds``'s work,
+    each prompt prefilled whole once), over ``engines``. Not a bound on one step (its carried tokens were
+    generated earlier), but the steps up to any step together take at least the sum of theirs: every consumed
+    token was generated after the run started."""
     samples = [s for g in groups for s in g.samples]
-    if not samples:
-        return 0.0
-    plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
-    gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
-    least = least_prefill_tokens(plen, [id(s.group) for s in samples], cfg)
-    return batch_bounds(plen, gen, engines, **coeffs, prefill_len=least)[0]
+    return sample_bounds(samples, engines, cfg, coeffs)[0] if samples else 0.0
 
 
 def on_policy_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress) -> list[float]:
