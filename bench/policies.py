@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/policies.py [--batches 4] [--seed 11] [--engines 8,64] [--batch-sizes 128,512]
 
-Three trace families made with `pdsr trace synth` (pdsr_sdk.traces.synth_trace):
+Four trace families made with `pdsr trace synth` (pdsr_sdk.traces.synth_trace):
 informative (its defaults), uninformative (--prompt-sigma 0.05 --noise-sigma 0.7
---runaway-frac 0.35 --max-length 1024) and KV-bound long reasoning
-(--median-length 3400 --max-length 32768, max_model_len 40960). Engines are equal
+--runaway-frac 0.35 --max-length 1024), the same with each prompt's own runaway
+rate (--runaway-concentration 5: a small model's runs to the cap cluster by
+prompt) and KV-bound long reasoning (--median-length 3400 --max-length 32768,
+max_model_len 40960). Engines are equal
 (256 sequences, 262,144 KV tokens each), a quarter of them heavy. Prints a
 markdown table per family: makespan / baseline's for each policy, the share of
 the oracle's gain v3 takes, and preemptions of baseline and v3 (measured in one
@@ -20,6 +22,8 @@ import time
 FAMILIES = {
     "informative": dict(),
     "uninformative": dict(prompt_sigma=0.05, noise_sigma=0.7, runaway_frac=0.35, max_length=1024),
+    "uninformative-by-prompt": dict(prompt_sigma=0.05, noise_sigma=0.7, runaway_frac=0.35, runaway_concentration=5,
+                                    max_length=1024),
     "kv-bound": dict(median_length=3400, max_length=32768),
 }
 POLICIES = "all,oracle-probe,oracle"   # every registered policy for real engines, then the references

@@ -301,6 +301,21 @@ def test_synth_log_lengths_follow_the_model():
     assert between == pytest.approx(np.sqrt(0.5 ** 2 + 0.25 ** 2 / 8), rel=0.03)
 
 
+def test_synth_runaway_concentration_spreads_the_rate_between_prompts():
+    # each prompt draws its own runaway rate from Beta(f*k, (1-f)*k): the mean stays f, and the per-prompt
+    # share at the cap varies (1 + (n-1)/(k+1)) times as much as with independent runaways
+    kw = dict(groups=20000, n=8, seed=3, prompt_sigma=0.0, noise_sigma=0.7, runaway_frac=0.35, max_length=10**6)
+    plain, spread = synth_trace(**kw).matrix(), synth_trace(**kw, runaway_concentration=5).matrix()
+    cap_plain, cap_spread = (plain == 10**6).mean(axis=1), (spread == 10**6).mean(axis=1)
+    assert cap_plain.mean() == pytest.approx(0.35, abs=0.005) and cap_spread.mean() == pytest.approx(0.35, abs=0.01)
+    binomial = 0.35 * 0.65 / 8
+    assert cap_plain.var() == pytest.approx(binomial, rel=0.05)
+    assert cap_spread.var() == pytest.approx(binomial * (1 + 7 / 6), rel=0.05)
+    # drawn last: the lengths of samples that run away in neither trace are the same
+    both = (plain < 10**6) & (spread < 10**6)
+    np.testing.assert_array_equal(plain[both], spread[both])
+
+
 def test_synth_defaults_resemble_the_seed_statistics():
     from pdsr_sdk.analysis import group_cv, spearman_vs_probe
 

@@ -34,6 +34,7 @@ def command() -> None:
 @click.option("--prompt-sigma", type=float, default=None, help=_help("prompt_sigma"))
 @click.option("--noise-sigma", type=float, default=None, help=_help("noise_sigma"))
 @click.option("--runaway-frac", type=float, default=None, help=_help("runaway_frac"))
+@click.option("--runaway-concentration", type=float, default=None, help=_help("runaway_concentration"))
 @click.option("--max-length", type=int, default=None, help=_help("max_length"))
 @click.option("--min-length", type=int, default=None, help=_help("min_length"))
 @click.option("--prompt-len-min", type=int, default=None, help=_help("prompt_len_min"))

@@ -38,6 +38,14 @@ class TraceSynthConfig(ConfigModel):
         0.3, ge=0, description="Log-normal sigma of the multiplicative within-group noise (spread inside a group).")
     runaway_frac: float = Field(
         0.003, ge=0, le=1, description="Fraction of samples that run away and stop at max_length.")
+    runaway_concentration: float | None = Field(
+        None, gt=0, description="None: every sample runs away with probability runaway_frac, independently. A "
+                                "number k: each prompt draws its own runaway rate from Beta(runaway_frac*k, "
+                                "(1-runaway_frac)*k) (mean runaway_frac; the smaller k, the more the rate varies "
+                                "between prompts), as a small model's runs to the cap cluster by prompt "
+                                "(SmolLM2-135M, 16 GSM8K prompts x 8, 512 tokens: 44% at the cap, 1 to 7 of 8 per prompt, "
+                                "a variance 1.7x the independent case's, which k=9 gives; k=5 gives 2.2x and a "
+                                "probe rank correlation of about 0.1 at 40% runaways).")
     max_length: int = Field(4096, ge=1, description="Maximum response length (generation cap) in tokens.")
     min_length: int = Field(1, ge=0, description="Minimum response length in tokens.")
     prompt_len_min: int = Field(30, ge=0, description="Smallest prompt length (uniform integer range, inclusive).")

@@ -22,7 +22,12 @@ def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTr
     prompt_lens = rng.integers(cfg.prompt_len_min, cfg.prompt_len_max + 1, size=g, dtype=np.int64)
     difficulty = cfg.median_length * np.exp(cfg.prompt_sigma * rng.standard_normal(g))
     raw = difficulty[:, None] * np.exp(cfg.noise_sigma * rng.standard_normal((g, n)))
-    runaway = rng.random((g, n)) < cfg.runaway_frac
+    u = rng.random((g, n))
+    rate = cfg.runaway_frac
+    if cfg.runaway_concentration is not None and 0.0 < rate < 1.0:
+        k = cfg.runaway_concentration
+        rate = rng.beta(rate * k, (1.0 - rate) * k, size=g)[:, None]   # drawn last: traces without it are unchanged
+    runaway = u < rate
     lengths = np.clip(np.rint(raw), cfg.min_length, cfg.max_length).astype(np.int64)
     lengths[runaway] = cfg.max_length
     reasons = np.where(lengths >= cfg.max_length, "length", "stop").astype(object)
