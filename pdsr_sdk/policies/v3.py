@@ -95,13 +95,15 @@ class V3Settings(ConfigModel):
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
     cap_runner_share: float = Field(
-        0.5, gt=0, le=1, description="... or once it has produced more tokens than the shortest finished length past "
-                                     "which at least this share of the finished samples ran to the response cap (it "
-                                     "then more likely than not runs to the cap). Where many samples run to the cap "
-                                     "(a small model that rambles: 40% there) the quantile is the cap itself and "
-                                     "nothing moved; uninformative lengths with each prompt's own cap rate, 8 engines, "
-                                     "B=128, 3 batches, seeds 12-14: 0.965/0.962/0.995x baseline against "
-                                     "0.980/0.986/1.002x (docs/benchmarks.md).")
+        0.5, gt=0, le=1, description="A sample also counts as in the tail (as past migrate_quantile) once it has produced "
+                                     "more tokens than the shortest finished length past which at least this share of "
+                                     "the finished samples ran to the response cap: it then more likely than not runs "
+                                     "to the cap. Where many run to the cap (a small model that rambles: 40%) the "
+                                     "quantile is the cap itself and nothing moved after a cold batch; `pdsr trace "
+                                     "synth --prompt-sigma 0.05 --noise-sigma 0.7 --runaway-frac 0.35 "
+                                     "--runaway-concentration 5 --max-length 1024`, 8 engines, B=128, 3 batches, seeds "
+                                     "12-14: 0.959/0.963/0.982x baseline against 0.975/0.992/0.994x "
+                                     "(docs/benchmarks.md).")
     balance: bool = Field(
         True, description="When the last waiting samples are handed out, an engine takes no more than its share "
                           "(by slots) of the batch's unfinished work, so that no engine's tail is crowded.")
