@@ -675,7 +675,8 @@ def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> S
 
 def cap_runner_threshold(lengths: list[int], cap: int, share: float) -> float:
     """The shortest of the sorted finished ``lengths`` past which at least ``share`` of the samples ran to
-    ``cap`` (a sample that has produced more is then likely to run to the cap); inf if none reached it."""
+    ``cap`` (a sample that has produced more is then likely to run to the cap); inf if none reached it, or if
+    every one did (no finished length short of the cap to name)."""
     n = len(lengths)
     n_cap = n - bisect.bisect_left(lengths, cap)
     if not n_cap or n_cap == n:
