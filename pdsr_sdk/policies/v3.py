@@ -17,7 +17,9 @@ tell:
 - at a segment boundary, once nothing waits, a running sample that has already run long (past the
   97th percentile of finished lengths, or past the length beyond which most samples ran to the
   response cap) moves once to the engine running the fewest samples, when that engine runs clearly
-  fewer than its own (the tail then runs on lightly loaded engines); nothing moves twice;
+  fewer than its own (the tail then runs on lightly loaded engines), and while few moved samples
+  still wait for their first segment there (each re-prefills its context on the target); nothing
+  moves twice;
 - in a stream (groups arriving while others run: partial rollout across steps) under a
   staleness bound, the heavy pool (all of it while the stream leaves slots free, one engine
   when it fills every slot) becomes a tail lane: runaways (past the 99.5th percentile of finished
@@ -91,6 +93,15 @@ class V3Settings(ConfigModel):
                              "source (a move re-prefills the sample's context on the target).")
     migrate_min_ratio: float = Field(
         0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
+    migrate_arrivals: int = Field(
+        8, ge=1, description="An engine takes a moved sample only while fewer than this many samples moved to it have "
+                             "not yet ended their first segment there. A move re-prefills the sample's whole context on "
+                             "the target, which stalls every sample the target runs; long samples reach the cap "
+                             "together, and an engine whose own freed its slots at once drew herds of moves (30 samples "
+                             "at 977-1011 of 1,024 tokens onto one engine, whose 0.6 s of prefill then set the batch's "
+                             "end). Uninformative family, 8 engines, 3 batches, seeds 12-14: B=128 0.965/0.985/0.981x "
+                             "baseline against 0.976/0.989/0.991x without the limit, B=512 0.973/0.976/0.990x against "
+                             "0.984/0.983/1.000x (docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
@@ -225,6 +236,8 @@ class V3Policy(Policy):
         self.total_remaining = 0.0
         self.refreshed: set[Sample] = set()          # samples regenerated at a step's end (each once)
         self.placed: dict[str, dict[int, Group]] = {}  # per engine, groups placed there (their siblings go first)
+        self.arriving: dict[Sample, str] = {}        # moved samples before their first segment on the target ends
+        self.arriving_on: dict[str, int] = {}        # such samples per target engine
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
@@ -312,6 +325,7 @@ class V3Policy(Policy):
         return bool(self.waiting)
 
     def on_sample_finished(self, sample: Sample) -> None:
+        self._arrived(sample)
         self._unplace(sample)
         self.tail.discard(sample)
         self.waiting.discard(sample)
@@ -348,6 +362,7 @@ class V3Policy(Policy):
         # re-predicting every sibling on every finish cost more than the rest of the policy at scale)
 
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
+        self._arrived(sample)
         self._repredict(sample)
         if sample not in self.tail and sample.num_generated >= self.tail_threshold:
             self._mark_tail(sample, engine.name, +1)
@@ -370,6 +385,7 @@ class V3Policy(Policy):
         self.remaining.pop(engine.name, None)
         self.tail_on.pop(engine.name, None)
         self.runaways_on.pop(engine.name, None)
+        self.arriving_on.pop(engine.name, None)
         self.assigned.pop(engine.name, None)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
 
@@ -610,9 +626,9 @@ class V3Policy(Policy):
     def _maybe_move(self, s: Sample, engine: Engine) -> None:
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
         when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
-        or clearly fewer samples. (A move costs a prefill of the whole context on the target; moving
-        between engines that differ only in their tail counts cost 1-2% on cold batches, whose early
-        tail threshold is low.)"""
+        or clearly fewer samples, and fewer than ``migrate_arrivals`` moved samples are still on their first
+        segment there. (A move costs a prefill of the whole context on the target; moving between engines
+        that differ only in their tail counts cost 1-2% on cold batches, whose early tail threshold is low.)"""
         target = self._best_target()
         if target is None or target is engine:
             return
@@ -621,12 +637,20 @@ class V3Policy(Policy):
         fewer_samples = (self.tail_on[to] <= self.tail_on[name] - 1
                          and self.assigned[name] - self.assigned[to] >= self.cfg.migrate_min_gap
                          and self.assigned[to] <= self.cfg.migrate_min_ratio * self.assigned[name])
-        if not (fewer_tails or fewer_samples):
+        if not (fewer_tails or fewer_samples) or self.arriving_on.get(to, 0) >= self.cfg.migrate_arrivals:
             return
         length = self._expected_length(s)
         if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, s.prompt_len + length):
             return
         self._move_to(s, target, length)
+        self.arriving[s] = to
+        self.arriving_on[to] = self.arriving_on.get(to, 0) + 1
+
+    def _arrived(self, s: Sample) -> None:
+        """``s`` ended a segment (or finished): a move that brought it has been paid for on its target."""
+        name = self.arriving.pop(s, None)
+        if name is not None and name in self.arriving_on:
+            self.arriving_on[name] -= 1
 
     def _set_lane(self) -> None:
         """'auto': a tail lane while groups stream in under a staleness bound (without one a slow tail just
