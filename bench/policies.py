@@ -1,6 +1,7 @@
 """Benchmark: every policy against baseline and the two reference schedules, on equal simulated engines.
 
     .venv/bin/python bench/policies.py [--batches 4] [--seed 11] [--engines 8,64] [--batch-sizes 128,512]
+    .venv/bin/python bench/policies.py --seed 15,16,17,18,19,20,21,22,23,24 --engines 8 --batch-sizes 128
 
 Four trace families made with `pdsr trace synth` (pdsr_sdk.traces.synth_trace):
 informative (its defaults), uninformative (--prompt-sigma 0.05 --noise-sigma 0.7
@@ -11,13 +12,17 @@ max_model_len 40960). Engines are equal
 (256 sequences, 262,144 KV tokens each), a quarter of them heavy. Prints a
 markdown table per family: makespan / baseline's for each policy, the share of
 the oracle's gain v3 takes, and preemptions of baseline and v3 (measured in one
-run of the simulator; the machine's noise does not enter virtual time).
+run of the simulator; the machine's noise does not enter virtual time). With
+several seeds each cell is the median over the trace draws, and v3's range and
+the draws it wins show how much one draw can say (preemptions are then summed
+over the draws).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+
+import numpy as np
 
 FAMILIES = {
     "informative": dict(),
@@ -29,10 +34,34 @@ FAMILIES = {
 POLICIES = "all,oracle-probe,oracle"   # every registered policy for real engines, then the references
 
 
+def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: list[str]):
+    """One family x engines x B cell on one trace draw: each policy's makespan / baseline's, v3's share of the
+    oracle's gain (None under 1% of baseline) and the preemptions of baseline and v3 (a list)."""
+    from pdsr_sdk.sim.config import SimulateConfig
+    from pdsr_sdk.sim.driver import run_policy, trace_batches
+    from pdsr_sdk.traces import synth_trace
+
+    heavy = n_eng // 4
+    prof = dict(max_num_seqs=256, kv_cache_tokens=262144, max_model_len=40960 if fam == "kv-bound" else 32768)
+    trace = synth_trace(groups=b * batches, n=8, seed=seed, **FAMILIES[fam])
+    cfg = SimulateConfig(fast=n_eng - heavy, heavy=heavy, batch_size=b, timeline=False,
+                         profiles={"fast": prof, "heavy": prof})
+    tb = trace_batches(trace, cfg)
+    runs = {p: run_policy(tb, cfg, p, record=False) for p in policies}
+    base = runs["baseline"].makespan_s
+    ratios = {p: runs[p].makespan_s / base for p in policies}
+    share = None
+    if "oracle" in runs and "v3" in runs and base - runs["oracle"].makespan_s > 0.01 * base:
+        share = (base - runs["v3"].makespan_s) / (base - runs["oracle"].makespan_s)
+    pre = [sum(getattr(e, "preemptions", 0) for e in runs[p].engines) for p in ("baseline", "v3") if p in runs]
+    return ratios, share, pre
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--seed", default="11", help="trace seed, or several (comma-separated): each cell then shows the "
+                                                 "median over the draws, and v3's range and wins over baseline")
     ap.add_argument("--engines", default="8,64")
     ap.add_argument("--batch-sizes", default="128,512")
     ap.add_argument("--families", default=",".join(FAMILIES))
@@ -40,35 +69,28 @@ def main() -> None:
     args = ap.parse_args()
 
     from pdsr_sdk.policies.resolve import policy_names
-    from pdsr_sdk.sim.config import SimulateConfig
-    from pdsr_sdk.sim.driver import run_policy, trace_batches
-    from pdsr_sdk.traces import synth_trace
 
     policies = policy_names(args.policies)
+    seeds = [int(x) for x in args.seed.split(",")]
+    many = len(seeds) > 1
     for fam in args.families.split(","):
-        print(f"\n{fam}:\n")
-        print("| engines | B | " + " | ".join(policies) + " | v3 share of oracle gain | preemptions base / v3 |")
-        print("|---|---|" + "---|" * len(policies) + "---|---|")
+        print(f"\n{fam}:" + (f" (median over seeds {args.seed})" if many else "") + "\n")
+        extra = " v3 min-max | v3 faster than baseline |" if many else ""
+        print("| engines | B | " + " | ".join(policies) + " | v3 share of oracle gain | preemptions base / v3 |" + extra)
+        print("|---|---|" + "---|" * len(policies) + "---|---|" + ("---|---|" if many else ""))
         for n_eng in map(int, args.engines.split(",")):
             for b in map(int, args.batch_sizes.split(",")):
-                heavy = n_eng // 4
-                prof = dict(max_num_seqs=256, kv_cache_tokens=262144,
-                            max_model_len=40960 if fam == "kv-bound" else 32768)
-                trace = synth_trace(groups=b * args.batches, n=8, seed=args.seed, **FAMILIES[fam])
-                cfg = SimulateConfig(fast=n_eng - heavy, heavy=heavy, batch_size=b, timeline=False,
-                                     profiles={"fast": prof, "heavy": prof})
-                tb = trace_batches(trace, cfg)
-                t = time.perf_counter()
-                runs = {p: run_policy(tb, cfg, p, record=False) for p in policies}
-                base = runs["baseline"].makespan_s
-                cells = [f"{runs[p].makespan_s / base:.3f}" for p in policies]
-                share = "n/a"
-                if "oracle" in runs and "v3" in runs and base - runs["oracle"].makespan_s > 0.01 * base:
-                    share = f"{(base - runs['v3'].makespan_s) / (base - runs['oracle'].makespan_s):.2f}"
-                pre = "/".join(str(sum(getattr(e, "preemptions", 0) for e in runs[p].engines))
-                               for p in ("baseline", "v3") if p in runs)
-                print(f"| {n_eng} | {b} | " + " | ".join(cells) + f" | {share} | {pre} |", flush=True)
-                del t
+                cells = [run_cell(fam, n_eng, b, args.batches, seed, policies) for seed in seeds]
+                ratios = {p: float(np.median([c[0][p] for c in cells])) for p in policies}
+                shares = [c[1] for c in cells if c[1] is not None]
+                share = f"{np.median(shares):.2f}" if len(shares) == len(cells) else "n/a"
+                row = f"| {n_eng} | {b} | " + " | ".join(f"{ratios[p]:.3f}" for p in policies)
+                pre = "/".join(str(sum(c[2][i] for c in cells)) for i in range(len(cells[0][2])))   # over the draws
+                row += f" | {share} | {pre} |"
+                if many and "v3" in ratios:
+                    v3 = [c[0]["v3"] for c in cells]
+                    row += f" {min(v3):.3f}-{max(v3):.3f} | {sum(r < 1 for r in v3)} of {len(v3)} |"
+                print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -96,9 +96,13 @@ async def main_async(args) -> None:
             for policy in policies:   # alternate: run-to-run drift of the engines hits every policy alike
                 name, noseg, _ = policy.partition("-noseg")
                 extra = {"segments.enabled": False} if noseg else {}
+                cpu = time.process_time()
                 s = await run_rollout_async(config(name, work / f"{policy}-{r}.parquet", **extra), engines=engines)
+                cpu = time.process_time() - cpu
                 runs[policy].append((s, work / f"{policy}-{r}.parquet"))
-                print(f"  round {r}: {policy:9s} makespan {s.makespan_s:8.2f} s  {s.tokens_per_s:8.1f} tok/s", flush=True)
+                # the driver shares the machine's cores with the engines: its CPU time is theirs lost
+                print(f"  round {r}: {policy:9s} makespan {s.makespan_s:8.2f} s  {s.tokens_per_s:8.1f} tok/s  "
+                      f"driver CPU {cpu:6.1f} s", flush=True)
         kv_tokens = min((e.kv_cache_tokens for e in engines if e.kv_cache_tokens), default=1 << 22)
     finally:
         for e in engines:
