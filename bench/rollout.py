@@ -10,7 +10,10 @@ policies (A B A B ...) and the ratio reported is the median of the pairwise
 ratios (baseline makespan / policy makespan of the same repeat) with its
 spread. Then the cost model is calibrated from this run's segment timings and
 ``pdsr simulate`` replays the same trace with the same policies: its
-predicted ratio is printed beside the measured one.
+predicted ratio is printed beside the measured one. Each round's line also gives the
+driver process's CPU time (it shares the cores with the engines) and what vLLM itself
+reported holding: each engine's peak of running + waiting requests, and how often it
+held more than the dispatcher's slots.
 
     python bench/rollout.py                                   # baseline vs v3, tiny model
     python bench/rollout.py --batch-size 32 --runaway-frac 0.02 --max-length 2048 --repeats 3
@@ -97,12 +100,17 @@ async def main_async(args) -> None:
                 name, noseg, _ = policy.partition("-noseg")
                 extra = {"segments.enabled": False} if noseg else {}
                 cpu = time.process_time()
-                s = await run_rollout_async(config(name, work / f"{policy}-{r}.parquet", **extra), engines=engines)
+                loads: list[tuple[int, ...]] = []
+                sampler = asyncio.create_task(sample_loads(engines, loads))
+                try:
+                    s = await run_rollout_async(config(name, work / f"{policy}-{r}.parquet", **extra), engines=engines)
+                finally:
+                    sampler.cancel()
                 cpu = time.process_time() - cpu
                 runs[policy].append((s, work / f"{policy}-{r}.parquet"))
                 # the driver shares the machine's cores with the engines: its CPU time is theirs lost
                 print(f"  round {r}: {policy:9s} makespan {s.makespan_s:8.2f} s  {s.tokens_per_s:8.1f} tok/s  "
-                      f"driver CPU {cpu:6.1f} s", flush=True)
+                      f"driver CPU {cpu:6.1f} s  {describe_loads(engines, loads, args.max_num_seqs)}", flush=True)
         kv_tokens = min((e.kv_cache_tokens for e in engines if e.kv_cache_tokens), default=1 << 22)
     finally:
         for e in engines:
@@ -123,6 +131,26 @@ async def main_async(args) -> None:
     print("\nvs baseline = median over rounds of baseline makespan / policy makespan in the same round (>1 is "
           "faster), [min, max] over rounds; simulated = the same ratio predicted by `pdsr simulate` with a "
           "profile calibrated from this run. -noseg = the policy without dynamic segments.")
+
+
+async def sample_loads(engines, out: list[tuple[int, ...]], every_s: float = 0.25) -> None:
+    """Append, every ``every_s``, each engine's own count of running + waiting requests (what vLLM's
+    scheduler last reported), until cancelled."""
+    while True:
+        out.append(tuple(e.load().running + e.load().waiting for e in engines))
+        await asyncio.sleep(every_s)
+
+
+def describe_loads(engines, loads: list[tuple[int, ...]], slots: int) -> str:
+    """Per engine: the most requests vLLM held at once, and the share of samples where it held more than the
+    dispatcher's slots (requests the dispatcher no longer counts would show there)."""
+    if not loads:
+        return ""
+    parts = []
+    for i, e in enumerate(engines):
+        held = [x[i] for x in loads]
+        parts.append(f"{e.name} peak {max(held)}, over {slots}: {sum(h > slots for h in held) / len(held):.0%}")
+    return "vLLM " + "; ".join(parts)
 
 
 def simulate_ratios(args, trace, runs, kv_tokens: int) -> dict[str, float]:
