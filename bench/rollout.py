@@ -137,7 +137,7 @@ async def sample_loads(engines, out: list[tuple[int, ...]], every_s: float = 0.2
     """Append, every ``every_s``, each engine's own count of running + waiting requests (what vLLM's
     scheduler last reported), until cancelled."""
     while True:
-        out.append(tuple(e.load().running + e.load().waiting for e in engines))
+        out.append(tuple(load.running + load.waiting for load in (e.load() for e in engines)))
         await asyncio.sleep(every_s)
 
 
