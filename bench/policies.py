@@ -16,6 +16,15 @@ run of the simulator; the machine's noise does not enter virtual time). With
 several seeds each cell is the median over the trace draws, and v3's range and
 the draws it wins show how much one draw can say (preemptions are then summed
 over the draws).
+
+With --trace FILE (a JSONL length trace, e.g. from `pdsr trace convert` of a real
+rollout) the family is that trace instead: each draw (seed) takes B x batches of
+its groups, whole, at random with replacement, so one recorded batch gives many
+draws with its own lengths, runs to the cap and probe/sibling relation. Seed 0
+takes the groups in their recorded order (repeated if too few).
+bench/data/smollm2-gsm8k-128x8.jsonl is one: SmolLM2-135M-Instruct on the first
+128 GSM8K test prompts, 8 samples each, vLLM CPU, temperature 1, 512 tokens
+(44% of the samples run to the cap; probe/sibling rank correlation 0.03).
 """
 
 from __future__ import annotations
@@ -34,16 +43,34 @@ FAMILIES = {
 POLICIES = "all,oracle-probe,oracle"   # every registered policy for real engines, then the references
 
 
-def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: list[str]):
+def resampled_trace(path: str, groups: int, seed: int):
+    """``groups`` whole groups of the trace at ``path``, drawn with replacement (seed 0: in recorded order,
+    repeated as needed)."""
+    from pdsr_sdk.traces.io import read_trace
+
+    trace = read_trace(path)
+    trace.require_rectangular("bench/policies.py --trace")
+    k = trace.num_groups
+    pick = np.arange(groups) % k if seed == 0 else np.random.default_rng(seed).integers(0, k, size=groups)
+    reasons = trace.finish_reasons
+    return type(trace).from_matrix(
+        trace.matrix()[pick], prompt_ids=[f"{trace.prompt_ids[i]}#{j}" for j, i in enumerate(pick)],
+        prompt_lens=np.asarray(trace.prompt_lens)[pick],
+        finish_reasons=None if reasons is None else reasons.reshape(k, -1)[pick], source=f"{path} (draw {seed})")
+
+
+def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: list[str], trace_path: str | None = None):
     """One family x engines x B cell on one trace draw: each policy's makespan / baseline's, v3's share of the
-    oracle's gain (None under 1% of baseline) and the preemptions of baseline and v3 (a list)."""
+    oracle's gain (None under 1% of baseline) and the preemptions of baseline and v3 (a list). With
+    ``trace_path`` the draw resamples that recorded trace's groups instead of synthesising ``fam``."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import run_policy, trace_batches
     from pdsr_sdk.traces import synth_trace
 
     heavy = n_eng // 4
     prof = dict(max_num_seqs=256, kv_cache_tokens=262144, max_model_len=40960 if fam == "kv-bound" else 32768)
-    trace = synth_trace(groups=b * batches, n=8, seed=seed, **FAMILIES[fam])
+    trace = (resampled_trace(trace_path, b * batches, seed) if trace_path
+             else synth_trace(groups=b * batches, n=8, seed=seed, **FAMILIES[fam]))
     cfg = SimulateConfig(fast=n_eng - heavy, heavy=heavy, batch_size=b, timeline=False,
                          profiles={"fast": prof, "heavy": prof})
     tb = trace_batches(trace, cfg)
@@ -65,6 +92,8 @@ def main() -> None:
     ap.add_argument("--engines", default="8,64")
     ap.add_argument("--batch-sizes", default="128,512")
     ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--trace", metavar="FILE", help="a recorded JSONL length trace instead of the synthetic "
+                                                   "families (each seed resamples its groups)")
     ap.add_argument("--policies", default=POLICIES)
     args = ap.parse_args()
 
@@ -73,14 +102,14 @@ def main() -> None:
     policies = policy_names(args.policies)
     seeds = [int(x) for x in args.seed.split(",")]
     many = len(seeds) > 1
-    for fam in args.families.split(","):
+    for fam in [args.trace] if args.trace else args.families.split(","):
         print(f"\n{fam}:" + (f" (median over seeds {args.seed})" if many else "") + "\n")
         extra = " v3 min-max | v3 faster than baseline |" if many else ""
         print("| engines | B | " + " | ".join(policies) + " | v3 share of oracle gain | preemptions base / v3 |" + extra)
         print("|---|---|" + "---|" * len(policies) + "---|---|" + ("---|---|" if many else ""))
         for n_eng in map(int, args.engines.split(",")):
             for b in map(int, args.batch_sizes.split(",")):
-                cells = [run_cell(fam, n_eng, b, args.batches, seed, policies) for seed in seeds]
+                cells = [run_cell(fam, n_eng, b, args.batches, seed, policies, args.trace) for seed in seeds]
                 ratios = {p: float(np.median([c[0][p] for c in cells])) for p in policies}
                 shares = [c[1] for c in cells if c[1] is not None]
                 share = f"{np.median(shares):.2f}" if len(shares) == len(cells) else "n/a"

@@ -132,6 +132,22 @@ def test_v3_at_most_one_percent_slower_than_baseline_when_the_probe_is_noise():
     assert by["v3"] <= 1.01 * by["baseline"], by
 
 
+def test_v3_at_most_one_percent_slower_than_baseline_on_a_real_small_models_trace():
+    # SmolLM2-135M on 128 GSM8K prompts x 8 (bench/data): 44% run to the 512-token cap, the probe tells little
+    from pathlib import Path
+
+    from pdsr_sdk.traces.io import read_trace
+
+    trace = read_trace(Path(__file__).parent.parent / "bench" / "data" / "smollm2-gsm8k-128x8.jsonl")
+    lengths = trace.matrix()
+    assert lengths.shape == (128, 8) and 0.4 < (lengths == 512).mean() < 0.5
+    for batch_size in (32, 64):    # four and two batches: the later ones run with the probe measured
+        cfg = SimulateConfig(policy="baseline,v3", fast=6, heavy=2, batch_size=batch_size, timeline=False,
+                             profiles={"fast": EQUAL, "heavy": EQUAL}, references=False)
+        by = {r.policy: r.makespan_s for r in simulate(trace, cfg).runs}
+        assert by["v3"] <= 1.01 * by["baseline"], (batch_size, by)
+
+
 def test_without_a_predictive_probe_each_group_stays_on_one_engine():
     """While the rank is off, a group's samples share its prompt's prefix cache on one engine: the first batch
     deals probes first and each engine then takes its own groups' siblings; once the probe is measured
