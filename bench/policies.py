@@ -43,33 +43,29 @@ FAMILIES = {
 POLICIES = "all,oracle-probe,oracle"   # every registered policy for real engines, then the references
 
 
-def resampled_trace(path: str, groups: int, seed: int):
-    """``groups`` whole groups of the trace at ``path``, drawn with replacement (seed 0: in recorded order,
-    repeated as needed)."""
-    from pdsr_sdk.traces.io import read_trace
-
-    trace = read_trace(path)
-    trace.require_rectangular("bench/policies.py --trace")
+def resampled_trace(trace, groups: int, seed: int):
+    """``groups`` whole groups of the recorded ``trace`` (a rectangular LengthTrace), drawn with replacement
+    (seed 0: in recorded order, repeated as needed)."""
     k = trace.num_groups
     pick = np.arange(groups) % k if seed == 0 else np.random.default_rng(seed).integers(0, k, size=groups)
     reasons = trace.finish_reasons
     return type(trace).from_matrix(
         trace.matrix()[pick], prompt_ids=[f"{trace.prompt_ids[i]}#{j}" for j, i in enumerate(pick)],
         prompt_lens=np.asarray(trace.prompt_lens)[pick],
-        finish_reasons=None if reasons is None else reasons.reshape(k, -1)[pick], source=f"{path} (draw {seed})")
+        finish_reasons=None if reasons is None else reasons.reshape(k, -1)[pick], source=f"{trace.source} (draw {seed})")
 
 
-def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: list[str], trace_path: str | None = None):
+def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: list[str], recorded=None):
     """One family x engines x B cell on one trace draw: each policy's makespan / baseline's, v3's share of the
     oracle's gain (None under 1% of baseline) and the preemptions of baseline and v3 (a list). With
-    ``trace_path`` the draw resamples that recorded trace's groups instead of synthesising ``fam``."""
+    ``recorded`` (a LengthTrace) the draw resamples its groups instead of synthesising ``fam``."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import run_policy, trace_batches
     from pdsr_sdk.traces import synth_trace
 
     heavy = n_eng // 4
     prof = dict(max_num_seqs=256, kv_cache_tokens=262144, max_model_len=40960 if fam == "kv-bound" else 32768)
-    trace = (resampled_trace(trace_path, b * batches, seed) if trace_path
+    trace = (resampled_trace(recorded, b * batches, seed) if recorded is not None
              else synth_trace(groups=b * batches, n=8, seed=seed, **FAMILIES[fam]))
     cfg = SimulateConfig(fast=n_eng - heavy, heavy=heavy, batch_size=b, timeline=False,
                          profiles={"fast": prof, "heavy": prof})
@@ -100,6 +96,12 @@ def main() -> None:
     from pdsr_sdk.policies.resolve import policy_names
 
     policies = policy_names(args.policies)
+    recorded = None
+    if args.trace:
+        from pdsr_sdk.traces.io import read_trace
+
+        recorded = read_trace(args.trace)   # read once: every cell and draw resamples it
+        recorded.require_rectangular("bench/policies.py --trace")
     seeds = [int(x) for x in args.seed.split(",")]
     many = len(seeds) > 1
     for fam in [args.trace] if args.trace else args.families.split(","):
@@ -109,7 +111,7 @@ def main() -> None:
         print("|---|---|" + "---|" * len(policies) + "---|---|" + ("---|---|" if many else ""))
         for n_eng in map(int, args.engines.split(",")):
             for b in map(int, args.batch_sizes.split(",")):
-                cells = [run_cell(fam, n_eng, b, args.batches, seed, policies, args.trace) for seed in seeds]
+                cells = [run_cell(fam, n_eng, b, args.batches, seed, policies, recorded) for seed in seeds]
                 ratios = {p: float(np.median([c[0][p] for c in cells])) for p in policies}
                 shares = [c[1] for c in cells if c[1] is not None]
                 share = f"{np.median(shares):.2f}" if len(shares) == len(cells) else "n/a"
