@@ -35,6 +35,7 @@ class Harness:
         self.current: dict[int, str] = {}
         self.rid_job: dict[str, tuple[int, int]] = {}
         self.seg_tokens: dict[str, int] = {}
+        self.first_tokens: dict[str, list[float | None]] = {}
         for j, job in enumerate(jobs):
             self.clock.call_at(job.arrival_s, lambda j=j: self.submit(j, 0))
             if job.abort_s is not None:
@@ -55,9 +56,10 @@ class Harness:
             self.engine.abort(rid)
 
     # EngineListener
-    def on_tokens(self, engine, rid, n, ids, lps):
+    def on_tokens(self, engine, rid, n, ids, lps, *, first_token_time_s=None):
         assert ids is None and lps is None
         j, _ = self.rid_job[rid]
+        self.first_tokens.setdefault(self.jobs[j].key, []).append(first_token_time_s)
         self.samples[j].num_generated += n
         self.seg_tokens[rid] += n
 
@@ -111,7 +113,15 @@ def assert_same(event, naive):
 @pytest.mark.parametrize("seed", range(150))
 def test_engine_matches_the_naive_twin(seed):
     profile, jobs = random_case(seed)
-    assert_same(Harness(profile, jobs).run(), naive_replay(profile, jobs))
+    h = Harness(profile, jobs)
+    firsts: dict[str, list[float | None]] = {}
+    assert_same(h.run(), naive_replay(profile, jobs, firsts))
+    # each span's first token: the end of the step that admitted (and prefilled) it, as a stream would show it
+    assert h.first_tokens.keys() == firsts.keys()
+    for key, times in firsts.items():
+        assert len(h.first_tokens[key]) == len(times), key
+        for got, want in zip(h.first_tokens[key], times):
+            assert got is not None and abs(got - want) <= 1e-9, (key, got, want)
 
 
 def test_preemption_under_a_small_kv_budget_matches_the_twin_and_recomputes():
@@ -162,7 +172,7 @@ def test_abort_is_not_reported_synchronously():
     calls = []
 
     class L:
-        def on_tokens(self, *a):
+        def on_tokens(self, *a, **_):
             calls.append("tokens")
 
         def on_segment_end(self, *a):

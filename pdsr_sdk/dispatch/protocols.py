@@ -36,8 +36,13 @@ class EngineListener(Protocol):
     """Receives an engine's progress. Implemented by the scheduler."""
 
     def on_tokens(self, engine: "Engine", request_id: str, n: int,
-                  token_ids: Sequence[int] | None, logprobs: Sequence[float] | None) -> None:
-        """Called zero or more times per request as tokens are generated (``n`` new tokens)."""
+                  token_ids: Sequence[int] | None, logprobs: Sequence[float] | None, *,
+                  first_token_time_s: float | None = None) -> None:
+        """Called zero or more times per request as tokens are generated (``n`` new tokens).
+
+        ``first_token_time_s``: when the request's first token was sampled, from an engine that reports
+        its tokens only later (the simulator reports counts at a segment's end); a streaming engine leaves
+        it out and the time of its first call counts."""
 
     def on_segment_end(self, engine: "Engine", request_id: str, finish_reason: str) -> None:
         """Called exactly once per submitted request, after its last ``on_tokens``.

@@ -407,17 +407,22 @@ class Scheduler:
 
     # ------------------------------------------------------ EngineListener
     def on_tokens(self, engine: Engine, request_id: str, n: int,
-                  token_ids: Sequence[int] | None, logprobs: Sequence[float] | None) -> None:
+                  token_ids: Sequence[int] | None, logprobs: Sequence[float] | None, *,
+                  first_token_time_s: float | None = None) -> None:
         run = self._runs.get(request_id)
         if run is None or n <= 0:
             return
         sample = run.sample
-        if sample.first_token_time_s is None:
-            sample.first_token_time_s = self.clock.now()
         seg = sample.segments[-1]
-        if seg.first_token_time_s is None and not getattr(engine, "counts_only", False):
-            # the span's decode steps run from here on (`pdsr simulate calibrate` times them)
-            seg.first_token_time_s = self.clock.now()
+        if seg.first_token_time_s is None:
+            # the span's decode steps run from here on (`pdsr simulate calibrate` times them; v3 prices a
+            # move's prefill by the wait); an engine that reports counts only at the end says when it was
+            if first_token_time_s is not None:
+                seg.first_token_time_s = first_token_time_s
+            elif not getattr(engine, "counts_only", False):
+                seg.first_token_time_s = self.clock.now()
+        if sample.first_token_time_s is None:
+            sample.first_token_time_s = seg.first_token_time_s if seg.first_token_time_s is not None else self.clock.now()
         sample.add_tokens(n, token_ids, logprobs)
         usage = self.usage[engine.name]
         usage.tokens += n

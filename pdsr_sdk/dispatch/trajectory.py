@@ -31,7 +31,7 @@ def segment_type() -> pa.StructType:
         _f("num_tokens", pa.int32(), "Tokens generated in the span (for a restarted sample, spans before the restart were discarded)."),
         _f("policy_version", pa.int32(), "Weights version that generated the span."),
         _f("submit_time_s", pa.float64(), "When the span was submitted (seconds since run start)."),
-        _f("first_token_time_s", pa.float64(), "When the span's first token arrived (after any wait in the engine's queue); null for simulated engines.", nullable=True),
+        _f("first_token_time_s", pa.float64(), "When the span's first token was sampled (after any wait in the engine's queue and the prefill); null if it produced none.", nullable=True),
         _f("end_time_s", pa.float64(), "When the span ended.", nullable=True),
         _f("end_reason", pa.string(), "stop | length | segment (continued) | cap | moved | truncated | abort | engine_dead | pause (cut by session.pause)."),
     ])

@@ -284,7 +284,7 @@ class EngineActor:
         await self.engine.close()
 
     # ------------------------------------------------- EngineListener (inside)
-    def on_tokens(self, engine, request_id: str, n: int, token_ids, logprobs) -> None:
+    def on_tokens(self, engine, request_id: str, n: int, token_ids, logprobs, **_) -> None:
         ids, lps = self._tokens.setdefault(request_id, ([], []))
         ids.extend(token_ids)
         if logprobs is not None:

@@ -51,6 +51,7 @@ from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.dispatch.policy import Policy, contiguous_chunks
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
+from pdsr_sdk.policies.move_prices import MovePrices
 
 
 class V3Settings(ConfigModel):
@@ -93,15 +94,21 @@ class V3Settings(ConfigModel):
                              "source (a move re-prefills the sample's context on the target).")
     migrate_min_ratio: float = Field(
         0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
-    migrate_arrivals: int = Field(
-        8, ge=1, description="An engine takes a moved sample only while fewer than this many samples moved to it have "
-                             "not yet ended their first segment there. A move re-prefills the sample's whole context on "
-                             "the target, which stalls every sample the target runs; long samples reach the cap "
-                             "together, and an engine whose own freed its slots at once drew herds of moves (30 samples "
-                             "at 977-1011 of 1,024 tokens onto one engine, whose 0.6 s of prefill then set the batch's "
-                             "end). Uninformative family, 8 engines, 3 batches, seeds 12-14: B=128 0.965/0.985/0.981x "
-                             "baseline against 0.976/0.989/0.991x without the limit, B=512 0.973/0.976/0.990x against "
-                             "0.984/0.983/1.000x (docs/benchmarks.md).")
+    migrate_stall_steps: float = Field(
+        4.0, ge=0, description="An engine takes a moved sample only while the prefill of the samples moved to it that "
+                                "have not yet ended their first segment there, this one included, stalls it for at most "
+                                "this many of its decode steps (one such sample at a time while the prices are "
+                                "unmeasured). A move re-prefills the sample's whole context on the target, which stalls "
+                                "every sample the target runs, and long samples reach the cap together: an engine "
+                                "whose own freed its slots at once drew herds of moves (30 samples at 977-1011 of "
+                                "1,024 tokens onto one engine, whose 0.6 s of prefill then set the batch's end). The "
+                                "prices are learnt from the engines' timings (a decode step from spans that continue "
+                                "on their engine, a context token's prefill from a moved sample's wait for its first "
+                                "token): the stall's weight varies with model and hardware, and the count limit this "
+                                "replaced (8 moved samples) cost 1.8% where a prefill token costs 0.78 ms (SmolLM2 on "
+                                "a CPU). SmolLM2 GSM8K trace, 8 engines, B=128, 10 draws: 0.995x baseline under that "
+                                "CPU calibration against 1.018x with the count, 0.985x against 0.988x under the "
+                                "default profile (docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
@@ -236,8 +243,11 @@ class V3Policy(Policy):
         self.total_remaining = 0.0
         self.refreshed: set[Sample] = set()          # samples regenerated at a step's end (each once)
         self.placed: dict[str, dict[int, Group]] = {}  # per engine, groups placed there (their siblings go first)
-        self.arriving: dict[Sample, str] = {}        # moved samples before their first segment on the target ends
+        self.arriving: dict[Sample, tuple[str, int]] = {}   # moved samples before their first segment on the
+        #                                                     target ends -> (target, context tokens to prefill)
         self.arriving_on: dict[str, int] = {}        # such samples per target engine
+        self.arriving_ctx: dict[str, int] = {}       # their context tokens per target engine
+        self.prices = MovePrices()                   # a decode step's and a prefill token's seconds, as measured
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
@@ -312,10 +322,12 @@ class V3Policy(Policy):
 
     def batch_report(self) -> dict:
         """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold,
-        whether the heavy pool is a tail lane."""
+        whether the heavy pool is a tail lane, the prefill price its moves are limited by."""
+        price = self.prices.prefill_s_per_token
         return {"ranking": self.informative, "tail_lane": self.lane,
                 "probe_correlation": None if self.correlation is None else round(self.correlation, 4),
-                "tail_threshold": None if math.isinf(self.tail_threshold) else int(self.tail_threshold)}
+                "tail_threshold": None if math.isinf(self.tail_threshold) else int(self.tail_threshold),
+                "prefill_s_per_token": None if price is None else float(f"{price:.3g}")}
 
     def on_worker_idle(self, engine: Engine) -> None:
         if self.waiting and not self.filling:
@@ -386,6 +398,7 @@ class V3Policy(Policy):
         self.tail_on.pop(engine.name, None)
         self.runaways_on.pop(engine.name, None)
         self.arriving_on.pop(engine.name, None)
+        self.arriving_ctx.pop(engine.name, None)
         self.assigned.pop(engine.name, None)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
 
@@ -626,9 +639,10 @@ class V3Policy(Policy):
     def _maybe_move(self, s: Sample, engine: Engine) -> None:
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
         when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
-        or clearly fewer samples, and fewer than ``migrate_arrivals`` moved samples are still on their first
-        segment there. (A move costs a prefill of the whole context on the target; moving between engines
-        that differ only in their tail counts cost 1-2% on cold batches, whose early tail threshold is low.)"""
+        or clearly fewer samples, and the prefill of the moves still arriving there stays within
+        ``migrate_stall_steps`` of its decode steps. (A move costs a prefill of the whole context on the
+        target; moving between engines that differ only in their tail counts cost 1-2% on cold batches, whose
+        early tail threshold is low.)"""
         target = self._best_target()
         if target is None or target is engine:
             return
@@ -637,20 +651,31 @@ class V3Policy(Policy):
         fewer_samples = (self.tail_on[to] <= self.tail_on[name] - 1
                          and self.assigned[name] - self.assigned[to] >= self.cfg.migrate_min_gap
                          and self.assigned[to] <= self.cfg.migrate_min_ratio * self.assigned[name])
-        if not (fewer_tails or fewer_samples) or self.arriving_on.get(to, 0) >= self.cfg.migrate_arrivals:
+        if not (fewer_tails or fewer_samples):
+            return
+        context = s.prompt_len + s.num_generated
+        if self.arriving_on.get(to, 0) and not self.prices.stall_within(
+                to, self.arriving_ctx.get(to, 0) + context, self.cfg.migrate_stall_steps):
             return
         length = self._expected_length(s)
         if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, s.prompt_len + length):
             return
         self._move_to(s, target, length)
-        self.arriving[s] = to
+        self.arriving[s] = (to, context)
         self.arriving_on[to] = self.arriving_on.get(to, 0) + 1
+        self.arriving_ctx[to] = self.arriving_ctx.get(to, 0) + context
 
     def _arrived(self, s: Sample) -> None:
-        """``s`` ended a segment (or finished): a move that brought it has been paid for on its target."""
-        name = self.arriving.pop(s, None)
-        if name is not None and name in self.arriving_on:
-            self.arriving_on[name] -= 1
+        """``s`` ended a segment (or finished): a move that brought it has been paid for on its target. Its span
+        also tells the prices of the next moves."""
+        segs = s.segments
+        arrival = self.arriving.pop(s, None)
+        if segs:
+            self.prices.observe(segs[-2] if len(segs) > 1 else None, segs[-1], s.prompt_len + segs[-1].start_token,
+                                moved_here=arrival is not None and arrival[0] == segs[-1].engine)
+        if arrival is not None and arrival[0] in self.arriving_on:
+            self.arriving_on[arrival[0]] -= 1
+            self.arriving_ctx[arrival[0]] -= arrival[1]
 
     def _set_lane(self) -> None:
         """'auto': a tail lane while groups stream in under a staleness bound (without one a slow tail just

@@ -28,7 +28,9 @@ independent step-time errors), solved exactly by trying every support of the
 four coefficients. Passes stop when the weighted residual stops improving
 (noisy timings can make re-estimated step counts worse) and the best pass is
 kept. On traces the simulator itself produced the coefficients come back
-within a few percent (tests).
+within a few percent (tests) when the spans' first-token times are left out:
+timed from its first token, a span no longer holds its prefill step, and the
+prefill price is then fitted only from requests that join during it.
 
 Robustness: spans far from the fit (more than 5 robust standard deviations;
 an engine's warm-up steps, a stall of the machine) are left out of the

@@ -53,7 +53,8 @@ _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
 
 class _Req:
-    __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt")
+    __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt",
+                 "first_t")
 
     def __init__(self, rid: str, sample, ctx: int, max_tokens: int, prompt):
         self.rid = rid
@@ -67,6 +68,7 @@ class _Req:
         self.seq = 0              # admission number (running order; heap entries of older admissions are stale)
         self.state = _WAITING
         self.prefill = 0          # uncached tokens prefilled at its admission
+        self.first_t = None       # when the step that prefilled it (and sampled its first token) ended
 
 
 class SimEngine:
@@ -107,6 +109,7 @@ class SimEngine:
         self._sum_q = 0                        # sum of off // block
         self._res = [0] * self._block          # running requests per off % block
         self._pending_prefill = 0              # prefill tokens of the epoch's first step (not yet run)
+        self._admitted: list[_Req] = []        # requests admitted at the current step (their first step not run)
         self._timer = None
         self._timer_step = -1
         self._in_boundary = False
@@ -185,17 +188,19 @@ class SimEngine:
             # mid-epoch: the tokens of the steps completed by now; it leaves at the next boundary
             k = steps_within(self.clock.now() - self._t0, self._a, self._b, self._extra)
             n = min(r.done + self._step + k - r.s_adm, r.max_tokens)
+            if k and r.first_t is None and r.s_adm == self._step:   # its first step ran in this epoch
+                r.first_t = self._t0 + self._extra + self._a
             r.state = _LEAVING
             self._leaving.append(r)
             self._wake()
         self._cache.pop(r.sample, None)
         self.tokens += n
-        self.clock.call_later(0.0, lambda: self._report_abort(request_id, n))
+        self.clock.call_later(0.0, lambda: self._report_abort(r, n))
 
-    def _report_abort(self, rid: str, n: int) -> None:
+    def _report_abort(self, r: _Req, n: int) -> None:
         if n:
-            self._listener.on_tokens(self, rid, n, None, None)
-        self._listener.on_segment_end(self, rid, ABORT)
+            self._listener.on_tokens(self, r.rid, n, None, None, first_token_time_s=r.first_t)
+        self._listener.on_segment_end(self, r.rid, ABORT)
 
     # ------------------------------------------------------------ the events
     def _wake(self) -> None:
@@ -218,6 +223,7 @@ class SimEngine:
                 if target > self._step:
                     self.steps += target - self._step
                     self._pending_prefill = 0
+                    self._first_step_ran()
                 self._step, self._t0 = target, when
                 self._plan()
                 return
@@ -228,6 +234,15 @@ class SimEngine:
                 return
             self._timer.cancel()
         self._set_timer(when, target)
+
+    def _first_step_ran(self) -> None:
+        """The epoch's first step has run: the requests it admitted have their first token (reported as the
+        span's ``first_token_time_s``, as a real engine's stream shows it; v3 prices a move's prefill by it)."""
+        t = self._t0 + self._extra + self._a
+        for r in self._admitted:
+            if r.state == _RUNNING and r.s_adm == self._step and r.first_t is None:
+                r.first_t = t
+        self._admitted.clear()
 
     def _next_end(self) -> int:
         """The step at which the first running request finishes (dropping stale heap entries)."""
@@ -258,6 +273,7 @@ class SimEngine:
             if S > self._step:
                 self.steps += S - self._step
                 self._pending_prefill = 0
+                self._first_step_ran()
         self._step = S
         self._t0 = now
         heap = self._heap
@@ -289,7 +305,7 @@ class SimEngine:
                 listener = self._listener
                 for r in finished:
                     self.tokens += r.done
-                    listener.on_tokens(self, r.rid, r.done, None, None)
+                    listener.on_tokens(self, r.rid, r.done, None, None, first_token_time_s=r.first_t)
                     listener.on_segment_end(self, r.rid, LENGTH)
             finally:
                 self._in_boundary = False
@@ -392,6 +408,7 @@ class SimEngine:
                 cached = max(cached, self._block * (w.sample.prompt_len // self._block))
             self._prompt_refs[w.prompt] = refs + 1
         w.prefill = uncached_tokens(w.ctx, cached, self._block)
+        self._admitted.append(w)
         self._pending_prefill += w.prefill
         self.prefill_tokens += w.prefill
         heapq.heappush(self._heap, (S + w.max_tokens - w.done, w.seq, w))

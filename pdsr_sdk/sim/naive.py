@@ -36,14 +36,18 @@ class _R:
         self.done = 0
         self.prefill = 0
         self.leaving = False
+        self.first: float | None = None   # end of its first step (its first token)
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def naive_replay(profile, jobs: list[NaiveJob]) -> dict[str, list[tuple[str, float, int]]]:
-    """Per job key, its segment ends in order: ``(reason, time_s, tokens)`` with reason ``length`` or ``abort``."""
+def naive_replay(profile, jobs: list[NaiveJob],
+                 first_tokens: dict[str, list[float | None]] | None = None) -> dict[str, list[tuple[str, float, int]]]:
+    """Per job key, its segment ends in order: ``(reason, time_s, tokens)`` with reason ``length`` or ``abort``.
+    ``first_tokens``, if given, receives per job key the time each segment that produced tokens sampled its
+    first one."""
     B, kv, M = profile.block_size, profile.kv_blocks, profile.max_num_seqs
     c0, c1, c2, p = profile.c0_s, profile.c1_s_per_seq, profile.c2_s_per_token, profile.prefill_s_per_token
     events = sorted([(job.arrival_s, 0, j) for j, job in enumerate(jobs)]
@@ -71,6 +75,8 @@ def naive_replay(profile, jobs: list[NaiveJob]) -> dict[str, list[tuple[str, flo
         else:
             r.leaving = True   # still runs the step in flight; its token is thrown away
         out[jobs[j].key].append(("abort", time, r.done))
+        if first_tokens is not None and r.done:
+            first_tokens.setdefault(jobs[j].key, []).append(r.first)
         cache.pop(j, None)
 
     def plan() -> None:
@@ -116,6 +122,8 @@ def naive_replay(profile, jobs: list[NaiveJob]) -> dict[str, list[tuple[str, flo
             handle(*events[i])
             i += 1
         for r in running:
+            if r.first is None:
+                r.first = t_next
             r.ctx += 1
             r.done += 1
             r.remaining -= 1
@@ -127,6 +135,8 @@ def naive_replay(profile, jobs: list[NaiveJob]) -> dict[str, list[tuple[str, flo
         for r in finished:
             job = jobs[r.j]
             out[job.key].append(("length", t, r.done))
+            if first_tokens is not None:
+                first_tokens.setdefault(job.key, []).append(r.first)
             if r.seg + 1 < len(job.segments):
                 cache[r.j] = B * ((r.ctx - 1) // B)
                 nxt = _R(r.j, r.seg + 1, r.ctx, job.segments[r.seg + 1])
