@@ -106,8 +106,8 @@ class V3Settings(ConfigModel):
                                 "on their engine, a context token's prefill from a moved sample's wait for its first "
                                 "token): the stall's weight varies with model and hardware, and the count limit this "
                                 "replaced (8 moved samples) cost 1.8% where a prefill token costs 0.78 ms (SmolLM2 on "
-                                "a CPU). SmolLM2 GSM8K trace, 8 engines, B=128, 10 draws: 0.995x baseline under that "
-                                "CPU calibration against 1.018x with the count, 0.985x against 0.988x under the "
+                                "a CPU). SmolLM2 GSM8K trace, 8 engines, B=128, 10 draws: 0.991x baseline under that "
+                                "CPU calibration against 1.018x with the count, 0.983x against 0.988x under the "
                                 "default profile (docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
