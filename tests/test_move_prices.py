@@ -32,16 +32,19 @@ def test_a_continuing_span_times_its_engines_step_and_first_token_wait():
 def test_a_moved_samples_extra_wait_for_its_first_token_prices_the_prefill():
     prices = MovePrices()
     moved = span("e0", 10.0, 14.0, 100, first=10.53)
-    assert prices.stall_within("e0", 1000, 4.0) is None        # nothing measured yet
+    assert prices.stall_pays("e1", "e0", 1000, 100, 0.5) is None   # nothing measured yet
     prices.observe(span("e1", 9.0, 10.0, 50), moved, 1000, moved_here=True)
     assert prices.prefill_s_per_token is None                  # no continuing span's wait on e0 to compare with
     prices.observe(span("e0", 0.0, 1.0, 100), span("e0", 1.0, 3.0, 100, first=1.03), 500, moved_here=False)
     prices.observe(span("e1", 9.0, 10.0, 50), moved, 1000, moved_here=True)
     assert prices.prefill_s_per_token == pytest.approx(0.5e-3)  # (0.53 - 0.03) s over 1,000 context tokens
-    # 1,000 tokens stall e0 for 0.5 s: 25 of its 0.02 s steps
-    assert prices.stall_within("e0", 1000, 25.0) is True
-    assert prices.stall_within("e0", 1000, 24.0) is False
-    assert prices.stall_within("e1", 1000, 100.0) is None      # e1's step is unmeasured
+    assert prices.stall_pays("e1", "e0", 1000, 100, 0.5) is None   # e1's step is unmeasured
+    prices.observe(span("e1", 0.0, 1.0, 100), span("e1", 1.0, 5.0, 100), 500, moved_here=False)
+    assert prices.step_s["e1"] == pytest.approx(0.04)
+    # 1,000 tokens stall e0 for 0.5 s; 100 tokens moved from e1's 0.04 s steps to e0's 0.02 s save 2 s
+    assert prices.stall_pays("e1", "e0", 1000, 100, 0.25) is True
+    assert prices.stall_pays("e1", "e0", 1000, 100, 0.24) is False
+    assert prices.stall_pays("e0", "e1", 10, 100, 1.0) is False     # onto a slower engine nothing is saved
 
 
 def test_a_step_shared_with_other_admissions_does_not_inflate_the_price():

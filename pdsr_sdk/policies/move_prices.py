@@ -1,4 +1,4 @@
-"""What a move costs, learnt from the engines' own timings (v3 prices its moves by it).
+"""What a move costs and saves, learnt from the engines' own timings (v3 prices its moves by it).
 
 A move re-prefills the sample's whole context on the target engine, and that prefill stalls every
 sample the target runs. Whether the stall is small or large next to a decode step depends on the
@@ -64,11 +64,13 @@ class MovePrices:
                 ranked = sorted(self.prefill_observed)
                 self.prefill_s_per_token = ranked[int(_QUANTILE * (len(ranked) - 1))]
 
-    def stall_within(self, engine: str, context_tokens: int, steps: float) -> bool | None:
-        """Whether prefilling ``context_tokens`` on ``engine`` stalls it for at most ``steps`` of its decode
-        steps; None while either price is unmeasured."""
-        step = self.step_s.get(engine)
+    def stall_pays(self, source: str, target: str, context_tokens: int, remaining_tokens: float,
+                   share: float) -> bool | None:
+        """Whether prefilling ``context_tokens`` on ``target`` costs at most ``share`` of what moving a sample with
+        ``remaining_tokens`` still to generate from ``source`` to ``target`` saves (its remaining tokens times the
+        difference of their decode steps); None while a price is unmeasured."""
         price = self.prefill_s_per_token
-        if step is None or price is None:
+        step_from, step_to = self.step_s.get(source), self.step_s.get(target)
+        if price is None or step_from is None or step_to is None:
             return None
-        return context_tokens * price <= steps * step
+        return context_tokens * price <= share * remaining_tokens * max(0.0, step_from - step_to)

@@ -94,21 +94,25 @@ class V3Settings(ConfigModel):
                              "source (a move re-prefills the sample's context on the target).")
     migrate_min_ratio: float = Field(
         0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
-    migrate_stall_steps: float = Field(
-        4.0, ge=0, description="An engine takes a moved sample only while the prefill of the samples moved to it that "
-                                "have not yet ended their first segment there, this one included, stalls it for at most "
-                                "this many of its decode steps (one such sample at a time while the prices are "
-                                "unmeasured). A move re-prefills the sample's whole context on the target, which stalls "
-                                "every sample the target runs, and long samples reach the cap together: an engine "
-                                "whose own freed its slots at once drew herds of moves (30 samples at 977-1011 of "
-                                "1,024 tokens onto one engine, whose 0.6 s of prefill then set the batch's end). The "
-                                "prices are learnt from the engines' timings (a decode step from spans that continue "
-                                "on their engine, a context token's prefill from a moved sample's wait for its first "
-                                "token): the stall's weight varies with model and hardware, and the count limit this "
-                                "replaced (8 moved samples) cost 1.8% where a prefill token costs 0.78 ms (SmolLM2 on "
-                                "a CPU). SmolLM2 GSM8K trace, 8 engines, B=128, 10 draws: 0.991x baseline under that "
-                                "CPU calibration against 1.018x with the count, 0.983x against 0.988x under the "
-                                "default profile (docs/benchmarks.md).")
+    migrate_stall_share: float = Field(
+        0.25, ge=0, description="An engine takes a moved sample while the prefill of the samples moved to it that have not "
+                               "yet ended their first segment there, this one included, costs at most this share of "
+                               "what the move saves: the sample's expected remaining tokens (the mean of the finished "
+                               "lengths beyond what it has produced, less that) times the difference of the source's "
+                               "and the target's decode step. Else the next best target is tried; one moved sample at a "
+                               "time while the prices are unmeasured. A move re-prefills the sample's whole context on "
+                               "the target, which stalls every sample the target runs, and long samples reach the cap "
+                               "together: an engine whose own freed its slots at once drew herds of nearly finished "
+                               "samples (30 at 977-1011 of 1,024 tokens onto one engine, whose 0.6 s of prefill then set "
+                               "the batch's end). The prices are learnt from the engines' timings (a decode step from "
+                               "spans that continue on their engine, a context token's prefill from a moved sample's "
+                               "wait for its first token), since the stall's weight varies with model and hardware: a "
+                               "count limit (8 moved samples) cost 1.8% where a prefill token costs 0.78 ms (SmolLM2 "
+                               "on a CPU), and a limit in the target's own steps held moves back where engines are "
+                               "many and light. 0.25: SmolLM2 GSM8K trace, 8 engines, B=128, 10 draws, 0.979x "
+                               "baseline (0.977x at 0.5, 0.983x at 0.1); 64 engines, B=512, uninformative family, "
+                               "0.970x (0.966x at 0.5, 0.979x at 0.1); KV-bound 8 x 128 0.937x (0.947x at 0.5) "
+                               "(docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
@@ -225,6 +229,8 @@ class V3Policy(Policy):
         self.stream_has_room = False
         self.tail_threshold = math.inf
         self.lane_threshold = math.inf
+        self.sorted_lengths: list[int] = []         # the history, sorted when the thresholds are (every 64 finishes)
+        self.suffix_sums: list[int] = [0]            # suffix_sums[i] = sum(sorted_lengths[i:])
         self.lane_names: set[str] = set()
         self.runaways: set[Sample] = set()           # samples past the lane threshold on a lane engine
         self.runaways_on: dict[str, int] = {}        # such samples per lane engine
@@ -507,9 +513,19 @@ class V3Policy(Policy):
         self.total_remaining += d_rem
         self.predicted[s] = (new, s.num_generated)
 
+    def _residual_length(self, generated: int) -> float:
+        """Expected tokens still to come for a sample that has produced ``generated``: the mean of the finished
+        lengths in the history beyond that, less it (the response cap, less it, if none is longer)."""
+        data, suffix = self.sorted_lengths, self.suffix_sums
+        i = bisect.bisect_right(data, generated)
+        if i == len(data):
+            return max(1.0, float(self.ctx.sampling.max_tokens - generated))
+        return suffix[i] / (len(data) - i) - generated
+
     def _update_tail_threshold(self) -> None:
         q = self.cfg.migrate_quantile
-        data = sorted(self.finished_lengths)
+        data = self.sorted_lengths = sorted(self.finished_lengths)
+        self.suffix_sums = list(itertools.accumulate(reversed(data)))[::-1] + [0]
         self.tail_threshold = min(data[min(len(data) - 1, int(q * len(data)))] if data else math.inf,
                                   cap_runner_threshold(data, self.ctx.sampling.max_tokens, self.cfg.cap_runner_share))
         # the first finishes are the short ones, so an early quantile sends ordinary samples to the lane as
@@ -661,14 +677,41 @@ class V3Policy(Policy):
             heapq.heappop(heap)
         return None
 
+    def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
+        """The best move target (``_best_target``) among those where the prefill of the moves still arriving, and
+        of this one's ``context`` tokens, pays (``migrate_stall_share``); the next best are tried while the best
+        are full (with many engines one target was full and moves waited)."""
+        skipped = []
+        found = None
+        remaining = None
+        while len(skipped) < _MAX_FULL_TARGETS:
+            target = self._best_target()
+            if target is None:
+                break
+            name = target.name
+            if not self.arriving_on.get(name, 0):
+                found = target
+                break
+            if remaining is None:
+                remaining = self._residual_length(s.num_generated)
+            if self.prices.stall_pays(source.name, name, self.arriving_ctx.get(name, 0) + context, remaining,
+                                      self.cfg.migrate_stall_share):
+                found = target
+                break
+            skipped.append(heapq.heappop(self.targets))
+        for entry in skipped:
+            heapq.heappush(self.targets, entry)
+        return found
+
     def _maybe_move(self, s: Sample, engine: Engine) -> None:
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
         when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
         or clearly fewer samples, and the prefill of the moves still arriving there stays within
-        ``migrate_stall_steps`` of its decode steps. (A move costs a prefill of the whole context on the
+        ``migrate_stall_share`` of what the move saves. (A move costs a prefill of the whole context on the
         target; moving between engines that differ only in their tail counts cost 1-2% on cold batches, whose
         early tail threshold is low.)"""
-        target = self._best_target()
+        context = s.prompt_len + s.num_generated
+        target = self._open_target(s, engine, context)
         if target is None or target is engine:
             return
         name, to = engine.name, target.name
@@ -677,10 +720,6 @@ class V3Policy(Policy):
                          and self.assigned[name] - self.assigned[to] >= self.cfg.migrate_min_gap
                          and self.assigned[to] <= self.cfg.migrate_min_ratio * self.assigned[name])
         if not (fewer_tails or fewer_samples):
-            return
-        context = s.prompt_len + s.num_generated
-        if self.arriving_on.get(to, 0) and not self.prices.stall_within(
-                to, self.arriving_ctx.get(to, 0) + context, self.cfg.migrate_stall_steps):
             return
         length = self._expected_length(s)
         if self._slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not self._fits(target, s.prompt_len + length):
@@ -734,6 +773,9 @@ class V3Policy(Policy):
         self._unplace(s)
         self._place(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+
+
+_MAX_FULL_TARGETS = 8   # move targets skipped because moves still arrive there, before a move is given up
 
 
 def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> Sample | None:
