@@ -17,9 +17,9 @@ tell:
 - at a segment boundary, once nothing waits, a running sample that has already run long (past the
   97th percentile of finished lengths, or past the length beyond which most samples ran to the
   response cap) moves once to the engine running the fewest samples, when that engine runs clearly
-  fewer than its own (the tail then runs on lightly loaded engines), and while few moved samples
-  still wait for their first segment there (each re-prefills its context on the target); nothing
-  moves twice;
+  fewer than its own (the tail then runs on lightly loaded engines), while the prefill of the moved
+  samples still arriving there costs at most a share of what the move saves (each re-prefills its
+  context on the target; the prices are learnt from the engines' timings); nothing moves twice;
 - in a stream (groups arriving while others run: partial rollout across steps) under a
   staleness bound, the heavy pool (all of it while the stream leaves slots free, one engine
   when it fills every slot) becomes a tail lane: runaways (past the 99.5th percentile of finished
