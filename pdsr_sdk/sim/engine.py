@@ -189,7 +189,7 @@ class SimEngine:
             k = steps_within(self.clock.now() - self._t0, self._a, self._b, self._extra)
             n = min(r.done + self._step + k - r.s_adm, r.max_tokens)
             if k and r.first_t is None and r.s_adm == self._step:   # its first step ran in this epoch
-                r.first_t = self._t0 + self._extra + self._a
+                r.first_t = self._first_step_end()
             r.state = _LEAVING
             self._leaving.append(r)
             self._wake()
@@ -222,7 +222,6 @@ class SimEngine:
                 self.busy_s += when - self._t0
                 if target > self._step:
                     self.steps += target - self._step
-                    self._pending_prefill = 0
                     self._first_step_ran()
                 self._step, self._t0 = target, when
                 self._plan()
@@ -235,10 +234,16 @@ class SimEngine:
             self._timer.cancel()
         self._set_timer(when, target)
 
+    def _first_step_end(self) -> float:
+        """When the current epoch's first step (the one that prefills what it admitted) ends."""
+        return self._t0 + self._extra + self._a
+
     def _first_step_ran(self) -> None:
-        """The epoch's first step has run: the requests it admitted have their first token (reported as the
-        span's ``first_token_time_s``, as a real engine's stream shows it; v3 prices a move's prefill by it)."""
-        t = self._t0 + self._extra + self._a
+        """The epoch's first step has run: its prefill is done, and the requests it admitted have their first
+        token (reported as the span's ``first_token_time_s``, as a real engine's stream shows it; v3 prices a
+        move's prefill by it)."""
+        self._pending_prefill = 0
+        t = self._first_step_end()
         for r in self._admitted:
             if r.state == _RUNNING and r.s_adm == self._step and r.first_t is None:
                 r.first_t = t
@@ -272,7 +277,6 @@ class SimEngine:
             self.busy_s += now - self._t0
             if S > self._step:
                 self.steps += S - self._step
-                self._pending_prefill = 0
                 self._first_step_ran()
         self._step = S
         self._t0 = now
