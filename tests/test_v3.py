@@ -375,15 +375,15 @@ def peak_arrivals(run):
     return max((sum(1 for a, b in spans if a <= t < b) for spans in arrivals.values() for t, _ in spans), default=0)
 
 
-def herd_trace_runs(profile, stall_share):
-    """v3 on a trace whose long samples reach the cap together, 8 engines, B=128: as set, and with moves into an
-    engine limited by ``stall_share``."""
+def herd_trace_runs(profile, stall_share, **settings):
+    """v3 on a trace whose long samples reach the cap together, 8 engines, B=128: with ``settings``, and with
+    moves into an engine limited by ``stall_share`` as well."""
     trace = synth_trace(groups=256, n=8, seed=13, prompt_sigma=0.05, noise_sigma=0.7, runaway_frac=0.35,
                         max_length=1024)
     cfg = SimulateConfig(policy="v3", fast=6, heavy=2, batch_size=128, timeline=False, references=False,
-                         profiles={"fast": profile, "heavy": profile})
+                         profiles={"fast": profile, "heavy": profile}, policy_settings={"v3": settings})
     tb = trace_batches(trace, cfg)
-    other = cfg.model_copy(update={"policy_settings": {"v3": {"migrate_stall_share": stall_share}}})
+    other = cfg.model_copy(update={"policy_settings": {"v3": {**settings, "migrate_stall_share": stall_share}}})
     return run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, other, "v3", keep_groups=True)
 
 
@@ -406,10 +406,22 @@ def test_moves_into_one_engine_come_a_few_at_a_time():
 def test_the_move_limit_follows_the_prefill_price_it_measures():
     """The stall a move costs depends on model and hardware; v3 reads it off the engines' timings. Where a prefill
     token costs 39x the default profile's, it learns a price within a factor of two of the true one, fewer moved
-    samples arrive at an engine at once than where prefill is cheap, and the limit is worth more than 3%."""
-    cheap, _ = herd_trace_runs(EQUAL, 10**6)
-    dear, unlimited = herd_trace_runs(CPU_SMOLLM2, 10**6)
+    samples arrive at an engine at once than where prefill is cheap, and the limit is worth more than 3%. (The lead
+    guard is off: it rules out targets whatever the price.)"""
+    cheap, _ = herd_trace_runs(EQUAL, 10**6, migrate_lead_guard=False)
+    dear, unlimited = herd_trace_runs(CPU_SMOLLM2, 10**6, migrate_lead_guard=False)
     learnt = [b.policy["prefill_s_per_token"] for b in cheap.batches + dear.batches]
     assert 0.5 * 2e-5 <= learnt[1] <= 2 * 2e-5 and 0.5 * 7.8e-4 <= learnt[3] <= 2 * 7.8e-4, learnt
     assert peak_arrivals(dear) < peak_arrivals(cheap)
     assert dear.makespan_s < 0.97 * unlimited.makespan_s
+
+
+def test_a_move_lands_only_where_the_furthest_along_sample_has_less_left():
+    """``migrate_lead_guard``: a move does not land on an engine whose furthest-along sample is expected to run longer
+    than the moved one (it, not the mover, sets that engine's end). Where lengths run to a cap, the furthest along
+    have the least left, so moves still even out the cap runners; the guard rules out the moves that only crowd an
+    engine whose own long samples still have as far to go, and the batch ends sooner with fewer moves."""
+    guarded, _ = herd_trace_runs(EQUAL, 0.25)
+    unguarded, _ = herd_trace_runs(EQUAL, 0.25, migrate_lead_guard=False)
+    assert 0 < guarded.stats["moves"] < unguarded.stats["moves"]
+    assert guarded.makespan_s < 0.997 * unguarded.makespan_s

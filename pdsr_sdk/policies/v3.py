@@ -17,9 +17,11 @@ tell:
 - at a segment boundary, once nothing waits, a running sample that has already run long (past the
   97th percentile of finished lengths, or past the length beyond which most samples ran to the
   response cap) moves once to the engine running the fewest samples, when that engine runs clearly
-  fewer than its own (the tail then runs on lightly loaded engines), while the prefill of the moved
-  samples still arriving there costs at most a share of what the move saves (each re-prefills its
-  context on the target; the prices are learnt from the engines' timings); nothing moves twice;
+  fewer than its own (the tail then runs on lightly loaded engines), unless that engine's furthest-along
+  sample is expected to run longer than the moved one (it would be slowed, and it sets the target's
+  end), and while the prefill of the moved samples still arriving there costs at most a share of what
+  the move saves (each re-prefills its context on the target; the prices are learnt from the engines'
+  timings); nothing moves twice;
 - in a stream (groups arriving while others run: partial rollout across steps) under a
   staleness bound, the heavy pool (all of it while the stream leaves slots free, one engine
   when it fills every slot) becomes a tail lane: runaways (past the 99.5th percentile of finished
@@ -113,6 +115,15 @@ class V3Settings(ConfigModel):
                                "baseline (0.977x at 0.5, 0.983x at 0.1); 64 engines, B=512, uninformative family, "
                                "0.970x (0.966x at 0.5, 0.979x at 0.1); KV-bound 8 x 128 0.937x (0.947x at 0.5) "
                                "(docs/benchmarks.md).")
+    migrate_lead_guard: bool = Field(
+        True, description="A move does not land on an engine whose furthest-along sample is expected to run longer than the "
+                          "moved one (each sample's expected remaining tokens from the history's finished lengths beyond "
+                          "what it has produced): that sample, not the moved one, then sets the target's end, and the "
+                          "move's prefill and added load would slow it. Where lengths run to a cap the furthest-along "
+                          "sample has the least left, so moves still even out the engines' cap runners. 8 engines, "
+                          "B=128, 10 draws, 3 batches: uninformative family 0.974x -> 0.968x baseline, SmolLM2 GSM8K trace "
+                          "0.979x -> 0.975x (0.986x -> 0.979x under its CPU calibration), KV-bound 0.937x -> 0.927x "
+                          "(docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
@@ -258,6 +269,8 @@ class V3Policy(Policy):
         self.arriving_on: dict[str, int] = {}        # such samples per target engine
         self.arriving_ctx: dict[str, int] = {}       # their context tokens per target engine
         self.prices = MovePrices()                   # a decode step's and a prefill token's seconds, as measured
+        self.leads: dict[str, list[tuple[int, int, Sample]]] = {}   # per engine, a lazy max-heap of its samples'
+        #                                                                 progress: (-tokens produced, seq, sample)
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
@@ -407,6 +420,7 @@ class V3Policy(Policy):
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
         self._arrived(sample)
         self._repredict(sample)
+        self._note_progress(sample)
         if sample not in self.tail and sample.num_generated >= self.tail_threshold:
             self._mark_tail(sample, engine.name, +1)
         if self.lane:
@@ -563,6 +577,7 @@ class V3Policy(Policy):
         if s in self.tail:
             self.tail_on[e.name] += 1
         self._push_engine(e.name)
+        self._note_progress(s)
 
     def _unplace(self, s: Sample) -> None:
         name = self.engine_of.pop(s, None)
@@ -677,31 +692,61 @@ class V3Policy(Policy):
             heapq.heappop(heap)
         return None
 
+    def _note_progress(self, s: Sample) -> None:
+        """Record what ``s`` has produced on its engine's heap of progress (``_lead``)."""
+        name = self.engine_of.get(s)
+        if name is None:
+            return
+        heap = self.leads.setdefault(name, [])
+        heapq.heappush(heap, (-s.num_generated, next(self.seq), s))
+        if len(heap) > 2 * self.assigned.get(name, 0) + 64:
+            self.leads[name] = _compact_leads(heap, name, self.engine_of)
+
+    def _lead(self, name: str) -> int | None:
+        """The most tokens any sample placed on engine ``name`` has produced (None if it holds none). Entries of
+        samples that left, or were restarted below them, are dropped as met."""
+        heap = self.leads.get(name)
+        while heap:
+            produced, _, s = heap[0]
+            if self.engine_of.get(s) == name and s.num_generated >= -produced:
+                return s.num_generated
+            heapq.heappop(heap)
+        return None
+
+    def _lead_finishes_first(self, name: str, remaining: float) -> bool:
+        """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample with
+        ``remaining`` tokens still to come (``migrate_lead_guard``)."""
+        lead = self._lead(name)
+        return lead is None or self._residual_length(lead) < remaining
+
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
-        """The best move target (``_best_target``) among those where the prefill of the moves still arriving, and
-        of this one's ``context`` tokens, pays (``migrate_stall_share``); the next best are tried while the best
-        are full (with many engines one target was full and moves waited)."""
+        """The best move target (``_best_target``) among those whose furthest-along sample is expected to finish
+        before ``s`` (``migrate_lead_guard``) and where the prefill of the moves still arriving, and of this one's
+        ``context`` tokens, pays (``migrate_stall_share``); the next best are tried while the best are ruled out
+        (with many engines one target was full and moves waited)."""
         skipped = []
         found = None
-        remaining = None
+        remaining = self._residual_length(s.num_generated)
         while len(skipped) < _MAX_FULL_TARGETS:
             target = self._best_target()
             if target is None:
                 break
-            name = target.name
-            if not self.arriving_on.get(name, 0):
-                found = target
-                break
-            if remaining is None:
-                remaining = self._residual_length(s.num_generated)
-            if self.prices.stall_pays(source.name, name, self.arriving_ctx.get(name, 0) + context, remaining,
-                                      self.cfg.migrate_stall_share):
+            if target is source or self._takes(target.name, source.name, context, remaining):
                 found = target
                 break
             skipped.append(heapq.heappop(self.targets))
         for entry in skipped:
             heapq.heappush(self.targets, entry)
         return found
+
+    def _takes(self, name: str, source: str, context: int, remaining: float) -> bool:
+        """Whether engine ``name`` takes a moved sample of ``context`` tokens with ``remaining`` still to come."""
+        if self.cfg.migrate_lead_guard and not self._lead_finishes_first(name, remaining):
+            return False
+        if not self.arriving_on.get(name, 0):
+            return True
+        return bool(self.prices.stall_pays(source, name, self.arriving_ctx.get(name, 0) + context, remaining,
+                                           self.cfg.migrate_stall_share))
 
     def _maybe_move(self, s: Sample, engine: Engine) -> None:
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
@@ -775,7 +820,20 @@ class V3Policy(Policy):
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
 
 
-_MAX_FULL_TARGETS = 8   # move targets skipped because moves still arrive there, before a move is given up
+_MAX_FULL_TARGETS = 8   # move targets ruled out (_takes) before a move is given up
+
+
+def _compact_leads(heap: list[tuple[int, int, Sample]], name: str,
+                   engine_of: dict[Sample, str]) -> list[tuple[int, int, Sample]]:
+    """``heap`` with only each sample's latest entry, and only samples still placed on engine ``name``."""
+    latest: dict[Sample, tuple[int, int, Sample]] = {}
+    for entry in heap:
+        s = entry[2]
+        if engine_of.get(s) == name and (s not in latest or entry[:2] < latest[s][:2]):
+            latest[s] = entry
+    out = list(latest.values())
+    heapq.heapify(out)
+    return out
 
 
 def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> Sample | None:
