@@ -444,6 +444,7 @@ class V3Policy(Policy):
         self.runaways_on.pop(engine.name, None)
         self.arriving_on.pop(engine.name, None)
         self.arriving_ctx.pop(engine.name, None)
+        self.leads.pop(engine.name, None)
         self.assigned.pop(engine.name, None)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
 
