@@ -53,6 +53,7 @@ from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.dispatch.policy import Policy, contiguous_chunks
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
+from pdsr_sdk.policies.engine_leads import EngineLeads
 from pdsr_sdk.policies.move_prices import MovePrices
 
 
@@ -269,8 +270,7 @@ class V3Policy(Policy):
         self.arriving_on: dict[str, int] = {}        # such samples per target engine
         self.arriving_ctx: dict[str, int] = {}       # their context tokens per target engine
         self.prices = MovePrices()                   # a decode step's and a prefill token's seconds, as measured
-        self.leads: dict[str, list[tuple[int, int, Sample]]] = {}   # per engine, a lazy max-heap of its samples'
-        #                                                                 progress: (-tokens produced, seq, sample)
+        self.leads = EngineLeads(self.engine_of)     # per engine, its furthest-along sample's progress
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
@@ -444,7 +444,7 @@ class V3Policy(Policy):
         self.runaways_on.pop(engine.name, None)
         self.arriving_on.pop(engine.name, None)
         self.arriving_ctx.pop(engine.name, None)
-        self.leads.pop(engine.name, None)
+        self.leads.drop(engine.name)
         self.assigned.pop(engine.name, None)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
 
@@ -694,30 +694,14 @@ class V3Policy(Policy):
         return None
 
     def _note_progress(self, s: Sample) -> None:
-        """Record what ``s`` has produced on its engine's heap of progress (``_lead``)."""
         name = self.engine_of.get(s)
-        if name is None:
-            return
-        heap = self.leads.setdefault(name, [])
-        heapq.heappush(heap, (-s.num_generated, next(self.seq), s))
-        if len(heap) > 2 * self.assigned.get(name, 0) + 64:
-            self.leads[name] = _compact_leads(heap, name, self.engine_of)
-
-    def _lead(self, name: str) -> int | None:
-        """The most tokens any sample placed on engine ``name`` has produced (None if it holds none). Entries of
-        samples that left, or were restarted below them, are dropped as met."""
-        heap = self.leads.get(name)
-        while heap:
-            produced, _, s = heap[0]
-            if self.engine_of.get(s) == name and s.num_generated >= -produced:
-                return s.num_generated
-            heapq.heappop(heap)
-        return None
+        if name is not None:
+            self.leads.note(s, self.assigned.get(name, 0))
 
     def _lead_finishes_first(self, name: str, remaining: float) -> bool:
         """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample with
         ``remaining`` tokens still to come (``migrate_lead_guard``)."""
-        lead = self._lead(name)
+        lead = self.leads.lead(name)
         return lead is None or self._residual_length(lead) < remaining
 
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
@@ -822,19 +806,6 @@ class V3Policy(Policy):
 
 
 _MAX_FULL_TARGETS = 8   # move targets ruled out (_takes) before a move is given up
-
-
-def _compact_leads(heap: list[tuple[int, int, Sample]], name: str,
-                   engine_of: dict[Sample, str]) -> list[tuple[int, int, Sample]]:
-    """``heap`` with only each sample's latest entry, and only samples still placed on engine ``name``."""
-    latest: dict[Sample, tuple[int, int, Sample]] = {}
-    for entry in heap:
-        s = entry[2]
-        if engine_of.get(s) == name and (s not in latest or entry[:2] < latest[s][:2]):
-            latest[s] = entry
-    out = list(latest.values())
-    heapq.heapify(out)
-    return out
 
 
 def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> Sample | None:
