@@ -20,10 +20,6 @@ EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)
 
 
 def hand_run(matrix, policy="v3", *, fast=1, heavy=0, profile=UNIT, settings=None):
-    """``policy`` on a hand-made length matrix; v3 deals from its ranked pool (its ordering rules are what these
-    traces test; 'auto' would place a batch whose KV cache does not bind in baseline's chunks)."""
-    if policy == "v3":
-        settings = {"placement": "deal", **(settings or {})}
     trace = LengthTrace.from_matrix(np.array(matrix), prompt_lens=[1] * len(matrix))
     cfg = SimulateConfig(policy=policy, fast=fast, heavy=heavy, timeline=False, batch_size=len(matrix),
                          profiles={"fast": profile, "heavy": profile}, segments={"enabled": False},
@@ -66,7 +62,7 @@ def test_probes_stop_jumping_the_queue_once_measured_to_predict_nothing():
                                     prompt_lens=[1] * 4)
     cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=2,
                          profiles={"fast": UNIT, "heavy": UNIT}, segments={"enabled": False},
-                         policy_settings={"v3": {"min_pairs": 2, "placement": "deal"}}, references=False)
+                         policy_settings={"v3": {"min_pairs": 2}}, references=False)
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     order = launch_order(run)
     assert order[:2] == ["p0/0", "p1/0"]                                  # undecided: probes first
@@ -167,31 +163,23 @@ def test_without_a_predictive_probe_each_group_stays_on_one_engine():
     assert sum(b.prefill_tokens for b in run.batches) <= 1.02 * sum(b.prefill_tokens for b in base.batches)
 
 
-def test_a_batch_whose_kv_cache_does_not_bind_is_placed_as_baseline_places_it():
-    """Where the KV cache does not bind, v3 places a batch in baseline's chunks, whether every sample starts at once
-    or the batch queues for slots, so with moves off it runs exactly as baseline does (order by the group's rank
-    started a short-ranked group's runaway last). Where the predicted KV demand of what can run at once exceeds the
-    caches, a batch is dealt from the ranked pool with KV-aware admission (once lengths have been seen: the first
-    batch is placed as baseline's, with nothing to predict from)."""
+def test_a_batch_that_fits_at_once_is_placed_as_baseline_places_it():
+    """When every sample of a batch starts at once, order is moot: v3 places the batch in baseline's chunks, so with
+    moves off it runs exactly as baseline does. A batch that queues is dealt from the ranked pool (probes first)."""
     trace = synth_trace(groups=48, n=8, seed=5)
-    roomy, tight = dict(max_num_seqs=16, kv_cache_tokens=1 << 20), dict(max_num_seqs=16, kv_cache_tokens=6000)
-    # 4 engines x 16 slots = 64 samples at once = 8 groups of 8, which need about 33k KV tokens
-    for batch, prof, chunked in ((8, roomy, True), (16, roomy, True), (16, tight, False)):
+    prof = dict(max_num_seqs=16, kv_cache_tokens=1 << 20)
+    for batch, fits in ((8, True), (16, False)):     # 4 engines x 16 slots = 64 = 8 groups of 8
         cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=batch, timeline=False, references=False,
                              profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": {"migrate": False}})
         tb = trace_batches(trace, cfg)
         run, base = run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, cfg, "baseline", keep_groups=True)
         where = {(g.position, g.batch_index): [s.segments[0].engine for s in g.samples] for g in base.groups}
-        same = [where[g.position, g.batch_index] == [s.segments[0].engine for s in g.samples] for g in run.groups]
-        warm = [g.batch_index > 0 for g in run.groups]
-        if chunked:
-            assert all(same), batch
+        same = all(where[g.position, g.batch_index] == [s.segments[0].engine for s in g.samples] for g in run.groups)
+        assert same is fits, batch
+        if fits:
             assert [b.makespan_s for b in run.batches] == [b.makespan_s for b in base.batches]
-        else:   # dealt once lengths are known: every probe starts with its batch (under chunks some wait)
-            assert not all(x for x, w in zip(same, warm) if w)
-            assert all(p for p, w in zip(probes_start_with_their_batch(run), warm) if w)
-            assert not all(p for p, w in zip(probes_start_with_their_batch(base), warm) if w)
-            assert sum(b.preemptions for b in run.batches[1:]) <= sum(b.preemptions for b in base.batches[1:])
+        else:   # every probe starts with its batch (under baseline's chunks some wait in an engine's queue)
+            assert all(probes_start_with_their_batch(run)) and not all(probes_start_with_their_batch(base))
 
 
 def probes_start_with_their_batch(run):

@@ -33,11 +33,9 @@ tell:
 With a probe measured to predict nothing it places work as baseline does: each arrival's groups in
 contiguous chunks per engine (``placement``), so that a group's samples share their prompt's prefix
 cache on one engine. So does a stream from its start, one without a staleness bound, and a batch
-whose KV cache does not bind (by the predicted demand of what can run at once; always before any
-length has been seen): where every sample starts at once order is moot, and where a batch queues for
-slots, starting work by its group's rank started short-ranked groups' runaways last. A batch whose KV
-cache binds is dealt from the ranked pool with KV-aware admission. Where it deals a stream, or an
-unranked batch, an engine takes its own groups' siblings first (``locality``).
+whose samples all start at once (there order is moot); a batch that queues and whose probe is not
+measured yet is dealt, probes first (that measures it, and KV-aware admission needs the ranked pool). Where it deals a stream, or an unranked batch, an engine takes its own
+groups' siblings first (``locality``).
 """
 
 from __future__ import annotations
@@ -176,15 +174,13 @@ class V3Settings(ConfigModel):
                             "least loaded engine as slots and KV allow. 'chunk': baseline's split, each arrival's "
                             "samples in contiguous chunks per engine, whatever the engines already run. 'auto': chunk "
                             "while the probe is measured to predict nothing (min_correlation), in a stream until "
-                            "it is measured to predict or when it has no staleness bound, and a batch whose KV cache "
-                            "does not bind (the predicted KV demand of what can run at once fits; always before any "
-                            "length has been seen). Where every sample starts at once order is moot, and dealing "
-                            "lost up to 3-11% on some draws (informative family, 8 engines, B=128: worst draw 1.004x "
-                            "baseline chunked against 1.033x dealt, median 0.987x against 0.981x); where the batch "
-                            "queues for slots, the rank started short-ranked groups' runaways last (B=512, ten draws: "
-                            "0.973x (worst 0.996x) chunked against 0.981x (1.006x) dealt). Deal where the KV cache "
-                            "binds: KV-aware admission needs the ranked pool (KV-bound family, B=128: a tenth of "
-                            "baseline's preemptions). Chunks keep a "
+                            "it is measured to predict or when it has no staleness bound, and a batch whose samples "
+                            "all start at once (free slots for all, and their predicted KV demand fits): nothing "
+                            "waits there, so order is moot, and dealing lost up to 3-11% on some draws (informative "
+                            "family, 8 engines, B=128: worst draw 1.004x baseline chunked against 1.033x dealt, "
+                            "median 0.987x against 0.981x). Deal otherwise (a cold "
+                            "batch that queues is dealt: probes first measure the probe, and KV-aware admission needs "
+                            "the ranked pool; its engines then take their own groups' siblings first). Chunks keep a "
                             "group on one engine, where vLLM's prefix cache serves its prompt once (dealt groups pay "
                             "it on every engine: uninformative family, 8 engines, 4 batches, seeds 12-14: B=128 "
                             "1.005x baseline dealt against 0.993x now, B=512 1.017x against 0.999x; a stream "
@@ -312,33 +308,30 @@ class V3Policy(Policy):
     def _chunks(self, groups: list[Group]) -> bool:
         """'auto' placement: baseline's chunks while the probe is measured useless, from a stream's start, in a
         stream without a staleness bound (no lane there: dealing only spreads groups over engines), and for a batch
-        whose KV cache does not bind (``_kv_fits``)."""
+        that fits at once (``_fits_at_once``)."""
         if self.ctx.streaming:
             return not self.informative or self.ctx.max_staleness is None
-        return (not self.informative and self.correlation is not None) or self._kv_fits(groups)
+        return (not self.informative and self.correlation is not None) or self._fits_at_once(groups)
 
-    def _kv_fits(self, groups: list[Group]) -> bool:
-        """Whether the arriving batch's samples that can run at once (as many as there are free slots) fit the
-        engines' KV caches by their predicted demand (always, before any length has been seen). Then baseline's
-        chunks place it, and what v3 adds (moves) is all that differs; it deals from its ranked pool, with
-        KV-aware admission, only where the KV cache binds (docs/benchmarks.md). Where every sample starts at once,
-        dealing balanced the engines' loads (a median 0.6% better on the informative family at B=128) but spread
-        each prompt over every engine's prefix cache and lost up to 3-11% on some draws where baseline's chunks
-        happened to place the runaways well. Where the batch queues for slots, ranking by the group's longest
-        finished sample started a short-ranked group's runaway last: informative family, 8 engines, B=512, ten
-        draws, 0.992x baseline (worst 1.020) dealt by rank, 0.979x (1.014) dealt in queue order, 0.984x (0.997)
-        in chunks."""
+    def _fits_at_once(self, groups: list[Group]) -> bool:
+        """Whether every sample of the arriving batch starts at once: there are free slots for all, and (once
+        lengths have been seen) their predicted KV demand fits the engines' caches. Then nothing waits, so order
+        is moot and placement is all there is; dealing balanced the engines' loads (a median 0.6% better on the
+        informative family at B=128) but spread each prompt over every engine's prefix cache and lost up to 3-11% on
+        some draws where baseline's chunks happened to place the runaways well (docs/benchmarks.md). Chunks place
+        as baseline does, so what v3 adds (moves) is all that differs."""
         samples = [s for g in groups for s in g.samples if not s.finished]
+        if self.total_assigned + len(self.waiting) + len(samples) > self.total_slots:
+            return False
         prior = self._prior()
-        if prior <= 0 or not samples:
+        if prior <= 0:
             return True     # nothing seen yet: an engine's own admission is all anyone can go by
         engines = [self.by_name[n] for n in self.assigned]
         cap = sum(getattr(e, "kv_cache_tokens", None) or 0 for e in engines)
         if not self.cfg.kv_admission or not cap:
             return True
-        at_once = min(len(samples), max(0, self.total_slots - self.total_assigned - len(self.waiting)))
-        each = sum(s.prompt_len + max(s.num_generated, prior) for s in samples) / len(samples)
-        return sum(self.demand.values()) + at_once * each <= self.cfg.kv_budget * cap
+        need = sum(self.demand.values()) + sum(s.prompt_len + max(s.num_generated, prior) for s in samples)
+        return need <= self.cfg.kv_budget * cap
 
     def _place_chunks(self, groups: list[Group]) -> None:
         """Baseline's placement of the arriving groups (``placement``), with v3's bookkeeping."""
