@@ -270,7 +270,8 @@ class V3Policy(Policy):
         self.arriving_on: dict[str, int] = {}        # such samples per target engine
         self.arriving_ctx: dict[str, int] = {}       # their context tokens per target engine
         self.prices = MovePrices()                   # a decode step's and a prefill token's seconds, as measured
-        self.leads = EngineLeads(self.engine_of)     # per engine, its furthest-along sample's progress
+        # per engine, its furthest-along sample's progress; kept only where the move guard reads it
+        self.leads = EngineLeads(self.engine_of) if config.migrate and config.migrate_lead_guard else None
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
@@ -444,7 +445,8 @@ class V3Policy(Policy):
         self.runaways_on.pop(engine.name, None)
         self.arriving_on.pop(engine.name, None)
         self.arriving_ctx.pop(engine.name, None)
-        self.leads.drop(engine.name)
+        if self.leads is not None:
+            self.leads.drop(engine.name)
         self.assigned.pop(engine.name, None)
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
 
@@ -695,13 +697,13 @@ class V3Policy(Policy):
 
     def _note_progress(self, s: Sample) -> None:
         name = self.engine_of.get(s)
-        if name is not None:
+        if name is not None and self.leads is not None:
             self.leads.note(s, self.assigned.get(name, 0))
 
     def _lead_finishes_first(self, name: str, remaining: float) -> bool:
         """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample with
         ``remaining`` tokens still to come (``migrate_lead_guard``)."""
-        lead = self.leads.lead(name)
+        lead = self.leads.lead(name) if self.leads is not None else None
         return lead is None or self._residual_length(lead) < remaining
 
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
@@ -712,7 +714,7 @@ class V3Policy(Policy):
         skipped = []
         found = None
         remaining = self._residual_length(s.num_generated)
-        while len(skipped) < _MAX_FULL_TARGETS:
+        while len(skipped) < _MAX_TARGETS_TRIED:
             target = self._best_target()
             if target is None:
                 break
@@ -805,7 +807,7 @@ class V3Policy(Policy):
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
 
 
-_MAX_FULL_TARGETS = 8   # move targets ruled out (_takes) before a move is given up
+_MAX_TARGETS_TRIED = 8   # move targets ruled out (_takes) before a move is given up
 
 
 def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> Sample | None:
