@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -307,42 +306,6 @@ def test_admission_plans_with_what_was_seen_not_a_replays_recorded_lengths():
     t0 = run.batches[1].start_s
     assert starts[:2] == [t0, t0] and min(starts[2:]) >= t0 + 20 * C0 - 1e-9
     assert run.batches[1].preemptions == 0
-
-
-def cap_runner_threshold_loop(lengths, cap, share):
-    """Naive twin: try every finished length below the cap, shortest first, counting the samples past it."""
-    n_cap = sum(1 for x in lengths if x >= cap)
-    if n_cap in (0, len(lengths)):
-        return float("inf")
-    for x in sorted(set(lengths)):
-        above = sum(1 for y in lengths if y > x)
-        if x < cap and above and n_cap / above >= share - 1e-12:
-            return float(x)
-    return float("inf")
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_cap_runner_threshold_matches_a_direct_count(seed):
-    from pdsr_sdk.policies.v3 import cap_runner_threshold
-
-    rng = np.random.default_rng(seed)
-    cap = int(rng.integers(5, 40))
-    lengths = sorted(int(x) for x in rng.integers(1, cap + 1, size=int(rng.integers(1, 60))))
-    share = float(rng.choice([0.1, 0.25, 0.5, 0.7, 1.0]))
-    assert cap_runner_threshold(lengths, cap, share) == cap_runner_threshold_loop(lengths, cap, share)
-
-
-def test_cap_runner_threshold_by_hand():
-    from pdsr_sdk.policies.v3 import cap_runner_threshold
-
-    # 4 of 10 at the cap: past 30, 4 of 6 ran to it (0.67); past 20, 4 of 7 (0.57); past 10, 4 of 8 (0.5);
-    # past 5, 4 of 9 (0.44)
-    lengths = [5, 10, 20, 30, 40, 50, 100, 100, 100, 100]
-    assert cap_runner_threshold(lengths, 100, 0.5) == 10
-    assert cap_runner_threshold(lengths, 100, 0.6) == 30
-    assert cap_runner_threshold(lengths, 100, 1.0) == 50
-    assert cap_runner_threshold(lengths[:6], 100, 0.5) == math.inf      # nothing ran to the cap
-    assert cap_runner_threshold([100, 100], 100, 0.5) == math.inf      # nothing finished short of it
 
 
 def test_where_many_run_to_the_cap_the_tail_still_moves_after_the_first_batch():

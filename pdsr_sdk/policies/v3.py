@@ -36,175 +36,26 @@ cache on one engine. So does a stream from its start, one without a staleness bo
 whose samples all start at once (there order is moot); a batch that queues and whose probe is not
 measured yet is dealt, probes first (that measures it, and KV-aware admission needs the ranked pool). Where it deals a stream, or an unranked batch, an engine takes its own
 groups' siblings first (``locality``).
+
+Its settings (one per rule, each with the reason for its default) are in :mod:`.v3_settings`; the
+bookkeeping it reads, with no engines in it, in :mod:`.length_history` (finished lengths, thresholds,
+expected remaining tokens), :mod:`.probe_correlation`, :mod:`.engine_leads` and :mod:`.move_prices`.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import math
-from collections import deque
-from typing import ClassVar, Literal
 
-from pydantic import Field
-
-from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.dispatch.policy import Policy, contiguous_chunks
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
 from pdsr_sdk.policies.engine_leads import EngineLeads
+from pdsr_sdk.policies.length_history import LengthHistory
 from pdsr_sdk.policies.move_prices import MovePrices
-
-
-class V3Settings(ConfigModel):
-    """Settings of the v3 policy."""
-
-    renamed_keys: ClassVar[dict[str, str]] = {"stream_placement": "placement"}
-
-    probes_first: bool = Field(
-        True, description="Launch sample 0 of every group before the others, so that each group's rank is "
-                          "learnt early (no sample waits for a probe), until the probe is measured to predict "
-                          "nothing (rank 'auto' below min_correlation): then groups run in queue order, as in "
-                          "baseline (probes first cost 0.3% there on average, up to 0.8%).")
-    rank: Literal["auto", "always", "never"] = Field(
-        "auto", description="Order waiting work by its group's longest finished sample (Seer's rank): 'auto' "
-                            "while the measured probe/sibling correlation reaches min_correlation, 'always', or "
-                            "'never' (queue order: probes, then groups in batch order).")
-    min_correlation: float = Field(
-        0.3, ge=-1, le=1, description="Rank groups by their longest finished sample only while the correlation of "
-                                      "log probe length with log sibling length (measured on finished samples) is "
-                                      "at least this; below it the rank is noise and work runs in queue order.")
-    correlation_window: int = Field(
-        1024, ge=16, description="(probe, sibling) length pairs the correlation is measured over (across batches).")
-    min_pairs: int = Field(
-        64, ge=2, description="Pairs needed before the correlation is trusted (until then work runs in queue order).")
-    kv_admission: bool = Field(
-        True, description="Admit new work on an engine only while the predicted KV demand of what it runs leaves "
-                          "room (real reasoning RL is memory-bound; a preempted request is recomputed).")
-    kv_budget: float = Field(
-        1.0, gt=0, description="Admit while the predicted final KV demand of an engine's running samples, plus the "
-                               "new one's, stays within this multiple of its KV capacity. 1.0: samples finish at "
-                               "different times, so the true peak stays below the sum of final lengths.")
-    history: int = Field(
-        2048, ge=1, description="Finished lengths remembered across batches for the length prior (a sample of a "
-                                "group with no finished sample is predicted at their mean).")
-    migrate: bool = Field(
-        True, description="Move a long-running sample once, at a segment boundary, to a lightly loaded engine "
-                          "when nothing waits.")
-    migrate_min_gap: int = Field(
-        4, ge=1, description="Move only when the target engine runs at least this many fewer samples than the "
-                             "source (a move re-prefills the sample's context on the target).")
-    migrate_min_ratio: float = Field(
-        0.5, ge=0, le=1, description="... and at most this fraction of the source's samples.")
-    migrate_stall_share: float = Field(
-        0.25, ge=0, description="An engine takes a moved sample while the prefill of the samples moved to it that have not "
-                               "yet ended their first segment there, this one included, costs at most this share of "
-                               "what the move saves: the sample's expected remaining tokens (the mean of the finished "
-                               "lengths beyond what it has produced, less that) times the difference of the source's "
-                               "and the target's decode step. Else the next best target is tried; one moved sample at a "
-                               "time while the prices are unmeasured. A move re-prefills the sample's whole context on "
-                               "the target, which stalls every sample the target runs, and long samples reach the cap "
-                               "together: an engine whose own freed its slots at once drew herds of nearly finished "
-                               "samples (30 at 977-1011 of 1,024 tokens onto one engine, whose 0.6 s of prefill then set "
-                               "the batch's end). The prices are learnt from the engines' timings (a decode step from "
-                               "spans that continue on their engine, a context token's prefill from a moved sample's "
-                               "wait for its first token), since the stall's weight varies with model and hardware: a "
-                               "count limit (8 moved samples) cost 1.8% where a prefill token costs 0.78 ms (SmolLM2 "
-                               "on a CPU), and a limit in the target's own steps held moves back where engines are "
-                               "many and light. 0.25: SmolLM2 GSM8K trace, 8 engines, B=128, 10 draws, 0.979x "
-                               "baseline (0.977x at 0.5, 0.983x at 0.1); 64 engines, B=512, uninformative family, "
-                               "0.970x (0.966x at 0.5, 0.979x at 0.1); KV-bound 8 x 128 0.937x (0.947x at 0.5) "
-                               "(docs/benchmarks.md).")
-    migrate_lead_guard: bool = Field(
-        True, description="A move does not land on an engine whose furthest-along sample is expected to run longer than the "
-                          "moved one (each sample's expected remaining tokens from the history's finished lengths beyond "
-                          "what it has produced): that sample, not the moved one, then sets the target's end, and the "
-                          "move's prefill and added load would slow it. Where lengths run to a cap the furthest-along "
-                          "sample has the least left, so moves still even out the engines' cap runners. 8 engines, "
-                          "B=128, 10 draws, 3 batches: uninformative family 0.974x -> 0.968x baseline, SmolLM2 GSM8K trace "
-                          "0.979x -> 0.975x (0.986x -> 0.979x under its CPU calibration), KV-bound 0.937x -> 0.927x "
-                          "(docs/benchmarks.md).")
-    migrate_quantile: float = Field(
-        0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
-                                     "the finished lengths in the history (it is then likely in the tail).")
-    cap_runner_share: float = Field(
-        0.5, gt=0, le=1, description="A sample also counts as in the tail (as past migrate_quantile) once it has produced "
-                                     "more tokens than the shortest finished length past which at least this share of "
-                                     "the finished samples ran to the response cap: it then more likely than not runs "
-                                     "to the cap. Where many run to the cap (a small model that rambles: 40%) the "
-                                     "quantile is the cap itself and nothing moved after a cold batch; `pdsr trace "
-                                     "synth --prompt-sigma 0.05 --noise-sigma 0.7 --runaway-frac 0.35 "
-                                     "--runaway-concentration 5 --max-length 1024`, 8 engines, B=128, 3 batches, seeds "
-                                     "12-14: 0.959/0.963/0.982x baseline against 0.975/0.992/0.994x "
-                                     "(docs/benchmarks.md).")
-    balance: bool = Field(
-        True, description="When the last waiting samples are handed out, an engine takes no more than its share "
-                          "(by slots) of the batch's unfinished work, so that no engine's tail is crowded.")
-    tail_lane: Literal["auto", "always", "never"] = Field(
-        "auto", description="A tail lane on the heavy pool (lane_engines): a runaway (a sample past lane_quantile, also "
-                            "after a restart) moves once per generation to the lane engine with the fewest runaways, "
-                            "and a lane engine that holds one admits new work only up to lane_seqs, so runaways run "
-                            "on lightly loaded engines. "
-                            "'auto': on while groups arrive as others still run (partial rollout across steps) under "
-                            "a staleness bound (max_staleness): new work never stops there and a runaway "
-                            "would run at full load until it grows too stale; within one batch, or with no "
-                            "staleness bound, the lane costs more capacity than it saves (docs/benchmarks.md).")
-    lane_seqs: int = Field(
-        48, ge=1, description="A lane engine holding a runaway admits new work only while it runs fewer samples "
-                              "than this (its step time stays a few times below a full engine's).")
-    lane_quantile: float = Field(
-        0.995, ge=0, le=1, description="A sample moves to the tail lane once it has produced more tokens than this "
-                                       "quantile of the finished lengths: the lane is for the few runaways that cannot "
-                                       "finish within the staleness bound at full load (at migrate_quantile's 0.97 it "
-                                       "filled with samples that would have finished anyway: seed 7, B=512, step 0.676x "
-                                       "against 0.646x of on-policy; docs/benchmarks.md).")
-    lane_engines: int | None = Field(
-        None, ge=1, description="Heavy engines that serve as the tail lane (the first by name). None: every heavy engine "
-                                "while the stream leaves slots free, one when it fills every slot (there a lane engine "
-                                "is capacity the stream needs: two cost 0.677x against one's 0.646x at B=512).")
-    locality: bool = Field(
-        True, description="In a stream, or while the rank is off, a free slot takes a waiting sibling of a group already "
-                          "on its engine before the top-ranked sample (once the probes are out): the sibling finds its "
-                          "prompt in that engine's prefix cache (seed-002-like streams, F=0.25, S=2: B=512 0.643-0.656x "
-                          "against 0.656-0.667x without; B=128 0.439-0.466x against 0.451-0.466x). Within a batch whose "
-                          "probe predicts, the rank stays strict: a hard group's long samples are better spread.")
-    placement: Literal["auto", "chunk", "deal"] = Field(
-        "auto", description="How arriving groups are placed. 'deal': v3's ranked pool, one sample at a time to the "
-                            "least loaded engine as slots and KV allow. 'chunk': baseline's split, each arrival's "
-                            "samples in contiguous chunks per engine, whatever the engines already run. 'auto': chunk "
-                            "while the probe is measured to predict nothing (min_correlation), in a stream until "
-                            "it is measured to predict or when it has no staleness bound, and a batch whose samples "
-                            "all start at once (free slots for all, and their predicted KV demand fits): nothing "
-                            "waits there, so order is moot, and dealing lost up to 3-11% on some draws (informative "
-                            "family, 8 engines, B=128: worst draw 1.004x baseline chunked against 1.033x dealt, "
-                            "median 0.987x against 0.981x). Deal otherwise (a cold "
-                            "batch that queues is dealt: probes first measure the probe, and KV-aware admission needs "
-                            "the ranked pool; its engines then take their own groups' siblings first). Chunks keep a "
-                            "group on one engine, where vLLM's prefix cache serves its prompt once (dealt groups pay "
-                            "it on every engine: uninformative family, 8 engines, 4 batches, seeds 12-14: B=128 "
-                            "1.005x baseline dealt against 0.993x now, B=512 1.017x against 0.999x; a stream "
-                            "without a bound, seed-002-like lengths (seed 1), B=512, F=0.25: 0.641x dealt, 0.628x chunked, "
-                            "baseline 0.630x). In a stream chunks also leave the engines that hold carried work "
-                            "slower, so the others complete their groups first (dealing keeps every engine equally "
-                            "loaded: when lengths carry no signal every group then finishes at the same moment and "
-                            "over-provision buys nothing). Under a staleness bound the tail lane and the ranked order "
-                            "win (seed 7, B=512, F=0.25, S=2: 0.656x dealt against 0.811x chunked).")
-    refresh: bool = Field(
-        False, description="Partial rollout: at a step's end, generate again under the new weights the finished samples "
-                           "of each carried group that ran no longer than refresh_ratio x the longest time a "
-                           "still-running sibling has run, so that the group is consumed with fresh samples instead "
-                           "of responses a version old; each sample at most once; the thrown-away tokens count as "
-                           "wasted. Off by default: it trades step time for freshness (numbers in "
-                           "docs/benchmarks.md), and with every slot full it costs throughput.")
-    refresh_ratio: float = Field(
-        1.0, ge=0, le=1, description="With refresh: regenerate a finished sample of a carried group only if it ran at "
-                                     "most this fraction of the time its longest-running sibling has run so far (that "
-                                     "sibling needs at least that long, so the regenerated one rarely delays the "
-                                     "group); lower values trade less step time for less freshness.")
-    heavy_max_seqs: int | None = Field(
-        None, ge=1, description="Run the heavy pool's engines with at most this many samples each (none: the "
-                                "engine's own limit, as every other engine).")
+from pdsr_sdk.policies.probe_correlation import ProbeCorrelation
+from pdsr_sdk.policies.v3_settings import V3Settings
 
 
 class _GroupRank:
@@ -234,15 +85,11 @@ class V3Policy(Policy):
         self.demand: dict[str, float] = {}           # predicted final KV tokens per engine
         self.predicted: dict[Sample, tuple[float, int]] = {}   # placed sample -> (predicted length, generated then)
         self.assigned: dict[str, int] = {}           # samples placed on each engine and not finished
-        self.finished_lengths: deque[int] = deque(maxlen=config.history)
-        self.finished_sum = 0
-        self.finished_count = 0
+        self.history = LengthHistory(config.history)   # finished lengths (sorted every 64 finishes)
         self.lane = config.tail_lane == "always"
         self.stream_has_room = False
         self.tail_threshold = math.inf
         self.lane_threshold = math.inf
-        self.sorted_lengths: list[int] = []         # the history, sorted when the thresholds are (every 64 finishes)
-        self.suffix_sums: list[int] = [0]            # suffix_sums[i] = sum(sorted_lengths[i:])
         self.lane_names: set[str] = set()
         self.runaways: set[Sample] = set()           # samples past the lane threshold on a lane engine
         self.runaways_on: dict[str, int] = {}        # such samples per lane engine
@@ -252,9 +99,7 @@ class V3Policy(Policy):
         self.total_assigned = 0
         self.total_slots = 0
         self.remaining: dict[str, float] = {}        # predicted tokens still to generate per engine
-        self.pairs: deque[tuple[float, float]] = deque(maxlen=config.correlation_window)
-        self.sums = [0.0] * 5
-        self.pairs_seen = 0
+        self.pairs = ProbeCorrelation(config.correlation_window)
         self.correlation: float | None = None
         # 'auto' starts in queue order until measured: ranking by noise costs (docs/benchmarks.md)
         self.informative = config.rank == "always"
@@ -387,12 +232,8 @@ class V3Policy(Policy):
         self.tail.discard(sample)
         self.waiting.discard(sample)
         n = sample.num_generated
-        if len(self.finished_lengths) == self.finished_lengths.maxlen:
-            self.finished_sum -= self.finished_lengths[0]
-        self.finished_lengths.append(n)
-        self.finished_sum += n
-        self.finished_count += 1
-        if self.finished_count % 64 == 0:   # (by count: the history stops growing once full)
+        self.history.add(n)
+        if self.history.seen % 64 == 0:   # (by count: the history stops growing once full)
             self._update_tail_threshold()
         g = sample.group
         rank = self.ranks.get(id(g))
@@ -406,7 +247,7 @@ class V3Policy(Policy):
             probe = g.samples[0]
             if probe.is_probe:
                 for s in g.samples[1:]:
-                    self._add_pair(probe.num_generated, s.num_generated)
+                    self.pairs.add(probe.num_generated, s.num_generated)
                 self._decide_ranking()
             return
         if n > rank.longest:
@@ -451,27 +292,11 @@ class V3Policy(Policy):
         self.total_slots = sum(self._limit(self.by_name[n]) for n in self.assigned)
 
     # --------------------------------------------------------------- ranking
-    def _add_pair(self, probe_len: int, length: int) -> None:
-        """Record a (probe length, sibling length) pair of a completed group (log lengths, sliding window)."""
-        x, y = math.log1p(probe_len), math.log1p(length)
-        pairs = self.pairs
-        sx, sy, sxx, syy, sxy = self.sums
-        if len(pairs) == pairs.maxlen:
-            ox, oy = pairs[0]
-            sx, sy, sxx, syy, sxy = sx - ox, sy - oy, sxx - ox * ox, syy - oy * oy, sxy - ox * oy
-        pairs.append((x, y))
-        self.sums = [sx + x, sy + y, sxx + x * x, syy + y * y, sxy + x * y]
-        self.pairs_seen += 1
-
     def _decide_ranking(self) -> None:
         """After a group completes: rank only while its probe has been seen to predict its siblings."""
-        pairs = self.pairs
-        if self.cfg.rank == "auto" and len(pairs) >= self.cfg.min_pairs:
-            n = len(pairs)
-            sx, sy, sxx, syy, sxy = self.sums
-            vx, vy = sxx - sx * sx / n, syy - sy * sy / n
+        if self.cfg.rank == "auto" and len(self.pairs) >= self.cfg.min_pairs:
             first = self.correlation is None
-            self.correlation = (sxy - sx * sy / n) / math.sqrt(vx * vy) if vx > 0 and vy > 0 else 0.0
+            self.correlation = self.pairs.value()
             informative = self.correlation >= self.cfg.min_correlation
             if informative != self.informative or (first and not informative):
                 self.informative = informative
@@ -507,7 +332,7 @@ class V3Policy(Policy):
     def _prior(self) -> float:
         """Mean finished length of the history (0 before anything finished: the context alone, as an
         engine's own admission sees it)."""
-        return self.finished_sum / len(self.finished_lengths) if self.finished_lengths else 0.0
+        return self.history.mean()
 
     def _expected_length(self, s: Sample) -> float:
         """Predicted response length: its group's mean finished length, else the prior; never less than
@@ -531,26 +356,19 @@ class V3Policy(Policy):
         self.predicted[s] = (new, s.num_generated)
 
     def _residual_length(self, generated: int) -> float:
-        """Expected tokens still to come for a sample that has produced ``generated``: the mean of the finished
-        lengths in the history beyond that, less it (the response cap, less it, if none is longer)."""
-        data, suffix = self.sorted_lengths, self.suffix_sums
-        i = bisect.bisect_right(data, generated)
-        if i == len(data):
-            return max(1.0, float(self.ctx.sampling.max_tokens - generated))
-        return suffix[i] / (len(data) - i) - generated
+        """Expected tokens still to come for a sample that has produced ``generated`` (:meth:`LengthHistory.residual`,
+        up to the run's response cap)."""
+        return self.history.residual(generated, self.ctx.sampling.max_tokens)
 
     def _update_tail_threshold(self) -> None:
-        q = self.cfg.migrate_quantile
-        data = self.sorted_lengths = sorted(self.finished_lengths)
-        self.suffix_sums = list(itertools.accumulate(reversed(data)))[::-1] + [0]
-        self.tail_threshold = min(data[min(len(data) - 1, int(q * len(data)))] if data else math.inf,
-                                  cap_runner_threshold(data, self.ctx.sampling.max_tokens, self.cfg.cap_runner_share))
+        h = self.history
+        h.refresh()
+        self.tail_threshold = min(h.quantile(self.cfg.migrate_quantile),
+                                  h.cap_runner_threshold(self.ctx.sampling.max_tokens, self.cfg.cap_runner_share))
         # the first finishes are the short ones, so an early quantile sends ordinary samples to the lane as
         # well: that spreads an informative stream's first steps (B=128: 0.436x against 0.455x when the lane
         # waits for a full history) but costs where lengths are noise, where v3 must be baseline
-        trusted = self.informative or len(data) == self.finished_lengths.maxlen
-        self.lane_threshold = (data[min(len(data) - 1, int(self.cfg.lane_quantile * len(data)))]
-                               if data and trusted else math.inf)
+        self.lane_threshold = h.quantile(self.cfg.lane_quantile) if self.informative or h.full else math.inf
 
     # ------------------------------------------------------------- placement
     def _limit(self, e: Engine) -> int:
@@ -819,19 +637,6 @@ def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> S
                 return s
         del groups[key]
     return None
-
-
-def cap_runner_threshold(lengths: list[int], cap: int, share: float) -> float:
-    """The shortest of the sorted finished ``lengths`` past which at least ``share`` of the samples ran to
-    ``cap`` (a sample that has produced more is then likely to run to the cap); inf if none reached it, or if
-    every one did (no finished length short of the cap to name)."""
-    n = len(lengths)
-    n_cap = n - bisect.bisect_left(lengths, cap)
-    if not n_cap or n_cap == n:
-        return math.inf
-    # the samples longer than lengths[k - 1] number at most n - k; at most n_cap / share of them may be longer
-    k = max(1, math.ceil(n - n_cap / share - 1e-9))
-    return float(lengths[k - 1])
 
 
 def _peak_generated(sample: Sample) -> int:
