@@ -293,13 +293,15 @@ def test_admission_plans_with_what_was_seen_not_a_replays_recorded_lengths():
     """In a replay (and the simulator) a sample's own max_tokens is its recorded length; v3 must plan with
     the run's cap and the lengths it has seen. One engine whose KV cache holds 1,024 tokens: batch 0's two
     samples finish at 400 tokens (the prior), so each of batch 1's four 20-token samples is predicted at
-    400 + its prompt: two fit at a time (peeking at the recorded 20 would admit all four at once)."""
+    400 + its prompt: two fit at a time under a budget of the whole cache (peeking at the recorded 20 would
+    admit all four at once)."""
     prof = dict(max_num_seqs=8, kv_cache_tokens=1024, c0_s=C0, c1_s_per_seq=0.0, c2_s_per_token=0.0,
                 prefill_s_per_token=0.0, block_size=1)
     trace = LengthTrace(prompt_ids=["a", "b"], prompt_lens=np.array([10, 10]),
                         lengths=np.array([400, 400, 20, 20, 20, 20]), offsets=np.array([0, 2, 6]))
     cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=1,
-                         profiles={"fast": prof, "heavy": prof}, segments={"enabled": False}, references=False)
+                         profiles={"fast": prof, "heavy": prof}, segments={"enabled": False}, references=False,
+                         policy_settings={"v3": {"kv_budget": 1.0}})
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     b = next(g for g in run.groups if g.prompt_id == "b")
     starts = sorted(s.segments[0].submit_time_s for s in b.samples)
