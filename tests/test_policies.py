@@ -182,6 +182,28 @@ def test_v2_heavy_engine_steals_fast_work_when_idle():
     assert_complete(groups)
 
 
+def test_v3_chunks_stay_work_conserving_by_taking_whole_unstarted_groups():
+    """v3 in baseline's chunks on two 2-slot engines: an engine that drains its chunk takes whole unstarted groups
+    from the other's (``chunk_steal``), rerouted before any token (a steal, never a move); every token is still
+    checked by the fake engine, and a sample that ran or finished cannot be rerouted."""
+    lengths = {"g0": [100, 100, 100, 100], "g1": [100, 90, 80, 70], "g2": [10, 10, 10, 10], "g3": [12, 8, 10, 9]}
+    groups, sched, engines, done, fatal = run("v3", {"placement": "chunk", "migrate": False}, fast=1, heavy=1,
+                                              conc=2, lengths=lengths)
+    assert not fatal and done
+    assert sched.stats["steals"] == 4 and sched.stats["moves"] == 0
+    on = {g.prompt_id: {s.segments[0].engine for s in g.samples} for g in groups}
+    assert on == {"g0": {"fast-0"}, "g1": {"heavy-0"}, "g2": {"heavy-0"}, "g3": {"heavy-0"}}   # g1 taken whole
+    for g in groups:
+        for s in g.samples:
+            assert len({seg.engine for seg in s.segments}) == 1    # taken before it ran anywhere
+    assert_complete(groups, lengths)
+    *_, kept, _ = run("v3", {"placement": "chunk", "migrate": False, "chunk_steal": False}, fast=1, heavy=1, conc=2,
+                      lengths=lengths)
+    assert done[0] < 0.7 * kept[0]      # without steals fast-0 runs g0 and then g1 while heavy-0 idles
+    finished = next(iter(by_key(groups).values()))
+    assert sched.reroute(finished, engines[0]) is False and sched.reroute(finished, engines[1]) is False
+
+
 def test_segments_follow_the_budget_formula():
     # capacity 64 tokens, 4 slots: L = clamp(64 / n_active, 16, 64)
     groups, sched, engines, *_ = run("baseline", {"assignment": "round_robin"}, fast=1, heavy=1, conc=4)

@@ -19,7 +19,11 @@ EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)
 
 
 def hand_run(matrix, policy="v3", *, fast=1, heavy=0, profile=UNIT, settings=None):
+    """One batch of ``matrix``'s groups. v3 is dealt from its ranked pool unless ``settings`` say otherwise: these
+    hand-made batches queue for slots with the KV cache to spare, which 'auto' would place in chunks."""
     trace = LengthTrace.from_matrix(np.array(matrix), prompt_lens=[1] * len(matrix))
+    if policy == "v3":
+        settings = {"placement": "deal", **(settings or {})}
     cfg = SimulateConfig(policy=policy, fast=fast, heavy=heavy, timeline=False, batch_size=len(matrix),
                          profiles={"fast": profile, "heavy": profile}, segments={"enabled": False},
                          policy_settings={policy: settings or {}}, references=False)
@@ -61,7 +65,7 @@ def test_probes_stop_jumping_the_queue_once_measured_to_predict_nothing():
                                     prompt_lens=[1] * 4)
     cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=2,
                          profiles={"fast": UNIT, "heavy": UNIT}, segments={"enabled": False},
-                         policy_settings={"v3": {"min_pairs": 2}}, references=False)
+                         policy_settings={"v3": {"min_pairs": 2, "placement": "deal"}}, references=False)
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     order = launch_order(run)
     assert order[:2] == ["p0/0", "p1/0"]                                  # undecided: probes first
@@ -162,23 +166,50 @@ def test_without_a_predictive_probe_each_group_stays_on_one_engine():
     assert sum(b.prefill_tokens for b in run.batches) <= 1.02 * sum(b.prefill_tokens for b in base.batches)
 
 
-def test_a_batch_that_fits_at_once_is_placed_as_baseline_places_it():
-    """When every sample of a batch starts at once, order is moot: v3 places the batch in baseline's chunks, so with
-    moves off it runs exactly as baseline does. A batch that queues is dealt from the ranked pool (probes first)."""
+def test_a_batch_whose_kv_cache_does_not_bind_is_placed_as_baseline_places_it():
+    """Where the KV cache does not bind, v3 places a batch in baseline's chunks, whether every sample starts at once
+    or the batch queues for slots: with moves and steals off it runs exactly as baseline does. With steals on, an
+    engine that has drained its chunk takes whole unstarted groups from another's (never a move: nothing was
+    generated), and the batches end no later than baseline's."""
     trace = synth_trace(groups=48, n=8, seed=5)
     prof = dict(max_num_seqs=16, kv_cache_tokens=1 << 20)
-    for batch, fits in ((8, True), (16, False)):     # 4 engines x 16 slots = 64 = 8 groups of 8
+    for batch in (8, 16):     # 4 engines x 16 slots = 64 = 8 groups of 8: B = 16 queues
+        still = {"migrate": False, "chunk_steal": False}
         cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=batch, timeline=False, references=False,
-                             profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": {"migrate": False}})
+                             profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": still})
         tb = trace_batches(trace, cfg)
         run, base = run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, cfg, "baseline", keep_groups=True)
         where = {(g.position, g.batch_index): [s.segments[0].engine for s in g.samples] for g in base.groups}
-        same = all(where[g.position, g.batch_index] == [s.segments[0].engine for s in g.samples] for g in run.groups)
-        assert same is fits, batch
-        if fits:
-            assert [b.makespan_s for b in run.batches] == [b.makespan_s for b in base.batches]
-        else:   # every probe starts with its batch (under baseline's chunks some wait in an engine's queue)
-            assert all(probes_start_with_their_batch(run)) and not all(probes_start_with_their_batch(base))
+        assert all(where[g.position, g.batch_index] == [s.segments[0].engine for s in g.samples] for g in run.groups)
+        assert [b.makespan_s for b in run.batches] == [b.makespan_s for b in base.batches]
+        stealing = cfg.model_copy(update={"policy_settings": {"v3": {"migrate": False}}})
+        run = run_policy(tb, stealing, "v3", keep_groups=True)
+        steals = sum(b.stats["steals"] for b in run.batches)
+        assert sum(b.stats["moves"] for b in run.batches) == 0
+        assert (steals > 0) is (batch == 16), batch          # only a batch that queues has unstarted work to take
+        for g in run.groups:                                  # a group is taken whole: its samples start on one engine
+            assert len({s.segments[0].engine for s in g.samples}) == 1
+        assert all(s.num_generated == s.max_tokens for g in run.groups for s in g.samples)
+        assert all(r.makespan_s <= b.makespan_s * (1 + 1e-9) for r, b in zip(run.batches, base.batches))
+
+
+def test_a_batch_whose_kv_cache_binds_is_dealt_probes_first():
+    """Once lengths have been seen and the predicted KV demand of what can run at once exceeds the caches, v3 deals
+    from its ranked pool with KV-aware admission: every probe starts with its batch, the placement is not
+    baseline's, and it preempts less than baseline."""
+    trace = synth_trace(groups=48, n=8, seed=5)
+    prof = dict(max_num_seqs=32, kv_cache_tokens=6144)
+    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=16, timeline=False, references=False,
+                         profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": {"migrate": False}})
+    tb = trace_batches(trace, cfg)
+    run, base = run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, cfg, "baseline", keep_groups=True)
+    warm = [b for b, g in zip(probes_start_with_their_batch(run), run.groups) if g.batch_index > 0]
+    assert warm and all(warm)
+    where = {(g.position, g.batch_index): [s.segments[0].engine for s in g.samples] for g in base.groups}
+    dealt = [where[g.position, g.batch_index] != [s.segments[0].engine for s in g.samples]
+             for g in run.groups if g.batch_index > 0]
+    assert any(dealt)                                        # not baseline's chunks
+    assert sum(b.preemptions for b in run.batches[1:]) < sum(b.preemptions for b in base.batches[1:])
 
 
 def probes_start_with_their_batch(run):

@@ -151,6 +151,11 @@ class DispatchContext(Protocol):
         to ``from_pool`` (continuing from its tokens). ``cap`` replaces the samples' caps
         (``"keep"`` keeps them). Returns how many were taken."""
 
+    def reroute(self, sample: Sample, engine: Engine) -> bool:
+        """Queue ``sample``, waiting unstarted in another engine's queue, on ``engine`` instead (counted as a
+        steal, not a move: nothing was generated, so nothing is re-prefilled). False, and nothing done, if
+        the sample is not waiting in an engine's queue or has already run."""
+
     def count(self, key: str, n: int = 1) -> None:
         """Add to a run statistic (e.g. ``offloaded_prompts``, ``breaks``)."""
 

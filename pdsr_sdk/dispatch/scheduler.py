@@ -402,6 +402,17 @@ class Scheduler:
             taken += 1
         return taken
 
+    def reroute(self, sample: Sample, engine: Engine) -> bool:
+        where = self._where.get(sample)
+        if where is None or where[0] != "engine" or where[1] == engine.name or sample.segments:
+            return False
+        self._dequeue(sample)
+        sample.steals += 1
+        self.stats["steals"] += 1
+        self._enqueue(sample, engine.pool, engine, sample.cap, False)
+        self._pump()
+        return True
+
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] += n
 

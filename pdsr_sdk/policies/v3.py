@@ -33,9 +33,11 @@ tell:
 With a probe measured to predict nothing it places work as baseline does: each arrival's groups in
 contiguous chunks per engine (``placement``), so that a group's samples share their prompt's prefix
 cache on one engine. So does a stream from its start, one without a staleness bound, and a batch
-whose samples all start at once (there order is moot); a batch that queues and whose probe is not
-measured yet is dealt, probes first (that measures it, and KV-aware admission needs the ranked pool). Where it deals a stream, or an unranked batch, an engine takes its own
-groups' siblings first (``locality``).
+whose KV cache does not bind (by the predicted demand of what can run at once): there an engine with
+free slots and nothing queued takes whole unstarted groups from the end of another's chunk
+(``chunk_steal``), so that chunks stay work-conserving. A batch whose KV cache binds is dealt from the
+ranked pool with KV-aware admission. Where it deals a stream, or an unranked batch, an engine takes
+its own groups' siblings first (``locality``).
 
 Its settings (one per rule, each with the reason for its default) are in :mod:`.v3_settings`; the
 bookkeeping it reads, with no engines in it, in :mod:`.length_history` (finished lengths, thresholds,
@@ -47,6 +49,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 
 from pdsr_sdk.dispatch.policy import Policy, contiguous_chunks
 from pdsr_sdk.dispatch.protocols import Engine
@@ -117,6 +120,7 @@ class V3Policy(Policy):
         self.prices = MovePrices()                   # a decode step's and a prefill token's seconds, as measured
         # per engine, its furthest-along sample's progress; kept only where the move guard reads it
         self.leads = EngineLeads(self.engine_of) if config.migrate and config.migrate_lead_guard else None
+        self.chunks: dict[str, deque[Sample]] = {}   # per engine, samples placed there in chunks (chunk_steal)
 
     # ------------------------------------------------------------------ hooks
     def on_batch(self, groups: list[Group]) -> None:
@@ -154,30 +158,31 @@ class V3Policy(Policy):
     def _chunks(self, groups: list[Group]) -> bool:
         """'auto' placement: baseline's chunks while the probe is measured useless, from a stream's start, in a
         stream without a staleness bound (no lane there: dealing only spreads groups over engines), and for a batch
-        that fits at once (``_fits_at_once``)."""
+        whose KV cache does not bind (``_kv_fits``)."""
         if self.ctx.streaming:
             return not self.informative or self.ctx.max_staleness is None
-        return (not self.informative and self.correlation is not None) or self._fits_at_once(groups)
+        return (not self.informative and self.correlation is not None) or self._kv_fits(groups)
 
-    def _fits_at_once(self, groups: list[Group]) -> bool:
-        """Whether every sample of the arriving batch starts at once: there are free slots for all, and (once
-        lengths have been seen) their predicted KV demand fits the engines' caches. Then nothing waits, so order
-        is moot and placement is all there is; dealing balanced the engines' loads (a median 0.6% better on the
-        informative family at B=128) but spread each prompt over every engine's prefix cache and lost up to 3-11% on
-        some draws where baseline's chunks happened to place the runaways well (docs/benchmarks.md). Chunks place
-        as baseline does, so what v3 adds (moves) is all that differs."""
+    def _kv_fits(self, groups: list[Group]) -> bool:
+        """Whether the arriving batch's samples that can run at once (as many as there are free slots) fit the
+        engines' KV caches by their predicted demand (always, before any length has been seen). Then baseline's
+        chunks place it, kept work-conserving by ``chunk_steal``, and what v3 adds (moves, steals) is all that
+        differs; it deals from its ranked pool, with KV-aware admission, only where the KV cache binds. Dealing
+        lost where a batch queues for slots (informative family, 8 engines, B=512, ten draws: 0.981x baseline,
+        worst 1.015, against 0.962x, worst 0.997, in chunks with steals; a draw dealt without moves 1.043x,
+        chunked 1.000x), and where every sample starts at once it spread each prompt over every engine's prefix
+        cache and lost up to 3-11% on some draws (docs/benchmarks.md)."""
         samples = [s for g in groups for s in g.samples if not s.finished]
-        if self.total_assigned + len(self.waiting) + len(samples) > self.total_slots:
-            return False
         prior = self._prior()
-        if prior <= 0:
+        if prior <= 0 or not samples:
             return True     # nothing seen yet: an engine's own admission is all anyone can go by
         engines = [self.by_name[n] for n in self.assigned]
         cap = sum(getattr(e, "kv_cache_tokens", None) or 0 for e in engines)
         if not self.cfg.kv_admission or not cap:
             return True
-        need = sum(self.demand.values()) + sum(s.prompt_len + max(s.num_generated, prior) for s in samples)
-        return need <= self.cfg.kv_budget * cap
+        at_once = min(len(samples), max(0, self.total_slots - self.total_assigned - len(self.waiting)))
+        each = sum(s.prompt_len + max(s.num_generated, prior) for s in samples) / len(samples)
+        return sum(self.demand.values()) + at_once * each <= self.cfg.kv_budget * cap
 
     def _place_chunks(self, groups: list[Group]) -> None:
         """Baseline's placement of the arriving groups (``placement``), with v3's bookkeeping."""
@@ -187,9 +192,15 @@ class V3Policy(Policy):
             self.ranks[id(g)] = _GroupRank(sum(1 for s in g.samples if not s.finished))
             if self.cfg.probes_first and not g.samples[0].finished:
                 g.samples[0].is_probe = True   # its length still measures the probe's correlation
+        # steals keep a batch's chunks work-conserving; not a stream's (there the engines that hold carried work
+        # should stay slower, so that the others complete their groups first), nor where the probe is measured to
+        # predict nothing (there v3 is baseline, plus its moves)
+        steal = self.cfg.chunk_steal and not self.ctx.streaming and (self.informative or self.correlation is None)
         for s, e in contiguous_chunks(samples, engines):
             self._place(s, e, self._expected_length(s))
             self.ctx.submit(s, engine=e)
+            if steal:
+                self.chunks.setdefault(e.name, deque()).append(s)
 
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """Partial rollout, a step ended: the finished samples of carried groups worth generating again
@@ -222,9 +233,11 @@ class V3Policy(Policy):
     def on_worker_idle(self, engine: Engine) -> None:
         if self.waiting and not self.filling:
             self._fill(engine)
+        elif self.chunks:
+            self._steal_groups(engine)
 
     def idle_interest(self, pool: str) -> bool:
-        return bool(self.waiting)
+        return bool(self.waiting) or any(self.chunks.values())
 
     def on_sample_finished(self, sample: Sample) -> None:
         self._arrived(sample)
@@ -617,6 +630,36 @@ class V3Policy(Policy):
         """``s`` runs on lane engine ``name`` past the lane threshold: the engine stays light while it does."""
         self.runaways.add(s)
         self.runaways_on[name] = self.runaways_on.get(name, 0) + 1
+
+    def _steal_groups(self, engine: Engine) -> None:
+        """``engine`` has free slots and nothing queued (``chunk_steal``): it takes whole unstarted groups from
+        the end of the chunk of the engine with the most unstarted samples, up to half of them, so that chunks
+        stay work-conserving and each group keeps its prompt's prefix cache on one engine."""
+        donor, most = None, 0
+        for name, q in list(self.chunks.items()):
+            while q and (q[0].segments or q[0].finished or self.engine_of.get(q[0]) != name):
+                q.popleft()     # started (chunks start in order), finished or moved away
+            if not q:
+                del self.chunks[name]
+            elif name != engine.name and len(q) > most:
+                donor, most = name, len(q)
+        if donor is None:
+            return
+        q = self.chunks[donor]
+        want = min(self.ctx.free_slots(engine), (most + 1) // 2)
+        taken = 0
+        while q and taken < want:
+            g = q[-1].group
+            if any(x.segments for x in g.samples):
+                break           # the last group has started: its prompt is cached where it runs
+            while q and q[-1].group is g:
+                s = q.pop()
+                if not s.finished and self.engine_of.get(s) == donor and self.ctx.reroute(s, engine):
+                    length = self.predicted[s][0]
+                    self._unplace(s)
+                    self._place(s, engine, length)
+                    self.chunks.setdefault(engine.name, deque()).append(s)
+                    taken += 1
 
     def _move_to(self, s: Sample, target: Engine, length: float) -> None:
         """Re-place ``s`` on ``target`` in the policy's books and ask the scheduler to move it there."""
