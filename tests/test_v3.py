@@ -168,9 +168,10 @@ def test_without_a_predictive_probe_each_group_stays_on_one_engine():
 
 def test_a_batch_whose_kv_cache_does_not_bind_is_placed_as_baseline_places_it():
     """Where the KV cache does not bind, v3 places a batch in baseline's chunks, whether every sample starts at once
-    or the batch queues for slots: with moves and steals off it runs exactly as baseline does. With steals on, an
-    engine that has drained its chunk takes whole unstarted groups from another's (never a move: nothing was
-    generated), and the batches end no later than baseline's."""
+    or the batch queues for slots (a cold batch that queues is dealt, probes first: nothing is known of its KV
+    demand): with moves and steals off it runs exactly as baseline does. With steals on, an engine that has
+    drained its chunk takes whole unstarted groups from another's (never a move: nothing was generated), and the
+    batches end no later than baseline's."""
     trace = synth_trace(groups=48, n=8, seed=5)
     prof = dict(max_num_seqs=16, kv_cache_tokens=1 << 20)
     for batch in (8, 16):     # 4 engines x 16 slots = 64 = 8 groups of 8: B = 16 queues
@@ -179,18 +180,20 @@ def test_a_batch_whose_kv_cache_does_not_bind_is_placed_as_baseline_places_it():
                              profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": still})
         tb = trace_batches(trace, cfg)
         run, base = run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, cfg, "baseline", keep_groups=True)
+        first = 0 if batch == 8 else 1
         where = {(g.position, g.batch_index): [s.segments[0].engine for s in g.samples] for g in base.groups}
-        assert all(where[g.position, g.batch_index] == [s.segments[0].engine for s in g.samples] for g in run.groups)
-        assert [b.makespan_s for b in run.batches] == [b.makespan_s for b in base.batches]
+        assert all(where[g.position, g.batch_index] == [s.segments[0].engine for s in g.samples]
+                   for g in run.groups if g.batch_index >= first)
+        assert [b.makespan_s for b in run.batches[first:]] == [b.makespan_s for b in base.batches[first:]]
         stealing = cfg.model_copy(update={"policy_settings": {"v3": {"migrate": False}}})
         run = run_policy(tb, stealing, "v3", keep_groups=True)
         steals = sum(b.stats["steals"] for b in run.batches)
         assert sum(b.stats["moves"] for b in run.batches) == 0
         assert (steals > 0) is (batch == 16), batch          # only a batch that queues has unstarted work to take
         for g in run.groups:                                  # a group is taken whole: its samples start on one engine
-            assert len({s.segments[0].engine for s in g.samples}) == 1
+            assert g.batch_index < first or len({s.segments[0].engine for s in g.samples}) == 1
         assert all(s.num_generated == s.max_tokens for g in run.groups for s in g.samples)
-        assert all(r.makespan_s <= b.makespan_s * (1 + 1e-9) for r, b in zip(run.batches, base.batches))
+        assert all(r.makespan_s <= b.makespan_s * (1 + 1e-9) for r, b in zip(run.batches[first:], base.batches[first:]))
 
 
 def test_a_batch_whose_kv_cache_binds_is_dealt_probes_first():

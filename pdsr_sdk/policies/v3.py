@@ -175,7 +175,9 @@ class V3Policy(Policy):
         samples = [s for g in groups for s in g.samples if not s.finished]
         prior = self._prior()
         if prior <= 0 or not samples:
-            return True     # nothing seen yet: an engine's own admission is all anyone can go by
+            # nothing seen yet: a batch that starts at once goes as baseline's; one that queues is dealt, probes
+            # first, so that its first finishes measure the probe and the lengths KV-aware admission needs
+            return self.total_assigned + len(self.waiting) + len(samples) <= self.total_slots
         engines = [self.by_name[n] for n in self.assigned]
         cap = sum(getattr(e, "kv_cache_tokens", None) or 0 for e in engines)
         if not self.cfg.kv_admission or not cap:
