@@ -169,7 +169,7 @@ class V3Policy(Policy):
         chunks place it, kept work-conserving by ``chunk_steal``, and what v3 adds (moves, steals) is all that
         differs; it deals from its ranked pool, with KV-aware admission, only where the KV cache binds. Dealing
         lost where a batch queues for slots (informative family, 8 engines, B=512, ten draws: 0.981x baseline,
-        worst 1.015, against 0.962x, worst 0.997, in chunks with steals; a draw dealt without moves 1.043x,
+        worst 1.015, against 0.964x, worst 1.000, in chunks with steals; a draw dealt without moves 1.043x,
         chunked 1.000x), and where every sample starts at once it spread each prompt over every engine's prefix
         cache and lost up to 3-11% on some draws (docs/benchmarks.md)."""
         samples = [s for g in groups for s in g.samples if not s.finished]
