@@ -657,16 +657,18 @@ class V3Policy(Policy):
             while q and q[-1].group is g:
                 s = q.pop()
                 if not s.finished and self.engine_of.get(s) == donor and self.ctx.reroute(s, engine):
-                    length = self.predicted[s][0]
-                    self._unplace(s)
-                    self._place(s, engine, length)
-                    self.chunks.setdefault(engine.name, deque()).append(s)
+                    self._rebook(s, engine, self.predicted[s][0])
+                    self.chunks.setdefault(engine.name, deque()).append(s)   # unstarted there too, until it runs
                     taken += 1
+
+    def _rebook(self, s: Sample, target: Engine, length: float) -> None:
+        """Re-place ``s`` on ``target`` in the policy's books (predicted ``length``)."""
+        self._unplace(s)
+        self._place(s, target, length)
 
     def _move_to(self, s: Sample, target: Engine, length: float) -> None:
         """Re-place ``s`` on ``target`` in the policy's books and ask the scheduler to move it there."""
-        self._unplace(s)
-        self._place(s, target, length)
+        self._rebook(s, target, length)
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
 
 
