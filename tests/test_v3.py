@@ -424,3 +424,22 @@ def test_a_move_lands_only_where_the_furthest_along_sample_has_less_left():
     unguarded, _ = herd_trace_runs(EQUAL, 0.25, migrate_lead_guard=False)
     assert 0 < guarded.stats["moves"] < unguarded.stats["moves"]
     assert guarded.makespan_s < 0.997 * unguarded.makespan_s
+
+
+def test_a_cold_batch_does_not_gather_its_runaways_on_one_engine():
+    """``migrate_lead_guard`` in a cold batch: the history holds only the first, short finishes, so it cannot say what
+    a long-running sample has left. Read as the cap less its progress, the further-along runaway looked the nearer to
+    its end, and on this KV-bound draw both 32,768-token runaways moved onto one engine, which ended the batch 6%
+    after baseline. The one further along now counts as having more left: they end on two engines, and the batch
+    ends before baseline's."""
+    trace = synth_trace(groups=128, n=8, seed=2, median_length=3400, max_length=32768)
+    prof = dict(EQUAL, max_model_len=40960)
+    cfg = SimulateConfig(policy="v3", fast=6, heavy=2, batch_size=128, timeline=False, references=False,
+                         profiles={"fast": prof, "heavy": prof})
+    tb = trace_batches(trace, cfg)
+    base = run_policy(tb, cfg, "baseline")
+    run = run_policy(tb, cfg, "v3", keep_groups=True)
+    runaways = [s for g in run.groups for s in g.samples if s.num_generated == 32768]
+    assert len(runaways) == 2 and run.stats["moves"] > 0
+    assert len({s.segments[-1].engine for s in runaways}) == 2
+    assert run.makespan_s < 0.98 * base.makespan_s

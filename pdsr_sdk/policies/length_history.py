@@ -68,6 +68,12 @@ class LengthHistory:
         return cap_runner_threshold(self.sorted, cap, share)
 
 
+def unseen_residual(generated: int, cap: int) -> int:
+    """What a sample that has produced ``generated`` is taken to have left when no finished length can tell: as much
+    again (in a heavy tail the sample further along is expected to run longer), but never past ``cap``."""
+    return max(0, min(generated, cap - generated))
+
+
 def cap_runner_threshold(lengths: list[int], cap: int, share: float) -> float:
     """The shortest of the sorted finished ``lengths`` past which at least ``share`` of the samples ran to
     ``cap`` (a sample that has produced more is then likely to run to the cap); inf if none reached it, or if

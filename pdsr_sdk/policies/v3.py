@@ -55,7 +55,7 @@ from pdsr_sdk.dispatch.policy import Policy, contiguous_chunks
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
 from pdsr_sdk.policies.engine_leads import EngineLeads
-from pdsr_sdk.policies.length_history import LengthHistory
+from pdsr_sdk.policies.length_history import LengthHistory, unseen_residual
 from pdsr_sdk.policies.move_prices import MovePrices
 from pdsr_sdk.policies.probe_correlation import ProbeCorrelation
 from pdsr_sdk.policies.v3_settings import V3Settings
@@ -533,11 +533,22 @@ class V3Policy(Policy):
         if name is not None and self.leads is not None:
             self.leads.note(s, self.assigned.get(name, 0))
 
-    def _lead_finishes_first(self, name: str, remaining: float) -> bool:
-        """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample with
-        ``remaining`` tokens still to come (``migrate_lead_guard``)."""
+    def _lead_finishes_first(self, name: str, generated: int, remaining: float) -> bool:
+        """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample that has
+        produced ``generated`` and has ``remaining`` tokens still to come (``migrate_lead_guard``). While the history
+        is not full and none of it ran to the cap, it holds the first finishes, the short ones, and cannot say what a
+        long-running sample has left (read as the cap less its progress, the further-along runaway looked the nearer
+        to its end, and a cold batch's runaways gathered on one engine); the one further along is then taken to have
+        more left, up to the cap (:func:`unseen_residual`)."""
         lead = self.leads.lead(name) if self.leads is not None else None
-        return lead is None or self._residual_length(lead) < remaining
+        if lead is None:
+            return True
+        cap = self.ctx.sampling.max_tokens
+        seen = self.history.sorted
+        if (not self.history.full and not (seen and seen[-1] >= cap)
+                and unseen_residual(lead, cap) >= unseen_residual(generated, cap)):
+            return False
+        return self._residual_length(lead) < remaining
 
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
         """The best move target (``_best_target``) among those whose furthest-along sample is expected to finish
@@ -551,7 +562,7 @@ class V3Policy(Policy):
             target = self._best_target()
             if target is None:
                 break
-            if target is source or self._takes(target.name, source.name, context, remaining):
+            if target is source or self._takes(target.name, source.name, s.num_generated, context, remaining):
                 found = target
                 break
             skipped.append(heapq.heappop(self.targets))
@@ -559,9 +570,10 @@ class V3Policy(Policy):
             heapq.heappush(self.targets, entry)
         return found
 
-    def _takes(self, name: str, source: str, context: int, remaining: float) -> bool:
-        """Whether engine ``name`` takes a moved sample of ``context`` tokens with ``remaining`` still to come."""
-        if self.cfg.migrate_lead_guard and not self._lead_finishes_first(name, remaining):
+    def _takes(self, name: str, source: str, generated: int, context: int, remaining: float) -> bool:
+        """Whether engine ``name`` takes a moved sample of ``context`` tokens that has produced ``generated`` and has
+        ``remaining`` still to come."""
+        if self.cfg.migrate_lead_guard and not self._lead_finishes_first(name, generated, remaining):
             return False
         if not self.arriving_on.get(name, 0):
             return True

@@ -82,8 +82,12 @@ class V3Settings(ConfigModel):
                           "move's prefill and added load would slow it. Where lengths run to a cap the furthest-along "
                           "sample has the least left, so moves still even out the engines' cap runners. 8 engines, "
                           "B=128, 10 draws, 3 batches: uninformative family 0.974x -> 0.968x baseline, SmolLM2 GSM8K trace "
-                          "0.979x -> 0.975x (0.986x -> 0.979x under its CPU calibration), KV-bound 0.937x -> 0.927x "
-                          "(docs/benchmarks.md).")
+                          "0.979x -> 0.975x (0.986x -> 0.979x under its CPU calibration), KV-bound 0.937x -> 0.927x. "
+                          "While the history is not full and no finished sample has run to the cap, it holds only the "
+                          "first, short finishes and cannot tell what a long-running sample has left: the one further "
+                          "along then counts as having more left (as much again as it has produced, up to the cap). "
+                          "That keeps a cold batch's runaways off one engine: KV-bound 8 x 128, two sets of ten draws, "
+                          "worst draw 1.043x -> 1.004x and 1.035x -> 0.982x baseline (docs/benchmarks.md).")
     migrate_quantile: float = Field(
         0.97, ge=0, le=1, description="A sample moves only once it has produced more tokens than this quantile of "
                                      "the finished lengths in the history (it is then likely in the tail).")
