@@ -39,6 +39,8 @@ def fake_run(policy, mode, *, pause_at=PAUSE_AT, resume_at=RESUME_AT):
         seen["finished"] = {s for g in groups for s in g.samples if s.finished}
         seen["submitted"] = sum(len(e.submitted) for e in engines)
         sched.pause(mode, on_drained=lambda: seen.setdefault("drained", clock.now()))
+        # asked again while the aborts are on their way (as a step that ends before the engines restart)
+        sched.when_drained(lambda: seen.setdefault("drained_again", (clock.now(), sched.in_flight)))
 
     def resume():
         seen["in_flight"] = sched.in_flight
@@ -74,6 +76,7 @@ def test_abort_holds_running_samples_with_their_tokens_and_continues_them_after_
     groups, sched, seen = fake_run(policy, "abort")
     assert_every_sample_whole(groups)
     assert seen["in_flight"] == 0 and seen["drained"] == pytest.approx(PAUSE_AT)
+    assert seen["drained_again"] == (seen["drained"], 0)
     assert seen["held"] and seen["held"] <= seen["running"]
     assert not seen["submitted_while_paused"]
     for s in seen["held"]:
@@ -96,6 +99,7 @@ def test_wait_lets_running_samples_finish_and_starts_nothing_new(policy):
     groups, sched, seen = fake_run(policy, "wait", resume_at=5.0)
     assert_every_sample_whole(groups)
     assert PAUSE_AT < seen["drained"] < 5.0 and seen["in_flight"] == 0 and not seen["held"]
+    assert seen["drained_again"] == (seen["drained"], 0)
     # only continuations of samples that were running when the pause came
     assert {r.sample for r in seen["submitted_while_paused"]} <= seen["running"]
     running = seen["running"]
@@ -109,7 +113,7 @@ def test_wait_lets_running_samples_finish_and_starts_nothing_new(policy):
 def test_keep_leaves_requests_running_and_splits_their_segments_at_the_version_change():
     groups, sched, seen = fake_run("baseline", "keep", resume_at=PAUSE_AT + 0.05)
     assert_every_sample_whole(groups)
-    assert seen["in_flight"] == len(seen["running"]) > 0 and "drained" not in seen
+    assert seen["in_flight"] == len(seen["running"]) > 0 and "drained" not in seen and "drained_again" not in seen
     # the fake engine reports a segment's tokens at its end: a segment running at the resume has none
     # reported yet and is stamped with the new version as a whole (real engines: tests below)
     for s in seen["running"]:
@@ -131,9 +135,13 @@ def test_pause_misuse_is_named():
     assert called == [1]      # nothing ran
     with pytest.raises(PdsrError, match="already paused"):
         sched.pause("abort")
+    sched.when_drained(lambda: called.append(2))
+    assert called == [1, 2]   # still nothing runs: at once
     sched.resume()
     sched.resume()            # not paused: nothing
     assert sched.paused is None
+    with pytest.raises(PdsrError, match="when_drained: not paused"):
+        sched.when_drained(lambda: None)
 
 
 def test_a_synchronous_step_in_one_thread_is_paused_and_resumed_from_another(tiny_model_dir):

@@ -477,6 +477,41 @@ def test_partial_rollout_carries_every_sample_with_its_tokens(engine_loop, engin
         assert sum(out.summary["wasted_tokens"] for out in steps) > 0
 
 
+def test_a_step_whose_groups_completed_before_it_began_returns_with_the_engines_stopped(engine_loop, engines,
+                                                                                      tiny_model_dir):
+    """One engine, 4 groups of 2 equal forced-length samples in flight for steps of 2: all 8 run in
+    lockstep and end in one engine step, so the 2 groups a step does not take are complete by its end
+    (they finish while it stops the engine) and the next step's B groups are complete at its refill: it
+    ends at once. It must still hand back a stopped session (nothing running while the trainer trains,
+    so update_weights is allowed) with its new groups queued for the next step. It used to restart the
+    engine after such a step had ended: update_weights then refused ("a step is running"), or the next
+    step waited forever for a drain that never came."""
+    from pdsr_sdk.rollout.data import PromptRecord
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", over_provision=1.0, step_groups=2,
+                        sampling={"n": 2, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
+
+    async def scenario():
+        returned, between = [], []
+        async with RolloutSession(cfg, engines=engines[:1]) as session:
+            tok = session.tokenizer
+            records = iter([PromptRecord(prompt_id=f"g{i}", text=f"Say {i}.", token_ids=tok.encode(f"Say {i}."))
+                            for i in range(10)])
+            for k in range(5):
+                out = await asyncio.wait_for(session.astep(records if k == 0 else (), last=k == 4), 60)
+                returned.append(sorted(g.prompt_id for g in out.groups))
+                await asyncio.sleep(0.3)   # the trainer's work: nothing may run meanwhile
+                between.append((session.scheduler.paused, session.scheduler.in_flight))
+                session.policy_version += 1
+        return returned, between
+
+    returned, between = run_on(engine_loop, scenario(), timeout=300)
+    assert [len(r) for r in returned] == [2] * 5
+    assert sorted(p for r in returned for p in r) == sorted(f"g{i}" for i in range(10))
+    assert all(paused is not None and running == 0 for paused, running in between[:-1]), between
+
+
 def test_rollout_steps_writes_every_group_once_in_the_step_that_consumed_it(engine_loop, engines, tiny_model_dir,
                                                                            tmp_path, replay_data):
     """``pdsr rollout --steps 3 --step-groups 2 --over-provision 0.5``: 3 groups in flight, 2 consumed a

@@ -204,11 +204,17 @@ class Scheduler:
                     run.intent = ("pause",)
                     run.engine.abort(run.request_id)
         if on_drained is not None:
-            if self._runs:
-                if mode != "keep":
-                    self._drained.append(on_drained)
-            else:
-                on_drained()
+            self.when_drained(on_drained)
+
+    def when_drained(self, on_drained: Callable[[], None]) -> None:
+        """While paused: ``on_drained()`` once no request runs (at once if none does); never under ``keep``,
+        whose requests stay."""
+        if self.paused is None:
+            raise PdsrError("when_drained: not paused")
+        if not self._runs:
+            on_drained()
+        elif self.paused != "keep":
+            self._drained.append(on_drained)
 
     def resume(self) -> None:
         """End a pause: held samples continue where they stopped (as at a segment's end: the policy

@@ -334,7 +334,10 @@ class RolloutSession:
             self._restored = []
         else:
             self._stream.refill(last=last)
-            self.scheduler.resume()
+            # a step whose B groups were complete before it began ends inside refill: the engines stay
+            # stopped (the trainer trains next) and its new groups wait, queued, for the next step
+            if not self._step_end.done():
+                self.scheduler.resume()
         stream = self._stream
         if not stream.flying:
             raise DataError("step: nothing to run: no new prompts (an empty list, or the iterator is exhausted) "
@@ -398,10 +401,11 @@ class RolloutSession:
     def _stream_step_end(self) -> None:
         """A step's groups are chosen (called inside the scheduler): stop the engines, keeping every token."""
         drained = asyncio.get_running_loop().create_future()
+        on_drained = lambda: drained.done() or drained.set_result(None)   # noqa: E731
         if self.scheduler.paused is None:
-            self.scheduler.pause("abort", on_drained=lambda: drained.done() or drained.set_result(None))
-        elif not self.scheduler.in_flight:
-            drained.set_result(None)
+            self.scheduler.pause("abort", on_drained=on_drained)
+        else:   # it ended before the engines restarted (in refill): they are stopped, or stopping
+            self.scheduler.when_drained(on_drained)
         if self._step_end is not None and not self._step_end.done():
             self._step_end.set_result(drained)
 
