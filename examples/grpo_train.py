@@ -23,6 +23,18 @@ sampled the step to the reference, k3 estimator on the sampled tokens) and ``eng
 (mean |engine log-prob - trainer log-prob| of the same weights on the sampled tokens: engine bf16
 vs trainer fp32).
 
+**Partial rollout** (``--over-provision F``, ``--max-staleness S``): steps stream instead of waiting
+for their longest sample (docs/sdk.md, "Partial rollout across steps"). ``ceil(B x (1 + F))`` groups
+stay in flight, a step trains on the first B that complete, and unfinished samples carry into the
+next step and continue under the new weights, so some of a step's tokens were sampled by an older
+policy (never more than S versions old). ``--tis UPPER`` (default 2 with ``--over-provision``)
+corrects for that with truncated importance sampling: each token's loss is weighted by
+``min(pi_old / pi_engine, UPPER)``, the trainer's log-prob before the update over the engine's
+log-prob of the policy that sampled it (``pdsr_sdk.importance_weights``). The step's line then
+adds ``off_policy_share`` (tokens sampled by an older version), ``max_token_age`` (versions) and
+``tis_weight`` (the mean weight); ``kl_ref`` and ``engine_trainer_logp_gap`` are measured on the tokens
+the step's own weights sampled (the gap thus stays a numerics check).
+
 ``--no-update`` is the control: the trainer still trains on every step's samples, but the engines
 keep the initial weights (so ``kl_ref`` is 0 there). ``--compare`` runs both in one session (the
 engines start once; they get the initial weights back before the control) and prints the change of
@@ -32,6 +44,7 @@ the reward mean (mean of the last 3 steps minus the first 3) of each.
     python examples/grpo_train.py --no-update      # the control
     python examples/grpo_train.py --compare        # both, one session
     python examples/grpo_train.py --ray local      # the same on Ray engines (see examples/ray_engines.py)
+    python examples/grpo_train.py --over-provision 1 --max-staleness 1   # partial rollout, TIS-corrected
 
 Measured on the shared 2-core machine (defaults, seed 0): see docs/sdk.md ("A complete GRPO loop").
 """
@@ -41,9 +54,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 #: the task's rewarded words: each is one token of the built-in tiny model (checked at start)
 COMMON_WORDS = (" the", " a", " of", " to", " and", " is", " in", " that",
@@ -68,10 +82,24 @@ class GrpoSettings:
     update: bool = True          # False: the control (engines keep the initial weights)
     model: str | None = None     # None: the built-in tiny model
     ray: str | None = None       # a Ray address ("local", "auto", ...): engines as Ray actors
+    over_provision: float | None = None   # partial rollout: ceil(B x (1 + F)) groups in flight
+    max_staleness: int | None = None      # partial rollout: restart tokens more than S versions old
+    tis: float | None = None     # truncated importance sampling's upper bound (None: no correction)
 
 
 def task_prompts() -> list[dict]:
     return [{"id": f"words-{t}", "prompt": f"Write a few words about {t}."} for t in TOPICS]
+
+
+def prompt_stream(s: GrpoSettings, tag: str) -> Iterator[dict]:
+    """The prompts of a partial-rollout run, in the order the steps take them: the topics over and
+    over, each with its own id (``tag`` keeps two runs in one session apart). Finite: B prompts a step
+    and the over-provision once, so a session's stream never waits on an exhausted source."""
+    topics = task_prompts()
+    total = s.batch_size * (s.steps + 1) + math.ceil(s.batch_size * (s.over_provision or 0.0))
+    for i in range(total):
+        p = topics[i % len(topics)]
+        yield {**p, "id": f"{tag}-{p['id']}-{i}"}
 
 
 def word_token_ids(tokenizer, words: Sequence[str] = COMMON_WORDS) -> set[int]:
@@ -96,6 +124,7 @@ def rollout_config(s: GrpoSettings):
 
     return RolloutConfig(model=s.model, batch_size=s.batch_size, seed=s.seed,
                          ray={"address": s.ray} if s.ray else None,
+                         over_provision=s.over_provision, max_staleness=s.max_staleness,
                          sampling={"n": s.n, "max_tokens": s.max_tokens, "temperature": 1.0})
 
 
@@ -106,7 +135,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdsr_sdk import RolloutSession, grpo_advantages, per_token_logps
+    from pdsr_sdk import RolloutSession, grpo_advantages, importance_weights, per_token_logps
+    from pdsr_sdk.offpolicy import token_versions
 
     if session is None:
         with RolloutSession(rollout_config(s)) as opened:
@@ -121,12 +151,16 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     opt = torch.optim.Adam(model.parameters(), lr=s.lr)
     targets = word_token_ids(session.tokenizer)
     prompts_all = task_prompts()
+    partial = s.over_provision is not None
+    stream = prompt_stream(s, "updates" if s.update else "control") if partial else None
     history = []
     for step in range(s.steps):
         t0 = time.perf_counter()
-        start = (step * s.batch_size) % len(prompts_all)
-        batch = [prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)]
-        out = session.step(batch, n=s.n)
+        if partial:   # the iterator once; the last step returns every group in flight (nothing carried)
+            out = session.step(stream if step == 0 else (), n=s.n, last=step == s.steps - 1)
+        else:
+            start = (step * s.batch_size) % len(prompts_all)
+            out = session.step([prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)], n=s.n)
         samples = [x for x in out.samples if x.token_ids]
         prompts = [list(x.group.prompt_token_ids) for x in samples]
         comps = [list(x.token_ids) for x in samples]
@@ -135,11 +169,16 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
 
         old = per_token_logps(model, prompts, comps, backend="torch").logps      # the trainer's policy now
         refl = per_token_logps(ref, prompts, comps, backend="torch").logps
-        sampler = old if s.update else refl            # the weights the engines sampled with
-        engine_gap = float(np.mean(np.concatenate(
-            [np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o) for x, c, o in zip(samples, comps, sampler)])))
-        d = np.concatenate(refl) - np.concatenate(sampler)   # k3: E[exp(d) - d - 1], samples from the sampler
-        kl = float(np.mean(np.exp(d) - d - 1))
+        sampler = old if s.update else refl            # the weights the engines sampled with (this version's tokens)
+        # each token's policy version: carried tokens came from older weights than the trainer's now
+        versions = [token_versions([g.start_token for g in x.segments], [g.num_tokens for g in x.segments],
+                                   [g.policy_version for g in x.segments], len(c)) for x, c in zip(samples, comps)]
+        current = np.concatenate(versions) == out.policy_version
+        gaps = np.concatenate([np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o)
+                               for x, c, o in zip(samples, comps, sampler)])
+        engine_gap = float(np.mean(gaps[current])) if current.any() else float("nan")
+        d = (np.concatenate(refl) - np.concatenate(sampler))[current]   # k3: E[exp(d) - d - 1] over the sampler's tokens
+        kl = float(np.mean(np.exp(d) - d - 1)) if current.any() else float("nan")
 
         # padded batch for the gradient-carrying forward
         lens = [len(p) + len(c) for p, c in zip(prompts, comps)]
@@ -149,14 +188,21 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
         mask = torch.zeros(len(samples), T - 1)
         old_t = torch.zeros(len(samples), T - 1)
         ref_t = torch.zeros(len(samples), T - 1)
+        eng_t = torch.zeros(len(samples), T - 1)
         for i, (p, c) in enumerate(zip(prompts, comps)):
             ids[i, :lens[i]] = torch.tensor(p + c)
             attn[i, :lens[i]] = 1
             mask[i, len(p) - 1:lens[i] - 1] = 1          # positions predicting the completion tokens
             old_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(old[i])
             ref_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(refl[i])
+            eng_t[i, len(p) - 1:lens[i] - 1] = torch.tensor(samples[i].logprobs[:len(c)], dtype=torch.float32)
         adv_t = torch.from_numpy(adv)[:, None]
-        tokens_per_row = mask.sum(1).clamp(min=1)
+        tis_upper = s.tis if s.tis is not None else (2.0 if partial else None)
+        if tis_upper is not None:   # the behaviour policy (older weights, the engine's numerics) -> the trainer's
+            weights, keep = importance_weights(old_t, eng_t, mask, level="token", mode="truncate", upper=tis_upper)
+        else:
+            weights, keep = mask, mask.bool()
+        tokens_per_row = keep.sum(1).clamp(min=1)
 
         model.train()
         for _ in range(s.inner_steps):
@@ -164,11 +210,11 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             new = torch.gather(torch.log_softmax(logits, -1), 2, ids[:, 1:, None]).squeeze(2)
             ratio = torch.exp(new - old_t)
             surr = torch.minimum(ratio * adv_t, ratio.clamp(1 - s.clip, 1 + s.clip) * adv_t)
-            per_tok = -surr
+            per_tok = -surr * weights
             if s.kl_coef:
                 dk = ref_t - new
                 per_tok = per_tok + s.kl_coef * (torch.exp(dk) - dk - 1)
-            loss = ((per_tok * mask).sum(1) / tokens_per_row).mean()
+            loss = ((per_tok * keep).sum(1) / tokens_per_row).mean()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -180,6 +226,10 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                "response_len": round(float(np.mean([len(c) for c in comps])), 2), "kl_ref": round(kl, 5),
                "engine_trainer_logp_gap": round(engine_gap, 5), "loss": round(loss.item(), 5),
                "samples": len(samples), "step_s": round(time.perf_counter() - t0, 2)}
+        if partial:
+            row.update(off_policy_share=round(float(np.mean(~current)), 4),
+                       max_token_age=int(out.policy_version - min(int(v.min()) for v in versions)),
+                       tis_weight=round(float(weights[keep].mean()), 4) if tis_upper is not None else None)
         history.append(row)
         emit(json.dumps(row))
     return history
@@ -217,6 +267,14 @@ def parse_args(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoS
     ap.add_argument("--model", default=defaults.model, help="model folder (default: the built-in tiny model)")
     ap.add_argument("--ray", default=defaults.ray, metavar="ADDRESS",
                     help="run the engines as Ray actors: 'local' starts a one-machine cluster (docs/ray.md)")
+    ap.add_argument("--over-provision", type=float, default=defaults.over_provision, metavar="F",
+                    help="partial rollout: keep ceil(B x (1 + F)) groups in flight; a step trains on the first B "
+                         "complete, the rest carry on under the new weights")
+    ap.add_argument("--max-staleness", type=int, default=defaults.max_staleness, metavar="S",
+                    help="partial rollout: restart samples whose tokens are more than S versions old")
+    ap.add_argument("--tis", type=float, default=defaults.tis, metavar="UPPER",
+                    help="truncated importance sampling: weight each token's loss by min(pi_old / pi_engine, "
+                         "UPPER) (default: 2 with --over-provision, else off)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--no-update", action="store_true", help="control: never push the trained weights")
     mode.add_argument("--compare", action="store_true", help="the run with updates, then the control, one session")
@@ -227,7 +285,10 @@ def main(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoSetting
     a = parse_args(argv, defaults)
     s = GrpoSettings(steps=a.steps, batch_size=a.batch_size, n=a.n, max_tokens=a.max_tokens, lr=a.lr,
                      inner_steps=a.inner_steps, clip=a.clip, kl_coef=a.kl_coef, seed=a.seed, update=not a.no_update,
-                     model=a.model, ray=a.ray)
+                     model=a.model, ray=a.ray, over_provision=a.over_provision, max_staleness=a.max_staleness,
+                     tis=a.tis)
+    if (s.max_staleness is not None) and s.over_provision is None:
+        raise SystemExit("--max-staleness applies to partial rollout: set --over-provision too")
 
     def emit(line: str) -> None:
         print(line, flush=True)

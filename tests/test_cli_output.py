@@ -106,6 +106,22 @@ def test_rollout_summary_leads_with_what_matters_and_hides_zero_counters():
     assert "counters" not in one and "reward" not in one and "batch_index" not in one
 
 
+def test_a_multi_step_summary_shows_each_steps_off_policy_columns():
+    """``pdsr rollout --steps``: the step table adds the off-policy share, partial tokens, oldest token age,
+    staleness restarts and carried groups of each step (the step summary's keys); a batch run has none."""
+    from pdsr_cli.commands.rollout import STEP_COLUMNS, render_summary
+
+    base = summary()
+    step = {"off_policy_share": 0.25, "partial_tokens": 40, "max_token_age": 1, "stale_restarts": 2,
+            "carried_groups": 1}
+    text = render_summary(summary(batches=[{**b, **step, "batch_index": i} for i, b in enumerate(base.batches)]))
+    table = text[text.index("batch_index"):].splitlines()
+    header = table[0].split()
+    assert header[-len(STEP_COLUMNS) - 1:] == [*STEP_COLUMNS, "moves"]
+    assert table[2].split()[6:11] == ["0.25", "40", "1", "2", "1"]
+    assert not any(c in render_summary(base) for c in STEP_COLUMNS)
+
+
 def test_summary_json_keeps_every_key():
     from pdsr_sdk.dispatch.run import STAT_KEYS
 

@@ -280,14 +280,17 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     assert (out / "steps.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains():
+@pytest.mark.parametrize("over_provision", [0.5, 1.5])
+def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains(over_provision):
     """The StepStream as a session drives it: at a step's end the owner takes the groups (consume), bumps
     the version later (the trainer's update), then refills; the last step tops the groups in flight up to
-    B and ends when every one is complete. Every launched group is consumed exactly once, whole."""
+    B and ends when every one is complete. Every launched group is consumed exactly once, whole, and
+    ``groups_launched`` (the progress bar's total of ``pdsr rollout --steps``) counts them. At F = 1.5
+    more than B are in flight when the last step starts: it launches none and takes them all."""
     from pdsr_sdk.dispatch.clock import VirtualClock
     from pdsr_sdk.dispatch.config import SamplingConfig
     from pdsr_sdk.dispatch.run import DispatchRun
-    from pdsr_sdk.dispatch.steps import StepStream, in_flight
+    from pdsr_sdk.dispatch.steps import StepStream, groups_launched, in_flight
     from pdsr_sdk.sim.driver import build_batch, build_engines
 
     trace = small_trace(groups=40)
@@ -307,7 +310,7 @@ def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains():
         taken.extend(batch)
         return build_batch(batch)
 
-    stream = StepStream(run, step_groups=6, in_flight=in_flight(6, 0.5), steps=None, max_staleness=1,
+    stream = StepStream(run, step_groups=6, in_flight=in_flight(6, over_provision), steps=None, max_staleness=1,
                         group_deadline=None, new_groups=new_groups, on_step_end=lambda: ended.append(clock.now()),
                         check=True)
     handlers.append(stream)
@@ -321,8 +324,9 @@ def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains():
             stream.refill(last=step == 3)   # the last step tops up to B and drains
     assert stream.draining and not stream.flying
     ids = [g.prompt_id for step in consumed for g in step]
-    assert len(ids) == len(set(ids)) == len(taken) == 9 + 3 * 6 + 3
-    assert [len(step) for step in consumed] == [6] * 5
+    assert len(ids) == len(set(ids)) == len(taken) == groups_launched(6, over_provision, 5)
+    assert len(taken) == {0.5: 9 + 3 * 6 + 3, 1.5: 15 + 3 * 6}[over_provision]
+    assert [len(step) for step in consumed] == {0.5: [6] * 5, 1.5: [6] * 4 + [9]}[over_provision]
     assert {g.prompt_id: sorted(s.num_generated for s in g.samples) for step in consumed for g in step} == \
         {pid: sorted(v) for pid, v in want.items() if pid in set(ids)}
     assert max(r.max_age for r in stream.records) <= 1

@@ -138,6 +138,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
 BATCH_COLUMNS = ["batch_index", "groups", "makespan_s", "tokens_per_s", "reward_mean", "tokens"]
 HIDDEN_WHEN_EMPTY = ("l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves", "steals", "restarts",
                      "wasted_tokens", "retries", "truncations")
+#: a multi-step run's columns (the step's summary keys, docs/sdk.md): shown when the run has them
+STEP_COLUMNS = ("off_policy_share", "partial_tokens", "max_token_age", "stale_restarts", "carried_groups")
 
 
 def render_summary(s) -> str:
@@ -154,6 +156,7 @@ def render_summary(s) -> str:
         rows = [{**b, "reward_mean": (b["reward_sum"] / b["rewarded_samples"] if b.get("rewarded_samples") else None)}
                 for b in s.batches]
         columns = [c for c in BATCH_COLUMNS if c != "reward_mean" or s.reward_mean is not None]
+        columns += [c for c in STEP_COLUMNS if any(c in b for b in s.batches)]
         details += ["", format_table(rows, columns + list(HIDDEN_WHEN_EMPTY), hide_empty=HIDDEN_WHEN_EMPTY)]
     if s.engine_errors:
         details += ["", "engine errors:"] + [f"  {e.splitlines()[0]}" for e in s.engine_errors]

@@ -89,6 +89,16 @@ def in_flight(b: int, over_provision: float) -> int:
     return max(b, math.ceil(b * (1.0 + over_provision) - 1e-9))
 
 
+def groups_launched(b: int, over_provision: float, steps: int) -> int:
+    """Groups a stream of ``steps`` steps launches (carried ones included) when every step consumes
+    exactly ``b``: the first fills the in-flight count, each middle step refills ``b``, and the last
+    launches only what brings the groups in flight to ``b`` (it drains). A step that must also take
+    due groups consumes more, so this is what a progress bar expects, not a bound."""
+    if steps <= 1:
+        return b
+    return b * (steps - 2) + max(in_flight(b, over_provision), 2 * b)
+
+
 def kept_segments(sample: Sample) -> list[SegmentRecord]:
     """The segments whose tokens the sample still holds (those after its last restart), including
     one running now (the simulator reports a segment's tokens when it ends)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsr_sdk.dispatch.run import STAT_KEYS
+from pdsr_sdk.dispatch.steps import groups_launched
 from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, Interrupted
@@ -183,6 +184,9 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     state.writer_made = True
 
     total_groups = sum(len(b) for b in batches) + len(carried)
+    if config.streaming:   # K steps take only some of the data's prompts
+        total_groups = min(total_groups, groups_launched(config.step_groups or config.batch_size,
+                                                         config.over_provision or 0.0, config.steps or 1))
     sample_bar = probe_bar = None
 
     def on_sample(sample: Sample) -> None:
