@@ -512,6 +512,40 @@ def test_a_step_whose_groups_completed_before_it_began_returns_with_the_engines_
     assert all(paused is not None and running == 0 for paused, running in between[:-1]), between
 
 
+def test_partial_rollout_refuses_a_version_change_in_the_middle_of_a_step(engine_loop, engines, tiny_model_dir):
+    """A partial-rollout step counts token ages from its start and restarts a stale sample at most once on
+    the promise that versions change only between steps: paused mid-step, update_weights and setting the
+    policy version are refused with a RunError that says to update between steps (they used to be taken,
+    and a sample restarted once could then turn stale again: an error inside the event loop, and a step
+    that waited forever). After the step returns, the update goes through."""
+    from pdsr_sdk.errors import RunError
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", over_provision=1.0, step_groups=2, max_staleness=1,
+                        sampling={"n": 4, "max_tokens": 128, "temperature": 0.0, "ignore_eos": True})
+
+    async def scenario():
+        async with RolloutSession(cfg, engines=engines) as session:
+            step = asyncio.ensure_future(session.astep(stream_records(session)))
+            while not any(s.num_generated for s in session.scheduler.running()):
+                await asyncio.sleep(0.01)
+            await session.apause("abort")
+            version = session.policy_version
+            with pytest.raises(RunError, match="between steps, after step\\(\\) returns"):
+                await session.aupdate_weights(str(tiny_model_dir))
+            with pytest.raises(RunError, match="partial-rollout step runs"):
+                session.policy_version = version + 1
+            assert session.policy_version == version
+            await session.aresume()
+            out = await asyncio.wait_for(step, 120)
+            assert len(out.groups) == 2 and out.summary["max_token_age"] == 0
+            assert await session.aupdate_weights(str(tiny_model_dir)) == version + 1
+            last = await asyncio.wait_for(session.astep((), last=True), 120)
+            assert last.summary["max_token_age"] <= 1
+
+    run_on(engine_loop, scenario(), timeout=300)
+
+
 def test_rollout_steps_writes_every_group_once_in_the_step_that_consumed_it(engine_loop, engines, tiny_model_dir,
                                                                            tmp_path, replay_data):
     """``pdsr rollout --steps 3 --step-groups 2 --over-provision 0.5``: 3 groups in flight, 2 consumed a

@@ -818,6 +818,11 @@ class Scheduler:
             return False
         return engine.pool in drained or (waiting and not self._pool_queues[engine.pool])
 
+    def guarded(self, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)``; an exception ends the run through ``on_fatal``, as a policy's does, rather than
+        escaping into the event loop that called it (where nobody would see it and the step would wait)."""
+        self._guard(fn, *args)
+
     def _guard(self, fn: Callable[..., object], *args: Any) -> None:
         try:
             fn(*args)

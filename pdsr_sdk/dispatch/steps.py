@@ -236,7 +236,8 @@ class StepStream:
         if self.s is not None and self._stale(group, self.sched.policy_version):
             # finished with tokens too old for this step (an abort found its last token generated):
             # regenerate them, after the scheduler's current callback
-            self.clock.call_later(0.0, lambda: self._restart_stale(group, self.sched.policy_version))
+            self.clock.call_later(0.0, lambda: self.sched.guarded(self._restart_stale, group,
+                                                                   self.sched.policy_version))
             return
         self.complete[id(group)] = group
         self.maybe_end()

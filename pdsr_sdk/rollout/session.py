@@ -150,7 +150,18 @@ class RolloutSession:
     def policy_version(self, value: int) -> None:
         if self.scheduler is None:
             raise RunError("start the session before setting the policy version")
+        if value != self.scheduler.policy_version:
+            self._check_version_change("the policy version")
         self.scheduler.policy_version = value
+
+    def _check_version_change(self, what: str) -> None:
+        """Partial rollout counts token ages in versions from a step's start, and restarts a stale sample
+        at most once on the promise that versions change only between steps: refuse a change mid-step."""
+        if self._stream is not None and self._step_end is not None and not self._step_end.done():
+            raise RunError(f"{what} cannot change while a partial-rollout step runs (over_provision set): "
+                           f"staleness and off-policy ages count versions from each step's start. Update "
+                           f"weights between steps, after step() returns (its carried samples then go on "
+                           f"under the new version)")
 
     @property
     def tokenizer(self):
@@ -476,6 +487,7 @@ class RolloutSession:
                            "weights between steps")
         if self._asleep:
             raise RunError("update_weights: the engines are asleep; call session.wake() first")
+        self._check_version_change("update_weights: the policy version")
         engines = self._live_engines()
         unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
         if unsupported:
