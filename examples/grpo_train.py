@@ -227,8 +227,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                "engine_trainer_logp_gap": round(engine_gap, 5), "loss": round(loss.item(), 5),
                "samples": len(samples), "step_s": round(time.perf_counter() - t0, 2)}
         if partial:
-            row.update(off_policy_share=round(float(np.mean(~current)), 4),
-                       max_token_age=int(out.policy_version - min(int(v.min()) for v in versions)),
+            row.update(off_policy_share=round(out.summary["off_policy_share"], 4),
+                       max_token_age=out.summary["max_token_age"],
                        tis_weight=round(float(weights[keep].mean()), 4) if tis_upper is not None else None)
         history.append(row)
         emit(json.dumps(row))

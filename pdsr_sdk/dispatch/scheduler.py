@@ -154,7 +154,7 @@ class Scheduler:
             on_done()
             return
         self._dirty_engines.update(e.name for e in self.live_engines())
-        self._guard(self.policy.on_batch, groups)
+        self.guarded(self.policy.on_batch, groups)
         self._pump()
 
     def add_groups(self, groups: list[Group]) -> None:
@@ -170,7 +170,7 @@ class Scheduler:
         if not groups:
             return
         self._dirty_engines.update(e.name for e in self.live_engines())
-        self._guard(self.policy.on_batch, groups)
+        self.guarded(self.policy.on_batch, groups)
         self._pump()
 
     @property
@@ -229,7 +229,7 @@ class Scheduler:
             self._split_segment(run.sample, now)
         held, self._held = self._held, {}
         for run in held.values():
-            self._guard(self._continue_held, run)
+            self.guarded(self._continue_held, run)
         self._dirty_engines.update(e.name for e in self.live_engines())
         self._dirty_pools.update(self._pool_queues)
         self._grown_pools.update(p for p, q in self._pool_queues.items() if q)
@@ -453,7 +453,7 @@ class Scheduler:
         self._release_slot(engine, request_id)
         seg = sample.segments[-1]
         seg.end_time_s = self.clock.now()
-        self._guard(self._after_segment, run, finish_reason)
+        self.guarded(self._after_segment, run, finish_reason)
         self._pump()
         if self.paused is not None:
             self._check_drained()
@@ -497,7 +497,7 @@ class Scheduler:
                 f"{len(requeued)} unfinished request(s); original error: {err}",
                 exit_status=err.exit_status, remote_traceback=None))
             return
-        self._guard(self.policy.on_engine_lost, engine, requeued)
+        self.guarded(self.policy.on_engine_lost, engine, requeued)
         self._pump()
         if self.paused is not None:
             self._check_drained()
@@ -634,7 +634,7 @@ class Scheduler:
         usage = self.usage[engine.name]
         usage.segments += 1
         if not continuing and self._wants_launch:
-            self._guard(self.policy.on_launch, sample, engine)
+            self.guarded(self.policy.on_launch, sample, engine)
         keep_ids = not getattr(engine, "counts_only", False)
         engine.submit(SegmentRequest(
             request_id=request_id,
@@ -709,7 +709,7 @@ class Scheduler:
         self.stats["samples_finished"] += 1
         self.stats["tokens_generated"] += sample.num_generated
         self._on_sample_done(sample)
-        self._guard(self.policy.on_sample_finished, sample)
+        self.guarded(self.policy.on_sample_finished, sample)
         if sample.group.done:
             self._on_group_done(sample.group)
             self._groups_left -= 1
@@ -732,7 +732,7 @@ class Scheduler:
                             and not self._engine_queues.get(engine.name)
                             and not self._pool_queues[engine.pool]):
                         told.add(engine.name)
-                        self._guard(self.policy.on_worker_idle, engine)
+                        self.guarded(self.policy.on_worker_idle, engine)
                 if not self._pump_again and not self._dirty_engines and not self._dirty_pools:
                     break
         finally:
@@ -819,11 +819,8 @@ class Scheduler:
         return engine.pool in drained or (waiting and not self._pool_queues[engine.pool])
 
     def guarded(self, fn: Callable[..., object], *args: Any) -> None:
-        """``fn(*args)``; an exception ends the run through ``on_fatal``, as a policy's does, rather than
-        escaping into the event loop that called it (where nobody would see it and the step would wait)."""
-        self._guard(fn, *args)
-
-    def _guard(self, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)``; an exception ends the run through ``on_fatal`` (a policy's hooks run this way), rather
+        than escaping into the event loop that called it (where nobody would see it and the step would wait)."""
         try:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - a policy bug must end the run, loudly
