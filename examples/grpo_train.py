@@ -31,9 +31,15 @@ policy (never more than S versions old). ``--tis UPPER`` (default 2 with ``--ove
 corrects for that with truncated importance sampling: each token's loss is weighted by
 ``min(pi_old / pi_engine, UPPER)``, the trainer's log-prob before the update over the engine's
 log-prob of the policy that sampled it (``pdsr_sdk.importance_weights``). The step's line then
-adds ``off_policy_share`` (tokens sampled by an older version), ``max_token_age`` (versions) and
-``tis_weight`` (the mean weight); ``kl_ref`` and ``engine_trainer_logp_gap`` are measured on the tokens
+adds ``off_policy_share`` (tokens sampled by an older version), ``max_token_age`` (versions, at the
+step's end), ``trained_token_age`` (at the trainer's weights) and ``tis_weight`` (the mean weight); ``kl_ref`` and ``engine_trainer_logp_gap`` are measured on the tokens
 the step's own weights sampled (the gap thus stays a numerics check).
+
+``--pipeline`` (with ``--over-provision``) starts the next step before training on this one, as a
+trainer that overlaps generation and training does: the weight update lands in the middle of the next
+step, whose samples go on under the new weights (``RolloutSession.update_weights`` stops and resumes
+the engines itself), so each step trains on tokens up to one version older than without it; the
+step's ``policy_version`` is the version at its end.
 
 ``--no-update`` is the control: the trainer still trains on every step's samples, but the engines
 keep the initial weights (so ``kl_ref`` is 0 there). ``--compare`` runs both in one session (the
@@ -45,6 +51,7 @@ the reward mean (mean of the last 3 steps minus the first 3) of each.
     python examples/grpo_train.py --compare        # both, one session
     python examples/grpo_train.py --ray local      # the same on Ray engines (see examples/ray_engines.py)
     python examples/grpo_train.py --over-provision 1 --max-staleness 1   # partial rollout, TIS-corrected
+    python examples/grpo_train.py --over-provision 1 --max-staleness 2 --pipeline   # and one step overlapped
 
 Measured on the shared 2-core machine (defaults, seed 0): see docs/sdk.md ("A complete GRPO loop").
 """
@@ -56,6 +63,7 @@ import copy
 import json
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -85,6 +93,7 @@ class GrpoSettings:
     over_provision: float | None = None   # partial rollout: ceil(B x (1 + F)) groups in flight
     max_staleness: int | None = None      # partial rollout: restart tokens more than S versions old
     tis: float | None = None     # truncated importance sampling's upper bound (None: no correction)
+    pipeline: bool = False       # partial rollout: the next step generates while this one trains
 
 
 def task_prompts() -> list[dict]:
@@ -154,84 +163,93 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     partial = s.over_provision is not None
     stream = prompt_stream(s, "updates" if s.update else "control") if partial else None
     history = []
-    for step in range(s.steps):
-        t0 = time.perf_counter()
-        if partial:   # the iterator once; the last step returns every group in flight (nothing carried)
-            out = session.step(stream if step == 0 else (), n=s.n, last=step == s.steps - 1)
-        else:
-            start = (step * s.batch_size) % len(prompts_all)
-            out = session.step([prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)], n=s.n)
-        samples = [x for x in out.samples if x.token_ids]
-        prompts = [list(x.group.prompt_token_ids) for x in samples]
-        comps = [list(x.token_ids) for x in samples]
-        rewards = np.array([common_word_reward(c, targets, s.max_tokens) for c in comps], dtype=np.float64)
-        adv = np.asarray(grpo_advantages(rewards, [x.group.prompt_id for x in samples]), dtype=np.float32)
+    with ThreadPoolExecutor(1) as stepping:
+        nxt = None
+        for step in range(s.steps):
+            t0 = time.perf_counter()
+            if partial:   # the iterator once; the last step returns every group in flight (nothing carried)
+                last = step == s.steps - 1
+                out = nxt.result() if nxt is not None else session.step(stream if step == 0 else (), n=s.n, last=last)
+                nxt = None
+                if s.pipeline and not last:   # the next step generates while this one trains: the update lands in it
+                    nxt = stepping.submit(session.step, (), n=s.n, last=step + 1 == s.steps - 1)
+            else:
+                start = (step * s.batch_size) % len(prompts_all)
+                out = session.step([prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)], n=s.n)
+            samples = [x for x in out.samples if x.token_ids]
+            prompts = [list(x.group.prompt_token_ids) for x in samples]
+            comps = [list(x.token_ids) for x in samples]
+            rewards = np.array([common_word_reward(c, targets, s.max_tokens) for c in comps], dtype=np.float64)
+            adv = np.asarray(grpo_advantages(rewards, [x.group.prompt_id for x in samples]), dtype=np.float32)
 
-        old = per_token_logps(model, prompts, comps, backend="torch").logps      # the trainer's policy now
-        refl = per_token_logps(ref, prompts, comps, backend="torch").logps
-        sampler = old if s.update else refl            # the weights the engines sampled with (this version's tokens)
-        # each token's policy version: carried tokens came from older weights than the trainer's now
-        versions = [token_versions([g.start_token for g in x.segments], [g.num_tokens for g in x.segments],
-                                   [g.policy_version for g in x.segments], len(c)) for x, c in zip(samples, comps)]
-        current = np.concatenate(versions) == out.policy_version
-        gaps = np.concatenate([np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o)
-                               for x, c, o in zip(samples, comps, sampler)])
-        engine_gap = float(np.mean(gaps[current])) if current.any() else float("nan")
-        d = (np.concatenate(refl) - np.concatenate(sampler))[current]   # k3: E[exp(d) - d - 1] over the sampler's tokens
-        kl = float(np.mean(np.exp(d) - d - 1)) if current.any() else float("nan")
+            old = per_token_logps(model, prompts, comps, backend="torch").logps      # the trainer's policy now
+            refl = per_token_logps(ref, prompts, comps, backend="torch").logps
+            sampler = old if s.update else refl            # the weights the engines sampled with (this version's tokens)
+            # each token's policy version: carried tokens came from older weights than the trainer's now
+            versions = [token_versions([g.start_token for g in x.segments], [g.num_tokens for g in x.segments],
+                                       [g.policy_version for g in x.segments], len(c)) for x, c in zip(samples, comps)]
+            trainer_version = session.policy_version   # the weights the trainer holds now
+            current = np.concatenate(versions) == trainer_version
+            gaps = np.concatenate([np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o)
+                                   for x, c, o in zip(samples, comps, sampler)])
+            engine_gap = float(np.mean(gaps[current])) if current.any() else float("nan")
+            d = (np.concatenate(refl) - np.concatenate(sampler))[current]   # k3: E[exp(d) - d - 1] over the sampler's tokens
+            kl = float(np.mean(np.exp(d) - d - 1)) if current.any() else float("nan")
 
-        # padded batch for the gradient-carrying forward
-        lens = [len(p) + len(c) for p, c in zip(prompts, comps)]
-        T = max(lens)
-        ids = torch.zeros(len(samples), T, dtype=torch.long)
-        attn = torch.zeros(len(samples), T, dtype=torch.long)
-        mask = torch.zeros(len(samples), T - 1)
-        old_t = torch.zeros(len(samples), T - 1)
-        ref_t = torch.zeros(len(samples), T - 1)
-        eng_t = torch.zeros(len(samples), T - 1)
-        for i, (p, c) in enumerate(zip(prompts, comps)):
-            ids[i, :lens[i]] = torch.tensor(p + c)
-            attn[i, :lens[i]] = 1
-            mask[i, len(p) - 1:lens[i] - 1] = 1          # positions predicting the completion tokens
-            old_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(old[i])
-            ref_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(refl[i])
-            eng_t[i, len(p) - 1:lens[i] - 1] = torch.tensor(samples[i].logprobs[:len(c)], dtype=torch.float32)
-        adv_t = torch.from_numpy(adv)[:, None]
-        tis_upper = s.tis if s.tis is not None else (2.0 if partial else None)
-        if tis_upper is not None:   # the behaviour policy (older weights, the engine's numerics) -> the trainer's
-            weights, keep = importance_weights(old_t, eng_t, mask, level="token", mode="truncate", upper=tis_upper)
-        else:
-            weights, keep = mask, mask.bool()
-        tokens_per_row = keep.sum(1).clamp(min=1)
+            # padded batch for the gradient-carrying forward
+            lens = [len(p) + len(c) for p, c in zip(prompts, comps)]
+            T = max(lens)
+            ids = torch.zeros(len(samples), T, dtype=torch.long)
+            attn = torch.zeros(len(samples), T, dtype=torch.long)
+            mask = torch.zeros(len(samples), T - 1)
+            old_t = torch.zeros(len(samples), T - 1)
+            ref_t = torch.zeros(len(samples), T - 1)
+            eng_t = torch.zeros(len(samples), T - 1)
+            for i, (p, c) in enumerate(zip(prompts, comps)):
+                ids[i, :lens[i]] = torch.tensor(p + c)
+                attn[i, :lens[i]] = 1
+                mask[i, len(p) - 1:lens[i] - 1] = 1          # positions predicting the completion tokens
+                old_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(old[i])
+                ref_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(refl[i])
+                eng_t[i, len(p) - 1:lens[i] - 1] = torch.tensor(samples[i].logprobs[:len(c)], dtype=torch.float32)
+            adv_t = torch.from_numpy(adv)[:, None]
+            tis_upper = s.tis if s.tis is not None else (2.0 if partial else None)
+            if tis_upper is not None:   # the behaviour policy (older weights, the engine's numerics) -> the trainer's
+                weights, keep = importance_weights(old_t, eng_t, mask, level="token", mode="truncate", upper=tis_upper)
+            else:
+                weights, keep = mask, mask.bool()
+            tokens_per_row = keep.sum(1).clamp(min=1)
 
-        model.train()
-        for _ in range(s.inner_steps):
-            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-            new = torch.gather(torch.log_softmax(logits, -1), 2, ids[:, 1:, None]).squeeze(2)
-            ratio = torch.exp(new - old_t)
-            surr = torch.minimum(ratio * adv_t, ratio.clamp(1 - s.clip, 1 + s.clip) * adv_t)
-            per_tok = -surr * weights
-            if s.kl_coef:
-                dk = ref_t - new
-                per_tok = per_tok + s.kl_coef * (torch.exp(dk) - dk - 1)
-            loss = ((per_tok * keep).sum(1) / tokens_per_row).mean()
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-        model.eval()
-        if s.update:
-            session.update_weights(model.state_dict())
-        row = {"step": step, "policy_version": out.policy_version, "reward_mean": round(float(rewards.mean()), 4),
-               "response_len": round(float(np.mean([len(c) for c in comps])), 2), "kl_ref": round(kl, 5),
-               "engine_trainer_logp_gap": round(engine_gap, 5), "loss": round(loss.item(), 5),
-               "samples": len(samples), "step_s": round(time.perf_counter() - t0, 2)}
-        if partial:
-            row.update(off_policy_share=round(out.summary["off_policy_share"], 4),
-                       max_token_age=out.summary["max_token_age"],
-                       tis_weight=round(float(weights[keep].mean()), 4) if tis_upper is not None else None)
-        history.append(row)
-        emit(json.dumps(row))
+            model.train()
+            for _ in range(s.inner_steps):
+                logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+                new = torch.gather(torch.log_softmax(logits, -1), 2, ids[:, 1:, None]).squeeze(2)
+                ratio = torch.exp(new - old_t)
+                surr = torch.minimum(ratio * adv_t, ratio.clamp(1 - s.clip, 1 + s.clip) * adv_t)
+                per_tok = -surr * weights
+                if s.kl_coef:
+                    dk = ref_t - new
+                    per_tok = per_tok + s.kl_coef * (torch.exp(dk) - dk - 1)
+                loss = ((per_tok * keep).sum(1) / tokens_per_row).mean()
+                opt.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+            model.eval()
+            if s.update:
+                session.update_weights(model.state_dict())
+            row = {"step": step, "policy_version": out.policy_version, "reward_mean": round(float(rewards.mean()), 4),
+                   "response_len": round(float(np.mean([len(c) for c in comps])), 2), "kl_ref": round(kl, 5),
+                   "engine_trainer_logp_gap": round(engine_gap, 5), "loss": round(loss.item(), 5),
+                   "samples": len(samples), "step_s": round(time.perf_counter() - t0, 2)}
+            if partial:
+                row.update(off_policy_share=round(out.summary["off_policy_share"], 4),
+                           max_token_age=out.summary["max_token_age"],
+                           # the age the trainer sees: its weights may be newer than the step's end
+                           trained_token_age=int(trainer_version - np.concatenate(versions).min()),
+                           tis_weight=round(float(weights[keep].mean()), 4) if tis_upper is not None else None)
+            history.append(row)
+            emit(json.dumps(row))
     return history
 
 
@@ -275,6 +293,9 @@ def parse_args(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoS
     ap.add_argument("--tis", type=float, default=defaults.tis, metavar="UPPER",
                     help="truncated importance sampling: weight each token's loss by min(pi_old / pi_engine, "
                          "UPPER) (default: 2 with --over-provision, else off)")
+    ap.add_argument("--pipeline", action="store_true", default=defaults.pipeline,
+                    help="partial rollout: start the next step before training on this one (one step off-policy); "
+                         "the weight update lands in the middle of the next step")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--no-update", action="store_true", help="control: never push the trained weights")
     mode.add_argument("--compare", action="store_true", help="the run with updates, then the control, one session")
@@ -286,9 +307,9 @@ def main(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoSetting
     s = GrpoSettings(steps=a.steps, batch_size=a.batch_size, n=a.n, max_tokens=a.max_tokens, lr=a.lr,
                      inner_steps=a.inner_steps, clip=a.clip, kl_coef=a.kl_coef, seed=a.seed, update=not a.no_update,
                      model=a.model, ray=a.ray, over_provision=a.over_provision, max_staleness=a.max_staleness,
-                     tis=a.tis)
-    if (s.max_staleness is not None) and s.over_provision is None:
-        raise SystemExit("--max-staleness applies to partial rollout: set --over-provision too")
+                     tis=a.tis, pipeline=a.pipeline)
+    if (s.max_staleness is not None or s.pipeline) and s.over_provision is None:
+        raise SystemExit("--max-staleness and --pipeline apply to partial rollout: set --over-provision too")
 
     def emit(line: str) -> None:
         print(line, flush=True)

@@ -512,38 +512,117 @@ def test_a_step_whose_groups_completed_before_it_began_returns_with_the_engines_
     assert all(paused is not None and running == 0 for paused, running in between[:-1]), between
 
 
-def test_partial_rollout_refuses_a_version_change_in_the_middle_of_a_step(engine_loop, engines, tiny_model_dir):
-    """A partial-rollout step counts token ages from its start and restarts a stale sample at most once on
-    the promise that versions change only between steps: paused mid-step, update_weights and setting the
-    policy version are refused with a RunError that says to update between steps (they used to be taken,
-    and a sample restarted once could then turn stale again: an error inside the event loop, and a step
-    that waited forever). After the step returns, the update goes through."""
-    from pdsr_sdk.errors import RunError
+async def _until(cond, what: str, timeout: float = 60.0) -> None:
+    """Poll ``cond`` on the event loop (the engines' callbacks run meanwhile)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+def test_partial_rollout_takes_weight_updates_in_the_middle_of_steps(engine_loop, engines, tiny_model_dir):
+    """A pipelined trainer: it starts step k + 1 as soon as step k returns and, while it generates, trains on
+    step k and calls update_weights without pausing. The session stops the engines keeping every token,
+    loads the weights, and goes on: samples running at the update continue under the new version, and a
+    step's token ages count from the version at its end. Greedy fp32 engines reloaded with the same weights:
+    every sample is returned once with the tokens of an uninterrupted run, each step's result names the
+    version at its end (one more than at its start when the update came in its middle), and no token is
+    older than max_staleness there."""
     from pdsr_sdk.rollout.session import RolloutSession
 
-    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", over_provision=1.0, step_groups=2, max_staleness=1,
-                        sampling={"n": 4, "max_tokens": 128, "temperature": 0.0, "ignore_eos": True})
+    base = dict(model=str(tiny_model_dir), policy="v3", segments={"min_tokens": 16, "max_tokens": 32},
+                sampling={"n": 4, "max_tokens": 128, "temperature": 0.0, "ignore_eos": True})
+
+    async def scenario():
+        async with RolloutSession(RolloutConfig(**base), engines=engines) as session:
+            reference = await session.astep(stream_records(session))
+        cfg = RolloutConfig(**base, over_provision=1.0, step_groups=2, max_staleness=1)
+        steps, starts = [], []
+        async with RolloutSession(cfg, engines=engines) as session:
+            records = iter(stream_records(session))
+            steps.append(await session.astep(records))
+            for k in range(1, 5):
+                starts.append(session.policy_version)
+                step = asyncio.ensure_future(session.astep((), last=k == 4))
+                await _until(lambda: step.done() or any(s.num_generated for s in session.scheduler.running()),
+                             "tokens")
+                await session.aupdate_weights(str(tiny_model_dir))   # trained on the previous step
+                steps.append(await asyncio.wait_for(step, 120))
+            assert not session._stream.flying and not session.scheduler.held()
+        return reference, steps, starts
+
+    reference, steps, starts = run_on(engine_loop, scenario(), timeout=300)
+    ref = {s.key: s for s in reference.samples}
+    got = [s for out in steps for s in out.samples]
+    assert sorted(s.key for s in got) == sorted(ref)
+    for s in got:
+        assert s.token_ids == ref[s.key].token_ids and len(s.logprobs) == s.num_generated
+    # an update lands in the middle of its step unless that step ended first (e.g. at once, its groups
+    # complete when it began): then it lands between steps
+    assert steps[0].policy_version == 0
+    mid = [out.policy_version == start + 1 for out, start in zip(steps[1:], starts)]
+    assert all(out.policy_version in (start, start + 1) for out, start in zip(steps[1:], starts))
+    assert starts == sorted(starts) and sum(mid) >= 2, (starts, mid)
+    for out in steps:
+        assert out.summary["max_token_age"] <= 1 and out.summary["policy_version"] == out.policy_version
+        for s in out.samples:
+            kept = s.segments[max(i for i, seg in enumerate(s.segments) if seg.start_token == 0):]
+            assert all(0 <= out.policy_version - seg.policy_version <= 1 for seg in kept if seg.num_tokens)
+    # samples that ran across an update in the middle of the step that returned them
+    assert any(len({seg.policy_version for seg in s.segments if seg.num_tokens}) > 1 and
+               min(seg.policy_version for seg in s.segments if seg.num_tokens) == out.policy_version - 1
+               for out, m in zip(steps[1:], mid) if m for s in out.samples)
+
+
+def test_a_mid_step_update_that_would_restart_a_sample_twice_waits_for_the_steps_end(engine_loop, engines,
+                                                                                     tiny_model_dir):
+    """max_staleness 0: a weight update in the middle of a step restarts every sample holding tokens (each
+    at most once); a second update in the same step would make those restarted samples stale again. Paused
+    by the caller, it is refused with a RunError naming them; unpaused, it waits for the step's end, which
+    consumes their groups (they are due), and then loads."""
+    from pdsr_sdk.errors import RunError
+    from pdsr_sdk.rollout.data import PromptRecord
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", over_provision=1.0, step_groups=2, max_staleness=0,
+                        sampling={"n": 4, "max_tokens": 400, "temperature": 0.0, "ignore_eos": True})
 
     async def scenario():
         async with RolloutSession(cfg, engines=engines) as session:
-            step = asyncio.ensure_future(session.astep(stream_records(session)))
-            while not any(s.num_generated for s in session.scheduler.running()):
-                await asyncio.sleep(0.01)
+            tok = session.tokenizer
+            records = [PromptRecord(prompt_id=f"g{i}", text=f"Count to {i}.", token_ids=tok.encode(f"Count to {i}."),
+                                    target_lengths=[24, 24, 24, 300 if i % 2 else 24]) for i in range(4)]
+            step = asyncio.ensure_future(session.astep(records))
+            running = lambda: [s for s in session.scheduler.running() if s.num_generated]   # noqa: E731
+            await _until(lambda: len(running()) >= 2, "tokens")
+            assert await session.aupdate_weights(str(tiny_model_dir)) == 1   # restarts what has tokens
+            restarted = lambda: [s for g, _ in session._stream.in_flight_groups() for s in g.samples   # noqa: E731
+                                 if s.restarts and s.num_generated > 8]
+            await _until(lambda: restarted() or step.done(), "a restarted sample's new tokens")
+            assert not step.done()
             await session.apause("abort")
-            version = session.policy_version
-            with pytest.raises(RunError, match="between steps, after step\\(\\) returns"):
+            blocked = {s.key for s in session._stream.blocked_by(2)}
+            with pytest.raises(RunError, match="restarted for staleness once and would be too stale again"):
                 await session.aupdate_weights(str(tiny_model_dir))
-            with pytest.raises(RunError, match="partial-rollout step runs"):
-                session.policy_version = version + 1
-            assert session.policy_version == version
+            assert session.policy_version == 1 and not step.done()
             await session.aresume()
-            out = await asyncio.wait_for(step, 120)
-            assert len(out.groups) == 2 and out.summary["max_token_age"] == 0
-            assert await session.aupdate_weights(str(tiny_model_dir)) == version + 1
-            last = await asyncio.wait_for(session.astep((), last=True), 120)
-            assert last.summary["max_token_age"] <= 1
+            assert await session.aupdate_weights(str(tiny_model_dir)) == 2
+            assert step.done()   # it waited for the step's end
+            out = step.result()
+            assert out.policy_version == 1 and out.summary["max_token_age"] == 0
+            keys = {s.key for s in out.samples}
+            assert blocked and blocked <= keys   # consumed at the step's end they waited for
+            rest = []   # the step took every due group: perhaps all four
+            if session.carried():
+                last = await asyncio.wait_for(session.astep((), last=True), 120)
+                assert keys.isdisjoint(s.key for s in last.samples) and last.summary["max_token_age"] == 0
+                rest = last.groups
+            assert len(out.groups) + len(rest) == 4
+            return out
 
-    run_on(engine_loop, scenario(), timeout=300)
+    out = run_on(engine_loop, scenario(), timeout=300)
+    assert out.summary["stale_restarts"] >= 1
 
 
 def test_rollout_steps_writes_every_group_once_in_the_step_that_consumed_it(engine_loop, engines, tiny_model_dir,

@@ -280,6 +280,35 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     assert (out / "steps.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def hand_stream(groups: int, over_provision: float, staleness: int | None):
+    """A StepStream on simulated engines driven by hand, as a session drives it (v3, steps of 6 groups of
+    4): returns the stream, its clock, the step-end times (appended by ``on_step_end``), the trace rows
+    taken so far, and the trace's lengths by prompt."""
+    from pdsr_sdk.dispatch.steps import StepStream, in_flight
+    from pdsr_sdk.sim.driver import build_batch, build_engines
+
+    trace = small_trace(groups=groups)
+    cfg = small_cfg(policy="v3")
+    rows = [g for b in trace_batches(trace, cfg.model_copy(update={"num_batches": None})).batches for g in b]
+    clock = VirtualClock()
+    cls, settings = resolve_policy("v3", {})
+    handlers, ended, taken = [], [], []
+    run = DispatchRun(build_engines(cfg, clock, record=False), cls, settings, clock,
+                      SamplingConfig(n=4, max_tokens=600, ignore_eos=True), cfg.segments,
+                      busy_s=SimEngine.busy_s_at, on_group_done=lambda g: handlers[0].group_done(g))
+
+    def new_groups(count):
+        batch = rows[len(taken):len(taken) + count]
+        taken.extend(batch)
+        return build_batch(batch)
+
+    stream = StepStream(run, step_groups=6, in_flight=in_flight(6, over_provision), steps=None,
+                        max_staleness=staleness, group_deadline=None, new_groups=new_groups,
+                        on_step_end=lambda: ended.append(clock.now()), check=True)
+    handlers.append(stream)
+    return stream, clock, ended, taken, recorded(trace)
+
+
 @pytest.mark.parametrize("over_provision", [0.5, 1.5])
 def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains(over_provision):
     """The StepStream as a session drives it: at a step's end the owner takes the groups (consume), bumps
@@ -287,33 +316,10 @@ def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains(over
     B and ends when every one is complete. Every launched group is consumed exactly once, whole, and
     ``groups_launched`` (the progress bar's total of ``pdsr rollout --steps``) counts them. At F = 1.5
     more than B are in flight when the last step starts: it launches none and takes them all."""
-    from pdsr_sdk.dispatch.clock import VirtualClock
-    from pdsr_sdk.dispatch.config import SamplingConfig
-    from pdsr_sdk.dispatch.run import DispatchRun
-    from pdsr_sdk.dispatch.steps import StepStream, groups_launched, in_flight
-    from pdsr_sdk.sim.driver import build_batch, build_engines
+    from pdsr_sdk.dispatch.steps import groups_launched
 
-    trace = small_trace(groups=40)
-    want = recorded(trace)
-    cfg = small_cfg(policy="v3")
-    rows = [g for b in trace_batches(trace, cfg.model_copy(update={"num_batches": None})).batches for g in b]
-    clock = VirtualClock()
-    cls, settings = resolve_policy("v3", {})
-    handlers, ended = [], []
-    run = DispatchRun(build_engines(cfg, clock, record=False), cls, settings, clock,
-                      SamplingConfig(n=4, max_tokens=600, ignore_eos=True), cfg.segments,
-                      busy_s=SimEngine.busy_s_at, on_group_done=lambda g: handlers[0].group_done(g))
-    taken = []
-
-    def new_groups(count):
-        batch = rows[len(taken):len(taken) + count]
-        taken.extend(batch)
-        return build_batch(batch)
-
-    stream = StepStream(run, step_groups=6, in_flight=in_flight(6, over_provision), steps=None, max_staleness=1,
-                        group_deadline=None, new_groups=new_groups, on_step_end=lambda: ended.append(clock.now()),
-                        check=True)
-    handlers.append(stream)
+    stream, clock, ended, taken, want = hand_stream(40, over_provision, 1)
+    run = stream.run
     stream.start()
     consumed = []
     for step in range(5):
@@ -330,3 +336,63 @@ def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains(over
     assert {g.prompt_id: sorted(s.num_generated for s in g.samples) for step in consumed for g in step} == \
         {pid: sorted(v) for pid, v in want.items() if pid in set(ids)}
     assert max(r.max_age for r in stream.records) <= 1
+
+
+@pytest.mark.parametrize("staleness,updates", [(0, 2), (1, 1), (1, 2), (2, 1)])
+def test_stream_takes_version_changes_in_the_middle_of_steps(staleness, updates):
+    """A pipelined trainer: it trains on step k while step k + 1 generates, so its version changes come in
+    the middle of a step (one or two a step), and the owner refills at once at each step's end (no change
+    there). The stream restarts what a change makes too stale, counts token ages from the version at each
+    step's end, and names (``blocked_by``) a change that would make a sample restarted once too stale
+    again: that change waits for the step's end, which consumes its group (with more changes a step than
+    S, a later one finds an earlier one's restarts). Every launched group is consumed once, whole, with its
+    kept tokens (``check``), and no consumed token is older than S versions at its step's end."""
+    stream, clock, ended, taken, want = hand_stream(48, 0.5, staleness)
+    sched = stream.sched
+    changes = {"mid_step": 0, "waited": 0}
+    waiting = []
+
+    def update():   # the trainer finished an update
+        if waiting:               # it waits for the step's end; no further update until then
+            return
+        if stream.closing:        # the step ended first: the change goes in between steps
+            waiting.append(True)
+        elif stream.blocked_by(sched.policy_version + 1):
+            changes["waited"] += 1
+            waiting.append(True)
+        else:
+            sched.policy_version += 1
+            stream.version_changed()
+            changes["mid_step"] += 1
+
+    stream.start()
+    consumed, versions = [], []
+    for step in range(6):
+        clock.run(until=lambda: len(ended) > step)
+        versions.append((stream.step_version, stream.end_version))
+        consumed.append(stream.consume())
+        if waiting:
+            waiting.clear()
+            sched.policy_version += 1
+        if step < 5:
+            stream.refill(last=step == 4)
+            for u in range(updates):   # a step takes 1-3 s
+                clock.call_later(0.4 * (u + 1), update)
+    assert stream.draining and not stream.flying
+    ids = [g.prompt_id for step in consumed for g in step]
+    assert len(ids) == len(set(ids)) == len(taken)
+    assert {g.prompt_id: sorted(s.num_generated for s in g.samples) for step in consumed for g in step} == \
+        {pid: sorted(v) for pid, v in want.items() if pid in set(ids)}
+    # more changes a step than S: a sample restarted at one is too stale by a later one, which waits
+    assert changes["mid_step"] >= 2 and (changes["waited"] > 0) == (updates > staleness), changes
+    for record, (start, end) in zip(stream.records, versions):
+        assert max(record.ages, default=0) <= staleness and record.max_age <= staleness
+    assert any(end == start + 1 for start, end in versions)
+    for step in consumed:
+        for g in step:
+            for s in g.samples:
+                assert all(seg.policy_version <= sched.policy_version for seg in kept_segments(s))
+    if staleness == 0:
+        assert sum(r.stale_restarts for r in stream.records) > 0
+    else:
+        assert sum(r.partial_tokens for r in stream.records) > 0

@@ -19,6 +19,12 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
 - Staleness (``max_staleness`` S): at each step's advance, every sample of an unconsumed group whose
   oldest kept token is more than S versions old is restarted (``Scheduler.restart``; finished
   samples too), so no consumed token is older than S versions. Thrown-away tokens count as wasted.
+- The version may also change in the middle of a step (a pipelined trainer updates weights while the
+  next step generates): the owner then calls :meth:`StepStream.version_changed`, which restarts what
+  the new version makes too stale. A step's token ages count from the version current at its end
+  (:attr:`StepStream.end_version`, the one its groups are trained with). A change that would make a
+  sample already restarted once too stale again must wait for the step's end
+  (:meth:`StepStream.blocked_by` names those samples; their groups are due, so that end consumes them).
 - No starvation: a sample is restarted for staleness at most once. A group holding a restarted
   sample that would be too stale after the next version change is due: the step does not end
   before it completes and consumes it. So with S set every sample is generated at most twice, and
@@ -156,7 +162,9 @@ class StepStream:
         self.on_step_end = on_step_end
         self.on_advance = on_advance
         self.t = 0
+        #: the policy version at the step's start, and at its end (token ages count from the latter)
         self.step_version = self.sched.policy_version
+        self.end_version = self.step_version
         # keyed by id(group) (groups are unhashable dataclasses)
         self.flying: dict[int, tuple[Group, int]] = {}   # in flight (launched, not consumed): (group, launch step)
         self.complete: dict[int, Group] = {}             # complete, not consumed, in completion order
@@ -266,6 +274,7 @@ class StepStream:
         order = sorted(self.complete.values(), key=lambda g: (id(g) not in due, self.flying[id(g)][1]))
         self.pending = order if self.draining else order[:max(self.b, len(due))]
         self.end_s = now
+        self.end_version = self.sched.policy_version
         self.on_step_end()
 
     def _due(self) -> set[int]:
@@ -278,7 +287,7 @@ class StepStream:
             for key in list(self.watch):
                 if key not in self.flying:
                     del self.watch[key]
-                elif self._stale(self.watch[key], self.step_version + 1, restarted_only=True):
+                elif self._stale(self.watch[key], self.sched.policy_version + 1, restarted_only=True):
                     due.add(key)
         return due
 
@@ -306,8 +315,8 @@ class StepStream:
                 segs = [seg for seg in kept_segments(s) if seg.num_tokens]
                 mixed = len(segs) > 1 and segs[0].policy_version != segs[-1].policy_version
                 for seg in segs:
-                    ages[self.step_version - seg.policy_version] += seg.num_tokens
-                    if mixed and seg.policy_version < self.step_version:
+                    ages[self.end_version - seg.policy_version] += seg.num_tokens
+                    if mixed and seg.policy_version < self.end_version:
                         partial += seg.num_tokens
         stats = self.sched.stats
         tokens = sum(ages.values())
@@ -357,6 +366,26 @@ class StepStream:
         self.maybe_end()
 
     # ------------------------------------------------------------ staleness
+    def blocked_by(self, version: int) -> list[Sample]:
+        """Samples of unconsumed groups, already restarted for staleness once, that a change to ``version``
+        now would make too stale again: such a change must wait for the step's end (which consumes their
+        groups when ``version`` is the next one: they are due)."""
+        if self.s is None:
+            return []
+        chosen = {id(g) for g in self.pending}   # an ended step's groups: consumed at its end version
+        return [s for key, g in self.watch.items() if key in self.flying and key not in chosen
+                for s in g.samples if self._restarted(s) and self._too_old(s, version)]
+
+    def version_changed(self) -> None:
+        """The owner changed the scheduler's policy version in the middle of a step (after checking
+        :meth:`blocked_by`): restart what is too stale for it now. After a step has ended and before
+        :meth:`refill`, nothing happens here: the ended step's groups are chosen, and refill restarts the
+        rest."""
+        if self.s is None or self.closing or self.done:
+            return
+        for g, _ in list(self.flying.values()):
+            self._restart_stale(g, self.sched.policy_version)
+
     def _restarted(self, s: Sample) -> bool:
         """Whether a staleness restart of ``s`` took effect (one of a running sample is only asked for
         until its abort comes back; if that finds its last token generated, it never happened)."""

@@ -134,6 +134,7 @@ class RolloutSession:
         self._sources: deque[Iterator] = deque()
         self._stream_n = 0
         self._step_end: asyncio.Future | None = None
+        self._loading: asyncio.Future | None = None   # set while update_weights loads (a step waits for it)
         self._stream_base = 0   # batch index of the stream's first step (launch steps are counted from it)
         self._restored: list[tuple[Group, int]] = []
 
@@ -150,18 +151,28 @@ class RolloutSession:
     def policy_version(self, value: int) -> None:
         if self.scheduler is None:
             raise RunError("start the session before setting the policy version")
-        if value != self.scheduler.policy_version:
-            self._check_version_change("the policy version")
+        if value == self.scheduler.policy_version:
+            return
+        self._check_not_blocked(value, "the policy version", "their groups are due at this step's end: set it "
+                                "after step() returns")
         self.scheduler.policy_version = value
+        if self._mid_stream_step():
+            self._stream.version_changed()
 
-    def _check_version_change(self, what: str) -> None:
-        """Partial rollout counts token ages in versions from a step's start, and restarts a stale sample
-        at most once on the promise that versions change only between steps: refuse a change mid-step."""
-        if self._stream is not None and self._step_end is not None and not self._step_end.done():
-            raise RunError(f"{what} cannot change while a partial-rollout step runs (over_provision set): "
-                           f"staleness and off-policy ages count versions from each step's start. Update "
-                           f"weights between steps, after step() returns (its carried samples then go on "
-                           f"under the new version)")
+    def _mid_stream_step(self) -> bool:
+        """Whether a partial-rollout step is running (started and not ended; paused or not)."""
+        return self._stream is not None and self._step_end is not None and not self._step_end.done()
+
+    def _check_not_blocked(self, version: int, what: str, hint: str) -> None:
+        """Partial rollout restarts a stale sample at most once: refuse a version change that would make a
+        sample already restarted for staleness too stale again."""
+        blocked = self._stream.blocked_by(version) if self._stream is not None else []
+        if blocked:
+            keys = ", ".join(s.key for s in blocked[:4]) + (", ..." if len(blocked) > 4 else "")
+            if not self._mid_stream_step():   # between steps only a jump of several versions can do that
+                hint = f"go up one version a step (it is {self.policy_version})"
+            raise RunError(f"{what} cannot change to {version} now: sample(s) {keys} were restarted for staleness "
+                           f"once and would be too stale again (max_staleness {self._stream.s}); {hint}")
 
     @property
     def tokenizer(self):
@@ -301,6 +312,8 @@ class RolloutSession:
         step: read the groups from the result rather than assume they are the prompts given."""
         if not self._started:
             await self.start()
+        while self._loading is not None:   # a trainer's update_weights (another thread) is loading
+            await asyncio.shield(self._loading)
         if self.config.streaming:
             return await self._astream_step(prompts, n=n, last=last)
         items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
@@ -325,7 +338,9 @@ class RolloutSession:
         complete (due groups first, ``group_deadline``): running samples are then aborted with their
         tokens and log-probs kept (as ``pause("abort")``), so the engines are idle while the trainer
         trains and updates weights, and the carried samples continue from their tokens at the next
-        step under the new version (their segments say which tokens came from which version).
+        step under the new version (their segments say which tokens came from which version). A
+        trainer that trains while the next step runs updates in its middle (:meth:`aupdate_weights`);
+        the result's ``policy_version`` is the version at the step's end, which token ages count from.
         ``last=True`` launches only what brings the groups in flight to ``step_groups`` and returns every
         group in flight once all are complete (nothing is left carried).
         """
@@ -353,14 +368,8 @@ class RolloutSession:
         if not stream.flying:
             raise DataError("step: nothing to run: no new prompts (an empty list, or the iterator is exhausted) "
                             "and no group carried from the previous step")
-        await asyncio.wait({self._step_end, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
-        if self._fatal.done():
-            raise self._fatal.result()
-        drained = self._step_end.result()
-        await asyncio.wait({drained, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
-        if self._fatal.done():
-            raise self._fatal.result()
-        version = stream.step_version
+        await self._await_step_end(self._step_end)
+        version = stream.end_version
         consumed = stream.consume()
         record = stream.records[-1]
         report = BatchResult.from_report(self.run.report_span(consumed, record.start_s, record.end_s))
@@ -375,6 +384,16 @@ class RolloutSession:
         result.summary.update(report.step)
         result.record = record
         return result
+
+    async def _await_step_end(self, step_end: asyncio.Future) -> None:
+        """Wait for a partial-rollout step's end and for its engines to stop (or raise the run's error)."""
+        await asyncio.wait({step_end, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done():
+            raise self._fatal.result()
+        drained = step_end.result()
+        await asyncio.wait({drained, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done():
+            raise self._fatal.result()
 
     def carried(self) -> list[tuple[Group, int]]:
         """Partial rollout: the groups in flight after a step (carried into the next), each with the step
@@ -474,7 +493,10 @@ class RolloutSession:
         Tensors travel through one shared-memory block that every local engine process maps (no
         pickling; the session keeps the block and rewrites it at each update, until :meth:`close`), to
         Ray engines through Ray's object store, and by CUDA IPC handle to a local engine on the GPU the
-        tensors sit on. Between steps only (no step running).
+        tensors sit on. Between steps, or while paused; in partial rollout (``over_provision`` set) also
+        while a step runs, for a trainer that trains on one step while the next generates: the engines
+        then stop keeping every token, load, and go on under the new version (a change that would make a
+        sample already restarted for staleness too stale again waits for the step's end).
         A bad name or shape raises a :class:`~pdsr_sdk.errors.DataError` naming the parameter before
         anything changes; an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
         """
@@ -482,12 +504,14 @@ class RolloutSession:
 
         if not self._started:
             raise RunError("update_weights: start the session first")
-        if self.scheduler is not None and not self.scheduler.idle and self.scheduler.paused is None:
-            raise RunError("update_weights: a step is running; pause it first (session.pause(...)) or update "
-                           "weights between steps")
         if self._asleep:
             raise RunError("update_weights: the engines are asleep; call session.wake() first")
-        self._check_version_change("update_weights: the policy version")
+        streaming_mid_step = self._mid_stream_step()
+        if not streaming_mid_step and self.scheduler is not None and not self.scheduler.idle \
+                and self.scheduler.paused is None:
+            raise RunError("update_weights: a step is running; pause it first (session.pause(...)) or update "
+                           "weights between steps")
+        new = self.policy_version + 1 if version is None else int(version)
         engines = self._live_engines()
         unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
         if unsupported:
@@ -498,14 +522,35 @@ class RolloutSession:
         if self._weights_block is None:
             self._weights_block = WeightsBlock()
         staged = stage_weights(weights, self._reference_weights, block=self._weights_block)
+        step_end, paused_here = self._step_end, False
         try:
+            if streaming_mid_step:
+                # a pipelined trainer's update while a partial-rollout step runs: stop the engines keeping
+                # every token (their samples go on under the new version), unless the caller paused them
+                if self.scheduler.paused is None:
+                    await self.apause("abort")
+                    paused_here = True
+                if paused_here and self._mid_stream_step() and self._stream.blocked_by(new):
+                    # a sample restarted for staleness once would turn stale again: its group is due, so
+                    # this step's end consumes it; load the weights after that end
+                    await self.aresume()
+                    paused_here = False
+                    await self._await_step_end(step_end)
+            self._check_not_blocked(new, "update_weights: the policy version",
+                                    "their groups are due at this step's end: call update_weights without "
+                                    "pausing first (it then waits for that end), or after step() returns")
+            self._loading = asyncio.get_running_loop().create_future()
             failed = await _failures(e.update_weights(staged) for e in engines)
+            if failed:
+                raise failed[0]
+            self.policy_version = new
         finally:
             staged.close()
-        if failed:
-            raise failed[0]
-        new = self.policy_version + 1 if version is None else int(version)
-        self.policy_version = new
+            if self._loading is not None:
+                self._loading.set_result(None)
+                self._loading = None
+            if paused_here and not step_end.done():   # else the step ended meanwhile: its engines stay stopped
+                await self.aresume()
         return new
 
     # --------------------------------------------------------- pause / sleep
