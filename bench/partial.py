@@ -15,8 +15,15 @@ trainer's next step would take them). Repeats alternate the runs (A B A B ...); 
 the median of the pairwise ratios with its spread. The simulator's prediction for the same trace
 (`pdsr simulate --steps` with a profile calibrated from the on-policy run) is printed beside it.
 
+``--trainer-s T`` adds a trainer that takes T seconds a step (a sleep: a trainer on its own device) and
+pushes the weights after it (``update_weights`` with the model's own weights); samples per second are
+then over the wall time from the first step's start to the last step's training end, and a third run
+joins: **pipelined** partial rollout, which starts step k + 1 before training on step k, so the update
+lands in the middle of the next step (docs/sdk.md, "Partial rollout across steps").
+
     python bench/partial.py                        # K=5, B=4, N=8, F=0.5, S=2, lengths to 2048, tiny model
     python bench/partial.py --steps 8 --step-groups 16 --over-provision 0.25 --repeats 3
+    python bench/partial.py --trainer-s 3                # with a trainer, and pipelined against it
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ def parse_args():
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--repeats", type=int, default=1, help="rounds of both runs, alternating")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
+    p.add_argument("--trainer-s", type=float, default=0.0,
+                   help="a trainer taking this many seconds a step, then update_weights; adds the pipelined run")
     return p.parse_args()
 
 
@@ -85,11 +94,19 @@ async def main_async(args) -> None:
 
     tables: list[Path] = []   # the on-policy steps' trajectories, to calibrate the simulator
 
+    async def train(session) -> None:
+        """The trainer's step: its time, then its weights to the engines (a version bump without one)."""
+        if args.trainer_s > 0:
+            await asyncio.sleep(args.trainer_s)
+            await session.aupdate_weights(model)
+        else:
+            session.policy_version += 1
+
     async def on_policy(records) -> dict:
         import pyarrow.parquet as pq
 
         async with RolloutSession(on_cfg, engines=engines) as session:
-            wall, samples = 0.0, 0
+            wall, samples, t0 = 0.0, 0, time.perf_counter()
             for step in range(k):
                 out = await session.astep(records[step * b:(step + 1) * b])
                 print(f"    on-policy step {step}: {out.summary['makespan_s']:.2f} s", flush=True)
@@ -97,16 +114,19 @@ async def main_async(args) -> None:
                 samples += out.summary["samples"]
                 tables.append(work / f"on-{len(tables)}.parquet")
                 pq.write_table(out.table, tables[-1])
-                session.policy_version += 1
-        return {"wall_s": wall, "samples": samples, "steps": k}
+                await train(session)
+        return {"wall_s": time.perf_counter() - t0 if args.trainer_s > 0 else wall, "samples": samples, "steps": k}
 
-    async def partial(records) -> dict:
+    async def partial(records, *, pipelined: bool = False) -> dict:
         async with RolloutSession(part_cfg, engines=engines) as session:
             wall, samples, off, ages, wasted, restarts = 0.0, 0, [], [], 0, 0
             source = iter(records)
             step_times: list[float] = []
+            t0 = time.perf_counter()
+            out = await session.astep(source)
             for step in range(k):
-                out = await session.astep(source if step == 0 else ())
+                # pipelined: the next step generates while this one trains (the update lands in its middle)
+                nxt = asyncio.ensure_future(session.astep(())) if pipelined and step + 1 < k else None
                 step_times.append(out.summary["makespan_s"])
                 wall += out.summary["makespan_s"]
                 samples += out.summary["samples"]
@@ -114,20 +134,30 @@ async def main_async(args) -> None:
                 ages.append(out.summary["max_token_age"])
                 wasted += out.summary["wasted_tokens"]
                 restarts += out.summary["stale_restarts"]
-                session.policy_version += 1
+                await train(session)
+                if step + 1 < k:
+                    out = await nxt if nxt is not None else await session.astep(())
+            elapsed = time.perf_counter() - t0
             tail = await session.astep((), last=True)   # the carried groups, not counted
-        return {"wall_s": wall, "samples": samples, "steps": k, "off_policy_share": statistics.mean(off),
-                "max_token_age": max(ages), "drained_groups": len(tail.groups), "wasted_tokens": wasted,
-                "stale_restarts": restarts, "step_s": [round(x, 2) for x in step_times]}
+        return {"wall_s": elapsed if args.trainer_s > 0 else wall, "samples": samples, "steps": k,
+                "off_policy_share": statistics.mean(off), "max_token_age": max(ages),
+                "drained_groups": len(tail.groups), "wasted_tokens": wasted, "stale_restarts": restarts,
+                "step_s": [round(x, 2) for x in step_times]}
+
+    async def pipelined(records) -> dict:
+        return await partial(records, pipelined=True)
 
     tok = load_tokenizer(model)
     records = load_prompts(on_cfg.data, tok, path=path, n=n)
     try:
         async with RolloutSession(on_cfg, engines=engines) as warm:   # warm-up
             await warm.astep(records[:2])
-        runs: dict[str, list[dict]] = {"on-policy": [], "partial": []}
+        kinds = [("on-policy", on_policy), ("partial", partial)]
+        if args.trainer_s > 0:
+            kinds.append(("pipelined", pipelined))
+        runs: dict[str, list[dict]] = {name: [] for name, _ in kinds}
         for r in range(args.repeats):
-            for name, fn in (("on-policy", on_policy), ("partial", partial)):
+            for name, fn in kinds:
                 res = await fn(records)
                 runs[name].append(res)
                 print(f"  round {r}: {name:9s} {res['samples']} samples in {res['wall_s']:7.2f} s  "
@@ -141,10 +171,21 @@ async def main_async(args) -> None:
     predicted = simulated_ratio(args, trace, k, b, calibrated_profile(tables))
     print(f"\npartial / on-policy samples per second: {statistics.median(ratios):.3f}x "
           f"[{ratios[0]:.3f}, {ratios[-1]:.3f}] over {len(ratios)} round(s); simulated with a profile calibrated "
-          f"from the on-policy steps: {predicted:.3f}x; partial run: off-policy token share {part['off_policy_share']:.3f}, oldest token "
+          f"from the on-policy steps{' (without the trainer)' if args.trainer_s > 0 else ''}: {predicted:.3f}x; partial run: off-policy token share {part['off_policy_share']:.3f}, oldest token "
           f"{part['max_token_age']} version(s), {part['stale_restarts']} staleness restarts ({part['wasted_tokens']} "
           f"tokens thrown away), steps {part['step_s']} s, {part['drained_groups']} carried groups drained after "
           f"step {k}")
+    if "pipelined" in runs:
+        piped = sorted((p["samples"] / p["wall_s"]) / (o["samples"] / o["wall_s"])
+                       for o, p in zip(runs["on-policy"], runs["pipelined"]))
+        over = sorted((p["samples"] / p["wall_s"]) / (q["samples"] / q["wall_s"])
+                      for q, p in zip(runs["partial"], runs["pipelined"]))
+        pipe = runs["pipelined"][len(piped) // 2]
+        print(f"with a trainer of {args.trainer_s:g} s a step: pipelined / on-policy samples per second "
+              f"{statistics.median(piped):.3f}x [{piped[0]:.3f}, {piped[-1]:.3f}], pipelined / partial "
+              f"{statistics.median(over):.3f}x [{over[0]:.3f}, {over[-1]:.3f}]; pipelined run: off-policy token "
+              f"share {pipe['off_policy_share']:.3f}, oldest token {pipe['max_token_age']} version(s) at its step's "
+              f"end, {pipe['stale_restarts']} staleness restarts, steps {pipe['step_s']} s")
 
 
 def calibrated_profile(tables: list[Path]) -> dict:
