@@ -38,8 +38,8 @@ the step's own weights sampled (the gap thus stays a numerics check).
 ``--pipeline`` (with ``--over-provision``) starts the next step before training on this one, as a
 trainer that overlaps generation and training does: the weight update lands in the middle of the next
 step, whose samples go on under the new weights (``RolloutSession.update_weights`` stops and resumes
-the engines itself), so each step trains on tokens up to one version older than without it; the
-step's ``policy_version`` is the version at its end.
+the engines itself), and that step does not end before it (``step(..., wait_for_update=True)``), so its
+token ages count at the weights the trainer trains it with.
 
 ``--no-update`` is the control: the trainer still trains on every step's samples, but the engines
 keep the initial weights (so ``kl_ref`` is 0 there). ``--compare`` runs both in one session (the
@@ -171,8 +171,10 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                 last = step == s.steps - 1
                 out = nxt.result() if nxt is not None else session.step(stream if step == 0 else (), n=s.n, last=last)
                 nxt = None
-                if s.pipeline and not last:   # the next step generates while this one trains: the update lands in it
-                    nxt = stepping.submit(session.step, (), n=s.n, last=step + 1 == s.steps - 1)
+                if s.pipeline and not last:   # the next step generates while this one trains: the update lands in
+                    # it, and the step waits for it (so its token ages count at the weights it is trained with)
+                    nxt = stepping.submit(session.step, (), n=s.n, last=step + 1 == s.steps - 1,
+                                          wait_for_update=s.update)
             else:
                 start = (step * s.batch_size) % len(prompts_all)
                 out = session.step([prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)], n=s.n)

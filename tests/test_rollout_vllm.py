@@ -521,14 +521,17 @@ async def _until(cond, what: str, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_partial_rollout_takes_weight_updates_in_the_middle_of_steps(engine_loop, engines, tiny_model_dir):
+@pytest.mark.parametrize("wait_for_update", [False, True])
+def test_partial_rollout_takes_weight_updates_in_the_middle_of_steps(engine_loop, engines, tiny_model_dir,
+                                                                      wait_for_update):
     """A pipelined trainer: it starts step k + 1 as soon as step k returns and, while it generates, trains on
     step k and calls update_weights without pausing. The session stops the engines keeping every token,
     loads the weights, and goes on: samples running at the update continue under the new version, and a
     step's token ages count from the version at its end. Greedy fp32 engines reloaded with the same weights:
     every sample is returned once with the tokens of an uninterrupted run, each step's result names the
     version at its end (one more than at its start when the update came in its middle), and no token is
-    older than max_staleness there."""
+    older than max_staleness there. ``wait_for_update``: no step ends before the trainer's update, so every
+    later step ends one version above its start (the trainer's weights)."""
     from pdsr_sdk.rollout.session import RolloutSession
 
     base = dict(model=str(tiny_model_dir), policy="v3", segments={"min_tokens": 16, "max_tokens": 32},
@@ -544,7 +547,7 @@ def test_partial_rollout_takes_weight_updates_in_the_middle_of_steps(engine_loop
             steps.append(await session.astep(records))
             for k in range(1, 5):
                 starts.append(session.policy_version)
-                step = asyncio.ensure_future(session.astep((), last=k == 4))
+                step = asyncio.ensure_future(session.astep((), last=k == 4, wait_for_update=wait_for_update))
                 await _until(lambda: step.done() or any(s.num_generated for s in session.scheduler.running()),
                              "tokens")
                 await session.aupdate_weights(str(tiny_model_dir))   # trained on the previous step
@@ -563,7 +566,7 @@ def test_partial_rollout_takes_weight_updates_in_the_middle_of_steps(engine_loop
     assert steps[0].policy_version == 0
     mid = [out.policy_version == start + 1 for out, start in zip(steps[1:], starts)]
     assert all(out.policy_version in (start, start + 1) for out, start in zip(steps[1:], starts))
-    assert starts == sorted(starts) and sum(mid) >= 2, (starts, mid)
+    assert starts == sorted(starts) and sum(mid) >= (4 if wait_for_update else 2), (starts, mid)
     for out in steps:
         assert out.summary["max_token_age"] <= 1 and out.summary["policy_version"] == out.policy_version
         for s in out.samples:

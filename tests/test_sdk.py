@@ -43,6 +43,18 @@ def test_the_synchronous_calls_need_the_session_open():
         asyncio.run(inside())
 
 
+def test_waiting_for_an_update_is_for_partial_rollout_only():
+    """A step without over_provision ends when its groups are complete: ``wait_for_update`` is refused with
+    a ConfigError that says what it is for, before any engine starts."""
+    from pdsr_sdk import RolloutConfig, RolloutSession
+    from pdsr_sdk.errors import ConfigError
+
+    session = RolloutSession(RolloutConfig(policy="baseline"))
+    with pytest.raises(ConfigError, match=r"wait_for_update=True\) is for partial rollout"):
+        asyncio.run(session.astep(["hi"], wait_for_update=True))
+    assert not session._started
+
+
 @requires_torch
 def test_prompts_a_step_takes(tiny_model_dir):
     from pdsr_sdk.rollout.config import DataConfig

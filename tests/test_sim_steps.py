@@ -338,18 +338,23 @@ def test_stream_owned_by_hand_consumes_at_step_end_and_the_last_step_drains(over
     assert max(r.max_age for r in stream.records) <= 1
 
 
-@pytest.mark.parametrize("staleness,updates", [(0, 2), (1, 1), (1, 2), (2, 1)])
-def test_stream_takes_version_changes_in_the_middle_of_steps(staleness, updates):
+@pytest.mark.parametrize("staleness,updates,hold", [(0, 2, False), (1, 1, False), (1, 2, False), (2, 1, False),
+                                                    (1, 1, True), (0, 2, True)])
+def test_stream_takes_version_changes_in_the_middle_of_steps(staleness, updates, hold):
     """A pipelined trainer: it trains on step k while step k + 1 generates, so its version changes come in
     the middle of a step (one or two a step), and the owner refills at once at each step's end (no change
     there). The stream restarts what a change makes too stale, counts token ages from the version at each
     step's end, and names (``blocked_by``) a change that would make a sample restarted once too stale
     again: that change waits for the step's end, which consumes its group (with more changes a step than
     S, a later one finds an earlier one's restarts). Every launched group is consumed once, whole, with its
-    kept tokens (``check``), and no consumed token is older than S versions at its step's end."""
+    kept tokens (``check``), and no consumed token is older than S versions at its step's end. ``hold``
+    (``hold_until``, a session's ``wait_for_update``): no step ends before the change that follows its
+    predecessor's end, so each ends one version above its start, unless a change had to wait for the
+    step's end (``release_hold``)."""
     stream, clock, ended, taken, want = hand_stream(48, 0.5, staleness)
     sched = stream.sched
     changes = {"mid_step": 0, "waited": 0}
+    released = set()   # steps whose hold was released
     waiting = []
 
     def update():   # the trainer finished an update
@@ -360,6 +365,9 @@ def test_stream_takes_version_changes_in_the_middle_of_steps(staleness, updates)
         elif stream.blocked_by(sched.policy_version + 1):
             changes["waited"] += 1
             waiting.append(True)
+            if stream.hold_until is not None:   # else the step would wait for this change forever
+                released.add(stream.t)
+                stream.release_hold()
         else:
             sched.policy_version += 1
             stream.version_changed()
@@ -375,9 +383,10 @@ def test_stream_takes_version_changes_in_the_middle_of_steps(staleness, updates)
             waiting.clear()
             sched.policy_version += 1
         if step < 5:
+            stream.hold_until = stream.end_version + 1 if hold else None
             stream.refill(last=step == 4)
-            for u in range(updates):   # a step takes 1-3 s
-                clock.call_later(0.4 * (u + 1), update)
+            for u in range(updates):   # a step takes 1-4 s; held, the trainer is often slower than that
+                clock.call_later((2.0 if hold else 0.4) * (u + 1), update)
     assert stream.draining and not stream.flying
     ids = [g.prompt_id for step in consumed for g in step]
     assert len(ids) == len(set(ids)) == len(taken)
@@ -388,6 +397,9 @@ def test_stream_takes_version_changes_in_the_middle_of_steps(staleness, updates)
     for record, (start, end) in zip(stream.records, versions):
         assert max(record.ages, default=0) <= staleness and record.max_age <= staleness
     assert any(end == start + 1 for start, end in versions)
+    if hold:
+        assert all(end > versions[t - 1][1] for t, (_, end) in enumerate(versions) if t and t not in released), \
+            versions
     for step in consumed:
         for g in step:
             for s in g.samples:

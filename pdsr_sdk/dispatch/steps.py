@@ -25,6 +25,8 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
   (:attr:`StepStream.end_version`, the one its groups are trained with). A change that would make a
   sample already restarted once too stale again must wait for the step's end
   (:meth:`StepStream.blocked_by` names those samples; their groups are due, so that end consumes them).
+  With :attr:`StepStream.hold_until` set, a step does not end before the version reaches it (a pipelined
+  trainer's update for the previous step), so its ages count at the weights the trainer trains with.
 - No starvation: a sample is restarted for staleness at most once. A group holding a restarted
   sample that would be too stale after the next version change is due: the step does not end
   before it completes and consumes it. So with S set every sample is generated at most twice, and
@@ -178,6 +180,8 @@ class StepStream:
         self.end_s = self.start_s
         self.held_since: float | None = None
         self.held_s = 0.0
+        #: the step does not end before the policy version reaches this (None: no such wait)
+        self.hold_until: int | None = None
         self.stale_restarts = 0
         self.refreshed = 0
         self.stats0 = dict(self.sched.stats)
@@ -254,6 +258,8 @@ class StepStream:
         """End the step if B groups are complete and no due group is incomplete; when draining (or when
         the source ran out and fewer than B are left), once every group in flight is complete."""
         if self.closing or self.done:
+            return
+        if self.hold_until is not None and self.sched.policy_version < self.hold_until:
             return
         if self.draining or (self.exhausted and len(self.flying) < self.b):
             if not self.flying or len(self.complete) < len(self.flying):
@@ -381,10 +387,18 @@ class StepStream:
         :meth:`blocked_by`): restart what is too stale for it now. After a step has ended and before
         :meth:`refill`, nothing happens here: the ended step's groups are chosen, and refill restarts the
         rest."""
-        if self.s is None or self.closing or self.done:
+        if self.closing or self.done:
             return
-        for g, _ in list(self.flying.values()):
-            self._restart_stale(g, self.sched.policy_version)
+        if self.s is not None:
+            for g, _ in list(self.flying.values()):
+                self._restart_stale(g, self.sched.policy_version)
+        self.maybe_end()   # a step held for this version may end now
+
+    def release_hold(self) -> None:
+        """Let the step end without waiting for :attr:`hold_until` (a change that must wait for the step's
+        end, :meth:`blocked_by`, would otherwise wait forever)."""
+        self.hold_until = None
+        self.maybe_end()
 
     def _restarted(self, s: Sample) -> bool:
         """Whether a staleness restart of ``s`` took effect (one of a running sample is only asked for

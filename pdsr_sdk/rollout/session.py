@@ -296,11 +296,13 @@ class RolloutSession:
         data_path = path or self.config.data.path or default_sample_path()
         return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n)
 
-    def step(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False) -> StepResult:
+    def step(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False,
+             wait_for_update: bool = False) -> StepResult:
         """Run one training step's rollout and return the groups it completed (synchronous; see :meth:`astep`)."""
-        return self._call(self.astep(prompts, n=n, last=last), "step")
+        return self._call(self.astep(prompts, n=n, last=last, wait_for_update=wait_for_update), "step")
 
-    async def astep(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False) -> StepResult:
+    async def astep(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False,
+                    wait_for_update: bool = False) -> StepResult:
         """Run one training step's rollout: ``prompts`` is this step's list, or an iterator the step takes
         ``config.batch_size`` prompts from (the rest stay for the next steps). A prompt is a string, a list
         of chat messages, a mapping (``prompt`` or ``messages``, optional ``id``, ``ground_truth``) or a
@@ -309,13 +311,20 @@ class RolloutSession:
 
         With partial rollout (``config.over_provision`` set, see :meth:`_astream_step`) the step returns
         the ``step_groups`` groups that completed first, and unfinished samples carry into the next
-        step: read the groups from the result rather than assume they are the prompts given."""
+        step: read the groups from the result rather than assume they are the prompts given.
+        ``wait_for_update`` (partial rollout, a trainer that trains on the previous step while this one
+        runs): the step does not end before the trainer's next :meth:`update_weights`, so its token ages
+        count at the weights the trainer trains it with. Only for a trainer that updates during every
+        such step: without an update it never ends."""
+        if wait_for_update and not self.config.streaming:
+            raise ConfigError("step(wait_for_update=True) is for partial rollout (config.over_provision or "
+                              "config.steps set): a step without it ends when its groups are complete")
         if not self._started:
             await self.start()
         while self._loading is not None:   # a trainer's update_weights (another thread) is loading
             await asyncio.shield(self._loading)
         if self.config.streaming:
-            return await self._astream_step(prompts, n=n, last=last)
+            return await self._astream_step(prompts, n=n, last=last, wait_for_update=wait_for_update)
         items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
         if not items:
             raise DataError("step: no prompts (an empty list, or the prompt iterator is exhausted)")
@@ -327,7 +336,8 @@ class RolloutSession:
         return self._step_result(result, version)
 
     # ------------------------------------------------- partial rollout
-    async def _astream_step(self, prompts: Iterable, *, n: int | None, last: bool) -> StepResult:
+    async def _astream_step(self, prompts: Iterable, *, n: int | None, last: bool,
+                            wait_for_update: bool = False) -> StepResult:
         """One step of partial rollout (:mod:`pdsr_sdk.dispatch.steps`).
 
         ``prompts`` join the stream's source (a list or an iterator; the session takes from it as it
@@ -359,6 +369,9 @@ class RolloutSession:
             self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
             self._restored = []
         else:
+            # the version after the one the previous step ended under: reached already if the trainer
+            # updated before this step began
+            self._stream.hold_until = self._stream.end_version + 1 if wait_for_update else None
             self._stream.refill(last=last)
             # a step whose B groups were complete before it began ends inside refill: the engines stay
             # stopped (the trainer trains next) and its new groups wait, queued, for the next step
@@ -532,8 +545,10 @@ class RolloutSession:
                     paused_here = True
                 if paused_here and self._mid_stream_step() and self._stream.blocked_by(new):
                     # a sample restarted for staleness once would turn stale again: its group is due, so
-                    # this step's end consumes it; load the weights after that end
-                    await self.aresume()
+                    # this step's end consumes it (even if it waits for this update); load after that end
+                    self._stream.release_hold()
+                    if not step_end.done():
+                        await self.aresume()
                     paused_here = False
                     await self._await_step_end(step_end)
             self._check_not_blocked(new, "update_weights: the policy version",
