@@ -19,7 +19,8 @@ the median of the pairwise ratios with its spread. The simulator's prediction fo
 pushes the weights after it (``update_weights`` with the model's own weights); samples per second are
 then over the wall time from the first step's start to the last step's training end, and a third run
 joins: **pipelined** partial rollout, which starts step k + 1 before training on step k, so the update
-lands in the middle of the next step (docs/sdk.md, "Partial rollout across steps").
+lands in the middle of the next step, which waits for it (``wait_for_update``; docs/sdk.md, "Partial
+rollout across steps").
 
     python bench/partial.py                        # K=5, B=4, N=8, F=0.5, S=2, lengths to 2048, tiny model
     python bench/partial.py --steps 8 --step-groups 16 --over-provision 0.25 --repeats 3
@@ -125,8 +126,10 @@ async def main_async(args) -> None:
             t0 = time.perf_counter()
             out = await session.astep(source)
             for step in range(k):
-                # pipelined: the next step generates while this one trains (the update lands in its middle)
-                nxt = asyncio.ensure_future(session.astep(())) if pipelined and step + 1 < k else None
+                # pipelined: the next step generates while this one trains; the update lands in its middle
+                # and the step waits for it (its token ages then count at the weights it is trained with)
+                nxt = (asyncio.ensure_future(session.astep((), wait_for_update=True)) if pipelined and step + 1 < k
+                       else None)
                 step_times.append(out.summary["makespan_s"])
                 wall += out.summary["makespan_s"]
                 samples += out.summary["samples"]
