@@ -32,8 +32,9 @@ corrects for that with truncated importance sampling: each token's loss is weigh
 ``min(pi_old / pi_engine, UPPER)``, the trainer's log-prob before the update over the engine's
 log-prob of the policy that sampled it (``pdsr_sdk.importance_weights``). The step's line then
 adds ``off_policy_share`` (tokens sampled by an older version), ``max_token_age`` (versions, at the
-step's end), ``trained_token_age`` (at the trainer's weights) and ``tis_weight`` (the mean weight); ``kl_ref`` and ``engine_trainer_logp_gap`` are measured on the tokens
-the step's own weights sampled (the gap thus stays a numerics check).
+step's end), ``trained_token_age`` (at the trainer's weights) and ``tis_weight`` (the mean weight);
+``kl_ref`` and ``engine_trainer_logp_gap`` are measured on the tokens the trainer's own weights
+sampled (the gap thus stays a numerics check).
 
 ``--pipeline`` (with ``--over-provision``) starts the next step before training on this one, as a
 trainer that overlaps generation and training does: the weight update lands in the middle of the next
