@@ -192,7 +192,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             versions = [token_versions([g.start_token for g in x.segments], [g.num_tokens for g in x.segments],
                                        [g.policy_version for g in x.segments], len(c)) for x, c in zip(samples, comps)]
             trainer_version = session.policy_version   # the weights the trainer holds now
-            current = np.concatenate(versions) == trainer_version
+            token_version = np.concatenate(versions)
+            current = token_version == trainer_version
             gaps = np.concatenate([np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o)
                                    for x, c, o in zip(samples, comps, sampler)])
             engine_gap = float(np.mean(gaps[current])) if current.any() else float("nan")
@@ -249,7 +250,7 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                 row.update(off_policy_share=round(out.summary["off_policy_share"], 4),
                            max_token_age=out.summary["max_token_age"],
                            # the age the trainer sees: its weights may be newer than the step's end
-                           trained_token_age=int(trainer_version - np.concatenate(versions).min()),
+                           trained_token_age=int(trainer_version - token_version.min()),
                            tis_weight=round(float(weights[keep].mean()), 4) if tis_upper is not None else None)
             history.append(row)
             emit(json.dumps(row))
