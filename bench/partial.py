@@ -95,11 +95,15 @@ async def main_async(args) -> None:
 
     tables: list[Path] = []   # the on-policy steps' trajectories, to calibrate the simulator
 
+    update_s: list[float] = []   # update_weights' durations, for the simulator's weight_update_s
+
     async def train(session) -> None:
         """The trainer's step: its time, then its weights to the engines (a version bump without one)."""
         if args.trainer_s > 0:
             await asyncio.sleep(args.trainer_s)
+            t = time.perf_counter()
             await session.aupdate_weights(model)
+            update_s.append(time.perf_counter() - t)
         else:
             session.policy_version += 1
 
@@ -171,10 +175,13 @@ async def main_async(args) -> None:
     ratios = sorted((p["samples"] / p["wall_s"]) / (o["samples"] / o["wall_s"])
                     for o, p in zip(runs["on-policy"], runs["partial"]))
     part = runs["partial"][len(ratios) // 2]
-    predicted = simulated_ratio(args, trace, k, b, calibrated_profile(tables))
+    fitted = calibrated_profile(tables)
+    load_s = statistics.median(update_s) if update_s else 0.0
+    predicted = simulated_ratio(args, trace, k, b, fitted, load_s)
+    with_trainer = f" (trainer {args.trainer_s:g} s, weight load {load_s:.2f} s)" if args.trainer_s > 0 else ""
     print(f"\npartial / on-policy samples per second: {statistics.median(ratios):.3f}x "
           f"[{ratios[0]:.3f}, {ratios[-1]:.3f}] over {len(ratios)} round(s); simulated with a profile calibrated "
-          f"from the on-policy steps{' (without the trainer)' if args.trainer_s > 0 else ''}: {predicted:.3f}x; partial run: off-policy token share {part['off_policy_share']:.3f}, oldest token "
+          f"from the on-policy steps{with_trainer}: {predicted:.3f}x; partial run: off-policy token share {part['off_policy_share']:.3f}, oldest token "
           f"{part['max_token_age']} version(s), {part['stale_restarts']} staleness restarts ({part['wasted_tokens']} "
           f"tokens thrown away), steps {part['step_s']} s, {part['drained_groups']} carried groups drained after "
           f"step {k}")
@@ -185,7 +192,8 @@ async def main_async(args) -> None:
                       for q, p in zip(runs["partial"], runs["pipelined"]))
         pipe = runs["pipelined"][len(piped) // 2]
         print(f"with a trainer of {args.trainer_s:g} s a step: pipelined / on-policy samples per second "
-              f"{statistics.median(piped):.3f}x [{piped[0]:.3f}, {piped[-1]:.3f}], pipelined / partial "
+              f"{statistics.median(piped):.3f}x [{piped[0]:.3f}, {piped[-1]:.3f}] (simulated "
+              f"{simulated_ratio(args, trace, k, b, fitted, load_s, pipeline=True):.3f}x), pipelined / partial "
               f"{statistics.median(over):.3f}x [{over[0]:.3f}, {over[-1]:.3f}]; pipelined run: off-policy token "
               f"share {pipe['off_policy_share']:.3f}, oldest token {pipe['max_token_age']} version(s) at its step's "
               f"end, {pipe['stale_restarts']} staleness restarts, steps {pipe['step_s']} s")
@@ -201,21 +209,23 @@ def calibrated_profile(tables: list[Path]) -> dict:
     return fit.profile()
 
 
-def simulated_ratio(args, trace, k: int, b: int, fitted: dict) -> float:
-    """Partial / on-policy samples per second as ``pdsr simulate --steps`` predicts them for this trace on
-    two equal engines of the bench's size with the fitted cost model (mean step times over the K steps)."""
+def simulated_ratio(args, trace, k: int, b: int, fitted: dict, load_s: float = 0.0, *,
+                    pipeline: bool = False) -> float:
+    """Partial (or pipelined) / on-policy samples per second as ``pdsr simulate --steps`` predicts them for this
+    trace on two equal engines of the bench's size with the fitted cost model: the K steps' summed times, with the
+    trainer (``--trainer-s``, and ``load_s`` a weight load) after each, as the bench's wall time counts them."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import simulate_steps
 
     profile = {**fitted, "max_num_seqs": args.max_num_seqs, "max_model_len": int(trace.lengths.max()) + 512}
+    trainer = {"trainer_s": args.trainer_s, "weight_update_s": load_s, "pipeline": pipeline} \
+        if args.trainer_s > 0 else {}
     cfg = SimulateConfig(policy="v3", fast=1, heavy=1, batch_size=b, steps=k, over_provision=args.over_provision,
                          max_staleness=args.max_staleness, profiles={"fast": profile, "heavy": profile},
-                         timeline=False)
+                         timeline=False, **trainer)
     report = simulate_steps(trace, cfg)
-    run = report.runs[0]
-    on = sum(report.baseline_steps_s) / len(report.baseline_steps_s)
-    mean_step = sum(run.step_times) / len(run.step_times)
-    return on / mean_step
+    last = args.trainer_s + load_s if args.trainer_s > 0 else 0.0   # the last step's training, in both
+    return (sum(report.baseline_steps_s) + last) / (sum(report.runs[0].step_times) + last)
 
 
 if __name__ == "__main__":

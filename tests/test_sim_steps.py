@@ -113,13 +113,16 @@ def test_no_sample_lost_or_duplicated_and_staleness_holds(policy, staleness):
 def test_carry_over_gain_on_a_hand_made_trace():
     # one token per second. On-policy with B=1: 25, 10, 10, ... With 2 groups in flight the 25-token
     # group runs beside the 10-token ones: steps end at 10, 20, 25, 30, 35, 40 and the long group is
-    # consumed at step 3 (index 2) with its 25 tokens two versions old.
+    # consumed at step 3 (index 2): 10 tokens two versions old, 10 one, 5 current (each step's end
+    # aborts it and it goes on under the new version). The groups launched at t = 20, 25, 30 carry 5
+    # tokens across one update each.
     trace = hand_trace([25] + [10] * 8)
     cfg = unit_cfg(over_provision=1.0)
     run = run_steps(trace, cfg, "baseline", 1.0)
     assert [(s.start_s, s.end_s) for s in run.steps] == [(0, 10), (10, 20), (20, 25), (25, 30), (30, 35), (35, 40)]
     assert run.consumed_at == {"g1": 0, "g2": 1, "g0": 2, "g3": 3, "g4": 4, "g5": 5}
-    assert run.steps[2].ages == {2: 25} and run.off_policy_share == pytest.approx(55 / 75)
+    assert run.steps[2].ages == {2: 10, 1: 10, 0: 5} and run.off_policy_share == pytest.approx(35 / 75)
+    assert [s.ages for s in run.steps[3:]] == [{1: 5, 0: 5}] * 3 and run.partial_share == run.off_policy_share
     # work bound: c0 = 1 s shared by up to 64 sequences, nothing else costs: L / 64 a step
     assert run.work_bounds_s == pytest.approx([10 / 64, 10 / 64, 25 / 64, 10 / 64, 10 / 64, 10 / 64])
     assert run.work_bound_s == pytest.approx(np.mean([25, 10, 10]) / 64)   # steps 3 to 5
@@ -132,7 +135,7 @@ def test_carry_over_gain_on_a_hand_made_trace():
     # again), consumes it, and step 5 ends at once with the group that finished meanwhile
     run = run_steps(trace, unit_cfg(over_provision=1.0, max_staleness=1), "baseline", 1.0)
     assert [(s.start_s, s.end_s) for s in run.steps] == [(0, 10), (10, 20), (20, 30), (30, 45), (45, 45), (45, 55)]
-    assert run.consumed_at["g0"] == 3 and run.steps[3].ages == {1: 25} and run.steps[3].held_s == 5
+    assert run.consumed_at["g0"] == 3 and run.steps[3].ages == {1: 10, 0: 15} and run.steps[3].held_s == 5
     assert run.stats["restarts"] == 1 and run.stats["wasted_tokens"] == 20 and run.max_age == 1
 
 
@@ -157,9 +160,10 @@ def test_no_starvation_of_the_longest_group(staleness, deadline):
 @pytest.mark.parametrize("refresh", [False, True])
 def test_v3_refresh_regenerates_a_carried_groups_finished_samples_under_the_new_version(refresh):
     """One token per second. g0 = [5, 12] and g1 = [8, 8] start at t=0; step 0 ends at t=8 with g1 and
-    carries g0 (sample 0 finished with 5 tokens under version 0, sample 1 running: one segment, so all
-    its 12 tokens count as version 0). With refresh, v3 regenerates sample 0 under version 1 (5 tokens
-    wasted): g0 completes at t=13 with 12 off-policy tokens; without it, at t=12 with 5 + 12."""
+    carries g0 (sample 0 finished with 5 tokens under version 0, sample 1 running: the step's end stops
+    it with 8 tokens of version 0, and it goes on under version 1). With refresh, v3 regenerates sample
+    0 under version 1 (5 tokens wasted): g0 completes at t=13 with 8 off-policy tokens; without it, at
+    t=12 with 5 + 8."""
     trace = LengthTrace.from_matrix(np.array([[5, 12], [8, 8], [20, 20], [20, 20], [20, 20]]),
                                     prompt_ids=[f"g{i}" for i in range(5)], prompt_lens=np.full(5, 4))
     cfg = unit_cfg(policy="v3", steps=2, policy_settings={"v3": {"refresh": refresh}})
@@ -168,11 +172,11 @@ def test_v3_refresh_regenerates_a_carried_groups_finished_samples_under_the_new_
     step = run.steps[1]
     (g0,) = [g for g in run.groups if g.prompt_id == "g0"]
     if refresh:
-        assert (step.end_s, step.off_policy_tokens, step.refreshed) == (13, 12, 1)
+        assert (step.end_s, step.off_policy_tokens, step.refreshed) == (13, 8, 1)
         assert g0.samples[0].restarts == 1 and g0.samples[0].wasted_tokens == 5
         assert [seg.policy_version for seg in kept_segments(g0.samples[0])] == [1]
     else:
-        assert (step.end_s, step.off_policy_tokens, step.refreshed) == (12, 17, 0)
+        assert (step.end_s, step.off_policy_tokens, step.refreshed) == (12, 13, 0)
         assert g0.samples[0].restarts == 0
     assert step.tokens == 17 and g0.samples[1].restarts == 0
 
@@ -408,3 +412,13 @@ def test_stream_takes_version_changes_in_the_middle_of_steps(staleness, updates,
         assert sum(r.stale_restarts for r in stream.records) > 0
     else:
         assert sum(r.partial_tokens for r in stream.records) > 0
+
+
+@pytest.mark.parametrize("over_provision,told", [(0.0, None), (0.5, 1)])
+def test_the_policy_hears_of_the_staleness_bound_only_where_groups_carry_over(over_provision, told):
+    """With B groups in flight (F = 0) every step consumes all of them, so nothing is carried and no bound can
+    bind: the policy is not told of it (v3 would otherwise keep a tail lane, whose capacity at B = 512 on the
+    seed-002-like trace cost 35% of a step: 1.348x baseline's on-policy step, 0.974x without). The stream
+    itself still restarts by the bound (an update in the middle of a step can age tokens at F = 0 too)."""
+    stream, *_ = hand_stream(20, over_provision, 1)
+    assert stream.sched.max_staleness == told and stream.s == 1

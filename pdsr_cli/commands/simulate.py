@@ -44,6 +44,14 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
+@click.option("--trainer-s", type=float, default=None,
+              help="With --steps: seconds the trainer trains on a step before it updates the weights (the engines "
+                   "stop meanwhile unless --pipeline; the on-policy baseline's steps take it too).  [default: 0]")
+@click.option("--weight-update-s", type=float, default=None,
+              help="With --steps: seconds the engines stop to load each update.  [default: 0]")
+@click.option("--pipeline", is_flag=True, default=None,
+              help="With --steps: the trainer trains on step k while step k + 1 generates; its update lands in the "
+                   "middle of the next step, which does not end before it (one step off-policy).")
 @step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
                      "the curve F = 0, 0.25, 0.5, 1")
 @quiet_option
@@ -52,7 +60,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
             num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
-            step_groups, max_staleness, group_deadline, quiet, config_path) -> None:
+            step_groups, max_staleness, group_deadline, trainer_s, weight_update_s, pipeline, quiet,
+            config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -78,6 +87,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
       pdsr simulate --trace run.parquet --profile profile.yaml --policy all
       pdsr simulate calibrate --trajectories run.parquet --out profile.yaml
       pdsr simulate --trace lengths.jsonl --steps 10 --step-groups 128 --max-staleness 2 --out-dir steps
+      pdsr simulate --steps 10 --step-groups 128 --max-staleness 2 --trainer-s 20 --pipeline
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -94,6 +104,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "segments.enabled": False if no_segments else None, "out_dir": out_dir,
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
+        "trainer_s": trainer_s, "weight_update_s": weight_update_s, "pipeline": pipeline,
     }
     if profile is not None:
         for pool, values in load_profile_file(profile).items():
@@ -139,7 +150,7 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     b = cfg.step_groups or cfg.batch_size
     click.echo(f"{cfg.trace}: {cfg.steps} steps of {b} groups, policy {cfg.policy}, max staleness "
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
-               f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s")
+               f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
     click.echo(format_table(report.rows()))
@@ -152,6 +163,14 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
         report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))
         write_text_atomic(json.dumps(report.to_dict(), indent=2) + "\n", cfg.out_dir / "steps.json")
         click.echo(f"wrote {cfg.out_dir / 'steps.json'}\nwrote {report.plots[0]}")
+
+
+def _trainer_words(cfg) -> str:
+    if not cfg.trained:
+        return ""
+    how = "pipelined" if cfg.pipeline else "synchronous"
+    return (f"; {how} trainer {cfg.trainer_s:g} s a step, weight load {cfg.weight_update_s:g} s (in the on-policy "
+            f"step too)")
 
 
 def write_outputs(report, out_dir: Path) -> None:

@@ -78,6 +78,8 @@ class StepRecord:
     #: finished samples of carried groups the policy chose to generate again at the step's start
     #: (``on_step_end``; their tokens are in ``wasted_tokens``)
     refreshed: int = 0
+    #: the policy version at the step's end, which its token ages count from (the one its groups are trained with)
+    version: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -156,7 +158,10 @@ class StepStream:
         self.k = steps
         self.target = in_flight
         self.s = max_staleness
-        self.sched.max_staleness = max_staleness
+        # the policy hears of the bound only where groups carry over a step's end (in_flight > B): with
+        # nothing carried no token grows more than one version old (an update in the middle of a step), and
+        # capacity spent on keeping long samples young (v3's tail lane) would be lost
+        self.sched.max_staleness = max_staleness if in_flight > step_groups else None
         self.d = group_deadline
         self.keep = keep_groups
         self.check = check
@@ -332,7 +337,8 @@ class StepStream:
             ages=dict(sorted(ages.items())), max_group_lag=max(lags, default=0),
             restarts=stats["restarts"] - self.stats0.get("restarts", 0),
             wasted_tokens=stats["wasted_tokens"] - self.stats0.get("wasted_tokens", 0),
-            stale_restarts=self.stale_restarts, held_s=self.held_s, refreshed=self.refreshed))
+            stale_restarts=self.stale_restarts, held_s=self.held_s, refreshed=self.refreshed,
+            version=self.end_version))
         self.stats0 = dict(stats)
         self.stale_restarts = 0
         self.refreshed = 0

@@ -115,6 +115,9 @@ class SimulateConfig(StepStreamConfig):
     # multi-step runs (partial rollout across steps; pdsr_sdk.sim.steps)
     steps: int | None = Field(None, ge=1, description="Multi-step run: simulate this many training steps K over a stream of the trace's groups (in order), with over_provision groups in flight beyond each step's batch; unfinished groups carry into the next step. Reported next to the on-policy baseline at the same batch size. None = ordinary batch-by-batch simulation.")
     over_provision: float | None = Field(None, ge=0, description="Multi-step: keep ceil(step_groups x (1 + over_provision)) groups in flight (carried + newly launched). None with steps set = the curve over 0, 0.25, 0.5 and 1.")
+    trainer_s: float = Field(0.0, ge=0, description="Multi-step: seconds the trainer takes to train on one step's groups before it updates the weights (virtual time; 0: the update comes at the step's end). Without pipeline the engines stop for it, as in a synchronous loop: a step's end aborts its running samples (keeping their tokens) and they resume after the update. The on-policy baseline's steps take it too.")
+    weight_update_s: float = Field(0.0, ge=0, description="Multi-step: seconds the engines stop to load new weights at each update (RolloutSession.update_weights); the on-policy baseline's steps take it too.")
+    pipeline: bool = Field(False, description="Multi-step: the trainer trains on step k while step k + 1 generates (one step off-policy, as examples/grpo_train.py --pipeline): its update lands in the middle of the next step (the engines stop keeping every token, load for weight_update_s, and go on under the new version), and no step ends before the update for its predecessor (a session's step(wait_for_update=True)), so token ages count at the weights the trainer trains with.")
 
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
@@ -124,7 +127,15 @@ class SimulateConfig(StepStreamConfig):
             for key in ("over_provision", "step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
+            for key in ("trainer_s", "weight_update_s", "pipeline"):
+                if getattr(self, key):
+                    raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
         return self
+
+    @property
+    def trained(self) -> bool:
+        """Whether a multi-step run models the trainer (its time, the weight load, or pipelining)."""
+        return self.pipeline or self.trainer_s > 0 or self.weight_update_s > 0
 
 
 class CalibrateConfig(ConfigModel):

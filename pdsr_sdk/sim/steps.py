@@ -2,8 +2,11 @@
 
 A stream of the trace's groups (in order) runs through one policy on simulated engines, with the
 step accounting of :mod:`pdsr_sdk.dispatch.steps` (over-provision, step ends, staleness restarts,
-due groups); here a step's end bumps the scheduler's ``policy_version`` to t + 1 at once (the
-trainer's update takes no simulated time) and every consumed sample is checked to hold exactly its
+due groups). A step's end does what a session's does: it aborts the running samples, keeping their
+tokens (they resume under the new version and prefill their context again: the update resets the
+engines' caches), and the policy version goes up; by default the trainer and the load take no time,
+and ``trainer_s``, ``weight_update_s`` and ``pipeline`` give them time, synchronous or overlapping
+the next step (:mod:`pdsr_sdk.sim.trainer`). Every consumed sample is checked to hold exactly its
 trace length. Drops: the groups still in flight after the last step (the next step's carry) are
 reported. With F = 0 and no S every step launches B groups and waits for all of them: the
 on-policy run.
@@ -29,6 +32,7 @@ from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, raise_fatal,
                                  sample_bounds, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
+from pdsr_sdk.sim.trainer import SimTrainer
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
 CURVE = (0.0, 0.25, 0.5, 1.0)
@@ -60,7 +64,10 @@ class StepsRun:
 
     @property
     def step_times(self) -> list[float]:
-        return [s.duration_s for s in self.steps]
+        """Each step's time from the previous step's end (the first: from the run's start) to its own; with a
+        synchronous trainer (``trainer_s``) it includes the training and the weight load."""
+        ends = [s.end_s for s in self.steps]
+        return [e - p for e, p in zip(ends, [self.steps[0].start_s] + ends[:-1])] if ends else []
 
     @property
     def steady_step_s(self) -> float:
@@ -118,13 +125,14 @@ def policy_for_steps(cfg: SimulateConfig, name: str):
 
 
 def stream_rows(trace, cfg: SimulateConfig, needed: int) -> list:
-    """The trace's first ``needed`` groups as rows (see ``trace_batches``), or a DataError."""
+    """The trace's groups as rows (see ``trace_batches``), in order, or a DataError if it has fewer than
+    ``needed``. All of them: steps that take due groups beyond B consume more than ``needed``."""
     tb = trace_batches(trace, cfg.model_copy(update={"num_batches": None}))
     rows = [g for b in tb.batches for g in b]
     if len(rows) < needed:
         raise DataError(f"{tb.source}: {cfg.steps} steps of {cfg.step_groups or cfg.batch_size} groups with "
                         f"over-provision {cfg.over_provision or 0} need {needed} groups; the trace has {len(rows)}")
-    return rows[:needed]
+    return rows
 
 
 def groups_needed(cfg: SimulateConfig, over_provision: float) -> int:
@@ -171,16 +179,19 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         next_row += len(taken)
         return build_batch(taken)
 
-    def step_end() -> None:   # the weight update, at once: segments launched from now on are version t + 1
-        bounds.append(step_work_bound(stream.pending, len(engines), cfg, coeffs))
-        run.scheduler.policy_version = stream.t + 1
-        clock.call_later(0.0, stream.advance)
+    # after the first step the engines also stop for each update, and without pipelining for the trainer too
+    stopped_s = cfg.weight_update_s + (0.0 if cfg.pipeline else cfg.trainer_s)
+
+    def step_end() -> None:
+        bounds.append(step_work_bound(stream.pending, len(engines), cfg, coeffs) + (stopped_s if bounds else 0.0))
+        trainer.step_end()
 
     stream = StepStream(run, step_groups=b, in_flight=in_flight(b, over_provision), steps=cfg.steps,
                         max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                         new_groups=new_groups, on_step_end=step_end, keep_groups=keep_groups, check=True,
                         on_advance=lambda: bar.update(1))
     handlers.append(stream)
+    trainer = SimTrainer(stream, trainer_s=cfg.trainer_s, weight_update_s=cfg.weight_update_s, pipeline=cfg.pipeline)
     wall0 = time.perf_counter()
     gc_was_enabled = gc.isenabled()
     gc.collect()
@@ -195,6 +206,9 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
             events = clock.run(until=lambda: stream.done or bool(fatal))
         if fatal:
             raise_fatal(fatal[0], name, f"step {stream.t}")
+        if not stream.done and stream.exhausted and not stream.flying:
+            raise DataError(f"{cfg.trace}: the trace ran out of groups at step {stream.t + 1} of {cfg.steps} (steps "
+                            f"that must take due groups consume more than {b} each); give a longer trace")
         if not stream.done:
             raise PdsrError(f"policy {name!r}: step {stream.t} stalled with {len(stream.flying)} groups in "
                             f"flight, {len(stream.complete)} complete (nothing left to run)")
@@ -224,7 +238,8 @@ def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coef
 
 
 def on_policy_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress) -> list[float]:
-    """Makespans of the ordinary batch simulation with ``baseline`` at the same B over K batches."""
+    """Makespans of the ordinary batch simulation with ``baseline`` at the same B over K batches, each after the
+    first with the trainer's time and the weight load added (a synchronous loop, whatever ``pipeline`` says)."""
     from pdsr_sdk.sim.driver import run_policy
 
     b = cfg.step_groups or cfg.batch_size
@@ -234,7 +249,9 @@ def on_policy_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = s
         raise DataError(f"{batches.source}: the on-policy baseline needs {cfg.steps} batches of {b} groups; the "
                         f"trace has {batches.num_groups} groups")
     run = run_policy(batches, base_cfg, "baseline", record=False, progress=progress)
-    return [o.makespan_s for o in run.batches]
+    # a synchronous trainer between batches: the engines idle while it trains and while they load
+    between = cfg.trainer_s + cfg.weight_update_s
+    return [o.makespan_s + (between if i else 0.0) for i, o in enumerate(run.batches)]
 
 
 @dataclass
@@ -268,9 +285,9 @@ class StepsReport:
             "dropped_tokens": r.dropped_tokens, "held_s": sum(s.held_s for s in r.steps),
             "max_group_lag": max((s.max_group_lag for s in r.steps), default=0),
             "events": r.events, "sim_wall_s": r.wall_s,
-            "steps": [{"step": s.index + 1, "start_s": s.start_s, "time_s": s.duration_s,
+            "steps": [{"step": s.index + 1, "start_s": s.start_s, "time_s": r.step_times[s.index],
                        "work_bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
-                       "groups": s.groups,
+                       "version": s.version, "groups": s.groups,
                        "launched": s.launched, "tokens": s.tokens, "off_policy_tokens": s.off_policy_tokens,
                        "partial_tokens": s.partial_tokens,
                        "ages": {str(a): n for a, n in s.ages.items()}, "max_group_lag": s.max_group_lag,
@@ -292,10 +309,11 @@ class StepsReport:
 
     def step_rows(self, r: StepsRun) -> list[dict[str, Any]]:
         """Per-step rows of one run, next to the on-policy step of the same index."""
-        return [{"step": s.index + 1, "time_s": s.duration_s,
+        return [{"step": s.index + 1, "time_s": r.step_times[s.index],
                  "on_policy_s": self.baseline_steps_s[s.index] if s.index < len(self.baseline_steps_s) else None,
                  "bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
-                 "groups": s.groups, "off_policy": s.off_policy_tokens / s.tokens if s.tokens else 0.0,
+                 "version": s.version, "groups": s.groups,
+                 "off_policy": s.off_policy_tokens / s.tokens if s.tokens else 0.0,
                  "partial": s.partial_tokens / s.tokens if s.tokens else 0.0,
                  "max_age": s.max_age, "restarts": s.restarts, "wasted": s.wasted_tokens, "held_s": s.held_s}
                 for s in r.steps]
@@ -305,7 +323,8 @@ class StepsReport:
         return {
             "trace": str(cfg.trace) if cfg.trace is not None else None, "steps": cfg.steps,
             "step_groups": cfg.step_groups or cfg.batch_size, "max_staleness": cfg.max_staleness,
-            "group_deadline": cfg.group_deadline,
+            "group_deadline": cfg.group_deadline, "trainer_s": cfg.trainer_s,
+            "weight_update_s": cfg.weight_update_s, "pipeline": cfg.pipeline,
             "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
                         "heavy": {"count": cfg.heavy, **cfg.profiles.heavy.model_dump()}},
             "segments": cfg.segments.model_dump(),
@@ -317,15 +336,21 @@ class StepsReport:
 
 
 DEFINITIONS = {
-    "time_s": "Virtual seconds from the previous step's end to the moment B complete groups were there.",
+    "time_s": "Virtual seconds from the previous step's end to the moment B complete groups were there (with a "
+              "synchronous trainer, its training and the weight load included).",
     "steady_step_s": "Mean step time over steps 3 to K-1 (all steps when K < 4).",
     "baseline_step_s": "Mean makespan of the ordinary on-policy batch simulation (baseline policy, B groups a "
-                       "batch) over the same steps.",
+                       "batch) over the same steps, plus trainer_s and weight_update_s (a synchronous trainer).",
+    "trainer_s": "Seconds the trainer trains on a step; weight_update_s: seconds the engines stop to load each "
+                 "update; pipeline: the trainer trains on step k while step k + 1 generates (its update lands "
+                 "in the middle of the next step, which does not end before it).",
     "ratio": "steady_step_s / baseline_step_s.",
     "work_bound_s": "Per step, the least engine time its consumed groups' kept tokens cost at full occupancy "
                     "(the batch lower bound's work: p*Q + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) a sample, each "
-                    "group's prompt prefilled whole once) / engines; here the mean over steps 3 to K-1. One step may "
-                    "take less (its carried tokens were generated earlier); the steps up to any step never do.",
+                    "group's prompt prefilled whole once) / engines, plus from the second step on the time the "
+                    "engines stand stopped for the trainer (weight_update_s, and trainer_s unless pipelined); here "
+                    "the mean over steps 3 to K-1. One step may take less (its carried tokens were generated "
+                    "earlier); the steps up to any step never do.",
     "vs_work_bound": "steady_step_s / work_bound_s: what over-provision, waits, restarts and idle slots cost over "
                      "generating the consumed tokens at full occupancy.",
     "off_policy_share": "Tokens of consumed groups generated under an older policy version than their step's, "
@@ -333,7 +358,9 @@ DEFINITIONS = {
     "partial_share": "The part of off_policy_share from responses that crossed a weight update while being "
                      "generated (their older tokens: the partial responses steps carried); the rest is whole "
                      "responses finished under an older version while their group waited for its other samples.",
-    "ages": "Consumed tokens by age in versions (step - version of their segment).",
+    "version": "The policy version at a step's end, which its token ages count from (the weights its groups "
+               "are trained with).",
+    "ages": "Consumed tokens by age in versions (the step's version - the version of their segment).",
     "restarts": "Samples restarted (all causes); stale_restarts: those for max_staleness. wasted_tokens: their "
                 "thrown-away tokens.",
     "held_s": "Seconds step ends were held for due groups (a restarted sample about to be too stale again, or "

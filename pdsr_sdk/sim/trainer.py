@@ -1,0 +1,98 @@
+"""The trainer of a simulated multi-step run (``trainer_s``, ``weight_update_s``, ``pipeline``): when its weight
+updates land and what the engines do meanwhile, as a :class:`~pdsr_sdk.rollout.session.RolloutSession` and its
+trainer drive them.
+
+- Synchronous (``pipeline`` off): a step's end stops the engines keeping every token (``pause("abort")``, as the
+  session's step end does); the trainer trains ``trainer_s``, the engines load for ``weight_update_s``, and the
+  next step starts under the new version (refill, resume).
+- Pipelined: the next step starts at once (the session's step end stops the engines and the next ``step`` call
+  resumes them) while the trainer trains on the ended step; its update lands ``trainer_s`` later, in the middle
+  of that step: the engines stop keeping every token, load, and go on under the new version
+  (``StepStream.version_changed`` restarts what became too stale). No step ends before the update for its
+  predecessor (``hold_until``, a session's ``step(wait_for_update=True)``), so token ages count at the weights
+  the trainer trains with.
+
+Every update adds one to the policy version: the update for step k (0-based) makes version k + 1 (counted from
+the stream's first version), which is what the next step waits for. So a step sees exactly one update and ends
+after it, and no update can make a sample already restarted for staleness too stale again (its group is due at
+the end of the step that restarted it): the wait for the step's end that a session's ``update_weights`` needs
+for that (``StepStream.blocked_by``) never arises here, and would be an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pdsr_sdk.dispatch.steps import StepStream
+from pdsr_sdk.errors import PdsrError
+
+
+class SimTrainer:
+    """Drives a :class:`StepStream` whose ``on_step_end`` is :meth:`step_end`."""
+
+    def __init__(self, stream: StepStream, *, trainer_s: float, weight_update_s: float, pipeline: bool):
+        self.stream = stream
+        self.sched = stream.sched
+        self.clock = stream.clock
+        self.trainer_s = trainer_s
+        self.update_s = weight_update_s
+        self.pipeline = pipeline
+        self.base = self.sched.policy_version
+
+    def step_end(self) -> None:
+        """A step's groups are chosen (inside the scheduler): stop the engines, keeping every token."""
+        self._stop(lambda: self._later(0.0, self._after_end))
+
+    def _after_end(self) -> None:
+        """The ended step's engines are stopped: train (and load) before the next step, or alongside it."""
+        if self.pipeline:
+            self._start_next()
+            self._later(self.trainer_s, self._trainer_done)
+        else:
+            self._later(self.trainer_s + self.update_s, self._sync_update)
+
+    def _sync_update(self) -> None:
+        self._bump()
+        self._start_next()
+
+    def _start_next(self) -> None:
+        """Consume the ended step and start the next one (its samples run at once unless it ended in refill:
+        its B groups were complete already)."""
+        s = self.stream
+        s.consume()
+        if s.done:
+            return
+        if self.pipeline:
+            s.hold_until = self.base + s.t
+        s.refill()
+        if not s.closing:
+            self.sched.resume()
+
+    def _trainer_done(self) -> None:
+        """Pipelined: the trainer's update for the previous step is ready; the running step waits for it."""
+        s = self.stream
+        if s.done:
+            return
+        blocked = s.blocked_by(self.sched.policy_version + 1)
+        if s.closing or blocked:
+            raise PdsrError(f"step {s.t + 1}: the trainer's update came after the step's end or would restart "
+                            f"{len(blocked)} sample(s) a second time (the hold should prevent both; a bug)")
+        self._stop(lambda: self._later(self.update_s, self._loaded))
+
+    def _loaded(self) -> None:
+        self._bump()   # restarts what is too stale now; the step may end
+        if not self.stream.closing:
+            self.sched.resume()
+
+    def _bump(self) -> None:
+        self.sched.policy_version += 1
+        self.stream.version_changed()   # between steps (closing) it does nothing: refill restarts instead
+
+    def _stop(self, then: Callable[[], None]) -> None:
+        if self.sched.paused is None:
+            self.sched.pause("abort", on_drained=then)
+        else:   # a step that ended in refill: its engines never restarted
+            self.sched.when_drained(then)
+
+    def _later(self, delay: float, fn: Callable[[], None]) -> None:
+        self.clock.call_later(delay, lambda: self.sched.guarded(fn))
