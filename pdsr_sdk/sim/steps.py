@@ -413,8 +413,10 @@ def write_steps_plot(report: StepsReport, path) -> str:
     ax.set_ylabel("steady step / on-policy step")
     cfg = report.cfg
     s = "none" if cfg.max_staleness is None else str(cfg.max_staleness)
+    trainer = (f", {'pipelined' if cfg.pipeline else 'synchronous'} trainer {cfg.trainer_s:g} s + load "
+               f"{cfg.weight_update_s:g} s" if cfg.trained else "")
     ax.set_title(f"{report.runs[0].policy}, B={cfg.step_groups or cfg.batch_size}, K={cfg.steps}, "
-                 f"max staleness {s}", fontsize=9)
+                 f"max staleness {s}{trainer}", fontsize=9)
     ax.set_ylim(bottom=0)
     write_png(fig, path)
     return str(path)
