@@ -44,6 +44,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
+@step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
+                     "the curve F = 0, 0.25, 0.5, 1")
 @click.option("--trainer-s", type=float, default=None,
               help="With --steps: seconds the trainer trains on a step before it updates the weights (the engines "
                    "stop meanwhile unless --pipeline; the on-policy baseline's steps take it too).  [default: 0]")
@@ -52,8 +54,6 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--pipeline", is_flag=True, default=None,
               help="With --steps: the trainer trains on step k while step k + 1 generates; its update lands in the "
                    "middle of the next step, which does not end before it (one step off-policy).")
-@step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
-                     "the curve F = 0, 0.25, 0.5, 1")
 @quiet_option
 @config_option
 @click.pass_context
