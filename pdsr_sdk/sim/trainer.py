@@ -15,8 +15,10 @@ trainer drive them.
 Every update adds one to the policy version: the update for step k (0-based) makes version k + 1 (counted from
 the stream's first version), which is what the next step waits for. So a step sees exactly one update and ends
 after it, and no update can make a sample already restarted for staleness too stale again (its group is due at
-the end of the step that restarted it): the wait for the step's end that a session's ``update_weights`` needs
-for that (``StepStream.blocked_by``) never arises here, and would be an error.
+the last step end before the next version would make it so, and the only update of the following step comes
+after that end): the wait for the step's end that a session's ``update_weights`` needs for that
+(``StepStream.blocked_by``) never arises here, and would be an error. With every time zero and no pipelining
+(the default) this is the session's step end with an instant trainer.
 """
 
 from __future__ import annotations
