@@ -382,9 +382,9 @@ class RolloutSession:
             raise DataError("step: nothing to run: no new prompts (an empty list, or the iterator is exhausted) "
                             "and no group carried from the previous step")
         await self._await_step_end(self._step_end)
-        version = stream.end_version
         consumed = stream.consume()
         record = stream.records[-1]
+        version = record.version   # the version at the step's end: its token ages count from it
         report = BatchResult.from_report(self.run.report_span(consumed, record.start_s, record.end_s))
         for g in consumed:   # the step that hands the group to the trainer (it may have started earlier)
             g.batch_index = report.batch_index
