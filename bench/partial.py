@@ -172,8 +172,7 @@ async def main_async(args) -> None:
     finally:
         for e in engines:
             await e.close()
-    ratios = sorted((p["samples"] / p["wall_s"]) / (o["samples"] / o["wall_s"])
-                    for o, p in zip(runs["on-policy"], runs["partial"]))
+    ratios = pairwise(runs["partial"], runs["on-policy"])
     part = runs["partial"][len(ratios) // 2]
     fitted = calibrated_profile(tables)
     load_s = statistics.median(update_s) if update_s else 0.0
@@ -186,10 +185,8 @@ async def main_async(args) -> None:
           f"tokens thrown away), steps {part['step_s']} s, {part['drained_groups']} carried groups drained after "
           f"step {k}")
     if "pipelined" in runs:
-        piped = sorted((p["samples"] / p["wall_s"]) / (o["samples"] / o["wall_s"])
-                       for o, p in zip(runs["on-policy"], runs["pipelined"]))
-        over = sorted((p["samples"] / p["wall_s"]) / (q["samples"] / q["wall_s"])
-                      for q, p in zip(runs["partial"], runs["pipelined"]))
+        piped = pairwise(runs["pipelined"], runs["on-policy"])
+        over = pairwise(runs["pipelined"], runs["partial"])
         pipe = runs["pipelined"][len(piped) // 2]
         print(f"with a trainer of {args.trainer_s:g} s a step: pipelined / on-policy samples per second "
               f"{statistics.median(piped):.3f}x [{piped[0]:.3f}, {piped[-1]:.3f}] (simulated "
@@ -197,6 +194,11 @@ async def main_async(args) -> None:
               f"{statistics.median(over):.3f}x [{over[0]:.3f}, {over[-1]:.3f}]; pipelined run: off-policy token "
               f"share {pipe['off_policy_share']:.3f}, oldest token {pipe['max_token_age']} version(s) at its step's "
               f"end, {pipe['stale_restarts']} staleness restarts, steps {pipe['step_s']} s")
+
+
+def pairwise(runs: list[dict], against: list[dict]) -> list[float]:
+    """Samples per second of each round's run over the same round's ``against`` run, sorted."""
+    return sorted((r["samples"] / r["wall_s"]) / (a["samples"] / a["wall_s"]) for r, a in zip(runs, against))
 
 
 def calibrated_profile(tables: list[Path]) -> dict:
