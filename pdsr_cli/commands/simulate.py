@@ -42,7 +42,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--segment-max", type=int, default=None, help="Longest dynamic segment (L_max).  [default: 4096]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end (or cap) in one go.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write simulate.json and timeline.png here.  [default: print only]")
+              help="Write simulate.json and timeline.png here (with --steps: steps.json, the curve steps.png and "
+                   "timeline.png).  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
 @step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
                      "the curve F = 0, 0.25, 0.5, 1")
@@ -145,6 +146,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
 def _run_steps(tr, cfg, quiet: bool) -> None:
     from pdsr_sdk.io.tables import write_text_atomic
     from pdsr_sdk.sim.steps import simulate_steps, write_steps_plot
+    from pdsr_sdk.sim.timeline import write_steps_timeline
 
     report = simulate_steps(tr, cfg, progress=cli_progress(quiet))
     b = cfg.step_groups or cfg.batch_size
@@ -153,16 +155,22 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
+        click.echo(format_table(report.engine_rows(report.runs[0])))
     click.echo(format_table(report.rows()))
     click.echo("(step_s: mean of steps 3 to K-1; ratio = step_s / on-policy step; vs_bound = step_s / the work "
                "bound, the consumed tokens generated at full occupancy (bound_s per step); off_policy: share of "
                "consumed tokens from an older policy version, partial: the part of it from responses carried "
-               "across a weight update; held_s: time steps waited for due groups)")
+               "across a weight update; held_s: time steps waited for due groups"
+               + ("; per engine: token_share of the tokens generated, seqs_per_step = the mean batch it ran, busy = "
+                  "share of the run's time with a step running, prefill = share of that spent prefilling, lane = "
+                  "kept light for long samples" if len(report.runs) == 1 else "; per engine: steps.json") + ")")
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))
+        if cfg.timeline:
+            report.plots.append(str(write_steps_timeline(report, cfg.out_dir / "timeline.png")))
         write_text_atomic(json.dumps(report.to_dict(), indent=2) + "\n", cfg.out_dir / "steps.json")
-        click.echo(f"wrote {cfg.out_dir / 'steps.json'}\nwrote {report.plots[0]}")
+        click.echo(f"wrote {cfg.out_dir / 'steps.json'}" + "".join(f"\nwrote {p}" for p in report.plots))
 
 
 def _trainer_words(cfg) -> str:

@@ -128,7 +128,7 @@ def write_png(fig, path: str | Path, *, dpi: int = 110) -> None:
 
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=dpi, format="png")
+            fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")  # nothing clipped at the edges
     finally:
         plt.close(fig)
 

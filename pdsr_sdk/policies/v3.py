@@ -225,9 +225,11 @@ class V3Policy(Policy):
 
     def batch_report(self) -> dict:
         """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold,
-        whether the heavy pool is a tail lane, the prefill price its moves are limited by."""
+        whether the heavy pool is a tail lane (and which engines serve as it), the prefill price its moves are
+        limited by."""
         price = self.prices.prefill_s_per_token
         return {"ranking": self.informative, "tail_lane": self.lane,
+                "lane_engines": sorted(self.lane_names) if self.lane else [],
                 "probe_correlation": None if self.correlation is None else round(self.correlation, 4),
                 "tail_threshold": None if math.isinf(self.tail_threshold) else int(self.tail_threshold),
                 "prefill_s_per_token": None if price is None else float(f"{price:.3g}")}

@@ -33,6 +33,7 @@ from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines,
                                  sample_bounds, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
 from pdsr_sdk.sim.trainer import SimTrainer
+from pdsr_sdk.sim.usage import EngineUse, engine_use
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
 CURVE = (0.0, 0.25, 0.5, 1.0)
@@ -61,6 +62,11 @@ class StepsRun:
     groups: list[Group] = field(default_factory=list)       # consumed groups (keep_groups)
     consumed_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was consumed in
     launched_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was launched in
+    #: each engine's counters over the run (:mod:`pdsr_sdk.sim.usage`), and the virtual time the run took
+    engines: list[EngineUse] = field(default_factory=list)
+    horizon_s: float = 0.0
+    #: the policy's facts at the run's end (``Policy.batch_report()``, e.g. v3's tail lane)
+    policy_facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def step_times(self) -> list[float]:
@@ -153,13 +159,15 @@ def builtin_trace_groups(cfg: SimulateConfig) -> int:
 
 def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, keep_groups: bool = False,
               progress: ProgressFactory = silent_progress) -> StepsRun:
-    """Simulate ``cfg.steps`` training steps of policy ``name`` with ``over_provision`` (see the module)."""
+    """Simulate ``cfg.steps`` training steps of policy ``name`` with ``over_provision`` (see the module); the
+    engines record their occupancy over time where a timeline will be drawn (``cfg.timeline`` and ``cfg.out_dir``)."""
     if cfg.steps is None:
         raise ConfigError("steps: a multi-step run needs steps (K)")
     cls, settings = policy_for_steps(cfg, name)
     rows = stream_rows(trace, cfg, groups_needed(cfg, over_provision))
     clock = VirtualClock()
-    engines = build_engines(cfg, clock, record=False)
+    record = cfg.timeline and cfg.out_dir is not None
+    engines = build_engines(cfg, clock, record=record)
     fatal: list[BaseException] = []
     handlers: list[StepStream] = []
     run = DispatchRun(engines, cls, settings, clock,
@@ -218,6 +226,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         bar.close()
     left = [g for g, _ in stream.flying.values()]
     totals = {k: run.scheduler.stats.get(k, 0) for k in STAT_KEYS}
+    report = getattr(run.policy, "batch_report", None)
+    facts = dict(report()) if report is not None else {}
     return StepsRun(
         policy=name, over_provision=over_provision, step_groups=stream.b, in_flight=stream.target,
         max_staleness=cfg.max_staleness, group_deadline=stream.d, steps=stream.records,
@@ -225,7 +235,9 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         dropped_tokens=sum(s.num_generated for g in left for s in g.samples),
         stats=totals, events=events, wall_s=time.perf_counter() - wall0, work_bounds_s=bounds[:len(stream.records)],
         groups=stream.consumed,
-        consumed_at=stream.consumed_at, launched_at=stream.launched_at)
+        consumed_at=stream.consumed_at, launched_at=stream.launched_at,
+        engines=engine_use(engines, clock.now(), set(facts.get("lane_engines", ())), occupancy=record),
+        horizon_s=clock.now(), policy_facts=facts)
 
 
 def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coeffs: dict[str, float]) -> float:
@@ -284,7 +296,8 @@ class StepsReport:
             "dropped_groups": r.dropped_groups, "dropped_samples": r.dropped_samples,
             "dropped_tokens": r.dropped_tokens, "held_s": sum(s.held_s for s in r.steps),
             "max_group_lag": max((s.max_group_lag for s in r.steps), default=0),
-            "events": r.events, "sim_wall_s": r.wall_s,
+            "events": r.events, "sim_wall_s": r.wall_s, "horizon_s": r.horizon_s, "policy_facts": r.policy_facts,
+            "engines": self.engine_rows(r),
             "steps": [{"step": s.index + 1, "start_s": s.start_s, "time_s": r.step_times[s.index],
                        "work_bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
                        "version": s.version, "groups": s.groups,
@@ -317,6 +330,11 @@ class StepsReport:
                  "partial": s.partial_tokens / s.tokens if s.tokens else 0.0,
                  "max_age": s.max_age, "restarts": s.restarts, "wasted": s.wasted_tokens, "held_s": s.held_s}
                 for s in r.steps]
+
+    def engine_rows(self, r: StepsRun) -> list[dict[str, Any]]:
+        """One row per engine of a run: where its time went (:meth:`EngineUse.row`)."""
+        total = sum(e.tokens for e in r.engines)
+        return [e.row(r.horizon_s, total) for e in r.engines]
 
     def to_dict(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -366,6 +384,12 @@ DEFINITIONS = {
     "held_s": "Seconds step ends were held for due groups (a restarted sample about to be too stale again, or "
               "group_deadline).",
     "max_group_lag": "Most steps a consumed group was in flight (consumed step - launch step).",
+    "engines": "Per engine over the whole run: tokens it generated (kept by consumed groups, carried at the end or "
+               "thrown away: together the run's tokens + wasted_tokens + dropped_tokens) and its token_share; "
+               "seqs_per_step, the mean batch it ran (tokens / decode steps); busy, its share of the run's time "
+               "(horizon_s) with a step running; prefill, the share of that busy time spent prefilling (prompts, "
+               "moves, and the contexts every weight update makes carried samples compute again); lane: the "
+               "policy made it a tail lane (policy_facts).",
     "dropped_groups": "Groups still in flight after the last step (the next step's carry); dropped_tokens: "
                       "their samples' reported tokens.",
 }
