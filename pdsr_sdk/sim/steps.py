@@ -228,6 +228,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
     totals = {k: run.scheduler.stats.get(k, 0) for k in STAT_KEYS}
     report = getattr(run.policy, "batch_report", None)
     facts = dict(report()) if report is not None else {}
+    end = clock.now()
     return StepsRun(
         policy=name, over_provision=over_provision, step_groups=stream.b, in_flight=stream.target,
         max_staleness=cfg.max_staleness, group_deadline=stream.d, steps=stream.records,
@@ -236,8 +237,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         stats=totals, events=events, wall_s=time.perf_counter() - wall0, work_bounds_s=bounds[:len(stream.records)],
         groups=stream.consumed,
         consumed_at=stream.consumed_at, launched_at=stream.launched_at,
-        engines=engine_use(engines, clock.now(), set(facts.get("lane_engines", ())), occupancy=record),
-        horizon_s=clock.now(), policy_facts=facts)
+        engines=engine_use(engines, end, set(facts.get("lane_engines", ())), occupancy=record),
+        horizon_s=end, policy_facts=facts)
 
 
 def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coeffs: dict[str, float]) -> float:
