@@ -55,14 +55,19 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--pipeline", is_flag=True, default=None,
               help="With --steps: the trainer trains on step k while step k + 1 generates; its update lands in the "
                    "middle of the next step, which does not end before it (one step off-policy).")
+@click.option("--restart-lengths", type=click.Choice(["replay", "redraw"]), default=None,
+              help="With --steps: the length a restarted sample generates. replay: its recorded length again (as a "
+                   "length-controlled replay on real engines); redraw: a fresh draw, as RL sampling makes one (the "
+                   "cap with the trace's share of capped responses, else one of its group's other lengths).  "
+                   "[default: replay]")
 @quiet_option
 @config_option
 @click.pass_context
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
             num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
-            step_groups, max_staleness, group_deadline, trainer_s, weight_update_s, pipeline, quiet,
-            config_path) -> None:
+            step_groups, max_staleness, group_deadline, trainer_s, weight_update_s, pipeline, restart_lengths,
+            quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -106,6 +111,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
         "trainer_s": trainer_s, "weight_update_s": weight_update_s, "pipeline": pipeline,
+        "restart_lengths": restart_lengths,
     }
     if profile is not None:
         for pool, values in load_profile_file(profile).items():
@@ -152,7 +158,8 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     b = cfg.step_groups or cfg.batch_size
     click.echo(f"{cfg.trace}: {cfg.steps} steps of {b} groups, policy {cfg.policy}, max staleness "
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
-               f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg))
+               f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
+               + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw" else ""))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))

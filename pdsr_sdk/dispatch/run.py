@@ -64,6 +64,8 @@ class DispatchRun:
     seconds the scheduler had at least one request running on it. The simulator passes
     :meth:`SimEngine.busy_s_at <pdsr_sdk.sim.engine.SimEngine.busy_s_at>` (seconds a step was running).
     ``on_fatal`` receives a policy's exception or the loss of a pool's last engine (default: raise).
+    ``on_restart`` receives each sample whose restart takes effect (its tokens just thrown away, before it
+    is generated again from its prompt).
     """
 
     def __init__(self, engines: Sequence[Engine], policy_cls: Callable[[Any, Any], Dispatcher], settings: Any,
@@ -71,12 +73,13 @@ class DispatchRun:
                  on_sample_done: Callable[[Sample], None] | None = None,
                  on_group_done: Callable[[Group], None] | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None,
+                 on_restart: Callable[[Sample], None] | None = None,
                  busy_s: Callable[[Engine, float], float] | None = None,
                  first_batch_index: int = 0):
         self.scheduler = Scheduler(
             engines, lambda ctx: policy_cls(settings, ctx), clock, sampling, segments,
             policy_version=policy_version, on_sample_done=on_sample_done, on_group_done=on_group_done,
-            on_fatal=on_fatal)
+            on_fatal=on_fatal, on_restart=on_restart)
         for engine in self.scheduler.engines:
             engine.bind(self.scheduler)
         self._busy_s = busy_s or self._slot_busy_s

@@ -86,6 +86,7 @@ class Scheduler:
         on_sample_done: Callable[[Sample], None] | None = None,
         on_group_done: Callable[[Group], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        on_restart: Callable[[Sample], None] | None = None,
     ):
         names = [e.name for e in engines]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -102,6 +103,9 @@ class Scheduler:
         self._on_sample_done = on_sample_done or (lambda s: None)
         self._on_group_done = on_group_done or (lambda g: None)
         self._on_fatal = on_fatal or _raise
+        # a restart taking effect (tokens thrown away, the sample starts over from its prompt): the
+        # simulator may give a forced sample a fresh length here (``restart_lengths``)
+        self._on_restart = on_restart or (lambda s: None)
         self._pool_queues: dict[str, deque[_Queued]] = {}
         self._engine_queues: dict[str, deque[_Queued]] = {e.name: deque() for e in engines}
         for e in engines:
@@ -568,6 +572,7 @@ class Scheduler:
         sample.restarts += 1
         self.stats["restarts"] += 1
         self.stats["wasted_tokens"] += wasted
+        self._on_restart(sample)
 
     def _enqueue(self, sample: Sample, pool: str | None, engine: Engine | None, cap: int | None,
                  front: bool, *, check_live: bool = True) -> None:

@@ -18,13 +18,13 @@ import gc
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
 from pdsr_sdk.dispatch.steps import StepRecord, StepStream, in_flight
-from pdsr_sdk.dispatch.types import Group
+from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
@@ -32,6 +32,7 @@ from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, raise_fatal,
                                  sample_bounds, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
+from pdsr_sdk.sim.redraw import capped_share, redraw_length
 from pdsr_sdk.sim.trainer import SimTrainer
 from pdsr_sdk.sim.usage import EngineUse, engine_use
 
@@ -157,6 +158,24 @@ def builtin_trace_groups(cfg: SimulateConfig) -> int:
     return max(1024, -(-need // 512) * 512)
 
 
+def _capped(lengths, reasons, cap: int) -> list[bool]:
+    """Which of a group's responses reached the cap: by their finish reasons where the trace has them."""
+    return [r == "length" for r in reasons] if reasons else [n >= cap for n in lengths]
+
+
+def fresh_lengths(rows) -> Callable[[Sample], None]:
+    """The restart hook of ``restart_lengths: redraw``: a restarted sample gets a fresh length
+    (:func:`pdsr_sdk.sim.redraw.redraw_length`), drawn once per sample and restart."""
+    cap = max(max(r[2]) for r in rows)
+    share = capped_share([_capped(r[2], r[3], cap) for r in rows])
+
+    def on_restart(s: Sample) -> None:
+        g = s.group
+        s.max_tokens = redraw_length(g.target_lengths, _capped(g.target_lengths, g.target_finish_reasons, cap),
+                                     cap, share, f"{g.prompt_id}/{s.index}/{s.restarts}")
+    return on_restart
+
+
 def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, keep_groups: bool = False,
               progress: ProgressFactory = silent_progress) -> StepsRun:
     """Simulate ``cfg.steps`` training steps of policy ``name`` with ``over_provision`` (see the module); the
@@ -174,7 +193,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
                       SamplingConfig(n=max(len(r[2]) for r in rows), max_tokens=max(max(r[2]) for r in rows),
                                      ignore_eos=True),
                       cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at,
-                      on_group_done=lambda g: handlers[0].group_done(g))
+                      on_group_done=lambda g: handlers[0].group_done(g),
+                      on_restart=fresh_lengths(rows) if cfg.restart_lengths == "redraw" else None)
     bar = progress(desc=f"steps {name} F={over_provision:g}", total=cfg.steps, unit="step")
     b = cfg.step_groups or cfg.batch_size
     next_row = 0
@@ -344,6 +364,7 @@ class StepsReport:
             "step_groups": cfg.step_groups or cfg.batch_size, "max_staleness": cfg.max_staleness,
             "group_deadline": cfg.group_deadline, "trainer_s": cfg.trainer_s,
             "weight_update_s": cfg.weight_update_s, "pipeline": cfg.pipeline,
+            "restart_lengths": cfg.restart_lengths,
             "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
                         "heavy": {"count": cfg.heavy, **cfg.profiles.heavy.model_dump()}},
             "segments": cfg.segments.model_dump(),

@@ -1,0 +1,82 @@
+"""``restart_lengths: redraw``: a restarted sample generates a fresh length in `pdsr simulate --steps`
+(``pdsr_sdk.sim.redraw``), where ``replay`` repeats its recorded one."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.sim.redraw import capped_share, redraw_length
+from pdsr_sdk.sim.steps import run_steps
+from pdsr_sdk.traces import write_trace_jsonl
+from test_sim_steps import recorded, small_cfg, small_trace
+
+
+def test_capped_share_counts_every_groups_flags():
+    assert capped_share([[True, False, False, False], [False, False], []]) == pytest.approx(1 / 6)
+    assert capped_share([]) == 0.0
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.5])
+def test_a_redraw_is_the_cap_with_the_pooled_share_else_an_uncapped_length_of_its_group(share):
+    lengths, capped = [50, 70, 600, 90], [False, False, True, False]
+    draws = Counter(redraw_length(lengths, capped, 600, share, f"p/{k}") for k in range(20_000))
+    assert set(draws) <= {50, 70, 90, 600}
+    assert draws[600] / 20_000 == pytest.approx(share, abs=0.012)
+    rest = 20_000 - draws[600]
+    for n in (50, 70, 90):   # the uncapped lengths equally likely
+        assert draws[n] / rest == pytest.approx(1 / 3, abs=0.025)
+
+
+def test_a_redraw_is_fixed_by_its_key_and_a_group_that_always_ran_to_the_cap_stays_there():
+    lengths, capped = [5, 9, 13, 600], [False, False, False, True]
+    assert [redraw_length(lengths, capped, 600, 0.2, f"g/1/{r}") for r in range(50)] == \
+           [redraw_length(lengths, capped, 600, 0.2, f"g/1/{r}") for r in range(50)]
+    assert len({redraw_length(lengths, capped, 600, 0.2, f"g/1/{r}") for r in range(50)}) > 1
+    assert redraw_length([600, 600], [True, True], 600, 0.0, "x") == 600
+
+
+@pytest.mark.parametrize("policy", ["baseline", "v3"])
+def test_restarted_samples_are_consumed_with_fresh_lengths_and_every_token_is_accounted_for(policy):
+    """Under a staleness bound some samples restart. With replay each consumed sample holds its recorded
+    length; with redraw the restarted ones hold a length of their group or the cap, some of them a new one,
+    and the never-restarted ones their own. The engines' tokens still add up to consumed + wasted + dropped."""
+    trace = small_trace()
+    rec = recorded(trace)
+    cap = int(trace.lengths.max())
+    runs = {rl: run_steps(trace, small_cfg(policy=policy, max_staleness=1, restart_lengths=rl), policy, 0.5,
+                          keep_groups=True) for rl in ("replay", "redraw")}
+    for rl, run in runs.items():
+        assert run.stats["restarts"] > 0, rl
+        assert sum(e.tokens for e in run.engines) == run.tokens + run.stats["wasted_tokens"] + run.dropped_tokens
+    assert all(s.num_generated == rec[g.prompt_id][s.index] for g in runs["replay"].groups for s in g.samples)
+    changed = 0
+    for g in runs["redraw"].groups:
+        for s in g.samples:
+            if s.restarts:
+                assert s.num_generated in set(rec[g.prompt_id]) | {cap}
+                changed += s.num_generated != rec[g.prompt_id][s.index]
+            else:
+                assert s.num_generated == rec[g.prompt_id][s.index]
+    assert changed > 0
+
+
+def test_restart_lengths_needs_steps_and_the_cli_says_which_it_used(tmp_path):
+    with pytest.raises(ConfigError, match="restart_lengths"):
+        small_cfg(steps=None, restart_lengths="redraw")
+    trace = tmp_path / "t.jsonl"
+    write_trace_jsonl(small_trace(), trace)
+    args = ["simulate", "--trace", str(trace), "--fast", "2", "--heavy", "1", "--batch-size", "6", "--steps", "6",
+            "--over-provision", "0.5", "--max-staleness", "1", "--no-timeline"]
+    res = CliRunner().invoke(cli, args + ["--restart-lengths", "redraw", "--out-dir", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "restarted samples draw fresh lengths" in res.output
+    assert '"restart_lengths": "redraw"' in (tmp_path / "o" / "steps.json").read_text()
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0 and "fresh lengths" not in res.output
+    res = CliRunner().invoke(cli, args + ["--restart-lengths", "again"])
+    assert res.exit_code != 0 and "replay" in res.output and "redraw" in res.output
