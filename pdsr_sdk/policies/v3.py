@@ -28,7 +28,9 @@ tell:
   lengths, also after a restart) move there once, and a lane engine holding one admits new work
   only up to ``lane_seqs``. New work never stops in a stream, so without the lane a runaway would
   run at full load for several steps (and be restarted when it grows too stale); within one
-  batch, or with no staleness bound, the lane costs more capacity than it saves.
+  batch, or with no staleness bound, the lane costs more capacity than it saves. The lane stays
+  only while the runaways restarted so far ran away again (as in a length-controlled replay): a
+  fresh RL sample rarely does, and then a restart costs less than the lane's light engines.
 
 With a probe measured to predict nothing it places work as baseline does: each arrival's groups in
 contiguous chunks per engine (``placement``), so that a group's samples share their prompt's prefix
@@ -58,6 +60,7 @@ from pdsr_sdk.policies.engine_leads import EngineLeads
 from pdsr_sdk.policies.length_history import LengthHistory, unseen_residual
 from pdsr_sdk.policies.move_prices import MovePrices
 from pdsr_sdk.policies.probe_correlation import ProbeCorrelation
+from pdsr_sdk.policies.runaway_recurrence import RunawayRecurrence, earlier_peak
 from pdsr_sdk.policies.v3_settings import V3Settings
 
 
@@ -96,6 +99,7 @@ class V3Policy(Policy):
         self.lane_names: set[str] = set()
         self.runaways: set[Sample] = set()           # samples past the lane threshold on a lane engine
         self.runaways_on: dict[str, int] = {}        # such samples per lane engine
+        self.recurrence = RunawayRecurrence(config.lane_evidence, config.lane_recurrence)
         self.by_name: dict[str, Engine] = {}
         self.seq = itertools.count()
         self.filling = False
@@ -225,11 +229,12 @@ class V3Policy(Policy):
 
     def batch_report(self) -> dict:
         """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold,
-        whether the heavy pool is a tail lane (and which engines serve as it), the prefill price its moves are
-        limited by."""
+        whether the heavy pool is a tail lane (and which engines serve as it; how many restarted runaways
+        finished, and how many of them ran away again), the prefill price its moves are limited by."""
         price = self.prices.prefill_s_per_token
         return {"ranking": self.informative, "tail_lane": self.lane,
                 "lane_engines": sorted(self.lane_names) if self.lane else [],
+                "restarted_runaways": self.recurrence.outcomes, "recurred": self.recurrence.recurred,
                 "probe_correlation": None if self.correlation is None else round(self.correlation, 4),
                 "tail_threshold": None if math.isinf(self.tail_threshold) else int(self.tail_threshold),
                 "prefill_s_per_token": None if price is None else float(f"{price:.3g}")}
@@ -250,6 +255,12 @@ class V3Policy(Policy):
         self.waiting.discard(sample)
         n = sample.num_generated
         self.history.add(n)
+        if sample.restarts and self.lane_threshold < math.inf:
+            recurs = self.recurrence.recurs
+            self.recurrence.note(n, earlier_peak([(x.start_token, x.num_tokens) for x in sample.segments]),
+                                 self.lane_threshold)
+            if self.recurrence.recurs != recurs:
+                self._set_lane()
         if self.history.seen % 64 == 0:   # (by count: the history stops growing once full)
             self._update_tail_threshold()
         g = sample.group
@@ -622,10 +633,11 @@ class V3Policy(Policy):
 
     def _set_lane(self) -> None:
         """'auto': a tail lane while groups stream in under a staleness bound (without one a slow tail just
-        carries over, and the lane's capacity cost 1.6-2%); its engines: every heavy one while the stream
-        leaves slots free, one when the stream fills every slot (``lane_engines``)."""
+        carries over, and the lane's capacity cost 1.6-2%), unless the runaways restarted so far did not run
+        away again (``lane_recurrence``: a restart then costs less than the lane); its engines: every heavy
+        one while the stream leaves slots free, one when the stream fills every slot (``lane_engines``)."""
         if self.cfg.tail_lane == "auto":
-            self.lane = self.ctx.streaming and self.ctx.max_staleness is not None
+            self.lane = self.ctx.streaming and self.ctx.max_staleness is not None and self.recurrence.recurs
         heavy = sorted(e.name for e in self.ctx.pools().get(HEAVY, []))
         count = self.cfg.lane_engines or (len(heavy) if self.stream_has_room else 1)
         self.lane_names = set(heavy[:count])

@@ -126,6 +126,17 @@ class V3Settings(ConfigModel):
         None, ge=1, description="Heavy engines that serve as the tail lane (the first by name). None: every heavy engine "
                                 "while the stream leaves slots free, one when it fills every slot (there a lane engine "
                                 "is capacity the stream needs: two cost 0.677x against one's 0.646x at B=512).")
+    lane_recurrence: float = Field(
+        0.5, ge=0, le=1, description="'auto' keeps the tail lane only while at least this share of the runaways "
+                                     "restarted for staleness run away again once restarted (after lane_evidence of "
+                                     "them have finished). A length-controlled replay repeats every one, and there the "
+                                     "lane keeps a restarted runaway from growing too stale twice; a fresh RL sample "
+                                     "rarely runs away again, and there the lane's light engines are capacity lost "
+                                     "(seed-002-like streams, B=128, F=0.25, S=2, restarts drawing fresh lengths: "
+                                     "0.403-0.418x of on-policy without the lane against 0.440-0.446x with it).")
+    lane_evidence: int = Field(
+        4, ge=1, description="Restarted runaways that must have finished before lane_recurrence may turn the lane "
+                             "off.")
     locality: bool = Field(
         True, description="In a stream, or while the rank is off, a free slot takes a waiting sibling of a group already "
                           "on its engine before the top-ranked sample (once the probes are out): the sibling finds its "
