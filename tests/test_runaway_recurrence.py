@@ -18,18 +18,22 @@ def test_earlier_peak_is_the_longest_generation_before_the_last_restart():
     assert earlier_peak([(0, 90), (0, 20), (20, 20), (0, 5)]) == 90      # twice: the longest earlier one
 
 
-def test_the_lane_stays_until_enough_outcomes_then_follows_their_share():
+def test_an_outcome_counts_once_per_generation_when_it_runs_away_again_or_finishes_short():
     r = RunawayRecurrence(min_outcomes=3, share=0.5)
-    r.note(4000, 300, 1000.0)          # was not a runaway: no outcome
-    assert (r.outcomes, r.recurs) == (0, True)
-    r.note(200, 4096, 1000.0)
-    r.note(350, 2500, 1000.0)
-    assert (r.outcomes, r.recurred, r.recurs) == (2, 0, True)           # not enough evidence yet
-    r.note(300, 4096, 1000.0)
-    assert (r.outcomes, r.recurred, r.recurs) == (3, 0, False)
-    for _ in range(3):
-        r.note(4096, 4096, 1000.0)
-    assert (r.outcomes, r.recurred, r.recurs) == (6, 3, True)           # half of them again
+    r.observe(1, 0, 4000, 0, 1000.0, finished=False)          # never restarted: nothing to learn
+    r.observe(2, 1, 4000, 300, 1000.0, finished=True)         # was not a runaway before its restart
+    assert (r.outcomes, r.known, r.recurs) == (0, False, True)
+    r.observe(3, 1, 200, 4096, 1000.0, finished=False)        # running, below the threshold: not known yet
+    assert r.outcomes == 0
+    r.observe(3, 1, 350, 4096, 1000.0, finished=True)         # finished short: no recurrence
+    r.observe(4, 1, 1200, 2500, 1000.0, finished=False)       # past the threshold again: a recurrence at once
+    r.observe(4, 1, 1900, 2500, 1000.0, finished=False)       # ... counted once
+    r.observe(4, 1, 2500, 2500, 1000.0, finished=True)
+    assert (r.outcomes, r.recurred, r.known, r.recurs) == (2, 1, False, True)
+    r.observe(5, 1, 100, 4096, 1000.0, finished=True)
+    assert (r.outcomes, r.recurred, r.known, r.recurs) == (3, 1, True, False)   # 1 of 3 < half
+    r.observe(3, 2, 3000, 4096, 1000.0, finished=False)       # sample 3 restarted again: a new generation
+    assert (r.outcomes, r.recurred, r.recurs) == (4, 2, True)  # 2 of 4: half
 
 
 def _trace(seed):
@@ -56,5 +60,35 @@ def test_v3_keeps_its_lane_where_restarts_repeat_runaways_and_drops_it_where_the
 def test_a_lane_asked_for_always_stays_whatever_the_restarts_did():
     cfg = small_cfg(policy="v3", max_staleness=1, restart_lengths="redraw", steps=16, batch_size=16,
                     policy_settings={"v3": {"lane_evidence": 2, "tail_lane": "always"}})
-    facts = run_steps(_trace(2), cfg, "v3", 0.5).policy_facts
-    assert facts["restarted_runaways"] >= 2 and facts["tail_lane"]
+    facts = run_steps(_trace(2), cfg, "v3", 0.5).policy_facts    # 'auto' drops the lane here (above)
+    assert facts["tail_lane"] and facts["lane_engines"] == ["heavy-0"]
+
+
+def _first_generation_moves_to_the_lane(run) -> int:
+    """Segments that continue a never-restarted sample on a heavy (lane) engine after another engine."""
+    moves = 0
+    for g in run.groups:
+        for s in g.samples:
+            generation = -1
+            for prev, seg in zip([None] + s.segments[:-1], s.segments):
+                if seg.start_token == 0:
+                    generation += 1
+                elif generation == 0 and prev.engine != seg.engine and seg.engine.startswith("heavy"):
+                    moves += 1
+    return moves
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_with_room_and_no_verdict_yet_only_restarted_runaways_go_to_the_lane(seed):
+    """Where the stream leaves slots free, a first-generation runaway stays where it runs until restarts are
+    seen to repeat runaways (here never: lane_evidence is out of reach); 'always' moves such samples."""
+    roomy = dict(max_num_seqs=64, kv_cache_tokens=65536, block_size=16)
+    moved = {}
+    for lane in ("auto", "always"):
+        cfg = small_cfg(policy="v3", max_staleness=1, steps=16, batch_size=16, heavy=2,
+                        profiles={"fast": roomy, "heavy": roomy},
+                        policy_settings={"v3": {"lane_evidence": 1000, "tail_lane": lane}})
+        run = run_steps(_trace(seed), cfg, "v3", 0.5, keep_groups=True)
+        assert run.policy_facts["lane_engines"] == ["heavy-0", "heavy-1"]
+        moved[lane] = _first_generation_moves_to_the_lane(run)
+    assert moved["auto"] == 0 and moved["always"] > 0

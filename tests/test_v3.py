@@ -302,8 +302,10 @@ def placements(run):
 def test_the_lane_is_on_in_a_stream_exactly_when_a_staleness_bound_is_set():
     # without a bound a slow tail just carries over and the lane's capacity would cost ~2% (docs/benchmarks.md)
     assert placements(stream("auto", max_staleness=None)) == placements(stream("never", max_staleness=None))
-    assert placements(stream("auto")) == placements(stream("always"))
-    assert placements(stream("auto")) != placements(stream("never"))
+    bound = stream("auto")
+    assert bound.policy_facts["tail_lane"] and bound.policy_facts["lane_engines"] == ["heavy-0"]
+    assert placements(bound) != placements(stream("never"))
+    # (it differs from 'always' until restarts show whether they repeat runaways: tests/test_runaway_recurrence.py)
 
 
 def test_the_lane_stays_off_within_a_batch():

@@ -14,27 +14,41 @@ from collections.abc import Sequence
 
 
 class RunawayRecurrence:
-    """Outcomes of restarted runaways: how many finished, and how many of those ran away again."""
+    """Outcomes of restarted runaways: each one's generation after the restart either ran away again
+    (it passed the lane threshold once more) or finished short of it."""
 
     def __init__(self, min_outcomes: int, share: float) -> None:
         self.min_outcomes = min_outcomes
         self.share = share
         self.outcomes = 0
         self.recurred = 0
+        self._noted: dict[int, int] = {}    # key -> the restart count whose outcome was noted
 
-    def note(self, length: int, earlier_peak: int, threshold: float) -> None:
-        """A restarted sample finished with ``length`` tokens, its earlier generations having reached at most
-        ``earlier_peak``: an outcome when that was a runaway (past ``threshold``, the lane's), a recurrence
-        when the new one is too."""
-        if earlier_peak >= threshold:
+    def observe(self, key: int, restarts: int, generated: int, earlier_peak: int, threshold: float, *,
+                finished: bool) -> None:
+        """A sample (``key``) restarted ``restarts`` times holds ``generated`` tokens now; its earlier
+        generations reached at most ``earlier_peak``. It is a restarted runaway when that passed
+        ``threshold`` (the lane's); its outcome is known once it passes the threshold again (a recurrence,
+        as soon as it does) or finishes short of it. Each generation's outcome counts once."""
+        if not restarts or earlier_peak < threshold:
+            return
+        if self._noted.get(key) != restarts and (generated >= threshold or finished):
+            self._noted[key] = restarts
             self.outcomes += 1
-            self.recurred += length >= threshold
+            self.recurred += generated >= threshold
+        if finished:
+            self._noted.pop(key, None)
+
+    @property
+    def known(self) -> bool:
+        """Whether enough outcomes are in to judge (``min_outcomes``)."""
+        return self.outcomes >= self.min_outcomes
 
     @property
     def recurs(self) -> bool:
-        """True until ``min_outcomes`` are seen (the lane's cost is small next to a runaway restarted into
-        the same run), then whether at least ``share`` of them ran away again."""
-        return self.outcomes < self.min_outcomes or self.recurred >= self.share * self.outcomes
+        """True until the outcomes are known (the prior: a lane, as a replay needs), then whether at least
+        ``share`` of them ran away again."""
+        return not self.known or self.recurred >= self.share * self.outcomes
 
 
 def earlier_peak(segment_ends: Sequence[tuple[int, int]]) -> int:

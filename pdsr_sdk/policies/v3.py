@@ -30,7 +30,8 @@ tell:
   run at full load for several steps (and be restarted when it grows too stale); within one
   batch, or with no staleness bound, the lane costs more capacity than it saves. The lane stays
   only while the runaways restarted so far ran away again (as in a length-controlled replay): a
-  fresh RL sample rarely does, and then a restart costs less than the lane's light engines.
+  fresh RL sample rarely does, and then a restart costs less than the lane's light engines. Until
+  that is known, a stream with free slots sends only restarted runaways there.
 
 With a probe measured to predict nothing it places work as baseline does: each arrival's groups in
 contiguous chunks per engine (``placement``), so that a group's samples share their prompt's prefix
@@ -255,12 +256,7 @@ class V3Policy(Policy):
         self.waiting.discard(sample)
         n = sample.num_generated
         self.history.add(n)
-        if sample.restarts and self.lane_threshold < math.inf:
-            recurs = self.recurrence.recurs
-            self.recurrence.note(n, earlier_peak([(x.start_token, x.num_tokens) for x in sample.segments]),
-                                 self.lane_threshold)
-            if self.recurrence.recurs != recurs:
-                self._set_lane()
+        self._observe_restarted(sample, finished=True)
         if self.history.seen % 64 == 0:   # (by count: the history stops growing once full)
             self._update_tail_threshold()
         g = sample.group
@@ -293,11 +289,16 @@ class V3Policy(Policy):
         self._note_progress(sample)
         if sample not in self.tail and sample.num_generated >= self.tail_threshold:
             self._mark_tail(sample, engine.name, +1)
+        self._observe_restarted(sample, finished=False)
         if self.lane:
             # a restarted runaway (its tokens thrown away for staleness) goes back to the lane at once, once
-            # per generation; its restarted siblings are short and stay where they are
+            # per generation; its restarted siblings are short and stay where they are. Until restarts are
+            # seen to repeat runaways (recurrence known) only restarted ones go: a first-generation runaway
+            # that outlives its window is restarted, where fresh responses make that cheap
             if sample not in self.runaways and (sample.num_generated >= self.lane_threshold or sample.restarts) \
-                    and _peak_generated(sample) >= self.lane_threshold:
+                    and _peak_generated(sample) >= self.lane_threshold \
+                    and (sample.restarts or self.recurrence.known or not self.stream_has_room
+                         or self.cfg.tail_lane == "always"):
                 if engine.name in self.lane_names:
                     self._hold_runaway(sample, engine.name)
                 elif sample.moves <= sample.restarts:
@@ -630,6 +631,18 @@ class V3Policy(Policy):
         if arrival is not None and arrival[0] in self.arriving_on:
             self.arriving_on[arrival[0]] -= 1
             self.arriving_ctx[arrival[0]] -= arrival[1]
+
+    def _observe_restarted(self, s: Sample, *, finished: bool) -> None:
+        """Note whether a restarted runaway ran away again ('auto' lane: ``RunawayRecurrence``), and set the
+        lane again when the verdict changes."""
+        if not s.restarts or self.cfg.tail_lane != "auto" or math.isinf(self.lane_threshold):
+            return
+        recurs = self.recurrence.recurs
+        self.recurrence.observe(id(s), s.restarts, s.num_generated,
+                                earlier_peak([(x.start_token, x.num_tokens) for x in s.segments]),
+                                self.lane_threshold, finished=finished)
+        if self.recurrence.recurs != recurs:
+            self._set_lane()
 
     def _set_lane(self) -> None:
         """'auto': a tail lane while groups stream in under a staleness bound (without one a slow tail just

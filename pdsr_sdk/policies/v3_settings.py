@@ -128,15 +128,19 @@ class V3Settings(ConfigModel):
                                 "is capacity the stream needs: two cost 0.677x against one's 0.646x at B=512).")
     lane_recurrence: float = Field(
         0.5, ge=0, le=1, description="'auto' keeps the tail lane only while at least this share of the runaways "
-                                     "restarted for staleness run away again once restarted (after lane_evidence of "
-                                     "them have finished). A length-controlled replay repeats every one, and there the "
-                                     "lane keeps a restarted runaway from growing too stale twice; a fresh RL sample "
-                                     "rarely runs away again, and there the lane's light engines are capacity lost "
-                                     "(seed-002-like streams, B=128, F=0.25, S=2, restarts drawing fresh lengths: "
-                                     "0.403-0.418x of on-policy without the lane against 0.440-0.446x with it).")
+                                     "restarted for staleness run away again (once lane_evidence of them are known). "
+                                     "A length-controlled replay repeats every one, and there the lane keeps a "
+                                     "restarted runaway from growing too stale twice; a fresh RL sample rarely runs "
+                                     "away again, and there the lane's light engines are capacity lost. Until the "
+                                     "verdict is in, a stream with free slots sends only restarted runaways to the "
+                                     "lane: a first-generation one could not make its window there either (B=128: "
+                                     "about 45 s against 37 s). Seed-002-like streams, F=0.25, S=2, restarts drawing "
+                                     "fresh lengths: B=128 0.406-0.418x of on-policy (baseline 0.408-0.420x), where "
+                                     "the lane from the start gave 0.436-0.448x; replayed restarts: 0.450-0.462x "
+                                     "against 0.449-0.467x (docs/benchmarks.md).")
     lane_evidence: int = Field(
-        4, ge=1, description="Restarted runaways that must have finished before lane_recurrence may turn the lane "
-                             "off.")
+        4, ge=1, description="Restarted runaways whose outcome (ran away again, or finished short of the lane "
+                             "threshold) must be known before lane_recurrence decides.")
     locality: bool = Field(
         True, description="In a stream, or while the rank is off, a free slot takes a waiting sibling of a group already "
                           "on its engine before the top-ranked sample (once the probes are out): the sibling finds its "
