@@ -418,7 +418,9 @@ def test_pause_keep_and_abort_on_ray_engines_keep_every_sample_and_its_greedy_to
             for mode in ("keep", "abort"):
                 task = asyncio.ensure_future(session.astep(records))
                 end = time.monotonic() + 120
-                while not (sched.in_flight == 16 and all(s.num_generated >= 4 for s in sched.running())):
+                # at least half the slots running, each with a few tokens (waiting for all 16 at once missed
+                # its ~0.1 s window on a loaded machine: the 8-token samples finish and the last ones start)
+                while not (len(sched.running()) >= 8 and all(s.num_generated >= 4 for s in sched.running())):
                     assert time.monotonic() < end and not task.done()
                     await asyncio.sleep(0.005)
                 running = set(sched.running())
