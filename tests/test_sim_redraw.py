@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -10,19 +11,42 @@ from click.testing import CliRunner
 
 from pdsr_cli.main import cli
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.sim.redraw import capped_share, redraw_length
+from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
 from pdsr_sdk.sim.steps import run_steps
-from pdsr_sdk.traces import write_trace_jsonl
+from pdsr_sdk.traces import synth_trace, write_trace_jsonl
 from test_sim_steps import recorded, small_cfg, small_trace
 
 
-def test_capped_share_counts_every_groups_flags():
-    assert capped_share([[True, False, False, False], [False, False], []]) == pytest.approx(1 / 6)
-    assert capped_share([]) == 0.0
+def _flags(trace):
+    return [[r == "length" for r in trace.finish_reasons[trace.offsets[g]:trace.offsets[g + 1]]]
+            for g in range(len(trace.prompt_ids))]
+
+
+@pytest.mark.parametrize("concentration", [None, 4.0, 16.0])
+def test_the_cap_prior_recovers_the_share_and_how_runaways_cluster_by_prompt(concentration):
+    """`pdsr trace synth` draws each prompt's runaway rate from Beta(f k, (1 - f) k) (k = concentration; none:
+    every sample alike): the moment fit finds the pooled share f, and a strength near k, or none (infinite)."""
+    trace = synth_trace(groups=20_000, n=8, seed=3, runaway_frac=0.05, runaway_concentration=concentration)
+    share, strength = cap_prior(_flags(trace))
+    assert share == pytest.approx(0.05, rel=0.05)
+    if concentration is None:
+        assert strength > 200    # (the moment estimate of rho is noisy around 0: inf or a weak prior)
+    else:
+        assert strength == pytest.approx(concentration, rel=0.3)
+
+
+def test_the_chance_after_a_restart_is_the_groups_share_shrunk_to_the_pooled_one():
+    one_of_eight = [True] + [False] * 7
+    assert cap_chance(one_of_eight, 0.003, math.inf) == 0.003                 # prompts alike: the pooled share
+    assert cap_chance(one_of_eight, 0.003, 8.0) == pytest.approx((1 + 0.024) / 16)
+    assert cap_chance(one_of_eight, 0.003, 0.0) == pytest.approx(1 / 8)      # prompts apart: its own share
+    assert cap_prior([]) == (0.0, math.inf)
+    assert cap_prior([[False, False], [False]]) == (0.0, math.inf)
+    assert cap_prior([[True, True], [False, False]]) == (0.5, 0.0)            # all-or-nothing groups
 
 
 @pytest.mark.parametrize("share", [0.0, 0.1, 0.5])
-def test_a_redraw_is_the_cap_with_the_pooled_share_else_an_uncapped_length_of_its_group(share):
+def test_a_redraw_is_the_cap_with_its_chance_else_an_uncapped_length_of_its_group(share):
     lengths, capped = [50, 70, 600, 90], [False, False, True, False]
     draws = Counter(redraw_length(lengths, capped, 600, share, f"p/{k}") for k in range(20_000))
     assert set(draws) <= {50, 70, 90, 600}

@@ -58,7 +58,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--restart-lengths", type=click.Choice(["replay", "redraw"]), default=None,
               help="With --steps: the length a restarted sample generates. replay: its recorded length again (as a "
                    "length-controlled replay on real engines); redraw: a fresh draw, as RL sampling makes one (the "
-                   "cap with the trace's share of capped responses, else one of its group's other lengths).  "
+                   "cap with the prompt's chance of reaching it, fitted over the trace, else one of its group's "
+                   "other lengths).  "
                    "[default: replay]")
 @quiet_option
 @config_option

@@ -32,7 +32,7 @@ from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, raise_fatal,
                                  sample_bounds, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
-from pdsr_sdk.sim.redraw import capped_share, redraw_length
+from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
 from pdsr_sdk.sim.trainer import SimTrainer
 from pdsr_sdk.sim.usage import EngineUse, engine_use
 
@@ -167,12 +167,13 @@ def fresh_lengths(rows) -> Callable[[Sample], None]:
     """The restart hook of ``restart_lengths: redraw``: a restarted sample gets a fresh length
     (:func:`pdsr_sdk.sim.redraw.redraw_length`), drawn once per sample and restart."""
     cap = max(max(r[2]) for r in rows)
-    share = capped_share([_capped(r[2], r[3], cap) for r in rows])
+    share, strength = cap_prior([_capped(r[2], r[3], cap) for r in rows])
 
     def on_restart(s: Sample) -> None:
         g = s.group
-        s.max_tokens = redraw_length(g.target_lengths, _capped(g.target_lengths, g.target_finish_reasons, cap),
-                                     cap, share, f"{g.prompt_id}/{s.index}/{s.restarts}")
+        capped = _capped(g.target_lengths, g.target_finish_reasons, cap)
+        s.max_tokens = redraw_length(g.target_lengths, capped, cap, cap_chance(capped, share, strength),
+                                     f"{g.prompt_id}/{s.index}/{s.restarts}")
     return on_restart
 
 
