@@ -163,10 +163,10 @@ def _capped(lengths, reasons, cap: int) -> list[bool]:
     return [r == "length" for r in reasons] if reasons else [n >= cap for n in lengths]
 
 
-def fresh_lengths(rows) -> Callable[[Sample], None]:
+def fresh_lengths(rows, cap: int) -> Callable[[Sample], None]:
     """The restart hook of ``restart_lengths: redraw``: a restarted sample gets a fresh length
-    (:func:`pdsr_sdk.sim.redraw.redraw_length`), drawn once per sample and restart."""
-    cap = max(max(r[2]) for r in rows)
+    (:func:`pdsr_sdk.sim.redraw.redraw_length`), drawn once per sample and restart; ``cap``: the
+    response cap (the trace's longest response)."""
     share, strength = cap_prior([_capped(r[2], r[3], cap) for r in rows])
 
     def on_restart(s: Sample) -> None:
@@ -190,12 +190,12 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
     engines = build_engines(cfg, clock, record=record)
     fatal: list[BaseException] = []
     handlers: list[StepStream] = []
+    longest = max(max(r[2]) for r in rows)
     run = DispatchRun(engines, cls, settings, clock,
-                      SamplingConfig(n=max(len(r[2]) for r in rows), max_tokens=max(max(r[2]) for r in rows),
-                                     ignore_eos=True),
+                      SamplingConfig(n=max(len(r[2]) for r in rows), max_tokens=longest, ignore_eos=True),
                       cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at,
                       on_group_done=lambda g: handlers[0].group_done(g),
-                      on_restart=fresh_lengths(rows) if cfg.restart_lengths == "redraw" else None)
+                      on_restart=fresh_lengths(rows, longest) if cfg.restart_lengths == "redraw" else None)
     bar = progress(desc=f"steps {name} F={over_provision:g}", total=cfg.steps, unit="step")
     b = cfg.step_groups or cfg.batch_size
     next_row = 0
