@@ -112,7 +112,8 @@ class V3Settings(ConfigModel):
                             "'auto': on while groups arrive as others still run (partial rollout across steps) under "
                             "a staleness bound (max_staleness): new work never stops there and a runaway "
                             "would run at full load until it grows too stale; within one batch, or with no "
-                            "staleness bound, the lane costs more capacity than it saves (docs/benchmarks.md).")
+                            "staleness bound, the lane costs more capacity than it saves (docs/benchmarks.md); "
+                            "and only while restarted runaways are seen to run away again (lane_recurrence).")
     lane_seqs: int = Field(
         48, ge=1, description="A lane engine holding a runaway admits new work only while it runs fewer samples "
                               "than this (its step time stays a few times below a full engine's).")
