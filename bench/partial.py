@@ -224,6 +224,7 @@ def simulated_ratio(args, trace, k: int, b: int, fitted: dict, load_s: float = 0
         if args.trainer_s > 0 else {}
     cfg = SimulateConfig(policy="v3", fast=1, heavy=1, batch_size=b, steps=k, over_provision=args.over_provision,
                          max_staleness=args.max_staleness, profiles={"fast": profile, "heavy": profile},
+                         restart_lengths="replay",   # the bench forces every length, also after a restart
                          timeline=False, **trainer)
     report = simulate_steps(trace, cfg)
     last = args.trainer_s + load_s if args.trainer_s > 0 else 0.0   # the last step's training, in both

@@ -96,11 +96,12 @@ def test_restart_lengths_needs_steps_and_the_cli_says_which_it_used(tmp_path):
     write_trace_jsonl(small_trace(), trace)
     args = ["simulate", "--trace", str(trace), "--fast", "2", "--heavy", "1", "--batch-size", "6", "--steps", "6",
             "--over-provision", "0.5", "--max-staleness", "1", "--no-timeline"]
-    res = CliRunner().invoke(cli, args + ["--restart-lengths", "redraw", "--out-dir", str(tmp_path / "o")])
+    res = CliRunner().invoke(cli, args + ["--out-dir", str(tmp_path / "o")])     # redraw is the default
     assert res.exit_code == 0, res.output
     assert "restarted samples draw fresh lengths" in res.output
     assert '"restart_lengths": "redraw"' in (tmp_path / "o" / "steps.json").read_text()
-    res = CliRunner().invoke(cli, args)
+    res = CliRunner().invoke(cli, args + ["--restart-lengths", "replay"])
     assert res.exit_code == 0 and "fresh lengths" not in res.output
+    assert "restarted samples replay their recorded lengths" in res.output
     res = CliRunner().invoke(cli, args + ["--restart-lengths", "again"])
     assert res.exit_code != 0 and "replay" in res.output and "redraw" in res.output

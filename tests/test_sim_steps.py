@@ -75,7 +75,8 @@ def test_f0_is_the_on_policy_run_step_for_step():
 def test_no_sample_lost_or_duplicated_and_staleness_holds(policy, staleness):
     trace = small_trace()
     want = recorded(trace)
-    cfg = small_cfg(policy=policy, max_staleness=staleness)
+    # replayed restarts, so that every sample's length is known (fresh draws: tests/test_sim_redraw.py)
+    cfg = small_cfg(policy=policy, max_staleness=staleness, restart_lengths="replay")
     run = run_steps(trace, cfg, policy, 0.5, keep_groups=True)
     ids = [g.prompt_id for g in run.groups]
     assert len(ids) == len(set(ids)) == sum(s.groups for s in run.steps) >= 6 * 6

@@ -74,7 +74,7 @@ def test_pipelined_partial_rollout_keeps_every_sample_and_the_staleness_bound(po
     trace = small_trace(groups=80)
     want = recorded(trace)
     cfg = small_cfg(policy=policy, max_staleness=staleness, trainer_s=trainer_s, weight_update_s=update_s,
-                    pipeline=True)
+                    pipeline=True, restart_lengths="replay")   # every length known (fresh draws: test_sim_redraw)
     run = run_steps(trace, cfg, policy, 0.5, keep_groups=True)
     ids = [g.prompt_id for g in run.groups]
     assert len(ids) == len(set(ids)) == sum(s.groups for s in run.steps)

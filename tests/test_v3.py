@@ -241,7 +241,10 @@ def stream(lane, trace=None, settings=None, **kw):
     from pdsr_sdk.sim.steps import run_steps
 
     trace = trace if trace is not None else synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
-    kw = {"fast": 3, "heavy": 1, "max_staleness": 1, "profiles": {"fast": EQUAL, "heavy": EQUAL}} | kw
+    # replayed restarts: a restarted runaway runs away again, so 'auto' keeps its lane (a fresh draw would
+    # soon turn it off: tests/test_runaway_recurrence.py)
+    kw = {"fast": 3, "heavy": 1, "max_staleness": 1, "profiles": {"fast": EQUAL, "heavy": EQUAL},
+          "restart_lengths": "replay"} | kw
     cfg = SimulateConfig(policy="v3", batch_size=32, steps=8, over_provision=0.25, timeline=False, references=False,
                          policy_settings={"v3": {"tail_lane": lane, **(settings or {})}}, **kw)
     return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)

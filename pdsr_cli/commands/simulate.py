@@ -56,11 +56,10 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
               help="With --steps: the trainer trains on step k while step k + 1 generates; its update lands in the "
                    "middle of the next step, which does not end before it (one step off-policy).")
 @click.option("--restart-lengths", type=click.Choice(["replay", "redraw"]), default=None,
-              help="With --steps: the length a restarted sample generates. replay: its recorded length again (as a "
-                   "length-controlled replay on real engines); redraw: a fresh draw, as RL sampling makes one (the "
-                   "cap with the prompt's chance of reaching it, fitted over the trace, else one of its group's "
-                   "other lengths).  "
-                   "[default: replay]")
+              help="With --steps: the length a restarted sample generates. redraw: a fresh draw, as RL sampling makes "
+                   "one (the cap with the prompt's chance of reaching it, fitted over the trace, else one of its "
+                   "group's other lengths); replay: its recorded length again (as a length-controlled replay on real "
+                   "engines).  [default: redraw]")
 @quiet_option
 @config_option
 @click.pass_context
@@ -160,7 +159,8 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     click.echo(f"{cfg.trace}: {cfg.steps} steps of {b} groups, policy {cfg.policy}, max staleness "
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
                f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
-               + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw" else ""))
+               + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
+                  else "; restarted samples replay their recorded lengths"))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))

@@ -133,12 +133,15 @@ class V3Settings(ConfigModel):
                                      "A length-controlled replay repeats every one, and there the lane keeps a "
                                      "restarted runaway from growing too stale twice; a fresh RL sample rarely runs "
                                      "away again, and there the lane's light engines are capacity lost. Until the "
-                                     "verdict is in, a stream with free slots sends only restarted runaways to the "
-                                     "lane: a first-generation one could not make its window there either (B=128: "
-                                     "about 45 s against 37 s). Seed-002-like streams, F=0.25, S=2, restarts drawing "
-                                     "fresh lengths: B=128 0.406-0.418x of on-policy (baseline 0.408-0.420x), where "
-                                     "the lane from the start gave 0.436-0.448x; replayed restarts: 0.450-0.462x "
-                                     "against 0.449-0.467x (docs/benchmarks.md).")
+                                     "verdict is in, only restarted runaways go to the lane: where the stream leaves "
+                                     "slots free a first-generation one could not make its window there either "
+                                     "(B=128: about 45 s against 37 s), and where it fills every slot the lane's "
+                                     "engine is capacity a fresh draw does not need. Seed-002-like streams, F=0.25, "
+                                     "S=2, restarts drawing fresh lengths: B=128 0.406-0.418x of on-policy (baseline "
+                                     "0.408-0.420x), where the lane from the start gave 0.436-0.448x; B=512 "
+                                     "0.638-0.656x (baseline 0.640-0.665x, the lane from the start 0.649-0.669x); "
+                                     "replayed restarts: B=128 0.450-0.462x against 0.449-0.467x, B=512 "
+                                     "0.663-0.686x against 0.686-0.720x (docs/benchmarks.md).")
     lane_evidence: int = Field(
         4, ge=1, description="Restarted runaways whose outcome (ran away again, or finished short of the lane "
                              "threshold) must be known before lane_recurrence decides.")

@@ -118,7 +118,7 @@ class SimulateConfig(StepStreamConfig):
     trainer_s: float = Field(0.0, ge=0, description="Multi-step: seconds the trainer takes to train on one step's groups before it updates the weights (virtual time; 0: the update comes at the step's end). Without pipeline the engines stop for it, as in a synchronous loop: a step's end aborts its running samples (keeping their tokens) and they resume after the update. The on-policy baseline's steps take it too.")
     weight_update_s: float = Field(0.0, ge=0, description="Multi-step: seconds the engines stop to load new weights at each update (RolloutSession.update_weights); the on-policy baseline's steps take it too.")
     pipeline: bool = Field(False, description="Multi-step: the trainer trains on step k while step k + 1 generates (one step off-policy, as examples/grpo_train.py --pipeline): its update lands in the middle of the next step (the engines stop keeping every token, load for weight_update_s, and go on under the new version), and no step ends before the update for its predecessor (a session's step(wait_for_update=True)), so token ages count at the weights the trainer trains with.")
-    restart_lengths: Literal["replay", "redraw"] = Field("replay", description="Multi-step: the length a restarted sample (too stale, refreshed, or retried by its policy) generates. replay: its recorded length again, as a length-controlled replay on real engines does (a response that ran to the cap runs there again). redraw: a fresh draw, as RL sampling makes one: the response cap with the prompt's chance of reaching it (its group's share, shrunk toward the trace's pooled share by a beta prior fitted to the trace: the pooled share itself where runaways do not cluster by prompt), else one of its group's recorded lengths that did not (pdsr_sdk.sim.redraw).")
+    restart_lengths: Literal["replay", "redraw"] = Field("redraw", description="Multi-step: the length a restarted sample (too stale, refreshed, or retried by its policy) generates. redraw (the default): a fresh draw, as RL sampling makes one: the response cap with the prompt's chance of reaching it (its group's share, shrunk toward the trace's pooled share by a beta prior fitted to the trace: the pooled share itself where runaways do not cluster by prompt), else one of its group's recorded lengths that did not (pdsr_sdk.sim.redraw; on a real model a response that ran to the cap did again 49% of the times it was drawn afresh, where this predicted 52%: bench/recurrence.py). replay: its recorded length again, as a length-controlled replay on real engines does (bench/partial.py; a response that ran to the cap runs there again).")
 
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
@@ -131,7 +131,7 @@ class SimulateConfig(StepStreamConfig):
             for key in ("trainer_s", "weight_update_s", "pipeline"):
                 if getattr(self, key):
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
-            if self.restart_lengths != "replay":
+            if "restart_lengths" in self.model_fields_set:
                 raise ConfigValueError("restart_lengths applies to multi-step runs only; set steps too")
         return self
 
