@@ -60,6 +60,9 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
                    "one (the cap with the prompt's chance of reaching it, fitted over the trace, else one of its "
                    "group's other lengths); replay: its recorded length again (as a length-controlled replay on real "
                    "engines).  [default: redraw]")
+@click.option("--max-partial-share", type=float, default=None,
+              help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5 and name the fastest F whose "
+                   "partial share (tokens from responses carried across a weight update) is at most this, e.g. 0.1.")
 @quiet_option
 @config_option
 @click.pass_context
@@ -67,7 +70,7 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
             num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
             step_groups, max_staleness, group_deadline, trainer_s, weight_update_s, pipeline, restart_lengths,
-            quiet, config_path) -> None:
+            max_partial_share, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -94,6 +97,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
       pdsr simulate calibrate --trajectories run.parquet --out profile.yaml
       pdsr simulate --trace lengths.jsonl --steps 10 --step-groups 128 --max-staleness 2 --out-dir steps
       pdsr simulate --steps 10 --step-groups 128 --max-staleness 2 --trainer-s 20 --pipeline
+      pdsr simulate --steps 10 --step-groups 128 --max-staleness 2 --max-partial-share 0.1
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -111,7 +115,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
         "trainer_s": trainer_s, "weight_update_s": weight_update_s, "pipeline": pipeline,
-        "restart_lengths": restart_lengths,
+        "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }
     if profile is not None:
         for pool, values in load_profile_file(profile).items():
@@ -172,6 +176,8 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                + ("; per engine: token_share of the tokens generated, seqs_per_step = the mean batch it ran, busy = "
                   "share of the run's time with a step running, prefill = share of that spent prefilling, lane = "
                   "kept light for long samples" if len(report.runs) == 1 else "; per engine: steps.json") + ")")
+    if cfg.max_partial_share is not None:
+        click.echo(_fastest_words(report))
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))
@@ -179,6 +185,16 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
             report.plots.append(str(write_steps_timeline(report, cfg.out_dir / "timeline.png")))
         write_text_atomic(json.dumps(report.to_dict(), indent=2) + "\n", cfg.out_dir / "steps.json")
         click.echo(f"wrote {cfg.out_dir / 'steps.json'}" + "".join(f"\nwrote {p}" for p in report.plots))
+
+
+def _fastest_words(report) -> str:
+    budget = report.cfg.max_partial_share
+    pick = report.fastest_within()
+    if pick is None:
+        return f"no over-provision kept the partial share within {budget:.1%}"
+    return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:g}, steady step "
+            f"{pick.steady_step_s:.4g} s = {pick.steady_step_s / report.baseline_step_s:.3f}x the on-policy step "
+            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} versions)")
 
 
 def _trainer_words(cfg) -> str:

@@ -120,6 +120,8 @@ class SimulateConfig(StepStreamConfig):
     pipeline: bool = Field(False, description="Multi-step: the trainer trains on step k while step k + 1 generates (one step off-policy, as examples/grpo_train.py --pipeline): its update lands in the middle of the next step (the engines stop keeping every token, load for weight_update_s, and go on under the new version), and no step ends before the update for its predecessor (a session's step(wait_for_update=True)), so token ages count at the weights the trainer trains with.")
     restart_lengths: Literal["replay", "redraw"] = Field("redraw", description="Multi-step: the length a restarted sample (too stale, refreshed, or retried by its policy) generates. redraw (the default): a fresh draw, as RL sampling makes one: the response cap with the prompt's chance of reaching it (its group's share, shrunk toward the trace's pooled share by a beta prior fitted to the trace: the pooled share itself where runaways do not cluster by prompt), else one of its group's recorded lengths that did not (pdsr_sdk.sim.redraw; on a real model a response that ran to the cap did again 49% of the times it was drawn afresh, where this predicted 52%: bench/recurrence.py). replay: its recorded length again, as a length-controlled replay on real engines does (bench/partial.py; a response that ran to the cap runs there again).")
 
+    max_partial_share: float | None = Field(None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., 0.5 instead of 0, 0.25, 0.5 and 1, and name the fastest F whose partial share (consumed tokens from responses carried across a weight update) is at most this: the over-provision to run within an off-policy budget. None: no search.")
+
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
         if self.fast + self.heavy == 0:
@@ -133,6 +135,10 @@ class SimulateConfig(StepStreamConfig):
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
             if "restart_lengths" in self.model_fields_set:
                 raise ConfigValueError("restart_lengths applies to multi-step runs only; set steps too")
+            if self.max_partial_share is not None:
+                raise ConfigValueError("max_partial_share applies to multi-step runs only; set steps too")
+        elif self.max_partial_share is not None and self.over_provision is not None:
+            raise ConfigValueError("max_partial_share searches the over-provision: leave over_provision unset")
         return self
 
     @property

@@ -38,6 +38,22 @@ from pdsr_sdk.sim.usage import EngineUse, engine_use
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
 CURVE = (0.0, 0.25, 0.5, 1.0)
+#: ... and of the search for the fastest within a partial-share budget (``max_partial_share``)
+SEARCH = tuple(round(0.05 * i, 2) for i in range(11))
+
+
+def curve_values(cfg: SimulateConfig) -> tuple[float, ...]:
+    """The over-provision values a multi-step run simulates: the one asked for, the curve's, or the search's
+    (of those that keep the same number of groups in flight, only the smallest: a small B rounds several alike)."""
+    if cfg.over_provision is not None:
+        return (cfg.over_provision,)
+    if cfg.max_partial_share is None:
+        return CURVE
+    b = cfg.step_groups or cfg.batch_size
+    first: dict[int, float] = {}
+    for f in SEARCH:
+        first.setdefault(in_flight(b, f), f)
+    return tuple(first.values())
 
 
 @dataclass
@@ -152,7 +168,7 @@ def builtin_trace_groups(cfg: SimulateConfig) -> int:
     least 1,024 (so that runs share a few cached files): every step at the curve's largest over-provision, or
     ``num_batches`` batches."""
     if cfg.steps is not None:
-        need = max(groups_needed(cfg, f) for f in (CURVE if cfg.over_provision is None else (cfg.over_provision,)))
+        need = max(groups_needed(cfg, f) for f in curve_values(cfg))
     else:
         need = cfg.batch_size * (cfg.num_batches or 1)
     return max(1024, -(-need // 512) * 512)
@@ -330,16 +346,30 @@ class StepsReport:
                        "held_s": s.held_s} for s in r.steps],
         }
 
+    def fastest_within(self) -> StepsRun | None:
+        """The run with the shortest steady step among those whose partial share is at most
+        ``cfg.max_partial_share`` (None without a budget, or when none is within it)."""
+        budget = self.cfg.max_partial_share
+        if budget is None:
+            return None
+        within = [r for r in self.runs if r.partial_share <= budget]
+        return min(within, key=lambda r: r.steady_step_s, default=None)
+
     def rows(self) -> list[dict[str, Any]]:
-        """One row per over-provision value: the curve of step time against off-policy share."""
+        """One row per over-provision value: the curve of step time against off-policy share (with a partial-share
+        budget, the fastest run within it is marked in ``pick``)."""
         out = []
+        pick = self.fastest_within()
         for r in self.runs:
             s = self.summary(r)
-            out.append({"F": r.over_provision, "in_flight": r.in_flight, "step_s": s["steady_step_s"],
-                        "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"], "vs_bound": s["vs_work_bound"],
-                        "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
-                        "restarts": s["restarts"], "wasted": s["wasted_tokens"], "held_s": s["held_s"],
-                        "max_lag": s["max_group_lag"], "dropped": s["dropped_groups"]})
+            row = {"F": r.over_provision, "in_flight": r.in_flight, "step_s": s["steady_step_s"],
+                   "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"], "vs_bound": s["vs_work_bound"],
+                   "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
+                   "restarts": s["restarts"], "wasted": s["wasted_tokens"], "held_s": s["held_s"],
+                   "max_lag": s["max_group_lag"], "dropped": s["dropped_groups"]}
+            if self.cfg.max_partial_share is not None:
+                row["pick"] = "fastest within" if r is pick else ""
+            out.append(row)
         return out
 
     def step_rows(self, r: StepsRun) -> list[dict[str, Any]]:
@@ -360,12 +390,14 @@ class StepsReport:
 
     def to_dict(self) -> dict[str, Any]:
         cfg = self.cfg
+        pick = self.fastest_within()
         return {
             "trace": str(cfg.trace) if cfg.trace is not None else None, "steps": cfg.steps,
             "step_groups": cfg.step_groups or cfg.batch_size, "max_staleness": cfg.max_staleness,
             "group_deadline": cfg.group_deadline, "trainer_s": cfg.trainer_s,
             "weight_update_s": cfg.weight_update_s, "pipeline": cfg.pipeline,
-            "restart_lengths": cfg.restart_lengths,
+            "restart_lengths": cfg.restart_lengths, "max_partial_share": cfg.max_partial_share,
+            "fastest_within": pick.over_provision if pick is not None else None,
             "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
                         "heavy": {"count": cfg.heavy, **cfg.profiles.heavy.model_dump()}},
             "segments": cfg.segments.model_dump(),
@@ -413,6 +445,8 @@ DEFINITIONS = {
                "(horizon_s) with a step running; prefill, the share of that busy time spent prefilling (prompts, "
                "moves, and the contexts every weight update makes carried samples compute again); lane: the "
                "policy made it a tail lane (policy_facts).",
+    "fastest_within": "With max_partial_share: the over-provision F whose run had the shortest steady step among "
+                      "those with partial_share at most max_partial_share (null when none was within it).",
     "dropped_groups": "Groups still in flight after the last step (the next step's carry); dropped_tokens: "
                       "their samples' reported tokens.",
 }
@@ -420,10 +454,11 @@ DEFINITIONS = {
 
 def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress,
                    keep_groups: bool = False) -> StepsReport:
-    """The on-policy baseline and a multi-step run for ``cfg.over_provision`` (or each value of CURVE)."""
+    """The on-policy baseline and a multi-step run for ``cfg.over_provision`` (or each value of the curve or the
+    search: :func:`curve_values`)."""
     name = cfg.policy
     policy_for_steps(cfg, name)   # fail before the baseline runs
-    values = CURVE if cfg.over_provision is None else (cfg.over_provision,)
+    values = curve_values(cfg)
     for f in values:
         stream_rows(trace, cfg, groups_needed(cfg, f))
     base = on_policy_steps(trace, cfg, progress=progress)
@@ -452,8 +487,17 @@ def write_steps_plot(report: StepsReport, path) -> str:
     if base > 0:   # the floor under each point: its consumed tokens generated at full occupancy
         ax.plot(xs, [r.work_bound_s / base for r in report.runs], "_", color="grey", ms=14, mew=2,
                 label="work bound (consumed tokens at full occupancy)")
+    pick = report.fastest_within()
+    if pick is not None:   # the over-provision to run within the partial-share budget
+        ax.axvline(report.cfg.max_partial_share * 100, color="tab:orange", lw=0.8, ls=":",
+                   label=f"partial-share budget {report.cfg.max_partial_share:.0%}")
+        ax.plot([pick.partial_share * 100], [pick.steady_step_s / base if base > 0 else 0.0], "*",
+                color="tab:red", ms=13, label=f"fastest within it: F={pick.over_provision:g}")
     ax.legend(fontsize=8, loc="lower right")
-    for x, y, r in zip(xs, ys, rows):
+    every = 1 if len(rows) <= 6 else 2   # the search's 11 points: label every other one
+    for i, (x, y, r) in enumerate(zip(xs, ys, rows)):
+        if i % every:
+            continue
         ax.annotate(f"F={r['F']:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("off-policy tokens (%)")
