@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pdsr_cli.main import cli
 from pdsr_sdk.dispatch.steps import in_flight
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.sim.steps import SEARCH, curve_values, simulate_steps
+from pdsr_sdk.sim.steps import SEARCH, curve_values, refine_within, simulate_steps
 from pdsr_sdk.traces import write_trace_jsonl
 from test_sim_steps import small_cfg, small_trace
 
@@ -67,3 +67,35 @@ def test_the_cli_names_the_pick_or_says_none_was_within(tmp_path):
     res = CliRunner().invoke(cli, args + ["--max-partial-share", "0.01", "--trainer-s", "1", "--pipeline"])
     assert res.exit_code == 0, res.output
     assert "no over-provision kept the partial share within 1.0%" in res.output
+
+
+class _Run:
+    """What refine_within reads of a run: groups in flight, partial share, steady step."""
+
+    def __init__(self, b, f):
+        self.in_flight = in_flight(b, f)
+        self.partial_share = 0.001 * (self.in_flight - b)      # one more group in flight: 0.1% more partial
+        self.steady_step_s = 100.0 - self.in_flight             # ... and a shorter step
+
+
+@pytest.mark.parametrize("b, budget, want", [(512, 0.1, 612), (512, 0.0305, 542), (128, 0.01, 138), (128, 0.5, 192)])
+def test_the_refinement_bisects_to_the_last_count_within_the_budget(b, budget, want):
+    asked = []
+
+    def run_at(f):
+        asked.append(f)
+        return _Run(b, f)
+
+    coarse = [_Run(b, f) for f in SEARCH]
+    runs = refine_within(coarse, budget, b, run_at)
+    counts = [r.in_flight for r in runs]
+    assert counts == sorted(counts) and len(runs) == len(coarse) + len(asked)
+    within = [r for r in runs if r.partial_share <= budget]
+    best = min(within, key=lambda r: r.steady_step_s)
+    assert best.in_flight == want                                # by hand: b + floor(budget / 0.001), capped at 1.5 b
+    if want < in_flight(b, 0.5):
+        assert want + 1 in counts                                # its neighbour was run, and is over
+        step = in_flight(b, 0.05) - b
+        assert len(asked) <= step.bit_length()                   # a bisection, not a scan
+    else:
+        assert asked == []                                       # nothing over the budget to bisect toward

@@ -61,8 +61,9 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
                    "group's other lengths); replay: its recorded length again (as a length-controlled replay on real "
                    "engines).  [default: redraw]")
 @click.option("--max-partial-share", type=float, default=None,
-              help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5 and name the fastest F whose "
-                   "partial share (tokens from responses carried across a weight update) is at most this, e.g. 0.1.")
+              help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5, refine between the fastest F "
+                   "whose partial share (tokens from responses carried across a weight update) is at most this and "
+                   "the next one over it (bisecting the groups in flight), and name the fastest within, e.g. 0.1.")
 @quiet_option
 @config_option
 @click.pass_context

@@ -462,8 +462,38 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
     for f in values:
         stream_rows(trace, cfg, groups_needed(cfg, f))
     base = on_policy_steps(trace, cfg, progress=progress)
-    runs = [run_steps(trace, cfg, name, f, keep_groups=keep_groups, progress=progress) for f in values]
+
+    def run_at(f: float) -> StepsRun:
+        return run_steps(trace, cfg, name, f, keep_groups=keep_groups, progress=progress)
+
+    runs = [run_at(f) for f in values]
+    if cfg.max_partial_share is not None:
+        runs = refine_within(runs, cfg.max_partial_share, cfg.step_groups or cfg.batch_size, run_at)
     return StepsReport(cfg, base, runs)
+
+
+def refine_within(runs: list[StepsRun], budget: float, b: int,
+                  run_at: Callable[[float], StepsRun]) -> list[StepsRun]:
+    """The search's runs, refined: between the fastest run within the partial-share ``budget`` and the next run with
+    more groups in flight that is over it, bisect on the count of groups in flight (``run_at(count / b - 1)``) until
+    the two counts are adjacent. Returns every run, by groups in flight."""
+    within = [r for r in runs if r.partial_share <= budget]
+    if not within:
+        return runs
+    lo = min(within, key=lambda r: r.steady_step_s)
+    over = [r for r in runs if r.in_flight > lo.in_flight and r.partial_share > budget]
+    if not over:
+        return runs
+    hi = min(over, key=lambda r: r.in_flight)
+    out = list(runs)
+    while hi.in_flight - lo.in_flight > 1:
+        r = run_at((lo.in_flight + hi.in_flight) // 2 / b - 1.0)
+        out.append(r)
+        if r.partial_share <= budget:
+            lo = r
+        else:
+            hi = r
+    return sorted(out, key=lambda r: r.in_flight)
 
 
 def write_steps_plot(report: StepsReport, path) -> str:
