@@ -61,7 +61,9 @@ def test_the_cli_names_the_pick_or_says_none_was_within(tmp_path):
     assert res.exit_code == 0, res.output
     d = json.loads((tmp_path / "o" / "steps.json").read_text())
     f = d["fastest_within"]
-    assert f"fastest within 15.0% partial tokens: F = {f:g}," in res.output and "fastest within" in res.output
+    pick = next(r for r in d["runs"] if r["over_provision"] == f)
+    assert (f"fastest within 15.0% partial tokens: F = {f:.3g} ({pick['in_flight']} groups in flight), steady step "
+            f"{pick['steady_step_s']:.4g} s = {pick['ratio']:.3f}x the on-policy step") in res.output
     assert (tmp_path / "o" / "steps.png").stat().st_size > 0
     # a pipelined trainer's updates land mid-step: even F = 0 carries partial responses, over a 1% budget
     res = CliRunner().invoke(cli, args + ["--max-partial-share", "0.01", "--trainer-s", "1", "--pipeline"])
