@@ -156,7 +156,8 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
 
 def _run_steps(tr, cfg, quiet: bool) -> None:
     from pdsr_sdk.io.tables import write_text_atomic
-    from pdsr_sdk.sim.steps import simulate_steps, write_steps_plot
+    from pdsr_sdk.sim.steps import simulate_steps
+    from pdsr_sdk.sim.steps_report import write_steps_plot
     from pdsr_sdk.sim.timeline import write_steps_timeline
 
     report = simulate_steps(tr, cfg, progress=cli_progress(quiet))

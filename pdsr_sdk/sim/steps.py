@@ -7,23 +7,22 @@ tokens (they resume under the new version and prefill their context again: the u
 engines' caches), and the policy version goes up; by default the trainer and the load take no time,
 and ``trainer_s``, ``weight_update_s`` and ``pipeline`` give them time, synchronous or overlapping
 the next step (:mod:`pdsr_sdk.sim.trainer`). Every consumed sample is checked to hold exactly its
-trace length. Drops: the groups still in flight after the last step (the next step's carry) are
-reported. With F = 0 and no S every step launches B groups and waits for all of them: the
-on-policy run.
+length: the trace's, or after a restart a fresh draw (``restart_lengths``). Drops: the groups still in
+flight after the last step (the next step's carry) are reported. With F = 0 and no S every step
+launches B groups and waits for all of them: the on-policy run. The runs' record and report (table
+rows, ``steps.json``, the curve's PNG) are in :mod:`pdsr_sdk.sim.steps_report`.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
-from pdsr_sdk.dispatch.steps import StepRecord, StepStream, in_flight
+from pdsr_sdk.dispatch.steps import StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
@@ -33,8 +32,9 @@ from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines,
                                  sample_bounds, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
 from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
+from pdsr_sdk.sim.steps_report import StepsReport, StepsRun
 from pdsr_sdk.sim.trainer import SimTrainer
-from pdsr_sdk.sim.usage import EngineUse, engine_use
+from pdsr_sdk.sim.usage import engine_use
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
 CURVE = (0.0, 0.25, 0.5, 1.0)
@@ -54,87 +54,6 @@ def curve_values(cfg: SimulateConfig) -> tuple[float, ...]:
     for f in SEARCH:
         first.setdefault(in_flight(b, f), f)
     return tuple(first.values())
-
-
-@dataclass
-class StepsRun:
-    """One policy and over-provision over K steps."""
-
-    policy: str
-    over_provision: float
-    step_groups: int
-    in_flight: int
-    max_staleness: int | None
-    group_deadline: int | None
-    steps: list[StepRecord]
-    #: groups in flight after the last step (launched, not consumed) and their finished samples' tokens
-    dropped_groups: int
-    dropped_samples: int
-    dropped_tokens: int
-    stats: dict[str, int]
-    events: int
-    wall_s: float
-    #: per step, the engine time its consumed groups' tokens need at least / engines (see work_bound_s)
-    work_bounds_s: list[float] = field(default_factory=list)
-    groups: list[Group] = field(default_factory=list)       # consumed groups (keep_groups)
-    consumed_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was consumed in
-    launched_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was launched in
-    #: each engine's counters over the run (:mod:`pdsr_sdk.sim.usage`), and the virtual time the run took
-    engines: list[EngineUse] = field(default_factory=list)
-    horizon_s: float = 0.0
-    #: the policy's facts at the run's end (``Policy.batch_report()``, e.g. v3's tail lane)
-    policy_facts: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def step_times(self) -> list[float]:
-        """Each step's time from the previous step's end (the first: from the run's start) to its own; with a
-        synchronous trainer (``trainer_s``) it includes the training and the weight load."""
-        ends = [s.end_s for s in self.steps]
-        return [e - p for e, p in zip(ends, [self.steps[0].start_s] + ends[:-1])] if ends else []
-
-    @property
-    def steady_step_s(self) -> float:
-        return steady_mean(self.step_times)
-
-    @property
-    def work_bound_s(self) -> float:
-        """Steady-state mean of the steps' work bounds: a step if every token it consumes were generated at
-        full occupancy and nothing were wasted."""
-        return steady_mean(self.work_bounds_s)
-
-    @property
-    def tokens(self) -> int:
-        return sum(s.tokens for s in self.steps)
-
-    @property
-    def off_policy_share(self) -> float:
-        return sum(s.off_policy_tokens for s in self.steps) / self.tokens if self.tokens else 0.0
-
-    @property
-    def partial_share(self) -> float:
-        return sum(s.partial_tokens for s in self.steps) / self.tokens if self.tokens else 0.0
-
-    @property
-    def ages(self) -> dict[int, int]:
-        out: Counter[int] = Counter()
-        for s in self.steps:
-            out.update(s.ages)
-        return dict(sorted(out.items()))
-
-    @property
-    def max_age(self) -> int:
-        return max((s.max_age for s in self.steps), default=0)
-
-
-def steady_window(k: int) -> slice:
-    """Steps 3 to K-1 (1-based; the first two fill the pipeline, the last is cut short by nothing but
-    is left out for symmetry with the issue's definition); all steps when K < 4."""
-    return slice(2, k - 1) if k >= 4 else slice(0, k)
-
-
-def steady_mean(values: list[float]) -> float:
-    window = values[steady_window(len(values))]
-    return sum(window) / len(window) if window else 0.0
 
 
 def policy_for_steps(cfg: SimulateConfig, name: str):
@@ -304,154 +223,6 @@ def on_policy_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = s
     return [o.makespan_s + (between if i else 0.0) for i, o in enumerate(run.batches)]
 
 
-@dataclass
-class StepsReport:
-    """The on-policy baseline and one multi-step run per over-provision value."""
-
-    cfg: SimulateConfig
-    baseline_steps_s: list[float]
-    runs: list[StepsRun]
-    plots: list[str] = field(default_factory=list)
-
-    @property
-    def baseline_step_s(self) -> float:
-        """Mean on-policy step over the same window as the steady state (steps 3 to K-1)."""
-        return steady_mean(self.baseline_steps_s)
-
-    def summary(self, r: StepsRun) -> dict[str, Any]:
-        base = self.baseline_step_s
-        return {
-            "policy": r.policy, "over_provision": r.over_provision, "step_groups": r.step_groups,
-            "in_flight": r.in_flight, "max_staleness": r.max_staleness, "group_deadline": r.group_deadline,
-            "steady_step_s": r.steady_step_s, "baseline_step_s": base,
-            "ratio": r.steady_step_s / base if base > 0 else None,
-            "work_bound_s": r.work_bound_s,
-            "vs_work_bound": r.steady_step_s / r.work_bound_s if r.work_bound_s > 0 else None,
-            "off_policy_share": r.off_policy_share, "partial_share": r.partial_share, "max_age": r.max_age,
-            "ages": {str(a): n for a, n in r.ages.items()},
-            "restarts": r.stats.get("restarts", 0), "stale_restarts": sum(s.stale_restarts for s in r.steps),
-            "wasted_tokens": r.stats.get("wasted_tokens", 0), "tokens": r.tokens,
-            "dropped_groups": r.dropped_groups, "dropped_samples": r.dropped_samples,
-            "dropped_tokens": r.dropped_tokens, "held_s": sum(s.held_s for s in r.steps),
-            "max_group_lag": max((s.max_group_lag for s in r.steps), default=0),
-            "events": r.events, "sim_wall_s": r.wall_s, "horizon_s": r.horizon_s, "policy_facts": r.policy_facts,
-            "engines": self.engine_rows(r),
-            "steps": [{"step": s.index + 1, "start_s": s.start_s, "time_s": r.step_times[s.index],
-                       "work_bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
-                       "version": s.version, "groups": s.groups,
-                       "launched": s.launched, "tokens": s.tokens, "off_policy_tokens": s.off_policy_tokens,
-                       "partial_tokens": s.partial_tokens,
-                       "ages": {str(a): n for a, n in s.ages.items()}, "max_group_lag": s.max_group_lag,
-                       "restarts": s.restarts, "stale_restarts": s.stale_restarts, "wasted_tokens": s.wasted_tokens,
-                       "held_s": s.held_s} for s in r.steps],
-        }
-
-    def fastest_within(self) -> StepsRun | None:
-        """The run with the shortest steady step among those whose partial share is at most
-        ``cfg.max_partial_share`` (None without a budget, or when none is within it)."""
-        budget = self.cfg.max_partial_share
-        if budget is None:
-            return None
-        within = [r for r in self.runs if r.partial_share <= budget]
-        return min(within, key=lambda r: r.steady_step_s, default=None)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """One row per over-provision value: the curve of step time against off-policy share (with a partial-share
-        budget, the fastest run within it is marked in ``pick``)."""
-        out = []
-        pick = self.fastest_within()
-        for r in self.runs:
-            s = self.summary(r)
-            row = {"F": r.over_provision, "in_flight": r.in_flight, "step_s": s["steady_step_s"],
-                   "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"], "vs_bound": s["vs_work_bound"],
-                   "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
-                   "restarts": s["restarts"], "wasted": s["wasted_tokens"], "held_s": s["held_s"],
-                   "max_lag": s["max_group_lag"], "dropped": s["dropped_groups"]}
-            if self.cfg.max_partial_share is not None:
-                row["pick"] = "fastest within" if r is pick else ""
-            out.append(row)
-        return out
-
-    def step_rows(self, r: StepsRun) -> list[dict[str, Any]]:
-        """Per-step rows of one run, next to the on-policy step of the same index."""
-        return [{"step": s.index + 1, "time_s": r.step_times[s.index],
-                 "on_policy_s": self.baseline_steps_s[s.index] if s.index < len(self.baseline_steps_s) else None,
-                 "bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
-                 "version": s.version, "groups": s.groups,
-                 "off_policy": s.off_policy_tokens / s.tokens if s.tokens else 0.0,
-                 "partial": s.partial_tokens / s.tokens if s.tokens else 0.0,
-                 "max_age": s.max_age, "restarts": s.restarts, "wasted": s.wasted_tokens, "held_s": s.held_s}
-                for s in r.steps]
-
-    def engine_rows(self, r: StepsRun) -> list[dict[str, Any]]:
-        """One row per engine of a run: where its time went (:meth:`EngineUse.row`)."""
-        total = sum(e.tokens for e in r.engines)
-        return [e.row(r.horizon_s, total) for e in r.engines]
-
-    def to_dict(self) -> dict[str, Any]:
-        cfg = self.cfg
-        pick = self.fastest_within()
-        return {
-            "trace": str(cfg.trace) if cfg.trace is not None else None, "steps": cfg.steps,
-            "step_groups": cfg.step_groups or cfg.batch_size, "max_staleness": cfg.max_staleness,
-            "group_deadline": cfg.group_deadline, "trainer_s": cfg.trainer_s,
-            "weight_update_s": cfg.weight_update_s, "pipeline": cfg.pipeline,
-            "restart_lengths": cfg.restart_lengths, "max_partial_share": cfg.max_partial_share,
-            "fastest_within": pick.over_provision if pick is not None else None,
-            "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
-                        "heavy": {"count": cfg.heavy, **cfg.profiles.heavy.model_dump()}},
-            "segments": cfg.segments.model_dump(),
-            "definitions": DEFINITIONS,
-            "on_policy": {"policy": "baseline", "steps_s": self.baseline_steps_s, "step_s": self.baseline_step_s},
-            "runs": [self.summary(r) for r in self.runs],
-            "plots": self.plots,
-        }
-
-
-DEFINITIONS = {
-    "time_s": "Virtual seconds from the previous step's end to the moment B complete groups were there (with a "
-              "synchronous trainer, its training and the weight load included).",
-    "steady_step_s": "Mean step time over steps 3 to K-1 (all steps when K < 4).",
-    "baseline_step_s": "Mean makespan of the ordinary on-policy batch simulation (baseline policy, B groups a "
-                       "batch) over the same steps, plus trainer_s and weight_update_s (a synchronous trainer).",
-    "trainer_s": "Seconds the trainer trains on a step; weight_update_s: seconds the engines stop to load each "
-                 "update; pipeline: the trainer trains on step k while step k + 1 generates (its update lands "
-                 "in the middle of the next step, which does not end before it).",
-    "ratio": "steady_step_s / baseline_step_s.",
-    "work_bound_s": "Per step, the least engine time its consumed groups' kept tokens cost at full occupancy "
-                    "(the batch lower bound's work: p*Q + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) a sample, each "
-                    "group's prompt prefilled whole once) / engines, plus from the second step on the time the "
-                    "engines stand stopped for the trainer (weight_update_s, and trainer_s unless pipelined); here "
-                    "the mean over steps 3 to K-1. One step may take less (its carried tokens were generated "
-                    "earlier); the steps up to any step never do.",
-    "vs_work_bound": "steady_step_s / work_bound_s: what over-provision, waits, restarts and idle slots cost over "
-                     "generating the consumed tokens at full occupancy.",
-    "off_policy_share": "Tokens of consumed groups generated under an older policy version than their step's, "
-                        "over all consumed tokens (a segment's tokens carry the version it started under).",
-    "partial_share": "The part of off_policy_share from responses that crossed a weight update while being "
-                     "generated (their older tokens: the partial responses steps carried); the rest is whole "
-                     "responses finished under an older version while their group waited for its other samples.",
-    "version": "The policy version at a step's end, which its token ages count from (the weights its groups "
-               "are trained with).",
-    "ages": "Consumed tokens by age in versions (the step's version - the version of their segment).",
-    "restarts": "Samples restarted (all causes); stale_restarts: those for max_staleness. wasted_tokens: their "
-                "thrown-away tokens.",
-    "held_s": "Seconds step ends were held for due groups (a restarted sample about to be too stale again, or "
-              "group_deadline).",
-    "max_group_lag": "Most steps a consumed group was in flight (consumed step - launch step).",
-    "engines": "Per engine over the whole run: tokens it generated (kept by consumed groups, carried at the end or "
-               "thrown away: together the run's tokens + wasted_tokens + dropped_tokens) and its token_share; "
-               "seqs_per_step, the mean batch it ran (tokens / decode steps); busy, its share of the run's time "
-               "(horizon_s) with a step running; prefill, the share of that busy time spent prefilling (prompts, "
-               "moves, and the contexts every weight update makes carried samples compute again); lane: the "
-               "policy made it a tail lane (policy_facts).",
-    "fastest_within": "With max_partial_share: the over-provision F whose run had the shortest steady step among "
-                      "those with partial_share at most max_partial_share (null when none was within it).",
-    "dropped_groups": "Groups still in flight after the last step (the next step's carry); dropped_tokens: "
-                      "their samples' reported tokens.",
-}
-
-
 def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress,
                    keep_groups: bool = False) -> StepsReport:
     """The on-policy baseline and a multi-step run for ``cfg.over_provision`` (or each value of the curve or the
@@ -494,50 +265,3 @@ def refine_within(runs: list[StepsRun], budget: float, b: int,
         else:
             hi = r
     return sorted(out, key=lambda r: r.in_flight)
-
-
-def write_steps_plot(report: StepsReport, path) -> str:
-    """PNG: steady step time / on-policy step against the off-policy token share, one point per F, with
-    each point's work bound below it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from pdsr_sdk.io.tables import write_png
-
-    rows = report.rows()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    xs = [r["off_policy"] * 100 for r in rows]
-    ys = [r["ratio"] or 0.0 for r in rows]
-    ax.plot(xs, ys, "o-", color="tab:blue", label="all off-policy tokens")
-    ax.plot([r["partial"] * 100 for r in rows], ys, "o--", color="tab:orange", mfc="none",
-            label="of them: carried partial responses")
-    base = report.baseline_step_s
-    if base > 0:   # the floor under each point: its consumed tokens generated at full occupancy
-        ax.plot(xs, [r.work_bound_s / base for r in report.runs], "_", color="grey", ms=14, mew=2,
-                label="work bound (consumed tokens at full occupancy)")
-    pick = report.fastest_within()
-    if pick is not None:   # the over-provision to run within the partial-share budget
-        ax.axvline(report.cfg.max_partial_share * 100, color="tab:orange", lw=0.8, ls=":",
-                   label=f"partial-share budget {report.cfg.max_partial_share:.0%}")
-        ax.plot([pick.partial_share * 100], [pick.steady_step_s / base if base > 0 else 0.0], "*",
-                color="tab:red", ms=13, label=f"fastest within it: F={pick.over_provision:g}")
-    ax.legend(fontsize=8, loc="lower right")
-    every = 1 if len(rows) <= 6 else 2   # the search's 11 points: label every other one
-    for i, (x, y, r) in enumerate(zip(xs, ys, rows)):
-        if i % every:
-            continue
-        ax.annotate(f"F={r['F']:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("off-policy tokens (%)")
-    ax.set_ylabel("steady step / on-policy step")
-    cfg = report.cfg
-    s = "none" if cfg.max_staleness is None else str(cfg.max_staleness)
-    trainer = (f", {'pipelined' if cfg.pipeline else 'synchronous'} trainer {cfg.trainer_s:g} s + load "
-               f"{cfg.weight_update_s:g} s" if cfg.trained else "")
-    ax.set_title(f"{report.runs[0].policy}, B={cfg.step_groups or cfg.batch_size}, K={cfg.steps}, "
-                 f"max staleness {s}{trainer}", fontsize=9)
-    ax.set_ylim(bottom=0)
-    write_png(fig, path)
-    return str(path)

@@ -32,7 +32,7 @@ def write_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
 
 
 def write_steps_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
-    """Draw one panel per over-provision value of a multi-step run (:class:`~pdsr_sdk.sim.steps.StepsReport`;
+    """Draw one panel per over-provision value of a multi-step run (:class:`~pdsr_sdk.sim.steps_report.StepsReport`;
     its engines must have recorded their occupancy) and save it as a PNG: where the steps' slots sat empty,
     and which engines the policy kept light (its tail lane)."""
     panels = []
