@@ -25,6 +25,11 @@ def test_the_search_runs_each_in_flight_count_once():
     assert curve_values(small_cfg()) == (0.0, 0.25, 0.5, 1.0)
 
 
+def test_without_a_budget_the_timeline_draws_every_run():
+    rep = simulate_steps(small_trace(), small_cfg(steps=4))
+    assert [r.over_provision for r in rep.timeline_runs()] == [0.0, 0.25, 0.5, 1.0]
+
+
 @pytest.mark.parametrize("policy", ["baseline", "v3"])
 def test_the_pick_is_the_fastest_run_within_the_budget(policy):
     rep = simulate_steps(small_trace(groups=100), small_cfg(policy=policy, max_staleness=2, steps=8,
@@ -39,6 +44,7 @@ def test_the_pick_is_the_fastest_run_within_the_budget(policy):
     # the budget binds: a faster run went over it
     assert any(r.steady_step_s < pick.steady_step_s and r.partial_share > budget for r in rep.runs)
     assert [row["pick"] for row in rep.rows()].count("fastest within") == 1
+    assert rep.timeline_runs() == [pick]                      # the timeline draws the pick alone
     d = rep.to_dict()
     assert d["max_partial_share"] == budget and d["fastest_within"] == pick.over_provision
 

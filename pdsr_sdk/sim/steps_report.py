@@ -146,6 +146,12 @@ class StepsReport:
         within = [r for r in self.runs if r.partial_share <= budget]
         return min(within, key=lambda r: r.steady_step_s, default=None)
 
+    def timeline_runs(self) -> list[StepsRun]:
+        """The runs the engines x time timeline draws: after a search (``max_partial_share``) only its pick (a
+        panel for each of its many runs would say little), else every run."""
+        pick = self.fastest_within()
+        return [pick] if pick is not None else list(self.runs)
+
     def rows(self) -> list[dict[str, Any]]:
         """One row per over-provision value: the curve of step time against off-policy share (with a partial-share
         budget, the fastest run within it is marked in ``pick``)."""

@@ -33,16 +33,17 @@ def write_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
 
 def write_steps_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
     """Draw one panel per over-provision value of a multi-step run (:class:`~pdsr_sdk.sim.steps_report.StepsReport`;
-    its engines must have recorded their occupancy) and save it as a PNG: where the steps' slots sat empty,
-    and which engines the policy kept light (its tail lane)."""
+    its engines must have recorded their occupancy; after a search, the pick's alone: ``timeline_runs``) and
+    save it as a PNG: where the steps' slots sat empty, and which engines the policy kept light (its tail lane)."""
     panels = []
-    for run in report.runs:
+    runs = report.timeline_runs()
+    for run in runs:
         lanes = ", ".join(e.name for e in run.engines if e.lane)
         panels.append((run.engines, run.horizon_s, [s.end_s for s in run.steps[:-1]],
                        f"{run.policy}, F={run.over_provision:g}: steady step {run.steady_step_s:.1f} s "
                        f"(on-policy {report.baseline_step_s:.1f} s); dotted = step ends"
                        + (f"; tail lane: {lanes}" if lanes else "")))
-    return _draw(panels, path, vmax=max((e.max_seqs for r in report.runs for e in r.engines), default=1), bins=bins)
+    return _draw(panels, path, vmax=max((e.max_seqs for r in runs for e in r.engines), default=1), bins=bins)
 
 
 def _draw(panels, path: str | Path, *, vmax: int, bins: int) -> Path:
