@@ -140,8 +140,8 @@ class V3Settings(ConfigModel):
                                      "S=2, restarts drawing fresh lengths: B=128 0.406-0.418x of on-policy (baseline "
                                      "0.408-0.420x), where the lane from the start gave 0.436-0.448x; B=512 "
                                      "0.638-0.656x (baseline 0.640-0.665x, the lane from the start 0.649-0.669x); "
-                                     "replayed restarts: B=128 0.450-0.462x against 0.449-0.467x, B=512 "
-                                     "0.663-0.686x against 0.686-0.720x (docs/benchmarks.md).")
+                                     "replayed restarts: B=128 0.450-0.462x (0.449-0.467x before the verdict), B=512 "
+                                     "0.663-0.686x (baseline 0.686-0.720x) (docs/benchmarks.md).")
     lane_evidence: int = Field(
         4, ge=1, description="Restarted runaways whose outcome (ran away again, or finished short of the lane "
                              "threshold) must be known before lane_recurrence decides.")
