@@ -196,7 +196,7 @@ def _fastest_words(report) -> str:
         return f"no over-provision kept the partial share within {budget:.1%}"
     return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "
             f"flight), steady step "
-            f"{pick.steady_step_s:.4g} s = {pick.steady_step_s / report.baseline_step_s:.3f}x the on-policy step "
+            f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
             f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} versions)")
 
 

@@ -109,13 +109,18 @@ class StepsReport:
         """Mean on-policy step over the same window as the steady state (steps 3 to K-1)."""
         return steady_mean(self.baseline_steps_s)
 
+    def ratio(self, r: StepsRun) -> float | None:
+        """A run's steady step over the on-policy step (None without an on-policy step)."""
+        base = self.baseline_step_s
+        return r.steady_step_s / base if base > 0 else None
+
     def summary(self, r: StepsRun) -> dict[str, Any]:
         base = self.baseline_step_s
         return {
             "policy": r.policy, "over_provision": r.over_provision, "step_groups": r.step_groups,
             "in_flight": r.in_flight, "max_staleness": r.max_staleness, "group_deadline": r.group_deadline,
             "steady_step_s": r.steady_step_s, "baseline_step_s": base,
-            "ratio": r.steady_step_s / base if base > 0 else None,
+            "ratio": self.ratio(r),
             "work_bound_s": r.work_bound_s,
             "vs_work_bound": r.steady_step_s / r.work_bound_s if r.work_bound_s > 0 else None,
             "off_policy_share": r.off_policy_share, "partial_share": r.partial_share, "max_age": r.max_age,
@@ -274,7 +279,7 @@ def write_steps_plot(report: StepsReport, path) -> str:
     if pick is not None:   # the over-provision to run within the partial-share budget
         ax.axvline(report.cfg.max_partial_share * 100, color="tab:orange", lw=0.8, ls=":",
                    label=f"partial-share budget {report.cfg.max_partial_share:.0%}")
-        ax.plot([pick.partial_share * 100], [pick.steady_step_s / base if base > 0 else 0.0], "*",
+        ax.plot([pick.partial_share * 100], [report.ratio(pick) or 0.0], "*",
                 color="tab:red", ms=13, label=f"fastest within it: F={pick.over_provision:g}")
     ax.legend(fontsize=8, loc="lower right")
     every = 1 if len(rows) <= 6 else 2   # the search's 11 points: label every other one
