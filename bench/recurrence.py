@@ -7,9 +7,9 @@
 Two rollouts of the same prompts that differ only in their seed. The second run's responses are
 fresh draws for the first run's. For the prompts grouped by how many of their responses capped in
 the first run, it prints the share that capped in the second. Three predictions stand beside it:
-- replay (`pdsr simulate --steps`' default) repeats a capped response for certain;
+- replay (`pdsr simulate --steps --restart-lengths replay`) repeats a capped response for certain;
 - the pooled share;
-- redraw's prior, fitted to the first run (``pdsr_sdk.sim.redraw``).
+- redraw's prior (the default), fitted to the first run (``pdsr_sdk.sim.redraw``).
 The last line weighs each prompt by its capped responses: the chance that a restarted capped
 response caps again. Reads trajectories only; no engine.
 """
@@ -32,11 +32,6 @@ def capped_flags(path: Path) -> dict[str, list[bool]]:
     return {p: [v[i] for i in sorted(v)] for p, v in out.items()}
 
 
-def share(groups) -> float:
-    n = sum(len(g) for g in groups)
-    return sum(sum(g) for g in groups) / n if n else float("nan")
-
-
 def main() -> None:
     from pdsr_sdk.sim.redraw import cap_chance, cap_prior
 
@@ -48,6 +43,9 @@ def main() -> None:
     prompts = sorted(set(a) & set(b))
     if not prompts:
         raise SystemExit(f"{args.first} and {args.second} share no prompt ids")
+    def share(groups) -> float:   # the pooled share of capped responses
+        return cap_prior(groups)[0]
+
     pooled, strength = cap_prior([a[p] for p in prompts])
     print(f"{len(prompts)} prompts; capped: first run {pooled:.1%}, second {share([b[p] for p in prompts]):.1%}; "
           f"prior fitted to the first: strength {strength:.3g}")
