@@ -77,6 +77,11 @@ class Policy:
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
         pass
 
+    def segment_floor(self, sample: Sample, engine: Engine) -> int:
+        """The fewest tokens the next segment of ``sample`` should ask for (default 0: the budget-aware
+        length alone; see :class:`~pdsr_sdk.dispatch.protocols.Dispatcher`)."""
+        return 0
+
     def batch_report(self) -> dict[str, Any]:
         """Facts about the batch that just finished, for its report (default: none)."""
         return {}

@@ -203,6 +203,13 @@ class Dispatcher(Protocol):
         """Optional speed hint, asked before ``on_worker_idle`` calls for a pool's engines:
         False means the policy would do nothing for them now (skipped at scale)."""
 
+    def segment_floor(self, sample: Sample, engine: Engine) -> int:
+        """Optional: the fewest tokens the segment of ``sample`` about to launch on ``engine`` should ask
+        for, called at every launch (continuations too) while segments are on. The budget-aware length
+        (``L = capacity / running``, at most ``L_max``) is raised to it, never past ``L_max``. Each
+        segment end is a decision point for the policy and costs the engine a prefill of the context's
+        last partial block; a policy that needs no decision point for a sample asks for fewer ends."""
+
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """Optional (partial rollout across steps): a step ended and the weights changed; ``carried`` are
         the groups going into the next step (their running samples stopped, holding their tokens). Return

@@ -144,6 +144,7 @@ class Scheduler:
         # skip hooks the policy does not override (the simulator calls these millions of times)
         self._wants_launch = _overrides(self.policy, "on_launch")
         self._wants_idle = _overrides(self.policy, "on_worker_idle")
+        self._wants_floor = _overrides(self.policy, "segment_floor")
         # optional: which pools' idle engines the policy may act on now (see Policy.idle_interest)
         self._idle_interest = getattr(self.policy, "idle_interest", None)
         self._pool_engines: dict[str, list[Engine]] = {p: [e for e in engines if e.pool == p]
@@ -622,9 +623,14 @@ class Scheduler:
         if not continuing:
             sample.run_start_s = now
         n_active = len(self._running_on[engine.name]) + 1
-        seg_len = (next_segment_len(engine.segment_capacity_tokens, n_active,
-                                    self.segment_cfg.min_tokens, self.segment_cfg.max_tokens)
-                   if self.segment_cfg.enabled else sample.max_tokens)
+        seg_cfg = self.segment_cfg
+        if seg_cfg.enabled:
+            seg_len = next_segment_len(engine.segment_capacity_tokens, n_active, seg_cfg.min_tokens,
+                                       seg_cfg.max_tokens)
+            if self._wants_floor:
+                seg_len = max(seg_len, min(self.policy.segment_floor(sample, engine), seg_cfg.max_tokens))
+        else:
+            seg_len = sample.max_tokens
         limit = sample.max_tokens if cap is None else min(cap, sample.max_tokens)
         max_tokens = max(1, min(seg_len, limit - sample.num_generated))
         request_id = f"{sample.key}#{next(self._rid)}"

@@ -31,7 +31,9 @@ tell:
   batch, or with no staleness bound, the lane costs more capacity than it saves. The lane stays
   only while the runaways restarted so far ran away again (as in a length-controlled replay): a
   fresh RL sample rarely does, and then a restart costs less than the lane's light engines. Until
-  that is known, only restarted runaways go there.
+  that is known, only restarted runaways go there. With the lane off, such a stream asks for segments
+  of at least ``stream_segment_tokens``: a segment's end buys little there and re-prefills the
+  context's last partial block.
 
 With a probe measured to predict nothing it places work as baseline does: each arrival's groups in
 contiguous chunks per engine (``placement``), so that a group's samples share their prompt's prefix
@@ -305,6 +307,15 @@ class V3Policy(Policy):
                     self._lane_move(sample, engine)
         elif self.cfg.migrate and not self.waiting and sample.moves == 0 and sample in self.tail:
             self._maybe_move(sample, engine)
+
+    def segment_floor(self, sample: Sample, engine: Engine) -> int:
+        """In a stream under a staleness bound with the tail lane off, segments of at least
+        ``stream_segment_tokens``: there a segment's end buys v3 little and costs a re-prefill of the context's
+        last partial block. With the lane on, every end stays a chance to move a runaway there; without a bound
+        the drain's moves need them."""
+        if self.ctx.streaming and self.ctx.max_staleness is not None and not self.lane:
+            return self.cfg.stream_segment_tokens
+        return 0
 
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
         for s in requeued:

@@ -181,6 +181,18 @@ class V3Settings(ConfigModel):
                           "nothing queued takes whole unstarted groups from the end of the most-queued engine's chunk "
                           "(up to half of it): chunks keep a queue per engine, which is not work-conserving. Counted as "
                           "steals, not moves: nothing was generated, and a group keeps its prompt on one engine.")
+    stream_segment_tokens: int = Field(
+        512, ge=0, description="In a stream under a staleness bound with the tail lane off (the runaways restarted so far "
+                               "did not run away again), ask for segments of at least this many tokens (at most the "
+                               "segments' L_max; 0: the budget-aware length alone). At full load the budget-aware "
+                               "length is 64 tokens, and each segment's end re-prefills the context's last partial "
+                               "block, while there a segment's end buys v3 little. With the lane on, every end stays a "
+                               "chance to move a runaway there; without a bound the drain's moves need them. "
+                               "Seed-002-like streams, F=0.25, S=2, restarts drawing fresh lengths, six traces: B=512 "
+                               "0.629-0.647x of on-policy against 0.638-0.656x at 0, B=128 0.400-0.437x against "
+                               "0.406-0.444x, faster on all twelve; 1024 was slower at B=128, a floor for every sample "
+                               "but restarted ones slower there too; replayed restarts keep the lane, unchanged "
+                               "(docs/benchmarks.md).")
     refresh: bool = Field(
         False, description="Partial rollout: at a step's end, generate again under the new weights the finished samples "
                            "of each carried group that ran no longer than refresh_ratio x the longest time a "
