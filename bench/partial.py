@@ -54,6 +54,9 @@ def parse_args():
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--repeats", type=int, default=1, help="rounds of both runs, alternating")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
+    p.add_argument("--kv-on-update", choices=("recompute", "keep"), default="recompute",
+                   help="partial run: what each update does to the engines' KV cache (recompute: reset it, so the "
+                        "carried samples prefill their context again; keep: go on from it, PipelineRL-style)")
     p.add_argument("--trainer-s", type=float, default=0.0,
                    help="a trainer taking this many seconds a step, then update_weights; adds the pipelined run")
     return p.parse_args()
@@ -91,7 +94,7 @@ async def main_async(args) -> None:
                 data={"target_lengths_column": "target_lengths"})
     on_cfg = RolloutConfig(**base, policy="baseline", batch_size=b)
     part_cfg = RolloutConfig(**base, policy="v3", batch_size=b, over_provision=args.over_provision,
-                             max_staleness=args.max_staleness)
+                             max_staleness=args.max_staleness, kv_on_update=args.kv_on_update)
 
     tables: list[Path] = []   # the on-policy steps' trajectories, to calibrate the simulator
 
@@ -105,7 +108,7 @@ async def main_async(args) -> None:
             await session.aupdate_weights(model)
             update_s.append(time.perf_counter() - t)
         else:
-            session.policy_version += 1
+            await session.anext_version()
 
     async def on_policy(records) -> dict:
         import pyarrow.parquet as pq
@@ -225,6 +228,7 @@ def simulated_ratio(args, trace, k: int, b: int, fitted: dict, load_s: float = 0
     cfg = SimulateConfig(policy="v3", fast=1, heavy=1, batch_size=b, steps=k, over_provision=args.over_provision,
                          max_staleness=args.max_staleness, profiles={"fast": profile, "heavy": profile},
                          restart_lengths="replay",   # the bench forces every length, also after a restart
+                         kv_on_update=args.kv_on_update,
                          timeline=False, **trainer)
     report = simulate_steps(trace, cfg)
     last = args.trainer_s + load_s if args.trainer_s > 0 else 0.0   # the last step's training, in both

@@ -128,7 +128,7 @@ def quiet_option(f: F) -> F:
 def step_stream_options(stream: str, over_provision_default: str) -> Callable[[F], F]:
     """The flags of a multi-step run (partial rollout across steps), the same in ``pdsr rollout`` and
     ``pdsr simulate`` (config keys ``steps``, ``over_provision``, ``step_groups``, ``max_staleness``,
-    ``group_deadline``). ``stream`` says what the groups come from."""
+    ``group_deadline``, ``kv_on_update``). ``stream`` says what the groups come from."""
     options = [
         click.option("--steps", type=int, default=None,
                      help=f"Multi-step run: K training steps over a stream of {stream}; unfinished samples carry "
@@ -144,6 +144,11 @@ def step_stream_options(stream: str, over_provision_default: str) -> Callable[[F
         click.option("--group-deadline", type=int, default=None,
                      help="With --steps: a group launched at step t is consumed by step t + D (the step waits "
                           "for it).  [default: none]"),
+        click.option("--kv-on-update", type=click.Choice(["recompute", "keep"]), default=None,
+                     help="With --steps: what each weight update does to the engines' KV cache. recompute: reset "
+                          "it (carried samples prefill their context again under the new weights); keep: go on "
+                          "from it (PipelineRL's in-flight updates: no re-prefill, but their later tokens attend "
+                          "to KV of the weights their earlier tokens were sampled with).  [default: recompute]"),
     ]
 
     def decorate(f: F) -> F:

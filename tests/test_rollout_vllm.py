@@ -318,6 +318,76 @@ def assert_whole(result, reference):
     assert result.table.num_rows == 18
 
 
+async def next_token(engine, ids, salt):
+    """Greedy next token of ``ids`` on ``engine`` with prefix-cache salt ``salt``: (token, its log-prob, how many
+    context tokens the engine found in its prefix cache)."""
+    import uuid
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
+    out = None
+    async for out in engine._llm.generate(TokensPrompt(prompt_token_ids=ids, cache_salt=salt), params,
+                                          f"next-{uuid.uuid4().hex}"):
+        pass
+    comp = out.outputs[0]
+    tok = comp.token_ids[0]
+    return tok, comp.logprobs[0][tok].logprob, out.num_cached_tokens or 0
+
+
+def test_kv_on_update_keep_goes_on_from_the_cached_kv_and_recompute_resets_it(engine_loop, engines, tiny_model_dir):
+    """fp32 engine, a 300-token context computed under the original weights, then new weights: loaded with
+    ``reset_prefix_cache=False`` (kv_on_update: keep) the same context finds its whole blocks cached and its next
+    token's log-prob is not the new weights' (it attends to KV of the old ones); a request with another salt
+    (a sample started under another version) finds nothing and gets exactly the trainer's log-prob of the new
+    weights; after ``reset_prefix_cache`` (recompute) so does the first request's salt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.weights import stage_weights
+
+    engine = engines[0]
+    ids = [3 + (i * 37) % 1000 for i in range(300)]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+
+    def new_logp(tok):
+        return torch_logps(model, ids + [tok])[-1]
+
+    async def scenario():
+        got = {}
+        await engine.reset_prefix_cache()
+        got["old"] = await next_token(engine, ids, "pdsr-v0")
+        staged = stage_weights(model.state_dict())
+        try:
+            await engine.update_weights(staged, reset_prefix_cache=False)
+        finally:
+            staged.close()
+        got["keep"] = await next_token(engine, ids, "pdsr-v0")
+        got["other_salt"] = await next_token(engine, ids, "pdsr-v1")
+        await engine.reset_prefix_cache()
+        got["recompute"] = await next_token(engine, ids, "pdsr-v0")
+        original = stage_weights(str(tiny_model_dir))
+        await engine.update_weights(original)   # back to the weights the other tests expect
+        got["restored"] = await next_token(engine, ids, "pdsr-v0")
+        return got
+
+    got = run_on(engine_loop, scenario(), timeout=300)
+    assert got["old"][2] == 0
+    assert got["keep"][2] > 0                                   # whole blocks of the old context, reused
+    assert got["other_salt"][2] == 0 and got["recompute"][2] == 0
+    for key in ("other_salt", "recompute"):
+        tok, lp, _ = got[key]
+        assert lp == pytest.approx(new_logp(tok), abs=2e-3), key
+    tok, lp, _ = got["keep"]
+    assert abs(lp - new_logp(tok)) > 2e-2   # the old weights' KV shows
+    assert got["restored"][:2] == pytest.approx(got["old"][:2], abs=1e-4) and got["restored"][2] == 0
+
+
 def test_every_pause_mode_keeps_every_sample_and_its_tokens(engine_loop, engines, tiny_model_dir):
     """A step runs as a task; mid-step the trainer pauses, loads weights (the model folder again: the
     greedy tokens must then equal an uninterrupted run's, token for token) and resumes. abort: the running
@@ -417,14 +487,16 @@ def stream_records(session):
             for i, lengths in enumerate(STREAM_LENGTHS)]
 
 
-@pytest.mark.parametrize("policy,staleness", [("v3", 1), ("baseline", 0), ("v2.5", 1)])
+@pytest.mark.parametrize("policy,staleness,kv", [("v3", 1, "recompute"), ("baseline", 0, "recompute"),
+                                                 ("v2.5", 1, "recompute"), ("v3", 1, "keep")])
 def test_partial_rollout_carries_every_sample_with_its_tokens(engine_loop, engines, tiny_model_dir, policy,
-                                                              staleness):
+                                                              staleness, kv):
     """Steps of 2 groups with 2 more in flight: a step ends when 2 groups are complete; the samples still
     running are carried into the next step with their tokens and log-probs and continue under the next
-    policy version (greedy, fp32 engines: the joined tokens equal an uninterrupted run's). No group is
-    lost or returned twice; with max_staleness S no consumed token is older than S versions (S=0:
-    every carried sample starts over, its thrown-away tokens counted); the last step drains."""
+    policy version (greedy, fp32 engines: the joined tokens equal an uninterrupted run's, whether the version
+    change resets the prefix caches (kv_on_update recompute) or the carried samples go on from their cached KV
+    (keep)). No group is lost or returned twice; with max_staleness S no consumed token is older than S
+    versions (S=0: every carried sample starts over, its thrown-away tokens counted); the last step drains."""
     from pdsr_sdk.rollout.session import RolloutSession
 
     base = dict(model=str(tiny_model_dir), policy=policy, segments={"min_tokens": 16, "max_tokens": 32},
@@ -433,7 +505,7 @@ def test_partial_rollout_carries_every_sample_with_its_tokens(engine_loop, engin
     async def scenario():
         async with RolloutSession(RolloutConfig(**base), engines=engines) as session:
             reference = await session.astep(stream_records(session))
-        cfg = RolloutConfig(**base, over_provision=1.0, step_groups=2, max_staleness=staleness)
+        cfg = RolloutConfig(**base, over_provision=1.0, step_groups=2, max_staleness=staleness, kv_on_update=kv)
         steps, carried = [], {}
         async with RolloutSession(cfg, engines=engines) as session:
             records = iter(stream_records(session))
@@ -442,7 +514,7 @@ def test_partial_rollout_carries_every_sample_with_its_tokens(engine_loop, engin
                 steps.append(out)
                 for s in session.scheduler.held():   # what the next step resumes from
                     carried.setdefault(s.key, []).append((out.step, list(s.token_ids), list(s.logprobs)))
-                session.policy_version += 1          # the trainer's update
+                await session.anext_version()        # the trainer's update
             assert not session._stream.flying and not session.scheduler.held()
         return reference, steps, carried
 

@@ -268,3 +268,40 @@ def test_work_and_alone_time_match_loops(block):
         np.testing.assert_allclose(cost.alone_time(p, n, prefill_len=least, **kw),
                                    cost.alone_time_naive(p, n, prefill_len=least, **kw), rtol=1e-12)
     assert math.isclose(cost.alone_time([10], [1], **kw)[0], 2e-5 * 10 + 5e-3 + 5e-5 + 1e-7 * 10)
+
+
+@pytest.mark.parametrize("abort_s,reset,prefill", [
+    (0.255, False, 100 + (125 - 112)),   # 25 tokens: whole blocks of the 124 computed tokens (112) stay cached
+    (0.255, True, 100 + 125),            # reset_prefix_cache (a weight update): the whole context again
+    (0.005, False, 100 + 100),           # aborted before its first step ran: nothing computed, nothing cached
+])
+def test_an_aborted_sample_continues_from_its_cached_blocks_unless_the_cache_was_reset(abort_s, reset, prefill):
+    """vLLM keeps an aborted request's computed blocks in its prefix cache: the sample's next segment on the
+    same engine prefills only the uncached tail (the last sampled token has no KV yet), unless the cache was
+    reset in between (kv_on_update: recompute)."""
+    clock = VirtualClock()
+    profile = EngineProfile(max_num_seqs=2, block_size=16, c0_s=0.01, c1_s_per_seq=0.0, c2_s_per_token=0.0,
+                            prefill_s_per_token=0.0)
+    g = Group("p", [], "", 1, prompt_length=100)
+    s = Sample(group=g, index=0, max_tokens=100, forced=True)
+    ends = []
+
+    class L:
+        def on_tokens(self, engine, rid, n, *a, **_):
+            s.num_generated += n
+
+        def on_segment_end(self, engine, rid, reason):
+            ends.append(reason)
+
+    e = SimEngine("e", "fast", profile, clock).bind(L())
+    e.submit(SegmentRequest("r0", None, 100, 100, True, None, s))
+    clock.call_at(abort_s, lambda: e.abort("r0"))
+    clock.run()
+    done = int(abort_s / 0.01)
+    assert ends == [ABORT] and s.num_generated == done
+    if reset:
+        e.reset_prefix_cache()
+    e.submit(SegmentRequest("r1", None, 100 + done, 100 - done, True, None, s))
+    clock.run()
+    assert ends == [ABORT, LENGTH] and s.num_generated == 100
+    assert e.prefill_tokens == prefill

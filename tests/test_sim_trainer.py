@@ -122,3 +122,25 @@ def test_cli_takes_the_trainer_flags(tmp_path):
     # the on-policy steps after the first carry the trainer's time and the load
     assert all(s >= 20.5 for s in data["on_policy"]["steps_s"][1:])
     assert [s["version"] for s in run["steps"]][:2] == [0, 1]
+
+
+def test_kv_on_update_keep_spares_the_carried_samples_their_prefill():
+    """kv_on_update keep: a step's end does not reset the engines' prefix caches, so a carried sample goes on
+    from the KV its engine computed before the update and prefills at most its last partial block; recompute
+    (the default) prefills its whole context again. At F = 0 nothing runs at a step's end and the two are the
+    same run; with carried samples keep prefills less, and every sample is still consumed with exactly its
+    recorded length (check) and no token older than S."""
+    trace = small_trace(groups=80)
+    for f in (0.0, 0.5):
+        runs = {kv: run_steps(trace, small_cfg(policy="v3", max_staleness=2, kv_on_update=kv,
+                                               restart_lengths="replay"), "v3", f)
+                for kv in ("recompute", "keep")}
+        prefill = {kv: sum(e.prefill_tokens for e in r.engines) for kv, r in runs.items()}
+        if f == 0.0:
+            assert runs["keep"].step_times == runs["recompute"].step_times
+            assert prefill["keep"] == prefill["recompute"]
+        else:
+            assert prefill["keep"] < 0.9 * prefill["recompute"]
+            assert runs["keep"].max_age <= 2 and runs["keep"].dropped_groups >= 0
+    with pytest.raises(Exception, match="kv_on_update applies to multi-step runs only"):
+        SimulateConfig(kv_on_update="keep")

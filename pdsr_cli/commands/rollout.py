@@ -64,7 +64,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward, seed,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
-            group_deadline, quiet):
+            group_deadline, kv_on_update, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
     Sample 0 of each prompt probes its difficulty; the policy routes the
@@ -105,6 +105,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
+        "kv_on_update": kv_on_update,
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
     sets = parse_policy_sets(policy_set)

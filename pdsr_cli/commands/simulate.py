@@ -70,8 +70,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
             num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
-            step_groups, max_staleness, group_deadline, trainer_s, weight_update_s, pipeline, restart_lengths,
-            max_partial_share, quiet, config_path) -> None:
+            step_groups, max_staleness, group_deadline, kv_on_update, trainer_s, weight_update_s, pipeline,
+            restart_lengths, max_partial_share, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -115,7 +115,8 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "segments.enabled": False if no_segments else None, "out_dir": out_dir,
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
-        "trainer_s": trainer_s, "weight_update_s": weight_update_s, "pipeline": pipeline,
+        "kv_on_update": kv_on_update, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
+        "pipeline": pipeline,
         "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }
     if profile is not None:
@@ -166,7 +167,8 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
                f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
                + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
-                  else "; restarted samples replay their recorded lengths"))
+                  else "; restarted samples replay their recorded lengths")
+               + ("; KV kept across updates" if cfg.kv_on_update == "keep" else ""))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))

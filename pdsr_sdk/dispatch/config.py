@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel
@@ -45,3 +47,4 @@ class StepStreamConfig(ConfigModel):
     step_groups: int | None = Field(None, ge=1, description="Multi-step: groups B a step consumes; the step ends when B groups have completed since the previous step ended. Default: batch_size.")
     max_staleness: int | None = Field(None, ge=0, description="Multi-step: at each step end, a sample (finished or not) of an unconsumed group whose oldest kept token is more than this many policy versions old is restarted (its tokens are thrown away and counted as wasted), so no consumed token is older than this. None = no bound.")
     group_deadline: int | None = Field(None, ge=1, description="Multi-step: a group launched at step t is consumed at step t + group_deadline at the latest; that step does not end before the group completes (a hard bound on how long any group waits). None = no such bound (with max_staleness a sample is still restarted at most once: a step waits for it rather than restart it again).")
+    kv_on_update: Literal["recompute", "keep"] = Field("recompute", description="What each weight update (a multi-step run's step end; RolloutSession.update_weights and next_version) does to the engines' KV cache. recompute (the default): the prefix cache is reset, so a carried sample prefills its whole context again under the new weights (exact). keep: the cache is kept, as in PipelineRL's in-flight weight updates, so a carried sample goes on from KV computed by the weights its tokens were sampled with (no re-prefill; its later tokens attend to that older KV, which is never older than its oldest kept token: requests of different start versions do not share cached blocks).")

@@ -28,7 +28,7 @@ from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.segments import next_segment_len
 from pdsr_sdk.dispatch.types import (
-    ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest,
+    ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, oldest_version,
 )
 from pdsr_sdk.errors import EngineError, PdsrError
 
@@ -140,6 +140,10 @@ class Scheduler:
         self._drained: list[Callable[[], None]] = []    # called once nothing runs any more while paused
         self.streaming = False   # set by add_groups (DispatchContext.streaming)
         self.max_staleness: int | None = None   # set by a StepStream (DispatchContext.max_staleness)
+        #: salt each request's prefix-cache key with the policy version of its sample's oldest kept token, so that
+        #: KV kept across weight updates (``kv_on_update: keep``) is shared only by requests started under the same
+        #: weights (set by the session)
+        self.salt_by_version = False
         self.policy: Dispatcher = policy_factory(self)
         # skip hooks the policy does not override (the simulator calls these millions of times)
         self._wants_launch = _overrides(self.policy, "on_launch")
@@ -655,6 +659,7 @@ class Scheduler:
             ignore_eos=sample.forced or self.sampling.ignore_eos,
             sampling=self.sampling,
             sample=sample,
+            cache_salt=f"pdsr-v{oldest_version(sample)}" if self.salt_by_version else None,
         ))
         return run
 

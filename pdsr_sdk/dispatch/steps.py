@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from pdsr_sdk.dispatch.run import DispatchRun
-from pdsr_sdk.dispatch.types import TRUNCATED, Group, Sample, SegmentRecord
+from pdsr_sdk.dispatch.types import TRUNCATED, Group, Sample, kept_segments, oldest_version
 from pdsr_sdk.errors import PdsrError
 
 
@@ -107,26 +107,6 @@ def groups_launched(b: int, over_provision: float, steps: int) -> int:
     if steps <= 1:
         return b
     return b * (steps - 2) + max(in_flight(b, over_provision), 2 * b)
-
-
-def kept_segments(sample: Sample) -> list[SegmentRecord]:
-    """The segments whose tokens the sample still holds (those after its last restart), including
-    one running now (the simulator reports a segment's tokens when it ends)."""
-    segs = sample.segments
-    if not segs or (sample.num_generated == 0 and segs[-1].end_time_s is not None):
-        return []
-    i = len(segs) - 1
-    while i > 0 and segs[i].start_token != 0:
-        i -= 1
-    return segs[i:]
-
-
-def oldest_version(sample: Sample) -> int | None:
-    """Policy version of the sample's oldest kept token (a running segment counts), None if none."""
-    for seg in kept_segments(sample):
-        if seg.num_tokens > 0 or seg.end_time_s is None:
-            return seg.policy_version
-    return None
 
 
 def check_consumed(s: Sample, step: int) -> None:

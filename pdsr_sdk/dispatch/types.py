@@ -129,6 +129,26 @@ class Sample:
         return n
 
 
+def kept_segments(sample: Sample) -> list[SegmentRecord]:
+    """The segments whose tokens the sample still holds (those after its last restart), including
+    one running now (the simulator reports a segment's tokens when it ends)."""
+    segs = sample.segments
+    if not segs or (sample.num_generated == 0 and segs[-1].end_time_s is not None):
+        return []
+    i = len(segs) - 1
+    while i > 0 and segs[i].start_token != 0:
+        i -= 1
+    return segs[i:]
+
+
+def oldest_version(sample: Sample) -> int | None:
+    """Policy version of the sample's oldest kept token (a running segment counts), None if none."""
+    for seg in kept_segments(sample):
+        if seg.num_tokens > 0 or seg.end_time_s is None:
+            return seg.policy_version
+    return None
+
+
 @dataclass(slots=True)
 class SegmentRequest:
     """What an engine is asked to do: continue ``context_ids`` for up to ``max_tokens``."""
@@ -141,6 +161,8 @@ class SegmentRequest:
     ignore_eos: bool
     sampling: Any                    # pdsr_sdk.dispatch.config.SamplingConfig
     sample: Sample
+    #: prefix-cache salt: requests share cached KV blocks only with requests of the same salt (None: no salt)
+    cache_salt: str | None = None
 
 
 @dataclass

@@ -49,19 +49,21 @@ class Submit:
     max_tokens: int
     ignore_eos: bool
     sampling: WireSampling
+    cache_salt: str | None = None
 
     @classmethod
     def of(cls, request) -> "Submit":
         s = request.sampling
         return cls(request.request_id, list(request.context_ids), request.context_len, request.max_tokens,
-                   request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop)))
+                   request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop)),
+                   request.cache_salt)
 
     def request(self):
         from pdsr_sdk.dispatch.types import SegmentRequest
 
         return SegmentRequest(request_id=self.request_id, context_ids=self.context_ids, context_len=self.context_len,
                               max_tokens=self.max_tokens, ignore_eos=self.ignore_eos, sampling=self.sampling,
-                              sample=None)
+                              sample=None, cache_salt=self.cache_salt)
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,12 @@ class UpdateWeights:
 
     entries: tuple | None = None
     folder: str | None = None
+    #: reset the engine's prefix cache after loading (False: ``kv_on_update: keep``)
+    reset_prefix_cache: bool = True
 
 
 #: the engine methods :class:`Control` may call
-CONTROL_METHODS = ("pause_generation", "resume_generation", "sleep", "wake_up")
+CONTROL_METHODS = ("pause_generation", "resume_generation", "reset_prefix_cache", "sleep", "wake_up")
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,7 @@ class EngineActor:
                 source = FolderWeights(message.folder)
             else:
                 source = block = write_buffer(buffer, message.entries)
-            await self.engine.update_weights(source)
+            await self.engine.update_weights(source, reset_prefix_cache=message.reset_prefix_cache)
         except Exception as exc:  # noqa: BLE001 - reported to the orchestrator as data
             return error_info(exc)
         finally:

@@ -243,10 +243,11 @@ class RayEngine(ModelEngine):
     def load(self) -> EngineLoad:
         return self._load
 
-    async def update_weights(self, weights) -> None:
+    async def update_weights(self, weights, *, reset_prefix_cache: bool = True) -> None:
         """Load new weights (a :class:`~pdsr_sdk.engines.weights.StagedWeights`) in the actor's engine:
         the packed tensors go through Ray's object store (put once per update, shared by every actor),
-        a model folder by its path. Raises an EngineError naming this engine and its node."""
+        a model folder by its path; then its prefix cache is reset unless ``reset_prefix_cache`` is false.
+        Raises an EngineError naming this engine and its node."""
         from pdsr_sdk.engines.ray_actor import UpdateWeights
 
         if self._dead or self._actor is None:
@@ -254,10 +255,13 @@ class RayEngine(ModelEngine):
         import ray
 
         if weights.is_folder:
-            call = self._actor.update_weights.remote(UpdateWeights(folder=weights.folder))
+            call = self._actor.update_weights.remote(UpdateWeights(folder=weights.folder,
+                                                                   reset_prefix_cache=reset_prefix_cache))
         else:
             block = weights.shared()
-            call = self._actor.update_weights.remote(UpdateWeights(entries=block.entries), weights.ray_ref(ray))
+            call = self._actor.update_weights.remote(UpdateWeights(entries=block.entries,
+                                                                   reset_prefix_cache=reset_prefix_cache),
+                                                     weights.ray_ref(ray))
         try:
             err = await _wait(call)
         except Exception as exc:  # noqa: BLE001 - the actor died
@@ -266,11 +270,16 @@ class RayEngine(ModelEngine):
             raise err.error(self.name, f" (in its Ray actor on {self.where()})")
 
     # ------------------------------------------------------- pause and sleep
-    async def pause_generation(self, mode: str = "keep") -> None:
+    async def pause_generation(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
         """The actor's engine freezes (``keep``), drains or aborts its requests until :meth:`resume_generation`
         (see :meth:`VllmEngine.pause_generation <pdsr_sdk.engines.vllm_engine.VllmEngine.pause_generation>`).
         Returns once every token the engine sent before pausing has reached the listener."""
-        await self._control("pause_generation", mode=mode)
+        await self._control("pause_generation", mode=mode, clear_cache=clear_cache)
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget the actor's engine's cached KV blocks (see :meth:`VllmEngine.reset_prefix_cache
+        <pdsr_sdk.engines.vllm_engine.VllmEngine.reset_prefix_cache>`)."""
+        await self._control("reset_prefix_cache")
 
     async def resume_generation(self) -> None:
         if not self._dead and self._actor is not None:

@@ -186,7 +186,10 @@ class VllmEngine(ModelEngine):
         reason = ABORT
         listener = self._listener
         try:
-            gen = self._llm.generate(TokensPrompt(prompt_token_ids=request.context_ids), params, request.request_id)
+            prompt = TokensPrompt(prompt_token_ids=request.context_ids)
+            if request.cache_salt is not None:
+                prompt["cache_salt"] = request.cache_salt
+            gen = self._llm.generate(prompt, params, request.request_id)
             async for out in gen:
                 comp = out.outputs[0]
                 ids = comp.token_ids
@@ -214,10 +217,11 @@ class VllmEngine(ModelEngine):
         listener.on_segment_end(self, request.request_id, reason)
 
     # -------------------------------------------------------------- weights
-    async def update_weights(self, weights) -> None:
+    async def update_weights(self, weights, *, reset_prefix_cache: bool = True) -> None:
         """Load new weights (a :class:`~pdsr_sdk.engines.weights.StagedWeights`, or what its ``local()``
         gives) into the engine process, then reset the prefix cache (its KV blocks were computed with
-        the old weights). Call it while no request runs. Raises an EngineError naming this engine."""
+        the old weights; ``reset_prefix_cache=False`` keeps them: ``kv_on_update: keep``). Call it while no
+        request runs (or while requests are frozen, keeping the cache). Raises an EngineError naming this engine."""
         if self._dead or self._llm is None:
             raise EngineError(self.name, "update_weights: the engine is not running")
         try:
@@ -235,9 +239,17 @@ class VllmEngine(ModelEngine):
             if err:
                 raise EngineError(self.name, f"update_weights: {err['message']}",
                                   remote_traceback=err.get("traceback"))
+        if reset_prefix_cache:
+            await self.reset_prefix_cache("update_weights: the weights changed but ")
+
+    async def reset_prefix_cache(self, context: str = "") -> None:
+        """Forget every cached KV block (what a weight update needs unless its KV is kept). Call it while no
+        request runs. Raises an EngineError naming this engine."""
+        if self._dead or self._llm is None:
+            raise EngineError(self.name, "reset_prefix_cache: the engine is not running")
         if not await self._llm.reset_prefix_cache():
-            raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
-                                         "reset (requests were running); update weights between steps")
+            raise EngineError(self.name, f"{context}the prefix cache could not be reset (requests were running); "
+                                         f"update weights between steps")
 
     async def device_uuid(self) -> str | None:
         """The physical UUID of this engine's GPU (asked once), None on the CPU."""
@@ -250,14 +262,15 @@ class VllmEngine(ModelEngine):
         return self._gpu_uuid
 
     # ------------------------------------------------------- pause and sleep
-    async def pause_generation(self, mode: str = "keep") -> None:
+    async def pause_generation(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
         """Freeze (``keep``), drain (``wait``) or abort (``abort``) the engine's requests and start no
         new ones until :meth:`resume_generation` (vLLM's ``pause_generation``). The KV cache is cleared:
-        kept requests recompute their context at resume, with the weights loaded by then."""
+        kept requests recompute their context at resume, with the weights loaded by then;
+        ``clear_cache=False`` keeps it (``kv_on_update: keep``: they go on from it)."""
         if self._dead or self._llm is None:
             raise EngineError(self.name, "pause: the engine is not running")
         try:
-            await self._llm.pause_generation(mode=mode, clear_cache=True)
+            await self._llm.pause_generation(mode=mode, clear_cache=clear_cache)
         except Exception as exc:  # noqa: BLE001 - the engine process failed
             raise EngineError(self.name, f"pause ({mode}) failed: {type(exc).__name__}: {exc}",
                               exit_status=self.exit_status(), remote_traceback=self._read_error()) from None

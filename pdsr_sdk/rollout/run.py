@@ -235,7 +235,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                     on_group(group)
                 consumed += len(out.groups)
                 results.append(out.report)
-                session.policy_version += 1   # each step's end is a trainer's weight update
+                await session.anext_version()   # each step's end is a trainer's weight update
                 writer.flush()
                 writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
                                     for g, step in session.carried() for s in g.samples], carry_schema())

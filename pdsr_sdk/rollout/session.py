@@ -16,6 +16,7 @@ is a loop over :meth:`RolloutSession.generate`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import threading
 from collections import deque
@@ -264,6 +265,7 @@ class RolloutSession:
             self.engines, self.policy_cls, self.policy_settings, LoopClock(loop), cfg.sampling, cfg.segments,
             policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
             on_fatal=self._set_fatal, first_batch_index=self.run.batch_index if self.run is not None else 0)
+        self.run.scheduler.salt_by_version = self._keep_kv
         if self._given_engines is None:
             began = loop.time()
             self._status(starting_message(self.engine_specs, self._model_dir()))
@@ -555,7 +557,7 @@ class RolloutSession:
                                     "their groups are due at this step's end: call update_weights without "
                                     "pausing first (it then waits for that end), or after step() returns")
             self._loading = asyncio.get_running_loop().create_future()
-            failed = await _failures(e.update_weights(staged) for e in engines)
+            failed = await _failures(e.update_weights(staged, reset_prefix_cache=not self._keep_kv) for e in engines)
             if failed:
                 raise failed[0]
             self.policy_version = new
@@ -567,6 +569,28 @@ class RolloutSession:
             if paused_here and not step_end.done():   # else the step ended meanwhile: its engines stay stopped
                 await self.aresume()
         return new
+
+    @property
+    def _keep_kv(self) -> bool:
+        return self.config.kv_on_update == "keep"
+
+    def next_version(self) -> int:
+        """A weight update without weights (synchronous; see :meth:`anext_version`)."""
+        return self._call(self.anext_version(), "next_version")
+
+    async def anext_version(self) -> int:
+        """A weight update without weights: the policy version goes up by one and, unless ``kv_on_update`` is
+        ``keep``, the engines' prefix caches are reset, as :meth:`aupdate_weights` does (``pdsr rollout --steps``
+        and the benchmarks stand in for a trainer with it). Between steps, or while paused with nothing running.
+        Returns the new version."""
+        if not self._started or self.scheduler is None:
+            raise RunError("next_version: start the session first")
+        if not self._keep_kv:
+            failed = await _failures(_reset_prefix_cache(e) for e in self._live_engines())
+            if failed:
+                raise failed[0]
+        self.policy_version += 1
+        return self.policy_version
 
     # --------------------------------------------------------- pause / sleep
     @property
@@ -612,7 +636,7 @@ class RolloutSession:
         drained = asyncio.get_running_loop().create_future()
         sched.pause(mode, on_drained=lambda: drained.done() or drained.set_result(None))
         if mode == "keep":
-            failed = await _failures(e.pause_generation("keep") for e in engines)
+            failed = await _failures(e.pause_generation("keep", clear_cache=not self._keep_kv) for e in engines)
             if failed:
                 await self.aresume()
                 raise failed[0]
@@ -718,6 +742,14 @@ class RolloutSession:
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_result(exc)
+
+
+async def _reset_prefix_cache(engine) -> None:
+    """An engine's ``reset_prefix_cache`` (async on vLLM and Ray engines, immediate on simulated ones; an engine
+    without a prefix cache has none)."""
+    result = getattr(engine, "reset_prefix_cache", lambda: None)()
+    if inspect.isawaitable(result):
+        await result
 
 
 async def _failures(calls: Iterable[Awaitable]) -> list[BaseException]:

@@ -132,8 +132,9 @@ class SimulateConfig(StepStreamConfig):
             for key in ("trainer_s", "weight_update_s", "pipeline"):
                 if getattr(self, key):
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
-            if "restart_lengths" in self.model_fields_set:
-                raise ConfigValueError("restart_lengths applies to multi-step runs only; set steps too")
+            for key in ("restart_lengths", "kv_on_update"):
+                if key in self.model_fields_set:
+                    raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
             if self.max_partial_share is not None:
                 raise ConfigValueError("max_partial_share applies to multi-step runs only; set steps too")
         elif self.max_partial_share is not None and self.over_provision is not None:

@@ -18,11 +18,16 @@ token by token and the tests hold the two together):
   when resumed), as vLLM's recompute preemption does; no request is admitted at
   a boundary that preempted. Waiting requests are admitted first-come
   first-served while slots and blocks allow.
-- Prefix cache: after a segment ends the engine remembers the whole blocks of
-  the sample's computed context, so a continuation on the same engine
-  prefills only the uncached tail; preemption, abort (the sample leaves) and
-  the sample's last token forget it. A sample moved elsewhere pays full
-  prefill there. With ``prompt_cache``, a request admitted while another
+- Prefix cache: after a segment ends or is aborted the engine remembers the
+  whole blocks of the sample's computed context (vLLM keeps an aborted
+  request's blocks cached until they are evicted), so a continuation on the
+  same engine prefills only the uncached tail; preemption, the sample's last
+  token and :meth:`SimEngine.reset_prefix_cache` (what a weight update does
+  unless the KV cache is kept across it) forget it. A sample moved elsewhere
+  pays full prefill there. A request with a ``cache_salt`` finds only what
+  requests of the same salt cached (vLLM's salted block hashes: a sample
+  restarted under a newer version starts afresh, ``kv_on_update: keep``).
+  With ``prompt_cache``, a request admitted while another
   request of the same prompt (``Group.prompt_id``) runs on the engine also
   finds the prompt's whole blocks cached (vLLM caches a block as soon as it is
   allocated, so this holds within one step too); the cache is forgotten when
@@ -54,12 +59,14 @@ _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
 class _Req:
     __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt",
-                 "first_t")
+                 "first_t", "ckey")
 
-    def __init__(self, rid: str, sample, ctx: int, max_tokens: int, prompt):
+    def __init__(self, rid: str, sample, ctx: int, max_tokens: int, prompt, salt: str | None = None):
         self.rid = rid
         self.sample = sample
         self.prompt = prompt      # the prompt's identity for the prompt cache (None: not shared)
+        # its sample's key in the prefix cache: blocks cached under another salt are not found
+        self.ckey = sample if salt is None else (sample, salt)
         self.ctx = ctx            # context (prompt + generated) when last admitted / now if waiting
         self.max_tokens = max_tokens
         self.done = 0             # tokens of this segment generated before its current admission
@@ -97,7 +104,7 @@ class SimEngine:
         self._reqs: dict[str, _Req] = {}
         self._heap: list[tuple[int, int, _Req]] = []
         self._leaving: list[_Req] = []
-        self._cache: dict = {}                 # sample -> cached prefix tokens on this engine
+        self._cache: dict = {}                 # sample (and salt) -> cached prefix tokens on this engine
         self._prompt_cache = p.prompt_cache
         self._prompt_refs: dict = {}           # prompt -> its running requests on this engine
         self._seq = 0
@@ -163,10 +170,13 @@ class SimEngine:
         if n < 1:
             raise EngineError(self.name, f"request {request.request_id} asks for {n} tokens; expected >= 1")
         prompt = None
+        salt = getattr(request, "cache_salt", None)
         if self._prompt_cache:
             group = getattr(request.sample, "group", None)
             prompt = getattr(group, "prompt_id", None)
-        r = _Req(request.request_id, request.sample, ctx, n, prompt)
+            if prompt is not None and salt is not None:
+                prompt = (prompt, salt)
+        r = _Req(request.request_id, request.sample, ctx, n, prompt, salt)
         self._reqs[r.rid] = r
         self._waiting.append(r)
         if not self._in_boundary:   # inside a boundary the batch is planned right after the callbacks
@@ -176,26 +186,45 @@ class SimEngine:
         r = self._reqs.pop(request_id, None)
         if r is None:
             return
+        ran = 0   # steps it ran since its last admission
         if r.state == _WAITING:
             self._waiting.remove(r)
             r.state = _GONE
             n = r.done
         elif self._in_boundary:
+            ran = self._step - r.s_adm
             self._remove_running(r, self._step)
             r.state = _GONE
             n = r.done
         else:
             # mid-epoch: the tokens of the steps completed by now; it leaves at the next boundary
             k = steps_within(self.clock.now() - self._t0, self._a, self._b, self._extra)
-            n = min(r.done + self._step + k - r.s_adm, r.max_tokens)
+            ran = self._step + k - r.s_adm
+            n = min(r.done + ran, r.max_tokens)
             if k and r.first_t is None and r.s_adm == self._step:   # its first step ran in this epoch
                 r.first_t = self._first_step_end()
             r.state = _LEAVING
             self._leaving.append(r)
             self._wake()
-        self._cache.pop(r.sample, None)
+        self._remember_aborted(r, n, ran)
         self.tokens += n
         self.clock.call_later(0.0, lambda: self._report_abort(r, n))
+
+    def _remember_aborted(self, r: _Req, n: int, ran: int) -> None:
+        """Cache the whole blocks of an aborted request's computed context (its context after ``n`` tokens of this
+        segment, less the last sampled token, which has no KV yet) if it ran a step since its last admission; a
+        request that generated its last token leaves nothing to continue."""
+        sample = r.sample
+        if sample.num_generated + n >= sample.max_tokens:
+            self._cache.pop(r.ckey, None)
+        elif ran > 0:
+            computed = sample.prompt_len + sample.num_generated + n - 1
+            self._cache[r.ckey] = max(self._cache.get(r.ckey, 0), self._block * (computed // self._block))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (vLLM's ``reset_prefix_cache``, which a weight update calls unless the KV
+        cache is kept across it): the next segment of each sample prefills its whole context."""
+        self._cache.clear()
 
     def _report_abort(self, r: _Req, n: int) -> None:
         if n:
@@ -301,9 +330,9 @@ class SimEngine:
                 del reqs[r.rid]
                 sample = r.sample
                 if sample.num_generated + r.done >= sample.max_tokens:   # its last token: nothing to continue
-                    cache.pop(sample, None)
+                    cache.pop(r.ckey, None)
                 else:   # whole blocks of the computed context (the last sampled token has no KV yet)
-                    cache[sample] = block * ((r.off + S - 1) // block)
+                    cache[r.ckey] = block * ((r.off + S - 1) // block)
             self._in_boundary = True
             try:
                 listener = self._listener
@@ -405,7 +434,7 @@ class SimEngine:
         self._res[res] += 1
         w.state = _RUNNING
         self._running[w.rid] = w
-        cached = self._cache.get(w.sample, 0)
+        cached = self._cache.get(w.ckey, 0)
         if w.prompt is not None:
             refs = self._prompt_refs.get(w.prompt, 0)
             if refs:
@@ -421,6 +450,6 @@ class SimEngine:
         self._remove_running(v, S)
         v.ctx = v.off + S
         v.state = _WAITING
-        self._cache.pop(v.sample, None)
+        self._cache.pop(v.ckey, None)
         self._waiting.appendleft(v)
         self.preemptions += 1

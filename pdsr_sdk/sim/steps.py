@@ -155,7 +155,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
                         new_groups=new_groups, on_step_end=step_end, keep_groups=keep_groups, check=True,
                         on_advance=lambda: bar.update(1))
     handlers.append(stream)
-    trainer = SimTrainer(stream, trainer_s=cfg.trainer_s, weight_update_s=cfg.weight_update_s, pipeline=cfg.pipeline)
+    trainer = SimTrainer(stream, trainer_s=cfg.trainer_s, weight_update_s=cfg.weight_update_s, pipeline=cfg.pipeline,
+                         keep_kv=cfg.kv_on_update == "keep")
     wall0 = time.perf_counter()
     gc_was_enabled = gc.isenabled()
     gc.collect()

@@ -32,13 +32,17 @@ from pdsr_sdk.errors import PdsrError
 class SimTrainer:
     """Drives a :class:`StepStream` whose ``on_step_end`` is :meth:`step_end`."""
 
-    def __init__(self, stream: StepStream, *, trainer_s: float, weight_update_s: float, pipeline: bool):
+    def __init__(self, stream: StepStream, *, trainer_s: float, weight_update_s: float, pipeline: bool,
+                 keep_kv: bool = False):
         self.stream = stream
         self.sched = stream.sched
         self.clock = stream.clock
         self.trainer_s = trainer_s
         self.update_s = weight_update_s
         self.pipeline = pipeline
+        self.keep_kv = keep_kv
+        # as a session does: KV kept across updates is shared only by requests started under the same weights
+        self.sched.salt_by_version = keep_kv
         self.base = self.sched.policy_version
 
     def step_end(self) -> None:
@@ -87,6 +91,9 @@ class SimTrainer:
             self.sched.resume()
 
     def _bump(self) -> None:
+        if not self.keep_kv:   # kv_on_update: recompute (the engines' caches hold the old weights' KV)
+            for engine in self.sched.engines:
+                engine.reset_prefix_cache()
         self.sched.policy_version += 1
         self.stream.version_changed()   # between steps (closing) it does nothing: refill restarts instead
 
