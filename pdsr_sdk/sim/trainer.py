@@ -1,6 +1,7 @@
-"""The trainer of a simulated multi-step run (``trainer_s``, ``weight_update_s``, ``pipeline``): when its weight
-updates land and what the engines do meanwhile, as a :class:`~pdsr_sdk.rollout.session.RolloutSession` and its
-trainer drive them.
+"""The trainer of a simulated multi-step run (``trainer_s``, ``weight_update_s``, ``pipeline``, ``kv_on_update``):
+when its weight updates land and what the engines do meanwhile, as a :class:`~pdsr_sdk.rollout.session.RolloutSession`
+and its trainer drive them. Each update resets the engines' prefix caches (``recompute``) or keeps them (``keep``:
+stopped samples go on from their cached KV, and requests are salted by the version of their oldest kept token).
 
 - Synchronous (``pipeline`` off): a step's end stops the engines keeping every token (``pause("abort")``, as the
   session's step end does); the trainer trains ``trainer_s``, the engines load for ``weight_update_s``, and the
