@@ -350,7 +350,9 @@ def test_abort_mid_stream_delivers_every_token_then_abort_and_load_is_reported(e
 def test_update_weights_reaches_ray_engines_through_the_object_store(engines, reference, engine_loop, tiny_model_dir):
     """New weights go to both actors (Ray's object store) and the local engine (shared memory): greedy
     continuations then agree with each other and differ from the old weights'; a bad shape is refused
-    inside the actor with the engine's name and node; the model folder restores the old weights."""
+    inside the actor with the engine's name and node; an actor's prefix cache is reset on request
+    (``next_version``) and a load may keep it (``kv_on_update: keep``); the model folder restores the old
+    weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -385,7 +387,12 @@ def test_update_weights_reaches_ray_engines_through_the_object_store(engines, re
                 await ray1.update_weights(staged)
             staged.close()
             assert "Traceback" not in str(info.value).split("--- engine traceback ---")[0]
-            assert await session.aupdate_weights(str(tiny_model_dir)) == 2
+            # the prefix cache through the actor: reset it (a weightless update under kv_on_update recompute),
+            # and a load that keeps it (keep)
+            assert await session.anext_version() == 2
+            folder = StagedWeights(folder=str(tiny_model_dir))
+            await ray0.update_weights(folder, reset_prefix_cache=False)
+            assert await session.aupdate_weights(str(tiny_model_dir)) == 3
             restored = await greedy("old")
         return updated, restored
 
