@@ -25,6 +25,11 @@ rollout across steps").
     python bench/partial.py                        # K=5, B=4, N=8, F=0.5, S=2, lengths to 2048, tiny model
     python bench/partial.py --steps 8 --step-groups 16 --over-provision 0.25 --repeats 3
     python bench/partial.py --trainer-s 3                # with a trainer, and pipelined against it
+    python bench/partial.py --kv-on-update keep          # carried samples go on from their cached KV
+
+Each step's end stands in for the trainer's update with ``RolloutSession.next_version()`` (without
+``--trainer-s``): under ``--kv-on-update recompute`` (the default) it resets the engines' prefix caches as
+a real update does, so the carried samples prefill their context again.
 """
 
 from __future__ import annotations
