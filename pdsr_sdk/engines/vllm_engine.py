@@ -239,20 +239,18 @@ class VllmEngine(ModelEngine):
             if err:
                 raise EngineError(self.name, f"update_weights: {err['message']}",
                                   remote_traceback=err.get("traceback"))
-        if reset_prefix_cache:
-            await self._reset_prefix_cache("update_weights: the weights changed but the prefix cache")
+        if reset_prefix_cache and not await self._llm.reset_prefix_cache():
+            raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
+                                         "reset (requests were running); update weights between steps")
 
     async def reset_prefix_cache(self) -> None:
         """Forget every cached KV block (what a weight update needs unless its KV is kept). Call it while no
         request runs. Raises an EngineError naming this engine."""
         if self._dead or self._llm is None:
             raise EngineError(self.name, "reset_prefix_cache: the engine is not running")
-        await self._reset_prefix_cache("reset_prefix_cache: the prefix cache")
-
-    async def _reset_prefix_cache(self, what: str) -> None:
         if not await self._llm.reset_prefix_cache():
-            raise EngineError(self.name, f"{what} could not be reset (requests were running); update weights "
-                                         f"between steps")
+            raise EngineError(self.name, "reset_prefix_cache: requests were running; reset the prefix cache "
+                                         "between steps")
 
     async def device_uuid(self) -> str | None:
         """The physical UUID of this engine's GPU (asked once), None on the CPU."""
