@@ -87,6 +87,13 @@ def test_restarted_samples_are_consumed_with_fresh_lengths_and_every_token_is_ac
             else:
                 assert s.num_generated == rec[g.prompt_id][s.index]
     assert changed > 0
+    # token_ratio: the steady steps' consumed tokens over the trace's lengths of the same groups (steps 3 to K-1)
+    assert runs["replay"].token_ratio == 1.0
+    run = runs["redraw"]
+    steady = range(len(run.steps))[2:-1]
+    mine = [g for g in run.groups if run.consumed_at[g.prompt_id] in steady]
+    want = sum(s.num_generated for g in mine for s in g.samples) / sum(sum(rec[g.prompt_id]) for g in mine)
+    assert want != 1.0 and run.token_ratio == pytest.approx(want, rel=1e-12)
 
 
 def test_restart_lengths_needs_steps_and_the_cli_says_which_it_used(tmp_path):

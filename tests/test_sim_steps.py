@@ -281,6 +281,9 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     data = json.loads((out / "steps.json").read_text())
     assert [r["over_provision"] for r in data["runs"]] == [0.0, 0.25, 0.5, 1.0]
     assert data["runs"][0]["ratio"] == pytest.approx(1.0) and data["runs"][0]["off_policy_share"] == 0
+    # F = 0 restarts nothing: the steps consume the trace's lengths, and the ratio per token is the ratio
+    assert data["runs"][0]["token_ratio"] == 1.0 and data["runs"][0]["ratio_per_token"] == data["runs"][0]["ratio"]
+    assert "token_ratio" in data["definitions"] and "per_token" in res.output
     assert all(r["max_age"] <= 1 for r in data["runs"])
     assert (out / "steps.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -173,7 +173,10 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))
     click.echo(format_table(report.rows()))
-    click.echo("(step_s: mean of steps 3 to K-1; ratio = step_s / on-policy step; vs_bound = step_s / the work "
+    click.echo("(step_s: mean of steps 3 to K-1; ratio = step_s / on-policy step; token_ratio = tokens the steps "
+               "consumed / the trace's lengths of the same groups (below 1: restarts swapped long responses for "
+               "shorter fresh draws), "
+               "per_token = ratio / token_ratio; vs_bound = step_s / the work "
                "bound, the consumed tokens generated at full occupancy (bound_s per step); off_policy: share of "
                "consumed tokens from an older policy version, partial: the part of it from responses carried "
                "across a weight update; held_s: time steps waited for due groups"
@@ -199,7 +202,8 @@ def _fastest_words(report) -> str:
     return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "
             f"flight), steady step "
             f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
-            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} versions)")
+            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} versions; per consumed token "
+            f"{report.ratio_per_token(pick) or 0.0:.3f}x)")
 
 
 def _trainer_words(cfg) -> str:

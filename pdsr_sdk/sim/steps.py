@@ -136,6 +136,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
     next_row = 0
     coeffs = bound_coefficients(cfg)
     bounds: list[float] = []
+    recorded: list[int] = []
 
     def new_groups(count: int) -> list[Group]:
         nonlocal next_row
@@ -148,6 +149,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
 
     def step_end() -> None:
         bounds.append(step_work_bound(stream.pending, len(engines), cfg, coeffs) + (stopped_s if bounds else 0.0))
+        recorded.append(sum(sum(g.target_lengths) for g in stream.pending))
         trainer.step_end()
 
     stream = StepStream(run, step_groups=b, in_flight=in_flight(b, over_provision), steps=cfg.steps,
@@ -192,6 +194,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         dropped_groups=len(left), dropped_samples=sum(1 for g in left for s in g.samples if s.finished),
         dropped_tokens=sum(s.num_generated for g in left for s in g.samples),
         stats=totals, events=events, wall_s=time.perf_counter() - wall0, work_bounds_s=bounds[:len(stream.records)],
+        recorded_tokens=recorded[:len(stream.records)],
         groups=stream.consumed,
         consumed_at=stream.consumed_at, launched_at=stream.launched_at,
         engines=engine_use(engines, end, set(facts.get("lane_engines", ())), occupancy=record),

@@ -34,6 +34,8 @@ class StepsRun:
     wall_s: float
     #: per step, the engine time its consumed groups' tokens need at least / engines (see work_bound_s)
     work_bounds_s: list[float] = field(default_factory=list)
+    #: per step, its consumed groups' response tokens as the trace records them (see token_ratio)
+    recorded_tokens: list[int] = field(default_factory=list)
     groups: list[Group] = field(default_factory=list)       # consumed groups (keep_groups)
     consumed_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was consumed in
     launched_at: dict[str, int] = field(default_factory=dict)  # prompt id -> step it was launched in
@@ -63,6 +65,14 @@ class StepsRun:
     @property
     def tokens(self) -> int:
         return sum(s.tokens for s in self.steps)
+
+    @property
+    def token_ratio(self) -> float | None:
+        """Response tokens the steady steps consumed over what the trace records for the same groups: below 1
+        where staleness restarts swapped long responses for fresh draws, which are shorter on average (None
+        without the record)."""
+        recorded = steady_mean([float(t) for t in self.recorded_tokens])
+        return steady_mean([float(s.tokens) for s in self.steps]) / recorded if recorded > 0 else None
 
     @property
     def off_policy_share(self) -> float:
@@ -114,6 +124,11 @@ class StepsReport:
         base = self.baseline_step_s
         return r.steady_step_s / base if base > 0 else None
 
+    def ratio_per_token(self, r: StepsRun) -> float | None:
+        """``ratio`` over ``token_ratio``: the steady step against the on-policy step, per consumed token."""
+        ratio, tokens = self.ratio(r), r.token_ratio
+        return ratio / tokens if ratio is not None and tokens else None
+
     def summary(self, r: StepsRun) -> dict[str, Any]:
         base = self.baseline_step_s
         return {
@@ -121,6 +136,7 @@ class StepsReport:
             "in_flight": r.in_flight, "max_staleness": r.max_staleness, "group_deadline": r.group_deadline,
             "steady_step_s": r.steady_step_s, "baseline_step_s": base,
             "ratio": self.ratio(r),
+            "token_ratio": r.token_ratio, "ratio_per_token": self.ratio_per_token(r),
             "work_bound_s": r.work_bound_s,
             "vs_work_bound": r.steady_step_s / r.work_bound_s if r.work_bound_s > 0 else None,
             "off_policy_share": r.off_policy_share, "partial_share": r.partial_share, "max_age": r.max_age,
@@ -165,7 +181,8 @@ class StepsReport:
         for r in self.runs:
             s = self.summary(r)
             row = {"F": r.over_provision, "in_flight": r.in_flight, "step_s": s["steady_step_s"],
-                   "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"], "vs_bound": s["vs_work_bound"],
+                   "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"], "token_ratio": s["token_ratio"],
+                   "per_token": s["ratio_per_token"], "vs_bound": s["vs_work_bound"],
                    "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
                    "restarts": s["restarts"], "wasted": s["wasted_tokens"], "held_s": s["held_s"],
                    "max_lag": s["max_group_lag"], "dropped": s["dropped_groups"]}
@@ -221,6 +238,11 @@ DEFINITIONS = {
                  "update; pipeline: the trainer trains on step k while step k + 1 generates (its update lands "
                  "in the middle of the next step, which does not end before it).",
     "ratio": "steady_step_s / baseline_step_s.",
+    "token_ratio": "Response tokens the steady steps consumed (steps 3 to K-1) / the trace's recorded lengths of "
+                   "the same groups: below 1 where staleness restarts swapped long responses for fresh draws "
+                   "(restart_lengths redraw), which are shorter on average: a bias toward short answers, which "
+                   "also shortens the steps; 1 when restarts replay their lengths.",
+    "ratio_per_token": "ratio / token_ratio: the steady step against the on-policy step per consumed token.",
     "work_bound_s": "Per step, the least engine time its consumed groups' kept tokens cost at full occupancy "
                     "(the batch lower bound's work: p*Q + L*(c0/M + c1) + c2*(L*P + L(L-1)/2) a sample, each "
                     "group's prompt prefilled whole once) / engines, plus from the second step on the time the "
@@ -272,6 +294,10 @@ def write_steps_plot(report: StepsReport, path) -> str:
     ax.plot(xs, ys, "o-", color="tab:blue", label="all off-policy tokens")
     ax.plot([r["partial"] * 100 for r in rows], ys, "o--", color="tab:orange", mfc="none",
             label="of them: carried partial responses")
+    per_token = [r["per_token"] for r in rows]
+    if any(p is not None and p != y for p, y in zip(per_token, ys)):   # restarts changed the consumed lengths
+        ax.plot(xs, [p or 0.0 for p in per_token], "x", color="tab:blue", alpha=0.7,
+                label="per consumed token (ratio / token_ratio)")
     base = report.baseline_step_s
     if base > 0:   # the floor under each point: its consumed tokens generated at full occupancy
         ax.plot(xs, [r.work_bound_s / base for r in report.runs], "_", color="grey", ms=14, mew=2,
