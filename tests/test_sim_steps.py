@@ -14,6 +14,7 @@ from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
 from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.policies.resolve import resolve_policy
+from pdsr_sdk.policies.v3 import V3Policy
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import run_policy, trace_batches
 from pdsr_sdk.sim.engine import SimEngine
@@ -426,3 +427,26 @@ def test_the_policy_hears_of_the_staleness_bound_only_where_groups_carry_over(ov
     itself still restarts by the bound (an update in the middle of a step can age tokens at F = 0 too)."""
     stream, *_ = hand_stream(20, over_provision, 1)
     assert stream.sched.max_staleness == told and stream.s == 1
+
+
+class TrueLengthFirst(V3Policy):
+    """A simulator-only reference that streams: v3 ranking its pool by each sample's recorded length."""
+
+    simulation_only = True
+
+    def rank_key(self, s):
+        return 1, -float(s.max_tokens)
+
+
+def test_a_simulator_only_policy_that_streams_runs_steps_and_only_there():
+    name = f"{__name__}:TrueLengthFirst"
+    trace = small_trace()
+    want = recorded(trace)
+    run = run_steps(trace, small_cfg(policy=name, max_staleness=1, restart_lengths="replay"), name, 0.5,
+                    keep_groups=True)
+    ids = [g.prompt_id for g in run.groups]
+    assert len(ids) == len(set(ids)) == sum(s.groups for s in run.steps) >= 6 * 6
+    assert all(s.num_generated == want[g.prompt_id][s.index] for g in run.groups for s in g.samples)
+    assert run.max_age <= 1
+    with pytest.raises(ConfigError, match="simulator-only reference schedule"):
+        resolve_policy(name)

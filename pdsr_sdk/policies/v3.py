@@ -348,14 +348,22 @@ class V3Policy(Policy):
 
     def _push(self, s: Sample) -> None:
         rank = self.ranks[id(s.group)]
+        tier, key = self.rank_key(s)
+        g = s.group
+        heapq.heappush(self.heap, (tier, key, g.batch_index, g.position, s.index, rank.stamp, next(self.seq), s))
+
+    def rank_key(self, s: Sample) -> tuple[int, float]:
+        """Where a waiting sample stands in the ranked pool, smallest first (ties in queue order): (tier, key).
+        Called each time the sample is queued or its group's rank changes. A simulator-only reference may
+        override it with what the trace knows (``bench/stream_oracle.py``)."""
+        rank = self.ranks[id(s.group)]
         # probes jump the queue only while their lengths may be worth knowing: once the probe is measured
         # to predict nothing, queue order is baseline's (sample 0 still measures, from where it runs)
         tier = 0 if (s.is_probe and self.cfg.probes_first and (self.informative or self.correlation is None)) else 1
         # rank by the group's longest finished sample only while the groups' lengths have been seen to
         # predict their samples' (otherwise the order is noise and costs; queue order is baseline's)
         key = (-math.inf if rank.longest < 0 else -rank.longest) if self.informative else 0.0
-        g = s.group
-        heapq.heappush(self.heap, (tier, key, g.batch_index, g.position, s.index, rank.stamp, next(self.seq), s))
+        return tier, key
 
     def _top(self) -> Sample | None:
         heap = self.heap

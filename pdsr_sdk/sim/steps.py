@@ -60,7 +60,7 @@ def policy_for_steps(cfg: SimulateConfig, name: str):
     """(class, settings) of a policy that can stream, or a ConfigError naming it and those that can."""
     if "," in name or name == "all":
         raise ConfigError(f"policy: --steps runs one policy; got {name!r}")
-    cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}))
+    cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}), simulation=True)
     check_streaming(cls, name)
     check_pools(cls, cfg, name)
     return cls, settings
