@@ -70,9 +70,10 @@ def streaming_policies() -> list[str]:
 def check_streaming(policy_cls: type, name: str) -> None:
     """A ConfigError naming ``name`` and the policies that can run multi-step, unless ``policy_cls`` streams."""
     if not getattr(policy_cls, "streaming", False):
-        raise ConfigError(f"policy {name!r} cannot run --steps: its on_batch keeps per-batch state (it waits for "
-                          f"the whole batch's probes) and cannot take new groups while others run; policies that "
-                          f"can: {', '.join(streaming_policies())}")
+        raise ConfigError(f"policy {name!r} cannot run --steps: it schedules each batch as a whole (its on_batch "
+                          f"keeps per-batch state, e.g. a wait for the batch's probes; streaming is False) and "
+                          f"cannot take new groups while others run; policies that can: "
+                          f"{', '.join(streaming_policies())}")
 
 
 def policy_names(spec: str) -> list[str]:
