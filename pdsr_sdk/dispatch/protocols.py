@@ -213,8 +213,10 @@ class Dispatcher(Protocol):
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """Optional (partial rollout across steps): a step ended and the weights changed; ``carried`` are
         the groups going into the next step (their running samples stopped, holding their tokens). Return
-        finished samples to generate again under the new weights (their tokens are thrown away and
-        counted as wasted); called before the step's new groups arrive."""
+        samples to generate again under the new weights (their tokens are thrown away and counted as
+        wasted): finished ones, and under a staleness bound running ones, whose restart then counts as
+        their one staleness restart (one already restarted for staleness is left as it is); called after
+        the staleness restarts and before the step's new groups arrive."""
 
     def batch_report(self) -> dict[str, Any]:
         """Optional: facts about the batch that just finished (e.g. v2.5's ``l_cut``, ``fast_cap``),

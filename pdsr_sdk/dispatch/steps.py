@@ -27,7 +27,11 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
   (:meth:`StepStream.blocked_by` names those samples; their groups are due, so that end consumes them).
   With :attr:`StepStream.hold_until` set, a step does not end before the version reaches it (a pipelined
   trainer's update for the previous step), so its ages count at the weights the trainer trains with.
-- No starvation: a sample is restarted for staleness at most once. A group holding a restarted
+- At a step's start the policy may name samples of carried groups to generate again (its optional
+  ``on_step_end``): finished ones are regenerated under the new weights (``refreshed``); under a bound,
+  running ones are given their staleness restart a step early (``early_restarts``: v3 picks runaways
+  unlikely to end within their group's last step, whose finished siblings would be restarted with them).
+- No starvation: a sample is restarted for staleness at most once (an early restart is that once). A group holding a restarted
   sample that would be too stale after the next version change is due: the step does not end
   before it completes and consumes it. So with S set every sample is generated at most twice, and
   a group is consumed at most S steps after the version under which its first restarted sample
@@ -69,7 +73,8 @@ class StepRecord:
     ages: dict[int, int]
     #: most steps a consumed group spent in flight (consumed step - launch step)
     max_group_lag: int
-    #: restarts and wasted tokens during the step (all causes), and staleness restarts at its start
+    #: restarts and wasted tokens during the step (all causes), and staleness restarts at its start (the
+    #: early ones included)
     restarts: int
     wasted_tokens: int
     stale_restarts: int
@@ -80,6 +85,9 @@ class StepRecord:
     refreshed: int = 0
     #: the policy version at the step's end, which its token ages count from (the one its groups are trained with)
     version: int = 0
+    #: running samples the policy restarted at the step's start, expecting them to outlive their group's last
+    #: step (``on_step_end``): their staleness restart, a step early (also in ``stale_restarts``)
+    early_restarts: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -168,6 +176,7 @@ class StepStream:
         #: the step does not end before the policy version reaches this (None: no such wait)
         self.hold_until: int | None = None
         self.stale_restarts = 0
+        self.early_restarts = 0
         self.refreshed = 0
         self.stats0 = dict(self.sched.stats)
         self.records: list[StepRecord] = []
@@ -318,9 +327,10 @@ class StepStream:
             restarts=stats["restarts"] - self.stats0.get("restarts", 0),
             wasted_tokens=stats["wasted_tokens"] - self.stats0.get("wasted_tokens", 0),
             stale_restarts=self.stale_restarts, held_s=self.held_s, refreshed=self.refreshed,
-            version=self.end_version))
+            early_restarts=self.early_restarts, version=self.end_version))
         self.stats0 = dict(stats)
         self.stale_restarts = 0
+        self.early_restarts = 0
         self.refreshed = 0
         if self.keep:
             self.consumed.extend(consumed)
@@ -345,10 +355,16 @@ class StepStream:
         choose = getattr(self.run.policy, "on_step_end", None)
         if choose is not None:
             for smp in choose([g for g, _ in self.flying.values()]):
-                if smp.finished and id(smp.group) in self.flying:
+                if id(smp.group) not in self.flying:
+                    continue
+                if smp.finished:
                     self.sched.restart(smp)
                     self.refreshed += 1
                     self.complete.pop(id(smp.group), None)
+                elif self.s is not None and smp.num_generated and not self._restarted(smp):
+                    # the policy expects it to outlive its group's last step: its staleness restart, a step early
+                    self._restart_once(smp)
+                    self.early_restarts += 1
         self.draining = last
         self.launch((self.b if last else self.target) - len(self.flying))
         self.start_s = self.clock.now()
@@ -411,8 +427,12 @@ class StepStream:
                 if self._restarted(s):
                     raise PdsrError(f"step {self.t}: sample {s.key} would be restarted for staleness a second "
                                     f"time (the step should have waited for it; a bug)")
-                self.restarted[id(s)] = s.restarts + 1
-                self.watch[id(group)] = group
-                self.sched.restart(s)
-                self.stale_restarts += 1
+                self._restart_once(s)
                 self.complete.pop(id(group), None)
+
+    def _restart_once(self, s: Sample) -> None:
+        """The sample's one staleness restart: from now on its group is watched (``_due``)."""
+        self.restarted[id(s)] = s.restarts + 1
+        self.watch[id(s.group)] = s.group
+        self.sched.restart(s)
+        self.stale_restarts += 1

@@ -33,7 +33,12 @@ tell:
   fresh RL sample rarely does, and then a restart costs less than the lane's light engines. Until
   that is known, only restarted runaways go there. With the lane off, such a stream asks for segments
   of at least ``stream_segment_tokens``: a segment's end buys little there and re-prefills the
-  context's last partial block.
+  context's last partial block;
+- in such a stream that fills every slot, once restarted runaways are seen not to run away again, a
+  step's start restarts the running samples of groups in their last step (their oldest tokens would
+  be too stale at the next) that are unlikely to end within it (``early_restart``,
+  :mod:`.finish_odds`): restarted at that step's end instead, they would take their finished
+  siblings' tokens with them.
 
 With a probe measured to predict nothing it places work as baseline does: each arrival's groups in
 contiguous chunks per engine (``placement``), so that a group's samples share their prompt's prefix
@@ -46,7 +51,8 @@ its own groups' siblings first (``locality``).
 
 Its settings (one per rule, each with the reason for its default) are in :mod:`.v3_settings`; the
 bookkeeping it reads, with no engines in it, in :mod:`.length_history` (finished lengths, thresholds,
-expected remaining tokens), :mod:`.probe_correlation`, :mod:`.engine_leads` and :mod:`.move_prices`.
+expected remaining tokens), :mod:`.probe_correlation`, :mod:`.engine_leads`, :mod:`.move_prices` and
+:mod:`.finish_odds`.
 """
 
 from __future__ import annotations
@@ -58,8 +64,9 @@ from collections import deque
 
 from pdsr_sdk.dispatch.policy import Policy, contiguous_chunks
 from pdsr_sdk.dispatch.protocols import Engine
-from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
+from pdsr_sdk.dispatch.types import HEAVY, Group, Sample, oldest_version
 from pdsr_sdk.policies.engine_leads import EngineLeads
+from pdsr_sdk.policies.finish_odds import FinishOdds
 from pdsr_sdk.policies.length_history import LengthHistory, unseen_residual
 from pdsr_sdk.policies.move_prices import MovePrices
 from pdsr_sdk.policies.probe_correlation import ProbeCorrelation
@@ -119,6 +126,7 @@ class V3Policy(Policy):
         self.targets_stale = True
         self.total_remaining = 0.0
         self.refreshed: set[Sample] = set()          # samples regenerated at a step's end (each once)
+        self.odds = FinishOdds(config.history, _RATE_QUANTILE)   # can a running sample end within a step
         self.placed: dict[str, dict[int, Group]] = {}  # per engine, groups placed there (their siblings go first)
         self.arriving: dict[Sample, tuple[str, int]] = {}   # moved samples before their first segment on the
         #                                                     target ends -> (target, context tokens to prefill)
@@ -212,13 +220,14 @@ class V3Policy(Policy):
                 self.chunks.setdefault(e.name, deque()).append(s)
 
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
-        """Partial rollout, a step ended: the finished samples of carried groups worth generating again
-        under the new weights (``refresh``). Lengths are compared as time on an engine (a simulated
-        engine reports a running segment's tokens only when it ends; a stopped one's pause is no work)."""
+        """Partial rollout, a step ended: the samples of carried groups worth generating again under the new
+        weights: running ones unlikely to end within their group's last step (``early_restart``), and finished
+        ones (``refresh``). Lengths are compared as time on an engine (a simulated engine reports a running
+        segment's tokens only when it ends; a stopped one's pause is no work)."""
+        out = self._early_restarts(carried)
         if not self.cfg.refresh:
-            return []
+            return out
         now = self.ctx.clock.now()
-        out = []
         for g in carried:
             running = [_engine_time(s, now) for s in g.samples if not s.finished]
             if not running:
@@ -228,6 +237,32 @@ class V3Policy(Policy):
                 if s.finished and _engine_time(s, now) <= bound and s not in self.refreshed:
                     self.refreshed.add(s)
                     out.append(s)
+        return out
+
+    def _early_restarts(self, carried: list[Group]) -> list[Sample]:
+        """Running samples of groups in their last step under the staleness bound (their oldest tokens would be
+        too stale at the next) whose chance to end within a step's tokens (:class:`FinishOdds`) is below
+        ``early_restart_chance``: restarted now, they spare their finished siblings. Only where the stream fills
+        every slot (there thrown-away tokens are time; with free slots a runaway runs faster, and holding a step
+        for its fresh draw cost more) and once restarted runaways were seen not to run away again."""
+        bound = self.ctx.max_staleness
+        if not self.cfg.early_restart or bound is None:
+            return []
+        odds = self.odds
+        odds.step_end((s, s.restarts, s.num_generated, s.finished,
+                       earlier_peak([(x.start_token, x.num_tokens) for x in s.segments]))
+                      for g in carried for s in g.samples)
+        if self.stream_has_room or odds.rate is None or self.recurrence.recurs:
+            return []
+        finished = sorted(self.history.lengths)   # once a step: the snapshot the other rules read stays theirs
+        version = self.ctx.policy_version
+        out = []
+        for g in carried:
+            oldest = min((v for v in map(oldest_version, g.samples) if v is not None), default=None)
+            if oldest is None or version - oldest != bound:
+                continue
+            out.extend(s for s in g.samples if not s.finished and s.num_generated
+                       and odds.chance(s.num_generated, odds.rate, finished) < self.cfg.early_restart_chance)
         return out
 
     def batch_report(self) -> dict:
@@ -731,6 +766,7 @@ class V3Policy(Policy):
 
 
 _MAX_TARGETS_TRIED = 8   # move targets ruled out (_takes) before a move is given up
+_RATE_QUANTILE = 0.9     # of what the samples running across a whole step made: a step's tokens at full speed
 
 
 def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> Sample | None:

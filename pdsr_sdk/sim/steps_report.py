@@ -142,6 +142,7 @@ class StepsReport:
             "off_policy_share": r.off_policy_share, "partial_share": r.partial_share, "max_age": r.max_age,
             "ages": {str(a): n for a, n in r.ages.items()},
             "restarts": r.stats.get("restarts", 0), "stale_restarts": sum(s.stale_restarts for s in r.steps),
+            "early_restarts": sum(s.early_restarts for s in r.steps),
             "wasted_tokens": r.stats.get("wasted_tokens", 0), "tokens": r.tokens,
             "dropped_groups": r.dropped_groups, "dropped_samples": r.dropped_samples,
             "dropped_tokens": r.dropped_tokens, "held_s": sum(s.held_s for s in r.steps),
@@ -154,7 +155,8 @@ class StepsReport:
                        "launched": s.launched, "tokens": s.tokens, "off_policy_tokens": s.off_policy_tokens,
                        "partial_tokens": s.partial_tokens,
                        "ages": {str(a): n for a, n in s.ages.items()}, "max_group_lag": s.max_group_lag,
-                       "restarts": s.restarts, "stale_restarts": s.stale_restarts, "wasted_tokens": s.wasted_tokens,
+                       "restarts": s.restarts, "stale_restarts": s.stale_restarts,
+                       "early_restarts": s.early_restarts, "wasted_tokens": s.wasted_tokens,
                        "held_s": s.held_s} for s in r.steps],
         }
 
@@ -259,8 +261,9 @@ DEFINITIONS = {
     "version": "The policy version at a step's end, which its token ages count from (the weights its groups "
                "are trained with).",
     "ages": "Consumed tokens by age in versions (the step's version - the version of their segment).",
-    "restarts": "Samples restarted (all causes); stale_restarts: those for max_staleness. wasted_tokens: their "
-                "thrown-away tokens.",
+    "restarts": "Samples restarted (all causes); stale_restarts: those for max_staleness; early_restarts: the part "
+                "of those the policy gave a step early, at a step's start, to running samples it expected to outlive "
+                "their group's last step (v3's early_restart). wasted_tokens: their thrown-away tokens.",
     "held_s": "Seconds step ends were held for due groups (a restarted sample about to be too stale again, or "
               "group_deadline).",
     "max_group_lag": "Most steps a consumed group was in flight (consumed step - launch step).",
