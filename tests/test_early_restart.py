@@ -54,16 +54,19 @@ def _trace(seed):
 
 class RecordingV3(V3Policy):
     """v3 noting, for each running sample it names at a step's end: the version then, its group's oldest token's
-    version, and the sample's tokens and recorded length."""
+    version, the sample's tokens and recorded length, and how far its longest finished sibling ran against a
+    step's tokens then."""
 
     simulation_only = True
-    named: list[tuple[int, int, int, int]] = []
+    named: list[tuple[int, int, int, int, bool]] = []
 
     def on_step_end(self, carried):
         out = super().on_step_end(carried)
         for s in out:
             oldest = min(v for v in map(oldest_version, s.group.samples) if v is not None)
-            RecordingV3.named.append((self.ctx.policy_version, oldest, s.num_generated, s.max_tokens))
+            sibling = max((x.num_generated for x in s.group.samples if x.finished), default=0)
+            RecordingV3.named.append((self.ctx.policy_version, oldest, s.num_generated, s.max_tokens,
+                                      sibling <= self.odds.rate))
         return out
 
 
@@ -88,9 +91,11 @@ def test_v3_restarts_runaways_at_the_start_of_their_groups_last_step_sparing_the
     early = sum(s.early_restarts for s in on.steps)
     assert early == len(RecordingV3.named) > 0
     # each was running in its group's last step (the oldest tokens one version old, S = 1), well past the
-    # ~120-token responses, and mostly a runaway (recorded at the 1,500-token cap)
-    assert all(version - oldest == 1 and generated > 300 for version, oldest, generated, _ in RecordingV3.named)
-    assert sum(length == 1500 for *_, length in RecordingV3.named) > early / 2
+    # ~120-token responses, in a group whose finished siblings ran no longer than a step's tokens, and mostly
+    # a runaway (recorded at the 1,500-token cap)
+    assert all(version - oldest == 1 and generated > 300 and short_siblings
+               for version, oldest, generated, _, short_siblings in RecordingV3.named)
+    assert sum(length == 1500 for *_, length, _ in RecordingV3.named) > early / 2
     # every early restart was a sample's first, and it counts among the staleness restarts
     assert sum(s.stale_restarts for s in on.steps) >= early
     assert max(s.restarts for g in on.groups for s in g.samples) <= 1

@@ -4,15 +4,15 @@ Under a staleness bound a group must be consumed before its oldest tokens grow t
 running when the step that is its group's last chance ends is restarted then, and its finished siblings
 with it (their tokens are as old). A runaway that cannot reach its end within that last step is better
 restarted at the step's start: the siblings keep their tokens, and the fresh draw mostly finishes in time.
-v3 asks two things at each step's end, read here from plain numbers:
+v3 asks two things at each step's end, read here from plain numbers over the last few steps:
 
 - how many tokens a sample makes in one step at the load the stream runs at (``rate``): a high quantile
   of what the samples running across the whole last step made;
 - the chance that a sample that has produced ``generated`` tokens ends within ``tokens`` more
-  (:meth:`FinishOdds.chance`): among the finished lengths past ``generated``, the share that ends by
-  ``generated + tokens``, where the samples restarted earlier count as longer than the peak they reached
+  (:meth:`FinishOdds.chance`): among the lengths that finished past ``generated``, the share that ended by
+  ``generated + tokens``, where a sample restarted with more than ``generated`` tokens counts as longer
   (censored: under a staleness bound most runaways never finish, so the finished lengths alone would
-  hide them).
+  hide them). Finished and restarted samples are counted over the same last ``steps`` steps.
 """
 
 from __future__ import annotations
@@ -23,42 +23,47 @@ from collections.abc import Hashable, Iterable
 
 
 class FinishOdds:
-    """Per-step progress of running samples and the lengths restarted samples had reached."""
+    """Per-step progress of running samples, and the lengths that finished or were restarted in the last steps."""
 
-    def __init__(self, maxlen: int, quantile: float) -> None:
+    def __init__(self, steps: int, quantile: float) -> None:
         self.quantile = quantile
-        self.censored: deque[int] = deque(maxlen=maxlen)
+        self.window: deque[tuple[list[int], list[int]]] = deque(maxlen=steps)   # per step: finished, restarted
+        self.finished_sorted: list[int] = []
         self.censored_sorted: list[int] = []
         #: tokens a sample made in the last step (None before two step ends were seen)
         self.rate: int | None = None
-        self._last: dict[Hashable, tuple[int, int]] = {}   # key -> (restarts, generated) at the last step end
+        self._last: dict[Hashable, tuple[int, int, int]] = {}   # key -> (restarts, generated, wasted) then
 
-    def step_end(self, samples: Iterable[tuple[Hashable, int, int, bool, int]]) -> None:
-        """A step ended. ``samples``: (key, restarts, generated, finished, earlier peak) of every sample of the
-        groups going on. A sample restarted since the last step end adds its earlier peak to the censored
-        lengths; one running then and now, in the same generation, adds what it made to the rate."""
+    def step_end(self, samples: Iterable[tuple[Hashable, int, int, bool, int]], finished: Iterable[int]) -> None:
+        """A step ended. ``samples``: (key, restarts, generated, finished, wasted tokens so far) of every sample
+        of the groups going on; ``finished``: the lengths that finished during the step. A sample running at the
+        last step end and restarted since adds the tokens it threw away to the censored lengths; one running
+        then and now, in the same generation, adds what it made to the rate."""
         made = []
-        now: dict[Hashable, tuple[int, int]] = {}
-        for key, restarts, generated, finished, peak in samples:
+        censored = []
+        now: dict[Hashable, tuple[int, int, int]] = {}
+        for key, restarts, generated, done, wasted in samples:
             last = self._last.get(key)
-            if last is not None and restarts > last[0] and peak > 0:
-                self.censored.append(peak)
-            if not finished:
-                now[key] = (restarts, generated)
+            if last is not None and restarts > last[0] and wasted > last[2]:
+                censored.append(wasted - last[2])
+            if not done:
+                now[key] = (restarts, generated, wasted)
                 if last is not None and restarts == last[0]:
                     made.append(generated - last[1])
         self._last = now
-        self.censored_sorted = sorted(self.censored)
+        self.window.append((list(finished), censored))
+        self.finished_sorted = sorted(n for f, _ in self.window for n in f)
+        self.censored_sorted = sorted(n for _, c in self.window for n in c)
         if made:
             made.sort()
             self.rate = made[min(len(made) - 1, int(self.quantile * len(made)))]
 
-    def chance(self, generated: int, tokens: float, finished_sorted: list[int]) -> float:
+    def chance(self, generated: int, tokens: float) -> float:
         """The chance that a sample that has produced ``generated`` tokens ends within ``tokens`` more: the
         finished lengths in (generated, generated + tokens] over those past ``generated`` and the censored
         lengths past it (0 when none is past it: nothing seen that long ever finished)."""
-        i = bisect.bisect_right(finished_sorted, generated)
-        ends = bisect.bisect_right(finished_sorted, generated + tokens) - i
-        longer = len(finished_sorted) - i + len(self.censored_sorted) - bisect.bisect_right(self.censored_sorted,
-                                                                                            generated)
+        fin, cen = self.finished_sorted, self.censored_sorted
+        i = bisect.bisect_right(fin, generated)
+        ends = bisect.bisect_right(fin, generated + tokens) - i
+        longer = len(fin) - i + len(cen) - bisect.bisect_right(cen, generated)
         return ends / longer if longer else 0.0

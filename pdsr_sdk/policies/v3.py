@@ -126,7 +126,8 @@ class V3Policy(Policy):
         self.targets_stale = True
         self.total_remaining = 0.0
         self.refreshed: set[Sample] = set()          # samples regenerated at a step's end (each once)
-        self.odds = FinishOdds(config.history, _RATE_QUANTILE)   # can a running sample end within a step
+        self.odds = FinishOdds(_ODDS_STEPS, _RATE_QUANTILE)   # can a running sample end within a step
+        self.finished_in_step: list[int] = []        # lengths finished since the last step end (early_restart)
         self.placed: dict[str, dict[int, Group]] = {}  # per engine, groups placed there (their siblings go first)
         self.arriving: dict[Sample, tuple[str, int]] = {}   # moved samples before their first segment on the
         #                                                     target ends -> (target, context tokens to prefill)
@@ -242,27 +243,31 @@ class V3Policy(Policy):
     def _early_restarts(self, carried: list[Group]) -> list[Sample]:
         """Running samples of groups in their last step under the staleness bound (their oldest tokens would be
         too stale at the next) whose chance to end within a step's tokens (:class:`FinishOdds`) is below
-        ``early_restart_chance``: restarted now, they spare their finished siblings. Only where the stream fills
-        every slot (there thrown-away tokens are time; with free slots a runaway runs faster, and holding a step
-        for its fresh draw cost more) and once restarted runaways were seen not to run away again."""
+        ``early_restart_chance``: restarted now, they spare their finished siblings. Not in a group whose finished
+        siblings ran longer than a step's tokens (the fresh draw would likely not end in time either). Only where
+        the stream fills every slot (there thrown-away tokens are time; with free slots a runaway runs faster, and
+        holding a step for its fresh draw cost more) and once restarted runaways were seen not to run away again."""
         bound = self.ctx.max_staleness
         if not self.cfg.early_restart or bound is None:
             return []
         odds = self.odds
-        odds.step_end((s, s.restarts, s.num_generated, s.finished,
-                       earlier_peak([(x.start_token, x.num_tokens) for x in s.segments]))
-                      for g in carried for s in g.samples)
+        odds.step_end(((s, s.restarts, s.num_generated, s.finished, s.wasted_tokens) for g in carried for s in g.samples),
+                      self.finished_in_step)
+        self.finished_in_step = []
         if self.stream_has_room or odds.rate is None or self.recurrence.recurs:
             return []
-        finished = sorted(self.history.lengths)   # once a step: the snapshot the other rules read stays theirs
         version = self.ctx.policy_version
         out = []
         for g in carried:
             oldest = min((v for v in map(oldest_version, g.samples) if v is not None), default=None)
             if oldest is None or version - oldest != bound:
                 continue
+            if max((s.num_generated for s in g.samples if s.finished), default=0) > odds.rate:
+                # a prompt of long answers: the fresh draw may not end within the step either, and its finished
+                # siblings would then be restarted a step later with one step less before the group is due
+                continue
             out.extend(s for s in g.samples if not s.finished and s.num_generated
-                       and odds.chance(s.num_generated, odds.rate, finished) < self.cfg.early_restart_chance)
+                       and odds.chance(s.num_generated, odds.rate) < self.cfg.early_restart_chance)
         return out
 
     def batch_report(self) -> dict:
@@ -293,6 +298,8 @@ class V3Policy(Policy):
         self.waiting.discard(sample)
         n = sample.num_generated
         self.history.add(n)
+        if self.ctx.max_staleness is not None and self.cfg.early_restart:
+            self.finished_in_step.append(n)
         self._observe_restarted(sample, finished=True)
         if self.history.seen % 64 == 0:   # (by count: the history stops growing once full)
             self._update_tail_threshold()
@@ -767,6 +774,8 @@ class V3Policy(Policy):
 
 _MAX_TARGETS_TRIED = 8   # move targets ruled out (_takes) before a move is given up
 _RATE_QUANTILE = 0.9     # of what the samples running across a whole step made: a step's tokens at full speed
+_ODDS_STEPS = 4          # steps of finished and restarted lengths the early-restart odds read (at B=512 one step
+#                          finishes ~4,000 samples and the history's 2,048 hold only a few of the long ones)
 
 
 def _waiting_sibling(groups: dict[int, Group] | None, waiting: set[Sample]) -> Sample | None:

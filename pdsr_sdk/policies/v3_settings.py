@@ -198,18 +198,19 @@ class V3Settings(ConfigModel):
                           "restart a running sample of a group in its last step (its oldest tokens would be too stale "
                           "at the next) that is unlikely to end within that step (early_restart_chance), instead of "
                           "at the step's end, when its finished siblings would be restarted with it. It counts as its "
-                          "one staleness restart. Only once the runaways restarted so far did not run away again "
-                          "(a fresh RL sample; a replay repeats them). Seed-002-like streams, B=512, F=0.25, S=2, "
-                          "KV kept, six traces: K=10 steps 0.6-2.2% shorter on all six (0.607-0.629x of on-policy "
-                          "against 0.618-0.634x); K=20 0.9-2.2% shorter on five, 0.1% longer on one, wasted tokens "
-                          "17-34% fewer, partial share within 0.6 points; one in ten of the samples it restarted "
+                          "one staleness restart. Not in a group whose finished siblings ran longer than a step's "
+                          "tokens (its fresh draw may not end in time either), and only once the runaways restarted "
+                          "so far did not run away again (a fresh RL sample; a replay repeats them). Seed-002-like "
+                          "streams, B=512, F=0.25, S=2, KV kept, six traces: K=10 steps 1.4-2.7% shorter on all six "
+                          "(0.603-0.623x of on-policy against 0.618-0.634x); K=20 0.8-2.9% shorter on all six, wasted "
+                          "tokens 14-33% fewer, partial share -0.3 to +0.7 points; 2.2% of the samples it restarted "
                           "would have ended in time (docs/benchmarks.md). B=128 leaves slots free: unchanged.")
     early_restart_chance: float = Field(
         0.25, ge=0, le=1, description="With early_restart: restart a sample whose chance of ending within the next step "
-                                      "is below this: of the finished lengths past what it has produced, and of the "
-                                      "restarted samples that ran longer (most runaways never finish under a bound), "
-                                      "the share that ended within the tokens a sample made in the last step (its "
-                                      "90th percentile).")
+                                      "is below this: over the last four steps, of the lengths that finished past what "
+                                      "it has produced and of the samples restarted with more (most runaways never "
+                                      "finish under a bound), the share that ended within the tokens a sample made in "
+                                      "the last step (its 90th percentile).")
     refresh: bool = Field(
         False, description="Partial rollout: at a step's end, generate again under the new weights the finished samples "
                            "of each carried group that ran no longer than refresh_ratio x the longest time a "
