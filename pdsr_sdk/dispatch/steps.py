@@ -35,9 +35,9 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
   group holding a restarted sample that would be too stale after the next version change is due: the
   step does not end before it completes and consumes it. So with S set every sample is generated at
   most twice, and a group is consumed at most S steps after the version under which its first
-  restarted sample generated its first new token. Without S nothing is restarted. ``group_deadline`` D adds a hard
-  bound: a group launched at step t is due at step t + D. Groups are complete when consumed (GRPO
-  needs all N of a group).
+  restarted sample generated its first new token. Without S nothing is restarted. ``group_deadline``
+  D adds a hard bound: a group launched at step t is due at step t + D. Groups are complete when
+  consumed (GRPO needs all N of a group).
 """
 
 from __future__ import annotations

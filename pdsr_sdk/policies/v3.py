@@ -247,12 +247,12 @@ class V3Policy(Policy):
         siblings ran longer than a step's tokens (the fresh draw would likely not end in time either). Only where
         the stream fills every slot (there thrown-away tokens are time; with free slots a runaway runs faster, and
         holding a step for its fresh draw cost more) and once restarted runaways were seen not to run away again."""
-        bound = self.ctx.max_staleness
-        if not self.cfg.early_restart or bound is None:
+        if not self._tracks_odds():
             return []
+        bound = self.ctx.max_staleness
         odds = self.odds
-        odds.step_end(((s, s.restarts, s.num_generated, s.finished, s.wasted_tokens) for g in carried for s in g.samples),
-                      self.finished_in_step)
+        odds.step_end(((s, s.restarts, s.num_generated, s.finished, s.wasted_tokens)
+                       for g in carried for s in g.samples), self.finished_in_step)
         self.finished_in_step = []
         if self.stream_has_room or odds.rate is None or self.recurrence.recurs:
             return []
@@ -269,6 +269,11 @@ class V3Policy(Policy):
             out.extend(s for s in g.samples if not s.finished and s.num_generated
                        and odds.chance(s.num_generated, odds.rate) < self.cfg.early_restart_chance)
         return out
+
+    def _tracks_odds(self) -> bool:
+        """Whether early restarts may happen here (a stream under a staleness bound, ``early_restart`` on), so
+        that the finish odds are kept."""
+        return self.cfg.early_restart and self.ctx.max_staleness is not None
 
     def batch_report(self) -> dict:
         """What v3 learnt so far: whether it ranks, the probe's measured correlation, the tail threshold,
@@ -298,7 +303,7 @@ class V3Policy(Policy):
         self.waiting.discard(sample)
         n = sample.num_generated
         self.history.add(n)
-        if self.ctx.max_staleness is not None and self.cfg.early_restart:
+        if self._tracks_odds():
             self.finished_in_step.append(n)
         self._observe_restarted(sample, finished=True)
         if self.history.seen % 64 == 0:   # (by count: the history stops growing once full)

@@ -394,7 +394,8 @@ class RolloutSession:
             "policy_version": version, "off_policy_tokens": record.off_policy_tokens,
             "off_policy_share": record.off_policy_share, "partial_tokens": record.partial_tokens,
             "max_token_age": record.max_age, "stale_restarts": record.stale_restarts,
-            "early_restarts": record.early_restarts, "carried_groups": len(stream.flying), "carried_samples": len(self.scheduler.held())}
+            "early_restarts": record.early_restarts, "carried_groups": len(stream.flying),
+            "carried_samples": len(self.scheduler.held())}
         result = self._step_result(report, version)
         result.summary.update(report.step)
         result.record = record
