@@ -201,16 +201,21 @@ class V3Settings(ConfigModel):
                           "one staleness restart. Not in a group whose finished siblings ran longer than a step's "
                           "tokens (its fresh draw may not end in time either), and only once the runaways restarted "
                           "so far did not run away again (a fresh RL sample; a replay repeats them). Seed-002-like "
-                          "streams, B=512, F=0.25, S=2, KV kept, six traces: K=10 steps 1.4-2.7% shorter on all six "
-                          "(0.603-0.623x of on-policy against 0.618-0.634x); K=20 0.8-2.9% shorter on all six, wasted "
-                          "tokens 14-33% fewer, partial share -0.3 to +0.7 points; 2.2% of the samples it restarted "
-                          "would have ended in time (docs/benchmarks.md). B=128 leaves slots free: unchanged.")
+                          "streams, B=512, S=2, KV kept, K=10, the search within 10% partial tokens, nine traces: "
+                          "0.598-0.625x of on-policy against 0.614-0.635x without; K=20, F=0.25, six traces: mean "
+                          "steady step 31.80 s against 32.78 s without (docs/benchmarks.md). B=128 leaves slots free: "
+                          "unchanged.")
     early_restart_chance: float = Field(
-        0.25, ge=0, le=1, description="With early_restart: restart a sample whose chance of ending within the next step "
+        0.75, ge=0, le=1, description="With early_restart: restart a sample whose chance of ending within the next step "
                                       "is below this: over the last four steps, of the lengths that finished past what "
                                       "it has produced and of the samples restarted with more (most runaways never "
                                       "finish under a bound), the share that ended within the tokens a sample made in "
-                                      "the last step (its 90th percentile).")
+                                      "the last step (its 90th percentile). Unless a sample is likely to end, its "
+                                      "restart now costs less than waiting: its fresh draw mostly ends within the "
+                                      "step, and a miss restarts its siblings and holds a later step. K=20, six "
+                                      "seed-002-like traces, mean steady step: 0.25 32.21 s, 0.5 31.91 s, 0.75 31.80 "
+                                      "s, 1 31.74 s; uncapped answers among the restarted 2.2% at 0.25, 2.6% at 0.75 "
+                                      "(docs/benchmarks.md).")
     refresh: bool = Field(
         False, description="Partial rollout: at a step's end, generate again under the new weights the finished samples "
                            "of each carried group that ran no longer than refresh_ratio x the longest time a "
