@@ -59,10 +59,13 @@ class RecordingV3(V3Policy):
 
     simulation_only = True
     named: list[tuple[int, int, int, int, bool]] = []
+    #: per named sample, the verdict on restarted runaways by then: (known, whether they run away again)
+    verdicts: list[tuple[bool, bool]] = []
 
     def on_step_end(self, carried):
         out = super().on_step_end(carried)
         for s in out:
+            RecordingV3.verdicts.append((self.recurrence.known, self.recurrence.recurs))
             oldest = min(v for v in map(oldest_version, s.group.samples) if v is not None)
             sibling = max((x.num_generated for x in s.group.samples if x.finished), default=0)
             RecordingV3.named.append((self.ctx.policy_version, oldest, s.num_generated, s.max_tokens,
@@ -70,11 +73,12 @@ class RecordingV3(V3Policy):
         return out
 
 
-def _v3(seed, restart_lengths="redraw", slots=8, **settings):
+def _v3(seed, restart_lengths="redraw", slots=8, staleness=1, **settings):
     name = f"{__name__}:RecordingV3"
     RecordingV3.named = []
+    RecordingV3.verdicts = []
     profile = dict(max_num_seqs=slots, kv_cache_tokens=65536, block_size=16)
-    cfg = small_cfg(policy=name, max_staleness=1, restart_lengths=restart_lengths, steps=20, batch_size=16,
+    cfg = small_cfg(policy=name, max_staleness=staleness, restart_lengths=restart_lengths, steps=20, batch_size=16,
                     profiles={"fast": profile, "heavy": profile},
                     policy_settings={name: {"lane_evidence": 2, **settings}})
     return run_steps(_trace(seed), cfg, name, 0.5, keep_groups=True)
@@ -82,14 +86,15 @@ def _v3(seed, restart_lengths="redraw", slots=8, **settings):
 
 @pytest.mark.parametrize("seed", [2, 3])
 def test_v3_restarts_runaways_at_the_start_of_their_groups_last_step_sparing_their_siblings(seed):
-    """A stream that fills every slot (8 a engine), fresh draws: once restarted runaways are seen not to run away
-    again, v3 restarts the runaways of groups in their last step at its start (their finished siblings keep their
-    tokens); nothing is lost, nothing restarted twice, and no token is older than S."""
+    """A stream that fills every slot (8 a engine), fresh draws: v3 restarts the runaways of groups in their last step
+    at its start (their finished siblings keep their tokens), the first ones before any restarted runaway has been
+    seen; nothing is lost, nothing restarted twice, and no token is older than S."""
     off = _v3(seed, early_restart=False)
     assert sum(s.early_restarts for s in off.steps) == 0 and not RecordingV3.named
     on = _v3(seed)
     early = sum(s.early_restarts for s in on.steps)
     assert early == len(RecordingV3.named) > 0
+    assert not any(known and recurs for known, recurs in RecordingV3.verdicts)
     # each was running in its group's last step (the oldest tokens one version old, S = 1), well past the
     # ~120-token responses, in a group whose finished siblings ran no longer than a step's tokens, and mostly
     # a runaway (recorded at the 1,500-token cap)
@@ -102,9 +107,31 @@ def test_v3_restarts_runaways_at_the_start_of_their_groups_last_step_sparing_the
     assert on.max_age <= 1 and off.max_age <= 1
 
 
-@pytest.mark.parametrize("restart_lengths, slots", [("replay", 8), ("redraw", 64)], ids=["replay", "room"])
-def test_v3_restarts_nothing_early_where_restarts_repeat_runaways_or_the_stream_leaves_slots_free(restart_lengths,
-                                                                                                  slots):
-    run = _v3(2, restart_lengths=restart_lengths, slots=slots)
+@pytest.mark.parametrize("seed", [2, 4])
+def test_v3_restarts_the_first_groups_runaways_early_before_any_restart_was_seen(seed):
+    """S = 2: the stream's first groups reach their last step at step 2, before any restarted runaway has been seen
+    (no verdict on whether restarts repeat them). v3 restarts their runaways at that step's start; left to their
+    groups' staleness restart a step later, their finished siblings would be restarted with them. Here every
+    staleness restart is such an early one: no sibling's tokens were thrown away."""
+    run = _v3(seed, staleness=2)
+    assert RecordingV3.verdicts[0] == (False, True)
+    early = [s.early_restarts for s in run.steps]
+    assert early[:3] == [0, 0, 1]
+    assert [s.stale_restarts for s in run.steps] == early
+    assert max(s.restarts for g in run.groups for s in g.samples) <= 1 and run.max_age <= 2
+
+
+def test_v3_restarts_nothing_early_where_the_stream_leaves_slots_free():
+    run = _v3(2, slots=64)
     assert sum(s.early_restarts for s in run.steps) == 0 and not RecordingV3.named
     assert sum(s.stale_restarts for s in run.steps) > 0    # there were runaways to restart
+
+
+def test_v3_restarts_nothing_early_once_restarted_runaways_are_seen_to_run_away_again():
+    """A replay repeats every runaway it restarts: once two outcomes are in (lane_evidence), the verdict says they
+    recur (the tail lane is on) and v3 names nothing more; what it named before then was named without a verdict."""
+    run = _v3(2, restart_lengths="replay")
+    facts = run.policy_facts
+    assert facts["tail_lane"] and facts["restarted_runaways"] >= 2 and facts["recurred"] >= facts["restarted_runaways"] / 2
+    assert not any(known and recurs for known, recurs in RecordingV3.verdicts)
+    assert sum(s.stale_restarts for s in run.steps) > 0

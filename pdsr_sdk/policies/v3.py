@@ -34,7 +34,7 @@ tell:
   that is known, only restarted runaways go there. With the lane off, such a stream asks for segments
   of at least ``stream_segment_tokens``: a segment's end buys little there and re-prefills the
   context's last partial block;
-- in such a stream that fills every slot, once restarted runaways are seen not to run away again, a
+- in such a stream that fills every slot, unless restarted runaways are seen to run away again, a
   step's start restarts the running samples of groups in their last step (their oldest tokens would
   be too stale at the next) that are unlikely to end within it (``early_restart``,
   :mod:`.finish_odds`): restarted at that step's end instead, they would take their finished
@@ -246,7 +246,9 @@ class V3Policy(Policy):
         ``early_restart_chance``: restarted now, they spare their finished siblings. Not in a group whose finished
         siblings ran longer than a step's tokens (the fresh draw would likely not end in time either). Only where
         the stream fills every slot (there thrown-away tokens are time; with free slots a runaway runs faster, and
-        holding a step for its fresh draw cost more) and once restarted runaways were seen not to run away again."""
+        holding a step for its fresh draw cost more), and not once restarted runaways are seen to run away again (a
+        replay). Before that verdict they may: a stream's first groups reach their last step before any restart
+        was seen, and waiting restarted them whole a step later, siblings and all."""
         if not self._tracks_odds():
             return []
         bound = self.ctx.max_staleness
@@ -254,7 +256,7 @@ class V3Policy(Policy):
         odds.step_end(((s, s.restarts, s.num_generated, s.finished, s.wasted_tokens)
                        for g in carried for s in g.samples), self.finished_in_step)
         self.finished_in_step = []
-        if self.stream_has_room or odds.rate is None or self.recurrence.recurs:
+        if self.stream_has_room or odds.rate is None or (self.recurrence.known and self.recurrence.recurs):
             return []
         version = self.ctx.policy_version
         out = []

@@ -199,12 +199,15 @@ class V3Settings(ConfigModel):
                           "at the next) that is unlikely to end within that step (early_restart_chance), instead of "
                           "at the step's end, when its finished siblings would be restarted with it. It counts as its "
                           "one staleness restart. Not in a group whose finished siblings ran longer than a step's "
-                          "tokens (its fresh draw may not end in time either), and only once the runaways restarted "
-                          "so far did not run away again (a fresh RL sample; a replay repeats them). Seed-002-like "
+                          "tokens (its fresh draw may not end in time either), and not once the runaways restarted "
+                          "so far are seen to run away again (a replay repeats them; a fresh RL sample rarely does). "
+                          "Before that verdict it may: a stream's first groups reach their last step before any "
+                          "restart was seen. Seed-002-like "
                           "streams, B=512, S=2, KV kept, K=10, the search within 10% partial tokens, nine traces: "
-                          "0.598-0.625x of on-policy against 0.614-0.635x without; K=20, F=0.25, six traces: mean "
-                          "steady step 31.80 s against 32.78 s without (docs/benchmarks.md). B=128 leaves slots free: "
-                          "unchanged.")
+                          "0.593-0.625x of on-policy against 0.614-0.635x without (sixteen: 0.593-0.625x); K=20, "
+                          "F=0.25, six traces: mean 0.607x of on-policy, 0.610x while early restarts waited for the "
+                          "verdict (mean steady step then 31.80 s against 32.78 s without) (docs/benchmarks.md). "
+                          "B=128 leaves slots free: unchanged.")
     early_restart_chance: float = Field(
         0.75, ge=0, le=1, description="With early_restart: restart a sample whose chance of ending within the next step "
                                       "is below this: over the last four steps, of the lengths that finished past what "
