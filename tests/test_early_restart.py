@@ -10,6 +10,7 @@ import pytest
 from pdsr_sdk.dispatch.steps import kept_segments
 from pdsr_sdk.dispatch.types import oldest_version
 from pdsr_sdk.policies.v3 import V3Policy
+from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.steps import run_steps
 from pdsr_sdk.traces import LengthTrace, synth_trace
 from test_sim_steps import small_cfg, unit_cfg
@@ -63,6 +64,7 @@ class RecordingV3(V3Policy):
     verdicts: list[tuple[bool, bool]] = []
 
     def on_step_end(self, carried):
+        RecordingV3.instance = self
         out = super().on_step_end(carried)
         for s in out:
             RecordingV3.verdicts.append((self.recurrence.known, self.recurrence.recurs))
@@ -135,3 +137,23 @@ def test_v3_restarts_nothing_early_once_restarted_runaways_are_seen_to_run_away_
     assert facts["tail_lane"] and facts["restarted_runaways"] >= 2 and facts["recurred"] >= facts["restarted_runaways"] / 2
     assert not any(known and recurs for known, recurs in RecordingV3.verdicts)
     assert sum(s.stale_restarts for s in run.steps) > 0
+
+
+def test_v3_releases_every_runaway_it_held_on_a_lane_engine():
+    """A stream that fills every slot under S = 2, before the verdict on restarted runaways (the lane is on): a
+    finished sample restarted for staleness runs where it last ran, outside v3's books, and may be held there as a
+    runaway; held, it may then move. Every hold ends where it began: the run completes, every sample v3 still holds
+    is unfinished, and each lane engine counts exactly the runaways it holds (the hold of such a sample used to be
+    released from the engine it moved to: a KeyError, or a lane engine kept light for good)."""
+    name = f"{__name__}:RecordingV3"
+    profile = dict(max_num_seqs=64, kv_cache_tokens=65536)
+    cfg = SimulateConfig(policy=name, fast=3, heavy=1, batch_size=32, steps=8, max_staleness=2, timeline=False,
+                         profiles={"fast": profile, "heavy": profile})
+    run = run_steps(synth_trace(groups=400, n=8, seed=2), cfg, name, 0.25)
+    policy = RecordingV3.instance
+    assert len(run.steps) == 8 and run.stats["restarts"] > 0
+    assert all(not s.finished for s in policy.runaways)
+    counts: dict[str, int] = {}
+    for engine in policy.runaways.values():
+        counts[engine] = counts.get(engine, 0) + 1
+    assert {n: c for n, c in policy.runaways_on.items() if c} == counts

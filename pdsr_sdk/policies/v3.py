@@ -107,7 +107,7 @@ class V3Policy(Policy):
         self.tail_threshold = math.inf
         self.lane_threshold = math.inf
         self.lane_names: set[str] = set()
-        self.runaways: set[Sample] = set()           # samples past the lane threshold on a lane engine
+        self.runaways: dict[Sample, str] = {}        # samples past the lane threshold -> the lane engine holding them
         self.runaways_on: dict[str, int] = {}        # such samples per lane engine
         self.recurrence = RunawayRecurrence(config.lane_evidence, config.lane_recurrence)
         self.by_name: dict[str, Engine] = {}
@@ -498,6 +498,11 @@ class V3Policy(Policy):
         self._note_progress(s)
 
     def _unplace(self, s: Sample) -> None:
+        # a runaway's hold ends wherever it was booked, or if it was not (a finished sample restarted for
+        # staleness runs where it last ran, outside these books, and may be held there)
+        held = self.runaways.pop(s, None)
+        if held is not None and held in self.runaways_on:
+            self.runaways_on[held] -= 1
         name = self.engine_of.pop(s, None)
         if name is None:
             return
@@ -509,9 +514,6 @@ class V3Policy(Policy):
             if s in self.tail:
                 self.tail_on[name] -= 1
             self._push_engine(name)
-        if s in self.runaways:
-            self.runaways.discard(s)
-            self.runaways_on[name] -= 1
         self.total_remaining -= length - gen
         self.total_assigned -= 1
 
@@ -737,7 +739,7 @@ class V3Policy(Policy):
 
     def _hold_runaway(self, s: Sample, name: str) -> None:
         """``s`` runs on lane engine ``name`` past the lane threshold: the engine stays light while it does."""
-        self.runaways.add(s)
+        self.runaways[s] = name
         self.runaways_on[name] = self.runaways_on.get(name, 0) + 1
 
     def _steal_groups(self, engine: Engine) -> None:
