@@ -1,6 +1,7 @@
 """v3's early restarts read :class:`~pdsr_sdk.policies.finish_odds.FinishOdds`: the tokens a sample makes in a
 step, and the chance that a sample ends within so many more tokens, the restarted ones counted as longer than
-they ran, over the last few steps. Each read is held to a plain loop over the same numbers."""
+they ran (over the last few steps) and so are the ones still running. Each read is held to a plain loop over
+the same numbers."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import pytest
 from pdsr_sdk.policies.finish_odds import FinishOdds
 
 
-def loop_chance(generated, tokens, finished, censored):
+def loop_chance(generated, tokens, finished, censored, running):
     ends = longer = 0
     for n in finished:
         if n > generated:
             longer += 1
             ends += n <= generated + tokens
     longer += sum(1 for c in censored if c > generated)
+    longer += sum(1 for r in running if r > generated)
     return ends / longer if longer else 0.0
 
 
@@ -59,7 +61,7 @@ def test_chance_and_rate_match_a_plain_loop(seed):
         assert odds.censored_sorted == sorted(cen) and odds.finished_sorted == sorted(fin)
         for _ in range(50):
             g, t = rng.randrange(0, 4096), rng.randrange(0, 2000)
-            assert odds.chance(g, t) == pytest.approx(loop_chance(g, t, fin, cen))
+            assert odds.chance(g, t) == pytest.approx(loop_chance(g, t, fin, cen, list(gen.values())))
 
 
 def test_a_finished_sample_leaves_and_a_sample_seen_once_tells_no_rate():
@@ -77,3 +79,19 @@ def test_a_finished_sample_leaves_and_a_sample_seen_once_tells_no_rate():
     odds.step_end([("c", 0, 900, False, 0)], [])
     odds.step_end([("c", 0, 1300, False, 0)], [])
     assert odds.censored_sorted == [] and odds.finished_sorted == []   # both left the two-step window
+
+
+def test_a_runaway_whose_like_has_not_ended_yet_is_not_certain_to_end():
+    """Early in a stream only lengths shorter than the time run so far can have finished: every one finished past
+    1,000 ended by 1,300. Two samples still running past 1,500 say that lengths run longer than that."""
+    odds = FinishOdds(steps=4, quantile=0.5)
+    odds.step_end([("a", 0, 800, False, 0), ("b", 0, 700, False, 0), ("c", 0, 600, False, 0)], [])
+    odds.step_end([("a", 0, 1600, False, 0), ("b", 0, 1500, False, 0), ("c", 0, 1400, False, 0)], [1100, 1300])
+    assert odds.running_sorted == [1400, 1500, 1600]
+    # past 1,000: 1,100 and 1,300 ended within 400 more; a, b and c are still running, longer
+    assert odds.chance(1000, 400) == pytest.approx(2 / 5)
+    # past 1,450 only the two running ones are known, neither ended
+    assert odds.chance(1450, 1000) == 0.0
+    odds.step_end([("a", 0, 2400, False, 0), ("b", 0, 1500, True, 0), ("c", 0, 1400, True, 0)], [1500, 1400])
+    assert odds.running_sorted == [2400]                       # finished samples leave the running ones
+    assert odds.chance(1450, 100) == 0.5                       # past 1,450: 1,500 ended; a, at 2,400, runs on

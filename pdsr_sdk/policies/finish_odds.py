@@ -12,7 +12,10 @@ v3 asks two things at each step's end, read here from plain numbers over the las
   (:meth:`FinishOdds.chance`): among the lengths that finished past ``generated``, the share that ended by
   ``generated + tokens``, where a sample restarted with more than ``generated`` tokens counts as longer
   (censored: under a staleness bound most runaways never finish, so the finished lengths alone would
-  hide them). Finished and restarted samples are counted over the same last ``steps`` steps.
+  hide them), and so does a sample still running with more than ``generated`` at the last step end (early in
+  a stream only lengths shorter than the time it has run can have finished: without the running ones a
+  runaway whose like has not ended yet would look certain to end). Finished and restarted samples are
+  counted over the same last ``steps`` steps; the running ones as they were at the last step end.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class FinishOdds:
         self.window: deque[tuple[list[int], list[int]]] = deque(maxlen=steps)   # per step: finished, restarted
         self.finished_sorted: list[int] = []
         self.censored_sorted: list[int] = []
+        self.running_sorted: list[int] = []   # what each sample still running at the last step end had made
         #: tokens a sample made in the last step (None before two step ends were seen)
         self.rate: int | None = None
         self._last: dict[Hashable, tuple[int, int, int]] = {}   # key -> (restarts, generated, wasted) then
@@ -38,7 +42,8 @@ class FinishOdds:
         """A step ended. ``samples``: (key, restarts, generated, finished, wasted tokens so far) of every sample
         of the groups going on; ``finished``: the lengths that finished during the step. A sample running at the
         last step end and restarted since adds the tokens it threw away to the censored lengths; one running
-        then and now, in the same generation, adds what it made to the rate."""
+        then and now, in the same generation, adds what it made to the rate. Each sample running now is known
+        to be longer than what it has made."""
         made = []
         censored = []
         now: dict[Hashable, tuple[int, int, int]] = {}
@@ -51,6 +56,7 @@ class FinishOdds:
                 if last is not None and restarts == last[0]:
                     made.append(generated - last[1])
         self._last = now
+        self.running_sorted = sorted(generated for _, generated, _ in now.values())
         self.window.append((list(finished), censored))
         self.finished_sorted = sorted(n for f, _ in self.window for n in f)
         self.censored_sorted = sorted(n for _, c in self.window for n in c)
@@ -60,10 +66,11 @@ class FinishOdds:
 
     def chance(self, generated: int, tokens: float) -> float:
         """The chance that a sample that has produced ``generated`` tokens ends within ``tokens`` more: the
-        finished lengths in (generated, generated + tokens] over those past ``generated`` and the censored
-        lengths past it (0 when none is past it: nothing seen that long ever finished)."""
-        fin, cen = self.finished_sorted, self.censored_sorted
+        finished lengths in (generated, generated + tokens] over those past ``generated``, the censored lengths
+        past it and the running samples past it (0 when none is past it: nothing seen that long ever finished)."""
+        fin, cen, run = self.finished_sorted, self.censored_sorted, self.running_sorted
         i = bisect.bisect_right(fin, generated)
         ends = bisect.bisect_right(fin, generated + tokens) - i
-        longer = len(fin) - i + len(cen) - bisect.bisect_right(cen, generated)
+        longer = (len(fin) - i + len(cen) - bisect.bisect_right(cen, generated)
+                  + len(run) - bisect.bisect_right(run, generated))
         return ends / longer if longer else 0.0

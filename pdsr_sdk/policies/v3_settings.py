@@ -204,20 +204,21 @@ class V3Settings(ConfigModel):
                           "Before that verdict it may: a stream's first groups reach their last step before any "
                           "restart was seen. Seed-002-like "
                           "streams, B=512, S=2, KV kept, K=10, the search within 10% partial tokens, nine traces: "
-                          "0.593-0.625x of on-policy against 0.614-0.635x without (sixteen: 0.593-0.625x); K=20, "
-                          "F=0.25, six traces: mean 0.607x of on-policy, 0.610x while early restarts waited for the "
-                          "verdict (mean steady step then 31.80 s against 32.78 s without) (docs/benchmarks.md). "
-                          "B=128 leaves slots free: unchanged.")
+                          "0.591-0.614x of on-policy (twenty-two: 0.591-0.615x), 0.614-0.635x without early restarts "
+                          "when first measured; K=20, F=0.25, six traces: mean 0.6025x of on-policy, 0.607x before "
+                          "the odds counted running samples, 0.610x while early restarts waited for the verdict "
+                          "(docs/benchmarks.md). B=128 leaves slots free: unchanged.")
     early_restart_chance: float = Field(
         0.75, ge=0, le=1, description="With early_restart: restart a sample whose chance of ending within the next step "
-                                      "is below this: over the last four steps, of the lengths that finished past what "
-                                      "it has produced and of the samples restarted with more (most runaways never "
-                                      "finish under a bound), the share that ended within the tokens a sample made in "
-                                      "the last step (its 90th percentile). Unless a sample is likely to end, its "
+                                      "is below this: of the lengths that finished past what it has produced in the "
+                                      "last four steps, of the samples restarted with more then (most runaways never "
+                                      "finish under a bound) and of those still running with more (early in a stream "
+                                      "only short lengths can have finished), the share that ended within the tokens a "
+                                      "sample made in the last step (its 90th percentile). Unless a sample is likely to end, its "
                                       "restart now costs less than waiting: its fresh draw mostly ends within the "
-                                      "step, and a miss restarts its siblings and holds a later step. K=20, six "
-                                      "seed-002-like traces, mean steady step: 0.25 32.21 s, 0.5 31.91 s, 0.75 31.80 "
-                                      "s, 1 31.74 s; uncapped answers among the restarted 2.2% at 0.25, 2.6% at 0.75 "
+                                      "step, and a miss restarts its siblings and holds a later step. K=20, F=0.25, "
+                                      "six seed-002-like traces, mean steady step / on-policy: 0.25 0.6107x, 0.5 "
+                                      "0.6063x, 0.75 0.6025x, 1 0.6015x (10.0% partial tokens against 9.9%) "
                                       "(docs/benchmarks.md).")
     refresh: bool = Field(
         False, description="Partial rollout: at a step's end, generate again under the new weights the finished samples "
