@@ -4,6 +4,8 @@ their last step that are unlikely to end within it (``early_restart``)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -153,7 +155,4 @@ def test_v3_releases_every_runaway_it_held_on_a_lane_engine():
     policy = RecordingV3.instance
     assert len(run.steps) == 8 and run.stats["restarts"] > 0
     assert all(not s.finished for s in policy.runaways)
-    counts: dict[str, int] = {}
-    for engine in policy.runaways.values():
-        counts[engine] = counts.get(engine, 0) + 1
-    assert {n: c for n, c in policy.runaways_on.items() if c} == counts
+    assert {n: c for n, c in policy.runaways_on.items() if c} == Counter(policy.runaways.values())

@@ -499,7 +499,8 @@ class V3Policy(Policy):
 
     def _unplace(self, s: Sample) -> None:
         # a runaway's hold ends wherever it was booked, or if it was not (a finished sample restarted for
-        # staleness runs where it last ran, outside these books, and may be held there)
+        # staleness runs where it last ran, outside these books, and may be held there); that engine may have
+        # been lost since (on_engine_lost drops its count)
         held = self.runaways.pop(s, None)
         if held is not None and held in self.runaways_on:
             self.runaways_on[held] -= 1
