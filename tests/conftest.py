@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
@@ -11,13 +9,8 @@ from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
 # Before anything imports vLLM: CPU KV cache, loopback sockets, quiet logs.
 apply_cpu_defaults()
 
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-HAVE_RAY = importlib.util.find_spec("ray") is not None
+from support import HAVE_TORCH  # noqa: E402  (after the vLLM environment is set)
 
-requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (install the 'cpu' or 'gpu' extra)")
-requires_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (install the 'torch' or 'cpu' extra)")
-requires_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (install the 'ray' extra)")
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +48,3 @@ def engine_loop():
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=30)
 
-
-def run_on(loop, coro, timeout: float = 900):
-    """Run ``coro`` on ``loop`` (another thread) and return its result."""
-    import asyncio
-
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)

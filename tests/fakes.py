@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import zlib
 
+from pdsr_sdk.dispatch.clock import VirtualClock
+from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
+from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad
 from pdsr_sdk.errors import EngineError
+from pdsr_sdk.policies import POLICIES
+from pdsr_sdk.rollout.data import PromptRecord, build_groups
+from workloads import LENGTHS
 
 
 def token_at(prompt_id: str, sample_index: int, i: int) -> int:
@@ -153,3 +159,52 @@ class LoopEngine(FakeEngine):
                      token_time=0.0002)
         engine.spec = spec
         return engine
+
+
+# One batch of a controlled workload through a policy on fake engines: the scheduler's and the
+# policies' tests share it.
+
+def records(lengths=LENGTHS):
+    return [PromptRecord(pid, f"prompt {pid}", [1, 2, 3 + i], target_lengths=list(ls))
+            for i, (pid, ls) in enumerate(lengths.items())]
+
+
+def run_fakes(policy, settings=None, *, fast=1, heavy=1, conc=4, token_time=0.01, lengths=LENGTHS, seg=None,
+              natural=None, sampling=None, before=None, until=None):
+    """Run ``lengths`` (forced, per prompt) through ``policy`` on ``fast`` + ``heavy`` fake engines in virtual
+    time; ``before(clock, engines, sched)`` runs first. Returns groups, scheduler, engines, done, fatal."""
+    clock = VirtualClock()
+    engines = [FakeEngine(f"fast-{i}", "fast", clock, max_concurrency=conc, token_time=token_time,
+                          lengths=natural) for i in range(fast)]
+    engines += [FakeEngine(f"heavy-{i}", "heavy", clock, max_concurrency=conc, token_time=token_time,
+                           lengths=natural) for i in range(heavy)]
+    cls = POLICIES.get(policy)
+    cfg = cls.config_model(**(settings or {}))
+    fatal = []
+    dispatch = DispatchRun(engines, cls, cfg, clock, sampling or SamplingConfig(n=4, max_tokens=1000),
+                           seg or SegmentConfig(min_tokens=16, max_tokens=64), on_fatal=fatal.append)
+    sched = dispatch.scheduler
+    groups = build_groups(records(lengths), len(next(iter(lengths.values()))), 1000)
+    done = []
+    if before:
+        before(clock, engines, sched)
+    dispatch.start_batch(groups, lambda: done.append(clock.now()))
+    clock.run(until=lambda: bool(done) or bool(fatal) or (until and until()))
+    return groups, sched, engines, done, fatal
+
+
+def by_key(groups):
+    return {(g.prompt_id, s.index): s for g in groups for s in g.samples}
+
+
+def assert_complete(groups, lengths=LENGTHS, truncated=None):
+    truncated = truncated or {}
+    for g in groups:
+        assert len(g.samples) == len(lengths[g.prompt_id])
+        for s in g.samples:
+            assert s.finished, s.key
+            want = truncated.get((g.prompt_id, s.index), lengths[g.prompt_id][s.index])
+            assert s.num_generated == want, s.key
+            assert s.token_ids == [token_at(g.prompt_id, s.index, i) for i in range(want)], s.key
+            assert len(s.logprobs) == want
+            assert sum(seg.num_tokens for seg in s.segments) - s.wasted_tokens == want

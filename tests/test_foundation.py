@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -14,8 +13,8 @@ from pdsr_sdk.config import ConfigModel, load_config
 from pdsr_sdk.config.catalog import config_models, render_schemas
 from pdsr_sdk.errors import ConfigError, PdsrError
 from pdsr_sdk.registry import Registry
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "numba", "ray", "matplotlib", "transformers", "pyarrow.parquet")
 
 

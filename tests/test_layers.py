@@ -22,7 +22,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 
 LAYERS = {
     "pdsr_sdk": 0, "errors": 0, "config": 0, "registry": 0, "lazy": 0, "progress": 0, "io": 0, "parent_watch": 0, "environ": 0,

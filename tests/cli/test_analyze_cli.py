@@ -1,0 +1,130 @@
+"""`pdsr analyze`: flags -> config -> SDK report; JSON, tables and plots on disk; clean errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from support import ROOT
+from pdsr_cli.main import cli
+from pdsr_sdk.analysis import AnalyzeConfig, analyze_trace
+from pdsr_sdk.traces import read_trace, synth_trace, write_trace_jsonl
+
+EXAMPLE = ROOT / "examples" / "traces" / "synth_256x8.jsonl"
+PLOTS = {"lengths_hist.png", "probe_vs_later.png", "cv_hist.png"}
+
+
+def _run(*args: str):
+    return CliRunner().invoke(cli, ["analyze", *args])
+
+
+def test_analyze_example_writes_report_tables_and_plots(tmp_path):
+    out = tmp_path / "out"
+    result = _run(str(EXAMPLE), "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "analysis.json").read_text())
+    want = analyze_trace(read_trace(EXAMPLE))
+    for key in ("trace", "cv", "spearman", "top_k_recall", "safe_rate", "false_negatives", "batch_capture",
+                "dispatch_v25"):
+        assert report[key] == want[key], key
+    assert {Path(p).name for p in report["plots"]} == PLOTS
+    assert {p.name for p in out.iterdir()} == PLOTS | {"analysis.json"}
+    # the printed tables carry the report's numbers
+    assert "256 groups x 8 samples" in result.output
+    assert f"{100 * want['top_k_recall']['mean']:.1f}%" in result.output
+    assert "30.7%" in result.output and "46.98% of 464" in result.output  # reference column at the defaults
+    heavy = want["dispatch_v25"]["heavy"]
+    assert any(line.startswith("heavy (offloaded)") and f" {heavy} " in line for line in result.output.splitlines())
+
+
+def test_flags_override_config_file_and_reach_the_report(tmp_path):
+    cfg = tmp_path / "analyze.yaml"
+    cfg.write_text("top_k: 0.05\nfn_length: 300\nbatch_prompts: 8\nplots: false\n")
+    json_path = tmp_path / "r" / "report.json"
+    result = _run(str(EXAMPLE), "--config", str(cfg), "--top-k", "0.2", "--cv-ddof", "0", "--cap-mult", "2",
+                  "--dispatch-batch-prompts", "32", "--json", str(json_path))
+    assert result.exit_code == 0, result.output
+    report = json.loads(json_path.read_text())
+    expected_cfg = AnalyzeConfig(top_k=0.2, fn_length=300, batch_prompts=8, plots=False, cv_ddof=0, cap_mult=2,
+                                 dispatch_batch_prompts=32)
+    assert report["config"] == expected_cfg.model_dump()
+    assert report["top_k_recall"]["k"] == 51            # floor(0.2 * 256)
+    assert report["false_negatives"]["length"] == 300
+    assert report["batch_capture"]["batches"] == 32     # 256 / 8
+    assert report["dispatch_v25"]["batches"] == 8       # 256 / 32
+    assert report["cv"] == analyze_trace(read_trace(EXAMPLE), expected_cfg)["cv"]
+    assert report["plots"] == [] and not list(json_path.parent.glob("*.png"))
+    # the study's reference numbers are shown only next to statistics computed with its settings
+    assert "30.7%" not in result.output and "63%" not in result.output and "0.29 / 1.18" not in result.output
+
+
+def test_plots_go_next_to_the_json_by_default(tmp_path):
+    json_path = tmp_path / "deep" / "a.json"
+    result = _run(str(EXAMPLE), "--json", str(json_path))
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in json_path.parent.iterdir()} == PLOTS | {"a.json"}
+
+
+def test_analyze_trajectories_parquet(tmp_path):
+    trace = synth_trace(groups=40, n=4, seed=3)
+    x = trace.matrix()
+    rows = [(trace.prompt_ids[g], j, int(trace.prompt_lens[g]), int(x[g, j]))
+            for j in range(4) for g in range(40)]  # sample-major order: grouping must undo it
+    cols = list(zip(*rows))
+    path = tmp_path / "traj.parquet"
+    pq.write_table(pa.table({"prompt_id": pa.array(cols[0]), "sample_index": pa.array(cols[1], pa.int32()),
+                             "prompt_length": pa.array(cols[2], pa.int32()),
+                             "response_length": pa.array(cols[3], pa.int32())}), path)
+    result = _run(str(path), "--no-plots", "--out-dir", str(tmp_path / "o"))
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "o" / "analysis.json").read_text())
+    want = analyze_trace(trace)
+    assert report["spearman"] == want["spearman"] and report["dispatch_v25"] == want["dispatch_v25"]
+
+
+@pytest.mark.parametrize("make, args, needle", [
+    (None, ["--top-k", "1.5"], "top_k: Input should be less than or equal to 1"),
+    (None, ["--cap-mult", "0"], "cap_mult: Input should be greater than 0"),
+    ("missing", [], "does not exist"),
+    ("ragged", [], "analysis needs the same number of samples in every group"),
+    ("single", [], "at least 2 samples per group"),
+])
+def test_errors_are_clean(tmp_path, make, args, needle):
+    path = EXAMPLE
+    if make == "missing":
+        path = tmp_path / "nope.jsonl"
+    elif make in ("ragged", "single"):
+        path = tmp_path / f"{make}.jsonl"
+        lines = [{"prompt_id": "a", "prompt_len": 1, "lengths": [1] if make == "single" else [1, 2]},
+                 {"prompt_id": "b", "prompt_len": 1, "lengths": [3] if make == "single" else [3, 4, 5]}]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = _run(str(path), "--no-plots", "--out-dir", str(tmp_path / "o"), *args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o" / "analysis.json").exists()
+
+
+def test_help_lists_flags_with_defaults():
+    result = CliRunner().invoke(cli, ["analyze", "--help"])
+    assert result.exit_code == 0
+    for flag, default in (("--top-k", "0.1"), ("--safe-k", "0.2"), ("--fn-length", "512"),
+                          ("--batch-prompts", "16"), ("--capture-top", "3"), ("--offload-frac", "0.2"),
+                          ("--cap-mult", "1.5")):
+        assert flag in result.output and f"[default: {default}]" in result.output
+    assert "--no-plots" in result.output and "--json" in result.output and "--out-dir" in result.output
+
+
+def test_round_trip_through_trace_synth_and_analyze(tmp_path):
+    trace_path = tmp_path / "t.jsonl"
+    assert CliRunner().invoke(cli, ["trace", "synth", "--groups", "64", "--seed", "5", "--out",
+                                    str(trace_path)]).exit_code == 0
+    write_trace_jsonl(synth_trace(groups=64, seed=5), tmp_path / "sdk.jsonl")
+    assert trace_path.read_text() == (tmp_path / "sdk.jsonl").read_text()
+    result = _run(str(trace_path), "--no-plots", "--out-dir", str(tmp_path / "o"))
+    assert result.exit_code == 0, result.output

@@ -1,0 +1,307 @@
+"""Bad input and resumed runs: each case gives a clear error (naming the flag, file, row or key) before any work
+starts, and leaves what is already on disk unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from support import ROOT
+from pdsr_cli.main import cli
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def failed(result, *needles):
+    """The command failed cleanly (exit 2, one error line, no traceback) and its message has every needle."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "error: " in result.output.lower()
+    for needle in needles:
+        assert str(needle) in result.output, (needle, result.output)
+    return result.output
+
+
+def snapshot(*paths):
+    return {p: p.read_bytes() for p in paths}
+
+
+# --------------------------------------------------------------------------- pdsr gae
+
+@pytest.fixture()
+def gae_input(tmp_path):
+    rows = [{"rewards": [0.0, 1.0], "values": [0.5, 0.25], "response_mask": [1, 1]} for _ in range(3)]
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path, rows
+
+
+@pytest.mark.parametrize("column, value, where", [
+    ("rewards", float("nan"), "row 1 token 1 is nan"),
+    ("values", float("inf"), "row 1 token 1 is inf"),
+])
+def test_gae_non_finite_rewards_or_values_name_the_row(tmp_path, gae_input, column, value, where):
+    path, rows = gae_input
+    rows[1][column][1] = value
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    out = tmp_path / "out.parquet"
+    failed(invoke("gae", "--data", path, "--out", out, "--whiten"), "in.parquet", repr(column), where, "finite")
+    assert not out.exists()
+
+
+def test_gae_scalar_nan_reward_names_the_row(tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist([{"rewards": r, "values": [0.0, 0.0], "response_mask": [1, 1]}
+                                         for r in (1.0, 0.0, float("nan"))]), path)
+    failed(invoke("gae", "--data", path, "--out", tmp_path / "o.parquet"), "'rewards' row 2 is nan")
+
+
+def test_gae_existing_out_needs_overwrite(tmp_path, gae_input):
+    path, _ = gae_input
+    out = tmp_path / "out.parquet"
+    out.write_bytes(b"an earlier result")
+    failed(invoke("gae", "--data", path, "--out", out), str(out), "already exists", "--overwrite")
+    assert out.read_bytes() == b"an earlier result"
+    assert invoke("gae", "--data", path, "--out", out, "--overwrite").exit_code == 0
+    assert pq.read_table(out).column_names[-2:] == ["advantages", "returns"]
+
+
+def test_gae_unwritable_out_fails_before_computing(tmp_path, gae_input, monkeypatch):
+    from pdsr_sdk.gae import table
+
+    path, _ = gae_input
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a folder must be")
+    monkeypatch.setattr(table, "read_table", lambda *a, **k: pytest.fail("read the input before checking --out"))
+    failed(invoke("gae", "--data", path, "--out", blocker / "out.parquet"), "--out", "blocker", "is a file")
+    failed(invoke("gae", "--data", path, "--out", tmp_path), "--out", "is a directory")
+    assert blocker.read_text() == "a file where a folder must be"
+
+
+# --------------------------------------------------------------------------- --set POLICY:KEY=VALUE
+
+TRACE = "examples/traces/synth_256x8.jsonl"
+
+
+@pytest.mark.parametrize("flag", ["--set", "--policy-set"])
+@pytest.mark.parametrize("item, what", [("v2:steal=false", "policy 'v2' is not selected"),
+                                        ("v9:steal=false", "policy 'v9' is not a known policy")])
+def test_simulate_setting_for_a_policy_not_selected(flag, item, what):
+
+    trace = ROOT / TRACE
+    out = failed(invoke("simulate", "--trace", trace, "--policy", "v3,v2.5", "--no-references", flag, item,
+                        "--num-batches", 1, "--quiet"), f"{flag} {item.split('=')[0]}", what)
+    assert "the selected policies are v3, v2.5" in out
+
+
+def test_rollout_setting_for_a_policy_not_selected(tmp_path):
+    out = tmp_path / "o.parquet"
+    failed(invoke("rollout", "--policy", "v3", "--set", "v2.5:cap_multiplier=2", "--out", out),
+           "--set v2.5:cap_multiplier: policy 'v2.5' is not selected; the selected policy is v3")
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- pdsr rollout
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture()
+def prompts(tmp_path):
+    return write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"q{i}", "prompt": f"What is {i}+1?", "answer": str(i + 1)}
+                                                    for i in range(5)])
+
+
+@pytest.fixture()
+def fake_run(tmp_path, tiny_model_dir):
+    """A config running on fake engines (no vLLM): flags after it make a whole, fast ``pdsr rollout``."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
+    return ["rollout", "--quiet", "--config", cfg]
+
+
+@pytest.fixture()
+def no_engines(monkeypatch):
+    """Engines must not start: every case below fails before."""
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    async def refuse(self, **_):
+        raise AssertionError("engines started before the input was checked")
+
+    monkeypatch.setattr(RolloutSession, "start", refuse)
+
+
+def test_resume_with_overwrite_is_an_error(prompts, tmp_path, no_engines):
+    out = tmp_path / "o.parquet"
+    out.write_bytes(b"an earlier run")
+    failed(invoke("rollout", "--data", prompts, "--out", out, "--resume", "--overwrite"),
+           "--resume and --overwrite", "conflict", "pass one of them")
+    assert out.read_bytes() == b"an earlier run"
+
+
+def test_unwritable_out_fails_before_engines_start(prompts, tmp_path, no_engines):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file")
+    failed(invoke("rollout", "--data", prompts, "--out", blocker / "o.parquet"),
+           "--out (output.path)", "blocker", "is a file, not a folder")
+    failed(invoke("rollout", "--data", prompts, "--out", tmp_path / "o.parquet", "--summary", blocker / "s.json"),
+           "--summary (output.summary_path)", "is a file, not a folder")
+    failed(invoke("rollout", "--data", prompts, "--out", prompts), "--out and --data are the same file")
+    assert blocker.read_text() == "a file" and not (tmp_path / "o.parquet").exists()
+
+
+def test_every_policys_output_is_checked_before_the_first_run(prompts, tmp_path, no_engines):
+    (tmp_path / "o.v2.5.parquet").mkdir()
+    failed(invoke("rollout", "--data", prompts, "--policy", "v3,v2.5", "--out", tmp_path / "o.parquet"),
+           "o.v2.5.parquet: is a folder")
+
+
+def _earlier_run(tmp_path, n=2, metadata=None):
+    """Trajectories of an interrupted run (parts on disk): prompts q0, q1 in batch 0, group size ``n``."""
+    from test_rollout_parts import _rows
+
+    from pdsr_sdk.dispatch.trajectory import trajectory_schema
+    from pdsr_sdk.rollout.writer import TrajectoryWriter
+
+    out = tmp_path / "o.parquet"
+    w = TrajectoryWriter(out, trajectory_schema(), flush_groups=1, metadata=metadata)
+    for pid in ("q0", "q1"):
+        w.add_group(_rows(pid, n))
+    return out, snapshot(*sorted((tmp_path / "o.parquet.parts").iterdir()))
+
+
+def test_resume_with_another_group_size_names_the_key(prompts, tmp_path, no_engines):
+    out, before = _earlier_run(tmp_path, n=2)   # written before settings were recorded: n from group_size
+    failed(invoke("rollout", "--data", prompts, "--out", out, "--resume", "--n", 4),
+           "o.parquet: --resume continues a run made with other settings", "sampling.n (--n) is 4 now but was 2",
+           "--overwrite")
+    assert snapshot(*before) == before
+
+
+def test_resume_with_another_policy_and_model_names_each_key(prompts, tmp_path, no_engines, tiny_model_dir):
+    from pdsr_sdk.rollout.resume import METADATA_KEY
+
+    then = {"policy": "v2.5", "model": "Qwen2.5-7B", "sampling.n": 8}
+    out, before = _earlier_run(tmp_path, n=8, metadata={METADATA_KEY: json.dumps(then)})
+    msg = failed(invoke("rollout", "--data", prompts, "--out", out, "--resume", "--n", 8, "--policy", "v3"),
+                 "policy (--policy) is 'v3' now but was 'v2.5'", "model (--model) is")
+    assert "was 'Qwen2.5-7B'" in msg and "sampling.n" not in msg
+    assert snapshot(*before) == before
+
+
+def test_resume_goes_on_numbering_and_summarises_the_whole_run(prompts, tmp_path, fake_run):
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "o.parquet"
+    first = invoke(*fake_run, "--data", prompts, "--out", out, "--batch-size", 2, "--num-batches", 1)
+    assert first.exit_code == 0, first.output
+    before = out.read_bytes()
+    second = invoke(*fake_run, "--data", prompts, "--out", out, "--batch-size", 2, "--resume")
+    assert second.exit_code == 0, second.output
+    assert "5 groups, 10 samples (2 groups from before the resume)" in second.output
+    rows = pq.read_table(out).to_pylist()
+    assert {r["prompt_id"]: r["batch_index"] for r in rows} == {"q0": 0, "q1": 0, "q2": 1, "q3": 1, "q4": 2}
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert [(b["batch_index"], b["groups"]) for b in summary["batches"]] == [(0, 2), (1, 2), (2, 1)]
+    assert summary["groups"] == 5 and summary["tokens"] == sum(r["response_length"] for r in rows) == 80
+    # what the first run wrote is in the result unchanged
+    old = pq.read_table(pa.BufferReader(before)).to_pylist()
+    assert [r for r in rows if r["prompt_id"] in ("q0", "q1")] == old
+
+
+def test_overwrite_keeps_the_old_output_until_the_run_writes(prompts, tmp_path, fake_run):
+    out = tmp_path / "o.parquet"
+    assert invoke(*fake_run, "--data", prompts, "--out", out, "--limit", 1).exit_code == 0
+    before = out.read_bytes()
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": 7}])
+    failed(invoke(*fake_run, "--data", bad, "--out", out, "--overwrite"), "bad.jsonl", "'prompt'", "is int64",
+           "expected text")
+    assert out.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- columns
+
+def load(tmp_path, tiny_model_dir, rows, **cfg):
+    from pdsr_sdk.rollout.config import DataConfig
+    from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
+
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return load_prompts(DataConfig(**cfg), load_tokenizer(tiny_model_dir), path=path)
+
+
+VERL = [{"data_source": "math", "prompt": [{"role": "user", "content": f"What is {i}+1?"}],
+         "reward_model": {"ground_truth": str(i + 1), "style": "rule"}, "extra_info": {"index": 10 + i}}
+        for i in range(2)]
+
+
+def test_verl_layout_is_found_without_flags(tmp_path, tiny_model_dir):
+    recs = load(tmp_path, tiny_model_dir, VERL)
+    assert [r.ground_truth for r in recs] == ["1", "2"] and "What is 1+1?" in recs[1].text
+    recs = load(tmp_path, tiny_model_dir, VERL, id_column="extra_info.index")
+    assert [r.prompt_id for r in recs] == ["10", "11"]
+
+
+@pytest.mark.parametrize("prompt", ["input", "context_messages"])
+def test_openrlhf_columns_are_found_without_flags(tmp_path, tiny_model_dir, prompt):
+    rows = [{prompt: "What is 2+2?" if prompt == "input" else [{"role": "user", "content": "What is 2+2?"}],
+             "label": "4"}]
+    recs = load(tmp_path, tiny_model_dir, rows)
+    assert recs[0].ground_truth == "4" and "What is 2+2?" in recs[0].text
+
+
+def test_a_struct_ground_truth_column_asks_for_a_dotted_path(tmp_path, tiny_model_dir):
+    from pdsr_sdk.errors import DataError
+
+    with pytest.raises(DataError, match=r"column 'reward_model' \(data.ground_truth_column, --ground-truth-column\) "
+                                        r"is struct.*e.g. --ground-truth-column reward_model.ground_truth"):
+        load(tmp_path, tiny_model_dir, VERL, ground_truth_column="reward_model")
+    with pytest.raises(DataError, match=r"column 'reward_model' has no field 'answer' \(fields: ground_truth, style\)"):
+        load(tmp_path, tiny_model_dir, VERL, ground_truth_column="reward_model.answer")
+
+
+def test_non_finite_ground_truth_names_the_row(tmp_path, tiny_model_dir):
+    from pdsr_sdk.errors import DataError
+
+    with pytest.raises(DataError, match=r"data.parquet: row 1: column 'answer' is nan; expected a finite number"):
+        load(tmp_path, tiny_model_dir, [{"prompt": "a", "answer": 1.5}, {"prompt": "b", "answer": float("nan")}])
+
+
+def test_a_list_id_column_is_the_wrong_type(tmp_path, tiny_model_dir):
+    from pdsr_sdk.errors import DataError
+
+    with pytest.raises(DataError, match=r"column 'id' \(data.id_column, --id-column\) is list<.*int64>; "
+                                        r"expected a string or integer id"):
+        load(tmp_path, tiny_model_dir, [{"prompt": "a", "id": [1]}])
+
+
+# --------------------------------------------------------------------------- the model's context
+
+def test_max_tokens_beyond_the_context_names_the_flag(prompts, tmp_path, tiny_model_dir, no_engines):
+    failed(invoke("rollout", "--data", prompts, "--model", tiny_model_dir, "--max-tokens", 9000,
+                  "--out", tmp_path / "o.parquet"),
+           "--max-tokens (sampling.max_tokens) is 9000 but the context is 8192 tokens",
+           "max_position_embeddings in", "config.json")
+
+
+def test_a_long_prompt_names_its_row_or_is_skipped_and_counted(tmp_path, fake_run):
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "What is 1+1?"}, {"prompt": "word " * 400},
+                                              {"prompt": "What is 2+2?"}])
+    out = tmp_path / "o.parquet"
+    failed(invoke(*fake_run, "--data", data, "--out", out), "p.jsonl: row 1 (prompt id 'row-1')",
+           "exceed the context of 256 tokens (engines[0].max_model_len)", "1 row(s) in all", "--skip-long")
+    assert not out.exists()
+    r = invoke(*fake_run, "--data", data, "--out", out, "--skip-long")
+    assert r.exit_code == 0, r.output
+    assert "2 groups" in r.output and "1 prompts longer than the context skipped" in r.output
+    assert json.loads((tmp_path / "o.summary.json").read_text())["skipped_long"] == 1
+    assert set(pq.read_table(out).column("prompt_id").to_pylist()) == {"row-0", "row-2"}

@@ -1,0 +1,391 @@
+"""What a user sees: status lines, --quiet, progress in a log file, the printed summary, and the prompt flags
+--system-prompt / --instruction (issue 15, item 4)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from support import ROOT, requires_vllm
+from pdsr_cli.main import cli
+
+
+
+# -- progress in a log file ---------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_plain_bar_writes_whole_lines_at_an_interval_and_at_the_end():
+    from pdsr_sdk.progress import PlainBar
+
+    out, clock = io.StringIO(), Clock()
+    bar = PlainBar("samples", total=10, unit="sample", file=out, interval_s=5.0, clock=clock)
+    for _ in range(4):
+        clock.t += 1.0
+        bar.update(1)
+    assert out.getvalue() == ""                      # under the interval: nothing yet
+    clock.t += 1.0
+    bar.update(1)                                    # 5 s: one line
+    bar.set_postfix_str("2 moves")
+    clock.t += 5.0
+    bar.update(5)
+    bar.close()
+    bar.close()                                      # once only
+    assert out.getvalue().splitlines() == ["samples: 5/10 (50%), 1 sample/s, 5 s",
+                                           "samples: 10/10 (100%), 1 sample/s, 10 s, 2 moves",
+                                           "samples: 10/10 (100%), 1 sample/s, 10 s, 2 moves"]
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_stderr_progress_is_plain_lines_unless_stderr_is_a_terminal(monkeypatch):
+    from pdsr_sdk.progress import PlainBar, stderr_progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert isinstance(stderr_progress("x", total=3), PlainBar)
+    monkeypatch.setattr(sys, "stderr", Tty())
+    bar = stderr_progress("x", total=3)
+    assert not isinstance(bar, PlainBar) and type(bar).__module__.startswith("tqdm")
+    bar.close()
+
+
+# -- the printed summary ------------------------------------------------------------------------------
+
+def summary(**over):
+    from pdsr_sdk.dispatch.run import STAT_KEYS
+    from pdsr_sdk.rollout.run import RolloutSummary
+
+    stats = {k: 0 for k in STAT_KEYS}
+    stats.update(probes=8, moves=3)
+    batch = {"batch_index": 0, "groups": 4, "makespan_s": 2.0, "tokens": 500, "tokens_per_s": 250.0,
+             "l_cut": None, "fast_cap": None, **{k: 0 for k in STAT_KEYS}, "policy": {}, "reward_sum": 1.0,
+             "rewarded_samples": 16}
+    base = dict(policy="v3", model="m", output="o.parquet", groups=8, samples=32, skipped_groups=0,
+                batches=[batch, {**batch, "batch_index": 1, "moves": 3, "reward_sum": 0.0}], makespan_s=4.0,
+                tokens=1000, tokens_per_s=250.0, engine_busy_fraction={"fast-0": 0.91, "heavy-0": 0.5},
+                stats=stats, reward_mean=1 / 32, rewarded_samples=32)
+    return RolloutSummary(**{**base, **over})
+
+
+def test_rollout_summary_leads_with_what_matters_and_hides_zero_counters():
+    from pdsr_cli.commands.rollout import render_summary
+
+    text = render_summary(summary())
+    lines = text.splitlines()
+    assert lines[0] == "policy v3: makespan 4.00 s, 250.0 tokens/s, reward mean 0.031"
+    assert lines[1] == "counters: probes 8, moves 3"
+    assert "engines busy: fast-0 91%, heavy-0 50%" in lines
+    table = text[text.index("batch_index"):]
+    header = table.splitlines()[0].split()
+    assert header == ["batch_index", "groups", "makespan_s", "tokens_per_s", "reward_mean", "tokens", "moves"]
+    for zero in ("steals", "breaks", "restarts", "wasted_tokens", "offloaded_prompts", "l_cut", "engines_lost"):
+        assert zero not in text
+    # no reward function: no reward anywhere; one batch: no batch table
+    one = render_summary(summary(reward_mean=None, rewarded_samples=0, batches=summary().batches[:1],
+                                 stats={"probes": 0, "moves": 0}))
+    assert one.splitlines()[0] == "policy v3: makespan 4.00 s, 250.0 tokens/s"
+    assert "counters" not in one and "reward" not in one and "batch_index" not in one
+
+
+def test_a_multi_step_summary_shows_each_steps_off_policy_columns():
+    """``pdsr rollout --steps``: the step table adds the off-policy share, partial tokens, oldest token age,
+    staleness restarts and carried groups of each step (the step summary's keys); a batch run has none."""
+    from pdsr_cli.commands.rollout import STEP_COLUMNS, render_summary
+
+    base = summary()
+    step = {"off_policy_share": 0.25, "partial_tokens": 40, "max_token_age": 1, "stale_restarts": 2,
+            "carried_groups": 1}
+    text = render_summary(summary(batches=[{**b, **step, "batch_index": i} for i, b in enumerate(base.batches)]))
+    table = text[text.index("batch_index"):].splitlines()
+    header = table[0].split()
+    assert header[-len(STEP_COLUMNS) - 1:] == [*STEP_COLUMNS, "moves"]
+    assert table[2].split()[6:11] == ["0.25", "40", "1", "2", "1"]
+    assert not any(c in render_summary(base) for c in STEP_COLUMNS)
+
+
+def test_summary_json_keeps_every_key():
+    from pdsr_sdk.dispatch.run import STAT_KEYS
+
+    data = json.loads(summary().to_json())
+    assert set(STAT_KEYS) <= set(data["stats"]) and data["stats"]["steals"] == 0
+    assert data["reward_mean"] == pytest.approx(1 / 32) and data["rewarded_samples"] == 32
+    assert {"l_cut", "fast_cap", "steals", "reward_sum"} <= set(data["batches"][0])
+
+
+def test_format_table_hides_only_the_named_empty_columns():
+    from pdsr_cli.common import format_table
+
+    rows = [{"policy": "a", "moves": 0, "steals": 2, "tail": 0.0}, {"policy": "b", "moves": 0, "steals": 0, "tail": 0.0}]
+    header = format_table(rows, hide_empty=("moves", "steals")).splitlines()[0].split()
+    assert header == ["policy", "steals", "tail"]
+
+
+# -- status lines and a whole run on fake engines (no vLLM: fast) --------------------------------------
+
+def fake_config(tmp_path, tiny_model_dir) -> Path:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
+    return cfg
+
+
+def test_session_reports_engine_start_through_on_status(tmp_path, tiny_model_dir):
+    from pdsr_sdk.config import load_config
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    session = RolloutSession(load_config(RolloutConfig, fake_config(tmp_path, tiny_model_dir)))
+    seen: list[str] = []
+    session.hooks.on_status.append(seen.append)
+    with session:
+        session.step(["What is 1+1?"])
+    assert seen[0] == f"starting 1 engine (1 fast; model {Path(tiny_model_dir).name}) ..."
+    assert re.fullmatch(r"engines ready in \d+\.\d s", seen[1]) and len(seen) == 2
+
+
+def test_cli_run_in_a_log_file_on_fake_engines(tmp_path, tiny_model_dir):
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(fake_config(tmp_path, tiny_model_dir)),
+                                 "--out", str(tmp_path / "o.parquet"), "--n", "2", "--batch-size", "2"])
+    assert r.exit_code == 0, r.output
+    assert "\r" not in r.output and "\x1b[" not in r.output                  # CliRunner's stderr is no terminal
+    assert "pdsr: starting 1 engine (1 fast; model " in r.output and "pdsr: engines ready in " in r.output
+    assert re.search(r"^samples: (\d+)/\1 \(100%\), .* sample/s, \d+ s$", r.output, re.M), r.output
+    q = CliRunner().invoke(cli, ["rollout", "--config", str(fake_config(tmp_path, tiny_model_dir)), "--quiet",
+                                 "--out", str(tmp_path / "o.parquet"), "--overwrite"])
+    assert q.exit_code == 0 and "samples:" not in q.output and "pdsr: engines ready in " in q.output
+
+
+# -- --quiet ------------------------------------------------------------------------------------------
+
+def test_quiet_mode_sets_the_engine_environment_and_restores_it(monkeypatch):
+    import logging
+
+    from pdsr_cli.quiet import QUIET_ENV, output_mode
+    from pdsr_sdk.errors import PdsrDeprecationWarning
+
+    for key in QUIET_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    before = logging.getLogger("vllm").level
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with output_mode(quiet=True):
+            assert {k: os.environ[k] for k in QUIET_ENV} == QUIET_ENV     # engine processes inherit these
+            assert logging.getLogger("vllm").getEffectiveLevel() == logging.ERROR
+            assert logging.getLogger("vllm.triton_utils.importing").getEffectiveLevel() == logging.ERROR
+            warnings.warn("third-party noise", UserWarning)
+            warnings.warn("old key", PdsrDeprecationWarning)
+        warnings.warn("after", UserWarning)
+    assert [str(w.message) for w in seen] == ["old key", "after"]
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO" and "PDSR_QUIET" not in os.environ
+    assert logging.getLogger("vllm").level == before
+
+
+def test_quiet_engine_args_turn_off_the_weight_loading_bar():
+    from pdsr_cli.quiet import quiet_engine_args
+    from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+
+    cfg = quiet_engine_args(RolloutConfig(engine_defaults={"engine_args": {"enable_chunked_prefill": True}}))
+    assert cfg.engine_defaults["engine_args"] == {"use_tqdm_on_load": False, "enable_chunked_prefill": True}
+    cfg = quiet_engine_args(RolloutConfig(engines=[EngineSpec(name="a", pool="fast", engine_args={"use_tqdm_on_load": True}),
+                                                   EngineSpec(name="b", pool="fast"), EngineSpec(name="c", pool="heavy", backend="sim")]))
+    assert [e.engine_args for e in cfg.engines] == [{"use_tqdm_on_load": True}, {"use_tqdm_on_load": False}, {}]
+
+
+def test_long_running_commands_take_quiet():
+    for name in ("rollout", "simulate", "score", "gae"):
+        r = CliRunner().invoke(cli, [name, "--help"])
+        assert r.exit_code == 0 and "--quiet" in r.output and "status lines" in r.output, name
+
+
+# -- --system-prompt and --instruction ----------------------------------------------------------------
+
+def test_system_prompt_and_instruction_on_text_and_chat_prompts(tiny_model_dir):
+    from pdsr_sdk.errors import DataError
+    from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
+    from pdsr_sdk.rollout.data import add_system_and_instruction, load_tokenizer, prompt_records
+
+    math = INSTRUCTIONS["math"]
+    assert math == "Please reason step by step, and put your final answer within \\boxed{}."
+    cfg = DataConfig(system_prompt="Be brief.", instruction="math")
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "What is 2+2? "}]
+    assert add_system_and_instruction(chat, cfg) == [
+        {"role": "system", "content": "Be brief."}, chat[0], chat[1],
+        {"role": "user", "content": f"What is 2+2?\n{math}"}]
+    assert chat[2]["content"] == "What is 2+2? "                       # the caller's messages are not changed
+    tok = load_tokenizer(tiny_model_dir)
+    text, chat_rec = prompt_records(["What is 1+1?", chat], cfg, tok)
+    assert text.text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 1+1?\n" + math)
+    assert chat_rec.text.count("<|im_start|>system") == 1 and f"What is 2+2?\n{math}<|im_end|>" in chat_rec.text
+    plain = prompt_records(["What is 1+1?"], DataConfig(system_prompt="Be brief.", instruction="math",
+                                                         apply_chat_template=False), tok)[0]
+    assert plain.text == f"Be brief.\n\nWhat is 1+1?\n{math}"
+    # a prompt with its own system message: an error, not a silent choice
+    with pytest.raises(DataError, match=r"prompts\[0\]: the prompt already has a system message and "
+                                        r"data.system_prompt \(--system-prompt\)"):
+        prompt_records([[{"role": "system", "content": "S"}, {"role": "user", "content": "x"}]], cfg, tok)
+    assert "system\nS" in prompt_records([[{"role": "system", "content": "S"}, {"role": "user", "content": "x"}]],
+                                         DataConfig(instruction="math"), tok)[0].text
+    with pytest.raises(DataError, match=r"prompts\[0\]: data.instruction \(--instruction\) 'math'.*roles: system"):
+        prompt_records([[{"role": "system", "content": "S"}]], DataConfig(instruction="math"), tok)
+
+
+def test_unknown_instruction_lists_the_valid_names(tmp_path, tiny_model_dir):
+    r = CliRunner().invoke(cli, ["rollout", "--instruction", "maths", "--out", str(tmp_path / "o.parquet")])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "data.instruction" in r.output and "unknown instruction 'maths'; valid names: math" in r.output
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("data:\n  instruction: boxed\n")
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--out", str(tmp_path / "o.parquet")])
+    assert r.exit_code == 2 and "run.yaml" in r.output and "data.instruction" in r.output and "math" in r.output
+
+
+def test_resume_must_keep_the_instruction(tmp_path):
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.resume import RESUME_KEYS, run_settings
+
+    assert RESUME_KEYS["data.instruction"] == "--instruction" and RESUME_KEYS["data.system_prompt"] == "--system-prompt"
+    assert run_settings(RolloutConfig(data={"instruction": "math"}), "m")["data.instruction"] == "math"
+
+
+# -- a real run, its output captured as a log file would be -------------------------------------------
+
+#: two `pdsr rollout` runs in one process (one import of vLLM and torch: half the time of two processes), each
+#: with stdout and stderr on files at the descriptor level, as `pdsr ... > out 2> log` has them. The --quiet run
+#: goes first: vLLM's import-time warnings (Triton on the CPU build) come with the first engine.
+DRIVER = """
+import json, os, sys
+from pdsr_cli.main import cli
+
+def run(args, out_path, err_path):
+    saved = os.dup(1), os.dup(2)
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            cli.main(args, standalone_mode=False)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+
+if __name__ == "__main__":
+    for args, out_path, err_path in json.loads(sys.argv[1]):
+        run(args, out_path, err_path)
+"""
+
+
+@pytest.fixture(scope="module")
+def rollout_runs(tiny_model_dir, tmp_path_factory):
+    """The same small run with --quiet, then as a log file sees it (stderr not a terminal):
+    ``(work dir, {"quiet": (stdout, stderr), "log": (stdout, stderr)})``."""
+    work = tmp_path_factory.mktemp("cli_output")
+    data = work / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(4)))
+    common = ["rollout", "--policy", "baseline", "--model", str(tiny_model_dir), "--data", str(data), "--n", "2",
+              "--batch-size", "2", "--max-tokens", "16", "--system-prompt", "Be brief.", "--instruction", "math",
+              "--overwrite"]
+    runs = [(common + ["--out", str(work / f"{name}.parquet")] + (["--quiet"] if name == "quiet" else []),
+             str(work / f"{name}.stdout"), str(work / f"{name}.stderr")) for name in ("quiet", "log")]
+    (work / "driver.py").write_text(DRIVER)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(work / "driver.py"), json.dumps(runs)], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=900)
+    outputs = {name: ((work / f"{name}.stdout").read_text() if (work / f"{name}.stdout").exists() else "",
+                      (work / f"{name}.stderr").read_text() if (work / f"{name}.stderr").exists() else "")
+               for name in ("quiet", "log")}
+    assert proc.returncode == 0, (proc.stderr[-3000:], outputs)
+    return work, outputs
+
+
+@requires_vllm
+@pytest.mark.vllm
+def test_log_file_gets_status_lines_and_plain_progress(rollout_runs):
+    _, outputs = rollout_runs
+    err = outputs["log"][1]
+    assert "\r" not in err and "\x1b[" not in err                   # no redraws, no cursor codes
+    assert re.search(r"^pdsr: starting \d+ vLLM engines? \(\d+ fast.*; model tiny-qwen2\S*\) \.\.\.$", err, re.M), err
+    assert re.search(r"^pdsr: engines ready in \d+\.\d s$", err, re.M), err
+    assert re.search(r"^samples: 8/8 \(100%\), .* sample/s, \d+ s$", err, re.M), err
+    assert "Loading safetensors checkpoint shards" not in err      # vLLM's bar redraws: off in a log
+
+
+@requires_vllm
+@pytest.mark.vllm
+def test_printed_summary_leads_and_json_keeps_every_key(rollout_runs):
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.dispatch.run import STAT_KEYS
+    from pdsr_sdk.rollout.config import INSTRUCTIONS
+
+    work, outputs = rollout_runs
+    stdout = outputs["log"][0]
+    out = stdout.splitlines()
+    assert re.fullmatch(r"policy baseline: makespan \d+\.\d\d s, \d+\.\d tokens/s, reward mean \d\.\d{3}", out[0])
+    assert not any(re.search(r" 0\b", line) for line in out if line.startswith("counters:"))
+    assert "4 groups, 8 samples, " in stdout
+    for zero in ("steals", "moves", "restarts", "engines_lost", "offloaded"):
+        assert zero not in stdout
+    data = json.loads((work / "log.summary.json").read_text())
+    assert set(STAT_KEYS) - {"samples_finished", "tokens_generated"} <= set(data["stats"])
+    assert data["stats"]["steals"] == 0 and data["rewarded_samples"] == 8 and 0.0 <= data["reward_mean"] <= 1.0
+    rows = pq.read_table(work / "log.parquet", columns=["prompt_text"]).to_pylist()
+    assert all(r["prompt_text"].startswith("<|im_start|>system\nBe brief.<|im_end|>") for r in rows)
+    assert all(f"+1?\n{INSTRUCTIONS['math']}<|im_end|>" in r["prompt_text"] for r in rows)
+
+
+@requires_vllm
+@pytest.mark.vllm
+def test_quiet_keeps_only_pdsr_lines(rollout_runs):
+    _, outputs = rollout_runs
+    stdout, stderr = outputs["quiet"]
+    lines = stderr.splitlines()
+    assert lines and all(line.startswith("pdsr: ") for line in lines), stderr[-3000:]   # no vLLM, torch, Triton
+    assert any(line.startswith("pdsr: engines ready in") for line in lines)
+    assert stdout.splitlines()[0].startswith("policy baseline: makespan ")
+
+
+def test_ray_actors_get_the_quiet_environment_the_users_values_first():
+    """Ray actors do not inherit the command's environment: --quiet reaches them through ray.env_vars."""
+    from pdsr_cli.quiet import LOG_ENV, QUIET_ENV, quiet_engine_args
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    cfg = RolloutConfig(ray={"address": "local", "env_vars": {"VLLM_LOGGING_LEVEL": "DEBUG"}})
+    quiet = quiet_engine_args(cfg, quiet=True).ray.env_vars
+    assert quiet["VLLM_LOGGING_LEVEL"] == "DEBUG" and quiet["PYTHONWARNINGS"] == QUIET_ENV["PYTHONWARNINGS"]
+    assert quiet_engine_args(cfg).ray.env_vars == {**LOG_ENV, "VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert quiet_engine_args(RolloutConfig()).ray is None
+
+
+
+def test_patched_environ_restores_changed_and_removes_added_keys(monkeypatch):
+    from pdsr_sdk.environ import patched_environ
+
+    monkeypatch.setenv("PDSR_TEST_KEPT", "before")
+    monkeypatch.delenv("PDSR_TEST_ADDED", raising=False)
+    with pytest.raises(RuntimeError), patched_environ({"PDSR_TEST_KEPT": "inside", "PDSR_TEST_ADDED": "x"}):
+        assert os.environ["PDSR_TEST_KEPT"] == "inside" and os.environ["PDSR_TEST_ADDED"] == "x"
+        raise RuntimeError   # restored on the way out of a failing block too
+    assert os.environ["PDSR_TEST_KEPT"] == "before" and "PDSR_TEST_ADDED" not in os.environ

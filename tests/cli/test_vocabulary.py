@@ -1,0 +1,97 @@
+"""One vocabulary for ``pdsr rollout`` and ``pdsr simulate``: the same keys and flags, old spellings
+still working with a warning that names the new one, policy lists from the registry."""
+
+from __future__ import annotations
+
+
+import pytest
+from click.testing import CliRunner
+
+from support import ROOT
+from pdsr_cli.main import cli
+from pdsr_sdk.config import load_config
+from pdsr_sdk.config.catalog import CONFIG_MODELS, config_models
+from pdsr_sdk.errors import ConfigError, PdsrDeprecationWarning
+from pdsr_sdk.policies import POLICIES
+from pdsr_sdk.policies.resolve import runnable_policies, with_policy_sets
+from pdsr_sdk.rollout.config import RolloutConfig
+from pdsr_sdk.sim.config import SimulateConfig
+from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+
+
+def test_rollout_and_simulate_name_the_shared_keys_alike():
+    shared = {"policy", "policy_settings", "fast", "heavy", "batch_size", "num_batches", "segments"}
+    assert shared <= set(RolloutConfig.model_fields) and shared <= set(SimulateConfig.model_fields)
+
+
+def test_old_rollout_keys_still_work_and_name_the_new_ones(tmp_path):
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("fast_engines: 3\nheavy_engines: 1\npolicy: {name: v2.5, settings: {cap_multiplier: 2.0}}\n")
+    with pytest.warns(PdsrDeprecationWarning) as caught:
+        c = load_config(RolloutConfig, cfg)
+    assert (c.fast, c.heavy, c.policy, c.policy_settings) == (3, 1, "v2.5", {"v2.5": {"cap_multiplier": 2.0}})
+    text = "\n".join(str(w.message) for w in caught)
+    assert f"{cfg}: config key 'fast_engines' is deprecated; use 'fast'" in text
+    assert f"{cfg}: config key 'heavy_engines' is deprecated; use 'heavy'" in text
+    assert f"{cfg}: config key 'policy.settings' is deprecated; use 'policy_settings.v2.5'" in text
+    # a flag still overrides the file's old key
+    with pytest.warns(PdsrDeprecationWarning):
+        assert load_config(RolloutConfig, cfg, {"fast": 5}).fast == 5
+    with pytest.warns(PdsrDeprecationWarning):
+        assert RolloutConfig(fast_engines=2).fast == 2
+
+
+def test_old_and_new_key_together_is_an_error(tmp_path):
+    cfg = tmp_path / "both.yaml"
+    cfg.write_text("fast_engines: 3\nfast: 2\n")
+    with pytest.raises(ConfigError, match="both.yaml: fast_engines and fast are the same setting"):
+        load_config(RolloutConfig, cfg)
+
+
+def test_cli_prints_the_deprecation_on_stderr(tmp_path):
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("fast_engines: 1\n")
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--policy", "v2.5", "--set", "cap_multipler=2"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "warning: " in r.output and "config key 'fast_engines' is deprecated; use 'fast'" in r.output
+    assert "policy_settings.v2.5.cap_multipler" in r.output
+
+
+def test_simulate_policy_set_is_an_alias_of_set(tmp_path):
+    trace = write_trace_jsonl(synth_trace(groups=4, n=4, seed=1, median_length=120, max_length=700),
+                              tmp_path / "t.jsonl")
+    args = ["simulate", "--trace", str(trace), "--policy", "v2.5", "--fast", "1", "--heavy", "1", "--quiet",
+            "--out-dir", str(tmp_path / "o"), "--no-timeline"]
+    r = CliRunner().invoke(cli, [*args, "--policy-set", "cap_multiplier=3"])
+    assert r.exit_code == 0, r.output
+    assert "warning: --policy-set is deprecated; use --set" in r.output
+    assert '"cap_multiplier": 3' in (tmp_path / "o" / "simulate.json").read_text()
+    assert "--policy-set" not in CliRunner().invoke(cli, ["simulate", "--help"]).output
+
+
+def test_rollout_set_takes_the_policy_prefix_like_simulate():
+    cfg = with_policy_sets(RolloutConfig(policy="v2,v2.5"),
+                           [(None, "cap_multiplier", 2.0), ("v2", "steal", False)])
+    assert cfg.policy_settings == {"v2.5": {"cap_multiplier": 2.0}, "v2": {"steal": False}}
+    with pytest.raises(ConfigError, match="'bogus' belongs to none of the selected policies"):
+        with_policy_sets(cfg, [(None, "bogus", 1)])
+
+
+def test_rollout_policy_all_is_every_policy_for_real_engines(tmp_path):
+    from pdsr_sdk.rollout.run import policy_configs, run_rollout
+
+    cfg = RolloutConfig(policy="all", output={"path": tmp_path / "ab.parquet"})
+    runs = policy_configs(cfg)
+    assert [c.policy for c in runs] == runnable_policies()
+    assert runs[0].output.path == tmp_path / "ab.baseline.parquet"
+    assert [c.policy for c in policy_configs(RolloutConfig(policy="v2.5"))] == ["v2.5"]
+    with pytest.raises(ConfigError, match="selects"):
+        run_rollout(cfg)
+
+
+def test_policy_schemas_come_from_the_policy_registry():
+    assert not [n for n in CONFIG_MODELS.names() if n.startswith("policy-")]
+    models = config_models()
+    for name in POLICIES.names():
+        assert models[f"policy-{name}"] is POLICIES.get(name).config_model
+    assert all((ROOT / "schemas" / f"policy-{n}.schema.json").exists() for n in POLICIES.names())

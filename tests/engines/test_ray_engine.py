@@ -1,0 +1,562 @@
+"""Engines as Ray actors (backend ``ray``) on a local Ray cluster, CPU build, tiny model.
+
+One Ray cluster and three engines are started once for the module: two Ray
+actors (``fast-ray-0`` pinned to core 0 and ``heavy-ray-1`` pinned to core 1
+through ``VLLM_CPU_OMP_THREADS_BIND`` in the actors' environment) and one local
+engine (``fast-local``, core 0) that serves as the reference and as the local
+half of mixed pools. All use float32 and greedy sampling, so every sample of
+a prompt is a prefix of one greedy sequence, whichever engines generated its
+segments. The last two tests kill one actor each (``fast-ray-0``, then
+``heavy-ray-1``); they run after the others in file order.
+
+The first tests need neither vLLM nor a cluster: they check the Ray section of
+the config, the layout, and the message when Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from support import requires_ray, requires_torch, requires_vllm, run_on
+from pdsr_sdk.config import load_config
+from pdsr_sdk.errors import ConfigError, EngineError
+from pdsr_sdk.rollout.config import EngineSpec, RayConfig, RolloutConfig
+from workloads import LENGTHS, write_replay_prompts
+
+
+
+def ray_test(fn):
+    """Needs Ray (a local cluster is started once for the module)."""
+    return pytest.mark.ray(requires_ray(fn))
+
+
+def engine_test(fn):
+    """Needs Ray and vLLM: CPU vLLM engines in Ray actors."""
+    return pytest.mark.vllm(requires_vllm(ray_test(fn)))
+
+
+# ----------------------------------------------------------- without Ray
+@pytest.fixture()
+def no_ray(monkeypatch):
+    """Make ``import ray`` fail as on a machine without the extra."""
+    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "ray", None)
+
+
+def _spec(name="e", pool="fast", **kw) -> EngineSpec:
+    return EngineSpec(name=name, pool=pool, **kw)
+
+
+def test_without_ray_a_ray_engine_is_a_config_error_that_says_what_to_install(no_ray):
+    from pdsr_sdk.rollout.layout import engine_layout
+
+    cfg = RolloutConfig(engines=[_spec("a", backend="ray")])
+    with pytest.raises(ConfigError, match=r"pdsr\[ray\]"):
+        engine_layout(cfg, required_pools=(), cpu=True, max_model_len=512)
+    with pytest.raises(ConfigError, match=r"pdsr\[ray\]"):
+        engine_layout(RolloutConfig(ray={"address": "local"}), required_pools=(), cpu=True, max_model_len=512)
+    from pdsr_sdk.engines.ray_engine import RayEngine   # an engine built by hand says the same on start
+
+    with pytest.raises(ConfigError, match=r"pdsr\[ray\]"):
+        asyncio.run(RayEngine.from_spec(_spec("a", backend="ray"), model="unused").start())
+    # without a ray engine nothing changes
+    specs = engine_layout(RolloutConfig(engines=[_spec("a")]), required_pools=(), cpu=True, max_model_len=512)
+    assert [s.backend for s in specs] == ["vllm"]
+
+
+@requires_torch
+def test_cli_ray_flag_without_ray_exits_2_with_the_install_hint(no_ray, tiny_model_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from pdsr_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["rollout", "--ray", "local", "--model", str(tiny_model_dir), "--n", "2",
+                                      "--limit", "1", "--quiet", "--out", str(tmp_path / "o.parquet")])
+    assert result.exit_code == 2, result.output
+    assert "pdsr[ray]" in result.output and "Traceback" not in result.output
+
+
+def test_ray_settings_merge_key_by_key_and_need_the_ray_backend(monkeypatch):
+    from pdsr_sdk.engines import build_engine, ray_engine
+    from pdsr_sdk.engines.ray_engine import RayEngine
+    from pdsr_sdk.rollout.layout import engine_layout
+
+    monkeypatch.setattr(ray_engine, "require_ray", lambda: None)
+    cfg = load_config(RolloutConfig, None, {
+        "ray": {"address": "head:6379", "num_cpus": 2, "env_vars": {"A": "1", "B": "2"}, "resources": {"r": 1}},
+        "engines": [
+            {"name": "a", "pool": "fast", "backend": "ray", "ray": {"num_gpus": 0.5, "env_vars": {"B": "3"}}},
+            {"name": "b", "pool": "heavy", "backend": "ray"},
+            {"name": "c", "pool": "heavy"},
+        ]})
+    a, b, c = engine_layout(cfg, required_pools=(), cpu=True, max_model_len=512)
+    assert a.ray.model_dump() == RayConfig(address="head:6379", num_cpus=2, num_gpus=0.5, resources={"r": 1},
+                                           env_vars={"A": "1", "B": "3"}).model_dump()
+    assert b.ray.model_dump() == cfg.ray.model_dump()
+    assert c.ray is None and c.backend == "vllm"
+    engine = build_engine(a, model="m", tokenizer=None, seed=0, logprobs_mode="raw_logprobs")   # as a session does
+    assert isinstance(engine, RayEngine) and engine.ray_config == a.ray and engine.pool == "fast"
+    bad = RolloutConfig(engines=[_spec("x", ray={"num_cpus": 1})])
+    with pytest.raises(ConfigError, match=r"engines\[0\] \('x'\).*backend 'ray'"):
+        engine_layout(bad, required_pools=(), cpu=True, max_model_len=512)
+
+
+def test_placement_one_gpu_per_rank_and_a_bundle_per_gpu_for_tensor_parallel():
+    from pdsr_sdk.engines.ray_engine import engine_args_for, placement
+
+    cfg = RayConfig(num_cpus=2, resources={"big": 1})
+    assert placement(_spec(), cfg, gpu_cluster=True) == ({"num_cpus": 2, "num_gpus": 1, "resources": {"big": 1}}, None)
+    assert placement(_spec(), cfg, gpu_cluster=False)[0]["num_gpus"] == 0
+    opts, bundles = placement(_spec(tensor_parallel_size=4), cfg, gpu_cluster=True)
+    assert bundles == [{"CPU": 2, "GPU": 1, "big": 1}, {"GPU": 1}, {"GPU": 1}, {"GPU": 1}]
+    assert opts == {"num_cpus": 2, "num_gpus": 0, "resources": {"big": 1}}   # the actor sits in bundle 0
+    spec = engine_args_for(_spec(tensor_parallel_size=4, engine_args={"enforce_eager": True}), tp_placement_group=True)
+    assert spec.engine_args == {"distributed_executor_backend": "ray", "enforce_eager": True}
+    with pytest.raises(ConfigError, match="at most 1 GPU per rank"):
+        placement(_spec(tensor_parallel_size=2), RayConfig(num_gpus=2), gpu_cluster=True)
+
+
+# ------------------------------------------------------- on a Ray cluster
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("what", ["resources", "placement_group"])
+@ray_test
+def test_an_engine_ray_cannot_place_fails_with_what_was_missing(what, ray_cluster, engine_loop):
+    from pdsr_sdk.engines.ray_engine import RayEngine
+
+    if what == "resources":
+        spec, ray_cfg = _spec("nowhere"), RayConfig(resources={"no_such_node": 1}, placement_timeout_s=2)
+    else:   # a tensor-parallel group of GPUs on a cluster without any
+        spec, ray_cfg = _spec("nowhere", tensor_parallel_size=2), RayConfig(num_gpus=1, placement_timeout_s=2)
+    engine = RayEngine.from_spec(spec, model="unused", ray=ray_cfg)
+    with pytest.raises(EngineError) as info:
+        run_on(engine_loop, engine.start(), timeout=60)
+    msg = str(info.value)
+    assert "engine 'nowhere'" in msg and "within 2 s" in msg and "CPU: 4" in msg
+    assert ("no_such_node: 1" in msg) if what == "resources" else ("placement group" in msg and "GPU" in msg)
+    run_on(engine_loop, engine.close())
+    assert not [a for a in ray_cluster.util.list_named_actors() if "nowhere" in a]
+
+
+@ray_test
+def test_automatic_layout_with_a_ray_section_makes_ray_engines(ray_cluster):
+    from pdsr_sdk.rollout.layout import engine_layout
+
+    cfg = load_config(RolloutConfig, None, {"ray.address": "auto", "ray.num_cpus": 0.5})
+    specs = engine_layout(cfg, required_pools=("fast", "heavy"), cpu=False, max_model_len=512)
+    # the cluster has no GPU: the CPU layout (one fast, one heavy, cores split), every engine on Ray
+    assert [(s.name, s.backend, s.ray.num_cpus) for s in specs] == [("fast-0", "ray", 0.5), ("heavy-0", "ray", 0.5)]
+    assert all(s.devices for s in specs)
+
+
+# ------------------------------------------------- vLLM engines in actors
+@pytest.fixture(scope="module")
+def engines(ray_cluster, engine_loop, tiny_model_dir):
+    from pdsr_sdk.engines.ray_engine import RayEngine
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+
+    common = dict(max_num_seqs=8, max_model_len=1024, dtype="float32")
+    ray0 = RayEngine.from_spec(
+        _spec("fast-ray-0", "fast", backend="ray", **common,
+              ray={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "0"}}),
+        model=str(tiny_model_dir), ray=RayConfig(env_vars={"HF_HUB_OFFLINE": "1"}))
+    ray1 = RayEngine.from_spec(
+        _spec("heavy-ray-1", "heavy", backend="ray", **common,
+              ray={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}),
+        model=str(tiny_model_dir), ray=RayConfig(env_vars={"HF_HUB_OFFLINE": "1"}))
+    local = VllmEngine.from_spec(_spec("fast-local", "fast", devices=[0], **common), model=str(tiny_model_dir))
+
+    async def start_all():
+        remote = [asyncio.ensure_future(e.start()) for e in (ray0, ray1)]
+        await asyncio.sleep(0)          # the actors load while the local engine starts
+        try:
+            await local.start()
+        finally:
+            await asyncio.gather(*remote)
+
+    run_on(engine_loop, start_all())
+    yield ray0, ray1, local
+    for e in (ray0, ray1, local):
+        run_on(engine_loop, e.close())
+
+
+class Collector:
+    """An EngineListener that keeps what one engine reports."""
+
+    def __init__(self):
+        self.tokens: dict[str, list[int]] = {}
+        self.logprobs: dict[str, list[float]] = {}
+        self.ends: dict[str, str] = {}
+        self.dead: list[Exception] = []
+        self.changed = asyncio.Event()
+
+    def on_tokens(self, engine, rid, n, ids, lps):
+        assert n == len(ids) and (lps is None or len(lps) == n)
+        self.tokens.setdefault(rid, []).extend(ids)
+        self.logprobs.setdefault(rid, []).extend(lps or [])
+        self.changed.set()
+
+    def on_segment_end(self, engine, rid, reason):
+        assert rid not in self.ends, f"{rid} ended twice"
+        self.ends[rid] = reason
+        self.changed.set()
+
+    def on_engine_dead(self, engine, error):
+        self.dead.append(error)
+        self.changed.set()
+
+    async def wait(self, cond, timeout=120):
+        end = time.monotonic() + timeout
+        while not cond():
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), max(0.01, end - time.monotonic()))
+
+
+def _request(rid, ids, max_tokens):
+    from pdsr_sdk.dispatch.types import SegmentRequest
+    from pdsr_sdk.rollout.config import SamplingConfig
+
+    return SegmentRequest(request_id=rid, context_ids=ids, context_len=len(ids), max_tokens=max_tokens,
+                          ignore_eos=True, sampling=SamplingConfig(temperature=0.0), sample=None)
+
+
+@pytest.fixture(scope="module")
+def replay_data(tmp_path_factory):
+    return write_replay_prompts(tmp_path_factory.mktemp("ray-data") / "prompts.jsonl")
+
+
+def _config(tiny_model_dir, data, out, policy, **over) -> RolloutConfig:
+    overrides = {
+        "model": str(tiny_model_dir), "data.path": str(data), "data.target_lengths_column": "lengths",
+        "sampling.ignore_eos": True, "sampling.n": 4, "sampling.max_tokens": 256, "sampling.temperature": 0.0,
+        "batch_size": 5, "policy.name": policy, "output.path": str(out),
+        "segments.min_tokens": 16, "segments.max_tokens": 64, **over,
+    }
+    return load_config(RolloutConfig, None, overrides)
+
+
+@pytest.fixture(scope="module")
+def reference(engines, engine_loop, tiny_model_dir, replay_data):
+    """Each prompt's greedy continuation, generated in one go on the local engine."""
+    from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
+
+    local = engines[2]
+    cfg = _config(tiny_model_dir, replay_data, "unused.parquet", "baseline")
+    records = load_prompts(cfg.data, load_tokenizer(str(tiny_model_dir)), path=replay_data, n=4)
+    col = Collector()
+
+    async def go():
+        local.bind(col)
+        for r in records:
+            local.submit(_request(r.prompt_id, r.token_ids, max(LENGTHS[r.prompt_id])))
+        await col.wait(lambda: len(col.ends) == len(records))
+
+    run_on(engine_loop, go())
+    assert all(col.ends[p] == "length" and len(col.tokens[p]) == max(LENGTHS[p]) for p in LENGTHS)
+    return {"tokens": col.tokens, "prompts": {r.prompt_id: r.token_ids for r in records}, "records": records}
+
+
+def _check_samples(rows, reference):
+    """B x N samples, the forced lengths, and token ids equal to the local greedy reference."""
+    assert sorted((r["prompt_id"], r["sample_index"]) for r in rows) == sorted(
+        (p, i) for p in LENGTHS for i in range(4))
+    for r in rows:
+        want = LENGTHS[r["prompt_id"]][r["sample_index"]]
+        assert r["response_length"] == len(r["response_token_ids"]) == len(r["response_logprobs"]) == want
+        key = (r["prompt_id"], r["sample_index"])
+        assert r["response_token_ids"] == reference["tokens"][r["prompt_id"]][:want], key
+
+
+@pytest.mark.parametrize("policy", ["baseline", "v1", "v2", "v2.5"])
+@engine_test
+def test_every_policy_on_ray_engines_gives_the_local_engines_samples(
+        policy, engines, reference, engine_loop, tiny_model_dir, replay_data, tmp_path):
+    from pdsr_sdk.rollout.run import run_rollout_async
+
+    ray0, ray1, _ = engines
+    settings = {"policy.settings.offload_fraction": 0.4} if policy == "v2.5" else {}
+    cfg = _config(tiny_model_dir, replay_data, tmp_path / "out.parquet", policy, **settings)
+    summary = run_on(engine_loop, run_rollout_async(cfg, engines=[ray0, ray1]))
+    rows = pq.read_table(cfg.output.path).to_pylist()
+    _check_samples(rows, reference)
+    engines_used = {seg["engine"] for r in rows for seg in r["segments"]}
+    assert "fast-ray-0" in engines_used and summary.engine_errors == []
+    if policy in ("baseline", "v2.5"):   # baseline splits the batch over both; v2.5 offloads 2 of 5 prompts
+        assert engines_used == {"fast-ray-0", "heavy-ray-1"}
+    if policy == "v2.5":   # samples past the fast cap moved from one actor to the other mid-sample
+        moved = [r for r in rows if r["moves"]]
+        assert moved and all({s["engine"] for s in r["segments"]} == {"fast-ray-0", "heavy-ray-1"} for r in moved)
+
+
+@engine_test
+def test_a_pool_of_local_engines_and_a_pool_of_ray_engines_pass_samples_between_them(
+        engines, reference, engine_loop, tiny_model_dir, replay_data, tmp_path):
+    from pdsr_sdk.rollout.run import run_rollout_async
+
+    _, ray1, local = engines
+    cfg = _config(tiny_model_dir, replay_data, tmp_path / "out.parquet", "v2.5",
+                  **{"policy.settings.offload_fraction": 0.4})
+    run_on(engine_loop, run_rollout_async(cfg, engines=[local, ray1]))
+    rows = pq.read_table(cfg.output.path).to_pylist()
+    _check_samples(rows, reference)
+    moved = [r for r in rows if r["moves"]]   # broke the fast cap on the local engine, finished in the actor
+    assert moved and all([s["engine"] for s in r["segments"]][-1] == "heavy-ray-1" and
+                         r["segments"][0]["engine"] == "fast-local" for r in moved)
+
+
+@engine_test
+def test_abort_mid_stream_delivers_every_token_then_abort_and_load_is_reported(engines, reference, engine_loop):
+    ray0 = engines[0]
+    prompt = reference["prompts"]["p0"]
+    col = Collector()
+
+    async def go():
+        ray0.bind(col)
+        ray0.submit(_request("long", prompt, 900))
+        ray0.submit(_request("short", prompt, 7))
+        await col.wait(lambda: len(col.tokens.get("long", ())) >= 20 and "short" in col.ends)
+        seen_load = ray0.load()
+        ray0.abort("long")
+        ray0.abort("no-such-request")       # ignored
+        await col.wait(lambda: "long" in col.ends)
+        return seen_load
+
+    load = run_on(engine_loop, go())
+    assert col.ends == {"short": "length", "long": "abort"}
+    long = col.tokens["long"]
+    assert 20 <= len(long) < 900
+    # greedy: the aborted stream is the start of the reference continuation (as far as it goes)
+    ref = reference["tokens"]["p0"]
+    assert long[:len(ref)] == ref[:len(long)] and col.tokens["short"] == ref[:7]
+    assert len(col.logprobs["long"]) == len(long) and all(lp <= 0 for lp in col.logprobs["long"])
+    assert load.running >= 1 and load.kv_cache_usage and load.kv_cache_usage > 0
+    assert not col.dead
+
+
+@engine_test
+def test_update_weights_reaches_ray_engines_through_the_object_store(engines, reference, engine_loop, tiny_model_dir):
+    """New weights go to both actors (Ray's object store) and the local engine (shared memory): greedy
+    continuations then agree with each other and differ from the old weights'; a bad shape is refused
+    inside the actor with the engine's name and node; an actor's prefix cache is reset on request
+    (``next_version``) and a load may keep it (``kv_on_update: keep``); the model folder restores the old
+    weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.weights import StagedWeights
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    ray0, ray1, local = engines
+    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    prompt = reference["prompts"]["p0"]
+    cfg = _config(tiny_model_dir, "unused.jsonl", "unused.parquet", "baseline")
+
+    async def greedy(tag):
+        col = Collector()
+        for e in (ray0, ray1, local):
+            e.bind(col)
+            e.submit(_request(f"{tag}-{e.name}", prompt, 30))
+        await col.wait(lambda: len(col.ends) == 3)
+        return [col.tokens[f"{tag}-{e.name}"] for e in (ray0, ray1, local)]
+
+    async def go():
+        async with RolloutSession(cfg, engines=[ray0, ray1, local]) as session:
+            assert await session.aupdate_weights(policy.state_dict()) == 1
+            updated = await greedy("new")
+            bad = dict(policy.state_dict())
+            bad["model.norm.weight"] = torch.ones(5)
+            staged = StagedWeights(items=list(bad.items()))
+            with pytest.raises(EngineError, match=r"engine 'heavy-ray-1'.*'model\.norm\.weight' has shape \[5\].*in its Ray actor on node") as info:
+                await ray1.update_weights(staged)
+            staged.close()
+            assert "Traceback" not in str(info.value).split("--- engine traceback ---")[0]
+            # the prefix cache through the actor: reset it (a weightless update under kv_on_update recompute),
+            # and a load that keeps it (keep)
+            assert await session.anext_version() == 2
+            folder = StagedWeights(folder=str(tiny_model_dir))
+            await ray0.update_weights(folder, reset_prefix_cache=False)
+            assert await session.aupdate_weights(str(tiny_model_dir)) == 3
+            restored = await greedy("old")
+        return updated, restored
+
+    updated, restored = run_on(engine_loop, go())
+    ref = reference["tokens"]["p0"][:30]
+    assert updated[0] == updated[1] == updated[2] != ref
+    assert restored == [ref, ref, ref]
+
+
+@engine_test
+def test_pause_keep_and_abort_on_ray_engines_keep_every_sample_and_its_greedy_tokens(
+        engines, reference, engine_loop, tiny_model_dir):
+    """session.pause('keep') freezes the actors' requests (no token while paused) and pause('abort') holds
+    the running samples; after a weight update (the model folder again) and resume, every sample equals
+    the local greedy reference, and segments after the update carry the new version. sleep() names the
+    CPU build."""
+    from pdsr_sdk.errors import UnsupportedError
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    ray0, ray1, _ = engines
+    cfg = _config(tiny_model_dir, "unused.jsonl", "unused.parquet", "baseline")
+    records = reference["records"]
+
+    async def go():
+        out = {}
+        async with RolloutSession(cfg, engines=[ray0, ray1]) as session:
+            sched = session.scheduler
+            with pytest.raises(UnsupportedError, match=r"fast-ray-0: vLLM's CPU build cannot free engine memory"):
+                await session.asleep()
+            for mode in ("keep", "abort"):
+                task = asyncio.ensure_future(session.astep(records))
+                end = time.monotonic() + 120
+                # at least half the slots running, each with a few tokens (waiting for all 16 at once missed
+                # its ~0.1 s window on a loaded machine: the 8-token samples finish and the last ones start)
+                while not (len(sched.running()) >= 8 and all(s.num_generated >= 4 for s in sched.running())):
+                    assert time.monotonic() < end and not task.done()
+                    await asyncio.sleep(0.005)
+                running = set(sched.running())
+                await session.apause(mode)
+                generated = {s: s.num_generated for s in running}
+                await asyncio.sleep(0.5)
+                later = {s: s.num_generated for s in running}
+                version = await session.aupdate_weights(str(tiny_model_dir))
+                await session.aresume()
+                out[mode] = (running, generated, later, version, await asyncio.wait_for(task, 300))
+        return out
+
+    out = run_on(engine_loop, go())
+    for mode, (running, generated, later, version, result) in out.items():
+        assert generated == later, mode            # nothing generated while paused
+        assert len(result.samples) == 20
+        for s in result.samples:
+            want = LENGTHS[s.group.prompt_id][s.index]
+            assert s.num_generated == len(s.token_ids) == len(s.logprobs) == want, (mode, s.key)
+            assert s.token_ids == reference["tokens"][s.group.prompt_id][:want], (mode, s.key)
+        # the running samples' segments: the old version up to the pause, the new one after it
+        assert any(seg.end_reason == "pause" for s in running for seg in s.segments), mode
+        for s in running:
+            versions = [seg.policy_version for seg in s.segments if seg.num_tokens]
+            assert versions == sorted(versions) and set(versions) <= {version - 1, version}, (mode, s.key)
+        assert any(seg.policy_version == version for s in running for seg in s.segments if seg.num_tokens), mode
+
+
+def _session_run(engine_loop, cfg, engines, records, kill_when):
+    """Run one batch through a RolloutSession, calling ``kill_when(session, sample)`` after each sample."""
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    async def go():
+        session = RolloutSession(cfg, engines=engines, model_dir=cfg.model)
+        session.hooks.on_sample_done.append(lambda s: kill_when(session, s))
+        await session.start()
+        try:
+            return session, await session.generate(records)
+        finally:
+            await session.close()
+
+    return run_on(engine_loop, go())
+
+
+def _core_pids(actor_pid):
+    import psutil
+
+    return [p.pid for p in psutil.Process(actor_pid).children(recursive=True)]
+
+
+def _wait_gone(pids, timeout=60):
+    import psutil
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return []
+        time.sleep(0.5)
+    return alive
+
+
+@engine_test
+def test_killing_one_actor_mid_run_requeues_its_samples_on_the_pool(engines, reference, engine_loop,
+                                                                    tiny_model_dir, replay_data, tmp_path):
+    import ray
+
+    ray0, ray1, local = engines
+    children = _core_pids(ray0.node["pid"])
+    assert children   # the actor's vLLM engine-core process
+    cfg = _config(tiny_model_dir, replay_data, tmp_path / "o.parquet", "baseline")
+    killed = {}
+
+    def kill_when(session, sample):
+        running = session.scheduler.running(ray0)
+        if not killed and session.scheduler.stats["samples_finished"] >= 3 and running:
+            killed["running"] = {s.key for s in running}
+            ray.kill(ray0._actor)
+
+    session, result = _session_run(engine_loop, cfg, [local, ray0, ray1], reference["records"], kill_when)
+    assert killed["running"]
+    samples = {s.key: s for g in result.groups for s in g.samples}
+    assert len(samples) == 20 and all(s.finished for s in samples.values())
+    for key, s in samples.items():
+        p, i = key.split("/")
+        want = LENGTHS[p][int(i)]
+        assert s.num_generated == len(s.token_ids) == want
+        assert s.token_ids == reference["tokens"][p][:want], key
+    # every sample running on the killed actor (then, or launched before its death was known) was
+    # retried on the other fast engine, unless its last tokens were already on their way back when
+    # ray.kill landed: then it finished on the actor, whole, and a retry would have been waste
+    retried = {k for k, s in samples.items() if s.retries}
+    for key in killed["running"] - retried:
+        last = samples[key].segments[-1]
+        assert last.engine == "fast-ray-0" and last.end_reason in ("stop", "length"), (key, last)
+    assert killed["running"] & retried
+    for key in retried:
+        s = samples[key]
+        assert s.retries == 1 and s.segments[-1].engine == "fast-local"
+        assert [seg.engine for seg in s.segments if seg.end_reason == "engine_dead"] == ["fast-ray-0"]
+    [err] = session.scheduler.engine_errors
+    text = str(err)
+    assert err.engine == "fast-ray-0" and ray0.node["ip"] in text and ray0.node["node_id"] in text
+    assert "ActorDiedError" in text and "ray.kill" in text
+    assert result.stats["engines_lost"] == 1 and result.stats["retries"] == len(retried)
+    assert _wait_gone(children) == []   # no engine core left behind holding memory
+
+
+@engine_test
+def test_killing_the_only_actor_of_a_pool_stops_with_an_engine_error_naming_engine_and_node(
+        engines, reference, engine_loop, tiny_model_dir, replay_data, tmp_path):
+    import ray
+
+    _, ray1, local = engines
+    cfg = _config(tiny_model_dir, replay_data, tmp_path / "o.parquet", "v2.5")
+
+    killed = []
+
+    def kill_when(session, sample):
+        if not killed:
+            killed.append(sample.key)
+            ray.kill(ray1._actor)
+
+    with pytest.raises(EngineError) as info:
+        _session_run(engine_loop, cfg, [local, ray1], reference["records"], kill_when)
+    err = info.value
+    text = str(err)
+    assert err.engine == "heavy-ray-1"
+    assert "no live engine is left in pool 'heavy'" in text
+    node_ips = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    assert ray1.node["ip"] in node_ips and ray1.node["ip"] in text and ray1.node["node_id"] in text
+    assert "ray.kill" in text

@@ -1,0 +1,26 @@
+"""Markers and helpers the tests import (fixtures live in conftest.py, which pytest loads itself)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+#: the repository's root (tests sit in folders that mirror the package, at any depth)
+ROOT = Path(__file__).resolve().parent.parent
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+
+requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (install the 'cpu' or 'gpu' extra)")
+requires_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (install the 'torch' or 'cpu' extra)")
+requires_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (install the 'ray' extra)")
+
+
+def run_on(loop, coro, timeout: float = 900):
+    """Run ``coro`` on ``loop`` (another thread) and return its result."""
+    import asyncio
+
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
