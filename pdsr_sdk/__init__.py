@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os as _os
 
-from pdsr_sdk.lazy import lazy_attributes
+from pdsr_sdk.lazy import lazy_attributes as _lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -42,7 +42,7 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)
 
 if _os.environ.get("PDSR_ORCHESTRATOR_PID"):
     # an engine process pdsr spawned imports the parent's main module first: watch the parent from now

@@ -14,7 +14,7 @@ Nothing here imports engines, policies, the simulator or the rollout (``tests/te
 
 from __future__ import annotations
 
-from pdsr_sdk.lazy import lazy_attributes
+from pdsr_sdk.lazy import lazy_attributes as _lazy_attributes
 
 _LAZY = {
     "BatchReport": "pdsr_sdk.dispatch.run",
@@ -26,5 +26,7 @@ _LAZY = {
     "VirtualClock": "pdsr_sdk.dispatch.clock",
 }
 
+__all__ = sorted(_LAZY)
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)

@@ -7,16 +7,18 @@ Backends are found by name in :data:`ENGINE_BACKENDS`; each is a class with
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any as _Any
 
-from pdsr_sdk.registry import Registry
+from pdsr_sdk.registry import Registry as _Registry
 
-ENGINE_BACKENDS: Registry[type] = Registry("engine backend")
+__all__ = ["ENGINE_BACKENDS", "build_engine"]
+
+ENGINE_BACKENDS: _Registry[type] = _Registry("engine backend")
 ENGINE_BACKENDS.register("vllm", "pdsr_sdk.engines.vllm_engine:VllmEngine")
 ENGINE_BACKENDS.register("ray", "pdsr_sdk.engines.ray_engine:RayEngine")
 ENGINE_BACKENDS.register("sim", "pdsr_sdk.sim.engine:SimEngine")
 
 
-def build_engine(spec, **context: Any):
+def build_engine(spec, **context: _Any):
     """Instantiate the engine described by ``spec`` (an EngineSpec) with its backend."""
     return ENGINE_BACKENDS.get(spec.backend).from_spec(spec, **context)

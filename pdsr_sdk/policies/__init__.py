@@ -12,9 +12,9 @@ reference schedules) runs only in ``pdsr simulate``
 
 from __future__ import annotations
 
-from pdsr_sdk.registry import Registry
+from pdsr_sdk.registry import Registry as _Registry
 
-POLICIES: Registry[type] = Registry("policy")
+POLICIES: _Registry[type] = _Registry("policy")
 # reference schedules (simulation_only: `pdsr simulate` runs them, `pdsr rollout` and `all` leave them out)
 POLICIES.register("oracle", "pdsr_sdk.policies.oracle:OraclePolicy")
 POLICIES.register("oracle-probe", "pdsr_sdk.policies.oracle:OracleProbePolicy")

@@ -8,7 +8,7 @@ The scheduler, clocks and types they run on are in :mod:`pdsr_sdk.dispatch`.
 
 from __future__ import annotations
 
-from pdsr_sdk.lazy import lazy_attributes
+from pdsr_sdk.lazy import lazy_attributes as _lazy_attributes
 
 _LAZY = {
     "RolloutConfig": "pdsr_sdk.rollout.config",
@@ -18,5 +18,7 @@ _LAZY = {
     "run_rollout_async": "pdsr_sdk.rollout.run",
 }
 
+__all__ = sorted(_LAZY)
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)

@@ -15,7 +15,7 @@ Importing this package does not import torch, transformers or vLLM.
 
 from __future__ import annotations
 
-from pdsr_sdk.lazy import lazy_attributes
+from pdsr_sdk.lazy import lazy_attributes as _lazy_attributes
 
 from pdsr_sdk.scoring.api import ScoreResult, ScoreStats, per_token_logps
 from pdsr_sdk.scoring.backend import (
@@ -42,4 +42,4 @@ __all__ = sorted(["SCORING_BACKENDS", "BackendOutput", "ScoreConfig", "ScoreInpu
                   "ScoreResult", "ScoreStats", "ScoringBackend", "get_backend", "per_token_logps", *_LAZY])
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)
