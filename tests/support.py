@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 
 #: the repository's root (tests sit in folders that mirror the package, at any depth)
 ROOT = Path(__file__).resolve().parent.parent
+
+#: how long a test waits for a condition on real engines or processes before it calls them hung: generous,
+#: since on a loaded machine everything is slow (a test waits on the condition, never on the clock)
+WAIT_S = float(os.environ.get("PDSR_TEST_WAIT_S", 600))
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

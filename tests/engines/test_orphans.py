@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from support import ROOT, requires_vllm
+from support import ROOT, WAIT_S, requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 psutil = pytest.importorskip("psutil")
@@ -49,7 +49,7 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def _wait_for_worker(proc: subprocess.Popen, timeout: float = 240) -> list:
+def _wait_for_worker(proc: subprocess.Popen, timeout: float = WAIT_S) -> list:
     """The process tree once vLLM's worker exists (the core has loaded pdsr's plugin by then)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -94,13 +94,13 @@ def test_sigkill_of_the_parent_ends_every_engine_process(tmp_path, tiny_model_di
         kids = _wait_for_worker(proc)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        left = _gone_within(kids, 5.0)
+        left = _gone_within(kids, 60.0)     # the watch polls each second; 60 s is for a loaded machine
     finally:
         for p in _alive(_descendants(proc.pid)):
             p.kill()
     for p in left:
         p.kill()
-    assert not left, f"still running 5 s after the parent was killed: {left}"
+    assert not left, f"still running 60 s after the parent was killed: {left}"
 
 
 @pytest.mark.parametrize("stop, status, lead", [
@@ -146,7 +146,7 @@ def test_sigkill_in_the_first_moments_of_an_engine_core_ends_it_too(tmp_path, ti
     proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     core = None
     try:
-        end = time.monotonic() + 240
+        end = time.monotonic() + WAIT_S
         while core is None and time.monotonic() < end:
             assert proc.poll() is None, f"exit {proc.returncode}"
             for k in _descendants(proc.pid):
@@ -159,8 +159,8 @@ def test_sigkill_in_the_first_moments_of_an_engine_core_ends_it_too(tmp_path, ti
         assert core is not None, "no engine core was spawned"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        left = _gone_within([core], 30.0)
+        left = _gone_within([core], 60.0)
     finally:
         for p in _alive(_descendants(proc.pid) + ([core] if core else [])):
             p.kill()
-    assert not left, "the engine core outlived its parent by 30 s"
+    assert not left, "the engine core outlived its parent by 60 s"

@@ -22,7 +22,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from support import requires_ray, requires_torch, requires_vllm, run_on
+from support import WAIT_S, requires_ray, requires_torch, requires_vllm, run_on
 from pdsr_sdk.config import load_config
 from pdsr_sdk.errors import ConfigError, EngineError
 from pdsr_sdk.rollout.config import EngineSpec, RayConfig, RolloutConfig
@@ -218,7 +218,7 @@ class Collector:
         self.dead.append(error)
         self.changed.set()
 
-    async def wait(self, cond, timeout=120):
+    async def wait(self, cond, timeout=WAIT_S):
         end = time.monotonic() + timeout
         while not cond():
             self.changed.clear()
@@ -424,7 +424,7 @@ def test_pause_keep_and_abort_on_ray_engines_keep_every_sample_and_its_greedy_to
                 await session.asleep()
             for mode in ("keep", "abort"):
                 task = asyncio.ensure_future(session.astep(records))
-                end = time.monotonic() + 120
+                end = time.monotonic() + WAIT_S
                 # at least half the slots running, each with a few tokens (waiting for all 16 at once missed
                 # its ~0.1 s window on a loaded machine: the 8-token samples finish and the last ones start)
                 while not (len(sched.running()) >= 8 and all(s.num_generated >= 4 for s in sched.running())):
@@ -478,7 +478,7 @@ def _core_pids(actor_pid):
     return [p.pid for p in psutil.Process(actor_pid).children(recursive=True)]
 
 
-def _wait_gone(pids, timeout=60):
+def _wait_gone(pids, timeout=WAIT_S):
     import psutil
 
     end = time.monotonic() + timeout

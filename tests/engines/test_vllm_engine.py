@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from support import requires_vllm, run_on
+from support import WAIT_S, requires_vllm, run_on
 from pdsr_sdk.dispatch.types import SegmentRequest
 from pdsr_sdk.rollout.config import EngineSpec, SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
@@ -43,7 +43,7 @@ def request(rid, max_tokens, *, ids=(5, 6, 7, 8, 9), ignore_eos=True):
                           ignore_eos=ignore_eos, sampling=SamplingConfig(temperature=1.0), sample=g.samples[0])
 
 
-async def wait_for(pred, timeout=120):
+async def wait_for(pred, timeout=WAIT_S):
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not pred():

@@ -11,7 +11,7 @@ import asyncio
 import pyarrow.parquet as pq
 import pytest
 
-from support import requires_vllm, run_on
+from support import WAIT_S, requires_vllm, run_on
 from pdsr_sdk.config import load_config
 from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
 from workloads import LENGTHS, write_replay_prompts
@@ -285,12 +285,12 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
 MAX_TOKENS = 64
 
 
-def pause_config(tiny_model_dir):
+def pause_config(tiny_model_dir, segments=None):
     # greedy, EOS ignored: every sample has exactly MAX_TOKENS tokens, the same in every run (fp32 engines);
     # 3 prompts x 6 = 18 samples on 16 slots: two wait in the engines' queues
     return RolloutConfig(model=str(tiny_model_dir), policy="baseline",
                          sampling={"n": 6, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True},
-                         segments={"min_tokens": 16, "max_tokens": 32})
+                         segments=segments or {"min_tokens": 16, "max_tokens": 32})
 
 
 PAUSE_PROMPTS = [{"id": "a", "prompt": "What is 2 + 3?"}, {"id": "b", "prompt": "Name a color."},
@@ -301,7 +301,7 @@ def tokens_of(result):
     return {s.key: list(s.token_ids) for s in result.samples}
 
 
-async def until(pred, timeout=60.0):
+async def until(pred, timeout=WAIT_S):
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not pred():
@@ -398,7 +398,11 @@ def test_every_pause_mode_keeps_every_sample_and_its_tokens(engine_loop, engines
 
     async def scenario():
         out = {}
-        async with RolloutSession(pause_config(tiny_model_dir), engines=engines) as session:
+        # one segment a sample: the 16 running samples hold their slots until they end, so the moment all 16
+        # run with a few tokens each lasts ~60 tokens, whatever the load (with shorter segments a segment's end
+        # gave its slot to a queued sample, and a loaded machine could miss every such moment)
+        whole = {"min_tokens": MAX_TOKENS, "max_tokens": MAX_TOKENS}
+        async with RolloutSession(pause_config(tiny_model_dir, whole), engines=engines) as session:
             reference = await session.astep(PAUSE_PROMPTS)
             sched = session.scheduler
             ref = tokens_of(reference)
@@ -584,7 +588,7 @@ def test_a_step_whose_groups_completed_before_it_began_returns_with_the_engines_
     assert all(paused is not None and running == 0 for paused, running in between[:-1]), between
 
 
-async def _until(cond, what: str, timeout: float = 60.0) -> None:
+async def _until(cond, what: str, timeout: float = WAIT_S) -> None:
     """Poll ``cond`` on the event loop (the engines' callbacks run meanwhile)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not cond():

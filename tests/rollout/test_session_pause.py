@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fakes import FakeEngine
+from support import WAIT_S
 
 
 def test_a_synchronous_step_in_one_thread_is_paused_and_resumed_from_another(tiny_model_dir):
@@ -30,7 +31,7 @@ def test_a_synchronous_step_in_one_thread_is_paused_and_resumed_from_another(tin
         out = {}
         stepping = threading.Thread(target=lambda: out.update(result=session.step(["a", "b"])))
         stepping.start()
-        end = time.monotonic() + 30
+        end = time.monotonic() + WAIT_S
         while not (session.scheduler.in_flight == 4 and all(s.num_generated for s in session.scheduler.running())):
             assert time.monotonic() < end
             time.sleep(0.005)
