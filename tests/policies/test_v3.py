@@ -125,6 +125,7 @@ def test_oracle_is_never_slower_than_v3_on_hand_made_traces(matrix):
     assert hand_run(matrix, "oracle", fast=2).makespan_s <= hand_run(matrix, "v3", fast=2).makespan_s + 1e-9
 
 
+@pytest.mark.tuning
 def test_v3_at_most_one_percent_slower_than_baseline_when_the_probe_is_noise():
     # lengths independent of the prompt: the probe says nothing (8 equal engines, B=128, two batches)
     trace = synth_trace(groups=256, n=8, seed=6, prompt_sigma=0.0, noise_sigma=0.7, runaway_frac=0.3,
@@ -136,6 +137,7 @@ def test_v3_at_most_one_percent_slower_than_baseline_when_the_probe_is_noise():
     assert by["v3"] <= 1.01 * by["baseline"], by
 
 
+@pytest.mark.tuning
 def test_v3_at_most_one_percent_slower_than_baseline_on_a_real_small_models_trace():
     # SmolLM2-135M on 128 GSM8K prompts x 8 (bench/data): 44% run to the 512-token cap, the probe tells little
 
@@ -349,6 +351,7 @@ def test_admission_plans_with_what_was_seen_not_a_replays_recorded_lengths():
     assert run.batches[1].preemptions == 0
 
 
+@pytest.mark.tuning
 def test_where_many_run_to_the_cap_the_tail_still_moves_after_the_first_batch():
     """40% of samples run to the cap, more for some prompts than others: the 97th percentile of finished lengths
     is the cap itself, where nothing is left to move. Past the length beyond which most samples ran to the cap a
@@ -396,6 +399,7 @@ def herd_trace_runs(profile, stall_share, **settings):
 CPU_SMOLLM2 = dict(EQUAL, c0_s=0.033, c1_s_per_seq=0.0, c2_s_per_token=3.4e-6, prefill_s_per_token=7.8e-4)
 
 
+@pytest.mark.tuning
 def test_moves_into_one_engine_come_a_few_at_a_time():
     """Each move re-prefills the sample's context on its target, stalling all the target runs. Long samples reach
     the cap together, and an engine whose own freed their slots at once drew a herd of nearly finished samples
@@ -407,6 +411,7 @@ def test_moves_into_one_engine_come_a_few_at_a_time():
     assert run.makespan_s < 0.99 * unlimited.makespan_s
 
 
+@pytest.mark.tuning
 def test_the_move_limit_follows_the_prefill_price_it_measures():
     """The stall a move costs depends on model and hardware; v3 reads it off the engines' timings. Where a prefill
     token costs 39x the default profile's, it learns a price within a factor of two of the true one, fewer moved
@@ -420,6 +425,7 @@ def test_the_move_limit_follows_the_prefill_price_it_measures():
     assert dear.makespan_s < 0.97 * unlimited.makespan_s
 
 
+@pytest.mark.tuning
 def test_a_move_lands_only_where_the_furthest_along_sample_has_less_left():
     """``migrate_lead_guard``: a move does not land on an engine whose furthest-along sample is expected to run longer
     than the moved one (it, not the mover, sets that engine's end). Where lengths run to a cap, the furthest along
@@ -431,6 +437,7 @@ def test_a_move_lands_only_where_the_furthest_along_sample_has_less_left():
     assert guarded.makespan_s < 0.997 * unguarded.makespan_s
 
 
+@pytest.mark.tuning
 def test_a_cold_batch_does_not_gather_its_runaways_on_one_engine():
     """``migrate_lead_guard`` in a cold batch: the history holds only the first, short finishes, so it cannot say what
     a long-running sample has left. Read as the cap less its progress, the further-along runaway looked the nearer to

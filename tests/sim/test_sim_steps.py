@@ -154,6 +154,7 @@ def test_v3_refresh_regenerates_a_carried_groups_finished_samples_under_the_new_
     assert step.tokens == 17 and g0.samples[1].restarts == 0
 
 
+@pytest.mark.tuning
 @pytest.mark.parametrize("seed,b", [(1, 16), (2, 48)])
 def test_v3_stream_is_no_slower_than_baseline_when_the_probe_predicts_nothing(seed, b):
     """Uninformative lengths (40% at the cap, probe noise): v3 places a stream's groups as baseline does until
@@ -174,6 +175,7 @@ def test_v3_stream_is_no_slower_than_baseline_when_the_probe_predicts_nothing(se
     assert step("v3", "deal") > base * 1.001
 
 
+@pytest.mark.tuning
 def test_v3_stream_without_a_staleness_bound_places_as_baseline():
     """No bound, no tail lane: v3 keeps a stream's groups in baseline's chunks even with a predictive probe
     (dealing only spreads groups and pays their prompts on every engine), so it is not slower than baseline."""
