@@ -23,7 +23,7 @@ equal engines; then each slot that frees takes the next one); ``lpt`` submits ev
 to a per-engine queue, each to the engine with the least known work per slot so far (greedy LPT, as
 the ``lpt`` policy does with predictions); ``best`` runs both and keeps each batch's better (as
 ``variant: best`` does), at twice the simulation time. The two are within about 1% of
-each other; the defaults are the better one measured (docs/benchmarks.md): ``lpt`` for ``oracle``
+each other; the defaults are the better one measured (docs/notes/reference-schedules.md): ``lpt`` for ``oracle``
 (on examples/traces/synth_256x8.jsonl, 6 + 2 engines: 49.14 s against 49.39 s at 128 prompts per
 batch, 28.43 s against 28.74 s at 512), ``list`` for ``oracle-probe`` (equal there; 105.8 s against
 107.6 s on a 1024-group synthetic trace at 512 prompts per batch).

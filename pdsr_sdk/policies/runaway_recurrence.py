@@ -4,7 +4,7 @@ v3's tail lane keeps a runaway within a staleness bound, and sends a restarted o
 it may not be restarted twice. That pays where a restart repeats the runaway, as a length-controlled
 replay does. A restart in RL sampling draws a fresh response, which rarely runs away again; there the
 restart is cheap and the lane's light engines are capacity lost (`pdsr simulate --steps
---restart-lengths redraw`, docs/benchmarks.md). So the lane asks what the restarts it has seen did.
+--restart-lengths redraw`, docs/notes/restart-lengths.md). So the lane asks what the restarts it has seen did.
 Plain numbers in and out.
 """
 

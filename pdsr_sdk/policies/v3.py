@@ -1,6 +1,6 @@
 """``v3`` (the default): every engine busy from the start, longest-ranked work first, KV-aware, tail moved once.
 
-What the measurements taught (docs/benchmarks.md): waiting for probes costs more than routing
+What the measurements taught (docs/notes/v3.md): waiting for probes costs more than routing
 saves, and on equal engines a group's probe says little about which single samples will be the
 longest. So v3 never waits on a barrier and takes only what the probes and the running samples can
 tell:
@@ -118,7 +118,7 @@ class V3Policy(Policy):
         self.remaining: dict[str, float] = {}        # predicted tokens still to generate per engine
         self.pairs = ProbeCorrelation(config.correlation_window)
         self.correlation: float | None = None
-        # 'auto' starts in queue order until measured: ranking by noise costs (docs/benchmarks.md)
+        # 'auto' starts in queue order until measured: ranking by noise costs (docs/notes/v3.md)
         self.informative = config.rank == "always"
         self.tail: set[Sample] = set()               # running samples past the tail threshold (or moved)
         self.tail_on: dict[str, int] = {}            # tail samples per engine
@@ -187,7 +187,7 @@ class V3Policy(Policy):
         lost where a batch queues for slots (informative family, 8 engines, B=512, ten draws: 0.981x baseline,
         worst 1.015, against 0.964x, worst 1.000, in chunks with steals; a draw dealt without moves 1.043x,
         chunked 1.000x), and where every sample starts at once it spread each prompt over every engine's prefix
-        cache and lost up to 3-11% on some draws (docs/benchmarks.md)."""
+        cache and lost up to 3-11% on some draws (docs/notes/v3.md)."""
         samples = [s for g in groups for s in g.samples if not s.finished]
         prior = self._prior()
         if prior <= 0 or not samples:

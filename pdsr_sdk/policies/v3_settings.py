@@ -1,5 +1,5 @@
 """Settings of the ``v3`` policy (:mod:`pdsr_sdk.policies.v3`): one field per rule, each with the reason
-for its default (the measurements are in docs/benchmarks.md)."""
+for its default (the measurements are in docs/benchmarks.md and docs/notes/)."""
 
 from __future__ import annotations
 

@@ -305,7 +305,7 @@ def placements(run):
 
 
 def test_the_lane_is_on_in_a_stream_exactly_when_a_staleness_bound_is_set():
-    # without a bound a slow tail just carries over and the lane's capacity would cost ~2% (docs/benchmarks.md)
+    # without a bound a slow tail just carries over and the lane's capacity would cost ~2% (docs/notes/partial-rollout.md)
     assert placements(stream("auto", max_staleness=None)) == placements(stream("never", max_staleness=None))
     bound = stream("auto")
     assert bound.policy_facts["tail_lane"] and bound.policy_facts["lane_engines"] == ["heavy-0"]
