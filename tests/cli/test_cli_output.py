@@ -322,6 +322,7 @@ def rollout_runs(tiny_model_dir, tmp_path_factory):
 
 @requires_vllm
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_log_file_gets_status_lines_and_plain_progress(rollout_runs):
     _, outputs = rollout_runs
     err = outputs["log"][1]
@@ -334,6 +335,7 @@ def test_log_file_gets_status_lines_and_plain_progress(rollout_runs):
 
 @requires_vllm
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_printed_summary_leads_and_json_keeps_every_key(rollout_runs):
     import pyarrow.parquet as pq
 
@@ -358,6 +360,7 @@ def test_printed_summary_leads_and_json_keeps_every_key(rollout_runs):
 
 @requires_vllm
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_quiet_keeps_only_pdsr_lines(rollout_runs):
     _, outputs = rollout_runs
     stdout, stderr = outputs["quiet"]

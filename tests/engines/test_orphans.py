@@ -14,7 +14,7 @@ import pytest
 
 from support import ROOT, WAIT_S, requires_vllm
 
-pytestmark = [requires_vllm, pytest.mark.vllm]
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
 psutil = pytest.importorskip("psutil")
 
 

@@ -1,10 +1,10 @@
 """Engines as Ray actors (backend ``ray``) on a local Ray cluster, CPU build, tiny model.
 
-One Ray cluster and three engines are started once for the module: two Ray
+One Ray cluster and two engines are started once for the module: two Ray
 actors (``fast-ray-0`` pinned to core 0 and ``heavy-ray-1`` pinned to core 1
-through ``VLLM_CPU_OMP_THREADS_BIND`` in the actors' environment) and one local
-engine (``fast-local``, core 0) that serves as the reference and as the local
-half of mixed pools. All use float32 and greedy sampling, so every sample of
+through ``VLLM_CPU_OMP_THREADS_BIND`` in the actors' environment). The session's
+local engine ``fast-0`` (core 0, tests/conftest.py) serves as the reference and
+as the local half of mixed pools. All use float32 and greedy sampling, so every sample of
 a prompt is a prefix of one greedy sequence, whichever engines generated its
 segments. The last two tests kill one actor each (``fast-ray-0``, then
 ``heavy-ray-1``); they run after the others in file order.
@@ -36,8 +36,8 @@ def ray_test(fn):
 
 
 def engine_test(fn):
-    """Needs Ray and vLLM: CPU vLLM engines in Ray actors."""
-    return pytest.mark.vllm(requires_vllm(ray_test(fn)))
+    """Needs Ray and vLLM: CPU vLLM engines in Ray actors (slow: they start in a minute or more)."""
+    return pytest.mark.slow(pytest.mark.vllm(requires_vllm(ray_test(fn))))
 
 
 # ----------------------------------------------------------- without Ray
@@ -164,9 +164,9 @@ def test_automatic_layout_with_a_ray_section_makes_ray_engines(ray_cluster):
 
 # ------------------------------------------------- vLLM engines in actors
 @pytest.fixture(scope="module")
-def engines(ray_cluster, engine_loop, tiny_model_dir):
+def engines(ray_cluster, engine_loop, tiny_model_dir, vllm_pair):
+    """Two engines in Ray actors (cores 0 and 1) and the session's local ``fast-0`` (tests/conftest.py)."""
     from pdsr_sdk.engines.ray_engine import RayEngine
-    from pdsr_sdk.engines.vllm_engine import VllmEngine
 
     common = dict(max_num_seqs=8, max_model_len=1024, dtype="float32")
     ray0 = RayEngine.from_spec(
@@ -177,19 +177,13 @@ def engines(ray_cluster, engine_loop, tiny_model_dir):
         _spec("heavy-ray-1", "heavy", backend="ray", **common,
               ray={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "1"}}),
         model=str(tiny_model_dir), ray=RayConfig(env_vars={"HF_HUB_OFFLINE": "1"}))
-    local = VllmEngine.from_spec(_spec("fast-local", "fast", devices=[0], **common), model=str(tiny_model_dir))
 
     async def start_all():
-        remote = [asyncio.ensure_future(e.start()) for e in (ray0, ray1)]
-        await asyncio.sleep(0)          # the actors load while the local engine starts
-        try:
-            await local.start()
-        finally:
-            await asyncio.gather(*remote)
+        await asyncio.gather(ray0.start(), ray1.start())
 
     run_on(engine_loop, start_all())
-    yield ray0, ray1, local
-    for e in (ray0, ray1, local):
+    yield ray0, ray1, vllm_pair[0]
+    for e in (ray0, ray1):
         run_on(engine_loop, e.close())
 
 
@@ -314,7 +308,7 @@ def test_a_pool_of_local_engines_and_a_pool_of_ray_engines_pass_samples_between_
     _check_samples(rows, reference)
     moved = [r for r in rows if r["moves"]]   # broke the fast cap on the local engine, finished in the actor
     assert moved and all([s["engine"] for s in r["segments"]][-1] == "heavy-ray-1" and
-                         r["segments"][0]["engine"] == "fast-local" for r in moved)
+                         r["segments"][0]["engine"] == local.name for r in moved)
 
 
 @engine_test
@@ -526,7 +520,7 @@ def test_killing_one_actor_mid_run_requeues_its_samples_on_the_pool(engines, ref
     assert killed["running"] & retried
     for key in retried:
         s = samples[key]
-        assert s.retries == 1 and s.segments[-1].engine == "fast-local"
+        assert s.retries == 1 and s.segments[-1].engine == local.name
         assert [seg.engine for seg in s.segments if seg.end_reason == "engine_dead"] == ["fast-ray-0"]
     [err] = session.scheduler.engine_errors
     text = str(err)

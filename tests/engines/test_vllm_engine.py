@@ -13,7 +13,7 @@ from pdsr_sdk.dispatch.types import SegmentRequest
 from pdsr_sdk.rollout.config import EngineSpec, SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
 
-pytestmark = [requires_vllm, pytest.mark.vllm]
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
 
 
 class Recorder:

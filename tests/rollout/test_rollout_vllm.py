@@ -13,27 +13,17 @@ import pytest
 
 from support import WAIT_S, requires_vllm, run_on
 from pdsr_sdk.config import load_config
-from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+from pdsr_sdk.rollout.config import RolloutConfig
 from workloads import LENGTHS, write_replay_prompts
 
-pytestmark = [requires_vllm, pytest.mark.vllm]
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
 
 
 
-@pytest.fixture(scope="module")
-def engines(engine_loop, tiny_model_dir):
-    from pdsr_sdk.engines.vllm_engine import VllmEngine
-
-    # float32: greedy continuation after a move is then bit-exact (in bf16 a re-prefilled context
-    # differs from step-by-step decoding in the last bits, and greedy paths can fork)
-    specs = [EngineSpec(name="fast-0", pool="fast", devices=[0], max_num_seqs=8, max_model_len=1024, dtype="float32"),
-             EngineSpec(name="heavy-0", pool="heavy", devices=[1], max_num_seqs=8, max_model_len=1024, dtype="float32")]
-    built = [VllmEngine.from_spec(s, model=str(tiny_model_dir)) for s in specs]
-    for e in built:
-        run_on(engine_loop, e.start())
-    yield built
-    for e in built:
-        run_on(engine_loop, e.close())
+@pytest.fixture()
+def engines(vllm_pair):
+    """The session's two engines (tests/conftest.py)."""
+    return vllm_pair
 
 
 @pytest.fixture()

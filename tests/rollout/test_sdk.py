@@ -226,6 +226,7 @@ def readme_trainer_snippet() -> str:
 
 @requires_vllm
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_the_readme_trainer_snippet_runs_as_written(tmp_path):
     """Extracted from README.md and run unchanged in a fresh interpreter (spawned engine processes,
     the built-in tiny model since the snippet names none): two steps with a weight update between."""

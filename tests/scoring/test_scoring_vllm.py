@@ -103,6 +103,7 @@ def _diffs(a, b):
 
 @requires_vllm
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["fp32", "fp32_mbs", "fp32_quota"])
 def test_vllm_fp32_engine_matches_torch(vllm_results, torch_fp32, samples, run):
     res = vllm_results[run]
@@ -118,6 +119,7 @@ def test_vllm_fp32_engine_matches_torch(vllm_results, torch_fp32, samples, run):
 
 @requires_vllm
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_path_errors_and_imports(vllm_results):
     assert vllm_results["too_long"] is not None
     assert "does not fit the vLLM engine's max_model_len=256" in vllm_results["too_long"]
@@ -126,6 +128,7 @@ def test_vllm_path_errors_and_imports(vllm_results):
 
 @requires_vllm
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_bf16_within_bf16_tolerance(vllm_results, tiny_model_dir, samples, torch_fp32):
     """bf16 vLLM vs fp32 torch, with a tolerance derived from bf16 itself.
 
