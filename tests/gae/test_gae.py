@@ -135,7 +135,7 @@ def test_triton_in_interpreter_matches_reference():
     TRITON_INTERPRET must be set before triton is imported)."""
     script = Path(__file__).with_name("gae_triton_interpret.py")
     env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0 and "interpret" in proc.stderr.lower() and "not supported" in proc.stderr.lower():
         pytest.skip(f"Triton's interpreter cannot run here: {proc.stderr.strip().splitlines()[-1]}")
