@@ -90,17 +90,24 @@ class WorkloadMember:
                                    f"is below the longest context, {need} (prompt_len_max + max_length)")
 
     def config(self, **overrides):
-        """The member's :class:`~pdsr_sdk.traces.config.TraceSynthConfig`; ``overrides`` replace its defaults."""
+        """The member's :class:`~pdsr_sdk.traces.config.TraceSynthConfig`; ``overrides`` replace its defaults.
+        Its ``family`` is the member's name where the member is registered under it, else None."""
         from pdsr_sdk.config import validate_config
         from pdsr_sdk.traces.config import TraceSynthConfig
 
-        return validate_config(TraceSynthConfig, {**self.synth, **overrides, "family": self.name})
+        registered = self.name in WORKLOADS and WORKLOADS.get(self.name) is self
+        if self.recorded is not None and not registered:
+            defaults = {k: f.default for k, f in TraceSynthConfig.model_fields.items()} | dict(self.synth)
+            check_recorded_config(self, overrides, defaults)
+        return validate_config(TraceSynthConfig, {**self.synth, **overrides,
+                                                  "family": self.name if registered else None})
 
     def trace(self, **overrides) -> LengthTrace:
         """A trace of this member (``groups=``, ``seed=`` and any other config key override its defaults)."""
         from pdsr_sdk.traces.synth import synth_trace
 
-        return synth_trace(self.config(**overrides))
+        cfg = self.config(**overrides)
+        return resampled_member_trace(self, cfg) if self.recorded is not None else synth_trace(cfg)
 
     def recorded_trace(self) -> LengthTrace:
         """The recorded trace a recorded member resamples (read once per process)."""

@@ -192,3 +192,19 @@ def test_cli_recorded_family_refuses_synthetic_flags(tmp_path):
     result = CliRunner().invoke(cli, ["trace", "synth", "--family", "recorded-gsm8k", "--median-length", "100",
                                       "--out", str(tmp_path / "t.jsonl")])
     assert result.exit_code == 2 and "only groups and seed, not median_length" in result.output
+
+
+def test_a_users_member_registers_and_draws():
+    from pdsr_sdk.traces import register_workload
+
+    mine = WorkloadMember("test-short", "Short answers.", synth=dict(median_length=50, max_length=200))
+    assert mine.trace(groups=8, seed=1).lengths.max() <= 200   # unregistered: drawn without a family name
+    register_workload(mine)
+    try:
+        assert mine.config().family == "test-short"
+        np.testing.assert_array_equal(synth_trace(family="test-short", groups=8, seed=1).lengths,
+                                      mine.trace(groups=8, seed=1).lengths)
+        with pytest.raises(Exception, match="already registered"):
+            register_workload(mine)
+    finally:
+        WORKLOADS.unregister("test-short")
