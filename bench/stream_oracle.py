@@ -1,21 +1,28 @@
-"""Benchmark: how far better predictions could take partial rollout across steps (issue 20's B = 512 target).
+"""Benchmark: how far better predictions could take partial rollout across steps (issue 20's B = 512 target),
+across the workload family.
 
-    .venv/bin/python bench/stream_oracle.py [--seeds 7,37] [--step-groups 512] [--orders v3,group_median,sample]
+    .venv/bin/python bench/stream_oracle.py --quick                # every member, B = 128, v3's own order
+    .venv/bin/python bench/stream_oracle.py [--family informative,seed002] [--seeds 7,37] [--step-groups 512]
+                                            [--orders v3,group_median,sample]
 
-For each seed-002-like trace (`pdsr trace synth --groups 5632 --n 8 --seed S`) it runs the
-partial-share search of `pdsr simulate --steps 10 --max-staleness 2 --max-partial-share 0.1
---kv-on-update keep` (6 + 2 equal engines) with v3 and with v3 told what no real engine knows, in
-the place of its ranked pool's order (``V3Policy.rank_key``):
+For each member of the workload family (pdsr_sdk.traces.WORKLOADS, `pdsr trace synth --family list`;
+docs/notes/workload-family.md) and each of its pinned seeds (five: 101-105; --seeds replaces them) it runs
+the partial-share search of `pdsr simulate --steps K --max-staleness 2 --max-partial-share 0.1
+--kv-on-update keep` (6 + 2 equal engines of the member's pinned profile, its pinned K) with v3 and with
+v3 told what no real engine knows, in the place of its ranked pool's order (``V3Policy.rank_key``):
 
 - ``group_median``: each group ranked by the median of its recorded lengths, longest first: a perfect
   per-prompt predictor (a prompt's difficulty, as many earlier epochs of it would tell);
 - ``group_max``: each group by its longest recorded response (also knowing the noise of this draw);
 - ``sample``: every sample by its own recorded length, longest first (knowing the noise of each sample).
 
-Everything else is v3's (placement, siblings first on an engine, the lane, segments). Prints, per
-trace and order, the fastest over-provision within 10% partial tokens: its F, steady step / on-policy
-step, partial share and the ratio per consumed token. All in virtual time: one run gives the same
-numbers on any machine. A search takes about 2-3 minutes per order and trace on one core.
+Everything else is v3's (placement, siblings first on an engine, the lane, segments). Prints, per member
+and order, the fastest over-provision within 10% partial tokens as the median [min, max] over the seeds:
+its F, steady step / on-policy step, partial share and the ratio per consumed token (with --per-seed, one
+row per seed too). All in virtual time: one run gives the same numbers on any machine. A search takes
+about 2-3 minutes per order and trace at B = 512 on one core (kv-bound longer), so the defaults take
+hours. --quick (B = 128, v3's order only) takes 1 to 9 minutes a trace (kv-bound and heavy the longest),
+about two hours for the whole family's forty traces on one core; --jobs N runs N searches at once.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
 from pdsr_sdk.dispatch.types import Sample
@@ -57,16 +65,17 @@ class OracleOrderPolicy(V3Policy):
         return 1, -float(sorted(lengths)[len(lengths) // 2])
 
 
-def fastest_within(trace, order: str, b: int, budget: float):
+def fastest_within(trace, order: str, b: int, budget: float, profile: dict | None = None, steps: int = 10):
     """(F, ratio, partial share, ratio per token) of the fastest run within ``budget`` partial tokens."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import simulate_steps
 
     policy = "v3" if order == "v3" else OracleOrderPolicy.name
     settings = {} if order == "v3" else {policy: {"order": order}}
-    cfg = SimulateConfig(policy=policy, policy_settings=settings, fast=6, heavy=2, steps=10, step_groups=b,
+    prof = dict(profile or EQUAL)
+    cfg = SimulateConfig(policy=policy, policy_settings=settings, fast=6, heavy=2, steps=steps, step_groups=b,
                          max_staleness=2, max_partial_share=budget, kv_on_update="keep", timeline=False,
-                         profiles={"fast": EQUAL, "heavy": EQUAL})
+                         profiles={"fast": prof, "heavy": prof})
     report = simulate_steps(trace, cfg)
     pick = report.fastest_within()
     if pick is None:
@@ -74,34 +83,97 @@ def fastest_within(trace, order: str, b: int, budget: float):
     return pick.over_provision, report.ratio(pick), pick.partial_share, report.ratio_per_token(pick)
 
 
+def search(name: str, seed: int, order: str, b: int, budget: float):
+    """``fastest_within`` for member ``name``'s trace of ``seed`` on its pinned profile and K (a worker's task)."""
+    from pdsr_sdk.policies import POLICIES
+    from pdsr_sdk.traces import workload
+
+    if OracleOrderPolicy.name not in POLICIES:
+        POLICIES.register(OracleOrderPolicy.name, OracleOrderPolicy)   # this process only
+    member = workload(name)
+    k = member.measure.steps
+    trace = member.trace(groups=(k + 1) * b, n=8, seed=seed)
+    return fastest_within(trace, order, b, budget, dict(member.measure.profile), k)
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """``median [min, max]`` of ``values`` formatted with ``fmt`` (the value alone for one)."""
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(float(np.median(values)), fmt)} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", default="7,37")
-    ap.add_argument("--step-groups", type=int, default=512)
+    ap.add_argument("--family", default="all", help="members of the workload family, comma-separated, or all")
+    ap.add_argument("--seeds", default=None, help="trace seeds, comma-separated (default: each member's pinned seeds)")
+    ap.add_argument("--quick", action="store_true", help="--step-groups 128 --orders v3 (flags given still win)")
+    ap.add_argument("--step-groups", type=int, default=None, help="B [default: 512]")
     ap.add_argument("--max-partial-share", type=float, default=0.1)
-    ap.add_argument("--orders", default="v3,group_median,sample", help=f"comma-separated, of {', '.join(ORDERS)}")
+    ap.add_argument("--orders", default=None, help=f"comma-separated, of {', '.join(ORDERS)} "
+                                                   f"[default: v3,group_median,sample]")
+    ap.add_argument("--per-seed", action="store_true", help="also one row per seed")
+    ap.add_argument("--jobs", type=int, default=1, help="searches run at once, in worker processes (one a core)")
     args = ap.parse_args()
+    if args.step_groups is None:
+        args.step_groups = 128 if args.quick else 512
+    if args.orders is None:
+        args.orders = "v3" if args.quick else "v3,group_median,sample"
     orders = args.orders.split(",")
     unknown = sorted(set(orders) - set(ORDERS))
     if unknown:
         ap.error(f"--orders: unknown {', '.join(unknown)}; valid: {', '.join(ORDERS)}")
 
-    from pdsr_sdk.policies import POLICIES
-    from pdsr_sdk.traces import synth_trace
+    from concurrent.futures import Future, ProcessPoolExecutor
 
-    POLICIES.register(OracleOrderPolicy.name, OracleOrderPolicy)   # this process only
-    print(f"B = {args.step_groups}, S = 2, K = 10, keep, fastest within {args.max_partial_share:.0%} partial tokens\n")
-    print("| seed | order | F | step / on-policy | partial | per consumed token |")
-    print("|---|---|---|---|---|---|")
-    for seed in map(int, args.seeds.split(",")):
-        trace = synth_trace(groups=5632, n=8, seed=seed)
+    from pdsr_sdk.errors import PdsrError
+    from pdsr_sdk.traces import WORKLOADS, workload
+
+    members = WORKLOADS.names() if args.family == "all" else args.family.split(",")
+    for name in members:
+        try:
+            workload(name)
+        except PdsrError as exc:   # an unknown name, listing the valid ones
+            ap.error(f"--family: {exc}")
+    b = args.step_groups
+    tasks = [(name, seed, order) for name in members
+             for seed in ([int(x) for x in args.seeds.split(",")] if args.seeds else workload(name).measure.seeds)
+             for order in orders]
+    pool = ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
+    futures: dict = {}
+    for t in tasks:   # in order: with one job each runs when its result is asked for
+        futures[t] = pool.submit(search, *t, b, args.max_partial_share) if pool else None
+
+    def result(t):
+        fut: Future | None = futures[t]
+        return fut.result() if fut is not None else search(*t, b, args.max_partial_share)
+
+    print(f"B = {b}, S = 2, keep, 6 + 2 engines, fastest within {args.max_partial_share:.0%} partial tokens; "
+          f"median [min, max] over the seeds\n")
+    print("| member | K | order | seeds | F | step / on-policy step (x) | partial | per consumed token (x) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in members:
+        k = workload(name).measure.steps
         for order in orders:
-            got = fastest_within(trace, order, args.step_groups, args.max_partial_share)
-            if got is None:
-                print(f"| {seed} | {order} | none within the budget | | | |", flush=True)
+            got = {}
+            for t in (t for t in tasks if t[0] == name and t[2] == order):
+                seed = t[1]
+                got[seed] = result(t)
+                if args.per_seed:
+                    row = ("none within the budget | | |" if got[seed] is None else
+                           "{:.3g} | {:.3f} | {:.1%} | {:.3f}".format(*got[seed]))
+                    print(f"| {name} | {k} | {order} | {seed} | {row} |", flush=True)
+            found = [g for g in got.values() if g is not None]
+            missing = len(got) - len(found)
+            label = f"{len(found)} of {len(got)}" + (" (the others: none within the budget)" if missing else "")
+            if not found:
+                print(f"| {name} | {k} | {order} | {label} | | | | |", flush=True)
                 continue
-            f, ratio, partial, per_token = got
-            print(f"| {seed} | {order} | {f:.3g} | {ratio:.3f}x | {partial:.1%} | {per_token:.3f}x |", flush=True)
+            cols = [spread([g[i] for g in found], fmt) for i, fmt in enumerate((".3g", ".3f", ".1%", ".3f"))]
+            print(f"| {name} | {k} | {order} | {label} | {cols[0]} | {cols[1]} | {cols[2]} | {cols[3]} |",
+                  flush=True)
+    if pool:
+        pool.shutdown()
 
 
 if __name__ == "__main__":

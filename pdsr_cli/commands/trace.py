@@ -17,6 +17,18 @@ def _help(name: str) -> str:
     return field.description if field.default is None else f"{field.description} [default: {field.default}]"
 
 
+def _list_family(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--family list``: print the members and their descriptions, then exit (before --out is required)."""
+    if value != "list" or ctx.resilient_parsing:
+        return value
+    from pdsr_sdk.traces.family import WORKLOADS, workload
+
+    for name in WORKLOADS:
+        member = workload(name)
+        click.echo(f"{name}: {member.description}\n    {member.measure.describe()}")
+    ctx.exit(0)
+
+
 @click.group("trace")
 def command() -> None:
     """Length traces: one JSONL line per prompt group,
@@ -27,6 +39,8 @@ def command() -> None:
 @command.command("synth", short_help="Draw a synthetic long-tailed length trace (JSONL).")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
+@click.option("--family", type=str, default=None, is_eager=True, callback=_list_family,
+              help=_help("family"))
 @click.option("--groups", type=int, default=None, help=_help("groups"))
 @click.option("--n", "n", type=int, default=None, help=_help("n"))
 @click.option("--seed", type=int, default=None, help=_help("seed"))
@@ -49,9 +63,13 @@ def synth(out: Path, config_path: Path | None, **flags) -> None:
     Per-prompt difficulty is log-normal, samples vary around it with
     log-normal noise, a few samples run away to --max-length. The defaults
     resemble a 0.5B model on MATH: mean CV ~0.3, Spearman(probe, sample j)
-    ~0.6.
+    ~0.6. --family NAME draws a named workload (light and heavy tails,
+    seed-002-like, long reasoning, an uninformative probe, a recorded
+    trace resampled): its parameters are the defaults, flags override them.
 
     Example: pdsr trace synth --groups 512 --n 8 --seed 0 --out trace.jsonl
+
+    Example: pdsr trace synth --family longcot --seed 101 --out longcot.jsonl
     """
     from pdsr_sdk.traces import synth_trace, write_trace_jsonl
 
@@ -60,7 +78,8 @@ def synth(out: Path, config_path: Path | None, **flags) -> None:
     write_trace_jsonl(trace, out)
     lengths = trace.lengths
     at_cap = int((lengths >= cfg.max_length).sum())
-    click.echo(f"wrote {out}: {trace.num_groups} groups x {cfg.n} samples, length median "
+    family = f" ({cfg.family})" if cfg.family else ""
+    click.echo(f"wrote {out}{family}: {trace.num_groups} groups x {cfg.n} samples, length median "
                f"{np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, {at_cap} at max_length "
                f"{cfg.max_length}")
 

@@ -2,10 +2,20 @@
 
 ``read_trace`` reads a JSONL trace or a trajectories Parquet/Arrow file,
 ``write_trace_jsonl`` writes the JSONL form, ``synth_trace`` draws a
-synthetic long-tailed trace, ``default_trace_path`` is the built-in one.
+synthetic long-tailed trace, ``default_trace_path`` is the built-in one. ``WORKLOADS`` is the
+family of named workloads (seeded generators with their own defaults and measurement) policies are
+judged on.
 """
 
 from pdsr_sdk.traces.config import TraceSynthConfig
+from pdsr_sdk.traces.family import (
+    WORKLOADS,
+    Measurement,
+    WorkloadMember,
+    register_workload,
+    resample_trace,
+    workload,
+)
 from pdsr_sdk.traces.io import (
     detect_format,
     read_trace,
@@ -19,13 +29,19 @@ from pdsr_sdk.traces.trace import LengthTrace
 
 __all__ = [
     "LengthTrace",
+    "Measurement",
     "TraceSynthConfig",
+    "WORKLOADS",
+    "WorkloadMember",
     "default_trace_path",
     "detect_format",
     "read_trace",
     "read_trace_jsonl",
     "read_trajectories_trace",
+    "register_workload",
+    "resample_trace",
     "synth_trace",
     "trace_from_trajectories",
+    "workload",
     "write_trace_jsonl",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.errors import ConfigValueError
@@ -25,7 +27,15 @@ class TraceSynthConfig(ConfigModel):
     41% [31%]: real within-group noise has a heavier upper tail than a
     log-normal, so real traces agree even less at the top; and single
     runaways make the max CV larger (2.2 [1.18]).
+
+    ``family`` names a member of the workload family (``pdsr_sdk.traces.family.WORKLOADS``): its values are
+    the defaults of the keys not given.
     """
+
+    family: str | None = Field(
+        None, description="A named workload of the family policies are judged on (`pdsr trace synth --family "
+                          "list` lists them): its parameters replace the other keys' defaults, and keys given "
+                          "override them. None: the keys' own defaults, which make the `informative` member.")
 
     groups: int = Field(512, ge=1, description="Number of prompt groups G.")
     n: int = Field(8, ge=1, description="Samples per group N (sample 0 is the probe).")
@@ -53,6 +63,32 @@ class TraceSynthConfig(ConfigModel):
     tokens_per_s: float | None = Field(
         None, gt=0, description="When set, write durations_s = length / tokens_per_s for every sample.")
     id_prefix: str = Field("p", description="Prompt ids are this prefix followed by the zero-padded group index.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_defaults(cls, data: Any) -> Any:
+        """The family member's values under the keys given (an unknown name is left to ``_known_family``)."""
+        if not isinstance(data, dict) or data.get("family") is None:
+            return data
+        from pdsr_sdk.traces.family import WORKLOADS, check_recorded_config, workload
+
+        name = data["family"]
+        if not isinstance(name, str) or (name not in WORKLOADS and ":" not in name):
+            return data
+        member = workload(name)
+        if member.recorded is not None:
+            defaults = {k: f.default for k, f in cls.model_fields.items()} | dict(member.synth)
+            check_recorded_config(member, data, defaults)
+        return {**member.synth, **data}
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        from pdsr_sdk.traces.family import WORKLOADS
+
+        return WORKLOADS.check_name(value)
 
     @model_validator(mode="after")
     def _ranges(self) -> "TraceSynthConfig":

@@ -7,15 +7,32 @@ from pathlib import Path
 import numpy as np
 
 from pdsr_sdk.config import validate_config
+from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.traces.config import TraceSynthConfig
 from pdsr_sdk.traces.trace import LengthTrace
 
 
 def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTrace:
-    """Draw a reproducible synthetic trace; ``overrides`` replace config fields (``groups=64``)."""
-    cfg = config or TraceSynthConfig()
-    if overrides:
-        cfg = validate_config(TraceSynthConfig, {**cfg.model_dump(), **overrides})   # errors name the key
+    """Draw a reproducible synthetic trace; ``overrides`` replace config fields (``groups=64``).
+
+    With a ``family`` (``synth_trace(family="heavy", seed=101)``) the member's parameters are the defaults
+    (:mod:`pdsr_sdk.traces.family`); a recorded member resamples its recorded groups instead."""
+    if config is None:
+        cfg = validate_config(TraceSynthConfig, overrides)   # errors name the key
+    elif overrides:
+        if overrides.get("family", config.family) != config.family:
+            raise ConfigValueError(f"synth_trace: family={overrides['family']!r} over a config of family "
+                                   f"{config.family!r} would keep the config's values; pass the family in the "
+                                   f"config, or without one")
+        cfg = validate_config(TraceSynthConfig, {**config.model_dump(), **overrides})
+    else:
+        cfg = config
+    if cfg.family is not None:
+        from pdsr_sdk.traces.family import resampled_member_trace, workload
+
+        member = workload(cfg.family)
+        if member.recorded is not None:
+            return resampled_member_trace(member, cfg)
     g, n = cfg.groups, cfg.n
     rng = np.random.default_rng(cfg.seed)
     # Draw order is part of the format: changing it changes every trace for a seed.
@@ -35,7 +52,8 @@ def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTr
     width = len(str(g - 1))
     ids = [f"{cfg.id_prefix}{i:0{width}d}" for i in range(g)]
     return LengthTrace.from_matrix(lengths, prompt_ids=ids, prompt_lens=prompt_lens, durations_s=durations,
-                                   finish_reasons=reasons, source=f"synth(seed={cfg.seed})")
+                                   finish_reasons=reasons,
+                                   source=f"synth({cfg.family}, seed={cfg.seed})" if cfg.family else f"synth(seed={cfg.seed})")
 
 
 def default_trace_path(groups: int) -> Path:
