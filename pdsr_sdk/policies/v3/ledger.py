@@ -1,0 +1,200 @@
+"""v3's shared books: what waits, where each sample is placed and what it is predicted to need there, each engine's
+slots, its tail samples and its held runaways, and the lazy heap of move targets. Several rules read them; only
+the ledger's own methods change them, so that every count moves with its placement."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+from pdsr_sdk.dispatch.protocols import DispatchContext, Engine
+from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
+from pdsr_sdk.policies.engine_leads import EngineLeads
+from pdsr_sdk.policies.v3_settings import V3Settings
+
+
+class Ledger:
+    """Placement (engine, predicted length), demand (KV tokens, tokens still to generate), slots and moves."""
+
+    def __init__(self, config: V3Settings, ctx: DispatchContext) -> None:
+        self.cfg = config
+        self.ctx = ctx
+        self.waiting: set[Sample] = set()            # queued in the policy's ranked pool, not yet placed
+        self.by_name: dict[str, Engine] = {}
+        self.engine_of: dict[Sample, str] = {}       # submitted (queued on or running on) engine
+        self.demand: dict[str, float] = {}           # predicted final KV tokens per engine
+        self.predicted: dict[Sample, tuple[float, int]] = {}   # placed sample -> (predicted length, generated then)
+        self.assigned: dict[str, int] = {}           # samples placed on each engine and not finished
+        self.remaining: dict[str, float] = {}        # predicted tokens still to generate per engine
+        self.total_assigned = 0
+        self.total_slots = 0
+        self.total_remaining = 0.0
+        self.stream_has_room = False                 # a stream whose work in flight leaves slots free
+        self.tail: set[Sample] = set()               # running samples past the tail threshold (or moved)
+        self.tail_on: dict[str, int] = {}            # tail samples per engine
+        self.targets: list[tuple[int, int, str]] = []   # lazy heap of move targets
+        self.targets_stale = True
+        self.runaways: dict[Sample, str] = {}        # samples past the lane threshold -> the lane engine holding them
+        self.runaways_on: dict[str, int] = {}        # such samples per lane engine
+        # per engine, its furthest-along sample's progress; kept only where the move guard reads it
+        self.leads = EngineLeads(self.engine_of) if config.migrate and config.migrate_lead_guard else None
+
+    # ----------------------------------------------------------- engines
+    def arrive(self, engines: list[Engine], groups: list[Group]) -> None:
+        """``groups`` arrived: book the live engines not yet known, count the slots again, and note whether a
+        stream leaves slots free with them."""
+        for e in engines:
+            self.by_name.setdefault(e.name, e)
+            self.demand.setdefault(e.name, 0.0)
+            self.assigned.setdefault(e.name, 0)
+            self.remaining.setdefault(e.name, 0.0)
+            if e.name not in self.tail_on:
+                self.tail_on[e.name] = 0
+                self.push_engine(e.name)
+        self.total_slots = sum(self.limit(self.by_name[n]) for n in self.assigned)
+        waiting_after = sum(1 for g in groups for s in g.samples if not s.finished) + len(self.waiting)
+        self.stream_has_room = self.ctx.streaming and self.total_assigned + waiting_after <= self.total_slots
+
+    def lose(self, engine: Engine, requeued: list[Sample]) -> None:
+        for s in requeued:
+            self.unplace(s)
+        self.demand.pop(engine.name, None)
+        self.remaining.pop(engine.name, None)
+        self.tail_on.pop(engine.name, None)
+        self.runaways_on.pop(engine.name, None)
+        if self.leads is not None:
+            self.leads.drop(engine.name)
+        self.assigned.pop(engine.name, None)
+        self.total_slots = sum(self.limit(self.by_name[n]) for n in self.assigned)
+
+    def limit(self, e: Engine) -> int:
+        limit = e.max_concurrency
+        if self.cfg.heavy_max_seqs is not None and e.pool == HEAVY:
+            limit = min(limit, self.cfg.heavy_max_seqs)
+        return limit
+
+    def slots(self, e: Engine) -> int:
+        """Free slots of ``e`` counting samples placed on it but not yet launched."""
+        return self.limit(e) - self.assigned.get(e.name, 0)
+
+    def fits(self, e: Engine, need: float) -> bool:
+        """Whether ``e``'s KV cache holds ``need`` more tokens by the predicted demand (``kv_admission``); an engine
+        with nothing placed always takes work."""
+        if not self.cfg.kv_admission or self.assigned.get(e.name, 0) == 0:
+            return True
+        cap = getattr(e, "kv_cache_tokens", None)
+        return cap is None or self.demand[e.name] + need <= self.cfg.kv_budget * cap
+
+    def fair_share(self, e: Engine, prior: float) -> float:
+        """``e``'s share (by slots) of the predicted remaining tokens of all unfinished work (each waiting sample
+        counted at ``prior``): when the last waiting samples are handed out, an engine that freed many slots at once
+        must not take them all (its tail would run at a high step cost while the others drain)."""
+        waiting_work = len(self.waiting) * prior
+        return self.limit(e) * (self.total_remaining + waiting_work) / self.total_slots
+
+    # ------------------------------------------------------------ placement
+    def place(self, s: Sample, e: Engine, length: float) -> None:
+        self.engine_of[s] = e.name
+        self.predicted[s] = (length, s.num_generated)
+        self.demand[e.name] += s.prompt_len + length
+        self.remaining[e.name] += length - s.num_generated
+        self.total_remaining += length - s.num_generated
+        self.assigned[e.name] += 1
+        self.total_assigned += 1
+        if s in self.tail:
+            self.tail_on[e.name] += 1
+        self.push_engine(e.name)
+        self.note_progress(s)
+
+    def unplace(self, s: Sample) -> None:
+        # a runaway's hold ends wherever it was booked, or if it was not (a finished sample restarted for
+        # staleness runs where it last ran, outside these books, and may be held there); that engine may have
+        # been lost since (lose drops its count)
+        held = self.runaways.pop(s, None)
+        if held is not None and held in self.runaways_on:
+            self.runaways_on[held] -= 1
+        name = self.engine_of.pop(s, None)
+        if name is None:
+            return
+        length, gen = self.predicted.pop(s)
+        if name in self.demand:
+            self.demand[name] -= s.prompt_len + length
+            self.remaining[name] -= length - gen
+            self.assigned[name] -= 1
+            if s in self.tail:
+                self.tail_on[name] -= 1
+            self.push_engine(name)
+        self.total_remaining -= length - gen
+        self.total_assigned -= 1
+
+    def finished(self, s: Sample) -> None:
+        """``s`` finished: out of every book."""
+        self.unplace(s)
+        self.tail.discard(s)
+        self.waiting.discard(s)
+
+    def repredict(self, s: Sample, expected: Callable[[Sample], float]) -> None:
+        """A segment of ``s`` ended: book its new predicted length (``expected``)."""
+        name = self.engine_of.get(s)
+        if name is None:
+            return
+        new = expected(s)
+        old_len, old_gen = self.predicted[s]
+        self.demand[name] += new - old_len
+        d_rem = (new - s.num_generated) - (old_len - old_gen)
+        self.remaining[name] += d_rem
+        self.total_remaining += d_rem
+        self.predicted[s] = (new, s.num_generated)
+
+    def note_progress(self, s: Sample) -> None:
+        name = self.engine_of.get(s)
+        if name is not None and self.leads is not None:
+            self.leads.note(s, self.assigned.get(name, 0))
+
+    # ---------------------------------------------------------------- moves
+    def rebook(self, s: Sample, target: Engine, length: float) -> None:
+        """Re-place ``s`` on ``target`` in the books (predicted ``length``)."""
+        self.unplace(s)
+        self.place(s, target, length)
+
+    def move_to(self, s: Sample, target: Engine, length: float) -> None:
+        """Re-place ``s`` on ``target`` in the books and ask the scheduler to move it there."""
+        self.rebook(s, target, length)
+        self.ctx.move(s, engine=target)     # counted by the scheduler as a move
+
+    def hold_runaway(self, s: Sample, name: str) -> None:
+        """``s`` runs on lane engine ``name`` past the lane threshold: the engine stays light while it does."""
+        self.runaways[s] = name
+        self.runaways_on[name] = self.runaways_on.get(name, 0) + 1
+
+    # ------------------------------------------------------------- the tail
+    def mark_tail(self, s: Sample, name: str, delta: int) -> None:
+        if delta > 0:
+            self.tail.add(s)
+        else:
+            self.tail.discard(s)
+        if name in self.tail_on:
+            self.tail_on[name] += delta
+            self.push_engine(name)
+
+    def push_engine(self, name: str) -> None:
+        """Record an engine's (tail samples, samples) in the lazy heap of move targets. Targets are only
+        looked up once nothing waits, so while work waits the heap is marked stale instead (rebuilt once)."""
+        if self.waiting:
+            self.targets_stale = True
+            return
+        heapq.heappush(self.targets, (self.tail_on[name], self.assigned[name], name))
+
+    def best_target(self) -> Engine | None:
+        """The live engine running the fewest tail samples, then the fewest samples."""
+        if self.targets_stale:
+            self.targets = [(n, self.assigned[name], name) for name, n in self.tail_on.items()]
+            heapq.heapify(self.targets)
+            self.targets_stale = False
+        heap = self.targets
+        while heap:
+            tails, count, name = heap[0]
+            if name in self.tail_on and tails == self.tail_on[name] and count == self.assigned[name]:
+                return self.by_name[name]
+            heapq.heappop(heap)
+        return None

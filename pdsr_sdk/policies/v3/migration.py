@@ -1,0 +1,146 @@
+"""v3's migration: the tail, moved once to lightly loaded engines.
+
+At a segment boundary a running sample that has already run long (past the 97th percentile of finished lengths,
+or past the length beyond which most samples ran to the response cap: :class:`~.lengths.Lengths`) joins the tail.
+Once nothing waits, a tail sample moves once to the engine running the fewest tail samples (then the fewest
+samples), when that engine runs clearly fewer than its own, unless that engine's furthest-along sample is expected
+to run longer than the moved one (it would be slowed, and it sets the target's end), and while the prefill of the
+moved samples still arriving there costs at most a share of what the move saves (each re-prefills its context on
+the target; the prices are learnt from the engines' timings, :class:`~pdsr_sdk.policies.move_prices.MovePrices`);
+nothing moves twice. With the tail lane on (:mod:`.lane`) the lane moves instead."""
+
+from __future__ import annotations
+
+import heapq
+
+from pdsr_sdk.dispatch.protocols import DispatchContext, Engine
+from pdsr_sdk.dispatch.types import Sample
+from pdsr_sdk.policies.length_history import unseen_residual
+from pdsr_sdk.policies.move_prices import MovePrices
+from pdsr_sdk.policies.v3.ledger import Ledger
+from pdsr_sdk.policies.v3.lengths import Lengths
+from pdsr_sdk.policies.v3.rule import BaseRule
+from pdsr_sdk.policies.v3_settings import V3Settings
+
+_MAX_TARGETS_TRIED = 8   # move targets ruled out (_takes) before a move is given up
+
+
+class Migration(BaseRule):
+    """Marks the tail, moves tail samples once, and prices the moves (the moved samples still arriving)."""
+
+    def __init__(self, config: V3Settings, ctx: DispatchContext, ledger: Ledger, lengths: Lengths) -> None:
+        self.cfg = config
+        self.ctx = ctx
+        self.ledger = ledger
+        self.lengths = lengths
+        self.arriving: dict[Sample, tuple[str, int]] = {}   # moved samples before their first segment on the
+        #                                                     target ends -> (target, context tokens to prefill)
+        self.arriving_on: dict[str, int] = {}        # such samples per target engine
+        self.arriving_ctx: dict[str, int] = {}       # their context tokens per target engine
+        self.prices = MovePrices()                   # a decode step's and a prefill token's seconds, as measured
+
+    def on_sample_finished(self, sample: Sample) -> None:
+        self._arrived(sample)
+
+    def on_segment_end(self, sample: Sample, engine: Engine) -> None:
+        self._arrived(sample)
+        if sample not in self.ledger.tail and sample.num_generated >= self.lengths.tail_threshold:
+            self.ledger.mark_tail(sample, engine.name, +1)
+
+    def move(self, sample: Sample, engine: Engine) -> bool:
+        if self.cfg.migrate and not self.ledger.waiting and sample.moves == 0 and sample in self.ledger.tail:
+            self._maybe_move(sample, engine)
+        return True
+
+    def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
+        self.arriving_on.pop(engine.name, None)
+        self.arriving_ctx.pop(engine.name, None)
+
+    def _arrived(self, s: Sample) -> None:
+        """``s`` ended a segment (or finished): a move that brought it has been paid for on its target. Its span
+        also tells the prices of the next moves."""
+        segs = s.segments
+        arrival = self.arriving.pop(s, None)
+        if segs:
+            self.prices.observe(segs[-2] if len(segs) > 1 else None, segs[-1], s.prompt_len + segs[-1].start_token,
+                                moved_here=arrival is not None and arrival[0] == segs[-1].engine)
+        if arrival is not None and arrival[0] in self.arriving_on:
+            self.arriving_on[arrival[0]] -= 1
+            self.arriving_ctx[arrival[0]] -= arrival[1]
+
+    def _maybe_move(self, s: Sample, engine: Engine) -> None:
+        """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
+        when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
+        or clearly fewer samples, and the prefill of the moves still arriving there stays within
+        ``migrate_stall_share`` of what the move saves. (A move costs a prefill of the whole context on the
+        target; moving between engines that differ only in their tail counts cost 1-2% on cold batches, whose
+        early tail threshold is low.)"""
+        book = self.ledger
+        context = s.prompt_len + s.num_generated
+        target = self._open_target(s, engine, context)
+        if target is None or target is engine:
+            return
+        name, to = engine.name, target.name
+        tail_on, assigned = book.tail_on, book.assigned
+        fewer_tails = tail_on[to] + 1 < tail_on[name] and assigned[to] < assigned[name]
+        fewer_samples = (tail_on[to] <= tail_on[name] - 1
+                         and assigned[name] - assigned[to] >= self.cfg.migrate_min_gap
+                         and assigned[to] <= self.cfg.migrate_min_ratio * assigned[name])
+        if not (fewer_tails or fewer_samples):
+            return
+        length = self.lengths.expected(s)
+        if book.slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not book.fits(target, s.prompt_len + length):
+            return
+        book.move_to(s, target, length)
+        self.arriving[s] = (to, context)
+        self.arriving_on[to] = self.arriving_on.get(to, 0) + 1
+        self.arriving_ctx[to] = self.arriving_ctx.get(to, 0) + context
+
+    def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
+        """The best move target (:meth:`Ledger.best_target`) among those whose furthest-along sample is expected to
+        finish before ``s`` (``migrate_lead_guard``) and where the prefill of the moves still arriving, and of this
+        one's ``context`` tokens, pays (``migrate_stall_share``); the next best are tried while the best are ruled
+        out (with many engines one target was full and moves waited)."""
+        skipped = []
+        found = None
+        remaining = self.lengths.residual(s.num_generated)
+        while len(skipped) < _MAX_TARGETS_TRIED:
+            target = self.ledger.best_target()
+            if target is None:
+                break
+            if target is source or self._takes(target.name, source.name, s.num_generated, context, remaining):
+                found = target
+                break
+            skipped.append(heapq.heappop(self.ledger.targets))
+        for entry in skipped:
+            heapq.heappush(self.ledger.targets, entry)
+        return found
+
+    def _takes(self, name: str, source: str, generated: int, context: int, remaining: float) -> bool:
+        """Whether engine ``name`` takes a moved sample of ``context`` tokens that has produced ``generated`` and has
+        ``remaining`` still to come."""
+        if self.cfg.migrate_lead_guard and not self._lead_finishes_first(name, generated, remaining):
+            return False
+        if not self.arriving_on.get(name, 0):
+            return True
+        return bool(self.prices.stall_pays(source, name, self.arriving_ctx.get(name, 0) + context, remaining,
+                                           self.cfg.migrate_stall_share))
+
+    def _lead_finishes_first(self, name: str, generated: int, remaining: float) -> bool:
+        """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample that has
+        produced ``generated`` and has ``remaining`` tokens still to come (``migrate_lead_guard``). While the history
+        is not full and none of it ran to the cap, it holds the first finishes, the short ones, and cannot say what a
+        long-running sample has left (read as the cap less its progress, the further-along runaway looked the nearer
+        to its end, and a cold batch's runaways gathered on one engine); the one further along is then taken to have
+        more left, up to the cap (:func:`unseen_residual`)."""
+        leads = self.ledger.leads
+        lead = leads.lead(name) if leads is not None else None
+        if lead is None:
+            return True
+        cap = self.ctx.sampling.max_tokens
+        history = self.lengths.history
+        seen = history.sorted
+        if (not history.full and not (seen and seen[-1] >= cap)
+                and unseen_residual(lead, cap) >= unseen_residual(generated, cap)):
+            return False
+        return self.lengths.residual(lead) < remaining
