@@ -1,7 +1,9 @@
-"""Rewards: the built-in ``math_boxed`` and user functions by import path.
+"""Rewards: the built-in ``math_verify`` (the default for math data) and ``math_boxed`` (its fallback,
+pure Python), and user functions by import path.
 
 A reward function is ``fn(response_text: str, ground_truth: str | None, **info) -> float``
-where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``.
+where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``. A reward may also have a
+``stats`` dict of counters (``math_verify``: ``reward_timeouts``), which runs add up and report.
 """
 
 from __future__ import annotations
@@ -139,17 +141,37 @@ def math_boxed(response_text: str, ground_truth: str | None, **info) -> float:
 
 REWARDS: Registry[RewardFn] = Registry("reward")
 REWARDS.register("math_boxed", math_boxed)
+REWARDS.register("math_verify", "pdsr_sdk.rollout.verify_reward:math_verify")
+
+#: the reward ``auto`` picks for data with a ground truth
+DEFAULT_MATH_REWARD = "math_verify"
+#: the default of ``reward_timeout_s``: seconds one math_verify check may take
+DEFAULT_TIMEOUT_S = 5.0
 
 
-def resolve_reward(name: str | None, has_ground_truth: bool) -> RewardFn | None:
-    """``auto`` -> math_boxed when the data has a ground truth; ``none`` -> no reward."""
+def resolve_reward(name: str | None, has_ground_truth: bool, *,
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> RewardFn | None:
+    """``auto`` -> math_verify when the data has a ground truth; ``none`` -> no reward. ``timeout_s`` is
+    math_verify's time for one check (its worker pool is shared by every caller with the same timeout)."""
     if name is None or name == "none":
         return None
     if name == "auto":
-        return math_boxed if has_ground_truth else None
+        name = DEFAULT_MATH_REWARD if has_ground_truth else "none"
+        if name == "none":
+            return None
+    if name == "math_verify":
+        from pdsr_sdk.rollout.verify_reward import math_verify_reward
+
+        return math_verify_reward(timeout_s)
     if ":" in name:
         fn = import_object(name)
         if not callable(fn):
             raise ConfigError(f"reward: {name!r} is not callable")
         return fn
     return REWARDS.get(name)
+
+
+def reward_counters(reward_fn: object) -> dict[str, int]:
+    """A copy of a reward's counters (its ``stats`` dict; empty for a plain function)."""
+    stats = getattr(reward_fn, "stats", None)
+    return {k: v for k, v in stats.items() if isinstance(v, int)} if isinstance(stats, dict) else {}

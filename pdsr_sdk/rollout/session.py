@@ -459,13 +459,16 @@ class RolloutSession:
         import pyarrow as pa
 
         from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
-        from pdsr_sdk.rollout.reward import resolve_reward
+        from pdsr_sdk.rollout.reward import resolve_reward, reward_counters
 
         has_truth = any(g.ground_truth is not None for g in result.groups)
         if has_truth not in self._reward_fns:
-            self._reward_fns[has_truth] = resolve_reward(self.config.reward, has_truth)
+            self._reward_fns[has_truth] = resolve_reward(self.config.reward, has_truth,
+                                                         timeout_s=self.config.reward_timeout_s)
         reward_fn = self._reward_fns[has_truth]
+        before = reward_counters(reward_fn).get("reward_timeouts", 0)
         rows = [sample_row(s, self.tokenizer, reward_fn) for g in result.groups for s in g.samples]
+        timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
         table = pa.Table.from_pylist(rows, schema=trajectory_schema())
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
         summary = {
@@ -473,7 +476,7 @@ class RolloutSession:
             "samples": len(rows), "tokens": result.tokens, "makespan_s": result.makespan_s,
             "tokens_per_s": result.tokens_per_s,
             "mean_response_length": result.tokens / len(rows) if rows else 0.0,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_timeouts": timeouts,
             "engine_busy_s": dict(result.engine_busy_s), **result.stats,
         }
         return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,

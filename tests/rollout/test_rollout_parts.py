@@ -43,7 +43,8 @@ def test_math_boxed(response, truth, reward):
 
 
 def test_reward_resolution():
-    assert resolve_reward("auto", has_ground_truth=True) is math_boxed
+    assert resolve_reward("auto", has_ground_truth=True) is resolve_reward("math_verify", True)   # the default
+    assert resolve_reward("math_boxed", True) is math_boxed   # the fallback
     assert resolve_reward("auto", has_ground_truth=False) is None
     assert resolve_reward("none", True) is None
     assert resolve_reward("pdsr_sdk.rollout.reward:normalize_answer", True) is normalize_answer
