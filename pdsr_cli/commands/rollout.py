@@ -143,7 +143,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
 #: each only when some batch has it (the JSON summary has every key)
 BATCH_COLUMNS = ["batch_index", "groups", "makespan_s", "tokens_per_s", "reward_mean", "tokens"]
 HIDDEN_WHEN_EMPTY = ("l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves", "steals", "restarts",
-                     "wasted_tokens", "retries", "truncations", "reward_timeouts")
+                     "wasted_tokens", "retries", "truncations", "reward_timeouts",
+                     "reward_errors")
 #: a multi-step run's columns (the step's summary keys, docs/sdk.md): shown when the run has them
 STEP_COLUMNS = ("off_policy_share", "partial_tokens", "max_token_age", "stale_restarts", "carried_groups")
 

@@ -206,7 +206,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         writer.add_group(rows)
         given = [r["reward"] for r in rows if r["reward"] is not None]
         timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
-        rewards[group.prompt_id] = (sum(given), len(given), timeouts)
+        errors = sum(r["reward_error"] is not None for r in rows)
+        rewards[group.prompt_id] = (sum(given), len(given), timeouts, errors)
         state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
 
     def summarise() -> RolloutSummary:
@@ -216,8 +217,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     if not config.streaming:   # multi-step runs write a step's groups when it consumes them
         session.hooks.on_group_done.append(on_group)
     session.hooks.on_status.append(status)
-    # prompt id -> (sum of its samples' rewards, how many, how many of its reward checks timed out)
-    rewards: dict[str, tuple[float, int, int]] = {}
+    # prompt id -> (sum of its samples' rewards, how many, reward checks timed out, reward functions failed)
+    rewards: dict[str, tuple[float, int, int, int]] = {}
     results: list[BatchResult] = []
     try:
         if batches or carried:
@@ -261,20 +262,21 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
 
 
 def _summarise(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
-               rewards: dict[str, tuple[float, int, int]], *, skipped_long: int = 0) -> RolloutSummary:
+               rewards: dict[str, tuple[float, int, int, int]], *, skipped_long: int = 0) -> RolloutSummary:
     """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
     sched = session.scheduler
 
-    def batch_rewards(r: BatchResult) -> tuple[float, int, int]:
-        got = [rewards.get(g.prompt_id, (0.0, 0, 0)) for g in r.groups]
-        return sum(s for s, _, _ in got), sum(c for _, c, _ in got), sum(t for _, _, t in got)
+    def batch_rewards(r: BatchResult) -> tuple[float, int, int, int]:
+        got = [rewards.get(g.prompt_id, (0.0, 0, 0, 0)) for g in r.groups]
+        return (sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got),
+                sum(g[3] for g in got))
 
     batches = list(prior.batches) + [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
         **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
         "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1],
-        "reward_timeouts": batch_rewards(r)[2], **(r.step or {}),
+        "reward_timeouts": batch_rewards(r)[2], "reward_errors": batch_rewards(r)[3], **(r.step or {}),
     } for r in results]
     reward_sum = sum(b.get("reward_sum", 0.0) for b in batches)
     rewarded = sum(b.get("rewarded_samples", 0) for b in batches)
@@ -289,6 +291,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
             stats[k] += b.get(k, 0)
     stats.pop("samples_finished", None)
     stats["reward_timeouts"] = sum(b.get("reward_timeouts", 0) for b in batches)   # math_verify checks that timed out
+    stats["reward_errors"] = sum(b.get("reward_errors", 0) for b in batches)   # samples whose reward function raised
     stats.pop("tokens_generated", None)
     busy = dict.fromkeys(sched.usage if sched else {}, 0.0)
     for name, b in prior.busy_s.items():

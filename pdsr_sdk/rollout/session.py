@@ -122,7 +122,11 @@ class RolloutSession:
         self._fatal: asyncio.Future | None = None
         self._started = False
         self._tokenizer = None
-        self._reward_fns: dict[bool, Any] = {}
+        # by whether the data has a ground truth; a reward pdsr cannot call is an error here, before any engine
+        from pdsr_sdk.rollout.reward import resolve_reward
+
+        self._reward_fns: dict[bool, Any] = {True: resolve_reward(config.reward, True,
+                                                                  timeout_s=config.reward_timeout_s)}
         self._reference_weights = None
         self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._thread: _LoopThread | None = None
@@ -469,6 +473,7 @@ class RolloutSession:
         before = reward_counters(reward_fn).get("reward_timeouts", 0)
         rows = [sample_row(s, self.tokenizer, reward_fn) for g in result.groups for s in g.samples]
         timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
+        errors = sum(r["reward_error"] is not None for r in rows)
         table = pa.Table.from_pylist(rows, schema=trajectory_schema())
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
         summary = {
@@ -477,6 +482,7 @@ class RolloutSession:
             "tokens_per_s": result.tokens_per_s,
             "mean_response_length": result.tokens / len(rows) if rows else 0.0,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_timeouts": timeouts,
+            "reward_errors": errors,
             "engine_busy_s": dict(result.engine_busy_s), **result.stats,
         }
         return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,
