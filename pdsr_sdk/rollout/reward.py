@@ -172,6 +172,8 @@ def resolve_reward(name: str | None, has_ground_truth: bool, *,
     return adapt_reward(REWARDS.get(name), name)
 
 
+#: the info a reward is given by keyword (the last two when the data row has those columns)
+INFO_KEYS = ("prompt_id", "sample_index", "prompt_text", "data_source", "extra_info")
 #: what pdsr can call, for the error naming a function it cannot
 SIGNATURES = ("fn(response_text, ground_truth, **info) -> float | dict with 'score' (pdsr; info: prompt_id, "
               "sample_index, prompt_text, and the row's data_source and extra_info)",
@@ -200,8 +202,8 @@ def adapt_reward(fn: Callable[..., Any], name: str) -> RewardFn:
             extra = "extra_infos" if batched else "extra_info"
             return VerlReward(fn, batched=batched, pass_extra_info=extra in keywords or var_keyword)
     elif len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params):
-        required = [p for p in params[2:] if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD,
-                                                                                 p.POSITIONAL_ONLY, p.KEYWORD_ONLY)]
+        required = [p for p in params[2:] if p.default is p.empty and p.name not in INFO_KEYS
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY, p.KEYWORD_ONLY)]
         if not required:
             return fn if var_keyword else _NamedInfo(fn, keywords - {p.name for p in positional[:2]})
     where = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
