@@ -154,8 +154,8 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
 
 def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tuple[float | None, str | None, str | None]:
     """(reward, extra fields as JSON, error) of one sample. ``reward_fn(text, ground_truth, **info)`` (info:
-    prompt_id, sample_index, prompt_text and the row's reward columns, e.g. data_source, extra_info) returns a
-    number or a dict with a ``score`` (its other fields kept as JSON). An exception fails only this sample:
+    prompt_id, sample_index, prompt_text, response_length and the row's reward columns, e.g. data_source, extra_info) returns a
+    number or a dict with a ``score`` (its other fields kept as JSON). Info also has ``response_length`` (tokens). An exception fails only this sample:
     reward None and the error; pdsr's own errors (a reward misconfigured) stop the run."""
     import json
 
@@ -164,7 +164,7 @@ def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tu
     g = sample.group
     try:
         got = reward_fn(text, g.ground_truth, prompt_id=g.prompt_id, sample_index=sample.index,
-                        prompt_text=g.prompt_text, **(g.reward_info or {}))
+                        prompt_text=g.prompt_text, response_length=sample.num_generated, **(g.reward_info or {}))
         extra = None
         if isinstance(got, dict):
             if "score" not in got:

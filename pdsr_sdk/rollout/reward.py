@@ -173,10 +173,10 @@ def resolve_reward(name: str | None, has_ground_truth: bool, *,
 
 
 #: the info a reward is given by keyword (the last two when the data row has those columns)
-INFO_KEYS = ("prompt_id", "sample_index", "prompt_text", "data_source", "extra_info")
+INFO_KEYS = ("prompt_id", "sample_index", "prompt_text", "response_length", "data_source", "extra_info")
 #: what pdsr can call, for the error naming a function it cannot
 SIGNATURES = ("fn(response_text, ground_truth, **info) -> float | dict with 'score' (pdsr; info: prompt_id, "
-              "sample_index, prompt_text, and the row's data_source and extra_info)",
+              "sample_index, prompt_text, response_length, and the row's data_source and extra_info)",
               "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict with "
               "'score' (verl)",
               "compute_score(data_sources, solution_strs, ground_truths, extra_infos=None) -> list (verl, batched)")
@@ -257,3 +257,34 @@ def reward_counters(reward_fn: object) -> dict[str, int]:
     """A copy of a reward's counters (its ``stats`` dict; empty for a plain function)."""
     stats = getattr(reward_fn, "stats", None)
     return {k: v for k, v in stats.items() if isinstance(v, int)} if isinstance(stats, dict) else {}
+
+
+class OverlongShaping:
+    """DAPO's overlong reward shaping around a reward (verl's DAPO reward manager): a response of L tokens
+    past ``max_tokens - buffer`` gets ``min(-(L - (max_tokens - buffer)) / buffer * penalty, 0)`` added to its
+    score (``-penalty`` at ``max_tokens``); a dict result also keeps it as ``overlong_reward``."""
+
+    def __init__(self, fn: Callable[..., Any], *, max_tokens: int, buffer: int, penalty: float):
+        self.fn, self.max_tokens, self.buffer, self.penalty = fn, max_tokens, buffer, penalty
+        self.stats = getattr(fn, "stats", None)   # the wrapped reward's counters (math_verify's timeouts)
+
+    def shaping(self, response_length: int) -> float:
+        exceed = response_length - (self.max_tokens - self.buffer)
+        return min(-exceed / self.buffer * self.penalty, 0.0)
+
+    def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
+        got = self.fn(text, ground_truth, **info)
+        extra = self.shaping(int(info.get("response_length") or 0))
+        if isinstance(got, dict) and "score" in got:
+            return {**got, "score": float(got["score"]) + extra, "overlong_reward": extra}
+        return float(got) + extra
+
+
+def config_reward(config: Any, has_ground_truth: bool) -> RewardFn | None:
+    """The reward a rollout config asks for (``reward``, ``reward_timeout_s``), with DAPO's overlong shaping
+    when ``overlong_buffer`` is set; None for no reward."""
+    fn = resolve_reward(config.reward, has_ground_truth, timeout_s=config.reward_timeout_s)
+    if fn is None or not getattr(config, "overlong_buffer", None):
+        return fn
+    return OverlongShaping(fn, max_tokens=config.sampling.max_tokens, buffer=config.overlong_buffer,
+                           penalty=config.overlong_penalty)

@@ -22,7 +22,7 @@ from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent
 from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
 from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, carried_groups, read_resume_state, run_settings
-from pdsr_sdk.rollout.reward import resolve_reward, reward_counters
+from pdsr_sdk.rollout.reward import config_reward, reward_counters
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file
 
@@ -169,8 +169,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
     if config.num_batches is not None:
         batches = batches[:config.num_batches]
-    reward_fn = resolve_reward(config.reward, any(r.ground_truth is not None for r in records),
-                              timeout_s=config.reward_timeout_s)
+    reward_fn = config_reward(config, any(r.ground_truth is not None for r in records))
     running = todo + [r for r in records if r.prompt_id in left and r.prompt_id not in prior.done_ids]
     longest_prompt = max((len(r.token_ids) for r in running), default=0)
     max_model_len = _round_up(longest_prompt + max(

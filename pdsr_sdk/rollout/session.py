@@ -123,10 +123,9 @@ class RolloutSession:
         self._started = False
         self._tokenizer = None
         # by whether the data has a ground truth; a reward pdsr cannot call is an error here, before any engine
-        from pdsr_sdk.rollout.reward import resolve_reward
+        from pdsr_sdk.rollout.reward import config_reward
 
-        self._reward_fns: dict[bool, Any] = {True: resolve_reward(config.reward, True,
-                                                                  timeout_s=config.reward_timeout_s)}
+        self._reward_fns: dict[bool, Any] = {True: config_reward(config, True)}
         self._reference_weights = None
         self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._thread: _LoopThread | None = None
@@ -463,12 +462,11 @@ class RolloutSession:
         import pyarrow as pa
 
         from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
-        from pdsr_sdk.rollout.reward import resolve_reward, reward_counters
+        from pdsr_sdk.rollout.reward import config_reward, reward_counters
 
         has_truth = any(g.ground_truth is not None for g in result.groups)
         if has_truth not in self._reward_fns:
-            self._reward_fns[has_truth] = resolve_reward(self.config.reward, has_truth,
-                                                         timeout_s=self.config.reward_timeout_s)
+            self._reward_fns[has_truth] = config_reward(self.config, has_truth)
         reward_fn = self._reward_fns[has_truth]
         before = reward_counters(reward_fn).get("reward_timeouts", 0)
         rows = [sample_row(s, self.tokenizer, reward_fn) for g in result.groups for s in g.samples]

@@ -149,3 +149,24 @@ def test_sdk_prompts_carry_data_source_and_extra_info(tiny_model_dir):
     recs = prompt_records([{"prompt": "hi", "answer": "1", "data_source": "d", "extra_info": {"k": 1}}, "plain"],
                           DataConfig(), load_tokenizer(tiny_model_dir))
     assert recs[0].reward_info == {"data_source": "d", "extra_info": {"k": 1}} and recs[1].reward_info is None
+
+
+def test_dapo_overlong_shaping():
+    from pdsr_sdk.rollout.reward import OverlongShaping, config_reward
+
+    shaped = OverlongShaping(lambda text, truth, **info: 1.0, max_tokens=100, buffer=20, penalty=1.0)
+    assert [shaped("t", "1", response_length=n) for n in (50, 80, 90, 100)] == [1.0, 1.0, 0.5, 0.0]
+    verl = OverlongShaping(resolve_reward(f"{HERE}:compute_score", True), max_tokens=100, buffer=20, penalty=0.5)
+    got = verl("\\boxed{1}", "1", response_length=100)
+    assert got["score"] == 0.5 and got["overlong_reward"] == -0.5 and got["acc"] is True
+
+    cfg = RolloutConfig(reward=f"{HERE}:compute_score_float", overlong_buffer=4, sampling={"max_tokens": 16})
+    fn = config_reward(cfg, True)
+    group, tok = finished_group(PromptRecord("q1", "prompt", [1], "1", reward_info={"data_source": "x"}), ["a", "b"])
+    group.samples[0].num_generated, group.samples[1].num_generated = 12, 14   # 2 of 4 buffer tokens: -0.5
+    assert [sample_row(s, tok, fn)["reward"] for s in group.samples] == [0.25, -0.25]
+    assert config_reward(RolloutConfig(reward=f"{HERE}:compute_score_float"), True).__class__ is VerlReward
+    mv = config_reward(RolloutConfig(overlong_buffer=4, sampling={"max_tokens": 16}), True)
+    assert mv.stats is resolve_reward("math_verify", True).stats   # math_verify's timeouts still counted
+    with pytest.raises(ConfigError, match="overlong_buffer"):
+        RolloutConfig(overlong_buffer=16, sampling={"max_tokens": 16})
