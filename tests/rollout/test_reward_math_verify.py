@@ -4,7 +4,10 @@ a non-main thread, and the acceptance of equal forms of real MATH-500 answers.""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from fractions import Fraction
@@ -209,3 +212,16 @@ def test_math500_equal_forms_accepted_and_different_rejected(reward):
     print("missed:", missed[:20])
     assert accepted / equal >= 0.99, missed[:20]
     assert rejected == different, wrong[:20]
+
+
+def test_a_script_without_a_main_guard_can_use_it(tmp_path):
+    """Workers are spawned without the caller's script: one with no ``if __name__ == "__main__":`` guard
+    is not run again in them (which would start workers of its own, and fail)."""
+    script = tmp_path / "score.py"
+    script.write_text("from pdsr_sdk.rollout.reward import resolve_reward\n"
+                      "reward = resolve_reward('auto', True)\n"
+                      "print('score', reward('so \\\\boxed{3^2}', '9'), reward.stats['reward_timeouts'])\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["score 1.0 0"]
