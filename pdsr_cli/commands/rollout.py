@@ -47,7 +47,15 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--skip-long", is_flag=True, default=None,
               help="Skip prompts whose tokens plus --max-tokens exceed the model's context (counted in the summary); "
                    "without it such a prompt is an error naming its row.")
-@click.option("--reward", help="math_boxed, none, auto, or 'package.module:fn'.  [default: auto]")
+@click.option("--reward", help="math_verify, math_boxed (its pure-Python fallback), none, auto (math_verify when the "
+                              "data has a ground truth), or 'package.module:fn'.  [default: auto]")
+@click.option("--reward-timeout", "reward_timeout_s", type=float, metavar="SECONDS",
+              help="Seconds one math_verify check may take; longer scores 0 and counts as reward_timeouts.  "
+                   "[default: 5]")
+@click.option("--overlong-buffer", type=int, metavar="TOKENS",
+              help="DAPO's overlong reward shaping: responses past --max-tokens minus TOKENS lose up to "
+                   "--overlong-penalty of reward, linearly.  [default: off]")
+@click.option("--overlong-penalty", type=float, metavar="F", help="The most DAPO's shaping takes.  [default: 1.0]")
 @click.option("--seed", type=int, help="Engine seed.  [default: 0]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
@@ -62,7 +70,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
-            messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward, seed,
+            messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
+            reward_timeout_s, overlong_buffer, overlong_penalty, seed,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
@@ -100,7 +109,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "data.system_prompt": system_prompt, "data.instruction": instruction,
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
         "data.target_lengths_column": target_lengths_column, "data.skip_long": skip_long,
-        "reward": reward, "seed": seed,
+        "reward": reward, "reward_timeout_s": reward_timeout_s, "overlong_buffer": overlong_buffer,
+        "overlong_penalty": overlong_penalty, "seed": seed,
         "segments.enabled": False if no_segments else None,
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,
@@ -138,7 +148,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
 #: each only when some batch has it (the JSON summary has every key)
 BATCH_COLUMNS = ["batch_index", "groups", "makespan_s", "tokens_per_s", "reward_mean", "tokens"]
 HIDDEN_WHEN_EMPTY = ("l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves", "steals", "restarts",
-                     "wasted_tokens", "retries", "truncations")
+                     "wasted_tokens", "retries", "truncations", "reward_timeouts",
+                     "reward_errors")
 #: a multi-step run's columns (the step's summary keys, docs/sdk.md): shown when the run has them
 STEP_COLUMNS = ("off_policy_share", "partial_tokens", "max_token_age", "stale_restarts", "carried_groups")
 

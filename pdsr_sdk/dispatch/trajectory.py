@@ -68,7 +68,11 @@ def trajectory_schema() -> pa.Schema:
         _f("finish_time_s", pa.float64(), "When it finished."),
         _f("policy_versions", pa.list_(pa.int32()), "Distinct weights versions that generated its tokens (ascending)."),
         _f("ground_truth", pa.string(), "Reference answer, when the data has one.", nullable=True),
-        _f("reward", pa.float32(), "Reward, when a reward function is set.", nullable=True),
+        _f("reward", pa.float32(), "Reward, when a reward function is set (null where it failed).", nullable=True),
+        _f("reward_extra", pa.string(), "The reward function's other fields, when it returned a dict with a "
+                                        "'score' (verl): a JSON object.", nullable=True),
+        _f("reward_error", pa.string(), "Why the reward function failed on this sample (its exception).",
+           nullable=True),
     ])
 
 
@@ -114,10 +118,7 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
     the response text (when ``decode``), ``reward_fn`` (or None) scores it."""
     g = sample.group
     text = tokenizer.decode(sample.token_ids, skip_special_tokens=True) if decode and sample.token_ids else ""
-    reward = None
-    if reward_fn is not None:
-        reward = float(reward_fn(text, g.ground_truth, prompt_id=g.prompt_id, sample_index=sample.index,
-                                 prompt_text=g.prompt_text))
+    reward, extra, error = (None, None, None) if reward_fn is None else score_sample(reward_fn, text, sample)
     return {
         "prompt_id": g.prompt_id,
         "sample_index": sample.index,
@@ -146,4 +147,33 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
         "policy_versions": sorted({seg.policy_version for seg in sample.segments if seg.num_tokens}),
         "ground_truth": g.ground_truth,
         "reward": reward,
+        "reward_extra": extra,
+        "reward_error": error,
     }
+
+
+def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tuple[float | None, str | None, str | None]:
+    """(reward, extra fields as JSON, error) of one sample. ``reward_fn(text, ground_truth, **info)`` (info:
+    prompt_id, sample_index, prompt_text, response_length and the row's reward columns, e.g. data_source, extra_info) returns a
+    number or a dict with a ``score`` (its other fields kept as JSON). Info also has ``response_length`` (tokens). An exception fails only this sample:
+    reward None and the error; pdsr's own errors (a reward misconfigured) stop the run."""
+    import json
+
+    from pdsr_sdk.errors import PdsrError
+
+    g = sample.group
+    try:
+        got = reward_fn(text, g.ground_truth, prompt_id=g.prompt_id, sample_index=sample.index,
+                        prompt_text=g.prompt_text, response_length=sample.num_generated, **(g.reward_info or {}))
+        extra = None
+        if isinstance(got, dict):
+            if "score" not in got:
+                raise ValueError(f"the reward returned a dict without 'score' (keys: {sorted(got)})")
+            others = {k: v for k, v in got.items() if k != "score"}
+            extra = json.dumps(others, default=str) if others else None
+            got = got["score"]
+        return float(got), extra, None
+    except PdsrError:
+        raise
+    except Exception as exc:   # noqa: BLE001 - one sample's reward, reported in its row
+        return None, None, f"{type(exc).__name__}: {exc}"[:2000]

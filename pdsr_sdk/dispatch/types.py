@@ -35,6 +35,8 @@ class Group:
     batch_index: int = 0
     #: prompt length when the ids are not kept (simulation replays only need counts)
     prompt_length: int | None = None
+    #: the data row's columns a reward reads besides the ground truth (verl's ``data_source``, ``extra_info``)
+    reward_info: dict[str, Any] | None = None
 
     @property
     def prompt_len(self) -> int:

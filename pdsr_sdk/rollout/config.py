@@ -36,7 +36,7 @@ class DataConfig(ConfigModel):
     ground_truth_column: str | None = Field(None, description="Column with the reference answer for the reward (a string or number); default: the first of 'answer', 'ground_truth', 'reward_model.ground_truth' (verl), 'label' (OpenRLHF) present.")
     apply_chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template (when it has one).")
     system_prompt: str | None = Field(None, description="System message put first in every prompt (without a chat template: the first paragraph of the prompt text). A prompt whose chat messages already start with a system message is an error naming its row.")
-    instruction: str | None = Field(None, description="Name of a standard instruction appended to each prompt's last user message, after a newline: " + "; ".join(f"'{k}': '{v}'" for k, v in INSTRUCTIONS.items()) + " ('math' asks for what the math_boxed reward reads).")
+    instruction: str | None = Field(None, description="Name of a standard instruction appended to each prompt's last user message, after a newline: " + "; ".join(f"'{k}': '{v}'" for k, v in INSTRUCTIONS.items()) + " ('math' asks for what the math_verify and math_boxed rewards read).")
     limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
     target_lengths_column: str | None = Field(None, description="Column of per-sample response lengths to force (length-controlled replay, needs ignore_eos).")
     skip_long: bool = Field(False, description="Skip prompts whose tokens plus max_tokens exceed the model's context (counted in the summary) instead of failing.")
@@ -76,7 +76,10 @@ class RolloutConfig(StepStreamConfig):
     heavy: int | None = Field(None, ge=0, description="Engines in the heavy pool for the automatic layout (default: 1 per 4 devices, at least 1).")
     engine_defaults: dict[str, Any] = Field(default_factory=dict, description="Settings applied to every automatically laid-out engine (keys of an engine entry).")
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments.")
-    reward: str | None = Field("auto", description="Reward: 'math_boxed', 'none', an import path 'pkg.mod:fn', or 'auto' (math_boxed when a ground truth exists).")
+    reward: str | None = Field("auto", description="Reward: 'math_verify' (math-verify on the last \\boxed{}), 'math_boxed' (its pure-Python fallback), 'none', an import path 'pkg.mod:fn', or 'auto' (math_verify when a ground truth exists).")
+    reward_timeout_s: float = Field(5.0, gt=0, description="Seconds one math_verify check may take (it runs in a worker process); a check that takes longer scores 0 and is counted as reward_timeouts in the summary.")
+    overlong_buffer: int | None = Field(None, ge=1, description="DAPO's overlong reward shaping (verl's reward_model.overlong_buffer.len): a response longer than sampling.max_tokens - overlong_buffer tokens loses overlong_penalty x (its tokens past that) / overlong_buffer of reward, overlong_penalty at max_tokens. None = off.")
+    overlong_penalty: float = Field(1.0, ge=0, description="DAPO's overlong penalty factor (verl's overlong_buffer.penalty_factor): the most a response at max_tokens loses.")
     seed: int = Field(0, description="Engine seed (per-request seeds are not used: they break vLLM's CPU build).")
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field("processed_logprobs", description="Which log-probs engines report: after temperature/top-k/top-p ('processed', what was sampled from) or of the raw model.")
     policy_version: int = Field(0, description="Policy (weights) version recorded on every segment.")
@@ -96,6 +99,9 @@ class RolloutConfig(StepStreamConfig):
 
     @model_validator(mode="after")
     def _stream_keys(self) -> "RolloutConfig":
+        if self.overlong_buffer is not None and self.overlong_buffer >= self.sampling.max_tokens:
+            raise ConfigValueError(f"overlong_buffer ({self.overlong_buffer}) must be less than sampling.max_tokens "
+                                   f"({self.sampling.max_tokens}): shaping starts overlong_buffer tokens before the cap")
         if not self.streaming:
             for key in ("step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:

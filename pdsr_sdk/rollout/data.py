@@ -19,6 +19,8 @@ from pdsr_sdk.io.tables import read_table
 PROMPT_COLUMNS = ("prompt", "problem", "question", "input", "context_messages")
 ID_COLUMNS = ("id", "unique_id", "prompt_id")
 TRUTH_COLUMNS = ("answer", "ground_truth", "reward_model.ground_truth", "label")
+#: row columns kept for the reward (verl's compute_score(data_source, solution_str, ground_truth, extra_info))
+REWARD_INFO_COLUMNS = ("data_source", "extra_info")
 
 
 @dataclass
@@ -30,6 +32,8 @@ class PromptRecord:
     target_lengths: list[int] | None = None
     target_finish_reasons: list[str] | None = None
     row: int | None = None        # row of the data file, for messages
+    #: the row's REWARD_INFO_COLUMNS that it has (verl's data_source and extra_info), passed to the reward
+    reward_info: dict[str, Any] | None = None
 
 
 def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> list[PromptRecord]:
@@ -70,6 +74,7 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
     values = {c: cols.values(c) for c in (prompt_col, messages_col, id_col, truth_col, cfg.target_lengths_column)
               if c}
     reasons = cols.values("finish_reasons") if cfg.target_lengths_column and cols.has("finish_reasons") else None
+    info_values = {c: cols.values(c) for c in REWARD_INFO_COLUMNS if c in table.column_names}
 
     template = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
     records: list[PromptRecord] = []
@@ -100,7 +105,8 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
             got = reasons[i] if reasons is not None else None
             fr = [str(r) for r in got] if isinstance(got, list) and len(got) == len(targets) else None
         records.append(PromptRecord(pid, prompt_text, list(ids), None if truth is None else str(truth),
-                                    targets, fr, row=i))
+                                    targets, fr, row=i,
+                                    reward_info={c: v[i] for c, v in info_values.items()} or None))
     return records
 
 
@@ -215,7 +221,7 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
     """Prompts a trainer passes (:meth:`RolloutSession.step`) as records. Each item is a
     :class:`PromptRecord` (used as it is), a string (one user message), a list of chat messages
     (``{role, content}``), or a mapping with ``prompt`` (str) or ``messages``, and optionally
-    ``id`` / ``prompt_id`` and ``ground_truth`` / ``answer``. Items without an id get
+    ``id`` / ``prompt_id``, ``ground_truth`` / ``answer``, and ``data_source`` / ``extra_info`` (for the reward). Items without an id get
     ``f"{id_prefix}{i}"``. Ids must be unique."""
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
@@ -247,8 +253,9 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
             text, ids = encode_messages(messages, cfg, tokenizer, where=at)
             if not ids:
                 raise DataError(f"{at}: the prompt tokenizes to nothing")
+            info = {c: item[c] for c in REWARD_INFO_COLUMNS if isinstance(item, dict) and c in item}
             record = PromptRecord(str(pid) if pid is not None else f"{id_prefix}{i}", text, ids,
-                                  None if truth is None else str(truth))
+                                  None if truth is None else str(truth), reward_info=info or None)
         if record.prompt_id in seen:
             raise DataError(f"{at}: duplicate prompt id {record.prompt_id!r} (also item {seen[record.prompt_id]})")
         seen[record.prompt_id] = i
@@ -265,7 +272,7 @@ def build_groups(records: list[PromptRecord], n: int, max_tokens: int) -> list[G
     for i, r in enumerate(records):
         g = Group(prompt_id=r.prompt_id, prompt_token_ids=list(r.token_ids), prompt_text=r.text, n=n,
                   ground_truth=r.ground_truth, target_lengths=r.target_lengths,
-                  target_finish_reasons=r.target_finish_reasons, position=i)
+                  target_finish_reasons=r.target_finish_reasons, position=i, reward_info=r.reward_info)
         forced = r.target_lengths is not None
         g.samples = [Sample(group=g, index=k, forced=forced,
                             max_tokens=r.target_lengths[k] if forced else max_tokens) for k in range(n)]

@@ -1,14 +1,17 @@
-"""Rewards: the built-in ``math_boxed`` and user functions by import path.
+"""Rewards: the built-in ``math_verify`` (the default for math data) and ``math_boxed`` (its fallback,
+pure Python), and user functions by import path.
 
 A reward function is ``fn(response_text: str, ground_truth: str | None, **info) -> float``
-where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``.
+where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``. A reward may also have a
+``stats`` dict of counters (``math_verify``: ``reward_timeouts``), which runs add up and report.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 from fractions import Fraction
-from typing import Callable
+from typing import Any, Callable
 
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.registry import Registry, import_object
@@ -139,17 +142,149 @@ def math_boxed(response_text: str, ground_truth: str | None, **info) -> float:
 
 REWARDS: Registry[RewardFn] = Registry("reward")
 REWARDS.register("math_boxed", math_boxed)
+REWARDS.register("math_verify", "pdsr_sdk.rollout.verify_reward:math_verify")
+
+#: the reward ``auto`` picks for data with a ground truth
+DEFAULT_MATH_REWARD = "math_verify"
+#: the default of ``reward_timeout_s``: seconds one math_verify check may take
+DEFAULT_TIMEOUT_S = 5.0
 
 
-def resolve_reward(name: str | None, has_ground_truth: bool) -> RewardFn | None:
-    """``auto`` -> math_boxed when the data has a ground truth; ``none`` -> no reward."""
+def resolve_reward(name: str | None, has_ground_truth: bool, *,
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> RewardFn | None:
+    """``auto`` -> math_verify when the data has a ground truth; ``none`` -> no reward. ``timeout_s`` is
+    math_verify's time for one check (its worker pool is shared by every caller with the same timeout)."""
     if name is None or name == "none":
         return None
     if name == "auto":
-        return math_boxed if has_ground_truth else None
+        name = DEFAULT_MATH_REWARD if has_ground_truth else "none"
+        if name == "none":
+            return None
+    if name == "math_verify":
+        from pdsr_sdk.rollout.verify_reward import math_verify_reward
+
+        return math_verify_reward(timeout_s)
     if ":" in name:
         fn = import_object(name)
         if not callable(fn):
             raise ConfigError(f"reward: {name!r} is not callable")
+        return adapt_reward(fn, name)
+    return adapt_reward(REWARDS.get(name), name)
+
+
+#: the info a reward is given by keyword (the last two when the data row has those columns)
+INFO_KEYS = ("prompt_id", "sample_index", "prompt_text", "response_length", "data_source", "extra_info")
+#: what pdsr can call, for the error naming a function it cannot
+SIGNATURES = ("fn(response_text, ground_truth, **info) -> float | dict with 'score' (pdsr; info: prompt_id, "
+              "sample_index, prompt_text, response_length, and the row's data_source and extra_info)",
+              "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict with "
+              "'score' (verl)",
+              "compute_score(data_sources, solution_strs, ground_truths, extra_infos=None) -> list (verl, batched)")
+
+
+def adapt_reward(fn: Callable[..., Any], name: str) -> RewardFn:
+    """``fn`` callable as pdsr calls a reward (``fn(text, ground_truth, **info)``): as it is when it takes that;
+    wrapped when it is verl's ``compute_score`` (first parameter ``data_source``, or ``data_sources`` for the
+    batched form); a ConfigError naming the function and the signatures pdsr knows otherwise."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):   # a builtin without a signature: trust it
         return fn
-    return REWARDS.get(name)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    first = params[0].name if params else None
+    if first in ("data_source", "data_sources"):
+        batched = first == "data_sources"
+        wanted = (["data_sources", "solution_strs", "ground_truths"] if batched
+                  else ["data_source", "solution_str", "ground_truth"])
+        if all(w in keywords for w in wanted):
+            extra = "extra_infos" if batched else "extra_info"
+            return VerlReward(fn, batched=batched, pass_extra_info=extra in keywords or var_keyword)
+    elif len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params):
+        required = [p for p in params[2:] if p.default is p.empty and p.name not in INFO_KEYS
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY, p.KEYWORD_ONLY)]
+        if not required:
+            return fn if var_keyword else _NamedInfo(fn, keywords - {p.name for p in positional[:2]})
+    where = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+    raise ConfigError(f"reward {name!r} ({where}{_signature(fn)}) cannot be called with any signature pdsr knows; "
+                      f"it accepts: " + "; ".join(SIGNATURES))
+
+
+def _signature(fn: Callable[..., Any]) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return ""
+
+
+class _NamedInfo:
+    """A pdsr-style reward without ``**info``: given only the info keys it names."""
+
+    def __init__(self, fn: Callable[..., Any], names: set[str]):
+        self.fn, self.names = fn, names
+        self.stats = getattr(fn, "stats", None)
+
+    def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
+        return self.fn(text, ground_truth, **{k: v for k, v in info.items() if k in self.names})
+
+
+class VerlReward:
+    """verl's ``compute_score`` called as verl's reward manager calls it (by keyword), from pdsr's
+    ``(text, ground_truth, **info)``: ``data_source`` and ``extra_info`` come from the data row's columns
+    of those names (None when the data has none). The batched form gets lists of one."""
+
+    def __init__(self, fn: Callable[..., Any], *, batched: bool, pass_extra_info: bool):
+        self.fn, self.batched, self.pass_extra_info = fn, batched, pass_extra_info
+
+    def __call__(self, text: str, ground_truth: str | None, *, data_source: Any = None, extra_info: Any = None,
+                 **info: Any) -> Any:
+        if not self.batched:
+            kwargs = {"data_source": data_source, "solution_str": text, "ground_truth": ground_truth}
+            if self.pass_extra_info:
+                kwargs["extra_info"] = extra_info
+            return self.fn(**kwargs)
+        kwargs = {"data_sources": [data_source], "solution_strs": [text], "ground_truths": [ground_truth]}
+        if self.pass_extra_info:
+            kwargs["extra_infos"] = [extra_info]
+        got = self.fn(**kwargs)
+        if not isinstance(got, (list, tuple)) or len(got) != 1:
+            raise TypeError(f"a batched verl reward returns a list with one score per input; got {got!r}")
+        return got[0]
+
+
+def reward_counters(reward_fn: object) -> dict[str, int]:
+    """A copy of a reward's counters (its ``stats`` dict; empty for a plain function)."""
+    stats = getattr(reward_fn, "stats", None)
+    return {k: v for k, v in stats.items() if isinstance(v, int)} if isinstance(stats, dict) else {}
+
+
+class OverlongShaping:
+    """DAPO's overlong reward shaping around a reward (verl's DAPO reward manager): a response of L tokens
+    past ``max_tokens - buffer`` gets ``min(-(L - (max_tokens - buffer)) / buffer * penalty, 0)`` added to its
+    score (``-penalty`` at ``max_tokens``); a dict result also keeps it as ``overlong_reward``."""
+
+    def __init__(self, fn: Callable[..., Any], *, max_tokens: int, buffer: int, penalty: float):
+        self.fn, self.max_tokens, self.buffer, self.penalty = fn, max_tokens, buffer, penalty
+        self.stats = getattr(fn, "stats", None)   # the wrapped reward's counters (math_verify's timeouts)
+
+    def shaping(self, response_length: int) -> float:
+        exceed = response_length - (self.max_tokens - self.buffer)
+        return min(-exceed / self.buffer * self.penalty, 0.0)
+
+    def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
+        got = self.fn(text, ground_truth, **info)
+        extra = self.shaping(int(info.get("response_length") or 0))
+        if isinstance(got, dict) and "score" in got:
+            return {**got, "score": float(got["score"]) + extra, "overlong_reward": extra}
+        return float(got) + extra
+
+
+def config_reward(config: Any, has_ground_truth: bool) -> RewardFn | None:
+    """The reward a rollout config asks for (``reward``, ``reward_timeout_s``), with DAPO's overlong shaping
+    when ``overlong_buffer`` is set; None for no reward."""
+    fn = resolve_reward(config.reward, has_ground_truth, timeout_s=config.reward_timeout_s)
+    if fn is None or not getattr(config, "overlong_buffer", None):
+        return fn
+    return OverlongShaping(fn, max_tokens=config.sampling.max_tokens, buffer=config.overlong_buffer,
+                           penalty=config.overlong_penalty)

@@ -22,7 +22,7 @@ from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent
 from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
 from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, carried_groups, read_resume_state, run_settings
-from pdsr_sdk.rollout.reward import resolve_reward
+from pdsr_sdk.rollout.reward import config_reward, reward_counters
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file
 
@@ -169,7 +169,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
     if config.num_batches is not None:
         batches = batches[:config.num_batches]
-    reward_fn = resolve_reward(config.reward, any(r.ground_truth is not None for r in records))
+    reward_fn = config_reward(config, any(r.ground_truth is not None for r in records))
     running = todo + [r for r in records if r.prompt_id in left and r.prompt_id not in prior.done_ids]
     longest_prompt = max((len(r.token_ids) for r in running), default=0)
     max_model_len = _round_up(longest_prompt + max(
@@ -200,10 +200,13 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
             probe_bar.update(1)
 
     def on_group(group: Group) -> None:
+        before = reward_counters(reward_fn).get("reward_timeouts", 0)
         rows = [sample_row(s, tokenizer, reward_fn) for s in group.samples]
         writer.add_group(rows)
         given = [r["reward"] for r in rows if r["reward"] is not None]
-        rewards[group.prompt_id] = (sum(given), len(given))
+        timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
+        errors = sum(r["reward_error"] is not None for r in rows)
+        rewards[group.prompt_id] = (sum(given), len(given), timeouts, errors)
         state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
 
     def summarise() -> RolloutSummary:
@@ -213,7 +216,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     if not config.streaming:   # multi-step runs write a step's groups when it consumes them
         session.hooks.on_group_done.append(on_group)
     session.hooks.on_status.append(status)
-    rewards: dict[str, tuple[float, int]] = {}   # prompt id -> (sum of its samples' rewards, how many)
+    # prompt id -> (sum of its samples' rewards, how many, reward checks timed out, reward functions failed)
+    rewards: dict[str, tuple[float, int, int, int]] = {}
     results: list[BatchResult] = []
     try:
         if batches or carried:
@@ -257,19 +261,21 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
 
 
 def _summarise(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
-               rewards: dict[str, tuple[float, int]], *, skipped_long: int = 0) -> RolloutSummary:
+               rewards: dict[str, tuple[float, int, int, int]], *, skipped_long: int = 0) -> RolloutSummary:
     """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
     sched = session.scheduler
 
-    def batch_rewards(r: BatchResult) -> tuple[float, int]:
-        got = [rewards.get(g.prompt_id, (0.0, 0)) for g in r.groups]
-        return sum(s for s, _ in got), sum(c for _, c in got)
+    def batch_rewards(r: BatchResult) -> tuple[float, int, int, int]:
+        got = [rewards.get(g.prompt_id, (0.0, 0, 0, 0)) for g in r.groups]
+        return (sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got),
+                sum(g[3] for g in got))
 
     batches = list(prior.batches) + [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
         **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
-        "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1], **(r.step or {}),
+        "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1],
+        "reward_timeouts": batch_rewards(r)[2], "reward_errors": batch_rewards(r)[3], **(r.step or {}),
     } for r in results]
     reward_sum = sum(b.get("reward_sum", 0.0) for b in batches)
     rewarded = sum(b.get("rewarded_samples", 0) for b in batches)
@@ -283,6 +289,8 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         for k in STAT_KEYS:
             stats[k] += b.get(k, 0)
     stats.pop("samples_finished", None)
+    stats["reward_timeouts"] = sum(b.get("reward_timeouts", 0) for b in batches)   # math_verify checks that timed out
+    stats["reward_errors"] = sum(b.get("reward_errors", 0) for b in batches)   # samples whose reward function raised
     stats.pop("tokens_generated", None)
     busy = dict.fromkeys(sched.usage if sched else {}, 0.0)
     for name, b in prior.busy_s.items():

@@ -122,7 +122,10 @@ class RolloutSession:
         self._fatal: asyncio.Future | None = None
         self._started = False
         self._tokenizer = None
-        self._reward_fns: dict[bool, Any] = {}
+        # by whether the data has a ground truth; a reward pdsr cannot call is an error here, before any engine
+        from pdsr_sdk.rollout.reward import config_reward
+
+        self._reward_fns: dict[bool, Any] = {True: config_reward(config, True)}
         self._reference_weights = None
         self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._thread: _LoopThread | None = None
@@ -459,13 +462,16 @@ class RolloutSession:
         import pyarrow as pa
 
         from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
-        from pdsr_sdk.rollout.reward import resolve_reward
+        from pdsr_sdk.rollout.reward import config_reward, reward_counters
 
         has_truth = any(g.ground_truth is not None for g in result.groups)
         if has_truth not in self._reward_fns:
-            self._reward_fns[has_truth] = resolve_reward(self.config.reward, has_truth)
+            self._reward_fns[has_truth] = config_reward(self.config, has_truth)
         reward_fn = self._reward_fns[has_truth]
+        before = reward_counters(reward_fn).get("reward_timeouts", 0)
         rows = [sample_row(s, self.tokenizer, reward_fn) for g in result.groups for s in g.samples]
+        timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
+        errors = sum(r["reward_error"] is not None for r in rows)
         table = pa.Table.from_pylist(rows, schema=trajectory_schema())
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
         summary = {
@@ -473,7 +479,8 @@ class RolloutSession:
             "samples": len(rows), "tokens": result.tokens, "makespan_s": result.makespan_s,
             "tokens_per_s": result.tokens_per_s,
             "mean_response_length": result.tokens / len(rows) if rows else 0.0,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_timeouts": timeouts,
+            "reward_errors": errors,
             "engine_busy_s": dict(result.engine_busy_s), **result.stats,
         }
         return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,

@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pdsr_sdk.dispatch.segments import next_segment_len
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.rollout.config import DataConfig
 from pdsr_sdk.rollout.data import build_groups, load_prompts, load_tokenizer
-from pdsr_sdk.rollout.reward import last_boxed, math_boxed, normalize_answer, resolve_reward
+from pdsr_sdk.rollout.reward import last_boxed, math_boxed, resolve_reward
 from pdsr_sdk.rollout.writer import TrajectoryWriter
 
 
@@ -43,10 +43,13 @@ def test_math_boxed(response, truth, reward):
 
 
 def test_reward_resolution():
-    assert resolve_reward("auto", has_ground_truth=True) is math_boxed
+    assert resolve_reward("auto", has_ground_truth=True) is resolve_reward("math_verify", True)   # the default
+    assert resolve_reward("math_boxed", True) is math_boxed   # the fallback
     assert resolve_reward("auto", has_ground_truth=False) is None
     assert resolve_reward("none", True) is None
-    assert resolve_reward("pdsr_sdk.rollout.reward:normalize_answer", True) is normalize_answer
+    assert resolve_reward("pdsr_sdk.rollout.reward:math_boxed", True) is math_boxed   # an import path
+    with pytest.raises(ConfigError, match="normalize_answer.*cannot be called"):   # one argument: not a reward
+        resolve_reward("pdsr_sdk.rollout.reward:normalize_answer", True)
 
 
 def test_segment_length_formula():

@@ -1,0 +1,172 @@
+"""verl's reward functions as they are (issue 49): compute_score(data_source, solution_str, ground_truth,
+extra_info=None), its batched form, a dict with a 'score', the row's data_source and extra_info, a reward
+that fails on one sample, and a reward pdsr cannot call refused before any engine starts."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.rollout.config import DataConfig, RolloutConfig
+from pdsr_sdk.rollout.data import PromptRecord, build_groups, load_prompts, load_tokenizer, prompt_records
+from pdsr_sdk.rollout.reward import VerlReward, adapt_reward, math_boxed, resolve_reward
+
+HERE = "test_reward_verl"   # this module, as an import path's module (pytest puts tests/rollout on sys.path)
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """A verl reward function: a dict with the score and fields of its own."""
+    score = math_boxed(solution_str, ground_truth)
+    return {"score": score, "acc": score == 1.0, "source": data_source,
+            "split": (extra_info or {}).get("split")}
+
+
+def compute_score_float(data_source, solution_str, ground_truth):
+    """verl's form without extra_info, returning a float."""
+    if "boom" in solution_str:
+        raise ValueError("cannot score this one")
+    return 0.5 if data_source == "openai/gsm8k" else 0.25
+
+
+def compute_score_batched(data_sources, solution_strs, ground_truths, extra_infos=None):
+    return [float(len(s)) for s in solution_strs]
+
+
+def one_argument(text):
+    return 1.0
+
+
+def needs_more(text, ground_truth, rubric):
+    return 1.0
+
+
+class FakeTokenizer:
+    """Decodes a sample's single token id to a response of the test's choosing."""
+
+    def __init__(self, texts: dict[int, str]):
+        self.texts = texts
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.texts[ids[0]]
+
+
+def finished_group(record: PromptRecord, responses: list[str]) -> tuple:
+    group = build_groups([record], len(responses), 16)[0]
+    for k, s in enumerate(group.samples):
+        s.token_ids, s.num_generated, s.finish_reason = [k], 1, "stop"
+    return group, FakeTokenizer(dict(enumerate(responses)))
+
+
+def test_verl_signature_detected_by_its_first_parameter():
+    fn = resolve_reward(f"{HERE}:compute_score", True)
+    assert isinstance(fn, VerlReward) and not fn.batched and fn.pass_extra_info
+    assert resolve_reward(f"{HERE}:compute_score_batched", True).batched
+    assert not resolve_reward(f"{HERE}:compute_score_float", True).pass_extra_info
+    assert resolve_reward("pdsr_sdk.rollout.reward:math_boxed", True) is math_boxed   # pdsr's own, as it is
+
+
+@pytest.mark.parametrize("fn", ["one_argument", "needs_more"])
+def test_a_reward_pdsr_cannot_call_is_an_error_naming_it_and_the_signatures(fn):
+    with pytest.raises(ConfigError) as err:
+        resolve_reward(f"{HERE}:{fn}", True)
+    message = str(err.value)
+    assert fn in message and "fn(response_text, ground_truth, **info)" in message
+    assert "compute_score(data_source, solution_str, ground_truth, extra_info=None)" in message
+
+
+def test_refused_when_the_session_is_made_before_any_engine():
+    class NeverStarted:   # an engine the session must not reach
+        def __getattr__(self, name):
+            raise AssertionError("an engine was used")
+
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    with pytest.raises(ConfigError, match="one_argument"):
+        RolloutSession(RolloutConfig(reward=f"{HERE}:one_argument"), engines=[NeverStarted()])
+
+
+def test_dict_score_its_fields_and_the_rows_data_source_and_extra_info():
+    record = PromptRecord("q1", "prompt", [1, 2], "18",
+                          reward_info={"data_source": "openai/gsm8k", "extra_info": {"split": "test", "index": 3}})
+    group, tok = finished_group(record, ["so \\boxed{18}", "so \\boxed{17}"])
+    fn = resolve_reward(f"{HERE}:compute_score", True)
+    rows = [sample_row(s, tok, fn) for s in group.samples]
+    assert [r["reward"] for r in rows] == [1.0, 0.0] and all(r["reward_error"] is None for r in rows)
+    assert json.loads(rows[0]["reward_extra"]) == {"acc": True, "source": "openai/gsm8k", "split": "test"}
+    assert json.loads(rows[1]["reward_extra"])["acc"] is False
+    table = pa.Table.from_pylist(rows, schema=trajectory_schema())   # the trajectories schema has them
+    assert table.column("reward_extra").null_count == 0
+
+
+def test_a_reward_that_raises_fails_only_its_sample():
+    record = PromptRecord("q1", "prompt", [1], "1", reward_info={"data_source": "openai/gsm8k"})
+    group, tok = finished_group(record, ["fine", "boom", "fine too"])
+    fn = resolve_reward(f"{HERE}:compute_score_float", True)
+    rows = [sample_row(s, tok, fn) for s in group.samples]
+    assert [r["reward"] for r in rows] == [0.5, None, 0.5]
+    assert rows[1]["reward_error"] == "ValueError: cannot score this one" and rows[0]["reward_error"] is None
+
+
+def test_batched_verl_reward():
+    group, tok = finished_group(PromptRecord("q1", "prompt", [1], "1"), ["abc", "abcdef"])
+    fn = resolve_reward(f"{HERE}:compute_score_batched", True)
+    assert [sample_row(s, tok, fn)["reward"] for s in group.samples] == [3.0, 6.0]
+
+
+def test_pdsr_rewards_get_the_rows_columns_too():
+    seen = {}
+
+    def reward(text, ground_truth, **info):
+        seen.update(info)
+        return 1.0
+
+    record = PromptRecord("q1", "prompt", [1], "1", reward_info={"data_source": "math"})
+    group, tok = finished_group(record, ["x"])
+    assert sample_row(group.samples[0], tok, adapt_reward(reward, "r"))["reward"] == 1.0
+    assert seen["data_source"] == "math" and seen["prompt_id"] == "q1"
+
+
+def test_verl_layout_parquet_keeps_data_source_and_extra_info(tmp_path, tiny_model_dir):
+    path = tmp_path / "verl.parquet"
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "What is 9+9?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "18"},
+             "extra_info": {"split": "test", "index": i}} for i in range(2)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    records = load_prompts(DataConfig(), load_tokenizer(tiny_model_dir), path=path)
+    assert [r.ground_truth for r in records] == ["18", "18"]
+    assert records[1].reward_info == {"data_source": "openai/gsm8k", "extra_info": {"split": "test", "index": 1}}
+    group, tok = finished_group(records[1], ["\\boxed{18}"])
+    row = sample_row(group.samples[0], tok, resolve_reward(f"{HERE}:compute_score", True))
+    assert row["reward"] == 1.0 and json.loads(row["reward_extra"])["split"] == "test"
+
+
+def test_sdk_prompts_carry_data_source_and_extra_info(tiny_model_dir):
+    recs = prompt_records([{"prompt": "hi", "answer": "1", "data_source": "d", "extra_info": {"k": 1}}, "plain"],
+                          DataConfig(), load_tokenizer(tiny_model_dir))
+    assert recs[0].reward_info == {"data_source": "d", "extra_info": {"k": 1}} and recs[1].reward_info is None
+
+
+def test_dapo_overlong_shaping():
+    from pdsr_sdk.rollout.reward import OverlongShaping, config_reward
+
+    shaped = OverlongShaping(lambda text, truth, **info: 1.0, max_tokens=100, buffer=20, penalty=1.0)
+    assert [shaped("t", "1", response_length=n) for n in (50, 80, 90, 100)] == [1.0, 1.0, 0.5, 0.0]
+    verl = OverlongShaping(resolve_reward(f"{HERE}:compute_score", True), max_tokens=100, buffer=20, penalty=0.5)
+    got = verl("\\boxed{1}", "1", response_length=100)
+    assert got["score"] == 0.5 and got["overlong_reward"] == -0.5 and got["acc"] is True
+
+    cfg = RolloutConfig(reward=f"{HERE}:compute_score_float", overlong_buffer=4, sampling={"max_tokens": 16})
+    fn = config_reward(cfg, True)
+    group, tok = finished_group(PromptRecord("q1", "prompt", [1], "1", reward_info={"data_source": "x"}), ["a", "b"])
+    group.samples[0].num_generated, group.samples[1].num_generated = 12, 14   # 2 of 4 buffer tokens: -0.5
+    assert [sample_row(s, tok, fn)["reward"] for s in group.samples] == [0.25, -0.25]
+    assert config_reward(RolloutConfig(reward=f"{HERE}:compute_score_float"), True).__class__ is VerlReward
+    mv = config_reward(RolloutConfig(overlong_buffer=4, sampling={"max_tokens": 16}), True)
+    assert mv.stats is resolve_reward("math_verify", True).stats   # math_verify's timeouts still counted
+    with pytest.raises(ConfigError, match="overlong_buffer"):
+        RolloutConfig(overlong_buffer=16, sampling={"max_tokens": 16})
