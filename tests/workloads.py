@@ -27,3 +27,20 @@ def write_replay_prompts(path: Path) -> Path:
             fh.write(json.dumps({"id": pid, "prompt": f"Question {i}: what is {i} + {i * 3}?",
                                  "answer": str(4 * i), "lengths": lengths}) + "\n")
     return path
+
+
+def trajectory_rows(pid, n=2):
+    """One group's rows of the trajectories table, ``n`` samples of one token each (for the writer's tests)."""
+    from pdsr_sdk.dispatch.trajectory import trajectory_schema
+
+    names = trajectory_schema().names
+    base = {k: None for k in names}
+    out = []
+    for i in range(n):
+        r = dict(base, prompt_id=pid, sample_index=i, group_size=n, batch_index=0, is_probe=i == 0,
+                 prompt_token_ids=[1], response_token_ids=[2], prompt_text="p", response_text="r",
+                 response_logprobs=[-0.1], finish_reason="stop", prompt_length=1, response_length=1,
+                 segments=[], num_segments=0, moves=0, restarts=0, retries=0, steals=0, wasted_tokens=0,
+                 submit_time_s=0.0, finish_time_s=1.0, policy_versions=[0])
+        out.append(r)
+    return out

@@ -167,7 +167,7 @@ def test_every_policys_output_is_checked_before_the_first_run(prompts, tmp_path,
 
 def _earlier_run(tmp_path, n=2, metadata=None):
     """Trajectories of an interrupted run (parts on disk): prompts q0, q1 in batch 0, group size ``n``."""
-    from test_rollout_parts import _rows
+    from workloads import trajectory_rows
 
     from pdsr_sdk.dispatch.trajectory import trajectory_schema
     from pdsr_sdk.rollout.writer import TrajectoryWriter
@@ -175,7 +175,7 @@ def _earlier_run(tmp_path, n=2, metadata=None):
     out = tmp_path / "o.parquet"
     w = TrajectoryWriter(out, trajectory_schema(), flush_groups=1, metadata=metadata)
     for pid in ("q0", "q1"):
-        w.add_group(_rows(pid, n))
+        w.add_group(trajectory_rows(pid, n))
     return out, snapshot(*sorted((tmp_path / "o.parquet.parts").iterdir()))
 
 

@@ -14,6 +14,7 @@ from pdsr_sdk.rollout.config import DataConfig
 from pdsr_sdk.rollout.data import build_groups, load_prompts, load_tokenizer
 from pdsr_sdk.rollout.reward import last_boxed, math_boxed, resolve_reward
 from pdsr_sdk.rollout.writer import TrajectoryWriter
+from workloads import trajectory_rows
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -105,29 +106,13 @@ def test_build_groups_forces_lengths():
     assert [s.max_tokens for s in g.samples] == [100] * 3 and not any(s.forced for s in g.samples)
 
 
-def _rows(pid, n=2):
-    from pdsr_sdk.dispatch.trajectory import trajectory_schema
-
-    names = trajectory_schema().names
-    base = {k: None for k in names}
-    out = []
-    for i in range(n):
-        r = dict(base, prompt_id=pid, sample_index=i, group_size=n, batch_index=0, is_probe=i == 0,
-                 prompt_token_ids=[1], response_token_ids=[2], prompt_text="p", response_text="r",
-                 response_logprobs=[-0.1], finish_reason="stop", prompt_length=1, response_length=1,
-                 segments=[], num_segments=0, moves=0, restarts=0, retries=0, steals=0, wasted_tokens=0,
-                 submit_time_s=0.0, finish_time_s=1.0, policy_versions=[0])
-        out.append(r)
-    return out
-
-
 def test_writer_streams_parts_resumes_and_finalizes(tmp_path):
     from pdsr_sdk.dispatch.trajectory import trajectory_schema
 
     out = tmp_path / "t.parquet"
     w = TrajectoryWriter(out, trajectory_schema(), flush_groups=1)
-    w.add_group(_rows("a"))
-    w.add_group(_rows("b"))
+    w.add_group(trajectory_rows("a"))
+    w.add_group(trajectory_rows("b"))
     parts = sorted((tmp_path / "t.parquet.parts").glob("part-*.parquet"))
     assert len(parts) == 2 and not out.exists()       # "crash" here: both groups are on disk
     with pytest.raises(DataError, match="--resume"):
@@ -135,7 +120,7 @@ def test_writer_streams_parts_resumes_and_finalizes(tmp_path):
     w2 = TrajectoryWriter(out, trajectory_schema(), resume=True, flush_groups=1,
                           metadata={"policy": "v2.5"})
     assert w2.finished_prompt_ids() == {"a", "b"}
-    w2.add_group(_rows("c"))
+    w2.add_group(trajectory_rows("c"))
     w2.finalize()
     t = pq.read_table(out)
     assert sorted(set(t.column("prompt_id").to_pylist())) == ["a", "b", "c"] and t.num_rows == 6
@@ -145,7 +130,7 @@ def test_writer_streams_parts_resumes_and_finalizes(tmp_path):
     assert w3.finished_prompt_ids() == {"a", "b", "c"}
     w4 = TrajectoryWriter(out, trajectory_schema(), overwrite=True)
     assert out.exists() and w4.finished_prompt_ids() == set()   # the old output goes with the first new group
-    w4.add_group(_rows("d"))
+    w4.add_group(trajectory_rows("d"))
     w4.flush()
     assert not out.exists()
     assert w4.finalize() == out and set(pq.read_table(out).column("prompt_id").to_pylist()) == {"d"}
