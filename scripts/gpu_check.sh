@@ -31,7 +31,7 @@ Options:
   --python PY      the interpreter (default $PYTHON, else python3)
   -h, --help       this text
 Environment: OUT (required: the output folder), and the per-part timeouts in seconds:
-  T_TESTS (default 80), T_GAE (35), T_SCORE (75), T_VERIFY (30); install takes a few seconds.
+  T_TESTS (default 90), T_GAE (30), T_SCORE (80), T_VERIFY (30); install takes a few seconds.
 Exit status: 0 when every part exited 0 (skips included), else 1; 2 for bad arguments.
 EOF
 }
@@ -65,7 +65,7 @@ if ! command -v "$py" >/dev/null 2>&1; then
     echo "gpu_check.sh: no Python interpreter '$py' (pass --python)" >&2
     exit 2
 fi
-T_TESTS="${T_TESTS:-80}" T_GAE="${T_GAE:-35}" T_SCORE="${T_SCORE:-75}" T_VERIFY="${T_VERIFY:-30}"
+T_TESTS="${T_TESTS:-90}" T_GAE="${T_GAE:-30}" T_SCORE="${T_SCORE:-80}" T_VERIFY="${T_VERIFY:-30}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 start_all=$(date +%s)
