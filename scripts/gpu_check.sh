@@ -119,11 +119,8 @@ run_part() {
     echo "== $name (timeout ${limit}s): $*"
     local t0 rc
     t0=$(date +%s)
-    timeout --signal=TERM --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1 &
-    local pid=$!
-    tail --pid="$pid" -n +1 -f "$OUT/$name.log" 2>/dev/null
-    wait "$pid"
-    rc=$?
+    timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    rc=${PIPESTATUS[0]}
     local secs=$(( $(date +%s) - t0 ))
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
         echo "== $name: TIMED OUT after ${secs}s (rc $rc); what it wrote to $json_file stays"
