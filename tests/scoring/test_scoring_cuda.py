@@ -70,13 +70,12 @@ def test_packed_matches_unpacked_on_cuda_fp32(cuda_model, samples, kwargs):
 
 
 def test_packed_bf16_costs_no_more_than_bf16_itself(cuda_model, samples):
+    import copy
+
     ref = per_token_logps(cuda_model, *samples, max_tokens_per_micro_batch=2048, pack=False).logps
-    model16 = cuda_model.to(torch.bfloat16)
-    try:
-        padded = per_token_logps(model16, *samples, max_tokens_per_micro_batch=2048, pack=False).logps
-        packed = per_token_logps(model16, *samples, max_tokens_per_micro_batch=2048, pack=True).logps
-    finally:
-        cuda_model.to(torch.float32)
+    model16 = copy.deepcopy(cuda_model).to(torch.bfloat16)     # the fixture's fp32 weights stay as they are
+    padded = per_token_logps(model16, *samples, max_tokens_per_micro_batch=2048, pack=False).logps
+    packed = per_token_logps(model16, *samples, max_tokens_per_micro_batch=2048, pack=True).logps
     padded_err, packed_err = _max_rel_diff(padded, ref), _max_rel_diff(packed, ref)
     assert padded_err > 0
     assert packed_err <= max(2.0 * padded_err, 0.05), (packed_err, padded_err)
