@@ -109,6 +109,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA_TRITON = HAS_TRITON and torch.cuda.is_available()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA_TRITON, reason="needs a CUDA device and triton (the CPU run is "
                                             "test_triton_in_interpreter_matches_reference)")
 @pytest.mark.parametrize("carry", ["float32", "float64"])

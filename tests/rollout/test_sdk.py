@@ -192,6 +192,7 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not has_cuda(), reason="needs a CUDA device (CUDA IPC)")
 def test_cuda_ipc_weights_open_in_another_process():
     """Tensors on a GPU, shared by handle, read by another process on the same GPU (what a colocated
