@@ -78,7 +78,7 @@ def leave_terminal_group() -> None:
 
 def watch_parent(parent_pid: int, *, interval: float = POLL_S, remove: tuple[str, ...] = ()) -> bool:
     """End this process (and its descendants) once ``parent_pid`` is no longer its parent."""
-    global _armed
+    global _armed, _fork_hooked
     if _armed:
         return False
     _armed = True
@@ -92,7 +92,22 @@ def watch_parent(parent_pid: int, *, interval: float = POLL_S, remove: tuple[str
                 _end(remove)
 
     threading.Thread(target=watch, name="pdsr-parent-watch", daemon=True).start()
+    if not _fork_hooked:
+        _fork_hooked = True
+        os.register_at_fork(after_in_child=_watch_forker)
     return True
+
+
+_fork_hooked = False
+
+
+def _watch_forker() -> None:
+    """In a process forked from a watched one (vLLM's worker forked from its engine core, see
+    vllm_plugin.py): the watch thread did not survive the fork; watch the process that forked this one."""
+    global _armed, _fork_hooked
+    _armed = False
+    _fork_hooked = True   # the hook is inherited: it runs in this process's own forks too
+    watch_parent(os.getppid())
 
 
 def _end(remove: tuple[str, ...]) -> None:

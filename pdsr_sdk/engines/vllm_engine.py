@@ -56,13 +56,15 @@ class VllmEngine(ModelEngine):
     async def start(self) -> None:
         if self._llm is not None:
             return
-        from pdsr_sdk.engines.vllm_env import apply_cpu_defaults, apply_engine_defaults, engine_process_env, is_cpu_build
+        from pdsr_sdk.engines.vllm_env import (FORK_WORKER_ENV, apply_cpu_defaults, apply_engine_defaults,
+                                               engine_process_env, is_cpu_build, worker_omp_env)
 
         cpu = is_cpu_build() if self.cpu is None else self.cpu
         self.cpu = cpu
         apply_engine_defaults()
         from pdsr_sdk.parent_watch import ORCHESTRATOR_PID_ENV
 
+        args = self._engine_args(cpu)
         # the engine processes end when this process dies (see parent_watch.py)
         env = {ERROR_FILE_ENV: str(self._error_file), ENGINE_NAME_ENV: self.name,
                ORCHESTRATOR_PID_ENV: str(os.getpid()), **engine_process_env()}
@@ -71,11 +73,23 @@ class VllmEngine(ModelEngine):
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt(self.spec.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)))
             if self.spec.devices:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(d) for d in self.spec.devices)
+            if self._forks_worker(args):
+                env.update(worker_omp_env(self.spec.devices))
+                env[FORK_WORKER_ENV] = "1"
+            if args.get("enforce_eager") and "TORCHDYNAMO_DISABLE" not in os.environ:
+                # eager engine, yet vLLM's sampler compiles a helper with inductor (the rank of each sampled
+                # token's log-prob) on the first step: 4-5 s with inductor's cache warm, 16-22 s cold
+                # (a fresh machine); eager it costs nothing measurable (docs/notes/cpu.md)
+                env["TORCHDYNAMO_DISABLE"] = "1"
         elif self.spec.devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in self.spec.devices)
-        args = self._engine_args(cpu)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        if cpu:
+            from pdsr_sdk.engines.vllm_env import inspect_models_in_process
+
+            inspect_models_in_process()   # not in a second interpreter (11 s on a machine's first run)
 
         def create():
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stats.factory])
@@ -92,8 +106,9 @@ class VllmEngine(ModelEngine):
             await self._warm_up(self.spec.warmup_tokens)
 
     async def _warm_up(self, tokens: int) -> None:
-        # The first step that samples with log-probs sets up kernels once (3-15 s
-        # on the CPU build); pay it here rather than in the first batch's makespan.
+        # The first step that samples with log-probs sets up kernels once (on the CPU build 4-22 s
+        # while vLLM compiled a sampler helper, under 1 s with TORCHDYNAMO_DISABLE, see start());
+        # pay it here rather than in the first batch's makespan.
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -104,6 +119,16 @@ class VllmEngine(ModelEngine):
         except Exception as exc:  # noqa: BLE001 - same classification as start-up failures
             raise EngineError(self.name, f"warm-up request failed: {type(exc).__name__}: {exc}",
                               remote_traceback=self._read_error()) from exc
+
+    def _forks_worker(self, args: dict[str, Any]) -> bool:
+        """Whether this CPU engine's worker is forked from its engine core rather than spawned (see
+        vllm_plugin.py): one worker on the cores of ``devices``, no executor of the user's, and the
+        OpenMP runtime vLLM preloads."""
+        from pdsr_sdk.engines.vllm_env import forks_worker_here
+
+        return (forks_worker_here() and bool(self.spec.devices) and "distributed_executor_backend" not in args
+                and all(int(args.get(k) or 1) == 1
+                        for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")))
 
     def _engine_args(self, cpu: bool) -> dict[str, Any]:
         spec = self.spec
@@ -120,7 +145,9 @@ class VllmEngine(ModelEngine):
             worker_extension_cls=WORKER_EXTENSION,   # update_weights (see vllm_worker.py)
         )
         if cpu:
-            args.update(enforce_eager=True, dtype="bfloat16" if spec.dtype == "auto" else spec.dtype)
+            from pdsr_sdk.engines.vllm_env import cpu_dtype
+
+            args.update(enforce_eager=True, dtype=cpu_dtype(spec.dtype))
         else:
             args.update(dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization)
         args.update(spec.engine_args)

@@ -10,6 +10,15 @@
    file, so the orchestrator can report the engine's own traceback.
 3. In a process pdsr's orchestrator started (the engine core, vLLM's workers), a thread ends the
    process when its parent dies, SIGKILL included (see parent_watch.py).
+4. In a CPU engine core started with ``PDSR_FORK_WORKER=1`` (one worker, its cores known), vLLM's
+   worker is forked from the core rather than spawned. vLLM's CPU platform spawns it: a fresh
+   interpreter that imports torch, transformers and vLLM again, about 10 s of a 2-core machine's
+   engine start (docs/notes/cpu.md); the core has imported all of that already. vLLM spawns because
+   the worker's OpenMP binding is environment (GOMP_CPU_AFFINITY, OMP_NUM_THREADS) that the OpenMP
+   runtime reads once, when it loads; pdsr spawns the core with the worker's binding instead, so the
+   forked worker's runtime has it, and after the fork the core frees its own threads again (one
+   torch thread, every thread on the orchestrator's CPUs), as with a spawned worker. The core has
+   run no OpenMP region before the fork, so the worker starts its own thread team.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ def register() -> None:
     if path and multiprocessing.parent_process() is not None:
         _capture_errors(path)
     _watch_parent()
+    _fork_worker()
 
 
 def _grant_amx() -> None:
@@ -62,5 +72,31 @@ def _capture_errors(path: str) -> None:
         handler.setLevel(logging.ERROR)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
         logging.getLogger("vllm").addHandler(handler)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _fork_worker() -> None:
+    try:
+        from pdsr_sdk.engines.vllm_env import FORK_WORKER_ENV
+        from pdsr_sdk.parent_watch import ENGINE_CORE_PID_ENV, ORCHESTRATOR_PID_ENV
+
+        if os.environ.get(FORK_WORKER_ENV) != "1" or os.environ.get(ENGINE_CORE_PID_ENV) != str(os.getpid()):
+            return   # not an engine core pdsr started so (vLLM's worker inherits the variable: it is not one either)
+        try:   # what this core would run on had the OpenMP runtime not pinned it: its parent's CPUs
+            cpus = os.sched_getaffinity(int(os.environ[ORCHESTRATOR_PID_ENV]))
+        except (KeyError, ValueError, OSError):
+            cpus = set(range(os.cpu_count() or 1))
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        os.register_at_fork(after_in_parent=lambda: _free_core_threads(cpus))
+    except Exception:  # noqa: BLE001 - never break engine start-up over this
+        pass
+
+
+def _free_core_threads(cpus) -> None:
+    try:
+        from pdsr_sdk.engines.vllm_env import free_core_threads
+
+        free_core_threads(cpus)
     except Exception:  # noqa: BLE001
         pass

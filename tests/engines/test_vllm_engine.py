@@ -53,9 +53,12 @@ async def wait_for(pred, timeout=WAIT_S):
 
 
 def test_stream_abort_and_death_are_reported(engine_loop, tiny_model_dir):
-    """bf16 (the CPU default, which needs the AMX grant from pdsr's vLLM plugin), one engine:
+    """The CPU build's dtype (bf16 on a CPU with native bf16, which needs the AMX grant from pdsr's
+    vLLM plugin), one engine on core 0: its worker (forked from the core) is bound to that core;
     a request streams to its max_tokens; an abort returns the tokens so far; a crashed
     engine core is reported with the engine's name, exit status and its own traceback."""
+    import psutil
+
     from pdsr_sdk.engines.vllm_engine import VllmEngine
 
     engine = VllmEngine.from_spec(EngineSpec(name="doomed-0", pool="fast", devices=[0], max_num_seqs=4,
@@ -65,6 +68,8 @@ def test_stream_abort_and_death_are_reported(engine_loop, tiny_model_dir):
 
     async def scenario():
         await engine.start()
+        workers = [p for p in psutil.Process(engine.core_processes()[0].pid).children() if "Worker" in p.name()]
+        assert [w.cpu_affinity() for w in workers] == [[0]]
         engine.submit(request("full", 40))
         await wait_for(lambda: "full" in rec.ends)
         engine.submit(request("long", 1500))
