@@ -72,6 +72,9 @@ class StepResult:
     report: BatchResult
     #: with partial rollout: the step's record (off-policy tokens, token ages, restarts); else None
     record: StepRecord | None = None
+    #: each sample's reward, in the order of :attr:`samples`
+    #: (:class:`~pdsr_sdk.rollout.reward_runner.Scored`: text, reward, extra, error, seconds, timeouts)
+    scores: list = field(default_factory=list)
 
     @property
     def samples(self) -> list[Sample]:
@@ -95,6 +98,12 @@ class RolloutSession:
     built-in tiny model on an automatic engine layout). ``engines``: already started engines to use
     (the caller keeps ownership and closes them); default: build and start them from the config.
     ``model_dir``: the model folder (default ``config.model``, else the built-in tiny model).
+    ``reward``: a reward function to use instead of ``config.reward`` (any signature ``config.reward``
+    accepts: pdsr's ``fn(response_text, ground_truth, **info)`` or verl's ``compute_score``).
+
+    Rewards are computed as samples finish, on ``config.reward_workers`` threads off the event loop
+    (:mod:`pdsr_sdk.rollout.reward_runner`); a step's summary has their time (``reward_s``) and how long
+    the step waited for them after its groups were complete (``reward_wait_s``).
 
     Use it as a context manager: ``with`` (synchronous calls: :meth:`step`, :meth:`update_weights`;
     the engines run on an event loop in a background thread) or ``async with`` (:meth:`astep`,
@@ -102,7 +111,8 @@ class RolloutSession:
     starts a session needs the ``if __name__ == "__main__":`` guard.
     """
 
-    def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None):
+    def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None,
+                 reward: Callable[..., Any] | None = None):
         if config is None:
             from pdsr_sdk.rollout.config import RolloutConfig
 
@@ -123,9 +133,12 @@ class RolloutSession:
         self._started = False
         self._tokenizer = None
         # by whether the data has a ground truth; a reward pdsr cannot call is an error here, before any engine
-        from pdsr_sdk.rollout.reward import config_reward
+        from pdsr_sdk.rollout.reward import adapt_reward, config_reward
 
         self._reward_fns: dict[bool, Any] = {True: config_reward(config, True)}
+        self._reward_override = None if reward is None else adapt_reward(reward, getattr(reward, "__name__", "reward"))
+        #: scores finished samples off the event loop (made when the session starts)
+        self.rewards = None
         self._reference_weights = None
         self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._thread: _LoopThread | None = None
@@ -269,6 +282,10 @@ class RolloutSession:
             policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
             on_fatal=self._set_fatal, first_batch_index=self.run.batch_index if self.run is not None else 0)
         self.run.scheduler.salt_by_version = self._keep_kv
+        if self.rewards is None:
+            from pdsr_sdk.rollout.reward_runner import RewardRunner
+
+            self.rewards = RewardRunner(self.reward_for, lambda: self.tokenizer, workers=cfg.reward_workers)
         if self._given_engines is None:
             began = loop.time()
             self._status(starting_message(self.engine_specs, self._model_dir()))
@@ -285,6 +302,9 @@ class RolloutSession:
         if self._weights_block is not None:
             self._weights_block.close()
             self._weights_block = None
+        if self.rewards is not None:
+            self.rewards.close()
+            self.rewards = None
         if self._given_engines is not None:
             self._started = False
             return
@@ -338,7 +358,7 @@ class RolloutSession:
                                  where=f"step {step} prompts")
         version = self.policy_version
         result = await self.generate(records, n=n)
-        return self._step_result(result, version)
+        return await self._step_result(result, version)
 
     # ------------------------------------------------- partial rollout
     async def _astream_step(self, prompts: Iterable, *, n: int | None, last: bool,
@@ -399,7 +419,7 @@ class RolloutSession:
             "max_token_age": record.max_age, "stale_restarts": record.stale_restarts,
             "early_restarts": record.early_restarts, "carried_groups": len(stream.flying),
             "carried_samples": len(self.scheduler.held())}
-        result = self._step_result(report, version)
+        result = await self._step_result(report, version)
         result.summary.update(report.step)
         result.record = record
         return result
@@ -458,19 +478,38 @@ class RolloutSession:
         if self._step_end is not None and not self._step_end.done():
             self._step_end.set_result(drained)
 
-    def _step_result(self, result: BatchResult, version: int) -> StepResult:
+    def reward_for(self, group: Group):
+        """The reward function for a group's samples: the one given to the session, else ``config.reward``
+        resolved for data with a ground truth or without (None: no reward)."""
+        if self._reward_override is not None:
+            return self._reward_override
+        has_truth = group.ground_truth is not None
+        if has_truth not in self._reward_fns:
+            from pdsr_sdk.rollout.reward import config_reward
+
+            self._reward_fns[has_truth] = config_reward(self.config, has_truth)
+        return self._reward_fns[has_truth]
+
+    async def scores(self, samples: Iterable[Sample]) -> list:
+        """The rewards of finished samples (:class:`~pdsr_sdk.rollout.reward_runner.Scored`, in order), waiting
+        for those still being computed; a reward misconfigured (a pdsr error) raises here."""
+        if self.rewards is None:
+            raise RunError("scores: start the session first")
+        return await self.rewards.wait(samples)
+
+    async def _step_result(self, result: BatchResult, version: int) -> StepResult:
         import pyarrow as pa
 
         from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
-        from pdsr_sdk.rollout.reward import config_reward, reward_counters
 
-        has_truth = any(g.ground_truth is not None for g in result.groups)
-        if has_truth not in self._reward_fns:
-            self._reward_fns[has_truth] = config_reward(self.config, has_truth)
-        reward_fn = self._reward_fns[has_truth]
-        before = reward_counters(reward_fn).get("reward_timeouts", 0)
-        rows = [sample_row(s, self.tokenizer, reward_fn) for g in result.groups for s in g.samples]
-        timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
+        samples = [s for g in result.groups for s in g.samples]
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        scored = await self.scores(samples)
+        waited = loop.time() - began
+        self.rewards.forget(samples)
+        rows = [sample_row(s, self.tokenizer, None, scored=sc) for s, sc in zip(samples, scored)]
+        timeouts = sum(sc.timeouts for sc in scored)
         errors = sum(r["reward_error"] is not None for r in rows)
         table = pa.Table.from_pylist(rows, schema=trajectory_schema())
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
@@ -480,11 +519,11 @@ class RolloutSession:
             "tokens_per_s": result.tokens_per_s,
             "mean_response_length": result.tokens / len(rows) if rows else 0.0,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_timeouts": timeouts,
-            "reward_errors": errors,
+            "reward_errors": errors, "reward_s": sum(sc.seconds for sc in scored), "reward_wait_s": waited,
             "engine_busy_s": dict(result.engine_busy_s), **result.stats,
         }
         return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,
-                          summary=summary, report=result)
+                          summary=summary, report=result, scores=scored)
 
     async def generate(self, records: list[PromptRecord], *, n: int | None = None) -> BatchResult:
         """Run one batch of prompt records to completion and return its groups and costs."""
@@ -734,6 +773,8 @@ class RolloutSession:
 
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:
+        if self.rewards is not None:
+            self.rewards.submit(sample)
         for fn in self.hooks.on_sample_done:
             fn(sample)
 
