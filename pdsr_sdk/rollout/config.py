@@ -95,14 +95,16 @@ class RolloutConfig(StepStreamConfig):
 
     @property
     def streaming(self) -> bool:
-        """Whether steps stream (partial rollout): ``steps`` or ``over_provision`` set."""
-        return self.steps is not None or self.over_provision is not None
+        """Whether steps stream (partial rollout): ``steps``, ``over_provision`` or ``filter_groups`` set."""
+        return self.steps is not None or self.over_provision is not None or self.filter_groups is not None
 
     @model_validator(mode="after")
     def _stream_keys(self) -> "RolloutConfig":
         if self.overlong_buffer is not None and self.overlong_buffer >= self.sampling.max_tokens:
             raise ConfigValueError(f"overlong_buffer ({self.overlong_buffer}) must be less than sampling.max_tokens "
                                    f"({self.sampling.max_tokens}): shaping starts overlong_buffer tokens before the cap")
+        if self.filter_groups is not None and self.reward == "none":
+            raise ConfigValueError("filter_groups filters groups by their rewards: set a reward (reward is 'none')")
         if not self.streaming:
             for key in ("step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:

@@ -75,6 +75,10 @@ class StepResult:
     #: each sample's reward, in the order of :attr:`samples`
     #: (:class:`~pdsr_sdk.rollout.reward_runner.Scored`: text, reward, extra, error, seconds, timeouts)
     scores: list = field(default_factory=list)
+    #: dynamic sampling: the groups the filter took out during the step (not in :attr:`groups`), and their
+    #: samples' scores in order
+    filtered: list[Group] = field(default_factory=list)
+    filtered_scores: list = field(default_factory=list)
 
     @property
     def samples(self) -> list[Sample]:
@@ -105,6 +109,11 @@ class RolloutSession:
     (:mod:`pdsr_sdk.rollout.reward_runner`); a step's summary has their time (``reward_s``) and how long
     the step waited for them after its groups were complete (``reward_wait_s``).
 
+    Dynamic sampling (DAPO): ``config.filter_groups`` (``kind: zero-variance``), or ``group_filter(group,
+    rewards) -> bool`` (True keeps the group; it replaces the config's kind), makes steps stream and filters
+    each complete group by its rewards; a step returns B groups that passed, and the filtered ones in
+    :attr:`StepResult.filtered` (see :mod:`pdsr_sdk.dispatch.steps`).
+
     Use it as a context manager: ``with`` (synchronous calls: :meth:`step`, :meth:`update_weights`;
     the engines run on an event loop in a background thread) or ``async with`` (:meth:`astep`,
     :meth:`aupdate_weights` on the caller's loop). Engine processes are spawned: a script that
@@ -112,7 +121,8 @@ class RolloutSession:
     """
 
     def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None,
-                 reward: Callable[..., Any] | None = None):
+                 reward: Callable[..., Any] | None = None,
+                 group_filter: Callable[[Group, list[float | None]], bool] | None = None):
         if config is None:
             from pdsr_sdk.rollout.config import RolloutConfig
 
@@ -122,7 +132,16 @@ class RolloutSession:
         #: the model folder the engines load (resolved when the session starts if not given)
         self.model_dir: str | None = str(given) if given else None
         self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
-        if config.streaming:
+        if group_filter is None and config.filter_groups is not None:
+            from pdsr_sdk.dispatch.steps import GROUP_FILTERS
+
+            kind = GROUP_FILTERS[config.filter_groups.kind]
+            group_filter = lambda group, rewards: kind(rewards)   # noqa: E731
+        #: dynamic sampling's predicate (None: no filter)
+        self.group_filter = group_filter
+        #: whether steps stream (partial rollout; dynamic sampling streams too)
+        self.streaming = config.streaming or group_filter is not None
+        if self.streaming:
             check_streaming(self.policy_cls, config.policy)
         self._given_engines = engines
         self.engines: list = []
@@ -341,14 +360,14 @@ class RolloutSession:
         runs): the step does not end before the trainer's next :meth:`update_weights`, so its token ages
         count at the weights the trainer trains it with. Only for a trainer that updates during every
         such step: without an update it never ends."""
-        if wait_for_update and not self.config.streaming:
+        if wait_for_update and not self.streaming:
             raise ConfigError("step(wait_for_update=True) is for partial rollout (config.over_provision or "
                               "config.steps set): a step without it ends when its groups are complete")
         if not self._started:
             await self.start()
         while self._loading is not None:   # a trainer's update_weights (another thread) is loading
             await asyncio.shield(self._loading)
-        if self.config.streaming:
+        if self.streaming:
             return await self._astream_step(prompts, n=n, last=last, wait_for_update=wait_for_update)
         items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
         if not items:
@@ -386,10 +405,13 @@ class RolloutSession:
         if self._stream is None:
             b = cfg.step_groups or cfg.batch_size
             self._stream_n = n or cfg.sampling.n
+            floor = cfg.filter_groups.min_pass_rate if cfg.filter_groups is not None else 0.1
             self._stream = StepStream(
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
-                new_groups=self._new_stream_groups, on_step_end=self._stream_step_end)
+                new_groups=self._new_stream_groups, on_step_end=self._stream_step_end,
+                group_filter=self._passes if self.group_filter is not None else None,
+                adapt=cfg.over_provision is None, min_pass_rate=floor)
             self._stream_base = self.run.batch_index
             self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
             self._restored = []
@@ -419,10 +441,29 @@ class RolloutSession:
             "max_token_age": record.max_age, "stale_restarts": record.stale_restarts,
             "early_restarts": record.early_restarts, "carried_groups": len(stream.flying),
             "carried_samples": len(self.scheduler.held())}
+        if self.group_filter is not None:
+            report.step.update({"filtered_groups": record.filtered, "filtered_tokens": record.filtered_tokens,
+                                "pass_rate": record.pass_rate, "launched_groups": record.launched})
         result = await self._step_result(report, version)
         result.summary.update(report.step)
         result.record = record
+        if stream.last_filtered:
+            result.filtered = stream.last_filtered
+            filtered = [s for g in stream.last_filtered for s in g.samples]
+            result.filtered_scores = await self.scores(filtered)
+            self.rewards.forget(filtered)
         return result
+
+    def _passes(self, group: Group) -> bool:
+        """Dynamic sampling: the group passes the filter (its rewards are in: :meth:`_group_done` saw to it)."""
+        scores = [self.rewards.result(s) for s in group.samples]
+        return bool(self.group_filter(group, [sc.reward if sc is not None else None for sc in scores]))
+
+    def _group_scored(self, group: Group, scores: list) -> None:
+        """A complete group's rewards are in: the step stream judges it (if it is still complete with these)."""
+        if self._stream is None or not group.done or any(self.rewards.result(s) is None for s in group.samples):
+            return   # restarted meanwhile: it completes, and is scored, again
+        self.scheduler.guarded(self._stream.group_done, group)
 
     async def _await_step_end(self, step_end: asyncio.Future) -> None:
         """Wait for a partial-rollout step's end and for its engines to stop (or raise the run's error)."""
@@ -448,7 +489,7 @@ class RolloutSession:
         earlier session had in flight, as :meth:`carried` gave them (samples restored, e.g. with
         :func:`~pdsr_sdk.dispatch.trajectory.restore_sample`). They go first and continue from their
         tokens; set :attr:`policy_version` to the version the earlier session had reached first."""
-        if not self.config.streaming:
+        if not self.streaming:
             raise RunError("restore_carried: only for partial rollout (config.over_provision or config.steps)")
         if self._stream is not None:
             raise RunError("restore_carried: the stream has started; call it before the first step")
@@ -782,7 +823,10 @@ class RolloutSession:
         for fn in self.hooks.on_group_done:
             fn(group)
         if self._stream is not None:
-            self._stream.group_done(group)
+            if self.group_filter is not None:   # judged once its rewards are in
+                self.rewards.when_scored(group, self._group_scored, self._set_fatal)
+            else:
+                self._stream.group_done(group)
 
     def _status(self, message: str) -> None:
         for fn in self.hooks.on_status:
