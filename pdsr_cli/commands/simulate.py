@@ -70,8 +70,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
             num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
-            step_groups, max_staleness, group_deadline, kv_on_update, trainer_s, weight_update_s, pipeline,
-            restart_lengths, max_partial_share, quiet, config_path) -> None:
+            step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
+            pipeline, restart_lengths, max_partial_share, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -115,7 +115,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "segments.enabled": False if no_segments else None, "out_dir": out_dir,
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
-        "kv_on_update": kv_on_update, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
+        "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
         "pipeline": pipeline,
         "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }

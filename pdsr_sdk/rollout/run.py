@@ -20,7 +20,7 @@ from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
-from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
+from pdsr_sdk.rollout.preflight import check_outputs, context_limit, filtered_path, split_long_prompts, summary_path
 from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, carried_groups, read_resume_state, run_settings
 from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
@@ -45,6 +45,7 @@ class RolloutSummary:
     engine_errors: list[str] = field(default_factory=list)
     skipped_long: int = 0     # prompts longer than the context, skipped (data.skip_long)
     reward_mean: float | None = None   # over the samples with a reward (None: no reward function)
+    filtered_groups: int = 0   # groups dynamic sampling filtered out (filter_groups), not in groups
     rewarded_samples: int = 0          # samples with a reward
     run_id: str = ""          # the same across a run and its resumes
 
@@ -166,7 +167,16 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     # resumed without --steps: the carried groups run again from their prompts, as any unfinished group
     carried = carried_groups(prior.carried, records, config.sampling.n, config.sampling.max_tokens,
                              str(carry_file(out.path))) if prior.carried and config.streaming else []
+    filtered_writer = None
+    if filtered_path(config) is not None:
+        filtered_writer = TrajectoryWriter(
+            filtered_path(config), trajectory_schema(), resume=out.resume, overwrite=out.overwrite,
+            flush_groups=out.flush_groups, flush_interval_s=out.flush_interval_s,
+            metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy, "model": model_dir,
+                      "run_id": prior.run_id, "filtered": "zero-variance groups (filter_groups)"})
     left = prior.done_ids | {g.prompt_id for g, _ in carried}
+    if filtered_writer is not None and out.resume:   # filtered before: not run again
+        left |= filtered_writer.finished_prompt_ids()
     todo, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
                                         limit, source, data_path)
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
@@ -257,6 +267,12 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                 scores = iter(out.scores)
                 for group in out.groups:
                     write_group(group, [next(scores) for _ in group.samples])
+                if filtered_writer is not None:
+                    scores = iter(out.filtered_scores)
+                    for group in out.filtered:
+                        filtered_writer.add_group([sample_row(s, tokenizer, None, scored=next(scores))
+                                                   for s in group.samples])
+                    filtered_writer.flush()
                 consumed += len(out.groups)
                 results.append(out.report)
                 await session.anext_version()   # each step's end is a trainer's weight update
@@ -271,10 +287,14 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
             writer.flush()
             write_text_atomic(summarise().to_json(), summary_path(config))   # an interrupted run keeps its batches
         writer.finalize()
+        if filtered_writer is not None:
+            filtered_writer.finalize()
     finally:
         for task in list(writes):   # an error or interrupt: groups still waiting for rewards are not written
             task.cancel()
         writer.flush()  # whatever finished is on disk, even on interrupt or engine failure
+        if filtered_writer is not None:
+            filtered_writer.flush()
         for bar in (sample_bar, probe_bar):
             if bar is not None:
                 bar.close()
@@ -335,6 +355,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
         skipped_long=skipped_long, run_id=prior.run_id,
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
+        filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
     )
 
 

@@ -118,6 +118,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
     engines record their occupancy over time where a timeline will be drawn (``cfg.timeline`` and ``cfg.out_dir``)."""
     if cfg.steps is None:
         raise ConfigError("steps: a multi-step run needs steps (K)")
+    if cfg.filter_groups is not None:
+        raise ConfigError("filter_groups: dynamic sampling in pdsr simulate needs rewards in the trace (next change)")
     cls, settings = policy_for_steps(cfg, name)
     rows = stream_rows(trace, cfg, groups_needed(cfg, over_provision))
     clock = VirtualClock()
