@@ -165,7 +165,9 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     b = cfg.step_groups or cfg.batch_size
     click.echo(f"{cfg.trace}: {cfg.steps} steps of {b} groups, policy {cfg.policy}, max staleness "
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
-               f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
+               f"{cfg.heavy} heavy; " + ("verl's DAPO recipe (batches of 3 x B, filtered, up to 10 a step) step"
+                                         if cfg.filter_groups is not None else "on-policy baseline step")
+               + f" {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
                + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
                   else "; restarted samples replay their recorded lengths")
                + ("; KV kept across updates" if cfg.kv_on_update == "keep" else ""))
