@@ -318,6 +318,7 @@ class StepStream:
         """Dynamic sampling: whether a complete group passes the filter. One that does not leaves the stream
         now (:attr:`filtered`), and new groups launch while those in flight are not expected to bring the
         step's B passing ones (not after the step's groups are chosen)."""
+        assert self.group_filter is not None
         self.judged += 1
         if self.group_filter(group):
             self.passed += 1
