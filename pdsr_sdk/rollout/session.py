@@ -136,7 +136,13 @@ class RolloutSession:
             from pdsr_sdk.dispatch.steps import GROUP_FILTERS
 
             kind = GROUP_FILTERS[config.filter_groups.kind]
-            group_filter = lambda group, rewards: kind(rewards)   # noqa: E731
+
+            def group_filter(group: Group, rewards: list[float | None]) -> bool:
+                if self.reward_for(group) is None:
+                    raise ConfigError(f"filter_groups filters groups by their rewards, and group {group.prompt_id!r} "
+                                      f"has none: reward is {config.reward!r} and its prompt has no ground truth; "
+                                      f"give the data a ground truth column or set a reward")
+                return kind(rewards)
         #: dynamic sampling's predicate (None: no filter)
         self.group_filter = group_filter
         #: whether steps stream (partial rollout; dynamic sampling streams too)

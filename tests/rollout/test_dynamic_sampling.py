@@ -99,3 +99,13 @@ def test_filtering_needs_a_reward():
 
     with pytest.raises(ConfigError, match="filter_groups.*reward is 'none'"):
         RolloutConfig(reward="none", filter_groups={"kind": "zero-variance"})
+
+
+@requires_torch
+def test_filtering_prompts_without_a_ground_truth_and_no_reward_for_them_is_an_error(tiny_model_dir):
+    """reward 'auto' scores nothing without a ground truth: every group would be filtered, forever."""
+    from pdsr_sdk.errors import ConfigError
+
+    with RolloutSession(config(tiny_model_dir, filter_groups={"kind": "zero-variance"})) as session:
+        with pytest.raises(ConfigError, match="filter_groups.*group 's0-p0' has none.*'auto'.*no ground truth"):
+            session.step(["What is 1+1?", "What is 2+2?", "What is 3+3?"])
