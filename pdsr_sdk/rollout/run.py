@@ -273,7 +273,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                         filtered_writer.add_group([sample_row(s, tokenizer, None, scored=next(scores))
                                                    for s in group.samples])
                     filtered_writer.flush()
-                consumed += len(out.groups)
+                consumed += len(out.groups) + len(out.filtered)   # a filtered prompt is done with too
                 results.append(out.report)
                 await session.anext_version()   # each step's end is a trainer's weight update
                 writer.flush()

@@ -13,6 +13,10 @@ from click.testing import CliRunner
 from pdsr_cli.main import cli
 
 
+def constant(text, ground_truth, **info):
+    return 1.0
+
+
 def reward(text, ground_truth, *, prompt_id, sample_index, **info):
     """Every third prompt all right, every fourth all wrong, the others half right."""
     i = int(prompt_id[1:])
@@ -59,3 +63,15 @@ def test_write_filtered_needs_filter_groups(tmp_path, tiny_model_dir):
                                  "--steps", "2", "--write-filtered"])
     assert r.exit_code != 0 and "--write-filtered" in r.output and "--filter-groups" in r.output
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_run_whose_every_group_is_filtered_ends_when_the_data_does(tmp_path, tiny_model_dir):
+    cfg = setup(tmp_path, tiny_model_dir)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--steps", "5",
+                                 "--batch-size", "4", "--limit", "10", "--filter-groups", "zero-variance",
+                                 "--reward", "test_rollout_filter_cli:constant"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert summary["groups"] == 0 and summary["filtered_groups"] == 10
+    assert pq.read_table(out).num_rows == 0
