@@ -128,14 +128,15 @@ def quiet_option(f: F) -> F:
 def step_stream_options(stream: str, over_provision_default: str) -> Callable[[F], F]:
     """The flags of a multi-step run (partial rollout across steps), the same in ``pdsr rollout`` and
     ``pdsr simulate`` (config keys ``steps``, ``over_provision``, ``step_groups``, ``max_staleness``,
-    ``group_deadline``, ``kv_on_update``). ``stream`` says what the groups come from."""
+    ``group_deadline``, ``kv_on_update``, ``filter_groups.kind``). ``stream`` says what the groups come from."""
     options = [
         click.option("--steps", type=int, default=None,
                      help=f"Multi-step run: K training steps over a stream of {stream}; unfinished samples carry "
                           f"into the next step with their tokens (partial rollout)."),
         click.option("--over-provision", type=float, default=None,
                      help=f"With --steps: keep ceil(B x (1 + F)) groups in flight; a step ends when B are "
-                          f"complete.  [default: {over_provision_default}]"),
+                          f"complete.  [default: {over_provision_default}; with --filter-groups: adapted to the "
+                          f"measured pass rate]"),
         click.option("--step-groups", type=int, default=None,
                      help="With --steps: groups a step consumes (B).  [default: --batch-size]"),
         click.option("--max-staleness", type=int, default=None,
@@ -149,6 +150,10 @@ def step_stream_options(stream: str, over_provision_default: str) -> Callable[[F
                           "it (carried samples prefill their context again under the new weights); keep: go on "
                           "from it (PipelineRL's in-flight updates: no re-prefill, but their later tokens attend "
                           "to KV of the weights their earlier tokens were sampled with).  [default: recompute]"),
+        click.option("--filter-groups", type=click.Choice(["zero-variance"]), default=None,
+                     help="Dynamic sampling (DAPO): filter out groups whose N rewards are all equal as they "
+                          "complete; a step ends when B groups that pass are complete (multi-step; the filtered "
+                          "groups are counted).  [default: off]"),
     ]
 
     def decorate(f: F) -> F:

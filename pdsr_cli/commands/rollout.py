@@ -66,6 +66,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out.")
 @step_stream_options("the data's prompts (each step's end bumps the policy version, as a trainer's update would; "
                      "the last step drains)", "0: each step waits for its own groups")
+@click.option("--write-filtered", is_flag=True, default=None,
+              help="With --filter-groups: also write the filtered groups, to <out stem>.filtered.parquet.")
 @quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
@@ -73,7 +75,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
             reward_timeout_s, overlong_buffer, overlong_penalty, seed,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
-            group_deadline, kv_on_update, quiet):
+            group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
     Sample 0 of each prompt probes its difficulty; the policy routes the
@@ -92,9 +94,11 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --ray auto --model /shared/models/qwen --data math.parquet   # engines on a Ray cluster
       pdsr rollout --data math.parquet --model DIR --instruction math --system-prompt "You are a careful solver."
       pdsr rollout --steps 5 --step-groups 64 --over-provision 0.25 --max-staleness 2   # partial rollout
+      pdsr rollout --steps 5 --data gsm8k.parquet --model DIR --filter-groups zero-variance   # DAPO
     """
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
+    from pdsr_sdk.errors import ConfigError
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.preflight import check_outputs
     from pdsr_sdk.rollout.run import policy_configs, run_rollout, summary_path
@@ -115,9 +119,14 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
-        "kv_on_update": kv_on_update,
+        "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups,
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
+    if write_filtered:
+        if cfg.filter_groups is None:
+            raise ConfigError("--write-filtered writes the groups --filter-groups filters out: pass --filter-groups "
+                              "too (or set filter_groups in the config)")
+        cfg = cfg.model_copy(update={"filter_groups": cfg.filter_groups.model_copy(update={"write_filtered": True})})
     sets = parse_policy_sets(policy_set)
     check_policy_set_targets(sets, policy_names(cfg.policy))
     cfg = with_policy_sets(cfg, sets)
@@ -152,6 +161,8 @@ HIDDEN_WHEN_EMPTY = ("l_cut", "fast_cap", "offloaded_prompts", "breaks", "moves"
                      "reward_errors")
 #: a multi-step run's columns (the step's summary keys, docs/sdk.md): shown when the run has them
 STEP_COLUMNS = ("off_policy_share", "partial_tokens", "max_token_age", "stale_restarts", "carried_groups")
+#: ... and those of dynamic sampling (--filter-groups)
+FILTER_COLUMNS = ("filtered_groups", "pass_rate")
 
 
 def render_summary(s) -> str:
@@ -159,7 +170,8 @@ def render_summary(s) -> str:
     counts = (f"{s.groups} groups, {s.samples} samples"
               + (f" ({s.skipped_groups} groups from before the resume)" if s.skipped_groups else "")
               + f", {s.tokens} tokens"
-              + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else ""))
+              + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else "")
+              + (f"; {s.filtered_groups} groups filtered out (--filter-groups)" if s.filtered_groups else ""))
     lead = [("makespan", f"{s.makespan_s:.2f} s"), ("", f"{s.tokens_per_s:.1f} tokens/s"),
             ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}")]
     busy = ", ".join(f"{k} {v:.0%}" for k, v in s.engine_busy_fraction.items())
@@ -168,7 +180,7 @@ def render_summary(s) -> str:
         rows = [{**b, "reward_mean": (b["reward_sum"] / b["rewarded_samples"] if b.get("rewarded_samples") else None)}
                 for b in s.batches]
         columns = [c for c in BATCH_COLUMNS if c != "reward_mean" or s.reward_mean is not None]
-        columns += [c for c in STEP_COLUMNS if any(c in b for b in s.batches)]
+        columns += [c for c in STEP_COLUMNS + FILTER_COLUMNS if any(c in b for b in s.batches)]
         details += ["", format_table(rows, columns + list(HIDDEN_WHEN_EMPTY), hide_empty=HIDDEN_WHEN_EMPTY)]
     if s.engine_errors:
         details += ["", "engine errors:"] + [f"  {e.splitlines()[0]}" for e in s.engine_errors]

@@ -70,8 +70,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
             num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
-            step_groups, max_staleness, group_deadline, kv_on_update, trainer_s, weight_update_s, pipeline,
-            restart_lengths, max_partial_share, quiet, config_path) -> None:
+            step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
+            pipeline, restart_lengths, max_partial_share, quiet, config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -115,7 +115,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "segments.enabled": False if no_segments else None, "out_dir": out_dir,
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
-        "kv_on_update": kv_on_update, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
+        "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
         "pipeline": pipeline,
         "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }
@@ -165,7 +165,9 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     b = cfg.step_groups or cfg.batch_size
     click.echo(f"{cfg.trace}: {cfg.steps} steps of {b} groups, policy {cfg.policy}, max staleness "
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
-               f"{cfg.heavy} heavy; on-policy baseline step {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
+               f"{cfg.heavy} heavy; " + ("verl's DAPO recipe (batches of 3 x B, filtered, up to 10 a step) step"
+                                         if cfg.filter_groups is not None else "on-policy baseline step")
+               + f" {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
                + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
                   else "; restarted samples replay their recorded lengths")
                + ("; KV kept across updates" if cfg.kv_on_update == "keep" else ""))

@@ -40,6 +40,15 @@ class SegmentConfig(ConfigModel):
         return self
 
 
+class GroupFilterConfig(ConfigModel):
+    """Dynamic sampling (DAPO): groups without GRPO signal are filtered out as they complete, and a step
+    ends when step_groups groups that pass are complete (see docs/partial-rollout.md)."""
+
+    kind: Literal["zero-variance"] = Field("zero-variance", description="Which groups are filtered out: 'zero-variance', a group whose N rewards are all equal (all right or all wrong: every GRPO advantage is 0). A sample whose reward failed is left out of the comparison, so a group needs two different rewards to pass.")
+    write_filtered: bool = Field(False, description="pdsr rollout: also write the filtered groups, to <output stem>.filtered.parquet (same columns). They are counted in the summary either way, and the SDK step returns them (StepResult.filtered).")
+    min_pass_rate: float = Field(0.1, gt=0, le=1, description="Floor of the pass-rate estimate that sizes the groups in flight when over_provision is not given: at most ceil(step_groups / min_pass_rate) groups are kept in flight.")
+
+
 class StepStreamConfig(ConfigModel):
     """Partial rollout across steps (:mod:`pdsr_sdk.dispatch.steps`): the keys ``pdsr rollout`` and
     ``pdsr simulate`` share (each adds ``steps`` and ``over_provision``)."""
@@ -47,4 +56,5 @@ class StepStreamConfig(ConfigModel):
     step_groups: int | None = Field(None, ge=1, description="Multi-step: groups B a step consumes; the step ends when B groups have completed since the previous step ended. Default: batch_size.")
     max_staleness: int | None = Field(None, ge=0, description="Multi-step: at each step end, a sample (finished or not) of an unconsumed group whose oldest kept token is more than this many policy versions old is restarted (its tokens are thrown away and counted as wasted), so no consumed token is older than this. None = no bound.")
     group_deadline: int | None = Field(None, ge=1, description="Multi-step: a group launched at step t is consumed at step t + group_deadline at the latest; that step does not end before the group completes (a hard bound on how long any group waits). None = no such bound (with max_staleness a sample is still restarted at most once: a step waits for it rather than restart it again).")
+    filter_groups: GroupFilterConfig | None = Field(None, description="Dynamic sampling (DAPO): filter out groups whose rewards are all equal as they complete, until step_groups groups that pass are complete; the groups in flight follow the measured pass rate unless over_provision is given. Needs a reward. None = off.")
     kv_on_update: Literal["recompute", "keep"] = Field("recompute", description="What each weight update (a multi-step run's step end; RolloutSession.update_weights and next_version) does to the engines' KV cache. recompute (the default): the prefix cache is reset, so a carried sample prefills its whole context again under the new weights (exact). keep: the cache is kept, as in PipelineRL's in-flight weight updates, so a carried sample goes on from KV computed by the weights its tokens were sampled with (no re-prefill; its later tokens attend to that older KV, which is never older than its oldest kept token: requests of different start versions do not share cached blocks).")

@@ -38,6 +38,14 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
   restarted sample generated its first new token. Without S nothing is restarted. ``group_deadline``
   D adds a hard bound: a group launched at step t is due at step t + D. Groups are complete when
   consumed (GRPO needs all N of a group).
+- Dynamic sampling (DAPO, ``group_filter``): a complete group that fails the filter (all N rewards
+  equal: no GRPO signal) is taken out of the stream at once (:attr:`StepStream.filtered`, counted in
+  the step's record) and the step goes on until B groups that pass are complete. The stream keeps
+  enough groups in flight to expect B passing ones: with p the pass rate measured so far (Laplace:
+  (passed + 1) / (judged + 2) over every group judged in the run, at least ``min_pass_rate``), a step
+  starts ``ceil(B / p)`` in flight (or ``ceil(B x (1 + F))`` with a fixed over-provision F), and each
+  filtered group launches new ones while the groups in flight, times p, fall short of the passing groups
+  still needed (:func:`needed_launches`).
 """
 
 from __future__ import annotations
@@ -88,6 +96,11 @@ class StepRecord:
     #: running samples the policy restarted at the step's start, expecting them to outlive their group's last
     #: step (``on_step_end``): their staleness restart, a step early (also in ``stale_restarts``)
     early_restarts: int = 0
+    #: dynamic sampling: groups the filter took out during the step, their response tokens, and the pass rate
+    #: the stream estimated at the step's end (None without a filter)
+    filtered: int = 0
+    filtered_tokens: int = 0
+    pass_rate: float | None = None
 
     @property
     def duration_s(self) -> float:
@@ -105,6 +118,29 @@ class StepRecord:
 def in_flight(b: int, over_provision: float) -> int:
     """Groups kept in flight for steps of ``b`` groups with over-provision ``over_provision``."""
     return max(b, math.ceil(b * (1.0 + over_provision) - 1e-9))
+
+
+def has_reward_variance(rewards: Sequence[float | None]) -> bool:
+    """The ``zero-variance`` filter: a group passes when its rewards (failed ones, None, left out) are not all
+    equal, i.e. at least two differ; all right or all wrong gives every GRPO advantage 0."""
+    return len({r for r in rewards if r is not None}) > 1
+
+
+#: the filters ``filter_groups.kind`` names: rewards of a group's samples -> passes
+GROUP_FILTERS: dict[str, Callable[[Sequence[float | None]], bool]] = {"zero-variance": has_reward_variance}
+
+
+def adaptive_in_flight(b: int, pass_rate: float) -> int:
+    """Groups to keep in flight so that ``b`` of them are expected to pass the filter at ``pass_rate``."""
+    return max(b, math.ceil(b / pass_rate - 1e-9))
+
+
+def needed_launches(need: int, incomplete: int, pass_rate: float) -> int:
+    """New groups to launch when ``need`` passing groups are still missing and ``incomplete`` groups are in
+    flight, each expected to pass with ``pass_rate``: enough that ``incomplete x pass_rate >= need``."""
+    if need <= 0:
+        return 0
+    return max(0, math.ceil(need / pass_rate - 1e-9) - incomplete)
 
 
 def groups_launched(b: int, over_provision: float, steps: int) -> int:
@@ -133,12 +169,17 @@ class StepStream:
     ``on_step_end()`` is called once a step's groups are chosen (:attr:`pending`): the owner bumps the
     policy version (its weight update) and then calls :meth:`advance`. ``check`` verifies every
     consumed sample (:func:`check_consumed`, for runs whose lengths are known in advance).
+    ``group_filter(group) -> bool``: dynamic sampling (see the module); the owner calls :meth:`group_done`
+    once the group's rewards are in. ``adapt``: the in-flight count follows the measured pass rate
+    (``in_flight`` is then the first step's, and ``min_pass_rate`` the floor of the estimate).
     """
 
     def __init__(self, run: DispatchRun, *, step_groups: int, in_flight: int, steps: int | None,
                  max_staleness: int | None, group_deadline: int | None,
                  new_groups: Callable[[int], list[Group]], on_step_end: Callable[[], None],
-                 keep_groups: bool = False, check: bool = False, on_advance: Callable[[], None] | None = None):
+                 keep_groups: bool = False, check: bool = False, on_advance: Callable[[], None] | None = None,
+                 group_filter: Callable[[Group], bool] | None = None, adapt: bool = False,
+                 min_pass_rate: float = 0.1):
         self.run = run
         self.sched = run.scheduler
         self.clock = run.clock
@@ -149,13 +190,26 @@ class StepStream:
         # the policy hears of the bound only where groups carry over a step's end (in_flight > B): with
         # nothing carried no token grows more than one version old (an update in the middle of a step), and
         # capacity spent on keeping long samples young (v3's tail lane) would be lost
-        self.sched.max_staleness = max_staleness if in_flight > step_groups else None
+        self.sched.max_staleness = max_staleness if in_flight > step_groups or group_filter is not None else None
         self.d = group_deadline
         self.keep = keep_groups
         self.check = check
         self.new_groups = new_groups
         self.on_step_end = on_step_end
         self.on_advance = on_advance
+        self.group_filter = group_filter
+        self.adapt = adapt and group_filter is not None
+        self.min_pass_rate = min_pass_rate
+        #: groups the filter judged and passed over the whole run (the pass-rate estimate)
+        self.judged = 0
+        self.passed = 0
+        #: the groups the filter took out during the current step (the owner may write them), and all of them
+        #: when ``keep_groups``
+        self.filtered: list[Group] = []
+        #: the filtered groups of the step consumed last
+        self.last_filtered: list[Group] = []
+        self.all_filtered: list[Group] = []
+        self._filtered_tokens = 0
         self.t = 0
         #: the policy version at the step's start, and at its end (token ages count from the latter)
         self.step_version = self.sched.policy_version
@@ -197,7 +251,7 @@ class StepStream:
         for g in groups:
             self.flying[id(g)] = (g, self.t)
             self.launched_at[g.prompt_id] = self.t
-        self._launched_now = len(groups)
+        self._launched_now += len(groups)
         if groups:
             self.run.add_groups(groups, self.t)
 
@@ -209,6 +263,8 @@ class StepStream:
         continuing from their tokens; a sample too stale for the current version starts over now (a
         resumed run may thus restart a sample once more than an uninterrupted one)."""
         self.draining = last
+        if self.adapt:
+            self.target = adaptive_in_flight(self.b, self.pass_rate)
         running = []
         for g, step in carried:
             self.flying[id(g)] = (g, step)
@@ -245,7 +301,44 @@ class StepStream:
             self.clock.call_later(0.0, lambda: self.sched.guarded(self._restart_stale, group,
                                                                    self.sched.policy_version))
             return
+        if self.group_filter is not None and not self._judge(group):
+            self.maybe_end()
+            return
         self.complete[id(group)] = group
+        self.maybe_end()
+
+    @property
+    def pass_rate(self) -> float:
+        """The filter's pass rate so far, (passed + 1) / (judged + 2), at least ``min_pass_rate`` (1 without a filter)."""
+        if self.group_filter is None:
+            return 1.0
+        return max(self.min_pass_rate, (self.passed + 1) / (self.judged + 2))
+
+    def _judge(self, group: Group) -> bool:
+        """Dynamic sampling: whether a complete group passes the filter. One that does not leaves the stream
+        now (:attr:`filtered`), and new groups launch while those in flight are not expected to bring the
+        step's B passing ones (not after the step's groups are chosen)."""
+        assert self.group_filter is not None
+        self.judged += 1
+        if self.group_filter(group):
+            self.passed += 1
+            return True
+        del self.flying[id(group)]
+        self.watch.pop(id(group), None)
+        self.filtered.append(group)
+        if self.keep:
+            self.all_filtered.append(group)
+        self._filtered_tokens += sum(s.num_generated for s in group.samples)
+        # after the scheduler's current callback (this one may be inside it)
+        self.clock.call_later(0.0, lambda: self.sched.guarded(self._top_up))
+        return False
+
+    def _top_up(self) -> None:
+        """Launch what the groups in flight are not expected to bring of this step's B passing ones."""
+        if self.closing or self.done or self.exhausted:
+            return
+        incomplete = len(self.flying) - len(self.complete)
+        self.launch(needed_launches(self.b - len(self.complete), incomplete, self.pass_rate))
         self.maybe_end()
 
     def maybe_end(self) -> None:
@@ -255,8 +348,11 @@ class StepStream:
             return
         if self.hold_until is not None and self.sched.policy_version < self.hold_until:
             return
+        if self.draining and self.group_filter is not None and len(self.complete) < self.b and not self.exhausted:
+            return   # the last step too needs B passing groups (the filtered ones' replacements are on their way)
         if self.draining or (self.exhausted and len(self.flying) < self.b):
-            if not self.flying or len(self.complete) < len(self.flying):
+            # (everything left was filtered out and nothing more comes: the step ends with what it has)
+            if (not self.flying and not (self.exhausted and self.filtered)) or len(self.complete) < len(self.flying):
                 return
         elif len(self.complete) < self.b:
             return
@@ -327,7 +423,13 @@ class StepStream:
             restarts=stats["restarts"] - self.stats0.get("restarts", 0),
             wasted_tokens=stats["wasted_tokens"] - self.stats0.get("wasted_tokens", 0),
             stale_restarts=self.stale_restarts, held_s=self.held_s, refreshed=self.refreshed,
-            early_restarts=self.early_restarts, version=self.end_version))
+            early_restarts=self.early_restarts, version=self.end_version, filtered=len(self.filtered),
+            filtered_tokens=self._filtered_tokens,
+            pass_rate=self.pass_rate if self.group_filter is not None else None))
+        self.last_filtered = self.filtered
+        self.filtered = []
+        self._filtered_tokens = 0
+        self._launched_now = 0
         self.stats0 = dict(stats)
         self.stale_restarts = 0
         self.early_restarts = 0
@@ -366,6 +468,8 @@ class StepStream:
                     self._restart_once(smp)
                     self.early_restarts += 1
         self.draining = last
+        if self.adapt:
+            self.target = adaptive_in_flight(self.b, self.pass_rate)
         self.launch((self.b if last else self.target) - len(self.flying))
         self.start_s = self.clock.now()
         self.held_since = None

@@ -113,12 +113,16 @@ def restore_sample(sample: Sample, row: dict[str, Any]) -> None:
 
 
 def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] | None, *,
-               decode: bool = True) -> dict[str, Any]:
+               decode: bool = True, scored: Any = None) -> dict[str, Any]:
     """A finished :class:`~pdsr_sdk.dispatch.types.Sample` as a trajectories row; ``tokenizer`` decodes
-    the response text (when ``decode``), ``reward_fn`` (or None) scores it."""
+    the response text (when ``decode``), ``reward_fn`` (or None) scores it. ``scored``: its text and
+    reward already computed (a :class:`~pdsr_sdk.rollout.reward_runner.Scored`); then neither is done here."""
     g = sample.group
-    text = tokenizer.decode(sample.token_ids, skip_special_tokens=True) if decode and sample.token_ids else ""
-    reward, extra, error = (None, None, None) if reward_fn is None else score_sample(reward_fn, text, sample)
+    if scored is not None:
+        text, reward, extra, error = scored.text, scored.reward, scored.extra, scored.error
+    else:
+        text = tokenizer.decode(sample.token_ids, skip_special_tokens=True) if decode and sample.token_ids else ""
+        reward, extra, error = (None, None, None) if reward_fn is None else score_sample(reward_fn, text, sample)
     return {
         "prompt_id": g.prompt_id,
         "sample_index": sample.index,
@@ -157,14 +161,21 @@ def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tu
     prompt_id, sample_index, prompt_text, response_length and the row's reward columns, e.g. data_source, extra_info) returns a
     number or a dict with a ``score`` (its other fields kept as JSON). Info also has ``response_length`` (tokens). An exception fails only this sample:
     reward None and the error; pdsr's own errors (a reward misconfigured) stop the run."""
+    g = sample.group
+    return score_text(reward_fn, text, g.ground_truth, {
+        "prompt_id": g.prompt_id, "sample_index": sample.index, "prompt_text": g.prompt_text,
+        "response_length": sample.num_generated, **(g.reward_info or {})})
+
+
+def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: str | None,
+               info: dict[str, Any]) -> tuple[float | None, str | None, str | None]:
+    """:func:`score_sample` given the reward's inputs: ``reward_fn(text, ground_truth, **info)``."""
     import json
 
     from pdsr_sdk.errors import PdsrError
 
-    g = sample.group
     try:
-        got = reward_fn(text, g.ground_truth, prompt_id=g.prompt_id, sample_index=sample.index,
-                        prompt_text=g.prompt_text, response_length=sample.num_generated, **(g.reward_info or {}))
+        got = reward_fn(text, ground_truth, **info)
         extra = None
         if isinstance(got, dict):
             if "score" not in got:

@@ -78,6 +78,7 @@ class RolloutConfig(StepStreamConfig):
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments.")
     reward: str | None = Field("auto", description="Reward: 'math_verify' (math-verify on the last \\boxed{}), 'math_boxed' (its pure-Python fallback), 'none', an import path 'pkg.mod:fn', or 'auto' (math_verify when a ground truth exists).")
     reward_timeout_s: float = Field(5.0, gt=0, description="Seconds one math_verify check may take (it runs in a worker process); a check that takes longer scores 0 and is counted as reward_timeouts in the summary.")
+    reward_workers: int = Field(1, ge=1, description="Threads that compute rewards as samples finish, off the loop that feeds the engines (math_verify's checks run in its own worker process beneath them). With 1, the counters a reward keeps (math_verify's timeouts) are attributed to the sample that moved them.")
     overlong_buffer: int | None = Field(None, ge=1, description="DAPO's overlong reward shaping (verl's reward_model.overlong_buffer.len): a response longer than sampling.max_tokens - overlong_buffer tokens loses overlong_penalty x (its tokens past that) / overlong_buffer of reward, overlong_penalty at max_tokens. None = off.")
     overlong_penalty: float = Field(1.0, ge=0, description="DAPO's overlong penalty factor (verl's overlong_buffer.penalty_factor): the most a response at max_tokens loses.")
     seed: int = Field(0, description="Engine seed (per-request seeds are not used: they break vLLM's CPU build).")
@@ -94,14 +95,16 @@ class RolloutConfig(StepStreamConfig):
 
     @property
     def streaming(self) -> bool:
-        """Whether steps stream (partial rollout): ``steps`` or ``over_provision`` set."""
-        return self.steps is not None or self.over_provision is not None
+        """Whether steps stream (partial rollout): ``steps``, ``over_provision`` or ``filter_groups`` set."""
+        return self.steps is not None or self.over_provision is not None or self.filter_groups is not None
 
     @model_validator(mode="after")
     def _stream_keys(self) -> "RolloutConfig":
         if self.overlong_buffer is not None and self.overlong_buffer >= self.sampling.max_tokens:
             raise ConfigValueError(f"overlong_buffer ({self.overlong_buffer}) must be less than sampling.max_tokens "
                                    f"({self.sampling.max_tokens}): shaping starts overlong_buffer tokens before the cap")
+        if self.filter_groups is not None and self.reward == "none":
+            raise ConfigValueError("filter_groups filters groups by their rewards: set a reward (reward is 'none')")
         if not self.streaming:
             for key in ("step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:

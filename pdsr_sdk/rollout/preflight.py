@@ -22,6 +22,15 @@ def summary_path(config) -> Path:
     return out.summary_path or out.path.with_name(out.path.stem + ".summary.json")
 
 
+def filtered_path(config) -> Path | None:
+    """Where ``pdsr rollout`` writes the groups dynamic sampling filtered out (``filter_groups.write_filtered``):
+    ``<output stem>.filtered<suffix>``; None when it does not write them."""
+    if config.filter_groups is None or not config.filter_groups.write_filtered:
+        return None
+    out = config.output.path
+    return out.with_name(f"{out.stem}.filtered{out.suffix}")
+
+
 def check_outputs(config) -> None:
     """Option conflicts, an existing output, and outputs that cannot be written: errors naming the flag."""
     out = config.output
@@ -36,9 +45,10 @@ def check_outputs(config) -> None:
     if parts.exists() and not parts.is_dir():
         raise DataError(f"--out (output.path) {out.path}: {parts} is a file; streaming needs it to be a folder")
     check_writable(summary, "--summary (output.summary_path)")
-    if existing_files(out.path) and not (out.resume or out.overwrite):
-        raise DataError(f"{out.path}: output already exists (or an interrupted run left {out.path.name}.parts/); "
-                        f"pass --resume to continue it or --overwrite to replace it")
+    for path in (out.path, filtered_path(config)):
+        if path is not None and existing_files(path) and not (out.resume or out.overwrite):
+            raise DataError(f"{path}: output already exists (or an interrupted run left {path.name}.parts/); "
+                            f"pass --resume to continue it or --overwrite to replace it")
 
 
 def model_context(model_dir: str | Path) -> tuple[int | None, str]:

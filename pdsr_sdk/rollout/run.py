@@ -20,9 +20,9 @@ from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
-from pdsr_sdk.rollout.preflight import check_outputs, context_limit, split_long_prompts, summary_path
+from pdsr_sdk.rollout.preflight import check_outputs, context_limit, filtered_path, split_long_prompts, summary_path
 from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, carried_groups, read_resume_state, run_settings
-from pdsr_sdk.rollout.reward import config_reward, reward_counters
+from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file
 
@@ -45,6 +45,7 @@ class RolloutSummary:
     engine_errors: list[str] = field(default_factory=list)
     skipped_long: int = 0     # prompts longer than the context, skipped (data.skip_long)
     reward_mean: float | None = None   # over the samples with a reward (None: no reward function)
+    filtered_groups: int = 0   # groups dynamic sampling filtered out (filter_groups), not in groups
     rewarded_samples: int = 0          # samples with a reward
     run_id: str = ""          # the same across a run and its resumes
 
@@ -153,6 +154,9 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     tokenizer = session.tokenizer
     data_path = config.data.path or default_sample_path()
     records = load_prompts(config.data, tokenizer, path=data_path, n=config.sampling.n)
+    # the reward the whole data asks for ('auto': math_verify when any row has a ground truth), for every group
+    reward_fn = config_reward(config, any(r.ground_truth is not None for r in records))
+    session.reward_for = lambda group: reward_fn
     if config.data.target_lengths_column and not config.sampling.ignore_eos:
         raise DataError(f"{data_path}: data.target_lengths_column forces response lengths; "
                         f"set sampling.ignore_eos (--ignore-eos) so the model's EOS does not end them early")
@@ -163,13 +167,21 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     # resumed without --steps: the carried groups run again from their prompts, as any unfinished group
     carried = carried_groups(prior.carried, records, config.sampling.n, config.sampling.max_tokens,
                              str(carry_file(out.path))) if prior.carried and config.streaming else []
+    filtered_writer = None
+    if filtered_path(config) is not None:
+        filtered_writer = TrajectoryWriter(
+            filtered_path(config), trajectory_schema(), resume=out.resume, overwrite=out.overwrite,
+            flush_groups=out.flush_groups, flush_interval_s=out.flush_interval_s,
+            metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy, "model": model_dir,
+                      "run_id": prior.run_id, "filtered": "zero-variance groups (filter_groups)"})
     left = prior.done_ids | {g.prompt_id for g, _ in carried}
+    if filtered_writer is not None and out.resume:   # filtered before: not run again
+        left |= filtered_writer.finished_prompt_ids()
     todo, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
                                         limit, source, data_path)
     batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
     if config.num_batches is not None:
         batches = batches[:config.num_batches]
-    reward_fn = config_reward(config, any(r.ground_truth is not None for r in records))
     running = todo + [r for r in records if r.prompt_id in left and r.prompt_id not in prior.done_ids]
     longest_prompt = max((len(r.token_ids) for r in running), default=0)
     max_model_len = _round_up(longest_prompt + max(
@@ -199,15 +211,31 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                 probe_bar = progress(desc="probes", total=total_groups, unit="probe")
             probe_bar.update(1)
 
-    def on_group(group: Group) -> None:
-        before = reward_counters(reward_fn).get("reward_timeouts", 0)
-        rows = [sample_row(s, tokenizer, reward_fn) for s in group.samples]
+    def write_group(group: Group, scored: list) -> None:
+        rows = [sample_row(s, tokenizer, None, scored=sc) for s, sc in zip(group.samples, scored)]
         writer.add_group(rows)
         given = [r["reward"] for r in rows if r["reward"] is not None]
-        timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
         errors = sum(r["reward_error"] is not None for r in rows)
-        rewards[group.prompt_id] = (sum(given), len(given), timeouts, errors)
+        rewards[group.prompt_id] = (sum(given), len(given), sum(sc.timeouts for sc in scored), errors,
+                                    sum(sc.seconds for sc in scored))
         state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
+
+    writes: set[asyncio.Task] = set()
+
+    def on_group(group: Group) -> None:
+        """A batch's group is complete: write it once its rewards (computed as its samples finished) are in."""
+        async def write() -> None:
+            scored = await session.scores(group.samples)
+            session.rewards.forget(group.samples)
+            write_group(group, scored)
+        task = asyncio.ensure_future(write())
+        writes.add(task)
+        task.add_done_callback(writes.discard)
+
+    async def written() -> None:
+        """Every complete group's write done (a reward that stopped the run raises here)."""
+        while writes:
+            await asyncio.gather(*list(writes))
 
     def summarise() -> RolloutSummary:
         return _summarise(config, model_dir, session, results, prior, rewards, skipped_long=len(too_long))
@@ -216,8 +244,9 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     if not config.streaming:   # multi-step runs write a step's groups when it consumes them
         session.hooks.on_group_done.append(on_group)
     session.hooks.on_status.append(status)
-    # prompt id -> (sum of its samples' rewards, how many, reward checks timed out, reward functions failed)
-    rewards: dict[str, tuple[float, int, int, int]] = {}
+    # prompt id -> (sum of its samples' rewards, how many, reward checks timed out, reward functions failed,
+    # seconds the reward calls took)
+    rewards: dict[str, tuple[float, int, int, int, float]] = {}
     results: list[BatchResult] = []
     try:
         if batches or carried:
@@ -235,9 +264,16 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                 if consumed == len(todo_left) + len(carried):
                     break
                 out = await session.astep(source if k == 0 else (), last=k == (config.steps or 1) - 1)
+                scores = iter(out.scores)
                 for group in out.groups:
-                    on_group(group)
-                consumed += len(out.groups)
+                    write_group(group, [next(scores) for _ in group.samples])
+                if filtered_writer is not None:
+                    scores = iter(out.filtered_scores)
+                    for group in out.filtered:
+                        filtered_writer.add_group([sample_row(s, tokenizer, None, scored=next(scores))
+                                                   for s in group.samples])
+                    filtered_writer.flush()
+                consumed += len(out.groups) + len(out.filtered)   # a filtered prompt is done with too
                 results.append(out.report)
                 await session.anext_version()   # each step's end is a trainer's weight update
                 writer.flush()
@@ -245,12 +281,20 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                                     for g, step in session.carried() for s in g.samples], carry_schema())
                 write_text_atomic(summarise().to_json(), summary_path(config))
         for batch in ([] if config.streaming else batches):
-            results.append(await session.generate(batch))
+            result = await session.generate(batch)
+            await written()
+            results.append(result)
             writer.flush()
             write_text_atomic(summarise().to_json(), summary_path(config))   # an interrupted run keeps its batches
         writer.finalize()
+        if filtered_writer is not None:
+            filtered_writer.finalize()
     finally:
+        for task in list(writes):   # an error or interrupt: groups still waiting for rewards are not written
+            task.cancel()
         writer.flush()  # whatever finished is on disk, even on interrupt or engine failure
+        if filtered_writer is not None:
+            filtered_writer.flush()
         for bar in (sample_bar, probe_bar):
             if bar is not None:
                 bar.close()
@@ -261,21 +305,21 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
 
 
 def _summarise(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
-               rewards: dict[str, tuple[float, int, int, int]], *, skipped_long: int = 0) -> RolloutSummary:
+               rewards: dict[str, tuple[float, int, int, int, float]], *, skipped_long: int = 0) -> RolloutSummary:
     """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
     sched = session.scheduler
 
-    def batch_rewards(r: BatchResult) -> tuple[float, int, int, int]:
-        got = [rewards.get(g.prompt_id, (0.0, 0, 0, 0)) for g in r.groups]
-        return (sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got),
-                sum(g[3] for g in got))
+    def batch_rewards(r: BatchResult) -> tuple[float, ...]:
+        got = [rewards.get(g.prompt_id, (0.0, 0, 0, 0, 0.0)) for g in r.groups]
+        return tuple(sum(g[i] for g in got) for i in range(5))
 
     batches = list(prior.batches) + [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
         **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
         "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1],
-        "reward_timeouts": batch_rewards(r)[2], "reward_errors": batch_rewards(r)[3], **(r.step or {}),
+        "reward_timeouts": batch_rewards(r)[2], "reward_errors": batch_rewards(r)[3],
+        "reward_s": round(batch_rewards(r)[4], 4), **(r.step or {}),
     } for r in results]
     reward_sum = sum(b.get("reward_sum", 0.0) for b in batches)
     rewarded = sum(b.get("rewarded_samples", 0) for b in batches)
@@ -311,6 +355,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
         skipped_long=skipped_long, run_id=prior.run_id,
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
+        filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
     )
 
 

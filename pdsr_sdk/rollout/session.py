@@ -72,6 +72,13 @@ class StepResult:
     report: BatchResult
     #: with partial rollout: the step's record (off-policy tokens, token ages, restarts); else None
     record: StepRecord | None = None
+    #: each sample's reward, in the order of :attr:`samples`
+    #: (:class:`~pdsr_sdk.rollout.reward_runner.Scored`: text, reward, extra, error, seconds, timeouts)
+    scores: list = field(default_factory=list)
+    #: dynamic sampling: the groups the filter took out during the step (not in :attr:`groups`), and their
+    #: samples' scores in order
+    filtered: list[Group] = field(default_factory=list)
+    filtered_scores: list = field(default_factory=list)
 
     @property
     def samples(self) -> list[Sample]:
@@ -95,6 +102,17 @@ class RolloutSession:
     built-in tiny model on an automatic engine layout). ``engines``: already started engines to use
     (the caller keeps ownership and closes them); default: build and start them from the config.
     ``model_dir``: the model folder (default ``config.model``, else the built-in tiny model).
+    ``reward``: a reward function to use instead of ``config.reward`` (any signature ``config.reward``
+    accepts: pdsr's ``fn(response_text, ground_truth, **info)`` or verl's ``compute_score``).
+
+    Rewards are computed as samples finish, on ``config.reward_workers`` threads off the event loop
+    (:mod:`pdsr_sdk.rollout.reward_runner`); a step's summary has their time (``reward_s``) and how long
+    the step waited for them after its groups were complete (``reward_wait_s``).
+
+    Dynamic sampling (DAPO): ``config.filter_groups`` (``kind: zero-variance``), or ``group_filter(group,
+    rewards) -> bool`` (True keeps the group; it replaces the config's kind), makes steps stream and filters
+    each complete group by its rewards; a step returns B groups that passed, and the filtered ones in
+    :attr:`StepResult.filtered` (see :mod:`pdsr_sdk.dispatch.steps`).
 
     Use it as a context manager: ``with`` (synchronous calls: :meth:`step`, :meth:`update_weights`;
     the engines run on an event loop in a background thread) or ``async with`` (:meth:`astep`,
@@ -102,7 +120,9 @@ class RolloutSession:
     starts a session needs the ``if __name__ == "__main__":`` guard.
     """
 
-    def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None):
+    def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None,
+                 reward: Callable[..., Any] | None = None,
+                 group_filter: Callable[[Group, list[float | None]], bool] | None = None):
         if config is None:
             from pdsr_sdk.rollout.config import RolloutConfig
 
@@ -112,7 +132,22 @@ class RolloutSession:
         #: the model folder the engines load (resolved when the session starts if not given)
         self.model_dir: str | None = str(given) if given else None
         self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
-        if config.streaming:
+        if group_filter is None and config.filter_groups is not None:
+            from pdsr_sdk.dispatch.steps import GROUP_FILTERS
+
+            kind = GROUP_FILTERS[config.filter_groups.kind]
+
+            def group_filter(group: Group, rewards: list[float | None]) -> bool:
+                if self.reward_for(group) is None:
+                    raise ConfigError(f"filter_groups filters groups by their rewards, and group {group.prompt_id!r} "
+                                      f"has none: reward is {config.reward!r} and its prompt has no ground truth; "
+                                      f"give the data a ground truth column or set a reward")
+                return kind(rewards)
+        #: dynamic sampling's predicate (None: no filter)
+        self.group_filter = group_filter
+        #: whether steps stream (partial rollout; dynamic sampling streams too)
+        self.streaming = config.streaming or group_filter is not None
+        if self.streaming:
             check_streaming(self.policy_cls, config.policy)
         self._given_engines = engines
         self.engines: list = []
@@ -123,9 +158,12 @@ class RolloutSession:
         self._started = False
         self._tokenizer = None
         # by whether the data has a ground truth; a reward pdsr cannot call is an error here, before any engine
-        from pdsr_sdk.rollout.reward import config_reward
+        from pdsr_sdk.rollout.reward import adapt_reward, config_reward
 
         self._reward_fns: dict[bool, Any] = {True: config_reward(config, True)}
+        self._reward_override = None if reward is None else adapt_reward(reward, getattr(reward, "__name__", "reward"))
+        #: scores finished samples off the event loop (made when the session starts)
+        self.rewards = None
         self._reference_weights = None
         self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._thread: _LoopThread | None = None
@@ -269,6 +307,10 @@ class RolloutSession:
             policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
             on_fatal=self._set_fatal, first_batch_index=self.run.batch_index if self.run is not None else 0)
         self.run.scheduler.salt_by_version = self._keep_kv
+        if self.rewards is None:
+            from pdsr_sdk.rollout.reward_runner import RewardRunner
+
+            self.rewards = RewardRunner(self.reward_for, lambda: self.tokenizer, workers=cfg.reward_workers)
         if self._given_engines is None:
             began = loop.time()
             self._status(starting_message(self.engine_specs, self._model_dir()))
@@ -285,6 +327,9 @@ class RolloutSession:
         if self._weights_block is not None:
             self._weights_block.close()
             self._weights_block = None
+        if self.rewards is not None:
+            self.rewards.close()
+            self.rewards = None
         if self._given_engines is not None:
             self._started = False
             return
@@ -321,14 +366,14 @@ class RolloutSession:
         runs): the step does not end before the trainer's next :meth:`update_weights`, so its token ages
         count at the weights the trainer trains it with. Only for a trainer that updates during every
         such step: without an update it never ends."""
-        if wait_for_update and not self.config.streaming:
+        if wait_for_update and not self.streaming:
             raise ConfigError("step(wait_for_update=True) is for partial rollout (config.over_provision or "
                               "config.steps set): a step without it ends when its groups are complete")
         if not self._started:
             await self.start()
         while self._loading is not None:   # a trainer's update_weights (another thread) is loading
             await asyncio.shield(self._loading)
-        if self.config.streaming:
+        if self.streaming:
             return await self._astream_step(prompts, n=n, last=last, wait_for_update=wait_for_update)
         items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
         if not items:
@@ -338,7 +383,7 @@ class RolloutSession:
                                  where=f"step {step} prompts")
         version = self.policy_version
         result = await self.generate(records, n=n)
-        return self._step_result(result, version)
+        return await self._step_result(result, version)
 
     # ------------------------------------------------- partial rollout
     async def _astream_step(self, prompts: Iterable, *, n: int | None, last: bool,
@@ -366,10 +411,13 @@ class RolloutSession:
         if self._stream is None:
             b = cfg.step_groups or cfg.batch_size
             self._stream_n = n or cfg.sampling.n
+            floor = cfg.filter_groups.min_pass_rate if cfg.filter_groups is not None else 0.1
             self._stream = StepStream(
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
-                new_groups=self._new_stream_groups, on_step_end=self._stream_step_end)
+                new_groups=self._new_stream_groups, on_step_end=self._stream_step_end,
+                group_filter=self._passes if self.group_filter is not None else None,
+                adapt=cfg.over_provision is None, min_pass_rate=floor)
             self._stream_base = self.run.batch_index
             self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
             self._restored = []
@@ -399,10 +447,29 @@ class RolloutSession:
             "max_token_age": record.max_age, "stale_restarts": record.stale_restarts,
             "early_restarts": record.early_restarts, "carried_groups": len(stream.flying),
             "carried_samples": len(self.scheduler.held())}
-        result = self._step_result(report, version)
+        if self.group_filter is not None:
+            report.step.update({"filtered_groups": record.filtered, "filtered_tokens": record.filtered_tokens,
+                                "pass_rate": record.pass_rate, "launched_groups": record.launched})
+        result = await self._step_result(report, version)
         result.summary.update(report.step)
         result.record = record
+        if stream.last_filtered:
+            result.filtered = stream.last_filtered
+            filtered = [s for g in stream.last_filtered for s in g.samples]
+            result.filtered_scores = await self.scores(filtered)
+            self.rewards.forget(filtered)
         return result
+
+    def _passes(self, group: Group) -> bool:
+        """Dynamic sampling: the group passes the filter (its rewards are in: :meth:`_group_done` saw to it)."""
+        scores = [self.rewards.result(s) for s in group.samples]
+        return bool(self.group_filter(group, [sc.reward if sc is not None else None for sc in scores]))
+
+    def _group_scored(self, group: Group, scores: list) -> None:
+        """A complete group's rewards are in: the step stream judges it (if it is still complete with these)."""
+        if self._stream is None or not group.done or any(self.rewards.result(s) is None for s in group.samples):
+            return   # restarted meanwhile: it completes, and is scored, again
+        self.scheduler.guarded(self._stream.group_done, group)
 
     async def _await_step_end(self, step_end: asyncio.Future) -> None:
         """Wait for a partial-rollout step's end and for its engines to stop (or raise the run's error)."""
@@ -428,7 +495,7 @@ class RolloutSession:
         earlier session had in flight, as :meth:`carried` gave them (samples restored, e.g. with
         :func:`~pdsr_sdk.dispatch.trajectory.restore_sample`). They go first and continue from their
         tokens; set :attr:`policy_version` to the version the earlier session had reached first."""
-        if not self.config.streaming:
+        if not self.streaming:
             raise RunError("restore_carried: only for partial rollout (config.over_provision or config.steps)")
         if self._stream is not None:
             raise RunError("restore_carried: the stream has started; call it before the first step")
@@ -458,19 +525,38 @@ class RolloutSession:
         if self._step_end is not None and not self._step_end.done():
             self._step_end.set_result(drained)
 
-    def _step_result(self, result: BatchResult, version: int) -> StepResult:
+    def reward_for(self, group: Group):
+        """The reward function for a group's samples: the one given to the session, else ``config.reward``
+        resolved for data with a ground truth or without (None: no reward)."""
+        if self._reward_override is not None:
+            return self._reward_override
+        has_truth = group.ground_truth is not None
+        if has_truth not in self._reward_fns:
+            from pdsr_sdk.rollout.reward import config_reward
+
+            self._reward_fns[has_truth] = config_reward(self.config, has_truth)
+        return self._reward_fns[has_truth]
+
+    async def scores(self, samples: Iterable[Sample]) -> list:
+        """The rewards of finished samples (:class:`~pdsr_sdk.rollout.reward_runner.Scored`, in order), waiting
+        for those still being computed; a reward misconfigured (a pdsr error) raises here."""
+        if self.rewards is None:
+            raise RunError("scores: start the session first")
+        return await self.rewards.wait(samples)
+
+    async def _step_result(self, result: BatchResult, version: int) -> StepResult:
         import pyarrow as pa
 
         from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
-        from pdsr_sdk.rollout.reward import config_reward, reward_counters
 
-        has_truth = any(g.ground_truth is not None for g in result.groups)
-        if has_truth not in self._reward_fns:
-            self._reward_fns[has_truth] = config_reward(self.config, has_truth)
-        reward_fn = self._reward_fns[has_truth]
-        before = reward_counters(reward_fn).get("reward_timeouts", 0)
-        rows = [sample_row(s, self.tokenizer, reward_fn) for g in result.groups for s in g.samples]
-        timeouts = reward_counters(reward_fn).get("reward_timeouts", 0) - before
+        samples = [s for g in result.groups for s in g.samples]
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        scored = await self.scores(samples)
+        waited = loop.time() - began
+        self.rewards.forget(samples)
+        rows = [sample_row(s, self.tokenizer, None, scored=sc) for s, sc in zip(samples, scored)]
+        timeouts = sum(sc.timeouts for sc in scored)
         errors = sum(r["reward_error"] is not None for r in rows)
         table = pa.Table.from_pylist(rows, schema=trajectory_schema())
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
@@ -480,11 +566,11 @@ class RolloutSession:
             "tokens_per_s": result.tokens_per_s,
             "mean_response_length": result.tokens / len(rows) if rows else 0.0,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_timeouts": timeouts,
-            "reward_errors": errors,
+            "reward_errors": errors, "reward_s": sum(sc.seconds for sc in scored), "reward_wait_s": waited,
             "engine_busy_s": dict(result.engine_busy_s), **result.stats,
         }
         return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,
-                          summary=summary, report=result)
+                          summary=summary, report=result, scores=scored)
 
     async def generate(self, records: list[PromptRecord], *, n: int | None = None) -> BatchResult:
         """Run one batch of prompt records to completion and return its groups and costs."""
@@ -734,6 +820,8 @@ class RolloutSession:
 
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:
+        if self.rewards is not None:
+            self.rewards.submit(sample)
         for fn in self.hooks.on_sample_done:
             fn(sample)
 
@@ -741,7 +829,10 @@ class RolloutSession:
         for fn in self.hooks.on_group_done:
             fn(group)
         if self._stream is not None:
-            self._stream.group_done(group)
+            if self.group_filter is not None:   # judged once its rewards are in
+                self.rewards.when_scored(group, self._group_scored, self._set_fatal)
+            else:
+                self._stream.group_done(group)
 
     def _status(self, message: str) -> None:
         for fn in self.hooks.on_status:

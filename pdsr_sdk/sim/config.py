@@ -126,7 +126,7 @@ class SimulateConfig(StepStreamConfig):
         if self.fast + self.heavy == 0:
             raise ConfigValueError("fast + heavy is 0: a simulation needs at least one engine")
         if self.steps is None:
-            for key in ("over_provision", "step_groups", "max_staleness", "group_deadline"):
+            for key in ("over_provision", "step_groups", "max_staleness", "group_deadline", "filter_groups"):
                 if getattr(self, key) is not None:
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
             for key in ("trainer_s", "weight_update_s", "pipeline"):

@@ -11,6 +11,10 @@ length: the trace's, or after a restart a fresh draw (``restart_lengths``). Drop
 flight after the last step (the next step's carry) are reported. With F = 0 and no S every step
 launches B groups and waits for all of them: the on-policy run. The runs' record and report (table
 rows, ``steps.json``, the curve's PNG) are in :mod:`pdsr_sdk.sim.steps_report`.
+
+Dynamic sampling (``filter_groups``): each group's rewards are the trace's (``rewards``; a restarted sample
+keeps its recorded reward), a complete group is judged at once, and the baseline is verl's DAPO recipe
+(:func:`dapo_recipe_steps`) instead of the plain on-policy batch.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Callable
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
-from pdsr_sdk.dispatch.steps import StepStream, in_flight
+from pdsr_sdk.dispatch.steps import GROUP_FILTERS, StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
@@ -38,6 +42,10 @@ from pdsr_sdk.sim.usage import engine_use
 
 #: over-provision values of the curve (``steps`` set, ``over_provision`` not)
 CURVE = (0.0, 0.25, 0.5, 1.0)
+#: verl's DAPO recipe: prompts a generation batch takes, as a multiple of B (``data.gen_batch_size``), and the most
+#: generation batches a step may take (``algorithm.filter_groups.max_num_gen_batches``; 0 = no limit)
+DAPO_GEN_FACTOR = 3
+DAPO_MAX_GEN_BATCHES = 10
 #: ... and of the search for the fastest within a partial-share budget (``max_partial_share``)
 SEARCH = tuple(round(0.05 * i, 2) for i in range(11))
 
@@ -47,6 +55,8 @@ def curve_values(cfg: SimulateConfig) -> tuple[float, ...]:
     (of those that keep the same number of groups in flight, only the smallest: a small B rounds several alike)."""
     if cfg.over_provision is not None:
         return (cfg.over_provision,)
+    if cfg.filter_groups is not None:
+        return (None,)   # dynamic sampling: the groups in flight follow the measured pass rate
     if cfg.max_partial_share is None:
         return CURVE
     b = cfg.step_groups or cfg.batch_size
@@ -77,9 +87,29 @@ def stream_rows(trace, cfg: SimulateConfig, needed: int) -> list:
     return rows
 
 
-def groups_needed(cfg: SimulateConfig, over_provision: float) -> int:
+def groups_needed(cfg: SimulateConfig, over_provision: float | None) -> int:
+    """Groups K steps take at least (with dynamic sampling, before any is filtered out)."""
     b = cfg.step_groups or cfg.batch_size
-    return in_flight(b, over_provision) + (cfg.steps - 1) * b
+    return in_flight(b, over_provision or 0.0) + (cfg.steps - 1) * b
+
+
+def trace_rewards(trace, cfg: SimulateConfig) -> dict[str, list[float | None]]:
+    """Dynamic sampling's rewards by prompt id (the trace's ``rewards``), or a DataError saying the trace has none."""
+    rewards = trace.group_rewards()
+    if not rewards:
+        raise DataError(f"{cfg.trace or trace.source}: filter_groups (--filter-groups) filters groups by their "
+                        f"rewards, and the trace has none: give each line a 'rewards' list (one number or null "
+                        f"per sample), or a trajectories file with a reward column")
+    return rewards
+
+
+def group_filter(trace, cfg: SimulateConfig) -> Callable[[Group], bool] | None:
+    """The step stream's filter for ``cfg.filter_groups`` (None when off): the kind's test of the trace's rewards."""
+    if cfg.filter_groups is None:
+        return None
+    rewards = trace_rewards(trace, cfg)
+    kind = GROUP_FILTERS[cfg.filter_groups.kind]
+    return lambda g: kind([rewards[g.prompt_id][s.index] for s in g.samples])
 
 
 def builtin_trace_groups(cfg: SimulateConfig) -> int:
@@ -112,13 +142,15 @@ def fresh_lengths(rows, cap: int) -> Callable[[Sample], None]:
     return on_restart
 
 
-def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, keep_groups: bool = False,
+def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | None, *, keep_groups: bool = False,
               progress: ProgressFactory = silent_progress) -> StepsRun:
     """Simulate ``cfg.steps`` training steps of policy ``name`` with ``over_provision`` (see the module); the
-    engines record their occupancy over time where a timeline will be drawn (``cfg.timeline`` and ``cfg.out_dir``)."""
+    engines record their occupancy over time where a timeline will be drawn (``cfg.timeline`` and ``cfg.out_dir``).
+    With ``cfg.filter_groups``, ``over_provision`` None adapts the groups in flight to the pass rate."""
     if cfg.steps is None:
         raise ConfigError("steps: a multi-step run needs steps (K)")
     cls, settings = policy_for_steps(cfg, name)
+    keep = group_filter(trace, cfg)
     rows = stream_rows(trace, cfg, groups_needed(cfg, over_provision))
     clock = VirtualClock()
     record = cfg.timeline and cfg.out_dir is not None
@@ -131,7 +163,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
                       cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at,
                       on_group_done=lambda g: handlers[0].group_done(g),
                       on_restart=fresh_lengths(rows, longest) if cfg.restart_lengths == "redraw" else None)
-    bar = progress(desc=f"steps {name} F={over_provision:g}", total=cfg.steps, unit="step")
+    label = "adaptive" if over_provision is None else f"{over_provision:g}"
+    bar = progress(desc=f"steps {name} F={label}", total=cfg.steps, unit="step")
     b = cfg.step_groups or cfg.batch_size
     next_row = 0
     coeffs = bound_coefficients(cfg)
@@ -152,10 +185,11 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float, *, k
         recorded.append(sum(sum(g.target_lengths) for g in stream.pending))
         trainer.step_end()
 
-    stream = StepStream(run, step_groups=b, in_flight=in_flight(b, over_provision), steps=cfg.steps,
+    stream = StepStream(run, step_groups=b, in_flight=in_flight(b, over_provision or 0.0), steps=cfg.steps,
                         max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                         new_groups=new_groups, on_step_end=step_end, keep_groups=keep_groups, check=True,
-                        on_advance=lambda: bar.update(1))
+                        on_advance=lambda: bar.update(1), group_filter=keep, adapt=over_provision is None,
+                        min_pass_rate=cfg.filter_groups.min_pass_rate if cfg.filter_groups is not None else 0.1)
     handlers.append(stream)
     trainer = SimTrainer(stream, trainer_s=cfg.trainer_s, weight_update_s=cfg.weight_update_s, pipeline=cfg.pipeline,
                          keep_kv=cfg.kv_on_update == "keep")
@@ -227,6 +261,56 @@ def on_policy_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = s
     return [o.makespan_s + (between if i else 0.0) for i, o in enumerate(run.batches)]
 
 
+def dapo_plan(trace, cfg: SimulateConfig, *, gen_factor: int = DAPO_GEN_FACTOR,
+              max_gen_batches: int = DAPO_MAX_GEN_BATCHES) -> list[int]:
+    """How many generation batches of ``gen_factor x B`` groups (consecutive groups of the trace) each of
+    ``cfg.steps`` steps of verl's DAPO recipe takes until B of their groups pass the filter (the trace's rewards)."""
+    b = cfg.step_groups or cfg.batch_size
+    rewards = trace_rewards(trace, cfg)
+    kind = GROUP_FILTERS[cfg.filter_groups.kind] if cfg.filter_groups is not None else (lambda rs: True)
+    batches = trace_batches(trace, cfg.model_copy(update={"batch_size": gen_factor * b, "num_batches": None})).batches
+    plan: list[int] = []
+    used = 0
+    for step in range(cfg.steps):
+        kept = made = 0
+        while kept < b:
+            if max_gen_batches > 0 and made >= max_gen_batches:
+                raise DataError(f"{cfg.trace or trace.source}: DAPO recipe: step {step + 1} generated {made} batches "
+                                f"(max_num_gen_batches) with {kept} of {b} groups passing the filter")
+            if used >= len(batches) or len(batches[used]) < gen_factor * b:
+                raise DataError(f"{cfg.trace or trace.source}: the DAPO recipe ran out of groups at step {step + 1} "
+                                f"of {cfg.steps} (batches of {gen_factor * b}); give a longer trace")
+            kept += sum(bool(kind(rewards[pid][:len(lens)])) for pid, _, lens, _ in batches[used])
+            used += 1
+            made += 1
+        plan.append(made)
+    return plan
+
+
+def dapo_recipe_steps(trace, cfg: SimulateConfig, *, gen_factor: int = DAPO_GEN_FACTOR,
+                      max_gen_batches: int = DAPO_MAX_GEN_BATCHES,
+                      progress: ProgressFactory = silent_progress) -> list[float]:
+    """Step times of verl's DAPO recipe (``recipe/dapo``: dynamic sampling, on-policy) on the trace, with ``baseline``:
+    each step generates batches of ``gen_factor x B`` groups one after another (each waits for its longest
+    sample), filters each batch's groups (``cfg.filter_groups``, the trace's rewards), and stops once B groups have
+    passed, keeping B (the rest are dropped); more than ``max_gen_batches`` batches in one step is an error, as in
+    verl. Each step after the first also has the trainer's time and the weight load (a synchronous loop)."""
+    from pdsr_sdk.sim.driver import run_policy
+
+    b = cfg.step_groups or cfg.batch_size
+    plan = dapo_plan(trace, cfg, gen_factor=gen_factor, max_gen_batches=max_gen_batches)
+    used = sum(plan)
+    run_cfg = cfg.model_copy(update={"batch_size": gen_factor * b, "num_batches": used})
+    run = run_policy(trace_batches(trace, run_cfg), run_cfg, "baseline", record=False, progress=progress)
+    makespans = [o.makespan_s for o in run.batches]
+    between = cfg.trainer_s + cfg.weight_update_s
+    steps, i = [], 0
+    for k, made in enumerate(plan):
+        steps.append(sum(makespans[i:i + made]) + (between if k else 0.0))
+        i += made
+    return steps
+
+
 def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress,
                    keep_groups: bool = False) -> StepsReport:
     """The on-policy baseline and a multi-step run for ``cfg.over_provision`` (or each value of the curve or the
@@ -236,9 +320,12 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
     values = curve_values(cfg)
     for f in values:
         stream_rows(trace, cfg, groups_needed(cfg, f))
-    base = on_policy_steps(trace, cfg, progress=progress)
+    if cfg.filter_groups is not None:
+        base = dapo_recipe_steps(trace, cfg, progress=progress)
+    else:
+        base = on_policy_steps(trace, cfg, progress=progress)
 
-    def run_at(f: float) -> StepsRun:
+    def run_at(f: float | None) -> StepsRun:
         return run_steps(trace, cfg, name, f, keep_groups=keep_groups, progress=progress)
 
     runs = [run_at(f) for f in values]

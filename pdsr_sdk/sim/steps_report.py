@@ -19,7 +19,8 @@ class StepsRun:
     """One policy and over-provision over K steps."""
 
     policy: str
-    over_provision: float
+    #: None: dynamic sampling with the groups in flight adapted to the pass rate
+    over_provision: float | None
     step_groups: int
     in_flight: int
     max_staleness: int | None
@@ -147,6 +148,9 @@ class StepsReport:
             "dropped_groups": r.dropped_groups, "dropped_samples": r.dropped_samples,
             "dropped_tokens": r.dropped_tokens, "held_s": sum(s.held_s for s in r.steps),
             "max_group_lag": max((s.max_group_lag for s in r.steps), default=0),
+            "filtered_groups": sum(s.filtered for s in r.steps),
+            "filtered_tokens": sum(s.filtered_tokens for s in r.steps),
+            "pass_rate": r.steps[-1].pass_rate if r.steps else None,
             "events": r.events, "sim_wall_s": r.wall_s, "horizon_s": r.horizon_s, "policy_facts": r.policy_facts,
             "engines": self.engine_rows(r),
             "steps": [{"step": s.index + 1, "start_s": s.start_s, "time_s": r.step_times[s.index],
@@ -157,7 +161,8 @@ class StepsReport:
                        "ages": {str(a): n for a, n in s.ages.items()}, "max_group_lag": s.max_group_lag,
                        "restarts": s.restarts, "stale_restarts": s.stale_restarts,
                        "early_restarts": s.early_restarts, "wasted_tokens": s.wasted_tokens,
-                       "held_s": s.held_s} for s in r.steps],
+                       "held_s": s.held_s, "filtered": s.filtered, "filtered_tokens": s.filtered_tokens,
+                       "pass_rate": s.pass_rate} for s in r.steps],
         }
 
     def fastest_within(self) -> StepsRun | None:
@@ -188,6 +193,10 @@ class StepsReport:
                    "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
                    "restarts": s["restarts"], "wasted": s["wasted_tokens"], "held_s": s["held_s"],
                    "max_lag": s["max_group_lag"], "dropped": s["dropped_groups"]}
+            if self.cfg.filter_groups is not None:
+                row["F"] = "adaptive" if r.over_provision is None else r.over_provision
+                row["filtered"] = s["filtered_groups"]
+                row["pass_rate"] = s["pass_rate"]
             if self.cfg.max_partial_share is not None:
                 row["pick"] = "fastest within" if r is pick else ""
             out.append(row)

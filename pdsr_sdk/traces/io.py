@@ -5,12 +5,15 @@ Two inputs, detected from the file's first bytes (not its name):
 - a length trace, JSONL, one prompt group per line::
 
       {"prompt_id": "p0", "prompt_len": 87, "lengths": [412, 380, ...],
-       "durations_s": [...], "finish_reasons": [...]}      # last two optional
+       "durations_s": [...], "finish_reasons": [...], "rewards": [1.0, 0.0, ...]}   # last three optional
+
+  ``rewards`` (each a number, or null for a sample without one) is what dynamic sampling in the
+  simulator filters groups by.
 
 - a trajectories file as written by ``pdsr rollout`` (Parquet, Arrow IPC file
   or stream), one row per sample with columns ``prompt_id``, ``sample_index``
   (0 is the probe), ``prompt_length``, ``response_length`` and optionally
-  ``finish_reason``, ``submit_time_s``, ``finish_time_s``. Rows are grouped by
+  ``finish_reason``, ``submit_time_s``, ``finish_time_s``, ``reward`` (nulls allowed). Rows are grouped by
   ``prompt_id`` (groups in order of first appearance) and ordered by
   ``sample_index``.
 
@@ -33,7 +36,7 @@ REQUIRED_KEYS = ("prompt_id", "prompt_len", "lengths")
 
 #: trajectories columns needed for a trace, and the optional ones used when present
 TRAJECTORY_COLUMNS = ("prompt_id", "sample_index", "prompt_length", "response_length")
-TRAJECTORY_OPTIONAL = ("finish_reason", "submit_time_s", "finish_time_s")
+TRAJECTORY_OPTIONAL = ("finish_reason", "submit_time_s", "finish_time_s", "reward")
 
 
 def read_trace(path: str | Path) -> LengthTrace:
@@ -80,7 +83,7 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
     prompt_lens: list[int] = []
     lines: list[int] = []                      # line number of each group
     sizes: list[int] = []
-    flat = {"lengths": [], "durations_s": [], "finish_reasons": []}
+    flat = {"lengths": [], "durations_s": [], "finish_reasons": [], "rewards": []}
     seen: dict[str, int] = {}
     has_opt: dict[str, int] = {}  # optional key -> +line / -line of the first group that has / lacks it
     for lineno, row in _parse_lines(path):
@@ -107,7 +110,7 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
             raise DataError(f"{where}: lengths must be a non-empty list of integers, got {_short(lens)}")
         n = len(lens)
         flat["lengths"].extend(lens)
-        for key in ("durations_s", "finish_reasons"):
+        for key in ("durations_s", "finish_reasons", "rewards"):
             value = row.get(key)
             present = value is not None
             first = has_opt.setdefault(key, lineno if present else -lineno)
@@ -134,8 +137,10 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
     lengths = check.integers(flat["lengths"], "lengths")
     durations = check.seconds(flat["durations_s"], "durations_s") if has_opt["durations_s"] > 0 else None
     reasons = check.strings(flat["finish_reasons"], "finish_reasons") if has_opt["finish_reasons"] > 0 else None
+    rewards = check.rewards(flat["rewards"], "rewards") if has_opt["rewards"] > 0 else None
     return LengthTrace(prompt_ids=ids, prompt_lens=np.asarray(prompt_lens, dtype=np.int64), lengths=lengths,
-                       offsets=offsets, durations_s=durations, finish_reasons=reasons, source=str(path))
+                       offsets=offsets, durations_s=durations, finish_reasons=reasons, source=str(path),
+                       rewards=rewards)
 
 
 def _parse_lines(path: Path) -> list[tuple[int, object]]:
@@ -214,6 +219,13 @@ class _FlatCheck:
             self._fail(key, k, f"is {values[k]!r}; expected a finite number of seconds >= 0")
         return arr
 
+    def rewards(self, values: list, key: str) -> np.ndarray:
+        """Rewards: finite numbers, or null (NaN) for a sample without one."""
+        for k, v in enumerate(values):
+            if v is not None and (type(v) not in (int, float) or not np.isfinite(v)):
+                self._fail(key, k, f"is {_short(v)}; expected a finite number, or null for a sample without a reward")
+        return np.asarray([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
     def strings(self, values: list, key: str) -> np.ndarray:
         bad = self._first_bad_type(values, (str,))
         if bad is not None:
@@ -241,6 +253,8 @@ def write_trace_jsonl(trace: LengthTrace, path: str | Path) -> Path:
             row["durations_s"] = durations[lo:hi]
         if reasons is not None:
             row["finish_reasons"] = reasons[lo:hi]
+        if trace.rewards is not None:
+            row["rewards"] = [None if r != r else r for r in trace.rewards[lo:hi].tolist()]
         lines.append(json.dumps(row))  # ASCII (non-ASCII ids escaped): safe under any locale encoding
     return write_text_atomic("\n".join(lines) + "\n", path)
 
@@ -296,7 +310,7 @@ def trace_from_trajectories(table, *, source: str | None = None) -> LengthTrace:
     if table.num_rows == 0:
         raise DataError(f"{where}: the trajectories table has no rows")
     for name in (*TRAJECTORY_COLUMNS, *TRAJECTORY_OPTIONAL):
-        if name in table.column_names and table[name].null_count:
+        if name != "reward" and name in table.column_names and table[name].null_count:
             row = int(np.flatnonzero(~np.asarray(table[name].is_valid()))[0])
             raise DataError(f"{where}: column {name!r} row {row} is null")
 
@@ -347,8 +361,12 @@ def trace_from_trajectories(table, *, source: str | None = None) -> LengthTrace:
     reasons = None
     if "finish_reason" in table.column_names:
         reasons = np.asarray(table["finish_reason"].to_pylist(), dtype=object)[order]
+    rewards = None
+    if "reward" in table.column_names and table["reward"].null_count < table.num_rows:
+        rewards = np.asarray([np.nan if r is None else float(r) for r in table["reward"].to_pylist()],
+                             dtype=np.float64)[order]
     return LengthTrace(prompt_ids=group_ids, prompt_lens=prompt_lens, lengths=lengths, offsets=offsets,
-                       durations_s=durations, finish_reasons=reasons, source=source)
+                       durations_s=durations, finish_reasons=reasons, source=source, rewards=rewards)
 
 
 def _int_column(table, name: str, where: str) -> np.ndarray:

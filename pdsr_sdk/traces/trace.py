@@ -27,6 +27,8 @@ class LengthTrace:
         offsets: int64 [G + 1], group g is ``lengths[offsets[g]:offsets[g + 1]]``.
         durations_s: float64 [S] wall time of each sample in seconds, or None.
         finish_reasons: object [S] of str (``"stop"``, ``"length"``, ...), or None.
+        rewards: float64 [S] reward of each sample (NaN where it has none), or None (dynamic sampling in the
+            simulator reads it).
         source: where the trace was read from (used in error messages), or None.
     """
 
@@ -37,6 +39,7 @@ class LengthTrace:
     durations_s: np.ndarray | None = None
     finish_reasons: np.ndarray | None = None
     source: str | None = field(default=None)
+    rewards: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         where = self.source or "LengthTrace"
@@ -70,6 +73,12 @@ class LengthTrace:
             if reasons.shape != lengths.shape:
                 raise DataError(f"{where}: finish_reasons has {reasons.size} entries, expected one per sample "
                                 f"({lengths.size})")
+        rewards = None
+        if self.rewards is not None:
+            rewards = np.asarray(self.rewards, dtype=np.float64)
+            if rewards.shape != lengths.shape:
+                raise DataError(f"{where}: rewards has {rewards.size} entries, expected one per sample ({lengths.size})")
+        object.__setattr__(self, "rewards", rewards)
         object.__setattr__(self, "prompt_ids", [str(p) for p in self.prompt_ids])
         object.__setattr__(self, "prompt_lens", prompt_lens)
         object.__setattr__(self, "lengths", lengths)
@@ -81,8 +90,9 @@ class LengthTrace:
 
     @classmethod
     def from_matrix(cls, lengths, *, prompt_ids: Sequence[str] | None = None, prompt_lens=None,
-                    durations_s=None, finish_reasons=None, source: str | None = None) -> "LengthTrace":
-        """Build from an equal-N [G, N] array (and optional [G, N] durations / finish reasons)."""
+                    durations_s=None, finish_reasons=None, source: str | None = None,
+                    rewards=None) -> "LengthTrace":
+        """Build from an equal-N [G, N] array (and optional [G, N] durations / finish reasons / rewards)."""
         matrix = np.asarray(lengths)
         if matrix.ndim != 2 or matrix.shape[1] < 1:
             raise DataError(f"{source or 'LengthTrace'}: lengths must be a [G, N] array with N >= 1, "
@@ -98,7 +108,8 @@ class LengthTrace:
         reasons = None if finish_reasons is None else np.asarray(finish_reasons, dtype=object).reshape(-1)
         return cls(prompt_ids=ids, prompt_lens=plens, lengths=matrix.reshape(-1),
                    offsets=np.arange(g + 1, dtype=np.int64) * n, durations_s=durations,
-                   finish_reasons=reasons, source=source)
+                   finish_reasons=reasons, source=source,
+                   rewards=None if rewards is None else np.asarray(rewards, dtype=np.float64).reshape(-1))
 
     # -- shape ------------------------------------------------------------------------
 
@@ -152,7 +163,17 @@ class LengthTrace:
             row["durations_s"] = self.durations_s[lo:hi].tolist()
         if self.finish_reasons is not None:
             row["finish_reasons"] = [str(r) for r in self.finish_reasons[lo:hi]]
+        if self.rewards is not None:
+            row["rewards"] = [None if np.isnan(r) else float(r) for r in self.rewards[lo:hi]]
         return row
+
+    def group_rewards(self) -> dict[str, list[float | None]]:
+        """Each group's sample rewards by prompt id (None where a sample has none); empty without rewards."""
+        if self.rewards is None:
+            return {}
+        offsets = self.offsets.tolist()
+        values = [None if np.isnan(r) else float(r) for r in self.rewards.tolist()]
+        return {pid: values[offsets[g]:offsets[g + 1]] for g, pid in enumerate(self.prompt_ids)}
 
     def require_rectangular(self, what: str = "this needs") -> None:
         """Raise ``DataError`` naming two groups of different sizes unless all groups have the same N."""

@@ -782,3 +782,30 @@ def test_an_interrupted_steps_run_resumes_its_carried_samples_from_their_tokens(
         r = got[(c["prompt_id"], c["sample_index"])]
         assert 0 in r["policy_versions"] and max(r["policy_versions"]) >= 1
     assert not carry_file(out).exists() and not out.with_name(out.name + ".parts").exists()
+
+
+# ------------------------------------------------------------------------- dynamic sampling (DAPO)
+
+def _signal_for_odd_prompts(text, ground_truth, *, prompt_id, sample_index, **info):
+    """p1 and p3 get rewards that differ within the group; the others all 1.0 (no GRPO signal)."""
+    return float(sample_index % 2) if prompt_id in ("p1", "p3") else 1.0
+
+
+def test_rollout_steps_with_filter_groups_writes_only_groups_with_signal(engine_loop, engines, tiny_model_dir,
+                                                                         tmp_path, replay_data):
+    """``pdsr rollout --steps 2 --step-groups 1 --filter-groups zero-variance --write-filtered`` on real engines:
+    the trajectories hold the groups whose rewards differ (each sample whole), the filtered file the others,
+    and the summary counts them."""
+    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", steps=2,
+                            step_groups=1, max_staleness=0,
+                            reward="test_rollout_vllm:_signal_for_odd_prompts",
+                            **{"filter_groups.kind": "zero-variance", "filter_groups.write_filtered": True})
+    kept = {r["prompt_id"] for r in rows}
+    filtered = pq.read_table(tmp_path / "v3.filtered.parquet").to_pylist()
+    assert kept and kept <= {"p1", "p3"} and {r["prompt_id"] for r in filtered} <= {"p0", "p2", "p4"}
+    for r in rows + filtered:
+        assert r["response_length"] == len(r["response_token_ids"]) == LENGTHS[r["prompt_id"]][r["sample_index"]]
+        assert r["reward"] == _signal_for_odd_prompts("", None, prompt_id=r["prompt_id"],
+                                                      sample_index=r["sample_index"])
+    assert summary.filtered_groups == len({r["prompt_id"] for r in filtered}) > 0
+    assert sum(b["filtered_groups"] for b in summary.batches) == summary.filtered_groups

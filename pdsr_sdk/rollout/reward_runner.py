@@ -1,0 +1,146 @@
+"""Rewards as samples finish, off the dispatch loop.
+
+A session hands every finished sample to a :class:`RewardRunner` (from the scheduler's callback, on the
+event loop). The runner decodes the response there (cheap) and runs the reward function on a worker
+thread, so a slow reward never holds up the loop that feeds the engines; ``math_verify``'s checks run
+in its own worker processes (:mod:`pdsr_sdk.rollout.verify_reward`) beneath that thread. A step waits
+for its samples' scores only after its groups are complete (:meth:`RewardRunner.wait`), and dynamic
+sampling reads a group's scores as soon as its last one is in (:meth:`RewardRunner.when_scored`).
+
+A sample that finishes again (restarted, regenerated) is scored again: each job remembers the state it
+scored (restarts, tokens, finish reason), and a stale job's result is never used. The scores are the
+same as scoring after the step (:func:`pdsr_sdk.dispatch.trajectory.score_sample`, the same call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from pdsr_sdk.dispatch.types import Group, Sample
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One sample's reward: its decoded text, the reward (None where it failed or there is no reward
+    function), the extra fields as JSON, the error, seconds the reward call took, and the reward
+    counters it added (math_verify's ``reward_timeouts``)."""
+
+    text: str
+    reward: float | None
+    extra: str | None
+    error: str | None
+    seconds: float = 0.0
+    timeouts: int = 0
+
+
+def _state(sample: Sample) -> tuple:
+    return (sample.restarts, sample.num_generated, sample.finish_reason)
+
+
+def _score(fn: Callable[..., Any] | None, text: str, ground_truth: str | None, info: dict[str, Any]) -> Scored:
+    """In a worker thread: the reward of one decoded response, timed, with the counters it moved."""
+    from pdsr_sdk.dispatch.trajectory import score_text
+    from pdsr_sdk.rollout.reward import reward_counters
+
+    if fn is None:
+        return Scored(text, None, None, None)
+    before = reward_counters(fn).get("reward_timeouts", 0)
+    began = time.perf_counter()
+    reward, extra, error = score_text(fn, text, ground_truth, info)
+    seconds = time.perf_counter() - began
+    return Scored(text, reward, extra, error, seconds, reward_counters(fn).get("reward_timeouts", 0) - before)
+
+
+class RewardRunner:
+    """Scores finished samples on ``workers`` threads (see the module). ``reward_for(group)`` is the reward
+    function for a group's samples (None: no reward; the text is still decoded); ``tokenizer`` decodes
+    responses: a tokenizer, or a function that loads one at the first decode (None, or ``decode=False``:
+    the text is empty, as for simulated samples). With one worker
+    (the default) the counters a reward keeps (math_verify's timeouts) are attributed to the sample whose
+    call moved them."""
+
+    def __init__(self, reward_for: Callable[[Group], Callable[..., Any] | None], tokenizer: Any, *,
+                 workers: int = 1, decode: bool = True):
+        self.reward_for = reward_for
+        self._tokenizer = tokenizer
+        self.decode = decode and tokenizer is not None
+        self.workers = workers
+        self._pool: cf.ThreadPoolExecutor | None = None
+        # id(sample) -> (the sample, the state scored, its future); the sample is kept so its id stays its own
+        self._jobs: dict[int, tuple[Sample, tuple, asyncio.Future]] = {}
+
+    def submit(self, sample: Sample) -> asyncio.Future:
+        """Start scoring a finished sample (on the event loop); a sample already being scored in its
+        current state is not scored twice. Returns its job's future."""
+        key, state = id(sample), _state(sample)
+        job = self._jobs.get(key)
+        if job is not None and job[0] is sample and job[1] == state:
+            return job[2]
+        g = sample.group
+        text = (self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+                if self.decode and sample.token_ids else "")
+        info = {"prompt_id": g.prompt_id, "sample_index": sample.index, "prompt_text": g.prompt_text,
+                "response_length": sample.num_generated, **(g.reward_info or {})}
+        fn = self.reward_for(g)
+        loop = asyncio.get_running_loop()
+        if fn is None:
+            future = loop.create_future()
+            future.set_result(Scored(text, None, None, None))
+        else:
+            future = loop.run_in_executor(self._executor(), _score, fn, text, g.ground_truth, info)
+        self._jobs[key] = (sample, state, future)
+        return future
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is not None and not hasattr(self._tokenizer, "decode"):
+            self._tokenizer = self._tokenizer()   # loaded at the first decode
+        return self._tokenizer
+
+    async def wait(self, samples: Iterable[Sample]) -> list[Scored]:
+        """The scores of finished samples in their current state (those not scored yet start now)."""
+        return list(await asyncio.gather(*(self.submit(s) for s in samples)))
+
+    def when_scored(self, group: Group, callback: Callable[[Group, list[Scored]], None],
+                    on_error: Callable[[BaseException], None]) -> None:
+        """Call ``callback(group, scores)`` on the loop once every sample of the complete ``group`` is scored
+        (``on_error(exc)`` if a reward stops the run). The caller checks the group is still complete then."""
+        task = asyncio.ensure_future(self.wait(group.samples))
+
+        def done(t: asyncio.Future) -> None:
+            if t.cancelled():
+                return
+            if t.exception() is not None:
+                on_error(t.exception())
+                return
+            callback(group, t.result())
+        task.add_done_callback(done)
+
+    def result(self, sample: Sample) -> Scored | None:
+        """The score of a sample in its current state, when it is in (else None)."""
+        job = self._jobs.get(id(sample))
+        if job is None or job[0] is not sample or job[1] != _state(sample) or not job[2].done() \
+                or job[2].cancelled() or job[2].exception() is not None:
+            return None
+        return job[2].result()
+
+    def forget(self, samples: Iterable[Sample]) -> None:
+        """Drop the jobs of samples handed on (a consumed step's), so the runner does not keep them alive."""
+        for s in samples:
+            self._jobs.pop(id(s), None)
+
+    def close(self) -> None:
+        """Stop the worker threads (queued scores are cancelled; a running call ends on its own)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._jobs.clear()
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="pdsr-reward")
+        return self._pool

@@ -1,0 +1,77 @@
+"""``pdsr rollout --steps K --filter-groups zero-variance`` on fake engines: the trajectories hold only groups
+that pass a naive zero-variance check, the filtered ones go to <out>.filtered.parquet with --write-filtered,
+and the summary counts them."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+
+
+def constant(text, ground_truth, **info):
+    return 1.0
+
+
+def reward(text, ground_truth, *, prompt_id, sample_index, **info):
+    """Every third prompt all right, every fourth all wrong, the others half right."""
+    i = int(prompt_id[1:])
+    return 1.0 if i % 3 == 0 else 0.0 if i % 4 == 0 else float(sample_index % 2)
+
+
+def rewards_by_group(path) -> dict[str, list]:
+    groups: dict[str, list] = defaultdict(list)
+    for r in pq.read_table(path).to_pylist():
+        groups[r["prompt_id"]].append(r["reward"])
+    return groups
+
+
+def setup(tmp_path, tiny_model_dir):
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(60)))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 3, "max_tokens": 6},
+        "reward": "test_rollout_filter_cli:reward", "data": {"path": str(data)},
+        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
+    return cfg
+
+
+def test_filtered_rollout_writes_passing_groups_and_counts_the_rest(tmp_path, tiny_model_dir):
+    cfg = setup(tmp_path, tiny_model_dir)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--steps", "3",
+                                 "--batch-size", "4", "--filter-groups", "zero-variance", "--write-filtered"])
+    assert r.exit_code == 0, r.output
+    kept, filtered = rewards_by_group(out), rewards_by_group(tmp_path / "o.filtered.parquet")
+    assert len(kept) >= 3 * 4 and all(len(set(rs)) > 1 for rs in kept.values())
+    assert filtered and all(len(set(rs)) == 1 for rs in filtered.values()) and not set(kept) & set(filtered)
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert summary["filtered_groups"] == len(filtered) == sum(b["filtered_groups"] for b in summary["batches"])
+    assert all(0 < b["pass_rate"] <= 1 for b in summary["batches"])
+    assert "groups filtered out (--filter-groups)" in r.output
+
+
+def test_write_filtered_needs_filter_groups(tmp_path, tiny_model_dir):
+    cfg = setup(tmp_path, tiny_model_dir)
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(tmp_path / "o.parquet"),
+                                 "--steps", "2", "--write-filtered"])
+    assert r.exit_code != 0 and "--write-filtered" in r.output and "--filter-groups" in r.output
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_run_whose_every_group_is_filtered_ends_when_the_data_does(tmp_path, tiny_model_dir):
+    cfg = setup(tmp_path, tiny_model_dir)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--steps", "5",
+                                 "--batch-size", "4", "--limit", "10", "--filter-groups", "zero-variance",
+                                 "--reward", "test_rollout_filter_cli:constant"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert summary["groups"] == 0 and summary["filtered_groups"] == 10
+    assert pq.read_table(out).num_rows == 0

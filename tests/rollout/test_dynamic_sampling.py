@@ -1,0 +1,111 @@
+"""Dynamic sampling (DAPO) in the SDK step, on fake engines: each step returns B groups that pass the filter,
+the filtered ones are exactly those a naive filter over the unfiltered results rejects, and they are counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdsr_sdk.dispatch.steps import adaptive_in_flight, has_reward_variance, needed_launches
+from pdsr_sdk.rollout.config import RolloutConfig
+from pdsr_sdk.rollout.session import RolloutSession
+from support import requires_torch
+
+PROMPTS = [{"id": f"q{i}", "prompt": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(40)]
+B, N = 3, 4
+
+
+def reward(text, ground_truth, *, prompt_id, sample_index, **info):
+    """Every third prompt all right, every fifth all wrong, the others half right."""
+    i = int(prompt_id[1:])
+    if i % 3 == 0:
+        return 1.0
+    if i % 5 == 0:
+        return 0.0
+    return float(sample_index % 2)
+
+
+def config(tiny_model_dir, **kw) -> RolloutConfig:
+    return RolloutConfig(model=str(tiny_model_dir), policy="baseline", **{"batch_size": B, **kw},
+                         sampling={"n": N, "max_tokens": 5},
+                         engines=[{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}])
+
+
+def test_zero_variance_and_the_launch_arithmetic():
+    assert not has_reward_variance([1.0, 1.0, 1.0]) and not has_reward_variance([0.0, None, 0.0])
+    assert has_reward_variance([0.0, 1.0, None]) and not has_reward_variance([None, None])
+    assert adaptive_in_flight(128, 0.5) == 256 and adaptive_in_flight(128, 1.0) == 128
+    assert needed_launches(10, 10, 0.5) == 10 and needed_launches(10, 25, 0.5) == 0 and needed_launches(0, 0, 0.5) == 0
+
+
+def reference_passing(tiny_model_dir) -> dict[str, bool]:
+    """The naive reference: every prompt's group generated unfiltered, then the zero-variance filter."""
+    with RolloutSession(config(tiny_model_dir, batch_size=len(PROMPTS)), reward=reward) as session:
+        rows = session.step(PROMPTS).table.to_pylist()
+    by_prompt: dict[str, list] = {}
+    for r in rows:
+        by_prompt.setdefault(r["prompt_id"], []).append(r["reward"])
+    return {pid: len(set(rs)) > 1 for pid, rs in by_prompt.items()}
+
+
+@requires_torch
+@pytest.mark.parametrize("over_provision", [None, 0.5])
+def test_each_step_returns_b_groups_that_pass_and_the_filtered_ones_fail(tiny_model_dir, over_provision):
+    passing = reference_passing(tiny_model_dir)
+    assert 0 < sum(passing.values()) < len(passing)
+    cfg = config(tiny_model_dir, filter_groups={"kind": "zero-variance"}, over_provision=over_provision)
+    seen: list[str] = []
+    with RolloutSession(cfg, reward=reward) as session:
+        prompts = iter(PROMPTS)
+        for step in range(3):
+            out = session.step(prompts if step == 0 else ())
+            ids = [g.prompt_id for g in out.groups]
+            filtered = [g.prompt_id for g in out.filtered]
+            assert len(ids) == B and all(passing[p] for p in ids), (step, ids)
+            assert all(not passing[p] for p in filtered), (step, filtered)
+            assert out.summary["filtered_groups"] == len(filtered)
+            assert out.summary["filtered_tokens"] == sum(s.num_generated for g in out.filtered for s in g.samples)
+            assert len(out.filtered_scores) == N * len(filtered)
+            assert all(not has_reward_variance([sc.reward for sc in out.filtered_scores[i:i + N]])
+                       for i in range(0, len(out.filtered_scores), N))
+            table = out.table.to_pylist()
+            assert all(has_reward_variance([r["reward"] for r in table if r["prompt_id"] == p]) for p in ids)
+            assert 0 < out.summary["pass_rate"] <= 1
+            seen += ids + filtered
+        carried = [g.prompt_id for g, _ in session.carried()]
+    # every group launched is returned, filtered or still in flight, once
+    assert len(seen) == len(set(seen)) and not set(seen) & set(carried)
+    assert set(seen) | set(carried) == {p["id"] for p in PROMPTS[:len(seen) + len(carried)]}
+
+
+@requires_torch
+def test_a_predicate_passed_to_the_session_is_the_filter(tiny_model_dir):
+    """An SDK predicate (here: keep only groups whose prompt number is even) streams steps on its own."""
+    calls = []
+
+    def even(group, rewards):
+        calls.append((group.prompt_id, list(rewards)))
+        return int(group.prompt_id[1:]) % 2 == 0
+
+    with RolloutSession(config(tiny_model_dir), reward=reward, group_filter=even) as session:
+        out = session.step(iter(PROMPTS))
+    assert len(out.groups) == B and all(int(g.prompt_id[1:]) % 2 == 0 for g in out.groups)
+    assert all(int(g.prompt_id[1:]) % 2 for g in out.filtered)
+    assert all(len(rs) == N and rs == [reward("", None, prompt_id=p, sample_index=i) for i in range(N)]
+               for p, rs in calls)
+
+
+def test_filtering_needs_a_reward():
+    from pdsr_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="filter_groups.*reward is 'none'"):
+        RolloutConfig(reward="none", filter_groups={"kind": "zero-variance"})
+
+
+@requires_torch
+def test_filtering_prompts_without_a_ground_truth_and_no_reward_for_them_is_an_error(tiny_model_dir):
+    """reward 'auto' scores nothing without a ground truth: every group would be filtered, forever."""
+    from pdsr_sdk.errors import ConfigError
+
+    with RolloutSession(config(tiny_model_dir, filter_groups={"kind": "zero-variance"})) as session:
+        with pytest.raises(ConfigError, match="filter_groups.*group 's0-p0' has none.*'auto'.*no ground truth"):
+            session.step(["What is 1+1?", "What is 2+2?", "What is 3+3?"])
