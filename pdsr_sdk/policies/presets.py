@@ -1,4 +1,4 @@
-"""Policy presets: ``policies/<name>.yaml`` files naming a policy and its settings.
+"""Policy presets: ``<name>.yaml`` files naming a policy and its settings.
 
 A preset file looks like::
 
@@ -6,9 +6,11 @@ A preset file looks like::
     settings:             # validated against the policy's config_model
       offload_fraction: 0.2
 
-``--policy NAME`` looks for ``NAME.yaml`` in ``$PDSR_POLICY_DIR`` and then in
-the repository's ``policies/``; ``--policy path/to/file.yaml`` loads that
-file. A name with no preset is a registered policy with default settings.
+``--policy NAME`` looks for ``NAME.yaml`` in ``$PDSR_POLICY_DIR`` and then among
+the built-in presets (``builtin_presets/`` beside this module, shipped as package
+data, so an installed pdsr finds them outside a checkout); ``--policy
+path/to/file.yaml`` loads that file. A name with no preset is a registered policy
+with default settings.
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ from pdsr_sdk.config import read_config_file
 from pdsr_sdk.errors import ConfigError
 
 
+#: the presets pdsr ships (package data): each policy's defaults restated, and named variants
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_presets"
+
+
 def preset_dirs() -> list[Path]:
+    """Where presets are looked for, first match wins: ``$PDSR_POLICY_DIR``, then the built-in ones."""
     dirs = []
     if os.environ.get("PDSR_POLICY_DIR"):
         dirs.append(Path(os.environ["PDSR_POLICY_DIR"]))
-    dirs.append(Path(__file__).resolve().parents[2] / "policies")
+    dirs.append(BUILTIN_DIR)
     return dirs
 
 

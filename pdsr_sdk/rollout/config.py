@@ -69,7 +69,7 @@ class RolloutConfig(StepStreamConfig):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling settings.")
     batch_size: int = Field(128, ge=1, description="Prompts per batch (B); a batch is one GRPO step's rollout.")
     num_batches: int | None = Field(None, ge=1, description="Stop after this many batches.")
-    policy: str = Field("v3", description="Dispatch policy: a registered name (see schemas/policy-*.schema.json), a preset in policies/ or a preset file, or 'package.module:Class'; a comma-separated list or 'all' (every registered policy that runs on real engines) runs one rollout per policy, each to <output.path stem>.<policy>.parquet.")
+    policy: str = Field("v3", description="Dispatch policy: a registered name (see schemas/policy-*.schema.json), a built-in preset or a preset file, or 'package.module:Class'; a comma-separated list or 'all' (every registered policy that runs on real engines) runs one rollout per policy, each to <output.path stem>.<policy>.parquet.")
     policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; see schemas/policy-<name>.schema.json.")
     engines: list[EngineSpec] | None = Field(None, description="Explicit engine list; default: an automatic layout from fast/heavy.")
     fast: int | None = Field(None, ge=0, description="Engines in the fast pool for the automatic layout (default: most devices).")
