@@ -6,27 +6,29 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pdsr_sdk.config import validate_config
+from pdsr_sdk.config import ConfigModel, set_dotted, validate_config
+from pdsr_sdk.config.base import deep_merge
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.policies import POLICIES
 from pdsr_sdk.policies.presets import load_preset
 
 
 def resolve_policy(name: str, settings: Mapping[str, Any] | None = None, *,
-                   simulation: bool = False) -> tuple[type, Any]:
+                   simulation: bool = False, saved: bool = False) -> tuple[type, Any]:
     """(policy class, validated settings). A preset in ``policies/`` supplies the policy and base settings
     that ``settings`` override; errors name the preset file and ``policy.settings.<key>``.
 
     A simulation-only reference schedule (``oracle``) is refused unless ``simulation`` is true (the
-    simulator's own calls); real engines cannot know the lengths it reads.
+    simulator's own calls); real engines cannot know the lengths it reads. ``saved``: ``settings`` were read
+    back from a saved run, where a removed setting is dropped with a warning instead of being an error.
     """
     settings = dict(settings or {})
     given = name
     preset = load_preset(name)
     source = None
+    base: dict[str, Any] = {}
     if preset is not None:
         name, base = preset["policy"], dict(preset.get("settings") or {})
-        settings = {**base, **settings}
         source = preset["_path"]
     cls = POLICIES.get(name)
     if is_simulation_only(cls) and not simulation:
@@ -36,7 +38,11 @@ def resolve_policy(name: str, settings: Mapping[str, Any] | None = None, *,
     model = getattr(cls, "config_model", None)
     if model is None:
         raise ConfigError(f"policy {name!r}: class {cls.__name__} has no config_model")
-    return cls, validate_config(model, settings, source=source, prefix=f"policy_settings.{given}")
+    if base:
+        if issubclass(model, ConfigModel):   # each part's old keys renamed first, each warning naming its origin
+            base, settings = model.upgrade(base, source=source), model.upgrade(settings, saved=saved)
+        settings = deep_merge(base, settings)
+    return cls, validate_config(model, settings, source=source, prefix=f"policy_settings.{given}", saved=saved)
 
 
 def is_simulation_only(cls: type) -> bool:
@@ -111,23 +117,31 @@ def merge_policy_sets(policy_settings: Mapping[str, Mapping[str, Any]], selected
     A key without a policy applies to every selected policy whose settings have that key, so
     ``--policy all --set cap_multiplier=2`` changes v2.5 only; when none has it, the one selected policy
     gets it (its validation names the key and the valid ones), or it is an error naming each policy's keys.
+    A dotted key sets a nested setting (``v3:migration.stall_share``); an old spelling of a key still finds its
+    policy (its validation warns, naming the new key).
     """
     check_set_targets(items, selected)
-    fields = {name: set(resolve_policy(name, {}, simulation=simulation)[0].config_model.model_fields)
-              for name in selected}
+    models = {name: resolve_policy(name, {}, simulation=simulation)[0].config_model for name in selected}
+    fields = {name: _keys(model) for name, model in models.items()}
     settings = {k: dict(v) for k, v in policy_settings.items()}
     for policy, key, value in items:
-        targets = [policy] if policy else [n for n in selected if key in fields[n]]
+        head = key.split(".", 1)[0]
+        targets = [policy] if policy else [n for n in selected if head in fields[n]]
         if not targets and len(selected) == 1:
             targets = selected
         if not targets:
-            known = ", ".join(f"{n}: {', '.join(sorted(fields[n])) or '(none)'}" for n in selected)
+            known = ", ".join(f"{n}: {', '.join(sorted(models[n].model_fields)) or '(none)'}" for n in selected)
             raise ConfigError(f"policy setting {key!r} belongs to none of the selected policies; settings are {known}")
         for name in targets:
-            settings.setdefault(name, {})[key] = value
+            set_dotted(settings.setdefault(name, {}), key, value)
     for name in selected:   # validate now, naming the setting
         resolve_policy(name, settings.get(name, {}), simulation=simulation)
     return settings
+
+
+def _keys(model: type) -> set[str]:
+    """The top-level keys a settings model takes: its fields and, for a ``ConfigModel``, its old spellings."""
+    return set(model.model_fields) | (model.old_keys() if issubclass(model, ConfigModel) else set())
 
 
 def with_policy_sets(cfg: Any, items: list[tuple[str | None, str, Any]], selected: list[str] | None = None, *,

@@ -109,9 +109,9 @@ class RolloutConfig(StepStreamConfig):
         return self
 
     @classmethod
-    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None) -> dict[str, Any]:
+    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None, *, saved: bool = False) -> dict[str, Any]:
         """Also the old ``policy: {name, settings}`` section -> ``policy`` and ``policy_settings.<name>``."""
-        data = super().upgrade(data, source)
+        data = super().upgrade(data, source, saved=saved)
         old = data.get("policy")
         if not isinstance(old, dict):
             return data

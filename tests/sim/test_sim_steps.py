@@ -139,7 +139,7 @@ def test_v3_refresh_regenerates_a_carried_groups_finished_samples_under_the_new_
     t=12 with 5 + 8."""
     trace = LengthTrace.from_matrix(np.array([[5, 12], [8, 8], [20, 20], [20, 20], [20, 20]]),
                                     prompt_ids=[f"g{i}" for i in range(5)], prompt_lens=np.full(5, 4))
-    cfg = unit_cfg(policy="v3", steps=2, policy_settings={"v3": {"refresh": refresh}})
+    cfg = unit_cfg(policy="v3", steps=2, policy_settings={"v3": {"step_end": {"refresh_ratio": 1.0 if refresh else None}}})
     run = run_steps(trace, cfg, "v3", 1.0, keep_groups=True)
     assert run.consumed_at["g1"] == 0 and run.consumed_at["g0"] == 1
     step = run.steps[1]
@@ -167,7 +167,7 @@ def test_v3_stream_is_no_slower_than_baseline_when_the_probe_predicts_nothing(se
     def step(policy, placement="auto"):
         cfg = SimulateConfig(policy=policy, fast=3, heavy=1, batch_size=b, steps=8, max_staleness=2, timeline=False,
                              profiles={"fast": profile, "heavy": profile},
-                             policy_settings={"v3": {"placement": placement}})
+                             policy_settings={"v3": {"placement": {"mode": placement}}})
         return float(np.mean([s.duration_s for s in run_steps(trace, cfg, policy, 0.25).steps[2:-1]]))
 
     base = step("baseline")
@@ -185,7 +185,7 @@ def test_v3_stream_without_a_staleness_bound_places_as_baseline():
     def step(policy, placement="auto", staleness=None):
         cfg = SimulateConfig(policy=policy, fast=3, heavy=1, batch_size=32, steps=8, max_staleness=staleness,
                              timeline=False, profiles={"fast": profile, "heavy": profile},
-                             policy_settings={"v3": {"placement": placement}})
+                             policy_settings={"v3": {"placement": {"mode": placement}}})
         return float(np.mean([s.duration_s for s in run_steps(trace, cfg, policy, 0.25).steps[2:-1]]))
 
     assert step("v3") == step("v3", "chunk") <= step("baseline") * 1.001
@@ -202,7 +202,7 @@ def test_v3_keeps_a_streams_groups_together_where_their_prompts_are_cached():
     def engines_per_group(locality):
         cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, max_staleness=2, timeline=False,
                              profiles={"fast": profile, "heavy": profile},
-                             policy_settings={"v3": {"locality": locality}})
+                             policy_settings={"v3": {"disable": [] if locality else ["locality"]}})
         run = run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
         return float(np.mean([len({seg.engine for s in g.samples for seg in s.segments[:1]}) for g in run.groups]))
 
