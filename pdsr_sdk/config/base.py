@@ -150,8 +150,8 @@ def load_config(
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     for key, value in given.items():
         set_dotted(data, key, value)
-    try:
-        return model.model_validate(data)
+    try:   # (the context names the file to validators that read sections of their own: policy settings)
+        return model.model_validate(data, context={"source": str(path) if path is not None else None})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, model, source=path, overrides=given)) from None
 
@@ -168,7 +168,7 @@ def validate_config(model: type[M], data: Mapping[str, Any], *, source: str | Pa
     if issubclass(model, ConfigModel):   # old keys warn naming the file (the validator cannot know it)
         data = model.upgrade(data, source=source, saved=saved)
     try:
-        return model.model_validate(data, context={"saved": saved})
+        return model.model_validate(data, context={"saved": saved, "source": str(source) if source else None})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, model, source=source, prefix=prefix)) from None
 

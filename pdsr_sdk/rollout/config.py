@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
@@ -70,7 +70,7 @@ class RolloutConfig(StepStreamConfig):
     batch_size: int = Field(128, ge=1, description="Prompts per batch (B); a batch is one GRPO step's rollout.")
     num_batches: int | None = Field(None, ge=1, description="Stop after this many batches.")
     policy: str = Field("v3", description="Dispatch policy: a registered name (see schemas/policy-*.schema.json), a built-in preset or a preset file, or 'package.module:Class'; a comma-separated list or 'all' (every registered policy that runs on real engines) runs one rollout per policy, each to <output.path stem>.<policy>.parquet.")
-    policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; see schemas/policy-<name>.schema.json.")
+    policy_settings: dict[str, Any] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; validated with the config, and carried as each policy's typed settings (see schemas/policy-<name>.schema.json).")
     engines: list[EngineSpec] | None = Field(None, description="Explicit engine list; default: an automatic layout from fast/heavy.")
     fast: int | None = Field(None, ge=0, description="Engines in the fast pool for the automatic layout (default: most devices).")
     heavy: int | None = Field(None, ge=0, description="Engines in the heavy pool for the automatic layout (default: 1 per 4 devices, at least 1).")
@@ -96,6 +96,15 @@ class RolloutConfig(StepStreamConfig):
     def streaming(self) -> bool:
         """Whether steps stream (partial rollout): ``steps`` or ``over_provision`` set."""
         return self.steps is not None or self.over_provision is not None
+
+    @model_validator(mode="after")
+    def _typed_policy_settings(self, info: ValidationInfo) -> "RolloutConfig":
+        """Each selected policy's settings (and each one given) validated once, here, and carried typed."""
+        from pdsr_sdk.policies.resolve import type_policy_settings
+
+        self.policy_settings = type_policy_settings(self.policy, self.policy_settings,
+                                                    origin=(info.context or {}).get("source"))
+        return self
 
     @model_validator(mode="after")
     def _stream_keys(self) -> "RolloutConfig":

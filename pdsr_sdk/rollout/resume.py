@@ -19,6 +19,7 @@ from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.trajectory import restore_sample
 from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.policies.resolve import plain_settings
 from pdsr_sdk.rollout.data import build_groups
 from pdsr_sdk.rollout.writer import carry_file, existing_files
 
@@ -40,7 +41,7 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
     another mount still resumes."""
     s = config.sampling
     return {
-        "policy": config.policy, "policy_settings": config.policy_settings.get(config.policy, {}),
+        "policy": config.policy, "policy_settings": plain_settings(config.policy_settings.get(config.policy)),
         "model": Path(model_dir).name, "sampling.n": s.n, "sampling.max_tokens": s.max_tokens,
         "sampling.temperature": s.temperature, "sampling.top_p": s.top_p, "sampling.top_k": s.top_k,
         "sampling.stop": list(s.stop), "sampling.ignore_eos": s.ignore_eos, "logprobs_mode": config.logprobs_mode,

@@ -112,12 +112,19 @@ def test_the_descriptions_are_short():
 def test_a_config_file_with_flat_keys_runs_and_warns_naming_the_new_keys(tmp_path):
     cfg = tmp_path / "sim.yaml"
     cfg.write_text("policy: v3\npolicy_settings:\n  v3:\n    migrate: false\n    lane_seqs: 16\n")
-    loaded = load_config(SimulateConfig, cfg)
     with pytest.warns(PdsrDeprecationWarning) as caught:
-        _, settings = resolve_policy("v3", loaded.policy_settings["v3"])
-    assert settings.disable == ["migration"] and settings.lane.seqs == 16
-    said = " ".join(str(w.message) for w in caught)
-    assert "'migrate' is deprecated; use 'disable: [migration]'" in said and "use 'lane.seqs'" in said
+        loaded = load_config(SimulateConfig, cfg)
+    said = [str(w.message) for w in caught]
+    assert f"{cfg}: config key 'migrate' is deprecated; use 'disable: [migration]'" in said
+    assert f"{cfg}: config key 'lane_seqs' is deprecated; use 'lane.seqs'" in said
+    # typed once, when the config was read: carried as v3's settings, not validated again
+    settings = loaded.policy_settings["v3"]
+    assert isinstance(settings, V3Settings) and settings.disable == ["migration"] and settings.lane.seqs == 16
+    assert resolve_policy("v3", settings)[1] is settings
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: v3\npolicy_settings:\n  v3:\n    migration: {stal_share: 1}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: policy_settings\.v3\.migration\.stal_share: unknown config key"):
+        load_config(SimulateConfig, bad)
 
 
 def test_a_preset_with_flat_keys_warns_naming_its_file(tmp_path, monkeypatch):
@@ -137,13 +144,17 @@ def test_set_takes_dotted_keys_with_or_without_the_policy():
     cfg = SimulateConfig(policy="v3,v2.5")
     out = with_policy_sets(cfg, [("v3", "migration.stall_share", 0.5), (None, "lane.seqs", 8),
                                  (None, "disable", ["balance"])])
-    assert out.policy_settings == {"v3": {"migration": {"stall_share": 0.5}, "lane": {"seqs": 8},
-                                          "disable": ["balance"]}}
-    _, settings = resolve_policy("v3", out.policy_settings["v3"])
-    assert settings.migration.stall_share == 0.5 and settings.lane.seqs == 8 and not settings.on("balance")
+    assert out.policy_settings["v3"] == V3Settings.model_validate(
+        {"migration": {"stall_share": 0.5}, "lane": {"seqs": 8}, "disable": ["balance"]})
+    assert out.policy_settings["v2.5"] == cfg.policy_settings["v2.5"]
     with pytest.warns(PdsrDeprecationWarning, match="use 'migration.quantile'"):
-        old = with_policy_sets(cfg, [(None, "migrate_quantile", 0.8)])   # an old key still finds v3
-    assert set(old.policy_settings) == {"v3"}
+        old = with_policy_sets(out, [(None, "migrate_quantile", 0.8)])   # an old key still finds v3
+    assert old.policy_settings["v3"] == out.policy_settings["v3"].model_copy(
+        update={"migration": out.policy_settings["v3"].migration.model_copy(update={"quantile": 0.8})})
+    # the old key overrides what it means, also where the new key was set before
+    with pytest.warns(PdsrDeprecationWarning, match="use 'migration.stall_share'"):
+        again = with_policy_sets(out, [(None, "migrate_stall_share", 0.1)])
+    assert again.policy_settings["v3"].migration.stall_share == 0.1
     with pytest.raises(ConfigError, match=r"policy_settings\.v3\.migration\.stal_share: unknown config key"):
         with_policy_sets(cfg, [("v3", "migration.stal_share", 0.5)])
 
