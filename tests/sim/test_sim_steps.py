@@ -19,6 +19,7 @@ from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import run_policy, trace_batches
 from pdsr_sdk.sim.engine import SimEngine
 from pdsr_sdk.dispatch.steps import kept_segments
+from pdsr_sdk.dispatch.types import StreamSpec
 from pdsr_sdk.policies.resolve import streaming_policies
 from pdsr_sdk.sim.steps import run_steps, simulate_steps
 from pdsr_sdk.traces import LengthTrace, synth_trace, write_trace_jsonl
@@ -399,7 +400,38 @@ def test_the_policy_hears_of_the_staleness_bound_only_where_groups_carry_over(ov
     seed-002-like trace cost 35% of a step: 1.348x baseline's on-policy step, 0.974x without). The stream
     itself still restarts by the bound (an update in the middle of a step can age tokens at F = 0 too)."""
     stream, *_ = hand_stream(20, over_provision, 1)
+    assert stream.sched.max_staleness is None and stream.sched.stream is None   # told with the groups
+    stream.start()
     assert stream.sched.max_staleness == told and stream.s == 1
+    # told through the dispatch API, with the groups: a description of the stream, not an attribute set from outside
+    assert stream.sched.stream == StreamSpec(step_groups=6, in_flight=6 if told is None else 9, max_staleness=told)
+    with pytest.raises(AttributeError):
+        stream.sched.max_staleness = 2
+
+
+class StreamRecording(V3Policy):
+    """v3 noting, at each on_batch, what its context says of the stream."""
+
+    seen: list = []
+
+    def on_batch(self, groups):
+        StreamRecording.seen.append((self.ctx.streaming, self.ctx.stream, self.ctx.max_staleness))
+        super().on_batch(groups)
+
+
+def test_a_policy_is_told_the_stream_with_its_first_groups():
+    """The policy's first on_batch of a stream already sees the stream's description (DispatchContext.stream),
+    and a batch run (start_batch) has none."""
+    name = f"{__name__}:StreamRecording"
+    StreamRecording.seen = []
+    run_steps(small_trace(groups=40), small_cfg(policy=name, steps=3, over_provision=0.5, max_staleness=2), name, 0.5)
+    first = StreamRecording.seen[0]
+    assert first[0] and first[1] == StreamSpec(step_groups=6, in_flight=9, max_staleness=2) and first[2] == 2
+    assert len(StreamRecording.seen) > 1 and all(s == first for s in StreamRecording.seen)
+    StreamRecording.seen = []
+    run_policy(trace_batches(small_trace(groups=12), small_cfg(policy=name, steps=None)),
+               small_cfg(policy=name, steps=None), name)
+    assert StreamRecording.seen and all(s == (False, None, None) for s in StreamRecording.seen)
 
 
 class TrueLengthFirst(V3Policy):
