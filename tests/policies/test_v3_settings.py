@@ -230,3 +230,117 @@ def test_resume_compares_settings_however_they_are_spelt(tmp_path):
     with pytest.warns(PdsrDeprecationWarning):
         with pytest.raises(ConfigError, match=r"policy_settings \(--set\) is .* now but was"):
             read_resume_state(out, other, tmp_path / "s.json")
+
+
+# ----------------------------------------------------------------------------------------- each setting acts
+EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)
+
+
+def _batches(trace, settings, **kw):
+    from pdsr_sdk.sim.driver import run_policy, trace_batches
+
+    prof = dict(max_num_seqs=32, kv_cache_tokens=65536)
+    base = dict(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False, references=False, num_batches=3,
+                profiles={"fast": prof, "heavy": prof}) | kw
+    cfg = SimulateConfig(**base, policy_settings={"v3": settings})
+    run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
+    # the schedule: each batch's end, and where every segment of every sample ran
+    return ([round(b.makespan_s, 6) for b in run.batches],
+            [[seg.engine for seg in s.segments] for g in run.groups for s in g.samples])
+
+
+def _steps(trace, settings, *, restart="replay", heavy=1, slots=None, **kw):
+    from pdsr_sdk.sim.steps import run_steps
+
+    prof = EQUAL if slots is None else dict(max_num_seqs=slots, kv_cache_tokens=65536, block_size=16)
+    base = dict(policy="v3", batch_size=32, steps=8, over_provision=0.25, timeline=False, references=False, fast=3,
+                heavy=heavy, max_staleness=1, profiles={"fast": prof, "heavy": prof}, restart_lengths=restart) | kw
+    cfg = SimulateConfig(**base, policy_settings={"v3": settings})
+    run = run_steps(trace, cfg, "v3", cfg.over_provision, keep_groups=True)
+    return [(round(r.end_s, 6), r.stale_restarts, r.restarts, r.refreshed) for r in run.steps]
+
+
+def _informative():
+    return synth_trace(groups=200, n=8, seed=5, runaway_frac=0.02, max_length=2048)
+
+
+def _uninformative():
+    return synth_trace(groups=200, n=8, seed=5, prompt_sigma=0.05, noise_sigma=0.7, runaway_frac=0.2, max_length=1024)
+
+
+def _kv_bound():
+    return synth_trace(groups=200, n=8, seed=4, median_length=1600, max_length=8192)
+
+
+def _runaways():
+    return synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
+
+
+def _short():
+    return synth_trace(groups=400, n=8, seed=2, median_length=120, max_length=1500, runaway_frac=0.004,
+                       prompt_len_min=5, prompt_len_max=100)
+
+
+KV = dict(fast=2, heavy=0, batch_size=24, profiles={p: dict(max_num_seqs=64, kv_cache_tokens=65536, max_model_len=16384)
+                                                     for p in ("fast", "heavy")})
+# a stream that fills every slot (8 a engine), fresh draws: early restarts happen here
+FULL = dict(slots=8, restart="redraw", fast=2, batch_size=16, steps=20, over_provision=0.5,
+            segments={"min_tokens": 16, "max_tokens": 96})
+LANE = {"mode": "always"}
+# (the setting changed, its new value, base settings, the workload): the run with the new value must schedule
+# differently from the run without it. Workloads: batches (informative, uninformative, KV-bound) or streams
+# under a staleness bound (the lane's; one that fills every slot)
+ACTS = [
+    ("disable", ["probes_first"], {}, "batches", _informative, {}),
+    ("disable", ["locality"], {}, "batches", _uninformative, {}),
+    ("disable", ["kv_admission"], {}, "batches", _kv_bound, KV),
+    ("disable", ["balance"], {}, "batches", _informative, {}),
+    ("disable", ["chunk_steal"], {}, "batches", _informative, {}),
+    ("disable", ["migration"], {}, "batches", _informative, {}),
+    ("disable", ["lead_guard"], {}, "batches", _informative, {}),
+    ("disable", ["early_restart"], {"lane": {"evidence": 2}}, "steps", _short, FULL),
+    ("ranking.mode", "never", {}, "batches", _uninformative, {}),
+    ("ranking.min_correlation", 0.9, {}, "batches", _informative, {}),
+    ("ranking.correlation_window", 16, {}, "batches", _uninformative, {}),
+    ("ranking.min_pairs", 1000, {}, "batches", _uninformative, {}),
+    ("lengths.history", 16, {}, "batches", _informative, {}),
+    ("placement.mode", "deal", {}, "batches", _informative, {}),
+    ("placement.kv_budget", 1.0, {}, "batches", _kv_bound, KV),
+    ("placement.heavy_max_seqs", 2, {}, "batches", _informative, {}),
+    ("migration.quantile", 0.8, {}, "batches", _informative, {}),
+    ("migration.cap_runner_share", 0.05, {}, "batches", _informative, {}),
+    ("migration.min_gap", 1, {}, "batches", _informative, {}),
+    ("migration.min_ratio", 1.0, {}, "batches", _uninformative, {}),
+    ("migration.stall_share", 0.0, {}, "batches", _informative, {}),
+    ("lane.mode", "never", {}, "steps", _runaways, {}),
+    ("lane.seqs", 1, {"lane": LANE}, "steps", _runaways, {}),
+    ("lane.quantile", 0.9, {"lane": LANE}, "steps", _runaways, {}),
+    ("lane.engines", 1, {"lane": LANE}, "steps", _runaways, {"heavy": 2}),
+    ("lane.recurrence", 0.0, {"lane": {"evidence": 1}}, "steps", _runaways, {"restart": "redraw"}),
+    ("lane.evidence", 100, {}, "steps", _runaways, {}),
+    ("lane.segment_tokens", 0, {"lane": {"mode": "never"}}, "steps", _runaways, {}),
+    ("step_end.restart_chance", 0.0, {"lane": {"evidence": 2}}, "steps", _short, FULL),
+    ("step_end.refresh_ratio", 1.0, {}, "steps", _runaways, {}),
+]
+
+
+def test_every_setting_has_a_case_in_which_it_acts():
+    named = {key for key, *_ in ACTS}
+    sections = {name: f.annotation for name, f in V3Settings.model_fields.items() if name != "disable"}
+    every = {f"{s}.{k}" for s, model in sections.items() for k in model.model_fields} | {"disable"}
+    assert named == every
+    assert {r for key, value, *_ in ACTS if key == "disable" for r in value} == set(RULES)
+
+
+@pytest.mark.parametrize("key, value, base, kind, trace, kw", ACTS,
+                         ids=[f"{k}={v}" for k, v, *_ in ACTS])
+def test_changing_a_setting_changes_what_v3_does(key, value, base, kind, trace, kw):
+    changed = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    if "." in key:
+        section, field = key.split(".")
+        changed[section] = {**changed.get(section, {}), field: value}
+    else:
+        changed[key] = value
+    run = _batches if kind == "batches" else _steps
+    t = trace()
+    assert run(t, changed, **kw) != run(t, base, **kw)
