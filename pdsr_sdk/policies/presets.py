@@ -15,6 +15,7 @@ with default settings.
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,32 @@ def find_preset(name: str) -> Path | None:
     return None
 
 
+#: presets read so far: path -> (modification time and size when read, contents), so that a run that resolves
+#: a policy more than once (its config, --set, the run) reads and checks each preset file once
+_READ: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
 def load_preset(name: str) -> dict[str, Any] | None:
-    """The preset's contents (with ``_path``), or None when ``name`` has no preset file."""
+    """The preset's contents (with ``_path``), or None when ``name`` has no preset file. A file is read and
+    checked once (again when it changes); each call gets its own copy."""
     path = find_preset(name)
     if path is None:
         return None
-    data = read_config_file(path)
+    try:
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = None
+    known = _READ.get(path.resolve())
+    if stamp is not None and known is not None and known[0] == stamp:
+        return copy.deepcopy(known[1])
+    data = _check(path, read_config_file(path))
+    if stamp is not None:
+        _READ[path.resolve()] = (stamp, data)
+    return copy.deepcopy(data)
+
+
+def _check(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(data) - {"policy", "settings", "description"})
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown preset key; valid keys: description, policy, settings")

@@ -58,3 +58,24 @@ def test_policy_dir_presets_come_first(tmp_path, monkeypatch):
     monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
     assert load_preset("v3")["policy"] == "baseline"
     assert load_preset("v2.5")["policy"] == "v2.5"
+
+
+def test_a_preset_is_read_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    import pdsr_sdk.policies.presets as presets
+    from pdsr_sdk.policies.resolve import with_policy_sets
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    reads = []
+    real = presets.read_config_file
+    monkeypatch.setattr(presets, "read_config_file", lambda path: reads.append(path) or real(path))
+    (tmp_path / "mine.yaml").write_text("policy: v2.5\nsettings: {cap_multiplier: 2.0}\n")
+    monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
+    # the config types the settings, --set types them again, the run finds the class: one read
+    cfg = with_policy_sets(SimulateConfig(policy="mine"), [(None, "offload_fraction", 0.3)])
+    cls, settings = resolve_policy("mine", cfg.policy_settings["mine"], simulation=True)
+    assert (settings.cap_multiplier, settings.offload_fraction) == (2.0, 0.3)
+    assert len(reads) == 1
+    load_preset("mine")["settings"]["cap_multiplier"] = 9.0     # a caller's copy: the next one is unchanged
+    assert load_preset("mine")["settings"]["cap_multiplier"] == 2.0 and len(reads) == 1
+    (tmp_path / "mine.yaml").write_text("policy: v2.5\nsettings: {cap_multiplier: 3.0, on_break: restart}\n")
+    assert resolve_policy("mine")[1].cap_multiplier == 3.0 and len(reads) == 2
