@@ -70,8 +70,9 @@ class Lengths(BaseRule):
     def update_thresholds(self) -> None:
         h = self.history
         h.refresh()
-        self.tail_threshold = min(h.quantile(self.cfg.migration.quantile),
-                                  h.cap_runner_threshold(self.ctx.sampling.max_tokens, self.cfg.migration.cap_runner_share))
+        migration = self.cfg.migration
+        self.tail_threshold = min(h.quantile(migration.quantile),
+                                  h.cap_runner_threshold(self.ctx.sampling.max_tokens, migration.cap_runner_share))
         # the first finishes are the short ones, so an early quantile sends ordinary samples to the lane as
         # well: that spreads an informative stream's first steps (B=128: 0.436x against 0.455x when the lane
         # waits for a full history) but costs where lengths are noise, where v3 must be baseline

@@ -74,7 +74,7 @@ class Migration(BaseRule):
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
         when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
         or clearly fewer samples, and the prefill of the moves still arriving there stays within
-        ``migrate_stall_share`` of what the move saves. (A move costs a prefill of the whole context on the
+        ``migration.stall_share`` of what the move saves. (A move costs a prefill of the whole context on the
         target; moving between engines that differ only in their tail counts cost 1-2% on cold batches, whose
         early tail threshold is low.)"""
         book = self.ledger
@@ -100,8 +100,8 @@ class Migration(BaseRule):
 
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
         """The best move target (:meth:`Ledger.best_target`) among those whose furthest-along sample is expected to
-        finish before ``s`` (``migrate_lead_guard``) and where the prefill of the moves still arriving, and of this
-        one's ``context`` tokens, pays (``migrate_stall_share``); the next best are tried while the best are ruled
+        finish before ``s`` (``lead_guard``) and where the prefill of the moves still arriving, and of this
+        one's ``context`` tokens, pays (``migration.stall_share``); the next best are tried while the best are ruled
         out (with many engines one target was full and moves waited)."""
         skipped = []
         found = None
@@ -130,7 +130,7 @@ class Migration(BaseRule):
 
     def _lead_finishes_first(self, name: str, generated: int, remaining: float) -> bool:
         """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample that has
-        produced ``generated`` and has ``remaining`` tokens still to come (``migrate_lead_guard``). While the history
+        produced ``generated`` and has ``remaining`` tokens still to come (``lead_guard``). While the history
         is not full and none of it ran to the cap, it holds the first finishes, the short ones, and cannot say what a
         long-running sample has left (read as the cap less its progress, the further-along runaway looked the nearer
         to its end, and a cold batch's runaways gathered on one engine); the one further along is then taken to have

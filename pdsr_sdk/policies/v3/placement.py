@@ -5,7 +5,7 @@ A batch whose KV cache binds (by the predicted demand of what can run at once) i
 engine runs (prompt + the larger of what a sample has produced and its predicted length) leaves room for the new
 sample's; an engine with nothing running always takes work. Otherwise, with a probe measured to predict
 nothing, from a stream's start and in a stream without a staleness bound, it places work as baseline does: each
-arrival's groups in contiguous chunks per engine (``placement``), so that a group's samples share their prompt's
+arrival's groups in contiguous chunks per engine (``placement.mode``), so that a group's samples share their prompt's
 prefix cache on one engine; in a batch an engine with free slots and nothing queued then takes whole unstarted
 groups from the end of another's chunk (``chunk_steal``), so that chunks stay work-conserving."""
 
@@ -94,7 +94,7 @@ class Placement(BaseRule):
         return sum(book.demand.values()) + at_once * each <= self.cfg.placement.kv_budget * cap
 
     def _place_chunks(self, groups: list[Group]) -> None:
-        """Baseline's placement of the arriving groups (``placement``), with v3's bookkeeping."""
+        """Baseline's placement of the arriving groups (``placement.mode``), with v3's bookkeeping."""
         engines = sorted((e for es in self.ctx.pools().values() for e in es), key=lambda e: e.name)
         samples = [s for g in groups for s in g.samples if not s.finished]
         for g in groups:

@@ -4,8 +4,8 @@ In a stream under a staleness bound that fills every slot, unless restarted runa
 a step's start restarts the running samples of groups in their last step (their oldest tokens would be too stale
 at the next) that are unlikely to end within it (``early_restart``,
 :class:`~pdsr_sdk.policies.finish_odds.FinishOdds`): restarted at that step's end instead, they would take their
-finished siblings' tokens with them. With ``refresh``, finished samples of carried groups that took little engine
-time against their running siblings are regenerated too (each once)."""
+finished siblings' tokens with them. With ``step_end.refresh_ratio`` set, finished samples of carried groups that
+took little engine time against their running siblings are regenerated too (each once)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ class StepEnd(BaseRule):
 
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """The samples of carried groups worth generating again under the new weights: running ones unlikely to
-        end within their group's last step (``early_restart``), and finished ones (``refresh``). Lengths are
-        compared as time on an engine (a simulated engine reports a running segment's tokens only when it ends; a
-        stopped one's pause is no work)."""
+        end within their group's last step (``early_restart``), and finished ones (``step_end.refresh_ratio``).
+        Lengths are compared as time on an engine (a simulated engine reports a running segment's tokens only when
+        it ends; a stopped one's pause is no work)."""
         out = self._early_restarts(carried)
         ratio = self.cfg.step_end.refresh_ratio
         if ratio is None:
@@ -63,7 +63,7 @@ class StepEnd(BaseRule):
     def _early_restarts(self, carried: list[Group]) -> list[Sample]:
         """Running samples of groups in their last step under the staleness bound (their oldest tokens would be
         too stale at the next) whose chance to end within a step's tokens (:class:`FinishOdds`) is below
-        ``early_restart_chance``: restarted now, they spare their finished siblings. Not in a group whose finished
+        ``step_end.restart_chance``: restarted now, they spare their finished siblings. Not in a group whose finished
         siblings ran longer than a step's tokens (the fresh draw would likely not end in time either). Only where
         the stream fills every slot (there thrown-away tokens are time; with free slots a runaway runs faster, and
         holding a step for its fresh draw cost more), and not once restarted runaways are seen to run away again (a
