@@ -88,6 +88,14 @@ def test_an_old_key_and_its_new_key_together_are_an_error():
             V3Settings.model_validate({"migrate_stall_share": 0.3, "migration": {"stall_share": 0.5}})
 
 
+def test_a_flat_key_beside_a_typed_section_joins_it():
+    from pdsr_sdk.policies.v3.settings import MigrationSettings
+
+    with pytest.warns(PdsrDeprecationWarning):
+        s = V3Settings(migration=MigrationSettings(min_gap=2), migrate_stall_share=0.3)
+    assert (s.migration.min_gap, s.migration.stall_share) == (2, 0.3)
+
+
 def test_disable_names_only_rules_and_is_kept_in_one_order():
     assert V3Settings(disable=["migration", "balance", "migration"]).disable == ["balance", "migration"]
     with pytest.raises(ConfigError, match=r"disable\.0.*'probes_first'.*'early_restart'"):

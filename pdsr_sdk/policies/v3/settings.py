@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
@@ -256,6 +256,8 @@ def _set_new(data: dict[str, Any], new: str, value: Any, origin: str, old: str) 
     node = data.get(section)
     if node is None:
         node = data[section] = {}
+    elif isinstance(node, BaseModel):   # a section given typed (in Python): what was set in it
+        node = data[section] = node.model_dump(exclude_unset=True)
     if not isinstance(node, dict):
         return   # the nested key's own validation names the problem
     if key in node:
