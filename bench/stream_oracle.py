@@ -35,7 +35,7 @@ from pydantic import Field
 
 from pdsr_sdk.dispatch.types import Sample
 from pdsr_sdk.policies.v3 import V3Policy
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 ORDERS = ("v3", "group_median", "group_max", "sample")
 EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)

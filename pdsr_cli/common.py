@@ -90,7 +90,8 @@ def policy_set_option(f: F) -> F:
     return click.option(
         "--set", "policy_set", multiple=True, metavar=POLICY_SET_METAVAR,
         help="Override a policy setting (repeatable); without POLICY: it applies to every selected policy that "
-             "has the setting, e.g. --set cap_multiplier=2.0 or --set v2:steal=false.",
+             "has the setting; a dotted KEY sets a nested one, e.g. --set cap_multiplier=2.0, --set v2:steal=false "
+             "or --set v3:migration.stall_share=0.5.",
     )(f)
 
 

@@ -108,4 +108,4 @@ def test_sdk_policy_set_for_an_unselected_policy_is_an_error():
         with_policy_sets(cfg, [("v2", "steal", False)])
     with pytest.raises(ConfigError, match=r"v9:steal: policy 'v9' is not a known policy"):
         with_policy_sets(cfg, [("v9", "steal", False)])
-    assert with_policy_sets(cfg, [("v3", "lane_seqs", 32)]).policy_settings["v3"]["lane_seqs"] == 32
+    assert with_policy_sets(cfg, [("v3", "lane.seqs", 32)]).policy_settings["v3"].lane.seqs == 32

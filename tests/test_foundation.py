@@ -130,28 +130,6 @@ def test_registry_fails_loudly():
         reg.unregister("lazy")
 
 
-def test_policy_presets_validate_against_their_policies():
-    from pdsr_sdk.policies.presets import list_presets
-    from pdsr_sdk.policies.resolve import resolve_policy
-
-    presets = list_presets()
-    assert {"baseline", "v1", "v2", "v2.5"} <= set(presets)
-    for name in presets:
-        cls, settings = resolve_policy(name)
-        assert isinstance(settings, cls.config_model)
-
-
-def test_builtin_presets_restate_the_seed_defaults():
-    # the preset named after a policy is its default configuration, written out for users to read
-    from pdsr_sdk.policies import POLICIES
-    from pdsr_sdk.policies.presets import load_preset
-
-    for name in ("baseline", "v1", "v2", "v2.5"):
-        preset = load_preset(name)
-        cls = POLICIES.get(preset["policy"])
-        assert cls.config_model(**preset["settings"]) == cls.config_model(), name
-
-
 def test_sample_prompts_in_examples_match_the_generator(tmp_path):
     from pdsr_sdk.rollout.sample_data import write_sample_prompts
 

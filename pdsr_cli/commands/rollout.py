@@ -14,7 +14,7 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 
 @click.command("rollout")
 @config_option
-@policy_option("Dispatch policy ({runnable}), a preset in policies/, a preset file, or 'package.module:Class'; "
+@policy_option("Dispatch policy ({runnable}), a built-in preset, a preset file, or 'package.module:Class'; "
                "a comma-separated list, or 'all' (every registered policy that runs on real engines): one run "
                "per policy, each to <out stem>.<policy>.parquet.  [default: v3]")
 @policy_set_option

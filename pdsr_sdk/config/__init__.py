@@ -4,6 +4,7 @@
 and validates; errors name the file and the full dotted key.
 """
 
-from pdsr_sdk.config.base import ConfigModel, load_config, read_config_file, set_dotted, validate_config
+from pdsr_sdk.config.base import (ConfigModel, load_config, read_config_file, set_dotted, validate_config,
+                                  validate_saved)
 
-__all__ = ["ConfigModel", "load_config", "read_config_file", "set_dotted", "validate_config"]
+__all__ = ["ConfigModel", "load_config", "read_config_file", "set_dotted", "validate_config", "validate_saved"]

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
 from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrDeprecationWarning, PdsrError
 
@@ -22,6 +22,10 @@ class ConfigModel(BaseModel):
 
     #: old top-level key -> its new name (still accepted, with a :class:`PdsrDeprecationWarning`)
     renamed_keys: ClassVar[dict[str, str]] = {}
+    #: key of a removed feature -> what was removed and why. In a config written by hand it is an error naming
+    #: the removal; in settings read back from a saved run (validation context ``{"saved": True}``,
+    #: :func:`validate_saved`) it is dropped with a warning, so that an old run still resumes and compares
+    removed_keys: ClassVar[dict[str, str]] = {}
 
     def __init__(self, /, **data: Any) -> None:
         """Built in Python (``SimulateConfig(fast=0)``): a bad value is a :class:`ConfigValueError` in
@@ -36,15 +40,30 @@ class ConfigModel(BaseModel):
     # load_config/validate_config still get the ValidationError they format with the file's name.
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
+    @classmethod
+    def old_keys(cls) -> set[str]:
+        """Top-level keys this model still accepts under an old spelling (or rejects by name as removed)."""
+        return set(cls.renamed_keys) | set(cls.removed_keys)
+
     @model_validator(mode="before")
     @classmethod
-    def _upgrade_old_keys(cls, data: Any) -> Any:
-        return cls.upgrade(data) if isinstance(data, dict) else data
+    def _upgrade_old_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        saved = bool((info.context or {}).get("saved"))
+        return cls.upgrade(data, saved=saved) if isinstance(data, dict) else data
 
     @classmethod
-    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None) -> dict[str, Any]:
-        """``data`` with old key spellings moved to their new keys, warning once per old key."""
+    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None, *, saved: bool = False) -> dict[str, Any]:
+        """``data`` with old key spellings moved to their new keys, warning once per old key; a key of a removed
+        feature (``removed_keys``) is an error, or with ``saved`` (read back from a saved run) dropped with a
+        warning."""
         data = dict(data)
+        for old, why in cls.removed_keys.items():
+            if old in data:
+                if not saved:
+                    raise ConfigError(f"{_origin(source)}{old}: {why}; remove the key")
+                data.pop(old)
+                warnings.warn(f"{_origin(source)}config key '{old}' of a saved run is ignored: {why}",
+                              PdsrDeprecationWarning, stacklevel=2)
         for old, new in cls.renamed_keys.items():
             if old in data:
                 if new in data:
@@ -131,22 +150,33 @@ def load_config(
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     for key, value in given.items():
         set_dotted(data, key, value)
-    try:
-        return model.model_validate(data)
+    try:   # (the context names the file to validators that read sections of their own: policy settings)
+        return model.model_validate(data, context={"source": str(path) if path is not None else None})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, model, source=path, overrides=given)) from None
 
 
 def validate_config(model: type[M], data: Mapping[str, Any], *, source: str | Path | None = None,
-                    prefix: str = "") -> M:
+                    prefix: str = "", saved: bool = False) -> M:
     """Validate a mapping (e.g. one section of a larger file) with pdsr's error format.
 
-    ``prefix`` is the dotted key of the section, so errors name the full key.
+    ``prefix`` is the dotted key of the section, so errors name the full key. ``saved``: the mapping was read
+    back from a saved run (a summary, a resumed run's metadata), where a removed feature's key is dropped with
+    a warning instead of being an error (``ConfigModel.removed_keys``).
     """
+    data = dict(data)
+    if issubclass(model, ConfigModel):   # old keys warn naming the file (the validator cannot know it)
+        data = model.upgrade(data, source=source, saved=saved)
     try:
-        return model.model_validate(dict(data))
+        return model.model_validate(data, context={"saved": saved, "source": str(source) if source else None})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, model, source=source, prefix=prefix)) from None
+
+
+def validate_saved(model: type[M], data: Mapping[str, Any], *, source: str | Path | None = None,
+                   prefix: str = "") -> M:
+    """:func:`validate_config` for settings read back from a saved run (``saved=True``)."""
+    return validate_config(model, data, source=source, prefix=prefix, saved=True)
 
 
 def format_validation_error(
@@ -201,6 +231,11 @@ def _inner_model(annotation: Any) -> Any:
         if found is not None:
             return found
     return None
+
+
+def deep_merge(base: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    """A new mapping: ``base`` with ``other`` merged in (nested mappings merged key by key, the rest replaced)."""
+    return _deep_merge(_deep_merge({}, base), other)
 
 
 def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Literal, Protocol, Sequence, runtime_checkable
 
-from pdsr_sdk.dispatch.types import EngineLoad, Group, Sample, SegmentRequest
+from pdsr_sdk.dispatch.types import EngineLoad, Group, Sample, SegmentRequest, StreamSpec
 
 
 class TimerHandle(Protocol):
@@ -100,9 +100,14 @@ class DispatchContext(Protocol):
     policy_version: int
     #: True once groups have arrived while others may run (``add_groups``: partial rollout across steps)
     streaming: bool
-    #: the staleness bound of a multi-step stream in policy versions (``StepStream``), None when unbounded
-    #: or not streaming: a policy may spend capacity to keep long samples within it
-    max_staleness: int | None
+    #: what the stream told with its groups (``add_groups(groups, stream=...)``): steps, groups in flight, the
+    #: staleness bound; None before, or when groups stream without a description
+    stream: StreamSpec | None
+
+    @property
+    def max_staleness(self) -> int | None:
+        """The stream's staleness bound in policy versions (``stream.max_staleness``), None when unbounded or
+        not streaming: a policy may spend capacity to keep long samples within it."""
     #: how responses are sampled (``SamplingConfig``); its ``max_tokens`` is the response cap a policy's
     #: predictions may use. A forced sample's own ``max_tokens`` is its recorded length (a replay or the
     #: simulator): a policy that is not a reference schedule must not read it.

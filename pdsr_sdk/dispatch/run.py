@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.scheduler import Scheduler
-from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.dispatch.types import Group, Sample, StreamSpec
 from pdsr_sdk.errors import ConfigError, RunError
 
 if TYPE_CHECKING:
@@ -122,17 +122,18 @@ class DispatchRun:
 
         self.scheduler.start_batch(groups, done)
 
-    def add_groups(self, groups: list[Group], batch_index: int) -> None:
+    def add_groups(self, groups: list[Group], batch_index: int, stream: StreamSpec | None = None) -> None:
         """Streaming: stamp the groups with ``batch_index`` (e.g. the step they were launched in) and hand
         them to the policy while earlier groups may still run; each group's end reaches ``on_group_done``.
         Only for a policy whose ``streaming`` is True (its ``on_batch`` may be called mid-run); batch
-        reports (``finish_batch``) do not apply."""
+        reports (``finish_batch``) do not apply. ``stream`` describes the stream to the policy
+        (``DispatchContext.stream``: its staleness bound, ...)."""
         if not getattr(self.policy, "streaming", False):
             raise ConfigError(f"policy {getattr(self.policy, 'name', '') or type(self.policy).__name__!r} cannot take "
                               f"groups while others run (its on_batch keeps per-batch state; streaming is False)")
         for g in groups:
             g.batch_index = batch_index
-        self.scheduler.add_groups(groups)
+        self.scheduler.add_groups(groups, stream)
 
     @property
     def batch_done(self) -> bool:

@@ -28,7 +28,7 @@ from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.segments import next_segment_len
 from pdsr_sdk.dispatch.types import (
-    ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, oldest_version,
+    ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, StreamSpec, oldest_version,
 )
 from pdsr_sdk.errors import EngineError, PdsrError
 
@@ -139,7 +139,7 @@ class Scheduler:
         self._held: dict[Sample, _Run] = {}             # samples a pause stopped, by the run that was stopped
         self._drained: list[Callable[[], None]] = []    # called once nothing runs any more while paused
         self.streaming = False   # set by add_groups (DispatchContext.streaming)
-        self.max_staleness: int | None = None   # set by a StepStream (DispatchContext.max_staleness)
+        self.stream: StreamSpec | None = None   # the stream's description, from add_groups (DispatchContext.stream)
         #: salt each request's prefix-cache key with the policy version of its sample's oldest kept token, so that
         #: KV kept across weight updates (``kv_on_update: keep``) is shared only by requests started under the same
         #: weights (set by the session)
@@ -154,6 +154,11 @@ class Scheduler:
         self._pool_engines: dict[str, list[Engine]] = {p: [e for e in engines if e.pool == p]
                                                        for p in self._pool_queues}
 
+    @property
+    def max_staleness(self) -> int | None:
+        """The stream's staleness bound (``DispatchContext.max_staleness``): told with its groups, not set."""
+        return None if self.stream is None else self.stream.max_staleness
+
     # ------------------------------------------------------------------ batch
     def start_batch(self, groups: list[Group], on_done: Callable[[], None]) -> None:
         """Hand a batch to the policy; ``on_done`` runs when its last sample finishes."""
@@ -166,16 +171,19 @@ class Scheduler:
         self.guarded(self.policy.on_batch, groups)
         self._pump()
 
-    def add_groups(self, groups: list[Group]) -> None:
+    def add_groups(self, groups: list[Group], stream: StreamSpec | None = None) -> None:
         """Streaming: hand more groups to the policy (``on_batch``) while earlier ones may still run.
 
         No batch-done callback: each group's end is reported through ``on_group_done``. For policies
         whose ``on_batch`` may be called again before earlier groups finish (``Policy.streaming``);
-        not while a ``start_batch`` batch is running.
+        not while a ``start_batch`` batch is running. ``stream``: what the stream tells the policy (its
+        staleness bound, ...: ``DispatchContext.stream``), in force before the policy sees these groups.
         """
         if self._batch_done is not None:
             raise PdsrError("add_groups: a start_batch batch is still running; stream groups or run batches, not both")
         self.streaming = True
+        if stream is not None:
+            self.stream = stream
         if not groups:
             return
         self._dirty_engines.update(e.name for e in self.live_engines())

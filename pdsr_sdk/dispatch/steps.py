@@ -50,13 +50,15 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from pdsr_sdk.dispatch.run import DispatchRun
-from pdsr_sdk.dispatch.types import TRUNCATED, Group, Sample, kept_segments, oldest_version
+from pdsr_sdk.dispatch.types import TRUNCATED, Group, Sample, StreamSpec, kept_segments, oldest_version
 from pdsr_sdk.errors import PdsrError
 
 
@@ -187,10 +189,13 @@ class StepStream:
         self.k = steps
         self.target = in_flight
         self.s = max_staleness
-        # the policy hears of the bound only where groups carry over a step's end (in_flight > B): with
-        # nothing carried no token grows more than one version old (an update in the middle of a step), and
-        # capacity spent on keeping long samples young (v3's tail lane) would be lost
-        self.sched.max_staleness = max_staleness if in_flight > step_groups or group_filter is not None else None
+        # what the policy is told with the groups (DispatchContext.stream). It hears of the bound only where
+        # groups carry over a step's end (in_flight > B, or a group filter's top-ups): with nothing carried no
+        # token grows more than one version old (an update in the middle of a step), and capacity spent on
+        # keeping long samples young (v3's tail lane) would be lost
+        self.spec = StreamSpec(step_groups=step_groups, in_flight=in_flight,
+                               max_staleness=max_staleness if in_flight > step_groups or group_filter is not None
+                               else None)
         self.d = group_deadline
         self.keep = keep_groups
         self.check = check
@@ -253,7 +258,7 @@ class StepStream:
             self.launched_at[g.prompt_id] = self.t
         self._launched_now += len(groups)
         if groups:
-            self.run.add_groups(groups, self.t)
+            self.run.add_groups(groups, self.t, self.spec)
 
     def start(self, *, last: bool = False, carried: Sequence[tuple[Group, int]] = ()) -> None:
         """Launch the first step's groups (``last``: B of them, and the step drains; see :meth:`refill`).
@@ -265,6 +270,7 @@ class StepStream:
         self.draining = last
         if self.adapt:
             self.target = adaptive_in_flight(self.b, self.pass_rate)
+            self.spec = dataclasses.replace(self.spec, in_flight=self.target)
         running = []
         for g, step in carried:
             self.flying[id(g)] = (g, step)
@@ -283,7 +289,7 @@ class StepStream:
             else:
                 running.append(g)
         if running:
-            self.run.add_groups(running, self.t)
+            self.run.add_groups(running, self.t, self.spec)
         self.launch((self.b if last else self.target) - len(self.flying))
         self.maybe_end()
 
@@ -470,6 +476,7 @@ class StepStream:
         self.draining = last
         if self.adapt:
             self.target = adaptive_in_flight(self.b, self.pass_rate)
+            self.spec = dataclasses.replace(self.spec, in_flight=self.target)
         self.launch((self.b if last else self.target) - len(self.flying))
         self.start_s = self.clock.now()
         self.held_since = None

@@ -15,6 +15,22 @@ FAST = "fast"
 HEAVY = "heavy"
 
 
+@dataclass(frozen=True)
+class StreamSpec:
+    """What a stream of groups (partial rollout across steps: :class:`~pdsr_sdk.dispatch.steps.StepStream`)
+    tells the policy, handed over with its groups (``DispatchRun.add_groups``) and read as
+    ``DispatchContext.stream``."""
+
+    #: groups a step consumes (B)
+    step_groups: int
+    #: groups kept in flight, carried and new (B x (1 + F)); more than ``step_groups`` means groups carry over
+    in_flight: int
+    #: the staleness bound in policy versions the policy may spend capacity to keep long samples within; None
+    #: when there is none, or when nothing carries over a step's end (then no token grows more than one version
+    #: old, and capacity spent on keeping samples young would be lost)
+    max_staleness: int | None = None
+
+
 @dataclass
 class Group:
     """One prompt and its N samples (a GRPO group)."""

@@ -6,37 +6,81 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pdsr_sdk.config import validate_config
+from pydantic import BaseModel
+
+from pdsr_sdk.config import ConfigModel, set_dotted, validate_config
+from pdsr_sdk.config.base import deep_merge
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.policies import POLICIES
 from pdsr_sdk.policies.presets import load_preset
 
 
-def resolve_policy(name: str, settings: Mapping[str, Any] | None = None, *,
-                   simulation: bool = False) -> tuple[type, Any]:
-    """(policy class, validated settings). A preset in ``policies/`` supplies the policy and base settings
-    that ``settings`` override; errors name the preset file and ``policy.settings.<key>``.
-
-    A simulation-only reference schedule (``oracle``) is refused unless ``simulation`` is true (the
-    simulator's own calls); real engines cannot know the lengths it reads.
-    """
-    settings = dict(settings or {})
+def policy_class(name: str, *, simulation: bool = False) -> tuple[type, dict[str, Any], str | None]:
+    """(policy class, the preset's settings or {}, the preset's file or None) of a registered name, preset or
+    import path; the settings are not validated here. A simulation-only reference schedule (``oracle``) is
+    refused unless ``simulation`` is true (the simulator's own calls): real engines cannot know the lengths
+    it reads."""
     given = name
     preset = load_preset(name)
     source = None
+    base: dict[str, Any] = {}
     if preset is not None:
         name, base = preset["policy"], dict(preset.get("settings") or {})
-        settings = {**base, **settings}
         source = preset["_path"]
     cls = POLICIES.get(name)
     if is_simulation_only(cls) and not simulation:
         raise ConfigError(f"policy {given!r} is a simulator-only reference schedule: it reads a length trace's "
                           f"true lengths, which real engines cannot know; run it with `pdsr simulate`. Policies "
                           f"for real engines: {', '.join(runnable_policies())}")
-    model = getattr(cls, "config_model", None)
-    if model is None:
+    if getattr(cls, "config_model", None) is None:
         raise ConfigError(f"policy {name!r}: class {cls.__name__} has no config_model")
-    return cls, validate_config(model, settings, source=source, prefix=f"policy_settings.{given}")
+    return cls, base, source
+
+
+def resolve_policy(name: str, settings: Any = None, *, simulation: bool = False, saved: bool = False,
+                   origin: str | None = None) -> tuple[type, Any]:
+    """(policy class, validated settings). A preset supplies the policy and base settings that ``settings``
+    (a mapping) override, key by key; errors name the preset file and ``policy_settings.<name>.<key>``.
+    Settings already typed (an instance of the policy's ``config_model``, as a validated config carries them:
+    :func:`type_policy_settings`) are returned as they are, not validated again.
+
+    ``simulation``: see :func:`policy_class`. ``saved``: ``settings`` were read back from a saved run, where a
+    removed setting is dropped with a warning instead of being an error. ``origin``: the config file
+    ``settings`` came from, which warnings and errors about them name.
+    """
+    cls, base, source = policy_class(name, simulation=simulation)
+    model = cls.config_model
+    if isinstance(settings, model):
+        return cls, settings
+    settings = plain_settings(settings)
+    if not base:
+        return cls, validate_config(model, settings, source=origin, prefix=f"policy_settings.{name}", saved=saved)
+    if issubclass(model, ConfigModel):   # each part's old keys renamed first, each warning naming its origin
+        base, settings = model.upgrade(base, source=source), model.upgrade(settings, origin, saved=saved)
+    try:
+        return cls, validate_config(model, deep_merge(base, settings), source=origin or source,
+                                    prefix=f"policy_settings.{name}", saved=saved)
+    except ConfigError:
+        # name the preset where its own settings are the problem, else (above) where the given ones came from
+        validate_config(model, base, source=source, prefix=f"policy_settings.{name}", saved=saved)
+        raise
+
+
+def plain_settings(settings: Any) -> dict[str, Any]:
+    """Policy settings as a mapping of what was set: typed settings (a pydantic model) dumped without the
+    defaults left alone (so that a preset's values under them still count), a mapping copied."""
+    if isinstance(settings, BaseModel):
+        return settings.model_dump(mode="json", exclude_unset=True)
+    return dict(settings or {})
+
+
+def type_policy_settings(spec: str, given: Mapping[str, Any], *, simulation: bool = False,
+                         origin: str | None = None) -> dict[str, Any]:
+    """Every policy ``spec`` selects (a name, a list or ``all``: :func:`policy_names`) and every one ``given``
+    has settings for -> its typed settings (each preset read and each mapping validated once, here). What a
+    config's validator calls, so that settings travel typed from then on."""
+    names = [*policy_names(spec), *(n for n in given if n not in policy_names(spec))]
+    return {name: resolve_policy(name, given.get(name), simulation=simulation, origin=origin)[1] for name in names}
 
 
 def is_simulation_only(cls: type) -> bool:
@@ -104,30 +148,45 @@ def check_set_targets(items: list[tuple[str | None, str, Any]], selected: list[s
                           f"(add it to the selected policies, or drop the '{policy}:' prefix)")
 
 
-def merge_policy_sets(policy_settings: Mapping[str, Mapping[str, Any]], selected: list[str],
-                      items: list[tuple[str | None, str, Any]], *, simulation: bool = False) -> dict[str, dict]:
-    """``policy_settings`` (keyed by policy) with ``(policy or None, key, value)`` settings added, validated.
+def merge_policy_sets(policy_settings: Mapping[str, Any], selected: list[str],
+                      items: list[tuple[str | None, str, Any]], *, simulation: bool = False) -> dict[str, Any]:
+    """``policy_settings`` (keyed by policy; typed or mappings) with ``(policy or None, key, value)`` settings
+    added, each policy's settings typed again.
 
     A key without a policy applies to every selected policy whose settings have that key, so
     ``--policy all --set cap_multiplier=2`` changes v2.5 only; when none has it, the one selected policy
     gets it (its validation names the key and the valid ones), or it is an error naming each policy's keys.
+    A dotted key sets a nested setting (``v3:migration.stall_share``); an old spelling of a key still finds its
+    policy (its validation warns, naming the new key) and overrides what it means.
     """
     check_set_targets(items, selected)
-    fields = {name: set(resolve_policy(name, {}, simulation=simulation)[0].config_model.model_fields)
-              for name in selected}
-    settings = {k: dict(v) for k, v in policy_settings.items()}
+    models = {name: policy_class(name, simulation=simulation)[0].config_model for name in selected}
+    fields = {name: _keys(model) for name, model in models.items()}
+    settings = dict(policy_settings)
+    changed: dict[str, dict[str, Any]] = {}
     for policy, key, value in items:
-        targets = [policy] if policy else [n for n in selected if key in fields[n]]
+        head = key.split(".", 1)[0]
+        targets = [policy] if policy else [n for n in selected if head in fields[n]]
         if not targets and len(selected) == 1:
             targets = selected
         if not targets:
-            known = ", ".join(f"{n}: {', '.join(sorted(fields[n])) or '(none)'}" for n in selected)
+            known = ", ".join(f"{n}: {', '.join(sorted(models[n].model_fields)) or '(none)'}" for n in selected)
             raise ConfigError(f"policy setting {key!r} belongs to none of the selected policies; settings are {known}")
         for name in targets:
-            settings.setdefault(name, {})[key] = value
-    for name in selected:   # validate now, naming the setting
-        resolve_policy(name, settings.get(name, {}), simulation=simulation)
+            item: dict[str, Any] = {}
+            set_dotted(item, key, value)
+            model = models.get(name) or policy_class(name, simulation=simulation)[0].config_model
+            if issubclass(model, ConfigModel):   # an old key: what it means now, so that it overrides that
+                item = model.upgrade(item)
+            changed[name] = deep_merge(changed.get(name) or plain_settings(settings.get(name)), item)
+    for name, merged in changed.items():   # typed again, naming the setting
+        settings[name] = resolve_policy(name, merged, simulation=simulation)[1]
     return settings
+
+
+def _keys(model: type) -> set[str]:
+    """The top-level keys a settings model takes: its fields and, for a ``ConfigModel``, its old spellings."""
+    return set(model.model_fields) | (model.old_keys() if issubclass(model, ConfigModel) else set())
 
 
 def with_policy_sets(cfg: Any, items: list[tuple[str | None, str, Any]], selected: list[str] | None = None, *,

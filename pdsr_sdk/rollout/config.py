@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
@@ -69,8 +69,8 @@ class RolloutConfig(StepStreamConfig):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling settings.")
     batch_size: int = Field(128, ge=1, description="Prompts per batch (B); a batch is one GRPO step's rollout.")
     num_batches: int | None = Field(None, ge=1, description="Stop after this many batches.")
-    policy: str = Field("v3", description="Dispatch policy: a registered name (see schemas/policy-*.schema.json), a preset in policies/ or a preset file, or 'package.module:Class'; a comma-separated list or 'all' (every registered policy that runs on real engines) runs one rollout per policy, each to <output.path stem>.<policy>.parquet.")
-    policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; see schemas/policy-<name>.schema.json.")
+    policy: str = Field("v3", description="Dispatch policy: a registered name (see schemas/policy-*.schema.json), a built-in preset or a preset file, or 'package.module:Class'; a comma-separated list or 'all' (every registered policy that runs on real engines) runs one rollout per policy, each to <output.path stem>.<policy>.parquet.")
+    policy_settings: dict[str, Any] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; validated with the config, and carried as each policy's typed settings (see schemas/policy-<name>.schema.json).")
     engines: list[EngineSpec] | None = Field(None, description="Explicit engine list; default: an automatic layout from fast/heavy.")
     fast: int | None = Field(None, ge=0, description="Engines in the fast pool for the automatic layout (default: most devices).")
     heavy: int | None = Field(None, ge=0, description="Engines in the heavy pool for the automatic layout (default: 1 per 4 devices, at least 1).")
@@ -99,6 +99,15 @@ class RolloutConfig(StepStreamConfig):
         return self.steps is not None or self.over_provision is not None or self.filter_groups is not None
 
     @model_validator(mode="after")
+    def _typed_policy_settings(self, info: ValidationInfo) -> "RolloutConfig":
+        """Each selected policy's settings (and each one given) validated once, here, and carried typed."""
+        from pdsr_sdk.policies.resolve import type_policy_settings
+
+        self.policy_settings = type_policy_settings(self.policy, self.policy_settings,
+                                                    origin=(info.context or {}).get("source"))
+        return self
+
+    @model_validator(mode="after")
     def _stream_keys(self) -> "RolloutConfig":
         if self.overlong_buffer is not None and self.overlong_buffer >= self.sampling.max_tokens:
             raise ConfigValueError(f"overlong_buffer ({self.overlong_buffer}) must be less than sampling.max_tokens "
@@ -112,9 +121,9 @@ class RolloutConfig(StepStreamConfig):
         return self
 
     @classmethod
-    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None) -> dict[str, Any]:
+    def upgrade(cls, data: dict[str, Any], source: str | Path | None = None, *, saved: bool = False) -> dict[str, Any]:
         """Also the old ``policy: {name, settings}`` section -> ``policy`` and ``policy_settings.<name>``."""
-        data = super().upgrade(data, source)
+        data = super().upgrade(data, source, saved=saved)
         old = data.get("policy")
         if not isinstance(old, dict):
             return data

@@ -18,7 +18,8 @@ from typing import Any
 from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.trajectory import restore_sample
 from pdsr_sdk.dispatch.types import Group
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.policies.resolve import plain_settings
 from pdsr_sdk.rollout.data import build_groups
 from pdsr_sdk.rollout.writer import carry_file, existing_files
 
@@ -40,7 +41,7 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
     another mount still resumes."""
     s = config.sampling
     return {
-        "policy": config.policy, "policy_settings": config.policy_settings.get(config.policy, {}),
+        "policy": config.policy, "policy_settings": plain_settings(config.policy_settings.get(config.policy)),
         "model": Path(model_dir).name, "sampling.n": s.n, "sampling.max_tokens": s.max_tokens,
         "sampling.temperature": s.temperature, "sampling.top_p": s.top_p, "sampling.top_k": s.top_k,
         "sampling.stop": list(s.stop), "sampling.ignore_eos": s.ignore_eos, "logprobs_mode": config.logprobs_mode,
@@ -146,10 +147,27 @@ def _check_settings(path: Path, now: dict[str, Any], meta: dict[bytes, bytes], g
     if len(group_sizes) == 1:
         then.setdefault("sampling.n", next(iter(group_sizes)))
     diffs = [f"{key} ({RESUME_KEYS[key]}) is {now[key]!r} now but was {then[key]!r}"
-             for key in RESUME_KEYS if key in then and key in now and then[key] != now[key]]
+             for key in RESUME_KEYS if key in then and key in now and then[key] != now[key]
+             and not (key == "policy_settings" and _same_policy_settings(then, now))]
     if diffs:
         raise ConfigError(f"{path}: --resume continues a run made with other settings: {'; '.join(diffs)}. Resume "
                           f"with the run's settings, or start over with --overwrite (which replaces it)")
+
+
+def _same_policy_settings(then: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether the policy settings recorded with the run and today's are the same settings, however spelt: an
+    old key and its new one (``migrate: false`` and ``disable: [migration]``), a value left out and its
+    default. The recorded ones are read as a saved run's (a removed setting is ignored, with a warning)."""
+    from pdsr_sdk.policies.resolve import resolve_policy
+
+    if then.get("policy") != now.get("policy") or not isinstance(then.get("policy_settings"), dict):
+        return False
+    try:
+        _, old = resolve_policy(now["policy"], then["policy_settings"], saved=True)
+        _, new = resolve_policy(now["policy"], now["policy_settings"])
+    except PdsrError:
+        return False     # not readable as today's settings: the raw difference is what to report
+    return bool(old == new)
 
 
 def _reported_batches(summary: Path, run_id: str) -> tuple[dict[int, dict], dict[str, float]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from pdsr_sdk.config import ConfigModel, validate_config
 from pdsr_sdk.dispatch.config import SegmentConfig, StepStreamConfig
@@ -101,7 +101,7 @@ class SimulateConfig(StepStreamConfig):
     trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`. None: `pdsr simulate` uses a built-in synthetic trace (`pdsr trace synth` defaults, cached; `pdsr_sdk.traces.default_trace_path`).")
     policy: str = Field("v3", description="Policy name, preset or import path, or a comma-separated list; 'all' runs every registered policy that runs on real engines side by side. The simulator-only reference schedules (oracle, oracle-probe) may be named too.")
     references: bool | None = Field(None, description="Also run baseline (when missing) and the reference schedules oracle and oracle-probe, which the report's vs_baseline and share-of-gain columns need. null: on when more than one policy is selected.")
-    policy_settings: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}.")
+    policy_settings: dict[str, Any] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; validated with the config, and carried as each policy's typed settings (schemas/policy-<name>.schema.json).")
     fast: int = Field(6, ge=0, description="Engines in the fast pool.")
     heavy: int = Field(2, ge=0, description="Engines in the heavy pool.")
     batch_size: int = Field(128, ge=1, description="Prompts per batch B; batches are consecutive groups of the trace, run one after another (GRPO steps).")
@@ -120,6 +120,15 @@ class SimulateConfig(StepStreamConfig):
     pipeline: bool = Field(False, description="Multi-step: the trainer trains on step k while step k + 1 generates (one step off-policy, as examples/grpo_train.py --pipeline): its update lands in the middle of the next step (the engines stop keeping every token, load for weight_update_s, and go on under the new version), and no step ends before the update for its predecessor (a session's step(wait_for_update=True)), so token ages count at the weights the trainer trains with.")
     restart_lengths: Literal["replay", "redraw"] = Field("redraw", description="Multi-step: the length a restarted sample (too stale, refreshed, or retried by its policy) generates. redraw (the default): a fresh draw, as RL sampling makes one: the response cap with the prompt's chance of reaching it (its group's share, shrunk toward the trace's pooled share by a beta prior fitted to the trace: the pooled share itself where runaways do not cluster by prompt), else one of its group's recorded lengths that did not (pdsr_sdk.sim.redraw; on a real model a response that ran to the cap did again 49% of the times it was drawn afresh, where this predicted 52%: bench/recurrence.py). replay: its recorded length again, as a length-controlled replay on real engines does (bench/partial.py; a response that ran to the cap runs there again).")
     max_partial_share: float | None = Field(None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., 0.5 instead of 0, 0.25, 0.5 and 1, refine it by bisecting the groups in flight between the fastest F whose partial share (consumed tokens from responses carried across a weight update) is at most this and the next one over it, and name the fastest within: the over-provision to run within an off-policy budget. None: no search.")
+
+    @model_validator(mode="after")
+    def _typed_policy_settings(self, info: ValidationInfo) -> "SimulateConfig":
+        """Each selected policy's settings (and each one given) validated once, here, and carried typed."""
+        from pdsr_sdk.policies.resolve import type_policy_settings
+
+        self.policy_settings = type_policy_settings(self.policy, self.policy_settings, simulation=True,
+                                                    origin=(info.context or {}).get("source"))
+        return self
 
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":

@@ -29,7 +29,8 @@ def test_old_rollout_keys_still_work_and_name_the_new_ones(tmp_path):
     cfg.write_text("fast_engines: 3\nheavy_engines: 1\npolicy: {name: v2.5, settings: {cap_multiplier: 2.0}}\n")
     with pytest.warns(PdsrDeprecationWarning) as caught:
         c = load_config(RolloutConfig, cfg)
-    assert (c.fast, c.heavy, c.policy, c.policy_settings) == (3, 1, "v2.5", {"v2.5": {"cap_multiplier": 2.0}})
+    assert (c.fast, c.heavy, c.policy) == (3, 1, "v2.5")
+    assert c.policy_settings == {"v2.5": POLICIES.get("v2.5").config_model(cap_multiplier=2.0)}
     text = "\n".join(str(w.message) for w in caught)
     assert f"{cfg}: config key 'fast_engines' is deprecated; use 'fast'" in text
     assert f"{cfg}: config key 'heavy_engines' is deprecated; use 'heavy'" in text
@@ -72,7 +73,8 @@ def test_simulate_policy_set_is_an_alias_of_set(tmp_path):
 def test_rollout_set_takes_the_policy_prefix_like_simulate():
     cfg = with_policy_sets(RolloutConfig(policy="v2,v2.5"),
                            [(None, "cap_multiplier", 2.0), ("v2", "steal", False)])
-    assert cfg.policy_settings == {"v2.5": {"cap_multiplier": 2.0}, "v2": {"steal": False}}
+    assert cfg.policy_settings == {"v2.5": POLICIES.get("v2.5").config_model(cap_multiplier=2.0),
+                                   "v2": POLICIES.get("v2").config_model(steal=False)}
     with pytest.raises(ConfigError, match="'bogus' belongs to none of the selected policies"):
         with_policy_sets(cfg, [(None, "bogus", 1)])
 

@@ -42,6 +42,10 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _descendants(pid: int) -> list:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -114,8 +118,10 @@ def test_stopped_during_engine_start_up_exits_with_one_line(tmp_path, tiny_model
     cmd = [sys.executable, "-m", "pdsr_cli.main", "rollout", "--model", str(tiny_model_dir), "--n", "2",
            "--max-tokens", "8", "--limit", "2", "--out", str(out), "--quiet"]
     # a session of its own, so a SIGINT to its group reaches every process in it, as Ctrl-C at a terminal does
+    # and SIGINT handled as at a terminal: a test run started in the background (a non-interactive shell's
+    # `&`, nohup) ignores SIGINT, and a child inherits that
     proc = subprocess.Popen(cmd, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_sigint_as_at_a_terminal)
     try:
         kids = _wait_for_worker(proc)
         if stop == "ctrl-c":

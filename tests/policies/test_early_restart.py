@@ -84,7 +84,7 @@ def _v3(seed, restart_lengths="redraw", slots=8, staleness=1, **settings):
     profile = dict(max_num_seqs=slots, kv_cache_tokens=65536, block_size=16)
     cfg = small_cfg(policy=name, max_staleness=staleness, restart_lengths=restart_lengths, steps=20, batch_size=16,
                     profiles={"fast": profile, "heavy": profile},
-                    policy_settings={name: {"lane_evidence": 2, **settings}})
+                    policy_settings={name: {"lane": {"evidence": 2}, **settings}})
     return run_steps(_trace(seed), cfg, name, 0.5, keep_groups=True)
 
 
@@ -93,7 +93,7 @@ def test_v3_restarts_runaways_at_the_start_of_their_groups_last_step_sparing_the
     """A stream that fills every slot (8 a engine), fresh draws: v3 restarts the runaways of groups in their last step
     at its start (their finished siblings keep their tokens), the first ones before any restarted runaway has been
     seen; nothing is lost, nothing restarted twice, and no token is older than S."""
-    off = _v3(seed, early_restart=False)
+    off = _v3(seed, disable=["early_restart"])
     assert sum(s.early_restarts for s in off.steps) == 0 and not RecordingV3.named
     on = _v3(seed)
     early = sum(s.early_restarts for s in on.steps)

@@ -48,7 +48,7 @@ def test_v3_keeps_its_lane_where_restarts_repeat_runaways_and_drops_it_where_the
     facts = {}
     for rl in ("replay", "redraw"):
         cfg = small_cfg(policy="v3", max_staleness=1, restart_lengths=rl, steps=16, batch_size=16,
-                        policy_settings={"v3": {"lane_evidence": 2}})
+                        policy_settings={"v3": {"lane": {"evidence": 2}}})
         facts[rl] = run_steps(trace, cfg, "v3", 0.5).policy_facts
     replay, redraw = facts["replay"], facts["redraw"]
     assert replay["restarted_runaways"] >= 2 and replay["recurred"] == replay["restarted_runaways"]
@@ -59,7 +59,7 @@ def test_v3_keeps_its_lane_where_restarts_repeat_runaways_and_drops_it_where_the
 
 def test_a_lane_asked_for_always_stays_whatever_the_restarts_did():
     cfg = small_cfg(policy="v3", max_staleness=1, restart_lengths="redraw", steps=16, batch_size=16,
-                    policy_settings={"v3": {"lane_evidence": 2, "tail_lane": "always"}})
+                    policy_settings={"v3": {"lane": {"evidence": 2, "mode": "always"}}})
     facts = run_steps(_trace(2), cfg, "v3", 0.5).policy_facts    # 'auto' drops the lane here (above)
     assert facts["tail_lane"] and facts["lane_engines"] == ["heavy-0"]
 
@@ -90,7 +90,7 @@ def test_before_the_verdict_only_restarted_runaways_go_to_the_lane(seed, slots, 
     for lane in ("auto", "always"):
         cfg = small_cfg(policy="v3", max_staleness=1, steps=16, batch_size=16, heavy=2,
                         profiles={"fast": profile, "heavy": profile}, restart_lengths="replay",
-                        policy_settings={"v3": {"lane_evidence": 1000, "tail_lane": lane}})
+                        policy_settings={"v3": {"lane": {"evidence": 1000, "mode": lane}}})
         run = run_steps(_trace(seed), cfg, "v3", 0.5, keep_groups=True)
         assert run.policy_facts["lane_engines"] == lane_engines
         moved[lane] = _first_generation_moves_to_the_lane(run)

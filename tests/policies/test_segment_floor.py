@@ -81,7 +81,7 @@ def _stream(lane, staleness):
     equal = dict(max_num_seqs=256, kv_cache_tokens=262144)
     cfg = SimulateConfig(policy="v3", batch_size=32, steps=6, over_provision=0.25, timeline=False, references=False,
                          fast=3, heavy=1, max_staleness=staleness, profiles={"fast": equal, "heavy": equal},
-                         policy_settings={"v3": {"tail_lane": lane}})
+                         policy_settings={"v3": {"lane": {"mode": lane}}})
     return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
 
 
@@ -91,7 +91,7 @@ def _segment_ends(run):
 
 
 def test_v3_asks_for_long_segments_in_a_stream_under_a_bound_only_while_its_lane_is_off():
-    floor = 512   # v3's stream_segment_tokens
+    floor = 512   # v3's lane.segment_tokens
     off = _segment_ends(_stream("never", 2))
     assert off and min(off) >= floor
     # the lane moves runaways at segment ends: with it on, and without a bound (the drain's moves), the

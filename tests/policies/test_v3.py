@@ -24,7 +24,7 @@ def hand_run(matrix, policy="v3", *, fast=1, heavy=0, profile=UNIT, settings=Non
     hand-made batches queue for slots with the KV cache to spare, which 'auto' would place in chunks."""
     trace = LengthTrace.from_matrix(np.array(matrix), prompt_lens=[1] * len(matrix))
     if policy == "v3":
-        settings = {"placement": "deal", **(settings or {})}
+        settings = {"placement": {"mode": "deal"}, **(settings or {})}
     cfg = SimulateConfig(policy=policy, fast=fast, heavy=heavy, timeline=False, batch_size=len(matrix),
                          profiles={"fast": profile, "heavy": profile}, segments={"enabled": False},
                          policy_settings={policy: settings or {}}, references=False)
@@ -39,13 +39,13 @@ def launch_order(run):
 def test_probes_first_then_the_longest_ranked_group():
     # one single-slot engine: probes a/0 (10) and b/0 (50) run first, in batch order; then group b
     # (longest finished sample 50) ranks above group a (10)
-    run = hand_run([[10, 10, 10], [50, 50, 50]], settings={"rank": "always"})
+    run = hand_run([[10, 10, 10], [50, 50, 50]], settings={"ranking": {"mode": "always"}})
     assert launch_order(run) == ["p0/0", "p1/0", "p1/1", "p1/2", "p0/1", "p0/2"]
 
 
 def test_a_group_with_no_finished_sample_ranks_as_long():
     # two slots: p1's probe (100) is still running when p0's samples wait; p1 is unknown, so it ranks long
-    run = hand_run([[5, 5, 5], [100, 100, 100]], settings={"rank": "always"},
+    run = hand_run([[5, 5, 5], [100, 100, 100]], settings={"ranking": {"mode": "always"}},
                    profile={**UNIT, "max_num_seqs": 2})
     order = launch_order(run)
     assert order[:2] == ["p0/0", "p1/0"]
@@ -53,7 +53,7 @@ def test_a_group_with_no_finished_sample_ranks_as_long():
 
 
 def test_queue_order_when_ranking_is_off_or_not_yet_measured():
-    for settings in ({"rank": "never"}, {}):   # 'auto' starts in queue order until it has measured
+    for settings in ({"ranking": {"mode": "never"}}, {}):   # 'auto' starts in queue order until it has measured
         run = hand_run([[10, 10, 10], [50, 50, 50]], settings=settings)
         assert launch_order(run) == ["p0/0", "p1/0", "p0/1", "p0/2", "p1/1", "p1/2"]
 
@@ -66,7 +66,7 @@ def test_probes_stop_jumping_the_queue_once_measured_to_predict_nothing():
                                     prompt_lens=[1] * 4)
     cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=2,
                          profiles={"fast": UNIT, "heavy": UNIT}, segments={"enabled": False},
-                         policy_settings={"v3": {"min_pairs": 2, "placement": "deal"}}, references=False)
+                         policy_settings={"v3": {"ranking": {"min_pairs": 2}, "placement": {"mode": "deal"}}}, references=False)
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     order = launch_order(run)
     assert order[:2] == ["p0/0", "p1/0"]                                  # undecided: probes first
@@ -99,7 +99,7 @@ def kv_bound(policy, **settings):
 def test_kv_aware_admission_preempts_less_than_baseline_and_never_idles():
     base, base_pre = kv_bound("baseline")
     v3, v3_pre = kv_bound("v3")
-    free, free_pre = kv_bound("v3", kv_admission=False)
+    free, free_pre = kv_bound("v3", disable=["kv_admission"])
     assert base_pre > 0
     assert v3_pre < base_pre and v3_pre < free_pre
     # every sample ran to its recorded length (the estimate never stalls an engine: the run finished)
@@ -110,12 +110,12 @@ def test_nothing_moves_twice_and_every_move_is_counted():
     trace = synth_trace(groups=64, n=8, seed=5, runaway_frac=0.02)
     cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False,
                          profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
-                         policy_settings={"v3": {"migrate_quantile": 0.8}})
+                         policy_settings={"v3": {"migration": {"quantile": 0.8}}})
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     moves = [s.moves for g in run.groups for s in g.samples]
     assert max(moves) == 1
     assert sum(moves) == run.stats["moves"] > 0
-    no_moves = cfg.model_copy(update={"policy_settings": {"v3": {"migrate": False}}})
+    no_moves = cfg.model_copy(update={"policy_settings": {"v3": {"disable": ["migration"]}}})
     off = run_policy(trace_batches(trace, no_moves), no_moves, "v3")
     assert off.stats["moves"] == 0
 
@@ -177,7 +177,7 @@ def test_a_batch_whose_kv_cache_does_not_bind_is_placed_as_baseline_places_it():
     trace = synth_trace(groups=48, n=8, seed=5)
     prof = dict(max_num_seqs=16, kv_cache_tokens=1 << 20)
     for batch in (8, 16):     # 4 engines x 16 slots = 64 = 8 groups of 8: B = 16 queues
-        still = {"migrate": False, "chunk_steal": False}
+        still = {"disable": ["migration", "chunk_steal"]}
         cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=batch, timeline=False, references=False,
                              profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": still})
         tb = trace_batches(trace, cfg)
@@ -187,7 +187,7 @@ def test_a_batch_whose_kv_cache_does_not_bind_is_placed_as_baseline_places_it():
         assert all(where[g.position, g.batch_index] == [s.segments[0].engine for s in g.samples]
                    for g in run.groups if g.batch_index >= first)
         assert [b.makespan_s for b in run.batches[first:]] == [b.makespan_s for b in base.batches[first:]]
-        stealing = cfg.model_copy(update={"policy_settings": {"v3": {"migrate": False}}})
+        stealing = cfg.model_copy(update={"policy_settings": {"v3": {"disable": ["migration"]}}})
         run = run_policy(tb, stealing, "v3", keep_groups=True)
         steals = sum(b.stats["steals"] for b in run.batches)
         assert sum(b.stats["moves"] for b in run.batches) == 0
@@ -205,7 +205,7 @@ def test_a_batch_whose_kv_cache_binds_is_dealt_probes_first():
     trace = synth_trace(groups=48, n=8, seed=5)
     prof = dict(max_num_seqs=32, kv_cache_tokens=6144)
     cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=16, timeline=False, references=False,
-                         profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": {"migrate": False}})
+                         profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": {"disable": ["migration"]}})
     tb = trace_batches(trace, cfg)
     run, base = run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, cfg, "baseline", keep_groups=True)
     warm = [b for b, g in zip(probes_start_with_their_batch(run), run.groups) if g.batch_index > 0]
@@ -233,7 +233,7 @@ def test_tail_threshold_follows_the_history_once_it_is_full():
     trace = LengthTrace.from_matrix(lengths, prompt_lens=[1] * 32)
     cfg = SimulateConfig(policy="v3", fast=2, heavy=0, batch_size=16, timeline=False,
                          profiles={"fast": EQUAL, "heavy": EQUAL}, references=False,
-                         policy_settings={"v3": {"history": 64}})
+                         policy_settings={"v3": {"lengths": {"history": 64}}})
     run = run_policy(trace_batches(trace, cfg), cfg, "v3")
     first, last = (b.policy["tail_threshold"] for b in run.batches)
     assert first is not None and first < 200 and last >= 1000
@@ -248,7 +248,7 @@ def stream(lane, trace=None, settings=None, **kw):
     kw = {"fast": 3, "heavy": 1, "max_staleness": 1, "profiles": {"fast": EQUAL, "heavy": EQUAL},
           "restart_lengths": "replay"} | kw
     cfg = SimulateConfig(policy="v3", batch_size=32, steps=8, over_provision=0.25, timeline=False, references=False,
-                         policy_settings={"v3": {"tail_lane": lane, **(settings or {})}}, **kw)
+                         policy_settings={"v3": {"lane": {"mode": lane}, **(settings or {})}}, **kw)
     return run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
 
 
@@ -289,7 +289,7 @@ def test_only_the_longest_go_to_the_lane_and_restarted_siblings_stay_put():
     # the runaways (0.3%, below the lane's 99.5th percentile): a staleness bound of 1 catches them
     lengths[rng.random((400, 8)) < 0.003] = 3000
     trace = LengthTrace.from_matrix(lengths, prompt_lens=[16] * 400)
-    run = stream("auto", trace, {"history": 256})   # (a full history: the lane trusts it)
+    run = stream("auto", trace, {"lengths": {"history": 256}})   # (a full history: the lane trusts it)
     samples = [s for g in run.groups for s in g.samples]
     moved = [s for s in samples if s.moves]
     # the runaways, and the 0.5% of ordinary samples the 99.5th percentile leaves above it
@@ -327,7 +327,7 @@ def test_v3_is_the_default_everywhere():
     assert RolloutConfig().policy == "v3"
     assert SimulateConfig().policy == "v3"
     cls, settings = resolve_policy("v3")
-    assert cls.streaming and settings.probes_first
+    assert cls.streaming and settings.on("probes_first")
 
 
 def test_admission_plans_with_what_was_seen_not_a_replays_recorded_lengths():
@@ -342,7 +342,7 @@ def test_admission_plans_with_what_was_seen_not_a_replays_recorded_lengths():
                         lengths=np.array([400, 400, 20, 20, 20, 20]), offsets=np.array([0, 2, 6]))
     cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=1,
                          profiles={"fast": prof, "heavy": prof}, segments={"enabled": False}, references=False,
-                         policy_settings={"v3": {"kv_budget": 1.0}})
+                         policy_settings={"v3": {"placement": {"kv_budget": 1.0}}})
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     b = next(g for g in run.groups if g.prompt_id == "b")
     starts = sorted(s.segments[0].submit_time_s for s in b.samples)
@@ -365,7 +365,7 @@ def test_where_many_run_to_the_cap_the_tail_still_moves_after_the_first_batch():
     run = run_policy(tb, cfg, "v3")
     assert all(b.stats["moves"] > 0 for b in run.batches)
     assert all(b.policy["tail_threshold"] < 800 for b in run.batches[1:])
-    still = cfg.model_copy(update={"policy_settings": {"v3": {"migrate": False}}})
+    still = cfg.model_copy(update={"policy_settings": {"v3": {"disable": ["migration"]}}})
     base = run_policy(tb, cfg, "baseline").makespan_s
     assert run.makespan_s < run_policy(tb, still, "v3").makespan_s
     assert run.makespan_s < 0.99 * base
@@ -390,7 +390,7 @@ def herd_trace_runs(profile, stall_share, **settings):
     cfg = SimulateConfig(policy="v3", fast=6, heavy=2, batch_size=128, timeline=False, references=False,
                          profiles={"fast": profile, "heavy": profile}, policy_settings={"v3": settings})
     tb = trace_batches(trace, cfg)
-    other = cfg.model_copy(update={"policy_settings": {"v3": {**settings, "migrate_stall_share": stall_share}}})
+    other = cfg.model_copy(update={"policy_settings": {"v3": {**settings, "migration": {"stall_share": stall_share}}}})
     return run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, other, "v3", keep_groups=True)
 
 
@@ -404,7 +404,7 @@ def test_moves_into_one_engine_come_a_few_at_a_time():
     """Each move re-prefills the sample's context on its target, stalling all the target runs. Long samples reach
     the cap together, and an engine whose own freed their slots at once drew a herd of nearly finished samples
     from the others. An engine now takes a moved sample only while the moved ones still on their first segment
-    there cost at most ``migrate_stall_share`` of what the move saves; on this trace the herds cost 1.5%."""
+    there cost at most ``migration.stall_share`` of what the move saves; on this trace the herds cost 1.5%."""
     run, unlimited = herd_trace_runs(EQUAL, 10**6)
     assert run.stats["moves"] > 0
     assert peak_arrivals(run) < 0.6 * peak_arrivals(unlimited)
@@ -417,8 +417,8 @@ def test_the_move_limit_follows_the_prefill_price_it_measures():
     token costs 39x the default profile's, it learns a price within a factor of two of the true one, fewer moved
     samples arrive at an engine at once than where prefill is cheap, and the limit is worth more than 3%. (The lead
     guard is off: it rules out targets whatever the price.)"""
-    cheap, _ = herd_trace_runs(EQUAL, 10**6, migrate_lead_guard=False)
-    dear, unlimited = herd_trace_runs(CPU_SMOLLM2, 10**6, migrate_lead_guard=False)
+    cheap, _ = herd_trace_runs(EQUAL, 10**6, disable=["lead_guard"])
+    dear, unlimited = herd_trace_runs(CPU_SMOLLM2, 10**6, disable=["lead_guard"])
     learnt = [b.policy["prefill_s_per_token"] for b in cheap.batches + dear.batches]
     assert 0.5 * 2e-5 <= learnt[1] <= 2 * 2e-5 and 0.5 * 7.8e-4 <= learnt[3] <= 2 * 7.8e-4, learnt
     assert peak_arrivals(dear) < peak_arrivals(cheap)
@@ -427,19 +427,19 @@ def test_the_move_limit_follows_the_prefill_price_it_measures():
 
 @pytest.mark.tuning
 def test_a_move_lands_only_where_the_furthest_along_sample_has_less_left():
-    """``migrate_lead_guard``: a move does not land on an engine whose furthest-along sample is expected to run longer
+    """``lead_guard`` (``disable`` lists it to switch it off): a move does not land on an engine whose furthest-along sample is expected to run longer
     than the moved one (it, not the mover, sets that engine's end). Where lengths run to a cap, the furthest along
     have the least left, so moves still even out the cap runners; the guard rules out the moves that only crowd an
     engine whose own long samples still have as far to go, and the batch ends sooner with fewer moves."""
     guarded, _ = herd_trace_runs(EQUAL, 0.25)
-    unguarded, _ = herd_trace_runs(EQUAL, 0.25, migrate_lead_guard=False)
+    unguarded, _ = herd_trace_runs(EQUAL, 0.25, disable=["lead_guard"])
     assert 0 < guarded.stats["moves"] < unguarded.stats["moves"]
     assert guarded.makespan_s < 0.997 * unguarded.makespan_s
 
 
 @pytest.mark.tuning
 def test_a_cold_batch_does_not_gather_its_runaways_on_one_engine():
-    """``migrate_lead_guard`` in a cold batch: the history holds only the first, short finishes, so it cannot say what
+    """``lead_guard`` in a cold batch: the history holds only the first, short finishes, so it cannot say what
     a long-running sample has left. Read as the cap less its progress, the further-along runaway looked the nearer to
     its end, and on this KV-bound draw both 32,768-token runaways moved onto one engine, which ended the batch 6%
     after baseline. The one further along now counts as having more left: they end on two engines, and the batch

@@ -19,6 +19,7 @@ from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import run_policy, trace_batches
 from pdsr_sdk.sim.engine import SimEngine
 from pdsr_sdk.dispatch.steps import kept_segments
+from pdsr_sdk.dispatch.types import StreamSpec
 from pdsr_sdk.policies.resolve import streaming_policies
 from pdsr_sdk.sim.steps import run_steps, simulate_steps
 from pdsr_sdk.traces import LengthTrace, synth_trace, write_trace_jsonl
@@ -139,7 +140,7 @@ def test_v3_refresh_regenerates_a_carried_groups_finished_samples_under_the_new_
     t=12 with 5 + 8."""
     trace = LengthTrace.from_matrix(np.array([[5, 12], [8, 8], [20, 20], [20, 20], [20, 20]]),
                                     prompt_ids=[f"g{i}" for i in range(5)], prompt_lens=np.full(5, 4))
-    cfg = unit_cfg(policy="v3", steps=2, policy_settings={"v3": {"refresh": refresh}})
+    cfg = unit_cfg(policy="v3", steps=2, policy_settings={"v3": {"step_end": {"refresh_ratio": 1.0 if refresh else None}}})
     run = run_steps(trace, cfg, "v3", 1.0, keep_groups=True)
     assert run.consumed_at["g1"] == 0 and run.consumed_at["g0"] == 1
     step = run.steps[1]
@@ -167,7 +168,7 @@ def test_v3_stream_is_no_slower_than_baseline_when_the_probe_predicts_nothing(se
     def step(policy, placement="auto"):
         cfg = SimulateConfig(policy=policy, fast=3, heavy=1, batch_size=b, steps=8, max_staleness=2, timeline=False,
                              profiles={"fast": profile, "heavy": profile},
-                             policy_settings={"v3": {"placement": placement}})
+                             policy_settings={"v3": {"placement": {"mode": placement}}})
         return float(np.mean([s.duration_s for s in run_steps(trace, cfg, policy, 0.25).steps[2:-1]]))
 
     base = step("baseline")
@@ -185,7 +186,7 @@ def test_v3_stream_without_a_staleness_bound_places_as_baseline():
     def step(policy, placement="auto", staleness=None):
         cfg = SimulateConfig(policy=policy, fast=3, heavy=1, batch_size=32, steps=8, max_staleness=staleness,
                              timeline=False, profiles={"fast": profile, "heavy": profile},
-                             policy_settings={"v3": {"placement": placement}})
+                             policy_settings={"v3": {"placement": {"mode": placement}}})
         return float(np.mean([s.duration_s for s in run_steps(trace, cfg, policy, 0.25).steps[2:-1]]))
 
     assert step("v3") == step("v3", "chunk") <= step("baseline") * 1.001
@@ -202,7 +203,7 @@ def test_v3_keeps_a_streams_groups_together_where_their_prompts_are_cached():
     def engines_per_group(locality):
         cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, steps=8, max_staleness=2, timeline=False,
                              profiles={"fast": profile, "heavy": profile},
-                             policy_settings={"v3": {"locality": locality}})
+                             policy_settings={"v3": {"disable": [] if locality else ["locality"]}})
         run = run_steps(trace, cfg, "v3", 0.25, keep_groups=True)
         return float(np.mean([len({seg.engine for s in g.samples for seg in s.segments[:1]}) for g in run.groups]))
 
@@ -399,7 +400,38 @@ def test_the_policy_hears_of_the_staleness_bound_only_where_groups_carry_over(ov
     seed-002-like trace cost 35% of a step: 1.348x baseline's on-policy step, 0.974x without). The stream
     itself still restarts by the bound (an update in the middle of a step can age tokens at F = 0 too)."""
     stream, *_ = hand_stream(20, over_provision, 1)
+    assert stream.sched.max_staleness is None and stream.sched.stream is None   # told with the groups
+    stream.start()
     assert stream.sched.max_staleness == told and stream.s == 1
+    # told through the dispatch API, with the groups: a description of the stream, not an attribute set from outside
+    assert stream.sched.stream == StreamSpec(step_groups=6, in_flight=6 if told is None else 9, max_staleness=told)
+    with pytest.raises(AttributeError):
+        stream.sched.max_staleness = 2
+
+
+class StreamRecording(V3Policy):
+    """v3 noting, at each on_batch, what its context says of the stream."""
+
+    seen: list = []
+
+    def on_batch(self, groups):
+        StreamRecording.seen.append((self.ctx.streaming, self.ctx.stream, self.ctx.max_staleness))
+        super().on_batch(groups)
+
+
+def test_a_policy_is_told_the_stream_with_its_first_groups():
+    """The policy's first on_batch of a stream already sees the stream's description (DispatchContext.stream),
+    and a batch run (start_batch) has none."""
+    name = f"{__name__}:StreamRecording"
+    StreamRecording.seen = []
+    run_steps(small_trace(groups=40), small_cfg(policy=name, steps=3, over_provision=0.5, max_staleness=2), name, 0.5)
+    first = StreamRecording.seen[0]
+    assert first[0] and first[1] == StreamSpec(step_groups=6, in_flight=9, max_staleness=2) and first[2] == 2
+    assert len(StreamRecording.seen) > 1 and all(s == first for s in StreamRecording.seen)
+    StreamRecording.seen = []
+    run_policy(trace_batches(small_trace(groups=12), small_cfg(policy=name, steps=None)),
+               small_cfg(policy=name, steps=None), name)
+    assert StreamRecording.seen and all(s == (False, None, None) for s in StreamRecording.seen)
 
 
 class TrueLengthFirst(V3Policy):

@@ -2,13 +2,13 @@
 
 The heavy pool (all of it while the stream leaves slots free, one engine when it fills every slot) becomes a
 tail lane: runaways (past the 99.5th percentile of finished lengths, also after a restart) move there once, and a
-lane engine holding one admits new work only up to ``lane_seqs`` (:mod:`.placement`). New work never stops in a
+lane engine holding one admits new work only up to ``lane.seqs`` (:mod:`.placement`). New work never stops in a
 stream, so without the lane a runaway would run at full load for several steps (and be restarted when it grows too
 stale); within one batch, or with no staleness bound, the lane costs more capacity than it saves. The lane stays
 only while the runaways restarted so far ran away again (as in a length-controlled replay,
 :class:`~pdsr_sdk.policies.runaway_recurrence.RunawayRecurrence`): a fresh RL sample rarely does, and then a
 restart costs less than the lane's light engines. Until that is known, only restarted runaways go there. With
-the lane off, such a stream asks for segments of at least ``stream_segment_tokens``: a segment's end buys little
+the lane off, such a stream asks for segments of at least ``lane.segment_tokens``: a segment's end buys little
 there and re-prefills the context's last partial block."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pdsr_sdk.policies.runaway_recurrence import RunawayRecurrence, earlier_peak
 from pdsr_sdk.policies.v3.ledger import Ledger
 from pdsr_sdk.policies.v3.lengths import Lengths
 from pdsr_sdk.policies.v3.rule import BaseRule
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class Lane(BaseRule):
@@ -32,9 +32,9 @@ class Lane(BaseRule):
         self.ctx = ctx
         self.ledger = ledger
         self.lengths = lengths
-        self.on = config.tail_lane == "always"
+        self.on = config.lane.mode == "always"
         self.names: set[str] = set()
-        self.recurrence = RunawayRecurrence(config.lane_evidence, config.lane_recurrence)
+        self.recurrence = RunawayRecurrence(config.lane.evidence, config.lane.recurrence)
 
     def on_batch(self, groups: list[Group]) -> None:
         self._set()
@@ -57,7 +57,7 @@ class Lane(BaseRule):
         threshold = self.lengths.lane_threshold
         if sample not in self.ledger.runaways and (sample.num_generated >= threshold or sample.restarts) \
                 and _peak_generated(sample) >= threshold \
-                and (sample.restarts or self.recurrence.known or self.cfg.tail_lane == "always"):
+                and (sample.restarts or self.recurrence.known or self.cfg.lane.mode == "always"):
             if engine.name in self.names:
                 self.ledger.hold_runaway(sample, engine.name)
             elif sample.moves <= sample.restarts:
@@ -66,18 +66,18 @@ class Lane(BaseRule):
 
     def segment_floor(self) -> int:
         """In a stream under a staleness bound with the tail lane off, segments of at least
-        ``stream_segment_tokens``: there a segment's end buys v3 little and costs a re-prefill of the context's
+        ``lane.segment_tokens``: there a segment's end buys v3 little and costs a re-prefill of the context's
         last partial block. With the lane on, every end stays a chance to move a runaway there; without a bound
         the drain's moves need them."""
         if self.ctx.streaming and self.ctx.max_staleness is not None and not self.on:
-            return self.cfg.stream_segment_tokens
+            return self.cfg.lane.segment_tokens
         return 0
 
     def _observe_restarted(self, s: Sample, *, finished: bool) -> None:
         """Note whether a restarted runaway ran away again ('auto' lane: ``RunawayRecurrence``), and set the
         lane again when the verdict changes."""
         threshold = self.lengths.lane_threshold
-        if not s.restarts or self.cfg.tail_lane != "auto" or math.isinf(threshold):
+        if not s.restarts or self.cfg.lane.mode != "auto" or math.isinf(threshold):
             return
         recurs = self.recurrence.recurs
         self.recurrence.observe(id(s), s.restarts, s.num_generated,
@@ -89,12 +89,12 @@ class Lane(BaseRule):
     def _set(self) -> None:
         """'auto': a tail lane while groups stream in under a staleness bound (without one a slow tail just
         carries over, and the lane's capacity cost 1.6-2%), unless the runaways restarted so far did not run
-        away again (``lane_recurrence``: a restart then costs less than the lane); its engines: every heavy
-        one while the stream leaves slots free, one when the stream fills every slot (``lane_engines``)."""
-        if self.cfg.tail_lane == "auto":
+        away again (``lane.recurrence``: a restart then costs less than the lane); its engines: every heavy
+        one while the stream leaves slots free, one when the stream fills every slot (``lane.engines``)."""
+        if self.cfg.lane.mode == "auto":
             self.on = self.ctx.streaming and self.ctx.max_staleness is not None and self.recurrence.recurs
         heavy = sorted(e.name for e in self.ctx.pools().get(HEAVY, []))
-        count = self.cfg.lane_engines or (len(heavy) if self.ledger.stream_has_room else 1)
+        count = self.cfg.lane.engines or (len(heavy) if self.ledger.stream_has_room else 1)
         self.names = set(heavy[:count])
 
     def _lane_move(self, s: Sample, engine: Engine) -> None:

@@ -10,7 +10,7 @@ from typing import Callable
 from pdsr_sdk.dispatch.protocols import DispatchContext, Engine
 from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
 from pdsr_sdk.policies.engine_leads import EngineLeads
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class Ledger:
@@ -19,6 +19,7 @@ class Ledger:
     def __init__(self, config: V3Settings, ctx: DispatchContext) -> None:
         self.cfg = config
         self.ctx = ctx
+        self.kv_admission = config.on("kv_admission")
         self.waiting: set[Sample] = set()            # queued in the policy's ranked pool, not yet placed
         self.by_name: dict[str, Engine] = {}
         self.engine_of: dict[Sample, str] = {}       # submitted (queued on or running on) engine
@@ -37,7 +38,7 @@ class Ledger:
         self.runaways: dict[Sample, str] = {}        # samples past the lane threshold -> the lane engine holding them
         self.runaways_on: dict[str, int] = {}        # such samples per lane engine
         # per engine, its furthest-along sample's progress; kept only where the move guard reads it
-        self.leads = EngineLeads(self.engine_of) if config.migrate and config.migrate_lead_guard else None
+        self.leads = EngineLeads(self.engine_of) if config.on("migration") and config.on("lead_guard") else None
 
     # ----------------------------------------------------------- engines
     def arrive(self, engines: list[Engine], groups: list[Group]) -> None:
@@ -69,8 +70,8 @@ class Ledger:
 
     def limit(self, e: Engine) -> int:
         limit = e.max_concurrency
-        if self.cfg.heavy_max_seqs is not None and e.pool == HEAVY:
-            limit = min(limit, self.cfg.heavy_max_seqs)
+        if self.cfg.placement.heavy_max_seqs is not None and e.pool == HEAVY:
+            limit = min(limit, self.cfg.placement.heavy_max_seqs)
         return limit
 
     def slots(self, e: Engine) -> int:
@@ -80,10 +81,10 @@ class Ledger:
     def fits(self, e: Engine, need: float) -> bool:
         """Whether ``e``'s KV cache holds ``need`` more tokens by the predicted demand (``kv_admission``); an engine
         with nothing placed always takes work."""
-        if not self.cfg.kv_admission or self.assigned.get(e.name, 0) == 0:
+        if not self.kv_admission or self.assigned.get(e.name, 0) == 0:
             return True
         cap = getattr(e, "kv_cache_tokens", None)
-        return cap is None or self.demand[e.name] + need <= self.cfg.kv_budget * cap
+        return cap is None or self.demand[e.name] + need <= self.cfg.placement.kv_budget * cap
 
     def fair_share(self, e: Engine, prior: float) -> float:
         """``e``'s share (by slots) of the predicted remaining tokens of all unfinished work (each waiting sample

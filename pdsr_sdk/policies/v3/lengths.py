@@ -12,7 +12,7 @@ from pdsr_sdk.dispatch.protocols import DispatchContext
 from pdsr_sdk.dispatch.types import Sample
 from pdsr_sdk.policies.length_history import LengthHistory
 from pdsr_sdk.policies.v3.rule import BaseRule
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class GroupRank:
@@ -34,7 +34,7 @@ class Lengths(BaseRule):
         self.cfg = config
         self.ctx = ctx
         self.informative = informative
-        self.history = LengthHistory(config.history)   # finished lengths (sorted every 64 finishes)
+        self.history = LengthHistory(config.lengths.history)   # finished lengths (sorted every 64 finishes)
         self.ranks: dict[int, GroupRank] = {}           # per unfinished group (by id), its finished lengths
         self.tail_threshold = math.inf
         self.lane_threshold = math.inf
@@ -70,9 +70,10 @@ class Lengths(BaseRule):
     def update_thresholds(self) -> None:
         h = self.history
         h.refresh()
-        self.tail_threshold = min(h.quantile(self.cfg.migrate_quantile),
-                                  h.cap_runner_threshold(self.ctx.sampling.max_tokens, self.cfg.cap_runner_share))
+        migration = self.cfg.migration
+        self.tail_threshold = min(h.quantile(migration.quantile),
+                                  h.cap_runner_threshold(self.ctx.sampling.max_tokens, migration.cap_runner_share))
         # the first finishes are the short ones, so an early quantile sends ordinary samples to the lane as
         # well: that spreads an informative stream's first steps (B=128: 0.436x against 0.455x when the lane
         # waits for a full history) but costs where lengths are noise, where v3 must be baseline
-        self.lane_threshold = h.quantile(self.cfg.lane_quantile) if self.informative() or h.full else math.inf
+        self.lane_threshold = h.quantile(self.cfg.lane.quantile) if self.informative() or h.full else math.inf

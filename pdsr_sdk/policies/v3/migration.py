@@ -20,7 +20,7 @@ from pdsr_sdk.policies.move_prices import MovePrices
 from pdsr_sdk.policies.v3.ledger import Ledger
 from pdsr_sdk.policies.v3.lengths import Lengths
 from pdsr_sdk.policies.v3.rule import BaseRule
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 _MAX_TARGETS_TRIED = 8   # move targets ruled out (_takes) before a move is given up
 
@@ -31,6 +31,8 @@ class Migration(BaseRule):
     def __init__(self, config: V3Settings, ctx: DispatchContext, ledger: Ledger, lengths: Lengths) -> None:
         self.cfg = config
         self.ctx = ctx
+        self.enabled = config.on("migration")
+        self.lead_guard = config.on("lead_guard")
         self.ledger = ledger
         self.lengths = lengths
         self.arriving: dict[Sample, tuple[str, int]] = {}   # moved samples before their first segment on the
@@ -48,7 +50,7 @@ class Migration(BaseRule):
             self.ledger.mark_tail(sample, engine.name, +1)
 
     def move(self, sample: Sample, engine: Engine) -> bool:
-        if self.cfg.migrate and not self.ledger.waiting and sample.moves == 0 and sample in self.ledger.tail:
+        if self.enabled and not self.ledger.waiting and sample.moves == 0 and sample in self.ledger.tail:
             self._maybe_move(sample, engine)
         return True
 
@@ -72,7 +74,7 @@ class Migration(BaseRule):
         """Move a tail sample once to the engine with the fewest tail samples (then the fewest samples),
         when that engine is clearly less crowded than its own: fewer tail samples by two and fewer samples,
         or clearly fewer samples, and the prefill of the moves still arriving there stays within
-        ``migrate_stall_share`` of what the move saves. (A move costs a prefill of the whole context on the
+        ``migration.stall_share`` of what the move saves. (A move costs a prefill of the whole context on the
         target; moving between engines that differ only in their tail counts cost 1-2% on cold batches, whose
         early tail threshold is low.)"""
         book = self.ledger
@@ -84,8 +86,8 @@ class Migration(BaseRule):
         tail_on, assigned = book.tail_on, book.assigned
         fewer_tails = tail_on[to] + 1 < tail_on[name] and assigned[to] < assigned[name]
         fewer_samples = (tail_on[to] <= tail_on[name] - 1
-                         and assigned[name] - assigned[to] >= self.cfg.migrate_min_gap
-                         and assigned[to] <= self.cfg.migrate_min_ratio * assigned[name])
+                         and assigned[name] - assigned[to] >= self.cfg.migration.min_gap
+                         and assigned[to] <= self.cfg.migration.min_ratio * assigned[name])
         if not (fewer_tails or fewer_samples):
             return
         length = self.lengths.expected(s)
@@ -98,8 +100,8 @@ class Migration(BaseRule):
 
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
         """The best move target (:meth:`Ledger.best_target`) among those whose furthest-along sample is expected to
-        finish before ``s`` (``migrate_lead_guard``) and where the prefill of the moves still arriving, and of this
-        one's ``context`` tokens, pays (``migrate_stall_share``); the next best are tried while the best are ruled
+        finish before ``s`` (``lead_guard``) and where the prefill of the moves still arriving, and of this
+        one's ``context`` tokens, pays (``migration.stall_share``); the next best are tried while the best are ruled
         out (with many engines one target was full and moves waited)."""
         skipped = []
         found = None
@@ -119,16 +121,16 @@ class Migration(BaseRule):
     def _takes(self, name: str, source: str, generated: int, context: int, remaining: float) -> bool:
         """Whether engine ``name`` takes a moved sample of ``context`` tokens that has produced ``generated`` and has
         ``remaining`` still to come."""
-        if self.cfg.migrate_lead_guard and not self._lead_finishes_first(name, generated, remaining):
+        if self.lead_guard and not self._lead_finishes_first(name, generated, remaining):
             return False
         if not self.arriving_on.get(name, 0):
             return True
         return bool(self.prices.stall_pays(source, name, self.arriving_ctx.get(name, 0) + context, remaining,
-                                           self.cfg.migrate_stall_share))
+                                           self.cfg.migration.stall_share))
 
     def _lead_finishes_first(self, name: str, generated: int, remaining: float) -> bool:
         """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample that has
-        produced ``generated`` and has ``remaining`` tokens still to come (``migrate_lead_guard``). While the history
+        produced ``generated`` and has ``remaining`` tokens still to come (``lead_guard``). While the history
         is not full and none of it ran to the cap, it holds the first finishes, the short ones, and cannot say what a
         long-running sample has left (read as the cap less its progress, the further-along runaway looked the nearer
         to its end, and a cold batch's runaways gathered on one engine); the one further along is then taken to have

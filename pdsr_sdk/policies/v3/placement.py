@@ -5,7 +5,7 @@ A batch whose KV cache binds (by the predicted demand of what can run at once) i
 engine runs (prompt + the larger of what a sample has produced and its predicted length) leaves room for the new
 sample's; an engine with nothing running always takes work. Otherwise, with a probe measured to predict
 nothing, from a stream's start and in a stream without a staleness bound, it places work as baseline does: each
-arrival's groups in contiguous chunks per engine (``placement``), so that a group's samples share their prompt's
+arrival's groups in contiguous chunks per engine (``placement.mode``), so that a group's samples share their prompt's
 prefix cache on one engine; in a batch an engine with free slots and nothing queued then takes whole unstarted
 groups from the end of another's chunk (``chunk_steal``), so that chunks stay work-conserving."""
 
@@ -22,7 +22,7 @@ from pdsr_sdk.policies.v3.ledger import Ledger
 from pdsr_sdk.policies.v3.lengths import Lengths
 from pdsr_sdk.policies.v3.ranking import Ranking
 from pdsr_sdk.policies.v3.rule import BaseRule
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class Placement(BaseRule):
@@ -33,6 +33,10 @@ class Placement(BaseRule):
                  ranking: Ranking, lane: Lane) -> None:
         self.cfg = config
         self.ctx = ctx
+        self.kv_admission = config.on("kv_admission")
+        self.probes_first = config.on("probes_first")
+        self.chunk_steal = config.on("chunk_steal")
+        self.balance = config.on("balance")
         self.ledger = ledger
         self.lengths = lengths
         self.ranking = ranking
@@ -41,7 +45,7 @@ class Placement(BaseRule):
         self.chunks: dict[str, deque[Sample]] = {}   # per engine, samples placed there in chunks (chunk_steal)
 
     def on_batch(self, groups: list[Group]) -> None:
-        mode = self.cfg.placement
+        mode = self.cfg.placement.mode
         if mode == "chunk" or (mode == "auto" and self._chunks(groups)):
             self._place_chunks(groups)
             return
@@ -83,24 +87,24 @@ class Placement(BaseRule):
             return book.total_assigned + len(book.waiting) + len(samples) <= book.total_slots
         engines = [book.by_name[n] for n in book.assigned]
         cap = sum(getattr(e, "kv_cache_tokens", None) or 0 for e in engines)
-        if not self.cfg.kv_admission or not cap:
+        if not self.kv_admission or not cap:
             return True
         at_once = min(len(samples), max(0, book.total_slots - book.total_assigned - len(book.waiting)))
         each = sum(s.prompt_len + max(s.num_generated, prior) for s in samples) / len(samples)
-        return sum(book.demand.values()) + at_once * each <= self.cfg.kv_budget * cap
+        return sum(book.demand.values()) + at_once * each <= self.cfg.placement.kv_budget * cap
 
     def _place_chunks(self, groups: list[Group]) -> None:
-        """Baseline's placement of the arriving groups (``placement``), with v3's bookkeeping."""
+        """Baseline's placement of the arriving groups (``placement.mode``), with v3's bookkeeping."""
         engines = sorted((e for es in self.ctx.pools().values() for e in es), key=lambda e: e.name)
         samples = [s for g in groups for s in g.samples if not s.finished]
         for g in groups:
             self.lengths.add_group(sum(1 for s in g.samples if not s.finished), id(g))
-            if self.cfg.probes_first and not g.samples[0].finished:
+            if self.probes_first and not g.samples[0].finished:
                 g.samples[0].is_probe = True   # its length still measures the probe's correlation
         # steals keep a batch's chunks work-conserving; not a stream's (there the engines that hold carried work
         # should stay slower, so that the others complete their groups first), nor where the probe is measured to
         # predict nothing (there v3 is baseline, plus its moves)
-        steal = self.cfg.chunk_steal and not self.ctx.streaming and (
+        steal = self.chunk_steal and not self.ctx.streaming and (
             self.ranking.informative or self.ranking.correlation is None)
         for s, e in contiguous_chunks(samples, engines):
             self.ledger.place(s, e, self.lengths.expected(s))
@@ -116,7 +120,7 @@ class Placement(BaseRule):
         book = self.ledger
         if book.slots(e) <= 0 or self.ctx.free_slots(e) <= 0:
             return False
-        if self.lane.on and book.runaways_on.get(e.name) and book.assigned[e.name] >= self.cfg.lane_seqs:
+        if self.lane.on and book.runaways_on.get(e.name) and book.assigned[e.name] >= self.cfg.lane.seqs:
             return False    # a lane engine holding a runaway stays light
         picked = self.ranking.pick(e)
         if picked is None:
@@ -125,7 +129,7 @@ class Placement(BaseRule):
         length = self.lengths.expected(s)
         if not book.fits(e, s.prompt_len + length):
             return False
-        if (balance and self.cfg.balance and book.assigned[e.name]
+        if (balance and self.balance and book.assigned[e.name]
                 and book.remaining[e.name] + length > book.fair_share(e, self.lengths.prior())):
             return False
         self.ranking.take(s, top, e, local)

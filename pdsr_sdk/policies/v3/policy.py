@@ -14,7 +14,8 @@ after booking what the hook changed in the shared :class:`~.ledger.Ledger`:
 - :mod:`.lane`: in a stream under a staleness bound, the heavy pool as a tail lane for runaways;
 - :mod:`.step_end`: at a step's end, early restarts of runaways in their last step, and refreshes.
 
-Its settings (one per rule, each with the reason for its default) are in :mod:`pdsr_sdk.policies.v3_settings`.
+Its settings (a section per rule and one ``disable`` list, each with the reason for its default) are in
+:mod:`.settings`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pdsr_sdk.policies.v3.placement import Placement
 from pdsr_sdk.policies.v3.ranking import Ranking
 from pdsr_sdk.policies.v3.rule import Rule
 from pdsr_sdk.policies.v3.step_end import StepEnd
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class V3Policy(Policy):

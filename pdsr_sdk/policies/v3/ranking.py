@@ -20,7 +20,7 @@ from pdsr_sdk.policies.probe_correlation import ProbeCorrelation
 from pdsr_sdk.policies.v3.ledger import Ledger
 from pdsr_sdk.policies.v3.lengths import Lengths
 from pdsr_sdk.policies.v3.rule import BaseRule
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class Ranking(BaseRule):
@@ -31,15 +31,17 @@ class Ranking(BaseRule):
                  key: Callable[[Sample], tuple[int, float]]) -> None:
         self.cfg = config
         self.ctx = ctx
+        self.probes_first = config.on("probes_first")
+        self.locality = config.on("locality")
         self.ledger = ledger
         self.lengths = lengths
         self.key = key                               # the policy's rank_key (a reference may override it)
         self.heap: list[tuple] = []
         self.seq = itertools.count()
-        self.pairs = ProbeCorrelation(config.correlation_window)
+        self.pairs = ProbeCorrelation(config.ranking.correlation_window)
         self.correlation: float | None = None
         # 'auto' starts in queue order until measured: ranking by noise costs (docs/notes/v3.md)
-        self.informative = config.rank == "always"
+        self.informative = config.ranking.mode == "always"
         self.placed: dict[str, dict[int, Group]] = {}  # per engine, groups placed there (their siblings go first)
 
     def enqueue(self, groups: list[Group]) -> None:
@@ -50,11 +52,11 @@ class Ranking(BaseRule):
             for s in g.samples:
                 if s.finished:
                     continue
-                if s.index == 0 and self.cfg.probes_first:
+                if s.index == 0 and self.probes_first:
                     s.is_probe = True
                 waiting.add(s)
                 self.push(s)
-        if self.cfg.probes_first:
+        if self.probes_first:
             self.ctx.count("probes", len(groups))
 
     def on_sample_finished(self, sample: Sample) -> None:
@@ -85,10 +87,10 @@ class Ranking(BaseRule):
 
     def _decide(self) -> None:
         """After a group completes: rank only while its probe has been seen to predict its siblings."""
-        if self.cfg.rank == "auto" and len(self.pairs) >= self.cfg.min_pairs:
+        if self.cfg.ranking.mode == "auto" and len(self.pairs) >= self.cfg.ranking.min_pairs:
             first = self.correlation is None
             self.correlation = self.pairs.value()
-            informative = self.correlation >= self.cfg.min_correlation
+            informative = self.correlation >= self.cfg.ranking.min_correlation
             if informative != self.informative or (first and not informative):
                 self.informative = informative
                 if informative and not self.ctx.streaming:
@@ -108,7 +110,7 @@ class Ranking(BaseRule):
         rank = self.lengths.ranks[id(s.group)]
         # probes jump the queue only while their lengths may be worth knowing: once the probe is measured
         # to predict nothing, queue order is baseline's (sample 0 still measures, from where it runs)
-        tier = 0 if (s.is_probe and self.cfg.probes_first and (self.informative or self.correlation is None)) else 1
+        tier = 0 if (s.is_probe and self.probes_first and (self.informative or self.correlation is None)) else 1
         # rank by the group's longest finished sample only while the groups' lengths have been seen to
         # predict their samples' (otherwise the order is noise and costs; queue order is baseline's)
         key = (-math.inf if rank.longest < 0 else -rank.longest) if self.informative else 0.0
@@ -133,7 +135,7 @@ class Ranking(BaseRule):
         top = self.top()
         if top is None:
             return None
-        local = self.cfg.locality and (self.ctx.streaming or not self.informative)
+        local = self.locality and (self.ctx.streaming or not self.informative)
         s = top
         if local and not top.is_probe:
             s = _waiting_sibling(self.placed.get(e.name), self.ledger.waiting) or top

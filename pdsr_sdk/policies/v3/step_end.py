@@ -4,8 +4,8 @@ In a stream under a staleness bound that fills every slot, unless restarted runa
 a step's start restarts the running samples of groups in their last step (their oldest tokens would be too stale
 at the next) that are unlikely to end within it (``early_restart``,
 :class:`~pdsr_sdk.policies.finish_odds.FinishOdds`): restarted at that step's end instead, they would take their
-finished siblings' tokens with them. With ``refresh``, finished samples of carried groups that took little engine
-time against their running siblings are regenerated too (each once)."""
+finished siblings' tokens with them. With ``step_end.refresh_ratio`` set, finished samples of carried groups that
+took little engine time against their running siblings are regenerated too (each once)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pdsr_sdk.policies.finish_odds import FinishOdds
 from pdsr_sdk.policies.v3.lane import Lane
 from pdsr_sdk.policies.v3.ledger import Ledger
 from pdsr_sdk.policies.v3.rule import BaseRule
-from pdsr_sdk.policies.v3_settings import V3Settings
+from pdsr_sdk.policies.v3.settings import V3Settings
 
 _RATE_QUANTILE = 0.9     # of what the samples running across a whole step made: a step's tokens at full speed
 _ODDS_STEPS = 4          # steps of finished and restarted lengths the early-restart odds read (at B=512 one step
@@ -28,6 +28,7 @@ class StepEnd(BaseRule):
     def __init__(self, config: V3Settings, ctx: DispatchContext, ledger: Ledger, lane: Lane) -> None:
         self.cfg = config
         self.ctx = ctx
+        self.early_restart = config.on("early_restart")
         self.ledger = ledger
         self.lane = lane
         self.refreshed: set[Sample] = set()          # samples regenerated at a step's end (each once)
@@ -40,18 +41,19 @@ class StepEnd(BaseRule):
 
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """The samples of carried groups worth generating again under the new weights: running ones unlikely to
-        end within their group's last step (``early_restart``), and finished ones (``refresh``). Lengths are
-        compared as time on an engine (a simulated engine reports a running segment's tokens only when it ends; a
-        stopped one's pause is no work)."""
+        end within their group's last step (``early_restart``), and finished ones (``step_end.refresh_ratio``).
+        Lengths are compared as time on an engine (a simulated engine reports a running segment's tokens only when
+        it ends; a stopped one's pause is no work)."""
         out = self._early_restarts(carried)
-        if not self.cfg.refresh:
+        ratio = self.cfg.step_end.refresh_ratio
+        if ratio is None:
             return out
         now = self.ctx.clock.now()
         for g in carried:
             running = [_engine_time(s, now) for s in g.samples if not s.finished]
             if not running:
                 continue   # complete, waiting to be consumed: regenerating would only delay it
-            bound = self.cfg.refresh_ratio * max(running)
+            bound = ratio * max(running)
             for s in g.samples:
                 if s.finished and _engine_time(s, now) <= bound and s not in self.refreshed:
                     self.refreshed.add(s)
@@ -61,7 +63,7 @@ class StepEnd(BaseRule):
     def _early_restarts(self, carried: list[Group]) -> list[Sample]:
         """Running samples of groups in their last step under the staleness bound (their oldest tokens would be
         too stale at the next) whose chance to end within a step's tokens (:class:`FinishOdds`) is below
-        ``early_restart_chance``: restarted now, they spare their finished siblings. Not in a group whose finished
+        ``step_end.restart_chance``: restarted now, they spare their finished siblings. Not in a group whose finished
         siblings ran longer than a step's tokens (the fresh draw would likely not end in time either). Only where
         the stream fills every slot (there thrown-away tokens are time; with free slots a runaway runs faster, and
         holding a step for its fresh draw cost more), and not once restarted runaways are seen to run away again (a
@@ -88,13 +90,13 @@ class StepEnd(BaseRule):
                 # siblings would then be restarted a step later with one step less before the group is due
                 continue
             out.extend(s for s in g.samples if not s.finished and s.num_generated
-                       and odds.chance(s.num_generated, odds.rate) < self.cfg.early_restart_chance)
+                       and odds.chance(s.num_generated, odds.rate) < self.cfg.step_end.restart_chance)
         return out
 
     def _tracks_odds(self) -> bool:
         """Whether early restarts may happen here (a stream under a staleness bound, ``early_restart`` on), so
         that the finish odds are kept."""
-        return self.cfg.early_restart and self.ctx.max_staleness is not None
+        return self.early_restart and self.ctx.max_staleness is not None
 
 
 def _engine_time(sample: Sample, now: float) -> float:
