@@ -1,0 +1,55 @@
+"""bench/rules.py's table logic: the ratios, the medians over seeds and members, and the issue's criterion."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_rules", ROOT / "bench" / "rules.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summary_matches_a_naive_computation():
+    rules = load()
+    rng = random.Random(3)
+    names = ("migration", "locality", "balance")
+    cells: dict[str, dict[int, dict[str, float]]] = {}
+    for member in ("a", "b", "c", "d"):
+        for seed in range(5):
+            times = {"all": rng.uniform(50, 100)}
+            times.update({r: times["all"] * rng.uniform(0.95, 1.08) for r in names})
+            cells.setdefault(member, {})[seed] = rules.rule_ratios(times)
+            assert set(cells[member][seed]) == set(names)   # "all" is the reference, not a rule
+    got = rules.summarize(cells)
+    for r in names:
+        med = {m: statistics.median([cells[m][s][r] for s in range(5)]) for m in cells}
+        assert got[r]["members"] == med
+        assert got[r]["family"] == statistics.median(med.values())
+        assert got[r]["worst"] == min(med.items(), key=lambda kv: kv[1])
+
+
+def test_ratio_above_one_means_the_rule_gains():
+    rules = load()
+    assert rules.rule_ratios({"all": 10.0, "migration": 12.0}) == {"migration": 1.2}
+    assert rules.variants(("migration", "balance")) == {"all": [], "migration": ["migration"], "balance": ["balance"]}
+
+
+def test_criterion():
+    rules = load()
+
+    def row(fam, worst, members=None):
+        return dict(family=fam, worst=("m", worst), members=members or {"m": worst})
+
+    assert rules.verdict(row(1.02, 0.995)) == "keep"                       # gains, costs under 1% somewhere
+    assert rules.verdict(row(1.0, 1.0)).startswith("no effect")             # never acts in this mode
+    assert "no family gain" in rules.verdict(row(0.999, 0.999, {"m": 0.999, "n": 1.0}))
+    assert "costs 2.0% on m" in rules.verdict(row(1.05, 0.98))
+    assert rules.verdict(row(1.05, 0.98)).startswith("remove")
