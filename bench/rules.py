@@ -112,6 +112,20 @@ def stream_times(member: str, seed: int, b: int, f: float, max_steps: int, label
     return out
 
 
+def read_log(lines) -> dict[tuple[str, int], dict[str, dict[int, dict[str, float]]]]:
+    """The cells of ``--per-seed`` lines (``MODE B=b MEMBER SEED: rule ratio, ...``), by (mode, B): a table from an
+    interrupted run's log (``--from-log``)."""
+    out: dict = {}
+    for line in lines:
+        head, sep, body = line.partition(": ")
+        parts = head.split()
+        if not sep or len(parts) != 4 or parts[0] not in MODES or not parts[1].startswith("B="):
+            continue
+        ratios = {r: float(v) for r, v in (item.split() for item in body.split(", "))}
+        out.setdefault((parts[0], int(parts[1][2:])), {}).setdefault(parts[2], {})[int(parts[3])] = ratios
+    return out
+
+
 def table(mode: str, summary: dict[str, dict], members: list[str], caption: str) -> str:
     """Markdown: rule x member medians, the family's median, the worst member and the criterion's verdict."""
     short = {m: m.replace("uninformative", "uninf").replace("-by-prompt", "-bp").replace("recorded-", "rec-")
@@ -138,6 +152,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="stream K at most this (each member's pinned K "
                                                             "otherwise) [default: 5]")
     ap.add_argument("--per-seed", action="store_true", help="also print every cell's ratios")
+    ap.add_argument("--from-log", metavar="FILE", help="print the tables of the --per-seed lines of an earlier run's "
+                                                       "output (e.g. one that was interrupted) instead of running")
     ap.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(f"--{k.replace('_', '-')} {v}"
                                                                                    for k, v in QUICK.items()))
     args = ap.parse_args()
@@ -145,6 +161,15 @@ def main() -> None:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+
+    if args.from_log:
+        with open(args.from_log) as fh:
+            for (mode, b), cells in read_log(fh).items():
+                n = {m: len(seeds) for m, seeds in cells.items()}
+                caption = (f"{mode}, B = {b}, from {args.from_log}; median over "
+                           + ", ".join(f"{m} {k}" for m, k in n.items()) + " seeds")
+                print("\n" + table(mode, summarize(cells), list(cells), caption) + "\n")
+        return
 
     from pdsr_sdk.errors import PdsrError
     from pdsr_sdk.policies.v3.settings import RULES

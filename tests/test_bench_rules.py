@@ -53,3 +53,14 @@ def test_criterion():
     assert "no family gain" in rules.verdict(row(0.999, 0.999, {"m": 0.999, "n": 1.0}))
     assert "costs 2.0% on m" in rules.verdict(row(1.05, 0.98))
     assert rules.verdict(row(1.05, 0.98)).startswith("remove")
+
+
+def test_read_log_takes_the_per_seed_lines():
+    rules = load()
+    lines = ["noise", "batch B=128 heavy 101: migration 1.124, lead_guard 0.966",
+             "batch B=128 heavy 102: migration 1.100, lead_guard 1.000", "| table | row |",
+             "stream B=128 kv-bound 101: migration 0.990, lead_guard 0.990"]
+    got = rules.read_log(lines)
+    assert got[("batch", 128)] == {"heavy": {101: {"migration": 1.124, "lead_guard": 0.966},
+                                             102: {"migration": 1.1, "lead_guard": 1.0}}}
+    assert got[("stream", 128)] == {"kv-bound": {101: {"migration": 0.99, "lead_guard": 0.99}}}
