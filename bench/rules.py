@@ -37,9 +37,13 @@ QUICK = dict(family="informative,kv-bound", seeds="101", batches=1, steps=5, mod
 DEFAULTS = dict(family="all", seeds=None, batches=1, steps=5, modes="batch,stream")
 
 
-def variants(rules: tuple[str, ...]) -> dict[str, list[str]]:
-    """``{label: disable list}``: ``all`` (every rule on), then one per rule switched off."""
-    return {"all": [], **{r: [r] for r in rules}}
+def variants(rules: tuple[str, ...], together: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """``{label: disable list}``: ``all`` (every rule on), then one per rule switched off, then (``together``
+    given) ``together``: those rules switched off at once (the check of the set that would remain)."""
+    out = {"all": [], **{r: [r] for r in rules}}
+    if together:
+        out["together"] = list(together)
+    return out
 
 
 def rule_ratios(times: dict[str, float]) -> dict[str, float]:
@@ -134,8 +138,13 @@ def table(mode: str, summary: dict[str, dict], members: list[str], caption: str)
              "|---|" + "---|" * (len(members) + 3)]
     for rule, row in summary.items():
         cells = " | ".join(f"{row['members'][m]:.3f}" for m in members)
+        if rule == "together":   # the set without them: at most 1 (no slower) on the family, 1.01 on every member
+            worst = max(row["members"].values())
+            check = "holds" if row["family"] <= 1.0 and worst <= 1.01 else f"slower (worst member {worst:.3f})"
+        else:
+            check = verdict(row)
         lines.append(f"| {rule} | {cells} | {row['family']:.3f} | {short[row['worst'][0]]} {row['worst'][1]:.3f} | "
-                     f"{verdict(row)} |")
+                     f"{check} |")
     return "\n".join(lines)
 
 
@@ -151,6 +160,8 @@ def main() -> None:
     ap.add_argument("--over-provision", type=float, default=0.25, help="stream F [default: 0.25]")
     ap.add_argument("--steps", type=int, default=None, help="stream K at most this (each member's pinned K "
                                                             "otherwise) [default: 5]")
+    ap.add_argument("--together", default=None, help="also these rules disabled at once (row 'together'): the "
+                                                     "check of the set that remains once they are removed")
     ap.add_argument("--per-seed", action="store_true", help="also print every cell's ratios")
     ap.add_argument("--from-log", metavar="FILE", help="print the tables of the --per-seed lines of an earlier run's "
                                                        "output (e.g. one that was interrupted) instead of running")
@@ -184,10 +195,14 @@ def main() -> None:
     modes = args.modes.split(",")
     if set(modes) - set(MODES):
         ap.error(f"--modes: of {', '.join(MODES)}")
-    rules = tuple(args.rules.split(",")) if args.rules else RULES
+    rules = tuple(args.rules.split(",")) if args.rules is not None else RULES
+    rules = tuple(r for r in rules if r)   # --rules "" with --together: the set alone
     if set(rules) - set(RULES):
         ap.error(f"--rules: of {', '.join(RULES)}")
-    labels = variants(rules)
+    together = tuple(args.together.split(",")) if args.together else ()
+    if set(together) - set(RULES):
+        ap.error(f"--together: of {', '.join(RULES)}")
+    labels = variants(rules, together)
     runs = [("batch", b) for b in map(int, args.batch_sizes.split(","))] if "batch" in modes else []
     runs += [("stream", args.step_groups)] if "stream" in modes else []
     for mode, b in runs:

@@ -64,3 +64,10 @@ def test_read_log_takes_the_per_seed_lines():
     assert got[("batch", 128)] == {"heavy": {101: {"migration": 1.124, "lead_guard": 0.966},
                                              102: {"migration": 1.1, "lead_guard": 1.0}}}
     assert got[("stream", 128)] == {"kv-bound": {101: {"migration": 0.99, "lead_guard": 0.99}}}
+
+
+def test_together_is_one_more_variant():
+    rules = load()
+    got = rules.variants(("balance",), ("migration", "lead_guard"))
+    assert got == {"all": [], "balance": ["balance"], "together": ["migration", "lead_guard"]}
+    assert rules.variants((), ("lead_guard",)) == {"all": [], "together": ["lead_guard"]}
