@@ -55,20 +55,23 @@ def rule_ratios(times: dict[str, float]) -> dict[str, float]:
 
 def summarize(cells: dict[str, dict[int, dict[str, float]]]) -> dict[str, dict]:
     """``cells[member][seed][rule]`` (ratios) -> per rule: the members' medians over their seeds, the family's
-    median (the median of the members' medians) and the worst member (the lowest median) with its value."""
+    median (the median of the members' medians), the worst member (the lowest median) with its value, and whether
+    the rule changed any cell (``acts``: some ratio is not exactly 1)."""
     out: dict[str, dict] = {}
     rules = next(iter(next(iter(cells.values())).values())).keys()
     for rule in rules:
         med = {m: float(np.median([per_seed[rule] for per_seed in seeds.values()])) for m, seeds in cells.items()}
         worst = min(med, key=med.get)
-        out[rule] = dict(members=med, family=float(np.median(list(med.values()))), worst=(worst, med[worst]))
+        acts = any(per_seed[rule] != 1.0 for seeds in cells.values() for per_seed in seeds.values())
+        out[rule] = dict(members=med, family=float(np.median(list(med.values()))), worst=(worst, med[worst]),
+                         acts=acts)
     return out
 
 
 def verdict(row: dict, tolerance: float = 0.01) -> str:
     """The issue's criterion: keep a rule that gains on the family's median (> 1) and costs at most
     ``tolerance`` on every member's median; otherwise remove it."""
-    if all(v == 1.0 for v in row["members"].values()):
+    if not row.get("acts", True):
         return "no effect in this mode"
     reasons = []
     if row["family"] <= 1.0:

@@ -34,6 +34,11 @@ def test_summary_matches_a_naive_computation():
         assert got[r]["members"] == med
         assert got[r]["family"] == statistics.median(med.values())
         assert got[r]["worst"] == min(med.items(), key=lambda kv: kv[1])
+        assert got[r]["acts"]
+    quiet = rules.summarize({"a": {1: {"x": 1.0}, 2: {"x": 1.0}, 3: {"x": 0.98}}, "b": {1: {"x": 1.0}}})
+    assert quiet["x"]["members"] == {"a": 1.0, "b": 1.0} and quiet["x"]["acts"]   # medians of 1, yet it acted
+    assert rules.verdict(quiet["x"]).startswith("remove")
+    assert not rules.summarize({"a": {1: {"x": 1.0}}})["x"]["acts"]
 
 
 def test_ratio_above_one_means_the_rule_gains():
@@ -49,7 +54,7 @@ def test_criterion():
         return dict(family=fam, worst=("m", worst), members=members or {"m": worst})
 
     assert rules.verdict(row(1.02, 0.995)) == "keep"                       # gains, costs under 1% somewhere
-    assert rules.verdict(row(1.0, 1.0)).startswith("no effect")             # never acts in this mode
+    assert rules.verdict(dict(row(1.0, 1.0), acts=False)).startswith("no effect")   # never acts in this mode
     assert "no family gain" in rules.verdict(row(0.999, 0.999, {"m": 0.999, "n": 1.0}))
     assert "costs 2.0% on m" in rules.verdict(row(1.05, 0.98))
     assert rules.verdict(row(1.05, 0.98)).startswith("remove")
