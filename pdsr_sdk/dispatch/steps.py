@@ -187,7 +187,6 @@ class StepStream:
         self.clock = run.clock
         self.b = step_groups
         self.k = steps
-        self.target = in_flight
         self.s = max_staleness
         # what the policy is told with the groups (DispatchContext.stream). It hears of the bound only where
         # groups carry over a step's end (in_flight > B, or a group filter's top-ups): with nothing carried no
@@ -260,6 +259,16 @@ class StepStream:
         if groups:
             self.run.add_groups(groups, self.t, self.spec)
 
+    @property
+    def target(self) -> int:
+        """Groups kept in flight (B x (1 + F), or adapted to the pass rate): the one the policy is told."""
+        return self.spec.in_flight
+
+    def _adapt_target(self) -> None:
+        """At a step's start, under dynamic sampling without a given F: groups in flight from the pass rate."""
+        if self.adapt:
+            self.spec = dataclasses.replace(self.spec, in_flight=adaptive_in_flight(self.b, self.pass_rate))
+
     def start(self, *, last: bool = False, carried: Sequence[tuple[Group, int]] = ()) -> None:
         """Launch the first step's groups (``last``: B of them, and the step drains; see :meth:`refill`).
 
@@ -268,9 +277,7 @@ class StepStream:
         continuing from their tokens; a sample too stale for the current version starts over now (a
         resumed run may thus restart a sample once more than an uninterrupted one)."""
         self.draining = last
-        if self.adapt:
-            self.target = adaptive_in_flight(self.b, self.pass_rate)
-            self.spec = dataclasses.replace(self.spec, in_flight=self.target)
+        self._adapt_target()
         running = []
         for g, step in carried:
             self.flying[id(g)] = (g, step)
@@ -474,9 +481,7 @@ class StepStream:
                     self._restart_once(smp)
                     self.early_restarts += 1
         self.draining = last
-        if self.adapt:
-            self.target = adaptive_in_flight(self.b, self.pass_rate)
-            self.spec = dataclasses.replace(self.spec, in_flight=self.target)
+        self._adapt_target()
         self.launch((self.b if last else self.target) - len(self.flying))
         self.start_s = self.clock.now()
         self.held_since = None
