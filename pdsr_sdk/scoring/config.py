@@ -70,8 +70,8 @@ class ScoreOptions(ConfigModel):
                           "per-sample position ids and attention that never crosses a sample boundary, so no "
                           "token is padding; a micro-batch is max_tokens_per_micro_batch real tokens (or mbs "
                           "consecutive samples, or everything). null = the rule 'packed where measured faster' "
-                          "(pdsr_sdk.scoring.torch_backend.PACK_MEASURED_FASTER): unpacked on the CPU (measured "
-                          "slower there) and, until a GPU measurement says otherwise, on CUDA. length_bucket, "
+                          "(pdsr_sdk.scoring.torch_backend.PACK_MEASURED_FASTER): unpacked, which was measured faster "
+                          "on the CPU and on an H100. length_bucket, "
                           "attention_mask and pad_id do not apply to packed forwards.")
     pad_id: int | None = Field(None, ge=0, description="Token id used for padding (never affects results); "
                                                        "default: the model's pad_token_id, else 0.")

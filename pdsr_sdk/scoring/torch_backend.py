@@ -291,7 +291,10 @@ def check_packing(model, probe_ids: np.ndarray) -> None:
 #: The rule behind ``pack=None``: (backend, device type) -> packed forwards were measured faster there.
 #: CPU (fp32, tiny Qwen2, bench/score.py --samples 128, 2 cores): packed 0.26x the tokens/s of the padded
 #: token quota at 8192 tokens (sdpa computes the whole N x N block-diagonal mask there; docs/benchmarks.md).
-#: CUDA: pending a measurement with bench/gpu.py on a lent GPU (kept unpacked until then).
+#: CUDA (H100, bf16 Qwen2.5-0.5B shape, 564k tokens, bench/gpu.py, 2026-11-27): packed 0.12x / 0.39x the
+#: tokens/s of the token quota at 65536 / 16384 tokens with sdpa (the same dense block-diagonal mask), and
+#: with flex_attention's document mask still 0.94x / 0.84x of sdpa's token quota, which reached 0.88-0.94 of
+#: the no-padding ideal. Unpacked on both.
 PACK_MEASURED_FASTER: dict[tuple[str, str], bool] = {("torch", "cpu"): False, ("torch", "cuda"): False}
 
 

@@ -7,6 +7,7 @@ line: the worst errors and the list of failures.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from test_gae import GAMMA_LAM, MASKS, make_inputs, seed_of, tolerance  # noqa: 
 # (shape, block, segments, carry): one tile and several tiles per row, one segment and
 # several (the summary kernel plus the fold over later segments), a partial last tile
 CASES = [((3, 37), 8, 1, "float32"), ((2, 40), 8, 3, "float64")]
+PREFETCH = (False, True)
 
 
 def main() -> None:
@@ -33,18 +35,18 @@ def main() -> None:
     checked = 0
     for mask_kind in MASKS:
         for gamma, lam in GAMMA_LAM:
-            for shape, block, segments, carry in CASES:
+            for (shape, block, segments, carry), prefetch in itertools.product(CASES, PREFETCH):
                 r, v, m = make_inputs(seed_of(shape, mask_kind, "triton"), *shape, mask_kind)
                 r[~m] = np.nan   # masked rewards never enter the state
                 adv, ret = triton_gae(torch.from_numpy(r), torch.from_numpy(v), torch.from_numpy(m), gamma, lam,
-                                      carry_dtype=carry, block=block, segments=segments)
+                                      carry_dtype=carry, block=block, segments=segments, prefetch=prefetch)
                 adv_ref, ret_ref = reference_gae(r, v, m, gamma, lam)
                 err = max(float(np.abs(adv.numpy() - adv_ref).max()), float(np.abs(ret.numpy() - ret_ref).max()))
                 worst = max(worst, err)
                 checked += 1
                 if not err <= tolerance(gamma, lam, adv_ref):
                     failures.append(f"{mask_kind} gamma={gamma} lam={lam} {shape} block={block} "
-                                    f"segments={segments} {carry}: error {err:.3g}")
+                                    f"segments={segments} prefetch={prefetch} {carry}: error {err:.3g}")
     # through compute_gae: numpy in/out, float64 data, tensors with out buffers aliasing the inputs, empty
     r, v, m = make_inputs(7, 2, 33, "interior")
     adv, ret = compute_gae(r, v, m, 0.99, 0.95, backend="triton")

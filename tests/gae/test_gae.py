@@ -121,8 +121,9 @@ def test_triton_matches_reference(carry, gamma, lam, shape, mask_kind):
 
     r, v, m = make_inputs(seed_of(shape, mask_kind, "tt"), *shape, mask_kind)
     dev = [torch.from_numpy(a).cuda() for a in (r, v, m)]
-    for segments in (None, 3):   # one segment per row; three (summary kernel + fold)
-        adv, ret = triton_gae(*dev, gamma, lam, carry_dtype=carry, block=256, segments=segments)
+    # one segment per row; three (summary kernel + fold); each with and without prefetching the next tile
+    for segments, prefetch in [(None, False), (3, False), (None, True), (3, True)]:
+        adv, ret = triton_gae(*dev, gamma, lam, carry_dtype=carry, block=256, segments=segments, prefetch=prefetch)
         assert adv.dtype == torch.float32 and adv.is_cuda
         assert_matches_reference(adv.cpu().numpy(), ret.cpu().numpy(), r, v, m, gamma, lam)
     adv, ret = compute_gae(*dev, gamma, lam, backend="triton", carry_dtype=carry)
@@ -142,7 +143,7 @@ def test_triton_in_interpreter_matches_reference():
         pytest.skip(f"Triton's interpreter cannot run here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["checked"] == len(MASKS) * len(GAMMA_LAM) * 2
+    assert report["checked"] == len(MASKS) * len(GAMMA_LAM) * 2 * 2   # cases x prefetch
     assert report["failures"] == []
     api = report["api"]
     assert api["numpy_kind"] == "ndarray" and api["numpy_dtype"] == "float32" and api["numpy_err"] < 1e-5
