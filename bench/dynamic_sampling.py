@@ -13,7 +13,8 @@ groups are the long ones, and a prompt's solve rate is ``solve`` x its share of 
 benchmark sweeps ``solve``; the overall solve rate and the measured pass rate are printed beside each.
 
 pdsr: ``pdsr simulate --steps K --step-groups B --max-staleness 0 --filter-groups zero-variance`` (on-policy: a
-carried sample is restarted at the next step; the groups in flight follow the measured pass rate). verl's DAPO
+group still generating at a step's end is dropped at the next one's start, as the recipe drops its excess; the
+groups in flight follow the measured pass rate). verl's DAPO
 recipe (``recipe/dapo``, ``pdsr_sdk.sim.steps.dapo_recipe_steps``): generation batches of 3 x B prompts with the
 baseline policy (plain continuous batching, each batch waits for its longest sample), filtered, until B pass, at
 most 10 a step. Both on the same simulated engines (default profile). Step time: the mean of steps 3 to K-1.
@@ -65,7 +66,7 @@ def main() -> None:
     print(f"B = {args.b}, {args.steps} steps, policy {args.policy}, {args.fast} fast + {args.heavy} heavy simulated "
           f"engines, seed {args.seed}, over-provision {args.over_provision if args.over_provision is not None else 'adaptive'}")
     header = ("solve", "solve_rate", "pass_rate", "dapo_gen_batches", "dapo_step_s", "pdsr_step_s", "ratio",
-              "pdsr_in_flight", "pdsr_wasted_share", "sim_s")
+              "pdsr_in_flight", "pdsr_wasted_share", "pdsr_dropped_share", "sim_s")
     print(" | ".join(header))
     for solve in [float(x) for x in args.solve.split(",")]:
         began = time.perf_counter()
@@ -79,11 +80,13 @@ def main() -> None:
         report = simulate_steps(trace, cfg)
         run = report.runs[0]
         s = report.summary(run)
-        generated = s["tokens"] + s["wasted_tokens"] + s["filtered_tokens"]
+        dropped = sum(st["dropped_tokens"] for st in s["steps"])   # groups dropped at a step's start
+        generated = s["tokens"] + s["wasted_tokens"] + s["filtered_tokens"] + dropped
         print(" | ".join([f"{solve:g}", f"{float(trace.rewards.mean()):.3f}", f"{pass_rate:.3f}",
                           f"{sum(plan[2:-1]) / max(1, len(plan[2:-1])):.2f}", f"{report.baseline_step_s:.2f}",
                           f"{run.steady_step_s:.2f}", f"{report.ratio(run):.3f}", str(run.in_flight),
                           f"{s['wasted_tokens'] / generated:.3f}" if generated else "0",
+                          f"{dropped / generated:.3f}" if generated else "0",
                           f"{time.perf_counter() - began:.1f}"]))
 
 

@@ -28,7 +28,7 @@ from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.segments import next_segment_len
 from pdsr_sdk.dispatch.types import (
-    ABORT, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, StreamSpec, oldest_version,
+    ABORT, DROPPED, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, StreamSpec, oldest_version,
 )
 from pdsr_sdk.errors import EngineError, PdsrError
 
@@ -300,6 +300,8 @@ class Scheduler:
 
     def submit(self, sample: Sample, pool: str | None = None, *, engine: Engine | None = None,
                cap: int | None = None, front: bool = False) -> None:
+        if sample.finish_reason == DROPPED:
+            return   # its group was dropped by the step stream while the sample waited in the policy's own queue
         if sample.finished:
             raise PdsrError(f"policy submitted finished sample {sample.key}")
         if sample in self._run_of or sample in self._where:

@@ -45,7 +45,12 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
   (passed + 1) / (judged + 2) over every group judged in the run, at least ``min_pass_rate``), a step
   starts ``ceil(B / p)`` in flight (or ``ceil(B x (1 + F))`` with a fixed over-provision F), and each
   filtered group launches new ones while the groups in flight, times p, fall short of the passing groups
-  still needed (:func:`needed_launches`).
+  still needed (:func:`needed_launches`). On-policy (S = 0), the groups still generating at a step's end
+  are dropped, as DAPO's recipe drops its excess: their unfinished samples finish as ``dropped``, their
+  tokens count in the step's ``dropped_tokens``, and they are never consumed (:attr:`StepStream.last_dropped`).
+  Restarting them instead would make each one due at the next step (a sample restarts at most once), so
+  that step would wait for groups that started afresh at its start. Groups launched but not started yet
+  stay.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from pdsr_sdk.dispatch.run import DispatchRun
-from pdsr_sdk.dispatch.types import TRUNCATED, Group, Sample, StreamSpec, kept_segments, oldest_version
+from pdsr_sdk.dispatch.types import DROPPED, TRUNCATED, Group, Sample, StreamSpec, kept_segments, oldest_version
 from pdsr_sdk.errors import PdsrError
 
 
@@ -103,6 +108,10 @@ class StepRecord:
     filtered: int = 0
     filtered_tokens: int = 0
     pass_rate: float | None = None
+    #: dynamic sampling on-policy: groups dropped at the step's start (generating under the previous
+    #: version when it ended), and the response tokens they had
+    dropped: int = 0
+    dropped_tokens: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -203,6 +212,12 @@ class StepStream:
         self.on_advance = on_advance
         self.group_filter = group_filter
         self.adapt = adapt and group_filter is not None
+        #: on-policy dynamic sampling drops the groups still generating at a step's end (see the module)
+        self.drop_stale = group_filter is not None and max_staleness == 0
+        #: the groups dropped at the current step's start, and at the start of the step consumed last
+        self.dropped: list[Group] = []
+        self.last_dropped: list[Group] = []
+        self._dropped_tokens = 0
         self.min_pass_rate = min_pass_rate
         #: groups the filter judged and passed over the whole run (the pass-rate estimate)
         self.judged = 0
@@ -438,10 +453,14 @@ class StepStream:
             stale_restarts=self.stale_restarts, held_s=self.held_s, refreshed=self.refreshed,
             early_restarts=self.early_restarts, version=self.end_version, filtered=len(self.filtered),
             filtered_tokens=self._filtered_tokens,
-            pass_rate=self.pass_rate if self.group_filter is not None else None))
+            pass_rate=self.pass_rate if self.group_filter is not None else None,
+            dropped=len(self.dropped), dropped_tokens=self._dropped_tokens))
         self.last_filtered = self.filtered
         self.filtered = []
         self._filtered_tokens = 0
+        self.last_dropped = self.dropped
+        self.dropped = []
+        self._dropped_tokens = 0
         self._launched_now = 0
         self.stats0 = dict(stats)
         self.stale_restarts = 0
@@ -466,7 +485,10 @@ class StepStream:
         self.step_version = self.sched.policy_version
         if self.s is not None:
             for g, _ in list(self.flying.values()):
-                self._restart_stale(g, self.step_version)
+                if self.drop_stale and self._stale(g, self.step_version):
+                    self._drop(g)
+                else:
+                    self._restart_stale(g, self.step_version)
         choose = getattr(self.run.policy, "on_step_end", None)
         if choose is not None:
             for smp in choose([g for g, _ in self.flying.values()]):
@@ -488,6 +510,16 @@ class StepStream:
         self.held_s = 0.0
         self.closing = False
         self.maybe_end()
+
+    def _drop(self, group: Group) -> None:
+        """Take a group out of the stream for good: its unfinished samples finish as ``dropped``."""
+        del self.flying[id(group)]
+        self.complete.pop(id(group), None)
+        self.watch.pop(id(group), None)
+        self.dropped.append(group)
+        self._dropped_tokens += sum(s.num_generated for s in group.samples)
+        for smp in group.samples:
+            self.sched.finish(smp, DROPPED)   # a finished one stays as it is
 
     # ------------------------------------------------------------ staleness
     def blocked_by(self, version: int) -> list[Sample]:

@@ -10,6 +10,7 @@ STOP = "stop"            # the model ended the response (EOS or a stop string)
 LENGTH = "length"        # reached the response's max_tokens
 TRUNCATED = "truncated"  # a policy cut it at a pool's token cap (v1's fast max_tokens)
 ABORT = "abort"          # an engine stopped it on request (internal; never final)
+DROPPED = "dropped"      # dynamic sampling dropped its group at an on-policy step's end (never consumed)
 
 FAST = "fast"
 HEAVY = "heavy"

@@ -28,7 +28,7 @@ from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
 from pdsr_sdk.dispatch.scheduler import PAUSE_MODES, Scheduler
 from pdsr_sdk.dispatch.steps import StepRecord, StepStream, in_flight
-from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.dispatch.types import DROPPED, Group, Sample
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError, RunError, UnsupportedError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
@@ -79,6 +79,9 @@ class StepResult:
     #: samples' scores in order
     filtered: list[Group] = field(default_factory=list)
     filtered_scores: list = field(default_factory=list)
+    #: on-policy dynamic sampling: the groups dropped at the step's start, still generating under the previous
+    #: weights when that step ended (never consumed; their prompts are not tried again)
+    dropped: list[Group] = field(default_factory=list)
 
     @property
     def samples(self) -> list[Sample]:
@@ -449,10 +452,15 @@ class RolloutSession:
             "carried_samples": len(self.scheduler.held())}
         if self.group_filter is not None:
             report.step.update({"filtered_groups": record.filtered, "filtered_tokens": record.filtered_tokens,
-                                "pass_rate": record.pass_rate, "launched_groups": record.launched})
+                                "pass_rate": record.pass_rate, "launched_groups": record.launched,
+                                "dropped_groups": record.dropped, "dropped_tokens": record.dropped_tokens})
         result = await self._step_result(report, version)
         result.summary.update(report.step)
         result.record = record
+        if stream.last_dropped:
+            result.dropped = stream.last_dropped
+            if self.rewards is not None:
+                self.rewards.forget(s for g in stream.last_dropped for s in g.samples)
         if stream.last_filtered:
             result.filtered = stream.last_filtered
             filtered = [s for g in stream.last_filtered for s in g.samples]
@@ -820,7 +828,7 @@ class RolloutSession:
 
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:
-        if self.rewards is not None:
+        if self.rewards is not None and sample.finish_reason != DROPPED:   # a dropped group is never judged
             self.rewards.submit(sample)
         for fn in self.hooks.on_sample_done:
             fn(sample)
@@ -829,6 +837,8 @@ class RolloutSession:
         for fn in self.hooks.on_group_done:
             fn(group)
         if self._stream is not None:
+            if any(s.finish_reason == DROPPED for s in group.samples):
+                return   # dropped at a step's start (on-policy dynamic sampling): out of the stream already
             if self.group_filter is not None:   # judged once its rewards are in
                 self.rewards.when_scored(group, self._group_scored, self._set_fatal)
             else:

@@ -225,8 +225,10 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
     return StepsRun(
         policy=name, over_provision=over_provision, step_groups=stream.b, in_flight=stream.target,
         max_staleness=cfg.max_staleness, group_deadline=stream.d, steps=stream.records,
-        dropped_groups=len(left), dropped_samples=sum(1 for g in left for s in g.samples if s.finished),
-        dropped_tokens=sum(s.num_generated for g in left for s in g.samples),
+        dropped_groups=len(left) + sum(r.dropped for r in stream.records),
+        dropped_samples=sum(1 for g in left for s in g.samples if s.finished),
+        dropped_tokens=sum(s.num_generated for g in left for s in g.samples)
+        + sum(r.dropped_tokens for r in stream.records),
         stats=totals, events=events, wall_s=time.perf_counter() - wall0, work_bounds_s=bounds[:len(stream.records)],
         recorded_tokens=recorded[:len(stream.records)],
         groups=stream.consumed,

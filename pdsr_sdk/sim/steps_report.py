@@ -162,7 +162,8 @@ class StepsReport:
                        "restarts": s.restarts, "stale_restarts": s.stale_restarts,
                        "early_restarts": s.early_restarts, "wasted_tokens": s.wasted_tokens,
                        "held_s": s.held_s, "filtered": s.filtered, "filtered_tokens": s.filtered_tokens,
-                       "pass_rate": s.pass_rate} for s in r.steps],
+                       "pass_rate": s.pass_rate, "dropped": s.dropped, "dropped_tokens": s.dropped_tokens}
+                      for s in r.steps],
         }
 
     def fastest_within(self) -> StepsRun | None:
@@ -284,8 +285,9 @@ DEFINITIONS = {
                "policy made it a tail lane (policy_facts).",
     "fastest_within": "With max_partial_share: the over-provision F whose run had the shortest steady step among "
                       "those with partial_share at most max_partial_share (null when none was within it).",
-    "dropped_groups": "Groups still in flight after the last step (the next step's carry); dropped_tokens: "
-                      "their samples' reported tokens.",
+    "dropped_groups": "Groups still in flight after the last step (the next step's carry), and those on-policy "
+                      "dynamic sampling dropped at a step's start; dropped_tokens: their samples' reported tokens; "
+                      "dropped_samples: the finished samples of the groups still in flight.",
 }
 
 

@@ -70,9 +70,11 @@ def test_each_step_returns_b_groups_that_pass_and_the_filtered_ones_fail(tiny_mo
             table = out.table.to_pylist()
             assert all(has_reward_variance([r["reward"] for r in table if r["prompt_id"] == p]) for p in ids)
             assert 0 < out.summary["pass_rate"] <= 1
-            seen += ids + filtered
+            seen += ids + filtered + [g.prompt_id for g in out.dropped]
+            assert out.summary["dropped_groups"] == len(out.dropped)
         carried = [g.prompt_id for g, _ in session.carried()]
-    # every group launched is returned, filtered or still in flight, once
+    # every group launched is returned, filtered, dropped (on-policy: generating at a step's end) or still in
+    # flight, once
     assert len(seen) == len(set(seen)) and not set(seen) & set(carried)
     assert set(seen) | set(carried) == {p["id"] for p in PROMPTS[:len(seen) + len(carried)]}
 

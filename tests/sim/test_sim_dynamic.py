@@ -98,3 +98,25 @@ def test_filtering_needs_rewards_in_the_trace():
     plain = LengthTrace.from_matrix(t.lengths.reshape(-1, N), prompt_lens=t.prompt_lens, source="plain.jsonl")
     with pytest.raises(DataError, match="plain.jsonl.*--filter-groups.*rewards"):
         run_steps(plain, config(), "baseline", None)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "v3"])
+def test_on_policy_drops_the_groups_generating_at_a_steps_end_instead_of_restarting_them(policy):
+    """On-policy (S = 0) with a filter, a group still generating when a step ends is dropped at the next step's
+    start: never consumed, its unfinished samples finished as 'dropped', its tokens counted; nothing is restarted
+    for staleness, so every consumed token is of the step's own version."""
+    from pdsr_sdk.dispatch.types import DROPPED
+
+    t = trace()
+    run = run_steps(t, config(policy=policy, steps=6), policy, 1.0, keep_groups=True)
+    dropped = sum(s.dropped for s in run.steps)
+    assert dropped > 0   # F = 1 keeps 2 x B in flight: the excess is generating at every step's end
+    assert all(s.stale_restarts == 0 for s in run.steps)
+    assert all(set(s.ages) <= {0} for s in run.steps)
+    consumed = {g.prompt_id for g in run.groups}
+    assert all(s.finish_reason != DROPPED for g in run.groups for s in g.samples)
+    assert len(consumed) == sum(s.groups for s in run.steps)
+    left = run.dropped_groups - dropped   # still in flight after the last step
+    assert left >= 0 and run.dropped_tokens >= sum(s.dropped_tokens for s in run.steps) > 0
+    # every launched group is consumed, filtered, dropped at a step's start, or still in flight: once each
+    assert len(run.launched_at) == len(consumed) + sum(s.filtered for s in run.steps) + dropped + left

@@ -9,7 +9,7 @@ import math
 from typing import Callable
 
 from pdsr_sdk.dispatch.protocols import DispatchContext
-from pdsr_sdk.dispatch.types import Sample
+from pdsr_sdk.dispatch.types import DROPPED, Sample
 from pdsr_sdk.policies.length_history import LengthHistory
 from pdsr_sdk.policies.v3.rule import BaseRule
 from pdsr_sdk.policies.v3.settings import V3Settings
@@ -44,6 +44,8 @@ class Lengths(BaseRule):
 
     def on_sample_finished(self, sample: Sample) -> None:
         """(After the lane has judged the finish: it reads the threshold the sample ran under.)"""
+        if sample.finish_reason == DROPPED:
+            return   # cut short with its group (dynamic sampling): not a finished length
         self.history.add(sample.num_generated)
         if self.history.seen % 64 == 0:   # (by count: the history stops growing once full)
             self.update_thresholds()
