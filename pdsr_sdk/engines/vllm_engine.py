@@ -36,8 +36,10 @@ class VllmEngine(ModelEngine):
     """The ``vllm`` engine backend."""
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
-                 logprobs_mode: str = "processed_logprobs", cpu: bool | None = None):
-        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
+                 logprobs_mode: str = "processed_logprobs", cpu: bool | None = None,
+                 speculative: dict[str, Any] | None = None):
+        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
+                         speculative=speculative)
         self.cpu = cpu
         self.shutdown_timeout_s = 2.0
         self._llm = None
@@ -49,8 +51,10 @@ class VllmEngine(ModelEngine):
 
     @classmethod
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
-                  logprobs_mode: str = "processed_logprobs", **_: object) -> "VllmEngine":
-        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
+                  logprobs_mode: str = "processed_logprobs", speculative: dict[str, Any] | None = None,
+                  **_: object) -> "VllmEngine":
+        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
+                   speculative=speculative)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -150,6 +154,13 @@ class VllmEngine(ModelEngine):
             args.update(enforce_eager=True, dtype=cpu_dtype(spec.dtype))
         else:
             args.update(dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization)
+        if self.speculative is not None:
+            if "speculative_config" in spec.engine_args:
+                from pdsr_sdk.errors import ConfigError
+
+                raise ConfigError(f"engine {self.name!r}: speculative ({self.speculative.get('method')!r}) and "
+                                  f"engine_args.speculative_config are both set; set one of them")
+            args["speculative_config"] = dict(self.speculative)
         args.update(spec.engine_args)
         return args
 
