@@ -111,3 +111,38 @@ def test_cli_flags_set_the_config(monkeypatch, tmp_path):
     r = runner.invoke(cli, ["rollout", "--quiet", "--speculative", "suffix", *out], catch_exceptions=False)
     assert r.exit_code == 2 and "speculative" in r.output and "not implemented yet" in r.output
     assert "Traceback" not in r.output and len(seen) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
+def test_the_cpu_sampler_fix_expands_like_the_triton_kernel(dtype):
+    """pdsr's replacement of vLLM's CPU expand_kernel fallback (vllm_fixes.py): request i's value over its
+    tokens, in the output's own dtype (vLLM 0.32's wrote an int64 copy and left a float output unset)."""
+    torch = pytest.importorskip("torch")
+    from pdsr_sdk.engines.vllm_fixes import expand_kernel_impl
+
+    values = torch.tensor([0.7, 5.0, -1.0, 2.0]).to(getattr(torch, dtype))
+    cu = torch.tensor([2, 2, 5, 6], dtype=torch.int32)       # 2, 0, 3 and 1 drafted tokens
+    out = torch.full((6,), 99, dtype=values.dtype)
+    expand_kernel_impl(out, values, cu, -1, 1)               # -1 is replaced by 1 (vLLM: greedy temperature 0 -> 1)
+    v = values.tolist()
+    assert out.tolist() == [v[0], v[0], 1, 1, 1, v[3]] and out.dtype == values.dtype
+    if dtype == "float32":
+        assert out[0].item() == pytest.approx(0.7)
+    empty = torch.empty(0)
+    expand_kernel_impl(empty, empty, torch.zeros(0, dtype=torch.int32), 0, 0)
+
+
+def test_the_cpu_sampler_fix_applies_where_vllm_has_no_triton():
+    pytest.importorskip("vllm")
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.utils import cpu_triton_utils
+
+    from pdsr_sdk.engines import vllm_fixes
+
+    before = cpu_triton_utils._expand_kernel_impl
+    try:
+        assert vllm_fixes.apply_cpu_sampler_fix() == (not HAS_TRITON)
+        if not HAS_TRITON:
+            assert cpu_triton_utils._expand_kernel_impl is vllm_fixes.expand_kernel_impl
+    finally:
+        cpu_triton_utils._expand_kernel_impl = before
