@@ -146,3 +146,18 @@ def test_the_cpu_sampler_fix_applies_where_vllm_has_no_triton():
             assert cpu_triton_utils._expand_kernel_impl is vllm_fixes.expand_kernel_impl
     finally:
         cpu_triton_utils._expand_kernel_impl = before
+
+
+def test_the_run_summary_carries_each_engines_speculation_counts():
+    """``pdsr rollout``'s summary: each engine's counts with speculative on (engines that report them), nothing
+    with it off."""
+    from types import SimpleNamespace
+
+    from pdsr_sdk.rollout.run import _speculation
+
+    counts = {"drafts": 3, "drafted_tokens": 9, "accepted_tokens": 7}
+    session = SimpleNamespace(engines=[SimpleNamespace(name="fast-0", speculation_stats=lambda: counts),
+                                       SimpleNamespace(name="ray-0")])
+    assert _speculation(RolloutConfig(speculative="ngram"), session, "fast-0") == {"speculation": counts}
+    assert _speculation(RolloutConfig(speculative="ngram"), session, "ray-0") == {}
+    assert _speculation(RolloutConfig(), session, "fast-0") == {}
