@@ -57,6 +57,12 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                    "--overlong-penalty of reward, linearly.  [default: off]")
 @click.option("--overlong-penalty", type=float, metavar="F", help="The most DAPO's shaping takes.  [default: 1.0]")
 @click.option("--seed", type=int, help="Engine seed.  [default: 0]")
+@click.option("--speculative", metavar="METHOD",
+              help="Speculative decoding in the engines: off, or ngram (vLLM's n-gram lookup over each request's "
+                   "own prompt and output; same outputs, drafts verified in one pass). See docs/rollout.md.  "
+                   "[default: off]")
+@click.option("--num-speculative-tokens", type=int, metavar="K",
+              help="Tokens drafted per request per step with --speculative.  [default: 4]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Trajectories Parquet.  [default: runs/rollout.parquet]")
@@ -73,7 +79,7 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
-            reward_timeout_s, overlong_buffer, overlong_penalty, seed,
+            reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative, num_speculative_tokens,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
@@ -95,6 +101,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --data math.parquet --model DIR --instruction math --system-prompt "You are a careful solver."
       pdsr rollout --steps 5 --step-groups 64 --over-provision 0.25 --max-staleness 2   # partial rollout
       pdsr rollout --steps 5 --data gsm8k.parquet --model DIR --filter-groups zero-variance   # DAPO
+      pdsr rollout --speculative ngram --num-speculative-tokens 4 --data math.parquet --model DIR
     """
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
@@ -114,7 +121,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
         "data.target_lengths_column": target_lengths_column, "data.skip_long": skip_long,
         "reward": reward, "reward_timeout_s": reward_timeout_s, "overlong_buffer": overlong_buffer,
-        "overlong_penalty": overlong_penalty, "seed": seed,
+        "overlong_penalty": overlong_penalty, "seed": seed, "speculative": speculative,
+        "speculative_settings.num_speculative_tokens": num_speculative_tokens,
         "segments.enabled": False if no_segments else None,
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,

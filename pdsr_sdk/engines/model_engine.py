@@ -4,6 +4,8 @@ the scheduler binds. Generation itself is each backend's own."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pdsr_sdk.dispatch.protocols import EngineListener
 
 
@@ -16,7 +18,7 @@ class ModelEngine:
     counts_only = False   # streams token ids and log-probs, not just counts
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
-                 logprobs_mode: str = "processed_logprobs"):
+                 logprobs_mode: str = "processed_logprobs", speculative: dict[str, Any] | None = None):
         self.spec = spec
         self.name = spec.name
         self.pool = spec.pool
@@ -28,6 +30,8 @@ class ModelEngine:
         self.tokenizer = tokenizer
         self.seed = seed
         self.logprobs_mode = logprobs_mode
+        #: vLLM's speculative_config (``RolloutConfig.vllm_speculative_config()``), None = no speculation
+        self.speculative = speculative
         self._listener: EngineListener | None = None
         self._dead = False
         self._closing = False

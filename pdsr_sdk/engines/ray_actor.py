@@ -175,7 +175,8 @@ def error_info(exc: BaseException) -> ErrorInfo:
 class EngineActor:
     """Wrapped with ``ray.remote`` by :class:`pdsr_sdk.engines.ray_engine.RayEngine`; one per engine."""
 
-    def __init__(self, spec, model: str, tokenizer: str | None, seed: int, logprobs_mode: str):
+    def __init__(self, spec, model: str, tokenizer: str | None, seed: int, logprobs_mode: str,
+                 speculative: dict[str, Any] | None = None):
         from pdsr_sdk.engines.vllm_env import apply_cpu_defaults, is_cpu_build
 
         self.cpu = is_cpu_build()
@@ -186,7 +187,7 @@ class EngineActor:
         from pdsr_sdk.engines.vllm_engine import VllmEngine
 
         self.engine = VllmEngine(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
-                                 cpu=self.cpu)
+                                 cpu=self.cpu, speculative=speculative)
         self.engine.bind(self)
         # request id -> (token ids, logprobs) generated since the last poll, in order of first arrival
         self._tokens: dict[str, tuple[list[int], list[float]]] = {}

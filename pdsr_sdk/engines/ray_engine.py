@@ -127,10 +127,11 @@ class RayEngine(ModelEngine):
     """The ``ray`` engine backend (see the module docstring)."""
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
-                 logprobs_mode: str = "processed_logprobs", ray=None):
+                 logprobs_mode: str = "processed_logprobs", ray=None, speculative: dict[str, Any] | None = None):
         from pdsr_sdk.engines.config import RayConfig
 
-        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
+        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
+                         speculative=speculative)
         self.ray_config = merge_ray_config(ray, spec.ray) or RayConfig()
         #: where the actor runs (node_id, ip, hostname, pid, actor_id, ...) once started
         self.node: dict[str, Any] | None = None
@@ -144,8 +145,10 @@ class RayEngine(ModelEngine):
 
     @classmethod
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
-                  logprobs_mode: str = "processed_logprobs", ray=None, **_: object) -> "RayEngine":
-        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode, ray=ray)
+                  logprobs_mode: str = "processed_logprobs", ray=None, speculative: dict[str, Any] | None = None,
+                  **_: object) -> "RayEngine":
+        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode, ray=ray,
+                   speculative=speculative)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -181,7 +184,7 @@ class RayEngine(ModelEngine):
             **options, scheduling_strategy=strategy, max_restarts=0, max_task_retries=0,
             name=f"pdsr-{self.name}-{uuid.uuid4().hex[:8]}",
             runtime_env={"env_vars": env} if env else None,
-        ).remote(spec, self.model, self.tokenizer, self.seed, self.logprobs_mode)
+        ).remote(spec, self.model, self.tokenizer, self.seed, self.logprobs_mode, self.speculative)
         try:
             self.node = await asyncio.wait_for(_wait(self._actor.node_info.remote()), cfg.placement_timeout_s)
         except asyncio.TimeoutError:

@@ -30,14 +30,19 @@ ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"
 ENGINE_NAME_ENV = "PDSR_ENGINE_NAME"
 #: mixed into vLLM's worker class in the engine process: pdsr's collective_rpc methods
 WORKER_EXTENSION = "pdsr_sdk.engines.vllm_worker.PdsrWorkerExtension"
+#: speculative decoding's counters (:meth:`VllmEngine.speculation_stats`): verify steps of a request that had
+#: drafted tokens, the tokens drafted, and those of them the model accepted
+SPECULATION_KEYS = ("drafts", "drafted_tokens", "accepted_tokens")
 
 
 class VllmEngine(ModelEngine):
     """The ``vllm`` engine backend."""
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
-                 logprobs_mode: str = "processed_logprobs", cpu: bool | None = None):
-        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
+                 logprobs_mode: str = "processed_logprobs", cpu: bool | None = None,
+                 speculative: dict[str, Any] | None = None):
+        super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
+                         speculative=speculative)
         self.cpu = cpu
         self.shutdown_timeout_s = 2.0
         self._llm = None
@@ -49,8 +54,10 @@ class VllmEngine(ModelEngine):
 
     @classmethod
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
-                  logprobs_mode: str = "processed_logprobs", **_: object) -> "VllmEngine":
-        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode)
+                  logprobs_mode: str = "processed_logprobs", speculative: dict[str, Any] | None = None,
+                  **_: object) -> "VllmEngine":
+        return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
+                   speculative=speculative)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -150,6 +157,13 @@ class VllmEngine(ModelEngine):
             args.update(enforce_eager=True, dtype=cpu_dtype(spec.dtype))
         else:
             args.update(dtype=spec.dtype, gpu_memory_utilization=spec.gpu_memory_utilization)
+        if self.speculative is not None:
+            if "speculative_config" in spec.engine_args:
+                from pdsr_sdk.errors import ConfigError
+
+                raise ConfigError(f"engine {self.name!r}: speculative ({self.speculative.get('method')!r}) and "
+                                  f"engine_args.speculative_config are both set; set one of them")
+            args["speculative_config"] = dict(self.speculative)
         args.update(spec.engine_args)
         return args
 
@@ -192,6 +206,12 @@ class VllmEngine(ModelEngine):
     def load(self) -> EngineLoad:
         return EngineLoad(running=self._stats.running, waiting=self._stats.waiting,
                           kv_cache_usage=self._stats.kv_cache_usage)
+
+    def speculation_stats(self) -> dict[str, int]:
+        """Speculative decoding since the engine started (all 0 without it): ``drafts`` (a request's verify
+        steps that checked drafted tokens), ``drafted_tokens``, ``accepted_tokens`` (drafted tokens the model
+        accepted; each verify step also yields one token of its own). From vLLM's scheduler stats."""
+        return dict(self._stats.speculation)
 
     async def _stream(self, request: SegmentRequest) -> None:
         from vllm import SamplingParams
@@ -394,12 +414,14 @@ class VllmEngine(ModelEngine):
 
 
 class _LoadRecorder:
-    """A vLLM stat logger that keeps the last scheduler snapshot (running, waiting, KV usage)."""
+    """A vLLM stat logger that keeps the last scheduler snapshot (running, waiting, KV usage), and adds up
+    speculative decoding's counts (vLLM's per-step ``SpecDecodingStats``) since the engine started."""
 
     def __init__(self) -> None:
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage: float | None = None
+        self.speculation = dict.fromkeys(SPECULATION_KEYS, 0)
 
     def factory(self, vllm_config, engine_index: int = 0):
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -415,6 +437,12 @@ class _LoadRecorder:
                     recorder.running = scheduler_stats.num_running_reqs
                     recorder.waiting = scheduler_stats.num_waiting_reqs
                     recorder.kv_cache_usage = scheduler_stats.kv_cache_usage
+                    spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+                    if spec is not None:
+                        counts = recorder.speculation
+                        counts["drafts"] += spec.num_drafts
+                        counts["drafted_tokens"] += spec.num_draft_tokens
+                        counts["accepted_tokens"] += spec.num_accepted_tokens
 
             def log_engine_initialized(self):
                 pass

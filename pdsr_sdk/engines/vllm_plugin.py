@@ -19,6 +19,10 @@
    forked worker's runtime has it, and after the fork the core frees its own threads again (one
    torch thread, every thread on the orchestrator's CPUs), as with a spawned worker. The core has
    run no OpenMP region before the fork, so the worker starts its own thread team.
+5. On vLLM's CPU build (no Triton), the rejection sampler's fallback that spreads each request's
+   temperature, top-k and top-p over its drafted tokens leaves them uninitialised (vLLM 0.32); speculative
+   decoding with random sampling then samples at arbitrary temperatures. pdsr's own expansion replaces it
+   (vllm_fixes.py).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def register() -> None:
         _capture_errors(path)
     _watch_parent()
     _fork_worker()
+    _fix_cpu_sampler()
 
 
 def _grant_amx() -> None:
@@ -73,6 +78,15 @@ def _capture_errors(path: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
         logging.getLogger("vllm").addHandler(handler)
     except Exception:  # noqa: BLE001
+        pass
+
+
+def _fix_cpu_sampler() -> None:
+    try:
+        from pdsr_sdk.engines.vllm_fixes import apply_cpu_sampler_fix
+
+        apply_cpu_sampler_fix()
+    except Exception:  # noqa: BLE001 - never break engine start-up over this
         pass
 
 

@@ -15,7 +15,8 @@ from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
 from pdsr_sdk.errors import ConfigError, ConfigValueError
 from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamConfig
-from pdsr_sdk.engines.config import EngineSpec, RayConfig
+from pdsr_sdk.engines.config import (SPECULATIVE_METHODS, EngineSpec, RayConfig, SpeculativeSettings,
+                                     unknown_speculative)
 
 #: standard instructions by name (``data.instruction``, ``--instruction``), appended to the last user message
 INSTRUCTIONS: dict[str, str] = {
@@ -23,7 +24,7 @@ INSTRUCTIONS: dict[str, str] = {
 }
 
 __all__ = ["INSTRUCTIONS", "DataConfig", "EngineSpec", "OutputConfig", "RayConfig", "RolloutConfig",
-           "SamplingConfig", "SegmentConfig"]
+           "SamplingConfig", "SegmentConfig", "SpeculativeSettings"]
 
 
 class DataConfig(ConfigModel):
@@ -84,6 +85,8 @@ class RolloutConfig(StepStreamConfig):
     seed: int = Field(0, description="Engine seed (per-request seeds are not used: they break vLLM's CPU build).")
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field("processed_logprobs", description="Which log-probs engines report: after temperature/top-k/top-p ('processed', what was sampled from) or of the raw model.")
     policy_version: int = Field(0, description="Policy (weights) version recorded on every segment.")
+    speculative: Literal["off", "ngram"] = Field("off", description="Speculative decoding in the vLLM engines: 'off', or 'ngram' (vLLM's n-gram lookup: drafts the tokens that followed the sequence's last n-gram where it occurred before in the request's own prompt and output, and verifies them in one pass; same outputs as 'off' up to float rounding). Off by default until a measurement says otherwise; 'suffix' and 'group' are planned (issue 50). Conflicts with a speculative_config in an engine's engine_args.")
+    speculative_settings: SpeculativeSettings = Field(default_factory=SpeculativeSettings, description="Parameters of the speculative method (number of drafted tokens, n-gram window); ignored while speculative is 'off'.")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
     ray: RayConfig | None = Field(None, description="Run engines as Ray actors: when set, the automatic layout's engines use backend 'ray', and engines listed with backend 'ray' take their defaults from here (see docs/ray.md).")
 
@@ -106,6 +109,32 @@ class RolloutConfig(StepStreamConfig):
         self.policy_settings = type_policy_settings(self.policy, self.policy_settings,
                                                     origin=(info.context or {}).get("source"))
         return self
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _known_speculative(cls, method: Any) -> Any:
+        if method not in SPECULATIVE_METHODS:
+            raise ConfigValueError(unknown_speculative(method))
+        return method
+
+    @model_validator(mode="after")
+    def _one_speculative_config(self) -> "RolloutConfig":
+        """``speculative`` and a vLLM ``speculative_config`` passed through engine_args would fight: one of them."""
+        if self.speculative == "off":
+            return self
+        given = [f"engines[{i}].engine_args.speculative_config" for i, spec in enumerate(self.engines or ())
+                 if "speculative_config" in spec.engine_args]
+        defaults_args = self.engine_defaults.get("engine_args")
+        if isinstance(defaults_args, dict) and "speculative_config" in defaults_args:
+            given.append("engine_defaults.engine_args.speculative_config")
+        if given:
+            raise ConfigValueError(f"speculative ({self.speculative!r}) and {given[0]} are both set; set one of "
+                                   f"them (speculative builds vLLM's speculative_config)")
+        return self
+
+    def vllm_speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's ``speculative_config`` the engines get (None with speculative 'off')."""
+        return self.speculative_settings.vllm_config(self.speculative)
 
     @model_validator(mode="after")
     def _stream_keys(self) -> "RolloutConfig":

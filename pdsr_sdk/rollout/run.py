@@ -351,12 +351,23 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         engine_busy_fraction={k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()},
         stats=stats,
         engines=[{"name": s.name, "pool": s.pool, "devices": s.devices, "max_num_seqs": s.max_num_seqs,
-                  "max_model_len": s.max_model_len} for s in session.engine_specs],
+                  "max_model_len": s.max_model_len, **_speculation(config, session, s.name)}
+                 for s in session.engine_specs],
         engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
         skipped_long=skipped_long, run_id=prior.run_id,
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
         filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
     )
+
+
+def _speculation(config, session: RolloutSession, name: str) -> dict[str, Any]:
+    """An engine's speculative decoding counts since it started (``VllmEngine.speculation_stats``), with
+    ``speculative`` on and where the engine reports them (local vLLM engines; Ray engines do not yet)."""
+    if config.speculative == "off":
+        return {}
+    engine = next((e for e in session.engines if e.name == name), None)
+    stats = getattr(engine, "speculation_stats", None)
+    return {"speculation": stats()} if callable(stats) else {}
 
 
 def _round_up(x: int, m: int) -> int:

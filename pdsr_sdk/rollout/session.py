@@ -297,8 +297,10 @@ class RolloutSession:
             needed = max_model_len or (cfg.sampling.max_tokens + 1024)
             self.engine_specs = engine_layout(cfg, required_pools=self.policy_cls.required_pools,
                                               cpu=is_cpu_build(), max_model_len=needed)
+            speculative = cfg.vllm_speculative_config()
             self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
-                                         logprobs_mode=cfg.logprobs_mode) for spec in self.engine_specs]
+                                         logprobs_mode=cfg.logprobs_mode, speculative=speculative)
+                            for spec in self.engine_specs]
         missing = [p for p in self.policy_cls.required_pools if p not in {e.pool for e in self.engines}]
         if missing:
             raise ConfigError(f"policy {self.policy_cls.name!r} needs an engine in pool(s) {', '.join(missing)}")

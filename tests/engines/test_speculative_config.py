@@ -1,0 +1,163 @@
+"""``speculative`` (issue 50, item 1): the setting, its vLLM ``speculative_config``, the conflict with one
+given in ``engine_args``, and the CLI flags. No vLLM needed: the engine arguments are built, not used."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+from pdsr_sdk.config import load_config
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+
+
+def engine_args(speculative=None, cpu: bool = True, **spec):
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(EngineSpec(name="e", pool="fast", dtype="float32", **spec), model="/nonexistent",
+                        speculative=speculative)
+    try:
+        return engine._engine_args(cpu)
+    finally:
+        engine._error_file.unlink(missing_ok=True)
+
+
+def test_off_is_the_default_and_changes_no_engine_argument():
+    cfg = RolloutConfig()
+    assert cfg.speculative == "off" and cfg.vllm_speculative_config() is None
+    for cpu in (True, False):
+        args = engine_args(cfg.vllm_speculative_config(), cpu=cpu)
+        assert "speculative_config" not in args
+        assert args == engine_args(cpu=cpu)
+    # a speculative_config of the user's own still passes through unchanged while speculative is off
+    own = {"method": "ngram", "num_speculative_tokens": 2}
+    assert RolloutConfig(engines=[EngineSpec(name="a", pool="fast", engine_args={"speculative_config": own})])
+    assert engine_args(engine_args={"speculative_config": own})["speculative_config"] == own
+
+
+def test_ngram_becomes_vllms_speculative_config():
+    cfg = load_config(RolloutConfig, None, {"speculative": "ngram",
+                                            "speculative_settings.num_speculative_tokens": 3,
+                                            "speculative_settings.prompt_lookup_min": 1})
+    expected = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    assert cfg.vllm_speculative_config() == expected
+    assert engine_args(cfg.vllm_speculative_config())["speculative_config"] == expected
+
+
+def test_vllm_accepts_the_config():
+    """The dict is one vLLM's SpeculativeConfig takes as it is (the installed version's field names)."""
+    pytest.importorskip("vllm")
+    from vllm.config.speculative import SpeculativeConfig
+
+    fields = set(SpeculativeConfig.__dataclass_fields__)
+    assert set(RolloutConfig(speculative="ngram").vllm_speculative_config()) <= fields
+
+
+@pytest.mark.parametrize("where, overrides", [
+    ("engines[1].engine_args.speculative_config",
+     {"engines": [{"name": "a", "pool": "fast"},
+                  {"name": "b", "pool": "heavy", "engine_args": {"speculative_config": {"method": "ngram"}}}]}),
+    ("engine_defaults.engine_args.speculative_config",
+     {"engine_defaults": {"engine_args": {"speculative_config": {"method": "ngram"}}}}),
+])
+def test_both_speculative_and_a_speculative_config_is_an_error_naming_both(where, overrides):
+    with pytest.raises(ConfigError) as err:
+        load_config(RolloutConfig, None, {"speculative": "ngram", **overrides})
+    assert "speculative ('ngram')" in str(err.value) and where in str(err.value)
+
+
+def test_the_engine_refuses_both_too():
+    """An SDK user who builds engines directly gets the same error, before the engine process starts."""
+    with pytest.raises(ConfigError, match="speculative.*engine_args.speculative_config"):
+        engine_args({"method": "ngram", "num_speculative_tokens": 2},
+                    engine_args={"speculative_config": {"method": "ngram"}})
+
+
+@pytest.mark.parametrize("method, says", [("suffix", "not implemented yet"), ("group", "not implemented yet"),
+                                          ("eagle", "unknown speculative method")])
+def test_methods_not_built_are_refused(method, says):
+    with pytest.raises(ConfigError) as err:
+        load_config(RolloutConfig, None, {"speculative": method})
+    assert "speculative" in str(err.value) and says in str(err.value) and "off, ngram" in str(err.value)
+
+
+def test_ngram_window_must_be_ordered():
+    with pytest.raises(ConfigError, match="prompt_lookup_min .5. must be <= prompt_lookup_max .4."):
+        load_config(RolloutConfig, None, {"speculative_settings.prompt_lookup_min": 5})
+
+
+def test_cli_flags_set_the_config(monkeypatch, tmp_path):
+    """``--speculative ngram --num-speculative-tokens 3`` reach the config run_rollout gets; a method not
+    built is exit 2 with the config key named, before any engine starts."""
+    import pdsr_sdk.rollout.run as run
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(cfg, **_):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(run, "run_rollout", fake_run)
+    runner = CliRunner()
+    out = ["--out", str(tmp_path / "o.parquet")]
+    with pytest.raises(Stop):
+        runner.invoke(cli, ["rollout", "--quiet", "--speculative", "ngram", "--num-speculative-tokens", "3", *out],
+                      catch_exceptions=False)
+    assert seen[0].speculative == "ngram" and seen[0].vllm_speculative_config()["num_speculative_tokens"] == 3
+    r = runner.invoke(cli, ["rollout", "--quiet", "--speculative", "suffix", *out], catch_exceptions=False)
+    assert r.exit_code == 2 and "speculative" in r.output and "not implemented yet" in r.output
+    assert "Traceback" not in r.output and len(seen) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
+def test_the_cpu_sampler_fix_expands_like_the_triton_kernel(dtype):
+    """pdsr's replacement of vLLM's CPU expand_kernel fallback (vllm_fixes.py): request i's value over its
+    tokens, in the output's own dtype (vLLM 0.32's wrote an int64 copy and left a float output unset)."""
+    torch = pytest.importorskip("torch")
+    from pdsr_sdk.engines.vllm_fixes import expand_kernel_impl
+
+    values = torch.tensor([0.7, 5.0, -1.0, 2.0]).to(getattr(torch, dtype))
+    cu = torch.tensor([2, 2, 5, 6], dtype=torch.int32)       # 2, 0, 3 and 1 drafted tokens
+    out = torch.full((6,), 99, dtype=values.dtype)
+    expand_kernel_impl(out, values, cu, -1, 1)               # -1 is replaced by 1 (vLLM: greedy temperature 0 -> 1)
+    v = values.tolist()
+    assert out.tolist() == [v[0], v[0], 1, 1, 1, v[3]] and out.dtype == values.dtype
+    if dtype == "float32":
+        assert out[0].item() == pytest.approx(0.7)
+    empty = torch.empty(0)
+    expand_kernel_impl(empty, empty, torch.zeros(0, dtype=torch.int32), 0, 0)
+
+
+def test_the_cpu_sampler_fix_applies_where_vllm_has_no_triton():
+    pytest.importorskip("vllm")
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.utils import cpu_triton_utils
+
+    from pdsr_sdk.engines import vllm_fixes
+
+    before = cpu_triton_utils._expand_kernel_impl
+    try:
+        assert vllm_fixes.apply_cpu_sampler_fix() == (not HAS_TRITON)
+        if not HAS_TRITON:
+            assert cpu_triton_utils._expand_kernel_impl is vllm_fixes.expand_kernel_impl
+    finally:
+        cpu_triton_utils._expand_kernel_impl = before
+
+
+def test_the_run_summary_carries_each_engines_speculation_counts():
+    """``pdsr rollout``'s summary: each engine's counts with speculative on (engines that report them), nothing
+    with it off."""
+    from types import SimpleNamespace
+
+    from pdsr_sdk.rollout.run import _speculation
+
+    counts = {"drafts": 3, "drafted_tokens": 9, "accepted_tokens": 7}
+    session = SimpleNamespace(engines=[SimpleNamespace(name="fast-0", speculation_stats=lambda: counts),
+                                       SimpleNamespace(name="ray-0")])
+    assert _speculation(RolloutConfig(speculative="ngram"), session, "fast-0") == {"speculation": counts}
+    assert _speculation(RolloutConfig(speculative="ngram"), session, "ray-0") == {}
+    assert _speculation(RolloutConfig(), session, "fast-0") == {}
