@@ -7,7 +7,6 @@ line: the worst errors and the list of failures.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -23,10 +22,10 @@ from pdsr_sdk.gae.reference import reference_gae  # noqa: E402
 from pdsr_sdk.gae.triton_kernel import triton_gae  # noqa: E402
 from test_gae import GAMMA_LAM, MASKS, make_inputs, seed_of, tolerance  # noqa: E402
 
-# (shape, block, segments, carry): one tile and several tiles per row, one segment and
-# several (the summary kernel plus the fold over later segments), a partial last tile
-CASES = [((3, 37), 8, 1, "float32"), ((2, 40), 8, 3, "float64")]
-PREFETCH = (False, True)
+# (shape, block, segments, carry, prefetch): one tile and several tiles per row, one segment and several (the
+# summary kernel plus the fold over later segments), a partial last tile, the next tile's loads issued before
+# this tile's scan or not
+CASES = [((3, 37), 8, 1, "float32", False), ((3, 37), 8, 1, "float32", True), ((2, 40), 8, 3, "float64", True)]
 
 
 def main() -> None:
@@ -35,7 +34,7 @@ def main() -> None:
     checked = 0
     for mask_kind in MASKS:
         for gamma, lam in GAMMA_LAM:
-            for (shape, block, segments, carry), prefetch in itertools.product(CASES, PREFETCH):
+            for shape, block, segments, carry, prefetch in CASES:
                 r, v, m = make_inputs(seed_of(shape, mask_kind, "triton"), *shape, mask_kind)
                 r[~m] = np.nan   # masked rewards never enter the state
                 adv, ret = triton_gae(torch.from_numpy(r), torch.from_numpy(v), torch.from_numpy(m), gamma, lam,

@@ -143,7 +143,7 @@ def test_triton_in_interpreter_matches_reference():
         pytest.skip(f"Triton's interpreter cannot run here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["checked"] == len(MASKS) * len(GAMMA_LAM) * 2 * 2   # cases x prefetch
+    assert report["checked"] == len(MASKS) * len(GAMMA_LAM) * 3   # x the script's CASES
     assert report["failures"] == []
     api = report["api"]
     assert api["numpy_kind"] == "ndarray" and api["numpy_dtype"] == "float32" and api["numpy_err"] < 1e-5
