@@ -8,7 +8,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from pdsr_sdk.policies.length_history import LengthHistory, cap_runner_threshold, unseen_residual
+from pdsr_sdk.policies.length_history import LengthHistory, cap_runner_threshold
 
 
 def residual_loop(lengths, generated, cap):
@@ -91,9 +91,3 @@ def test_cap_runner_threshold_by_hand():
     assert cap_runner_threshold(lengths, 100, 1.0) == 50
     assert cap_runner_threshold(lengths[:6], 100, 0.5) == math.inf      # nothing ran to the cap
     assert cap_runner_threshold([100, 100], 100, 0.5) == math.inf      # nothing finished short of it
-
-
-def test_unseen_residual_is_as_much_again_up_to_the_cap():
-    """With no finished length to go by, a sample further along is taken to have more left, until the cap is nearer
-    than what it has produced."""
-    assert [unseen_residual(g, 100) for g in (0, 30, 50, 70, 99, 100, 120)] == [0, 30, 50, 30, 1, 0, 0]

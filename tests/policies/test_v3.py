@@ -415,10 +415,9 @@ def test_moves_into_one_engine_come_a_few_at_a_time():
 def test_the_move_limit_follows_the_prefill_price_it_measures():
     """The stall a move costs depends on model and hardware; v3 reads it off the engines' timings. Where a prefill
     token costs 39x the default profile's, it learns a price within a factor of two of the true one, fewer moved
-    samples arrive at an engine at once than where prefill is cheap, and the limit is worth more than 3%. (The lead
-    guard is off: it rules out targets whatever the price.)"""
-    cheap, _ = herd_trace_runs(EQUAL, 10**6, disable=["lead_guard"])
-    dear, unlimited = herd_trace_runs(CPU_SMOLLM2, 10**6, disable=["lead_guard"])
+    samples arrive at an engine at once than where prefill is cheap, and the limit is worth more than 3%."""
+    cheap, _ = herd_trace_runs(EQUAL, 10**6)
+    dear, unlimited = herd_trace_runs(CPU_SMOLLM2, 10**6)
     learnt = [b.policy["prefill_s_per_token"] for b in cheap.batches + dear.batches]
     assert 0.5 * 2e-5 <= learnt[1] <= 2 * 2e-5 and 0.5 * 7.8e-4 <= learnt[3] <= 2 * 7.8e-4, learnt
     assert peak_arrivals(dear) < peak_arrivals(cheap)
@@ -426,24 +425,11 @@ def test_the_move_limit_follows_the_prefill_price_it_measures():
 
 
 @pytest.mark.tuning
-def test_a_move_lands_only_where_the_furthest_along_sample_has_less_left():
-    """``lead_guard`` (``disable`` lists it to switch it off): a move does not land on an engine whose furthest-along sample is expected to run longer
-    than the moved one (it, not the mover, sets that engine's end). Where lengths run to a cap, the furthest along
-    have the least left, so moves still even out the cap runners; the guard rules out the moves that only crowd an
-    engine whose own long samples still have as far to go, and the batch ends sooner with fewer moves."""
-    guarded, _ = herd_trace_runs(EQUAL, 0.25)
-    unguarded, _ = herd_trace_runs(EQUAL, 0.25, disable=["lead_guard"])
-    assert 0 < guarded.stats["moves"] < unguarded.stats["moves"]
-    assert guarded.makespan_s < 0.997 * unguarded.makespan_s
-
-
-@pytest.mark.tuning
 def test_a_cold_batch_does_not_gather_its_runaways_on_one_engine():
-    """``lead_guard`` in a cold batch: the history holds only the first, short finishes, so it cannot say what
-    a long-running sample has left. Read as the cap less its progress, the further-along runaway looked the nearer to
-    its end, and on this KV-bound draw both 32,768-token runaways moved onto one engine, which ended the batch 6%
-    after baseline. The one further along now counts as having more left: they end on two engines, and the batch
-    ends before baseline's."""
+    """A cold batch: the history holds only the first, short finishes, so it cannot say what a long-running sample
+    has left. On this KV-bound draw both 32,768-token runaways once moved onto one engine, which ended the batch 6%
+    after baseline (a move guard was added for it, and later removed: its cost elsewhere was higher than its gain,
+    docs/notes/v3-rules.md). They end on two engines, and the batch ends before baseline's."""
     trace = synth_trace(groups=128, n=8, seed=2, median_length=3400, max_length=32768)
     prof = dict(EQUAL, max_model_len=40960)
     cfg = SimulateConfig(policy="v3", fast=6, heavy=2, batch_size=128, timeline=False, references=False,

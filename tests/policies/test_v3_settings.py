@@ -21,7 +21,7 @@ from pdsr_sdk.traces import synth_trace, write_trace_jsonl
 # old flat settings -> the nested ones they mean, written out by hand (the reference the mapping is held to)
 OLD_AND_NEW = [
     ({"migrate": False}, {"disable": ["migration"]}),
-    ({"migrate_lead_guard": False, "kv_admission": False}, {"disable": ["kv_admission", "lead_guard"]}),
+    ({"kv_admission": False}, {"disable": ["kv_admission"]}),
     ({"probes_first": False, "locality": False, "balance": False, "chunk_steal": False, "early_restart": False},
      {"disable": ["probes_first", "locality", "balance", "chunk_steal", "early_restart"]}),
     ({"migrate": True}, {}),
@@ -69,10 +69,12 @@ def test_every_flat_key_of_the_old_model_is_mapped():
                   "chunk_steal", "stream_segment_tokens", "early_restart", "early_restart_chance", "refresh",
                   "refresh_ratio", "heavy_max_seqs"}
     assert len(old_fields) == 31
-    covered = set(FLAT_KEYS) | set(FLAT_SWITCHES) | {"placement", "refresh", "refresh_ratio"}
+    covered = set(FLAT_KEYS) | set(FLAT_SWITCHES) | set(V3Settings.removed_keys) | {"placement", "refresh",
+                                                                                      "refresh_ratio"}
     assert old_fields <= covered
     assert set(FLAT_SWITCHES.values()) == set(RULES)
-    assert {k for old, _ in OLD_AND_NEW for k in old} >= old_fields   # each is pinned in the table above
+    # each is pinned in the table above, or in the removed rules' test below
+    assert {k for old, _ in OLD_AND_NEW for k in old} >= old_fields - set(V3Settings.removed_keys)
 
 
 def test_a_switch_turned_back_on_leaves_disable():
@@ -305,7 +307,6 @@ ACTS = [
     ("disable", ["balance"], {}, "batches", _informative, {}),
     ("disable", ["chunk_steal"], {}, "batches", _informative, {}),
     ("disable", ["migration"], {}, "batches", _informative, {}),
-    ("disable", ["lead_guard"], {}, "batches", _informative, {}),
     ("disable", ["early_restart"], {"lane": {"evidence": 2}}, "steps", _short, FULL),
     ("ranking.mode", "never", {}, "batches", _uninformative, {}),
     ("ranking.min_correlation", 0.9, {}, "batches", _informative, {}),
@@ -352,3 +353,14 @@ def test_changing_a_setting_changes_what_v3_does(key, value, base, kind, trace, 
     run = _batches if kind == "batches" else _steps
     t = trace()
     assert run(t, changed, **kw) != run(t, base, **kw)
+
+
+def test_a_removed_rule_is_an_error_by_hand_and_ignored_with_a_warning_from_a_saved_run():
+    """lead_guard was removed (issue 48's rule table): naming it, as a rule or by its old flat key, is an error in a
+    config written by hand and dropped with a warning in settings read back from a saved run."""
+    for given in ({"disable": ["migration", "lead_guard"]}, {"migrate_lead_guard": False}):
+        with pytest.raises(ConfigError, match=r"lead_guard.*was removed"):
+            validate_config(V3Settings, given)
+        with pytest.warns(PdsrDeprecationWarning, match=r"lead_guard.*ignored|ignored.*lead_guard"):
+            saved = validate_config(V3Settings, given, saved=True)
+        assert saved.disable == (["migration"] if "disable" in given else [])

@@ -9,7 +9,6 @@ from typing import Callable
 
 from pdsr_sdk.dispatch.protocols import DispatchContext, Engine
 from pdsr_sdk.dispatch.types import HEAVY, Group, Sample
-from pdsr_sdk.policies.engine_leads import EngineLeads
 from pdsr_sdk.policies.v3.settings import V3Settings
 
 
@@ -37,8 +36,6 @@ class Ledger:
         self.targets_stale = True
         self.runaways: dict[Sample, str] = {}        # samples past the lane threshold -> the lane engine holding them
         self.runaways_on: dict[str, int] = {}        # such samples per lane engine
-        # per engine, its furthest-along sample's progress; kept only where the move guard reads it
-        self.leads = EngineLeads(self.engine_of) if config.on("migration") and config.on("lead_guard") else None
 
     # ----------------------------------------------------------- engines
     def arrive(self, engines: list[Engine], groups: list[Group]) -> None:
@@ -63,8 +60,6 @@ class Ledger:
         self.remaining.pop(engine.name, None)
         self.tail_on.pop(engine.name, None)
         self.runaways_on.pop(engine.name, None)
-        if self.leads is not None:
-            self.leads.drop(engine.name)
         self.assigned.pop(engine.name, None)
         self.total_slots = sum(self.limit(self.by_name[n]) for n in self.assigned)
 
@@ -105,7 +100,6 @@ class Ledger:
         if s in self.tail:
             self.tail_on[e.name] += 1
         self.push_engine(e.name)
-        self.note_progress(s)
 
     def unplace(self, s: Sample) -> None:
         # a runaway's hold ends wherever it was booked, or if it was not (a finished sample restarted for
@@ -146,11 +140,6 @@ class Ledger:
         self.remaining[name] += d_rem
         self.total_remaining += d_rem
         self.predicted[s] = (new, s.num_generated)
-
-    def note_progress(self, s: Sample) -> None:
-        name = self.engine_of.get(s)
-        if name is not None and self.leads is not None:
-            self.leads.note(s, self.assigned.get(name, 0))
 
     # ---------------------------------------------------------------- moves
     def rebook(self, s: Sample, target: Engine, length: float) -> None:

@@ -15,7 +15,6 @@ import heapq
 
 from pdsr_sdk.dispatch.protocols import DispatchContext, Engine
 from pdsr_sdk.dispatch.types import Sample
-from pdsr_sdk.policies.length_history import unseen_residual
 from pdsr_sdk.policies.move_prices import MovePrices
 from pdsr_sdk.policies.v3.ledger import Ledger
 from pdsr_sdk.policies.v3.lengths import Lengths
@@ -32,7 +31,6 @@ class Migration(BaseRule):
         self.cfg = config
         self.ctx = ctx
         self.enabled = config.on("migration")
-        self.lead_guard = config.on("lead_guard")
         self.ledger = ledger
         self.lengths = lengths
         self.arriving: dict[Sample, tuple[str, int]] = {}   # moved samples before their first segment on the
@@ -99,10 +97,9 @@ class Migration(BaseRule):
         self.arriving_ctx[to] = self.arriving_ctx.get(to, 0) + context
 
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
-        """The best move target (:meth:`Ledger.best_target`) among those whose furthest-along sample is expected to
-        finish before ``s`` (``lead_guard``) and where the prefill of the moves still arriving, and of this
-        one's ``context`` tokens, pays (``migration.stall_share``); the next best are tried while the best are ruled
-        out (with many engines one target was full and moves waited)."""
+        """The best move target (:meth:`Ledger.best_target`) among those where the prefill of the moves still
+        arriving, and of this one's ``context`` tokens, pays (``migration.stall_share``); the next best are tried
+        while the best are ruled out (with many engines one target was full and moves waited)."""
         skipped = []
         found = None
         remaining = self.lengths.residual(s.num_generated)
@@ -110,7 +107,7 @@ class Migration(BaseRule):
             target = self.ledger.best_target()
             if target is None:
                 break
-            if target is source or self._takes(target.name, source.name, s.num_generated, context, remaining):
+            if target is source or self._takes(target.name, source.name, context, remaining):
                 found = target
                 break
             skipped.append(heapq.heappop(self.ledger.targets))
@@ -118,31 +115,9 @@ class Migration(BaseRule):
             heapq.heappush(self.ledger.targets, entry)
         return found
 
-    def _takes(self, name: str, source: str, generated: int, context: int, remaining: float) -> bool:
-        """Whether engine ``name`` takes a moved sample of ``context`` tokens that has produced ``generated`` and has
-        ``remaining`` still to come."""
-        if self.lead_guard and not self._lead_finishes_first(name, generated, remaining):
-            return False
+    def _takes(self, name: str, source: str, context: int, remaining: float) -> bool:
+        """Whether engine ``name`` takes a moved sample of ``context`` tokens that has ``remaining`` still to come."""
         if not self.arriving_on.get(name, 0):
             return True
         return bool(self.prices.stall_pays(source, name, self.arriving_ctx.get(name, 0) + context, remaining,
                                            self.cfg.migration.stall_share))
-
-    def _lead_finishes_first(self, name: str, generated: int, remaining: float) -> bool:
-        """Whether engine ``name``'s furthest-along sample is expected to finish before a moved sample that has
-        produced ``generated`` and has ``remaining`` tokens still to come (``lead_guard``). While the history
-        is not full and none of it ran to the cap, it holds the first finishes, the short ones, and cannot say what a
-        long-running sample has left (read as the cap less its progress, the further-along runaway looked the nearer
-        to its end, and a cold batch's runaways gathered on one engine); the one further along is then taken to have
-        more left, up to the cap (:func:`unseen_residual`)."""
-        leads = self.ledger.leads
-        lead = leads.lead(name) if leads is not None else None
-        if lead is None:
-            return True
-        cap = self.ctx.sampling.max_tokens
-        history = self.lengths.history
-        seen = history.sorted
-        if (not history.full and not (seen and seen[-1] >= cap)
-                and unseen_residual(lead, cap) >= unseen_residual(generated, cap)):
-            return False
-        return self.lengths.residual(lead) < remaining

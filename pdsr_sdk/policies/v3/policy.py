@@ -79,7 +79,6 @@ class V3Policy(Policy):
 
     def on_segment_end(self, sample: Sample, engine: Engine) -> None:
         self.ledger.repredict(sample, self.lengths.expected)
-        self.ledger.note_progress(sample)
         for rule in self.segment_rules:
             rule.on_segment_end(sample, engine)
         for mover in self.movers:
