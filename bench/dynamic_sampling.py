@@ -13,7 +13,7 @@ groups are the long ones, and a prompt's solve rate is ``solve`` x its share of 
 benchmark sweeps ``solve``; the overall solve rate and the measured pass rate are printed beside each.
 
 pdsr: ``pdsr simulate --steps K --step-groups B --max-staleness 0 --filter-groups zero-variance`` (on-policy: a
-group still generating at a step's end is dropped at the next one's start, as the recipe drops its excess; the
+group still generating at a step's end is dropped then, as the recipe drops its excess; the
 groups in flight follow the measured pass rate). verl's DAPO
 recipe (``recipe/dapo``, ``pdsr_sdk.sim.steps.dapo_recipe_steps``): generation batches of 3 x B prompts with the
 baseline policy (plain continuous batching, each batch waits for its longest sample), filtered, until B pass, at
@@ -80,7 +80,7 @@ def main() -> None:
         report = simulate_steps(trace, cfg)
         run = report.runs[0]
         s = report.summary(run)
-        dropped = sum(st["dropped_tokens"] for st in s["steps"])   # groups dropped at a step's start
+        dropped = sum(st["dropped_tokens"] for st in s["steps"])   # groups dropped at a step's end
         generated = s["tokens"] + s["wasted_tokens"] + s["filtered_tokens"] + dropped
         print(" | ".join([f"{solve:g}", f"{float(trace.rewards.mean()):.3f}", f"{pass_rate:.3f}",
                           f"{sum(plan[2:-1]) / max(1, len(plan[2:-1])):.2f}", f"{report.baseline_step_s:.2f}",

@@ -45,12 +45,12 @@ A stream of groups runs through one dispatch run; nothing waits for a batch's lo
   (passed + 1) / (judged + 2) over every group judged in the run, at least ``min_pass_rate``), a step
   starts ``ceil(B / p)`` in flight (or ``ceil(B x (1 + F))`` with a fixed over-provision F), and each
   filtered group launches new ones while the groups in flight, times p, fall short of the passing groups
-  still needed (:func:`needed_launches`). On-policy (S = 0), the groups still generating at a step's end
-  are dropped, as DAPO's recipe drops its excess: their unfinished samples finish as ``dropped``, their
-  tokens count in the step's ``dropped_tokens``, and they are never consumed (:attr:`StepStream.last_dropped`).
-  Restarting them instead would make each one due at the next step (a sample restarts at most once), so
-  that step would wait for groups that started afresh at its start. Groups launched but not started yet
-  stay.
+  still needed (:func:`needed_launches`). On-policy (S = 0), the groups with tokens that a step's end does
+  not take (generating, or complete beyond B) are dropped then, as DAPO's recipe drops its excess: their
+  unfinished samples finish as ``dropped``, their tokens count in that step's ``dropped_tokens``, and they are
+  never consumed (:attr:`StepStream.last_dropped`). Restarting them instead would make each one due at the
+  next step (a sample restarts at most once), so that step would wait for groups that started afresh at its
+  start. Groups launched but not started yet stay.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ class StepRecord:
     filtered: int = 0
     filtered_tokens: int = 0
     pass_rate: float | None = None
-    #: dynamic sampling on-policy: groups dropped at the step's start (generating under the previous
-    #: version when it ended), and the response tokens they had
+    #: dynamic sampling on-policy: groups with tokens the step's end did not take, dropped then, and the
+    #: response tokens they had
     dropped: int = 0
     dropped_tokens: int = 0
 
@@ -214,7 +214,7 @@ class StepStream:
         self.adapt = adapt and group_filter is not None
         #: on-policy dynamic sampling drops the groups still generating at a step's end (see the module)
         self.drop_stale = group_filter is not None and max_staleness == 0
-        #: the groups dropped at the current step's start, and at the start of the step consumed last
+        #: the groups dropped at the end of the step consumed last (see ``dropped`` in :class:`StepRecord`)
         self.dropped: list[Group] = []
         self.last_dropped: list[Group] = []
         self._dropped_tokens = 0
@@ -430,6 +430,10 @@ class StepStream:
             lags.append(t - self.flying.pop(id(g))[1])
             del self.complete[id(g)]
             self.consumed_at[g.prompt_id] = t
+        if self.drop_stale:   # every group with a token now would be too stale under the next version
+            for g, _ in list(self.flying.values()):
+                if any(oldest_version(s) is not None for s in g.samples):
+                    self._drop(g)
         ages: Counter[int] = Counter()
         partial = 0
         for g in consumed:
@@ -485,10 +489,7 @@ class StepStream:
         self.step_version = self.sched.policy_version
         if self.s is not None:
             for g, _ in list(self.flying.values()):
-                if self.drop_stale and self._stale(g, self.step_version):
-                    self._drop(g)
-                else:
-                    self._restart_stale(g, self.step_version)
+                self._restart_stale(g, self.step_version)
         choose = getattr(self.run.policy, "on_step_end", None)
         if choose is not None:
             for smp in choose([g for g, _ in self.flying.values()]):

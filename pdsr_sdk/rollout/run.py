@@ -46,6 +46,7 @@ class RolloutSummary:
     skipped_long: int = 0     # prompts longer than the context, skipped (data.skip_long)
     reward_mean: float | None = None   # over the samples with a reward (None: no reward function)
     filtered_groups: int = 0   # groups dynamic sampling filtered out (filter_groups), not in groups
+    dropped_groups: int = 0    # groups on-policy dynamic sampling dropped at a step's end, not in groups
     rewarded_samples: int = 0          # samples with a reward
     run_id: str = ""          # the same across a run and its resumes
 
@@ -273,7 +274,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                         filtered_writer.add_group([sample_row(s, tokenizer, None, scored=next(scores))
                                                    for s in group.samples])
                     filtered_writer.flush()
-                consumed += len(out.groups) + len(out.filtered)   # a filtered prompt is done with too
+                # a filtered prompt is done with too, and so is a dropped one (on-policy dynamic sampling)
+                consumed += len(out.groups) + len(out.filtered) + len(out.dropped)
                 results.append(out.report)
                 await session.anext_version()   # each step's end is a trainer's weight update
                 writer.flush()
@@ -357,6 +359,7 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         skipped_long=skipped_long, run_id=prior.run_id,
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
         filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
+        dropped_groups=sum(b.get("dropped_groups", 0) for b in batches),
     )
 
 

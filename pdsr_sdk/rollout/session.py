@@ -79,8 +79,8 @@ class StepResult:
     #: samples' scores in order
     filtered: list[Group] = field(default_factory=list)
     filtered_scores: list = field(default_factory=list)
-    #: on-policy dynamic sampling: the groups dropped at the step's start, still generating under the previous
-    #: weights when that step ended (never consumed; their prompts are not tried again)
+    #: on-policy dynamic sampling: the groups with tokens the step's end did not take (generating, or complete
+    #: beyond B), dropped then (never consumed; their prompts are not tried again in the run)
     dropped: list[Group] = field(default_factory=list)
 
     @property
@@ -840,7 +840,7 @@ class RolloutSession:
             fn(group)
         if self._stream is not None:
             if any(s.finish_reason == DROPPED for s in group.samples):
-                return   # dropped at a step's start (on-policy dynamic sampling): out of the stream already
+                return   # dropped at a step's end (on-policy dynamic sampling): out of the stream already
             if self.group_filter is not None:   # judged once its rewards are in
                 self.rewards.when_scored(group, self._group_scored, self._set_fatal)
             else:

@@ -286,7 +286,7 @@ DEFINITIONS = {
     "fastest_within": "With max_partial_share: the over-provision F whose run had the shortest steady step among "
                       "those with partial_share at most max_partial_share (null when none was within it).",
     "dropped_groups": "Groups still in flight after the last step (the next step's carry), and those on-policy "
-                      "dynamic sampling dropped at a step's start; dropped_tokens: their samples' reported tokens; "
+                      "dynamic sampling dropped at a step's end; dropped_tokens: their samples' reported tokens; "
                       "dropped_samples: the finished samples of the groups still in flight.",
 }
 

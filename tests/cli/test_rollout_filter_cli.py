@@ -75,3 +75,20 @@ def test_a_run_whose_every_group_is_filtered_ends_when_the_data_does(tmp_path, t
     summary = json.loads((tmp_path / "o.summary.json").read_text())
     assert summary["groups"] == 0 and summary["filtered_groups"] == 10
     assert pq.read_table(out).num_rows == 0
+
+
+def test_on_policy_dropped_groups_are_counted_and_the_run_ends_when_the_data_does(tmp_path, tiny_model_dir):
+    """``--max-staleness 0``: the groups generating when a step ends are dropped then (as DAPO
+    drops its excess); they count as done with, so a run with steps to spare ends once every prompt is taken,
+    filtered or dropped."""
+    cfg = setup(tmp_path, tiny_model_dir)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--steps", "40",
+                                 "--batch-size", "2", "--limit", "30", "--over-provision", "2",
+                                 "--max-staleness", "0", "--filter-groups", "zero-variance"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert summary["dropped_groups"] == sum(b["dropped_groups"] for b in summary["batches"]) > 0
+    assert summary["groups"] + summary["filtered_groups"] + summary["dropped_groups"] == 30
+    assert len(summary["batches"]) < 40
+    assert all(len(set(rs)) > 1 for rs in rewards_by_group(out).values())

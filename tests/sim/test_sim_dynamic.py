@@ -102,8 +102,8 @@ def test_filtering_needs_rewards_in_the_trace():
 
 @pytest.mark.parametrize("policy", ["baseline", "v3"])
 def test_on_policy_drops_the_groups_generating_at_a_steps_end_instead_of_restarting_them(policy):
-    """On-policy (S = 0) with a filter, a group still generating when a step ends is dropped at the next step's
-    start: never consumed, its unfinished samples finished as 'dropped', its tokens counted; nothing is restarted
+    """On-policy (S = 0) with a filter, a group with tokens that a step's end does not take is dropped then:
+    never consumed, its unfinished samples finished as 'dropped', its tokens counted; nothing is restarted
     for staleness, so every consumed token is of the step's own version."""
     from pdsr_sdk.dispatch.types import DROPPED
 
@@ -118,5 +118,5 @@ def test_on_policy_drops_the_groups_generating_at_a_steps_end_instead_of_restart
     assert len(consumed) == sum(s.groups for s in run.steps)
     left = run.dropped_groups - dropped   # still in flight after the last step
     assert left >= 0 and run.dropped_tokens >= sum(s.dropped_tokens for s in run.steps) > 0
-    # every launched group is consumed, filtered, dropped at a step's start, or still in flight: once each
+    # every launched group is consumed, filtered, dropped at a step's end, or still in flight: once each
     assert len(run.launched_at) == len(consumed) + sum(s.filtered for s in run.steps) + dropped + left
