@@ -49,6 +49,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                    "without it such a prompt is an error naming its row.")
 @click.option("--reward", help="math_verify, math_boxed (its pure-Python fallback), none, auto (math_verify when the "
                               "data has a ground truth), or 'package.module:fn'.  [default: auto]")
+@click.option("--reward-executor", type=click.Choice(["thread", "process"]),
+              help="Run reward functions on worker threads, or in worker processes (a CPU-bound Python reward then "
+                   "never holds the loop that feeds the engines; give it by import path).  [default: thread]")
 @click.option("--reward-timeout", "reward_timeout_s", type=float, metavar="SECONDS",
               help="Seconds one math_verify check may take; longer scores 0 and counts as reward_timeouts.  "
                    "[default: 5]")
@@ -79,7 +82,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
-            reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative, num_speculative_tokens,
+            reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
+            num_speculative_tokens,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
@@ -120,7 +124,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "data.system_prompt": system_prompt, "data.instruction": instruction,
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
         "data.target_lengths_column": target_lengths_column, "data.skip_long": skip_long,
-        "reward": reward, "reward_timeout_s": reward_timeout_s, "overlong_buffer": overlong_buffer,
+        "reward": reward, "reward_executor": reward_executor, "reward_timeout_s": reward_timeout_s,
+        "overlong_buffer": overlong_buffer,
         "overlong_penalty": overlong_penalty, "seed": seed, "speculative": speculative,
         "speculative_settings.num_speculative_tokens": num_speculative_tokens,
         "segments.enabled": False if no_segments else None,

@@ -3,7 +3,9 @@
 A session hands every finished sample to a :class:`RewardRunner` (from the scheduler's callback, on the
 event loop). The runner decodes the response there (cheap) and runs the reward function on a worker
 thread, so a slow reward never holds up the loop that feeds the engines; ``math_verify``'s checks run
-in its own worker processes (:mod:`pdsr_sdk.rollout.verify_reward`) beneath that thread. A step waits
+in its own worker processes (:mod:`pdsr_sdk.rollout.verify_reward`) beneath that thread. With
+``executor="process"`` the reward functions themselves run in worker processes (spawned), so a CPU-bound
+Python reward does not hold the interpreter lock either; the functions must pickle (:func:`check_picklable`). A step waits
 for its samples' scores only after its groups are complete (:meth:`RewardRunner.wait`), and dynamic
 sampling reads a group's scores as soon as its last one is in (:meth:`RewardRunner.when_scored`).
 
@@ -16,11 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import multiprocessing
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.errors import ConfigError
+
+EXECUTORS = ("thread", "process")
 
 
 @dataclass(frozen=True)
@@ -64,12 +71,15 @@ class RewardRunner:
     call moved them."""
 
     def __init__(self, reward_for: Callable[[Group], Callable[..., Any] | None], tokenizer: Any, *,
-                 workers: int = 1, decode: bool = True):
+                 workers: int = 1, decode: bool = True, executor: str = "thread"):
+        if executor not in EXECUTORS:
+            raise ConfigError(f"reward_executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
         self.reward_for = reward_for
         self._tokenizer = tokenizer
         self.decode = decode and tokenizer is not None
         self.workers = workers
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self.executor = executor
+        self._pool: cf.Executor | None = None
         # id(sample) -> (the sample, the state scored, its future); the sample is kept so its id stays its own
         self._jobs: dict[int, tuple[Sample, tuple, asyncio.Future]] = {}
 
@@ -134,13 +144,29 @@ class RewardRunner:
             self._jobs.pop(id(s), None)
 
     def close(self) -> None:
-        """Stop the worker threads (queued scores are cancelled; a running call ends on its own)."""
+        """Stop the workers (queued scores are cancelled; a running call ends on its own)."""
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         self._jobs.clear()
 
-    def _executor(self) -> cf.ThreadPoolExecutor:
+    def _executor(self) -> cf.Executor:
         if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="pdsr-reward")
+            if self.executor == "process":
+                # spawned, not forked: this process runs an event loop and engine clients' threads
+                self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            else:
+                self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="pdsr-reward")
         return self._pool
+
+
+def check_picklable(fn: Callable[..., Any] | None, what: str = "the reward function") -> None:
+    """ConfigError unless ``fn`` pickles (what ``reward_executor: process`` sends to its workers)."""
+    if fn is None:
+        return
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - pickle raises several types
+        raise ConfigError(f"reward_executor 'process': {what} ({fn!r}) cannot be sent to a worker process "
+                          f"({type(exc).__name__}: {exc}); give a module-level function by import path "
+                          f"(pkg.mod:fn), or use reward_executor 'thread'") from None

@@ -290,6 +290,8 @@ class RolloutSession:
         from pdsr_sdk.rollout.layout import engine_layout, starting_message
 
         cfg = self.config
+        if cfg.reward_executor == "process":
+            self._check_rewards_pickle()   # before any engine starts
         if self._given_engines is not None:
             self.engines = list(self._given_engines)
         else:
@@ -315,7 +317,8 @@ class RolloutSession:
         if self.rewards is None:
             from pdsr_sdk.rollout.reward_runner import RewardRunner
 
-            self.rewards = RewardRunner(self.reward_for, lambda: self.tokenizer, workers=cfg.reward_workers)
+            self.rewards = RewardRunner(self.reward_for, lambda: self.tokenizer, workers=cfg.reward_workers,
+                                        executor=cfg.reward_executor)
         if self._given_engines is None:
             began = loop.time()
             self._status(starting_message(self.engine_specs, self._model_dir()))
@@ -546,6 +549,19 @@ class RolloutSession:
 
             self._reward_fns[has_truth] = config_reward(self.config, has_truth)
         return self._reward_fns[has_truth]
+
+    def _check_rewards_pickle(self) -> None:
+        """``reward_executor: process``: the reward functions must pickle (ConfigError naming them if not)."""
+        from pdsr_sdk.rollout.reward import config_reward
+        from pdsr_sdk.rollout.reward_runner import check_picklable
+
+        if self._reward_override is not None:
+            check_picklable(self._reward_override)
+            return
+        for has_truth in (True, False):
+            if has_truth not in self._reward_fns:
+                self._reward_fns[has_truth] = config_reward(self.config, has_truth)
+            check_picklable(self._reward_fns[has_truth], f"reward {self.config.reward!r}")
 
     async def scores(self, samples: Iterable[Sample]) -> list:
         """The rewards of finished samples (:class:`~pdsr_sdk.rollout.reward_runner.Scored`, in order), waiting

@@ -1,0 +1,57 @@
+"""``reward_executor: process``: reward functions run in spawned worker processes and give the scores threads
+give; a reward that cannot be sent to a process is an error before any engine starts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.rollout.config import RolloutConfig
+from pdsr_sdk.rollout.session import RolloutSession
+from support import requires_torch
+
+PROMPTS = [{"id": f"q{i}", "prompt": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(4)]
+
+
+def scored(text, ground_truth, *, prompt_id, sample_index, **info):
+    """A reward that says where it ran: the score from the ids, the process in an extra field."""
+    return {"score": float(int(prompt_id[1:]) + sample_index) / 10, "pid": os.getpid()}
+
+
+def config(tiny_model_dir, **kw) -> RolloutConfig:
+    return RolloutConfig(model=str(tiny_model_dir), policy="baseline", batch_size=len(PROMPTS),
+                         sampling={"n": 3, "max_tokens": 4}, reward="test_reward_executor:scored",
+                         engines=[{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine",
+                                   "max_model_len": 256}], **kw)
+
+
+def rows(tiny_model_dir, **kw) -> list[dict]:
+    with RolloutSession(config(tiny_model_dir, **kw)) as session:
+        return session.step(PROMPTS).table.to_pylist()
+
+
+@requires_torch
+def test_process_workers_give_the_scores_threads_give(tiny_model_dir):
+    threads = rows(tiny_model_dir)
+    processes = rows(tiny_model_dir, reward_executor="process", reward_workers=2)
+    key = lambda r: (r["prompt_id"], r["sample_index"])  # noqa: E731
+    assert [(key(r), r["reward"]) for r in sorted(threads, key=key)] == \
+           [(key(r), r["reward"]) for r in sorted(processes, key=key)]
+    assert len(processes) == 12 and {r["reward"] for r in processes} != {None}
+    pid = lambda r: json.loads(r["reward_extra"])["pid"]  # noqa: E731
+    assert all(pid(r) == os.getpid() for r in threads)
+    assert all(pid(r) != os.getpid() for r in processes)
+
+
+@requires_torch
+def test_a_reward_that_cannot_pickle_is_an_error_before_engines_start(tiny_model_dir):
+    session = RolloutSession(config(tiny_model_dir, reward_executor="process"),
+                             reward=lambda text, ground_truth, **info: 1.0)
+    with pytest.raises(ConfigError, match=r"reward_executor 'process'.*cannot be sent to a worker process.*"
+                                          r"import path"):
+        with session:
+            session.step(PROMPTS)
+    assert not session.engines   # none was built
