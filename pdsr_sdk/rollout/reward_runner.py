@@ -164,6 +164,9 @@ def check_picklable(fn: Callable[..., Any] | None, what: str = "the reward funct
     """ConfigError unless ``fn`` pickles (what ``reward_executor: process`` sends to its workers)."""
     if fn is None:
         return
+    if getattr(fn, "runs_in_processes", False) or getattr(getattr(fn, "fn", None), "runs_in_processes", False):
+        raise ConfigError(f"reward_executor 'process': {what} runs its checks in worker processes already "
+                          f"(math_verify); use reward_executor 'thread' with it")
     try:
         pickle.dumps(fn)
     except Exception as exc:  # noqa: BLE001 - pickle raises several types

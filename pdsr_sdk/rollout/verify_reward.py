@@ -125,6 +125,9 @@ class MathVerifyReward:
     a boxed answer or a ground truth). A check that takes longer than ``timeout_s`` scores 0.0 and adds one
     to ``stats["reward_timeouts"]``. Safe to call from any thread; calls are served one at a time."""
 
+    #: its checks already run in worker processes (``reward_executor: process`` is for other rewards)
+    runs_in_processes = True
+
     def __init__(self, timeout_s: float = 5.0, *, check: Check = verify_check, workers: int = 1):
         # check: a module-level function of an importable module (it is pickled to the worker by name)
         if timeout_s <= 0:

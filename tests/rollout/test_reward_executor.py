@@ -55,3 +55,13 @@ def test_a_reward_that_cannot_pickle_is_an_error_before_engines_start(tiny_model
         with session:
             session.step(PROMPTS)
     assert not session.engines   # none was built
+
+
+@requires_torch
+def test_math_verify_with_process_workers_says_it_has_its_own(tiny_model_dir):
+    cfg = config(tiny_model_dir, reward_executor="process").model_copy(update={"reward": "math_verify"})
+    session = RolloutSession(cfg)
+    with pytest.raises(ConfigError, match=r"runs its checks in worker processes already.*reward_executor 'thread'"):
+        with session:
+            session.step(PROMPTS)
+    assert not session.engines
