@@ -235,7 +235,13 @@ class RayEngine(ModelEngine):
 
         if self._dead or self._actor is None:
             raise EngineError(self.name, f"engine is not running (Ray actor on {self.where()})")
-        self._send(Submit.of(request))
+        from pdsr_sdk.engines import group_drafter
+
+        draft_args = None
+        if group_drafter.is_group(self.speculative):   # the sample stays here: its corpus goes with the request
+            draft_args = group_drafter.group_extra_args(request, self.speculative["prompt_lookup_min"],
+                                                        self.speculative["prompt_lookup_max"])
+        self._send(Submit.of(request, draft_args))
 
     def abort(self, request_id: str) -> None:
         from pdsr_sdk.engines.ray_actor import Abort
