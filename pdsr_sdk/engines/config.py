@@ -61,6 +61,7 @@ class SpeculativeSettings(ConfigModel):
     num_speculative_tokens: int = Field(4, ge=1, description="Tokens drafted per request per step, all verified in one forward pass (vLLM's num_speculative_tokens).")
     prompt_lookup_min: int = Field(2, ge=1, description="Shortest n-gram at the end of the sequence that is looked up: by ngram in the request's own prompt and output (vLLM's prompt_lookup_min), by group in the finished siblings' responses as well.")
     prompt_lookup_max: int = Field(4, ge=1, description="Longest such n-gram, tried first (vLLM's prompt_lookup_max; group uses it the same way).")
+    history_responses: int = Field(8, ge=0, description="group: besides the finished siblings, draft from up to this many of the most recent responses to the same prompt (the same prompt token ids) in groups the session finished before (earlier steps: older weights); 0 = siblings only.")
 
     @model_validator(mode="after")
     def _window(self) -> "SpeculativeSettings":

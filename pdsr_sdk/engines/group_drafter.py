@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pdsr_sdk.dispatch.types import DROPPED
 from pdsr_sdk.engines.config import GROUP_PROPOSER
 from pdsr_sdk.engines.group_match import best_match
 
@@ -43,6 +44,39 @@ def is_group(speculative: dict[str, Any] | None) -> bool:
     return bool(speculative) and speculative.get("model") == GROUP_PROPOSER
 
 
+class DraftHistory:
+    """Responses to each prompt from groups the session has finished (``speculative_settings.history_responses``
+    most recent per prompt, keyed by its token ids), drafted from by later groups of that prompt. The session
+    records every finished group; engines read it when they launch a segment."""
+
+    def __init__(self, per_prompt: int):
+        self.per_prompt = per_prompt
+        self._responses: dict[tuple[int, ...], list[list[int]]] = {}
+
+    def record(self, group: Any) -> None:
+        """Keep ``group``'s finished responses (not those dynamic sampling dropped unfinished)."""
+        if self.per_prompt <= 0:
+            return
+        kept = [list(s.token_ids) for s in group.samples if s.finished and s.finish_reason != DROPPED and s.token_ids]
+        if kept:
+            key = tuple(group.prompt_token_ids)
+            self._responses[key] = (self._responses.get(key, []) + kept)[-self.per_prompt:]
+
+    def responses(self, group: Any) -> list[list[int]]:
+        """The kept responses to ``group``'s prompt, most recent last (none before a group of it finished)."""
+        return self._responses.get(tuple(group.prompt_token_ids), []) if self._responses else []
+
+
+def draft_corpus(sample: Any, history: DraftHistory | None = None) -> list[list[int]]:
+    """What ``sample``'s next segment drafts from: its finished siblings' responses, then earlier groups' responses
+    to its prompt (``history``)."""
+    corpus = sibling_responses(sample)
+    group = getattr(sample, "group", None)
+    if history is not None and group is not None:
+        corpus += history.responses(group)
+    return corpus
+
+
 def sibling_responses(sample: Any) -> list[list[int]]:
     """The response token ids of ``sample``'s finished siblings (in the group's order), the corpus its next
     segment drafts from; none for a sample without a group (a bare request)."""
@@ -52,10 +86,11 @@ def sibling_responses(sample: Any) -> list[list[int]]:
     return [s.token_ids for s in group.samples if s is not sample and s.finished and s.token_ids]
 
 
-def group_extra_args(request: Any, min_n: int, max_n: int) -> dict[str, Any]:
-    """``SamplingParams.extra_args`` for a segment request under ``group``: its corpus (empty while no sibling has
-    finished: the row then drafts from its own context only), window and where its response starts."""
-    corpus = sibling_responses(request.sample)
+def group_extra_args(request: Any, min_n: int, max_n: int, history: DraftHistory | None = None) -> dict[str, Any]:
+    """``SamplingParams.extra_args`` for a segment request under ``group``: its corpus (:func:`draft_corpus`; empty
+    while nothing has finished: the row then drafts from its own context only), window and where its response
+    starts."""
+    corpus = draft_corpus(request.sample, history)
     return {EXTRA_KEY: {"drafts": [np.asarray(r, dtype=_DTYPE).tobytes() for r in corpus],
                         "min_n": int(min_n), "max_n": int(max_n), "start": int(request.sample.prompt_len)}}
 

@@ -54,6 +54,8 @@ class VllmEngine(ModelEngine):
         #: speculative ``group``: draft corpora made where the sample is (a Ray engine's orchestrator), by request
         #: id, for requests that arrive without their sample (the Ray actor's)
         self.carried_draft_args: dict[str, dict[str, Any]] = {}
+        #: speculative ``group``: earlier groups' responses per prompt (a session's ``DraftHistory``), or None
+        self.draft_history = None
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
 
     @classmethod
@@ -238,7 +240,8 @@ class VllmEngine(ModelEngine):
         if carried is not None or request.sample is None:
             return carried
         spec = self.speculative
-        return group_drafter.group_extra_args(request, spec["prompt_lookup_min"], spec["prompt_lookup_max"])
+        return group_drafter.group_extra_args(request, spec["prompt_lookup_min"], spec["prompt_lookup_max"],
+                                              self.draft_history)
 
     async def _stream(self, request: SegmentRequest) -> None:
         from vllm import SamplingParams

@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 from pdsr_sdk.dispatch.types import SegmentRequest
-from pdsr_sdk.engines.group_drafter import EXTRA_KEY, GroupProposer, group_extra_args, sibling_responses
+from fakes import LoopEngine
+from pdsr_sdk.engines.group_drafter import (EXTRA_KEY, DraftHistory, GroupProposer, draft_corpus, group_extra_args,
+                                            sibling_responses)
 from pdsr_sdk.engines.group_match import find_draft, find_draft_naive
 from pdsr_sdk.rollout.config import SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
+from support import requires_torch
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -166,3 +169,53 @@ def test_the_longer_match_drafts_and_the_rows_own_wins_ties():
     assert GroupProposer._draft(ctx, [np.array([7, 1, 2, 3, 3])], extra, 2) == [3, 3]     # siblings' 3 beats 2
     assert GroupProposer._draft(ctx, [], extra, 2) == [7, 7]                              # no corpus: ngram
     assert GroupProposer._draft(np.array([1, 2]), [np.array([1, 2, 5])], extra, 2) == [5]  # own has none
+
+
+def test_history_keeps_the_most_recent_responses_per_prompt():
+    history = DraftHistory(3)
+    old = make_group([[1], [2], None])
+    old.samples[2].finish_reason = "dropped"            # dropped unfinished by dynamic sampling: not kept
+    old.samples[2].add_tokens(1, [9], None)
+    history.record(old)
+    history.record(make_group([[3], [4]]))
+    new = make_group([[5], None])
+    assert history.responses(new) == [[2], [3], [4]]    # the 3 most recent
+    assert draft_corpus(new.samples[1], history) == [[5], [2], [3], [4]]   # siblings first
+    other = build_groups([PromptRecord("q", "q", [1, 1])], 2, 8)[0]
+    assert history.responses(other) == [] and draft_corpus(other.samples[0], history) == []
+    DraftHistory(0).record(old)
+
+
+class DraftingEngine(LoopEngine):
+    """A fake engine that reads a session's draft history, as vLLM and Ray engines do, and keeps each request's
+    corpus."""
+
+    draft_history = None
+
+    def submit(self, req) -> None:
+        self.corpora = getattr(self, "corpora", {})
+        self.corpora[req.request_id] = draft_corpus(req.sample, self.draft_history)
+        super().submit(req)
+
+
+@requires_torch
+def test_a_session_drafts_later_groups_from_earlier_groups_of_the_same_prompt(tiny_model_dir):
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", batch_size=1, speculative="group",
+                        sampling={"n": 2, "max_tokens": 5}, segments={"enabled": False},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "test_group_drafter:DraftingEngine",
+                                  "max_model_len": 256, "max_num_seqs": 1}])
+    prompt = [{"id": "q0", "prompt": "What is 1+1?", "answer": "2"}]
+    with RolloutSession(cfg) as session:
+        first = session.step(prompt).table.to_pylist()
+        second = session.step(prompt).table.to_pylist()
+        engine = session.engines[0]
+        assert engine.draft_history is session.draft_history is not None
+    earlier = [r["response_token_ids"] for r in first]
+    corpora = list(engine.corpora.values())
+    # one sample at a time: step 1's second sample drafts from its finished sibling; step 2's from step 1's
+    # responses, and its second sample from its sibling too
+    assert corpora[0] == [] and corpora[1] == [earlier[0]]
+    assert corpora[2] == earlier and corpora[3] == [second[0]["response_token_ids"]] + earlier
