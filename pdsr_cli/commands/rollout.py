@@ -61,9 +61,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--overlong-penalty", type=float, metavar="F", help="The most DAPO's shaping takes.  [default: 1.0]")
 @click.option("--seed", type=int, help="Engine seed.  [default: 0]")
 @click.option("--speculative", metavar="METHOD",
-              help="Speculative decoding in the engines: off, or ngram (vLLM's n-gram lookup over each request's "
-                   "own prompt and output; same outputs, drafts verified in one pass). See docs/rollout.md.  "
-                   "[default: off]")
+              help="Speculative decoding in the engines: off; ngram (vLLM's n-gram lookup over each request's "
+                   "own prompt and output); or group (the same lookup over the finished responses of the sample's "
+                   "group). Same outputs, drafts verified in one pass. See docs/rollout.md.  [default: off]")
 @click.option("--num-speculative-tokens", type=int, metavar="K",
               help="Tokens drafted per request per step with --speculative.  [default: 4]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")

@@ -15,8 +15,10 @@ from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.errors import ConfigValueError
 
 #: speculative decoding methods pdsr runs (``speculative``), and those issue 50 plans but that are not built yet
-SPECULATIVE_METHODS = ("off", "ngram")
-SPECULATIVE_PLANNED = ("suffix", "group")
+SPECULATIVE_METHODS = ("off", "ngram", "group")
+SPECULATIVE_PLANNED = ("suffix",)
+#: vLLM loads pdsr's group drafter by this import path (pdsr_sdk/engines/group_drafter.py; a string: no import here)
+GROUP_PROPOSER = "pdsr_sdk.engines.group_drafter.GroupProposer"
 
 
 class RayConfig(ConfigModel):
@@ -57,8 +59,9 @@ class SpeculativeSettings(ConfigModel):
     """Parameters of speculative decoding (used when ``speculative`` is not 'off'); not tuned yet."""
 
     num_speculative_tokens: int = Field(4, ge=1, description="Tokens drafted per request per step, all verified in one forward pass (vLLM's num_speculative_tokens).")
-    prompt_lookup_min: int = Field(2, ge=1, description="ngram: shortest n-gram at the end of the sequence looked up in the request's own prompt and output (vLLM's prompt_lookup_min).")
-    prompt_lookup_max: int = Field(4, ge=1, description="ngram: longest such n-gram, tried first (vLLM's prompt_lookup_max).")
+    prompt_lookup_min: int = Field(2, ge=1, description="Shortest n-gram at the end of the sequence that is looked up: by ngram in the request's own prompt and output (vLLM's prompt_lookup_min), by group in the finished siblings' responses as well.")
+    prompt_lookup_max: int = Field(4, ge=1, description="Longest such n-gram, tried first (vLLM's prompt_lookup_max; group uses it the same way).")
+    history_responses: int = Field(8, ge=0, description="group: besides the finished siblings, draft from up to this many of the most recent responses to the same prompt (the same prompt token ids) in groups the session finished before (earlier steps: older weights); 0 = siblings only.")
 
     @model_validator(mode="after")
     def _window(self) -> "SpeculativeSettings":
@@ -73,6 +76,12 @@ class SpeculativeSettings(ConfigModel):
             return None
         if method == "ngram":
             return {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
+                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        if method == "group":
+            # vLLM zeroes prompt_lookup_* for a custom_class proposer; the engine reads them here and sends them
+            # with each request's corpus (group_drafter.group_extra_args)
+            return {"method": "custom_class", "model": GROUP_PROPOSER,
+                    "num_speculative_tokens": self.num_speculative_tokens,
                     "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         raise ConfigValueError(unknown_speculative(method))
 

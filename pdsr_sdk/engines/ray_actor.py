@@ -50,13 +50,16 @@ class Submit:
     ignore_eos: bool
     sampling: WireSampling
     cache_salt: str | None = None
+    #: speculative ``group``: the request's draft corpus (``group_drafter.group_extra_args``), made here in the
+    #: orchestrator, where the sample's group is
+    draft_args: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, request) -> "Submit":
+    def of(cls, request, draft_args: dict[str, Any] | None = None) -> "Submit":
         s = request.sampling
         return cls(request.request_id, list(request.context_ids), request.context_len, request.max_tokens,
                    request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop)),
-                   request.cache_salt)
+                   request.cache_salt, draft_args)
 
     def request(self):
         from pdsr_sdk.dispatch.types import SegmentRequest
@@ -221,6 +224,8 @@ class EngineActor:
         for cmd in cmds:
             try:
                 if isinstance(cmd, Submit):
+                    if cmd.draft_args is not None:
+                        self.engine.carried_draft_args[cmd.request_id] = cmd.draft_args
                     self.engine.submit(cmd.request())
                 elif isinstance(cmd, Abort):
                     self.engine.abort(cmd.request_id)

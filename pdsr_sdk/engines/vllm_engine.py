@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
+from pdsr_sdk.engines import group_drafter
 from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
 from pdsr_sdk.environ import patched_environ
 from pdsr_sdk.errors import EngineError, UnsupportedError
@@ -50,6 +51,11 @@ class VllmEngine(ModelEngine):
         self._gpu_asked = False                  # ... once asked
         self._tasks: dict[str, asyncio.Task] = {}
         self._stats = _LoadRecorder()
+        #: speculative ``group``: draft corpora made where the sample is (a Ray engine's orchestrator), by request
+        #: id, for requests that arrive without their sample (the Ray actor's)
+        self.carried_draft_args: dict[str, dict[str, Any]] = {}
+        #: speculative ``group``: earlier groups' responses per prompt (a session's ``DraftHistory``), or None
+        self.draft_history = None
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
 
     @classmethod
@@ -109,8 +115,21 @@ class VllmEngine(ModelEngine):
         cache = self._llm.vllm_config.cache_config
         if cache.num_gpu_blocks and cache.block_size:   # sized by the engine core at start-up
             self.kv_cache_tokens = int(cache.num_gpu_blocks) * int(cache.block_size)
+        if group_drafter.is_group(self.speculative):
+            await self._attach_drafter()
         if self.spec.warmup_tokens:
             await self._warm_up(self.spec.warmup_tokens)
+
+    async def _attach_drafter(self) -> None:
+        # vLLM builds the group proposer without its model runner, whose request ids it needs (group_drafter.py)
+        try:
+            attached = await self._llm.collective_rpc("pdsr_attach_drafter")
+        except Exception as exc:  # noqa: BLE001 - the engine process failed
+            raise EngineError(self.name, f"attaching the group drafter failed: {type(exc).__name__}: {exc}",
+                              remote_traceback=self._read_error()) from exc
+        if not attached or not all(attached):
+            raise EngineError(self.name, "speculative 'group': vLLM's worker has no pdsr group proposer "
+                                         f"(speculative_config {self.speculative})")
 
     async def _warm_up(self, tokens: int) -> None:
         # The first step that samples with log-probs sets up kernels once (on the CPU build 4-22 s
@@ -213,6 +232,17 @@ class VllmEngine(ModelEngine):
         accepted; each verify step also yields one token of its own). From vLLM's scheduler stats."""
         return dict(self._stats.speculation)
 
+    def _draft_args(self, request: SegmentRequest) -> dict[str, Any] | None:
+        """``group``: the request's draft corpus as its siblings stand now, at the segment's launch."""
+        if not group_drafter.is_group(self.speculative):
+            return None
+        carried = self.carried_draft_args.pop(request.request_id, None)
+        if carried is not None or request.sample is None:
+            return carried
+        spec = self.speculative
+        return group_drafter.group_extra_args(request, spec["prompt_lookup_min"], spec["prompt_lookup_max"],
+                                              self.draft_history)
+
     async def _stream(self, request: SegmentRequest) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -229,6 +259,7 @@ class VllmEngine(ModelEngine):
             logprobs=0,
             detokenize=bool(s.stop),   # text is decoded once at the end; stop strings need it
             output_kind=RequestOutputKind.DELTA,
+            extra_args=self._draft_args(request),
         )
         reason = ABORT
         listener = self._listener

@@ -1,4 +1,5 @@
-"""What pdsr adds to vLLM's workers (``worker_extension_cls``): loading new weights in place.
+"""What pdsr adds to vLLM's workers (``worker_extension_cls``): loading new weights in place, and handing the
+model runner to pdsr's speculative proposer (:mod:`pdsr_sdk.engines.group_drafter`).
 
 vLLM mixes this class into its worker class inside the engine process; the orchestrator calls
 its methods with ``AsyncLLM.collective_rpc("pdsr_...")`` (method names, plain-data arguments, so
@@ -90,6 +91,15 @@ class PdsrWorkerExtension:
             if len(modules) > 1:
                 for module in modules:
                     module.quant_method.process_weights_after_loading(module)
+
+    def pdsr_attach_drafter(self) -> bool:
+        """Hand the model runner to pdsr's speculative proposer (``group``: it needs the request ids of the
+        batch's rows, which vLLM's ``propose`` call does not pass; see group_drafter.py). True if there is one."""
+        drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
+        if not hasattr(drafter, "attach"):
+            return False
+        drafter.attach(self.model_runner)
+        return True
 
     def pdsr_device_uuid(self) -> str | None:
         """The physical UUID of this worker's GPU (what CUDA IPC weights must sit on), None on the CPU."""

@@ -182,6 +182,9 @@ class RolloutSession:
         self._loading: asyncio.Future | None = None   # set while update_weights loads (a step waits for it)
         self._stream_base = 0   # batch index of the stream's first step (launch steps are counted from it)
         self._restored: list[tuple[Group, int]] = []
+        #: speculative 'group': responses of the groups this session finished, drafted from by later groups of the
+        #: same prompt (``pdsr_sdk.engines.group_drafter.DraftHistory``; made when the session starts)
+        self.draft_history = None
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -303,6 +306,15 @@ class RolloutSession:
             self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
                                          logprobs_mode=cfg.logprobs_mode, speculative=speculative)
                             for spec in self.engine_specs]
+        if cfg.speculative == "group" and cfg.speculative_settings.history_responses > 0:
+            from pdsr_sdk.engines.group_drafter import DraftHistory
+
+            # one per session, kept across restarts of its engines; engines that draft (vLLM, Ray) read it
+            if self.draft_history is None:
+                self.draft_history = DraftHistory(cfg.speculative_settings.history_responses)
+            for engine in self.engines:
+                if hasattr(engine, "draft_history"):
+                    engine.draft_history = self.draft_history
         missing = [p for p in self.policy_cls.required_pools if p not in {e.pool for e in self.engines}]
         if missing:
             raise ConfigError(f"policy {self.policy_cls.name!r} needs an engine in pool(s) {', '.join(missing)}")
@@ -852,6 +864,8 @@ class RolloutSession:
             fn(sample)
 
     def _group_done(self, group: Group) -> None:
+        if self.draft_history is not None:
+            self.draft_history.record(group)
         for fn in self.hooks.on_group_done:
             fn(group)
         if self._stream is not None:

@@ -45,13 +45,25 @@ def test_ngram_becomes_vllms_speculative_config():
     assert engine_args(cfg.vllm_speculative_config())["speculative_config"] == expected
 
 
-def test_vllm_accepts_the_config():
+def test_group_becomes_a_custom_class_config_naming_pdsrs_proposer():
+    cfg = load_config(RolloutConfig, None, {"speculative": "group", "speculative_settings.num_speculative_tokens": 3})
+    expected = {"method": "custom_class", "model": "pdsr_sdk.engines.group_drafter.GroupProposer",
+                "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert cfg.vllm_speculative_config() == expected
+    assert engine_args(cfg.vllm_speculative_config())["speculative_config"] == expected
+    from pdsr_sdk.engines.group_drafter import GroupProposer
+
+    assert GroupProposer.__module__ + "." + GroupProposer.__name__ == expected["model"]
+
+
+@pytest.mark.parametrize("method", ["ngram", "group"])
+def test_vllm_accepts_the_config(method):
     """The dict is one vLLM's SpeculativeConfig takes as it is (the installed version's field names)."""
     pytest.importorskip("vllm")
     from vllm.config.speculative import SpeculativeConfig
 
     fields = set(SpeculativeConfig.__dataclass_fields__)
-    assert set(RolloutConfig(speculative="ngram").vllm_speculative_config()) <= fields
+    assert set(RolloutConfig(speculative=method).vllm_speculative_config()) <= fields
 
 
 @pytest.mark.parametrize("where, overrides", [
@@ -74,12 +86,11 @@ def test_the_engine_refuses_both_too():
                     engine_args={"speculative_config": {"method": "ngram"}})
 
 
-@pytest.mark.parametrize("method, says", [("suffix", "not implemented yet"), ("group", "not implemented yet"),
-                                          ("eagle", "unknown speculative method")])
+@pytest.mark.parametrize("method, says", [("suffix", "not implemented yet"), ("eagle", "unknown speculative method")])
 def test_methods_not_built_are_refused(method, says):
     with pytest.raises(ConfigError) as err:
         load_config(RolloutConfig, None, {"speculative": method})
-    assert "speculative" in str(err.value) and says in str(err.value) and "off, ngram" in str(err.value)
+    assert "speculative" in str(err.value) and says in str(err.value) and "off, ngram, group" in str(err.value)
 
 
 def test_ngram_window_must_be_ordered():

@@ -1,0 +1,167 @@
+"""Speculative method ``group`` (issue 50): drafts from the same group's finished siblings, as a vLLM
+``custom_class`` proposer.
+
+Two sides:
+
+- In the orchestrator, :func:`group_extra_args` puts a request's draft corpus in its ``SamplingParams.extra_args``
+  (key :data:`EXTRA_KEY`) when :class:`~pdsr_sdk.engines.vllm_engine.VllmEngine` launches a segment: the
+  response token ids of the sample's siblings that had finished by then, with the lookup window and where the
+  response starts in the request's context. pdsr launches every segment as a new request (a continuation, a
+  moved or stolen sample, one after a pause), so each carries the corpus as it is at its launch.
+- In vLLM's worker, :class:`GroupProposer` (``speculative_config = {"method": "custom_class", "model":
+  GROUP_PROPOSER, ...}``; vLLM 0.32 builds it in ``GPUModelRunner.__init__`` from the ``VllmConfig`` alone,
+  ``vllm/v1/spec_decode/custom_class_proposer.py``) drafts for each row of the batch by looking the row's last
+  n-gram up in that row's corpus (:func:`pdsr_sdk.engines.group_match.find_draft`) and in the row's own prompt
+  and output as vLLM's ``ngram`` does; the longer match drafts (the row's own on a tie).
+
+vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` with the batch's
+rows but not their request ids (``GPUModelRunner.propose_draft_token_ids``). The ids, and each request's
+``SamplingParams``, are on the model runner (``input_batch.req_ids``, ``requests[id].sampling_params``), which
+the proposer is not given: pdsr's worker extension hands it over (``PdsrWorkerExtension.pdsr_attach_drafter``,
+called once by the engine at start-up). That is the plugin boundary: the proposer reads the runner's
+``input_batch.req_ids`` and ``requests`` and nothing else of it. Until attached it drafts nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from pdsr_sdk.dispatch.types import DROPPED
+from pdsr_sdk.engines.config import GROUP_PROPOSER
+from pdsr_sdk.engines.group_match import best_match
+
+#: the key of a request's corpus in ``SamplingParams.extra_args``
+EXTRA_KEY = "pdsr_group"
+#: how the corpus travels: one little-endian int32 byte string per response (a list of ints is walked item by
+#: item by SamplingParams' argument check and msgpack)
+_DTYPE = np.dtype("<i4")
+
+
+def is_group(speculative: dict[str, Any] | None) -> bool:
+    """Whether vLLM's ``speculative_config`` is pdsr's group drafter."""
+    return bool(speculative) and speculative.get("model") == GROUP_PROPOSER
+
+
+class DraftHistory:
+    """Responses to each prompt from groups the session has finished (``speculative_settings.history_responses``
+    most recent per prompt, keyed by its token ids), drafted from by later groups of that prompt. The session
+    records every finished group; engines read it when they launch a segment."""
+
+    def __init__(self, per_prompt: int):
+        self.per_prompt = per_prompt
+        self._responses: dict[tuple[int, ...], list[list[int]]] = {}
+
+    def record(self, group: Any) -> None:
+        """Keep ``group``'s finished responses (not those dynamic sampling dropped unfinished)."""
+        if self.per_prompt <= 0:
+            return
+        kept = [list(s.token_ids) for s in group.samples if s.finished and s.finish_reason != DROPPED and s.token_ids]
+        if kept:
+            key = tuple(group.prompt_token_ids)
+            self._responses[key] = (self._responses.get(key, []) + kept)[-self.per_prompt:]
+
+    def responses(self, group: Any) -> list[list[int]]:
+        """The kept responses to ``group``'s prompt, most recent last (none before a group of it finished)."""
+        return self._responses.get(tuple(group.prompt_token_ids), []) if self._responses else []
+
+
+def draft_corpus(sample: Any, history: DraftHistory | None = None) -> list[list[int]]:
+    """What ``sample``'s next segment drafts from: its finished siblings' responses, then earlier groups' responses
+    to its prompt (``history``)."""
+    corpus = sibling_responses(sample)
+    group = getattr(sample, "group", None)
+    if history is not None and group is not None:
+        corpus += history.responses(group)
+    return corpus
+
+
+def sibling_responses(sample: Any) -> list[list[int]]:
+    """The response token ids of ``sample``'s finished siblings (in the group's order), the corpus its next
+    segment drafts from; none for a sample without a group (a bare request)."""
+    group = getattr(sample, "group", None)
+    if group is None:
+        return []
+    return [s.token_ids for s in group.samples if s is not sample and s.finished and s.token_ids]
+
+
+def group_extra_args(request: Any, min_n: int, max_n: int, history: DraftHistory | None = None) -> dict[str, Any]:
+    """``SamplingParams.extra_args`` for a segment request under ``group``: its corpus (:func:`draft_corpus`; empty
+    while nothing has finished: the row then drafts from its own context only), window and where its response
+    starts."""
+    corpus = draft_corpus(request.sample, history)
+    return {EXTRA_KEY: {"drafts": [np.asarray(r, dtype=_DTYPE).tobytes() for r in corpus],
+                        "min_n": int(min_n), "max_n": int(max_n), "start": int(request.sample.prompt_len)}}
+
+
+class GroupProposer:
+    """vLLM's ``custom_class`` proposer for ``group`` (one per worker, built by vLLM)."""
+
+    def __init__(self, vllm_config: Any):
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self._runner: Any = None
+        #: request id -> (its extra_args entry, the decoded corpus): decoded once per request
+        self._corpora: dict[str, tuple[Any, list[np.ndarray]]] = {}
+
+    def attach(self, runner: Any) -> None:
+        """Called by pdsr's worker extension: the model runner whose batch rows :meth:`propose` drafts for."""
+        self._runner = runner
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        pass   # no draft model
+
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        runner = self._runner
+        if runner is None:
+            return drafts
+        req_ids = runner.input_batch.req_ids
+        requests = runner.requests
+        live = set()
+        for i, sampled in enumerate(sampled_token_ids):
+            if not len(sampled) or i >= len(req_ids):
+                continue   # as vLLM's ngram: no token sampled this step (a prefill chunk), no draft
+            rid = req_ids[i]
+            live.add(rid)
+            state = requests.get(rid)
+            params = getattr(state, "sampling_params", None)
+            extra = (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY)
+            if not extra:
+                continue
+            num_tokens = int(num_tokens_no_spec[i])
+            k = min(self.k, self.max_model_len - num_tokens)
+            if k <= 0:
+                continue
+            drafts[i] = self._draft(token_ids_cpu[i, :num_tokens], self._corpus(rid, extra), extra, k)
+        for rid in [r for r in self._corpora if r not in live and r not in requests]:
+            del self._corpora[rid]   # finished or aborted requests
+        return drafts
+
+    @staticmethod
+    def _draft(context: np.ndarray, corpus: list[np.ndarray], extra: dict[str, Any], k: int) -> list[int]:
+        """The siblings' match where its n-gram is longer than the row's own match (vLLM's ngram lookup in its
+        prompt and output: the earliest of the longest matches), else the row's own. Own wins ties: at
+        temperature 1 that accepted more than siblings-first or siblings-on-ties, on the tiny model and on
+        SmolLM2-135M (docs/rollout.md, 2026-11-27)."""
+        min_n, max_n = int(extra["min_n"]), int(extra["max_n"])
+        theirs = best_match(context, corpus, min_n, max_n, position=len(context) - int(extra["start"]))
+        own = best_match(context, [context], min_n, max_n)
+        if theirs is not None and (own is None or theirs[0] > own[0]):
+            _, s, start = theirs
+            return [int(t) for t in corpus[s][start:start + k]]
+        if own is not None:
+            return [int(t) for t in context[own[2]:own[2] + k]]
+        return []
+
+    def _corpus(self, rid: str, extra: dict[str, Any]) -> list[np.ndarray]:
+        cached = self._corpora.get(rid)
+        if cached is not None and cached[0] is extra:
+            return cached[1]
+        corpus = [np.frombuffer(b, dtype=_DTYPE).astype(np.int64) for b in extra["drafts"]]
+        self._corpora[rid] = (extra, corpus)
+        return corpus
+

@@ -1,0 +1,156 @@
+"""Speculative method ``group`` is exact and drafts from finished siblings (issue 50, item 2): real vLLM CPU
+engines in float32 on the repetitive variant of the tiny model (built as in test_speculative_vllm.py, whose
+helpers this reuses), started once for the module: one without speculation (the reference), one with ``group``
+and one with ``ngram`` (the same requests, to compare acceptance).
+
+Each prompt's group runs as pdsr runs a group whose samples finish at different times: the first sample alone
+(nothing finished yet: its requests carry no corpus and draft nothing), then its siblings, whose requests carry
+its response (``SamplingParams.extra_args``, built by ``VllmEngine`` from ``SegmentRequest.sample.group``).
+
+- greedy: every sample's tokens are the reference's (parting only at a near-tie, as in test_speculative_vllm.py),
+  log-probs within 1e-4; the siblings' responses equal the first's, so nearly every drafted token is accepted;
+- sampling (temperature 1): drafts are made and accepted, and the streamed log-probs are the reference's scoring
+  of the sampled ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+
+from support import WAIT_S, requires_vllm, run_on
+from pdsr_sdk.dispatch.types import LENGTH, SegmentRequest
+from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig, SamplingConfig
+from pdsr_sdk.rollout.data import PromptRecord, build_groups
+from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, TIE, Recorder, build_repetitive_model,
+                                   prompt_logprobs, reference_greedy, start_all)
+
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # three real engines start
+
+N = 4   # samples per group
+
+
+@pytest.fixture(scope="module")
+def group_engines(engine_loop, tiny_model_dir, tmp_path_factory):
+    """(reference, group, ngram) engines on the repetitive tiny model, float32."""
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+
+    model = str(build_repetitive_model(Path(tiny_model_dir), tmp_path_factory.mktemp("spec-group") / "model"))
+
+    def spec(name, core):
+        return EngineSpec(name=name, pool="fast", devices=[core], max_num_seqs=8, max_model_len=1024,
+                          dtype="float32")
+
+    ref = VllmEngine.from_spec(spec("ref-0", 0), model=model)
+    group = VllmEngine.from_spec(spec("group-0", 1), model=model,
+                                 speculative=RolloutConfig(speculative="group").vllm_speculative_config())
+    ngram = VllmEngine.from_spec(spec("ngram-0", 0), model=model,
+                                 speculative=RolloutConfig(speculative="ngram").vllm_speculative_config())
+    recorder = Recorder()
+    for e in (ref, group, ngram):
+        e.bind(recorder)
+    try:
+        run_on(engine_loop, start_all(ref, group, ngram))
+        assert group._llm.vllm_config.speculative_config.method == "custom_class"
+        yield ref, group, ngram, recorder
+    finally:
+        for e in (ref, group, ngram):
+            run_on(engine_loop, e.close())
+
+
+async def run_group(engine, recorder: Recorder, tag: str, ids: list[int], temperature: float) -> list[str]:
+    """One group of N samples of ``ids``: the first alone, then the rest with its response as their corpus. The
+    samples' token ids are kept as the scheduler keeps them (a finished sample's are its siblings' corpus)."""
+    g = build_groups([PromptRecord(tag, tag, list(ids))], N, MAX_TOKENS)[0]
+    rids = [f"{tag}/{engine.name}/{s.index}" for s in g.samples]
+
+    async def run(samples):
+        for s, rid in samples:
+            engine.submit(SegmentRequest(request_id=rid, context_ids=s.context_ids(), context_len=len(ids),
+                                         max_tokens=MAX_TOKENS, ignore_eos=True,
+                                         sampling=SamplingConfig(temperature=temperature), sample=s))
+        loop = asyncio.get_running_loop()
+        end = loop.time() + WAIT_S
+        while not all(rid in recorder.ends for _, rid in samples) and not recorder.dead:
+            assert loop.time() < end, "engine did not finish in time"
+            await asyncio.sleep(0.02)
+        assert not recorder.dead, recorder.dead
+        for s, rid in samples:
+            s.add_tokens(len(recorder.tokens[rid]), recorder.tokens[rid], None)
+            s.finish_reason = LENGTH
+
+    pairs = list(zip(g.samples, rids))
+    await run(pairs[:1])
+    await run(pairs[1:])
+    return rids
+
+
+def spent(engine, before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before[k] for k, v in engine.speculation_stats().items()}
+
+
+def run_groups(engine_loop, engine, rec, prompts, temperature):
+    before = engine.speculation_stats()
+    rids = {tag: run_on(engine_loop, run_group(engine, rec, tag, ids, temperature)) for tag, ids in prompts.items()}
+    return rids, spent(engine, before)
+
+
+def test_group_greedy_is_exact_and_accepts_the_siblings_response(engine_loop, group_engines):
+    ref, group, ngram, rec = group_engines
+    prompts = {f"greedy-{i}": ids for i, ids in enumerate(PROMPTS)}
+    expected = run_on(engine_loop, reference_greedy(ref, {f"ref-{k}": v for k, v in prompts.items()}))
+    rids, counts = run_groups(engine_loop, group, rec, prompts, 0.0)
+    _, ngram_counts = run_groups(engine_loop, ngram, rec, prompts, 0.0)
+
+    ties, worst, compared = [], 0.0, 0
+    for tag, tag_rids in rids.items():
+        want = expected[f"ref-{tag}"]
+        for rid in tag_rids:
+            got, got_lps = rec.tokens[rid], rec.logprobs[rid]
+            assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
+            for pos, ((tok, lp, gap), g, glp) in enumerate(zip(want, got, got_lps)):
+                if g != tok:
+                    assert gap <= TIE, (f"{rid}: token {pos} is {g} with group, {tok} without, and the reference's "
+                                        f"top two log-probs are {gap:.3g} apart (more than {TIE})")
+                    ties.append((rid, pos, gap))
+                    break
+                worst = max(worst, abs(glp - lp))
+                compared += 1
+    print(f"\ngreedy: {compared} tokens compared, largest log-prob difference {worst:.3g}; parted at near-ties "
+          f"{ties or 'nowhere'}\n  group {counts}\n  ngram {ngram_counts}")
+    assert worst <= LOGPROB_TOL
+    assert compared >= len(prompts) * N * MAX_TOKENS // 2
+    # the siblings repeat the first response: group drafts nearly all of it, and the model accepts what it drafts
+    siblings_tokens = len(prompts) * (N - 1) * MAX_TOKENS
+    assert counts["accepted_tokens"] >= siblings_tokens // 2, counts
+    assert counts["accepted_tokens"] >= 0.9 * counts["drafted_tokens"], counts
+    assert counts["accepted_tokens"] > ngram_counts["accepted_tokens"], (counts, ngram_counts)
+
+
+def test_group_sampling_accepts_drafts_and_reports_the_models_logprobs(engine_loop, group_engines):
+    ref, group, ngram, rec = group_engines
+    prompts = {f"sample-{i}": ids for i, ids in enumerate(PROMPTS)}
+    rids, counts = run_groups(engine_loop, group, rec, prompts, 1.0)
+    _, ngram_counts = run_groups(engine_loop, ngram, rec, prompts, 1.0)
+    print(f"\nsampling:\n  group {counts}\n  ngram {ngram_counts}")
+    assert counts["drafts"] > 0 and counts["drafted_tokens"] >= counts["drafts"]
+    assert 0 < counts["accepted_tokens"] <= counts["drafted_tokens"]
+
+    scored = [(rid, ids) for tag, ids in prompts.items() for rid in rids[tag]]
+
+    async def rescore():
+        return await asyncio.gather(*(prompt_logprobs(ref, f"score-{rid}", ids + rec.tokens[rid], len(ids))
+                                      for rid, ids in scored))
+
+    worst = 0.0
+    for (rid, ids), want in zip(scored, run_on(engine_loop, rescore())):
+        got = rec.logprobs[rid]
+        assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
+        assert all(math.isfinite(x) and x <= 0 for x in got), (rid, got)
+        worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
+        assert min(want) > -25, (rid, min(want))
+    print(f"sampling: largest log-prob difference to the reference's scoring {worst:.3g}")
+    assert worst <= LOGPROB_TOL
