@@ -25,8 +25,8 @@ from support import WAIT_S, requires_vllm, run_on
 from pdsr_sdk.dispatch.types import LENGTH, SegmentRequest
 from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig, SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
-from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, TIE, Recorder, build_repetitive_model,
-                                   prompt_logprobs, reference_greedy, start_all)
+from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, Recorder, build_repetitive_model,
+                                   compare_greedy, prompt_logprobs, reference_greedy, start_all)
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # three real engines start
 
@@ -107,18 +107,10 @@ def test_group_greedy_is_exact_and_accepts_the_siblings_response(engine_loop, gr
 
     ties, worst, compared = [], 0.0, 0
     for tag, tag_rids in rids.items():
-        want = expected[f"ref-{tag}"]
         for rid in tag_rids:
-            got, got_lps = rec.tokens[rid], rec.logprobs[rid]
-            assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
-            for pos, ((tok, lp, gap), g, glp) in enumerate(zip(want, got, got_lps)):
-                if g != tok:
-                    assert gap <= TIE, (f"{rid}: token {pos} is {g} with group, {tok} without, and the reference's "
-                                        f"top two log-probs are {gap:.3g} apart (more than {TIE})")
-                    ties.append((rid, pos, gap))
-                    break
-                worst = max(worst, abs(glp - lp))
-                compared += 1
+            tie, w, n = compare_greedy(expected[f"ref-{tag}"], rec, rid, "group")
+            ties += [tie] if tie else []
+            worst, compared = max(worst, w), compared + n
     print(f"\ngreedy: {compared} tokens compared, largest log-prob difference {worst:.3g}; parted at near-ties "
           f"{ties or 'nowhere'}\n  group {counts}\n  ngram {ngram_counts}")
     assert worst <= LOGPROB_TOL

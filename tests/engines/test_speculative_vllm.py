@@ -169,6 +169,23 @@ async def prompt_logprobs(engine, rid: str, ids: list[int], n_prompt: int) -> li
     return [final.prompt_logprobs[i][ids[i]].logprob for i in range(n_prompt, len(ids))]
 
 
+def compare_greedy(want, rec, rid: str, method: str) -> tuple[tuple[str, int, float] | None, float, int]:
+    """Request ``rid``'s greedy tokens (recorded by ``rec``, with ``method``) against the reference's ``want``
+    ((token, log-prob, top-two gap) per position): they may part only at a near-tie. Returns (where they parted,
+    or None; the largest log-prob difference before that; the positions compared)."""
+    got, got_lps = rec.tokens[rid], rec.logprobs[rid]
+    assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
+    worst, compared = 0.0, 0
+    for pos, ((tok, lp, gap), g, glp) in enumerate(zip(want, got, got_lps)):
+        if g != tok:
+            assert gap <= TIE, (f"{rid}: token {pos} is {g} with {method}, {tok} without, and the reference's top "
+                                f"two log-probs are {gap:.3g} apart (more than {TIE})")
+            return (rid, pos, gap), worst, compared
+        worst = max(worst, abs(glp - lp))
+        compared += 1
+    return None, worst, compared
+
+
 def test_greedy_outputs_and_logprobs_match_without_speculation(engine_loop, engines):
     ref, ngram, rec = engines
     prompts = {f"greedy-{i}": ids for i, ids in enumerate(PROMPTS)}
@@ -179,17 +196,9 @@ def test_greedy_outputs_and_logprobs_match_without_speculation(engine_loop, engi
 
     ties, worst, compared = [], 0.0, 0
     for rid in prompts:
-        want = expected[f"ref-{rid}"]
-        got, got_lps = rec.tokens[rid], rec.logprobs[rid]
-        assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
-        for pos, ((tok, lp, gap), g, glp) in enumerate(zip(want, got, got_lps)):
-            if g != tok:
-                assert gap <= TIE, (f"{rid}: token {pos} is {g} with ngram, {tok} without, and the reference's top "
-                                    f"two log-probs are {gap:.3g} apart (more than {TIE})")
-                ties.append((rid, pos, gap))
-                break
-            worst = max(worst, abs(glp - lp))
-            compared += 1
+        tie, w, n = compare_greedy(expected[f"ref-{rid}"], rec, rid, "ngram")
+        ties += [tie] if tie else []
+        worst, compared = max(worst, w), compared + n
     drafted = after["drafted_tokens"] - before["drafted_tokens"]
     accepted = after["accepted_tokens"] - before["accepted_tokens"]
     print(f"\ngreedy: {compared} tokens compared, largest log-prob difference {worst:.3g}; parted at near-ties "
