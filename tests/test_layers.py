@@ -4,7 +4,8 @@ Bottom to top (see CONTRIBUTING.md):
 
 0. ``pdsr_sdk`` itself and ``errors``, ``config``, ``registry``, ``lazy``, ``progress``, ``io``, ``parent_watch``, ``environ``
 1. ``dispatch``: types, protocols, clocks, segments, the scheduler, the policy base, run assembly
-2. ``engines``, ``policies``, ``models``, ``traces``, ``batching``, ``gae``, ``scoring``, ``analysis``, ``offpolicy``
+2. ``engines``, ``policies``, ``models``, ``traces``, ``batching``, ``gae``, ``scoring``, ``analysis``, ``offpolicy``,
+   ``agent``
 3. ``sim``, ``rollout``
 4. ``pdsr_cli``
 
@@ -29,7 +30,7 @@ LAYERS = {
     "pdsr_sdk": 0, "errors": 0, "config": 0, "registry": 0, "lazy": 0, "progress": 0, "io": 0, "parent_watch": 0, "environ": 0,
     "dispatch": 1,
     "engines": 2, "policies": 2, "models": 2, "traces": 2, "batching": 2, "gae": 2, "scoring": 2, "analysis": 2,
-    "offpolicy": 2,
+    "offpolicy": 2, "agent": 2,
     "sim": 3, "rollout": 3,
     "pdsr_cli": 4,
 }

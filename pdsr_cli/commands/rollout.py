@@ -66,6 +66,14 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                    "group). Same outputs, drafts verified in one pass. See docs/rollout.md.  [default: off]")
 @click.option("--num-speculative-tokens", type=int, metavar="K",
               help="Tokens drafted per request per step with --speculative.  [default: 4]")
+@click.option("--agent", metavar="PKG.MOD:FN",
+              help="Multi-turn rollouts: `async def run(agent)` run for each sample (model turns with "
+                   "agent.generate(), tool results and user turns with agent.append(); token-exact). See "
+                   "docs/agents.md.  [default: single-turn]")
+@click.option("--max-turns", type=int, metavar="N", help="Most model turns per sample with --agent.  [default: 8]")
+@click.option("--agent-timeout", "agent_timeout_s", type=float, metavar="SECONDS",
+              help="Seconds an agent may take between turns (its environment's time); past it the sample fails "
+                   "and the step goes on.  [default: 60]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Trajectories Parquet.  [default: runs/rollout.parquet]")
@@ -83,7 +91,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
             reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
-            num_speculative_tokens,
+            num_speculative_tokens, agent, max_turns, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
@@ -106,6 +114,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --steps 5 --step-groups 64 --over-provision 0.25 --max-staleness 2   # partial rollout
       pdsr rollout --steps 5 --data gsm8k.parquet --model DIR --filter-groups zero-variance   # DAPO
       pdsr rollout --speculative ngram --num-speculative-tokens 4 --data math.parquet --model DIR
+      pdsr rollout --agent examples.agent_tools:run --max-turns 4 --data math.parquet --model DIR
     """
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
@@ -128,6 +137,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "overlong_buffer": overlong_buffer,
         "overlong_penalty": overlong_penalty, "seed": seed, "speculative": speculative,
         "speculative_settings.num_speculative_tokens": num_speculative_tokens,
+        "agent.function": agent, "agent.max_turns": max_turns, "agent.env_timeout_s": agent_timeout_s,
         "segments.enabled": False if no_segments else None,
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,

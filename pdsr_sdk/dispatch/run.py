@@ -74,12 +74,13 @@ class DispatchRun:
                  on_group_done: Callable[[Group], None] | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None,
                  on_restart: Callable[[Sample], None] | None = None,
+                 on_turn_end: Callable[[Sample, str], None] | None = None,
                  busy_s: Callable[[Engine, float], float] | None = None,
                  first_batch_index: int = 0):
         self.scheduler = Scheduler(
             engines, lambda ctx: policy_cls(settings, ctx), clock, sampling, segments,
             policy_version=policy_version, on_sample_done=on_sample_done, on_group_done=on_group_done,
-            on_fatal=on_fatal, on_restart=on_restart)
+            on_fatal=on_fatal, on_restart=on_restart, on_turn_end=on_turn_end)
         for engine in self.scheduler.engines:
             engine.bind(self.scheduler)
         self._busy_s = busy_s or self._slot_busy_s
@@ -170,7 +171,7 @@ class DispatchRun:
         facts = getattr(self.policy, "batch_report", None)
         report = BatchReport(
             batch_index=self.batch_index, groups=groups, start_s=start, end_s=end, makespan_s=end - start,
-            tokens=sum(s.num_generated for g in groups for s in g.samples),
+            tokens=sum(s.sampled_tokens for g in groups for s in g.samples),
             engine_busy_s={name: b - self._busy0.get(name, 0.0) for name, b in busy.items()},
             stats=stats, policy=dict(facts()) if facts is not None else {})
         self.batch_index += 1

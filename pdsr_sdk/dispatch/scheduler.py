@@ -13,6 +13,11 @@ same engine, or goes back to a queue (moved, stolen back, or its engine died).
 ``pause(mode)`` stops launches until ``resume()`` (a trainer updating weights mid-step): ``abort``
 aborts every running segment and holds its sample, tokens kept, to continue at resume; ``wait`` lets
 running samples go on; ``keep`` leaves running requests where they are (the engine freezes them).
+
+A multi-turn sample (``sample.turns`` set; an agent runs it) does not finish when a turn ends: it is
+parked, holding no slot, and ``on_turn_end(sample, reason)`` tells its owner, who later either calls
+:meth:`Scheduler.continue_turn` with what the environment added (the next turn queues first on the engine
+that holds its prefix, unless the policy moved it meanwhile) or :meth:`Scheduler.finish` to end it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.segments import next_segment_len
 from pdsr_sdk.dispatch.types import (
-    ABORT, DROPPED, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, StreamSpec, oldest_version,
+    ABORT, DROPPED, LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, StreamSpec, TurnRecord,
+    oldest_version,
 )
 from pdsr_sdk.errors import EngineError, PdsrError
 
@@ -68,6 +74,8 @@ class EngineUsage:
 class _Queued:
     sample: Sample
     cap: int | None
+    #: a multi-turn sample's next turn (continue_turn): launched as a continuation, the policy already placed it
+    turn: bool = False
 
 
 class Scheduler:
@@ -87,6 +95,7 @@ class Scheduler:
         on_group_done: Callable[[Group], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         on_restart: Callable[[Sample], None] | None = None,
+        on_turn_end: Callable[[Sample, str], None] | None = None,
     ):
         names = [e.name for e in engines]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -106,6 +115,11 @@ class Scheduler:
         # a restart taking effect (tokens thrown away, the sample starts over from its prompt): the
         # simulator may give a forced sample a fresh length here (``restart_lengths``)
         self._on_restart = on_restart or (lambda s: None)
+        # a multi-turn sample's turn ended (None: multi-turn samples finish at their first turn's end)
+        self._on_turn_end = on_turn_end
+        # multi-turn samples between turns (waiting on their environment; no slot held) -> where their next
+        # turn goes: (pool, engine), the engine that ran the last turn unless the policy moved the sample
+        self._parked: dict[Sample, tuple[str | None, Engine | None]] = {}
         self._pool_queues: dict[str, deque[_Queued]] = {}
         self._engine_queues: dict[str, deque[_Queued]] = {e.name: deque() for e in engines}
         for e in engines:
@@ -192,7 +206,38 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not self._runs and not self._where and not self._held
+        return not self._runs and not self._where and not self._held and not self._parked
+
+    # ------------------------------------------------------------ multi-turn
+    def parked(self) -> list[Sample]:
+        """Multi-turn samples between turns (waiting on their environment)."""
+        return list(self._parked)
+
+    def continue_turn(self, sample: Sample, env_ids: Sequence[int], max_tokens: int | None = None, *,
+                      tool_name: str | None = None) -> None:
+        """Run a parked multi-turn sample's next turn: ``env_ids`` (what its environment added since the model's
+        last token; mask 0) go into its response, then the model samples up to ``max_tokens`` more (None: up to
+        the sample's ``max_tokens``). Queued first on the engine that ran its last turn (its prefix is cached
+        there), or where the policy moved it while it waited."""
+        target = self._parked.pop(sample, None)
+        if target is None:
+            raise PdsrError(f"continue_turn: sample {sample.key} is not waiting between turns")
+        now = self.clock.now()
+        turns = sample.turns if sample.turns is not None else []
+        if env_ids:
+            last_end = turns[-1].end_s if turns else now
+            turns.append(TurnRecord("environment", sample.num_generated, len(env_ids), tool_name=tool_name,
+                                    start_s=now if last_end is None else last_end, end_s=now))
+            sample.add_env_tokens(env_ids)
+        room = sample.max_tokens - sample.num_generated
+        if room <= 0:
+            raise PdsrError(f"continue_turn: sample {sample.key} has no tokens left ({sample.num_generated} of "
+                            f"{sample.max_tokens}); finish it")
+        sample.turn_end = sample.num_generated + (room if max_tokens is None else max(1, min(max_tokens, room)))
+        pool, engine = target
+        self._enqueue(sample, pool if pool is not None else (engine.pool if engine is not None else None), engine,
+                      sample.cap, True, turn=True)
+        self._pump()
 
     # ----------------------------------------------------------------- pause
     def pause(self, mode: str, on_drained: Callable[[], None] | None = None) -> None:
@@ -319,6 +364,13 @@ class Scheduler:
             if engine is None:
                 raise PdsrError(f"policy moved sample {sample.key} without a pool or an engine")
             pool = engine.pool
+        if sample.turns is not None:
+            restart = False   # a multi-turn sample's agent holds its conversation: its tokens are never thrown away
+            if sample in self._parked:   # its next turn goes there
+                self._parked[sample] = (pool, engine)
+                sample.moves += 1
+                self.stats["moves"] += 1
+                return
         run = self._run_of.get(sample)
         if run is not None:
             if run.intent is None or run.intent[0] == "pause":
@@ -350,7 +402,12 @@ class Scheduler:
         if sample in self._where:
             self._dequeue(sample)
         self._held.pop(sample, None)
+        parked = self._parked.pop(sample, None)
         self._finish(sample, reason)
+        if parked is not None:
+            # no slot is released, but the policy may have kept room for it (v3's ledger): let idle engines ask
+            self._dirty_engines.update(e.name for e in self.live_engines())
+            self._dirty_pools.update(self._pool_queues)
         self._pump()
 
     def restart(self, sample: Sample) -> None:
@@ -359,7 +416,11 @@ class Scheduler:
         finds its last token already generated: then it finishes as usual). Queued: stays
         where it is. Finished (e.g. its tokens grew too stale before its group was used): queued
         again on the engine it last ran on; its group is reported done again when it finishes. Not
-        queued yet but holding tokens (restored from disk): its tokens are thrown away."""
+        queued yet but holding tokens (restored from disk): its tokens are thrown away. A multi-turn sample is
+        never restarted (its agent holds the conversation): counted as ``turn_restarts_refused``."""
+        if sample.turns is not None:
+            self.stats["turn_restarts_refused"] += 1
+            return
         run = self._run_of.get(sample)
         if run is not None:
             if run.intent is None:
@@ -382,7 +443,7 @@ class Scheduler:
         if pool is None:
             raise PdsrError(f"restart: finished sample {sample.key} never ran; no engine or pool to run it on")
         self.stats["samples_finished"] -= 1
-        self.stats["tokens_generated"] -= sample.num_generated
+        self.stats["tokens_generated"] -= sample.sampled_tokens
         sample.finish_reason = None
         sample.finish_time_s = None
         self._restart(sample)
@@ -525,6 +586,10 @@ class Scheduler:
     def _after_segment(self, run: _Run, reason: str) -> None:
         sample, engine = run.sample, run.engine
         seg = sample.segments[-1]
+        if sample.turns is not None and self._on_turn_end is not None and (
+                reason == STOP or sample.num_generated >= min(sample.max_tokens, sample.turn_end or sample.max_tokens)):
+            self._end_turn(run, STOP if reason == STOP else LENGTH)
+            return
         if reason == STOP:
             seg.end_reason = STOP
             self._finish(sample, STOP)
@@ -553,6 +618,28 @@ class Scheduler:
             self._enqueue(sample, run.stolen_from or engine.pool, None, sample.cap, True)
             return
         self._next_segment(run, mark=True)
+
+    def _end_turn(self, run: _Run, reason: str) -> None:
+        """A multi-turn sample's turn ended (``stop``, or ``length``: the turn's or the sample's token limit): park
+        it, holding no slot, until its owner continues or finishes it."""
+        sample = run.sample
+        sample.segments[-1].end_reason = reason
+        if sample.turns:
+            turn = sample.turns[-1]
+            turn.end_s = self.clock.now()
+            turn.finish_reason = reason
+        sample.turn_end = None
+        if run.intent is not None and run.intent[0] == "finish":
+            self._finish(sample, run.intent[1])
+            return
+        if run.intent is not None and run.intent[0] == "queue":
+            target: tuple[str | None, Engine | None] = (run.intent[1], run.intent[2])
+        else:
+            target = (run.stolen_from or run.engine.pool, run.engine)
+        self._parked[sample] = target
+        self.stats["turns"] += 1
+        assert self._on_turn_end is not None
+        self._on_turn_end(sample, reason)
 
     def _next_segment(self, run: _Run, *, mark: bool) -> None:
         """A segment ended short of the sample's end: the policy may act, else it continues on the same
@@ -590,8 +677,8 @@ class Scheduler:
         self._on_restart(sample)
 
     def _enqueue(self, sample: Sample, pool: str | None, engine: Engine | None, cap: int | None,
-                 front: bool, *, check_live: bool = True) -> None:
-        item = _Queued(sample, cap)
+                 front: bool, *, check_live: bool = True, turn: bool = False) -> None:
+        item = _Queued(sample, cap, turn)
         if engine is not None:
             if self.usage[engine.name].dead:
                 pool, engine = engine.pool, None
@@ -646,6 +733,8 @@ class Scheduler:
         else:
             seg_len = sample.max_tokens
         limit = sample.max_tokens if cap is None else min(cap, sample.max_tokens)
+        if sample.turn_end is not None:
+            limit = min(limit, sample.turn_end)
         max_tokens = max(1, min(seg_len, limit - sample.num_generated))
         request_id = f"{sample.key}#{next(self._rid)}"
         run = _Run(request_id, sample, engine, stolen_from=stolen_from)
@@ -658,6 +747,9 @@ class Scheduler:
             policy_version=self.policy_version, submit_time_s=now))
         usage = self.usage[engine.name]
         usage.segments += 1
+        turns = sample.turns
+        if turns is not None and (not turns or turns[-1].role != "assistant" or turns[-1].end_s is not None):
+            turns.append(TurnRecord("assistant", sample.num_generated, start_s=now))
         if not continuing and self._wants_launch:
             self.guarded(self.policy.on_launch, sample, engine)
         keep_ids = not getattr(engine, "counts_only", False)
@@ -733,7 +825,7 @@ class Scheduler:
         sample.finish_reason = reason
         sample.finish_time_s = self.clock.now()
         self.stats["samples_finished"] += 1
-        self.stats["tokens_generated"] += sample.num_generated
+        self.stats["tokens_generated"] += sample.sampled_tokens
         self._on_sample_done(sample)
         self.guarded(self.policy.on_sample_finished, sample)
         if sample.group.done:
@@ -782,7 +874,7 @@ class Scheduler:
             while q and self._free_slots(engine) > 0:
                 item = q.popleft()
                 del self._where[item.sample]
-                self._launch(item.sample, engine, item.cap)
+                self._launch(item.sample, engine, item.cap, continuing=item.turn)
             candidates[name] = engine
             dirty_pools.add(engine.pool)
         drained = []
@@ -795,7 +887,7 @@ class Scheduler:
                     break
                 item = q.popleft()
                 del self._where[item.sample]
-                self._launch(item.sample, least, item.cap)
+                self._launch(item.sample, least, item.cap, continuing=item.turn)
             if had_work and not q:
                 drained.append(pool)
         grown, self._grown_pools = self._grown_pools, set()

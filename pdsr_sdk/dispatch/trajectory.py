@@ -37,6 +37,20 @@ def segment_type() -> pa.StructType:
     ])
 
 
+def turn_type() -> pa.StructType:
+    import pyarrow as pa
+
+    return pa.struct([
+        _f("role", pa.string(), "assistant (the model sampled the span) | environment (tool results, user turns and the chat template's tokens between turns)."),
+        _f("start_token", pa.int32(), "Index of the span's first response token."),
+        _f("num_tokens", pa.int32(), "Tokens in the span."),
+        _f("tool_name", pa.string(), "For an environment span: the tool whose result it holds, when the agent named one.", nullable=True),
+        _f("start_s", pa.float64(), "assistant: when the turn started running; environment: when the model's turn before it ended (seconds since run start)."),
+        _f("end_s", pa.float64(), "When the span ended (environment: when the agent asked for the next turn).", nullable=True),
+        _f("finish_reason", pa.string(), "assistant: stop (end of turn) | length (the turn's token limit); null for environment spans.", nullable=True),
+    ])
+
+
 def trajectory_schema() -> pa.Schema:
     """The schema ``pdsr rollout`` writes (also in schemas/trajectory.arrow.json)."""
     import pyarrow as pa
@@ -52,7 +66,7 @@ def trajectory_schema() -> pa.Schema:
         _f("prompt_text", pa.string(), "Prompt text as sent to the model (after the chat template)."),
         _f("response_text", pa.string(), "Decoded response (special tokens skipped)."),
         _f("response_logprobs", pa.list_(pa.float32()), "Engine log-prob of each response token (see the file's logprobs_mode metadata)."),
-        _f("finish_reason", pa.string(), "stop | length | truncated."),
+        _f("finish_reason", pa.string(), "stop | length | truncated | failed (multi-turn: see error)."),
         _f("prompt_length", pa.int32(), "Prompt tokens."),
         _f("response_length", pa.int32(), "Response tokens."),
         _f("routed_to", pa.string(), "Pool the sample was first queued on after probing (null for probes).", nullable=True),
@@ -72,6 +86,16 @@ def trajectory_schema() -> pa.Schema:
         _f("reward_extra", pa.string(), "The reward function's other fields, when it returned a dict with a "
                                         "'score' (verl): a JSON object.", nullable=True),
         _f("reward_error", pa.string(), "Why the reward function failed on this sample (its exception).",
+           nullable=True),
+        _f("response_mask", pa.list_(pa.int8()), "Multi-turn: 1 for each response token the model sampled, 0 for "
+                                                 "each its environment added (their log-probs are 0); null for a "
+                                                 "single-turn sample (every token sampled).", nullable=True),
+        _f("turns", pa.list_(turn_type()), "Multi-turn: the response's spans in order, the model's turns and the "
+                                           "environment's; null for a single-turn sample.", nullable=True),
+        _f("env_s", pa.float64(), "Multi-turn: seconds the agent spent between turns (the environment's time, no "
+                                  "engine slot held); null for a single-turn sample.", nullable=True),
+        _f("error", pa.string(), "Why the sample failed (finish_reason 'failed': its agent function raised, took "
+                                 "longer than agent.env_timeout_s between turns, or returned bad content).",
            nullable=True),
     ])
 
@@ -153,6 +177,10 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
         "reward": reward,
         "reward_extra": extra,
         "reward_error": error,
+        "response_mask": sample.response_mask,
+        "turns": None if sample.turns is None else [asdict(t) for t in sample.turns],
+        "env_s": None if sample.turns is None else sample.env_s,
+        "error": sample.error,
     }
 
 

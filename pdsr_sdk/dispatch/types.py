@@ -11,6 +11,7 @@ LENGTH = "length"        # reached the response's max_tokens
 TRUNCATED = "truncated"  # a policy cut it at a pool's token cap (v1's fast max_tokens)
 ABORT = "abort"          # an engine stopped it on request (internal; never final)
 DROPPED = "dropped"      # dynamic sampling dropped its group at an on-policy step's end (never consumed)
+FAILED = "failed"        # its agent function raised, hung past its timeout or returned bad content (multi-turn)
 
 FAST = "fast"
 HEAVY = "heavy"
@@ -54,6 +55,9 @@ class Group:
     prompt_length: int | None = None
     #: the data row's columns a reward reads besides the ground truth (verl's ``data_source``, ``extra_info``)
     reward_info: dict[str, Any] | None = None
+    #: the chat messages the prompt was rendered from (an agent renders what it appends after them); None when
+    #: the prompt was given as text or ids only
+    messages: list[dict[str, Any]] | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -77,6 +81,21 @@ class SegmentRecord:
     first_token_time_s: float | None = None   # None on engines that report counts only at the end (sim)
     end_time_s: float | None = None
     end_reason: str = ""      # stop | length | segment | cap | moved | abort | engine_dead | pause
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """One turn of a multi-turn sample: a span of its response that the model sampled (``assistant``) or that
+    its environment added (``environment``: tool results, user turns, the chat template's tokens between)."""
+
+    role: str                 # assistant | environment
+    start_token: int          # index of the span's first response token
+    num_tokens: int = 0
+    #: for an environment span, the tool whose result it holds (None: a user turn or template tokens only)
+    tool_name: str | None = None
+    start_s: float = 0.0      # assistant: when the turn was queued; environment: when the model's turn ended
+    end_s: float | None = None
+    finish_reason: str | None = None   # assistant: stop | length (the turn's token limit)
 
 
 @dataclass(eq=False)
@@ -112,6 +131,19 @@ class Sample:
     #: time its current run on a pool started (for elapsed-time breakers)
     run_start_s: float | None = None
     tag: Any = None                # free slot for a policy's own per-sample state
+    #: multi-turn (an agent runs the sample): its turns so far, else None. Its response then holds the model's
+    #: turns and the environment's tokens between them, ``response_mask`` telling which is which
+    turns: list[TurnRecord] | None = None
+    #: multi-turn: 1 for each response token the model sampled, 0 for each the environment added (None: single-turn)
+    response_mask: list[int] | None = None
+    #: multi-turn: response tokens the environment added (counted in ``num_generated``: they are context)
+    env_tokens: int = 0
+    #: multi-turn: the ``num_generated`` at which the running turn stops (its token limit); None: no turn limit
+    turn_end: int | None = None
+    #: multi-turn: seconds its agent spent between turns (the environment's time)
+    env_s: float = 0.0
+    #: why the sample failed (finish reason ``failed``: its agent raised, hung or returned bad content)
+    error: str | None = None
 
     @property
     def key(self) -> str:
@@ -129,14 +161,38 @@ class Sample:
         """Prompt + generated ids: what a continuation is resubmitted with."""
         return self.group.prompt_token_ids + self.token_ids
 
+    @property
+    def multi_turn(self) -> bool:
+        return self.turns is not None
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Response tokens the model sampled (``num_generated`` less the environment's)."""
+        return self.num_generated - self.env_tokens
+
     def add_tokens(self, n: int, token_ids: Sequence[int] | None, logprobs: Sequence[float] | None) -> None:
         self.num_generated += n
         if token_ids is not None:
             self.token_ids.extend(token_ids)
         if logprobs is not None:
             self.logprobs.extend(logprobs)
+        if self.response_mask is not None:
+            self.response_mask.extend([1] * n)
         if self.segments:
             self.segments[-1].num_tokens += n
+        if self.turns:
+            self.turns[-1].num_tokens += n
+
+    def add_env_tokens(self, token_ids: Sequence[int]) -> None:
+        """Append tokens the environment added (mask 0, log-prob 0.0): the next turn's context goes on from them."""
+        k = len(token_ids)
+        self.token_ids.extend(token_ids)
+        self.logprobs.extend([0.0] * k)
+        if self.response_mask is None:
+            self.response_mask = [1] * (self.num_generated)
+        self.response_mask.extend([0] * k)
+        self.num_generated += k
+        self.env_tokens += k
 
     def discard_tokens(self) -> int:
         """Throw away everything generated (restart); returns how many tokens were wasted."""
@@ -144,6 +200,11 @@ class Sample:
         self.num_generated = 0
         self.token_ids.clear()
         self.logprobs.clear()
+        if self.response_mask is not None:
+            self.response_mask.clear()
+        if self.turns is not None:
+            self.turns.clear()
+        self.env_tokens = 0
         self.wasted_tokens += n
         return n
 

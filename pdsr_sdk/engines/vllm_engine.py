@@ -56,6 +56,9 @@ class VllmEngine(ModelEngine):
         self.carried_draft_args: dict[str, dict[str, Any]] = {}
         #: speculative ``group``: earlier groups' responses per prompt (a session's ``DraftHistory``), or None
         self.draft_history = None
+        #: set to a list to record (request id, the prompt ids vLLM received) of every request from then on: how a
+        #: test checks token exactness against the engine's own view, not pdsr's records
+        self.prompt_log: list[tuple[str, list[int]]] | None = None
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
 
     @classmethod
@@ -268,7 +271,11 @@ class VllmEngine(ModelEngine):
             if request.cache_salt is not None:
                 prompt["cache_salt"] = request.cache_salt
             gen = self._llm.generate(prompt, params, request.request_id)
+            log = self.prompt_log
             async for out in gen:
+                if log is not None and out.prompt_token_ids is not None:
+                    log.append((request.request_id, list(out.prompt_token_ids)))
+                    log = None
                 comp = out.outputs[0]
                 ids = comp.token_ids
                 if ids:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from pdsr_sdk.agent.config import AgentConfig
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
 from pdsr_sdk.errors import ConfigError, ConfigValueError
@@ -23,7 +24,7 @@ INSTRUCTIONS: dict[str, str] = {
     "math": "Please reason step by step, and put your final answer within \\boxed{}.",
 }
 
-__all__ = ["INSTRUCTIONS", "DataConfig", "EngineSpec", "OutputConfig", "RayConfig", "RolloutConfig",
+__all__ = ["INSTRUCTIONS", "AgentConfig", "DataConfig", "EngineSpec", "OutputConfig", "RayConfig", "RolloutConfig",
            "SamplingConfig", "SegmentConfig", "SpeculativeSettings"]
 
 
@@ -88,6 +89,7 @@ class RolloutConfig(StepStreamConfig):
     policy_version: int = Field(0, description="Policy (weights) version recorded on every segment.")
     speculative: Literal["off", "ngram", "group"] = Field("off", description="Speculative decoding in the vLLM engines: 'off'; 'ngram' (vLLM's n-gram lookup: drafts the tokens that followed the sequence's last n-gram where it occurred before in the request's own prompt and output, and verifies them in one pass); or 'group' (pdsr's drafter: the same lookup in the responses of the sample's siblings that had finished when its segment was launched, and in its own prompt and output; the longer match drafts). Same outputs as 'off' up to float rounding. Off by default until a measurement says otherwise; 'suffix' is planned (issue 50). Conflicts with a speculative_config in an engine's engine_args.")
     speculative_settings: SpeculativeSettings = Field(default_factory=SpeculativeSettings, description="Parameters of the speculative method (number of drafted tokens, n-gram window); ignored while speculative is 'off'.")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn rollouts: the agent function that runs each sample (turns of the model, tool results and user turns between them, token-exact) and its limits (see docs/agents.md). Its function unset = single-turn.")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
     ray: RayConfig | None = Field(None, description="Run engines as Ray actors: when set, the automatic layout's engines use backend 'ray', and engines listed with backend 'ray' take their defaults from here (see docs/ray.md).")
 
@@ -131,6 +133,14 @@ class RolloutConfig(StepStreamConfig):
         if given:
             raise ConfigValueError(f"speculative ({self.speculative!r}) and {given[0]} are both set; set one of "
                                    f"them (speculative builds vLLM's speculative_config)")
+        return self
+
+    @model_validator(mode="after")
+    def _agent_on_policy(self) -> "RolloutConfig":
+        """Multi-turn samples do not carry across steps yet: an agent with partial rollout is refused."""
+        if self.agent.function is not None and self.streaming:
+            raise ConfigValueError("agent.function (--agent) runs on-policy steps for now; drop steps, "
+                                   "over_provision and filter_groups (multi-turn samples do not carry across steps yet)")
         return self
 
     def vllm_speculative_config(self) -> dict[str, Any] | None:

@@ -34,6 +34,9 @@ class PromptRecord:
     row: int | None = None        # row of the data file, for messages
     #: the row's REWARD_INFO_COLUMNS that it has (verl's data_source and extra_info), passed to the reward
     reward_info: dict[str, Any] | None = None
+    #: the chat messages the prompt was rendered from (system prompt and instruction added), when it went
+    #: through the chat template: an agent renders what it appends after them
+    messages: list[dict[str, Any]] | None = None
 
 
 def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> list[PromptRecord]:
@@ -106,7 +109,8 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
             fr = [str(r) for r in got] if isinstance(got, list) and len(got) == len(targets) else None
         records.append(PromptRecord(pid, prompt_text, list(ids), None if truth is None else str(truth),
                                     targets, fr, row=i,
-                                    reward_info={c: v[i] for c, v in info_values.items()} or None))
+                                    reward_info={c: v[i] for c, v in info_values.items()} or None,
+                                    messages=add_system_and_instruction(messages, cfg, where) if template else None))
     return records
 
 
@@ -254,8 +258,10 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
             if not ids:
                 raise DataError(f"{at}: the prompt tokenizes to nothing")
             info = {c: item[c] for c in REWARD_INFO_COLUMNS if isinstance(item, dict) and c in item}
+            templated = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
             record = PromptRecord(str(pid) if pid is not None else f"{id_prefix}{i}", text, ids,
-                                  None if truth is None else str(truth), reward_info=info or None)
+                                  None if truth is None else str(truth), reward_info=info or None,
+                                  messages=add_system_and_instruction(messages, cfg, at) if templated else None)
         if record.prompt_id in seen:
             raise DataError(f"{at}: duplicate prompt id {record.prompt_id!r} (also item {seen[record.prompt_id]})")
         seen[record.prompt_id] = i
@@ -272,7 +278,8 @@ def build_groups(records: list[PromptRecord], n: int, max_tokens: int) -> list[G
     for i, r in enumerate(records):
         g = Group(prompt_id=r.prompt_id, prompt_token_ids=list(r.token_ids), prompt_text=r.text, n=n,
                   ground_truth=r.ground_truth, target_lengths=r.target_lengths,
-                  target_finish_reasons=r.target_finish_reasons, position=i, reward_info=r.reward_info)
+                  target_finish_reasons=r.target_finish_reasons, position=i, reward_info=r.reward_info,
+                  messages=r.messages)
         forced = r.target_lengths is not None
         g.samples = [Sample(group=g, index=k, forced=forced,
                             max_tokens=r.target_lengths[k] if forced else max_tokens) for k in range(n)]

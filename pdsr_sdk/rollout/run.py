@@ -14,7 +14,7 @@ from typing import Any
 from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.steps import groups_launched
 from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
-from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, Interrupted
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
@@ -121,6 +121,7 @@ class _RunState:
     writer_made: bool = False
     engines_started: bool = False
     groups_written: int = 0
+    agent_failed: int = 0          # multi-turn samples whose agent failed, in the groups written
     signal: str | None = None      # the signal that stopped the run, if not SIGINT
 
     def describe(self, config) -> str:
@@ -219,6 +220,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         errors = sum(r["reward_error"] is not None for r in rows)
         rewards[group.prompt_id] = (sum(given), len(given), sum(sc.timeouts for sc in scored), errors,
                                     sum(sc.seconds for sc in scored))
+        state.agent_failed += sum(r["finish_reason"] == FAILED for r in rows)
         state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
 
     writes: set[asyncio.Task] = set()
@@ -239,7 +241,10 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
             await asyncio.gather(*list(writes))
 
     def summarise() -> RolloutSummary:
-        return _summarise(config, model_dir, session, results, prior, rewards, skipped_long=len(too_long))
+        summary = _summarise(config, model_dir, session, results, prior, rewards, skipped_long=len(too_long))
+        if session.agent is not None:   # multi-turn: samples whose agent failed (this call's)
+            summary.stats["agent_failed"] = state.agent_failed
+        return summary
 
     session.hooks.on_sample_done.append(on_sample)
     if not config.streaming:   # multi-step runs write a step's groups when it consumes them

@@ -28,7 +28,7 @@ from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import BatchReport, DispatchRun
 from pdsr_sdk.dispatch.scheduler import PAUSE_MODES, Scheduler
 from pdsr_sdk.dispatch.steps import StepRecord, StepStream, in_flight
-from pdsr_sdk.dispatch.types import DROPPED, Group, Sample
+from pdsr_sdk.dispatch.types import DROPPED, FAILED, Group, Sample
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError, RunError, UnsupportedError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
@@ -125,7 +125,8 @@ class RolloutSession:
 
     def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None,
                  reward: Callable[..., Any] | None = None,
-                 group_filter: Callable[[Group, list[float | None]], bool] | None = None):
+                 group_filter: Callable[[Group, list[float | None]], bool] | None = None,
+                 agent: Callable[..., Any] | None = None):
         if config is None:
             from pdsr_sdk.rollout.config import RolloutConfig
 
@@ -185,6 +186,18 @@ class RolloutSession:
         #: speculative 'group': responses of the groups this session finished, drafted from by later groups of the
         #: same prompt (``pdsr_sdk.engines.group_drafter.DraftHistory``; made when the session starts)
         self.draft_history = None
+        # multi-turn: the default agent function (``agent``, else config.agent.function; None: single-turn), and
+        # the runner of agent tasks
+        from pdsr_sdk.agent.runner import AgentRunner, load_agent
+
+        given_agent = agent if agent is not None else config.agent.function
+        if given_agent is not None and self.streaming:
+            raise ConfigError("an agent runs on-policy steps for now: multi-turn samples do not carry across steps "
+                              "(drop over_provision, steps and filter_groups)")
+        self.agent = load_agent(given_agent) if given_agent is not None else None
+        self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, max_turns=config.agent.max_turns,
+                                  turn_max_tokens=config.agent.turn_max_tokens,
+                                  env_timeout_s=config.agent.env_timeout_s)
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -324,13 +337,13 @@ class RolloutSession:
         self.run = DispatchRun(
             self.engines, self.policy_cls, self.policy_settings, LoopClock(loop), cfg.sampling, cfg.segments,
             policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
-            on_fatal=self._set_fatal, first_batch_index=self.run.batch_index if self.run is not None else 0)
+            on_fatal=self._set_fatal, on_turn_end=self.agents.on_turn_end, first_batch_index=self.run.batch_index if self.run is not None else 0)
         self.run.scheduler.salt_by_version = self._keep_kv
         if self.rewards is None:
             from pdsr_sdk.rollout.reward_runner import RewardRunner
 
             self.rewards = RewardRunner(self.reward_for, lambda: self.tokenizer, workers=cfg.reward_workers,
-                                        executor=cfg.reward_executor)
+                                        executor=cfg.reward_executor, given=self._agent_score)
         if self._given_engines is None:
             began = loop.time()
             self._status(starting_message(self.engine_specs, self._model_dir()))
@@ -350,6 +363,7 @@ class RolloutSession:
         if self.rewards is not None:
             self.rewards.close()
             self.rewards = None
+        self.agents.cancel_all()
         if self._given_engines is not None:
             self._started = False
             return
@@ -367,12 +381,12 @@ class RolloutSession:
         return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n)
 
     def step(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False,
-             wait_for_update: bool = False) -> StepResult:
+             wait_for_update: bool = False, agent: Callable[..., Any] | None = None) -> StepResult:
         """Run one training step's rollout and return the groups it completed (synchronous; see :meth:`astep`)."""
-        return self._call(self.astep(prompts, n=n, last=last, wait_for_update=wait_for_update), "step")
+        return self._call(self.astep(prompts, n=n, last=last, wait_for_update=wait_for_update, agent=agent), "step")
 
     async def astep(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False,
-                    wait_for_update: bool = False) -> StepResult:
+                    wait_for_update: bool = False, agent: Callable[..., Any] | None = None) -> StepResult:
         """Run one training step's rollout: ``prompts`` is this step's list, or an iterator the step takes
         ``config.batch_size`` prompts from (the rest stay for the next steps). A prompt is a string, a list
         of chat messages, a mapping (``prompt`` or ``messages``, optional ``id``, ``ground_truth``) or a
@@ -385,7 +399,13 @@ class RolloutSession:
         ``wait_for_update`` (partial rollout, a trainer that trains on the previous step while this one
         runs): the step does not end before the trainer's next :meth:`update_weights`, so its token ages
         count at the weights the trainer trains it with. Only for a trainer that updates during every
-        such step: without an update it never ends."""
+        such step: without an update it never ends.
+
+        ``agent``: ``async def run(agent)`` run for each sample of this step (multi-turn; default: the
+        session's agent, if any; see :mod:`pdsr_sdk.agent`)."""
+        if agent is not None and self.streaming:
+            raise ConfigError("step(agent=...): an agent runs on-policy steps for now (multi-turn samples do not "
+                              "carry across steps); drop over_provision, steps and filter_groups")
         if wait_for_update and not self.streaming:
             raise ConfigError("step(wait_for_update=True) is for partial rollout (config.over_provision or "
                               "config.steps set): a step without it ends when its groups are complete")
@@ -402,7 +422,7 @@ class RolloutSession:
         records = prompt_records(items, self.config.data, self.tokenizer, id_prefix=f"s{step}-p",
                                  where=f"step {step} prompts")
         version = self.policy_version
-        result = await self.generate(records, n=n)
+        result = await self.generate(records, n=n, agent=agent)
         return await self._step_result(result, version)
 
     # ------------------------------------------------- partial rollout
@@ -575,6 +595,21 @@ class RolloutSession:
                 self._reward_fns[has_truth] = config_reward(self.config, has_truth)
             check_picklable(self._reward_fns[has_truth], f"reward {self.config.reward!r}")
 
+    def _agent_score(self, sample: Sample) -> tuple[float | None, str | None, str | None] | None:
+        """A multi-turn sample's reward when its agent decided it: (reward, extra as JSON, error); None when the
+        reward function scores it (see RewardRunner's ``given``)."""
+        import json
+
+        if sample.turns is None:
+            return None
+        outcome = self.agents.outcomes.pop(sample, None)
+        if sample.finish_reason == FAILED:
+            return None, None, None   # no reward; the row's error says why
+        if outcome is None or outcome.reward is None:
+            return None
+        extra = json.dumps(outcome.extra, default=str) if outcome.extra else None
+        return outcome.reward, extra, None
+
     async def scores(self, samples: Iterable[Sample]) -> list:
         """The rewards of finished samples (:class:`~pdsr_sdk.rollout.reward_runner.Scored`, in order), waiting
         for those still being computed; a reward misconfigured (a pdsr error) raises here."""
@@ -607,14 +642,25 @@ class RolloutSession:
             "reward_errors": errors, "reward_s": sum(sc.seconds for sc in scored), "reward_wait_s": waited,
             "engine_busy_s": dict(result.engine_busy_s), **result.stats,
         }
+        multi = [s for s in samples if s.turns is not None]
+        if multi:
+            summary.update({
+                "agent_failed": sum(s.finish_reason == FAILED for s in multi),
+                "turns_mean": sum(sum(t.role == "assistant" for t in s.turns) for s in multi) / len(multi),
+                "env_tokens": sum(s.env_tokens for s in multi), "env_s": sum(s.env_s for s in multi)})
         return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,
                           summary=summary, report=result, scores=scored)
 
-    async def generate(self, records: list[PromptRecord], *, n: int | None = None) -> BatchResult:
-        """Run one batch of prompt records to completion and return its groups and costs."""
+    async def generate(self, records: list[PromptRecord], *, n: int | None = None,
+                       agent: Callable[..., Any] | None = None) -> BatchResult:
+        """Run one batch of prompt records to completion and return its groups and costs (``agent``: run each
+        sample with it, multi-turn; default: the session's agent, if any)."""
         if not self._started:
             await self.start()
         groups = build_groups(records, n or self.config.sampling.n, self.config.sampling.max_tokens)
+        fn = self.agent if agent is None else _load_agent(agent)
+        if fn is not None:
+            self.agents.prepare(groups, fn)
         return await self.run_groups(groups)
 
     async def run_groups(self, groups: list[Group]) -> BatchResult:
@@ -858,6 +904,8 @@ class RolloutSession:
 
     # -------------------------------------------------------------- hooks
     def _sample_done(self, sample: Sample) -> None:
+        if sample.turns is not None:
+            self.agents.on_sample_done(sample)
         if self.rewards is not None and sample.finish_reason != DROPPED:   # a dropped group is never judged
             self.rewards.submit(sample)
         for fn in self.hooks.on_sample_done:
@@ -897,6 +945,12 @@ async def _failures(calls: Iterable[Awaitable]) -> list[BaseException]:
     """Await ``calls`` together, each to its end; the exceptions they raised (the caller raises the first)."""
     results = await asyncio.gather(*calls, return_exceptions=True)
     return [r for r in results if isinstance(r, BaseException)]
+
+
+def _load_agent(agent: Callable[..., Any] | str) -> Callable[..., Any]:
+    from pdsr_sdk.agent.runner import load_agent
+
+    return load_agent(agent)
 
 
 def _take(prompts: Iterable, count: int) -> list:

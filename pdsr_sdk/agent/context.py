@@ -1,0 +1,170 @@
+"""What an agent function gets: :class:`AgentContext`, one per sample.
+
+``async def run(agent)`` drives one sample: ``await agent.generate()`` is a model turn, ``agent.append(...)``
+adds what the environment says, and the return value is the sample's reward (or None: the reward function
+scores the whole trajectory). The first turn runs on the data row's prompt; the agent starts when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from pdsr_sdk.agent.render import environment_ids
+from pdsr_sdk.errors import PdsrError
+
+if TYPE_CHECKING:
+    from pdsr_sdk.dispatch.types import Sample
+
+
+class AgentDone(Exception):
+    """The sample can take no more model turns (its turn limit or token budget is spent, or the dispatch policy
+    ended it). Raised by :meth:`AgentContext.generate`; an agent may let it propagate: the sample then ends as
+    if the agent had returned None."""
+
+
+class AgentError(PdsrError):
+    """An agent function misused its context (two generate() at once, append after the end, ...)."""
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """One model turn: the sampled ids as sampled, their text, their engine log-probs, and why it ended
+    (``stop``: end of turn; ``length``: the turn's token limit)."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: str
+    turn: int
+
+
+class AgentContext:
+    """One sample's conversation, token-exact: the prompt ids, then each sampled id and each id the
+    environment added, in order (``ids``; ``response_mask`` says which were sampled). Made by the agent runner;
+    an agent function reads it and calls :meth:`generate` and :meth:`append`."""
+
+    def __init__(self, sample: Sample, tokenizer: Any, *, max_turns: int, turn_max_tokens: int | None,
+                 runner: Any):
+        g = sample.group
+        self.sample = sample
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.turn_max_tokens = turn_max_tokens
+        self._runner = runner
+        #: the conversation as chat messages (the model's turns as their decoded text): what new messages are
+        #: rendered after; the ids never come from it
+        self.messages: list[dict[str, Any]] = [dict(m) for m in g.messages] if g.messages else []
+        self._staged: list[int] = []
+        self._staged_tool: str | None = None
+        self._last_turn_ids: list[int] | None = None
+        self._pending: asyncio.Future | None = None
+        self._first: TurnResult | None = None
+        self.turns = 0
+        self.done = False
+
+    # ------------------------------------------------------------ read
+    @property
+    def prompt_id(self) -> str:
+        return self.sample.group.prompt_id
+
+    @property
+    def sample_index(self) -> int:
+        return self.sample.index
+
+    @property
+    def ground_truth(self) -> str | None:
+        return self.sample.group.ground_truth
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The data row's reward columns (verl's ``data_source``, ``extra_info``) when it has them."""
+        return dict(self.sample.group.reward_info or {})
+
+    @property
+    def ids(self) -> list[int]:
+        """The trajectory so far: prompt ids, then the response's (sampled and environment) ids; what the next
+        turn's prompt will be, after any staged environment ids."""
+        return self.sample.group.prompt_token_ids + self.sample.token_ids + self._staged
+
+    @property
+    def tokens_left(self) -> int:
+        """Response tokens the sample may still take (model's and environment's)."""
+        return self.sample.max_tokens - self.sample.num_generated - len(self._staged)
+
+    @property
+    def turns_left(self) -> int:
+        return self.max_turns - self.turns
+
+    # ----------------------------------------------------------- act
+    def append(self, messages: Sequence[dict[str, Any]] | None = None, *, ids: Sequence[int] | None = None,
+               tool_name: str | None = None) -> list[int]:
+        """Add what the environment says before the next turn: chat ``messages`` (rendered by the chat template
+        after the conversation, with the assistant header after them) or raw token ``ids``. Returns the ids
+        added. ``tool_name`` labels the span in the trajectory's turns."""
+        if self.done:
+            raise AgentError(f"sample {self.sample.key}: append after the sample ended")
+        if self._first is not None:
+            raise AgentError(f"sample {self.sample.key}: the first turn ran on the data row's prompt; take it with "
+                             f"`await agent.generate()` before appending")
+        if (messages is None) == (ids is None):
+            raise AgentError("append: give messages or ids (one of them)")
+        if ids is not None:
+            new = [int(i) for i in ids]
+        else:
+            msgs = [dict(m) for m in messages]
+            if not self.messages:
+                raise AgentError(f"sample {self.sample.key}: its prompt was not given as chat messages; append ids")
+            new = environment_ids(self.tokenizer, self.messages, msgs,
+                                  last_turn_ids=None if self._staged else self._last_turn_ids)
+            self.messages.extend(msgs)
+        self._staged.extend(new)
+        self._staged_tool = tool_name or self._staged_tool
+        return new
+
+    async def generate(self, messages: Sequence[dict[str, Any]] | None = None, *, ids: Sequence[int] | None = None,
+                       max_tokens: int | None = None, tool_name: str | None = None) -> TurnResult:
+        """One model turn after the conversation so far (``messages`` or ``ids`` are appended first, as
+        :meth:`append`). ``max_tokens`` bounds this turn (default: the config's ``turn_max_tokens``, else the
+        budget left). Raises :class:`AgentDone` when no turn or token is left."""
+        if self._first is not None:   # the first turn ran on the data row's prompt before the agent started
+            if messages is not None or ids is not None:
+                raise AgentError(f"sample {self.sample.key}: the first turn runs on the data row's prompt; call "
+                                 f"generate() without messages first (put what the first turn needs in the data)")
+            first, self._first = self._first, None
+            return first
+        if messages is not None or ids is not None:
+            self.append(messages, ids=ids, tool_name=tool_name)
+        if self._pending is not None and not self._pending.done():
+            raise AgentError(f"sample {self.sample.key}: generate() while another generate() waits")
+        if self.done:
+            raise AgentDone(f"sample {self.sample.key} has ended")
+        if self.turns >= self.max_turns:
+            raise AgentDone(f"sample {self.sample.key}: {self.turns} turns, the limit (agent.max_turns)")
+        if self.tokens_left <= 0:
+            raise AgentDone(f"sample {self.sample.key}: its {self.sample.max_tokens} response tokens are spent")
+        limit = max_tokens or self.turn_max_tokens
+        staged, tool = self._staged, self._staged_tool
+        self._staged, self._staged_tool = [], None
+        self._pending = asyncio.get_running_loop().create_future()
+        self._runner.continue_turn(self, staged, limit, tool)
+        return await self._pending
+
+    # ------------------------------------------------------- runner side
+    def turn_ended(self, result: TurnResult) -> None:
+        """The runner: a model turn ended (the first one before the agent starts)."""
+        self.turns += 1
+        self._last_turn_ids = result.token_ids
+        self.messages.append({"role": "assistant", "content": result.text})
+        if self.turns == 1:
+            self._first = result
+        elif self._pending is not None and not self._pending.done():
+            self._pending.set_result(result)
+
+    def end(self, reason: str) -> None:
+        """The runner: the sample ended (``reason``); a generate() waiting raises AgentDone."""
+        self.done = True
+        if self._pending is not None and not self._pending.done():
+            self._pending.set_exception(AgentDone(f"sample {self.sample.key} ended ({reason})"))
+            self._pending.exception()   # seen: an agent that no longer awaits it is not an error to log

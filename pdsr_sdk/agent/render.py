@@ -1,0 +1,63 @@
+"""The token ids an environment adds to a conversation, rendered by the chat template (pure; no engine).
+
+Token-in, token-out: a multi-turn sample's context is its prompt, then every sampled id as sampled, then the
+environment's ids. Only what the environment adds is ever encoded: the text the template renders for the new
+messages, past what it renders for the conversation so far. The conversation's own tokens are never decoded
+and encoded again, because templates are not append-only and decode-encode does not give back sampled ids.
+
+The template's tokens after a sampled end of turn (ChatML's ``<|im_end|>`` closes the assistant turn and a
+newline follows it) belong to the environment: the model sampled ``<|im_end|>``, the newline is template.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+    """The chat template's text for ``messages`` (``generation_prompt``: with the assistant header after)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of template text (its special tokens spelled out, no BOS added)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def closing_text(tokenizer: Any, messages: list[dict[str, Any]], content: str) -> str:
+    """What the template renders after the last (assistant) message's ``content``: its end-of-turn text
+    (ChatML: ``<|im_end|>\\n``). Empty if the template does not render the content as it is."""
+    rendered = render(tokenizer, messages, generation_prompt=False)
+    at = rendered.rfind(content) if content else -1
+    return rendered[at + len(content):] if at >= 0 else ""
+
+
+def unsampled_closing(closing: str, sampled_tail: str) -> str:
+    """The part of the template's ``closing`` text the model did not sample: ``closing`` less its longest
+    prefix that ends ``sampled_tail`` (the last sampled tokens' text, special tokens spelled out)."""
+    for k in range(min(len(closing), len(sampled_tail)), 0, -1):
+        if sampled_tail.endswith(closing[:k]):
+            return closing[k:]
+    return closing
+
+
+def environment_ids(tokenizer: Any, conversation: list[dict[str, Any]], new: list[dict[str, Any]], *,
+                    last_turn_ids: Sequence[int] | None) -> list[int]:
+    """Ids the environment adds with ``new`` messages after ``conversation`` (whose last message may be the
+    model's turn, rendered from its decoded text; ``last_turn_ids`` are that turn's sampled ids, None if the
+    conversation does not end with a model turn): the rest of the model turn's closing that the model did not
+    sample, then render(conversation + new) past render(conversation), with the generation prompt."""
+    before = render(tokenizer, conversation, generation_prompt=False)
+    after = render(tokenizer, conversation + new, generation_prompt=True)
+    if not after.startswith(before):
+        from pdsr_sdk.errors import DataError
+
+        raise DataError("the chat template does not render the conversation with new messages as an extension "
+                        "of the conversation alone; append token ids (agent.append(ids=...)) instead")
+    text = after[len(before):]
+    if last_turn_ids is not None and conversation and conversation[-1].get("role") == "assistant":
+        closing = closing_text(tokenizer, conversation, conversation[-1].get("content") or "")
+        tail = tokenizer.decode(list(last_turn_ids)[-8:], skip_special_tokens=False)
+        # the closing is in `before` already; what the model did not sample of it is the environment's
+        text = unsampled_closing(closing, tail) + text
+    return encode(tokenizer, text)

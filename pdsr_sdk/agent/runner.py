@@ -1,0 +1,194 @@
+"""Runs one agent function per multi-turn sample, beside the scheduler, on the session's event loop.
+
+The scheduler parks a multi-turn sample at each turn's end and calls :meth:`AgentRunner.on_turn_end`. The
+runner hands the turn to the sample's :class:`~pdsr_sdk.agent.context.AgentContext` (starting the agent after
+the first turn), and the agent's next ``generate()`` comes back as :meth:`Scheduler.continue_turn
+<pdsr_sdk.dispatch.scheduler.Scheduler.continue_turn>`. While the agent waits on its environment, the sample
+holds no slot.
+
+Failures stay with their sample: an agent that raises, takes longer than ``env_timeout_s`` between turns, or
+returns something that is not a reward ends its sample with finish reason ``failed`` and the error in
+``sample.error``; the step goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from pdsr_sdk.agent.context import AgentContext, AgentDone, TurnResult
+from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, Group, Sample
+from pdsr_sdk.errors import ConfigError
+
+AgentFn = Callable[[AgentContext], Awaitable[Any]]
+
+
+@dataclass
+class AgentOutcome:
+    """What an agent left for its sample's reward: the reward it returned (None: the reward function scores
+    the trajectory) and the other fields of a returned dict."""
+
+    reward: float | None = None
+    extra: dict[str, Any] | None = None
+
+
+def load_agent(path_or_fn: str | AgentFn) -> AgentFn:
+    """The agent function of an import path ``pkg.mod:run`` (or the function itself): an ``async def``
+    taking one argument. A ConfigError naming it otherwise, before any engine starts."""
+    import inspect
+
+    from pdsr_sdk.registry import import_object
+
+    fn = import_object(path_or_fn) if isinstance(path_or_fn, str) else path_or_fn
+    name = path_or_fn if isinstance(path_or_fn, str) else getattr(fn, "__qualname__", repr(fn))
+    if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        raise ConfigError(f"agent {name!r} must be an `async def run(agent)` function; got {fn!r}")
+    return fn
+
+
+class AgentRunner:
+    """Agent tasks of one session (see the module). ``scheduler`` is read when a turn ends (the session's current
+    one); ``tokenizer`` decodes turns and renders what agents append."""
+
+    def __init__(self, scheduler: Callable[[], Any], tokenizer: Callable[[], Any], *, max_turns: int,
+                 turn_max_tokens: int | None, env_timeout_s: float):
+        self._scheduler = scheduler
+        self._tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.turn_max_tokens = turn_max_tokens
+        self.env_timeout_s = env_timeout_s
+        self._fns: dict[Sample, AgentFn] = {}
+        self._contexts: dict[Sample, AgentContext] = {}
+        self._tasks: dict[Sample, asyncio.Task] = {}
+        self._timers: dict[Sample, asyncio.TimerHandle] = {}
+        self._env_since: dict[Sample, float] = {}
+        self.outcomes: dict[Sample, AgentOutcome] = {}
+
+    def prepare(self, groups: list[Group], fn: AgentFn) -> None:
+        """Make the groups' samples multi-turn, run by ``fn`` (before they are handed to the scheduler)."""
+        for g in groups:
+            for s in g.samples:
+                self._fns[s] = fn
+                if s.turns is None:
+                    s.turns = []
+                    s.response_mask = []
+                if self.turn_max_tokens is not None and not s.num_generated:
+                    s.turn_end = self.turn_max_tokens
+
+    # ----------------------------------------------------------- scheduler side
+    def on_turn_end(self, sample: Sample, reason: str) -> None:
+        """Called by the scheduler: a turn of ``sample`` ended and it is parked."""
+        ctx = self._contexts.get(sample)
+        if ctx is None:
+            ctx = AgentContext(sample, self._tokenizer(), max_turns=self.max_turns,
+                               turn_max_tokens=self.turn_max_tokens, runner=self)
+            self._contexts[sample] = ctx
+            self.outcomes[sample] = AgentOutcome()
+        turn = sample.turns[-1] if sample.turns else None
+        n = turn.num_tokens if turn is not None else 0
+        ids = sample.token_ids[len(sample.token_ids) - n:] if n else []
+        lps = sample.logprobs[len(sample.logprobs) - n:] if n and len(sample.logprobs) >= n else []
+        text = self._tokenizer().decode(ids, skip_special_tokens=True) if ids else ""
+        ctx.turn_ended(TurnResult(list(ids), text, list(lps), reason, ctx.turns))
+        self._env_since[sample] = time.perf_counter()
+        self._arm_timer(sample)
+        if sample not in self._tasks:
+            self._tasks[sample] = asyncio.get_running_loop().create_task(self._run(ctx, self._fns[sample]))
+
+    def on_sample_done(self, sample: Sample) -> None:
+        """Called as any sample finishes: an agent sample ended by the policy (truncated) or by the runner."""
+        ctx = self._contexts.pop(sample, None)
+        self._fns.pop(sample, None)
+        self._disarm(sample)
+        if ctx is not None:
+            ctx.end(sample.finish_reason or "")
+        self._tasks.pop(sample, None)
+
+    def continue_turn(self, ctx: AgentContext, env_ids: list[int], max_tokens: int | None,
+                      tool_name: str | None) -> None:
+        """Called by :meth:`AgentContext.generate`: run the sample's next turn."""
+        sample = ctx.sample
+        self._disarm(sample)
+        sched = self._scheduler()
+        sched.guarded(functools.partial(sched.continue_turn, sample, env_ids, max_tokens, tool_name=tool_name))
+
+    # ----------------------------------------------------------- agent side
+    async def _run(self, ctx: AgentContext, fn: AgentFn) -> None:
+        sample = ctx.sample
+        try:
+            got = await fn(ctx)
+        except AgentDone:
+            got = None
+        except asyncio.CancelledError:
+            if sample.finished or ctx.done:
+                return
+            raise
+        except Exception as exc:   # noqa: BLE001 - an agent's bug fails its own sample only
+            self._fail(sample, f"the agent raised {type(exc).__name__}: {exc}")
+            return
+        if sample.finished:
+            return
+        try:
+            self._record(sample, got)
+        except ValueError as exc:
+            self._fail(sample, str(exc))
+            return
+        self._disarm(sample)
+        last = sample.turns[-1] if sample.turns else None
+        reason = STOP if last is not None and last.finish_reason == STOP else LENGTH
+        sched = self._scheduler()
+        sched.guarded(sched.finish, sample, reason)
+
+    def _record(self, sample: Sample, got: Any) -> None:
+        outcome = self.outcomes.setdefault(sample, AgentOutcome())
+        if got is None:
+            return
+        extra = None
+        if isinstance(got, dict):
+            if "score" not in got:
+                raise ValueError(f"the agent returned a dict without 'score' (keys: {sorted(got)})")
+            extra = {k: v for k, v in got.items() if k != "score"} or None
+            got = got["score"]
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(float(got)):
+            raise ValueError(f"the agent returned {got!r}; expected None (the reward function scores the "
+                             f"trajectory), a finite number, or a dict with 'score'")
+        outcome.reward, outcome.extra = float(got), extra
+
+    def _fail(self, sample: Sample, error: str) -> None:
+        self._disarm(sample)
+        task = self._tasks.get(sample)
+        sample.error = error[:2000]
+        sched = self._scheduler()
+        sched.guarded(sched.finish, sample, FAILED)
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
+    def _arm_timer(self, sample: Sample) -> None:
+        self._disarm(sample, count=False)
+        loop = asyncio.get_running_loop()
+        self._timers[sample] = loop.call_later(
+            self.env_timeout_s, self._fail, sample,
+            f"the agent took longer than agent.env_timeout_s ({self.env_timeout_s:g} s) between turns")
+
+    def _disarm(self, sample: Sample, count: bool = True) -> None:
+        timer = self._timers.pop(sample, None)
+        if timer is not None:
+            timer.cancel()
+        since = self._env_since.pop(sample, None) if count else None
+        if since is not None:
+            sample.env_s += time.perf_counter() - since
+
+    def cancel_all(self) -> None:
+        """Cancel every agent still running (the session closes, or its step failed)."""
+        for task in self._tasks.values():
+            task.cancel()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._tasks.clear()
+        self._timers.clear()
+        self._contexts.clear()
+        self._fns.clear()

@@ -1,0 +1,66 @@
+"""Tool calls in a model turn's text, parsed by the chat template's convention with vLLM's own tool parsers.
+
+``hermes`` (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) is the convention of ChatML models
+(Qwen, SmolLM2, Hermes); any parser name the installed vLLM registers works (``tool_parser_names()``).
+Only well-formed calls count: a malformed one is not a call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from pdsr_sdk.errors import ConfigValueError
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: the tool's name and its arguments (a JSON object)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+def tool_parser_names() -> list[str]:
+    """The tool parsers the installed vLLM has."""
+    from vllm.tool_parsers import ToolParserManager
+
+    return sorted(ToolParserManager.list_registered())
+
+
+@lru_cache(maxsize=8)
+def _parser(name: str, tokenizer: Any) -> Any:
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        cls = ToolParserManager.get_tool_parser(name)
+    except KeyError:
+        raise ConfigValueError(f"tool parser {name!r} is not in the installed vLLM; it has: "
+                               f"{', '.join(tool_parser_names())}") from None
+    return cls(tokenizer)
+
+
+def parse_tool_calls(text: str, tokenizer: Any, parser: str = "hermes") -> tuple[str | None, list[ToolCall]]:
+    """(the text before the calls, the well-formed calls) of one model turn's ``text`` (decoded with special
+    tokens, as vLLM's parsers expect), parsed by vLLM's ``parser``."""
+    quiet = logging.getLogger("vllm.tool_parsers")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)   # a malformed call is the model's business, not an error to log
+    try:
+        got = _parser(parser, tokenizer).extract_tool_calls(text, None)
+    finally:
+        quiet.setLevel(level)
+    if not got.tools_called:
+        return got.content, []
+    calls = []
+    for call in got.tool_calls:
+        try:
+            args = json.loads(call.function.arguments or "{}")
+        except json.JSONDecodeError:
+            continue
+        if isinstance(args, dict):
+            calls.append(ToolCall(call.function.name, args))
+    return got.content, calls

@@ -1,0 +1,136 @@
+"""The agent API through a session, on fake engines (tests/turn_fakes.py): turns, the chat template's tokens
+between them, rewards from the agent or the reward function, and failures kept to their sample."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pdsr_sdk.agent import AgentDone, AgentError
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.rollout.config import RolloutConfig
+from pdsr_sdk.rollout.session import RolloutSession
+from support import requires_torch
+
+PROMPTS = [{"id": f"q{i}", "prompt": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(3)]
+
+
+def config(tiny_model_dir, **kw) -> RolloutConfig:
+    return RolloutConfig(model=str(tiny_model_dir), policy="v3", batch_size=3, reward="math_boxed",
+                         sampling={"n": 4, "max_tokens": 200},
+                         engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
+                                   "max_model_len": 512, "max_num_seqs": 4}], **kw)
+
+
+async def tool_agent(agent):
+    first = await agent.generate()
+    assert first.finish_reason == "stop" and first.token_ids[-1] == 2
+    added = agent.append([{"role": "tool", "content": "42"}], tool_name="calc")
+    assert agent.tokenizer.decode(added) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    await agent.generate()
+    return 0.5 + agent.sample_index
+
+
+async def until_done(agent):
+    """Generates until AgentDone (the turn limit), lets it propagate."""
+    await agent.generate()
+    while True:
+        await agent.generate(ids=[7, 8])
+
+
+async def bad_agent(agent):
+    await agent.generate()
+    k = agent.sample_index
+    if k == 1:
+        raise KeyError("tool")
+    if k == 2:
+        await asyncio.sleep(3600)
+    if k == 3:
+        return {"no": "score"}
+    return None
+
+
+@requires_torch
+def test_turns_rewards_and_the_summary(tiny_model_dir):
+    with RolloutSession(config(tiny_model_dir)) as session:
+        out = session.step(PROMPTS, agent=tool_agent)
+    rows = out.table.to_pylist()
+    assert len(rows) == 12
+    for row in rows:
+        assert [t["role"] for t in row["turns"]] == ["assistant", "environment", "assistant"]
+        assert row["turns"][1]["tool_name"] == "calc"
+        assert row["reward"] == 0.5 + row["sample_index"] and row["error"] is None
+        assert row["response_mask"].count(0) == row["turns"][1]["num_tokens"]
+    assert out.summary["turns_mean"] == 2 and out.summary["agent_failed"] == 0
+    assert out.summary["turns"] == 24
+
+
+@requires_torch
+def test_the_turn_limit_ends_a_sample_and_the_reward_function_scores_it(tiny_model_dir):
+    cfg = config(tiny_model_dir, agent={"max_turns": 3, "function": "test_agent_session:until_done"})
+    with RolloutSession(cfg) as session:
+        out = session.step(PROMPTS[:1])
+    for s, row in zip(out.samples, out.table.to_pylist()):
+        assert sum(t.role == "assistant" for t in s.turns) == 3
+        assert s.finish_reason == "stop" and row["reward"] == 0.0 and row["reward_error"] is None
+
+
+@requires_torch
+def test_failures_stay_with_their_sample(tiny_model_dir):
+    with RolloutSession(config(tiny_model_dir, agent={"env_timeout_s": 0.5})) as session:
+        out = session.step(PROMPTS, agent=bad_agent)
+    rows = out.table.to_pylist()
+    for row in rows:
+        k = row["sample_index"]
+        if k == 0:
+            assert row["finish_reason"] == "stop" and row["error"] is None and row["reward"] == 0.0
+        else:
+            assert row["finish_reason"] == "failed" and row["reward"] is None
+            assert {1: "KeyError: 'tool'", 2: "env_timeout_s (0.5 s)", 3: "without 'score'"}[k] in row["error"]
+    assert out.summary["agent_failed"] == 9
+
+
+@requires_torch
+def test_misuse_is_clear(tiny_model_dir):
+    async def append_first(agent):
+        agent.append(ids=[1])
+
+    async def first_with_messages(agent):
+        await agent.generate([{"role": "user", "content": "x"}])
+
+    with RolloutSession(config(tiny_model_dir)) as session:
+        for fn, expect in ((append_first, "take it with `await agent.generate()`"),
+                           (first_with_messages, "the first turn runs on the data row's prompt")):
+            out = session.step(PROMPTS[:1], agent=fn)
+            assert all(expect in r["error"] for r in out.table.to_pylist())
+    with pytest.raises(ConfigError, match="async def run"):
+        RolloutSession(config(tiny_model_dir), agent=lambda agent: None)
+    with pytest.raises(Exception, match="over_provision|on-policy"):
+        config(tiny_model_dir, over_provision=0.5, agent={"function": "test_agent_session:tool_agent"})
+    assert issubclass(AgentError, Exception) and issubclass(AgentDone, Exception)
+
+
+@requires_torch
+def test_pdsr_rollout_agent_writes_multi_turn_rows(tiny_model_dir, tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+    import yaml
+    from click.testing import CliRunner
+
+    from pdsr_cli.main import cli
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), "engines": [
+        {"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine", "max_model_len": 512, "max_num_seqs": 4}]}))
+    out = tmp_path / "mt.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--agent", "test_agent_session:bad_agent",
+                                 "--agent-timeout", "0.5", "--max-turns", "3", "--n", "4", "--batch-size", "2",
+                                 "--limit", "2", "--max-tokens", "200", "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 8 and sum(row["finish_reason"] == "failed" for row in rows) == 6
+    assert all(row["turns"][0]["role"] == "assistant" for row in rows)
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["stats"]["agent_failed"] == 6 and summary["stats"]["turns"] == 8

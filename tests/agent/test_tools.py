@@ -1,0 +1,42 @@
+"""Tool calls parsed by vLLM's hermes parser, and the example's calculator tool."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from support import ROOT, requires_vllm
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@requires_vllm
+def test_hermes_calls_parse_and_malformed_ones_do_not_count(tiny_model_dir):
+    from pdsr_sdk.agent import ToolCall, parse_tool_calls, tool_parser_names
+    from pdsr_sdk.errors import ConfigValueError
+    from pdsr_sdk.rollout.data import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    text = ('Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+            '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call><|im_end|>')
+    content, calls = parse_tool_calls(text, tok)
+    assert content == "Let me compute. "
+    assert calls == [ToolCall("calculator", {"expression": "2+3"}), ToolCall("search", {"q": "x"})]
+    assert parse_tool_calls("no call here", tok) == ("no call here", [])
+    assert parse_tool_calls('<tool_call>{"name": calculator</tool_call>', tok)[1] == []
+    assert "hermes" in tool_parser_names()
+    with pytest.raises(ConfigValueError, match="not in the installed vLLM"):
+        parse_tool_calls(text, tok, "no-such-parser")
+
+
+@pytest.mark.parametrize("expression, expect", [
+    ("2+3", "5"), ("12*7+3", "87"), ("(1+2)**3", "27"), ("7/2", "3.5"), ("-4 % 3", "2"),
+    ("1/0", "error: division by zero"), ("__import__('os')", "error: only numbers and + - * / % ** ( )"),
+    ("2**1000", "error: exponent too large"), (None, "error: only numbers and + - * / % ** ( )"), ("2+", "error: invalid syntax (<unknown>, line 1)"),
+])
+def test_calculator(expression, expect):
+    from examples.agent_tools import calculate
+
+    assert calculate(expression) == expect
