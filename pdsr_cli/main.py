@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("simulate", "Replay a length trace through dispatch policies on simulated engines."),
     "analyze": ("analyze", "Statistics and plots of a length trace or trajectories file."),
     "trace": ("trace", "Length traces: synthesize or convert."),
+    "serve": ("serve", "An OpenAI-style endpoint on vLLM engines, every request through the dispatch policy."),
     "model": ("model", "Prepare local models: the built-in tiny model, SmolLM2-135M."),
     "schema": ("schema", "Write the JSON/Arrow schemas of configs and outputs into schemas/."),
 }

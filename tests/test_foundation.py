@@ -34,7 +34,7 @@ def test_cli_help_is_light_and_lists_every_command():
                            "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0, r.output")
     assert not [m for m in HEAVY if m in mods]
     out = subprocess.run([sys.executable, "-m", "pdsr_cli.main", "--help"], capture_output=True, text=True, cwd=ROOT)
-    for name in ("rollout", "score", "gae", "simulate", "analyze", "trace", "model", "schema"):
+    for name in ("rollout", "score", "gae", "simulate", "analyze", "trace", "serve", "model", "schema"):
         assert name in out.stdout
 
 

@@ -36,8 +36,10 @@ class TurnEngine:
 
         from pdsr_sdk.dispatch.clock import LoopClock
 
-        return cls(spec.name, spec.pool, LoopClock(asyncio.get_running_loop()), conc=spec.max_num_seqs,
-                   token_time=0.001, eos=2)
+        engine = cls(spec.name, spec.pool, LoopClock(asyncio.get_running_loop()), conc=spec.max_num_seqs,
+                     token_time=0.001, eos=2)
+        engine.spec = spec   # its max_model_len bounds what a server accepts
+        return engine
 
     async def start(self):
         pass

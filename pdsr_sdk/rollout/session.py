@@ -195,6 +195,7 @@ class RolloutSession:
             raise ConfigError("an agent runs on-policy steps for now: multi-turn samples do not carry across steps "
                               "(drop over_provision, steps and filter_groups)")
         self.agent = load_agent(given_agent) if given_agent is not None else None
+        self._http = None   # the HTTP server while serving (aserve)
         self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, max_turns=config.agent.max_turns,
                                   turn_max_tokens=config.agent.turn_max_tokens,
                                   env_timeout_s=config.agent.env_timeout_s)
@@ -670,6 +671,51 @@ class RolloutSession:
         if self._fatal.done():
             raise self._fatal.result()
         return BatchResult.from_report(self.run.finish_batch())
+
+    # -------------------------------------------------------------- serving
+    def serve(self, host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
+        """Serve OpenAI-style requests until :meth:`stop_serving` or Ctrl-C (synchronous; see :meth:`aserve`)."""
+        return self._call(self.aserve(host, port, **kw), "serve")
+
+    async def aserve(self, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
+                     tool_parser: str | None = None, on_ready: Callable[[int], None] | None = None) -> None:
+        """Serve ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models`` on the engines,
+        each request a group through the policy, until :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`:
+        named samples, recorded token-exact). ``on_ready(port)`` is called once it listens (``port=0``: any
+        free port). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser."""
+        import uvicorn
+
+        from pdsr_sdk.rollout.serve import ChatServer
+        from pdsr_sdk.rollout.serve_app import create_app
+
+        if self.streaming:
+            raise ConfigError("serve: a serving session runs requests as they come; drop over_provision, steps "
+                              "and filter_groups")
+        check_streaming(self.policy_cls, self.config.policy)   # requests arrive while others run
+        if not self._started:
+            await self.start()
+        server = ChatServer(self, model_name=model_name or Path(self._model_dir()).name, tool_parser=tool_parser)
+        http = uvicorn.Server(uvicorn.Config(create_app(server), host=host, port=port, log_level="warning",
+                                             lifespan="off"))
+        self._http = http
+        task = asyncio.ensure_future(http.serve())
+        try:
+            while not http.started and not task.done():
+                await asyncio.sleep(0.02)
+            if http.started and on_ready is not None:
+                on_ready(http.servers[0].sockets[0].getsockname()[1])
+            await task
+        finally:
+            self._http = None
+            self.hooks.on_group_done.remove(server._group_done)
+            if not task.done():
+                http.should_exit = True
+                await asyncio.gather(task, return_exceptions=True)
+
+    def stop_serving(self) -> None:
+        """Stop :meth:`aserve` (it returns once open requests are answered); from any thread."""
+        if self._http is not None:
+            self._http.should_exit = True
 
     # -------------------------------------------------------------- weights
     def update_weights(self, weights, *, version: int | None = None) -> int:

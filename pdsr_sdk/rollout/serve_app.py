@@ -1,0 +1,64 @@
+"""The HTTP layer of ``pdsr serve`` (FastAPI, imported only when serving): OpenAI's routes over
+:class:`~pdsr_sdk.rollout.serve.ChatServer`, and pdsr's named-sample routes."""
+
+# no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, imported lazily in
+# create_app) as objects
+from typing import Any
+
+from pdsr_sdk.rollout.serve import ChatServer, ServeError
+
+
+def create_app(server: ChatServer) -> Any:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title="pdsr", docs_url=None, redoc_url=None)
+
+    def error(exc: ServeError) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return JSONResponse({"error": {"message": str(exc), "type": kind, "code": exc.status}},
+                            status_code=exc.status)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ServeError(400, "the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise ServeError(400, "the request body must be a JSON object")
+        return body
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return server.models()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        try:
+            return await server.chat(await body_of(request), request.headers.get("x-pdsr-sample"))
+        except ServeError as exc:
+            return error(exc)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        try:
+            return await server.completions(await body_of(request))
+        except ServeError as exc:
+            return error(exc)
+
+    @app.get("/v1/pdsr/samples/{sample_id}")
+    async def sample(sample_id: str) -> Any:
+        try:
+            return await server.sample_row(sample_id)
+        except ServeError as exc:
+            return error(exc)
+
+    @app.post("/v1/pdsr/samples/{sample_id}/end")
+    async def end(sample_id: str, request: Request) -> Any:
+        try:
+            body = await body_of(request) if await request.body() else {}
+            return await server.end_sample(sample_id, body.get("reward"))
+        except ServeError as exc:
+            return error(exc)
+
+    return app

@@ -1,0 +1,61 @@
+"""``pdsr serve``'s server on real vLLM engines (CPU build, tiny model), with the real ``openai`` client: a plain
+chat request, and a named sample whose every turn's prompt, as vLLM received it, is its recorded trajectory."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+
+import httpx
+import pytest
+
+from support import WAIT_S, requires_vllm
+
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # uses the shared real engines (tests/conftest.py)
+
+
+def test_openai_client_on_real_engines(engine_loop, vllm_pair, tiny_model_dir):
+    import openai
+
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    session = RolloutSession(RolloutConfig(model=str(tiny_model_dir), sampling={"max_tokens": 200}), engines=vllm_pair)
+    ready: queue.Queue = queue.Queue()
+
+    async def serve():
+        for e in vllm_pair:
+            e.prompt_log = []
+        try:
+            async with session:
+                await session.aserve(port=0, on_ready=ready.put, model_name="tiny")
+        finally:
+            log = [x for e in vllm_pair for x in e.prompt_log]
+            for e in vllm_pair:
+                e.prompt_log = None
+        return log
+
+    running = asyncio.run_coroutine_threadsafe(serve(), engine_loop)
+    try:
+        port = ready.get(timeout=WAIT_S)
+        base = f"http://127.0.0.1:{port}/v1"
+        client = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=WAIT_S)
+        plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hello"}],
+                                               max_tokens=8, n=2)
+        assert len(plain.choices) == 2 and 0 < plain.usage.completion_tokens <= 16
+        convo = [{"role": "user", "content": "Add 2 and 3."}]
+        for turn in range(3):
+            r = client.chat.completions.create(model="tiny", messages=convo, max_tokens=10,
+                                               extra_headers={"X-Pdsr-Sample": "agent-1"})
+            convo += [{"role": "assistant", "content": r.choices[0].message.content},
+                      {"role": "user" if turn else "tool", "content": f"result {turn}"}]
+        row = httpx.post(f"{base}/pdsr/samples/agent-1/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+    finally:
+        session.stop_serving()
+    log = running.result(WAIT_S)
+    assert row["reward"] == 1.0 and [t["role"] for t in row["turns"]] == ["assistant", "environment"] * 2 + ["assistant"]
+    prompt, response = row["prompt_token_ids"], row["response_token_ids"]
+    mine = [ids for rid, ids in log if rid.startswith("sample-agent-1/")]
+    assert len(mine) >= 3
+    assert all(ids == prompt + response[:len(ids) - len(prompt)] for ids in mine)   # token-exact, vLLM's view
+    assert sum(row["response_mask"]) == sum(t["num_tokens"] for t in row["turns"] if t["role"] == "assistant")
