@@ -42,6 +42,11 @@ step, whose samples go on under the new weights (``RolloutSession.update_weights
 the engines itself), and that step does not end before it (``step(..., wait_for_update=True)``), so its
 token ages count at the weights the trainer trains it with.
 
+``--multi-turn`` trains on two-turn samples (``pdsr_sdk.agent``): each sample writes, a scripted user turn
+asks for more, and it writes again. Each turn gets ``--max-tokens`` // 2 tokens and the reward counts only
+the sampled tokens. The loss mask is the trajectory's ``response_mask``: the tokens the chat template and the
+user turn add between the model's turns carry no loss. The step's line adds ``env_tokens`` (masked out).
+
 ``--no-update`` is the control: the trainer still trains on every step's samples, but the engines
 keep the initial weights (so ``kl_ref`` is 0 there). ``--compare`` runs both in one session (the
 engines start once; they get the initial weights back before the control) and prints the change of
@@ -53,6 +58,7 @@ the reward mean (mean of the last 3 steps minus the first 3) of each.
     python examples/grpo_train.py --ray local      # the same on Ray engines (see examples/ray_engines.py)
     python examples/grpo_train.py --over-provision 1 --max-staleness 1   # partial rollout, TIS-corrected
     python examples/grpo_train.py --over-provision 1 --max-staleness 2 --pipeline   # and one step overlapped
+    python examples/grpo_train.py --multi-turn     # two model turns per sample, the loss masked to them
 
 Measured on the shared 2-core machine (defaults, seed 0): see docs/sdk.md ("A complete GRPO loop").
 """
@@ -95,6 +101,17 @@ class GrpoSettings:
     max_staleness: int | None = None      # partial rollout: restart tokens more than S versions old
     tis: float | None = None     # truncated importance sampling's upper bound (None: no correction)
     pipeline: bool = False       # partial rollout: the next step generates while this one trains
+    multi_turn: bool = False     # two model turns per sample (an agent), the loss masked to the sampled tokens
+
+
+#: --multi-turn: the user turn between the model's two turns
+MORE = "Go on."
+
+
+async def two_turns(agent) -> None:
+    """--multi-turn's agent: a turn, a scripted user turn, a second turn; the trainer computes the reward."""
+    await agent.generate()
+    await agent.generate([{"role": "user", "content": MORE}])
 
 
 def task_prompts() -> list[dict]:
@@ -132,10 +149,14 @@ def common_word_reward(token_ids: Sequence[int], targets: set[int], max_tokens: 
 def rollout_config(s: GrpoSettings):
     from pdsr_sdk import RolloutConfig
 
+    # multi-turn: max_tokens is the whole response (the model's two turns and the user turn between them)
+    turn = s.max_tokens // 2
     return RolloutConfig(model=s.model, batch_size=s.batch_size, seed=s.seed,
                          ray={"address": s.ray} if s.ray else None,
                          over_provision=s.over_provision, max_staleness=s.max_staleness,
-                         sampling={"n": s.n, "max_tokens": s.max_tokens, "temperature": 1.0})
+                         sampling={"n": s.n, "max_tokens": s.max_tokens + (64 if s.multi_turn else 0),
+                                   "temperature": 1.0},
+                         agent={"turn_max_tokens": turn} if s.multi_turn else {})
 
 
 def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> list[dict]:
@@ -178,11 +199,16 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                                           wait_for_update=s.update)
             else:
                 start = (step * s.batch_size) % len(prompts_all)
-                out = session.step([prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)], n=s.n)
+                out = session.step([prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)], n=s.n,
+                                   agent=two_turns if s.multi_turn else None)
             samples = [x for x in out.samples if x.token_ids]
             prompts = [list(x.group.prompt_token_ids) for x in samples]
             comps = [list(x.token_ids) for x in samples]
-            rewards = np.array([common_word_reward(c, targets, s.max_tokens) for c in comps], dtype=np.float64)
+            # 1 on the tokens the model sampled; multi-turn responses hold the environment's too (0: no loss)
+            sampled = [np.asarray(x.response_mask if x.response_mask is not None else [1] * len(c), dtype=bool)
+                       for x, c in zip(samples, comps)]
+            rewards = np.array([common_word_reward([t for t, m in zip(c, k) if m], targets, s.max_tokens)
+                                for c, k in zip(comps, sampled)], dtype=np.float64)
             adv = np.asarray(grpo_advantages(rewards, [x.group.prompt_id for x in samples]), dtype=np.float32)
 
             old = per_token_logps(model, prompts, comps, backend="torch").logps      # the trainer's policy now
@@ -193,7 +219,7 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                                        [g.policy_version for g in x.segments], len(c)) for x, c in zip(samples, comps)]
             trainer_version = session.policy_version   # the weights the trainer holds now
             token_version = np.concatenate(versions)
-            current = token_version == trainer_version
+            current = (token_version == trainer_version) & np.concatenate(sampled)
             gaps = np.concatenate([np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o)
                                    for x, c, o in zip(samples, comps, sampler)])
             engine_gap = float(np.mean(gaps[current])) if current.any() else float("nan")
@@ -212,7 +238,7 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             for i, (p, c) in enumerate(zip(prompts, comps)):
                 ids[i, :lens[i]] = torch.tensor(p + c)
                 attn[i, :lens[i]] = 1
-                mask[i, len(p) - 1:lens[i] - 1] = 1          # positions predicting the completion tokens
+                mask[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(sampled[i].astype("float32"))   # sampled ones
                 old_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(old[i])
                 ref_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(refl[i])
                 eng_t[i, len(p) - 1:lens[i] - 1] = torch.tensor(samples[i].logprobs[:len(c)], dtype=torch.float32)
@@ -243,9 +269,12 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             if s.update:
                 session.update_weights(model.state_dict())
             row = {"step": step, "policy_version": out.policy_version, "reward_mean": round(float(rewards.mean()), 4),
-                   "response_len": round(float(np.mean([len(c) for c in comps])), 2), "kl_ref": round(kl, 5),
+                   "response_len": round(float(np.mean([k.sum() for k in sampled])), 2), "kl_ref": round(kl, 5),
                    "engine_trainer_logp_gap": round(engine_gap, 5), "loss": round(loss.item(), 5),
                    "samples": len(samples), "step_s": round(time.perf_counter() - t0, 2)}
+            if s.multi_turn:
+                row["env_tokens"] = int(sum((~k).sum() for k in sampled))
+                row["turns_mean"] = out.summary.get("turns_mean")
             if partial:
                 row.update(off_policy_share=round(out.summary["off_policy_share"], 4),
                            max_token_age=out.summary["max_token_age"],
@@ -300,6 +329,8 @@ def parse_args(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoS
     ap.add_argument("--pipeline", action="store_true", default=defaults.pipeline,
                     help="partial rollout: start the next step before training on this one (one step off-policy); "
                          "the weight update lands in the middle of the next step")
+    ap.add_argument("--multi-turn", action="store_true", default=defaults.multi_turn,
+                    help="two model turns per sample with a scripted user turn between; the loss masked to them")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--no-update", action="store_true", help="control: never push the trained weights")
     mode.add_argument("--compare", action="store_true", help="the run with updates, then the control, one session")
@@ -311,9 +342,11 @@ def main(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoSetting
     s = GrpoSettings(steps=a.steps, batch_size=a.batch_size, n=a.n, max_tokens=a.max_tokens, lr=a.lr,
                      inner_steps=a.inner_steps, clip=a.clip, kl_coef=a.kl_coef, seed=a.seed, update=not a.no_update,
                      model=a.model, ray=a.ray, over_provision=a.over_provision, max_staleness=a.max_staleness,
-                     tis=a.tis, pipeline=a.pipeline)
+                     tis=a.tis, pipeline=a.pipeline, multi_turn=a.multi_turn)
     if (s.max_staleness is not None or s.pipeline) and s.over_provision is None:
         raise SystemExit("--max-staleness and --pipeline apply to partial rollout: set --over-provision too")
+    if s.multi_turn and s.over_provision is not None:
+        raise SystemExit("--multi-turn runs on-policy steps: multi-turn samples do not carry across steps yet")
 
     def emit(line: str) -> None:
         print(line, flush=True)

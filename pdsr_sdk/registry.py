@@ -27,6 +27,20 @@ def import_object(path: str) -> Any:
         raise PdsrError(f"{path!r} is not an import path of the form 'package.module:name'")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # a user's own module beside them (`--agent examples.agent_tools:run`): the `pdsr` script, unlike
+        # `python -m`, does not put the working directory on the path; uvicorn's app strings look there too
+        import os
+        import sys
+
+        here = os.getcwd()
+        if exc.name != module_name.split(".")[0] or here in sys.path or "" in sys.path:
+            raise PdsrError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
+        sys.path.append(here)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as again:
+            raise PdsrError(f"cannot import module {module_name!r} (from {path!r}): {again}") from again
     except ImportError as exc:
         raise PdsrError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
     obj: Any = module

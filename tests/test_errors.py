@@ -109,3 +109,19 @@ def test_sdk_policy_set_for_an_unselected_policy_is_an_error():
     with pytest.raises(ConfigError, match=r"v9:steal: policy 'v9' is not a known policy"):
         with_policy_sets(cfg, [("v9", "steal", False)])
     assert with_policy_sets(cfg, [("v3", "lane.seqs", 32)]).policy_settings["v3"].lane.seqs == 32
+
+
+def test_an_import_path_finds_a_users_module_in_the_working_directory(tmp_path, monkeypatch):
+    """`pdsr rollout --agent mymod:run` from the folder holding mymod.py works from the `pdsr` script too (which,
+    unlike `python -m`, does not put the working directory on sys.path); a module found nowhere stays an error."""
+    import sys
+
+    from pdsr_sdk.errors import PdsrError
+    from pdsr_sdk.registry import import_object
+
+    (tmp_path / "pdsr_user_agent_mod.py").write_text("async def run(agent):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert import_object("pdsr_user_agent_mod:run").__name__ == "run"
+    with pytest.raises(PdsrError, match="cannot import module 'pdsr_no_such_mod'"):
+        import_object("pdsr_no_such_mod:run")
