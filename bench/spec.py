@@ -10,7 +10,9 @@ method at the same ``--num-speculative-tokens`` and n-gram window). Methods:
 - ``group``: pdsr's drafter (docs/rollout.md): the finished siblings' responses, plus the history: the ``off``
   run's responses to the same prompts (another engine seed, so fresh draws of the same weights: history from the
   step before a small weight update, never a replay of the measured step's own draws);
-- ``group-siblings``: ``group`` without the history (siblings, then the row's own context).
+- ``group-siblings``: ``group`` without the history (siblings, then the row's own context);
+- ``group-longest``: ``group`` (with the history) under its first draft rule, ``longest`` (the longest match, the
+  row's own on a tie), where ``group`` runs the default rule, ``vote`` (``GroupProposer._draft``).
 
 Every speculative run uses engine seed ``--seed`` + 1. Without ``off`` in ``--methods``, a history step (off, seed
 ``--seed``) runs first when a ``group`` method needs it, and speeds are not compared.
@@ -78,7 +80,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-METHODS = ("off", "ngram", "group", "group-siblings")
+METHODS = ("off", "ngram", "group", "group-siblings", "group-longest")
 COUNT_KEYS = ("tokens", "verify_steps", "drafted", "accepted")
 
 
@@ -295,7 +297,8 @@ class Recorder:
     """Wraps each started engine: every request's launch (sample, position, finished siblings), streamed chunks and
     per-request speculation metrics, and a running token count for the tail snapshot."""
 
-    def __init__(self) -> None:
+    def __init__(self, rule: str | None = None) -> None:
+        self.rule = rule   # group: the draft rule the requests name (None: the engine's default)
         self.tokens = 0
         self.segments: dict[str, Segment] = {}
 
@@ -312,7 +315,12 @@ class Recorder:
             prompt_len = getattr(sample, "prompt_len", request.context_len)
             rec.segments[request.request_id] = Segment(start=max(request.context_len - prompt_len, 0),
                                                        finished_siblings=fin)
-            return draft_args(request)
+            extra = draft_args(request)
+            if rec.rule is not None and extra:
+                from pdsr_sdk.engines.group_drafter import EXTRA_KEY
+
+                extra = {**extra, EXTRA_KEY: {**extra[EXTRA_KEY], "rule": rec.rule}}
+            return extra
 
         async def wrapped(prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any):
             seg = rec.segments.get(request_id)
@@ -361,10 +369,10 @@ async def run_method(args, name: str, method: str, data: str | None, seed: int,
     from pdsr_sdk.rollout.session import RolloutSession
 
     model = args.model
-    speculative = {"off": "off", "ngram": "ngram", "group": "group", "group-siblings": "group"}[method]
+    speculative = "group" if method.startswith("group") else method
     settings = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_min": args.prompt_lookup_min,
                 "prompt_lookup_max": args.prompt_lookup_max,
-                "history_responses": args.history_responses if method == "group" else 0}
+                "history_responses": args.history_responses if method in ("group", "group-longest") else 0}
     data_cfg: dict[str, Any] = {"limit": args.prompts}
     if args.instruction:
         data_cfg["instruction"] = args.instruction
@@ -387,11 +395,11 @@ async def run_method(args, name: str, method: str, data: str | None, seed: int,
                         engines=engines, seed=seed, speculative=speculative, speculative_settings=settings,
                         sampling={"n": args.n, "max_tokens": args.max_tokens, "temperature": args.temperature})
     session = RolloutSession(cfg)
-    if method == "group" and history_groups:
+    if method in ("group", "group-longest") and history_groups:
         session.draft_history = DraftHistory(args.history_responses)
         for g in history_groups:
             session.draft_history.record(g)
-    rec = Recorder()
+    rec = Recorder("longest" if method == "group-longest" else None)
     total = len(records) * args.n
     cut = total - tail_size(total, args.tail_frac)
     snap: dict[str, Any] = {}
@@ -492,13 +500,14 @@ async def main_async(args) -> dict[str, Any]:
     for name, path in sets:
         results: dict[str, dict[str, Any]] = {}
         history = None
-        need_history = "group" in args.methods
+        need_history = bool({"group", "group-longest"} & set(args.methods))
         if need_history and "off" not in args.methods:
             history = (await run_method(args, name, "off", path, args.seed, None))["groups"]
             print(f"  {name}: history step (off, seed {args.seed}) done", flush=True)
         for method in args.methods:
             seed = args.seed if method == "off" else args.seed + 1
-            got = await run_method(args, name, method, path, seed, history if method == "group" else None)
+            got = await run_method(args, name, method, path, seed,
+                                   history if method in ("group", "group-longest") else None)
             r = got["result"]
             results[method] = r
             if method == "off":
@@ -531,7 +540,7 @@ async def main_async(args) -> dict[str, Any]:
                 print(f"tail ({what}) accepted per verify step, group / ngram: {x:.2f}x (target 1.3x: "
                       f"{'met' if x >= 1.3 else 'not met'})")
                 report["datasets"][name][f"group_over_ngram_{key}"] = x
-        for method in ("group", "group-siblings", "ngram"):
+        for method in ("group", "group-siblings", "group-longest", "ngram"):
             r = results.get(method)
             if r:
                 print(f"{method} by siblings finished at launch: " + ", ".join(
