@@ -303,12 +303,17 @@ class Recorder:
         self.segments: dict[str, Segment] = {}
 
     def attach(self, engine: Any) -> None:
+        """Record ``engine``'s requests here from now on (its methods are wrapped once, for every recorder)."""
+        engine._bench_recorder = self
+        if getattr(engine, "_bench_wrapped", False):
+            return
+        engine._bench_wrapped = True
         draft_args = engine._draft_args
         llm = engine._llm
         generate = llm.generate
-        rec = self
 
         def launched(request: Any) -> Any:
+            rec = engine._bench_recorder
             sample = request.sample
             group = getattr(sample, "group", None)
             fin = sum(1 for s in group.samples if s is not sample and s.finished) if group is not None else 0
@@ -323,6 +328,7 @@ class Recorder:
             return extra
 
         async def wrapped(prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any):
+            rec = engine._bench_recorder
             seg = rec.segments.get(request_id)
             try:
                 async for out in generate(prompt, params, request_id, *a, **kw):
@@ -359,42 +365,68 @@ def engine_totals(engines: Sequence[Any]) -> dict[str, int]:
     return tot
 
 
-async def run_method(args, name: str, method: str, data: str | None, seed: int,
-                     history_groups: list | None) -> dict[str, Any]:
-    """One step of ``method`` on fresh engines; its measurements and groups."""
-    from pdsr_sdk.engines.config import EngineSpec
-    from pdsr_sdk.engines.group_drafter import DraftHistory
+def load_records(args, data: str | None) -> list:
+    """The data set's first ``--prompts`` prompts, tokenized with the model's chat template."""
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.data import load_prompts, load_tokenizer
-    from pdsr_sdk.rollout.session import RolloutSession
 
-    model = args.model
-    speculative = "group" if method.startswith("group") else method
-    settings = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_min": args.prompt_lookup_min,
-                "prompt_lookup_max": args.prompt_lookup_max,
-                "history_responses": args.history_responses if method in ("group", "group-longest") else 0}
-    data_cfg: dict[str, Any] = {"limit": args.prompts}
-    if args.instruction:
-        data_cfg["instruction"] = args.instruction
-    tok = load_tokenizer(model)
-    probe = RolloutConfig(model=model, data=data_cfg)
     if data is None:   # the built-in sample prompts, as a file
         import tempfile
 
         from pdsr_sdk.rollout.sample_data import sample_prompts
         data = str(Path(tempfile.mkdtemp(prefix="pdsr-bench-spec-")) / "prompts.jsonl")
         Path(data).write_text("".join(json.dumps(r) + "\n" for r in sample_prompts(args.prompts)))
-    records = load_prompts(probe.data, tok, path=data, n=args.n)
-    longest = max(len(r.token_ids) for r in records)
+    cfg = RolloutConfig(model=args.model, data=data_config(args))
+    return load_prompts(cfg.data, load_tokenizer(args.model), path=data, n=args.n)
+
+
+def data_config(args) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"limit": args.prompts}
+    if args.instruction:
+        cfg["instruction"] = args.instruction
+    return cfg
+
+
+def method_config(args, method: str, seed: int, batch: int, max_model_len: int):
+    """The RolloutConfig of ``method``'s runs: its engines, speculation and sampling."""
+    from pdsr_sdk.engines.config import EngineSpec
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    speculative = "group" if method.startswith("group") else method
+    settings = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_min": args.prompt_lookup_min,
+                "prompt_lookup_max": args.prompt_lookup_max,
+                "history_responses": args.history_responses if method in ("group", "group-longest") else 0}
     devices = args.devices or list(range(args.engines))
     extra = {"per_request_spec_decode_metrics": "detailed"} if speculative != "off" else {}
-    engines = [EngineSpec(name=f"{pool}-{i}", pool=pool, devices=[devices[i]], max_num_seqs=args.max_num_seqs,
-                          max_model_len=longest + args.max_tokens + 16, dtype=args.dtype, engine_args=extra)
-               for i, pool in enumerate(("fast", "heavy") * args.engines) if i < args.engines]
-    cfg = RolloutConfig(model=model, data=data_cfg, reward="none", policy=args.policy, batch_size=len(records),
-                        engines=engines, seed=seed, speculative=speculative, speculative_settings=settings,
-                        sampling={"n": args.n, "max_tokens": args.max_tokens, "temperature": args.temperature})
-    session = RolloutSession(cfg)
+    engines = [EngineSpec(name=f"{('fast', 'heavy')[i % 2]}-{i}", pool=("fast", "heavy")[i % 2], devices=[devices[i]],
+                          max_num_seqs=args.max_num_seqs, max_model_len=max_model_len, dtype=args.dtype,
+                          engine_args=extra)
+               for i in range(args.engines)]
+    return RolloutConfig(model=args.model, data=data_config(args), reward="none", policy=args.policy,
+                         batch_size=batch, engines=engines, seed=seed, speculative=speculative,
+                         speculative_settings=settings,
+                         sampling={"n": args.n, "max_tokens": args.max_tokens, "temperature": args.temperature})
+
+
+async def start_engines(cfg) -> list:
+    from pdsr_sdk.engines import build_engine
+
+    engines = [build_engine(spec, model=cfg.model, tokenizer=cfg.tokenizer, seed=cfg.seed,
+                            logprobs_mode=cfg.logprobs_mode, speculative=cfg.vllm_speculative_config())
+               for spec in cfg.engines]
+    await asyncio.gather(*(e.start() for e in engines))
+    return engines
+
+
+async def run_method(args, name: str, method: str, cfg, engines: list, records: list,
+                     history_groups: list | None) -> dict[str, Any]:
+    """One step of ``method`` on ``engines`` (started for the method); its measurements and groups."""
+    from pdsr_sdk.engines.group_drafter import DraftHistory
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    seed = cfg.seed
+    settings = cfg.speculative_settings.model_dump()
+    session = RolloutSession(cfg, engines=engines)
     if method in ("group", "group-longest") and history_groups:
         session.draft_history = DraftHistory(args.history_responses)
         for g in history_groups:
@@ -410,9 +442,7 @@ async def run_method(args, name: str, method: str, data: str | None, seed: int,
         if done[0] == cut and not snap:
             snap.update(t=time.perf_counter(), tokens=rec.tokens, counters=engine_totals(session.engines))
 
-    t0 = time.perf_counter()
     await session.start()
-    started = time.perf_counter() - t0
     try:
         for e in session.engines:
             rec.attach(e)
@@ -437,7 +467,7 @@ async def run_method(args, name: str, method: str, data: str | None, seed: int,
     acc = bin_segments(segments, args.position_bin, cuts)
     tail_tokens = acc["after"]["tail_tokens"]
     makespan = float(out.summary["makespan_s"])
-    res = {"method": method, "seed": seed, "engine_start_s": round(started, 1), "makespan_s": makespan,
+    res = {"method": method, "seed": seed, "makespan_s": makespan,
            "wall_s": t_end - t1, "tokens": int(out.summary["tokens"]), "samples": int(out.summary["samples"]),
            "tokens_per_s": out.summary["tokens"] / makespan if makespan else 0.0,
            "tail_s": tail_s, "tail_tokens_per_s": tail["tokens"] / tail_s if tail_s else 0.0,
@@ -497,27 +527,43 @@ async def main_async(args) -> dict[str, Any]:
           f"{args.max_tokens} tokens, temperature {args.temperature:g}; K = {args.num_speculative_tokens}, window "
           f"{args.prompt_lookup_min}-{args.prompt_lookup_max}; {args.engines} engine(s); load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    records = {name: load_records(args, path) for name, path in sets}
+    max_len = max(len(r.token_ids) for recs in records.values() for r in recs) + args.max_tokens + 16
+    every: dict[str, dict[str, dict[str, Any]]] = {name: {} for name, _ in sets}
+    history: dict[str, list | None] = {name: None for name, _ in sets}
+    order = list(args.methods)
+    if {"group", "group-longest"} & set(order) and "off" not in order:
+        order.insert(0, "history")   # the history step: off at --seed, not reported
+    for method in sorted(order, key=lambda m: m not in ("off", "history")):   # off (the history) first
+        seed = args.seed if method in ("off", "history") else args.seed + 1
+        cfg = method_config(args, "off" if method == "history" else method, seed, args.prompts, max_len)
+        t0 = time.perf_counter()
+        engines = await start_engines(cfg)
+        print(f"  {method}: {len(engines)} engine(s) started in {time.perf_counter() - t0:.1f} s", flush=True)
+        try:
+            for name, _ in sets:
+                recs = records[name]
+                cfg_d = cfg.model_copy(update={"batch_size": len(recs)})
+                got = await run_method(args, name, "off" if method == "history" else method, cfg_d, engines, recs,
+                                       history[name] if method in ("group", "group-longest") else None)
+                if method in ("off", "history"):
+                    history[name] = got["groups"]
+                if method == "history":
+                    continue
+                r = got["result"]
+                every[name][method] = r
+                print(f"  {name} {method:14s}: {r['tokens']} tokens in {r['makespan_s']:.1f} s "
+                      f"({r['tokens_per_s']:.1f}/s), whole {r['whole']['accepted']}/{r['whole']['drafted']} "
+                      f"({r['whole']['accepted_per_verify']:.2f} per verify), token tail "
+                      f"{r['token_tail']['accepted']}/{r['token_tail']['drafted']} "
+                      f"({r['token_tail']['accepted_per_verify']:.2f}), sample tail {r['tail']['tokens']} tokens; "
+                      f"segments {r['segments']} ({r['unaligned_segments']} unaligned); capped "
+                      f"{r['capped_share']:.0%}; load {os.getloadavg()[0]:.2f}", flush=True)
+        finally:
+            for e in engines:
+                await e.close()
     for name, path in sets:
-        results: dict[str, dict[str, Any]] = {}
-        history = None
-        need_history = bool({"group", "group-longest"} & set(args.methods))
-        if need_history and "off" not in args.methods:
-            history = (await run_method(args, name, "off", path, args.seed, None))["groups"]
-            print(f"  {name}: history step (off, seed {args.seed}) done", flush=True)
-        for method in args.methods:
-            seed = args.seed if method == "off" else args.seed + 1
-            got = await run_method(args, name, method, path, seed,
-                                   history if method in ("group", "group-longest") else None)
-            r = got["result"]
-            results[method] = r
-            if method == "off":
-                history = got["groups"]
-            print(f"  {name} {method:14s}: {r['tokens']} tokens in {r['makespan_s']:.1f} s "
-                  f"({r['tokens_per_s']:.1f}/s; tail {r['tail']['tokens']} tokens in {r['tail_s']:.1f} s), "
-                  f"whole {r['whole']['accepted']}/{r['whole']['drafted']} ({r['whole']['accepted_per_verify']:.2f} "
-                  f"per verify), tail {r['tail']['accepted']}/{r['tail']['drafted']} "
-                  f"({r['tail']['accepted_per_verify']:.2f}); segments {r['segments']} ({r['unaligned_segments']} "
-                  f"unaligned); capped {r['capped_share']:.0%}; load {os.getloadavg()[0]:.2f}", flush=True)
+        results = every[name]
         off = results.get("off")
         for r in results.values():
             r["vs_off"] = None if off is None or r is off else {
