@@ -333,26 +333,23 @@ class Recorder:
         async def wrapped(prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any):
             rec = engine._bench_recorder
             seg = rec.segments.get(request_id)
-            try:
-                async for out in generate(prompt, params, request_id, *a, **kw):
-                    comp = out.outputs[0]
-                    n = len(comp.token_ids or ())
-                    if n:
-                        rec.tokens += n
-                        if seg is not None:
-                            seg.chunks.append(n)
-                            seg.times.append(time.perf_counter())
-                    if out.finished and seg is not None:
-                        seg.finished = True
-                        m = getattr(comp, "spec_decode_metrics", None)
-                        if m is not None:
-                            seg.drafted = list(getattr(m, "per_step_drafted", None) or ())
-                            seg.accepted = list(getattr(m, "per_step_accepted", None) or ())
-                            if not seg.drafted and sum(getattr(m, "histogram", ()) or ()):
-                                seg.drafted = seg.accepted = None   # summary level only: no per-step arrays
-                    yield out
-            finally:
-                pass
+            async for out in generate(prompt, params, request_id, *a, **kw):
+                comp = out.outputs[0]
+                n = len(comp.token_ids or ())
+                if n:
+                    rec.tokens += n
+                    if seg is not None:
+                        seg.chunks.append(n)
+                        seg.times.append(time.perf_counter())
+                if out.finished and seg is not None:
+                    seg.finished = True
+                    m = getattr(comp, "spec_decode_metrics", None)
+                    if m is not None:
+                        seg.drafted = list(getattr(m, "per_step_drafted", None) or ())
+                        seg.accepted = list(getattr(m, "per_step_accepted", None) or ())
+                        if not seg.drafted and sum(getattr(m, "histogram", ()) or ()):
+                            seg.drafted = seg.accepted = None   # summary level only: no per-step arrays
+                yield out
 
         engine._draft_args = launched
         llm.generate = wrapped
