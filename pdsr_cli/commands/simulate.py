@@ -64,6 +64,14 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
               help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5, refine between the fastest F "
                    "whose partial share (tokens from responses carried across a weight update) is at most this and "
                    "the next one over it (bisecting the groups in flight), and name the fastest within, e.g. 0.1.")
+@click.option("--speculative", metavar="METHOD", default=None,
+              help="Model speculative decoding in every engine with METHOD's acceptance (ngram, group, ...) from "
+                   "--acceptance (bench/spec.py's file): a token costs a verify step over the tokens it yields while "
+                   "at most --speculation-max-batch requests run. See docs/simulate.md.  [default: off]")
+@click.option("--acceptance", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="bench/spec.py's acceptance file (--acceptance-out), read with --speculative.")
+@click.option("--speculation-max-batch", type=int, default=None,
+              help="With --speculative: drafting only while at most this many requests run.  [default: 32]")
 @quiet_option
 @config_option
 @click.pass_context
@@ -71,7 +79,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
             num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
             step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
-            pipeline, restart_lengths, max_partial_share, quiet, config_path) -> None:
+            pipeline, restart_lengths, max_partial_share, speculative, acceptance, speculation_max_batch, quiet,
+            config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -99,10 +108,12 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
       pdsr simulate --trace lengths.jsonl --steps 10 --step-groups 128 --max-staleness 2 --out-dir steps
       pdsr simulate --steps 10 --step-groups 128 --max-staleness 2 --trainer-s 20 --pipeline
       pdsr simulate --steps 10 --step-groups 128 --max-staleness 2 --max-partial-share 0.1
+      pdsr simulate --profile bench/data/profile-h100-7b.yaml --speculative group --acceptance acceptance.json
     """
     if ctx.invoked_subcommand is not None:
         return
     from pdsr_cli.quiet import output_mode
+    from pdsr_sdk.errors import ConfigError
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
     from pdsr_sdk.sim.driver import apply_policy_sets, run_names, simulate
     from pdsr_sdk.sim.steps import builtin_trace_groups
@@ -122,6 +133,15 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     if profile is not None:
         for pool, values in load_profile_file(profile).items():
             overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
+    if (speculative is None) != (acceptance is None):
+        raise ConfigError("--speculative METHOD and --acceptance FILE go together (bench/spec.py writes the file)")
+    if speculative is not None:
+        from pdsr_sdk.sim.speculation import speculation_from_acceptance
+
+        spec = speculation_from_acceptance(acceptance, speculative, max_batch=speculation_max_batch or 32)
+        overrides.update({f"profiles.{pool}.speculation": spec for pool in ("fast", "heavy")})
+    elif speculation_max_batch is not None:
+        raise ConfigError("--speculation-max-batch applies with --speculative")
     cfg = build_config(SimulateConfig, config_path, overrides)
     if cfg.trace is None:
         cfg = cfg.model_copy(update={"trace": default_trace_path(builtin_trace_groups(cfg))})
