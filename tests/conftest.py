@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
@@ -15,6 +17,16 @@ from support import HAVE_TORCH  # noqa: E402  (after the vLLM environment is set
 #: of such a run that uses them (nothing later asks for them; were one to, it would start them again),
 #: so that their engines do not sit in memory while the rest of the suite starts others
 RELEASED_AFTER_THEIR_LAST_USER = ("speculative_engines",)
+
+
+def pytest_runtest_setup(item):
+    # One torch thread in the test process: its tensors are small, and with the default (a thread per core) a
+    # busy core (an engine, another process) stalls every parallel region at its barrier: tests/scoring/
+    # test_scoring.py took 93 s that way on the shared 2-core machine against 21 s with one thread (load 2.4).
+    # Engine and example processes are not affected (they set their own threads).
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def pytest_runtest_teardown(item, nextitem):
