@@ -19,6 +19,16 @@ from support import HAVE_TORCH  # noqa: E402  (after the vLLM environment is set
 RELEASED_AFTER_THEIR_LAST_USER = ("speculative_engines",)
 
 
+def pytest_configure(config):
+    # pytest rewrites the asserts of every module of a plugin's distribution (hypothesis: 73 modules; anyio's and
+    # xdist's plugins come with the environment), and with PYTHONDONTWRITEBYTECODE set, as on the shared machine,
+    # it does so again on every run: about 5 s of each run's collection. Their asserts are not the tests'; ours
+    # are still rewritten.
+    must = getattr(getattr(config.pluginmanager, "rewrite_hook", None), "_must_rewrite", None)
+    if isinstance(must, set):
+        must.difference_update({"hypothesis", "anyio", "xdist"})
+
+
 def pytest_runtest_setup(item):
     # One torch thread in the test process: its tensors are small, and with the default (a thread per core) a
     # busy core (an engine, another process) stalls every parallel region at its barrier: tests/scoring/
