@@ -148,6 +148,14 @@ def test_report_has_the_slot_share_and_the_hold_reference(tmp_path):
                                       "--heavy", "0", "--batch-size", "8", "--no-timeline"])
     assert result.exit_code == 0, result.output
     assert "env_slot" in result.output and HOLD_REFERENCE in result.output
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("fast: {max_num_seqs: 8}\n")
+    held = CliRunner().invoke(cli, ["simulate", "--trace", str(path), "--policy", "baseline", "--fast", "2",
+                                    "--heavy", "0", "--batch-size", "8", "--no-timeline", "--hold-turn-slots",
+                                    "--profile", str(profile)])
+    assert held.exit_code == 0, held.output
+    row = next(line.split() for line in held.output.splitlines() if line.startswith("baseline"))
+    assert float(row[1]) == pytest.approx(rows[HOLD_REFERENCE]["makespan_s"], rel=1e-3) and float(row[-1]) > 0
 
 
 def test_partial_rollout_refuses_a_trace_of_turns():
