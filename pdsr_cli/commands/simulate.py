@@ -41,6 +41,10 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--segment-min", type=int, default=None, help="Shortest dynamic segment (L_min).  [default: 64]")
 @click.option("--segment-max", type=int, default=None, help="Longest dynamic segment (L_max).  [default: 4096]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end (or cap) in one go.")
+@click.option("--hold-turn-slots", is_flag=True, default=None,
+              help="A trace of turns: every policy's samples keep their slot while their environment works (as a "
+                   "framework that holds the request through a tool call).  [default: a parked sample frees it; "
+                   "with references the report adds baseline-hold]")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here (with --steps: steps.json, the curve steps.png and "
                    "timeline.png).  [default: print only]")
@@ -77,7 +81,7 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.pass_context
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
-            num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
+            num_batches, profile, segment_min, segment_max, no_segments, hold_turn_slots, out_dir, no_timeline, steps, over_provision,
             step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
             pipeline, restart_lengths, max_partial_share, speculative, acceptance, speculation_max_batch, quiet,
             config_path) -> None:
@@ -92,6 +96,12 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     a lower bound and the ratio to it, the share of each reference schedule's gain over baseline it
     takes, tokens/s, busy fraction per pool, the share of time on the last 10% of samples, and the
     policy's counters; --out-dir writes the JSON report and an engines x time PNG.
+
+    A trace of turns (multi-turn samples: `pdsr trace synth --family multi-turn`) replays each turn as a
+    request: between turns the sample waits out its environment's delay holding no slot, then the engine
+    that ran its last turn prefills the environment's tokens; the table adds env_slot (the share of
+    slot-time held by waiting samples) and, with references, baseline-hold (baseline keeping each slot
+    through the wait; --hold-turn-slots runs every policy so).
 
     Reference schedules (simulator only; they read the trace): oracle keeps, per batch, the better
     of true-length longest-first over all engines and the longest 2% alone on the heavy pool with
@@ -123,7 +133,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "trace": trace, "policy": policy, "references": references, "fast": fast, "heavy": heavy,
         "batch_size": batch_size, "n": n,
         "num_batches": num_batches, "segments.min_tokens": segment_min, "segments.max_tokens": segment_max,
-        "segments.enabled": False if no_segments else None, "out_dir": out_dir,
+        "segments.enabled": False if no_segments else None, "hold_turn_slots": hold_turn_slots, "out_dir": out_dir,
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
         "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
@@ -167,10 +177,13 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
                + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else ""))
     click.echo(format_table(report.rows(), hide_empty=COUNTER_COLUMNS))
     sim_s = sum(r.wall_s for r in report.runs)
-    click.echo(f"(vs_base = makespan / baseline's; bound = max(work / engines, longest sample alone) per batch; "
-               f"of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and oracle-probe, "
-               f"n/a when the reference gains under 1% of baseline; tail = share of the makespan after 90% of "
-               f"each batch's samples finished; simulated in {sim_s:.2f} s)")
+    click.echo("(vs_base = makespan / baseline's; bound = max(work / engines, longest sample alone) per batch; "
+               "of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and oracle-probe, "
+               "n/a when the reference gains under 1% of baseline; tail = share of the makespan after 90% of "
+               "each batch's samples finished"
+               + ("; env_slot = share of slot-time held by samples waiting on their environment, baseline-hold = "
+                  "baseline keeping each slot through the wait" if tb.multi_turn else "")
+               + f"; simulated in {sim_s:.2f} s)")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
 

@@ -133,6 +133,7 @@ class SimulateConfig(StepStreamConfig):
     profiles: SimProfiles = Field(default_factory=SimProfiles, description="Engine profiles per pool (cost model, limits).")
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments (as in `pdsr rollout`).")
     tail_fraction: float = Field(0.1, gt=0, lt=1, description="The tail share measures the time spent on the last this fraction of each batch's samples.")
+    hold_turn_slots: bool = Field(False, description="A trace of turns: every policy's samples keep their engine slot while their environment works, as a framework that holds the request through a tool call does (their KV blocks are not counted against the cache). Default: a parked sample holds no slot (pdsr); with references on, the report adds baseline so held as the slot-holding reference.")
     out_dir: Path | None = Field(None, description="Directory for simulate.json (with steps: steps.json and the curve's PNG) and the timeline PNG; none = print only.")
     timeline: bool = Field(True, description="Draw the engines x time occupancy timeline (needs out_dir; with steps, the engines record their occupancy only then).")
     # multi-step runs (partial rollout across steps; pdsr_sdk.sim.steps)
