@@ -30,10 +30,16 @@ import numpy as np
 
 from pdsr_sdk.dispatch.types import DROPPED
 from pdsr_sdk.engines.config import GROUP_PROPOSER
-from pdsr_sdk.engines.group_match import best_match
+from pdsr_sdk.engines.group_match import best_match, vote_draft
 
 #: the key of a request's corpus in ``SamplingParams.extra_args``
 EXTRA_KEY = "pdsr_group"
+#: the draft rules a request may name (``extra_args[EXTRA_KEY]["rule"]``; see :meth:`GroupProposer._draft`)
+RULES = ("vote", "longest")
+DEFAULT_RULE = "vote"
+#: ``vote``: the share of the agreeing places a drafted token needs (0.5: about ``ngram``'s share of tokens from
+#: drafts, more accepted per verify step; higher drafts less and accepts more per step)
+VOTE_SHARE = 0.5
 #: how the corpus travels: one little-endian int32 byte string per response (a list of ints is walked item by
 #: item by SamplingParams' argument check and msgpack)
 _DTYPE = np.dtype("<i4")
@@ -88,11 +94,12 @@ def sibling_responses(sample: Any) -> list[list[int]]:
 
 def group_extra_args(request: Any, min_n: int, max_n: int, history: DraftHistory | None = None) -> dict[str, Any]:
     """``SamplingParams.extra_args`` for a segment request under ``group``: its corpus (:func:`draft_corpus`; empty
-    while nothing has finished: the row then drafts from its own context only), window and where its response
-    starts."""
+    while nothing has finished: the row then drafts from its own context only), window, where its response
+    starts and the draft rule (:data:`DEFAULT_RULE`)."""
     corpus = draft_corpus(request.sample, history)
     return {EXTRA_KEY: {"drafts": [np.asarray(r, dtype=_DTYPE).tobytes() for r in corpus],
-                        "min_n": int(min_n), "max_n": int(max_n), "start": int(request.sample.prompt_len)}}
+                        "min_n": int(min_n), "max_n": int(max_n), "start": int(request.sample.prompt_len),
+                        "rule": DEFAULT_RULE}}
 
 
 class GroupProposer:
@@ -143,11 +150,22 @@ class GroupProposer:
 
     @staticmethod
     def _draft(context: np.ndarray, corpus: list[np.ndarray], extra: dict[str, Any], k: int) -> list[int]:
-        """The siblings' match where its n-gram is longer than the row's own match (vLLM's ngram lookup in its
-        prompt and output: the earliest of the longest matches), else the row's own. Own wins ties: at
-        temperature 1 that accepted more than siblings-first or siblings-on-ties, on the tiny model and on
-        SmolLM2-135M (docs/rollout.md, 2026-11-27)."""
+        """The request's rule (``extra["rule"]``, :data:`RULES`: :func:`group_extra_args` names
+        :data:`DEFAULT_RULE`; a corpus that names none, from before rules existed, gets ``longest``):
+
+        - ``vote``: every place the row's longest n-gram occurs, in the corpus and in the row's own prompt and
+          output, votes; the draft grows while at least :data:`VOTE_SHARE` of the places still agreeing with it
+          continue with the same token (:func:`~pdsr_sdk.engines.group_match.vote_draft`). A lone place drafts
+          its continuation, as ``ngram`` does.
+        - ``longest`` (the first rule): the siblings' match where its n-gram is longer than the row's own match
+          (vLLM's ngram lookup in its prompt and output: the earliest of the longest matches), else the row's own.
+
+        ``vote`` accepted more per verify step than ``longest`` and ``ngram`` at about the same share of tokens
+        drafted, on SmolLM2-135M at temperature 1 (docs/notes/speculation.md)."""
         min_n, max_n = int(extra["min_n"]), int(extra["max_n"])
+        if extra.get("rule", "longest") == "vote":
+            draft, _ = vote_draft(context, corpus, min_n, max_n, k, float(extra.get("share", VOTE_SHARE)))
+            return [int(t) for t in draft]
         theirs = best_match(context, corpus, min_n, max_n, position=len(context) - int(extra["start"]))
         own = best_match(context, [context], min_n, max_n)
         if theirs is not None and (own is None or theirs[0] > own[0]):

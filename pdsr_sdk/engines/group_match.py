@@ -94,3 +94,45 @@ def find_draft_naive(context: Sequence[int], corpus: Sequence[Sequence[int]], mi
     if best is None:
         return []
     return list(corpus[best[2]][best[3]:best[3] + k])
+
+
+def vote_draft(context: np.ndarray, corpus: Sequence[np.ndarray], min_n: int, max_n: int, k: int,
+               share: float = 0.5) -> tuple[np.ndarray, int]:
+    """A draft voted by every place the context's longest n-gram (``max_n`` down to ``min_n`` tokens) occurs, in
+    ``corpus`` and in the context itself (before its own last n-gram): the draft grows token by token with the
+    token most of the places still agreeing with it continue with, while that token has at least ``share`` of
+    them (ties: the earliest such place's token). Returns (the draft, the n-gram length; 0 and empty where
+    nothing matches). One place alone drafts its continuation, as :func:`find_draft` does."""
+    if k <= 0 or len(context) < min_n:
+        return _EMPTY, 0
+    tail = np.asarray(context[-max_n:])
+    seqs = list(corpus) + [np.asarray(context)]
+    found: list[tuple[np.ndarray, np.ndarray]] = []   # (sequence, continuation starts) at the best length
+    best = 0
+    for seq in seqs:
+        lengths = match_lengths(seq, tail, max_n)
+        if not len(lengths):
+            continue
+        top = int(lengths.max())
+        if top < min_n or top < best:
+            continue
+        if top > best:
+            best, found = top, []
+        found.append((seq, np.flatnonzero(lengths == top) + 1))
+    if not found:
+        return _EMPTY, 0
+    conts = [seq[s:s + k] for seq, starts in found for s in starts]
+    draft: list[int] = []
+    for d in range(k):
+        alive = [c for c in conts if len(c) > d]
+        if not alive:
+            break
+        tokens = np.fromiter((c[d] for c in alive), dtype=np.int64, count=len(alive))
+        values, first, count = np.unique(tokens, return_index=True, return_counts=True)
+        top = count.max()
+        pick = values[first[count == top].min() == first][0] if (count == top).sum() > 1 else values[count.argmax()]
+        if top < share * len(alive):
+            break
+        draft.append(int(pick))
+        conts = [c for c in alive if c[d] == pick]
+    return np.asarray(draft, dtype=np.int64), best
