@@ -62,7 +62,7 @@ def run_member(fam: str, b: int, seed: int, engines: int, gs: list[float], max_b
 
 
 def run_partial(fam: str, b: int, seed: int, engines: int, gs: list[float], max_batch: int,
-                steps: int) -> dict[str, tuple]:
+                steps: int, over_provision: float | None = None) -> dict[str, tuple]:
     """Partial rollout within 10% partial tokens: (steady step / on-policy baseline step without speculation,
     partial share, the F picked) of v3 without and with each speculation."""
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
@@ -78,13 +78,14 @@ def run_partial(fam: str, b: int, seed: int, engines: int, gs: list[float], max_
     base_step = None
     for g in [None, *gs]:
         p = dict(prof, speculation={"tokens_per_step": g, "max_batch": max_batch} if g else None)
+        search = {"max_partial_share": 0.1} if over_provision is None else {"over_provision": over_provision}
         cfg = SimulateConfig(fast=engines - heavy, heavy=heavy, batch_size=b, step_groups=b, steps=steps,
-                             max_staleness=2, max_partial_share=0.1, policy="v3", timeline=False,
-                             profiles={"fast": p, "heavy": p})
+                             max_staleness=2, policy="v3", timeline=False, profiles={"fast": p, "heavy": p},
+                             **search)
         report = simulate_steps(trace, cfg)
         if base_step is None:
             base_step = report.baseline_step_s   # on-policy baseline, no speculation
-        pick = report.fastest_within()
+        pick = report.fastest_within() if over_provision is None else report.runs[0]
         name = "v3 partial" + (f" spec {g:g}" if g else "")
         out[name] = ((pick.steady_step_s / base_step, pick.partial_share, pick.over_provision) if pick
                      else (float("nan"), float("nan"), float("nan")))
@@ -107,6 +108,8 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=32, help="drafting only while at most this many run")
     ap.add_argument("--engines", type=int, default=8)
     ap.add_argument("--steps", type=int, default=None, help="partial rollout over K steps instead (see above)")
+    ap.add_argument("--over-provision", type=float, default=None,
+                    help="with --steps: this F instead of the search for the fastest within 10%% partial tokens")
     args = ap.parse_args()
     gs = [float(x) for x in args.tokens_per_step.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -114,7 +117,8 @@ def main() -> None:
     for fam in args.family.split(","):
         for b in (int(x) for x in args.batch_sizes.split(",")):
             if args.steps:
-                cells = [run_partial(fam, b, seed, args.engines, gs, args.max_batch, args.steps) for seed in seeds]
+                cells = [run_partial(fam, b, seed, args.engines, gs, args.max_batch, args.steps, args.over_provision)
+                         for seed in seeds]
                 print(f"\n### {fam}, B = {b}, {args.steps} steps\n\n| run | steady step / on-policy baseline | "
                       f"partial share | F |\n|---|---|---|---|")
                 for name in cells[0]:
