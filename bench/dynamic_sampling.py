@@ -18,6 +18,13 @@ groups in flight follow the measured pass rate). verl's DAPO
 recipe (``recipe/dapo``, ``pdsr_sdk.sim.steps.dapo_recipe_steps``): generation batches of 3 x B prompts with the
 baseline policy (plain continuous batching, each batch waits for its longest sample), filtered, until B pass, at
 most 10 a step. Both on the same simulated engines (default profile). Step time: the mean of steps 3 to K-1.
+
+``filter_bound_s``: the least time these engines need to complete B / pass rate groups of the trace's average
+work (each prompt prefilled once, every sample decoded in full batches): what a step needs that completes
+groups whatever their length, as the recipe does (it generates whole batches). ``best_ratio`` = that over the
+recipe's step. A schedule gets below it only by favouring groups by length: completing the short ones (which
+pass more often here: all-wrong groups are the long ones) and dropping the rest, as pdsr's drop at an on-policy
+step's end does in part, which tilts the step's data towards short responses.
 """
 
 from __future__ import annotations
@@ -48,6 +55,21 @@ def gsm8k_trace(groups: int, solve: float, seed: int):
                                    rewards=np.array(rewards), source=f"gsm8k-solve{solve:g}-seed{seed}")
 
 
+def filter_bound_s(trace, cfg, pass_rate: float) -> float:
+    """The least engine time of B / pass_rate of the trace's groups (the module's ``filter_bound_s``)."""
+    import numpy as np
+
+    from pdsr_sdk.sim.driver import bound_coefficients
+    from pdsr_sdk.sim.report import batch_bounds
+
+    b = cfg.step_groups or cfg.batch_size
+    lengths = trace.lengths.reshape(trace.num_groups, -1)
+    n = lengths.shape[1]
+    plen = np.repeat(np.asarray(trace.prompt_lens, dtype=np.int64), n)
+    work, _ = batch_bounds(plen, lengths.reshape(-1), cfg.fast + cfg.heavy, **bound_coefficients(cfg))
+    return work * (b / max(pass_rate, 1e-9)) / trace.num_groups
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--solve", default="0.05,0.1,0.2,0.3", help="chances a stopped response is right")
@@ -66,7 +88,7 @@ def main() -> None:
     print(f"B = {args.b}, {args.steps} steps, policy {args.policy}, {args.fast} fast + {args.heavy} heavy simulated "
           f"engines, seed {args.seed}, over-provision {args.over_provision if args.over_provision is not None else 'adaptive'}")
     header = ("solve", "solve_rate", "pass_rate", "dapo_gen_batches", "dapo_step_s", "pdsr_step_s", "ratio",
-              "pdsr_in_flight", "pdsr_wasted_share", "pdsr_dropped_share", "sim_s")
+              "filter_bound_s", "best_ratio", "pdsr_in_flight", "pdsr_wasted_share", "pdsr_dropped_share", "sim_s")
     print(" | ".join(header))
     for solve in [float(x) for x in args.solve.split(",")]:
         began = time.perf_counter()
@@ -78,13 +100,15 @@ def main() -> None:
         pass_rate = sum(len(set(rs)) > 1 for rs in groups.values()) / len(groups)
         plan = dapo_plan(trace, cfg)
         report = simulate_steps(trace, cfg)
+        bound = filter_bound_s(trace, cfg, pass_rate)
         run = report.runs[0]
         s = report.summary(run)
         dropped = sum(st["dropped_tokens"] for st in s["steps"])   # groups dropped at a step's end
         generated = s["tokens"] + s["wasted_tokens"] + s["filtered_tokens"] + dropped
         print(" | ".join([f"{solve:g}", f"{float(trace.rewards.mean()):.3f}", f"{pass_rate:.3f}",
                           f"{sum(plan[2:-1]) / max(1, len(plan[2:-1])):.2f}", f"{report.baseline_step_s:.2f}",
-                          f"{run.steady_step_s:.2f}", f"{report.ratio(run):.3f}", str(run.in_flight),
+                          f"{run.steady_step_s:.2f}", f"{report.ratio(run):.3f}", f"{bound:.2f}",
+                          f"{bound / report.baseline_step_s:.3f}", str(run.in_flight),
                           f"{s['wasted_tokens'] / generated:.3f}" if generated else "0",
                           f"{dropped / generated:.3f}" if generated else "0",
                           f"{time.perf_counter() - began:.1f}"]))

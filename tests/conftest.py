@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
@@ -11,6 +13,37 @@ apply_cpu_defaults()
 
 from support import HAVE_TORCH  # noqa: E402  (after the vLLM environment is set)
 
+#: session fixtures that hold real engines and serve a run of neighbouring tests: closed after the last test
+#: of such a run that uses them (nothing later asks for them; were one to, it would start them again),
+#: so that their engines do not sit in memory while the rest of the suite starts others
+RELEASED_AFTER_THEIR_LAST_USER = ("speculative_engines",)
+
+
+def pytest_configure(config):
+    # pytest rewrites the asserts of every module of a plugin's distribution (hypothesis: 73 modules; anyio's and
+    # xdist's plugins come with the environment), and with PYTHONDONTWRITEBYTECODE set, as on the shared machine,
+    # it does so again on every run: about 5 s of each run's collection. Their asserts are not the tests'; ours
+    # are still rewritten.
+    must = getattr(getattr(config.pluginmanager, "rewrite_hook", None), "_must_rewrite", None)
+    if isinstance(must, set):
+        must.difference_update({"hypothesis", "anyio", "xdist"})
+
+
+def pytest_runtest_setup(item):
+    # One torch thread in the test process: its tensors are small, and with the default (a thread per core) a
+    # busy core (an engine, another process) stalls every parallel region at its barrier: tests/scoring/
+    # test_scoring.py took 93 s that way on the shared 2-core machine against 21 s with one thread (load 2.4).
+    # Engine and example processes are not affected (they set their own threads).
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    for name in RELEASED_AFTER_THEIR_LAST_USER:
+        if name in item.fixturenames and (nextitem is None or name not in nextitem.fixturenames):
+            for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+                fixturedef.finish(item._request)
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +106,43 @@ def vllm_pair(engine_loop, tiny_model_dir):
         for e in built:
             run_on(engine_loop, e.close())
 
+
+
+@pytest.fixture(scope="session")
+def speculative_engines(engine_loop, tiny_model_dir, tmp_path_factory):
+    """Three real vLLM engines in float32 on the repetitive variant of the tiny model
+    (tests/engines/test_speculative_vllm.py says why that variant), started together once and shared by the two
+    speculative modules (test_speculative_vllm.py, test_speculative_group_vllm.py): ``ref-0`` without speculation
+    (the reference, core 0), ``ngram-0`` (core 1) and ``group-0`` (core 1). A module binds its own listener.
+    Closed after the last test that uses them (RELEASED_AFTER_THEIR_LAST_USER)."""
+    from pathlib import Path
+
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+    from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+    from support import HAVE_VLLM, run_on
+
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed")
+    from test_speculative_vllm import build_repetitive_model, start_all
+
+    model = str(build_repetitive_model(Path(tiny_model_dir), tmp_path_factory.mktemp("spec") / "model"))
+
+    def spec(name, core):
+        return EngineSpec(name=name, pool="fast", devices=[core], max_num_seqs=8, max_model_len=1024,
+                          dtype="float32")
+
+    ref = VllmEngine.from_spec(spec("ref-0", 0), model=model)
+    ngram = VllmEngine.from_spec(spec("ngram-0", 1), model=model,
+                                 speculative=RolloutConfig(speculative="ngram").vllm_speculative_config())
+    group = VllmEngine.from_spec(spec("group-0", 1), model=model,
+                                 speculative=RolloutConfig(speculative="group").vllm_speculative_config())
+    built = (ref, ngram, group)
+    try:
+        run_on(engine_loop, start_all(*built))
+        assert ref._llm.vllm_config.speculative_config is None
+        assert ngram._llm.vllm_config.speculative_config is not None
+        assert group._llm.vllm_config.speculative_config.method == "custom_class"
+        yield {e.name: e for e in built}
+    finally:
+        for e in built:
+            run_on(engine_loop, e.close())

@@ -41,6 +41,10 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--segment-min", type=int, default=None, help="Shortest dynamic segment (L_min).  [default: 64]")
 @click.option("--segment-max", type=int, default=None, help="Longest dynamic segment (L_max).  [default: 4096]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end (or cap) in one go.")
+@click.option("--hold-turn-slots", is_flag=True, default=None,
+              help="A trace of turns: every policy's samples keep their slot while their environment works (as a "
+                   "framework that holds the request through a tool call).  [default: a parked sample frees it; "
+                   "with references the report adds baseline-hold]")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here (with --steps: steps.json, the curve steps.png and "
                    "timeline.png).  [default: print only]")
@@ -64,14 +68,23 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
               help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5, refine between the fastest F "
                    "whose partial share (tokens from responses carried across a weight update) is at most this and "
                    "the next one over it (bisecting the groups in flight), and name the fastest within, e.g. 0.1.")
+@click.option("--speculative", metavar="METHOD", default=None,
+              help="Model speculative decoding in every engine with METHOD's acceptance (ngram, group, ...) from "
+                   "--acceptance (bench/spec.py's file): a token costs a verify step over the tokens it yields while "
+                   "at most --speculation-max-batch requests run. See docs/simulate.md.  [default: off]")
+@click.option("--acceptance", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="bench/spec.py's acceptance file (--acceptance-out), read with --speculative.")
+@click.option("--speculation-max-batch", type=int, default=None,
+              help="With --speculative: drafting only while at most this many requests run.  [default: 32]")
 @quiet_option
 @config_option
 @click.pass_context
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
-            num_batches, profile, segment_min, segment_max, no_segments, out_dir, no_timeline, steps, over_provision,
+            num_batches, profile, segment_min, segment_max, no_segments, hold_turn_slots, out_dir, no_timeline, steps, over_provision,
             step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
-            pipeline, restart_lengths, max_partial_share, quiet, config_path) -> None:
+            pipeline, restart_lengths, max_partial_share, speculative, acceptance, speculation_max_batch, quiet,
+            config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
     Every sample generates exactly its recorded length; batches are consecutive groups of B prompts
@@ -83,6 +96,12 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     a lower bound and the ratio to it, the share of each reference schedule's gain over baseline it
     takes, tokens/s, busy fraction per pool, the share of time on the last 10% of samples, and the
     policy's counters; --out-dir writes the JSON report and an engines x time PNG.
+
+    A trace of turns (multi-turn samples: `pdsr trace synth --family multi-turn`) replays each turn as a
+    request: between turns the sample waits out its environment's delay holding no slot, then the engine
+    that ran its last turn prefills the environment's tokens; the table adds env_slot (the share of
+    slot-time held by waiting samples) and, with references, baseline-hold (baseline keeping each slot
+    through the wait; --hold-turn-slots runs every policy so).
 
     Reference schedules (simulator only; they read the trace): oracle keeps, per batch, the better
     of true-length longest-first over all engines and the longest 2% alone on the heavy pool with
@@ -99,10 +118,12 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
       pdsr simulate --trace lengths.jsonl --steps 10 --step-groups 128 --max-staleness 2 --out-dir steps
       pdsr simulate --steps 10 --step-groups 128 --max-staleness 2 --trainer-s 20 --pipeline
       pdsr simulate --steps 10 --step-groups 128 --max-staleness 2 --max-partial-share 0.1
+      pdsr simulate --profile bench/data/profile-h100-7b.yaml --speculative group --acceptance acceptance.json
     """
     if ctx.invoked_subcommand is not None:
         return
     from pdsr_cli.quiet import output_mode
+    from pdsr_sdk.errors import ConfigError
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
     from pdsr_sdk.sim.driver import apply_policy_sets, run_names, simulate
     from pdsr_sdk.sim.steps import builtin_trace_groups
@@ -112,7 +133,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "trace": trace, "policy": policy, "references": references, "fast": fast, "heavy": heavy,
         "batch_size": batch_size, "n": n,
         "num_batches": num_batches, "segments.min_tokens": segment_min, "segments.max_tokens": segment_max,
-        "segments.enabled": False if no_segments else None, "out_dir": out_dir,
+        "segments.enabled": False if no_segments else None, "hold_turn_slots": hold_turn_slots, "out_dir": out_dir,
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
         "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
@@ -122,6 +143,15 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     if profile is not None:
         for pool, values in load_profile_file(profile).items():
             overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
+    if (speculative is None) != (acceptance is None):
+        raise ConfigError("--speculative METHOD and --acceptance FILE go together (bench/spec.py writes the file)")
+    if speculative is not None:
+        from pdsr_sdk.sim.speculation import speculation_from_acceptance
+
+        spec = speculation_from_acceptance(acceptance, speculative, max_batch=speculation_max_batch or 32)
+        overrides.update({f"profiles.{pool}.speculation": spec for pool in ("fast", "heavy")})
+    elif speculation_max_batch is not None:
+        raise ConfigError("--speculation-max-batch applies with --speculative")
     cfg = build_config(SimulateConfig, config_path, overrides)
     if cfg.trace is None:
         cfg = cfg.model_copy(update={"trace": default_trace_path(builtin_trace_groups(cfg))})
@@ -147,10 +177,13 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
                + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else ""))
     click.echo(format_table(report.rows(), hide_empty=COUNTER_COLUMNS))
     sim_s = sum(r.wall_s for r in report.runs)
-    click.echo(f"(vs_base = makespan / baseline's; bound = max(work / engines, longest sample alone) per batch; "
-               f"of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and oracle-probe, "
-               f"n/a when the reference gains under 1% of baseline; tail = share of the makespan after 90% of "
-               f"each batch's samples finished; simulated in {sim_s:.2f} s)")
+    click.echo("(vs_base = makespan / baseline's; bound = max(work / engines, longest sample alone) per batch; "
+               "of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and oracle-probe, "
+               "n/a when the reference gains under 1% of baseline; tail = share of the makespan after 90% of "
+               "each batch's samples finished"
+               + ("; env_slot = share of slot-time held by samples waiting on their environment, baseline-hold = "
+                  "baseline keeping each slot through the wait" if tb.multi_turn else "")
+               + f"; simulated in {sim_s:.2f} s)")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
 

@@ -32,8 +32,8 @@ def _list_family(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.group("trace")
 def command() -> None:
     """Length traces: one JSONL line per prompt group,
-    {"prompt_id", "prompt_len", "lengths": [...], optional "durations_s", "finish_reasons"};
-    lengths[0] is the probe (sample 0)."""
+    {"prompt_id", "prompt_len", "lengths": [...], optional "durations_s", "finish_reasons", "rewards",
+    "turns"}; lengths[0] is the probe (sample 0)."""
 
 
 @command.command("synth", short_help="Draw a synthetic long-tailed length trace (JSONL).")
@@ -55,6 +55,13 @@ def command() -> None:
 @click.option("--prompt-len-max", type=int, default=None, help=_help("prompt_len_max"))
 @click.option("--tokens-per-s", type=float, default=None, help=_help("tokens_per_s"))
 @click.option("--id-prefix", type=str, default=None, help=_help("id_prefix"))
+@click.option("--turns-min", type=int, default=None, help=_help("turns_min"))
+@click.option("--turns-max", type=int, default=None, help=_help("turns_max"))
+@click.option("--turns-noise", type=float, default=None, help=_help("turns_noise"))
+@click.option("--env-tokens-min", type=int, default=None, help=_help("env_tokens_min"))
+@click.option("--env-tokens-max", type=int, default=None, help=_help("env_tokens_max"))
+@click.option("--env-delay-min-s", type=float, default=None, help=_help("env_delay_min_s"))
+@click.option("--env-delay-max-s", type=float, default=None, help=_help("env_delay_max_s"))
 @config_option
 @handle_errors
 def synth(out: Path, config_path: Path | None, **flags) -> None:
@@ -70,6 +77,8 @@ def synth(out: Path, config_path: Path | None, **flags) -> None:
     Example: pdsr trace synth --groups 512 --n 8 --seed 0 --out trace.jsonl
 
     Example: pdsr trace synth --family longcot --seed 101 --out longcot.jsonl
+
+    Example: pdsr trace synth --family multi-turn --seed 101 --out turns.jsonl   # 1-8 turns, 0.1-5 s tools
     """
     from pdsr_sdk.traces import synth_trace, write_trace_jsonl
 
@@ -79,9 +88,15 @@ def synth(out: Path, config_path: Path | None, **flags) -> None:
     lengths = trace.lengths
     at_cap = int((lengths >= cfg.max_length).sum())
     family = f" ({cfg.family})" if cfg.family else ""
+    turns = ""
+    if trace.turns is not None:
+        t = trace.turns
+        turns = (f"; {len(t.sampled) / trace.num_samples:.2f} turns per sample, environment delay "
+                 f"{t.env_s[t.env_tokens > 0].mean() if (t.env_tokens > 0).any() else 0.0:.2f} s mean")
+        at_cap = int(sum(1 for r in trace.finish_reasons if r == "length"))
     click.echo(f"wrote {out}{family}: {trace.num_groups} groups x {cfg.n} samples, length median "
                f"{np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, {at_cap} at max_length "
-               f"{cfg.max_length}")
+               f"{cfg.max_length}{turns}")
 
 
 @command.command("convert", short_help="Trajectories Parquet/Arrow (or JSONL) -> JSONL length trace.")
@@ -94,7 +109,9 @@ def convert(source: Path, out: Path) -> None:
     (Parquet or Arrow IPC) or a JSONL trace, as JSONL.
 
     Rows are grouped by prompt_id (in order of first appearance) and ordered by
-    sample_index; durations are finish_time_s - submit_time_s.
+    sample_index; durations are finish_time_s - submit_time_s. A trajectories file of multi-turn samples
+    (its turns column) gives a trace of turns: per turn the sampled tokens, then the environment's
+    tokens and its time (the environment spans' end_s - start_s).
     """
     from pdsr_sdk.traces import read_trace, write_trace_jsonl
 
@@ -102,7 +119,7 @@ def convert(source: Path, out: Path) -> None:
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes
     shape = f"{sizes[0]} samples each" if trace.is_rectangular else f"{sizes.min()}..{sizes.max()} samples"
-    extras = [k for k, v in (("durations", trace.durations_s), ("finish reasons", trace.finish_reasons))
-              if v is not None]
+    extras = [k for k, v in (("durations", trace.durations_s), ("finish reasons", trace.finish_reasons),
+                             ("turns", trace.turns)) if v is not None]
     click.echo(f"wrote {out}: {trace.num_groups} groups, {shape}, {trace.num_samples} samples"
                + (f" (with {', '.join(extras)})" if extras else ""))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from pdsr_sdk.agent.context import AgentContext, AgentDone, TurnResult
-from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, Group, Sample
+from pdsr_sdk.dispatch.types import DROPPED, FAILED, LENGTH, STOP, Group, Sample
 from pdsr_sdk.errors import ConfigError
 
 AgentFn = Callable[[AgentContext], Awaitable[Any]]
@@ -104,9 +104,13 @@ class AgentRunner:
         ctx = self._contexts.pop(sample, None)
         self._fns.pop(sample, None)
         self._disarm(sample)
+        if sample.finish_reason == DROPPED:   # never scored: nothing reads its outcome
+            self.outcomes.pop(sample, None)
         if ctx is not None:
             ctx.end(sample.finish_reason or "")
-        self._tasks.pop(sample, None)
+        task = self._tasks.pop(sample, None)
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()   # the sample ended without it (dropped, truncated, failed): its work is moot
 
     def continue_turn(self, ctx: AgentContext, env_ids: list[int], max_tokens: int | None,
                       tool_name: str | None) -> None:
@@ -159,6 +163,8 @@ class AgentRunner:
         outcome.reward, outcome.extra = float(got), extra
 
     def _fail(self, sample: Sample, error: str) -> None:
+        if sample.finished:   # ended meanwhile (dropped, truncated): its agent's end is no failure of its own
+            return
         self._disarm(sample)
         task = self._tasks.get(sample)
         sample.error = error[:2000]

@@ -65,6 +65,13 @@ class Policy:
     def on_worker_idle(self, engine: Engine) -> None:
         pass
 
+    def on_turn_parked(self, sample: Sample, engine: Engine) -> None:
+        """A multi-turn sample's turn ended on ``engine``; it holds no slot while its environment works."""
+
+    def on_next_turn(self, sample: Sample, engine: Engine) -> None:
+        """A parked multi-turn sample's next turn is about to queue on ``engine`` (its prefix is cached there);
+        ``ctx.move(sample, engine=...)`` here sends it elsewhere."""
+
     def idle_interest(self, pool: str) -> bool:
         """Whether ``on_worker_idle`` may act on an idle engine of ``pool`` now (default: yes).
 

@@ -204,6 +204,14 @@ class Dispatcher(Protocol):
     def on_engine_lost(self, engine: Engine, requeued: list[Sample]) -> None:
         """An engine died; ``requeued`` were put back on its pool's queue."""
 
+    def on_turn_parked(self, sample: Sample, engine: Engine) -> None:
+        """Optional: a multi-turn sample's turn ended on ``engine``; it is parked, holding no slot, until its owner
+        continues it (its room may go to other samples meanwhile)."""
+
+    def on_next_turn(self, sample: Sample, engine: Engine) -> None:
+        """Optional: a parked multi-turn sample's next turn is about to queue on ``engine``, the one that holds its
+        prefix (or where the policy moved it while parked); ``move(sample, engine=...)`` here sends it elsewhere."""
+
     def idle_interest(self, pool: str) -> bool:
         """Optional speed hint, asked before ``on_worker_idle`` calls for a pool's engines:
         False means the policy would do nothing for them now (skipped at scale)."""

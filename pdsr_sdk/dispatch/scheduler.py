@@ -17,7 +17,10 @@ running samples go on; ``keep`` leaves running requests where they are (the engi
 A multi-turn sample (``sample.turns`` set; an agent runs it) does not finish when a turn ends: it is
 parked, holding no slot, and ``on_turn_end(sample, reason)`` tells its owner, who later either calls
 :meth:`Scheduler.continue_turn` with what the environment added (the next turn queues first on the engine
-that holds its prefix, unless the policy moved it meanwhile) or :meth:`Scheduler.finish` to end it.
+that holds its prefix, unless the policy moved it meanwhile) or :meth:`Scheduler.finish` to end it. The policy
+hears both (``on_turn_parked``, ``on_next_turn``: there it may still move the next turn). With
+``hold_turn_slots`` (a reference for the simulator: what a framework that keeps the request through its
+environment's wait takes) the parked sample keeps its slot until its next turn runs there.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class Scheduler:
         on_fatal: Callable[[BaseException], None] | None = None,
         on_restart: Callable[[Sample], None] | None = None,
         on_turn_end: Callable[[Sample, str], None] | None = None,
+        hold_turn_slots: bool = False,
     ):
         names = [e.name for e in engines]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -120,6 +124,11 @@ class Scheduler:
         # multi-turn samples between turns (waiting on their environment; no slot held) -> where their next
         # turn goes: (pool, engine), the engine that ran the last turn unless the policy moved the sample
         self._parked: dict[Sample, tuple[str | None, Engine | None]] = {}
+        # hold_turn_slots: parked samples keep their engine's slot (a pseudo request id in _running_on) while they
+        # wait; ``held_turn_slot_s`` adds up the slot-seconds so held (0 without it)
+        self.hold_turn_slots = hold_turn_slots
+        self._holding: dict[Sample, tuple[Engine, str, float]] = {}
+        self.held_turn_slot_s = 0.0
         self._pool_queues: dict[str, deque[_Queued]] = {}
         self._engine_queues: dict[str, deque[_Queued]] = {e.name: deque() for e in engines}
         for e in engines:
@@ -163,6 +172,8 @@ class Scheduler:
         self._wants_launch = _overrides(self.policy, "on_launch")
         self._wants_idle = _overrides(self.policy, "on_worker_idle")
         self._wants_floor = _overrides(self.policy, "segment_floor")
+        self._wants_parked = _overrides(self.policy, "on_turn_parked")
+        self._wants_next_turn = _overrides(self.policy, "on_next_turn")
         # optional: which pools' idle engines the policy may act on now (see Policy.idle_interest)
         self._idle_interest = getattr(self.policy, "idle_interest", None)
         self._pool_engines: dict[str, list[Engine]] = {p: [e for e in engines if e.pool == p]
@@ -213,20 +224,27 @@ class Scheduler:
         """Multi-turn samples between turns (waiting on their environment)."""
         return list(self._parked)
 
-    def continue_turn(self, sample: Sample, env_ids: Sequence[int], max_tokens: int | None = None, *,
+    def continue_turn(self, sample: Sample, env_ids: Sequence[int] | int, max_tokens: int | None = None, *,
                       tool_name: str | None = None) -> None:
         """Run a parked multi-turn sample's next turn: ``env_ids`` (what its environment added since the model's
-        last token; mask 0) go into its response, then the model samples up to ``max_tokens`` more (None: up to
-        the sample's ``max_tokens``). Queued first on the engine that ran its last turn (its prefix is cached
-        there), or where the policy moved it while it waited."""
-        target = self._parked.pop(sample, None)
-        if target is None:
+        last token; mask 0; a count for engines that count only) go into its response, then the model samples up
+        to ``max_tokens`` more (None: up to the sample's ``max_tokens``). Queued first on the engine that ran its
+        last turn (its prefix is cached there), or where the policy moved it while it waited or moves it now
+        (``on_next_turn``)."""
+        if sample not in self._parked:
             raise PdsrError(f"continue_turn: sample {sample.key} is not waiting between turns")
+        self._release_held(sample)
+        if self._wants_next_turn:
+            home = self._parked[sample][1]
+            if home is not None:
+                self.guarded(self.policy.on_next_turn, sample, home)
+        target = self._parked.pop(sample)
         now = self.clock.now()
         turns = sample.turns if sample.turns is not None else []
-        if env_ids:
+        n_env = env_ids if isinstance(env_ids, int) else len(env_ids)
+        if n_env:
             last_end = turns[-1].end_s if turns else now
-            turns.append(TurnRecord("environment", sample.num_generated, len(env_ids), tool_name=tool_name,
+            turns.append(TurnRecord("environment", sample.num_generated, n_env, tool_name=tool_name,
                                     start_s=now if last_end is None else last_end, end_s=now))
             sample.add_env_tokens(env_ids)
         room = sample.max_tokens - sample.num_generated
@@ -367,6 +385,7 @@ class Scheduler:
         if sample.turns is not None:
             restart = False   # a multi-turn sample's agent holds its conversation: its tokens are never thrown away
             if sample in self._parked:   # its next turn goes there
+                self._release_held(sample)
                 self._parked[sample] = (pool, engine)
                 sample.moves += 1
                 self.stats["moves"] += 1
@@ -402,6 +421,7 @@ class Scheduler:
         if sample in self._where:
             self._dequeue(sample)
         self._held.pop(sample, None)
+        self._release_held(sample)
         parked = self._parked.pop(sample, None)
         self._finish(sample, reason)
         if parked is not None:
@@ -459,7 +479,8 @@ class Scheduler:
     def running(self, engine: Engine | None = None) -> list[Sample]:
         if engine is None:
             return list(self._run_of)
-        return [self._runs[r].sample for r in self._running_on[engine.name]]
+        runs = self._runs
+        return [runs[r].sample for r in self._running_on[engine.name] if r in runs]   # (not slots held by turns)
 
     def free_slots(self, engine: Engine) -> int:
         return self._free_slots(engine)
@@ -550,7 +571,9 @@ class Scheduler:
         self.stats["engines_lost"] += 1
         requeued: list[Sample] = []
         for rid in list(self._running_on[engine.name]):
-            run = self._runs.pop(rid)
+            run = self._runs.pop(rid, None)
+            if run is None:
+                continue   # a slot a parked sample held (hold_turn_slots): its next turn goes to the pool
             sample = run.sample
             del self._run_of[sample]
             sample.segments[-1].end_time_s = self.clock.now()
@@ -588,7 +611,8 @@ class Scheduler:
         seg = sample.segments[-1]
         if sample.turns is not None and self._on_turn_end is not None and (
                 reason == STOP or sample.num_generated >= min(sample.max_tokens, sample.turn_end or sample.max_tokens)):
-            self._end_turn(run, STOP if reason == STOP else LENGTH)
+            # a forced sample (a replayed trace of turns) ends each turn as recorded: the model's end of turn
+            self._end_turn(run, STOP if reason == STOP or sample.forced else LENGTH)
             return
         if reason == STOP:
             seg.end_reason = STOP
@@ -638,8 +662,23 @@ class Scheduler:
             target = (run.stolen_from or run.engine.pool, run.engine)
         self._parked[sample] = target
         self.stats["turns"] += 1
+        if self.hold_turn_slots and target[1] is run.engine and not self.usage[run.engine.name].dead:
+            held = f"{sample.key}#held"
+            self._take_slot(run.engine, held)
+            self._holding[sample] = (run.engine, held, self.clock.now())
+        if self._wants_parked:
+            self.guarded(self.policy.on_turn_parked, sample, run.engine)
         assert self._on_turn_end is not None
         self._on_turn_end(sample, reason)
+
+    def _release_held(self, sample: Sample) -> None:
+        """``hold_turn_slots``: give back the slot a parked sample kept (counting the seconds it was held)."""
+        held = self._holding.pop(sample, None)
+        if held is not None:
+            engine, rid, since = held
+            self.held_turn_slot_s += self.clock.now() - since
+            if rid in self._running_on.get(engine.name, ()):
+                self._release_slot(engine, rid)
 
     def _next_segment(self, run: _Run, *, mark: bool) -> None:
         """A segment ended short of the sample's end: the policy may act, else it continues on the same

@@ -167,7 +167,7 @@ def groups_launched(b: int, over_provision: float, steps: int) -> int:
 def check_consumed(s: Sample, step: int) -> None:
     """A consumed sample is finished and holds every token its kept segments say (else a bug)."""
     kept = sum(seg.num_tokens for seg in kept_segments(s))
-    if (not s.finished or kept != s.num_generated
+    if (not s.finished or kept != s.sampled_tokens
             or (s.max_tokens is not None and s.num_generated != s.max_tokens and s.finish_reason != TRUNCATED)):
         raise PdsrError(f"step {step}: sample {s.key} consumed with {s.num_generated} of {s.max_tokens} tokens "
                         f"({kept} in kept segments, {s.finish_reason}); tokens were lost (a bug)")
@@ -493,8 +493,8 @@ class StepStream:
         choose = getattr(self.run.policy, "on_step_end", None)
         if choose is not None:
             for smp in choose([g for g, _ in self.flying.values()]):
-                if id(smp.group) not in self.flying:
-                    continue
+                if id(smp.group) not in self.flying or smp.turns is not None:
+                    continue   # a multi-turn sample is never regenerated: its agent holds the conversation
                 if smp.finished:
                     self.sched.restart(smp)
                     self.refreshed += 1

@@ -46,6 +46,9 @@ class Group:
     target_lengths: list[int] | None = None
     #: finish reasons to report for forced samples (from a recorded trace); default "stop"
     target_finish_reasons: list[str] | None = None
+    #: per-sample turns to replay (a trace of turns, the simulator): None, or per sample None (single-turn) or its
+    #: turns as ``(sampled tokens, environment tokens, environment delay in seconds)``
+    target_turns: list[list[tuple[int, int, float]] | None] | None = None
     samples: list["Sample"] = field(default_factory=list)
     #: position of the group in its batch (policies break ties by it)
     position: int = 0
@@ -183,8 +186,15 @@ class Sample:
         if self.turns:
             self.turns[-1].num_tokens += n
 
-    def add_env_tokens(self, token_ids: Sequence[int]) -> None:
-        """Append tokens the environment added (mask 0, log-prob 0.0): the next turn's context goes on from them."""
+    def add_env_tokens(self, token_ids: Sequence[int] | int) -> None:
+        """Append tokens the environment added (mask 0, log-prob 0.0): the next turn's context goes on from them. A
+        count instead of ids (an engine that counts only, the simulator) adds to the counts alone."""
+        if isinstance(token_ids, int):
+            self.num_generated += token_ids
+            self.env_tokens += token_ids
+            if self.response_mask is not None:
+                self.response_mask.extend([0] * token_ids)
+            return
         k = len(token_ids)
         self.token_ids.extend(token_ids)
         self.logprobs.extend([0.0] * k)

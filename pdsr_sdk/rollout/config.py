@@ -136,11 +136,11 @@ class RolloutConfig(StepStreamConfig):
         return self
 
     @model_validator(mode="after")
-    def _agent_on_policy(self) -> "RolloutConfig":
-        """Multi-turn samples do not carry across steps yet: an agent with partial rollout is refused."""
-        if self.agent.function is not None and self.streaming:
-            raise ConfigValueError("agent.function (--agent) runs on-policy steps for now; drop steps, "
-                                   "over_provision and filter_groups (multi-turn samples do not carry across steps yet)")
+    def _agent_never_restarted(self) -> "RolloutConfig":
+        """A multi-turn sample is never restarted (its agent holds the conversation): partial rollout with an
+        agent runs without a staleness bound (or on-policy dynamic sampling, which drops instead)."""
+        if self.agent.function is not None:
+            check_agent_streaming(self.max_staleness, self.filter_groups is not None)
         return self
 
     def vllm_speculative_config(self) -> dict[str, Any] | None:
@@ -184,3 +184,14 @@ class RolloutConfig(StepStreamConfig):
             merged[name] = {**old["settings"], **(merged.get(name) or {})}
             data["policy_settings"] = merged
         return data
+
+
+def check_agent_streaming(max_staleness: int | None, filtering: bool) -> None:
+    """ConfigValueError where a step stream would restart multi-turn samples for staleness (their agents hold
+    the conversation, so they are never restarted): a bound other than none, or 0 with filter_groups."""
+    if max_staleness is None or (max_staleness == 0 and filtering):
+        return
+    raise ConfigValueError(f"max_staleness {max_staleness} with an agent: a multi-turn sample is never restarted "
+                           f"(its agent holds the conversation), so partial rollout with an agent keeps its "
+                           f"samples' older tokens (drop max_staleness; correct them with importance weights), "
+                           f"or, with filter_groups, max_staleness 0 drops the groups a step's end leaves")

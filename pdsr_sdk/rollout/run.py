@@ -167,8 +167,10 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     prior = read_resume_state(out.path, settings, summary_path(config)) if out.resume else ResumeState()
     limit, source = context_limit(config, model_dir, engines)
     # resumed without --steps: the carried groups run again from their prompts, as any unfinished group
+    # with an agent too: a multi-turn sample's agent cannot be resumed mid-conversation
     carried = carried_groups(prior.carried, records, config.sampling.n, config.sampling.max_tokens,
-                             str(carry_file(out.path))) if prior.carried and config.streaming else []
+                             str(carry_file(out.path))) if prior.carried and config.streaming and \
+        config.agent.function is None else []
     filtered_writer = None
     if filtered_path(config) is not None:
         filtered_writer = TrajectoryWriter(

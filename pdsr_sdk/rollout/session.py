@@ -192,9 +192,11 @@ class RolloutSession:
 
         given_agent = agent if agent is not None else config.agent.function
         if given_agent is not None and self.streaming:
-            raise ConfigError("an agent runs on-policy steps for now: multi-turn samples do not carry across steps "
-                              "(drop over_provision, steps and filter_groups)")
+            from pdsr_sdk.rollout.config import check_agent_streaming
+
+            check_agent_streaming(config.max_staleness, group_filter is not None)
         self.agent = load_agent(given_agent) if given_agent is not None else None
+        self._step_agent = self.agent   # the agent of the groups a partial-rollout step launches
         self._http = None   # the HTTP server while serving (aserve)
         self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, max_turns=config.agent.max_turns,
                                   turn_max_tokens=config.agent.turn_max_tokens,
@@ -405,8 +407,9 @@ class RolloutSession:
         ``agent``: ``async def run(agent)`` run for each sample of this step (multi-turn; default: the
         session's agent, if any; see :mod:`pdsr_sdk.agent`)."""
         if agent is not None and self.streaming:
-            raise ConfigError("step(agent=...): an agent runs on-policy steps for now (multi-turn samples do not "
-                              "carry across steps); drop over_provision, steps and filter_groups")
+            from pdsr_sdk.rollout.config import check_agent_streaming
+
+            check_agent_streaming(self.config.max_staleness, self.group_filter is not None)
         if wait_for_update and not self.streaming:
             raise ConfigError("step(wait_for_update=True) is for partial rollout (config.over_provision or "
                               "config.steps set): a step without it ends when its groups are complete")
@@ -415,6 +418,8 @@ class RolloutSession:
         while self._loading is not None:   # a trainer's update_weights (another thread) is loading
             await asyncio.shield(self._loading)
         if self.streaming:
+            # the groups this step launches run with this agent (carried ones keep theirs)
+            self._step_agent = self.agent if agent is None else _load_agent(agent)
             return await self._astream_step(prompts, n=n, last=last, wait_for_update=wait_for_update)
         items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
         if not items:
@@ -558,7 +563,10 @@ class RolloutSession:
         step = self.run.batch_index
         records = prompt_records(items, self.config.data, self.tokenizer, id_prefix=f"s{step}-p",
                                  where=f"step {step} prompts")
-        return build_groups(records, self._stream_n, self.config.sampling.max_tokens)
+        groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
+        if self._step_agent is not None:
+            self.agents.prepare(groups, self._step_agent)
+        return groups
 
     def _stream_step_end(self) -> None:
         """A step's groups are chosen (called inside the scheduler): stop the engines, keeping every token."""

@@ -30,6 +30,28 @@ from pdsr_sdk.errors import ConfigError, ConfigValueError
 COST_KEYS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
 
 
+#: a verify step's cost relative to a decode step, by running requests, checking 4 drafted tokens a request:
+#: measured on one H100 (one 7B-shaped layer at context 2048, CUDA graphs; bench/verify_cost.py, 2026-11-27)
+H100_VERIFY_COST_K4: list[tuple[int, float]] = [(1, 1.08), (8, 1.15), (32, 1.22), (128, 1.36), (256, 1.41)]
+
+
+class SpeculationProfile(ConfigModel):
+    """Speculative decoding in a simulated engine: while few requests run, a step checks drafted tokens and
+    yields more than one token per request, for a dearer step."""
+
+    tokens_per_step: float = Field(1.0, ge=1.0, description="Tokens a verify step yields per request on average: 1 plus the drafted tokens accepted (bench/spec.py measures it per method). 1 = no gain.")
+    verify_cost: list[tuple[int, float]] = Field(default_factory=lambda: list(H100_VERIFY_COST_K4), description="A verify step's cost relative to a plain decode step, as [running requests, factor] pairs, interpolated linearly between them and held flat past the ends; default: 4 drafted tokens on one H100, measured by bench/verify_cost.py.")
+    max_batch: int = Field(32, ge=0, description="Drafting runs only while at most this many requests run on the engine (verl's MTP lost about half its throughput at high batch); above it steps are plain.")
+
+    @model_validator(mode="after")
+    def _sorted(self) -> "SpeculationProfile":
+        sizes = [b for b, _ in self.verify_cost]
+        if not sizes or sizes != sorted(set(sizes)) or any(f <= 0 for _, f in self.verify_cost):
+            raise ConfigValueError("speculation.verify_cost: give [running, factor] pairs with increasing running "
+                                   f"counts and positive factors, got {self.verify_cost}")
+        return self
+
+
 class EngineProfile(ConfigModel):
     """One simulated engine: limits (named as in EngineSpec) and the step-time cost model.
 
@@ -46,6 +68,7 @@ class EngineProfile(ConfigModel):
     c1_s_per_seq: float = Field(5e-5, ge=0, description="Seconds per step per running sequence.")
     c2_s_per_token: float = Field(1e-7, ge=0, description="Seconds per step per context token in the batch (attention reads).")
     prefill_s_per_token: float = Field(2e-5, ge=0, description="Seconds per prefilled (uncached) context token, added to the step that admits the request.")
+    speculation: SpeculationProfile | None = Field(None, description="Speculative decoding in this engine (None: off): how many tokens a verify step yields, what it costs by batch size, and the batch size up to which drafting runs.")
     prompt_cache: bool = Field(True, description="Requests of one prompt share its KV blocks, as vLLM's prefix caching does (pdsr starts its engines with it): a request admitted while another of the same prompt runs on the engine prefills only what lies past the prompt's whole blocks. A group's samples on one engine thus pay the prompt's prefill about once.")
 
     @model_validator(mode="after")
@@ -110,6 +133,7 @@ class SimulateConfig(StepStreamConfig):
     profiles: SimProfiles = Field(default_factory=SimProfiles, description="Engine profiles per pool (cost model, limits).")
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments (as in `pdsr rollout`).")
     tail_fraction: float = Field(0.1, gt=0, lt=1, description="The tail share measures the time spent on the last this fraction of each batch's samples.")
+    hold_turn_slots: bool = Field(False, description="A trace of turns: every policy's samples keep their engine slot while their environment works, as a framework that holds the request through a tool call does (their KV blocks are not counted against the cache). Default: a parked sample holds no slot (pdsr); with references on, the report adds baseline so held as the slot-holding reference.")
     out_dir: Path | None = Field(None, description="Directory for simulate.json (with steps: steps.json and the curve's PNG) and the timeline PNG; none = print only.")
     timeline: bool = Field(True, description="Draw the engines x time occupancy timeline (needs out_dir; with steps, the engines record their occupancy only then).")
     # multi-step runs (partial rollout across steps; pdsr_sdk.sim.steps)

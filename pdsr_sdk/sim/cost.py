@@ -193,3 +193,32 @@ def alone_time_naive(prompt_len, length, *, c0, c1, c2, prefill, prefill_len=Non
             t += c0 + c1 + c2 * (p + j) + (prefill * q if j == 0 else 0.0)
         out.append(t)
     return out
+
+
+# -- speculative decoding --------------------------------------------------------------------
+
+def speculation_scale(running: int, tokens_per_step: float, verify_cost: list[tuple[int, float]],
+                      max_batch: int) -> float:
+    """What one token of each running request costs with speculation, relative to a plain decode step: a
+    verify step's cost (``verify_cost``, [running, factor] pairs, interpolated, flat past the ends) over the
+    tokens it yields; 1 while more than ``max_batch`` requests run (no drafting)."""
+    if running > max_batch or tokens_per_step <= 1.0:
+        return 1.0
+    sizes = [b for b, _ in verify_cost]
+    factors = [f for _, f in verify_cost]
+    return float(np.interp(running, sizes, factors)) / tokens_per_step
+
+
+def speculation_scale_naive(running: int, tokens_per_step: float, verify_cost: list[tuple[int, float]],
+                            max_batch: int) -> float:
+    if running > max_batch or tokens_per_step <= 1.0:
+        return 1.0
+    factor = verify_cost[-1][1]
+    if running <= verify_cost[0][0]:
+        factor = verify_cost[0][1]
+    else:
+        for (b0, f0), (b1, f1) in zip(verify_cost, verify_cost[1:]):
+            if b0 <= running <= b1:
+                factor = f0 + (f1 - f0) * (running - b0) / (b1 - b0)
+                break
+    return factor / tokens_per_step

@@ -2,7 +2,10 @@
 
 Batches are consecutive runs of ``batch_size`` prompt groups of the trace,
 run one after another (like GRPO steps); the policy instance persists across
-batches. Every sample is forced to its recorded length. A policy with several
+batches. Every sample is forced to its recorded length. A trace of turns replays each multi-turn sample
+turn by turn through the same scheduler (:class:`TurnReplay`): each turn is a request; at its end the sample is
+parked (no slot held) and, after the trace's environment delay on the virtual clock, continues with the
+environment's tokens (prefilled by the engine that runs the next turn) or, after its last turn, finishes. A policy with several
 :meth:`~pdsr_sdk.dispatch.policy.Policy.simulation_variants` (the ``oracle`` reference) runs once per
 variant, and its run keeps each batch's best outcome (:func:`best_of`). The same run assembly
 (:class:`~pdsr_sdk.dispatch.run.DispatchRun`: scheduler, policy classes, batch reports) as a real
@@ -24,7 +27,7 @@ import numpy as np
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
-from pdsr_sdk.dispatch.types import FAST, HEAVY, TRUNCATED, Group, Sample
+from pdsr_sdk.dispatch.types import FAST, HEAVY, STOP, TRUNCATED, Group, Sample, TurnRecord
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import policy_names, reference_policies, resolve_policy, with_policy_sets
 from pdsr_sdk.progress import ProgressFactory, silent_progress
@@ -42,9 +45,15 @@ class TraceBatches:
     """The trace cut into batches: per batch, the groups' ids, prompt lengths and forced lengths."""
 
     source: str
-    batches: list[list[tuple[str, int, list[int], list[str] | None]]]
+    #: per batch, its groups as (prompt id, prompt length, lengths, finish reasons or None, turns or None)
+    batches: list[list[tuple[str, int, list[int], list[str] | None, list | None]]]
     zero_length_samples: int
     n: int | None
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether any group has samples with turns (a trace of turns)."""
+        return any(g[4] is not None for b in self.batches for g in b)
 
     @property
     def num_groups(self) -> int:
@@ -73,6 +82,9 @@ class BatchOutcome:
     policy: dict[str, Any] = field(default_factory=dict)   # the policy's facts (Policy.batch_report)
     preemptions: int = 0       # requests evicted from a full KV cache during the batch (all engines)
     prefill_tokens: int = 0    # context tokens prefilled during the batch (all engines)
+    slot_s: float = 0.0        # slot-seconds of requests on engines (launch to segment end), all samples
+    env_slot_s: float = 0.0    # slot-seconds held by samples waiting on their environment (hold_turn_slots)
+    env_wait_s: float = 0.0    # seconds samples spent waiting on their environment (multi-turn), summed
 
     @property
     def lower_bound_s(self) -> float:
@@ -121,6 +133,13 @@ class PolicyRun:
     def groups(self) -> list[Group]:
         return [g for b in self.batches for g in (b.group_objects or [])]
 
+    @property
+    def env_slot_share(self) -> float:
+        """The share of slot-time held by samples waiting on their environment (0 when parked samples free it)."""
+        held = sum(b.env_slot_s for b in self.batches)
+        total = held + sum(b.slot_s for b in self.batches)
+        return held / total if total > 0 else 0.0
+
 
 def run_names(cfg: SimulateConfig) -> list[str]:
     """The policies a simulation runs: those of ``cfg.policy`` (:func:`policy_names`) and, when
@@ -148,6 +167,7 @@ def trace_batches(trace, cfg: SimulateConfig) -> TraceBatches:
     offsets = trace.offsets.tolist()
     plens = trace.prompt_lens.tolist()
     reasons = [str(r) for r in trace.finish_reasons] if trace.finish_reasons is not None else None
+    turns = trace.turns if getattr(trace, "multi_turn", False) else None
     groups = []
     zero = 0
     for g, pid in enumerate(trace.prompt_ids):
@@ -157,7 +177,8 @@ def trace_batches(trace, cfg: SimulateConfig) -> TraceBatches:
         if 0 in lens:
             zero += lens.count(0)
             lens = [max(1, x) for x in lens]
-        groups.append((pid, plens[g], lens, reasons[lo:hi] if reasons is not None else None))
+        group_turns = None if turns is None else [turns.of(i) for i in range(lo, hi)]
+        groups.append((pid, plens[g], lens, reasons[lo:hi] if reasons is not None else None, group_turns))
     b = cfg.batch_size
     batches = [groups[i:i + b] for i in range(0, len(groups), b)]
     if cfg.num_batches is not None:
@@ -170,12 +191,51 @@ def trace_batches(trace, cfg: SimulateConfig) -> TraceBatches:
 def build_batch(rows) -> list[Group]:
     """Groups of forced samples (prompt ids not kept: only lengths matter to the simulator)."""
     groups = []
-    for i, (pid, plen, lens, reasons) in enumerate(rows):
+    for i, (pid, plen, lens, reasons, turns) in enumerate(rows):
         g = Group(prompt_id=pid, prompt_token_ids=[], prompt_text="", n=len(lens), target_lengths=lens,
-                  target_finish_reasons=reasons, position=i, prompt_length=plen)
+                  target_finish_reasons=reasons, position=i, prompt_length=plen, target_turns=turns)
         g.samples = [Sample(group=g, index=k, max_tokens=n, forced=True) for k, n in enumerate(lens)]
+        if turns is not None:
+            for s, t in zip(g.samples, turns):
+                if t is not None:   # counts only: no ids, so no mask either (the trajectory's turns say it)
+                    s.turns = []
+                    s.turn_end = t[0][0]
         groups.append(g)
     return groups
+
+
+class TurnReplay:
+    """Replays a trace's turns through a scheduler (its ``on_turn_end``): after turn k of a sample ends, the
+    environment's delay of turn k passes on the virtual clock, then the sample continues with the environment's
+    token count and turn k + 1's sampled tokens (``continue_turn``), or, after its last turn, finishes with its
+    recorded finish reason (any environment tokens after the last turn added first)."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.scheduler: Any = None
+        self.done: dict[Sample, int] = {}   # turns each sample has finished
+
+    def on_turn_end(self, sample: Sample, reason: str) -> None:
+        k = self.done.get(sample, 0)
+        self.done[sample] = k + 1
+        turns = sample.group.target_turns[sample.index]   # type: ignore[index]
+        _, env, delay = turns[k]
+        if k + 1 < len(turns):
+            nxt = turns[k + 1][0]
+            self.clock.call_later(delay, lambda: self.scheduler.continue_turn(sample, env, nxt))
+        elif env or delay:
+            self.clock.call_later(delay, lambda: self._last(sample, env))
+        else:
+            self._last(sample, 0)
+
+    def _last(self, sample: Sample, env: int) -> None:
+        if env:
+            now = self.clock.now()
+            sample.turns.append(TurnRecord("environment", sample.num_generated, env,   # type: ignore[union-attr]
+                                           start_s=sample.turns[-1].end_s or now, end_s=now))   # type: ignore[index]
+            sample.add_env_tokens(env)
+        reasons = sample.group.target_finish_reasons
+        self.scheduler.finish(sample, reasons[sample.index] if reasons else STOP)
 
 
 def build_engines(cfg: SimulateConfig, clock, *, record: bool = True) -> list[SimEngine]:
@@ -219,12 +279,43 @@ def least_prefill_tokens(prompt_len, prompt_ids, cfg: SimulateConfig, *, each: b
 def sample_bounds(samples: list[Sample], engines: int, cfg: SimulateConfig,
                   coeffs: dict[str, float]) -> tuple[float, float]:
     """(work / engines, longest alone) of finished samples (``report.batch_bounds``), with each prompt's
-    least prefill (:func:`least_prefill_tokens`)."""
+    least prefill (:func:`least_prefill_tokens`); samples with turns by :func:`turn_bounds`."""
     plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
     gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
     pids = [s.group.prompt_id for s in samples]
+    if any(s.turns is not None for s in samples):
+        return turn_bounds(samples, plen, pids, engines, cfg, coeffs)
     return batch_bounds(plen, gen, engines, **coeffs, prefill_len=least_prefill_tokens(plen, pids, cfg),
                         alone_prefill_len=least_prefill_tokens(plen, pids, cfg, each=True))
+
+
+def turn_bounds(samples: list[Sample], plen: np.ndarray, pids: list[str], engines: int, cfg: SimulateConfig,
+                coeffs: dict[str, float]) -> tuple[float, float]:
+    """The lower bound of :mod:`~pdsr_sdk.sim.report` for samples with turns: a sampled token is a step at its
+    context (prompt + every response token before it, the environment's included), the environment's tokens are
+    prefilled at least once each, and alone a sample also waits out its environment's delays one after another."""
+    c0, c1, c2, p, m = coeffs["c0"], coeffs["c1"], coeffs["c2"], coeffs["prefill"], coeffs["max_seqs"]
+    q = least_prefill_tokens(plen, pids, cfg).astype(np.float64)
+    q_alone = least_prefill_tokens(plen, pids, cfg, each=True).astype(np.float64)
+    sampled, env, delay, ctx = (np.zeros(len(samples)) for _ in range(4))
+    for i, s in enumerate(samples):
+        target = s.group.target_turns
+        turns = target[s.index] if target is not None else None
+        big_p = float(s.group.prompt_len)
+        if turns is None:
+            n = float(s.num_generated)
+            sampled[i], ctx[i] = n, n * big_p + n * (n - 1) / 2
+            continue
+        pos = 0
+        for k, e, d in turns:
+            sampled[i] += k
+            ctx[i] += k * (big_p + pos) + k * (k - 1) / 2
+            pos += k + e
+            env[i] += e
+            delay[i] += d
+    work = p * (q + env) + sampled * (c0 / m + c1) + c2 * ctx
+    alone = p * (q_alone + env) + sampled * (c0 + c1) + c2 * ctx + delay
+    return float(work.sum()) / engines, float(alone.max()) if alone.size else 0.0
 
 
 def raise_fatal(exc: BaseException, policy: str, where: str) -> None:
@@ -244,12 +335,15 @@ def check_pools(cls, cfg: SimulateConfig, name: str) -> None:
 
 
 def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_groups: bool = False,
-               record: bool = True, progress: ProgressFactory = silent_progress) -> PolicyRun:
+               record: bool = True, progress: ProgressFactory = silent_progress,
+               hold_turn_slots: bool | None = None) -> PolicyRun:
     """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes.
 
     A policy whose ``simulation_variants`` names several variants (the ``oracle``) runs once per
-    variant and the run keeps each batch's best outcome (:func:`best_of`).
+    variant and the run keeps each batch's best outcome (:func:`best_of`). ``hold_turn_slots`` (default:
+    ``cfg.hold_turn_slots``): multi-turn samples keep their slot while their environment works.
     """
+    hold = cfg.hold_turn_slots if hold_turn_slots is None else hold_turn_slots
     cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}), simulation=True)
     check_pools(cls, cfg, name)
     pools = {p for p, k in ((FAST, cfg.fast), (HEAVY, cfg.heavy)) if k}
@@ -258,7 +352,7 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     runs = []
     for label, variant in variants:
         run = _run_one(batches, cfg, name, cls, variant, keep_groups=keep_groups, record=record,
-                       progress=progress, desc=f"simulate {name}" + (f" ({label})" if len(variants) > 1 else ""))
+                       progress=progress, hold=hold, desc=f"simulate {name}" + (f" ({label})" if len(variants) > 1 else ""))
         runs.append((label, run))
     if len(runs) == 1:
         return runs[0][1]
@@ -307,15 +401,20 @@ def _stitch(view: EngineView, engine, t0: float, span: float, at: float) -> None
 
 
 def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, settings, *, keep_groups: bool,
-             record: bool, progress: ProgressFactory, desc: str) -> PolicyRun:
+             record: bool, progress: ProgressFactory, desc: str, hold: bool = False) -> PolicyRun:
     clock = VirtualClock()
     engines = build_engines(cfg, clock, record=record)
     longest = max((max(g[2]) for b in batches.batches for g in b), default=1)
     fatal: list[BaseException] = []
+    replay = TurnReplay(clock) if batches.multi_turn else None
     run = DispatchRun(engines, cls, settings, clock,
                       SamplingConfig(n=max(len(g[2]) for b in batches.batches for g in b), max_tokens=longest,
                                      ignore_eos=True),
-                      cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at)
+                      cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at,
+                      on_turn_end=None if replay is None else replay.on_turn_end,
+                      hold_turn_slots=hold and replay is not None)
+    if replay is not None:
+        replay.scheduler = run.scheduler
     coeffs = bound_coefficients(cfg)
     outcomes: list[BatchOutcome] = []
     events = 0
@@ -330,6 +429,7 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
         for bi, rows in enumerate(batches.batches):
             groups = build_batch(rows)
             pre0 = sum(e.preemptions for e in engines), sum(e.prefill_tokens for e in engines)
+            held0 = run.scheduler.held_turn_slot_s
             done: list[bool] = []   # checked after every event: a list is cheaper than a property
             try:
                 run.start_batch(groups, lambda: done.append(True))
@@ -353,7 +453,8 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
                 makespan_s=report.makespan_s, tokens=report.tokens, work_bound_s=work, longest_bound_s=alone,
                 tail_s=tail_time(finish, t1, cfg.tail_fraction), stats=report.stats, busy_s=report.engine_busy_s,
                 finish_times=finish - t0, group_objects=groups if keep_groups else None, policy=report.policy,
-                preemptions=pre1[0] - pre0[0], prefill_tokens=pre1[1] - pre0[1]))
+                preemptions=pre1[0] - pre0[0], prefill_tokens=pre1[1] - pre0[1],
+                **(_turn_slots(samples, run.scheduler.held_turn_slot_s - held0) if replay is not None else {})))
             bar.update(1)
     finally:
         if gc_was_enabled:
@@ -362,6 +463,14 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
     totals = {k: sum(b.stats.get(k, 0) for b in outcomes) for k in STAT_KEYS}
     return PolicyRun(policy=name, settings=settings.model_dump(), batches=outcomes, engines=engines,
                      events=events, wall_s=time.perf_counter() - wall0, stats=totals)
+
+
+def _turn_slots(samples: list[Sample], held_s: float) -> dict[str, float]:
+    """A batch of a trace of turns: slot-seconds of requests on engines, slot-seconds held by samples waiting on
+    their environment (``held_s``, from the scheduler), and the seconds samples waited on it."""
+    slot = sum((seg.end_time_s or seg.submit_time_s) - seg.submit_time_s for s in samples for seg in s.segments)
+    wait = sum((t.end_s or t.start_s) - t.start_s for s in samples for t in (s.turns or ()) if t.role == "environment")
+    return {"slot_s": slot, "env_slot_s": held_s, "env_wait_s": wait}
 
 
 def _check_lengths(policy: str, batch: int, samples: list[Sample]) -> None:
@@ -377,9 +486,22 @@ def simulate(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_p
     from pdsr_sdk.sim.report import SimulationReport
 
     batches = trace_batches(trace, cfg)
+    names = run_names(cfg)
     runs = [run_policy(batches, cfg, name, keep_groups=keep_groups, record=cfg.timeline, progress=progress)
-            for name in run_names(cfg)]
+            for name in names]
+    if batches.multi_turn and not cfg.hold_turn_slots and (cfg.references if cfg.references is not None
+                                                           else len(policy_names(cfg.policy)) > 1):
+        # the slot-holding reference: baseline as a framework that keeps each request's slot through its
+        # environment's wait would run it
+        held = run_policy(batches, cfg, "baseline", keep_groups=keep_groups, record=cfg.timeline, progress=progress,
+                          hold_turn_slots=True)
+        held.policy = HOLD_REFERENCE
+        runs.append(held)
     return SimulationReport(cfg, batches, runs)
+
+
+#: the name of the slot-holding reference run in a multi-turn simulation's report
+HOLD_REFERENCE = "baseline-hold"
 
 
 def trajectories_table(groups: list[Group]):

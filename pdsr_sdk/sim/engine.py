@@ -52,7 +52,7 @@ from collections import deque
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, EngineLoad
 from pdsr_sdk.errors import EngineError
 from pdsr_sdk.sim.config import EngineProfile
-from pdsr_sdk.sim.cost import overflow_step, steps_time, steps_within, uncached_tokens
+from pdsr_sdk.sim.cost import overflow_step, speculation_scale, steps_time, steps_within, uncached_tokens
 
 _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
@@ -96,6 +96,7 @@ class SimEngine:
         self._c0, self._c1, self._c2, self._p = p.c0_s, p.c1_s_per_seq, p.c2_s_per_token, p.prefill_s_per_token
         self._block = p.block_size
         self._kv = p.kv_blocks
+        self._spec = p.speculation   # speculative decoding (None: off): a token's cost scaled while few run
         self._max_ctx = min(p.max_model_len, self._kv * self._block)
         self._record = record
         self._listener = None
@@ -126,6 +127,8 @@ class SimEngine:
         self.steps = 0
         self.tokens = 0
         self.preemptions = 0
+        self.drafted_tokens = 0      # tokens generated while drafting ran (speculation on, few requests running)
+        self._drafting = False
         self.prefill_tokens = 0
         self.occupancy_t: list[float] = [0.0]
         self.occupancy_n: list[int] = [0]
@@ -251,6 +254,8 @@ class SimEngine:
                 self.busy_s += when - self._t0
                 if target > self._step:
                     self.steps += target - self._step
+                    if self._drafting:
+                        self.drafted_tokens += (target - self._step) * len(self._running)
                     self._first_step_ran()
                 self._step, self._t0 = target, when
                 self._plan()
@@ -306,6 +311,8 @@ class SimEngine:
             self.busy_s += now - self._t0
             if S > self._step:
                 self.steps += S - self._step
+                if self._drafting:
+                    self.drafted_tokens += (S - self._step) * len(self._running)
                 self._first_step_ran()
         self._step = S
         self._t0 = now
@@ -412,6 +419,14 @@ class SimEngine:
         c2 = self._c2
         self._a = a = self._c0 + self._c1 * R + c2 * (self._sum_off + R * S)
         self._b = b = c2 * R
+        self._drafting = False
+        if self._spec is not None:   # a verify step's cost spread over the tokens it yields (one "step" = a token)
+            spec = self._spec
+            m = speculation_scale(R, spec.tokens_per_step, spec.verify_cost, spec.max_batch)
+            if m != 1.0:
+                self._a = a = a * m
+                self._b = b = b * m
+                self._drafting = True
         self._extra = extra = self._p * self._pending_prefill
         end = target = self._next_end()
         # the KV cache can overflow before `end` only if the context then may need more blocks than there are

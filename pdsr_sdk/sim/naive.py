@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from pdsr_sdk.sim.cost import speculation_scale_naive
+
 
 @dataclass
 class NaiveJob:
@@ -115,7 +117,10 @@ def naive_replay(profile, jobs: list[NaiveJob],
                 i += 1
             plan()
             continue
-        dt = (c0 + c1 * len(running) + c2 * sum(r.ctx for r in running)
+        spec = profile.speculation
+        scale = 1.0 if spec is None else speculation_scale_naive(len(running), spec.tokens_per_step,
+                                                                 spec.verify_cost, spec.max_batch)
+        dt = ((c0 + c1 * len(running) + c2 * sum(r.ctx for r in running)) * scale
               + p * sum(r.prefill for r in running))
         t_next = t + dt
         while i < len(events) and events[i][0] < t_next:

@@ -64,6 +64,11 @@ DEFINITIONS = {
                   "end, summed over batches, / makespan_s.",
     "preemptions": "Running requests evicted because the KV cache was full (their context is re-prefilled).",
     "prefill_tokens": "Context tokens prefilled by the engines (prompts, uncached continuation tails, recomputes).",
+    "env_slot_share": "A trace of turns: slot-seconds held by samples waiting on their environment / all slot-seconds "
+                      "held (those plus requests on engines, launch to segment end); 0 where a parked sample holds no "
+                      "slot (pdsr), above 0 for the slot-holding reference (baseline-hold: baseline with each slot "
+                      "kept through the environment's wait).",
+    "env_wait_s": "A trace of turns: seconds samples waited on their environment, summed over samples.",
 }
 
 
@@ -164,6 +169,9 @@ class SimulationReport:
         }
         if run.variants:
             out["variants"] = run.variants
+        if self.batches.multi_turn:
+            out["env_slot_share"] = run.env_slot_share
+            out["env_wait_s"] = sum(b.env_wait_s for b in run.batches)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +211,8 @@ class SimulationReport:
             for pool, u in s["utilisation"].items():
                 row[f"util_{pool}"] = u
             row["tail"] = s["tail_share"]
+            if "env_slot_share" in s:
+                row["env_slot"] = s["env_slot_share"]
             for key, label in (("probes", "probes"), ("offloaded_prompts", "offloads"), ("breaks", "breaks"),
                                ("moves", "moves"), ("steals", "steals"), ("restarts", "restarts"),
                                ("wasted_tokens", "wasted"), ("truncations", "trunc"), ("preemptions", "preempt")):

@@ -282,7 +282,7 @@ def dapo_plan(trace, cfg: SimulateConfig, *, gen_factor: int = DAPO_GEN_FACTOR,
             if used >= len(batches) or len(batches[used]) < gen_factor * b:
                 raise DataError(f"{cfg.trace or trace.source}: the DAPO recipe ran out of groups at step {step + 1} "
                                 f"of {cfg.steps} (batches of {gen_factor * b}); give a longer trace")
-            kept += sum(bool(kind(rewards[pid][:len(lens)])) for pid, _, lens, _ in batches[used])
+            kept += sum(bool(kind(rewards[pid][:len(lens)])) for pid, _, lens, *_ in batches[used])
             used += 1
             made += 1
         plan.append(made)
@@ -318,6 +318,9 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
     """The on-policy baseline and a multi-step run for ``cfg.over_provision`` (or each value of the curve or the
     search: :func:`curve_values`)."""
     name = cfg.policy
+    if getattr(trace, "multi_turn", False):
+        raise ConfigError(f"{trace.source or 'the trace'} is a trace of turns: multi-turn samples are replayed "
+                          f"batch by batch (without --steps); partial rollout does not carry them across steps yet")
     policy_for_steps(cfg, name)   # fail before the baseline runs
     values = curve_values(cfg)
     for f in values:

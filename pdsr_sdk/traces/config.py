@@ -28,6 +28,13 @@ class TraceSynthConfig(ConfigModel):
     log-normal, so real traces agree even less at the top; and single
     runaways make the max CV larger (2.2 [1.18]).
 
+    Turns (``turns_max`` > 1: a trace of turns, an agent's multi-turn samples): prompt g has a centre
+    ``c_g ~ U[turns_min, turns_max]`` and sample j takes ``k = round(c_g + turns_noise * z)`` turns (clipped to
+    the range, and to its sampled length); its sampled length (the model above) is cut at ``k - 1`` uniform
+    points into its turns, and after each turn but the last the environment adds ``U[env_tokens_min,
+    env_tokens_max]`` tokens after a delay log-uniform in ``[env_delay_min_s, env_delay_max_s]``. A sample's
+    length is then its sampled and environment tokens together; ``max_length`` caps the sampled ones.
+
     ``family`` names a member of the workload family (``pdsr_sdk.traces.family.WORKLOADS``): its values are
     the defaults of the keys not given.
     """
@@ -63,6 +70,13 @@ class TraceSynthConfig(ConfigModel):
     tokens_per_s: float | None = Field(
         None, gt=0, description="When set, write durations_s = length / tokens_per_s for every sample.")
     id_prefix: str = Field("p", description="Prompt ids are this prefix followed by the zero-padded group index.")
+    turns_min: int = Field(1, ge=1, description="Fewest turns of a sample (a trace of turns when turns_max > 1).")
+    turns_max: int = Field(1, ge=1, description="Most turns of a sample; 1: single-turn samples (no turns in the trace). Each prompt draws a centre uniformly in [turns_min, turns_max], its samples vary around it (turns_noise).")
+    turns_noise: float = Field(1.0, ge=0, description="Standard deviation of a sample's turn count around its prompt's centre (in turns).")
+    env_tokens_min: int = Field(16, ge=0, description="Fewest tokens the environment adds after a turn (tool results, the template's tokens), uniform integer range.")
+    env_tokens_max: int = Field(256, ge=0, description="Most tokens the environment adds after a turn.")
+    env_delay_min_s: float = Field(0.1, ge=0, description="Shortest environment delay after a turn in seconds (log-uniform between the two, as tool latencies spread over orders of magnitude; uniform from 0 when this is 0).")
+    env_delay_max_s: float = Field(5.0, ge=0, description="Longest environment delay after a turn in seconds.")
 
     @model_validator(mode="before")
     @classmethod
@@ -94,6 +108,14 @@ class TraceSynthConfig(ConfigModel):
     def _ranges(self) -> "TraceSynthConfig":
         if self.min_length > self.max_length:
             raise ConfigValueError(f"min_length ({self.min_length}) must be <= max_length ({self.max_length})")
+        if self.turns_min > self.turns_max:
+            raise ConfigValueError(f"turns_min ({self.turns_min}) must be <= turns_max ({self.turns_max})")
+        if self.env_tokens_min > self.env_tokens_max:
+            raise ConfigValueError(f"env_tokens_min ({self.env_tokens_min}) must be <= env_tokens_max "
+                                   f"({self.env_tokens_max})")
+        if self.env_delay_min_s > self.env_delay_max_s:
+            raise ConfigValueError(f"env_delay_min_s ({self.env_delay_min_s}) must be <= env_delay_max_s "
+                                   f"({self.env_delay_max_s})")
         if self.prompt_len_min > self.prompt_len_max:
             raise ConfigValueError(f"prompt_len_min ({self.prompt_len_min}) must be <= prompt_len_max "
                                    f"({self.prompt_len_max})")

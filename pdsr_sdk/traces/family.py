@@ -84,10 +84,11 @@ class WorkloadMember:
         if "family" in self.synth:
             raise ConfigValueError(f"workload {self.name!r}: its synth defaults cannot name a family")
         cfg = validate_config(TraceSynthConfig, self.synth, source=f"workload {self.name!r}")   # typos fail here
-        need = cfg.max_length + cfg.prompt_len_max
+        need = cfg.max_length + cfg.prompt_len_max + (cfg.turns_max - 1) * cfg.env_tokens_max
         if self.measure.profile["max_model_len"] < need:
             raise ConfigValueError(f"workload {self.name!r}: max_model_len {self.measure.profile['max_model_len']} "
-                                   f"is below the longest context, {need} (prompt_len_max + max_length)")
+                                   f"is below the longest context, {need} (prompt_len_max + max_length, and the "
+                                   f"environment's tokens between turns)")
 
     def config(self, **overrides):
         """The member's :class:`~pdsr_sdk.traces.config.TraceSynthConfig`; ``overrides`` replace its defaults.
@@ -140,12 +141,14 @@ def resample_trace(trace: LengthTrace, groups: int, seed: int) -> LengthTrace:
     k = trace.num_groups
     pick = np.arange(groups) % k if seed == 0 else np.random.default_rng(seed).integers(0, k, size=groups)
     reasons, durations = trace.finish_reasons, trace.duration_matrix()
+    n = trace.samples_per_group
+    turns = None if trace.turns is None else trace.turns.take((pick[:, None] * n + np.arange(n)).reshape(-1))
     return LengthTrace.from_matrix(
         trace.matrix()[pick], prompt_ids=[f"{trace.prompt_ids[i]}#{j}" for j, i in enumerate(pick)],
         prompt_lens=np.asarray(trace.prompt_lens)[pick],
         durations_s=None if durations is None else durations[pick],
         finish_reasons=None if reasons is None else reasons.reshape(k, -1)[pick],
-        source=f"{trace.source} (draw {seed})")
+        source=f"{trace.source} (draw {seed})", turns=turns)
 
 
 def check_recorded_config(member: WorkloadMember, data: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
@@ -228,6 +231,12 @@ register_workload(WorkloadMember(
     synth=dict(median_length=2000, prompt_sigma=0.6, noise_sigma=0.4, runaway_frac=0.044, runaway_concentration=10,
                max_length=16384),
     measure=Measurement(profile={**EQUAL_ENGINE, "max_model_len": 20480}),
+))
+register_workload(WorkloadMember(
+    "multi-turn",
+    "An agent with tools: `informative`'s sampled lengths cut into 1-8 turns per sample (centred by prompt), "
+    "16-256 environment tokens and a 0.1-5 s environment delay (log-uniform) after each turn but the last.",
+    synth=dict(turns_min=1, turns_max=8, env_delay_min_s=0.1, env_delay_max_s=5.0),
 ))
 register_workload(WorkloadMember(
     "recorded-gsm8k",

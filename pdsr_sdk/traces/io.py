@@ -8,12 +8,17 @@ Two inputs, detected from the file's first bytes (not its name):
        "durations_s": [...], "finish_reasons": [...], "rewards": [1.0, 0.0, ...]}   # last three optional
 
   ``rewards`` (each a number, or null for a sample without one) is what dynamic sampling in the
-  simulator filters groups by.
+  simulator filters groups by. A trace of turns (multi-turn samples) adds ``turns``: per sample, null (a
+  single-turn sample) or a list of turns ``[sampled, env_tokens, env_s]``: the tokens the model sampled, then
+  the tokens its environment added and the environment's delay in seconds (the last turn's are what the
+  agent adds before the sample ends, usually ``0, 0``). A sample's ``lengths`` entry is the sum of its
+  sampled and environment tokens. Every optional key is given for every group or for none.
 
 - a trajectories file as written by ``pdsr rollout`` (Parquet, Arrow IPC file
   or stream), one row per sample with columns ``prompt_id``, ``sample_index``
   (0 is the probe), ``prompt_length``, ``response_length`` and optionally
-  ``finish_reason``, ``submit_time_s``, ``finish_time_s``, ``reward`` (nulls allowed). Rows are grouped by
+  ``finish_reason``, ``submit_time_s``, ``finish_time_s``, ``reward`` (nulls allowed), ``turns`` (null for a
+  single-turn sample; the trace of turns, from the spans' token counts and times). Rows are grouped by
   ``prompt_id`` (groups in order of first appearance) and ordered by
   ``sample_index``.
 
@@ -30,13 +35,15 @@ import numpy as np
 
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import write_text_atomic
-from pdsr_sdk.traces.trace import LengthTrace
+from pdsr_sdk.traces.trace import LengthTrace, SampleTurns
 
 REQUIRED_KEYS = ("prompt_id", "prompt_len", "lengths")
 
 #: trajectories columns needed for a trace, and the optional ones used when present
 TRAJECTORY_COLUMNS = ("prompt_id", "sample_index", "prompt_length", "response_length")
-TRAJECTORY_OPTIONAL = ("finish_reason", "submit_time_s", "finish_time_s", "reward")
+TRAJECTORY_OPTIONAL = ("finish_reason", "submit_time_s", "finish_time_s", "reward", "turns")
+#: optional per-sample keys of a JSONL trace line
+OPTIONAL_KEYS = ("durations_s", "finish_reasons", "rewards", "turns")
 
 
 def read_trace(path: str | Path) -> LengthTrace:
@@ -83,7 +90,7 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
     prompt_lens: list[int] = []
     lines: list[int] = []                      # line number of each group
     sizes: list[int] = []
-    flat = {"lengths": [], "durations_s": [], "finish_reasons": [], "rewards": []}
+    flat: dict[str, list] = {"lengths": [], "durations_s": [], "finish_reasons": [], "rewards": [], "turns": []}
     seen: dict[str, int] = {}
     has_opt: dict[str, int] = {}  # optional key -> +line / -line of the first group that has / lacks it
     for lineno, row in _parse_lines(path):
@@ -110,7 +117,7 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
             raise DataError(f"{where}: lengths must be a non-empty list of integers, got {_short(lens)}")
         n = len(lens)
         flat["lengths"].extend(lens)
-        for key in ("durations_s", "finish_reasons", "rewards"):
+        for key in OPTIONAL_KEYS:
             value = row.get(key)
             present = value is not None
             first = has_opt.setdefault(key, lineno if present else -lineno)
@@ -138,9 +145,10 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
     durations = check.seconds(flat["durations_s"], "durations_s") if has_opt["durations_s"] > 0 else None
     reasons = check.strings(flat["finish_reasons"], "finish_reasons") if has_opt["finish_reasons"] > 0 else None
     rewards = check.rewards(flat["rewards"], "rewards") if has_opt["rewards"] > 0 else None
+    turns = check.turns(flat["turns"], lengths) if has_opt["turns"] > 0 else None
     return LengthTrace(prompt_ids=ids, prompt_lens=np.asarray(prompt_lens, dtype=np.int64), lengths=lengths,
                        offsets=offsets, durations_s=durations, finish_reasons=reasons, source=str(path),
-                       rewards=rewards)
+                       rewards=rewards, turns=turns)
 
 
 def _parse_lines(path: Path) -> list[tuple[int, object]]:
@@ -226,6 +234,35 @@ class _FlatCheck:
                 self._fail(key, k, f"is {_short(v)}; expected a finite number, or null for a sample without a reward")
         return np.asarray([np.nan if v is None else float(v) for v in values], dtype=np.float64)
 
+    def turns(self, values: list, lengths: np.ndarray) -> SampleTurns:
+        """Turns: per sample null or a non-empty list of ``[sampled, env_tokens, env_s]`` whose tokens add up to
+        the sample's length."""
+        out: list[list[tuple[int, int, float]] | None] = []
+        for k, v in enumerate(values):
+            if v is None:
+                out.append(None)
+                continue
+            if type(v) is not list or not v:
+                self._fail("turns", k, f"is {_short(v)}; expected null (a single-turn sample) or a non-empty list "
+                                       f"of turns [sampled, env_tokens, env_s]")
+            rows = []
+            for j, turn in enumerate(v):
+                what = f"turn {j} is {_short(turn)}; expected [sampled, env_tokens, env_s]: the tokens the model " \
+                       f"sampled (>= 1), then the environment's tokens (>= 0) and its delay in seconds (>= 0)"
+                if type(turn) is not list or len(turn) != 3 or not all(type(x) in (int, float) for x in turn):
+                    self._fail("turns", k, what)
+                sampled, env, delay = turn
+                if (sampled != int(sampled) or env != int(env) or sampled < 1 or env < 0
+                        or not np.isfinite(delay) or delay < 0):
+                    self._fail("turns", k, what)
+                rows.append((int(sampled), int(env), float(delay)))
+            total = sum(r[0] + r[1] for r in rows)
+            if total != int(lengths[k]):
+                self._fail("turns", k, f"adds up to {total} tokens (sampled + environment) but lengths[] says "
+                                       f"{int(lengths[k])}; a sample's length counts both")
+            out.append(rows)
+        return SampleTurns.from_lists(out)
+
     def strings(self, values: list, key: str) -> np.ndarray:
         bad = self._first_bad_type(values, (str,))
         if bad is not None:
@@ -255,6 +292,8 @@ def write_trace_jsonl(trace: LengthTrace, path: str | Path) -> Path:
             row["finish_reasons"] = reasons[lo:hi]
         if trace.rewards is not None:
             row["rewards"] = [None if r != r else r for r in trace.rewards[lo:hi].tolist()]
+        if trace.turns is not None:
+            row["turns"] = [None if (t := trace.turns.of(i)) is None else [list(x) for x in t] for i in range(lo, hi)]
         lines.append(json.dumps(row))  # ASCII (non-ASCII ids escaped): safe under any locale encoding
     return write_text_atomic("\n".join(lines) + "\n", path)
 
@@ -310,7 +349,7 @@ def trace_from_trajectories(table, *, source: str | None = None) -> LengthTrace:
     if table.num_rows == 0:
         raise DataError(f"{where}: the trajectories table has no rows")
     for name in (*TRAJECTORY_COLUMNS, *TRAJECTORY_OPTIONAL):
-        if name != "reward" and name in table.column_names and table[name].null_count:
+        if name not in ("reward", "turns") and name in table.column_names and table[name].null_count:
             row = int(np.flatnonzero(~np.asarray(table[name].is_valid()))[0])
             raise DataError(f"{where}: column {name!r} row {row} is null")
 
@@ -365,8 +404,46 @@ def trace_from_trajectories(table, *, source: str | None = None) -> LengthTrace:
     if "reward" in table.column_names and table["reward"].null_count < table.num_rows:
         rewards = np.asarray([np.nan if r is None else float(r) for r in table["reward"].to_pylist()],
                              dtype=np.float64)[order]
+    turns = None
+    if "turns" in table.column_names and table["turns"].null_count < table.num_rows:
+        rows = table["turns"].to_pylist()
+        turns = SampleTurns.from_lists([_trace_turns(rows[int(r)], int(r), where) for r in order])
     return LengthTrace(prompt_ids=group_ids, prompt_lens=prompt_lens, lengths=lengths, offsets=offsets,
-                       durations_s=durations, finish_reasons=reasons, source=source, rewards=rewards)
+                       durations_s=durations, finish_reasons=reasons, source=source, rewards=rewards, turns=turns)
+
+
+def _trace_turns(spans: list | None, row: int, where: str) -> list[tuple[int, int, float]] | None:
+    """A trajectories row's ``turns`` spans as trace turns ``(sampled, env_tokens, env_s)``: each assistant span
+    opens a turn, the environment spans after it add their tokens and their time (``end_s - start_s``). Two assistant
+    spans with no environment span between (the agent added nothing) count the time between them instead."""
+    if spans is None:
+        return None
+    out: list[list] = []
+    last_end: float | None = None
+    for j, span in enumerate(spans):
+        role, n = span.get("role"), span.get("num_tokens")
+        if type(n) is not int or n < 0:
+            raise DataError(f"{where}: row {row}: turns[{j}].num_tokens is {n!r}; expected a token count >= 0")
+        if role == "assistant":
+            if out and out[-1][1] == 0 and out[-1][2] == 0.0 and last_end is not None and span.get("start_s") is not None:
+                out[-1][2] = max(0.0, float(span["start_s"]) - last_end)
+            if n == 0:
+                continue   # a turn that sampled nothing (failed before its first token): nothing to replay
+            out.append([n, 0, 0.0])
+            last_end = span.get("end_s")
+        elif role == "environment":
+            if not out:
+                raise DataError(f"{where}: row {row}: turns[{j}] is an environment span before any assistant span; "
+                                f"a trace of turns starts with the model's turn")
+            start, end = span.get("start_s"), span.get("end_s")
+            out[-1][1] += n
+            if start is not None and end is not None:
+                out[-1][2] += max(0.0, float(end) - float(start))
+        else:
+            raise DataError(f"{where}: row {row}: turns[{j}].role is {role!r}; expected 'assistant' or 'environment'")
+    if not out:
+        return None
+    return [(int(a), int(b), float(c)) for a, b, c in out]
 
 
 def _int_column(table, name: str, where: str) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 from pdsr_sdk.config import validate_config
 from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.traces.config import TraceSynthConfig
-from pdsr_sdk.traces.trace import LengthTrace
+from pdsr_sdk.traces.trace import LengthTrace, SampleTurns
 
 
 def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTrace:
@@ -48,12 +48,49 @@ def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTr
     lengths = np.clip(np.rint(raw), cfg.min_length, cfg.max_length).astype(np.int64)
     lengths[runaway] = cfg.max_length
     reasons = np.where(lengths >= cfg.max_length, "length", "stop").astype(object)
+    turns = None
+    if cfg.turns_max > 1:   # drawn after everything above: single-turn traces are unchanged
+        turns, lengths = _draw_turns(cfg, rng, lengths)
     durations = lengths / cfg.tokens_per_s if cfg.tokens_per_s else None
     width = len(str(g - 1))
     ids = [f"{cfg.id_prefix}{i:0{width}d}" for i in range(g)]
     return LengthTrace.from_matrix(lengths, prompt_ids=ids, prompt_lens=prompt_lens, durations_s=durations,
-                                   finish_reasons=reasons,
+                                   finish_reasons=reasons, turns=turns,
                                    source=f"synth({cfg.family}, seed={cfg.seed})" if cfg.family else f"synth(seed={cfg.seed})")
+
+
+def _draw_turns(cfg: TraceSynthConfig, rng: np.random.Generator, sampled: np.ndarray) -> tuple[SampleTurns, np.ndarray]:
+    """Each sample's turns (``TraceSynthConfig``'s model) from its sampled length; returns them and the lengths
+    with the environment's tokens added."""
+    g, n = sampled.shape
+    centre = rng.uniform(cfg.turns_min, cfg.turns_max, size=g)
+    k = np.clip(np.rint(centre[:, None] + cfg.turns_noise * rng.standard_normal((g, n))), cfg.turns_min,
+                cfg.turns_max).astype(np.int64)
+    k = np.minimum(k, np.maximum(sampled, 1))
+    gaps = int(k.sum() - k.size)
+    env = rng.integers(cfg.env_tokens_min, cfg.env_tokens_max + 1, size=gaps, dtype=np.int64)
+    if cfg.env_delay_min_s > 0:
+        delay = np.exp(rng.uniform(np.log(cfg.env_delay_min_s), np.log(cfg.env_delay_max_s), size=gaps))
+    else:
+        delay = rng.uniform(0.0, cfg.env_delay_max_s, size=gaps)
+    rows: list[list[tuple[int, int, float]] | None] = []
+    totals = np.zeros_like(sampled)
+    e = 0
+    flat_k, flat_len = k.reshape(-1).tolist(), sampled.reshape(-1).tolist()
+    for i, (turns, length) in enumerate(zip(flat_k, flat_len)):
+        length = max(int(length), 1)
+        cuts = np.sort(rng.choice(length - 1, size=turns - 1, replace=False) + 1) if turns > 1 else np.empty(0, int)
+        parts = np.diff(np.concatenate(([0], cuts, [length]))).tolist()
+        row = []
+        for j, part in enumerate(parts):
+            if j < turns - 1:
+                row.append((int(part), int(env[e]), float(delay[e])))
+                e += 1
+            else:
+                row.append((int(part), 0, 0.0))
+        rows.append(row)
+        totals.reshape(-1)[i] = length + sum(r[1] for r in row)
+    return SampleTurns.from_lists(rows), totals
 
 
 def default_trace_path(groups: int) -> Path:

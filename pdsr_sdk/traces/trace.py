@@ -4,6 +4,10 @@ A trace holds G prompt groups; group g has n_g samples whose lengths are
 ``lengths[offsets[g]:offsets[g+1]]`` (flat, ragged storage). Sample 0 of every
 group is the probe. Most consumers want the equal-N view ``matrix()`` ([G, N]),
 which raises a clear ``DataError`` when group sizes differ.
+
+A trace of turns (multi-turn samples: an agent with tools) also holds each sample's turns
+(:class:`SampleTurns`): per turn the tokens the model sampled, then the tokens its environment added and
+the environment's delay in seconds; a sample's length is its sampled and environment tokens together.
 """
 
 from __future__ import annotations
@@ -14,6 +18,66 @@ from typing import Sequence
 import numpy as np
 
 from pdsr_sdk.errors import DataError
+
+
+@dataclass(frozen=True, eq=False)
+class SampleTurns:
+    """Per-sample turns of a trace (flat, ragged): sample i's turns are rows ``offsets[i]:offsets[i + 1]``. Turn j
+    samples ``sampled[j]`` tokens, then its environment adds ``env_tokens[j]`` tokens after ``env_s[j]`` seconds
+    (after the last turn: what the agent adds before the sample ends, usually nothing). A sample with no rows is
+    single-turn.
+
+    Attributes:
+        offsets: int64 [S + 1].
+        sampled: int64 [T], >= 1.
+        env_tokens: int64 [T], >= 0.
+        env_s: float64 [T], finite, >= 0.
+    """
+
+    offsets: np.ndarray
+    sampled: np.ndarray
+    env_tokens: np.ndarray
+    env_s: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offsets", np.asarray(self.offsets, dtype=np.int64))
+        object.__setattr__(self, "sampled", np.asarray(self.sampled, dtype=np.int64))
+        object.__setattr__(self, "env_tokens", np.asarray(self.env_tokens, dtype=np.int64))
+        object.__setattr__(self, "env_s", np.asarray(self.env_s, dtype=np.float64))
+
+    @classmethod
+    def from_lists(cls, turns: Sequence[Sequence[Sequence[float]] | None]) -> "SampleTurns":
+        """From one entry per sample: None (single-turn) or a list of ``(sampled, env_tokens, env_s)``."""
+        sizes = [0 if t is None else len(t) for t in turns]
+        offsets = np.zeros(len(turns) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        rows = [row for t in turns if t is not None for row in t]
+        return cls(offsets, [int(r[0]) for r in rows], [int(r[1]) for r in rows], [float(r[2]) for r in rows])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.offsets) - 1
+
+    def of(self, i: int) -> list[tuple[int, int, float]] | None:
+        """Sample ``i``'s turns as ``(sampled, env_tokens, env_s)``, or None for a single-turn sample."""
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        if lo == hi:
+            return None
+        return list(zip(self.sampled[lo:hi].tolist(), self.env_tokens[lo:hi].tolist(), self.env_s[lo:hi].tolist()))
+
+    def take(self, samples: np.ndarray) -> "SampleTurns":
+        """The turns of ``samples`` (indices), in that order."""
+        return SampleTurns.from_lists([self.of(int(i)) for i in samples])
+
+    def lengths(self) -> np.ndarray:
+        """int64 [S]: each sample's sampled plus environment tokens (0 for a single-turn sample)."""
+        per_row = self.sampled + self.env_tokens
+        out = np.zeros(self.num_samples, dtype=np.int64)
+        counts = np.diff(self.offsets)
+        has = counts > 0
+        if per_row.size:
+            out[has] = np.add.reduceat(per_row, self.offsets[:-1][has])
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,6 +94,7 @@ class LengthTrace:
         rewards: float64 [S] reward of each sample (NaN where it has none), or None (dynamic sampling in the
             simulator reads it).
         source: where the trace was read from (used in error messages), or None.
+        turns: each sample's turns (:class:`SampleTurns`; a trace of turns), or None (every sample single-turn).
     """
 
     prompt_ids: list[str]
@@ -40,6 +105,7 @@ class LengthTrace:
     finish_reasons: np.ndarray | None = None
     source: str | None = field(default=None)
     rewards: np.ndarray | None = None
+    turns: SampleTurns | None = None
 
     def __post_init__(self) -> None:
         where = self.source or "LengthTrace"
@@ -79,6 +145,8 @@ class LengthTrace:
             if rewards.shape != lengths.shape:
                 raise DataError(f"{where}: rewards has {rewards.size} entries, expected one per sample ({lengths.size})")
         object.__setattr__(self, "rewards", rewards)
+        if self.turns is not None:
+            self._check_turns(where, lengths, offsets)
         object.__setattr__(self, "prompt_ids", [str(p) for p in self.prompt_ids])
         object.__setattr__(self, "prompt_lens", prompt_lens)
         object.__setattr__(self, "lengths", lengths)
@@ -86,13 +154,41 @@ class LengthTrace:
         object.__setattr__(self, "durations_s", durations)
         object.__setattr__(self, "finish_reasons", reasons)
 
+    def _check_turns(self, where: str, lengths: np.ndarray, offsets: np.ndarray) -> None:
+        t = self.turns
+        assert t is not None
+        if t.num_samples != lengths.size:
+            raise DataError(f"{where}: turns has {t.num_samples} entries, expected one per sample ({lengths.size})")
+        for name, arr, ok in (("sampled", t.sampled, t.sampled >= 1), ("environment tokens", t.env_tokens,
+                                                                        t.env_tokens >= 0),
+                              ("environment delay", t.env_s, np.isfinite(t.env_s) & (t.env_s >= 0))):
+            if arr.size and not ok.all():
+                row = int(np.argmax(~ok))
+                i = int(np.searchsorted(t.offsets, row, side="right") - 1)
+                raise DataError(f"{where}: sample {i}, turn {row - int(t.offsets[i])}: {name} is {arr[row]!r}; "
+                                f"expected {'>= 1' if name == 'sampled' else '>= 0'}")
+        has = np.diff(t.offsets) > 0
+        wrong = has & (t.lengths() != lengths)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            g = int(np.searchsorted(offsets, i, side="right") - 1)
+            raise DataError(f"{where}: group {g} ({self.prompt_ids[g]!r}) sample {i - int(offsets[g])}: its turns "
+                            f"add up to {int(t.lengths()[i])} tokens (sampled + environment) but its length is "
+                            f"{int(lengths[i])}")
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether any sample has turns."""
+        return self.turns is not None and bool(self.turns.sampled.size)
+
     # -- construction -----------------------------------------------------------------
 
     @classmethod
     def from_matrix(cls, lengths, *, prompt_ids: Sequence[str] | None = None, prompt_lens=None,
                     durations_s=None, finish_reasons=None, source: str | None = None,
-                    rewards=None) -> "LengthTrace":
-        """Build from an equal-N [G, N] array (and optional [G, N] durations / finish reasons / rewards)."""
+                    rewards=None, turns: SampleTurns | None = None) -> "LengthTrace":
+        """Build from an equal-N [G, N] array (and optional [G, N] durations / finish reasons / rewards, and the
+        samples' turns in row-major order)."""
         matrix = np.asarray(lengths)
         if matrix.ndim != 2 or matrix.shape[1] < 1:
             raise DataError(f"{source or 'LengthTrace'}: lengths must be a [G, N] array with N >= 1, "
@@ -109,7 +205,8 @@ class LengthTrace:
         return cls(prompt_ids=ids, prompt_lens=plens, lengths=matrix.reshape(-1),
                    offsets=np.arange(g + 1, dtype=np.int64) * n, durations_s=durations,
                    finish_reasons=reasons, source=source,
-                   rewards=None if rewards is None else np.asarray(rewards, dtype=np.float64).reshape(-1))
+                   rewards=None if rewards is None else np.asarray(rewards, dtype=np.float64).reshape(-1),
+                   turns=turns)
 
     # -- shape ------------------------------------------------------------------------
 
@@ -165,6 +262,8 @@ class LengthTrace:
             row["finish_reasons"] = [str(r) for r in self.finish_reasons[lo:hi]]
         if self.rewards is not None:
             row["rewards"] = [None if np.isnan(r) else float(r) for r in self.rewards[lo:hi]]
+        if self.turns is not None:
+            row["turns"] = [None if (t := self.turns.of(i)) is None else [list(x) for x in t] for i in range(lo, hi)]
         return row
 
     def group_rewards(self) -> dict[str, list[float | None]]:

@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from support import WAIT_S
+
 from pdsr_sdk.batching import (
     DEFAULT_ATTENTION_COEF,
     all_reduce_max,
@@ -534,9 +536,9 @@ def test_all_reduce_max_and_partition_on_rank_over_gloo(tmp_path):
              for r in range(2)]
     for p in procs:
         p.start()
-    got = dict((rank, (m, parts)) for rank, m, parts in (queue.get(timeout=120) for _ in procs))
+    got = dict((rank, (m, parts)) for rank, m, parts in (queue.get(timeout=WAIT_S) for _ in procs))
     for p in procs:
-        p.join(timeout=60)
+        p.join(timeout=WAIT_S)
         assert p.exitcode == 0
     assert got[0][0] == got[1][0] == 13
     assert [got[0][1], got[1][1]] == partition_for_data_parallel(ranks, 100)

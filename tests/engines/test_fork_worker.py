@@ -70,6 +70,7 @@ def test_the_core_frees_its_threads_after_the_fork():
             import threading
 
             os.sched_setaffinity(0, cpus[:1])
+            torch.set_num_threads(2)   # as a core has (the tests' own process runs one: tests/conftest.py)
             started = threading.Event()
             t = threading.Thread(target=started.wait, daemon=True)   # started while pinned
             t.start()

@@ -143,7 +143,7 @@ def test_an_engine_ray_cannot_place_fails_with_what_was_missing(what, ray_cluste
         spec, ray_cfg = _spec("nowhere", tensor_parallel_size=2), RayConfig(num_gpus=1, placement_timeout_s=2)
     engine = RayEngine.from_spec(spec, model="unused", ray=ray_cfg)
     with pytest.raises(EngineError) as info:
-        run_on(engine_loop, engine.start(), timeout=60)
+        run_on(engine_loop, engine.start(), timeout=WAIT_S)
     msg = str(info.value)
     assert "engine 'nowhere'" in msg and "within 2 s" in msg and "CPU: 4" in msg
     assert ("no_such_node: 1" in msg) if what == "resources" else ("placement group" in msg and "GPU" in msg)

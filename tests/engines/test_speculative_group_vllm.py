@@ -1,7 +1,8 @@
 """Speculative method ``group`` is exact and drafts from finished siblings (issue 50, item 2): real vLLM CPU
 engines in float32 on the repetitive variant of the tiny model (built as in test_speculative_vllm.py, whose
-helpers this reuses), started once for the module: one without speculation (the reference), one with ``group``
-and one with ``ngram`` (the same requests, to compare acceptance).
+helpers this reuses), started once for this module and test_speculative_vllm.py (``speculative_engines`` in
+tests/conftest.py): one without speculation (the reference), one with ``group`` and one with ``ngram`` (the same
+requests, to compare acceptance).
 
 Each prompt's group runs as pdsr runs a group whose samples finish at different times: the first sample alone
 (nothing finished yet: its requests carry no corpus and draft nothing), then its siblings, whose requests carry
@@ -17,48 +18,31 @@ from __future__ import annotations
 
 import asyncio
 import math
-from pathlib import Path
 
 import pytest
 
 from support import WAIT_S, requires_vllm, run_on
 from pdsr_sdk.dispatch.types import LENGTH, SegmentRequest
-from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig, SamplingConfig
+from pdsr_sdk.rollout.config import SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
-from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, Recorder, build_repetitive_model,
-                                   compare_greedy, prompt_logprobs, reference_greedy, start_all)
+from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, Recorder, compare_greedy, prompt_logprobs,
+                                   reference_greedy)
 
-pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # three real engines start
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines (started once, shared)
 
 N = 4   # samples per group
 
 
 @pytest.fixture(scope="module")
-def group_engines(engine_loop, tiny_model_dir, tmp_path_factory):
-    """(reference, group, ngram) engines on the repetitive tiny model, float32."""
-    from pdsr_sdk.engines.vllm_engine import VllmEngine
-
-    model = str(build_repetitive_model(Path(tiny_model_dir), tmp_path_factory.mktemp("spec-group") / "model"))
-
-    def spec(name, core):
-        return EngineSpec(name=name, pool="fast", devices=[core], max_num_seqs=8, max_model_len=1024,
-                          dtype="float32")
-
-    ref = VllmEngine.from_spec(spec("ref-0", 0), model=model)
-    group = VllmEngine.from_spec(spec("group-0", 1), model=model,
-                                 speculative=RolloutConfig(speculative="group").vllm_speculative_config())
-    ngram = VllmEngine.from_spec(spec("ngram-0", 0), model=model,
-                                 speculative=RolloutConfig(speculative="ngram").vllm_speculative_config())
+def group_engines(speculative_engines):
+    """(reference, group, ngram) engines on the repetitive tiny model, float32: the session's
+    ``speculative_engines`` (tests/conftest.py, shared with test_speculative_vllm.py), with this module's
+    listener."""
+    ref, group, ngram = (speculative_engines[name] for name in ("ref-0", "group-0", "ngram-0"))
     recorder = Recorder()
     for e in (ref, group, ngram):
         e.bind(recorder)
-    try:
-        run_on(engine_loop, start_all(ref, group, ngram))
-        assert group._llm.vllm_config.speculative_config.method == "custom_class"
-        yield ref, group, ngram, recorder
-    finally:
-        for e in (ref, group, ngram):
-            run_on(engine_loop, e.close())
+    return ref, group, ngram, recorder
 
 
 async def run_group(engine, recorder: Recorder, tag: str, ids: list[int], temperature: float) -> list[str]:

@@ -1,5 +1,6 @@
 """Speculative decoding is exact (issue 50, item 2): real vLLM CPU engines on the tiny model in float32, one
-without speculation (the reference) and one with ``ngram``, each started once for the module.
+without speculation (the reference) and one with ``ngram``, started once for this module and
+test_speculative_group_vllm.py (``speculative_engines`` in tests/conftest.py).
 
 - greedy: the same tokens, except that a sample may part from the reference at a position where the
   reference's top two log-probs are within 1e-5 (the tiny random model has near-ties; such positions are
@@ -32,10 +33,10 @@ import pytest
 
 from support import WAIT_S, requires_vllm, run_on
 from pdsr_sdk.dispatch.types import SegmentRequest
-from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig, SamplingConfig
+from pdsr_sdk.rollout.config import SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
 
-pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # two real engines start
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines (started once, shared)
 
 PROMPTS = [
     [5, 6, 7, 8, 9] * 8,
@@ -87,31 +88,14 @@ def build_repetitive_model(base: Path, out_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engines(engine_loop, tiny_model_dir, tmp_path_factory):
-    """(reference, ngram) engines on the repetitive variant of the tiny model, one core each, float32."""
-    from pdsr_sdk.engines.vllm_engine import VllmEngine
-
-    model = str(build_repetitive_model(Path(tiny_model_dir), tmp_path_factory.mktemp("spec") / "model"))
-
-    speculative = RolloutConfig(speculative="ngram").vllm_speculative_config()
-
-    def spec(name, core):
-        return EngineSpec(name=name, pool="fast", devices=[core], max_num_seqs=8, max_model_len=1024,
-                          dtype="float32")
-
-    ref = VllmEngine.from_spec(spec("ref-0", 0), model=model)
-    ngram = VllmEngine.from_spec(spec("ngram-0", 1), model=model, speculative=speculative)
+def engines(speculative_engines):
+    """(reference, ngram) engines on the repetitive variant of the tiny model, one core each, float32: two of the
+    session's ``speculative_engines`` (tests/conftest.py), with this module's listener."""
+    ref, ngram = speculative_engines["ref-0"], speculative_engines["ngram-0"]
     recorder = Recorder()
     for e in (ref, ngram):
         e.bind(recorder)
-    try:
-        run_on(engine_loop, start_all(ref, ngram))
-        assert ngram._llm.vllm_config.speculative_config is not None
-        assert ref._llm.vllm_config.speculative_config is None
-        yield ref, ngram, recorder
-    finally:
-        for e in (ref, ngram):
-            run_on(engine_loop, e.close())
+    return ref, ngram, recorder
 
 
 async def start_all(*engines) -> None:

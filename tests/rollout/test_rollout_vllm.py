@@ -462,7 +462,7 @@ def test_sleep_on_the_cpu_build_says_it_cannot_free_memory(engine_loop, engines,
             result = await session.astep(PAUSE_PROMPTS[:1])  # the engines still serve
             return result
 
-    result = run_on(engine_loop, scenario(), timeout=120)
+    result = run_on(engine_loop, scenario(), timeout=WAIT_S)
     assert result.table.num_rows == 6
 
 

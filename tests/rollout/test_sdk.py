@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT, requires_torch, requires_vllm
+from support import ROOT, WAIT_S, requires_torch, requires_vllm
 from pdsr_sdk.errors import DataError, DataValueError, RunError
 
 
@@ -211,7 +211,7 @@ def test_cuda_ipc_weights_open_in_another_process():
         ipc = staged.local(staged.cuda_uuid)
         assert isinstance(ipc, CudaIpcWeights) and ipc.shapes == ((3, 4), (5, 6))
         out = subprocess.run([sys.executable, "-c", CUDA_IPC_READER], input=pickle.dumps(ipc.message()),
-                             capture_output=True, cwd=ROOT, timeout=120)
+                             capture_output=True, cwd=ROOT, timeout=WAIT_S)
         assert out.returncode == 0, out.stderr.decode()
         sums = json.loads(out.stdout.decode().strip().splitlines()[-1])
         assert sums == {"a": 66.0, "b": float(b.double().sum())}

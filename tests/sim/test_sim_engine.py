@@ -94,8 +94,11 @@ def random_case(seed: int):
     longest = max(j.prompt_len + sum(j.segments) for j in jobs)
     block = rng.choice([1, 4, 16])
     kv = max(longest + block, rng.randint(longest, 3 * longest))
+    # speculative decoding in a third of the cases: drafting only while few run, verify costs by batch size
+    spec = ({"tokens_per_step": rng.uniform(1.0, 3.0), "max_batch": rng.randint(0, 6),
+             "verify_cost": [(1, rng.uniform(1.0, 1.3)), (4, rng.uniform(1.1, 1.6))]} if rng.random() < 0.33 else None)
     profile = EngineProfile(max_num_seqs=rng.randint(1, 6), kv_cache_tokens=kv, block_size=block,
-                            prompt_cache=rng.random() < 0.8,
+                            prompt_cache=rng.random() < 0.8, speculation=spec,
                             max_model_len=4096, c0_s=1e-3 * rng.uniform(0.5, 2), c1_s_per_seq=2e-4 * rng.random(),
                             c2_s_per_token=1e-5 * rng.random(), prefill_s_per_token=3e-5 * rng.random())
     return profile, jobs
@@ -305,3 +308,28 @@ def test_an_aborted_sample_continues_from_its_cached_blocks_unless_the_cache_was
     clock.run()
     assert ends == [ABORT, LENGTH] and s.num_generated == 100
     assert e.prefill_tokens == prefill
+
+
+@pytest.mark.parametrize("running, g, table, max_batch", [
+    (1, 2.0, [(1, 1.08), (8, 1.15)], 32), (4, 1.5, [(1, 1.08), (8, 1.15)], 32), (8, 3.0, [(1, 1.08), (8, 1.15)], 8),
+    (9, 3.0, [(1, 1.08), (8, 1.15)], 8), (100, 2.0, [(1, 1.0), (32, 1.2), (128, 1.4)], 256),
+    (300, 2.0, [(1, 1.0), (32, 1.2), (128, 1.4)], 512), (5, 1.0, [(1, 1.1)], 32), (0, 2.0, [(2, 1.1), (4, 1.3)], 8),
+])
+def test_speculation_scale_matches_its_twin(running, g, table, max_batch):
+    assert cost.speculation_scale(running, g, table, max_batch) == pytest.approx(
+        cost.speculation_scale_naive(running, g, table, max_batch), rel=1e-12)
+
+
+def test_speculation_halves_a_lone_requests_time_when_a_verify_step_costs_a_decode_step():
+    """Two tokens a step for the price of one (verify factor 1): 100 tokens take 50 steps' time; with more
+    requests running than max_batch, nothing changes."""
+    base = dict(max_num_seqs=8, c0_s=0.01, c1_s_per_seq=0.0, c2_s_per_token=0.0, prefill_s_per_token=0.0)
+    spec = {"tokens_per_step": 2.0, "verify_cost": [(1, 1.0)], "max_batch": 1}
+    plain = Harness(EngineProfile(**base), [NaiveJob("a", 0.0, 4, [100])]).run()
+    fast = Harness(EngineProfile(**base, speculation=spec), [NaiveJob("a", 0.0, 4, [100])]).run()
+    assert plain["a"][0][1] == pytest.approx(1.0) and fast["a"][0][1] == pytest.approx(0.5)
+    two = Harness(EngineProfile(**base, speculation=spec), [NaiveJob(k, 0.0, 4, [100]) for k in "ab"])
+    assert two.run()["a"][0][1] == pytest.approx(1.0) and two.engine.drafted_tokens == 0
+    one = Harness(EngineProfile(**base, speculation=spec), [NaiveJob("a", 0.0, 4, [100])])
+    one.run()
+    assert one.engine.drafted_tokens == 100

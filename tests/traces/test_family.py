@@ -34,6 +34,7 @@ FAMILY = {
     "seed002": dict(cv=0.303, spearman=0.658, p99=2200, at_cap=0.0048, median=618),
     "heavy": dict(cv=0.564, spearman=0.524, p99=4096, at_cap=0.070, median=647),
     "longcot": dict(cv=0.586, spearman=0.575, p99=16384, at_cap=0.045, median=2067),
+    "multi-turn": dict(cv=0.274, spearman=0.640, p99=2040, at_cap=0.0027, median=923),
     "recorded-gsm8k": dict(cv=0.450, spearman=0.028, p99=512, at_cap=0.438, median=414),
 }
 #: the tolerances of one draw of 2,048 groups (about three of its seed-to-seed spreads): absolute for CV and

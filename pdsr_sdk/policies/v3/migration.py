@@ -7,7 +7,9 @@ samples), when that engine runs clearly fewer than its own, unless that engine's
 to run longer than the moved one (it would be slowed, and it sets the target's end), and while the prefill of the
 moved samples still arriving there costs at most a share of what the move saves (each re-prefills its context on
 the target; the prices are learnt from the engines' timings, :class:`~pdsr_sdk.policies.move_prices.MovePrices`);
-nothing moves twice. With the tail lane on (:mod:`.lane`) the lane moves instead."""
+nothing moves twice. With the tail lane on (:mod:`.lane`) the lane moves instead. A multi-turn sample (an agent's)
+is not moved: on the multi-turn member its moves cost up to 0.8% at B = 128 (8 engines, five seeds) and gained
+nothing where slots bind (docs/notes/multi-turn.md)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ class Migration(BaseRule):
             self.ledger.mark_tail(sample, engine.name, +1)
 
     def move(self, sample: Sample, engine: Engine) -> bool:
+        if sample.turns is not None:
+            return True   # a multi-turn sample is not moved: it did not pay (docs/notes/multi-turn.md)
         if self.enabled and not self.ledger.waiting and sample.moves == 0 and sample in self.ledger.tail:
             self._maybe_move(sample, engine)
         return True

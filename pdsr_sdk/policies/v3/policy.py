@@ -12,7 +12,9 @@ after booking what the hook changed in the shared :class:`~.ledger.Ledger`:
 - :mod:`.placement`: chunks or the ranked pool for arriving groups, KV-aware admission, chunk steals;
 - :mod:`.migration`: the tail, moved once to lightly loaded engines where the move pays;
 - :mod:`.lane`: in a stream under a staleness bound, the heavy pool as a tail lane for runaways;
-- :mod:`.step_end`: at a step's end, early restarts of runaways in their last step, and refreshes.
+- :mod:`.step_end`: at a step's end, early restarts of runaways in their last step, and refreshes;
+- :mod:`.turns`: multi-turn samples: a parked sample's room goes to others, its next turn goes back to the engine
+  holding its prefix.
 
 Its settings (a section per rule and one ``disable`` list, each with the reason for its default) are in
 :mod:`.settings`.
@@ -36,6 +38,7 @@ from pdsr_sdk.policies.v3.placement import Placement
 from pdsr_sdk.policies.v3.ranking import Ranking
 from pdsr_sdk.policies.v3.rule import Rule
 from pdsr_sdk.policies.v3.step_end import StepEnd
+from pdsr_sdk.policies.v3.turns import Turns
 from pdsr_sdk.policies.v3.settings import V3Settings
 
 
@@ -55,6 +58,7 @@ class V3Policy(Policy):
         self.migration = Migration(config, ctx, self.ledger, self.lengths)
         self.step_end = StepEnd(config, ctx, self.ledger, self.lane)
         self.placement = Placement(config, ctx, self.ledger, self.lengths, self.ranking, self.lane)
+        self.turns = Turns(self.ledger, self.lengths)
         # the rules each hook goes to, in this order. A finish: the lane judges a restarted runaway by the
         # threshold it ran under, before the lengths set new thresholds, before the ranking (which may switch
         # itself on and so change the lane's threshold). A segment end: every rule notes it (the tail is marked
@@ -95,6 +99,12 @@ class V3Policy(Policy):
 
     def on_worker_idle(self, engine: Engine) -> None:
         self.placement.on_worker_idle(engine)
+
+    def on_turn_parked(self, sample: Sample, engine: Engine) -> None:
+        self.turns.parked(sample)
+
+    def on_next_turn(self, sample: Sample, engine: Engine) -> None:
+        self.turns.next_turn(sample, engine)
 
     def idle_interest(self, pool: str) -> bool:
         return self.placement.idle_interest()

@@ -1,0 +1,63 @@
+"""Speculative decoding for the simulator from what ``bench/spec.py`` measured: its acceptance file.
+
+The simulator takes one mean per engine (:class:`~pdsr_sdk.sim.config.SpeculationProfile`): the tokens a verify
+step yields, 1 + the drafted tokens accepted per verify step. Drafting runs while few requests run, which is the
+tail of a step, so the tail's acceptance is used (``token_tail``, the verify steps after 90% of the step's tokens,
+else ``tail``, else the whole step), averaged over the file's data sets unless one is named. The verify step's
+cost is the H100 row for the file's number of drafted tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pdsr_sdk.errors import DataError
+
+#: a verify step's cost relative to a decode step, by running requests, per number of drafted tokens a request:
+#: one H100, one 7B-shaped layer at context 2048, CUDA graphs (bench/verify_cost.py, 2026-11-27)
+H100_VERIFY_COST: dict[int, list[tuple[int, float]]] = {
+    2: [(1, 1.10), (8, 1.15), (32, 1.19), (128, 1.25), (256, 1.29)],
+    4: [(1, 1.08), (8, 1.15), (32, 1.22), (128, 1.36), (256, 1.41)],
+    8: [(1, 1.11), (8, 1.19), (32, 1.34), (128, 1.61), (256, 1.83)],
+}
+
+
+def verify_cost_for(k: int) -> list[tuple[int, float]]:
+    """The measured H100 row for ``k`` drafted tokens (the nearest measured k at or above it, else 8's)."""
+    at_least = [m for m in sorted(H100_VERIFY_COST) if m >= k]
+    return list(H100_VERIFY_COST[at_least[0] if at_least else 8])
+
+
+def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str | None = None,
+                                max_batch: int = 32) -> dict[str, Any]:
+    """A profile's ``speculation`` section from ``bench/spec.py``'s acceptance file for ``method`` (``ngram``,
+    ``group``, ...): tokens_per_step from the tail's accepted tokens per verify step, the verify cost for the
+    file's number of drafted tokens, ``max_batch``. A DataError names the file and what is missing."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read the acceptance file ({exc})") from None
+    sets = doc.get("datasets") if isinstance(doc, dict) else None
+    if not isinstance(sets, dict) or not sets:
+        raise DataError(f"{path}: not an acceptance file of bench/spec.py (no 'datasets')")
+    if dataset is not None:
+        if dataset not in sets:
+            raise DataError(f"{path}: no data set {dataset!r}; it has {', '.join(sorted(sets))}")
+        sets = {dataset: sets[dataset]}
+    per_set = []
+    for name, entry in sets.items():
+        methods = entry.get("methods", {})
+        if method not in methods:
+            raise DataError(f"{path}: data set {name!r} has no method {method!r}; it has {', '.join(sorted(methods))}")
+        m = methods[method]
+        counts = next((m[key] for key in ("token_tail", "tail", "whole")
+                       if isinstance(m.get(key), dict) and m[key].get("verify_steps")), None)
+        if counts is None:
+            raise DataError(f"{path}: method {method!r} on {name!r} has no verify steps (speculation off?)")
+        per_set.append(float(counts["accepted_per_verify"]))
+    accepted = sum(per_set) / len(per_set)
+    return {"tokens_per_step": 1.0 + accepted, "verify_cost": verify_cost_for(int(doc.get("k", 4))),
+            "max_batch": max_batch}

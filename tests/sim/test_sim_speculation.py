@@ -1,0 +1,64 @@
+"""Speculative decoding in the simulator: the acceptance file bench/spec.py writes, read into a profile, and
+``pdsr simulate --speculative`` against the same run without it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.sim.speculation import H100_VERIFY_COST, speculation_from_acceptance, verify_cost_for
+
+
+def counts(verify: int, accepted: int) -> dict:
+    return {"tokens": 1000, "verify_steps": verify, "drafted": 4 * verify, "accepted": accepted,
+            "accepted_per_verify": accepted / verify if verify else 0.0, "acceptance_rate": 0.0, "draft_share": 0.0}
+
+
+def acceptance_file(tmp_path):
+    doc = {"version": 1, "model": "m", "k": 4, "window": [2, 4], "n": 8, "temperature": 1.0, "max_tokens": 512,
+           "tail_frac": 0.1, "position_bin": 64, "datasets": {
+               "math500": {"prompts": 16, "methods": {
+                   "off": {"whole": counts(0, 0), "tail": counts(0, 0), "token_tail": counts(0, 0)},
+                   "group": {"whole": counts(100, 60), "tail": counts(10, 9), "token_tail": counts(20, 24)}}},
+               "gsm8k": {"prompts": 16, "methods": {
+                   "group": {"whole": counts(100, 50), "tail": counts(10, 10), "token_tail": counts(0, 0)}}}}}
+    path = tmp_path / "acceptance.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_tail_acceptance_of_each_data_set_makes_the_tokens_per_step(tmp_path):
+    path = acceptance_file(tmp_path)
+    # math500: token_tail 24 / 20 = 1.2; gsm8k has no token-tail verify steps: its tail, 10 / 10 = 1.0
+    assert speculation_from_acceptance(path, "group")["tokens_per_step"] == pytest.approx(1 + 1.1)
+    one = speculation_from_acceptance(path, "group", dataset="math500", max_batch=16)
+    assert one == {"tokens_per_step": pytest.approx(2.2), "verify_cost": H100_VERIFY_COST[4], "max_batch": 16}
+    with pytest.raises(DataError, match="no method 'ngram'"):
+        speculation_from_acceptance(path, "ngram")
+    with pytest.raises(DataError, match="has no verify steps"):
+        speculation_from_acceptance(path, "off", dataset="math500")
+    with pytest.raises(DataError, match="no data set 'aime'"):
+        speculation_from_acceptance(path, "group", dataset="aime")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(DataError, match="not an acceptance file"):
+        speculation_from_acceptance(tmp_path / "bad.json", "group")
+    assert verify_cost_for(3) == H100_VERIFY_COST[4] and verify_cost_for(16) == H100_VERIFY_COST[8]
+
+
+def test_pdsr_simulate_speculative_shortens_the_tail(tmp_path):
+    path = acceptance_file(tmp_path)
+    args = ["simulate", "--policy", "baseline", "--no-references", "--fast", "2", "--heavy", "0", "--batch-size",
+            "16", "--num-batches", "1", "--no-timeline", "--quiet"]
+    runs = {}
+    for name, extra in (("off", []), ("group", ["--speculative", "group", "--acceptance", str(path)])):
+        out = tmp_path / name
+        r = CliRunner().invoke(cli, [*args, *extra, "--out-dir", str(out)])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((out / "simulate.json").read_text())["policies"][0]["makespan_s"]
+    assert runs["group"] < runs["off"]
+    r = CliRunner().invoke(cli, [*args, "--speculative", "group"])
+    assert r.exit_code != 0 and "go together" in r.output
