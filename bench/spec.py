@@ -39,14 +39,15 @@ Measured per method (engine counters, ``VllmEngine.speculation_stats()``, summed
   (``unaligned_segments`` counts them).
 
     .venv/bin/python bench/spec.py --model DIR --data ../shared/data/math500.parquet \\
-        --data ../shared/data/gsm8k_test.jsonl --prompts 16 --max-tokens 512 --acceptance-out runs/acceptance.json
+        --data ../shared/data/gsm8k_test.jsonl --prompts 8 --acceptance-out runs/acceptance.json
 
 Without ``--model`` it runs the built-in tiny model (whose output hardly repeats: a smoke run). ``--devices``
 (default: 0 .. engines - 1) are CPU cores on the CPU build and GPU ids on GPUs, as in ``EngineSpec.devices``.
 
 Acceptance file (``--acceptance-out``, JSON, read by the simulator, issue 50 item 4)::
 
-    {"version": 1, "model": str, "k": int (num_speculative_tokens), "window": [min_n, max_n], "n": int,
+    {"version": 1, "model": str (the directory's name), "dtype": str, "k": int (num_speculative_tokens),
+     "window": [min_n, max_n], "n": int,
      "temperature": float, "max_tokens": int, "tail_frac": float, "position_bin": int,
      "datasets": {NAME: {"prompts": int, "methods": {METHOD: {
          "whole": COUNTS, "tail": COUNTS, "token_tail": COUNTS,
@@ -95,12 +96,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=8, help="samples per prompt (a group)")
     p.add_argument("--max-tokens", type=int, default=512, help="response cap")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--methods", default="off,ngram,group,group-longest",
+                   help=f"comma-separated, from {', '.join(METHODS)} (default: all but group-siblings)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="K, every method")
     p.add_argument("--prompt-lookup-min", type=int, default=2, help="shortest n-gram looked up, every method")
     p.add_argument("--prompt-lookup-max", type=int, default=4, help="longest n-gram looked up, every method")
     p.add_argument("--history-responses", type=int, default=8, help="group: earlier responses kept per prompt")
-    p.add_argument("--engines", type=int, default=2, help="engines per method (started afresh for each method)")
+    p.add_argument("--engines", type=int, default=2,
+                   help="engines per method, started afresh for each method (one GPU: --engines 1)")
     p.add_argument("--devices", type=int, nargs="*", help="one device per engine: CPU cores on the CPU build, "
                                                           "GPU ids on GPUs (default 0 .. engines - 1)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once per engine")
@@ -330,26 +333,23 @@ class Recorder:
         async def wrapped(prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any):
             rec = engine._bench_recorder
             seg = rec.segments.get(request_id)
-            try:
-                async for out in generate(prompt, params, request_id, *a, **kw):
-                    comp = out.outputs[0]
-                    n = len(comp.token_ids or ())
-                    if n:
-                        rec.tokens += n
-                        if seg is not None:
-                            seg.chunks.append(n)
-                            seg.times.append(time.perf_counter())
-                    if out.finished and seg is not None:
-                        seg.finished = True
-                        m = getattr(comp, "spec_decode_metrics", None)
-                        if m is not None:
-                            seg.drafted = list(getattr(m, "per_step_drafted", None) or ())
-                            seg.accepted = list(getattr(m, "per_step_accepted", None) or ())
-                            if not seg.drafted and sum(getattr(m, "histogram", ()) or ()):
-                                seg.drafted = seg.accepted = None   # summary level only: no per-step arrays
-                    yield out
-            finally:
-                pass
+            async for out in generate(prompt, params, request_id, *a, **kw):
+                comp = out.outputs[0]
+                n = len(comp.token_ids or ())
+                if n:
+                    rec.tokens += n
+                    if seg is not None:
+                        seg.chunks.append(n)
+                        seg.times.append(time.perf_counter())
+                if out.finished and seg is not None:
+                    seg.finished = True
+                    m = getattr(comp, "spec_decode_metrics", None)
+                    if m is not None:
+                        seg.drafted = list(getattr(m, "per_step_drafted", None) or ())
+                        seg.accepted = list(getattr(m, "per_step_accepted", None) or ())
+                        if not seg.drafted and sum(getattr(m, "histogram", ()) or ()):
+                            seg.drafted = seg.accepted = None   # summary level only: no per-step arrays
+                yield out
 
         engine._draft_args = launched
         llm.generate = wrapped
@@ -522,10 +522,13 @@ async def main_async(args) -> dict[str, Any]:
     for item in args.data or [""]:
         name, _, path = item.rpartition("=") if "=" in item else ("", "", item)
         sets.append((name or (Path(path).stem if path else "sample"), path or None))
-    report: dict[str, Any] = {"model": args.model, "load_before": os.getloadavg(), "datasets": {}}
+    from pdsr_sdk.engines.vllm_env import cpu_dtype, is_cpu_build
+
+    dtype = cpu_dtype(args.dtype) if is_cpu_build() else args.dtype
+    report: dict[str, Any] = {"model": args.model, "dtype": dtype, "load_before": os.getloadavg(), "datasets": {}}
     print(f"model {args.model}; methods {', '.join(args.methods)}; {args.prompts} prompts x {args.n}, up to "
           f"{args.max_tokens} tokens, temperature {args.temperature:g}; K = {args.num_speculative_tokens}, window "
-          f"{args.prompt_lookup_min}-{args.prompt_lookup_max}; {args.engines} engine(s); load average "
+          f"{args.prompt_lookup_min}-{args.prompt_lookup_max}; {args.engines} engine(s), dtype {dtype}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     records = {name: load_records(args, path) for name, path in sets}
     max_len = max(len(r.token_ids) for recs in records.values() for r in recs) + args.max_tokens + 16
@@ -605,7 +608,7 @@ async def main_async(args) -> dict[str, Any]:
 def write_acceptance(args, report: dict[str, Any]) -> None:
     keep = ("whole", "tail", "token_tail", "tokens_per_s", "token_tail_tokens_per_s", "tail_tokens_per_s", "makespan_s", "vs_off", "by_position",
             "by_siblings_finished", "segments", "unaligned_segments")
-    doc = {"version": 1, "model": Path(args.model).name, "k": args.num_speculative_tokens,
+    doc = {"version": 1, "model": Path(args.model).name, "dtype": report.get("dtype"), "k": args.num_speculative_tokens,
            "window": [args.prompt_lookup_min, args.prompt_lookup_max], "n": args.n, "temperature": args.temperature,
            "max_tokens": args.max_tokens, "tail_frac": args.tail_frac, "position_bin": args.position_bin,
            "datasets": {name: {"prompts": d["prompts"],

@@ -13,14 +13,15 @@ Per step (after the first token, which the prefill makes): the rule drafts up to
 accepted = how many of them the recorded response continues with; the step moves 1 + accepted tokens on.
 
     .venv/bin/python bench/spec_replay.py --run DIR/math500.off.parquet --history DIR/math500.ngram.parquet
-    .venv/bin/python bench/spec_replay.py --run A.parquet --history B.parquet --rules ngram,group,vote --k 4 8
+    .venv/bin/python bench/spec_replay.py --run A.parquet --history B.parquet --rules ngram,vote --k 4 8
 
-Rules: ``ngram`` (the row's own prompt and output, as vLLM's), ``group`` (pdsr's proposer as shipped:
-``GroupProposer._draft``), ``siblings`` (the corpus only), ``vote`` (``pdsr_sdk.engines.group_match.vote_draft``:
-every place the longest n-gram occurs in the corpus and the row's own context, the draft extended token by token
-with the continuation most of them agree on). Printed per rule: accepted / drafted, per verify step, draft share
-(accepted / tokens), over the whole step and over the last ``--tail-frac`` of its tokens (by the recorded times), and
-for ``group`` where its drafts came from (the corpus or the row's own context) and the n-gram length matched.
+Rules: ``ngram`` (the row's own prompt and output, as vLLM's), ``siblings`` (the corpus only), and ``group``'s two
+rules as its proposer runs them (``GroupProposer._draft``): ``vote`` (the default: every place the longest n-gram
+occurs in the corpus and the row's own context votes, the draft grows while ``--share`` of them agree) and
+``longest`` (the first rule: the longest match, the row's own on a tie). Printed per rule: accepted / drafted, per
+verify step, draft share (accepted / tokens), over the whole step and over the last ``--tail-frac`` of its tokens
+(by the recorded times), and for ``longest`` and ``vote`` the steps by where the draft came from and the n-gram
+length matched.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def parse_args(argv=None):
                    help="trajectories of the same prompts from another seed or an earlier step: the history corpus "
                         "(as many as --run, in order, or none)")
     p.add_argument("--history-responses", type=int, default=8, help="history responses kept per prompt")
-    p.add_argument("--rules", default="ngram,group,siblings,vote", help="comma-separated rules")
+    p.add_argument("--rules", default="ngram,longest,vote,siblings", help="comma-separated rules")
     p.add_argument("--k", type=int, nargs="+", default=[4], help="drafted tokens per step (each value a run)")
     p.add_argument("--window", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"), help="n-gram window")
     p.add_argument("--corpus-at", choices=("launch", "token"), default="launch",
@@ -87,8 +88,8 @@ def rule_fn(name: str, min_n: int, max_n: int, share: float = 0.5) -> Callable[.
         m = group_match.best_match(ctx, corpus, min_n, max_n, position=len(ctx) - start)
         return ([int(t) for t in corpus[m[1]][m[2]:m[2] + k]], "corpus", m[0]) if m else ([], "", 0)
 
-    def group(ctx, corpus, start, k):
-        extra = {"min_n": min_n, "max_n": max_n, "start": start}
+    def longest(ctx, corpus, start, k):
+        extra = {"min_n": min_n, "max_n": max_n, "start": start, "rule": "longest"}
         draft = GroupProposer._draft(ctx, corpus, extra, k)
         theirs = group_match.best_match(ctx, corpus, min_n, max_n, position=len(ctx) - start)
         own = group_match.best_match(ctx, [ctx], min_n, max_n)
@@ -97,13 +98,12 @@ def rule_fn(name: str, min_n: int, max_n: int, share: float = 0.5) -> Callable[.
         return draft, ("own" if own else ""), own[0] if own else 0
 
     def vote(ctx, corpus, start, k):
-        fn = getattr(group_match, "vote_draft", None)
-        if fn is None:
-            return [], "", 0
-        draft, n = fn(ctx, corpus, min_n, max_n, k, share)
-        return [int(t) for t in draft], "vote", n
+        extra = {"min_n": min_n, "max_n": max_n, "start": start, "rule": "vote", "share": share}
+        draft = GroupProposer._draft(ctx, corpus, extra, k)
+        _, n = group_match.vote_draft(ctx, corpus, min_n, max_n, k, share)
+        return draft, "vote", n if draft else 0
 
-    return {"ngram": ngram, "siblings": siblings, "group": group, "vote": vote}[name]
+    return {"ngram": ngram, "siblings": siblings, "longest": longest, "vote": vote}[name]
 
 
 def replay(rows: list[dict[str, Any]], history: dict[tuple, list[list[int]]], fn, k: int,
@@ -181,7 +181,7 @@ def main(argv=None) -> dict[str, Any]:
                              args.corpus_at)
                 results[f"{path.name} k={k} {name}"] = got
                 print(f"  k={k} {name:9s} whole {fmt(got['whole'])}; tail {fmt(got['tail'])}")
-                if name in ("group", "vote"):
+                if name in ("longest", "vote"):
                     print("      by source and n-gram length (steps, drafted, accepted): " + "; ".join(
                         f"{key}: {v[0]}, {v[1]}, {v[2]} ({v[2] / max(v[0], 1):.2f})"
                         for key, v in got["by_source"].items()))
