@@ -87,7 +87,6 @@ class AgentRunner:
             ctx = AgentContext(sample, self._tokenizer(), max_turns=self.max_turns,
                                turn_max_tokens=self.turn_max_tokens, runner=self)
             self._contexts[sample] = ctx
-            self.outcomes[sample] = AgentOutcome()
         turn = sample.turns[-1] if sample.turns else None
         n = turn.num_tokens if turn is not None else 0
         ids = sample.token_ids[len(sample.token_ids) - n:] if n else []
