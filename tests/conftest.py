@@ -17,6 +17,8 @@ from support import HAVE_TORCH  # noqa: E402  (after the vLLM environment is set
 #: of such a run that uses them (nothing later asks for them; were one to, it would start them again),
 #: so that their engines do not sit in memory while the rest of the suite starts others
 RELEASED_AFTER_THEIR_LAST_USER = ("speculative_engines",)
+#: session fixtures holding real engines: the tests using them run on one xdist worker, so they start once
+SHARED_ENGINES = ("vllm_pair", "speculative_engines")
 
 
 def pytest_configure(config):
@@ -27,6 +29,40 @@ def pytest_configure(config):
     must = getattr(getattr(config.pluginmanager, "rewrite_hook", None), "_must_rewrite", None)
     if isinstance(must, set):
         must.difference_update({"hypothesis", "anyio", "xdist"})
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the groups (it appends them to the test ids)
+def pytest_collection_modifyitems(config, items):
+    # Under xdist (addopts: `-n 2 --dist loadgroup`) tests are dealt one at a time to whichever worker is free,
+    # which would start a module's (or a session's) engines once in each worker. So the tests of a module that
+    # use a fixture wider than one test run on one worker, and with them those of every module sharing a
+    # session's engines (vllm_pair, speculative_engines); every other test is dealt singly.
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    for path, members in modules.items():
+        wide, engines = [], set()
+        for item in members:
+            used = item._fixtureinfo.name2fixturedefs
+            engines.update(name for name in used if name in SHARED_ENGINES)
+            if any(name in SHARED_ENGINES or (defs and defs[-1].scope in ("module", "class", "package"))
+                   for name, defs in used.items()):
+                wide.append(item)
+        group = min(engines) if engines else path.name
+        for item in wide:
+            item.add_marker(pytest.mark.xdist_group(group))
+            _name_the_group(config, item, group)
+
+
+def _name_the_group(config, item, group):
+    # xdist (3.8) tells the controller a test's group by appending "@group" to its id in the worker, through
+    # `item._nodeid`; pytest 9 keeps the id in `item._id`, so without this the groups are silently ignored.
+    if config.getvalue("loadgroup") and hasattr(config, "workerinput") and hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
 def pytest_runtest_setup(item):
