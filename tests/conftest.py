@@ -59,7 +59,7 @@ def pytest_collection_modifyitems(config, items):
 def _name_the_group(config, item, group):
     # xdist (3.8) tells the controller a test's group by appending "@group" to its id in the worker, through
     # `item._nodeid`; pytest 9 keeps the id in `item._id`, so without this the groups are silently ignored.
-    if config.getvalue("loadgroup") and hasattr(config, "workerinput") and hasattr(item, "_id"):
+    if getattr(config.option, "loadgroup", False) and hasattr(config, "workerinput") and hasattr(item, "_id"):
         from _pytest.nodeid import coerce_node_id
 
         item._id = coerce_node_id(f"{item.nodeid}@{group}")

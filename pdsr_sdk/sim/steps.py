@@ -19,8 +19,8 @@ keeps its recorded reward), a complete group is judged at once, and the baseline
 
 from __future__ import annotations
 
-import gc
 import time
+from contextlib import closing
 from typing import Callable
 
 from pdsr_sdk.dispatch.clock import VirtualClock
@@ -32,7 +32,7 @@ from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
-from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, raise_fatal,
+from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, gc_paused, raise_fatal,
                                  sample_bounds, trace_batches)
 from pdsr_sdk.sim.engine import SimEngine
 from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
@@ -194,11 +194,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
     trainer = SimTrainer(stream, trainer_s=cfg.trainer_s, weight_update_s=cfg.weight_update_s, pipeline=cfg.pipeline,
                          keep_kv=cfg.kv_on_update == "keep")
     wall0 = time.perf_counter()
-    gc_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()   # as in run_policy: many small objects, no cycles
     events = 0
-    try:
+    with gc_paused(), closing(bar):   # as in run_policy: many small objects, no cycles
         try:
             stream.start()
         except PdsrError as exc:
@@ -213,10 +210,6 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
         if not stream.done:
             raise PdsrError(f"policy {name!r}: step {stream.t} stalled with {len(stream.flying)} groups in "
                             f"flight, {len(stream.complete)} complete (nothing left to run)")
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-        bar.close()
     left = [g for g, _ in stream.flying.values()]
     totals = {k: run.scheduler.stats.get(k, 0) for k in STAT_KEYS}
     report = getattr(run.policy, "batch_report", None)
