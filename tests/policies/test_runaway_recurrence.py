@@ -84,13 +84,14 @@ def _first_generation_moves_to_the_lane(run) -> int:
 def test_before_the_verdict_only_restarted_runaways_go_to_the_lane(seed, slots, lane_engines):
     """Whether the stream leaves slots free (64 a engine: every heavy engine is lane) or fills every slot (8:
     one is), a first-generation runaway stays where it runs until restarts are seen to repeat runaways (here
-    never: lane_evidence is out of reach); 'always' moves such samples."""
+    never: lane_evidence is out of reach); 'always' moves such samples. Migration is off: until the lane opens
+    (the first restarted runaway) it moves the tail, to either pool."""
     profile = dict(max_num_seqs=slots, kv_cache_tokens=65536, block_size=16)
     moved = {}
     for lane in ("auto", "always"):
         cfg = small_cfg(policy="v3", max_staleness=1, steps=16, batch_size=16, heavy=2,
                         profiles={"fast": profile, "heavy": profile}, restart_lengths="replay",
-                        policy_settings={"v3": {"lane": {"evidence": 1000, "mode": lane}}})
+                        policy_settings={"v3": {"lane": {"evidence": 1000, "mode": lane}, "disable": ["migration"]}})
         run = run_steps(_trace(seed), cfg, "v3", 0.5, keep_groups=True)
         assert run.policy_facts["lane_engines"] == lane_engines
         moved[lane] = _first_generation_moves_to_the_lane(run)

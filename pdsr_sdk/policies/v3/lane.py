@@ -7,7 +7,11 @@ stream, so without the lane a runaway would run at full load for several steps (
 stale); within one batch, or with no staleness bound, the lane costs more capacity than it saves. The lane stays
 only while the runaways restarted so far ran away again (as in a length-controlled replay,
 :class:`~pdsr_sdk.policies.runaway_recurrence.RunawayRecurrence`): a fresh RL sample rarely does, and then a
-restart costs less than the lane's light engines. Until that is known, only restarted runaways go there. With
+restart costs less than the lane's light engines. Until that is known, only restarted runaways go there, so
+where the probe predicts, the lane opens only at the first runaway restarted for staleness: an empty lane held the
+tail's moves (:mod:`.migration`) back, and on the KV-bound long-reasoning members a little over-provision ran
+slower than none (docs/notes/partial-rollout.md). Where it predicts nothing, the stream is placed as baseline's and
+the lane (no moves) stays from the start. With
 the lane off, such a stream asks for segments of at least ``lane.segment_tokens``: a segment's end buys little
 there and re-prefills the context's last partial block."""
 
@@ -33,6 +37,8 @@ class Lane(BaseRule):
         self.ledger = ledger
         self.lengths = lengths
         self.on = config.lane.mode == "always"
+        #: 'auto': a runaway has been restarted for staleness (until then, where the probe predicts, no lane)
+        self.opened = False
         self.names: set[str] = set()
         self.recurrence = RunawayRecurrence(config.lane.evidence, config.lane.recurrence)
 
@@ -79,20 +85,22 @@ class Lane(BaseRule):
         threshold = self.lengths.lane_threshold
         if not s.restarts or self.cfg.lane.mode != "auto" or math.isinf(threshold):
             return
-        recurs = self.recurrence.recurs
-        self.recurrence.observe(id(s), s.restarts, s.num_generated,
-                                earlier_peak([(x.start_token, x.num_tokens) for x in s.segments]),
-                                threshold, finished=finished)
-        if self.recurrence.recurs != recurs:
+        recurs, opened = self.recurrence.recurs, self.opened
+        peak = earlier_peak([(x.start_token, x.num_tokens) for x in s.segments])
+        self.opened = opened or peak >= threshold
+        self.recurrence.observe(id(s), s.restarts, s.num_generated, peak, threshold, finished=finished)
+        if self.recurrence.recurs != recurs or self.opened != opened:
             self._set()
 
     def _set(self) -> None:
         """'auto': a tail lane while groups stream in under a staleness bound (without one a slow tail just
-        carries over, and the lane's capacity cost 1.6-2%), unless the runaways restarted so far did not run
-        away again (``lane.recurrence``: a restart then costs less than the lane); its engines: every heavy
-        one while the stream leaves slots free, one when the stream fills every slot (``lane.engines``)."""
+        carries over, and the lane's capacity cost 1.6-2%), where the probe predicts from the first runaway
+        restarted for staleness (before it the lane has nothing to hold and migration moves the tail), unless the runaways restarted so far did not run away again
+        (``lane.recurrence``: a restart then costs less than the lane); its engines: every heavy one while the
+        stream leaves slots free, one when the stream fills every slot (``lane.engines``)."""
         if self.cfg.lane.mode == "auto":
-            self.on = self.ctx.streaming and self.ctx.max_staleness is not None and self.recurrence.recurs
+            self.on = (self.ctx.streaming and self.ctx.max_staleness is not None and self.recurrence.recurs
+                       and (self.opened or not self.lengths.informative()))
         heavy = sorted(e.name for e in self.ctx.pools().get(HEAVY, []))
         count = self.cfg.lane.engines or (len(heavy) if self.ledger.stream_has_room else 1)
         self.names = set(heavy[:count])

@@ -108,10 +108,10 @@ class LaneSettings(ConfigModel):
     """The tail lane (:mod:`.lane`): in a stream under a staleness bound, heavy engines kept light for runaways."""
 
     mode: Literal["auto", "always", "never"] = Field(
-        "auto", description="'auto': a lane while groups stream in under a staleness bound and restarted runaways "
-                            "are seen to run away again (recurrence); 'always'; 'never'. Within a batch, without "
-                            "a bound, or where restarts draw fresh lengths the lane cost more capacity than it "
-                            "saved.")
+        "auto", description="'auto': a lane while groups stream in under a staleness bound (where the probe predicts, "
+                            "from the first restarted runaway) and restarted runaways are seen to run away again "
+                            "(recurrence); 'always'; 'never'. Within a batch, without a bound, before a restart or "
+                            "where restarts draw fresh lengths the lane cost more capacity than it saved.")
     seqs: int = Field(
         48, ge=1, description="A lane engine holding a runaway admits new work only while it runs fewer samples "
                               "than this. 48 keeps its step time a few times below a full engine's.")
