@@ -94,10 +94,11 @@ class Lane(BaseRule):
 
     def _set(self) -> None:
         """'auto': a tail lane while groups stream in under a staleness bound (without one a slow tail just
-        carries over, and the lane's capacity cost 1.6-2%), where the probe predicts from the first runaway
-        restarted for staleness (before it the lane has nothing to hold and migration moves the tail), unless the runaways restarted so far did not run away again
-        (``lane.recurrence``: a restart then costs less than the lane); its engines: every heavy one while the
-        stream leaves slots free, one when the stream fills every slot (``lane.engines``)."""
+        carries over, and the lane's capacity cost 1.6-2%), where the probe predicts only from the first runaway
+        restarted for staleness (before it the lane has nothing to hold and migration moves the tail), unless the
+        runaways restarted so far did not run away again (``lane.recurrence``: a restart then costs less than the
+        lane); its engines: every heavy one while the stream leaves slots free, one when the stream fills every
+        slot (``lane.engines``)."""
         if self.cfg.lane.mode == "auto":
             self.on = (self.ctx.streaming and self.ctx.max_staleness is not None and self.recurrence.recurs
                        and (self.opened or not self.lengths.informative()))
