@@ -64,7 +64,7 @@ from typing import Callable, Sequence
 
 from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.dispatch.types import DROPPED, TRUNCATED, Group, Sample, StreamSpec, kept_segments, oldest_version
-from pdsr_sdk.errors import PdsrError
+from pdsr_sdk.errors import ConfigValueError, PdsrError
 
 
 @dataclass
@@ -585,3 +585,15 @@ class StepStream:
         self.watch[id(s.group)] = s.group
         self.sched.restart(s)
         self.stale_restarts += 1
+
+
+def check_agent_streaming(max_staleness: int | None, filtering: bool, what: str = "with an agent") -> None:
+    """ConfigValueError where a step stream would restart multi-turn samples for staleness (their agents hold
+    the conversation, so they are never restarted): a bound other than none, or 0 with filter_groups. ``what``
+    names the multi-turn source in the message (an agent, a simulated trace of turns)."""
+    if max_staleness is None or (max_staleness == 0 and filtering):
+        return
+    raise ConfigValueError(f"max_staleness {max_staleness} {what}: a multi-turn sample is never restarted "
+                           f"(its agent holds the conversation), so partial rollout {what} keeps its "
+                           f"samples' older tokens (drop max_staleness; correct them with importance weights), "
+                           f"or, with filter_groups, max_staleness 0 drops the groups a step's end leaves")

@@ -16,6 +16,7 @@ from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
 from pdsr_sdk.errors import ConfigError, ConfigValueError
 from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamConfig
+from pdsr_sdk.dispatch.steps import check_agent_streaming
 from pdsr_sdk.engines.config import (SPECULATIVE_METHODS, EngineSpec, RayConfig, SpeculativeSettings,
                                      unknown_speculative)
 
@@ -185,13 +186,3 @@ class RolloutConfig(StepStreamConfig):
             data["policy_settings"] = merged
         return data
 
-
-def check_agent_streaming(max_staleness: int | None, filtering: bool) -> None:
-    """ConfigValueError where a step stream would restart multi-turn samples for staleness (their agents hold
-    the conversation, so they are never restarted): a bound other than none, or 0 with filter_groups."""
-    if max_staleness is None or (max_staleness == 0 and filtering):
-        return
-    raise ConfigValueError(f"max_staleness {max_staleness} with an agent: a multi-turn sample is never restarted "
-                           f"(its agent holds the conversation), so partial rollout with an agent keeps its "
-                           f"samples' older tokens (drop max_staleness; correct them with importance weights), "
-                           f"or, with filter_groups, max_staleness 0 drops the groups a step's end leaves")

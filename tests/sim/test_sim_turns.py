@@ -12,7 +12,7 @@ from pdsr_cli.main import cli
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import HOLD_REFERENCE, run_policy, simulate, trace_batches, trajectories_table
-from pdsr_sdk.sim.steps import simulate_steps
+from pdsr_sdk.sim.steps import run_steps, simulate_steps
 from pdsr_sdk.traces import LengthTrace, read_trace, synth_trace, write_trace_jsonl
 from pdsr_sdk.traces.trace import SampleTurns
 
@@ -158,8 +158,30 @@ def test_report_has_the_slot_share_and_the_hold_reference(tmp_path):
     assert float(row[1]) == pytest.approx(rows[HOLD_REFERENCE]["makespan_s"], rel=1e-3) and float(row[-1]) > 0
 
 
-def test_partial_rollout_refuses_a_trace_of_turns():
+def test_partial_rollout_under_a_staleness_bound_refuses_a_trace_of_turns():
+    """As a session with an agent: a multi-turn sample is never restarted, so no bound can hold."""
     trace = synth_trace(groups=8, n=2, seed=1, turns_max=3, max_length=100)
-    cfg = SimulateConfig(policy="v3", fast=1, heavy=0, batch_size=2, steps=2, timeline=False)
-    with pytest.raises(ConfigError, match="trace of turns"):
+    cfg = SimulateConfig(policy="v3", fast=1, heavy=0, batch_size=2, steps=2, max_staleness=2, timeline=False)
+    with pytest.raises(ConfigError, match="max_staleness 2 with a trace of turns: a multi-turn sample is never"):
         simulate_steps(trace, cfg)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "v3"])
+def test_partial_rollout_carries_multi_turn_samples_across_steps_with_every_turn(policy):
+    """Without a staleness bound the stream carries multi-turn samples: every consumed sample replayed each of its
+    recorded turns (the model's tokens and the environment's), some across a step's end, none restarted."""
+    trace = synth_trace(groups=120, n=4, seed=3, turns_max=4, max_length=400, env_delay_max_s=2.0)
+    cfg = SimulateConfig(policy=policy, fast=2, heavy=1, step_groups=8, steps=6, timeline=False,
+                         profiles={"fast": UNIT, "heavy": UNIT}, segments={"min_tokens": 8, "max_tokens": 64})
+    run = run_steps(trace, cfg, policy, 0.5, keep_groups=True)
+    assert len(run.steps) == 6 and run.stats["restarts"] == 0
+    consumed = [g for g in run.groups if g.prompt_id in run.consumed_at]
+    assert len(consumed) == 6 * 8
+    carried = [g for g in consumed if run.consumed_at[g.prompt_id] > run.launched_at[g.prompt_id]]
+    assert carried, "some groups run across a step's end"
+    by_id = {pid: i for i, pid in enumerate(trace.prompt_ids)}
+    for g in consumed:
+        for s in g.samples:
+            want = trace.turns.of(by_id[g.prompt_id] * 4 + s.index)
+            assert [t.num_tokens for t in s.turns if t.role == "assistant"] == [k for k, _, _ in want]
+            assert s.env_tokens == sum(e for _, e, _ in want) and s.num_generated == sum(k + e for k, e, _ in want)
