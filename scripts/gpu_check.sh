@@ -137,9 +137,10 @@ run_part() {
 for p in "${wanted[@]}"; do
     case "$p" in
         tests)
+            # -o addopts="": one process (pyproject's `-n 2` needs pytest-xdist, which the machine lacks)
             rm -f "$OUT/tests.junit.xml"
             run_part tests "$T_TESTS" "$OUT/tests.json" \
-                "$py" -m pytest -m cuda -v -rA -p no:cacheprovider --continue-on-collection-errors \
+                "$py" -m pytest -o addopts="" -m cuda -v -rA -p no:cacheprovider --continue-on-collection-errors \
                 --junitxml="$OUT/tests.junit.xml" tests
             "$py" "$helper" pytest-json "$OUT/tests.log" "$OUT/tests.junit.xml" "$OUT/tests.json" "$PART_RC" "$PART_SECS"
             "$py" "$helper" part "$OUT/summary.json" tests "$PART_RC" "$PART_SECS" "$T_TESTS" "$OUT/tests.json"
