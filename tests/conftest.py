@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
             if any(name in SHARED_ENGINES or (defs and defs[-1].scope in ("module", "class", "package"))
                    for name, defs in used.items()):
                 wide.append(item)
-        group = min(engines) if engines else path.name
+        group = min(engines) if engines else path.relative_to(config.rootpath).as_posix()
         for item in wide:
             item.add_marker(pytest.mark.xdist_group(group))
             _name_the_group(config, item, group)
