@@ -1,16 +1,17 @@
 """The HTTP layer of ``pdsr serve`` (FastAPI, imported only when serving): OpenAI's routes over
-:class:`~pdsr_sdk.rollout.serve.ChatServer`, and pdsr's named-sample routes."""
+:class:`~pdsr_sdk.rollout.serve.ChatServer`, and pdsr's named-sample routes. A ``stream=true`` request is
+answered, once its turn ended, as Server-Sent Events (:func:`~pdsr_sdk.rollout.serve.stream_events`)."""
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, imported lazily in
 # create_app) as objects
 from typing import Any
 
-from pdsr_sdk.rollout.serve import ChatServer, ServeError
+from pdsr_sdk.rollout.serve import ChatServer, ServeError, stream_events, stream_usage
 
 
 def create_app(server: ChatServer) -> Any:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
 
     app = FastAPI(title="pdsr", docs_url=None, redoc_url=None)
 
@@ -28,23 +29,29 @@ def create_app(server: ChatServer) -> Any:
             raise ServeError(400, "the request body must be a JSON object")
         return body
 
+    async def answer(request: Request, call: Any) -> Any:
+        """``call(body, sample_id)``'s response, as JSON or, for ``stream=true``, as one turn's events."""
+        try:
+            body = await body_of(request)
+            usage = stream_usage(body)   # checked before the request runs
+            response = await call(body, request.headers.get("x-pdsr-sample"))
+        except ServeError as exc:
+            return error(exc)
+        if usage is None:
+            return response
+        return StreamingResponse(iter(stream_events(response, usage)), media_type="text/event-stream")
+
     @app.get("/v1/models")
     async def models() -> Any:
         return server.models()
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        try:
-            return await server.chat(await body_of(request), request.headers.get("x-pdsr-sample"))
-        except ServeError as exc:
-            return error(exc)
+        return await answer(request, server.chat)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        try:
-            return await server.completions(await body_of(request))
-        except ServeError as exc:
-            return error(exc)
+        return await answer(request, server.completions)
 
     @app.get("/v1/pdsr/samples/{sample_id}")
     async def sample(sample_id: str) -> Any:

@@ -1,8 +1,10 @@
 """``session.aserve()`` on fake engines (tests/turn_fakes.py), with the real ``openai`` client: the OpenAI routes,
-named samples recorded token-exact across requests, their end and reward, and bad requests."""
+named samples (chat and completions) recorded token-exact across requests, their end and reward, streams, and
+bad requests."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 
@@ -82,8 +84,9 @@ def turn_length_of_first() -> int:
 @requires_torch
 def test_bad_requests_get_clear_errors(served):
     session, client, base = served
-    with pytest.raises(openai.BadRequestError, match="stream=true is not supported"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True)
+    with pytest.raises(openai.BadRequestError, match="stream_options must be an object"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True,
+                                       extra_body={"stream_options": "yes"})
     with pytest.raises(openai.BadRequestError, match="exceeds the engines' context"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5000)
     client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
@@ -94,3 +97,126 @@ def test_bad_requests_get_clear_errors(served):
     assert httpx.get(f"{base}/pdsr/samples/nope", timeout=WAIT_S).status_code == 404
     bad = httpx.post(f"{base}/pdsr/samples/s2/end", json={"reward": "high"}, timeout=WAIT_S)
     assert bad.status_code == 400 and "finite number" in bad.json()["error"]["message"]
+
+
+def _end(base: str, sample_id: str) -> dict:
+    return httpx.post(f"{base}/pdsr/samples/{sample_id}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+
+
+@requires_torch
+def test_a_completions_sample_extended_by_token_ids(served):
+    session, client, base = served
+    prompt = session.tokenizer("The answer is", add_special_tokens=False)["input_ids"]
+    first_prompt, env = list(prompt), [[11, 12, 13], [14]]
+    answers = []
+    for turn in range(3):
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
+                                      extra_headers={"X-Pdsr-Sample": "ids-1"})
+        answers.append(r.choices[0].token_ids)
+        assert len(answers[-1]) == 4 and r.choices[0].finish_reason == "length"
+        assert r.usage.prompt_tokens == len(prompt)   # the whole trajectory before this turn
+        if turn < 2:
+            prompt = prompt + answers[-1] + env[turn]
+    with pytest.raises(openai.BadRequestError, match=r"'ids-1'.* token 2 differs \(recorded"):
+        client.completions.create(model="tiny", prompt=prompt[:2] + [7] + prompt[3:] + [5],
+                                  extra_headers={"X-Pdsr-Sample": "ids-1"})
+    with pytest.raises(openai.BadRequestError, match="'ids-1': the prompt has nothing new"):
+        client.completions.create(model="tiny", prompt=prompt + answers[-1], extra_headers={"X-Pdsr-Sample": "ids-1"})
+    with pytest.raises(openai.BadRequestError, match="started with a prompt of token ids"):
+        client.completions.create(model="tiny", prompt="text", extra_headers={"X-Pdsr-Sample": "ids-1"})
+    row = _end(base, "ids-1")
+    assert row["prompt_token_ids"] == first_prompt
+    assert row["response_token_ids"] == answers[0] + env[0] + answers[1] + env[1] + answers[2]
+    assert row["response_mask"] == [1] * 4 + [0] * 3 + [1] * 4 + [0] + [1] * 4
+    assert [t["role"] for t in row["turns"]] == ["assistant", "environment"] * 2 + ["assistant"]
+
+
+@requires_torch
+def test_a_completions_sample_extended_by_text(served):
+    session, client, base = served
+    tok = session.tokenizer
+    first = "Once upon a time"
+    prompt, answers, new_texts = first, [], [" there was", "\n<|im_start|>user\nmore"]
+    for turn in range(3):
+        r = client.completions.create(model="tiny", prompt=prompt, extra_body={"pdsr_sample": "text-1"})
+        c = r.choices[0]
+        answers.append(c.token_ids)
+        # the turn ends with the sampled end of text; the text skips it, so the client's text never holds it
+        assert c.token_ids[-1] == tok.eos_token_id and c.text == tok.decode(c.token_ids, skip_special_tokens=True)
+        if turn < 2:
+            prompt += c.text + new_texts[turn]
+    nothing_new = prompt + c.text
+    with pytest.raises(openai.BadRequestError, match="'text-1': the prompt has nothing new after the recorded text"):
+        client.completions.create(model="tiny", prompt=nothing_new, extra_body={"pdsr_sample": "text-1"})
+    at = len(first) + 2
+    with pytest.raises(openai.BadRequestError, match=f"'text-1': the prompt does not extend the recorded text .*"
+                                                     f"character {at} differs"):
+        client.completions.create(model="tiny", prompt=nothing_new[:at] + "#" + nothing_new[at + 1:] + "!",
+                                  extra_body={"pdsr_sample": "text-1"})
+    with pytest.raises(openai.BadRequestError, match="'text-1' was started on /v1/completions"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"pdsr_sample": "text-1"})
+    row = _end(base, "text-1")
+    env = [tok(t, add_special_tokens=False)["input_ids"] for t in new_texts]
+    assert tok.decode(env[1]).startswith("\n<|im_start|>user") and len(env[1]) < len(new_texts[1])   # special kept
+    assert row["prompt_token_ids"] == tok(first, add_special_tokens=True)["input_ids"]
+    assert row["response_token_ids"] == answers[0] + env[0] + answers[1] + env[1] + answers[2]   # never re-encoded
+
+
+@requires_torch
+def test_a_chat_sample_refuses_completions(served):
+    session, client, base = served
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
+                                   extra_headers={"X-Pdsr-Sample": "chat-1"})
+    with pytest.raises(openai.BadRequestError, match="'chat-1' was started on /v1/chat/completions"):
+        client.completions.create(model="tiny", prompt="a", extra_headers={"X-Pdsr-Sample": "chat-1"})
+    assert _end(base, "chat-1")["finished"]
+
+
+def _events(response: httpx.Response) -> list:
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    lines = [line for line in response.text.split("\n\n") if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+
+
+@requires_torch
+def test_streams_carry_the_whole_turn_in_one_chunk(served):
+    session, client, base = served
+    tok = session.tokenizer
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert [c.object for c in chunks] == ["chat.completion.chunk"] * 3 and len({c.id for c in chunks}) == 1
+    content, closing, usage = chunks
+    ids = content.choices[0].token_ids
+    assert content.choices[0].delta.role == "assistant"
+    assert content.choices[0].delta.content == tok.decode(ids, skip_special_tokens=True) != ""
+    assert content.choices[0].finish_reason is None and content.usage is None
+    assert closing.choices[0].finish_reason == "stop" and closing.choices[0].delta.content is None
+    assert usage.choices == [] and usage.usage.completion_tokens == len(ids)
+    # completions, named, no usage asked: a content chunk and a finish chunk
+    body = {"model": "tiny", "prompt": "Once", "max_tokens": 3, "stream": True, "pdsr_sample": "stream-1"}
+    events = _events(httpx.post(f"{base}/completions", json=body, timeout=WAIT_S))
+    assert [e["object"] for e in events] == ["text_completion"] * 2 and all("usage" not in e for e in events)
+    assert events[0]["choices"][0]["text"] == tok.decode(events[0]["choices"][0]["token_ids"], skip_special_tokens=True)
+    assert len(events[0]["choices"][0]["token_ids"]) == 3 and events[0]["choices"][0]["finish_reason"] is None
+    assert events[1]["choices"] == [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]
+    assert _end(base, "stream-1")["response_token_ids"] == events[0]["choices"][0]["token_ids"]
+    # n = 2: each choice its content chunk and its finish chunk
+    events = _events(httpx.post(f"{base}/chat/completions", json={"model": "tiny", "n": 2, "stream": True,
+                                                                 "messages": [{"role": "user", "content": "x"}]},
+                                timeout=WAIT_S))
+    assert [(e["choices"][0]["index"], e["choices"][0]["finish_reason"]) for e in events] == [
+        (0, None), (0, "stop"), (1, None), (1, "stop")]
+
+
+def test_stream_chunks_number_tool_calls():
+    from pdsr_sdk.rollout.serve import stream_chunks
+
+    call = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    response = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "usage": {},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                             "finish_reason": "stop", "token_ids": [5]}]}
+    content = stream_chunks(response, False)[0]["choices"][0]
+    assert content["delta"]["tool_calls"] == [{"index": 0, **call}]
+    assert response["choices"][0]["message"]["tool_calls"] == [call]   # the response itself is left as it was

@@ -1,0 +1,260 @@
+"""Named samples of ``pdsr serve``: requests that name a sample (header ``X-Pdsr-Sample: ID`` or ``"pdsr_sample"``
+in the body) are the turns of one multi-turn sample, recorded token-exact as an agent's sample is
+(:mod:`pdsr_sdk.agent`). Each sample is run by an agent function (:meth:`NamedSamples._remote`) whose every turn
+answers the request waiting, and whose environment is the next request.
+
+Each request sends the whole conversation so far, as OpenAI clients do; pdsr checks that it extends what it
+recorded and appends only what is new, so the next turn continues from the sampled ids, never re-encoded text:
+
+- **chat** (``/v1/chat/completions``): the first request's messages are the prompt; a later request must repeat
+  the recorded messages (roles, and the content of every message but the model's own), and its new messages
+  are rendered by the chat template after them.
+- **completions** (``/v1/completions``): the first request's prompt is the sample's prompt. A later prompt of
+  token ids must start with the recorded trajectory (prompt ids, then every sampled and appended id); the ids
+  after it are appended. A later text prompt must start with the text the client holds: the first prompt as
+  sent, then each response's text as returned and each request's new text; the new text after it is encoded
+  (no special tokens added) and appended as ids. The client's text is compared, not the trajectory decoded:
+  a response's text skips special tokens (a sampled end of text), and a turn may end inside a character.
+
+A sample keeps its endpoint and, for completions, its prompt form (text or ids): mixing them is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from pdsr_sdk.dispatch.types import Group
+from pdsr_sdk.rollout.serve import ServeError
+
+if TYPE_CHECKING:
+    from pdsr_sdk.rollout.serve import ChatServer
+
+CHAT, COMPLETIONS = "chat", "completions"
+
+
+@dataclass
+class _Named:
+    """A named sample: its group, its agent context once the first turn ended, the request waiting for a turn."""
+
+    sample_id: str
+    api: str   # CHAT or COMPLETIONS: the endpoint that started it
+    group: Group
+    requests: asyncio.Queue = field(default_factory=asyncio.Queue)
+    waiter: asyncio.Future | None = None
+    ctx: Any = None
+    done: asyncio.Future | None = None
+    #: a completions sample with text prompts: the text the client holds (see the module); None otherwise
+    text: str | None = None
+
+
+class NamedSamples:
+    """The named samples of one :class:`~pdsr_sdk.rollout.serve.ChatServer`."""
+
+    def __init__(self, server: ChatServer):
+        self.server = server
+        self.samples: dict[str, _Named] = {}
+
+    # ------------------------------------------------------------- requests
+    async def chat_turn(self, sample_id: str, messages: list[dict], max_tokens: int) -> dict[str, Any]:
+        server = self.server
+
+        def start() -> Group:
+            text = server._render(messages)
+            return server._group(server._encode(text), text, 1, server.session.config.sampling.max_tokens,
+                                 messages, prompt_id=f"sample-{sample_id}")
+
+        def extend(named: _Named) -> dict[str, Any]:
+            return {"messages": _extension(named.ctx.messages, messages, sample_id)}
+
+        named, turn = await self._turn(sample_id, CHAT, max_tokens, start, extend)
+        choice = {"index": 0, "message": server._message(turn.text, turn.token_ids),
+                  "finish_reason": turn.finish_reason, "logprobs": None, "token_ids": list(turn.token_ids)}
+        return self._response(named, turn, "chat.completion", "chatcmpl", choice)
+
+    async def completion_turn(self, sample_id: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
+        server = self.server
+
+        def start() -> Group:
+            text, ids = (prompt, server._encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
+            return server._group(ids, text, 1, server.session.config.sampling.max_tokens, None,
+                                 prompt_id=f"sample-{sample_id}")
+
+        def extend(named: _Named) -> dict[str, Any]:
+            if (named.text is not None) != isinstance(prompt, str):
+                form = "text" if named.text is not None else "token ids"
+                raise ServeError(400, f"sample {sample_id!r} was started with a prompt of {form}; send every "
+                                        f"prompt of a sample in one form")
+            if isinstance(prompt, list):
+                return {"ids": _ids_extension(named.ctx.ids, prompt, sample_id)}
+            new = _text_extension(named.text, prompt, sample_id)
+            ids = server._encode(new)   # the new text only, no special tokens added: the recorded ids stay as they are
+            named.text = prompt
+            return {"ids": ids}
+
+        named, turn = await self._turn(sample_id, COMPLETIONS, max_tokens, start, extend)
+        choice = {"index": 0, "text": turn.text, "finish_reason": turn.finish_reason, "logprobs": None,
+                  "token_ids": list(turn.token_ids)}
+        return self._response(named, turn, "text_completion", "cmpl", choice)
+
+    async def end(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
+        """End a named sample (``reward``: its reward, or None for the reward function) and return its row."""
+        named = self._get(sample_id)
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
+                                   or not math.isfinite(reward)):
+            raise ServeError(400, f"reward must be a finite number or null, got {reward!r}")
+        sample = named.group.samples[0]
+        if not sample.finished:
+            if named.ctx is None:
+                raise ServeError(409, f"sample {sample_id!r}: its first turn is still running")
+            named.requests.put_nowait(("end", reward))
+            await asyncio.shield(named.done)
+        return await self.row(sample_id)
+
+    async def row(self, sample_id: str) -> dict[str, Any]:
+        """A named sample as a trajectories row (its reward once it ended)."""
+        from pdsr_sdk.dispatch.trajectory import sample_row
+
+        session = self.server.session
+        sample = self._get(sample_id).group.samples[0]
+        scored = (await session.scores([sample]))[0] if sample.finished else None
+        row = sample_row(sample, session.tokenizer, None, scored=scored)
+        row["finished"] = sample.finished
+        return row
+
+    def group_done(self, group: Group) -> None:
+        for named in self.samples.values():
+            if named.group is group and named.done is not None and not named.done.done():
+                named.done.set_result(None)
+                sample = group.samples[0]
+                _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r} ended "
+                                                    f"({sample.finish_reason}: {sample.error})"))
+
+    # ------------------------------------------------------------- turns
+    async def _turn(self, sample_id: str, api: str, max_tokens: int, start: Callable[[], Group],
+                    extend: Callable[[_Named], dict[str, Any]]) -> tuple[_Named, Any]:
+        """Run one turn of the sample: ``start()`` makes its group on its first request; ``extend(named)`` gives
+        what a later request appends (``agent.append``'s keyword arguments), after checking it."""
+        named = self.samples.get(sample_id)
+        loop = asyncio.get_running_loop()
+        if named is None:
+            group = start()
+            named = _Named(sample_id, api, group, done=loop.create_future())
+            if api == COMPLETIONS and group.prompt_text:   # a text prompt (ids leave prompt_text empty)
+                named.text = group.prompt_text
+            named.waiter = loop.create_future()
+            self.samples[sample_id] = named
+            session = self.server.session
+            session.agents.prepare([group], self._remote(named))
+            group.samples[0].turn_end = max_tokens   # the first turn's limit: this request's max_tokens
+            self.server._add([group])
+        else:
+            if named.api != api:
+                raise ServeError(400, f"sample {sample_id!r} was started on /v1/{_route(named.api)}; continue "
+                                        f"it there (a sample keeps one endpoint)")
+            sample = named.group.samples[0]
+            if sample.finished or named.ctx is None:
+                state = "has ended" if sample.finished else "is still on its first turn"
+                raise ServeError(409, f"sample {sample_id!r} {state}")
+            if named.waiter is not None and not named.waiter.done():
+                raise ServeError(409, f"sample {sample_id!r} has a request running; one turn at a time")
+            new = extend(named)
+            named.waiter = loop.create_future()
+            named.requests.put_nowait(("turn", new, max_tokens))
+        return named, await asyncio.shield(named.waiter)
+
+    def _response(self, named: _Named, turn: Any, kind: str, prefix: str, choice: dict) -> dict[str, Any]:
+        sample = named.group.samples[0]
+        prompt_tokens = sample.prompt_len + sample.num_generated - len(turn.token_ids)
+        return self.server._envelope(kind, prefix, [choice], prompt_tokens, [sample], completion=len(turn.token_ids))
+
+    def _remote(self, named: _Named):
+        """The agent of a named sample: each turn answers the request waiting; the next request's new messages
+        or ids are appended, until ``end``."""
+        from pdsr_sdk.agent import AgentDone
+
+        async def remote(agent):
+            named.ctx = agent
+            try:
+                turn = await agent.generate()
+                while True:
+                    if named.text is not None:   # before the answer: the client's next prompt starts with it
+                        named.text += turn.text
+                    _resolve(named.waiter, turn)
+                    kind, *rest = await named.requests.get()
+                    if kind == "end":
+                        return rest[0]
+                    new, max_tokens = rest
+                    agent.append(**new)
+                    turn = await agent.generate(max_tokens=max_tokens)
+            except AgentDone as exc:
+                _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r}: {exc}"))
+                raise
+            except BaseException as exc:
+                _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r} failed: {exc!r}"))
+                raise
+        return remote
+
+    def _get(self, sample_id: str) -> _Named:
+        named = self.samples.get(sample_id)
+        if named is None:
+            raise ServeError(404, f"no sample {sample_id!r}")
+        return named
+
+
+def _route(api: str) -> str:
+    return "chat/completions" if api == CHAT else "completions"
+
+
+def _extension(recorded: list[dict], messages: list[dict], sample_id: str) -> list[dict]:
+    """The messages a chat request adds to its sample's recorded conversation (which it must extend)."""
+    if len(messages) <= len(recorded):
+        raise ServeError(400, f"sample {sample_id!r}: the request has no new message after the recorded "
+                                f"conversation ({len(recorded)} messages)")
+    for i, (old, new) in enumerate(zip(recorded, messages)):
+        if old["role"] != new["role"] or (old["role"] != "assistant" and old.get("content") != new.get("content")):
+            raise ServeError(400, f"sample {sample_id!r}: message {i} differs from the recorded conversation "
+                                    f"(recorded role {old['role']!r}); send the conversation so far, then new "
+                                    f"messages")
+    return [{"role": m["role"], "content": m.get("content") or ""} for m in messages[len(recorded):]]
+
+
+def _ids_extension(recorded: list[int], prompt: list[int], sample_id: str) -> list[int]:
+    """The ids a completions prompt of token ids adds after its sample's recorded trajectory."""
+    if prompt[:len(recorded)] != recorded:
+        at = next((i for i, (a, b) in enumerate(zip(recorded, prompt)) if a != b), len(prompt))
+        sent = prompt[at] if at < len(prompt) else "nothing (the prompt ends there)"
+        raise ServeError(400, f"sample {sample_id!r}: the prompt does not extend the recorded trajectory "
+                                f"({len(recorded)} tokens): token {at} differs (recorded {recorded[at]}, sent "
+                                f"{sent}); send the trajectory so far, then new ids")
+    if len(prompt) == len(recorded):
+        raise ServeError(400, f"sample {sample_id!r}: the prompt has nothing new after the recorded trajectory "
+                                f"({len(recorded)} tokens)")
+    return prompt[len(recorded):]
+
+
+def _text_extension(recorded: str, prompt: str, sample_id: str) -> str:
+    """The text a completions text prompt adds after the text its sample's client holds (see the module)."""
+    if not prompt.startswith(recorded):
+        at = next((i for i, (a, b) in enumerate(zip(recorded, prompt)) if a != b), len(prompt))
+        raise ServeError(400, f"sample {sample_id!r}: the prompt does not extend the recorded text "
+                                f"({len(recorded)} characters: the first prompt, then each response's text and "
+                                f"each new text): character {at} differs (recorded {recorded[at:at + 20]!r}, sent "
+                                f"{prompt[at:at + 20]!r})")
+    if len(prompt) == len(recorded):
+        raise ServeError(400, f"sample {sample_id!r}: the prompt has nothing new after the recorded text "
+                                f"({len(recorded)} characters)")
+    return prompt[len(recorded):]
+
+
+def _resolve(future: asyncio.Future | None, value: Any) -> None:
+    if future is not None and not future.done():
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future | None, exc: BaseException) -> None:
+    if future is not None and not future.done():
+        future.set_exception(exc)
+        future.exception()   # seen: nobody may be waiting any more
