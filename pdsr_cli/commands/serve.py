@@ -38,10 +38,11 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
             heavy, tool_parser, sample_timeout_s, quiet):
     """Serve POST /v1/chat/completions, POST /v1/completions and GET /v1/models on vLLM engines.
 
-    Every request is a group placed by the dispatch policy, as a rollout's groups are. A chat request that
-    names a sample (header X-Pdsr-Sample, or "pdsr_sample" in the body) is recorded token-exact across its
-    requests; POST /v1/pdsr/samples/ID/end (body {"reward": R}) ends it and returns its trajectory, with
-    response_mask and per-token log-probs. See docs/agents.md.
+    Every request is a group placed by the dispatch policy, as a rollout's groups are. A chat or completions
+    request that names a sample (header X-Pdsr-Sample, or "pdsr_sample" in the body) is recorded token-exact
+    across its requests; POST /v1/pdsr/samples/ID/end (body {"reward": R}) ends it and returns its
+    trajectory, with response_mask and per-token log-probs. stream=true gets each turn, once it ended, as one
+    chunk. See docs/agents.md.
 
     \b
     Examples:
