@@ -86,7 +86,7 @@ class NamedSamples:
             if (named.text is not None) != isinstance(prompt, str):
                 form = "text" if named.text is not None else "token ids"
                 raise ServeError(400, f"sample {sample_id!r} was started with a prompt of {form}; send every "
-                                        f"prompt of a sample in one form")
+                                      f"prompt of a sample in one form")
             if isinstance(prompt, list):
                 return {"ids": _ids_extension(named.ctx.ids, prompt, sample_id)}
             new = _text_extension(named.text, prompt, sample_id)
@@ -153,7 +153,7 @@ class NamedSamples:
         else:
             if named.api != api:
                 raise ServeError(400, f"sample {sample_id!r} was started on /v1/{_route(named.api)}; continue "
-                                        f"it there (a sample keeps one endpoint)")
+                                      f"it there (a sample keeps one endpoint)")
             sample = named.group.samples[0]
             if sample.finished or named.ctx is None:
                 state = "has ended" if sample.finished else "is still on its first turn"
@@ -212,12 +212,12 @@ def _extension(recorded: list[dict], messages: list[dict], sample_id: str) -> li
     """The messages a chat request adds to its sample's recorded conversation (which it must extend)."""
     if len(messages) <= len(recorded):
         raise ServeError(400, f"sample {sample_id!r}: the request has no new message after the recorded "
-                                f"conversation ({len(recorded)} messages)")
+                              f"conversation ({len(recorded)} messages)")
     for i, (old, new) in enumerate(zip(recorded, messages)):
         if old["role"] != new["role"] or (old["role"] != "assistant" and old.get("content") != new.get("content")):
             raise ServeError(400, f"sample {sample_id!r}: message {i} differs from the recorded conversation "
-                                    f"(recorded role {old['role']!r}); send the conversation so far, then new "
-                                    f"messages")
+                                  f"(recorded role {old['role']!r}); send the conversation so far, then new "
+                                  f"messages")
     return [{"role": m["role"], "content": m.get("content") or ""} for m in messages[len(recorded):]]
 
 
@@ -227,11 +227,11 @@ def _ids_extension(recorded: list[int], prompt: list[int], sample_id: str) -> li
         at = next((i for i, (a, b) in enumerate(zip(recorded, prompt)) if a != b), len(prompt))
         sent = prompt[at] if at < len(prompt) else "nothing (the prompt ends there)"
         raise ServeError(400, f"sample {sample_id!r}: the prompt does not extend the recorded trajectory "
-                                f"({len(recorded)} tokens): token {at} differs (recorded {recorded[at]}, sent "
-                                f"{sent}); send the trajectory so far, then new ids")
+                              f"({len(recorded)} tokens): token {at} differs (recorded {recorded[at]}, sent "
+                              f"{sent}); send the trajectory so far, then new ids")
     if len(prompt) == len(recorded):
         raise ServeError(400, f"sample {sample_id!r}: the prompt has nothing new after the recorded trajectory "
-                                f"({len(recorded)} tokens)")
+                              f"({len(recorded)} tokens)")
     return prompt[len(recorded):]
 
 
@@ -240,12 +240,12 @@ def _text_extension(recorded: str, prompt: str, sample_id: str) -> str:
     if not prompt.startswith(recorded):
         at = next((i for i, (a, b) in enumerate(zip(recorded, prompt)) if a != b), len(prompt))
         raise ServeError(400, f"sample {sample_id!r}: the prompt does not extend the recorded text "
-                                f"({len(recorded)} characters: the first prompt, then each response's text and "
-                                f"each new text): character {at} differs (recorded {recorded[at:at + 20]!r}, sent "
-                                f"{prompt[at:at + 20]!r})")
+                              f"({len(recorded)} characters: the first prompt, then each response's text and "
+                              f"each new text): character {at} differs (recorded {recorded[at:at + 20]!r}, sent "
+                              f"{prompt[at:at + 20]!r})")
     if len(prompt) == len(recorded):
         raise ServeError(400, f"sample {sample_id!r}: the prompt has nothing new after the recorded text "
-                                f"({len(recorded)} characters)")
+                              f"({len(recorded)} characters)")
     return prompt[len(recorded):]
 
 
