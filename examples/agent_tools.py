@@ -107,9 +107,15 @@ async def smoke(session, prompts) -> dict:
         mismatches += got != prompt + s.token_ids[:len(got) - len(prompt)]
     rows = out.table.to_pylist()
     return {"trajectories": len(rows), "turns_mean": out.summary.get("turns_mean", 0.0),
-            "tool_calls": sum(json.loads(r["reward_extra"] or "{}").get("tool_calls", 0) for r in rows),
+            "tool_calls": sum(extra(r).get("tool_calls", 0) for r in rows),
             "token_mismatches": mismatches, "turn_requests": len(log), "failed": out.summary.get("agent_failed", 0),
             "reward_mean": out.summary["reward_mean"]}
+
+
+def extra(row: dict) -> dict:
+    """A row's reward_extra: a struct (a dict) where every row has the same keys, else JSON text."""
+    value = row["reward_extra"] or {}
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def config(args):

@@ -84,7 +84,9 @@ def trajectory_schema() -> pa.Schema:
         _f("ground_truth", pa.string(), "Reference answer, when the data has one.", nullable=True),
         _f("reward", pa.float32(), "Reward, when a reward function is set (null where it failed).", nullable=True),
         _f("reward_extra", pa.string(), "The reward function's other fields, when it returned a dict with a "
-                                        "'score' (verl): a JSON object.", nullable=True),
+                                        "'score' (verl): a JSON object; in a finished run's file and a step's "
+                                        "table a struct, one field per key, where every row has the same keys.",
+           nullable=True),
         _f("reward_error", pa.string(), "Why the reward function failed on this sample (its exception).",
            nullable=True),
         _f("response_mask", pa.list_(pa.int8()), "Multi-turn: 1 for each response token the model sampled, 0 for "
@@ -98,6 +100,47 @@ def trajectory_schema() -> pa.Schema:
                                  "longer than agent.env_timeout_s between turns, or returned bad content).",
            nullable=True),
     ])
+
+
+def reward_extra_struct(table: pa.Table) -> pa.Table:
+    """``table`` with ``reward_extra`` as a struct column (one field per key, as verl's reward_extra_info keeps
+    one column per key) when every row that has one holds an object with the same keys whose values Arrow
+    types alike; else as it is, JSON text. Made once all rows are known: a finished run's file, a step's table
+    (part files and the carry file stream with the schema's JSON text)."""
+    import json
+
+    import pyarrow as pa
+
+    if "reward_extra" not in table.column_names or not pa.types.is_string(table.schema.field("reward_extra").type):
+        return table
+    values = [None if v is None else json.loads(v) for v in table.column("reward_extra").to_pylist()]
+    present = [v for v in values if v is not None]
+    if not present or not all(isinstance(v, dict) and v and v.keys() == present[0].keys() for v in present):
+        return table
+    try:
+        column = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):   # e.g. a key both text and number
+        return table
+    if not pa.types.is_struct(column.type):
+        return table
+    i = table.schema.get_field_index("reward_extra")
+    field = table.schema.field(i)
+    return table.set_column(i, pa.field(field.name, column.type, nullable=True, metadata=field.metadata), column)
+
+
+def reward_extra_json(table: pa.Table) -> pa.Table:
+    """``table`` with a struct ``reward_extra`` (:func:`reward_extra_struct`) as JSON text again, as the
+    schema has it (a resumed run merges an earlier file with new parts)."""
+    import json
+
+    import pyarrow as pa
+
+    if "reward_extra" not in table.column_names or not pa.types.is_struct(table.schema.field("reward_extra").type):
+        return table
+    text = pa.array([None if v is None else json.dumps(v) for v in table.column("reward_extra").to_pylist()],
+                    type=pa.string())
+    i = table.schema.get_field_index("reward_extra")
+    return table.set_column(i, table.schema.field(i).with_type(pa.string()), text)
 
 
 #: columns a carried (unfinished) sample may leave empty

@@ -629,7 +629,7 @@ class RolloutSession:
     async def _step_result(self, result: BatchResult, version: int) -> StepResult:
         import pyarrow as pa
 
-        from pdsr_sdk.dispatch.trajectory import sample_row, trajectory_schema
+        from pdsr_sdk.dispatch.trajectory import reward_extra_struct, sample_row, trajectory_schema
 
         samples = [s for g in result.groups for s in g.samples]
         loop = asyncio.get_running_loop()
@@ -640,7 +640,7 @@ class RolloutSession:
         rows = [sample_row(s, self.tokenizer, None, scored=sc) for s, sc in zip(samples, scored)]
         timeouts = sum(sc.timeouts for sc in scored)
         errors = sum(r["reward_error"] is not None for r in rows)
-        table = pa.Table.from_pylist(rows, schema=trajectory_schema())
+        table = reward_extra_struct(pa.Table.from_pylist(rows, schema=trajectory_schema()))
         rewards = [r["reward"] for r in rows if r["reward"] is not None]
         summary = {
             "step": result.batch_index, "policy_version": version, "groups": len(result.groups),

@@ -101,14 +101,17 @@ class TrajectoryWriter:
         write_table_atomic(self._pa.Table.from_pylist(rows, schema=schema.with_metadata(self.schema.metadata)), path)
 
     def finalize(self) -> Path:
-        """Merge everything on disk into the output file and remove the parts."""
+        """Merge everything on disk into the output file and remove the parts (a reward's dict fields become a
+        struct column where they allow it: ``reward_extra_struct``)."""
         import pyarrow.parquet as pq
+
+        from pdsr_sdk.dispatch.trajectory import reward_extra_json, reward_extra_struct
 
         self.flush()
         self._remove_old()
-        tables = [pq.read_table(f).cast(self.schema) for f in self._existing_files()]
+        tables = [reward_extra_json(pq.read_table(f)).cast(self.schema) for f in self._existing_files()]
         table = self._pa.concat_tables(tables) if tables else self.schema.empty_table()
-        table = table.replace_schema_metadata(self.schema.metadata)
+        table = reward_extra_struct(table.replace_schema_metadata(self.schema.metadata))
         write_table_atomic(table, self.path)
         shutil.rmtree(self.parts_dir, ignore_errors=True)
         return self.path

@@ -112,7 +112,7 @@ def test_environment_tokens_are_the_templates_and_masked(multi_turn):
             span = mask[t.start_token:t.start_token + t.num_tokens]
             assert span == [1 if t.role == "assistant" else 0] * t.num_tokens
         assert sum(mask) == s.sampled_tokens and row["env_s"] is not None
-        assert row["reward"] in (0.0, 1.0) and row["reward_extra"] == '{"turns": 3}'
+        assert row["reward"] in (0.0, 1.0) and row["reward_extra"] == {"turns": 3}
     assert result.summary["turns_mean"] == 3 and result.summary["agent_failed"] == 0
     assert result.summary["tokens"] == sum(s.sampled_tokens for s in result.samples)
 

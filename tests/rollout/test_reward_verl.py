@@ -170,3 +170,56 @@ def test_dapo_overlong_shaping():
     assert mv.stats is resolve_reward("math_verify", True).stats   # math_verify's timeouts still counted
     with pytest.raises(ConfigError, match="overlong_buffer"):
         RolloutConfig(overlong_buffer=16, sampling={"max_tokens": 16})
+
+
+def extra_table(extras: list) -> pa.Table:
+    """A trajectories table whose rows carry ``extras`` (each None or a dict) as reward_extra JSON text."""
+    rows = [{"prompt_id": f"p{i}", "sample_index": 0, "reward_extra": None if e is None else json.dumps(e)}
+            for i, e in enumerate(extras)]
+    schema = trajectory_schema()
+    return pa.Table.from_pylist(rows, schema=pa.schema([schema.field(n) for n in rows[0]]))
+
+
+@pytest.mark.parametrize("extras, struct", [
+    ([{"acc": True, "pred": "18"}, {"acc": False, "pred": "17"}], True),   # verl's: the same keys every row
+    ([{"acc": True, "pred": "18"}, None, {"pred": "7", "acc": True}], True),   # a failed row; another key order
+    ([{"acc": True}, {"acc": True, "pred": "1"}], False),   # keys differ
+    ([{"n": 1}, {"n": "one"}], False),   # a key both number and text
+    ([None, None], False),   # no reward returned a dict
+    ([{}, {}], False),   # nothing to make fields of
+])
+def test_reward_extra_is_a_struct_where_every_row_has_the_same_keys(extras, struct):
+    from pdsr_sdk.dispatch.trajectory import reward_extra_json, reward_extra_struct
+
+    table = extra_table(extras)
+    out = reward_extra_struct(table)
+    assert pa.types.is_struct(out.schema.field("reward_extra").type) is struct
+    got = out.column("reward_extra").to_pylist()
+    if struct:
+        assert got == [None if e is None else {k: e[k] for k in extras[0]} for e in extras]
+        assert out.schema.field("reward_extra").metadata == table.schema.field("reward_extra").metadata
+        back = reward_extra_json(out)
+        assert [None if v is None else json.loads(v) for v in back.column("reward_extra").to_pylist()] == extras
+        assert back.schema.field("reward_extra").type == pa.string()
+    else:
+        assert out.equals(table)
+
+
+def test_the_finished_file_has_the_struct_and_a_resumed_run_merges_it(tmp_path):
+    from pdsr_sdk.rollout.writer import TrajectoryWriter
+
+    schema = pa.schema([trajectory_schema().field(n) for n in ("prompt_id", "sample_index", "reward_extra")])
+    row = lambda pid, acc: {"prompt_id": pid, "sample_index": 0, "reward_extra": json.dumps({"acc": acc})}  # noqa: E731
+    out = tmp_path / "run.parquet"
+    first = TrajectoryWriter(out, schema)
+    first.add_group([row("a", True)])
+    first.flush()
+    assert pq.read_table(next(iter((tmp_path / "run.parquet.parts").glob("part-*")))).schema.field(
+        "reward_extra").type == pa.string()   # parts stream JSON text
+    first.finalize()
+    assert pq.read_table(out).column("reward_extra").to_pylist() == [{"acc": True}]
+    resumed = TrajectoryWriter(out, schema, resume=True)
+    assert resumed.finished_prompt_ids() == {"a"}
+    resumed.add_group([row("b", False)])
+    resumed.finalize()
+    assert pq.read_table(out).column("reward_extra").to_pylist() == [{"acc": True}, {"acc": False}]
