@@ -47,6 +47,7 @@ class GroupFilterConfig(ConfigModel):
     kind: Literal["zero-variance"] = Field("zero-variance", description="Which groups are filtered out: 'zero-variance', a group whose N rewards are all equal (all right or all wrong: every GRPO advantage is 0). A sample whose reward failed is left out of the comparison, so a group needs two different rewards to pass.")
     write_filtered: bool = Field(False, description="pdsr rollout: also write the filtered groups, to <output stem>.filtered.parquet (same columns). They are counted in the summary either way, and the SDK step returns them (StepResult.filtered).")
     min_pass_rate: float = Field(0.1, gt=0, le=1, description="Floor of the pass-rate estimate that sizes the groups in flight when over_provision is not given: at most ceil(step_groups / min_pass_rate) groups are kept in flight.")
+    max_launch_factor: float | None = Field(30.0, gt=0, description="A step that needs to launch more than this many x step_groups groups ends the run with an error (nearly every group's rewards are equal: the data is too hard or too easy for the model), as verl's max_num_gen_batches (10 batches of 3 x B) does. null = no bound.")
 
 
 class StepStreamConfig(ConfigModel):

@@ -62,9 +62,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from pdsr_sdk.dispatch.config import GroupFilterConfig
 from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.dispatch.types import DROPPED, TRUNCATED, Group, Sample, StreamSpec, kept_segments, oldest_version
-from pdsr_sdk.errors import ConfigValueError, PdsrError
+from pdsr_sdk.errors import ConfigValueError, PdsrError, RunError
 
 
 @dataclass
@@ -182,7 +183,8 @@ class StepStream:
     consumed sample (:func:`check_consumed`, for runs whose lengths are known in advance).
     ``group_filter(group) -> bool``: dynamic sampling (see the module); the owner calls :meth:`group_done`
     once the group's rewards are in. ``adapt``: the in-flight count follows the measured pass rate
-    (``in_flight`` is then the first step's, and ``min_pass_rate`` the floor of the estimate).
+    (``in_flight`` is then the first step's); ``filter_config`` gives the estimate's floor and the bound on a
+    step's launches (:class:`~pdsr_sdk.dispatch.config.GroupFilterConfig`).
     """
 
     def __init__(self, run: DispatchRun, *, step_groups: int, in_flight: int, steps: int | None,
@@ -190,7 +192,7 @@ class StepStream:
                  new_groups: Callable[[int], list[Group]], on_step_end: Callable[[], None],
                  keep_groups: bool = False, check: bool = False, on_advance: Callable[[], None] | None = None,
                  group_filter: Callable[[Group], bool] | None = None, adapt: bool = False,
-                 min_pass_rate: float = 0.1):
+                 filter_config: GroupFilterConfig | None = None):
         self.run = run
         self.sched = run.scheduler
         self.clock = run.clock
@@ -218,7 +220,11 @@ class StepStream:
         self.dropped: list[Group] = []
         self.last_dropped: list[Group] = []
         self._dropped_tokens = 0
-        self.min_pass_rate = min_pass_rate
+        filter_config = filter_config or GroupFilterConfig.model_validate({})
+        self.min_pass_rate = filter_config.min_pass_rate
+        factor = filter_config.max_launch_factor
+        #: dynamic sampling: the most groups one step may launch (None: no bound)
+        self.max_launches = None if group_filter is None or factor is None else math.ceil(factor * step_groups)
         #: groups the filter judged and passed over the whole run (the pass-rate estimate)
         self.judged = 0
         self.passed = 0
@@ -366,7 +372,15 @@ class StepStream:
         if self.closing or self.done or self.exhausted:
             return
         incomplete = len(self.flying) - len(self.complete)
-        self.launch(needed_launches(self.b - len(self.complete), incomplete, self.pass_rate))
+        count = needed_launches(self.b - len(self.complete), incomplete, self.pass_rate)
+        if count and self.max_launches is not None and self._launched_now + count > self.max_launches:
+            raise RunError(
+                f"dynamic sampling: step {self.t} has launched {self._launched_now} groups and {len(self.complete)} "
+                f"of the {self.b} that pass the filter are complete ({self.passed} of {self.judged} groups passed so "
+                f"far); filter_groups.max_launch_factor bounds a step at {self.max_launches}. Nearly every group's "
+                f"rewards are all equal: the prompts are too hard or too easy for this model (or its reward never "
+                f"tells right from wrong). Raise the bound, or set it to null for no bound")
+        self.launch(count)
         self.maybe_end()
 
     def maybe_end(self) -> None:

@@ -457,13 +457,12 @@ class RolloutSession:
         if self._stream is None:
             b = cfg.step_groups or cfg.batch_size
             self._stream_n = n or cfg.sampling.n
-            floor = cfg.filter_groups.min_pass_rate if cfg.filter_groups is not None else 0.1
             self._stream = StepStream(
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                 new_groups=self._new_stream_groups, on_step_end=self._stream_step_end,
                 group_filter=self._passes if self.group_filter is not None else None,
-                adapt=cfg.over_provision is None, min_pass_rate=floor)
+                adapt=cfg.over_provision is None, filter_config=cfg.filter_groups)
             self._stream_base = self.run.batch_index
             self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
             self._restored = []

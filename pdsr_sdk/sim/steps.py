@@ -194,7 +194,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
                         max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                         new_groups=new_groups, on_step_end=step_end, keep_groups=keep_groups, check=True,
                         on_advance=lambda: bar.update(1), group_filter=keep, adapt=over_provision is None,
-                        min_pass_rate=cfg.filter_groups.min_pass_rate if cfg.filter_groups is not None else 0.1)
+                        filter_config=cfg.filter_groups)
     handlers.append(stream)
     trainer = SimTrainer(stream, trainer_s=cfg.trainer_s, weight_update_s=cfg.weight_update_s, pipeline=cfg.pipeline,
                          keep_kv=cfg.kv_on_update == "keep")

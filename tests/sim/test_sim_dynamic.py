@@ -120,3 +120,17 @@ def test_on_policy_drops_the_groups_generating_at_a_steps_end_instead_of_restart
     assert left >= 0 and run.dropped_tokens >= sum(s.dropped_tokens for s in run.steps) > 0
     # every launched group is consumed, filtered, dropped at a step's end, or still in flight: once each
     assert len(run.launched_at) == len(consumed) + sum(s.filtered for s in run.steps) + dropped + left
+
+
+def test_a_step_that_launches_past_the_bound_ends_the_run_saying_why():
+    from pdsr_sdk.errors import RunError
+
+    t = trace(600)
+    t.rewards[:] = 0.0   # every group all wrong: none ever passes
+    with pytest.raises(RunError, match=r"step 0 has launched \d+ groups and 0 of the 8 .* bounds a step at 40\. "
+                                       r"Nearly every group's rewards are all equal"):
+        run_steps(t, config(filter_groups={"kind": "zero-variance", "max_launch_factor": 5}), "baseline", None)
+    # a third of the groups fail: 8 passing ones take about 12 launches a step, within 4 x 8
+    run = run_steps(trace(600), config(filter_groups={"kind": "zero-variance", "max_launch_factor": 4}), "baseline",
+                    None)
+    assert len(run.steps) == 4 and all(s.groups >= 8 and s.launched <= 32 for s in run.steps)
