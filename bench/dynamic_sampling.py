@@ -1,16 +1,19 @@
 """Benchmark: dynamic sampling (DAPO), simulated: pdsr's filtered step stream against verl's DAPO recipe, on-policy
 against on-policy, on SmolLM2-135M's recorded GSM8K lengths.
 
-    .venv/bin/python bench/dynamic_sampling.py [--solve 0.05,0.1,0.2,0.3] [--b 128] [--steps 8] [--seed 1]
+    .venv/bin/python bench/dynamic_sampling.py [--solve recorded,0.05,0.1,0.2,0.3] [--b 128] [--steps 8] [--seed 1]
                                                [--policy v3] [--fast 6] [--heavy 2]
 
-The trace: groups drawn with replacement from ``bench/data/smollm2-gsm8k-128x8.jsonl`` (SmolLM2-135M-Instruct,
-the first 128 GSM8K test prompts, n = 8, 512-token cap), each with its recorded lengths and finish reasons.
-The file records no correctness, so each sample's reward is derived from what it records, under this
-assumption: a response that ran to the cap (finish reason ``length``) is wrong (it never reached a final
-answer), and one that stopped is right with probability ``solve`` (drawn per sample, seeded). So all-wrong
-groups are the long ones, and a prompt's solve rate is ``solve`` x its share of stopped responses. The
-benchmark sweeps ``solve``; the overall solve rate and the measured pass rate are printed beside each.
+The trace: groups drawn with replacement from a recording of SmolLM2-135M-Instruct on the first 128 GSM8K test
+prompts (n = 8, temperature 1, 512-token cap), each with its recorded lengths and finish reasons.
+``--solve recorded``: ``bench/data/smollm2-gsm8k-128x8-rewards.jsonl``, a run with each sample's reward
+(``bench/record_trace.py``: its last number against the answer, as lm-evaluation-harness's flexible-extract
+scores GSM8K; the model's own solve rate, 1.5%, 12 of 128 groups with unequal rewards). A number ``solve``:
+``bench/data/smollm2-gsm8k-128x8.jsonl``, an earlier run without rewards, each sample's reward derived: a response
+that ran to the cap (finish reason ``length``) is wrong (it never reached a final answer), and one that
+stopped is right with probability ``solve`` (drawn per sample, seeded). So all-wrong groups are the long
+ones, and a prompt's solve rate is ``solve`` x its share of stopped responses. The overall solve rate and
+the measured pass rate are printed beside each.
 
 pdsr: ``pdsr simulate --steps K --step-groups B --max-staleness 0 --filter-groups zero-variance`` (on-policy: a
 group still generating at a step's end is dropped then, as the recipe drops its excess; the
@@ -35,15 +38,19 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
+
 DATA = Path(__file__).resolve().parent / "data" / "smollm2-gsm8k-128x8.jsonl"
+SCORED = DATA.with_name("smollm2-gsm8k-128x8-rewards.jsonl")   # another run of the same, with rewards
 
 
-def gsm8k_trace(groups: int, solve: float, seed: int):
-    """``groups`` recorded GSM8K groups drawn with replacement, with rewards derived as the module says."""
-    import numpy as np
+def gsm8k_trace(groups: int, solve: float | None, seed: int):
+    """``groups`` recorded GSM8K groups drawn with replacement, with their recorded rewards (``solve`` None) or
+    rewards derived as the module says."""
+    from pdsr_sdk.traces import LengthTrace, read_trace, resample_trace
 
-    from pdsr_sdk.traces import LengthTrace
-
+    if solve is None:
+        return resample_trace(read_trace(SCORED), groups, seed)
     rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     rng = random.Random(seed)
     picked = [rows[rng.randrange(len(rows))] for _ in range(groups)]
@@ -57,8 +64,6 @@ def gsm8k_trace(groups: int, solve: float, seed: int):
 
 def filter_bound_s(trace, cfg, pass_rate: float) -> float:
     """The least engine time of B / pass_rate of the trace's groups (the module's ``filter_bound_s``)."""
-    import numpy as np
-
     from pdsr_sdk.sim.driver import bound_coefficients
     from pdsr_sdk.sim.report import batch_bounds
 
@@ -72,7 +77,8 @@ def filter_bound_s(trace, cfg, pass_rate: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--solve", default="0.05,0.1,0.2,0.3", help="chances a stopped response is right")
+    parser.add_argument("--solve", default="recorded,0.05,0.1,0.2,0.3",
+                        help="'recorded' (the recorded rewards) or chances a stopped response is right")
     parser.add_argument("--b", type=int, default=128)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
@@ -90,7 +96,7 @@ def main() -> None:
     header = ("solve", "solve_rate", "pass_rate", "dapo_gen_batches", "dapo_step_s", "pdsr_step_s", "ratio",
               "filter_bound_s", "best_ratio", "pdsr_in_flight", "pdsr_wasted_share", "pdsr_dropped_share", "sim_s")
     print(" | ".join(header))
-    for solve in [float(x) for x in args.solve.split(",")]:
+    for solve in [None if x == "recorded" else float(x) for x in args.solve.split(",")]:
         began = time.perf_counter()
         cfg = SimulateConfig(policy=args.policy, fast=args.fast, heavy=args.heavy, steps=args.steps,
                              step_groups=args.b, batch_size=args.b, max_staleness=0, timeline=False,
@@ -105,7 +111,7 @@ def main() -> None:
         s = report.summary(run)
         dropped = sum(st["dropped_tokens"] for st in s["steps"])   # groups dropped at a step's end
         generated = s["tokens"] + s["wasted_tokens"] + s["filtered_tokens"] + dropped
-        print(" | ".join([f"{solve:g}", f"{float(trace.rewards.mean()):.3f}", f"{pass_rate:.3f}",
+        print(" | ".join(["recorded" if solve is None else f"{solve:g}", f"{float(np.nanmean(trace.rewards)):.3f}", f"{pass_rate:.3f}",
                           f"{sum(plan[2:-1]) / max(1, len(plan[2:-1])):.2f}", f"{report.baseline_step_s:.2f}",
                           f"{run.steady_step_s:.2f}", f"{report.ratio(run):.3f}", f"{bound:.2f}",
                           f"{bound / report.baseline_step_s:.3f}", str(run.in_flight),

@@ -136,19 +136,21 @@ def workload(name: str) -> WorkloadMember:
 
 def resample_trace(trace: LengthTrace, groups: int, seed: int) -> LengthTrace:
     """``groups`` whole groups of the rectangular ``trace``, drawn with replacement by ``seed`` (seed 0: in
-    recorded order, repeated as needed). Group j's id is its recorded id with ``#j``."""
+    recorded order, repeated as needed), each with its recorded rewards and turns where it has them. Group j's id
+    is its recorded id with ``#j``."""
     trace.require_rectangular("resampling needs")
     k = trace.num_groups
     pick = np.arange(groups) % k if seed == 0 else np.random.default_rng(seed).integers(0, k, size=groups)
     reasons, durations = trace.finish_reasons, trace.duration_matrix()
     n = trace.samples_per_group
     turns = None if trace.turns is None else trace.turns.take((pick[:, None] * n + np.arange(n)).reshape(-1))
+    rewards = None if trace.rewards is None else trace.rewards.reshape(k, n)[pick]
     return LengthTrace.from_matrix(
         trace.matrix()[pick], prompt_ids=[f"{trace.prompt_ids[i]}#{j}" for j, i in enumerate(pick)],
         prompt_lens=np.asarray(trace.prompt_lens)[pick],
         durations_s=None if durations is None else durations[pick],
         finish_reasons=None if reasons is None else reasons.reshape(k, -1)[pick],
-        source=f"{trace.source} (draw {seed})", turns=turns)
+        source=f"{trace.source} (draw {seed})", rewards=rewards, turns=turns)
 
 
 def check_recorded_config(member: WorkloadMember, data: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:

@@ -14,6 +14,7 @@ from pdsr_sdk.analysis import AnalyzeConfig, analyze_trace
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.traces import (
     WORKLOADS,
+    LengthTrace,
     Measurement,
     TraceSynthConfig,
     WorkloadMember,
@@ -148,6 +149,17 @@ def test_recorded_member_resamples_whole_groups():
     np.testing.assert_array_equal(resample_trace(recorded, 300, 101).lengths, draw.lengths)
     with pytest.raises(ConfigError, match="only groups and seed, not median_length"):
         member.config(median_length=100)
+
+
+def test_resampling_keeps_each_groups_rewards():
+    lengths = np.arange(1, 13).reshape(4, 3)
+    rewards = np.array([[1, 0, 0], [0, 0, 0], [np.nan, 1, 1], [0, 1, 0]], dtype=float)
+    recorded = LengthTrace.from_matrix(lengths, prompt_ids=list("abcd"), prompt_lens=np.full(4, 5), rewards=rewards)
+    draw = resample_trace(recorded, 40, 7)
+    by_first_length = {int(r[0]): i for i, r in enumerate(lengths)}
+    for row, got in zip(draw.matrix(), draw.rewards.reshape(40, 3)):
+        np.testing.assert_array_equal(got, rewards[by_first_length[int(row[0])]])   # NaN where none
+    assert resample_trace(LengthTrace.from_matrix(lengths), 5, 7).rewards is None
 
 
 # -- CLI --------------------------------------------------------------------------------------------
