@@ -18,8 +18,9 @@ v3 told what no real engine knows, in the place of its ranked pool's order (``V3
 
 Everything else is v3's (placement, siblings first on an engine, the lane, segments). Prints, per member
 and order, the fastest over-provision within 10% partial tokens as the median [min, max] over the seeds:
-its F, steady step / on-policy step, partial share and the ratio per consumed token (with --per-seed, one
-row per seed too). All in virtual time: one run gives the same numbers on any machine. A search takes
+its F, steady step / on-policy step, partial share, the ratio per consumed token, and the work bound (the
+steady step's consumed tokens at full occupancy, ``pdsr simulate``'s ``work_bound_s``) over the on-policy step;
+``--orders v3,sample`` adds the true-length reference (with --per-seed, one row per seed too). All in virtual time: one run gives the same numbers on any machine. A search takes
 about 2-3 minutes per order and trace at B = 512 on one core (kv-bound longer), so the defaults take
 hours. --quick (B = 128, v3's order only) takes 1 to 9 minutes a trace (kv-bound and heavy the longest),
 about two hours for the whole family's forty traces on one core; --jobs N runs N searches at once.
@@ -66,7 +67,8 @@ class OracleOrderPolicy(V3Policy):
 
 
 def fastest_within(trace, order: str, b: int, budget: float, profile: dict | None = None, steps: int = 10):
-    """(F, ratio, partial share, ratio per token) of the fastest run within ``budget`` partial tokens."""
+    """(F, ratio, partial share, ratio per token, work bound / on-policy step) of the fastest run within
+    ``budget`` partial tokens."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import simulate_steps
 
@@ -80,7 +82,8 @@ def fastest_within(trace, order: str, b: int, budget: float, profile: dict | Non
     pick = report.fastest_within()
     if pick is None:
         return None
-    return pick.over_provision, report.ratio(pick), pick.partial_share, report.ratio_per_token(pick)
+    return (pick.over_provision, report.ratio(pick), pick.partial_share, report.ratio_per_token(pick),
+            pick.work_bound_s / report.baseline_step_s)
 
 
 def search(name: str, seed: int, order: str, b: int, budget: float):
@@ -150,8 +153,9 @@ def main() -> None:
 
     print(f"B = {b}, S = 2, keep, 6 + 2 engines, fastest within {args.max_partial_share:.0%} partial tokens; "
           f"median [min, max] over the seeds\n")
-    print("| member | K | order | seeds | F | step / on-policy step (x) | partial | per consumed token (x) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| member | K | order | seeds | F | step / on-policy step (x) | partial | per consumed token (x) "
+          "| work bound (x) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in members:
         k = workload(name).measure.steps
         for order in orders:
@@ -160,18 +164,17 @@ def main() -> None:
                 seed = t[1]
                 got[seed] = result(t)
                 if args.per_seed:
-                    row = ("none within the budget | | |" if got[seed] is None else
-                           "{:.3g} | {:.3f} | {:.1%} | {:.3f}".format(*got[seed]))
+                    row = ("none within the budget | | | |" if got[seed] is None else
+                           "{:.3g} | {:.3f} | {:.1%} | {:.3f} | {:.3f}".format(*got[seed]))
                     print(f"| {name} | {k} | {order} | {seed} | {row} |", flush=True)
             found = [g for g in got.values() if g is not None]
             missing = len(got) - len(found)
             label = f"{len(found)} of {len(got)}" + (" (the others: none within the budget)" if missing else "")
             if not found:
-                print(f"| {name} | {k} | {order} | {label} | | | | |", flush=True)
+                print(f"| {name} | {k} | {order} | {label} | | | | | |", flush=True)
                 continue
-            cols = [spread([g[i] for g in found], fmt) for i, fmt in enumerate((".3g", ".3f", ".1%", ".3f"))]
-            print(f"| {name} | {k} | {order} | {label} | {cols[0]} | {cols[1]} | {cols[2]} | {cols[3]} |",
-                  flush=True)
+            cols = [spread([g[i] for g in found], fmt) for i, fmt in enumerate((".3g", ".3f", ".1%", ".3f", ".3f"))]
+            print(f"| {name} | {k} | {order} | {label} | {' | '.join(cols)} |", flush=True)
     if pool:
         pool.shutdown()
 
