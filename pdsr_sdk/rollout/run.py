@@ -199,8 +199,10 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                   "run_id": prior.run_id, METADATA_KEY: json.dumps(settings)})
     state.writer_made = True
 
-    total_groups = sum(len(b) for b in batches) + len(carried)
-    if config.streaming:   # K steps take only some of the data's prompts
+    total_groups: int | None = sum(len(b) for b in batches) + len(carried)
+    if config.filter_groups is not None:   # how many launch depends on the pass rate: bars count without a total
+        total_groups = None
+    elif config.streaming:   # K steps take only some of the data's prompts
         total_groups = min(total_groups, groups_launched(config.step_groups or config.batch_size,
                                                          config.over_provision or 0.0, config.steps or 1))
     sample_bar = probe_bar = None
@@ -208,7 +210,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     def on_sample(sample: Sample) -> None:
         nonlocal probe_bar, sample_bar
         if sample_bar is None:  # created on first use so engine start-up is not counted
-            sample_bar = progress(desc="samples", total=total_groups * config.sampling.n, unit="sample")
+            sample_bar = progress(desc="samples", total=total_groups and total_groups * config.sampling.n,
+                                  unit="sample")
         sample_bar.update(1)
         if sample.is_probe:
             if probe_bar is None:

@@ -92,3 +92,24 @@ def test_on_policy_dropped_groups_are_counted_and_the_run_ends_when_the_data_doe
     assert summary["groups"] + summary["filtered_groups"] + summary["dropped_groups"] == 30
     assert len(summary["batches"]) < 40
     assert all(len(set(rs)) > 1 for rs in rewards_by_group(out).values())
+
+
+def test_progress_bars_count_without_a_total_when_the_pass_rate_decides_the_launches(tmp_path, tiny_model_dir):
+    from pdsr_sdk.progress import PlainBar
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.run import run_rollout
+
+    bars: list[PlainBar] = []
+
+    def progress(desc="", total=None, unit="it"):
+        bars.append(PlainBar(desc, total, unit))
+        return bars[-1]
+
+    data = json.loads(setup(tmp_path, tiny_model_dir).read_text())
+    config = RolloutConfig.model_validate({**data, "steps": 2, "batch_size": 4,
+                                           "output": {"path": str(tmp_path / "o.parquet")},
+                                           "filter_groups": {"kind": "zero-variance"}})
+    run_rollout(config, progress=progress)
+    samples = next(b for b in bars if b.desc == "samples")
+    assert samples.total is None and samples.n > 2 * 4 * 3   # filtered groups' samples ran too
+    assert "%" not in samples.line(samples.start + 1)
