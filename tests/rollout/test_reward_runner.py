@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pdsr_sdk.dispatch.trajectory import sample_row
+from pdsr_sdk.dispatch.trajectory import reward_extra_struct, sample_row, trajectory_schema
 from pdsr_sdk.rollout.config import RolloutConfig
 from pdsr_sdk.rollout.session import RolloutSession
 from support import WAIT_S, requires_torch
@@ -35,7 +35,10 @@ def test_the_rewards_a_step_returns_are_those_scoring_after_the_step_gives(tiny_
     with RolloutSession(config(tiny_model_dir, reward_workers=workers), reward=dict_reward) as session:
         out = session.step(PROMPTS)
         after = [sample_row(s, session.tokenizer, dict_reward) for s in out.samples]   # the old way: after the step
+    import pyarrow as pa
+
     got = out.table.to_pylist()
+    after = reward_extra_struct(pa.Table.from_pylist(after, schema=trajectory_schema())).to_pylist()   # a struct
     keys = ("prompt_id", "sample_index", "response_text", "reward", "reward_extra", "reward_error")
     assert [{k: r[k] for k in keys} for r in got] == [{k: r[k] for k in keys} for r in after]
     assert sum(r["reward_error"] is not None for r in got) == 3 == out.summary["reward_errors"]
