@@ -66,9 +66,9 @@ class ChatServer:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
             return await self.named.chat_turn(str(sample_id), messages, max_tokens)
-        text = self._render(messages)
-        ids = self._encode(text)
-        group = self._group(ids, text, n, max_tokens, messages)
+        text = self.render(messages)
+        ids = self.encode(text)
+        group = self.make_group(ids, text, n, max_tokens, messages)
         await self._run(group)
         return self._chat_response(group.samples, len(ids))
 
@@ -81,14 +81,14 @@ class ChatServer:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
             return await self.named.completion_turn(str(sample_id), prompt, max_tokens)
-        text, ids = (prompt, self._encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
-        group = self._group(ids, text, n, max_tokens, None)
+        text, ids = (prompt, self.encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
+        group = self.make_group(ids, text, n, max_tokens, None)
         await self._run(group)
         tok = self.session.tokenizer
         choices = [{"index": s.index, "text": tok.decode(s.token_ids, skip_special_tokens=True),
                     "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "logprobs": None,
                     "token_ids": list(s.token_ids)} for s in group.samples]
-        return self._envelope("text_completion", "cmpl", choices, len(ids), group.samples)
+        return self.envelope("text_completion", "cmpl", choices, len(ids), group.samples)
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
@@ -103,8 +103,9 @@ class ChatServer:
         return await self.named.row(sample_id)
 
     # ------------------------------------------------------------- dispatch
-    def _group(self, ids: list[int], text: str, n: int, max_tokens: int, messages: list[dict] | None, *,
-               prompt_id: str | None = None) -> Group:
+    def make_group(self, ids: list[int], text: str, n: int, max_tokens: int, messages: list[dict] | None, *,
+                   prompt_id: str | None = None) -> Group:
+        """A request's group of ``n`` samples (its prompt checked against the engines' context)."""
         limit = self._context_limit()
         if limit is not None and len(ids) + max_tokens > limit:
             raise ServeError(400, f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
@@ -117,10 +118,11 @@ class ChatServer:
     async def _run(self, group: Group) -> None:
         done = asyncio.get_running_loop().create_future()
         self._groups[id(group)] = done
-        self._add([group])
+        self.add([group])
         await asyncio.shield(done)
 
-    def _add(self, groups: list[Group]) -> None:
+    def add(self, groups: list[Group]) -> None:
+        """Hand ``groups`` to the dispatcher, as a step's groups are."""
         sched = self.session.scheduler
         sched.guarded(sched.add_groups, groups)
 
@@ -145,19 +147,22 @@ class ChatServer:
                 raise ServeError(400, f"{key} must be a positive integer, got {value!r}")
         return n, max_tokens
 
-    def _render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict]) -> str:
+        """``messages`` as the chat template renders them, with the generation prompt."""
         tok = self.session.tokenizer
         if not getattr(tok, "chat_template", None):
             raise ServeError(400, "the model's tokenizer has no chat template; use /v1/completions")
         return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def _encode(self, text: str, special: bool = False) -> list[int]:
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """``text``'s token ids (``special``: with the tokenizer's added special tokens)."""
         ids = list(self.session.tokenizer(text, add_special_tokens=special)["input_ids"])
         if not ids:
             raise ServeError(400, "the prompt tokenizes to nothing")
         return ids
 
-    def _message(self, text: str, token_ids: list[int]) -> dict[str, Any]:
+    def message(self, text: str, token_ids: list[int]) -> dict[str, Any]:
+        """The assistant message of a sampled turn, its tool calls parsed with ``tool_parser``."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if self.tool_parser:
             from pdsr_sdk.agent import parse_tool_calls
@@ -174,14 +179,15 @@ class ChatServer:
 
     def _chat_response(self, samples: list[Sample], prompt_tokens: int) -> dict[str, Any]:
         tok = self.session.tokenizer
-        choices = [{"index": s.index, "message": self._message(tok.decode(s.token_ids, skip_special_tokens=True),
-                                                               s.token_ids),
+        choices = [{"index": s.index, "message": self.message(tok.decode(s.token_ids, skip_special_tokens=True),
+                                                              s.token_ids),
                     "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "logprobs": None,
                     "token_ids": list(s.token_ids)} for s in samples]
-        return self._envelope("chat.completion", "chatcmpl", choices, prompt_tokens, samples)
+        return self.envelope("chat.completion", "chatcmpl", choices, prompt_tokens, samples)
 
-    def _envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
-                  completion: int | None = None) -> dict[str, Any]:
+    def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
+                 completion: int | None = None) -> dict[str, Any]:
+        """An OpenAI response object around ``choices``, with its usage."""
         completion = sum(s.sampled_tokens for s in samples) if completion is None else completion
         return {"id": f"{prefix}-{next(self._ids)}", "object": kind, "created": int(time.time()),
                 "model": self.model_name, "choices": choices,

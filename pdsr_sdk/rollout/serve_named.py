@@ -62,15 +62,15 @@ class NamedSamples:
         server = self.server
 
         def start() -> Group:
-            text = server._render(messages)
-            return server._group(server._encode(text), text, 1, server.session.config.sampling.max_tokens,
-                                 messages, prompt_id=f"sample-{sample_id}")
+            text = server.render(messages)
+            return server.make_group(server.encode(text), text, 1, server.session.config.sampling.max_tokens,
+                                     messages, prompt_id=f"sample-{sample_id}")
 
         def extend(named: _Named) -> dict[str, Any]:
             return {"messages": _extension(named.ctx.messages, messages, sample_id)}
 
         named, turn = await self._turn(sample_id, CHAT, max_tokens, start, extend)
-        choice = {"index": 0, "message": server._message(turn.text, turn.token_ids),
+        choice = {"index": 0, "message": server.message(turn.text, turn.token_ids),
                   "finish_reason": turn.finish_reason, "logprobs": None, "token_ids": list(turn.token_ids)}
         return self._response(named, turn, "chat.completion", "chatcmpl", choice)
 
@@ -78,9 +78,9 @@ class NamedSamples:
         server = self.server
 
         def start() -> Group:
-            text, ids = (prompt, server._encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
-            return server._group(ids, text, 1, server.session.config.sampling.max_tokens, None,
-                                 prompt_id=f"sample-{sample_id}")
+            text, ids = (prompt, server.encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
+            return server.make_group(ids, text, 1, server.session.config.sampling.max_tokens, None,
+                                     prompt_id=f"sample-{sample_id}")
 
         def extend(named: _Named) -> dict[str, Any]:
             if (named.text is not None) != isinstance(prompt, str):
@@ -90,7 +90,7 @@ class NamedSamples:
             if isinstance(prompt, list):
                 return {"ids": _ids_extension(named.ctx.ids, prompt, sample_id)}
             new = _text_extension(named.text, prompt, sample_id)
-            ids = server._encode(new)   # the new text only, no special tokens added: the recorded ids stay as they are
+            ids = server.encode(new)   # the new text only, no special tokens added: the recorded ids stay as they are
             named.text = prompt
             return {"ids": ids}
 
@@ -149,7 +149,7 @@ class NamedSamples:
             session = self.server.session
             session.agents.prepare([group], self._remote(named))
             group.samples[0].turn_end = max_tokens   # the first turn's limit: this request's max_tokens
-            self.server._add([group])
+            self.server.add([group])
         else:
             if named.api != api:
                 raise ServeError(400, f"sample {sample_id!r} was started on /v1/{_route(named.api)}; continue "
@@ -168,7 +168,7 @@ class NamedSamples:
     def _response(self, named: _Named, turn: Any, kind: str, prefix: str, choice: dict) -> dict[str, Any]:
         sample = named.group.samples[0]
         prompt_tokens = sample.prompt_len + sample.num_generated - len(turn.token_ids)
-        return self.server._envelope(kind, prefix, [choice], prompt_tokens, [sample], completion=len(turn.token_ids))
+        return self.server.envelope(kind, prefix, [choice], prompt_tokens, [sample], completion=len(turn.token_ids))
 
     def _remote(self, named: _Named):
         """The agent of a named sample: each turn answers the request waiting; the next request's new messages
