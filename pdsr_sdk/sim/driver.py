@@ -240,6 +240,20 @@ class TurnReplay:
         self.scheduler.finish(sample, reasons[sample.index] if reasons else STOP)
 
 
+
+def sim_dispatch_run(engines, cls, settings, clock: VirtualClock, sampling: SamplingConfig, segments, *,
+                     multi_turn: bool, hold_turn_slots: bool, on_fatal, **hooks) -> DispatchRun:
+    """The simulator's :class:`DispatchRun` over ``engines``; with ``multi_turn`` (a trace of turns) a
+    :class:`TurnReplay` replays each sample's turns through its scheduler (``hold_turn_slots``: a parked sample
+    keeps its slot, the reference). ``hooks``: the run's other callbacks."""
+    replay = TurnReplay(clock) if multi_turn else None
+    run = DispatchRun(engines, cls, settings, clock, sampling, segments, on_fatal=on_fatal,
+                      busy_s=SimEngine.busy_s_at, on_turn_end=None if replay is None else replay.on_turn_end,
+                      hold_turn_slots=hold_turn_slots and multi_turn, **hooks)
+    if replay is not None:
+        replay.scheduler = run.scheduler
+    return run
+
 def build_engines(cfg: SimulateConfig, clock, *, record: bool = True) -> list[SimEngine]:
     engines = [SimEngine(f"fast-{i}", FAST, cfg.profiles.fast, clock, record=record) for i in range(cfg.fast)]
     engines += [SimEngine(f"heavy-{i}", HEAVY, cfg.profiles.heavy, clock, record=record) for i in range(cfg.heavy)]
@@ -426,15 +440,10 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
     engines = build_engines(cfg, clock, record=record)
     longest = max((max(g[2]) for b in batches.batches for g in b), default=1)
     fatal: list[BaseException] = []
-    replay = TurnReplay(clock) if batches.multi_turn else None
-    run = DispatchRun(engines, cls, settings, clock,
-                      SamplingConfig(n=max(len(g[2]) for b in batches.batches for g in b), max_tokens=longest,
-                                     ignore_eos=True),
-                      cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at,
-                      on_turn_end=None if replay is None else replay.on_turn_end,
-                      hold_turn_slots=hold and replay is not None)
-    if replay is not None:
-        replay.scheduler = run.scheduler
+    run = sim_dispatch_run(engines, cls, settings, clock,
+                           SamplingConfig(n=max(len(g[2]) for b in batches.batches for g in b), max_tokens=longest,
+                                          ignore_eos=True),
+                           cfg.segments, multi_turn=batches.multi_turn, hold_turn_slots=hold, on_fatal=fatal.append)
     coeffs = bound_coefficients(cfg)
     outcomes: list[BatchOutcome] = []
     events = 0
@@ -469,7 +478,7 @@ def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, setting
                 tail_s=tail_time(finish, t1, cfg.tail_fraction), stats=report.stats, busy_s=report.engine_busy_s,
                 finish_times=finish - t0, group_objects=groups if keep_groups else None, policy=report.policy,
                 preemptions=pre1[0] - pre0[0], prefill_tokens=pre1[1] - pre0[1],
-                **(_turn_slots(samples, run.scheduler.held_turn_slot_s - held0) if replay is not None else {})))
+                **(_turn_slots(samples, run.scheduler.held_turn_slot_s - held0) if batches.multi_turn else {})))
             bar.update(1)
     totals = {k: sum(b.stats.get(k, 0) for b in outcomes) for k in STAT_KEYS}
     return PolicyRun(policy=name, settings=settings.model_dump(), batches=outcomes, engines=engines,

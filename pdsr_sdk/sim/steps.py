@@ -25,16 +25,15 @@ from typing import Callable
 
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
-from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
+from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.steps import GROUP_FILTERS, StepStream, check_agent_streaming, in_flight
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
-from pdsr_sdk.sim.driver import (TurnReplay, bound_coefficients, build_batch, build_engines, check_pools, gc_paused,
-                                 raise_fatal, sample_bounds, trace_batches)
-from pdsr_sdk.sim.engine import SimEngine
+from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, gc_paused, raise_fatal,
+                                 sample_bounds, sim_dispatch_run, trace_batches)
 from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
 from pdsr_sdk.sim.steps_report import StepsReport, StepsRun
 from pdsr_sdk.sim.trainer import SimTrainer
@@ -158,16 +157,12 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
     fatal: list[BaseException] = []
     handlers: list[StepStream] = []
     longest = max(max(r[2]) for r in rows)
-    replay = TurnReplay(clock) if any(r[4] is not None for r in rows) else None   # a trace of turns
-    run = DispatchRun(engines, cls, settings, clock,
-                      SamplingConfig(n=max(len(r[2]) for r in rows), max_tokens=longest, ignore_eos=True),
-                      cfg.segments, on_fatal=fatal.append, busy_s=SimEngine.busy_s_at,
-                      on_group_done=lambda g: handlers[0].group_done(g),
-                      on_restart=fresh_lengths(rows, longest) if cfg.restart_lengths == "redraw" else None,
-                      on_turn_end=None if replay is None else replay.on_turn_end,
-                      hold_turn_slots=cfg.hold_turn_slots and replay is not None)
-    if replay is not None:
-        replay.scheduler = run.scheduler
+    run = sim_dispatch_run(engines, cls, settings, clock,
+                           SamplingConfig(n=max(len(r[2]) for r in rows), max_tokens=longest, ignore_eos=True),
+                           cfg.segments, multi_turn=any(r[4] is not None for r in rows),   # a trace of turns
+                           hold_turn_slots=cfg.hold_turn_slots, on_fatal=fatal.append,
+                           on_group_done=lambda g: handlers[0].group_done(g),
+                           on_restart=fresh_lengths(rows, longest) if cfg.restart_lengths == "redraw" else None)
     label = "adaptive" if over_provision is None else f"{over_provision:g}"
     bar = progress(desc=f"steps {name} F={label}", total=cfg.steps, unit="step")
     b = cfg.step_groups or cfg.batch_size
