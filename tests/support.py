@@ -29,3 +29,14 @@ def run_on(loop, coro, timeout: float = 900):
     import asyncio
 
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+def load_bench(name: str):
+    """``bench/<name>.py`` as a module (``bench_<name>``), registered so that its dataclasses find it."""
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

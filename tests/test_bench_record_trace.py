@@ -3,21 +3,14 @@ flexible-extract), and the recorded trace it made: rewards per sample, read back
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from pdsr_sdk.traces import read_trace
-
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT, load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_record_trace", ROOT / "bench" / "record_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("record_trace")
 
 
 @pytest.mark.parametrize("response, truth, right", [

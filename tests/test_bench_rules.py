@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import statistics
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_rules", ROOT / "bench" / "rules.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("rules")
 
 
 def test_summary_matches_a_naive_computation():

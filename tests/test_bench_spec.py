@@ -3,20 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_spec", ROOT / "bench" / "spec.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_spec"] = module   # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("spec")
 
 
 def test_tail_size_is_the_last_tenth_at_least_one():
