@@ -146,10 +146,11 @@ def vllm_pair(engine_loop, tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def speculative_engines(engine_loop, tiny_model_dir, tmp_path_factory):
-    """Three real vLLM engines in float32 on the repetitive variant of the tiny model
-    (tests/engines/test_speculative_vllm.py says why that variant), started together once and shared by the two
-    speculative modules (test_speculative_vllm.py, test_speculative_group_vllm.py): ``ref-0`` without speculation
-    (the reference, core 0), ``ngram-0`` (core 1) and ``group-0`` (core 1). A module binds its own listener.
+    """Four real vLLM engines in float32 on the repetitive variant of the tiny model
+    (tests/engines/test_speculative_vllm.py says why that variant), started together once and shared by the
+    speculative modules (tests/engines/test_speculative_*_vllm.py): ``ref-0`` without speculation (the reference,
+    core 0), ``ngram-0`` (core 1), ``group-0`` (core 1) and ``group-1`` (pool heavy, core 0: with group-0 the
+    pair a session needs for the policies that use both pools). A module binds its own listener.
     Closed after the last test that uses them (RELEASED_AFTER_THEIR_LAST_USER)."""
     from pathlib import Path
 
@@ -163,21 +164,23 @@ def speculative_engines(engine_loop, tiny_model_dir, tmp_path_factory):
 
     model = str(build_repetitive_model(Path(tiny_model_dir), tmp_path_factory.mktemp("spec") / "model"))
 
-    def spec(name, core):
-        return EngineSpec(name=name, pool="fast", devices=[core], max_num_seqs=8, max_model_len=1024,
+    def spec(name, core, pool="fast"):
+        return EngineSpec(name=name, pool=pool, devices=[core], max_num_seqs=8, max_model_len=1024,
                           dtype="float32")
 
     ref = VllmEngine.from_spec(spec("ref-0", 0), model=model)
     ngram = VllmEngine.from_spec(spec("ngram-0", 1), model=model,
                                  speculative=RolloutConfig(speculative="ngram").vllm_speculative_config())
-    group = VllmEngine.from_spec(spec("group-0", 1), model=model,
-                                 speculative=RolloutConfig(speculative="group").vllm_speculative_config())
-    built = (ref, ngram, group)
+    group_config = RolloutConfig(speculative="group").vllm_speculative_config()
+    group = VllmEngine.from_spec(spec("group-0", 1), model=model, speculative=group_config)
+    group_heavy = VllmEngine.from_spec(spec("group-1", 0, pool="heavy"), model=model, speculative=group_config)
+    built = (ref, ngram, group, group_heavy)
     try:
         run_on(engine_loop, start_all(*built))
         assert ref._llm.vllm_config.speculative_config is None
         assert ngram._llm.vllm_config.speculative_config is not None
         assert group._llm.vllm_config.speculative_config.method == "custom_class"
+        assert group_heavy._llm.vllm_config.speculative_config.method == "custom_class"
         yield {e.name: e for e in built}
     finally:
         for e in built:

@@ -157,14 +157,21 @@ def compare_greedy(want, rec, rid: str, method: str) -> tuple[tuple[str, int, fl
     """Request ``rid``'s greedy tokens (recorded by ``rec``, with ``method``) against the reference's ``want``
     ((token, log-prob, top-two gap) per position): they may part only at a near-tie. Returns (where they parted,
     or None; the largest log-prob difference before that; the positions compared)."""
-    got, got_lps = rec.tokens[rid], rec.logprobs[rid]
-    assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
+    assert rec.ends[rid] == "length" and len(rec.tokens[rid]) == len(want) == MAX_TOKENS
+    return compare_tokens(want, rec.tokens[rid], rec.logprobs[rid], rid, method)
+
+
+def compare_tokens(want, got: list[int], got_lps: list[float], name: str,
+                   method: str) -> tuple[tuple[str, int, float] | None, float, int]:
+    """``got`` (greedy ids with ``method``, and their log-probs) against the reference's first ``len(got)``
+    positions of ``want``, as :func:`compare_greedy` compares them."""
+    assert len(got) == len(got_lps) <= len(want), (name, len(got), len(got_lps), len(want))
     worst, compared = 0.0, 0
     for pos, ((tok, lp, gap), g, glp) in enumerate(zip(want, got, got_lps)):
         if g != tok:
-            assert gap <= TIE, (f"{rid}: token {pos} is {g} with {method}, {tok} without, and the reference's top "
+            assert gap <= TIE, (f"{name}: token {pos} is {g} with {method}, {tok} without, and the reference's top "
                                 f"two log-probs are {gap:.3g} apart (more than {TIE})")
-            return (rid, pos, gap), worst, compared
+            return (name, pos, gap), worst, compared
         worst = max(worst, abs(glp - lp))
         compared += 1
     return None, worst, compared
