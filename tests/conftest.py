@@ -146,11 +146,13 @@ def vllm_pair(engine_loop, tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def speculative_engines(engine_loop, tiny_model_dir, tmp_path_factory):
-    """Four real vLLM engines in float32 on the repetitive variant of the tiny model
+    """Five real vLLM engines in float32 on the repetitive variant of the tiny model
     (tests/engines/test_speculative_vllm.py says why that variant), started together once and shared by the
     speculative modules (tests/engines/test_speculative_*_vllm.py): ``ref-0`` without speculation (the reference,
-    core 0), ``ngram-0`` (core 1), ``group-0`` (core 1) and ``group-1`` (pool heavy, core 0: with group-0 the
-    pair a session needs for the policies that use both pools). A module binds its own listener.
+    core 0), ``ngram-0`` (core 1), ``group-0`` (core 1), ``group-1`` (pool heavy, core 0: with group-0 the
+    pair a session needs for the policies that use both pools) and ``ngram-2`` (core 0; drafts only while it runs
+    at most 2 sequences). Only ``ngram-2`` has a batch-size limit below ``max_num_seqs``. A module binds its own
+    listener.
     Closed after the last test that uses them (RELEASED_AFTER_THEIR_LAST_USER)."""
     from pathlib import Path
 
@@ -174,7 +176,9 @@ def speculative_engines(engine_loop, tiny_model_dir, tmp_path_factory):
     group_config = RolloutConfig(speculative="group").vllm_speculative_config()
     group = VllmEngine.from_spec(spec("group-0", 1), model=model, speculative=group_config)
     group_heavy = VllmEngine.from_spec(spec("group-1", 0, pool="heavy"), model=model, speculative=group_config)
-    built = (ref, ngram, group, group_heavy)
+    limited = VllmEngine.from_spec(spec("ngram-2", 0), model=model, speculative=RolloutConfig(
+        speculative="ngram", speculative_settings={"max_batch_size": 2}).vllm_speculative_config())
+    built = (ref, ngram, group, group_heavy, limited)
     try:
         run_on(engine_loop, start_all(*built))
         assert ref._llm.vllm_config.speculative_config is None

@@ -19,6 +19,8 @@ SPECULATIVE_METHODS = ("off", "ngram", "group")
 SPECULATIVE_PLANNED = ("suffix",)
 #: vLLM loads pdsr's group drafter by this import path (pdsr_sdk/engines/group_drafter.py; a string: no import here)
 GROUP_PROPOSER = "pdsr_sdk.engines.group_drafter.GroupProposer"
+#: the end of the batch-size schedule's last range (vLLM clips it to the engine's max_num_seqs)
+NO_BATCH_LIMIT = 1 << 20
 
 
 class RayConfig(ConfigModel):
@@ -61,6 +63,7 @@ class SpeculativeSettings(ConfigModel):
     num_speculative_tokens: int = Field(4, ge=1, description="Tokens drafted per request per step, all verified in one forward pass (vLLM's num_speculative_tokens).")
     prompt_lookup_min: int = Field(2, ge=1, description="Shortest n-gram at the end of the sequence that is looked up: by ngram in the request's own prompt and output (vLLM's prompt_lookup_min), by group in the finished siblings' responses as well.")
     prompt_lookup_max: int = Field(4, ge=1, description="Longest such n-gram, tried first (vLLM's prompt_lookup_max; group uses it the same way).")
+    max_batch_size: int | None = Field(32, ge=1, description="Draft only while the engine runs at most this many sequences (vLLM's num_speculative_tokens_per_batch_size; none drafts at any batch size). 32: on an H100 checking 4 drafted tokens costs 1.22 decode steps at batch 32 and 1.36 at 128 (bench/verify_cost.py), while a verify step in a step's tail yields 1.2-1.5 tokens (bench/spec.py).")
     history_responses: int = Field(8, ge=0, description="group: besides the finished siblings, draft from up to this many of the most recent responses to the same prompt (the same prompt token ids) in groups the session finished before (earlier steps: older weights); 0 = siblings only.")
 
     @model_validator(mode="after")
@@ -74,16 +77,20 @@ class SpeculativeSettings(ConfigModel):
         """vLLM's ``speculative_config`` for ``method`` (None for 'off': the engine arguments stay as they were)."""
         if method == "off":
             return None
-        if method == "ngram":
-            return {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
-                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        if method not in ("ngram", "group"):
+            raise ConfigValueError(unknown_speculative(method))
+        out: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
+                               "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         if method == "group":
             # vLLM zeroes prompt_lookup_* for a custom_class proposer; the engine reads them here and sends them
             # with each request's corpus (group_drafter.group_extra_args)
-            return {"method": "custom_class", "model": GROUP_PROPOSER,
-                    "num_speculative_tokens": self.num_speculative_tokens,
-                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
-        raise ConfigValueError(unknown_speculative(method))
+            out.update(method="custom_class", model=GROUP_PROPOSER)
+        if self.max_batch_size is not None:
+            # vLLM's scheduler passes ngram the drafted-token count for the running batch; a custom_class proposer
+            # is passed none, so group's proposer reads the same schedule (GroupProposer.k_for)
+            out["num_speculative_tokens_per_batch_size"] = [[1, self.max_batch_size, self.num_speculative_tokens],
+                                                            [self.max_batch_size + 1, NO_BATCH_LIMIT, 0]]
+        return out
 
 
 def unknown_speculative(method: object) -> str:

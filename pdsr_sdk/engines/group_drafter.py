@@ -109,9 +109,23 @@ class GroupProposer:
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
+        #: drafted tokens by running batch size (index = rows), from vLLM's batch-size schedule, or None: k always
+        self._k_by_batch: list[int] | None = None
+        schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+        if schedule:
+            from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+            self._k_by_batch = build_dynamic_sd_schedule_lookup(
+                schedule, int(vllm_config.scheduler_config.max_num_seqs), self.k)
         self._runner: Any = None
         #: request id -> (its extra_args entry, the decoded corpus): decoded once per request
         self._corpora: dict[str, tuple[Any, list[np.ndarray]]] = {}
+
+    def k_for(self, rows: int) -> int:
+        """Tokens to draft per row in a batch of ``rows`` (vLLM's scheduler picks the same for ``ngram``)."""
+        if self._k_by_batch is None:
+            return self.k
+        return self._k_by_batch[min(rows, len(self._k_by_batch) - 1)]
 
     def attach(self, runner: Any) -> None:
         """Called by pdsr's worker extension: the model runner whose batch rows :meth:`propose` drafts for."""
@@ -124,6 +138,7 @@ class GroupProposer:
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         runner = self._runner
+        k_batch = self.k_for(len(sampled_token_ids))
         if runner is None:
             return drafts
         req_ids = runner.input_batch.req_ids
@@ -140,7 +155,7 @@ class GroupProposer:
             if not extra:
                 continue
             num_tokens = int(num_tokens_no_spec[i])
-            k = min(self.k, self.max_model_len - num_tokens)
+            k = min(k_batch, self.max_model_len - num_tokens)   # 0 above the schedule's batch size
             if k <= 0:
                 continue
             drafts[i] = self._draft(token_ids_cpu[i, :num_tokens], self._corpus(rid, extra), extra, k)

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from pdsr_cli.main import cli
 from pdsr_sdk.config import load_config
+from pdsr_sdk.engines.config import NO_BATCH_LIMIT
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
 
@@ -40,7 +41,8 @@ def test_ngram_becomes_vllms_speculative_config():
     cfg = load_config(RolloutConfig, None, {"speculative": "ngram",
                                             "speculative_settings.num_speculative_tokens": 3,
                                             "speculative_settings.prompt_lookup_min": 1})
-    expected = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    expected = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4,
+                "num_speculative_tokens_per_batch_size": [[1, 32, 3], [33, NO_BATCH_LIMIT, 0]]}
     assert cfg.vllm_speculative_config() == expected
     assert engine_args(cfg.vllm_speculative_config())["speculative_config"] == expected
 
@@ -48,7 +50,8 @@ def test_ngram_becomes_vllms_speculative_config():
 def test_group_becomes_a_custom_class_config_naming_pdsrs_proposer():
     cfg = load_config(RolloutConfig, None, {"speculative": "group", "speculative_settings.num_speculative_tokens": 3})
     expected = {"method": "custom_class", "model": "pdsr_sdk.engines.group_drafter.GroupProposer",
-                "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+                "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+                "num_speculative_tokens_per_batch_size": [[1, 32, 3], [33, NO_BATCH_LIMIT, 0]]}
     assert cfg.vllm_speculative_config() == expected
     assert engine_args(cfg.vllm_speculative_config())["speculative_config"] == expected
     from pdsr_sdk.engines.group_drafter import GroupProposer
@@ -64,6 +67,31 @@ def test_vllm_accepts_the_config(method):
 
     fields = set(SpeculativeConfig.__dataclass_fields__)
     assert set(RolloutConfig(speculative=method).vllm_speculative_config()) <= fields
+
+
+@pytest.mark.parametrize("limit", [1, 2, 32, None])
+@pytest.mark.parametrize("method", ["ngram", "group"])
+def test_drafting_stops_above_the_batch_size_limit_by_vllms_schedule(method, limit):
+    """``max_batch_size``: vLLM's own lookup of the schedule (what its scheduler passes ngram) drafts k tokens up to
+    the limit and none above it, and group's proposer reads the same; no limit drafts k at every size."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    from pdsr_sdk.engines.group_drafter import GroupProposer
+
+    spec = RolloutConfig(speculative=method, speculative_settings={"max_batch_size": limit}).vllm_speculative_config()
+    want = [4 if limit is None or b <= limit else 0 for b in range(1, 65)]
+    if limit is None:
+        assert "num_speculative_tokens_per_batch_size" not in spec
+    else:
+        lookup = build_dynamic_sd_schedule_lookup(spec["num_speculative_tokens_per_batch_size"], 64, 4)
+        assert lookup[1:] == want
+    proposer = GroupProposer(SimpleNamespace(speculative_config=SimpleNamespace(**spec),
+                                             model_config=SimpleNamespace(max_model_len=64),
+                                             scheduler_config=SimpleNamespace(max_num_seqs=64)))
+    assert [proposer.k_for(b) for b in range(1, 65)] == want
 
 
 @pytest.mark.parametrize("where, overrides", [

@@ -225,3 +225,41 @@ def test_sampling_accepts_drafts_and_reports_the_models_logprobs(engine_loop, en
         assert min(want) > -25, (rid, min(want))
     print(f"sampling: largest log-prob difference to the reference's scoring {worst:.3g}")
     assert worst <= LOGPROB_TOL
+
+
+def test_drafting_waits_until_the_batch_has_thinned(engine_loop, engines, speculative_engines):
+    """``speculative_settings.max_batch_size``: ``ngram-2`` drafts only while it runs at most 2 sequences (vLLM's
+    batch-size schedule, drafting no tokens above it). Six greedy requests, four short: while all six run nothing
+    is drafted, once the short ones end the two long ones draft. The tokens are ``ngram-0``'s (no limit), which
+    drafts from the start."""
+    ref, ngram, rec = engines
+    limited = speculative_engines["ngram-2"]
+    limited.bind(rec)
+    lengths = [24, 24, 24, 24, 120, MAX_TOKENS]
+
+    async def run(engine):
+        rids = [f"thin-{engine.name}-{i}" for i in range(len(lengths))]
+        for rid, ids, n in zip(rids, PROMPTS, lengths):
+            g = build_groups([PromptRecord(rid, rid, list(ids))], 1, n)[0]
+            engine.submit(SegmentRequest(request_id=rid, context_ids=list(ids), context_len=len(ids), max_tokens=n,
+                                         ignore_eos=True, sampling=SamplingConfig(temperature=0.0),
+                                         sample=g.samples[0]))
+        loop = asyncio.get_running_loop()
+        end = loop.time() + WAIT_S
+        while not all(rid in rec.ends for rid in rids) and not rec.dead:
+            assert loop.time() < end, "engine did not finish in time"
+            await asyncio.sleep(0.02)
+        assert not rec.dead, rec.dead
+        return rids
+
+    def drafted(engine, rids_of):
+        before = engine.speculation_stats()["drafted_tokens"]
+        rids = run_on(engine_loop, rids_of(engine))
+        return rids, engine.speculation_stats()["drafted_tokens"] - before
+
+    full_rids, full = drafted(ngram, run)
+    thin_rids, thin = drafted(limited, run)
+    print(f"\ndrafted tokens: {full} with no limit, {thin} with max_batch_size 2")
+    for a, b, n in zip(full_rids, thin_rids, lengths):
+        assert rec.tokens[a] == rec.tokens[b] and len(rec.tokens[b]) == n
+    assert 0 < thin < full
