@@ -14,9 +14,14 @@ from pydantic import Field, model_validator
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.errors import ConfigValueError
 
-#: speculative decoding methods pdsr runs (``speculative``), and those issue 50 plans but that are not built yet
+#: speculative decoding methods pdsr runs (``speculative``), and vLLM's that pdsr leaves out (each with why)
 SPECULATIVE_METHODS = ("off", "ngram", "group")
-SPECULATIVE_PLANNED = ("suffix",)
+SPECULATIVE_LEFT_OUT = {
+    "suffix": "vLLM's suffix decoding needs Arctic Inference, which PyPI has only as source to build (C++20, CMake, "
+              "nanobind, and a PyTorch in its build environment), so pdsr's install does not include it; with "
+              "arctic-inference built and installed yourself, pass vLLM's speculative_config {'method': 'suffix'} "
+              "in an engine's engine_args",
+}
 #: vLLM loads pdsr's group drafter by this import path (pdsr_sdk/engines/group_drafter.py; a string: no import here)
 GROUP_PROPOSER = "pdsr_sdk.engines.group_drafter.GroupProposer"
 #: the end of the batch-size schedule's last range (vLLM clips it to the engine's max_num_seqs)
@@ -94,8 +99,8 @@ class SpeculativeSettings(ConfigModel):
 
 
 def unknown_speculative(method: object) -> str:
-    """The error for a ``speculative`` value pdsr does not run (a planned one says so)."""
-    if method in SPECULATIVE_PLANNED:
-        return (f"speculative {method!r} is not implemented yet (issue 50); valid values: "
+    """The error for a ``speculative`` value pdsr does not run (one of vLLM's left out says why)."""
+    if method in SPECULATIVE_LEFT_OUT:
+        return (f"speculative {method!r} is not available: {SPECULATIVE_LEFT_OUT[method]}; valid values: "
                 f"{', '.join(SPECULATIVE_METHODS)}")
     return f"unknown speculative method {method!r}; valid values: {', '.join(SPECULATIVE_METHODS)}"

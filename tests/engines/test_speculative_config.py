@@ -114,7 +114,7 @@ def test_the_engine_refuses_both_too():
                     engine_args={"speculative_config": {"method": "ngram"}})
 
 
-@pytest.mark.parametrize("method, says", [("suffix", "not implemented yet"), ("eagle", "unknown speculative method")])
+@pytest.mark.parametrize("method, says", [("suffix", "needs Arctic Inference"), ("eagle", "unknown speculative method")])
 def test_methods_not_built_are_refused(method, says):
     with pytest.raises(ConfigError) as err:
         load_config(RolloutConfig, None, {"speculative": method})
@@ -148,7 +148,7 @@ def test_cli_flags_set_the_config(monkeypatch, tmp_path):
                       catch_exceptions=False)
     assert seen[0].speculative == "ngram" and seen[0].vllm_speculative_config()["num_speculative_tokens"] == 3
     r = runner.invoke(cli, ["rollout", "--quiet", "--speculative", "suffix", *out], catch_exceptions=False)
-    assert r.exit_code == 2 and "speculative" in r.output and "not implemented yet" in r.output
+    assert r.exit_code == 2 and "speculative" in r.output and "needs Arctic Inference" in r.output
     assert "Traceback" not in r.output and len(seen) == 1
 
 
