@@ -254,3 +254,10 @@ register_workload(WorkloadMember(
     synth=dict(n=8, max_length=512),
     recorded="bench/data/smollm2-math500-128x8.jsonl",
 ))
+register_workload(WorkloadMember(
+    "recorded-gsm8k-2048",
+    "recorded-gsm8k's model and settings at a 2,048-token cap, on the first 32 GSM8K test prompts (what fits "
+    "this machine's two cores in an hour), resampled as recorded-gsm8k is.",
+    synth=dict(n=8, max_length=2048),
+    recorded="bench/data/smollm2-gsm8k-32x8-2048.jsonl",
+))
