@@ -21,12 +21,12 @@ import math
 
 import pytest
 
-from support import WAIT_S, requires_vllm, run_on
+from support import requires_vllm, run_on
 from pdsr_sdk.dispatch.types import LENGTH, SegmentRequest
 from pdsr_sdk.rollout.config import SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
-from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, Recorder, compare_greedy, prompt_logprobs,
-                                   reference_greedy)
+from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, Recorder, compare_greedy, ended,
+                                   prompt_logprobs, reference_greedy)
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines (started once, shared)
 
@@ -56,12 +56,7 @@ async def run_group(engine, recorder: Recorder, tag: str, ids: list[int], temper
             engine.submit(SegmentRequest(request_id=rid, context_ids=s.context_ids(), context_len=len(ids),
                                          max_tokens=MAX_TOKENS, ignore_eos=True,
                                          sampling=SamplingConfig(temperature=temperature), sample=s))
-        loop = asyncio.get_running_loop()
-        end = loop.time() + WAIT_S
-        while not all(rid in recorder.ends for _, rid in samples) and not recorder.dead:
-            assert loop.time() < end, "engine did not finish in time"
-            await asyncio.sleep(0.02)
-        assert not recorder.dead, recorder.dead
+        await ended(recorder, [rid for _, rid in samples])
         for s, rid in samples:
             s.add_tokens(len(recorder.tokens[rid]), recorder.tokens[rid], None)
             s.finish_reason = LENGTH

@@ -112,9 +112,14 @@ async def stream(engine, recorder: Recorder, rids_prompts: dict[str, list[int]],
     """pdsr's own path: submit, stream DELTA outputs to the listener, wait for every segment's end."""
     for rid, ids in rids_prompts.items():
         engine.submit(request(rid, ids, temperature))
+    await ended(recorder, list(rids_prompts))
+
+
+async def ended(recorder: Recorder, rids: list[str]) -> None:
+    """Wait until every request of ``rids`` has ended (no engine dying meanwhile)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + WAIT_S
-    while not all(rid in recorder.ends for rid in rids_prompts) and not recorder.dead:
+    while not all(rid in recorder.ends for rid in rids) and not recorder.dead:
         assert loop.time() < end, "engine did not finish in time"
         await asyncio.sleep(0.02)
     assert not recorder.dead, recorder.dead
@@ -244,12 +249,7 @@ def test_drafting_waits_until_the_batch_has_thinned(engine_loop, engines, specul
             engine.submit(SegmentRequest(request_id=rid, context_ids=list(ids), context_len=len(ids), max_tokens=n,
                                          ignore_eos=True, sampling=SamplingConfig(temperature=0.0),
                                          sample=g.samples[0]))
-        loop = asyncio.get_running_loop()
-        end = loop.time() + WAIT_S
-        while not all(rid in rec.ends for rid in rids) and not rec.dead:
-            assert loop.time() < end, "engine did not finish in time"
-            await asyncio.sleep(0.02)
-        assert not rec.dead, rec.dead
+        await ended(rec, rids)
         return rids
 
     def drafted(engine, rids_of):
