@@ -107,6 +107,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--devices", type=int, nargs="*", help="one device per engine: CPU cores on the CPU build, "
                                                           "GPU ids on GPUs (default 0 .. engines - 1)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once per engine")
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="speculative_settings.max_batch_size [default: none: drafts at every batch size, so that "
+                        "acceptance is measured over the whole step]")
     p.add_argument("--dtype", default="auto", help="engine dtype (auto: float32 on a CPU without native bf16)")
     p.add_argument("--policy", default="baseline", help="dispatch policy")
     p.add_argument("--seed", type=int, default=0, help="engine seed of off (the history); speculative runs: seed + 1")
@@ -395,7 +398,8 @@ def method_config(args, method: str, seed: int, batch: int, max_model_len: int):
     speculative = "group" if method.startswith("group") else method
     settings = {"num_speculative_tokens": args.num_speculative_tokens, "prompt_lookup_min": args.prompt_lookup_min,
                 "prompt_lookup_max": args.prompt_lookup_max,
-                "history_responses": args.history_responses if method in ("group", "group-longest") else 0}
+                "history_responses": args.history_responses if method in ("group", "group-longest") else 0,
+                "max_batch_size": args.max_batch_size}
     devices = args.devices or list(range(args.engines))
     extra = {"per_request_spec_decode_metrics": "detailed"} if speculative != "off" else {}
     engines = [EngineSpec(name=f"{('fast', 'heavy')[i % 2]}-{i}", pool=("fast", "heavy")[i % 2], devices=[devices[i]],

@@ -122,3 +122,7 @@ def test_parse_args():
     m = load()
     args = m.parse_args(["--methods", "off,group", "--engines", "1"])
     assert args.methods == ["off", "group"] and args.model is None
+    args.model, args.dataset = "m", None
+    # acceptance is measured with drafting at every batch size unless --max-batch-size says otherwise
+    assert m.method_config(args, "group", 1, 4, 1024).speculative_settings.max_batch_size is None
+    assert m.parse_args(["--max-batch-size", "8"]).max_batch_size == 8
