@@ -102,9 +102,9 @@ async def start_all(*engines) -> None:
     await asyncio.gather(*(e.start() for e in engines))
 
 
-def request(rid: str, ids: list[int], temperature: float) -> SegmentRequest:
-    g = build_groups([PromptRecord(rid, rid, list(ids))], 1, MAX_TOKENS)[0]
-    return SegmentRequest(request_id=rid, context_ids=list(ids), context_len=len(ids), max_tokens=MAX_TOKENS,
+def request(rid: str, ids: list[int], temperature: float, max_tokens: int = MAX_TOKENS) -> SegmentRequest:
+    g = build_groups([PromptRecord(rid, rid, list(ids))], 1, max_tokens)[0]
+    return SegmentRequest(request_id=rid, context_ids=list(ids), context_len=len(ids), max_tokens=max_tokens,
                           ignore_eos=True, sampling=SamplingConfig(temperature=temperature), sample=g.samples[0])
 
 
@@ -245,20 +245,17 @@ def test_drafting_waits_until_the_batch_has_thinned(engine_loop, engines, specul
     async def run(engine):
         rids = [f"thin-{engine.name}-{i}" for i in range(len(lengths))]
         for rid, ids, n in zip(rids, PROMPTS, lengths):
-            g = build_groups([PromptRecord(rid, rid, list(ids))], 1, n)[0]
-            engine.submit(SegmentRequest(request_id=rid, context_ids=list(ids), context_len=len(ids), max_tokens=n,
-                                         ignore_eos=True, sampling=SamplingConfig(temperature=0.0),
-                                         sample=g.samples[0]))
+            engine.submit(request(rid, ids, 0.0, n))
         await ended(rec, rids)
         return rids
 
-    def drafted(engine, rids_of):
+    def drafted(engine):
         before = engine.speculation_stats()["drafted_tokens"]
-        rids = run_on(engine_loop, rids_of(engine))
+        rids = run_on(engine_loop, run(engine))
         return rids, engine.speculation_stats()["drafted_tokens"] - before
 
-    full_rids, full = drafted(ngram, run)
-    thin_rids, thin = drafted(limited, run)
+    full_rids, full = drafted(ngram)
+    thin_rids, thin = drafted(limited)
     print(f"\ndrafted tokens: {full} with no limit, {thin} with max_batch_size 2")
     for a, b, n in zip(full_rids, thin_rids, lengths):
         assert rec.tokens[a] == rec.tokens[b] and len(rec.tokens[b]) == n
