@@ -430,11 +430,12 @@ async def run_method(args, name: str, method: str, cfg, engines: list, records: 
 
     seed = cfg.seed
     settings = cfg.speculative_settings.model_dump()
-    session = RolloutSession(cfg, engines=engines)
+    history = None
     if method in ("group", "group-longest") and history_groups:
-        session.draft_history = DraftHistory(args.history_responses)
+        history = DraftHistory(args.history_responses)
         for g in history_groups:
-            session.draft_history.record(g)
+            history.record(g)
+    session = RolloutSession(cfg, engines=engines, draft_history=history)
     rec = Recorder("longest" if method == "group-longest" else None)
     total = len(records) * args.n
     cut = total - tail_size(total, args.tail_frac)

@@ -66,6 +66,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                    "group). Same outputs, drafts verified in one pass. See docs/rollout.md.  [default: off]")
 @click.option("--num-speculative-tokens", type=int, metavar="K",
               help="Tokens drafted per request per step with --speculative.  [default: 4]")
+@click.option("--draft-history", type=click.Path(dir_okay=False), metavar="FILE",
+              help="With --speculative group: a trajectories file (an earlier pdsr rollout output) whose responses "
+                   "are drafted from as earlier responses to the same prompts.  [default: none]")
 @click.option("--agent", metavar="PKG.MOD:FN",
               help="Multi-turn rollouts: `async def run(agent)` run for each sample (model turns with "
                    "agent.generate(), tool results and user turns with agent.append(); token-exact). See "
@@ -91,7 +94,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
             reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
-            num_speculative_tokens, agent, max_turns, agent_timeout_s,
+            num_speculative_tokens, draft_history, agent, max_turns, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
@@ -114,6 +117,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --steps 5 --step-groups 64 --over-provision 0.25 --max-staleness 2   # partial rollout
       pdsr rollout --steps 5 --data gsm8k.parquet --model DIR --filter-groups zero-variance   # DAPO
       pdsr rollout --speculative ngram --num-speculative-tokens 4 --data math.parquet --model DIR
+      pdsr rollout --speculative group --draft-history runs/last.parquet --data math.parquet --model DIR
       pdsr rollout --agent examples.agent_tools:run --max-turns 4 --data math.parquet --model DIR
     """
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
@@ -137,6 +141,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "overlong_buffer": overlong_buffer,
         "overlong_penalty": overlong_penalty, "seed": seed, "speculative": speculative,
         "speculative_settings.num_speculative_tokens": num_speculative_tokens,
+        "speculative_settings.history_file": draft_history,
         "agent.function": agent, "agent.max_turns": max_turns, "agent.env_timeout_s": agent_timeout_s,
         "segments.enabled": False if no_segments else None,
         "output.path": out, "output.summary_path": summary, "output.resume": resume,

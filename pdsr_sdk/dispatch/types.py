@@ -61,6 +61,10 @@ class Group:
     #: the chat messages the prompt was rendered from (an agent renders what it appends after them); None when
     #: the prompt was given as text or ids only
     messages: list[dict[str, Any]] | None = None
+    #: earlier responses to this prompt (token ids, most recent last) that speculative ``group`` drafts from after
+    #: the finished siblings: from the session's earlier steps or a ``--draft-history`` file (the session sets
+    #: them when it hands the group to the engines; empty: siblings only)
+    draft_responses: list[list[int]] = field(default_factory=list)
 
     @property
     def prompt_len(self) -> int:

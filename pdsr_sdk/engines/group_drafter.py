@@ -5,8 +5,9 @@ Two sides:
 
 - In the orchestrator, :func:`group_extra_args` puts a request's draft corpus in its ``SamplingParams.extra_args``
   (key :data:`EXTRA_KEY`) when :class:`~pdsr_sdk.engines.vllm_engine.VllmEngine` launches a segment: the
-  response token ids of the sample's siblings that had finished by then, with the lookup window and where the
-  response starts in the request's context. pdsr launches every segment as a new request (a continuation, a
+  response token ids of the sample's siblings that had finished by then, then its group's earlier responses to the
+  same prompt (``Group.draft_responses``: :class:`DraftHistory`), with the lookup window and where the response
+  starts in the request's context. pdsr launches every segment as a new request (a continuation, a
   moved or stolen sample, one after a pause), so each carries the corpus as it is at its launch.
 - In vLLM's worker, :class:`GroupProposer` (``speculative_config = {"method": "custom_class", "model":
   GROUP_PROPOSER, ...}``; vLLM 0.32 builds it in ``GPUModelRunner.__init__`` from the ``VllmConfig`` alone,
@@ -24,11 +25,12 @@ called once by the engine at start-up). That is the plugin boundary: the propose
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from pdsr_sdk.dispatch.types import DROPPED
+from pdsr_sdk.dispatch.types import DROPPED, FAILED
 from pdsr_sdk.engines.config import GROUP_PROPOSER
 from pdsr_sdk.engines.group_match import best_match, vote_draft
 
@@ -43,6 +45,9 @@ VOTE_SHARE = 0.5
 #: how the corpus travels: one little-endian int32 byte string per response (a list of ints is walked item by
 #: item by SamplingParams' argument check and msgpack)
 _DTYPE = np.dtype("<i4")
+#: the trajectories columns :meth:`DraftHistory.read` uses, and the finish reasons it skips
+HISTORY_COLUMNS = ("prompt_token_ids", "response_token_ids", "finish_reason")
+_NOT_DRAFTED = (FAILED, DROPPED)
 
 
 def is_group(speculative: dict[str, Any] | None) -> bool:
@@ -51,9 +56,10 @@ def is_group(speculative: dict[str, Any] | None) -> bool:
 
 
 class DraftHistory:
-    """Responses to each prompt from groups the session has finished (``speculative_settings.history_responses``
-    most recent per prompt, keyed by its token ids), drafted from by later groups of that prompt. The session
-    records every finished group; engines read it when they launch a segment."""
+    """Earlier responses to each prompt (keyed by its token ids, ``per_prompt`` most recent kept), drafted from by
+    later groups of that prompt: the session records every group it finishes, and may start from a trajectories
+    file (:meth:`read`); a group gets its prompt's responses when the session hands it to the engines
+    (:attr:`Group.draft_responses <pdsr_sdk.dispatch.types.Group.draft_responses>`)."""
 
     def __init__(self, per_prompt: int):
         self.per_prompt = per_prompt
@@ -61,25 +67,41 @@ class DraftHistory:
 
     def record(self, group: Any) -> None:
         """Keep ``group``'s finished responses (not those dynamic sampling dropped unfinished)."""
-        if self.per_prompt <= 0:
-            return
-        kept = [list(s.token_ids) for s in group.samples if s.finished and s.finish_reason != DROPPED and s.token_ids]
-        if kept:
-            key = tuple(group.prompt_token_ids)
-            self._responses[key] = (self._responses.get(key, []) + kept)[-self.per_prompt:]
+        self._add(group.prompt_token_ids,
+                  [s.token_ids for s in group.samples if s.finished and s.finish_reason != DROPPED and s.token_ids])
+
+    def read(self, path: str | Path) -> int:
+        """Keep the responses in a trajectories file (``pdsr rollout``'s output: ``prompt_token_ids``,
+        ``response_token_ids``, ``finish_reason``), in its row order, as if their groups had finished before any
+        of this session's; those that failed or were dropped are skipped. Returns the responses read."""
+        from pdsr_sdk.io.tables import read_table   # pyarrow: not in vLLM's workers, which import this module
+
+        rows = read_table(path, HISTORY_COLUMNS, what="draft history").select(HISTORY_COLUMNS).to_pylist()
+        count = 0
+        for row in rows:
+            if row["finish_reason"] not in _NOT_DRAFTED and row["response_token_ids"]:
+                self._add(row["prompt_token_ids"], [row["response_token_ids"]])
+                count += 1
+        return count
 
     def responses(self, group: Any) -> list[list[int]]:
         """The kept responses to ``group``'s prompt, most recent last (none before a group of it finished)."""
-        return self._responses.get(tuple(group.prompt_token_ids), []) if self._responses else []
+        return list(self._responses.get(tuple(group.prompt_token_ids), ())) if self._responses else []
+
+    def _add(self, prompt: Sequence[int], responses: list[Sequence[int]]) -> None:
+        if self.per_prompt <= 0 or not responses:
+            return
+        key = tuple(prompt)
+        self._responses[key] = (self._responses.get(key, []) + [list(r) for r in responses])[-self.per_prompt:]
 
 
-def draft_corpus(sample: Any, history: DraftHistory | None = None) -> list[list[int]]:
-    """What ``sample``'s next segment drafts from: its finished siblings' responses, then earlier groups' responses
-    to its prompt (``history``)."""
+def draft_corpus(sample: Any) -> list[list[int]]:
+    """What ``sample``'s next segment drafts from: its finished siblings' responses, then earlier responses to its
+    prompt (its group's ``draft_responses``)."""
     corpus = sibling_responses(sample)
     group = getattr(sample, "group", None)
-    if history is not None and group is not None:
-        corpus += history.responses(group)
+    if group is not None:
+        corpus += getattr(group, "draft_responses", None) or []
     return corpus
 
 
@@ -92,11 +114,11 @@ def sibling_responses(sample: Any) -> list[list[int]]:
     return [s.token_ids for s in group.samples if s is not sample and s.finished and s.token_ids]
 
 
-def group_extra_args(request: Any, min_n: int, max_n: int, history: DraftHistory | None = None) -> dict[str, Any]:
+def group_extra_args(request: Any, min_n: int, max_n: int) -> dict[str, Any]:
     """``SamplingParams.extra_args`` for a segment request under ``group``: its corpus (:func:`draft_corpus`; empty
     while nothing has finished: the row then drafts from its own context only), window, where its response
     starts and the draft rule (:data:`DEFAULT_RULE`)."""
-    corpus = draft_corpus(request.sample, history)
+    corpus = draft_corpus(request.sample)
     return {EXTRA_KEY: {"drafts": [np.asarray(r, dtype=_DTYPE).tobytes() for r in corpus],
                         "min_n": int(min_n), "max_n": int(max_n), "start": int(request.sample.prompt_len),
                         "rule": DEFAULT_RULE}}

@@ -142,8 +142,6 @@ class RayEngine(ModelEngine):
         self._poller: asyncio.Task | None = None
         self._load = EngineLoad()
         self._polls_seen = 0      # number of the last poll handled
-        #: speculative ``group``: earlier groups' responses per prompt (a session's ``DraftHistory``), or None
-        self.draft_history = None
 
     @classmethod
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
@@ -242,7 +240,7 @@ class RayEngine(ModelEngine):
         draft_args = None
         if group_drafter.is_group(self.speculative):   # the sample stays here: its corpus goes with the request
             draft_args = group_drafter.group_extra_args(request, self.speculative["prompt_lookup_min"],
-                                                        self.speculative["prompt_lookup_max"], self.draft_history)
+                                                        self.speculative["prompt_lookup_max"])
         self._send(Submit.of(request, draft_args))
 
     def abort(self, request_id: str) -> None:

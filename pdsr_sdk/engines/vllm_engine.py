@@ -54,8 +54,6 @@ class VllmEngine(ModelEngine):
         #: speculative ``group``: draft corpora made where the sample is (a Ray engine's orchestrator), by request
         #: id, for requests that arrive without their sample (the Ray actor's)
         self.carried_draft_args: dict[str, dict[str, Any]] = {}
-        #: speculative ``group``: earlier groups' responses per prompt (a session's ``DraftHistory``), or None
-        self.draft_history = None
         #: set to a list to record (request id, the prompt ids vLLM received) of every request from then on: how a
         #: test checks token exactness against the engine's own view, not pdsr's records
         self.prompt_log: list[tuple[str, list[int]]] | None = None
@@ -243,8 +241,7 @@ class VllmEngine(ModelEngine):
         if carried is not None or request.sample is None:
             return carried
         spec = self.speculative
-        return group_drafter.group_extra_args(request, spec["prompt_lookup_min"], spec["prompt_lookup_max"],
-                                              self.draft_history)
+        return group_drafter.group_extra_args(request, spec["prompt_lookup_min"], spec["prompt_lookup_max"])
 
     async def _stream(self, request: SegmentRequest) -> None:
         from vllm import SamplingParams

@@ -137,6 +137,20 @@ class RolloutConfig(StepStreamConfig):
         return self
 
     @model_validator(mode="after")
+    def _history_file_drafted(self) -> "RolloutConfig":
+        """A draft history file is read only by ``group`` with history kept: anything else would ignore it."""
+        spec = self.speculative_settings
+        if spec.history_file is None:
+            return self
+        if self.speculative != "group":
+            raise ConfigValueError(f"speculative_settings.history_file is drafted from by speculative 'group' only, "
+                                   f"and speculative is {self.speculative!r}")
+        if spec.history_responses == 0:
+            raise ConfigValueError("speculative_settings.history_file is given and speculative_settings."
+                                   "history_responses is 0 (keep no history); set it above 0")
+        return self
+
+    @model_validator(mode="after")
     def _agent_never_restarted(self) -> "RolloutConfig":
         """A multi-turn sample is never restarted (its agent holds the conversation): partial rollout with an
         agent runs without a staleness bound (or on-policy dynamic sampling, which drops instead)."""

@@ -107,6 +107,9 @@ class RolloutSession:
     ``model_dir``: the model folder (default ``config.model``, else the built-in tiny model).
     ``reward``: a reward function to use instead of ``config.reward`` (any signature ``config.reward``
     accepts: pdsr's ``fn(response_text, ground_truth, **info)`` or verl's ``compute_score``).
+    ``draft_history``: with speculative ``group``, a :class:`~pdsr_sdk.engines.group_drafter.DraftHistory` to
+    draft from and add to (e.g. one kept across sessions); default: a new one, read from
+    ``config.speculative_settings.history_file`` if given.
 
     Rewards are computed as samples finish, on ``config.reward_workers`` threads off the event loop
     (:mod:`pdsr_sdk.rollout.reward_runner`); a step's summary has their time (``reward_s``) and how long
@@ -126,7 +129,7 @@ class RolloutSession:
     def __init__(self, config=None, *, engines: list | None = None, model_dir: str | Path | None = None,
                  reward: Callable[..., Any] | None = None,
                  group_filter: Callable[[Group, list[float | None]], bool] | None = None,
-                 agent: Callable[..., Any] | None = None):
+                 agent: Callable[..., Any] | None = None, draft_history: Any = None):
         if config is None:
             from pdsr_sdk.rollout.config import RolloutConfig
 
@@ -183,9 +186,17 @@ class RolloutSession:
         self._loading: asyncio.Future | None = None   # set while update_weights loads (a step waits for it)
         self._stream_base = 0   # batch index of the stream's first step (launch steps are counted from it)
         self._restored: list[tuple[Group, int]] = []
-        #: speculative 'group': responses of the groups this session finished, drafted from by later groups of the
-        #: same prompt (``pdsr_sdk.engines.group_drafter.DraftHistory``; made when the session starts)
-        self.draft_history = None
+        #: speculative 'group': earlier responses per prompt, given to each group the session hands to the engines
+        #: (``pdsr_sdk.engines.group_drafter.DraftHistory``): ``draft_history`` if given (e.g. an earlier session's),
+        #: else one read from ``speculative_settings.history_file``, if any; every group it finishes is added
+        self.draft_history = draft_history
+        spec = config.speculative_settings
+        if self.draft_history is None and config.speculative == "group" and spec.history_responses > 0:
+            from pdsr_sdk.engines.group_drafter import DraftHistory
+
+            self.draft_history = DraftHistory(spec.history_responses)
+            if spec.history_file is not None:
+                self.draft_history.read(spec.history_file)
         # multi-turn: the default agent function (``agent``, else config.agent.function; None: single-turn), and
         # the runner of agent tasks
         from pdsr_sdk.agent.runner import AgentRunner, load_agent
@@ -322,15 +333,6 @@ class RolloutSession:
             self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
                                          logprobs_mode=cfg.logprobs_mode, speculative=speculative)
                             for spec in self.engine_specs]
-        if cfg.speculative == "group" and cfg.speculative_settings.history_responses > 0:
-            from pdsr_sdk.engines.group_drafter import DraftHistory
-
-            # one per session, kept across restarts of its engines; engines that draft (vLLM, Ray) read it
-            if self.draft_history is None:
-                self.draft_history = DraftHistory(cfg.speculative_settings.history_responses)
-            for engine in self.engines:
-                if hasattr(engine, "draft_history"):
-                    engine.draft_history = self.draft_history
         missing = [p for p in self.policy_cls.required_pools if p not in {e.pool for e in self.engines}]
         if missing:
             raise ConfigError(f"policy {self.policy_cls.name!r} needs an engine in pool(s) {', '.join(missing)}")
@@ -550,6 +552,7 @@ class RolloutSession:
         if self._stream is not None:
             raise RunError("restore_carried: the stream has started; call it before the first step")
         self._restored = list(groups)
+        self._give_history([g for g, _ in self._restored])
 
     def _new_stream_groups(self, count: int) -> list[Group]:
         items: list = []
@@ -565,7 +568,15 @@ class RolloutSession:
         groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
         if self._step_agent is not None:
             self.agents.prepare(groups, self._step_agent)
+        self._give_history(groups)
         return groups
+
+    def _give_history(self, groups: list[Group]) -> None:
+        """Speculative 'group': each group drafts from the earlier responses to its prompt kept so far (none
+        recorded while it runs: a prompt's groups rarely overlap)."""
+        if self.draft_history is not None:
+            for g in groups:
+                g.draft_responses = self.draft_history.responses(g)
 
     def _stream_step_end(self) -> None:
         """A step's groups are chosen (called inside the scheduler): stop the engines, keeping every token."""
@@ -672,6 +683,7 @@ class RolloutSession:
         return await self.run_groups(groups)
 
     async def run_groups(self, groups: list[Group]) -> BatchResult:
+        self._give_history(groups)
         done = asyncio.get_running_loop().create_future()
         self.run.start_batch(groups, lambda: done.done() or done.set_result(None))
         await asyncio.wait({done, self._fatal}, return_when=asyncio.FIRST_COMPLETED)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pdsr_sdk.dispatch.types import SegmentRequest
+from pdsr_sdk.errors import DataError
 from fakes import LoopEngine
 from pdsr_sdk.engines.group_drafter import (EXTRA_KEY, DraftHistory, GroupProposer, draft_corpus, group_extra_args,
                                             sibling_responses)
@@ -180,42 +181,86 @@ def test_history_keeps_the_most_recent_responses_per_prompt():
     history.record(make_group([[3], [4]]))
     new = make_group([[5], None])
     assert history.responses(new) == [[2], [3], [4]]    # the 3 most recent
-    assert draft_corpus(new.samples[1], history) == [[5], [2], [3], [4]]   # siblings first
+    assert draft_corpus(new.samples[1]) == [[5]]        # no history until the session gives it to the group
+    new.draft_responses = history.responses(new)
+    assert draft_corpus(new.samples[1]) == [[5], [2], [3], [4]]   # siblings first
     other = build_groups([PromptRecord("q", "q", [1, 1])], 2, 8)[0]
-    assert history.responses(other) == [] and draft_corpus(other.samples[0], history) == []
+    assert history.responses(other) == [] and draft_corpus(other.samples[0]) == []
     DraftHistory(0).record(old)
 
 
-class DraftingEngine(LoopEngine):
-    """A fake engine that reads a session's draft history, as vLLM and Ray engines do, and keeps each request's
-    corpus."""
+def test_history_reads_a_trajectories_file_in_row_order(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    draft_history = None
+    rows = [([7, 8, 9], [10], "stop"), ([7, 8, 9], [11], "length"), ([3], [12], "failed"), ([7, 8, 9], [13], "dropped"),
+            ([3], [], "stop"), ([3], [14], "truncated"), ([7, 8, 9], [15], "stop")]
+    path = tmp_path / "earlier.parquet"
+    pq.write_table(pa.table({"prompt_token_ids": [r[0] for r in rows], "response_token_ids": [r[1] for r in rows],
+                             "finish_reason": [r[2] for r in rows], "response_text": ["x"] * len(rows)}), path)
+    history = DraftHistory(2)
+    assert history.read(path) == 4                      # failed, dropped and empty responses are skipped
+    first, second = (build_groups([PromptRecord(p, p, ids)], 2, 8)[0] for p, ids in (("a", [7, 8, 9]), ("b", [3])))
+    assert history.responses(first) == [[11], [15]] and history.responses(second) == [[14]]
+    history.record(make_group([[16], None]))            # this session's groups come after the file's
+    assert history.responses(first) == [[15], [16]]
+    pq.write_table(pa.table({"prompt_token_ids": [[1]]}), tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"bad\.parquet: missing column\(s\) 'response_token_ids'"):
+        DraftHistory(2).read(tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match="draft history file does not exist"):
+        DraftHistory(2).read(tmp_path / "none.parquet")
+
+
+def test_a_history_file_needs_group_speculation_that_keeps_history():
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    with pytest.raises(ValueError, match="speculative_settings.history_file is drafted from by speculative 'group' "
+                                         "only, and speculative is 'ngram'"):
+        RolloutConfig(speculative="ngram", speculative_settings={"history_file": "earlier.parquet"})
+    with pytest.raises(ValueError, match="history_responses is 0"):
+        RolloutConfig(speculative="group", speculative_settings={"history_file": "x.parquet", "history_responses": 0})
+
+
+class DraftingEngine(LoopEngine):
+    """A fake engine that keeps each request's draft corpus, as vLLM and Ray engines make it."""
 
     def submit(self, req) -> None:
         self.corpora = getattr(self, "corpora", {})
-        self.corpora[req.request_id] = draft_corpus(req.sample, self.draft_history)
+        self.corpora[req.request_id] = draft_corpus(req.sample)
         super().submit(req)
 
 
-@requires_torch
-def test_a_session_drafts_later_groups_from_earlier_groups_of_the_same_prompt(tiny_model_dir):
+def drafting_config(tiny_model_dir, **speculative_settings):
     from pdsr_sdk.rollout.config import RolloutConfig
+
+    return RolloutConfig(model=str(tiny_model_dir), policy="baseline", batch_size=1, speculative="group",
+                         speculative_settings=speculative_settings, sampling={"n": 2, "max_tokens": 5},
+                         segments={"enabled": False},
+                         engines=[{"name": "f0", "pool": "fast", "backend": "test_group_drafter:DraftingEngine",
+                                   "max_model_len": 256, "max_num_seqs": 1}])
+
+
+@requires_torch
+def test_a_session_drafts_later_groups_from_earlier_groups_of_the_same_prompt(tiny_model_dir, tmp_path):
+    import pyarrow.parquet as pq
+
     from pdsr_sdk.rollout.session import RolloutSession
 
-    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", batch_size=1, speculative="group",
-                        sampling={"n": 2, "max_tokens": 5}, segments={"enabled": False},
-                        engines=[{"name": "f0", "pool": "fast", "backend": "test_group_drafter:DraftingEngine",
-                                  "max_model_len": 256, "max_num_seqs": 1}])
     prompt = [{"id": "q0", "prompt": "What is 1+1?", "answer": "2"}]
-    with RolloutSession(cfg) as session:
-        first = session.step(prompt).table.to_pylist()
+    with RolloutSession(drafting_config(tiny_model_dir)) as session:
+        first = session.step(prompt).table
         second = session.step(prompt).table.to_pylist()
         engine = session.engines[0]
-        assert engine.draft_history is session.draft_history is not None
-    earlier = [r["response_token_ids"] for r in first]
+    earlier = [r["response_token_ids"] for r in first.to_pylist()]
     corpora = list(engine.corpora.values())
     # one sample at a time: step 1's second sample drafts from its finished sibling; step 2's from step 1's
     # responses, and its second sample from its sibling too
     assert corpora[0] == [] and corpora[1] == [earlier[0]]
     assert corpora[2] == earlier and corpora[3] == [second[0]["response_token_ids"]] + earlier
+
+    # --draft-history: a new session starts from the first step's output file, as if that step were its own
+    pq.write_table(first, tmp_path / "first.parquet")
+    with RolloutSession(drafting_config(tiny_model_dir, history_file=str(tmp_path / "first.parquet"))) as session:
+        session.step(prompt)
+        engine = session.engines[0]
+    assert list(engine.corpora.values())[0] == earlier

@@ -150,6 +150,13 @@ def test_cli_flags_set_the_config(monkeypatch, tmp_path):
     r = runner.invoke(cli, ["rollout", "--quiet", "--speculative", "suffix", *out], catch_exceptions=False)
     assert r.exit_code == 2 and "speculative" in r.output and "needs Arctic Inference" in r.output
     assert "Traceback" not in r.output and len(seen) == 1
+    with pytest.raises(Stop):
+        runner.invoke(cli, ["rollout", "--quiet", "--speculative", "group", "--draft-history", "last.parquet", *out],
+                      catch_exceptions=False)
+    assert seen[1].speculative_settings.history_file == "last.parquet"
+    r = runner.invoke(cli, ["rollout", "--quiet", "--draft-history", "last.parquet", *out], catch_exceptions=False)
+    assert r.exit_code == 2 and "speculative_settings.history_file" in r.output and "'off'" in r.output
+    assert "Traceback" not in r.output and len(seen) == 2
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
