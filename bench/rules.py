@@ -81,8 +81,10 @@ def verdict(row: dict, tolerance: float = 0.01) -> str:
     return "keep" if not reasons else "remove (" + "; ".join(reasons) + ")"
 
 
-def batch_times(member: str, seed: int, b: int, batches: int, labels: dict[str, list[str]]) -> dict[str, float]:
-    """On-policy makespan of each variant on one draw of ``member`` (bench/policies.py's cell: 6 + 2 engines)."""
+def batch_times(member: str, seed: int, b: int, batches: int, labels: dict[str, list[str]]
+                ) -> dict[str, tuple[float, int]]:
+    """On-policy makespan and preemptions (all engines) of each variant on one draw of ``member``
+    (bench/policies.py's cell: 6 + 2 engines)."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import run_policy, trace_batches
     from pdsr_sdk.traces import workload
@@ -94,13 +96,14 @@ def batch_times(member: str, seed: int, b: int, batches: int, labels: dict[str, 
     for label, disable in labels.items():
         cfg = SimulateConfig(fast=6, heavy=2, batch_size=b, timeline=False, profiles={"fast": prof, "heavy": prof},
                              policy_settings={"v3": {"disable": disable}})
-        out[label] = run_policy(trace_batches(trace, cfg), cfg, "v3", record=False).makespan_s
+        run = run_policy(trace_batches(trace, cfg), cfg, "v3", record=False)
+        out[label] = (run.makespan_s, sum(e.preemptions for e in run.engines))
     return out
 
 
 def stream_times(member: str, seed: int, b: int, f: float, max_steps: int, labels: dict[str, list[str]]
-                 ) -> dict[str, float]:
-    """Steady step time of each variant in a partial-rollout stream of ``member``'s draw (6 + 2 engines, B groups a
+                 ) -> dict[str, tuple[float, int]]:
+    """Steady step time and preemptions (all engines, every step) of each variant in a partial-rollout stream of ``member``'s draw (6 + 2 engines, B groups a
     step, over-provision ``f``, staleness at most 2, KV kept over an update, K = min(pinned, ``max_steps``))."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import run_steps
@@ -115,7 +118,8 @@ def stream_times(member: str, seed: int, b: int, f: float, max_steps: int, label
         cfg = SimulateConfig(policy="v3", fast=6, heavy=2, steps=k, step_groups=b, max_staleness=2,
                              kv_on_update="keep", timeline=False, profiles={"fast": prof, "heavy": prof},
                              policy_settings={"v3": {"disable": disable}})
-        out[label] = run_steps(trace, cfg, "v3", f).steady_step_s
+        run = run_steps(trace, cfg, "v3", f)
+        out[label] = (run.steady_step_s, sum(e.preemptions for e in run.engines))
     return out
 
 
@@ -148,6 +152,18 @@ def table(mode: str, summary: dict[str, dict], members: list[str], caption: str)
             check = verdict(row)
         lines.append(f"| {rule} | {cells} | {row['family']:.3f} | {short[row['worst'][0]]} {row['worst'][1]:.3f} | "
                      f"{check} |")
+    return "\n".join(lines)
+
+
+def preemption_table(preempted: dict[str, dict[str, list[int]]], members: list[str]) -> str:
+    """Markdown: each variant's preemptions (requests evicted from a full KV cache and recomputed, all engines),
+    summed over the seeds, per member and over the family. A rule whose time does not pay may still keep engines
+    from thrashing; the time counts a recompute's prefill, and this shows how often it happened."""
+    lines = ["Preemptions, summed over the seeds", "", "| variant | " + " | ".join(members) + " | family |",
+             "|---|" + "---|" * (len(members) + 1)]
+    for variant, per_member in preempted.items():
+        sums = [sum(per_member[m]) for m in members]
+        lines.append(f"| {variant} | " + " | ".join(map(str, sums)) + f" | {sum(sums)} |")
     return "\n".join(lines)
 
 
@@ -211,15 +227,20 @@ def main() -> None:
     for mode, b in runs:
         t0 = time.perf_counter()
         cells: dict[str, dict[int, dict[str, float]]] = {}
+        preempted: dict[str, dict[str, list[int]]] = {}   # variant -> member -> per seed
         for name in members:
             seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else list(workload(name).measure.seeds)
             for seed in seeds:
-                times = (batch_times(name, seed, b, args.batches, labels) if mode == "batch" else
-                         stream_times(name, seed, b, args.over_provision, args.steps, labels))
-                cells.setdefault(name, {})[seed] = rule_ratios(times)
+                got = (batch_times(name, seed, b, args.batches, labels) if mode == "batch" else
+                       stream_times(name, seed, b, args.over_provision, args.steps, labels))
+                cells.setdefault(name, {})[seed] = rule_ratios({r: t for r, (t, _) in got.items()})
+                for r, (_, pre) in got.items():
+                    preempted.setdefault(r, {}).setdefault(name, []).append(pre)
                 if args.per_seed:
                     print(f"{mode} B={b} {name} {seed}: " + ", ".join(f"{r} {v:.3f}" for r, v in
                                                                       cells[name][seed].items()), flush=True)
+                    print(f"{mode} B={b} {name} {seed} preemptions: " + ", ".join(f"{r} {pre}" for r, (_, pre) in
+                                                                                  got.items()), flush=True)
         seeds_label = args.seeds or "each member's 5 pinned seeds"
         if mode == "batch":
             caption = (f"On-policy, B = {b}, {args.batches} batches a draw, 6 + 2 equal engines; makespan with the "
@@ -229,6 +250,7 @@ def main() -> None:
                        f"{args.steps}), 6 + 2 equal engines; steady step time with the rule disabled / with every "
                        f"rule, median over {seeds_label} ({time.perf_counter() - t0:.0f} s)")
         print("\n" + table(mode, summarize(cells), members, caption) + "\n", flush=True)
+        print(preemption_table(preempted, members) + "\n", flush=True)
 
 
 if __name__ == "__main__":

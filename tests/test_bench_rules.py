@@ -59,7 +59,8 @@ def test_read_log_takes_the_per_seed_lines():
     rules = load()
     lines = ["noise", "batch B=128 heavy 101: migration 1.124, lead_guard 0.966",
              "batch B=128 heavy 102: migration 1.100, lead_guard 1.000", "| table | row |",
-             "stream B=128 kv-bound 101: migration 0.990, lead_guard 0.990"]
+             "stream B=128 kv-bound 101: migration 0.990, lead_guard 0.990",
+             "stream B=128 kv-bound 101 preemptions: all 3, migration 4, lead_guard 0"]
     got = rules.read_log(lines)
     assert got[("batch", 128)] == {"heavy": {101: {"migration": 1.124, "lead_guard": 0.966},
                                              102: {"migration": 1.1, "lead_guard": 1.0}}}
@@ -71,3 +72,10 @@ def test_together_is_one_more_variant():
     got = rules.variants(("balance",), ("migration", "lead_guard"))
     assert got == {"all": [], "balance": ["balance"], "together": ["migration", "lead_guard"]}
     assert rules.variants((), ("lead_guard",)) == {"all": [], "together": ["lead_guard"]}
+
+
+def test_preemptions_are_summed_over_seeds_per_member_and_over_the_family():
+    rules = load()
+    got = rules.preemption_table({"all": {"heavy": [1, 2], "kv-bound": [10, 0]},
+                                  "together": {"heavy": [0, 0], "kv-bound": [7, 5]}}, ["heavy", "kv-bound"])
+    assert got.splitlines()[-2:] == ["| all | 3 | 10 | 13 |", "| together | 0 | 12 | 12 |"]
