@@ -7,7 +7,8 @@ across the workload family.
 
 The workloads are the members of the family (pdsr_sdk.traces.WORKLOADS, `pdsr trace synth --family
 list`; docs/notes/workload-family.md): informative (`pdsr trace synth`'s defaults), uninformative,
-uninformative-by-prompt, kv-bound, seed002, heavy, longcot, multi-turn, recorded-gsm8k, recorded-math and recorded-gsm8k-2048
+uninformative-by-prompt, kv-bound, seed002, heavy, longcot, multi-turn, recorded-gsm8k, recorded-math,
+recorded-gsm8k-2048 and recorded-math-2048
 (bench/data/smollm2-gsm8k-128x8.jsonl and smollm2-math500-128x8.jsonl, resampled by seed). Each member runs on its pinned engine profile (KV tokens,
 max_model_len) and its pinned seeds (five: 101-105); --seed replaces them. Engines are equal, a quarter of
 them heavy. Prints a markdown table per member: for each policy its makespan / baseline's as the median

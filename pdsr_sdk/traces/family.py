@@ -261,3 +261,10 @@ register_workload(WorkloadMember(
     synth=dict(n=8, max_length=2048),
     recorded="bench/data/smollm2-gsm8k-32x8-2048.jsonl",
 ))
+register_workload(WorkloadMember(
+    "recorded-math-2048",
+    "recorded-math's model and settings at a 2,048-token cap, on the first 24 MATH-500 problems (what fits this "
+    "machine's two cores in an hour), resampled as recorded-math is.",
+    synth=dict(n=8, max_length=2048),
+    recorded="bench/data/smollm2-math500-24x8-2048.jsonl",
+))
