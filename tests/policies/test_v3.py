@@ -86,26 +86,6 @@ def test_ranking_turns_on_only_for_a_probe_that_predicts():
         assert (last["probe_correlation"] > 0.5) if expect else (abs(last["probe_correlation"]) < 0.3)
 
 
-def kv_bound(policy, **settings):
-    trace = synth_trace(groups=48, n=8, seed=4, median_length=1600, max_length=8192)
-    prof = dict(max_num_seqs=64, kv_cache_tokens=65536, max_model_len=16384)
-    cfg = SimulateConfig(policy=policy, fast=2, heavy=0, batch_size=24, timeline=False,
-                         profiles={"fast": prof, "heavy": prof}, policy_settings={policy: settings},
-                         references=False)
-    run = run_policy(trace_batches(trace, cfg), cfg, policy, keep_groups=True)
-    return run, sum(e.preemptions for e in run.engines)
-
-
-def test_kv_aware_admission_preempts_less_than_baseline_and_never_idles():
-    base, base_pre = kv_bound("baseline")
-    v3, v3_pre = kv_bound("v3")
-    free, free_pre = kv_bound("v3", disable=["kv_admission"])
-    assert base_pre > 0
-    assert v3_pre < base_pre and v3_pre < free_pre
-    # every sample ran to its recorded length (the estimate never stalls an engine: the run finished)
-    assert all(s.num_generated == s.max_tokens for g in v3.groups for s in g.samples)
-
-
 def test_nothing_moves_twice_and_every_move_is_counted():
     trace = synth_trace(groups=64, n=8, seed=5, runaway_frac=0.02)
     cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=32, timeline=False,
@@ -196,33 +176,6 @@ def test_a_batch_whose_kv_cache_does_not_bind_is_placed_as_baseline_places_it():
             assert g.batch_index < first or len({s.segments[0].engine for s in g.samples}) == 1
         assert all(s.num_generated == s.max_tokens for g in run.groups for s in g.samples)
         assert all(r.makespan_s <= b.makespan_s * (1 + 1e-9) for r, b in zip(run.batches[first:], base.batches[first:]))
-
-
-def test_a_batch_whose_kv_cache_binds_is_dealt_probes_first():
-    """Once lengths have been seen and the predicted KV demand of what can run at once exceeds the caches, v3 deals
-    from its ranked pool with KV-aware admission: every probe starts with its batch, the placement is not
-    baseline's, and it preempts less than baseline."""
-    trace = synth_trace(groups=48, n=8, seed=5)
-    prof = dict(max_num_seqs=32, kv_cache_tokens=6144)
-    cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=16, timeline=False, references=False,
-                         profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": {"disable": ["migration"]}})
-    tb = trace_batches(trace, cfg)
-    run, base = run_policy(tb, cfg, "v3", keep_groups=True), run_policy(tb, cfg, "baseline", keep_groups=True)
-    warm = [b for b, g in zip(probes_start_with_their_batch(run), run.groups) if g.batch_index > 0]
-    assert warm and all(warm)
-    where = {(g.position, g.batch_index): [s.segments[0].engine for s in g.samples] for g in base.groups}
-    dealt = [where[g.position, g.batch_index] != [s.segments[0].engine for s in g.samples]
-             for g in run.groups if g.batch_index > 0]
-    assert any(dealt)                                        # not baseline's chunks
-    assert sum(b.preemptions for b in run.batches[1:]) < sum(b.preemptions for b in base.batches[1:])
-
-
-def probes_start_with_their_batch(run):
-    start = {}
-    for g in run.groups:
-        t = min(s.segments[0].submit_time_s for s in g.samples)
-        start[g.batch_index] = min(start.get(g.batch_index, t), t)
-    return [g.samples[0].segments[0].submit_time_s == start[g.batch_index] for g in run.groups]
 
 
 def test_tail_threshold_follows_the_history_once_it_is_full():
@@ -328,27 +281,6 @@ def test_v3_is_the_default_everywhere():
     assert SimulateConfig().policy == "v3"
     cls, settings = resolve_policy("v3")
     assert cls.streaming and settings.on("probes_first")
-
-
-def test_admission_plans_with_what_was_seen_not_a_replays_recorded_lengths():
-    """In a replay (and the simulator) a sample's own max_tokens is its recorded length; v3 must plan with
-    the run's cap and the lengths it has seen. One engine whose KV cache holds 1,024 tokens: batch 0's two
-    samples finish at 400 tokens (the prior), so each of batch 1's four 20-token samples is predicted at
-    400 + its prompt: two fit at a time under a budget of the whole cache (peeking at the recorded 20 would
-    admit all four at once)."""
-    prof = dict(max_num_seqs=8, kv_cache_tokens=1024, c0_s=C0, c1_s_per_seq=0.0, c2_s_per_token=0.0,
-                prefill_s_per_token=0.0, block_size=1)
-    trace = LengthTrace(prompt_ids=["a", "b"], prompt_lens=np.array([10, 10]),
-                        lengths=np.array([400, 400, 20, 20, 20, 20]), offsets=np.array([0, 2, 6]))
-    cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=1,
-                         profiles={"fast": prof, "heavy": prof}, segments={"enabled": False}, references=False,
-                         policy_settings={"v3": {"placement": {"kv_budget": 1.0}}})
-    run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
-    b = next(g for g in run.groups if g.prompt_id == "b")
-    starts = sorted(s.segments[0].submit_time_s for s in b.samples)
-    t0 = run.batches[1].start_s
-    assert starts[:2] == [t0, t0] and min(starts[2:]) >= t0 + 20 * C0 - 1e-9
-    assert run.batches[1].preemptions == 0
 
 
 @pytest.mark.tuning

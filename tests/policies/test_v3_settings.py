@@ -21,7 +21,6 @@ from pdsr_sdk.traces import synth_trace, write_trace_jsonl
 # old flat settings -> the nested ones they mean, written out by hand (the reference the mapping is held to)
 OLD_AND_NEW = [
     ({"migrate": False}, {"disable": ["migration"]}),
-    ({"kv_admission": False}, {"disable": ["kv_admission"]}),
     ({"probes_first": False, "locality": False, "balance": False, "chunk_steal": False, "early_restart": False},
      {"disable": ["probes_first", "locality", "balance", "chunk_steal", "early_restart"]}),
     ({"migrate": True}, {}),
@@ -31,8 +30,7 @@ OLD_AND_NEW = [
     ({"rank": "never", "min_correlation": 0.1, "correlation_window": 64, "min_pairs": 8},
      {"ranking": {"mode": "never", "min_correlation": 0.1, "correlation_window": 64, "min_pairs": 8}}),
     ({"history": 100}, {"lengths": {"history": 100}}),
-    ({"placement": "chunk", "kv_budget": 1.0, "heavy_max_seqs": 16},
-     {"placement": {"mode": "chunk", "kv_budget": 1.0, "heavy_max_seqs": 16}}),
+    ({"placement": "chunk", "heavy_max_seqs": 16}, {"placement": {"mode": "chunk", "heavy_max_seqs": 16}}),
     ({"stream_placement": "deal"}, {"placement": {"mode": "deal"}}),
     ({"tail_lane": "always", "lane_seqs": 8, "lane_quantile": 0.9, "lane_engines": 2, "lane_recurrence": 0.2,
       "lane_evidence": 9, "stream_segment_tokens": 0},
@@ -138,15 +136,16 @@ def test_a_config_file_with_flat_keys_runs_and_warns_naming_the_new_keys(tmp_pat
 
 
 def test_a_preset_with_flat_keys_warns_naming_its_file(tmp_path, monkeypatch):
-    (tmp_path / "mine.yaml").write_text("policy: v3\nsettings:\n  migrate: false\n  kv_budget: 1.2\n")
+    (tmp_path / "mine.yaml").write_text("policy: v3\nsettings:\n  migrate: false\n  heavy_max_seqs: 12\n")
     monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
     with pytest.warns(PdsrDeprecationWarning) as caught:
         cls, settings = resolve_policy("mine", {"placement": {"mode": "deal"}})
     said = [str(w.message) for w in caught]
-    assert any(m.endswith("mine.yaml: config key 'kv_budget' is deprecated; use 'placement.kv_budget'") for m in said)
+    assert any(m.endswith("mine.yaml: config key 'heavy_max_seqs' is deprecated; use 'placement.heavy_max_seqs'")
+               for m in said)
     assert any(m.endswith("mine.yaml: config key 'migrate' is deprecated; use 'disable: [migration]'") for m in said)
     # the preset's section and the user's meet key by key, not section by section
-    assert settings.placement.kv_budget == 1.2 and settings.placement.mode == "deal"
+    assert settings.placement.heavy_max_seqs == 12 and settings.placement.mode == "deal"
     assert settings.disable == ["migration"]
 
 
@@ -278,10 +277,6 @@ def _uninformative():
     return synth_trace(groups=200, n=8, seed=5, prompt_sigma=0.05, noise_sigma=0.7, runaway_frac=0.2, max_length=1024)
 
 
-def _kv_bound():
-    return synth_trace(groups=200, n=8, seed=4, median_length=1600, max_length=8192)
-
-
 def _runaways():
     return synth_trace(groups=400, n=8, seed=7, runaway_frac=0.01)
 
@@ -291,19 +286,16 @@ def _short():
                        prompt_len_min=5, prompt_len_max=100)
 
 
-KV = dict(fast=2, heavy=0, batch_size=24, profiles={p: dict(max_num_seqs=64, kv_cache_tokens=65536, max_model_len=16384)
-                                                     for p in ("fast", "heavy")})
 # a stream that fills every slot (8 a engine), fresh draws: early restarts happen here
 FULL = dict(slots=8, restart="redraw", fast=2, batch_size=16, steps=20, over_provision=0.5,
             segments={"min_tokens": 16, "max_tokens": 96})
 LANE = {"mode": "always"}
 # (the setting changed, its new value, base settings, the workload): the run with the new value must schedule
-# differently from the run without it. Workloads: batches (informative, uninformative, KV-bound) or streams
+# differently from the run without it. Workloads: batches (informative, uninformative) or streams
 # under a staleness bound (the lane's; one that fills every slot)
 ACTS = [
     ("disable", ["probes_first"], {}, "batches", _informative, {}),
     ("disable", ["locality"], {}, "batches", _uninformative, {}),
-    ("disable", ["kv_admission"], {}, "batches", _kv_bound, KV),
     ("disable", ["balance"], {}, "batches", _informative, {}),
     ("disable", ["chunk_steal"], {}, "batches", _informative, {}),
     ("disable", ["migration"], {}, "batches", _informative, {}),
@@ -314,7 +306,6 @@ ACTS = [
     ("ranking.min_pairs", 1000, {}, "batches", _uninformative, {}),
     ("lengths.history", 16, {}, "batches", _informative, {}),
     ("placement.mode", "deal", {}, "batches", _informative, {}),
-    ("placement.kv_budget", 1.0, {}, "batches", _kv_bound, KV),
     ("placement.heavy_max_seqs", 2, {}, "batches", _informative, {}),
     ("migration.quantile", 0.8, {}, "batches", _informative, {}),
     ("migration.cap_runner_share", 0.05, {}, "batches", _informative, {}),
@@ -365,12 +356,22 @@ def _unchanged(run, trace, base, kw):
     return _UNCHANGED[key]
 
 
-def test_a_removed_rule_is_an_error_by_hand_and_ignored_with_a_warning_from_a_saved_run():
-    """lead_guard was removed (issue 48's rule table): naming it, as a rule or by its old flat key, is an error in a
+@pytest.mark.parametrize("rule, flat", [("lead_guard", "migrate_lead_guard"), ("kv_admission", "kv_admission")])
+def test_a_removed_rule_is_an_error_by_hand_and_ignored_with_a_warning_from_a_saved_run(rule, flat):
+    """Rules removed by issue 48's rule table: naming one, as a rule or by its old flat key, is an error in a
     config written by hand and dropped with a warning in settings read back from a saved run."""
-    for given in ({"disable": ["migration", "lead_guard"]}, {"migrate_lead_guard": False}):
-        with pytest.raises(ConfigError, match=r"lead_guard.*was removed"):
+    for given in ({"disable": ["migration", rule]}, {flat: False}):
+        with pytest.raises(ConfigError, match=rf"\({rule}\b.*was removed"):
             validate_config(V3Settings, given)
-        with pytest.warns(PdsrDeprecationWarning, match=r"lead_guard.*ignored|ignored.*lead_guard"):
+        with pytest.warns(PdsrDeprecationWarning, match=rf"{rule}.*ignored|ignored.*{rule}"):
             saved = validate_config(V3Settings, given, saved=True)
         assert saved.disable == (["migration"] if "disable" in given else [])
+
+
+def test_kv_budget_went_with_kv_admission():
+    """placement.kv_budget (and its flat key) names the removal by hand, and is dropped from a saved run."""
+    for given in ({"placement": {"kv_budget": 1.2}}, {"kv_budget": 1.2}):
+        with pytest.raises(ConfigError, match=r"kv_budget: v3's KV-aware admission \(kv_admission"):
+            validate_config(V3Settings, given)
+        with pytest.warns(PdsrDeprecationWarning, match="kv_budget' of a saved run is ignored"):
+            assert validate_config(V3Settings, given, saved=True) == V3Settings()

@@ -13,16 +13,14 @@ from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class Ledger:
-    """Placement (engine, predicted length), demand (KV tokens, tokens still to generate), slots and moves."""
+    """Placement (engine, predicted length), demand (tokens still to generate), slots and moves."""
 
     def __init__(self, config: V3Settings, ctx: DispatchContext) -> None:
         self.cfg = config
         self.ctx = ctx
-        self.kv_admission = config.on("kv_admission")
         self.waiting: set[Sample] = set()            # queued in the policy's ranked pool, not yet placed
         self.by_name: dict[str, Engine] = {}
         self.engine_of: dict[Sample, str] = {}       # submitted (queued on or running on) engine
-        self.demand: dict[str, float] = {}           # predicted final KV tokens per engine
         self.predicted: dict[Sample, tuple[float, int]] = {}   # placed sample -> (predicted length, generated then)
         self.assigned: dict[str, int] = {}           # samples placed on each engine and not finished
         self.remaining: dict[str, float] = {}        # predicted tokens still to generate per engine
@@ -43,7 +41,6 @@ class Ledger:
         stream leaves slots free with them."""
         for e in engines:
             self.by_name.setdefault(e.name, e)
-            self.demand.setdefault(e.name, 0.0)
             self.assigned.setdefault(e.name, 0)
             self.remaining.setdefault(e.name, 0.0)
             if e.name not in self.tail_on:
@@ -56,7 +53,6 @@ class Ledger:
     def lose(self, engine: Engine, requeued: list[Sample]) -> None:
         for s in requeued:
             self.unplace(s)
-        self.demand.pop(engine.name, None)
         self.remaining.pop(engine.name, None)
         self.tail_on.pop(engine.name, None)
         self.runaways_on.pop(engine.name, None)
@@ -73,14 +69,6 @@ class Ledger:
         """Free slots of ``e`` counting samples placed on it but not yet launched."""
         return self.limit(e) - self.assigned.get(e.name, 0)
 
-    def fits(self, e: Engine, need: float) -> bool:
-        """Whether ``e``'s KV cache holds ``need`` more tokens by the predicted demand (``kv_admission``); an engine
-        with nothing placed always takes work."""
-        if not self.kv_admission or self.assigned.get(e.name, 0) == 0:
-            return True
-        cap = getattr(e, "kv_cache_tokens", None)
-        return cap is None or self.demand[e.name] + need <= self.cfg.placement.kv_budget * cap
-
     def fair_share(self, e: Engine, prior: float) -> float:
         """``e``'s share (by slots) of the predicted remaining tokens of all unfinished work (each waiting sample
         counted at ``prior``): when the last waiting samples are handed out, an engine that freed many slots at once
@@ -92,7 +80,6 @@ class Ledger:
     def place(self, s: Sample, e: Engine, length: float) -> None:
         self.engine_of[s] = e.name
         self.predicted[s] = (length, s.num_generated)
-        self.demand[e.name] += s.prompt_len + length
         self.remaining[e.name] += length - s.num_generated
         self.total_remaining += length - s.num_generated
         self.assigned[e.name] += 1
@@ -112,8 +99,7 @@ class Ledger:
         if name is None:
             return
         length, gen = self.predicted.pop(s)
-        if name in self.demand:
-            self.demand[name] -= s.prompt_len + length
+        if name in self.remaining:
             self.remaining[name] -= length - gen
             self.assigned[name] -= 1
             if s in self.tail:
@@ -135,7 +121,6 @@ class Ledger:
             return
         new = expected(s)
         old_len, old_gen = self.predicted[s]
-        self.demand[name] += new - old_len
         d_rem = (new - s.num_generated) - (old_len - old_gen)
         self.remaining[name] += d_rem
         self.total_remaining += d_rem

@@ -51,15 +51,13 @@ class Lengths(BaseRule):
             self.update_thresholds()
 
     def prior(self) -> float:
-        """Mean finished length of the history (0 before anything finished: the context alone, as an
-        engine's own admission sees it)."""
+        """Mean finished length of the history (0 before anything finished)."""
         return self.history.mean()
 
     def expected(self, s: Sample) -> float:
         """Predicted response length: its group's mean finished length, else the prior; never less than
         what it has produced, never more than the run's response cap (not the sample's own max_tokens: in a
-        replay that is its recorded length, which capped v3's predictions at the truth and flattered its
-        KV-aware admission by about 1% on the KV-bound family)."""
+        replay that is its recorded length, which capped v3's predictions at the truth)."""
         rank = self.ranks.get(id(s.group))
         est = rank.total / rank.count if rank is not None and rank.count else self.prior()
         return max(float(s.num_generated), min(est, float(self.ctx.sampling.max_tokens)))

@@ -93,7 +93,7 @@ class Migration(BaseRule):
         if not (fewer_tails or fewer_samples):
             return
         length = self.lengths.expected(s)
-        if book.slots(target) <= 0 or self.ctx.free_slots(target) <= 0 or not book.fits(target, s.prompt_len + length):
+        if book.slots(target) <= 0 or self.ctx.free_slots(target) <= 0:
             return
         book.move_to(s, target, length)
         self.arriving[s] = (to, context)

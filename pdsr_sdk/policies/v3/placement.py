@@ -1,13 +1,14 @@
-"""v3's placement and KV admission: where arriving work goes and when an engine takes more.
+"""v3's placement: where arriving work goes.
 
-A batch whose KV cache binds (by the predicted demand of what can run at once) is dealt from the ranked pool
-(:mod:`.ranking`), one sample at a time to the least loaded engine, while the predicted KV demand of what an
-engine runs (prompt + the larger of what a sample has produced and its predicted length) leaves room for the new
-sample's; an engine with nothing running always takes work. Otherwise, with a probe measured to predict
-nothing, from a stream's start and in a stream without a staleness bound, it places work as baseline does: each
-arrival's groups in contiguous chunks per engine (``placement.mode``), so that a group's samples share their prompt's
-prefix cache on one engine; in a batch an engine with free slots and nothing queued then takes whole unstarted
-groups from the end of another's chunk (``chunk_steal``), so that chunks stay work-conserving."""
+In a stream under a staleness bound whose probe is measured to predict, arriving groups are dealt from the ranked
+pool (:mod:`.ranking`), one sample at a time to the least loaded engine as slots allow; so is a cold batch that
+queues for slots (no length seen yet), probes first, so that its first finishes measure the probe. An engine that
+refills from the pool takes no more than its share by slots of the predicted remaining work (``balance``).
+Otherwise work is placed as baseline places it: each arrival's groups in contiguous chunks per engine
+(``placement.mode``), so that a group's samples share their prompt's prefix cache on one engine; in a batch an
+engine with free slots and nothing queued then takes whole unstarted groups from the end of another's chunk
+(``chunk_steal``), so that chunks stay work-conserving. (KV-aware admission, which dealt a batch whose KV cache
+bound and held each engine to a predicted KV budget, was removed: docs/notes/v3-rules.md.)"""
 
 from __future__ import annotations
 
@@ -26,14 +27,13 @@ from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class Placement(BaseRule):
-    """Places arriving groups (chunks or the ranked pool), fills engines as slots and KV allow, and keeps chunks
+    """Places arriving groups (chunks or the ranked pool), fills engines as slots allow, and keeps chunks
     work-conserving by stealing whole unstarted groups."""
 
     def __init__(self, config: V3Settings, ctx: DispatchContext, ledger: Ledger, lengths: Lengths,
                  ranking: Ranking, lane: Lane) -> None:
         self.cfg = config
         self.ctx = ctx
-        self.kv_admission = config.on("kv_admission")
         self.probes_first = config.on("probes_first")
         self.chunk_steal = config.on("chunk_steal")
         self.balance = config.on("balance")
@@ -64,34 +64,24 @@ class Placement(BaseRule):
     def _chunks(self, groups: list[Group]) -> bool:
         """'auto' placement: baseline's chunks while the probe is measured useless, from a stream's start, in a
         stream without a staleness bound (no lane there: dealing only spreads groups over engines), and for a batch
-        whose KV cache does not bind (``_kv_fits``)."""
+        (but a cold one that queues: :meth:`_chunked_batch`)."""
         if self.ctx.streaming:
             return not self.ranking.informative or self.ctx.max_staleness is None
-        return (not self.ranking.informative and self.ranking.correlation is not None) or self._kv_fits(groups)
+        return (not self.ranking.informative and self.ranking.correlation is not None) or self._chunked_batch(groups)
 
-    def _kv_fits(self, groups: list[Group]) -> bool:
-        """Whether the arriving batch's samples that can run at once (as many as there are free slots) fit the
-        engines' KV caches by their predicted demand (always, before any length has been seen). Then baseline's
-        chunks place it, kept work-conserving by ``chunk_steal``, and what v3 adds (moves, steals) is all that
-        differs; it deals from its ranked pool, with KV-aware admission, only where the KV cache binds. Dealing
-        lost where a batch queues for slots (informative family, 8 engines, B=512, ten draws: 0.981x baseline,
-        worst 1.015, against 0.964x, worst 1.000, in chunks with steals; a draw dealt without moves 1.043x,
-        chunked 1.000x), and where every sample starts at once it spread each prompt over every engine's prefix
-        cache and lost up to 3-11% on some draws (docs/notes/v3.md)."""
+    def _chunked_batch(self, groups: list[Group]) -> bool:
+        """Whether a batch goes in baseline's chunks (kept work-conserving by ``chunk_steal``, v3's moves all that
+        differs): every batch once a length has been seen, and a cold one that starts at once. A cold batch that
+        queues is dealt, probes first, so that its first finishes measure the probe. Dealing lost where a batch
+        queues for slots once lengths were known (informative family, 8 engines, B=512, ten draws: 0.981x
+        baseline, worst 1.015, against 0.964x, worst 1.000, in chunks with steals), and where every sample starts
+        at once it spread each prompt over every engine's prefix cache and lost up to 3-11% on some draws
+        (docs/notes/v3.md)."""
         book = self.ledger
-        samples = [s for g in groups for s in g.samples if not s.finished]
-        prior = self.lengths.prior()
-        if prior <= 0 or not samples:
-            # nothing seen yet: a batch that starts at once goes as baseline's; one that queues is dealt, probes
-            # first, so that its first finishes measure the probe and the lengths KV-aware admission needs
-            return book.total_assigned + len(book.waiting) + len(samples) <= book.total_slots
-        engines = [book.by_name[n] for n in book.assigned]
-        cap = sum(getattr(e, "kv_cache_tokens", None) or 0 for e in engines)
-        if not self.kv_admission or not cap:
+        samples = sum(1 for g in groups for s in g.samples if not s.finished)
+        if self.lengths.prior() > 0 or not samples:
             return True
-        at_once = min(len(samples), max(0, book.total_slots - book.total_assigned - len(book.waiting)))
-        each = sum(s.prompt_len + max(s.num_generated, prior) for s in samples) / len(samples)
-        return sum(book.demand.values()) + at_once * each <= self.cfg.placement.kv_budget * cap
+        return book.total_assigned + len(book.waiting) + samples <= book.total_slots
 
     def _place_chunks(self, groups: list[Group]) -> None:
         """Baseline's placement of the arriving groups (``placement.mode``), with v3's bookkeeping."""
@@ -113,7 +103,7 @@ class Placement(BaseRule):
                 self.chunks.setdefault(e.name, deque()).append(s)
 
     def _take(self, e: Engine, balance: bool = True) -> bool:
-        """Give ``e`` the top-ranked waiting sample (:meth:`Ranking.pick`) if it has a slot and KV room; True if it
+        """Give ``e`` the top-ranked waiting sample (:meth:`Ranking.pick`) if it has a slot; True if it
         did. Within a batch whose probe predicts, the rank is strict (there a hard group's long samples are better
         spread: 8 engines, B=128, seeds 12-14, four batches, 0.987 / 0.994 / 1.019 of baseline spread, 0.991 /
         0.989 / 1.025 kept together; KV-bound 0.941 / 0.969 against 0.948 / 0.981)."""
@@ -127,8 +117,6 @@ class Placement(BaseRule):
             return False
         s, top, local = picked
         length = self.lengths.expected(s)
-        if not book.fits(e, s.prompt_len + length):
-            return False
         if (balance and self.balance and book.assigned[e.name]
                 and book.remaining[e.name] + length > book.fair_share(e, self.lengths.prior())):
             return False
@@ -147,7 +135,7 @@ class Placement(BaseRule):
 
     def _fill_all(self) -> None:
         """A batch arrived: spread its ranked work over all engines, one sample at a time to the least loaded
-        one, as far as slots and KV allow (no share limit: what fits now starts now)."""
+        one, as far as slots allow (no share limit: what fits now starts now)."""
         self.filling = True
         assigned = self.ledger.assigned
         try:

@@ -19,13 +19,16 @@ from pdsr_sdk.config.base import deprecated_key
 from pdsr_sdk.errors import ConfigError, PdsrDeprecationWarning
 
 #: the rules (and parts of rules) that ``disable`` may switch off
-V3Rule = Literal["probes_first", "locality", "kv_admission", "balance", "chunk_steal", "migration", "early_restart"]
+V3Rule = Literal["probes_first", "locality", "balance", "chunk_steal", "migration", "early_restart"]
 RULES: tuple[str, ...] = get_args(V3Rule)
 #: rules removed from v3 (issue 48's rule table, docs/notes/v3-rules.md) -> why; ``disable`` naming one is an error in a
 #: config written by hand, and is dropped with a warning in settings read back from a saved run
 REMOVED_RULES: dict[str, str] = {
     "lead_guard": "v3's move guard (lead_guard) was removed (it cost up to 3.4% on-policy at B = 128, on heavy, and "
                   "gained at most 0.1% anywhere)",
+    "kv_admission": "v3's KV-aware admission (kv_admission, with placement.kv_budget) was removed (it acted only on "
+                    "the KV-bound members, never gained on the workload family's median, and cost 1.8% on longcot "
+                    "in a partial-rollout stream)",
 }
 
 
@@ -59,19 +62,17 @@ class LengthSettings(ConfigModel):
 
 
 class PlacementSettings(ConfigModel):
-    """Placement and KV admission (:mod:`.placement`): where arriving groups go and when an engine takes more."""
+    """Placement (:mod:`.placement`): where arriving groups go."""
+
+    #: kv_budget went with KV-aware admission
+    removed_keys: ClassVar[dict[str, str]] = {"kv_budget": REMOVED_RULES["kv_admission"]}
 
     mode: Literal["auto", "chunk", "deal"] = Field(
         "auto", description="'deal': the ranked pool, one sample at a time to the least loaded engine as slots "
-                            "and KV allow; 'chunk': baseline's contiguous chunks per engine; 'auto': deal where the "
-                            "KV cache binds or a stream under a staleness bound has a predictive probe, else chunk. "
-                            "Chunks keep a group's prompt in one engine's prefix cache; the ranked pool wins only "
-                            "where memory or staleness binds.")
-    kv_budget: float = Field(
-        1.5, gt=0, description="With kv_admission: admit while the predicted final KV demand of an engine's samples, "
-                               "the new one's included, stays within this multiple of its KV capacity. Above 1 "
-                               "because samples end at different times and hold about half their final length on "
-                               "average; 1.5 was fastest on the KV-bound member (1.0 held work back, 2.0 preempted).")
+                            "allow; 'chunk': baseline's contiguous chunks per engine; 'auto': deal a stream under a "
+                            "staleness bound whose probe predicts, and a cold batch that queues, else chunk. Chunks "
+                            "keep a group's prompt in one engine's prefix cache; the ranked pool wins where "
+                            "staleness binds.")
     heavy_max_seqs: int | None = Field(
         None, ge=1, description="Run the heavy pool's engines with at most this many samples each. None: the "
                                 "engine's own limit, as every other engine, since no workload measured gained "
@@ -158,7 +159,7 @@ FLAT_KEYS: dict[str, str] = {
     "rank": "ranking.mode", "min_correlation": "ranking.min_correlation",
     "correlation_window": "ranking.correlation_window", "min_pairs": "ranking.min_pairs",
     "history": "lengths.history",
-    "stream_placement": "placement.mode", "kv_budget": "placement.kv_budget",
+    "stream_placement": "placement.mode",
     "heavy_max_seqs": "placement.heavy_max_seqs",
     "migrate_quantile": "migration.quantile", "cap_runner_share": "migration.cap_runner_share",
     "migrate_min_gap": "migration.min_gap", "migrate_min_ratio": "migration.min_ratio",
@@ -170,7 +171,7 @@ FLAT_KEYS: dict[str, str] = {
 }
 # flat on/off key of earlier versions -> the rule ``disable`` names
 FLAT_SWITCHES: dict[str, str] = {
-    "probes_first": "probes_first", "locality": "locality", "kv_admission": "kv_admission", "balance": "balance",
+    "probes_first": "probes_first", "locality": "locality", "balance": "balance",
     "chunk_steal": "chunk_steal", "migrate": "migration", "early_restart": "early_restart",
 }
 
@@ -179,16 +180,18 @@ class V3Settings(ConfigModel):
     """Settings of the v3 policy: a section per rule, and the rules switched off."""
 
     #: a key of a rule removed from v3 -> what to say
-    removed_keys: ClassVar[dict[str, str]] = {"migrate_lead_guard": REMOVED_RULES["lead_guard"]}
+    removed_keys: ClassVar[dict[str, str]] = {"migrate_lead_guard": REMOVED_RULES["lead_guard"],
+                                              "kv_admission": REMOVED_RULES["kv_admission"],
+                                              "kv_budget": REMOVED_RULES["kv_admission"]}
 
     disable: list[V3Rule] = Field(
-        default_factory=list, description="Rules switched off, for A/B runs: probes_first, locality, kv_admission, "
-                                          "balance, chunk_steal, migration, early_restart. None by default: each rule "
+        default_factory=list, description="Rules switched off, for A/B runs: probes_first, locality, balance, "
+                                          "chunk_steal, migration, early_restart. None by default: each rule "
                                           "kept gains where it acts (docs/notes/v3-rules.md).")
     ranking: RankingSettings = Field(default_factory=RankingSettings, description="The ranked pool of waiting work.")
     lengths: LengthSettings = Field(default_factory=LengthSettings, description="The length prior and its history.")
     placement: PlacementSettings = Field(default_factory=PlacementSettings,
-                                         description="Where arriving groups go, and KV-aware admission.")
+                                         description="Where arriving groups go.")
     migration: MigrationSettings = Field(default_factory=MigrationSettings,
                                          description="Moving a tail sample once to a lightly loaded engine.")
     lane: LaneSettings = Field(default_factory=LaneSettings,
