@@ -27,8 +27,8 @@ REMOVED_RULES: dict[str, str] = {
     "lead_guard": "v3's move guard (lead_guard) was removed (it cost up to 3.4% on-policy at B = 128, on heavy, and "
                   "gained at most 0.1% anywhere)",
     "kv_admission": "v3's KV-aware admission (kv_admission, with placement.kv_budget) was removed (it acted only on "
-                    "the KV-bound members, never gained on the workload family's median, and cost 1.8% on longcot "
-                    "in a partial-rollout stream)",
+                    "the KV-bound members, never gained on the workload family's median, and cost 2.0% on longcot "
+                    "on-policy at B = 512)",
 }
 
 
