@@ -103,8 +103,9 @@ def batch_times(member: str, seed: int, b: int, batches: int, labels: dict[str, 
 
 def stream_times(member: str, seed: int, b: int, f: float, max_steps: int, labels: dict[str, list[str]]
                  ) -> dict[str, tuple[float, int]]:
-    """Steady step time and preemptions (all engines, every step) of each variant in a partial-rollout stream of ``member``'s draw (6 + 2 engines, B groups a
-    step, over-provision ``f``, staleness at most 2, KV kept over an update, K = min(pinned, ``max_steps``))."""
+    """Steady step time and preemptions (all engines, every step) of each variant in a partial-rollout stream of
+    ``member``'s draw (6 + 2 engines, B groups a step, over-provision ``f``, staleness at most 2, KV kept over an
+    update, K = min(pinned, ``max_steps``))."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import run_steps
     from pdsr_sdk.traces import workload

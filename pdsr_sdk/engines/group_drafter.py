@@ -101,7 +101,7 @@ def draft_corpus(sample: Any) -> list[list[int]]:
     corpus = sibling_responses(sample)
     group = getattr(sample, "group", None)
     if group is not None:
-        corpus += getattr(group, "draft_responses", None) or []
+        corpus += group.draft_responses
     return corpus
 
 

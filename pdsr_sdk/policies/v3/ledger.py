@@ -99,7 +99,7 @@ class Ledger:
         if name is None:
             return
         length, gen = self.predicted.pop(s)
-        if name in self.remaining:
+        if name in self.assigned:
             self.remaining[name] -= length - gen
             self.assigned[name] -= 1
             if s in self.tail:
