@@ -122,7 +122,9 @@ class ChatServer:
         await asyncio.shield(done)
 
     def add(self, groups: list[Group]) -> None:
-        """Hand ``groups`` to the dispatcher, as a step's groups are."""
+        """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier
+        responses to its prompt to draft from)."""
+        self.session.give_history(groups)
         sched = self.session.scheduler
         sched.guarded(sched.add_groups, groups)
 

@@ -552,7 +552,7 @@ class RolloutSession:
         if self._stream is not None:
             raise RunError("restore_carried: the stream has started; call it before the first step")
         self._restored = list(groups)
-        self._give_history([g for g, _ in self._restored])
+        self.give_history([g for g, _ in self._restored])
 
     def _new_stream_groups(self, count: int) -> list[Group]:
         items: list = []
@@ -568,12 +568,13 @@ class RolloutSession:
         groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
         if self._step_agent is not None:
             self.agents.prepare(groups, self._step_agent)
-        self._give_history(groups)
+        self.give_history(groups)
         return groups
 
-    def _give_history(self, groups: list[Group]) -> None:
+    def give_history(self, groups: list[Group]) -> None:
         """Speculative 'group': each group drafts from the earlier responses to its prompt kept so far (none
-        recorded while it runs: a prompt's groups rarely overlap)."""
+        recorded while it runs: a prompt's groups rarely overlap). Called for every group the session hands to the
+        engines: a step's, a stream's, restored carried ones and a served request's (:mod:`.serve`)."""
         if self.draft_history is not None:
             for g in groups:
                 g.draft_responses = self.draft_history.responses(g)
@@ -683,7 +684,7 @@ class RolloutSession:
         return await self.run_groups(groups)
 
     async def run_groups(self, groups: list[Group]) -> BatchResult:
-        self._give_history(groups)
+        self.give_history(groups)
         done = asyncio.get_running_loop().create_future()
         self.run.start_batch(groups, lambda: done.done() or done.set_result(None))
         await asyncio.wait({done, self._fatal}, return_when=asyncio.FIRST_COMPLETED)

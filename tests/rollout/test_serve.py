@@ -210,6 +210,34 @@ def test_streams_carry_the_whole_turn_in_one_chunk(served):
         (0, None), (0, "stop"), (1, None), (1, "stop")]
 
 
+@requires_torch
+def test_a_served_request_drafts_from_earlier_responses_to_its_prompt(tiny_model_dir):
+    """Speculative 'group' through the server: a request's group is given the responses the session kept for its
+    prompt (``DraftHistory``), as a step's groups are; none for a prompt not seen before."""
+    from pdsr_sdk.engines.group_drafter import DraftHistory
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 64},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
+                                  "max_model_len": 256, "max_num_seqs": 4}])
+    with RolloutSession(cfg, draft_history=DraftHistory(per_prompt=3)) as session:
+        done: list = []
+        session.hooks.on_group_done.append(done.append)
+        ready: queue.Queue = queue.Queue()
+        thread = threading.Thread(target=session.serve, kwargs={"port": 0, "on_ready": ready.put})
+        thread.start()
+        try:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}/v1", api_key="none",
+                                   max_retries=0)
+            first = client.completions.create(model="pdsr", prompt=[5, 6, 7], n=2, max_tokens=8)
+            client.completions.create(model="pdsr", prompt=[5, 6, 7], n=2, max_tokens=8)
+            client.completions.create(model="pdsr", prompt=[9, 10], max_tokens=8)
+        finally:
+            session.stop_serving()
+            thread.join(WAIT_S)
+    responses = [c.token_ids for c in first.choices]
+    assert [g.draft_responses for g in done] == [[], responses, []]
+
+
 def test_stream_chunks_number_tool_calls():
     from pdsr_sdk.rollout.serve import stream_chunks
 
