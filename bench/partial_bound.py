@@ -1,0 +1,123 @@
+"""Benchmark: can any schedule meet issue 48's partial-rollout targets on each member of the workload family?
+
+    .venv/bin/python bench/partial_bound.py --jobs 2                 # every member, B = 128 and 512, 5 seeds
+    .venv/bin/python bench/partial_bound.py --family heavy --batch-sizes 128 --jobs 2
+
+A partial-rollout stream's steady step cannot be shorter, on average, than the engine time of the tokens it
+consumes: every consumed token is generated once, in this step or an earlier one, and in a steady state the
+steps generate as many tokens as they consume. The **work bound** is that time at full occupancy (each token at
+its least cost: the per-step cost shared by the engine's full batch, its own attention over its context, the
+prompt prefilled once per engine; ``pdsr simulate``'s ``work_bound_s``) over the engines. Over the on-policy step
+at the same B it is the least step / on-policy step that any schedule of these engines reaches while it consumes
+the responses as drawn (a schedule that restarts long responses for fresh, shorter draws consumes fewer tokens;
+that is the token ratio of docs/benchmarks.md).
+
+For each member (its pinned profile, K and seeds; 6 + 2 equal engines, S = 2) it runs the stream once without
+over-provision (F = 0, nothing carried, nothing restarted: the consumed tokens are the trace's) and prints, per B,
+the work bound / on-policy step and F = 0's step / on-policy step, each the median [min, max] over the seeds,
+beside the target for the member's kind: where the bound's median is above the worst-member target, no schedule of
+these engines meets it on that member. Then, per B, the median over the members the median target covers
+(`informative`, `seed002`, `heavy`, the recorded traces) of their bounds' medians: above the median target, no
+schedule meets that either. All in virtual time (the machine's speed does not enter). Runtime: 21 minutes for
+the family (eleven members, B = 128 and 512, five seeds) with `--jobs 2` on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+#: issue 48's targets, step / on-policy step at the fastest F within 10% partial tokens: (median, worst member)
+TARGETS = {128: (0.45, 0.50), 512: (0.62, 0.66)}
+#: the KV-bound long-reasoning members' own target (B = 128 only)
+KV_BOUND = ("kv-bound", "longcot")
+KV_TARGET = 0.75
+
+
+def bound_cell(name: str, seed: int, b: int) -> tuple[float, float]:
+    """(work bound / on-policy step, F = 0's steady step / on-policy step) for one draw of member ``name``."""
+    from pdsr_sdk.sim.config import SimulateConfig
+    from pdsr_sdk.sim.steps import simulate_steps
+    from pdsr_sdk.traces import workload
+
+    member = workload(name)
+    k = member.measure.steps
+    prof = dict(member.measure.profile)
+    cfg = SimulateConfig(policy="v3", fast=6, heavy=2, steps=k, step_groups=b, over_provision=0.0,
+                         max_staleness=2, kv_on_update="keep", timeline=False, profiles={"fast": prof, "heavy": prof})
+    report = simulate_steps(member.trace(groups=(k + 1) * b, n=8, seed=seed), cfg)
+    run = report.runs[0]
+    base = report.baseline_step_s
+    return run.work_bound_s / base, run.steady_step_s / base
+
+
+def _cell(args: tuple[str, int, int]) -> tuple[str, int, int, tuple[float, float]]:
+    name, seed, b = args
+    return name, seed, b, bound_cell(name, seed, b)
+
+
+def spread(values: list[float]) -> str:
+    return f"{np.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]" if len(values) > 1 else f"{values[0]:.3f}"
+
+
+def target_for(name: str, b: int) -> tuple[float, float] | None:
+    """The member's (median, worst) target at ``b`` (None: the issue sets none there)."""
+    if name in KV_BOUND:
+        return (KV_TARGET, KV_TARGET) if b == 128 else None
+    if name.startswith("uninformative") or name == "multi-turn":
+        return None
+    return TARGETS.get(b)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", default="all", help="members, comma-separated, or all [default: all]")
+    ap.add_argument("--batch-sizes", default="128,512", help="B, comma-separated [default: 128,512]")
+    ap.add_argument("--seeds", default=None, help="trace seeds, comma-separated [default: each member's pinned]")
+    ap.add_argument("--jobs", type=int, default=1, help="cells run at once, in worker processes (one a core)")
+    args = ap.parse_args()
+
+    from pdsr_sdk.traces import WORKLOADS, workload
+
+    # multi-turn: no staleness bound applies (its samples are never restarted) and the issue sets it no target
+    names = ([n for n in WORKLOADS.names() if n != "multi-turn"] if args.family == "all"
+             else args.family.split(","))
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    cells = [(n, s, b) for n in names for b in sizes
+             for s in ([int(x) for x in args.seeds.split(",")] if args.seeds else workload(n).measure.seeds)]
+    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs) as ex:
+            results = list(ex.map(_cell, cells))
+    else:
+        results = [_cell(c) for c in cells]
+    for name, seed, b, r in results:
+        out.setdefault((name, b), []).append(r)
+        print(f"# {name} seed {seed} B {b}: work bound {r[0]:.4f}, F = 0 {r[1]:.4f}", flush=True)
+
+    print("\n| member | B | work bound / on-policy step | F = 0 step / on-policy step | target (median / worst) "
+          "| any schedule |")
+    print("|---|---|---|---|---|---|")
+    for (name, b), rs in out.items():
+        bound = [r[0] for r in rs]
+        target = target_for(name, b)
+        if target is None:
+            verdict, shown = "no target", "-"
+        else:
+            shown = f"{target[0]:.2f} / {target[1]:.2f}"
+            verdict = "out of reach" if float(np.median(bound)) > target[1] else "within reach"
+        print(f"| `{name}` | {b} | {spread(bound)} | {spread([r[1] for r in rs])} | {shown} | {verdict} |")
+    for b in sizes:
+        covered = [float(np.median([r[0] for r in rs])) for (name, bb), rs in out.items()
+                   if bb == b and name not in KV_BOUND and target_for(name, b) is not None]
+        if covered and b in TARGETS:
+            med = float(np.median(covered))
+            print(f"\nB = {b}: the median over {len(covered)} members of the work bound is {med:.3f} against the "
+                  f"median target {TARGETS[b][0]:.2f}: " + ("out of reach" if med > TARGETS[b][0] else "within reach"))
+
+
+if __name__ == "__main__":
+    main()

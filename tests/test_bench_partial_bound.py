@@ -1,0 +1,26 @@
+"""bench/partial_bound.py: the work bound sits below what a schedule reaches, and each member gets its kind's
+target."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import load_bench
+
+
+def load():
+    return load_bench("partial_bound")
+
+
+def test_targets_follow_the_members_kind():
+    pb = load()
+    assert pb.target_for("kv-bound", 128) == (0.75, 0.75) and pb.target_for("longcot", 512) is None
+    assert pb.target_for("recorded-math", 128) == (0.45, 0.50) and pb.target_for("seed002", 512) == (0.62, 0.66)
+    assert pb.target_for("uninformative", 128) is None and pb.target_for("multi-turn", 128) is None
+
+
+@pytest.mark.parametrize("member", ["seed002", "recorded-math"])
+def test_the_work_bound_is_below_the_stream_it_is_taken_from(member):
+    """A lower bound on any schedule's steady step: below the step the F = 0 stream itself takes, and positive."""
+    bound, f0 = load().bound_cell(member, 101, 16)
+    assert 0 < bound < f0
