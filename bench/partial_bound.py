@@ -87,16 +87,18 @@ def main() -> None:
     cells = [(n, s, b) for n in names for b in sizes
              for s in ([int(x) for x in args.seeds.split(",")] if args.seeds else workload(n).measure.seeds)]
     out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    ex = None
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(args.jobs) as ex:
-            results = list(ex.map(_cell, cells))
-    else:
-        results = [_cell(c) for c in cells]
-    for name, seed, b, r in results:
-        out.setdefault((name, b), []).append(r)
-        print(f"# {name} seed {seed} B {b}: work bound {r[0]:.4f}, F = 0 {r[1]:.4f}", flush=True)
+        ex = ProcessPoolExecutor(args.jobs)
+    try:
+        for name, seed, b, r in (ex.map(_cell, cells) if ex is not None else map(_cell, cells)):
+            out.setdefault((name, b), []).append(r)   # each cell's line as it is done: the progress of a long run
+            print(f"# {name} seed {seed} B {b}: work bound {r[0]:.4f}, F = 0 {r[1]:.4f}", flush=True)
+    finally:
+        if ex is not None:
+            ex.shutdown()
 
     print("\n| member | B | work bound / on-policy step | F = 0 step / on-policy step | target (median / worst) "
           "| any schedule |")
