@@ -101,7 +101,7 @@ def test_disable_names_only_rules_and_is_kept_in_one_order():
     with pytest.raises(ConfigError, match=r"disable\.0.*'probes_first'.*'early_restart'"):
         validate_config(V3Settings, {"disable": ["migrate"]})
     with pytest.raises(ConfigError, match=r"migration\.stal_share: unknown config key; valid keys here: "
-                                          r"cap_runner_share, min_gap, min_ratio, quantile, stall_share"):
+                                          r"cap_runner_share, kv_headroom, min_gap, min_ratio, quantile, stall_share"):
         validate_config(V3Settings, {"migration": {"stal_share": 0.3}})
 
 
@@ -312,6 +312,7 @@ ACTS = [
     ("migration.min_gap", 1, {}, "batches", _informative, {}),
     ("migration.min_ratio", 1.0, {}, "batches", _uninformative, {}),
     ("migration.stall_share", 0.0, {}, "batches", _informative, {}),
+    ("migration.kv_headroom", 0.9, {}, "batches", _informative, {}),
     ("lane.mode", "never", {}, "steps", _runaways, {}),
     ("lane.seqs", 1, {"lane": LANE}, "steps", _runaways, {}),
     ("lane.quantile", 0.9, {"lane": LANE}, "steps", _runaways, {}),

@@ -3,9 +3,9 @@
 At a segment boundary a running sample that has already run long (past the 97th percentile of finished lengths,
 or past the length beyond which most samples ran to the response cap: :class:`~.lengths.Lengths`) joins the tail.
 Once nothing waits, a tail sample moves once to the engine running the fewest tail samples (then the fewest
-samples), when that engine runs clearly fewer than its own, unless that engine's furthest-along sample is expected
-to run longer than the moved one (it would be slowed, and it sets the target's end), and while the prefill of the
-moved samples still arriving there costs at most a share of what the move saves (each re-prefills its context on
+samples), when that engine runs clearly fewer than its own, its KV cache keeps some room free with the moved
+context added (where the cache binds, a move into a full one crowds out the target's own long samples), and the
+prefill of the moved samples still arriving there costs at most a share of what the move saves (each re-prefills its context on
 the target; the prices are learnt from the engines' timings, :class:`~pdsr_sdk.policies.move_prices.MovePrices`);
 nothing moves twice. With the tail lane on (:mod:`.lane`) the lane moves instead. A multi-turn sample (an agent's)
 is not moved: on the multi-turn member its moves cost up to 0.8% at B = 128 (8 engines, five seeds) and gained
@@ -101,9 +101,10 @@ class Migration(BaseRule):
         self.arriving_ctx[to] = self.arriving_ctx.get(to, 0) + context
 
     def _open_target(self, s: Sample, source: Engine, context: int) -> Engine | None:
-        """The best move target (:meth:`Ledger.best_target`) among those where the prefill of the moves still
-        arriving, and of this one's ``context`` tokens, pays (``migration.stall_share``); the next best are tried
-        while the best are ruled out (with many engines one target was full and moves waited)."""
+        """The best move target (:meth:`Ledger.best_target`) among those whose KV cache has room for this one's
+        ``context`` tokens (``migration.kv_headroom``) and where the prefill of the moves still arriving, and of this
+        one, pays (``migration.stall_share``); the next best are tried while the best are ruled out (with many
+        engines one target was full and moves waited)."""
         skipped = []
         found = None
         remaining = self.lengths.residual(s.num_generated)
@@ -111,13 +112,20 @@ class Migration(BaseRule):
             target = self.ledger.best_target()
             if target is None:
                 break
-            if target is source or self._takes(target.name, source.name, context, remaining):
+            if target is source or (self._fits(target, context)
+                                    and self._takes(target.name, source.name, context, remaining)):
                 found = target
                 break
             skipped.append(heapq.heappop(self.ledger.targets))
         for entry in skipped:
             heapq.heappush(self.ledger.targets, entry)
         return found
+
+    def _fits(self, target: Engine, context: int) -> bool:
+        """Whether ``target``'s KV cache, as it reports it, keeps ``migration.kv_headroom`` free with the moved
+        ``context`` added (an engine that reports no KV cache always fits)."""
+        usage, tokens = target.load().kv_cache_usage, target.kv_cache_tokens
+        return usage is None or not tokens or usage + context / tokens <= 1.0 - self.cfg.migration.kv_headroom
 
     def _takes(self, name: str, source: str, context: int, remaining: float) -> bool:
         """Whether engine ``name`` takes a moved sample of ``context`` tokens that has ``remaining`` still to come."""
