@@ -5,11 +5,11 @@ or past the length beyond which most samples ran to the response cap: :class:`~.
 Once nothing waits, a tail sample moves once to the engine running the fewest tail samples (then the fewest
 samples), when that engine runs clearly fewer than its own, its KV cache keeps some room free with the moved
 context added (where the cache binds, a move into a full one crowds out the target's own long samples), and the
-prefill of the moved samples still arriving there costs at most a share of what the move saves (each re-prefills its context on
-the target; the prices are learnt from the engines' timings, :class:`~pdsr_sdk.policies.move_prices.MovePrices`);
-nothing moves twice. With the tail lane on (:mod:`.lane`) the lane moves instead. A multi-turn sample (an agent's)
-is not moved: on the multi-turn member its moves cost up to 0.8% at B = 128 (8 engines, five seeds) and gained
-nothing where slots bind (docs/notes/multi-turn.md)."""
+prefill of the moved samples still arriving there costs at most a share of what the move saves (each re-prefills
+its context on the target; the prices are learnt from the engines' timings,
+:class:`~pdsr_sdk.policies.move_prices.MovePrices`); nothing moves twice. With the tail lane on (:mod:`.lane`) the
+lane moves instead. A multi-turn sample (an agent's) is not moved: on the multi-turn member its moves cost up to 0.8%
+at B = 128 (8 engines, five seeds) and gained nothing where slots bind (docs/notes/multi-turn.md)."""
 
 from __future__ import annotations
 
