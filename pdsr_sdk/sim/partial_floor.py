@@ -55,12 +55,11 @@ def least_extra(lengths, step_s: float, budget: float, *, c0: float, c1: float, 
     u_sorted = np.sort(u)
     below = np.concatenate(([0.0], np.cumsum(u_sorted)))   # sum of the k smallest
     n = len(u_sorted)
-    level = u_sorted[-1]
-    for k in range(n):   # the first k are below the level, the other n - k sit at it
-        candidate = (need - below[k]) / (n - k)
-        if candidate <= u_sorted[k]:
-            level = candidate
-            break
+    # with the k smallest below the level and the other n - k at it, the level is (need - their sum) / (n - k);
+    # the right k is the first whose level does not exceed the k-th smallest
+    candidates = (need - below[:n]) / (n - np.arange(n))
+    fits = np.nonzero(candidates <= u_sorted)[0]
+    level = candidates[fits[0]] if fits.size else u_sorted[-1]
     return float(np.sum(extra_cost(np.minimum(u, level), step_s, c0=c0, c1=c1, max_seqs=max_seqs)))
 
 
