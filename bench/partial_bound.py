@@ -47,6 +47,7 @@ def bound_cell(name: str, seed: int, b: int) -> tuple[float, float, float]:
     """(work bound, partial-budget floor, F = 0's steady step), each over the on-policy step, for one draw of
     member ``name``."""
     from pdsr_sdk.sim.config import SimulateConfig
+    from pdsr_sdk.sim.driver import bound_coefficients
     from pdsr_sdk.sim.partial_floor import partial_floor
     from pdsr_sdk.sim.steps import simulate_steps
     from pdsr_sdk.traces import workload
@@ -60,9 +61,9 @@ def bound_cell(name: str, seed: int, b: int) -> tuple[float, float, float]:
     report = simulate_steps(trace, cfg)
     run = report.runs[0]
     base = report.baseline_step_s
-    p = cfg.profiles.fast   # (the heavy pool's is the same: equal engines)
-    floor = partial_floor(np.asarray(trace.lengths), run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy, budget=BUDGET,
-                          c0=p.c0_s, c1=p.c1_s_per_seq, max_seqs=p.max_num_seqs)
+    coeffs = bound_coefficients(cfg)   # the cheapest terms over the pools, as the work bound prices them
+    floor = partial_floor(np.asarray(trace.lengths), run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
+                          budget=BUDGET, c0=coeffs["c0"], c1=coeffs["c1"], max_seqs=int(coeffs["max_seqs"]))
     return run.work_bound_s / base, floor / base, run.steady_step_s / base
 
 
