@@ -17,7 +17,8 @@ accepted = how many of them the recorded response continues with; the step moves
 
 Rules: ``ngram`` (the row's own prompt and output, as vLLM's), ``siblings`` (the corpus only), and ``group``'s two
 rules as its proposer runs them (``GroupProposer._draft``): ``vote`` (the default: every place the longest n-gram
-occurs in the corpus and the row's own context votes, the draft grows while ``--share`` of them agree) and
+occurs in the corpus (with ``--corpus-min-n`` tokens or more) and the row's own context votes, the draft grows
+while ``--share`` of them agree) and
 ``longest`` (the first rule: the longest match, the row's own on a tie). Printed per rule: accepted / drafted, per
 verify step, draft share (accepted / tokens), over the whole step and over the last ``--tail-frac`` of its tokens
 (by the recorded times), and for ``longest`` and ``vote`` the steps by where the draft came from and the n-gram
@@ -52,7 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--corpus-at", choices=("launch", "token"), default="launch",
                    help="which siblings a step drafts from: those finished when its segment was launched (what pdsr "
                         "does) or those finished by the step itself (a corpus refreshed every step: the bound)")
-    p.add_argument("--share", type=float, default=0.5, help="vote: the share of places a drafted token needs")
+    p.add_argument("--share", type=float, default=None,
+                   help="vote: the share of places a drafted token needs (default: the proposer's, VOTE_SHARE)")
+    p.add_argument("--corpus-min-n", type=int, default=None,
+                   help="vote: the shortest n-gram a corpus place counts with (default: the window's longest)")
     p.add_argument("--tail-frac", type=float, default=0.1, help="the tail: the last share of the step's tokens")
     return p.parse_args(argv)
 
@@ -75,10 +79,15 @@ def token_times(row: dict[str, Any]) -> np.ndarray:
     return out
 
 
-def rule_fn(name: str, min_n: int, max_n: int, share: float = 0.5) -> Callable[..., tuple[list[int], str, int]]:
-    """``fn(context, corpus, start, k) -> (draft, source, n-gram length)``."""
+def rule_fn(name: str, min_n: int, max_n: int, share: float | None = None,
+            corpus_min_n: int | None = None) -> Callable[..., tuple[list[int], str, int]]:
+    """``fn(context, corpus, start, k) -> (draft, source, n-gram length)``; ``vote``'s ``share`` and
+    ``corpus_min_n`` default to the proposer's (``VOTE_SHARE``, the window's longest)."""
     from pdsr_sdk.engines import group_match
-    from pdsr_sdk.engines.group_drafter import GroupProposer
+    from pdsr_sdk.engines.group_drafter import VOTE_SHARE, GroupProposer
+
+    share = VOTE_SHARE if share is None else share
+    corpus_min_n = max_n if corpus_min_n is None else corpus_min_n
 
     def ngram(ctx, corpus, start, k):
         m = group_match.best_match(ctx, [ctx], min_n, max_n)
@@ -98,9 +107,10 @@ def rule_fn(name: str, min_n: int, max_n: int, share: float = 0.5) -> Callable[.
         return draft, ("own" if own else ""), own[0] if own else 0
 
     def vote(ctx, corpus, start, k):
-        extra = {"min_n": min_n, "max_n": max_n, "start": start, "rule": "vote", "share": share}
+        extra = {"min_n": min_n, "max_n": max_n, "start": start, "rule": "vote", "share": share,
+                 "corpus_min_n": corpus_min_n}
         draft = GroupProposer._draft(ctx, corpus, extra, k)
-        _, n = group_match.vote_draft(ctx, corpus, min_n, max_n, k, share)
+        _, n = group_match.vote_draft(ctx, corpus, min_n, max_n, k, share, corpus_min_n)
         return draft, "vote", n if draft else 0
 
     return {"ngram": ngram, "siblings": siblings, "longest": longest, "vote": vote}[name]
@@ -177,7 +187,7 @@ def main(argv=None) -> dict[str, Any]:
               f"history {args.history[i].name if args.history else 'none'}")
         for k in args.k:
             for name in [x.strip() for x in args.rules.split(",") if x.strip()]:
-                got = replay(rows, history, rule_fn(name, *args.window, args.share), k, args.tail_frac,
+                got = replay(rows, history, rule_fn(name, *args.window, args.share, args.corpus_min_n), k, args.tail_frac,
                              args.corpus_at)
                 results[f"{path.name} k={k} {name}"] = got
                 print(f"  k={k} {name:9s} whole {fmt(got['whole'])}; tail {fmt(got['tail'])}")

@@ -39,9 +39,10 @@ EXTRA_KEY = "pdsr_group"
 #: the draft rules a request may name (``extra_args[EXTRA_KEY]["rule"]``; see :meth:`GroupProposer._draft`)
 RULES = ("vote", "longest")
 DEFAULT_RULE = "vote"
-#: ``vote``: the share of the agreeing places a drafted token needs (0.5: about ``ngram``'s share of tokens from
-#: drafts, more accepted per verify step; higher drafts less and accepts more per step)
-VOTE_SHARE = 0.5
+#: ``vote``: the share of the agreeing places a drafted token needs (0.6: two places that disagree draft nothing;
+#: in replays of SmolLM2-135M at temperature 1 it accepted more per verify step than 0.5 at about the same share
+#: of tokens from drafts, docs/notes/speculation.md)
+VOTE_SHARE = 0.6
 #: how the corpus travels: one little-endian int32 byte string per response (a list of ints is walked item by
 #: item by SamplingParams' argument check and msgpack)
 _DTYPE = np.dtype("<i4")
@@ -193,7 +194,9 @@ class GroupProposer:
         - ``vote``: every place the row's longest n-gram occurs, in the corpus and in the row's own prompt and
           output, votes; the draft grows while at least :data:`VOTE_SHARE` of the places still agreeing with it
           continue with the same token (:func:`~pdsr_sdk.engines.group_match.vote_draft`). A lone place drafts
-          its continuation, as ``ngram`` does.
+          its continuation, as ``ngram`` does. A place in the corpus counts only where the whole window
+          (``max_n`` tokens) matches: other responses part from the row within a few tokens, and their shorter
+          matches were accepted a fifth as often as the row's own (docs/notes/speculation.md).
         - ``longest`` (the first rule): the siblings' match where its n-gram is longer than the row's own match
           (vLLM's ngram lookup in its prompt and output: the earliest of the longest matches), else the row's own.
 
@@ -201,7 +204,8 @@ class GroupProposer:
         drafted, on SmolLM2-135M at temperature 1 (docs/notes/speculation.md)."""
         min_n, max_n = int(extra["min_n"]), int(extra["max_n"])
         if extra.get("rule", "longest") == "vote":
-            draft, _ = vote_draft(context, corpus, min_n, max_n, k, float(extra.get("share", VOTE_SHARE)))
+            draft, _ = vote_draft(context, corpus, min_n, max_n, k, float(extra.get("share", VOTE_SHARE)),
+                                  int(extra.get("corpus_min_n", max_n)))
             return [int(t) for t in draft]
         theirs = best_match(context, corpus, min_n, max_n, position=len(context) - int(extra["start"]))
         own = best_match(context, [context], min_n, max_n)

@@ -97,24 +97,26 @@ def find_draft_naive(context: Sequence[int], corpus: Sequence[Sequence[int]], mi
 
 
 def vote_draft(context: np.ndarray, corpus: Sequence[np.ndarray], min_n: int, max_n: int, k: int,
-               share: float = 0.5) -> tuple[np.ndarray, int]:
+               share: float = 0.5, corpus_min_n: int | None = None) -> tuple[np.ndarray, int]:
     """A draft voted by every place the context's longest n-gram (``max_n`` down to ``min_n`` tokens) occurs, in
     ``corpus`` and in the context itself (before its own last n-gram): the draft grows token by token with the
     token most of the places still agreeing with it continue with, while that token has at least ``share`` of
-    them (ties: the earliest such place's token). Returns (the draft, the n-gram length; 0 and empty where
+    them (ties: the earliest such place's token). A place in ``corpus`` counts only where at least
+    ``corpus_min_n`` tokens match (default ``min_n``). Returns (the draft, the n-gram length; 0 and empty where
     nothing matches). One place alone drafts its continuation, as :func:`find_draft` does."""
     if k <= 0 or len(context) < min_n:
         return _EMPTY, 0
     tail = np.asarray(context[-max_n:])
     seqs = list(corpus) + [np.asarray(context)]
+    floors = [max(min_n, corpus_min_n or min_n)] * len(corpus) + [min_n]
     found: list[tuple[np.ndarray, np.ndarray]] = []   # (sequence, continuation starts) at the best length
     best = 0
-    for seq in seqs:
+    for seq, floor in zip(seqs, floors):
         lengths = match_lengths(seq, tail, max_n)
         if not len(lengths):
             continue
         top = int(lengths.max())
-        if top < min_n or top < best:
+        if top < floor or top < best:
             continue
         if top > best:
             best, found = top, []

@@ -74,7 +74,8 @@ def test_a_request_carries_its_finished_siblings_responses():
 
 
 def test_the_proposer_drafts_per_row_from_that_rows_corpus():
-    g = make_group([[1, 2, 3, 4, 5, 6], None, None])
+    # the finished sibling's response holds row 0's last 4 tokens (the whole window: a corpus place needs it)
+    g = make_group([[8, 9, 1, 2, 3, 4, 5, 6], None, None])
     a, b = g.samples[1], g.samples[2]
     a.add_tokens(2, [1, 2], None)
 
