@@ -1,17 +1,19 @@
 """Benchmark: speculative decoding in the simulator, on a 7B model's H100 profile: v3 with speculation against
-baseline without, on the workload family, sweeping the tokens a verify step yields.
+baseline without, on the workload family, sweeping the tokens a step yields, and at what bench/spec.py measured.
 
     .venv/bin/python bench/spec_sim.py [--family seed002,longcot] [--batch-sizes 128,512] [--seeds 101,102,103]
                                        [--tokens-per-step 1.6,2,2.5,3] [--max-batch 32] [--engines 8]
+                                       [--acceptance bench/data/spec-acceptance-smollm2.json --methods ngram,group]
 
 Each member's trace (``pdsr trace synth --family NAME``, its pinned seeds) runs one on-policy batch per seed on
 equal engines of ``bench/data/profile-h100-7b.yaml`` (a 7B model on one H100: step costs from
 ``bench/verify_cost.py``'s measurement, KV cache from the H100's memory; the member's ``max_model_len``),
 a quarter of them heavy. Speculation (``EngineProfile.speculation``, docs/simulate.md) makes a token cost a
-verify step's price (4 drafted tokens: 1.08x a decode step at batch 1 to 1.41x at 256, measured) over the
-tokens the step yields, while at most ``--max-batch`` requests run on the engine; above it steps are plain.
-``tokens_per_step`` is 1 + the drafted tokens accepted per verify step (``bench/spec.py`` measures it: 1.4-1.65 over
-a step, 1.2-1.47 in its tail, for ngram and group at temperature 1 on SmolLM2-135M, CPU).
+step's price over the tokens the step yields, while at most ``--max-batch`` requests run on the engine; above it
+steps are plain. The sweep's steps each draft 4 tokens (a verify step: 1.08x a decode step at batch 1 to 1.41x at
+256, measured) and yield ``--tokens-per-step``; ``--acceptance`` adds a run per method (``--methods``) at what
+``bench/spec.py`` measured in a step's tail, tokens per step counting the steps that drafted nothing
+(:func:`~pdsr_sdk.sim.speculation.speculation_from_acceptance`).
 
 Prints per member and B: each run's makespan / baseline's (no speculation) as the median [min, max] over the
 seeds, and the share of tokens generated while drafting ran.
@@ -29,7 +31,7 @@ from pathlib import Path
 PROFILE = Path(__file__).resolve().parent / "data" / "profile-h100-7b.yaml"
 
 
-def run_member(fam: str, b: int, seed: int, engines: int, gs: list[float], max_batch: int) -> dict[str, tuple]:
+def run_member(fam: str, b: int, seed: int, engines: int, specs: dict[str, dict]) -> dict[str, tuple]:
     """Makespan / baseline's and the drafted share of each run on one trace draw."""
     from pdsr_sdk.sim.config import SimulateConfig, load_profile_file
     from pdsr_sdk.sim.driver import run_policy, trace_batches
@@ -42,8 +44,8 @@ def run_member(fam: str, b: int, seed: int, engines: int, gs: list[float], max_b
     heavy = engines // 4
     out: dict[str, tuple] = {}
 
-    def run(policy: str, g: float | None) -> tuple[float, float]:
-        p = dict(prof, speculation={"tokens_per_step": g, "max_batch": max_batch} if g else None)
+    def run(policy: str, spec: dict | None) -> tuple[float, float]:
+        p = dict(prof, speculation=spec)
         cfg = SimulateConfig(fast=engines - heavy, heavy=heavy, batch_size=b, timeline=False,
                              profiles={"fast": p, "heavy": p})
         r = run_policy(trace_batches(trace, cfg), cfg, policy, record=False)
@@ -54,14 +56,14 @@ def run_member(fam: str, b: int, seed: int, engines: int, gs: list[float], max_b
     out["baseline"] = (1.0, 0.0)
     v3, _ = run("v3", None)
     out["v3"] = (v3 / base, 0.0)
-    for g in gs:
+    for label, spec in specs.items():
         for policy in ("baseline", "v3"):
-            t, share = run(policy, g)
-            out[f"{policy} spec {g:g}"] = (t / base, share)
+            t, share = run(policy, spec)
+            out[f"{policy} spec {label}"] = (t / base, share)
     return out
 
 
-def run_partial(fam: str, b: int, seed: int, engines: int, gs: list[float], max_batch: int,
+def run_partial(fam: str, b: int, seed: int, engines: int, specs: dict[str, dict],
                 steps: int, over_provision: float | None = None) -> dict[str, tuple]:
     """Partial rollout within 10% partial tokens: (steady step / on-policy baseline step without speculation,
     partial share, the F picked) of v3 without and with each speculation."""
@@ -76,8 +78,8 @@ def run_partial(fam: str, b: int, seed: int, engines: int, gs: list[float], max_
     heavy = engines // 4
     out: dict[str, tuple] = {}
     base_step = None
-    for g in [None, *gs]:
-        p = dict(prof, speculation={"tokens_per_step": g, "max_batch": max_batch} if g else None)
+    for label, spec in [(None, None), *specs.items()]:
+        p = dict(prof, speculation=spec)
         search = {"max_partial_share": 0.1} if over_provision is None else {"over_provision": over_provision}
         cfg = SimulateConfig(fast=engines - heavy, heavy=heavy, batch_size=b, step_groups=b, steps=steps,
                              max_staleness=2, policy="v3", timeline=False, profiles={"fast": p, "heavy": p},
@@ -86,7 +88,7 @@ def run_partial(fam: str, b: int, seed: int, engines: int, gs: list[float], max_
         if base_step is None:
             base_step = report.baseline_step_s   # on-policy baseline, no speculation
         pick = report.fastest_within() if over_provision is None else report.runs[0]
-        name = "v3 partial" + (f" spec {g:g}" if g else "")
+        name = "v3 partial" + (f" spec {label}" if label else "")
         out[name] = ((pick.steady_step_s / base_step, pick.partial_share, pick.over_provision) if pick
                      else (float("nan"), float("nan"), float("nan")))
     return out
@@ -104,20 +106,31 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="128,512")
     ap.add_argument("--seeds", default="101,102,103", help="trace draws (the family pins 101-105)")
     ap.add_argument("--tokens-per-step", default="1.3,1.45,1.6,2,3",
-                    help="tokens a verify step yields per request (1 + accepted drafts), swept")
+                    help="tokens a step yields per request while drafting 4 tokens every step, swept ('' for none)")
+    ap.add_argument("--acceptance", type=Path, default=None, help="bench/spec.py's acceptance file: a run per method")
+    ap.add_argument("--methods", default="ngram,group", help="with --acceptance: its methods, comma-separated")
     ap.add_argument("--max-batch", type=int, default=32, help="drafting only while at most this many run")
     ap.add_argument("--engines", type=int, default=8)
     ap.add_argument("--steps", type=int, default=None, help="partial rollout over K steps instead (see above)")
     ap.add_argument("--over-provision", type=float, default=None,
                     help="with --steps: this F instead of the search for the fastest within 10%% partial tokens")
     args = ap.parse_args()
-    gs = [float(x) for x in args.tokens_per_step.split(",")]
+    specs = {f"{float(g):g}": {"tokens_per_step": float(g), "max_batch": args.max_batch}
+             for g in args.tokens_per_step.split(",") if g.strip()}
+    if args.acceptance is not None:
+        from pdsr_sdk.sim.speculation import speculation_from_acceptance
+
+        for method in args.methods.split(","):
+            spec = speculation_from_acceptance(args.acceptance, method, max_batch=args.max_batch)
+            specs[method] = spec
+            print(f"{method}: {spec['tokens_per_step']:.4f} tokens a step, draft load {spec['draft_load']:.3f} "
+                  f"(from {args.acceptance.name})")
     seeds = [int(x) for x in args.seeds.split(",")]
     print(f"{args.engines} engines (H100, 7B), max_batch {args.max_batch}, seeds {seeds}")
     for fam in args.family.split(","):
         for b in (int(x) for x in args.batch_sizes.split(",")):
             if args.steps:
-                cells = [run_partial(fam, b, seed, args.engines, gs, args.max_batch, args.steps, args.over_provision)
+                cells = [run_partial(fam, b, seed, args.engines, specs, args.steps, args.over_provision)
                          for seed in seeds]
                 print(f"\n### {fam}, B = {b}, {args.steps} steps\n\n| run | steady step / on-policy baseline | "
                       f"partial share | F |\n|---|---|---|---|")
@@ -125,7 +138,7 @@ def main() -> None:
                     print(f"| {name} | {spread([c[name][0] for c in cells])} | {spread([c[name][1] for c in cells])} "
                           f"| {spread([c[name][2] for c in cells])} |", flush=True)
                 continue
-            cells = [run_member(fam, b, seed, args.engines, gs, args.max_batch) for seed in seeds]
+            cells = [run_member(fam, b, seed, args.engines, specs) for seed in seeds]
             print(f"\n### {fam}, B = {b}\n\n| run | makespan / baseline | drafted share |\n|---|---|---|")
             for name in cells[0]:
                 print(f"| {name} | {spread([c[name][0] for c in cells])} | "

@@ -39,7 +39,8 @@ class SpeculationProfile(ConfigModel):
     """Speculative decoding in a simulated engine: while few requests run, a step checks drafted tokens and
     yields more than one token per request, for a dearer step."""
 
-    tokens_per_step: float = Field(1.0, ge=1.0, description="Tokens a verify step yields per request on average: 1 plus the drafted tokens accepted (bench/spec.py measures it per method). 1 = no gain.")
+    tokens_per_step: float = Field(1.0, ge=1.0, description="Tokens a step yields per running request while drafting is on: 1 plus the drafted tokens accepted per step, the steps that drafted nothing included (bench/spec.py: tokens / (tokens - accepted)). 1 = no gain.")
+    draft_load: float = Field(1.0, ge=0.0, le=1.0, description="Drafted tokens per request and step, as a share of num_speculative_tokens: a verify step's extra cost over a decode step (verify_cost - 1) scales with it. 1: every step drafts them all; a drafter that often finds nothing drafts far less (bench/spec.py: 0.05-0.15 in a SmolLM2 tail).")
     verify_cost: list[tuple[int, float]] = Field(default_factory=lambda: list(H100_VERIFY_COST_K4), description="A verify step's cost relative to a plain decode step, as [running requests, factor] pairs, interpolated linearly between them and held flat past the ends; default: 4 drafted tokens on one H100, measured by bench/verify_cost.py.")
     max_batch: int = Field(32, ge=0, description="Drafting runs only while at most this many requests run on the engine (verl's MTP lost about half its throughput at high batch); above it steps are plain.")
 

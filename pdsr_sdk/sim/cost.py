@@ -198,19 +198,20 @@ def alone_time_naive(prompt_len, length, *, c0, c1, c2, prefill, prefill_len=Non
 # -- speculative decoding --------------------------------------------------------------------
 
 def speculation_scale(running: int, tokens_per_step: float, verify_cost: list[tuple[int, float]],
-                      max_batch: int) -> float:
-    """What one token of each running request costs with speculation, relative to a plain decode step: a
-    verify step's cost (``verify_cost``, [running, factor] pairs, interpolated, flat past the ends) over the
-    tokens it yields; 1 while more than ``max_batch`` requests run (no drafting)."""
+                      max_batch: int, draft_load: float = 1.0) -> float:
+    """What one token of each running request costs with speculation, relative to a plain decode step: a step's
+    cost over the tokens it yields. The step costs 1 plus the verify cost's excess (``verify_cost``, [running,
+    factor] pairs for a full draft, interpolated, flat past the ends) times ``draft_load``, the share of a full
+    draft the step carries; 1 while more than ``max_batch`` requests run (no drafting)."""
     if running > max_batch or tokens_per_step <= 1.0:
         return 1.0
     sizes = [b for b, _ in verify_cost]
     factors = [f for _, f in verify_cost]
-    return float(np.interp(running, sizes, factors)) / tokens_per_step
+    return (1.0 + (float(np.interp(running, sizes, factors)) - 1.0) * draft_load) / tokens_per_step
 
 
 def speculation_scale_naive(running: int, tokens_per_step: float, verify_cost: list[tuple[int, float]],
-                            max_batch: int) -> float:
+                            max_batch: int, draft_load: float = 1.0) -> float:
     if running > max_batch or tokens_per_step <= 1.0:
         return 1.0
     factor = verify_cost[-1][1]
@@ -221,4 +222,4 @@ def speculation_scale_naive(running: int, tokens_per_step: float, verify_cost: l
             if b0 <= running <= b1:
                 factor = f0 + (f1 - f0) * (running - b0) / (b1 - b0)
                 break
-    return factor / tokens_per_step
+    return (draft_load * factor + (1.0 - draft_load)) / tokens_per_step

@@ -191,9 +191,12 @@ class SimEngine:
             return
         ran = 0   # steps it ran since its last admission
         if r.state == _WAITING:
+            head = self._waiting[0] is r
             self._waiting.remove(r)
             r.state = _GONE
             n = r.done
+            if head and self._waiting:
+                self._wake()   # the head held the queue (admission is in order): the next may fit at a boundary
         elif self._in_boundary:
             ran = self._step - r.s_adm
             self._remove_running(r, self._step)
@@ -422,7 +425,7 @@ class SimEngine:
         self._drafting = False
         if self._spec is not None:   # a verify step's cost spread over the tokens it yields (one "step" = a token)
             spec = self._spec
-            m = speculation_scale(R, spec.tokens_per_step, spec.verify_cost, spec.max_batch)
+            m = speculation_scale(R, spec.tokens_per_step, spec.verify_cost, spec.max_batch, spec.draft_load)
             if m != 1.0:
                 self._a = a = a * m
                 self._b = b = b * m

@@ -119,7 +119,7 @@ def naive_replay(profile, jobs: list[NaiveJob],
             continue
         spec = profile.speculation
         scale = 1.0 if spec is None else speculation_scale_naive(len(running), spec.tokens_per_step,
-                                                                 spec.verify_cost, spec.max_batch)
+                                                                 spec.verify_cost, spec.max_batch, spec.draft_load)
         dt = ((c0 + c1 * len(running) + c2 * sum(r.ctx for r in running)) * scale
               + p * sum(r.prefill for r in running))
         t_next = t + dt

@@ -1,10 +1,12 @@
 """Speculative decoding for the simulator from what ``bench/spec.py`` measured: its acceptance file.
 
-The simulator takes one mean per engine (:class:`~pdsr_sdk.sim.config.SpeculationProfile`): the tokens a verify
-step yields, 1 + the drafted tokens accepted per verify step. Drafting runs while few requests run, which is the
-tail of a step, so the tail's acceptance is used (``token_tail``, the verify steps after 90% of the step's tokens,
-else ``tail``, else the whole step), averaged over the file's data sets unless one is named. The verify step's
-cost is the H100 row for the file's number of drafted tokens.
+The simulator takes two means per engine (:class:`~pdsr_sdk.sim.config.SpeculationProfile`): the tokens a step
+yields while drafting is on, tokens / (tokens - accepted drafted tokens), and the drafted tokens per step as a share
+of the full draft, drafted / ((tokens - accepted) x k). Both count every step, the steps where the drafter found
+nothing too: a drafter that abstains accepts more per verify step without making the step any faster. Drafting runs
+while few requests run, which is the tail of a step, so the tail's counts are used (``token_tail``, after 90% of
+the step's tokens, else ``tail``, else the whole step), averaged over the file's data sets unless one is named. The
+verify step's cost is the H100 row for the file's number of drafted tokens.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def verify_cost_for(k: int) -> list[tuple[int, float]]:
 def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str | None = None,
                                 max_batch: int = 32) -> dict[str, Any]:
     """A profile's ``speculation`` section from ``bench/spec.py``'s acceptance file for ``method`` (``ngram``,
-    ``group``, ...): tokens_per_step from the tail's accepted tokens per verify step, the verify cost for the
-    file's number of drafted tokens, ``max_batch``. A DataError names the file and what is missing."""
+    ``group``, ...): tokens_per_step and draft_load from the tail's counts, the verify cost for the file's number
+    of drafted tokens, ``max_batch``. A DataError names the file and what is missing."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -47,6 +49,7 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
         if dataset not in sets:
             raise DataError(f"{path}: no data set {dataset!r}; it has {', '.join(sorted(sets))}")
         sets = {dataset: sets[dataset]}
+    k = int(doc.get("k", 4))
     per_set = []
     for name, entry in sets.items():
         methods = entry.get("methods", {})
@@ -57,7 +60,11 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
                        if isinstance(m.get(key), dict) and m[key].get("verify_steps")), None)
         if counts is None:
             raise DataError(f"{path}: method {method!r} on {name!r} has no verify steps (speculation off?)")
-        per_set.append(float(counts["accepted_per_verify"]))
-    accepted = sum(per_set) / len(per_set)
-    return {"tokens_per_step": 1.0 + accepted, "verify_cost": verify_cost_for(int(doc.get("k", 4))),
-            "max_batch": max_batch}
+        steps = counts["tokens"] - counts["accepted"]
+        if steps <= 0:
+            raise DataError(f"{path}: method {method!r} on {name!r}: accepted {counts['accepted']} of "
+                            f"{counts['tokens']} tokens")
+        per_set.append((counts["tokens"] / steps, min(1.0, counts["drafted"] / (steps * k))))
+    return {"tokens_per_step": sum(t for t, _ in per_set) / len(per_set),
+            "draft_load": sum(d for _, d in per_set) / len(per_set),
+            "verify_cost": verify_cost_for(k), "max_batch": max_batch}

@@ -95,7 +95,7 @@ def random_case(seed: int):
     block = rng.choice([1, 4, 16])
     kv = max(longest + block, rng.randint(longest, 3 * longest))
     # speculative decoding in a third of the cases: drafting only while few run, verify costs by batch size
-    spec = ({"tokens_per_step": rng.uniform(1.0, 3.0), "max_batch": rng.randint(0, 6),
+    spec = ({"tokens_per_step": rng.uniform(1.0, 3.0), "max_batch": rng.randint(0, 6), "draft_load": rng.random(),
              "verify_cost": [(1, rng.uniform(1.0, 1.3)), (4, rng.uniform(1.1, 1.6))]} if rng.random() < 0.33 else None)
     profile = EngineProfile(max_num_seqs=rng.randint(1, 6), kv_cache_tokens=kv, block_size=block,
                             prompt_cache=rng.random() < 0.8, speculation=spec,
@@ -315,9 +315,16 @@ def test_an_aborted_sample_continues_from_its_cached_blocks_unless_the_cache_was
     (9, 3.0, [(1, 1.08), (8, 1.15)], 8), (100, 2.0, [(1, 1.0), (32, 1.2), (128, 1.4)], 256),
     (300, 2.0, [(1, 1.0), (32, 1.2), (128, 1.4)], 512), (5, 1.0, [(1, 1.1)], 32), (0, 2.0, [(2, 1.1), (4, 1.3)], 8),
 ])
-def test_speculation_scale_matches_its_twin(running, g, table, max_batch):
-    assert cost.speculation_scale(running, g, table, max_batch) == pytest.approx(
-        cost.speculation_scale_naive(running, g, table, max_batch), rel=1e-12)
+@pytest.mark.parametrize("load", [1.0, 0.3, 0.0])
+def test_speculation_scale_matches_its_twin(running, g, table, max_batch, load):
+    assert cost.speculation_scale(running, g, table, max_batch, load) == pytest.approx(
+        cost.speculation_scale_naive(running, g, table, max_batch, load), rel=1e-12)
+
+
+def test_a_light_draft_pays_a_light_share_of_the_verify_cost():
+    """A step that carries a tenth of a full draft costs a tenth of the full draft's extra: 1 + 0.1 x 0.2."""
+    assert cost.speculation_scale(4, 1.05, [(1, 1.2)], 32, 0.1) == pytest.approx(1.02 / 1.05)
+    assert cost.speculation_scale(4, 1.05, [(1, 1.2)], 32) == pytest.approx(1.2 / 1.05)   # every step drafts k
 
 
 def test_speculation_halves_a_lone_requests_time_when_a_verify_step_costs_a_decode_step():

@@ -31,12 +31,16 @@ def acceptance_file(tmp_path):
     return path
 
 
-def test_the_tail_acceptance_of_each_data_set_makes_the_tokens_per_step(tmp_path):
+def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft_load(tmp_path):
     path = acceptance_file(tmp_path)
-    # math500: token_tail 24 / 20 = 1.2; gsm8k has no token-tail verify steps: its tail, 10 / 10 = 1.0
-    assert speculation_from_acceptance(path, "group")["tokens_per_step"] == pytest.approx(1 + 1.1)
+    # every step counts, those that drafted nothing too. math500's token tail: 1000 tokens, 24 accepted of 80
+    # drafted, so 976 steps; gsm8k has no token-tail verify steps: its tail, 10 accepted of 40, 990 steps
+    both = speculation_from_acceptance(path, "group")
+    assert both["tokens_per_step"] == pytest.approx((1000 / 976 + 1000 / 990) / 2)
+    assert both["draft_load"] == pytest.approx((80 / (976 * 4) + 40 / (990 * 4)) / 2)
     one = speculation_from_acceptance(path, "group", dataset="math500", max_batch=16)
-    assert one == {"tokens_per_step": pytest.approx(2.2), "verify_cost": H100_VERIFY_COST[4], "max_batch": 16}
+    assert one == {"tokens_per_step": pytest.approx(1000 / 976), "draft_load": pytest.approx(80 / 3904),
+                   "verify_cost": H100_VERIFY_COST[4], "max_batch": 16}
     with pytest.raises(DataError, match="no method 'ngram'"):
         speculation_from_acceptance(path, "ngram")
     with pytest.raises(DataError, match="has no verify steps"):
