@@ -17,12 +17,11 @@ accepted = how many of them the recorded response continues with; the step moves
 
 Rules: ``ngram`` (the row's own prompt and output, as vLLM's), ``siblings`` (the corpus only), and ``group``'s two
 rules as its proposer runs them (``GroupProposer._draft``): ``vote`` (the default: every place the longest n-gram
-occurs in the corpus (with ``--corpus-min-n`` tokens or more) and the row's own context votes, the draft grows
-while ``--share`` of them agree) and
-``longest`` (the first rule: the longest match, the row's own on a tie). Printed per rule: accepted / drafted, per
-verify step, draft share (accepted / tokens), over the whole step and over the last ``--tail-frac`` of its tokens
-(by the recorded times), and for ``longest`` and ``vote`` the steps by where the draft came from and the n-gram
-length matched.
+occurs in the corpus (with ``--corpus-min-n`` tokens or more) and the row's own context votes, the draft grows while
+``--share`` of them agree) and ``longest`` (the first rule: the longest match, the row's own on a tie). Printed per
+rule: accepted / drafted, per verify step, draft share (accepted / tokens), over the whole step and over the last
+``--tail-frac`` of its tokens (by the recorded times), and for ``longest`` and ``vote`` the steps by where the draft
+came from and the n-gram length matched.
 """
 
 from __future__ import annotations
@@ -187,8 +186,8 @@ def main(argv=None) -> dict[str, Any]:
               f"history {args.history[i].name if args.history else 'none'}")
         for k in args.k:
             for name in [x.strip() for x in args.rules.split(",") if x.strip()]:
-                got = replay(rows, history, rule_fn(name, *args.window, args.share, args.corpus_min_n), k, args.tail_frac,
-                             args.corpus_at)
+                fn = rule_fn(name, *args.window, args.share, args.corpus_min_n)
+                got = replay(rows, history, fn, k, args.tail_frac, args.corpus_at)
                 results[f"{path.name} k={k} {name}"] = got
                 print(f"  k={k} {name:9s} whole {fmt(got['whole'])}; tail {fmt(got['tail'])}")
                 if name in ("longest", "vote"):
