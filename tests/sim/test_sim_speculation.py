@@ -47,6 +47,11 @@ def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft
         speculation_from_acceptance(path, "off", dataset="math500")
     with pytest.raises(DataError, match="no data set 'aime'"):
         speculation_from_acceptance(path, "group", dataset="aime")
+    whole = json.loads(path.read_text())
+    whole["datasets"]["gsm8k"]["methods"]["group"]["tail"] = counts(10, 1000)   # every token drafted: no steps
+    (tmp_path / "all.json").write_text(json.dumps(whole))
+    with pytest.raises(DataError, match="accepted 1000 of 1000 tokens"):
+        speculation_from_acceptance(tmp_path / "all.json", "group", dataset="gsm8k")
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(DataError, match="not an acceptance file"):
         speculation_from_acceptance(tmp_path / "bad.json", "group")
