@@ -172,6 +172,6 @@ def test_a_draft_history_file_is_drafted_from_and_changes_no_output(engine_loop,
     print(f"\nhistory file: {gained[True]} drafted tokens accepted with it, {gained[False]} without, of "
           f"{LENGTH * len(prompts)} tokens")
     # at most K of every K + 1 tokens after the first come from drafts (each verify step adds one of its own): with
-    # the file nearly every draft is accepted from the start (64 of 80 when measured); without it, from the first
-    # repeat on (47)
-    assert gained[True] >= 15 * len(prompts) and gained[True] >= gained[False] + 2 * len(prompts)
+    # the file nearly every draft is accepted once a response's first 4 tokens match it (a corpus place needs the
+    # whole window; 58 of 80 when measured); without it, from the first repeat on (47)
+    assert gained[True] >= 12 * len(prompts) and gained[True] >= gained[False] + len(prompts)
