@@ -296,7 +296,7 @@ LANE = {"mode": "always"}
 ACTS = [
     ("disable", ["probes_first"], {}, "batches", _informative, {}),
     ("disable", ["locality"], {}, "batches", _uninformative, {}),
-    ("disable", ["balance"], {}, "batches", _informative, {}),
+    ("disable", ["balance"], {}, "batches", _uninformative, {}),
     ("disable", ["chunk_steal"], {}, "batches", _informative, {}),
     ("disable", ["migration"], {}, "batches", _informative, {}),
     ("disable", ["early_restart"], {"lane": {"evidence": 2}}, "steps", _short, FULL),
@@ -344,6 +344,15 @@ def test_changing_a_setting_changes_what_v3_does(key, value, base, kind, trace, 
         changed[key] = value
     run = _batches if kind == "batches" else _steps
     assert run(trace(), changed, **kw) != _unchanged(run, trace, base, kw)
+
+
+def test_balance_holds_back_only_while_the_pool_is_in_queue_order():
+    """Under the rank (here always on) the share limit does not act: the same schedule with it off; in queue order
+    (the rank never on) it does (the limit cost on the members whose rank turns on: docs/notes/v3-rules.md)."""
+    ranked = {"ranking": {"mode": "always"}}
+    assert _batches(_informative(), {**ranked, "disable": ["balance"]}) == _batches(_informative(), ranked)
+    queued = {"ranking": {"mode": "never"}}
+    assert _batches(_uninformative(), {**queued, "disable": ["balance"]}) != _batches(_uninformative(), queued)
 
 
 #: the runs with the base settings, which many cases share: the simulator is deterministic, so each is run once
