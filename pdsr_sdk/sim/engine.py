@@ -204,8 +204,11 @@ class SimEngine:
             n = r.done
         else:
             # mid-epoch: the tokens of the steps completed by now; it leaves at the next boundary
-            k = steps_within(self.clock.now() - self._t0, self._a, self._b, self._extra)
-            ran = self._step + k - r.s_adm
+            now = self.clock.now()
+            k = steps_within(now - self._t0, self._a, self._b, self._extra)
+            # an epoch planned ahead (_wake) starts at the end of the step in flight, which self._step already
+            # counts: that step's token is thrown away, as any in-flight step's of a request aborted mid-step
+            ran = max(0, self._step + k - r.s_adm - (1 if now < self._t0 else 0))
             n = min(r.done + ran, r.max_tokens)
             if k and r.first_t is None and r.s_adm == self._step:   # its first step ran in this epoch
                 r.first_t = self._first_step_end()

@@ -170,6 +170,17 @@ def test_abort_mid_segment_reports_completed_steps_then_abort_after_zero_delay()
     assert h.engine.tokens == 75
 
 
+def test_an_abort_after_a_submit_mid_step_throws_the_step_in_flight_away():
+    # b's submit at 0.102 plans the next epoch from the end of the step in flight (0.11); a's abort at 0.105
+    # comes before that step ends, so a keeps the 10 tokens of the steps done by then (the twin's seed 948)
+    profile = EngineProfile(max_num_seqs=4, c0_s=0.01, c1_s_per_seq=0.0, c2_s_per_token=0.0,
+                            prefill_s_per_token=0.0)
+    jobs = [NaiveJob("a", 0.0, 4, [100], abort_s=0.105), NaiveJob("b", 0.102, 4, [20])]
+    out = Harness(profile, jobs).run()
+    assert out["a"] == [(ABORT, 0.105, 10)]
+    assert_same(out, naive_replay(profile, jobs))
+
+
 def test_abort_is_not_reported_synchronously():
     clock = VirtualClock()
     calls = []
