@@ -34,6 +34,10 @@ import argparse
 
 import numpy as np
 
+from pdsr_sdk.traces import Measurement
+
+spread = Measurement.spread   # median [min, max] over a member's seeds
+
 #: issue 48's targets, step / on-policy step at the fastest F within 10% partial tokens: (median, worst member)
 TARGETS = {128: (0.45, 0.50), 512: (0.62, 0.66)}
 #: the partial-token budget the targets are set under
@@ -70,10 +74,6 @@ def bound_cell(name: str, seed: int, b: int) -> tuple[float, float, float]:
 def _cell(args: tuple[str, int, int]) -> tuple[str, int, int, tuple[float, float, float]]:
     name, seed, b = args
     return name, seed, b, bound_cell(name, seed, b)
-
-
-def spread(values: list[float]) -> str:
-    return f"{np.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]" if len(values) > 1 else f"{values[0]:.3f}"
 
 
 def target_for(name: str, b: int) -> tuple[float, float] | None:

@@ -35,6 +35,10 @@ import argparse
 
 import numpy as np
 
+from pdsr_sdk.traces import Measurement
+
+spread = Measurement.spread   # median [min, max] over a member's seeds
+
 POLICIES = "all,oracle-probe,oracle"   # every registered policy for real engines, then the references
 QUICK = dict(engines="8", batch_sizes="128", batches=2, policies="baseline,v3,oracle")
 
@@ -65,13 +69,6 @@ def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: li
         share = (base - runs["v3"].makespan_s) / (base - runs["oracle"].makespan_s)
     pre = [sum(getattr(e, "preemptions", 0) for e in runs[p].engines) for p in ("baseline", "v3") if p in runs]
     return ratios, share, pre
-
-
-def spread(values: list[float]) -> str:
-    """``median [min, max]`` (the value alone for one)."""
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{np.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
 
 
 def main() -> None:

@@ -28,6 +28,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pdsr_sdk.traces import Measurement
+
+spread = Measurement.spread   # median [min, max] over a member's seeds
+
 PROFILE = Path(__file__).resolve().parent / "data" / "profile-h100-7b.yaml"
 
 
@@ -92,12 +96,6 @@ def run_partial(fam: str, b: int, seed: int, engines: int, specs: dict[str, dict
         out[name] = ((pick.steady_step_s / base_step, pick.partial_share, pick.over_provision) if pick
                      else (float("nan"), float("nan"), float("nan")))
     return out
-
-
-def spread(values: list[float]) -> str:
-    v = sorted(values)
-    mid = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-    return f"{mid:.3f}" if len(v) == 1 else f"{mid:.3f} [{v[0]:.3f}, {v[-1]:.3f}]"
 
 
 def main() -> None:

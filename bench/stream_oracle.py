@@ -31,12 +31,14 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
-import numpy as np
 from pydantic import Field
 
 from pdsr_sdk.dispatch.types import Sample
 from pdsr_sdk.policies.v3 import V3Policy
 from pdsr_sdk.policies.v3.settings import V3Settings
+from pdsr_sdk.traces import Measurement
+
+spread = Measurement.spread   # median [min, max] over a member's seeds
 
 ORDERS = ("v3", "group_median", "group_max", "sample")
 EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)
@@ -97,13 +99,6 @@ def search(name: str, seed: int, order: str, b: int, budget: float):
     k = member.measure.steps
     trace = member.trace(groups=(k + 1) * b, n=8, seed=seed)
     return fastest_within(trace, order, b, budget, dict(member.measure.profile), k)
-
-
-def spread(values: list[float], fmt: str) -> str:
-    """``median [min, max]`` of ``values`` formatted with ``fmt`` (the value alone for one)."""
-    if len(values) == 1:
-        return format(values[0], fmt)
-    return f"{format(float(np.median(values)), fmt)} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
 
 
 def main() -> None:

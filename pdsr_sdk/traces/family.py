@@ -57,6 +57,14 @@ class Measurement:
         context = float(np.mean(trace.prompt_lens)) + float(np.mean(trace.lengths))
         return self.profile["max_num_seqs"] * context / self.profile["kv_cache_tokens"]
 
+    @staticmethod
+    def spread(values, fmt: str = ".3f") -> str:
+        """How a member's numbers over its seeds are reported: ``median [min, max]`` of ``values``, each
+        formatted with ``fmt`` (the value alone for one)."""
+        if len(values) == 1:
+            return format(values[0], fmt)
+        return f"{format(float(np.median(values)), fmt)} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
+
     def describe(self) -> str:
         p = self.profile
         seeds = ", ".join(map(str, self.seeds))

@@ -105,6 +105,15 @@ def test_member_pins_its_measurement(name):
     assert 1 <= len(re.findall(r"[.!?](?:\s|$)", m.description)) <= 2, m.description   # one or two sentences
 
 
+@pytest.mark.parametrize("values", [[0.9], [0.97, 0.91, 1.02], [1.0, 0.95, 0.9, 0.99], list(np.linspace(0.5, 1.5, 11))])
+def test_spread_reports_the_median_and_range_over_seeds(values):
+    s = sorted(values)
+    mid = s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+    want = f"{mid:.3f}" if len(s) == 1 else f"{mid:.3f} [{s[0]:.3f}, {s[-1]:.3f}]"
+    assert Measurement.spread(values) == want
+    assert Measurement.spread(values, ".1%").startswith(f"{mid:.1%}")
+
+
 def test_measurement_needs_five_seeds_and_a_steady_state():
     with pytest.raises(ConfigError, match="5 distinct seeds"):
         Measurement(seeds=(1, 2, 3, 4, 4))
