@@ -113,7 +113,7 @@ def assert_same(event, naive):
             assert abs(t1 - t2) <= 1e-9, (key, t1, t2)
 
 
-@pytest.mark.parametrize("seed", range(150))
+@pytest.mark.parametrize("seed", range(1000))   # a mid-step abort mismatch first showed at seed 948
 def test_engine_matches_the_naive_twin(seed):
     profile, jobs = random_case(seed)
     h = Harness(profile, jobs)
