@@ -66,7 +66,7 @@ class Lane(BaseRule):
                 and (sample.restarts or self.recurrence.known or self.cfg.lane.mode == "always"):
             if engine.name in self.names:
                 self.ledger.hold_runaway(sample, engine.name)
-            elif sample.moves <= sample.restarts:
+            elif self.ledger.moved_at.get(sample) != sample.restarts:   # once per generation
                 self._lane_move(sample, engine)
         return True
 

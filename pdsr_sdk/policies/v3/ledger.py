@@ -34,6 +34,7 @@ class Ledger:
         self.targets_stale = True
         self.runaways: dict[Sample, str] = {}        # samples past the lane threshold -> the lane engine holding them
         self.runaways_on: dict[str, int] = {}        # such samples per lane engine
+        self.moved_at: dict[Sample, int] = {}        # a moved sample -> its restarts at its latest move (generation)
 
     # ----------------------------------------------------------- engines
     def arrive(self, engines: list[Engine], groups: list[Group]) -> None:
@@ -111,6 +112,7 @@ class Ledger:
     def finished(self, s: Sample) -> None:
         """``s`` finished: out of every book."""
         self.unplace(s)
+        self.moved_at.pop(s, None)
         self.tail.discard(s)
         self.waiting.discard(s)
 
@@ -135,6 +137,7 @@ class Ledger:
     def move_to(self, s: Sample, target: Engine, length: float) -> None:
         """Re-place ``s`` on ``target`` in the books and ask the scheduler to move it there."""
         self.rebook(s, target, length)
+        self.moved_at[s] = s.restarts
         self.ctx.move(s, engine=target)     # counted by the scheduler as a move
 
     def hold_runaway(self, s: Sample, name: str) -> None:

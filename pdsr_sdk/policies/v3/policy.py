@@ -1,4 +1,4 @@
-"""``v3`` (the default): every engine busy from the start, longest-ranked work first, tail moved once.
+"""``v3`` (the default): every engine busy from the start, longest-ranked work first, the tail moved out.
 
 What the measurements taught (docs/notes/v3.md): waiting for probes costs more than routing saves, and on equal
 engines a group's probe says little about which single samples will be the longest. So v3 never waits on a
@@ -10,7 +10,7 @@ after booking what the hook changed in the shared :class:`~.ledger.Ledger`:
 - :mod:`.ranking`: the ranked pool of waiting samples (probes first, longest group first once the probe is
   seen to predict), and locality (an engine's own groups' siblings first);
 - :mod:`.placement`: chunks or the ranked pool for arriving groups, chunk steals, the share limit on refills;
-- :mod:`.migration`: the tail, moved once to lightly loaded engines where the move pays;
+- :mod:`.migration`: the tail, moved to lightly loaded engines (again when a lighter one opens) where the move pays;
 - :mod:`.lane`: in a stream under a staleness bound, the heavy pool as a tail lane for runaways;
 - :mod:`.step_end`: at a step's end, early restarts of runaways in their last step, and refreshes;
 - :mod:`.turns`: multi-turn samples: a parked sample's room goes to others, its next turn goes back to the engine
@@ -43,7 +43,7 @@ from pdsr_sdk.policies.v3.settings import V3Settings
 
 
 class V3Policy(Policy):
-    """Seer-style ranked pool, chunks where they keep prefixes, one early move for the tail."""
+    """Seer-style ranked pool, chunks where they keep prefixes, early moves for the tail."""
 
     name = "v3"
     streaming = True
