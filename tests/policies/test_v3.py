@@ -222,6 +222,25 @@ def test_in_a_stream_under_a_staleness_bound_the_tail_moves_once_to_the_heavy_la
     assert "fast" in ends
 
 
+def test_locality_steps_aside_on_engines_whose_kv_cache_binds():
+    # a batch that queues (dealt) and whose probe predicts nothing (the rank stays off, so an engine takes its own
+    # groups' siblings first), long prompts: 64 slots at about 700 prompt tokens need 45k of KV, against 262k
+    # (roomy) or 16k (binds)
+    trace = synth_trace(groups=64, n=8, seed=5, prompt_sigma=0.05, noise_sigma=0.7, runaway_frac=0.2,
+                        max_length=512, prompt_len_min=600, prompt_len_max=800)
+
+    def engines(kv, disable):
+        profile = dict(max_num_seqs=64, kv_cache_tokens=kv)
+        cfg = SimulateConfig(policy="v3", fast=3, heavy=1, batch_size=64, timeline=False, references=False,
+                             profiles={"fast": profile, "heavy": profile},
+                             policy_settings={"v3": {"disable": disable}})
+        run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
+        return {s.key: tuple(seg.engine for seg in s.segments) for g in run.groups for s in g.samples}
+
+    assert engines(262144, []) != engines(262144, ["locality"])
+    assert engines(16384, []) == engines(16384, ["locality"])
+
+
 def lane_ends(run):
     """Engines where samples moved onto the lane (launched after the first step) ended."""
     return {s.segments[-1].engine for g in run.groups if run.launched_at[g.prompt_id] > 0

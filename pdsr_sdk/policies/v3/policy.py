@@ -8,7 +8,7 @@ after booking what the hook changed in the shared :class:`~.ledger.Ledger`:
 
 - :mod:`.lengths`: finished lengths, each sample's expected length, the tail and lane thresholds;
 - :mod:`.ranking`: the ranked pool of waiting samples (probes first, longest group first once the probe is
-  seen to predict), and locality (an engine's own groups' siblings first);
+  seen to predict), and locality (an engine's own groups' siblings first where its KV cache does not bind);
 - :mod:`.placement`: chunks or the ranked pool for arriving groups, chunk steals, the share limit on refills;
 - :mod:`.migration`: the tail, moved to lightly loaded engines (again when a lighter one opens) where the move pays;
 - :mod:`.lane`: in a stream under a staleness bound, the heavy pool as a tail lane for runaways;
