@@ -34,6 +34,7 @@ class FakeEngine:
         self.name, self.pool, self.clock = name, pool, clock
         self.max_concurrency = max_concurrency
         self.segment_capacity_tokens = segment_capacity_tokens
+        self.kv_cache_tokens = None        # (the Engine protocol's: a fake reports no KV cache)
         self.token_time = token_time
         self.lengths = lengths or {}
         self.running: dict[str, dict] = {}
