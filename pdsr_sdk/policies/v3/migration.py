@@ -10,8 +10,9 @@ its context on the target; the prices are learnt from the engines' timings,
 :class:`~pdsr_sdk.policies.move_prices.MovePrices`). It moves again, on the same terms, where a lighter engine
 opens later, as its first target fills while others drain (B = 128, ten draws: `kv-bound` 0.894x of baseline
 against 0.938x with one move, `longcot` 0.815x against 0.833x; elsewhere within 0.3%). With the tail lane on
-(:mod:`.lane`) the lane moves instead. A multi-turn sample (an agent's) is not moved: on the multi-turn member its moves cost up to 0.8%
-at B = 128 (8 engines, five seeds) and gained nothing where slots bind (docs/notes/multi-turn.md)."""
+(:mod:`.lane`) the lane moves instead. A multi-turn sample (an agent's) is not moved: on the multi-turn member its
+moves cost up to 0.8% at B = 128 (8 engines, five seeds) and gained nothing where slots bind
+(docs/notes/multi-turn.md)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class PlacementSettings(ConfigModel):
 
 
 class MigrationSettings(ConfigModel):
-    """Migration (:mod:`.migration`): a sample in the tail moves early to a lightly loaded engine, and again when a lighter one opens."""
+    """Migration (:mod:`.migration`): a tail sample moves early to a lighter engine, and again as one opens."""
 
     quantile: float = Field(
         0.97, ge=0, le=1, description="A sample joins the tail once it has produced more tokens than this "
