@@ -308,6 +308,7 @@ ACTS = [
     ("placement.mode", "deal", {}, "batches", _informative, {}),
     ("placement.heavy_max_seqs", 2, {}, "batches", _informative, {}),
     ("migration.quantile", 0.8, {}, "batches", _informative, {}),
+    ("migration.stream_quantile", 0.8, {"lane": {"mode": "never"}}, "steps", _runaways, {}),
     ("migration.cap_runner_share", 0.05, {}, "batches", _informative, {}),
     ("migration.min_gap", 1, {}, "batches", _informative, {}),
     ("migration.min_ratio", 1.0, {}, "batches", _uninformative, {}),
@@ -353,6 +354,16 @@ def test_balance_holds_back_only_while_the_pool_is_in_queue_order():
     assert _batches(_informative(), {**ranked, "disable": ["balance"]}) == _batches(_informative(), ranked)
     queued = {"ranking": {"mode": "never"}}
     assert _batches(_uninformative(), {**queued, "disable": ["balance"]}) != _batches(_uninformative(), queued)
+
+
+def test_the_tail_quantile_of_a_batch_and_of_a_stream_are_apart():
+    """migration.quantile sets a batch's tail and only a batch's, stream_quantile a stream's (the batch value cost
+    a stream's members: docs/notes/v3-rules.md)."""
+    never = {"lane": {"mode": "never"}}
+    assert _batches(_informative(), {"migration": {"stream_quantile": 0.8}}) == _batches(_informative(), {})
+    assert _batches(_informative(), {"migration": {"quantile": 0.8}}) != _batches(_informative(), {})
+    assert _steps(_runaways(), {**never, "migration": {"quantile": 0.8}}) == _steps(_runaways(), never)
+    assert _steps(_runaways(), {**never, "migration": {"stream_quantile": 0.8}}) != _steps(_runaways(), never)
 
 
 #: the runs with the base settings, which many cases share: the simulator is deterministic, so each is run once

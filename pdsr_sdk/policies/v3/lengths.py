@@ -71,7 +71,8 @@ class Lengths(BaseRule):
         h = self.history
         h.refresh()
         migration = self.cfg.migration
-        self.tail_threshold = min(h.quantile(migration.quantile),
+        quantile = migration.stream_quantile if self.ctx.streaming else migration.quantile
+        self.tail_threshold = min(h.quantile(quantile),
                                   h.cap_runner_threshold(self.ctx.sampling.max_tokens, migration.cap_runner_share))
         # the first finishes are the short ones, so an early quantile sends ordinary samples to the lane as
         # well: that spreads an informative stream's first steps (B=128: 0.436x against 0.455x when the lane

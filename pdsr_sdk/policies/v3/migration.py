@@ -1,7 +1,8 @@
 """v3's migration: the tail, moved to lightly loaded engines.
 
-At a segment boundary a running sample that has already run long (past the 97th percentile of finished lengths,
-or past the length beyond which most samples ran to the response cap: :class:`~.lengths.Lengths`) joins the tail.
+At a segment boundary a running sample that has already run long (past the 90th percentile of finished lengths in
+a batch, the 97th in a stream, or past the length beyond which most samples ran to the response cap:
+:class:`~.lengths.Lengths`) joins the tail.
 Once nothing waits, a tail sample moves to the engine running the fewest tail samples (then the fewest
 samples), when that engine runs clearly fewer than its own, its KV cache keeps some room free with the moved
 context added (where the cache binds, a move into a full one crowds out the target's own long samples), and the
