@@ -4,6 +4,7 @@ across the workload family.
     .venv/bin/python bench/policies.py --quick                  # 8 engines, B = 128, 2 batches, 3 policies
     .venv/bin/python bench/policies.py [--family seed002,heavy] [--seed 11] [--engines 8,64]
                                        [--batch-sizes 128,512] [--batches 4] [--policies all,oracle-probe,oracle]
+                                       [--settings '{"migration": {"quantile": 0.97}}']
 
 The workloads are the members of the family (pdsr_sdk.traces.WORKLOADS, `pdsr trace synth --family
 list`; docs/notes/workload-family.md): informative (`pdsr trace synth`'s defaults), uninformative,
@@ -27,6 +28,9 @@ draws with its own lengths, runs to the cap and probe/sibling relation. Seed 0 t
 recorded order (repeated if too few). recorded-gsm8k is bench/data/smollm2-gsm8k-128x8.jsonl drawn so:
 SmolLM2-135M-Instruct on the first 128 GSM8K test prompts, 8 samples each, vLLM CPU, temperature 1, 512
 tokens (44% of the samples run to the cap; probe/sibling rank correlation 0.03).
+
+--settings JSON gives v3 these settings in every cell (nested keys, as a config file's ``policy_settings.v3``):
+run it once with and once without to see what a setting does across the family (docs/notes/v3-rules.md).
 """
 
 from __future__ import annotations
@@ -43,10 +47,12 @@ POLICIES = "all,oracle-probe,oracle"   # every registered policy for real engine
 QUICK = dict(engines="8", batch_sizes="128", batches=2, policies="baseline,v3,oracle")
 
 
-def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: list[str], recorded=None):
+def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: list[str], recorded=None,
+             settings: dict | None = None):
     """One member x engines x B cell on one trace draw: each policy's makespan / baseline's, v3's share of the
     oracle's gain (None under 1% of baseline) and the preemptions of baseline and v3 (a list). With
-    ``recorded`` (a LengthTrace) the draw resamples its groups on the family's equal engines instead."""
+    ``recorded`` (a LengthTrace) the draw resamples its groups on the family's equal engines instead; with
+    ``settings``, v3 runs with them."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import run_policy, trace_batches
     from pdsr_sdk.traces import resample_trace, workload
@@ -59,7 +65,7 @@ def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: li
         member = workload(fam)
         prof, trace = dict(member.measure.profile), member.trace(groups=b * batches, n=8, seed=seed)
     cfg = SimulateConfig(fast=n_eng - heavy, heavy=heavy, batch_size=b, timeline=False,
-                         profiles={"fast": prof, "heavy": prof})
+                         profiles={"fast": prof, "heavy": prof}, policy_settings={"v3": settings} if settings else {})
     tb = trace_batches(trace, cfg)
     runs = {p: run_policy(tb, cfg, p, record=False) for p in policies}
     base = runs["baseline"].makespan_s
@@ -69,6 +75,25 @@ def run_cell(fam: str, n_eng: int, b: int, batches: int, seed: int, policies: li
         share = (base - runs["v3"].makespan_s) / (base - runs["oracle"].makespan_s)
     pre = [sum(getattr(e, "preemptions", 0) for e in runs[p].engines) for p in ("baseline", "v3") if p in runs]
     return ratios, share, pre
+
+
+def check_settings(text: str | None, ap: argparse.ArgumentParser) -> dict | None:
+    """--settings parsed and validated as v3's settings (an error names the key), or None."""
+    if text is None:
+        return None
+    import json
+
+    from pdsr_sdk.errors import PdsrError
+    from pdsr_sdk.policies.resolve import type_policy_settings
+
+    try:
+        settings = json.loads(text)
+        if not isinstance(settings, dict):
+            raise ValueError("not a JSON mapping")
+        type_policy_settings("v3", {"v3": settings}, simulation=True, origin="--settings")
+    except (ValueError, PdsrError) as exc:
+        ap.error(f"--settings: {exc}")
+    return settings
 
 
 def main() -> None:
@@ -86,6 +111,8 @@ def main() -> None:
     ap.add_argument("--trace", metavar="FILE", help="a recorded JSONL length trace instead of the family (each seed "
                                                    "resamples its groups; default seeds 101-105)")
     ap.add_argument("--policies", default=None, help=f"[default: {POLICIES}]")
+    ap.add_argument("--settings", default=None, metavar="JSON",
+                    help="v3's settings in every cell, a JSON mapping of nested keys [default: its preset]")
     args = ap.parse_args()
     defaults = QUICK if args.quick else dict(engines="8,64", batch_sizes="128,512", batches=4, policies=POLICIES)
     for key, value in defaults.items():
@@ -98,6 +125,7 @@ def main() -> None:
     from pdsr_sdk.traces.family import SEEDS
 
     policies = policy_names(args.policies)
+    settings = check_settings(args.settings, ap)
     if "baseline" not in policies:
         ap.error("--policies: baseline is what every policy is measured against; name it")
     recorded = None
@@ -125,7 +153,8 @@ def main() -> None:
         print("|---|---|" + "---|" * len(policies) + "---|---|" + ("---|" if many else ""))
         for n_eng in map(int, args.engines.split(",")):
             for b in map(int, args.batch_sizes.split(",")):
-                cells = [run_cell(fam, n_eng, b, args.batches, seed, policies, recorded) for seed in seeds]
+                cells = [run_cell(fam, n_eng, b, args.batches, seed, policies, recorded, settings)
+                         for seed in seeds]
                 shares = [c[1] for c in cells if c[1] is not None]
                 share = f"{np.median(shares):.2f}" if len(shares) == len(cells) else "n/a"
                 row = f"| {n_eng} | {b} | " + " | ".join(spread([c[0][p] for c in cells]) for p in policies)
