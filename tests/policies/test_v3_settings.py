@@ -357,8 +357,8 @@ def test_balance_holds_back_only_while_the_pool_is_in_queue_order():
 
 
 def test_the_tail_quantile_of_a_batch_and_of_a_stream_are_apart():
-    """migration.quantile sets a batch's tail and only a batch's, stream_quantile a stream's (the batch value cost
-    a stream's members: docs/notes/v3-rules.md)."""
+    """migration.quantile sets a batch's tail and only a batch's, stream_quantile a stream's (the batch value was
+    mixed in streams: docs/notes/v3-rules.md)."""
     never = {"lane": {"mode": "never"}}
     assert _batches(_informative(), {"migration": {"stream_quantile": 0.8}}) == _batches(_informative(), {})
     assert _batches(_informative(), {"migration": {"quantile": 0.8}}) != _batches(_informative(), {})
