@@ -140,16 +140,17 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "pipeline": pipeline,
         "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }
-    if profile is not None:
-        for pool, values in load_profile_file(profile).items():
-            overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
+    profiles = load_profile_file(profile) if profile is not None else {}
+    for pool, values in profiles.items():
+        overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
     if (speculative is None) != (acceptance is None):
         raise ConfigError("--speculative METHOD and --acceptance FILE go together (bench/spec.py writes the file)")
     if speculative is not None:
         from pdsr_sdk.sim.speculation import speculation_from_acceptance
 
         spec = speculation_from_acceptance(acceptance, speculative, max_batch=speculation_max_batch or 32)
-        overrides.update({f"profiles.{pool}.speculation": spec for pool in ("fast", "heavy")})
+        overrides.update({f"profiles.{pool}.speculation": with_profile_verify_cost(spec, profiles.get(pool, {}))
+                          for pool in ("fast", "heavy")})
     elif speculation_max_batch is not None:
         raise ConfigError("--speculation-max-batch applies with --speculative")
     cfg = build_config(SimulateConfig, config_path, overrides)
@@ -186,6 +187,16 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
                + f"; simulated in {sim_s:.2f} s)")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
+
+
+def with_profile_verify_cost(spec: dict, profile: dict) -> dict:
+    """The acceptance file's speculation section, with the verify cost a profile file holds (one fitted by
+    `pdsr simulate calibrate` from a run with speculation) in place of the H100 table."""
+    own = profile.get("speculation") or {}
+    if "verify_cost" not in own:
+        return spec
+    return {**spec, "verify_cost": own["verify_cost"],
+            "num_speculative_tokens": own.get("num_speculative_tokens", spec.get("num_speculative_tokens", 4))}
 
 
 def _run_steps(tr, cfg, quiet: bool) -> None:
@@ -268,15 +279,23 @@ def write_outputs(report, out_dir: Path) -> None:
 @click.option("--iterations", type=int, default=None, help="Refinement passes of the fit.  [default: 8]")
 @click.option("--shared", is_flag=True, default=None,
               help="One fit over every pool's segments (same hardware and model in all pools).  [default: per pool]")
+@click.option("--speculation-max-batch", type=int, default=None,
+              help="A run with speculation: the batch size up to which it drafted.  [default: the run's summary "
+                   "says, else every batch size]")
 @config_option
 @handle_errors
-def calibrate_cmd(trajectories, out, block_size, iterations, shared, config_path) -> None:
+def calibrate_cmd(trajectories, out, block_size, iterations, shared, speculation_max_batch, config_path) -> None:
     """Fit the simulator's cost model per pool from the segment timings a `pdsr rollout` run recorded.
 
     Each segment's duration is modelled as the sum of its steps' times (c0 + c1*running +
     c2*context tokens, plus prefill of requests joining); the engines' batches over time are
     rebuilt from all segments; a non-negative least-squares fit alternates with re-estimating how
     many steps fell in each interval. Writes {fast: {...}, heavy: {...}} for --profile.
+
+    From a run with speculation (`pdsr rollout --speculative ...`: each segment records its drafted and
+    accepted tokens) a segment took fewer steps than tokens, and a step costs more per drafted token it
+    checks: that price is fitted too and written as the profile's speculation section (the verify cost
+    by batch size, and the run's acceptance), which `pdsr simulate --profile` then uses.
 
     Example: pdsr simulate calibrate --trajectories runs/rollout.parquet --out profile.yaml
     """
@@ -286,17 +305,20 @@ def calibrate_cmd(trajectories, out, block_size, iterations, shared, config_path
 
     cfg = build_config(CalibrateConfig, config_path, {
         "trajectories": [str(p) for p in trajectories] or None, "out": out, "block_size": block_size,
-        "iterations": iterations, "per_pool": False if shared else None})
+        "iterations": iterations, "per_pool": False if shared else None,
+        "speculation_max_batch": speculation_max_batch})
     if not cfg.trajectories:
         raise click.UsageError("give at least one --trajectories FILE")
     if cfg.out is None:
         raise click.UsageError("give --out FILE for the fitted profile")
     fits = calibrate(cfg.trajectories, block_size=cfg.block_size, iterations=cfg.iterations,
-                     min_spans=cfg.min_spans, per_pool=cfg.per_pool)
+                     min_spans=cfg.min_spans, per_pool=cfg.per_pool, speculation_max_batch=cfg.speculation_max_batch)
     write_text_atomic(profile_yaml(fits, cfg.trajectories), cfg.out)
     rows = [{"pool": f.pool, "spans": f.spans, "outliers": f.outliers, "engines": f.engines, "c0_s": f.coefficients["c0_s"],
              "c1_s_per_seq": f.coefficients["c1_s_per_seq"], "c2_s_per_token": f.coefficients["c2_s_per_token"],
              "prefill_s_per_token": f.coefficients["prefill_s_per_token"], "r2": f.r2,
-             "median_err": f.median_rel_error} for f in fits.values()]
+             "median_err": f.median_rel_error,
+             **({} if f.verify_s_per_token is None else {"verify_s_per_token": f.verify_s_per_token})}
+            for f in fits.values()]
     click.echo(format_table(rows))
     click.echo(f"wrote {cfg.out}")

@@ -44,11 +44,14 @@ class EngineListener(Protocol):
         its tokens only later (the simulator reports counts at a segment's end); a streaming engine leaves
         it out and the time of its first call counts."""
 
-    def on_segment_end(self, engine: "Engine", request_id: str, finish_reason: str) -> None:
+    def on_segment_end(self, engine: "Engine", request_id: str, finish_reason: str, *,
+                       speculation: tuple[int, int] | None = None) -> None:
         """Called exactly once per submitted request, after its last ``on_tokens``.
 
         ``finish_reason``: ``stop`` (EOS/stop string), ``length`` (hit the
         request's ``max_tokens``) or ``abort`` (after ``Engine.abort``).
+        ``speculation``: (drafted, accepted) tokens of the request's verify steps, from an engine running
+        speculative decoding that counts them (only then is it passed).
         """
 
     def on_engine_dead(self, engine: "Engine", error: Exception) -> None:

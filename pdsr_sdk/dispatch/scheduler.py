@@ -545,7 +545,8 @@ class Scheduler:
         usage = self.usage[engine.name]
         usage.tokens += n
 
-    def on_segment_end(self, engine: Engine, request_id: str, finish_reason: str) -> None:
+    def on_segment_end(self, engine: Engine, request_id: str, finish_reason: str, *,
+                       speculation: tuple[int, int] | None = None) -> None:
         run = self._runs.pop(request_id, None)
         if run is None:
             return
@@ -554,6 +555,8 @@ class Scheduler:
         self._release_slot(engine, request_id)
         seg = sample.segments[-1]
         seg.end_time_s = self.clock.now()
+        if speculation is not None:
+            seg.drafted_tokens, seg.accepted_tokens = speculation
         self.guarded(self._after_segment, run, finish_reason)
         self._pump()
         if self.paused is not None:

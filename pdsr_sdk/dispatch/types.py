@@ -88,6 +88,10 @@ class SegmentRecord:
     first_token_time_s: float | None = None   # None on engines that report counts only at the end (sim)
     end_time_s: float | None = None
     end_reason: str = ""      # stop | length | segment | cap | moved | abort | engine_dead | pause
+    #: speculative decoding: drafted tokens the span's verify steps checked, and how many of them were accepted
+    #: (None: speculation off, or the engine did not report them, as vLLM does not for an aborted request)
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
 
 
 @dataclass(slots=True)

@@ -91,6 +91,7 @@ class SegmentEnd:
 
     request_id: str
     finish_reason: str
+    speculation: tuple[int, int] | None = None   # (drafted, accepted) tokens, from an engine that counts them
 
 
 @dataclass(frozen=True)
@@ -301,8 +302,9 @@ class EngineActor:
             lps.extend(logprobs)
         self._wake()
 
-    def on_segment_end(self, engine, request_id: str, finish_reason: str) -> None:
-        self._ends.append(SegmentEnd(request_id, finish_reason))
+    def on_segment_end(self, engine, request_id: str, finish_reason: str, *,
+                       speculation: tuple[int, int] | None = None) -> None:
+        self._ends.append(SegmentEnd(request_id, finish_reason, speculation))
         self._wake()
 
     def on_engine_dead(self, engine, error: BaseException) -> None:

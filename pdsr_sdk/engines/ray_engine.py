@@ -378,7 +378,10 @@ class RayEngine(ModelEngine):
             for delta in news.tokens:
                 listener.on_tokens(self, delta.request_id, len(delta.token_ids), delta.token_ids, delta.logprobs)
             for end in news.ends:
-                listener.on_segment_end(self, end.request_id, end.finish_reason)
+                if end.speculation is None:
+                    listener.on_segment_end(self, end.request_id, end.finish_reason)
+                else:
+                    listener.on_segment_end(self, end.request_id, end.finish_reason, speculation=end.speculation)
             if news.dead is not None:
                 self._die(news.dead.error(self.name, f" (in its Ray actor on {self.where()})"))
             self._polls_seen = news.seq

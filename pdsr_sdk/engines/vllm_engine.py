@@ -184,6 +184,9 @@ class VllmEngine(ModelEngine):
                 raise ConfigError(f"engine {self.name!r}: speculative ({self.speculative.get('method')!r}) and "
                                   f"engine_args.speculative_config are both set; set one of them")
             args["speculative_config"] = dict(self.speculative)
+            # each request's drafted and accepted tokens, for its span in the trajectories (what
+            # `pdsr simulate calibrate` fits a verify step's cost from)
+            args["per_request_spec_decode_metrics"] = "summary"
         args.update(spec.engine_args)
         return args
 
@@ -262,6 +265,7 @@ class VllmEngine(ModelEngine):
             extra_args=self._draft_args(request),
         )
         reason = ABORT
+        counts = None
         listener = self._listener
         try:
             prompt = TokensPrompt(prompt_token_ids=request.context_ids)
@@ -280,6 +284,7 @@ class VllmEngine(ModelEngine):
                     listener.on_tokens(self, request.request_id, len(ids), ids, lps)
                 if out.finished:
                     reason = _finish_reason(comp.finish_reason)
+                    counts = _speculation_counts(getattr(comp, "spec_decode_metrics", None))
         except asyncio.CancelledError:
             if self._closing:
                 return
@@ -296,7 +301,10 @@ class VllmEngine(ModelEngine):
                 remote_traceback=self._read_error()))
             return
         self._tasks.pop(request.request_id, None)
-        listener.on_segment_end(self, request.request_id, reason)
+        if counts is None:
+            listener.on_segment_end(self, request.request_id, reason)
+        else:
+            listener.on_segment_end(self, request.request_id, reason, speculation=counts)
 
     # -------------------------------------------------------------- weights
     async def update_weights(self, weights, *, reset_prefix_cache: bool = True) -> None:
@@ -483,6 +491,15 @@ class _LoadRecorder:
                 pass
 
         return _Logger(vllm_config, engine_index)
+
+
+def _speculation_counts(metrics: Any) -> tuple[int, int] | None:
+    """(drafted, accepted) tokens from vLLM's per-request ``RequestSpecDecodeMetrics`` (its histogram counts
+    verify steps by accepted drafted tokens); None without them."""
+    if metrics is None:
+        return None
+    hist = list(getattr(metrics, "histogram", None) or ())
+    return int(getattr(metrics, "num_draft_tokens", 0)), sum(j * c for j, c in enumerate(hist))
 
 
 def _finish_reason(reason: str | None) -> str:

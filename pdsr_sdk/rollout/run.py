@@ -49,6 +49,8 @@ class RolloutSummary:
     dropped_groups: int = 0    # groups on-policy dynamic sampling dropped at a step's end, not in groups
     rewarded_samples: int = 0          # samples with a reward
     run_id: str = ""          # the same across a run and its resumes
+    #: speculative decoding's method and settings (None: off); `pdsr simulate calibrate` reads max_batch_size
+    speculative_settings: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -370,6 +372,8 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
         filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
         dropped_groups=sum(b.get("dropped_groups", 0) for b in batches),
+        speculative_settings=(None if config.speculative == "off" else
+                              {"method": config.speculative, **config.speculative_settings.model_dump()}),
     )
 
 

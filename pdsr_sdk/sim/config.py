@@ -43,6 +43,7 @@ class SpeculationProfile(ConfigModel):
     draft_load: float = Field(1.0, ge=0.0, le=1.0, description="Drafted tokens per request and step, as a share of num_speculative_tokens: a verify step's extra cost over a decode step (verify_cost - 1) scales with it. 1: every step drafts them all; a drafter that often finds nothing drafts far less (bench/spec.py: 0.05-0.15 in a SmolLM2 tail).")
     verify_cost: list[tuple[int, float]] = Field(default_factory=lambda: list(H100_VERIFY_COST_K4), description="A verify step's cost relative to a plain decode step, as [running requests, factor] pairs, interpolated linearly between them and held flat past the ends; default: 4 drafted tokens on one H100, measured by bench/verify_cost.py.")
     max_batch: int = Field(32, ge=0, description="Drafting runs only while at most this many requests run on the engine (verl's MTP lost about half its throughput at high batch); above it steps are plain.")
+    num_speculative_tokens: int = Field(4, ge=1, description="Tokens a full draft holds (k): verify_cost is for drafts of k tokens, and the drafted tokens a span reports are draft_load x k a verify step.")
 
     @model_validator(mode="after")
     def _sorted(self) -> "SpeculationProfile":
@@ -190,6 +191,7 @@ class CalibrateConfig(ConfigModel):
     iterations: int = Field(8, ge=1, description="Refinement passes (step counts per interval re-estimated from the previous fit).")
     min_spans: int = Field(8, ge=1, description="A pool needs at least this many timed segments to be fitted.")
     per_pool: bool = Field(True, description="Fit each pool separately; false = one fit over all segments, written for every pool (engines of the same hardware and model).")
+    speculation_max_batch: int | None = Field(None, ge=0, description="With speculation: the batch size up to which the run drafted, so that a span's drafted tokens are placed where its engine ran at most that many (none: the runs' summaries say, else every batch size).")
 
 
 def load_profile_file(path: str | Path) -> dict[str, dict[str, Any]]:

@@ -197,13 +197,25 @@ def alone_time_naive(prompt_len, length, *, c0, c1, c2, prefill, prefill_len=Non
 
 # -- speculative decoding --------------------------------------------------------------------
 
+def drafting(running: int, tokens_per_step: float, max_batch: int) -> bool:
+    """Whether a step of ``running`` requests drafts (and yields ``tokens_per_step`` tokens a request)."""
+    return running <= max_batch and tokens_per_step > 1.0
+
+
+def speculation_counts(tokens: int, tokens_per_step: float, draft_load: float, k: int) -> tuple[int, int]:
+    """(drafted, accepted) tokens of a request that generated ``tokens`` while drafting ran, rounded: they took
+    tokens / tokens_per_step verify steps, each checking draft_load x k drafted tokens and accepting the rest."""
+    steps = tokens / tokens_per_step
+    return round(steps * draft_load * k), round(tokens - steps)
+
+
 def speculation_scale(running: int, tokens_per_step: float, verify_cost: list[tuple[int, float]],
                       max_batch: int, draft_load: float = 1.0) -> float:
     """What one token of each running request costs with speculation, relative to a plain decode step: a step's
     cost over the tokens it yields. The step costs 1 plus the verify cost's excess (``verify_cost``, [running,
     factor] pairs for a full draft, interpolated, flat past the ends) times ``draft_load``, the share of a full
     draft the step carries; 1 while more than ``max_batch`` requests run (no drafting)."""
-    if running > max_batch or tokens_per_step <= 1.0:
+    if not drafting(running, tokens_per_step, max_batch):
         return 1.0
     sizes = [b for b, _ in verify_cost]
     factors = [f for _, f in verify_cost]

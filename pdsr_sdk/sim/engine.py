@@ -52,14 +52,15 @@ from collections import deque
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, EngineLoad
 from pdsr_sdk.errors import EngineError
 from pdsr_sdk.sim.config import EngineProfile
-from pdsr_sdk.sim.cost import overflow_step, speculation_scale, steps_time, steps_within, uncached_tokens
+from pdsr_sdk.sim.cost import (drafting, overflow_step, speculation_counts, speculation_scale, steps_time, steps_within,
+                               uncached_tokens)
 
 _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
 
 class _Req:
     __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt",
-                 "first_t", "ckey")
+                 "first_t", "ckey", "d_adm", "spec")
 
     def __init__(self, rid: str, sample, ctx: int, max_tokens: int, prompt, salt: str | None = None):
         self.rid = rid
@@ -76,6 +77,8 @@ class _Req:
         self.state = _WAITING
         self.prefill = 0          # uncached tokens prefilled at its admission
         self.first_t = None       # when the step that prefilled it (and sampled its first token) ended
+        self.d_adm = 0            # the engine's drafting steps (its global count) at its last admission
+        self.spec = 0             # tokens it generated while drafting ran, before its current admission
 
 
 class SimEngine:
@@ -129,6 +132,7 @@ class SimEngine:
         self.preemptions = 0
         self.drafted_tokens = 0      # tokens generated while drafting ran (speculation on, few requests running)
         self._drafting = False
+        self._dsteps = 0             # global steps, up to self._step, that ran while drafting
         self.prefill_tokens = 0
         self.occupancy_t: list[float] = [0.0]
         self.occupancy_n: list[int] = [0]
@@ -194,14 +198,14 @@ class SimEngine:
             head = self._waiting[0] is r
             self._waiting.remove(r)
             r.state = _GONE
-            n = r.done
+            n, spec = r.done, r.spec
             if head and self._waiting:
                 self._wake()   # the head held the queue (admission is in order): the next may fit at a boundary
         elif self._in_boundary:
             ran = self._step - r.s_adm
             self._remove_running(r, self._step)
             r.state = _GONE
-            n = r.done
+            n, spec = r.done, r.spec
         else:
             # mid-epoch: the tokens of the steps completed by now; it leaves at the next boundary
             now = self.clock.now()
@@ -210,6 +214,8 @@ class SimEngine:
             # counts: that step's token is thrown away, as any in-flight step's of a request aborted mid-step
             ran = max(0, self._step + k - r.s_adm - (1 if now < self._t0 else 0))
             n = min(r.done + ran, r.max_tokens)
+            # and of them, the steps that ran while drafting (in this epoch, if it drafts)
+            spec = r.spec + max(0, min(ran, self._dsteps + (k if self._drafting else 0) - r.d_adm))
             if k and r.first_t is None and r.s_adm == self._step:   # its first step ran in this epoch
                 r.first_t = self._first_step_end()
             r.state = _LEAVING
@@ -217,7 +223,7 @@ class SimEngine:
             self._wake()
         self._remember_aborted(r, n, ran)
         self.tokens += n
-        self.clock.call_later(0.0, lambda: self._report_abort(r, n))
+        self.clock.call_later(0.0, lambda: self._report_abort(r, n, spec))
 
     def _remember_aborted(self, r: _Req, n: int, ran: int) -> None:
         """Cache the whole blocks of an aborted request's computed context (its context after ``n`` tokens of this
@@ -235,10 +241,17 @@ class SimEngine:
         cache is kept across it): the next segment of each sample prefills its whole context."""
         self._cache.clear()
 
-    def _report_abort(self, r: _Req, n: int) -> None:
+    def _report_abort(self, r: _Req, n: int, spec: int) -> None:
         if n:
             self._listener.on_tokens(self, r.rid, n, None, None, first_token_time_s=r.first_t)
-        self._listener.on_segment_end(self, r.rid, ABORT)
+        if self._spec is None:
+            self._listener.on_segment_end(self, r.rid, ABORT)
+        else:
+            self._listener.on_segment_end(self, r.rid, ABORT, speculation=self._counts(spec))
+
+    def _counts(self, tokens: int) -> tuple[int, int]:
+        spec = self._spec
+        return speculation_counts(tokens, spec.tokens_per_step, spec.draft_load, spec.num_speculative_tokens)
 
     # ------------------------------------------------------------ the events
     def _wake(self) -> None:
@@ -262,6 +275,7 @@ class SimEngine:
                     self.steps += target - self._step
                     if self._drafting:
                         self.drafted_tokens += (target - self._step) * len(self._running)
+                        self._dsteps += target - self._step
                     self._first_step_ran()
                 self._step, self._t0 = target, when
                 self._plan()
@@ -319,6 +333,7 @@ class SimEngine:
                 self.steps += S - self._step
                 if self._drafting:
                     self.drafted_tokens += (S - self._step) * len(self._running)
+                    self._dsteps += S - self._step
                 self._first_step_ran()
         self._step = S
         self._t0 = now
@@ -352,7 +367,10 @@ class SimEngine:
                 for r in finished:
                     self.tokens += r.done
                     listener.on_tokens(self, r.rid, r.done, None, None, first_token_time_s=r.first_t)
-                    listener.on_segment_end(self, r.rid, LENGTH)
+                    if self._spec is None:
+                        listener.on_segment_end(self, r.rid, LENGTH)
+                    else:
+                        listener.on_segment_end(self, r.rid, LENGTH, speculation=self._counts(r.spec))
             finally:
                 self._in_boundary = False
         self._plan()
@@ -373,6 +391,7 @@ class SimEngine:
             self._pending_prefill -= r.prefill
             self.prefill_tokens -= r.prefill
         r.done += S - r.s_adm
+        r.spec += self._dsteps - r.d_adm   # (callers remove at the current step, S == self._step)
 
     def _total_blocks(self, S: int) -> int:
         """Blocks the running requests need for the step at global step S (exact, O(block))."""
@@ -429,10 +448,9 @@ class SimEngine:
         if self._spec is not None:   # a verify step's cost spread over the tokens it yields (one "step" = a token)
             spec = self._spec
             m = speculation_scale(R, spec.tokens_per_step, spec.verify_cost, spec.max_batch, spec.draft_load)
-            if m != 1.0:
-                self._a = a = a * m
-                self._b = b = b * m
-                self._drafting = True
+            self._a = a = a * m
+            self._b = b = b * m
+            self._drafting = drafting(R, spec.tokens_per_step, spec.max_batch)
         self._extra = extra = self._p * self._pending_prefill
         end = target = self._next_end()
         # the KV cache can overflow before `end` only if the context then may need more blocks than there are
@@ -448,6 +466,7 @@ class SimEngine:
         self._seq += 1
         w.seq = self._seq
         w.s_adm = S
+        w.d_adm = self._dsteps
         w.off = off = w.ctx - S
         q, res = divmod(off, self._block)
         self._sum_off += off

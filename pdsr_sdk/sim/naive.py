@@ -39,17 +39,18 @@ class _R:
         self.prefill = 0
         self.leaving = False
         self.first: float | None = None   # end of its first step (its first token)
+        self.spec = 0                     # tokens it generated in steps that drafted
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def naive_replay(profile, jobs: list[NaiveJob],
-                 first_tokens: dict[str, list[float | None]] | None = None) -> dict[str, list[tuple[str, float, int]]]:
+def naive_replay(profile, jobs: list[NaiveJob], first_tokens: dict[str, list[float | None]] | None = None,
+                 drafting_tokens: dict[str, list[int]] | None = None) -> dict[str, list[tuple[str, float, int]]]:
     """Per job key, its segment ends in order: ``(reason, time_s, tokens)`` with reason ``length`` or ``abort``.
     ``first_tokens``, if given, receives per job key the time each segment that produced tokens sampled its
-    first one."""
+    first one; ``drafting_tokens``, per job key and segment end, the tokens generated in steps that drafted."""
     B, kv, M = profile.block_size, profile.kv_blocks, profile.max_num_seqs
     c0, c1, c2, p = profile.c0_s, profile.c1_s_per_seq, profile.c2_s_per_token, profile.prefill_s_per_token
     events = sorted([(job.arrival_s, 0, j) for j, job in enumerate(jobs)]
@@ -77,6 +78,8 @@ def naive_replay(profile, jobs: list[NaiveJob],
         else:
             r.leaving = True   # still runs the step in flight; its token is thrown away
         out[jobs[j].key].append(("abort", time, r.done))
+        if drafting_tokens is not None:
+            drafting_tokens.setdefault(jobs[j].key, []).append(r.spec)
         if first_tokens is not None and r.done:
             first_tokens.setdefault(jobs[j].key, []).append(r.first)
         cache.pop(j, None)
@@ -120,6 +123,7 @@ def naive_replay(profile, jobs: list[NaiveJob],
         spec = profile.speculation
         scale = 1.0 if spec is None else speculation_scale_naive(len(running), spec.tokens_per_step,
                                                                  spec.verify_cost, spec.max_batch, spec.draft_load)
+        drafts = spec is not None and len(running) <= spec.max_batch and spec.tokens_per_step > 1.0
         dt = ((c0 + c1 * len(running) + c2 * sum(r.ctx for r in running)) * scale
               + p * sum(r.prefill for r in running))
         t_next = t + dt
@@ -132,6 +136,7 @@ def naive_replay(profile, jobs: list[NaiveJob],
             r.ctx += 1
             r.done += 1
             r.remaining -= 1
+            r.spec += drafts
             r.prefill = 0
         t = t_next
         running = [r for r in running if not r.leaving]
@@ -140,6 +145,8 @@ def naive_replay(profile, jobs: list[NaiveJob],
         for r in finished:
             job = jobs[r.j]
             out[job.key].append(("length", t, r.done))
+            if drafting_tokens is not None:
+                drafting_tokens.setdefault(job.key, []).append(r.spec)
             if first_tokens is not None:
                 first_tokens.setdefault(job.key, []).append(r.first)
             if r.seg + 1 < len(job.segments):

@@ -29,6 +29,7 @@ LENGTHS = [[40, 40, 40, 160], [24, 120, 24, 24], [160, 32, 32, 32], [48, 48, 48,
            [64, 16, 16, 16]]
 KEYS = sorted(f"p{i}/{j}" for i in range(len(PROMPTS)) for j in range(4))
 TOTAL = sum(map(sum, LENGTHS))   # tokens a run generates
+ABORTED = ("moved", "abort", "pause", "engine_dead", "truncated")   # spans the dispatcher cut short
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +95,15 @@ def test_every_policy_with_group_speculation_gives_the_greedy_outputs(policy, en
           f"{sum(len(s.segments) for s in out.samples)} segments, {moved(out.samples)} samples ran on both engines")
     assert compared >= TOTAL // 2
     assert accepted(engines) > before
+    # each span the engine ran to its end records its drafted and accepted tokens (what `pdsr simulate
+    # calibrate` fits a verify step's cost from); an aborted one (moved, stolen) has none from vLLM
+    spans = [seg for s in out.samples for seg in s.segments if seg.num_tokens]
+    ended = [seg for seg in spans if seg.end_reason not in ABORTED]
+    assert ended and all(seg.drafted_tokens is not None for seg in ended)
+    # (vLLM counts a last step's accepted tokens even where max_tokens cut them off: calibrate clips the steps)
+    assert all(0 <= seg.accepted_tokens <= seg.drafted_tokens for seg in ended)
+    counted = sum(seg.accepted_tokens or 0 for seg in spans)
+    assert 0 < counted <= accepted(engines) - before
 
 
 def test_partial_rollout_with_group_speculation_carries_samples_and_gives_the_greedy_outputs(

@@ -58,13 +58,16 @@ class Recorder:
         self.tokens: dict[str, list[int]] = {}
         self.logprobs: dict[str, list[float]] = {}
         self.ends: dict[str, str] = {}
+        self.speculation: dict[str, tuple[int, int]] = {}
         self.dead: list = []
 
     def on_tokens(self, engine, rid, n, ids, lps):
         self.tokens.setdefault(rid, []).extend(ids)
         self.logprobs.setdefault(rid, []).extend(lps)
 
-    def on_segment_end(self, engine, rid, reason):
+    def on_segment_end(self, engine, rid, reason, *, speculation=None):
+        if speculation is not None:
+            self.speculation[rid] = speculation
         self.ends[rid] = reason
 
     def on_engine_dead(self, engine, error):
@@ -214,6 +217,11 @@ def test_sampling_accepts_drafts_and_reports_the_models_logprobs(engine_loop, en
     print(f"\nsampling: {delta}")
     assert delta["drafts"] > 0 and delta["drafted_tokens"] >= delta["drafts"]
     assert 0 < delta["accepted_tokens"] <= delta["drafted_tokens"]
+    # each request's own counts (its span's drafted / accepted tokens in the trajectories, which
+    # `pdsr simulate calibrate` fits a verify step's cost from) add up to the engine's counters
+    per_request = [rec.speculation[rid] for rid in prompts]
+    assert sum(d for d, _ in per_request) == delta["drafted_tokens"]
+    assert sum(a for _, a in per_request) == delta["accepted_tokens"]
 
     async def rescore():
         return await asyncio.gather(*(prompt_logprobs(ref, f"score-{rid}", ids + rec.tokens[rid], len(ids))

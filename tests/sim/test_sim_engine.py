@@ -25,6 +25,7 @@ class Harness:
         self.engine = SimEngine("e0", "fast", profile, self.clock).bind(self)
         self.jobs = jobs
         self.out = {job.key: [] for job in jobs}
+        self.speculation: dict[str, list[tuple[int, int]]] = {}   # per job key, (drafted, accepted) per span
         self.samples = []
         for job in jobs:
             g = Group(prompt_id=job.prompt or job.key, prompt_token_ids=[], prompt_text="", n=1,
@@ -63,9 +64,11 @@ class Harness:
         self.samples[j].num_generated += n
         self.seg_tokens[rid] += n
 
-    def on_segment_end(self, engine, rid, reason):
+    def on_segment_end(self, engine, rid, reason, *, speculation=None):
         j, seg = self.rid_job[rid]
         self.out[self.jobs[j].key].append((reason, self.clock.now(), self.seg_tokens[rid]))
+        if speculation is not None:
+            self.speculation.setdefault(self.jobs[j].key, []).append(speculation)
         if reason == LENGTH and seg + 1 < len(self.jobs[j].segments):
             self.submit(j, seg + 1)
         else:
@@ -118,7 +121,17 @@ def test_engine_matches_the_naive_twin(seed):
     profile, jobs = random_case(seed)
     h = Harness(profile, jobs)
     firsts: dict[str, list[float | None]] = {}
-    assert_same(h.run(), naive_replay(profile, jobs, firsts))
+    drafting: dict[str, list[int]] = {}
+    assert_same(h.run(), naive_replay(profile, jobs, firsts, drafting))
+    # with speculation, each span reports its drafted and accepted tokens: those of the tokens it generated
+    # in steps that drafted, counted step by step by the twin
+    spec = profile.speculation
+    if spec is None:
+        assert not h.speculation
+    else:
+        want = {key: [cost.speculation_counts(n, spec.tokens_per_step, spec.draft_load, spec.num_speculative_tokens)
+                      for n in counts] for key, counts in drafting.items()}
+        assert h.speculation == want
     # each span's first token: the end of the step that admitted (and prefilled) it, as a stream would show it
     assert h.first_tokens.keys() == firsts.keys()
     for key, times in firsts.items():
