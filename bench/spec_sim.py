@@ -4,6 +4,7 @@ baseline without, on the workload family, sweeping the tokens a step yields, and
     .venv/bin/python bench/spec_sim.py [--family seed002,longcot] [--batch-sizes 128,512] [--seeds 101,102,103]
                                        [--tokens-per-step 1.6,2,2.5,3] [--max-batch 32] [--engines 8]
                                        [--acceptance bench/data/spec-acceptance-smollm2.json --methods ngram,group]
+                                       [--tail-mean]
 
 Each member's trace (``pdsr trace synth --family NAME``, its pinned seeds) runs one on-policy batch per seed on
 equal engines of ``bench/data/profile-h100-7b.yaml`` (a 7B model on one H100: step costs from
@@ -12,8 +13,9 @@ a quarter of them heavy. Speculation (``EngineProfile.speculation``, docs/simula
 step's price over the tokens the step yields, while at most ``--max-batch`` requests run on the engine; above it
 steps are plain. The sweep's steps each draft 4 tokens (a verify step: 1.08x a decode step at batch 1 to 1.41x at
 256, measured) and yield ``--tokens-per-step``; ``--acceptance`` adds a run per method (``--methods``) at what
-``bench/spec.py`` measured in a step's tail, tokens per step counting the steps that drafted nothing
-(:func:`~pdsr_sdk.sim.speculation.speculation_from_acceptance`).
+``bench/spec.py`` measured, tokens per step counting the steps that drafted nothing
+(:func:`~pdsr_sdk.sim.speculation.speculation_from_acceptance`): by response position where the file has it, and
+with ``--tail-mean`` also a run per method at its tail's mean everywhere (``METHOD-tail``).
 
 Prints per member and B: each run's makespan / baseline's (no speculation) as the median [min, max] over the
 seeds, and the share of tokens generated while drafting ran.
@@ -107,6 +109,9 @@ def main() -> None:
                     help="tokens a step yields per request while drafting 4 tokens every step, swept ('' for none)")
     ap.add_argument("--acceptance", type=Path, default=None, help="bench/spec.py's acceptance file: a run per method")
     ap.add_argument("--methods", default="ngram,group", help="with --acceptance: its methods, comma-separated")
+    ap.add_argument("--tail-mean", action="store_true",
+                    help="with --acceptance: also a run per method at its tail's mean acceptance everywhere "
+                         "(METHOD-tail), against the acceptance by response position")
     ap.add_argument("--max-batch", type=int, default=32, help="drafting only while at most this many run")
     ap.add_argument("--engines", type=int, default=8)
     ap.add_argument("--steps", type=int, default=None, help="partial rollout over K steps instead (see above)")
@@ -122,7 +127,10 @@ def main() -> None:
             spec = speculation_from_acceptance(args.acceptance, method, max_batch=args.max_batch)
             specs[method] = spec
             print(f"{method}: {spec['tokens_per_step']:.4f} tokens a step, draft load {spec['draft_load']:.3f} "
-                  f"(from {args.acceptance.name})")
+                  f"in the tail, {len(spec.get('by_position', ()))} position bins (from {args.acceptance.name})")
+            if args.tail_mean:
+                specs[f"{method}-tail"] = speculation_from_acceptance(args.acceptance, method, max_batch=args.max_batch,
+                                                                      by_position=False)
     seeds = [int(x) for x in args.seeds.split(",")]
     print(f"{args.engines} engines (H100, 7B), max_batch {args.max_batch}, seeds {seeds}")
     for fam in args.family.split(","):

@@ -44,6 +44,7 @@ class SpeculationProfile(ConfigModel):
     verify_cost: list[tuple[int, float]] = Field(default_factory=lambda: list(H100_VERIFY_COST_K4), description="A verify step's cost relative to a plain decode step, as [running requests, factor] pairs, interpolated linearly between them and held flat past the ends; default: 4 drafted tokens on one H100, measured by bench/verify_cost.py.")
     max_batch: int = Field(32, ge=0, description="Drafting runs only while at most this many requests run on the engine (verl's MTP lost about half its throughput at high batch); above it steps are plain.")
     num_speculative_tokens: int = Field(4, ge=1, description="Tokens a full draft holds (k): verify_cost is for drafts of k tokens, and the drafted tokens a span reports are draft_load x k a verify step.")
+    by_position: list[tuple[int, float, float]] | None = Field(None, description="Acceptance along the response, as [first response position of a bin, tokens_per_step, draft_load] rows from position 0 up (bench/spec.py's by_position); past the last row's start its values hold. None: tokens_per_step and draft_load at every position.")
 
     @model_validator(mode="after")
     def _sorted(self) -> "SpeculationProfile":
@@ -51,7 +52,21 @@ class SpeculationProfile(ConfigModel):
         if not sizes or sizes != sorted(set(sizes)) or any(f <= 0 for _, f in self.verify_cost):
             raise ConfigValueError("speculation.verify_cost: give [running, factor] pairs with increasing running "
                                    f"counts and positive factors, got {self.verify_cost}")
+        rows = self.by_position
+        if rows is not None:
+            starts = [p for p, _, _ in rows]
+            if (not rows or starts[0] != 0 or starts != sorted(set(starts))
+                    or any(y < 1.0 or not 0.0 <= d <= 1.0 for _, y, d in rows)):
+                raise ConfigValueError("speculation.by_position: give [position, tokens_per_step, draft_load] rows "
+                                       "with positions increasing from 0, tokens_per_step >= 1 and draft_load in "
+                                       f"[0, 1], got {rows}")
         return self
+
+    @property
+    def position_width(self) -> int:
+        """Steps between re-reads of the running requests' positions: the first bin's width (by_position)."""
+        rows = self.by_position or []
+        return rows[1][0] - rows[0][0] if len(rows) > 1 else 1 << 30
 
 
 class EngineProfile(ConfigModel):

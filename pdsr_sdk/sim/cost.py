@@ -202,13 +202,6 @@ def drafting(running: int, tokens_per_step: float, max_batch: int) -> bool:
     return running <= max_batch and tokens_per_step > 1.0
 
 
-def speculation_counts(tokens: int, tokens_per_step: float, draft_load: float, k: int) -> tuple[int, int]:
-    """(drafted, accepted) tokens of a request that generated ``tokens`` while drafting ran, rounded: they took
-    tokens / tokens_per_step verify steps, each checking draft_load x k drafted tokens and accepting the rest."""
-    steps = tokens / tokens_per_step
-    return round(steps * draft_load * k), round(tokens - steps)
-
-
 def speculation_scale(running: int, tokens_per_step: float, verify_cost: list[tuple[int, float]],
                       max_batch: int, draft_load: float = 1.0) -> float:
     """What one token of each running request costs with speculation, relative to a plain decode step: a step's

@@ -47,20 +47,20 @@ step counter) or the step at which the KV cache would overflow.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import deque
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, EngineLoad
 from pdsr_sdk.errors import EngineError
 from pdsr_sdk.sim.config import EngineProfile
-from pdsr_sdk.sim.cost import (drafting, overflow_step, speculation_counts, speculation_scale, steps_time, steps_within,
-                               uncached_tokens)
+from pdsr_sdk.sim.cost import drafting, overflow_step, speculation_scale, steps_time, steps_within, uncached_tokens
 
 _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
 
 class _Req:
     __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt",
-                 "first_t", "ckey", "d_adm", "spec")
+                 "first_t", "ckey", "adm", "spec")
 
     def __init__(self, rid: str, sample, ctx: int, max_tokens: int, prompt, salt: str | None = None):
         self.rid = rid
@@ -77,8 +77,8 @@ class _Req:
         self.state = _WAITING
         self.prefill = 0          # uncached tokens prefilled at its admission
         self.first_t = None       # when the step that prefilled it (and sampled its first token) ended
-        self.d_adm = 0            # the engine's drafting steps (its global count) at its last admission
-        self.spec = 0             # tokens it generated while drafting ran, before its current admission
+        self.adm = (0.0, 0.0, 0.0)   # the engine's speculation sums (SimEngine._cum) at its last admission
+        self.spec = (0.0, 0.0, 0.0)  # its own, before its current admission: drafting steps, accepted, drafted
 
 
 class SimEngine:
@@ -132,7 +132,13 @@ class SimEngine:
         self.preemptions = 0
         self.drafted_tokens = 0      # tokens generated while drafting ran (speculation on, few requests running)
         self._drafting = False
-        self._dsteps = 0             # global steps, up to self._step, that ran while drafting
+        # speculation, per running request and step of the epoch: (drafting steps, accepted, drafted tokens);
+        # and those summed over the steps up to self._step (a request's own: the difference since it joined)
+        self._rate = (0.0, 0.0, 0.0)
+        self._cum = (0.0, 0.0, 0.0)
+        by_pos = None if self._spec is None else self._spec.by_position
+        self._pos_starts = [row[0] for row in by_pos] if by_pos else None
+        self._pos_width = self._spec.position_width if by_pos else 0
         self.prefill_tokens = 0
         self.occupancy_t: list[float] = [0.0]
         self.occupancy_n: list[int] = [0]
@@ -215,7 +221,10 @@ class SimEngine:
             ran = max(0, self._step + k - r.s_adm - (1 if now < self._t0 else 0))
             n = min(r.done + ran, r.max_tokens)
             # and of them, the steps that ran while drafting (in this epoch, if it drafts)
-            spec = r.spec + max(0, min(ran, self._dsteps + (k if self._drafting else 0) - r.d_adm))
+            since = [c - d + k * q for c, d, q in zip(self._cum, r.adm, self._rate)]
+            if since[0] > ran:   # (the step in flight at an epoch planned ahead did not run)
+                since = [x * ran / since[0] for x in since]
+            spec = tuple(a + b for a, b in zip(r.spec, since))
             if k and r.first_t is None and r.s_adm == self._step:   # its first step ran in this epoch
                 r.first_t = self._first_step_end()
             r.state = _LEAVING
@@ -241,7 +250,7 @@ class SimEngine:
         cache is kept across it): the next segment of each sample prefills its whole context."""
         self._cache.clear()
 
-    def _report_abort(self, r: _Req, n: int, spec: int) -> None:
+    def _report_abort(self, r: _Req, n: int, spec: tuple[float, float, float]) -> None:
         if n:
             self._listener.on_tokens(self, r.rid, n, None, None, first_token_time_s=r.first_t)
         if self._spec is None:
@@ -249,9 +258,16 @@ class SimEngine:
         else:
             self._listener.on_segment_end(self, r.rid, ABORT, speculation=self._counts(spec))
 
-    def _counts(self, tokens: int) -> tuple[int, int]:
-        spec = self._spec
-        return speculation_counts(tokens, spec.tokens_per_step, spec.draft_load, spec.num_speculative_tokens)
+    @staticmethod
+    def _counts(spec: tuple[float, float, float]) -> tuple[int, int]:
+        """A request's (drafted, accepted) tokens from its speculation sums."""
+        return round(spec[2]), round(spec[1])
+
+    def _advance(self, k: int) -> None:
+        """``k`` steps of the current epoch have run: count what drafting did in them."""
+        if self._drafting:
+            self.drafted_tokens += k * len(self._running)
+            self._cum = tuple(c + k * q for c, q in zip(self._cum, self._rate))
 
     # ------------------------------------------------------------ the events
     def _wake(self) -> None:
@@ -273,9 +289,7 @@ class SimEngine:
                 self.busy_s += when - self._t0
                 if target > self._step:
                     self.steps += target - self._step
-                    if self._drafting:
-                        self.drafted_tokens += (target - self._step) * len(self._running)
-                        self._dsteps += target - self._step
+                    self._advance(target - self._step)
                     self._first_step_ran()
                 self._step, self._t0 = target, when
                 self._plan()
@@ -331,9 +345,7 @@ class SimEngine:
             self.busy_s += now - self._t0
             if S > self._step:
                 self.steps += S - self._step
-                if self._drafting:
-                    self.drafted_tokens += (S - self._step) * len(self._running)
-                    self._dsteps += S - self._step
+                self._advance(S - self._step)
                 self._first_step_ran()
         self._step = S
         self._t0 = now
@@ -391,7 +403,8 @@ class SimEngine:
             self._pending_prefill -= r.prefill
             self.prefill_tokens -= r.prefill
         r.done += S - r.s_adm
-        r.spec += self._dsteps - r.d_adm   # (callers remove at the current step, S == self._step)
+        # (callers remove at the current step, S == self._step)
+        r.spec = tuple(a + c - d for a, c, d in zip(r.spec, self._cum, r.adm))
 
     def _total_blocks(self, S: int) -> int:
         """Blocks the running requests need for the step at global step S (exact, O(block))."""
@@ -445,28 +458,50 @@ class SimEngine:
         self._a = a = self._c0 + self._c1 * R + c2 * (self._sum_off + R * S)
         self._b = b = c2 * R
         self._drafting = False
+        self._rate = (0.0, 0.0, 0.0)
+        end = target = self._next_end()
         if self._spec is not None:   # a verify step's cost spread over the tokens it yields (one "step" = a token)
             spec = self._spec
-            m = speculation_scale(R, spec.tokens_per_step, spec.verify_cost, spec.max_batch, spec.draft_load)
+            y, load = spec.tokens_per_step, spec.draft_load
+            if self._pos_starts is not None and R <= spec.max_batch:
+                y, load = self._acceptance_along(S)
+                target = min(target, (S // self._pos_width + 1) * self._pos_width)   # the next cell: again
+            m = speculation_scale(R, y, spec.verify_cost, spec.max_batch, load)
             self._a = a = a * m
             self._b = b = b * m
-            self._drafting = drafting(R, spec.tokens_per_step, spec.max_batch)
+            self._drafting = drafting(R, y, spec.max_batch)
+            if self._drafting:
+                self._rate = (1.0, 1.0 - 1.0 / y, load * spec.num_speculative_tokens / y)
         self._extra = extra = self._p * self._pending_prefill
-        end = target = self._next_end()
         # the KV cache can overflow before `end` only if the context then may need more blocks than there are
         if end - 1 > S and (self._sum_off + R * (end - 1 + block - 1)) // block > kv:
             if total is None:
                 total = self._total_blocks(S)
             ovf = overflow_step(kv - total, self._res, S, block)
-            if ovf < end:
+            if ovf < target:
                 target = ovf
         self._set_timer(self._t0 + steps_time(target - S, a, b, extra), target)
+
+    def _acceptance_along(self, S: int) -> tuple[float, float]:
+        """(tokens_per_step, draft_load) of the running requests, each from the ``by_position`` row of its
+        response position at the middle of the current cell of ``position_width`` global steps, averaged."""
+        width = self._pos_width
+        mid = (S // width) * width + width // 2
+        starts, rows = self._pos_starts, self._spec.by_position
+        ys = loads = 0.0
+        for r in self._running.values():
+            pos = r.sample.num_generated + r.done + mid - r.s_adm
+            row = rows[max(0, bisect_right(starts, pos) - 1)]
+            ys += row[1]
+            loads += row[2]
+        R = len(self._running)
+        return ys / R, loads / R
 
     def _admit(self, w: _Req, S: int) -> None:
         self._seq += 1
         w.seq = self._seq
         w.s_adm = S
-        w.d_adm = self._dsteps
+        w.adm = self._cum
         w.off = off = w.ctx - S
         q, res = divmod(off, self._block)
         self._sum_off += off

@@ -39,7 +39,8 @@ class _R:
         self.prefill = 0
         self.leaving = False
         self.first: float | None = None   # end of its first step (its first token)
-        self.spec = 0                     # tokens it generated in steps that drafted
+        self.accepted = 0.0               # speculation: drafted tokens accepted, and drafted, summed step by step
+        self.drafted = 0.0
 
 
 def _ceil(a: int, b: int) -> int:
@@ -47,10 +48,11 @@ def _ceil(a: int, b: int) -> int:
 
 
 def naive_replay(profile, jobs: list[NaiveJob], first_tokens: dict[str, list[float | None]] | None = None,
-                 drafting_tokens: dict[str, list[int]] | None = None) -> dict[str, list[tuple[str, float, int]]]:
+                 speculation: dict[str, list[tuple[int, int]]] | None = None
+                 ) -> dict[str, list[tuple[str, float, int]]]:
     """Per job key, its segment ends in order: ``(reason, time_s, tokens)`` with reason ``length`` or ``abort``.
     ``first_tokens``, if given, receives per job key the time each segment that produced tokens sampled its
-    first one; ``drafting_tokens``, per job key and segment end, the tokens generated in steps that drafted."""
+    first one; ``speculation``, per job key and segment end, its (drafted, accepted) tokens, rounded."""
     B, kv, M = profile.block_size, profile.kv_blocks, profile.max_num_seqs
     c0, c1, c2, p = profile.c0_s, profile.c1_s_per_seq, profile.c2_s_per_token, profile.prefill_s_per_token
     events = sorted([(job.arrival_s, 0, j) for j, job in enumerate(jobs)]
@@ -78,8 +80,8 @@ def naive_replay(profile, jobs: list[NaiveJob], first_tokens: dict[str, list[flo
         else:
             r.leaving = True   # still runs the step in flight; its token is thrown away
         out[jobs[j].key].append(("abort", time, r.done))
-        if drafting_tokens is not None:
-            drafting_tokens.setdefault(jobs[j].key, []).append(r.spec)
+        if speculation is not None:
+            speculation.setdefault(jobs[j].key, []).append((round(r.drafted), round(r.accepted)))
         if first_tokens is not None and r.done:
             first_tokens.setdefault(jobs[j].key, []).append(r.first)
         cache.pop(j, None)
@@ -106,8 +108,27 @@ def naive_replay(profile, jobs: list[NaiveJob], first_tokens: dict[str, list[flo
             w.prefill = w.ctx - cached
             running.append(w)
 
+    def acceptance(spec, running: list[_R], step: int) -> tuple[float, float]:
+        """(tokens_per_step, draft_load) of this step: with by_position, each running request's row at its
+        response position at the middle of the step's cell of position_width steps, averaged."""
+        if spec.by_position is None or len(running) > spec.max_batch:
+            return spec.tokens_per_step, spec.draft_load
+        width = spec.position_width
+        mid = (step // width) * width + width // 2
+        ys, loads = [], []
+        for r in running:
+            pos = sum(jobs[r.j].segments[:r.seg]) + r.done + mid - step
+            row = spec.by_position[0]
+            for candidate in spec.by_position:
+                if candidate[0] <= pos:
+                    row = candidate
+            ys.append(row[1])
+            loads.append(row[2])
+        return sum(ys) / len(ys), sum(loads) / len(loads)
+
     t = 0.0
     i = 0
+    step = 0   # steps run (the engine's global step count)
     while True:
         if not running:
             if waiting:
@@ -121,9 +142,10 @@ def naive_replay(profile, jobs: list[NaiveJob], first_tokens: dict[str, list[flo
             plan()
             continue
         spec = profile.speculation
-        scale = 1.0 if spec is None else speculation_scale_naive(len(running), spec.tokens_per_step,
-                                                                 spec.verify_cost, spec.max_batch, spec.draft_load)
-        drafts = spec is not None and len(running) <= spec.max_batch and spec.tokens_per_step > 1.0
+        y, load = acceptance(spec, running, step) if spec is not None else (1.0, 0.0)
+        scale = 1.0 if spec is None else speculation_scale_naive(len(running), y, spec.verify_cost, spec.max_batch,
+                                                                 load)
+        drafts = spec is not None and len(running) <= spec.max_batch and y > 1.0
         dt = ((c0 + c1 * len(running) + c2 * sum(r.ctx for r in running)) * scale
               + p * sum(r.prefill for r in running))
         t_next = t + dt
@@ -136,17 +158,20 @@ def naive_replay(profile, jobs: list[NaiveJob], first_tokens: dict[str, list[flo
             r.ctx += 1
             r.done += 1
             r.remaining -= 1
-            r.spec += drafts
+            if drafts:
+                r.accepted += 1.0 - 1.0 / y
+                r.drafted += load * spec.num_speculative_tokens / y
             r.prefill = 0
         t = t_next
+        step += 1
         running = [r for r in running if not r.leaving]
         finished = [r for r in running if r.remaining == 0]
         running = [r for r in running if r.remaining > 0]
         for r in finished:
             job = jobs[r.j]
             out[job.key].append(("length", t, r.done))
-            if drafting_tokens is not None:
-                drafting_tokens.setdefault(job.key, []).append(r.spec)
+            if speculation is not None:
+                speculation.setdefault(job.key, []).append((round(r.drafted), round(r.accepted)))
             if first_tokens is not None:
                 first_tokens.setdefault(job.key, []).append(r.first)
             if r.seg + 1 < len(job.segments):

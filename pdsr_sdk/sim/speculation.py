@@ -7,6 +7,12 @@ nothing too: a drafter that abstains accepts more per verify step without making
 while few requests run, which is the tail of a step, so the tail's counts are used (``token_tail``, after 90% of
 the step's tokens, else ``tail``, else the whole step), averaged over the file's data sets unless one is named. The
 verify step's cost is the H100 row for the file's number of drafted tokens.
+
+Acceptance also changes along a response (SmolLM2 at temperature 1: ``group`` yields 1.13 tokens a step in a
+response's first 64 tokens and 1.06 past 448). The file's ``by_position`` rows give the same two means per bin of
+response positions; the simulator then reads each running request's bin (``SpeculationProfile.by_position``).
+The file's acceptance by finished siblings is not used: its rows are marginal, and a segment launched after more
+siblings finished is also later in its response, so the two cannot be told apart from them.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ def verify_cost_for(k: int) -> list[tuple[int, float]]:
 
 
 def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str | None = None,
-                                max_batch: int = 32) -> dict[str, Any]:
+                                max_batch: int = 32, by_position: bool = True) -> dict[str, Any]:
     """A profile's ``speculation`` section from ``bench/spec.py``'s acceptance file for ``method`` (``ngram``,
     ``group``, ...): tokens_per_step and draft_load from the tail's counts, the verify cost for the file's number
-    of drafted tokens, ``max_batch``. A DataError names the file and what is missing."""
+    of drafted tokens, ``max_batch``, and with ``by_position`` (where the file has the rows) the two means by
+    response position. A DataError names the file and what is missing."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -51,6 +58,7 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
         sets = {dataset: sets[dataset]}
     k = int(doc.get("k", 4))
     per_set = []
+    bins: dict[int, list[tuple[float, float]]] = {}
     for name, entry in sets.items():
         methods = entry.get("methods", {})
         if method not in methods:
@@ -65,6 +73,15 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
             raise DataError(f"{path}: method {method!r} on {name!r}: accepted {counts['accepted']} of "
                             f"{counts['tokens']} tokens")
         per_set.append((counts["tokens"] / steps, min(1.0, counts["drafted"] / (steps * k))))
-    return {"tokens_per_step": sum(t for t, _ in per_set) / len(per_set),
-            "draft_load": sum(d for _, d in per_set) / len(per_set),
-            "verify_cost": verify_cost_for(k), "max_batch": max_batch}
+        for row in m.get("by_position") or () if by_position else ():
+            bin_steps = row["tokens"] - row["accepted"]
+            if bin_steps > 0:
+                bins.setdefault(int(row["start"]), []).append(
+                    (row["tokens"] / bin_steps, min(1.0, row["drafted"] / (bin_steps * k))))
+    out = {"tokens_per_step": sum(t for t, _ in per_set) / len(per_set),
+           "draft_load": sum(d for _, d in per_set) / len(per_set),
+           "verify_cost": verify_cost_for(k), "max_batch": max_batch, "num_speculative_tokens": k}
+    if 0 in bins:   # each bin's means over the data sets that reached it
+        out["by_position"] = [(start, sum(t for t, _ in v) / len(v), sum(d for _, d in v) / len(v))
+                              for start, v in sorted(bins.items())]
+    return out

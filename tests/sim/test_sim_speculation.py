@@ -40,7 +40,7 @@ def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft
     assert both["draft_load"] == pytest.approx((80 / (976 * 4) + 40 / (990 * 4)) / 2)
     one = speculation_from_acceptance(path, "group", dataset="math500", max_batch=16)
     assert one == {"tokens_per_step": pytest.approx(1000 / 976), "draft_load": pytest.approx(80 / 3904),
-                   "verify_cost": H100_VERIFY_COST[4], "max_batch": 16}
+                   "verify_cost": H100_VERIFY_COST[4], "max_batch": 16, "num_speculative_tokens": 4}
     with pytest.raises(DataError, match="no method 'ngram'"):
         speculation_from_acceptance(path, "ngram")
     with pytest.raises(DataError, match="has no verify steps"):
@@ -71,3 +71,37 @@ def test_pdsr_simulate_speculative_shortens_the_tail(tmp_path):
     assert runs["group"] < runs["off"]
     r = CliRunner().invoke(cli, [*args, "--speculative", "group"])
     assert r.exit_code != 0 and "go together" in r.output
+
+
+def test_acceptance_by_position_is_read_per_bin_and_averaged_over_the_data_sets(tmp_path):
+    """Each bin's tokens / (tokens - accepted) and drafted / (steps x k), averaged over the data sets that reached
+    it (gsm8k stops at 64 tokens here); without the rows, or with by_position=False, none."""
+    path = acceptance_file(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["datasets"]["math500"]["methods"]["group"]["by_position"] = [
+        {"start": 0, **counts(50, 40)}, {"start": 64, **counts(40, 20)}, {"start": 128, **counts(10, 0)}]
+    doc["datasets"]["gsm8k"]["methods"]["group"]["by_position"] = [
+        {"start": 0, **counts(50, 60)}, {"start": 64, **counts(40, 0)}]
+    path.write_text(json.dumps(doc))
+    rows = speculation_from_acceptance(path, "group")["by_position"]
+    assert [r[0] for r in rows] == [0, 64, 128]
+    assert rows[0][1] == pytest.approx((1000 / 960 + 1000 / 940) / 2)
+    assert rows[0][2] == pytest.approx((200 / (960 * 4) + 200 / (940 * 4)) / 2)
+    assert rows[1][1] == pytest.approx((1000 / 980 + 1.0) / 2) and rows[2][1] == pytest.approx(1.0)
+    assert "by_position" not in speculation_from_acceptance(path, "group", by_position=False)
+    assert "by_position" not in speculation_from_acceptance(acceptance_file(tmp_path), "group")
+
+
+def test_a_request_drafts_at_its_own_positions_acceptance():
+    """One request of 128 tokens alone, steps of 10 ms, a verify step as dear as a decode step: 2 tokens a step
+    over its first 64 tokens and 1 after, so 32 + 64 steps' time. The simulator advances a token a "step" and
+    re-reads the positions every 64 of them (the first bin's width) at the middle of that cell: position 32,
+    then 96. (The naive twin; test_sim_engine.py holds the engine to it.)"""
+    from pdsr_sdk.sim.config import EngineProfile
+    from pdsr_sdk.sim.naive import NaiveJob, naive_replay
+
+    base = dict(max_num_seqs=4, c0_s=0.01, c1_s_per_seq=0.0, c2_s_per_token=0.0, prefill_s_per_token=0.0)
+    spec = {"verify_cost": [(1, 1.0)], "max_batch": 4, "by_position": [(0, 2.0, 0.5), (64, 1.0, 0.5)]}
+    out = naive_replay(EngineProfile(**base, speculation=spec), [NaiveJob("a", 0.0, 4, [128])])
+    # steps 0-63 read position 32 (bin 0: 64 steps at half price), steps 64-127 read position 96 (full price)
+    assert out["a"] == [("length", pytest.approx(64 * 0.005 + 64 * 0.01), 128)]
