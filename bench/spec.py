@@ -56,13 +56,14 @@ Acceptance file (``--acceptance-out``, JSON, read by the simulator, issue 50 ite
                     "makespan": float} | null,   (each: this method / off; null for off)
          "by_position": [COUNTS + {"start": first response position of the bin}, ...],
          "by_siblings_finished": [COUNTS + {"finished": siblings finished at the segment's launch}, ...],
+         "by_position_and_siblings": [COUNTS + {"start": ..., "finished": ...}, ...],   (the two jointly)
          "segments": int, "unaligned_segments": int}}}}}
 
     COUNTS = {"tokens": generated tokens, "verify_steps": steps that checked drafts, "drafted": drafted tokens,
               "accepted": accepted drafted tokens, "accepted_per_verify": accepted / verify_steps,
               "acceptance_rate": accepted / drafted, "draft_share": accepted / tokens}
 
-``whole`` and ``tail`` come from the engines' counters; ``token_tail``, ``by_position`` and ``by_siblings_finished``
+``whole`` and ``tail`` come from the engines' counters; ``token_tail`` and the ``by_*`` rows
 from the per-request metrics (their sums match ``whole`` up to segments without metrics). ``--json`` writes everything the
 run printed.
 """
@@ -220,19 +221,21 @@ def align_steps(chunks: Sequence[int], drafted: Sequence[int], accepted: Sequenc
 
 @dataclass
 class Bins:
-    """COUNTS accumulated by key (a position bin's start, a number of finished siblings)."""
+    """COUNTS accumulated by key (a position bin's start, a number of finished siblings, or both: a tuple)."""
 
-    totals: dict[int, list[int]] = field(default_factory=dict)
+    totals: dict[Any, list[int]] = field(default_factory=dict)
 
-    def add(self, key: int, tokens: int = 0, verify_steps: int = 0, drafted: int = 0, accepted: int = 0) -> None:
-        t = self.totals.setdefault(int(key), [0, 0, 0, 0])
+    def add(self, key: Any, tokens: int = 0, verify_steps: int = 0, drafted: int = 0, accepted: int = 0) -> None:
+        t = self.totals.setdefault(tuple(map(int, key)) if isinstance(key, tuple) else int(key), [0, 0, 0, 0])
         t[0] += tokens
         t[1] += verify_steps
         t[2] += drafted
         t[3] += accepted
 
-    def rows(self, name: str) -> list[dict[str, Any]]:
-        return [{name: k, **counts(*self.totals[k])} for k in sorted(self.totals)]
+    def rows(self, *names: str) -> list[dict[str, Any]]:
+        """One row per key: the key under ``names`` (one name per part of a tuple key), then its COUNTS."""
+        return [{**dict(zip(names, k if isinstance(k, tuple) else (k,))), **counts(*self.totals[k])}
+                for k in sorted(self.totals)]
 
 
 @dataclass
@@ -250,10 +253,12 @@ class Segment:
 
 def bin_segments(segments: Sequence[Segment], width: int,
                  cuts: dict[str, float] | None = None) -> dict[str, Any]:
-    """Per-request accounting over ``segments``: ``by_position`` and ``by_siblings`` (:class:`Bins`), for each named
-    time in ``cuts`` the COUNTS of what came after it (chunks and verify steps whose chunk arrived at or after it),
-    ``measured`` (segments with per-step metrics) and ``unaligned`` (of them, spread evenly)."""
-    by_pos, by_sib = Bins(), Bins()
+    """Per-request accounting over ``segments``: ``by_position``, ``by_siblings`` and ``by_both`` ((position bin,
+    siblings finished): the simulator cannot tell the two apart from the marginals alone, since a segment launched
+    later is also later in its response) (:class:`Bins`), for each named time in ``cuts`` the COUNTS of what came
+    after it (chunks and verify steps whose chunk arrived at or after it), ``measured`` (segments with per-step
+    metrics) and ``unaligned`` (of them, spread evenly)."""
+    by_pos, by_sib, by_both = Bins(), Bins(), Bins()
     cuts = cuts or {}
     after = {name: [0, 0, 0, 0] for name in cuts}
     measured = unaligned = 0
@@ -262,6 +267,7 @@ def bin_segments(segments: Sequence[Segment], width: int,
         times = seg.times if len(seg.times) == len(seg.chunks) else [0.0] * len(seg.chunks)
         for c, t in zip(seg.chunks, times):   # tokens by position (a chunk's tokens to its first token's bin)
             by_pos.add((pos // width) * width, tokens=c)
+            by_both.add(((pos // width) * width, seg.finished_siblings), tokens=c)
             pos += c
             for name, cut in cuts.items():
                 if t >= cut:
@@ -274,6 +280,8 @@ def bin_segments(segments: Sequence[Segment], width: int,
         unaligned += not ok
         for p, ci, d, a in steps:
             by_pos.add(int((seg.start + p) // width) * width, verify_steps=1, drafted=d, accepted=a)
+            by_both.add((int((seg.start + p) // width) * width, seg.finished_siblings), verify_steps=1, drafted=d,
+                        accepted=a)
             by_sib.add(seg.finished_siblings, verify_steps=1, drafted=d, accepted=a)
             for name, cut in cuts.items():
                 if ci < len(times) and times[ci] >= cut:
@@ -281,7 +289,8 @@ def bin_segments(segments: Sequence[Segment], width: int,
                     tot[1] += 1
                     tot[2] += d
                     tot[3] += a
-    return {"by_position": by_pos, "by_siblings": by_sib, "after": {k: counts(*v) for k, v in after.items()},
+    return {"by_position": by_pos, "by_siblings": by_sib, "by_both": by_both,
+            "after": {k: counts(*v) for k, v in after.items()},
             "measured": measured, "unaligned": unaligned}
 
 
@@ -481,7 +490,8 @@ async def run_method(args, name: str, method: str, cfg, engines: list, records: 
            "token_tail": tail_tokens, "token_tail_s": t_end - t_tokens,
            "token_tail_tokens_per_s": tail_tokens["tokens"] / (t_end - t_tokens) if t_end > t_tokens else 0.0,
            "by_position": acc["by_position"].rows("start"),
-           "by_siblings_finished": acc["by_siblings"].rows("finished"), "segments": len(segments),
+           "by_siblings_finished": acc["by_siblings"].rows("finished"),
+           "by_position_and_siblings": acc["by_both"].rows("start", "finished"), "segments": len(segments),
            "measured_segments": acc["measured"], "unaligned_segments": acc["unaligned"],
            "history_responses": settings["history_responses"] if history_groups else 0,
            "capped_share": sum(1 for g in out.groups for s in g.samples if s.finish_reason == "length") / total}

@@ -94,20 +94,26 @@ def test_bin_segments_sums_match():
                                   times=times, drafted=drafted, accepted=accepted, finished=True))
     segments.append(m.Segment(start=0, finished_siblings=0, chunks=[1, 1, 1], times=[0, 1, 2]))   # no metrics
     got = m.bin_segments(segments, 64, {"all": -1.0, "late": 30.0, "never": 1e9})
-    by_pos, by_sib = got["by_position"], got["by_siblings"]
+    by_pos, by_sib, by_both = got["by_position"], got["by_siblings"], got["by_both"]
     assert (got["measured"], got["unaligned"]) == (40, 0)
     assert got["after"]["never"]["tokens"] == 0 and got["after"]["never"]["verify_steps"] == 0
     late = [s for s in segments[30:40]]   # segments 30-39 arrive wholly at or after t = 30
     assert got["after"]["late"]["tokens"] == sum(sum(s.chunks) for s in late)
     assert got["after"]["late"]["accepted"] == sum(sum(s.accepted) for s in late)
     assert got["after"]["all"]["tokens"] == sum(sum(s.chunks) for s in segments)
-    for bins in (by_pos, by_sib):
-        rows = bins.rows("key")
+    for bins in (by_pos, by_sib, by_both):
+        rows = bins.rows("key", "finished")
         assert sum(r["tokens"] for r in rows) == sum(sum(s.chunks) for s in segments)
         assert sum(r["accepted"] for r in rows) == sum(sum(s.accepted or ()) for s in segments)
         assert sum(r["verify_steps"] for r in rows) == sum(len(s.drafted or ()) for s in segments)
     assert all(r["key"] % 64 == 0 for r in by_pos.rows("key"))
     assert [r["key"] for r in by_sib.rows("key")] == list(range(8))
+    # the joint table's rows add up to each marginal's
+    for marginal, part in ((by_pos, "start"), (by_sib, "finished")):
+        for row in marginal.rows(part):
+            joint = [r for r in by_both.rows("start", "finished") if r[part] == row[part]]
+            assert [sum(r[k] for r in joint) for k in ("tokens", "verify_steps", "drafted", "accepted")] == [
+                row[k] for k in ("tokens", "verify_steps", "drafted", "accepted")]
 
 
 def test_token_quantile_time():
