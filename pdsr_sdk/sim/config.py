@@ -45,6 +45,7 @@ class SpeculationProfile(ConfigModel):
     max_batch: int = Field(32, ge=0, description="Drafting runs only while at most this many requests run on the engine (verl's MTP lost about half its throughput at high batch); above it steps are plain.")
     num_speculative_tokens: int = Field(4, ge=1, description="Tokens a full draft holds (k): verify_cost is for drafts of k tokens, and the drafted tokens a span reports are draft_load x k a verify step.")
     by_position: list[tuple[int, float, float]] | None = Field(None, description="Acceptance along the response, as [first response position of a bin, tokens_per_step, draft_load] rows from position 0 up (bench/spec.py's by_position); past the last row's start its values hold. None: tokens_per_step and draft_load at every position.")
+    by_position_and_siblings: list[tuple[int, int, float, float]] | None = Field(None, description="Acceptance by position bin and by the siblings finished when the request was launched, as [bin start (one of by_position's), finished siblings, tokens_per_step, draft_load] rows (bench/spec.py's joint table); a request whose cell is missing takes its by_position row.")
 
     @model_validator(mode="after")
     def _sorted(self) -> "SpeculationProfile":
@@ -60,6 +61,13 @@ class SpeculationProfile(ConfigModel):
                 raise ConfigValueError("speculation.by_position: give [position, tokens_per_step, draft_load] rows "
                                        "with positions increasing from 0, tokens_per_step >= 1 and draft_load in "
                                        f"[0, 1], got {rows}")
+        joint = self.by_position_and_siblings
+        if joint is not None:
+            starts = {p for p, _, _ in rows or ()}
+            if not starts or any(p not in starts or f < 0 or y < 1.0 or not 0.0 <= d <= 1.0 for p, f, y, d in joint):
+                raise ConfigValueError("speculation.by_position_and_siblings: give [bin start, finished siblings, "
+                                       "tokens_per_step, draft_load] rows whose starts are by_position's (which it "
+                                       f"needs), finished >= 0, tokens_per_step >= 1, draft_load in [0, 1]; got {joint}")
         return self
 
     @property

@@ -60,7 +60,7 @@ _WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
 
 class _Req:
     __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt",
-                 "first_t", "ckey", "adm", "spec")
+                 "first_t", "ckey", "adm", "spec", "sib")
 
     def __init__(self, rid: str, sample, ctx: int, max_tokens: int, prompt, salt: str | None = None):
         self.rid = rid
@@ -79,6 +79,7 @@ class _Req:
         self.first_t = None       # when the step that prefilled it (and sampled its first token) ended
         self.adm = (0.0, 0.0, 0.0)   # the engine's speculation sums (SimEngine._cum) at its last admission
         self.spec = (0.0, 0.0, 0.0)  # its own, before its current admission: drafting steps, accepted, drafted
+        self.sib = 0                 # its sample's siblings finished when it was submitted (their draft corpus)
 
 
 class SimEngine:
@@ -139,6 +140,8 @@ class SimEngine:
         by_pos = None if self._spec is None else self._spec.by_position
         self._pos_starts = [row[0] for row in by_pos] if by_pos else None
         self._pos_width = self._spec.position_width if by_pos else 0
+        joint = None if self._spec is None else self._spec.by_position_and_siblings
+        self._joint = {(p, f): (y, d) for p, f, y, d in joint} if joint else None
         self.prefill_tokens = 0
         self.occupancy_t: list[float] = [0.0]
         self.occupancy_n: list[int] = [0]
@@ -190,6 +193,9 @@ class SimEngine:
             if prompt is not None and salt is not None:
                 prompt = (prompt, salt)
         r = _Req(request.request_id, request.sample, ctx, n, prompt, salt)
+        if self._joint is not None:
+            group = getattr(request.sample, "group", None)
+            r.sib = sum(1 for s in group.samples if s is not request.sample and s.finished) if group else 0
         self._reqs[r.rid] = r
         self._waiting.append(r)
         if not self._in_boundary:   # inside a boundary the batch is planned right after the callbacks
@@ -484,16 +490,20 @@ class SimEngine:
 
     def _acceptance_along(self, S: int) -> tuple[float, float]:
         """(tokens_per_step, draft_load) of the running requests, each from the ``by_position`` row of its
-        response position at the middle of the current cell of ``position_width`` global steps, averaged."""
+        response position at the middle of the current cell of ``position_width`` global steps (or the joint row
+        of that bin and its finished siblings, where there is one), averaged."""
         width = self._pos_width
         mid = (S // width) * width + width // 2
-        starts, rows = self._pos_starts, self._spec.by_position
+        starts, rows, joint = self._pos_starts, self._spec.by_position, self._joint
         ys = loads = 0.0
         for r in self._running.values():
             pos = r.sample.num_generated + r.done + mid - r.s_adm
             row = rows[max(0, bisect_right(starts, pos) - 1)]
-            ys += row[1]
-            loads += row[2]
+            y, d = row[1], row[2]
+            if joint is not None:
+                y, d = joint.get((row[0], r.sib), (y, d))
+            ys += y
+            loads += d
         R = len(self._running)
         return ys / R, loads / R
 

@@ -30,6 +30,8 @@ class NaiveJob:
     abort_s: float | None = None
     #: the prompt's identity (jobs of one prompt have the same prompt_len); None: the job's own key
     prompt: str | None = None
+    #: per segment, the sample's siblings finished when it is submitted (speculation's by_position_and_siblings)
+    finished_siblings: list[int] | None = None
 
 
 class _R:
@@ -117,13 +119,19 @@ def naive_replay(profile, jobs: list[NaiveJob], first_tokens: dict[str, list[flo
         mid = (step // width) * width + width // 2
         ys, loads = [], []
         for r in running:
-            pos = sum(jobs[r.j].segments[:r.seg]) + r.done + mid - step
+            job = jobs[r.j]
+            pos = sum(job.segments[:r.seg]) + r.done + mid - step
             row = spec.by_position[0]
             for candidate in spec.by_position:
                 if candidate[0] <= pos:
                     row = candidate
-            ys.append(row[1])
-            loads.append(row[2])
+            y, d = row[1], row[2]
+            sib = job.finished_siblings[r.seg] if job.finished_siblings else 0
+            for p, f, jy, jd in spec.by_position_and_siblings or ():
+                if (p, f) == (row[0], sib):
+                    y, d = jy, jd
+            ys.append(y)
+            loads.append(d)
         return sum(ys) / len(ys), sum(loads) / len(loads)
 
     t = 0.0

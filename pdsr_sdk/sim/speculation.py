@@ -11,8 +11,10 @@ verify step's cost is the H100 row for the file's number of drafted tokens.
 Acceptance also changes along a response (SmolLM2 at temperature 1: ``group`` yields 1.13 tokens a step in a
 response's first 64 tokens and 1.06 past 448). The file's ``by_position`` rows give the same two means per bin of
 response positions; the simulator then reads each running request's bin (``SpeculationProfile.by_position``).
-The file's acceptance by finished siblings is not used: its rows are marginal, and a segment launched after more
-siblings finished is also later in its response, so the two cannot be told apart from them.
+The file's marginal acceptance by finished siblings is not used: a segment launched after more siblings finished is
+also later in its response, so the two cannot be told apart from it. Its joint table (``by_position_and_siblings``,
+written by bench/spec.py since 2026-11-29) is: each cell of at least ``MIN_CELL_STEPS`` verify steps in a data set
+gives that bin's means for requests launched with that many siblings finished.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ H100_VERIFY_COST: dict[int, list[tuple[int, float]]] = {
 }
 
 
+#: verify steps a (position, siblings) cell needs in a data set to be read (fewer: the position's row stands)
+MIN_CELL_STEPS = 100
+
+
 def verify_cost_for(k: int) -> list[tuple[int, float]]:
     """The measured H100 row for ``k`` drafted tokens (the nearest measured k at or above it, else 8's)."""
     at_least = [m for m in sorted(H100_VERIFY_COST) if m >= k]
@@ -43,7 +49,7 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
     """A profile's ``speculation`` section from ``bench/spec.py``'s acceptance file for ``method`` (``ngram``,
     ``group``, ...): tokens_per_step and draft_load from the tail's counts, the verify cost for the file's number
     of drafted tokens, ``max_batch``, and with ``by_position`` (where the file has the rows) the two means by
-    response position. A DataError names the file and what is missing."""
+    response position, and by position and finished siblings. A DataError names the file and what is missing."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -59,6 +65,7 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
     k = int(doc.get("k", 4))
     per_set = []
     bins: dict[int, list[tuple[float, float]]] = {}
+    cells: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for name, entry in sets.items():
         methods = entry.get("methods", {})
         if method not in methods:
@@ -78,10 +85,19 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
             if bin_steps > 0:
                 bins.setdefault(int(row["start"]), []).append(
                     (row["tokens"] / bin_steps, min(1.0, row["drafted"] / (bin_steps * k))))
+        for row in m.get("by_position_and_siblings") or () if by_position else ():
+            bin_steps = row["tokens"] - row["accepted"]
+            if row["verify_steps"] >= MIN_CELL_STEPS and bin_steps > 0:
+                cells.setdefault((int(row["start"]), int(row["finished"])), []).append(
+                    (row["tokens"] / bin_steps, min(1.0, row["drafted"] / (bin_steps * k))))
     out = {"tokens_per_step": sum(t for t, _ in per_set) / len(per_set),
            "draft_load": sum(d for _, d in per_set) / len(per_set),
            "verify_cost": verify_cost_for(k), "max_batch": max_batch, "num_speculative_tokens": k}
     if 0 in bins:   # each bin's means over the data sets that reached it
         out["by_position"] = [(start, sum(t for t, _ in v) / len(v), sum(d for _, d in v) / len(v))
                               for start, v in sorted(bins.items())]
+        joint = [(p, f, sum(t for t, _ in v) / len(v), sum(d for _, d in v) / len(v))
+                 for (p, f), v in sorted(cells.items()) if p in bins]
+        if joint:
+            out["by_position_and_siblings"] = joint
     return out

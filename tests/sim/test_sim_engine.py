@@ -28,10 +28,12 @@ class Harness:
         self.speculation: dict[str, list[tuple[int, int]]] = {}   # per job key, (drafted, accepted) per span
         self.samples = []
         for job in jobs:
-            g = Group(prompt_id=job.prompt or job.key, prompt_token_ids=[], prompt_text="", n=1,
+            sibs = max(job.finished_siblings or [0])
+            g = Group(prompt_id=job.prompt or job.key, prompt_token_ids=[], prompt_text="", n=1 + sibs,
                       prompt_length=job.prompt_len)
             s = Sample(group=g, index=0, max_tokens=sum(job.segments), forced=True)
-            g.samples = [s]
+            # siblings that finish as the script says before each segment (what speculation's joint table reads)
+            g.samples = [s] + [Sample(group=g, index=i + 1, max_tokens=1) for i in range(sibs)]
             self.samples.append(s)
         self.current: dict[int, str] = {}
         self.rid_job: dict[str, tuple[int, int]] = {}
@@ -44,6 +46,9 @@ class Harness:
 
     def submit(self, j: int, seg: int) -> None:
         s = self.samples[j]
+        finished = self.jobs[j].finished_siblings
+        for i, sib in enumerate(s.group.samples[1:]):
+            sib.finish_reason = "stop" if finished and i < finished[seg] else None
         rid = f"{self.jobs[j].key}#{seg}"
         self.current[j] = rid
         self.rid_job[rid] = (j, seg)
@@ -104,6 +109,12 @@ def random_case(seed: int):
     if spec is not None and rng.random() < 0.5:   # acceptance along the response, in bins of 4-16 tokens
         width = rng.choice([4, 8, 16])
         spec["by_position"] = [(i * width, rng.uniform(1.0, 3.0), rng.random()) for i in range(rng.randint(1, 5))]
+        if rng.random() < 0.5:   # and by finished siblings, some cells missing (those take the position's row)
+            spec["by_position_and_siblings"] = [(p, f, rng.uniform(1.0, 3.0), rng.random())
+                                                for p, _, _ in spec["by_position"] for f in range(3)
+                                                if rng.random() < 0.7]
+            for job in jobs:
+                job.finished_siblings = [rng.randint(0, 3) for _ in job.segments]
     profile = EngineProfile(max_num_seqs=rng.randint(1, 6), kv_cache_tokens=kv, block_size=block,
                             prompt_cache=rng.random() < 0.8, speculation=spec,
                             max_model_len=4096, c0_s=1e-3 * rng.uniform(0.5, 2), c1_s_per_seq=2e-4 * rng.random(),

@@ -90,6 +90,29 @@ def test_acceptance_by_position_is_read_per_bin_and_averaged_over_the_data_sets(
     assert rows[1][1] == pytest.approx((1000 / 980 + 1.0) / 2) and rows[2][1] == pytest.approx(1.0)
     assert "by_position" not in speculation_from_acceptance(path, "group", by_position=False)
     assert "by_position" not in speculation_from_acceptance(acceptance_file(tmp_path), "group")
+    assert "by_position_and_siblings" not in speculation_from_acceptance(path, "group")
+
+
+def test_the_joint_table_gives_cells_with_enough_verify_steps(tmp_path):
+    """A (position, finished siblings) cell is read where a data set has 100 or more verify steps in it, averaged
+    over those data sets; the simulator takes the position's row for the others."""
+    path = acceptance_file(tmp_path)
+    doc = json.loads(path.read_text())
+    for name in ("math500", "gsm8k"):
+        doc["datasets"][name]["methods"]["group"]["by_position"] = [{"start": 0, **counts(200, 100)}]
+    doc["datasets"]["math500"]["methods"]["group"]["by_position_and_siblings"] = [
+        {"start": 0, "finished": 0, **counts(150, 100)}, {"start": 0, "finished": 3, **counts(99, 90)}]
+    doc["datasets"]["gsm8k"]["methods"]["group"]["by_position_and_siblings"] = [
+        {"start": 0, "finished": 0, **counts(100, 50)}, {"start": 0, "finished": 3, **counts(100, 500)}]
+    path.write_text(json.dumps(doc))
+    got = speculation_from_acceptance(path, "group")
+    assert [(p, f) for p, f, _, _ in got["by_position_and_siblings"]] == [(0, 0), (0, 3)]
+    (_, _, y0, d0), (_, _, y3, d3) = got["by_position_and_siblings"]
+    assert y0 == pytest.approx((1000 / 900 + 1000 / 950) / 2) and d0 == pytest.approx((600 / 3600 + 400 / 3800) / 2)
+    assert y3 == pytest.approx(1000 / 500)   # math500's cell has 99 verify steps: gsm8k's alone
+    from pdsr_sdk.sim.config import SpeculationProfile
+
+    SpeculationProfile(**got)   # a valid profile section
 
 
 def test_a_request_drafts_at_its_own_positions_acceptance():
@@ -105,3 +128,15 @@ def test_a_request_drafts_at_its_own_positions_acceptance():
     out = naive_replay(EngineProfile(**base, speculation=spec), [NaiveJob("a", 0.0, 4, [128])])
     # steps 0-63 read position 32 (bin 0: 64 steps at half price), steps 64-127 read position 96 (full price)
     assert out["a"] == [("length", pytest.approx(64 * 0.005 + 64 * 0.01), 128)]
+
+
+def test_a_joint_row_needs_a_position_row_of_its_bin():
+    from pdsr_sdk.sim.config import SpeculationProfile
+
+    rows = {"by_position": [(0, 1.2, 0.1), (64, 1.1, 0.1)]}
+    SpeculationProfile(**rows, by_position_and_siblings=[(64, 2, 1.3, 0.2)])
+    for bad in ([(32, 0, 1.3, 0.2)], [(0, -1, 1.3, 0.2)], [(0, 0, 0.9, 0.2)]):
+        with pytest.raises(Exception, match="by_position_and_siblings"):
+            SpeculationProfile(**rows, by_position_and_siblings=bad)
+    with pytest.raises(Exception, match="by_position_and_siblings"):
+        SpeculationProfile(by_position_and_siblings=[(0, 0, 1.3, 0.2)])
