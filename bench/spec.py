@@ -622,7 +622,7 @@ async def main_async(args) -> dict[str, Any]:
 
 def write_acceptance(args, report: dict[str, Any]) -> None:
     keep = ("whole", "tail", "token_tail", "tokens_per_s", "token_tail_tokens_per_s", "tail_tokens_per_s", "makespan_s", "vs_off", "by_position",
-            "by_siblings_finished", "segments", "unaligned_segments")
+            "by_siblings_finished", "by_position_and_siblings", "segments", "unaligned_segments")
     doc = {"version": 1, "model": Path(args.model).name, "dtype": report.get("dtype"), "k": args.num_speculative_tokens,
            "window": [args.prompt_lookup_min, args.prompt_lookup_max], "n": args.n, "temperature": args.temperature,
            "max_tokens": args.max_tokens, "tail_frac": args.tail_frac, "position_bin": args.position_bin,

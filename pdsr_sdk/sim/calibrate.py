@@ -344,11 +344,12 @@ def _fit_passes(engines: list[_Engine], y: np.ndarray, n: np.ndarray, keep: np.n
         # columns differ by orders of magnitude: normalise them for a well-conditioned solve
         norm = np.linalg.norm(x * scale[:, None], axis=0)
         norm[norm == 0] = 1.0
-        # with speculation the drafted tokens' column can stand in for the per-step cost where few spans
-        # drafted (a CPU run of a random model: 30 drafted tokens in 4,664 spans), so c0 stays in
-        coef = nnls_small(x * scale[:, None] / norm, y * scale, (0,) if verify else ()) / norm
+        coef = nnls_small(x * scale[:, None] / norm, y * scale) / norm
         if coef[0] <= 0:   # the step time must stay positive; fall back to the mean step time
-            coef[0] = max(float(y[keep].sum() / n[keep].sum()), 1e-9)
+            mean = max(float(y[keep].sum() / n[keep].sum()), 1e-9)
+            # (with speculation a step may be priced by its running and drafted tokens alone, as on a CPU,
+            # where compute grows with both: then only a trace of c0, not a second price on top)
+            coef[0] = mean * (1e-6 if verify and coef[1:].any() else 1.0)
         loss = float((((y - x @ coef) * scale) ** 2).sum())
         if best is not None and loss >= best[0] * (1 - 1e-9):
             break   # noisy timings can make the re-estimated steps worse: keep the best pass
