@@ -33,6 +33,12 @@ token by token and the tests hold the two together):
   allocated, so this holds within one step too); the cache is forgotten when
   the prompt's last request leaves the batch, a conservative stand-in for
   vLLM's LRU eviction.
+- Speculative decoding (``profile.speculation``): while at most ``max_batch``
+  requests run, a step costs a verify step's price over the tokens it yields a
+  request, the mean of the running requests' rows (by response position, and by
+  siblings finished at submission where the joint table has the cell), re-read
+  every ``position_width`` steps; every running request still advances one token
+  a step. Each span reports its drafted and accepted tokens.
 - A segment generates exactly its ``max_tokens`` (lengths are forced) and ends
   with ``length``. ``abort(rid)`` reports the tokens of the steps completed so
   far, then ``abort``, from a 0-delay timer; the request leaves the batch at
