@@ -57,9 +57,6 @@ from pdsr_sdk.errors import DataError
 from pdsr_sdk.sim.cost import cached_prefix, uncached_tokens
 
 COEFFS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
-#: with speculation, a fifth coefficient: seconds per drafted token a step checks (a verify step runs each
-#: request's drafted tokens through the model as a short prefill does)
-VERIFY = "verify_s_per_token"
 #: running requests at which a fitted verify cost is written as the profile's [running, factor] pairs
 VERIFY_SIZES = (1, 8, 32, 128, 256)
 #: the verify price is fitted only where drafted tokens are at least this share of a pool's steps: below it the
@@ -432,28 +429,26 @@ def speculation_section(spans: list[Span], coefficients: dict[str, float], verif
 def _speculative_settings(paths) -> dict[str, Any]:
     """The runs' speculative settings (``max_batch_size``, ``num_speculative_tokens``) from their summary JSON
     files, where every summary that names them agrees; {} otherwise."""
-    seen: list[dict] = []
-    for path in paths:
-        summary = Path(path).with_name(Path(path).stem + ".summary.json")
-        try:
-            settings = json.loads(summary.read_text()).get("speculative_settings")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(settings, dict):
-            seen.append(settings)
+    seen = [s for s in (summary.get("speculative_settings") for summary in _summaries(paths)) if isinstance(s, dict)]
     return seen[0] if seen and all(s == seen[0] for s in seen) else {}
+
+
+def _summaries(paths):
+    """The runs' summary JSON files (``<out>.summary.json``) that exist and read as objects."""
+    for path in paths:
+        try:
+            summary = json.loads(Path(path).with_name(Path(path).stem + ".summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(summary, dict):
+            yield summary
 
 
 def _max_num_seqs(paths) -> dict[str, int]:
     """max_num_seqs per pool from the runs' summary JSON files (``<out>.summary.json``), when they agree."""
     seen: dict[str, set[int]] = defaultdict(set)
-    for path in paths:
-        summary = Path(path).with_name(Path(path).stem + ".summary.json")
-        try:
-            engines = json.loads(summary.read_text()).get("engines") or []
-        except (OSError, ValueError):
-            continue
-        for e in engines:
+    for summary in _summaries(paths):
+        for e in summary.get("engines") or []:
             if isinstance(e, dict) and "pool" in e and isinstance(e.get("max_num_seqs"), int):
                 seen[e["pool"]].add(e["max_num_seqs"])
     return {pool: next(iter(v)) for pool, v in seen.items() if len(v) == 1}
