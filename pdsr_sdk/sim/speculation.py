@@ -79,25 +79,29 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
         if steps <= 0:
             raise DataError(f"{path}: method {method!r} on {name!r}: accepted {counts['accepted']} of "
                             f"{counts['tokens']} tokens")
-        per_set.append((counts["tokens"] / steps, min(1.0, counts["drafted"] / (steps * k))))
+        per_set.append(_means(counts, k))
         for row in m.get("by_position") or () if by_position else ():
-            bin_steps = row["tokens"] - row["accepted"]
-            if bin_steps > 0:
-                bins.setdefault(int(row["start"]), []).append(
-                    (row["tokens"] / bin_steps, min(1.0, row["drafted"] / (bin_steps * k))))
+            if row["tokens"] > row["accepted"]:
+                bins.setdefault(int(row["start"]), []).append(_means(row, k))
         for row in m.get("by_position_and_siblings") or () if by_position else ():
-            bin_steps = row["tokens"] - row["accepted"]
-            if row["verify_steps"] >= MIN_CELL_STEPS and bin_steps > 0:
-                cells.setdefault((int(row["start"]), int(row["finished"])), []).append(
-                    (row["tokens"] / bin_steps, min(1.0, row["drafted"] / (bin_steps * k))))
-    out = {"tokens_per_step": sum(t for t, _ in per_set) / len(per_set),
-           "draft_load": sum(d for _, d in per_set) / len(per_set),
+            if row["verify_steps"] >= MIN_CELL_STEPS and row["tokens"] > row["accepted"]:
+                cells.setdefault((int(row["start"]), int(row["finished"])), []).append(_means(row, k))
+    out = {"tokens_per_step": _average(per_set)[0], "draft_load": _average(per_set)[1],
            "verify_cost": verify_cost_for(k), "max_batch": max_batch, "num_speculative_tokens": k}
     if 0 in bins:   # each bin's means over the data sets that reached it
-        out["by_position"] = [(start, sum(t for t, _ in v) / len(v), sum(d for _, d in v) / len(v))
-                              for start, v in sorted(bins.items())]
-        joint = [(p, f, sum(t for t, _ in v) / len(v), sum(d for _, d in v) / len(v))
-                 for (p, f), v in sorted(cells.items()) if p in bins]
+        out["by_position"] = [(start, *_average(v)) for start, v in sorted(bins.items())]
+        joint = [(p, f, *_average(v)) for (p, f), v in sorted(cells.items()) if p in bins]
         if joint:
             out["by_position_and_siblings"] = joint
     return out
+
+
+def _means(counts: dict[str, Any], k: int) -> tuple[float, float]:
+    """(tokens_per_step, draft_load) of one set of counts: every step counted, those that drafted nothing too."""
+    steps = counts["tokens"] - counts["accepted"]
+    return counts["tokens"] / steps, min(1.0, counts["drafted"] / (steps * k))
+
+
+def _average(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """Both means averaged over data sets."""
+    return sum(t for t, _ in pairs) / len(pairs), sum(d for _, d in pairs) / len(pairs)
