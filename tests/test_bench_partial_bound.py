@@ -1,4 +1,4 @@
-"""bench/partial_bound.py: the work bound and the partial-budget floor sit below what a schedule reaches, and each
+"""bench/partial_bound.py: the work bound and the two floors sit below what a schedule reaches, and each
 member gets its kind's target."""
 
 from __future__ import annotations
@@ -22,6 +22,6 @@ def test_targets_follow_the_members_kind():
 @pytest.mark.parametrize("member", ["seed002", "recorded-math"])
 def test_the_work_bound_is_below_the_stream_it_is_taken_from(member):
     """Lower bounds on any schedule's steady step: below the step the F = 0 stream itself takes (which makes no
-    token partial), and positive; the partial-budget floor at least the work bound."""
-    bound, floor, f0 = load().bound_cell(member, 101, 16)
-    assert 0 < bound <= floor < f0
+    token partial), and positive; both floors at least the work bound."""
+    bound, floor, f0, steps = load().bound_cell(member, 101, 16)
+    assert 0 < bound <= floor < f0 and bound <= steps < f0

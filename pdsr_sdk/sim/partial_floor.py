@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -105,7 +106,12 @@ def partial_floor(lengths, work_s: float, *, steps: int, engines: int, budget: f
         extra = least_extra(lengths, t, budget, c0=c0, c1=c1, max_seqs=max_seqs)
         return engines * t >= engines * work_s + extra / steps
 
-    lo = work_s
+    return least_fitting(fits, work_s, rel_tol)
+
+
+def least_fitting(fits: Callable[[float], bool], lo: float, rel_tol: float) -> float:
+    """The least step from ``lo`` up at which ``fits`` (false below some step, true from it on) holds, to within
+    ``rel_tol``: doubling, then bisection."""
     if fits(lo):
         return lo
     hi = max(2.0 * lo, 1e-9)
