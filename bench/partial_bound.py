@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/partial_bound.py --jobs 2                 # every member, B = 128 and 512, 5 seeds
     .venv/bin/python bench/partial_bound.py --family heavy --batch-sizes 128 --jobs 2
+    .venv/bin/python bench/partial_bound.py --trace my-trace.jsonl --batch-sizes 128   # a trace of your own
 
 A partial-rollout stream's steady step cannot be shorter, on average, than the engine time of the tokens it
 consumes: every consumed token is generated once, in this step or an earlier one, and in a steady state the
@@ -56,27 +57,38 @@ KV_TARGET = 0.75
 def bound_cell(name: str, seed: int, b: int) -> tuple[float, float, float, float]:
     """(work bound, partial-budget floor, F = 0's steady step, step-count floor), each over the on-policy step,
     for one draw of member ``name``."""
+    from pdsr_sdk.traces import workload
+
+    member = workload(name)
+    k = member.measure.steps
+    return bounds(member.trace(groups=(k + 1) * b, n=8, seed=seed), b, k, dict(member.measure.profile))
+
+
+def bounds(trace, b: int, k: int, prof: dict) -> tuple[float, float, float, float]:
+    """:func:`bound_cell`'s four numbers for the first (K + 1) x B groups of ``trace``, K steps of B groups on
+    6 + 2 equal engines of profile ``prof``."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import bound_coefficients
     from pdsr_sdk.sim.partial_floor import partial_floor
     from pdsr_sdk.sim.step_floor import step_floor
     from pdsr_sdk.sim.steps import simulate_steps
-    from pdsr_sdk.traces import workload
 
-    member = workload(name)
-    k = member.measure.steps
-    prof = dict(member.measure.profile)
+    groups = (k + 1) * b
+    if trace.num_groups < groups:
+        raise SystemExit(f"{trace.source or 'the trace'}: {k} steps of {b} groups need {groups} groups; it has "
+                         f"{trace.num_groups}")
     cfg = SimulateConfig(policy="v3", fast=6, heavy=2, steps=k, step_groups=b, over_provision=0.0,
                          max_staleness=2, kv_on_update="keep", timeline=False, profiles={"fast": prof, "heavy": prof})
-    trace = member.trace(groups=(k + 1) * b, n=8, seed=seed)
     report = simulate_steps(trace, cfg)
     run = report.runs[0]
     base = report.baseline_step_s
     coeffs = bound_coefficients(cfg)   # the cheapest terms over the pools, as the work bound prices them
-    floor = partial_floor(np.asarray(trace.lengths), run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
+    offsets = np.asarray(trace.offsets)[:groups + 1]
+    lengths = np.asarray(trace.lengths)[:offsets[-1]]
+    prompts = np.repeat(np.asarray(trace.prompt_lens)[:groups], np.diff(offsets))
+    floor = partial_floor(lengths, run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
                           budget=BUDGET, c0=coeffs["c0"], c1=coeffs["c1"], max_seqs=int(coeffs["max_seqs"]))
-    prompts = np.repeat(np.asarray(trace.prompt_lens), np.diff(np.asarray(trace.offsets)))
-    steps = step_floor(np.asarray(trace.lengths), prompts, run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
+    steps = step_floor(lengths, prompts, run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
                        budget=BUDGET, c0=coeffs["c0"], c1=coeffs["c1"], c2=coeffs["c2"],
                        max_seqs=int(coeffs["max_seqs"]))
     return run.work_bound_s / base, floor / base, run.steady_step_s / base, steps / base
@@ -102,7 +114,14 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="128,512", help="B, comma-separated [default: 128,512]")
     ap.add_argument("--seeds", default=None, help="trace seeds, comma-separated [default: each member's pinned]")
     ap.add_argument("--jobs", type=int, default=1, help="cells run at once, in worker processes (one a core)")
+    ap.add_argument("--trace", default=None, help="a length trace of your own (`pdsr trace synth`, or one recorded "
+                                                  "from a run) instead of the family: its first (K + 1) x B groups")
+    ap.add_argument("--steps", type=int, default=10, help="with --trace: K [default: 10]")
+    ap.add_argument("--profile", default=None, help="with --trace: an engine profile file (`pdsr simulate "
+                                                    "--profile`; its fast pool) [default: the family's equal engine]")
     args = ap.parse_args()
+    if args.trace is not None:
+        return own_trace(args)
 
     from pdsr_sdk.traces import WORKLOADS, workload
 
@@ -148,6 +167,24 @@ def main() -> None:
             print(f"\nB = {b}: the median over {len(covered)} members of the higher floor is {med:.3f} "
                   f"against the median target {TARGETS[b][0]:.2f}: "
                   + ("out of reach" if med > TARGETS[b][0] else "within reach"))
+
+
+def own_trace(args: argparse.Namespace) -> None:
+    """``--trace``: the work bound, the two floors and F = 0's step for the given trace, a row per B."""
+    from pdsr_sdk.sim.config import load_profile_file
+    from pdsr_sdk.traces import read_trace
+    from pdsr_sdk.traces.family import EQUAL_ENGINE
+
+    trace = read_trace(args.trace)
+    pools = load_profile_file(args.profile) if args.profile else {"fast": dict(EQUAL_ENGINE)}
+    prof = dict(pools.get("fast") or pools["heavy"])
+    print(f"{args.trace}: 6 + 2 equal engines, K = {args.steps}, S = 2, within {BUDGET:.0%} partial tokens; "
+          f"step / on-policy step")
+    print("\n| B | work bound | partial-budget floor | step-count floor | F = 0 step |")
+    print("|---|---|---|---|---|")
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        bound, floor, f0, steps = bounds(trace, b, args.steps, prof)
+        print(f"| {b} | {bound:.3f} | {floor:.3f} | {steps:.3f} | {f0:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

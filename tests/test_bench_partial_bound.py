@@ -25,3 +25,20 @@ def test_the_work_bound_is_below_the_stream_it_is_taken_from(member):
     token partial), and positive; both floors at least the work bound."""
     bound, floor, f0, steps = load().bound_cell(member, 101, 16)
     assert 0 < bound <= floor < f0 and bound <= steps < f0
+
+
+def test_a_trace_of_ones_own(tmp_path, monkeypatch, capsys):
+    """``--trace``: the same four numbers for a user's trace, a row per B, and a clear exit when it is too short."""
+    from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+
+    path = write_trace_jsonl(synth_trace(family="seed002", groups=88, seed=5), tmp_path / "mine.jsonl")
+    pb = load()
+    monkeypatch.setattr("sys.argv", ["partial_bound.py", "--trace", str(path), "--batch-sizes", "8", "--steps", "10"])
+    pb.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8 |")]
+    assert len(rows) == 1
+    bound, floor, steps, f0 = (float(x) for x in rows[0].strip("|").split("|")[1:])
+    assert 0 < bound <= floor < f0 and bound <= steps < f0
+    monkeypatch.setattr("sys.argv", ["partial_bound.py", "--trace", str(path), "--batch-sizes", "16"])
+    with pytest.raises(SystemExit, match="need 176 groups; it has 88"):
+        pb.main()
