@@ -20,7 +20,8 @@ equal step in which the engines make the work and that extra; it assumes steps o
 
 The **step-count floor** (:mod:`pdsr_sdk.sim.step_floor`) counts the steps those tokens take instead: a response
 makes one token a step, each step pays ``c0``, and a long request's attention makes its steps long, so the
-engines cannot share a long response's short steps with more requests than the stream has work for. It holds for
+engines cannot share a long response's short steps with more requests than the stream has work for; and a step
+holds no more context than the KV cache, which bounds the requests a step shares where contexts are long. It holds for
 any placement, migration and order, under the same equal-step assumption. Both floors are lower bounds; the
 higher decides.
 
@@ -90,7 +91,8 @@ def bounds(trace, b: int, k: int, prof: dict) -> tuple[float, float, float, floa
                           budget=BUDGET, c0=coeffs["c0"], c1=coeffs["c1"], max_seqs=int(coeffs["max_seqs"]))
     steps = step_floor(lengths, prompts, run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
                        budget=BUDGET, c0=coeffs["c0"], c1=coeffs["c1"], c2=coeffs["c2"],
-                       max_seqs=int(coeffs["max_seqs"]))
+                       max_seqs=int(coeffs["max_seqs"]),
+                       kv_tokens=max(cfg.profiles.fast.kv_cache_tokens, cfg.profiles.heavy.kv_cache_tokens))
     return run.work_bound_s / base, floor / base, run.steady_step_s / base, steps / base
 
 

@@ -12,9 +12,11 @@ for each request it runs (plus prefill), and makes one token for each.
   seconds; by Cauchy-Schwarz its share of their ``c0`` is at least ``c0 (sum sqrt(w_j))^2 / (T - c0 x)`` over those
   tokens ``j`` (``Z(x)`` engine steps; infinite where the ``x`` tokens alone do not fit in ``T``). ``Z`` grows
   with ``x``: a long response made in one short step costs steps, and more where its context is long.
-- The shares add up to the ``c0`` of every step run, and every step runs at most ``max_seqs`` requests, so in a
-  steady state of equal steps ``engines * T >= V + c0 * max(N / max_seqs, sum Z / steps)`` per step: ``V`` the
-  consumed tokens' variable work (the work bound less its ``c0``), ``N`` their tokens.
+- The shares add up to the ``c0`` of every step run, and every step runs at most ``max_seqs`` requests and holds at
+  most ``kv_tokens`` of context in its KV cache, so in a steady state of equal steps
+  ``engines * T >= V + c0 * max(N / max_seqs, C / kv_tokens, sum Z / steps)`` per step: ``V`` the consumed tokens'
+  variable work (the work bound less its ``c0``), ``N`` their tokens, ``C`` the contexts their steps read. Where
+  long contexts fill the cache (a KV-bound workload) the middle term alone lifts the floor above the work bound.
 - Under a budget on partial tokens the responses make at least ``(1 - budget)`` of their tokens in their consuming
   step. The least ``sum Z`` over such splits is bounded below by its Lagrangian dual, each response's ``x`` taken
   on a grid of cells (``Z`` at a cell's start, the tokens at its end): a lower bound however ``Z`` curves.
@@ -96,21 +98,29 @@ def least_steps(z: np.ndarray, x: np.ndarray, need: float, *, iters: int = 60) -
     return max(fa, fb, _phi(0.0, z, x, need))
 
 
+def context_tokens(lengths, prompt_lens) -> float:
+    """The context tokens the steps making ``lengths`` read in all: ``prompt + j`` for token ``j`` from 0."""
+    n = np.asarray(lengths, dtype=np.float64)
+    return float(np.sum(n * np.asarray(prompt_lens, dtype=np.float64) + n * (n - 1) / 2))
+
+
 def step_floor(lengths, prompt_lens, work_s: float, *, steps: int, engines: int, budget: float, c0: float,
-               c1: float, c2: float, max_seqs: int, grid: int = GRID, rel_tol: float = 1e-4) -> float:
+               c1: float, c2: float, max_seqs: int, kv_tokens: float | None = None, grid: int = GRID,
+               rel_tol: float = 1e-4) -> float:
     """The least equal step (seconds) in which ``engines`` engines make, step after step, the consumed responses of
     ``lengths`` tokens (prompts of ``prompt_lens``; consumed over ``steps`` steps; ``work_s`` their work bound per
     step, :func:`~pdsr_sdk.sim.cost.sample_work` summed / engines / steps) with at most ``budget`` of their tokens
-    partial."""
+    partial; ``kv_tokens``: an engine's KV-cache capacity in tokens (None: no bound from it)."""
     n = np.asarray(lengths, dtype=np.float64)
     tokens = float(n.sum()) / steps
     var = engines * work_s - c0 * tokens / max_seqs
+    least = max(tokens / max_seqs, context_tokens(lengths, prompt_lens) / steps / kv_tokens if kv_tokens else 0.0)
     need = (1.0 - budget) * float(n.sum())
     x, root, lin = tail_sums(lengths, prompt_lens, c1=c1, c2=c2, grid=grid)
 
     def fits(t: float) -> bool:
         z = least_steps(cell_steps(x, root, lin, t, c0), x, need)
-        return engines * t >= var + c0 * max(tokens / max_seqs, z / steps) * (1 - 1e-12)
+        return engines * t >= var + c0 * max(least, z / steps) * (1 - 1e-12)
 
     return least_fitting(fits, work_s, rel_tol)
 
@@ -164,12 +174,14 @@ def least_steps_naive(xs: list[list[float]], zs: list[list[float]], need: float)
 
 
 def step_floor_naive(lengths, prompt_lens, work_s: float, *, steps: int, engines: int, budget: float, c0: float,
-                     c1: float, c2: float, max_seqs: int, grid: int = GRID, scan: int = 400,
-                     top: float | None = None) -> float:
+                     c1: float, c2: float, max_seqs: int, kv_tokens: float | None = None, grid: int = GRID,
+                     scan: int = 400, top: float | None = None) -> float:
     """Scan twin of :func:`step_floor`: the first of ``scan`` steps from ``work_s`` up to ``top`` (default: the
     longest response alone on an engine) that fits."""
     tokens = sum(lengths) / steps
     var = engines * work_s - c0 * tokens / max_seqs
+    context = sum(p + j for n, p in zip(lengths, prompt_lens) for j in range(int(n)))
+    least = max(tokens / max_seqs, context / steps / kv_tokens if kv_tokens else 0.0)
     need = (1.0 - budget) * sum(lengths)
     if top is None:
         top = max(sum(c0 + c1 + c2 * (p + j) for j in range(int(n))) for n, p in zip(lengths, prompt_lens))
@@ -178,6 +190,6 @@ def step_floor_naive(lengths, prompt_lens, work_s: float, *, steps: int, engines
         t = work_s + (top - work_s) * k / scan
         xs, zs = cell_steps_naive(lengths, prompt_lens, t, c0=c0, c1=c1, c2=c2, grid=grid)
         z = least_steps_naive(xs, zs, need)
-        if engines * t >= var + c0 * max(tokens / max_seqs, z / steps) * (1 - 1e-12):
+        if engines * t >= var + c0 * max(least, z / steps) * (1 - 1e-12):
             return t
     return top

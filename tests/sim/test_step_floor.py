@@ -91,9 +91,10 @@ def test_the_dual_never_exceeds_the_least_split(seed, grid):
 
 @pytest.mark.parametrize("seed", [0, 3])
 @pytest.mark.parametrize("budget", [0.0, 0.1, 0.4])
-def test_step_floor_matches_the_scan(seed, budget):
+@pytest.mark.parametrize("kv_tokens", [None, 200])
+def test_step_floor_matches_the_scan(seed, budget, kv_tokens):
     lengths, prompts = draw(seed, n=10, top=60)
-    kw = dict(steps=2, engines=2, budget=budget, max_seqs=16, grid=4, **COST)
+    kw = dict(steps=2, engines=2, budget=budget, max_seqs=16, grid=4, kv_tokens=kv_tokens, **COST)
     fast = step_floor(lengths, prompts, 0.05, rel_tol=1e-6, **kw)
     scan, top = 200, 1.0
     slow = step_floor_naive(lengths.tolist(), prompts.tolist(), 0.05, scan=scan, top=top, **kw)
@@ -109,6 +110,14 @@ def test_the_floor_is_the_work_bound_without_a_budget_and_rises_as_it_tightens()
     assert all(a <= b * (1 + 1e-3) for a, b in zip(floors, floors[1:])) and floors[-1] > 1.5 * floors[0]
 
 
+def test_a_kv_cache_that_binds_raises_the_floor_even_without_a_budget():
+    lengths, prompts = draw(7, n=200, top=2000)
+    kw = dict(steps=4, engines=8, max_seqs=64, budget=1.0, **COST)
+    free = step_floor(lengths, prompts, 0.5, **kw)
+    held = [step_floor(lengths, prompts, 0.5, kv_tokens=kv, **kw) for kv in (1e9, 64 * 100, 64 * 50)]
+    assert free == held[0] == 0.5 < held[1] < held[2]
+
+
 def test_long_contexts_raise_the_floor():
     lengths, _ = draw(7, n=200, top=2000)
     kw = dict(steps=4, engines=8, max_seqs=64, budget=0.1, c0=COST["c0"], c1=COST["c1"])
@@ -117,8 +126,9 @@ def test_long_contexts_raise_the_floor():
     assert long > short
 
 
+@pytest.mark.parametrize("kv_cache_tokens", [1 << 22, 24576])   # ... and one that holds some 20 of its contexts
 @pytest.mark.parametrize("over_provision", [0.25, 0.5, 1.0])
-def test_no_simulated_stream_beats_the_floor_at_its_own_partial_share(over_provision):
+def test_no_simulated_stream_beats_the_floor_at_its_own_partial_share(over_provision, kv_cache_tokens):
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import bound_coefficients
     from pdsr_sdk.sim.steps import simulate_steps
@@ -126,7 +136,7 @@ def test_no_simulated_stream_beats_the_floor_at_its_own_partial_share(over_provi
 
     k, b = 6, 16
     trace = workload("heavy").trace(groups=(k + 1) * b, n=8, seed=3)
-    prof = dict(max_num_seqs=256, kv_cache_tokens=1 << 22, max_model_len=8192)   # steps short beside the runaways
+    prof = dict(max_num_seqs=256, kv_cache_tokens=kv_cache_tokens, max_model_len=8192)   # short steps: runaways
     for policy in ("v3", "baseline"):
         cfg = SimulateConfig(policy=policy, fast=1, heavy=1, steps=k, step_groups=b, over_provision=over_provision,
                              max_staleness=2, kv_on_update="keep", timeline=False,
@@ -137,6 +147,6 @@ def test_no_simulated_stream_beats_the_floor_at_its_own_partial_share(over_provi
         prompts = np.repeat(np.asarray(trace.prompt_lens), np.diff(np.asarray(trace.offsets)))
         floor = step_floor(np.asarray(trace.lengths), prompts, run.work_bound_s, steps=k + 1, engines=2,
                            budget=max(run.partial_share, 1e-9), c0=co["c0"], c1=co["c1"], c2=co["c2"],
-                           max_seqs=int(co["max_seqs"]))
+                           max_seqs=int(co["max_seqs"]), kv_tokens=kv_cache_tokens)
         assert floor > run.work_bound_s   # the budget binds here ...
         assert run.steady_step_s >= floor  # ... and still no schedule beats it
