@@ -243,13 +243,17 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
 def _fastest_words(report) -> str:
     budget = report.cfg.max_partial_share
     pick = report.fastest_within()
+    base = report.baseline_step_s
+    floor = (f"\nfloor: no schedule of these engines in equal steps goes below {report.floor_s:.4g} s = "
+             f"{report.floor_s / base:.3f}x within {budget:.1%} partial tokens (steps.json's floor_s)"
+             if report.floor_s and base > 0 else "")
     if pick is None:
-        return f"no over-provision kept the partial share within {budget:.1%}"
+        return f"no over-provision kept the partial share within {budget:.1%}" + floor
     return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "
             f"flight), steady step "
             f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
             f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} versions; per consumed token "
-            f"{report.ratio_per_token(pick) or 0.0:.3f}x)")
+            f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + floor)
 
 
 def _trainer_words(cfg) -> str:

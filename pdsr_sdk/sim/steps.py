@@ -23,6 +23,8 @@ import time
 from contextlib import closing
 from typing import Callable
 
+import numpy as np
+
 from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS
@@ -34,7 +36,9 @@ from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, gc_paused, raise_fatal,
                                  sample_bounds, sim_dispatch_run, trace_batches)
+from pdsr_sdk.sim.partial_floor import partial_floor
 from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
+from pdsr_sdk.sim.step_floor import step_floor
 from pdsr_sdk.sim.steps_report import StepsReport, StepsRun
 from pdsr_sdk.sim.trainer import SimTrainer
 from pdsr_sdk.sim.usage import engine_use
@@ -328,7 +332,28 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
     runs = [run_at(f) for f in values]
     if cfg.max_partial_share is not None:
         runs = refine_within(runs, cfg.max_partial_share, cfg.step_groups or cfg.batch_size, run_at)
-    return StepsReport(cfg, base, runs)
+    return StepsReport(cfg, base, runs, floor_s=budget_floor(trace, cfg, runs))
+
+
+def budget_floor(trace, cfg: SimulateConfig, runs: list[StepsRun]) -> float | None:
+    """With a partial-share budget: the least equal step any schedule of these engines takes within it, the higher
+    of :func:`~pdsr_sdk.sim.partial_floor.partial_floor` and :func:`~pdsr_sdk.sim.step_floor.step_floor` for the
+    stream's first K x B groups and the F = 0 run's work bound (None without a budget or that run, or under
+    dynamic sampling, whose consumed groups are not the stream's first)."""
+    f0 = next((r for r in runs if r.over_provision == 0.0), None)
+    if cfg.max_partial_share is None or cfg.filter_groups is not None or f0 is None or f0.work_bound_s <= 0:
+        return None
+    b = cfg.step_groups or cfg.batch_size
+    rows = stream_rows(trace, cfg, groups_needed(cfg, 0.0))[:cfg.steps * b]
+    lengths = np.asarray([n for r in rows for n in r[2]], dtype=np.int64)
+    prompts = np.asarray([r[1] for r in rows for _ in r[2]], dtype=np.int64)
+    co = bound_coefficients(cfg)
+    kw = dict(steps=cfg.steps, engines=cfg.fast + cfg.heavy, budget=cfg.max_partial_share, c0=co["c0"], c1=co["c1"],
+              max_seqs=int(co["max_seqs"]))
+    kv = max(p.kv_cache_tokens for p, count in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy))
+             if count)
+    return max(partial_floor(lengths, f0.work_bound_s, **kw),
+               step_floor(lengths, prompts, f0.work_bound_s, c2=co["c2"], kv_tokens=kv, **kw))
 
 
 def refine_within(runs: list[StepsRun], budget: float, b: int,

@@ -114,6 +114,8 @@ class StepsReport:
     baseline_steps_s: list[float]
     runs: list[StepsRun]
     plots: list[str] = field(default_factory=list)
+    #: with a partial-share budget: the least equal step any schedule of these engines takes within it
+    floor_s: float | None = None
 
     @property
     def baseline_step_s(self) -> float:
@@ -230,6 +232,8 @@ class StepsReport:
             "restart_lengths": cfg.restart_lengths, "kv_on_update": cfg.kv_on_update,
             "max_partial_share": cfg.max_partial_share,
             "fastest_within": pick.over_provision if pick is not None else None,
+            "floor_s": self.floor_s,
+            "floor_ratio": self.floor_s / self.baseline_step_s if self.floor_s and self.baseline_step_s > 0 else None,
             "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
                         "heavy": {"count": cfg.heavy, **cfg.profiles.heavy.model_dump()}},
             "segments": cfg.segments.model_dump(),
@@ -283,6 +287,10 @@ DEFINITIONS = {
                "(horizon_s) with a step running; prefill, the share of that busy time spent prefilling (prompts, "
                "moves, and the contexts every weight update makes carried samples compute again); lane: the "
                "policy made it a tail lane (policy_facts).",
+    "floor_s": "With max_partial_share: the least equal step in which any schedule of these engines makes the "
+               "stream's first K x B groups within the budget (the higher of two lower bounds: the work with most of "
+               "each long response made in its consuming step priced, and the steps a response makes one token at a "
+               "time, each paying c0; bench/partial_bound.py). floor_ratio: over the on-policy step.",
     "fastest_within": "With max_partial_share: the over-provision F whose run had the shortest steady step among "
                       "those with partial_share at most max_partial_share (null when none was within it).",
     "dropped_groups": "Groups still in flight after the last step (the next step's carry), and those on-policy "

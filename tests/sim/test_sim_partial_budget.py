@@ -47,6 +47,32 @@ def test_the_pick_is_the_fastest_run_within_the_budget(policy):
     assert rep.timeline_runs() == [pick]                      # the timeline draws the pick alone
     d = rep.to_dict()
     assert d["max_partial_share"] == budget and d["fastest_within"] == pick.over_provision
+    # the floor: no run within the budget beats it, and it is at least the F = 0 run's work bound
+    f0 = next(r for r in rep.runs if r.over_provision == 0.0)
+    assert f0.work_bound_s <= rep.floor_s <= pick.steady_step_s
+    assert d["floor_s"] == rep.floor_s and d["floor_ratio"] == pytest.approx(rep.floor_s / rep.baseline_step_s)
+
+
+def test_the_floor_is_the_higher_bound_for_the_streams_first_groups():
+    import numpy as np
+
+    from pdsr_sdk.sim.partial_floor import partial_floor
+    from pdsr_sdk.sim.step_floor import step_floor
+
+    trace = small_trace(groups=100)
+    cfg = small_cfg(max_staleness=2, steps=8, max_partial_share=0.1)
+    rep = simulate_steps(trace, cfg)
+    work = next(r for r in rep.runs if r.over_provision == 0.0).work_bound_s
+    g = cfg.steps * cfg.batch_size   # the groups F = 0 consumes, in the trace's order
+    lengths = np.asarray(trace.lengths[:trace.offsets[g]])
+    prompts = np.repeat(trace.prompt_lens[:g], trace.group_sizes[:g])
+    p = cfg.profiles.fast
+    kw = dict(steps=cfg.steps, engines=cfg.fast + cfg.heavy, budget=0.1, c0=p.c0_s, c1=p.c1_s_per_seq,
+              max_seqs=p.max_num_seqs)
+    want = max(partial_floor(lengths, work, **kw), step_floor(lengths, prompts, work, c2=p.c2_s_per_token,
+                                                              kv_tokens=p.kv_cache_tokens, **kw))
+    assert rep.floor_s == pytest.approx(want) and rep.floor_s > work
+    assert simulate_steps(trace, small_cfg(max_staleness=2, steps=8)).floor_s is None   # no budget, no floor
 
 
 def test_max_partial_share_needs_steps_and_no_fixed_over_provision():
@@ -70,6 +96,8 @@ def test_the_cli_names_the_pick_or_says_none_was_within(tmp_path):
     pick = next(r for r in d["runs"] if r["over_provision"] == f)
     assert (f"fastest within 15.0% partial tokens: F = {f:.3g} ({pick['in_flight']} groups in flight), steady step "
             f"{pick['steady_step_s']:.4g} s = {pick['ratio']:.3f}x the on-policy step") in res.output
+    assert (f"floor: no schedule of these engines in equal steps goes below {d['floor_s']:.4g} s = "
+            f"{d['floor_ratio']:.3f}x within 15.0% partial tokens") in res.output
     assert (tmp_path / "o" / "steps.png").stat().st_size > 0
     # a pipelined trainer's updates land mid-step: even F = 0 carries partial responses, over a 1% budget
     res = CliRunner().invoke(cli, args + ["--max-partial-share", "0.01", "--trainer-s", "1", "--pipeline"])
