@@ -338,10 +338,13 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
 def budget_floor(trace, cfg: SimulateConfig, runs: list[StepsRun]) -> float | None:
     """With a partial-share budget: the least equal step any schedule of these engines takes within it, the higher
     of :func:`~pdsr_sdk.sim.partial_floor.partial_floor` and :func:`~pdsr_sdk.sim.step_floor.step_floor` for the
-    stream's first K x B groups and the F = 0 run's work bound (None without a budget or that run, or under
-    dynamic sampling, whose consumed groups are not the stream's first)."""
+    stream's first K x B groups and the F = 0 run's work bound (None without a budget or that run, under dynamic
+    sampling, whose consumed groups are not the stream's first, or with speculation: both bounds count a token a
+    request a step)."""
     f0 = next((r for r in runs if r.over_provision == 0.0), None)
-    if cfg.max_partial_share is None or cfg.filter_groups is not None or f0 is None or f0.work_bound_s <= 0:
+    speculative = cfg.profiles.fast.speculation is not None or cfg.profiles.heavy.speculation is not None
+    if (cfg.max_partial_share is None or cfg.filter_groups is not None or speculative or f0 is None
+            or f0.work_bound_s <= 0):
         return None
     b = cfg.step_groups or cfg.batch_size
     rows = stream_rows(trace, cfg, groups_needed(cfg, 0.0))[:cfg.steps * b]

@@ -73,6 +73,12 @@ def test_the_floor_is_the_higher_bound_for_the_streams_first_groups():
                                                               kv_tokens=p.kv_cache_tokens, **kw))
     assert rep.floor_s == pytest.approx(want) and rep.floor_s > work
     assert simulate_steps(trace, small_cfg(max_staleness=2, steps=8)).floor_s is None   # no budget, no floor
+    # speculation makes more than a token a request a step, which both bounds rule out: no floor either
+    from sim_cases import SMALL
+
+    spec = dict(SMALL, speculation={"tokens_per_step": 2.0, "verify_cost": [(1, 1.0)], "max_batch": 4})
+    drafted = small_cfg(max_staleness=2, steps=8, max_partial_share=0.1, profiles={"fast": spec, "heavy": spec})
+    assert simulate_steps(trace, drafted).floor_s is None
 
 
 def test_max_partial_share_needs_steps_and_no_fixed_over_provision():
