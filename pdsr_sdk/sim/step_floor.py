@@ -13,10 +13,11 @@ for each request it runs (plus prefill), and makes one token for each.
   tokens ``j`` (``Z(x)`` engine steps; infinite where the ``x`` tokens alone do not fit in ``T``). ``Z`` grows
   with ``x``: a long response made in one short step costs steps, and more where its context is long.
 - The shares add up to the ``c0`` of every step run, and every step runs at most ``max_seqs`` requests and holds at
-  most ``kv_tokens`` of context in its KV cache, so in a steady state of equal steps
+  most ``kv_tokens`` tokens in its KV cache, so in a steady state of equal steps
   ``engines * T >= V + c0 * max(N / max_seqs, C / kv_tokens, sum Z / steps)`` per step: ``V`` the consumed tokens'
-  variable work (the work bound less its ``c0``), ``N`` their tokens, ``C`` the contexts their steps read. Where
-  long contexts fill the cache (a KV-bound workload) the middle term alone lifts the floor above the work bound.
+  variable work (the work bound less its ``c0``), ``N`` their tokens, ``C`` the generated context their steps hold
+  (a prompt's blocks may be shared by its samples, so prompts do not count). Where long responses fill the cache (a
+  KV-bound workload) the middle term alone lifts the floor above the work bound.
 - Under a budget on partial tokens the responses make at least ``(1 - budget)`` of their tokens in their consuming
   step. The least ``sum Z`` over such splits is bounded below by its Lagrangian dual, each response's ``x`` taken
   on a grid of cells (``Z`` at a cell's start, the tokens at its end): a lower bound however ``Z`` curves.
@@ -98,10 +99,11 @@ def least_steps(z: np.ndarray, x: np.ndarray, need: float, *, iters: int = 60) -
     return max(fa, fb, _phi(0.0, z, x, need))
 
 
-def context_tokens(lengths, prompt_lens) -> float:
-    """The context tokens the steps making ``lengths`` read in all: ``prompt + j`` for token ``j`` from 0."""
+def generated_context(lengths) -> float:
+    """The generated tokens the KV cache holds over the steps making ``lengths``, in all: ``j`` while token ``j``
+    (from 0) is made."""
     n = np.asarray(lengths, dtype=np.float64)
-    return float(np.sum(n * np.asarray(prompt_lens, dtype=np.float64) + n * (n - 1) / 2))
+    return float(np.sum(n * (n - 1) / 2))
 
 
 def step_floor(lengths, prompt_lens, work_s: float, *, steps: int, engines: int, budget: float, c0: float,
@@ -114,7 +116,7 @@ def step_floor(lengths, prompt_lens, work_s: float, *, steps: int, engines: int,
     n = np.asarray(lengths, dtype=np.float64)
     tokens = float(n.sum()) / steps
     var = engines * work_s - c0 * tokens / max_seqs
-    least = max(tokens / max_seqs, context_tokens(lengths, prompt_lens) / steps / kv_tokens if kv_tokens else 0.0)
+    least = max(tokens / max_seqs, generated_context(lengths) / steps / kv_tokens if kv_tokens else 0.0)
     need = (1.0 - budget) * float(n.sum())
     x, root, lin = tail_sums(lengths, prompt_lens, c1=c1, c2=c2, grid=grid)
 
@@ -180,7 +182,7 @@ def step_floor_naive(lengths, prompt_lens, work_s: float, *, steps: int, engines
     longest response alone on an engine) that fits."""
     tokens = sum(lengths) / steps
     var = engines * work_s - c0 * tokens / max_seqs
-    context = sum(p + j for n, p in zip(lengths, prompt_lens) for j in range(int(n)))
+    context = sum(j for n in lengths for j in range(int(n)))
     least = max(tokens / max_seqs, context / steps / kv_tokens if kv_tokens else 0.0)
     need = (1.0 - budget) * sum(lengths)
     if top is None:
