@@ -69,10 +69,7 @@ def bounds(trace, b: int, k: int, prof: dict) -> tuple[float, float, float, floa
     """:func:`bound_cell`'s four numbers for the first (K + 1) x B groups of ``trace``, K steps of B groups on
     6 + 2 equal engines of profile ``prof``."""
     from pdsr_sdk.sim.config import SimulateConfig
-    from pdsr_sdk.sim.driver import bound_coefficients
-    from pdsr_sdk.sim.partial_floor import partial_floor
-    from pdsr_sdk.sim.step_floor import step_floor
-    from pdsr_sdk.sim.steps import simulate_steps
+    from pdsr_sdk.sim.steps import simulate_steps, stream_floors
 
     groups = (k + 1) * b
     if trace.num_groups < groups:
@@ -83,20 +80,14 @@ def bounds(trace, b: int, k: int, prof: dict) -> tuple[float, float, float, floa
     report = simulate_steps(trace, cfg)
     run = report.runs[0]
     base = report.baseline_step_s
-    coeffs = bound_coefficients(cfg)   # the cheapest terms over the pools, as the work bound prices them
     offsets = np.asarray(trace.offsets)[:groups + 1]
     lengths = np.asarray(trace.lengths)[:offsets[-1]]
     prompts = np.repeat(np.asarray(trace.prompt_lens)[:groups], np.diff(offsets))
-    floor = partial_floor(lengths, run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
-                          budget=BUDGET, c0=coeffs["c0"], c1=coeffs["c1"], max_seqs=int(coeffs["max_seqs"]))
-    steps = step_floor(lengths, prompts, run.work_bound_s, steps=k + 1, engines=cfg.fast + cfg.heavy,
-                       budget=BUDGET, c0=coeffs["c0"], c1=coeffs["c1"], c2=coeffs["c2"],
-                       max_seqs=int(coeffs["max_seqs"]),
-                       kv_tokens=max(cfg.profiles.fast.kv_cache_tokens, cfg.profiles.heavy.kv_cache_tokens))
+    floor, steps = stream_floors(lengths, prompts, run.work_bound_s, cfg, steps=k + 1, budget=BUDGET)
     return run.work_bound_s / base, floor / base, run.steady_step_s / base, steps / base
 
 
-def _cell(args: tuple[str, int, int]) -> tuple[str, int, int, tuple[float, float, float]]:
+def _cell(args: tuple[str, int, int]) -> tuple[str, int, int, tuple[float, float, float, float]]:
     name, seed, b = args
     return name, seed, b, bound_cell(name, seed, b)
 

@@ -350,13 +350,21 @@ def budget_floor(trace, cfg: SimulateConfig, runs: list[StepsRun]) -> float | No
     rows = stream_rows(trace, cfg, groups_needed(cfg, 0.0))[:cfg.steps * b]
     lengths = np.asarray([n for r in rows for n in r[2]], dtype=np.int64)
     prompts = np.asarray([r[1] for r in rows for _ in r[2]], dtype=np.int64)
+    return max(stream_floors(lengths, prompts, f0.work_bound_s, cfg, steps=cfg.steps, budget=cfg.max_partial_share))
+
+
+def stream_floors(lengths, prompts, work_s: float, cfg: SimulateConfig, *, steps: int,
+                  budget: float) -> tuple[float, float]:
+    """(partial-budget floor, step-count floor) of responses of ``lengths`` tokens (prompts of ``prompts``)
+    consumed over ``steps`` steps of ``work_s`` work bound each, on ``cfg``'s engines at their cheapest terms (the
+    work bound's) and their largest KV cache."""
     co = bound_coefficients(cfg)
-    kw = dict(steps=cfg.steps, engines=cfg.fast + cfg.heavy, budget=cfg.max_partial_share, c0=co["c0"], c1=co["c1"],
+    kw = dict(steps=steps, engines=cfg.fast + cfg.heavy, budget=budget, c0=co["c0"], c1=co["c1"],
               max_seqs=int(co["max_seqs"]))
     kv = max(p.kv_cache_tokens for p, count in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy))
              if count)
-    return max(partial_floor(lengths, f0.work_bound_s, **kw),
-               step_floor(lengths, prompts, f0.work_bound_s, c2=co["c2"], kv_tokens=kv, **kw))
+    return (partial_floor(lengths, work_s, **kw),
+            step_floor(lengths, prompts, work_s, c2=co["c2"], kv_tokens=kv, **kw))
 
 
 def refine_within(runs: list[StepsRun], budget: float, b: int,
