@@ -2,8 +2,9 @@
 
 The work bound (:func:`~pdsr_sdk.sim.cost.sample_work`) prices every token at a full engine's share of a step. A
 budget on partial tokens (tokens of responses that crossed a weight update, made under the older version) adds a
-cost it leaves out: of a response of ``L`` tokens consumed in a step of ``T`` seconds, at least ``x >= L - p``
-tokens (``p`` its partial ones) are made within that step, so the steps that make them average at most ``T / x``
+cost it leaves out: of a response of ``L`` tokens, at least ``x >= L - p`` tokens (``p`` its partial ones) are
+made within the last step of ``T`` seconds it runs in (its consuming step, or an earlier one where it finished
+whole while its group waited), so the steps that make them average at most ``T / x``
 seconds. An engine whose step costs ``tau`` runs at most ``(tau - c0) / c1`` requests (the step model of
 :mod:`~pdsr_sdk.sim.cost`, attention left out), so each of those tokens costs at least ``c1 tau / (tau - c0)``
 engine-seconds (the step shared by its requests; convex and falling in ``tau``, so by Jensen the average step
