@@ -253,7 +253,16 @@ def _fastest_words(report) -> str:
             f"flight), steady step "
             f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
             f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} versions; per consumed token "
-            f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + floor)
+            f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + _carried_words(pick) + floor)
+
+
+def _carried_words(run) -> str:
+    made = run.carried_made_before
+    if made is None:
+        return ""
+    per_step = sum(s.carried for s in run.steps) / len(run.steps)
+    return (f"\nits partial tokens: {per_step:.3g} responses a step crossed an update, {made:.0%} of their tokens "
+            f"made before it")
 
 
 def _trainer_words(cfg) -> str:

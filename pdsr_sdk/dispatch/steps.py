@@ -113,6 +113,10 @@ class StepRecord:
     #: response tokens they had
     dropped: int = 0
     dropped_tokens: int = 0
+    #: consumed responses that crossed a weight update (those ``partial_tokens`` come from) and all their tokens:
+    #: what the partial share buys, a few long responses carried nearly done or many carried early
+    carried: int = 0
+    carried_tokens: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -449,13 +453,16 @@ class StepStream:
                 if any(oldest_version(s) is not None for s in g.samples):
                     self._drop(g)
         ages: Counter[int] = Counter()
-        partial = 0
+        partial = carried = carried_tokens = 0
         for g in consumed:
             for s in g.samples:
                 if self.check:
                     check_consumed(s, t)
                 segs = [seg for seg in kept_segments(s) if seg.num_tokens]
                 mixed = len(segs) > 1 and segs[0].policy_version != segs[-1].policy_version
+                if mixed:
+                    carried += 1
+                    carried_tokens += sum(seg.num_tokens for seg in segs)
                 for seg in segs:
                     ages[self.end_version - seg.policy_version] += seg.num_tokens
                     if mixed and seg.policy_version < self.end_version:
@@ -472,7 +479,8 @@ class StepStream:
             early_restarts=self.early_restarts, version=self.end_version, filtered=len(self.filtered),
             filtered_tokens=self._filtered_tokens,
             pass_rate=self.pass_rate if self.group_filter is not None else None,
-            dropped=len(self.dropped), dropped_tokens=self._dropped_tokens))
+            dropped=len(self.dropped), dropped_tokens=self._dropped_tokens, carried=carried,
+            carried_tokens=carried_tokens))
         self.last_filtered = self.filtered
         self.filtered = []
         self._filtered_tokens = 0

@@ -84,6 +84,14 @@ class StepsRun:
         return sum(s.partial_tokens for s in self.steps) / self.tokens if self.tokens else 0.0
 
     @property
+    def carried_made_before(self) -> float | None:
+        """Of the consumed responses that crossed a weight update, the share of their tokens made before it (their
+        partial tokens); None where none crossed one. Near 1: the partial budget goes to responses carried nearly
+        done, which the step's end cut off just before they finished."""
+        total = sum(s.carried_tokens for s in self.steps)
+        return sum(s.partial_tokens for s in self.steps) / total if total else None
+
+    @property
     def ages(self) -> dict[int, int]:
         out: Counter[int] = Counter()
         for s in self.steps:
@@ -143,6 +151,7 @@ class StepsReport:
             "work_bound_s": r.work_bound_s,
             "vs_work_bound": r.steady_step_s / r.work_bound_s if r.work_bound_s > 0 else None,
             "off_policy_share": r.off_policy_share, "partial_share": r.partial_share, "max_age": r.max_age,
+            "carried_responses": sum(s.carried for s in r.steps), "carried_made_before": r.carried_made_before,
             "ages": {str(a): n for a, n in r.ages.items()},
             "restarts": r.stats.get("restarts", 0), "stale_restarts": sum(s.stale_restarts for s in r.steps),
             "early_restarts": sum(s.early_restarts for s in r.steps),
@@ -159,7 +168,7 @@ class StepsReport:
                        "work_bound_s": r.work_bounds_s[s.index] if s.index < len(r.work_bounds_s) else None,
                        "version": s.version, "groups": s.groups,
                        "launched": s.launched, "tokens": s.tokens, "off_policy_tokens": s.off_policy_tokens,
-                       "partial_tokens": s.partial_tokens,
+                       "partial_tokens": s.partial_tokens, "carried": s.carried, "carried_tokens": s.carried_tokens,
                        "ages": {str(a): n for a, n in s.ages.items()}, "max_group_lag": s.max_group_lag,
                        "restarts": s.restarts, "stale_restarts": s.stale_restarts,
                        "early_restarts": s.early_restarts, "wasted_tokens": s.wasted_tokens,
@@ -272,6 +281,10 @@ DEFINITIONS = {
     "partial_share": "The part of off_policy_share from responses that crossed a weight update while being "
                      "generated (their older tokens: the partial responses steps carried); the rest is whole "
                      "responses finished under an older version while their group waited for its other samples.",
+    "carried_responses": "Consumed responses that crossed a weight update while being generated (per step: carried, "
+                         "with carried_tokens, all their tokens); carried_made_before: the share of those tokens made "
+                         "before the update (partial tokens / carried tokens). Near 1, the partial budget goes to "
+                         "responses the step's end cut off just before they finished.",
     "version": "The policy version at a step's end, which its token ages count from (the weights its groups "
                "are trained with).",
     "ages": "Consumed tokens by age in versions (the step's version - the version of their segment).",

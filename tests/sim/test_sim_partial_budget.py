@@ -104,6 +104,15 @@ def test_the_cli_names_the_pick_or_says_none_was_within(tmp_path):
             f"{pick['steady_step_s']:.4g} s = {pick['ratio']:.3f}x the on-policy step") in res.output
     assert (f"floor: no schedule of these engines in equal steps goes below {d['floor_s']:.4g} s = "
             f"{d['floor_ratio']:.3f}x within 15.0% partial tokens") in res.output
+    # what its partial tokens are: responses carried across an update, and how much of each was made before it
+    steps = pick["steps"]
+    if pick["carried_responses"]:
+        made = sum(s["partial_tokens"] for s in steps) / sum(s["carried_tokens"] for s in steps)
+        assert pick["carried_made_before"] == pytest.approx(made) and 0 < made < 1
+        assert (f"its partial tokens: {pick['carried_responses'] / len(steps):.3g} responses a step crossed an "
+                f"update, {made:.0%} of their tokens made before it") in res.output
+    else:
+        assert pick["carried_made_before"] is None and "its partial tokens" not in res.output
     assert (tmp_path / "o" / "steps.png").stat().st_size > 0
     # a pipelined trainer's updates land mid-step: even F = 0 carries partial responses, over a 1% budget
     res = CliRunner().invoke(cli, args + ["--max-partial-share", "0.01", "--trainer-s", "1", "--pipeline"])

@@ -97,6 +97,10 @@ def test_carry_over_gain_on_a_hand_made_trace():
     assert run.consumed_at == {"g1": 0, "g2": 1, "g0": 2, "g3": 3, "g4": 4, "g5": 5}
     assert run.steps[2].ages == {2: 10, 1: 10, 0: 5} and run.off_policy_share == pytest.approx(35 / 75)
     assert [s.ages for s in run.steps[3:]] == [{1: 5, 0: 5}] * 3 and run.partial_share == run.off_policy_share
+    # the responses carried across an update: g0 (25 tokens, 20 of them made before its last update), then one
+    # 10-token group a step with 5 made before
+    assert [(s.carried, s.carried_tokens) for s in run.steps] == [(0, 0), (0, 0), (1, 25), (1, 10), (1, 10), (1, 10)]
+    assert run.carried_made_before == pytest.approx(35 / 55)
     # work bound: c0 = 1 s shared by up to 64 sequences, nothing else costs: L / 64 a step
     assert run.work_bounds_s == pytest.approx([10 / 64, 10 / 64, 25 / 64, 10 / 64, 10 / 64, 10 / 64])
     assert run.work_bound_s == pytest.approx(np.mean([25, 10, 10]) / 64)   # steps 3 to 5
