@@ -10,17 +10,19 @@ for each request it runs (plus prefill), and makes one token for each.
 - Split each step's ``c0`` over its requests in proportion to their ``w``. A response that makes its last ``x``
   tokens within the last step it runs in (the one that consumes it, or an earlier one where it finished whole while
   its group waited: then ``x`` is all of it, and none is partial) ran ``x`` steps of its own, one after another,
-  within that step's ``T`` seconds; by Cauchy-Schwarz its share of their ``c0`` is at least ``c0 (sum sqrt(w_j))^2 / (T - c0 x)`` over those
-  tokens ``j`` (``Z(x)`` engine steps; infinite where the ``x`` tokens alone do not fit in ``T``). ``Z`` grows
-  with ``x``: a long response made in one short step costs steps, and more where its context is long.
+  within that step's ``T`` seconds; by Cauchy-Schwarz its share of their ``c0`` is at least
+  ``c0 (sum sqrt(w_j))^2 / (T - c0 x)`` over those tokens ``j`` (``Z(x)`` engine steps; infinite where the ``x``
+  tokens alone do not fit in ``T``). ``Z`` grows with ``x``: a long response made in one short step costs steps, and
+  more where its context is long.
 - The shares add up to the ``c0`` of every step run, and every step runs at most ``max_seqs`` requests and holds at
   most ``kv_tokens`` tokens in its KV cache, so in a steady state of equal steps
   ``engines * T >= V + c0 * max(N / max_seqs, C / kv_tokens, sum Z / steps)`` per step: ``V`` the consumed tokens'
   variable work (the work bound less its ``c0``), ``N`` their tokens, ``C`` the generated context their steps hold
   (a prompt's blocks may be shared by its samples, so prompts do not count). Where long responses fill the cache (a
   KV-bound workload) the middle term alone lifts the floor above the work bound.
-- Under a budget on partial tokens (those made before the last update a response crossed) the responses make at
-  least ``(1 - budget)`` of their tokens in the last step each runs in. The least ``sum Z`` over such splits is bounded below by its Lagrangian dual, each response's ``x`` taken
+- Under a budget on partial tokens the responses make at least ``(1 - budget)`` of their tokens in the last step
+  each runs in (the tokens before it are partial where the response crossed an update, and pdsr counts at least
+  those). The least ``sum Z`` over such splits is bounded below by its Lagrangian dual, each response's ``x`` taken
   on a grid of cells (``Z`` at a cell's start, the tokens at its end): a lower bound however ``Z`` curves.
 
 The floor is the least ``T`` that satisfies it. Like the partial-budget floor it assumes equal steps and counts a

@@ -85,9 +85,9 @@ class StepsRun:
 
     @property
     def carried_made_before(self) -> float | None:
-        """Of the consumed responses that crossed a weight update, the share of their tokens made before it (their
-        partial tokens); None where none crossed one. Near 1: the partial budget goes to responses carried nearly
-        done, which the step's end cut off just before they finished."""
+        """Of the consumed responses that crossed a weight update, the share of their tokens made under an older
+        version than their step's (their partial tokens); None where none crossed one. Near 1: the partial budget
+        goes to responses carried nearly done, which the step's end cut off just before they finished."""
         total = sum(s.carried_tokens for s in self.steps)
         return sum(s.partial_tokens for s in self.steps) / total if total else None
 
@@ -283,8 +283,8 @@ DEFINITIONS = {
                      "responses finished under an older version while their group waited for its other samples.",
     "carried_responses": "Consumed responses that crossed a weight update while being generated (per step: carried, "
                          "with carried_tokens, all their tokens); carried_made_before: the share of those tokens made "
-                         "before the update (partial tokens / carried tokens). Near 1, the partial budget goes to "
-                         "responses the step's end cut off just before they finished.",
+                         "under an older version than their step's (partial tokens / carried tokens). Near 1, the "
+                         "partial budget goes to responses the step's end cut off just before they finished.",
     "version": "The policy version at a step's end, which its token ages count from (the weights its groups "
                "are trained with).",
     "ages": "Consumed tokens by age in versions (the step's version - the version of their segment).",
