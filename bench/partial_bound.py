@@ -69,7 +69,7 @@ def bounds(trace, b: int, k: int, prof: dict) -> tuple[float, float, float, floa
     """:func:`bound_cell`'s four numbers for the first (K + 1) x B groups of ``trace``, K steps of B groups on
     6 + 2 equal engines of profile ``prof``."""
     from pdsr_sdk.sim.config import SimulateConfig
-    from pdsr_sdk.sim.steps import simulate_steps, stream_floors
+    from pdsr_sdk.sim.steps import simulate_steps, stream_floors, stream_lengths
 
     groups = (k + 1) * b
     if trace.num_groups < groups:
@@ -80,9 +80,7 @@ def bounds(trace, b: int, k: int, prof: dict) -> tuple[float, float, float, floa
     report = simulate_steps(trace, cfg)
     run = report.runs[0]
     base = report.baseline_step_s
-    offsets = np.asarray(trace.offsets)[:groups + 1]
-    lengths = np.asarray(trace.lengths)[:offsets[-1]]
-    prompts = np.repeat(np.asarray(trace.prompt_lens)[:groups], np.diff(offsets))
+    lengths, prompts = stream_lengths(trace, cfg, groups)
     floor, steps = stream_floors(lengths, prompts, run.work_bound_s, cfg, steps=k + 1, budget=BUDGET)
     return run.work_bound_s / base, floor / base, run.steady_step_s / base, steps / base
 

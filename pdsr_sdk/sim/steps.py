@@ -346,11 +346,16 @@ def budget_floor(trace, cfg: SimulateConfig, runs: list[StepsRun]) -> float | No
     if (cfg.max_partial_share is None or cfg.filter_groups is not None or speculative or f0 is None
             or f0.work_bound_s <= 0):
         return None
-    b = cfg.step_groups or cfg.batch_size
-    rows = stream_rows(trace, cfg, groups_needed(cfg, 0.0))[:cfg.steps * b]
-    lengths = np.asarray([n for r in rows for n in r[2]], dtype=np.int64)
-    prompts = np.asarray([r[1] for r in rows for _ in r[2]], dtype=np.int64)
+    lengths, prompts = stream_lengths(trace, cfg, cfg.steps * (cfg.step_groups or cfg.batch_size))
     return max(stream_floors(lengths, prompts, f0.work_bound_s, cfg, steps=cfg.steps, budget=cfg.max_partial_share))
+
+
+def stream_lengths(trace, cfg: SimulateConfig, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The response lengths of the stream's first ``groups`` groups and, one per response, its prompt's length (what
+    :func:`stream_floors` takes); a DataError if the trace has fewer groups."""
+    rows = stream_rows(trace, cfg, groups)[:groups]
+    return (np.asarray([n for r in rows for n in r[2]], dtype=np.int64),
+            np.asarray([r[1] for r in rows for _ in r[2]], dtype=np.int64))
 
 
 def stream_floors(lengths, prompts, work_s: float, cfg: SimulateConfig, *, steps: int,
