@@ -243,10 +243,9 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
 def _fastest_words(report) -> str:
     budget = report.cfg.max_partial_share
     pick = report.fastest_within()
-    base = report.baseline_step_s
     floor = (f"\nfloor: no schedule of these engines in equal steps goes below {report.floor_s:.4g} s = "
-             f"{report.floor_s / base:.3f}x within {budget:.1%} partial tokens (steps.json's floor_s)"
-             if report.floor_s and base > 0 else "")
+             f"{report.floor_ratio:.3f}x within {budget:.1%} partial tokens (steps.json's floor_s)"
+             if report.floor_ratio is not None else "")
     if pick is None:
         return f"no over-provision kept the partial share within {budget:.1%}" + floor
     return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "

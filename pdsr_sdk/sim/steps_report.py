@@ -130,6 +130,12 @@ class StepsReport:
         """Mean on-policy step over the same window as the steady state (steps 3 to K-1)."""
         return steady_mean(self.baseline_steps_s)
 
+    @property
+    def floor_ratio(self) -> float | None:
+        """``floor_s`` over the on-policy step (None without a floor or an on-policy step)."""
+        base = self.baseline_step_s
+        return self.floor_s / base if self.floor_s and base > 0 else None
+
     def ratio(self, r: StepsRun) -> float | None:
         """A run's steady step over the on-policy step (None without an on-policy step)."""
         base = self.baseline_step_s
@@ -242,7 +248,7 @@ class StepsReport:
             "max_partial_share": cfg.max_partial_share,
             "fastest_within": pick.over_provision if pick is not None else None,
             "floor_s": self.floor_s,
-            "floor_ratio": self.floor_s / self.baseline_step_s if self.floor_s and self.baseline_step_s > 0 else None,
+            "floor_ratio": self.floor_ratio,
             "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
                         "heavy": {"count": cfg.heavy, **cfg.profiles.heavy.model_dump()}},
             "segments": cfg.segments.model_dump(),
