@@ -259,7 +259,7 @@ def _carried_words(run) -> str:
     made = run.carried_made_before
     if made is None:
         return ""
-    per_step = sum(s.carried for s in run.steps) / len(run.steps)
+    per_step = run.carried_responses / len(run.steps)
     return (f"\nits partial tokens: {per_step:.3g} responses a step crossed an update, {made:.0%} of their tokens "
             f"made before it")
 

@@ -84,6 +84,11 @@ class StepsRun:
         return sum(s.partial_tokens for s in self.steps) / self.tokens if self.tokens else 0.0
 
     @property
+    def carried_responses(self) -> int:
+        """Consumed responses that crossed a weight update, over every step (``StepRecord.carried``)."""
+        return sum(s.carried for s in self.steps)
+
+    @property
     def carried_made_before(self) -> float | None:
         """Of the consumed responses that crossed a weight update, the share of their tokens made under an older
         version than their step's (their partial tokens); None where none crossed one. Near 1: the partial budget
@@ -157,7 +162,7 @@ class StepsReport:
             "work_bound_s": r.work_bound_s,
             "vs_work_bound": r.steady_step_s / r.work_bound_s if r.work_bound_s > 0 else None,
             "off_policy_share": r.off_policy_share, "partial_share": r.partial_share, "max_age": r.max_age,
-            "carried_responses": sum(s.carried for s in r.steps), "carried_made_before": r.carried_made_before,
+            "carried_responses": r.carried_responses, "carried_made_before": r.carried_made_before,
             "ages": {str(a): n for a, n in r.ages.items()},
             "restarts": r.stats.get("restarts", 0), "stale_restarts": sum(s.stale_restarts for s in r.steps),
             "early_restarts": sum(s.early_restarts for s in r.steps),

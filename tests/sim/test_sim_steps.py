@@ -100,7 +100,7 @@ def test_carry_over_gain_on_a_hand_made_trace():
     # the responses carried across an update: g0 (25 tokens, 20 of them made before its last update), then one
     # 10-token group a step with 5 made before
     assert [(s.carried, s.carried_tokens) for s in run.steps] == [(0, 0), (0, 0), (1, 25), (1, 10), (1, 10), (1, 10)]
-    assert run.carried_made_before == pytest.approx(35 / 55)
+    assert run.carried_responses == 4 and run.carried_made_before == pytest.approx(35 / 55)
     # work bound: c0 = 1 s shared by up to 64 sequences, nothing else costs: L / 64 a step
     assert run.work_bounds_s == pytest.approx([10 / 64, 10 / 64, 25 / 64, 10 / 64, 10 / 64, 10 / 64])
     assert run.work_bound_s == pytest.approx(np.mean([25, 10, 10]) / 64)   # steps 3 to 5
