@@ -6,14 +6,7 @@ live in :mod:`pdsr_sdk.gae.triton_kernel`, imported on first use.
 
 from __future__ import annotations
 
-import os
-
-from pdsr_sdk.errors import ConfigError
-
-
-def interpreting() -> bool:
-    """Whether Triton runs (or will run) in its CPU interpreter: TRITON_INTERPRET=1 when triton is imported."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from pdsr_sdk.gae.triton_check import check_device
 
 
 class TritonGae:
@@ -39,10 +32,7 @@ class TritonGae:
         torch.cuda.synchronize()
 
     def compute(self, rewards, values, mask, *, gamma, lam, chunk_size, carry_dtype, threads, out):
-        if rewards.device.type != "cuda" and not interpreting():
-            raise ConfigError(f"GAE backend 'triton' needs CUDA tensors, got {rewards.device} "
-                              f"(use backend 'torch' or 'numba' on the CPU, or set TRITON_INTERPRET=1 "
-                              f"before importing triton to run the kernel in Triton's interpreter)")
+        check_device(rewards.device)
         from pdsr_sdk.gae.triton_kernel import triton_gae
 
         return triton_gae(rewards, values, mask, gamma, lam, carry_dtype=carry_dtype, out=out)

@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.gae.triton_backend import interpreting
+from pdsr_sdk.gae.triton_check import check_device
 
 #: tokens per tile (a power of two); 2048 x float32 is 8 KiB per array and tile
 DEFAULT_BLOCK = 2048
@@ -199,10 +199,7 @@ def triton_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, 
     independent pieces per row (None: :func:`auto_segments`), ``prefetch`` loads
     each tile while the tile after it is scanned.
     """
-    if rewards.device.type != "cuda" and not interpreting():
-        raise ConfigError(f"GAE backend 'triton' needs CUDA tensors, got {rewards.device} "
-                          f"(use backend 'torch' or 'numba' on the CPU, or set TRITON_INTERPRET=1 "
-                          f"before importing triton to run the kernel in Triton's interpreter)")
+    check_device(rewards.device)
     if block < 1 or block & (block - 1):
         raise ConfigError(f"block: expected a power of two, got {block}")
     rows, steps = rewards.shape

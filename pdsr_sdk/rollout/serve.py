@@ -29,25 +29,17 @@ import time
 from typing import Any
 
 from pdsr_sdk.dispatch.types import LENGTH, STOP, TRUNCATED, Group, Sample
+from pdsr_sdk.rollout.serve_error import ServeError
+from pdsr_sdk.rollout.serve_named import NamedSamples
 
 #: finish reasons as OpenAI's API names them
 _FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
-
-
-class ServeError(Exception):
-    """A request pdsr refuses: ``status`` is the HTTP status, the message says why."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class ChatServer:
     """The server's logic over a started :class:`~pdsr_sdk.rollout.session.RolloutSession`."""
 
     def __init__(self, session: Any, *, model_name: str | None = None, tool_parser: str | None = None):
-        from pdsr_sdk.rollout.serve_named import NamedSamples   # here: it imports ServeError from this module
-
         self.session = session
         self.model_name = model_name or "pdsr"
         self.tool_parser = tool_parser

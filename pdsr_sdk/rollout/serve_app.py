@@ -6,7 +6,8 @@ answered, once its turn ended, as Server-Sent Events (:func:`~pdsr_sdk.rollout.s
 # create_app) as objects
 from typing import Any
 
-from pdsr_sdk.rollout.serve import ChatServer, ServeError, stream_events, stream_usage
+from pdsr_sdk.rollout.serve import ChatServer, stream_events, stream_usage
+from pdsr_sdk.rollout.serve_error import ServeError
 
 
 def create_app(server: ChatServer) -> Any:

@@ -24,15 +24,39 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from pdsr_sdk.dispatch.types import Group
-from pdsr_sdk.rollout.serve import ServeError
-
-if TYPE_CHECKING:
-    from pdsr_sdk.rollout.serve import ChatServer
+from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.rollout.serve_error import ServeError
 
 CHAT, COMPLETIONS = "chat", "completions"
+
+
+class RequestHost(Protocol):
+    """What named samples use of the server that owns them (:class:`~pdsr_sdk.rollout.serve.ChatServer`); each
+    method is called while a request is answered, on the session's event loop."""
+
+    session: Any
+
+    def render(self, messages: list[dict]) -> str:
+        """``messages`` as the chat template renders them, with the generation prompt."""
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """``text``'s token ids (``special``: with the tokenizer's added special tokens)."""
+
+    def make_group(self, ids: list[int], text: str, n: int, max_tokens: int, messages: list[dict] | None, *,
+                   prompt_id: str | None = None) -> Group:
+        """A request's group of ``n`` samples (its prompt checked against the engines' context)."""
+
+    def add(self, groups: list[Group]) -> None:
+        """Hand ``groups`` to the dispatcher, as a step's groups are."""
+
+    def message(self, text: str, token_ids: list[int]) -> dict[str, Any]:
+        """The assistant message of a sampled turn."""
+
+    def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
+                 completion: int | None = None) -> dict[str, Any]:
+        """An OpenAI response object around ``choices``, with its usage."""
 
 
 @dataclass
@@ -51,9 +75,9 @@ class _Named:
 
 
 class NamedSamples:
-    """The named samples of one :class:`~pdsr_sdk.rollout.serve.ChatServer`."""
+    """The named samples of one server (:class:`~pdsr_sdk.rollout.serve.ChatServer`, as a :class:`RequestHost`)."""
 
-    def __init__(self, server: ChatServer):
+    def __init__(self, server: RequestHost):
         self.server = server
         self.samples: dict[str, _Named] = {}
 

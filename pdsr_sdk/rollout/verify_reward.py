@@ -26,7 +26,7 @@ import types
 from typing import Any, Callable, Iterator
 
 from pdsr_sdk.errors import ConfigError, RunError
-from pdsr_sdk.rollout.reward import answers_equal, last_boxed
+from pdsr_sdk.rollout.answers import answers_equal, last_boxed
 
 #: seconds a fresh worker may take to start and import math-verify (sympy) before the first check
 STARTUP_TIMEOUT_S = 120.0

@@ -19,7 +19,6 @@ from pdsr_sdk.lazy import lazy_attributes as _lazy_attributes
 
 from pdsr_sdk.scoring.api import ScoreResult, ScoreStats, per_token_logps
 from pdsr_sdk.scoring.backend import (
-    SCORING_BACKENDS,
     BackendOutput,
     ScoreInputs,
     ScoreMeter,
@@ -27,6 +26,7 @@ from pdsr_sdk.scoring.backend import (
     get_backend,
 )
 from pdsr_sdk.scoring.config import ScoreConfig, ScoreOptions
+from pdsr_sdk.scoring.registry import SCORING_BACKENDS
 
 _LAZY = {
     "load_model": "pdsr_sdk.scoring.torch_backend",

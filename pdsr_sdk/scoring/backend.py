@@ -6,7 +6,8 @@ hands the model work to a :class:`ScoringBackend` found by name in
 :data:`SCORING_BACKENDS`. Built in: ``torch``
 (:mod:`pdsr_sdk.scoring.torch_backend`) and ``vllm``
 (:mod:`pdsr_sdk.scoring.vllm_backend`), registered as lazy import paths so
-that this module imports neither torch nor vLLM. Your own::
+that this module imports neither torch nor vLLM (the registry itself is in
+:mod:`pdsr_sdk.scoring.registry`). Your own::
 
     from pdsr_sdk.scoring import SCORING_BACKENDS
     SCORING_BACKENDS.register("mine", MyBackend)        # or "my_pkg.scoring:MyBackend"
@@ -26,7 +27,7 @@ import numpy as np
 
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.progress import ProgressFactory, silent_progress
-from pdsr_sdk.registry import Registry
+from pdsr_sdk.scoring.registry import SCORING_BACKENDS
 
 if TYPE_CHECKING:
     from pdsr_sdk.scoring.config import ScoreOptions
@@ -133,12 +134,6 @@ class ScoringBackend(Protocol):
         log-softmax) and the entropy if ``options.entropy``. Report progress through
         ``meter`` (see :class:`ScoreMeter`). A backend that owns a resource it started
         here (an engine) shuts it down before returning."""
-
-
-#: name -> scoring backend class (lazy import paths: torch and vLLM load only when used)
-SCORING_BACKENDS: Registry[type] = Registry("scoring backend")
-SCORING_BACKENDS.register("torch", "pdsr_sdk.scoring.torch_backend:TorchScoring")
-SCORING_BACKENDS.register("vllm", "pdsr_sdk.scoring.vllm_backend:VllmScoring")
 
 
 def get_backend(name: str) -> ScoringBackend:

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import check_device
 from pdsr_sdk.errors import ConfigValueError
+from pdsr_sdk.scoring.registry import SCORING_BACKENDS
 
 DEFAULT_ROW_CHUNK = 512
 DEFAULT_LENGTH_BUCKET = 64
@@ -92,8 +93,6 @@ class ScoreOptions(ConfigModel):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        from pdsr_sdk.scoring.backend import SCORING_BACKENDS
-
         return SCORING_BACKENDS.check_name(value)
 
     @field_validator("device")

@@ -8,7 +8,8 @@ from fractions import Fraction
 import pytest
 
 from support import ROOT
-from pdsr_sdk.rollout.reward import answers_equal, exact_value, math_boxed, normalize_answer
+from pdsr_sdk.rollout.answers import answers_equal, exact_value, normalize_answer
+from pdsr_sdk.rollout.reward import math_boxed
 
 #: the team's shared data sits beside the repository and is not copied into it (its README says so)
 MATH500 = ROOT.parent / "shared" / "data" / "math500.jsonl"

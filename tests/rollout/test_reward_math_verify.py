@@ -15,7 +15,8 @@ from fractions import Fraction
 import pytest
 
 from support import ROOT
-from pdsr_sdk.rollout.reward import REWARDS, exact_value, math_boxed, normalize_answer, resolve_reward
+from pdsr_sdk.rollout.answers import exact_value, normalize_answer
+from pdsr_sdk.rollout.reward import REWARDS, math_boxed, resolve_reward
 from pdsr_sdk.rollout.verify_reward import MathVerifyReward, math_verify_reward, reference_answer
 
 pytest.importorskip("math_verify")

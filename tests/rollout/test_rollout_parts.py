@@ -12,7 +12,8 @@ from pdsr_sdk.dispatch.segments import next_segment_len
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.rollout.config import DataConfig
 from pdsr_sdk.rollout.data import build_groups, load_prompts, load_tokenizer
-from pdsr_sdk.rollout.reward import last_boxed, math_boxed, resolve_reward
+from pdsr_sdk.rollout.answers import last_boxed
+from pdsr_sdk.rollout.reward import math_boxed, resolve_reward
 from pdsr_sdk.rollout.writer import TrajectoryWriter
 from workloads import trajectory_rows
 
@@ -50,7 +51,7 @@ def test_reward_resolution():
     assert resolve_reward("none", True) is None
     assert resolve_reward("pdsr_sdk.rollout.reward:math_boxed", True) is math_boxed   # an import path
     with pytest.raises(ConfigError, match="normalize_answer.*cannot be called"):   # one argument: not a reward
-        resolve_reward("pdsr_sdk.rollout.reward:normalize_answer", True)
+        resolve_reward("pdsr_sdk.rollout.answers:normalize_answer", True)
 
 
 def test_segment_length_formula():

@@ -1,0 +1,112 @@
+"""Math answers compared as text: the last ``\\boxed{}`` of a response, answers normalised, and exact rational
+values, so that 1/2, ``\\frac{1}{2}``, ``\\dfrac12`` and 0.5 compare equal (``math_boxed``, and ``math_verify``'s
+fallback)."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    end = _closing_brace(text, i)
+    return None if end < 0 else text[i + 1:end]
+
+
+_STRIP = [
+    (re.compile(r"\\(?:left|right|!|,|;|:|quad|qquad)"), ""),
+    (re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}"), r"\1"),
+    (re.compile(r"\\[dt]frac"), r"\\frac"),
+    (re.compile(r"\^\{?\\circ\}?|°"), ""),
+    (re.compile(r"\\%|%"), ""),
+    (re.compile(r"\s+"), ""),
+    (re.compile(r"\$"), ""),
+]
+
+
+def normalize_answer(answer: str) -> str:
+    """Light normalisation: strip spacing commands, text wrappers, units of degrees and
+    percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'."""
+    s = answer.strip()
+    for pattern, repl in _STRIP:
+        s = pattern.sub(repl, s)
+    s = s.rstrip(".")
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    if re.fullmatch(r"-?\d+\.\d+", s):
+        s = s.rstrip("0").rstrip(".")
+    return s
+
+
+_UNSIGNED = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+
+
+def exact_value(answer: str) -> Fraction | None:
+    """The exact rational value of a number written as an integer, a decimal, ``a/b`` or
+    ``\\frac{a}{b}`` (also ``\\dfrac``/``\\tfrac`` and the short ``\\frac12``), with a sign; None for
+    anything else (expressions, mixed numbers, units, lists). Decimals are exact: 0.333 is
+    333/1000, not 1/3. Expects the output of :func:`normalize_answer` (no spaces)."""
+    s = answer
+    while len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _closing_brace(s, 0) == len(s) - 1:
+        s = s[1:-1]
+    sign = 1
+    if s[:1] in ("+", "-"):
+        sign, s = (-1 if s[0] == "-" else 1), s[1:]
+    if _UNSIGNED.fullmatch(s):
+        return sign * Fraction(s)
+    if s.startswith("\\frac") or s.startswith("\\dfrac") or s.startswith("\\tfrac"):
+        rest = s[s.index("frac") + 4:]
+        num, rest = _frac_argument(rest)
+        den, rest = _frac_argument(rest) if num is not None else (None, rest)
+        if num is None or den is None or rest:
+            return None
+        top, bottom = exact_value(num), exact_value(den)
+    elif s.count("/") == 1:
+        a, b = s.split("/")
+        if a[:1] in ("+", "-") or not _UNSIGNED.fullmatch(a):
+            return None
+        top, bottom = Fraction(a), exact_value(b)
+    else:
+        return None
+    if top is None or bottom is None or bottom == 0:
+        return None
+    return sign * top / bottom
+
+
+def _frac_argument(s: str) -> tuple[str | None, str]:
+    """One argument of ``\\frac``: ``{...}`` or a single digit (``\\frac12``); (argument, rest)."""
+    if s[:1] == "{":
+        end = _closing_brace(s, 0)
+        return (None, s) if end < 0 else (s[1:end], s[end + 1:])
+    if s[:1].isdigit():
+        return s[0], s[1:]
+    return None, s
+
+
+def _closing_brace(s: str, i: int) -> int:
+    """Index of the brace closing the one at ``s[i]`` (balanced), or -1."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] == "{":
+            depth += 1
+        elif s[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def answers_equal(predicted: str, truth: str) -> bool:
+    """Equal after :func:`normalize_answer`, or both numbers of the same exact value (:func:`exact_value`)."""
+    p, t = normalize_answer(predicted), normalize_answer(truth)
+    if p == t:
+        return True
+    vp = exact_value(p)
+    return vp is not None and vp == exact_value(t)
