@@ -13,7 +13,7 @@ from pdsr_sdk.lazy import lazy_attributes as _lazy_attributes
 _LAZY = {
     "RolloutConfig": "pdsr_sdk.rollout.config",
     "RolloutSession": "pdsr_sdk.rollout.session",
-    "StepResult": "pdsr_sdk.rollout.session",
+    "StepResult": "pdsr_sdk.rollout.results",
     "run_rollout": "pdsr_sdk.rollout.run",
     "run_rollout_async": "pdsr_sdk.rollout.run",
 }

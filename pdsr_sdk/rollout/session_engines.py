@@ -1,0 +1,253 @@
+"""Weights, pauses and sleep: the part of :class:`~pdsr_sdk.rollout.session.RolloutSession` that acts on every
+engine between (or in the middle of) steps, for a trainer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pdsr_sdk.dispatch.scheduler import PAUSE_MODES
+from pdsr_sdk.errors import ConfigError, ConfigValueError, RunError, UnsupportedError
+from pdsr_sdk.rollout.aio import failures, reset_prefix_cache
+
+
+class EngineControl:
+    """Weight updates, pause / resume and sleep / wake of a session's engines (a mixin of
+    :class:`~pdsr_sdk.rollout.session.RolloutSession`). :meth:`_init_engine_control` sets its state when the
+    session is made."""
+
+    def _init_engine_control(self) -> None:
+        self._reference_weights = None
+        self._weights_block = None     # the shared-memory block updates are written to, kept across them
+        self._loading: asyncio.Future | None = None   # set while update_weights loads (a step waits for it)
+        self._asleep = False
+        self._sleep_paused = False   # sleep() paused the scheduler itself (wake() resumes it)
+
+    def update_weights(self, weights, *, version: int | None = None) -> int:
+        """Load new weights into every engine (synchronous; see :meth:`aupdate_weights`)."""
+        return self._call(self.aupdate_weights(weights, version=version), "update_weights")
+
+    async def aupdate_weights(self, weights, *, version: int | None = None) -> int:
+        """Load new weights into every engine, reset their prefix caches, and bump the policy version
+        (to ``version`` if given, else by one); returns the new version.
+
+        ``weights``: a state dict (``{name: tensor}``, e.g. ``model.state_dict()``), an iterable of
+        ``(name, tensor)`` pairs, or a model folder (safetensors). Every tensor of the model at once,
+        with the checkpoint's names (Hugging Face names; a tied ``lm_head.weight`` may be left in).
+        Tensors travel through one shared-memory block that every local engine process maps (no
+        pickling; the session keeps the block and rewrites it at each update, until :meth:`close`), to
+        Ray engines through Ray's object store, and by CUDA IPC handle to a local engine on the GPU the
+        tensors sit on. Between steps, or while paused; in partial rollout (``over_provision`` set) also
+        while a step runs, for a trainer that trains on one step while the next generates: the engines
+        then stop keeping every token, load, and go on under the new version (a change that would make a
+        sample already restarted for staleness too stale again waits for the step's end).
+        A bad name or shape raises a :class:`~pdsr_sdk.errors.DataError` naming the parameter before
+        anything changes; an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
+        """
+        from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, stage_weights
+
+        if not self._started:
+            raise RunError("update_weights: start the session first")
+        if self._asleep:
+            raise RunError("update_weights: the engines are asleep; call session.wake() first")
+        streaming_mid_step = self._mid_stream_step()
+        if not streaming_mid_step and self.scheduler is not None and not self.scheduler.idle \
+                and self.scheduler.paused is None:
+            raise RunError("update_weights: a step is running; pause it first (session.pause(...)) or update "
+                           "weights between steps")
+        new = self.policy_version + 1 if version is None else int(version)
+        engines = self._live_engines()
+        unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
+        if unsupported:
+            raise ConfigError(f"update_weights: engine(s) {', '.join(unsupported)} cannot load weights (their "
+                              f"backend has no update_weights; the 'vllm' and 'ray' backends do)")
+        if self._reference_weights is None:
+            self._reference_weights = ModelWeights.read(self._model_dir())
+        if self._weights_block is None:
+            self._weights_block = WeightsBlock()
+        staged = stage_weights(weights, self._reference_weights, block=self._weights_block)
+        step_end, paused_here = self._step_end, False
+        try:
+            if streaming_mid_step:
+                # a pipelined trainer's update while a partial-rollout step runs: stop the engines keeping
+                # every token (their samples go on under the new version), unless the caller paused them
+                if self.scheduler.paused is None:
+                    await self.apause("abort")
+                    paused_here = True
+                if paused_here and self._mid_stream_step() and self._stream.blocked_by(new):
+                    # a sample restarted for staleness once would turn stale again: its group is due, so
+                    # this step's end consumes it (even if it waits for this update); load after that end
+                    self._stream.release_hold()
+                    if not step_end.done():
+                        await self.aresume()
+                    paused_here = False
+                    await self._await_step_end(step_end)
+            self._check_not_blocked(new, "update_weights: the policy version",
+                                    "their groups are due at this step's end: call update_weights without "
+                                    "pausing first (it then waits for that end), or after step() returns")
+            self._loading = asyncio.get_running_loop().create_future()
+            failed = await failures(e.update_weights(staged, reset_prefix_cache=not self._keep_kv) for e in engines)
+            if failed:
+                raise failed[0]
+            self.policy_version = new
+        finally:
+            staged.close()
+            if self._loading is not None:
+                self._loading.set_result(None)
+                self._loading = None
+            if paused_here and not step_end.done():   # else the step ended meanwhile: its engines stay stopped
+                await self.aresume()
+        return new
+
+    @property
+    def _keep_kv(self) -> bool:
+        return self.config.kv_on_update == "keep"
+
+    def next_version(self) -> int:
+        """A weight update without weights (synchronous; see :meth:`anext_version`)."""
+        return self._call(self.anext_version(), "next_version")
+
+    async def anext_version(self) -> int:
+        """A weight update without weights: the policy version goes up by one and, unless ``kv_on_update`` is
+        ``keep``, the engines' prefix caches are reset, as :meth:`aupdate_weights` does (``pdsr rollout --steps``
+        and the benchmarks stand in for a trainer with it). Between steps, or while paused with nothing running.
+        Returns the new version."""
+        if not self._started or self.scheduler is None:
+            raise RunError("next_version: start the session first")
+        if not self._keep_kv:
+            failed = await failures(reset_prefix_cache(e) for e in self._live_engines())
+            if failed:
+                raise failed[0]
+        self.policy_version += 1
+        return self.policy_version
+
+    # --------------------------------------------------------- pause / sleep
+    @property
+    def paused(self) -> str | None:
+        """The pause mode while paused (``abort``, ``wait``, ``keep``), else None."""
+        return self.scheduler.paused if self.scheduler is not None else None
+
+    def pause(self, mode: str = "abort") -> None:
+        """Pause generation for a weight update (synchronous; see :meth:`apause`). Call it from another
+        thread than the one blocked in :meth:`step`."""
+        return self._call(self.apause(mode), "pause")
+
+    async def apause(self, mode: str = "abort") -> None:
+        """Pause generation, e.g. to update weights in the middle of a step; :meth:`aresume` goes on.
+
+        - ``abort``: running requests are aborted now; each sample keeps its tokens and log-probs and
+          continues from them after resume (a new segment, stamped with the policy version then).
+          Returns once every aborted request has come back.
+        - ``wait``: running samples run to their end (or until the policy queues them); nothing new
+          starts. Returns when none runs.
+        - ``keep``: running requests are frozen inside the engines (vLLM's ``pause_generation("keep")``;
+          the KV cache is dropped, so they recompute their context with the weights loaded by resume)
+          and go on after resume; each such sample's segment is split at the resume when the policy
+          version changed. Needs engines that can freeze requests (the ``vllm`` and ``ray`` backends).
+
+        Nothing new starts until resume, also in a step started while paused. Every sample finishes
+        in full: the step returns every sample of its groups.
+        """
+        if mode not in PAUSE_MODES:
+            raise ConfigValueError(f"pause: mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+        if not self._started or self.scheduler is None:
+            raise RunError("pause: start the session first")
+        sched = self.scheduler
+        if sched.paused is not None:
+            raise RunError(f"pause: already paused (mode {sched.paused!r}); call resume() first")
+        engines = self._live_engines()
+        if mode == "keep":
+            lacking = [e.name for e in engines if not hasattr(e, "pause_generation")]
+            if lacking:
+                raise UnsupportedError(f"pause('keep'): engine(s) {', '.join(lacking)} cannot freeze running "
+                                       f"requests (their backend has no pause_generation; the 'vllm' and 'ray' "
+                                       f"backends do); use pause('abort') or pause('wait')")
+        drained = asyncio.get_running_loop().create_future()
+        sched.pause(mode, on_drained=lambda: drained.done() or drained.set_result(None))
+        if mode == "keep":
+            failed = await failures(e.pause_generation("keep", clear_cache=not self._keep_kv) for e in engines)
+            if failed:
+                await self.aresume()
+                raise failed[0]
+            return
+        await asyncio.wait({drained, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done() and not drained.done():
+            raise self._fatal.result()
+
+    def resume(self) -> None:
+        """End a pause (synchronous; see :meth:`aresume`)."""
+        return self._call(self.aresume(), "resume")
+
+    async def aresume(self) -> None:
+        """End a pause: held samples continue from their tokens, frozen ones go on, queued work starts.
+        Segments generated from here on record the current :attr:`policy_version`. Not paused: nothing."""
+        sched = self.scheduler
+        if sched is None or sched.paused is None:
+            return
+        if self._asleep:
+            raise RunError("resume: the engines are asleep; call session.wake() first")
+        mode = sched.paused
+        self._sleep_paused = False
+        sched.resume()
+        if mode == "keep":
+            failed = await failures(e.resume_generation() for e in self._live_engines())
+            if failed:
+                raise failed[0]
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the engines' memory between steps (synchronous; see :meth:`asleep`)."""
+        return self._call(self.asleep(level), "sleep")
+
+    async def asleep(self, level: int = 1) -> None:
+        """Free the engines' memory (vLLM sleep mode) while the trainer needs it; :meth:`awake` restores it.
+        Level 1 keeps the weights in host memory and drops the KV cache; level 2 drops the weights too
+        (load them again with :meth:`aupdate_weights` after waking). No request may be running: call it
+        between steps or after ``pause("abort")`` / ``pause("wait")``; nothing starts while asleep.
+
+        Engines that cannot free memory make it raise :class:`~pdsr_sdk.errors.UnsupportedError` naming
+        them, before any engine sleeps: vLLM's CPU build (its sleep mode is GPU-only), and GPU engines
+        started without ``engine_args: {enable_sleep_mode: true}``."""
+        if not self._started or self.scheduler is None:
+            raise RunError("sleep: start the session first")
+        if self._asleep:
+            return
+        sched = self.scheduler
+        if sched.in_flight:
+            raise RunError(f"sleep: {sched.in_flight} request(s) are running; call it between steps or after "
+                           f"pause('abort') / pause('wait')")
+        engines = self._live_engines()
+        reasons = {e.name: (e.sleep_unsupported() if hasattr(e, "sleep_unsupported") else
+                            "its backend has no sleep mode") for e in engines}
+        reasons = {name: why for name, why in reasons.items() if why}
+        if reasons:
+            detail = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+            raise UnsupportedError(f"sleep: engine memory cannot be freed here ({detail}); the engines stay "
+                                   f"awake and keep their memory")
+        if sched.paused is None:
+            sched.pause("abort")   # nothing runs: this only keeps new work from starting
+            self._sleep_paused = True
+        failed = await failures(e.sleep(level) for e in engines)
+        self._asleep = True
+        if failed:
+            await self.awake()
+            raise failed[0]
+
+    def wake(self) -> None:
+        """Restore what :meth:`sleep` freed (synchronous; see :meth:`awake`)."""
+        return self._call(self.awake(), "wake")
+
+    async def awake(self) -> None:
+        """Restore the engines' memory after :meth:`asleep` (after level 2, load weights next). Not asleep:
+        nothing."""
+        if not self._asleep:
+            return
+        failed = await failures(e.wake_up() for e in self._live_engines())
+        self._asleep = False
+        if self._sleep_paused:
+            self._sleep_paused = False
+            self.scheduler.resume()
+        if failed:
+            raise failed[0]
+
+    def _live_engines(self) -> list:
+        """The engines the scheduler has not seen die."""
+        return self.scheduler.live_engines() if self.scheduler is not None else list(self.engines)
