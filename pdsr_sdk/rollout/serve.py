@@ -120,6 +120,11 @@ class ChatServer:
         sched = self.session.scheduler
         sched.guarded(sched.add_groups, groups)
 
+    def close(self) -> None:
+        """Stop hearing the session's finished groups (the session calls it when serving ends)."""
+        if self._group_done in self.session.hooks.on_group_done:
+            self.session.hooks.on_group_done.remove(self._group_done)
+
     def _group_done(self, group: Group) -> None:
         done = self._groups.pop(id(group), None)
         if done is not None and not done.done():

@@ -493,7 +493,7 @@ class RolloutSession(StreamSteps, EngineControl):
             await task
         finally:
             self._http = None
-            self.hooks.on_group_done.remove(server._group_done)
+            server.close()
             if not task.done():
                 http.should_exit = True
                 await asyncio.gather(task, return_exceptions=True)
