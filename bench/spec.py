@@ -309,8 +309,8 @@ def token_quantile_time(segments: Sequence[Segment], frac: float) -> float:
 # ----------------------------------------------------------------------------------------------- the runs
 
 class Recorder:
-    """Wraps each started engine: every request's launch (sample, position, finished siblings), streamed chunks and
-    per-request speculation metrics, and a running token count for the tail snapshot."""
+    """Observes each started engine (``VllmEngine.observer``): every request's launch (sample, position, finished
+    siblings), streamed chunks and per-request speculation metrics, and a running token count for the tail snapshot."""
 
     def __init__(self, rule: str | None = None) -> None:
         self.rule = rule   # group: the draft rule the requests name (None: the engine's default)
@@ -318,53 +318,39 @@ class Recorder:
         self.segments: dict[str, Segment] = {}
 
     def attach(self, engine: Any) -> None:
-        """Record ``engine``'s requests here from now on (its methods are wrapped once, for every recorder)."""
-        engine._bench_recorder = self
-        if getattr(engine, "_bench_wrapped", False):
-            return
-        engine._bench_wrapped = True
-        draft_args = engine._draft_args
-        llm = engine._llm
-        generate = llm.generate
+        """Record ``engine``'s requests here from now on (a ``VllmEngine``: this recorder becomes its observer)."""
+        engine.observer = self
 
-        def launched(request: Any) -> Any:
-            rec = engine._bench_recorder
-            sample = request.sample
-            group = getattr(sample, "group", None)
-            fin = sum(1 for s in group.samples if s is not sample and s.finished) if group is not None else 0
-            prompt_len = getattr(sample, "prompt_len", request.context_len)
-            rec.segments[request.request_id] = Segment(start=max(request.context_len - prompt_len, 0),
-                                                       finished_siblings=fin)
-            extra = draft_args(request)
-            if rec.rule is not None and extra:
-                from pdsr_sdk.engines.group_drafter import EXTRA_KEY
+    def on_launch(self, request: Any, extra: dict[str, Any] | None) -> dict[str, Any] | None:
+        sample = request.sample
+        group = getattr(sample, "group", None)
+        fin = sum(1 for s in group.samples if s is not sample and s.finished) if group is not None else 0
+        prompt_len = getattr(sample, "prompt_len", request.context_len)
+        self.segments[request.request_id] = Segment(start=max(request.context_len - prompt_len, 0),
+                                                    finished_siblings=fin)
+        if self.rule is not None and extra:
+            from pdsr_sdk.engines.group_drafter import EXTRA_KEY
 
-                extra = {**extra, EXTRA_KEY: {**extra[EXTRA_KEY], "rule": rec.rule}}
-            return extra
+            extra = {**extra, EXTRA_KEY: {**extra[EXTRA_KEY], "rule": self.rule}}
+        return extra
 
-        async def wrapped(prompt: Any, params: Any, request_id: str, *a: Any, **kw: Any):
-            rec = engine._bench_recorder
-            seg = rec.segments.get(request_id)
-            async for out in generate(prompt, params, request_id, *a, **kw):
-                comp = out.outputs[0]
-                n = len(comp.token_ids or ())
-                if n:
-                    rec.tokens += n
-                    if seg is not None:
-                        seg.chunks.append(n)
-                        seg.times.append(time.perf_counter())
-                if out.finished and seg is not None:
-                    seg.finished = True
-                    m = getattr(comp, "spec_decode_metrics", None)
-                    if m is not None:
-                        seg.drafted = list(getattr(m, "per_step_drafted", None) or ())
-                        seg.accepted = list(getattr(m, "per_step_accepted", None) or ())
-                        if not seg.drafted and sum(getattr(m, "histogram", ()) or ()):
-                            seg.drafted = seg.accepted = None   # summary level only: no per-step arrays
-                yield out
-
-        engine._draft_args = launched
-        llm.generate = wrapped
+    def on_output(self, request_id: str, out: Any) -> None:
+        seg = self.segments.get(request_id)
+        comp = out.outputs[0]
+        n = len(comp.token_ids or ())
+        if n:
+            self.tokens += n
+            if seg is not None:
+                seg.chunks.append(n)
+                seg.times.append(time.perf_counter())
+        if out.finished and seg is not None:
+            seg.finished = True
+            m = getattr(comp, "spec_decode_metrics", None)
+            if m is not None:
+                seg.drafted = list(getattr(m, "per_step_drafted", None) or ())
+                seg.accepted = list(getattr(m, "per_step_accepted", None) or ())
+                if not seg.drafted and sum(getattr(m, "histogram", ()) or ()):
+                    seg.drafted = seg.accepted = None   # summary level only: no per-step arrays
 
 
 def engine_totals(engines: Sequence[Any]) -> dict[str, int]:

@@ -18,7 +18,7 @@ import os
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
 from pdsr_sdk.engines import group_drafter
@@ -34,6 +34,17 @@ WORKER_EXTENSION = "pdsr_sdk.engines.vllm_worker.PdsrWorkerExtension"
 #: speculative decoding's counters (:meth:`VllmEngine.speculation_stats`): verify steps of a request that had
 #: drafted tokens, the tokens drafted, and those of them the model accepted
 SPECULATION_KEYS = ("drafts", "drafted_tokens", "accepted_tokens")
+
+
+class RequestObserver(Protocol):
+    """Watches every request of a :class:`VllmEngine` (set as its ``observer``): a benchmark's recorder."""
+
+    def on_launch(self, request: SegmentRequest, extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Called as a segment is handed to vLLM, with the extra sampling args pdsr gives it (speculative
+        ``group``: the draft corpus); returns the extra args to send instead."""
+
+    def on_output(self, request_id: str, output: Any) -> None:
+        """Called with each of the request's vLLM ``RequestOutput`` as it streams (new tokens only)."""
 
 
 class VllmEngine(ModelEngine):
@@ -57,6 +68,8 @@ class VllmEngine(ModelEngine):
         #: set to a list to record (request id, the prompt ids vLLM received) of every request from then on: how a
         #: test checks token exactness against the engine's own view, not pdsr's records
         self.prompt_log: list[tuple[str, list[int]]] | None = None
+        #: set to watch every request from then on (:class:`RequestObserver`: a benchmark's recorder)
+        self.observer: RequestObserver | None = None
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
 
     @classmethod
@@ -252,6 +265,10 @@ class VllmEngine(ModelEngine):
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
+        observer = self.observer
+        extra_args = self._draft_args(request)
+        if observer is not None:
+            extra_args = observer.on_launch(request, extra_args)
         params = SamplingParams(
             max_tokens=request.max_tokens,
             temperature=s.temperature,
@@ -262,7 +279,7 @@ class VllmEngine(ModelEngine):
             logprobs=0,
             detokenize=bool(s.stop),   # text is decoded once at the end; stop strings need it
             output_kind=RequestOutputKind.DELTA,
-            extra_args=self._draft_args(request),
+            extra_args=extra_args,
         )
         reason = ABORT
         counts = None
@@ -274,6 +291,8 @@ class VllmEngine(ModelEngine):
             gen = self._llm.generate(prompt, params, request.request_id)
             log = self.prompt_log
             async for out in gen:
+                if observer is not None:
+                    observer.on_output(request.request_id, out)
                 if log is not None and out.prompt_token_ids is not None:
                     log.append((request.request_id, list(out.prompt_token_ids)))
                     log = None

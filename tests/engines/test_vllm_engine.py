@@ -1,4 +1,4 @@
-"""The vLLM engine backend on its own: streaming, abort, load, and death reports (CPU build)."""
+"""The vLLM engine backend on its own: streaming, abort, load, an observer, and death reports (CPU build)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,24 @@ class Recorder:
         self.event.set()
 
 
+class Observer:
+    """A ``VllmEngine.observer``: the launches and the streamed outputs, by request."""
+
+    def __init__(self):
+        self.launched: list[str] = []
+        self.streamed: dict[str, int] = {}
+        self.finished: set[str] = set()
+
+    def on_launch(self, request, extra_args):
+        self.launched.append(request.request_id)
+        return extra_args
+
+    def on_output(self, request_id, output):
+        self.streamed[request_id] = self.streamed.get(request_id, 0) + len(output.outputs[0].token_ids or ())
+        if output.finished:
+            self.finished.add(request_id)
+
+
 def request(rid, max_tokens, *, ids=(5, 6, 7, 8, 9), ignore_eos=True):
     g = build_groups([PromptRecord("p", "p", list(ids))], 1, max_tokens)[0]
     return SegmentRequest(request_id=rid, context_ids=list(ids), context_len=len(ids), max_tokens=max_tokens,
@@ -65,6 +83,8 @@ def test_stream_abort_and_death_are_reported(engine_loop, tiny_model_dir):
                                              max_model_len=2048), model=str(tiny_model_dir))
     rec = Recorder()
     engine.bind(rec)
+    obs = Observer()
+    engine.observer = obs
 
     async def scenario():
         await engine.start()
@@ -91,6 +111,9 @@ def test_stream_abort_and_death_are_reported(engine_loop, tiny_model_dir):
         run_on(engine_loop, engine.close())
     assert rec.ends["full"] == "length" and len(rec.tokens["full"]) == 40
     assert len(rec.logprobs["full"]) == 40 and all(lp <= 0 for lp in rec.logprobs["full"])
+    assert obs.launched == ["full", "long", "victim"]   # the observer saw every request the listener did
+    assert obs.streamed["full"] == 40 and "full" in obs.finished
+    assert obs.streamed["long"] == len(rec.tokens["long"])
     assert rec.ends["long"] == "abort" and 5 <= len(rec.tokens["long"]) < 1500
     assert load.running >= 0 and (load.kv_cache_usage is None or 0.0 <= load.kv_cache_usage <= 1.0)
     assert "victim" not in rec.ends                     # a dead engine ends no request
