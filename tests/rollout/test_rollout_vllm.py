@@ -509,7 +509,7 @@ def test_partial_rollout_carries_every_sample_with_its_tokens(engine_loop, engin
                 for s in session.scheduler.held():   # what the next step resumes from
                     carried.setdefault(s.key, []).append((out.step, list(s.token_ids), list(s.logprobs)))
                 await session.anext_version()        # the trainer's update
-            assert not session._stream.flying and not session.scheduler.held()
+            assert not session.carried() and not session.scheduler.held()
         return reference, steps, carried
 
     reference, steps, carried = run_on(engine_loop, scenario(), timeout=300)
@@ -620,7 +620,7 @@ def test_partial_rollout_takes_weight_updates_in_the_middle_of_steps(engine_loop
                              or any(s.num_generated for s in session.scheduler.running()), "tokens")
                 await session.aupdate_weights(str(tiny_model_dir))   # trained on the previous step
                 steps.append(await asyncio.wait_for(step, 120))
-            assert not session._stream.flying and not session.scheduler.held()
+            assert not session.carried() and not session.scheduler.held()
         return reference, steps, starts
 
     reference, steps, starts = run_on(engine_loop, scenario(), timeout=300)
@@ -668,7 +668,7 @@ def test_a_mid_step_update_that_would_restart_a_sample_twice_waits_for_the_steps
             running = lambda: [s for s in session.scheduler.running() if s.num_generated]   # noqa: E731
             await _until(lambda: len(running()) >= 2, "tokens")
             assert await session.aupdate_weights(str(tiny_model_dir)) == 1   # restarts what has tokens
-            restarted = lambda: [s for g, _ in session._stream.in_flight_groups() for s in g.samples   # noqa: E731
+            restarted = lambda: [s for g, _ in session.carried() for s in g.samples   # noqa: E731
                                  if s.restarts and s.num_generated > 8]
             await _until(lambda: restarted() or step.done(), "a restarted sample's new tokens")
             assert not step.done()
