@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pdsr_sdk.dispatch.steps import kept_segments
+from pdsr_sdk.dispatch.types import kept_segments
 from pdsr_sdk.dispatch.types import oldest_version
 from pdsr_sdk.policies.v3 import V3Policy
 from pdsr_sdk.sim.config import SimulateConfig

@@ -18,7 +18,7 @@ from pdsr_sdk.policies.v3 import V3Policy
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import run_policy, trace_batches
 from pdsr_sdk.sim.engine import SimEngine
-from pdsr_sdk.dispatch.steps import kept_segments
+from pdsr_sdk.dispatch.types import kept_segments
 from pdsr_sdk.dispatch.types import StreamSpec
 from pdsr_sdk.policies.resolve import streaming_policies
 from pdsr_sdk.sim.steps import run_steps, simulate_steps

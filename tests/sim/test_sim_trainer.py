@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from pdsr_cli.main import cli
-from pdsr_sdk.dispatch.steps import kept_segments
+from pdsr_sdk.dispatch.types import kept_segments
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import run_policy, trace_batches
 from pdsr_sdk.sim.steps import run_steps, simulate_steps
