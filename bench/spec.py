@@ -354,7 +354,7 @@ class Recorder:
 
 
 def engine_totals(engines: Sequence[Any]) -> dict[str, int]:
-    from pdsr_sdk.engines.vllm_engine import SPECULATION_KEYS
+    from pdsr_sdk.engines.vllm_stats import SPECULATION_KEYS
 
     tot = dict.fromkeys(SPECULATION_KEYS, 0)
     for e in engines:

@@ -80,7 +80,9 @@ async def run_cuda(model: str, engines_n: int, repeats: int, gpu_util: float) ->
     """The CUDA IPC path: both engines on GPU 0 beside the trainer's state dict."""
     import torch
 
-    from pdsr_sdk.engines.weights import CudaIpcWeights, ModelWeights, stage_weights
+    from pdsr_sdk.engines.weights import stage_weights
+    from pdsr_sdk.engines.weights_check import ModelWeights
+    from pdsr_sdk.engines.weights_cuda import CudaIpcWeights
 
     state, nbytes = bf16_state(model, "cuda:0")
     update, shm, copy = [], [], []
@@ -113,7 +115,9 @@ async def run_cuda(model: str, engines_n: int, repeats: int, gpu_util: float) ->
 
 
 async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
-    from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, stage_weights, write_block
+    from pdsr_sdk.engines.weights import WeightsBlock, stage_weights
+    from pdsr_sdk.engines.weights_check import ModelWeights
+    from pdsr_sdk.engines.weights_shm import write_block
 
     state, nbytes = bf16_state(model)
     cores = os.cpu_count() or 1

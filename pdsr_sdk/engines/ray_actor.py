@@ -131,7 +131,7 @@ class PollResult:
 @dataclass(frozen=True)
 class UpdateWeights:
     """Orchestrator -> actor: load new weights. Either ``entries`` (a table of
-    :class:`~pdsr_sdk.engines.weights.WeightEntry` into the packed bytes passed beside this message,
+    :class:`~pdsr_sdk.engines.weights_shm.WeightEntry` into the packed bytes passed beside this message,
     from Ray's object store) or ``folder`` (a model folder the actor's node can read)."""
 
     entries: tuple | None = None
@@ -262,7 +262,8 @@ class EngineActor:
         error as data."""
         from pathlib import Path
 
-        from pdsr_sdk.engines.weights import FolderWeights, write_buffer
+        from pdsr_sdk.engines.weights import FolderWeights
+        from pdsr_sdk.engines.weights_shm import write_buffer
 
         block = None
         try:

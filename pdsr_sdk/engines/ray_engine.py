@@ -22,10 +22,11 @@ error to ``listener.on_engine_dead``, and the scheduler re-queues its
 requests on the pool's live engines. An engine-core crash inside a live actor
 is reported the same way with the core's own traceback.
 
-Placement. One GPU per tensor-parallel rank (``num_gpus``), ``num_cpus`` and
-custom ``resources`` per engine. A tensor-parallel engine on GPUs gets a
-placement group of one bundle per GPU (``placement_strategy``, STRICT_PACK
-by default) that vLLM's Ray executor fills with its workers.
+Placement (:mod:`pdsr_sdk.engines.ray_cluster`). One GPU per tensor-parallel
+rank (``num_gpus``), ``num_cpus`` and custom ``resources`` per engine. A
+tensor-parallel engine on GPUs gets a placement group of one bundle per GPU
+(``placement_strategy``, STRICT_PACK by default) that vLLM's Ray executor
+fills with its workers.
 """
 
 from __future__ import annotations
@@ -37,90 +38,13 @@ from typing import Any
 
 from pdsr_sdk.dispatch.types import EngineLoad, SegmentRequest
 from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
-from pdsr_sdk.errors import ConfigError, EngineError, UnsupportedError
-
-INSTALL_HINT = "install Ray with `pip install 'pdsr[ray]'` (or `pip install ray`)"
+from pdsr_sdk.engines.ray_cluster import connect, engine_args_for, merge_ray_config, placement
+from pdsr_sdk.errors import EngineError, UnsupportedError
 
 #: how long one poll may wait in the actor before returning an empty batch (keeps load() fresh)
 POLL_WAIT_S = 2.0
 #: how long close() waits for the actor to shut its engine down before killing it
 CLOSE_TIMEOUT_S = 30.0
-
-_connected_address: str | None = None   # the address this process called ray.init with
-
-
-def require_ray():
-    """The ``ray`` module, or a ConfigError telling how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(f"Ray engines (backend 'ray', the 'ray' config section, --ray) need Ray, which is "
-                          f"not installed here ({exc}); {INSTALL_HINT}") from None
-    return ray
-
-
-def connect(cfg) -> Any:
-    """Connect this process to the Ray cluster of ``cfg`` (a RayConfig) once; returns ``ray``.
-
-    If Ray is already initialised (by a trainer, a test, or an earlier engine) that
-    connection is used as it is.
-    """
-    global _connected_address
-    ray = require_ray()
-    if ray.is_initialized():
-        if _connected_address is not None and cfg.address != _connected_address:
-            raise ConfigError(f"ray.address: this process is connected to Ray at {_connected_address!r}; "
-                              f"an engine asks for {cfg.address!r} (all Ray engines of a process share one cluster)")
-        return ray
-    kwargs: dict[str, Any] = {"namespace": cfg.namespace, "logging_level": "WARNING"}
-    try:
-        if cfg.address == "local":
-            ray.init(num_cpus=cfg.local_num_cpus, include_dashboard=False, **kwargs)
-        else:
-            ray.init(address=cfg.address, **kwargs)
-    except ConnectionError as exc:
-        hint = ("start a cluster first (`ray start --head` on this machine, `ray start --address=HEAD:6379` "
-                "on the others) or use address 'local' (--ray local) for a one-machine cluster")
-        raise ConfigError(f"ray.address {cfg.address!r}: cannot connect to a Ray cluster ({exc}); {hint}") from None
-    _connected_address = cfg.address
-    return ray
-
-
-def cluster_gpus(cfg) -> int:
-    """GPUs in the Ray cluster of ``cfg`` (connects first)."""
-    ray = connect(cfg)
-    return int(ray.cluster_resources().get("GPU", 0))
-
-
-def placement(spec, cfg, *, gpu_cluster: bool) -> tuple[dict[str, Any], list[dict[str, float]] | None]:
-    """(actor options without scheduling_strategy, placement-group bundles or None) for one engine.
-
-    One GPU per tensor-parallel rank by default. With ``tensor_parallel_size > 1`` on GPUs,
-    bundle 0 holds the actor (CPUs, custom resources) and a GPU, the others one GPU each;
-    vLLM's Ray executor places its workers in those bundles (it accepts at most one GPU per
-    bundle). The same shape OpenRLHF uses for its vLLM actors.
-    """
-    gpus = cfg.num_gpus if cfg.num_gpus is not None else (1.0 if gpu_cluster else 0.0)
-    tp = spec.tensor_parallel_size
-    options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "resources": dict(cfg.resources)}
-    if tp > 1 and gpus > 0:
-        if gpus > 1:
-            raise ConfigError(f"engine {spec.name!r}: ray.num_gpus is {gpus:g} per tensor-parallel rank; vLLM's Ray "
-                              f"executor takes at most 1 GPU per rank")
-        first = {"CPU": cfg.num_cpus, "GPU": gpus, **cfg.resources}
-        bundles = [{k: v for k, v in first.items() if v}] + [{"GPU": gpus} for _ in range(tp - 1)]
-        options["num_gpus"] = 0
-        return options, bundles
-    options["num_gpus"] = gpus * tp
-    return options, None
-
-
-def engine_args_for(spec, *, tp_placement_group: bool):
-    """``spec`` with the vLLM arguments a Ray-hosted engine needs (user's engine_args win)."""
-    if not tp_placement_group:
-        return spec
-    args = {"distributed_executor_backend": "ray", **spec.engine_args}
-    return spec.model_copy(update={"engine_args": args})
 
 
 class RayEngine(ModelEngine):
@@ -408,21 +332,6 @@ class RayEngine(ModelEngine):
         return (f"Ray could not place {what} within {cfg.placement_timeout_s:g} s "
                 f"(ray.placement_timeout_s); the cluster has {total} in total, {free} free. "
                 f"Add nodes, or lower ray.num_cpus / ray.num_gpus / ray.resources")
-
-
-def merge_ray_config(run, engine):
-    """The engine's Ray settings: the run's ``ray`` section overridden by the keys the engine sets."""
-    from pdsr_sdk.engines.config import RayConfig
-
-    if engine is None:
-        return run
-    if run is None:
-        return engine
-    base, own = run.model_dump(exclude_unset=True), engine.model_dump(exclude_unset=True)
-    for key in ("env_vars", "resources"):   # mappings add up (the engine's values win)
-        if key in base and key in own:
-            own[key] = {**base[key], **own[key]}
-    return RayConfig.model_validate({**base, **own})
 
 
 def _wait(ref) -> asyncio.Future:

@@ -13,27 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import tempfile
-import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
-from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad, SegmentRequest
+from pdsr_sdk.dispatch.types import ABORT, EngineLoad, SegmentRequest
 from pdsr_sdk.engines import group_drafter
-from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
-from pdsr_sdk.environ import patched_environ
-from pdsr_sdk.errors import EngineError, UnsupportedError
+from pdsr_sdk.engines.model_engine import ModelEngine
+from pdsr_sdk.engines.vllm_control import VllmControl
+from pdsr_sdk.engines.vllm_spawn import spawn
+from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, speculation_counts
+from pdsr_sdk.errors import EngineError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
 ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"
 ENGINE_NAME_ENV = "PDSR_ENGINE_NAME"
 #: mixed into vLLM's worker class in the engine process: pdsr's collective_rpc methods
 WORKER_EXTENSION = "pdsr_sdk.engines.vllm_worker.PdsrWorkerExtension"
-#: speculative decoding's counters (:meth:`VllmEngine.speculation_stats`): verify steps of a request that had
-#: drafted tokens, the tokens drafted, and those of them the model accepted
-SPECULATION_KEYS = ("drafts", "drafted_tokens", "accepted_tokens")
 
 
 class RequestObserver(Protocol):
@@ -47,8 +44,8 @@ class RequestObserver(Protocol):
         """Called with each of the request's vLLM ``RequestOutput`` as it streams (new tokens only)."""
 
 
-class VllmEngine(ModelEngine):
-    """The ``vllm`` engine backend."""
+class VllmEngine(VllmControl, ModelEngine):
+    """The ``vllm`` engine backend (its control calls: :class:`~pdsr_sdk.engines.vllm_control.VllmControl`)."""
 
     def __init__(self, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
                  logprobs_mode: str = "processed_logprobs", cpu: bool | None = None,
@@ -61,7 +58,7 @@ class VllmEngine(ModelEngine):
         self._gpu_uuid: str | None = None        # the engine's GPU (see device_uuid) ...
         self._gpu_asked = False                  # ... once asked
         self._tasks: dict[str, asyncio.Task] = {}
-        self._stats = _LoadRecorder()
+        self._stats = LoadRecorder()
         #: speculative ``group``: draft corpora made where the sample is (a Ray engine's orchestrator), by request
         #: id, for requests that arrive without their sample (the Ray actor's)
         self.carried_draft_args: dict[str, dict[str, Any]] = {}
@@ -122,7 +119,7 @@ class VllmEngine(ModelEngine):
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stats.factory])
 
         try:
-            self._llm = await _spawn(create, env)
+            self._llm = await spawn(create, env)
         except Exception as exc:  # noqa: BLE001 - vLLM raises many types at start-up
             raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}",
                               remote_traceback=self._read_error()) from exc
@@ -302,8 +299,8 @@ class VllmEngine(ModelEngine):
                     lps = [step[tok].logprob for step, tok in zip(comp.logprobs or (), ids)] if comp.logprobs else None
                     listener.on_tokens(self, request.request_id, len(ids), ids, lps)
                 if out.finished:
-                    reason = _finish_reason(comp.finish_reason)
-                    counts = _speculation_counts(getattr(comp, "spec_decode_metrics", None))
+                    reason = finish_reason(comp.finish_reason)
+                    counts = speculation_counts(getattr(comp, "spec_decode_metrics", None))
         except asyncio.CancelledError:
             if self._closing:
                 return
@@ -324,117 +321,6 @@ class VllmEngine(ModelEngine):
             listener.on_segment_end(self, request.request_id, reason)
         else:
             listener.on_segment_end(self, request.request_id, reason, speculation=counts)
-
-    # -------------------------------------------------------------- weights
-    async def update_weights(self, weights, *, reset_prefix_cache: bool = True) -> None:
-        """Load new weights (a :class:`~pdsr_sdk.engines.weights.StagedWeights`, or what its ``local()``
-        gives) into the engine process, then reset the prefix cache (its KV blocks were computed with
-        the old weights; ``reset_prefix_cache=False`` keeps them: ``kv_on_update: keep``). Call it while no
-        request runs (or while requests are frozen, keeping the cache). Raises an EngineError naming this engine."""
-        if self._dead or self._llm is None:
-            raise EngineError(self.name, "update_weights: the engine is not running")
-        try:
-            if hasattr(weights, "local"):
-                # tensors on a GPU go by CUDA IPC handle to an engine on that same GPU
-                gpu = await self.device_uuid() if getattr(weights, "cuda_uuid", None) else None
-                source = weights.local(gpu)
-            else:
-                source = weights
-            results = await self._llm.collective_rpc("pdsr_load_weights", kwargs={"source": source.message()})
-        except Exception as exc:  # noqa: BLE001 - the engine process failed or died
-            raise EngineError(self.name, f"update_weights failed: {type(exc).__name__}: {exc}",
-                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
-        for err in results or ():
-            if err:
-                raise EngineError(self.name, f"update_weights: {err['message']}",
-                                  remote_traceback=err.get("traceback"))
-        if reset_prefix_cache and not await self._llm.reset_prefix_cache():
-            raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
-                                         "reset (requests were running); update weights between steps")
-
-    async def reset_prefix_cache(self) -> None:
-        """Forget every cached KV block (what a weight update needs unless its KV is kept). Call it while no
-        request runs. Raises an EngineError naming this engine."""
-        if self._dead or self._llm is None:
-            raise EngineError(self.name, "reset_prefix_cache: the engine is not running")
-        if not await self._llm.reset_prefix_cache():
-            raise EngineError(self.name, "reset_prefix_cache: requests were running; reset the prefix cache "
-                                         "between steps")
-
-    async def device_uuid(self) -> str | None:
-        """The physical UUID of this engine's GPU (asked once), None on the CPU."""
-        if not self._gpu_asked:
-            if self._dead or self._llm is None:
-                raise EngineError(self.name, "device_uuid: the engine is not running")
-            uuids = await self._llm.collective_rpc("pdsr_device_uuid")
-            self._gpu_uuid = uuids[0] if uuids and len(set(uuids)) == 1 else None
-            self._gpu_asked = True
-        return self._gpu_uuid
-
-    # ------------------------------------------------------- pause and sleep
-    async def pause_generation(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
-        """Freeze (``keep``), drain (``wait``) or abort (``abort``) the engine's requests and start no
-        new ones until :meth:`resume_generation` (vLLM's ``pause_generation``). The KV cache is cleared:
-        kept requests recompute their context at resume, with the weights loaded by then;
-        ``clear_cache=False`` keeps it (``kv_on_update: keep``: they go on from it)."""
-        if self._dead or self._llm is None:
-            raise EngineError(self.name, "pause: the engine is not running")
-        try:
-            await self._llm.pause_generation(mode=mode, clear_cache=clear_cache)
-        except Exception as exc:  # noqa: BLE001 - the engine process failed
-            raise EngineError(self.name, f"pause ({mode}) failed: {type(exc).__name__}: {exc}",
-                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
-
-    async def resume_generation(self) -> None:
-        """Go on after :meth:`pause_generation` (kept requests continue)."""
-        if self._dead or self._llm is None:
-            return
-        try:
-            await self._llm.resume_generation()
-        except Exception as exc:  # noqa: BLE001 - the engine process failed
-            raise EngineError(self.name, f"resume failed: {type(exc).__name__}: {exc}",
-                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
-
-    def sleep_unsupported(self) -> str | None:
-        """Why :meth:`sleep` cannot free this engine's memory, or None if it can."""
-        if self._llm is None or self._dead:
-            return "the engine is not running"
-        if self.cpu:
-            return CPU_CANNOT_SLEEP
-        model_config = getattr(getattr(self._llm, "vllm_config", None), "model_config", None)
-        if not getattr(model_config, "enable_sleep_mode", False):
-            return ("started without sleep mode; set `engine_args: {enable_sleep_mode: true}` in its engine spec "
-                    "(vLLM reserves memory for it at start-up)")
-        return None
-
-    async def sleep(self, level: int = 1) -> None:
-        """Free the engine's memory (vLLM sleep mode): level 1 offloads the weights to host memory and drops
-        the KV cache, level 2 drops the weights too (load weights again after :meth:`wake_up`). Only with no
-        request running. Raises :class:`~pdsr_sdk.errors.UnsupportedError` where the engine cannot."""
-        reason = self.sleep_unsupported()
-        if reason is not None:
-            raise UnsupportedError(f"engine {self.name!r} cannot sleep: {reason}")
-        try:
-            await self._llm.sleep(level)
-        except Exception as exc:  # noqa: BLE001 - the engine process failed
-            raise EngineError(self.name, f"sleep({level}) failed: {type(exc).__name__}: {exc}",
-                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
-
-    async def wake_up(self) -> None:
-        """Restore what :meth:`sleep` freed (and let requests run again)."""
-        if self._dead or self._llm is None:
-            raise EngineError(self.name, "wake_up: the engine is not running")
-        try:
-            await self._llm.wake_up()
-        except Exception as exc:  # noqa: BLE001 - the engine process failed
-            raise EngineError(self.name, f"wake_up failed: {type(exc).__name__}: {exc}",
-                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
-
-    async def collective_rpc(self, method: str, **kwargs):
-        """``AsyncLLM.collective_rpc`` on this engine's workers (one result per worker)."""
-        if self._llm is None:
-            raise EngineError(self.name, "engine is not running")
-        return await self._llm.collective_rpc(method, kwargs=kwargs)
 
     # ---------------------------------------------------------------- death
     def _is_dead(self, exc: Exception) -> bool:
@@ -473,125 +359,6 @@ class VllmEngine(ModelEngine):
         except OSError:
             return None
         return text[-20000:] or None
-
-
-class _LoadRecorder:
-    """A vLLM stat logger that keeps the last scheduler snapshot (running, waiting, KV usage), and adds up
-    speculative decoding's counts (vLLM's per-step ``SpecDecodingStats``) since the engine started."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage: float | None = None
-        self.speculation = dict.fromkeys(SPECULATION_KEYS, 0)
-
-    def factory(self, vllm_config, engine_index: int = 0):
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        recorder = self
-
-        class _Logger(StatLoggerBase):
-            def __init__(self, vllm_config, engine_index: int = 0):
-                pass
-
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-                if scheduler_stats is not None:
-                    recorder.running = scheduler_stats.num_running_reqs
-                    recorder.waiting = scheduler_stats.num_waiting_reqs
-                    recorder.kv_cache_usage = scheduler_stats.kv_cache_usage
-                    spec = getattr(scheduler_stats, "spec_decoding_stats", None)
-                    if spec is not None:
-                        counts = recorder.speculation
-                        counts["drafts"] += spec.num_drafts
-                        counts["drafted_tokens"] += spec.num_draft_tokens
-                        counts["accepted_tokens"] += spec.num_accepted_tokens
-
-            def log_engine_initialized(self):
-                pass
-
-        return _Logger(vllm_config, engine_index)
-
-
-def _speculation_counts(metrics: Any) -> tuple[int, int] | None:
-    """(drafted, accepted) tokens from vLLM's per-request ``RequestSpecDecodeMetrics`` (its histogram counts
-    verify steps by accepted drafted tokens); None without them."""
-    if metrics is None:
-        return None
-    hist = list(getattr(metrics, "histogram", None) or ())
-    return int(getattr(metrics, "num_draft_tokens", 0)), sum(j * c for j, c in enumerate(hist))
-
-
-def _finish_reason(reason: str | None) -> str:
-    if reason == "length":
-        return LENGTH
-    if reason == "abort":
-        return ABORT
-    return STOP
-
-
-async def _spawn(create, env: dict[str, str]):
-    """``create()`` in a thread, with ``env`` set until it has spawned the engine-core process.
-
-    The core inherits the environment when it is spawned, early in ``from_engine_args``; hold
-    ours (and a lock, so engines starting at once do not mix theirs) only until then. The long
-    part, the core loading the model, overlaps with other engines' start-up.
-    """
-    async with _spawn_lock():
-        with patched_environ(env):
-            before = {p.pid for p in multiprocessing.active_children()}
-            creating = asyncio.ensure_future(asyncio.to_thread(create))
-            try:
-                while not creating.done() and not {p.pid for p in multiprocessing.active_children()} - before:
-                    await asyncio.wait({creating}, timeout=0.02)
-            except BaseException:   # cancelled (Ctrl-C) before the core appeared
-                await _abandon(creating, before)
-                raise
-    try:
-        return await asyncio.shield(creating)
-    except BaseException:
-        await _abandon(creating, before)
-        raise
-
-
-async def _abandon(creating, before: set[int], timeout_s: float = 60.0) -> None:
-    """Start-up was cancelled: end the engine processes ``create()`` spawned (it cannot be stopped
-    itself; with its core gone it fails within a moment), and shut down what it made if it won."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not creating.done() and loop.time() < end:
-        for proc in multiprocessing.active_children():
-            if proc.pid not in before:
-                _kill_tree(proc.pid)
-        await asyncio.wait({creating}, timeout=0.05)
-    if creating.done() and not creating.cancelled() and creating.exception() is None:
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(creating.result().shutdown, timeout=1.0)
-
-
-def _kill_tree(pid: int) -> None:
-    import signal
-
-    try:
-        import psutil  # a vLLM dependency
-
-        pids = [p.pid for p in psutil.Process(pid).children(recursive=True)] + [pid]
-    except Exception:  # noqa: BLE001 - gone already, or no psutil
-        pids = [pid]
-    for p in pids:
-        with contextlib.suppress(OSError):
-            os.kill(p, signal.SIGKILL)
-
-
-_SPAWN_LOCKS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
-
-
-def _spawn_lock() -> asyncio.Lock:
-    """One lock per event loop around 'set the environment, spawn the engine core'."""
-    loop = asyncio.get_running_loop()
-    lock = _SPAWN_LOCKS.get(loop)
-    if lock is None:
-        lock = _SPAWN_LOCKS[loop] = asyncio.Lock()
-    return lock
 
 
 def _fmt(value: float) -> str:

@@ -29,7 +29,9 @@ class PdsrWorkerExtension:
         (``{"kind": "folder", "path"}``) or CUDA IPC handles of tensors on this worker's GPU
         (``{"kind": "cuda_ipc", "device_uuid", "names", "shapes", "handles"}``). Returns None, or the
         error as data."""
-        from pdsr_sdk.engines.weights import ModelWeights, WeightEntry, open_cuda_tensors, read_block
+        from pdsr_sdk.engines.weights_check import ModelWeights
+        from pdsr_sdk.engines.weights_cuda import open_cuda_tensors
+        from pdsr_sdk.engines.weights_shm import WeightEntry, read_block
         from pdsr_sdk.errors import PdsrError
 
         try:
@@ -103,7 +105,7 @@ class PdsrWorkerExtension:
 
     def pdsr_device_uuid(self) -> str | None:
         """The physical UUID of this worker's GPU (what CUDA IPC weights must sit on), None on the CPU."""
-        from pdsr_sdk.engines.weights import cuda_device_uuid
+        from pdsr_sdk.engines.weights_cuda import cuda_device_uuid
 
         device = getattr(self, "device", None)
         return cuda_device_uuid(device) if device is not None else None
@@ -124,7 +126,7 @@ class PdsrWorkerExtension:
             return float(sum(p.detach().double().sum().item() for p in model.parameters()))
 
     def _pdsr_reference(self):
-        from pdsr_sdk.engines.weights import ModelWeights
+        from pdsr_sdk.engines.weights_check import ModelWeights
 
         ref = getattr(self, "_pdsr_reference_weights", None)
         if ref is None:

@@ -45,7 +45,7 @@ def engine_layout(config, *, required_pools: tuple[str, ...], cpu: bool, max_mod
         specs = list(config.engines)
     else:
         if config.ray is not None:
-            from pdsr_sdk.engines.ray_engine import cluster_gpus
+            from pdsr_sdk.engines.ray_cluster import cluster_gpus
 
             ray_gpus = cluster_gpus(config.ray)
             cpu = ray_gpus == 0
@@ -70,7 +70,7 @@ def _with_ray_settings(config, index: int, spec: EngineSpec) -> EngineSpec:
             raise ConfigError(f"engines[{index}] ({spec.name!r}): 'ray' settings need backend 'ray', "
                               f"not {spec.backend!r}")
         return spec
-    from pdsr_sdk.engines.ray_engine import merge_ray_config, require_ray
+    from pdsr_sdk.engines.ray_cluster import merge_ray_config, require_ray
 
     require_ray()
     return spec.model_copy(update={"ray": merge_ray_config(config.ray, spec.ray) or RayConfig()})

@@ -43,7 +43,8 @@ class EngineControl:
         A bad name or shape raises a :class:`~pdsr_sdk.errors.DataError` naming the parameter before
         anything changes; an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
         """
-        from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, stage_weights
+        from pdsr_sdk.engines.weights import WeightsBlock, stage_weights
+        from pdsr_sdk.engines.weights_check import ModelWeights
 
         if not self._started:
             raise RunError("update_weights: start the session first")

@@ -83,11 +83,11 @@ def test_cli_ray_flag_without_ray_exits_2_with_the_install_hint(no_ray, tiny_mod
 
 
 def test_ray_settings_merge_key_by_key_and_need_the_ray_backend(monkeypatch):
-    from pdsr_sdk.engines import build_engine, ray_engine
+    from pdsr_sdk.engines import build_engine, ray_cluster
     from pdsr_sdk.engines.ray_engine import RayEngine
     from pdsr_sdk.rollout.layout import engine_layout
 
-    monkeypatch.setattr(ray_engine, "require_ray", lambda: None)
+    monkeypatch.setattr(ray_cluster, "require_ray", lambda: None)
     cfg = load_config(RolloutConfig, None, {
         "ray": {"address": "head:6379", "num_cpus": 2, "env_vars": {"A": "1", "B": "2"}, "resources": {"r": 1}},
         "engines": [
@@ -108,7 +108,7 @@ def test_ray_settings_merge_key_by_key_and_need_the_ray_backend(monkeypatch):
 
 
 def test_placement_one_gpu_per_rank_and_a_bundle_per_gpu_for_tensor_parallel():
-    from pdsr_sdk.engines.ray_engine import engine_args_for, placement
+    from pdsr_sdk.engines.ray_cluster import engine_args_for, placement
 
     cfg = RayConfig(num_cpus=2, resources={"big": 1})
     assert placement(_spec(), cfg, gpu_cluster=True) == ({"num_cpus": 2, "num_gpus": 1, "resources": {"big": 1}}, None)

@@ -85,7 +85,9 @@ def test_weights_are_checked_against_the_model_and_written_once_to_shared_memory
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdsr_sdk.engines.weights import ModelWeights, WeightsBlock, read_block, stage_weights, write_block, write_buffer
+    from pdsr_sdk.engines.weights import WeightsBlock, stage_weights
+    from pdsr_sdk.engines.weights_check import ModelWeights
+    from pdsr_sdk.engines.weights_shm import read_block, write_block, write_buffer
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.bfloat16)
     sd = model.state_dict()
@@ -155,7 +157,9 @@ def test_cpu_weights_take_the_shared_block_and_a_worker_refuses_ipc_weights_of_a
     from transformers import AutoModelForCausalLM
 
     from pdsr_sdk.engines.vllm_worker import PdsrWorkerExtension
-    from pdsr_sdk.engines.weights import ModelWeights, SharedWeights, stage_weights
+    from pdsr_sdk.engines.weights import stage_weights
+    from pdsr_sdk.engines.weights_check import ModelWeights
+    from pdsr_sdk.engines.weights_shm import SharedWeights
 
     sd = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).state_dict()
     ref = ModelWeights.read(tiny_model_dir)
@@ -178,7 +182,7 @@ def test_cpu_weights_take_the_shared_block_and_a_worker_refuses_ipc_weights_of_a
 
 CUDA_IPC_READER = """
 import json, pickle, sys
-from pdsr_sdk.engines.weights import open_cuda_tensors
+from pdsr_sdk.engines.weights_cuda import open_cuda_tensors
 message = pickle.load(sys.stdin.buffer)
 print(json.dumps({n: float(t.double().sum()) for n, t in open_cuda_tensors(message, 0)}))
 """
@@ -201,7 +205,8 @@ def test_cuda_ipc_weights_open_in_another_process():
 
     import torch
 
-    from pdsr_sdk.engines.weights import CudaIpcWeights, StagedWeights
+    from pdsr_sdk.engines.weights import StagedWeights
+    from pdsr_sdk.engines.weights_cuda import CudaIpcWeights
 
     a = torch.arange(12.0, device="cuda").view(3, 4)
     b = torch.randn(6, 5, device="cuda", dtype=torch.bfloat16).t()     # not contiguous

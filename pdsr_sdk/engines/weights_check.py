@@ -1,0 +1,90 @@
+"""What a model folder's checkpoint holds (names, shapes, dtypes from its safetensors headers), and the check
+of an update's tensors against it that names a bad parameter (before anything is copied, and in the engine)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from pdsr_sdk.errors import DataError, DataValueError
+
+#: names a Hugging Face state dict may hold that vLLM's loaders skip
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class ModelWeights:
+    """The parameters a model folder's checkpoint holds: name -> (shape, dtype), from the
+    safetensors headers (no tensor is read)."""
+
+    folder: str
+    shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    tied_embeddings: bool = False
+
+    @classmethod
+    def read(cls, folder: str | Path) -> "ModelWeights":
+        folder = Path(folder)
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise DataError(f"{folder}: no *.safetensors files (update_weights reads safetensors checkpoints)")
+        shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+        for f in files:
+            for name, (shape, dtype) in safetensors_header(f).items():
+                shapes[name] = (shape, dtype)
+        tied = False
+        cfg = folder / "config.json"
+        if cfg.exists():
+            try:
+                conf = json.loads(cfg.read_text())
+                tied = bool(conf.get("tie_word_embeddings", conf.get("text_config", {}).get("tie_word_embeddings", False)))
+            except (OSError, ValueError):
+                pass
+        return cls(str(folder), shapes, tied)
+
+    def check(self, items: Iterable[tuple[str, tuple[int, ...]]], *, what: str = "weights") -> set[str]:
+        """Check ``(name, shape)`` pairs: every name known with its shape, every checkpoint tensor given.
+        Returns the names to leave out (present in a trainer's state dict, skipped by vLLM: a tied
+        ``lm_head.weight``, rotary ``inv_freq`` buffers). Raises a DataError naming the parameter."""
+        skip: set[str] = set()
+        seen: set[str] = set()
+        for name, shape in items:
+            ref = self.shapes.get(name)
+            if ref is None:
+                if name.endswith(_IGNORED_SUFFIXES) or (self.tied_embeddings and name == "lm_head.weight"):
+                    skip.add(name)
+                    continue
+                close = _closest(name, self.shapes)
+                hint = f" (did you mean {close!r}?)" if close else ""
+                raise DataValueError(f"{what}: unknown parameter {name!r}: the model in {self.folder} has no such "
+                                f"tensor{hint}")
+            if tuple(shape) != tuple(ref[0]):
+                raise DataValueError(f"{what}: parameter {name!r} has shape {list(shape)}; the model in {self.folder} "
+                                f"expects {list(ref[0])}")
+            if name in seen:
+                raise DataValueError(f"{what}: parameter {name!r} is given twice")
+            seen.add(name)
+        missing = [n for n in self.shapes if n not in seen]
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise DataValueError(f"{what}: {len(missing)} parameter(s) of the model in {self.folder} are missing: "
+                            f"{', '.join(repr(m) for m in missing[:3])}{more} (update_weights takes every tensor "
+                            f"of the model at once)")
+        return skip
+
+
+def safetensors_header(path: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype) of one safetensors file, from its JSON header."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: (tuple(v["shape"]), v["dtype"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def _closest(name: str, known: Mapping[str, Any]) -> str | None:
+    import difflib
+
+    hits = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+    return hits[0] if hits else None
