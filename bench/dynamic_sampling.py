@@ -64,7 +64,7 @@ def gsm8k_trace(groups: int, solve: float | None, seed: int):
 
 def filter_bound_s(trace, cfg, pass_rate: float) -> float:
     """The least engine time of B / pass_rate of the trace's groups (the module's ``filter_bound_s``)."""
-    from pdsr_sdk.sim.driver import bound_coefficients
+    from pdsr_sdk.sim.bounds import bound_coefficients
     from pdsr_sdk.sim.report import batch_bounds
 
     b = cfg.step_groups or cfg.batch_size

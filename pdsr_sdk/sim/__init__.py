@@ -9,7 +9,8 @@ imported here (matplotlib only when a timeline is drawn).
 """
 
 from pdsr_sdk.sim.config import CalibrateConfig, EngineProfile, SimulateConfig, default_profile
-from pdsr_sdk.sim.driver import run_policy, simulate, trace_batches
+from pdsr_sdk.sim.batches import trace_batches
+from pdsr_sdk.sim.driver import run_policy, simulate
 from pdsr_sdk.sim.engine import SimEngine
 from pdsr_sdk.sim.steps import run_steps, simulate_steps
 

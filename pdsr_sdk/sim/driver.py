@@ -7,7 +7,7 @@ turn by turn through the same scheduler (:class:`TurnReplay`): each turn is a re
 parked (no slot held) and, after the trace's environment delay on the virtual clock, continues with the
 environment's tokens (prefilled by the engine that runs the next turn) or, after its last turn, finishes. A policy with several
 :meth:`~pdsr_sdk.dispatch.policy.Policy.simulation_variants` (the ``oracle`` reference) runs once per
-variant, and its run keeps each batch's best outcome (:func:`best_of`). The same run assembly
+variant, and its run keeps each batch's best outcome (:func:`~pdsr_sdk.sim.outcomes.best_of`). The same run assembly
 (:class:`~pdsr_sdk.dispatch.run.DispatchRun`: scheduler, policy classes, batch reports) as a real
 ``pdsr rollout`` run drives :class:`~pdsr_sdk.sim.engine.SimEngine` s on a
 :class:`~pdsr_sdk.dispatch.clock.VirtualClock`.
@@ -15,13 +15,10 @@ variant, and its run keeps each batch's best outcome (:func:`best_of`). The same
 
 from __future__ import annotations
 
-import bisect
 import gc
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,117 +27,18 @@ from pdsr_sdk.dispatch.clock import VirtualClock
 from pdsr_sdk.dispatch.config import SamplingConfig
 from pdsr_sdk.dispatch.run import STAT_KEYS, DispatchRun
 from pdsr_sdk.dispatch.types import FAST, HEAVY, STOP, TRUNCATED, Group, Sample, TurnRecord
-from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.errors import ConfigError, PdsrError
 from pdsr_sdk.policies.resolve import policy_names, reference_policies, resolve_policy, with_policy_sets
 from pdsr_sdk.progress import ProgressFactory, silent_progress
-from pdsr_sdk.sim.config import EngineProfile, SimulateConfig
-from pdsr_sdk.sim.cost import least_prefill
+from pdsr_sdk.sim.batches import TraceBatches, build_batch, trace_batches
+from pdsr_sdk.sim.bounds import bound_coefficients, sample_bounds
+from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.engine import SimEngine
-from pdsr_sdk.sim.report import batch_bounds, tail_time
+from pdsr_sdk.sim.outcomes import BatchOutcome, PolicyRun, best_of
+from pdsr_sdk.sim.report import tail_time
 
 if TYPE_CHECKING:
     from pdsr_sdk.sim.report import SimulationReport
-
-
-@dataclass
-class TraceBatches:
-    """The trace cut into batches: per batch, the groups' ids, prompt lengths and forced lengths."""
-
-    source: str
-    #: per batch, its groups as (prompt id, prompt length, lengths, finish reasons or None, turns or None)
-    batches: list[list[tuple[str, int, list[int], list[str] | None, list | None]]]
-    zero_length_samples: int
-    n: int | None
-
-    @property
-    def multi_turn(self) -> bool:
-        """Whether any group has samples with turns (a trace of turns)."""
-        return any(g[4] is not None for b in self.batches for g in b)
-
-    @property
-    def num_groups(self) -> int:
-        return sum(len(b) for b in self.batches)
-
-    @property
-    def num_samples(self) -> int:
-        return sum(len(g[2]) for b in self.batches for g in b)
-
-
-@dataclass
-class BatchOutcome:
-    batch_index: int
-    groups: int
-    samples: int
-    start_s: float
-    makespan_s: float
-    tokens: int
-    work_bound_s: float        # least engine-seconds of the batch / number of engines
-    longest_bound_s: float     # the slowest single sample alone on the cheapest engine
-    tail_s: float              # time from when (1 - tail_fraction) of its samples had finished to its end
-    stats: dict[str, int]
-    busy_s: dict[str, float]
-    finish_times: np.ndarray | None = None
-    group_objects: list[Group] | None = None
-    policy: dict[str, Any] = field(default_factory=dict)   # the policy's facts (Policy.batch_report)
-    preemptions: int = 0       # requests evicted from a full KV cache during the batch (all engines)
-    prefill_tokens: int = 0    # context tokens prefilled during the batch (all engines)
-    slot_s: float = 0.0        # slot-seconds of requests on engines (launch to segment end), all samples
-    env_slot_s: float = 0.0    # slot-seconds held by samples waiting on their environment (hold_turn_slots)
-    env_wait_s: float = 0.0    # seconds samples spent waiting on their environment (multi-turn), summed
-
-    @property
-    def lower_bound_s(self) -> float:
-        return max(self.work_bound_s, self.longest_bound_s)
-
-
-@dataclass
-class EngineView:
-    """One engine of a best-of run: its occupancy stitched from the batches the run kept (what the
-    timeline reads; the rest of an engine's numbers are per batch in :class:`BatchOutcome`)."""
-
-    name: str
-    pool: str
-    max_concurrency: int
-    occupancy_t: list[float] = field(default_factory=lambda: [0.0])
-    occupancy_n: list[int] = field(default_factory=lambda: [0])
-
-
-@dataclass
-class PolicyRun:
-    """One policy's simulated run over all batches."""
-
-    policy: str
-    settings: dict[str, Any]
-    batches: list[BatchOutcome]
-    engines: list[SimEngine] | list[EngineView]
-    events: int
-    wall_s: float
-    stats: dict[str, int] = field(default_factory=dict)
-    #: a best-of run (several simulation variants): per variant, its own makespan and batches kept
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def makespan_s(self) -> float:
-        return sum(b.makespan_s for b in self.batches)
-
-    @property
-    def lower_bound_s(self) -> float:
-        return sum(b.lower_bound_s for b in self.batches)
-
-    @property
-    def tokens(self) -> int:
-        return sum(b.tokens for b in self.batches)
-
-    @property
-    def groups(self) -> list[Group]:
-        return [g for b in self.batches for g in (b.group_objects or [])]
-
-    @property
-    def env_slot_share(self) -> float:
-        """The share of slot-time held by samples waiting on their environment (0 when parked samples free it)."""
-        held = sum(b.env_slot_s for b in self.batches)
-        total = held + sum(b.slot_s for b in self.batches)
-        return held / total if total > 0 else 0.0
 
 
 def run_names(cfg: SimulateConfig) -> list[str]:
@@ -155,55 +53,6 @@ def run_names(cfg: SimulateConfig) -> list[str]:
             names.insert(0, "baseline")
         names += [r for r in reference_policies() if r not in names]
     return names
-
-
-def trace_batches(trace, cfg: SimulateConfig) -> TraceBatches:
-    """Cut ``trace`` (a LengthTrace) into batches of ``cfg.batch_size`` groups; lengths 0 become 1."""
-    source = trace.source or "trace"
-    sizes = trace.group_sizes
-    if cfg.n is not None and trace.num_groups and sizes.min() < cfg.n:
-        bad = int(np.argmax(sizes < cfg.n))
-        raise DataError(f"{source}: n is {cfg.n} but group {bad} ({trace.prompt_ids[bad]!r}) has only "
-                        f"{sizes[bad]} samples")
-    lengths = trace.lengths.tolist()
-    offsets = trace.offsets.tolist()
-    plens = trace.prompt_lens.tolist()
-    reasons = [str(r) for r in trace.finish_reasons] if trace.finish_reasons is not None else None
-    turns = trace.turns if getattr(trace, "multi_turn", False) else None
-    groups = []
-    zero = 0
-    for g, pid in enumerate(trace.prompt_ids):
-        lo = offsets[g]
-        hi = lo + cfg.n if cfg.n is not None else offsets[g + 1]
-        lens = lengths[lo:hi]
-        if 0 in lens:
-            zero += lens.count(0)
-            lens = [max(1, x) for x in lens]
-        group_turns = None if turns is None else [turns.of(i) for i in range(lo, hi)]
-        groups.append((pid, plens[g], lens, reasons[lo:hi] if reasons is not None else None, group_turns))
-    b = cfg.batch_size
-    batches = [groups[i:i + b] for i in range(0, len(groups), b)]
-    if cfg.num_batches is not None:
-        batches = batches[:cfg.num_batches]
-    if not batches:
-        raise DataError(f"{source}: the trace has no groups")
-    return TraceBatches(source, batches, zero, cfg.n)
-
-
-def build_batch(rows) -> list[Group]:
-    """Groups of forced samples (prompt ids not kept: only lengths matter to the simulator)."""
-    groups = []
-    for i, (pid, plen, lens, reasons, turns) in enumerate(rows):
-        g = Group(prompt_id=pid, prompt_token_ids=[], prompt_text="", n=len(lens), target_lengths=lens,
-                  target_finish_reasons=reasons, position=i, prompt_length=plen, target_turns=turns)
-        g.samples = [Sample(group=g, index=k, max_tokens=n, forced=True) for k, n in enumerate(lens)]
-        if turns is not None:
-            for s, t in zip(g.samples, turns):
-                if t is not None:   # counts only: no ids, so no mask either (the trajectory's turns say it)
-                    s.turns = []
-                    s.turn_end = t[0][0]
-        groups.append(g)
-    return groups
 
 
 class TurnReplay:
@@ -240,7 +89,6 @@ class TurnReplay:
         self.scheduler.finish(sample, reasons[sample.index] if reasons else STOP)
 
 
-
 def sim_dispatch_run(engines, cls, settings, clock: VirtualClock, sampling: SamplingConfig, segments, *,
                      multi_turn: bool, hold_turn_slots: bool, on_fatal, **hooks) -> DispatchRun:
     """The simulator's :class:`DispatchRun` over ``engines``; with ``multi_turn`` (a trace of turns) a
@@ -254,84 +102,11 @@ def sim_dispatch_run(engines, cls, settings, clock: VirtualClock, sampling: Samp
         replay.scheduler = run.scheduler
     return run
 
+
 def build_engines(cfg: SimulateConfig, clock, *, record: bool = True) -> list[SimEngine]:
     engines = [SimEngine(f"fast-{i}", FAST, cfg.profiles.fast, clock, record=record) for i in range(cfg.fast)]
     engines += [SimEngine(f"heavy-{i}", HEAVY, cfg.profiles.heavy, clock, record=record) for i in range(cfg.heavy)]
     return engines
-
-
-def bound_coefficients(cfg: SimulateConfig) -> dict[str, float]:
-    """The cheapest cost of every term over the pools that have engines (for the lower bound)."""
-    profiles: list[EngineProfile] = []
-    if cfg.fast:
-        profiles.append(cfg.profiles.fast)
-    if cfg.heavy:
-        profiles.append(cfg.profiles.heavy)
-    return dict(c0=min(p.c0_s for p in profiles), c1=min(p.c1_s_per_seq for p in profiles),
-                c2=min(p.c2_s_per_token for p in profiles), prefill=min(p.prefill_s_per_token for p in profiles),
-                max_seqs=max(p.max_num_seqs for p in profiles))
-
-
-def least_prefill_tokens(prompt_len, prompt_ids, cfg: SimulateConfig, *, each: bool = False) -> np.ndarray:
-    """The least tokens each sample of a batch prefills (for the lower bound). Together (the work): the first
-    sample of each prompt its whole prompt, a later one, where a pool in use caches prompts, the least that
-    any such pool's prefix cache leaves (``cost.least_prefill``). ``each``: the least each one alone may
-    prefill (the longest-sample bound): which sample of a shared prompt comes first is not known, so only a
-    prompt's sole sample pays it whole."""
-    if each:
-        counts = Counter(prompt_ids)
-        whole = np.fromiter((counts[pid] == 1 for pid in prompt_ids), dtype=bool, count=len(prompt_ids))
-    else:
-        firsts = {pid: i for i, pid in reversed(list(enumerate(prompt_ids)))}   # each prompt's first index
-        whole = np.zeros(len(prompt_ids), dtype=bool)
-        whole[list(firsts.values())] = True
-    blocks = {p.block_size for p, k in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy))
-              if k and p.prompt_cache}
-    if not blocks:
-        return np.asarray(prompt_len, dtype=np.int64)
-    return np.min([least_prefill(prompt_len, whole, b) for b in sorted(blocks)], axis=0)
-
-
-def sample_bounds(samples: list[Sample], engines: int, cfg: SimulateConfig,
-                  coeffs: dict[str, float]) -> tuple[float, float]:
-    """(work / engines, longest alone) of finished samples (``report.batch_bounds``), with each prompt's
-    least prefill (:func:`least_prefill_tokens`); samples with turns by :func:`turn_bounds`."""
-    plen = np.fromiter((s.group.prompt_len for s in samples), dtype=np.int64, count=len(samples))
-    gen = np.fromiter((s.num_generated for s in samples), dtype=np.int64, count=len(samples))
-    pids = [s.group.prompt_id for s in samples]
-    if any(s.turns is not None for s in samples):
-        return turn_bounds(samples, plen, pids, engines, cfg, coeffs)
-    return batch_bounds(plen, gen, engines, **coeffs, prefill_len=least_prefill_tokens(plen, pids, cfg),
-                        alone_prefill_len=least_prefill_tokens(plen, pids, cfg, each=True))
-
-
-def turn_bounds(samples: list[Sample], plen: np.ndarray, pids: list[str], engines: int, cfg: SimulateConfig,
-                coeffs: dict[str, float]) -> tuple[float, float]:
-    """The lower bound of :mod:`~pdsr_sdk.sim.report` for samples with turns: a sampled token is a step at its
-    context (prompt + every response token before it, the environment's included), the environment's tokens are
-    prefilled at least once each, and alone a sample also waits out its environment's delays one after another."""
-    c0, c1, c2, p, m = coeffs["c0"], coeffs["c1"], coeffs["c2"], coeffs["prefill"], coeffs["max_seqs"]
-    q = least_prefill_tokens(plen, pids, cfg).astype(np.float64)
-    q_alone = least_prefill_tokens(plen, pids, cfg, each=True).astype(np.float64)
-    sampled, env, delay, ctx = (np.zeros(len(samples)) for _ in range(4))
-    for i, s in enumerate(samples):
-        target = s.group.target_turns
-        turns = target[s.index] if target is not None else None
-        big_p = float(s.group.prompt_len)
-        if turns is None:
-            n = float(s.num_generated)
-            sampled[i], ctx[i] = n, n * big_p + n * (n - 1) / 2
-            continue
-        pos = 0
-        for k, e, d in turns:
-            sampled[i] += k
-            ctx[i] += k * (big_p + pos) + k * (k - 1) / 2
-            pos += k + e
-            env[i] += e
-            delay[i] += d
-    work = p * (q + env) + sampled * (c0 / m + c1) + c2 * ctx
-    alone = p * (q_alone + env) + sampled * (c0 + c1) + c2 * ctx + delay
-    return float(work.sum()) / engines, float(alone.max()) if alone.size else 0.0
 
 
 def raise_fatal(exc: BaseException, policy: str, where: str) -> None:
@@ -374,8 +149,9 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     """Simulate every batch with policy ``name`` on fresh engines; returns the outcomes.
 
     A policy whose ``simulation_variants`` names several variants (the ``oracle``) runs once per
-    variant and the run keeps each batch's best outcome (:func:`best_of`). ``hold_turn_slots`` (default:
-    ``cfg.hold_turn_slots``): multi-turn samples keep their slot while their environment works.
+    variant and the run keeps each batch's best outcome (:func:`~pdsr_sdk.sim.outcomes.best_of`).
+    ``hold_turn_slots`` (default: ``cfg.hold_turn_slots``): multi-turn samples keep their slot while their
+    environment works.
     """
     hold = cfg.hold_turn_slots if hold_turn_slots is None else hold_turn_slots
     cls, settings = resolve_policy(name, cfg.policy_settings.get(name, {}), simulation=True)
@@ -391,47 +167,6 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     if len(runs) == 1:
         return runs[0][1]
     return best_of(name, settings.model_dump(), runs)
-
-
-def best_of(name: str, settings: dict[str, Any], runs: list[tuple[str, PolicyRun]]) -> PolicyRun:
-    """One run made of each batch's shortest outcome among ``runs`` (labelled variants of one policy over
-    the same batches). Batches run one after another on empty engines, so the kept outcomes are a
-    schedule: batch start times are recomputed and the engines' occupancy is stitched from the kept
-    batches. Each kept batch's ``policy`` facts name its variant and every variant's makespan."""
-    kept: list[BatchOutcome] = []
-    sources: list[tuple[BatchOutcome, PolicyRun]] = []
-    counts = dict.fromkeys((label for label, _ in runs), 0)
-    start = 0.0
-    for bi in range(len(runs[0][1].batches)):
-        label, run = min(runs, key=lambda lr: lr[1].batches[bi].makespan_s)   # ties: the first variant
-        b = run.batches[bi]
-        counts[label] += 1
-        facts = {**b.policy, "variant": label,
-                 "variant_makespans_s": {lb: r.batches[bi].makespan_s for lb, r in runs}}
-        kept.append(BatchOutcome(**{**b.__dict__, "start_s": start, "policy": facts}))
-        sources.append((b, run))
-        start += b.makespan_s
-    engines = [EngineView(e.name, e.pool, e.max_concurrency) for e in runs[0][1].engines]
-    for i, view in enumerate(engines):
-        for b_new, (b_old, run) in zip(kept, sources):
-            _stitch(view, run.engines[i], b_old.start_s, b_old.makespan_s, b_new.start_s)
-    totals = {k: sum(b.stats.get(k, 0) for b in kept) for k in STAT_KEYS}
-    return PolicyRun(policy=name, settings=settings, batches=kept, engines=engines,
-                     events=sum(r.events for _, r in runs), wall_s=sum(r.wall_s for _, r in runs), stats=totals,
-                     variants={label: {"makespan_s": r.makespan_s, "batches_kept": counts[label]}
-                               for label, r in runs})
-
-
-def _stitch(view: EngineView, engine, t0: float, span: float, at: float) -> None:
-    """Append ``engine``'s occupancy during ``[t0, t0 + span]`` to ``view``, moved to start at ``at``."""
-    t, n = engine.occupancy_t, engine.occupancy_n
-    lo, hi = bisect.bisect_left(t, t0), bisect.bisect_right(t, t0 + span)
-    for k in range(lo, hi):
-        view.occupancy_t.append(max(t[k] - t0 + at, view.occupancy_t[-1]))
-        view.occupancy_n.append(n[k])
-    if view.occupancy_n[-1] != 0:   # engines are empty between batches
-        view.occupancy_t.append(at + span)
-        view.occupancy_n.append(0)
 
 
 def _run_one(batches: TraceBatches, cfg: SimulateConfig, name: str, cls, settings, *, keep_groups: bool,

@@ -34,8 +34,9 @@ from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.sim.config import SimulateConfig
-from pdsr_sdk.sim.driver import (bound_coefficients, build_batch, build_engines, check_pools, gc_paused, raise_fatal,
-                                 sample_bounds, sim_dispatch_run, trace_batches)
+from pdsr_sdk.sim.batches import build_batch, trace_batches
+from pdsr_sdk.sim.bounds import bound_coefficients, sample_bounds
+from pdsr_sdk.sim.driver import build_engines, check_pools, gc_paused, raise_fatal, sim_dispatch_run
 from pdsr_sdk.sim.partial_floor import partial_floor
 from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
 from pdsr_sdk.sim.step_floor import step_floor
@@ -235,7 +236,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
 
 
 def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coeffs: dict[str, float]) -> float:
-    """The least engine time the kept tokens of a step's consumed groups cost (``driver.sample_bounds``'s work,
+    """The least engine time the kept tokens of a step's consumed groups cost (``bounds.sample_bounds``'s work,
     each prompt prefilled whole once), over ``engines``. Not a bound on one step (its carried tokens were
     generated earlier), but the steps up to any step together take at least the sum of theirs: every consumed
     token was generated after the run started."""

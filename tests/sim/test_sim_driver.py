@@ -124,7 +124,7 @@ def test_lower_bound_counts_a_prompt_its_group_shares_once():
 
 
 def test_least_prefill_counts_a_shared_prompt_once_together_and_at_its_cached_tail_alone():
-    from pdsr_sdk.sim.driver import least_prefill_tokens
+    from pdsr_sdk.sim.bounds import least_prefill_tokens
 
     plen, pids = [40, 40, 40, 7], ["a", "a", "a", "b"]
     cached = SimulateConfig(fast=1, heavy=0)                                      # block 16

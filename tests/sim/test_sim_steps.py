@@ -272,7 +272,8 @@ def hand_stream(groups: int, over_provision: float, staleness: int | None):
     4): returns the stream, its clock, the step-end times (appended by ``on_step_end``), the trace rows
     taken so far, and the trace's lengths by prompt."""
     from pdsr_sdk.dispatch.steps import StepStream, in_flight
-    from pdsr_sdk.sim.driver import build_batch, build_engines
+    from pdsr_sdk.sim.batches import build_batch
+    from pdsr_sdk.sim.driver import build_engines
 
     trace = small_trace(groups=groups)
     cfg = small_cfg(policy="v3")

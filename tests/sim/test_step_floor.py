@@ -130,7 +130,7 @@ def test_long_contexts_raise_the_floor():
 @pytest.mark.parametrize("over_provision", [0.25, 0.5, 1.0])
 def test_no_simulated_stream_beats_the_floor_at_its_own_partial_share(over_provision, kv_cache_tokens):
     from pdsr_sdk.sim.config import SimulateConfig
-    from pdsr_sdk.sim.driver import bound_coefficients
+    from pdsr_sdk.sim.bounds import bound_coefficients
     from pdsr_sdk.sim.steps import simulate_steps
     from pdsr_sdk.traces import workload
 
