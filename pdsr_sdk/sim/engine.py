@@ -59,7 +59,7 @@ from pdsr_sdk.errors import EngineError
 from pdsr_sdk.sim.config import EngineProfile
 from pdsr_sdk.sim.cost import steps_within
 from pdsr_sdk.sim.engine_boundaries import StepBoundaries
-from pdsr_sdk.sim.engine_request import _GONE, _LEAVING, _WAITING, _Req
+from pdsr_sdk.sim.engine_request import GONE, LEAVING, WAITING, SimRequest
 
 
 class SimEngine(StepBoundaries):
@@ -84,11 +84,11 @@ class SimEngine(StepBoundaries):
         self._max_ctx = min(p.max_model_len, self._kv * self._block)
         self._record = record
         self._listener = None
-        self._running: dict[str, _Req] = {}
-        self._waiting: deque[_Req] = deque()
-        self._reqs: dict[str, _Req] = {}
-        self._heap: list[tuple[int, int, _Req]] = []
-        self._leaving: list[_Req] = []
+        self._running: dict[str, SimRequest] = {}
+        self._waiting: deque[SimRequest] = deque()
+        self._reqs: dict[str, SimRequest] = {}
+        self._heap: list[tuple[int, int, SimRequest]] = []
+        self._leaving: list[SimRequest] = []
         self._cache: dict = {}                 # sample (and salt) -> cached prefix tokens on this engine
         self._prompt_cache = p.prompt_cache
         self._prompt_refs: dict = {}           # prompt -> its running requests on this engine
@@ -101,7 +101,7 @@ class SimEngine(StepBoundaries):
         self._sum_q = 0                        # sum of off // block
         self._res = [0] * self._block          # running requests per off % block
         self._pending_prefill = 0              # prefill tokens of the epoch's first step (not yet run)
-        self._admitted: list[_Req] = []        # requests admitted at the current step (their first step not run)
+        self._admitted: list[SimRequest] = []        # requests admitted at the current step (their first step not run)
         self._timer = None
         self._timer_step = -1
         self._in_boundary = False
@@ -172,7 +172,7 @@ class SimEngine(StepBoundaries):
             prompt = getattr(group, "prompt_id", None)
             if prompt is not None and salt is not None:
                 prompt = (prompt, salt)
-        r = _Req(request.request_id, request.sample, ctx, n, prompt, salt)
+        r = SimRequest(request.request_id, request.sample, ctx, n, prompt, salt)
         if self._joint is not None:
             group = getattr(request.sample, "group", None)
             r.sib = sum(1 for s in group.samples if s is not request.sample and s.finished) if group else 0
@@ -186,17 +186,17 @@ class SimEngine(StepBoundaries):
         if r is None:
             return
         ran = 0   # steps it ran since its last admission
-        if r.state == _WAITING:
+        if r.state == WAITING:
             head = self._waiting[0] is r
             self._waiting.remove(r)
-            r.state = _GONE
+            r.state = GONE
             n, spec = r.done, r.spec
             if head and self._waiting:
                 self._wake()   # the head held the queue (admission is in order): the next may fit at a boundary
         elif self._in_boundary:
             ran = self._step - r.s_adm
             self._remove_running(r, self._step)
-            r.state = _GONE
+            r.state = GONE
             n, spec = r.done, r.spec
         else:
             # mid-epoch: the tokens of the steps completed by now; it leaves at the next boundary
@@ -213,14 +213,14 @@ class SimEngine(StepBoundaries):
             spec = tuple(a + b for a, b in zip(r.spec, since))
             if k and r.first_t is None and r.s_adm == self._step:   # its first step ran in this epoch
                 r.first_t = self._first_step_end()
-            r.state = _LEAVING
+            r.state = LEAVING
             self._leaving.append(r)
             self._wake()
         self._remember_aborted(r, n, ran)
         self.tokens += n
         self.clock.call_later(0.0, lambda: self._report_abort(r, n, spec))
 
-    def _remember_aborted(self, r: _Req, n: int, ran: int) -> None:
+    def _remember_aborted(self, r: SimRequest, n: int, ran: int) -> None:
         """Cache the whole blocks of an aborted request's computed context (its context after ``n`` tokens of this
         segment, less the last sampled token, which has no KV yet) if it ran a step since its last admission; a
         request that generated its last token leaves nothing to continue."""
@@ -236,7 +236,7 @@ class SimEngine(StepBoundaries):
         cache is kept across it): the next segment of each sample prefills its whole context."""
         self._cache.clear()
 
-    def _report_abort(self, r: _Req, n: int, spec: tuple[float, float, float]) -> None:
+    def _report_abort(self, r: SimRequest, n: int, spec: tuple[float, float, float]) -> None:
         if n:
             self._listener.on_tokens(self, r.rid, n, None, None, first_token_time_s=r.first_t)
         if self._spec is None:

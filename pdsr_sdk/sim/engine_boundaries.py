@@ -9,7 +9,7 @@ from bisect import bisect_right
 
 from pdsr_sdk.dispatch.types import LENGTH
 from pdsr_sdk.sim.cost import drafting, overflow_step, speculation_scale, steps_time, steps_within, uncached_tokens
-from pdsr_sdk.sim.engine_request import _GONE, _RUNNING, _WAITING, _Req
+from pdsr_sdk.sim.engine_request import GONE, RUNNING, WAITING, SimRequest
 
 
 class StepBoundaries:
@@ -77,7 +77,7 @@ class StepBoundaries:
         self._pending_prefill = 0
         t = self._first_step_end()
         for r in self._admitted:
-            if r.state == _RUNNING and r.s_adm == self._step and r.first_t is None:
+            if r.state == RUNNING and r.s_adm == self._step and r.first_t is None:
                 r.first_t = t
         self._admitted.clear()
 
@@ -86,7 +86,7 @@ class StepBoundaries:
         heap = self._heap
         while True:
             end, seq, r = heap[0]
-            if r.seq == seq and r.state == _RUNNING:
+            if r.seq == seq and r.state == RUNNING:
                 return end
             heapq.heappop(heap)
 
@@ -117,12 +117,12 @@ class StepBoundaries:
         finished = []
         while heap and heap[0][0] <= S:
             _, seq, r = heapq.heappop(heap)
-            if r.seq == seq and r.state == _RUNNING:
+            if r.seq == seq and r.state == RUNNING:
                 finished.append(r)
         if self._leaving:
             for r in self._leaving:
                 self._remove_running(r, S)
-                r.state = _GONE
+                r.state = GONE
             self._leaving.clear()
         if finished:
             block = self._block
@@ -130,7 +130,7 @@ class StepBoundaries:
             reqs = self._reqs
             for r in finished:
                 self._remove_running(r, S)
-                r.state = _GONE
+                r.state = GONE
                 del reqs[r.rid]
                 sample = r.sample
                 if sample.num_generated + r.done >= sample.max_tokens:   # its last token: nothing to continue
@@ -151,7 +151,7 @@ class StepBoundaries:
                 self._in_boundary = False
         self._plan()
 
-    def _remove_running(self, r: _Req, S: int) -> None:
+    def _remove_running(self, r: SimRequest, S: int) -> None:
         del self._running[r.rid]
         if r.prompt is not None:
             refs = self._prompt_refs[r.prompt] - 1
@@ -265,7 +265,7 @@ class StepBoundaries:
         R = len(self._running)
         return ys / R, loads / R
 
-    def _admit(self, w: _Req, S: int) -> None:
+    def _admit(self, w: SimRequest, S: int) -> None:
         self._seq += 1
         w.seq = self._seq
         w.s_adm = S
@@ -275,7 +275,7 @@ class StepBoundaries:
         self._sum_off += off
         self._sum_q += q
         self._res[res] += 1
-        w.state = _RUNNING
+        w.state = RUNNING
         self._running[w.rid] = w
         cached = self._cache.get(w.ckey, 0)
         if w.prompt is not None:
@@ -289,10 +289,10 @@ class StepBoundaries:
         self.prefill_tokens += w.prefill
         heapq.heappush(self._heap, (S + w.max_tokens - w.done, w.seq, w))
 
-    def _preempt(self, v: _Req, S: int) -> None:
+    def _preempt(self, v: SimRequest, S: int) -> None:
         self._remove_running(v, S)
         v.ctx = v.off + S
-        v.state = _WAITING
+        v.state = WAITING
         self._cache.pop(v.ckey, None)
         self._waiting.appendleft(v)
         self.preemptions += 1

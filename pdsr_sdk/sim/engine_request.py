@@ -1,12 +1,16 @@
-"""A request on a simulated engine (:class:`_Req`) and its states: what
+"""A request on a simulated engine (:class:`SimRequest`) and its states: what
 :class:`~pdsr_sdk.sim.engine.SimEngine` and its step boundaries keep of each one."""
 
 from __future__ import annotations
 
-_WAITING, _RUNNING, _LEAVING, _GONE = 0, 1, 2, 3
+#: a request's state: queued for admission, in the running batch, aborted (it leaves the batch at the next step
+#: boundary), gone
+WAITING, RUNNING, LEAVING, GONE = 0, 1, 2, 3
 
 
-class _Req:
+class SimRequest:
+    """One request (a segment of a sample) on a simulated engine."""
+
     __slots__ = ("rid", "sample", "ctx", "max_tokens", "done", "s_adm", "off", "seq", "state", "prefill", "prompt",
                  "first_t", "ckey", "adm", "spec", "sib")
 
@@ -22,7 +26,7 @@ class _Req:
         self.s_adm = 0            # global step at which it was (last) admitted
         self.off = 0              # ctx - s_adm: its context at global step S is S + off
         self.seq = 0              # admission number (running order; heap entries of older admissions are stale)
-        self.state = _WAITING
+        self.state = WAITING
         self.prefill = 0          # uncached tokens prefilled at its admission
         self.first_t = None       # when the step that prefilled it (and sampled its first token) ended
         self.adm = (0.0, 0.0, 0.0)   # the engine's speculation sums (SimEngine._cum) at its last admission
