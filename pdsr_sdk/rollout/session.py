@@ -12,9 +12,10 @@ or, from async code, ``async with RolloutSession(config) as session`` and ``awai
 ``await session.aupdate_weights(...)``. ``pdsr rollout`` (:func:`pdsr_sdk.rollout.run.run_rollout`)
 is a loop over :meth:`RolloutSession.generate`.
 
-The class is written in three files: this one (its engines' lifecycle, a step, rewards, serving, the dispatcher's
-callbacks), :mod:`.session_stream` (partial rollout's steps) and :mod:`.session_engines` (weight updates, pause,
-sleep). Its results are in :mod:`.results`.
+The class is written in six files: this one (its engines' lifecycle, a step), :mod:`.session_stream` (partial
+rollout's steps), :mod:`.session_engines` (weight updates, pause, sleep), :mod:`.session_rewards` (which reward
+scores a group, a step's result with its rewards), :mod:`.session_serve` (serving) and :mod:`.session_callbacks`
+(the dispatch run's callbacks). Its results are in :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -27,19 +28,22 @@ from typing import Any, Callable, Iterable, Iterator
 from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.dispatch.scheduler import Scheduler
-from pdsr_sdk.dispatch.types import DROPPED, FAILED, Group, Sample
+from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.aio import LoopThread, failures
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
 from pdsr_sdk.rollout.results import BatchResult, SessionHooks, StepResult
+from pdsr_sdk.rollout.session_callbacks import RunCallbacks
 from pdsr_sdk.rollout.session_engines import EngineControl
+from pdsr_sdk.rollout.session_rewards import SessionRewards
+from pdsr_sdk.rollout.session_serve import Serving
 from pdsr_sdk.rollout.session_stream import StreamSteps
 
 __all__ = ["BatchResult", "RolloutSession", "SessionHooks", "StepResult"]
 
 
-class RolloutSession(StreamSteps, EngineControl):
+class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCallbacks):
     """Engines + one policy instance for a sequence of training steps (see the module docstring).
 
     ``config``: a :class:`~pdsr_sdk.rollout.config.RolloutConfig` (default: all defaults: the
@@ -81,16 +85,7 @@ class RolloutSession(StreamSteps, EngineControl):
         self.model_dir: str | None = str(given) if given else None
         self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
         if group_filter is None and config.filter_groups is not None:
-            from pdsr_sdk.dispatch.steps import GROUP_FILTERS
-
-            kind = GROUP_FILTERS[config.filter_groups.kind]
-
-            def group_filter(group: Group, rewards: list[float | None]) -> bool:
-                if self.reward_for(group) is None:
-                    raise ConfigError(f"filter_groups filters groups by their rewards, and group {group.prompt_id!r} "
-                                      f"has none: reward is {config.reward!r} and its prompt has no ground truth; "
-                                      f"give the data a ground truth column or set a reward")
-                return kind(rewards)
+            group_filter = self._config_group_filter()
         #: dynamic sampling's predicate (None: no filter)
         self.group_filter = group_filter
         #: whether steps stream (partial rollout; dynamic sampling streams too)
@@ -105,13 +100,7 @@ class RolloutSession(StreamSteps, EngineControl):
         self._fatal: asyncio.Future | None = None
         self._started = False
         self._tokenizer = None
-        # by whether the data has a ground truth; a reward pdsr cannot call is an error here, before any engine
-        from pdsr_sdk.rollout.reward import adapt_reward, config_reward
-
-        self._reward_fns: dict[bool, Any] = {True: config_reward(config, True)}
-        self._reward_override = None if reward is None else adapt_reward(reward, getattr(reward, "__name__", "reward"))
-        #: scores finished samples off the event loop (made when the session starts)
-        self.rewards = None
+        self._init_rewards(reward)   # a reward pdsr cannot call is an error here, before any engine
         self._thread: LoopThread | None = None
         self._init_engine_control()
         self._init_stream()   # partial rollout across steps (config.streaming)
@@ -137,7 +126,7 @@ class RolloutSession(StreamSteps, EngineControl):
             check_agent_streaming(config.max_staleness, group_filter is not None)
         self.agent = load_agent(given_agent) if given_agent is not None else None
         self._step_agent = self.agent   # the agent of the groups a partial-rollout step launches
-        self._http = None   # the HTTP server while serving (aserve)
+        self._init_serving()
         self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, max_turns=config.agent.max_turns,
                                   turn_max_tokens=config.agent.turn_max_tokens,
                                   env_timeout_s=config.agent.env_timeout_s)
@@ -355,88 +344,6 @@ class RolloutSession(StreamSteps, EngineControl):
             for g in groups:
                 g.draft_responses = self.draft_history.responses(g)
 
-    # ------------------------------------------------------ rewards, results
-    def reward_for(self, group: Group):
-        """The reward function for a group's samples: the one given to the session, else ``config.reward``
-        resolved for data with a ground truth or without (None: no reward)."""
-        if self._reward_override is not None:
-            return self._reward_override
-        has_truth = group.ground_truth is not None
-        if has_truth not in self._reward_fns:
-            from pdsr_sdk.rollout.reward import config_reward
-
-            self._reward_fns[has_truth] = config_reward(self.config, has_truth)
-        return self._reward_fns[has_truth]
-
-    def _check_rewards_pickle(self) -> None:
-        """``reward_executor: process``: the reward functions must pickle (ConfigError naming them if not)."""
-        from pdsr_sdk.rollout.reward import config_reward
-        from pdsr_sdk.rollout.reward_runner import check_picklable
-
-        if self._reward_override is not None:
-            check_picklable(self._reward_override)
-            return
-        for has_truth in (True, False):
-            if has_truth not in self._reward_fns:
-                self._reward_fns[has_truth] = config_reward(self.config, has_truth)
-            check_picklable(self._reward_fns[has_truth], f"reward {self.config.reward!r}")
-
-    def _agent_score(self, sample: Sample) -> tuple[float | None, str | None, str | None] | None:
-        """A multi-turn sample's reward when its agent decided it: (reward, extra as JSON, error); None when the
-        reward function scores it (see RewardRunner's ``given``)."""
-        import json
-
-        if sample.turns is None:
-            return None
-        outcome = self.agents.outcomes.pop(sample, None)
-        if sample.finish_reason == FAILED:
-            return None, None, None   # no reward; the row's error says why
-        if outcome is None or outcome.reward is None:
-            return None
-        extra = json.dumps(outcome.extra, default=str) if outcome.extra else None
-        return outcome.reward, extra, None
-
-    async def scores(self, samples: Iterable[Sample]) -> list:
-        """The rewards of finished samples (:class:`~pdsr_sdk.rollout.reward_runner.Scored`, in order), waiting
-        for those still being computed; a reward misconfigured (a pdsr error) raises here."""
-        if self.rewards is None:
-            raise RunError("scores: start the session first")
-        return await self.rewards.wait(samples)
-
-    async def _step_result(self, result: BatchResult, version: int) -> StepResult:
-        import pyarrow as pa
-
-        from pdsr_sdk.dispatch.trajectory import reward_extra_struct, sample_row, trajectory_schema
-
-        samples = [s for g in result.groups for s in g.samples]
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        scored = await self.scores(samples)
-        waited = loop.time() - began
-        self.rewards.forget(samples)
-        rows = [sample_row(s, self.tokenizer, None, scored=sc) for s, sc in zip(samples, scored)]
-        timeouts = sum(sc.timeouts for sc in scored)
-        errors = sum(r["reward_error"] is not None for r in rows)
-        table = reward_extra_struct(pa.Table.from_pylist(rows, schema=trajectory_schema()))
-        rewards = [r["reward"] for r in rows if r["reward"] is not None]
-        summary = {
-            "step": result.batch_index, "policy_version": version, "groups": len(result.groups),
-            "samples": len(rows), "tokens": result.tokens, "makespan_s": result.makespan_s,
-            "tokens_per_s": result.tokens_per_s,
-            "mean_response_length": result.tokens / len(rows) if rows else 0.0,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_timeouts": timeouts,
-            "reward_errors": errors, "reward_s": sum(sc.seconds for sc in scored), "reward_wait_s": waited,
-            "engine_busy_s": dict(result.engine_busy_s), **result.stats,
-        }
-        multi = [s for s in samples if s.turns is not None]
-        if multi:
-            summary.update({
-                "agent_failed": sum(s.finish_reason == FAILED for s in multi),
-                "turns_mean": sum(sum(t.role == "assistant" for t in s.turns) for s in multi) / len(multi),
-                "env_tokens": sum(s.env_tokens for s in multi), "env_s": sum(s.env_s for s in multi)})
-        return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,
-                          summary=summary, report=result, scores=scored)
-
     async def generate(self, records: list[PromptRecord], *, n: int | None = None,
                        agent: Callable[..., Any] | None = None) -> BatchResult:
         """Run one batch of prompt records to completion and return its groups and costs (``agent``: run each
@@ -457,81 +364,6 @@ class RolloutSession(StreamSteps, EngineControl):
         if self._fatal.done():
             raise self._fatal.result()
         return BatchResult.from_report(self.run.finish_batch())
-
-    # -------------------------------------------------------------- serving
-    def serve(self, host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
-        """Serve OpenAI-style requests until :meth:`stop_serving` or Ctrl-C (synchronous; see :meth:`aserve`)."""
-        return self._call(self.aserve(host, port, **kw), "serve")
-
-    async def aserve(self, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
-                     tool_parser: str | None = None, on_ready: Callable[[int], None] | None = None) -> None:
-        """Serve ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models`` on the engines,
-        each request a group through the policy, until :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`:
-        named samples, recorded token-exact). ``on_ready(port)`` is called once it listens (``port=0``: any
-        free port). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser."""
-        import uvicorn
-
-        from pdsr_sdk.rollout.serve import ChatServer
-        from pdsr_sdk.rollout.serve_app import create_app
-
-        if self.streaming:
-            raise ConfigError("serve: a serving session runs requests as they come; drop over_provision, steps "
-                              "and filter_groups")
-        check_streaming(self.policy_cls, self.config.policy)   # requests arrive while others run
-        if not self._started:
-            await self.start()
-        server = ChatServer(self, model_name=model_name or Path(self._model_dir()).name, tool_parser=tool_parser)
-        http = uvicorn.Server(uvicorn.Config(create_app(server), host=host, port=port, log_level="warning",
-                                             lifespan="off"))
-        self._http = http
-        task = asyncio.ensure_future(http.serve())
-        try:
-            while not http.started and not task.done():
-                await asyncio.sleep(0.02)
-            if http.started and on_ready is not None:
-                on_ready(http.servers[0].sockets[0].getsockname()[1])
-            await task
-        finally:
-            self._http = None
-            server.close()
-            if not task.done():
-                http.should_exit = True
-                await asyncio.gather(task, return_exceptions=True)
-
-    def stop_serving(self) -> None:
-        """Stop :meth:`aserve` (it returns once open requests are answered); from any thread."""
-        if self._http is not None:
-            self._http.should_exit = True
-
-    # -------------------------------------------------------------- hooks
-    def _sample_done(self, sample: Sample) -> None:
-        if sample.turns is not None:
-            self.agents.on_sample_done(sample)
-        if self.rewards is not None and sample.finish_reason != DROPPED:   # a dropped group is never judged
-            self.rewards.submit(sample)
-        for fn in self.hooks.on_sample_done:
-            fn(sample)
-
-    def _group_done(self, group: Group) -> None:
-        if self.draft_history is not None:
-            self.draft_history.record(group)
-        for fn in self.hooks.on_group_done:
-            fn(group)
-        if self._stream is not None:
-            if any(s.finish_reason == DROPPED for s in group.samples):
-                return   # dropped at a step's end (on-policy dynamic sampling): out of the stream already
-            if self.group_filter is not None:   # judged once its rewards are in
-                self.rewards.when_scored(group, self._group_scored, self._set_fatal)
-            else:
-                self._stream.group_done(group)
-
-    def _status(self, message: str) -> None:
-        for fn in self.hooks.on_status:
-            fn(message)
-
-    def _set_fatal(self, exc: BaseException) -> None:
-        if self._fatal is not None and not self._fatal.done():
-            self._fatal.set_result(exc)
 
 
 def _load_agent(agent: Callable[..., Any] | str) -> Callable[..., Any]:

@@ -13,7 +13,12 @@ from pdsr_sdk.rollout.aio import failures, reset_prefix_cache
 class EngineControl:
     """Weight updates, pause / resume and sleep / wake of a session's engines (a mixin of
     :class:`~pdsr_sdk.rollout.session.RolloutSession`). :meth:`_init_engine_control` sets its state when the
-    session is made."""
+    session is made.
+
+    It and :class:`~pdsr_sdk.rollout.session_stream.StreamSteps` depend on each other: :meth:`aupdate_weights` in
+    the middle of a partial-rollout step uses the stream's step-end state (``_stream``, ``_step_end``,
+    ``_mid_stream_step``, ``_await_step_end``, ``_check_not_blocked``), and a ``wait_for_update`` step of the
+    stream ends only after such an update."""
 
     def _init_engine_control(self) -> None:
         self._reference_weights = None

@@ -17,7 +17,12 @@ from pdsr_sdk.rollout.results import BatchResult, StepResult
 
 class StreamSteps:
     """The partial-rollout steps of a session (a mixin of :class:`~pdsr_sdk.rollout.session.RolloutSession`, whose
-    run, rewards, agents and results it uses). :meth:`_init_stream` sets its state when the session is made."""
+    run, rewards, agents and results it uses). :meth:`_init_stream` sets its state when the session is made.
+
+    It and :class:`~pdsr_sdk.rollout.session_engines.EngineControl` depend on each other: a ``wait_for_update``
+    step ends only after the trainer's ``aupdate_weights``, and that update, in the middle of a step, uses the
+    step-end state set here (``_stream``, ``_step_end``, :meth:`_mid_stream_step`, :meth:`_await_step_end`,
+    :meth:`_check_not_blocked`)."""
 
     def _init_stream(self) -> None:
         # the step stream, where its new prompts come from, the group size, and the future a step's end sets (to

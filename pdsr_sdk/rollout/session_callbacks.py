@@ -1,0 +1,44 @@
+"""What a rollout session does when its dispatch run (:class:`~pdsr_sdk.dispatch.run.DispatchRun`) calls back: a
+sample or a group finished, a status line, a fatal error."""
+
+from __future__ import annotations
+
+from pdsr_sdk.dispatch.types import DROPPED, Group, Sample
+
+
+class RunCallbacks:
+    """The dispatch run's callbacks (a mixin of :class:`~pdsr_sdk.rollout.session.RolloutSession`, whose ``start()``
+    gives them to the run). They hold no state of their own: they hand a finished sample to the agents, the reward
+    runner (``rewards``, :class:`~pdsr_sdk.rollout.session_rewards.SessionRewards`) and the caller's ``hooks``; a
+    finished group to the draft history, the hooks and the step stream (``_stream``, judged by
+    ``group_filter`` once scored: ``_group_scored`` of :class:`~pdsr_sdk.rollout.session_stream.StreamSteps`); and
+    set ``_fatal``, the future a step waits on besides its groups."""
+
+    def _sample_done(self, sample: Sample) -> None:
+        if sample.turns is not None:
+            self.agents.on_sample_done(sample)
+        if self.rewards is not None and sample.finish_reason != DROPPED:   # a dropped group is never judged
+            self.rewards.submit(sample)
+        for fn in self.hooks.on_sample_done:
+            fn(sample)
+
+    def _group_done(self, group: Group) -> None:
+        if self.draft_history is not None:
+            self.draft_history.record(group)
+        for fn in self.hooks.on_group_done:
+            fn(group)
+        if self._stream is not None:
+            if any(s.finish_reason == DROPPED for s in group.samples):
+                return   # dropped at a step's end (on-policy dynamic sampling): out of the stream already
+            if self.group_filter is not None:   # judged once its rewards are in
+                self.rewards.when_scored(group, self._group_scored, self._set_fatal)
+            else:
+                self._stream.group_done(group)
+
+    def _status(self, message: str) -> None:
+        for fn in self.hooks.on_status:
+            fn(message)
+
+    def _set_fatal(self, exc: BaseException) -> None:
+        if self._fatal is not None and not self._fatal.done():
+            self._fatal.set_result(exc)

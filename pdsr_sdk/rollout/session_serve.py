@@ -1,0 +1,64 @@
+"""Serving OpenAI-style requests, the part of :class:`~pdsr_sdk.rollout.session.RolloutSession` that runs an HTTP
+server (:mod:`pdsr_sdk.rollout.serve`) on its engines and policy."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable
+
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.policies.resolve import check_streaming
+
+
+class Serving:
+    """:meth:`serve`, :meth:`aserve` and :meth:`stop_serving` (a mixin of
+    :class:`~pdsr_sdk.rollout.session.RolloutSession`, whose config, policy, ``streaming``, ``start()``, model folder
+    and ``_call`` it uses). :meth:`_init_serving` sets its state when the session is made."""
+
+    def _init_serving(self) -> None:
+        self._http = None   # the HTTP server while serving (aserve)
+
+    def serve(self, host: str = "127.0.0.1", port: int = 8000, **kw: Any) -> None:
+        """Serve OpenAI-style requests until :meth:`stop_serving` or Ctrl-C (synchronous; see :meth:`aserve`)."""
+        return self._call(self.aserve(host, port, **kw), "serve")
+
+    async def aserve(self, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
+                     tool_parser: str | None = None, on_ready: Callable[[int], None] | None = None) -> None:
+        """Serve ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models`` on the engines,
+        each request a group through the policy, until :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`:
+        named samples, recorded token-exact). ``on_ready(port)`` is called once it listens (``port=0``: any
+        free port). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser."""
+        import uvicorn
+
+        from pdsr_sdk.rollout.serve import ChatServer
+        from pdsr_sdk.rollout.serve_app import create_app
+
+        if self.streaming:
+            raise ConfigError("serve: a serving session runs requests as they come; drop over_provision, steps "
+                              "and filter_groups")
+        check_streaming(self.policy_cls, self.config.policy)   # requests arrive while others run
+        if not self._started:
+            await self.start()
+        server = ChatServer(self, model_name=model_name or Path(self._model_dir()).name, tool_parser=tool_parser)
+        http = uvicorn.Server(uvicorn.Config(create_app(server), host=host, port=port, log_level="warning",
+                                             lifespan="off"))
+        self._http = http
+        task = asyncio.ensure_future(http.serve())
+        try:
+            while not http.started and not task.done():
+                await asyncio.sleep(0.02)
+            if http.started and on_ready is not None:
+                on_ready(http.servers[0].sockets[0].getsockname()[1])
+            await task
+        finally:
+            self._http = None
+            server.close()
+            if not task.done():
+                http.should_exit = True
+                await asyncio.gather(task, return_exceptions=True)
+
+    def stop_serving(self) -> None:
+        """Stop :meth:`aserve` (it returns once open requests are answered); from any thread."""
+        if self._http is not None:
+            self._http.should_exit = True

@@ -1,0 +1,34 @@
+"""Which format a trace file is in (:func:`detect_format`, from its first bytes), and how the readers quote a bad
+value in their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdsr_sdk.errors import DataError
+
+
+def detect_format(path: Path) -> str:
+    """``"jsonl"``, ``"parquet"``, ``"arrow_file"`` or ``"arrow_stream"`` from the first bytes of ``path``."""
+    if not path.exists():
+        raise DataError(f"{path}: trace file does not exist")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; expected a length trace (JSONL) or a trajectories file")
+    with path.open("rb") as fh:
+        head = fh.read(512)
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if head.startswith(b"ARROW1"):
+        return "arrow_file"
+    if head.startswith(b"\xff\xff\xff\xff"):
+        return "arrow_stream"
+    stripped = head.removeprefix(b"\xef\xbb\xbf").lstrip()  # tolerate a UTF-8 byte-order mark
+    if not stripped or stripped.startswith(b"{"):
+        return "jsonl"
+    raise DataError(f"{path}: not a length trace (JSONL objects, one per line) nor a trajectories file "
+                    f"(Parquet or Arrow IPC)")
+
+
+def short_repr(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
