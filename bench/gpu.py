@@ -38,6 +38,7 @@ import sys
 import time
 
 import numpy as np
+from verify_cost import timed_ms   # a sibling script (bench/ is on the path when it runs)
 
 #: dense bf16 tensor-core peaks (TFLOP/s) by device-name fragment; --peak-tflops overrides
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
@@ -62,24 +63,6 @@ class Results:
             json.dump(self.data, f, indent=1)
         os.replace(tmp, self.path)
 
-
-def _timed(fn, repeat: int) -> float:
-    """Median milliseconds of ``fn`` on the current CUDA stream (after one warm-up call)."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
-
-
 # ------------------------------------------------------------------------------------------------ GAE
 
 def gae_part(args, results: Results) -> None:
@@ -101,7 +84,7 @@ def gae_part(args, results: Results) -> None:
         moved = rows * steps * (4 + 4 + 1 + 4 + 4)   # bytes read + written
         src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        copy_ms = _timed(lambda: dst.copy_(src), args.repeat)
+        copy_ms = timed_ms(lambda: dst.copy_(src), args.repeat)
         copy_bw = moved / (copy_ms * 1e-3)
         print(f"\n  B={rows} x T={steps}: {moved / 2**20:.0f} MiB moved; device copy of the same bytes "
               f"{copy_ms:.3f} ms ({copy_bw / 1e9:,.0f} GB/s)")
@@ -134,7 +117,7 @@ def gae_part(args, results: Results) -> None:
         print(f"    {'kernel':<44} {'ms':>8} {'GB/s':>8} {'vs copy':>8} {'max err (first rows)':>21}")
         for label, fn in cases:
             try:
-                ms = _timed(fn, args.repeat)
+                ms = timed_ms(fn, args.repeat)
                 fn()
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - one failing kernel should not hide the others

@@ -124,6 +124,7 @@ class Layer:
 
 
 def timed_ms(fn, repeat: int) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA stream (after one warm-up call)."""
     import torch
 
     fn()
