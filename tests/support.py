@@ -32,9 +32,12 @@ def run_on(loop, coro, timeout: float = 900):
 
 
 def load_bench(name: str):
-    """``bench/<name>.py`` as a module (``bench_<name>``), registered so that its dataclasses find it."""
+    """``bench/<name>.py`` as a module (``bench_<name>``), registered so that its dataclasses find it; ``bench/`` goes
+    on the path, as when the script runs, so that it finds its sibling modules."""
     import sys
 
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

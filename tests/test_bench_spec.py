@@ -1,4 +1,4 @@
-"""bench/spec.py's accounting: the tail's size, the counter deltas, and where each verify step lands in a response
+"""bench/spec.py's accounting (bench/spec_accounting.py): the tail's size, the counter deltas, and where each verify step lands in a response
 (lining vLLM's per-request verify steps up with the streamed chunks), against a simulated engine."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from support import load_bench
 
 
 def load():
-    return load_bench("spec")
+    return load_bench("spec_accounting")
 
 
 def test_tail_size_is_the_last_tenth_at_least_one():
@@ -125,7 +125,7 @@ def test_token_quantile_time():
 
 
 def test_parse_args():
-    m = load()
+    m = load_bench("spec")
     args = m.parse_args(["--methods", "off,group", "--engines", "1"])
     assert args.methods == ["off", "group"] and args.model is None
     args.model, args.dataset = "m", None
