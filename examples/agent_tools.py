@@ -90,15 +90,18 @@ async def run_scripted(agent) -> dict:
 
 async def smoke(session, prompts) -> dict:
     """One step of ``run_scripted`` on ``session``'s engines, and the smoke line (see the module)."""
-    engines = [e for e in session.engines if hasattr(e, "prompt_log")]
-    for e in engines:
-        e.prompt_log = []
+    from pdsr_sdk.engines.request_observer import PromptLog
+
+    engines = [e for e in session.engines if hasattr(e, "observer")]   # vLLM engines in this process
+    logs = [PromptLog() for _ in engines]
+    for e, plog in zip(engines, logs):
+        e.observer = plog
     try:
         out = await session.astep(prompts, agent=run_scripted)
-        log = [x for e in engines for x in e.prompt_log]
+        log = [x for plog in logs for x in plog.entries]
     finally:
         for e in engines:
-            e.prompt_log = None
+            e.observer = None
     samples = {s.key: s for s in out.samples}
     mismatches = 0
     for request_id, got in log:

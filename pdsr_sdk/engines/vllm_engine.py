@@ -16,11 +16,12 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pdsr_sdk.dispatch.types import ABORT, EngineLoad, SegmentRequest
 from pdsr_sdk.engines import group_drafter
 from pdsr_sdk.engines.model_engine import ModelEngine
+from pdsr_sdk.engines.request_observer import RequestObserver
 from pdsr_sdk.engines.vllm_control import VllmControl
 from pdsr_sdk.engines.vllm_spawn import spawn
 from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, speculation_counts
@@ -31,17 +32,6 @@ ERROR_FILE_ENV = "PDSR_ENGINE_ERROR_FILE"
 ENGINE_NAME_ENV = "PDSR_ENGINE_NAME"
 #: mixed into vLLM's worker class in the engine process: pdsr's collective_rpc methods
 WORKER_EXTENSION = "pdsr_sdk.engines.vllm_worker.PdsrWorkerExtension"
-
-
-class RequestObserver(Protocol):
-    """Watches every request of a :class:`VllmEngine` (set as its ``observer``): a benchmark's recorder."""
-
-    def on_launch(self, request: SegmentRequest, extra_args: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Called as a segment is handed to vLLM, with the extra sampling args pdsr gives it (speculative
-        ``group``: the draft corpus); returns the extra args to send instead."""
-
-    def on_output(self, request_id: str, output: Any) -> None:
-        """Called with each of the request's vLLM ``RequestOutput`` as it streams (new tokens only)."""
 
 
 class VllmEngine(VllmControl, ModelEngine):
@@ -62,10 +52,8 @@ class VllmEngine(VllmControl, ModelEngine):
         #: speculative ``group``: draft corpora made where the sample is (a Ray engine's orchestrator), by request
         #: id, for requests that arrive without their sample (the Ray actor's)
         self.carried_draft_args: dict[str, dict[str, Any]] = {}
-        #: set to a list to record (request id, the prompt ids vLLM received) of every request from then on: how a
-        #: test checks token exactness against the engine's own view, not pdsr's records
-        self.prompt_log: list[tuple[str, list[int]]] | None = None
-        #: set to watch every request from then on (:class:`RequestObserver`: a benchmark's recorder)
+        #: set to watch every request from then on (a :class:`~pdsr_sdk.engines.request_observer.RequestObserver`: a
+        #: benchmark's recorder, a test's ``PromptLog``)
         self.observer: RequestObserver | None = None
         self._error_file = Path(tempfile.mkstemp(prefix=f"pdsr-engine-{_safe(self.name)}-", suffix=".log")[1])
 
@@ -286,13 +274,9 @@ class VllmEngine(VllmControl, ModelEngine):
             if request.cache_salt is not None:
                 prompt["cache_salt"] = request.cache_salt
             gen = self._llm.generate(prompt, params, request.request_id)
-            log = self.prompt_log
             async for out in gen:
                 if observer is not None:
                     observer.on_output(request.request_id, out)
-                if log is not None and out.prompt_token_ids is not None:
-                    log.append((request.request_id, list(out.prompt_token_ids)))
-                    log = None
                 comp = out.outputs[0]
                 ids = comp.token_ids
                 if ids:

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from pdsr_sdk.engines.request_observer import PromptLog
 from support import requires_vllm, run_on
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # uses the shared real engines (tests/conftest.py)
@@ -53,15 +54,16 @@ def _session(tiny_model_dir, engines, **agent):
 def multi_turn(engine_loop, vllm_pair, tiny_model_dir):
     """One step of calculator_agent over the shared engines, with every request's prompt ids as vLLM got them."""
     async def go():
-        for e in vllm_pair:
-            e.prompt_log = []
+        logs = [PromptLog() for _ in vllm_pair]
+        for e, log in zip(vllm_pair, logs):
+            e.observer = log
         try:
             async with _session(tiny_model_dir, vllm_pair, turn_max_tokens=16) as session:
                 result = await session.astep(PROMPTS, agent=calculator_agent)
-                return result, [x for e in vllm_pair for x in e.prompt_log], session.tokenizer
+                return result, [x for log in logs for x in log.entries], session.tokenizer
         finally:
             for e in vllm_pair:
-                e.prompt_log = None
+                e.observer = None
     return run_on(engine_loop, go())
 
 

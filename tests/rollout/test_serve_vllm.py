@@ -10,6 +10,7 @@ import queue
 import httpx
 import pytest
 
+from pdsr_sdk.engines.request_observer import PromptLog
 from support import WAIT_S, requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # uses the shared real engines (tests/conftest.py)
@@ -25,16 +26,17 @@ def test_openai_client_on_real_engines(engine_loop, vllm_pair, tiny_model_dir):
     ready: queue.Queue = queue.Queue()
 
     async def serve():
-        for e in vllm_pair:
-            e.prompt_log = []
+        logs = [PromptLog() for _ in vllm_pair]
+        for e, plog in zip(vllm_pair, logs):
+            e.observer = plog
         try:
             async with session:
                 await session.aserve(port=0, on_ready=ready.put, model_name="tiny")
                 tok = session.tokenizer
         finally:
-            log = [x for e in vllm_pair for x in e.prompt_log]
+            log = [x for plog in logs for x in plog.entries]
             for e in vllm_pair:
-                e.prompt_log = None
+                e.observer = None
         return log, tok
 
     running = asyncio.run_coroutine_threadsafe(serve(), engine_loop)
