@@ -50,6 +50,20 @@ def test_losing_the_last_engine_of_a_pool_is_a_clear_error():
     assert "heavy-0" in str(fatal[0]) and "pool 'heavy'" in str(fatal[0])
 
 
+def test_a_sample_placed_on_a_full_engine_waits_on_that_engines_queue():
+    clock = VirtualClock()
+    engine = FakeEngine("fast-0", "fast", clock, max_concurrency=1)
+    cls = POLICIES.get("baseline")
+    sched = DispatchRun([engine], cls, cls.config_model(), clock, SamplingConfig(n=2, max_tokens=100),
+                        SegmentConfig(min_tokens=16, max_tokens=64)).scheduler
+    a, b = build_groups([PromptRecord("p", "p", [1, 2, 3], target_lengths=[5, 5])], 2, 100)[0].samples
+    sched.submit(a, engine=engine)
+    sched.submit(b, engine=engine)
+    assert sched.running(engine) == [a] and sched.queued_on(engine) == [b] and sched.queued("fast") == []
+    clock.run(until=lambda: a.finished)   # its slot frees: the queued one launches there
+    assert sched.running(engine) == [b] and sched.queued_on(engine) == []
+
+
 def test_natural_eos_finishes_with_stop_and_max_tokens_with_length():
     natural = {("a", 0): 5, ("a", 1): 500}
     clock = VirtualClock()

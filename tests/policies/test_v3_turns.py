@@ -48,7 +48,7 @@ def test_v3_books_only_what_runs_or_queues_and_keeps_each_sample_on_its_engine()
         sched = self.scheduler
         book = sched.policy.ledger
         for e in sched.live_engines():
-            queued = [item.sample for item in sched._engine_queues[e.name]]
+            queued = sched.queued_on(e)
             booked = {s for s, name in book.engine_of.items() if name == e.name}
             assert booked == set(sched.running(e)) | set(queued)
             assert book.assigned[e.name] == len(booked)

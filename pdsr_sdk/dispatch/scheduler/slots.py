@@ -97,6 +97,10 @@ class SlotTable:
     def queue_length(self, pool: str) -> int:
         return len(self._pool_queues.get(pool, ()))
 
+    def queued_on(self, engine: Engine) -> list[Sample]:
+        """Samples waiting on ``engine``'s own queue (placed on it, not on its pool's)."""
+        return [q.sample for q in self._engine_queues.get(engine.name, ())]
+
     def running(self, engine: Engine | None = None) -> list[Sample]:
         if engine is None:
             return list(self._run_of)
