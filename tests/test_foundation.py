@@ -1,4 +1,4 @@
-"""Package-wide guarantees: light imports, fresh schemas, described configs, loud registries."""
+"""Package-wide guarantees: light imports, fresh schemas, described configs, loud registries, small modules."""
 
 from __future__ import annotations
 
@@ -187,3 +187,14 @@ def test_lazy_package_attributes_load_on_use_and_fail_clearly():
     assert pdsr_sdk.compute_gae is compute_gae and vars(pdsr_sdk)["compute_gae"] is compute_gae   # cached
     with pytest.raises(AttributeError, match="module 'pdsr_sdk.rollout' has no attribute 'nope'"):
         pdsr_sdk.rollout.nope  # noqa: B018
+
+
+def test_modules_stay_small():
+    """Files stay small and single-purpose: no module of the package is over 400 lines, v3's coordinator (the
+    policy that hands each hook to its rules) at most 300 (issue 48). A module that grows past it is split."""
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
+             for package in ("pdsr_sdk", "pdsr_cli") for p in (ROOT / package).rglob("*.py")}
+    assert len(sizes) > 100   # the walk found the package
+    over = sorted(f"{name} ({n} lines)" for name, n in sizes.items() if n > 400)
+    assert not over, f"modules over 400 lines: {', '.join(over)}"
+    assert sizes["pdsr_sdk/policies/v3/policy.py"] <= 300
