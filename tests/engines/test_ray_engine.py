@@ -148,7 +148,8 @@ def test_an_engine_ray_cannot_place_fails_with_what_was_missing(what, ray_cluste
     assert "engine 'nowhere'" in msg and "within 2 s" in msg and "CPU: 4" in msg
     assert ("no_such_node: 1" in msg) if what == "resources" else ("placement group" in msg and "GPU" in msg)
     run_on(engine_loop, engine.close())
-    assert not [a for a in ray_cluster.util.list_named_actors() if "nowhere" in a]
+    # ray.kill returns before the cluster drops the actor's name: wait for it (a loaded machine takes a while)
+    assert not _named_actors_left(ray_cluster, "nowhere")
 
 
 @ray_test
@@ -479,6 +480,16 @@ def _core_pids(actor_pid):
     import psutil
 
     return [p.pid for p in psutil.Process(actor_pid).children(recursive=True)]
+
+
+def _named_actors_left(ray, fragment, timeout=WAIT_S):
+    """Named actors whose name holds ``fragment``, once none is left or ``timeout`` has passed."""
+    end = time.monotonic() + timeout
+    while True:
+        left = [a for a in ray.util.list_named_actors() if fragment in a]
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.2)
 
 
 def _wait_gone(pids, timeout=WAIT_S):
