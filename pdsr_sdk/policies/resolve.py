@@ -149,7 +149,8 @@ def check_set_targets(items: list[tuple[str | None, str, Any]], selected: list[s
 
 
 def merge_policy_sets(policy_settings: Mapping[str, Any], selected: list[str],
-                      items: list[tuple[str | None, str, Any]], *, simulation: bool = False) -> dict[str, Any]:
+                      items: list[tuple[str | None, str, Any]], *, simulation: bool = False,
+                      origin: str = "--set") -> dict[str, Any]:
     """``policy_settings`` (keyed by policy; typed or mappings) with ``(policy or None, key, value)`` settings
     added, each policy's settings typed again.
 
@@ -157,7 +158,8 @@ def merge_policy_sets(policy_settings: Mapping[str, Any], selected: list[str],
     ``--policy all --set cap_multiplier=2`` changes v2.5 only; when none has it, the one selected policy
     gets it (its validation names the key and the valid ones), or it is an error naming each policy's keys.
     A dotted key sets a nested setting (``v3:migration.stall_share``); an old spelling of a key still finds its
-    policy (its validation warns, naming the new key) and overrides what it means.
+    policy (its validation warns, naming the new key) and overrides what it means. ``policy_settings`` were
+    valid, so an error (or a warning) names ``origin``, where the items came from, not the policy's preset.
     """
     check_set_targets(items, selected)
     models = {name: policy_class(name, simulation=simulation)[0].config_model for name in selected}
@@ -177,10 +179,10 @@ def merge_policy_sets(policy_settings: Mapping[str, Any], selected: list[str],
             set_dotted(item, key, value)
             model = models.get(name) or policy_class(name, simulation=simulation)[0].config_model
             if issubclass(model, ConfigModel):   # an old key: what it means now, so that it overrides that
-                item = model.upgrade(item)
+                item = model.upgrade(item, origin)
             changed[name] = deep_merge(changed.get(name) or plain_settings(settings.get(name)), item)
     for name, merged in changed.items():   # typed again, naming the setting
-        settings[name] = resolve_policy(name, merged, simulation=simulation)[1]
+        settings[name] = resolve_policy(name, merged, simulation=simulation, origin=origin)[1]
     return settings
 
 
