@@ -1,7 +1,7 @@
-"""Parquet/JSONL table helpers shared by the commands.
+"""Table helpers shared by the commands.
 
-- ``read_table`` checks the file and the columns a command needs and names
-  them in errors.
+- ``read_table`` reads Parquet, Arrow IPC, JSONL or CSV/TSV, checks the file
+  and the columns a command needs and names them in errors.
 - ``check_writable`` says before a long run whether an output can be written.
 - ``write_table_atomic`` / ``write_text_atomic`` / ``atomic_path`` write to a
   temp file beside the target and rename, so an interrupted run never leaves
@@ -25,19 +25,29 @@ import pyarrow as pa
 from pdsr_sdk.errors import DataError
 
 
+#: the formats read_table knows by a file's suffix; any other name is read as Parquet
+FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".arrow": "arrow", ".ipc": "arrow",
+           ".feather": "arrow", ".csv": "csv", ".tsv": "csv"}
+
+
 def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input") -> pa.Table:
-    """Read a Parquet (or Arrow IPC / JSONL) file, checking that ``columns`` exist."""
+    """Read a Parquet, Arrow IPC, JSONL or CSV/TSV file (by its suffix; any other is read as Parquet),
+    checking that ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50``
+    or an id ``007`` is not turned into a number); an empty cell is missing (null)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: {what} file does not exist")
     suffix = path.suffix.lower()
+    kind = FORMATS.get(suffix, "parquet")
     try:
-        if suffix in (".jsonl", ".json"):
+        if kind == "jsonl":
             table = _read_jsonl(path)
-        elif suffix in (".arrow", ".ipc", ".feather"):
+        elif kind == "arrow":
             import pyarrow.feather as feather
 
             table = feather.read_table(path)
+        elif kind == "csv":
+            table = _read_csv(path, "\t" if suffix == ".tsv" else ",")
         else:
             import pyarrow.parquet as pq
 
@@ -45,7 +55,9 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
-        raise DataError(f"{path}: cannot read {what} file as {suffix.lstrip('.') or 'parquet'}: {exc}") from None
+        known = "" if suffix in FORMATS else (f" (a {suffix or 'suffix-less'} name is read as Parquet; pdsr reads "
+                                              f"{', '.join(FORMATS)})")
+        raise DataError(f"{path}: cannot read {what} file as {kind}{known}: {exc}") from None
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise DataError(
@@ -53,6 +65,17 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
             f"the file has: {', '.join(table.column_names) or '(no columns)'}"
         )
     return table
+
+
+def _read_csv(path: Path, delimiter: str) -> pa.Table:
+    import pyarrow.csv as csv
+
+    parse = csv.ParseOptions(delimiter=delimiter)
+    with csv.open_csv(path, parse_options=parse) as reader:   # the header: every column's name
+        names = reader.schema.names
+    return csv.read_csv(path, parse_options=parse,
+                        convert_options=csv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                                           strings_can_be_null=True, null_values=[""]))
 
 
 def _read_jsonl(path: Path) -> pa.Table:

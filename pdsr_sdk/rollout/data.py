@@ -1,4 +1,4 @@
-"""Prompts for a rollout: read Parquet/JSONL, apply the chat template, tokenize."""
+"""Prompts for a rollout: read Parquet/JSONL/CSV, apply the chat template, tokenize."""
 
 from __future__ import annotations
 

@@ -280,7 +280,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
     # ------------------------------------------------------------ one step
     def load_prompts(self, path: str | Path | None = None) -> list[PromptRecord]:
-        """Prompts from a Parquet/JSONL file read as ``config.data`` says (default: ``config.data.path``,
+        """Prompts from a Parquet/JSONL/CSV file read as ``config.data`` says (default: ``config.data.path``,
         else the built-in sample prompts), tokenized with the model's chat template."""
         from pdsr_sdk.rollout.data import load_prompts
         from pdsr_sdk.rollout.sample_data import default_sample_path

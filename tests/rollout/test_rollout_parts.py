@@ -80,6 +80,17 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
     m = load_prompts(DataConfig(messages_column="messages"), tok, path=msgs)
     assert m[0].prompt_id == "row-0" and "<|im_start|>system\nS" in m[0].text
 
+    # a CSV: every cell read as written (no number parsing), an empty one missing
+    csv = tmp_path / "p.csv"
+    csv.write_text('id,problem,answer\n007,"What is 1+1, exactly?",0.50\n8,What is 2+2?,\n')
+    c = load_prompts(DataConfig(), tok, path=csv)
+    assert [(r.prompt_id, r.ground_truth) for r in c] == [("007", "0.50"), ("8", None)]
+    assert c[0].text.startswith("<|im_start|>user\nWhat is 1+1, exactly?")
+    tsv = tmp_path / "p.tsv"
+    tsv.write_text("prompt\tlabel\nWhat is 3+3?\t6\n")
+    assert [(r.text.split("\n")[1], r.ground_truth) for r in load_prompts(DataConfig(), tok, path=tsv)] == [
+        ("What is 3+3?<|im_end|>", "6")]
+
 
 def test_load_prompts_errors_name_file_and_row(tmp_path, tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
@@ -96,6 +107,11 @@ def test_load_prompts_errors_name_file_and_row(tmp_path, tiny_model_dir):
     path.write_text("{not json\n")
     with pytest.raises(DataError, match="p.jsonl:1: not valid JSON"):
         load_prompts(DataConfig(), tok, path=path)
+    other = tmp_path / "p.txt"   # a name of no known format is read as Parquet, and the error says so
+    other.write_text("What is 1+1?\n")
+    with pytest.raises(DataError, match=r"p\.txt: cannot read prompt file as parquet \(a \.txt name is read as "
+                                        r"Parquet; pdsr reads \.parquet, .*\.csv, \.tsv\)"):
+        load_prompts(DataConfig(), tok, path=other)
 
 
 def test_build_groups_forces_lengths():
