@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config, config_option, handle_errors, quiet_option
+from pdsr_cli.common import build_config_replacing, config_option, handle_errors, quiet_option
 from pdsr_sdk.gae.config import GaeConfig
 
 
@@ -54,7 +54,7 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     no_mask = flags.get("mask_column") == ""
     if no_mask:
         flags["mask_column"] = None
-    cfg = build_config(GaeConfig, config_path, flags)
+    cfg = build_config_replacing(GaeConfig, config_path, flags, required={"data": "--data", "out": "--out"})
     if no_mask:
         cfg = cfg.model_copy(update={"mask_column": None})
     with output_mode(quiet):   # no progress bars here: --quiet hides third-party warnings (numba, torch)

@@ -71,6 +71,15 @@ def test_gae_existing_out_needs_overwrite(tmp_path, gae_input):
     assert pq.read_table(out).column_names[-2:] == ["advantages", "returns"]
 
 
+def test_gae_without_data_or_out_names_the_flag(tmp_path, gae_input):
+    path, _ = gae_input
+    failed(invoke("gae", "--data", path), "--out is required (or 'out:' in the --config file)")
+    failed(invoke("gae", "--out", tmp_path / "o.parquet"), "--data is required (or 'data:' in the --config file)")
+    cfg = tmp_path / "gae.yaml"   # the file may give them instead
+    cfg.write_text(f"data: {path}\nout: {tmp_path / 'o.parquet'}\n")
+    assert invoke("gae", "--config", cfg).exit_code == 0 and (tmp_path / "o.parquet").exists()
+
+
 def test_gae_unwritable_out_fails_before_computing(tmp_path, gae_input, monkeypatch):
     from pdsr_sdk.gae import table
 
