@@ -27,6 +27,7 @@ _LAZY = {
     "restore_order": "pdsr_sdk.batching",
     "partition_for_data_parallel": "pdsr_sdk.batching", "inverse_permutation": "pdsr_sdk.batching",
     "per_token_logps": "pdsr_sdk.scoring",
+    "trainer_batch": "pdsr_sdk.rollout.padded", "TrainerBatch": "pdsr_sdk.rollout.padded",
     "importance_weights": "pdsr_sdk.offpolicy", "token_versions_of_rows": "pdsr_sdk.offpolicy",
     "off_policy_share": "pdsr_sdk.offpolicy",
     "simulate": "pdsr_sdk.sim", "SimEngine": "pdsr_sdk.sim", "SimulateConfig": "pdsr_sdk.sim",

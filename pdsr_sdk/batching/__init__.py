@@ -2,7 +2,8 @@
 
 ``partition_by_tokens`` splits samples into the fewest balanced micro-batches
 under a token cap; ``restore_order`` puts per micro-batch outputs back in
-sample order; the data-parallel helpers give every rank the same count.
+sample order; the data-parallel helpers give every rank the same count;
+``pad_rows`` pads ragged rows on either side (a trainer batch's kernel).
 Numba is imported only when a partition is first computed.
 """
 
@@ -15,6 +16,7 @@ from pdsr_sdk.batching.dp import (
     partition_for_data_parallel,
     partition_on_rank,
 )
+from pdsr_sdk.batching.padding import pad_rows
 from pdsr_sdk.batching.partition import (
     DEFAULT_ATTENTION_COEF,
     inverse_permutation,
@@ -28,6 +30,7 @@ __all__ = [
     "common_micro_batch_count",
     "inverse_permutation",
     "pad_micro_batches",
+    "pad_rows",
     "partition_by_tokens",
     "partition_for_data_parallel",
     "partition_on_rank",

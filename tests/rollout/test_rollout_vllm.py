@@ -269,6 +269,21 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
         assert {seg.policy_version for s in result.samples for seg in s.segments} == {version}
         assert all(r == [version] for r in result.table.column("policy_versions").to_pylist())
     assert sorted(g.prompt_id for g in second.groups) == ["q", "s1-p0"]
+    # the step as a trainer's padded batch (verl's layout): each row is the sample as the engines made it
+    from pdsr_sdk.rollout.padded import trainer_batch
+
+    with pytest.raises(DataError, match="sample s1-p0/[01] has no reward"):   # only 'q' has a ground truth
+        trainer_batch(second, pad_token_id=-9)
+    rewards = [sc.reward if sc.reward is not None else 0.0 for sc in second.scores]
+    batch = trainer_batch(second, pad_token_id=-9, rewards=rewards, numpy=True)
+    t = batch.tensors
+    for i, s in enumerate(second.samples):
+        row = t["input_ids"][i][t["attention_mask"][i] == 1].tolist()
+        assert row == s.group.prompt_token_ids + s.token_ids and batch.non_tensors["uid"][i] == s.group.prompt_id
+        assert t["rollout_log_probs"][i][:len(s.token_ids)].tolist() == pytest.approx(s.logprobs)
+        assert set(t["token_versions"][i][:len(s.token_ids)].tolist()) == {1}
+        assert t["token_level_scores"][i].tolist() == [0.0] * (len(s.token_ids) - 1) + [rewards[i]] + [0.0] * (
+            t["responses"].shape[1] - len(s.token_ids))
 
 
 # ------------------------------------------------------------------------------------ pause / sleep

@@ -1,0 +1,95 @@
+"""trainer_batch: a step's samples in verl's padded layout, each row checked against the sample it came from,
+built here token by token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdsr_sdk.dispatch.types import Group, Sample, SegmentRecord
+from pdsr_sdk.errors import DataValueError
+from pdsr_sdk.rollout.padded import trainer_batch
+
+PAD = 0
+
+
+def sample(pid, prompt, tokens, *, mask=None, spans=((0, None, 0),), reason="stop", index=0):
+    g = Group(prompt_id=pid, prompt_token_ids=list(prompt), prompt_text="", n=1)
+    s = Sample(group=g, index=index, max_tokens=64, token_ids=list(tokens),
+               logprobs=[-0.1 * (k + 1) for k in range(len(tokens))], finish_reason=reason, response_mask=mask)
+    s.segments = [SegmentRecord(pool="fast", engine="fast-0", start_token=a, num_tokens=len(tokens) - a if n is None
+                                else n, policy_version=v) for a, n, v in spans]
+    g.samples = [s]
+    return s
+
+
+def samples():
+    return [sample("a", [5, 6, 7], [11, 12], spans=((0, 1, 3), (1, 1, 4))),      # crossed an update: versions 3, 4
+            sample("b", [8], [13, 14, 15, 16], mask=[1, 0, 0, 1]),               # multi-turn: two environment tokens
+            sample("c", [9, 10], [17], reason="length")]
+
+
+def reference_row(s, p, r, reward):
+    """The row verl's vLLM rollout would build for one sample, a list at a time."""
+    prompt, resp = s.group.prompt_token_ids, s.token_ids
+    pad_p, pad_r = p - len(prompt), r - len(resp)
+    pos_prompt = [0] * pad_p + list(range(len(prompt)))
+    versions = []
+    for t in range(len(resp)):
+        versions.append(next(seg.policy_version for seg in reversed(s.segments)
+                             if seg.start_token <= t < seg.start_token + seg.num_tokens))
+    return {
+        "prompts": [PAD] * pad_p + prompt, "responses": resp + [PAD] * pad_r,
+        "input_ids": [PAD] * pad_p + prompt + resp + [PAD] * pad_r,
+        "attention_mask": [0] * pad_p + [1] * (len(prompt) + len(resp)) + [0] * pad_r,
+        "position_ids": pos_prompt + [pos_prompt[-1] + k for k in range(1, r + 1)],
+        "response_mask": (s.response_mask or [1] * len(resp)) + [0] * pad_r,
+        "rollout_log_probs": s.logprobs + [-1.0] * pad_r,
+        "token_versions": versions + [-1] * pad_r,
+        "token_level_scores": [0.0] * (len(resp) - 1) + [reward] + [0.0] * pad_r,
+    }
+
+
+@pytest.mark.parametrize("widths", [(None, None), (5, 6)])
+def test_rows_are_the_samples_in_verls_layout(widths):
+    ss = samples()
+    rewards = [1.0, 0.0, 0.5]
+    batch = trainer_batch(ss, pad_token_id=PAD, prompt_length=widths[0], response_length=widths[1],
+                          rewards=rewards, numpy=True)
+    p, r = widths[0] or 3, widths[1] or 4
+    assert len(batch) == 3 and batch.tensors["input_ids"].shape == (3, p + r)
+    for i, (s, reward) in enumerate(zip(ss, rewards)):
+        want = reference_row(s, p, r, reward)
+        for key, value in want.items():
+            assert batch.tensors[key][i].tolist() == pytest.approx(value), (key, i)
+    assert batch.non_tensors["uid"].tolist() == ["a", "b", "c"]
+    assert batch.non_tensors["finish_reasons"].tolist() == ["stop", "stop", "length"]
+    assert batch.tensors["rollout_log_probs"].dtype == np.float32
+
+
+def test_torch_tensors_by_default_and_no_scores_without_rewards():
+    import torch
+
+    batch = trainer_batch(samples(), pad_token_id=PAD)
+    assert all(isinstance(v, torch.Tensor) for v in batch.tensors.values())
+    assert batch.tensors["input_ids"].dtype == torch.int64 and "token_level_scores" not in batch.tensors
+
+
+def test_what_cannot_be_a_row_is_named():
+    with pytest.raises(DataValueError, match="sample b/0 has 4 tokens, over response_length=3"):
+        trainer_batch(samples(), pad_token_id=PAD, response_length=3)
+    with pytest.raises(DataValueError, match="sample a/0 has 3 tokens, over prompt_length=2"):
+        trainer_batch(samples(), pad_token_id=PAD, prompt_length=2)
+    failed = sample("d", [1], [], reason="failed")
+    failed.error = "RuntimeError: the tool crashed"
+    with pytest.raises(DataValueError, match=r"sample d/0 has no response tokens \(finish reason 'failed': "
+                                             r"RuntimeError: the tool crashed\); pass the samples to train on"):
+        trainer_batch([*samples(), failed], pad_token_id=PAD)
+    with pytest.raises(DataValueError, match="sample b/0 has no reward; pass the samples to train on, or rewards="):
+        trainer_batch(samples(), pad_token_id=PAD, rewards=[1.0, None, 0.0])
+    counted = sample("e", [1], [2, 3])
+    counted.logprobs = []
+    with pytest.raises(DataValueError, match="sample e/0 has 0 log-probs for 2 response tokens"):
+        trainer_batch([counted], pad_token_id=PAD)
+    with pytest.raises(DataValueError, match="2 rewards for 3 samples"):
+        trainer_batch(samples(), pad_token_id=PAD, rewards=[1.0, 0.0])
