@@ -65,6 +65,15 @@ def test_turns_rewards_and_the_summary(tiny_model_dir):
         assert row["response_mask"].count(0) == row["turns"][1]["num_tokens"]
     assert out.summary["turns_mean"] == 2 and out.summary["agent_failed"] == 0
     assert out.summary["turns"] == 24
+    # as a trainer's batch: the loss mask leaves out the tool's tokens, which stay in the attention mask
+    from pdsr_sdk.rollout.padded import trainer_batch
+
+    batch = trainer_batch(out, pad_token_id=0, numpy=True).tensors
+    for i, (s, row) in enumerate(zip(out.samples, rows)):
+        n = len(s.token_ids)
+        assert batch["response_mask"][i][:n].tolist() == row["response_mask"] and not batch["response_mask"][i][n:].any()
+        assert batch["attention_mask"][i][-batch["responses"].shape[1]:][:n].all()
+        assert batch["token_level_scores"][i][n - 1] == pytest.approx(row["reward"])
 
 
 @requires_torch
