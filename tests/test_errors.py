@@ -32,7 +32,8 @@ def test_config_range_errors_name_the_keys(tmp_path):
           "fast + heavy is 0")
     clean(run(cli, ["trace", "synth", "--out", str(tmp_path / "s.jsonl"), "--min-length", "10", "--max-length", "5"]),
           "min_length (10) must be <= max_length (5)")
-    clean(run(cli, ["gae", "--data", str(tmp_path / "x.parquet"), "--device", "tpu"]),
+    clean(run(cli, ["gae", "--data", str(tmp_path / "x.parquet"), "--out", str(tmp_path / "o.parquet"),
+                    "--device", "tpu"]),
           "device", "expected cpu, cuda or cuda:N, got 'tpu'")
 
 
