@@ -14,7 +14,8 @@ step learns carries over to every context: the reward mean rises within a few st
 - old and reference log-probs: ``pdsr_sdk.per_token_logps`` (torch backend, fp32) on the trainer's
   model before the update and on a frozen copy of the initial model;
 - the gradient-carrying log-probs come from the torch model directly (a scorer returns numbers,
-  not a graph): one forward over the padded batch, gathered at the sampled tokens;
+  not a graph): one forward over the padded batch (``pdsr_sdk.trainer_batch``, verl's layout), gathered at
+  the sampled tokens;
 - loss: PPO-clipped surrogate (token mean per sample, then mean over samples), optional k3 KL to
   the reference (``--kl-coef``).
 
@@ -166,8 +167,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdsr_sdk import RolloutSession, grpo_advantages, importance_weights, per_token_logps
-    from pdsr_sdk.offpolicy import token_versions
+    from pdsr_sdk import RolloutSession, grpo_advantages, importance_weights, per_token_logps, trainer_batch
+    from pdsr_sdk.batching import pad_rows
 
     if session is None:
         with RolloutSession(rollout_config(s)) as opened:
@@ -214,11 +215,17 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             old = per_token_logps(model, prompts, comps, backend="torch").logps      # the trainer's policy now
             refl = per_token_logps(ref, prompts, comps, backend="torch").logps
             sampler = old if s.update else refl            # the weights the engines sampled with (this version's tokens)
-            # each token's policy version: carried tokens came from older weights than the trainer's now
-            versions = [token_versions([g.start_token for g in x.segments], [g.num_tokens for g in x.segments],
-                                       [g.policy_version for g in x.segments], len(c)) for x, c in zip(samples, comps)]
+            # the padded batch for the gradient-carrying forward, in verl's layout: prompts left-padded, responses
+            # right-padded, the loss mask (sampled tokens), the engine's log-probs and each token's policy version
+            batch = trainer_batch(samples, pad_token_id=0).tensors
+            ids, attn, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            width, offsets = batch["responses"].shape[1], np.cumsum([0] + [len(c) for c in comps])
+            mask = batch["response_mask"].float()
+            eng_t = batch["rollout_log_probs"]
+            old_t, ref_t = (torch.from_numpy(pad_rows(np.concatenate(x), offsets, width)) for x in (old, refl))
+            # carried tokens came from older weights than the trainer's now
             trainer_version = session.policy_version   # the weights the trainer holds now
-            token_version = np.concatenate(versions)
+            token_version = batch["token_versions"][batch["attention_mask"][:, -width:].bool()].numpy()   # flat
             current = (token_version == trainer_version) & np.concatenate(sampled)
             gaps = np.concatenate([np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o)
                                    for x, c, o in zip(samples, comps, sampler)])
@@ -226,22 +233,6 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             d = (np.concatenate(refl) - np.concatenate(sampler))[current]   # k3: E[exp(d) - d - 1] over the sampler's tokens
             kl = float(np.mean(np.exp(d) - d - 1)) if current.any() else float("nan")
 
-            # padded batch for the gradient-carrying forward
-            lens = [len(p) + len(c) for p, c in zip(prompts, comps)]
-            T = max(lens)
-            ids = torch.zeros(len(samples), T, dtype=torch.long)
-            attn = torch.zeros(len(samples), T, dtype=torch.long)
-            mask = torch.zeros(len(samples), T - 1)
-            old_t = torch.zeros(len(samples), T - 1)
-            ref_t = torch.zeros(len(samples), T - 1)
-            eng_t = torch.zeros(len(samples), T - 1)
-            for i, (p, c) in enumerate(zip(prompts, comps)):
-                ids[i, :lens[i]] = torch.tensor(p + c)
-                attn[i, :lens[i]] = 1
-                mask[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(sampled[i].astype("float32"))   # sampled ones
-                old_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(old[i])
-                ref_t[i, len(p) - 1:lens[i] - 1] = torch.from_numpy(refl[i])
-                eng_t[i, len(p) - 1:lens[i] - 1] = torch.tensor(samples[i].logprobs[:len(c)], dtype=torch.float32)
             adv_t = torch.from_numpy(adv)[:, None]
             tis_upper = s.tis if s.tis is not None else (2.0 if partial else None)
             if tis_upper is not None:   # the behaviour policy (older weights, the engine's numerics) -> the trainer's
@@ -252,8 +243,9 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
 
             model.train()
             for _ in range(s.inner_steps):
-                logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-                new = torch.gather(torch.log_softmax(logits, -1), 2, ids[:, 1:, None]).squeeze(2)
+                # the logits at column j predict token j + 1: the response's from the prompt's last column on
+                logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -width - 1:-1].float()
+                new = torch.gather(torch.log_softmax(logits, -1), 2, batch["responses"][:, :, None]).squeeze(2)
                 ratio = torch.exp(new - old_t)
                 surr = torch.minimum(ratio * adv_t, ratio.clamp(1 - s.clip, 1 + s.clip) * adv_t)
                 per_tok = -surr * weights
