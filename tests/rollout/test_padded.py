@@ -93,3 +93,27 @@ def test_what_cannot_be_a_row_is_named():
         trainer_batch([counted], pad_token_id=PAD)
     with pytest.raises(DataValueError, match="2 rewards for 3 samples"):
         trainer_batch(samples(), pad_token_id=PAD, rewards=[1.0, 0.0])
+
+
+def test_a_forward_over_the_batch_gives_each_samples_unbatched_log_probs(tiny_model_dir):
+    """The layout is one a model reads as verl's trainer does (left-padded prompts, position_ids, the response's
+    columns): its log-probs of the response tokens equal the scorer's, one sample at a time (a float64 model; the
+    scorer returns float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.scoring import per_token_logps
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float64).eval()
+    rng = np.random.default_rng(0)
+    ss = [sample(f"p{i}", rng.integers(5, 400, size=int(rng.integers(1, 9))).tolist(),
+                 rng.integers(5, 400, size=int(rng.integers(1, 12))).tolist()) for i in range(6)]
+    t = trainer_batch(ss, pad_token_id=PAD).tensors
+    width = t["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                       position_ids=t["position_ids"]).logits[:, -width - 1:-1]
+        got = torch.gather(torch.log_softmax(logits, -1), 2, t["responses"][:, :, None]).squeeze(2)
+    for i, s in enumerate(ss):
+        want = per_token_logps(model, [s.group.prompt_token_ids], [s.token_ids], backend="torch").logps[0]
+        assert got[i, :len(s.token_ids)].numpy() == pytest.approx(want, rel=1e-6)
