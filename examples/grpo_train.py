@@ -21,8 +21,8 @@ step learns carries over to every context: the reward mean rises within a few st
 
 Per step it prints one JSON line: reward mean, mean response length, ``kl_ref`` (KL of the policy that
 sampled the step to the reference, k3 estimator on the sampled tokens) and ``engine_trainer_logp_gap``
-(mean |engine log-prob - trainer log-prob| of the same weights on the sampled tokens: engine bf16
-vs trainer fp32).
+(mean |engine log-prob - trainer log-prob| of the same weights on the sampled tokens: the engine's dtype,
+bf16 where the CPU has it, against the trainer's fp32; 0 where both are fp32).
 
 **Partial rollout** (``--over-provision F``, ``--max-staleness S``): steps stream instead of waiting
 for their longest sample (docs/sdk.md, "Partial rollout across steps"). ``ceil(B x (1 + F))`` groups

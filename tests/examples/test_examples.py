@@ -144,7 +144,7 @@ def grpo_compare():
 @pytest.mark.slow
 def test_grpo_example_runs_end_to_end_and_reports_its_numbers(grpo_compare):
     """Every step prints its numbers; with updates each step's samples come from a new policy version,
-    in the control from one version; the engine's log-probs agree with the trainer's (bf16 vs fp32)."""
+    in the control from one version; the engine's log-probs agree with the trainer's (bf16 or fp32 engines, an fp32 trainer)."""
     updates, control = grpo_compare["updates"], grpo_compare["control"]
     assert [r["step"] for r in updates] == [r["step"] for r in control] == list(range(8))
     assert [r["policy_version"] for r in updates] == list(range(1, 9))   # 1 = the initial weights pushed once
