@@ -70,7 +70,7 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
 def _read_csv(path: Path, delimiter: str) -> pa.Table:
     import pyarrow.csv as csv
 
-    parse = csv.ParseOptions(delimiter=delimiter)
+    parse = csv.ParseOptions(delimiter=delimiter, newlines_in_values=True)   # a quoted prompt may span lines
     with csv.open_csv(path, parse_options=parse) as reader:   # the header: every column's name
         names = reader.schema.names
     return csv.read_csv(path, parse_options=parse,

@@ -86,6 +86,19 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
     c = load_prompts(DataConfig(), tok, path=csv)
     assert [(r.prompt_id, r.ground_truth) for r in c] == [("007", "0.50"), ("8", None)]
     assert c[0].text.startswith("<|im_start|>user\nWhat is 1+1, exactly?")
+    # a quoted prompt over several lines, past the reader's first block (about 1 MB): still one row
+    import csv as csv_module
+
+    from pdsr_sdk.io.tables import read_table
+
+    big = tmp_path / "big.csv"
+    with big.open("w", newline="") as fh:
+        writer = csv_module.writer(fh)
+        writer.writerow(["problem", "answer"])
+        writer.writerows([f"Problem {i}\nits second line, with a comma", str(i)] for i in range(60_000))
+    table = read_table(big)
+    assert table.num_rows == 60_000 and table.column("problem")[45_000].as_py() == (
+        "Problem 45000\nits second line, with a comma")
     tsv = tmp_path / "p.tsv"
     tsv.write_text("prompt\tlabel\nWhat is 3+3?\t6\n")
     assert [(r.text.split("\n")[1], r.ground_truth) for r in load_prompts(DataConfig(), tok, path=tsv)] == [
