@@ -31,7 +31,8 @@ FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".arrow":
 
 
 def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input") -> pa.Table:
-    """Read a Parquet, Arrow IPC, JSONL or CSV/TSV file (by its suffix; any other is read as Parquet),
+    """Read a Parquet, Arrow IPC, JSONL (or a .json array of objects) or CSV/TSV file (by its suffix; any other
+    is read as Parquet),
     checking that ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50``
     or an id ``007`` is not turned into a number); an empty cell is missing (null)."""
     path = Path(path)
@@ -79,6 +80,16 @@ def _read_csv(path: Path, delimiter: str) -> pa.Table:
 
 
 def _read_jsonl(path: Path) -> pa.Table:
+    """JSON Lines, one object a line; a ``.json`` file may instead hold one array of objects."""
+    if path.suffix.lower() == ".json" and _starts_array(path):
+        try:
+            items = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        bad = next((i for i, item in enumerate(items) if not isinstance(item, dict)), None)
+        if bad is not None:
+            raise DataError(f"{path}: item {bad} of the array: expected a JSON object, got {type(items[bad]).__name__}")
+        return pa.Table.from_pylist(items)
     rows = []
     with path.open() as fh:
         for lineno, line in enumerate(fh, 1):
@@ -93,6 +104,15 @@ def _read_jsonl(path: Path) -> pa.Table:
                 raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
             rows.append(row)
     return pa.Table.from_pylist(rows)
+
+
+def _starts_array(path: Path) -> bool:
+    with path.open() as fh:
+        while chunk := fh.read(4096):
+            head = chunk.lstrip()
+            if head:
+                return head.startswith("[")
+    return False
 
 
 def write_table_atomic(table: pa.Table, path: str | Path, *, compression: str = "zstd") -> Path:

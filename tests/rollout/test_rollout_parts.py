@@ -99,6 +99,12 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
     table = read_table(big)
     assert table.num_rows == 60_000 and table.column("problem")[45_000].as_py() == (
         "Problem 45000\nits second line, with a comma")
+    array = tmp_path / "p.json"   # a .json file of one array of objects, as a dataset's to_json(lines=False) writes
+    array.write_text(json.dumps(rows, indent=1))
+    assert [(r.prompt_id, r.ground_truth) for r in load_prompts(DataConfig(), tok, path=array)] == [("a", "2"), ("b", "4")]
+    array.write_text(json.dumps([rows[0], "not an object"]))
+    with pytest.raises(DataError, match="p.json: item 1 of the array: expected a JSON object, got str"):
+        load_prompts(DataConfig(), tok, path=array)
     tsv = tmp_path / "p.tsv"
     tsv.write_text("prompt\tlabel\nWhat is 3+3?\t6\n")
     assert [(r.text.split("\n")[1], r.ground_truth) for r in load_prompts(DataConfig(), tok, path=tsv)] == [
