@@ -32,8 +32,7 @@ FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".arrow":
 
 def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input") -> pa.Table:
     """Read a Parquet, Arrow IPC, JSONL (or a .json array of objects) or CSV/TSV file (by its suffix; any other
-    is read as Parquet),
-    checking that ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50``
+    is read as Parquet), checking that ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50``
     or an id ``007`` is not turned into a number); an empty cell is missing (null)."""
     path = Path(path)
     if not path.exists():
