@@ -43,9 +43,7 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
         if kind == "jsonl":
             table = _read_jsonl(path)
         elif kind == "arrow":
-            import pyarrow.feather as feather
-
-            table = feather.read_table(path)
+            table = _read_arrow(path)
         elif kind == "csv":
             table = _read_csv(path, "\t" if suffix == ".tsv" else ",")
         else:
@@ -65,6 +63,18 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
             f"the file has: {', '.join(table.column_names) or '(no columns)'}"
         )
     return table
+
+
+def _read_arrow(path: Path) -> pa.Table:
+    """An Arrow IPC file (Feather), or an Arrow IPC stream (what a Hugging Face dataset's ``save_to_disk`` writes
+    into its ``.arrow`` files)."""
+    import pyarrow.feather as feather
+
+    try:
+        return feather.read_table(path)
+    except pa.ArrowInvalid:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_stream(source).read_all()
 
 
 def _read_csv(path: Path, delimiter: str) -> pa.Table:

@@ -105,6 +105,11 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
     array.write_text(json.dumps([rows[0], "not an object"]))
     with pytest.raises(DataError, match="p.json: item 1 of the array: expected a JSON object, got str"):
         load_prompts(DataConfig(), tok, path=array)
+    stream = tmp_path / "data-00000-of-00001.arrow"   # an Arrow IPC stream, as datasets' save_to_disk writes
+    table = pa.Table.from_pylist(rows)
+    with pa.OSFile(str(stream), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    assert [r.prompt_id for r in load_prompts(DataConfig(), tok, path=stream)] == ["a", "b"]
     tsv = tmp_path / "p.tsv"
     tsv.write_text("prompt\tlabel\nWhat is 3+3?\t6\n")
     assert [(r.text.split("\n")[1], r.ground_truth) for r in load_prompts(DataConfig(), tok, path=tsv)] == [
