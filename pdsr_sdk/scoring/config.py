@@ -151,6 +151,8 @@ class ScoreConfig(ScoreOptions):
     data: Path = Field(description="Input Parquet/JSONL/Arrow file with list columns of prompt and response token ids "
                                    "(what `pdsr rollout` writes).")
     out: Path = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
+    overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' "
+                                               "is an error).")
     model: Path | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
                                                  "default: the built-in tiny random model.")
     prompt_column: str = Field("prompt_token_ids", description="List column with each sample's prompt token ids.")

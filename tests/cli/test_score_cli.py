@@ -188,3 +188,15 @@ def test_every_option_has_a_flag(tmp_path, tiny_model_dir, rows):
     expected = per_token_logps(load_model(tiny_model_dir, "cpu", "float32"), *rows)
     for got, want in zip(pq.read_table(out).column("ref_logps").to_pylist(), expected.logps, strict=True):
         np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_existing_output_needs_overwrite(tmp_path, tiny_model_dir, rows):
+    data = _write(tmp_path / "traj.parquet", *rows)
+    out = tmp_path / "scored.parquet"
+    out.write_bytes(b"an earlier result")
+    res = _run("--model", tiny_model_dir, "--data", data, "--out", out)
+    assert res.exit_code == 2 and f"{out}: already exists; pass --overwrite" in res.output
+    assert out.read_bytes() == b"an earlier result"
+    res = _run("--model", tiny_model_dir, "--data", data, "--out", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert "ref_logps" in pq.read_table(out).column_names
