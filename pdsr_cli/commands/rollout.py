@@ -18,8 +18,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                "a comma-separated list, or 'all' (every registered policy that runs on real engines): one run "
                "per policy, each to <out stem>.<policy>.parquet.  [default: v3]")
 @policy_set_option
-@click.option("--data", type=click.Path(dir_okay=False, path_type=Path),
-              help="Prompts (Parquet, JSONL or CSV).  [default: the built-in sample prompts]")
+@click.option("--data", type=click.Path(path_type=Path),
+              help="Prompts: a Parquet, JSONL or CSV file, or a folder of such shards.  [default: the built-in sample prompts]")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
 @click.option("--n", type=int, help="Samples per prompt (group size).  [default: 8]")
 @click.option("--batch-size", type=int, help="Prompts per batch.  [default: 128]")

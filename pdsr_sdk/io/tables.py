@@ -30,13 +30,20 @@ FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".arrow":
            ".feather": "arrow", ".csv": "csv", ".tsv": "csv"}
 
 
+#: what a Hugging Face dataset's save_to_disk writes beside its .arrow files: not data
+SAVE_TO_DISK_METADATA = frozenset({"dataset_info.json", "state.json"})
+
+
 def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input") -> pa.Table:
     """Read a Parquet, Arrow IPC, JSONL (or a .json array of objects) or CSV/TSV file (by its suffix; any other
-    is read as Parquet), checking that ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50``
+    is read as Parquet), or a folder of such files (shards of one format, in name order), checking that
+    ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50``
     or an id ``007`` is not turned into a number); an empty cell is missing (null)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: {what} file does not exist")
+    if path.is_dir():
+        return _read_folder(path, columns, what)
     suffix = path.suffix.lower()
     kind = FORMATS.get(suffix, "parquet")
     try:
@@ -62,6 +69,29 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
             f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
             f"the file has: {', '.join(table.column_names) or '(no columns)'}"
         )
+    return table
+
+
+def _read_folder(path: Path, columns: Sequence[str], what: str) -> pa.Table:
+    """A folder of shards (a dataset's ``train-00000-of-00004.parquet``, ``save_to_disk``'s ``.arrow`` files): every
+    file of one known format in it, in name order, as one table."""
+    by_kind: dict[str, list[Path]] = {}
+    for f in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
+        if f.suffix.lower() in FORMATS and f.name not in SAVE_TO_DISK_METADATA:
+            by_kind.setdefault(FORMATS[f.suffix.lower()], []).append(f)
+    if len(by_kind) != 1:
+        found = "; ".join(f"{len(fs)} {kind} ({fs[0].name}, ...)" for kind, fs in by_kind.items()) or "none"
+        raise DataError(f"{path}: the folder must hold {what} files of one format ({', '.join(FORMATS)}); "
+                        f"found {found}")
+    tables = [read_table(f, what=what) for f in next(iter(by_kind.values()))]
+    try:
+        table = pa.concat_tables(tables, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DataError(f"{path}: its files do not share one schema: {exc}") from None
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
+                        f"the files have: {', '.join(table.column_names) or '(no columns)'}")
     return table
 
 

@@ -110,6 +110,23 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
     with pa.OSFile(str(stream), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     assert [r.prompt_id for r in load_prompts(DataConfig(), tok, path=stream)] == ["a", "b"]
+    # a folder of shards (a hub dataset's parquet files, or save_to_disk's .arrow files beside its metadata)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:1]), shards / "train-00000-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[1:]), shards / "train-00001-of-00002.parquet")
+    (shards / "README.md").write_text("a dataset card")
+    assert [r.prompt_id for r in load_prompts(DataConfig(), tok, path=shards)] == ["a", "b"]
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    stream.rename(saved / stream.name)
+    for name in ("dataset_info.json", "state.json"):
+        (saved / name).write_text("{}")
+    assert [r.prompt_id for r in load_prompts(DataConfig(), tok, path=saved)] == ["a", "b"]
+    (shards / "more.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(DataError, match=r"shards: the folder must hold prompt files of one format .*found 1 jsonl "
+                                        r"\(more\.jsonl, \.\.\.\); 2 parquet \(train-00000-of-00002\.parquet, \.\.\.\)"):
+        load_prompts(DataConfig(), tok, path=shards)
     tsv = tmp_path / "p.tsv"
     tsv.write_text("prompt\tlabel\nWhat is 3+3?\t6\n")
     assert [(r.text.split("\n")[1], r.ground_truth) for r in load_prompts(DataConfig(), tok, path=tsv)] == [
