@@ -1,7 +1,8 @@
 """Table helpers shared by the commands.
 
-- ``read_table`` reads Parquet, Arrow IPC, JSONL or CSV/TSV, checks the file
-  and the columns a command needs and names them in errors.
+- ``read_table`` reads Parquet, Arrow IPC (file or stream), JSONL (or a JSON
+  array), CSV/TSV, or a folder of such shards; checks the file and the columns
+  a command needs and names them in errors.
 - ``check_writable`` says before a long run whether an output can be written.
 - ``write_table_atomic`` / ``write_text_atomic`` / ``atomic_path`` write to a
   temp file beside the target and rename, so an interrupted run never leaves
@@ -42,8 +43,17 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: {what} file does not exist")
-    if path.is_dir():
-        return _read_folder(path, columns, what)
+    table = _read_folder(path, what) if path.is_dir() else _read_file(path, what)
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
+            f"the file has: {', '.join(table.column_names) or '(no columns)'}"
+        )
+    return table
+
+
+def _read_file(path: Path, what: str) -> pa.Table:
     suffix = path.suffix.lower()
     kind = FORMATS.get(suffix, "parquet")
     try:
@@ -63,16 +73,10 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
         known = "" if suffix in FORMATS else (f" (a {suffix or 'suffix-less'} name is read as Parquet; pdsr reads "
                                               f"{', '.join(FORMATS)})")
         raise DataError(f"{path}: cannot read {what} file as {kind}{known}: {exc}") from None
-    missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise DataError(
-            f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
-            f"the file has: {', '.join(table.column_names) or '(no columns)'}"
-        )
     return table
 
 
-def _read_folder(path: Path, columns: Sequence[str], what: str) -> pa.Table:
+def _read_folder(path: Path, what: str) -> pa.Table:
     """A folder of shards (a dataset's ``train-00000-of-00004.parquet``, ``save_to_disk``'s ``.arrow`` files): every
     file of one known format in it, in name order, as one table."""
     by_kind: dict[str, list[Path]] = {}
@@ -83,16 +87,11 @@ def _read_folder(path: Path, columns: Sequence[str], what: str) -> pa.Table:
         found = "; ".join(f"{len(fs)} {kind} ({fs[0].name}, ...)" for kind, fs in by_kind.items()) or "none"
         raise DataError(f"{path}: the folder must hold {what} files of one format ({', '.join(FORMATS)}); "
                         f"found {found}")
-    tables = [read_table(f, what=what) for f in next(iter(by_kind.values()))]
+    tables = [_read_file(f, what) for f in next(iter(by_kind.values()))]
     try:
-        table = pa.concat_tables(tables, promote_options="default")
+        return pa.concat_tables(tables, promote_options="default")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise DataError(f"{path}: its files do not share one schema: {exc}") from None
-    missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
-                        f"the files have: {', '.join(table.column_names) or '(no columns)'}")
-    return table
 
 
 def _read_arrow(path: Path) -> pa.Table:
