@@ -24,7 +24,7 @@ def _help(name: str) -> str:
 
 @click.command("score")
 @click.option("--model", type=click.Path(path_type=Path), default=None, help=_help("model"))
-@click.option("--data", type=click.Path(dir_okay=False, path_type=Path), default=None, help=_help("data"))
+@click.option("--data", type=click.Path(path_type=Path), default=None, help=_help("data"))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help=_help("out"))
 @click.option("--overwrite", is_flag=True, default=None, help=_help("overwrite"))
 @click.option("--mbs", type=int, default=None, help=_help("mbs"))

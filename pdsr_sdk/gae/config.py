@@ -14,8 +14,8 @@ from pdsr_sdk.config.base import check_device
 class GaeConfig(ConfigModel):
     """GAE over a Parquet/Arrow/JSONL table; writes the input plus ``advantages`` and ``returns``."""
 
-    data: Path = Field(description="Input table (Parquet, Arrow IPC or JSONL), one row per sample with list "
-                                   "columns of per-token rewards, values and response mask; rows may have "
+    data: Path = Field(description="Input table (Parquet, Arrow IPC or JSONL, or a folder of such shards), one row "
+                                   "per sample with list columns of per-token rewards, values and response mask; rows may have "
                                    "different lengths.")
     out: Path = Field(description="Output Parquet file: the input columns plus 'advantages' and 'returns' "
                                   "(list<float32>, replacing columns of those names); written atomically.")

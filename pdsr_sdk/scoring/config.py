@@ -148,8 +148,8 @@ class ScoreOptions(ConfigModel):
 class ScoreConfig(ScoreOptions):
     """Score the completions of a trajectories file under a model and write the log-probs back."""
 
-    data: Path = Field(description="Input Parquet/JSONL/Arrow file with list columns of prompt and response token ids "
-                                   "(what `pdsr rollout` writes).")
+    data: Path = Field(description="Input Parquet/JSONL/Arrow file (or a folder of such shards) with list columns "
+                                   "of prompt and response token ids (what `pdsr rollout` writes).")
     out: Path = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' "
                                                "is an error).")

@@ -200,3 +200,18 @@ def test_an_existing_output_needs_overwrite(tmp_path, tiny_model_dir, rows):
     res = _run("--model", tiny_model_dir, "--data", data, "--out", out, "--overwrite")
     assert res.exit_code == 0, res.output
     assert "ref_logps" in pq.read_table(out).column_names
+
+
+def test_a_folder_of_shards_scores_as_one_file(tmp_path, tiny_model_dir, rows):
+    prompts, responses = rows
+    whole = _write(tmp_path / "whole.parquet", prompts, responses)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _write(shards / "part-0.parquet", prompts[:4], responses[:4])
+    _write(shards / "part-1.parquet", prompts[4:], responses[4:])
+    got = {}
+    for name, data in (("whole", whole), ("shards", shards)):
+        res = _run("--model", tiny_model_dir, "--data", data, "--out", tmp_path / f"{name}.out.parquet")
+        assert res.exit_code == 0, res.output
+        got[name] = pq.read_table(tmp_path / f"{name}.out.parquet").column("ref_logps").to_pylist()
+    assert got["shards"] == got["whole"]
