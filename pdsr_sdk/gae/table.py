@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.gae.config import GaeConfig
-from pdsr_sdk.io.tables import (check_writable, list_column_to_numpy, numpy_to_list_array, padded_to_ragged, ragged_to_padded,
+from pdsr_sdk.io.tables import (check_new_output, list_column_to_numpy, numpy_to_list_array, padded_to_ragged, ragged_to_padded,
                                 read_table, write_table_atomic)
 
 ADVANTAGES = "advantages"
@@ -47,9 +47,7 @@ class GaeRunSummary:
 
 def run_gae_file(cfg: GaeConfig) -> GaeRunSummary:
     """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically (checked writable first)."""
-    if Path(cfg.out).exists() and not cfg.overwrite:
-        raise DataError(f"out (--out) {cfg.out}: already exists; pass --overwrite (overwrite: true) to replace it")
-    check_writable(cfg.out, "out (--out)")
+    check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite)
     columns = [cfg.rewards_column, cfg.values_column] + ([cfg.mask_column] if cfg.mask_column else [])
     table = read_table(cfg.data, columns, what="GAE input")
     result, summary = gae_table(table, cfg, source=cfg.data)

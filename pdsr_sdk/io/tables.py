@@ -183,6 +183,14 @@ def atomic_path(path: str | Path) -> Iterator[str]:
         raise
 
 
+def check_new_output(path: str | Path, what: str, *, overwrite: bool) -> None:
+    """:func:`check_writable`, and an existing file at ``path`` is an error unless ``overwrite`` (a job that writes
+    one file, such as ``pdsr score`` or ``pdsr gae``, replaces nothing it was not told to)."""
+    if Path(path).exists() and not overwrite:
+        raise DataError(f"{what} {path}: already exists; pass --overwrite (overwrite: true) to replace it")
+    check_writable(path, what)
+
+
 def check_writable(path: str | Path, what: str) -> None:
     """Raise DataError (naming ``what``, e.g. "--out", and the path) unless ``path`` can be written atomically:
     not a folder, and its folder (or the nearest existing ancestor, for one still to be created) takes a new

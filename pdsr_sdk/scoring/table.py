@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
-from pdsr_sdk.io.tables import check_writable, list_column_to_numpy, numpy_to_list_array, read_table, write_table_atomic
+from pdsr_sdk.io.tables import check_new_output, list_column_to_numpy, numpy_to_list_array, read_table, write_table_atomic
 from pdsr_sdk.progress import ProgressFactory
 from pdsr_sdk.scoring.api import Ragged, ScoreStats, per_token_logps
 from pdsr_sdk.scoring.config import ScoreConfig
@@ -73,9 +73,7 @@ def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) 
 
     ``config.model`` None uses the built-in tiny model (built on first use).
     """
-    if Path(config.out).exists() and not config.overwrite:
-        raise DataError(f"out (--out) {config.out}: already exists; pass --overwrite (overwrite: true) to replace it")
-    check_writable(config.out, "out (--out)")
+    check_new_output(config.out, "out (--out)", overwrite=config.overwrite)
     if config.model is not None:
         from pdsr_sdk.scoring.torch_backend import check_model_dir
 
