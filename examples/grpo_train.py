@@ -168,7 +168,7 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     from transformers import AutoModelForCausalLM
 
     from pdsr_sdk import RolloutSession, grpo_advantages, importance_weights, per_token_logps, trainer_batch
-    from pdsr_sdk.batching import pad_rows
+    from pdsr_sdk.io import pad_rows
 
     if session is None:
         with RolloutSession(rollout_config(s)) as opened:

@@ -2,8 +2,7 @@
 
 ``partition_by_tokens`` splits samples into the fewest balanced micro-batches
 under a token cap; ``restore_order`` puts per micro-batch outputs back in
-sample order; the data-parallel helpers give every rank the same count;
-``pad_rows`` pads ragged rows on either side (a trainer batch's kernel).
+sample order; the data-parallel helpers give every rank the same count.
 Numba is imported only when a partition is first computed.
 """
 
@@ -16,7 +15,6 @@ from pdsr_sdk.batching.dp import (
     partition_for_data_parallel,
     partition_on_rank,
 )
-from pdsr_sdk.batching.padding import pad_rows
 from pdsr_sdk.batching.partition import (
     DEFAULT_ATTENTION_COEF,
     inverse_permutation,
@@ -30,7 +28,6 @@ __all__ = [
     "common_micro_batch_count",
     "inverse_permutation",
     "pad_micro_batches",
-    "pad_rows",
     "partition_by_tokens",
     "partition_for_data_parallel",
     "partition_on_rank",

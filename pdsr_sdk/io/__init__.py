@@ -1,4 +1,4 @@
-"""Reading and writing tables: atomic writes, streamed record batches, ragged columns.
+"""Reading and writing tables: atomic writes, streamed record batches, ragged columns and their padding.
 
 The names load on first use (pyarrow is imported then, not with the package).
 """
@@ -11,6 +11,8 @@ _LAZY = {name: "pdsr_sdk.io.tables" for name in (
     "atomic_path", "check_writable", "iter_rows_as_lists", "list_column_to_numpy", "numpy_to_list_array",
     "padded_to_ragged", "ragged_to_padded", "read_table", "write_png", "write_table_atomic", "write_text_atomic",
 )}
+
+_LAZY["pad_rows"] = "pdsr_sdk.io.padding"
 
 __all__ = sorted(_LAZY)
 

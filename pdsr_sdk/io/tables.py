@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.padding import pad_rows
 
 
 #: the formats read_table knows by a file's suffix; any other name is read as Parquet
@@ -276,12 +277,8 @@ def numpy_to_list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.
 def ragged_to_padded(values: np.ndarray, offsets: np.ndarray, *, fill=0, dtype=None) -> tuple[np.ndarray, np.ndarray]:
     """Flat ragged rows -> a right-padded [B, T_max] array and the row lengths."""
     lengths = np.diff(offsets)
-    rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
-    out = np.full((rows, width), fill, dtype=dtype or values.dtype)
-    col = np.arange(width)
-    mask = col[None, :] < lengths[:, None]
-    out[mask] = values
-    return out, lengths
+    width = int(lengths.max()) if len(lengths) else 0
+    return pad_rows(values, offsets, width, fill=fill, dtype=dtype), lengths
 
 
 def padded_to_ragged(padded: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

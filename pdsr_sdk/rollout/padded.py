@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pdsr_sdk.batching.padding import pad_rows
+from pdsr_sdk.io.padding import pad_rows
 from pdsr_sdk.dispatch.types import Sample
 from pdsr_sdk.errors import DataValueError
 from pdsr_sdk.offpolicy.correction import token_versions

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdsr_sdk.batching.padding import pad_rows
+from pdsr_sdk.io.padding import pad_rows
 
 
 def pad_rows_naive(rows, width, side, fill):

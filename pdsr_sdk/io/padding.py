@@ -1,6 +1,7 @@
-"""Ragged rows -> one padded array: the kernel behind :func:`pdsr_sdk.rollout.padded.trainer_batch`.
+"""Ragged rows -> one padded array: the kernel behind :func:`pdsr_sdk.rollout.padded.trainer_batch` and
+:func:`pdsr_sdk.io.tables.ragged_to_padded`.
 
-Plain arrays in and out; ``tests/batching/test_padding.py`` holds it to a per-row loop."""
+Plain arrays in and out; ``tests/test_padding.py`` holds it to a per-row loop."""
 
 from __future__ import annotations
 
