@@ -30,6 +30,7 @@ from pdsr_sdk.io.padding import pad_rows
 from pdsr_sdk.dispatch.types import Sample
 from pdsr_sdk.errors import DataValueError
 from pdsr_sdk.offpolicy.correction import token_versions
+from pdsr_sdk.scoring.api import as_ragged
 
 __all__ = ["TrainerBatch", "trainer_batch"]
 
@@ -67,13 +68,11 @@ def trainer_batch(step: Any, *, pad_token_id: int, prompt_length: int | None = N
         raise DataValueError(f"trainer_batch: {len(rewards)} rewards for {len(samples)} samples")
     for i, s in enumerate(samples):
         _check(s, i, rewards)
-    prompts = [s.group.prompt_token_ids for s in samples]
-    responses = [s.token_ids for s in samples]
-    p = _width(prompts, prompt_length, "prompt_length", samples)
-    r = _width(responses, response_length, "response_length", samples)
-    p_off, r_off = _offsets(prompts), _offsets(responses)
-    flat_p = np.fromiter((t for row in prompts for t in row), dtype=np.int64, count=int(p_off[-1]))
-    flat_r = np.fromiter((t for row in responses for t in row), dtype=np.int64, count=int(r_off[-1]))
+    prompts = as_ragged([s.group.prompt_token_ids for s in samples], "prompt_token_ids")
+    responses = as_ragged([s.token_ids for s in samples], "token_ids")
+    p = _width(prompts.lengths, prompt_length, "prompt_length", samples)
+    r = _width(responses.lengths, response_length, "response_length", samples)
+    flat_p, p_off, flat_r, r_off = prompts.values, prompts.offsets, responses.values, responses.offsets
     ones_p, ones_r = np.ones(len(flat_p), np.int64), np.ones(len(flat_r), np.int64)
     prompt_ids = pad_rows(flat_p, p_off, p, side="left", fill=pad_token_id)
     response_ids = pad_rows(flat_r, r_off, r, fill=pad_token_id)
@@ -123,17 +122,11 @@ def _check(s: Sample, i: int, rewards: Sequence[float | None] | None) -> None:
                              + "; pass the samples to train on, or rewards=")
 
 
-def _width(rows: list[list[int]], width: int | None, name: str, samples: list[Sample]) -> int:
-    longest = max(len(row) for row in rows)
+def _width(lengths: np.ndarray, width: int | None, name: str, samples: list[Sample]) -> int:
+    longest = int(lengths.max())
     if width is None:
         return longest
     if longest > width:
-        i = max(range(len(rows)), key=lambda k: len(rows[k]))
+        i = int(np.argmax(lengths))
         raise DataValueError(f"trainer_batch: sample {samples[i].key} has {longest} tokens, over {name}={width}")
     return int(width)
-
-
-def _offsets(rows: list[list[int]]) -> np.ndarray:
-    out = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum([len(row) for row in rows], out=out[1:])
-    return out
