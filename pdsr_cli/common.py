@@ -181,7 +181,24 @@ def build_config(model: type, config_path: Path | None, overrides: Mapping[str, 
     """Load ``model`` from ``--config`` plus flag overrides (dotted keys; None = not given)."""
     from pdsr_sdk.config import load_config
 
-    return load_config(model, config_path, overrides)
+    return load_config(model, config_path, overrides, origins=flag_names(overrides))
+
+
+def flag_names(overrides: Mapping[str, Any]) -> dict[str, str]:
+    """The flag each override came from (dotted key -> ``--flag``), so that a bad value's error names what the
+    user typed: the running command's option named like the key (``sampling.max_tokens`` -> ``--max-tokens``)
+    whose parsed value is the override's. A key no option matches is left out (the error says "command line")."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return {}
+    options = {p.name: max(p.opts, key=len) for p in ctx.command.params if isinstance(p, click.Option) and p.name}
+    found = {}
+    for dotted, value in overrides.items():
+        for name in (dotted.replace(".", "_"), dotted.rsplit(".", 1)[-1]):
+            if name in options and ctx.params.get(name) is value:
+                found[dotted] = options[name]
+                break
+    return found
 
 
 def echo_json(data: Any) -> None:
@@ -280,4 +297,5 @@ def build_config_replacing(model: type, config_path: Path | None, overrides: Map
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, model, source=config_path, overrides=given)) from None
+        raise ConfigError(format_validation_error(exc, model, source=config_path, overrides=given,
+                                                  origins=flag_names(given))) from None

@@ -95,6 +95,8 @@ def test_config_flags_override_the_file_and_are_named_as_command_line(tmp_path):
     assert c.sampling.n == 16 and c.sampling.temperature == 0.5 and c.sampling.top_p == 1.0
     with pytest.raises(ConfigError, match="command line: sampling.n"):
         load_config(RolloutConfig, cfg, {"sampling.n": -1})
+    with pytest.raises(ConfigError, match="  --n: sampling.n"):   # the CLI names the flag it came from
+        load_config(RolloutConfig, cfg, {"sampling.n": -1}, origins={"sampling.n": "--n"})
 
 
 def test_config_file_problems_are_clear(tmp_path):

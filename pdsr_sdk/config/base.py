@@ -135,11 +135,14 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     *,
     base: Mapping[str, Any] | None = None,
+    origins: Mapping[str, str] | None = None,
 ) -> M:
     """Build ``model`` from ``base``, then the file at ``path``, then ``overrides``.
 
     ``overrides`` maps dotted keys to values; ``None`` values are skipped so
-    unset CLI flags leave the file's value alone.
+    unset CLI flags leave the file's value alone. ``origins`` names where an
+    override came from (dotted key -> e.g. ``"--n"``) for the errors; an override
+    it does not name is "command line".
     """
     data: dict[str, Any] = _deep_merge({}, dict(base or {}))
     if path is not None:
@@ -153,7 +156,8 @@ def load_config(
     try:   # (the context names the file to validators that read sections of their own: policy settings)
         return model.model_validate(data, context={"source": str(path) if path is not None else None})
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, model, source=path, overrides=given)) from None
+        raise ConfigError(format_validation_error(exc, model, source=path, overrides=given,
+                                                  origins=origins)) from None
 
 
 def validate_config(model: type[M], data: Mapping[str, Any], *, source: str | Path | None = None,
@@ -186,13 +190,18 @@ def format_validation_error(
     source: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     prefix: str = "",
+    origins: Mapping[str, str] | None = None,
 ) -> str:
-    """One line per problem: ``<file>: <dotted.key>: <what was expected>``."""
+    """One line per problem: ``<file>: <dotted.key>: <what was expected>``; for a key an override set,
+    ``origins``' name for it (the flag) or "command line" in place of the file."""
     lines = []
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
         key = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
-        origin = "command line" if overrides and key in overrides else (str(source) if source else model.__name__)
+        if overrides and key in overrides:
+            origin = (origins or {}).get(key, "command line")
+        else:
+            origin = str(source) if source else model.__name__
         if err["type"] == "extra_forbidden":
             valid = _valid_keys(model, loc[:-1])
             hint = f"; valid keys here: {', '.join(valid)}" if valid else ""

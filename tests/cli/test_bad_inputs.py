@@ -115,6 +115,29 @@ def test_rollout_setting_for_a_policy_not_selected(tmp_path):
     assert not out.exists()
 
 
+# --------------------------------------------------------------------------- a flag's bad value
+
+@pytest.mark.parametrize("args, line", [
+    (["rollout", "--n", 0], "--n: sampling.n: Input should be greater than or equal to 1 (got 0)"),
+    (["rollout", "--max-tokens", -5], "--max-tokens: sampling.max_tokens: Input should be greater than or equal"),
+    (["simulate", "--n", 0], "--n: n: Input should be greater than or equal to 1 (got 0)"),
+    (["gae", "--chunk", 0, "--data", "in.parquet", "--out", "o.parquet"], "--chunk: chunk: Input should be"),
+    (["trace", "synth", "--groups", 0, "--out", "t.jsonl"], "--groups: groups: Input should be"),
+])
+def test_a_bad_flag_value_names_the_flag_and_its_key(args, line, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    failed(invoke(*args), line)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_bad_value_from_the_file_names_the_file_not_a_flag(tmp_path):
+    cfg = tmp_path / "synth.yaml"
+    cfg.write_text("groups: 0\n")
+    out = failed(invoke("trace", "synth", "--config", cfg, "--n", 4, "--out", tmp_path / "t.jsonl"),
+                 f"{cfg}: groups: Input should be")
+    assert "--groups" not in out
+
+
 # --------------------------------------------------------------------------- pdsr rollout
 
 def write_jsonl(path, rows):

@@ -158,9 +158,9 @@ def test_option_errors_name_the_key_and_where_it_came_from(tmp_path, tiny_model_
     cfg = tmp_path / "score.yaml"
     cfg.write_text(f"out: {tmp_path / 'o.parquet'}\nmbz: 3\n")
     for extra, pattern in [
-        (["--backend", "jax"], r"command line: backend: unknown scoring backend 'jax'; valid names: torch, vllm"),
-        (["--row-chunk", "0"], r"command line: row_chunk: Input should be greater than or equal to 1"),
-        (["--device", "gpu"], r"command line: device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
+        (["--backend", "jax"], r"--backend: backend: unknown scoring backend 'jax'; valid names: torch, vllm"),
+        (["--row-chunk", "0"], r"--row-chunk: row_chunk: Input should be greater than or equal to 1"),
+        (["--device", "gpu"], r"--device: device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
         (["--config", cfg], rf"{cfg}: mbz: unknown config key; valid keys here: .*max_tokens_per_micro_batch"),
     ]:
         res = _run(*args, *extra)
