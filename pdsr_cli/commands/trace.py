@@ -29,6 +29,10 @@ def _list_family(ctx: click.Context, param: click.Parameter, value: str | None) 
     ctx.exit(0)
 
 
+def _overwrite_option(f):
+    return click.option("--overwrite", is_flag=True, default=False, help="Replace an existing --out.")(f)
+
+
 @click.group("trace")
 def command() -> None:
     """Length traces: one JSONL line per prompt group,
@@ -62,9 +66,10 @@ def command() -> None:
 @click.option("--env-tokens-max", type=int, default=None, help=_help("env_tokens_max"))
 @click.option("--env-delay-min-s", type=float, default=None, help=_help("env_delay_min_s"))
 @click.option("--env-delay-max-s", type=float, default=None, help=_help("env_delay_max_s"))
+@_overwrite_option
 @config_option
 @handle_errors
-def synth(out: Path, config_path: Path | None, **flags) -> None:
+def synth(out: Path, overwrite: bool, config_path: Path | None, **flags) -> None:
     """Draw a synthetic long-tailed length trace (reproducible for a given --seed).
 
     Per-prompt difficulty is log-normal, samples vary around it with
@@ -80,9 +85,11 @@ def synth(out: Path, config_path: Path | None, **flags) -> None:
 
     Example: pdsr trace synth --family multi-turn --seed 101 --out turns.jsonl   # 1-8 turns, 0.1-5 s tools
     """
+    from pdsr_sdk.io.tables import check_new_output
     from pdsr_sdk.traces import synth_trace, write_trace_jsonl
 
     cfg = build_config(TraceSynthConfig, config_path, flags)
+    check_new_output(out, "--out", overwrite=overwrite, config_key=None)
     trace = synth_trace(cfg)
     write_trace_jsonl(trace, out)
     lengths = trace.lengths
@@ -103,8 +110,9 @@ def synth(out: Path, config_path: Path | None, **flags) -> None:
 @click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
+@_overwrite_option
 @handle_errors
-def convert(source: Path, out: Path) -> None:
+def convert(source: Path, out: Path, overwrite: bool) -> None:
     """Write the length trace of SOURCE, a trajectories file from `pdsr rollout`
     (Parquet or Arrow IPC) or a JSONL trace, as JSONL.
 
@@ -113,8 +121,10 @@ def convert(source: Path, out: Path) -> None:
     (its turns column) gives a trace of turns: per turn the sampled tokens, then the environment's
     tokens and its time (the environment spans' end_s - start_s).
     """
+    from pdsr_sdk.io.tables import check_new_output
     from pdsr_sdk.traces import read_trace, write_trace_jsonl
 
+    check_new_output(out, "--out", overwrite=overwrite, config_key=None)
     trace = read_trace(source)
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes

@@ -184,11 +184,13 @@ def atomic_path(path: str | Path) -> Iterator[str]:
         raise
 
 
-def check_new_output(path: str | Path, what: str, *, overwrite: bool) -> None:
+def check_new_output(path: str | Path, what: str, *, overwrite: bool, config_key: str | None = "overwrite") -> None:
     """:func:`check_writable`, and an existing file at ``path`` is an error unless ``overwrite`` (a job that writes
-    one file, such as ``pdsr score`` or ``pdsr gae``, replaces nothing it was not told to)."""
+    one file, such as ``pdsr score`` or ``pdsr gae``, replaces nothing it was not told to). ``config_key``: the
+    job's config key that allows it, named beside the flag (None: a flag only)."""
     if Path(path).exists() and not overwrite:
-        raise DataError(f"{what} {path}: already exists; pass --overwrite (overwrite: true) to replace it")
+        key = f" ({config_key}: true)" if config_key else ""
+        raise DataError(f"{what} {path}: already exists; pass --overwrite{key} to replace it")
     check_writable(path, what)
 
 

@@ -367,6 +367,22 @@ def test_cli_synth_bad_value_is_a_clean_error(tmp_path):
     assert "groups" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("job", ["synth", "convert"])
+def test_cli_an_existing_out_is_kept_unless_overwrite(tmp_path, job):
+    src = tmp_path / "traj.parquet"
+    pq.write_table(_trajectories(), src)
+    out = tmp_path / "t.jsonl"
+    out.write_text("mine\n")
+    args = ["trace", "synth", "--groups", "4", "--n", "2"] if job == "synth" else ["trace", "convert", str(src)]
+    result = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"--out {out}: already exists; pass --overwrite to replace it" in result.output
+    assert out.read_text() == "mine\n"
+    result = CliRunner().invoke(cli, [*args, "--out", str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert read_trace(out).num_groups == (4 if job == "synth" else 2)
+
+
 def test_cli_convert_parquet_to_jsonl(tmp_path):
     src, out = tmp_path / "traj.parquet", tmp_path / "trace.jsonl"
     pq.write_table(_trajectories(), src)
