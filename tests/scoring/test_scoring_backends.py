@@ -236,3 +236,20 @@ def test_options_object_equals_keywords(tiny_model_dir):
         assert res.stats.mode == by_keywords.stats.mode == "mbs=3"
         for a, b in zip(res.logps + res.entropy, by_keywords.logps + by_keywords.entropy, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"torch_dtype": "float32"}, "float32"),
+    ({"dtype": "bfloat16"}, "bfloat16"),          # newer transformers write "dtype"
+    ({"torch_dtype": "float16", "dtype": "bfloat16"}, "float16"),
+    ({"torch_dtype": "float"}, "float32"),
+    ({"torch_dtype": "int8"}, "auto"),           # none we score in: the backend's own choice
+    ({}, "auto"),
+])
+def test_checkpoint_dtype_is_what_config_json_names(tmp_path, config, expected):
+    from pdsr_sdk.scoring.torch_backend import checkpoint_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert checkpoint_dtype(tmp_path) == expected
+    (tmp_path / "config.json").write_text("{not json")
+    assert checkpoint_dtype(tmp_path) == "auto"

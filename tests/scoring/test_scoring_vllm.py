@@ -54,6 +54,7 @@ SCRIPT = textwrap.dedent('''
             shutdown_engine(llm)
         # a model directory: the SDK starts and shuts down its own engine
         out["bf16"] = run(model_dir, prompts, completions, dtype="bfloat16", mbs=8)
+        out["auto"] = run(model_dir, prompts, completions, mbs=8)   # the checkpoint's float32, not vLLM's bf16
         out["numba_imported"] = "numba" in sys.modules
         with open(out_path, "w") as fh:
             json.dump(out, fh)
@@ -104,7 +105,7 @@ def _diffs(a, b):
 @requires_vllm
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["fp32", "fp32_mbs", "fp32_quota"])
+@pytest.mark.parametrize("run", ["fp32", "fp32_mbs", "fp32_quota", "auto"])
 def test_vllm_fp32_engine_matches_torch(vllm_results, torch_fp32, samples, run):
     res = vllm_results[run]
     assert res["dtypes"] == ["float32"]
