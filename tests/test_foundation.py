@@ -168,6 +168,22 @@ def test_atomic_writes_replace_whole_files_with_the_usual_permissions(tmp_path):
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["t.parquet"]   # no temp files left
 
 
+@pytest.mark.parametrize("name, ok", [("o.parquet", True), ("o.PARQUET", True), ("o.pq", True), ("o", True),
+                                      ("o.csv", False), ("o.jsonl", False), ("o.json", False), ("o.arrow", False)])
+def test_an_output_path_must_not_name_another_format(name, ok):
+    from pathlib import Path
+
+    from pdsr_sdk.gae.config import GaeConfig
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    for build in (lambda: GaeConfig(data="i.parquet", out=name), lambda: RolloutConfig(output={"path": name})):
+        if ok:
+            build()
+        else:
+            with pytest.raises(ValueError, match=f"{name}: this output is written as Parquet, not {Path(name).suffix}"):
+                build()
+
+
 def test_engine_errors_survive_pickling():
     import pickle
 

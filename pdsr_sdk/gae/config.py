@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import check_device
+from pdsr_sdk.io.tables import ParquetPath
 
 
 class GaeConfig(ConfigModel):
@@ -17,7 +18,7 @@ class GaeConfig(ConfigModel):
     data: Path = Field(description="Input table (Parquet, Arrow IPC or JSONL, or a folder of such shards), one row "
                                    "per sample with list columns of per-token rewards, values and response mask; rows may have "
                                    "different lengths.")
-    out: Path = Field(description="Output Parquet file: the input columns plus 'advantages' and 'returns' "
+    out: ParquetPath = Field(description="Output Parquet file: the input columns plus 'advantages' and 'returns' "
                                   "(list<float32>, replacing columns of those names); written atomically.")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' "
                                                "is an error).")

@@ -18,12 +18,13 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Annotated, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+from pydantic import AfterValidator
 
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.io.padding import pad_rows
 
 
@@ -182,6 +183,20 @@ def atomic_path(path: str | Path) -> Iterator[str]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def parquet_name(path: Path) -> Path:
+    """``path``, unless its suffix names a format other than Parquet (``out.jsonl``, ``out.csv``): pdsr's outputs
+    are Parquet and :func:`read_table` reads a file by its suffix, so such a name could not be read back."""
+    kind = FORMATS.get(path.suffix.lower())
+    if kind not in (None, "parquet"):
+        raise ConfigValueError(f"{path}: this output is written as Parquet, not {path.suffix}; name it "
+                         f"{path.with_suffix('.parquet').name}")
+    return path
+
+
+#: a config's output path of a Parquet file (:func:`parquet_name` checks it when the config is validated)
+ParquetPath = Annotated[Path, AfterValidator(parquet_name)]
 
 
 def check_new_output(path: str | Path, what: str, *, overwrite: bool, config_key: str | None = "overwrite") -> None:

@@ -19,6 +19,7 @@ from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamCo
 from pdsr_sdk.dispatch.steps import check_agent_streaming
 from pdsr_sdk.engines.config import (SPECULATIVE_METHODS, EngineSpec, RayConfig, SpeculativeSettings,
                                      unknown_speculative)
+from pdsr_sdk.io.tables import ParquetPath
 
 #: standard instructions by name (``data.instruction``, ``--instruction``), appended to the last user message
 INSTRUCTIONS: dict[str, str] = {
@@ -55,7 +56,7 @@ class DataConfig(ConfigModel):
 class OutputConfig(ConfigModel):
     """Where trajectories and the summary go."""
 
-    path: Path = Field(Path("runs/rollout.parquet"), description="Trajectories Parquet file (one row per sample).")
+    path: ParquetPath = Field(Path("runs/rollout.parquet"), description="Trajectories Parquet file (one row per sample).")
     summary_path: Path | None = Field(None, description="Run summary JSON; default: <path without suffix>.summary.json.")
     resume: bool = Field(False, description="Skip prompt groups already finished in the output (after an interrupted run).")
     overwrite: bool = Field(False, description="Replace an existing output instead of failing.")

@@ -196,7 +196,7 @@ def per_token_logps(
     completions = as_ragged(completion_ids, names[1])
     check = dict(prompt_name=names[0], completion_name=names[1], where=source)
     if isinstance(model, (str, Path)):
-        from pdsr_sdk.scoring.torch_backend import check_model_dir
+        from pdsr_sdk.scoring.checkpoint import check_model_dir
 
         model_dir = check_model_dir(model)
         validate_rows(prompts, completions, _config_vocab_size(model_dir), **check)  # before loading anything

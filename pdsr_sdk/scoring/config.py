@@ -16,6 +16,7 @@ from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import check_device
 from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.scoring.registry import SCORING_BACKENDS
+from pdsr_sdk.io.tables import ParquetPath
 
 DEFAULT_ROW_CHUNK = 512
 DEFAULT_LENGTH_BUCKET = 64
@@ -150,7 +151,7 @@ class ScoreConfig(ScoreOptions):
 
     data: Path = Field(description="Input Parquet/JSONL/Arrow file (or a folder of such shards) with list columns "
                                    "of prompt and response token ids (what `pdsr rollout` writes).")
-    out: Path = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
+    out: ParquetPath = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' "
                                                "is an error).")
     model: Path | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "

@@ -75,7 +75,7 @@ def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) 
     """
     check_new_output(config.out, "out (--out)", overwrite=config.overwrite)
     if config.model is not None:
-        from pdsr_sdk.scoring.torch_backend import check_model_dir
+        from pdsr_sdk.scoring.checkpoint import check_model_dir
 
         model_dir = check_model_dir(config.model)  # fail before reading a large input
     else:

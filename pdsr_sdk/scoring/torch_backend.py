@@ -29,7 +29,6 @@ raises ConfigError instead of silently attending across samples.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -39,11 +38,11 @@ import numpy as np
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.scoring.backend import BackendOutput, ScoreInputs, ScoreMeter
 from pdsr_sdk.scoring.buckets import MicroBatch
+from pdsr_sdk.scoring.checkpoint import DTYPES as _DTYPES, check_model_dir
 
 if TYPE_CHECKING:
     from pdsr_sdk.scoring.config import ScoreOptions
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def resolve_device(device: str) -> str:
@@ -70,29 +69,6 @@ def _quiet_transformers():
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def check_model_dir(model_dir: str | Path) -> Path:
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise DataError(f"{path}: model directory does not exist")
-    if not (path / "config.json").is_file():
-        raise DataError(f"{path}: not a Hugging Face model directory (no config.json in it)")
-    return path
-
-
-def checkpoint_dtype(model_dir: str | Path) -> str:
-    """The dtype a model directory's ``config.json`` names (``torch_dtype``, or ``dtype`` as newer transformers
-    write it), as scoring's ``dtype`` spells it; ``"auto"`` where it names none we know. Scoring's ``auto`` means
-    this on every backend: vLLM's own ``auto`` runs a float32 checkpoint in bf16, which would give reference
-    log-probs of another precision than the torch backend's (and the trainer's)."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return "auto"
-    named = config.get("torch_dtype") or config.get("dtype") if isinstance(config, dict) else None
-    named = {"float": "float32", "half": "float16"}.get(named, named) if isinstance(named, str) else None
-    return named if named in _DTYPES and named != "auto" else "auto"
 
 
 def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto"):

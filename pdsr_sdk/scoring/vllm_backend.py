@@ -37,7 +37,7 @@ def make_engine(model_dir: str | Path, *, dtype: str = "auto", max_model_len: in
                 kv_cache_gib: float = 1.0, seed: int = 0, **engine_args: Any):
     """A ``vllm.LLM`` set up for scoring (eager, no prefix caching, no tokenizer needed)."""
     from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
-    from pdsr_sdk.scoring.torch_backend import check_model_dir, checkpoint_dtype
+    from pdsr_sdk.scoring.checkpoint import check_model_dir, checkpoint_dtype
 
     path = check_model_dir(model_dir)
     if dtype == "auto":   # the checkpoint's, as the torch backend reads it (vLLM's auto downcasts float32)

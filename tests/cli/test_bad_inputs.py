@@ -130,6 +130,20 @@ def test_a_bad_flag_value_names_the_flag_and_its_key(args, line, tmp_path, monke
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("args, out", [
+    (["gae", "--data", "in.parquet"], "adv.csv"),
+    (["score", "--data", "in.parquet"], "scored.jsonl"),
+    (["rollout"], "traj.arrow"),
+])
+def test_an_output_named_as_another_format_is_refused(args, out, tmp_path, monkeypatch):
+    """pdsr writes Parquet and reads a file by its suffix: an output named .csv could not be read back."""
+    monkeypatch.chdir(tmp_path)
+    stem = out.split(".")[0]
+    failed(invoke(*args, "--out", out), f"{out}: this output is written as Parquet, not .{out.split('.')[1]}; "
+                                        f"name it {stem}.parquet")
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_bad_value_from_the_file_names_the_file_not_a_flag(tmp_path):
     cfg = tmp_path / "synth.yaml"
     cfg.write_text("groups: 0\n")
@@ -187,7 +201,9 @@ def test_unwritable_out_fails_before_engines_start(prompts, tmp_path, no_engines
            "--out (output.path)", "blocker", "is a file, not a folder")
     failed(invoke("rollout", "--data", prompts, "--out", tmp_path / "o.parquet", "--summary", blocker / "s.json"),
            "--summary (output.summary_path)", "is a file, not a folder")
-    failed(invoke("rollout", "--data", prompts, "--out", prompts), "--out and --data are the same file")
+    as_parquet = tmp_path / "prompts.parquet"
+    pq.write_table(pa.Table.from_pylist([json.loads(line) for line in prompts.read_text().splitlines()]), as_parquet)
+    failed(invoke("rollout", "--data", as_parquet, "--out", as_parquet), "--out and --data are the same file")
     assert blocker.read_text() == "a file" and not (tmp_path / "o.parquet").exists()
 
 

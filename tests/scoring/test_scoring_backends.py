@@ -247,7 +247,7 @@ def test_options_object_equals_keywords(tiny_model_dir):
     ({}, "auto"),
 ])
 def test_checkpoint_dtype_is_what_config_json_names(tmp_path, config, expected):
-    from pdsr_sdk.scoring.torch_backend import checkpoint_dtype
+    from pdsr_sdk.scoring.checkpoint import checkpoint_dtype
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert checkpoint_dtype(tmp_path) == expected
