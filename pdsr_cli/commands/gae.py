@@ -61,3 +61,8 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
         summary = run_gae_file(cfg)
     click.echo(f"wrote {summary.out}: {summary.rows} rows, {summary.tokens} tokens ({summary.valid_tokens} valid), "
                f"backend {summary.backend}, {summary.seconds:.3g} s")
+    if summary.dropped_rewards:
+        rows = summary.dropped_rewards
+        shown = ", ".join(map(str, rows[:5])) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+        click.echo(f"warning: {len(rows)} row(s) have a reward but no valid token to carry it (their "
+                   f"{cfg.mask_column or 'mask'} is all 0), so it is in no advantage: row {shown}", err=True)

@@ -43,6 +43,9 @@ class GaeRunSummary:
     valid_tokens: int
     backend: str
     seconds: float
+    #: rows whose scalar reward is not 0 but that have no valid token to carry it (their mask is all 0): their
+    #: reward is in no advantage
+    dropped_rewards: tuple[int, ...] = ()
 
 
 def run_gae_file(cfg: GaeConfig) -> GaeRunSummary:
@@ -65,15 +68,14 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "") -> tu
     lengths = np.diff(offsets)
     _check_finite(source, cfg.values_column, values, offsets)
     if cfg.mask_column:
-        mask, mask_offsets = list_column_to_numpy(table.column(cfg.mask_column), None, name=cfg.mask_column,
+        mask, mask_offsets = list_column_to_numpy(table.column(cfg.mask_column), np.float64, name=cfg.mask_column,
                                                   path=source)
         _check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets))
-        if mask.dtype.kind == "f":
-            _check_finite(source, cfg.mask_column, mask, mask_offsets)
+        _check_finite(source, cfg.mask_column, mask, mask_offsets)
         mask = mask != 0
     else:
         mask = np.ones(len(values), dtype=np.bool_)
-    rewards = _rewards(table, cfg, source, offsets, mask)
+    rewards, dropped = _rewards(table, cfg, source, offsets, mask)
 
     padded_r, _ = ragged_to_padded(rewards, offsets, dtype=np.float32)
     padded_v, _ = ragged_to_padded(values, offsets, dtype=np.float32)
@@ -111,7 +113,8 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "") -> tu
             table = table.drop_columns([field.name])
         table = table.append_column(field, column)
     summary = GaeRunSummary(out=Path(cfg.out), rows=table.num_rows, tokens=int(lengths.sum()),
-                            valid_tokens=int(mask.sum()), backend=name, seconds=seconds)
+                            valid_tokens=int(mask.sum()), backend=name, seconds=seconds,
+                            dropped_rewards=tuple(int(r) for r in dropped))
     return table, summary
 
 
@@ -134,15 +137,17 @@ def _check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: n
                         f"({bad.size} row(s) differ)")
 
 
-def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Flat per-token rewards; a scalar column goes on each row's last valid token."""
+def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray,
+             mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat per-token rewards (a scalar column goes on each row's last valid token), and the rows whose scalar
+    reward is not 0 but that have no valid token to carry it."""
     column = table.column(cfg.rewards_column)
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         rewards, r_offsets = list_column_to_numpy(column, np.float32, name=cfg.rewards_column, path=source)
         _check_lengths(source, cfg.rewards_column, np.diff(r_offsets), cfg.values_column, np.diff(offsets))
         _check_finite(source, cfg.rewards_column, rewards, r_offsets)
-        return rewards
+        return rewards, np.zeros(0, dtype=np.int64)
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
         raise DataError(f"{source}: column {cfg.rewards_column!r} must be a list of numbers per row or one number "
                         f"per row, got {kind}")
@@ -161,4 +166,4 @@ def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, mask:
     last = valid_idx[np.maximum(k, 0)] if valid_idx.size else np.zeros(len(k), dtype=np.int64)
     has_valid = (k >= 0) & (last >= offsets[:-1])
     rewards[last[has_valid]] = scalars[has_valid]   # a row with no valid token carries no reward
-    return rewards
+    return rewards, np.flatnonzero(~has_valid & (scalars != 0))

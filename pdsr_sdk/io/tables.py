@@ -267,7 +267,8 @@ def list_column_to_numpy(column: pa.ChunkedArray | pa.Array, dtype, *, name: str
                          path: str | Path = "") -> tuple[np.ndarray, np.ndarray]:
     """Flatten a list column: returns (values, offsets) with ``offsets[i]:offsets[i+1]`` for row i.
 
-    Raises DataError naming the first null row.
+    Raises DataError naming the first null row, or the column where ``dtype`` is given and its items are not
+    numbers (``dtype=None`` takes the items as they are).
     """
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
@@ -276,6 +277,9 @@ def list_column_to_numpy(column: pa.ChunkedArray | pa.Array, dtype, *, name: str
     if column.null_count:
         row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
         raise DataError(f"{path}: column {name!r} row {row} is null; expected a list")
+    item = column.type.value_type
+    if dtype is not None and not (pa.types.is_integer(item) or pa.types.is_floating(item) or pa.types.is_boolean(item)):
+        raise DataError(f"{path}: column {name!r} must be a list of numbers per row, got {column.type}")
     offsets = np.asarray(column.offsets, dtype=np.int64)
     values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     offsets = offsets - offsets[0]

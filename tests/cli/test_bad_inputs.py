@@ -61,6 +61,33 @@ def test_gae_scalar_nan_reward_names_the_row(tmp_path):
     failed(invoke("gae", "--data", path, "--out", tmp_path / "o.parquet"), "'rewards' row 2 is nan")
 
 
+@pytest.mark.parametrize("column", ["rewards", "values", "response_mask"])
+def test_gae_a_list_of_text_names_the_column(tmp_path, column):
+    row = {"rewards": [0.0, 1.0], "values": [0.5, 0.25], "response_mask": [1, 1]}
+    row[column] = ["a", "b"]
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    failed(invoke("gae", "--data", path, "--out", tmp_path / "o.parquet"),
+           f"{path}: column {column!r} must be a list of numbers per row, got list<", "string>")
+
+
+def test_gae_a_reward_no_token_can_carry_is_named(tmp_path):
+    """A scalar reward goes on its row's last valid token; a row with none loses it, and the command says so
+    (a reward of 0 loses nothing and is not named)."""
+    path, out = tmp_path / "in.parquet", tmp_path / "o.parquet"
+    rows = [{"rewards": r, "values": [0.0, 0.0], "response_mask": m}
+            for r, m in ((1.0, [1, 1]), (2.0, [0, 0]), (0.0, [0, 0]), (-1.0, [0, 0]))]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out), "--lam", "1"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: 2 row(s) have a reward but no valid token to carry it (their response_mask is all 0), so it "
+            "is in no advantage: row 1, 3") in res.output
+    adv = pq.read_table(out).column("advantages").to_pylist()
+    assert adv[0] == [1.0, 1.0] and adv[1] == adv[3] == [0.0, 0.0]
+    res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out), "--overwrite", "--mask-column", ""])
+    assert res.exit_code == 0 and "warning" not in res.output, res.output
+
+
 def test_gae_existing_out_needs_overwrite(tmp_path, gae_input):
     path, _ = gae_input
     out = tmp_path / "out.parquet"
