@@ -63,8 +63,8 @@ def cli() -> None:
 
     Probe-based Dynamic Segment Rollout over vLLM engines, micro-batched
     log-prob scoring, chunk-scan GAE, and a simulator and analyser for
-    rollout length traces. Every command takes --config FILE (YAML/JSON);
-    flags override the file.
+    rollout length traces. Every command that runs a job takes --config
+    FILE (YAML/JSON); flags override the file.
     """
 
 
