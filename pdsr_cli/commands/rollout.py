@@ -23,7 +23,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
 @click.option("--n", type=int, help="Samples per prompt (group size).  [default: 8]")
 @click.option("--batch-size", type=int, help="Prompts per batch.  [default: 128]")
-@click.option("--num-batches", type=int, help="Stop after this many batches.")
+@click.option("--num-batches", type=int, help="The run's batches in all: with --resume, those on disk count "
+                                                 "(a finished run runs nothing).  [default: all the data]")
 @click.option("--limit", type=int, help="Use only the first N prompts.")
 @click.option("--max-tokens", type=int, help="Most response tokens per sample.  [default: 1024]")
 @click.option("--temperature", type=float, help="Sampling temperature.  [default: 1.0]")
@@ -82,7 +83,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
               help="Trajectories Parquet.  [default: runs/rollout.parquet]")
 @click.option("--summary", type=click.Path(dir_okay=False, path_type=Path),
               help="Run summary JSON.  [default: <out>.summary.json]")
-@click.option("--resume", is_flag=True, default=None, help="Skip groups already finished in --out.")
+@click.option("--resume", is_flag=True, default=None,
+              help="Continue the run in --out: skip its finished groups, complete a batch it cut short, and "
+                   "run the batches left up to --num-batches.")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out.")
 @step_stream_options("the data's prompts (each step's end bumps the policy version, as a trainer's update would; "
                      "the last step drains)", "0: each step waits for its own groups")

@@ -72,7 +72,7 @@ class RolloutConfig(StepStreamConfig):
     data: DataConfig = Field(default_factory=DataConfig, description="Prompt source.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling settings.")
     batch_size: int = Field(128, ge=1, description="Prompts per batch (B); a batch is one GRPO step's rollout.")
-    num_batches: int | None = Field(None, ge=1, description="Stop after this many batches.")
+    num_batches: int | None = Field(None, ge=1, description="Stop once the run has this many batches (of batch_size prompts, the data's order), counting those a --resume finds on disk.")
     policy: str = Field("v3", description="Dispatch policy: a registered name (see schemas/policy-*.schema.json), a built-in preset or a preset file, or 'package.module:Class'; a comma-separated list or 'all' (every registered policy that runs on real engines) runs one rollout per policy, each to <output.path stem>.<policy>.parquet.")
     policy_settings: dict[str, Any] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; validated with the config, and carried as each policy's typed settings (see schemas/policy-<name>.schema.json).")
     engines: list[EngineSpec] | None = Field(None, description="Explicit engine list; default: an automatic layout from fast/heavy.")

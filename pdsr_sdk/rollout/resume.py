@@ -1,10 +1,11 @@
 """The run on disk that ``--resume`` continues: what it finished, the settings it ran with, its batches.
 
 A rollout records its settings (:func:`run_settings`) in the trajectories' Parquet metadata; resuming with
-different ones is an error naming each key. Batches go on from the last index on disk, a multi-step run's carried groups continue from their tokens
-(``<out>.parts/_carry.parquet``), and the summary
-covers the whole run: batches the earlier summary reported (same ``run_id``), and batches only partly
-done when the run stopped, counted from the trajectories.
+different ones is an error naming each key. The batches left (:func:`batches_left`) are numbered as in a run
+made in one go, up to ``num_batches`` in all, a batch cut short completed under its index; a multi-step run's
+steps go on from the last index on disk and its carried groups continue from their tokens
+(``<out>.parts/_carry.parquet``). The summary covers the whole run: batches the earlier summary reported
+(same ``run_id``), and batches only partly done when the run stopped, counted from the trajectories.
 """
 
 from __future__ import annotations
@@ -207,6 +208,52 @@ def _batches_from_rows(rows: dict[str, list]) -> dict[int, dict[str, Any]]:
         b["makespan_s"] = round(makespan, 4)
         b["tokens_per_s"] = round(b["tokens"] / makespan, 2) if makespan > 0 else 0.0
     return out
+
+
+def batches_left(records: list, too_long: list, left: set[str], config) -> list[tuple[int, list]]:
+    """The run's batches still to run, each with its index: the data's prompts (less those skipped as too
+    long) cut into ``batch_size`` batches, the first ``num_batches`` of them: the run's batches in all, however
+    often it is resumed. Each keeps the prompts not in ``left`` (finished, or carried); a batch cut short
+    keeps the rest of its prompts, and a finished one is left out."""
+    skipped = {r.prompt_id for r in too_long}
+    fits = [r for r in records if r.prompt_id not in skipped]
+    size = config.batch_size
+    planned = [fits[i:i + size] for i in range(0, len(fits), size)][:config.num_batches]
+    out = [(index, [r for r in batch if r.prompt_id not in left]) for index, batch in enumerate(planned)]
+    return [(index, batch) for index, batch in out if batch]
+
+
+def nothing_left(path: Path, prompts: int, config) -> str:
+    """The line of a resumed run that finds its batches all done (``prompts``: the data's, less any too long)."""
+    planned = -(-prompts // config.batch_size)
+    if config.num_batches is not None and config.num_batches < planned:
+        return (f"nothing left to run: {path} already has the run's {config.num_batches} batches "
+                f"(--num-batches {config.num_batches}); raise --num-batches to run more, or start over "
+                f"with --overwrite")
+    return (f"nothing left to run: {path} already has every prompt of the data ({planned} batches of "
+            f"{config.batch_size}); start over with --overwrite to run them again")
+
+
+def merged_batches(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summary rows of the batches on disk before a resume and of this call's, a batch cut short and
+    completed now as one row (``resumed``): its groups, tokens, time and counters added up, the policy's
+    facts those of the part run now."""
+    rows = {b["batch_index"]: b for b in before}
+    for b in now:
+        old = rows.get(b["batch_index"])
+        if old is None:
+            rows[b["batch_index"]] = b
+            continue
+        row = {**old, **b, "resumed": True}
+        row.pop("interrupted", None)
+        for key in ("groups", "tokens", "makespan_s", "reward_sum", "rewarded_samples", "reward_timeouts",
+                    "reward_errors", "reward_s", *STAT_KEYS):
+            if isinstance(old.get(key), (int, float)) and isinstance(b.get(key), (int, float)):
+                row[key] = old[key] + b[key]
+        row["makespan_s"] = round(row["makespan_s"], 4)
+        row["tokens_per_s"] = round(row["tokens"] / row["makespan_s"], 2) if row["makespan_s"] > 0 else 0.0
+        rows[b["batch_index"]] = row
+    return sorted(rows.values(), key=lambda b: b["batch_index"])
 
 
 def check_resume_options(config) -> None:

@@ -21,7 +21,8 @@ from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.preflight import check_outputs, context_limit, filtered_path, split_long_prompts, summary_path
-from pdsr_sdk.rollout.resume import METADATA_KEY, ResumeState, carried_groups, read_resume_state, run_settings
+from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, carried_groups, merged_batches,
+                                     nothing_left, read_resume_state, run_settings)
 from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file
@@ -183,11 +184,12 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     left = prior.done_ids | {g.prompt_id for g, _ in carried}
     if filtered_writer is not None and out.resume:   # filtered before: not run again
         left |= filtered_writer.finished_prompt_ids()
-    todo, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
-                                        limit, source, data_path)
-    batches = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
-    if config.num_batches is not None:
-        batches = batches[:config.num_batches]
+    _, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
+                                     limit, source, data_path)
+    batches = batches_left(records, too_long, left, config)
+    todo = [r for _, b in batches for r in b]
+    if out.resume and prior.groups and not batches and not carried:
+        status(nothing_left(out.path, len(records) - len(too_long), config))
     running = todo + [r for r in records if r.prompt_id in left and r.prompt_id not in prior.done_ids]
     longest_prompt = max((len(r.token_ids) for r in running), default=0)
     max_model_len = _round_up(longest_prompt + max(
@@ -201,7 +203,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                   "run_id": prior.run_id, METADATA_KEY: json.dumps(settings)})
     state.writer_made = True
 
-    total_groups: int | None = sum(len(b) for b in batches) + len(carried)
+    total_groups: int | None = len(todo) + len(carried)
     if config.filter_groups is not None:   # how many launch depends on the pass rate: bars count without a total
         total_groups = None
     elif config.streaming:   # K steps take only some of the data's prompts
@@ -267,7 +269,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
             state.engines_started = True
             session.run.batch_index = max(session.run.batch_index, prior.next_batch_index)   # numbering goes on
         if config.streaming:
-            todo_left = [r for b in batches for r in b]
+            todo_left = todo
             source = iter(todo_left)
             consumed = 0
             if prior.batches:   # each step's end was a version change
@@ -294,7 +296,8 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                 writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
                                     for g, step in session.carried() for s in g.samples], carry_schema())
                 write_text_atomic(summarise().to_json(), summary_path(config))
-        for batch in ([] if config.streaming else batches):
+        for index, batch in ([] if config.streaming else batches):
+            session.run.batch_index = index   # a batch cut short before the resume is completed under its index
             result = await session.generate(batch)
             await written()
             results.append(result)
@@ -327,14 +330,14 @@ def _summarise(config, model_dir: str, session: RolloutSession, results: list[Ba
         got = [rewards.get(g.prompt_id, (0.0, 0, 0, 0, 0.0)) for g in r.groups]
         return tuple(sum(g[i] for g in got) for i in range(5))
 
-    batches = list(prior.batches) + [{
+    batches = merged_batches(prior.batches, [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
         **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
         "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1],
         "reward_timeouts": batch_rewards(r)[2], "reward_errors": batch_rewards(r)[3],
         "reward_s": round(batch_rewards(r)[4], 4), **(r.step or {}),
-    } for r in results]
+    } for r in results])
     reward_sum = sum(b.get("reward_sum", 0.0) for b in batches)
     rewarded = sum(b.get("rewarded_samples", 0) for b in batches)
     makespan = sum(r.makespan_s for r in results) + sum(b["makespan_s"] for b in prior.batches)

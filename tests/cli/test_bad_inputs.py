@@ -293,6 +293,52 @@ def test_resume_goes_on_numbering_and_summarises_the_whole_run(prompts, tmp_path
     assert [r for r in rows if r["prompt_id"] in ("q0", "q1")] == old
 
 
+def batch_of(out):
+    return {r["prompt_id"]: r["batch_index"] for r in pq.read_table(out).to_pylist()}
+
+
+def summary_batches(tmp_path):
+    return [(b["batch_index"], b["groups"]) for b in json.loads((tmp_path / "o.summary.json").read_text())["batches"]]
+
+
+def test_num_batches_counts_the_runs_batches_in_all_however_often_it_resumes(prompts, tmp_path, fake_run):
+    out, whole = tmp_path / "o.parquet", tmp_path / "whole" / "o.parquet"
+    run = [*fake_run, "--data", prompts, "--batch-size", 2]
+    assert invoke(*run, "--out", whole, "--num-batches", 2).exit_code == 0   # the same run in one go
+    assert invoke(*run, "--out", out, "--num-batches", 1).exit_code == 0
+    resumed = invoke(*run, "--out", out, "--num-batches", 2, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert batch_of(out) == batch_of(whole) == {"q0": 0, "q1": 0, "q2": 1, "q3": 1}
+    assert summary_batches(tmp_path) == [(0, 2), (1, 2)]
+    # run again, finished: nothing runs, and the output says so
+    before = out.read_bytes()
+    again = invoke(*run, "--out", out, "--num-batches", 2, "--resume")
+    assert again.exit_code == 0, again.output
+    assert (f"pdsr: nothing left to run: {out} already has the run's 2 batches (--num-batches 2)"
+            in again.output)
+    assert "4 groups, 8 samples (4 groups from before the resume)" in again.output
+    assert out.read_bytes() == before and summary_batches(tmp_path) == [(0, 2), (1, 2)]
+    # a smaller --num-batches than the file has runs nothing either; without it the rest of the data runs
+    assert "nothing left to run" in invoke(*run, "--out", out, "--num-batches", 1, "--resume").output
+    rest = invoke(*run, "--out", out, "--resume")
+    assert "nothing left to run" not in rest.output and batch_of(out) == {**batch_of(whole), "q4": 2}
+    assert "already has every prompt of the data (3 batches of 2)" in invoke(*run, "--out", out, "--resume").output
+
+
+def test_a_resumed_run_completes_the_batch_it_was_cut_short_in(prompts, tmp_path, fake_run):
+    out, _ = _earlier_run(tmp_path)   # stopped with q0, q1 of batch 0 on disk
+    r = invoke(*fake_run, "--data", prompts, "--out", out, "--batch-size", 3, "--num-batches", 2, "--resume")
+    assert r.exit_code == 0, r.output
+    # batch 0 is q0..q2 (its q2 runs now, in batch 0), batch 1 q3, q4: as a run in one go numbers them
+    assert batch_of(out) == {"q0": 0, "q1": 0, "q2": 0, "q3": 1, "q4": 1}
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert summary_batches(tmp_path) == [(0, 3), (1, 2)] and summary["groups"] == 5
+    first = summary["batches"][0]
+    # one row for batch 0: the 2 groups of one token per sample before, q2's 2 x 8 tokens now
+    assert first["resumed"] and "interrupted" not in first and first["tokens"] == 2 * 2 * 1 + 2 * 8
+    assert sum(b["tokens"] for b in summary["batches"]) == summary["tokens"] == 4 + 3 * 16
+
+
 def test_overwrite_keeps_the_old_output_until_the_run_writes(prompts, tmp_path, fake_run):
     out = tmp_path / "o.parquet"
     assert invoke(*fake_run, "--data", prompts, "--out", out, "--limit", 1).exit_code == 0
