@@ -177,11 +177,33 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             click.echo(render_summary(results[-1]))
             click.echo(f"trajectories: {results[-1].output}\nsummary: {summary_path(run_cfg)}")
     if len(results) > 1:
-        rewarded = any(s.reward_mean is not None for s in results)
-        click.echo("\n" + format_table([{"policy": s.policy, "makespan_s": round(s.makespan_s, 3),
-                                         "tokens_per_s": round(s.tokens_per_s, 1),
-                                         **({"reward_mean": s.reward_mean} if rewarded else {}),
-                                         "tokens": s.tokens} for s in results]))
+        click.echo("\n" + render_comparison(results))
+
+
+def engines_label(summary) -> str:
+    """A run's engines by pool, ``1 fast + 1 heavy`` (``-``: none started, a resumed run with nothing left)."""
+    pools: dict[str, int] = {}
+    for engine in summary.engines:
+        pools[engine["pool"]] = pools.get(engine["pool"], 0) + 1
+    return " + ".join(f"{n} {pool}" for pool, n in pools.items()) or "-"
+
+
+def render_comparison(results: list) -> str:
+    """The side-by-side table of a run per policy; a note under it when their engines differ (each policy
+    gets the automatic layout it needs: one fast engine, or fast and heavy ones)."""
+    rewarded = any(s.reward_mean is not None for s in results)
+    table = format_table([{"policy": s.policy, "engines": engines_label(s), "makespan_s": round(s.makespan_s, 3),
+                           "tokens_per_s": round(s.tokens_per_s, 1),
+                           **({"reward_mean": s.reward_mean} if rewarded else {}),
+                           "tokens": s.tokens} for s in results])
+    ran = [s for s in results if s.engines]
+    layouts = list(dict.fromkeys(engines_label(s) for s in ran))
+    if len(layouts) < 2:
+        return table
+    what = "engine counts" if len({len(s.engines) for s in ran}) > 1 else "engine layouts"
+    return (f"{table}\nnote: the policies ran on different engines ({'; '.join(layouts)}): their tokens/s "
+            f"compare different {what}, not the policies alone; --fast and --heavy give every policy the "
+            f"same engines")
 
 
 #: per-batch columns of the printed summary (reward_mean when there is a reward); then policy facts and counters,

@@ -174,6 +174,40 @@ def test_cli_run_in_a_log_file_on_fake_engines(tmp_path, tiny_model_dir):
     assert q.exit_code == 0 and "samples:" not in q.output and "pdsr: engines ready in " in q.output
 
 
+def test_a_comparison_of_policies_names_each_ones_engines_and_says_when_they_differ(tmp_path, tiny_model_dir,
+                                                                                     monkeypatch):
+    """``--policy baseline,v2.5`` on the automatic layout (fake engines): baseline needs a fast engine, v2.5 a
+    fast and a heavy one, and the side-by-side table says so; with --fast and --heavy both get the same."""
+    from pdsr_sdk.engines import vllm_env
+
+    monkeypatch.setattr(vllm_env, "is_cpu_build", lambda: True)   # the CPU layout on a GPU machine too
+    cfg = tmp_path / "auto.yaml"
+    cfg.write_text(json.dumps({"model": str(tiny_model_dir), "sampling": {"n": 2, "max_tokens": 8},
+                               "engine_defaults": {"backend": "fakes:LoopEngine", "max_model_len": 256}}))
+
+    def compare(*flags):
+        r = CliRunner().invoke(cli, ["rollout", "--quiet", "--config", str(cfg), "--policy", "baseline,v2.5",
+                                     "--limit", "2", "--batch-size", "2", "--out", str(tmp_path / "ab.parquet"),
+                                     "--overwrite", *flags])
+        assert r.exit_code == 0, r.output
+        table = r.output[r.output.index("policy    engines"):].splitlines()
+        pools = {p: [e["pool"] for e in json.loads((tmp_path / f"ab.{p}.summary.json").read_text())["engines"]]
+                 for p in ("baseline", "v2.5")}
+        return r.output, table, pools
+
+    out, table, pools = compare()
+    assert pools == {"baseline": ["fast"], "v2.5": ["fast", "heavy"]}   # what each run started
+    assert "starting 1 engine (1 fast;" in out and "starting 2 engines (1 fast, 1 heavy;" in out
+    assert table[0].split()[:3] == ["policy", "engines", "makespan_s"]
+    assert table[2].startswith("baseline  1 fast  ") and table[3].startswith("v2.5      1 fast + 1 heavy  ")
+    assert table[4] == ("note: the policies ran on different engines (1 fast; 1 fast + 1 heavy): their tokens/s "
+                        "compare different engine counts, not the policies alone; --fast and --heavy give every "
+                        "policy the same engines")
+    out, table, pools = compare("--fast", "1", "--heavy", "1")
+    assert pools == {"baseline": ["fast", "heavy"], "v2.5": ["fast", "heavy"]}
+    assert [row.split()[1:4] for row in table[2:]] == [["1", "fast", "+"]] * 2 and "note:" not in out
+
+
 # -- --quiet ------------------------------------------------------------------------------------------
 
 def test_quiet_mode_sets_the_engine_environment_and_restores_it(monkeypatch):
