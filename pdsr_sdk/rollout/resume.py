@@ -32,6 +32,7 @@ RESUME_KEYS = {
     "logprobs_mode": "logprobs_mode", "reward": "--reward", "data.path": "--data",
     "data.system_prompt": "--system-prompt", "data.instruction": "--instruction",
     "data.apply_chat_template": "data.apply_chat_template", "data.target_lengths_column": "--target-lengths-column",
+    "batch_size": "--batch-size",   # the run's batches are the data cut by it (batches_left)
 }
 METADATA_KEY = "pdsr_run"
 _COUNTERS = ("moves", "steals", "restarts", "wasted_tokens", "retries")
@@ -49,6 +50,7 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
         "reward": config.reward, "data.path": Path(config.data.path).name if config.data.path else None,
         "data.system_prompt": config.data.system_prompt, "data.apply_chat_template": config.data.apply_chat_template,
         "data.target_lengths_column": config.data.target_lengths_column, "data.instruction": config.data.instruction,
+        "batch_size": config.batch_size,
     }
 
 

@@ -273,6 +273,16 @@ def test_resume_with_another_policy_and_model_names_each_key(prompts, tmp_path, 
     assert snapshot(*before) == before
 
 
+def test_resume_with_another_batch_size_names_the_key(prompts, tmp_path, no_engines):
+    """The run's batches are the data cut into batch_size prompts: another size would number them anew."""
+    from pdsr_sdk.rollout.resume import METADATA_KEY
+
+    out, before = _earlier_run(tmp_path, n=2, metadata={METADATA_KEY: json.dumps({"batch_size": 4})})
+    failed(invoke("rollout", "--data", prompts, "--out", out, "--resume", "--n", 2, "--batch-size", 2),
+           "batch_size (--batch-size) is 2 now but was 4")
+    assert snapshot(*before) == before
+
+
 def test_resume_goes_on_numbering_and_summarises_the_whole_run(prompts, tmp_path, fake_run):
     import pyarrow.parquet as pq
 
