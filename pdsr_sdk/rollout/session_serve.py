@@ -4,10 +4,11 @@ server (:mod:`pdsr_sdk.rollout.serve`) on its engines and policy."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 from typing import Any, Callable
 
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, RunError
 from pdsr_sdk.policies.resolve import check_streaming
 
 
@@ -28,7 +29,8 @@ class Serving:
         """Serve ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models`` on the engines,
         each request a group through the policy, until :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`:
         named samples, recorded token-exact). ``on_ready(port)`` is called once it listens (``port=0``: any
-        free port). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser."""
+        free port). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser. A port
+        out of range or taken is a ConfigError (before the engines start, where this call starts them)."""
         import uvicorn
 
         from pdsr_sdk.rollout.serve import ChatServer
@@ -39,12 +41,29 @@ class Serving:
                               "and filter_groups")
         check_streaming(self.policy_cls, self.config.policy)   # requests arrive while others run
         if not self._started:
+            check_listen_address(host, port)   # before the engines start
             await self.start()
-        server = ChatServer(self, model_name=model_name or Path(self._model_dir()).name, tool_parser=tool_parser)
-        http = uvicorn.Server(uvicorn.Config(create_app(server), host=host, port=port, log_level="warning",
-                                             lifespan="off"))
+        # our socket: a port taken since is an error here (uvicorn would exit the session's loop thread: a hang)
+        sock = listen_socket(host, port)
+        try:
+            server = ChatServer(self, model_name=model_name or Path(self._model_dir()).name,
+                                tool_parser=tool_parser)
+            http = uvicorn.Server(uvicorn.Config(create_app(server), host=host, port=port, log_level="warning",
+                                                 lifespan="off"))
+        except BaseException:
+            sock.close()
+            raise
         self._http = http
-        task = asyncio.ensure_future(http.serve())
+
+        async def run_http() -> None:
+            try:
+                await http.serve(sockets=[sock])
+            except SystemExit as exc:   # uvicorn's way to fail; out of a task it would stop the session's loop
+                raise RunError(f"serve: the HTTP server on {host}:{port} failed (exit status {exc.code})") from None
+            finally:
+                sock.close()
+
+        task = asyncio.ensure_future(run_http())
         try:
             while not http.started and not task.done():
                 await asyncio.sleep(0.02)
@@ -62,3 +81,28 @@ class Serving:
         """Stop :meth:`aserve` (it returns once open requests are answered); from any thread."""
         if self._http is not None:
             self._http.should_exit = True
+
+
+def check_listen_address(host: str, port: int, *, host_flag: str = "host", port_flag: str = "port") -> None:
+    """Raise a :class:`~pdsr_sdk.errors.ConfigError` naming ``port_flag`` (or ``host_flag``) unless a server can
+    listen on ``host:port`` now: a port in 0-65535 (0: any free one) that is free. It binds and closes at once."""
+    listen_socket(host, port, host_flag=host_flag, port_flag=port_flag).close()
+
+
+def listen_socket(host: str, port: int, *, host_flag: str = "host", port_flag: str = "port") -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening), or a ConfigError that names the flag."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"{port_flag}: {port!r} is not a port; expected 0-65535 (0: any free one)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"{host_flag}: cannot listen on {host!r}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does: past TIME_WAIT, not a listener
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{port_flag}: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock

@@ -4,6 +4,7 @@ starts, and leaves what is already on disk unchanged."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -238,6 +239,16 @@ def test_every_policys_output_is_checked_before_the_first_run(prompts, tmp_path,
     (tmp_path / "o.v2.5.parquet").mkdir()
     failed(invoke("rollout", "--data", prompts, "--policy", "v3,v2.5", "--out", tmp_path / "o.parquet"),
            "o.v2.5.parquet: is a folder")
+
+
+def test_serve_port_taken_or_out_of_range_fails_before_engines_start(no_engines):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed(invoke("serve", "--port", port), f"--port: cannot listen on 127.0.0.1:{port}", "in use")
+    for port in (-1, 65536):
+        failed(invoke("serve", "--port", port), f"--port: {port} is not a port; expected 0-65535")
 
 
 def _earlier_run(tmp_path, n=2, metadata=None):

@@ -238,6 +238,51 @@ def test_a_served_request_drafts_from_earlier_responses_to_its_prompt(tiny_model
     assert [g.draft_responses for g in done] == [[], responses, []]
 
 
+@requires_torch
+def test_a_server_that_cannot_listen_is_an_error_not_a_hang(tiny_model_dir, monkeypatch):
+    """A port taken after the engines started, or uvicorn exiting its own way (sys.exit), ends ``aserve`` with a
+    clean error: not a hang on a loop uvicorn's exit stopped. A bad port fails before any engine starts."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    from pdsr_sdk.errors import ConfigError, RunError
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3",
+                        engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
+                                  "max_model_len": 256}])
+    ready: list = []
+
+    async def serve(session, port):
+        await asyncio.wait_for(session.aserve(port=port, on_ready=ready.append), 20)
+
+    async def main(taken_port):
+        async with RolloutSession(cfg) as session:
+            with pytest.raises(ConfigError, match=f"port: cannot listen on 127.0.0.1:{taken_port}: .*in use"):
+                await serve(session, taken_port)
+
+            async def exits(self, sockets=None):
+                raise SystemExit(3)
+
+            monkeypatch.setattr(uvicorn.Server, "serve", exits)
+            with pytest.raises(RunError, match="the HTTP server on 127.0.0.1:0 failed .exit status 3."):
+                await serve(session, 0)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        asyncio.run(main(taken.getsockname()[1]))
+    assert not ready
+
+    async def refuse(self, **_):
+        raise AssertionError("engines started before the port was checked")
+
+    monkeypatch.setattr(RolloutSession, "start", refuse)
+    with pytest.raises(ConfigError, match=r"port: 65536 is not a port; expected 0-65535"):
+        asyncio.run(RolloutSession(cfg).aserve(port=65536))
+
+
 def test_stream_chunks_number_tool_calls():
     from pdsr_sdk.rollout.serve import stream_chunks
 
