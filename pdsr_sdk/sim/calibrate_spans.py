@@ -122,11 +122,19 @@ def _share_prompts(spans: list[Span], by_prompt: dict, block: int) -> None:
 def _read_table(path: Path, pq):
     import pyarrow as pa
 
-    with path.open("rb") as fh:
-        head = fh.read(8)
-    if head.startswith(b"PAR1"):
+    from pdsr_sdk.traces.formats import detect_format
+
+    try:
+        kind = detect_format(path)
+    except DataError:
+        kind = "other"
+    if kind not in ("parquet", "arrow_file", "arrow_stream"):
+        what = "is a length trace (JSONL)" if kind == "jsonl" else "is neither Parquet nor Arrow IPC"
+        raise DataError(f"{path}: {what}, not a trajectories file; calibrate reads the Parquet or Arrow "
+                        f"trajectories `pdsr rollout` writes (with their 'segments' timings)")
+    if kind == "parquet":
         names = pq.read_schema(path).names
         return pq.read_table(path, columns=[c for c in ("prompt_id", "prompt_length", "segments") if c in names])
     with pa.memory_map(str(path)) as source:
-        reader = pa.ipc.open_file(source) if head.startswith(b"ARROW1") else pa.ipc.open_stream(source)
+        reader = pa.ipc.open_file(source) if kind == "arrow_file" else pa.ipc.open_stream(source)
         return reader.read_all()

@@ -393,6 +393,9 @@ def test_cli_errors_are_clean(tmp_path):
     assert r.exit_code == 2 and "medium: unknown pool" in r.output
     r = run(cli, ["simulate", "calibrate", "--out", str(tmp_path / "p.yaml")])
     assert r.exit_code == 2 and "--trajectories" in r.output
+    r = run(cli, ["simulate", "calibrate", "--trajectories", str(trace_path), "--out", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and f"{trace_path}: is a length trace (JSONL), not a trajectories file" in r.output
+    assert "pdsr rollout" in r.output and not (tmp_path / "p.yaml").exists()
 
 
 def test_v2_threshold_is_numpys_percentile_bit_for_bit():
