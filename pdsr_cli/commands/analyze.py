@@ -29,14 +29,16 @@ def _help(name: str) -> str:
 @click.option("--cv-ddof", type=click.Choice(["0", "1"]), default=None, help=_help("cv_ddof"))
 @click.option("--plots/--no-plots", default=None, help="Write PNG plots. [default: --plots]")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory for the plots (and analysis.json). [default: the --json file's directory, "
-                   "else ./analysis]")
+              help="Directory for the plots (and analysis.json); files of the same names there are replaced. "
+                   "[default: the --json file's directory, else ./analysis]")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to write the JSON report. [default: OUT_DIR/analysis.json]")
+              help="Where to write the JSON report; an existing file is an error unless --overwrite. "
+                   "[default: OUT_DIR/analysis.json]")
+@click.option("--overwrite", is_flag=True, default=False, help="Replace an existing --json file.")
 @config_option
 @handle_errors
-def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, config_path: Path | None,
-            cv_ddof: str | None, **flags) -> None:
+def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, overwrite: bool,
+            config_path: Path | None, cv_ddof: str | None, **flags) -> None:
     """How well sample 0 (the probe) predicts the lengths of its group's other samples.
 
     TRACE is a JSONL length trace or a trajectories Parquet/Arrow file from
@@ -49,16 +51,20 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, conf
     Example: pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
     """
     from pdsr_sdk.analysis import analyze_trace, report_tables, write_plots
-    from pdsr_sdk.io.tables import write_text_atomic
+    from pdsr_sdk.io.tables import check_new_output, write_text_atomic
     from pdsr_sdk.traces import read_trace
 
     flags["cv_ddof"] = None if cv_ddof is None else int(cv_ddof)
     cfg = build_config(AnalyzeConfig, config_path, flags)
+    out_dir = out_dir or (json_path.parent if json_path is not None else Path("analysis"))
+    # a --json file is refused if it exists; OUT_DIR/analysis.json is the folder's, replaced as its plots are
+    what = "--json" if json_path is not None else "--out-dir"
+    json_path = json_path or out_dir / "analysis.json"
+    check_new_output(json_path, what, overwrite=overwrite or what == "--out-dir", config_key=None,
+                     inputs=[("TRACE", trace_path)])
     trace = read_trace(trace_path)
     report = analyze_trace(trace, cfg)
 
-    out_dir = out_dir or (json_path.parent if json_path is not None else Path("analysis"))
-    json_path = json_path or out_dir / "analysis.json"
     plots = []
     if cfg.plots:
         plots = write_plots(trace.matrix(), out_dir, cv_ddof=cfg.cv_ddof, title=trace_path.name)

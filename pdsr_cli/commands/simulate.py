@@ -47,7 +47,7 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
                    "with references the report adds baseline-hold]")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here (with --steps: steps.json, the curve steps.png and "
-                   "timeline.png).  [default: print only]")
+                   "timeline.png); files of the same names there are replaced.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
 @step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
                      "the curve F = 0, 0.25, 0.5, 1")
@@ -286,7 +286,9 @@ def write_outputs(report, out_dir: Path) -> None:
 @click.option("--trajectories", "trajectories", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Trajectories Parquet/Arrow file(s) written by `pdsr rollout` (repeatable).")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to write the profile YAML (use it with `pdsr simulate --profile`).")
+              help="Where to write the profile YAML (use it with `pdsr simulate --profile`); an existing file is an "
+                   "error unless --overwrite.")
+@click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out file.")
 @click.option("--block-size", type=int, default=None, help="KV block size of the engines that ran.  [default: 16]")
 @click.option("--iterations", type=int, default=None, help="Refinement passes of the fit.  [default: 8]")
 @click.option("--shared", is_flag=True, default=None,
@@ -296,7 +298,8 @@ def write_outputs(report, out_dir: Path) -> None:
                    "says, else every batch size]")
 @config_option
 @handle_errors
-def calibrate_cmd(trajectories, out, block_size, iterations, shared, speculation_max_batch, config_path) -> None:
+def calibrate_cmd(trajectories, out, overwrite, block_size, iterations, shared, speculation_max_batch,
+                  config_path) -> None:
     """Fit the simulator's cost model per pool from the segment timings a `pdsr rollout` run recorded.
 
     Each segment's duration is modelled as the sum of its steps' times (c0 + c1*running +
@@ -311,18 +314,21 @@ def calibrate_cmd(trajectories, out, block_size, iterations, shared, speculation
 
     Example: pdsr simulate calibrate --trajectories runs/rollout.parquet --out profile.yaml
     """
-    from pdsr_sdk.io.tables import write_text_atomic
+    from pdsr_sdk.io.tables import check_new_output, write_text_atomic
     from pdsr_sdk.sim.calibrate import calibrate, profile_yaml
     from pdsr_sdk.sim.config import CalibrateConfig
 
     cfg = build_config(CalibrateConfig, config_path, {
-        "trajectories": [str(p) for p in trajectories] or None, "out": out, "block_size": block_size,
+        "trajectories": [str(p) for p in trajectories] or None, "out": out, "overwrite": overwrite,
+        "block_size": block_size,
         "iterations": iterations, "per_pool": False if shared else None,
         "speculation_max_batch": speculation_max_batch})
     if not cfg.trajectories:
         raise click.UsageError("give at least one --trajectories FILE")
     if cfg.out is None:
         raise click.UsageError("give --out FILE for the fitted profile")
+    check_new_output(cfg.out, "--out (out)", overwrite=cfg.overwrite,
+                     inputs=[("--trajectories", p) for p in cfg.trajectories])
     fits = calibrate(cfg.trajectories, block_size=cfg.block_size, iterations=cfg.iterations,
                      min_spans=cfg.min_spans, per_pool=cfg.per_pool, speculation_max_batch=cfg.speculation_max_batch)
     write_text_atomic(profile_yaml(fits, cfg.trajectories), cfg.out)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import AfterValidator
 
-from pdsr_sdk.errors import ConfigValueError, DataError
+from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError
 from pdsr_sdk.io.padding import pad_rows
 
 
@@ -191,7 +191,7 @@ def parquet_name(path: Path) -> Path:
     kind = FORMATS.get(path.suffix.lower())
     if kind not in (None, "parquet"):
         raise ConfigValueError(f"{path}: this output is written as Parquet, not {path.suffix}; name it "
-                         f"{path.with_suffix('.parquet').name}")
+                               f"{path.with_suffix('.parquet').name}")
     return path
 
 
@@ -199,14 +199,26 @@ def parquet_name(path: Path) -> Path:
 ParquetPath = Annotated[Path, AfterValidator(parquet_name)]
 
 
-def check_new_output(path: str | Path, what: str, *, overwrite: bool, config_key: str | None = "overwrite") -> None:
+def check_new_output(path: str | Path, what: str, *, overwrite: bool, config_key: str | None = "overwrite",
+                     inputs: Iterable[tuple[str, str | Path | None]] = ()) -> None:
     """:func:`check_writable`, and an existing file at ``path`` is an error unless ``overwrite`` (a job that writes
     one file, such as ``pdsr score`` or ``pdsr gae``, replaces nothing it was not told to). ``config_key``: the
-    job's config key that allows it, named beside the flag (None: a flag only)."""
+    job's config key that allows it, named beside the flag (None: a flag only). ``inputs``: (flag or argument, path)
+    of each file the job reads; ``path`` being one of them is an error, ``overwrite`` or not."""
+    for name, source in inputs:
+        if source is not None and _same_file(path, source):
+            raise ConfigError(f"{what} and {name} are the same file {path}; give them different paths")
     if Path(path).exists() and not overwrite:
         key = f" ({config_key}: true)" if config_key else ""
         raise DataError(f"{what} {path}: already exists; pass --overwrite{key} to replace it")
     check_writable(path, what)
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)   # links too
+    except OSError:   # one does not exist (yet)
+        return Path(a).resolve() == Path(b).resolve()
 
 
 def check_writable(path: str | Path, what: str) -> None:

@@ -210,6 +210,7 @@ class CalibrateConfig(ConfigModel):
 
     trajectories: list[Path] = Field(default_factory=list, description="Trajectories Parquet/Arrow files written by `pdsr rollout` (their 'segments' column).")
     out: Path | None = Field(None, description="Where to write the fitted profiles (YAML: {fast: {...}, heavy: {...}}).")
+    overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' is an error).")
     block_size: int = Field(16, ge=1, description="KV block size of the engines that ran (prefix-cache granularity of continuations).")
     iterations: int = Field(8, ge=1, description="Refinement passes (step counts per interval re-estimated from the previous fit).")
     min_spans: int = Field(8, ge=1, description="A pool needs at least this many timed segments to be fitted.")

@@ -70,6 +70,36 @@ def test_plots_go_next_to_the_json_by_default(tmp_path):
     assert {p.name for p in json_path.parent.iterdir()} == PLOTS | {"a.json"}
 
 
+def test_an_existing_json_needs_overwrite_and_the_trace_is_never_replaced(tmp_path, monkeypatch):
+    import pdsr_sdk.traces
+
+    trace = tmp_path / "victim.jsonl"
+    trace.write_bytes(EXAMPLE.read_bytes())
+    (tmp_path / "d").mkdir()
+    named_like_the_report = tmp_path / "d" / "analysis.json"
+    named_like_the_report.write_bytes(EXAMPLE.read_bytes())
+    report = tmp_path / "r.json"
+    report.write_text("an earlier report")
+    read = pdsr_sdk.traces.read_trace
+    monkeypatch.setattr(pdsr_sdk.traces, "read_trace", lambda *a: pytest.fail("read the trace before the checks"))
+    for args, needle in ((["--json", str(report)], f"--json {report}: already exists; pass --overwrite"),
+                         (["--json", str(trace)], f"--json and TRACE are the same file {trace}"),
+                         (["--json", str(tmp_path / "." / "victim.jsonl"), "--overwrite"], "the same file"),
+                         (["--out-dir", str(tmp_path / "d")], "--out-dir and TRACE are the same file")):
+        source = named_like_the_report if "--out-dir" in args else trace
+        result = _run(str(source), "--no-plots", *args)
+        assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output, result.output
+    assert trace.read_bytes() == named_like_the_report.read_bytes() == EXAMPLE.read_bytes()
+    assert report.read_text() == "an earlier report"
+    monkeypatch.setattr(pdsr_sdk.traces, "read_trace", read)
+    result = _run(str(trace), "--no-plots", "--json", str(report), "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["trace"]["groups"] == 256
+    # the --out-dir folder's files are replaced
+    assert _run(str(trace), "--no-plots", "--out-dir", str(tmp_path / "o")).exit_code == 0
+    assert _run(str(trace), "--no-plots", "--out-dir", str(tmp_path / "o")).exit_code == 0
+
+
 def test_analyze_trajectories_parquet(tmp_path):
     trace = synth_trace(groups=40, n=4, seed=3)
     x = trace.matrix()
