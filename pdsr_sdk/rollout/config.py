@@ -115,6 +115,13 @@ class RolloutConfig(StepStreamConfig):
                                                     origin=(info.context or {}).get("source"))
         return self
 
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, name: str | None) -> str | None:
+        from pdsr_sdk.rollout.reward import REWARD_WORDS, REWARDS
+
+        return None if name is None else REWARDS.check_name(name, also=REWARD_WORDS)
+
     @field_validator("speculative", mode="before")
     @classmethod
     def _known_speculative(cls, method: Any) -> Any:

@@ -39,6 +39,8 @@ REWARDS: Registry[RewardFn] = Registry("reward")
 REWARDS.register("math_boxed", math_boxed)
 REWARDS.register("math_verify", "pdsr_sdk.rollout.verify_reward:math_verify")
 
+#: the reward names that are no registered function: ``auto`` (the default) and ``none``
+REWARD_WORDS = ("auto", "none")
 #: the reward ``auto`` picks for data with a ground truth
 DEFAULT_MATH_REWARD = "math_verify"
 #: the default of ``reward_timeout_s``: seconds one math_verify check may take
@@ -64,7 +66,7 @@ def resolve_reward(name: str | None, has_ground_truth: bool, *,
         if not callable(fn):
             raise ConfigError(f"reward: {name!r} is not callable")
         return adapt_reward(fn, name)
-    return adapt_reward(REWARDS.get(name), name)
+    return adapt_reward(REWARDS.get(REWARDS.check_name(name, also=REWARD_WORDS)), name)
 
 
 #: the info a reward is given by keyword (the last two when the data row has those columns)

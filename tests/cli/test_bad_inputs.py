@@ -148,6 +148,8 @@ def test_rollout_setting_for_a_policy_not_selected(tmp_path):
 @pytest.mark.parametrize("args, line", [
     (["rollout", "--n", 0], "--n: sampling.n: Input should be greater than or equal to 1 (got 0)"),
     (["rollout", "--max-tokens", -5], "--max-tokens: sampling.max_tokens: Input should be greater than or equal"),
+    (["rollout", "--reward", "nope"], "--reward: reward: unknown reward 'nope'; valid names: auto, none, math_boxed, "
+                                      "math_verify (or an import path"),
     (["simulate", "--n", 0], "--n: n: Input should be greater than or equal to 1 (got 0)"),
     (["gae", "--chunk", 0, "--data", "in.parquet", "--out", "o.parquet"], "--chunk: chunk: Input should be"),
     (["trace", "synth", "--groups", 0, "--out", "t.jsonl"], "--groups: groups: Input should be"),
