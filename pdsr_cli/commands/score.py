@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -11,15 +12,28 @@ from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.scoring.config import ScoreConfig
 
 
+#: the flag of a config key, where it is not the key's name with dashes
+FLAGS = {"max_tokens_per_micro_batch": "--max-tokens-per-mb"}
+#: the default shown for a key whose default (None) means a rule
+RULE_DEFAULTS = {"pack": "unpacked (the rule above)"}
+
+
 def _help(name: str) -> str:
-    """A flag's help: the config field's description and its default (one source of truth)."""
+    """A flag's help: the config field's description, with each key it names in backticks (`mbs`) shown as its
+    flag (--mbs), and its default (one source of truth)."""
     field = ScoreConfig.model_fields[name]
+    text = re.sub(r"`([a-z_]+)`", lambda m: _flag(m.group(1)) if m.group(1) in ScoreConfig.model_fields
+                  else m.group(0), field.description or "")
     if field.is_required():
-        return f"{field.description} [required: flag or config]"
+        return f"{text} [required: flag or config]"
     if field.default is None:
-        return field.description
+        return f"{text} [default: {RULE_DEFAULTS[name]}]" if name in RULE_DEFAULTS else text
     default = field.default if not isinstance(field.default, bool) else str(field.default).lower()
-    return f"{field.description} [default: {default}]"
+    return f"{text} [default: {default}]"
+
+
+def _flag(key: str) -> str:
+    return FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 @click.command("score")

@@ -39,11 +39,11 @@ class ScoreOptions(ConfigModel):
         "auto", description="Model weights dtype when a model directory is loaded ('auto' = the checkpoint's). "
                             "Log-softmax always runs in fp32.")
     mbs: int | None = Field(None, ge=1, description="Fixed micro-batch size (rows); the last block is padded with "
-                                                    "dummy rows to mbs so the (rows, seq_len) shapes stay few. "
-                                                    "Exclusive with max_tokens_per_micro_batch.")
+                                                    "dummy rows to `mbs` so the (rows, seq_len) shapes stay few. "
+                                                    "Exclusive with `max_tokens_per_micro_batch`.")
     max_tokens_per_micro_batch: int | None = Field(
         None, ge=1, description="Token quota per micro-batch (computed tokens: rows x padded length). "
-                                "Exclusive with mbs. Neither = one forward over everything.")
+                                "Exclusive with `mbs`. Neither = one forward over everything.")
     token_grouping: Literal["length", "none"] = Field(
         "length", description="Token-quota mode only. 'length': group samples of similar length, then split each "
                               "group with partition_by_tokens (little padding); 'none': partition_by_tokens over "
@@ -57,7 +57,7 @@ class ScoreOptions(ConfigModel):
                                            "so few distinct shapes occur.")
     row_chunk: int = Field(DEFAULT_ROW_CHUNK, ge=1,
                            description="Completion positions per lm_head/log-softmax chunk: fp32 logits are "
-                                       "materialised for at most row_chunk x vocab at a time.")
+                                       "materialised for at most `row_chunk` x vocab at a time.")
     temperature: float = Field(1.0, gt=0.0, description="Logits are divided by this before the softmax "
                                                         "(match the sampling temperature of the rollout).")
     entropy: bool = Field(False, description="Also compute the per-token entropy (torch backend only); `pdsr "
@@ -70,11 +70,11 @@ class ScoreOptions(ConfigModel):
     pack: bool | None = Field(
         None, description="torch backend: packed micro-batches, each one row of concatenated samples with "
                           "per-sample position ids and attention that never crosses a sample boundary, so no "
-                          "token is padding; a micro-batch is max_tokens_per_micro_batch real tokens (or mbs "
-                          "consecutive samples, or everything). null = the rule 'packed where measured faster' "
-                          "(pdsr_sdk.scoring.torch_backend.PACK_MEASURED_FASTER): unpacked, which was measured faster "
-                          "on the CPU and on an H100. length_bucket, "
-                          "attention_mask and pad_id do not apply to packed forwards.")
+                          "token is padding; a micro-batch is `max_tokens_per_micro_batch` real tokens (or `mbs` "
+                          "consecutive samples, or everything). Unset: the rule 'packed where measured faster' "
+                          "(pdsr_sdk.scoring.torch_backend.PACK_MEASURED_FASTER) decides; it says unpacked, which "
+                          "was measured faster on the CPU and on an H100. `length_bucket`, `attention_mask` and "
+                          "`pad_id` do not apply to packed forwards.")
     pad_id: int | None = Field(None, ge=0, description="Token id used for padding (never affects results); "
                                                        "default: the model's pad_token_id, else 0.")
     vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM max_model_len when the vllm backend "
@@ -152,7 +152,7 @@ class ScoreConfig(ScoreOptions):
     data: Path = Field(description="Input Parquet/JSONL/Arrow file (or a folder of such shards) with list columns "
                                    "of prompt and response token ids (what `pdsr rollout` writes).")
     out: ParquetPath = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
-    overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' "
+    overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing `out` "
                                                "is an error).")
     model: Path | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
                                                  "default: the built-in tiny random model.")

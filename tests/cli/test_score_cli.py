@@ -190,6 +190,28 @@ def test_every_option_has_a_flag(tmp_path, tiny_model_dir, rows):
         np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-6, atol=1e-6)
 
 
+def test_help_names_the_flags_where_the_config_names_its_keys():
+    import re
+
+    from pdsr_cli.commands.score import command
+    from pdsr_sdk.scoring import ScoreConfig
+
+    helps = {p.name: p.help for p in command.params}
+    keys = [k for k in ScoreConfig.model_fields if "_" in k]
+    named = [(name, key) for name, text in helps.items() for key in keys
+             if text and re.search(rf"(?<![\w-]){key}(?![\w-])", text)]
+    assert not named, f"help naming a config key: {named}"
+    assert "Exclusive with --max-tokens-per-mb." in helps["mbs"] and "Exclusive with --mbs." in helps[
+        "max_tokens_per_micro_batch"]
+    assert "with --entropy, `<column>_entropy` is written" in helps["column"]
+    assert helps["pack"].endswith("--length-bucket, --attention-mask and --pad-id do not apply to packed forwards. "
+                                  "[default: unpacked (the rule above)]")
+    # the config's own descriptions (config files, JSON schema) name the keys
+    assert "Exclusive with `max_tokens_per_micro_batch`." in ScoreConfig.model_fields["mbs"].description
+    out = " ".join(CliRunner().invoke(cli, ["score", "--help"]).output.split())
+    assert "[default: unpacked (the rule above)]" in out
+
+
 def test_an_existing_output_needs_overwrite(tmp_path, tiny_model_dir, rows):
     data = _write(tmp_path / "traj.parquet", *rows)
     out = tmp_path / "scored.parquet"
