@@ -19,7 +19,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.group("simulate", invoke_without_command=True)
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.  [default: a "
-                   "built-in synthetic trace (`pdsr trace synth` defaults: seed-002-like lengths), written to "
+                   "built-in synthetic trace (`pdsr trace synth`'s defaults, the `informative` family member: median "
+                   "~420 tokens, p99 ~1.4k), written to "
                    "pdsr's cache on first use, with the groups the run needs]")
 @policy_option("Policy ({runnable}, a preset, 'pkg.mod:Class'; or a reference schedule: {references}), a "
                "comma-separated list, or 'all' (every registered policy that runs on real engines, side by side).  "

@@ -94,9 +94,9 @@ def _draw_turns(cfg: TraceSynthConfig, rng: np.random.Generator, sampled: np.nda
 
 
 def default_trace_path(groups: int) -> Path:
-    """The built-in trace of ``pdsr simulate`` without one: ``TraceSynthConfig``'s defaults (lengths built to
-    seed 002's statistics, seed 0) with ``groups`` groups, in pdsr's cache (``$PDSR_CACHE_DIR`` or
-    ``~/.cache/pdsr``), written atomically on first use."""
+    """The built-in trace of ``pdsr simulate`` without one: ``TraceSynthConfig``'s defaults (the workload family's
+    ``informative`` member, median ~420 tokens, p99 ~1.4k; seed 0) with ``groups`` groups, in pdsr's cache
+    (``$PDSR_CACHE_DIR`` or ``~/.cache/pdsr``), written atomically on first use."""
     from pdsr_sdk.models.tiny import cache_dir
     from pdsr_sdk.traces.io import write_trace_jsonl
 

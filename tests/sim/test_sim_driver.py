@@ -384,6 +384,14 @@ def test_cli_without_a_trace_runs_the_built_in_one(tmp_path, monkeypatch):
                                  "--quiet", "--over-provision", "1"])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "data" / "synth_2048x8_seed0.jsonl").exists()   # 256 + 11 x 128 = 1,664 groups
+    # what --help says of it holds: the `informative` family member (not `seed002`), median ~420, p99 ~1.4k
+    from pdsr_sdk.traces.family import WORKLOADS
+
+    text = " ".join(CliRunner().invoke(cli, ["simulate", "--help"]).output.split())
+    assert "the `informative` family member: median ~420 tokens, p99 ~1.4k" in text
+    assert WORKLOADS.get("informative").synth == {}   # trace synth's defaults
+    lengths = built.lengths
+    assert round(float(np.median(lengths)), -1) == 420 and round(float(np.percentile(lengths, 99)), -2) == 1400
 
 
 def test_cli_errors_are_clean(tmp_path):
