@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from pdsr_sdk.errors import PdsrDeprecationWarning, PdsrError
 
@@ -187,18 +188,38 @@ def build_config(model: type, config_path: Path | None, overrides: Mapping[str, 
 def flag_names(overrides: Mapping[str, Any]) -> dict[str, str]:
     """The flag each override came from (dotted key -> ``--flag``), so that a bad value's error names what the
     user typed: the running command's option named like the key (``sampling.max_tokens`` -> ``--max-tokens``)
-    whose parsed value is the override's. A key no option matches is left out (the error says "command line")."""
+    whose parsed value is the override's; else the one option given on the command line, and not named like
+    another key, whose value is the override's (``segments.min_tokens`` <- ``--segment-min``). A key with no
+    such option, or with several, is left out (the error says "command line")."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return {}
     options = {p.name: max(p.opts, key=len) for p in ctx.command.params if isinstance(p, click.Option) and p.name}
-    found = {}
+    found: dict[str, str] = {}
+    by_name: set[str] = set()
     for dotted, value in overrides.items():
         for name in (dotted.replace(".", "_"), dotted.rsplit(".", 1)[-1]):
             if name in options and ctx.params.get(name) is value:
                 found[dotted] = options[name]
+                by_name.add(name)
                 break
+    given = [name for name in options if name not in by_name
+             and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    for dotted, value in overrides.items():
+        if dotted in found or value is None:
+            continue
+        same = [name for name in given if _same_value(ctx.params.get(name), value)]
+        if len(same) == 1:
+            found[dotted] = options[same[0]]
     return found
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """``a is b``, or equal values of one type (so that 0 is not False)."""
+    try:
+        return a is b or (type(a) is type(b) and bool(a == b))
+    except Exception:  # noqa: BLE001 - a value whose == does not give a truth value (an array)
+        return False
 
 
 def echo_json(data: Any) -> None:

@@ -151,6 +151,11 @@ def test_rollout_setting_for_a_policy_not_selected(tmp_path):
     (["rollout", "--reward", "nope"], "--reward: reward: unknown reward 'nope'; valid names: auto, none, math_boxed, "
                                       "math_verify (or an import path"),
     (["simulate", "--n", 0], "--n: n: Input should be greater than or equal to 1 (got 0)"),
+    # no option named like the key: the one given whose value is the key's
+    (["simulate", "--segment-min", 0], "--segment-min: segments.min_tokens: Input should be greater than or equal"),
+    (["simulate", "--n", 0, "--segment-max", 0], "--segment-max: segments.max_tokens: Input should be greater"),
+    # two given with the value: neither is named
+    (["simulate", "--segment-min", 0, "--segment-max", 0], "command line: segments.min_tokens: Input should be"),
     (["gae", "--chunk", 0, "--data", "in.parquet", "--out", "o.parquet"], "--chunk: chunk: Input should be"),
     (["trace", "synth", "--groups", 0, "--out", "t.jsonl"], "--groups: groups: Input should be"),
 ])
