@@ -124,7 +124,7 @@ def convert(source: Path, out: Path, overwrite: bool) -> None:
     from pdsr_sdk.io.tables import check_new_output
     from pdsr_sdk.traces import read_trace, write_trace_jsonl
 
-    check_new_output(out, "--out", overwrite=overwrite, config_key=None)
+    check_new_output(out, "--out", overwrite=overwrite, config_key=None, inputs=[("SOURCE", source)])
     trace = read_trace(source)
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes

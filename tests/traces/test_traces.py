@@ -383,6 +383,14 @@ def test_cli_an_existing_out_is_kept_unless_overwrite(tmp_path, job):
     assert read_trace(out).num_groups == (4 if job == "synth" else 2)
 
 
+def test_cli_convert_onto_its_source_is_refused(tmp_path):
+    src = _write_lines(tmp_path / "t.jsonl", [GOOD])
+    before = src.read_text()
+    result = CliRunner().invoke(cli, ["trace", "convert", str(src), "--out", str(src), "--overwrite"])
+    assert result.exit_code == 2 and f"--out and SOURCE are the same file {src}" in result.output, result.output
+    assert src.read_text() == before
+
+
 def test_cli_convert_parquet_to_jsonl(tmp_path):
     src, out = tmp_path / "traj.parquet", tmp_path / "trace.jsonl"
     pq.write_table(_trajectories(), src)
