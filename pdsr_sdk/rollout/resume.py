@@ -225,8 +225,17 @@ def batches_left(records: list, too_long: list, left: set[str], config) -> list[
     return [(index, batch) for index, batch in out if batch]
 
 
+def steps_left(config, prior: ResumeState) -> int:
+    """A multi-step run's steps still to run: ``steps`` counts the run's steps in all, those on disk included
+    (a resume after step k of K runs K - k - 1 more, the last draining what is in flight)."""
+    return max(0, (config.steps or 1) - prior.next_batch_index)
+
+
 def nothing_left(path: Path, prompts: int, config) -> str:
     """The line of a resumed run that finds its batches all done (``prompts``: the data's, less any too long)."""
+    if config.streaming:
+        return (f"nothing left to run: {path} already has the run's {config.steps or 1} steps (--steps "
+                f"{config.steps or 1}); raise --steps to run more, or start over with --overwrite")
     planned = -(-prompts // config.batch_size)
     if config.num_batches is not None and config.num_batches < planned:
         return (f"nothing left to run: {path} already has the run's {config.num_batches} batches "

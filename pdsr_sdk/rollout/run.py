@@ -22,7 +22,7 @@ from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent
 from pdsr_sdk.rollout.data import load_prompts
 from pdsr_sdk.rollout.preflight import check_outputs, context_limit, filtered_path, split_long_prompts, summary_path
 from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, carried_groups, merged_batches,
-                                     nothing_left, read_resume_state, run_settings)
+                                     nothing_left, read_resume_state, run_settings, steps_left)
 from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file
@@ -188,7 +188,9 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                                      limit, source, data_path)
     batches = batches_left(records, too_long, left, config)
     todo = [r for _, b in batches for r in b]
-    if out.resume and prior.groups and not batches and not carried:
+    steps = steps_left(config, prior)
+    idle = out.resume and prior.groups and (not (batches or carried) or (config.streaming and not steps))
+    if idle:
         status(nothing_left(out.path, len(records) - len(too_long), config))
     running = todo + [r for r in records if r.prompt_id in left and r.prompt_id not in prior.done_ids]
     longest_prompt = max((len(r.token_ids) for r in running), default=0)
@@ -208,7 +210,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         total_groups = None
     elif config.streaming:   # K steps take only some of the data's prompts
         total_groups = min(total_groups, groups_launched(config.step_groups or config.batch_size,
-                                                         config.over_provision or 0.0, config.steps or 1))
+                                                         config.over_provision or 0.0, steps))
     sample_bar = probe_bar = None
 
     def on_sample(sample: Sample) -> None:
@@ -264,21 +266,21 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     rewards: dict[str, tuple[float, int, int, int, float]] = {}
     results: list[BatchResult] = []
     try:
-        if batches or carried:
+        if (batches or carried) and not idle:
             await session.start(max_model_len=max_model_len)
             state.engines_started = True
             session.run.batch_index = max(session.run.batch_index, prior.next_batch_index)   # numbering goes on
-        if config.streaming:
+        if config.streaming and not idle:
             todo_left = todo
             source = iter(todo_left)
             consumed = 0
             if prior.batches:   # each step's end was a version change
                 session.policy_version = config.policy_version + prior.next_batch_index
             session.restore_carried(carried)
-            for k in range(config.steps or 1):
+            for k in range(steps):   # the run's steps in all: a resume runs those left
                 if consumed == len(todo_left) + len(carried):
                     break
-                out = await session.astep(source if k == 0 else (), last=k == (config.steps or 1) - 1)
+                out = await session.astep(source if k == 0 else (), last=k == steps - 1)
                 scores = iter(out.scores)
                 for group in out.groups:
                     write_group(group, [next(scores) for _ in group.samples])

@@ -735,13 +735,16 @@ def test_rollout_steps_writes_every_group_once_in_the_step_that_consumed_it(engi
 def test_an_interrupted_steps_run_resumes_with_the_groups_left_and_goes_on_numbering(engine_loop, engines,
                                                                                     tiny_model_dir, tmp_path,
                                                                                     replay_data):
-    """A multi-step run that stopped after 2 steps (4 of 5 groups on disk; what it carried was not written)
-    resumes: the groups on disk are skipped, the rest run in the next step, numbered after the last one,
-    and the summary covers the whole run."""
+    """A multi-step run of 2 steps (4 of 5 groups on disk) resumed with ``--steps 3``: the groups on disk are
+    skipped, the rest run in the third step, numbered after the last one, and the summary covers the whole
+    run. ``--steps`` counts the run's steps in all: resuming it again runs nothing."""
     first, before = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", steps=2,
                             step_groups=2, over_provision=0.0)
     assert first.groups == 4 and [b["batch_index"] for b in first.batches] == [0, 1]
-    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", steps=2,
+    again, _ = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", steps=2,
+                       step_groups=2, over_provision=0.0, **{"output.resume": True})
+    assert again.groups == 4 and [b["batch_index"] for b in again.batches] == [0, 1]
+    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", steps=3,
                             step_groups=2, over_provision=0.0, **{"output.resume": True})
     assert set(by_key(rows)) == {(p, i) for p in LENGTHS for i in range(4)} and len(rows) == 20
     assert summary.groups == 5 and summary.skipped_groups == 4
