@@ -61,10 +61,9 @@ class ScoreOptions(ConfigModel):
     temperature: float = Field(1.0, gt=0.0, description="Logits are divided by this before the softmax "
                                                         "(match the sampling temperature of the rollout).")
     entropy: bool = Field(False, description="Also compute the per-token entropy (torch backend only); `pdsr "
-                                             "score` writes it as `<column>_entropy`. Python keyword: "
-                                             "return_entropy.")
+                                             "score` writes it as `<column>_entropy`.")
     attention_mask: bool = Field(
-        True, description="Pass the right-padding attention mask to the model. False skips it, which is exact "
+        True, description="Pass the right-padding attention mask to the model. Leaving it out is exact "
                           "for causal LMs (real tokens never attend to the later padding) and lets SDPA use "
                           "its causal kernel (faster).")
     pack: bool | None = Field(
