@@ -53,13 +53,14 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     from pdsr_sdk.policies.resolve import with_policy_sets
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
-    from pdsr_sdk.rollout.session_serve import check_listen_address
+    from pdsr_sdk.rollout.session_serve import check_listen_address, check_serve_config
 
     overrides = {"policy": policy, "model": model, "sampling.max_tokens": max_tokens,
                  "sampling.temperature": temperature, "sampling.top_p": top_p, "fast": fast, "heavy": heavy,
                  "agent.env_timeout_s": sample_timeout_s}
     cfg = with_policy_sets(build_config(RolloutConfig, config_path, overrides), parse_policy_sets(policy_set))
-    check_listen_address(host, port, host_flag="--host", port_flag="--port")   # before the engines start
+    check_serve_config(cfg)   # before the engines start
+    check_listen_address(host, port, host_flag="--host", port_flag="--port")
     if cfg.model is None:
         echo_status("model: the built-in tiny random model (pass --model DIR for a real one)")
     session = RolloutSession(cfg)

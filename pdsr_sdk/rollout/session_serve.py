@@ -36,9 +36,7 @@ class Serving:
         from pdsr_sdk.rollout.serve import ChatServer
         from pdsr_sdk.rollout.serve_app import create_app
 
-        if self.streaming:
-            raise ConfigError("serve: a serving session runs requests as they come; drop over_provision, steps "
-                              "and filter_groups")
+        check_serve_config(self.config)
         check_streaming(self.policy_cls, self.config.policy)   # requests arrive while others run
         if not self._started:
             check_listen_address(host, port)   # before the engines start
@@ -81,6 +79,14 @@ class Serving:
         """Stop :meth:`aserve` (it returns once open requests are answered); from any thread."""
         if self._http is not None:
             self._http.should_exit = True
+
+
+def check_serve_config(config) -> None:
+    """A ConfigError unless ``config`` (a RolloutConfig) can serve: requests run as they come, so no stream of
+    steps (``over_provision``, ``steps``, ``filter_groups``). ``pdsr serve`` calls it before its engines start."""
+    if config.streaming:
+        raise ConfigError("serve: a serving session runs requests as they come; drop over_provision, steps "
+                          "and filter_groups")
 
 
 def check_listen_address(host: str, port: int, *, host_flag: str = "host", port_flag: str = "port") -> None:

@@ -267,6 +267,13 @@ def test_serve_port_taken_or_out_of_range_fails_before_engines_start(no_engines)
         failed(invoke("serve", "--port", port), f"--port: {port} is not a port; expected 0-65535")
 
 
+@pytest.mark.parametrize("key", ["over_provision: 0.25", "steps: 3", "filter_groups: {kind: zero-variance}"])
+def test_serve_with_a_stream_of_steps_fails_before_engines_start(tmp_path, no_engines, key):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(key + "\n")
+    failed(invoke("serve", "--config", cfg, "--port", 0), "serve: a serving session runs requests as they come")
+
+
 def _earlier_run(tmp_path, n=2, metadata=None):
     """Trajectories of an interrupted run (parts on disk): prompts q0, q1 in batch 0, group size ``n``."""
     from workloads import trajectory_rows
