@@ -50,7 +50,7 @@ class GaeRunSummary:
 
 def run_gae_file(cfg: GaeConfig) -> GaeRunSummary:
     """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically (checked writable first)."""
-    check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite, inputs=[("data (--data)", cfg.data)])
+    check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite)
     columns = [cfg.rewards_column, cfg.values_column] + ([cfg.mask_column] if cfg.mask_column else [])
     table = read_table(cfg.data, columns, what="GAE input")
     result, summary = gae_table(table, cfg, source=cfg.data)

@@ -73,7 +73,7 @@ def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) 
 
     ``config.model`` None uses the built-in tiny model (built on first use).
     """
-    check_new_output(config.out, "out (--out)", overwrite=config.overwrite, inputs=[("data (--data)", config.data)])
+    check_new_output(config.out, "out (--out)", overwrite=config.overwrite)
     if config.model is not None:
         from pdsr_sdk.scoring.checkpoint import check_model_dir
 

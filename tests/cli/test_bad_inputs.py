@@ -99,15 +99,6 @@ def test_gae_existing_out_needs_overwrite(tmp_path, gae_input):
     assert pq.read_table(out).column_names[-2:] == ["advantages", "returns"]
 
 
-@pytest.mark.parametrize("job", ["gae", "score"])
-def test_an_output_that_is_the_input_is_refused_even_with_overwrite(tmp_path, gae_input, job):
-    path, _ = gae_input
-    before = path.read_bytes()
-    failed(invoke(job, "--data", path, "--out", path, "--overwrite"),
-           f"out (--out) and data (--data) are the same file {path}")
-    assert path.read_bytes() == before
-
-
 def test_gae_without_data_or_out_names_the_flag(tmp_path, gae_input):
     path, _ = gae_input
     failed(invoke("gae", "--data", path), "--out is required (or 'out:' in the --config file)")
