@@ -205,13 +205,19 @@ def check_new_output(path: str | Path, what: str, *, overwrite: bool, config_key
     one file, such as ``pdsr score`` or ``pdsr gae``, replaces nothing it was not told to). ``config_key``: the
     job's config key that allows it, named beside the flag (None: a flag only). ``inputs``: (flag or argument, path)
     of each file the job reads; ``path`` being one of them is an error, ``overwrite`` or not."""
-    for name, source in inputs:
-        if source is not None and _same_file(path, source):
-            raise ConfigError(f"{what} and {name} are the same file {path}; give them different paths")
+    check_distinct(path, what, inputs)
     if Path(path).exists() and not overwrite:
         key = f" ({config_key}: true)" if config_key else ""
         raise DataError(f"{what} {path}: already exists; pass --overwrite{key} to replace it")
     check_writable(path, what)
+
+
+def check_distinct(path: str | Path, what: str, others: Iterable[tuple[str, str | Path | None]]) -> None:
+    """A ConfigError naming ``what`` and the other's flag where ``path`` is one of ``others`` ((flag, path), a
+    None path skipped): an output must not be a job's input or another of its outputs."""
+    for name, other in others:
+        if other is not None and _same_file(path, other):
+            raise ConfigError(f"{what} and {name} are the same file {path}; give them different paths")
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from pdsr_sdk.errors import ConfigError, DataError
-from pdsr_sdk.io.tables import check_writable
+from pdsr_sdk.io.tables import check_distinct, check_writable
 from pdsr_sdk.rollout.resume import check_resume_options
 from pdsr_sdk.rollout.writer import existing_files
 
@@ -36,10 +36,7 @@ def check_outputs(config) -> None:
     out = config.output
     check_resume_options(config)
     summary = summary_path(config)
-    data = config.data.path
-    for flag, path in (("--summary", summary), ("--data", data)):
-        if path is not None and Path(path).resolve() == Path(out.path).resolve():
-            raise ConfigError(f"--out and {flag} are the same file {out.path}; give them different paths")
+    check_distinct(out.path, "--out", [("--summary", summary), ("--data", config.data.path)])
     check_writable(out.path, "--out (output.path)")
     parts = out.path.with_name(out.path.name + ".parts")
     if parts.exists() and not parts.is_dir():
