@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -182,9 +183,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
 
 def engines_label(summary) -> str:
     """A run's engines by pool, ``1 fast + 1 heavy`` (``-``: none started, a resumed run with nothing left)."""
-    pools: dict[str, int] = {}
-    for engine in summary.engines:
-        pools[engine["pool"]] = pools.get(engine["pool"], 0) + 1
+    pools = Counter(engine["pool"] for engine in summary.engines)
     return " + ".join(f"{n} {pool}" for pool, n in pools.items()) or "-"
 
 
