@@ -18,7 +18,7 @@ the measured pass rate are printed beside each.
 pdsr: ``pdsr simulate --steps K --step-groups B --max-staleness 0 --filter-groups zero-variance`` (on-policy: a
 group still generating at a step's end is dropped then, as the recipe drops its excess; the
 groups in flight follow the measured pass rate). verl's DAPO
-recipe (``recipe/dapo``, ``pdsr_sdk.sim.steps.dapo_recipe_steps``): generation batches of 3 x B prompts with the
+recipe (``recipe/dapo``, ``pdsr_sdk.sim.steps_baseline.dapo_recipe_steps``): generation batches of 3 x B prompts with the
 baseline policy (plain continuous batching, each batch waits for its longest sample), filtered, until B pass, at
 most 10 a step. Both on the same simulated engines (default profile). Step time: the mean of steps 3 to K-1.
 
@@ -89,7 +89,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from pdsr_sdk.sim.config import SimulateConfig
-    from pdsr_sdk.sim.steps import DAPO_GEN_FACTOR, dapo_plan, simulate_steps
+    from pdsr_sdk.sim.steps import simulate_steps
+    from pdsr_sdk.sim.steps_baseline import DAPO_GEN_FACTOR, dapo_plan
 
     print(f"B = {args.b}, {args.steps} steps, policy {args.policy}, {args.fast} fast + {args.heavy} heavy simulated "
           f"engines, seed {args.seed}, over-provision {args.over_provision if args.over_provision is not None else 'adaptive'}")

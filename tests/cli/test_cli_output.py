@@ -71,7 +71,7 @@ def test_stderr_progress_is_plain_lines_unless_stderr_is_a_terminal(monkeypatch)
 
 def summary(**over):
     from pdsr_sdk.dispatch.run import STAT_KEYS
-    from pdsr_sdk.rollout.run import RolloutSummary
+    from pdsr_sdk.rollout.summary import RolloutSummary
 
     stats = {k: 0 for k in STAT_KEYS}
     stats.update(probes=8, moves=3)

@@ -199,11 +199,11 @@ def test_the_run_summary_carries_each_engines_speculation_counts():
     with it off."""
     from types import SimpleNamespace
 
-    from pdsr_sdk.rollout.run import _speculation
+    from pdsr_sdk.rollout.summary import speculation_counts
 
     counts = {"drafts": 3, "drafted_tokens": 9, "accepted_tokens": 7}
     session = SimpleNamespace(engines=[SimpleNamespace(name="fast-0", speculation_stats=lambda: counts),
                                        SimpleNamespace(name="ray-0")])
-    assert _speculation(RolloutConfig(speculative="ngram"), session, "fast-0") == {"speculation": counts}
-    assert _speculation(RolloutConfig(speculative="ngram"), session, "ray-0") == {}
-    assert _speculation(RolloutConfig(), session, "fast-0") == {}
+    assert speculation_counts(RolloutConfig(speculative="ngram"), session, "fast-0") == {"speculation": counts}
+    assert speculation_counts(RolloutConfig(speculative="ngram"), session, "ray-0") == {}
+    assert speculation_counts(RolloutConfig(), session, "fast-0") == {}

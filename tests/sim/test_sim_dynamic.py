@@ -12,7 +12,8 @@ import pytest
 from pdsr_sdk.dispatch.steps import has_reward_variance
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.sim.config import SimulateConfig
-from pdsr_sdk.sim.steps import dapo_plan, run_steps, simulate_steps
+from pdsr_sdk.sim.steps import run_steps, simulate_steps
+from pdsr_sdk.sim.steps_baseline import dapo_plan
 from pdsr_sdk.traces import LengthTrace, read_trace
 from pdsr_sdk.traces.io import write_trace_jsonl
 

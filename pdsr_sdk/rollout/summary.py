@@ -1,0 +1,109 @@
+"""A rollout run's summary (``<out>.summary.json``): the batches on disk before a resume and this call's."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pdsr_sdk.dispatch.run import STAT_KEYS
+from pdsr_sdk.rollout.resume import ResumeState, merged_batches
+from pdsr_sdk.rollout.session import BatchResult, RolloutSession
+
+
+@dataclass
+class RolloutSummary:
+    policy: str
+    model: str
+    output: str
+    groups: int
+    samples: int
+    skipped_groups: int       # groups on disk before this call (--resume); groups counts them too
+    batches: list[dict[str, Any]]
+    makespan_s: float
+    tokens: int
+    tokens_per_s: float
+    engine_busy_fraction: dict[str, float]
+    stats: dict[str, int]
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    engine_errors: list[str] = field(default_factory=list)
+    skipped_long: int = 0     # prompts longer than the context, skipped (data.skip_long)
+    reward_mean: float | None = None   # over the samples with a reward (None: no reward function)
+    filtered_groups: int = 0   # groups dynamic sampling filtered out (filter_groups), not in groups
+    dropped_groups: int = 0    # groups on-policy dynamic sampling dropped at a step's end, not in groups
+    rewarded_samples: int = 0          # samples with a reward
+    run_id: str = ""          # the same across a run and its resumes
+    #: speculative decoding's method and settings (None: off); `pdsr simulate calibrate` reads max_batch_size
+    speculative_settings: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+def run_summary(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
+               rewards: dict[str, tuple[float, int, int, int, float]], *, skipped_long: int = 0) -> RolloutSummary:
+    """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
+    sched = session.scheduler
+
+    def batch_rewards(r: BatchResult) -> tuple[float, ...]:
+        got = [rewards.get(g.prompt_id, (0.0, 0, 0, 0, 0.0)) for g in r.groups]
+        return tuple(sum(g[i] for g in got) for i in range(5))
+
+    batches = merged_batches(prior.batches, [{
+        "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
+        "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
+        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
+        "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1],
+        "reward_timeouts": batch_rewards(r)[2], "reward_errors": batch_rewards(r)[3],
+        "reward_s": round(batch_rewards(r)[4], 4), **(r.step or {}),
+    } for r in results])
+    reward_sum = sum(b.get("reward_sum", 0.0) for b in batches)
+    rewarded = sum(b.get("rewarded_samples", 0) for b in batches)
+    makespan = sum(r.makespan_s for r in results) + sum(b["makespan_s"] for b in prior.batches)
+    tokens = sum(r.tokens for r in results) + sum(b["tokens"] for b in prior.batches)
+    stats = {k: 0 for k in STAT_KEYS}
+    for r in results:
+        for k, v in r.stats.items():
+            stats[k] = stats.get(k, 0) + v
+    for b in prior.batches:
+        for k in STAT_KEYS:
+            stats[k] += b.get(k, 0)
+    stats.pop("samples_finished", None)
+    stats["reward_timeouts"] = sum(b.get("reward_timeouts", 0) for b in batches)   # math_verify checks that timed out
+    stats["reward_errors"] = sum(b.get("reward_errors", 0) for b in batches)   # samples whose reward function raised
+    stats.pop("tokens_generated", None)
+    busy = dict.fromkeys(sched.usage if sched else {}, 0.0)
+    for name, b in prior.busy_s.items():
+        busy[name] = busy.get(name, 0.0) + b
+    for r in results:
+        for name, b in r.engine_busy_s.items():
+            busy[name] = busy.get(name, 0.0) + b
+    return RolloutSummary(
+        policy=config.policy, model=model_dir, output=str(config.output.path),
+        groups=prior.groups + sum(len(r.groups) for r in results),
+        samples=prior.samples + sum(len(g.samples) for r in results for g in r.groups),
+        skipped_groups=prior.groups, batches=batches, makespan_s=makespan, tokens=tokens,
+        tokens_per_s=tokens / makespan if makespan > 0 else 0.0,
+        engine_busy_fraction={k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()},
+        stats=stats,
+        engines=[{"name": s.name, "pool": s.pool, "devices": s.devices, "max_num_seqs": s.max_num_seqs,
+                  "max_model_len": s.max_model_len, **speculation_counts(config, session, s.name)}
+                 for s in session.engine_specs],
+        engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
+        skipped_long=skipped_long, run_id=prior.run_id,
+        reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
+        filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
+        dropped_groups=sum(b.get("dropped_groups", 0) for b in batches),
+        speculative_settings=(None if config.speculative == "off" else
+                              {"method": config.speculative, **config.speculative_settings.model_dump()}),
+    )
+
+
+def speculation_counts(config, session: RolloutSession, name: str) -> dict[str, Any]:
+    """An engine's speculative decoding counts since it started (``VllmEngine.speculation_stats``), with
+    ``speculative`` on and where the engine reports them (local vLLM engines; Ray engines do not yet)."""
+    if config.speculative == "off":
+        return {}
+    engine = next((e for e in session.engines if e.name == name), None)
+    stats = getattr(engine, "speculation_stats", None)
+    return {"speculation": stats()} if callable(stats) else {}
