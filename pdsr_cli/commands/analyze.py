@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config, config_option, format_table, handle_errors
+from pdsr_cli.common import build_config, config_option, deprecated_flag, format_table, handle_errors
 from pdsr_sdk.analysis.config import AnalyzeConfig
 
 
@@ -24,8 +24,10 @@ def _help(name: str) -> str:
 @click.option("--batch-prompts", type=int, default=None, help=_help("batch_prompts"))
 @click.option("--capture-top", type=int, default=None, help=_help("capture_top"))
 @click.option("--dispatch-batch-prompts", type=int, default=None, help=_help("dispatch_batch_prompts"))
-@click.option("--offload-frac", type=float, default=None, help=_help("offload_frac"))
-@click.option("--cap-mult", type=float, default=None, help=_help("cap_mult"))
+@click.option("--offload-fraction", type=float, default=None, help=_help("offload_fraction"))
+@click.option("--cap-multiplier", type=float, default=None, help=_help("cap_multiplier"))
+@deprecated_flag("--offload-frac", "--offload-fraction", "old_offload_fraction", type=float, default=None)
+@deprecated_flag("--cap-mult", "--cap-multiplier", "old_cap_multiplier", type=float, default=None)
 @click.option("--cv-ddof", type=click.Choice(["0", "1"]), default=None, help=_help("cv_ddof"))
 @click.option("--plots/--no-plots", default=None, help="Write PNG plots. [default: --plots]")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -55,6 +57,10 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     from pdsr_sdk.traces import read_trace
 
     flags["cv_ddof"] = None if cv_ddof is None else int(cv_ddof)
+    for key in ("offload_fraction", "cap_multiplier"):
+        old = flags.pop(f"old_{key}")
+        if old is not None and flags[key] is None:
+            flags[key] = old
     cfg = build_config(AnalyzeConfig, config_path, flags)
     out_dir = out_dir or (json_path.parent if json_path is not None else Path("analysis"))
     # a --json file is refused if it exists; OUT_DIR/analysis.json is the folder's, replaced as its plots are
@@ -78,7 +84,7 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     click.echo("\nper later sample j (against the probe, sample 0):")
     click.echo(format_table(tables["per_sample"]))
     click.echo(f"\nV2.5 dispatch replay: batches of {dv['batch_prompts']} prompts, top {dv['heavy_prompts_per_batch']} "
-               f"by probe offloaded, fast cap = floor({dv['cap_mult']:g} x L_cut) (median cap "
+               f"by probe offloaded, fast cap = floor({dv['cap_multiplier']:g} x L_cut) (median cap "
                f"{dv['cap_median']:.0f}); {dv['fast_prompts_broke']} of {dv['fast_prompts']} fast prompts had a break; "
                f"{100 * (dv['wasted_token_frac'] or 0):.1f}% of tokens wasted before breaks")
     click.echo(format_table(tables["dispatch"]))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -11,6 +11,9 @@ from pdsr_sdk.config import ConfigModel
 
 class AnalyzeConfig(ConfigModel):
     """Which statistics of a length trace to compute; defaults follow the P-DSR length study (0.5B model, MATH)."""
+
+    #: the V2.5 replay's keys are named as v2.5's own settings (``offload_fraction``, ``cap_multiplier``)
+    renamed_keys: ClassVar[dict[str, str]] = {"offload_frac": "offload_fraction", "cap_mult": "cap_multiplier"}
 
     top_k: float = Field(
         0.1, gt=0, le=1,
@@ -28,11 +31,11 @@ class AnalyzeConfig(ConfigModel):
     dispatch_batch_prompts: int | None = Field(
         None, ge=1,
         description="Prompts per batch for the V2.5 dispatch replay; default: batch_prompts.")
-    offload_frac: float = Field(
+    offload_fraction: float = Field(
         0.2, gt=0, le=1,
         description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; ceil(frac * B).")
-    cap_mult: float = Field(
-        1.5, gt=0, description="V2.5: the fast-pool cap is floor(cap_mult * L_cut) tokens.")
+    cap_multiplier: float = Field(
+        1.5, gt=0, description="V2.5: the fast-pool cap is floor(cap_multiplier * L_cut) tokens.")
     cv_ddof: Literal[0, 1] = Field(
         1, description="Delta degrees of freedom of the per-group std in the CV: 1 = sample std (pandas), "
                        "0 = population std.")

@@ -98,17 +98,17 @@ def naive_batch_capture(rows: list[list[int]], batch_prompts: int, capture_top: 
     return captured, ratios
 
 
-def naive_dispatch_v25(rows: list[list[int]], batch_prompts: int, offload_frac: float, cap_mult: float):
+def naive_dispatch_v25(rows: list[list[int]], batch_prompts: int, offload_fraction: float, cap_multiplier: float):
     """Returns (heavy, fast, fast_broke, wasted_tokens) sample counts and the count of fast prompts that broke."""
     heavy = fast = broke = wasted = prompts_broke = 0
     for start in range(0, len(rows), batch_prompts):
         batch = rows[start:start + batch_prompts]
         b = len(batch)
-        n_heavy = min(b, math.ceil(round(offload_frac * b, 9)))
+        n_heavy = min(b, math.ceil(round(offload_fraction * b, 9)))
         order = sorted(range(b), key=lambda i: (-batch[i][0], i))
         heavy_set = set(order[:n_heavy])
         l_cut = batch[order[n_heavy - 1]][0]
-        cap = math.floor(round(cap_mult * l_cut, 9))
+        cap = math.floor(round(cap_multiplier * l_cut, 9))
         for i, row in enumerate(batch):
             if i in heavy_set:
                 heavy += len(row)

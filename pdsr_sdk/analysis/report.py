@@ -32,9 +32,9 @@ DEFINITIONS = {
                      "group holding the batch's longest later sample has fewer than capture_top strictly longer "
                      "probes in the batch; cost_ratio = that sample / its group's probe (probe 0 counts as 1); "
                      "'missed' is over batches not captured (how bad the misses are)",
-    "dispatch_v25": "per batch of B prompts: ceil(offload_frac*B) longest-probe prompts go heavy with all N "
+    "dispatch_v25": "per batch of B prompts: ceil(offload_fraction*B) longest-probe prompts go heavy with all N "
                     "samples; L_cut = probe of the shortest offloaded prompt; fast samples (probes included) "
-                    "break when length > floor(cap_mult*L_cut) and waste cap tokens each; fast_prompts_broke "
+                    "break when length > floor(cap_multiplier*L_cut) and waste cap tokens each; fast_prompts_broke "
                     "counts fast prompts with any breaking sample",
 }
 
@@ -58,7 +58,7 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     cap = stats.batch_capture(x, cfg.batch_prompts, cfg.capture_top)
     missed = cap.cost_ratio[~cap.captured]
     disp_b = cfg.dispatch_batch_prompts or cfg.batch_prompts
-    disp = stats.dispatch_v25(x, disp_b, cfg.offload_frac, cfg.cap_mult)
+    disp = stats.dispatch_v25(x, disp_b, cfg.offload_fraction, cfg.cap_multiplier)
 
     report: dict[str, Any] = {
         "source": trace.source,
@@ -84,8 +84,8 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
             "cost_ratio_all": {"mean": _nanmean(cap.cost_ratio), "max": _nanmax(cap.cost_ratio)},
         },
         "dispatch_v25": {
-            "batch_prompts": disp.batch_prompts, "offload_frac": disp.offload_frac, "cap_mult": disp.cap_mult,
-            "heavy_prompts_per_batch": stats.offload_count(disp.offload_frac, min(disp_b, g)),
+            "batch_prompts": disp.batch_prompts, "offload_fraction": disp.offload_fraction, "cap_multiplier": disp.cap_multiplier,
+            "heavy_prompts_per_batch": stats.offload_count(disp.offload_fraction, min(disp_b, g)),
             "batches": disp.batches, "samples": disp.samples,
             "heavy": disp.heavy, "fast": disp.fast, "fast_ok": disp.fast_ok, "fast_broke": disp.fast_broke,
             "heavy_frac": disp.heavy / disp.samples, "fast_frac": disp.fast / disp.samples,

@@ -50,12 +50,12 @@ def offload_count(frac: float, batch_prompts: int) -> int:
     return min(batch_prompts, math.ceil(frac * batch_prompts - _EPS))
 
 
-def cap_tokens(cap_mult: float, l_cut):
-    """The fast-pool cap ``floor(cap_mult * L_cut)``; a sample breaks when its length exceeds it.
+def cap_tokens(cap_multiplier: float, l_cut):
+    """The fast-pool cap ``floor(cap_multiplier * L_cut)``; a sample breaks when its length exceeds it.
 
     For integer lengths, ``length > floor(x)`` is the same as ``length > x``.
     """
-    return np.floor(cap_mult * np.asarray(l_cut, dtype=np.float64) + _EPS).astype(np.int64)
+    return np.floor(cap_multiplier * np.asarray(l_cut, dtype=np.float64) + _EPS).astype(np.int64)
 
 
 # -- per-group spread ---------------------------------------------------------------------
@@ -278,8 +278,8 @@ class DispatchCounts:
     """Sample counts of a V2.5 rank-based offloading replay (the seed's dispatch table)."""
 
     batch_prompts: int
-    offload_frac: float
-    cap_mult: float
+    offload_fraction: float
+    cap_multiplier: float
     batches: int
     samples: int
     heavy: int             # samples of offloaded prompts (all N samples, probe included)
@@ -290,25 +290,25 @@ class DispatchCounts:
     tokens: int            # total response tokens of the trace
     wasted_tokens: int     # tokens fast samples generated before breaking (cap per break)
     l_cut: np.ndarray      # int64 [batches]: probe length of the shortest offloaded prompt
-    cap: np.ndarray        # int64 [batches]: floor(cap_mult * l_cut)
+    cap: np.ndarray        # int64 [batches]: floor(cap_multiplier * l_cut)
 
     @property
     def fast_ok(self) -> int:
         return self.fast - self.fast_broke
 
 
-def dispatch_v25(lengths, batch_prompts: int = 16, offload_frac: float = 0.2,
-                 cap_mult: float = 1.5) -> DispatchCounts:
+def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2,
+                 cap_multiplier: float = 1.5) -> DispatchCounts:
     """Replay V2.5 rank-based offloading on recorded lengths.
 
     Per batch of B consecutive prompts: sort by probe length (longest first,
-    ties by group order) and offload the first ``ceil(offload_frac * B)``
+    ties by group order) and offload the first ``ceil(offload_fraction * B)``
     prompts, all their N samples, to the heavy pool. ``L_cut`` is the probe
     length of the last (shortest) offloaded prompt, and every sample of the
     remaining prompts runs on the fast pool with the cap
-    ``floor(cap_mult * L_cut)``; a fast sample longer than the cap breaks
+    ``floor(cap_multiplier * L_cut)``; a fast sample longer than the cap breaks
     (and is retried on heavy, having generated ``cap`` tokens first).
-    A shorter last batch offloads ``ceil(offload_frac * its size)`` prompts.
+    A shorter last batch offloads ``ceil(offload_fraction * its size)`` prompts.
     """
     x = _as_matrix(lengths, min_n=1).astype(np.int64)
     n = x.shape[1]
@@ -316,12 +316,12 @@ def dispatch_v25(lengths, batch_prompts: int = 16, offload_frac: float = 0.2,
     l_cuts, caps = [], []
     for block in _batch_blocks(x, batch_prompts):
         nb, b, _ = block.shape
-        n_heavy = offload_count(offload_frac, b)
+        n_heavy = offload_count(offload_fraction, b)
         order = np.argsort(-block[:, :, 0], axis=1, kind="stable")
         is_heavy = np.zeros((nb, b), dtype=bool)
         np.put_along_axis(is_heavy, order[:, :n_heavy], True, axis=1)
         l_cut = np.take_along_axis(block[:, :, 0], order[:, n_heavy - 1: n_heavy], axis=1)[:, 0]
-        cap = cap_tokens(cap_mult, l_cut)
+        cap = cap_tokens(cap_multiplier, l_cut)
         breaks = (block > cap[:, None, None]) & ~is_heavy[:, :, None]
         per_batch = breaks.sum(axis=(1, 2))
         fast_prompts += int((~is_heavy).sum())
@@ -333,7 +333,7 @@ def dispatch_v25(lengths, batch_prompts: int = 16, offload_frac: float = 0.2,
         caps.append(cap)
     samples = int(x.size)
     l_cut_all = np.concatenate(l_cuts)
-    return DispatchCounts(batch_prompts=batch_prompts, offload_frac=offload_frac, cap_mult=cap_mult,
+    return DispatchCounts(batch_prompts=batch_prompts, offload_fraction=offload_fraction, cap_multiplier=cap_multiplier,
                           batches=int(l_cut_all.size), samples=samples, heavy=heavy, fast=samples - heavy,
                           fast_broke=broke, fast_prompts=fast_prompts, fast_prompts_broke=prompts_broke,
                           tokens=int(x.sum()), wasted_tokens=wasted, l_cut=l_cut_all,

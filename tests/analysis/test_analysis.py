@@ -132,7 +132,7 @@ def test_dispatch_v25_by_hand():
     # B=2, offload ceil(0.5*2) = 1 prompt per batch, cap = floor(1.2 * L_cut).
     # Batch 0: heavy = group 1 (probe 20), L_cut 20, cap 24; fast group 0 [10, 12, 30]: 30 breaks.
     # Batch 1: heavy = group 3 (probe 40), L_cut 40, cap 48; fast group 2 [30, 28, 40]: none break.
-    d = dispatch_v25(HAND, batch_prompts=2, offload_frac=0.5, cap_mult=1.2)
+    d = dispatch_v25(HAND, batch_prompts=2, offload_fraction=0.5, cap_multiplier=1.2)
     assert (d.batches, d.samples, d.heavy, d.fast, d.fast_broke, d.fast_ok) == (2, 12, 6, 6, 1, 5)
     assert (d.fast_prompts, d.fast_prompts_broke) == (2, 1)
     assert d.l_cut.tolist() == [20, 40] and d.cap.tolist() == [24, 48]
@@ -144,7 +144,7 @@ def test_dispatch_cap_is_exact_for_float_products():
     assert cap_tokens(1.5, np.array([3, 4])).tolist() == [4, 6]
     # a fast sample of exactly 115 tokens does not break a cap of 1.15 x 100; 116 does
     x = np.array([[100, 100], [50, 115], [50, 116]])
-    d = dispatch_v25(x, batch_prompts=3, offload_frac=0.3, cap_mult=1.15)
+    d = dispatch_v25(x, batch_prompts=3, offload_fraction=0.3, cap_multiplier=1.15)
     assert (d.heavy, d.fast_broke) == (2, 1)
 
 
@@ -152,7 +152,7 @@ def test_dispatch_v25_shorter_last_batch_and_ties():
     x = np.array([[9, 9], [9, 100], [1, 1], [4, 4], [2, 50]])
     # B=4: batch 0 probes 9,9,1,4 -> ceil(0.25*4)=1 heavy: group 0 (tie broken by order), L_cut 9,
     # cap floor(1.5*9)=13: group 1 sample 100 breaks. Last batch (group 4 alone): ceil(0.25*1)=1 heavy.
-    d = dispatch_v25(x, batch_prompts=4, offload_frac=0.25, cap_mult=1.5)
+    d = dispatch_v25(x, batch_prompts=4, offload_fraction=0.25, cap_multiplier=1.5)
     assert d.l_cut.tolist() == [9, 2] and d.cap.tolist() == [13, 3]
     assert (d.heavy, d.fast, d.fast_broke, d.wasted_tokens) == (4, 6, 1, 13)
     assert (d.fast_prompts, d.fast_prompts_broke) == (3, 1)
@@ -231,7 +231,7 @@ def test_kernels_reject_bad_shapes():
 def test_report_numbers_are_the_kernels():
     trace = synth_trace(groups=100, n=6, seed=1, tokens_per_s=20)
     cfg = AnalyzeConfig(top_k=0.2, safe_k=0.3, fn_length=400, batch_prompts=8, capture_top=2,
-                        dispatch_batch_prompts=10, offload_frac=0.3, cap_mult=1.25, cv_ddof=0)
+                        dispatch_batch_prompts=10, offload_fraction=0.3, cap_multiplier=1.25, cv_ddof=0)
     report = analyze_trace(trace, cfg)
     x = trace.matrix()
     assert report["trace"]["groups"] == 100 and report["trace"]["samples_per_group"] == 6

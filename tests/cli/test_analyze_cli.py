@@ -46,11 +46,11 @@ def test_flags_override_config_file_and_reach_the_report(tmp_path):
     cfg = tmp_path / "analyze.yaml"
     cfg.write_text("top_k: 0.05\nfn_length: 300\nbatch_prompts: 8\nplots: false\n")
     json_path = tmp_path / "r" / "report.json"
-    result = _run(str(EXAMPLE), "--config", str(cfg), "--top-k", "0.2", "--cv-ddof", "0", "--cap-mult", "2",
+    result = _run(str(EXAMPLE), "--config", str(cfg), "--top-k", "0.2", "--cv-ddof", "0", "--cap-multiplier", "2",
                   "--dispatch-batch-prompts", "32", "--json", str(json_path))
     assert result.exit_code == 0, result.output
     report = json.loads(json_path.read_text())
-    expected_cfg = AnalyzeConfig(top_k=0.2, fn_length=300, batch_prompts=8, plots=False, cv_ddof=0, cap_mult=2,
+    expected_cfg = AnalyzeConfig(top_k=0.2, fn_length=300, batch_prompts=8, plots=False, cv_ddof=0, cap_multiplier=2,
                                  dispatch_batch_prompts=32)
     assert report["config"] == expected_cfg.model_dump()
     assert report["top_k_recall"]["k"] == 51            # floor(0.2 * 256)
@@ -119,7 +119,7 @@ def test_analyze_trajectories_parquet(tmp_path):
 
 @pytest.mark.parametrize("make, args, needle", [
     (None, ["--top-k", "1.5"], "top_k: Input should be less than or equal to 1"),
-    (None, ["--cap-mult", "0"], "cap_mult: Input should be greater than 0"),
+    (None, ["--cap-multiplier", "0"], "cap_multiplier: Input should be greater than 0"),
     ("missing", [], "does not exist"),
     ("ragged", [], "analysis needs the same number of samples in every group"),
     ("single", [], "at least 2 samples per group"),
@@ -144,8 +144,8 @@ def test_help_lists_flags_with_defaults():
     result = CliRunner().invoke(cli, ["analyze", "--help"])
     assert result.exit_code == 0
     for flag, default in (("--top-k", "0.1"), ("--safe-k", "0.2"), ("--fn-length", "512"),
-                          ("--batch-prompts", "16"), ("--capture-top", "3"), ("--offload-frac", "0.2"),
-                          ("--cap-mult", "1.5")):
+                          ("--batch-prompts", "16"), ("--capture-top", "3"), ("--offload-fraction", "0.2"),
+                          ("--cap-multiplier", "1.5")):
         assert flag in result.output and f"[default: {default}]" in result.output
     assert "--no-plots" in result.output and "--json" in result.output and "--out-dir" in result.output
 

@@ -3,6 +3,7 @@ still working with a warning that names the new one, policy lists from the regis
 
 from __future__ import annotations
 
+import json
 
 import pytest
 from click.testing import CliRunner
@@ -97,3 +98,26 @@ def test_policy_schemas_come_from_the_policy_registry():
     for name in POLICIES.names():
         assert models[f"policy-{name}"] is POLICIES.get(name).config_model
     assert all((ROOT / "schemas" / f"policy-{n}.schema.json").exists() for n in POLICIES.names())
+
+
+def test_analyze_names_the_v25_replay_keys_as_v25_does(tmp_path):
+    from pdsr_sdk.analysis.config import AnalyzeConfig
+
+    v25 = set(POLICIES.get("v2.5").config_model.model_fields)
+    assert {"offload_fraction", "cap_multiplier"} <= v25 & set(AnalyzeConfig.model_fields)
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("offload_frac: 0.3\ncap_mult: 2.0\n")
+    with pytest.warns(PdsrDeprecationWarning) as caught:
+        c = load_config(AnalyzeConfig, cfg)
+    assert (c.offload_fraction, c.cap_multiplier) == (0.3, 2.0)
+    assert "config key 'cap_mult' is deprecated; use 'cap_multiplier'" in "\n".join(str(w.message) for w in caught)
+    trace = write_trace_jsonl(synth_trace(groups=8, n=4, seed=1), tmp_path / "t.jsonl")
+    r = CliRunner().invoke(cli, ["analyze", str(trace), "--no-plots", "--out-dir", str(tmp_path / "o"),
+                                 "--offload-frac", "0.5", "--cap-mult", "3"])
+    assert r.exit_code == 0, r.output
+    assert "warning: --offload-frac is deprecated; use --offload-fraction" in r.output
+    assert "warning: --cap-mult is deprecated; use --cap-multiplier" in r.output
+    replay = json.loads((tmp_path / "o" / "analysis.json").read_text())["dispatch_v25"]
+    assert (replay["offload_fraction"], replay["cap_multiplier"]) == (0.5, 3.0)
+    help_text = CliRunner().invoke(cli, ["analyze", "--help"]).output
+    assert "--cap-mult " not in help_text and "--offload-frac " not in help_text
