@@ -226,7 +226,10 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                "per_token = ratio / token_ratio; vs_bound = step_s / the work "
                "bound, the consumed tokens generated at full occupancy (bound_s per step); off_policy: share of "
                "consumed tokens from an older policy version, partial: the part of it from responses carried "
-               "across a weight update; held_s: time steps waited for due groups"
+               "across a weight update; restarts: samples restarted (all causes), wasted: their thrown-away tokens; "
+               "held_s: time steps waited for due groups; max_lag: most steps a consumed group was in flight; "
+               "left_over: groups not consumed, those in flight after the last step (the next step's carry) and "
+               "any dynamic sampling dropped"
                + ("; per engine: token_share of the tokens generated, seqs_per_step = the mean batch it ran, busy = "
                   "share of the run's time with a step running, prefill = share of that spent prefilling, lane = "
                   "kept light for long samples" if len(report.runs) == 1 else "; per engine: steps.json") + ")")

@@ -77,15 +77,26 @@ def policy_for_steps(cfg: SimulateConfig, name: str):
     return cls, settings
 
 
-def stream_rows(trace, cfg: SimulateConfig, needed: int) -> list:
+def stream_rows(trace, cfg: SimulateConfig, needed: int, what: str = "") -> list:
     """The trace's groups as rows (see ``trace_batches``), in order, or a DataError if it has fewer than
-    ``needed``. All of them: steps that take due groups beyond B consume more than ``needed``."""
+    ``needed`` (``what``: the run that needs them, for the message). All of them: steps that take due groups
+    beyond B consume more than ``needed``."""
     tb = trace_batches(trace, cfg.model_copy(update={"num_batches": None}))
     rows = [g for b in tb.batches for g in b]
     if len(rows) < needed:
-        raise DataError(f"{tb.source}: {cfg.steps} steps of {cfg.step_groups or cfg.batch_size} groups with "
-                        f"over-provision {cfg.over_provision or 0} need {needed} groups; the trace has {len(rows)}")
+        raise DataError(f"{tb.source}: {cfg.steps} steps of {cfg.step_groups or cfg.batch_size} groups"
+                        f"{what or ''} need {needed} groups; the trace has {len(rows)}")
     return rows
+
+
+def over_provision_label(values) -> str:
+    """How the over-provision values a run needs groups for read in a message: one value, or the largest."""
+    if list(values) == [None]:   # dynamic sampling
+        return " before any is filtered out"
+    values = [f or 0.0 for f in values]
+    if len(values) == 1:
+        return f" with over-provision {values[0]:g}"
+    return f" at the largest over-provision simulated ({max(values):g}, of {', '.join(f'{f:g}' for f in values)})"
 
 
 def groups_needed(cfg: SimulateConfig, over_provision: float | None) -> int:
@@ -119,10 +130,18 @@ def _capped(lengths, reasons, cap: int) -> list[bool]:
     return [r == "length" for r in reasons] if reasons else [n >= cap for n in lengths]
 
 
+def response_cap(rows) -> int:
+    """The trace's response cap: its longest response that finished for length where the trace has finish reasons
+    and any did, else its longest response. A long response that stopped on its own is not the cap: the trace's
+    capped responses redraw to the cap they ran to."""
+    capped = [n for r in rows if r[3] for n, why in zip(r[2], r[3]) if why == "length"]
+    return max(capped) if capped else max(max(r[2]) for r in rows)
+
+
 def fresh_lengths(rows, cap: int) -> Callable[[Sample], None]:
     """The restart hook of ``restart_lengths: redraw``: a restarted sample gets a fresh length
     (:func:`pdsr_sdk.sim.redraw.redraw_length`), drawn once per sample and restart; ``cap``: the
-    response cap (the trace's longest response)."""
+    response cap (:func:`response_cap`)."""
     share, strength = cap_prior([_capped(r[2], r[3], cap) for r in rows])
 
     def on_restart(s: Sample) -> None:
@@ -142,7 +161,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
         raise ConfigError("steps: a multi-step run needs steps (K)")
     cls, settings = policy_for_steps(cfg, name)
     keep = group_filter(trace, cfg)
-    rows = stream_rows(trace, cfg, groups_needed(cfg, over_provision))
+    rows = stream_rows(trace, cfg, groups_needed(cfg, over_provision), over_provision_label([over_provision]))
     clock = VirtualClock()
     record = cfg.timeline and cfg.out_dir is not None
     engines = build_engines(cfg, clock, record=record)
@@ -154,7 +173,8 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
                            cfg.segments, multi_turn=any(r[4] is not None for r in rows),   # a trace of turns
                            hold_turn_slots=cfg.hold_turn_slots, on_fatal=fatal.append,
                            on_group_done=lambda g: handlers[0].group_done(g),
-                           on_restart=fresh_lengths(rows, longest) if cfg.restart_lengths == "redraw" else None)
+                           on_restart=fresh_lengths(rows, response_cap(rows)) if cfg.restart_lengths == "redraw"
+                           else None)
     label = "adaptive" if over_provision is None else f"{over_provision:g}"
     bar = progress(desc=f"steps {name} F={label}", total=cfg.steps, unit="step")
     b = cfg.step_groups or cfg.batch_size
@@ -240,8 +260,7 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
         check_agent_streaming(cfg.max_staleness, cfg.filter_groups is not None, "with a trace of turns")
     policy_for_steps(cfg, name)   # fail before the baseline runs
     values = curve_values(cfg)
-    for f in values:
-        stream_rows(trace, cfg, groups_needed(cfg, f))
+    stream_rows(trace, cfg, max(groups_needed(cfg, f) for f in values), over_provision_label(values))
     if cfg.filter_groups is not None:
         base = dapo_recipe_steps(trace, cfg, progress=progress)
     else:

@@ -215,7 +215,7 @@ class StepsReport:
                    "per_token": s["ratio_per_token"], "vs_bound": s["vs_work_bound"],
                    "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
                    "restarts": s["restarts"], "wasted": s["wasted_tokens"], "held_s": s["held_s"],
-                   "max_lag": s["max_group_lag"], "dropped": s["dropped_groups"]}
+                   "max_lag": s["max_group_lag"], "left_over": s["dropped_groups"]}
             if self.cfg.filter_groups is not None:
                 row["F"] = "adaptive" if r.over_provision is None else r.over_provision
                 row["filtered"] = s["filtered_groups"]

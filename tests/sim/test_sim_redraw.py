@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -13,7 +14,7 @@ from pdsr_cli.main import cli
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.sim.redraw import cap_chance, cap_prior, redraw_length
 from pdsr_sdk.sim.steps import run_steps
-from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+from pdsr_sdk.traces import LengthTrace, synth_trace, write_trace_jsonl
 from sim_cases import recorded, small_cfg, small_trace
 
 
@@ -112,3 +113,23 @@ def test_restart_lengths_needs_steps_and_the_cli_says_which_it_used(tmp_path):
     assert "restarted samples replay their recorded lengths" in res.output
     res = CliRunner().invoke(cli, args + ["--restart-lengths", "again"])
     assert res.exit_code != 0 and "replay" in res.output and "redraw" in res.output
+
+
+def test_a_long_response_that_stopped_on_its_own_is_not_the_cap_restarts_redraw_to():
+    """The cap a capped response redraws to is the longest that finished for length: one 5,000-token response
+    that stopped, in a group the run never takes, changes nothing (it used to become the cap, and every
+    restarted runaway ran 5,000 tokens instead of 600)."""
+    trace = synth_trace(groups=80, n=4, seed=2, median_length=120, max_length=600, runaway_frac=0.2,
+                        prompt_len_min=5, prompt_len_max=100)
+    m = trace.matrix()
+    reasons = np.asarray(trace.finish_reasons, dtype=object).reshape(m.shape)
+    extra = np.vstack([m, [[5000, 100, 100, 100]]])
+    outlier = LengthTrace.from_matrix(extra, prompt_ids=[*trace.prompt_ids, "outlier"],
+                                      prompt_lens=np.append(trace.prompt_lens, 10),
+                                      finish_reasons=np.vstack([reasons, [["stop"] * 4]]))
+    cfg = small_cfg(max_staleness=1)
+    runs = [run_steps(t, cfg, "baseline", 1.0, keep_groups=True) for t in (trace, outlier)]
+    assert runs[0].stats["restarts"] > 0 and "outlier" not in {g.prompt_id for g in runs[1].groups}
+    assert [s.duration_s for s in runs[1].steps] == [s.duration_s for s in runs[0].steps]
+    redrawn = [s.num_generated for g in runs[1].groups for s in g.samples if s.restarts]
+    assert 600 in redrawn and max(redrawn) == 600
