@@ -28,7 +28,7 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--references/--no-references", "references", default=None,
               help="Also run baseline (if missing) and the simulator-only reference schedules oracle (true "
                    "lengths) and oracle-probe (probe lengths known from the start), for the vs_base and share "
-                   "columns.  [default: on when more than one policy is selected]")
+                   "columns.  [default: on when more than one policy is selected; one policy runs beside baseline alone]")
 @policy_set_option
 @deprecated_flag("--policy-set", "--set", "old_policy_set", multiple=True, metavar=POLICY_SET_METAVAR)
 @click.option("--fast", type=int, default=None, help="Engines in the fast pool.  [default: 6]")
@@ -168,26 +168,68 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         with output_mode(quiet):
             _run_steps(tr, cfg, quiet)
         return
+    cfg = _beside_baseline(cfg)
     with output_mode(quiet):
         report = simulate(tr, cfg, progress=cli_progress(quiet))
     if cfg.out_dir is not None:
         write_outputs(report, cfg.out_dir)
     tb = report.batches
-    click.echo(f"{cfg.trace}: {tb.num_groups} groups, {tb.num_samples} samples in {len(tb.batches)} batch(es) of "
-               f"{cfg.batch_size} prompts; engines: {cfg.fast} fast ({cfg.profiles.fast.max_num_seqs} seqs), "
+    click.echo(f"{cfg.trace}: {tb.num_groups} groups, {tb.num_samples} samples in {_batch_words(tb, cfg)}; "
+               f"engines: {cfg.fast} fast ({cfg.profiles.fast.max_num_seqs} seqs), "
                f"{cfg.heavy} heavy ({cfg.profiles.heavy.max_num_seqs} seqs)"
-               + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else ""))
-    click.echo(format_table(report.rows(), hide_empty=COUNTER_COLUMNS))
+               + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else "")
+               + _cost_words(cfg))
+    rows = report.rows()
+    click.echo(format_table(rows, hide_empty=COUNTER_COLUMNS))
     sim_s = sum(r.wall_s for r in report.runs)
-    click.echo("(vs_base = makespan / baseline's; bound = max(work / engines, longest sample alone) per batch; "
-               "of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and oracle-probe, "
-               "n/a when the reference gains under 1% of baseline; tail = share of the makespan after 90% of "
-               "each batch's samples finished"
-               + ("; env_slot = share of slot-time held by samples waiting on their environment, baseline-hold = "
-                  "baseline keeping each slot through the wait" if tb.multi_turn else "")
-               + f"; simulated in {sim_s:.2f} s)")
+    shown = set(rows[0]) if rows else set()
+    words = [w for col, w in (
+        ("vs_base", "vs_base = makespan / baseline's"),
+        ("bound_s", "bound = max(work / engines, longest sample alone) per batch"),
+        ("of_oracle", "of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and "
+                      "oracle-probe, n/a when the reference gains under 1% of baseline"),
+        ("tail", "tail = share of the makespan after 90% of each batch's samples finished"),
+        ("env_slot", "env_slot = share of slot-time held by samples waiting on their environment, baseline-hold = "
+                     "baseline keeping each slot through the wait")) if col in shown]
+    if any(row.get("trunc") for row in rows):
+        words.append("trunc = responses a policy's cap cut short (v1's fast_max_tokens): its makespan and bound "
+                     "are of shorter responses than the others', not comparable")
+    click.echo("(" + "; ".join(words + [f"simulated in {sim_s:.2f} s"]) + ")")
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
+
+
+def _beside_baseline(cfg):
+    """One policy other than baseline, references not asked for either way: run baseline beside it, the comparison
+    a run of one policy is for (``vs_base``), without the reference schedules."""
+    from pdsr_sdk.policies.resolve import policy_names, reference_policies
+
+    names = policy_names(cfg.policy)
+    if cfg.references is None and len(names) == 1 and names[0] != "baseline" and names[0] not in reference_policies():
+        return cfg.model_copy(update={"policy": f"baseline,{cfg.policy}", "references": False})
+    return cfg
+
+
+def _cost_words(cfg) -> str:
+    """Says when the seconds are the cost model's illustrative defaults (no pool's costs given)."""
+    from pdsr_sdk.sim.config import COST_KEYS, EngineProfile
+
+    default = EngineProfile()
+    if all(getattr(p, k) == getattr(default, k) for p in (cfg.profiles.fast, cfg.profiles.heavy) for k in COST_KEYS):
+        return "; seconds from the illustrative cost model (--profile gives measured ones; ratios are what to read)"
+    return ""
+
+
+def _batch_words(tb, cfg) -> str:
+    """How the trace was cut into batches, saying where a batch is short or fewer ran than --num-batches asked."""
+    sizes = [len(b) for b in tb.batches]
+    words = f"{len(sizes)} batch(es) of {cfg.batch_size} prompts"
+    if sizes[-1] < cfg.batch_size:
+        words += (f" (the last has {sizes[-1]}: the trace ran out)" if len(sizes) > 1
+                  else f" (the trace holds only {sizes[0]} groups: one short batch)")
+    if cfg.num_batches is not None and len(sizes) < cfg.num_batches:
+        words += f"; --num-batches asked for {cfg.num_batches}, the trace holds {len(sizes)}"
+    return words
 
 
 def with_profile_verify_cost(spec: dict, profile: dict) -> dict:
@@ -215,7 +257,7 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                + f" {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
                + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
                   else "; restarted samples replay their recorded lengths")
-               + ("; KV kept across updates" if cfg.kv_on_update == "keep" else ""))
+               + ("; KV kept across updates" if cfg.kv_on_update == "keep" else "") + _cost_words(cfg))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))
@@ -255,7 +297,8 @@ def _fastest_words(report) -> str:
     return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "
             f"flight), steady step "
             f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
-            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} versions; per consumed token "
+            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} version{'' if pick.max_age == 1 else 's'} old; "
+            f"per consumed token "
             f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + _carried_words(pick) + floor)
 
 

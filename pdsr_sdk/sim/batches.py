@@ -66,7 +66,28 @@ def trace_batches(trace, cfg: SimulateConfig) -> TraceBatches:
         batches = batches[:cfg.num_batches]
     if not batches:
         raise DataError(f"{source}: the trace has no groups")
+    check_fits(source, batches, cfg)
     return TraceBatches(source, batches, zero, cfg.n)
+
+
+def check_fits(source: str, batches, cfg: SimulateConfig) -> None:
+    """A DataError naming the first group whose prompt and longest response cannot fit in any simulated engine
+    (``max_model_len``, and the KV cache: an engine fails such a request mid-run, where the message could
+    name only a segment's context)."""
+    pools = [p for p, count in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy)) if count]
+    limit = max(min(p.max_model_len, p.kv_blocks * p.block_size) for p in pools) if pools else None
+    if limit is None:
+        return
+    index = 0
+    for batch in batches:
+        for pid, plen, lens, *_ in batch:
+            if plen + max(lens) > limit:
+                i = lens.index(max(lens))
+                raise DataError(f"{source}: group {index} ({pid!r}), sample {i}: a context of {plen + max(lens):,} "
+                                f"tokens (prompt {plen:,} + response {max(lens):,}); the simulated engines hold at "
+                                f"most {limit:,} (max_model_len, kv_cache_tokens: raise them in a --profile file's "
+                                f"fast / heavy sections)")
+            index += 1
 
 
 def build_batch(rows) -> list[Group]:

@@ -475,3 +475,37 @@ def test_calibrate_leaves_the_verify_price_out_where_too_few_tokens_were_drafted
     assert fit.speculation is None and fit.verify_s_per_token is None
     for key, value in CAL_TRUTH.items():
         assert fit.coefficients[key] == pytest.approx(value, rel=0.05), (key, fit.coefficients)
+
+
+def test_cli_says_what_a_user_of_one_trace_needs_to_read_the_table(tmp_path):
+    """One policy runs beside baseline (vs_base); the footnote explains only the columns shown; a short trace and
+    fewer batches than asked are said; a response no engine can hold is named before anything runs."""
+    trace_path = write_trace_jsonl(small_trace(groups=10), tmp_path / "t.jsonl")
+    base = ["simulate", "--trace", str(trace_path), "--fast", "2", "--heavy", "1", "--quiet", "--no-timeline"]
+    r = CliRunner().invoke(cli, [*base, "--policy", "v3", "--batch-size", "16", "--num-batches", "3"])
+    assert r.exit_code == 0, r.output
+    assert "10 groups, 40 samples in 1 batch(es) of 16 prompts (the trace holds only 10 groups" in r.output
+    assert "--num-batches asked for 3, the trace holds 1" in r.output
+    rows = [line.split()[0] for line in r.output.splitlines() if line.startswith(("baseline ", "v3 "))]
+    assert rows == ["baseline", "v3"] and "vs_base = makespan / baseline's" in r.output
+    assert "of_oracle" not in r.output
+    r = CliRunner().invoke(cli, [*base, "--policy", "v3", "--no-references", "--batch-size", "4"])
+    assert r.exit_code == 0, r.output
+    assert "in 3 batch(es) of 4 prompts (the last has 2: the trace ran out)" in r.output
+    assert "vs_base" not in r.output and "baseline " not in r.output
+    lines = [json.dumps({"prompt_id": "a", "prompt_len": 50, "lengths": [10, 40_000]}),
+             json.dumps({"prompt_id": "b", "prompt_len": 5, "lengths": [3, 4]})]
+    (tmp_path / "long.jsonl").write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(tmp_path / "long.jsonl"), "--quiet"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "group 0 ('a'), sample 1: a context of 40,050 tokens (prompt 50 + response 40,000)" in r.output
+    assert "at most 32,768" in r.output
+
+
+def test_cli_marks_a_policy_that_truncated_responses_as_not_comparable(tmp_path):
+    trace_path = write_trace_jsonl(synth_trace(groups=16, n=4, seed=3, median_length=300, max_length=3000,
+                                               runaway_frac=0.2), tmp_path / "t.jsonl")
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--policy", "baseline,v1", "--quiet",
+                                 "--no-references", "--batch-size", "16", "--no-timeline"])
+    assert r.exit_code == 0, r.output
+    assert "trunc" in r.output.splitlines()[1] and "trunc = responses a policy's cap cut short" in r.output

@@ -116,14 +116,14 @@ def test_restart_lengths_needs_steps_and_the_cli_says_which_it_used(tmp_path):
 
 
 def test_a_long_response_that_stopped_on_its_own_is_not_the_cap_restarts_redraw_to():
-    """The cap a capped response redraws to is the longest that finished for length: one 5,000-token response
+    """The cap a capped response redraws to is the longest that finished for length: one 3,000-token response
     that stopped, in a group the run never takes, changes nothing (it used to become the cap, and every
-    restarted runaway ran 5,000 tokens instead of 600)."""
+    restarted runaway ran 3,000 tokens instead of 600)."""
     trace = synth_trace(groups=80, n=4, seed=2, median_length=120, max_length=600, runaway_frac=0.2,
                         prompt_len_min=5, prompt_len_max=100)
     m = trace.matrix()
     reasons = np.asarray(trace.finish_reasons, dtype=object).reshape(m.shape)
-    extra = np.vstack([m, [[5000, 100, 100, 100]]])
+    extra = np.vstack([m, [[3000, 100, 100, 100]]])
     outlier = LengthTrace.from_matrix(extra, prompt_ids=[*trace.prompt_ids, "outlier"],
                                       prompt_lens=np.append(trace.prompt_lens, 10),
                                       finish_reasons=np.vstack([reasons, [["stop"] * 4]]))
