@@ -39,7 +39,7 @@ def test_config_range_errors_name_the_keys(tmp_path):
 
 def test_sdk_errors_are_pdsr_errors_and_the_builtin_kind_callers_catch():
     with pytest.raises(DataValueError, match=r"\[G, N\]") as exc:
-        stats.top_k_mask([1, 2, 3], 1)
+        stats.top_k_prob([1, 2, 3], 1)
     assert isinstance(exc.value, ValueError) and isinstance(exc.value, PdsrError)
     with pytest.raises(ConfigValueError, match=r"fraction must be in \(0, 1\], got 2"):
         stats.top_k_count(10, 2)

@@ -48,11 +48,14 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     the probe with each later sample, top-K recall and the "safe" rate, the
     false-negative rate of a fixed length threshold, batch-level capture of the
     longest task with its cost ratio, and a V2.5 dispatch replay (heavy / fast /
-    broke); writes them as JSON and draws PNG plots.
+    broke); writes them as JSON and draws PNG plots. Ties (many responses
+    at the length cap) are broken at random and the rank statistics are
+    their expectation, so a probe with no signal scores chance; a statistic
+    that means nothing on the trace is n/a, with a warning on stderr.
 
     Example: pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
     """
-    from pdsr_sdk.analysis import analyze_trace, report_tables, write_plots
+    from pdsr_sdk.analysis import analyze_trace, report_notes, report_tables, write_plots
     from pdsr_sdk.io.tables import check_new_output, write_text_atomic
     from pdsr_sdk.traces import read_trace
 
@@ -81,6 +84,8 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     dv = report["dispatch_v25"]
     click.echo(f"{trace_path}: {report['trace']['groups']} groups x {report['trace']['samples_per_group']} samples\n")
     click.echo(format_table(tables["summary"]))
+    for note in report_notes(report):
+        click.echo(note)
     click.echo("\nper later sample j (against the probe, sample 0):")
     click.echo(format_table(tables["per_sample"]))
     click.echo(f"\nV2.5 dispatch replay: batches of {dv['batch_prompts']} prompts, top {dv['heavy_prompts_per_batch']} "
@@ -91,3 +96,5 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     click.echo("")
     for path in [json_path, *plots]:
         click.echo(f"wrote {path}")
+    for warning in report["warnings"]:
+        click.echo(f"warning: {warning}", err=True)

@@ -7,7 +7,7 @@ are pure array functions in ``pdsr_sdk.analysis.stats`` (with naive twins in
 
 from pdsr_sdk.analysis.config import AnalyzeConfig
 from pdsr_sdk.analysis.plots import write_plots
-from pdsr_sdk.analysis.report import DEFINITIONS, analyze_trace, report_tables
+from pdsr_sdk.analysis.report import DEFINITIONS, analyze_trace, report_notes, report_tables
 from pdsr_sdk.analysis.stats import (
     BatchCapture,
     DispatchCounts,
@@ -21,6 +21,7 @@ from pdsr_sdk.analysis.stats import (
     safe_rate,
     spearman_vs_probe,
     top_k_count,
+    top_k_prob,
     top_k_recall,
 )
 
@@ -38,10 +39,12 @@ __all__ = [
     "false_negatives",
     "group_cv",
     "offload_count",
+    "report_notes",
     "report_tables",
     "safe_rate",
     "spearman_vs_probe",
     "top_k_count",
+    "top_k_prob",
     "top_k_recall",
     "write_plots",
 ]

@@ -1,8 +1,10 @@
 """Assemble the seed 002 statistics of a length trace into one JSON-able report.
 
 ``analyze_trace`` computes every statistic with the kernels of ``stats`` and
-returns plain dicts/lists/numbers (NaN becomes None); ``report_tables`` turns
-a report into rows for printing. Definitions are in ``stats``; the choices
+returns plain dicts/lists/numbers (NaN becomes None; a statistic that cannot
+mean anything on the trace is None with its reason in ``warnings``);
+``report_tables`` turns a report into rows for printing and ``report_notes``
+into the lines printed under them. Definitions are in ``stats``; the choices
 made where the seed is silent are listed in ``DEFINITIONS`` and copied into
 every report so the numbers carry their meaning.
 """
@@ -19,28 +21,55 @@ from pdsr_sdk.analysis.config import AnalyzeConfig
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.traces.trace import LengthTrace
 
+#: a share of responses at the length cap from which ties there dominate the rank statistics
+AT_CAP_NOTE = 0.2
+
 DEFINITIONS = {
+    "ties": "rank statistics (top_k_recall, safe_rate, batch_capture) break ties uniformly at random, "
+            "independently per sample, and report the exact expectation over tie orders: a tie block straddling "
+            "a top-k boundary puts each member in with probability (slots left) / (block size). A probe with no "
+            "signal then scores chance (k/G, capture_top/B) however many lengths tie, e.g. at the cap",
     "cv": "per group std/mean of the N lengths; std with ddof=cv_ddof (1 = pandas' sample std); all-zero group -> 0",
     "spearman": "Spearman rank correlation (average ranks for ties) of sample 0 with sample j across groups, "
                 "j=1..N-1; 'mean' averages j>=1, 'mean_incl_self' also averages in sample 0's own 1.0 as the "
                 "original P-DSR study did (its 0.6699 is 0.6227 without it)",
-    "top_k_recall": "|top-k of sample 0 ∩ top-k of sample j| / k, k = max(1, floor(top_k * G)), ties by group order",
-    "safe_rate": "share of sample 0's top floor(top_k*G) groups inside sample j's top floor(safe_k*G), mean over j",
+    "top_k_recall": "E|top-k of sample 0 ∩ top-k of sample j| / k over random tie orders, k = floor(top_k * G) "
+                    "(n/a when 0); chance = k/G",
+    "safe_rate": "expected share of sample 0's top floor(top_k*G) groups inside sample j's top floor(safe_k*G), "
+                 "ties at random, mean over j (n/a when either is 0); chance = floor(safe_k*G)/G",
     "false_negatives": "groups with probe < L: group_rate = share with any later sample > L; sample_rate = share "
-                       "of their later samples > L",
-    "batch_capture": "consecutive batches of batch_prompts groups (a shorter last batch is kept); captured when a "
-                     "group holding the batch's longest later sample has fewer than capture_top strictly longer "
-                     "probes in the batch; cost_ratio = that sample / its group's probe (probe 0 counts as 1); "
-                     "'missed' is over batches not captured (how bad the misses are)",
+                       "of their later samples > L; n/a when the responses were cut at a cap <= L (none can exceed L)",
+    "batch_capture": "consecutive batches of batch_prompts groups (a shorter last batch is kept); a batch is "
+                     "captured when the group holding its longest later sample (one of the tied holders, chosen "
+                     "uniformly) is among the batch's capture_top longest probes (ties at random); capture_rate "
+                     "is the expected share over the batches of more than capture_top groups (ranked_batches; "
+                     "smaller ones are captured whatever the probe), chance_rate = mean capture_top/size; "
+                     "cost_ratio = that sample / its group's probe (probe 0 counts as 1), expected per batch; "
+                     "'missed' is over batches not captured (how bad the misses are): batches = expected count, "
+                     "mean = expected ratio per expected miss, max = largest ratio that can be missed",
     "dispatch_v25": "per batch of B prompts: ceil(offload_fraction*B) longest-probe prompts go heavy with all N "
-                    "samples; L_cut = probe of the shortest offloaded prompt; fast samples (probes included) "
-                    "break when length > floor(cap_multiplier*L_cut) and waste cap tokens each; fast_prompts_broke "
-                    "counts fast prompts with any breaking sample",
+                    "samples (equal probes by group order: one fixed tie order blind to the later samples, so not "
+                    "in the probe's favour, but one draw rather than an expectation); L_cut = probe of the "
+                    "shortest offloaded prompt; fast samples (probes included) break when length > "
+                    "floor(cap_multiplier*L_cut) and waste cap tokens each; fast_prompts_broke counts fast prompts "
+                    "with any breaking sample. Responses cut at the trace's cap cannot exceed it, so breaks past "
+                    "the cap go unseen (optimistic when many responses are at the cap)",
+    "at_cap": "trace.at_cap: share of responses at the length cap: finish_reason 'length' where the trace has "
+              "finish reasons (basis 'finish_reason'), else length == the trace's max length (basis 'max_length')",
+    "reference": "the console's 'ref 0.5B MATH' column: the P-DSR length study's published numbers (0.5B model on "
+                 "MATH, 7424 groups x 8), shown next to statistics computed with its settings; the study's tie "
+                 "rule is not published, these numbers are expectations over random tie orders",
+    "warnings": "statistics that are n/a, and why (degenerate traces: one group, all lengths equal, an empty "
+                "top-k set, no batch larger than capture_top, a cap at or below fn_length)",
 }
 
 
 def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> dict[str, Any]:
-    """Every statistic of seed 002 on ``trace`` (equal group sizes, N >= 2), as a JSON-able dict."""
+    """Every statistic of seed 002 on ``trace`` (equal group sizes, N >= 2), as a JSON-able dict.
+
+    Statistics that cannot mean anything on this trace are None, with the
+    reason in ``report["warnings"]`` (the SDK prints nothing).
+    """
     cfg = config or AnalyzeConfig()
     trace.require_rectangular("analysis needs")
     if trace.samples_per_group < 2:
@@ -52,35 +81,81 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     cv = stats.group_cv(x, ddof=cfg.cv_ddof)
     rho = stats.spearman_vs_probe(x)
     k = stats.top_k_count(g, cfg.top_k)
+    k_safe = stats.top_k_count(g, cfg.safe_k)
     recall = stats.top_k_recall(x, cfg.top_k)
     safe = stats.safe_rate(x, cfg.top_k, cfg.safe_k)
     fn = stats.false_negatives(x, cfg.fn_length)
     cap = stats.batch_capture(x, cfg.batch_prompts, cfg.capture_top)
-    missed = cap.cost_ratio[~cap.captured]
     disp_b = cfg.dispatch_batch_prompts or cfg.batch_prompts
     disp = stats.dispatch_v25(x, disp_b, cfg.offload_fraction, cfg.cap_multiplier)
+    summary = _trace_summary(trace, x)
+    at_cap = summary["at_cap"]
 
+    warnings: list[str] = []
+    rank_na = capture_na = False
+    if g == 1:
+        rank_na = True
+        warnings.append("one group: Spearman, top-K recall, safe rate and batch capture rank groups against each "
+                        "other and are n/a")
+    elif (x == x.flat[0]).all():
+        rank_na = True
+        warnings.append(f"every length is {int(x.flat[0])}: there is nothing to rank; Spearman, top-K recall, "
+                        "safe rate and batch capture are n/a")
+    else:
+        if (x[:, 0] == x[0, 0]).all():
+            warnings.append(f"every probe is {int(x[0, 0])} tokens: the probe ranks nothing (Spearman n/a; "
+                            "recall, safe rate and capture are at chance)")
+        if k == 0:
+            warnings.append(f"top-K recall and safe rate are n/a: floor({cfg.top_k:g} x {g} groups) = 0, the top "
+                            f"set is empty (it needs {math.ceil(1 / cfg.top_k - 1e-9)} groups)")
+        elif k_safe == 0:
+            warnings.append(f"safe rate is n/a: floor({cfg.safe_k:g} x {g} groups) = 0, the safe set is empty")
+        if not cap.ranked.any():
+            capture_na = True
+            warnings.append(f"batch capture is n/a: no batch has more than capture_top = {cfg.capture_top} groups, "
+                            "so every batch is captured whatever the probe")
+    if rank_na:
+        rho, recall, safe = (np.full(n - 1, np.nan) for _ in range(3))
+    capture_na = capture_na or rank_na
+    fn_na = _capped(at_cap) and at_cap["length"] <= cfg.fn_length
+    if fn_na:
+        where = (f"were cut at {at_cap['length']} tokens" if at_cap["basis"] == "finish_reason" else
+                 f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")
+        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {at_cap['share']:.0%} of responses {where}, "
+                        f"so no later sample can exceed {cfg.fn_length}")
+
+    ranked = cap.ranked
+    miss_prob = 1.0 - cap.capture_prob[ranked]
+    expected_missed = float(miss_prob.sum())
     report: dict[str, Any] = {
         "source": trace.source,
         "config": cfg.model_dump(),
-        "trace": _trace_summary(trace, x),
+        "trace": summary,
         "cv": {"ddof": cfg.cv_ddof, **_summary(cv), "max_prompt_id": trace.prompt_ids[int(np.nanargmax(cv))]
                if np.isfinite(cv).any() else None},
         "spearman": {"per_sample": rho.tolist(), "mean": _nanmean(rho),
-                     "mean_incl_self": _nanmean(np.append(rho, 1.0))},
-        "top_k_recall": {"k_frac": cfg.top_k, "k": k, "per_sample": recall.tolist(), "mean": float(recall.mean())},
-        "safe_rate": {"k_frac": cfg.top_k, "safe_frac": cfg.safe_k, "k": k,
-                      "k_safe": stats.top_k_count(g, cfg.safe_k), "per_sample": safe.tolist(),
-                      "mean": float(safe.mean())},
+                     "mean_incl_self": _nanmean(np.append(rho, 1.0)) if np.isfinite(rho).any() else None},
+        "top_k_recall": {"k_frac": cfg.top_k, "k": k, "chance": k / g if k and not rank_na else None,
+                         "per_sample": recall.tolist(), "mean": _nanmean(recall)},
+        "safe_rate": {"k_frac": cfg.top_k, "safe_frac": cfg.safe_k, "k": k, "k_safe": k_safe,
+                      "chance": k_safe / g if k and k_safe and not rank_na else None,
+                      "per_sample": safe.tolist(), "mean": _nanmean(safe)},
         "false_negatives": {
             "length": fn.length, "groups_below": fn.groups_below, "groups_exceeding": fn.groups_exceeding,
-            "group_rate": fn.group_rate, "samples_below": fn.samples_below,
-            "samples_exceeding": fn.samples_exceeding, "sample_rate": fn.sample_rate,
+            "group_rate": None if fn_na else fn.group_rate, "samples_below": fn.samples_below,
+            "samples_exceeding": fn.samples_exceeding, "sample_rate": None if fn_na else fn.sample_rate,
         },
         "batch_capture": {
             "batch_prompts": cap.batch_prompts, "capture_top": cap.capture_top, "batches": cap.batches,
-            "captured": int(cap.captured.sum()), "capture_rate": cap.capture_rate,
-            "cost_ratio_missed": {"batches": int(missed.size), "mean": _nanmean(missed), "max": _nanmax(missed)},
+            "ranked_batches": int(ranked.sum()),
+            "captured": None if capture_na else float(cap.capture_prob[ranked].sum()),
+            "capture_rate": None if capture_na else cap.capture_rate,
+            "chance_rate": None if capture_na else cap.chance_rate,
+            "cost_ratio_missed": {
+                "batches": None if capture_na else expected_missed,
+                "mean": None if capture_na or expected_missed <= 0 else
+                float(cap.miss_cost[ranked].sum()) / expected_missed,
+                "max": None if capture_na else _nanmax(cap.miss_max[ranked])},
             "cost_ratio_all": {"mean": _nanmean(cap.cost_ratio), "max": _nanmax(cap.cost_ratio)},
         },
         "dispatch_v25": {
@@ -96,9 +171,29 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
             "wasted_token_frac": _ratio(disp.wasted_tokens, disp.tokens),
             "l_cut_median": float(np.median(disp.l_cut)), "cap_median": float(np.median(disp.cap)),
         },
+        "warnings": warnings,
         "definitions": DEFINITIONS,
     }
     return _jsonable(report)
+
+
+def _capped(at_cap: dict[str, Any]) -> bool:
+    """Whether the trace's responses were cut at a length cap (any 'length' finish, else a large share at the max)."""
+    if at_cap["length"] is None:
+        return False
+    if at_cap["basis"] == "finish_reason":
+        return at_cap["share"] > 0
+    return at_cap["share"] >= AT_CAP_NOTE
+
+
+def _at_cap(trace: LengthTrace, x: np.ndarray) -> dict[str, Any]:
+    if trace.finish_reasons is not None:
+        cut = trace.finish_reasons.astype(str) == "length"
+        length = int(np.asarray(trace.lengths)[cut].max()) if cut.any() else None
+        return {"basis": "finish_reason", "length": length, "samples": int(cut.sum()), "share": float(cut.mean())}
+    top = int(x.max())
+    at = int((x == top).sum())
+    return {"basis": "max_length", "length": top, "samples": at, "share": at / x.size}
 
 
 def _trace_summary(trace: LengthTrace, x: np.ndarray) -> dict[str, Any]:
@@ -112,6 +207,7 @@ def _trace_summary(trace: LengthTrace, x: np.ndarray) -> dict[str, Any]:
     if trace.finish_reasons is not None:
         names, counts = np.unique(trace.finish_reasons.astype(str), return_counts=True)
         out["finish_reasons"] = {str(k): int(v) for k, v in zip(names, counts)}
+    out["at_cap"] = _at_cap(trace, x)
     if trace.durations_s is not None:
         d = trace.durations_s
         out["duration_s"] = _quantiles(d)
@@ -170,7 +266,7 @@ def report_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     t, cv, sp = report["trace"], report["cv"], report["spearman"]
     rc, sf, fn = report["top_k_recall"], report["safe_rate"], report["false_negatives"]
     bc, dv = report["batch_capture"], report["dispatch_v25"]
-    pct = lambda v: None if v is None else 100.0 * v  # noqa: E731
+    pct = lambda v: "n/a" if v is None else 100.0 * v  # noqa: E731
     c = report["config"]
     # the P-DSR study's numbers (0.5B model, MATH), shown where the settings match the study's
     ref = {
@@ -183,23 +279,27 @@ def report_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         "cost": "4.67x / 68.36x" if (c["batch_prompts"], c["capture_top"]) == (16, 3) else "",
     }
     length = t["length"]
+    fn_value = ("n/a" if fn["group_rate"] is None and fn["groups_below"] else
+                f"{_pct(fn['group_rate'])} / {_pct(fn['sample_rate'])}")
     rows = [
         ("groups x samples", f"{t['groups']} x {t['samples_per_group']}", ref["groups"]),
         ("length median / p99 / max", f"{length['median']:.0f} / {length['p99']:.0f} / {length['max']:.0f}", ""),
+        ("responses at the cap", _at_cap_text(t["at_cap"]), ""),
         (f"CV mean / max (ddof={cv['ddof']})", _pair(cv["mean"], cv["max"]), ref["cv"]),
         ("Spearman(sample 0, j) mean", _fmt(sp["mean"]), ref["spearman"]),
-        (f"top-{rc['k_frac']:.0%} recall mean", _pct(rc["mean"]), ref["recall"]),
-        (f"safe rate (top {sf['k_frac']:.0%} in top {sf['safe_frac']:.0%})", _pct(sf["mean"]), ref["safe"]),
-        (f"false negatives @{fn['length']} (groups / samples)",
-         f"{_pct(fn['group_rate'])} / {_pct(fn['sample_rate'])}", ref["fn"]),
+        (f"top-{rc['k_frac']:.0%} recall mean", _chance(rc["mean"], rc["chance"]), ref["recall"]),
+        (f"safe rate (top {sf['k_frac']:.0%} in top {sf['safe_frac']:.0%})", _chance(sf["mean"], sf["chance"]),
+         ref["safe"]),
+        (f"false negatives @{fn['length']} (groups / samples)", fn_value, ref["fn"]),
         (f"batch capture (B={bc['batch_prompts']}, top {bc['capture_top']})",
-         f"{_pct(bc['capture_rate'])} of {bc['batches']}", ref["capture"]),
+         "n/a" if bc["capture_rate"] is None else
+         f"{_chance(bc['capture_rate'], bc['chance_rate'])} of {bc['ranked_batches']}", ref["capture"]),
         ("cost ratio of misses mean / max",
          _pair(bc["cost_ratio_missed"]["mean"], bc["cost_ratio_missed"]["max"], "x"), ref["cost"]),
     ]
     summary = [{"statistic": name, "value": value, "ref 0.5B MATH": r} for name, value, r in rows]
     per_sample = [
-        {"sample": j + 1, "spearman": _num(sp["per_sample"][j]), "top_k_recall_%": pct(rc["per_sample"][j]),
+        {"sample": j + 1, "spearman": "n/a" if sp["per_sample"][j] is None else sp["per_sample"][j], "top_k_recall_%": pct(rc["per_sample"][j]),
          "safe_rate_%": pct(sf["per_sample"][j])}
         for j in range(len(sp["per_sample"]))
     ]
@@ -213,8 +313,29 @@ def report_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {"summary": summary, "per_sample": per_sample, "dispatch": dispatch}
 
 
-def _num(v):
-    return math.nan if v is None else v
+def report_notes(report: dict[str, Any]) -> list[str]:
+    """One-line notes printed under the summary table: what the reference column is, and what ties at the cap do."""
+    notes = []
+    if any(row["ref 0.5B MATH"] for row in report_tables(report)["summary"][1:]):
+        notes.append("ref 0.5B MATH: the P-DSR length study's published numbers (0.5B model on MATH), where the "
+                     "settings match.")
+    at_cap = report["trace"]["at_cap"]
+    if _capped(at_cap) and at_cap["share"] >= AT_CAP_NOTE:
+        notes.append(f"note: {at_cap['share']:.0%} of responses end at the cap ({at_cap['length']} tokens) and tie "
+                     "there, which no probe can rank: it limits recall, safe rate and capture whatever the model, "
+                     "and the V2.5 replay sees no breaks past the cap.")
+    return notes
+
+
+def _at_cap_text(at_cap: dict[str, Any]) -> str:
+    if at_cap["length"] is None:
+        return "0.0% (finish_reason 'length')"
+    how = "finish_reason 'length'" if at_cap["basis"] == "finish_reason" else "length = max, no finish reasons"
+    return f"{_pct(at_cap['share'])} at {at_cap['length']} ({how})"
+
+
+def _chance(v, chance) -> str:
+    return _pct(v) if v is None or chance is None else f"{_pct(v)} (chance {_pct(chance)})"
 
 
 def _fmt(v, suffix: str = "") -> str:

@@ -7,8 +7,15 @@ the later samples. No IO, no config objects; vectorised numpy throughout
 float64 twins the tests compare against.
 
 Conventions (where the seed leaves a choice):
-- top-K sets hold ``floor(K * G)`` groups (at least 1), the seed's "Top 742"
-  of 7424 at K = 10%; ties are broken by group order (earlier group first).
+- top-K sets hold ``floor(K * G)`` groups, the seed's "Top 742" of 7424 at
+  K = 10%; an empty set (``floor(K * G) = 0``) makes its statistics NaN.
+- ties are broken uniformly at random, independently in each column, and the
+  rank statistics (top-K recall, safe rate, batch capture) are the exact
+  expectation over those tie orders: a tie block straddling a top-K boundary
+  puts each of its members in the set with probability (slots left) / (block
+  size). A fixed rule (say, earlier group first) would pick the same tied
+  groups in every column and count them as agreement: with many lengths at
+  the cap, a probe with no signal would look good.
 - ranks for Spearman are average ranks over ties.
 - batches are consecutive runs of B groups; a shorter last batch is kept.
 """
@@ -37,10 +44,14 @@ def _as_matrix(lengths, *, min_n: int = 1) -> np.ndarray:
 
 
 def top_k_count(num_groups: int, frac: float) -> int:
-    """Size of a top-``frac`` set of ``num_groups`` groups: ``max(1, floor(frac * G))``."""
+    """Size of a top-``frac`` set of ``num_groups`` groups: ``floor(frac * G)``, 0 when fewer than 1/frac groups.
+
+    An empty set is not raised to 1: the top 10% of 5 groups is no group, and
+    its recall is n/a rather than the recall of the single longest group.
+    """
     if not 0 < frac <= 1:
         raise ConfigValueError(f"fraction must be in (0, 1], got {frac}")
-    return max(1, math.floor(frac * num_groups + _EPS))
+    return math.floor(frac * num_groups + _EPS)
 
 
 def offload_count(frac: float, batch_prompts: int) -> int:
@@ -122,39 +133,61 @@ def spearman_vs_probe(lengths) -> np.ndarray:
     return _pearson_cols(ranks[:, 0], ranks[:, 1:])
 
 
-def top_k_mask(lengths, k: int) -> np.ndarray:
-    """bool [G, N]: True for the ``k`` longest groups of each column (ties: earlier group first)."""
+def greater_equal_counts(values) -> tuple[np.ndarray, np.ndarray]:
+    """For an integer [R, B] array: per entry, how many entries of its row are strictly greater, and how many
+    are equal (itself included)."""
+    v = np.asarray(values, dtype=np.int64)
+    greater = count_greater_rowwise(v)
+    less = count_greater_rowwise(-v)
+    return greater, v.shape[1] - greater - less
+
+
+def top_k_prob(lengths, k: int) -> np.ndarray:
+    """float64 [G, N]: the probability that each group is among the ``k`` longest of its column.
+
+    Ties are broken uniformly at random: a group with ``gt`` strictly longer
+    groups and ``eq`` equal ones (itself included) is in the top ``k`` with
+    probability ``clip((k - gt) / eq, 0, 1)``; without ties this is 0 or 1.
+    """
     x = _as_matrix(lengths)
     g = x.shape[0]
-    if not 1 <= k <= g:
-        raise ConfigValueError(f"k must be in 1..{g}, got {k}")
-    # stable sort of -x keeps group order among equal lengths
-    order = np.argsort(-x.astype(np.int64), axis=0, kind="stable")[:k]
-    mask = np.zeros(x.shape, dtype=bool)
-    np.put_along_axis(mask, order, True, axis=0)
-    return mask
+    if not 0 <= k <= g:
+        raise ConfigValueError(f"k must be in 0..{g}, got {k}")
+    gt, eq = greater_equal_counts(x.T)
+    return np.clip((k - gt.T) / eq.T, 0.0, 1.0)
 
 
 def top_k_recall(lengths, k_frac: float = 0.1) -> np.ndarray:
-    """For j = 1..N-1: |top-K of sample 0 ∩ top-K of sample j| / |top-K|  ([N-1])."""
+    """For j = 1..N-1: E|top-K of sample 0 ∩ top-K of sample j| / K  ([N-1]), ties broken at random.
+
+    The expectation over independent uniformly random tie orders of the two
+    columns is ``sum_i P(i in top-K of 0) * P(i in top-K of j) / K``; a probe
+    with no signal scores K / G (chance) however many ties. NaN when K = 0.
+    """
     x = _as_matrix(lengths, min_n=2)
     k = top_k_count(x.shape[0], k_frac)
-    mask = top_k_mask(x, k)
-    return (mask[:, :1] & mask[:, 1:]).sum(axis=0) / k
+    if k == 0:
+        return np.full(x.shape[1] - 1, np.nan)
+    p = top_k_prob(x, k)
+    return (p[:, :1] * p[:, 1:]).sum(axis=0) / k
 
 
 def safe_rate(lengths, k_frac: float = 0.1, safe_frac: float = 0.2) -> np.ndarray:
-    """For j = 1..N-1: share of sample 0's top ``k_frac`` that is in sample j's top ``safe_frac`` ([N-1]).
+    """For j = 1..N-1: expected share of sample 0's top ``k_frac`` that is in sample j's top ``safe_frac`` ([N-1]).
 
     The seed's "safe dispatch" rate: a group predicted long by the probe and
     sent to the heavy pool is safe when it is at least among the long ones.
+    Ties are broken at random as in ``top_k_recall`` (chance: safe_frac's
+    set size / G). NaN when either set is empty.
     """
     x = _as_matrix(lengths, min_n=2)
     g = x.shape[0]
     k_pred, k_safe = top_k_count(g, k_frac), top_k_count(g, safe_frac)
-    pred = top_k_mask(x[:, :1], k_pred)[:, 0]
-    actual = top_k_mask(x[:, 1:], k_safe)
-    return (pred[:, None] & actual).sum(axis=0) / k_pred
+    if k_pred == 0 or k_safe == 0:
+        return np.full(x.shape[1] - 1, np.nan)
+    pred = top_k_prob(x[:, :1], k_pred)[:, 0]
+    actual = top_k_prob(x[:, 1:], k_safe)
+    return (pred[:, None] * actual).sum(axis=0) / k_pred
 
 
 # -- false negatives of a fixed length threshold ------------------------------------------
@@ -223,22 +256,37 @@ def count_greater_rowwise(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BatchCapture:
-    """Per-batch capture of the batch's longest task by the probe ranking."""
+    """Per-batch capture of the batch's longest task by the probe ranking, in expectation over tie orders."""
 
     batch_prompts: int
     capture_top: int
-    captured: np.ndarray       # bool [batches]
+    sizes: np.ndarray          # int64 [batches]: groups in the batch (a shorter last batch is kept)
+    capture_prob: np.ndarray   # float64 [batches]: probability that the batch is captured (0 or 1 without ties)
     longest: np.ndarray        # int64 [batches]: the batch's longest later sample
-    probe_of_longest: np.ndarray  # int64 [batches]: probe length of the group holding it
-    cost_ratio: np.ndarray     # float64 [batches]: longest / max(probe_of_longest, 1)
+    cost_ratio: np.ndarray     # float64 [batches]: E[longest / max(probe of its group, 1)]
+    miss_cost: np.ndarray      # float64 [batches]: E[that ratio when the batch is missed, else 0]
+    miss_max: np.ndarray       # float64 [batches]: largest ratio of a holder that can be missed (NaN if none)
 
     @property
     def batches(self) -> int:
-        return int(self.captured.size)
+        return int(self.capture_prob.size)
+
+    @property
+    def ranked(self) -> np.ndarray:
+        """bool [batches]: batches of more than ``capture_top`` groups (the others are captured whatever the probe)."""
+        return self.sizes > self.capture_top
 
     @property
     def capture_rate(self) -> float:
-        return float(self.captured.mean())
+        """Mean capture probability over the ranked batches; NaN when there are none."""
+        r = self.ranked
+        return float(self.capture_prob[r].mean()) if r.any() else math.nan
+
+    @property
+    def chance_rate(self) -> float:
+        """What a probe with no signal captures: mean of capture_top / size over the ranked batches."""
+        r = self.ranked
+        return float((self.capture_top / self.sizes[r]).mean()) if r.any() else math.nan
 
 
 def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> BatchCapture:
@@ -246,12 +294,13 @@ def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> Bat
 
     Groups are split into consecutive batches of ``batch_prompts``. In each,
     the longest task is the largest later sample (samples 1..N-1); the batch
-    is captured when a group holding it is among the batch's ``capture_top``
-    longest probes. A group is among the top t when fewer than t groups of the
-    batch have a strictly longer probe (ties count in its favour), and when
-    several groups tie for the longest task, the batch is captured if any of
-    them is. The cost ratio is that task's length over its group's probe
-    length (the largest probe among tied groups; a probe of 0 counts as 1):
+    is captured when the group holding it is among the batch's
+    ``capture_top`` longest probes. Ties are broken uniformly at random, and
+    the result is the exact expectation: when several groups tie for the
+    longest task, it is held by one of them chosen uniformly; a group whose
+    probe ties with others across the top-``capture_top`` boundary is in the
+    top with probability (slots left) / (tied groups). The cost ratio is that
+    task's length over its group's probe length (a probe of 0 counts as 1):
     how much longer the task ran than the probe predicted.
     """
     x = _as_matrix(lengths, min_n=2)
@@ -259,18 +308,24 @@ def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> Bat
         raise ConfigValueError(f"capture_top must be >= 1, got {capture_top}")
     parts = []
     for block in _batch_blocks(x.astype(np.int64), batch_prompts):
+        nb, b, _ = block.shape
         probe = block[:, :, 0]
         later = block[:, :, 1:].max(axis=2)
         longest = later.max(axis=1)
         holds = later == longest[:, None]
-        in_top = count_greater_rowwise(probe) < capture_top
-        captured = (holds & in_top).any(axis=1)
-        probe_of_longest = np.where(holds, probe, -1).max(axis=1)
-        parts.append((captured, longest, probe_of_longest))
-    captured, longest, probe_of_longest = (np.concatenate(p) for p in zip(*parts))
-    ratio = longest / np.maximum(probe_of_longest, 1)
-    return BatchCapture(batch_prompts=batch_prompts, capture_top=capture_top, captured=captured,
-                        longest=longest, probe_of_longest=probe_of_longest, cost_ratio=ratio)
+        share = holds / holds.sum(axis=1, keepdims=True)      # P(group holds the longest task)
+        gt, eq = greater_equal_counts(probe)
+        in_top = np.clip((capture_top - gt) / eq, 0.0, 1.0)   # P(group's probe is in the top capture_top)
+        ratio = longest[:, None] / np.maximum(probe, 1)
+        capture = (share * in_top).sum(axis=1)
+        miss_cost = (share * (1.0 - in_top) * ratio).sum(axis=1)
+        can_miss = holds & (in_top < 1.0)
+        miss_max = np.where(can_miss, ratio, -np.inf).max(axis=1)
+        parts.append((np.full(nb, b, dtype=np.int64), capture, longest, (share * ratio).sum(axis=1), miss_cost,
+                      np.where(np.isfinite(miss_max), miss_max, np.nan)))
+    sizes, capture, longest, ratio, miss_cost, miss_max = (np.concatenate(p) for p in zip(*parts))
+    return BatchCapture(batch_prompts=batch_prompts, capture_top=capture_top, sizes=sizes, capture_prob=capture,
+                        longest=longest, cost_ratio=ratio, miss_cost=miss_cost, miss_max=miss_max)
 
 
 @dataclass(frozen=True)
@@ -302,7 +357,9 @@ def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2
     """Replay V2.5 rank-based offloading on recorded lengths.
 
     Per batch of B consecutive prompts: sort by probe length (longest first,
-    ties by group order) and offload the first ``ceil(offload_fraction * B)``
+    ties by group order: one fixed tie order, which does not look at the
+    later samples, so it does not favour the probe the way a shared tie
+    rule favours top-K recall; it is one draw, not an expectation) and offload the first ``ceil(offload_fraction * B)``
     prompts, all their N samples, to the heavy pool. ``L_cut`` is the probe
     length of the last (shortest) offloaded prompt, and every sample of the
     remaining prompts runs on the fast pool with the cap

@@ -158,3 +158,37 @@ def test_round_trip_through_trace_synth_and_analyze(tmp_path):
     assert trace_path.read_text() == (tmp_path / "sdk.jsonl").read_text()
     result = _run(str(trace_path), "--no-plots", "--out-dir", str(tmp_path / "o"))
     assert result.exit_code == 0, result.output
+
+
+def test_capped_trace_prints_the_share_at_the_cap_and_warns_on_stderr(tmp_path):
+    # a small model's recording: 44% of its responses hit max_tokens = 512
+    path = ROOT / "bench" / "data" / "smollm2-gsm8k-128x8.jsonl"
+    result = CliRunner().invoke(cli, ["analyze", str(path), "--no-plots", "--out-dir", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "o" / "analysis.json").read_text())
+    assert report["trace"]["at_cap"]["basis"] == "finish_reason" and report["trace"]["at_cap"]["length"] == 512
+    assert "43.9% at 512 (finish_reason 'length')" in result.stdout
+    assert "note: 44% of responses end at the cap (512 tokens)" in result.stdout
+    assert "ref 0.5B MATH: the P-DSR length study's published numbers" in result.stdout
+    # ties at the cap no longer read as agreement: recall and capture sit at chance
+    rc, bc = report["top_k_recall"], report["batch_capture"]
+    assert abs(rc["mean"] - rc["chance"]) < 0.05 and abs(bc["capture_rate"] - bc["chance_rate"]) < 0.1
+    assert f"(chance {100 * rc['chance']:.1f}%)" in result.stdout
+    # no later sample can exceed the cap: false negatives at 512 are n/a, said once on stderr
+    assert report["false_negatives"]["group_rate"] is None
+    assert "warning: false negatives at 512 are n/a" in result.stderr
+    assert "warning:" not in result.stdout
+
+
+def test_degenerate_trace_says_na(tmp_path):
+    path = tmp_path / "equal.jsonl"
+    write_trace_jsonl(synth_trace(groups=32, seed=1), path)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({"prompt_id": r["prompt_id"], "prompt_len": r["prompt_len"],
+                                        "lengths": [300] * len(r["lengths"])}) + "\n" for r in lines))
+    result = CliRunner().invoke(cli, ["analyze", str(path), "--no-plots", "--out-dir", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    recall_line = next(line for line in result.stdout.splitlines() if line.startswith("top-10% recall"))
+    capture_line = next(line for line in result.stdout.splitlines() if line.startswith("batch capture"))
+    assert " n/a " in recall_line and " n/a " in capture_line and "100" not in recall_line + capture_line
+    assert "warning: every length is 300: there is nothing to rank" in result.stderr
