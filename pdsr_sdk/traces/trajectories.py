@@ -166,6 +166,15 @@ def _int_column(table, name: str, where: str) -> np.ndarray:
     import pyarrow as pa
 
     col = table[name]
-    if not pa.types.is_integer(col.type):
-        raise DataError(f"{where}: column {name!r} must be integers, got {col.type}")
-    return np.asarray(col.to_numpy(), dtype=np.int64)
+    if pa.types.is_integer(col.type):
+        return np.asarray(col.to_numpy(), dtype=np.int64)
+    if pa.types.is_floating(col.type):
+        # a float column (verl and pandas dumps store lengths as doubles) is read when every value is whole
+        values = np.asarray(col.to_numpy(), dtype=np.float64)
+        bad = ~(np.isfinite(values) & (values == np.round(values)) & (np.abs(values) < 2.0**63))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise DataError(f"{where}: column {name!r} row {row} is {float(values[row])!r}; expected a whole number "
+                            f"(a float column is read when every value is one)")
+        return values.astype(np.int64)
+    raise DataError(f"{where}: column {name!r} must be integers (or whole floats), got {col.type}")

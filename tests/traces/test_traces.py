@@ -206,6 +206,17 @@ def test_trajectories_arrow_file_and_stream(tmp_path):
     _assert_same(read_trace(stream_path), EXPECTED_FROM_TRAJECTORIES)
 
 
+def test_trajectories_float_columns_of_whole_numbers_are_read(tmp_path):
+    # verl and pandas dumps store lengths (and sometimes indices) as doubles
+    table = _trajectories()
+    for name in ("sample_index", "prompt_length", "response_length"):
+        i = table.column_names.index(name)
+        table = table.set_column(i, name, table[name].cast(pa.float64()))
+    path = tmp_path / "traj.parquet"
+    pq.write_table(table, path)
+    _assert_same(read_trace(path), EXPECTED_FROM_TRAJECTORIES)
+
+
 def test_trajectories_without_timing_columns():
     table = _trajectories().drop(["submit_time_s", "finish_time_s", "finish_reason"])
     trace = trace_from_trajectories(table)
@@ -226,7 +237,12 @@ def _with(table: pa.Table, name: str, values) -> pa.Table:
     (lambda t: _with(t, "prompt_length", [7, 5, 7, 5, 6, 7]), "'prompt_length' row 4 differs"),
     (lambda t: _with(t, "finish_time_s", [4.0, 31.0, 3.5, 10.0, 12.5, 1.0]), "row 5: finish_time_s - submit_time_s"),
     (lambda t: _with(t, "response_length", [40, None, 35, 100, 120, 0]), "'response_length' row 1 is null"),
-    (lambda t: t.set_column(1, "sample_index", pa.array([1.0, 2, 0, 0, 1, 2])), "'sample_index' must be integers"),
+    (lambda t: t.set_column(1, "sample_index", pa.array(["1", "2", "0", "0", "1", "2"])),
+     "'sample_index' must be integers (or whole floats), got string"),
+    (lambda t: t.set_column(3, "response_length", pa.array([40.0, 300, 35, 100, 120.5, 0])),
+     "column 'response_length' row 4 is 120.5; expected a whole number"),
+    (lambda t: t.set_column(3, "response_length", pa.array([40.0, 300, 35, 100, float("inf"), 0])),
+     "column 'response_length' row 4 is inf; expected a whole number"),
 ])
 def test_trajectories_errors_name_file_row_and_column(tmp_path, edit, needle):
     path = tmp_path / "traj.parquet"
