@@ -37,7 +37,9 @@ def _overwrite_option(f):
 def command() -> None:
     """Length traces: one JSONL line per prompt group,
     {"prompt_id", "prompt_len", "lengths": [...], optional "durations_s", "finish_reasons", "rewards",
-    "turns"}; lengths[0] is the probe (sample 0)."""
+    "turns"}; lengths[0] is the probe (sample 0). pdsr simulate and pdsr analyze read these traces and
+    pdsr rollout's trajectories files; `trace convert` makes a trace from your own rollout log (one row
+    per response: Parquet, Arrow, JSONL or CSV, its columns named by --id-column, --length-column, ...)."""
 
 
 @command.command("synth", short_help="Draw a synthetic long-tailed length trace (JSONL).")
@@ -106,30 +108,63 @@ def synth(out: Path, overwrite: bool, config_path: Path | None, **flags) -> None
                f"{cfg.max_length}{turns}")
 
 
-@command.command("convert", short_help="Trajectories Parquet/Arrow (or JSONL) -> JSONL length trace.")
+def _column_option(role: str, what: str):
+    """A column-naming flag of ``trace convert``: its help says what the column holds and the names looked for."""
+    from pdsr_sdk.traces.responses import RESPONSE_COLUMNS
+
+    flag, defaults = RESPONSE_COLUMNS[role]
+    return click.option(flag, f"{role}_column", type=str, default=None,
+                        help=f"{what}  [default: the first of {', '.join(defaults)} present]")
+
+
+@command.command("convert", short_help="Rollout log (one row per response: Parquet/Arrow/JSONL/CSV) or "
+                                       "trajectories -> JSONL length trace.")
 @click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
+@_column_option("id", "Prompt id column: the rows of one id are one group.")
+@_column_option("length", "Response length column: whole token counts (float columns of whole numbers too), or "
+                          "a list of token ids, counted (text is not tokenized).")
+@_column_option("prompt_length", "Prompt length column (the same on every row of a prompt); none: 0.")
+@_column_option("sample_index", "Column ordering the samples of a prompt (the smallest is sample 0, the probe); "
+                                "none: the rows' order.")
+@_column_option("reward", "Reward column (empty for a response without one).")
+@_column_option("finish_reason", "Finish reason column ('stop', 'length', ...).")
 @_overwrite_option
 @handle_errors
-def convert(source: Path, out: Path, overwrite: bool) -> None:
-    """Write the length trace of SOURCE, a trajectories file from `pdsr rollout`
-    (Parquet or Arrow IPC) or a JSONL trace, as JSONL.
+def convert(source: Path, out: Path, overwrite: bool, **columns: str | None) -> None:
+    """Write the length trace of SOURCE as JSONL (one line per prompt group).
 
-    Rows are grouped by prompt_id (in order of first appearance) and ordered by
-    sample_index; durations are finish_time_s - submit_time_s. A trajectories file of multi-turn samples
-    (its turns column) gives a trace of turns: per turn the sampled tokens, then the environment's
-    tokens and its time (the environment spans' end_s - start_s).
+    SOURCE is your own rollout log, one row per response, in Parquet, Arrow
+    IPC, JSONL or CSV/TSV (verl, OpenRLHF, vLLM dumps, an OpenAI-style
+    completions log); or a trajectories file from `pdsr rollout`; or a JSONL
+    trace. Name the log's columns with the flags below (a dotted path reads a
+    field of a struct column: usage.completion_tokens; a number, a list's
+    item: choices.0.finish_reason); a column not named is looked for under
+    its usual names. Rows count from 0 in errors.
+
+    Groups are the rows of one prompt id, in order of first appearance, and
+    may differ in size. A trajectories file's durations are finish_time_s -
+    submit_time_s; its turns column (multi-turn samples) gives a trace of
+    turns: per turn the sampled tokens, then the environment's tokens and its
+    time (the environment spans' end_s - start_s).
+
+    \b
+    Examples:
+      pdsr trace convert verl_dump.parquet --id-column uid --reward-column score --out trace.jsonl
+      pdsr trace convert log.jsonl --id-column metadata.prompt_id \\
+          --length-column usage.completion_tokens --out trace.jsonl
+      pdsr trace convert lengths.csv --id-column question --length-column n_tokens --out trace.jsonl
     """
     from pdsr_sdk.io.tables import check_new_output
-    from pdsr_sdk.traces import read_trace, write_trace_jsonl
+    from pdsr_sdk.traces import read_any_trace, write_trace_jsonl
 
     check_new_output(out, "--out", overwrite=overwrite, config_key=None, inputs=[("SOURCE", source)])
-    trace = read_trace(source)
+    trace = read_any_trace(source, **columns)
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes
     shape = f"{sizes[0]} samples each" if trace.is_rectangular else f"{sizes.min()}..{sizes.max()} samples"
     extras = [k for k, v in (("durations", trace.durations_s), ("finish reasons", trace.finish_reasons),
-                             ("turns", trace.turns)) if v is not None]
+                             ("rewards", trace.rewards), ("turns", trace.turns)) if v is not None]
     click.echo(f"wrote {out}: {trace.num_groups} groups, {shape}, {trace.num_samples} samples"
                + (f" (with {', '.join(extras)})" if extras else ""))

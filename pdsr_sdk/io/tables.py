@@ -37,15 +37,16 @@ FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".arrow":
 SAVE_TO_DISK_METADATA = frozenset({"dataset_info.json", "state.json"})
 
 
-def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input") -> pa.Table:
+def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input", kind: str | None = None) -> pa.Table:
     """Read a Parquet, Arrow IPC, JSONL (or a .json array of objects) or CSV/TSV file (by its suffix; any other
-    is read as Parquet), or a folder of such files (shards of one format, in name order), checking that
-    ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50``
-    or an id ``007`` is not turned into a number); an empty cell is missing (null)."""
+    is read as Parquet; ``kind``, one of ``FORMATS``' values, reads a file as that format whatever its name), or a
+    folder of such files (shards of one format, in name order), checking that ``columns`` exist. A CSV's columns
+    are all read as text, as written (an answer ``0.50`` or an id ``007`` is not turned into a number); an empty
+    cell is missing (null)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: {what} file does not exist")
-    table = _read_folder(path, what) if path.is_dir() else _read_file(path, what)
+    table = _read_folder(path, what) if path.is_dir() else _read_file(path, what, kind)
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise DataError(
@@ -55,9 +56,9 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
     return table
 
 
-def _read_file(path: Path, what: str) -> pa.Table:
+def _read_file(path: Path, what: str, kind: str | None = None) -> pa.Table:
     suffix = path.suffix.lower()
-    kind = FORMATS.get(suffix, "parquet")
+    kind = kind or FORMATS.get(suffix, "parquet")
     try:
         if kind == "jsonl":
             table = _read_jsonl(path)
@@ -72,8 +73,8 @@ def _read_file(path: Path, what: str) -> pa.Table:
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
-        known = "" if suffix in FORMATS else (f" (a {suffix or 'suffix-less'} name is read as Parquet; pdsr reads "
-                                              f"{', '.join(FORMATS)})")
+        known = "" if suffix in FORMATS or kind != "parquet" else (
+            f" (a {suffix or 'suffix-less'} name is read as Parquet; pdsr reads {', '.join(FORMATS)})")
         raise DataError(f"{path}: cannot read {what} file as {kind}{known}: {exc}") from None
     return table
 

@@ -115,8 +115,9 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
 
 
 class TableColumns:
-    """A table's columns by name, or by a dotted path into struct columns; errors name the file, the flag and
-    config key, and what was expected."""
+    """A table's columns by name, or by a dotted path into struct columns (a number in the path picks that item of a
+    list column: ``choices.0.finish_reason``); errors name the file, the flag and config key (when it has one),
+    and what was expected."""
 
     def __init__(self, table: pa.Table, path: Path):
         self.table, self.path = table, path
@@ -124,14 +125,14 @@ class TableColumns:
     def has(self, name: str) -> bool:
         return self._find(name)[0] is not None
 
-    def get(self, name: str, key: str, flag: str) -> pa.ChunkedArray:
+    def get(self, name: str, key: str | None, flag: str) -> pa.ChunkedArray:
         column, missing = self._find(name)
         if column is None:
-            raise DataError(f"{self.path}: {key} ({flag}) is {name!r} but {missing}; columns: "
+            raise DataError(f"{self.path}: {f'{key} ({flag})' if key else flag} is {name!r} but {missing}; columns: "
                             f"{self.listing()}")
         return column
 
-    def expect(self, name: str, ok, expected: str, key: str, flag: str) -> None:
+    def expect(self, name: str, ok, expected: str, key: str | None, flag: str) -> None:
         kind = self.get(name, key, flag).type
         if ok(kind):
             return
@@ -139,7 +140,8 @@ class TableColumns:
         if pa.types.is_struct(kind):
             fields = [kind.field(i).name for i in range(kind.num_fields)]
             hint = f": name one of its fields ({', '.join(fields)}) with a dotted path, e.g. {flag} {name}.{fields[0]}"
-        raise DataError(f"{self.path}: column {name!r} ({key}, {flag}) is {kind}; expected {expected}{hint}")
+        raise DataError(f"{self.path}: column {name!r} ({f'{key}, {flag}' if key else flag}) is {kind}; "
+                        f"expected {expected}{hint}")
 
     def values(self, name: str) -> list:
         return self._find(name)[0].to_pylist()
@@ -161,6 +163,12 @@ class TableColumns:
         column, done = self.table.column(head), head
         for part in rest:
             kind = column.type
+            if part.isdigit() and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+                try:
+                    column, done = pc.list_element(column, int(part)), f"{done}.{part}"
+                except pa.ArrowInvalid:
+                    return None, f"a row's {done!r} has fewer than {int(part) + 1} item(s)"
+                continue
             if not pa.types.is_struct(kind) or kind.get_field_index(part) < 0:
                 fields = ([kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else [])
                 return None, (f"column {done!r} has no field {part!r}" + (f" (fields: {', '.join(fields)})"

@@ -1,6 +1,7 @@
 """Length traces: per-prompt-group response lengths (sample 0 is the probe).
 
-``read_trace`` reads a JSONL trace or a trajectories Parquet/Arrow file,
+``read_trace`` reads a JSONL trace or a trajectories Parquet/Arrow file, ``read_any_trace`` also your own
+rollout log (one row per response, Parquet/Arrow/JSONL/CSV, columns mapped by name),
 ``write_trace_jsonl`` writes the JSONL form, ``synth_trace`` draws a
 synthetic long-tailed trace, ``default_trace_path`` is the built-in one. ``WORKLOADS`` is the
 family of named workloads (seeded generators with their own defaults and measurement) policies are
@@ -18,6 +19,8 @@ from pdsr_sdk.traces.family import (
 )
 from pdsr_sdk.traces.io import (
     detect_format,
+    read_any_trace,
+    read_responses_trace,
     read_trace,
     read_trace_jsonl,
     read_trajectories_trace,
@@ -35,6 +38,8 @@ __all__ = [
     "WorkloadMember",
     "default_trace_path",
     "detect_format",
+    "read_any_trace",
+    "read_responses_trace",
     "read_trace",
     "read_trace_jsonl",
     "read_trajectories_trace",

@@ -26,7 +26,8 @@ def detect_format(path: Path) -> str:
     if not stripped or stripped.startswith(b"{"):
         return "jsonl"
     raise DataError(f"{path}: not a length trace (JSONL objects, one per line) nor a trajectories file "
-                    f"(Parquet or Arrow IPC)")
+                    f"(Parquet or Arrow IPC); a rollout log of one row per response (CSV, ...): "
+                    f"`pdsr trace convert {path} --out trace.jsonl` makes a trace of it")
 
 
 def short_repr(value, limit: int = 60) -> str:

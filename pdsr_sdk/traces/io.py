@@ -25,6 +25,10 @@ Two inputs, detected from the file's first bytes (not its name):
 Errors are ``DataError`` naming the file and the line (JSONL) or row and
 column (tables).
 
+``pdsr trace convert`` reads more (:func:`read_any_trace`): your own rollout log, a table of one row per response
+(Parquet, Arrow IPC, JSONL or CSV/TSV) whose columns are named by flags or found under their usual names
+(:mod:`pdsr_sdk.traces.responses`).
+
 The JSONL reader and writer are in :mod:`pdsr_sdk.traces.jsonl`, the trajectories reader in
 :mod:`pdsr_sdk.traces.trajectories` and format detection in :mod:`pdsr_sdk.traces.formats`; their names are
 importable from here too.
@@ -34,8 +38,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pdsr_sdk.errors import DataError
 from pdsr_sdk.traces.formats import detect_format
 from pdsr_sdk.traces.jsonl import OPTIONAL_KEYS, REQUIRED_KEYS, read_trace_jsonl, write_trace_jsonl
+from pdsr_sdk.traces.responses import RESPONSE_COLUMNS, read_responses_trace, trace_from_responses
 from pdsr_sdk.traces.trace import LengthTrace
 from pdsr_sdk.traces.trajectories import (
     TRAJECTORY_COLUMNS,
@@ -47,12 +53,16 @@ from pdsr_sdk.traces.trajectories import (
 __all__ = [
     "OPTIONAL_KEYS",
     "REQUIRED_KEYS",
+    "RESPONSE_COLUMNS",
     "TRAJECTORY_COLUMNS",
     "TRAJECTORY_OPTIONAL",
     "detect_format",
+    "read_any_trace",
+    "read_responses_trace",
     "read_trace",
     "read_trace_jsonl",
     "read_trajectories_trace",
+    "trace_from_responses",
     "trace_from_trajectories",
     "write_trace_jsonl",
 ]
@@ -65,3 +75,59 @@ def read_trace(path: str | Path) -> LengthTrace:
     if kind == "jsonl":
         return read_trace_jsonl(path)
     return read_trajectories_trace(path, kind)
+
+
+def read_any_trace(path: str | Path, *, id_column: str | None = None, length_column: str | None = None,
+                   prompt_length_column: str | None = None, sample_index_column: str | None = None,
+                   reward_column: str | None = None, finish_reason_column: str | None = None) -> LengthTrace:
+    """What ``pdsr trace convert`` reads: a JSONL length trace or a trajectories file of ``pdsr rollout`` (as
+    :func:`read_trace`) when no column is named, else (or when the file is neither: CSV, a JSONL of one line per
+    response, another tool's table) a table of one row per response (:func:`read_responses_trace`, its columns
+    named by the ``*_column`` arguments or found under their usual names)."""
+    path = Path(path)
+    columns = dict(id_column=id_column, length_column=length_column, prompt_length_column=prompt_length_column,
+                   sample_index_column=sample_index_column, reward_column=reward_column,
+                   finish_reason_column=finish_reason_column)
+    if not any(v is not None for v in columns.values()) and path.is_file():
+        try:
+            kind = detect_format(path)
+        except DataError:
+            kind = None   # not pdsr's own (CSV, ...): a table of responses
+        if kind == "jsonl" and _is_group_trace(path):
+            return read_trace_jsonl(path)
+        if kind in ("parquet", "arrow_file", "arrow_stream") and _has_trajectory_columns(path, kind):
+            return read_trajectories_trace(path, kind)
+    return read_responses_trace(path, **columns)
+
+
+def _is_group_trace(path: Path) -> bool:
+    """Whether a JSONL file's first line is a trace line (has ``lengths``), or is not one JSON object (then the trace
+    reader names what is wrong with it)."""
+    import json
+
+    with path.open("r", encoding="utf-8-sig", errors="replace") as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    return True
+                return not isinstance(row, dict) or "lengths" in row
+    return False   # blank: the responses reader says the file is empty
+
+
+def _has_trajectory_columns(path: Path, kind: str) -> bool:
+    import pyarrow as pa
+
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(path).names
+        else:
+            with pa.memory_map(str(path)) as source:
+                reader = pa.ipc.open_file(source) if kind == "arrow_file" else pa.ipc.open_stream(source)
+                names = reader.schema.names
+    except Exception:  # noqa: BLE001 - the reader says what is wrong with the file
+        return True
+    return all(c in names for c in TRAJECTORY_COLUMNS)

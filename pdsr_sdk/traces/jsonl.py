@@ -11,6 +11,7 @@ import numpy as np
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.traces.formats import short_repr
+from pdsr_sdk.traces.responses import looks_like_responses
 from pdsr_sdk.traces.trace import LengthTrace, SampleTurns
 
 REQUIRED_KEYS = ("prompt_id", "prompt_len", "lengths")
@@ -38,6 +39,12 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
         if type(row) is not dict:
             raise DataError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
         missing = [k for k in REQUIRED_KEYS if k not in row]
+        if missing and looks_like_responses(row):
+            keys = ", ".join(list(row)[:8]) + (", ..." if len(row) > 8 else "")
+            raise DataError(f"{where}: this looks like one row per response (keys: {keys}), "
+                            f"not a length trace (one prompt group per line: {', '.join(REQUIRED_KEYS)}); "
+                            f"`pdsr trace convert {path} --out trace.jsonl` reads such a log into a trace (name its "
+                            f"columns with --id-column, --length-column, ...)")
         if missing:
             raise DataError(f"{where}: missing key(s) {', '.join(map(repr, missing))}; a trace line needs "
                             f"{', '.join(REQUIRED_KEYS)}")

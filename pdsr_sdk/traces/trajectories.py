@@ -48,18 +48,21 @@ def _require_columns(path: Path, names: list[str]) -> None:
     missing = [c for c in TRAJECTORY_COLUMNS if c not in names]
     if missing:
         raise DataError(f"{path}: missing column(s) {', '.join(map(repr, missing))} needed for a length trace; "
-                        f"the file has: {', '.join(names) or '(no columns)'}")
+                        f"the file has: {', '.join(names) or '(no columns)'}; a rollout log with other column names: "
+                        f"`pdsr trace convert {path} --id-column ... --length-column ... --out trace.jsonl`")
 
 
-def trace_from_trajectories(table, *, source: str | None = None) -> LengthTrace:
+def trace_from_trajectories(table, *, source: str | None = None, labels: dict[str, str] | None = None) -> LengthTrace:
     """Group a trajectories table (one row per sample) into a ``LengthTrace``.
 
     Groups appear in the order of their first row; samples are ordered by
     ``sample_index``, which must be exactly 0..n-1 within each group.
     Durations are ``finish_time_s - submit_time_s`` when both columns exist.
+    ``labels`` names a column in errors by another name (the column of the user's file it came from).
     """
     import pyarrow as pa
 
+    labels = labels or {}
     where = source or "trajectories"
     _require_columns(Path(where), table.column_names)
     if table.num_rows == 0:
@@ -89,7 +92,8 @@ def trace_from_trajectories(table, *, source: str | None = None) -> LengthTrace:
         k = int(np.argmax(got != expected))
         g = int(code[order[k]])
         have = sample_index[order[offsets[g]:offsets[g + 1]]].tolist()
-        raise DataError(f"{where}: prompt {group_ids[g]!r} has sample_index values {short_repr(have)}; expected "
+        raise DataError(f"{where}: prompt {group_ids[g]!r} has {labels.get('sample_index', 'sample_index')} values "
+                        f"{short_repr(have)}; expected "
                         f"0..{counts[g] - 1}, each once (0 is the probe)")
 
     lengths = _int_column(table, "response_length", where)[order]
@@ -100,7 +104,8 @@ def trace_from_trajectories(table, *, source: str | None = None) -> LengthTrace:
     prompt_lens = plen_rows[offsets[:-1]]
     if (plen_rows != np.repeat(prompt_lens, counts)).any():
         k = int(np.argmax(plen_rows != np.repeat(prompt_lens, counts)))
-        raise DataError(f"{where}: column 'prompt_length' row {int(order[k])} differs from the other samples "
+        raise DataError(f"{where}: column {labels.get('prompt_length', 'prompt_length')!r} row {int(order[k])} "
+                        f"differs from the other samples "
                         f"of prompt {group_ids[int(code[order[k]])]!r}")
 
     durations = None

@@ -1,0 +1,262 @@
+"""A length trace from your own rollout log: a table with one row per response (verl, OpenRLHF or vLLM dumps, an
+OpenAI-style completions log), in Parquet, Arrow IPC, JSONL or CSV/TSV, its columns named by the caller or found
+under their usual names.
+
+Columns (``RESPONSE_COLUMNS``: each role's flag of ``pdsr trace convert`` and the names looked for, in order, when
+none is given; a name may be a dotted path into struct columns, a number in it picks a list's item):
+
+- prompt id (``--id-column``; ``prompt_id``, ``uid``): a string or integer; rows with the same id are one group.
+- response length (``--length-column``; ``response_length``, ``completion_tokens``, ``usage.completion_tokens``,
+  ``response_ids``): a whole number of tokens >= 0 (a float column of whole numbers is read too), or a list of
+  token ids, whose count is the length (text is never tokenized).
+- prompt length (``--prompt-length-column``; ``prompt_length``, ``prompt_len``, ``prompt_tokens``,
+  ``usage.prompt_tokens``): whole numbers, the same for every row of a prompt; none found: 0.
+- sample index (``--sample-index-column``; ``sample_index``): orders the samples of a prompt (distinct numbers; the
+  smallest is sample 0, the probe); none found: the rows' order in the file.
+- reward (``--reward-column``; ``reward``, ``score``): numbers, empty (null) for a response without one.
+- finish reason (``--finish-reason-column``; ``finish_reason``, ``choices.0.finish_reason``): strings.
+
+Groups appear in the order of their first row and may differ in size (a ragged trace). ``submit_time_s`` and
+``finish_time_s`` (durations) and ``turns`` are read as in a trajectories file when the table has them. Errors
+name the file, the row (counted from 0, in the file's order) and the column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.traces.formats import detect_format, short_repr
+from pdsr_sdk.traces.trace import LengthTrace
+
+#: role -> (flag of ``pdsr trace convert``, column names looked for when none is given, in order)
+RESPONSE_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "id": ("--id-column", ("prompt_id", "uid")),
+    "length": ("--length-column", ("response_length", "completion_tokens", "usage.completion_tokens",
+                                   "response_ids")),
+    "prompt_length": ("--prompt-length-column", ("prompt_length", "prompt_len", "prompt_tokens",
+                                                 "usage.prompt_tokens")),
+    "sample_index": ("--sample-index-column", ("sample_index",)),
+    "reward": ("--reward-column", ("reward", "score")),
+    "finish_reason": ("--finish-reason-column", ("finish_reason", "choices.0.finish_reason")),
+}
+
+#: the readers of :func:`pdsr_sdk.io.tables.read_table` a content-detected trace format maps to
+_TABLE_KIND = {"parquet": "parquet", "arrow_file": "arrow", "arrow_stream": "arrow", "jsonl": "jsonl"}
+
+
+def read_responses_trace(path: str | Path, *, id_column: str | None = None, length_column: str | None = None,
+                         prompt_length_column: str | None = None, sample_index_column: str | None = None,
+                         reward_column: str | None = None, finish_reason_column: str | None = None) -> LengthTrace:
+    """Read a table of one row per response (Parquet, Arrow IPC, JSONL or CSV/TSV) and group it into a trace.
+
+    Each ``*_column`` names the column of that role (see the module's docstring); None looks for its usual names.
+    """
+    from pdsr_sdk.io.tables import FORMATS, read_table
+
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: file does not exist")
+    if path.is_file():
+        with path.open("rb") as fh:
+            if not fh.read(4096).strip():
+                raise DataError(f"{path}: the file is empty; expected a rollout log (one row per response) or a "
+                                f"length trace")
+    try:
+        kind = _TABLE_KIND[detect_format(path)]
+    except DataError:
+        kind = None   # CSV/TSV, or what read_table makes of the name
+    if kind == "jsonl" and FORMATS.get(path.suffix.lower()) not in (None, "jsonl"):
+        kind = None   # a .csv that starts with "{": read as its name says
+    table = read_table(path, what="response", kind=kind)
+    return trace_from_responses(table, source=str(path), id_column=id_column, length_column=length_column,
+                                prompt_length_column=prompt_length_column, sample_index_column=sample_index_column,
+                                reward_column=reward_column, finish_reason_column=finish_reason_column)
+
+
+def trace_from_responses(table, *, source: str | None = None, id_column: str | None = None,
+                         length_column: str | None = None, prompt_length_column: str | None = None,
+                         sample_index_column: str | None = None, reward_column: str | None = None,
+                         finish_reason_column: str | None = None) -> LengthTrace:
+    """Group a pyarrow table of one row per response into a ``LengthTrace`` (columns as in the module's docstring)."""
+    import pyarrow as pa
+
+    from pdsr_sdk.rollout.data import TableColumns
+    from pdsr_sdk.traces.trajectories import trace_from_trajectories
+
+    where = source or "responses"
+    if table.num_rows == 0:
+        raise DataError(f"{where}: the table has no rows; expected one row per response")
+    cols = TableColumns(table, Path(where))
+    given = {"id": id_column, "length": length_column, "prompt_length": prompt_length_column,
+             "sample_index": sample_index_column, "reward": reward_column, "finish_reason": finish_reason_column}
+    found: dict[str, tuple[str, object]] = {}   # role -> (column name, column)
+    for role, name in given.items():
+        flag, defaults = RESPONSE_COLUMNS[role]
+        if name is None:
+            name = next((c for c in defaults if cols.has(c)), None)
+            if name is None:
+                if role in ("id", "length"):
+                    what = "prompt id" if role == "id" else "response length"
+                    raise DataError(f"{where}: no {what} column; name it with {flag} (looked for "
+                                    f"{', '.join(defaults)}); columns: {cols.listing()}")
+                continue
+        found[role] = (name, cols.get(name, None, flag))
+
+    id_name, id_col = found["id"]
+    ids = _ids(id_col, id_name, where)
+    encoded = ids.dictionary_encode()
+    code = np.asarray(encoded.indices, dtype=np.int64)
+    len_name, len_col = found["length"]
+    lengths = _whole(len_col, len_name, where, token_lists=True)
+    canon = {"prompt_id": ids, "response_length": lengths}
+    labels = {"response_length": len_name}
+    if "prompt_length" in found:
+        labels["prompt_length"] = found["prompt_length"][0]
+        canon["prompt_length"] = _whole(found["prompt_length"][1], labels["prompt_length"], where)
+    else:
+        canon["prompt_length"] = np.zeros(table.num_rows, dtype=np.int64)
+    if "sample_index" in found:
+        name, col = found["sample_index"]
+        canon["sample_index"] = _rank(code, _whole(col, name, where), encoded.dictionary, name, where)
+        labels["sample_index"] = name
+    else:
+        canon["sample_index"] = _rank(code, None, encoded.dictionary, "", where)
+    if "reward" in found:
+        name, col = found["reward"]
+        rewards = _numbers(col, name, where)
+        inf = np.isinf(rewards)
+        if inf.any():
+            raise DataError(f"{where}: column {name!r} row {int(np.argmax(inf))} is {rewards[inf][0]}; expected a "
+                            f"finite reward, or an empty value for a response without one")
+        canon["reward"] = pa.array(rewards, mask=np.isnan(rewards))
+    if "finish_reason" in found:
+        canon["finish_reason"] = _strings(found["finish_reason"][1], found["finish_reason"][0], where)
+    for name in ("submit_time_s", "finish_time_s"):
+        if name in table.column_names and _numeric_type(table[name].type):
+            canon[name] = table[name]
+    if "turns" in table.column_names and pa.types.is_list(table["turns"].type):
+        canon["turns"] = table["turns"]
+    return trace_from_trajectories(pa.table(canon), source=source, labels=labels)
+
+
+def _fail(where: str, name: str, row: int, what: str):
+    raise DataError(f"{where}: column {name!r} row {row} {what}")
+
+
+def _numeric_type(kind) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def _ids(column, name: str, where: str):
+    """Prompt ids as a string array; a null id is an error naming its row."""
+    import pyarrow as pa
+
+    kind = column.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)):
+        raise DataError(f"{where}: column {name!r} (--id-column) is {kind}; expected a string or integer prompt id")
+    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if column.null_count:
+        _fail(where, name, int(np.flatnonzero(np.asarray(column.is_null()))[0]), "is empty (null); every response "
+              "needs its prompt's id")
+    return column.cast(pa.string())
+
+
+def _numbers(column, name: str, where: str, hint: str = "") -> np.ndarray:
+    """float64 values of a numeric or text (CSV) column, NaN where null; ``hint`` ends a bad value's error."""
+    import pyarrow as pa
+
+    kind = column.type
+    if _numeric_type(kind) or pa.types.is_boolean(kind) or pa.types.is_null(kind):
+        return np.asarray(column.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{where}: column {name!r} is {kind}; expected numbers")
+    out = np.empty(len(column), dtype=np.float64)
+    for i, text in enumerate(column.to_pylist()):
+        if text is None or not text.strip():
+            out[i] = np.nan
+            continue
+        try:
+            out[i] = float(text)
+        except ValueError:
+            _fail(where, name, i, f"is {short_repr(text)}; expected a number{hint}")
+    return out
+
+
+def _whole(column, name: str, where: str, *, token_lists: bool = False) -> np.ndarray:
+    """int64 whole numbers >= 0 of a column (numbers, whole floats, or text); with ``token_lists`` a list column
+    (token ids) gives each row's count. Null, fractional and negative values are errors naming the row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        if not token_lists:
+            raise DataError(f"{where}: column {name!r} is {kind}; expected whole numbers")
+        if not (pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)):
+            raise DataError(f"{where}: column {name!r} is {kind}; a list column counts as a length only when it "
+                            f"holds token ids (integers); text is not tokenized")
+        values = np.asarray(pc.list_value_length(column).cast(pa.float64()).to_numpy(zero_copy_only=False))
+    elif pa.types.is_boolean(kind):
+        raise DataError(f"{where}: column {name!r} is {kind}; expected whole numbers")
+    else:
+        values = _numbers(column, name, where, " (text is not tokenized: name a column of token counts or of token "
+                                               "ids)" if token_lists else "")
+    if np.isnan(values).any():
+        _fail(where, name, int(np.argmax(np.isnan(values))), "is empty (null); expected a whole number")
+    bad = ~(np.isfinite(values) & (values == np.round(values)) & (np.abs(values) < 2.0**63))
+    if bad.any():
+        k = int(np.argmax(bad))
+        _fail(where, name, k, f"is {float(values[k])!r}; expected a whole number of tokens")
+    if (values < 0).any():
+        k = int(np.argmax(values < 0))
+        _fail(where, name, k, f"is negative ({int(values[k])}); expected a token count >= 0")
+    return values.astype(np.int64)
+
+
+def _strings(column, name: str, where: str):
+    import pyarrow as pa
+
+    kind = column.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"{where}: column {name!r} is {kind}; expected strings such as 'stop' or 'length'")
+    if column.null_count:
+        _fail(where, name, int(np.flatnonzero(np.asarray(column.is_null()))[0]), "is empty (null); expected a "
+              "string such as 'stop' or 'length'")
+    return column
+
+
+def _rank(code: np.ndarray, index: np.ndarray | None, group_ids, name: str, where: str) -> np.ndarray:
+    """Each row's sample number within its prompt: by ``index`` (distinct within a prompt), else by row order."""
+    rows = np.arange(len(code), dtype=np.int64)
+    order = np.lexsort((rows, code)) if index is None else np.lexsort((index, code))
+    if index is not None:
+        same = (code[order][1:] == code[order][:-1]) & (index[order][1:] == index[order][:-1])
+        if same.any():
+            k = int(np.argmax(same))
+            a, b = sorted((int(order[k]), int(order[k + 1])))
+            raise DataError(f"{where}: rows {a} and {b} of prompt {group_ids[int(code[a])].as_py()!r} have the same "
+                            f"{name} {int(index[a])}; expected distinct values within a prompt")
+    counts = np.bincount(code)
+    starts = np.repeat(np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+    rank = np.empty(len(code), dtype=np.int64)
+    rank[order] = np.arange(len(code), dtype=np.int64) - starts
+    return rank
+
+
+def looks_like_responses(row: dict) -> bool:
+    """Whether a JSON object has a response length under one of its usual names (``usage.completion_tokens``
+    looked up in nested objects) and no trace line's ``lengths``: a line of a log of one row per response."""
+    if "lengths" in row:
+        return False
+    for name in RESPONSE_COLUMNS["length"][1]:
+        value: object = row
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            return True
+    return False
