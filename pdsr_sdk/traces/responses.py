@@ -137,8 +137,10 @@ def trace_from_responses(table, *, source: str | None = None, id_column: str | N
     for name in ("submit_time_s", "finish_time_s"):
         if name in table.column_names and _numeric_type(table[name].type):
             canon[name] = table[name]
-    if "turns" in table.column_names and pa.types.is_list(table["turns"].type):
-        canon["turns"] = table["turns"]
+    kind = table.schema.field("turns").type if "turns" in table.column_names else None
+    if (kind is not None and pa.types.is_list(kind) and pa.types.is_struct(kind.value_type)
+            and {"role", "num_tokens"} <= {f.name for f in kind.value_type}):
+        canon["turns"] = table["turns"]   # pdsr rollout's spans; another tool's "turns" (chat messages) is not read
     return trace_from_trajectories(pa.table(canon), source=source, labels=labels)
 
 

@@ -212,3 +212,13 @@ def test_help_says_which_inputs_are_accepted():
                  "--reward-column", "--finish-reason-column"):
         assert flag in text
     assert "Parquet, Arrow" in text and "CSV" in text
+
+
+def test_a_log_named_otherwise_is_read_by_its_content_and_chat_turns_are_not_read_as_spans(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("".join(json.dumps({"uid": pid, "response_length": n,
+                                       "turns": [{"role": "user", "content": "hi"}]}) + "\n"
+                           for pid, _, n, _, _ in ROWS))
+    trace = read_any_trace(log)
+    assert trace.prompt_ids == ["a", "b"] and trace.lengths.tolist() == [10, 11, 12, 20, 21]
+    assert trace.turns is None
