@@ -18,27 +18,38 @@ from typing import Any
 
 import numpy as np
 
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import DataValueError
 
 
 def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool = True, eps: float = 1e-6) -> Any:
     """Group-normalised advantages of [N] rewards grouped by [N] ``group_ids`` (any sortable ids).
 
     Statistics are computed in float64; the result is float64 for float64
-    rewards and float32 otherwise, a numpy array or (for a tensor input) a
-    tensor on the rewards' device.
+    rewards and float32 otherwise (a float32 tensor gives float32), a numpy
+    array or (for a tensor input) a tensor on the rewards' device.
+
+    A reward that is None or not a number (a sample whose reward function
+    raised has reward None; its error is in the step result's
+    ``scores[i].error`` and the table's ``reward_error`` column) is a
+    :class:`~pdsr_sdk.errors.DataValueError` naming the first such entries.
     """
     tensor_in = type(rewards).__module__.startswith("torch")
-    r_np = rewards.detach().cpu().double().numpy() if tensor_in else np.asarray(rewards)
+    if tensor_in:
+        out_dtype = np.float64 if str(rewards.dtype) == "torch.float64" else np.float32
+        r_np = rewards.detach().cpu().double().numpy()
+    else:
+        r_np = np.asarray(rewards)
+        if r_np.dtype.kind in "OUS":     # None (a reward that raised) or text among the rewards
+            r_np = _numeric_or_raise(r_np if isinstance(rewards, np.ndarray) else np.array(rewards, dtype=object))
+        out_dtype = np.float64 if r_np.dtype == np.float64 else np.float32
     ids = group_ids.detach().cpu().numpy() if type(group_ids).__module__.startswith("torch") else np.asarray(group_ids)
     if r_np.ndim != 1:
-        raise DataError(f"rewards must be 1-D [N] (one scalar per sample), got shape {r_np.shape}")
+        raise DataValueError(f"rewards must be 1-D [N] (one scalar per sample), got shape {r_np.shape}")
     if ids.shape != r_np.shape:
-        raise DataError(f"group_ids has shape {ids.shape}, expected the shape of rewards {r_np.shape}")
+        raise DataValueError(f"group_ids has shape {ids.shape}, expected the shape of rewards {r_np.shape}")
     if not (np.issubdtype(r_np.dtype, np.floating) or np.issubdtype(r_np.dtype, np.integer)
             or r_np.dtype == np.bool_):
-        raise DataError(f"rewards must be numeric, got dtype {r_np.dtype}")
-    out_dtype = np.float64 if r_np.dtype == np.float64 else np.float32
+        raise DataValueError(f"rewards must be numeric, got dtype {r_np.dtype}")
     if r_np.size == 0:
         result = np.zeros(0, dtype=out_dtype)
     else:
@@ -58,3 +69,19 @@ def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool = True,
 
         return torch.from_numpy(result).to(rewards.device)
     return result
+
+
+def _numeric_or_raise(r_np: np.ndarray) -> np.ndarray:
+    """An object array of numbers as float64; else a DataValueError naming the first entries that are None
+    or not numbers (a reward that raised is None in a step's result)."""
+    flat = r_np.reshape(-1)
+    bad = [i for i, v in enumerate(flat)
+           if v is None or isinstance(v, (str, bytes)) or not isinstance(v, (int, float, np.number, bool))]
+    if not bad:
+        return r_np.astype(np.float64)
+    shown = ", ".join(f"rewards[{i}] = {flat[i]!r}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+    none_hint = ("; a sample whose reward function raised has reward None: its error is in the step result's "
+                 "scores[i].error (the table's reward_error column); leave those samples out or give them a "
+                 "reward" if any(flat[i] is None for i in bad) else "")
+    raise DataValueError(f"rewards must be numbers; {len(bad)} of {flat.size} "
+                         f"{'is' if len(bad) == 1 else 'are'} not: {shown}{none_hint}")

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.errors import ConfigError, DataError, DataValueError, PdsrError
 from pdsr_sdk.gae import GAE_BACKENDS, GaeBackend, compute_gae, get_backend, grpo_advantages, masked_whiten
 from pdsr_sdk.gae.numba_kernel import numba_gae
 from pdsr_sdk.gae.reference import reference_gae
@@ -518,6 +518,36 @@ def test_grpo_singleton_groups_get_zero_and_tensors_round_trip():
     assert got[0] == 0.0 and got[3] == 0.0
     std = statistics.stdev([1.0, 2.0])
     np.testing.assert_allclose(got[1:3].numpy(), [(1 - 1.5) / (std + 1e-6), (2 - 1.5) / (std + 1e-6)])
+
+
+@pytest.mark.parametrize("dtype, expected", [(torch.float32, torch.float32), (torch.float16, torch.float32),
+                                             (torch.bfloat16, torch.float32), (torch.float64, torch.float64)])
+def test_grpo_tensor_result_dtype_is_float32_unless_float64(dtype, expected):
+    """The docstring's rule for tensors as for arrays: float64 in -> float64 out, anything else float32."""
+    rng = np.random.default_rng(3)
+    ids = np.repeat(np.arange(5), 4)
+    rewards = rng.standard_normal(ids.size)
+    ref = grpo_advantages(torch.tensor(rewards, dtype=dtype).double(), torch.from_numpy(ids))   # float64 reference
+    got = grpo_advantages(torch.tensor(rewards, dtype=dtype), torch.from_numpy(ids))
+    assert got.dtype == expected
+    np.testing.assert_allclose(got.double().numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rewards, match", [
+    ([1.0, None, 0.5, None], r"2 of 4 are not: rewards\[1\] = None, rewards\[3\] = None; .*scores\[i\]\.error.*"
+                             r"reward_error"),
+    ([1.0, "x", 0.5, 0.0], r"1 of 4 is not: rewards\[1\] = 'x'$"),
+])
+def test_grpo_names_the_rewards_that_are_not_numbers(rewards, match):
+    """A step's rewards with a None (the reward function raised) name the samples and where the errors are."""
+    with pytest.raises(DataValueError, match=match) as exc:
+        grpo_advantages(rewards, [0, 0, 1, 1])
+    assert isinstance(exc.value, ValueError)
+
+
+def test_grpo_takes_python_numbers_in_an_object_array():
+    got = grpo_advantages(np.array([1, 2.0, np.float32(3), True], dtype=object), [0, 0, 1, 1])
+    np.testing.assert_allclose(got, grpo_advantages([1.0, 2.0, 3.0, 1.0], [0, 0, 1, 1]))
 
 
 def test_grpo_bad_shapes():
