@@ -13,18 +13,22 @@ from __future__ import annotations
 import importlib
 from typing import Any, Generic, Iterator, TypeVar
 
-from pdsr_sdk.errors import ConfigValueError, PdsrError
+from pdsr_sdk.errors import ConfigError, ConfigValueError
 
 T = TypeVar("T")
 
 
-def import_object(path: str) -> Any:
-    """Import ``"pkg.module:attr"`` (or ``"pkg.module.attr"``) and return the attribute."""
+def import_object(path: str, *, kind: str = "object", register_hint: str | None = None) -> Any:
+    """Import ``"pkg.module:attr"`` (or ``"pkg.module.attr"``) and return the attribute.
+
+    Errors are :class:`~pdsr_sdk.errors.ConfigValueError` naming the path. A missing attribute says that the
+    ``kind`` (e.g. "policy") must be defined at module level of an importable module, and ``register_hint`` (how
+    to register one under a name instead), when given."""
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise PdsrError(f"{path!r} is not an import path of the form 'package.module:name'")
+        raise ConfigValueError(f"{path!r} is not an import path of the form 'package.module:name'")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -35,28 +39,34 @@ def import_object(path: str) -> Any:
 
         here = os.getcwd()
         if exc.name != module_name.split(".")[0] or here in sys.path or "" in sys.path:
-            raise PdsrError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
+            raise ConfigValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
         sys.path.append(here)
         try:
             module = importlib.import_module(module_name)
         except ImportError as again:
-            raise PdsrError(f"cannot import module {module_name!r} (from {path!r}): {again}") from again
+            raise ConfigValueError(f"cannot import module {module_name!r} (from {path!r}): {again}") from again
     except ImportError as exc:
-        raise PdsrError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
+        raise ConfigValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PdsrError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
+            hint = (f"; a {kind} named by import path must be defined at module level of an importable module "
+                    f"(not inside a function, and not in a script run as __main__ unless this process runs it)")
+            if register_hint:
+                hint += f"; or register it under a name: {register_hint}"
+            raise ConfigValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r}){hint}") from None
     return obj
 
 
 class Registry(Generic[T]):
     """A registry of plug-ins of one kind, keyed by name."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, *, register_hint: str | None = None):
         self.kind = kind
+        #: how a user registers an entry (e.g. "pdsr_sdk.policies.POLICIES.register('name', MyPolicy)"), for errors
+        self.register_hint = register_hint
         self._entries: dict[str, T | str] = {}
 
     def register(self, name: str, obj: T | str | None = None) -> Any:
@@ -70,7 +80,7 @@ class Registry(Generic[T]):
                 return target
             return decorator
         if name in self._entries:
-            raise PdsrError(
+            raise ConfigError(
                 f"{self.kind} {name!r} is already registered ({self._describe(self._entries[name])}); "
                 f"pick another name"
             )
@@ -80,18 +90,20 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Remove ``name`` (a plug-in registered for a while, e.g. by a test). Raises if it is unknown."""
         if name not in self._entries:
-            raise PdsrError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names()) or '(none)'}")
+            raise ConfigValueError(f"unknown {self.kind} {name!r}; valid names: "
+                                   f"{', '.join(self.names()) or '(none)'}")
         del self._entries[name]
 
     def get(self, name: str) -> T:
         """Return the entry for ``name``, importing it if it was registered lazily.
 
-        An unregistered ``name`` containing ``:`` is treated as an import path.
+        An unregistered ``name`` containing ``:`` is treated as an import path. An unknown name is a
+        :class:`~pdsr_sdk.errors.ConfigValueError` (a ConfigError and a ValueError) listing the valid names.
         """
         if name not in self._entries:
             if ":" in name:
-                return import_object(name)
-            raise PdsrError(
+                return import_object(name, kind=self.kind, register_hint=self.register_hint)
+            raise ConfigValueError(
                 f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names()) or '(none)'}"
                 f" (or an import path 'package.module:Name')"
             )
@@ -111,6 +123,23 @@ class Registry(Generic[T]):
         valid = ", ".join([*also, *self.names()]) or "(none)"
         raise ConfigValueError(f"unknown {self.kind} {name!r}; valid names: {valid} "
                                f"(or an import path 'package.module:Name')")
+
+    def name_of(self, obj: Any) -> str | None:
+        """The name ``obj`` is registered under, or None. An entry registered lazily matches when its import
+        path is ``obj``'s or its module is already imported and holds ``obj`` (nothing new is imported)."""
+        import sys
+
+        path = self._describe(obj)
+        for name, entry in self._entries.items():
+            if entry is obj or entry == path:
+                return name
+            if isinstance(entry, str) and entry.partition(":")[0] in sys.modules:
+                try:
+                    if import_object(entry) is obj:
+                        return name
+                except ConfigError:
+                    continue
+        return None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

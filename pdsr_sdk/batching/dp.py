@@ -26,14 +26,14 @@ from pdsr_sdk.batching.partition import (
     as_lengths,
     partition_lengths,
 )
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import ConfigValueError, DataValueError
 
 
 def common_micro_batch_count(counts: Sequence[int]) -> int:
     """The count every rank uses: the maximum of the ranks' counts."""
     counts = list(counts)
     if not counts:
-        raise ConfigError("common_micro_batch_count: no counts given (expected one per rank)")
+        raise ConfigValueError("common_micro_batch_count: no counts given (expected one per rank)")
     values = []
     for r, c in enumerate(counts):
         try:
@@ -41,7 +41,7 @@ def common_micro_batch_count(counts: Sequence[int]) -> int:
         except TypeError:
             value = -1
         if isinstance(c, bool) or value < 0:
-            raise ConfigError(f"common_micro_batch_count: counts[{r}] = {c!r}; expected an integer >= 0")
+            raise ConfigValueError(f"common_micro_batch_count: counts[{r}] = {c!r}; expected an integer >= 0")
         values.append(value)
     return max(values)
 
@@ -49,7 +49,7 @@ def common_micro_batch_count(counts: Sequence[int]) -> int:
 def pad_micro_batches(partitions: Sequence[Sequence[int]], count: int) -> list[list[int]]:
     """``partitions`` followed by empty micro-batches up to ``count`` (a new list)."""
     if len(partitions) > count:
-        raise DataError(f"pad_micro_batches: {len(partitions)} micro-batches already, more than count={count}")
+        raise DataValueError(f"pad_micro_batches: {len(partitions)} micro-batches already, more than count={count}")
     return [list(p) for p in partitions] + [[] for _ in range(count - len(partitions))]
 
 
@@ -129,14 +129,14 @@ def partition_for_data_parallel(lengths_per_rank: Sequence[Any], max_tokens_per_
         max_tokens_per_micro_batch, min_micro_batches, divisible_by, balance, attention_coef)
     ranks = [as_lengths(lengths, name=f"lengths_per_rank[{r}]") for r, lengths in enumerate(lengths_per_rank)]
     if not ranks:
-        raise ConfigError("partition_for_data_parallel: lengths_per_rank is empty (expected one entry per rank)")
+        raise ConfigValueError("partition_for_data_parallel: lengths_per_rank is empty (expected one entry per rank)")
 
     def partition_at(r: int, count: int) -> list[list[int]]:
         try:
             return partition_lengths(ranks[r], cap, min_micro_batches=max(min_mb, count), divisible_by=d,
                                      balance=balance, attention_coef=coef, allow_empty=True)
-        except DataError as exc:
-            raise DataError(f"rank {r}: {exc}") from None
+        except DataValueError as exc:
+            raise DataValueError(f"rank {r}: {exc}") from None
 
     parts = [partition_at(r, 0) for r in range(len(ranks))]
     count = 0

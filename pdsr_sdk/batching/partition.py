@@ -28,7 +28,7 @@ Rules (what callers can rely on)
   cost when balancing it), ties by smallest first index, so the heaviest
   micro-batch runs first and an out-of-memory shows up at once.
 - No samples -> ``[]``. Otherwise micro-batches are never empty: when the
-  options need more micro-batches than there are samples, DataError says so
+  options need more micro-batches than there are samples, DataValueError says so
   (use :func:`pdsr_sdk.batching.pad_micro_batches` or
   :func:`pdsr_sdk.batching.partition_for_data_parallel` if your trainer runs
   empty micro-batches).
@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import ConfigValueError, DataValueError
 
 DEFAULT_ATTENTION_COEF = 24576
 BALANCE_MODES = ("tokens", "attention")
@@ -61,9 +61,9 @@ def as_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
     try:
         arr = np.asarray(lengths)
     except (TypeError, ValueError) as exc:
-        raise DataError(f"{name}: expected a 1-D sequence of integers, got {type(lengths).__name__} ({exc})") from None
+        raise DataValueError(f"{name}: expected a 1-D sequence of integers, got {type(lengths).__name__} ({exc})") from None
     if arr.ndim != 1:
-        raise DataError(f"{name}: expected a 1-D sequence of integers, got shape {arr.shape}")
+        raise DataValueError(f"{name}: expected a 1-D sequence of integers, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, np.int64)
     if arr.dtype.kind in "iu":
@@ -72,21 +72,21 @@ def as_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             i = int(np.argmax(bad))
-            raise DataError(f"{name}[{i}] = {arr[i].item()!r}: expected a whole number of tokens")
+            raise DataValueError(f"{name}[{i}] = {arr[i].item()!r}: expected a whole number of tokens")
         out = arr.astype(np.int64)
     else:
-        raise DataError(f"{name}: expected integers, got dtype {arr.dtype}")
+        raise DataValueError(f"{name}: expected integers, got dtype {arr.dtype}")
     if (out < 0).any():
         i = int(np.argmax(out < 0))
-        raise DataError(f"{name}[{i}] = {int(out[i])}: a length must be >= 0")
+        raise DataValueError(f"{name}[{i}] = {int(out[i])}: a length must be >= 0")
     return out
 
 
 def _int_option(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+        raise ConfigValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
     if value < minimum:
-        raise ConfigError(f"{name}: expected an integer >= {minimum}, got {value}")
+        raise ConfigValueError(f"{name}: expected an integer >= {minimum}, got {value}")
     return int(value)
 
 
@@ -95,7 +95,7 @@ def _check_options(cap, min_micro_batches, divisible_by, balance, attention_coef
     min_micro_batches = _int_option("min_micro_batches", min_micro_batches, 1)
     divisible_by = _int_option("divisible_by", divisible_by, 1)
     if balance not in BALANCE_MODES:
-        raise ConfigError(f"balance: expected one of {', '.join(BALANCE_MODES)}, got {balance!r}")
+        raise ConfigValueError(f"balance: expected one of {', '.join(BALANCE_MODES)}, got {balance!r}")
     attention_coef = _int_option("attention_coef", attention_coef, 0)
     return cap, min_micro_batches, divisible_by, balance, attention_coef
 
@@ -106,7 +106,7 @@ def balance_weights(lengths: np.ndarray, balance: str, attention_coef: int) -> n
         return lengths
     approx = float(np.sum(lengths.astype(np.float64) * (attention_coef + lengths.astype(np.float64))))
     if approx >= _MAX_TOTAL_WEIGHT:
-        raise DataError(
+        raise DataValueError(
             f"lengths: attention costs a*L + L**2 add up to about {approx:.3g}, too large for exact "
             f"int64 balancing (limit 2**60); use balance='tokens' or a smaller attention_coef")
     return lengths * attention_coef + lengths * lengths
@@ -196,7 +196,7 @@ def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, 
 
     ``allow_empty=True`` (data-parallel padding) returns exactly the count the
     rules give even when it exceeds the number of samples, padding with empty
-    micro-batches; otherwise that case raises DataError.
+    micro-batches; otherwise that case raises DataValueError.
     """
     n = lengths.shape[0]
     d = divisible_by
@@ -205,13 +205,13 @@ def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, 
     too_long = np.flatnonzero(lengths > cap)
     if too_long.size:
         i = int(too_long[0])
-        raise DataError(
+        raise DataValueError(
             f"lengths[{i}] = {int(lengths[i])} tokens is longer than max_tokens_per_micro_batch={cap}: "
             f"a sample cannot be split across micro-batches; raise the cap or truncate/drop the sample"
             + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
     total = int(lengths.sum())
     if total >= _MAX_TOTAL_TOKENS:
-        raise DataError(f"lengths: {total} tokens in total, more than supported (2**53)")
+        raise DataValueError(f"lengths: {total} tokens in total, more than supported (2**53)")
     weights = balance_weights(lengths, balance, attention_coef)
     bound = packing_lower_bound(lengths, cap)
     k = -(-max(bound, min_micro_batches) // d) * d
@@ -219,7 +219,7 @@ def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, 
     ffd = None
     while True:
         if k > n and not allow_empty:
-            raise DataError(
+            raise DataValueError(
                 f"lengths: {n} samples cannot fill {k} micro-batches (packing lower bound {bound}, "
                 f"min_micro_batches={min_micro_batches}, divisible_by={d}, max_tokens_per_micro_batch={cap}); "
                 f"partition_by_tokens never returns empty micro-batches: pass fewer/looser options, or use "
@@ -261,10 +261,10 @@ def partition_by_tokens(lengths, max_tokens_per_micro_batch: int, *, min_micro_b
         inside a micro-batch, heaviest micro-batch first. ``[]`` for no samples.
 
     Raises:
-        DataError: a negative or non-integer length, a sample longer than the
+        DataValueError (a DataError and a ValueError): a negative or non-integer length, a sample longer than the
             cap (names its index, length and the cap), or options that need more
             micro-batches than there are samples.
-        ConfigError: a bad option value.
+        ConfigValueError (a ConfigError and a ValueError): a bad option value.
 
     See the module docstring for the exact search rule.
     """
@@ -279,18 +279,18 @@ def inverse_permutation(partitions: Sequence[Sequence[int]]) -> np.ndarray:
     """``inv`` such that ``concat(outputs)[inv]`` is in the original sample order.
 
     ``inv[i]`` is the position of sample i in the micro-batches laid end to end.
-    The partitions must hold each of 0..n-1 exactly once (DataError otherwise).
+    The partitions must hold each of 0..n-1 exactly once (DataValueError otherwise).
     """
     flat = [int(i) for part in partitions for i in part]
     n = len(flat)
     perm = np.asarray(flat, dtype=np.int64)
     if n and (perm.min() < 0 or perm.max() >= n):
         bad = int(perm[(perm < 0) | (perm >= n)][0])
-        raise DataError(f"partitions: index {bad} is outside 0..{n - 1} ({n} indices in all)")
+        raise DataValueError(f"partitions: index {bad} is outside 0..{n - 1} ({n} indices in all)")
     counts = np.bincount(perm, minlength=n)
     if n and (counts != 1).any():
         dup = np.flatnonzero(counts > 1)
-        raise DataError(f"partitions: index {int(dup[0])} appears {int(counts[dup[0]])} times; "
+        raise DataValueError(f"partitions: index {int(dup[0])} appears {int(counts[dup[0]])} times; "
                         f"each sample must appear exactly once")
     inv = np.empty(n, np.int64)
     inv[perm] = np.arange(n, dtype=np.int64)
@@ -312,14 +312,14 @@ def restore_order(per_micro_batch_outputs: Sequence[Any], partitions: Sequence[S
     """
     outputs = list(per_micro_batch_outputs)
     if len(outputs) != len(partitions):
-        raise DataError(f"restore_order: {len(outputs)} outputs for {len(partitions)} micro-batches")
+        raise DataValueError(f"restore_order: {len(outputs)} outputs for {len(partitions)} micro-batches")
     inv = inverse_permutation(partitions)
     kinds = set()
     present = []
     for m, (out, part) in enumerate(zip(outputs, partitions)):
         if out is None:
             if len(part):
-                raise DataError(f"restore_order: output {m} is None but micro-batch {m} has {len(part)} samples")
+                raise DataValueError(f"restore_order: output {m} is None but micro-batch {m} has {len(part)} samples")
             continue
         if _is_tensor(out):
             kinds.add("tensor")
@@ -331,21 +331,21 @@ def restore_order(per_micro_batch_outputs: Sequence[Any], partitions: Sequence[S
             kinds.add("list")
             size = len(out)
         else:
-            raise DataError(f"restore_order: output {m} is a {type(out).__name__}; expected a numpy array, "
+            raise DataValueError(f"restore_order: output {m} is a {type(out).__name__}; expected a numpy array, "
                             f"torch tensor or list")
         if size != len(part):
-            raise DataError(f"restore_order: output {m} has {size} rows along dim 0 but micro-batch {m} "
+            raise DataValueError(f"restore_order: output {m} has {size} rows along dim 0 but micro-batch {m} "
                             f"has {len(part)} samples")
         present.append(out)
     if len(kinds) > 1:
-        raise DataError(f"restore_order: outputs mix {' and '.join(sorted(kinds))}; pass one kind")
+        raise DataValueError(f"restore_order: outputs mix {' and '.join(sorted(kinds))}; pass one kind")
     kind = kinds.pop() if kinds else "list"
     if kind == "list":
         flat = [x for out in present for x in out]
         return [flat[p] for p in inv.tolist()]
     trailing = {tuple(out.shape[1:]) for out in present}
     if len(trailing) > 1:
-        raise DataError(f"restore_order: micro-batch outputs have different trailing shapes "
+        raise DataValueError(f"restore_order: micro-batch outputs have different trailing shapes "
                         f"{sorted(trailing)}; pad them to one shape or pass lists")
     if kind == "array":
         return np.concatenate(present, axis=0)[inv]

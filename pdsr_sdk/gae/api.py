@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import ConfigValueError, DataValueError
 from pdsr_sdk.registry import Registry
 
 CARRY_DTYPES = ("auto", "float32", "float64")
@@ -56,7 +56,7 @@ class GaeBackend(Protocol):
 #: name -> backend class (lazy import paths). ``auto`` is resolved by
 #: :func:`compute_gae`: ``triton`` for CUDA tensors when triton is installed,
 #: else ``torch`` for CUDA tensors, ``numba`` otherwise.
-GAE_BACKENDS: Registry[type] = Registry("GAE backend")
+GAE_BACKENDS: Registry[type] = Registry("GAE backend", register_hint="pdsr_sdk.gae.GAE_BACKENDS.register('name', MyBackend)")
 GAE_BACKENDS.register("reference", "pdsr_sdk.gae.reference:ReferenceGae")
 GAE_BACKENDS.register("numba", "pdsr_sdk.gae.numba_kernel:NumbaGae")
 GAE_BACKENDS.register("torch", "pdsr_sdk.gae.torch_chunk_scan:TorchChunkScanGae")
@@ -93,8 +93,8 @@ def compute_gae(rewards: Any, values: Any, mask: Any, gamma: float, lam: float, 
         threads: CPU threads for the numba backend (None = all available).
 
     The result has the kind (numpy/torch), device and float dtype of the
-    inputs. Bad shapes or dtypes raise :class:`DataError`, bad parameters
-    :class:`ConfigError`.
+    inputs. Bad shapes or dtypes raise :class:`~pdsr_sdk.errors.DataValueError`, bad parameters
+    :class:`~pdsr_sdk.errors.ConfigValueError` (both also ValueErrors).
     """
     _check_params(gamma, lam, chunk_size, carry_dtype, threads)
     kind = _array_kind(rewards, values, mask)
@@ -138,13 +138,13 @@ def _check_params(gamma: Any, lam: Any, chunk_size: Any, carry_dtype: Any, threa
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise ConfigError(f"{key}: expected a number in [0, 1], got {value!r}")
+            raise ConfigValueError(f"{key}: expected a number in [0, 1], got {value!r}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ConfigError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+        raise ConfigValueError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     if str(carry_dtype) not in CARRY_DTYPES:
-        raise ConfigError(f"carry_dtype: expected one of {', '.join(CARRY_DTYPES)}, got {carry_dtype!r}")
+        raise ConfigValueError(f"carry_dtype: expected one of {', '.join(CARRY_DTYPES)}, got {carry_dtype!r}")
     if threads is not None and (not isinstance(threads, (int, np.integer)) or threads < 1):
-        raise ConfigError(f"threads: expected None or an integer >= 1, got {threads!r}")
+        raise ConfigValueError(f"threads: expected None or an integer >= 1, got {threads!r}")
 
 
 def _is_tensor(x: Any) -> bool:
@@ -157,45 +157,45 @@ def _array_kind(rewards: Any, values: Any, mask: Any) -> str:
     kinds = {name: ("torch" if _is_tensor(x) else "numpy") for name, x in named}
     if len(set(kinds.values())) > 1:
         listing = ", ".join(f"{k}={v}" for k, v in kinds.items())
-        raise DataError(f"rewards, values and mask must all be numpy arrays or all torch tensors; got {listing}")
+        raise DataValueError(f"rewards, values and mask must all be numpy arrays or all torch tensors; got {listing}")
     return kinds["rewards"]
 
 
 def _check_shapes(rewards: Any, values: Any, mask: Any) -> tuple[int, int]:
     shape = tuple(rewards.shape)
     if len(shape) != 2:
-        raise DataError(f"rewards must be a 2-D [B, T] array, got shape {shape} "
+        raise DataValueError(f"rewards must be a 2-D [B, T] array, got shape {shape} "
                         f"(for one sequence use rewards[None], values[None], mask[None])")
     for name, x in (("values", values), ("mask", mask)):
         if x is not None and tuple(x.shape) != shape:
-            raise DataError(f"{name} has shape {tuple(x.shape)}, expected the shape of rewards {shape}")
+            raise DataValueError(f"{name} has shape {tuple(x.shape)}, expected the shape of rewards {shape}")
     return shape[0], shape[1]
 
 
 def _check_out(out: Any, kind: str, shape: tuple[int, int], dtype: Any, device: Any = None) -> None:
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise DataError(f"out must be a pair (advantages, returns) of buffers, got {type(out).__name__}")
+        raise DataValueError(f"out must be a pair (advantages, returns) of buffers, got {type(out).__name__}")
     for name, buf in zip(("out[0] (advantages)", "out[1] (returns)"), out):
         buf_kind = "torch" if _is_tensor(buf) else ("numpy" if isinstance(buf, np.ndarray) else type(buf).__name__)
         if buf_kind != kind:
-            raise DataError(f"{name} must be a {kind} array like the inputs, got {buf_kind}")
+            raise DataValueError(f"{name} must be a {kind} array like the inputs, got {buf_kind}")
         if tuple(buf.shape) != shape:
-            raise DataError(f"{name} has shape {tuple(buf.shape)}, expected {shape}")
+            raise DataValueError(f"{name} has shape {tuple(buf.shape)}, expected {shape}")
         if buf.dtype != dtype:
-            raise DataError(f"{name} has dtype {buf.dtype}, expected {dtype} (the result dtype)")
+            raise DataValueError(f"{name} has dtype {buf.dtype}, expected {dtype} (the result dtype)")
         if kind == "numpy" and not (buf.flags.c_contiguous and buf.flags.writeable):
-            raise DataError(f"{name} must be a writeable C-contiguous array")
+            raise DataValueError(f"{name} must be a writeable C-contiguous array")
         if kind == "torch" and buf.device != device:
-            raise DataError(f"{name} is on {buf.device}, expected the inputs' device {device}")
+            raise DataValueError(f"{name} is on {buf.device}, expected the inputs' device {device}")
     if out[0] is out[1]:
-        raise DataError("out[0] and out[1] must be two different buffers")
+        raise DataValueError("out[0] and out[1] must be two different buffers")
 
 
 # --------------------------------------------------------------------------- numpy inputs
 
 def _numpy_float(x: np.ndarray, name: str) -> np.ndarray:
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-        raise DataError(f"{name} must be a float array, got dtype {x.dtype}")
+        raise DataValueError(f"{name} must be a float array, got dtype {x.dtype}")
     return x
 
 
@@ -204,7 +204,7 @@ def _compute_numpy(rewards, values, mask, gamma, lam, backend, chunk_size, carry
     values = _numpy_float(np.asarray(values), "values")
     mask = None if mask is None else np.asarray(mask)
     if mask is not None and not (mask.dtype == np.bool_ or np.issubdtype(mask.dtype, np.number)):
-        raise DataError(f"mask must be a bool or numeric array (nonzero = valid), got dtype {mask.dtype}")
+        raise DataValueError(f"mask must be a bool or numeric array (nonzero = valid), got dtype {mask.dtype}")
     shape = _check_shapes(rewards, values, mask)
     dtype = np.result_type(rewards.dtype, values.dtype)
     dtype = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
@@ -235,12 +235,12 @@ def _compute_torch(rewards, values, mask, gamma, lam, backend, chunk_size, carry
 
     for name, x in (("rewards", rewards), ("values", values)):
         if x.dtype == torch.bool or x.dtype.is_complex:
-            raise DataError(f"{name} must be a float tensor, got dtype {x.dtype}")
+            raise DataValueError(f"{name} must be a float tensor, got dtype {x.dtype}")
     if mask is not None and mask.dtype.is_complex:
-        raise DataError(f"mask must be a bool or numeric tensor (nonzero = valid), got dtype {mask.dtype}")
+        raise DataValueError(f"mask must be a bool or numeric tensor (nonzero = valid), got dtype {mask.dtype}")
     shape = _check_shapes(rewards, values, mask)
     if values.device != rewards.device or (mask is not None and mask.device != rewards.device):
-        raise DataError(f"rewards, values and mask must be on one device; got {rewards.device}, {values.device}"
+        raise DataValueError(f"rewards, values and mask must be on one device; got {rewards.device}, {values.device}"
                         + (f", {mask.device}" if mask is not None else ""))
     device = rewards.device
     dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32

@@ -14,17 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import DataValueError
 
 
 def masked_whiten(values: Any, mask: Any, *, shift_mean: bool = True, eps: float = 1e-8) -> Any:
     """Whiten ``values`` with statistics over entries where ``mask`` is nonzero.
 
     numpy in -> numpy out, tensor in -> tensor out (same device, dtype).
-    Raises :class:`DataError` when fewer than two entries are masked in.
+    Raises :class:`~pdsr_sdk.errors.DataValueError` (a ValueError) when fewer than two entries are masked in.
     """
     if tuple(values.shape) != tuple(mask.shape):
-        raise DataError(f"mask has shape {tuple(mask.shape)}, expected the shape of values {tuple(values.shape)}")
+        raise DataValueError(f"mask has shape {tuple(mask.shape)}, expected the shape of values {tuple(values.shape)}")
     if type(values).__module__.startswith("torch"):
         return _whiten_torch(values, mask, shift_mean, eps)
     x = np.asarray(values)
@@ -57,4 +57,4 @@ def _whiten_torch(values, mask, shift_mean: bool, eps: float):
 
 def _check_count(n: int) -> None:
     if n < 2:
-        raise DataError(f"masked_whiten needs at least 2 masked-in entries for an unbiased variance, got {n}")
+        raise DataValueError(f"masked_whiten needs at least 2 masked-in entries for an unbiased variance, got {n}")

@@ -9,16 +9,18 @@ from typing import Literal
 
 import numpy as np
 
+from pdsr_sdk.errors import ConfigValueError, DataValueError
+
 
 def pad_rows(values: np.ndarray, offsets: np.ndarray, width: int, *, side: Literal["left", "right"] = "right",
              fill=0, dtype=None) -> np.ndarray:
     """Rows ``values[offsets[i]:offsets[i + 1]]`` as a ``[rows, width]`` array, each row's values at its
     right end (``side="left"``: padded on the left, as a prompt is) or its left end (``"right"``), the rest
-    ``fill``. A row longer than ``width`` is an error (the caller names the row)."""
+    ``fill``. A row longer than ``width`` is a :class:`~pdsr_sdk.errors.DataValueError` naming the row (a ValueError)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.diff(offsets)
     if len(lengths) and int(lengths.max()) > width:
-        raise ValueError(f"row {int(np.argmax(lengths))} has {int(lengths.max())} values, more than width {width}")
+        raise DataValueError(f"row {int(np.argmax(lengths))} has {int(lengths.max())} values, more than width {width}")
     out = np.full((len(lengths), int(width)), fill, dtype=dtype or np.asarray(values).dtype)
     col = np.arange(int(width))[None, :]
     if side == "right":
@@ -26,6 +28,6 @@ def pad_rows(values: np.ndarray, offsets: np.ndarray, width: int, *, side: Liter
     elif side == "left":
         mask = col >= (width - lengths)[:, None]
     else:
-        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+        raise ConfigValueError(f"side must be 'left' or 'right', got {side!r}")
     out[mask] = np.asarray(values)[offsets[0]:offsets[-1]] if len(offsets) else values
     return out

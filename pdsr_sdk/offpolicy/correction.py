@@ -36,11 +36,36 @@ def token_versions_of_rows(rows: Iterable[Mapping[str, Any]]) -> list[np.ndarray
     """:func:`token_versions` of every trajectory row (dicts with ``segments`` and ``response_length``,
     e.g. ``table.to_pylist()`` of a ``pdsr rollout`` output)."""
     out = []
-    for row in rows:
-        spans = row["segments"]
+    for i, row in enumerate(rows):
+        missing = [k for k in ("segments", "response_length") if k not in row]
+        spans = row.get("segments") or []
+        missing += sorted({f"segments[].{k}" for s in spans for k in _SPAN_KEYS if k not in s})
+        if missing:
+            which = f"row {i}" + (f" (prompt {row['prompt_id']!r}, sample {row.get('sample_index')})"
+                                  if "prompt_id" in row else "")
+            raise DataValueError(f"token_versions_of_rows: {which} has no {', '.join(missing)}; expected "
+                                 f"trajectory rows with segments (start_token, num_tokens, policy_version) and "
+                                 f"response_length, e.g. out.table.to_pylist() of a step's result")
         out.append(token_versions([s["start_token"] for s in spans], [s["num_tokens"] for s in spans],
                                   [s["policy_version"] for s in spans], row["response_length"]))
     return out
+
+
+_SPAN_KEYS = ("start_token", "num_tokens", "policy_version")
+
+
+def _as_2d(x: Any, name: str, xp: Any, dtype: Any, device: Any = None) -> Any:
+    """``x`` as a [B, T] array (numpy) or tensor (torch); ragged rows are a DataValueError naming ``name``."""
+    try:
+        return xp.as_tensor(x, device=device).detach().to(dtype) if xp is not np else np.asarray(x, dtype)
+    except (ValueError, TypeError) as exc:
+        lengths = [len(r) for r in x] if isinstance(x, (list, tuple)) and all(hasattr(r, "__len__") for r in x) \
+            else None
+        shown = f" (row lengths {', '.join(map(str, lengths[:8]))}{', ...' if len(lengths) > 8 else ''})" \
+            if lengths else ""
+        raise DataValueError(f"importance_weights: {name} must be a [B, T] array or tensor with rows of one length, "
+                             f"got {type(x).__name__}{shown}: {exc}; pad ragged rows first (per_token_logps(...)."
+                             f"padded(width), trainer_batch's layout)") from None
 
 
 def off_policy_share(versions: Any, current: int, mask: Any = None) -> float:
@@ -62,6 +87,8 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
     ``lower`` defaulting to ``1 / upper``. Weights are 0 where ``keep`` is false. Multiply the
     per-token loss by ``weights`` and normalise by ``keep.sum()``, so rejected tokens leave the
     denominator too. Torch tensors in give tensors out on their device (no gradient: the weights are constants of the loss).
+    Ragged rows (lists of unequal length), mismatched shapes and NaN log-probs are a
+    :class:`~pdsr_sdk.errors.DataValueError` naming the argument or row.
     """
     if level not in LEVELS:
         raise ConfigValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
@@ -74,12 +101,13 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
         import torch as xp
 
         lp_t = trainer_logprobs.detach().double()
-        lp_r = xp.as_tensor(rollout_logprobs, device=lp_t.device).detach().double()
-        m = xp.as_tensor(mask, device=lp_t.device).bool()
+        lp_r = _as_2d(rollout_logprobs, "rollout_logprobs", xp, xp.float64, lp_t.device)
+        m = _as_2d(mask, "mask", xp, xp.bool, lp_t.device)
     else:
         xp = np   # type: ignore[assignment]
-        lp_t, lp_r = np.asarray(trainer_logprobs, np.float64), np.asarray(rollout_logprobs, np.float64)
-        m = np.asarray(mask).astype(bool)
+        lp_t = _as_2d(trainer_logprobs, "trainer_logprobs", np, np.float64)
+        lp_r = _as_2d(rollout_logprobs, "rollout_logprobs", np, np.float64)
+        m = _as_2d(mask, "mask", np, np.float64).astype(bool)
     if tuple(lp_t.shape) != tuple(lp_r.shape) or tuple(lp_t.shape) != tuple(m.shape) or lp_t.ndim != 2:
         raise DataValueError(f"expected [B, T] trainer log-probs, rollout log-probs and mask of one shape, got "
                              f"{tuple(lp_t.shape)}, {tuple(lp_r.shape)} and {tuple(m.shape)}")

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import DataError, DataValueError
 from pdsr_sdk.progress import ProgressFactory
 from pdsr_sdk.scoring.backend import ScoreInputs, ScoreMeter, get_backend
 from pdsr_sdk.scoring.config import ScoreOptions
@@ -105,16 +105,16 @@ def as_ragged(rows: Any, name: str) -> Ragged:
     if isinstance(rows, Ragged):
         return rows
     if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__"):
-        raise DataError(f"{name}: expected a sequence of token-id sequences, got {type(rows).__name__}")
+        raise DataValueError(f"{name}: expected a sequence of token-id sequences, got {type(rows).__name__}")
     arrays = []
     for i, row in enumerate(rows):
         if hasattr(row, "detach") and hasattr(row, "cpu"):
             row = row.detach().cpu().numpy()
         arr = np.asarray(row)
         if arr.ndim != 1:
-            raise DataError(f"{name}[{i}]: expected a 1-D sequence of token ids, got shape {arr.shape}")
+            raise DataValueError(f"{name}[{i}]: expected a 1-D sequence of token ids, got shape {arr.shape}")
         if arr.size and arr.dtype.kind not in "iu":
-            raise DataError(f"{name}[{i}]: expected integer token ids, got dtype {arr.dtype}")
+            raise DataValueError(f"{name}[{i}]: expected integer token ids, got dtype {arr.dtype}")
         arrays.append(arr.astype(np.int64, copy=False))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum([len(a) for a in arrays], out=offsets[1:])
@@ -124,23 +124,23 @@ def as_ragged(rows: Any, name: str) -> Ragged:
 
 def validate_rows(prompts: Ragged, completions: Ragged, vocab_size: int, *, prompt_name: str = "prompt_ids",
                   completion_name: str = "completion_ids", where: str = "") -> None:
-    """DataError naming the row for: count mismatch, empty prompt/completion, id outside [0, vocab)."""
+    """DataValueError naming the row for: count mismatch, empty prompt/completion, id outside [0, vocab)."""
     prefix = f"{where}: " if where else ""
     if len(prompts) != len(completions):
-        raise DataError(f"{prefix}{prompt_name} has {len(prompts)} rows but {completion_name} has {len(completions)}")
+        raise DataValueError(f"{prefix}{prompt_name} has {len(prompts)} rows but {completion_name} has {len(completions)}")
     for rag, name, what in ((completions, completion_name, "completion: nothing to score"),
                             (prompts, prompt_name, "prompt: the first completion token needs at least one "
                                                    "token of context")):
         empty = np.flatnonzero(rag.lengths == 0)
         if empty.size:
             more = f" ({empty.size} rows in all)" if empty.size > 1 else ""
-            raise DataError(f"{prefix}row {int(empty[0])}: empty {what} ({name} has no tokens){more}")
+            raise DataValueError(f"{prefix}row {int(empty[0])}: empty {what} ({name} has no tokens){more}")
     for rag, name in ((prompts, prompt_name), (completions, completion_name)):
         bad = np.flatnonzero((rag.values < 0) | (rag.values >= vocab_size))
         if bad.size:
             flat = int(bad[0])
             row = int(np.searchsorted(rag.offsets, flat, side="right") - 1)
-            raise DataError(f"{prefix}row {row}: token id {int(rag.values[flat])} in {name} (position "
+            raise DataValueError(f"{prefix}row {row}: token id {int(rag.values[flat])} in {name} (position "
                             f"{flat - int(rag.offsets[row])}) is outside the model's vocabulary "
                             f"[0, {vocab_size}) (vocab size {vocab_size})")
 
@@ -182,10 +182,10 @@ def per_token_logps(
         ``entropy`` (or None) and ``stats``.
 
     Raises:
-        DataError: mismatched row counts, an empty prompt or completion, a token
+        DataValueError (a DataError and a ValueError): mismatched row counts, an empty prompt or completion, a token
             id outside the vocabulary (each names the row), a model directory
-            without config.json, a sample longer than the token quota.
-        ConfigError: an unknown or invalid option (the message names the key),
+            without config.json (a DataError), a sample longer than the token quota.
+        ConfigValueError (a ConfigError and a ValueError): an unknown or invalid option (the message names the key),
             both ``mbs`` and ``max_tokens_per_micro_batch``, an option the
             backend cannot honour.
     """

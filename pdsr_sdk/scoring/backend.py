@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.scoring.registry import SCORING_BACKENDS
 
@@ -142,6 +142,6 @@ def get_backend(name: str) -> ScoringBackend:
     backend = impl() if isinstance(impl, type) else impl
     if not isinstance(backend, ScoringBackend):
         missing = [m for m in ("check", "load", "vocab_size", "score") if not callable(getattr(backend, m, None))]
-        raise ConfigError(f"backend: {name!r} is not a ScoringBackend (missing method(s): {', '.join(missing)}); "
+        raise ConfigValueError(f"backend: {name!r} is not a ScoringBackend (missing method(s): {', '.join(missing)}); "
                           f"see pdsr_sdk.scoring.backend.ScoringBackend")
     return backend

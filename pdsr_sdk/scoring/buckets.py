@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import ConfigValueError, DataValueError
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def plan_single(lengths: np.ndarray, *, length_bucket: int) -> list[MicroBatch]:
 def plan_fixed(lengths: np.ndarray, mbs: int, *, length_bucket: int) -> list[MicroBatch]:
     """Slices of ``mbs`` in input order; the tail slice is padded to ``mbs`` rows (scheme B)."""
     if mbs < 1:
-        raise ConfigError(f"mbs: expected an integer >= 1, got {mbs}")
+        raise ConfigValueError(f"mbs: expected an integer >= 1, got {mbs}")
     n = len(lengths)
     return [_micro_batch(range(s, min(s + mbs, n)), lengths, length_bucket, rows=mbs) for s in range(0, n, mbs)]
 
@@ -116,13 +116,13 @@ def plan_token_quota(lengths: np.ndarray, max_tokens: int, *, length_bucket: int
     from pdsr_sdk.batching import partition_by_tokens
 
     if max_tokens < 1:
-        raise ConfigError(f"max_tokens_per_micro_batch: expected an integer >= 1, got {max_tokens}")
+        raise ConfigValueError(f"max_tokens_per_micro_batch: expected an integer >= 1, got {max_tokens}")
     padded = np.array([round_up(x, length_bucket) for x in lengths], dtype=np.int64)
     cost = padded if grouping == "length" else lengths
     too_long = np.flatnonzero(cost > max_tokens)
     if too_long.size:
         i = int(too_long[0])
-        raise DataError(
+        raise DataValueError(
             f"sample {i}: prompt + completion = {int(lengths[i])} tokens"
             + (f" (padded to {int(padded[i])}, a multiple of length_bucket={length_bucket})" if grouping == "length" else "")
             + f" does not fit max_tokens_per_micro_batch={max_tokens}; raise the quota"
@@ -140,7 +140,7 @@ def plan_token_quota(lengths: np.ndarray, max_tokens: int, *, length_bucket: int
             for part in partition_by_tokens(group_cost, max_tokens):
                 partitions.append(sorted(int(group[j]) for j in part))
     else:
-        raise ConfigError(f"token_grouping: expected 'length' or 'none', got {grouping!r}")
+        raise ConfigValueError(f"token_grouping: expected 'length' or 'none', got {grouping!r}")
     plan = [_micro_batch(part, lengths, length_bucket) for part in partitions]
     return plan, [list(mb.indices) for mb in plan]
 
@@ -163,7 +163,7 @@ def request_blocks(lengths: np.ndarray, *, mbs: int | None = None, max_tokens: i
     too_long = np.flatnonzero(lengths > max_tokens)
     if too_long.size:
         i = int(too_long[0])
-        raise DataError(f"sample {i}: prompt + completion = {int(lengths[i])} tokens does not fit "
+        raise DataValueError(f"sample {i}: prompt + completion = {int(lengths[i])} tokens does not fit "
                         f"max_tokens_per_micro_batch={max_tokens}; raise the quota")
     blocks, current, total = [], [], 0
     for i, length in enumerate(lengths.tolist()):
@@ -191,17 +191,17 @@ def plan_packed(lengths: np.ndarray, *, mbs: int | None = None, max_tokens: int 
         return []
     if max_tokens is not None:
         if max_tokens < 1:
-            raise ConfigError(f"max_tokens_per_micro_batch: expected an integer >= 1, got {max_tokens}")
+            raise ConfigValueError(f"max_tokens_per_micro_batch: expected an integer >= 1, got {max_tokens}")
         too_long = np.flatnonzero(lengths > max_tokens)
         if too_long.size:
             i = int(too_long[0])
-            raise DataError(f"sample {i}: prompt + completion = {int(lengths[i])} tokens does not fit "
+            raise DataValueError(f"sample {i}: prompt + completion = {int(lengths[i])} tokens does not fit "
                             f"max_tokens_per_micro_batch={max_tokens}; raise the quota"
                             + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
         partitions = partition_by_tokens(lengths, int(max_tokens))
     elif mbs is not None:
         if mbs < 1:
-            raise ConfigError(f"mbs: expected an integer >= 1, got {mbs}")
+            raise ConfigValueError(f"mbs: expected an integer >= 1, got {mbs}")
         partitions = [list(range(s, min(s + mbs, n))) for s in range(0, n, mbs)]
     else:
         partitions = [list(range(n))]

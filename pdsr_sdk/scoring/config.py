@@ -115,7 +115,7 @@ class ScoreOptions(ConfigModel):
 
         ``overrides`` are option keys given as keywords (the old keyword
         ``return_entropy`` means ``entropy``). Any bad or unknown key raises
-        :class:`~pdsr_sdk.errors.ConfigError` naming it.
+        :class:`~pdsr_sdk.errors.ConfigValueError` (a ConfigError and a ValueError) naming it.
         """
         from pdsr_sdk.config import validate_config
         from pdsr_sdk.errors import ConfigError
@@ -129,14 +129,19 @@ class ScoreOptions(ConfigModel):
         elif isinstance(options, Mapping):
             data = dict(options)
         else:
-            raise ConfigError(f"options: expected a ScoreOptions, a mapping of option keys or None, "
+            raise ConfigValueError(f"options: expected a ScoreOptions, a mapping of option keys or None, "
                               f"got {type(options).__name__}")
         for key, value in (overrides or {}).items():
             new = OLD_KEYWORDS.get(key, key)
             if new != key and new in (overrides or {}):
-                raise ConfigError(f"{key} and {new} are the same option ({key} is its old name): give one")
+                raise ConfigValueError(f"{key} and {new} are the same option ({key} is its old name): give one")
             data[new] = value
-        return validate_config(cls, data)
+        try:
+            return validate_config(cls, data)
+        except ConfigError as exc:   # options given in code: a ValueError too, as the SDK's other bad values
+            if isinstance(exc, ValueError):
+                raise
+            raise ConfigValueError(str(exc)) from None
 
     def options(self) -> "ScoreOptions":
         """Just the scoring options (drops the fields a subclass such as :class:`ScoreConfig` adds)."""

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.scoring.backend import BackendOutput, ScoreInputs, ScoreMeter
 from pdsr_sdk.scoring.buckets import MicroBatch
 from pdsr_sdk.scoring.checkpoint import DTYPES as _DTYPES, check_model_dir
@@ -51,9 +51,9 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device: {device!r} requested but torch sees no CUDA device (use 'cpu' or 'auto')")
+        raise ConfigValueError(f"device: {device!r} requested but torch sees no CUDA device (use 'cpu' or 'auto')")
     if not (device == "cpu" or device.startswith("cuda")):
-        raise ConfigError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+        raise ConfigValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
     return device
 
 
@@ -77,7 +77,7 @@ def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto")
 
     path = check_model_dir(model_dir)
     if dtype not in _DTYPES:
-        raise ConfigError(f"dtype: expected one of {', '.join(_DTYPES)}, got {dtype!r}")
+        raise ConfigValueError(f"dtype: expected one of {', '.join(_DTYPES)}, got {dtype!r}")
     device = resolve_device(device)
     from transformers import AutoModelForCausalLM
 
@@ -275,7 +275,7 @@ def check_packing(model, probe_ids: np.ndarray) -> None:
     err = float((logits[:k] - logits[k:]).abs().max())
     if not err <= 64 * eps * scale:
         impl = getattr(getattr(model, "config", None), "_attn_implementation", "?")
-        raise ConfigError(f"pack: this model (attention implementation {impl!r}) does not keep attention inside "
+        raise ConfigValueError(f"pack: this model (attention implementation {impl!r}) does not keep attention inside "
                           f"packed samples (a packed copy of a probe differs by {err:.3g}); use pack=False")
 
 
@@ -348,7 +348,7 @@ def resolve_pad_id(model, pad_id: int | None) -> int:
         pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
         return int(pad_id) if 0 <= pad_id < vocab else 0
     if not 0 <= int(pad_id) < vocab:
-        raise ConfigError(f"pad_id: {pad_id} is not a token id of the model (vocab size {vocab}); "
+        raise ConfigValueError(f"pad_id: {pad_id} is not a token id of the model (vocab size {vocab}); "
                           f"any id in [0, {vocab}) works, it never changes results")
     return int(pad_id)
 

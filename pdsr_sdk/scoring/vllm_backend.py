@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from pdsr_sdk.errors import ConfigError, DataError, EngineError
+from pdsr_sdk.errors import ConfigValueError, DataValueError, EngineError
 from pdsr_sdk.scoring.backend import BackendOutput, ScoreInputs, ScoreMeter
 
 if TYPE_CHECKING:
@@ -89,12 +89,12 @@ def engine_max_model_len(llm) -> int:
 
 def check_options(*, temperature: float, return_entropy: bool) -> None:
     if temperature != 1.0:
-        raise ConfigError(
+        raise ConfigValueError(
             f"temperature: the vllm backend cannot apply temperature={temperature}: vLLM computes prompt "
             f"logprobs from the raw logits (sampling processors, temperature included, are skipped); "
             f"use backend='torch' or temperature=1")
     if return_entropy:
-        raise ConfigError("entropy: the vllm backend has no entropy (prompt logprobs hold only the given "
+        raise ConfigValueError("entropy: the vllm backend has no entropy (prompt logprobs hold only the given "
                           "tokens' log-probs); use backend='torch'")
 
 
@@ -138,7 +138,7 @@ class VllmScoring:
     def check(self, options: ScoreOptions) -> None:
         check_options(temperature=options.temperature, return_entropy=options.entropy)
         if options.pack:
-            raise ConfigError("pack: the vllm backend batches unpadded tokens itself; pack applies to "
+            raise ConfigValueError("pack: the vllm backend batches unpadded tokens itself; pack applies to "
                               "backend='torch'")
 
     def load(self, model_dir: Path, options: ScoreOptions) -> Any:
@@ -179,7 +179,7 @@ class VllmScoring:
             too_long = np.flatnonzero(lengths + 1 > limit)
             if too_long.size:
                 i = int(too_long[0])
-                raise DataError(f"{source + ': ' if source else ''}row {i}: prompt + completion = {int(lengths[i])} "
+                raise DataValueError(f"{source + ': ' if source else ''}row {i}: prompt + completion = {int(lengths[i])} "
                                 f"tokens does not fit the vLLM engine's max_model_len={limit} (needs length + 1)")
             meter.start(len(partitions))
             try:
