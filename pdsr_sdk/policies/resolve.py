@@ -10,9 +10,35 @@ from pydantic import BaseModel
 
 from pdsr_sdk.config import ConfigModel, set_dotted, validate_config
 from pdsr_sdk.config.base import deep_merge
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrError
 from pdsr_sdk.policies import POLICIES
 from pdsr_sdk.policies.presets import load_preset
+from pdsr_sdk.registry import import_object
+
+
+def policy_spec(policy: Any) -> Any:
+    """A config's ``policy`` as given in code -> what the config stores (a string, so that it stays JSON for
+    summaries and ``--resume``). A policy class becomes the name it is registered under
+    (``POLICIES.register("my-policy", MyPolicy)``), else its import path ``"module:Class"`` when that path
+    finds the class; a class that is neither (defined inside a function) is a ConfigValueError saying how to
+    register it. Anything else passes through, for the field's own validation."""
+    if not isinstance(policy, type):
+        return policy
+    name = POLICIES.name_of(policy)
+    if name is not None:
+        return name
+    path = f"{policy.__module__}:{policy.__qualname__}"
+    if "<locals>" not in policy.__qualname__:
+        try:
+            if import_object(path) is policy:
+                return path
+        except PdsrError:
+            pass
+    raise ConfigValueError(
+        f"policy class {policy.__qualname__} (module {policy.__module__}) is not registered and cannot be found "
+        f"again by its import path {path!r}; a policy is stored by name: register the class first "
+        f"(from pdsr_sdk.policies import POLICIES; POLICIES.register('my-policy', {policy.__name__})) and pass it "
+        f"or policy='my-policy', or define it at module level of an importable module")
 
 
 def policy_class(name: str, *, simulation: bool = False) -> tuple[type, dict[str, Any], str | None]:

@@ -106,6 +106,14 @@ class RolloutConfig(StepStreamConfig):
         """Whether steps stream (partial rollout): ``steps``, ``over_provision`` or ``filter_groups`` set."""
         return self.steps is not None or self.over_provision is not None or self.filter_groups is not None
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_class_by_name(cls, policy: Any) -> Any:
+        """A policy class given in code is stored as its registered name or import path (``policy_spec``)."""
+        from pdsr_sdk.policies.resolve import policy_spec
+
+        return policy_spec(policy)
+
     @model_validator(mode="after")
     def _typed_policy_settings(self, info: ValidationInfo) -> "RolloutConfig":
         """Each selected policy's settings (and each one given) validated once, here, and carried typed."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel, validate_config
 from pdsr_sdk.dispatch.config import SegmentConfig, StepStreamConfig
@@ -169,6 +169,14 @@ class SimulateConfig(StepStreamConfig):
     pipeline: bool = Field(False, description="Multi-step: the trainer trains on step k while step k + 1 generates (one step off-policy, as examples/grpo_train.py --pipeline): its update lands in the middle of the next step (the engines stop keeping every token, load for weight_update_s, and go on under the new version), and no step ends before the update for its predecessor (a session's step(wait_for_update=True)), so token ages count at the weights the trainer trains with.")
     restart_lengths: Literal["replay", "redraw"] = Field("redraw", description="Multi-step: the length a restarted sample (too stale, refreshed, or retried by its policy) generates. redraw (the default): a fresh draw, as RL sampling makes one: the response cap with the prompt's chance of reaching it (its group's share, shrunk toward the trace's pooled share by a beta prior fitted to the trace: the pooled share itself where runaways do not cluster by prompt), else one of its group's recorded lengths that did not (pdsr_sdk.sim.redraw; on a real model a response that ran to the cap did again 49% of the times it was drawn afresh, where this predicted 52%: bench/recurrence.py). replay: its recorded length again, as a length-controlled replay on real engines does (bench/partial.py; a response that ran to the cap runs there again).")
     max_partial_share: float | None = Field(None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., 0.5 instead of 0, 0.25, 0.5 and 1, refine it by bisecting the groups in flight between the fastest F whose partial share (consumed tokens from responses carried across a weight update) is at most this and the next one over it, and name the fastest within: the over-provision to run within an off-policy budget. None: no search.")
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_class_by_name(cls, policy: Any) -> Any:
+        """A policy class given in code is stored as its registered name or import path (``policy_spec``)."""
+        from pdsr_sdk.policies.resolve import policy_spec
+
+        return policy_spec(policy)
 
     @model_validator(mode="after")
     def _typed_policy_settings(self, info: ValidationInfo) -> "SimulateConfig":
