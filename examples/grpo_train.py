@@ -168,7 +168,6 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     from transformers import AutoModelForCausalLM
 
     from pdsr_sdk import RolloutSession, grpo_advantages, importance_weights, per_token_logps, trainer_batch
-    from pdsr_sdk.io import pad_rows
 
     if session is None:
         with RolloutSession(rollout_config(s)) as opened:
@@ -212,17 +211,19 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                                 for c, k in zip(comps, sampled)], dtype=np.float64)
             adv = np.asarray(grpo_advantages(rewards, [x.group.prompt_id for x in samples]), dtype=np.float32)
 
-            old = per_token_logps(model, prompts, comps, backend="torch").logps      # the trainer's policy now
-            refl = per_token_logps(ref, prompts, comps, backend="torch").logps
+            old_scores = per_token_logps(model, prompts, comps, backend="torch")     # the trainer's policy now
+            ref_scores = per_token_logps(ref, prompts, comps, backend="torch")
+            old, refl = old_scores.logps, ref_scores.logps                          # one array per sample
             sampler = old if s.update else refl            # the weights the engines sampled with (this version's tokens)
             # the padded batch for the gradient-carrying forward, in verl's layout: prompts left-padded, responses
             # right-padded, the loss mask (sampled tokens), the engine's log-probs and each token's policy version
             batch = trainer_batch(samples, pad_token_id=0).tensors
             ids, attn, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
-            width, offsets = batch["responses"].shape[1], np.cumsum([0] + [len(c) for c in comps])
+            width = batch["responses"].shape[1]
             mask = batch["response_mask"].float()
             eng_t = batch["rollout_log_probs"]
-            old_t, ref_t = (torch.from_numpy(pad_rows(np.concatenate(x), offsets, width)) for x in (old, refl))
+            # the same log-probs in the batch's layout: [B, width], right-padded (-1 on padding)
+            old_t, ref_t = (torch.from_numpy(x.padded(width)) for x in (old_scores, ref_scores))
             # carried tokens came from older weights than the trainer's now
             trainer_version = session.policy_version   # the weights the trainer holds now
             token_version = batch["token_versions"][batch["attention_mask"][:, -width:].bool()].numpy()   # flat

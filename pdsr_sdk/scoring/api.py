@@ -79,6 +79,28 @@ class ScoreResult:
     entropy: list[np.ndarray] | None
     stats: ScoreStats = field(repr=False)
 
+    def padded(self, width: int | None = None, *, fill: float = -1.0, entropy: bool = False) -> np.ndarray:
+        """The log-probs (``entropy=True``: the entropies) as one float32 ``[B, width]`` array in
+        :func:`~pdsr_sdk.rollout.padded.trainer_batch`'s layout: row i is sample i's completion from column 0,
+        right-padded with ``fill`` (-1, as trainer_batch's ``rollout_log_probs``). ``width`` defaults to the
+        longest completion; pass ``trainer_batch(...).tensors["responses"].shape[1]`` to line up with a batch
+        of the same samples (``torch.from_numpy`` makes it a tensor). A row longer than ``width`` is a
+        DataValueError naming it."""
+        from pdsr_sdk.io.padding import pad_rows
+
+        rows = self.logps if not entropy else self.entropy
+        if rows is None:
+            raise DataValueError("ScoreResult.padded(entropy=True): no entropy was computed (pass entropy=True "
+                                 "to per_token_logps)")
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        width = int(lengths.max(initial=0)) if width is None else int(width)
+        if len(lengths) and int(lengths.max()) > width:
+            i = int(np.argmax(lengths))
+            raise DataValueError(f"ScoreResult.padded: sample {i} has {int(lengths[i])} tokens, over width={width}")
+        values = np.concatenate(rows).astype(np.float32) if rows else np.zeros(0, np.float32)
+        return pad_rows(values, offsets, width, fill=fill, dtype=np.float32)
+
 
 # ------------------------------------------------------------------ inputs
 

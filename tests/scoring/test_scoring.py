@@ -565,3 +565,23 @@ def test_score_table_rejects_non_list_column(model):
     config = ScoreConfig(data="in.parquet", out="out.parquet")
     with pytest.raises(DataError, match="column 'response_token_ids' must be a list of integer token ids"):
         score_table(table, config, model, source="in.parquet")
+
+
+def test_score_result_padded_is_trainer_batch_layout():
+    """Ragged log-probs -> [B, width] float32, each row from column 0 and -1 after it, as trainer_batch's
+    rollout_log_probs; a row over the width is named."""
+    from pdsr_sdk.errors import DataValueError
+    from pdsr_sdk.scoring import ScoreResult
+
+    rows = [np.array([-0.5, -1.5], np.float32), np.array([-2.0], np.float32), np.array([-0.1, -0.2, -0.3])]
+    result = ScoreResult(logps=rows, entropy=[np.ones(len(r), np.float32) for r in rows], stats=None)
+    got = result.padded()
+    assert got.dtype == np.float32 and got.shape == (3, 3)
+    np.testing.assert_allclose(got, [[-0.5, -1.5, -1.0], [-2.0, -1.0, -1.0], [-0.1, -0.2, -0.3]], rtol=1e-6)
+    assert result.padded(5, fill=0.0)[1].tolist() == [-2.0, 0.0, 0.0, 0.0, 0.0]
+    assert result.padded(4, entropy=True).tolist() == [[1, 1, -1, -1], [1, -1, -1, -1], [1, 1, 1, -1]]
+    with pytest.raises(DataValueError, match="sample 2 has 3 tokens, over width=2"):
+        result.padded(2)
+    with pytest.raises(DataValueError, match="no entropy was computed"):
+        ScoreResult(logps=rows, entropy=None, stats=None).padded(entropy=True)
+    assert ScoreResult(logps=[], entropy=None, stats=None).padded().shape == (0, 0)
