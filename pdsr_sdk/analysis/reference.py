@@ -122,16 +122,20 @@ def brute_top_k_overlap(rows: list[list[int]], k_pred: int, k_other: int) -> lis
     return out
 
 
+def _longest_task(batch: list[list[int]]) -> tuple[int, list[int], list[int]]:
+    """A batch's longest later sample, the groups holding it, and every group's probe."""
+    later_max = [max(r[1:]) for r in batch]
+    longest = max(later_max)
+    return longest, [i for i, m in enumerate(later_max) if m == longest], [r[0] for r in batch]
+
+
 def brute_batch_capture(rows: list[list[int]], batch_prompts: int, capture_top: int):
     """Per batch (capture probability, E[ratio], E[ratio if missed else 0]) averaged over every probe tie order
     and every choice of the group holding the longest task (tiny batches only)."""
     out = []
     for start in range(0, len(rows), batch_prompts):
         batch = rows[start:start + batch_prompts]
-        later_max = [max(r[1:]) for r in batch]
-        longest = max(later_max)
-        holders = [i for i, m in enumerate(later_max) if m == longest]
-        probes = [r[0] for r in batch]
+        longest, holders, probes = _longest_task(batch)
         orders = _tie_orders(len(batch))
         hits = ratio = miss_ratio = 0.0
         for o in orders:
@@ -170,10 +174,7 @@ def naive_batch_capture(rows: list[list[int]], batch_prompts: int, capture_top: 
     out = []
     for start in range(0, len(rows), batch_prompts):
         batch = rows[start:start + batch_prompts]
-        later_max = [max(r[1:]) for r in batch]
-        longest = max(later_max)
-        holders = [i for i, m in enumerate(later_max) if m == longest]
-        probes = [r[0] for r in batch]
+        longest, holders, probes = _longest_task(batch)
         in_top = naive_top_k_probs(probes, min(capture_top, len(batch)))
         capture = sum(in_top[h] for h in holders) / len(holders)
         ratios = {h: longest / max(probes[h], 1) for h in holders}
