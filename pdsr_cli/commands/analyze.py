@@ -93,8 +93,30 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
                f"{dv['cap_median']:.0f}); {dv['fast_prompts_broke']} of {dv['fast_prompts']} fast prompts had a break; "
                f"{100 * (dv['wasted_token_frac'] or 0):.1f}% of tokens wasted before breaks")
     click.echo(format_table(tables["dispatch"]))
+    click.echo("\n" + _v3_ranking_words(trace.matrix()))
     click.echo("")
     for path in [json_path, *plots]:
         click.echo(f"wrote {path}")
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)
+
+
+def _v3_ranking_words(lengths) -> str:
+    """What v3's ranking rule would decide on this trace: the correlation it measures (log probe length against log
+    sibling length, over its window of pairs, in trace order) against its threshold, with the default settings."""
+    from pdsr_sdk.policies.probe_correlation import window_correlations
+    from pdsr_sdk.policies.v3.settings import RankingSettings
+
+    rank = RankingSettings()
+    values = window_correlations(lengths, rank.correlation_window, rank.min_pairs)
+    if not values:
+        return (f"v3 (default settings): the trace holds fewer than ranking.min_pairs = {rank.min_pairs} "
+                f"probe/sibling pairs, so v3 would run it in queue order, as baseline")
+    above = sum(v >= rank.min_correlation for v in values) / len(values)
+    verdict = ("ranks waiting work by the probe throughout" if above == 1.0 else
+               "runs in queue order throughout, as baseline (the probe predicts too little to rank by)" if above == 0.0
+               else f"ranks by the probe {above:.0%} of the time, else runs in queue order")
+    return (f"v3 (default settings): the correlation of log probe length with log sibling length, over its window "
+            f"of {rank.correlation_window:,} pairs, reads from {min(values):.2f} to {max(values):.2f} "
+            f"(last {values[-1]:.2f}) "
+            f"against ranking.min_correlation = {rank.min_correlation:g}: v3 {verdict}")

@@ -40,3 +40,17 @@ class ProbeCorrelation:
         sx, sy, sxx, syy, sxy = self.sums
         vx, vy = sxx - sx * sx / n, syy - sy * sy / n
         return (sxy - sx * sy / n) / math.sqrt(vx * vy) if vx > 0 and vy > 0 else 0.0
+
+
+def window_correlations(lengths, window: int, min_pairs: int) -> list[float]:
+    """The correlation a :class:`ProbeCorrelation` of ``window`` pairs reads after each group of ``lengths`` (a
+    G x N matrix, sample 0 the probe) completes in trace order, once it holds ``min_pairs`` pairs: what v3's
+    ranking would decide on over the trace (``pdsr analyze``'s verdict)."""
+    pairs = ProbeCorrelation(window)
+    out = []
+    for row in lengths:
+        for length in row[1:]:
+            pairs.add(int(row[0]), int(length))
+        if len(pairs) >= min_pairs:
+            out.append(pairs.value())
+    return out

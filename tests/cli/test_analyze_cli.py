@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from support import ROOT
 from pdsr_cli.main import cli
 from pdsr_sdk.analysis import AnalyzeConfig, analyze_trace
-from pdsr_sdk.traces import read_trace, synth_trace, write_trace_jsonl
+from pdsr_sdk.traces import LengthTrace, read_trace, synth_trace, write_trace_jsonl
 
 EXAMPLE = ROOT / "examples" / "traces" / "synth_256x8.jsonl"
 PLOTS = {"lengths_hist.png", "probe_vs_later.png", "cv_hist.png"}
@@ -192,3 +193,19 @@ def test_degenerate_trace_says_na(tmp_path):
     capture_line = next(line for line in result.stdout.splitlines() if line.startswith("batch capture"))
     assert " n/a " in recall_line and " n/a " in capture_line and "100" not in recall_line + capture_line
     assert "warning: every length is 300: there is nothing to rank" in result.stderr
+
+
+def test_analyze_says_whether_v3_would_rank_by_the_probe(tmp_path):
+    informative = write_trace_jsonl(synth_trace(groups=64, seed=5), tmp_path / "i.jsonl")
+    rng = np.random.default_rng(0)
+    noise = LengthTrace.from_matrix(rng.integers(1, 2000, size=(64, 8)), prompt_ids=[f"p{i}" for i in range(64)],
+                                    prompt_lens=np.full(64, 10))
+    blind = write_trace_jsonl(noise, tmp_path / "n.jsonl")
+    said = {}
+    for name, path in (("informative", informative), ("blind", blind)):
+        r = _run(str(path), "--no-plots", "--out-dir", str(tmp_path / name))
+        assert r.exit_code == 0, r.output
+        said[name] = next(line for line in r.output.splitlines() if line.startswith("v3 (default settings)"))
+    assert "v3 ranks waiting work by the probe throughout" in said["informative"]
+    assert "v3 runs in queue order throughout, as baseline" in said["blind"]
+    assert "ranking.min_correlation = 0.3" in said["blind"]

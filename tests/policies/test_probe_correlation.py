@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pdsr_sdk.policies.probe_correlation import ProbeCorrelation
+from pdsr_sdk.policies.probe_correlation import ProbeCorrelation, window_correlations
 
 
 def two_pass(pairs):
@@ -50,3 +50,20 @@ def test_no_spread_reads_as_no_signal():
     for length in (10, 50, 300):
         corr.add(100, length)          # every probe the same: nothing to predict from
     assert corr.value() == 0.0
+
+
+@pytest.mark.parametrize("window, min_pairs", [(16, 4), (64, 64), (1024, 2)])
+def test_window_correlations_are_the_windows_read_after_each_group(window, min_pairs):
+    """What `pdsr analyze` reports of v3's ranking: after each group, the two-pass correlation of the last
+    ``window`` (log1p probe, log1p sibling) pairs, once ``min_pairs`` are held."""
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 3000, size=(40, 6))
+    got = window_correlations(lengths, window, min_pairs)
+    pairs = [(math.log1p(row[0]), math.log1p(x)) for row in lengths for x in row[1:]]
+    want = []
+    for g in range(len(lengths)):
+        held = pairs[:(g + 1) * 5][-window:]
+        if len(held) >= min_pairs:
+            xs, ys = np.array(held, dtype=np.float64).T
+            want.append(float(np.corrcoef(xs, ys)[0, 1]))
+    assert got == pytest.approx(want, abs=1e-6)   # running sums against two passes
