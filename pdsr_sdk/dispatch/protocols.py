@@ -54,6 +54,11 @@ class EngineListener(Protocol):
         speculative decoding that counts them (only then is it passed).
         """
 
+    def on_request_failed(self, engine: "Engine", request_id: str, error: str) -> None:
+        """Optional (an engine checks for it): the engine refused this one request (a bad prompt; ``error``
+        says why) and goes on serving; it gets no ``on_segment_end``. A listener without it hears such a
+        refusal as ``on_engine_dead``."""
+
     def on_engine_dead(self, engine: "Engine", error: Exception) -> None:
         """Called once when the engine can no longer serve; its open requests get no
         ``on_segment_end``. ``error`` is a :class:`~pdsr_sdk.errors.EngineError`."""

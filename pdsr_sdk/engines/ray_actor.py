@@ -92,6 +92,7 @@ class SegmentEnd:
     request_id: str
     finish_reason: str
     speculation: tuple[int, int] | None = None   # (drafted, accepted) tokens, from an engine that counts them
+    error: str | None = None   # the engine refused the request (a bad prompt): why; its sample fails
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,10 @@ class EngineActor:
     def on_segment_end(self, engine, request_id: str, finish_reason: str, *,
                        speculation: tuple[int, int] | None = None) -> None:
         self._ends.append(SegmentEnd(request_id, finish_reason, speculation))
+        self._wake()
+
+    def on_request_failed(self, engine, request_id: str, error: str) -> None:
+        self._ends.append(SegmentEnd(request_id, "failed", None, error))
         self._wake()
 
     def on_engine_dead(self, engine, error: BaseException) -> None:

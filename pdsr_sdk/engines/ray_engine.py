@@ -302,7 +302,9 @@ class RayEngine(ModelEngine):
             for delta in news.tokens:
                 listener.on_tokens(self, delta.request_id, len(delta.token_ids), delta.token_ids, delta.logprobs)
             for end in news.ends:
-                if end.speculation is None:
+                if end.error is not None:
+                    listener.on_request_failed(self, end.request_id, end.error)
+                elif end.speculation is None:
                     listener.on_segment_end(self, end.request_id, end.finish_reason)
                 else:
                     listener.on_segment_end(self, end.request_id, end.finish_reason, speculation=end.speculation)

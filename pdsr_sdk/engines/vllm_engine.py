@@ -296,6 +296,11 @@ class VllmEngine(VllmControl, ModelEngine):
             if self._is_dead(exc):
                 self._die(exc)
                 return
+            if _refused(exc) and hasattr(listener, "on_request_failed"):
+                # vLLM refused this request (an empty prompt, a token out of vocabulary, a context past
+                # max_model_len): its sample fails, the engine goes on serving the others
+                listener.on_request_failed(self, request.request_id, f"{type(exc).__name__}: {exc}")
+                return
             listener.on_engine_dead(self, EngineError(
                 self.name, f"request {request.request_id} failed: {type(exc).__name__}: {exc}",
                 remote_traceback=self._read_error()))
@@ -343,6 +348,14 @@ class VllmEngine(VllmControl, ModelEngine):
         except OSError:
             return None
         return text[-20000:] or None
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether vLLM refused the request itself (its validation, or admission control: a 4xx error) rather than
+    failed serving it."""
+    from vllm.exceptions import VLLMClientError
+
+    return isinstance(exc, VLLMClientError)
 
 
 def _fmt(value: float) -> str:

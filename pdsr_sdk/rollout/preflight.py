@@ -110,3 +110,68 @@ def split_long_prompts(records: list, config, limit: int | None, source: str, da
                         f"or lower --max-tokens")
     skipped = {id(r) for r in long}
     return [r for r in records if id(r) not in skipped], long
+
+
+#: a session's engines get ``sampling.max_tokens`` plus this many tokens of context (their max_model_len) unless
+#: the config sets one (``engine_defaults.max_model_len``, ``engines[i].max_model_len``): room for the prompt
+SESSION_PROMPT_ROOM = 1024
+
+
+def model_vocab_size(model_dir: str | Path) -> int | None:
+    """The model's vocabulary size from its config.json (``vocab_size``, also under ``text_config``); None if it
+    names none."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for where in (cfg, cfg.get("text_config") or {}):
+        if isinstance(where.get("vocab_size"), int) and where["vocab_size"] > 0:
+            return where["vocab_size"]
+    return None
+
+
+def session_context(config, engines: list, given: bool) -> tuple[int | None, str]:
+    """The longest context (prompt + response) a session's engines take, and what sets it, said as the setting
+    that raises it (for the error naming a prompt too long)."""
+    specs = [(e.spec.max_model_len, e.spec.name) for e in engines if getattr(e, "spec", None) is not None
+             and isinstance(getattr(e.spec, "max_model_len", None), int)]
+    if not specs:
+        return None, ""
+    limit, name = min(specs)
+    if given:
+        return limit, f"the max_model_len of engine {name!r} (engines passed to the session: start them with a longer one)"
+    if config.engines:
+        i = next(i for i, s in enumerate(config.engines) if s.name == name)
+        return limit, f"engines[{i}].max_model_len"
+    if isinstance(config.engine_defaults.get("max_model_len"), int):
+        return limit, "engine_defaults.max_model_len"
+    return limit, (f"the session's default, sampling.max_tokens + {SESSION_PROMPT_ROOM}; raise it with "
+                   f"engine_defaults={{'max_model_len': ...}}")
+
+
+def prompt_limits(config, tokenizer, model_dir: str, engines: list, given: bool) -> tuple[int, int | None, str]:
+    """What :func:`check_prompt_ids` checks a session's prompts against: (vocabulary size: the larger of the
+    tokenizer's and the model's, as vLLM takes it; context limit; what sets the limit)."""
+    vocab = max(len(tokenizer), model_vocab_size(model_dir) or 0)
+    return (vocab, *session_context(config, engines, given))
+
+
+def check_prompt_ids(records: list, *, vocab: int | None, limit: int | None, source: str, max_tokens: int,
+                     where: str) -> None:
+    """Every record's token ids are a non-empty list of ints in ``[0, vocab)`` whose count plus the response budget
+    (``max_tokens``, or its forced lengths) fits ``limit``: a DataError naming the prompt id otherwise, before
+    anything reaches an engine (which would refuse it)."""
+    for r in records:
+        ids, at = r.token_ids, f"{where}: prompt {r.prompt_id!r}"
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or not len(ids):
+            raise DataError(f"{at}: token_ids must be a non-empty list of token ids; got {ids!r:.80}")
+        for t in ids:
+            if isinstance(t, bool) or not hasattr(t, "__index__"):
+                raise DataError(f"{at}: token_ids must be ints; got {t!r:.40} ({type(t).__name__})")
+            if t < 0 or (vocab is not None and t >= vocab):
+                raise DataError(f"{at}: token id {int(t)} is out of the vocabulary (ids 0 to {vocab - 1 if vocab else '...'})")
+        budget = max(r.target_lengths) if r.target_lengths else max_tokens
+        if limit is not None and len(ids) + budget > limit:
+            raise DataError(f"{at}: {len(ids)} prompt tokens + {budget} response tokens (sampling.max_tokens) = "
+                            f"{len(ids) + budget} exceed the engines' context of {limit} tokens ({source}); shorten "
+                            f"the prompt or lower sampling.max_tokens")

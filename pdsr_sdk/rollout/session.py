@@ -33,6 +33,7 @@ from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.aio import LoopThread, failures
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
+from pdsr_sdk.rollout.preflight import SESSION_PROMPT_ROOM, check_prompt_ids, prompt_limits
 from pdsr_sdk.rollout.results import BatchResult, SessionHooks, StepResult
 from pdsr_sdk.rollout.session_callbacks import RunCallbacks
 from pdsr_sdk.rollout.session_engines import EngineControl
@@ -100,6 +101,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         self._fatal: asyncio.Future | None = None
         self._started = False
         self._tokenizer = None
+        self._prompt_limits: tuple | None = None   # (vocabulary, context, its source): set at the first prompts
         self._init_rewards(reward)   # a reward pdsr cannot call is an error here, before any engine
         self._thread: LoopThread | None = None
         self._init_engine_control()
@@ -229,7 +231,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             self.engines = list(self._given_engines)
         else:
             model_dir = self._model_dir()
-            needed = max_model_len or (cfg.sampling.max_tokens + 1024)
+            needed = max_model_len or (cfg.sampling.max_tokens + SESSION_PROMPT_ROOM)
             self.engine_specs = engine_layout(cfg, required_pools=self.policy_cls.required_pools,
                                               cpu=is_cpu_build(), max_model_len=needed)
             speculative = cfg.vllm_speculative_config()
@@ -350,11 +352,22 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         sample with it, multi-turn; default: the session's agent, if any)."""
         if not self._started:
             await self.start()
+        self._check_prompts(records)
         groups = build_groups(records, n or self.config.sampling.n, self.config.sampling.max_tokens)
         fn = self.agent if agent is None else _load_agent(agent)
         if fn is not None:
             self.agents.prepare(groups, fn)
         return await self.run_groups(groups)
+
+    def _check_prompts(self, records: list[PromptRecord]) -> None:
+        """A prompt the engines would refuse (no ids, an id out of vocabulary, too long) is a DataError naming it,
+        raised before anything reaches an engine: the session goes on."""
+        if self._prompt_limits is None:
+            self._prompt_limits = prompt_limits(self.config, self.tokenizer, self._model_dir(), self.engines,
+                                                self._given_engines is not None)
+        vocab, limit, source = self._prompt_limits
+        check_prompt_ids(records, vocab=vocab, limit=limit, source=source,
+                         max_tokens=self.config.sampling.max_tokens, where=f"step {self.run.batch_index}")
 
     async def run_groups(self, groups: list[Group]) -> BatchResult:
         self.give_history(groups)

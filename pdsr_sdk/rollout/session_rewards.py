@@ -71,11 +71,12 @@ class SessionRewards:
 
     def _agent_score(self, sample: Sample) -> tuple[float | None, str | None, str | None] | None:
         """A multi-turn sample's reward when its agent decided it: (reward, extra as JSON, error); None when the
-        reward function scores it (see RewardRunner's ``given``)."""
+        reward function scores it (see RewardRunner's ``given``). A failed sample (its agent failed, or an engine
+        refused its request) has none."""
         import json
 
         if sample.turns is None:
-            return None
+            return (None, None, None) if sample.finish_reason == FAILED else None
         outcome = self.agents.outcomes.pop(sample, None)
         if sample.finish_reason == FAILED:
             return None, None, None   # no reward; the row's error says why

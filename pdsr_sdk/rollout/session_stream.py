@@ -180,6 +180,7 @@ class StreamSteps:
         step = self.run.batch_index
         records = prompt_records(items, self.config.data, self.tokenizer, id_prefix=f"s{step}-p",
                                  where=f"step {step} prompts")
+        self._check_prompts(records)
         groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
         if self._step_agent is not None:
             self.agents.prepare(groups, self._step_agent)

@@ -10,7 +10,7 @@ from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.scheduler.pause import Pausing
 from pdsr_sdk.dispatch.scheduler.slots import Run
 from pdsr_sdk.dispatch.scheduler.turns import Turns
-from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, Sample
+from pdsr_sdk.dispatch.types import ABORT, FAILED, LENGTH, STOP, Sample
 from pdsr_sdk.errors import EngineError
 
 
@@ -55,6 +55,25 @@ class EngineEvents(Pausing, Turns):
         if speculation is not None:
             seg.drafted_tokens, seg.accepted_tokens = speculation
         self.guarded(self._after_segment, run, finish_reason)
+        self._pump()
+        if self.paused is not None:
+            self._check_drained()
+
+    def on_request_failed(self, engine: Engine, request_id: str, error: str) -> None:
+        """The engine refused one request (vLLM's validation: an empty prompt, a token out of vocabulary, a
+        context past its ``max_model_len``): its sample fails (finish reason ``failed``, ``sample.error`` saying
+        why) and the engine goes on serving the others."""
+        run = self._runs.pop(request_id, None)
+        if run is None:
+            return
+        sample = run.sample
+        del self._run_of[sample]
+        self._release_slot(engine, request_id)
+        seg = sample.segments[-1]
+        seg.end_time_s = self.clock.now()
+        seg.end_reason = FAILED
+        sample.error = f"engine {engine.name!r} refused request {request_id}: {error}"[:2000]
+        self.guarded(self._finish, sample, FAILED)
         self._pump()
         if self.paused is not None:
             self._check_drained()
