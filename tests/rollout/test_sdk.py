@@ -246,3 +246,31 @@ def test_the_readme_trainer_snippet_runs_as_written(tmp_path):
     # step, the policy version of its segments, rows (B=4 x N=4), tokens/s
     assert [(line[0], line[1], line[2]) for line in lines] == [("0", "0", "16"), ("1", "1", "16")]
     assert "Traceback" not in out.stderr
+
+
+@requires_torch
+def test_a_prompt_past_the_sessions_context_names_the_setting_that_raises_it(tiny_model_dir):
+    """The automatic layout gives a session's engines ``sampling.max_tokens + 1024`` tokens of context
+    (docs/sdk.md): a longer prompt is a DataError naming it, the limit and ``engine_defaults.max_model_len``
+    (the session goes on); with that set, the same prompt runs (fake engines from the layout)."""
+    from pdsr_sdk import RolloutConfig, RolloutSession
+    from pdsr_sdk.rollout.data import PromptRecord
+
+    def config(**defaults):
+        return RolloutConfig(model=str(tiny_model_dir), policy="baseline", fast=1, heavy=0,
+                             sampling={"n": 2, "max_tokens": 16},
+                             engine_defaults={"backend": "fakes:LoopEngine", **defaults})
+
+    long = PromptRecord("long", "", [5] * 1100)
+    with RolloutSession(config()) as session:
+        assert [e.spec.max_model_len for e in session.engines] == [16 + 1024]
+        with pytest.raises(DataError, match=r"step 0: prompt 'long': 1100 prompt tokens \+ 16 response tokens "
+                                            r"\(sampling.max_tokens\) = 1116 exceed the engines' context of 1040 "
+                                            r"tokens \(the session's default, sampling.max_tokens \+ 1024; raise it "
+                                            r"with engine_defaults=\{'max_model_len': \.\.\.\}\)"):
+            session.step([long])
+        assert len(session.step([PromptRecord("short", "", [5] * 1000)]).samples) == 2
+    with RolloutSession(config(max_model_len=2048)) as session:
+        assert len(session.step([long]).samples) == 2
+        with pytest.raises(DataError, match=r"context of 2048 tokens \(engine_defaults.max_model_len\)"):
+            session.step([PromptRecord("longer", "", [5] * 2040)])
