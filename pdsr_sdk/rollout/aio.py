@@ -4,9 +4,12 @@ every engine at once."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import threading
 from typing import Awaitable, Iterable
+
+from pdsr_sdk.errors import RunError
 
 
 async def failures(calls: Iterable[Awaitable]) -> list[BaseException]:
@@ -31,17 +34,33 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="pdsr-session", daemon=True)
         self.thread.start()
+        self._calls: set[concurrent.futures.Future] = set()   # calls running now (several threads may call)
+        self._stopping = False
 
     def call(self, coro):
+        if self._stopping:
+            coro.close()
+            raise RunError("the session is closed; open a new RolloutSession")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        self._calls.add(future)
         try:
             return future.result()
+        except concurrent.futures.CancelledError:
+            if self._stopping:   # stop() ended it: the caller hears why, not a bare cancellation
+                raise RunError("the session was closed while this call waited") from None
+            raise
         except BaseException:
             # Ctrl-C or an error here: stop the coroutine too (its engines are closed by __exit__)
             future.cancel()
             raise
+        finally:
+            self._calls.discard(future)
 
     def stop(self) -> None:
+        """Stop the loop; a call still waiting on it (a step blocked in another thread) ends with a RunError."""
+        self._stopping = True
+        for future in list(self._calls):
+            future.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=60)
         if not self.thread.is_alive():

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.io.tables import read_table
 
 #: looked for in this order when no column is named (verl: prompt as chat messages, reward_model.ground_truth;
@@ -275,6 +275,17 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
         seen[record.prompt_id] = i
         records.append(record)
     return records
+
+
+def group_size(n: Any, default: int) -> int:
+    """A step's ``n`` (samples per prompt; None: ``default``, the config's ``sampling.n``): an int of at least 1,
+    else a ConfigValueError naming it (0 is no "use the default")."""
+    if n is None:
+        return default
+    if isinstance(n, bool) or not hasattr(n, "__index__") or n < 1:
+        raise ConfigValueError(f"n (samples per prompt) must be an int >= 1, or None for config.sampling.n "
+                               f"({default}); got {n!r}")
+    return int(n)
 
 
 def build_groups(records: list[PromptRecord], n: int, max_tokens: int) -> list[Group]:

@@ -32,7 +32,7 @@ from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.aio import LoopThread, failures
-from pdsr_sdk.rollout.data import PromptRecord, build_groups, prompt_records
+from pdsr_sdk.rollout.data import PromptRecord, build_groups, group_size, prompt_records
 from pdsr_sdk.rollout.preflight import SESSION_PROMPT_ROOM, check_prompt_ids, prompt_limits
 from pdsr_sdk.rollout.results import BatchResult, SessionHooks, StepResult
 from pdsr_sdk.rollout.session_callbacks import RunCallbacks
@@ -100,6 +100,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         self.run: DispatchRun | None = None
         self._fatal: asyncio.Future | None = None
         self._started = False
+        self._closed = False   # close() ran: every later call is refused
         self._tokenizer = None
         self._prompt_limits: tuple | None = None   # (vocabulary, context, its source): set at the first prompts
         self._init_rewards(reward)   # a reward pdsr cannot call is an error here, before any engine
@@ -197,6 +198,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         """Run ``coro`` on the session's background loop (synchronous API)."""
         if self._thread is None:
             coro.close()
+            self._check_usable(what)   # closed: say so, not "open it first"
             try:
                 asyncio.get_running_loop()
                 inside = True
@@ -218,6 +220,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
     async def start(self, *, max_model_len: int | None = None) -> None:
         """Build and start the engines (at once; each engine process is pinned when it is spawned)."""
+        self._check_usable("start")
         if self._started:
             return
         from pdsr_sdk.engines import build_engine
@@ -266,7 +269,10 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
     async def close(self) -> None:
         """Close the engines this session built (engines passed in belong to the caller) and free the
-        shared-memory block weight updates used."""
+        shared-memory block weight updates used. A call still waiting (a step in another thread or task) ends with
+        a RunError; the session refuses every call after."""
+        self._closed = True
+        self._set_fatal(RunError("the session was closed while this call waited"))
         if self._weights_block is not None:
             self._weights_block.close()
             self._weights_block = None
@@ -313,6 +319,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
         ``agent``: ``async def run(agent)`` run for each sample of this step (multi-turn; default: the
         session's agent, if any; see :mod:`pdsr_sdk.agent`)."""
+        self._check_usable("step")
+        n = group_size(n, self.config.sampling.n)
         if agent is not None and self.streaming:
             from pdsr_sdk.rollout.config import check_agent_streaming
 
@@ -350,10 +358,11 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
                        agent: Callable[..., Any] | None = None) -> BatchResult:
         """Run one batch of prompt records to completion and return its groups and costs (``agent``: run each
         sample with it, multi-turn; default: the session's agent, if any)."""
+        self._check_usable("generate")
         if not self._started:
             await self.start()
         self._check_prompts(records)
-        groups = build_groups(records, n or self.config.sampling.n, self.config.sampling.max_tokens)
+        groups = build_groups(records, group_size(n, self.config.sampling.n), self.config.sampling.max_tokens)
         fn = self.agent if agent is None else _load_agent(agent)
         if fn is not None:
             self.agents.prepare(groups, fn)

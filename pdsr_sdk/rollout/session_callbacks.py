@@ -4,6 +4,7 @@ sample or a group finished, a status line, a fatal error."""
 from __future__ import annotations
 
 from pdsr_sdk.dispatch.types import DROPPED, Group, Sample
+from pdsr_sdk.errors import RunError
 
 
 class RunCallbacks:
@@ -42,3 +43,13 @@ class RunCallbacks:
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_result(exc)
+
+    def _check_usable(self, what: str) -> None:
+        """A closed session, or one a fatal error ended (a policy's exception, a pool's last engine lost), refuses
+        every call with a RunError saying so (the error that ended it is its cause)."""
+        if self._closed:
+            raise RunError(f"{what}: this session is closed; open a new RolloutSession")
+        if self._fatal is not None and self._fatal.done():
+            cause = self._fatal.result()
+            raise RunError(f"{what}: the session failed earlier ({type(cause).__name__}: {cause}) and cannot go on; "
+                           f"close it and open a new RolloutSession") from cause

@@ -51,6 +51,7 @@ class EngineControl:
         from pdsr_sdk.engines.weights import WeightsBlock, stage_weights
         from pdsr_sdk.engines.weights_check import ModelWeights
 
+        self._check_usable("update_weights")
         if not self._started:
             raise RunError("update_weights: start the session first")
         if self._asleep:
@@ -117,6 +118,7 @@ class EngineControl:
         ``keep``, the engines' prefix caches are reset, as :meth:`aupdate_weights` does (``pdsr rollout --steps``
         and the benchmarks stand in for a trainer with it). Between steps, or while paused with nothing running.
         Returns the new version."""
+        self._check_usable("next_version")
         if not self._started or self.scheduler is None:
             raise RunError("next_version: start the session first")
         if not self._keep_kv:

@@ -73,7 +73,7 @@ class StreamSteps:
         self.run.begin_span()
         if self._stream is None:
             b = cfg.step_groups or cfg.batch_size
-            self._stream_n = n or cfg.sampling.n
+            self._stream_n = n   # checked by astep (None: config.sampling.n)
             self._stream = StepStream(
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,

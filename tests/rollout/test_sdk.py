@@ -274,3 +274,108 @@ def test_a_prompt_past_the_sessions_context_names_the_setting_that_raises_it(tin
         assert len(session.step([long]).samples) == 2
         with pytest.raises(DataError, match=r"context of 2048 tokens \(engine_defaults.max_model_len\)"):
             session.step([PromptRecord("longer", "", [5] * 2040)])
+
+
+def fake_config(tiny_model_dir, **kw):
+    """Two fake engines from the config (tests/fakes.py: responses run to max_tokens), the default policy (v3)."""
+    from pdsr_sdk import RolloutConfig
+
+    return RolloutConfig(model=str(tiny_model_dir), batch_size=2, sampling={"n": 2, "max_tokens": 8},
+                         engines=[{"name": "fast-0", "pool": "fast", "backend": "fakes:LoopEngine"},
+                                  {"name": "heavy-0", "pool": "heavy", "backend": "fakes:LoopEngine"}], **kw)
+
+
+@requires_torch
+def test_a_bad_n_is_an_error_naming_it_and_a_failed_session_says_so_on_every_later_call(tiny_model_dir):
+    """``n`` is an int >= 1 (None: config.sampling.n): else a ConfigValueError naming it, and the session goes on
+    (n=-1 used to fail inside v3's placement, and every later step raised the same IndexError). After a fatal
+    error (here a hook that raises inside the dispatch run) every later call is a RunError saying the session
+    failed, why, and to open a new one."""
+    from pdsr_sdk import RolloutSession
+    from pdsr_sdk.errors import ConfigValueError
+
+    with RolloutSession(fake_config(tiny_model_dir)) as session:
+        for n in (-1, 0, "2", 1.5, True):
+            with pytest.raises(ConfigValueError, match=rf"n \(samples per prompt\) must be an int >= 1, or None "
+                                                       rf"for config.sampling.n \(2\); got {re.escape(repr(n))}"):
+                session.step(["x"], n=n)
+        assert len(session.step(["x"], n=3).samples) == 3
+        assert len(session.step(["x", "y"]).samples) == 4
+
+        def boom(group):
+            raise KeyError("a hook's bug")
+
+        session.hooks.on_group_done.append(boom)
+        with pytest.raises(KeyError, match="a hook's bug"):
+            session.step(["x"])
+        session.hooks.on_group_done.clear()
+        for call in (lambda: session.step(["x"]), lambda: session.next_version()):
+            with pytest.raises(RunError, match=r"the session failed earlier \(KeyError: \"a hook's bug\"\) and "
+                                               r"cannot go on; close it and open a new RolloutSession") as info:
+                call()
+            assert isinstance(info.value.__cause__, KeyError)
+
+
+@requires_torch
+def test_a_closed_session_refuses_steps_and_starts_no_engine(tiny_model_dir, monkeypatch):
+    """``await session.astep()`` after ``async with`` exited used to start new engines that nothing closed; the
+    synchronous form said "open the session first". Both now say the session is closed, and nothing starts."""
+    import pdsr_sdk.engines
+    from pdsr_sdk import RolloutSession
+
+    built = []
+    build = pdsr_sdk.engines.build_engine
+    monkeypatch.setattr(pdsr_sdk.engines, "build_engine", lambda *a, **k: built.append(1) or build(*a, **k))
+
+    async def scenario():
+        async with RolloutSession(fake_config(tiny_model_dir)) as session:
+            await session.astep(["x"])
+        assert len(built) == 2
+        with pytest.raises(RunError, match=r"step: this session is closed; open a new RolloutSession"):
+            await session.astep(["x"])
+        with pytest.raises(RunError, match=r"start: this session is closed"):
+            async with session:
+                pass
+        return session
+
+    session = asyncio.run(scenario())
+    assert len(built) == 2 and not session._started
+    with RolloutSession(fake_config(tiny_model_dir)) as sync:
+        sync.step(["x"])
+    with pytest.raises(RunError, match=r"step: this session is closed"):
+        sync.step(["x"])
+    assert len(built) == 4
+
+
+@requires_torch
+def test_closing_the_session_ends_a_step_blocked_in_another_thread(tiny_model_dir):
+    """A pipelined trainer's ``step(..., wait_for_update=True)`` in a worker thread, with no update coming: the
+    ``with`` block's exit closes the session, and the step ends with a RunError rather than hanging the thread
+    (and the script at exit) for good."""
+    import threading
+    import time
+
+    from pdsr_sdk import RolloutSession
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=1.0, max_staleness=1)
+    got = {}
+
+    def stepping(session):
+        try:
+            got["result"] = session.step((), wait_for_update=True)
+        except BaseException as exc:  # noqa: BLE001 - what the step raised is the test's
+            got["error"] = exc
+
+    with RolloutSession(cfg) as session:
+        session.step(["a", "b", "c", "d"])
+        worker = threading.Thread(target=stepping, args=(session,), daemon=True)
+        worker.start()
+        end = time.monotonic() + WAIT_S
+        while not all(g.done for g, _ in session.carried()):   # every group complete: the step holds
+            assert time.monotonic() < end and worker.is_alive()
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert worker.is_alive()
+    worker.join(WAIT_S)
+    assert not worker.is_alive(), "the step still waits after the session closed"
+    assert isinstance(got.get("error"), RunError) and "the session was closed while this call waited" in str(got["error"])
