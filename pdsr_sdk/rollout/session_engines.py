@@ -61,7 +61,7 @@ class EngineControl:
                 and self.scheduler.paused is None:
             raise RunError("update_weights: a step is running; pause it first (session.pause(...)) or update "
                            "weights between steps")
-        new = self.policy_version + 1 if version is None else int(version)
+        new = self.policy_version + 1 if version is None else self._next_version_given(version)
         engines = self._live_engines()
         unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
         if unsupported:
@@ -104,6 +104,16 @@ class EngineControl:
             if paused_here and not step_end.done():   # else the step ended meanwhile: its engines stay stopped
                 await self.aresume()
         return new
+
+    def _next_version_given(self, version) -> int:
+        """``update_weights(version=...)``: an int above the current policy version (versions only go up: token
+        ages and ``max_staleness`` count on them); a ConfigValueError naming both otherwise, before anything
+        is loaded."""
+        current = self.policy_version
+        if isinstance(version, bool) or not hasattr(version, "__index__") or version <= current:
+            raise ConfigValueError(f"update_weights: version must be an int greater than the current policy "
+                                   f"version {current}; got {version!r} (nothing was loaded)")
+        return int(version)
 
     @property
     def _keep_kv(self) -> bool:

@@ -3,6 +3,8 @@ a policy version going back. Each is a clear error naming what is wrong, and the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from support import requires_vllm, run_on
@@ -75,3 +77,28 @@ def test_a_request_an_engine_refuses_fails_its_sample_not_the_engine(engine_loop
     assert "out of vocabulary" in rows["oov"]["error"]
     assert all(s.finish_reason in ("stop", "length") and s.token_ids for s in out.samples if s not in failed)
     assert finished_in_full(after, 1)
+
+
+def test_a_weights_version_must_go_up(engine_loop, engines, tiny_model_dir):
+    """``update_weights(..., version=v)``: v must be an int above the current version; a lower or equal one (or
+    not an int) is a ConfigValueError naming both, raised before the weights are even read (here weights that
+    would be refused), so nothing is loaded and the version stays."""
+    from pdsr_sdk.errors import ConfigValueError
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    async def scenario():
+        async with RolloutSession(config(tiny_model_dir), engines=engines) as session:
+            assert await session.aupdate_weights(str(tiny_model_dir), version=100) == 100
+            for version in (5, -3, 100, "101", 100.5, True):
+                with pytest.raises(ConfigValueError, match=rf"update_weights: version must be an int greater than "
+                                                           rf"the current policy version 100; got "
+                                                           rf"{re.escape(repr(version))} \(nothing was loaded\)"):
+                    await session.aupdate_weights({"not.a.parameter": None}, version=version)
+                assert session.policy_version == 100
+            assert await session.anext_version() == 101
+            assert await session.aupdate_weights(str(tiny_model_dir)) == 102
+            out = await session.astep(["Hi"])
+            return out
+
+    out = run_on(engine_loop, scenario())
+    assert finished_in_full(out, 1) and all(seg.policy_version == 102 for s in out.samples for seg in s.segments)
