@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,6 +247,9 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
             pid, truth = None, None
             if isinstance(item, str):
                 messages = [{"role": "user", "content": item}]
+            elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
+                raise DataError(f"{at}: a list of ints looks like token ids; give them as a PromptRecord(prompt_id, "
+                                f"text, token_ids) (a list prompt is chat messages: {{role, content}} mappings)")
             elif isinstance(item, list):
                 messages = _messages(item, at, "messages")
             elif isinstance(item, dict):
@@ -275,6 +280,27 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
         seen[record.prompt_id] = i
         records.append(record)
     return records
+
+
+def step_prompts(prompts: Any, count: int) -> list:
+    """The prompts a (non-streaming) step takes: all of a list or tuple, else up to ``count`` from
+    :func:`prompt_source`."""
+    if isinstance(prompts, (list, tuple)):
+        return list(prompts)
+    return list(itertools.islice(prompt_source(prompts), count))
+
+
+def prompt_source(prompts: Any) -> Iterator:
+    """What ``session.step(prompts)`` was given, as an iterator of prompts: a list, tuple, iterator or other
+    iterable of them; one prompt alone (a string, a mapping, a PromptRecord) is a list of one. Anything else is a
+    DataError saying what prompts may be."""
+    if isinstance(prompts, (str, Mapping, PromptRecord)):
+        return iter([prompts])
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+        raise DataError(f"step: prompts must be a list (or an iterator) of prompts, each a string, a list of chat "
+                        f"messages, a mapping with 'prompt' or 'messages', or a PromptRecord; got "
+                        f"{type(prompts).__name__}")
+    return iter(prompts)
 
 
 def group_size(n: Any, default: int) -> int:

@@ -82,7 +82,11 @@ SIGNATURES = ("fn(response_text, ground_truth, **info) -> float | dict with 'sco
 def adapt_reward(fn: Callable[..., Any], name: str) -> RewardFn:
     """``fn`` callable as pdsr calls a reward (``fn(text, ground_truth, **info)``): as it is when it takes that;
     wrapped when it is verl's ``compute_score`` (first parameter ``data_source``, or ``data_sources`` for the
-    batched form); a ConfigError naming the function and the signatures pdsr knows otherwise."""
+    batched form); a ConfigError naming the function and the signatures pdsr knows otherwise (also when it is
+    not callable at all)."""
+    if not callable(fn):
+        raise ConfigError(f"reward {name!r}: {fn!r:.80} ({type(fn).__name__}) is not callable; give a function: "
+                          + "; ".join(SIGNATURES))
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):   # a builtin without a signature: trust it

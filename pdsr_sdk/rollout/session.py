@@ -21,9 +21,8 @@ scores a group, a step's result with its rewards), :mod:`.session_serve` (servin
 from __future__ import annotations
 
 import asyncio
-import itertools
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import DispatchRun
@@ -32,7 +31,7 @@ from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.aio import LoopThread, failures
-from pdsr_sdk.rollout.data import PromptRecord, build_groups, group_size, prompt_records
+from pdsr_sdk.rollout.data import PromptRecord, build_groups, group_size, prompt_records, step_prompts
 from pdsr_sdk.rollout.preflight import SESSION_PROMPT_ROOM, check_prompt_ids, prompt_limits
 from pdsr_sdk.rollout.results import BatchResult, SessionHooks, StepResult
 from pdsr_sdk.rollout.session_callbacks import RunCallbacks
@@ -336,7 +335,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             # the groups this step launches run with this agent (carried ones keep theirs)
             self._step_agent = self.agent if agent is None else _load_agent(agent)
             return await self._astream_step(prompts, n=n, last=last, wait_for_update=wait_for_update)
-        items = list(prompts) if isinstance(prompts, (list, tuple)) else _take(prompts, self.config.batch_size)
+        items = step_prompts(prompts, self.config.batch_size)
         if not items:
             raise DataError("step: no prompts (an empty list, or the prompt iterator is exhausted)")
         step = self.run.batch_index
@@ -392,9 +391,3 @@ def _load_agent(agent: Callable[..., Any] | str) -> Callable[..., Any]:
     from pdsr_sdk.agent.runner import load_agent
 
     return load_agent(agent)
-
-
-def _take(prompts: Iterable, count: int) -> list:
-    """Up to ``count`` items from an iterator (or any iterable)."""
-    it: Iterator = iter(prompts)
-    return list(itertools.islice(it, count))

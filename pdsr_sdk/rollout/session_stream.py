@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 from pdsr_sdk.dispatch.steps import StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import DataError, RunError
-from pdsr_sdk.rollout.data import build_groups, prompt_records
+from pdsr_sdk.rollout.data import build_groups, prompt_records, prompt_source
 from pdsr_sdk.rollout.results import BatchResult, StepResult
 
 
@@ -68,7 +68,7 @@ class StreamSteps:
         group in flight once all are complete (nothing is left carried).
         """
         cfg = self.config
-        self._sources.append(iter(prompts))
+        self._sources.append(prompt_source(prompts))
         self._step_end = asyncio.get_running_loop().create_future()
         self.run.begin_span()
         if self._stream is None:

@@ -77,6 +77,9 @@ def test_prompts_a_step_takes(tiny_model_dir):
         prompt_records([{"text": "x"}], cfg, tok)
     with pytest.raises(DataError, match=r"prompts\[0\]: a prompt is a string.*got int"):
         prompt_records([3], cfg, tok)
+    with pytest.raises(DataError, match=r"prompts\[1\]: a list of ints looks like token ids; give them as a "
+                                        r"PromptRecord\(prompt_id, text, token_ids\)"):
+        prompt_records(["x", [37, 81]], cfg, tok)
 
 
 @requires_torch
@@ -379,3 +382,39 @@ def test_closing_the_session_ends_a_step_blocked_in_another_thread(tiny_model_di
     worker.join(WAIT_S)
     assert not worker.is_alive(), "the step still waits after the session closed"
     assert isinstance(got.get("error"), RunError) and "the session was closed while this call waited" in str(got["error"])
+
+
+@requires_torch
+@pytest.mark.parametrize("streaming", [False, True])
+def test_what_a_step_takes_as_its_prompts(tiny_model_dir, streaming):
+    """A bare string is one prompt (it used to be split into one prompt per character), as is a mapping; None or
+    a number is a DataError saying what prompts may be (it used to be a raw TypeError), and so is a list of token
+    ids given as a prompt; the session goes on after each."""
+    from pdsr_sdk import RolloutSession
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", **({"over_provision": 0.0} if streaming else {}))
+    with RolloutSession(cfg) as session:
+        out = session.step("hello", last=streaming)
+        assert [g.prompt_id for g in out.groups] == ["s0-p0"] and "hello" in out.groups[0].prompt_text
+        out = session.step({"id": "m", "prompt": "hi"}, last=streaming)
+        assert [g.prompt_id for g in out.groups] == ["m"]
+        for bad, kind in ((None, "NoneType"), (5, "int"), (b"x", "bytes")):
+            with pytest.raises(DataError, match=rf"step: prompts must be a list \(or an iterator\) of prompts, each a "
+                                                rf"string, .* or a PromptRecord; got {kind}"):
+                session.step(bad)
+        if not streaming:
+            with pytest.raises(DataError, match=r"step 2 prompts\[0\]: a list of ints looks like token ids"):
+                session.step([[37, 81]])
+        assert len(session.step(["a", "b"], last=streaming).groups) == 2
+
+
+def test_a_reward_that_is_not_callable_is_an_error_before_any_engine():
+    """``reward=3`` used to be taken (a failed signature read as a builtin's) and every sample got a reward error;
+    docs/sdk.md says a reward pdsr cannot call is an error before any engine starts."""
+    from pdsr_sdk import RolloutConfig, RolloutSession
+    from pdsr_sdk.errors import ConfigError
+
+    for bad in (3, "pkg.mod:fn"):
+        with pytest.raises(ConfigError, match=rf"reward 'reward': {re.escape(repr(bad))} \({type(bad).__name__}\) is "
+                                              rf"not callable; give a function: fn\(response_text, ground_truth"):
+            RolloutSession(RolloutConfig(policy="baseline"), reward=bad)
