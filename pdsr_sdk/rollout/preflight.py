@@ -165,11 +165,14 @@ def check_prompt_ids(records: list, *, vocab: int | None, limit: int | None, sou
         ids, at = r.token_ids, f"{where}: prompt {r.prompt_id!r}"
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or not len(ids):
             raise DataError(f"{at}: token_ids must be a non-empty list of token ids; got {ids!r:.80}")
-        for t in ids:
-            if isinstance(t, bool) or not hasattr(t, "__index__"):
-                raise DataError(f"{at}: token_ids must be ints; got {t!r:.40} ({type(t).__name__})")
-            if t < 0 or (vocab is not None and t >= vocab):
-                raise DataError(f"{at}: token id {int(t)} is out of the vocabulary (ids 0 to {vocab - 1 if vocab else '...'})")
+        if not all(type(t) is int for t in ids):   # the common case costs one pass; numpy ints etc. are checked here
+            bad = next((t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__")), None)
+            if bad is not None:
+                raise DataError(f"{at}: token_ids must be ints; got {bad!r:.40} ({type(bad).__name__})")
+        low, high = min(ids), max(ids)
+        if low < 0 or (vocab is not None and high >= vocab):
+            raise DataError(f"{at}: token id {int(low if low < 0 else high)} is out of the vocabulary (ids 0 to "
+                            f"{vocab - 1 if vocab else '...'})")
         budget = max(r.target_lengths) if r.target_lengths else max_tokens
         if limit is not None and len(ids) + budget > limit:
             raise DataError(f"{at}: {len(ids)} prompt tokens + {budget} response tokens (sampling.max_tokens) = "
