@@ -68,7 +68,7 @@ def trajectory_schema() -> pa.Schema:
         _f("prompt_text", pa.string(), "Prompt text as sent to the model (after the chat template)."),
         _f("response_text", pa.string(), "Decoded response (special tokens skipped)."),
         _f("response_logprobs", pa.list_(pa.float32()), "Engine log-prob of each response token (see the file's logprobs_mode metadata)."),
-        _f("finish_reason", pa.string(), "stop | length | truncated | failed (multi-turn: see error)."),
+        _f("finish_reason", pa.string(), "stop | length | truncated | failed (see error)."),
         _f("prompt_length", pa.int32(), "Prompt tokens."),
         _f("response_length", pa.int32(), "Response tokens."),
         _f("routed_to", pa.string(), "Pool the sample was first queued on after probing (null for probes).", nullable=True),
@@ -99,7 +99,8 @@ def trajectory_schema() -> pa.Schema:
         _f("env_s", pa.float64(), "Multi-turn: seconds the agent spent between turns (the environment's time, no "
                                   "engine slot held); null for a single-turn sample.", nullable=True),
         _f("error", pa.string(), "Why the sample failed (finish_reason 'failed': its agent function raised, took "
-                                 "longer than agent.env_timeout_s between turns, or returned bad content).",
+                                 "longer than agent.env_timeout_s between turns, or returned bad content; or an "
+                                 "engine refused its request).",
            nullable=True),
     ])
 

@@ -303,7 +303,12 @@ class RayEngine(ModelEngine):
                 listener.on_tokens(self, delta.request_id, len(delta.token_ids), delta.token_ids, delta.logprobs)
             for end in news.ends:
                 if end.error is not None:
-                    listener.on_request_failed(self, end.request_id, end.error)
+                    # the engine refused the request: its sample fails (a listener that cannot hear that: the engine)
+                    refused = getattr(listener, "on_request_failed", None)
+                    if refused is not None:
+                        refused(self, end.request_id, end.error)
+                    else:
+                        self._die(EngineError(self.name, f"request {end.request_id} failed: {end.error}"))
                 elif end.speculation is None:
                     listener.on_segment_end(self, end.request_id, end.finish_reason)
                 else:

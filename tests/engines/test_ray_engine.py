@@ -342,6 +342,39 @@ def test_abort_mid_stream_delivers_every_token_then_abort_and_load_is_reported(e
 
 
 @engine_test
+def test_a_request_the_engine_refuses_fails_alone_and_the_engine_goes_on(engines, reference, engine_loop):
+    """vLLM refusing one request (a token id out of the vocabulary, at add_request) is that request's failure,
+    heard as ``on_request_failed`` from the Ray actor as from a local engine, not the engine's death: a request
+    beside it runs to its end."""
+
+    class Refusals(Collector):
+        def __init__(self):
+            super().__init__()
+            self.failed: dict[str, str] = {}
+
+        def on_request_failed(self, engine, rid, error):
+            self.failed[rid] = error
+            self.changed.set()
+
+    prompt = reference["prompts"]["p0"]
+    for engine in (engines[0], engines[2]):   # in a Ray actor; local
+        col = Refusals()
+
+        async def go():
+            engine.bind(col)
+            engine.submit(_request("bad", [10**7], 4))
+            engine.submit(_request("good", prompt, 5))
+            await col.wait(lambda: "bad" in col.failed or col.dead)
+            assert not col.dead, f"{engine.name}: {col.dead}"
+            await col.wait(lambda: "good" in col.ends)
+
+        run_on(engine_loop, go())
+        assert "VLLMValidationError: Token id 10000000 is out of vocabulary" in col.failed["bad"], engine.name
+        assert col.ends == {"good": "length"} and col.tokens["good"] == reference["tokens"]["p0"][:5]
+        assert not col.dead
+
+
+@engine_test
 def test_update_weights_reaches_ray_engines_through_the_object_store(engines, reference, engine_loop, tiny_model_dir):
     """New weights go to both actors (Ray's object store) and the local engine (shared memory): greedy
     continuations then agree with each other and differ from the old weights'; a bad shape is refused
