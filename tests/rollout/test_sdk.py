@@ -418,3 +418,27 @@ def test_a_reward_that_is_not_callable_is_an_error_before_any_engine():
         with pytest.raises(ConfigError, match=rf"reward 'reward': {re.escape(repr(bad))} \({type(bad).__name__}\) is "
                                               rf"not callable; give a function: fn\(response_text, ground_truth"):
             RolloutSession(RolloutConfig(policy="baseline"), reward=bad)
+
+
+@requires_torch
+def test_leaving_async_with_ends_a_step_task_still_waiting(tiny_model_dir):
+    """The async form of the pipelined trainer: a ``wait_for_update`` step task still waiting when ``async with``
+    exits ends with a RunError (close() ends every waiting call) instead of waiting on a closed session."""
+    from pdsr_sdk import RolloutSession
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=1.0, max_staleness=1)
+
+    async def scenario():
+        async with RolloutSession(cfg) as session:
+            await session.astep(["a", "b", "c", "d"])
+            task = asyncio.create_task(session.astep((), wait_for_update=True))
+            while not all(g.done for g, _ in session.carried()):   # every group complete: the step holds
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            assert not task.done()
+        done, _ = await asyncio.wait({task}, timeout=WAIT_S)
+        assert done, "the step still waits after the session closed"
+        with pytest.raises(RunError, match="the session was closed while this call waited"):
+            task.result()
+
+    asyncio.run(scenario())
