@@ -352,9 +352,11 @@ class VllmEngine(VllmControl, ModelEngine):
 
 def _refused(exc: Exception) -> bool:
     """Whether vLLM refused the request itself (its validation, or admission control: a 4xx error) rather than
-    failed serving it."""
-    from vllm.exceptions import VLLMClientError
-
+    failed serving it. A vLLM without ``VLLMClientError`` (older releases) refuses nothing this way."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return False
     return isinstance(exc, VLLMClientError)
 
 
