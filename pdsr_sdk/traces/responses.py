@@ -83,7 +83,7 @@ def trace_from_responses(table, *, source: str | None = None, id_column: str | N
     """Group a pyarrow table of one row per response into a ``LengthTrace`` (columns as in the module's docstring)."""
     import pyarrow as pa
 
-    from pdsr_sdk.rollout.data import TableColumns
+    from pdsr_sdk.io.columns import TableColumns
     from pdsr_sdk.traces.trajectories import trace_from_trajectories
 
     where = source or "responses"
