@@ -44,36 +44,41 @@ class EngineEvents(Pausing, Turns):
 
     def on_segment_end(self, engine: Engine, request_id: str, finish_reason: str, *,
                        speculation: tuple[int, int] | None = None) -> None:
-        run = self._runs.pop(request_id, None)
+        run = self._end_request(engine, request_id)
         if run is None:
             return
-        sample = run.sample
-        del self._run_of[sample]
-        self._release_slot(engine, request_id)
-        seg = sample.segments[-1]
-        seg.end_time_s = self.clock.now()
         if speculation is not None:
+            seg = run.sample.segments[-1]
             seg.drafted_tokens, seg.accepted_tokens = speculation
         self.guarded(self._after_segment, run, finish_reason)
-        self._pump()
-        if self.paused is not None:
-            self._check_drained()
+        self._go_on()
 
     def on_request_failed(self, engine: Engine, request_id: str, error: str) -> None:
         """The engine refused one request (vLLM's validation: an empty prompt, a token out of vocabulary, a
         context past its ``max_model_len``): its sample fails (finish reason ``failed``, ``sample.error`` saying
         why) and the engine goes on serving the others."""
-        run = self._runs.pop(request_id, None)
+        run = self._end_request(engine, request_id)
         if run is None:
             return
         sample = run.sample
-        del self._run_of[sample]
-        self._release_slot(engine, request_id)
-        seg = sample.segments[-1]
-        seg.end_time_s = self.clock.now()
-        seg.end_reason = FAILED
+        sample.segments[-1].end_reason = FAILED
         sample.error = f"engine {engine.name!r} refused request {request_id}: {error}"[:2000]
         self.guarded(self._finish, sample, FAILED)
+        self._go_on()
+
+    def _end_request(self, engine: Engine, request_id: str) -> Run | None:
+        """An ended request's run taken off the books (None if it is not running): its slot freed, its segment's
+        end time set."""
+        run = self._runs.pop(request_id, None)
+        if run is None:
+            return None
+        del self._run_of[run.sample]
+        self._release_slot(engine, request_id)
+        run.sample.segments[-1].end_time_s = self.clock.now()
+        return run
+
+    def _go_on(self) -> None:
+        """After a request ended: start what the freed slot can take, and finish a pause that was waiting for it."""
         self._pump()
         if self.paused is not None:
             self._check_drained()
