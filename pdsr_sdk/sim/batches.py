@@ -75,7 +75,7 @@ def check_fits(source: str, batches, cfg: SimulateConfig) -> None:
     (``max_model_len``, and the KV cache: an engine fails such a request mid-run, where the message could
     name only a segment's context)."""
     pools = [p for p, count in ((cfg.profiles.fast, cfg.fast), (cfg.profiles.heavy, cfg.heavy)) if count]
-    limit = max(min(p.max_model_len, p.kv_blocks * p.block_size) for p in pools) if pools else None
+    limit = max(p.max_context for p in pools) if pools else None
     if limit is None:
         return
     index = 0

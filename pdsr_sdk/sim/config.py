@@ -107,6 +107,11 @@ class EngineProfile(ConfigModel):
     def kv_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
 
+    @property
+    def max_context(self) -> int:
+        """The longest context one request can reach: ``max_model_len``, and the whole blocks of the KV cache."""
+        return min(self.max_model_len, self.kv_blocks * self.block_size)
+
     @classmethod
     def from_spec(cls, spec, base: "EngineProfile | None" = None) -> "EngineProfile":
         """A profile from an :class:`EngineSpec` (``backend: sim``): its limits, plus cost keys from

@@ -81,7 +81,7 @@ class SimEngine(StepBoundaries):
         self._block = p.block_size
         self._kv = p.kv_blocks
         self._spec = p.speculation   # speculative decoding (None: off): a token's cost scaled while few run
-        self._max_ctx = min(p.max_model_len, self._kv * self._block)
+        self._max_ctx = p.max_context
         self._record = record
         self._listener = None
         self._running: dict[str, SimRequest] = {}
