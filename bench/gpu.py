@@ -20,7 +20,8 @@ and the error against the float64 reference on a few rows.
 Part 2, scoring (a Qwen2.5-0.5B-shaped model with random bf16 weights, built
 from its config: nothing is downloaded; 512 GRPO-like samples, prompt
 U[100, 300], completion lognormal median 600 clipped to [8, 4096]): tokens/s
-for fixed mbs, token quota, packed, and the no-padding ideal, each with the
+for fixed mbs, token quota, packed (pdsr's varlen attention, and the model's
+own attention with transformers' packed mask), and the no-padding ideal, each with the
 fraction of the GPU's bf16 dense peak (MFU, from the FLOPs per token at the
 samples' token-weighted mean context) and of the ideal. The ideal: equal-length
 rows of 1024 random tokens with no padding at all (no mask, no dummy rows),
@@ -162,7 +163,7 @@ def score_part(args, results: Results) -> None:
 
     from pdsr_sdk.scoring import per_token_logps
     from pdsr_sdk.scoring.logprob_kernel import chunked_token_logps
-    from pdsr_sdk.scoring.torch_backend import Parts, _last_hidden
+    from pdsr_sdk.scoring.hf_model import Parts, last_hidden
 
     name = torch.cuda.get_device_name()
     peak = args.peak_tflops or next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
@@ -200,7 +201,7 @@ def score_part(args, results: Results) -> None:
 
         def step():
             with torch.inference_mode():
-                hidden = _last_hidden(parts.decoder(input_ids=ids, use_cache=False, return_dict=True))
+                hidden = last_hidden(parts.decoder(input_ids=ids, use_cache=False, return_dict=True))
                 chunked_token_logps(hidden[:, :-1].reshape(-1, hidden.shape[-1]), ids[:, 1:].reshape(-1),
                                     parts.head, row_chunk=4096)
         n_steps = max(1, int(total.sum()) // (rows * 1024))
@@ -217,7 +218,9 @@ def score_part(args, results: Results) -> None:
     modes = []
     for budget in args.budgets:
         modes += [(f"token quota {budget}", dict(max_tokens_per_micro_batch=budget, attention_mask=False), budget),
-                  (f"packed, quota {budget}", dict(max_tokens_per_micro_batch=budget, pack=True), budget)]
+                  (f"packed varlen, quota {budget}", dict(max_tokens_per_micro_batch=budget, pack=True), budget),
+                  (f"packed {args.attn} mask, {budget}",
+                   dict(max_tokens_per_micro_batch=budget, pack=True, packed_attention="model"), budget)]
     modes += [(f"fixed mbs={mbs}", dict(mbs=mbs), None) for mbs in args.fixed_mbs]
     per_token_logps(model, prompts[:8], completions[:8], mbs=8)   # warm-up
     ideals = {}
@@ -256,10 +259,13 @@ def score_part(args, results: Results) -> None:
     n = min(args.samples, 32)
     sub = (prompts[:n], completions[:n])
     budget = args.budgets[0]
-    bf16_packed = per_token_logps(model, *sub, max_tokens_per_micro_batch=budget, pack=True).logps
-    bf16_padded = per_token_logps(model, *sub, max_tokens_per_micro_batch=budget, pack=False).logps
+    cases = [("bf16 packed varlen", dict(pack=True)), (f"bf16 packed {args.attn} mask",
+                                                        dict(pack=True, packed_attention="model")),
+             ("bf16 unpacked", dict(pack=False))]
+    got_by_case = [(label, per_token_logps(model, *sub, max_tokens_per_micro_batch=budget, **kw).logps)
+                   for label, kw in cases]
     ref = per_token_logps(model.float(), *sub, max_tokens_per_micro_batch=budget, pack=False).logps
-    for label, got in (("bf16 packed", bf16_packed), ("bf16 unpacked", bf16_padded)):
+    for label, got in got_by_case:
         diff = np.concatenate([np.abs(a - b) for a, b in zip(got, ref)])
         print(f"  {label} vs fp32 reference ({n} samples, {diff.size:,} tokens): max |diff| {diff.max():.3g}, "
               f"mean {diff.mean():.3g}")

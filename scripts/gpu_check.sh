@@ -32,7 +32,7 @@ Options:
   --python PY      the interpreter (default $PYTHON, else python3)
   -h, --help       this text
 Environment: OUT (required: the output folder), and the per-part timeouts in seconds:
-  T_TESTS (default 100), T_GAE (30), T_SCORE (130), T_VERIFY (30); install takes a few seconds.
+  T_TESTS (default 100), T_GAE (30), T_SCORE (170), T_VERIFY (30); install takes a few seconds.
 On an H100 (2026-11-27) the parts took 83, 17, about 110 and 18 s.
 Exit status: 0 when every part exited 0 (skips included), else 1; 2 for bad arguments.
 EOF
@@ -67,7 +67,7 @@ if ! command -v "$py" >/dev/null 2>&1; then
     echo "gpu_check.sh: no Python interpreter '$py' (pass --python)" >&2
     exit 2
 fi
-T_TESTS="${T_TESTS:-100}" T_GAE="${T_GAE:-30}" T_SCORE="${T_SCORE:-130}" T_VERIFY="${T_VERIFY:-30}"
+T_TESTS="${T_TESTS:-100}" T_GAE="${T_GAE:-30}" T_SCORE="${T_SCORE:-170}" T_VERIFY="${T_VERIFY:-30}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 start_all=$(date +%s)

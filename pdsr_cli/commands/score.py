@@ -59,6 +59,8 @@ def _flag(key: str) -> str:
 @click.option("--max-padding-fraction", type=float, default=None, help=_help("max_padding_fraction"))
 @click.option("--attention-mask/--no-attention-mask", default=None, help=_help("attention_mask"))
 @click.option("--pack/--no-pack", default=None, help=_help("pack"))
+@click.option("--packed-attention", type=click.Choice(["varlen", "model"]), default=None,
+              help=_help("packed_attention"))
 @click.option("--pad-id", type=int, default=None, help=_help("pad_id"))
 @click.option("--vllm-max-model-len", type=int, default=None, help=_help("vllm_max_model_len"))
 @click.option("--vllm-kv-cache-gib", type=float, default=None, help=_help("vllm_kv_cache_gib"))

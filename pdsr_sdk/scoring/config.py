@@ -71,9 +71,15 @@ class ScoreOptions(ConfigModel):
                           "per-sample position ids and attention that never crosses a sample boundary, so no "
                           "token is padding; a micro-batch is `max_tokens_per_micro_batch` real tokens (or `mbs` "
                           "consecutive samples, or everything). Unset: the rule 'packed where measured faster' "
-                          "(pdsr_sdk.scoring.torch_backend.PACK_MEASURED_FASTER) decides; it says unpacked, which "
-                          "was measured faster on the CPU and on an H100. `length_bucket`, `attention_mask` and "
+                          "(pdsr_sdk.scoring.packed.PACK_MEASURED_FASTER) decides; it says unpacked: packed "
+                          "matched the token quota on an H200 and was slower on the CPU. `length_bucket`, `attention_mask` and "
                           "`pad_id` do not apply to packed forwards.")
+    packed_attention: Literal["varlen", "model"] = Field(
+        "varlen", description="Attention in packed forwards: 'varlen' computes each sample's own causal block "
+                              "(flash-attention varlen on CUDA fp16/bf16, one sdpa call per sample elsewhere); "
+                              "'model' keeps the model's implementation with transformers' packed mask, which "
+                              "for sdpa spans the whole row (N x N). Models with sliding windows or logit "
+                              "soft-capping always use 'model'.")
     pad_id: int | None = Field(None, ge=0, description="Token id used for padding (never affects results); "
                                                        "default: the model's pad_token_id, else 0.")
     vllm_max_model_len: int | None = Field(None, ge=16, description="vLLM max_model_len when the vllm backend "

@@ -269,17 +269,22 @@ def test_micro_batching_modes_match_unbatched_and_naive(model, samples, unbatche
     assert _max_diff(res.logps, naive) <= 1e-5
 
 
+@pytest.mark.parametrize("attention", ["varlen", "model"])
 @pytest.mark.parametrize("kwargs", [dict(), dict(max_tokens_per_micro_batch=512)], ids=["one-row", "quota-512"])
-def test_packed_matches_unpacked_and_packs(model, samples, unbatched, kwargs):
+def test_packed_matches_unpacked_and_packs(model, samples, unbatched, kwargs, attention):
     """fp32 on the CPU: packed log-probs agree with the unpacked ones to 1e-5, in input order (the
-    token budget reorders samples), and no computed token is padding."""
-    res = per_token_logps(model, *samples, pack=True, **kwargs)
+    token budget reorders samples), and no computed token is padding; with pdsr's per-sample attention
+    and with the model's own (sdpa with transformers' packed mask)."""
+    res = per_token_logps(model, *samples, pack=True, packed_attention=attention, **kwargs)
+    assert res.stats.head.endswith("(varlen per-sample sdpa attention)" if attention == "varlen"
+                                   else "(sdpa attention)")
+    assert model.config._attn_implementation == "sdpa", "the model's own attention is restored"
     assert [len(x) for x in res.logps] == [len(c) for c in samples[1]]
     assert _max_diff(res.logps, unbatched.logps) <= 1e-5
     st = res.stats
     assert st.computed_tokens == st.real_tokens == sum(len(p) + len(c) for p, c in zip(*samples))
     assert st.padding_efficiency == 1.0 and all(rows == 1 for rows, _ in st.shapes)
-    assert st.mode.startswith("packed") and st.head.endswith("packed")
+    assert st.mode.startswith("packed")
     if kwargs:
         assert st.micro_batches > 1 and all(n <= 512 for _, n in st.shapes)
         lengths = np.array([len(p) + len(c) for p, c in zip(*samples)])
@@ -302,38 +307,43 @@ def test_packed_entropy_temperature_and_mbs_match_unpacked(model, samples):
 def test_packed_forward_really_separates_samples(model, monkeypatch):
     """The packed forward is one row with restarting position ids and no mask; without the restart the
     samples would see each other and the log-probs change (so the agreement above is not vacuous)."""
-    from pdsr_sdk.scoring import torch_backend
+    from pdsr_sdk.scoring import hf_model, packed
     from pdsr_sdk.scoring.buckets import MicroBatch
+    from pdsr_sdk.scoring.varlen_attention import packed_attention
 
     prompts, completions = _samples(3, 4, max_completion=30)
     seqs = [np.asarray(p + c) for p, c in zip(prompts, completions)]
     plens = np.array([len(p) for p in prompts])
     mb = MicroBatch((2, 0, 3), 1, int(sum(len(seqs[i]) for i in (2, 0, 3))))
-    ids, pos_ids, pos, sizes = torch_backend.packed_inputs(mb, seqs, plens)
+    ids, pos_ids, pos, sizes = packed.packed_inputs(mb, seqs, plens)
     assert ids.shape == (1, mb.seq_len) and sizes == [len(completions[i]) for i in (2, 0, 3)]
     assert pos_ids[0, len(seqs[2])] == 0 and pos_ids[0, -1] == len(seqs[3]) - 1
-    parts = torch_backend.find_parts(model, seqs[0][:8])
-    got, _ = torch_backend.score_packed_micro_batch(model, parts, mb, seqs, plens, temperature=1.0, row_chunk=64,
-                                                    return_entropy=False)
+    parts = hf_model.find_parts(model, seqs[0][:8])
+    got, _ = packed.score_packed_micro_batch(model, parts, mb, seqs, plens, temperature=1.0, row_chunk=64,
+                                             return_entropy=False)
     ref = _naive(model, [prompts[i] for i in (2, 0, 3)], [completions[i] for i in (2, 0, 3)])
     assert _max_diff(got, ref) <= 1e-5
-    monkeypatch.setattr(torch_backend, "packed_inputs",
+    with packed_attention(model):     # the sample bounds passed as keywords, each sample's attention its own
+        got_varlen, _ = packed.score_packed_micro_batch(model, parts, mb, seqs, plens, temperature=1.0,
+                                                        row_chunk=64, return_entropy=False, varlen=True)
+    assert _max_diff(got_varlen, ref) <= 1e-5
+    monkeypatch.setattr(packed, "packed_inputs",
                         lambda *a: (ids, np.arange(ids.shape[1])[None, :], pos, sizes))   # one long sequence
-    leaked, _ = torch_backend.score_packed_micro_batch(model, parts, mb, seqs, plens, temperature=1.0,
-                                                       row_chunk=64, return_entropy=False)
+    leaked, _ = packed.score_packed_micro_batch(model, parts, mb, seqs, plens, temperature=1.0,
+                                                row_chunk=64, return_entropy=False)
     assert _max_diff(leaked[1:], ref[1:]) > 1e-3
 
 
 def test_pack_default_rule_and_model_check(model, monkeypatch):
-    from pdsr_sdk.scoring import torch_backend
+    from pdsr_sdk.scoring import packed
 
-    assert torch_backend.resolve_pack(True, "cpu") and not torch_backend.resolve_pack(False, "cuda")
-    for key, faster in torch_backend.PACK_MEASURED_FASTER.items():
-        assert torch_backend.resolve_pack(None, key[1], key[0]) == faster
-    assert not torch_backend.resolve_pack(None, "mps")
+    assert packed.resolve_pack(True, "cpu") and not packed.resolve_pack(False, "cuda")
+    for key, faster in packed.PACK_MEASURED_FASTER.items():
+        assert packed.resolve_pack(None, key[1], key[0]) == faster
+    assert not packed.resolve_pack(None, "mps")
     prompts, completions = _samples(5, 3, max_completion=20)
     res = per_token_logps(model, prompts, completions)   # pack=None on the CPU: the rule
-    assert res.stats.mode.startswith("packed") == torch_backend.PACK_MEASURED_FASTER[("torch", "cpu")]
+    assert res.stats.mode.startswith("packed") == packed.PACK_MEASURED_FASTER[("torch", "cpu")]
     # a model whose attention ignores packed position ids is refused, not silently wrong
     real = model.forward
     monkeypatch.setattr(model, "forward", lambda *a, position_ids=None, **kw: real(*a, **kw))

@@ -1,6 +1,7 @@
 """Packed against unpacked scoring on CUDA (issue 52): the packed path's attention on a GPU keeps to each sample.
 
-A small random Qwen2 built from its config on the GPU (no files, nothing downloaded; sdpa attention):
+A small random Qwen2 built from its config on the GPU (no files, nothing downloaded; sdpa attention), packed
+with pdsr's varlen attention and with the model's own (sdpa's packed mask):
 - fp32: packed log-probs equal the unpacked (right-padded, token quota) ones to 1e-4 relative, in input order,
   and no computed token is padding;
 - bf16: packed and unpacked each against the fp32 model (the same weights): packing costs no more than bf16
@@ -56,10 +57,13 @@ def _max_rel_diff(a, b) -> float:
     return worst
 
 
+@pytest.mark.parametrize("attention", ["varlen", "model"])
 @pytest.mark.parametrize("kwargs", [dict(max_tokens_per_micro_batch=2048), dict(mbs=8)], ids=["quota-2048", "mbs-8"])
-def test_packed_matches_unpacked_on_cuda_fp32(cuda_model, samples, kwargs):
+def test_packed_matches_unpacked_on_cuda_fp32(cuda_model, samples, kwargs, attention):
     padded = per_token_logps(cuda_model, *samples, pack=False, **kwargs)
-    packed = per_token_logps(cuda_model, *samples, pack=True, **kwargs)
+    packed = per_token_logps(cuda_model, *samples, pack=True, packed_attention=attention, **kwargs)
+    assert packed.stats.head.endswith("(varlen per-sample sdpa attention)" if attention == "varlen"
+                                      else "(sdpa attention)")
     assert [len(x) for x in packed.logps] == [len(c) for c in samples[1]]
     assert all(x.dtype == np.float32 for x in packed.logps)
     assert _max_rel_diff(packed.logps, padded.logps) <= 1e-4
@@ -69,20 +73,25 @@ def test_packed_matches_unpacked_on_cuda_fp32(cuda_model, samples, kwargs):
     assert all(rows == 1 for rows, _ in st.shapes)
 
 
-def test_packed_bf16_costs_no_more_than_bf16_itself(cuda_model, samples):
+@pytest.mark.parametrize("attention", ["varlen", "model"])
+def test_packed_bf16_costs_no_more_than_bf16_itself(cuda_model, samples, attention):
+    """bf16 on CUDA: 'varlen' is flash attention's varlen kernel (Ampere or newer), 'model' sdpa's packed mask."""
     import copy
 
     ref = per_token_logps(cuda_model, *samples, max_tokens_per_micro_batch=2048, pack=False).logps
     model16 = copy.deepcopy(cuda_model).to(torch.bfloat16)     # the fixture's fp32 weights stay as they are
     padded = per_token_logps(model16, *samples, max_tokens_per_micro_batch=2048, pack=False).logps
-    packed = per_token_logps(model16, *samples, max_tokens_per_micro_batch=2048, pack=True).logps
+    res = per_token_logps(model16, *samples, max_tokens_per_micro_batch=2048, pack=True, packed_attention=attention)
+    if attention == "varlen" and torch.cuda.get_device_capability()[0] >= 8:
+        assert res.stats.head.endswith("(varlen flash attention)")
+    packed = res.logps
     padded_err, packed_err = _max_rel_diff(padded, ref), _max_rel_diff(packed, ref)
     assert padded_err > 0
     assert packed_err <= max(2.0 * padded_err, 0.05), (packed_err, padded_err)
 
 
 def test_pack_none_on_cuda_follows_the_measured_rule(cuda_model, samples):
-    from pdsr_sdk.scoring import torch_backend
+    from pdsr_sdk.scoring import packed
 
     res = per_token_logps(cuda_model, samples[0][:4], samples[1][:4])
-    assert res.stats.mode.startswith("packed") == torch_backend.PACK_MEASURED_FASTER[("torch", "cuda")]
+    assert res.stats.mode.startswith("packed") == packed.PACK_MEASURED_FASTER[("torch", "cuda")]
