@@ -1,5 +1,5 @@
-"""Math answers compared as text: the last ``\\boxed{}`` of a response, answers normalised, and exact rational
-values, so that 1/2, ``\\frac{1}{2}``, ``\\dfrac12`` and 0.5 compare equal (``math_boxed``, and ``math_verify``'s
+"""Math answers compared as text: a response's final answer (its last ``\\boxed{}``, else its last ``#### N``),
+answers normalised, and exact rational values, so that 1/2, ``\\frac{1}{2}``, ``\\dfrac12`` and 0.5 compare equal (``math_boxed``, and ``math_verify``'s
 fallback)."""
 
 from __future__ import annotations
@@ -18,6 +18,21 @@ def last_boxed(text: str) -> str | None:
         return None
     end = _closing_brace(text, i)
     return None if end < 0 else text[i + 1:end]
+
+
+#: GSM8K's final-answer line, ``#### 18`` (verl's gsm8k prompt asks for it; its reward reads the last one)
+_HASHES = re.compile(r"####[ \t]*([^\n]*)")
+
+
+def response_answer(text: str) -> str | None:
+    """A response's final answer: the content of its last ``\\boxed{}`` (:func:`last_boxed`), else what follows
+    its last ``####`` on that line (GSM8K's format: verl's gsm8k data asks for ``#### N``); None when it has
+    neither (or the ``####`` line is empty)."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    found = _HASHES.findall(text)
+    return (found[-1].strip() or None) if found else None
 
 
 _STRIP = [

@@ -13,19 +13,19 @@ from typing import Any, Callable
 
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.registry import Registry, import_object
-from pdsr_sdk.rollout.answers import answers_equal, last_boxed
+from pdsr_sdk.rollout.answers import answers_equal, last_boxed, response_answer
 
 RewardFn = Callable[..., float]
 
 
 def math_boxed(response_text: str, ground_truth: str | None, **info) -> float:
-    """1.0 if the last ``\\boxed{}`` of the response equals the ground truth (:func:`answers_equal`:
-    the same text after :func:`normalize_answer`, or numbers of the same exact rational value, so
-    1/2, \\frac{1}{2}, \\dfrac12 and 0.5 match and 0.333 and 1/3 do not), else 0.0 (also 0.0
-    without a boxed answer)."""
+    """1.0 if the response's final answer (:func:`response_answer`: its last ``\\boxed{}``, else its last
+    ``#### N``, GSM8K's form) equals the ground truth (:func:`answers_equal`: the same text after
+    :func:`normalize_answer`, or numbers of the same exact rational value, so 1/2, \\frac{1}{2}, \\dfrac12
+    and 0.5 match and 0.333 and 1/3 do not), else 0.0 (also 0.0 without such an answer)."""
     if ground_truth is None:
         return 0.0
-    predicted = last_boxed(response_text)
+    predicted = response_answer(response_text)
     if predicted is None:
         return 0.0
     truth = last_boxed(ground_truth)

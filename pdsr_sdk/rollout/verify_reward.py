@@ -1,4 +1,5 @@
-"""The ``math_verify`` reward: the last ``\\boxed{}`` of a response against the ground truth with
+"""The ``math_verify`` reward: a response's final answer (its last ``\\boxed{}``, else its last ``#### N``)
+against the ground truth with
 Hugging Face's math-verify (``parse`` + ``verify``), each check in a worker process under a timeout.
 
 math-verify's own timeout uses ``signal.alarm``, which works only in a process's main thread, and a
@@ -26,7 +27,7 @@ import types
 from typing import Any, Callable, Iterator
 
 from pdsr_sdk.errors import ConfigError, RunError
-from pdsr_sdk.rollout.answers import answers_equal, last_boxed
+from pdsr_sdk.rollout.answers import answers_equal, last_boxed, response_answer
 
 #: seconds a fresh worker may take to start and import math-verify (sympy) before the first check
 STARTUP_TIMEOUT_S = 120.0
@@ -120,9 +121,10 @@ def reference_answer(ground_truth: str) -> str:
 
 
 class MathVerifyReward:
-    """``reward(response_text, ground_truth, **info) -> float``: 1.0 when the response's last ``\\boxed{}``
+    """``reward(response_text, ground_truth, **info) -> float``: 1.0 when the response's final answer (its last
+    ``\\boxed{}``, else its last ``#### N``, GSM8K's form: :func:`~pdsr_sdk.rollout.answers.response_answer`)
     equals the ground truth by ``check`` (default :func:`verify_check`, math-verify), else 0.0 (also without
-    a boxed answer or a ground truth). A check that takes longer than ``timeout_s`` scores 0.0 and adds one
+    such an answer or a ground truth). A check that takes longer than ``timeout_s`` scores 0.0 and adds one
     to ``stats["reward_timeouts"]``. Safe to call from any thread; calls are served one at a time."""
 
     #: its checks already run in worker processes (``reward_executor: process`` is for other rewards)
@@ -143,7 +145,7 @@ class MathVerifyReward:
     def __call__(self, response_text: str, ground_truth: str | None, **info: Any) -> float:
         if ground_truth is None:
             return 0.0
-        predicted = last_boxed(response_text)
+        predicted = response_answer(response_text)
         if predicted is None or not predicted.strip():
             return 0.0
         predicted, truth = tidy_answer(predicted), tidy_answer(reference_answer(str(ground_truth)))

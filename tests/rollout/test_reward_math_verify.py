@@ -81,6 +81,18 @@ def test_reads_the_last_box_and_the_truths_answer(reward):
     assert reference_answer("a lot of work #### 1,234") == "1,234"
 
 
+@pytest.mark.parametrize("response, truth, score", [
+    # verl's gsm8k parquet asks for "output the final answer after ####": such a response scores by that line
+    ("She sells 16 - 3 - 4 = 9 eggs, 9 * 2 = 18 dollars.\n#### 18", "18", 1.0),
+    ("So 9 * 2 = 18.\n#### $18.", "Janet sells ... #### 18", 1.0),
+    ("#### 17 ... no.\n#### 1,234", "1234", 1.0),
+    ("#### 17", "18", 0.0),
+    ("the answer is \\boxed{17}\n#### 18", "18", 0.0),   # the boxed answer is the final one
+])
+def test_a_gsm8k_answer_line_is_the_final_answer_without_a_box(reward, response, truth, score):
+    assert reward(response, truth) == score
+
+
 def test_default_for_math_data_and_math_boxed_stays():
     auto = resolve_reward("auto", has_ground_truth=True)
     assert isinstance(auto, MathVerifyReward) and auto.timeout_s == 5.0

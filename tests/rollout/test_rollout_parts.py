@@ -39,6 +39,12 @@ def test_last_boxed(text, expected):
     ("\\boxed{41}", "42", 0.0),
     ("42", "42", 0.0),                       # no boxed answer, no reward
     ("\\boxed{18}", "Janet sells ... #### 18", 1.0),   # GSM8K answers
+    # a GSM8K-style response (verl's gsm8k prompt asks for "#### N"): its last "####" line when it has no box
+    ("9 eggs a day, 9 * 2 = 18.\n#### 18", "Janet sells ... #### 18", 1.0),
+    ("#### 17\nno, wait\n#### 1,000.", "1000", 1.0),
+    ("#### 17", "18", 0.0),
+    ("\\boxed{17} and #### 18", "18", 0.0),   # a boxed answer comes first
+    ("#### \nnothing after it", "18", 0.0),
 ])
 def test_math_boxed(response, truth, reward):
     assert math_boxed(response, truth) == reward
