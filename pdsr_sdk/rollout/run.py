@@ -183,11 +183,18 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
                                                          config.over_provision or 0.0, steps))
     sample_bar = probe_bar = None
 
-    def on_sample(sample: Sample) -> None:
-        nonlocal probe_bar, sample_bar
-        if sample_bar is None:  # created on first use so engine start-up is not counted
+    def open_sample_bar() -> None:
+        """Once the engines are ready: the bar's clock (its elapsed time and rate) counts the run's generation
+        from its start, not engine start-up, nor only from the first finished sample."""
+        nonlocal sample_bar
+        if sample_bar is None:
             sample_bar = progress(desc="samples", total=total_groups and total_groups * config.sampling.n,
                                   unit="sample")
+
+    def on_sample(sample: Sample) -> None:
+        nonlocal probe_bar
+        open_sample_bar()
+        assert sample_bar is not None
         sample_bar.update(1)
         if sample.is_probe:
             if probe_bar is None:
@@ -239,6 +246,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
         if (batches or carried) and not idle:
             await session.start(max_model_len=max_model_len)
             state.engines_started = True
+            open_sample_bar()
             session.run.batch_index = max(session.run.batch_index, prior.next_batch_index)   # numbering goes on
         if config.streaming and not idle:
             todo_left = todo

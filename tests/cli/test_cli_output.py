@@ -162,6 +162,44 @@ def test_session_reports_engine_start_through_on_status(tmp_path, tiny_model_dir
     assert re.fullmatch(r"engines ready in \d+\.\d s", seen[1]) and len(seen) == 2
 
 
+def test_the_sample_bar_counts_from_the_start_of_generation(tmp_path, tiny_model_dir):
+    """Its elapsed time (and so its rate) covers the batch from its start, not only the time since the first
+    sample finished: the bar opens once the engines are ready, before any sample is submitted, so by its first
+    update it has been open at least as long as the first finished sample ran (monotonic clocks both)."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.config import load_config
+    from pdsr_sdk.progress import PlainBar
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.run import run_rollout
+
+    class Bar(PlainBar):
+        first_update: float | None = None
+
+        def update(self, n: int = 1) -> None:
+            if self.first_update is None:
+                self.first_update = self.clock()
+            super().update(n)
+
+    bars: list[Bar] = []
+
+    def progress(desc="", total=None, unit="it"):
+        bars.append(Bar(desc, total, unit, file=io.StringIO(), clock=time.monotonic))
+        return bars[-1]
+
+    out = tmp_path / "o.parquet"
+    config = load_config(RolloutConfig, fake_config(tmp_path, tiny_model_dir),
+                         {"sampling.max_tokens": 150, "batch_size": 2, "data.limit": 2, "output.path": str(out)})
+    summary = run_rollout(config, progress=progress)
+    (bar,) = [b for b in bars if b.desc == "samples"]
+    assert bar.n == summary.samples == 2 * 2
+    rows = pq.read_table(out).to_pylist()
+    shortest = min(r["finish_time_s"] - r["submit_time_s"] for r in rows)
+    assert shortest > 0 and bar.first_update - bar.start >= shortest
+
+
 def test_cli_run_in_a_log_file_on_fake_engines(tmp_path, tiny_model_dir):
     r = CliRunner().invoke(cli, ["rollout", "--config", str(fake_config(tmp_path, tiny_model_dir)),
                                  "--out", str(tmp_path / "o.parquet"), "--n", "2", "--batch-size", "2"])
