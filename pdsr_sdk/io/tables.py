@@ -25,6 +25,7 @@ import pyarrow as pa
 from pydantic import AfterValidator
 
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError
+from pdsr_sdk.io.json_rows import rows_table
 from pdsr_sdk.io.padding import pad_rows
 
 
@@ -121,7 +122,9 @@ def _read_csv(path: Path, delimiter: str) -> pa.Table:
 
 
 def _read_jsonl(path: Path) -> pa.Table:
-    """JSON Lines, one object a line; a ``.json`` file may instead hold one array of objects."""
+    """JSON Lines, one object a line; a ``.json`` file may instead hold one array of objects. A column mixing numbers
+    and strings is read as strings; any other mix of types is an error naming the line and column
+    (:func:`~pdsr_sdk.io.json_rows.rows_table`)."""
     if path.suffix.lower() == ".json" and _starts_array(path):
         try:
             items = json.loads(path.read_text())
@@ -130,8 +133,8 @@ def _read_jsonl(path: Path) -> pa.Table:
         bad = next((i for i, item in enumerate(items) if not isinstance(item, dict)), None)
         if bad is not None:
             raise DataError(f"{path}: item {bad} of the array: expected a JSON object, got {type(items[bad]).__name__}")
-        return pa.Table.from_pylist(items)
-    rows = []
+        return rows_table(items, path, lambda i: f"{path}: item {i} of the array")
+    rows, linenos = [], []
     with path.open() as fh:
         for lineno, line in enumerate(fh, 1):
             line = line.strip()
@@ -144,7 +147,8 @@ def _read_jsonl(path: Path) -> pa.Table:
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
             rows.append(row)
-    return pa.Table.from_pylist(rows)
+            linenos.append(lineno)
+    return rows_table(rows, path, lambda i: f"{path}:{linenos[i]}")
 
 
 def _starts_array(path: Path) -> bool:

@@ -139,6 +139,36 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
         ("What is 3+3?<|im_end|>", "6")]
 
 
+def test_jsonl_answers_that_mix_numbers_and_strings_are_read_as_strings(tmp_path, tiny_model_dir):
+    """Hand-made math data writes a number as a number and a fraction as a string in one column; Arrow wants one
+    type per column. Such a column is read as strings (as CSV cells are); any other mix is an error naming the
+    line and the column."""
+    tok = load_tokenizer(tiny_model_dir)
+    path = tmp_path / "p.jsonl"
+    rows = [{"question": "What is 9 * 2?", "label": 18}, {"question": "Half of 1?", "label": "\\frac{1}{2}"},
+            {"question": "What is 1/4?", "label": 0.25}, {"question": "No label"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = load_prompts(DataConfig(), tok, path=path)
+    assert [r.ground_truth for r in recs] == ["18", "\\frac{1}{2}", "0.25", None]
+    array = tmp_path / "p.json"
+    array.write_text(json.dumps(rows))
+    assert [r.ground_truth for r in load_prompts(DataConfig(), tok, path=array)] == ["18", "\\frac{1}{2}", "0.25", None]
+
+    path.write_text(json.dumps({"question": "a", "label": "2"}) + "\n\n" + json.dumps({"question": "b", "label": ["2"]})
+                    + "\n")
+    with pytest.raises(DataError, match=r"p\.jsonl:3: column 'label' is a list here but a string at .*p\.jsonl:1"):
+        load_prompts(DataConfig(), tok, path=path)
+    path.write_text(json.dumps({"question": "a", "extra_info": {"index": 1}}) + "\n"
+                    + json.dumps({"question": "b", "extra_info": {"index": "x"}}) + "\n")
+    with pytest.raises(DataError, match=r"p\.jsonl:2: column 'extra_info' is an object here whose fields do not "
+                                        r"match those at .*p\.jsonl:1"):
+        load_prompts(DataConfig(), tok, path=path)
+    array.write_text(json.dumps([{"question": "a", "label": True}, {"question": "b", "label": "yes"}]))
+    with pytest.raises(DataError, match=r"p\.json: item 1 of the array: column 'label' is a string here but a "
+                                        r"boolean at .*p\.json: item 0 of the array"):
+        load_prompts(DataConfig(), tok, path=array)
+
+
 def test_load_prompts_errors_name_file_and_row(tmp_path, tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     path = tmp_path / "p.jsonl"

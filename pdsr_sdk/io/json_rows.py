@@ -1,0 +1,79 @@
+"""JSON objects (a JSONL file's lines, a .json file's array) as one Arrow table, one column per key.
+
+Arrow wants one type per column. Hand-made data often mixes numbers and strings in an answer or label column
+(``"answer": 18`` on one line, ``"answer": "\\frac{1}{2}"`` on the next): such a column is read as strings,
+each number as JSON writes it (``18``, ``0.5``), as a CSV's cells are. Any other mix is a DataError naming the
+file, the line (or item) and the column, with the type it has there and where the column first had another.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from pdsr_sdk.errors import DataError
+
+
+def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], str]) -> pa.Table:
+    """``rows`` as a table; ``where(i)`` names row ``i`` in errors (``f"{path}:{lineno}"``)."""
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    for key in keys:
+        kinds = {_kind(row.get(key)) for row in rows} - {None}
+        if kinds == {"a number", "a string"}:
+            for row in rows:
+                value = row.get(key)
+                if _kind(value) == "a number":
+                    row[key] = json.dumps(value)
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        for key in keys:
+            _check_column(rows, key, path, where)
+        raise DataError(f"{path}: cannot read its objects as one table: {exc}") from None
+
+
+def _kind(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def _check_column(rows: list[dict[str, Any]], key: str, path: Path, where: Callable[[int], str]) -> None:
+    """A DataError at the first row whose ``key`` does not fit the type the column's values before it have."""
+    try:
+        pa.array([row.get(key) for row in rows])
+        return
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    first = None
+    for i, row in enumerate(rows):
+        value = row.get(key)
+        if value is None:
+            continue
+        if first is None:
+            first = i
+            continue
+        try:
+            pa.array([rows[first][key], value])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            here, there = _kind(value), _kind(rows[first][key])
+            what = (f"{here} here but {there} at {where(first)}" if here != there else
+                    f"{here} here whose fields do not match those at {where(first)} ({exc})")
+            raise DataError(f"{where(i)}: column {key!r} is {what}; a column must keep one type (numbers and "
+                            f"strings may mix: such a column is read as strings)") from None
+    raise DataError(f"{path}: column {key!r}: its values do not make one Arrow column")
