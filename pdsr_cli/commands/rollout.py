@@ -20,7 +20,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                "per policy, each to <out stem>.<policy>.parquet.  [default: v3]")
 @policy_set_option
 @click.option("--data", type=click.Path(path_type=Path),
-              help="Prompts: a Parquet, JSONL or CSV file, or a folder of such shards.  [default: the built-in sample prompts]")
+              help="Prompts: a Parquet, JSONL (or a .json array), Arrow IPC or CSV/TSV file, or a folder of such shards.  "
+                   "[default: the built-in sample prompts]")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
 @click.option("--n", type=int, help="Samples per prompt (group size).  [default: 8]")
 @click.option("--batch-size", type=int, help="Prompts per batch.  [default: 128]")
@@ -37,14 +38,18 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
               help="Run the engines as Ray actors on this cluster: 'auto' (the one this machine joined with "
                    "`ray start`), 'local' (start a one-machine cluster), 'HOST:6379', or 'ray://HOST:10001'. "
                    "See docs/ray.md.  [default: local engines, no Ray]")
-@click.option("--prompt-column", help="Prompt text column.  [default: prompt/problem/question]")
+@click.option("--prompt-column", help="Prompt column: text, or chat messages (verl's prompt); a dotted path reads a "
+                                     "struct's field.  [default: the first of prompt, problem, question, input, "
+                                     "context_messages]")
 @click.option("--messages-column", help="Chat messages column (list of {role, content}).")
 @click.option("--system-prompt", metavar="TEXT", help=DataConfig.model_fields["system_prompt"].description)
 @click.option("--instruction", metavar="NAME",
               help=f"Append a standard instruction to each prompt ({', '.join(INSTRUCTIONS)}); e.g. math: "
                    f"'{INSTRUCTIONS['math']}'.")
 @click.option("--id-column", help="Prompt id column.  [default: id/unique_id/prompt_id, else row number]")
-@click.option("--ground-truth-column", help="Reference answer column.  [default: answer/ground_truth]")
+@click.option("--ground-truth-column", help="Reference answer column (a dotted path reads a struct's field).  "
+                                           "[default: the first of answer, ground_truth, reward_model.ground_truth, "
+                                           "label]")
 @click.option("--target-lengths-column", help="Per-sample forced lengths (length-controlled replay; needs --ignore-eos).")
 @click.option("--skip-long", is_flag=True, default=None,
               help="Skip prompts whose tokens plus --max-tokens exceed the model's context (counted in the summary); "

@@ -92,6 +92,22 @@ def test_help_lists_the_policies_and_defaults():
     assert r.exit_code == 0 and "v2.5" in r.output and "--resume" in r.output
 
 
+def test_help_names_every_column_looked_for_and_every_data_format():
+    """The column flags' defaults are the columns load_prompts looks for (verl's reward_model.ground_truth and
+    OpenRLHF's input / label too), and --data names every format read_table reads."""
+    from pdsr_sdk.io.tables import FORMATS
+    from pdsr_sdk.rollout.data import ID_COLUMNS, PROMPT_COLUMNS, TRUTH_COLUMNS
+
+    r = CliRunner(env={"COLUMNS": "2000"}).invoke(cli, ["rollout", "--help"], terminal_width=2000)
+    lines = {line.split()[0]: line for line in r.output.splitlines() if line.strip().startswith("--")}
+    for flag, columns in (("--prompt-column", PROMPT_COLUMNS), ("--ground-truth-column", TRUTH_COLUMNS),
+                          ("--id-column", ID_COLUMNS)):
+        default = lines[flag].split("[default:")[1]
+        assert all(c in default for c in columns), (flag, columns, default)
+    for kind in set(FORMATS.values()):
+        assert {"jsonl": "JSONL", "arrow": "Arrow", "csv": "CSV", "parquet": "Parquet"}[kind] in lines["--data"]
+
+
 def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_dir):
     r = invoke("--data", str(prompts), "--max-staleness", "1", "--out", str(tmp_path / "o.parquet"))
     assert r.exit_code == 2 and "max_staleness applies to multi-step runs only" in r.output
