@@ -31,6 +31,16 @@ def hand_run(matrix, policy="v3", *, fast=1, heavy=0, profile=UNIT, settings=Non
     return run_policy(trace_batches(trace, cfg), cfg, policy, keep_groups=True)
 
 
+@pytest.mark.parametrize("mode", ["chunk", "deal", "auto"])
+def test_every_sample_marked_a_probe_is_counted_as_one(mode):
+    """The summary's probes counter is the rows' is_probe count in every placement (chunks marked sample 0 a probe,
+    for the probe's correlation, without counting it: a v3 run said 'probes 0' beside rows marked is_probe, and a
+    resumed batch, counted from its rows, said otherwise)."""
+    run = hand_run([[5, 9, 3, 7], [2, 2, 8, 4], [6, 1, 1, 3]], fast=2, settings={"placement": {"mode": mode}})
+    marked = sum(s.is_probe for g in run.groups for s in g.samples)
+    assert marked == 3 and sum(b.stats["probes"] for b in run.batches) == marked
+
+
 def launch_order(run):
     samples = [s for g in run.groups for s in g.samples]
     return [s.key for s in sorted(samples, key=lambda s: (s.segments[0].submit_time_s, s.finish_time_s))]

@@ -88,10 +88,14 @@ class Placement(BaseRule):
         """Baseline's placement of the arriving groups (``placement.mode``), with v3's bookkeeping."""
         engines = sorted((e for es in self.ctx.pools().values() for e in es), key=lambda e: e.name)
         samples = [s for g in groups for s in g.samples if not s.finished]
+        probes = 0
         for g in groups:
             self.lengths.add_group(sum(1 for s in g.samples if not s.finished), id(g))
             if self.probes_first and not g.samples[0].finished:
                 g.samples[0].is_probe = True   # its length still measures the probe's correlation
+                probes += 1
+        if probes:   # counted as the ranked pool counts its probes: the summary agrees with the rows' is_probe
+            self.ctx.count("probes", probes)
         # steals keep a batch's chunks work-conserving; not a stream's (there the engines that hold carried work
         # should stay slower, so that the others complete their groups first), nor where the probe is measured to
         # predict nothing (there v3 is baseline, plus its moves)
