@@ -24,7 +24,7 @@ from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, ca
 from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.summary import RolloutSummary, run_summary
-from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file
+from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock
 
 
 def resolve_model_dir(config) -> str:
@@ -114,7 +114,14 @@ class _RunState:
 async def run_rollout_async(config, *, progress: ProgressFactory = silent_progress,
                             status: StatusFn = silent_status, engines: list | None = None, _state: "_RunState | None" = None) -> RolloutSummary:
     """Every check that needs no engine comes first (outputs, options, policy, data, the run resumed, prompt
-    lengths); nothing on disk changes before they pass."""
+    lengths); nothing on disk changes before they pass, but for the output's lock (``<out>.lock``, held while the
+    run goes on: a second run on the same output is an error)."""
+    with output_lock(config.output.path):
+        return await _rollout(config, progress=progress, status=status, engines=engines, _state=_state)
+
+
+async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engines: list | None,
+                   _state: "_RunState | None") -> RolloutSummary:
     state = _state if _state is not None else _RunState()
     from pdsr_sdk.rollout.sample_data import default_sample_path
 

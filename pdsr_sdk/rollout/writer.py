@@ -13,9 +13,12 @@ run also keeps the groups it carries between steps in
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import time
 from pathlib import Path
+from typing import Iterator
 
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import write_table_atomic
@@ -131,3 +134,40 @@ def existing_files(path: str | Path) -> list[Path]:
     if parts.is_dir():
         files += sorted(parts.glob("part-*.parquet"))
     return files
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path) -> Iterator[None]:
+    """Held while a run writes ``path``: an exclusive lock (``flock``) on ``<path>.lock``, removed at the end. A second
+    run on the same output (a ``--resume`` started while the first still runs: a background job ignores Ctrl-C's
+    SIGINT) is a DataError naming the running one's process id, instead of both writing part files under the same
+    numbers (each replacing the other's) and running the same groups twice. Without the output's folder, or on a
+    system without ``fcntl``, nothing is locked (the output checks name a folder that cannot be written)."""
+    try:
+        import fcntl
+    except ImportError:   # not POSIX
+        yield
+        return
+    path = Path(path)
+    lock = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            raise DataError(f"{path}: another pdsr rollout is writing this output (process {pid}, holding {lock.name}); "
+                            f"let it finish or stop it (kill {pid}: it keeps its finished groups) before running "
+                            f"again with --resume") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)

@@ -113,3 +113,66 @@ def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_
     assert r.exit_code == 2 and "max_staleness applies to multi-step runs only" in r.output
     r = invoke("--data", str(prompts), "--steps", "2", "--over-provision", "-1", "--out", str(tmp_path / "o.parquet"))
     assert r.exit_code == 2 and "over_provision" in r.output and "greater than or equal to 0" in r.output
+
+
+# -- a second run on an output a run is writing ------------------------------------------------------------
+
+HELD = {"entered": None, "release": None, "calls": 0}
+
+
+def held_reward(text, ground_truth, **info):
+    """The first call (the first run's first sample) waits until the test lets it go; the others return at once."""
+    import threading
+
+    HELD["calls"] += 1
+    if HELD["calls"] == 1:
+        assert isinstance(HELD["entered"], threading.Event) and isinstance(HELD["release"], threading.Event)
+        HELD["entered"].set()
+        HELD["release"].wait()
+    return 1.0
+
+
+def test_a_second_run_on_an_output_being_written_is_refused(prompts, tmp_path, tiny_model_dir):
+    """A --resume started while the run is still going (a background job ignores Ctrl-C) used to run the same groups
+    again beside it, both writing part files under the same numbers; it is refused, naming the running process, and
+    the run it met finishes with every group once and leaves no lock behind."""
+    import os
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from support import WAIT_S
+    from pdsr_sdk.config import load_config
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.run import run_rollout
+
+    cfg = tmp_path / "run.yaml"
+    out = tmp_path / "o.parquet"
+    cfg.write_text(json.dumps({
+        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+        "batch_size": 1, "data": {"path": str(prompts)}, "reward": "test_rollout_cli:held_reward",
+        "output": {"path": str(out)},
+        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
+    HELD.update(entered=threading.Event(), release=threading.Event(), calls=0)
+    first: dict = {}
+
+    def run() -> None:
+        try:
+            first["summary"] = run_rollout(load_config(RolloutConfig, cfg))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            first["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert HELD["entered"].wait(WAIT_S), first
+        second = CliRunner().invoke(cli, ["rollout", "--quiet", "--config", str(cfg), "--resume"])
+    finally:
+        HELD["release"].set()
+        thread.join(WAIT_S)
+    assert second.exit_code == 2, second.output
+    assert f"{out}: another pdsr rollout is writing this output (process {os.getpid()}" in second.output
+    assert "error" not in first and first["summary"].groups == 3
+    rows = pq.read_table(out).to_pylist()
+    assert sorted((r["prompt_id"], r["sample_index"]) for r in rows) == [(f"q{i}", k) for i in range(3) for k in range(2)]
+    assert not (tmp_path / "o.parquet.lock").exists() and not (tmp_path / "o.parquet.parts").exists()
