@@ -24,12 +24,20 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
-def closing_text(tokenizer: Any, messages: list[dict[str, Any]], content: str) -> str:
-    """What the template renders after the last (assistant) message's ``content``: its end-of-turn text
-    (ChatML: ``<|im_end|>\\n``). Empty if the template does not render the content as it is."""
-    rendered = render(tokenizer, messages, generation_prompt=False)
-    at = rendered.rfind(content) if content else -1
-    return rendered[at + len(content):] if at >= 0 else ""
+#: stands in for the last message's content when finding what the template renders after it: a plain word that no
+#: template trims, splits or escapes (the decoded turn itself may be empty, end in whitespace a template trims,
+#: or hold text a template rewrites, such as a reasoning block)
+CONTENT_MARK = "PDSRCONTENTMARK7f3a"
+
+
+def closing_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+    """What the template renders after the last (assistant) message's content: its end-of-turn text (ChatML:
+    ``<|im_end|>\\n``), found by rendering the conversation with :data:`CONTENT_MARK` as that content. Empty if the
+    template does not render the content."""
+    marked = [*messages[:-1], {**messages[-1], "content": CONTENT_MARK}]
+    rendered = render(tokenizer, marked, generation_prompt=False)
+    at = rendered.rfind(CONTENT_MARK)
+    return rendered[at + len(CONTENT_MARK):] if at >= 0 else ""
 
 
 def unsampled_closing(closing: str, sampled_tail: str) -> str:
@@ -56,7 +64,7 @@ def environment_ids(tokenizer: Any, conversation: list[dict[str, Any]], new: lis
                         "of the conversation alone; append token ids (agent.append(ids=...)) instead")
     text = after[len(before):]
     if last_turn_ids is not None and conversation and conversation[-1].get("role") == "assistant":
-        closing = closing_text(tokenizer, conversation, conversation[-1].get("content") or "")
+        closing = closing_text(tokenizer, conversation)
         tail = tokenizer.decode(list(last_turn_ids)[-8:], skip_special_tokens=False)
         # the closing is in `before` already; what the model did not sample of it is the environment's
         text = unsampled_closing(closing, tail) + text
