@@ -80,3 +80,19 @@ class TurnEngine:
 
     def load(self):
         return EngineLoad(running=len(self.running))
+
+
+#: a token id in the tiny model's vocabulary that :class:`RefusingTurnEngine` refuses
+REFUSED_ID = 999
+
+
+class RefusingTurnEngine(TurnEngine):
+    """A :class:`TurnEngine` that refuses, as vLLM's request validation does, every request whose context holds
+    :data:`REFUSED_ID`: its sample fails and the engine goes on serving the others."""
+
+    def submit(self, req):
+        if REFUSED_ID in req.context_ids:
+            self.clock.call_later(0.0, lambda rid=req.request_id: self.listener.on_request_failed(
+                self, rid, f"VLLMValidationError: token {REFUSED_ID} refused"))
+            return
+        super().submit(req)

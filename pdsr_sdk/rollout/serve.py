@@ -28,7 +28,7 @@ import itertools
 import time
 from typing import Any
 
-from pdsr_sdk.dispatch.types import LENGTH, STOP, TRUNCATED, Group, Sample
+from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_named import NamedSamples
 
@@ -46,6 +46,7 @@ class ChatServer:
         self._ids = itertools.count()
         self.named = NamedSamples(self)
         self._groups: dict[int, asyncio.Future] = {}
+        self._vocab: int | None = None
         session.hooks.on_group_done.append(self._group_done)
 
     # ------------------------------------------------------------- requests
@@ -62,6 +63,7 @@ class ChatServer:
         ids = self.encode(text)
         group = self.make_group(ids, text, n, max_tokens, messages)
         await self._run(group)
+        _check_failed(group)
         return self._chat_response(group.samples, len(ids))
 
     async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
@@ -76,6 +78,7 @@ class ChatServer:
         text, ids = (prompt, self.encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
         group = self.make_group(ids, text, n, max_tokens, None)
         await self._run(group)
+        _check_failed(group)
         tok = self.session.tokenizer
         choices = [{"index": s.index, "text": tok.decode(s.token_ids, skip_special_tokens=True),
                     "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "logprobs": None,
@@ -98,6 +101,7 @@ class ChatServer:
     def make_group(self, ids: list[int], text: str, n: int, max_tokens: int, messages: list[dict] | None, *,
                    prompt_id: str | None = None) -> Group:
         """A request's group of ``n`` samples (its prompt checked against the engines' context)."""
+        self.check_ids(ids, "the prompt")
         limit = self._context_limit()
         if limit is not None and len(ids) + max_tokens > limit:
             raise ServeError(400, f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
@@ -130,6 +134,16 @@ class ChatServer:
         if done is not None and not done.done():
             done.set_result(None)
         self.named.group_done(group)
+
+    def check_ids(self, ids: list[int], what: str) -> None:
+        """A 400 naming the first of ``ids`` outside the model's vocabulary (the engines would refuse it)."""
+        if self._vocab is None:
+            from pdsr_sdk.rollout.preflight import model_vocab_size
+
+            self._vocab = max(len(self.session.tokenizer), model_vocab_size(self.session.model_dir or "") or 0)
+        bad = next((i for i in ids if not 0 <= i < self._vocab), None)
+        if bad is not None:
+            raise ServeError(400, f"{what}: token id {bad} is out of the vocabulary (ids 0 to {self._vocab - 1})")
 
     def _context_limit(self) -> int | None:
         limits = [getattr(getattr(e, "spec", None), "max_model_len", None) for e in self.session.engines]
@@ -192,6 +206,14 @@ class ChatServer:
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
+
+
+def _check_failed(group: Group) -> None:
+    """A 400 naming why when a request's sample failed, never an empty answer: an engine refused it (vLLM's
+    validation of the request; vLLM's own server answers those with a 400 too, which clients do not retry)."""
+    failed = [s for s in group.samples if s.finish_reason == FAILED]
+    if failed:
+        raise ServeError(400, f"{len(failed)} of {len(group.samples)} choices failed: {failed[0].error}")
 
 
 def _messages(value: Any) -> list[dict]:

@@ -48,6 +48,9 @@ class RequestHost(Protocol):
                    prompt_id: str | None = None) -> Group:
         """A request's group of ``n`` samples (its prompt checked against the engines' context)."""
 
+    def check_ids(self, ids: list[int], what: str) -> None:
+        """A 400 naming the first of ``ids`` outside the model's vocabulary."""
+
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are."""
 
@@ -112,7 +115,9 @@ class NamedSamples:
                 raise ServeError(400, f"sample {sample_id!r} was started with a prompt of {form}; send every "
                                       f"prompt of a sample in one form")
             if isinstance(prompt, list):
-                return {"ids": _ids_extension(named.ctx.ids, prompt, sample_id)}
+                new = _ids_extension(named.ctx.ids, prompt, sample_id)
+                server.check_ids(new, f"sample {sample_id!r}: the prompt")
+                return {"ids": new}
             new = _text_extension(named.text, prompt, sample_id)
             ids = server.encode(new)   # the new text only, no special tokens added: the recorded ids stay as they are
             named.text = prompt

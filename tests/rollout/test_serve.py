@@ -99,6 +99,52 @@ def test_bad_requests_get_clear_errors(served):
     assert bad.status_code == 400 and "finite number" in bad.json()["error"]["message"]
 
 
+@requires_torch
+def test_token_ids_out_of_the_vocabulary_are_a_400_naming_the_id(served):
+    """vLLM refuses them; the answer was a 200 with empty choices and finish reason 'stop'."""
+    session, client, _ = served
+    vocab = len(session.tokenizer)
+    with pytest.raises(openai.BadRequestError, match=f"the prompt: token id {vocab} is out of the vocabulary "
+                                                     f"\\(ids 0 to {vocab - 1}\\)"):
+        client.completions.create(model="tiny", prompt=[1, 2, vocab], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="token id -1 is out of the vocabulary"):
+        client.completions.create(model="tiny", prompt=[-1], max_tokens=4)
+    prompt = [5, 6, 7]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, extra_body={"pdsr_sample": "vocab-1"})
+    with pytest.raises(openai.BadRequestError, match=f"'vocab-1': the prompt: token id {vocab + 5} is out"):
+        client.completions.create(model="tiny", prompt=prompt + r.choices[0].token_ids + [vocab + 5],
+                                  max_tokens=4, extra_body={"pdsr_sample": "vocab-1"})
+    r = client.completions.create(model="tiny", prompt=prompt + r.choices[0].token_ids + [8], max_tokens=4,
+                                  extra_body={"pdsr_sample": "vocab-1"})   # the sample goes on
+    assert len(r.choices[0].token_ids) == 4
+
+
+@requires_torch
+def test_a_request_an_engine_refuses_is_an_error_naming_why(tiny_model_dir):
+    """Not a 200 with an empty answer and finish reason 'stop'; the server goes on serving."""
+    from turn_fakes import REFUSED_ID
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 16},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:RefusingTurnEngine",
+                                  "max_model_len": 256, "max_num_seqs": 4}])
+    with RolloutSession(cfg) as session:
+        ready: queue.Queue = queue.Queue()
+        thread = threading.Thread(target=session.serve, kwargs={"port": 0, "on_ready": ready.put})
+        thread.start()
+        try:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}/v1", api_key="none",
+                                   max_retries=0)
+            with pytest.raises(openai.BadRequestError, match=f"2 of 2 choices failed: engine 'f0' refused request "
+                                                             f".*token {REFUSED_ID} refused"):
+                client.completions.create(model="tiny", prompt=[5, REFUSED_ID], max_tokens=4, n=2)
+            with pytest.raises(openai.BadRequestError, match="1 of 1 choices failed: engine 'f0' refused"):
+                client.completions.create(model="tiny", prompt=[REFUSED_ID], max_tokens=4, stream=True)
+            assert len(client.completions.create(model="tiny", prompt=[5, 6], max_tokens=4).choices[0].token_ids) == 4
+        finally:
+            session.stop_serving()
+            thread.join(WAIT_S)
+
+
 def _end(base: str, sample_id: str) -> dict:
     return httpx.post(f"{base}/pdsr/samples/{sample_id}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
 
