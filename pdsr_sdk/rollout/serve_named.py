@@ -75,6 +75,8 @@ class _Named:
     done: asyncio.Future | None = None
     #: a completions sample with text prompts: the text the client holds (see the module); None otherwise
     text: str | None = None
+    #: why the sample can take no more turns (its turn limit or token budget is spent): it waits for its end
+    spent: str | None = None
 
 
 class NamedSamples:
@@ -140,7 +142,12 @@ class NamedSamples:
                 raise ServeError(409, f"sample {sample_id!r}: its first turn is still running")
             named.requests.put_nowait(("end", reward))
             await asyncio.shield(named.done)
-        return await self.row(sample_id)
+        row = await self.row(sample_id)
+        if reward is not None and row["reward"] != reward:   # it had ended before: its reward is not this one
+            raise ServeError(409, f"sample {sample_id!r} had ended ({sample.finish_reason}"
+                                  f"{': ' + sample.error if sample.error else ''}) with reward {row['reward']}; "
+                                  f"the reward {reward} was not taken")
+        return row
 
     async def row(self, sample_id: str) -> dict[str, Any]:
         """A named sample as a trajectories row (its reward once it ended)."""
@@ -189,6 +196,8 @@ class NamedSamples:
                 raise ServeError(409, f"sample {sample_id!r} {state}")
             if named.waiter is not None and not named.waiter.done():
                 raise ServeError(409, f"sample {sample_id!r} has a request running; one turn at a time")
+            if named.spent is not None:
+                raise ServeError(409, named.spent)
             new = extend(named)
             named.waiter = loop.create_future()
             named.requests.put_nowait(("turn", new, max_tokens))
@@ -217,7 +226,19 @@ class NamedSamples:
                         return rest[0]
                     new, max_tokens = rest
                     agent.append(**new)
-                    turn = await agent.generate(max_tokens=max_tokens)
+                    try:
+                        turn = await agent.generate(max_tokens=max_tokens)
+                    except AgentDone as exc:
+                        if agent.done:   # the sample ended
+                            raise
+                        # no turn or token left: the sample waits for its end (and its reward), holding no slot
+                        named.spent = (f"sample {named.sample_id!r}: {exc}; end it with POST "
+                                       f"/v1/pdsr/samples/{named.sample_id}/end")
+                        _fail(named.waiter, ServeError(409, named.spent))
+                        while True:
+                            kind, *rest = await named.requests.get()
+                            if kind == "end":
+                                return rest[0]
             except AgentDone as exc:
                 _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r}: {exc}"))
                 raise

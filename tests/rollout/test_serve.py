@@ -145,6 +145,36 @@ def test_a_request_an_engine_refuses_is_an_error_naming_why(tiny_model_dir):
             thread.join(WAIT_S)
 
 
+@requires_torch
+def test_a_sample_out_of_tokens_still_takes_its_reward(served):
+    """A turn asked for past the sample's budget (64 tokens here) is a 409 that says so; the sample then waits
+    for its end, and the end's reward is its reward (it was dropped: the sample ended at the refused turn)."""
+    session, client, base = served
+    convo = [{"role": "user", "content": "Go."}]
+    refused = None
+    for _ in range(20):
+        try:
+            r = client.chat.completions.create(model="tiny", messages=convo, extra_body={"pdsr_sample": "spent-1"})
+        except openai.ConflictError as exc:
+            refused = exc
+            break
+        convo += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "tool", "content": "ok"}]
+    assert refused is not None and "response tokens are spent" in str(refused)
+    assert "end it with POST /v1/pdsr/samples/spent-1/end" in str(refused)
+    with pytest.raises(openai.ConflictError, match="response tokens are spent"):   # again: the same answer
+        client.chat.completions.create(model="tiny", messages=convo + [{"role": "user", "content": "more"}],
+                                       extra_body={"pdsr_sample": "spent-1"})
+    assert not httpx.get(f"{base}/pdsr/samples/spent-1", timeout=WAIT_S).json()["finished"]
+    row = httpx.post(f"{base}/pdsr/samples/spent-1/end", json={"reward": 0.5}, timeout=WAIT_S).json()
+    assert row["finished"] and row["reward"] == 0.5 and row["error"] is None
+    assert row["turns"][-1]["role"] == "assistant"   # the refused turn's tool message is not in the trajectory
+    assert len(row["response_token_ids"]) <= 64
+    again = httpx.post(f"{base}/pdsr/samples/spent-1/end", json={"reward": 0.5}, timeout=WAIT_S)
+    assert again.status_code == 200 and again.json()["reward"] == 0.5   # ending twice with its reward: the same row
+    other = httpx.post(f"{base}/pdsr/samples/spent-1/end", json={"reward": 1.0}, timeout=WAIT_S)
+    assert other.status_code == 409 and "the reward 1.0 was not taken" in other.json()["error"]["message"]
+
+
 def _end(base: str, sample_id: str) -> dict:
     return httpx.post(f"{base}/pdsr/samples/{sample_id}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
 
