@@ -152,9 +152,9 @@ class ChatServer:
 
     # ------------------------------------------------------------- helpers
     def _common(self, body: dict[str, Any]) -> tuple[int, int]:
-        n = body.get("n") or 1
-        cap = self.session.config.sampling.max_tokens
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or cap
+        n = 1 if body.get("n") is None else body["n"]   # null or absent: the default; 0 is an error, not 1
+        max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
+                          self.session.config.sampling.max_tokens)
         for key, value in (("n", n), ("max_tokens", max_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ServeError(400, f"{key} must be a positive integer, got {value!r}")

@@ -175,6 +175,23 @@ def test_a_sample_out_of_tokens_still_takes_its_reward(served):
     assert other.status_code == 409 and "the reward 1.0 was not taken" in other.json()["error"]["message"]
 
 
+@requires_torch
+@pytest.mark.parametrize("bad, expect", [({"n": 0}, "n must be a positive integer, got 0"),
+                                         ({"max_tokens": 0}, "max_tokens must be a positive integer, got 0"),
+                                         ({"max_completion_tokens": 0}, "max_tokens must be a positive integer, got 0"),
+                                         ({"max_tokens": -3}, "max_tokens must be a positive integer, got -3")])
+def test_zero_choices_or_tokens_are_a_400_not_the_default(served, bad, expect):
+    """n = 0 and max_tokens = 0 were taken as absent: 1 choice, the whole budget."""
+    _, client, _ = served
+    with pytest.raises(openai.BadRequestError, match=expect):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], extra_body=bad)
+    with pytest.raises(openai.BadRequestError, match=expect):
+        client.completions.create(model="tiny", prompt="x", extra_body=bad)
+    ok = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                        extra_body={"n": None, "max_tokens": None})
+    assert len(ok.choices) == 1   # null: the defaults
+
+
 def _end(base: str, sample_id: str) -> dict:
     return httpx.post(f"{base}/pdsr/samples/{sample_id}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
 
