@@ -53,13 +53,14 @@ class ChatServer:
     async def chat(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/chat/completions``."""
         messages = _messages(body.get("messages"))
+        tools = _tools(body.get("tools"))
         n, max_tokens = self._common(body)
         sample_id = sample_id or body.get("pdsr_sample")
         if sample_id is not None:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
-            return await self.named.chat_turn(str(sample_id), messages, max_tokens)
-        text = self.render(messages)
+            return await self.named.chat_turn(str(sample_id), messages, max_tokens, tools)
+        text = self.render(messages, tools)
         ids = self.encode(text)
         group = self.make_group(ids, text, n, max_tokens, messages)
         await self._run(group)
@@ -160,12 +161,13 @@ class ChatServer:
                 raise ServeError(400, f"{key} must be a positive integer, got {value!r}")
         return n, max_tokens
 
-    def render(self, messages: list[dict]) -> str:
-        """``messages`` as the chat template renders them, with the generation prompt."""
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """``messages`` as the chat template renders them, with the generation prompt (and the request's ``tools``,
+        which a tool-calling template describes to the model, as vLLM's server passes them)."""
         tok = self.session.tokenizer
         if not getattr(tok, "chat_template", None):
             raise ServeError(400, "the model's tokenizer has no chat template; use /v1/completions")
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         """``text``'s token ids (``special``: with the tokenizer's added special tokens)."""
@@ -228,6 +230,16 @@ def _messages(value: Any) -> list[dict]:
             raise ServeError(400, f"messages[{i}].content must be a string (parts are not supported)")
         out.append({**m, "content": content or ""})
     return out
+
+
+def _tools(value: Any) -> list[dict] | None:
+    """A chat request's ``tools`` (OpenAI's function definitions), for the chat template; None when it has none."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ServeError(400, f"tools must be a list of objects (OpenAI's {{'type': 'function', 'function': ...}}), "
+                              f"got {value!r:.80}")
+    return value or None
 
 
 def _prompt(value: Any) -> str | list[int]:

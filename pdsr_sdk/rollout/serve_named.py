@@ -38,8 +38,8 @@ class RequestHost(Protocol):
 
     session: Any
 
-    def render(self, messages: list[dict]) -> str:
-        """``messages`` as the chat template renders them, with the generation prompt."""
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """``messages`` as the chat template renders them, with the generation prompt (and ``tools``)."""
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         """``text``'s token ids (``special``: with the tokenizer's added special tokens)."""
@@ -87,11 +87,13 @@ class NamedSamples:
         self.samples: dict[str, _Named] = {}
 
     # ------------------------------------------------------------- requests
-    async def chat_turn(self, sample_id: str, messages: list[dict], max_tokens: int) -> dict[str, Any]:
+    async def chat_turn(self, sample_id: str, messages: list[dict], max_tokens: int,
+                        tools: list[dict] | None = None) -> dict[str, Any]:
+        """A turn of a chat sample; ``tools`` (the request's) are rendered into its prompt by the first request."""
         server = self.server
 
         def start() -> Group:
-            text = server.render(messages)
+            text = server.render(messages, tools)
             return server.make_group(server.encode(text), text, 1, server.session.config.sampling.max_tokens,
                                      messages, prompt_id=f"sample-{sample_id}")
 

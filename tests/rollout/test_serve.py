@@ -192,6 +192,44 @@ def test_zero_choices_or_tokens_are_a_400_not_the_default(served, bad, expect):
     assert len(ok.choices) == 1   # null: the defaults
 
 
+#: the tiny model's ChatML template, with a request's tools described in a first system turn (as Qwen's does)
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }} "
+                  "{% endfor %}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                  "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                  "{% endif %}")
+CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "evaluates arithmetic",
+                                               "parameters": {"type": "object", "properties": {}}}}
+
+
+@requires_torch
+def test_a_requests_tools_reach_the_chat_template(served):
+    """OpenAI's `tools` go to the chat template, as vLLM's server passes them: the model is told its tools (they
+    were dropped, and a tool-calling template rendered the prompt without them)."""
+    session, client, base = served
+    tok = session.tokenizer
+    saved, tok.chat_template = tok.chat_template, TOOLS_TEMPLATE
+    try:
+        convo = [{"role": "user", "content": "What is 6*7?"}]
+        expect = tok.apply_chat_template(convo, tools=[CALCULATOR], tokenize=False, add_generation_prompt=True)
+        assert expect.startswith("<|im_start|>system\nTools: calculator ")
+        plain = client.chat.completions.create(model="tiny", messages=convo, tools=[CALCULATOR], max_tokens=2)
+        assert plain.usage.prompt_tokens == len(tok(expect, add_special_tokens=False)["input_ids"])
+        r = client.chat.completions.create(model="tiny", messages=convo, tools=[CALCULATOR],
+                                           extra_body={"pdsr_sample": "tools-1"})
+        convo += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "tool", "content": "42"}]
+        client.chat.completions.create(model="tiny", messages=convo, tools=[CALCULATOR], max_tokens=3,
+                                       extra_body={"pdsr_sample": "tools-1"})
+        row = httpx.post(f"{base}/pdsr/samples/tools-1/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+        assert tok.decode(row["prompt_token_ids"], skip_special_tokens=False) == expect
+        env = row["turns"][1]
+        env_ids = row["response_token_ids"][env["start_token"]:env["start_token"] + env["num_tokens"]]
+        assert tok.decode(env_ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+        with pytest.raises(openai.BadRequestError, match="tools must be a list of objects"):
+            client.chat.completions.create(model="tiny", messages=convo, extra_body={"tools": "calculator"})
+    finally:
+        tok.chat_template = saved
+
+
 def _end(base: str, sample_id: str) -> dict:
     return httpx.post(f"{base}/pdsr/samples/{sample_id}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
 
