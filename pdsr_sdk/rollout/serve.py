@@ -192,12 +192,20 @@ class ChatServer:
                     "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
         return message
 
+    def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str) -> dict[str, Any]:
+        """A chat response's choice of a sampled turn; its finish reason ``tool_calls`` where the turn ended
+        calling tools, as OpenAI's (and vLLM's) is."""
+        message = self.message(text, token_ids)
+        finish = _FINISH.get(finish_reason, "stop")
+        if finish == "stop" and message.get("tool_calls"):
+            finish = "tool_calls"
+        return {"index": index, "message": message, "finish_reason": finish, "logprobs": None,
+                "token_ids": list(token_ids)}
+
     def _chat_response(self, samples: list[Sample], prompt_tokens: int) -> dict[str, Any]:
         tok = self.session.tokenizer
-        choices = [{"index": s.index, "message": self.message(tok.decode(s.token_ids, skip_special_tokens=True),
-                                                              s.token_ids),
-                    "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "logprobs": None,
-                    "token_ids": list(s.token_ids)} for s in samples]
+        choices = [self.chat_choice(s.index, tok.decode(s.token_ids, skip_special_tokens=True), s.token_ids,
+                                    s.finish_reason or "") for s in samples]
         return self.envelope("chat.completion", "chatcmpl", choices, prompt_tokens, samples)
 
     def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,

@@ -54,8 +54,8 @@ class RequestHost(Protocol):
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are."""
 
-    def message(self, text: str, token_ids: list[int]) -> dict[str, Any]:
-        """The assistant message of a sampled turn."""
+    def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str) -> dict[str, Any]:
+        """A chat response's choice of a sampled turn (its message, finish reason and token ids)."""
 
     def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
                  completion: int | None = None) -> dict[str, Any]:
@@ -101,8 +101,7 @@ class NamedSamples:
             return {"messages": _extension(named.ctx.messages, messages, sample_id)}
 
         named, turn = await self._turn(sample_id, CHAT, max_tokens, start, extend)
-        choice = {"index": 0, "message": server.message(turn.text, turn.token_ids),
-                  "finish_reason": turn.finish_reason, "logprobs": None, "token_ids": list(turn.token_ids)}
+        choice = server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason)
         return self._response(named, turn, "chat.completion", "chatcmpl", choice)
 
     async def completion_turn(self, sample_id: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 from pdsr_sdk.rollout.config import RolloutConfig
 from pdsr_sdk.rollout.session import RolloutSession
-from support import WAIT_S, requires_torch
+from support import WAIT_S, requires_torch, requires_vllm
 from turn_fakes import turn_length
 
 openai = pytest.importorskip("openai")
@@ -424,3 +424,29 @@ def test_stream_chunks_number_tool_calls():
     content = stream_chunks(response, False)[0]["choices"][0]
     assert content["delta"]["tool_calls"] == [{"index": 0, **call}]
     assert response["choices"][0]["message"]["tool_calls"] == [call]   # the response itself is left as it was
+
+
+@requires_vllm
+def test_a_turn_that_calls_tools_finishes_with_tool_calls(tiny_model_dir):
+    """With a tool parser, a turn that ended calling tools has finish reason 'tool_calls', as OpenAI's has (it was
+    'stop'); one cut at its limit stays 'length', and one with no call 'stop'. The stream says the same."""
+    from types import SimpleNamespace
+
+    from pdsr_sdk.dispatch.types import LENGTH, STOP, Group, Sample
+    from pdsr_sdk.rollout.data import load_tokenizer
+    from pdsr_sdk.rollout.serve import ChatServer, stream_chunks
+
+    tok = load_tokenizer(tiny_model_dir)
+    server = ChatServer(SimpleNamespace(tokenizer=tok, hooks=SimpleNamespace(on_group_done=[])), tool_parser="hermes")
+    call = tok('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>',
+               add_special_tokens=False)["input_ids"]
+    group = Group(prompt_id="p", prompt_token_ids=[1], prompt_text="", n=3)
+    turns = [(call + [tok.eos_token_id], STOP), (call, LENGTH), (tok("no call", add_special_tokens=False)["input_ids"]
+                                                                  + [tok.eos_token_id], STOP)]
+    group.samples = [Sample(group=group, index=i, max_tokens=64, token_ids=ids, finish_reason=reason)
+                     for i, (ids, reason) in enumerate(turns)]
+    response = server._chat_response(group.samples, 1)
+    assert [c["finish_reason"] for c in response["choices"]] == ["tool_calls", "length", "stop"]
+    assert response["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculator"
+    closing = [c["choices"][0]["finish_reason"] for c in stream_chunks(response, False)][1::2]
+    assert closing == ["tool_calls", "length", "stop"]
