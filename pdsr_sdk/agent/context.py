@@ -134,6 +134,10 @@ class AgentContext:
                                  f"generate() without messages first (put what the first turn needs in the data)")
             first, self._first = self._first, None
             return first
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise AgentError(f"sample {self.sample.key}: generate(max_tokens={max_tokens!r}): a turn's limit is a "
+                             f"positive int, or None for the default (agent.turn_max_tokens, else the budget left)")
         if messages is not None or ids is not None:
             self.append(messages, ids=ids, tool_name=tool_name)
         if self._pending is not None and not self._pending.done():
@@ -144,7 +148,7 @@ class AgentContext:
             raise AgentDone(f"sample {self.sample.key}: {self.turns} turns, the limit (agent.max_turns)")
         if self.tokens_left <= 0:
             raise AgentDone(f"sample {self.sample.key}: its {self.sample.max_tokens} response tokens are spent")
-        limit = max_tokens or self.turn_max_tokens
+        limit = self.turn_max_tokens if max_tokens is None else max_tokens
         staged, tool = self._staged, self._staged_tool
         self._staged, self._staged_tool = [], None
         self._pending = asyncio.get_running_loop().create_future()

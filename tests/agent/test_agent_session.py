@@ -109,9 +109,14 @@ def test_misuse_is_clear(tiny_model_dir):
     async def first_with_messages(agent):
         await agent.generate([{"role": "user", "content": "x"}])
 
+    async def zero_tokens(agent):
+        await agent.generate()
+        await agent.generate(ids=[7], max_tokens=0)
+
     with RolloutSession(config(tiny_model_dir)) as session:
         for fn, expect in ((append_first, "take it with `await agent.generate()`"),
-                           (first_with_messages, "the first turn runs on the data row's prompt")):
+                           (first_with_messages, "the first turn runs on the data row's prompt"),
+                           (zero_tokens, "generate(max_tokens=0): a turn's limit is a positive int")):
             out = session.step(PROMPTS[:1], agent=fn)
             assert all(expect in r["error"] for r in out.table.to_pylist())
     with pytest.raises(ConfigError, match="async def run"):
