@@ -167,7 +167,10 @@ class ChatServer:
         tok = self.session.tokenizer
         if not getattr(tok, "chat_template", None):
             raise ServeError(400, "the model's tokenizer has no chat template; use /v1/completions")
-        return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        try:
+            return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:   # noqa: BLE001 - the template's refusal (raise_exception: jinja's TemplateError)
+            raise ServeError(400, f"the chat template refused the messages: {exc}") from None
 
     def encode(self, text: str, special: bool = False) -> list[int]:
         """``text``'s token ids (``special``: with the tokenizer's added special tokens)."""

@@ -173,7 +173,9 @@ class NamedSamples:
     async def _turn(self, sample_id: str, api: str, max_tokens: int, start: Callable[[], Group],
                     extend: Callable[[_Named], dict[str, Any]]) -> tuple[_Named, Any]:
         """Run one turn of the sample: ``start()`` makes its group on its first request; ``extend(named)`` gives
-        what a later request appends (``agent.append``'s keyword arguments), after checking it."""
+        what a later request appends (``agent.append``'s keyword arguments), after checking it. It is appended here,
+        while the request is answered, so that what the chat template refuses is the request's 400 and the sample
+        goes on."""
         named = self.samples.get(sample_id)
         loop = asyncio.get_running_loop()
         if named is None:
@@ -200,8 +202,13 @@ class NamedSamples:
             if named.spent is not None:
                 raise ServeError(409, named.spent)
             new = extend(named)
+            try:
+                named.ctx.append(**new)   # parked: its agent waits for this request
+            except Exception as exc:   # noqa: BLE001 - the template's refusal (jinja's TemplateError, a DataError)
+                raise ServeError(400, f"sample {sample_id!r}: the chat template refused the new messages: "
+                                      f"{exc}") from None
             named.waiter = loop.create_future()
-            named.requests.put_nowait(("turn", new, max_tokens))
+            named.requests.put_nowait(("turn", max_tokens))
         return named, await asyncio.shield(named.waiter)
 
     def _response(self, named: _Named, turn: Any, kind: str, prefix: str, choice: dict) -> dict[str, Any]:
@@ -225,8 +232,7 @@ class NamedSamples:
                     kind, *rest = await named.requests.get()
                     if kind == "end":
                         return rest[0]
-                    new, max_tokens = rest
-                    agent.append(**new)
+                    (max_tokens,) = rest   # the request appended its messages or ids already
                     try:
                         turn = await agent.generate(max_tokens=max_tokens)
                     except AgentDone as exc:

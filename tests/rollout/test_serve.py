@@ -230,6 +230,43 @@ def test_a_requests_tools_reach_the_chat_template(served):
         tok.chat_template = saved
 
 
+#: the tiny model's ChatML template refusing a role, as Gemma's refuses every role but user and assistant
+STRICT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('Conversation roles must "
+                   "be user or assistant') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@requires_torch
+def test_messages_the_chat_template_refuses_are_a_400_and_the_sample_goes_on(served):
+    """A template's refusal was a 500 without a reason on a plain request, and failed a named sample (409); it is
+    a 400 with the template's message, and the named sample takes the next request."""
+    session, client, base = served
+    tok = session.tokenizer
+    saved, tok.chat_template = tok.chat_template, STRICT_TEMPLATE
+    try:
+        tool = {"role": "tool", "content": "42"}
+        with pytest.raises(openai.BadRequestError, match="the chat template refused the messages: Conversation roles "
+                                                         "must be user or assistant"):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}, tool])
+        convo = [{"role": "user", "content": "What is 6*7?"}]
+        r = client.chat.completions.create(model="tiny", messages=convo, extra_body={"pdsr_sample": "strict-1"})
+        convo.append({"role": "assistant", "content": r.choices[0].message.content})
+        with pytest.raises(openai.BadRequestError, match="'strict-1': the chat template refused the new messages: "
+                                                         "Conversation roles must be user or assistant"):
+            client.chat.completions.create(model="tiny", messages=convo + [tool], extra_body={"pdsr_sample": "strict-1"})
+        r = client.chat.completions.create(model="tiny", messages=convo + [{"role": "user", "content": "42"}],
+                                           max_tokens=3, extra_body={"pdsr_sample": "strict-1"})
+        assert len(r.choices[0].token_ids) == 3
+        row = httpx.post(f"{base}/pdsr/samples/strict-1/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+        assert row["reward"] == 1.0 and row["error"] is None
+        assert [t["role"] for t in row["turns"]] == ["assistant", "environment", "assistant"]
+        env = row["turns"][1]
+        env_ids = row["response_token_ids"][env["start_token"]:env["start_token"] + env["num_tokens"]]
+        assert tok.decode(env_ids) == "\n<|im_start|>user\n42<|im_end|>\n<|im_start|>assistant\n"
+    finally:
+        tok.chat_template = saved
+
+
 def _end(base: str, sample_id: str) -> dict:
     return httpx.post(f"{base}/pdsr/samples/{sample_id}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
 
