@@ -130,7 +130,9 @@ class AgentRunner:
             if sample.finished or ctx.done:
                 return
             raise
-        except Exception as exc:   # noqa: BLE001 - an agent's bug fails its own sample only
+        except (Exception, SystemExit) as exc:   # noqa: BLE001 - an agent's bug fails its own sample only
+            # SystemExit too: a tool running the model's code in this process (`exec`) gets its sys.exit(), which
+            # out of this task would stop the session's event loop and hang the step
             self._fail(sample, f"the agent raised {type(exc).__name__}: {exc}")
             return
         if sample.finished:

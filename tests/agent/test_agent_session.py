@@ -101,6 +101,32 @@ def test_failures_stay_with_their_sample(tiny_model_dir):
     assert out.summary["agent_failed"] == 9
 
 
+async def exiting_tool_agent(agent):
+    """Sample 1's tool runs the model's code in this process, and the code calls sys.exit (as code RL's often does)."""
+    await agent.generate()
+    if agent.sample_index == 1:
+        await asyncio.to_thread(exec, "import sys; sys.exit(3)")
+    await agent.generate([{"role": "tool", "content": "ok"}])
+    return 1.0
+
+
+@requires_torch
+def test_a_tool_that_calls_sys_exit_fails_its_sample_only(tiny_model_dir):
+    """SystemExit is no Exception: it went through the agent's task and stopped the session's event loop, and the
+    step hung (the sync form) or the caller's loop ended with it (the async form)."""
+    async def go():
+        async with RolloutSession(config(tiny_model_dir)) as session:
+            return await asyncio.wait_for(session.astep(PROMPTS[:2], agent=exiting_tool_agent), 60)
+
+    out = asyncio.run(go())
+    for row in out.table.to_pylist():
+        if row["sample_index"] == 1:
+            assert row["finish_reason"] == "failed" and row["error"] == "the agent raised SystemExit: 3"
+        else:
+            assert row["error"] is None and row["reward"] == 1.0
+    assert out.summary["agent_failed"] == 2
+
+
 @requires_torch
 def test_misuse_is_clear(tiny_model_dir):
     async def append_first(agent):
