@@ -74,6 +74,10 @@ def test_turns_rewards_and_the_summary(tiny_model_dir):
         assert batch["response_mask"][i][:n].tolist() == row["response_mask"] and not batch["response_mask"][i][n:].any()
         assert batch["attention_mask"][i][-batch["responses"].shape[1]:][:n].all()
         assert batch["token_level_scores"][i][n - 1] == pytest.approx(row["reward"])
+        # the environment's tokens: no version (as padding), log-prob 0 (padding: -1)
+        env = batch["response_mask"][i][:n] == 0
+        assert env.any() and (batch["token_versions"][i][:n][env] == -1).all()
+        assert (batch["token_versions"][i][:n][~env] >= 0).all() and (batch["rollout_log_probs"][i][:n][env] == 0).all()
 
 
 @requires_torch
