@@ -84,10 +84,11 @@ def resolve_policy(name: str, settings: Any = None, *, simulation: bool = False,
     if issubclass(model, ConfigModel):   # each part's old keys renamed first, each warning naming its origin
         base, settings = model.upgrade(base, source=source), model.upgrade(settings, origin, saved=saved)
     try:
-        return cls, validate_config(model, deep_merge(base, settings), source=origin or source,
+        return cls, validate_config(model, deep_merge(base, settings), source=origin,
                                     prefix=f"policy_settings.{name}", saved=saved)
     except ConfigError:
-        # name the preset where its own settings are the problem, else (above) where the given ones came from
+        # name the preset where its own settings are the problem, else (above) where the given ones came from:
+        # their file, or none for settings passed in code (not the preset they were merged with)
         validate_config(model, base, source=source, prefix=f"policy_settings.{name}", saved=saved)
         raise
 

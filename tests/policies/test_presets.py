@@ -79,3 +79,25 @@ def test_a_preset_is_read_once_and_again_when_it_changes(tmp_path, monkeypatch):
     assert load_preset("mine")["settings"]["cap_multiplier"] == 2.0 and len(reads) == 1
     (tmp_path / "mine.yaml").write_text("policy: v2.5\nsettings: {cap_multiplier: 3.0, on_break: restart}\n")
     assert resolve_policy("mine")[1].cap_multiplier == 3.0 and len(reads) == 2
+
+
+def test_a_bad_setting_given_in_code_names_the_setting_not_the_preset():
+    """Settings passed in code over a built-in preset: the error names the key, not the preset file they were
+    merged with (it named .../builtin_presets/v3.yaml, which holds nothing wrong)."""
+    from pdsr_sdk.errors import ConfigError
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    with pytest.raises(ConfigError, match=r"policy_settings\.v3\.placement\.mode") as info:
+        SimulateConfig(policy_settings={"v3": {"placement": {"mode": "bogus"}}})
+    assert "builtin_presets" not in str(info.value) and ".yaml" not in str(info.value)
+
+
+def test_a_bad_setting_in_a_preset_names_the_preset(tmp_path, monkeypatch):
+    from pdsr_sdk.errors import ConfigError
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    (tmp_path / "broken.yaml").write_text("policy: v3\nsettings:\n  placement:\n    mode: bogus\n")
+    monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
+    for given in ({}, {"broken": {"ranking": {"min_correlation": 0.2}}}):   # a valid override beside it
+        with pytest.raises(ConfigError, match=r"broken\.yaml: policy_settings\.broken\.placement\.mode"):
+            SimulateConfig(policy="broken", policy_settings=given)
