@@ -480,3 +480,12 @@ def test_patched_environ_restores_changed_and_removes_added_keys(monkeypatch):
         assert os.environ["PDSR_TEST_KEPT"] == "inside" and os.environ["PDSR_TEST_ADDED"] == "x"
         raise RuntimeError   # restored on the way out of a failing block too
     assert os.environ["PDSR_TEST_KEPT"] == "before" and "PDSR_TEST_ADDED" not in os.environ
+
+
+def test_python_dash_m_runs_the_cli():
+    """``python -m pdsr_cli`` is the ``pdsr`` command (for environments without the console script on PATH)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "pdsr_cli", "--help"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: pdsr ") and "rollout" in proc.stdout and "simulate" in proc.stdout
