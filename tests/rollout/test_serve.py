@@ -4,6 +4,7 @@ bad requests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -19,22 +20,28 @@ from turn_fakes import turn_length
 openai = pytest.importorskip("openai")
 
 
+@contextlib.contextmanager
+def serving(session, **serve_kwargs):
+    """``session.serve`` in a thread for the block: an openai client on it (no retries), and its base URL."""
+    ready: queue.Queue = queue.Queue()
+    thread = threading.Thread(target=session.serve, kwargs={"port": 0, "on_ready": ready.put, **serve_kwargs})
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}/v1"
+        yield openai.OpenAI(base_url=base, api_key="none", max_retries=0), base
+    finally:
+        session.stop_serving()
+        thread.join(WAIT_S)
+
+
 @pytest.fixture(scope="module")
 def served(tiny_model_dir):
     cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 64},
                         agent={"env_timeout_s": 30},
                         engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
                                   "max_model_len": 256, "max_num_seqs": 4}])
-    with RolloutSession(cfg) as session:
-        ready: queue.Queue = queue.Queue()
-        thread = threading.Thread(target=session.serve, kwargs={"port": 0, "on_ready": ready.put,
-                                                                "model_name": "tiny"})
-        thread.start()
-        port = ready.get(timeout=WAIT_S)
-        base = f"http://127.0.0.1:{port}/v1"
-        yield session, openai.OpenAI(base_url=base, api_key="none", max_retries=0), base
-        session.stop_serving()
-        thread.join(WAIT_S)
+    with RolloutSession(cfg) as session, serving(session, model_name="tiny") as (client, base):
+        yield session, client, base
 
 
 @requires_torch
@@ -127,22 +134,13 @@ def test_a_request_an_engine_refuses_is_an_error_naming_why(tiny_model_dir):
     cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 16},
                         engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:RefusingTurnEngine",
                                   "max_model_len": 256, "max_num_seqs": 4}])
-    with RolloutSession(cfg) as session:
-        ready: queue.Queue = queue.Queue()
-        thread = threading.Thread(target=session.serve, kwargs={"port": 0, "on_ready": ready.put})
-        thread.start()
-        try:
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}/v1", api_key="none",
-                                   max_retries=0)
-            with pytest.raises(openai.BadRequestError, match=f"2 of 2 choices failed: engine 'f0' refused request "
-                                                             f".*token {REFUSED_ID} refused"):
-                client.completions.create(model="tiny", prompt=[5, REFUSED_ID], max_tokens=4, n=2)
-            with pytest.raises(openai.BadRequestError, match="1 of 1 choices failed: engine 'f0' refused"):
-                client.completions.create(model="tiny", prompt=[REFUSED_ID], max_tokens=4, stream=True)
-            assert len(client.completions.create(model="tiny", prompt=[5, 6], max_tokens=4).choices[0].token_ids) == 4
-        finally:
-            session.stop_serving()
-            thread.join(WAIT_S)
+    with RolloutSession(cfg) as session, serving(session) as (client, _):
+        with pytest.raises(openai.BadRequestError, match=f"2 of 2 choices failed: engine 'f0' refused request "
+                                                         f".*token {REFUSED_ID} refused"):
+            client.completions.create(model="tiny", prompt=[5, REFUSED_ID], max_tokens=4, n=2)
+        with pytest.raises(openai.BadRequestError, match="1 of 1 choices failed: engine 'f0' refused"):
+            client.completions.create(model="tiny", prompt=[REFUSED_ID], max_tokens=4, stream=True)
+        assert len(client.completions.create(model="tiny", prompt=[5, 6], max_tokens=4).choices[0].token_ids) == 4
 
 
 @requires_torch
@@ -390,18 +388,10 @@ def test_a_served_request_drafts_from_earlier_responses_to_its_prompt(tiny_model
     with RolloutSession(cfg, draft_history=DraftHistory(per_prompt=3)) as session:
         done: list = []
         session.hooks.on_group_done.append(done.append)
-        ready: queue.Queue = queue.Queue()
-        thread = threading.Thread(target=session.serve, kwargs={"port": 0, "on_ready": ready.put})
-        thread.start()
-        try:
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}/v1", api_key="none",
-                                   max_retries=0)
+        with serving(session) as (client, _):
             first = client.completions.create(model="pdsr", prompt=[5, 6, 7], n=2, max_tokens=8)
             client.completions.create(model="pdsr", prompt=[5, 6, 7], n=2, max_tokens=8)
             client.completions.create(model="pdsr", prompt=[9, 10], max_tokens=8)
-        finally:
-            session.stop_serving()
-            thread.join(WAIT_S)
     responses = [c.token_ids for c in first.choices]
     assert [g.draft_responses for g in done] == [[], responses, []]
 
