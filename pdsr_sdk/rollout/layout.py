@@ -1,8 +1,10 @@
 """Which engines a run gets: an explicit list from config, or an automatic layout.
 
 Automatic layout: on GPUs, one engine per GPU (``heavy`` of them in
-the heavy pool, default one per four GPUs, at least one); on the CPU build,
-one fast and one heavy engine splitting the cores between them. Every engine
+the heavy pool; by default one per four GPUs, at least one, for a policy whose
+``required_pools`` names the heavy pool, and none for the others); on the CPU
+build, one engine on all cores, and a second, heavy one splitting the cores with
+it for a policy that needs a heavy pool. Every engine
 of the automatic layout starts with the same vLLM settings (equal engines;
 "heavy" is a role a policy gives some of them); ``engine_defaults`` changes
 them all, and an explicit engine list may still make them differ. With a

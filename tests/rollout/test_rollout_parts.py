@@ -253,3 +253,22 @@ def test_session_starts_engines_at_once_and_closes_all_when_one_fails(tmp_path):
     with pytest.raises(EngineError, match="h0.*failed to start"):
         asyncio.run(session(fail=True).start())
     assert sorted(e for e in StartupEngine.LOG if e[0] == "close") == [("close", "f0"), ("close", "h0")]
+
+
+@pytest.mark.parametrize("cpu,devices,pools,layout", [
+    (False, 8, ("fast", "heavy"), ["fast"] * 6 + ["heavy"] * 2),   # a quarter heavy where the policy needs it
+    (False, 3, ("fast", "heavy"), ["fast"] * 2 + ["heavy"]),        # at least one
+    (False, 8, (), ["fast"] * 8),                                   # v3, baseline, lpt: every GPU's engine fast
+    (True, 2, ("fast", "heavy"), ["fast", "heavy"]),                # the CPU build: the cores split in two
+    (True, 2, (), ["fast"]),                                        # one engine on all cores
+])
+def test_automatic_layout_is_what_docs_rollout_md_says(monkeypatch, cpu, devices, pools, layout):
+    """docs/rollout.md ("Engines") and docs/ray.md: heavy engines only for a policy that needs a heavy pool."""
+    from pdsr_sdk.rollout import layout as layout_module
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    monkeypatch.setattr(layout_module, "available_devices", lambda cpu: list(range(devices)))
+    specs = layout_module.engine_layout(RolloutConfig(), required_pools=pools, cpu=cpu, max_model_len=512)
+    assert [s.pool for s in specs] == layout
+    if cpu:   # the cores are split between the engines, none shared
+        assert sorted(d for s in specs for d in s.devices) == list(range(devices))
