@@ -54,7 +54,9 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
     accepts: pdsr's ``fn(response_text, ground_truth, **info)`` or verl's ``compute_score``).
     ``draft_history``: with speculative ``group``, a :class:`~pdsr_sdk.engines.group_drafter.DraftHistory` to
     draft from and add to (e.g. one kept across sessions); default: a new one, read from
-    ``config.speculative_settings.history_file`` if given.
+    ``config.speculative_settings.history_file`` if given. ``agent``: an ``async def run(agent)`` (or its
+    import path) that runs each sample over several turns (:mod:`pdsr_sdk.agent`); default
+    ``config.agent.function``; a step's own ``agent=`` overrides it.
 
     Rewards are computed as samples finish, on ``config.reward_workers`` threads off the event loop
     (:mod:`pdsr_sdk.rollout.reward_runner`); a step's summary has their time (``reward_s``) and how long

@@ -1,0 +1,169 @@
+"""What the user docs (README.md, docs/*.md; not docs/notes/, which is history) name exists, as named.
+
+- A ``pdsr CMD ... --flag`` on one line of a doc (in a code block or inline code, continuation lines joined) names
+  an option of that command.
+- A signature of a ``RolloutSession`` method in docs/sdk.md (``step(prompts=(), *, n=None, ...)``) has the
+  method's parameters with their defaults: all of them, unless it ends in ``...``.
+- The tables of docs/configuration.md give each key's default as the config models have it.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+
+import pytest
+
+from support import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def cli_options() -> dict[str, set[str]]:
+    """Every command's options: ``{"pdsr simulate": {"--trace", ...}, "pdsr trace synth": {...}, ...}``."""
+    import click
+
+    from pdsr_cli.main import cli
+
+    out: dict[str, set[str]] = {}
+
+    def walk(cmd, path):
+        out[" ".join(path)] = {o for p in cmd.params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts}
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(None):
+                walk(cmd.get_command(None, name), [*path, name])
+
+    walk(cli, ["pdsr"])
+    return out
+
+
+def unknown_flags(text: str, commands: dict[str, set[str]]) -> list[str]:
+    """``pdsr CMD`` followed by flags an option of CMD does not name, one problem a line."""
+    problems = []
+    for number, line in enumerate(text.replace("\\\n", " ").splitlines(), 1):
+        for match in re.finditer(r"\bpdsr((?: [a-z][a-z0-9]*)+)([^`|\n]*)", line):
+            words = match.group(1).split()
+            for k in range(min(len(words), 2), 0, -1):   # the longest command the words name
+                command = " ".join(["pdsr", *words[:k]])
+                if command in commands and (k == 1 or words[k - 1] in command):
+                    break
+            else:
+                continue
+            rest = " ".join(words[k:]) + match.group(2)
+            rest = rest.split(" # ")[0]                       # a shell comment is prose
+            problems += [f"{number}: {command} {flag}" for flag in FLAG.findall(rest) if flag not in commands[command]]
+    return problems
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_cli_flag_a_doc_names_exists(doc):
+    problems = unknown_flags(doc.read_text(), cli_options())
+    assert not problems, f"{doc.name}: flags no such option:\n" + "\n".join(problems)
+
+
+def test_the_flag_check_finds_a_flag_that_is_gone():
+    commands = cli_options()
+    text = ("`pdsr simulate --trace t.jsonl --no-such-flag`\n"
+            "pdsr trace synth --groups 8 \\\n    --gone\n"
+            "pdsr simulate --steps 2   # then --anything in a comment\n")
+    assert unknown_flags(text, commands) == ["1: pdsr simulate --no-such-flag", "2: pdsr trace synth --gone"]
+
+
+# -- docs/sdk.md: RolloutSession's signatures -------------------------------------------------------------------
+
+SIGNATURE = re.compile(r"`(?:await )?(?:s\.|session\.)?(RolloutSession|[a-z_]+)\(([^()`]*(?:\([^()`]*\)[^()`]*)*)\)"
+                       r"(?: -> \w+)?`")
+
+
+def documented_signatures(text: str) -> list[tuple[str, str]]:
+    """``(name, params)`` of each inline-code signature of a RolloutSession method (or the class) with parameters."""
+    from pdsr_sdk import RolloutSession
+
+    out = []
+    for name, params in SIGNATURE.findall(text):
+        if name != "RolloutSession" and not callable(getattr(RolloutSession, name, None)):
+            continue
+        entries = [e.strip() for e in params.split(",")]
+        if entries[0] in ("", "...") or not all(re.fullmatch(r"\w+(=.+)?|\*|\.\.\.", e) for e in entries):
+            continue   # a call (``step(..., wait_for_update=True)``, ``pause("keep")``), not a signature
+        out.append((name, params))
+    return out
+
+
+def signature_problems(name: str, params: str) -> list[str]:
+    """Parameters (and their defaults) the doc's ``params`` gives otherwise than the code."""
+    from pdsr_sdk import RolloutSession
+
+    target = RolloutSession.__init__ if name == "RolloutSession" else getattr(RolloutSession, name)
+    real = {p.name: p for p in inspect.signature(target).parameters.values() if p.name != "self"}
+    partial = params.rstrip().endswith("...")
+    documented = [p.strip() for p in params.split(",") if p.strip() not in ("", "*", "...")]
+    problems = []
+    seen = set()
+    for entry in documented:
+        pname, _, default = entry.partition("=")
+        pname = pname.strip()
+        seen.add(pname)
+        if pname not in real:
+            problems.append(f"{name}: no parameter {pname!r}")
+        elif default and real[pname].default is not inspect.Parameter.empty:
+            if ast.literal_eval(default.strip()) != real[pname].default:
+                problems.append(f"{name}: {pname} defaults to {real[pname].default!r}, not {default.strip()}")
+    if not partial and "*" in [p.strip() for p in params.split(",")]:   # a whole signature, not a call
+        missing = [p for p in real if p not in seen]
+        if missing:
+            problems.append(f"{name}: the doc leaves out {', '.join(missing)} (end the list with ... if on purpose)")
+    return problems
+
+
+def test_rollout_session_signatures_in_docs_sdk_md_are_the_codes():
+    found = documented_signatures((ROOT / "docs" / "sdk.md").read_text())
+    assert {"RolloutSession", "step", "update_weights", "pause", "sleep"} <= {name for name, _ in found}
+    problems = [p for name, params in found for p in signature_problems(name, params)]
+    assert not problems, "docs/sdk.md:\n" + "\n".join(problems)
+
+
+def test_the_signature_check_finds_a_parameter_left_out_or_misdefaulted():
+    assert signature_problems("update_weights", "weights, *, version=None") == []
+    assert signature_problems("update_weights", "weights, *, version=3") == [
+        "update_weights: version defaults to None, not 3"]
+    assert signature_problems("update_weights", "weights") == []          # no `*`: it need not be whole
+    assert documented_signatures('`s.pause("keep")` `step(..., last=True)` `s.sleep(level=1)` `s.wake()`') == [
+        ("sleep", "level=1")]
+    assert signature_problems("step", "prompts=(), *, n=None") == [
+        "step: the doc leaves out last, wait_for_update, agent (end the list with ... if on purpose)"]
+    assert signature_problems("step", "prompts=(), *, n=None, ...") == []
+
+
+# -- docs/configuration.md: defaults ----------------------------------------------------------------------------
+
+def v3_table_defaults(text: str) -> dict[str, str]:
+    """``{"migration.quantile": "0.9", ...}`` from the v3 settings table: each `` `key` (default) ``."""
+    out = {}
+    section = text[text.index("### v3's settings"):text.index("## Renamed keys")]
+    for row in re.findall(r"^\| `(\w+)` \|[^|]*\|(.*)\|$", section, re.M):
+        for key, default in re.findall(r"`(\w+)` \(([^)]*)\)", row[1]):
+            out[f"{row[0]}.{key}"] = default
+    return out
+
+
+def test_v3_settings_defaults_in_docs_configuration_md_are_the_codes():
+    from pdsr_sdk.policies.v3.settings import V3Settings
+
+    table = v3_table_defaults((ROOT / "docs" / "configuration.md").read_text())
+    assert len(table) >= 20
+    settings = V3Settings().model_dump()
+    problems = []
+    for dotted, default in table.items():
+        section, key = dotted.split(".")
+        value = settings[section][key]
+        written = None if default.split(":")[0] == "none" else default.strip("`")
+        if written is None or isinstance(value, str):
+            ok = value == written
+        else:
+            ok = float(written) == value
+        if not ok:
+            problems.append(f"{dotted}: the code's default is {value!r}, the table says {default}")
+    assert not problems, "docs/configuration.md:\n" + "\n".join(problems)
