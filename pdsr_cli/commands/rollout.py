@@ -109,8 +109,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
-    Sample 0 of each prompt probes its difficulty; the policy routes the
-    other samples to the fast or heavy pool. Trajectories stream to Parquet
+    Sample 0 of each prompt is its probe; the policy (v3 by default) decides
+    which engine runs each sample, and when. Trajectories stream to Parquet
     (finished groups are on disk even if the run is interrupted; --resume
     skips them), and a summary (makespan, tokens/s, engine busy fraction,
     probes, offloads, breaks, moves, steals, restarts) is printed and saved.
