@@ -194,7 +194,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
 
     def step_end() -> None:
         bounds.append(step_work_bound(stream.pending, len(engines), cfg, coeffs) + (stopped_s if bounds else 0.0))
-        recorded.append(sum(sum(g.target_lengths) for g in stream.pending))
+        recorded.append(sum(recorded_sampled_tokens(g) for g in stream.pending))
         trainer.step_end()
 
     stream = StepStream(run, step_groups=b, in_flight=in_flight(b, over_provision or 0.0), steps=cfg.steps,
@@ -240,6 +240,13 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
         consumed_at=stream.consumed_at, launched_at=stream.launched_at,
         engines=engine_use(engines, end, set(facts.get("lane_engines", ())), occupancy=record),
         horizon_s=end, policy_facts=facts)
+
+
+def recorded_sampled_tokens(g: Group) -> int:
+    """The tokens the trace records for ``g``'s responses that the model samples: a multi-turn sample's turns
+    without its environment's tokens, as a step's ``tokens`` count them (``token_ratio`` compares the two)."""
+    turns = g.target_turns or [None] * len(g.target_lengths)
+    return sum(n if t is None else sum(k for k, _, _ in t) for n, t in zip(g.target_lengths, turns))
 
 
 def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coeffs: dict[str, float]) -> float:

@@ -185,3 +185,15 @@ def test_partial_rollout_carries_multi_turn_samples_across_steps_with_every_turn
             want = trace.turns.of(by_id[g.prompt_id] * 4 + s.index)
             assert [t.num_tokens for t in s.turns if t.role == "assistant"] == [k for k, _, _ in want]
             assert s.env_tokens == sum(e for _, e, _ in want) and s.num_generated == sum(k + e for k, e, _ in want)
+
+
+def test_token_ratio_of_a_stream_of_turns_counts_the_models_tokens_only():
+    """A step's tokens are the ones the model sampled; the trace's lengths also hold the environment's. With no
+    restart (a multi-turn sample has none) the steps consume exactly what the trace records: token_ratio 1, not the
+    sampled share of the lengths (which made per_token read partial rollout as slower than on-policy)."""
+    trace = synth_trace(groups=120, n=4, seed=3, turns_max=4, max_length=400, env_delay_max_s=2.0)
+    cfg = SimulateConfig(policy="v3", fast=2, heavy=1, step_groups=8, steps=6, timeline=False,
+                         profiles={"fast": UNIT, "heavy": UNIT}, segments={"min_tokens": 8, "max_tokens": 64})
+    run = run_steps(trace, cfg, "v3", 0.5, keep_groups=True)
+    assert run.stats["restarts"] == 0 and sum(s.env_tokens for g in run.groups for s in g.samples) > 0
+    assert run.token_ratio == pytest.approx(1.0)
