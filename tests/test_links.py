@@ -13,8 +13,9 @@ The rules, kept simple on purpose:
 2. Repository paths. In every tracked text file (not data such as ``*.jsonl`` or ``*.parquet``), each mention
    that starts at a word boundary with ``docs/``, ``tests/``, ``bench/``, ``examples/``, ``policies/``,
    ``schemas/``, ``scripts/`` or ``pdsr_sdk/`` and ends in a file name of the kind each folder holds
-   (``docs/<page>.md``, ``tests/<...>.py``, ``bench/<...>.py``, ``examples/<...>`` (any file or folder),
-   ``policies/<name>.yaml``, ``schemas/<name>.json``, ``scripts/<name>.sh``, ``pdsr_sdk/<...>.py``)
+   (``docs/<page>.md``, ``tests/<...>.py``, ``bench/<...>.py``, ``bench/data/<...>`` and ``examples/<...>`` (any file
+   or folder), ``policies/<name>.yaml``, ``schemas/<name>.json``, ``scripts/<name>.sh``, ``pdsr_sdk/<...>.py``,
+   ``pdsr_cli/<...>.py``)
    must exist from the repository's root. A mention with a placeholder (``<``, ``{``) is skipped; one
    with ``*`` is a glob and must match something. A path that ``pdsr_sdk/`` or another folder name
    merely ends (``my_pkg/tests/x.py``) is not a mention: the character before it must not be a letter,
@@ -37,12 +38,14 @@ PATH = re.compile(
     r"(?<![\w./-])("
     r"docs/[\w./<>{}*-]*?\.md"
     r"|tests/[\w./<>{}*-]*?\.py"
+    r"|bench/data/[\w./<>{}*-]*[\w*>}]"
     r"|bench/[\w./<>{}*-]*?\.py"
     r"|examples/[\w./<>{}*-]*[\w/*>}]"
     r"|policies/[\w.<>{}*-]*?\.yaml"
     r"|schemas/[\w.<>{}*-]*?\.json"
     r"|scripts/[\w.<>{}*-]*?\.sh"
     r"|pdsr_sdk/[\w./<>{}*-]*?\.py"
+    r"|pdsr_cli/[\w./<>{}*-]*?\.py"
     r")(?![\w/-])"
 )
 DATA_SUFFIXES = {".jsonl", ".parquet", ".png", ".jpg", ".gz", ".arrow"}
@@ -151,15 +154,15 @@ def test_the_checks_find_what_is_broken(tmp_path):
     (tmp_path / "tests" / "gae").mkdir(parents=True)
     (tmp_path / "tests" / "gae" / "test_gae.py").write_text("")
     (tmp_path / "guide" / "page.md").write_text("# A page\n\n## Two `words`, here\n")
-    gone, moved = "docs/" + "gone.md", "tests/" + "test_gae.py"
+    gone, moved, data = "docs/" + "gone.md", "tests/" + "test_gae.py", "bench/data/" + "gone.jsonl"
     (tmp_path / "README.md").write_text(
         "# Read me\n[ok](guide/page.md) [ok](guide/page.md#two-words-here) [bad](guide/page.md#nowhere)\n"
         "[ok](#read-me) [ok](guide/)\n"
-        f"[bad]({gone}) see `{moved}` and `tests/gae/test_gae.py`, `docs/<name>.md`, `tests/*/test_*.py`\n"
+        f"[bad]({gone}) see `{moved}` and `tests/gae/test_gae.py`, `docs/<name>.md`, `tests/*/test_*.py`, {data}\n"
         "```\n[in code](nowhere.md)\n```\n")
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     files = tracked(tmp_path)
     links = broken_links(tmp_path, files)
     assert [line.split(": ", 1)[1] for line in links] == [
         "guide/page.md#nowhere (no heading with that anchor)", f"{gone} (no such file)"]
-    assert [line.split(": ", 1)[1] for line in broken_paths(tmp_path, files)] == [gone, moved]
+    assert [line.split(": ", 1)[1] for line in broken_paths(tmp_path, files)] == [gone, moved, data]
