@@ -47,7 +47,7 @@ def unknown_flags(text: str, commands: dict[str, set[str]]) -> list[str]:
             words = match.group(1).split()
             for k in range(min(len(words), 2), 0, -1):   # the longest command the words name
                 command = " ".join(["pdsr", *words[:k]])
-                if command in commands and (k == 1 or words[k - 1] in command):
+                if command in commands:
                     break
             else:
                 continue
