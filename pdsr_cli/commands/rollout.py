@@ -124,7 +124,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --policy all --data math.parquet --model DIR --out runs/ab.parquet   # one run per policy
       pdsr rollout --ray auto --model /shared/models/qwen --data math.parquet   # engines on a Ray cluster
       pdsr rollout --data math.parquet --model DIR --instruction math --system-prompt "You are a careful solver."
-      pdsr rollout --steps 5 --step-groups 64 --over-provision 0.25 --max-staleness 2   # partial rollout
+      pdsr rollout --steps 5 --step-groups 8 --over-provision 0.25 --max-staleness 2    # partial rollout
       pdsr rollout --steps 5 --data gsm8k.parquet --model DIR --filter-groups zero-variance   # DAPO
       pdsr rollout --speculative ngram --num-speculative-tokens 4 --data math.parquet --model DIR
       pdsr rollout --speculative group --draft-history runs/last.parquet --data math.parquet --model DIR

@@ -262,9 +262,11 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
             if prior.batches:   # each step's end was a version change
                 session.policy_version = config.policy_version + prior.next_batch_index
             session.restore_carried(carried)
+            ran = 0
             for k in range(steps):   # the run's steps in all: a resume runs those left
                 if consumed == len(todo_left) + len(carried):
                     break
+                ran += 1
                 out = await session.astep(source if k == 0 else (), last=k == steps - 1)
                 scores = iter(out.scores)
                 for group in out.groups:
@@ -283,6 +285,11 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
                 writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
                                     for g, step in session.carried() for s in g.samples], carry_schema())
                 write_text_atomic(summarise().to_json(), summary_path(config))
+            if ran < steps:   # not an error (the last groups come back in the steps they take), but not what was asked
+                status(f"the data's prompts ran out after {ran} of the {steps} steps "
+                       f"{'left to run' if prior.batches else 'asked for'} (--steps {config.steps}): "
+                       f"{len(todo_left) + len(carried)} groups at {config.step_groups or config.batch_size} a step "
+                       f"(--step-groups)")
         for index, batch in ([] if config.streaming else batches):
             session.run.batch_index = index   # a batch cut short before the resume is completed under its index
             result = await session.generate(batch)

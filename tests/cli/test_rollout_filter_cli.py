@@ -113,3 +113,15 @@ def test_progress_bars_count_without_a_total_when_the_pass_rate_decides_the_laun
     samples = next(b for b in bars if b.desc == "samples")
     assert samples.total is None and samples.n > 2 * 4 * 3   # filtered groups' samples ran too
     assert "%" not in samples.line(samples.start + 1)
+
+
+def test_a_run_the_data_ends_early_says_how_many_steps_it_ran(tmp_path, tiny_model_dir):
+    """10 prompts make 3 steps of 4 (the last of 2), not the 5 asked: the run ends there and says so."""
+    cfg = setup(tmp_path, tiny_model_dir)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--steps", "5",
+                                 "--batch-size", "4", "--limit", "10", "--over-provision", "0.25"])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads((tmp_path / "o.summary.json").read_text())["batches"]) == 3
+    assert ("pdsr: the data's prompts ran out after 3 of the 5 steps asked for (--steps 5): 10 groups at 4 a step"
+            in r.output)
