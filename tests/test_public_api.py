@@ -55,6 +55,16 @@ def test_every_exported_name_resolves(name):
     assert not missing
 
 
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_exported_class_and_function_has_a_docstring(name):
+    import inspect
+
+    module = importlib.import_module(name)
+    bare = [n for n in module.__all__ if (inspect.isclass(getattr(module, n)) or inspect.isfunction(getattr(module, n)))
+            and not (getattr(module, n).__doc__ or "").strip()]
+    assert not bare, f"{name}: exported without a docstring: {bare}"
+
+
 def test_listing_every_surface_imports_nothing_heavy():
     code = ("import importlib, json, sys\n"
             f"for name in {PACKAGES!r}:\n"

@@ -31,6 +31,7 @@ def cache_dir() -> Path:
 
 
 def default_tiny_model_dir() -> Path:
+    """Where the built-in tiny model is built (once, no download): ``<cache_dir()>/models/tiny-qwen2-v<version>``."""
     return cache_dir() / "models" / f"tiny-qwen2-v{TINY_MODEL_VERSION}"
 
 
