@@ -14,6 +14,7 @@ import inspect
 import re
 
 import pytest
+import yaml
 
 from support import ROOT
 
@@ -166,4 +167,37 @@ def test_v3_settings_defaults_in_docs_configuration_md_are_the_codes():
             ok = float(written) == value
         if not ok:
             problems.append(f"{dotted}: the code's default is {value!r}, the table says {default}")
+    assert not problems, "docs/configuration.md:\n" + "\n".join(problems)
+
+
+def key_table(text: str) -> dict[str, str]:
+    """The top-level key table of docs/configuration.md: ``{key: its row's text}``, each key of the first column."""
+    section = text[text.index("The top-level keys"):]
+    section = section[:section.index("\n\n", section.index("|"))]
+    out = {}
+    for first, what in re.findall(r"^\| ([^|]*) \| (.*) \|$", section, re.M):
+        for key in re.findall(r"`(\w+)`", first):
+            out[key] = what
+    return out
+
+
+def test_every_rollout_config_key_is_in_docs_configuration_md():
+    from pdsr_sdk import RolloutConfig
+
+    table = key_table((ROOT / "docs" / "configuration.md").read_text())
+    assert sorted(set(RolloutConfig.model_fields) - set(table)) == []
+    assert sorted(set(table) - set(RolloutConfig.model_fields)) == []
+    # each section's keys with a default written beside them: the model's defaults
+    problems = []
+    for section in ("sampling", "segments", "speculative_settings", "filter_groups", "agent"):
+        model = RolloutConfig.model_fields[section].annotation
+        model = next((a for a in getattr(model, "__args__", (model,)) if hasattr(a, "model_fields")), model)
+        for key, default in re.findall(r"`(\w+)` \((`?[\w.-]+`?)[,);:]", table[section]):   # `key` (default
+            if key not in model.model_fields:
+                problems.append(f"{section}.{key}: no such key")
+                continue
+            value = model.model_fields[key].default
+            written = None if default in ("none", "null") else yaml.safe_load(default.strip("`"))
+            if written != value:
+                problems.append(f"{section}.{key}: the code's default is {value!r}, the table says {default}")
     assert not problems, "docs/configuration.md:\n" + "\n".join(problems)
