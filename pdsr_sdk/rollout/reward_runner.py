@@ -5,7 +5,8 @@ event loop). The runner decodes the response there (cheap) and runs the reward f
 thread, so a slow reward never holds up the loop that feeds the engines; ``math_verify``'s checks run
 in its own worker processes (:mod:`pdsr_sdk.rollout.verify_reward`) beneath that thread. With
 ``executor="process"`` the reward functions themselves run in worker processes (spawned), so a CPU-bound
-Python reward does not hold the interpreter lock either; the functions must pickle (:func:`check_picklable`). A step waits
+Python reward does not hold the interpreter lock either; the functions must pickle (:func:`check_picklable`). A reward that
+raises fails only its own sample (``SystemExit`` too), and so does one that kills its worker process. A step waits
 for its samples' scores only after its groups are complete (:meth:`RewardRunner.wait`), and dynamic
 sampling reads a group's scores as soon as its last one is in (:meth:`RewardRunner.when_scored`).
 
@@ -81,6 +82,9 @@ class RewardRunner:
         self.workers = workers
         self.executor = executor
         self._pool: cf.Executor | None = None
+        # with executor 'process': a one-worker pool that runs again, one at a time, the calls whose pool broke
+        self._alone: cf.Executor | None = None
+        self._alone_lock: asyncio.Lock | None = None
         #: a sample's (reward, extra, error) decided elsewhere (a multi-turn sample's agent), else None
         self.given = given
         # id(sample) -> (the sample, the state scored, its future); the sample is kept so its id stays its own
@@ -107,6 +111,8 @@ class RewardRunner:
         elif fn is None:
             future = loop.create_future()
             future.set_result(Scored(text, None, None, None))
+        elif self.executor == "process":
+            future = asyncio.ensure_future(self._in_process(fn, text, g.ground_truth, info))
         else:
             future = loop.run_in_executor(self._executor(), _score, fn, text, g.ground_truth, info)
         self._jobs[key] = (sample, state, future)
@@ -152,10 +158,38 @@ class RewardRunner:
 
     def close(self) -> None:
         """Stop the workers (queued scores are cancelled; a running call ends on its own)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._alone):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._alone = None
         self._jobs.clear()
+
+    async def _in_process(self, fn: Callable[..., Any], text: str, ground_truth: str | None,
+                          info: dict[str, Any]) -> Scored:
+        """``_score`` in a worker process. A worker that dies (the reward called ``os._exit``, crashed, was
+        killed) breaks its pool and every call in it: the pool is replaced, and each such call runs again
+        alone, in a one-worker pool of its own, one at a time, so that only its own reward can kill that
+        worker. A call whose worker dies there too is this sample's reward error, as an exception is."""
+        pool = self._executor()
+        try:
+            return await asyncio.wrap_future(pool.submit(_score, fn, text, ground_truth, info))
+        except cf.process.BrokenProcessPool:
+            if self._pool is pool:
+                self._pool = None
+                pool.shutdown(wait=False, cancel_futures=True)
+        if self._alone_lock is None:
+            self._alone_lock = asyncio.Lock()
+        async with self._alone_lock:
+            if self._alone is None:
+                self._alone = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            alone = self._alone
+            try:
+                return await asyncio.wrap_future(alone.submit(_score, fn, text, ground_truth, info))
+            except cf.process.BrokenProcessPool:
+                self._alone = None
+                alone.shutdown(wait=False, cancel_futures=True)
+        return Scored(text, None, None, "the reward's worker process died while scoring this sample, alone in a "
+                                        "fresh process too (os._exit, a crash, or a kill); reward_executor 'process'")
 
     def _executor(self) -> cf.Executor:
         if self._pool is None:

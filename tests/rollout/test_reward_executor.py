@@ -4,6 +4,8 @@ give; a reward that cannot be sent to a process is an error before any engine st
 from __future__ import annotations
 
 import os
+import re
+import sys
 
 import pytest
 
@@ -64,3 +66,36 @@ def test_math_verify_with_process_workers_says_it_has_its_own(tiny_model_dir):
         with session:
             session.step(PROMPTS)
     assert not session.engines
+
+
+def exits(text, ground_truth, *, prompt_id, sample_index, **info):
+    """A reward that runs the model's code, which calls sys.exit() on one sample (unit tests run by exec)."""
+    if (prompt_id, sample_index) == ("q1", 0):
+        sys.exit(3)
+    return 1.0
+
+
+def dies(text, ground_truth, *, prompt_id, sample_index, **info):
+    """A reward whose process ends under it on one sample (the model's code called os._exit)."""
+    if (prompt_id, sample_index) == ("q1", 0):
+        os._exit(3)
+    return 1.0
+
+
+@requires_torch
+@pytest.mark.parametrize("executor, reward, error", [
+    ("thread", "exits", r"SystemExit: the reward called sys\.exit\(3\)"),
+    ("process", "exits", r"SystemExit: the reward called sys\.exit\(3\)"),
+    ("process", "dies", r"the reward's worker process died while scoring this sample"),
+])
+def test_a_reward_that_exits_fails_its_own_sample_only(tiny_model_dir, executor, reward, error):
+    cfg = config(tiny_model_dir, reward_executor=executor, reward_workers=2).model_copy(
+        update={"reward": f"test_reward_executor:{reward}"})
+    with RolloutSession(cfg) as session:
+        first = session.step(PROMPTS)
+        second = session.step(PROMPTS)   # the session goes on, and so do the workers
+    failed = [r for r in first.table.to_pylist() if r["reward_error"] is not None]
+    assert [(r["prompt_id"], r["sample_index"], r["reward"]) for r in failed] == [("q1", 0, None)]
+    assert re.search(error, failed[0]["reward_error"])
+    assert first.summary["reward_errors"] == 1 and second.summary["reward_errors"] == 1
+    assert sorted(r["reward"] for r in first.table.to_pylist() if r["reward_error"] is None) == [1.0] * 11

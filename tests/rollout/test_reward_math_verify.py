@@ -238,3 +238,28 @@ def test_a_script_without_a_main_guard_can_use_it(tmp_path):
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["score 1.0 0"]
+
+
+def exit_check(predicted: str, truth: str) -> bool:
+    """A comparison that calls sys.exit() (as the model's code run by a check could)."""
+    sys.exit(3)
+
+
+def die_check(predicted: str, truth: str) -> bool:
+    """A comparison whose worker process ends under it."""
+    os._exit(3)
+
+
+def test_a_check_that_exits_or_kills_its_worker_is_that_samples_reward_error():
+    from pdsr_sdk.dispatch.trajectory import score_text
+
+    reward = MathVerifyReward(5.0, check=exit_check)
+    try:
+        assert score_text(reward, boxed("3^2"), "9", {}) == (None, None, "SystemExit: the reward called sys.exit(3)")
+        reward.check = die_check
+        got = score_text(reward, boxed("3^2"), "9", {})
+        assert got[0] is None and "BrokenProcessPool" in got[2]
+        reward.check = always_equal   # a fresh worker goes on serving checks
+        assert score_text(reward, boxed("3^2"), "9", {}) == (1.0, None, None)
+    finally:
+        reward.close()
