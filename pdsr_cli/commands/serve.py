@@ -18,8 +18,8 @@ from pdsr_cli.common import (build_config, config_option, echo_status, handle_er
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on (0: any free one).")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
-@click.option("--model-name", help="The model id clients send and /v1/models lists.  [default: the model folder's "
-                                   "name]")
+@click.option("--model-name", help="The model id /v1/models lists and responses name (a request's model is not "
+                                   "checked).  [default: the model folder's name]")
 @click.option("--max-tokens", type=int, help="Most tokens of a response when a request does not say, and a named "
                                             "sample's whole budget.  [default: 1024]")
 @click.option("--temperature", type=float, help="Sampling temperature of every request (a rollout samples with "

@@ -54,7 +54,7 @@ class ChatServer:
         """``POST /v1/chat/completions``."""
         messages = _messages(body.get("messages"))
         tools = _tools(body.get("tools"))
-        n, max_tokens = self._common(body)
+        n, max_tokens = self._common(body, chat=True)
         sample_id = sample_id or body.get("pdsr_sample")
         if sample_id is not None:
             if n != 1:
@@ -70,7 +70,7 @@ class ChatServer:
     async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/completions``: a text prompt (or token ids), no chat template."""
         prompt = _prompt(body.get("prompt"))
-        n, max_tokens = self._common(body)
+        n, max_tokens = self._common(body, chat=False)
         sample_id = sample_id or body.get("pdsr_sample")
         if sample_id is not None:
             if n != 1:
@@ -152,13 +152,19 @@ class ChatServer:
         return min(known) if known else None
 
     # ------------------------------------------------------------- helpers
-    def _common(self, body: dict[str, Any]) -> tuple[int, int]:
+    def _common(self, body: dict[str, Any], *, chat: bool) -> tuple[int, int]:
+        """A request's ``n`` and ``max_tokens``, after checking that its sampling fields ask for what the session
+        samples with (:mod:`pdsr_sdk.rollout.serve_sampling`). Its ``model`` is not checked: one model is served, and
+        a response names it."""
+        from pdsr_sdk.rollout.serve_sampling import check_sampling
+
         n = 1 if body.get("n") is None else body["n"]   # null or absent: the default; 0 is an error, not 1
         max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
                           self.session.config.sampling.max_tokens)
         for key, value in (("n", n), ("max_tokens", max_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ServeError(400, f"{key} must be a positive integer, got {value!r}")
+        check_sampling(body, self.session.config.sampling, chat=chat, n=n)
         return n, max_tokens
 
     def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:

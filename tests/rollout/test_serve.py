@@ -190,6 +190,50 @@ def test_zero_choices_or_tokens_are_a_400_not_the_default(served, bad, expect):
     assert len(ok.choices) == 1   # null: the defaults
 
 
+@requires_torch
+@pytest.mark.parametrize("field, value, expect", [
+    ("temperature", 0, r"temperature 0: this session samples every request with temperature 1\.0; .*--temperature"),
+    ("top_p", 0.9, r"top_p 0\.9: this session samples every request with top_p 1\.0; .*--top-p"),
+    ("top_k", 20, r"top_k 20: this session samples every request with top_k 0; .*sampling\.top_k"),
+    ("stop", ["\n"], r"stop \['\\n'\]: this session samples every request with stop \[\]; .*sampling\.stop"),
+    ("seed", 7, r"seed 7: pdsr does not apply a request's seed"),
+    ("presence_penalty", 0.5, r"presence_penalty 0\.5: pdsr does not apply"),
+    ("logprobs", True, r"logprobs True: pdsr's responses carry no log-probs .*response_logprobs"),
+    ("top_logprobs", 5, r"top_logprobs 5: pdsr's responses carry no log-probs"),
+])
+def test_a_sampling_field_the_session_does_not_sample_with_is_a_400_naming_it(served, field, value, expect):
+    """temperature=0 or logprobs=true were answered as if applied: the session's sampling, no log-probs."""
+    _, client, _ = served
+    with pytest.raises(openai.BadRequestError, match=expect):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={field: value})
+    with pytest.raises(openai.BadRequestError, match=expect):   # a named sample's turn too
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={field: value, "pdsr_sample": f"sampling-{field}"})
+    if field not in ("logprobs", "top_logprobs"):
+        with pytest.raises(openai.BadRequestError, match=expect):
+            client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={field: value})
+
+
+@requires_torch
+def test_sampling_fields_equal_to_the_sessions_or_null_pass(served):
+    _, client, _ = served
+    same = {"temperature": 1, "top_p": 1.0, "top_k": -1, "stop": [], "seed": None, "logprobs": False,
+            "top_logprobs": 0, "presence_penalty": 0, "frequency_penalty": 0.0, "best_of": 1}
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body=same)
+    assert len(r.choices) == 1
+    r = client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=None, temperature=1.0, stop=None)
+    assert len(r.choices) == 1
+    with pytest.raises(openai.BadRequestError, match=r"logprobs 0: pdsr's responses carry no log-probs"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=0)   # 0: the sampled token's
+    with pytest.raises(openai.BadRequestError, match=r"best_of 3: pdsr returns every sample"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, best_of=3)
+    # any model name: one model is served, and the response names it
+    r = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert r.model == "tiny"
+
+
 #: the tiny model's ChatML template, with a request's tools described in a first system turn (as Qwen's does)
 TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }} "
                   "{% endfor %}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"

@@ -1,0 +1,81 @@
+"""What ``pdsr serve`` does with a request's sampling fields: every request samples with the session's settings
+(``config.sampling``), as a rollout's samples do, so a field that asks for something else (``temperature: 0``,
+``logprobs: true``, a ``seed``) is a 400 that names it, what the session uses, and how to change that, never
+silently ignored (an RL user's importance ratios or greedy evaluation would be wrong without a word). A field
+left out, null, or equal to what the session does passes. ``n`` and ``max_tokens`` are the request's own
+(:meth:`~pdsr_sdk.rollout.serve.ChatServer._common`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pdsr_sdk.rollout.serve_error import ServeError
+
+#: a field the session has a setting for: what it samples with, and where that is changed
+_SET = ("this session samples every request with {field} {session!r}; to sample with another, serve with {how}, "
+        "or leave {field} out")
+#: a field the session has no setting for
+_NONE = "pdsr does not apply a request's {field} (every request samples alike, with the session's settings); leave it out or null"
+#: a request that asks for log-probs
+_LOGPROBS = ("pdsr's responses carry no log-probs (the engine's log-prob of every sampled token is in a named sample's "
+             "row: response_logprobs, GET /v1/pdsr/samples/ID); leave {field} out or null")
+
+
+def _number(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ServeError(400, f"{field} must be a number, got {value!r:.80}")
+    return float(value)
+
+
+def _stop(value: Any) -> list[str]:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ServeError(400, f"stop must be a string or a list of strings, got {value!r:.80}")
+    return stops
+
+
+def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], Any], str]]:
+    """(field, the session's value, the request's value as compared, why it is refused) per checked field."""
+    def number(field: str) -> Callable[[Any], float]:
+        return lambda v: _number(field, v)
+
+    def setting(field: str, session: Any, how: str) -> str:
+        return _SET.format(field=field, session=session, how=how)
+
+    config = "sampling.{} (a --config file; RolloutConfig.sampling in the SDK)".format
+    top_k = sampling.top_k if sampling.top_k > 0 else 0
+    same = lambda v: v  # noqa: E731
+    fields = [
+        ("temperature", sampling.temperature, number("temperature"),
+         setting("temperature", sampling.temperature, "pdsr serve --temperature or " + config("temperature"))),
+        ("top_p", sampling.top_p, number("top_p"),
+         setting("top_p", sampling.top_p, "pdsr serve --top-p or " + config("top_p"))),
+        ("top_k", top_k, lambda v: max(_number("top_k", v), 0.0),   # 0 and -1 both turn it off, as in vLLM
+         setting("top_k", top_k, config("top_k"))),
+        ("stop", list(sampling.stop), _stop, setting("stop", list(sampling.stop), config("stop"))),
+        ("ignore_eos", sampling.ignore_eos, bool, setting("ignore_eos", sampling.ignore_eos, config("ignore_eos"))),
+    ]
+    fields += [(field, session, read, _NONE.format(field=field)) for field, session, read in [
+        ("seed", None, same), ("min_p", 0.0, number("min_p")), ("presence_penalty", 0.0, number("presence_penalty")),
+        ("frequency_penalty", 0.0, number("frequency_penalty")),
+        ("repetition_penalty", 1.0, number("repetition_penalty")), ("min_tokens", 0, same), ("logit_bias", {}, same),
+        ("use_beam_search", False, bool)]]
+    # chat: logprobs is a bool and top_logprobs how many alternatives; completions: logprobs is how many (0: the
+    # sampled token's own, so only null asks for none)
+    logprobs = [("logprobs", False), ("top_logprobs", 0)] if chat else [("logprobs", None)]
+    fields += [(field, session, same, _LOGPROBS.format(field=field))
+               for field, session in logprobs + [("prompt_logprobs", None)]]
+    return fields
+
+
+def check_sampling(body: dict[str, Any], sampling: Any, *, chat: bool, n: int) -> None:
+    """A 400 for the first sampling field of a request ``body`` that asks for other sampling than the session's
+    (``sampling``: its ``SamplingConfig``), naming the field, the session's value and how to change it."""
+    for field, session, read, why in _fields(sampling, chat):
+        value = body.get(field)
+        if value is not None and read(value) != session:
+            raise ServeError(400, f"{field} {value!r:.80}: {why}")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise ServeError(400, f"best_of {best_of!r:.80}: pdsr returns every sample of a request (n = {n}); leave "
+                              f"best_of out or equal to n")
