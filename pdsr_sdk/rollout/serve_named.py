@@ -8,7 +8,8 @@ recorded and appends only what is new, so the next turn continues from the sampl
 
 - **chat** (``/v1/chat/completions``): the first request's messages are the prompt; a later request must repeat
   the recorded messages (roles, and the content of every message but the model's own), and its new messages
-  are rendered by the chat template after them.
+  are rendered by the chat template after them, with every field the client sent (``tool_call_id``, ``name``,
+  ``tool_calls``).
 - **completions** (``/v1/completions``): the first request's prompt is the sample's prompt. A later prompt of
   token ids must start with the recorded trajectory (prompt ids, then every sampled and appended id); the ids
   after it are appended. A later text prompt must start with the text the client holds: the first prompt as
@@ -98,7 +99,10 @@ class NamedSamples:
                                      messages, prompt_id=f"sample-{sample_id}")
 
         def extend(named: _Named) -> dict[str, Any]:
-            return {"messages": _extension(named.ctx.messages, messages, sample_id)}
+            new = _extension(named.ctx.messages, messages, sample_id)
+            # the environment's span is labelled with the tool that answered (a tool message's name), as an agent's is
+            tool = next((m["name"] for m in new if m["role"] == "tool" and isinstance(m.get("name"), str)), None)
+            return {"messages": new, "tool_name": tool}
 
         named, turn = await self._turn(sample_id, CHAT, max_tokens, start, extend)
         choice = server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason)
@@ -275,7 +279,9 @@ def _extension(recorded: list[dict], messages: list[dict], sample_id: str) -> li
             raise ServeError(400, f"sample {sample_id!r}: message {i} differs from the recorded conversation "
                                   f"(recorded role {old['role']!r}); send the conversation so far, then new "
                                   f"messages")
-    return [{"role": m["role"], "content": m.get("content") or ""} for m in messages[len(recorded):]]
+    # every field the client sent (a tool result's tool_call_id and name, an assistant message's tool_calls), as
+    # vLLM's server passes them: a template may render them (Mistral's, some of Llama's)
+    return messages[len(recorded):]
 
 
 def _ids_extension(recorded: list[int], prompt: list[int], sample_id: str) -> list[int]:

@@ -272,6 +272,51 @@ def test_a_requests_tools_reach_the_chat_template(served):
         tok.chat_template = saved
 
 
+#: the tiny model's ChatML template rendering a tool result's name and tool_call_id and an assistant message's tool
+#: calls, as Mistral's (and some Llama) templates do
+TOOL_FIELDS_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>tool {{ m['name'] }} {{ m['tool_call_id'] }}\n"
+    "{{ m['content'] }}<|im_end|>\n{% elif m['tool_calls'] %}<|im_start|>assistant\n{% for c in m['tool_calls'] %}"
+    "@{{ c['id'] }} {{ c['function']['name'] }}{% endfor %}<|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}")
+
+
+@requires_torch
+def test_a_named_samples_new_messages_keep_the_fields_the_template_renders(served):
+    """A named sample's new messages kept only role and content: a tool result's tool_call_id and name and an
+    assistant message's tool_calls reached the template as nothing. They go to it as the client sent them (as on a
+    plain request, and as vLLM's server passes them), and the tool's name labels the environment's span."""
+    session, client, base = served
+    tok = session.tokenizer
+    saved, tok.chat_template = tok.chat_template, TOOL_FIELDS_TEMPLATE
+    try:
+        call = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
+        convo = [{"role": "user", "content": "What is 6*7?"}]
+        r = client.chat.completions.create(model="tiny", messages=convo, max_tokens=4,
+                                           extra_body={"pdsr_sample": "fields-1"})
+        convo += [{"role": "assistant", "content": r.choices[0].message.content},
+                  {"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "tool", "content": "42", "tool_call_id": "c1", "name": "calc"}]
+        client.chat.completions.create(model="tiny", messages=convo, max_tokens=3, extra_body={"pdsr_sample": "fields-1"})
+        row = httpx.post(f"{base}/pdsr/samples/fields-1/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+        env = row["turns"][1]
+        env_ids = row["response_token_ids"][env["start_token"]:env["start_token"] + env["num_tokens"]]
+        # the first turn was cut at its 4 tokens: its end of turn is the environment's
+        assert tok.decode(env_ids) == ("<|im_end|>\n<|im_start|>assistant\n@c1 calc<|im_end|>\n<|im_start|>tool calc c1\n42"
+                                       "<|im_end|>\n<|im_start|>assistant\n")
+        assert env["role"] == "environment" and env["tool_name"] == "calc"
+        # a plain request renders them too
+        plain = client.chat.completions.create(model="tiny", messages=convo, max_tokens=2)
+        expect = tok.apply_chat_template(convo[:1] + [{**convo[1], "content": convo[1]["content"] or ""},
+                                                      {**convo[2], "content": ""}, convo[3]],
+                                         tokenize=False, add_generation_prompt=True)
+        assert "<|im_start|>tool calc c1\n" in expect and "@c1 calc" in expect
+        assert plain.usage.prompt_tokens == len(tok(expect, add_special_tokens=False)["input_ids"])
+    finally:
+        tok.chat_template = saved
+
+
 #: the tiny model's ChatML template refusing a role, as Gemma's refuses every role but user and assistant
 STRICT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('Conversation roles must "
                    "be user or assistant') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
