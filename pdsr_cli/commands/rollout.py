@@ -82,6 +82,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                    "agent.generate(), tool results and user turns with agent.append(); token-exact). See "
                    "docs/agents.md.  [default: single-turn]")
 @click.option("--max-turns", type=int, metavar="N", help="Most model turns per sample with --agent.  [default: 8]")
+@click.option("--turn-max-tokens", type=int, metavar="N",
+              help="Most tokens one model turn may sample with --agent (--max-tokens counts every response token, "
+                   "the model's and the environment's).  [default: what is left of the sample's budget]")
 @click.option("--agent-timeout", "agent_timeout_s", type=float, metavar="SECONDS",
               help="Seconds an agent may take between turns (its environment's time); past it the sample fails "
                    "and the step goes on.  [default: 60]")
@@ -104,7 +107,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
             reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
-            num_speculative_tokens, draft_history, agent, max_turns, agent_timeout_s,
+            num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
@@ -128,7 +131,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
       pdsr rollout --steps 5 --data gsm8k.parquet --model DIR --filter-groups zero-variance   # DAPO
       pdsr rollout --speculative ngram --num-speculative-tokens 4 --data math.parquet --model DIR
       pdsr rollout --speculative group --draft-history runs/last.parquet --data math.parquet --model DIR
-      pdsr rollout --agent examples.agent_tools:run --max-turns 4 --data math.parquet --model DIR
+      pdsr rollout --agent examples.agent_tools:run --max-turns 4 --turn-max-tokens 256 --data math.parquet --model DIR
     """
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
@@ -152,7 +155,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "overlong_penalty": overlong_penalty, "seed": seed, "speculative": speculative,
         "speculative_settings.num_speculative_tokens": num_speculative_tokens,
         "speculative_settings.history_file": draft_history,
-        "agent.function": agent, "agent.max_turns": max_turns, "agent.env_timeout_s": agent_timeout_s,
+        "agent.function": agent, "agent.max_turns": max_turns, "agent.turn_max_tokens": turn_max_tokens,
+        "agent.env_timeout_s": agent_timeout_s,
         "segments.enabled": False if no_segments else None,
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,

@@ -179,6 +179,31 @@ def test_pdsr_rollout_agent_writes_multi_turn_rows(tiny_model_dir, tmp_path):
     assert summary["stats"]["agent_failed"] == 6 and summary["stats"]["turns"] == 8
 
 
+@requires_torch
+def test_pdsr_rollout_turn_max_tokens_and_max_turns_bound_each_turn(tiny_model_dir, tmp_path):
+    """agent.turn_max_tokens had no flag (a config file only), so a first turn could take the whole budget."""
+    import pyarrow.parquet as pq
+    import yaml
+    from click.testing import CliRunner
+
+    from pdsr_cli.main import cli
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), "engines": [
+        {"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine", "max_model_len": 512, "max_num_seqs": 4}]}))
+    out = tmp_path / "mt.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--agent", "test_agent_session:slow_env_agent",
+                                 "--turn-max-tokens", "4", "--max-turns", "2", "--n", "2", "--batch-size", "2",
+                                 "--limit", "2", "--max-tokens", "200", "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 4
+    for row in rows:   # two turns (the agent asks for a third: AgentDone ends the sample), each cut at 4 tokens
+        turns = [t for t in row["turns"] if t["role"] == "assistant"]
+        assert [(t["num_tokens"], t["finish_reason"]) for t in turns] == [(4, "length")] * 2, row["turns"]
+    assert "--turn-max-tokens N" in CliRunner().invoke(cli, ["rollout", "--help"]).output
+
+
 async def slow_env_agent(agent):
     """Three turns with a tool that takes a while: samples are between turns when steps end."""
     await agent.generate()
