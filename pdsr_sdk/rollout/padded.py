@@ -17,6 +17,10 @@ non_tensors=b.non_tensors)``. The layout, one row per sample (P prompt columns, 
   rollout: :func:`~pdsr_sdk.offpolicy.importance_weights` corrects the older ones);
 - ``token_level_scores`` [B, R] (float32), where rewards are known: the sample's reward on its last response
   token, as verl's reward managers place it.
+
+``non_tensors``: ``uid``, ``finish_reasons``, and ``__num_turns__`` (int32) as verl's agent loop counts a sample's
+turns (``user_turns + assistant_turns + 1``): the prompt, then each model turn and each environment turn (a span of
+the sample's ``turns``); 2 for a single-turn sample, as verl's single-turn agent loop gives.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ __all__ = ["TrainerBatch", "trainer_batch"]
 @dataclass
 class TrainerBatch:
     """:func:`trainer_batch`'s result: ``tensors`` (name -> torch tensor, or numpy array with ``numpy=True``, each
-    [B, ...]) and ``non_tensors`` (name -> numpy object array of B: ``uid``, ``finish_reasons``)."""
+    [B, ...]) and ``non_tensors`` (name -> numpy array of B: ``uid``, ``finish_reasons``, ``__num_turns__``)."""
 
     tensors: dict[str, Any]
     non_tensors: dict[str, np.ndarray] = field(default_factory=dict)
@@ -101,7 +105,8 @@ def trainer_batch(step: Any, *, pad_token_id: int, prompt_length: int | None = N
         scores[np.arange(len(samples)), np.diff(r_off) - 1] = np.asarray(rewards, dtype=np.float32)
         out["token_level_scores"] = scores
     non_tensors = {"uid": np.array([s.group.prompt_id for s in samples], dtype=object),
-                   "finish_reasons": np.array([s.finish_reason for s in samples], dtype=object)}
+                   "finish_reasons": np.array([s.finish_reason for s in samples], dtype=object),
+                   "__num_turns__": np.array([1 + (len(s.turns) if s.turns else 1) for s in samples], dtype=np.int32)}
     if not numpy:
         import torch
 

@@ -68,7 +68,9 @@ def test_turns_rewards_and_the_summary(tiny_model_dir):
     # as a trainer's batch: the loss mask leaves out the tool's tokens, which stay in the attention mask
     from pdsr_sdk.rollout.padded import trainer_batch
 
-    batch = trainer_batch(out, pad_token_id=0, numpy=True).tensors
+    full = trainer_batch(out, pad_token_id=0, numpy=True)
+    batch = full.tensors
+    assert full.non_tensors["__num_turns__"].tolist() == [4] * 12   # verl's count: the prompt and three turns
     for i, (s, row) in enumerate(zip(out.samples, rows)):
         n = len(s.token_ids)
         assert batch["response_mask"][i][:n].tolist() == row["response_mask"] and not batch["response_mask"][i][n:].any()

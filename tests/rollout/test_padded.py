@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdsr_sdk.dispatch.types import Group, Sample, SegmentRecord
+from pdsr_sdk.dispatch.types import Group, Sample, SegmentRecord, TurnRecord
 from pdsr_sdk.errors import DataValueError
 from pdsr_sdk.rollout.padded import trainer_batch
 
@@ -23,9 +23,16 @@ def sample(pid, prompt, tokens, *, mask=None, spans=((0, None, 0),), reason="sto
     return s
 
 
+def multi_turn(s):
+    """``s`` as a model turn, the environment's answer and a second model turn, after its response mask."""
+    s.turns = [TurnRecord(role=role, start_token=a, num_tokens=n) for role, a, n in
+               (("assistant", 0, 1), ("environment", 1, 2), ("assistant", 3, 1))]
+    return s
+
+
 def samples():
     return [sample("a", [5, 6, 7], [11, 12], spans=((0, 1, 3), (1, 1, 4))),      # crossed an update: versions 3, 4
-            sample("b", [8], [13, 14, 15, 16], mask=[1, 0, 0, 1]),               # multi-turn: two environment tokens
+            multi_turn(sample("b", [8], [13, 14, 15, 16], mask=[1, 0, 0, 1])),   # multi-turn: two environment tokens
             sample("c", [9, 10], [17], reason="length")]
 
 
@@ -65,6 +72,10 @@ def test_rows_are_the_samples_in_verls_layout(widths):
     assert batch.non_tensors["uid"].tolist() == ["a", "b", "c"]
     assert batch.non_tensors["finish_reasons"].tolist() == ["stop", "stop", "length"]
     assert batch.tensors["rollout_log_probs"].dtype == np.float32
+    # verl's agent loop's count (user_turns + assistant_turns + 1): 2 for a single-turn sample, the prompt and its
+    # turn; "b" is a model turn, a tool's answer and a second model turn: 4
+    assert batch.non_tensors["__num_turns__"].tolist() == [2, 4, 2]
+    assert batch.non_tensors["__num_turns__"].dtype == np.int32
 
 
 def test_torch_tensors_by_default_and_no_scores_without_rewards():
