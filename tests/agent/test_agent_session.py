@@ -4,6 +4,7 @@ between them, rewards from the agent or the reward function, and failures kept t
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -156,10 +157,8 @@ def test_misuse_is_clear(tiny_model_dir):
     assert issubclass(AgentError, Exception) and issubclass(AgentDone, Exception)
 
 
-@requires_torch
-def test_pdsr_rollout_agent_writes_multi_turn_rows(tiny_model_dir, tmp_path):
-    import json
-
+def _rollout_agent(tiny_model_dir, tmp_path, *flags: str) -> tuple[list[dict], Any]:
+    """``pdsr rollout --agent ...`` on the fake turn engine (2 prompts, 200 tokens a sample): its rows and path."""
     import pyarrow.parquet as pq
     import yaml
     from click.testing import CliRunner
@@ -170,11 +169,18 @@ def test_pdsr_rollout_agent_writes_multi_turn_rows(tiny_model_dir, tmp_path):
     cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), "engines": [
         {"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine", "max_model_len": 512, "max_num_seqs": 4}]}))
     out = tmp_path / "mt.parquet"
-    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--agent", "test_agent_session:bad_agent",
-                                 "--agent-timeout", "0.5", "--max-turns", "3", "--n", "4", "--batch-size", "2",
-                                 "--limit", "2", "--max-tokens", "200", "--out", str(out), "--quiet"])
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), *flags, "--batch-size", "2", "--limit", "2",
+                                 "--max-tokens", "200", "--out", str(out), "--quiet"])
     assert r.exit_code == 0, r.output
-    rows = pq.read_table(out).to_pylist()
+    return pq.read_table(out).to_pylist(), out
+
+
+@requires_torch
+def test_pdsr_rollout_agent_writes_multi_turn_rows(tiny_model_dir, tmp_path):
+    import json
+
+    rows, out = _rollout_agent(tiny_model_dir, tmp_path, "--agent", "test_agent_session:bad_agent",
+                               "--agent-timeout", "0.5", "--max-turns", "3", "--n", "4")
     assert len(rows) == 8 and sum(row["finish_reason"] == "failed" for row in rows) == 6
     assert all(row["turns"][0]["role"] == "assistant" for row in rows)
     summary = json.loads(out.with_suffix(".summary.json").read_text())
@@ -184,25 +190,16 @@ def test_pdsr_rollout_agent_writes_multi_turn_rows(tiny_model_dir, tmp_path):
 @requires_torch
 def test_pdsr_rollout_turn_max_tokens_and_max_turns_bound_each_turn(tiny_model_dir, tmp_path):
     """agent.turn_max_tokens had no flag (a config file only), so a first turn could take the whole budget."""
-    import pyarrow.parquet as pq
-    import yaml
-    from click.testing import CliRunner
-
-    from pdsr_cli.main import cli
-
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), "engines": [
-        {"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine", "max_model_len": 512, "max_num_seqs": 4}]}))
-    out = tmp_path / "mt.parquet"
-    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--agent", "test_agent_session:slow_env_agent",
-                                 "--turn-max-tokens", "4", "--max-turns", "2", "--n", "2", "--batch-size", "2",
-                                 "--limit", "2", "--max-tokens", "200", "--out", str(out), "--quiet"])
-    assert r.exit_code == 0, r.output
-    rows = pq.read_table(out).to_pylist()
+    rows, _ = _rollout_agent(tiny_model_dir, tmp_path, "--agent", "test_agent_session:slow_env_agent",
+                             "--turn-max-tokens", "4", "--max-turns", "2", "--n", "2")
     assert len(rows) == 4
     for row in rows:   # two turns (the agent asks for a third: AgentDone ends the sample), each cut at 4 tokens
         turns = [t for t in row["turns"] if t["role"] == "assistant"]
         assert [(t["num_tokens"], t["finish_reason"]) for t in turns] == [(4, "length")] * 2, row["turns"]
+    from click.testing import CliRunner
+
+    from pdsr_cli.main import cli
+
     assert "--turn-max-tokens N" in CliRunner().invoke(cli, ["rollout", "--help"]).output
 
 
