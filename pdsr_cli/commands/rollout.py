@@ -164,6 +164,11 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups,
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
+    agent_flags = [flag for flag, value in (("--max-turns", max_turns), ("--turn-max-tokens", turn_max_tokens),
+                                            ("--agent-timeout", agent_timeout_s)) if value is not None]
+    if agent_flags and cfg.agent.function is None:
+        raise ConfigError(f"{', '.join(agent_flags)}: multi-turn settings, and this run is single-turn; pass --agent "
+                          f"PKG.MOD:FN (or set agent.function in the config) or leave them out")
     if write_filtered:
         if cfg.filter_groups is None:
             raise ConfigError("--write-filtered writes the groups --filter-groups filters out: pass --filter-groups "

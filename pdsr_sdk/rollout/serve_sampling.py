@@ -75,6 +75,11 @@ def check_sampling(body: dict[str, Any], sampling: Any, *, chat: bool, n: int) -
         value = body.get(field)
         if value is not None and read(value) != session:
             raise ServeError(400, f"{field} {value!r:.80}: {why}")
+    for field, plain in (("echo", False), ("suffix", None), ("response_format", None)):
+        value = body.get(field)
+        if value not in (None, plain) and not (field == "response_format" and value == {"type": "text"}):
+            raise ServeError(400, f"{field} {value!r:.80}: pdsr answers with the sampled text alone (no echoed "
+                                  f"prompt, suffix or structured output); leave {field} out or null")
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise ServeError(400, f"best_of {best_of!r:.80}: pdsr returns every sample of a request (n = {n}); leave "

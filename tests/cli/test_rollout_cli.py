@@ -115,6 +115,13 @@ def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_
     assert r.exit_code == 2 and "over_provision" in r.output and "greater than or equal to 0" in r.output
 
 
+def test_agent_flags_without_an_agent_are_an_error(prompts, tmp_path):
+    """--max-turns / --turn-max-tokens / --agent-timeout on a single-turn run were ignored without a word."""
+    r = invoke("--data", str(prompts), "--max-turns", "3", "--turn-max-tokens", "64", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "--max-turns, --turn-max-tokens: multi-turn settings" in r.output
+    assert "pass --agent" in r.output and not (tmp_path / "o.parquet").exists()
+
+
 # -- a second run on an output a run is writing ------------------------------------------------------------
 
 HELD = {"entered": None, "release": None, "calls": 0}

@@ -200,6 +200,9 @@ def test_zero_choices_or_tokens_are_a_400_not_the_default(served, bad, expect):
     ("presence_penalty", 0.5, r"presence_penalty 0\.5: pdsr does not apply"),
     ("logprobs", True, r"logprobs True: pdsr's responses carry no log-probs .*response_logprobs"),
     ("top_logprobs", 5, r"top_logprobs 5: pdsr's responses carry no log-probs"),
+    ("echo", True, r"echo True: pdsr answers with the sampled text alone"),
+    ("suffix", "end", r"suffix 'end': pdsr answers with the sampled text alone"),
+    ("response_format", {"type": "json_object"}, r"response_format .*json_object.*: pdsr answers with the sampled"),
 ])
 def test_a_sampling_field_the_session_does_not_sample_with_is_a_400_naming_it(served, field, value, expect):
     """temperature=0 or logprobs=true were answered as if applied: the session's sampling, no log-probs."""
@@ -219,7 +222,8 @@ def test_a_sampling_field_the_session_does_not_sample_with_is_a_400_naming_it(se
 def test_sampling_fields_equal_to_the_sessions_or_null_pass(served):
     _, client, _ = served
     same = {"temperature": 1, "top_p": 1.0, "top_k": -1, "stop": [], "seed": None, "logprobs": False,
-            "top_logprobs": 0, "presence_penalty": 0, "frequency_penalty": 0.0, "best_of": 1}
+            "top_logprobs": 0, "presence_penalty": 0, "frequency_penalty": 0.0, "best_of": 1, "echo": False,
+            "suffix": None, "response_format": {"type": "text"}}
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                        extra_body=same)
     assert len(r.choices) == 1
