@@ -16,6 +16,9 @@ _SET = ("this session samples every request with {field} {session!r}; to sample 
         "or leave {field} out")
 #: a field the session has no setting for
 _NONE = "pdsr does not apply a request's {field} (every request samples alike, with the session's settings); leave it out or null"
+#: a field that changes what a response holds beyond the sampled text
+_PLAIN = ("pdsr answers with the sampled text alone (no echoed prompt, suffix or structured output); leave {field} "
+          "out or null")
 #: a request that asks for log-probs
 _LOGPROBS = ("pdsr's responses carry no log-probs (the engine's log-prob of every sampled token is in a named sample's "
              "row: response_logprobs, GET /v1/pdsr/samples/ID); leave {field} out or null")
@@ -35,7 +38,8 @@ def _stop(value: Any) -> list[str]:
 
 
 def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], Any], str]]:
-    """(field, the session's value, the request's value as compared, why it is refused) per checked field."""
+    """(field, the session's value, the request's value as compared, why it is refused) per checked field (the
+    response's own fields too: echo, suffix, response_format)."""
     def number(field: str) -> Callable[[Any], float]:
         return lambda v: _number(field, v)
 
@@ -65,6 +69,10 @@ def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], A
     logprobs = [("logprobs", False), ("top_logprobs", 0)] if chat else [("logprobs", None)]
     fields += [(field, session, same, _LOGPROBS.format(field=field))
                for field, session in logprobs + [("prompt_logprobs", None)]]
+    text_format = lambda v: None if v == {"type": "text"} else v  # noqa: E731 - plain text is the default
+    fields += [(field, session, read, _PLAIN.format(field=field))
+               for field, session, read in [("echo", False, same), ("suffix", None, same),
+                                            ("response_format", None, text_format)]]
     return fields
 
 
@@ -75,11 +83,6 @@ def check_sampling(body: dict[str, Any], sampling: Any, *, chat: bool, n: int) -
         value = body.get(field)
         if value is not None and read(value) != session:
             raise ServeError(400, f"{field} {value!r:.80}: {why}")
-    for field, plain in (("echo", False), ("suffix", None), ("response_format", None)):
-        value = body.get(field)
-        if value not in (None, plain) and not (field == "response_format" and value == {"type": "text"}):
-            raise ServeError(400, f"{field} {value!r:.80}: pdsr answers with the sampled text alone (no echoed "
-                                  f"prompt, suffix or structured output); leave {field} out or null")
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise ServeError(400, f"best_of {best_of!r:.80}: pdsr returns every sample of a request (n = {n}); leave "
