@@ -23,6 +23,7 @@ import numpy as np
 from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.scoring.buckets import MicroBatch
 from pdsr_sdk.scoring.hf_model import Parts, last_hidden, model_device
+from pdsr_sdk.scoring.varlen_attention import packed_bounds
 
 __all__ = ["packed_inputs", "score_packed_micro_batch", "check_packing", "PACK_MEASURED_FASTER", "resolve_pack",
            "packed_attention_for"]
@@ -61,7 +62,7 @@ def score_packed_micro_batch(model, parts: Parts, mb: MicroBatch, seqs: Sequence
                                   position_ids=torch.as_tensor(pos_ids_np, device=device), use_cache=False)
     if varlen:
         # the sample bounds, computed once here rather than in every layer (transformers passes these through)
-        bounds = np.cumsum([0] + [len(seqs[i]) for i in mb.indices])
+        bounds = packed_bounds(pos_ids_np)
         cu = torch.as_tensor(bounds, device=device, dtype=torch.int32)
         longest = int(np.diff(bounds).max())
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
