@@ -157,8 +157,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling: float 
     if flash_varlen_available(query.device.type, str(query.dtype).removeprefix("torch.")):
         import torch
 
-        cu_t = torch.as_tensor(np.asarray(cu) if not isinstance(cu, torch.Tensor) else cu, device=query.device,
-                               dtype=torch.int32)
+        cu_t = torch.as_tensor(cu, device=query.device, dtype=torch.int32)
         out = flash_varlen(query[0], key[0], value[0], cu_t, int(max_len), scale)
     else:
         bounds = cu.cpu().numpy() if hasattr(cu, "cpu") else np.asarray(cu)
