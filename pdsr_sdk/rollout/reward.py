@@ -3,12 +3,16 @@ pure Python), and user functions by import path.
 
 A reward function is ``fn(response_text: str, ground_truth: str | None, **info) -> float``
 where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``. A reward may also have a
-``stats`` dict of counters (``math_verify``: ``reward_timeouts``), which runs add up and report.
+``stats`` dict of counters (``math_verify``: ``reward_timeouts``), which runs add up and report. An
+``async def`` reward (verl's reward loop awaits them too) is awaited on its worker thread's own event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures as cf
 import inspect
+import threading
 from typing import Any, Callable
 
 from pdsr_sdk.errors import ConfigError
@@ -79,6 +83,44 @@ SIGNATURES = ("fn(response_text, ground_truth, **info) -> float | dict with 'sco
               "compute_score(data_sources, solution_strs, ground_truths, extra_infos=None) -> list (verl, batched)")
 
 
+_LOOPS = threading.local()
+
+
+def awaited(got: Any) -> Any:
+    """A reward's result, awaited when it is awaitable (an ``async def`` reward) on this thread's own event loop,
+    kept across calls (so a client the reward keeps, bound to the loop it first ran on, goes on working). A
+    thread that already runs a loop (a caller on the session's loop) awaits it on a thread of its own."""
+    if not inspect.isawaitable(got):
+        return got
+
+    async def wait() -> Any:
+        return await got
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop = getattr(_LOOPS, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = _LOOPS.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(wait())
+    with cf.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
+
+
+class _Awaiting:
+    """An ``async def`` reward called as pdsr calls a reward: its result awaited (:func:`awaited`)."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self.stats = getattr(fn, "stats", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return awaited(self.fn(*args, **kwargs))
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
 def adapt_reward(fn: Callable[..., Any], name: str) -> RewardFn:
     """``fn`` callable as pdsr calls a reward (``fn(text, ground_truth, **info)``): as it is when it takes that;
     wrapped when it is verl's ``compute_score`` (first parameter ``data_source``, or ``data_sources`` for the
@@ -106,7 +148,9 @@ def adapt_reward(fn: Callable[..., Any], name: str) -> RewardFn:
         required = [p for p in params[2:] if p.default is p.empty and p.name not in INFO_KEYS
                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY, p.KEYWORD_ONLY)]
         if not required:
-            return fn if var_keyword else _NamedInfo(fn, keywords - {p.name for p in positional[:2]})
+            if not var_keyword:
+                return _NamedInfo(fn, keywords - {p.name for p in positional[:2]})
+            return _Awaiting(fn) if _is_async(fn) else fn
     where = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
     raise ConfigError(f"reward {name!r} ({where}{_signature(fn)}) cannot be called with any signature pdsr knows; "
                       f"it accepts: " + "; ".join(SIGNATURES))
@@ -127,7 +171,7 @@ class _NamedInfo:
         self.stats = getattr(fn, "stats", None)
 
     def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
-        return self.fn(text, ground_truth, **{k: v for k, v in info.items() if k in self.names})
+        return awaited(self.fn(text, ground_truth, **{k: v for k, v in info.items() if k in self.names}))
 
 
 class VerlReward:
@@ -144,11 +188,11 @@ class VerlReward:
             kwargs = {"data_source": data_source, "solution_str": text, "ground_truth": ground_truth}
             if self.pass_extra_info:
                 kwargs["extra_info"] = extra_info
-            return self.fn(**kwargs)
+            return awaited(self.fn(**kwargs))
         kwargs = {"data_sources": [data_source], "solution_strs": [text], "ground_truths": [ground_truth]}
         if self.pass_extra_info:
             kwargs["extra_infos"] = [extra_info]
-        got = self.fn(**kwargs)
+        got = awaited(self.fn(**kwargs))
         if not isinstance(got, (list, tuple)) or len(got) != 1:
             raise TypeError(f"a batched verl reward returns a list with one score per input; got {got!r}")
         return got[0]
@@ -174,7 +218,7 @@ class OverlongShaping:
         return min(-exceed / self.buffer * self.penalty, 0.0)
 
     def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
-        got = self.fn(text, ground_truth, **info)
+        got = awaited(self.fn(text, ground_truth, **info))
         extra = self.shaping(int(info.get("response_length") or 0))
         if isinstance(got, dict) and "score" in got:
             return {**got, "score": float(got["score"]) + extra, "overlong_reward": extra}

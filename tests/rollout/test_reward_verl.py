@@ -4,6 +4,7 @@ that fails on one sample, and a reward pdsr cannot call refused before any engin
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pyarrow as pa
@@ -223,3 +224,47 @@ def test_the_finished_file_has_the_struct_and_a_resumed_run_merges_it(tmp_path):
     resumed.add_group([row("b", False)])
     resumed.finalize()
     assert pq.read_table(out).column("reward_extra").to_pylist() == [{"acc": True}, {"acc": False}]
+
+
+async def compute_score_async(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's reward loop awaits an async compute_score; this one also records the loop it ran on."""
+    await asyncio.sleep(0)
+    LOOPS.append(asyncio.get_running_loop())
+    return {"score": math_boxed(solution_str, ground_truth), "source": data_source}
+
+
+async def compute_score_async_batched(data_sources, solution_strs, ground_truths, extra_infos=None):
+    await asyncio.sleep(0)
+    return [float(len(s)) for s in solution_strs]
+
+
+LOOPS: list = []
+
+
+def test_an_async_reward_is_awaited_in_every_form():
+    record = PromptRecord("q1", "prompt", [1], "18", reward_info={"data_source": "openai/gsm8k"})
+    group, tok = finished_group(record, ["\\boxed{18}", "\\boxed{17}"])
+    LOOPS.clear()
+    rows = [sample_row(s, tok, resolve_reward(f"{HERE}:compute_score_async", True)) for s in group.samples]
+    assert [(r["reward"], r["reward_error"]) for r in rows] == [(1.0, None), (0.0, None)]
+    assert json.loads(rows[0]["reward_extra"]) == {"source": "openai/gsm8k"}
+    assert len(LOOPS) == 2 and LOOPS[0] is LOOPS[1]   # one loop per thread, kept: a client bound to it still works
+    batched = resolve_reward(f"{HERE}:compute_score_async_batched", True)
+    assert [sample_row(s, tok, batched)["reward"] for s in group.samples] == [10.0, 10.0]
+
+    async def pdsr_style(text, ground_truth, **info):
+        return float(info["sample_index"])
+
+    async def pdsr_style_named(text, ground_truth, sample_index):
+        return float(sample_index) + 0.5
+
+    assert [sample_row(s, tok, adapt_reward(pdsr_style, "r"))["reward"] for s in group.samples] == [0.0, 1.0]
+    assert [sample_row(s, tok, adapt_reward(pdsr_style_named, "r"))["reward"] for s in group.samples] == [0.5, 1.5]
+    from pdsr_sdk.rollout.reward import OverlongShaping
+
+    shaped = OverlongShaping(adapt_reward(pdsr_style_named, "r"), max_tokens=10, buffer=4, penalty=1.0)
+    assert shaped("t", "1", sample_index=1, response_length=8) == 1.0   # 1.5, less 2 of 4 buffer tokens
+
+    async def on_a_loop():   # called from a thread that runs a loop (sample_row inside a session's loop)
+        return sample_row(group.samples[0], tok, adapt_reward(pdsr_style, "r"))["reward"]
+    assert asyncio.run(on_a_loop()) == 0.0
