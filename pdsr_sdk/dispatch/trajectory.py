@@ -246,6 +246,7 @@ def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: str | Non
                info: dict[str, Any]) -> tuple[float | None, str | None, str | None]:
     """:func:`score_sample` given the reward's inputs: ``reward_fn(text, ground_truth, **info)``."""
     import json
+    import math
 
     from pdsr_sdk.errors import PdsrError
 
@@ -258,7 +259,13 @@ def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: str | Non
             others = {k: v for k, v in got.items() if k != "score"}
             extra = json.dumps(others, default=str) if others else None
             got = got["score"]
-        return float(got), extra, None
+        if got is None:
+            raise ValueError("the reward returned None as its score; it returns a number or a dict with a "
+                             "numeric 'score'")
+        score = float(got)
+        if not math.isfinite(score):   # one nan makes its group's GRPO advantages, and the loss, nan
+            raise ValueError(f"the reward returned {score} as its score; a score is a finite number")
+        return score, extra, None
     except PdsrError:
         raise
     except SystemExit as exc:   # a reward running the model's code (unit tests) got its sys.exit(): this sample's

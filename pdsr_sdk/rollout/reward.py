@@ -219,6 +219,8 @@ class OverlongShaping:
 
     def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
         got = awaited(self.fn(text, ground_truth, **info))
+        if got is None or (isinstance(got, dict) and got.get("score") is None):
+            return got   # no score to shape: the sample's reward error says so
         extra = self.shaping(int(info.get("response_length") or 0))
         if isinstance(got, dict) and "score" in got:
             return {**got, "score": float(got["score"]) + extra, "overlong_reward": extra}

@@ -268,3 +268,22 @@ def test_an_async_reward_is_awaited_in_every_form():
     async def on_a_loop():   # called from a thread that runs a loop (sample_row inside a session's loop)
         return sample_row(group.samples[0], tok, adapt_reward(pdsr_style, "r"))["reward"]
     assert asyncio.run(on_a_loop()) == 0.0
+
+
+@pytest.mark.parametrize("result, error", [
+    (None, "the reward returned None as its score"), ({"score": None, "acc": False}, "returned None as its score"),
+    (float("nan"), "the reward returned nan as its score; a score is a finite number"),
+    ({"score": float("inf")}, "returned inf as its score"), (float("-inf"), "returned -inf as its score"),
+])
+def test_a_score_that_is_none_or_not_finite_is_that_samples_error(result, error):
+    from pdsr_sdk.rollout.reward import OverlongShaping
+
+    def reward(data_source, solution_str, ground_truth, extra_info=None):
+        return result if solution_str == "bad" else 1.0
+
+    group, tok = finished_group(PromptRecord("q1", "prompt", [1], "1"), ["good", "bad"])
+    for fn in (adapt_reward(reward, "r"), OverlongShaping(adapt_reward(reward, "r"), max_tokens=4, buffer=2,
+                                                          penalty=1.0)):
+        rows = [sample_row(s, tok, fn) for s in group.samples]
+        assert rows[0]["reward"] == 1.0 and rows[0]["reward_error"] is None
+        assert rows[1]["reward"] is None and error in rows[1]["reward_error"]
