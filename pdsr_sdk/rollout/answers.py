@@ -8,16 +8,24 @@ import re
 from fractions import Fraction
 
 
+#: ``\\boxed`` or ``\\fbox``, then its argument: ``{...}`` (spaces before the brace allowed), or a space and one
+#: word, ``\\boxed 7`` (what TeX also reads as a box); not a longer command such as ``\\boxedanswer``
+_BOX = re.compile(r"\\(?:boxed|fbox)(?:\s*(\{)|\s+([^\s${}]+))")
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces, or of the last
+    ``\\boxed 7`` (the word after it, without a final period or comma). A brace further on in the text is no
+    box's (``\\boxed 5 since $x^{2}$`` is 5, not 2); a last box left open (a response cut off) is None."""
+    found = None
+    for found in _BOX.finditer(text):
+        pass
+    if found is None:
         return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    end = _closing_brace(text, i)
-    return None if end < 0 else text[i + 1:end]
+    if found.group(1) is None:
+        return found.group(2).rstrip(".,;:") or None
+    end = _closing_brace(text, found.start(1))   # unclosed (a response cut off in it): no answer
+    return None if end < 0 else text[found.start(1) + 1:end]
 
 
 #: GSM8K's final-answer line, ``#### 18`` (verl's gsm8k prompt asks for it; its reward reads the last one)

@@ -82,6 +82,18 @@ def test_reads_the_last_box_and_the_truths_answer(reward):
 
 
 @pytest.mark.parametrize("response, truth, score", [
+    ("so \\boxed 5 since $x^{2}$ is even", "5", 1.0),   # a brace further on is no box's
+    ("so \\boxed 5 since $x^{2}$ is even", "2", 0.0),
+    ("The answer is \\boxed 7.", "7", 1.0), ("$\\fbox 8$", "8", 1.0),   # what TeX boxes without braces
+    ("\\boxedanswer{4}", "4", 0.0),   # another command
+    ("\\boxed{3} and then \\boxed{4", "3", 0.0),   # cut off inside its last box: no answer
+])
+def test_a_box_is_its_own_argument(reward, response, truth, score):
+    assert reward(response, truth) == score
+    assert math_boxed(response, truth) == score
+
+
+@pytest.mark.parametrize("response, truth, score", [
     # verl's gsm8k parquet asks for "output the final answer after ####": such a response scores by that line
     ("She sells 16 - 3 - 4 = 9 eggs, 9 * 2 = 18 dollars.\n#### 18", "18", 1.0),
     ("So 9 * 2 = 18.\n#### $18.", "Janet sells ... #### 18", 1.0),
