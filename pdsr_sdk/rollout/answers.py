@@ -32,15 +32,26 @@ def last_boxed(text: str) -> str | None:
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 
 
+#: a ``####`` line that is a Markdown heading (``#### Explanation``, ``#### Step 2: ...``), not an answer: a word
+_HEADING = re.compile(r"[A-Za-z]{2,}\b")
+#: GSM8K's answer, a number, with words of a unit after it (``18 dollars``: verl's gsm8k reward reads the number)
+_NUMBER_AND_UNIT = re.compile(r"(\\?\$?\s*[-+]?\d[\d,]*(?:\.\d+)?%?)\s+[A-Za-z][A-Za-z ]*[.!]?")
+
+
 def response_answer(text: str) -> str | None:
     """A response's final answer: the content of its last ``\\boxed{}`` (:func:`last_boxed`), else what follows
-    its last ``####`` on that line (GSM8K's format: verl's gsm8k data asks for ``#### N``); None when it has
-    neither (or the ``####`` line is empty)."""
+    its last ``####`` on that line (GSM8K's format: verl's gsm8k data asks for ``#### N``), Markdown bold
+    around it dropped, a Markdown heading after it skipped (``#### Explanation``), and unit words after a
+    number dropped (``#### 18 dollars`` is 18); None when it has neither (or the ``####`` lines are empty)."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
-    found = _HASHES.findall(text)
-    return (found[-1].strip() or None) if found else None
+    found = [a for a in (f.strip().strip("*").strip() for f in _HASHES.findall(text)) if a]
+    if not found:
+        return None
+    answer = next((a for a in reversed(found) if not _HEADING.match(a)), found[-1])
+    unit = _NUMBER_AND_UNIT.fullmatch(answer)
+    return unit.group(1) if unit else answer
 
 
 _STRIP = [
@@ -50,7 +61,7 @@ _STRIP = [
     (re.compile(r"\^\{?\\circ\}?|°"), ""),
     (re.compile(r"\\%|%"), ""),
     (re.compile(r"\s+"), ""),
-    (re.compile(r"\$"), ""),
+    (re.compile(r"\\?\$"), ""),   # $18 and \$18
 ]
 
 

@@ -100,9 +100,18 @@ def test_a_box_is_its_own_argument(reward, response, truth, score):
     ("#### 17 ... no.\n#### 1,234", "1234", 1.0),
     ("#### 17", "18", 0.0),
     ("the answer is \\boxed{17}\n#### 18", "18", 0.0),   # the boxed answer is the final one
+    ("She makes 18 dollars.\n#### 18 dollars", "18", 1.0),   # unit words after the number (verl reads 18)
+    ("#### $18 per day.", "#### 18", 1.0), ("#### 18 or 19", "18", 0.0), ("#### 18 apples", "19", 0.0),
+    ("#### 18\n\n#### Explanation\nWe subtract the eggs.", "18", 1.0),   # a Markdown heading after it
+    ("#### Step 1: 16 - 3 - 4 = 9\n#### Step 2: 9 * 2 = 20", "18", 0.0),   # headings only: no right answer
+    ("**#### 18**", "18", 1.0), ("#### **18**", "18", 1.0), ("#### **17**", "18", 0.0),   # Markdown bold
+    ("So #### x = 18", "18", 1.0),
 ])
 def test_a_gsm8k_answer_line_is_the_final_answer_without_a_box(reward, response, truth, score):
     assert reward(response, truth) == score
+    if "=" not in response:   # math_boxed, the fallback, reads the same answer
+        assert math_boxed(response, truth) == score
+    assert math_boxed("\\boxed{\\$18}", "18") == 1.0
 
 
 def test_default_for_math_data_and_math_boxed_stays():
