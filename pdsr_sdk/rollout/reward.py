@@ -207,7 +207,8 @@ def reward_counters(reward_fn: object) -> dict[str, int]:
 class OverlongShaping:
     """DAPO's overlong reward shaping around a reward (verl's DAPO reward manager): a response of L tokens
     past ``max_tokens - buffer`` gets ``min(-(L - (max_tokens - buffer)) / buffer * penalty, 0)`` added to its
-    score (``-penalty`` at ``max_tokens``); a dict result also keeps it as ``overlong_reward``."""
+    score (``-penalty`` at ``max_tokens``), and the amount is a field of its own, ``overlong_reward``. The
+    reward's own score (before shaping) is what dynamic sampling's filter compares, as DAPO's ``acc``."""
 
     def __init__(self, fn: Callable[..., Any], *, max_tokens: int, buffer: int, penalty: float):
         self.fn, self.max_tokens, self.buffer, self.penalty = fn, max_tokens, buffer, penalty
@@ -221,10 +222,17 @@ class OverlongShaping:
         got = awaited(self.fn(text, ground_truth, **info))
         if got is None or (isinstance(got, dict) and got.get("score") is None):
             return got   # no score to shape: the sample's reward error says so
+        fields = got if isinstance(got, dict) else {"score": got}
         extra = self.shaping(int(info.get("response_length") or 0))
-        if isinstance(got, dict) and "score" in got:
-            return {**got, "score": float(got["score"]) + extra, "overlong_reward": extra}
-        return float(got) + extra
+        return {**fields, "score": float(fields["score"]) + extra, "overlong_reward": extra}
+
+    def apply(self, score: float, extra: str | None, response_length: int) -> tuple[float, str]:
+        """What :meth:`__call__` gives, from the wrapped reward's score and other fields (JSON) already computed:
+        (the shaped score, the fields with ``overlong_reward``, as JSON)."""
+        import json
+
+        shaping = self.shaping(int(response_length or 0))
+        return score + shaping, json.dumps({**(json.loads(extra) if extra else {}), "overlong_reward": shaping})
 
 
 def config_reward(config: Any, has_ground_truth: bool) -> RewardFn | None:

@@ -34,8 +34,9 @@ EXECUTORS = ("thread", "process")
 @dataclass(frozen=True)
 class Scored:
     """One sample's reward: its decoded text, the reward (None where it failed or there is no reward
-    function), the extra fields as JSON, the error, seconds the reward call took, and the reward
-    counters it added (math_verify's ``reward_timeouts``)."""
+    function), the extra fields as JSON, the error, seconds the reward call took, the reward
+    counters it added (math_verify's ``reward_timeouts``), and the reward function's own score before DAPO's
+    overlong shaping (None: the same as ``reward``), what dynamic sampling's filter compares."""
 
     text: str
     reward: float | None
@@ -43,6 +44,12 @@ class Scored:
     error: str | None
     seconds: float = 0.0
     timeouts: int = 0
+    score: float | None = None
+
+    @property
+    def unshaped(self) -> float | None:
+        """The reward before overlong shaping (the reward itself where there is none)."""
+        return self.reward if self.score is None else self.score
 
 
 def _state(sample: Sample) -> tuple:
@@ -52,15 +59,21 @@ def _state(sample: Sample) -> tuple:
 def _score(fn: Callable[..., Any] | None, text: str, ground_truth: str | None, info: dict[str, Any]) -> Scored:
     """In a worker thread: the reward of one decoded response, timed, with the counters it moved."""
     from pdsr_sdk.dispatch.trajectory import score_text
-    from pdsr_sdk.rollout.reward import reward_counters
+    from pdsr_sdk.rollout.reward import OverlongShaping, reward_counters
 
     if fn is None:
         return Scored(text, None, None, None)
     before = reward_counters(fn).get("reward_timeouts", 0)
     began = time.perf_counter()
-    reward, extra, error = score_text(fn, text, ground_truth, info)
+    # under overlong shaping, the reward's own score is kept beside the shaped one (the filter's)
+    shaping = fn if isinstance(fn, OverlongShaping) else None
+    reward, extra, error = score_text(fn if shaping is None else shaping.fn, text, ground_truth, info)
+    score = reward
+    if shaping is not None and reward is not None:
+        reward, extra = shaping.apply(reward, extra, info.get("response_length") or 0)
     seconds = time.perf_counter() - began
-    return Scored(text, reward, extra, error, seconds, reward_counters(fn).get("reward_timeouts", 0) - before)
+    return Scored(text, reward, extra, error, seconds, reward_counters(fn).get("reward_timeouts", 0) - before,
+                  score)
 
 
 class RewardRunner:

@@ -40,7 +40,9 @@ class SessionRewards:
                 raise ConfigError(f"filter_groups filters groups by their rewards, and group {group.prompt_id!r} "
                                   f"has none: reward is {config.reward!r} and its prompt has no ground truth; "
                                   f"give the data a ground truth column or set a reward")
-            return kind(rewards)
+            # the scores before overlong shaping (DAPO's acc): a group all wrong is filtered whatever its lengths
+            scores = [self.rewards.result(s) for s in group.samples] if self.rewards is not None else []
+            return kind([sc.unshaped if sc is not None else None for sc in scores] if scores else rewards)
 
         return group_filter
 

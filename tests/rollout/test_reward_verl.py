@@ -156,7 +156,9 @@ def test_dapo_overlong_shaping():
     from pdsr_sdk.rollout.reward import OverlongShaping, config_reward
 
     shaped = OverlongShaping(lambda text, truth, **info: 1.0, max_tokens=100, buffer=20, penalty=1.0)
-    assert [shaped("t", "1", response_length=n) for n in (50, 80, 90, 100)] == [1.0, 1.0, 0.5, 0.0]
+    assert [shaped("t", "1", response_length=n) for n in (50, 90, 100)] == [
+        {"score": 1.0, "overlong_reward": 0.0}, {"score": 0.5, "overlong_reward": -0.5},
+        {"score": 0.0, "overlong_reward": -1.0}]   # the amount logged for a float reward too, as verl's DAPO does
     verl = OverlongShaping(resolve_reward(f"{HERE}:compute_score", True), max_tokens=100, buffer=20, penalty=0.5)
     got = verl("\\boxed{1}", "1", response_length=100)
     assert got["score"] == 0.5 and got["overlong_reward"] == -0.5 and got["acc"] is True
@@ -263,7 +265,7 @@ def test_an_async_reward_is_awaited_in_every_form():
     from pdsr_sdk.rollout.reward import OverlongShaping
 
     shaped = OverlongShaping(adapt_reward(pdsr_style_named, "r"), max_tokens=10, buffer=4, penalty=1.0)
-    assert shaped("t", "1", sample_index=1, response_length=8) == 1.0   # 1.5, less 2 of 4 buffer tokens
+    assert shaped("t", "1", sample_index=1, response_length=8)["score"] == 1.0   # 1.5, less 2 of 4 buffer tokens
 
     async def on_a_loop():   # called from a thread that runs a loop (sample_row inside a session's loop)
         return sample_row(group.samples[0], tok, adapt_reward(pdsr_style, "r"))["reward"]
@@ -287,3 +289,40 @@ def test_a_score_that_is_none_or_not_finite_is_that_samples_error(result, error)
         rows = [sample_row(s, tok, fn) for s in group.samples]
         assert rows[0]["reward"] == 1.0 and rows[0]["reward_error"] is None
         assert rows[1]["reward"] is None and error in rows[1]["reward_error"]
+
+
+def test_overlong_shaping_keeps_the_score_the_zero_variance_filter_compares():
+    """DAPO filters on accuracy (its metric 'acc'), not on the shaped reward: a group all wrong whose responses
+    ran into the overlong buffer by different amounts has unequal rewards, and is filtered all the same."""
+    from pdsr_sdk.rollout.reward_runner import RewardRunner
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    class NeverStarted:
+        def __getattr__(self, name):
+            raise AssertionError("an engine was used")
+
+    def judge(responses, lengths):
+        record = PromptRecord("q1", "prompt", [1], "18", reward_info={"data_source": "openai/gsm8k"})
+        group, tok = finished_group(record, responses)
+        for s, n in zip(group.samples, lengths):
+            s.num_generated = n
+        session = RolloutSession(RolloutConfig(reward=f"{HERE}:compute_score", overlong_buffer=4,
+                                               sampling={"max_tokens": 16, "n": len(responses)},
+                                               filter_groups={"kind": "zero-variance"}), engines=[NeverStarted()])
+
+        async def run():
+            session.rewards = RewardRunner(session.reward_for, tok)
+            scored = await session.rewards.wait(group.samples)
+            return scored, session.group_filter(group, [sc.reward for sc in scored])
+        scored, passed = asyncio.run(run())
+        session.rewards.close()
+        rows = [sample_row(s, tok, session.reward_for(group)) for s in group.samples]   # scored after the step
+        assert [r["reward"] for r in rows] == [sc.reward for sc in scored]
+        assert [json.loads(r["reward_extra"]) for r in rows] == [json.loads(sc.extra) for sc in scored]
+        return scored, passed
+
+    scored, passed = judge(["\\boxed{17}", "\\boxed{16}"], [10, 14])   # all wrong, one 2 tokens into the buffer
+    assert [sc.reward for sc in scored] == [0.0, -0.5] and not passed
+    assert [sc.score for sc in scored] == [0.0, 0.0] and json.loads(scored[1].extra)["overlong_reward"] == -0.5
+    scored, passed = judge(["\\boxed{18}", "\\boxed{16}"], [14, 10])   # one right: signal, shaped or not
+    assert [sc.reward for sc in scored] == [0.5, 0.0] and passed
