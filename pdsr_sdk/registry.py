@@ -52,7 +52,8 @@ def import_object(path: str, *, kind: str = "object", register_hint: str | None 
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            hint = (f"; a {kind} named by import path must be defined at module level of an importable module "
+            article = "an" if kind[:1] in "aeiou" else "a"
+            hint = (f"; {article} {kind} named by import path must be defined at module level of an importable module "
                     f"(not inside a function, and not in a script run as __main__ unless this process runs it)")
             if register_hint:
                 hint += f"; or register it under a name: {register_hint}"

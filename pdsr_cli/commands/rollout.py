@@ -56,7 +56,7 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                    "without it such a prompt is an error naming its row.")
 @click.option("--reward", help="math_verify (the response's last \\boxed{}, else its GSM8K '#### N', against the "
                               "ground truth), math_boxed (its pure-Python fallback), none, auto (math_verify when the "
-                              "data has a ground truth), or 'package.module:fn'.  [default: auto]")
+                              "data has a ground truth), 'package.module:fn' or 'path/to/file.py:fn'.  [default: auto]")
 @click.option("--reward-executor", type=click.Choice(["thread", "process"]),
               help="Run reward functions on worker threads, or in worker processes (a CPU-bound Python reward then "
                    "never holds the loop that feeds the engines; give it by import path).  [default: thread]")

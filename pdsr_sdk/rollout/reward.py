@@ -66,11 +66,30 @@ def resolve_reward(name: str | None, has_ground_truth: bool, *,
 
         return math_verify_reward(timeout_s)
     if ":" in name:
-        fn = import_object(name)
+        fn = _reward_file_object(name) if name.rpartition(":")[0].endswith(".py") else import_object(name)
         if not callable(fn):
             raise ConfigError(f"reward: {name!r} is not callable")
         return adapt_reward(fn, name)
     return adapt_reward(REWARDS.get(REWARDS.check_name(name, also=REWARD_WORDS)), name)
+
+
+def _reward_file_object(name: str) -> Any:
+    """``path/to/file.py:fn`` (verl's ``custom_reward_function.path`` and ``.name``): the file is imported as the
+    module of its stem, its folder put on ``sys.path`` so that reward worker processes import it too."""
+    import sys
+    from pathlib import Path
+
+    file, _, attr = name.rpartition(":")
+    path = Path(file).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"reward {name!r}: no such file: {path}")
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() != path:
+        raise ConfigError(f"reward {name!r}: a module named {path.stem!r} is imported already (from "
+                          f"{getattr(loaded, '__file__', None) or 'no file'}); rename {path.name}")
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    return import_object(f"{path.stem}:{attr}")
 
 
 #: the info a reward is given by keyword (the last two when the data row has those columns)

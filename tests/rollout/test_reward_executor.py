@@ -23,8 +23,9 @@ def scored(text, ground_truth, *, prompt_id, sample_index, **info):
 
 
 def config(tiny_model_dir, **kw) -> RolloutConfig:
+    kw.setdefault("reward", "test_reward_executor:scored")
     return RolloutConfig(model=str(tiny_model_dir), policy="baseline", batch_size=len(PROMPTS),
-                         sampling={"n": 3, "max_tokens": 4}, reward="test_reward_executor:scored",
+                         sampling={"n": 3, "max_tokens": 4},
                          engines=[{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine",
                                    "max_model_len": 256}], **kw)
 
@@ -99,3 +100,28 @@ def test_a_reward_that_exits_fails_its_own_sample_only(tiny_model_dir, executor,
     assert re.search(error, failed[0]["reward_error"])
     assert first.summary["reward_errors"] == 1 and second.summary["reward_errors"] == 1
     assert sorted(r["reward"] for r in first.table.to_pylist() if r["reward_error"] is None) == [1.0] * 11
+
+
+@requires_torch
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_reward_given_by_its_file_path_as_verl_takes_it(tiny_model_dir, tmp_path, executor):
+    """verl names a reward by file (custom_reward_function.path and .name): path/to/file.py:fn, a folder not
+    on sys.path, works on threads and in worker processes."""
+    folder = tmp_path / f"rewards_{executor}"
+    folder.mkdir()
+    stem = f"my_verl_reward_{executor}"
+    (folder / f"{stem}.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(ground_truth) + 0.5\n")
+    got = rows(tiny_model_dir, reward=f"{folder / stem}.py:compute_score", reward_executor=executor)
+    assert sorted({r["reward"] for r in got}) == [0.5, 2.5, 4.5, 6.5] and {r["reward_error"] for r in got} == {None}
+
+
+def test_a_reward_file_that_is_missing_or_shadows_a_module_is_an_error(tmp_path):
+    from pdsr_sdk.rollout.reward import resolve_reward
+
+    with pytest.raises(ConfigError, match=r"no such file: .*absent\.py"):
+        resolve_reward(f"{tmp_path / 'absent.py'}:compute_score", True)
+    (tmp_path / "json.py").write_text("def compute_score(data_source, solution_str, ground_truth):\n    return 1.0\n")
+    with pytest.raises(ConfigError, match=r"a module named 'json' is imported already .*rename json\.py"):
+        resolve_reward(f"{tmp_path / 'json.py'}:compute_score", True)
