@@ -262,7 +262,9 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
             if prior.batches:   # each step's end was a version change
                 session.policy_version = config.policy_version + prior.next_batch_index
             session.restore_carried(carried)
-            ran = 0
+            ran = filtered = dropped = 0
+            b = config.step_groups or config.batch_size
+            short = None   # (step, groups) of a step the data ran out in, short of b groups
             for k in range(steps):   # the run's steps in all: a resume runs those left
                 if consumed == len(todo_left) + len(carried):
                     break
@@ -279,17 +281,26 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
                     filtered_writer.flush()
                 # a filtered prompt is done with too, and so is a dropped one (on-policy dynamic sampling)
                 consumed += len(out.groups) + len(out.filtered) + len(out.dropped)
+                filtered, dropped = filtered + len(out.filtered), dropped + len(out.dropped)
+                if len(out.groups) < b:
+                    short = (out.step, len(out.groups))
                 results.append(out.report)
                 await session.anext_version()   # each step's end is a trainer's weight update
                 writer.flush()
                 writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
                                     for g, step in session.carried() for s in g.samples], carry_schema())
                 write_text_atomic(summarise().to_json(), summary_path(config))
+            # the groups dynamic sampling took out: why the data ran out sooner than its size says
+            taken = (f"; {filtered} of them filtered out (--filter-groups: their rewards all equal)"
+                     + (f" and {dropped} dropped at on-policy step ends" if dropped else "")
+                     if config.filter_groups is not None else "")
             if ran < steps:   # not an error (the last groups come back in the steps they take), but not what was asked
                 status(f"the data's prompts ran out after {ran} of the {steps} steps "
                        f"{'left to run' if prior.batches else 'asked for'} (--steps {config.steps}): "
-                       f"{len(todo_left) + len(carried)} groups at {config.step_groups or config.batch_size} a step "
-                       f"(--step-groups)")
+                       f"{len(todo_left) + len(carried)} groups at {b} a step (--step-groups){taken}")
+            elif short is not None and config.filter_groups is not None:
+                status(f"the data's prompts ran out in step {short[0]}, which has {short[1]} of its {b} groups: "
+                       f"{len(todo_left) + len(carried)} groups{taken}")
         for index, batch in ([] if config.streaming else batches):
             session.run.batch_index = index   # a batch cut short before the resume is completed under its index
             result = await session.generate(batch)

@@ -75,6 +75,27 @@ def test_a_run_whose_every_group_is_filtered_ends_when_the_data_does(tmp_path, t
     summary = json.loads((tmp_path / "o.summary.json").read_text())
     assert summary["groups"] == 0 and summary["filtered_groups"] == 10
     assert pq.read_table(out).num_rows == 0
+    assert ("ran out after 1 of the 5 steps asked for (--steps 5): 10 groups at 4 a step (--step-groups); 10 of "
+            "them filtered out (--filter-groups: their rewards all equal)") in r.output
+
+
+def test_a_single_filtered_step_the_data_cuts_short_says_so(tmp_path, tiny_model_dir):
+    """--filter-groups without --steps runs one step: one that gets fewer than B passing groups before the data
+    ends says how many it has and how many groups the filter took, not only the counts of an ordinary run."""
+    cfg = setup(tmp_path, tiny_model_dir)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--batch-size", "4",
+                                 "--limit", "8", "--filter-groups", "zero-variance"])
+    assert r.exit_code == 0, r.output
+    kept = rewards_by_group(out)   # q1, q2, q5, q7 pass (q0, q3, q6 all right, q4 all wrong): 4 of 8
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert sorted(kept) == ["q1", "q2", "q5", "q7"] and summary["filtered_groups"] == 4
+    assert "ran out" not in r.output   # 4 passing groups: the step is whole
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--batch-size", "4",
+                                 "--limit", "7", "--filter-groups", "zero-variance", "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert ("pdsr: the data's prompts ran out in step 0, which has 3 of its 4 groups: 7 groups; 4 of them filtered "
+            "out (--filter-groups: their rewards all equal)") in r.output
 
 
 def test_on_policy_dropped_groups_are_counted_and_the_run_ends_when_the_data_does(tmp_path, tiny_model_dir):
