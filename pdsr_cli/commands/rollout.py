@@ -239,8 +239,10 @@ def render_summary(s) -> str:
               + f", {s.tokens} tokens"
               + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else "")
               + (f"; {s.filtered_groups} groups filtered out (--filter-groups)" if s.filtered_groups else ""))
+    # the means of the rewards' other numeric fields (verl's reward_extra_info: acc ...) beside the reward's
+    extras = ", ".join(f"{k} {v:.3f}" for k, v in s.reward_extra_means.items())
     lead = [("makespan", f"{s.makespan_s:.2f} s"), ("", f"{s.tokens_per_s:.1f} tokens/s"),
-            ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}")]
+            ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}" + (f" ({extras})" if extras else ""))]
     busy = ", ".join(f"{k} {v:.0%}" for k, v in s.engine_busy_fraction.items())
     details = [counts, f"engines busy: {busy}" if busy else "engines busy: none"]
     if len(s.batches) > 1:

@@ -22,6 +22,7 @@ from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.policies.resolve import plain_settings
 from pdsr_sdk.rollout.data import build_groups
+from pdsr_sdk.rollout.reward_totals import add_extra_sums
 from pdsr_sdk.rollout.writer import carry_file, existing_files
 
 #: settings a resumed run must share with the run on disk (config key -> flag)
@@ -261,6 +262,7 @@ def merged_batches(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> l
                     "reward_errors", "reward_s", *STAT_KEYS):
             if isinstance(old.get(key), (int, float)) and isinstance(b.get(key), (int, float)):
                 row[key] = old[key] + b[key]
+        row["reward_extra_sums"] = add_extra_sums(old.get("reward_extra_sums") or {}, b.get("reward_extra_sums") or {})
         row["makespan_s"] = round(row["makespan_s"], 4)
         row["tokens_per_s"] = round(row["tokens"] / row["makespan_s"], 2) if row["makespan_s"] > 0 else 0.0
         rows[b["batch_index"]] = row

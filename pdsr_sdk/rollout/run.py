@@ -23,7 +23,7 @@ from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, ca
                                      read_resume_state, run_settings, steps_left)
 from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
-from pdsr_sdk.rollout.summary import RolloutSummary, run_summary
+from pdsr_sdk.rollout.summary import GroupRewards, RolloutSummary, run_summary
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock
 
 
@@ -211,10 +211,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     def write_group(group: Group, scored: list) -> None:
         rows = [sample_row(s, tokenizer, None, scored=sc) for s, sc in zip(group.samples, scored)]
         writer.add_group(rows)
-        given = [r["reward"] for r in rows if r["reward"] is not None]
-        errors = sum(r["reward_error"] is not None for r in rows)
-        rewards[group.prompt_id] = (sum(given), len(given), sum(sc.timeouts for sc in scored), errors,
-                                    sum(sc.seconds for sc in scored))
+        rewards[group.prompt_id] = GroupRewards.of_rows(rows, scored)
         state.agent_failed += sum(r["finish_reason"] == FAILED for r in rows)
         state.groups_written += 1   # on disk by the time a run ends, interrupted or not (flush below)
 
@@ -245,9 +242,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     if not config.streaming:   # multi-step runs write a step's groups when it consumes them
         session.hooks.on_group_done.append(on_group)
     session.hooks.on_status.append(status)
-    # prompt id -> (sum of its samples' rewards, how many, reward checks timed out, reward functions failed,
-    # seconds the reward calls took)
-    rewards: dict[str, tuple[float, int, int, int, float]] = {}
+    rewards: dict[str, GroupRewards] = {}   # prompt id -> what its written group's rewards add to the summary
     results: list[BatchResult] = []
     try:
         if (batches or carried) and not idle:

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.errors import ConfigError, RunError
 from pdsr_sdk.rollout.results import BatchResult, StepResult
+from pdsr_sdk.rollout.reward_totals import GroupRewards, extra_means
 
 
 class SessionRewards:
@@ -106,17 +107,16 @@ class SessionRewards:
         waited = loop.time() - began
         self.rewards.forget(samples)
         rows = [sample_row(s, self.tokenizer, None, scored=sc) for s, sc in zip(samples, scored)]
-        timeouts = sum(sc.timeouts for sc in scored)
-        errors = sum(r["reward_error"] is not None for r in rows)
+        totals = GroupRewards.of_rows(rows, scored)
         table = reward_extra_struct(pa.Table.from_pylist(rows, schema=trajectory_schema()))
-        rewards = [r["reward"] for r in rows if r["reward"] is not None]
         summary = {
             "step": result.batch_index, "policy_version": version, "groups": len(result.groups),
             "samples": len(rows), "tokens": result.tokens, "makespan_s": result.makespan_s,
             "tokens_per_s": result.tokens_per_s,
             "mean_response_length": result.tokens / len(rows) if rows else 0.0,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None, "reward_timeouts": timeouts,
-            "reward_errors": errors, "reward_s": sum(sc.seconds for sc in scored), "reward_wait_s": waited,
+            "reward_mean": totals.reward_sum / totals.rewarded_samples if totals.rewarded_samples else None,
+            "reward_extra_means": extra_means(totals.reward_extra_sums), "reward_timeouts": totals.reward_timeouts,
+            "reward_errors": totals.reward_errors, "reward_s": totals.reward_s, "reward_wait_s": waited,
             "engine_busy_s": dict(result.engine_busy_s), **result.stats,
         }
         multi = [s for s in samples if s.turns is not None]

@@ -8,6 +8,7 @@ from typing import Any
 
 from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.rollout.resume import ResumeState, merged_batches
+from pdsr_sdk.rollout.reward_totals import GroupRewards, add_extra_sums, extra_means
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 
 
@@ -29,6 +30,9 @@ class RolloutSummary:
     engine_errors: list[str] = field(default_factory=list)
     skipped_long: int = 0     # prompts longer than the context, skipped (data.skip_long)
     reward_mean: float | None = None   # over the samples with a reward (None: no reward function)
+    #: the mean of each numeric key of the rewards' dicts (verl's reward_extra_info: acc, overlong_reward ...)
+    #: over the samples that have it
+    reward_extra_means: dict[str, float] = field(default_factory=dict)
     filtered_groups: int = 0   # groups dynamic sampling filtered out (filter_groups), not in groups
     dropped_groups: int = 0    # groups on-policy dynamic sampling dropped at a step's end, not in groups
     rewarded_samples: int = 0          # samples with a reward
@@ -41,22 +45,24 @@ class RolloutSummary:
 
 
 def run_summary(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
-               rewards: dict[str, tuple[float, int, int, int, float]], *, skipped_long: int = 0) -> RolloutSummary:
+               rewards: dict[str, GroupRewards], *, skipped_long: int = 0) -> RolloutSummary:
     """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
     sched = session.scheduler
 
-    def batch_rewards(r: BatchResult) -> tuple[float, ...]:
-        got = [rewards.get(g.prompt_id, (0.0, 0, 0, 0, 0.0)) for g in r.groups]
-        return tuple(sum(g[i] for g in got) for i in range(5))
+    def batch_rewards(r: BatchResult) -> dict[str, Any]:
+        total = GroupRewards()
+        for g in r.groups:
+            total.add(rewards.get(g.prompt_id, GroupRewards()))
+        return {**asdict(total), "reward_s": round(total.reward_s, 4)}
 
     batches = merged_batches(prior.batches, [{
         "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
-        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy,
-        "reward_sum": batch_rewards(r)[0], "rewarded_samples": batch_rewards(r)[1],
-        "reward_timeouts": batch_rewards(r)[2], "reward_errors": batch_rewards(r)[3],
-        "reward_s": round(batch_rewards(r)[4], 4), **(r.step or {}),
+        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy, **batch_rewards(r), **(r.step or {}),
     } for r in results])
+    extra: dict[str, list[float]] = {}
+    for b in batches:
+        extra = add_extra_sums(extra, b.get("reward_extra_sums") or {})
     reward_sum = sum(b.get("reward_sum", 0.0) for b in batches)
     rewarded = sum(b.get("rewarded_samples", 0) for b in batches)
     makespan = sum(r.makespan_s for r in results) + sum(b["makespan_s"] for b in prior.batches)
@@ -92,6 +98,7 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
         engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
         skipped_long=skipped_long, run_id=prior.run_id,
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
+        reward_extra_means=extra_means(extra),
         filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
         dropped_groups=sum(b.get("dropped_groups", 0) for b in batches),
         speculative_settings=(None if config.speculative == "off" else

@@ -92,6 +92,8 @@ def test_rollout_summary_leads_with_what_matters_and_hides_zero_counters():
     lines = text.splitlines()
     assert lines[0] == "policy v3: makespan 4.00 s, 250.0 tokens/s, reward mean 0.031"
     assert lines[1] == "counters: probes 8, moves 3"
+    extras = render_summary(summary(reward_extra_means={"acc": 0.5, "overlong_reward": -0.0125}))
+    assert extras.splitlines()[0].endswith("reward mean 0.031 (acc 0.500, overlong_reward -0.013)")
     assert "engines busy: fast-0 91%, heavy-0 50%" in lines
     table = text[text.index("batch_index"):]
     header = table.splitlines()[0].split()

@@ -45,6 +45,8 @@ def test_the_rewards_a_step_returns_are_those_scoring_after_the_step_gives(tiny_
     assert all(r["reward"] is not None for r in got if r["sample_index"] != 2)
     assert out.summary["reward_s"] >= 0 and out.summary["reward_wait_s"] >= 0
     assert [s.reward for s in out.scores] == [r["reward"] for r in got]
+    tokens = [r["reward_extra"]["tokens"] for r in got if r["reward_extra"] is not None]   # "truth" is text
+    assert len(tokens) == 9 and out.summary["reward_extra_means"] == {"tokens": pytest.approx(sum(tokens) / 9)}
 
 
 @requires_torch
