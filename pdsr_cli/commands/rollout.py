@@ -50,6 +50,7 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--ground-truth-column", help="Reference answer column (a dotted path reads a struct's field).  "
                                            "[default: the first of answer, ground_truth, reward_model.ground_truth, "
                                            "label]")
+@click.option("--data-source", metavar="NAME", help=DataConfig.model_fields["data_source"].description)
 @click.option("--target-lengths-column", help="Per-sample forced lengths (length-controlled replay; needs --ignore-eos).")
 @click.option("--skip-long", is_flag=True, default=None,
               help="Skip prompts whose tokens plus --max-tokens exceed the model's context (counted in the summary); "
@@ -105,8 +106,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
             temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
-            messages_column, system_prompt, instruction, id_column, ground_truth_column, target_lengths_column, skip_long, reward,
-            reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
+            messages_column, system_prompt, instruction, id_column, ground_truth_column, data_source,
+            target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
             num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
@@ -149,6 +150,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "data.prompt_column": prompt_column, "data.messages_column": messages_column,
         "data.system_prompt": system_prompt, "data.instruction": instruction,
         "data.id_column": id_column, "data.ground_truth_column": ground_truth_column,
+        "data.data_source": data_source,
         "data.target_lengths_column": target_lengths_column, "data.skip_long": skip_long,
         "reward": reward, "reward_executor": reward_executor, "reward_timeout_s": reward_timeout_s,
         "overlong_buffer": overlong_buffer,

@@ -38,6 +38,7 @@ class DataConfig(ConfigModel):
     messages_column: str | None = Field(None, description="Column with chat messages (a list of {role, content}); used instead of prompt_column.")
     id_column: str | None = Field(None, description="Column with a unique prompt id; default: 'id'/'unique_id'/'prompt_id' if present, else the row number.")
     ground_truth_column: str | None = Field(None, description="Column with the reference answer for the reward (a string or number); default: the first of 'answer', 'ground_truth', 'reward_model.ground_truth' (verl), 'label' (OpenRLHF) present.")
+    data_source: str | None = Field(None, description="The reward's data_source for rows without one (no data_source column, or null): verl's default_compute_score picks its scorer by it ('openai/gsm8k', 'lighteval/MATH', ...).")
     apply_chat_template: bool = Field(True, description="Wrap prompts with the tokenizer's chat template (when it has one).")
     system_prompt: str | None = Field(None, description="System message put first in every prompt (without a chat template: the first paragraph of the prompt text). A prompt whose chat messages already start with a system message is an error naming its row.")
     instruction: str | None = Field(None, description="Name of a standard instruction appended to each prompt's last user message, after a newline: " + "; ".join(f"'{k}': '{v}'" for k, v in INSTRUCTIONS.items()) + " ('math' asks for what the math_verify and math_boxed rewards read).")

@@ -111,9 +111,16 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
             fr = [str(r) for r in got] if isinstance(got, list) and len(got) == len(targets) else None
         records.append(PromptRecord(pid, prompt_text, list(ids), None if truth is None else str(truth),
                                     targets, fr, row=i,
-                                    reward_info={c: v[i] for c, v in info_values.items()} or None,
+                                    reward_info=reward_info({c: v[i] for c, v in info_values.items()}, cfg),
                                     messages=add_system_and_instruction(messages, cfg, where) if template else None))
     return records
+
+
+def reward_info(found: dict[str, Any], cfg) -> dict[str, Any] | None:
+    """A row's reward columns (``found``), with ``cfg.data_source`` where the row has no data_source."""
+    if cfg.data_source is not None and found.get("data_source") is None:
+        found = {**found, "data_source": cfg.data_source}
+    return found or None
 
 
 def _is_text(kind) -> bool:
@@ -207,10 +214,10 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
             text, ids = encode_messages(messages, cfg, tokenizer, where=at)
             if not ids:
                 raise DataError(f"{at}: the prompt tokenizes to nothing")
-            info = {c: item[c] for c in REWARD_INFO_COLUMNS if isinstance(item, dict) and c in item}
+            info = reward_info({c: item[c] for c in REWARD_INFO_COLUMNS if isinstance(item, dict) and c in item}, cfg)
             templated = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
             record = PromptRecord(str(pid) if pid is not None else f"{id_prefix}{i}", text, ids,
-                                  None if truth is None else str(truth), reward_info=info or None,
+                                  None if truth is None else str(truth), reward_info=info,
                                   messages=add_system_and_instruction(messages, cfg, at) if templated else None)
         if record.prompt_id in seen:
             raise DataError(f"{at}: duplicate prompt id {record.prompt_id!r} (also item {seen[record.prompt_id]})")

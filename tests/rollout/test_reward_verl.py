@@ -146,6 +146,28 @@ def test_verl_layout_parquet_keeps_data_source_and_extra_info(tmp_path, tiny_mod
     assert row["reward"] == 1.0 and json.loads(row["reward_extra"])["split"] == "test"
 
 
+def test_data_source_names_the_rows_without_one(tmp_path, tiny_model_dir):
+    """Raw MATH-500 / GSM8K files have no data_source, which verl's default_compute_score dispatches on:
+    data.data_source (--data-source) fills it in, where the row has none or null, and nowhere else."""
+    path = tmp_path / "mixed.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "What is 9+9?", "answer": "18", "data_source": None},
+                                         {"prompt": "What is 1+1?", "answer": "2", "data_source": "mine"}]), path)
+    tok = load_tokenizer(tiny_model_dir)
+    got = load_prompts(DataConfig(data_source="openai/gsm8k"), tok, path=path)
+    assert [r.reward_info for r in got] == [{"data_source": "openai/gsm8k"}, {"data_source": "mine"}]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps({"prompt": "What is 9+9?", "answer": "18"}) + "\n")
+    assert load_prompts(DataConfig(), tok, path=raw)[0].reward_info is None
+    record = load_prompts(DataConfig(data_source="openai/gsm8k"), tok, path=raw)[0]
+    assert record.reward_info == {"data_source": "openai/gsm8k"}
+    group, tok2 = finished_group(record, ["\\boxed{18}"])
+    row = sample_row(group.samples[0], tok2, resolve_reward(f"{HERE}:compute_score", True))
+    assert row["reward"] == 1.0 and json.loads(row["reward_extra"])["source"] == "openai/gsm8k"
+    recs = prompt_records([{"prompt": "hi"}, {"prompt": "hi", "data_source": "d"}],
+                          DataConfig(data_source="x"), tok)
+    assert [r.reward_info for r in recs] == [{"data_source": "x"}, {"data_source": "d"}]
+
+
 def test_sdk_prompts_carry_data_source_and_extra_info(tiny_model_dir):
     recs = prompt_records([{"prompt": "hi", "answer": "1", "data_source": "d", "extra_info": {"k": 1}}, "plain"],
                           DataConfig(), load_tokenizer(tiny_model_dir))
