@@ -171,6 +171,9 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     if agent_flags and cfg.agent.function is None:
         raise ConfigError(f"{', '.join(agent_flags)}: multi-turn settings, and this run is single-turn; pass --agent "
                           f"PKG.MOD:FN (or set agent.function in the config) or leave them out")
+    if num_speculative_tokens is not None and cfg.speculative == "off":
+        raise ConfigError("--num-speculative-tokens: tokens drafted per step, and speculative decoding is off; pass "
+                          "--speculative ngram or group (or set speculative in the config) or leave it out")
     if write_filtered:
         if cfg.filter_groups is None:
             raise ConfigError("--write-filtered writes the groups --filter-groups filters out: pass --filter-groups "

@@ -122,6 +122,13 @@ def test_agent_flags_without_an_agent_are_an_error(prompts, tmp_path):
     assert "pass --agent" in r.output and not (tmp_path / "o.parquet").exists()
 
 
+def test_num_speculative_tokens_without_speculation_is_an_error(prompts, tmp_path):
+    """--num-speculative-tokens on a run with speculation off ran without drafting and without a word."""
+    r = invoke("--data", str(prompts), "--num-speculative-tokens", "3", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "--num-speculative-tokens" in r.output and "speculative decoding is off" in r.output
+    assert "pass --speculative" in r.output and not (tmp_path / "o.parquet").exists()
+
+
 # -- a second run on an output a run is writing ------------------------------------------------------------
 
 HELD = {"entered": None, "release": None, "calls": 0}
