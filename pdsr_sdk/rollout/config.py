@@ -134,6 +134,11 @@ class RolloutConfig(StepStreamConfig):
     @field_validator("speculative", mode="before")
     @classmethod
     def _known_speculative(cls, method: Any) -> Any:
+        if method is False:
+            return "off"   # YAML 1.1 reads a bare `speculative: off` as false
+        if method is True:
+            raise ConfigValueError(f"speculative is true (YAML reads a bare on, yes or true so); name a method: "
+                                   f"{', '.join(m for m in SPECULATIVE_METHODS if m != 'off')}")
         if method not in SPECULATIVE_METHODS:
             raise ConfigValueError(unknown_speculative(method))
         return method

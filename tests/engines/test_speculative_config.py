@@ -121,6 +121,18 @@ def test_methods_not_built_are_refused(method, says):
     assert "speculative" in str(err.value) and says in str(err.value) and "off, ngram, group" in str(err.value)
 
 
+def test_a_yaml_config_saying_off_is_off(tmp_path):
+    """YAML reads the bare word of the docs' `speculative: off` as false: that was 'unknown speculative method
+    False'. On (true) names no method, and says so."""
+    path = tmp_path / "c.yaml"
+    path.write_text("speculative: off\n")
+    assert load_config(RolloutConfig, path).speculative == "off"
+    path.write_text("speculative: on\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(RolloutConfig, path)
+    assert "speculative is true" in str(err.value) and "ngram, group" in str(err.value)
+
+
 def test_ngram_window_must_be_ordered():
     with pytest.raises(ConfigError, match="prompt_lookup_min .5. must be <= prompt_lookup_max .4."):
         load_config(RolloutConfig, None, {"speculative_settings.prompt_lookup_min": 5})
