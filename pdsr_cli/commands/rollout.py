@@ -250,6 +250,13 @@ def render_summary(s) -> str:
             ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}" + (f" ({extras})" if extras else ""))]
     busy = ", ".join(f"{k} {v:.0%}" for k, v in s.engine_busy_fraction.items())
     details = [counts, f"engines busy: {busy}" if busy else "engines busy: none"]
+    spec = getattr(s, "speculation", None)
+    if spec:
+        rate = spec["acceptance_rate"]
+        per_step = spec["accepted_per_verify_step"]
+        details.append(f"speculation: {spec['drafted_tokens']} tokens drafted in {spec['drafts']} verify steps, "
+                       f"{spec['accepted_tokens']} accepted" + (f" ({rate:.1%})" if rate is not None else "")
+                       + (f", {per_step:.2f} accepted a verify step" if per_step is not None else ""))
     if len(s.batches) > 1:
         rows = [{**b, "reward_mean": (b["reward_sum"] / b["rewarded_samples"] if b.get("rewarded_samples") else None)}
                 for b in s.batches]

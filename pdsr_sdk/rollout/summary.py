@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pdsr_sdk.dispatch.run import STAT_KEYS
+from pdsr_sdk.engines.vllm_stats import SPECULATION_KEYS
 from pdsr_sdk.rollout.resume import ResumeState, merged_batches
 from pdsr_sdk.rollout.reward_totals import GroupRewards, add_extra_sums, extra_means
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
@@ -39,6 +40,9 @@ class RolloutSummary:
     run_id: str = ""          # the same across a run and its resumes
     #: speculative decoding's method and settings (None: off); `pdsr simulate calibrate` reads max_batch_size
     speculative_settings: dict[str, Any] | None = None
+    #: speculative decoding's counts over the run's engines (:func:`speculation_totals`; None: off, or no engine
+    #: reports them)
+    speculation: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -84,6 +88,9 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
     for r in results:
         for name, b in r.engine_busy_s.items():
             busy[name] = busy.get(name, 0.0) + b
+    engines = [{"name": s.name, "pool": s.pool, "devices": s.devices, "max_num_seqs": s.max_num_seqs,
+                "max_model_len": s.max_model_len, **speculation_counts(config, session, s.name)}
+               for s in session.engine_specs]
     return RolloutSummary(
         policy=config.policy, model=model_dir, output=str(config.output.path),
         groups=prior.groups + sum(len(r.groups) for r in results),
@@ -92,9 +99,7 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
         tokens_per_s=tokens / makespan if makespan > 0 else 0.0,
         engine_busy_fraction={k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()},
         stats=stats,
-        engines=[{"name": s.name, "pool": s.pool, "devices": s.devices, "max_num_seqs": s.max_num_seqs,
-                  "max_model_len": s.max_model_len, **speculation_counts(config, session, s.name)}
-                 for s in session.engine_specs],
+        engines=engines,
         engine_errors=[str(e) for e in (sched.engine_errors if sched else [])],
         skipped_long=skipped_long, run_id=prior.run_id,
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
@@ -103,6 +108,7 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
         dropped_groups=sum(b.get("dropped_groups", 0) for b in batches),
         speculative_settings=(None if config.speculative == "off" else
                               {"method": config.speculative, **config.speculative_settings.model_dump()}),
+        speculation=speculation_totals(engines),
     )
 
 
@@ -114,3 +120,17 @@ def speculation_counts(config, session: RolloutSession, name: str) -> dict[str, 
     engine = next((e for e in session.engines if e.name == name), None)
     stats = getattr(engine, "speculation_stats", None)
     return {"speculation": stats()} if callable(stats) else {}
+
+
+def speculation_totals(engines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The engines' speculation counts summed (``drafts``: verify steps that checked drafted tokens), with
+    ``acceptance_rate`` (accepted / drafted tokens) and ``accepted_per_verify_step`` (accepted / drafts; each verify
+    step also yields a token of its own, so a verify step yields 1 + this, vLLM's mean acceptance length); None
+    where no engine reports counts."""
+    counts = [e["speculation"] for e in engines if "speculation" in e]
+    if not counts:
+        return None
+    out: dict[str, Any] = {k: sum(c[k] for c in counts) for k in SPECULATION_KEYS}
+    out["acceptance_rate"] = out["accepted_tokens"] / out["drafted_tokens"] if out["drafted_tokens"] else None
+    out["accepted_per_verify_step"] = out["accepted_tokens"] / out["drafts"] if out["drafts"] else None
+    return out

@@ -219,3 +219,27 @@ def test_the_run_summary_carries_each_engines_speculation_counts():
     assert speculation_counts(RolloutConfig(speculative="ngram"), session, "fast-0") == {"speculation": counts}
     assert speculation_counts(RolloutConfig(speculative="ngram"), session, "ray-0") == {}
     assert speculation_counts(RolloutConfig(), session, "fast-0") == {}
+
+
+def test_the_run_summary_totals_the_engines_counts_with_rates():
+    """The summary's run-level speculation (summed over the engines that report counts) and the line `pdsr rollout`
+    prints for it; before, a user had per-engine raw counts only and the printed summary said nothing."""
+    from pdsr_cli.commands.rollout import render_summary
+    from pdsr_sdk.rollout.summary import RolloutSummary, speculation_totals
+
+    engines = [{"name": "fast-0", "speculation": {"drafts": 3, "drafted_tokens": 9, "accepted_tokens": 7}},
+               {"name": "heavy-0", "speculation": {"drafts": 5, "drafted_tokens": 11, "accepted_tokens": 3}},
+               {"name": "ray-0"}]
+    totals = speculation_totals(engines)
+    assert totals == {"drafts": 8, "drafted_tokens": 20, "accepted_tokens": 10, "acceptance_rate": 10 / 20,
+                      "accepted_per_verify_step": 10 / 8}
+    assert speculation_totals([{"name": "ray-0"}]) is None
+    assert speculation_totals([{"name": "e", "speculation": dict.fromkeys(("drafts", "drafted_tokens",
+                                                                          "accepted_tokens"), 0)}])["acceptance_rate"] is None
+    summary = RolloutSummary(policy="v3", model="m", output="o", groups=1, samples=2, skipped_groups=0, batches=[],
+                             makespan_s=1.0, tokens=40, tokens_per_s=40.0, engine_busy_fraction={}, stats={},
+                             engines=engines, speculation=totals)
+    assert "speculation: 20 tokens drafted in 8 verify steps, 10 accepted (50.0%), 1.25 accepted a verify step" \
+        in render_summary(summary)
+    summary.speculation = None
+    assert "speculation" not in render_summary(summary)
