@@ -24,7 +24,7 @@ from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.engines.request_observer import RequestObserver
 from pdsr_sdk.engines.vllm_control import VllmControl
 from pdsr_sdk.engines.vllm_spawn import spawn
-from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, speculation_counts
+from pdsr_sdk.engines.vllm_stats import SPECULATION_KEYS, LoadRecorder, finish_reason, speculation_counts
 from pdsr_sdk.errors import EngineError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
@@ -144,6 +144,9 @@ class VllmEngine(VllmControl, ModelEngine):
         except Exception as exc:  # noqa: BLE001 - same classification as start-up failures
             raise EngineError(self.name, f"warm-up request failed: {type(exc).__name__}: {exc}",
                               remote_traceback=self._read_error()) from exc
+        # its drafts are no segment's: counted, the engine's totals would exceed the trajectories' sums. vLLM records a
+        # step's stats in the same pass that hands the request its last output, so they are in by now
+        self._stats.speculation = dict.fromkeys(SPECULATION_KEYS, 0)
 
     def _forks_worker(self, args: dict[str, Any]) -> bool:
         """Whether this CPU engine's worker is forked from its engine core rather than spawned (see
@@ -229,9 +232,10 @@ class VllmEngine(VllmControl, ModelEngine):
                           kv_cache_usage=self._stats.kv_cache_usage)
 
     def speculation_stats(self) -> dict[str, int]:
-        """Speculative decoding since the engine started (all 0 without it): ``drafts`` (a request's verify
-        steps that checked drafted tokens), ``drafted_tokens``, ``accepted_tokens`` (drafted tokens the model
-        accepted; each verify step also yields one token of its own). From vLLM's scheduler stats."""
+        """Speculative decoding since the engine was ready (its warm-up request left out; all 0 without it):
+        ``drafts`` (a request's verify steps that checked drafted tokens), ``drafted_tokens``, ``accepted_tokens``
+        (drafted tokens the model accepted; each verify step also yields one token of its own). From vLLM's
+        scheduler stats."""
         return dict(self._stats.speculation)
 
     def _draft_args(self, request: SegmentRequest) -> dict[str, Any] | None:

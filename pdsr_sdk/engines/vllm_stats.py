@@ -14,7 +14,7 @@ SPECULATION_KEYS = ("drafts", "drafted_tokens", "accepted_tokens")
 
 class LoadRecorder:
     """A vLLM stat logger that keeps the last scheduler snapshot (running, waiting, KV usage), and adds up
-    speculative decoding's counts (vLLM's per-step ``SpecDecodingStats``) since the engine started."""
+    speculative decoding's counts (vLLM's per-step ``SpecDecodingStats``; the engine zeroes them after its warm-up)."""
 
     def __init__(self) -> None:
         self.running = 0

@@ -11,6 +11,7 @@ from pdsr_sdk.config import load_config
 from pdsr_sdk.engines.config import NO_BATCH_LIMIT
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.rollout.config import EngineSpec, RolloutConfig
+from support import requires_vllm
 
 
 def engine_args(speculative=None, cpu: bool = True, **spec):
@@ -243,3 +244,36 @@ def test_the_run_summary_totals_the_engines_counts_with_rates():
         in render_summary(summary)
     summary.speculation = None
     assert "speculation" not in render_summary(summary)
+
+
+@requires_vllm
+def test_the_warm_up_requests_drafts_are_not_counted():
+    """The engine's counters are the run's: the throw-away warm-up request's drafts (vLLM's stats of its steps) were
+    counted, so the summary's totals exceeded the trajectories' sums by them (769 drafted against 768 seen)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pdsr_sdk.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(EngineSpec(name="e", pool="fast"), model="/nonexistent",
+                        speculative={"method": "ngram", "num_speculative_tokens": 4})
+    logger = engine._stats.factory(None)
+
+    class WarmUpLLM:
+        async def generate(self, prompt, params, request_id):
+            for drafted, accepted in ((2, 1), (4, 4)):   # two verify steps, recorded as vLLM's output handler does
+                spec = SimpleNamespace(num_drafts=1, num_draft_tokens=drafted, num_accepted_tokens=accepted)
+                logger.record(SimpleNamespace(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1,
+                                              spec_decoding_stats=spec), None)
+                yield None
+
+    engine._llm = WarmUpLLM()
+    try:
+        asyncio.run(engine._warm_up(4))
+        assert engine.speculation_stats() == {"drafts": 0, "drafted_tokens": 0, "accepted_tokens": 0}
+        spec = SimpleNamespace(num_drafts=1, num_draft_tokens=3, num_accepted_tokens=2)   # a run's step: counted
+        logger.record(SimpleNamespace(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1,
+                                      spec_decoding_stats=spec), None)
+        assert engine.speculation_stats() == {"drafts": 1, "drafted_tokens": 3, "accepted_tokens": 2}
+    finally:
+        engine._error_file.unlink(missing_ok=True)
