@@ -35,7 +35,7 @@ def segment_type() -> pa.StructType:
         _f("end_time_s", pa.float64(), "When the span ended.", nullable=True),
         _f("end_reason", pa.string(), "stop | length | segment (continued) | cap | moved | truncated | abort | engine_dead | pause (cut by session.pause)."),
         _f("drafted_tokens", pa.int32(), "Speculative decoding: drafted tokens the span's verify steps checked; null with speculation off or when the engine did not report them (an aborted request).", nullable=True),
-        _f("accepted_tokens", pa.int32(), "Speculative decoding: of those, the tokens the model accepted (the span took num_tokens - accepted_tokens steps); null as drafted_tokens.", nullable=True),
+        _f("accepted_tokens", pa.int32(), "Speculative decoding: of those, the tokens the model accepted, as vLLM counts them: those accepted in the span's last verify step past its token budget or a stop count too, though the span does not keep them (so num_tokens - accepted_tokens is at most the span's steps, short by at most num_speculative_tokens); null as drafted_tokens.", nullable=True),
     ])
 
 
