@@ -178,6 +178,15 @@ def cli_progress(quiet: bool):
     return silent_progress if quiet else stderr_progress
 
 
+def check_speculative_flags(cfg: Any, num_speculative_tokens: int | None) -> None:
+    """``--num-speculative-tokens`` on a run whose speculative decoding is off is an error (it would be ignored)."""
+    from pdsr_sdk.errors import ConfigError
+
+    if num_speculative_tokens is not None and cfg.speculative == "off":
+        raise ConfigError("--num-speculative-tokens: tokens drafted per step, and speculative decoding is off; pass "
+                          "--speculative ngram or group (or set speculative in the config) or leave it out")
+
+
 def build_config(model: type, config_path: Path | None, overrides: Mapping[str, Any]):
     """Load ``model`` from ``--config`` plus flag overrides (dotted keys; None = not given)."""
     from pdsr_sdk.config import load_config

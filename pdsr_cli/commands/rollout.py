@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import (build_config, check_policy_set_targets, cli_progress, config_option, echo_status,
+from pdsr_cli.common import (build_config, check_policy_set_targets, check_speculative_flags, cli_progress,
+                             config_option, echo_status,
                              format_summary, format_table, handle_errors, parse_policy_sets, policy_option,
                              policy_set_option, quiet_option, step_stream_options)
 from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
@@ -171,9 +172,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     if agent_flags and cfg.agent.function is None:
         raise ConfigError(f"{', '.join(agent_flags)}: multi-turn settings, and this run is single-turn; pass --agent "
                           f"PKG.MOD:FN (or set agent.function in the config) or leave them out")
-    if num_speculative_tokens is not None and cfg.speculative == "off":
-        raise ConfigError("--num-speculative-tokens: tokens drafted per step, and speculative decoding is off; pass "
-                          "--speculative ngram or group (or set speculative in the config) or leave it out")
+    check_speculative_flags(cfg, num_speculative_tokens)
     if write_filtered:
         if cfg.filter_groups is None:
             raise ConfigError("--write-filtered writes the groups --filter-groups filters out: pass --filter-groups "

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import (build_config, config_option, echo_status, handle_errors, parse_policy_sets,
-                             policy_option, policy_set_option, quiet_option)
+from pdsr_cli.common import (build_config, check_speculative_flags, config_option, echo_status, handle_errors,
+                             parse_policy_sets, policy_option, policy_set_option, quiet_option)
 
 
 @click.command("serve")
@@ -32,10 +32,18 @@ from pdsr_cli.common import (build_config, config_option, echo_status, handle_er
                    "[default: none, the text as it is]")
 @click.option("--sample-timeout", "sample_timeout_s", type=float, metavar="SECONDS",
               help="A named sample with no request for this long fails.  [default: 60]")
+@click.option("--speculative", metavar="METHOD",
+              help="Speculative decoding in the engines: off, ngram or group (group drafts from the earlier "
+                   "responses to a request's prompt). Same outputs. See docs/rollout.md.  [default: off]")
+@click.option("--num-speculative-tokens", type=int, metavar="K",
+              help="Tokens drafted per request per step with --speculative.  [default: 4]")
+@click.option("--draft-history", type=click.Path(dir_okay=False), metavar="FILE",
+              help="With --speculative group: a trajectories file whose responses are drafted from as earlier "
+                   "responses to the same prompts.  [default: none]")
 @quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, host, port, model, model_name, max_tokens, temperature, top_p, fast,
-            heavy, tool_parser, sample_timeout_s, quiet):
+            heavy, tool_parser, sample_timeout_s, speculative, num_speculative_tokens, draft_history, quiet):
     """Serve POST /v1/chat/completions, POST /v1/completions and GET /v1/models on vLLM engines.
 
     Every request is a group placed by the dispatch policy, as a rollout's groups are. A chat or completions
@@ -48,6 +56,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     Examples:
       pdsr serve                                   # tiny model, v3, http://127.0.0.1:8000/v1
       pdsr serve --model DIR --port 8000 --tool-parser hermes --max-tokens 4096
+      pdsr serve --model DIR --speculative ngram --num-speculative-tokens 4
     """
     from pdsr_cli.quiet import output_mode
     from pdsr_sdk.policies.resolve import with_policy_sets
@@ -57,8 +66,11 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
 
     overrides = {"policy": policy, "model": model, "sampling.max_tokens": max_tokens,
                  "sampling.temperature": temperature, "sampling.top_p": top_p, "fast": fast, "heavy": heavy,
-                 "agent.env_timeout_s": sample_timeout_s}
+                 "agent.env_timeout_s": sample_timeout_s, "speculative": speculative,
+                 "speculative_settings.num_speculative_tokens": num_speculative_tokens,
+                 "speculative_settings.history_file": draft_history}
     cfg = with_policy_sets(build_config(RolloutConfig, config_path, overrides), parse_policy_sets(policy_set))
+    check_speculative_flags(cfg, num_speculative_tokens)
     check_serve_config(cfg)   # before the engines start
     check_listen_address(host, port, host_flag="--host", port_flag="--port")
     if cfg.model is None:

@@ -277,3 +277,30 @@ def test_the_warm_up_requests_drafts_are_not_counted():
         assert engine.speculation_stats() == {"drafts": 1, "drafted_tokens": 3, "accepted_tokens": 2}
     finally:
         engine._error_file.unlink(missing_ok=True)
+
+
+def test_serve_flags_set_the_config(monkeypatch):
+    """`pdsr serve` had no speculation flags (only a config file's speculative turned it on); they reach the
+    session's config as `pdsr rollout`'s do, and --num-speculative-tokens without a method is the same error."""
+    import pdsr_sdk.rollout.session as session_module
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_session(cfg, *args, **kwargs):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(session_module, "RolloutSession", fake_session)
+    runner = CliRunner()
+    with pytest.raises(Stop):
+        runner.invoke(cli, ["serve", "--quiet", "--port", "0", "--speculative", "group", "--num-speculative-tokens",
+                            "3", "--draft-history", "last.parquet"], catch_exceptions=False)
+    assert seen[0].speculative == "group" and seen[0].vllm_speculative_config()["num_speculative_tokens"] == 3
+    assert seen[0].speculative_settings.history_file == "last.parquet"
+    r = runner.invoke(cli, ["serve", "--quiet", "--port", "0", "--num-speculative-tokens", "3"], catch_exceptions=False)
+    assert r.exit_code == 2 and "--num-speculative-tokens" in r.output and "speculative decoding is off" in r.output
+    r = runner.invoke(cli, ["serve", "--quiet", "--port", "0", "--speculative", "eagle"], catch_exceptions=False)
+    assert r.exit_code == 2 and "unknown speculative method 'eagle'" in r.output and len(seen) == 1
