@@ -249,7 +249,7 @@ def render_summary(s) -> str:
             ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}" + (f" ({extras})" if extras else ""))]
     busy = ", ".join(f"{k} {v:.0%}" for k, v in s.engine_busy_fraction.items())
     details = [counts, f"engines busy: {busy}" if busy else "engines busy: none"]
-    spec = getattr(s, "speculation", None)
+    spec = s.speculation
     if spec:
         rate = spec["acceptance_rate"]
         per_step = spec["accepted_per_verify_step"]

@@ -24,7 +24,7 @@ from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.engines.request_observer import RequestObserver
 from pdsr_sdk.engines.vllm_control import VllmControl
 from pdsr_sdk.engines.vllm_spawn import spawn
-from pdsr_sdk.engines.vllm_stats import SPECULATION_KEYS, LoadRecorder, finish_reason, speculation_counts
+from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, speculation_counts
 from pdsr_sdk.errors import EngineError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
@@ -146,7 +146,7 @@ class VllmEngine(VllmControl, ModelEngine):
                               remote_traceback=self._read_error()) from exc
         # its drafts are no segment's: counted, the engine's totals would exceed the trajectories' sums. vLLM records a
         # step's stats in the same pass that hands the request its last output, so they are in by now
-        self._stats.speculation = dict.fromkeys(SPECULATION_KEYS, 0)
+        self._stats.reset_speculation()
 
     def _forks_worker(self, args: dict[str, Any]) -> bool:
         """Whether this CPU engine's worker is forked from its engine core rather than spawned (see

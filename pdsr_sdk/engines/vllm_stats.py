@@ -22,6 +22,10 @@ class LoadRecorder:
         self.kv_cache_usage: float | None = None
         self.speculation = dict.fromkeys(SPECULATION_KEYS, 0)
 
+    def reset_speculation(self) -> None:
+        """Zero the speculation counts (called once the engine's warm-up request is done)."""
+        self.speculation = dict.fromkeys(SPECULATION_KEYS, 0)
+
     def factory(self, vllm_config, engine_index: int = 0):
         from vllm.v1.metrics.loggers import StatLoggerBase
 
