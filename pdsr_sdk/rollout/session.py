@@ -13,9 +13,8 @@ or, from async code, ``async with RolloutSession(config) as session`` and ``awai
 is a loop over :meth:`RolloutSession.generate`.
 
 The class is written in six files: this one (its engines' lifecycle, a step), :mod:`.session_stream` (partial
-rollout's steps), :mod:`.session_engines` (weight updates, pause, sleep), :mod:`.session_rewards` (which reward
-scores a group, a step's result with its rewards), :mod:`.session_serve` (serving) and :mod:`.session_callbacks`
-(the dispatch run's callbacks). Its results are in :mod:`.results`.
+rollout's steps), :mod:`.session_engines` (weights, pause, sleep), :mod:`.session_rewards` (rewards, a step's result),
+:mod:`.session_serve` (serving) and :mod:`.session_callbacks` (the run's callbacks). Results: :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -102,6 +101,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         self._fatal: asyncio.Future | None = None
         self._started = False
         self._closed = False   # close() ran: every later call is refused
+        self._stepping: asyncio.Task | None = None   # the task running a step or batch (one at a time)
         self._tokenizer = None
         self._prompt_limits: tuple | None = None   # (vocabulary, context, its source): set at the first prompts
         self._init_rewards(reward)   # a reward pdsr cannot call is an error here, before any engine
@@ -316,11 +316,15 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         ``wait_for_update`` (partial rollout, a trainer that trains on the previous step while this one
         runs): the step does not end before the trainer's next :meth:`update_weights`, so its token ages
         count at the weights the trainer trains it with. Only for a trainer that updates during every
-        such step: without an update it never ends.
+        such step: without an update it never ends. One step at a time: another while one runs is a RunError.
 
         ``agent``: ``async def run(agent)`` run for each sample of this step (multi-turn; default: the
         session's agent, if any; see :mod:`pdsr_sdk.agent`)."""
         self._check_usable("step")
+        with self._one_step("step"):
+            return await self._astep(prompts, n=n, last=last, wait_for_update=wait_for_update, agent=agent)
+
+    async def _astep(self, prompts: Iterable, *, n, last: bool, wait_for_update: bool, agent) -> StepResult:
         n = group_size(n, self.config.sampling.n)
         if agent is not None and self.streaming:
             from pdsr_sdk.rollout.config import check_agent_streaming
@@ -360,14 +364,15 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         """Run one batch of prompt records to completion and return its groups and costs (``agent``: run each
         sample with it, multi-turn; default: the session's agent, if any)."""
         self._check_usable("generate")
-        if not self._started:
-            await self.start()
-        self._check_prompts(records)
-        groups = build_groups(records, group_size(n, self.config.sampling.n), self.config.sampling.max_tokens)
-        fn = self.agent if agent is None else _load_agent(agent)
-        if fn is not None:
-            self.agents.prepare(groups, fn)
-        return await self.run_groups(groups)
+        with self._one_step("generate"):
+            if not self._started:
+                await self.start()
+            self._check_prompts(records)
+            groups = build_groups(records, group_size(n, self.config.sampling.n), self.config.sampling.max_tokens)
+            fn = self.agent if agent is None else _load_agent(agent)
+            if fn is not None:
+                self.agents.prepare(groups, fn)
+            return await self.run_groups(groups)
 
     def _check_prompts(self, records: list[PromptRecord]) -> None:
         """A prompt the engines would refuse (no ids, an id out of vocabulary, too long) is a DataError naming it,

@@ -3,6 +3,10 @@ sample or a group finished, a status line, a fatal error."""
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import contextmanager
+from typing import Iterator
+
 from pdsr_sdk.dispatch.types import DROPPED, Group, Sample
 from pdsr_sdk.errors import RunError
 
@@ -53,3 +57,22 @@ class RunCallbacks:
             cause = self._fatal.result()
             raise RunError(f"{what}: the session failed earlier ({type(cause).__name__}: {cause}) and cannot go on; "
                            f"close it and open a new RolloutSession") from cause
+
+    @contextmanager
+    def _one_step(self, what: str) -> Iterator[None]:
+        """Steps (and ``generate`` batches) run one at a time: a second one started while another runs would take
+        over the dispatch run's batch (or the stream's step end) and leave the first waiting for good. The task
+        already running one may call ``generate`` inside it (``astep`` does)."""
+        task = asyncio.current_task()
+        if self._stepping is task:
+            yield
+            return
+        if self._stepping is not None:
+            raise RunError(f"{what}: another step is running on this session; steps run one at a time: call it "
+                           f"after that step returns (a pipelined trainer starts step k + 1 once step k has "
+                           f"returned, and updates weights while it runs)")
+        self._stepping = task
+        try:
+            yield
+        finally:
+            self._stepping = None
