@@ -185,7 +185,10 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     partial = s.over_provision is not None
     stream = prompt_stream(s, "updates" if s.update else "control") if partial else None
     history = []
-    with ThreadPoolExecutor(1) as stepping:
+    # not `with`: its exit would join a pipelined step that waits for this loop's update, so an error here would
+    # hang the run; the step ends instead when the session closes, and the thread with it
+    stepping = ThreadPoolExecutor(1)
+    try:
         nxt = None
         for step in range(s.steps):
             t0 = time.perf_counter()
@@ -276,6 +279,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                            tis_weight=round(float(weights[keep].mean()), 4) if tis_upper is not None else None)
             history.append(row)
             emit(json.dumps(row))
+    finally:
+        stepping.shutdown(wait=False)
     return history
 
 

@@ -52,3 +52,106 @@ def test_a_second_step_while_one_runs_is_an_error_and_the_first_completes(tiny_m
     assert sorted(g.prompt_id for g in out.groups) == ["a", "b"]
     assert all(len(g.samples) == 2 and all(s.token_ids for s in g.samples) for g in out.groups)
     assert after.step == out.step + 1 and sorted(g.prompt_id for g in after.groups) == ["c", "d"]
+
+
+def docs_pipelined_loop() -> str:
+    """The pipelined trainer's loop of docs/sdk.md ("Partial rollout across steps"), as written there."""
+    import re
+
+    from support import ROOT
+
+    text = (ROOT / "docs" / "sdk.md").read_text()
+    return next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "ThreadPoolExecutor" in block)
+
+
+def test_the_docs_pipelined_loop_ends_with_the_trainers_error(tiny_model_dir):
+    """docs/sdk.md's pipelined loop, run as written, with a trainer that raises while step 1 waits for its
+    update: the error comes out. With the executor entered after the session (as the docs had it), its exit
+    joined the step's thread first, and that step waited for good for an update that never came."""
+    import textwrap
+    import threading
+
+    from pdsr_sdk import RolloutSession
+
+    class TrainerBug(Exception):
+        pass
+
+    def train(groups):
+        assert len(groups) == 2   # step 0's groups, while step 1 generates
+        raise TrainerBug("the trainer's own error")
+
+    names = {"RolloutSession": RolloutSession, "num_steps": 3, "train": train, "model": None,
+             "config": fake_config(tiny_model_dir, over_provision=1.0, max_staleness=1),
+             "prompts": iter([f"prompt {i}" for i in range(12)])}
+    got = {}
+
+    def run():
+        try:
+            exec(textwrap.dedent(docs_pipelined_loop()), names)
+        except BaseException as exc:  # noqa: BLE001 - what the loop raised is the test's
+            got["error"] = exc
+
+    loop = threading.Thread(target=run, daemon=True)
+    loop.start()
+    loop.join(WAIT_S)
+    assert not loop.is_alive(), "the docs' pipelined loop hangs when its trainer raises"
+    assert isinstance(got.get("error"), TrainerBug)
+
+
+class WeightsLoopEngine:
+    """A fake engine (tests/fakes.py's LoopEngine) that takes weight updates and ignores them."""
+
+    @classmethod
+    def from_spec(cls, spec, **kw):
+        from fakes import LoopEngine
+
+        engine = LoopEngine.from_spec(spec, **kw)
+
+        async def update_weights(staged, reset_prefix_cache=True):
+            return None
+
+        engine.update_weights = update_weights
+        return engine
+
+
+def test_the_pipelined_grpo_example_ends_with_its_trainers_error(tiny_model_dir, monkeypatch):
+    """examples/grpo_train.py --pipeline: an error in the trainer while the next step waits for its update comes
+    out of ``train``; the example's ``with ThreadPoolExecutor`` used to join that step first, which waited for
+    good (fake engines that take weights)."""
+    import sys
+    import threading
+
+    import pdsr_sdk
+    from support import ROOT
+
+    if str(ROOT) not in sys.path:   # `examples` is imported by path, as tests/examples does
+        sys.path.insert(0, str(ROOT))
+    from examples.grpo_train import GrpoSettings, rollout_config, train
+    from pdsr_sdk import EngineSpec, RolloutSession
+
+    class TrainerBug(Exception):
+        pass
+
+    def scoring_fails(*args, **kw):
+        raise TrainerBug("the trainer's own error")
+
+    monkeypatch.setattr(pdsr_sdk, "per_token_logps", scoring_fails)
+    s = GrpoSettings(steps=3, batch_size=2, n=2, max_tokens=8, over_provision=1.0, max_staleness=1, pipeline=True,
+                     model=str(tiny_model_dir))
+    engines = [EngineSpec(name=name, pool=pool, backend="test_session_trainer_loops:WeightsLoopEngine")
+               for name, pool in (("fast-0", "fast"), ("heavy-0", "heavy"))]
+    config = rollout_config(s).model_copy(update={"engines": engines})
+    got = {}
+
+    def run():
+        try:
+            with RolloutSession(config) as session:
+                train(s, session, emit=lambda line: None)
+        except BaseException as exc:  # noqa: BLE001 - what train raised is the test's
+            got["error"] = exc
+
+    loop = threading.Thread(target=run, daemon=True)
+    loop.start()
+    loop.join(WAIT_S)
+    assert not loop.is_alive(), "the pipelined example hangs when its trainer raises"
+    assert isinstance(got.get("error"), TrainerBug)
