@@ -162,6 +162,7 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None, *,
         raise DataValueError("update_weights: no tensors given")
     if reference is not None:
         skip = reference.check(((n, tuple(t.shape)) for n, t in items), what="update_weights")
+        reference.check_tensors(items)
         if skip:
             items = [(n, t) for n, t in items if n not in skip]
     return StagedWeights(items=items, block=block)

@@ -75,6 +75,33 @@ class ModelWeights:
         return skip
 
 
+    def check_tensors(self, items: Iterable[tuple[str, Any]], *, what: str = "update_weights") -> None:
+        """What names and shapes do not show, checked before anything is copied: a tensor whose data the session
+        cannot read (a DTensor, a shard of FSDP2 or tensor parallelism; a meta tensor) or an integer or bool tensor
+        for a floating-point parameter (it would load as its values converted). A DataValueError naming it."""
+        for name, t in items:
+            if type(t).__name__ == "DTensor":
+                raise DataValueError(
+                    f"{what}: parameter {name!r} is a DTensor (sharded: FSDP2 or tensor parallelism); give full "
+                    f"tensors: gather them on every rank, e.g. torch.distributed.checkpoint.state_dict."
+                    f"get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)), "
+                    f"and call update_weights with rank 0's")
+            if getattr(t, "is_meta", False):
+                raise DataValueError(f"{what}: parameter {name!r} is a meta tensor: it has no data (a model built "
+                                     f"on the meta device and not loaded yet?)")
+            ref = self.shapes.get(name)
+            is_float = getattr(t, "is_floating_point", None)
+            if ref is not None and _floating(ref[1]) and is_float is not None and not is_float():
+                raise DataValueError(f"{what}: parameter {name!r} is {str(t.dtype).removeprefix('torch.')}; the "
+                                     f"model in {self.folder} holds it as {ref[1]} (floating point): an integer or "
+                                     f"bool tensor would load as its values converted")
+
+
+def _floating(dtype: str) -> bool:
+    """Whether a safetensors dtype (``F32``, ``BF16``, ``F8_E4M3``, ``I64``, ...) is a floating-point one."""
+    return dtype.startswith("F") or dtype == "BF16"
+
+
 def safetensors_header(path: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) of one safetensors file, from its JSON header."""
     with open(path, "rb") as f:
