@@ -142,6 +142,8 @@ class EngineControl:
     @property
     def paused(self) -> str | None:
         """The pause mode while paused (``abort``, ``wait``, ``keep``), else None."""
+        if self.scheduler is not None and self._between_stream_steps():
+            return self._caller_paused   # the stream's stop between steps is not a pause of the caller's
         return self.scheduler.paused if self.scheduler is not None else None
 
     def pause(self, mode: str = "abort") -> None:
@@ -170,8 +172,8 @@ class EngineControl:
         if not self._started or self.scheduler is None:
             raise RunError("pause: start the session first")
         sched = self.scheduler
-        if sched.paused is not None:
-            raise RunError(f"pause: already paused (mode {sched.paused!r}); call resume() first")
+        if self.paused is not None:
+            raise RunError(f"pause: already paused (mode {self.paused!r}); call resume() first")
         engines = self._live_engines()
         if mode == "keep":
             lacking = [e.name for e in engines if not hasattr(e, "pause_generation")]
@@ -179,6 +181,9 @@ class EngineControl:
                 raise UnsupportedError(f"pause('keep'): engine(s) {', '.join(lacking)} cannot freeze running "
                                        f"requests (their backend has no pause_generation; the 'vllm' and 'ray' "
                                        f"backends do); use pause('abort') or pause('wait')")
+        if self._between_stream_steps():   # partial rollout: a step's end stopped the engines, holding every token
+            self._caller_paused = mode
+            return
         drained = asyncio.get_running_loop().create_future()
         sched.pause(mode, on_drained=lambda: drained.done() or drained.set_result(None))
         if mode == "keep":
@@ -199,6 +204,9 @@ class EngineControl:
         """End a pause: held samples continue from their tokens, frozen ones go on, queued work starts.
         Segments generated from here on record the current :attr:`policy_version`. Not paused: nothing."""
         sched = self.scheduler
+        if sched is not None and self._between_stream_steps():   # the engines stay stopped until the next step
+            self._caller_paused = None
+            return
         if sched is None or sched.paused is None:
             return
         if self._asleep:

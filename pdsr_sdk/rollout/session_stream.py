@@ -33,6 +33,14 @@ class StreamSteps:
         self._step_end: asyncio.Future | None = None
         self._stream_base = 0   # batch index of the stream's first step (launch steps are counted from it)
         self._restored: list[tuple[Group, int]] = []
+        # between steps a step's end holds the engines stopped; a caller's pause() then only records its mode and
+        # resume() clears it: the next step starts the engines, unless the caller is still paused
+        self._caller_paused: str | None = None
+
+    def _between_stream_steps(self) -> bool:
+        """Whether the engines are stopped between partial-rollout steps: a step's end stopped them (or kept a pause
+        that held them when it came), holding every token, and the next step starts them."""
+        return self._stream is not None and not self._mid_stream_step() and self.scheduler.paused in ("abort", "wait")
 
     def _mid_stream_step(self) -> bool:
         """Whether a partial-rollout step is running (started and not ended; paused or not)."""
@@ -91,7 +99,10 @@ class StreamSteps:
             # a step whose B groups were complete before it began ends inside refill: the engines stay
             # stopped (the trainer trains next) and its new groups wait, queued, for the next step
             if not self._step_end.done():
-                self.scheduler.resume()
+                if self._caller_paused is None:
+                    self.scheduler.resume()
+                # else the caller paused between steps: the stop is its pause now, and its resume() starts them
+                self._caller_paused = None
         stream = self._stream
         if not stream.flying:
             raise DataError("step: nothing to run: no new prompts (an empty list, or the iterator is exhausted) "

@@ -155,3 +155,45 @@ def test_the_pipelined_grpo_example_ends_with_its_trainers_error(tiny_model_dir,
     loop.join(WAIT_S)
     assert not loop.is_alive(), "the pipelined example hangs when its trainer raises"
     assert isinstance(got.get("error"), TrainerBug)
+
+
+def test_pause_update_resume_between_partial_rollout_steps(tiny_model_dir):
+    """slime's habit around every update: pause, load, resume. Between partial-rollout steps a step's end has
+    stopped the engines, holding the carried samples' tokens: ``paused`` used to say ``abort`` there, ``pause()``
+    raised "already paused ...; call resume() first", and ``resume()`` started the carried samples generating
+    under the old weights while the trainer trained. Now ``paused`` is None there, ``pause()`` returns at once,
+    ``resume()`` leaves the engines stopped for the next step, and a step begun while paused waits for resume."""
+    from pdsr_sdk import EngineSpec, RolloutSession
+
+    engines = [EngineSpec(name=name, pool=pool, backend="test_session_trainer_loops:WeightsLoopEngine",
+                          max_num_seqs=2) for name, pool in (("fast-0", "fast"), ("heavy-0", "heavy"))]
+    cfg = fake_config(tiny_model_dir, over_provision=1.0, max_staleness=1).model_copy(update={"engines": engines})
+    cfg = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"max_tokens": 400})})
+
+    async def scenario():
+        async with RolloutSession(cfg) as session:
+            sched = session.scheduler
+            await session.astep(iter([f"p{i}" for i in range(12)]))
+            held = {s.key: s.num_generated for s in sched.held()}
+            assert held and any(held.values()) and sched.in_flight == 0 and session.paused is None
+            await session.apause("abort")
+            assert session.paused == "abort"
+            with pytest.raises(RunError, match=r"pause: already paused \(mode 'abort'\)"):
+                await session.apause("wait")
+            assert await session.aupdate_weights(session._model_dir()) == 1
+            await session.aresume()
+            assert session.paused is None and sched.in_flight == 0   # stopped until the next step
+            assert {s.key: s.num_generated for s in sched.held()} == held
+            await session.aresume()   # not paused: nothing
+            await session.apause("wait")
+            step = asyncio.create_task(session.astep(()))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not step.done() and sched.in_flight == 0 and session.paused is not None
+            await session.aresume()
+            return await asyncio.wait_for(step, WAIT_S)
+
+    out = asyncio.run(scenario())
+    assert len(out.groups) == 2 and out.policy_version == 1 and out.summary["max_token_age"] <= 1
+    assert all(len(s.token_ids) == 400 for g in out.groups for s in g.samples)
+    assert any(seg.policy_version == 1 for g in out.groups for s in g.samples for seg in s.segments)
