@@ -69,9 +69,11 @@ def _as_2d(x: Any, name: str, xp: Any, dtype: Any, device: Any = None) -> Any:
 
 
 def off_policy_share(versions: Any, current: int, mask: Any = None) -> float:
-    """Share of the (masked) tokens sampled with a policy version older than ``current``; 0 when none."""
+    """Share of the (masked) tokens sampled with a policy version older than ``current``; 0 when none. A token
+    with no version (-1: the environment's tokens of a multi-turn response, padding) was not sampled: it counts
+    on neither side."""
     v = np.asarray(versions)
-    keep = np.ones(v.shape, bool) if mask is None else np.asarray(mask, bool)
+    keep = (np.ones(v.shape, bool) if mask is None else np.asarray(mask, bool)) & (v >= 0)
     total = int(keep.sum())
     return float(((v < current) & keep).sum() / total) if total else 0.0
 

@@ -104,3 +104,16 @@ def test_versions_of_trajectory_rows_and_the_off_policy_share():
     assert off_policy_share(np.concatenate([first, second]), current=2) == pytest.approx(3 / 7)
     assert off_policy_share(first, current=2, mask=[0, 0, 1, 1, 1]) == pytest.approx(1 / 3)
     assert off_policy_share([], current=3) == 0.0
+
+
+def test_tokens_without_a_version_are_not_counted_in_the_off_policy_share():
+    """A multi-turn row's environment tokens have no version (-1: no span covers them, as trainer_batch's
+    token_versions shows): they were not sampled, so docs/sdk.md's ``off_policy_share(np.concatenate(versions),
+    current=...)`` used to count them as off-policy. Now they count on neither side (nor does padding's -1)."""
+    rows = [{"response_length": 6, "segments": [{"start_token": 0, "num_tokens": 2, "policy_version": 3},
+                                                {"start_token": 4, "num_tokens": 2, "policy_version": 2}]}]
+    (versions,) = token_versions_of_rows(rows)
+    assert versions.tolist() == [3, 3, -1, -1, 2, 2]   # tokens 2-3: the environment's
+    assert off_policy_share(versions, current=3) == pytest.approx(2 / 4)
+    assert off_policy_share(versions, current=3, mask=[1, 0, 1, 1, 1, 0]) == pytest.approx(1 / 2)
+    assert off_policy_share([-1, -1], current=3) == 0.0
