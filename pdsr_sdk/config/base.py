@@ -73,6 +73,14 @@ class ConfigModel(BaseModel):
                 data[new] = data.pop(old)
         return data
 
+    @classmethod
+    def upgrade_over(cls, base: Mapping[str, Any], data: dict[str, Any], source: str | Path | None = None, *,
+                     saved: bool = False) -> dict[str, Any]:
+        """:meth:`upgrade` for ``data`` about to be merged over ``base`` (settings already upgraded: a preset's
+        under the given ones, those ``--set`` adds to), for an old key whose meaning depends on what it is
+        merged onto. By default the same as :meth:`upgrade`."""
+        return cls.upgrade(data, source, saved=saved)
+
 
 def check_device(value: str, *, auto: bool = False) -> str:
     """``value`` if it names a torch device pdsr accepts: cpu, cuda, cuda:N (and auto, if allowed)."""

@@ -82,7 +82,8 @@ def resolve_policy(name: str, settings: Any = None, *, simulation: bool = False,
     if not base:
         return cls, validate_config(model, settings, source=origin, prefix=f"policy_settings.{name}", saved=saved)
     if issubclass(model, ConfigModel):   # each part's old keys renamed first, each warning naming its origin
-        base, settings = model.upgrade(base, source=source), model.upgrade(settings, origin, saved=saved)
+        base = model.upgrade(base, source=source)
+        settings = model.upgrade_over(base, settings, origin, saved=saved)
     try:
         return cls, validate_config(model, deep_merge(base, settings), source=origin,
                                     prefix=f"policy_settings.{name}", saved=saved)
@@ -205,9 +206,10 @@ def merge_policy_sets(policy_settings: Mapping[str, Any], selected: list[str],
             item: dict[str, Any] = {}
             set_dotted(item, key, value)
             model = models.get(name) or policy_class(name, simulation=simulation)[0].config_model
-            if issubclass(model, ConfigModel):   # an old key: what it means now, so that it overrides that
-                item = model.upgrade(item, origin)
-            changed[name] = deep_merge(changed.get(name) or plain_settings(settings.get(name)), item)
+            current = changed.get(name) or plain_settings(settings.get(name))
+            if issubclass(model, ConfigModel):   # an old key: what it means now, over what it changes
+                item = model.upgrade_over(current, item, origin)
+            changed[name] = deep_merge(current, item)
     for name, merged in changed.items():   # typed again, naming the setting
         settings[name] = resolve_policy(name, merged, simulation=simulation, origin=origin)[1]
     return settings

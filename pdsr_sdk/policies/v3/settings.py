@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, Mapping, get_args
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -226,6 +226,14 @@ class V3Settings(ConfigModel):
     @classmethod
     def upgrade(cls, data: dict[str, Any], source: str | Path | None = None, *, saved: bool = False) -> dict[str, Any]:
         """Also the flat keys of earlier versions -> their nested keys, each with a warning naming the new key."""
+        return cls.upgrade_over({}, data, source, saved=saved)
+
+    @classmethod
+    def upgrade_over(cls, base: Mapping[str, Any], data: dict[str, Any], source: str | Path | None = None, *,
+                     saved: bool = False) -> dict[str, Any]:
+        """:meth:`upgrade`, where a flat switch acts on what ``data`` is merged onto, as when each was a key of its
+        own: ``migrate: false`` adds migration to ``base``'s ``disable`` (unless ``data`` gives its own list),
+        ``refresh`` and ``refresh_ratio`` keep the other's value from ``base``."""
         data = super().upgrade(data, source, saved=saved)
         origin = f"{source}: " if source else ""
         disabled = data.get("disable")
@@ -243,7 +251,8 @@ class V3Settings(ConfigModel):
         flat = [k for k in data if k in FLAT_KEYS or k in FLAT_SWITCHES or k in ("refresh", "refresh_ratio")]
         if not flat:
             return data
-        disable = list(data.get("disable") or [])
+        below = base.get("disable")
+        disable = list(data["disable"] if "disable" in data else below if isinstance(below, list) else [])
         refresh = data.pop("refresh", None)
         refresh_ratio = data.pop("refresh_ratio", None)
         for old in flat:
@@ -254,10 +263,11 @@ class V3Settings(ConfigModel):
                 rule = FLAT_SWITCHES[old]
                 if value is False:
                     deprecated_key(old, f"disable: [{rule}]", source)
-                    disable.append(rule)
+                    disable = [*disable, rule]
                 else:
                     deprecated_key(old, f"disable (without {rule}: on is the default)", source)
                     disable = [r for r in disable if r != rule]
+                data["disable"] = disable
                 continue
             new = FLAT_KEYS[old]
             deprecated_key(old, new, source)
@@ -266,11 +276,13 @@ class V3Settings(ConfigModel):
             if given is not None:   # (a ratio turns refreshes on, null leaves them off)
                 deprecated_key(old, "step_end.refresh_ratio", source)
         if refresh is not None or refresh_ratio is not None:
-            if refresh:
-                _set_new(data, "step_end.refresh_ratio", 1.0 if refresh_ratio is None else refresh_ratio, origin,
-                         "refresh")
-        if disable or "disable" in data:
-            data["disable"] = disable
+            # refreshes were on with a ratio (default 1.0); each key given alone keeps the other's value below
+            step_end = base.get("step_end")
+            below_ratio = step_end.get("refresh_ratio") if isinstance(step_end, Mapping) else None
+            on = refresh if refresh is not None else below_ratio is not None
+            ratio = refresh_ratio if refresh_ratio is not None else below_ratio if below_ratio is not None else 1.0
+            _set_new(data, "step_end.refresh_ratio", ratio if on else None, origin,
+                     "refresh" if refresh is not None else "refresh_ratio")
         return data
 
 

@@ -1,0 +1,76 @@
+"""v3's old flat switches merged over other settings (a preset under a config's, ``--set`` over a config's) act
+on what they are merged onto, as each did when it was a key of its own: ``migrate: false`` switches migration
+off and leaves the other rules as they were."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+from pdsr_sdk.policies.resolve import resolve_policy, with_policy_sets
+from pdsr_sdk.sim.config import SimulateConfig
+from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+
+
+@pytest.fixture(autouse=True)
+def _quiet_deprecations():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def _preset(tmp_path, monkeypatch, settings: str) -> str:
+    (tmp_path / "mine.yaml").write_text(f"policy: v3\nsettings: {settings}\n")
+    monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
+    return "mine"
+
+
+@pytest.mark.parametrize("preset, given, disabled", [
+    ("{balance: false}", {"migrate": False}, ["balance", "migration"]),
+    ("{disable: [balance]}", {"migrate": False}, ["balance", "migration"]),
+    ("{disable: [balance, migration]}", {"migrate": True}, ["balance"]),
+    ("{balance: false}", {"disable": ["locality"], "migrate": False}, ["locality", "migration"]),
+])
+def test_a_flat_switch_over_a_preset_switches_one_rule(tmp_path, monkeypatch, preset, given, disabled):
+    name = _preset(tmp_path, monkeypatch, preset)
+    assert resolve_policy(name, given)[1].disable == disabled
+
+
+@pytest.mark.parametrize("preset, given, ratio", [
+    ("{step_end: {refresh_ratio: 0.5}}", {"refresh": False}, None),
+    ("{step_end: {refresh_ratio: 0.5}}", {"refresh_ratio": 0.3}, 0.3),
+    ("{step_end: {refresh_ratio: 0.5}}", {"refresh": True}, 0.5),
+    ("{}", {"refresh_ratio": 0.3}, None),
+    ("{}", {"refresh": True}, 1.0),
+    ("{refresh: true, refresh_ratio: 0.6}", {"refresh_ratio": 0.2}, 0.2),
+])
+def test_refresh_and_its_ratio_over_a_preset_keep_the_other(tmp_path, monkeypatch, preset, given, ratio):
+    name = _preset(tmp_path, monkeypatch, preset)
+    assert resolve_policy(name, given)[1].step_end.refresh_ratio == ratio
+
+
+def test_set_a_flat_switch_over_a_config_switches_one_rule():
+    cfg = SimulateConfig(policy="v3", policy_settings={"v3": {"disable": ["balance", "migration"]}})
+    assert with_policy_sets(cfg, [("v3", "migrate", True)]).policy_settings["v3"].disable == ["balance"]
+    cfg = SimulateConfig(policy="v3", policy_settings={"v3": {"disable": ["balance"]}})
+    out = with_policy_sets(cfg, [(None, "migrate", False), (None, "locality", False)])
+    assert out.policy_settings["v3"].disable == ["locality", "balance", "migration"]
+    cfg = SimulateConfig(policy="v3", policy_settings={"v3": {"step_end": {"refresh_ratio": 0.4}}})
+    assert with_policy_sets(cfg, [(None, "refresh", False)]).policy_settings["v3"].step_end.refresh_ratio is None
+
+
+def test_cli_set_migrate_true_over_the_config_turns_migration_back_on(tmp_path):
+    trace = write_trace_jsonl(synth_trace(groups=8, n=4, seed=3, median_length=200, max_length=1000),
+                              tmp_path / "t.jsonl")
+    config = tmp_path / "sim.yaml"
+    config.write_text("policy: v3\npolicy_settings:\n  v3: {disable: [balance, migration]}\n")
+    r = CliRunner().invoke(cli, ["simulate", "--config", str(config), "--trace", str(trace), "--no-references",
+                                 "--fast", "2", "--heavy", "1", "--batch-size", "8", "--quiet", "--no-timeline",
+                                 "--out-dir", str(tmp_path / "o"), "--set", "v3:migrate=true"])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "o" / "simulate.json").read_text())["policies"][0]
+    assert report["settings"]["disable"] == ["balance"]
