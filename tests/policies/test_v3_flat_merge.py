@@ -74,3 +74,19 @@ def test_cli_set_migrate_true_over_the_config_turns_migration_back_on(tmp_path):
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "o" / "simulate.json").read_text())["policies"][0]
     assert report["settings"]["disable"] == ["balance"]
+
+
+@pytest.mark.parametrize("off", [False, 0, "no", "off", "false", "0"])
+def test_a_flat_switch_reads_its_value_as_its_bool_field_did(off):
+    # the flat model's bool fields took pydantic's false spellings; each of them still turns the rule off
+    settings = resolve_policy("v3", {"migrate": off, "refresh": off, "balance": True})[1]
+    assert settings.disable == ["migration"] and settings.step_end.refresh_ratio is None
+    assert resolve_policy("v3", {"migrate": 1, "refresh": "yes"})[1].disable == []
+    assert resolve_policy("v3", {"refresh": "yes"})[1].step_end.refresh_ratio == 1.0
+
+
+def test_a_flat_switch_that_is_not_a_bool_is_an_error_naming_it():
+    from pdsr_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"mine\.yaml: migrate: expected true or false, got 'maybe'"):
+        resolve_policy("v3", {"migrate": "maybe"}, origin="mine.yaml")

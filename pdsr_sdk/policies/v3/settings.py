@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping, get_args
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
@@ -253,7 +253,7 @@ class V3Settings(ConfigModel):
             return data
         below = base.get("disable")
         disable = list(data["disable"] if "disable" in data else below if isinstance(below, list) else [])
-        refresh = data.pop("refresh", None)
+        refresh = _switch(data.pop("refresh", None), "refresh", origin)
         refresh_ratio = data.pop("refresh_ratio", None)
         for old in flat:
             if old in ("refresh", "refresh_ratio"):
@@ -261,7 +261,7 @@ class V3Settings(ConfigModel):
             value = data.pop(old)
             if old in FLAT_SWITCHES:
                 rule = FLAT_SWITCHES[old]
-                if value is False:
+                if _switch(value, old, origin) is False:
                     deprecated_key(old, f"disable: [{rule}]", source)
                     disable = [*disable, rule]
                 else:
@@ -284,6 +284,16 @@ class V3Settings(ConfigModel):
             _set_new(data, "step_end.refresh_ratio", ratio if on else None, origin,
                      "refresh" if refresh is not None else "refresh_ratio")
         return data
+
+
+def _switch(value: Any, old: str, origin: str) -> bool | None:
+    """An old on/off key's value read as its bool field read it (0, "no", "off" are false); None stays None."""
+    if value is None:
+        return None
+    try:
+        return bool(TypeAdapter(bool).validate_python(value))
+    except ValidationError:
+        raise ConfigError(f"{origin}{old}: expected true or false, got {value!r}") from None
 
 
 def _set_new(data: dict[str, Any], new: str, value: Any, origin: str, old: str) -> None:
