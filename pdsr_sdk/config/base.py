@@ -49,7 +49,14 @@ class ConfigModel(BaseModel):
     @classmethod
     def _upgrade_old_keys(cls, data: Any, info: ValidationInfo) -> Any:
         saved = bool((info.context or {}).get("saved"))
-        return cls.upgrade(data, saved=saved) if isinstance(data, dict) else data
+        try:
+            return cls.upgrade(data, saved=saved) if isinstance(data, dict) else data
+        except ConfigError as exc:
+            if info.context is None or isinstance(exc, ValueError):
+                raise
+            # read by load_config / validate_config: as a ValueError, so that the error names the file and the key
+            # of the section it is in (pydantic's location), as every other error of the file does
+            raise ConfigValueError(str(exc)) from None
 
     @classmethod
     def upgrade(cls, data: dict[str, Any], source: str | Path | None = None, *, saved: bool = False) -> dict[str, Any]:
