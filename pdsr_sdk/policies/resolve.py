@@ -88,9 +88,9 @@ def resolve_policy(name: str, settings: Any = None, *, simulation: bool = False,
         return cls, validate_config(model, deep_merge(base, settings), source=origin,
                                     prefix=f"policy_settings.{name}", saved=saved)
     except ConfigError:
-        # name the preset where its own settings are the problem, else (above) where the given ones came from:
-        # their file, or none for settings passed in code (not the preset they were merged with)
-        validate_config(model, base, source=source, prefix=f"policy_settings.{name}", saved=saved)
+        # name the preset where its own settings are the problem (its key: settings.<key>), else (above) where
+        # the given ones came from: their file, or none for settings passed in code (not the preset below them)
+        validate_config(model, base, source=source, prefix="settings", saved=saved)
         raise
 
 

@@ -99,5 +99,6 @@ def test_a_bad_setting_in_a_preset_names_the_preset(tmp_path, monkeypatch):
     (tmp_path / "broken.yaml").write_text("policy: v3\nsettings:\n  placement:\n    mode: bogus\n")
     monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
     for given in ({}, {"broken": {"ranking": {"min_correlation": 0.2}}}):   # a valid override beside it
-        with pytest.raises(ConfigError, match=r"broken\.yaml: policy_settings\.broken\.placement\.mode"):
+        # the key as the preset file spells it (settings.<key>), not as a config's policy_settings would
+        with pytest.raises(ConfigError, match=r"broken\.yaml: settings\.placement\.mode: Input should be"):
             SimulateConfig(policy="broken", policy_settings=given)
