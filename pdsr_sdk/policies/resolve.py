@@ -12,7 +12,7 @@ from pdsr_sdk.config import ConfigModel, set_dotted, validate_config
 from pdsr_sdk.config.base import deep_merge
 from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrError
 from pdsr_sdk.policies import POLICIES
-from pdsr_sdk.policies.presets import load_preset
+from pdsr_sdk.policies.presets import list_presets, load_preset
 from pdsr_sdk.registry import import_object
 
 
@@ -53,7 +53,17 @@ def policy_class(name: str, *, simulation: bool = False) -> tuple[type, dict[str
     if preset is not None:
         name, base = preset["policy"], dict(preset.get("settings") or {})
         source = preset["_path"]
-    cls = POLICIES.get(name)
+    try:
+        cls = POLICIES.get(name)
+    except ConfigValueError as exc:
+        if source is None:   # a name that is neither a policy nor a preset: say which presets there are too
+            presets = [p for p in list_presets() if p not in POLICIES.names()]
+            raise ConfigValueError(f"{exc}" + (f"; presets: {', '.join(presets)}" if presets else "")) from None
+        # the preset's own policy key is wrong: name the preset file, not the config that chose the preset
+        chained = load_preset(name) is not None
+        raise ConfigError(f"{source}: policy: {exc}" + (
+            f"; {name!r} is a preset itself, and a preset names a policy: copy its settings into this one"
+            if chained else "")) from None
     if is_simulation_only(cls) and not simulation:
         raise ConfigError(f"policy {given!r} is a simulator-only reference schedule: it reads a length trace's "
                           f"true lengths, which real engines cannot know; run it with `pdsr simulate`. Policies "
@@ -92,6 +102,14 @@ def resolve_policy(name: str, settings: Any = None, *, simulation: bool = False,
         # the given ones came from: their file, or none for settings passed in code (not the preset below them)
         validate_config(model, base, source=source, prefix="settings", saved=saved)
         raise
+
+
+def check_policies(names: Any, *, simulation: bool = False) -> None:
+    """Each policy ``names`` gives (a ``policy`` spec: :func:`policy_names`; or the keys of ``policy_settings``)
+    resolves, for a config's field validator: an unknown one is reported at the key that names it (and the flag
+    that set it), not at the config's top level."""
+    for name in policy_names(names) if isinstance(names, str) else names:
+        policy_class(name, simulation=simulation)
 
 
 def plain_settings(settings: Any) -> dict[str, Any]:

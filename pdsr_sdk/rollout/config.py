@@ -115,6 +115,16 @@ class RolloutConfig(StepStreamConfig):
 
         return policy_spec(policy)
 
+    @field_validator("policy", "policy_settings")
+    @classmethod
+    def _known_policies(cls, value: Any) -> Any:
+        """Every policy named (by ``policy``, or as a key of ``policy_settings``) exists, so that an unknown one
+        is reported at its key."""
+        from pdsr_sdk.policies.resolve import check_policies
+
+        check_policies(value)
+        return value
+
     @model_validator(mode="after")
     def _typed_policy_settings(self, info: ValidationInfo) -> "RolloutConfig":
         """Each selected policy's settings (and each one given) validated once, here, and carried typed."""

@@ -15,3 +15,30 @@ def test_a_removed_key_in_a_section_names_the_file_and_the_section(tmp_path):
     with pytest.raises(ConfigError, match=rf"{path}: policy_settings\.v3\.placement: kv_budget: v3's KV-aware "
                                           rf"admission .* was removed"):
         load_config(SimulateConfig, path)
+
+
+def test_an_unknown_policy_is_named_at_its_key_or_flag(tmp_path):
+    from click.testing import CliRunner
+
+    from pdsr_cli.main import cli
+
+    path = tmp_path / "sim.yaml"
+    path.write_text("policy: v3\n")
+    r = CliRunner().invoke(cli, ["simulate", "--config", str(path), "--policy", "v9", "--quiet"])
+    assert r.exit_code == 2
+    assert "--policy: policy: unknown policy 'v9'" in r.output and str(path) not in r.output
+    path.write_text("policy: v2.5-restrat\n")   # a mistyped preset: the presets are listed beside the policies
+    with pytest.raises(ConfigError, match=rf"{path}: policy: unknown policy 'v2\.5-restrat'; valid names: .*; "
+                                          rf"presets: v2\.5-restart"):
+        load_config(SimulateConfig, path)
+    path.write_text("policy: v3\npolicy_settings:\n  v3: {}\n  v9: {a: 1}\n")
+    with pytest.raises(ConfigError, match=rf"{path}: policy_settings: unknown policy 'v9'"):
+        load_config(SimulateConfig, path)
+
+
+def test_a_preset_naming_a_preset_names_the_preset_file(tmp_path, monkeypatch):
+    (tmp_path / "mine.yaml").write_text("policy: v2.5-restart\nsettings: {cap_multiplier: 3}\n")
+    monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'mine.yaml'}: policy: unknown policy 'v2\.5-restart'.*"
+                                          rf"'v2\.5-restart' is a preset itself"):
+        SimulateConfig(policy="mine")
