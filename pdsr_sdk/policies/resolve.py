@@ -110,6 +110,10 @@ def check_policies(names: Any, *, simulation: bool = False) -> None:
     that set it), not at the config's top level."""
     for name in policy_names(names) if isinstance(names, str) else names:
         policy_class(name, simulation=simulation)
+        settings = None if isinstance(names, str) else names[name]
+        if not (settings is None or isinstance(settings, (Mapping, BaseModel))):
+            raise ConfigValueError(f"{name}: expected a mapping of the policy's settings ({name}: {{KEY: VALUE}}), "
+                                   f"got {type(settings).__name__} {settings!r}")
 
 
 def plain_settings(settings: Any) -> dict[str, Any]:
@@ -117,6 +121,9 @@ def plain_settings(settings: Any) -> dict[str, Any]:
     defaults left alone (so that a preset's values under them still count), a mapping copied."""
     if isinstance(settings, BaseModel):
         return settings.model_dump(mode="json", exclude_unset=True)
+    if not (settings is None or isinstance(settings, Mapping)):
+        raise ConfigValueError(f"policy settings: expected a mapping of KEY: VALUE, got {type(settings).__name__} "
+                               f"{settings!r}")
     return dict(settings or {})
 
 

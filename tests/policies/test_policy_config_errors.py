@@ -42,3 +42,15 @@ def test_a_preset_naming_a_preset_names_the_preset_file(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=rf"^{tmp_path / 'mine.yaml'}: policy: unknown policy 'v2\.5-restart'.*"
                                           rf"'v2\.5-restart' is a preset itself"):
         SimulateConfig(policy="mine")
+
+
+def test_settings_that_are_not_a_mapping_are_an_error_naming_the_policy(tmp_path):
+    from pdsr_sdk.policies.resolve import resolve_policy
+
+    path = tmp_path / "sim.yaml"
+    path.write_text("policy: v3\npolicy_settings:\n  v3: [migration]\n")
+    with pytest.raises(ConfigError, match=rf"{path}: policy_settings: v3: expected a mapping of the policy's "
+                                          rf"settings .*got list \['migration'\]"):
+        load_config(SimulateConfig, path)
+    with pytest.raises(ConfigError, match=r"expected a mapping of KEY: VALUE, got list"):
+        resolve_policy("v3", ["migration"])
