@@ -152,22 +152,23 @@ def _check_settings(path: Path, now: dict[str, Any], meta: dict[bytes, bytes], g
         then.setdefault("sampling.n", next(iter(group_sizes)))
     diffs = [f"{key} ({RESUME_KEYS[key]}) is {now[key]!r} now but was {then[key]!r}"
              for key in RESUME_KEYS if key in then and key in now and then[key] != now[key]
-             and not (key == "policy_settings" and _same_policy_settings(then, now))]
+             and not (key == "policy_settings" and _same_policy_settings(then, now, path))]
     if diffs:
         raise ConfigError(f"{path}: --resume continues a run made with other settings: {'; '.join(diffs)}. Resume "
                           f"with the run's settings, or start over with --overwrite (which replaces it)")
 
 
-def _same_policy_settings(then: dict[str, Any], now: dict[str, Any]) -> bool:
+def _same_policy_settings(then: dict[str, Any], now: dict[str, Any], path: Path) -> bool:
     """Whether the policy settings recorded with the run and today's are the same settings, however spelt: an
     old key and its new one (``migrate: false`` and ``disable: [migration]``), a value left out and its
-    default. The recorded ones are read as a saved run's (a removed setting is ignored, with a warning)."""
+    default. The recorded ones are read as a saved run's (a removed setting is ignored, with a warning naming
+    the run's file ``path``)."""
     from pdsr_sdk.policies.resolve import resolve_policy
 
     if then.get("policy") != now.get("policy") or not isinstance(then.get("policy_settings"), dict):
         return False
     try:
-        _, old = resolve_policy(now["policy"], then["policy_settings"], saved=True)
+        _, old = resolve_policy(now["policy"], then["policy_settings"], saved=True, origin=str(path))
         _, new = resolve_policy(now["policy"], now["policy_settings"])
     except PdsrError:
         return False     # not readable as today's settings: the raw difference is what to report

@@ -90,3 +90,24 @@ def test_a_flat_switch_that_is_not_a_bool_is_an_error_naming_it():
 
     with pytest.raises(ConfigError, match=r"mine\.yaml: migrate: expected true or false, got 'maybe'"):
         resolve_policy("v3", {"migrate": "maybe"}, origin="mine.yaml")
+
+
+def test_a_resumed_runs_old_settings_warn_naming_the_run(tmp_path):
+    from workloads import trajectory_rows
+
+    from pdsr_sdk.dispatch.trajectory import trajectory_schema
+    from pdsr_sdk.errors import PdsrDeprecationWarning
+    from pdsr_sdk.rollout.resume import METADATA_KEY, read_resume_state
+    from pdsr_sdk.rollout.writer import TrajectoryWriter
+
+    out = tmp_path / "o.parquet"
+    then = {"policy": "v3", "policy_settings": {"migrate": False, "migrate_lead_guard": True}}
+    w = TrajectoryWriter(out, trajectory_schema(), flush_groups=1, metadata={METADATA_KEY: json.dumps(then)})
+    w.add_group(trajectory_rows("q0", 2))
+    now = {"policy": "v3", "policy_settings": {"disable": ["migration"]}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_resume_state(out, now, tmp_path / "s.json").samples == 2
+    said = [str(w.message) for w in caught if issubclass(w.category, PdsrDeprecationWarning)]
+    assert f"{out}: config key 'migrate' is deprecated; use 'disable: [migration]'" in said
+    assert any(m.startswith(f"{out}: config key 'migrate_lead_guard' of a saved run is ignored") for m in said)
