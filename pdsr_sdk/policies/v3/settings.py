@@ -99,8 +99,9 @@ class MigrationSettings(ConfigModel):
                              "move re-prefills the sample's context on the target, so a small difference does "
                              "not pay for it.")
     min_ratio: float = Field(
-        0.5, ge=0, le=1, description="... and at most this fraction of the source's samples. At half the load "
-                                     "the moved sample's steps are clearly faster there.")
+        0.5, ge=0, le=1, description="Move only to an engine running at most this fraction of the source's "
+                                     "samples (and min_gap fewer). At half the load the moved sample's steps are "
+                                     "clearly faster there.")
     stall_share: float = Field(
         0.25, ge=0, description="A target takes a moved sample while the prefill of the samples still arriving "
                                 "there costs at most this share of what the move saves (prices learnt from the "
@@ -201,7 +202,8 @@ class V3Settings(ConfigModel):
     placement: PlacementSettings = Field(default_factory=PlacementSettings,
                                          description="Where arriving groups go.")
     migration: MigrationSettings = Field(default_factory=MigrationSettings,
-                                         description="Moving a tail sample once to a lightly loaded engine.")
+                                         description="Moving a tail sample to a lightly loaded engine, and again where a "
+                                                     "lighter one opens later.")
     lane: LaneSettings = Field(default_factory=LaneSettings,
                                description="The tail lane for runaways in a stream under a staleness bound.")
     step_end: StepEndSettings = Field(default_factory=StepEndSettings,
