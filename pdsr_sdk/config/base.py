@@ -185,11 +185,26 @@ def validate_config(model: type[M], data: Mapping[str, Any], *, source: str | Pa
     """
     data = dict(data)
     if issubclass(model, ConfigModel):   # old keys warn naming the file (the validator cannot know it)
-        data = model.upgrade(data, source=source, saved=saved)
+        data = upgrade_section(model, data, source=source, prefix=prefix, saved=saved)
     try:
         return model.model_validate(data, context={"saved": saved, "source": str(source) if source else None})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, model, source=source, prefix=prefix)) from None
+
+
+def upgrade_section(model: type[ConfigModel], data: dict[str, Any], *, source: str | Path | None = None,
+                    prefix: str = "", saved: bool = False, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``model.upgrade(data)`` (``upgrade_over(base, data)`` with a ``base``) for the section at dotted key
+    ``prefix`` of a file: its errors name the key in full (``run.yaml: policy_settings.v3.disable: ...``)."""
+    try:
+        if base is None:
+            return model.upgrade(data, source, saved=saved)
+        return model.upgrade_over(base, data, source, saved=saved)
+    except ConfigError as exc:
+        lead, text = _origin(source), str(exc)
+        if not prefix or not text.startswith(lead):
+            raise
+        raise ConfigError(f"{lead}{prefix}.{text[len(lead):]}") from None
 
 
 def validate_saved(model: type[M], data: Mapping[str, Any], *, source: str | Path | None = None,

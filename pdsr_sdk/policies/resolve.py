@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel
 
 from pdsr_sdk.config import ConfigModel, set_dotted, validate_config
-from pdsr_sdk.config.base import deep_merge
+from pdsr_sdk.config.base import deep_merge, upgrade_section
 from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrError
 from pdsr_sdk.policies import POLICIES
 from pdsr_sdk.policies.presets import list_presets, load_preset
@@ -92,8 +92,9 @@ def resolve_policy(name: str, settings: Any = None, *, simulation: bool = False,
     if not base:
         return cls, validate_config(model, settings, source=origin, prefix=f"policy_settings.{name}", saved=saved)
     if issubclass(model, ConfigModel):   # each part's old keys renamed first, each warning naming its origin
-        base = model.upgrade(base, source=source)
-        settings = model.upgrade_over(base, settings, origin, saved=saved)
+        base = upgrade_section(model, base, source=source, prefix="settings")
+        settings = upgrade_section(model, settings, source=origin, prefix=f"policy_settings.{name}", saved=saved,
+                                   base=base)
     try:
         return cls, validate_config(model, deep_merge(base, settings), source=origin,
                                     prefix=f"policy_settings.{name}", saved=saved)
@@ -233,7 +234,7 @@ def merge_policy_sets(policy_settings: Mapping[str, Any], selected: list[str],
             model = models.get(name) or policy_class(name, simulation=simulation)[0].config_model
             current = changed.get(name) or plain_settings(settings.get(name))
             if issubclass(model, ConfigModel):   # an old key: what it means now, over what it changes
-                item = model.upgrade_over(current, item, origin)
+                item = upgrade_section(model, item, source=origin, prefix=f"policy_settings.{name}", base=current)
             changed[name] = deep_merge(current, item)
     for name, merged in changed.items():   # typed again, naming the setting
         settings[name] = resolve_policy(name, merged, simulation=simulation, origin=origin)[1]

@@ -54,3 +54,12 @@ def test_settings_that_are_not_a_mapping_are_an_error_naming_the_policy(tmp_path
         load_config(SimulateConfig, path)
     with pytest.raises(ConfigError, match=r"expected a mapping of KEY: VALUE, got list"):
         resolve_policy("v3", ["migration"])
+
+
+@pytest.mark.parametrize("given, key", [("{disable: [lead_guard]}", "disable"),
+                                        ("{migrate_lead_guard: true}", "migrate_lead_guard")])
+def test_a_removed_rule_names_its_full_key(tmp_path, given, key):
+    path = tmp_path / "sim.yaml"
+    path.write_text(f"policy: v3\npolicy_settings:\n  v3: {given}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: policy_settings\.v3\.{key}: .*lead_guard.* was removed"):
+        load_config(SimulateConfig, path)
