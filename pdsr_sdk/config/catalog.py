@@ -48,11 +48,33 @@ def render_schemas() -> dict[str, str]:
     """File name -> file text for every exported schema (deterministic)."""
     files: dict[str, str] = {}
     for name, model in config_models().items():
-        files[f"{name}.schema.json"] = json.dumps(model.model_json_schema(), indent=2, sort_keys=True) + "\n"
+        schema = with_policy_settings(model.model_json_schema())
+        files[f"{name}.schema.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     for name in OUTPUT_SCHEMAS.names():
         schema = OUTPUT_SCHEMAS.get(name)()
         files[f"{name}.arrow.json"] = json.dumps(arrow_schema_to_json(schema), indent=2) + "\n"
     return files
+
+
+def with_policy_settings(schema: dict) -> dict:
+    """A config's schema whose ``policy_settings`` (a mapping validated by the config, so pydantic's schema says
+    nothing of it) describes the settings of each registered policy under its name, so that an editor checks
+    ``policy_settings.v3.migration.stall_share`` as pdsr does; other keys (a preset's name) stay free."""
+    field = schema.get("properties", {}).get("policy_settings")
+    if field is None:
+        return schema
+    from pdsr_sdk.policies.resolve import settings_models
+
+    defs = schema.setdefault("$defs", {})
+    properties = {}
+    for name, model in sorted(settings_models().items()):
+        prefix = f"policy-{name}-"   # the policies' models, apart from the config's own and from each other's
+        sub = model.model_json_schema(ref_template=f"#/$defs/{prefix}{{model}}")
+        defs.update({prefix + key: value for key, value in sub.pop("$defs", {}).items()})
+        defs[prefix + model.__name__] = sub
+        properties[name] = {"$ref": f"#/$defs/{prefix}{model.__name__}"}
+    field["properties"] = properties
+    return schema
 
 
 def write_schemas(directory: str | Path) -> list[Path]:

@@ -100,6 +100,26 @@ def test_policy_schemas_come_from_the_policy_registry():
     assert all((ROOT / "schemas" / f"policy-{n}.schema.json").exists() for n in POLICIES.names())
 
 
+@pytest.mark.parametrize("name", ["rollout", "simulate"])
+def test_the_config_schemas_check_each_policys_settings_as_pdsr_does(name):
+    """An editor checking a config against schemas/<name>.schema.json finds what pdsr would reject in
+    policy_settings, under the key pdsr names."""
+    import jsonschema
+
+    check = jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / f"{name}.schema.json").read_text()))
+    model = RolloutConfig if name == "rollout" else SimulateConfig
+    good = {"policy_settings": {"v3": {"migration": {"stall_share": 0.3}, "disable": ["balance"]},
+                                "v2.5": {"cap_multiplier": 2.0}, "v2.5-restart": {"cap_multiplier": 2.0}}}
+    assert not list(check.iter_errors(good))
+    model.model_validate(good)
+    for bad, where in [({"v3": {"migration": {"stal_share": 0.3}}}, ["policy_settings", "v3", "migration"]),
+                       ({"v3": {"disable": ["lead_guard"]}}, ["policy_settings", "v3", "disable", 0]),
+                       ({"v2.5": {"cap_multiplier": "x"}}, ["policy_settings", "v2.5", "cap_multiplier"])]:
+        assert [list(e.absolute_path) for e in check.iter_errors({"policy_settings": bad})] == [where]
+        with pytest.raises(ConfigError, match=".".join(map(str, where[:3]))):
+            model.model_validate({"policy_settings": bad})
+
+
 def test_analyze_names_the_v25_replay_keys_as_v25_does(tmp_path):
     from pdsr_sdk.analysis.config import AnalyzeConfig
 
