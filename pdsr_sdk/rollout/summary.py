@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.engines.vllm_stats import SPECULATION_KEYS
 from pdsr_sdk.rollout.resume import ResumeState, merged_batches
@@ -38,6 +40,8 @@ class RolloutSummary:
     dropped_groups: int = 0    # groups on-policy dynamic sampling dropped at a step's end, not in groups
     rewarded_samples: int = 0          # samples with a reward
     run_id: str = ""          # the same across a run and its resumes
+    #: the settings the policy ran with: its defaults, under its preset's and the config's (to tell A/B runs apart)
+    policy_settings: dict[str, Any] = field(default_factory=dict)
     #: speculative decoding's method and settings (None: off); `pdsr simulate calibrate` reads max_batch_size
     speculative_settings: dict[str, Any] | None = None
     #: speculative decoding's counts over the run's engines (:func:`speculation_totals`; None: off, or no engine
@@ -93,6 +97,7 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
                for s in session.engine_specs]
     return RolloutSummary(
         policy=config.policy, model=model_dir, output=str(config.output.path),
+        policy_settings=ran_settings(session.policy_settings),
         groups=prior.groups + sum(len(r.groups) for r in results),
         samples=prior.samples + sum(len(g.samples) for r in results for g in r.groups),
         skipped_groups=prior.groups, batches=batches, makespan_s=makespan, tokens=tokens,
@@ -110,6 +115,13 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
                               {"method": config.speculative, **config.speculative_settings.model_dump()}),
         speculation=speculation_totals(engines),
     )
+
+
+def ran_settings(settings: Any) -> dict[str, Any]:
+    """A policy's resolved settings (its settings model, or a plain mapping) as JSON-ready values, defaults too."""
+    if isinstance(settings, BaseModel):
+        return settings.model_dump(mode="json")
+    return json.loads(json.dumps(dict(settings or {}), default=str))
 
 
 def speculation_counts(config, session: RolloutSession, name: str) -> dict[str, Any]:
