@@ -34,7 +34,7 @@ def handle_errors(f: F) -> F:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("always", PdsrDeprecationWarning)
-                warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+                warnings.showwarning = functools.partial(_show_warning, warnings.showwarning, set())
                 return f(*args, **kwargs)
         except PdsrError as exc:
             click.echo(f"error: {exc}", err=True)
@@ -48,10 +48,14 @@ def handle_errors(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _show_warning(fallback: Callable[..., None], message, category, filename, lineno, file=None, line=None) -> None:
-    """pdsr's deprecation warnings as one ``warning:`` line on stderr; others go to ``fallback``."""
+def _show_warning(fallback: Callable[..., None], shown: set[str], message, category, filename, lineno, file=None,
+                  line=None) -> None:
+    """pdsr's deprecation warnings as one ``warning:`` line on stderr, each once a command (a preset's settings
+    are read again where ``--set`` meets them); others go to ``fallback``."""
     if issubclass(category, PdsrDeprecationWarning):
-        click.echo(f"warning: {message}", err=True)
+        if str(message) not in shown:
+            shown.add(str(message))
+            click.echo(f"warning: {message}", err=True)
     else:
         fallback(message, category, filename, lineno, file, line)
 

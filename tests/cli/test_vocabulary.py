@@ -43,6 +43,18 @@ def test_old_rollout_keys_still_work_and_name_the_new_ones(tmp_path):
         assert RolloutConfig(fast_engines=2).fast == 2
 
 
+def test_a_presets_old_key_is_one_warning_line_with_set_too(tmp_path, monkeypatch):
+    """The preset's settings are read again where --set meets them: still one line for each old key."""
+    (tmp_path / "mine.yaml").write_text("policy: v3\nsettings:\n  migrate: false\n")
+    monkeypatch.setenv("PDSR_POLICY_DIR", str(tmp_path))
+    r = CliRunner().invoke(cli, ["simulate", "--policy", "mine", "--set", "mine:balance=false",
+                                "--num-batches", "1", "--batch-size", "8", "--no-references"])
+    assert r.exit_code == 0, r.output + r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    assert lines == [f"warning: {tmp_path / 'mine.yaml'}: config key 'migrate' is deprecated; use 'disable: [migration]'",
+                     "warning: --set: config key 'balance' is deprecated; use 'disable: [balance]'"]
+
+
 def test_old_and_new_key_together_is_an_error(tmp_path):
     cfg = tmp_path / "both.yaml"
     cfg.write_text("fast_engines: 3\nfast: 2\n")
