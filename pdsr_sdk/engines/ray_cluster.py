@@ -3,11 +3,17 @@ process), and what one engine's actor asks of it (resources, placement-group bun
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from pdsr_sdk.errors import ConfigError
 
 INSTALL_HINT = "install Ray with `pip install 'pdsr[ray]'` (or `pip install ray`)"
+#: how long a head address may take to accept a TCP connection before the run says nothing answers there
+PROBE_TIMEOUT_S = 10.0
+_START_HINT = ("start a cluster first (`ray start --head` on this machine, `ray start --address=HEAD:6379` "
+               "on the others) or use address 'local' (--ray local) for a one-machine cluster")
 
 _connected_address: str | None = None   # the address this process called ray.init with
 
@@ -36,17 +42,46 @@ def connect(cfg) -> Any:
                               f"an engine asks for {cfg.address!r} (all Ray engines of a process share one cluster)")
         return ray
     kwargs: dict[str, Any] = {"namespace": cfg.namespace, "logging_level": "WARNING"}
+    _check_head_address(cfg.address)
     try:
         if cfg.address == "local":
             ray.init(num_cpus=cfg.local_num_cpus, include_dashboard=False, **kwargs)
         else:
             ray.init(address=cfg.address, **kwargs)
-    except ConnectionError as exc:
-        hint = ("start a cluster first (`ray start --head` on this machine, `ray start --address=HEAD:6379` "
-                "on the others) or use address 'local' (--ray local) for a one-machine cluster")
-        raise ConfigError(f"ray.address {cfg.address!r}: cannot connect to a Ray cluster ({exc}); {hint}") from None
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        # ConnectionError: no cluster found; ValueError: an address Ray cannot parse; RuntimeError: Ray gave up
+        # on the head's GCS after its retries
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"ray.address {cfg.address!r}: cannot connect to a Ray cluster ({type(exc).__name__}: "
+                          f"{detail}); {_START_HINT}") from None
     _connected_address = cfg.address
     return ray
+
+
+def _check_head_address(address: str) -> None:
+    """A ConfigError unless ``address`` (or, for 'auto', a RAY_ADDRESS it stands for) is 'local', 'auto', a
+    Ray Client address, or a HOST:PORT that accepts a TCP connection.
+
+    ray.init retries a head address where nothing answers for many minutes (20 tries of about 40 s in
+    Ray 2.60) before it fails with a RuntimeError: a mistyped port would look like a hung run.
+    """
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or "auto"
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"ray.address {address!r}: not a Ray address; use 'auto', 'local', HOST:PORT "
+                          f"(the head's GCS port, 6379 unless `ray start --head --port` said otherwise) or "
+                          f"ray://HOST:10001")
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"ray.address {address!r}: nothing answers at {host}:{port} ({exc}); is the cluster up "
+                          f"(`ray status` on its head) and is {port} the port `ray start --head` was given? "
+                          f"{_START_HINT[0].upper()}{_START_HINT[1:]}") from None
 
 
 def cluster_gpus(cfg) -> int:

@@ -1,0 +1,76 @@
+"""Connecting to a Ray cluster (``pdsr_sdk.engines.ray_cluster.connect``): a bad ``ray.address`` is a
+ConfigError before ``ray.init`` is called, which would otherwise retry a dead head for many minutes.
+
+No cluster is started: ``ray.init`` is replaced by one that fails the test if it is reached."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from support import requires_ray
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.rollout.config import RayConfig
+
+
+@pytest.fixture()
+def ray_not_started(monkeypatch):
+    """This process is not connected to Ray, and ``ray.init`` must not be reached."""
+    import ray
+
+    def no_init(*args, **kwargs):
+        raise AssertionError(f"ray.init was called with {args} {kwargs}")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_init)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return ray
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@requires_ray
+def test_a_head_address_where_nothing_listens_is_a_config_error_at_once(ray_not_started, monkeypatch):
+    from pdsr_sdk.engines.ray_cluster import connect
+
+    port = _closed_port()
+    with pytest.raises(ConfigError, match=rf"ray.address '127.0.0.1:{port}': nothing answers at 127.0.0.1:{port}"
+                                          r".*`ray status`.*ray start --head") as info:
+        connect(RayConfig(address=f"127.0.0.1:{port}"))
+    assert "Traceback" not in str(info.value)
+    # 'auto' stands for RAY_ADDRESS when it is set: a stale one is caught the same way
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match=rf"nothing answers at 127.0.0.1:{port}"):
+        connect(RayConfig(address="auto"))
+
+
+@pytest.mark.parametrize("address", ["nonsense", "head:", ":6379", "head:port"])
+@requires_ray
+def test_an_address_that_is_no_ray_address_says_which_forms_work(address, ray_not_started):
+    from pdsr_sdk.engines.ray_cluster import connect
+
+    with pytest.raises(ConfigError, match=rf"ray.address '{address}': not a Ray address; use 'auto', 'local', "
+                                          r"HOST:PORT .* or ray://HOST:10001"):
+        connect(RayConfig(address=address))
+
+
+@requires_ray
+def test_a_listening_head_address_goes_on_to_ray_init(ray_not_started):
+    """The check lets a head that answers through (ray.init is reached), as it does 'local' and ray://."""
+    from pdsr_sdk.engines.ray_cluster import connect
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(AssertionError, match=rf"address': '127.0.0.1:{port}'"):
+            connect(RayConfig(address=f"127.0.0.1:{port}"))
+    for address in ("local", "ray://127.0.0.1:1"):
+        with pytest.raises(AssertionError, match="ray.init was called"):
+            connect(RayConfig(address=address))
