@@ -177,6 +177,16 @@ def error_info(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(f"{type(exc).__name__}: {exc}", None, "".join(traceback.format_exception(exc)).strip())
 
 
+def missing_model(model: str) -> str | None:
+    """Why this node cannot load ``model``, a folder path, or None. vLLM would take a path it cannot find for
+    a hub repository id and fail with a message about repository names."""
+    if not os.path.isabs(model) or os.path.isfile(os.path.join(model, "config.json")):
+        return None
+    what = "is not a model folder (no config.json)" if os.path.isdir(model) else "does not exist"
+    return (f"the model folder {model} {what} on this node; every node needs the model at the same path "
+            f"(a shared filesystem, or a copy on each node: docs/ray.md, 'Model weights')")
+
+
 class EngineActor:
     """Wrapped with ``ray.remote`` by :class:`pdsr_sdk.engines.ray_engine.RayEngine`; one per engine."""
 
@@ -215,6 +225,9 @@ class EngineActor:
     async def start(self) -> ErrorInfo | None:
         """Load the model; returns None, or the error as plain data."""
         self._wakeup = asyncio.Event()
+        missing = missing_model(self.engine.model)
+        if missing is not None:
+            return ErrorInfo(missing)
         try:
             await self.engine.start()
         except Exception as exc:  # noqa: BLE001 - reported to the orchestrator as data

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from typing import Any
 
@@ -57,6 +58,9 @@ class RayEngine(ModelEngine):
         super().__init__(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
                          speculative=speculative)
         self.ray_config = merge_ray_config(ray, spec.ray) or RayConfig()
+        # the actor's working directory is its node's (where `ray start` ran), not this process's
+        self.model = _absolute_if_here(self.model)
+        self.tokenizer = _absolute_if_here(self.tokenizer)
         #: where the actor runs (node_id, ip, hostname, pid, actor_id, ...) once started
         self.node: dict[str, Any] | None = None
         self._actor = None
@@ -339,6 +343,13 @@ class RayEngine(ModelEngine):
         return (f"Ray could not place {what} within {cfg.placement_timeout_s:g} s "
                 f"(ray.placement_timeout_s); the cluster has {total} in total, {free} free. "
                 f"Add nodes, or lower ray.num_cpus / ray.num_gpus / ray.resources")
+
+
+def _absolute_if_here(path: str | None) -> str | None:
+    """``path`` made absolute if it is a relative path that exists here; anything else (a hub id) as given."""
+    if path and not os.path.isabs(path) and os.path.exists(path):
+        return os.path.abspath(path)
+    return path
 
 
 def _wait(ref) -> asyncio.Future:
