@@ -45,7 +45,8 @@ def connect(cfg) -> Any:
     _check_head_address(cfg.address)
     try:
         if cfg.address == "local":
-            ray.init(num_cpus=cfg.local_num_cpus, include_dashboard=False, **kwargs)
+            # address 'local', not None: None joins a cluster `ray start` left running on this machine
+            ray.init(address="local", num_cpus=cfg.local_num_cpus, include_dashboard=False, **kwargs)
         else:
             ray.init(address=cfg.address, **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:

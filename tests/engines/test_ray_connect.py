@@ -62,7 +62,7 @@ def test_an_address_that_is_no_ray_address_says_which_forms_work(address, ray_no
 
 @requires_ray
 def test_a_listening_head_address_goes_on_to_ray_init(ray_not_started):
-    """The check lets a head that answers through (ray.init is reached), as it does 'local' and ray://."""
+    """The check lets a head that answers through (ray.init is reached), as it does ray:// (and 'local')."""
     from pdsr_sdk.engines.ray_cluster import connect
 
     with socket.socket() as server:
@@ -71,6 +71,15 @@ def test_a_listening_head_address_goes_on_to_ray_init(ray_not_started):
         port = server.getsockname()[1]
         with pytest.raises(AssertionError, match=rf"address': '127.0.0.1:{port}'"):
             connect(RayConfig(address=f"127.0.0.1:{port}"))
-    for address in ("local", "ray://127.0.0.1:1"):
-        with pytest.raises(AssertionError, match="ray.init was called"):
-            connect(RayConfig(address=address))
+    with pytest.raises(AssertionError, match="ray.init was called"):
+        connect(RayConfig(address="ray://127.0.0.1:1"))
+
+
+@requires_ray
+def test_address_local_starts_a_cluster_even_where_one_runs(ray_not_started):
+    """Ray joins the cluster `ray start` left on this machine (or RAY_ADDRESS) when ray.init has no address,
+    and starts a new one for address 'local': 'local' must reach ray.init as such."""
+    from pdsr_sdk.engines.ray_cluster import connect
+
+    with pytest.raises(AssertionError, match=r"\{'address': 'local', 'num_cpus': 3, 'include_dashboard': False"):
+        connect(RayConfig(address="local", local_num_cpus=3))

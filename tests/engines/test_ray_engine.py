@@ -127,7 +127,8 @@ def test_placement_one_gpu_per_rank_and_a_bundle_per_gpu_for_tensor_parallel():
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    # a cluster of its own, also where `ray start` left one running on this machine (ray.init would join it)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
 
