@@ -50,6 +50,8 @@ class BatchReport:
     stats: dict[str, int]
     #: the policy's facts about the batch (``Policy.batch_report()``, e.g. v2.5's l_cut and fast_cap)
     policy: dict[str, Any] = field(default_factory=dict)
+    #: the errors of the engines lost during the batch (``stats["engines_lost"]`` counts them), as text
+    engine_errors: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,6 +94,7 @@ class DispatchRun:
         self._start = 0.0
         self._end: float | None = None
         self._stats0: dict[str, int] = {}
+        self._errors0 = 0   # engine errors the scheduler had when the batch (or span) began
         self._busy0: dict[str, float] = {}
 
     @property
@@ -116,6 +119,7 @@ class DispatchRun:
         self._start = now = clock.now()
         self._end = None
         self._stats0 = dict(self.scheduler.stats)
+        self._errors0 = len(self.scheduler.engine_errors)
         self._busy0 = self._engine_busy(now)
 
         def done() -> None:
@@ -154,6 +158,7 @@ class DispatchRun:
     def begin_span(self) -> None:
         """Streaming: take the counters that the next :meth:`report_span` measures from (a step's start)."""
         self._stats0 = dict(self.scheduler.stats)
+        self._errors0 = len(self.scheduler.engine_errors)
         self._busy0 = self._engine_busy(self.scheduler.clock.now())
 
     def report_span(self, groups: list[Group], start_s: float, end_s: float) -> BatchReport:
@@ -175,7 +180,8 @@ class DispatchRun:
             batch_index=self.batch_index, groups=groups, start_s=start, end_s=end, makespan_s=end - start,
             tokens=sum(s.sampled_tokens for g in groups for s in g.samples),
             engine_busy_s={name: b - self._busy0.get(name, 0.0) for name, b in busy.items()},
-            stats=stats, policy=dict(facts()) if facts is not None else {})
+            stats=stats, policy=dict(facts()) if facts is not None else {},
+            engine_errors=[str(e) for e in sched.engine_errors[self._errors0:]])
         self.batch_index += 1
         return report
 

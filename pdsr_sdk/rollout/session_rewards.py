@@ -117,7 +117,7 @@ class SessionRewards:
             "reward_mean": totals.reward_sum / totals.rewarded_samples if totals.rewarded_samples else None,
             "reward_extra_means": extra_means(totals.reward_extra_sums), "reward_timeouts": totals.reward_timeouts,
             "reward_errors": totals.reward_errors, "reward_s": totals.reward_s, "reward_wait_s": waited,
-            "engine_busy_s": dict(result.engine_busy_s), **result.stats,
+            "engine_busy_s": dict(result.engine_busy_s), **result.stats, "engine_errors": list(result.engine_errors),
         }
         multi = [s for s in samples if s.turns is not None]
         if multi:
