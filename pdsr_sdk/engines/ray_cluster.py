@@ -53,6 +53,9 @@ def connect(cfg) -> Any:
         # ConnectionError: no cluster found; ValueError: an address Ray cannot parse; RuntimeError: Ray gave up
         # on the head's GCS after its retries
         detail = " ".join(str(exc).split())
+        cause = str(exc.__cause__ or "").strip()
+        if cause:   # Ray's "Failed to connect to Ray cluster at X" hides why (an auth token, ...): its last line says
+            detail += f"; {cause.splitlines()[-1].strip()}"
         raise ConfigError(f"ray.address {cfg.address!r}: cannot connect to a Ray cluster ({type(exc).__name__}: "
                           f"{detail}); {_START_HINT}") from None
     _connected_address = cfg.address

@@ -83,3 +83,29 @@ def test_address_local_starts_a_cluster_even_where_one_runs(ray_not_started):
 
     with pytest.raises(AssertionError, match=r"\{'address': 'local', 'num_cpus': 3, 'include_dashboard': False"):
         connect(RayConfig(address="local", local_num_cpus=3))
+
+
+@requires_ray
+def test_a_refused_connection_says_rays_own_reason(ray_not_started, monkeypatch):
+    """Ray wraps why it could not join a head it reached (an auth token it lacks, a version mismatch) in
+    ConnectionError('Failed to connect to Ray cluster at X') with the reason, a traceback's text, as its cause
+    (ray/_private/worker.py); the error keeps that reason's last line."""
+    from pdsr_sdk.engines.ray_cluster import connect
+
+    def refused(**kwargs):
+        reason = RuntimeError("Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n"
+                              '  File "node.py", line 996, in _init_gcs_client\n'
+                              "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: token is missing")
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}") from reason
+
+    monkeypatch.setattr(ray_not_started, "init", refused)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(ConfigError) as info:
+            connect(RayConfig(address=f"127.0.0.1:{port}"))
+    msg = str(info.value)
+    assert f"Failed to connect to Ray cluster at 127.0.0.1:{port}; ray.exceptions.AuthenticationError: RPC error: " \
+           "InvalidAuthToken: token is missing" in msg
+    assert "Traceback" not in msg and "node.py" not in msg
