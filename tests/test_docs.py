@@ -201,3 +201,36 @@ def test_every_rollout_config_key_is_in_docs_configuration_md():
             if written != value:
                 problems.append(f"{section}.{key}: the code's default is {value!r}, the table says {default}")
     assert not problems, "docs/configuration.md:\n" + "\n".join(problems)
+
+
+# -- config examples ----------------------------------------------------------------------------------------------
+
+def config_examples() -> list[tuple[str, str, str]]:
+    """Every YAML block of the docs that starts ``# NAME.yaml - pdsr COMMAND --config NAME.yaml``:
+    ``(page, command, text)``."""
+    found = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S):
+            head = re.match(r"# \S+\.yaml - pdsr (\w+) --config", block)
+            if head:
+                found.append((page.name, head.group(1), block))
+    return found
+
+
+def test_every_config_example_in_the_docs_is_valid(tmp_path):
+    """Each documented config file validates as its command's config, with no warning (no old spelling)."""
+    import warnings
+
+    from pdsr_sdk.config import load_config
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    models = {"rollout": RolloutConfig, "simulate": SimulateConfig}
+    examples = config_examples()
+    assert {command for _, command, _ in examples} == set(models)
+    for page, command, text in examples:
+        path = tmp_path / "example.yaml"
+        path.write_text(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load_config(models[command], path)
