@@ -178,6 +178,11 @@ class Dispatcher(Protocol):
 
     Subclass :class:`pdsr_sdk.dispatch.policy.Policy` (also ``pdsr_sdk.policies.base.Policy``)
     for no-op defaults.
+
+    A mistake ends the run with a :class:`~pdsr_sdk.errors.RunError` naming the policy: an exception a hook
+    (or a callback set with ``ctx.clock.call_later``) raises names the hook and the line (the exception is its
+    ``__cause__``); a command the scheduler refuses names the hook that gave it; and once nothing runs, waits on a
+    queue, a pause or a ``ctx.clock`` timer while samples it was given are unfinished, the error lists them.
     """
 
     name: ClassVar[str]
@@ -189,7 +194,8 @@ class Dispatcher(Protocol):
 
     def on_batch(self, groups: list[Group]) -> None:
         """A batch of prompt groups arrived; every sample is in ``group.samples``.
-        The policy must eventually submit every sample."""
+        The policy must eventually submit (or finish) every sample: one left with nothing else to wait for is
+        an error naming it."""
 
     def on_launch(self, sample: Sample, engine: Engine) -> None:
         """A sample left a queue and started running on ``engine`` (not called for the

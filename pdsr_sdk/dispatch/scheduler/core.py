@@ -63,6 +63,7 @@ class Scheduler(EngineEvents):
     def start_batch(self, groups: list[Group], on_done: Callable[[], None]) -> None:
         """Hand a batch to the policy; ``on_done`` runs when its last sample finishes."""
         self._groups_left = sum(1 for g in groups if not g.done)
+        self._open.update((id(g), g) for g in groups if not g.done)
         self._batch_done = on_done
         if self._groups_left == 0:
             on_done()
@@ -86,6 +87,7 @@ class Scheduler(EngineEvents):
             self.stream = stream
         if not groups:
             return
+        self._open.update((id(g), g) for g in groups if not g.done)
         self._dirty_engines.update(e.name for e in self.live_engines())
         self.guarded(self.policy.on_batch, groups)
         self._pump()
@@ -197,6 +199,7 @@ class Scheduler(EngineEvents):
             raise PdsrError(f"restart: finished sample {sample.key} never ran; no engine or pool to run it on")
         self.stats["samples_finished"] -= 1
         self.stats["tokens_generated"] -= sample.sampled_tokens
+        self._open[id(sample.group)] = sample.group
         sample.finish_reason = None
         sample.finish_time_s = None
         self._restart(sample)
@@ -216,7 +219,8 @@ class Scheduler(EngineEvents):
             self.stats["steals"] += 1
             run = self._launch(item.sample, engine, item.cap if cap == "keep" else cap, stolen_from=from_pool)
             if time_limit_s is not None:
-                self.clock.call_later(time_limit_s, partial(self._steal_expired, run))
+                # the scheduler's own timer, not the policy's (ctx.clock counts and guards those)
+                self._timers.inner.call_later(time_limit_s, partial(self._steal_expired, run))
             taken += 1
         return taken
 

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from pdsr_sdk.dispatch.policy import Policy
 from pdsr_sdk.dispatch.protocols import Dispatcher, Engine
 from pdsr_sdk.dispatch.scheduler.slots import Run, SlotTable
+from pdsr_sdk.dispatch.scheduler.watch import WatchedClock, hook_error, stalled_error
 from pdsr_sdk.dispatch.segments import next_segment_len
 from pdsr_sdk.dispatch.types import (
     LENGTH, STOP, TRUNCATED, Group, Sample, SegmentRecord, SegmentRequest, TurnRecord, oldest_version,
 )
+from pdsr_sdk.errors import PdsrError
 
 if TYPE_CHECKING:
     from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
@@ -26,6 +28,9 @@ class Launcher(SlotTable):
 
     #: the pause mode while paused, else None (set by :class:`~pdsr_sdk.dispatch.scheduler.pause.Pausing`)
     paused: str | None
+    #: samples a pause stopped (Pausing) and multi-turn samples between turns (Turns): work that will go on
+    _held: dict[Sample, Run]
+    _parked: dict[Sample, Any]
 
     def _init_launch(self, sampling: SamplingConfig, segments: SegmentConfig, policy_version: int, *,
                      on_sample_done: Callable[[Sample], None] | None,
@@ -51,6 +56,13 @@ class Launcher(SlotTable):
         #: KV kept across weight updates (``kv_on_update: keep``) is shared only by requests started under the same
         #: weights (set by the session)
         self.salt_by_version = False
+        # a policy's mistakes end the run with an error naming it (watch.py): policy code running now (hooks,
+        # timers), the policy's timers pending, the groups given to it and not done
+        self._depth = 0
+        self._timers = WatchedClock(self.clock, self._timer_fired)
+        self.clock = self._timers
+        self._open: dict[int, Group] = {}
+        self._stall_reported = False
 
     def _bind_policy(self, policy: Dispatcher) -> None:
         """Take the policy, built last (its factory may ask the scheduler about its engines and pools)."""
@@ -77,7 +89,11 @@ class Launcher(SlotTable):
             seg_len = next_segment_len(engine.segment_capacity_tokens, n_active, seg_cfg.min_tokens,
                                        seg_cfg.max_tokens)
             if self._wants_floor:
-                seg_len = max(seg_len, min(self.policy.segment_floor(sample, engine), seg_cfg.max_tokens))
+                try:
+                    floor = self.policy.segment_floor(sample, engine)
+                except Exception as exc:
+                    raise self._hook_failed("segment_floor", exc)
+                seg_len = max(seg_len, min(floor, seg_cfg.max_tokens))
         else:
             seg_len = sample.max_tokens
         limit = sample.max_tokens if cap is None else min(cap, sample.max_tokens)
@@ -121,13 +137,19 @@ class Launcher(SlotTable):
         if sample.cap is not None and sample.num_generated >= sample.cap:
             if mark:
                 seg.end_reason = "cap"
-            self.policy.on_over_cap(sample, engine)
+            try:
+                self.policy.on_over_cap(sample, engine)
+            except Exception as exc:
+                raise self._hook_failed("on_over_cap", exc)
             if self._untouched(sample):
                 self._finish(sample, TRUNCATED)
             return
         if mark:
             seg.end_reason = "segment"
-        self.policy.on_segment_end(sample, engine)
+        try:
+            self.policy.on_segment_end(sample, engine)
+        except Exception as exc:
+            raise self._hook_failed("on_segment_end", exc)
         if self._untouched(sample):
             self._launch(sample, engine, sample.cap, stolen_from=run.stolen_from, continuing=True)
 
@@ -156,6 +178,7 @@ class Launcher(SlotTable):
         self._on_sample_done(sample)
         self.guarded(self.policy.on_sample_finished, sample)
         if sample.group.done:
+            self._open.pop(id(sample.group), None)
             self._on_group_done(sample.group)
             self._groups_left -= 1
             if self._groups_left == 0 and self._batch_done is not None:
@@ -182,6 +205,8 @@ class Launcher(SlotTable):
                     break
         finally:
             self._pumping = False
+        if not self._depth and not self._runs:
+            self._check_stalled()
 
     def _fill(self) -> list[Engine]:
         """Launch queued samples into free slots; returns engines that may now be idle."""
@@ -230,7 +255,10 @@ class Launcher(SlotTable):
 
         def interested(pool: str) -> bool:
             if pool not in interest:
-                interest[pool] = self._idle_interest is None or bool(self._idle_interest(pool))
+                try:
+                    interest[pool] = self._idle_interest is None or bool(self._idle_interest(pool))
+                except Exception as exc:
+                    raise self._hook_failed("idle_interest", exc)
             return interest[pool]
 
         for pool in drained:
@@ -265,11 +293,56 @@ class Launcher(SlotTable):
 
     def guarded(self, fn: Callable[..., object], *args: Any) -> None:
         """``fn(*args)``; an exception ends the run through ``on_fatal`` (a policy's hooks run this way), rather
-        than escaping into the event loop that called it (where nobody would see it and the step would wait)."""
+        than escaping into the event loop that called it (where nobody would see it and the step would wait).
+        One a policy's hook raised (``fn`` is the hook) is a RunError naming the policy and the hook."""
+        self._depth += 1
         try:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - a policy bug must end the run, loudly
+            if isinstance(exc, Exception) and getattr(fn, "__self__", None) is self.policy:
+                exc = self._hook_failed(getattr(fn, "__name__", "a hook"), exc)
             self._on_fatal(exc)
+        finally:
+            self._depth -= 1
+
+    def _hook_failed(self, hook: str, exc: Exception) -> Exception:
+        """What a policy's ``hook`` raising ``exc`` ends the run with: a RunError naming the policy, the hook and
+        the line; a scheduler's refusal of a command the hook gave (a plain PdsrError: "policy submitted sample ...
+        twice") named with the policy and the hook; any other PdsrError (the policy's own) as it is."""
+        if type(exc) is PdsrError:
+            return hook_error(self.policy, hook, exc, refused=True)
+        return exc if isinstance(exc, PdsrError) else hook_error(self.policy, hook, exc)
+
+    def _timer_fired(self, callback: Callable[[], None]) -> None:
+        """A timer set on ``ctx.clock`` fired: its callback runs guarded, then the run is checked for a stall."""
+        self._depth += 1
+        try:
+            callback()
+        except BaseException as exc:  # noqa: BLE001 - as guarded
+            if isinstance(exc, Exception):
+                exc = self._hook_failed("a callback it set with ctx.clock.call_later", exc)
+            self._on_fatal(exc)
+        finally:
+            self._depth -= 1
+        self._check_stalled()
+
+    def _check_stalled(self) -> None:
+        """End the run (``on_fatal``) if it can never finish: samples it was given are unfinished while nothing
+        runs, waits on a queue, a pause, a turn or a timer (watch.py). Called when the policy's code has returned
+        (after an outermost pump, after a timer)."""
+        if (self._depth or self._runs or self._where or self._held or self._parked or self.paused is not None
+                or self._timers.pending or not self._open or self._stall_reported):
+            return
+        left = []
+        for key, group in list(self._open.items()):
+            unfinished = [s for s in group.samples if not s.finished]
+            if unfinished:
+                left += unfinished
+            else:
+                del self._open[key]
+        if left:
+            self._stall_reported = True
+            self._on_fatal(stalled_error(self.policy, left))
 
 
 def _raise(exc: BaseException) -> None:

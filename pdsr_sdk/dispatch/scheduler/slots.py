@@ -126,6 +126,9 @@ class SlotTable:
                  front: bool, *, check_live: bool = True, turn: bool = False) -> None:
         item = Queued(sample, cap, turn)
         if engine is not None:
+            if self._by_name.get(engine.name) is not engine:
+                raise PdsrError(f"policy placed sample {sample.key} on engine {engine.name!r}, which is not one of "
+                                f"this run's engines ({', '.join(self._by_name)}); pass an engine from ctx.pools()")
             if self.usage[engine.name].dead:
                 pool, engine = engine.pool, None
             else:
