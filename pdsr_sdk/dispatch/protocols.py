@@ -239,16 +239,21 @@ class Dispatcher(Protocol):
 
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """Optional (partial rollout across steps): a step ended and the weights changed; ``carried`` are
-        the groups going into the next step (their running samples stopped, holding their tokens). Return
-        samples to generate again under the new weights (their tokens are thrown away and counted as
+        the groups going into the next step (their running samples stopped, holding their tokens). Return a
+        list (``[]`` for none) of samples to generate again under the new weights (their tokens are thrown away and counted as
         wasted): finished ones, and under a staleness bound running ones, whose restart then counts as
         their one staleness restart (one already restarted for staleness is left as it is); called after
         the staleness restarts and before the step's new groups arrive."""
 
     def batch_report(self) -> dict[str, Any]:
-        """Optional: facts about the batch that just finished (e.g. v2.5's ``l_cut``, ``fast_cap``),
-        put in its :class:`~pdsr_sdk.dispatch.run.BatchReport`. Called once per batch, after its
-        last sample finished."""
+        """Optional: facts about the batch that just finished (e.g. v2.5's ``l_cut``, ``fast_cap``), a dict
+        put in its :class:`~pdsr_sdk.dispatch.run.BatchReport`. Called once per batch, after its last
+        sample finished; in partial rollout once per step at its end (``pdsr rollout --steps``), and once at
+        the run's end in ``pdsr simulate --steps`` (its report's ``policy``)."""
 
 
 DispatcherFactory = Callable[[Any, DispatchContext], Dispatcher]
+
+#: the hooks every :class:`Dispatcher` has (the others are optional); a policy class without one is refused by name
+REQUIRED_HOOKS = ("on_batch", "on_launch", "on_sample_finished", "on_segment_end", "on_over_cap", "on_worker_idle",
+                  "on_engine_lost")

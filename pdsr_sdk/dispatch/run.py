@@ -16,12 +16,13 @@ run, with ``on_group_done`` reporting each group as it completes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pdsr_sdk.dispatch.protocols import Clock, Dispatcher, Engine
 from pdsr_sdk.dispatch.scheduler import Scheduler
+from pdsr_sdk.dispatch.scheduler.watch import hook_error, policy_label
 from pdsr_sdk.dispatch.types import Group, Sample, StreamSpec
-from pdsr_sdk.errors import ConfigError, RunError
+from pdsr_sdk.errors import ConfigError, PdsrError, RunError
 
 if TYPE_CHECKING:
     from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig
@@ -175,15 +176,31 @@ class DispatchRun:
             delta = value - stats0.get(key, 0)
             if delta:
                 stats[key] = delta
-        facts = getattr(self.policy, "batch_report", None)
         report = BatchReport(
             batch_index=self.batch_index, groups=groups, start_s=start, end_s=end, makespan_s=end - start,
             tokens=sum(s.sampled_tokens for g in groups for s in g.samples),
             engine_busy_s={name: b - self._busy0.get(name, 0.0) for name, b in busy.items()},
-            stats=stats, policy=dict(facts()) if facts is not None else {},
+            stats=stats, policy=self._policy_facts(),
             engine_errors=[str(e) for e in sched.engine_errors[self._errors0:]])
         self.batch_index += 1
         return report
+
+    def _policy_facts(self) -> dict[str, Any]:
+        """The policy's ``batch_report()``; what it raises or a value that is not a mapping is a RunError naming
+        the policy and the hook."""
+        facts = getattr(self.policy, "batch_report", None)
+        if facts is None:
+            return {}
+        try:
+            got = facts()
+        except PdsrError:
+            raise
+        except Exception as exc:
+            raise hook_error(self.policy, "batch_report", exc) from exc
+        if not isinstance(got, Mapping):
+            raise RunError(f"policy {policy_label(self.policy)}: batch_report returned {type(got).__name__} "
+                           f"{got!r:.80}; it returns a dict of the batch's facts (name -> value), {{}} for none")
+        return dict(got)
 
     def _engine_busy(self, now: float) -> dict[str, float]:
         return {e.name: self._busy_s(e, now) for e in self.scheduler.engines}

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from pdsr_sdk.config import ConfigModel, set_dotted, validate_config
 from pdsr_sdk.config.base import deep_merge, upgrade_section
+from pdsr_sdk.dispatch.protocols import REQUIRED_HOOKS
 from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrError
 from pdsr_sdk.policies import POLICIES
 from pdsr_sdk.policies.presets import list_presets, load_preset
@@ -68,9 +69,26 @@ def policy_class(name: str, *, simulation: bool = False) -> tuple[type, dict[str
         raise ConfigError(f"policy {given!r} is a simulator-only reference schedule: it reads a length trace's "
                           f"true lengths, which real engines cannot know; run it with `pdsr simulate`. Policies "
                           f"for real engines: {', '.join(runnable_policies())}")
-    if getattr(cls, "config_model", None) is None:
-        raise ConfigError(f"policy {name!r}: class {cls.__name__} has no config_model")
+    check_policy_class(cls, given)
     return cls, base, source
+
+
+def check_policy_class(cls: Any, name: str) -> None:
+    """A ConfigError naming ``name`` unless ``cls`` is a class with the :class:`~pdsr_sdk.dispatch.protocols.Dispatcher`
+    hooks every policy has and a pydantic ``config_model``: a run would otherwise fail at its first event."""
+    if not isinstance(cls, type):
+        raise ConfigError(f"policy {name!r} is {type(cls).__name__} {cls!r}, not a class; a policy is a class "
+                          f"(subclass pdsr_sdk.policies.base.Policy)")
+    missing = [hook for hook in REQUIRED_HOOKS if not callable(getattr(cls, hook, None))]
+    if missing:
+        raise ConfigError(f"policy {name!r}: class {cls.__name__} lacks the hook(s) {', '.join(missing)} that every "
+                          f"policy has; subclass pdsr_sdk.policies.base.Policy for no-op defaults")
+    model = getattr(cls, "config_model", None)
+    if model is None:
+        raise ConfigError(f"policy {name!r}: class {cls.__name__} has no config_model")
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ConfigError(f"policy {name!r}: class {cls.__name__}'s config_model is {model!r}, not a pydantic model "
+                          f"class (subclass pdsr_sdk.config.ConfigModel; pdsr_sdk.policies.base.NoSettings for none)")
 
 
 def resolve_policy(name: str, settings: Any = None, *, simulation: bool = False, saved: bool = False,

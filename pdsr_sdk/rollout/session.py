@@ -236,15 +236,15 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         else:
             model_dir = self._model_dir()
             needed = max_model_len or (cfg.sampling.max_tokens + SESSION_PROMPT_ROOM)
-            self.engine_specs = engine_layout(cfg, required_pools=self.policy_cls.required_pools,
+            self.engine_specs = engine_layout(cfg, required_pools=getattr(self.policy_cls, "required_pools", ()),
                                               cpu=is_cpu_build(), max_model_len=needed)
             speculative = cfg.vllm_speculative_config()
             self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
                                          logprobs_mode=cfg.logprobs_mode, speculative=speculative)
                             for spec in self.engine_specs]
-        missing = [p for p in self.policy_cls.required_pools if p not in {e.pool for e in self.engines}]
+        missing = [p for p in getattr(self.policy_cls, "required_pools", ()) if p not in {e.pool for e in self.engines}]
         if missing:
-            raise ConfigError(f"policy {self.policy_cls.name!r} needs an engine in pool(s) {', '.join(missing)}")
+            raise ConfigError(f"policy {cfg.policy!r} needs an engine in pool(s) {', '.join(missing)}")
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
         version = self.scheduler.policy_version if self.scheduler is not None else cfg.policy_version

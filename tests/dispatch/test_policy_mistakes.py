@@ -6,6 +6,7 @@ virtual time and on an asyncio loop's wall clock as real engines run (tests/fake
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -189,3 +190,63 @@ def test_on_a_wall_clock_a_stuck_policy_ends_the_batch_instead_of_hanging(cls, s
         assert_complete(groups)
     else:
         assert isinstance(what, RunError) and says in str(what), what
+
+
+class ReportsAList(Policy):
+    name = "reports-a-list"
+    streaming = True
+
+    def on_batch(self, groups):
+        for g in groups:
+            for s in g.samples:
+                self.ctx.submit(s, "fast")
+
+    def batch_report(self):
+        return [("affinity", 1)]
+
+
+class ReportRaises(ReportsAList):
+    name = "report-raises"
+
+    def batch_report(self):
+        return {"share": 1 / 0}
+
+
+class StepEndReturnsNone(ReportsAList):
+    name = "step-end-none"
+
+    def batch_report(self):
+        return {}
+
+    def on_step_end(self, carried):
+        pass   # forgot the return: [] means nothing to regenerate
+
+
+@pytest.mark.parametrize("cls, says", [
+    ("ReportsAList", "batch_report returned list [('affinity', 1)]; it returns a dict of the batch's facts"),
+    ("ReportRaises", "batch_report (at"),
+])
+def test_a_batch_report_that_is_not_a_dict_or_raises_names_the_policy(cls, says):
+    """It used to be a ValueError from dict() (or the bare exception) out of the run's report."""
+    from pdsr_sdk.dispatch.clock import VirtualClock
+    from pdsr_sdk.policies import POLICIES
+
+    clock = VirtualClock()
+    policy = POLICIES.get(f"{HERE}:{cls}")
+    run = DispatchRun([FakeEngine("fast-0", "fast", clock)], policy, policy.config_model(), clock,
+                      SamplingConfig(n=4, max_tokens=1000), SegmentConfig(min_tokens=16, max_tokens=64))
+    run.start_batch(build_groups(records(LENGTHS), 4, 1000))
+    clock.run(until=lambda: run.batch_done)
+    with pytest.raises(RunError, match=rf"policy '[a-z-]+' \({HERE}:{cls}\)(: | raised in ){re.escape(says)}"):
+        run.finish_batch()
+
+
+def test_an_on_step_end_that_returns_none_names_the_policy_and_the_hook():
+    """It used to be "TypeError: 'NoneType' object is not iterable" from inside the step stream."""
+    from pdsr_sdk.sim.steps import run_steps
+    from sim_cases import hand_trace, unit_cfg
+
+    with pytest.raises(RunError, match=rf"policy 'step-end-none' \({HERE}:StepEndReturnsNone\): on_step_end returned "
+                                       rf"NoneType None; it returns a list of samples to generate again \(\[\] for "
+                                       rf"none\)"):
+        run_steps(hand_trace([25] + [10] * 8), unit_cfg(over_provision=1.0), f"{HERE}:StepEndReturnsNone", 1.0)

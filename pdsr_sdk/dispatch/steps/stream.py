@@ -10,7 +10,9 @@ from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.dispatch.steps.filtering import GroupFiltering
 from pdsr_sdk.dispatch.steps.record import StepRecord, consumed_tokens
 from pdsr_sdk.dispatch.steps.staleness import StalenessRules
-from pdsr_sdk.dispatch.types import Group, StreamSpec, oldest_version
+from pdsr_sdk.dispatch.scheduler.watch import hook_error, policy_label
+from pdsr_sdk.dispatch.types import Group, Sample, StreamSpec, oldest_version
+from pdsr_sdk.errors import PdsrError, RunError
 
 
 class StepStream(StalenessRules, GroupFiltering):
@@ -257,7 +259,7 @@ class StepStream(StalenessRules, GroupFiltering):
                 self._restart_stale(g, self.step_version)
         choose = getattr(self.run.policy, "on_step_end", None)
         if choose is not None:
-            for smp in choose([g for g, _ in self.flying.values()]):
+            for smp in self._chosen(choose):
                 if id(smp.group) not in self.flying or smp.turns is not None:
                     continue   # a multi-turn sample is never regenerated: its agent holds the conversation
                 if smp.finished:
@@ -276,6 +278,21 @@ class StepStream(StalenessRules, GroupFiltering):
         self.held_s = 0.0
         self.closing = False
         self.maybe_end()
+
+    def _chosen(self, choose: Callable[[list[Group]], Sequence[Sample]]) -> list[Sample]:
+        """The policy's ``on_step_end`` over the groups in flight; what it raises, or a return that is not a list
+        of samples, is a RunError naming the policy and the hook."""
+        policy = self.run.policy
+        try:
+            picked = choose([g for g, _ in self.flying.values()])
+        except PdsrError:
+            raise
+        except Exception as exc:
+            raise hook_error(policy, "on_step_end", exc) from exc
+        if not isinstance(picked, (list, tuple)) or not all(isinstance(smp, Sample) for smp in picked):
+            raise RunError(f"policy {policy_label(policy)}: on_step_end returned {type(picked).__name__} "
+                           f"{picked!r:.80}; it returns a list of samples to generate again ([] for none)")
+        return list(picked)
 
     def release_hold(self) -> None:
         """Let the step end without waiting for :attr:`hold_until` (a change that must wait for the step's
