@@ -15,15 +15,16 @@ row checks, input order, stats.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pdsr_sdk.errors import DataError, DataValueError
+from pdsr_sdk.errors import DataError, DataValueError, RunError
 from pdsr_sdk.progress import ProgressFactory
-from pdsr_sdk.scoring.backend import ScoreInputs, ScoreMeter, get_backend
+from pdsr_sdk.scoring.backend import BackendOutput, ScoreInputs, ScoreMeter, get_backend
 from pdsr_sdk.scoring.config import ScoreOptions
 from pdsr_sdk.scoring.memory import format_bytes
 
@@ -57,7 +58,8 @@ class ScoreStats:
         return self.real_tokens / self.seconds if self.seconds > 0 else float("inf")
 
     def summary(self) -> str:
-        shapes = "n/a (vLLM batches unpadded)" if self.distinct_shapes is None else str(self.distinct_shapes)
+        unpadded = "n/a (vLLM batches unpadded)" if self.backend == "vllm" else "n/a (unpadded)"
+        shapes = unpadded if self.distinct_shapes is None else str(self.distinct_shapes)
         return (f"{self.tokens_per_s:,.0f} tokens/s ({self.real_tokens:,} tokens, {self.scored_tokens:,} scored, "
                 f"{self.seconds:.2f} s); peak memory {format_bytes(self.peak_memory_bytes)} "
                 f"[{self.peak_memory_method}]; {self.micro_batches} micro-batches ({self.mode}); "
@@ -232,6 +234,7 @@ def per_token_logps(
     inputs = ScoreInputs(seqs=seqs, prompt_lens=prompts.lengths, lengths=lengths, source=source)
     meter = ScoreMeter(lengths, progress)
     out = backend.score(model, inputs, opts, meter)
+    check_backend_output(out, completions.lengths, opts)
 
     logps = restore_order_lists(out.logps, out.partitions)
     entropy = restore_order_lists(out.entropy, out.partitions) if out.entropy is not None else None
@@ -242,6 +245,35 @@ def per_token_logps(
         seconds=meter.seconds, peak_memory_bytes=out.peak_memory_bytes,
         peak_memory_method=out.peak_memory_method, head=out.head)
     return ScoreResult(logps=logps, entropy=entropy, stats=stats)
+
+
+def check_backend_output(out: Any, completion_lengths: np.ndarray, opts: ScoreOptions) -> None:
+    """A RunError naming the backend unless its :class:`~pdsr_sdk.scoring.backend.BackendOutput` puts every sample in
+    exactly one partition with one log-prob (and entropy, when asked for) per completion token: a backend of one's
+    own that got this wrong wrote misaligned columns, or failed inside Arrow."""
+    def bad(what: str) -> RunError:
+        return RunError(f"scoring backend {opts.backend!r} returned {what}; see "
+                        f"pdsr_sdk.scoring.backend.BackendOutput")
+
+    if not isinstance(out, BackendOutput):
+        raise bad(f"a {type(out).__name__}, not a BackendOutput")
+    placed = sorted(int(i) for part in out.partitions for i in part)
+    if placed != list(range(len(completion_lengths))):
+        missing = sorted(set(range(len(completion_lengths))) - set(placed))
+        twice = sorted(i for i, c in Counter(placed).items() if c > 1)
+        raise bad(f"partitions that do not hold each of the {len(completion_lengths)} samples exactly once "
+                  f"(missing: {missing[:8]}, more than once: {twice[:8]})")
+    columns = [("logps", out.logps)] + ([("entropy", out.entropy)] if opts.entropy or out.entropy is not None else [])
+    for name, per_part in columns:
+        if per_part is None or len(per_part) != len(out.partitions):
+            raise bad(f"{name} for {0 if per_part is None else len(per_part)} partitions, not {len(out.partitions)}")
+        for k, (part, values) in enumerate(zip(out.partitions, per_part)):
+            if len(values) != len(part):
+                raise bad(f"{name} for {len(values)} samples in partition {k} of {len(part)}")
+            for i, row in zip(part, values):
+                if len(row) != completion_lengths[i]:
+                    raise bad(f"{len(row)} {name} values for sample {i} (row {i}), which has "
+                              f"{int(completion_lengths[i])} completion tokens")
 
 
 def restore_order_lists(per_micro_batch: list[list[np.ndarray]], partitions: list[list[int]]) -> list[np.ndarray]:

@@ -133,7 +133,9 @@ class ScoringBackend(Protocol):
         (position t predicts token t + 1, logits / ``options.temperature``, fp32
         log-softmax) and the entropy if ``options.entropy``. Report progress through
         ``meter`` (see :class:`ScoreMeter`). A backend that owns a resource it started
-        here (an engine) shuts it down before returning."""
+        here (an engine) shuts it down before returning. Its output is checked (each sample
+        in one partition, one value per completion token): a mismatch is a RunError naming
+        the backend and the sample."""
 
 
 def get_backend(name: str) -> ScoringBackend:

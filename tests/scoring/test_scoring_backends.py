@@ -7,6 +7,7 @@ outside backend is a numpy bigram table, so its exact log-probs are known.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from pdsr_sdk.config import load_config
-from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.errors import ConfigError, DataError, PdsrError, RunError
 from pdsr_sdk.scoring import (
     SCORING_BACKENDS,
     BackendOutput,
@@ -219,6 +220,41 @@ def test_outside_backend_by_import_path_and_model_directory(tmp_path):
     with pytest.raises(DataError, match="row 0: token id 77"):
         per_token_logps(tmp_path, [[77]], [[1]], backend=f"{__name__}:BigramScoring")
     assert BigramScoring.calls == ["check"]
+
+
+class MisalignedScoring(BigramScoring):
+    """A backend of one's own that gets its output wrong in the way ``mistake`` says."""
+
+    mistake = ""
+
+    def score(self, model, inputs, options, meter):
+        out = super().score(model, inputs, options, meter)
+        if self.mistake == "short":       # one log-prob too few for every sample
+            out.logps = [[row[:-1] for row in block] for block in out.logps]
+        elif self.mistake == "dropped":   # the last sample left out
+            keep = [[j for j, i in enumerate(part) if i != len(inputs.seqs) - 1] for part in out.partitions]
+            out.logps = [[block[j] for j in k] for block, k in zip(out.logps, keep)]
+            out.partitions = [[part[j] for j in k] for part, k in zip(out.partitions, keep)]
+        elif self.mistake == "no entropy":
+            out.entropy = None
+        return out
+
+
+@pytest.mark.parametrize("mistake, says", [
+    ("short", "returned 0 logps values for sample 0 (row 0), which has 1 completion tokens"),
+    ("dropped", "returned partitions that do not hold each of the 3 samples exactly once (missing: [2], more than "
+                "once: [])"),
+    ("no entropy", "returned entropy for 0 partitions, not 1"),
+])
+def test_an_outside_backends_misaligned_output_is_an_error_naming_it(monkeypatch, mistake, says):
+    """A backend returning one log-prob too few per sample was written as it was (the columns misaligned with the
+    tokens, silently); one that left a sample out failed inside restore_order or Arrow."""
+    monkeypatch.setattr(MisalignedScoring, "mistake", mistake)
+    path = f"{__name__}:MisalignedScoring"
+    with pytest.raises(RunError, match=re.escape(f"scoring backend {path!r} {says}; see "
+                                                 f"pdsr_sdk.scoring.backend.BackendOutput")):
+        per_token_logps(BigramModel(50), [[1], [2], [3]], [[4], [5, 6], [7, 8, 9]], backend=path,
+                        return_entropy=True)
 
 
 # ------------------------------------------------------- torch: same numbers
