@@ -182,6 +182,21 @@ def cli_progress(quiet: bool):
     return silent_progress if quiet else stderr_progress
 
 
+def speculative_options(group: str, history: str) -> Callable[[F], F]:
+    """``--speculative``, ``--num-speculative-tokens`` and ``--draft-history`` (``pdsr rollout`` and ``pdsr serve``);
+    ``group`` says what the group method drafts from, ``history`` what the history file's responses are."""
+    def add(f: F) -> F:
+        f = click.option("--draft-history", type=click.Path(dir_okay=False), metavar="FILE",
+                         help=f"With --speculative group: a trajectories file {history}.  [default: none]")(f)
+        f = click.option("--num-speculative-tokens", type=int, metavar="K",
+                         help="Tokens drafted per request per step with --speculative.  [default: 4]")(f)
+        return click.option("--speculative", metavar="METHOD",
+                            help=f"Speculative decoding in the engines: off; ngram (vLLM's n-gram lookup over each "
+                                 f"request's own prompt and output); or group (the same lookup over {group}). Same "
+                                 f"outputs, drafts verified in one pass. See docs/rollout.md.  [default: off]")(f)
+    return add
+
+
 def check_speculative_flags(cfg: Any, num_speculative_tokens: int | None) -> None:
     """``--num-speculative-tokens`` on a run whose speculative decoding is off is an error (it would be ignored)."""
     from pdsr_sdk.errors import ConfigError

@@ -10,7 +10,7 @@ import click
 from pdsr_cli.common import (build_config, check_policy_set_targets, check_speculative_flags, cli_progress,
                              config_option, echo_status,
                              format_summary, format_table, handle_errors, parse_policy_sets, policy_option,
-                             policy_set_option, quiet_option, step_stream_options)
+                             policy_set_option, quiet_option, speculative_options, step_stream_options)
 from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 
 
@@ -70,15 +70,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                    "--overlong-penalty of reward, linearly.  [default: off]")
 @click.option("--overlong-penalty", type=float, metavar="F", help="The most DAPO's shaping takes.  [default: 1.0]")
 @click.option("--seed", type=int, help="Engine seed.  [default: 0]")
-@click.option("--speculative", metavar="METHOD",
-              help="Speculative decoding in the engines: off; ngram (vLLM's n-gram lookup over each request's "
-                   "own prompt and output); or group (the same lookup over the finished responses of the sample's "
-                   "group). Same outputs, drafts verified in one pass. See docs/rollout.md.  [default: off]")
-@click.option("--num-speculative-tokens", type=int, metavar="K",
-              help="Tokens drafted per request per step with --speculative.  [default: 4]")
-@click.option("--draft-history", type=click.Path(dir_okay=False), metavar="FILE",
-              help="With --speculative group: a trajectories file (an earlier pdsr rollout output) whose responses "
-                   "are drafted from as earlier responses to the same prompts.  [default: none]")
+@speculative_options("the finished responses of the sample's group",
+                     "(an earlier pdsr rollout output) whose responses are drafted from as earlier responses to the "
+                     "same prompts")
 @click.option("--agent", metavar="PKG.MOD:FN",
               help="Multi-turn rollouts: `async def run(agent)` run for each sample (model turns with "
                    "agent.generate(), tool results and user turns with agent.append(); token-exact). See "

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from pdsr_cli.common import (build_config, check_speculative_flags, config_option, echo_status, handle_errors,
-                             parse_policy_sets, policy_option, policy_set_option, quiet_option)
+                             parse_policy_sets, policy_option, policy_set_option, quiet_option,
+                             speculative_options)
 
 
 @click.command("serve")
@@ -32,14 +33,8 @@ from pdsr_cli.common import (build_config, check_speculative_flags, config_optio
                    "[default: none, the text as it is]")
 @click.option("--sample-timeout", "sample_timeout_s", type=float, metavar="SECONDS",
               help="A named sample with no request for this long fails.  [default: 60]")
-@click.option("--speculative", metavar="METHOD",
-              help="Speculative decoding in the engines: off, ngram or group (group drafts from the earlier "
-                   "responses to a request's prompt). Same outputs. See docs/rollout.md.  [default: off]")
-@click.option("--num-speculative-tokens", type=int, metavar="K",
-              help="Tokens drafted per request per step with --speculative.  [default: 4]")
-@click.option("--draft-history", type=click.Path(dir_okay=False), metavar="FILE",
-              help="With --speculative group: a trajectories file whose responses are drafted from as earlier "
-                   "responses to the same prompts.  [default: none]")
+@speculative_options("the earlier responses to the request's prompt",
+                     "whose responses are drafted from as earlier responses to the same prompts")
 @quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, host, port, model, model_name, max_tokens, temperature, top_p, fast,
