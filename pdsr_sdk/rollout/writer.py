@@ -4,7 +4,9 @@ Finished groups are written as small Parquet part files (each written
 atomically) into ``<out>.parts/`` while the run goes on, so an interrupted
 run keeps every finished group. At the end the parts are merged into
 ``<out>`` (atomic rename) and the parts directory is removed. ``resume``
-reads the finished prompt ids from both, and the run skips them.
+reads the finished prompt ids from both, and the run skips them. The merged file records how many part
+files it holds (:data:`MERGED_KEY`), so that parts a run killed before removing them leaves beside it are
+not read (nor merged) twice; new parts are numbered after them.
 ``overwrite`` removes the old output only when the first new group is
 written (a run that fails before that leaves it as it was). A multi-step
 run also keeps the groups it carries between steps in
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -24,6 +27,9 @@ from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.tables import write_table_atomic
 
 CARRY_FILE = "_carry.parquet"   # "_": dataset readers of the parts folder skip it
+#: metadata of the merged output: the parts numbered below it are in it (parts are numbered on across resumes)
+MERGED_KEY = b"pdsr_parts_merged"
+_PART = re.compile(r"part-(\d+)\.parquet")
 
 
 class TrajectoryWriter:
@@ -45,7 +51,7 @@ class TrajectoryWriter:
             raise DataError(f"{self.path}: output already exists (or an interrupted run left {self.parts_dir.name}/); "
                             f"pass --resume to continue it or --overwrite to replace it")
         self._replace = exists and overwrite and not resume
-        self._next_part = 0 if self._replace else len(existing_files(self.path)) - self.path.exists()
+        self._next_part = 0 if self._replace else _next_part_number(self.path)
 
     # -------------------------------------------------------------- resume
     def finished_prompt_ids(self) -> set[str]:
@@ -114,8 +120,9 @@ class TrajectoryWriter:
         self._remove_old()
         tables = [reward_extra_json(pq.read_table(f)).cast(self.schema) for f in self._existing_files()]
         table = self._pa.concat_tables(tables) if tables else self.schema.empty_table()
-        table = reward_extra_struct(table.replace_schema_metadata(self.schema.metadata))
-        write_table_atomic(table, self.path)
+        merged = {**(self.schema.metadata or {}), MERGED_KEY: str(self._next_part).encode()}
+        table = reward_extra_struct(table.replace_schema_metadata(merged))
+        write_table_atomic(table, self.path)   # killed from here to the parts' removal: MERGED_KEY skips them
         shutil.rmtree(self.parts_dir, ignore_errors=True)
         return self.path
 
@@ -127,13 +134,36 @@ def carry_file(path: str | Path) -> Path:
 
 
 def existing_files(path: str | Path) -> list[Path]:
-    """The trajectory files of ``path`` on disk: the merged file, then the part files of an unfinished run."""
+    """The trajectory files of ``path`` on disk: the merged file, then the part files of an unfinished run (those
+    the merged file already holds left out)."""
     path = Path(path)
-    parts = path.with_name(path.name + ".parts")
+    merged = _merged_parts(path)
     files = [path] if path.exists() else []
-    if parts.is_dir():
-        files += sorted(parts.glob("part-*.parquet"))
-    return files
+    return files + [p for n, p in _part_files(path) if n >= merged]
+
+
+def _part_files(path: Path) -> list[tuple[int, Path]]:
+    """(number, path) of every part file of ``path``, in order."""
+    parts = path.with_name(path.name + ".parts")
+    found = ((_PART.fullmatch(p.name), p) for p in parts.glob("part-*.parquet")) if parts.is_dir() else ()
+    return sorted((int(m.group(1)), p) for m, p in found if m)
+
+
+def _merged_parts(path: Path) -> int:
+    """How many part files the merged output ``path`` holds (0 without one, or written before it said)."""
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        return 0
+    try:
+        return int((pq.read_schema(path).metadata or {}).get(MERGED_KEY, b"0"))
+    except Exception:  # noqa: BLE001 - unreadable: reading its rows says so, naming the file
+        return 0
+
+
+def _next_part_number(path: Path) -> int:
+    """The number of the next part file: after every part on disk and every part merged into ``path``."""
+    return max([_merged_parts(path)] + [n + 1 for n, _ in _part_files(path)])
 
 
 @contextlib.contextmanager

@@ -1,0 +1,79 @@
+"""A ``pdsr rollout`` stopped at a chosen point (a kill leaves what the code had written by then; SIGTERM and
+Ctrl-C stop it through its handlers) and ``--resume``d: every group on disk once, the run numbered and
+summarised as a run made in one go, nothing left beside the output. Fake engines, no vLLM."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture()
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i}+1?"}) + "\n" for i in range(5)))
+    return path
+
+
+@pytest.fixture()
+def run(tmp_path, tiny_model_dir, prompts):
+    """``pdsr rollout`` on a fake engine (no vLLM) over 5 prompts in batches of 2; flags after it complete it."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+        "output": {"flush_groups": 1},
+        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
+    return ["rollout", "--quiet", "--config", cfg, "--data", prompts, "--batch-size", 2]
+
+
+def keys(path):
+    return [(r["prompt_id"], r["sample_index"], r["batch_index"]) for r in pq.read_table(path).to_pylist()]
+
+
+def test_a_run_killed_after_merging_its_parts_resumes_without_reading_them_twice(tmp_path, run, monkeypatch):
+    """Killed between writing the merged output and removing ``<out>.parts/`` (what ``finalize`` does last): the
+    parts left hold the same groups as the output. A resume reads each group once, and so does a resume that
+    runs more batches (its new parts numbered after the old ones)."""
+    from pdsr_sdk.rollout import writer as writer_mod
+
+    whole = tmp_path / "whole" / "o.parquet"
+    assert invoke(*run, "--out", whole).exit_code == 0
+    out = tmp_path / "o.parquet"
+    rmtree = shutil.rmtree
+
+    def killed_before_removing_parts(path, *args, **kwargs):   # the process ends here: nothing is removed
+        if not str(path).endswith(".parts"):
+            rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(writer_mod.shutil, "rmtree", killed_before_removing_parts)
+    assert invoke(*run, "--out", out, "--num-batches", 2).exit_code == 0
+    monkeypatch.setattr(writer_mod.shutil, "rmtree", rmtree)
+    assert len(list((tmp_path / "o.parquet.parts").glob("part-*.parquet"))) == 4 and len(keys(out)) == 8
+
+    again = invoke(*run, "--out", out, "--num-batches", 2, "--resume")
+    assert again.exit_code == 0, again.output
+    assert "nothing left to run" in again.output and "4 groups, 8 samples (4 groups from before" in again.output
+    assert sorted(keys(out)) == sorted(k for k in keys(whole) if k[2] < 2)
+    assert not (tmp_path / "o.parquet.parts").exists()
+
+    # the same, and then the rest of the data: parts numbered on after those merged
+    monkeypatch.setattr(writer_mod.shutil, "rmtree", killed_before_removing_parts)
+    assert invoke(*run, "--out", out, "--num-batches", 2, "--resume").exit_code == 0
+    monkeypatch.setattr(writer_mod.shutil, "rmtree", rmtree)
+    rest = invoke(*run, "--out", out, "--resume")
+    assert rest.exit_code == 0, rest.output
+    assert sorted(keys(out)) == sorted(keys(whole)) and len(keys(out)) == 10
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert summary["groups"] == 5 and summary["samples"] == 10
+    assert [(b["batch_index"], b["groups"]) for b in summary["batches"]] == [(0, 2), (1, 2), (2, 1)]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("o.")) == ["o.parquet", "o.summary.json"]
