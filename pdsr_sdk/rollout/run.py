@@ -280,11 +280,12 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
                 if len(out.groups) < b:
                     short = (out.step, len(out.groups))
                 results.append(out.report)
-                await session.anext_version()   # each step's end is a trainer's weight update
+                # the step on disk before its update, whose await a SIGTERM or Ctrl-C would stop the run in
                 writer.flush()
                 writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
                                     for g, step in session.carried() for s in g.samples], carry_schema())
                 write_text_atomic(summarise().to_json(), summary_path(config))
+                await session.anext_version()   # each step's end is a trainer's weight update
             # the groups dynamic sampling took out: why the data ran out sooner than its size says
             taken = (f"; {filtered} of them filtered out (--filter-groups: their rewards all equal)"
                      + (f" and {dropped} dropped at on-policy step ends" if dropped else "")

@@ -77,3 +77,44 @@ def test_a_run_killed_after_merging_its_parts_resumes_without_reading_them_twice
     assert summary["groups"] == 5 and summary["samples"] == 10
     assert [(b["batch_index"], b["groups"]) for b in summary["batches"]] == [(0, 2), (1, 2), (2, 1)]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("o.")) == ["o.parquet", "o.summary.json"]
+
+
+def test_sigterm_at_a_steps_end_keeps_what_it_carries_and_resumes_as_one_run(tmp_path, run, monkeypatch):
+    """``--steps 3 --step-groups 2 --over-provision 0.5`` terminated (SIGTERM, as a scheduler's preemption) in
+    step 0's weight update: the step's groups, the groups it carries (with their tokens) and its summary are
+    on disk, and the resumed run ends as the run made in one go."""
+    import asyncio
+    import os
+    import signal
+
+    from pdsr_sdk.rollout.session import RolloutSession
+    from pdsr_sdk.rollout.writer import carry_file
+
+    steps = [*run, "--steps", 3, "--step-groups", 2, "--over-provision", 0.5]
+    whole = tmp_path / "whole" / "o.parquet"
+    assert invoke(*steps, "--out", whole).exit_code == 0
+    whole_summary = json.loads((tmp_path / "whole" / "o.summary.json").read_text())
+    update = RolloutSession.anext_version
+
+    async def preempted(self):   # SIGTERM arrives during the update: the run stops at its next await
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(asyncio.Event().wait(), 60)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    out = tmp_path / "o.parquet"
+    monkeypatch.setattr(RolloutSession, "anext_version", preempted)
+    stopped = invoke(*steps, "--out", out)
+    monkeypatch.setattr(RolloutSession, "anext_version", update)
+    assert stopped.exit_code == 143 and "terminated (SIGTERM): 2 finished groups were written" in stopped.output
+    carried = {r["prompt_id"] for r in pq.read_table(carry_file(out)).to_pylist()}
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert [(b["batch_index"], b["carried_groups"]) for b in summary["batches"]] == [(0, len(carried))]
+    assert len(carried) == whole_summary["batches"][0]["carried_groups"] == 1
+
+    resumed = invoke(*steps, "--out", out, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert sorted(keys(out)) == sorted(keys(whole)) and len(keys(out)) == 10
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert [(b["batch_index"], b["groups"], b["carried_groups"]) for b in summary["batches"]] == \
+        [(b["batch_index"], b["groups"], b["carried_groups"]) for b in whole_summary["batches"]]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("o.")) == ["o.parquet", "o.summary.json"]
