@@ -63,7 +63,8 @@ def run_rollout(config, *, progress: ProgressFactory = silent_progress,
     Ctrl-C (SIGINT) and SIGTERM (what ``kill``, a batch scheduler or a container runtime sends; a
     background job of a non-interactive shell ignores SIGINT) stop it the same way: the running work is
     cancelled, the engines close, and :class:`~pdsr_sdk.errors.Interrupted` says what, if anything, was
-    written (exit status 130, or 143 for SIGTERM, in the CLI)."""
+    written (exit status 130, or 143 for SIGTERM, in the CLI). The caller's own SIGTERM handler is in place
+    again when it returns or raises."""
     state = _RunState()
 
     async def main() -> RolloutSummary:
@@ -78,14 +79,19 @@ def run_rollout(config, *, progress: ProgressFactory = silent_progress,
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
         return await run_rollout_async(config, progress=progress, status=status, _state=state)
 
+    caller_sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        return asyncio.run(main())       # closing the loop removes the SIGTERM handler
+        return asyncio.run(main())
     except KeyboardInterrupt:
         raise Interrupted(state.describe(config)) from None
     except asyncio.CancelledError:
         if state.signal is None:
             raise
         raise Interrupted(state.describe(config), exit_status=143) from None
+    finally:   # closing the loop set SIGTERM's handler to the default: the caller's (a trainer's, the CLI's) again
+        if caller_sigterm is not None:
+            with contextlib.suppress(ValueError):   # not the main thread: nothing was changed
+                signal.signal(signal.SIGTERM, caller_sigterm)
 
 
 @dataclass

@@ -118,3 +118,25 @@ def test_sigterm_at_a_steps_end_keeps_what_it_carries_and_resumes_as_one_run(tmp
     assert [(b["batch_index"], b["groups"], b["carried_groups"]) for b in summary["batches"]] == \
         [(b["batch_index"], b["groups"], b["carried_groups"]) for b in whole_summary["batches"]]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("o.")) == ["o.parquet", "o.summary.json"]
+
+
+def test_run_rollout_gives_the_callers_sigterm_handler_back(tmp_path, tiny_model_dir):
+    """A run handles SIGTERM itself (it stops the run, keeping what finished); afterwards a trainer's own
+    handler, or the CLI's, is in place again, not the default that ends the process with nothing cleaned up."""
+    import signal
+
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.run import run_rollout
+
+    def trainers_handler(signum, frame):
+        raise AssertionError("no SIGTERM in this test")
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", batch_size=2, sampling={"n": 2, "max_tokens": 4},
+                        data={"limit": 2}, output={"path": tmp_path / "o.parquet"},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}])
+    before = signal.signal(signal.SIGTERM, trainers_handler)
+    try:
+        assert run_rollout(cfg).groups == 2
+        assert signal.getsignal(signal.SIGTERM) is trainers_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
