@@ -3,17 +3,20 @@ flags (``--policy``, ``--set [POLICY:]KEY=VALUE``) of ``pdsr rollout`` and ``pds
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import click
 from click.core import ParameterSource
 
-from pdsr_sdk.errors import PdsrDeprecationWarning, PdsrError
+from pdsr_sdk.errors import Interrupted, PdsrDeprecationWarning, PdsrError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,12 +30,13 @@ def config_option(f: F) -> F:
 
 
 def handle_errors(f: F) -> F:
-    """Print pdsr's user errors as one clean message (exit 2), never a deep traceback."""
+    """Print pdsr's user errors as one clean message (exit 2), never a deep traceback. SIGTERM stops a command
+    as Ctrl-C does (exit 143): a file it was writing is removed, not left half-written beside its output."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _sigterm_interrupts():
                 warnings.simplefilter("always", PdsrDeprecationWarning)
                 warnings.showwarning = functools.partial(_show_warning, warnings.showwarning, set())
                 return f(*args, **kwargs)
@@ -46,6 +50,25 @@ def handle_errors(f: F) -> F:
             sys.exit(getattr(exc, "exit_status", 130))
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises :class:`~pdsr_sdk.errors.Interrupted` (exit status 143) while the command runs, so the
+    clean-up that Ctrl-C gets runs (an atomic write removes its temp file); by default it ended the process at
+    once. ``pdsr rollout`` handles it itself inside its run (saying what it wrote)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Interrupted("terminated (SIGTERM)", exit_status=143)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)   # None: set outside Python
 
 
 def _show_warning(fallback: Callable[..., None], shown: set[str], message, category, filename, lineno, file=None,
