@@ -100,6 +100,7 @@ class _RunState:
     writer_made: bool = False
     engines_started: bool = False
     groups_written: int = 0
+    finished: bool = False         # every group merged into the output: only the engines' shutdown was left
     agent_failed: int = 0          # multi-turn samples whose agent failed, in the groups written
     signal: str | None = None      # the signal that stopped the run, if not SIGINT
 
@@ -111,6 +112,8 @@ class _RunState:
         if not self.engines_started:
             when = "before the engines had started" if not self.writer_made else "while the engines were starting"
             return f"{how} {when}: nothing was written"
+        if self.finished:
+            return f"{how} while the engines were shutting down, after the run had finished: {out} is complete"
         if not self.groups_written:
             return f"{how} before any group had finished: nothing was written"
         return (f"{how}: {self.groups_written} finished groups were written to {parts}/; "
@@ -313,6 +316,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
         writer.finalize()
         if filtered_writer is not None:
             filtered_writer.finalize()
+        state.finished = True
     finally:
         for task in list(writes):   # an error or interrupt: groups still waiting for rewards are not written
             task.cancel()

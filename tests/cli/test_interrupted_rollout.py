@@ -140,3 +140,30 @@ def test_run_rollout_gives_the_callers_sigterm_handler_back(tmp_path, tiny_model
         assert signal.getsignal(signal.SIGTERM) is trainers_handler
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_sigterm_after_the_run_finished_says_the_output_is_complete(tmp_path, run, monkeypatch):
+    """SIGTERM while the engines shut down, every group already merged into the output: the line says the output
+    is complete, not that groups wait in ``<out>.parts/`` (gone by then) for a --resume."""
+    import asyncio
+    import os
+    import signal
+
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    close = RolloutSession.close
+
+    async def preempted_while_closing(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), 60)
+        finally:
+            await close(self)
+
+    monkeypatch.setattr(RolloutSession, "close", preempted_while_closing)
+    out = tmp_path / "o.parquet"
+    r = invoke(*run, "--out", out)
+    assert r.exit_code == 143
+    assert f"terminated (SIGTERM) while the engines were shutting down, after the run had finished: {out} is " \
+           f"complete" in r.output and "--resume" not in r.output
+    assert len(keys(out)) == 10 and not (tmp_path / "o.parquet.parts").exists()
