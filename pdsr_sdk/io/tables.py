@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import tempfile
@@ -261,6 +262,16 @@ def write_png(fig, path: str | Path, *, dpi: int = 110) -> None:
             fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")  # nothing clipped at the edges
     finally:
         plt.close(fig)
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Remove the temp files that atomic writes of ``path`` left when their process was killed (``kill -9``: no
+    clean-up ran), half-written; returns them. Only for a path no other process is writing (a held lock)."""
+    path = Path(path)
+    stale = sorted(path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp")) if path.parent.is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return stale
 
 
 def _temp_beside(path: Path) -> str:

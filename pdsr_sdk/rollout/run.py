@@ -14,7 +14,7 @@ from pdsr_sdk.dispatch.steps import groups_launched
 from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, Interrupted
-from pdsr_sdk.io.tables import write_text_atomic
+from pdsr_sdk.io.tables import remove_stale_temps, write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
@@ -190,6 +190,9 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
         metadata={"logprobs_mode": config.logprobs_mode, "policy": config.policy, "model": model_dir,
                   "run_id": prior.run_id, METADATA_KEY: json.dumps(settings)})
     state.writer_made = True
+    for path in (out.path, summary_path(config), filtered_path(config)):   # what a run killed mid-write left
+        if path is not None:
+            remove_stale_temps(path)
 
     total_groups: int | None = len(todo) + len(carried)
     if config.filter_groups is not None:   # how many launch depends on the pass rate: bars count without a total

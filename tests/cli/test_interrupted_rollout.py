@@ -167,3 +167,18 @@ def test_sigterm_after_the_run_finished_says_the_output_is_complete(tmp_path, ru
     assert f"terminated (SIGTERM) while the engines were shutting down, after the run had finished: {out} is " \
            f"complete" in r.output and "--resume" not in r.output
     assert len(keys(out)) == 10 and not (tmp_path / "o.parquet.parts").exists()
+
+
+def test_a_resume_removes_the_temp_files_a_killed_write_left(tmp_path, run):
+    """A run killed (kill -9) inside an atomic write of its output or summary leaves the write's temp file, half
+    written, beside it (no clean-up runs). The next run on that output removes them; other files stay."""
+    out = tmp_path / "o.parquet"
+    assert invoke(*run, "--out", out, "--num-batches", 1).exit_code == 0
+    for name in (".o.parquet.k9x2f7qa.tmp", ".o.summary.json.0hc1_3zz.tmp"):   # an atomic write's temp files
+        (tmp_path / name).write_bytes(b"half a file")
+    others = [tmp_path / ".o.parquet.notes.txt", tmp_path / ".other.parquet.abcdefgh.tmp"]
+    for other in others:
+        other.write_text("not pdsr's")
+    r = invoke(*run, "--out", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == sorted(o.name for o in others)
