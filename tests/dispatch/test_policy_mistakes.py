@@ -107,6 +107,27 @@ class ForeignEngine(Policy):
         self.ctx.submit(groups[0].samples[0], engine=other)
 
 
+class ForeignSlots(Policy):
+    name = "foreign-slots"
+
+    def on_batch(self, groups):
+        self.ctx.free_slots(FakeEngine("fast-9", "fast", None))
+
+
+class ForeignSteal(Policy):
+    name = "foreign-steal"
+
+    def on_batch(self, groups):
+        self.ctx.steal(FakeEngine("fast-9", "fast", None), "heavy", 1)
+
+
+class ForeignReroute(Policy):
+    name = "foreign-reroute"
+
+    def on_batch(self, groups):
+        self.ctx.reroute(groups[0].samples[0], FakeEngine("fast-9", "fast", None))
+
+
 def test_a_sample_never_submitted_is_an_error_naming_the_policy_and_the_samples():
     """The run used to sit with nothing to do (in the simulator the clock ran out: 'stalled'; on real engines
     the step waited for good)."""
@@ -137,6 +158,12 @@ def test_a_hook_or_timer_that_raises_is_a_run_error_naming_the_policy_hook_and_l
     ("SubmitsTwice", "policy submitted sample p0/0 twice (it is already queued or running)"),
     ("ForeignEngine", "policy placed sample p0/0 on engine 'fast-9', which is not one of this run's engines "
                       "(fast-0, heavy-0); pass an engine from ctx.pools()"),
+    ("ForeignSlots", "policy asked for the free slots of engine 'fast-9', which is not one of this run's engines "
+                     "(fast-0, heavy-0); pass an engine from ctx.pools()"),
+    ("ForeignSteal", "policy stole work for engine 'fast-9', which is not one of this run's engines "
+                     "(fast-0, heavy-0); pass an engine from ctx.pools()"),
+    ("ForeignReroute", "policy rerouted sample p0/0 to engine 'fast-9', which is not one of this run's engines "
+                       "(fast-0, heavy-0); pass an engine from ctx.pools()"),
 ])
 def test_a_command_the_scheduler_refuses_names_the_policy_and_the_hook(cls, says):
     *_, fatal = run_fakes(f"{HERE}:{cls}", fast=1, heavy=1)

@@ -208,6 +208,7 @@ class Scheduler(EngineEvents):
 
     def steal(self, engine: Engine, from_pool: str, max_items: int, *,
               time_limit_s: float | None = None, cap: int | None | Literal["keep"] = "keep") -> int:
+        self._check_own(engine, "stole work for")
         if self.paused is not None:
             return 0
         queue = self._pool_queues.get(from_pool)
@@ -230,6 +231,7 @@ class Scheduler(EngineEvents):
             self.move(run.sample, run.stolen_from)
 
     def reroute(self, sample: Sample, engine: Engine) -> bool:
+        self._check_own(engine, f"rerouted sample {sample.key} to")
         where = self._where.get(sample)
         if where is None or where[0] != "engine" or where[1] == engine.name or sample.segments:
             return False

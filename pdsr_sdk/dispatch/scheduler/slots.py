@@ -108,7 +108,19 @@ class SlotTable:
         return [runs[r].sample for r in self._running_on[engine.name] if r in runs]   # (not slots held by turns)
 
     def free_slots(self, engine: Engine) -> int:
-        return self._free_slots(engine)
+        try:
+            return self._free_slots(engine)
+        except KeyError:
+            raise self._foreign(engine, "asked for the free slots of") from None
+
+    def _check_own(self, engine: Engine, what: str) -> None:
+        """A PdsrError unless ``engine`` is one of this run's (a policy that ``what`` another engine)."""
+        if self._by_name.get(engine.name) is not engine:
+            raise self._foreign(engine, what)
+
+    def _foreign(self, engine: Engine, what: str) -> PdsrError:
+        return PdsrError(f"policy {what} engine {engine.name!r}, which is not one of this run's engines "
+                         f"({', '.join(self._by_name)}); pass an engine from ctx.pools()")
 
     def least_loaded(self, pool: str) -> Engine | None:
         return self._pop_least_loaded(pool) if pool in self._free_heap else None
@@ -126,9 +138,7 @@ class SlotTable:
                  front: bool, *, check_live: bool = True, turn: bool = False) -> None:
         item = Queued(sample, cap, turn)
         if engine is not None:
-            if self._by_name.get(engine.name) is not engine:
-                raise PdsrError(f"policy placed sample {sample.key} on engine {engine.name!r}, which is not one of "
-                                f"this run's engines ({', '.join(self._by_name)}); pass an engine from ctx.pools()")
+            self._check_own(engine, f"placed sample {sample.key} on")
             if self.usage[engine.name].dead:
                 pool, engine = engine.pool, None
             else:
