@@ -171,8 +171,10 @@ def output_lock(path: str | Path) -> Iterator[None]:
     """Held while a run writes ``path``: an exclusive lock (``flock``) on ``<path>.lock``, removed at the end. A second
     run on the same output (a ``--resume`` started while the first still runs: a background job ignores Ctrl-C's
     SIGINT) is a DataError naming the running one's process id, instead of both writing part files under the same
-    numbers (each replacing the other's) and running the same groups twice. Without the output's folder, or on a
-    system without ``fcntl``, nothing is locked (the output checks name a folder that cannot be written)."""
+    numbers (each replacing the other's) and running the same groups twice. The output's folder is made for the
+    lock where it is missing (two runs into a new folder are kept apart too), and removed again if the run leaves
+    it empty. Where it cannot be made, or on a system without ``fcntl``, nothing is locked (the output checks name
+    a folder that cannot be written)."""
     try:
         import fcntl
     except ImportError:   # not POSIX
@@ -180,9 +182,12 @@ def output_lock(path: str | Path) -> Iterator[None]:
         return
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
+    made = _missing_folders(lock.parent)
     try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
+        _remove_empty(made)
         yield
         return
     try:
@@ -201,3 +206,22 @@ def output_lock(path: str | Path) -> Iterator[None]:
             lock.unlink(missing_ok=True)
     finally:
         os.close(fd)
+        _remove_empty(made)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those above it that do not exist, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that are empty: made for a lock by a run that wrote nothing there."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:   # not empty (the run wrote), or gone
+            return

@@ -272,3 +272,20 @@ def test_automatic_layout_is_what_docs_rollout_md_says(monkeypatch, cpu, devices
     assert [s.pool for s in specs] == layout
     if cpu:   # the cores are split between the engines, none shared
         assert sorted(d for s in specs for d in s.devices) == list(range(devices))
+
+
+def test_the_output_lock_holds_in_a_new_folder_and_leaves_no_empty_one(tmp_path):
+    """Two runs into a folder that does not exist yet are kept apart too; a run that wrote nothing there leaves
+    no folder behind, one that wrote keeps it."""
+    from pdsr_sdk.rollout.writer import output_lock
+
+    out = tmp_path / "new" / "deeper" / "o.parquet"
+    with output_lock(out):
+        assert (out.parent / "o.parquet.lock").exists()
+        with pytest.raises(DataError, match="another pdsr rollout is writing this output"):
+            with output_lock(out):
+                pass
+    assert not (tmp_path / "new").exists()
+    with output_lock(out):
+        out.write_bytes(b"x")
+    assert out.exists() and not (out.parent / "o.parquet.lock").exists()
