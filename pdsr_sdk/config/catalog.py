@@ -78,13 +78,16 @@ def with_policy_settings(schema: dict) -> dict:
 
 
 def write_schemas(directory: str | Path) -> list[Path]:
-    """Write every schema into ``directory``; returns the paths written."""
+    """Write every schema into ``directory`` (each atomically: an interrupted run leaves no half-written schema);
+    returns the paths written."""
+    from pdsr_sdk.io.tables import write_text_atomic
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in render_schemas().items():
         path = directory / name
-        path.write_text(text)
+        write_text_atomic(text, path)
         written.append(path)
     return written
 
