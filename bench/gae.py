@@ -166,21 +166,40 @@ def run_shape(rows: int, steps: int, args) -> None:
     print(f"   numba kernel / simple twin speed-up (float32 carry): {t_simple / t_nb['float32']:.2f}x")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a median needs one run)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``--shapes``: comma-separated ``BxT`` with B, T >= 1 (``64x32768,16x8192``)."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise argparse.ArgumentTypeError(f"{item!r} is not BxT with B, T >= 1 (e.g. 64x32768)")
+        shapes.append((int(parts[0]), int(parts[1])))
+    return shapes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default=None,
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="comma-separated BxT shapes (default: 256x131072,128x65536)")
     parser.add_argument("--quick", action="store_true", help=f"small shapes ({QUICK}) for a quick check")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each fast variant (median; default 5)")
-    parser.add_argument("--loop-repeats", type=int, default=1,
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs of each fast variant (median; default 5)")
+    parser.add_argument("--loop-repeats", type=positive_int, default=1,
                         help="timed runs of each per-timestep torch loop (seconds each at full size; default 1)")
     parser.add_argument("--threads", type=int, default=0, help="numba threads (default: all available)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.shapes:
-        shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes.split(",")]
-    else:
-        shapes = QUICK if args.quick else FULL
+    shapes = args.shapes or (QUICK if args.quick else FULL)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     print(f"GAE benchmark: {os.cpu_count()} CPUs, numpy {np.__version__}")
     for rows, steps in shapes:

@@ -59,6 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="timed runs per fast measurement (median; default 7)")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs: must be at least 1 (a median needs one run), got {args.runs}")
 
     from pdsr_sdk.batching import partition_by_tokens
     from pdsr_sdk.batching.kk_naive import kk_labels_naive
