@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_args import float_list
 
 DATA = Path(__file__).resolve().parent / "data" / "smollm2-gsm8k-128x8.jsonl"
 SCORED = DATA.with_name("smollm2-gsm8k-128x8-rewards.jsonl")   # another run of the same, with rewards
@@ -87,6 +88,12 @@ def main() -> None:
     parser.add_argument("--heavy", type=int, default=2)
     parser.add_argument("--over-provision", type=float, default=None, help="fixed F instead of the adaptive count")
     args = parser.parse_args()
+    solves: list[float | None] = []
+    for item in args.solve.split(","):
+        try:
+            solves.append(None if item == "recorded" else float_list(item)[0])
+        except argparse.ArgumentTypeError:
+            parser.error(f"--solve: {item!r} is neither 'recorded' nor a number (e.g. recorded,0.05,0.1)")
 
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import simulate_steps
@@ -97,7 +104,7 @@ def main() -> None:
     header = ("solve", "solve_rate", "pass_rate", "dapo_gen_batches", "dapo_step_s", "pdsr_step_s", "ratio",
               "filter_bound_s", "best_ratio", "pdsr_in_flight", "pdsr_wasted_share", "pdsr_dropped_share", "sim_s")
     print(" | ".join(header))
-    for solve in [None if x == "recorded" else float(x) for x in args.solve.split(",")]:
+    for solve in solves:
         began = time.perf_counter()
         cfg = SimulateConfig(policy=args.policy, fast=args.fast, heavy=args.heavy, steps=args.steps,
                              step_groups=args.b, batch_size=args.b, max_staleness=0, timeline=False,

@@ -19,6 +19,8 @@ import argparse
 import statistics
 import time
 
+from bench_args import int_list
+
 
 def run_seed(seed: int, args) -> dict:
     from pdsr_sdk.sim.config import SimulateConfig
@@ -46,7 +48,7 @@ def run_seed(seed: int, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="101,102,103,104,105")
+    parser.add_argument("--seeds", type=int_list, default="101,102,103,104,105")
     parser.add_argument("--groups", type=int, default=256, help="prompt groups per seed (batches of --batch-size)")
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=128)
@@ -55,7 +57,7 @@ def main() -> None:
                         "v3-no-RULE[+RULE] runs v3 with those rules disabled")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     rows = []
     names = args.policies.split(",")
     print(f"multi-turn member, {args.groups} groups x 8 per seed, B = {args.batch_size}, {args.engines} engines of "

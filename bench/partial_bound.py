@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from bench_args import check_members, int_list
 
 from pdsr_sdk.traces import Measurement
 
@@ -103,7 +104,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="all", help="members, comma-separated, or all [default: all]")
     ap.add_argument("--batch-sizes", default="128,512", help="B, comma-separated [default: 128,512]")
-    ap.add_argument("--seeds", default=None, help="trace seeds, comma-separated [default: each member's pinned]")
+    ap.add_argument("--seeds", type=int_list, default=None, help="trace seeds, comma-separated [default: each member's pinned]")
     ap.add_argument("--jobs", type=int, default=1, help="cells run at once, in worker processes (one a core)")
     ap.add_argument("--trace", default=None, help="a length trace of your own (`pdsr trace synth`, or one recorded "
                                                   "from a run) instead of the family: its first (K + 1) x B groups")
@@ -119,9 +120,10 @@ def main() -> None:
     # multi-turn: no staleness bound applies (its samples are never restarted) and the issue sets it no target
     names = ([n for n in WORKLOADS.names() if n != "multi-turn"] if args.family == "all"
              else args.family.split(","))
+    check_members(ap, names)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     cells = [(n, s, b) for n in names for b in sizes
-             for s in ([int(x) for x in args.seeds.split(",")] if args.seeds else workload(n).measure.seeds)]
+             for s in (args.seeds if args.seeds else workload(n).measure.seeds)]
     out: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     ex = None
     if args.jobs > 1:

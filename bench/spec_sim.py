@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench_args import check_members, int_list
+
 from pdsr_sdk.traces import Measurement
 
 spread = Measurement.spread   # median [min, max] over a member's seeds
@@ -104,7 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="seed002,longcot", help="members, comma-separated")
     ap.add_argument("--batch-sizes", default="128,512")
-    ap.add_argument("--seeds", default="101,102,103", help="trace draws (the family pins 101-105)")
+    ap.add_argument("--seeds", type=int_list, default="101,102,103", help="trace draws (the family pins 101-105)")
     ap.add_argument("--tokens-per-step", default="1.3,1.45,1.6,2,3",
                     help="tokens a step yields per request while drafting 4 tokens every step, swept ('' for none)")
     ap.add_argument("--acceptance", type=Path, default=None, help="bench/spec.py's acceptance file: a run per method")
@@ -118,6 +120,7 @@ def main() -> None:
     ap.add_argument("--over-provision", type=float, default=None,
                     help="with --steps: this F instead of the search for the fastest within 10%% partial tokens")
     args = ap.parse_args()
+    check_members(ap, args.family.split(","))
     specs = {f"{float(g):g}": {"tokens_per_step": float(g), "max_batch": args.max_batch}
              for g in args.tokens_per_step.split(",") if g.strip()}
     if args.acceptance is not None:
@@ -131,7 +134,7 @@ def main() -> None:
             if args.tail_mean:
                 specs[f"{method}-tail"] = speculation_from_acceptance(args.acceptance, method, max_batch=args.max_batch,
                                                                       by_position=False)
-    seeds = [int(x) for x in args.seeds.split(",")]
+    seeds = args.seeds
     print(f"{args.engines} engines (H100, 7B), max_batch {args.max_batch}, seeds {seeds}")
     for fam in args.family.split(","):
         for b in (int(x) for x in args.batch_sizes.split(",")):
