@@ -42,3 +42,18 @@ def test_a_trace_of_ones_own(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["partial_bound.py", "--trace", str(path), "--batch-sizes", "16"])
     with pytest.raises(SystemExit, match="need 176 groups; it has 88"):
         pb.main()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--family", "seed002,nope"], "--family: unknown workload 'nope'"),
+    (["--family", "heavy", "--seeds", "101,x"], "argument --seeds: '101,x' is not comma-separated whole numbers"),
+])
+def test_a_bad_flag_is_refused_by_name(argv, message, monkeypatch, capsys):
+    """An unknown member or a seed that is no number stops at argparse, naming the flag, before any cell runs."""
+    pb = load()
+    monkeypatch.setattr("sys.argv", ["partial_bound.py", *argv])
+    with pytest.raises(SystemExit) as exc:
+        pb.main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
