@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def int_list(text: str) -> list[int]:
@@ -32,3 +33,11 @@ def check_members(ap: argparse.ArgumentParser, names: list[str], flag: str = "--
             workload(name)
         except PdsrError as exc:
             ap.error(f"{flag}: {exc}")
+
+
+def existing_file(text: str) -> Path:
+    """A path that must name a file that is there (a run's trajectories, a trace)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return path

@@ -20,6 +20,8 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
+from bench_args import existing_file
+
 
 def capped_flags(path: Path) -> dict[str, list[bool]]:
     """Per prompt, whether each response (by sample index) ran to the cap (finish reason ``length``)."""
@@ -36,8 +38,8 @@ def main() -> None:
     from pdsr_sdk.sim.redraw import cap_chance, cap_prior
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("first", type=Path, help="trajectories of the first run")
-    ap.add_argument("second", type=Path, help="trajectories of the same prompts, another seed")
+    ap.add_argument("first", type=existing_file, help="trajectories of the first run")
+    ap.add_argument("second", type=existing_file, help="trajectories of the same prompts, another seed")
     args = ap.parse_args()
     a, b = capped_flags(args.first), capped_flags(args.second)
     prompts = sorted(set(a) & set(b))

@@ -42,8 +42,14 @@ def main() -> None:
 
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import policy_names, run_names, run_policy, trace_batches
+    from pdsr_sdk.errors import PdsrError
     from pdsr_sdk.traces import read_trace, synth_trace
 
+    try:   # the large case's settings, checked before the small case runs
+        cfg = SimulateConfig(policy=args.policy, fast=args.fast, heavy=args.heavy, batch_size=args.batch_size,
+                             timeline=False)
+    except PdsrError as exc:
+        parser.error(str(exc))
     # small case: the example trace, every policy, 8 engines, as `pdsr simulate --policy all` runs it
     t, c = time.perf_counter(), time.process_time()
     small = SimulateConfig(policy="all", fast=6, heavy=2, batch_size=128)
@@ -56,8 +62,6 @@ def main() -> None:
           f"({events} events); target {SMALL_TARGET_S:.0f} s -> {SMALL_TARGET_S / cpu:.2f}x (cpu)")
 
     trace = synth_trace(groups=args.groups, n=args.n, seed=0)
-    cfg = SimulateConfig(policy=args.policy, fast=args.fast, heavy=args.heavy, batch_size=args.batch_size,
-                         timeline=False)
     tb = trace_batches(trace, cfg)
     print(f"large: {tb.num_samples} requests ({args.groups} prompts x {args.n}), {args.fast + args.heavy} engines "
           f"({args.fast} fast, {args.heavy} heavy), {len(tb.batches)} batches of {args.batch_size} prompts")

@@ -37,12 +37,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import existing_file  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", type=Path, required=True, action="append",
+    p.add_argument("--run", type=existing_file, required=True, action="append",
                    help="trajectories whose responses are replayed (sampled without speculation); repeatable")
-    p.add_argument("--history", type=Path, action="append", default=[],
+    p.add_argument("--history", type=existing_file, action="append", default=[],
                    help="trajectories of the same prompts from another seed or an earlier step: the history corpus "
                         "(as many as --run, in order, or none)")
     p.add_argument("--history-responses", type=int, default=8, help="history responses kept per prompt")
