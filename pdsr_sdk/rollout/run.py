@@ -23,7 +23,8 @@ from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, ca
                                      read_resume_state, run_settings, steps_left)
 from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
-from pdsr_sdk.rollout.summary import GroupRewards, RolloutSummary, run_summary
+from pdsr_sdk.rollout.reward_totals import GroupRewards
+from pdsr_sdk.rollout.summary import RolloutSummary, run_summary
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock
 
 

@@ -228,7 +228,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         from pdsr_sdk.engines.vllm_env import is_cpu_build
         from pdsr_sdk.rollout.layout import engine_layout, starting_message
 
-        cfg = self.config
+        cfg, required = self.config, getattr(self.policy_cls, "required_pools", ())   # optional in the Protocol
         if cfg.reward_executor == "process":
             self._check_rewards_pickle()   # before any engine starts
         if self._given_engines is not None:
@@ -236,13 +236,13 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         else:
             model_dir = self._model_dir()
             needed = max_model_len or (cfg.sampling.max_tokens + SESSION_PROMPT_ROOM)
-            self.engine_specs = engine_layout(cfg, required_pools=getattr(self.policy_cls, "required_pools", ()),
+            self.engine_specs = engine_layout(cfg, required_pools=required,
                                               cpu=is_cpu_build(), max_model_len=needed)
             speculative = cfg.vllm_speculative_config()
             self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
                                          logprobs_mode=cfg.logprobs_mode, speculative=speculative)
                             for spec in self.engine_specs]
-        missing = [p for p in getattr(self.policy_cls, "required_pools", ()) if p not in {e.pool for e in self.engines}]
+        missing = [p for p in required if p not in {e.pool for e in self.engines}]
         if missing:
             raise ConfigError(f"policy {cfg.policy!r} needs an engine in pool(s) {', '.join(missing)}")
         loop = asyncio.get_running_loop()
