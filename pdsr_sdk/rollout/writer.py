@@ -185,19 +185,15 @@ def output_lock(path: str | Path) -> Iterator[None]:
     made = _missing_folders(lock.parent)
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _locked(lock, fcntl)
     except OSError:
         _remove_empty(made)
         yield
         return
+    except DataError as e:
+        _remove_empty(made)
+        raise DataError(f"{path}: {e}") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            raise DataError(f"{path}: another pdsr rollout is writing this output (process {pid}, holding {lock.name}); "
-                            f"let it finish or stop it (kill {pid}: it keeps its finished groups) before running "
-                            f"again with --resume") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         try:
@@ -207,6 +203,29 @@ def output_lock(path: str | Path) -> Iterator[None]:
     finally:
         os.close(fd)
         _remove_empty(made)
+
+
+def _locked(lock: Path, fcntl) -> int:
+    """A descriptor of ``lock`` holding its exclusive flock. A run that ends unlinks its lock file, so one that opened
+    the file just before that would lock a file no longer on disk while a third run locks a new one: the lock is
+    kept only if ``lock`` still names the locked file, else taken again on the file there now."""
+    for _ in range(100):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DataError(f"another pdsr rollout is writing this output (process {pid}, holding {lock.name}); "
+                            f"let it finish or stop it (kill {pid}: it keeps its finished groups) before running "
+                            f"again with --resume") from None
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)   # unlinked or replaced by the run that held it: lock the file there now
+    raise OSError(f"{lock}: replaced again and again while locking it")
 
 
 def _missing_folders(folder: Path) -> list[Path]:

@@ -289,3 +289,32 @@ def test_the_output_lock_holds_in_a_new_folder_and_leaves_no_empty_one(tmp_path)
     with output_lock(out):
         out.write_bytes(b"x")
     assert out.exists() and not (out.parent / "o.parquet.lock").exists()
+
+
+def test_the_output_lock_is_not_taken_on_a_lock_file_its_run_just_removed(tmp_path, monkeypatch):
+    """A run that ends unlinks its lock file; one that opened the file just before must not lock the unlinked file
+    (a third run would then lock a new one beside it): it locks the file on disk, so a third run is refused."""
+    import os
+
+    from pdsr_sdk.rollout import writer
+
+    out = tmp_path / "o.parquet"
+    lock = tmp_path / "o.parquet.lock"
+    real_open, opened = os.open, []
+
+    def open_then_lose(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        if str(path) == str(lock) and not opened:
+            opened.append(fd)
+            os.unlink(lock)   # the run holding it ends between this open and the flock
+        return fd
+
+    monkeypatch.setattr(writer.os, "open", open_then_lose)
+    with writer.output_lock(out):
+        monkeypatch.setattr(writer.os, "open", real_open)
+        assert opened and lock.exists()
+        assert lock.read_text() == str(os.getpid())
+        with pytest.raises(DataError, match=r"o\.parquet: another pdsr rollout is writing this output"):
+            with writer.output_lock(out):
+                pass
+    assert not lock.exists()
