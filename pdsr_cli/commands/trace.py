@@ -168,3 +168,10 @@ def convert(source: Path, out: Path, overwrite: bool, **columns: str | None) -> 
                              ("rewards", trace.rewards), ("turns", trace.turns)) if v is not None]
     click.echo(f"wrote {out}: {trace.num_groups} groups, {shape}, {trace.num_samples} samples"
                + (f" (with {', '.join(extras)})" if extras else ""))
+    if trace.num_groups > 1 and sizes.max() == 1:
+        # a per-response id taken for the prompt's, or one row per prompt whose list of lengths was counted as
+        # one response's token ids: a trace the probe says nothing about, written without an error
+        click.echo("warning: every prompt has one sample, so there is no probe to rank its siblings by (pdsr "
+                   "analyze needs 2 or more). Is --id-column a prompt's id (the same on each of its responses)? A "
+                   "log of one row per prompt, its responses in lists, is one row per response once exploded: "
+                   "docs/simulate.md#your-own-logs", err=True)

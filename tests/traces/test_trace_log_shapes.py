@@ -1,0 +1,93 @@
+"""Logs in shapes `pdsr trace convert` does not read as they are (docs/simulate.md#your-own-logs): the docs' Python
+snippets turn them into one row per response, and a log read wrongly (one row per prompt) is warned about."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+from pdsr_sdk.traces import read_trace
+from support import ROOT
+
+#: one row per prompt: its responses' lengths and scores in lists (groups of unequal size)
+WIDE = {"uid": ["a", "b", "c"], "response_lengths": [[10, 11, 12], [20, 21], [30, 31]],
+        "scores": [[1.0, 0.0, 0.0], [0.0, 1.0], [1.0, 1.0]]}
+
+
+def _snippet(marker: str) -> str:
+    """The python block of docs/simulate.md that follows the first line holding ``marker``."""
+    text = (ROOT / "docs" / "simulate.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S)
+    assert block, f"no python block after {marker!r} in docs/simulate.md"
+    return textwrap.dedent(block.group(1))
+
+
+def _run_snippet(code: str, cwd) -> None:
+    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _convert(src, out, *flags):
+    return CliRunner().invoke(cli, ["trace", "convert", str(src), *flags, "--out", str(out)])
+
+
+def test_one_row_per_prompt_read_as_is_warns_and_the_docs_explode_makes_the_groups(tmp_path):
+    # two row groups: list_parent_indices must count rows over the whole file, not per chunk
+    pq.write_table(pa.table(WIDE), tmp_path / "gen.parquet", row_group_size=2)
+    result = _convert(tmp_path / "gen.parquet", tmp_path / "as_is.jsonl", "--length-column", "response_lengths")
+    assert result.exit_code == 0, result.output
+    assert read_trace(tmp_path / "as_is.jsonl").lengths.tolist() == [3, 2, 2]   # each list counted as token ids
+    assert "warning: every prompt has one sample" in result.stderr
+    assert "docs/simulate.md#your-own-logs" in result.stderr
+
+    _run_snippet(_snippet("One row per prompt with its responses in lists"), tmp_path)
+    result = _convert(tmp_path / "responses.parquet", tmp_path / "trace.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+    trace = read_trace(tmp_path / "trace.jsonl")
+    assert trace.prompt_ids == WIDE["uid"]
+    assert [trace.lengths[a:b].tolist() for a, b in zip(trace.offsets[:-1], trace.offsets[1:])] == \
+        WIDE["response_lengths"]
+    assert [trace.rewards[a:b].tolist() for a, b in zip(trace.offsets[:-1], trace.offsets[1:])] == WIDE["scores"]
+
+
+def test_a_unique_id_per_response_is_warned_about(tmp_path):
+    rows = [{"request_id": f"r{i}", "uid": f"p{i // 2}", "response_length": 5 + i} for i in range(6)]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wrong = _convert(tmp_path / "log.jsonl", tmp_path / "wrong.jsonl", "--id-column", "request_id")
+    assert wrong.exit_code == 0 and "warning: every prompt has one sample" in wrong.stderr
+    right = _convert(tmp_path / "log.jsonl", tmp_path / "right.jsonl", "--id-column", "uid")
+    assert right.exit_code == 0 and "warning" not in right.stderr
+    assert read_trace(tmp_path / "right.jsonl").group_sizes.tolist() == [2, 2, 2]
+
+
+@pytest.mark.slow   # transformers' import, in the snippet's process and here
+def test_the_docs_verl_text_dump_snippet_counts_tokens_and_groups_by_prompt(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    (tmp_path / "rollout").mkdir()
+    questions = ["What is 2+3?", "Name a prime above 10.", "Solve x + 1 = 4."]
+    outputs = [[f"Let me think{' step' * (4 * q + s)}. Done." for s in range(4)] for q in range(3)]
+    with open(tmp_path / "rollout" / "12.jsonl", "w") as fh:
+        for q, text in enumerate(questions):   # verl's dump: a prompt's n responses on consecutive lines
+            for s, out in enumerate(outputs[q]):
+                fh.write(json.dumps({"input": text, "output": out, "score": float(s == 0), "step": 12}) + "\n")
+    code = _snippet("Text only, as verl's").replace("your/policy-model", str(tiny_model_dir))
+    _run_snippet(code, tmp_path)
+    result = _convert(tmp_path / "step12.parquet", tmp_path / "trace.jsonl", "--id-column", "prompt")
+    assert result.exit_code == 0, result.output
+    trace = read_trace(tmp_path / "trace.jsonl")
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert trace.prompt_ids == questions
+    assert trace.prompt_lens.tolist() == [len(tok.encode(q, add_special_tokens=False)) for q in questions]
+    assert trace.lengths.tolist() == [len(tok.encode(o, add_special_tokens=False)) for group in outputs for o in group]
+    assert trace.rewards.tolist() == [1.0, 0.0, 0.0, 0.0] * 3
