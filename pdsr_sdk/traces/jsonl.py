@@ -84,7 +84,9 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
         lines.append(lineno)
         sizes.append(n)
     if not ids:
-        raise DataError(f"{path}: the trace has no groups (expected one JSON object per line)")
+        # every line that is not blank is a group or an error, so the file is empty (whatever its name says)
+        raise DataError(f"{path}: the file is empty (no groups); expected a length trace (JSONL, one JSON object per "
+                        f"prompt group) or a trajectories Parquet/Arrow file")
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     check = _FlatCheck(path, offsets, lines)

@@ -146,8 +146,11 @@ def test_jsonl_optional_key_must_be_all_or_none(tmp_path):
 def test_jsonl_empty_file_and_unknown_formats(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
-    with pytest.raises(DataError, match="no groups"):
+    with pytest.raises(DataError, match="the file is empty"):
         read_trace(empty)
+    (tmp_path / "run.parquet").write_bytes(b"")   # a zero-byte file is empty, not a JSONL of no lines
+    with pytest.raises(DataError, match=r"run.parquet: the file is empty \(no groups\); expected a length trace"):
+        read_trace(tmp_path / "run.parquet")
     csv = tmp_path / "lengths.csv"
     csv.write_text("prompt_id,length\na,3\n")
     with pytest.raises(DataError, match="not a length trace"):
