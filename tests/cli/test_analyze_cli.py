@@ -209,3 +209,32 @@ def test_analyze_says_whether_v3_would_rank_by_the_probe(tmp_path):
     assert "v3 ranks waiting work by the probe throughout" in said["informative"]
     assert "v3 runs in queue order throughout, as baseline" in said["blind"]
     assert "ranking.min_correlation = 0.3" in said["blind"]
+
+
+def test_report_of_a_jsonl_file_agrees_with_scipy_and_hand_counts(tmp_path):
+    # A small capped trace written by hand (no pdsr writer), its statistics recomputed without pdsr's kernels
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(7)
+    cap = 300
+    lengths = np.minimum(cap, np.round(rng.lognormal(5, 0.6, (40, 1)) * rng.lognormal(0, 0.4, (40, 6)))).astype(int)
+    path = tmp_path / "small.jsonl"
+    path.write_text("".join(json.dumps({"prompt_id": f"p{g}", "prompt_len": 10, "lengths": row.tolist()}) + "\n"
+                            for g, row in enumerate(lengths)))
+    result = _run(str(path), "--out-dir", str(tmp_path / "out"), "--no-plots")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "analysis.json").read_text())
+
+    cv = stats.variation(lengths, axis=1, ddof=1)
+    assert report["cv"]["mean"] == pytest.approx(cv.mean(), rel=1e-12)
+    assert report["cv"]["max"] == pytest.approx(cv.max(), rel=1e-12)
+    rho = [stats.spearmanr(lengths[:, 0], lengths[:, j]).statistic for j in range(1, 6)]
+    assert report["spearman"]["per_sample"] == pytest.approx(rho, rel=1e-12)
+    flat = np.sort(lengths.ravel())   # p99 by linear interpolation between order statistics, by hand
+    h = 0.99 * (flat.size - 1)
+    lo = int(h)
+    assert report["trace"]["length"]["p99"] == pytest.approx(flat[lo] + (h - lo) * (flat[lo + 1] - flat[lo]))
+    at_cap = int((lengths == cap).sum())
+    assert at_cap > 0
+    assert report["trace"]["at_cap"] == {"basis": "max_length", "length": cap, "samples": at_cap,
+                                         "share": pytest.approx(at_cap / lengths.size)}
+    assert f"{100 * at_cap / lengths.size:.1f}% at {cap}" in result.output
