@@ -310,7 +310,7 @@ def _number(v: Any) -> str:
 
 def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None, *,
                  hide_empty: tuple[str, ...] | list[str] = ()) -> str:
-    """A plain fixed-width table (numbers right-aligned, floats to 4 significant places, those from 10,000 up
+    """A plain fixed-width table (numbers right-aligned, floats to 4 significant places, those from 1,000 up
     whole with thousands separators). Columns named
     in ``hide_empty`` are left out when every row's value is empty (0 or None)."""
     if not rows:
@@ -319,8 +319,8 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None, *
     columns = [c for c in columns if c not in hide_empty or not all(is_empty(r.get(c)) for r in rows)]
 
     def cell(v: Any) -> str:
-        if isinstance(v, float):   # 4 significant places; large ones whole, never in e-notation (tok/s)
-            return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+        if isinstance(v, float):   # 4 significant places; from 1,000 whole (the same digits) with separators, never e-notation
+            return f"{v:,.0f}" if abs(v) >= 1e3 else f"{v:.4g}"
         return "" if v is None else str(v)
 
     cells = [[cell(r.get(c)) for c in columns] for r in rows]

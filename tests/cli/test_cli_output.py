@@ -140,6 +140,14 @@ def test_format_table_hides_only_the_named_empty_columns():
     assert header == ["policy", "steals", "tail"]
 
 
+
+def test_format_table_writes_large_floats_whole_with_separators_from_a_thousand():
+    """A column of tok/s reads alike above and below 10,000: ``8,693`` beside ``10,025``, not ``8693``."""
+    from pdsr_cli.common import format_table
+
+    rows = [{"tok/s": v} for v in (8693.4, 10025.0, 999.94, 0.1234567, 1234567.0)]
+    assert format_table(rows).splitlines()[2:] == ["    8,693", "   10,025", "    999.9", "   0.1235", "1,234,567"]
+
 # -- status lines and a whole run on fake engines (no vLLM: fast) --------------------------------------
 
 def fake_config(tmp_path, tiny_model_dir) -> Path:
