@@ -29,7 +29,9 @@ class GaeConfig(ConfigModel):
                                                      "as long as the rewards list).")
     mask_column: Optional[str] = Field("response_mask", description="Column of the per-token response mask (a "
                                                                     "list of bool or 0/1 per row; nonzero = valid "
-                                                                    "token). null: every token is valid.")
+                                                                    "token; a null row, as `pdsr rollout` writes "
+                                                                    "for a single-turn sample: every token of the "
+                                                                    "row is valid). null: every token is valid.")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount factor gamma, in [0, 1].")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda, in [0, 1].")
     chunk: int = Field(256, ge=1, description="Chunk length C of the torch chunk-scan backend (numba and "

@@ -68,8 +68,8 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "") -> tu
     lengths = np.diff(offsets)
     _check_finite(source, cfg.values_column, values, offsets)
     if cfg.mask_column:
-        mask, mask_offsets = list_column_to_numpy(table.column(cfg.mask_column), np.float64, name=cfg.mask_column,
-                                                  path=source)
+        mask_col = _mask_nulls_as_all_valid(table.column(cfg.mask_column), lengths)
+        mask, mask_offsets = list_column_to_numpy(mask_col, np.float64, name=cfg.mask_column, path=source)
         _check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets))
         _check_finite(source, cfg.mask_column, mask, mask_offsets)
         mask = mask != 0
@@ -116,6 +116,29 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "") -> tu
                             valid_tokens=int(mask.sum()), backend=name, seconds=seconds,
                             dropped_rewards=tuple(int(r) for r in dropped))
     return table, summary
+
+
+def _mask_nulls_as_all_valid(column: pa.ChunkedArray, lengths: np.ndarray) -> pa.Array:
+    """The mask column with each null row replaced by ones, as long as the row's values list: ``pdsr rollout``
+    writes ``response_mask`` null for a single-turn sample (every token sampled), and ``trainer_batch`` reads it
+    so. Anything else odd (not a list of numbers, null elements) is left for list_column_to_numpy to name."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = column.type
+    if (not column.null_count or not (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            or not (pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
+                    or pa.types.is_boolean(kind.value_type)) or len(column) != len(lengths)):
+        return column
+    flat = column.flatten()   # the valid rows' elements, in row order
+    if flat.null_count:
+        return column
+    null = ~np.asarray(column.is_valid())
+    row_lengths = np.where(null, lengths, np.asarray(column.value_lengths().fill_null(0), dtype=np.int64))
+    offsets = np.zeros(len(row_lengths) + 1, dtype=np.int64)
+    np.cumsum(row_lengths, out=offsets[1:])
+    in_null_row = np.repeat(null, row_lengths)
+    values = np.ones(int(offsets[-1]), dtype=np.float64)
+    values[~in_null_row] = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64)
+    return numpy_to_list_array(values, offsets, pa.float64())
 
 
 def _check_finite(source, name: str, flat: np.ndarray, offsets: np.ndarray) -> None:

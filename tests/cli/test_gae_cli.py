@@ -182,3 +182,49 @@ def test_help_shows_defaults():
     for part in ("--chunk", "C of the torch chunk-scan backend (numba and reference ignore it). [default: 256]",
                  "--lam", "GAE lambda, in [0, 1]. [default: 0.95]", "--backend", "--whiten"):
         assert part in text
+
+
+def _verl_style_gae(rewards, values, valid, gamma, lam):
+    """One row, float64, written out as verl's masked loop (a masked token carries both the advantage and the
+    bootstrap value): independent of pdsr_sdk.gae.reference."""
+    adv = np.zeros(len(values))
+    last, next_v = 0.0, 0.0
+    for t in range(len(values) - 1, -1, -1):
+        if valid[t]:
+            last = rewards[t] + gamma * next_v - values[t] + gamma * lam * last
+            next_v = values[t]
+        adv[t] = last
+    return adv
+
+
+def test_rollout_file_with_null_mask_rows(tmp_path):
+    # pdsr rollout writes response_mask null for a single-turn sample (every token sampled) and a 0/1 list for a
+    # multi-turn one; a scalar reward per row goes on the last sampled token
+    rng = np.random.default_rng(11)
+    lengths = [5, 9, 1, 7]
+    masks = [None, [1, 1, 0, 0, 0, 1, 1, 0, 0], None, [1, 0, 1, 1, 0, 1, 1]]
+    values = [rng.standard_normal(n).astype(np.float32).tolist() for n in lengths]
+    reward = [1.0, -0.5, 2.0, 0.25]
+    table = pa.table({"response_mask": pa.array(masks, pa.list_(pa.int8())), "values": values,
+                      "reward": pa.array(reward, pa.float32())})
+    src = tmp_path / "rollout.parquet"
+    pq.write_table(table, src)
+    result = invoke("--data", src, "--out", tmp_path / "out.parquet", "--rewards-column", "reward",
+                    "--gamma", 0.9, "--lam", 0.8)
+    assert result.exit_code == 0, result.output
+    assert f"({sum(lengths) - 7} valid)" in result.output   # 5 + 2 environment tokens
+    got = pq.read_table(tmp_path / "out.parquet")
+    for i, n in enumerate(lengths):
+        valid = np.ones(n, bool) if masks[i] is None else np.asarray(masks[i]) != 0
+        token_rewards = np.zeros(n)
+        token_rewards[np.flatnonzero(valid)[-1]] = reward[i]
+        v = np.asarray(values[i], np.float64)
+        adv = _verl_style_gae(token_rewards, v, valid, 0.9, 0.8)
+        np.testing.assert_allclose(got.column("advantages")[i].as_py(), adv, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.column("returns")[i].as_py(), adv + v, rtol=1e-5, atol=1e-5)
+    # a mask row of the wrong length is still named, null rows around it or not
+    table = table.set_column(0, "response_mask", pa.array([None, [1] * 8, None, [1] * 7], pa.list_(pa.int8())))
+    pq.write_table(table, src)
+    result = invoke("--data", src, "--out", tmp_path / "out2.parquet", "--rewards-column", "reward")
+    assert result.exit_code == 2
+    assert "row 1: 'values' has 9 elements but 'response_mask' has 8" in result.output
