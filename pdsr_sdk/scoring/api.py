@@ -148,17 +148,16 @@ def as_ragged(rows: Any, name: str) -> Ragged:
 
 def validate_rows(prompts: Ragged, completions: Ragged, vocab_size: int, *, prompt_name: str = "prompt_ids",
                   completion_name: str = "completion_ids", where: str = "") -> None:
-    """DataValueError naming the row for: count mismatch, empty prompt/completion, id outside [0, vocab)."""
+    """DataValueError naming the row for: count mismatch, empty prompt, id outside [0, vocab). An empty completion
+    is fine (a failed sample of ``pdsr rollout`` has none): it gets an empty array."""
     prefix = f"{where}: " if where else ""
     if len(prompts) != len(completions):
         raise DataValueError(f"{prefix}{prompt_name} has {len(prompts)} rows but {completion_name} has {len(completions)}")
-    for rag, name, what in ((completions, completion_name, "completion: nothing to score"),
-                            (prompts, prompt_name, "prompt: the first completion token needs at least one "
-                                                   "token of context")):
-        empty = np.flatnonzero(rag.lengths == 0)
-        if empty.size:
-            more = f" ({empty.size} rows in all)" if empty.size > 1 else ""
-            raise DataValueError(f"{prefix}row {int(empty[0])}: empty {what} ({name} has no tokens){more}")
+    empty = np.flatnonzero(prompts.lengths == 0)
+    if empty.size:
+        more = f" ({empty.size} rows in all)" if empty.size > 1 else ""
+        raise DataValueError(f"{prefix}row {int(empty[0])}: empty prompt: the first completion token needs at least "
+                             f"one token of context ({prompt_name} has no tokens){more}")
     for rag, name in ((prompts, prompt_name), (completions, completion_name)):
         bad = np.flatnonzero((rag.values < 0) | (rag.values >= vocab_size))
         if bad.size:
@@ -190,7 +189,8 @@ def per_token_logps(
             (str or Path, with config.json), loaded per ``options.device`` /
             ``options.dtype`` (vllm starts an engine and shuts it down).
         prompt_ids, completion_ids: ragged token ids, one sequence per sample
-            (lists, numpy arrays or tensors); no padding.
+            (lists, numpy arrays or tensors); no padding. A prompt needs at
+            least one token; an empty completion gets an empty array.
         options: a :class:`ScoreOptions` (or a mapping of its keys; None =
             the defaults): backend, micro-batching (``mbs`` or
             ``max_tokens_per_micro_batch``, neither = one forward),
@@ -206,7 +206,7 @@ def per_token_logps(
         ``entropy`` (or None) and ``stats``.
 
     Raises:
-        DataValueError (a DataError and a ValueError): mismatched row counts, an empty prompt or completion, a token
+        DataValueError (a DataError and a ValueError): mismatched row counts, an empty prompt, a token
             id outside the vocabulary (each names the row), a model directory
             without config.json (a DataError), a sample longer than the token quota.
         ConfigValueError (a ConfigError and a ValueError): an unknown or invalid option (the message names the key),

@@ -127,8 +127,9 @@ class ScoringBackend(Protocol):
         raises DataError naming it). None: unknown before :meth:`score`."""
 
     def score(self, model: Any, inputs: ScoreInputs, options: ScoreOptions, meter: ScoreMeter) -> BackendOutput:
-        """Called once, with rows already checked (non-empty prompt and completion, ids in
-        the vocabulary; possibly no rows at all). Group the samples per ``options`` (mbs,
+        """Called once, with rows already checked (non-empty prompt, ids in the vocabulary;
+        possibly no rows at all). A completion may be empty (a failed sample): its log-probs
+        are an empty array. Group the samples per ``options`` (mbs,
         token quota or all at once), compute the log-prob of every completion token
         (position t predicts token t + 1, logits / ``options.temperature``, fp32
         log-softmax) and the entropy if ``options.entropy``. Report progress through

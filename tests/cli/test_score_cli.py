@@ -100,7 +100,7 @@ def test_without_model_uses_tiny_model(tmp_path, tiny_model_dir, rows, monkeypat
 
 @pytest.mark.parametrize("case,pattern", [
     ("missing_column", r"missing column\(s\) 'response_token_ids'"),
-    ("empty_completion", r"row 2: empty completion"),
+    ("empty_prompt", r"row 2: empty prompt"),
     ("bad_token", r"row 1: token id 4096 in response_token_ids .*vocab size 1024"),
     ("no_config_json", r"not a Hugging Face model directory \(no config.json"),
     ("both_modes", r"--mbs \(4\) and --max-tokens-per-mb \(100\) are exclusive"),
@@ -114,8 +114,8 @@ def test_errors_are_clean(tmp_path, tiny_model_dir, case, pattern):
     if case == "missing_column":
         pq.write_table(pa.table({"prompt_token_ids": prompts}), data)
     else:
-        if case == "empty_completion":
-            responses[2] = []
+        if case == "empty_prompt":
+            prompts[2] = []
         if case == "bad_token":
             responses[1] = [7, 4096]
         _write(data, prompts, responses)
@@ -237,3 +237,29 @@ def test_a_folder_of_shards_scores_as_one_file(tmp_path, tiny_model_dir, rows):
         assert res.exit_code == 0, res.output
         got[name] = pq.read_table(tmp_path / f"{name}.out.parquet").column("ref_logps").to_pylist()
     assert got["shards"] == got["whole"]
+
+
+def test_rollout_file_with_a_failed_sample(tmp_path, tiny_model_dir, rows):
+    # pdsr rollout's columns are list<int32>, and a failed sample has no response tokens: it gets []
+    prompts, responses = rows[0][:4], list(rows[1][:4])
+    responses[1] = []
+    data = tmp_path / "rollout.parquet"
+    pq.write_table(pa.table({"prompt_token_ids": pa.array(prompts, pa.list_(pa.int32())),
+                             "response_token_ids": pa.array(responses, pa.list_(pa.int32())),
+                             "finish_reason": ["stop", "failed", "length", "stop"]}), data)
+    res = _run("--model", tiny_model_dir, "--data", data, "--out", tmp_path / "o.parquet", "--mbs", 2,
+               "--dtype", "float32", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    got = pq.read_table(tmp_path / "o.parquet").column("ref_logps").to_pylist()
+    assert [len(g) for g in got] == [len(r) for r in responses] and got[1] == []
+    import torch
+
+    from pdsr_sdk.scoring.torch_backend import load_model
+
+    model = load_model(tiny_model_dir, "cpu", "float32")
+    for i in (0, 2, 3):   # an unpadded forward per sample, float64 log-softmax
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompts[i] + responses[i]])).logits[0].double()
+        logp = torch.log_softmax(logits[len(prompts[i]) - 1:-1], -1)
+        want = logp.gather(-1, torch.tensor(responses[i])[:, None])[:, 0].numpy()
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)

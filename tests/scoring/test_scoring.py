@@ -486,9 +486,19 @@ def test_stats_summary_names_the_numbers(unbatched):
 
 # ----------------------------------------------------------------- errors
 
-def test_error_empty_completion_names_row(model):
-    with pytest.raises(DataError, match=r"row 1: empty completion.*completion_ids"):
-        per_token_logps(model, [[1, 2], [3]], [[4], []])
+@pytest.mark.parametrize("options", [{}, {"mbs": 2}, {"max_tokens_per_micro_batch": 64},
+                                     {"pack": True, "max_tokens_per_micro_batch": 8}])
+def test_empty_completions_get_empty_arrays(model, options):
+    # a failed sample of pdsr rollout has no response tokens; micro-batches of only such samples included
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11]]
+    completions = [[20, 21], [], [22, 23, 24], [], []]
+    res = per_token_logps(model, prompts, completions, entropy=True, **options)
+    assert [len(x) for x in res.logps] == [2, 0, 3, 0, 0] == [len(x) for x in res.entropy]
+    assert all(x.dtype == np.float32 for x in res.logps)
+    want, want_entropy = _naive(model, [prompts[0], prompts[2]], [completions[0], completions[2]], entropy=True)
+    assert _max_diff([res.logps[0], res.logps[2]], want) < 1e-5
+    assert _max_diff([res.entropy[0], res.entropy[2]], want_entropy) < 1e-5
+    assert res.stats.scored_tokens == 5
 
 
 def test_error_empty_prompt_names_row(model):

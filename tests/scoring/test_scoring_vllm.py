@@ -45,6 +45,8 @@ SCRIPT = textwrap.dedent('''
             out["fp32"] = run(llm, prompts, completions)
             out["fp32_mbs"] = run(llm, prompts, completions, mbs=6)
             out["fp32_quota"] = run(llm, prompts, completions, max_tokens_per_micro_batch=256)
+            # a failed sample has no completion tokens: [] (the others as above)
+            out["empty"] = run(llm, prompts[:3], [completions[0], [], completions[2]])
             try:
                 per_token_logps(llm, [[1] * 200], [[2] * 100], backend="vllm")
                 out["too_long"] = None
@@ -116,6 +118,15 @@ def test_vllm_fp32_engine_matches_torch(vllm_results, torch_fp32, samples, run):
     assert st["real_tokens"] == sum(len(p) + len(c) for p, c in zip(*samples))
     if run != "fp32":
         assert st["micro_batches"] > 1  # several generate() calls, results in input order
+
+
+@requires_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_empty_completion_gets_empty_list(vllm_results, torch_fp32):
+    got = vllm_results["empty"]["logps"]
+    assert got[1] == []
+    assert _diffs([got[0], got[2]], [torch_fp32[0], torch_fp32[2]])[0] <= 1e-5
 
 
 @requires_vllm
