@@ -233,7 +233,13 @@ def per_token_logps(
     seqs = [np.concatenate([prompts.row(i), completions.row(i)]) for i in range(len(prompts))]
     inputs = ScoreInputs(seqs=seqs, prompt_lens=prompts.lengths, lengths=lengths, source=source)
     meter = ScoreMeter(lengths, progress)
-    out = backend.score(model, inputs, opts, meter)
+    try:
+        out = backend.score(model, inputs, opts, meter)
+    except DataValueError as exc:
+        # a backend's sample errors (too long for the token quota) name the sample; name the file too
+        if source and not str(exc).startswith(f"{source}:"):
+            raise DataValueError(f"{source}: {exc}") from None
+        raise
     check_backend_output(out, completions.lengths, opts)
 
     logps = restore_order_lists(out.logps, out.partitions)
