@@ -75,10 +75,23 @@ def _read_file(path: Path, what: str, kind: str | None = None) -> pa.Table:
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
+        if kind in ("jsonl", "csv") and (bad := _first_non_utf8(path)):
+            raise DataError(f"{path}:{bad[0]}: not UTF-8 text (byte 0x{bad[1]:02x}); pdsr reads text files as UTF-8: "
+                            f"re-encode it (e.g. iconv -f latin1 -t utf-8)") from None
         known = "" if suffix in FORMATS or kind != "parquet" else (
             f" (a {suffix or 'suffix-less'} name is read as Parquet; pdsr reads {', '.join(FORMATS)})")
         raise DataError(f"{path}: cannot read {what} file as {kind}{known}: {exc}") from None
     return table
+
+
+def _first_non_utf8(path: Path) -> tuple[int, int] | None:
+    """(line number, byte) of the first byte of ``path`` that is not UTF-8, if any."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+        return None
+    except UnicodeDecodeError as exc:
+        return data.count(b"\n", 0, exc.start) + 1, data[exc.start]
 
 
 def _read_folder(path: Path, what: str) -> pa.Table:
@@ -128,7 +141,7 @@ def _read_jsonl(path: Path) -> pa.Table:
     (:func:`~pdsr_sdk.io.json_rows.rows_table`)."""
     if path.suffix.lower() == ".json" and _starts_array(path):
         try:
-            items = json.loads(path.read_text())
+            items = json.loads(path.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
         bad = next((i for i, item in enumerate(items) if not isinstance(item, dict)), None)
@@ -136,7 +149,7 @@ def _read_jsonl(path: Path) -> pa.Table:
             raise DataError(f"{path}: item {bad} of the array: expected a JSON object, got {type(items[bad]).__name__}")
         return rows_table(items, path, lambda i: f"{path}: item {i} of the array")
     rows, linenos = [], []
-    with path.open() as fh:
+    with path.open(encoding="utf-8-sig") as fh:   # a byte-order mark (Windows tools write one) is no JSON
         for lineno, line in enumerate(fh, 1):
             line = line.strip()
             if not line:
@@ -153,7 +166,7 @@ def _read_jsonl(path: Path) -> pa.Table:
 
 
 def _starts_array(path: Path) -> bool:
-    with path.open() as fh:
+    with path.open(encoding="utf-8-sig", errors="replace") as fh:
         while chunk := fh.read(4096):
             head = chunk.lstrip()
             if head:
