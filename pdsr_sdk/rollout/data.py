@@ -23,6 +23,9 @@ ID_COLUMNS = ("id", "unique_id", "prompt_id")
 TRUTH_COLUMNS = ("answer", "ground_truth", "reward_model.ground_truth", "label")
 #: row columns kept for the reward (verl's compute_score(data_source, solution_str, ground_truth, extra_info))
 REWARD_INFO_COLUMNS = ("data_source", "extra_info")
+#: verl's multimodal columns (its data.image_key and data.video_key): engines here get text, so a row with them is
+#: refused rather than rolled out without what its prompt refers to
+MEDIA_COLUMNS = ("images", "videos")
 
 
 @dataclass
@@ -76,6 +79,12 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
     if cfg.target_lengths_column:
         cols.expect(cfg.target_lengths_column, _is_list, "a list of positive integers", "data.target_lengths_column",
                     "--target-lengths-column")
+    for media in (c for c in MEDIA_COLUMNS if c in table.column_names):
+        row = next((i for i, v in enumerate(cols.values(media)) if v not in (None, [], "", b"")), None)
+        if row is not None:
+            raise DataError(f"{path}: row {row}: column {media!r} holds {media} (verl's multimodal data); pdsr "
+                            f"rollout generates from text alone, so the model would never see them. Drop the "
+                            f"column to roll out the prompts' text without them")
     values = {c: cols.values(c) for c in (prompt_col, messages_col, id_col, truth_col, cfg.target_lengths_column)
               if c}
     reasons = cols.values("finish_reasons") if cfg.target_lengths_column and cols.has("finish_reasons") else None
@@ -281,9 +290,14 @@ def _messages(value: Any, where: str, column: str) -> list[dict]:
         raise DataError(f"{where}: column {column!r} must be a non-empty list of {{role, content}} messages")
     out = []
     for j, m in enumerate(value):
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            raise DataError(f"{where}: {column}[{j}]'s content is a list of parts (the multimodal form); pdsr rollout "
+                            f"takes text: make each message's content a string")
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise DataError(f"{where}: {column}[{j}] must be a mapping with string 'role' and 'content', got {m!r}")
         out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in out):
+        raise DataError(f"{where}: column {column!r} has no text: every message's content is empty")
     return out
 
 

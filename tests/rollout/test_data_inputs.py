@@ -50,3 +50,43 @@ def test_a_byte_order_mark_is_read_as_without(tmp_path, tok, name, text):
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def verl_row(i, **more):
+    """A row as verl's examples/data_preprocess scripts write it."""
+    return {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i}+1?"}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+            "extra_info": {"split": "test", "index": i}, **more}
+
+
+@pytest.mark.parametrize("column", ["images", "videos"])
+def test_verl_multimodal_rows_are_refused_naming_the_row_and_column(tmp_path, tok, column):
+    """verl's multimodal data (an images or videos column beside a prompt with <image>) would roll out as text
+    alone; the first row that has any is named. A column with none in any row is only another column."""
+    media = [{"bytes": b"\x89PNG", "path": None}] if column == "images" else ["clip.mp4"]
+    path = write_parquet(tmp_path / "mm.parquet", [verl_row(0, **{column: []}), verl_row(1, **{column: media})])
+    with pytest.raises(DataError, match=rf"mm\.parquet: row 1: column '{column}' holds {column} \(verl's multimodal "
+                                        r"data\); pdsr rollout generates from text alone"):
+        load_prompts(DataConfig(), tok, path=path)
+    empty = write_parquet(tmp_path / "none.parquet", [verl_row(0, **{column: None}), verl_row(1, **{column: []})])
+    assert [r.ground_truth for r in load_prompts(DataConfig(), tok, path=empty)] == ["1", "2"]
+
+
+def test_chat_messages_without_text_or_with_content_parts_name_the_row(tmp_path, tok):
+    blank = [{"role": "system", "content": " "}, {"role": "user", "content": ""}]
+    path = write_parquet(tmp_path / "m.parquet", [verl_row(0), {**verl_row(1), "prompt": blank}])
+    with pytest.raises(DataError, match=r"m\.parquet: row 1: column 'prompt' has no text: every message's content "
+                                        r"is empty"):
+        load_prompts(DataConfig(), tok, path=path)
+    parts = tmp_path / "parts.jsonl"
+    parts.write_text(json.dumps({"prompt": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}) + "\n")
+    with pytest.raises(DataError, match=r"parts\.jsonl: row 0: prompt\[0\]'s content is a list of parts"):
+        load_prompts(DataConfig(), tok, path=parts)
