@@ -87,9 +87,12 @@ def context_limit(config, model_dir: str, engines: list | None = None) -> tuple[
     return min(limits, default=(None, ""))
 
 
-def split_long_prompts(records: list, config, limit: int | None, source: str, data_path) -> tuple[list, list]:
+def split_long_prompts(records: list, config, limit: int | None, source: str, data_path,
+                       total: int | None = None) -> tuple[list, list]:
     """(records that fit, records skipped by ``data.skip_long``); a prompt whose tokens plus its response
-    budget exceed ``limit`` is an error naming its row unless ``data.skip_long``."""
+    budget exceed ``limit`` is an error naming its row unless ``data.skip_long``. ``total``: the data's prompts in
+    all (``records`` may leave out those a resume finds done); when every one is too long, skipping them would run
+    nothing, which is an error naming the shortest."""
     if limit is None:
         return records, []
     max_tokens = config.sampling.max_tokens
@@ -101,6 +104,12 @@ def split_long_prompts(records: list, config, limit: int | None, source: str, da
         return max(r.target_lengths) if r.target_lengths else max_tokens
 
     long = [r for r in records if len(r.token_ids) + budget(r) > limit]
+    if long and len(long) == (total if total is not None else len(records)):
+        r = min(long, key=lambda r: len(r.token_ids) + budget(r))
+        raise DataError(f"{data_path}: every prompt ({len(long)}) with its response exceeds the context of {limit} "
+                        f"tokens ({source}), so --skip-long (data.skip_long) would leave nothing to run; the shortest, "
+                        f"row {r.row} (prompt id {r.prompt_id!r}), has {len(r.token_ids)} prompt tokens + {budget(r)}. "
+                        f"Lower --max-tokens")
     if long and not config.data.skip_long:
         r = long[0]
         what = "forced response tokens (--target-lengths-column)" if r.target_lengths else "--max-tokens"

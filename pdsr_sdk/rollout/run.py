@@ -172,7 +172,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     if filtered_writer is not None and out.resume:   # filtered before: not run again
         left |= filtered_writer.finished_prompt_ids()
     _, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
-                                     limit, source, data_path)
+                                     limit, source, data_path, total=len(records))
     batches = batches_left(records, too_long, left, config)
     todo = [r for _, b in batches for r in b]
     steps = steps_left(config, prior)

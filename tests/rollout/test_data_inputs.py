@@ -90,3 +90,28 @@ def test_chat_messages_without_text_or_with_content_parts_name_the_row(tmp_path,
     parts.write_text(json.dumps({"prompt": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}) + "\n")
     with pytest.raises(DataError, match=r"parts\.jsonl: row 0: prompt\[0\]'s content is a list of parts"):
         load_prompts(DataConfig(), tok, path=parts)
+
+
+def test_when_every_prompt_is_too_long_the_run_is_refused_before_it_writes(tmp_path, tiny_model_dir):
+    """--skip-long leaving no prompt ran nothing and exited 0 with an empty output; it is an error naming the
+    shortest prompt, with or without --skip-long, before any engine starts or anything is written."""
+    from click.testing import CliRunner
+
+    from pdsr_cli.main import cli
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({"model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+                               "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine",
+                                            "max_model_len": 64}]}))
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 80}, {"prompt": "word " * 60}])
+    tok = load_tokenizer(tiny_model_dir)
+    shortest = len(load_prompts(DataConfig(), tok, path=data)[1].token_ids)
+    out = tmp_path / "o.parquet"
+    for skip in ([], ["--skip-long"]):
+        r = CliRunner().invoke(cli, ["rollout", "--quiet", "--config", str(cfg), "--data", str(data), "--out", str(out),
+                                     *skip], catch_exceptions=False)
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+        assert ("p.jsonl: every prompt (2) with its response exceeds the context of 64 tokens "
+                "(engines[0].max_model_len), so --skip-long") in r.output
+        assert f"row 1 (prompt id 'row-1'), has {shortest} prompt tokens + 8" in r.output
+        assert not out.exists() and not (tmp_path / "o.summary.json").exists()
