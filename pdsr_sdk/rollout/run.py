@@ -146,6 +146,9 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     tokenizer = session.tokenizer
     data_path = config.data.path or default_sample_path()
     records = load_prompts(config.data, tokenizer, path=data_path, n=config.sampling.n)
+    if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        status("the tokenizer has no chat template: each prompt is its messages' contents joined by blank lines, "
+               "their roles dropped (data.apply_chat_template: false asks for this)")
     # the reward the whole data asks for ('auto': math_verify when any row has a ground truth), for every group
     reward_fn = config_reward(config, any(r.ground_truth is not None for r in records))
     session.reward_for = lambda group: reward_fn

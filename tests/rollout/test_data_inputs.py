@@ -115,3 +115,33 @@ def test_when_every_prompt_is_too_long_the_run_is_refused_before_it_writes(tmp_p
                 "(engines[0].max_model_len), so --skip-long") in r.output
         assert f"row 1 (prompt id 'row-1'), has {shortest} prompt tokens + 8" in r.output
         assert not out.exists() and not (tmp_path / "o.summary.json").exists()
+
+
+def test_a_tokenizer_without_a_chat_template_is_said_and_joins_the_messages(tmp_path, tiny_model_dir):
+    """A base model's tokenizer has no chat template (verl would fail on it): the run says so in a status line,
+    and each prompt is its messages' contents joined by blank lines, as docs/rollout.md says."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from pdsr_cli.main import cli
+
+    model = tmp_path / "base-model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    assert not getattr(load_tokenizer(model), "chat_template", None)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({"model": str(model), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+                               "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine",
+                                            "max_model_len": 256}]}))
+    rows = [verl_row(0), {**verl_row(1), "prompt": [{"role": "system", "content": "Be brief."},
+                                                    {"role": "user", "content": "What is 2+2?"}]}]
+    data = write_parquet(tmp_path / "verl.parquet", rows)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--quiet", "--config", str(cfg), "--data", str(data), "--out", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "pdsr: the tokenizer has no chat template: each prompt is its messages' contents joined" in r.output
+    texts = dict(zip(*pq.read_table(out, columns=["prompt_id", "prompt_text"]).to_pydict().values()))
+    assert texts == {"row-0": "What is 0+1?", "row-1": "Be brief.\n\nWhat is 2+2?"}
