@@ -21,7 +21,7 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                "per policy, each to <out stem>.<policy>.parquet.  [default: v3]")
 @policy_set_option
 @click.option("--data", type=click.Path(path_type=Path),
-              help="Prompts: a Parquet, JSONL (or a .json array), Arrow IPC or CSV/TSV file, or a folder of such shards.  "
+              help="Prompts: a Parquet, JSONL (or a .json array), Arrow IPC or CSV/TSV file, or a folder or quoted glob pattern ('train-*.parquet') of such shards.  "
                    "[default: the built-in sample prompts]")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
 @click.option("--n", type=int, help="Samples per prompt (group size).  [default: 8]")

@@ -1,7 +1,7 @@
 """Table helpers shared by the commands.
 
 - ``read_table`` reads Parquet, Arrow IPC (file or stream), JSONL (or a JSON
-  array), CSV/TSV, or a folder of such shards; checks the file and the columns
+  array), CSV/TSV, or a folder or glob pattern of such shards; checks the file and the columns
   a command needs and names them in errors.
 - ``check_writable`` says before a long run whether an output can be written.
 - ``write_table_atomic`` / ``write_text_atomic`` / ``atomic_path`` write to a
@@ -42,13 +42,19 @@ SAVE_TO_DISK_METADATA = frozenset({"dataset_info.json", "state.json"})
 def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input", kind: str | None = None) -> pa.Table:
     """Read a Parquet, Arrow IPC, JSONL (or a .json array of objects) or CSV/TSV file (by its suffix; any other
     is read as Parquet; ``kind``, one of ``FORMATS``' values, reads a file as that format whatever its name), or a
-    folder of such files (shards of one format, in name order), checking that ``columns`` exist. A CSV's columns
-    are all read as text, as written (an answer ``0.50`` or an id ``007`` is not turned into a number); an empty
-    cell is missing (null)."""
+    folder of such files or a glob pattern matching them (shards of one format, in name order), checking that
+    ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50`` or an id ``007`` is
+    not turned into a number); an empty cell is missing (null)."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and glob.has_magic(str(path)):   # a pattern the shell did not expand: 'train-*.parquet'
+        matches = sorted(Path(m) for m in glob.glob(str(path)))
+        if not matches:
+            raise DataError(f"{path}: {what} file does not exist, nor does the pattern match any")
+        table = _read_shards(path, [m for m in matches if m.is_file()], what)
+    elif not path.exists():
         raise DataError(f"{path}: {what} file does not exist")
-    table = _read_folder(path, what) if path.is_dir() else _read_file(path, what, kind)
+    else:
+        table = _read_folder(path, what) if path.is_dir() else _read_file(path, what, kind)
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise DataError(
@@ -97,14 +103,20 @@ def _first_non_utf8(path: Path) -> tuple[int, int] | None:
 def _read_folder(path: Path, what: str) -> pa.Table:
     """A folder of shards (a dataset's ``train-00000-of-00004.parquet``, ``save_to_disk``'s ``.arrow`` files): every
     file of one known format in it, in name order, as one table."""
+    return _read_shards(path, sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")), what)
+
+
+def _read_shards(path: Path, files: list[Path], what: str) -> pa.Table:
+    """The ``files`` of a known format (of one format, else an error naming ``path``: a folder or a pattern), in the
+    order given, as one table."""
     by_kind: dict[str, list[Path]] = {}
-    for f in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
+    for f in files:
         if f.suffix.lower() in FORMATS and f.name not in SAVE_TO_DISK_METADATA:
             by_kind.setdefault(FORMATS[f.suffix.lower()], []).append(f)
     if len(by_kind) != 1:
         found = "; ".join(f"{len(fs)} {kind} ({fs[0].name}, ...)" for kind, fs in by_kind.items()) or "none"
-        raise DataError(f"{path}: the folder must hold {what} files of one format ({', '.join(FORMATS)}); "
-                        f"found {found}")
+        where = "the folder must hold" if path.is_dir() else "the pattern must match"
+        raise DataError(f"{path}: {where} {what} files of one format ({', '.join(FORMATS)}); found {found}")
     tables = [_read_file(f, what) for f in next(iter(by_kind.values()))]
     try:
         return pa.concat_tables(tables, promote_options="default")

@@ -33,7 +33,7 @@ __all__ = ["INSTRUCTIONS", "AgentConfig", "DataConfig", "EngineSpec", "OutputCon
 class DataConfig(ConfigModel):
     """Where prompts come from."""
 
-    path: Path | None = Field(None, description="Parquet, JSONL (or a .json array of objects), Arrow IPC or CSV/TSV file of prompts, or a folder of such shards; default: the built-in sample prompts.")
+    path: Path | None = Field(None, description="Parquet, JSONL (or a .json array of objects), Arrow IPC or CSV/TSV file of prompts, or a folder or glob pattern (train-*.parquet) of such shards, read in name order; default: the built-in sample prompts.")
     prompt_column: str | None = Field(None, description="Column with the prompt text, or with chat messages (then used as messages_column); default: the first of 'prompt', 'problem', 'question', 'input', 'context_messages' present. Column names may be dotted paths into struct columns.")
     messages_column: str | None = Field(None, description="Column with chat messages (a list of {role, content}); used instead of prompt_column.")
     id_column: str | None = Field(None, description="Column with a unique prompt id; default: 'id'/'unique_id'/'prompt_id' if present, else the row number.")

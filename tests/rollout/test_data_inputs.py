@@ -145,3 +145,20 @@ def test_a_tokenizer_without_a_chat_template_is_said_and_joins_the_messages(tmp_
     assert "pdsr: the tokenizer has no chat template: each prompt is its messages' contents joined" in r.output
     texts = dict(zip(*pq.read_table(out, columns=["prompt_id", "prompt_text"]).to_pydict().values()))
     assert texts == {"row-0": "What is 0+1?", "row-1": "Be brief.\n\nWhat is 2+2?"}
+
+
+def test_a_glob_pattern_reads_its_shards_in_name_order(tmp_path, tok):
+    """verl users list their parquet shards (data.train_files); a quoted pattern reads the files it matches, in
+    name order, as one table, as a folder of them is; row numbers (the default ids) run on across the shards."""
+    for k in (1, 0):
+        write_parquet(tmp_path / f"train-0000{k}-of-00002.parquet", [verl_row(2 * k), verl_row(2 * k + 1)])
+    write_parquet(tmp_path / "test-00000-of-00001.parquet", [verl_row(9)])
+    recs = load_prompts(DataConfig(), tok, path=tmp_path / "train-*.parquet")
+    assert [(r.prompt_id, r.ground_truth) for r in recs] == [("row-0", "1"), ("row-1", "2"), ("row-2", "3"),
+                                                             ("row-3", "4")]
+    with pytest.raises(DataError, match=r"val-\*\.parquet: prompt file does not exist, nor does the pattern match"):
+        load_prompts(DataConfig(), tok, path=tmp_path / "val-*.parquet")
+    write_jsonl(tmp_path / "train-extra.jsonl", [{"prompt": "x"}])
+    with pytest.raises(DataError, match=r"train-\*: the pattern must match prompt files of one format .*found 2 "
+                                        r"parquet \(train-00000-of-00002\.parquet, \.\.\.\); 1 jsonl"):
+        load_prompts(DataConfig(), tok, path=tmp_path / "train-*")
