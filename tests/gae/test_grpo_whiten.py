@@ -1,0 +1,129 @@
+"""GRPO group advantages and masked whitening against plain loops."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+from pdsr_sdk.errors import DataError, DataValueError  # noqa: E402
+from pdsr_sdk.gae import grpo_advantages, masked_whiten  # noqa: E402
+
+
+# --------------------------------------------------------------------------- GRPO
+
+def grpo_loop(rewards, ids, normalize_std, eps):
+    out = []
+    for i, x in enumerate(rewards):
+        group = [float(rewards[j]) for j in range(len(rewards)) if ids[j] == ids[i]]
+        mean = sum(group) / len(group)
+        if not normalize_std:
+            out.append(float(x) - mean)
+        elif len(group) == 1:
+            out.append(0.0)
+        else:
+            out.append((float(x) - mean) / (statistics.stdev(group) + eps))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+@pytest.mark.parametrize("id_kind", ["int", "str"])
+def test_grpo_matches_loop(normalize_std, eps, id_kind):
+    rng = np.random.default_rng(3)
+    sizes = [8, 8, 1, 3, 2, 1, 5]
+    ids = np.repeat(np.arange(len(sizes)), sizes)
+    rng.shuffle(ids)
+    if id_kind == "str":
+        ids = np.array([f"prompt-{i}" for i in ids], dtype=object)
+    rewards = rng.standard_normal(len(ids)).astype(np.float32)
+    rewards[ids == ids[0]] = 1.0            # a group with zero spread
+    got = grpo_advantages(rewards, ids, normalize_std=normalize_std, eps=eps)
+    assert got.dtype == np.float32 and got.shape == rewards.shape
+    np.testing.assert_allclose(got, grpo_loop(rewards, list(ids), normalize_std, eps), rtol=1e-6, atol=1e-6)
+
+
+def test_grpo_singleton_groups_get_zero_and_tensors_round_trip():
+    rewards = torch.tensor([3.0, 1.0, 2.0, 5.0], dtype=torch.float64)
+    ids = torch.tensor([7, 9, 9, 4])
+    got = grpo_advantages(rewards, ids)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float64
+    assert got[0] == 0.0 and got[3] == 0.0
+    std = statistics.stdev([1.0, 2.0])
+    np.testing.assert_allclose(got[1:3].numpy(), [(1 - 1.5) / (std + 1e-6), (2 - 1.5) / (std + 1e-6)])
+
+
+@pytest.mark.parametrize("dtype, expected", [(torch.float32, torch.float32), (torch.float16, torch.float32),
+                                             (torch.bfloat16, torch.float32), (torch.float64, torch.float64)])
+def test_grpo_tensor_result_dtype_is_float32_unless_float64(dtype, expected):
+    """The docstring's rule for tensors as for arrays: float64 in -> float64 out, anything else float32."""
+    rng = np.random.default_rng(3)
+    ids = np.repeat(np.arange(5), 4)
+    rewards = rng.standard_normal(ids.size)
+    ref = grpo_advantages(torch.tensor(rewards, dtype=dtype).double(), torch.from_numpy(ids))   # float64 reference
+    got = grpo_advantages(torch.tensor(rewards, dtype=dtype), torch.from_numpy(ids))
+    assert got.dtype == expected
+    np.testing.assert_allclose(got.double().numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rewards, match", [
+    ([1.0, None, 0.5, None], r"2 of 4 are not: rewards\[1\] = None, rewards\[3\] = None; .*scores\[i\]\.error.*"
+                             r"reward_error"),
+    ([1.0, "x", 0.5, 0.0], r"1 of 4 is not: rewards\[1\] = 'x'$"),
+])
+def test_grpo_names_the_rewards_that_are_not_numbers(rewards, match):
+    """A step's rewards with a None (the reward function raised) name the samples and where the errors are."""
+    with pytest.raises(DataValueError, match=match) as exc:
+        grpo_advantages(rewards, [0, 0, 1, 1])
+    assert isinstance(exc.value, ValueError)
+
+
+def test_grpo_takes_python_numbers_in_an_object_array():
+    got = grpo_advantages(np.array([1, 2.0, np.float32(3), True], dtype=object), [0, 0, 1, 1])
+    np.testing.assert_allclose(got, grpo_advantages([1.0, 2.0, 3.0, 1.0], [0, 0, 1, 1]))
+
+
+def test_grpo_bad_shapes():
+    with pytest.raises(DataError, match=r"group_ids has shape \(2,\), expected .*\(3,\)"):
+        grpo_advantages(np.zeros(3), np.zeros(2))
+    with pytest.raises(DataError, match=r"1-D \[N\]"):
+        grpo_advantages(np.zeros((3, 2)), np.zeros((3, 2)))
+
+
+# --------------------------------------------------------------------------- whitening
+
+def whiten_loop(values, mask, shift_mean, eps):
+    picked = [float(x) for x, keep in zip(values.ravel(), mask.ravel()) if keep]
+    mean = sum(picked) / len(picked)
+    var = sum((x - mean) ** 2 for x in picked) / (len(picked) - 1)
+    out = [(float(x) - mean) / math.sqrt(var + eps) + (0.0 if shift_mean else mean) for x in values.ravel()]
+    return np.array(out).reshape(values.shape)
+
+
+@pytest.mark.parametrize("shift_mean", [True, False])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_masked_whiten_matches_loop(shift_mean, kind):
+    rng = np.random.default_rng(5)
+    values = (rng.standard_normal((4, 30)) * 3 + 2).astype(np.float32)
+    mask = rng.random((4, 30)) < 0.5
+    expected = whiten_loop(values, mask, shift_mean, 1e-8)
+    if kind == "torch":
+        got = masked_whiten(torch.from_numpy(values), torch.from_numpy(mask), shift_mean=shift_mean)
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+        got = got.numpy()
+    else:
+        got = masked_whiten(values, mask, shift_mean=shift_mean)
+        assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_whiten_needs_two_entries():
+    with pytest.raises(DataError, match="at least 2 masked-in entries.*got 1"):
+        masked_whiten(np.ones((2, 2)), np.array([[1, 0], [0, 0]]))
+    with pytest.raises(DataError, match=r"mask has shape \(2,\)"):
+        masked_whiten(np.ones((2, 2)), np.ones(2))
