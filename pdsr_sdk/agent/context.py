@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pdsr_sdk.agent.render import environment_ids
+from pdsr_sdk.agent.render import environment_ids, message_text
 from pdsr_sdk.errors import PdsrError
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class AgentContext:
         if ids is not None:
             new = [int(i) for i in ids]
         else:
-            msgs = [dict(m) for m in messages]
+            msgs = self._checked(messages)
             if not self.messages:
                 raise AgentError(f"sample {self.sample.key}: its prompt was not given as chat messages; append ids")
             new = environment_ids(self.tokenizer, self.messages, msgs,
@@ -122,6 +122,23 @@ class AgentContext:
         self._staged.extend(new)
         self._staged_tool = tool_name or self._staged_tool
         return new
+
+    def _checked(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` with their content as the template's text (:func:`message_text`), or an AgentError naming
+        the message that is not a chat message."""
+        if not isinstance(messages, (list, tuple)):
+            raise AgentError(f"sample {self.sample.key}: append takes a list of messages ([{{'role': ..., 'content': "
+                             f"...}}]), got {type(messages).__name__}")
+        out = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise AgentError(f"sample {self.sample.key}: append: messages[{i}] must be a dict with a string "
+                                 f"'role', got {m!r:.60}")
+            try:
+                out.append({**m, "content": message_text(m.get("content"), f"messages[{i}].content")})
+            except ValueError as exc:
+                raise AgentError(f"sample {self.sample.key}: append: {exc}") from None
+        return out
 
     async def generate(self, messages: Sequence[dict[str, Any]] | None = None, *, ids: Sequence[int] | None = None,
                        max_tokens: int | None = None, tool_name: str | None = None) -> TurnResult:

@@ -24,6 +24,35 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
+#: content part types whose ``text`` is text, as vLLM's server reads them
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def message_text(content: Any, where: str) -> str:
+    """A chat message's ``content`` as the text the chat template gets, as vLLM's server passes it: a string as it
+    is, null as empty, a list of text parts (``{"type": "text", "text": ...}``, or strings) joined with newlines.
+    A ValueError naming ``where`` for anything else: an image part, or a dict or number, which a template would
+    print as Python's repr (``{'a': 1}``), not the JSON a tool meant."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"{where}[{j}] is a {kind!r} part; only text parts ({{'type': 'text', 'text': "
+                                 f"...}}) are taken")
+        return "\n".join(texts)
+    raise ValueError(f"{where} must be a string, a list of text parts or null, got {type(content).__name__} "
+                     f"{content!r:.60} (json.dumps a tool's structured result)")
+
+
 #: stands in for the last message's content when finding what the template renders after it: a plain word that no
 #: template trims, splits or escapes (the decoded turn itself may be empty, end in whitespace a template trims,
 #: or hold text a template rewrites, such as a reasoning block)

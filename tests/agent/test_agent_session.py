@@ -157,6 +157,34 @@ def test_misuse_is_clear(tiny_model_dir):
     assert issubclass(AgentError, Exception) and issubclass(AgentDone, Exception)
 
 
+async def structured_tool_agent(agent):
+    """Sample 0 appends a tool's result as text parts, 1 as a dict (as a tool returns it), 2 a message not in a list."""
+    await agent.generate()
+    content = {0: [{"type": "text", "text": "x = 42"}, "done"], 1: {"x": 42}}.get(agent.sample_index)
+    message = {"role": "tool", "content": content}
+    agent.append([message] if agent.sample_index != 2 else message)
+    await agent.generate()
+    return 1.0
+
+
+@requires_torch
+def test_a_tools_content_is_text_or_a_clear_error(tiny_model_dir):
+    """A dict result was rendered as Python's repr ({'x': 42}) into the trajectory, with no word; text parts were
+    rendered as a list's repr; a lone message was iterated as its keys (a ValueError from dict()). Text parts are
+    now joined with newlines, as vLLM's server joins them, and the others fail their sample naming the message."""
+    with RolloutSession(config(tiny_model_dir)) as session:
+        out = session.step(PROMPTS[:1], agent=structured_tool_agent)
+        tok = session.tokenizer
+    rows = {r["sample_index"]: r for r in out.table.to_pylist()}
+    env = rows[0]["turns"][1]
+    env_ids = rows[0]["response_token_ids"][env["start_token"]:env["start_token"] + env["num_tokens"]]
+    assert tok.decode(env_ids) == "\n<|im_start|>tool\nx = 42\ndone<|im_end|>\n<|im_start|>assistant\n"
+    assert rows[1]["finish_reason"] == "failed" and "messages[0].content must be a string" in rows[1]["error"]
+    assert "got dict {'x': 42}" in rows[1]["error"]
+    assert rows[2]["finish_reason"] == "failed" and "append takes a list of messages" in rows[2]["error"]
+    assert rows[3]["error"] is None and rows[3]["reward"] == 1.0
+
+
 def _rollout_agent(tiny_model_dir, tmp_path, *flags: str) -> tuple[list[dict], Any]:
     """``pdsr rollout --agent ...`` on the fake turn engine (2 prompts, 200 tokens a sample): its rows and path."""
     import pyarrow.parquet as pq
