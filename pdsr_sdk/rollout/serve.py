@@ -28,6 +28,7 @@ import itertools
 import time
 from typing import Any
 
+from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_named import NamedSamples
@@ -242,10 +243,10 @@ def _messages(value: Any) -> list[dict]:
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ServeError(400, f"messages[{i}] must be an object with a string 'role'")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str):
-            raise ServeError(400, f"messages[{i}].content must be a string (parts are not supported)")
-        out.append({**m, "content": content or ""})
+        try:   # text parts joined, as vLLM's server passes them to a template of string content
+            out.append({**m, "content": message_text(m.get("content"), f"messages[{i}].content")})
+        except ValueError as exc:
+            raise ServeError(400, str(exc)) from None
     return out
 
 

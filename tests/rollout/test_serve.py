@@ -107,6 +107,34 @@ def test_bad_requests_get_clear_errors(served):
 
 
 @requires_torch
+def test_text_parts_are_joined_as_vllm_joins_them(served):
+    """Content given as text parts (as smolagents and Claude Code-style clients send every message) was a 400; it is
+    joined with newlines, as vLLM's server passes it to a template of string content. A named sample's later request
+    may send the same message as parts or as a string. An image part or a dict is a 400 naming the message."""
+    session, client, base = served
+    tok = session.tokenizer
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "6*7?"}]}]
+    expect = tok.apply_chat_template([{"role": "user", "content": "What is\n6*7?"}], tokenize=False,
+                                     add_generation_prompt=True)
+    r = client.chat.completions.create(model="tiny", messages=parts, max_tokens=2, extra_body={"pdsr_sample": "parts"})
+    assert r.usage.prompt_tokens == len(tok(expect, add_special_tokens=False)["input_ids"])
+    convo = [{"role": "user", "content": "What is\n6*7?"}, {"role": "assistant", "content": r.choices[0].message.content},
+             {"role": "tool", "content": [{"type": "text", "text": "42"}]}]
+    client.chat.completions.create(model="tiny", messages=convo, max_tokens=2, extra_body={"pdsr_sample": "parts"})
+    row = httpx.post(f"{base}/pdsr/samples/parts/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+    assert tok.decode(row["prompt_token_ids"]) == expect
+    env = row["turns"][1]
+    assert tok.decode(row["response_token_ids"][env["start_token"]:env["start_token"] + env["num_tokens"]]).endswith(
+        "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n")
+    image = {"type": "image_url", "image_url": {"url": "data:,"}}
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\].content\[1\] is a 'image_url' part"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [parts[0]["content"][0],
+                                                                                           image]}])
+    with pytest.raises(openai.BadRequestError, match=r"messages\[1\].content must be a string, a list of text parts"):
+        client.chat.completions.create(model="tiny", messages=[parts[0], {"role": "tool", "content": {"x": 1}}])
+
+
+@requires_torch
 def test_token_ids_out_of_the_vocabulary_are_a_400_naming_the_id(served):
     """vLLM refuses them; the answer was a 200 with empty choices and finish reason 'stop'."""
     session, client, _ = served
