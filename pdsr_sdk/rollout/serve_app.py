@@ -14,12 +14,21 @@ def create_app(server: ChatServer) -> Any:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
+    from starlette.exceptions import HTTPException
+
     app = FastAPI(title="pdsr", docs_url=None, redoc_url=None)
 
     def error(exc: ServeError) -> JSONResponse:
         kind = "invalid_request_error" if exc.status < 500 else "server_error"
         return JSONResponse({"error": {"message": str(exc), "type": kind, "code": exc.status}},
                             status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def routing_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # a route or method pdsr does not serve: the error body OpenAI's clients read, not FastAPI's {"detail": ...}
+        return error(ServeError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; pdsr serves "
+                                                 f"POST /v1/chat/completions, POST /v1/completions, GET /v1/models "
+                                                 f"and /v1/pdsr/samples/ID"))
 
     async def body_of(request: Request) -> dict[str, Any]:
         try:

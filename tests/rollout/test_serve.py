@@ -104,6 +104,12 @@ def test_bad_requests_get_clear_errors(served):
     assert httpx.get(f"{base}/pdsr/samples/nope", timeout=WAIT_S).status_code == 404
     bad = httpx.post(f"{base}/pdsr/samples/s2/end", json={"reward": "high"}, timeout=WAIT_S)
     assert bad.status_code == 400 and "finite number" in bad.json()["error"]["message"]
+    # a route or method not served: OpenAI's error body (FastAPI's was {"detail": "Not Found"})
+    for method, path, status in (("POST", "/responses", 404), ("GET", "/chat/completions", 405)):
+        r = httpx.request(method, base + path, timeout=WAIT_S)
+        assert r.status_code == status and r.json()["error"]["code"] == status
+        assert r.json()["error"]["message"].startswith(f"{method} /v1{path}: ")
+        assert "POST /v1/chat/completions" in r.json()["error"]["message"]
 
 
 @requires_torch
