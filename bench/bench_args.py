@@ -41,3 +41,14 @@ def existing_file(text: str) -> Path:
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"no such file: {text}")
     return path
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (engines, groups, a batch size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value

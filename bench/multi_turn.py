@@ -19,22 +19,29 @@ import argparse
 import statistics
 import time
 
-from bench_args import int_list
+from bench_args import int_list, positive_int
+
+
+def policy_config(label: str, args):
+    """The SimulateConfig of one run: ``label`` is a policy, or ``v3-no-RULE[+RULE]`` (v3 with those rules off)."""
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    name, _, off = label.partition("-no-")
+    settings = {name: {"disable": off.split("+")}} if off else {}
+    return SimulateConfig(policy=name, policy_settings=settings, fast=args.engines, heavy=0,
+                          batch_size=args.batch_size, n=8, timeline=False,
+                          profiles={"fast": {"max_num_seqs": args.max_num_seqs}})
 
 
 def run_seed(seed: int, args) -> dict:
-    from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.driver import HOLD_REFERENCE, run_policy, trace_batches
     from pdsr_sdk.traces import workload
 
     trace = workload("multi-turn").trace(groups=args.groups, seed=seed)
-    base = dict(fast=args.engines, heavy=0, batch_size=args.batch_size, n=8, timeline=False,
-                profiles={"fast": {"max_num_seqs": args.max_num_seqs}})
     out: dict = {}
     for label in ["baseline", *args.policies.split(","), "oracle"]:
-        name, _, off = label.partition("-no-")
-        settings = {name: {"disable": off.split("+")}} if off else {}
-        cfg = SimulateConfig(policy=name, policy_settings=settings, **base)
+        cfg = policy_config(label, args)
+        name = cfg.policy
         run = run_policy(trace_batches(trace, cfg), cfg, name, record=False)
         out[label] = run.makespan_s
         out["pdsr_share"] = max(out.get("pdsr_share", 0.0), run.env_slot_share)
@@ -49,13 +56,20 @@ def run_seed(seed: int, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int_list, default="101,102,103,104,105")
-    parser.add_argument("--groups", type=int, default=256, help="prompt groups per seed (batches of --batch-size)")
-    parser.add_argument("--engines", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--groups", type=positive_int, default=256, help="prompt groups per seed (batches of --batch-size)")
+    parser.add_argument("--engines", type=positive_int, default=8)
+    parser.add_argument("--batch-size", type=positive_int, default=128)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=256)
     parser.add_argument("--policies", default="v3", help="policies besides baseline and oracle (comma-separated); "
                         "v3-no-RULE[+RULE] runs v3 with those rules disabled")
     args = parser.parse_args()
+    from pdsr_sdk.errors import PdsrError
+
+    for label in args.policies.split(","):   # before any run: a bad name or rule is refused by its flag
+        try:
+            policy_config(label, args)
+        except PdsrError as exc:
+            parser.error(f"--policies: {label!r}: {exc}")
     t0 = time.perf_counter()
     seeds = args.seeds
     rows = []
