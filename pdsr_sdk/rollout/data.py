@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.io.columns import TableColumns
@@ -290,12 +291,13 @@ def _messages(value: Any, where: str, column: str) -> list[dict]:
         raise DataError(f"{where}: column {column!r} must be a non-empty list of {{role, content}} messages")
     out = []
     for j, m in enumerate(value):
-        if isinstance(m, dict) and isinstance(m.get("content"), list):
-            raise DataError(f"{where}: {column}[{j}]'s content is a list of parts (the multimodal form); pdsr rollout "
-                            f"takes text: make each message's content a string")
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise DataError(f"{where}: {column}[{j}] must be a mapping with string 'role' and 'content', got {m!r}")
-        out.append({"role": m["role"], "content": m["content"]})
+        try:   # text parts joined as vLLM's server joins them; an image part is refused (engines here get text)
+            content = message_text(m.get("content"), f"{column}[{j}]'s content")
+        except ValueError as exc:
+            raise DataError(f"{where}: {exc}") from None
+        out.append({"role": m["role"], "content": content})
     if not any(m["content"].strip() for m in out):
         raise DataError(f"{where}: column {column!r} has no text: every message's content is empty")
     return out

@@ -86,9 +86,13 @@ def test_chat_messages_without_text_or_with_content_parts_name_the_row(tmp_path,
     with pytest.raises(DataError, match=r"m\.parquet: row 1: column 'prompt' has no text: every message's content "
                                         r"is empty"):
         load_prompts(DataConfig(), tok, path=path)
-    parts = tmp_path / "parts.jsonl"
-    parts.write_text(json.dumps({"prompt": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}) + "\n")
-    with pytest.raises(DataError, match=r"parts\.jsonl: row 0: prompt\[0\]'s content is a list of parts"):
+    parts = tmp_path / "parts.jsonl"   # text parts are text (as vLLM's server reads them), an image part is not
+    parts.write_text(json.dumps({"prompt": [{"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                                          {"type": "text", "text": "there"}]}]}) + "\n")
+    assert load_prompts(DataConfig(), tok, path=parts)[0].messages == [{"role": "user", "content": "Hi\nthere"}]
+    parts.write_text(json.dumps({"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
+                     + "\n")
+    with pytest.raises(DataError, match=r"parts\.jsonl: row 0: prompt\[0\]'s content\[0\] is a 'image_url' part"):
         load_prompts(DataConfig(), tok, path=parts)
 
 
