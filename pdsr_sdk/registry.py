@@ -11,6 +11,7 @@ imported on request, which is how users plug in their own classes.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, Generic, Iterator, TypeVar
 
 from pdsr_sdk.errors import ConfigError, ConfigValueError
@@ -52,13 +53,27 @@ def import_object(path: str, *, kind: str = "object", register_hint: str | None 
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            article = "an" if kind[:1] in "aeiou" else "a"
+            if not sep and _is_module(path):   # 'examples.agent_tools': a module, the object in it not named
+                raise ConfigValueError(f"{path!r} is a module, not {_article(kind)} {kind}: name the {kind} in it "
+                                       f"after a colon, '{path}:NAME'") from None
+            article = _article(kind)
             hint = (f"; {article} {kind} named by import path must be defined at module level of an importable module "
                     f"(not inside a function, and not in a script run as __main__ unless this process runs it)")
             if register_hint:
                 hint += f"; or register it under a name: {register_hint}"
             raise ConfigValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r}){hint}") from None
     return obj
+
+
+def _article(kind: str) -> str:
+    return "an" if kind[:1] in "aeiou" else "a"
+
+
+def _is_module(path: str) -> bool:
+    try:
+        return importlib.util.find_spec(path) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class Registry(Generic[T]):

@@ -126,3 +126,23 @@ def test_an_import_path_finds_a_users_module_in_the_working_directory(tmp_path, 
     assert import_object("pdsr_user_agent_mod:run").__name__ == "run"
     with pytest.raises(PdsrError, match="cannot import module 'pdsr_no_such_mod'"):
         import_object("pdsr_no_such_mod:run")
+
+
+def test_an_import_path_naming_a_module_asks_for_the_object_after_a_colon(tmp_path, monkeypatch):
+    """`--agent pkg.agent_mod` (the colon and the function left out) said only that 'pkg' has no attribute
+    'agent_mod'; it now says the path is a module and shows the form with the object named."""
+    import sys
+
+    from pdsr_sdk.errors import ConfigValueError
+    from pdsr_sdk.registry import import_object
+
+    (tmp_path / "pdsr_user_pkg").mkdir()
+    (tmp_path / "pdsr_user_pkg" / "agent_mod.py").write_text("async def run(agent):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pdsr_user_pkg", raising=False)
+    with pytest.raises(ConfigValueError, match=r"'pdsr_user_pkg\.agent_mod' is a module, not an agent: name the agent "
+                                               r"in it after a colon, 'pdsr_user_pkg\.agent_mod:NAME'"):
+        import_object("pdsr_user_pkg.agent_mod", kind="agent")
+    assert import_object("pdsr_user_pkg.agent_mod:run").__name__ == "run"
+    with pytest.raises(ConfigValueError, match=r"module 'pdsr_user_pkg' has no attribute 'other'"):
+        import_object("pdsr_user_pkg.other", kind="agent")

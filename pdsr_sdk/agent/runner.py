@@ -43,7 +43,7 @@ def load_agent(path_or_fn: str | AgentFn) -> AgentFn:
 
     from pdsr_sdk.registry import import_object
 
-    fn = import_object(path_or_fn) if isinstance(path_or_fn, str) else path_or_fn
+    fn = import_object(path_or_fn, kind="agent") if isinstance(path_or_fn, str) else path_or_fn
     name = path_or_fn if isinstance(path_or_fn, str) else getattr(fn, "__qualname__", repr(fn))
     if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         raise ConfigError(f"agent {name!r} must be an `async def run(agent)` function; got {fn!r}")

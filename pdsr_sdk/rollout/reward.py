@@ -66,7 +66,7 @@ def resolve_reward(name: str | None, has_ground_truth: bool, *,
 
         return math_verify_reward(timeout_s)
     if ":" in name:
-        fn = _reward_file_object(name) if name.rpartition(":")[0].endswith(".py") else import_object(name)
+        fn = _reward_file_object(name) if name.rpartition(":")[0].endswith(".py") else import_object(name, kind="reward function")
         if not callable(fn):
             raise ConfigError(f"reward: {name!r} is not callable")
         return adapt_reward(fn, name)
