@@ -17,6 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tiny_scoring import max_diff  # noqa: E402
+
 from pdsr_sdk.scoring import per_token_logps  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -46,17 +48,6 @@ def samples():
     return prompts, completions
 
 
-def _max_rel_diff(a, b) -> float:
-    """max |a - b| / max(1, |b|) over all tokens of all samples (shapes must match)."""
-    assert len(a) == len(b)
-    worst = 0.0
-    for x, y in zip(a, b):
-        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        assert x.shape == y.shape
-        worst = max(worst, float((np.abs(x - y) / np.maximum(1.0, np.abs(y))).max()))
-    return worst
-
-
 @pytest.mark.parametrize("attention", ["varlen", "model"])
 @pytest.mark.parametrize("kwargs", [dict(max_tokens_per_micro_batch=2048), dict(mbs=8)], ids=["quota-2048", "mbs-8"])
 def test_packed_matches_unpacked_on_cuda_fp32(cuda_model, samples, kwargs, attention):
@@ -66,7 +57,7 @@ def test_packed_matches_unpacked_on_cuda_fp32(cuda_model, samples, kwargs, atten
                                       else "(sdpa attention)")
     assert [len(x) for x in packed.logps] == [len(c) for c in samples[1]]
     assert all(x.dtype == np.float32 for x in packed.logps)
-    assert _max_rel_diff(packed.logps, padded.logps) <= 1e-4
+    assert max_diff(packed.logps, padded.logps) <= 1e-4
     st = packed.stats
     assert st.mode.startswith("packed") and not padded.stats.mode.startswith("packed")
     assert st.computed_tokens == st.real_tokens == sum(len(p) + len(c) for p, c in zip(*samples))
@@ -85,7 +76,7 @@ def test_packed_bf16_costs_no_more_than_bf16_itself(cuda_model, samples, attenti
     if attention == "varlen" and torch.cuda.get_device_capability()[0] >= 8:
         assert res.stats.head.endswith("(varlen flash attention)")
     packed = res.logps
-    padded_err, packed_err = _max_rel_diff(padded, ref), _max_rel_diff(packed, ref)
+    padded_err, packed_err = max_diff(padded, ref), max_diff(packed, ref)
     assert padded_err > 0
     assert packed_err <= max(2.0 * padded_err, 0.05), (packed_err, padded_err)
 
