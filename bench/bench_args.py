@@ -43,12 +43,65 @@ def existing_file(text: str) -> Path:
     return path
 
 
-def positive_int(text: str) -> int:
-    """A whole number >= 1 (engines, groups, a batch size)."""
+def at_least(low: int):
+    """A whole number of at least ``low`` (``at_least(1)``: a count such as --repeats or --groups)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    parse.__name__ = f"whole number >= {low}"   # argparse names the type in its own messages
+    return parse
+
+
+def number_at_least(low: float):
+    """A number of at least ``low`` (seconds, a share, GiB)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= low:   # also refuses nan
+            raise argparse.ArgumentTypeError(f"{value:g} is below {low:g}")
+        return value
+
+    parse.__name__ = f"number >= {low:g}"
+    return parse
+
+
+def check_policies(ap: argparse.ArgumentParser, names: list[str], flag: str = "--policies", *,
+                   simulation: bool = False) -> None:
+    """Refuse a policy that does not exist (or, on real engines, one only the simulator runs), naming the flag,
+    before any engine starts."""
+    from pdsr_sdk.errors import PdsrError
+    from pdsr_sdk.policies.resolve import check_policies as resolve
+
+    if not names:
+        ap.error(f"{flag}: expected at least one policy name")
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
+        resolve(",".join(names), simulation=simulation)
+    except PdsrError as exc:
+        ap.error(f"{flag}: {exc}")
+
+
+def check_model_dir(ap: argparse.ArgumentParser, model: str | None, flag: str = "--model") -> None:
+    """Refuse a --model that is not a model folder (no config.json) before any engine starts loading it."""
+    if model is not None and not (Path(model) / "config.json").is_file():
+        ap.error(f"{flag}: {model}: not a model directory (no config.json); pass a local Hugging Face model folder")
+
+
+def run_engines(main):
+    """``asyncio.run(main)`` for a script that starts engines: Ctrl-C ends it with one line and status 130 (the
+    script's ``finally`` has closed its engines by then) instead of asyncio's traceback."""
+    import asyncio
+    import sys
+
+    try:
+        return asyncio.run(main)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C); the engines were closed", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -21,15 +22,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import at_least, check_model_dir, run_engines  # noqa: E402
 
-def parse_args():
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of both dtypes, alternating")
-    p.add_argument("--requests", type=int, default=16, help="requests decoded at once")
-    p.add_argument("--tokens", type=int, default=128, help="tokens per request (ignore_eos)")
-    p.add_argument("--core", type=int, default=0, help="the CPU core the engine runs on")
-    return p.parse_args()
+    p.add_argument("--rounds", type=at_least(1), default=2, help="rounds of both dtypes, alternating")
+    p.add_argument("--requests", type=at_least(1), default=16, help="requests decoded at once")
+    p.add_argument("--tokens", type=at_least(1), default=128, help="tokens per request (ignore_eos)")
+    p.add_argument("--core", type=at_least(0), default=0, help="the CPU core the engine runs on")
+    args = p.parse_args(argv)
+    cores = sorted(os.sched_getaffinity(0))
+    if args.core not in cores:
+        p.error(f"argument --core: {args.core} is not a core this process may run on ({cores[0]}-{cores[-1]})")
+    check_model_dir(p, args.model)
+    return args
 
 
 class _Ends:
@@ -99,7 +107,7 @@ async def main_async(args) -> None:
 
 
 def main() -> None:
-    asyncio.run(main_async(parse_args()))
+    run_engines(main_async(parse_args()))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import random
 import time
 from pathlib import Path
 
+from bench_args import at_least, check_policies, number_at_least, run_engines
+
 POLICIES = ("baseline", "v1", "v2", "v2.5")
 TARGET = 0.15
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
@@ -53,9 +55,9 @@ async def run_real(args, prompts: Path, out_dir: Path) -> dict[str, dict]:
              EngineSpec(name="heavy-0", pool="heavy", devices=[1], max_num_seqs=args.max_num_seqs,
                         max_model_len=2048)]
     engines = [VllmEngine.from_spec(s, model=model) for s in specs]
-    await asyncio.gather(*(e.start() for e in engines))
     results = {}
-    try:
+    try:   # from the start: an engine that started is closed when another fails to start or Ctrl-C comes
+        await asyncio.gather(*(e.start() for e in engines))
         # warm-up, not measured: a fresh engine's first steps (new batch shapes) are many times slower
         warm = {"model": model, "data.path": str(prompts), "data.target_lengths_column": "lengths",
                 "data.apply_chat_template": False, "data.limit": args.batch_size, "sampling.ignore_eos": True,
@@ -87,19 +89,21 @@ async def run_real(args, prompts: Path, out_dir: Path) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", type=int, default=32)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--median-length", type=float, default=120.0)
-    parser.add_argument("--max-length", type=int, default=480)
-    parser.add_argument("--max-num-seqs", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--groups", type=at_least(1), default=32, help="synthetic trace: prompts")
+    parser.add_argument("--n", type=at_least(1), default=4, help="samples per prompt")
+    parser.add_argument("--batch-size", type=at_least(1), default=16, help="prompts per batch")
+    parser.add_argument("--median-length", type=number_at_least(1), default=120.0,
+                        help="synthetic trace: median response length")
+    parser.add_argument("--max-length", type=at_least(1), default=480, help="synthetic trace: longest response")
+    parser.add_argument("--max-num-seqs", type=at_least(1), default=8, help="sequences per engine")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic trace's and prompts' seed")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="policies to run, comma-separated")
     parser.add_argument("--out-dir", type=Path, default=Path("runs/fidelity"))
     parser.add_argument("--per-pool", action="store_true", help="calibrate each pool separately")
     parser.add_argument("--reuse", action="store_true", help="reuse the real runs in --out-dir (real.json)")
     args = parser.parse_args()
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    check_policies(parser, args.policies)   # before the engines start (minutes), not at the policy's turn
 
     from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
 
@@ -123,7 +127,7 @@ def main() -> None:
     if args.reuse and (out_dir / "real.json").exists():
         real = json.loads((out_dir / "real.json").read_text())
     else:
-        real = asyncio.run(run_real(args, prompts, out_dir))
+        real = run_engines(run_real(args, prompts, out_dir))
         (out_dir / "real.json").write_text(json.dumps(real, indent=2, default=str))
 
     paths = [r["path"] for r in real.values()]

@@ -19,18 +19,9 @@ import argparse
 import statistics
 import time
 
-from bench_args import int_list, positive_int
+from bench_args import at_least, int_list
 
-
-def policy_config(label: str, args):
-    """The SimulateConfig of one run: ``label`` is a policy, or ``v3-no-RULE[+RULE]`` (v3 with those rules off)."""
-    from pdsr_sdk.sim.config import SimulateConfig
-
-    name, _, off = label.partition("-no-")
-    settings = {name: {"disable": off.split("+")}} if off else {}
-    return SimulateConfig(policy=name, policy_settings=settings, fast=args.engines, heavy=0,
-                          batch_size=args.batch_size, n=8, timeline=False,
-                          profiles={"fast": {"max_num_seqs": args.max_num_seqs}})
+from pdsr_sdk.errors import PdsrError
 
 
 def run_seed(seed: int, args) -> dict:
@@ -39,9 +30,9 @@ def run_seed(seed: int, args) -> dict:
 
     trace = workload("multi-turn").trace(groups=args.groups, seed=seed)
     out: dict = {}
-    for label in ["baseline", *args.policies.split(","), "oracle"]:
-        cfg = policy_config(label, args)
-        name = cfg.policy
+    for label in ["baseline", *args.policies, "oracle"]:
+        name = label.partition("-no-")[0]
+        cfg = label_config(label, args)
         run = run_policy(trace_batches(trace, cfg), cfg, name, record=False)
         out[label] = run.makespan_s
         out["pdsr_share"] = max(out.get("pdsr_share", 0.0), run.env_slot_share)
@@ -53,27 +44,37 @@ def run_seed(seed: int, args) -> dict:
     return out
 
 
+def label_config(label: str, args):
+    """The simulator's config of one column: a policy, or ``v3-no-RULE[+RULE]`` (v3 with those rules disabled)."""
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    name, _, off = label.partition("-no-")
+    settings = {name: {"disable": off.split("+")}} if off else {}
+    return SimulateConfig(policy=name, policy_settings=settings, fast=args.engines, heavy=0,
+                          batch_size=args.batch_size, n=8, timeline=False,
+                          profiles={"fast": {"max_num_seqs": args.max_num_seqs}})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int_list, default="101,102,103,104,105")
-    parser.add_argument("--groups", type=positive_int, default=256, help="prompt groups per seed (batches of --batch-size)")
-    parser.add_argument("--engines", type=positive_int, default=8)
-    parser.add_argument("--batch-size", type=positive_int, default=128)
-    parser.add_argument("--max-num-seqs", type=positive_int, default=256)
+    parser.add_argument("--groups", type=at_least(1), default=256, help="prompt groups per seed (batches of --batch-size)")
+    parser.add_argument("--engines", type=at_least(1), default=8, help="equal simulated engines")
+    parser.add_argument("--batch-size", type=at_least(1), default=128, help="prompts per batch (B)")
+    parser.add_argument("--max-num-seqs", type=at_least(1), default=256, help="sequences per engine")
     parser.add_argument("--policies", default="v3", help="policies besides baseline and oracle (comma-separated); "
                         "v3-no-RULE[+RULE] runs v3 with those rules disabled")
     args = parser.parse_args()
-    from pdsr_sdk.errors import PdsrError
-
-    for label in args.policies.split(","):   # before any run: a bad name or rule is refused by its flag
+    args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for label in args.policies:   # an unknown policy or rule is refused here, not after the first seed's runs
         try:
-            policy_config(label, args)
+            label_config(label, args)
         except PdsrError as exc:
-            parser.error(f"--policies: {label!r}: {exc}")
+            parser.error(f"--policies: {label}: {' '.join(str(exc).split())}")   # the config's lines as one
     t0 = time.perf_counter()
     seeds = args.seeds
     rows = []
-    names = args.policies.split(",")
+    names = args.policies
     print(f"multi-turn member, {args.groups} groups x 8 per seed, B = {args.batch_size}, {args.engines} engines of "
           f"{args.max_num_seqs} sequences")
     head = ["seed", "baseline", *names, "oracle", "bound", "baseline-hold", "hold_share", "pdsr_share"]

@@ -44,27 +44,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import at_least, check_model_dir, number_at_least, run_engines  # noqa: E402
 
-def parse_args():
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=5, help="training steps K")
-    p.add_argument("--step-groups", type=int, default=4, help="groups a step hands to the trainer (B)")
-    p.add_argument("--n", type=int, default=8, help="samples per group")
-    p.add_argument("--over-provision", type=float, default=0.5, help="partial run: F")
-    p.add_argument("--max-staleness", type=int, default=2, help="partial run: S")
-    p.add_argument("--median-length", type=float, default=120.0, help="synthetic trace: median length")
-    p.add_argument("--max-length", type=int, default=2048, help="synthetic trace: max length")
-    p.add_argument("--runaway-frac", type=float, default=0.02, help="synthetic trace: share of samples at the max")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=1, help="rounds of both runs, alternating")
+    p.add_argument("--steps", type=at_least(1), default=5, help="training steps K")
+    p.add_argument("--step-groups", type=at_least(1), default=4, help="groups a step hands to the trainer (B)")
+    p.add_argument("--n", type=at_least(1), default=8, help="samples per group")
+    p.add_argument("--over-provision", type=number_at_least(0), default=0.5, help="partial run: F")
+    p.add_argument("--max-staleness", type=at_least(0), default=2, help="partial run: S")
+    p.add_argument("--median-length", type=number_at_least(1), default=120.0, help="synthetic trace: median length")
+    p.add_argument("--max-length", type=at_least(1), default=2048, help="synthetic trace: max length")
+    p.add_argument("--runaway-frac", type=number_at_least(0), default=0.02,
+                   help="synthetic trace: share of samples at the max (0 to 1)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic trace's seed")
+    p.add_argument("--max-num-seqs", type=at_least(1), default=64)
+    p.add_argument("--repeats", type=at_least(1), default=1, help="rounds of both runs, alternating")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
     p.add_argument("--kv-on-update", choices=("recompute", "keep"), default="recompute",
                    help="partial run: what each update does to the engines' KV cache (recompute: reset it, so the "
                         "carried samples prefill their context again; keep: go on from it, PipelineRL-style)")
-    p.add_argument("--trainer-s", type=float, default=0.0,
+    p.add_argument("--trainer-s", type=number_at_least(0), default=0.0,
                    help="a trainer taking this many seconds a step, then update_weights; adds the pipelined run")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    if args.runaway_frac > 1:
+        p.error(f"argument --runaway-frac: {args.runaway_frac:g} is above 1 (a share of the samples)")
+    check_model_dir(p, args.model)
+    return args
 
 
 async def main_async(args) -> None:
@@ -89,11 +96,6 @@ async def main_async(args) -> None:
     specs = [EngineSpec(name=f"{pool}-0", pool=pool, devices=[i], max_num_seqs=args.max_num_seqs,
                         max_model_len=longest + 512) for i, pool in enumerate(("fast", "heavy"))]
     engines = [VllmEngine.from_spec(s, model=model) for s in specs]
-    t0 = time.perf_counter()
-    await asyncio.gather(*(e.start() for e in engines))
-    print(f"engines started in {time.perf_counter() - t0:.1f} s; trace: {trace.num_groups} groups x {n}, "
-          f"longest {longest}; K={k} steps of B={b} groups; partial: F={args.over_provision:g}, "
-          f"S={args.max_staleness}")
     base = dict(model=model, reward="none", segments={"min_tokens": 32, "max_tokens": 256},
                 sampling={"n": n, "max_tokens": longest, "ignore_eos": True},
                 data={"target_lengths_column": "target_lengths"})
@@ -164,7 +166,12 @@ async def main_async(args) -> None:
 
     tok = load_tokenizer(model)
     records = load_prompts(on_cfg.data, tok, path=path, n=n)
-    try:
+    try:   # from the start: an engine that started is closed when another fails to start or Ctrl-C comes
+        t0 = time.perf_counter()
+        await asyncio.gather(*(e.start() for e in engines))
+        print(f"engines started in {time.perf_counter() - t0:.1f} s; trace: {trace.num_groups} groups x {n}, "
+              f"longest {longest}; K={k} steps of B={b} groups; partial: F={args.over_provision:g}, "
+              f"S={args.max_staleness}")
         async with RolloutSession(on_cfg, engines=engines) as warm:   # warm-up
             await warm.astep(records[:2])
         kinds = [("on-policy", on_policy), ("partial", partial)]
@@ -241,4 +248,4 @@ def simulated_ratio(args, trace, k: int, b: int, fitted: dict, load_s: float = 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main_async(parse_args()))
+    run_engines(main_async(parse_args()))

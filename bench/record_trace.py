@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from bench_args import existing_file
+
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -41,7 +43,7 @@ def last_number_right(response: str | None, ground_truth: str | None) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("trajectories", help="a pdsr rollout trajectories Parquet file")
+    ap.add_argument("trajectories", type=existing_file, help="a pdsr rollout trajectories Parquet file")
     ap.add_argument("--scorer", choices=("run", "last-number"), default="run")
     ap.add_argument("--out", required=True, help="the JSONL trace to write")
     args = ap.parse_args()
@@ -49,14 +51,29 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from pdsr_sdk.errors import PdsrError
     from pdsr_sdk.traces.io import trace_from_trajectories, write_trace_jsonl
 
-    table = pq.read_table(args.trajectories)
+    try:
+        table = pq.read_table(args.trajectories)
+    except (pa.ArrowException, OSError) as exc:
+        ap.error(f"{args.trajectories}: not a trajectories Parquet file ({exc})")
+    need = {"reward"} | ({"response_text", "ground_truth"} if args.scorer == "last-number" else set())
+    missing = sorted(need - set(table.column_names))
+    if missing:
+        ap.error(f"{args.trajectories}: no column {', '.join(missing)} (a `pdsr rollout` run's trajectories have "
+                 f"them; --scorer last-number needs the data's ground truth)")
     if args.scorer == "last-number":
         rewards = [last_number_right(text, truth) for text, truth in
                    zip(table["response_text"].to_pylist(), table["ground_truth"].to_pylist())]
         table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float32()))
-    trace = trace_from_trajectories(table, source=args.trajectories)
+    try:
+        trace = trace_from_trajectories(table, source=str(args.trajectories))
+    except PdsrError as exc:
+        ap.error(str(exc))
+    if trace.rewards is None:
+        ap.error(f"{args.trajectories}: the run computed no rewards (reward 'none'); --scorer last-number scores "
+                 f"the responses again from their text")
     write_trace_jsonl(trace, args.out)
     groups = trace.group_rewards()
     passing = sum(len(set(r)) > 1 for r in groups.values())

@@ -32,26 +32,40 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import (at_least, check_model_dir, check_policies, existing_file, number_at_least,  # noqa: E402
+                        run_engines)
 
-def parse_args():
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", help="length trace (JSONL or trajectories Parquet); default: a synthetic one")
-    p.add_argument("--groups", type=int, default=32, help="synthetic trace: prompt groups")
-    p.add_argument("--n", type=int, default=8, help="synthetic trace: samples per group")
-    p.add_argument("--median-length", type=float, default=120.0, help="synthetic trace: median length")
-    p.add_argument("--max-length", type=int, default=1024, help="synthetic trace: max length")
-    p.add_argument("--runaway-frac", type=float, default=0.003, help="synthetic trace: share of samples that run to max length")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per batch")
+    p.add_argument("--trace", type=existing_file,
+                   help="length trace (JSONL or trajectories Parquet); default: a synthetic one")
+    p.add_argument("--groups", type=at_least(1), default=32, help="synthetic trace: prompt groups")
+    p.add_argument("--n", type=at_least(1), default=8, help="synthetic trace: samples per group")
+    p.add_argument("--median-length", type=number_at_least(1), default=120.0, help="synthetic trace: median length")
+    p.add_argument("--max-length", type=at_least(1), default=1024, help="synthetic trace: max length")
+    p.add_argument("--runaway-frac", type=number_at_least(0), default=0.003,
+                   help="synthetic trace: share of samples that run to max length (0 to 1)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic trace's seed")
+    p.add_argument("--batch-size", type=at_least(1), default=16, help="prompts per batch")
     p.add_argument("--policies", default="baseline,v3",
-                   help="policies to run; NAME-noseg runs NAME without dynamic segments")
+                   help="policies to run (baseline is always run, first); NAME-noseg runs NAME without dynamic "
+                        "segments")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--fast-kv-gib", type=float, default=None, help="KV cache of the fast engine (CPU build, GiB)")
-    p.add_argument("--heavy-kv-gib", type=float, default=None, help="KV cache of the heavy engine (CPU build, GiB)")
-    p.add_argument("--repeats", type=int, default=1, help="rounds of all policies, alternating (A B A B ...)")
-    return p.parse_args()
+    p.add_argument("--max-num-seqs", type=at_least(1), default=64)
+    p.add_argument("--fast-kv-gib", type=number_at_least(0.01), default=None,
+                   help="KV cache of the fast engine (CPU build, GiB)")
+    p.add_argument("--heavy-kv-gib", type=number_at_least(0.01), default=None,
+                   help="KV cache of the heavy engine (CPU build, GiB)")
+    p.add_argument("--repeats", type=at_least(1), default=1, help="rounds of all policies, alternating (A B A B ...)")
+    args = p.parse_args(argv)
+    if args.runaway_frac > 1:
+        p.error(f"argument --runaway-frac: {args.runaway_frac:g} is above 1 (a share of the samples)")
+    # every name is checked here, before the engines start (minutes), not when its turn comes
+    check_policies(p, [name.partition("-noseg")[0] for name in args.policies.split(",") if name.strip()])
+    check_model_dir(p, args.model)
+    return args
 
 
 async def main_async(args) -> None:
@@ -77,10 +91,6 @@ async def main_async(args) -> None:
              EngineSpec(name="heavy-0", pool="heavy", devices=[1], max_num_seqs=args.max_num_seqs,
                         max_model_len=longest + 512, dtype=args.dtype, kv_cache_gib=args.heavy_kv_gib)]
     engines = [VllmEngine.from_spec(s, model=model) for s in specs]
-    t0 = time.perf_counter()
-    await asyncio.gather(*(e.start() for e in engines))
-    print(f"engines started in {time.perf_counter() - t0:.1f} s; trace: {trace.num_groups} groups x {n}, "
-          f"{int(trace.lengths.sum())} tokens, longest {longest}, batch {args.batch_size} prompts")
 
     def config(policy: str, out: Path, **extra):
         return load_config(RolloutConfig, None, {
@@ -89,9 +99,13 @@ async def main_async(args) -> None:
             "batch_size": args.batch_size, "policy": policy, "output.path": str(out),
             "output.overwrite": True, "reward": "none", **extra})
 
-    try:
+    try:   # from the start: an engine that started is closed when another fails to start or Ctrl-C comes
+        t0 = time.perf_counter()
+        await asyncio.gather(*(e.start() for e in engines))
+        print(f"engines started in {time.perf_counter() - t0:.1f} s; trace: {trace.num_groups} groups x {n}, "
+              f"{int(trace.lengths.sum())} tokens, longest {longest}, batch {args.batch_size} prompts")
         await run_rollout_async(config("baseline", work / "warmup.parquet", **{"data.limit": 4}), engines=engines)
-        policies = args.policies.split(",")
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if policies[0] != "baseline":
             policies = ["baseline"] + [p for p in policies if p != "baseline"]
         runs: dict[str, list] = {p: [] for p in policies}
@@ -181,4 +195,4 @@ def simulate_ratios(args, trace, runs, kv_tokens: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    asyncio.run(main_async(parse_args()))
+    run_engines(main_async(parse_args()))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from bench_args import at_least, check_model_dir, number_at_least
 
 
 def grpo_lengths(n: int, seed: int, completion_median: float, sigma: float, clip: tuple[int, int]):
@@ -60,29 +61,35 @@ def _mmap_large_buffers() -> None:
 
 
 def main() -> None:
+    from pdsr_sdk.scoring.checkpoint import DTYPES
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="local HF causal LM directory (default: the built-in tiny model)")
-    ap.add_argument("--samples", type=int, default=512)
-    ap.add_argument("--completion-median", type=float, default=150.0)
-    ap.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of completion lengths")
-    ap.add_argument("--max-completion", type=int, default=1024)
-    ap.add_argument("--mbs", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=8192, help="token quota per micro-batch")
-    ap.add_argument("--length-bucket", type=int, default=64)
-    ap.add_argument("--single-limit-gib", type=float, default=4.0,
+    ap.add_argument("--samples", type=at_least(1), default=512, help="samples scored")
+    ap.add_argument("--completion-median", type=number_at_least(1), default=150.0)
+    ap.add_argument("--sigma", type=number_at_least(0), default=1.0, help="lognormal sigma of completion lengths")
+    ap.add_argument("--max-completion", type=at_least(8), default=1024, help="completion length cap")
+    ap.add_argument("--mbs", type=at_least(1), default=32, help="rows of a fixed micro-batch")
+    ap.add_argument("--max-tokens", type=at_least(1), default=8192, help="token quota per micro-batch")
+    ap.add_argument("--length-bucket", type=at_least(1), default=64, help="rows are padded to a multiple of this")
+    ap.add_argument("--single-limit-gib", type=number_at_least(0), default=4.0,
                     help="run the one-forward mode only if its estimated memory is below this")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32", help="the model's weights")
+    ap.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--no-attention-mask", action="store_true",
                     help="run without the padding mask (exact for causal LMs; SDPA's causal kernel)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=1,
+    ap.add_argument("--repeat", type=at_least(1), default=1,
                     help="runs of token quota and packed, interleaved; the best of each is shown")
-    ap.add_argument("--vocab", type=int, default=32768, help="vocab of the random lm_head in part 2")
-    ap.add_argument("--mem-tokens", type=int, default=4096, help="completion positions in part 2 (and a quarter)")
+    ap.add_argument("--vocab", type=at_least(2), default=32768, help="vocab of the random lm_head in part 2")
+    ap.add_argument("--mem-tokens", type=at_least(4), default=4096, help="completion positions in part 2 (and a quarter)")
     ap.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hidden", type=int, default=256, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    check_model_dir(ap, args.model)
+    if args.max_tokens < 300 + args.max_completion:   # the longest sample must fit one micro-batch
+        ap.error(f"argument --max-tokens: {args.max_tokens} is below the longest sample (prompts up to 300 tokens "
+                 f"+ --max-completion {args.max_completion})")
 
     import torch
 

@@ -81,6 +81,7 @@ from typing import Any, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # sibling modules (bench/ is on the path when the script runs)
+from bench_args import at_least, check_model_dir, check_policies, number_at_least, run_engines
 from spec_accounting import TABLE_HEAD, bin_segments, counts, delta, fmt_row, tail_size, token_quantile_time
 from spec_recorder import Recorder, engine_totals
 
@@ -94,29 +95,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="prompt file (Parquet or JSONL, as pdsr rollout --data); repeatable; NAME defaults to the file "
                         "stem (default: the built-in sample prompts)")
     p.add_argument("--instruction", default="math", help="standard instruction appended to each prompt ('' for none)")
-    p.add_argument("--prompts", type=int, default=16, help="prompts per data set (the first ones)")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt (a group)")
-    p.add_argument("--max-tokens", type=int, default=512, help="response cap")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--prompts", type=at_least(1), default=16, help="prompts per data set (the first ones)")
+    p.add_argument("--n", type=at_least(1), default=8, help="samples per prompt (a group)")
+    p.add_argument("--max-tokens", type=at_least(1), default=512, help="response cap")
+    p.add_argument("--temperature", type=number_at_least(0), default=1.0)
     p.add_argument("--methods", default="off,ngram,group,group-longest",
                    help=f"comma-separated, from {', '.join(METHODS)} (default: all but group-siblings)")
-    p.add_argument("--num-speculative-tokens", type=int, default=4, help="K, every method")
-    p.add_argument("--prompt-lookup-min", type=int, default=2, help="shortest n-gram looked up, every method")
-    p.add_argument("--prompt-lookup-max", type=int, default=4, help="longest n-gram looked up, every method")
-    p.add_argument("--history-responses", type=int, default=8, help="group: earlier responses kept per prompt")
-    p.add_argument("--engines", type=int, default=2,
+    p.add_argument("--num-speculative-tokens", type=at_least(1), default=4, help="K, every method")
+    p.add_argument("--prompt-lookup-min", type=at_least(1), default=2, help="shortest n-gram looked up, every method")
+    p.add_argument("--prompt-lookup-max", type=at_least(1), default=4, help="longest n-gram looked up, every method")
+    p.add_argument("--history-responses", type=at_least(0), default=8, help="group: earlier responses kept per prompt")
+    p.add_argument("--engines", type=at_least(1), default=2,
                    help="engines per method, started afresh for each method (one GPU: --engines 1)")
-    p.add_argument("--devices", type=int, nargs="*", help="one device per engine: CPU cores on the CPU build, "
+    p.add_argument("--devices", type=at_least(0), nargs="*", help="one device per engine: CPU cores on the CPU build, "
                                                           "GPU ids on GPUs (default 0 .. engines - 1)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once per engine")
-    p.add_argument("--max-batch-size", type=int, default=None,
+    p.add_argument("--max-num-seqs", type=at_least(1), default=64, help="requests running at once per engine")
+    p.add_argument("--max-batch-size", type=at_least(1), default=None,
                    help="speculative_settings.max_batch_size [default: none: drafts at every batch size, so that "
                         "acceptance is measured over the whole step]")
     p.add_argument("--dtype", default="auto", help="engine dtype (auto: float32 on a CPU without native bf16)")
     p.add_argument("--policy", default="baseline", help="dispatch policy")
     p.add_argument("--seed", type=int, default=0, help="engine seed of off (the history); speculative runs: seed + 1")
     p.add_argument("--tail-frac", type=float, default=0.1, help="the tail: this share of the samples, the last to finish")
-    p.add_argument("--position-bin", type=int, default=64, help="tokens per response-position bin")
+    p.add_argument("--position-bin", type=at_least(1), default=64, help="tokens per response-position bin")
     p.add_argument("--acceptance-out", type=Path, help="write the acceptance file (format above)")
     p.add_argument("--json", type=Path, help="write every measured number as JSON")
     p.add_argument("--trajectories", type=Path, metavar="DIR",
@@ -131,6 +132,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--tail-frac must be between 0 and 1")
     if args.devices and len(args.devices) != args.engines:
         p.error(f"--devices: {len(args.devices)} given for {args.engines} engines")
+    if args.prompt_lookup_min > args.prompt_lookup_max:
+        p.error(f"--prompt-lookup-min {args.prompt_lookup_min} is above --prompt-lookup-max {args.prompt_lookup_max}")
+    for item in args.data:   # before any engine starts (minutes), not when the data set's turn comes
+        path = item.rpartition("=")[2]
+        if not Path(path).is_file():
+            p.error(f"argument --data: no such file: {path}")
+    check_policies(p, [args.policy], "--policy")
+    check_model_dir(p, args.model)
     return args
 
 
@@ -371,7 +380,7 @@ def write_acceptance(args, report: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    asyncio.run(main_async(parse_args()))
+    run_engines(main_async(parse_args()))
 
 
 if __name__ == "__main__":

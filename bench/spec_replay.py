@@ -37,7 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_args import existing_file  # noqa: E402
+from bench_args import at_least, existing_file, number_at_least  # noqa: E402
+
+RULES = ("ngram", "longest", "vote", "siblings")
 
 
 def parse_args(argv=None):
@@ -47,19 +49,32 @@ def parse_args(argv=None):
     p.add_argument("--history", type=existing_file, action="append", default=[],
                    help="trajectories of the same prompts from another seed or an earlier step: the history corpus "
                         "(as many as --run, in order, or none)")
-    p.add_argument("--history-responses", type=int, default=8, help="history responses kept per prompt")
-    p.add_argument("--rules", default="ngram,longest,vote,siblings", help="comma-separated rules")
-    p.add_argument("--k", type=int, nargs="+", default=[4], help="drafted tokens per step (each value a run)")
-    p.add_argument("--window", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"), help="n-gram window")
+    p.add_argument("--history-responses", type=at_least(0), default=8, help="history responses kept per prompt")
+    p.add_argument("--rules", default=",".join(RULES), help=f"comma-separated, from {', '.join(RULES)}")
+    p.add_argument("--k", type=at_least(1), nargs="+", default=[4], help="drafted tokens per step (each value a run)")
+    p.add_argument("--window", type=at_least(1), nargs=2, default=[2, 4], metavar=("MIN", "MAX"), help="n-gram window")
     p.add_argument("--corpus-at", choices=("launch", "token"), default="launch",
                    help="which siblings a step drafts from: those finished when its segment was launched (what pdsr "
                         "does) or those finished by the step itself (a corpus refreshed every step: the bound)")
-    p.add_argument("--share", type=float, default=None,
+    p.add_argument("--share", type=number_at_least(0), default=None,
                    help="vote: the share of places a drafted token needs (default: the proposer's, VOTE_SHARE)")
-    p.add_argument("--corpus-min-n", type=int, default=None,
+    p.add_argument("--corpus-min-n", type=at_least(1), default=None,
                    help="vote: the shortest n-gram a corpus place counts with (default: the window's longest)")
-    p.add_argument("--tail-frac", type=float, default=0.1, help="the tail: the last share of the step's tokens")
-    return p.parse_args(argv)
+    p.add_argument("--tail-frac", type=number_at_least(0), default=0.1, help="the tail: the last share of the step's tokens")
+    args = p.parse_args(argv)
+    args.rules = [x.strip() for x in args.rules.split(",") if x.strip()]
+    bad = [r for r in args.rules if r not in RULES]
+    if bad or not args.rules:
+        p.error(f"--rules: unknown {', '.join(bad) or '(none)'}; valid: {', '.join(RULES)}")
+    if args.window[0] > args.window[1]:
+        p.error(f"--window: MIN {args.window[0]} is above MAX {args.window[1]}")
+    if args.share is not None and not 0 < args.share <= 1:
+        p.error(f"argument --share: {args.share:g} is not a share in (0, 1]")
+    if not 0 < args.tail_frac < 1:
+        p.error(f"argument --tail-frac: {args.tail_frac:g} is not between 0 and 1")
+    if args.history and len(args.history) != len(args.run):
+        p.error(f"--history: {len(args.history)} given for {len(args.run)} --run; give one per --run, or none")
+    return args
 
 
 def read(path: Path) -> list[dict[str, Any]]:
@@ -172,8 +187,6 @@ def fmt(c: dict[str, int]) -> str:
 
 def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.history and len(args.history) != len(args.run):
-        raise SystemExit("--history: give one per --run, or none")
     results: dict[str, Any] = {}
     for i, path in enumerate(args.run):
         rows = read(path)
@@ -187,7 +200,7 @@ def main(argv=None) -> dict[str, Any]:
         print(f"{path.name}: {len(rows)} responses, {sum(len(r['response_token_ids']) for r in rows)} tokens; "
               f"history {args.history[i].name if args.history else 'none'}")
         for k in args.k:
-            for name in [x.strip() for x in args.rules.split(",") if x.strip()]:
+            for name in args.rules:
                 fn = rule_fn(name, *args.window, args.share, args.corpus_min_n)
                 got = replay(rows, history, fn, k, args.tail_frac, args.corpus_at)
                 results[f"{path.name} k={k} {name}"] = got

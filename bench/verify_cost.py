@@ -32,6 +32,7 @@ import os
 import sys
 
 import numpy as np
+from bench_args import at_least
 
 HIDDEN, HEADS, HEAD_DIM, MLP = 4096, 32, 128, 11008
 
@@ -167,17 +168,15 @@ def write(path: str | None, data: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--context", type=int, default=2048, help="tokens already in each sequence's KV cache")
-    ap.add_argument("--tokens", type=int, nargs="+", default=list(range(1, 9)), help="new tokens per sequence (k)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    ap.add_argument("--context", type=at_least(0), default=2048, help="tokens already in each sequence's KV cache")
+    ap.add_argument("--tokens", type=at_least(1), nargs="+", default=list(range(1, 9)), help="new tokens per sequence (k)")
+    ap.add_argument("--batches", type=at_least(1), nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                     help="sequences per step (B)")
-    ap.add_argument("--repeat", type=int, default=20, help="timed repeats per point (median shown)")
+    ap.add_argument("--repeat", type=at_least(1), default=20, help="timed repeats per point (median shown)")
     ap.add_argument("--no-eager", action="store_true", help="time only the CUDA graph replay")
     ap.add_argument("--json", default=None, metavar="PATH",
                     help="also write the table as JSON to PATH (rewritten after each point)")
     args = ap.parse_args()
-    if min(args.tokens) < 1 or min(args.batches) < 1 or args.context < 0:
-        ap.error("--tokens and --batches must be >= 1, --context >= 0")
     data: dict = {"script": "bench/verify_cost.py", "complete": False,
                   "layer": {"hidden": HIDDEN, "heads": HEADS, "head_dim": HEAD_DIM, "mlp": MLP, "dtype": "bfloat16",
                             "params": layer_params(), "shape_of": "Llama-2-7B (one of its 32 layers)"},

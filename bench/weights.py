@@ -36,6 +36,8 @@ import statistics
 import time
 from pathlib import Path
 
+from bench_args import at_least, check_model_dir, number_at_least, run_engines
+
 DEFAULT_MODEL = "models/smollm2-135m-instruct"
 
 
@@ -158,19 +160,27 @@ async def run(model: str, engines_n: int, repeats: int, kv_gib: float) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help=f"model folder (default {DEFAULT_MODEL} if present, else the tiny model)")
-    ap.add_argument("--engines", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--kv-gib", type=float, default=1.0)
+    ap.add_argument("--engines", type=at_least(1), default=2, help="local engines, one core each")
+    ap.add_argument("--repeats", type=at_least(1), default=5, help="timed updates (medians shown)")
+    ap.add_argument("--kv-gib", type=number_at_least(0.01), default=1.0, help="KV cache per engine (CPU build, GiB)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: trainer tensors and engines on GPU 0 (the CUDA IPC path)")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="--device cuda: per engine")
+    ap.add_argument("--gpu-memory-utilization", type=number_at_least(0.01), default=0.3, help="--device cuda: per engine")
     args = ap.parse_args()
+    check_model_dir(ap, args.model)
+    if args.gpu_memory_utilization > 1:
+        ap.error(f"argument --gpu-memory-utilization: {args.gpu_memory_utilization:g} is above 1")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: no CUDA device here (the CUDA IPC path needs a GPU and vLLM's GPU build)")
 
     model, label = pick_model(args.model)
     if args.device == "cuda":
-        r = asyncio.run(run_cuda(model, args.engines, args.repeats, args.gpu_memory_utilization))
+        r = run_engines(run_cuda(model, args.engines, args.repeats, args.gpu_memory_utilization))
         med = {k: statistics.median(r[k]) for k in ("update", "shm", "copy")}
         gb = r["bytes"] / 1e9
         print(f"model: {label} ({model}): {r['tensors']} tensors, {gb:.3f} GB in bf16; {args.engines} engines on GPU "
@@ -183,7 +193,7 @@ def main() -> None:
     from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
 
     apply_cpu_defaults()
-    r = asyncio.run(run(model, args.engines, args.repeats, args.kv_gib))
+    r = run_engines(run(model, args.engines, args.repeats, args.kv_gib))
     med = {k: statistics.median(r[k]) for k in ("update", "write", "rewrite", "stage", "load")}
     gb = r["bytes"] / 1e9
     print(f"model: {label} ({model}): {r['tensors']} tensors, {gb:.3f} GB in bf16; {args.engines} local CPU engines; "

@@ -1,0 +1,130 @@
+"""The real-engine bench scripts refuse a bad flag by name (argparse's exit 2 and one ``error:`` line) before any
+engine starts, and bench/fidelity.py's --reuse takes only a real.json made with the same settings."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from support import load_bench
+
+
+@pytest.fixture(autouse=True)
+def no_engines(monkeypatch):
+    """A script that got past its checks would start engines (minutes): make that a test failure instead."""
+    import asyncio
+
+    def refuse(coro, *_, **__):
+        coro.close()
+        raise AssertionError("the script went on to start its engines")
+
+    monkeypatch.setattr(asyncio, "run", refuse)
+
+
+CASES = [
+    ("rollout", ["--policies", "baseline,nope"], "--policies: unknown policy 'nope'"),
+    ("rollout", ["--policies", "v3,oracle"], "--policies: policy 'oracle' is a simulator-only reference schedule"),
+    ("rollout", ["--repeats", "0"], "argument --repeats: 0 is below 1"),
+    ("rollout", ["--groups", "ten"], "argument --groups: 'ten' is not a whole number"),
+    ("rollout", ["--runaway-frac", "2"], "argument --runaway-frac: 2 is above 1"),
+    ("rollout", ["--trace", "no/such/trace.jsonl"], "argument --trace: no such file: no/such/trace.jsonl"),
+    ("rollout", ["--model", "no/such/model"], "--model: no/such/model: not a model directory"),
+    ("partial", ["--steps", "-1"], "argument --steps: -1 is below 1"),
+    ("partial", ["--over-provision", "-0.5"], "argument --over-provision: -0.5 is below 0"),
+    ("partial", ["--trainer-s", "x"], "argument --trainer-s: 'x' is not a number"),
+    ("cpu_engine", ["--rounds", "0"], "argument --rounds: 0 is below 1"),
+    ("cpu_engine", ["--core", "4096"], "argument --core: 4096 is not a core this process may run on"),
+    ("spec", ["--data", "math=no/such.parquet"], "argument --data: no such file: no/such.parquet"),
+    ("spec", ["--policy", "nope"], "--policy: unknown policy 'nope'"),
+    ("spec", ["--prompt-lookup-min", "5"], "--prompt-lookup-min 5 is above --prompt-lookup-max 4"),
+    ("spec", ["--prompts", "0"], "argument --prompts: 0 is below 1"),
+    ("spec_replay", ["--run", "RUN", "--rules", "ngram,nope"], "--rules: unknown nope; valid: ngram, longest"),
+    ("spec_replay", ["--run", "RUN", "--k", "0"], "argument --k: 0 is below 1"),
+    ("spec_replay", ["--run", "RUN", "--history", "RUN", "--history", "RUN"], "--history: 2 given for 1 --run"),
+    ("spec_replay", ["--run", "RUN", "--window", "4", "2"], "--window: MIN 4 is above MAX 2"),
+]
+
+MAIN_CASES = [   # scripts whose main() parses sys.argv
+    ("fidelity", ["--policies", "baseline,v9"], "--policies: unknown policy 'v9'"),
+    ("fidelity", ["--batch-size", "0"], "argument --batch-size: 0 is below 1"),
+    ("weights", ["--repeats", "0"], "argument --repeats: 0 is below 1"),
+    ("weights", ["--model", "no/such/model"], "--model: no/such/model: not a model directory"),
+    ("score", ["--mbs", "0"], "argument --mbs: 0 is below 1"),
+    ("score", ["--max-tokens", "512"], "argument --max-tokens: 512 is below the longest sample"),
+    ("score", ["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+    ("multi_turn", ["--policies", "v3,nope"], "--policies: nope: invalid config: SimulateConfig: policy: unknown policy"),
+    ("multi_turn", ["--policies", "v3-no-bogus"], "--policies: v3-no-bogus: invalid config: V3Settings: "
+                                                  "policy_settings.v3.disable.0: Input should be 'probes_first'"),
+    ("multi_turn", ["--groups", "0"], "argument --groups: 0 is below 1"),
+    ("record_trace", ["no/such.parquet", "--out", "x.jsonl"], "argument trajectories: no such file: no/such.parquet"),
+    ("gpu", ["--budgets", "0"], "argument --budgets: 0 is below 1"),
+    ("verify_cost", ["--repeat", "0"], "argument --repeat: 0 is below 1"),
+]
+
+
+def _refused(capsys, call) -> str:
+    with pytest.raises(SystemExit) as exc:
+        call()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and [i for i, line in enumerate(lines) if "error:" in line] == [len(lines) - 1]
+    return err
+
+
+@pytest.mark.parametrize("script, argv, message", CASES)
+def test_a_bad_flag_is_refused_by_name_before_any_engine(script, argv, message, capsys, tmp_path):
+    run = tmp_path / "run.parquet"
+    run.write_bytes(b"")   # spec_replay's --run must name a file; it is not read when a flag is refused
+    argv = [str(run) if a == "RUN" else a for a in argv]
+    assert message in _refused(capsys, lambda: load_bench(script).parse_args(argv))
+
+
+@pytest.mark.parametrize("script, argv, message", MAIN_CASES)
+def test_a_bad_flag_is_refused_by_name_in_main(script, argv, message, capsys, monkeypatch):
+    module = load_bench(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    assert message in _refused(capsys, module.main)
+
+
+def test_good_flags_pass(tmp_path):
+    """The checks let the documented commands through (the v3-noseg form and a real trace included)."""
+    from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+
+    trace = write_trace_jsonl(synth_trace(groups=4, n=2, seed=1), tmp_path / "t.jsonl")
+    args = load_bench("rollout").parse_args(["--policies", "baseline,v3-noseg,v2.5", "--trace", str(trace),
+                                             "--repeats", "3", "--runaway-frac", "0.02"])
+    assert args.repeats == 3 and args.trace == trace
+    args = load_bench("partial").parse_args(["--over-provision", "0.25", "--trainer-s", "3", "--kv-on-update", "keep"])
+    assert args.over_provision == 0.25 and args.trainer_s == 3.0
+    assert load_bench("spec").parse_args(["--policy", "v3", "--data", f"t={trace}"]).data == [f"t={trace}"]
+
+
+def test_record_trace_refuses_a_run_without_rewards_and_rescores_one(tmp_path, capsys, monkeypatch):
+    """A run made with reward 'none' has no rewards to keep (--scorer run): refused by name, not an AttributeError;
+    --scorer last-number scores its responses again, per sample, as last_number_right does."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.traces import read_trace
+
+    texts = ["so 18", "I think 17", "it is 5", "5 or 6"]
+    table = pa.table({"prompt_id": ["a", "a", "b", "b"], "sample_index": [0, 1, 0, 1],
+                      "prompt_length": [10, 10, 12, 12], "response_length": [3, 4, 3, 3],
+                      "reward": pa.array([None] * 4, pa.float32()), "response_text": texts,
+                      "ground_truth": ["#### 18", "#### 18", "#### 6", "#### 6"]})
+    pq.write_table(table, tmp_path / "run.parquet")
+    rt = load_bench("record_trace")
+    out = tmp_path / "trace.jsonl"
+    monkeypatch.setattr(sys, "argv", ["record_trace.py", str(tmp_path / "run.parquet"), "--out", str(out)])
+    assert "the run computed no rewards" in _refused(capsys, rt.main)
+    assert not out.exists()
+    monkeypatch.setattr(sys, "argv", ["record_trace.py", str(tmp_path / "run.parquet"), "--scorer", "last-number",
+                                      "--out", str(out)])
+    rt.main()
+    assert read_trace(out).rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+    pq.write_table(table.drop(["ground_truth"]), tmp_path / "bare.parquet")
+    monkeypatch.setattr(sys, "argv", ["record_trace.py", str(tmp_path / "bare.parquet"), "--scorer", "last-number",
+                                      "--out", str(out)])
+    assert "no column ground_truth" in _refused(capsys, rt.main)
