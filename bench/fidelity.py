@@ -2,18 +2,17 @@
 
     .venv/bin/python bench/fidelity.py [--groups 32] [--n 4] [--batch-size 16] [--out-dir runs/fidelity]
 
-Needs vLLM (the CPU build) and takes a few minutes. Two engines, fast-0 on
-core 0 and heavy-0 on core 1, serve the built-in tiny model. A synthetic
-trace (seeded) becomes a prompts file whose ``lengths`` column forces each
-sample's response length (``sampling.ignore_eos``). After one unmeasured
-warm-up batch (a fresh engine's first steps are many times slower), for each
-policy ``run_rollout`` runs the trace on the real engines; then the cost model is
-calibrated per pool from all the runs' segment timings
-(``pdsr simulate calibrate``), and the simulator replays the same trace (same
-prompts, prompt lengths, batches and settings) with the calibrated profile.
-Prints per policy the measured and simulated makespan and the relative error
-(target: within 15%). The machine may be shared: measured times include any
-contention, which the simulator cannot know about.
+Needs vLLM (the CPU build) and takes a few minutes (``--groups 8 --n 2 --batch-size 4 --policies
+baseline,v2``: about 2). Two engines, fast-0 on core 0 and heavy-0 on core 1, serve the built-in tiny model.
+A synthetic trace (seeded) becomes a prompts file whose ``lengths`` column forces each sample's response
+length (``sampling.ignore_eos``). After one unmeasured warm-up batch (a fresh engine's first steps are many
+times slower), for each policy ``run_rollout`` runs the trace on the real engines; then the cost model is
+calibrated per pool from all the runs' segment timings (``pdsr simulate calibrate``), and the simulator
+replays the same trace (same prompts, prompt lengths, batches and settings) with the calibrated profile.
+Prints per policy the measured and simulated makespan and the relative error (target: within 15%). The
+machine may be shared: measured times include any contention, which the simulator cannot know about.
+Everything goes to --out-dir: the prompts, each policy's trajectories, real.json (the measured side, which
+--reuse reads back when the flags are the same) and profile.yaml (the calibrated cost model).
 """
 
 from __future__ import annotations
@@ -30,6 +29,12 @@ from bench_args import at_least, check_policies, number_at_least, run_engines
 POLICIES = ("baseline", "v1", "v2", "v2.5")
 TARGET = 0.15
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+
+
+def max_model_len(args) -> int:
+    """The engines' context: 2048 (what the measurements were made with), more for a longer --max-length (the
+    prompts are up to about 250 tokens)."""
+    return max(2048, args.max_length + 512)
 
 
 def write_prompts(trace, path: Path, seed: int) -> None:
@@ -51,9 +56,10 @@ async def run_real(args, prompts: Path, out_dir: Path) -> dict[str, dict]:
     from pdsr_sdk.rollout.run import run_rollout_async
 
     model = str(ensure_tiny_model())
-    specs = [EngineSpec(name="fast-0", pool="fast", devices=[0], max_num_seqs=args.max_num_seqs, max_model_len=2048),
+    specs = [EngineSpec(name="fast-0", pool="fast", devices=[0], max_num_seqs=args.max_num_seqs,
+                        max_model_len=max_model_len(args)),
              EngineSpec(name="heavy-0", pool="heavy", devices=[1], max_num_seqs=args.max_num_seqs,
-                        max_model_len=2048)]
+                        max_model_len=max_model_len(args))]
     engines = [VllmEngine.from_spec(s, model=model) for s in specs]
     results = {}
     try:   # from the start: an engine that started is closed when another fails to start or Ctrl-C comes
@@ -87,6 +93,23 @@ async def run_real(args, prompts: Path, out_dir: Path) -> dict[str, dict]:
     return results
 
 
+#: the flags the real runs depend on: --reuse takes a real.json only where they are the same
+SETTINGS = ("groups", "n", "batch_size", "median_length", "max_length", "max_num_seqs", "seed", "policies")
+
+
+def reused_runs(path: Path, settings: dict, parser: argparse.ArgumentParser) -> dict | None:
+    """The real runs in ``path`` if they were made with ``settings`` (None if there is no such file); a file
+    of other settings is refused, naming them, since replaying another trace would compare different work."""
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    if saved.get("settings") != settings:
+        was = saved.get("settings") or "not recorded (an older file)"
+        parser.error(f"--reuse: {path} was made with other settings ({was}; now {settings}); "
+                     f"run without --reuse to measure again")
+    return saved["runs"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=at_least(1), default=32, help="synthetic trace: prompts")
@@ -98,9 +121,11 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=at_least(1), default=8, help="sequences per engine")
     parser.add_argument("--seed", type=int, default=0, help="synthetic trace's and prompts' seed")
     parser.add_argument("--policies", default=",".join(POLICIES), help="policies to run, comma-separated")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/fidelity"))
+    parser.add_argument("--out-dir", type=Path, default=Path("runs/fidelity"),
+                        help="where the prompts, each policy's trajectories, real.json and profile.yaml go")
     parser.add_argument("--per-pool", action="store_true", help="calibrate each pool separately")
-    parser.add_argument("--reuse", action="store_true", help="reuse the real runs in --out-dir (real.json)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse the real runs in --out-dir (real.json) of a run with the same settings")
     args = parser.parse_args()
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     check_policies(parser, args.policies)   # before the engines start (minutes), not at the policy's turn
@@ -116,6 +141,8 @@ def main() -> None:
     from pdsr_sdk.traces import LengthTrace, synth_trace
 
     out_dir = args.out_dir
+    settings = {key: getattr(args, key) for key in SETTINGS}
+    real = reused_runs(out_dir / "real.json", settings, parser) if args.reuse else None   # before writing there
     out_dir.mkdir(parents=True, exist_ok=True)
     trace = synth_trace(groups=args.groups, n=args.n, seed=args.seed, median_length=args.median_length,
                         max_length=args.max_length, runaway_frac=0.02)
@@ -124,11 +151,9 @@ def main() -> None:
     print(f"trace: {args.groups} prompts x {args.n}, {int(trace.lengths.sum())} tokens, batches of "
           f"{args.batch_size}; engines fast-0 (core 0) and heavy-0 (core 1), {args.max_num_seqs} seqs each",
           flush=True)
-    if args.reuse and (out_dir / "real.json").exists():
-        real = json.loads((out_dir / "real.json").read_text())
-    else:
+    if real is None:
         real = run_engines(run_real(args, prompts, out_dir))
-        (out_dir / "real.json").write_text(json.dumps(real, indent=2, default=str))
+        (out_dir / "real.json").write_text(json.dumps({"settings": settings, "runs": real}, indent=2, default=str))
 
     paths = [r["path"] for r in real.values()]
     # both engines are the same model on one core each: one fit over all segments (--per-pool: one per pool)
@@ -147,7 +172,7 @@ def main() -> None:
     replay = LengthTrace(prompt_ids=trace.prompt_ids, prompt_lens=[plen[p] for p in trace.prompt_ids],
                          lengths=trace.lengths, offsets=trace.offsets, source="fidelity")
     profiles = {pool: {**fits[pool].profile(), "max_num_seqs": args.max_num_seqs, "kv_cache_tokens": 1 << 22,
-                       "max_model_len": 2048} for pool in fits}
+                       "max_model_len": max_model_len(args)} for pool in fits}
     keys = ("probe_timeouts", "offloaded_prompts", "breaks", "moves", "steals")
     print(f"\n{'policy':9s} {'measured_s':>10s} {'simulated_s':>11s} {'rel_error':>9s}   counters measured / simulated "
           f"({', '.join(keys)})")

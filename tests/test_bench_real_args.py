@@ -3,6 +3,7 @@ engine starts, and bench/fidelity.py's --reuse takes only a real.json made with 
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -99,6 +100,31 @@ def test_good_flags_pass(tmp_path):
     args = load_bench("partial").parse_args(["--over-provision", "0.25", "--trainer-s", "3", "--kv-on-update", "keep"])
     assert args.over_provision == 0.25 and args.trainer_s == 3.0
     assert load_bench("spec").parse_args(["--policy", "v3", "--data", f"t={trace}"]).data == [f"t={trace}"]
+
+
+def test_fidelity_reuses_only_runs_of_the_same_settings(tmp_path, capsys, monkeypatch):
+    """--reuse with a real.json of another trace (other --groups, or a file from before the settings were recorded)
+    is refused, naming what differs; one of the same settings is taken; none there means measure."""
+    import argparse
+
+    fid = load_bench("fidelity")
+    parser = argparse.ArgumentParser(prog="fidelity.py")
+    settings = dict(groups=32, n=4, batch_size=16, median_length=120.0, max_length=480, max_num_seqs=8, seed=0,
+                    policies=["baseline", "v3"])
+    path = tmp_path / "real.json"
+    assert fid.reused_runs(path, settings, parser) is None
+    runs = {"baseline": {"makespan_s": 1.0, "path": "b.parquet", "segments": {}, "stats": {}}}
+    path.write_text(json.dumps({"settings": settings, "runs": runs}))
+    assert fid.reused_runs(path, settings, parser) == runs
+    err = _refused(capsys, lambda: fid.reused_runs(path, {**settings, "groups": 8}, parser))
+    assert "--reuse:" in err and "'groups': 32" in err and "'groups': 8" in err
+    path.write_text(json.dumps(runs))   # the file as it was written before
+    assert "not recorded (an older file)" in _refused(capsys, lambda: fid.reused_runs(path, settings, parser))
+    # through the command line: refused before anything in --out-dir is rewritten
+    path.write_text(json.dumps({"settings": settings, "runs": runs}))
+    monkeypatch.setattr(sys, "argv", ["fidelity.py", "--reuse", "--out-dir", str(tmp_path), "--groups", "8"])
+    assert "'groups': 8" in _refused(capsys, fid.main)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real.json"]
 
 
 def test_record_trace_refuses_a_run_without_rewards_and_rescores_one(tmp_path, capsys, monkeypatch):
