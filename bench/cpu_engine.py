@@ -4,7 +4,8 @@ One pdsr ``VllmEngine`` (the CPU build) on one core at a time: each round starts
 dtype, alternating (A B A B ...), times its start (``engine.start()``: processes, model load,
 KV cache, the warm-up request), then decodes ``--requests`` requests of ``--tokens`` tokens each
 at once and times them. The ratio printed is the median over rounds of fp32 / bf16 decode speed in
-the same round, so a machine's load shifts both sides alike.
+the same round, so a machine's load shifts both sides alike. No target: it measures. Each engine start takes
+15-80 s on 2 shared cores, so ``--rounds 1 --requests 4 --tokens 32`` takes about 3 minutes, the defaults 4-6.
 
     python bench/cpu_engine.py                       # the built-in tiny model, 2 rounds
     python bench/cpu_engine.py --model DIR --rounds 3 --requests 16 --tokens 128

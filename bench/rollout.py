@@ -15,6 +15,11 @@ driver process's CPU time (it shares the cores with the engines) and what vLLM i
 reported holding: each engine's peak of running + waiting requests, and how often it
 held more than the dispatcher's slots.
 
+No fixed target: the ratio (``vs baseline``; above 1 is faster) and the simulator's prediction of it are the
+output, with each run's trajectories and summary in a temporary folder it names. Time on 2 shared cores: 1-2
+minutes to start the engines, then per round each policy's makespan (4-6 s at ``--groups 8 --batch-size 4
+--max-length 256``; baseline 37-53 s at the documented ``--groups 64 --batch-size 32 --max-length 2048``).
+
     python bench/rollout.py                                   # baseline vs v3, tiny model
     python bench/rollout.py --batch-size 32 --runaway-frac 0.02 --max-length 2048 --repeats 3
     python bench/rollout.py --trace lengths.jsonl --model DIR --policies baseline,v3,v2.5
@@ -145,6 +150,7 @@ async def main_async(args) -> None:
     print("\nvs baseline = median over rounds of baseline makespan / policy makespan in the same round (>1 is "
           "faster), [min, max] over rounds; simulated = the same ratio predicted by `pdsr simulate` with a "
           "profile calibrated from this run. -noseg = the policy without dynamic segments.")
+    print(f"every run's trajectories and summary: {work}")
 
 
 async def sample_loads(engines, out: list[tuple[int, ...]], every_s: float = 0.25) -> None:

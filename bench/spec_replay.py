@@ -21,7 +21,8 @@ occurs in the corpus (with ``--corpus-min-n`` tokens or more) and the row's own 
 ``--share`` of them agree) and ``longest`` (the first rule: the longest match, the row's own on a tie). Printed per
 rule: accepted / drafted, per verify step, draft share (accepted / tokens), over the whole step and over the last
 ``--tail-frac`` of its tokens (by the recorded times), and for ``longest`` and ``vote`` the steps by where the draft
-came from and the n-gram length matched.
+came from and the n-gram length matched; then, per k, ``vote`` and ``longest`` against ``ngram`` in the tail
+(accepted per verify step, the ratio bench/spec.py's target of 1.3x is about). Seconds to minutes: no engine.
 """
 
 from __future__ import annotations
@@ -209,7 +210,22 @@ def main(argv=None) -> dict[str, Any]:
                     print("      by source and n-gram length (steps, drafted, accepted): " + "; ".join(
                         f"{key}: {v[0]}, {v[1]}, {v[2]} ({v[2] / max(v[0], 1):.2f})"
                         for key, v in got["by_source"].items()))
+            ngram = results.get(f"{path.name} k={k} ngram")
+            for name in ("vote", "longest"):
+                got = results.get(f"{path.name} k={k} {name}")
+                if ngram and got:
+                    x = tail_ratio(got, ngram)
+                    print(f"  k={k} tail accepted per verify step, {name} / ngram: {x:.2f}x (bench/spec.py's target "
+                          f"1.3x: {'met' if x >= 1.3 else 'not met'})")
     return results
+
+
+def tail_ratio(rule: dict[str, Any], ngram: dict[str, Any]) -> float:
+    """Accepted tokens per verify step in the tail, ``rule``'s over ngram's (nan where ngram has none)."""
+    def per(c: dict[str, int]) -> float:
+        return c["accepted"] / c["verify_steps"] if c["verify_steps"] else 0.0
+
+    return per(rule["tail"]) / per(ngram["tail"]) if per(ngram["tail"]) else float("nan")
 
 
 if __name__ == "__main__":

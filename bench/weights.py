@@ -14,7 +14,7 @@ Loads the model's weights as an in-memory bf16 state dict (what a trainer holds)
   reference of the target), and rewritten into an existing one (what the update's staging does);
 
 and prints their medians over ``--repeats`` and the ratio (target: under 3 s and within 3x of the
-write for SmolLM2-135M into 2 engines).
+write for SmolLM2-135M into 2 engines). About 2 minutes on 2 shared cores, most of it the engines' start.
 
 ``--device cuda`` (a GPU build of vLLM): the state dict sits on GPU 0 and both engines run there
 (``--gpu-memory-utilization`` each), so ``update_weights`` goes by CUDA IPC handle; it prints that

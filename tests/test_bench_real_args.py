@@ -154,3 +154,13 @@ def test_record_trace_refuses_a_run_without_rewards_and_rescores_one(tmp_path, c
     monkeypatch.setattr(sys, "argv", ["record_trace.py", str(tmp_path / "bare.parquet"), "--scorer", "last-number",
                                       "--out", str(out)])
     assert "no column ground_truth" in _refused(capsys, rt.main)
+
+
+def test_spec_replay_prints_the_tail_ratio_it_is_read_for():
+    """group's rules against ngram in the tail, accepted per verify step: the number docs/benchmarks.md quotes."""
+    sr = load_bench("spec_replay")
+    tail = {"accepted": 6, "verify_steps": 4}
+    assert sr.tail_ratio({"tail": tail}, {"tail": {"accepted": 3, "verify_steps": 3}}) == pytest.approx(1.5)
+    assert sr.tail_ratio({"tail": tail}, {"tail": {"accepted": 0, "verify_steps": 0}}) != sr.tail_ratio(
+        {"tail": tail}, {"tail": {"accepted": 0, "verify_steps": 0}})   # nan: no ngram step to compare with
+
