@@ -17,7 +17,7 @@ held more than the dispatcher's slots.
 
 No fixed target: the ratio (``vs baseline``; above 1 is faster) and the simulator's prediction of it are the
 output, with each run's trajectories and summary in a temporary folder it names. Time on 2 shared cores: 1-2
-minutes to start the engines, then per round each policy's makespan (4-6 s at ``--groups 8 --batch-size 4
+minutes to start the engines, then per round each policy's makespan (4-7 s at ``--groups 8 --batch-size 4
 --max-length 256``; baseline 37-53 s at the documented ``--groups 64 --batch-size 32 --max-length 2048``).
 
     python bench/rollout.py                                   # baseline vs v3, tiny model

@@ -41,7 +41,9 @@ Measured per method (engine counters, ``VllmEngine.speculation_stats()``, summed
     .venv/bin/python bench/spec.py --model DIR --data ../shared/data/math500.parquet \\
         --data ../shared/data/gsm8k_test.jsonl --prompts 8 --acceptance-out runs/acceptance.json
 
-Without ``--model`` it runs the built-in tiny model (whose output hardly repeats: a smoke run). ``--devices``
+Without ``--model`` it runs the built-in tiny model (whose output hardly repeats: a smoke run; ``--prompts 2 --n 2
+--max-tokens 32 --methods off,ngram,group --engines 1`` takes about 2 minutes on 2 shared cores, each method's
+engines starting afresh in 30-80 s). ``--devices``
 (default: 0 .. engines - 1) are CPU cores on the CPU build and GPU ids on GPUs, as in ``EngineSpec.devices``.
 
 Acceptance file (``--acceptance-out``, JSON, read by the simulator, issue 50 item 4)::
