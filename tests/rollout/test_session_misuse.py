@@ -15,12 +15,6 @@ from pdsr_sdk.rollout.data import PromptRecord
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines (the shared vllm_pair)
 
 
-@pytest.fixture()
-def engines(vllm_pair):
-    """The run's two shared engines (tests/conftest.py: max_model_len 1024)."""
-    return vllm_pair
-
-
 def config(tiny_model_dir, **kw) -> RolloutConfig:
     return RolloutConfig(model=str(tiny_model_dir), batch_size=2, policy="baseline",
                          sampling={"n": 2, "max_tokens": 16}, segments={"min_tokens": 8, "max_tokens": 16}, **kw)
