@@ -2,6 +2,8 @@
 
 - A ``pdsr CMD ... --flag`` on one line of a doc (in a code block or inline code, continuation lines joined) names
   an option of that command.
+- Each ``pdsr ...`` example in a command's ``--help`` shows on one line of the rendered help (so it runs when
+  copied), names no path above the working directory, and its flags are options of its command.
 - A signature of a ``RolloutSession`` method in docs/sdk.md (``step(prompts=(), *, n=None, ...)``) has the
   method's parameters with their defaults: all of them, unless it ends in ``...``.
 - The tables of docs/configuration.md give each key's default as the config models have it.
@@ -70,6 +72,73 @@ def test_the_flag_check_finds_a_flag_that_is_gone():
             "pdsr trace synth --groups 8 \\\n    --gone\n"
             "pdsr simulate --steps 2   # then --anything in a comment\n")
     assert unknown_flags(text, commands) == ["1: pdsr simulate --no-such-flag", "2: pdsr trace synth --gone"]
+
+
+# -- --help: the examples each command's help gives -----------------------------------------------------------
+
+EXAMPLE = re.compile(r"^\s*(?:\w+:\s+)?(pdsr(?: [a-z][a-z0-9]*)+(?:\s[^\n]*)?)$", re.M)   # not prose: "pdsr x's"
+
+
+def help_pages(root) -> dict[str, tuple[str, str]]:
+    """``{"pdsr gae": (its docstring, its --help as rendered on an 80-column terminal)}`` for every command."""
+    import click
+
+    out = {}
+
+    def walk(cmd, parent, name):
+        ctx = click.Context(cmd, info_name=name, parent=parent, terminal_width=80, max_content_width=80)
+        out[ctx.command_path] = (cmd.help or "", cmd.get_help(ctx))
+        if isinstance(cmd, click.Group):
+            for sub in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, sub), ctx, sub)
+
+    walk(root, None, "pdsr")
+    return out
+
+
+def help_example_problems(docstring: str, rendered: str, commands: dict[str, set[str]]) -> list[str]:
+    """A ``pdsr ...`` example line of the docstring that the rendered help wraps (copied, it no longer runs:
+    put it in a ``\\b`` block), one that names a path above the working directory (a machine's layout), or a
+    flag its command does not have."""
+    shown = {" ".join(line.split()) for line in rendered.splitlines()}
+    problems = []
+    for example in EXAMPLE.findall(docstring):
+        example = " ".join(example.split())
+        if not any(line.endswith(example) for line in shown):
+            problems.append(f"wrapped: {example}")
+        if re.search(r"(?<![\w.])\.\./", example):
+            problems.append(f"a path outside the working directory: {example}")
+    problems += [f"no such flag: {p.split(': ', 1)[1]}" for p in unknown_flags(rendered, commands)]
+    return problems
+
+
+def test_every_help_example_renders_whole_and_names_real_flags():
+    from pdsr_cli.main import cli
+
+    commands = cli_options()
+    pages = help_pages(cli)
+    assert {"pdsr rollout", "pdsr gae", "pdsr trace synth", "pdsr simulate calibrate"} <= set(pages)
+    problems = [f"{name}: {p}" for name, (doc, rendered) in pages.items()
+                for p in help_example_problems(doc, rendered, commands)]
+    assert not problems, "--help:\n" + "\n".join(problems)
+
+
+def test_the_help_check_finds_a_wrapped_example_a_machine_path_and_a_gone_flag():
+    import click
+
+    commands = cli_options()
+    example = "pdsr gae --data rollouts.parquet --out rollouts_gae.parquet --gamma 1.0 --lam 0.95"
+
+    def problems(doc):
+        cmd = click.Command("gae", help=doc)
+        return help_example_problems(doc, cmd.get_help(click.Context(cmd, info_name="pdsr gae", terminal_width=80)),
+                                     commands)
+
+    assert problems(f"Add advantages.\n\nExample: {example}\n") == [f"wrapped: {example}"]
+    assert problems(f"Add advantages.\n\n\b\nExample:\n  {example}\n") == []
+    assert problems("Then:  pdsr gae --data ../shared/data/x.parquet --out y.parquet\n") == [
+        "a path outside the working directory: pdsr gae --data ../shared/data/x.parquet --out y.parquet"]
+    assert problems("\b\nExample:\n  pdsr gae --data x.parquet --gone\n") == ["no such flag: pdsr gae --gone"]
 
 
 # -- docs/sdk.md: RolloutSession's signatures -------------------------------------------------------------------

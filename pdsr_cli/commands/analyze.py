@@ -53,7 +53,9 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     their expectation, so a probe with no signal scores chance; a statistic
     that means nothing on the trace is n/a, with a warning on stderr.
 
-    Example: pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
+    \b
+    Example:
+      pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
     """
     from pdsr_sdk.analysis import analyze_trace, report_notes, report_tables, write_plots
     from pdsr_sdk.io.tables import check_new_output, write_text_atomic

@@ -46,7 +46,9 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     carries both unchanged (its reward is ignored); returns = advantages +
     values.
 
-    Example: pdsr gae --data rollouts.parquet --out rollouts_gae.parquet --gamma 1.0 --lam 0.95
+    \b
+    Example:
+      pdsr gae --data rollouts.parquet --out rollouts_gae.parquet --gamma 1.0 --lam 0.95
     """
     from pdsr_cli.quiet import output_mode
     from pdsr_sdk.gae.table import run_gae_file

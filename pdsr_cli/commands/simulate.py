@@ -359,7 +359,9 @@ def calibrate_cmd(trajectories, out, overwrite, block_size, iterations, shared, 
     checks: that price is fitted too and written as the profile's speculation section (the verify cost
     by batch size, and the run's acceptance), which `pdsr simulate --profile` then uses.
 
-    Example: pdsr simulate calibrate --trajectories runs/rollout.parquet --out profile.yaml
+    \b
+    Example:
+      pdsr simulate calibrate --trajectories runs/rollout.parquet --out profile.yaml
     """
     from pdsr_sdk.io.tables import check_new_output, write_text_atomic
     from pdsr_sdk.sim.calibrate import calibrate, profile_yaml

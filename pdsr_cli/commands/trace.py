@@ -81,11 +81,11 @@ def synth(out: Path, overwrite: bool, config_path: Path | None, **flags) -> None
     seed-002-like, long reasoning, an uninformative probe, a recorded
     trace resampled): its parameters are the defaults, flags override them.
 
-    Example: pdsr trace synth --groups 512 --n 8 --seed 0 --out trace.jsonl
-
-    Example: pdsr trace synth --family longcot --seed 101 --out longcot.jsonl
-
-    Example: pdsr trace synth --family multi-turn --seed 101 --out turns.jsonl   # 1-8 turns, 0.1-5 s tools
+    \b
+    Examples:
+      pdsr trace synth --groups 512 --n 8 --seed 0 --out trace.jsonl
+      pdsr trace synth --family longcot --seed 101 --out longcot.jsonl
+      pdsr trace synth --family multi-turn --seed 101 --out turns.jsonl   # 1-8 turns, 0.1-5 s tools
     """
     from pdsr_sdk.io.tables import check_new_output
     from pdsr_sdk.traces import synth_trace, write_trace_jsonl
