@@ -53,7 +53,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
       pdsr serve --model DIR --port 8000 --tool-parser hermes --max-tokens 4096
       pdsr serve --model DIR --speculative ngram --num-speculative-tokens 4
     """
-    from pdsr_cli.quiet import output_mode
+    from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import with_policy_sets
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
@@ -70,6 +70,8 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     check_listen_address(host, port, host_flag="--host", port_flag="--port")
     if cfg.model is None:
         echo_status("model: the built-in tiny random model (pass --model DIR for a real one)")
+    if quiet or not stderr_is_terminal():
+        cfg = quiet_engine_args(cfg, quiet)   # vLLM's weight-loading bar, as pdsr rollout turns it off
     session = RolloutSession(cfg)
     session.hooks.on_status.append(echo_status)
 

@@ -1,0 +1,29 @@
+"""``pdsr serve``'s output modes: what reaches the engines it starts (the engines themselves: tests/rollout/)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """The config of each session ``pdsr serve`` would serve, with no engine started and no socket opened."""
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    configs = []
+    monkeypatch.setattr(RolloutSession, "__enter__", lambda self: self)
+    monkeypatch.setattr(RolloutSession, "__exit__", lambda self, *exc: None)
+    monkeypatch.setattr(RolloutSession, "serve", lambda self, host, port, **kw: configs.append(self.config))
+    return configs
+
+
+@pytest.mark.parametrize("flags", [["--quiet"], []], ids=["quiet", "log-file"])
+def test_serve_turns_off_the_engines_weight_loading_bar_as_rollout_does(served, flags):
+    """vLLM draws that bar in the engine process, where TQDM_DISABLE does not reach it: --quiet and a stderr
+    that is no terminal (CliRunner's) need ``use_tqdm_on_load: false`` in the engine args, as pdsr rollout sets."""
+    r = CliRunner().invoke(cli, ["serve", "--port", "0", *flags])
+    assert r.exit_code == 0, r.output
+    assert [c.engine_defaults["engine_args"]["use_tqdm_on_load"] for c in served] == [False]
