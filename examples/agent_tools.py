@@ -13,7 +13,8 @@ result as a ``tool`` message and the model goes on. The reward is ``math_boxed``
 environment also adds scripted user turns (asking it to check with the calculator), so every sample takes
 several turns; ``tool_calls`` counts only real, parsed calls. It ends with one JSON line: ``trajectories``,
 ``turns_mean``, ``tool_calls``, ``token_mismatches`` (turn prompts, as vLLM received them, that differ from
-the trajectory's ids: 0) and ``failed`` (samples whose agent failed).
+the trajectory's ids: 0), ``turn_requests`` (the requests the engines received, each one checked), ``failed``
+(samples whose agent failed) and ``reward_mean`` (about 0 for the random model).
 """
 
 from __future__ import annotations
