@@ -1,7 +1,7 @@
-"""What the user docs (README.md, docs/*.md; not docs/notes/, which is history) name exists, as named.
+"""What the user docs (README.md, docs/*.md, examples/*.py; not docs/notes/, which is history) name exists, as named.
 
-- A ``pdsr CMD ... --flag`` on one line of a doc (in a code block or inline code, continuation lines joined) names
-  an option of that command.
+- A ``pdsr CMD ... --flag`` on one line of a doc (in a code block or inline code, continuation lines joined; not
+  inside a shell's ``$(...)``, another program's command line) names an option of that command.
 - Each ``pdsr ...`` example in a command's ``--help`` shows on one line of the rendered help (so it runs when
   copied), names no path above the working directory, and its flags are options of its command.
 - A signature of a ``RolloutSession`` method in docs/sdk.md (``step(prompts=(), *, n=None, ...)``) has the
@@ -20,7 +20,7 @@ import yaml
 
 from support import ROOT
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("*.py"))]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 
 
@@ -46,6 +46,7 @@ def unknown_flags(text: str, commands: dict[str, set[str]]) -> list[str]:
     """``pdsr CMD`` followed by flags an option of CMD does not name, one problem a line."""
     problems = []
     for number, line in enumerate(text.replace("\\\n", " ").splitlines(), 1):
+        line = re.sub(r"\$\([^()]*\)", "", line)                 # $(python x.py --flag): not pdsr's flags
         for match in re.finditer(r"\bpdsr((?: [a-z][a-z0-9]*)+)([^`|\n]*)", line):
             words = match.group(1).split()
             for k in range(min(len(words), 2), 0, -1):   # the longest command the words name
@@ -70,8 +71,10 @@ def test_the_flag_check_finds_a_flag_that_is_gone():
     commands = cli_options()
     text = ("`pdsr simulate --trace t.jsonl --no-such-flag`\n"
             "pdsr trace synth --groups 8 \\\n    --gone\n"
-            "pdsr simulate --steps 2   # then --anything in a comment\n")
-    assert unknown_flags(text, commands) == ["1: pdsr simulate --no-such-flag", "2: pdsr trace synth --gone"]
+            "pdsr simulate --steps 2   # then --anything in a comment\n"
+            'pdsr rollout --system-prompt "$(python examples/agent_tools.py --system)" --no-such-flag\n')
+    assert unknown_flags(text, commands) == ["1: pdsr simulate --no-such-flag", "2: pdsr trace synth --gone",
+                                             "4: pdsr rollout --no-such-flag"]
 
 
 # -- --help: the examples each command's help gives -----------------------------------------------------------
