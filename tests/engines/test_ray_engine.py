@@ -57,13 +57,13 @@ def test_without_ray_a_ray_engine_is_a_config_error_that_says_what_to_install(no
     from pdsr_sdk.rollout.layout import engine_layout
 
     cfg = RolloutConfig(engines=[_spec("a", backend="ray")])
-    with pytest.raises(ConfigError, match=r"pdsr\[ray\]"):
+    with pytest.raises(ConfigError, match=r"scripts/install\.sh cpu,ray"):
         engine_layout(cfg, required_pools=(), cpu=True, max_model_len=512)
-    with pytest.raises(ConfigError, match=r"pdsr\[ray\]"):
+    with pytest.raises(ConfigError, match=r"scripts/install\.sh cpu,ray"):
         engine_layout(RolloutConfig(ray={"address": "local"}), required_pools=(), cpu=True, max_model_len=512)
     from pdsr_sdk.engines.ray_engine import RayEngine   # an engine built by hand says the same on start
 
-    with pytest.raises(ConfigError, match=r"pdsr\[ray\]"):
+    with pytest.raises(ConfigError, match=r"scripts/install\.sh cpu,ray"):
         asyncio.run(RayEngine.from_spec(_spec("a", backend="ray"), model="unused").start())
     # without a ray engine nothing changes
     specs = engine_layout(RolloutConfig(engines=[_spec("a")]), required_pools=(), cpu=True, max_model_len=512)
@@ -79,7 +79,7 @@ def test_cli_ray_flag_without_ray_exits_2_with_the_install_hint(no_ray, tiny_mod
     result = CliRunner().invoke(cli, ["rollout", "--ray", "local", "--model", str(tiny_model_dir), "--n", "2",
                                       "--limit", "1", "--quiet", "--out", str(tmp_path / "o.parquet")])
     assert result.exit_code == 2, result.output
-    assert "pdsr[ray]" in result.output and "Traceback" not in result.output
+    assert "scripts/install.sh cpu,ray" in result.output and "Traceback" not in result.output
 
 
 def test_ray_settings_merge_key_by_key_and_need_the_ray_backend(monkeypatch):
