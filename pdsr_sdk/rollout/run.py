@@ -325,7 +325,11 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
             filtered_writer.finalize()
         state.finished = True
     finally:
-        for task in list(writes):   # an error or interrupt: groups still waiting for rewards are not written
+        # an error or interrupt: groups still waiting for rewards are not written, nor are those the engines'
+        # shutdown completes (their write would ask a closed session for rewards)
+        if on_group in session.hooks.on_group_done:
+            session.hooks.on_group_done.remove(on_group)
+        for task in list(writes):
             task.cancel()
         writer.flush()  # whatever finished is on disk, even on interrupt or engine failure
         if filtered_writer is not None:
