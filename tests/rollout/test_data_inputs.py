@@ -61,7 +61,7 @@ def write_parquet(path, rows):
 
 
 def verl_row(i, **more):
-    """A row as verl's examples/data_preprocess scripts write it."""
+    """A row as verl's data preprocessing scripts (gsm8k.py) write it."""
     return {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i}+1?"}],
             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
             "extra_info": {"split": "test", "index": i}, **more}
