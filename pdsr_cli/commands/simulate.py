@@ -37,8 +37,8 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--n", "n", type=int, default=None, help="Samples per prompt (the first n of each group).  [default: all]")
 @click.option("--num-batches", type=int, default=None, help="Simulate only the first this many batches.")
 @click.option("--profile", "profile", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`); "
-                   "overrides --config's profiles.  [default: one illustrative GPU-like profile for every engine]")
+              help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`; one "
+                   "pool's section is given to both); overrides --config's profiles.  [default: one illustrative GPU-like profile for every engine]")
 @click.option("--segment-min", type=int, default=None, help="Shortest dynamic segment (L_min).  [default: 64]")
 @click.option("--segment-max", type=int, default=None, help="Longest dynamic segment (L_max).  [default: 4096]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end (or cap) in one go.")

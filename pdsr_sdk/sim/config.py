@@ -242,7 +242,9 @@ class CalibrateConfig(ConfigModel):
 
 
 def load_profile_file(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read a profile file ``{fast: {...}, heavy: {...}}`` (as written by calibrate) and validate each pool."""
+    """Read a profile file ``{fast: {...}, heavy: {...}}`` (as written by calibrate) and validate each pool. A file
+    giving one pool (calibrated on a run of one pool's engines) gives it to both: engines are equal unless told
+    otherwise, and the other pool's illustrative GPU-like defaults would be seconds of another machine."""
     from pdsr_sdk.config import read_config_file
 
     data = read_config_file(path)
@@ -257,4 +259,7 @@ def load_profile_file(path: str | Path) -> dict[str, dict[str, Any]]:
         merged = {**default_profile(pool).model_dump(), **values}
         validate_config(EngineProfile, merged, source=path, prefix=pool)
         out[pool] = dict(values)
+    if len(out) == 1:
+        (values,) = out.values()
+        out = {"fast": values, "heavy": dict(values)}
     return out
