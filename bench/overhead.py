@@ -17,7 +17,8 @@ for ``--seed``), so every side generates exactly the same tokens' worth of work.
 request to the last response (generation only). Per side and round: tokens/s, the driver process's CPU
 seconds per 1k generated tokens (pdsr's dispatch and vLLM's output handling run there), and the requests
 vLLM got (a pdsr sample is sent in segments). The summary: per pdsr side, the median over rounds of its
-tokens/s / vLLM alone's in the same round, with [min, max].
+tokens/s / vLLM alone's in the same round, with [min, max], and the same of its occupancy (vLLM's mean count of
+running requests: the schedule's cost, steadier than tokens/s on a loaded machine).
 
     python bench/overhead.py                                   # tiny model, 64 sample prompts x 8
     python bench/overhead.py --rounds 5 --median-length 200 --max-length 1024
