@@ -34,6 +34,7 @@ import sys
 import time
 
 import numpy as np
+from bench_args import at_least
 
 FULL = [(256, 131072), (128, 65536)]
 QUICK = [(32, 16384), (16, 8192)]
@@ -166,17 +167,6 @@ def run_shape(rows: int, steps: int, args) -> None:
     print(f"   numba kernel / simple twin speed-up (float32 carry): {t_simple / t_nb['float32']:.2f}x")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (a median needs one run)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """``--shapes``: comma-separated ``BxT`` with B, T >= 1 (``64x32768,16x8192``)."""
     shapes = []
@@ -193,8 +183,8 @@ def main() -> None:
     parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="comma-separated BxT shapes (default: 256x131072,128x65536)")
     parser.add_argument("--quick", action="store_true", help=f"small shapes ({QUICK}) for a quick check")
-    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs of each fast variant (median; default 5)")
-    parser.add_argument("--loop-repeats", type=positive_int, default=1,
+    parser.add_argument("--repeats", type=at_least(1), default=5, help="timed runs of each fast variant (median; default 5)")
+    parser.add_argument("--loop-repeats", type=at_least(1), default=1,
                         help="timed runs of each per-timestep torch loop (seconds each at full size; default 1)")
     parser.add_argument("--threads", type=int, default=0, help="numba threads (default: all available)")
     parser.add_argument("--seed", type=int, default=0)

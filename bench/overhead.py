@@ -37,36 +37,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_args import at_least  # noqa: E402
+
 SIDES = ("vllm", "vllm-delta", "baseline", "v3")
 PDSR = ("baseline", "v3")
 #: a pdsr side with this suffix runs its policy without dynamic segments (each sample in one request)
 NOSEG = "-noseg"
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="prompts file or folder (as pdsr rollout --data); default: the built-in sample prompts")
-    p.add_argument("--prompts", type=positive_int, default=64, help="prompts used (the data's first ones)")
-    p.add_argument("--n", type=positive_int, default=8, help="samples per prompt")
-    p.add_argument("--median-length", type=positive_int, default=120, help="median forced response length")
-    p.add_argument("--max-length", type=positive_int, default=512, help="longest forced response length")
+    p.add_argument("--prompts", type=at_least(1), default=64, help="prompts used (the data's first ones)")
+    p.add_argument("--n", type=at_least(1), default=8, help="samples per prompt")
+    p.add_argument("--median-length", type=at_least(1), default=120, help="median forced response length")
+    p.add_argument("--max-length", type=at_least(1), default=512, help="longest forced response length")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and of the engine's sampling")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
     p.add_argument("--dtype", default="auto", help="engine dtype (as EngineSpec.dtype)")
-    p.add_argument("--max-num-seqs", type=positive_int, default=64, help="the engine's max_num_seqs")
+    p.add_argument("--max-num-seqs", type=at_least(1), default=64, help="the engine's max_num_seqs")
     p.add_argument("--kv-gib", type=float, default=None, help="the engine's KV cache (CPU build, GiB; default 1)")
     p.add_argument("--core", type=int, default=0, help="the CPU core (GPU on a GPU build) the engine runs on")
-    p.add_argument("--rounds", type=positive_int, default=3, help="rounds of every side, the order alternating")
+    p.add_argument("--rounds", type=at_least(1), default=3, help="rounds of every side, the order alternating")
     p.add_argument("--sides", default="vllm,baseline,v3",
                    help=f"comma-separated, of {', '.join(SIDES)}, or a policy with {NOSEG} (without dynamic segments); "
                         f"vllm is needed (the reference)")
