@@ -196,7 +196,7 @@ async def main_async(args) -> None:
         for e in engines:
             await e.close()
     ratios = pairwise(runs["partial"], runs["on-policy"])
-    part = runs["partial"][len(ratios) // 2]
+    part = median_run(runs["partial"], runs["on-policy"])
     fitted = calibrated_profile(tables)
     load_s = statistics.median(update_s) if update_s else 0.0
     predicted = simulated_ratio(args, trace, k, b, fitted, load_s)
@@ -211,7 +211,7 @@ async def main_async(args) -> None:
     if "pipelined" in runs:
         piped = pairwise(runs["pipelined"], runs["on-policy"])
         over = pairwise(runs["pipelined"], runs["partial"])
-        pipe = runs["pipelined"][len(piped) // 2]
+        pipe = median_run(runs["pipelined"], runs["on-policy"])
         print(f"with a trainer of {args.trainer_s:g} s a step: pipelined / on-policy samples per second "
               f"{statistics.median(piped):.3f}x [{piped[0]:.3f}, {piped[-1]:.3f}] (simulated "
               f"{simulated_ratio(args, trace, k, b, fitted, load_s, pipeline=True):.3f}x), pipelined / partial "
@@ -224,6 +224,14 @@ async def main_async(args) -> None:
 def pairwise(runs: list[dict], against: list[dict]) -> list[float]:
     """Samples per second of each round's run over the same round's ``against`` run, sorted."""
     return sorted((r["samples"] / r["wall_s"]) / (a["samples"] / a["wall_s"]) for r, a in zip(runs, against))
+
+
+def median_run(runs: list[dict], against: list[dict]) -> dict:
+    """The round's run whose ratio over ``against`` is the median of :func:`pairwise` (the lower of the middle two
+    for an even count): its details are printed beside that median."""
+    ratio = [(r["samples"] / r["wall_s"]) / (a["samples"] / a["wall_s"]) for r, a in zip(runs, against)]
+    order = sorted(range(len(runs)), key=ratio.__getitem__)
+    return runs[order[(len(runs) - 1) // 2]]
 
 
 def calibrated_profile(tables: list[Path]) -> dict:

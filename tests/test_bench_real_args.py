@@ -164,3 +164,13 @@ def test_spec_replay_prints_the_tail_ratio_it_is_read_for():
     assert sr.tail_ratio({"tail": tail}, {"tail": {"accepted": 0, "verify_steps": 0}}) != sr.tail_ratio(
         {"tail": tail}, {"tail": {"accepted": 0, "verify_steps": 0}})   # nan: no ngram step to compare with
 
+
+
+def test_partial_prints_the_details_of_the_round_at_the_median_ratio():
+    """bench/partial.py printed the off-policy share and staleness of the middle round by index, not of the round
+    whose ratio is the median it prints."""
+    median_run = load_bench("partial").median_run
+    on = [{"samples": 10, "wall_s": 1.0, "round": r} for r in range(3)]
+    runs = [{"samples": 10, "wall_s": w, "round": r} for r, w in enumerate((0.5, 0.25, 1.0))]   # ratios 2, 4, 1
+    assert median_run(runs, on)["round"] == 0
+    assert median_run(runs[1:], on[1:])["round"] == 2   # ratios 4, 1: the lower middle
