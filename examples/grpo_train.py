@@ -302,26 +302,44 @@ def compare(s: GrpoSettings, emit: Callable[[str], Any] = print) -> dict[str, li
     return runs
 
 
+def at_least(kind: type, low: float, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` of at least ``low`` (``above``: more than it), so a bad value is a
+    one-line error naming its flag before any engine starts."""
+    name = "whole number" if kind is int else "number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {name}") from None
+        if not (value > low if above else value >= low):   # also refuses nan
+            raise argparse.ArgumentTypeError(f"{value} is {'not above' if above else 'below'} {low}")
+        return value
+
+    parse.__name__ = f"{name} {'>' if above else '>='} {low}"   # argparse names the type in its own messages
+    return parse
+
+
 def parse_args(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoSettings()) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=defaults.steps)
-    ap.add_argument("--batch-size", type=int, default=defaults.batch_size, help="prompts per step")
-    ap.add_argument("--n", type=int, default=defaults.n, help="samples per prompt (group size)")
-    ap.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    ap.add_argument("--lr", type=float, default=defaults.lr)
-    ap.add_argument("--inner-steps", type=int, default=defaults.inner_steps)
-    ap.add_argument("--clip", type=float, default=defaults.clip)
-    ap.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
+    ap.add_argument("--steps", type=at_least(int, 1), default=defaults.steps)
+    ap.add_argument("--batch-size", type=at_least(int, 1), default=defaults.batch_size, help="prompts per step")
+    ap.add_argument("--n", type=at_least(int, 1), default=defaults.n, help="samples per prompt (group size)")
+    ap.add_argument("--max-tokens", type=at_least(int, 1), default=defaults.max_tokens)
+    ap.add_argument("--lr", type=at_least(float, 0, above=True), default=defaults.lr)
+    ap.add_argument("--inner-steps", type=at_least(int, 1), default=defaults.inner_steps)
+    ap.add_argument("--clip", type=at_least(float, 0), default=defaults.clip)
+    ap.add_argument("--kl-coef", type=at_least(float, 0), default=defaults.kl_coef)
     ap.add_argument("--seed", type=int, default=defaults.seed)
     ap.add_argument("--model", default=defaults.model, help="model folder (default: the built-in tiny model)")
     ap.add_argument("--ray", default=defaults.ray, metavar="ADDRESS",
                     help="run the engines as Ray actors: 'local' starts a one-machine cluster (docs/ray.md)")
-    ap.add_argument("--over-provision", type=float, default=defaults.over_provision, metavar="F",
+    ap.add_argument("--over-provision", type=at_least(float, 0), default=defaults.over_provision, metavar="F",
                     help="partial rollout: keep ceil(B x (1 + F)) groups in flight; a step trains on the first B "
                          "complete, the rest carry on under the new weights")
-    ap.add_argument("--max-staleness", type=int, default=defaults.max_staleness, metavar="S",
+    ap.add_argument("--max-staleness", type=at_least(int, 0), default=defaults.max_staleness, metavar="S",
                     help="partial rollout: restart samples whose tokens are more than S versions old")
-    ap.add_argument("--tis", type=float, default=defaults.tis, metavar="UPPER",
+    ap.add_argument("--tis", type=at_least(float, 0, above=True), default=defaults.tis, metavar="UPPER",
                     help="truncated importance sampling: weight each token's loss by min(pi_old / pi_engine, "
                          "UPPER) (default: 2 with --over-provision, else off)")
     ap.add_argument("--pipeline", action="store_true", default=defaults.pipeline,
@@ -345,6 +363,8 @@ def main(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoSetting
         raise SystemExit("--max-staleness and --pipeline apply to partial rollout: set --over-provision too")
     if s.multi_turn and s.over_provision is not None:
         raise SystemExit("--multi-turn runs on-policy steps: multi-turn samples do not carry across steps yet")
+    if s.multi_turn and s.max_tokens < 2:
+        raise SystemExit("--max-tokens: --multi-turn gives each of its two turns max-tokens // 2; expected 2 or more")
 
     def emit(line: str) -> None:
         print(line, flush=True)
