@@ -31,11 +31,13 @@ next step and continue under the new weights, so some of a step's tokens were sa
 policy (never more than S versions old). ``--tis UPPER`` (default 2 with ``--over-provision``)
 corrects for that with truncated importance sampling: each token's loss is weighted by
 ``min(pi_old / pi_engine, UPPER)``, the trainer's log-prob before the update over the engine's
-log-prob of the policy that sampled it (``pdsr_sdk.importance_weights``). The step's line then
-adds ``off_policy_share`` (tokens sampled by an older version), ``max_token_age`` (versions, at the
-step's end), ``trained_token_age`` (at the trainer's weights) and ``tis_weight`` (the mean weight);
-``kl_ref`` and ``engine_trainer_logp_gap`` are measured on the tokens the trainer's own weights
-sampled (the gap thus stays a numerics check).
+log-prob of the policy that sampled it (``pdsr_sdk.importance_weights``); ``--tis off`` trains
+without it. The step's line then adds ``off_policy_share`` (tokens sampled by an older version),
+``max_token_age`` (versions, at the step's end), ``trained_token_age`` (at the trainer's weights) and
+``tis_weight`` (the mean weight; null with ``--tis off``); ``kl_ref`` and ``engine_trainer_logp_gap`` are
+measured on the tokens the trainer's own weights sampled (the gap thus stays a numerics check). ``--tis UPPER``
+without ``--over-provision`` corrects the engine's numerics only (bf16 engines, an fp32 trainer) and adds
+``tis_weight`` to the line too.
 
 ``--pipeline`` (with ``--over-provision``) starts the next step before training on this one, as a
 trainer that overlaps generation and training does: the weight update lands in the middle of the next
@@ -100,7 +102,7 @@ class GrpoSettings:
     ray: str | None = None       # a Ray address ("local", "auto", ...): engines as Ray actors
     over_provision: float | None = None   # partial rollout: ceil(B x (1 + F)) groups in flight
     max_staleness: int | None = None      # partial rollout: restart tokens more than S versions old
-    tis: float | None = None     # truncated importance sampling's upper bound (None: no correction)
+    tis: float | None = None     # TIS's upper bound (None: 2 with over-provision, else off; 0: off)
     pipeline: bool = False       # partial rollout: the next step generates while this one trains
     multi_turn: bool = False     # two model turns per sample (an agent), the loss masked to the sampled tokens
 
@@ -238,7 +240,7 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             kl = float(np.mean(np.exp(d) - d - 1)) if current.any() else float("nan")
 
             adv_t = torch.from_numpy(adv)[:, None]
-            tis_upper = s.tis if s.tis is not None else (2.0 if partial else None)
+            tis_upper = (s.tis or None) if s.tis is not None else (2.0 if partial else None)   # 0: off
             if tis_upper is not None:   # the behaviour policy (older weights, the engine's numerics) -> the trainer's
                 weights, keep = importance_weights(old_t, eng_t, mask, level="token", mode="truncate", upper=tis_upper)
             else:
@@ -275,8 +277,9 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                 row.update(off_policy_share=round(out.summary["off_policy_share"], 4),
                            max_token_age=out.summary["max_token_age"],
                            # the age the trainer sees: its weights may be newer than the step's end
-                           trained_token_age=int(trainer_version - token_version.min()),
-                           tis_weight=round(float(weights[keep].mean()), 4) if tis_upper is not None else None)
+                           trained_token_age=int(trainer_version - token_version.min()))
+            if partial or tis_upper is not None:   # null: --tis off
+                row["tis_weight"] = round(float(weights[keep].mean()), 4) if tis_upper is not None else None
             history.append(row)
             emit(json.dumps(row))
     finally:
@@ -320,6 +323,11 @@ def at_least(kind: type, low: float, above: bool = False) -> Callable[[str], Any
     return parse
 
 
+def tis_bound(text: str) -> float:
+    """--tis: an upper bound above 0, or ``off`` (0.0: no correction, also with --over-provision)."""
+    return 0.0 if text == "off" else at_least(float, 0, above=True)(text)
+
+
 def parse_args(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoSettings()) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--steps", type=at_least(int, 1), default=defaults.steps)
@@ -339,9 +347,9 @@ def parse_args(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoS
                          "complete, the rest carry on under the new weights")
     ap.add_argument("--max-staleness", type=at_least(int, 0), default=defaults.max_staleness, metavar="S",
                     help="partial rollout: restart samples whose tokens are more than S versions old")
-    ap.add_argument("--tis", type=at_least(float, 0, above=True), default=defaults.tis, metavar="UPPER",
+    ap.add_argument("--tis", type=tis_bound, default=defaults.tis, metavar="UPPER",
                     help="truncated importance sampling: weight each token's loss by min(pi_old / pi_engine, "
-                         "UPPER) (default: 2 with --over-provision, else off)")
+                         "UPPER) (default: 2 with --over-provision, else off; 'off': none)")
     ap.add_argument("--pipeline", action="store_true", default=defaults.pipeline,
                     help="partial rollout: start the next step before training on this one (one step off-policy); "
                          "the weight update lands in the middle of the next step")

@@ -254,6 +254,29 @@ def test_grpo_example_pipelined_trains_on_one_step_while_the_next_generates():
     assert all(0 < r["tis_weight"] <= 2 for r in rows)
 
 
+GRPO_TIS_ARGS = ["--steps", "3", "--batch-size", "2", "--n", "4", "--max-tokens", "8", "--seed", "0"]
+
+
+@requires_vllm
+@requires_torch
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_grpo_example_reports_tis_on_policy_and_trains_partial_rollout_without_it():
+    """``--tis 1.5`` on on-policy steps weights the tokens (the engine's numerics against the trainer's) and says
+    so in each line (mean weight in (0, 1.5]); ``--tis off`` with ``--over-provision`` trains without the weights
+    (null) and still reports the ages."""
+    lines = {}
+    for name, extra in (("on-policy", ["--tis", "1.5"]), ("off", ["--over-provision", "1", "--max-staleness", "1",
+                                                                  "--tis", "off"])):
+        out = subprocess.run([sys.executable, str(ROOT / "examples" / "grpo_train.py"), *GRPO_TIS_ARGS, *extra],
+                             capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=900)
+        assert out.returncode == 0, out.stderr[-5000:]
+        lines[name] = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        assert [r["step"] for r in lines[name]] == [0, 1, 2]
+    assert all(0 < r["tis_weight"] <= 1.5 and "max_token_age" not in r for r in lines["on-policy"])
+    assert all(r["tis_weight"] is None and r["max_token_age"] <= 1 for r in lines["off"])
+
+
 @requires_vllm
 @requires_torch
 @requires_ray

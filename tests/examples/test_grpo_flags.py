@@ -67,3 +67,4 @@ def test_good_values_pass():
     a = grpo_train.parse_args(["--steps", "1", "--lr", "1e-3", "--clip", "0", "--over-provision", "0",
                                "--max-staleness", "0", "--tis", "1.5"])
     assert (a.steps, a.lr, a.clip, a.over_provision, a.max_staleness, a.tis) == (1, 1e-3, 0.0, 0.0, 0, 1.5)
+    assert grpo_train.parse_args(["--tis", "off"]).tis == 0.0   # no correction, also with --over-provision
