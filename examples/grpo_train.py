@@ -60,7 +60,7 @@ the reward mean (mean of the last 3 steps minus the first 3) of each.
     python examples/grpo_train.py --compare        # both, one session
     python examples/grpo_train.py --ray local      # the same on Ray engines (see examples/ray_engines.py)
     python examples/grpo_train.py --over-provision 1 --max-staleness 1   # partial rollout, TIS-corrected
-    python examples/grpo_train.py --over-provision 1 --max-staleness 2 --pipeline   # and one step overlapped
+    python examples/grpo_train.py --over-provision 1 --max-staleness 1 --pipeline   # and one step overlapped
     python examples/grpo_train.py --multi-turn     # two model turns per sample, the loss masked to them
 
 Measured on the shared 2-core machine (defaults, seed 0): see docs/sdk.md ("A complete GRPO loop").
