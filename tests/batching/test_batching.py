@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from partition_checks import check_partition
 
 from pdsr_sdk.batching import (
     DEFAULT_ATTENTION_COEF,
@@ -92,13 +93,6 @@ def optimal_bins(lengths, cap):
 
     place(0, [])
     return best[0] if items else 0
-
-
-def check_partition(parts, n):
-    flat = sorted(i for p in parts for i in p)
-    assert flat == list(range(n)), "every index exactly once"
-    for p in parts:
-        assert p == sorted(p), "indices ascend inside a micro-batch"
 
 
 @st.composite

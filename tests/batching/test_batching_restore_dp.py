@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from partition_checks import check_partition
 from support import WAIT_S
 
 from pdsr_sdk.batching import (
@@ -28,13 +29,6 @@ from pdsr_sdk.batching import (
 from pdsr_sdk.errors import ConfigError, DataError
 
 SETTINGS = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-
-
-def check_partition(parts, n):
-    flat = sorted(i for p in parts for i in p)
-    assert flat == list(range(n)), "every index exactly once"
-    for p in parts:
-        assert p == sorted(p), "indices ascend inside a micro-batch"
 
 
 # ------------------------------------------------------------- restoring
