@@ -22,9 +22,11 @@ class GaeConfig(ConfigModel):
                                   "(list<float32>, replacing columns of those names); written atomically.")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' "
                                                "is an error).")
-    rewards_column: str = Field("rewards", description="Column of per-token rewards (a list per row), or of one "
-                                                       "number per row, which is placed on the row's last valid "
-                                                       "token (verl's token_level_rewards convention).")
+    rewards_column: Optional[str] = Field(None, description="Column of per-token rewards (a list per row), or of "
+                                                            "one number per row, which is placed on the row's last "
+                                                            "valid token (verl's token_level_rewards convention). "
+                                                            "null: 'rewards', or else 'reward' (the column `pdsr "
+                                                            "rollout` writes).")
     values_column: str = Field("values", description="Column of per-token value estimates V_t (a list per row, "
                                                      "as long as the rewards list).")
     mask_column: Optional[str] = Field("response_mask", description="Column of the per-token response mask (a "

@@ -51,7 +51,8 @@ class GaeRunSummary:
 def run_gae_file(cfg: GaeConfig) -> GaeRunSummary:
     """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically (checked writable first)."""
     check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite)
-    columns = [cfg.rewards_column, cfg.values_column] + ([cfg.mask_column] if cfg.mask_column else [])
+    columns = ([cfg.rewards_column] if cfg.rewards_column else []) + [cfg.values_column] + \
+        ([cfg.mask_column] if cfg.mask_column else [])
     table = read_table(cfg.data, columns, what="GAE input")
     result, summary = gae_table(table, cfg, source=cfg.data)
     write_table_atomic(result, cfg.out)
@@ -160,27 +161,41 @@ def _check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: n
                         f"({bad.size} row(s) differ)")
 
 
+def rewards_column_name(table: pa.Table, cfg: GaeConfig, source) -> str:
+    """The rewards column ``cfg`` names, or without one 'rewards' if ``table`` has it, else 'reward' (the
+    column ``pdsr rollout`` writes)."""
+    if cfg.rewards_column:
+        return cfg.rewards_column
+    for name in ("rewards", "reward"):
+        if name in table.column_names:
+            return name
+    raise DataError(f"{source}: no rewards column: neither 'rewards' nor 'reward' (the column `pdsr rollout` "
+                    f"writes); name one with --rewards-column (config key rewards_column); the file has: "
+                    f"{', '.join(table.column_names) or '(no columns)'}")
+
+
 def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray,
              mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat per-token rewards (a scalar column goes on each row's last valid token), and the rows whose scalar
     reward is not 0 but that have no valid token to carry it."""
-    column = table.column(cfg.rewards_column)
+    name = rewards_column_name(table, cfg, source)
+    column = table.column(name)
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        rewards, r_offsets = list_column_to_numpy(column, np.float32, name=cfg.rewards_column, path=source)
-        _check_lengths(source, cfg.rewards_column, np.diff(r_offsets), cfg.values_column, np.diff(offsets))
-        _check_finite(source, cfg.rewards_column, rewards, r_offsets)
+        rewards, r_offsets = list_column_to_numpy(column, np.float32, name=name, path=source)
+        _check_lengths(source, name, np.diff(r_offsets), cfg.values_column, np.diff(offsets))
+        _check_finite(source, name, rewards, r_offsets)
         return rewards, np.zeros(0, dtype=np.int64)
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
-        raise DataError(f"{source}: column {cfg.rewards_column!r} must be a list of numbers per row or one number "
+        raise DataError(f"{source}: column {name!r} must be a list of numbers per row or one number "
                         f"per row, got {kind}")
     if column.null_count:
         row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
-        raise DataError(f"{source}: column {cfg.rewards_column!r} row {row} is null; expected a number")
+        raise DataError(f"{source}: column {name!r} row {row} is null; expected a number")
     scalars = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
     bad = np.flatnonzero(~np.isfinite(scalars))
     if bad.size:
-        raise DataError(f"{source}: column {cfg.rewards_column!r} row {int(bad[0])} is {scalars[bad[0]]}; expected "
+        raise DataError(f"{source}: column {name!r} row {int(bad[0])} is {scalars[bad[0]]}; expected "
                         f"a finite number ({bad.size} non-finite row(s))")
     rewards = np.zeros(int(offsets[-1]), dtype=np.float32)
     # last valid flat index of each row: the last valid index before the row's end, if inside the row

@@ -209,8 +209,8 @@ def test_rollout_file_with_null_mask_rows(tmp_path):
                       "reward": pa.array(reward, pa.float32())})
     src = tmp_path / "rollout.parquet"
     pq.write_table(table, src)
-    result = invoke("--data", src, "--out", tmp_path / "out.parquet", "--rewards-column", "reward",
-                    "--gamma", 0.9, "--lam", 0.8)
+    # no --rewards-column: a rollout file's 'reward' is found by itself
+    result = invoke("--data", src, "--out", tmp_path / "out.parquet", "--gamma", 0.9, "--lam", 0.8)
     assert result.exit_code == 0, result.output
     assert f"({sum(lengths) - 7} valid)" in result.output   # 5 + 2 environment tokens
     got = pq.read_table(tmp_path / "out.parquet")
@@ -228,3 +228,26 @@ def test_rollout_file_with_null_mask_rows(tmp_path):
     result = invoke("--data", src, "--out", tmp_path / "out2.parquet", "--rewards-column", "reward")
     assert result.exit_code == 2
     assert "row 1: 'values' has 9 elements but 'response_mask' has 8" in result.output
+
+
+def test_rewards_column_default_prefers_rewards_and_names_both_when_absent(tmp_path):
+    # with both columns and no --rewards-column, 'rewards' (per-token lists) is used, not the scalar 'reward'
+    values = [[0.5, 0.25, 0.0], [1.0, 0.0]]
+    rewards = [[0.0, 0.0, 1.0], [0.0, 2.0]]
+    table = pa.table({"values": values, "rewards": rewards, "reward": [7.0, 7.0],
+                      "response_mask": pa.array([None, None], pa.list_(pa.int8()))})
+    src = tmp_path / "both.parquet"
+    pq.write_table(table, src)
+    result = invoke("--data", src, "--out", tmp_path / "out.parquet", "--gamma", 1.0, "--lam", 1.0)
+    assert result.exit_code == 0, result.output
+    got = pq.read_table(tmp_path / "out.parquet")
+    for i in range(2):
+        v = np.asarray(values[i], np.float64)
+        adv = _verl_style_gae(np.asarray(rewards[i], np.float64), v, np.ones(len(v), bool), 1.0, 1.0)
+        np.testing.assert_allclose(got.column("advantages")[i].as_py(), adv, rtol=1e-6, atol=1e-6)
+    # neither column: one line naming both defaults and the flag
+    pq.write_table(table.drop(["rewards", "reward"]), src)
+    result = invoke("--data", src, "--out", tmp_path / "out3.parquet")
+    assert result.exit_code == 2
+    assert "neither 'rewards' nor 'reward'" in result.output and "--rewards-column" in result.output
+    assert str(src) in result.output and "Traceback" not in result.output
