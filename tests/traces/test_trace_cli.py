@@ -1,0 +1,82 @@
+"""`pdsr trace synth` and `pdsr trace convert`: the files they write, --config and flags, --out and
+--overwrite, and clean errors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from pdsr_cli.main import cli
+from pdsr_sdk.traces import read_trace, synth_trace
+from trace_inputs import GOOD, assert_same_trace, sample_trajectories, write_lines
+
+
+def test_cli_synth_writes_the_sdk_trace(tmp_path):
+    out = tmp_path / "t.jsonl"
+    result = CliRunner().invoke(cli, ["trace", "synth", "--groups", "40", "--n", "4", "--seed", "9",
+                                      "--tokens-per-s", "80", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "40 groups x 4 samples" in result.output
+    assert_same_trace(read_trace(out), synth_trace(groups=40, n=4, seed=9, tokens_per_s=80))
+
+
+def test_cli_synth_flags_override_config_file(tmp_path):
+    cfg = tmp_path / "synth.yaml"
+    cfg.write_text("groups: 12\nn: 3\nseed: 4\nmax_length: 999\n")
+    out = tmp_path / "t.jsonl"
+    result = CliRunner().invoke(cli, ["trace", "synth", "--config", str(cfg), "--n", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert_same_trace(read_trace(out), synth_trace(groups=12, n=5, seed=4, max_length=999))
+
+
+def test_cli_synth_bad_value_is_a_clean_error(tmp_path):
+    result = CliRunner().invoke(cli, ["trace", "synth", "--groups", "0", "--out", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2
+    assert "groups" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("job", ["synth", "convert"])
+def test_cli_an_existing_out_is_kept_unless_overwrite(tmp_path, job):
+    src = tmp_path / "traj.parquet"
+    pq.write_table(sample_trajectories(), src)
+    out = tmp_path / "t.jsonl"
+    out.write_text("mine\n")
+    args = ["trace", "synth", "--groups", "4", "--n", "2"] if job == "synth" else ["trace", "convert", str(src)]
+    result = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"--out {out}: already exists; pass --overwrite to replace it" in result.output
+    assert out.read_text() == "mine\n"
+    result = CliRunner().invoke(cli, [*args, "--out", str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert read_trace(out).num_groups == (4 if job == "synth" else 2)
+
+
+def test_cli_convert_onto_its_source_is_refused(tmp_path):
+    src = write_lines(tmp_path / "t.jsonl", [GOOD])
+    before = src.read_text()
+    result = CliRunner().invoke(cli, ["trace", "convert", str(src), "--out", str(src), "--overwrite"])
+    assert result.exit_code == 2 and f"--out and SOURCE are the same file {src}" in result.output, result.output
+    assert src.read_text() == before
+
+
+def test_cli_convert_parquet_to_jsonl(tmp_path):
+    src, out = tmp_path / "traj.parquet", tmp_path / "trace.jsonl"
+    pq.write_table(sample_trajectories(), src)
+    result = CliRunner().invoke(cli, ["trace", "convert", str(src), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "2 groups, 3 samples each, 6 samples (with durations, finish reasons)" in result.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0] == {"prompt_id": "q", "prompt_len": 7, "lengths": [35, 40, 0], "durations_s": [3.5, 4.0, 0.0],
+                        "finish_reasons": ["stop", "stop", "abort"]}
+    assert lines[1]["lengths"] == [100, 120, 300]
+
+
+def test_cli_convert_reports_bad_input_without_traceback(tmp_path):
+    src = write_lines(tmp_path / "bad.jsonl", [GOOD, {"prompt_id": "h", "prompt_len": 1, "lengths": [-4]}])
+    result = CliRunner().invoke(cli, ["trace", "convert", str(src), "--out", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 2
+    assert f"{src}:2: lengths[0] is negative" in result.output
+    assert not (tmp_path / "o.jsonl").exists()
