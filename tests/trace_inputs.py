@@ -1,4 +1,5 @@
-"""Shared by the length-trace tests (tests/traces/test_traces.py, test_trace_synth.py, test_trace_cli.py): JSONL
+"""Shared by the length-trace tests (tests/traces/test_traces.py, test_trace_synth.py, test_trace_cli.py,
+test_trace_responses.py): JSONL
 lines written as given, a trajectories table, and an exact comparison of two traces."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def assert_same_trace(a: LengthTrace, b: LengthTrace) -> None:
     np.testing.assert_array_equal(a.prompt_lens, b.prompt_lens)
     np.testing.assert_array_equal(a.lengths, b.lengths)
     np.testing.assert_array_equal(a.offsets, b.offsets)
-    for x, y in ((a.durations_s, b.durations_s), (a.finish_reasons, b.finish_reasons)):
+    for x, y in ((a.durations_s, b.durations_s), (a.finish_reasons, b.finish_reasons), (a.rewards, b.rewards)):
         assert (x is None) == (y is None)
         if x is not None:
             np.testing.assert_array_equal(x, y)

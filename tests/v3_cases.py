@@ -1,4 +1,5 @@
-"""Shared by the v3 tests (tests/policies/test_v3.py, test_v3_lane.py, test_v3_moves.py): an engine profile."""
+"""Shared by the v3 tests (tests/policies/test_v3.py, test_v3_lane.py, test_v3_moves.py,
+test_v3_settings.py): an engine profile."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from pdsr_sdk.policies.resolve import resolve_policy, with_policy_sets
 from pdsr_sdk.policies.v3.settings import FLAT_KEYS, FLAT_SWITCHES, RULES, V3Settings
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+from v3_cases import EQUAL
 
 # old flat settings -> the nested ones they mean, written out by hand (the reference the mapping is held to)
 OLD_AND_NEW = [
@@ -244,7 +245,6 @@ def test_resume_compares_settings_however_they_are_spelt(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- each setting acts
-EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)
 
 
 def _batches(trace, settings, **kw):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 from pdsr_cli.main import cli
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.traces import LengthTrace, read_any_trace, read_responses_trace, read_trace
+from trace_inputs import assert_same_trace
 
 #: the equivalent pdsr JSONL trace: two prompts of unequal size, rows interleaved in the logs below
 TRACE_LINES = [
@@ -37,17 +37,6 @@ def _expected(tmp_path: Path, keys=("finish_reasons", "rewards"), prompt_lens=Tr
     path = tmp_path / "expected.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return read_trace(path)
-
-
-def _assert_same(a: LengthTrace, b: LengthTrace) -> None:
-    assert a.prompt_ids == b.prompt_ids
-    np.testing.assert_array_equal(a.prompt_lens, b.prompt_lens)
-    np.testing.assert_array_equal(a.lengths, b.lengths)
-    np.testing.assert_array_equal(a.offsets, b.offsets)
-    for x, y in ((a.finish_reasons, b.finish_reasons), (a.rewards, b.rewards), (a.durations_s, b.durations_s)):
-        assert (x is None) == (y is None)
-        if x is not None:
-            np.testing.assert_array_equal(x, y)
 
 
 def _verl_table() -> pa.Table:
@@ -82,7 +71,7 @@ def test_verl_style_tables_round_trip_with_and_without_flags(tmp_path, kind):
         result = _convert(src, out, *flags)
         assert result.exit_code == 0, result.output
         assert "2 groups, 2..3 samples, 5 samples (with finish reasons, rewards)" in result.output
-        _assert_same(read_trace(out), expected)
+        assert_same_trace(read_trace(out), expected)
 
 
 def test_openai_style_jsonl_with_dotted_paths(tmp_path):
@@ -96,14 +85,14 @@ def test_openai_style_jsonl_with_dotted_paths(tmp_path):
     # usage.completion_tokens, usage.prompt_tokens and choices.0.finish_reason are found by their usual names
     result = _convert(src, out, "--id-column", "metadata.prompt_id")
     assert result.exit_code == 0, result.output
-    _assert_same(read_trace(out), _expected(tmp_path, keys=("finish_reasons",)))
+    assert_same_trace(read_trace(out), _expected(tmp_path, keys=("finish_reasons",)))
 
 
 def test_per_response_jsonl_and_csv(tmp_path):
     jsonl = tmp_path / "resp.jsonl"
     jsonl.write_text("".join(json.dumps({"prompt_id": pid, "prompt_len": plen, "response_length": n,
                                          "finish_reason": r, "reward": w}) + "\n" for pid, plen, n, r, w in ROWS))
-    _assert_same(read_any_trace(jsonl), _expected(tmp_path))
+    assert_same_trace(read_any_trace(jsonl), _expected(tmp_path))
     csv = tmp_path / "log.csv"
     csv.write_text("question,n_tokens,why,score\n" + "".join(
         f"{pid},{float(n) if i == 1 else n},{r},{'' if w is None else w}\n" for i, (pid, _, n, r, w) in enumerate(ROWS)))
@@ -111,7 +100,7 @@ def test_per_response_jsonl_and_csv(tmp_path):
     result = _convert(csv, out, "--id-column", "question", "--length-column", "n_tokens",
                       "--finish-reason-column", "why")
     assert result.exit_code == 0, result.output
-    _assert_same(read_trace(out), _expected(tmp_path, prompt_lens=False))   # no prompt length column: 0
+    assert_same_trace(read_trace(out), _expected(tmp_path, prompt_lens=False))   # no prompt length column: 0
 
 
 def test_sample_index_orders_a_prompts_samples_and_token_ids_are_counted(tmp_path):
@@ -126,12 +115,12 @@ def test_sample_index_orders_a_prompts_samples_and_token_ids_are_counted(tmp_pat
 def test_pdsr_traces_and_trajectories_still_convert_as_before(tmp_path):
     trace_path = tmp_path / "trace.jsonl"
     trace_path.write_text("".join(json.dumps(x) + "\n" for x in TRACE_LINES))
-    _assert_same(read_any_trace(trace_path), _expected(tmp_path))
+    assert_same_trace(read_any_trace(trace_path), _expected(tmp_path))
     ids, plens, lens, reasons, rewards = zip(*ROWS)
     traj = pa.table({"prompt_id": list(ids), "sample_index": [0, 0, 1, 1, 2], "prompt_length": list(plens),
                      "response_length": list(lens), "finish_reason": list(reasons),
                      "reward": pa.array(rewards, pa.float64())})
-    _assert_same(read_any_trace(_parquet(tmp_path, traj)), _expected(tmp_path))
+    assert_same_trace(read_any_trace(_parquet(tmp_path, traj)), _expected(tmp_path))
 
 
 def _parquet(tmp_path: Path, table: pa.Table, name: str = "log.parquet") -> Path:
