@@ -17,6 +17,7 @@ pool other numbers.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +40,7 @@ class SpeculationProfile(ConfigModel):
     """Speculative decoding in a simulated engine: while few requests run, a step checks drafted tokens and
     yields more than one token per request, for a dearer step."""
 
-    tokens_per_step: float = Field(1.0, ge=1.0, description="Tokens a step yields per running request while drafting is on: 1 plus the drafted tokens accepted per step, the steps that drafted nothing included (bench/spec.py: tokens / (tokens - accepted)). 1 = no gain.")
+    tokens_per_step: float = Field(1.0, ge=1.0, allow_inf_nan=False, description="Tokens a step yields per running request while drafting is on: 1 plus the drafted tokens accepted per step, the steps that drafted nothing included (bench/spec.py: tokens / (tokens - accepted)). 1 = no gain.")
     draft_load: float = Field(1.0, ge=0.0, le=1.0, description="Drafted tokens per request and step, as a share of num_speculative_tokens: a verify step's extra cost over a decode step (verify_cost - 1) scales with it. 1: every step drafts them all; a drafter that often finds nothing drafts far less (bench/spec.py: 0.05-0.15 in a SmolLM2 tail).")
     verify_cost: list[tuple[int, float]] = Field(default_factory=lambda: list(H100_VERIFY_COST_K4), description="A verify step's cost relative to a plain decode step, as [running requests, factor] pairs, interpolated linearly between them and held flat past the ends; default: 4 drafted tokens on one H100, measured by bench/verify_cost.py.")
     max_batch: int = Field(32, ge=0, description="Drafting runs only while at most this many requests run on the engine (verl's MTP lost about half its throughput at high batch); above it steps are plain.")
@@ -50,21 +51,22 @@ class SpeculationProfile(ConfigModel):
     @model_validator(mode="after")
     def _sorted(self) -> "SpeculationProfile":
         sizes = [b for b, _ in self.verify_cost]
-        if not sizes or sizes != sorted(set(sizes)) or any(f <= 0 for _, f in self.verify_cost):
+        if not sizes or sizes != sorted(set(sizes)) or any(not 0 < f < math.inf for _, f in self.verify_cost):
             raise ConfigValueError("speculation.verify_cost: give [running, factor] pairs with increasing running "
-                                   f"counts and positive factors, got {self.verify_cost}")
+                                   f"counts and finite positive factors, got {self.verify_cost}")
         rows = self.by_position
         if rows is not None:
             starts = [p for p, _, _ in rows]
             if (not rows or starts[0] != 0 or starts != sorted(set(starts))
-                    or any(y < 1.0 or not 0.0 <= d <= 1.0 for _, y, d in rows)):
+                    or any(not 1.0 <= y < math.inf or not 0.0 <= d <= 1.0 for _, y, d in rows)):
                 raise ConfigValueError("speculation.by_position: give [position, tokens_per_step, draft_load] rows "
                                        "with positions increasing from 0, tokens_per_step >= 1 and draft_load in "
                                        f"[0, 1], got {rows}")
         joint = self.by_position_and_siblings
         if joint is not None:
             starts = {p for p, _, _ in rows or ()}
-            if not starts or any(p not in starts or f < 0 or y < 1.0 or not 0.0 <= d <= 1.0 for p, f, y, d in joint):
+            if not starts or any(p not in starts or f < 0 or not 1.0 <= y < math.inf or not 0.0 <= d <= 1.0
+                                 for p, f, y, d in joint):
                 raise ConfigValueError("speculation.by_position_and_siblings: give [bin start, finished siblings, "
                                        "tokens_per_step, draft_load] rows whose starts are by_position's (which it "
                                        f"needs), finished >= 0, tokens_per_step >= 1, draft_load in [0, 1]; got {joint}")
@@ -89,10 +91,10 @@ class EngineProfile(ConfigModel):
     segment_capacity_tokens: int = Field(8192, ge=1, description="Total_Token_Capacity of the segment formula (EngineSpec.segment_capacity_tokens).")
     kv_cache_tokens: int = Field(262144, ge=16, description="KV-cache capacity in tokens (rounded down to whole blocks). When the running requests need more, the newest is preempted and later recomputed.")
     block_size: int = Field(16, ge=1, description="KV-cache block size in tokens (vLLM's default 16); capacity and the prefix cache are block-granular.")
-    c0_s: float = Field(5e-3, gt=0, description="Fixed seconds per decode step (illustrative default; calibrate for real numbers).")
-    c1_s_per_seq: float = Field(5e-5, ge=0, description="Seconds per step per running sequence.")
-    c2_s_per_token: float = Field(1e-7, ge=0, description="Seconds per step per context token in the batch (attention reads).")
-    prefill_s_per_token: float = Field(2e-5, ge=0, description="Seconds per prefilled (uncached) context token, added to the step that admits the request.")
+    c0_s: float = Field(5e-3, gt=0, allow_inf_nan=False, description="Fixed seconds per decode step (illustrative default; calibrate for real numbers).")
+    c1_s_per_seq: float = Field(5e-5, ge=0, allow_inf_nan=False, description="Seconds per step per running sequence.")
+    c2_s_per_token: float = Field(1e-7, ge=0, allow_inf_nan=False, description="Seconds per step per context token in the batch (attention reads).")
+    prefill_s_per_token: float = Field(2e-5, ge=0, allow_inf_nan=False, description="Seconds per prefilled (uncached) context token, added to the step that admits the request.")
     speculation: SpeculationProfile | None = Field(None, description="Speculative decoding in this engine (None: off): how many tokens a verify step yields, what it costs by batch size, and the batch size up to which drafting runs.")
     prompt_cache: bool = Field(True, description="Requests of one prompt share its KV blocks, as vLLM's prefix caching does (pdsr starts its engines with it): a request admitted while another of the same prompt runs on the engine prefills only what lies past the prompt's whole blocks. A group's samples on one engine thus pay the prompt's prefill about once.")
 
@@ -248,6 +250,9 @@ def load_profile_file(path: str | Path) -> dict[str, dict[str, Any]]:
     from pdsr_sdk.config import read_config_file
 
     data = read_config_file(path)
+    if not data:   # an empty file would run on the illustrative defaults while the user believes it measured
+        raise ConfigError(f"{path}: no pool in the profile file; it maps 'fast' and/or 'heavy' to profile settings "
+                          f"(`pdsr simulate calibrate` writes one)")
     unknown = sorted(set(data) - {"fast", "heavy"})
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]}: unknown pool; a profile file maps 'fast' and/or 'heavy' to "
