@@ -93,7 +93,8 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
         for name, b in r.engine_busy_s.items():
             busy[name] = busy.get(name, 0.0) + b
     engines = [{"name": s.name, "pool": s.pool, "devices": s.devices, "max_num_seqs": s.max_num_seqs,
-                "max_model_len": s.max_model_len, **speculation_counts(config, session, s.name)}
+                "max_model_len": s.max_model_len, **kv_capacity(session, s.name),
+                **speculation_counts(config, session, s.name)}
                for s in session.engine_specs]
     return RolloutSummary(
         policy=config.policy, model=model_dir, output=str(config.output.path),
@@ -122,6 +123,14 @@ def ran_settings(settings: Any) -> dict[str, Any]:
     if isinstance(settings, BaseModel):
         return settings.model_dump(mode="json")
     return json.loads(json.dumps(dict(settings or {}), default=str))
+
+
+def kv_capacity(session: RolloutSession, name: str) -> dict[str, Any]:
+    """An engine's KV-cache capacity in tokens, where it knows it (vLLM sizes it at start-up), for
+    `pdsr simulate calibrate` to write into the profile beside the fitted costs."""
+    engine = next((e for e in session.engines if e.name == name), None)
+    tokens = getattr(engine, "kv_cache_tokens", None)
+    return {"kv_cache_tokens": int(tokens)} if isinstance(tokens, int) and tokens > 0 else {}
 
 
 def speculation_counts(config, session: RolloutSession, name: str) -> dict[str, Any]:

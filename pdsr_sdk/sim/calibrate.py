@@ -70,6 +70,8 @@ class PoolFit:
     r2: float
     median_rel_error: float
     max_num_seqs: int | None = None
+    #: the pool's engines' KV-cache capacity in tokens, from the runs' summaries (None: not recorded there)
+    kv_cache_tokens: int | None = None
     outliers: int = 0
     #: from a run with speculation: seconds per drafted token checked, and the profile's ``speculation`` section
     verify_s_per_token: float | None = None
@@ -79,6 +81,8 @@ class PoolFit:
         out: dict[str, Any] = dict(self.coefficients)
         if self.max_num_seqs is not None:
             out["max_num_seqs"] = self.max_num_seqs
+        if self.kv_cache_tokens is not None:
+            out["kv_cache_tokens"] = self.kv_cache_tokens
         if self.speculation is not None:
             out["speculation"] = self.speculation
         return out
@@ -100,7 +104,7 @@ def calibrate(paths, *, block_size: int = 16, iterations: int = 8, min_spans: in
     pools: dict[str, list[Span]] = defaultdict(list)
     for s in spans:
         pools[s.pool].append(s)
-    seqs = _max_num_seqs(paths)
+    seqs, kv = _engine_limit(paths, "max_num_seqs"), _engine_limit(paths, "kv_cache_tokens")
     spec = _speculative_settings(paths)
     mb = speculation_max_batch if speculation_max_batch is not None else spec.get("max_batch_size")
     k = int(spec.get("num_speculative_tokens") or 4)
@@ -122,6 +126,7 @@ def calibrate(paths, *, block_size: int = 16, iterations: int = 8, min_spans: in
             pool=pool, coefficients=coefficients, spans=len(ps),
             engines=len({s.engine for s in ps}), r2=1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan,
             median_rel_error=float(np.median(np.abs(pred - y) / y)), max_num_seqs=seqs.get(pool),
+            kv_cache_tokens=kv.get(pool),
             outliers=int((~keep).sum()) - sum(not s.counted for s in ps), verify_s_per_token=verify,
             speculation=None if verify is None else speculation_section(ps, coefficients, verify,
                                                                         seqs.get(pool) or 256, k, mb))
@@ -173,13 +178,14 @@ def _summaries(paths):
             yield summary
 
 
-def _max_num_seqs(paths) -> dict[str, int]:
-    """max_num_seqs per pool from the runs' summary JSON files (``<out>.summary.json``), when they agree."""
+def _engine_limit(paths, key: str) -> dict[str, int]:
+    """An engine limit (``max_num_seqs``, ``kv_cache_tokens``) per pool from the runs' summary JSON files
+    (``<out>.summary.json``), where the pool's engines that record it agree."""
     seen: dict[str, set[int]] = defaultdict(set)
     for summary in _summaries(paths):
         for e in summary.get("engines") or []:
-            if isinstance(e, dict) and "pool" in e and isinstance(e.get("max_num_seqs"), int):
-                seen[e["pool"]].add(e["max_num_seqs"])
+            if isinstance(e, dict) and "pool" in e and isinstance(e.get(key), int):
+                seen[e["pool"]].add(e[key])
     return {pool: next(iter(v)) for pool, v in seen.items() if len(v) == 1}
 
 

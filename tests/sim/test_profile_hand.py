@@ -79,3 +79,48 @@ def test_a_full_kv_cache_preempts_the_newest_request_as_counted_by_hand(tmp_path
         t += c0 + c1 + c2 * (16 + j)
     assert s["preemptions"] == 1 and s["prefill_tokens"] == 16 + 16 + (16 + together)
     assert s["makespan_s"] == pytest.approx(t, rel=1e-12) and s["tokens"] == 80
+
+
+def test_calibrate_writes_the_kv_capacity_the_run_recorded(tmp_path):
+    """A run's summary records each engine's KV capacity (vLLM sizes it at start-up); calibrate writes it into the
+    profile, where before a profile fitted on any machine simulated 262,144 KV tokens (the GPU-like default)."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.dispatch.clock import VirtualClock
+    from pdsr_sdk.dispatch.trajectory import trajectory_schema
+    from pdsr_sdk.rollout.summary import kv_capacity
+    from pdsr_sdk.sim.calibrate import calibrate
+    from pdsr_sdk.sim.config import EngineProfile
+    from pdsr_sdk.sim.driver import trajectories_table
+    from pdsr_sdk.sim.engine import SimEngine
+    from pdsr_sdk.traces import synth_trace
+
+    # an engine of 3,000 KV tokens in blocks of 16 holds 187 whole blocks: 2,992 tokens
+    engine = SimEngine("fast-0", "fast", EngineProfile(kv_cache_tokens=3000), VirtualClock())
+    session = SimpleNamespace(engines=[engine])
+    assert kv_capacity(session, "fast-0") == {"kv_cache_tokens": 187 * 16}
+    assert kv_capacity(session, "gone") == {} and kv_capacity(SimpleNamespace(engines=[SimpleNamespace(
+        name="ray-0", kv_cache_tokens=None)]), "ray-0") == {}
+
+    prof = {"max_num_seqs": 16, "kv_cache_tokens": 1 << 20, **COSTS}
+    cfg = SimulateConfig(policy="baseline", fast=2, heavy=1, batch_size=8, timeline=False,
+                         profiles={"fast": prof, "heavy": prof})
+    rows = trajectories_table(simulate(synth_trace(groups=16, n=4, seed=1, median_length=80, max_length=300), cfg,
+                                       keep_groups=True).runs[0].groups)
+    path = tmp_path / "run.parquet"
+    pq.write_table(pa.Table.from_pylist(rows.to_pylist(), schema=trajectory_schema()), path)
+    engines = [{"name": "fast-0", "pool": "fast", "max_num_seqs": 16, "kv_cache_tokens": 2992},
+               {"name": "fast-1", "pool": "fast", "max_num_seqs": 16, "kv_cache_tokens": 2992},
+               {"name": "heavy-0", "pool": "heavy", "max_num_seqs": 16, "kv_cache_tokens": 2992},
+               {"name": "heavy-1", "pool": "heavy", "max_num_seqs": 16, "kv_cache_tokens": 4000}]
+    (tmp_path / "run.summary.json").write_text(json.dumps({"engines": engines}))
+    fits = calibrate([path], min_spans=4)
+    # the heavy engines disagree: no capacity is written for them (the simulator's default stays)
+    assert fits["fast"].profile()["kv_cache_tokens"] == 2992 and "kv_cache_tokens" not in fits["heavy"].profile()
+    out = tmp_path / "profile.yaml"
+    out.write_text(profile_yaml(fits, [path]))
+    pools = load_profile_file(out)
+    assert SimulateConfig(profiles=pools).profiles.fast.kv_cache_tokens == 2992
