@@ -17,6 +17,7 @@ import contextlib
 import glob
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated, Iterable, Iterator, Sequence
@@ -279,14 +280,15 @@ def check_writable(path: str | Path, what: str) -> None:
 
 
 def write_png(fig, path: str | Path, *, dpi: int = 110) -> None:
-    """Save a matplotlib figure as a PNG atomically, then close it (pyplot keeps open figures alive)."""
-    import matplotlib.pyplot as plt
-
+    """Save a matplotlib figure as a PNG atomically, then close it if pyplot made it (pyplot keeps its figures
+    alive; a figure made outside pyplot has nothing to close, and pyplot is not imported for it)."""
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")  # nothing clipped at the edges
     finally:
-        plt.close(fig)
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:
+            pyplot.close(fig)
 
 
 def remove_stale_temps(path: str | Path) -> list[Path]:

@@ -326,15 +326,12 @@ DEFINITIONS = {
 def write_steps_plot(report: StepsReport, path) -> str:
     """PNG: steady step time / on-policy step against the off-policy token share, one point per F, with
     each point's work bound below it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from pdsr_sdk.io.tables import write_png
+    from pdsr_sdk.sim.timeline import agg_figure
 
     rows = report.rows()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig = agg_figure((6, 4.2))
+    ax = fig.add_subplot()
     xs = [r["off_policy"] * 100 for r in rows]
     ys = [r["ratio"] or 0.0 for r in rows]
     ax.plot(xs, ys, "o-", color="tab:blue", label="all off-policy tokens")

@@ -1,6 +1,7 @@
 """PNG timeline of a simulation: engines (rows) x virtual time, colour = running sequences.
 
-matplotlib (Agg) is imported only when a timeline is drawn.
+matplotlib is imported only when a timeline is drawn, and only its Agg canvas is used (no pyplot backend is
+chosen or switched: a caller's own figures and backend, a notebook's, stay as they were).
 """
 
 from __future__ import annotations
@@ -8,6 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
+
+def agg_figure(size: tuple[float, float]):
+    """A figure drawn on matplotlib's Agg canvas, outside pyplot (headless, and nothing global changes)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def occupancy_grid(times: list[float], counts: list[int], edges: np.ndarray) -> np.ndarray:
@@ -26,7 +37,7 @@ def write_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
     """Draw one panel per policy (shared time axis) and save it as a PNG."""
     runs = report.runs
     panels = [(run.engines, run.makespan_s, [b.start_s for b in run.batches[1:]],
-               f"{run.policy}: makespan {run.makespan_s:.1f} s, bound {run.lower_bound_s:.1f} s "
+               f"{run.policy}: makespan {run.makespan_s:.4g} s, bound {run.lower_bound_s:.4g} s "
                f"(fast above the line, heavy below; dotted = batch starts)") for run in runs]
     return _draw(panels, path, vmax=max((e.max_concurrency for r in runs for e in r.engines), default=1), bins=bins)
 
@@ -40,8 +51,8 @@ def write_steps_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
     for run in runs:
         lanes = ", ".join(e.name for e in run.engines if e.lane)
         panels.append((run.engines, run.horizon_s, [s.end_s for s in run.steps[:-1]],
-                       f"{run.policy}, F={run.over_provision:g}: steady step {run.steady_step_s:.1f} s "
-                       f"(on-policy {report.baseline_step_s:.1f} s); dotted = step ends"
+                       f"{run.policy}, F={run.over_provision:g}: steady step {run.steady_step_s:.4g} s "
+                       f"(on-policy {report.baseline_step_s:.4g} s); dotted = step ends"
                        + (f"; tail lane: {lanes}" if lanes else "")))
     return _draw(panels, path, vmax=max((e.max_seqs for r in runs for e in r.engines), default=1), bins=bins)
 
@@ -50,16 +61,12 @@ def _draw(panels, path: str | Path, *, vmax: int, bins: int) -> Path:
     """``panels``: one (engines, end, marks, title) each, drawn on a shared time axis: engines (each with
     ``name``, ``pool``, ``occupancy_t`` and ``occupancy_n``) as rows coloured by running sequences up to
     ``vmax``, blank after ``end``, a dotted line at each time of ``marks``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     horizon = max((end for _, end, _, _ in panels), default=0.0) or 1.0
     edges = np.linspace(0.0, horizon, bins + 1)
     n_eng = len(panels[0][0]) if panels else 0
     height = min(2.2 + 0.012 * n_eng, 7.0)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 0.6 + height * len(panels)), sharex=True, squeeze=False)
+    fig = agg_figure((11, 0.6 + height * len(panels)))
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)
     image = None
     for ax, (engines, end, marks, title) in zip(axes[:, 0], panels):
         grid = np.stack([occupancy_grid(e.occupancy_t, e.occupancy_n, edges) for e in engines])
