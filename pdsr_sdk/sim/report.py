@@ -59,7 +59,21 @@ DEFINITIONS = {
     "share_of_oracle_probe_gain": "The same against oracle-probe (each group's probe length known for free at "
                                   "the start).",
     "tokens_per_s": "Kept response tokens / makespan_s.",
-    "util_<pool>": "Busy engine-seconds of the pool (a step running) / (its engines x makespan_s).",
+    "utilisation": "Per pool with engines: busy engine-seconds of the pool (a step running) / (its engines x "
+                   "makespan_s); the table's util_<pool>.",
+    "policy": "The policy's name (or a reference schedule's: oracle, oracle-probe).",
+    "variants": "A reference kept per batch from several schedules (oracle): per variant, its makespan_s over "
+                "every batch and batches_kept, how many batches it was the shorter in; each batch's policy.variant "
+                "names the one kept.",
+    "tokens": "Kept response tokens of the run's samples (tokens thrown away by restarts not counted).",
+    "settings": "The policy's settings as it ran (its defaults, its preset's and those given).",
+    "counters": "probes, offloaded_prompts, breaks, moves, steals, restarts, wasted_tokens, retries, truncations, "
+                "probe_timeouts, steal_timeouts, engines_lost (0 when nothing happened), and any other counter "
+                "the policy moved: the counters of a `pdsr rollout` summary, summed over batches.",
+    "events": "Events the simulator's virtual clock ran (a measure of its own work, not of the engines').",
+    "sim_wall_s": "Wall-clock seconds the simulation of this policy took (not virtual time).",
+    "batches": "Per batch: its own makespan_s, lower_bound_s (work_bound_s and longest_bound_s, its two terms), "
+               "tail_s, tokens and counters.",
     "tail_share": "Per batch, the time from when ceil((1 - tail_fraction) x samples) had finished to the batch's "
                   "end, summed over batches, / makespan_s.",
     "preemptions": "Running requests evicted because the KV cache was full (their context is re-prefilled).",
