@@ -364,7 +364,7 @@ def calibrate_cmd(trajectories, out, overwrite, block_size, iterations, shared, 
       pdsr simulate calibrate --trajectories runs/rollout.parquet --out profile.yaml
     """
     from pdsr_sdk.io.tables import check_new_output, write_text_atomic
-    from pdsr_sdk.sim.calibrate import calibrate, profile_yaml
+    from pdsr_sdk.sim.calibrate import calibrate, fit_warnings, profile_yaml
     from pdsr_sdk.sim.config import CalibrateConfig
 
     cfg = build_config(CalibrateConfig, config_path, {
@@ -388,4 +388,6 @@ def calibrate_cmd(trajectories, out, overwrite, block_size, iterations, shared, 
              **({} if f.verify_s_per_token is None else {"verify_s_per_token": f.verify_s_per_token})}
             for f in fits.values()]
     click.echo(format_table(rows))
+    for line in fit_warnings(fits):
+        click.echo(f"warning: {line}", err=True)
     click.echo(f"wrote {cfg.out}")

@@ -59,6 +59,9 @@ from pdsr_sdk.sim.calibrate_spans import Span, read_spans
 COEFFS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
 #: running requests at which a fitted verify cost is written as the profile's [running, factor] pairs
 VERIFY_SIZES = (1, 8, 32, 128, 256)
+#: a fit below this R^2 or above this median |error| of span durations is reported as not to be trusted: clean
+#: CPU runs fit at R^2 0.8-0.9 and 5-15%; a run disturbed by other work on its cores gave R^2 -24 and 177%
+MIN_R2, MAX_MEDIAN_ERROR = 0.5, 0.25
 
 
 @dataclass
@@ -133,6 +136,16 @@ def calibrate(paths, *, block_size: int = 16, iterations: int = 8, min_spans: in
     if not fits:
         raise DataError(f"{', '.join(map(str, paths))}: no pool has {min_spans} or more timed segments to fit")
     return fits
+
+
+def fit_warnings(fits: dict[str, PoolFit]) -> list[str]:
+    """One line per pool whose fit explains too little of its span timings to simulate with (MIN_R2,
+    MAX_MEDIAN_ERROR)."""
+    return [f"{f.pool}: the fit explains little of the span timings (R^2 {f.r2:.3g}, median |error| "
+            f"{100 * f.median_rel_error:.0f}%; {f.spans} spans): too few, or timed while other work shared the "
+            f"engines' cores or devices; a simulation with this profile is not a prediction, measure a longer or "
+            f"quieter run" for f in fits.values()
+            if (not math.isnan(f.r2) and f.r2 < MIN_R2) or f.median_rel_error > MAX_MEDIAN_ERROR]
 
 
 def speculation_section(spans: list[Span], coefficients: dict[str, float], verify_s_per_token: float,
