@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.errors import ConfigValueError
@@ -18,12 +18,20 @@ class SamplingConfig(ConfigModel):
     """How each response is sampled."""
 
     n: int = Field(8, ge=1, description="Samples per prompt (the GRPO group size N). Sample 0 is the probe.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 = greedy.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 = greedy. At most 2, vLLM's bound (it refuses a request above it).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
     max_tokens: int = Field(1024, ge=1, description="Most response tokens per sample (finish reason 'length' past it).")
-    stop: list[str] = Field(default_factory=list, description="Stop strings that end a response.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings that end a response (non-empty: vLLM refuses an empty one).")
     ignore_eos: bool = Field(False, description="Keep generating past EOS until max_tokens (benchmarks).")
+
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, stop: list[str]) -> list[str]:
+        if any(not s for s in stop):
+            raise ValueError(f"an empty stop string ends nothing (vLLM refuses it); got {stop!r}")
+        return stop
 
 
 class SegmentConfig(ConfigModel):

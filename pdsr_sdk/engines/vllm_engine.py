@@ -258,22 +258,23 @@ class VllmEngine(VllmControl, ModelEngine):
         extra_args = self._draft_args(request)
         if observer is not None:
             extra_args = observer.on_launch(request, extra_args)
-        params = SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k if s.top_k > 0 else 0,
-            stop=list(s.stop) or None,
-            ignore_eos=request.ignore_eos,
-            logprobs=0,
-            detokenize=bool(s.stop),   # text is decoded once at the end; stop strings need it
-            output_kind=RequestOutputKind.DELTA,
-            extra_args=extra_args,
-        )
         reason = ABORT
         counts = None
         listener = self._listener
         try:
+            # in the try: sampling vLLM refuses (its VLLMValidationError) fails this sample, not the task unseen
+            params = SamplingParams(
+                max_tokens=request.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k if s.top_k > 0 else 0,
+                stop=list(s.stop) or None,
+                ignore_eos=request.ignore_eos,
+                logprobs=0,
+                detokenize=bool(s.stop),   # text is decoded once at the end; stop strings need it
+                output_kind=RequestOutputKind.DELTA,
+                extra_args=extra_args,
+            )
             prompt = TokensPrompt(prompt_token_ids=request.context_ids)
             if request.cache_salt is not None:
                 prompt["cache_salt"] = request.cache_salt
@@ -302,7 +303,7 @@ class VllmEngine(VllmControl, ModelEngine):
                 return
             if _refused(exc) and hasattr(listener, "on_request_failed"):
                 # vLLM refused this request (an empty prompt, a token out of vocabulary, a context past
-                # max_model_len): its sample fails, the engine goes on serving the others
+                # max_model_len, sampling it does not take): its sample fails, the engine serves on
                 listener.on_request_failed(self, request.request_id, f"{type(exc).__name__}: {exc}")
                 return
             listener.on_engine_dead(self, EngineError(
