@@ -75,6 +75,9 @@ class RayEngine(ModelEngine):
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
                   logprobs_mode: str = "processed_logprobs", ray=None, speculative: dict[str, Any] | None = None,
                   **_: object) -> "RayEngine":
+        from pdsr_sdk.engines.vllm_args import check_engine_args
+
+        check_engine_args(spec)   # here, not in the actor: before any of the run's engines starts
         return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode, ray=ray,
                    speculative=speculative)
 

@@ -61,6 +61,9 @@ class VllmEngine(VllmControl, ModelEngine):
     def from_spec(cls, spec, *, model: str, tokenizer: str | None = None, seed: int = 0,
                   logprobs_mode: str = "processed_logprobs", speculative: dict[str, Any] | None = None,
                   **_: object) -> "VllmEngine":
+        from pdsr_sdk.engines.vllm_args import check_engine_args
+
+        check_engine_args(spec)   # at build: before any of the run's engines starts
         return cls(spec, model=model, tokenizer=tokenizer, seed=seed, logprobs_mode=logprobs_mode,
                    speculative=speculative)
 
