@@ -319,6 +319,14 @@ def load_tokenizer(path: str | Path):
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types
         raise DataError(f"{path}: cannot load a tokenizer: {exc}") from None
+    if not tokenizer.encode("a b", add_special_tokens=False):
+        # transformers builds an empty tokenizer from config.json alone (no tokenizer.json, tokenizer.model or vocab
+        # files): every prompt would tokenize to nothing
+        raise DataError(f"{path}: no tokenizer files in it (tokenizer.json, tokenizer.model, vocab.json, ...): the "
+                        f"tokenizer read from it has {len(tokenizer)} token(s) and encodes text to nothing; copy the "
+                        f"model's tokenizer files there, or set tokenizer (RolloutConfig.tokenizer) to a folder "
+                        f"that has them")
+    return tokenizer

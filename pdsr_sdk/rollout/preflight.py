@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.io.tables import check_distinct, check_writable
@@ -46,6 +47,34 @@ def check_outputs(config) -> None:
         if path is not None and existing_files(path) and not (out.resume or out.overwrite):
             raise DataError(f"{path}: output already exists (or an interrupted run left {path.name}.parts/); "
                             f"pass --resume to continue it or --overwrite to replace it")
+
+
+def check_model_folder(model: str | Path) -> str:
+    """``model`` if it is a local Hugging Face model folder (one with a config.json); else a DataError naming it, which
+    says what to do with a hub id (pdsr loads local folders only: vLLM would look the id up on the hub while pdsr's
+    tokenizer would not, so an id fails either way, deep in an engine's start-up when offline)."""
+    path = Path(model)
+    if (path / "config.json").is_file():
+        return str(path)
+    what = "does not exist" if not path.exists() else "is not a model directory (no config.json in it)"
+    hint = ""
+    if not path.exists() and len(path.parts) == 2 and not str(model).startswith((".", "/", "~")):
+        hint = (f"; it looks like a Hugging Face hub id: pdsr loads local folders only, so download it first "
+                f"(huggingface-cli download {model} --local-dir DIR) and pass DIR")
+    raise DataError(f"model {str(model)!r} {what}; pass a local Hugging Face model folder{hint}")
+
+
+#: engine backends that load the model folder themselves (vLLM's): the folder and its tokenizer are checked for them
+MODEL_BACKENDS = ("vllm", "ray")
+
+
+def check_engine_model(specs: list, model_dir: str, tokenizer: Callable[[], Any]) -> None:
+    """Before a session builds vLLM engines: ``model_dir`` is a model folder, and ``tokenizer()`` loads its tokenizer
+    (so a hub id or a folder without tokenizer files is named now, not in an engine's start-up or at the first
+    prompt). Engines of other backends (your own: a remote server's model name) are left to themselves."""
+    if any(s.backend in MODEL_BACKENDS for s in specs):
+        check_model_folder(model_dir)
+        tokenizer()
 
 
 def model_context(model_dir: str | Path) -> tuple[int | None, str]:

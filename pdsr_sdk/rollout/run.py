@@ -8,7 +8,6 @@ import json
 import re
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 
 from pdsr_sdk.dispatch.steps import groups_launched
 from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
@@ -18,7 +17,8 @@ from pdsr_sdk.io.tables import remove_stale_temps, write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
-from pdsr_sdk.rollout.preflight import check_outputs, context_limit, filtered_path, split_long_prompts, summary_path
+from pdsr_sdk.rollout.preflight import (check_model_folder, check_outputs, context_limit, filtered_path,
+                                        split_long_prompts, summary_path)
 from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, carried_groups, nothing_left,
                                      read_resume_state, run_settings, steps_left)
 from pdsr_sdk.rollout.reward import config_reward
@@ -30,10 +30,7 @@ from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock
 
 def resolve_model_dir(config) -> str:
     if config.model:
-        path = Path(config.model)
-        if not (path / "config.json").exists():
-            raise DataError(f"{path}: not a model directory (no config.json); pass a local Hugging Face model folder")
-        return str(path)
+        return check_model_folder(config.model)
     from pdsr_sdk.models.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model())

@@ -31,7 +31,7 @@ from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
 from pdsr_sdk.rollout.aio import LoopThread, failures
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, group_size, prompt_records, step_prompts
-from pdsr_sdk.rollout.preflight import SESSION_PROMPT_ROOM, check_prompt_ids, prompt_limits
+from pdsr_sdk.rollout.preflight import SESSION_PROMPT_ROOM, check_engine_model, check_prompt_ids, prompt_limits
 from pdsr_sdk.rollout.results import BatchResult, SessionHooks, StepResult
 from pdsr_sdk.rollout.session_callbacks import RunCallbacks
 from pdsr_sdk.rollout.session_engines import EngineControl
@@ -236,8 +236,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         else:
             model_dir = self._model_dir()
             needed = max_model_len or (cfg.sampling.max_tokens + SESSION_PROMPT_ROOM)
-            self.engine_specs = engine_layout(cfg, required_pools=required,
-                                              cpu=is_cpu_build(), max_model_len=needed)
+            self.engine_specs = engine_layout(cfg, required_pools=required, cpu=is_cpu_build(), max_model_len=needed)
+            check_engine_model(self.engine_specs, model_dir, lambda: self.tokenizer)   # before any engine is built
             speculative = cfg.vllm_speculative_config()
             self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
                                          logprobs_mode=cfg.logprobs_mode, speculative=speculative)
