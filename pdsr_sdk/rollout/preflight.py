@@ -5,6 +5,7 @@ against the model's context. (Data columns: :mod:`pdsr_sdk.rollout.data`; the ru
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,13 +69,31 @@ def check_model_folder(model: str | Path) -> str:
 MODEL_BACKENDS = ("vllm", "ray")
 
 
-def check_engine_model(specs: list, model_dir: str, tokenizer: Callable[[], Any]) -> None:
+def check_engine_model(config, specs: list, model_dir: str, tokenizer: Callable[[], Any]) -> list:
     """Before a session builds vLLM engines: ``model_dir`` is a model folder, and ``tokenizer()`` loads its tokenizer
     (so a hub id or a folder without tokenizer files is named now, not in an engine's start-up or at the first
-    prompt). Engines of other backends (your own: a remote server's model name) are left to themselves."""
-    if any(s.backend in MODEL_BACKENDS for s in specs):
-        check_model_folder(model_dir)
-        tokenizer()
+    prompt); an engine's max_model_len above the model's context is an error naming the key that set it, or, the
+    default's, lowered to that context (vLLM refuses either at start-up). Returns ``specs`` so lowered. Engines of
+    other backends (your own: a remote server's model name) are left to themselves."""
+    if not any(s.backend in MODEL_BACKENDS for s in specs):
+        return specs
+    check_model_folder(model_dir)
+    tokenizer()
+    limit, source = model_context(model_dir)
+    if limit is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
+        return specs
+    out = []
+    for i, spec in enumerate(specs):
+        if spec.backend in MODEL_BACKENDS and spec.max_model_len > limit:
+            key = (f"engines[{i}].max_model_len" if config.engines else "engine_defaults.max_model_len"
+                   if "max_model_len" in config.engine_defaults else None)
+            if key is not None:
+                raise ConfigError(f"{key}: {spec.max_model_len} is above the model's context of {limit} tokens "
+                                  f"({source}), which vLLM refuses; lower it (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, "
+                                  f"vLLM's override, for a model that extrapolates)")
+            spec = spec.model_copy(update={"max_model_len": limit})
+        out.append(spec)
+    return out
 
 
 def model_context(model_dir: str | Path) -> tuple[int | None, str]:

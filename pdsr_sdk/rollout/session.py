@@ -237,7 +237,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             model_dir = self._model_dir()
             needed = max_model_len or (cfg.sampling.max_tokens + SESSION_PROMPT_ROOM)
             self.engine_specs = engine_layout(cfg, required_pools=required, cpu=is_cpu_build(), max_model_len=needed)
-            check_engine_model(self.engine_specs, model_dir, lambda: self.tokenizer)   # before any engine is built
+            self.engine_specs = check_engine_model(cfg, self.engine_specs, model_dir, lambda: self.tokenizer)
             speculative = cfg.vllm_speculative_config()
             self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
                                          logprobs_mode=cfg.logprobs_mode, speculative=speculative)
