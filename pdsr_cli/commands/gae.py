@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config_replacing, config_option, handle_errors, quiet_option
+from pdsr_cli.common import build_config_replacing, cli_progress, config_option, handle_errors, quiet_option
 from pdsr_sdk.gae.config import GaeConfig
 
 
@@ -59,8 +59,8 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     cfg = build_config_replacing(GaeConfig, config_path, flags, required={"data": "--data", "out": "--out"})
     if no_mask:
         cfg = cfg.model_copy(update={"mask_column": None})
-    with output_mode(quiet):   # no progress bars here: --quiet hides third-party warnings (numba, torch)
-        summary = run_gae_file(cfg)
+    with output_mode(quiet):   # --quiet also hides third-party warnings (numba, torch)
+        summary = run_gae_file(cfg, progress=cli_progress(quiet))
     click.echo(f"wrote {summary.out}: {summary.rows} rows, {summary.tokens} tokens ({summary.valid_tokens} valid), "
                f"backend {summary.backend}, {summary.seconds:.3g} s")
     if summary.dropped_rewards:
