@@ -16,6 +16,7 @@ from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.io.columns import TableColumns
 from pdsr_sdk.io.tables import read_table
+from pdsr_sdk.progress import ProgressFactory
 
 #: looked for in this order when no column is named (verl: prompt as chat messages, reward_model.ground_truth;
 #: OpenRLHF: input or context_messages, label); a prompt column of chat messages is used as messages
@@ -27,6 +28,9 @@ REWARD_INFO_COLUMNS = ("data_source", "extra_info")
 #: verl's multimodal columns (its data.image_key and data.video_key): engines here get text, so a row with them is
 #: refused rather than rolled out without what its prompt refers to
 MEDIA_COLUMNS = ("images", "videos")
+#: data of this many rows or more shows a progress bar while it is tokenized: every prompt is tokenized before the
+#: engines start, at about 0.45 ms a prompt on 2 shared cores (200,000 prompts: 89 s), silent until now
+TOKENIZE_BAR_ROWS = 4096
 
 
 @dataclass
@@ -45,9 +49,11 @@ class PromptRecord:
     messages: list[dict[str, Any]] | None = None
 
 
-def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> list[PromptRecord]:
+def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
+                 progress: ProgressFactory | None = None) -> list[PromptRecord]:
     """Read prompts as configured by ``cfg`` (a :class:`DataConfig`) and tokenize them. Column names may be
-    dotted paths into struct columns (``reward_model.ground_truth``)."""
+    dotted paths into struct columns (``reward_model.ground_truth``). ``progress``: a factory whose bar counts the
+    prompts tokenized, opened for data of :data:`TOKENIZE_BAR_ROWS` rows or more."""
     path = Path(path)
     table = read_table(path, what="prompt")
     if table.num_rows == 0:
@@ -94,7 +100,11 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
     template = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
+    bar = progress(desc="tokenizing", total=table.num_rows, unit="prompt") \
+        if progress is not None and table.num_rows >= TOKENIZE_BAR_ROWS else None
     for i in range(table.num_rows):
+        if bar is not None and i and i % 1024 == 0:   # not per prompt: a bar's update costs about what a prompt does
+            bar.update(1024)
         where = f"{path}: row {i}"
         raw_id = values[id_col][i] if id_col else None
         pid = str(raw_id) if raw_id is not None else f"row-{i}"
@@ -123,6 +133,9 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None) -> l
                                     targets, fr, row=i,
                                     reward_info=reward_info({c: v[i] for c, v in info_values.items()}, cfg),
                                     messages=add_system_and_instruction(messages, cfg, where) if template else None))
+    if bar is not None:
+        bar.update(table.num_rows - (table.num_rows - 1) // 1024 * 1024)
+        bar.close()
     return records
 
 
