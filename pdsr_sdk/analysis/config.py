@@ -33,7 +33,7 @@ class AnalyzeConfig(ConfigModel):
         description="Prompts per batch for the V2.5 dispatch replay; default: batch_prompts.")
     offload_fraction: float = Field(
         0.2, gt=0, le=1,
-        description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; ceil(frac * B).")
+        description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; floor(frac * B), at least 1 (seed 002: 25 of 128).")
     cap_multiplier: float = Field(
         1.5, gt=0, description="V2.5: the fast-pool cap is floor(cap_multiplier * L_cut) tokens.")
     cv_ddof: Literal[0, 1] = Field(

@@ -190,7 +190,7 @@ def naive_dispatch_v25(rows: list[list[int]], batch_prompts: int, offload_fracti
     for start in range(0, len(rows), batch_prompts):
         batch = rows[start:start + batch_prompts]
         b = len(batch)
-        n_heavy = min(b, math.ceil(round(offload_fraction * b, 9)))
+        n_heavy = min(b, max(1, math.floor(round(offload_fraction * b, 9))))
         order = sorted(range(b), key=lambda i: (-batch[i][0], i))
         heavy_set = set(order[:n_heavy])
         l_cut = batch[order[n_heavy - 1]][0]

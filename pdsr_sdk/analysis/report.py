@@ -47,7 +47,7 @@ DEFINITIONS = {
                      "cost_ratio = that sample / its group's probe (probe 0 counts as 1), expected per batch; "
                      "'missed' is over batches not captured (how bad the misses are): batches = expected count, "
                      "mean = expected ratio per expected miss, max = largest ratio that can be missed",
-    "dispatch_v25": "per batch of B prompts: ceil(offload_fraction*B) longest-probe prompts go heavy with all N "
+    "dispatch_v25": "per batch of B prompts: floor(offload_fraction*B) (at least 1; seed 002 offloads 25 of 128) longest-probe prompts go heavy with all N "
                     "samples (equal probes by group order: one fixed tie order blind to the later samples, so not "
                     "in the probe's favour, but one draw rather than an expectation); L_cut = probe of the "
                     "shortest offloaded prompt; fast samples (probes included) break when length > "

@@ -89,10 +89,11 @@ def test_top_k_count_and_offload_count_round_as_documented():
     assert top_k_count(90, 0.7) == 63         # 0.7 * 90 = 62.99999999999999 in floats: still 63
     assert top_k_count(5, 0.1) == 0           # no group is the top 10% of 5: the statistics are n/a, not raised to 1
     assert top_k_count(10, 0.1) == 1
-    assert offload_count(0.2, 16) == 4        # ceil(3.2)
+    assert offload_count(0.2, 16) == 3        # floor(3.2)
     assert offload_count(0.2, 15) == 3
+    assert offload_count(0.2, 4) == 1         # floor(0.8), raised to 1
     assert offload_count(0.55, 100) == 55     # 0.55 * 100 = 55.00000000000001 in floats: still 55
-    assert offload_count(0.2, 128) == 26
+    assert offload_count(0.2, 128) == 25      # seed 002: 1450 heavy prompts in 58 batches of 128
     assert offload_count(0.01, 3) == 1
     assert offload_count(1.0, 7) == 7
 
@@ -144,7 +145,7 @@ def test_batch_capture_ties_and_short_last_batch():
 
 
 def test_dispatch_v25_by_hand():
-    # B=2, offload ceil(0.5*2) = 1 prompt per batch, cap = floor(1.2 * L_cut).
+    # B=2, offload floor(0.5*2) = 1 prompt per batch, cap = floor(1.2 * L_cut).
     # Batch 0: heavy = group 1 (probe 20), L_cut 20, cap 24; fast group 0 [10, 12, 30]: 30 breaks.
     # Batch 1: heavy = group 3 (probe 40), L_cut 40, cap 48; fast group 2 [30, 28, 40]: none break.
     d = dispatch_v25(HAND, batch_prompts=2, offload_fraction=0.5, cap_multiplier=1.2)
@@ -165,8 +166,8 @@ def test_dispatch_cap_is_exact_for_float_products():
 
 def test_dispatch_v25_shorter_last_batch_and_ties():
     x = np.array([[9, 9], [9, 100], [1, 1], [4, 4], [2, 50]])
-    # B=4: batch 0 probes 9,9,1,4 -> ceil(0.25*4)=1 heavy: group 0 (tie broken by order), L_cut 9,
-    # cap floor(1.5*9)=13: group 1 sample 100 breaks. Last batch (group 4 alone): ceil(0.25*1)=1 heavy.
+    # B=4: batch 0 probes 9,9,1,4 -> floor(0.25*4)=1 heavy: group 0 (tie broken by order), L_cut 9,
+    # cap floor(1.5*9)=13: group 1 sample 100 breaks. Last batch (group 4 alone): floor(0.25*1)=0, raised to 1 heavy.
     d = dispatch_v25(x, batch_prompts=4, offload_fraction=0.25, cap_multiplier=1.5)
     assert d.l_cut.tolist() == [9, 2] and d.cap.tolist() == [13, 3]
     assert (d.heavy, d.fast, d.fast_broke, d.wasted_tokens) == (4, 6, 1, 13)

@@ -29,7 +29,7 @@ def test_every_policy_finishes_every_sample_with_its_own_tokens(policy):
 
 
 def test_v25_routes_top_fraction_heavy_and_breaks_over_the_cap():
-    # probes 100, 40, 10, 60, 20 -> top 40% (2 prompts, rounded up) = p0 and p3; L_cut = 60; cap = 90
+    # probes 100, 40, 10, 60, 20 -> top 40% (2 prompts) = p0 and p3; L_cut = 60; cap = 90
     groups, sched, engines, done, fatal = run_fakes("v2.5", {"offload_fraction": 0.4, "cap_multiplier": 1.5})
     assert not fatal
     pol = sched.policy
