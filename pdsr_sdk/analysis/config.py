@@ -28,9 +28,10 @@ class AnalyzeConfig(ConfigModel):
         16, ge=1, description="Prompts per batch for the batch-level capture test (consecutive groups).")
     capture_top: int = Field(
         3, ge=1, description="A batch is captured when its longest task's group is among the top this many probes.")
-    dispatch_batch_prompts: int | None = Field(
-        None, ge=1,
-        description="Prompts per batch for the V2.5 dispatch replay; default: batch_prompts.")
+    dispatch_batch_prompts: int = Field(
+        128, ge=1,
+        description="Prompts per batch for the V2.5 dispatch replay (seed 002's dispatch table: 58 batches of 128; "
+                    "its batch capture test used 16, batch_prompts).")
     offload_fraction: float = Field(
         0.2, gt=0, le=1,
         description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; floor(frac * B), at least 1 (seed 002: 25 of 128).")

@@ -47,13 +47,16 @@ DEFINITIONS = {
                      "cost_ratio = that sample / its group's probe (probe 0 counts as 1), expected per batch; "
                      "'missed' is over batches not captured (how bad the misses are): batches = expected count, "
                      "mean = expected ratio per expected miss, max = largest ratio that can be missed",
-    "dispatch_v25": "per batch of B prompts: floor(offload_fraction*B) (at least 1; seed 002 offloads 25 of 128) longest-probe prompts go heavy with all N "
-                    "samples (equal probes by group order: one fixed tie order blind to the later samples, so not "
-                    "in the probe's favour, but one draw rather than an expectation); L_cut = probe of the "
-                    "shortest offloaded prompt; fast samples (probes included) break when length > "
+    "dispatch_v25": "per batch of B prompts (dispatch_batch_prompts, default 128 as seed 002's table): "
+                    "floor(offload_fraction*B) longest-probe prompts (at least 1; seed 002 offloads 25 of 128) go "
+                    "heavy with all N samples (equal probes by group order: one fixed tie order blind to the later "
+                    "samples, so not in the probe's favour, but one draw rather than an expectation); L_cut = probe "
+                    "of the shortest offloaded prompt; fast samples (probes included) break when length > "
                     "floor(cap_multiplier*L_cut) and waste cap tokens each; fast_prompts_broke counts fast prompts "
-                    "with any breaking sample. Responses cut at the trace's cap cannot exceed it, so breaks past "
-                    "the cap go unseen (optimistic when many responses are at the cap)",
+                    "with any breaking sample. Seed 002's table counts prompts (heavy 1450 = 19.5%, fast 5974, "
+                    "retry 777 = 13.0% of fast), shown as the console's 'ref seed 002' column where the settings "
+                    "match. Responses cut at the trace's cap cannot exceed it, so breaks past the cap go unseen "
+                    "(optimistic when many responses are at the cap)",
     "at_cap": "trace.at_cap: share of responses at the length cap: finish_reason 'length' where the trace has "
               "finish reasons (basis 'finish_reason'), else length == the trace's max length (basis 'max_length')",
     "reference": "the console's 'ref 0.5B MATH' column: the P-DSR length study's published numbers (0.5B model on "
@@ -86,7 +89,7 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     safe = stats.safe_rate(x, cfg.top_k, cfg.safe_k)
     fn = stats.false_negatives(x, cfg.fn_length)
     cap = stats.batch_capture(x, cfg.batch_prompts, cfg.capture_top)
-    disp_b = cfg.dispatch_batch_prompts or cfg.batch_prompts
+    disp_b = cfg.dispatch_batch_prompts
     disp = stats.dispatch_v25(x, disp_b, cfg.offload_fraction, cfg.cap_multiplier)
     summary = _trace_summary(trace, x)
     at_cap = summary["at_cap"]
@@ -165,7 +168,11 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
             "heavy": disp.heavy, "fast": disp.fast, "fast_ok": disp.fast_ok, "fast_broke": disp.fast_broke,
             "heavy_frac": disp.heavy / disp.samples, "fast_frac": disp.fast / disp.samples,
             "fast_ok_frac": _ratio(disp.fast_ok, disp.fast), "fast_broke_frac": _ratio(disp.fast_broke, disp.fast),
-            "fast_prompts": disp.fast_prompts, "fast_prompts_broke": disp.fast_prompts_broke,
+            "prompts": disp.heavy_prompts + disp.fast_prompts, "heavy_prompts": disp.heavy_prompts,
+            "heavy_prompts_frac": disp.heavy_prompts / (disp.heavy_prompts + disp.fast_prompts),
+            "fast_prompts": disp.fast_prompts, "fast_prompts_ok": disp.fast_prompts_ok,
+            "fast_prompts_ok_frac": _ratio(disp.fast_prompts_ok, disp.fast_prompts),
+            "fast_prompts_broke": disp.fast_prompts_broke,
             "fast_prompts_broke_frac": _ratio(disp.fast_prompts_broke, disp.fast_prompts),
             "tokens": disp.tokens, "wasted_tokens": disp.wasted_tokens,
             "wasted_token_frac": _ratio(disp.wasted_tokens, disp.tokens),
@@ -303,14 +310,25 @@ def report_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
          "safe_rate_%": pct(sf["per_sample"][j])}
         for j in range(len(sp["per_sample"]))
     ]
+    # seed 002's dispatch table (prompts; 58 batches of 128, top 20%, cap 1.5 x L_cut), where the settings match
+    seed = (dv["batch_prompts"], dv["offload_fraction"], dv["cap_multiplier"]) == (128, 0.2, 1.5)
+    ref_rows = ("1450 (19.5%)", "5974 (80.5%)", "5197 (87.0%)", "777 (13.0%)") if seed else ("",) * 4
+    rows_d = [("heavy (offloaded)", "heavy_prompts", "heavy", "heavy_frac", "all"),
+              ("fast", "fast_prompts", "fast", "fast_frac", "all"),
+              ("  fast succeeded", "fast_prompts_ok", "fast_ok", "fast_ok_frac", "fast"),
+              ("  fast broke -> retry", "fast_prompts_broke", "fast_broke", "fast_broke_frac", "fast")]
     dispatch = [
-        {"worker": "heavy (offloaded)", "samples": dv["heavy"], "%": pct(dv["heavy_frac"]), "of": "all"},
-        {"worker": "fast", "samples": dv["fast"], "%": pct(dv["fast_frac"]), "of": "all"},
-        {"worker": "  fast succeeded", "samples": dv["fast_ok"], "%": pct(dv["fast_ok_frac"]), "of": "fast"},
-        {"worker": "  fast broke -> retry", "samples": dv["fast_broke"], "%": pct(dv["fast_broke_frac"]),
-         "of": "fast"},
+        {"worker": worker, "prompts": dv[p], "prompts_%": pct(_share(dv, p)), "samples": dv[s], "samples_%": pct(dv[f]),
+         "of": of, "ref seed 002 (prompts)": r}
+        for (worker, p, s, f, of), r in zip(rows_d, ref_rows)
     ]
     return {"summary": summary, "per_sample": per_sample, "dispatch": dispatch}
+
+
+def _share(dv: dict[str, Any], key: str) -> float | None:
+    """A prompt count of the dispatch replay as a share: of all prompts (heavy, fast) or of the fast ones."""
+    whole = dv["prompts"] if key in ("heavy_prompts", "fast_prompts") else dv["fast_prompts"]
+    return dv[key] / whole if whole else None
 
 
 def report_notes(report: dict[str, Any]) -> list[str]:

@@ -341,11 +341,12 @@ class DispatchCounts:
     cap_multiplier: float
     batches: int
     samples: int
+    heavy_prompts: int     # prompts offloaded (the unit of seed 002's table)
     heavy: int             # samples of offloaded prompts (all N samples, probe included)
     fast: int              # samples of prompts kept on the fast pool (probe included)
     fast_broke: int        # fast samples longer than the batch's cap -> break, retried on heavy
     fast_prompts: int      # prompts kept on the fast pool
-    fast_prompts_broke: int  # ... with at least one sample that breaks (likely what the seed table counted)
+    fast_prompts_broke: int  # ... with at least one sample that breaks (the seed table's "熔断重试")
     tokens: int            # total response tokens of the trace
     wasted_tokens: int     # tokens fast samples generated before breaking (cap per break)
     l_cut: np.ndarray      # int64 [batches]: probe length of the shortest offloaded prompt
@@ -354,6 +355,10 @@ class DispatchCounts:
     @property
     def fast_ok(self) -> int:
         return self.fast - self.fast_broke
+
+    @property
+    def fast_prompts_ok(self) -> int:
+        return self.fast_prompts - self.fast_prompts_broke
 
 
 def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2,
@@ -395,7 +400,8 @@ def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2
     samples = int(x.size)
     l_cut_all = np.concatenate(l_cuts)
     return DispatchCounts(batch_prompts=batch_prompts, offload_fraction=offload_fraction, cap_multiplier=cap_multiplier,
-                          batches=int(l_cut_all.size), samples=samples, heavy=heavy, fast=samples - heavy,
+                          batches=int(l_cut_all.size), samples=samples, heavy_prompts=heavy // n, heavy=heavy,
+                          fast=samples - heavy,
                           fast_broke=broke, fast_prompts=fast_prompts, fast_prompts_broke=prompts_broke,
                           tokens=int(x.sum()), wasted_tokens=wasted, l_cut=l_cut_all,
                           cap=np.concatenate(caps))
