@@ -261,6 +261,9 @@ class SegmentRequest:
     sample: Sample
     #: prefix-cache salt: requests share cached KV blocks only with requests of the same salt (None: no salt)
     cache_salt: str | None = None
+    #: trailing tokens of ``context_ids`` that this response (a multi-turn sample's running turn) generated in
+    #: earlier segments: where a stop string split by the boundary can begin (0: the response starts here)
+    continued_tokens: int = 0
 
 
 @dataclass

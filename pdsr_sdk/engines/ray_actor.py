@@ -53,20 +53,21 @@ class Submit:
     #: speculative ``group``: the request's draft corpus (``group_drafter.group_extra_args``), made here in the
     #: orchestrator, where the sample's group is
     draft_args: dict[str, Any] | None = None
+    continued_tokens: int = 0
 
     @classmethod
     def of(cls, request, draft_args: dict[str, Any] | None = None) -> "Submit":
         s = request.sampling
         return cls(request.request_id, list(request.context_ids), request.context_len, request.max_tokens,
                    request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop)),
-                   request.cache_salt, draft_args)
+                   request.cache_salt, draft_args, request.continued_tokens)
 
     def request(self):
         from pdsr_sdk.dispatch.types import SegmentRequest
 
         return SegmentRequest(request_id=self.request_id, context_ids=self.context_ids, context_len=self.context_len,
                               max_tokens=self.max_tokens, ignore_eos=self.ignore_eos, sampling=self.sampling,
-                              sample=None, cache_salt=self.cache_salt)
+                              sample=None, cache_salt=self.cache_salt, continued_tokens=self.continued_tokens)
 
 
 @dataclass(frozen=True)

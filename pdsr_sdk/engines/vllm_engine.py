@@ -18,10 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pdsr_sdk.dispatch.types import ABORT, EngineLoad, SegmentRequest
+from pdsr_sdk.dispatch.types import ABORT, STOP, EngineLoad, SegmentRequest
 from pdsr_sdk.engines import group_drafter
 from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.engines.request_observer import RequestObserver
+from pdsr_sdk.engines.stop_window import HeldTokens, window_tokens
 from pdsr_sdk.engines.vllm_control import VllmControl
 from pdsr_sdk.engines.vllm_spawn import spawn
 from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, speculation_counts
@@ -251,6 +252,15 @@ class VllmEngine(VllmControl, ModelEngine):
         spec = self.speculative
         return group_drafter.group_extra_args(request, spec["prompt_lookup_min"], spec["prompt_lookup_max"])
 
+    def _stop_window(self, request: SegmentRequest) -> HeldTokens | None:
+        """For a continuation under stop strings: its first tokens' holder (see ``stop_window``), else None."""
+        stops = list(request.sampling.stop)
+        if not stops or request.continued_tokens <= 0 or not request.context_ids:
+            return None
+        tokenizer = self._llm.tokenizer
+        before = request.context_ids[-min(request.continued_tokens, window_tokens(stops)):]
+        return HeldTokens(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), before, stops)
+
     async def _stream(self, request: SegmentRequest) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -282,13 +292,24 @@ class VllmEngine(VllmControl, ModelEngine):
             if request.cache_salt is not None:
                 prompt["cache_salt"] = request.cache_salt
             gen = self._llm.generate(prompt, params, request.request_id)
+            held = self._stop_window(request)
             async for out in gen:
                 if observer is not None:
                     observer.on_output(request.request_id, out)
                 comp = out.outputs[0]
                 ids = comp.token_ids
+                lps = [step[tok].logprob for step, tok in zip(comp.logprobs or (), ids)] if comp.logprobs else None
+                if held is not None:   # a continuation's first tokens wait until no split stop string can end in them
+                    ids, lps, cut = held.feed(ids, lps, out.finished)
+                    if held.done:
+                        held = None
+                    if cut:   # a stop string the boundary split ends here: as vLLM would have stopped
+                        if ids:
+                            listener.on_tokens(self, request.request_id, len(ids), ids, lps)
+                        reason = STOP
+                        await gen.aclose()   # aborts the request in vLLM
+                        break
                 if ids:
-                    lps = [step[tok].logprob for step, tok in zip(comp.logprobs or (), ids)] if comp.logprobs else None
                     listener.on_tokens(self, request.request_id, len(ids), ids, lps)
                 if out.finished:
                     reason = finish_reason(comp.finish_reason)

@@ -126,6 +126,7 @@ class Launcher(SlotTable):
             sampling=self.sampling,
             sample=sample,
             cache_salt=f"pdsr-v{oldest_version(sample)}" if self.salt_by_version else None,
+            continued_tokens=sample.num_generated - (turns[-1].start_token if turns else 0),
         ))
         return run
 
