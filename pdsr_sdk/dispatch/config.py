@@ -18,13 +18,23 @@ class SamplingConfig(ConfigModel):
     """How each response is sampled."""
 
     n: int = Field(8, ge=1, description="Samples per prompt (the GRPO group size N). Sample 0 is the probe.")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 = greedy. At most 2, vLLM's bound (it refuses a request above it).")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 = greedy, else 0.01 to 2, vLLM's bounds (it refuses a request above 2 and samples one under 0.01 at 0.01).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
     max_tokens: int = Field(1024, ge=1, description="Most response tokens per sample (finish reason 'length' past it).")
     stop: list[str] = Field(default_factory=list, description="Stop strings that end a response (non-empty: vLLM refuses an empty one).")
     ignore_eos: bool = Field(False, description="Keep generating past EOS until max_tokens (benchmarks).")
 
+
+    @field_validator("temperature")
+    @classmethod
+    def _sampled_as_given(cls, temperature: float) -> float:
+        # vLLM samples at 0.01 whatever is under it: the recorded temperature, which scoring and the trainer's
+        # log-prob ratios read, would not be the one sampled at
+        if 0 < temperature < 0.01:
+            raise ValueError(f"{temperature} is under 0.01, which vLLM raises to 0.01 (so the log-probs would not be "
+                             f"at the temperature recorded); use 0 for greedy or at least 0.01")
+        return temperature
 
     @field_validator("stop")
     @classmethod

@@ -42,6 +42,21 @@ def test_the_config_refuses_what_vllm_refuses(sampling, key):
     SamplingConfig(temperature=2.0, stop=["</answer>"])
 
 
+@requires_vllm
+@pytest.mark.parametrize("temperature", [0.001, 0.0099])
+def test_a_temperature_vllm_would_raise_is_refused(temperature):
+    """vLLM samples a temperature in (0, 0.01) at 0.01: the config refuses it rather than record one that was not
+    sampled at (scoring and the trainer's ratios read the recorded one); 0 and 0.01 pass as vLLM keeps them."""
+    from vllm import SamplingParams
+
+    assert SamplingParams(temperature=temperature).temperature == 0.01   # what vLLM does with it
+    with pytest.raises(ConfigError, match=r"sampling\.temperature.*0\.01"):
+        load_config(RolloutConfig, None, {"sampling.temperature": temperature})
+    for kept in (0.0, 0.01):
+        assert SamplingParams(temperature=kept).temperature == kept
+        assert SamplingConfig(temperature=kept).temperature == kept
+
+
 def test_a_refused_temperature_flag_stops_before_any_engine(tmp_path):
     """``--temperature 3`` hung a run for ever (every request's SamplingParams raised in its task, unseen); it is
     now one line naming the flag, and nothing starts."""
