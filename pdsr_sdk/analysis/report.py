@@ -18,6 +18,7 @@ import numpy as np
 
 from pdsr_sdk.analysis import stats
 from pdsr_sdk.analysis.config import AnalyzeConfig
+from pdsr_sdk.analysis.dispatch_replay import dispatch_v25
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.traces.trace import LengthTrace
 
@@ -90,7 +91,7 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     fn = stats.false_negatives(x, cfg.fn_length)
     cap = stats.batch_capture(x, cfg.batch_prompts, cfg.capture_top)
     disp_b = cfg.dispatch_batch_prompts
-    disp = stats.dispatch_v25(x, disp_b, cfg.offload_fraction, cfg.cap_multiplier)
+    disp = dispatch_v25(x, disp_b, cfg.offload_fraction, cfg.cap_multiplier)
     summary = _trace_summary(trace, x)
     at_cap = summary["at_cap"]
 

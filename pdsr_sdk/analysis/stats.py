@@ -32,7 +32,7 @@ from pdsr_sdk.errors import ConfigValueError, DataValueError
 _EPS = 1e-9  # guards ceil/floor of float products: 0.55 * 100 = 55.00000000000001, 0.7 * 90 = 62.99999999999999
 
 
-def _as_matrix(lengths, *, min_n: int = 1) -> np.ndarray:
+def as_matrix(lengths, *, min_n: int = 1) -> np.ndarray:
     arr = np.asarray(lengths)
     if arr.ndim != 2:
         raise DataValueError(f"lengths must be a [G, N] array, got shape {arr.shape}")
@@ -82,7 +82,7 @@ def group_cv(lengths, ddof: int = 1) -> np.ndarray:
     was pandas-based); ``ddof=0`` the population std. A group whose lengths are all 0 has
     CV 0. NaN for every group when N <= ddof.
     """
-    x = _as_matrix(lengths).astype(np.float64)
+    x = as_matrix(lengths).astype(np.float64)
     n = x.shape[1]
     if n <= ddof:
         return np.full(x.shape[0], np.nan)
@@ -132,7 +132,7 @@ def spearman_vs_probe(lengths) -> np.ndarray:
 
     Pearson correlation of average ranks; NaN when a column is constant.
     """
-    x = _as_matrix(lengths, min_n=2)
+    x = as_matrix(lengths, min_n=2)
     ranks = average_ranks(x)
     return _pearson_cols(ranks[:, 0], ranks[:, 1:])
 
@@ -153,7 +153,7 @@ def top_k_prob(lengths, k: int) -> np.ndarray:
     groups and ``eq`` equal ones (itself included) is in the top ``k`` with
     probability ``clip((k - gt) / eq, 0, 1)``; without ties this is 0 or 1.
     """
-    x = _as_matrix(lengths)
+    x = as_matrix(lengths)
     g = x.shape[0]
     if not 0 <= k <= g:
         raise ConfigValueError(f"k must be in 0..{g}, got {k}")
@@ -168,7 +168,7 @@ def top_k_recall(lengths, k_frac: float = 0.1) -> np.ndarray:
     columns is ``sum_i P(i in top-K of 0) * P(i in top-K of j) / K``; a probe
     with no signal scores K / G (chance) however many ties. NaN when K = 0.
     """
-    x = _as_matrix(lengths, min_n=2)
+    x = as_matrix(lengths, min_n=2)
     k = top_k_count(x.shape[0], k_frac)
     if k == 0:
         return np.full(x.shape[1] - 1, np.nan)
@@ -184,7 +184,7 @@ def safe_rate(lengths, k_frac: float = 0.1, safe_frac: float = 0.2) -> np.ndarra
     Ties are broken at random as in ``top_k_recall`` (chance: safe_frac's
     set size / G). NaN when either set is empty.
     """
-    x = _as_matrix(lengths, min_n=2)
+    x = as_matrix(lengths, min_n=2)
     g = x.shape[0]
     k_pred, k_safe = top_k_count(g, k_frac), top_k_count(g, safe_frac)
     if k_pred == 0 or k_safe == 0:
@@ -216,7 +216,7 @@ def false_negatives(lengths, length: int) -> FalseNegatives:
     sample is > ``length`` (group rate) and the share of those groups' later
     samples that are > ``length`` (sample rate).
     """
-    x = _as_matrix(lengths, min_n=2)
+    x = as_matrix(lengths, min_n=2)
     below = x[:, 0] < length
     over = x[below, 1:] > length
     gb, sb = int(below.sum()), int(over.size)
@@ -228,7 +228,7 @@ def false_negatives(lengths, length: int) -> FalseNegatives:
 
 # -- batch-level statistics -----------------------------------------------------------------
 
-def _batch_blocks(x: np.ndarray, batch_prompts: int) -> list[np.ndarray]:
+def batch_blocks(x: np.ndarray, batch_prompts: int) -> list[np.ndarray]:
     """[G, N] -> [nb, B, N] of the full batches, plus [1, r, N] for a shorter last batch."""
     if batch_prompts < 1:
         raise ConfigValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
@@ -307,11 +307,11 @@ def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> Bat
     task's length over its group's probe length (a probe of 0 counts as 1):
     how much longer the task ran than the probe predicted.
     """
-    x = _as_matrix(lengths, min_n=2)
+    x = as_matrix(lengths, min_n=2)
     if capture_top < 1:
         raise ConfigValueError(f"capture_top must be >= 1, got {capture_top}")
     parts = []
-    for block in _batch_blocks(x.astype(np.int64), batch_prompts):
+    for block in batch_blocks(x.astype(np.int64), batch_prompts):
         nb, b, _ = block.shape
         probe = block[:, :, 0]
         later = block[:, :, 1:].max(axis=2)
@@ -330,78 +330,3 @@ def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> Bat
     sizes, capture, longest, ratio, miss_cost, miss_max = (np.concatenate(p) for p in zip(*parts))
     return BatchCapture(batch_prompts=batch_prompts, capture_top=capture_top, sizes=sizes, capture_prob=capture,
                         longest=longest, cost_ratio=ratio, miss_cost=miss_cost, miss_max=miss_max)
-
-
-@dataclass(frozen=True)
-class DispatchCounts:
-    """Sample counts of a V2.5 rank-based offloading replay (the seed's dispatch table)."""
-
-    batch_prompts: int
-    offload_fraction: float
-    cap_multiplier: float
-    batches: int
-    samples: int
-    heavy_prompts: int     # prompts offloaded (the unit of seed 002's table)
-    heavy: int             # samples of offloaded prompts (all N samples, probe included)
-    fast: int              # samples of prompts kept on the fast pool (probe included)
-    fast_broke: int        # fast samples longer than the batch's cap -> break, retried on heavy
-    fast_prompts: int      # prompts kept on the fast pool
-    fast_prompts_broke: int  # ... with at least one sample that breaks (the seed table's "熔断重试")
-    tokens: int            # total response tokens of the trace
-    wasted_tokens: int     # tokens fast samples generated before breaking (cap per break)
-    l_cut: np.ndarray      # int64 [batches]: probe length of the shortest offloaded prompt
-    cap: np.ndarray        # int64 [batches]: floor(cap_multiplier * l_cut)
-
-    @property
-    def fast_ok(self) -> int:
-        return self.fast - self.fast_broke
-
-    @property
-    def fast_prompts_ok(self) -> int:
-        return self.fast_prompts - self.fast_prompts_broke
-
-
-def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2,
-                 cap_multiplier: float = 1.5) -> DispatchCounts:
-    """Replay V2.5 rank-based offloading on recorded lengths.
-
-    Per batch of B consecutive prompts: sort by probe length (longest first,
-    ties by group order: one fixed tie order, which does not look at the
-    later samples, so it does not favour the probe the way a shared tie
-    rule favours top-K recall; it is one draw, not an expectation) and offload the first ``floor(offload_fraction * B)`` (at least 1)
-    prompts, all their N samples, to the heavy pool. ``L_cut`` is the probe
-    length of the last (shortest) offloaded prompt, and every sample of the
-    remaining prompts runs on the fast pool with the cap
-    ``floor(cap_multiplier * L_cut)``; a fast sample longer than the cap breaks
-    (and is retried on heavy, having generated ``cap`` tokens first).
-    A shorter last batch offloads ``floor(offload_fraction * its size)`` prompts (at least 1).
-    """
-    x = _as_matrix(lengths, min_n=1).astype(np.int64)
-    n = x.shape[1]
-    heavy = broke = wasted = fast_prompts = prompts_broke = 0
-    l_cuts, caps = [], []
-    for block in _batch_blocks(x, batch_prompts):
-        nb, b, _ = block.shape
-        n_heavy = offload_count(offload_fraction, b)
-        order = np.argsort(-block[:, :, 0], axis=1, kind="stable")
-        is_heavy = np.zeros((nb, b), dtype=bool)
-        np.put_along_axis(is_heavy, order[:, :n_heavy], True, axis=1)
-        l_cut = np.take_along_axis(block[:, :, 0], order[:, n_heavy - 1: n_heavy], axis=1)[:, 0]
-        cap = cap_tokens(cap_multiplier, l_cut)
-        breaks = (block > cap[:, None, None]) & ~is_heavy[:, :, None]
-        per_batch = breaks.sum(axis=(1, 2))
-        fast_prompts += int((~is_heavy).sum())
-        prompts_broke += int(breaks.any(axis=2).sum())
-        heavy += int(is_heavy.sum()) * n
-        broke += int(per_batch.sum())
-        wasted += int((per_batch * cap).sum())
-        l_cuts.append(l_cut)
-        caps.append(cap)
-    samples = int(x.size)
-    l_cut_all = np.concatenate(l_cuts)
-    return DispatchCounts(batch_prompts=batch_prompts, offload_fraction=offload_fraction, cap_multiplier=cap_multiplier,
-                          batches=int(l_cut_all.size), samples=samples, heavy_prompts=heavy // n, heavy=heavy,
-                          fast=samples - heavy,
-                          fast_broke=broke, fast_prompts=fast_prompts, fast_prompts_broke=prompts_broke,
-                          tokens=int(x.sum()), wasted_tokens=wasted, l_cut=l_cut_all,
-                          cap=np.concatenate(caps))
