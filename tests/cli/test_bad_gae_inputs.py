@@ -1,0 +1,100 @@
+"""Bad input to ``pdsr gae``: non-finite or non-numeric columns, a reward no token can carry, a missing or
+existing or unwritable output; each case names the file, column, row or flag, and leaves what is on disk unchanged."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from cli_checks import failed, invoke
+from pdsr_cli.main import cli
+
+
+# --------------------------------------------------------------------------- pdsr gae
+
+@pytest.fixture()
+def gae_input(tmp_path):
+    rows = [{"rewards": [0.0, 1.0], "values": [0.5, 0.25], "response_mask": [1, 1]} for _ in range(3)]
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path, rows
+
+
+@pytest.mark.parametrize("column, value, where", [
+    ("rewards", float("nan"), "row 1 token 1 is nan"),
+    ("values", float("inf"), "row 1 token 1 is inf"),
+])
+def test_gae_non_finite_rewards_or_values_name_the_row(tmp_path, gae_input, column, value, where):
+    path, rows = gae_input
+    rows[1][column][1] = value
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    out = tmp_path / "out.parquet"
+    failed(invoke("gae", "--data", path, "--out", out, "--whiten"), "in.parquet", repr(column), where, "finite")
+    assert not out.exists()
+
+
+def test_gae_scalar_nan_reward_names_the_row(tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist([{"rewards": r, "values": [0.0, 0.0], "response_mask": [1, 1]}
+                                         for r in (1.0, 0.0, float("nan"))]), path)
+    failed(invoke("gae", "--data", path, "--out", tmp_path / "o.parquet"), "'rewards' row 2 is nan")
+
+
+@pytest.mark.parametrize("column", ["rewards", "values", "response_mask"])
+def test_gae_a_list_of_text_names_the_column(tmp_path, column):
+    row = {"rewards": [0.0, 1.0], "values": [0.5, 0.25], "response_mask": [1, 1]}
+    row[column] = ["a", "b"]
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    failed(invoke("gae", "--data", path, "--out", tmp_path / "o.parquet"),
+           f"{path}: column {column!r} must be a list of numbers per row, got list<", "string>")
+
+
+def test_gae_a_reward_no_token_can_carry_is_named(tmp_path):
+    """A scalar reward goes on its row's last valid token; a row with none loses it, and the command says so
+    (a reward of 0 loses nothing and is not named)."""
+    path, out = tmp_path / "in.parquet", tmp_path / "o.parquet"
+    rows = [{"rewards": r, "values": [0.0, 0.0], "response_mask": m}
+            for r, m in ((1.0, [1, 1]), (2.0, [0, 0]), (0.0, [0, 0]), (-1.0, [0, 0]))]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out), "--lam", "1"])
+    assert res.exit_code == 0, res.output
+    assert ("warning: 2 row(s) have a reward but no valid token to carry it (their response_mask is all 0), so it "
+            "is in no advantage: row 1, 3") in res.output
+    adv = pq.read_table(out).column("advantages").to_pylist()
+    assert adv[0] == [1.0, 1.0] and adv[1] == adv[3] == [0.0, 0.0]
+    res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out), "--overwrite", "--mask-column", ""])
+    assert res.exit_code == 0 and "warning" not in res.output, res.output
+
+
+def test_gae_existing_out_needs_overwrite(tmp_path, gae_input):
+    path, _ = gae_input
+    out = tmp_path / "out.parquet"
+    out.write_bytes(b"an earlier result")
+    failed(invoke("gae", "--data", path, "--out", out), str(out), "already exists", "--overwrite")
+    assert out.read_bytes() == b"an earlier result"
+    assert invoke("gae", "--data", path, "--out", out, "--overwrite").exit_code == 0
+    assert pq.read_table(out).column_names[-2:] == ["advantages", "returns"]
+
+
+def test_gae_without_data_or_out_names_the_flag(tmp_path, gae_input):
+    path, _ = gae_input
+    failed(invoke("gae", "--data", path), "--out is required (or 'out:' in the --config file)")
+    failed(invoke("gae", "--out", tmp_path / "o.parquet"), "--data is required (or 'data:' in the --config file)")
+    cfg = tmp_path / "gae.yaml"   # the file may give them instead
+    cfg.write_text(f"data: {path}\nout: {tmp_path / 'o.parquet'}\n")
+    assert invoke("gae", "--config", cfg).exit_code == 0 and (tmp_path / "o.parquet").exists()
+
+
+def test_gae_unwritable_out_fails_before_computing(tmp_path, gae_input, monkeypatch):
+    from pdsr_sdk.gae import table
+
+    path, _ = gae_input
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a folder must be")
+    monkeypatch.setattr(table, "read_table", lambda *a, **k: pytest.fail("read the input before checking --out"))
+    failed(invoke("gae", "--data", path, "--out", blocker / "out.parquet"), "--out", "blocker", "is a file")
+    failed(invoke("gae", "--data", path, "--out", tmp_path), "--out", "is a directory")
+    assert blocker.read_text() == "a file where a folder must be"
