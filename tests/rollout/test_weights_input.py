@@ -1,5 +1,5 @@
 """What a trainer's state dict may hold for ``update_weights`` beyond names and shapes (the staging the session does
-before anything reaches an engine; names and shapes: tests/rollout/test_sdk.py, the engines' loads:
+before anything reaches an engine; names and shapes: tests/rollout/test_sdk_weights.py, the engines' loads:
 tests/rollout/test_rollout_vllm.py)."""
 
 from __future__ import annotations

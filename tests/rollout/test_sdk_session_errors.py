@@ -1,0 +1,166 @@
+"""A session on fake engines given bad input or closed under a waiting call: a bad ``n`` or prompts is an error
+naming it and the session goes on, a failed or closed session says so on every later call and starts no engine,
+and closing ends a step still waiting (in a thread or an asyncio task)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from support import WAIT_S, requires_torch
+from pdsr_sdk.errors import DataError, RunError
+
+
+def fake_config(tiny_model_dir, **kw):
+    """Two fake engines from the config (tests/fakes.py: responses run to max_tokens), the default policy (v3)."""
+    from pdsr_sdk import RolloutConfig
+
+    return RolloutConfig(model=str(tiny_model_dir), batch_size=2, sampling={"n": 2, "max_tokens": 8},
+                         engines=[{"name": "fast-0", "pool": "fast", "backend": "fakes:LoopEngine"},
+                                  {"name": "heavy-0", "pool": "heavy", "backend": "fakes:LoopEngine"}], **kw)
+
+
+@requires_torch
+def test_a_bad_n_is_an_error_naming_it_and_a_failed_session_says_so_on_every_later_call(tiny_model_dir):
+    """``n`` is an int >= 1 (None: config.sampling.n): else a ConfigValueError naming it, and the session goes on
+    (n=-1 used to fail inside v3's placement, and every later step raised the same IndexError). After a fatal
+    error (here a hook that raises inside the dispatch run) every later call is a RunError saying the session
+    failed, why, and to open a new one."""
+    from pdsr_sdk import RolloutSession
+    from pdsr_sdk.errors import ConfigValueError
+
+    with RolloutSession(fake_config(tiny_model_dir)) as session:
+        for n in (-1, 0, "2", 1.5, True):
+            with pytest.raises(ConfigValueError, match=rf"n \(samples per prompt\) must be an int >= 1, or None "
+                                                       rf"for config.sampling.n \(2\); got {re.escape(repr(n))}"):
+                session.step(["x"], n=n)
+        assert len(session.step(["x"], n=3).samples) == 3
+        assert len(session.step(["x", "y"]).samples) == 4
+
+        def boom(group):
+            raise KeyError("a hook's bug")
+
+        session.hooks.on_group_done.append(boom)
+        with pytest.raises(KeyError, match="a hook's bug"):
+            session.step(["x"])
+        session.hooks.on_group_done.clear()
+        for call in (lambda: session.step(["x"]), lambda: session.next_version()):
+            with pytest.raises(RunError, match=r"the session failed earlier \(KeyError: \"a hook's bug\"\) and "
+                                               r"cannot go on; close it and open a new RolloutSession") as info:
+                call()
+            assert isinstance(info.value.__cause__, KeyError)
+
+
+@requires_torch
+def test_a_closed_session_refuses_steps_and_starts_no_engine(tiny_model_dir, monkeypatch):
+    """``await session.astep()`` after ``async with`` exited used to start new engines that nothing closed; the
+    synchronous form said "open the session first". Both now say the session is closed, and nothing starts."""
+    import pdsr_sdk.engines
+    from pdsr_sdk import RolloutSession
+
+    built = []
+    build = pdsr_sdk.engines.build_engine
+    monkeypatch.setattr(pdsr_sdk.engines, "build_engine", lambda *a, **k: built.append(1) or build(*a, **k))
+
+    async def scenario():
+        async with RolloutSession(fake_config(tiny_model_dir)) as session:
+            await session.astep(["x"])
+        assert len(built) == 2
+        with pytest.raises(RunError, match=r"step: this session is closed; open a new RolloutSession"):
+            await session.astep(["x"])
+        with pytest.raises(RunError, match=r"start: this session is closed"):
+            async with session:
+                pass
+        return session
+
+    session = asyncio.run(scenario())
+    assert len(built) == 2 and not session._started
+    with RolloutSession(fake_config(tiny_model_dir)) as sync:
+        sync.step(["x"])
+    with pytest.raises(RunError, match=r"step: this session is closed"):
+        sync.step(["x"])
+    assert len(built) == 4
+
+
+@requires_torch
+def test_closing_the_session_ends_a_step_blocked_in_another_thread(tiny_model_dir):
+    """A pipelined trainer's ``step(..., wait_for_update=True)`` in a worker thread, with no update coming: the
+    ``with`` block's exit closes the session, and the step ends with a RunError rather than hanging the thread
+    (and the script at exit) for good."""
+    import threading
+    import time
+
+    from pdsr_sdk import RolloutSession
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=1.0, max_staleness=1)
+    got = {}
+
+    def stepping(session):
+        try:
+            got["result"] = session.step((), wait_for_update=True)
+        except BaseException as exc:  # noqa: BLE001 - what the step raised is the test's
+            got["error"] = exc
+
+    with RolloutSession(cfg) as session:
+        session.step(["a", "b", "c", "d"])
+        worker = threading.Thread(target=stepping, args=(session,), daemon=True)
+        worker.start()
+        end = time.monotonic() + WAIT_S
+        while not all(g.done for g, _ in session.carried()):   # every group complete: the step holds
+            assert time.monotonic() < end and worker.is_alive()
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert worker.is_alive()
+    worker.join(WAIT_S)
+    assert not worker.is_alive(), "the step still waits after the session closed"
+    assert isinstance(got.get("error"), RunError) and "the session was closed while this call waited" in str(got["error"])
+
+
+@requires_torch
+@pytest.mark.parametrize("streaming", [False, True])
+def test_what_a_step_takes_as_its_prompts(tiny_model_dir, streaming):
+    """A bare string is one prompt (it used to be split into one prompt per character), as is a mapping; None or
+    a number is a DataError saying what prompts may be (it used to be a raw TypeError), and so is a list of token
+    ids given as a prompt; the session goes on after each."""
+    from pdsr_sdk import RolloutSession
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", **({"over_provision": 0.0} if streaming else {}))
+    with RolloutSession(cfg) as session:
+        out = session.step("hello", last=streaming)
+        assert [g.prompt_id for g in out.groups] == ["s0-p0"] and "hello" in out.groups[0].prompt_text
+        out = session.step({"id": "m", "prompt": "hi"}, last=streaming)
+        assert [g.prompt_id for g in out.groups] == ["m"]
+        for bad, kind in ((None, "NoneType"), (5, "int"), (b"x", "bytes")):
+            with pytest.raises(DataError, match=rf"step: prompts must be a list \(or an iterator\) of prompts, each a "
+                                                rf"string, .* or a PromptRecord; got {kind}"):
+                session.step(bad)
+        if not streaming:
+            with pytest.raises(DataError, match=r"step 2 prompts\[0\]: a list of ints looks like token ids"):
+                session.step([[37, 81]])
+        assert len(session.step(["a", "b"], last=streaming).groups) == 2
+
+
+@requires_torch
+def test_leaving_async_with_ends_a_step_task_still_waiting(tiny_model_dir):
+    """The async form of the pipelined trainer: a ``wait_for_update`` step task still waiting when ``async with``
+    exits ends with a RunError (close() ends every waiting call) instead of waiting on a closed session."""
+    from pdsr_sdk import RolloutSession
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=1.0, max_staleness=1)
+
+    async def scenario():
+        async with RolloutSession(cfg) as session:
+            await session.astep(["a", "b", "c", "d"])
+            task = asyncio.create_task(session.astep((), wait_for_update=True))
+            while not all(g.done for g, _ in session.carried()):   # every group complete: the step holds
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            assert not task.done()
+        done, _ = await asyncio.wait({task}, timeout=WAIT_S)
+        assert done, "the step still waits after the session closed"
+        with pytest.raises(RunError, match="the session was closed while this call waited"):
+            task.result()
+
+    asyncio.run(scenario())
