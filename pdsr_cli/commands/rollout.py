@@ -32,6 +32,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--max-tokens", type=int, help="Most response tokens per sample.  [default: 1024]")
 @click.option("--temperature", type=float, help="Sampling temperature.  [default: 1.0]")
 @click.option("--top-p", type=float, help="Nucleus sampling mass.  [default: 1.0]")
+@click.option("--top-k", type=int, help="Top-k sampling; 0 disables it.  [default: 0]")
+@click.option("--stop", multiple=True, metavar="TEXT",
+              help="A stop string that ends a response (repeatable; e.g. --stop '</answer>').")
 @click.option("--ignore-eos", is_flag=True, default=None, help="Generate to max tokens (or forced lengths) past EOS.")
 @click.option("--fast", type=int, help="Engines in the fast pool (automatic layout).")
 @click.option("--heavy", type=int, help="Engines in the heavy pool (automatic layout).")
@@ -100,7 +103,7 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
-            temperature, top_p, ignore_eos, fast, heavy, ray_address, prompt_column,
+            temperature, top_p, top_k, stop, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, data_source,
             target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
             num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
@@ -140,7 +143,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "policy": policy,
         "data.path": data, "model": model, "sampling.n": n, "batch_size": batch_size,
         "num_batches": num_batches, "data.limit": limit, "sampling.max_tokens": max_tokens,
-        "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.ignore_eos": ignore_eos,
+        "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.top_k": top_k,
+        "sampling.stop": list(stop) or None, "sampling.ignore_eos": ignore_eos,
         "fast": fast, "heavy": heavy, "ray.address": ray_address,
         "data.prompt_column": prompt_column, "data.messages_column": messages_column,
         "data.system_prompt": system_prompt, "data.instruction": instruction,

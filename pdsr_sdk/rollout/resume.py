@@ -29,7 +29,7 @@ from pdsr_sdk.rollout.writer import carry_file, existing_files
 RESUME_KEYS = {
     "policy": "--policy", "policy_settings": "--set", "model": "--model", "sampling.n": "--n",
     "sampling.max_tokens": "--max-tokens", "sampling.temperature": "--temperature", "sampling.top_p": "--top-p",
-    "sampling.top_k": "sampling.top_k", "sampling.stop": "sampling.stop", "sampling.ignore_eos": "--ignore-eos",
+    "sampling.top_k": "--top-k", "sampling.stop": "--stop", "sampling.ignore_eos": "--ignore-eos",
     "logprobs_mode": "logprobs_mode", "reward": "--reward", "data.path": "--data",
     "data.system_prompt": "--system-prompt", "data.instruction": "--instruction",
     "data.apply_chat_template": "data.apply_chat_template", "data.target_lengths_column": "--target-lengths-column",
