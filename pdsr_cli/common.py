@@ -42,6 +42,8 @@ def handle_errors(f: F) -> F:
                 return f(*args, **kwargs)
         except PdsrError as exc:
             click.echo(f"error: {exc}", err=True)
+            for note in getattr(exc, "__notes__", ()):   # what a run kept, and how to go on (pdsr_sdk.rollout.run)
+                click.echo(note, err=True)
             sys.exit(2)
         except KeyboardInterrupt as exc:
             # one line; what was written is said only where the command knows (pdsr_sdk.errors.Interrupted)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pdsr_sdk.dispatch.steps import groups_launched
 from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
-from pdsr_sdk.errors import ConfigError, DataError, Interrupted
+from pdsr_sdk.errors import ConfigError, DataError, Interrupted, PdsrError
 from pdsr_sdk.io.tables import remove_stale_temps, write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
@@ -25,7 +25,7 @@ from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import BatchResult, RolloutSession
 from pdsr_sdk.rollout.reward_totals import GroupRewards
 from pdsr_sdk.rollout.summary import RolloutSummary, run_summary
-from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock
+from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock, write_errors_named
 
 
 def resolve_model_dir(config) -> str:
@@ -257,6 +257,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     session.hooks.on_status.append(status)
     rewards: dict[str, GroupRewards] = {}   # prompt id -> what its written group's rewards add to the summary
     results: list[BatchResult] = []
+    failure: BaseException | None = None
     try:
         if (batches or carried) and not idle:
             await session.start(max_model_len=max_model_len)
@@ -297,7 +298,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
                 writer.flush()
                 writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
                                     for g, step in session.carried() for s in g.samples], carry_schema())
-                write_text_atomic(summarise().to_json(), summary_path(config))
+                _save(summarise(), config)
                 await session.anext_version()   # each step's end is a trainer's weight update
             # the groups dynamic sampling took out: why the data ran out sooner than its size says
             taken = (f"; {filtered} of them filtered out (--filter-groups: their rewards all equal)"
@@ -316,11 +317,14 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
             await written()
             results.append(result)
             writer.flush()
-            write_text_atomic(summarise().to_json(), summary_path(config))   # an interrupted run keeps its batches
+            _save(summarise(), config)   # an interrupted run keeps its batches
         writer.finalize()
         if filtered_writer is not None:
             filtered_writer.finalize()
         state.finished = True
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
         # an error or interrupt: groups still waiting for rewards are not written, nor are those the engines'
         # shutdown completes (their write would ask a closed session for rewards)
@@ -328,16 +332,34 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
             session.hooks.on_group_done.remove(on_group)
         for task in list(writes):
             task.cancel()
-        writer.flush()  # whatever finished is on disk, even on interrupt or engine failure
-        if filtered_writer is not None:
-            filtered_writer.flush()
+        unwritten: DataError | None = None   # a full disk, a deleted folder: reported once the engines are closed
+        for w in (writer, filtered_writer):
+            try:
+                if w is not None:
+                    w.flush()  # whatever finished is on disk, even on interrupt or engine failure
+            except DataError as exc:
+                unwritten = unwritten or exc
         for bar in (sample_bar, probe_bar):
             if bar is not None:
                 bar.close()
         await session.close()
+        if isinstance(failure, PdsrError):
+            if unwritten is not None and str(unwritten) != str(failure):
+                failure.add_note(f"also: {unwritten}")
+            if writer.groups_on_disk:   # an engine died, a reward stopped the run: what it keeps, and how to go on
+                failure.add_note(f"{writer.groups_on_disk} finished groups of this run are on disk in "
+                                 f"{writer.parts_dir}/; rerun with --resume to continue")
+        elif failure is None and unwritten is not None:
+            raise unwritten
     summary = summarise()
-    write_text_atomic(summary.to_json(), summary_path(config))
+    _save(summary, config)
     return summary
+
+
+def _save(summary: RolloutSummary, config) -> None:
+    path = summary_path(config)
+    with write_errors_named(path):
+        write_text_atomic(summary.to_json(), path)
 
 
 def _round_up(x: int, m: int) -> int:

@@ -7,6 +7,9 @@ run keeps every finished group. At the end the parts are merged into
 reads the finished prompt ids from both, and the run skips them. The merged file records how many part
 files it holds (:data:`MERGED_KEY`), so that parts a run killed before removing them leaves beside it are
 not read (nor merged) twice; new parts are numbered after them.
+A file the writer cannot write (a full disk, a read-only folder) is a DataError naming it; so is a part file that
+went missing while the run went on (the output folder deleted): the merge would otherwise present what is left as
+the whole run.
 ``overwrite`` removes the old output only when the first new group is
 written (a run that fails before that leaves it as it was). A multi-step
 run also keeps the groups it carries between steps in
@@ -52,6 +55,10 @@ class TrajectoryWriter:
                             f"pass --resume to continue it or --overwrite to replace it")
         self._replace = exists and overwrite and not resume
         self._next_part = 0 if self._replace else _next_part_number(self.path)
+        #: the files the output is made of so far (a resumed run's, then each part written): all must be there to merge
+        self._holds: list[Path] = [] if self._replace else existing_files(self.path)
+        #: groups in the part files this writer wrote (0 once a part went missing)
+        self.groups_on_disk = 0
 
     # -------------------------------------------------------------- resume
     def finished_prompt_ids(self) -> set[str]:
@@ -89,9 +96,15 @@ class TrajectoryWriter:
             return
         table = self._pa.Table.from_pylist(self._rows, schema=self.schema)
         self._remove_old()
-        self.parts_dir.mkdir(parents=True, exist_ok=True)
-        write_table_atomic(table, self.parts_dir / f"part-{self._next_part:06d}.parquet")
+        if self._holds and not self._holds[-1].exists():   # one stat: the last part is gone with its folder
+            self._missing()
+        part = self.parts_dir / f"part-{self._next_part:06d}.parquet"
+        with write_errors_named(part):
+            self.parts_dir.mkdir(parents=True, exist_ok=True)
+            write_table_atomic(table, part)
+        self._holds.append(part)
         self._next_part += 1
+        self.groups_on_disk += self._groups
         self._rows.clear()
         self._groups = 0
         self._last_flush = time.monotonic()
@@ -106,8 +119,10 @@ class TrajectoryWriter:
             path.unlink(missing_ok=True)
             return
         self._remove_old()
-        self.parts_dir.mkdir(parents=True, exist_ok=True)
-        write_table_atomic(self._pa.Table.from_pylist(rows, schema=schema.with_metadata(self.schema.metadata)), path)
+        with write_errors_named(path):
+            self.parts_dir.mkdir(parents=True, exist_ok=True)
+            write_table_atomic(self._pa.Table.from_pylist(rows, schema=schema.with_metadata(self.schema.metadata)),
+                               path)
 
     def finalize(self) -> Path:
         """Merge everything on disk into the output file and remove the parts (a reward's dict fields become a
@@ -118,13 +133,36 @@ class TrajectoryWriter:
 
         self.flush()
         self._remove_old()
+        if any(not f.exists() for f in self._holds):
+            self._missing()
         tables = [reward_extra_json(pq.read_table(f)).cast(self.schema) for f in self._existing_files()]
         table = self._pa.concat_tables(tables) if tables else self.schema.empty_table()
         merged = {**(self.schema.metadata or {}), MERGED_KEY: str(self._next_part).encode()}
         table = reward_extra_struct(table.replace_schema_metadata(merged))
-        write_table_atomic(table, self.path)   # killed from here to the parts' removal: MERGED_KEY skips them
+        with write_errors_named(self.path):
+            write_table_atomic(table, self.path)   # killed from here to the parts' removal: MERGED_KEY skips them
         shutil.rmtree(self.parts_dir, ignore_errors=True)
         return self.path
+
+
+    def _missing(self) -> None:
+        gone = [f for f in self._holds if not f.exists()]
+        more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+        self.groups_on_disk = 0   # nothing this run wrote is known to be kept
+        raise DataError(f"{gone[0]}{more}: removed while the run was writing {self.path} (its folder, or "
+                        f"{self.parts_dir.name}/, deleted?); the groups in them are lost, so the output is not "
+                        f"merged as if complete. Rerun with --resume: the groups no longer on disk run again")
+
+
+@contextlib.contextmanager
+def write_errors_named(path: Path) -> Iterator[None]:
+    """An OSError writing ``path`` (a full disk, a file size limit, a read-only or deleted folder) as a DataError
+    naming it: pyarrow's own message names no file."""
+    try:
+        yield
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise DataError(f"{path}: cannot write it ({reason})") from exc
 
 
 def carry_file(path: str | Path) -> Path:
