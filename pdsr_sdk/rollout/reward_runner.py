@@ -13,14 +13,22 @@ sampling reads a group's scores as soon as its last one is in (:meth:`RewardRunn
 A sample that finishes again (restarted, regenerated) is scored again: each job remembers the state it
 scored (restarts, tokens, finish reason), and a stale job's result is never used. The scores are the
 same as scoring after the step (:func:`pdsr_sdk.dispatch.trajectory.score_sample`, the same call).
+
+A reward of the user's gets no time limit (math_verify's checks have ``reward_timeout_s``): one that never returns
+holds its group, and the batch or step, until the run is stopped. Stopping it then ends the process: the threads are
+daemons and :meth:`RewardRunner.close` ends the worker processes (the standard pools are joined at exit, so a run
+stopped with Ctrl-C or SIGTERM said so and then never exited).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import pickle
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -170,10 +178,13 @@ class RewardRunner:
             self._jobs.pop(id(s), None)
 
     def close(self) -> None:
-        """Stop the workers (queued scores are cancelled; a running call ends on its own)."""
+        """Stop the workers: queued scores are cancelled, a running call in a thread is left to end on its own (its
+        thread does not keep the process alive), worker processes are ended."""
         for pool in (self._pool, self._alone):
             if pool is not None:
+                workers = _workers(pool)   # shutdown forgets them
                 pool.shutdown(wait=False, cancel_futures=True)
+                _end(workers)
         self._pool = self._alone = None
         self._jobs.clear()
 
@@ -210,8 +221,70 @@ class RewardRunner:
                 # spawned, not forked: this process runs an event loop and engine clients' threads
                 self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
             else:
-                self._pool = cf.ThreadPoolExecutor(self.workers, thread_name_prefix="pdsr-reward")
+                self._pool = DaemonThreads(self.workers, "pdsr-reward")
         return self._pool
+
+
+class DaemonThreads(cf.Executor):
+    """A pool of ``workers`` daemon threads (started at the first call). ``ThreadPoolExecutor``'s threads are joined
+    when the interpreter exits, so one reward call that never returns kept a stopped run's process alive."""
+
+    def __init__(self, workers: int, name: str):
+        self._workers, self._name = workers, name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._shut = False
+
+    def submit(self, fn, /, *args, **kwargs) -> cf.Future:  # type: ignore[override]
+        future: cf.Future = cf.Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.put((future, fn, args, kwargs))
+            while len(self._threads) < self._workers:
+                thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as ThreadPoolExecutor does
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut = True
+        if cancel_futures:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = self._queue.get_nowait()
+                    if item is not None:
+                        item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+def _workers(pool: cf.Executor) -> list:
+    """A process pool's worker processes (its own table of them; [] for threads)."""
+    return list((getattr(pool, "_processes", None) or {}).values()) if isinstance(pool, cf.ProcessPoolExecutor) else []
+
+
+def _end(workers: list) -> None:
+    """Terminate a shut-down process pool's ``workers``: one running a reward that never returns would otherwise be
+    waited for when the interpreter exits (Python 3.14's ``terminate_workers`` does this)."""
+    for proc in workers:
+        with contextlib.suppress(Exception):
+            proc.terminate()
 
 
 def check_picklable(fn: Callable[..., Any] | None, what: str = "the reward function") -> None:
