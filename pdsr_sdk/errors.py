@@ -64,7 +64,7 @@ class EngineError(PdsrError):
         self.remote_traceback = remote_traceback
         parts = [f"engine {engine!r}: {message}"]
         if exit_status is not None:
-            parts.append(f"(exit status {exit_status})")
+            parts.append(f"(exit status {exit_status}{_signal_name(exit_status)})")
         text = " ".join(parts)
         if remote_traceback:
             text += "\n--- engine traceback ---\n" + remote_traceback.rstrip()
@@ -73,6 +73,16 @@ class EngineError(PdsrError):
     def __reduce__(self):
         # so it crosses process boundaries (multiprocessing, Ray) intact
         return (_rebuild_engine_error, (self.engine, self.message, self.exit_status, self.remote_traceback))
+
+
+def _signal_name(exit_status: int) -> str:
+    """``: killed by SIGKILL`` for a negative exit status (a process a signal ended, as multiprocessing reports it)."""
+    import signal
+
+    try:
+        return f": killed by {signal.Signals(-exit_status).name}" if exit_status < 0 else ""
+    except ValueError:
+        return ""
 
 
 def _rebuild_engine_error(engine, message, exit_status, remote_traceback) -> EngineError:

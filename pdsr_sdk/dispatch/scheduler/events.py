@@ -121,8 +121,8 @@ class EngineEvents(Pausing, Turns):
             self._on_fatal(EngineError(
                 engine.name,
                 f"died and no live engine is left in pool {engine.pool!r} to take its "
-                f"{len(requeued)} unfinished request(s); original error: {err}",
-                exit_status=err.exit_status, remote_traceback=None))
+                f"{len(requeued)} unfinished request(s); the engine's error: {err.message}",
+                exit_status=err.exit_status, remote_traceback=err.remote_traceback))
             return
         self.guarded(self.policy.on_engine_lost, engine, requeued)
         self._pump()
