@@ -3,11 +3,10 @@ that must not start."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from cli_checks import write_jsonl
+from cli_checks import fake_rollout, write_jsonl
 
 
 @pytest.fixture()
@@ -19,11 +18,7 @@ def prompts(tmp_path):
 @pytest.fixture()
 def fake_run(tmp_path, tiny_model_dir):
     """A config running on fake engines (no vLLM): flags after it make a whole, fast ``pdsr rollout``."""
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({
-        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
-        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
-    return ["rollout", "--quiet", "--config", cfg]
+    return fake_rollout(tmp_path, tiny_model_dir)
 
 
 @pytest.fixture()

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from cli_checks import fake_rollout
 from pdsr_cli.main import cli
 
 
@@ -28,12 +29,7 @@ def prompts(tmp_path):
 @pytest.fixture()
 def run(tmp_path, tiny_model_dir, prompts):
     """``pdsr rollout`` on a fake engine (no vLLM) over 5 prompts in batches of 2; flags after it complete it."""
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({
-        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
-        "output": {"flush_groups": 1},
-        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
-    return ["rollout", "--quiet", "--config", cfg, "--data", prompts, "--batch-size", 2]
+    return [*fake_rollout(tmp_path, tiny_model_dir, flush_groups=1), "--data", prompts, "--batch-size", 2]
 
 
 def keys(path):

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from process_checks import alive, gone_within
 from support import ROOT, WAIT_S, requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
@@ -71,24 +72,6 @@ def _wait_for_worker(proc: subprocess.Popen, timeout: float = WAIT_S) -> list:
     raise TimeoutError("the engine processes did not start")
 
 
-def _alive(procs: list) -> list:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _gone_within(procs: list, seconds: float) -> list:
-    end = time.monotonic() + seconds
-    while _alive(procs) and time.monotonic() < end:
-        time.sleep(0.1)
-    return _alive(procs)
-
-
 def test_sigkill_of_the_parent_ends_every_engine_process(tmp_path, tiny_model_dir):
     script = tmp_path / "engine.py"
     script.write_text(ENGINE_SCRIPT)
@@ -98,9 +81,9 @@ def test_sigkill_of_the_parent_ends_every_engine_process(tmp_path, tiny_model_di
         kids = _wait_for_worker(proc)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        left = _gone_within(kids, 60.0)     # the watch polls each second; 60 s is for a loaded machine
+        left = gone_within(kids, 60.0)     # the watch polls each second; 60 s is for a loaded machine
     finally:
-        for p in _alive(_descendants(proc.pid)):
+        for p in alive(_descendants(proc.pid)):
             p.kill()
     for p in left:
         p.kill()
@@ -139,7 +122,7 @@ def test_stopped_during_engine_start_up_exits_with_one_line(tmp_path, tiny_model
     assert sum(lead in ln for ln in lines) == 1
     assert "on disk" not in stderr
     assert not out.exists() and not out.with_name(out.name + ".parts").exists()
-    assert not _gone_within(kids, 5.0)
+    assert not gone_within(kids, 5.0)
 
 
 def test_sigkill_in_the_first_moments_of_an_engine_core_ends_it_too(tmp_path, tiny_model_dir):
@@ -165,8 +148,8 @@ def test_sigkill_in_the_first_moments_of_an_engine_core_ends_it_too(tmp_path, ti
         assert core is not None, "no engine core was spawned"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        left = _gone_within([core], 60.0)
+        left = gone_within([core], 60.0)
     finally:
-        for p in _alive(_descendants(proc.pid) + ([core] if core else [])):
+        for p in alive(_descendants(proc.pid) + ([core] if core else [])):
             p.kill()
     assert not left, "the engine core outlived its parent by 60 s"

@@ -15,23 +15,13 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from process_checks import gone_within
 from support import ROOT, WAIT_S, requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # two engine starts: 1-2 minutes
 psutil = pytest.importorskip("psutil")
 
 PROMPTS = 12
-
-
-def _alive(procs: list) -> list:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _rollout(tmp_path, tiny_model_dir, *more: str) -> subprocess.Popen:
@@ -80,10 +70,7 @@ def test_an_engine_killed_mid_run_stops_it_naming_the_engine_and_resume_finishes
     kept = len(pq.read_table(parts).column("prompt_id").unique())
     assert 1 <= kept < PROMPTS
     assert f"{kept} finished groups of this run are on disk in {parts}/; rerun with --resume to continue" in output
-    end = time.monotonic() + WAIT_S   # the forked worker sees its core gone and ends
-    while _alive(tree) and time.monotonic() < end:
-        time.sleep(0.1)
-    left = _alive(tree)
+    left = gone_within(tree, WAIT_S)   # the forked worker sees its core gone and ends
     for p in left:
         p.kill()
     assert not left, f"left running after the run ended: {[p.name() for p in left]}"

@@ -5,33 +5,21 @@ once. Fake engines (fakes:LoopEngine, no vLLM): the behaviour is the writer's.""
 
 from __future__ import annotations
 
-import json
 import resource
 import shutil
 
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from pdsr_cli.main import cli
+from cli_checks import fake_rollout, invoke, write_jsonl
 from pdsr_sdk.rollout import writer as writer_mod
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture()
 def run(tmp_path, tiny_model_dir):
     """``pdsr rollout`` on a fake engine over 5 prompts in batches of 2, a part file per group."""
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i}+1?"}) + "\n" for i in range(5)))
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({
-        "model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
-        "output": {"flush_groups": 1},
-        "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
-    return ["rollout", "--quiet", "--config", cfg, "--data", prompts, "--batch-size", 2]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"q{i}", "prompt": f"What is {i}+1?"} for i in range(5)])
+    return [*fake_rollout(tmp_path, tiny_model_dir, flush_groups=1), "--data", prompts, "--batch-size", 2]
 
 
 def keys(path):
