@@ -51,7 +51,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
               help=f"Append a standard instruction to each prompt ({', '.join(INSTRUCTIONS)}); e.g. math: "
                    f"'{INSTRUCTIONS['math']}'.")
 @click.option("--id-column", help="Prompt id column.  [default: id/unique_id/prompt_id, else row number]")
-@click.option("--ground-truth-column", help="Reference answer column (a dotted path reads a struct's field).  "
+@click.option("--ground-truth-column", help="Reference answer column (a dotted path reads a struct's field; a list or "
+                                           "struct one goes to a --reward pkg.mod:fn as it is).  "
                                            "[default: the first of answer, ground_truth, reward_model.ground_truth, "
                                            "label]")
 @click.option("--data-source", metavar="NAME", help=DataConfig.model_fields["data_source"].description)

@@ -74,7 +74,9 @@ class AgentContext:
         return self.sample.index
 
     @property
-    def ground_truth(self) -> str | None:
+    def ground_truth(self) -> Any:
+        """The prompt's reference answer, as the reward gets it: text, or a list or struct column's value as
+        pyarrow gives it (a dict, a list), or what a Python prompt gave; None without one."""
         return self.sample.group.ground_truth
 
     @property

@@ -83,7 +83,9 @@ def trajectory_schema() -> pa.Schema:
         _f("first_token_time_s", pa.float64(), "When its first token arrived.", nullable=True),
         _f("finish_time_s", pa.float64(), "When it finished."),
         _f("policy_versions", pa.list_(pa.int32()), "Distinct weights versions that generated its tokens (ascending)."),
-        _f("ground_truth", pa.string(), "Reference answer, when the data has one.", nullable=True),
+        _f("ground_truth", pa.string(), "Reference answer, when the data has one: a string or number one as text; "
+                                        "a list or struct one (Search-R1's {\"target\": [...]}) as its JSON text.",
+           nullable=True),
         _f("reward", pa.float32(), "Reward, when a reward function is set (null where it failed).", nullable=True),
         _f("reward_extra", pa.string(), "The reward function's other fields, when it returned a dict with a "
                                         "'score' (verl): a JSON object; in a finished run's file and a step's "
@@ -219,7 +221,7 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
         "first_token_time_s": sample.first_token_time_s,
         "finish_time_s": sample.finish_time_s,
         "policy_versions": sorted({seg.policy_version for seg in sample.segments if seg.num_tokens}),
-        "ground_truth": g.ground_truth,
+        "ground_truth": truth_text(g.ground_truth),
         "reward": reward,
         "reward_extra": extra,
         "reward_error": error,
@@ -228,6 +230,22 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
         "env_s": None if sample.turns is None else sample.env_s,
         "error": sample.error,
     }
+
+
+def truth_text(ground_truth: Any) -> str | None:
+    """A ground truth as the trajectories' ``ground_truth`` column (one type, a string) holds it: text as it is,
+    a number written out, None as None, and any other value (a dict, a list) as its JSON text (a numpy array as
+    its list; what JSON cannot hold, as its ``str``)."""
+    import json
+
+    if ground_truth is None or isinstance(ground_truth, str):
+        return ground_truth
+    if isinstance(ground_truth, (int, float)):
+        return str(ground_truth)
+
+    def plain(value: Any) -> Any:
+        return value.tolist() if hasattr(value, "tolist") else str(value)
+    return json.dumps(ground_truth, ensure_ascii=False, default=plain)
 
 
 def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tuple[float | None, str | None, str | None]:
@@ -242,7 +260,7 @@ def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tu
         "response_length": sample.num_generated, **(g.reward_info or {})})
 
 
-def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: str | None,
+def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: Any,
                info: dict[str, Any]) -> tuple[float | None, str | None, str | None]:
     """:func:`score_sample` given the reward's inputs: ``reward_fn(text, ground_truth, **info)``."""
     import json

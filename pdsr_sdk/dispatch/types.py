@@ -41,7 +41,8 @@ class Group:
     prompt_token_ids: list[int]
     prompt_text: str
     n: int
-    ground_truth: str | None = None
+    #: the reward's reference answer: text, or a list or struct column's value (see ``PromptRecord.ground_truth``)
+    ground_truth: Any = None
     #: per-sample response lengths to force (length-controlled replay); None = model decides
     target_lengths: list[int] | None = None
     #: finish reasons to report for forced samples (from a recorded trace); default "stop"

@@ -23,6 +23,8 @@ from pdsr_sdk.progress import ProgressFactory
 PROMPT_COLUMNS = ("prompt", "problem", "question", "input", "context_messages")
 ID_COLUMNS = ("id", "unique_id", "prompt_id")
 TRUTH_COLUMNS = ("answer", "ground_truth", "reward_model.ground_truth", "label")
+#: a struct's fields that a ground truth refused for a text reward is likely meant to be (its hint names one)
+ANSWER_FIELDS = ("ground_truth", "answer", "label", "target")
 #: row columns kept for the reward (verl's compute_score(data_source, solution_str, ground_truth, extra_info))
 REWARD_INFO_COLUMNS = ("data_source", "extra_info")
 #: verl's multimodal columns (its data.image_key and data.video_key): engines here get text, so a row with them is
@@ -38,7 +40,10 @@ class PromptRecord:
     prompt_id: str
     text: str                     # after the chat template
     token_ids: list[int]
-    ground_truth: str | None = None
+    #: the reference answer the reward gets: text (a string or number column's value, as a string), or a list or
+    #: struct column's value as pyarrow gives it (``.as_py()``: a dict, a list), e.g. Search-R1's
+    #: ``{"target": [...]}``; any value from Python
+    ground_truth: Any = None
     target_lengths: list[int] | None = None
     target_finish_reasons: list[str] | None = None
     row: int | None = None        # row of the data file, for messages
@@ -50,10 +55,13 @@ class PromptRecord:
 
 
 def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
-                 progress: ProgressFactory | None = None) -> list[PromptRecord]:
+                 progress: ProgressFactory | None = None, reward: str | None = "auto") -> list[PromptRecord]:
     """Read prompts as configured by ``cfg`` (a :class:`DataConfig`) and tokenize them. Column names may be
     dotted paths into struct columns (``reward_model.ground_truth``). ``progress``: a factory whose bar counts the
-    prompts tokenized, opened for data of :data:`TOKENIZE_BAR_ROWS` rows or more."""
+    prompts tokenized, opened for data of :data:`TOKENIZE_BAR_ROWS` rows or more. ``reward``: the reward the
+    ground truths are for (``config.reward``; None: none, or a function given in Python): a built-in that compares
+    text (``auto``, ``math_verify``, ``math_boxed``) makes a list or struct ground truth a DataError naming its
+    row; any other takes the value as it is (:attr:`PromptRecord.ground_truth`)."""
     path = Path(path)
     table = read_table(path, what="prompt")
     if table.num_rows == 0:
@@ -82,7 +90,8 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
                     "a string or integer id",
                     "data.id_column", "--id-column")
     if truth_col:
-        cols.expect(truth_col, _is_scalar, "a string or number", "data.ground_truth_column", "--ground-truth-column")
+        cols.expect(truth_col, lambda t: _is_scalar(t) or pa.types.is_nested(t), "a string, number, list or struct",
+                    "data.ground_truth_column", "--ground-truth-column")
     if cfg.target_lengths_column:
         cols.expect(cfg.target_lengths_column, _is_list, "a list of positive integers", "data.target_lengths_column",
                     "--target-lengths-column")
@@ -96,6 +105,9 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
               if c}
     reasons = cols.values("finish_reasons") if cfg.target_lengths_column and cols.has("finish_reasons") else None
     info_values = {c: cols.values(c) for c in REWARD_INFO_COLUMNS if c in table.column_names}
+    truth_is_text = not truth_col or _is_scalar(cols.get(truth_col, None, "--ground-truth-column").type)
+    if not truth_is_text:
+        _check_truth_reward(cols, truth_col, values[truth_col], reward)
 
     template = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
     records: list[PromptRecord] = []
@@ -124,13 +136,14 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
         truth = values[truth_col][i] if truth_col else None
         if isinstance(truth, float) and not math.isfinite(truth):
             raise DataError(f"{where}: column {truth_col!r} is {truth}; expected a finite number or a string")
+        if truth is not None and truth_is_text:
+            truth = str(truth)   # a number column's too, as text: what the built-in math rewards compare
         targets = fr = None
         if cfg.target_lengths_column:
             targets = _lengths(values[cfg.target_lengths_column][i], where, cfg.target_lengths_column, n)
             got = reasons[i] if reasons is not None else None
             fr = [str(r) for r in got] if isinstance(got, list) and len(got) == len(targets) else None
-        records.append(PromptRecord(pid, prompt_text, list(ids), None if truth is None else str(truth),
-                                    targets, fr, row=i,
+        records.append(PromptRecord(pid, prompt_text, list(ids), truth, targets, fr, row=i,
                                     reward_info=reward_info({c: v[i] for c, v in info_values.items()}, cfg),
                                     messages=add_system_and_instruction(messages, cfg, where) if template else None))
     if bar is not None:
@@ -144,6 +157,29 @@ def reward_info(found: dict[str, Any], cfg) -> dict[str, Any] | None:
     if cfg.data_source is not None and found.get("data_source") is None:
         found = {**found, "data_source": cfg.data_source}
     return found or None
+
+
+def _check_truth_reward(cols: TableColumns, column: str, truths: list, reward: str | None) -> None:
+    """A list or struct ground truth ``column`` (its values ``truths``) for a ``reward`` that compares text (a
+    built-in): a DataError naming the first row that has one, the column, and what to do; else nothing."""
+    from pdsr_sdk.rollout.reward import compares_text
+
+    row = next((i for i, v in enumerate(truths) if v is not None), None)
+    name = compares_text(reward)
+    if row is None or name is None:
+        return
+    kind = cols.get(column, None, "--ground-truth-column").type
+    hint = ""
+    fields = [kind.field(i).name for i in range(kind.num_fields) if _is_scalar(kind.field(i).type)] \
+        if pa.types.is_struct(kind) else []
+    answer = next((f for f in fields if f in ANSWER_FIELDS), None)
+    if answer:   # verl's whole reward_model column named, say: its text answer is likely what was meant
+        hint = (f" (name one of its text fields ({', '.join(fields)}) with a dotted path, e.g. "
+                f"--ground-truth-column {column}.{answer})")
+    raise DataError(f"{cols.path}: row {row}: column {column!r} (data.ground_truth_column, --ground-truth-column) is "
+                    f"{kind}, {truths[row]!r:.80}; the {name} reward compares the answer as text and needs a string "
+                    f"or number ground truth{hint}, or give a reward that takes this value (--reward pkg.mod:fn: "
+                    f"pdsr's fn(response_text, ground_truth, **info) or verl's compute_score)")
 
 
 def _is_text(kind) -> bool:
@@ -240,13 +276,22 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
             info = reward_info({c: item[c] for c in REWARD_INFO_COLUMNS if isinstance(item, dict) and c in item}, cfg)
             templated = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
             record = PromptRecord(str(pid) if pid is not None else f"{id_prefix}{i}", text, ids,
-                                  None if truth is None else str(truth), reward_info=info,
+                                  truth_value(truth), reward_info=info,
                                   messages=add_system_and_instruction(messages, cfg, at) if templated else None)
         if record.prompt_id in seen:
             raise DataError(f"{at}: duplicate prompt id {record.prompt_id!r} (also item {seen[record.prompt_id]})")
         seen[record.prompt_id] = i
         records.append(record)
     return records
+
+
+def truth_value(truth: Any) -> Any:
+    """A ground truth given in Python (a prompt mapping's ``ground_truth`` / ``answer``) as a record keeps it: a
+    string, number or numpy scalar as text (as a data file's string or number column is read); None, a dict, a
+    list or any other value as it is, for a reward that takes it."""
+    if isinstance(truth, (str, int, float)) or (getattr(truth, "ndim", None) == 0 and hasattr(truth, "item")):
+        return str(truth)
+    return truth
 
 
 def step_prompts(prompts: Any, count: int) -> list:

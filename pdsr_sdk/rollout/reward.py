@@ -1,8 +1,9 @@
 """Rewards: the built-in ``math_verify`` (the default for math data) and ``math_boxed`` (its fallback,
 pure Python), and user functions by import path.
 
-A reward function is ``fn(response_text: str, ground_truth: str | None, **info) -> float``
-where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``. A reward may also have a
+A reward function is ``fn(response_text: str, ground_truth: Any, **info) -> float``
+where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``. The ground truth is text (a data file's
+string or number column), a list or struct column's value as pyarrow gives it (a dict, a list), or None. A reward may also have a
 ``stats`` dict of counters (``math_verify``: ``reward_timeouts``), which runs add up and report. An
 ``async def`` reward (verl's reward loop awaits them too) is awaited on its worker thread's own event loop.
 """
@@ -15,20 +16,46 @@ import inspect
 import threading
 from typing import Any, Callable
 
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.registry import Registry, import_object
 from pdsr_sdk.rollout.answers import answers_equal, last_boxed, response_answer
 
 RewardFn = Callable[..., float]
 
 
-def math_boxed(response_text: str, ground_truth: str | None, **info) -> float:
+#: the built-in rewards that compare the answer as text (``auto`` picks ``math_verify`` for data with a ground truth)
+TEXT_REWARDS = {"auto": "math_verify", "math_verify": "math_verify", "math_boxed": "math_boxed"}
+
+
+def compares_text(reward: str | None) -> str | None:
+    """The built-in reward that a config's ``reward`` name gives and that compares the ground truth as text
+    (``auto`` -> ``math_verify``), else None (no reward, or one that takes any ground truth)."""
+    return TEXT_REWARDS.get(reward) if isinstance(reward, str) else None
+
+
+def text_truth(ground_truth: Any, reward: str, info: dict[str, Any]) -> str:
+    """``ground_truth`` as the text a built-in reward (``reward``) compares: a string as it is, a number written
+    out; any other value (a dict, a list: Search-R1's ``{"target": [...]}``) is a DataError naming the prompt
+    (``info``'s ``prompt_id``), which stops the run rather than scoring every sample 0."""
+    if isinstance(ground_truth, str):
+        return ground_truth
+    if isinstance(ground_truth, (int, float)) or getattr(ground_truth, "ndim", None) == 0:   # numpy's scalars too
+        return str(ground_truth)
+    raise DataError(f"prompt {info.get('prompt_id')!r}: the {reward} reward compares the answer as text and needs a "
+                    f"string or number ground truth; this one is a {type(ground_truth).__name__}, "
+                    f"{ground_truth!r:.80}. Give a reward that takes this value (a session's reward=fn, "
+                    f"config.reward 'pkg.mod:fn': pdsr's fn(response_text, ground_truth, **info) or verl's "
+                    f"compute_score)")
+
+
+def math_boxed(response_text: str, ground_truth: Any, **info) -> float:
     """1.0 if the response's final answer (:func:`response_answer`: its last ``\\boxed{}``, else its last
     ``#### N``, GSM8K's form) equals the ground truth (:func:`answers_equal`: the same text after
     :func:`normalize_answer`, or numbers of the same exact rational value, so 1/2, \\frac{1}{2}, \\dfrac12
     and 0.5 match and 0.333 and 1/3 do not), else 0.0 (also 0.0 without such an answer)."""
     if ground_truth is None:
         return 0.0
+    ground_truth = text_truth(ground_truth, "math_boxed", info)
     predicted = response_answer(response_text)
     if predicted is None:
         return 0.0
@@ -189,7 +216,7 @@ class _NamedInfo:
         self.fn, self.names = fn, names
         self.stats = getattr(fn, "stats", None)
 
-    def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
+    def __call__(self, text: str, ground_truth: Any, **info: Any) -> Any:
         return awaited(self.fn(text, ground_truth, **{k: v for k, v in info.items() if k in self.names}))
 
 
@@ -201,7 +228,7 @@ class VerlReward:
     def __init__(self, fn: Callable[..., Any], *, batched: bool, pass_extra_info: bool):
         self.fn, self.batched, self.pass_extra_info = fn, batched, pass_extra_info
 
-    def __call__(self, text: str, ground_truth: str | None, *, data_source: Any = None, extra_info: Any = None,
+    def __call__(self, text: str, ground_truth: Any, *, data_source: Any = None, extra_info: Any = None,
                  **info: Any) -> Any:
         if not self.batched:
             kwargs = {"data_source": data_source, "solution_str": text, "ground_truth": ground_truth}
@@ -237,7 +264,7 @@ class OverlongShaping:
         exceed = response_length - (self.max_tokens - self.buffer)
         return min(-exceed / self.buffer * self.penalty, 0.0)
 
-    def __call__(self, text: str, ground_truth: str | None, **info: Any) -> Any:
+    def __call__(self, text: str, ground_truth: Any, **info: Any) -> Any:
         got = awaited(self.fn(text, ground_truth, **info))
         if got is None or (isinstance(got, dict) and got.get("score") is None):
             return got   # no score to shape: the sample's reward error says so

@@ -64,7 +64,7 @@ def _state(sample: Sample) -> tuple:
     return (sample.restarts, sample.num_generated, sample.finish_reason)
 
 
-def _score(fn: Callable[..., Any] | None, text: str, ground_truth: str | None, info: dict[str, Any]) -> Scored:
+def _score(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: dict[str, Any]) -> Scored:
     """In a worker thread: the reward of one decoded response, timed, with the counters it moved."""
     from pdsr_sdk.dispatch.trajectory import score_text
     from pdsr_sdk.rollout.reward import OverlongShaping, reward_counters
@@ -188,7 +188,7 @@ class RewardRunner:
         self._pool = self._alone = None
         self._jobs.clear()
 
-    async def _in_process(self, fn: Callable[..., Any], text: str, ground_truth: str | None,
+    async def _in_process(self, fn: Callable[..., Any], text: str, ground_truth: Any,
                           info: dict[str, Any]) -> Scored:
         """``_score`` in a worker process. A worker that dies (the reward called ``os._exit``, crashed, was
         killed) breaks its pool and every call in it: the pool is replaced, and each such call runs again

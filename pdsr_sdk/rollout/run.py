@@ -142,7 +142,8 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     session = RolloutSession(config, engines=engines, model_dir=model_dir)
     tokenizer = session.tokenizer
     data_path = config.data.path or default_sample_path()
-    records = load_prompts(config.data, tokenizer, path=data_path, n=config.sampling.n, progress=progress)
+    records = load_prompts(config.data, tokenizer, path=data_path, n=config.sampling.n, progress=progress,
+                           reward=config.reward)
     if config.data.apply_chat_template and not getattr(tokenizer, "chat_template", None):
         status("the tokenizer has no chat template: each prompt is its messages' contents joined by blank lines, "
                "their roles dropped (data.apply_chat_template: false asks for this)")

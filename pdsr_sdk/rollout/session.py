@@ -295,7 +295,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         from pdsr_sdk.rollout.sample_data import default_sample_path
 
         data_path = path or self.config.data.path or default_sample_path()
-        return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n)
+        return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n, reward=None if self._reward_override is not None else self.config.reward)
 
     def step(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False,
              wait_for_update: bool = False, agent: Callable[..., Any] | None = None) -> StepResult:

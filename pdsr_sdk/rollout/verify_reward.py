@@ -142,13 +142,16 @@ class MathVerifyReward:
         self._lock = threading.Lock()
         self._atexit = False
 
-    def __call__(self, response_text: str, ground_truth: str | None, **info: Any) -> float:
+    def __call__(self, response_text: str, ground_truth: Any, **info: Any) -> float:
+        from pdsr_sdk.rollout.reward import text_truth
+
         if ground_truth is None:
             return 0.0
+        ground_truth = text_truth(ground_truth, "math_verify", info)
         predicted = response_answer(response_text)
         if predicted is None or not predicted.strip():
             return 0.0
-        predicted, truth = tidy_answer(predicted), tidy_answer(reference_answer(str(ground_truth)))
+        predicted, truth = tidy_answer(predicted), tidy_answer(reference_answer(ground_truth))
         if answers_equal(predicted, truth):   # math_boxed's rule: the same text or number, no worker needed
             return 1.0
         if "=" not in truth and "\\in" not in truth:   # 'x = 10,\\!080' against '10,\\!080'
