@@ -8,9 +8,8 @@ Trainers use it directly (see docs/sdk.md)::
             ...train...
             session.update_weights(model.state_dict())   # into every engine; the policy version goes up
 
-or, from async code, ``async with RolloutSession(config) as session`` and ``await session.astep(...)``,
-``await session.aupdate_weights(...)``. ``pdsr rollout`` (:func:`pdsr_sdk.rollout.run.run_rollout`)
-is a loop over :meth:`RolloutSession.generate`.
+or, from async code, ``async with RolloutSession(config) as session`` and ``await session.astep(...)``, ``await
+session.aupdate_weights(...)``. ``pdsr rollout`` (:func:`.run.run_rollout`) is a loop over :meth:`generate`.
 
 The class is written in six files: this one (its engines' lifecycle, a step), :mod:`.session_stream` (partial
 rollout's steps), :mod:`.session_engines` (weights, pause, sleep), :mod:`.session_rewards` (rewards, a step's result),
@@ -295,7 +294,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         from pdsr_sdk.rollout.sample_data import default_sample_path
 
         data_path = path or self.config.data.path or default_sample_path()
-        return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n, reward=None if self._reward_override is not None else self.config.reward)
+        return load_prompts(self.config.data, self.tokenizer, path=data_path, n=self.config.sampling.n,
+                            reward=self._data_reward())
 
     def step(self, prompts: Iterable = (), *, n: int | None = None, last: bool = False,
              wait_for_update: bool = False, agent: Callable[..., Any] | None = None) -> StepResult:

@@ -47,6 +47,11 @@ class SessionRewards:
 
         return group_filter
 
+    def _data_reward(self) -> str | None:
+        """The reward name data read for this session is checked against (a built-in text reward refuses a list or
+        struct ground truth); None with a reward function of the session's own, which takes any value."""
+        return None if self._reward_override is not None else self.config.reward
+
     def reward_for(self, group: Group):
         """The reward function for a group's samples: the one given to the session, else ``config.reward``
         resolved for data with a ground truth or without (None: no reward)."""
