@@ -46,8 +46,9 @@ def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2
     Per batch of B consecutive prompts: sort by probe length (longest first,
     ties by group order: one fixed tie order, which does not look at the
     later samples, so it does not favour the probe the way a shared tie
-    rule favours top-K recall; it is one draw, not an expectation) and offload the first ``floor(offload_fraction * B)`` (at least 1)
-    prompts, all their N samples, to the heavy pool. ``L_cut`` is the probe
+    rule favours top-K recall; it is one draw, not an expectation) and offload
+    the first ``floor(offload_fraction * B)`` (at least 1) prompts, all their
+    N samples, to the heavy pool. ``L_cut`` is the probe
     length of the last (shortest) offloaded prompt, and every sample of the
     remaining prompts runs on the fast pool with the cap
     ``floor(cap_multiplier * L_cut)``; a fast sample longer than the cap breaks
