@@ -53,6 +53,13 @@ class TableColumns:
         return ", ".join(out) or "(no columns)"
 
     def _find(self, name: str) -> tuple[pa.ChunkedArray | None, str]:
+        column, missing = self._lookup(name)
+        if column is not None and pa.types.is_dictionary(column.type):
+            # a pandas categorical written to Parquet (data_source, an answer): read as its values' type
+            column = column.cast(column.type.value_type)
+        return column, missing
+
+    def _lookup(self, name: str) -> tuple[pa.ChunkedArray | None, str]:
         if name in self.table.column_names:
             return self.table.column(name), ""
         head, *rest = name.split(".")
