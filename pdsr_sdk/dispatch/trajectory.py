@@ -280,6 +280,8 @@ def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: Any,
         if got is None:
             raise ValueError("the reward returned None as its score; it returns a number or a dict with a "
                              "numeric 'score'")
+        if isinstance(got, (str, bytes)):   # float() would read '0.5' and fail on 'abc' without naming the reward
+            raise ValueError(f"the reward returned {got!r} ({type(got).__name__}) as its score; a score is a number")
         score = float(got)
         if not math.isfinite(score):   # one nan makes its group's GRPO advantages, and the loss, nan
             raise ValueError(f"the reward returned {score} as its score; a score is a finite number")

@@ -266,8 +266,9 @@ class OverlongShaping:
 
     def __call__(self, text: str, ground_truth: Any, **info: Any) -> Any:
         got = awaited(self.fn(text, ground_truth, **info))
-        if got is None or (isinstance(got, dict) and got.get("score") is None):
-            return got   # no score to shape: the sample's reward error says so
+        score = got.get("score") if isinstance(got, dict) else got
+        if score is None or isinstance(score, (str, bytes)):
+            return got   # no number to shape: the sample's reward error says so
         fields = got if isinstance(got, dict) else {"score": got}
         extra = self.shaping(int(info.get("response_length") or 0))
         return {**fields, "score": float(fields["score"]) + extra, "overlong_reward": extra}

@@ -298,6 +298,8 @@ def test_an_async_reward_is_awaited_in_every_form():
     (None, "the reward returned None as its score"), ({"score": None, "acc": False}, "returned None as its score"),
     (float("nan"), "the reward returned nan as its score; a score is a finite number"),
     ({"score": float("inf")}, "returned inf as its score"), (float("-inf"), "returned -inf as its score"),
+    ("0.5", "the reward returned '0.5' (str) as its score; a score is a number"),
+    ({"score": "abc", "acc": False}, "the reward returned 'abc' (str) as its score"),
 ])
 def test_a_score_that_is_none_or_not_finite_is_that_samples_error(result, error):
     from pdsr_sdk.rollout.reward import OverlongShaping
