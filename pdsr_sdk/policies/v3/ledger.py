@@ -158,10 +158,20 @@ class Ledger:
     def push_engine(self, name: str) -> None:
         """Record an engine's (tail samples, samples) in the lazy heap of move targets. Targets are only
         looked up once nothing waits, so while work waits the heap is marked stale instead (rebuilt once)."""
-        if self.waiting:
-            self.targets_stale = True
+        if self.waiting or self.targets_stale:
+            self.targets_stale = True   # (a stale heap is rebuilt whole at the next lookup: no push needed)
             return
         heapq.heappush(self.targets, (self.tail_on[name], self.assigned[name], name))
+        if len(self.targets) > self.max_targets():
+            # outdated entries leave only as they reach the top at a lookup, and a run with no moves looks up
+            # none: rebuilt at the next lookup instead, the heap holds no more than this, however long the run
+            self.targets = []
+            self.targets_stale = True
+
+    def max_targets(self) -> int:
+        """The most entries the lazy heap of move targets holds before it is dropped, to be rebuilt (two per
+        engine and some: a rebuild at most every few dozen pushes)."""
+        return 2 * len(self.tail_on) + 32
 
     def best_target(self) -> Engine | None:
         """The live engine running the fewest tail samples, then the fewest samples."""
