@@ -65,7 +65,7 @@ class GroupFiltering(StreamState):
             self.passed += 1
             return True
         del self.flying[id(group)]
-        self.watch.pop(id(group), None)
+        self._leave(group)
         self.filtered.append(group)
         if self.keep:
             self.all_filtered.append(group)
@@ -94,7 +94,7 @@ class GroupFiltering(StreamState):
         """Take a group out of the stream for good: its unfinished samples finish as ``dropped``."""
         del self.flying[id(group)]
         self.complete.pop(id(group), None)
-        self.watch.pop(id(group), None)
+        self._leave(group)
         self.dropped.append(group)
         self._dropped_tokens += sum(s.num_generated for s in group.samples)
         for smp in group.samples:

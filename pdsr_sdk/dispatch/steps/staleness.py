@@ -54,6 +54,14 @@ class StalenessRules(StreamState):
                 self._restart_stale(g, self.sched.policy_version)
         self.maybe_end()   # a step held for this version may end now
 
+    def _leave(self, group: Group) -> None:
+        """``group`` left the stream (consumed, filtered out or dropped): forget its samples' staleness restarts, which
+        only groups in flight are asked about (keyed by id, a sample kept after its group left could be mistaken for
+        a new one at its address, and a long run would keep them all)."""
+        self.watch.pop(id(group), None)
+        for s in group.samples:
+            self.restarted.pop(id(s), None)
+
     def _restarted(self, s: Sample) -> bool:
         """Whether a staleness restart of ``s`` took effect (one of a running sample is only asked for
         until its abort comes back; if that finds its last token generated, it never happened)."""

@@ -37,3 +37,6 @@ class StreamState:
 
     def maybe_end(self) -> None:
         raise NotImplementedError
+
+    def _leave(self, group: Group) -> None:
+        raise NotImplementedError

@@ -204,6 +204,7 @@ class StepStream(StalenessRules, GroupFiltering):
         for g in consumed:
             lags.append(t - self.flying.pop(id(g))[1])
             del self.complete[id(g)]
+            self._leave(g)
             self.consumed_at[g.prompt_id] = t
         if self.drop_stale:   # every group with a token now would be too stale under the next version
             for g, _ in list(self.flying.values()):
