@@ -86,7 +86,7 @@ class StreamSteps:
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                 new_groups=self._new_stream_groups, on_step_end=self._stream_step_end,
-                group_filter=self._passes if self.group_filter is not None else None,
+                group_filter=self._passes if self.group_filter is not None else None, keep_records=False,
                 adapt=cfg.over_provision is None, filter_config=cfg.filter_groups)
             self._stream_base = self.run.batch_index
             self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])

@@ -74,3 +74,16 @@ def test_staleness_restarts_are_forgotten_when_their_group_leaves(policy):
     assert set(stream.restarted) <= flying
     assert len(stream.restarted) <= len(flying) <= in_flight(B, 0.25) * N
     assert set(stream.watch) <= set(stream.flying)
+
+
+def test_a_stream_that_keeps_no_records_holds_the_last_step_only():
+    """A session's stream kept every step's StepRecord and two dict entries per prompt (the step it was launched in,
+    the step it was consumed in), which only the simulator's report reads: for good, over days of steps. With
+    ``keep_records=False`` (the session's) it holds the last step's record, as long as it ran, and no prompt's
+    steps; by default (the simulator's) it holds them all."""
+    kept, _ = run_stream("baseline", 60)
+    assert [r.index for r in kept.records] == list(range(60))
+    assert len(kept.consumed_at) == 60 * B and len(kept.launched_at) >= 60 * B
+    short, _ = run_stream("baseline", 60, keep_records=False)
+    assert len(short.records) == 1 and short.records[-1] == kept.records[-1]
+    assert not short.consumed_at and not short.launched_at

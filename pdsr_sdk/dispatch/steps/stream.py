@@ -23,7 +23,9 @@ class StepStream(StalenessRules, GroupFiltering):
     policy version (its weight update) and then calls :meth:`advance`. ``check`` verifies every
     consumed sample (:func:`check_consumed`, for runs whose lengths are known in advance).
     ``group_filter(group) -> bool``: dynamic sampling (see the module); the owner calls :meth:`group_done`
-    once the group's rewards are in. ``adapt``: the in-flight count follows the measured pass rate
+    once the group's rewards are in. ``keep_records``: keep every step's :class:`StepRecord` (:attr:`records`) and each
+    prompt's launch and consumption step (:attr:`launched_at`, :attr:`consumed_at`), as the simulator's report reads
+    them; False keeps the last step's record only, as a session that runs for days needs. ``adapt``: the in-flight count follows the measured pass rate
     (``in_flight`` is then the first step's); ``filter_config`` gives the estimate's floor and the bound on a
     step's launches (:class:`~pdsr_sdk.dispatch.config.GroupFilterConfig`).
 
@@ -35,7 +37,7 @@ class StepStream(StalenessRules, GroupFiltering):
     def __init__(self, run: DispatchRun, *, step_groups: int, in_flight: int, steps: int | None,
                  max_staleness: int | None, group_deadline: int | None,
                  new_groups: Callable[[int], list[Group]], on_step_end: Callable[[], None],
-                 keep_groups: bool = False, check: bool = False, on_advance: Callable[[], None] | None = None,
+                 keep_groups: bool = False, keep_records: bool = True, check: bool = False, on_advance: Callable[[], None] | None = None,
                  group_filter: Callable[[Group], bool] | None = None, adapt: bool = False,
                  filter_config: GroupFilterConfig | None = None):
         self.run = run
@@ -52,6 +54,7 @@ class StepStream(StalenessRules, GroupFiltering):
                                max_staleness=max_staleness if in_flight > step_groups or group_filter is not None
                                else None)
         self.keep = keep_groups
+        self.keep_records = keep_records
         self.check = check
         self.new_groups = new_groups
         self.on_step_end = on_step_end
@@ -79,8 +82,10 @@ class StepStream(StalenessRules, GroupFiltering):
         self.early_restarts = 0
         self.refreshed = 0
         self.stats0 = dict(self.sched.stats)
+        #: the steps' records (the last one only, unless ``keep_records``)
         self.records: list[StepRecord] = []
         self.consumed: list[Group] = []
+        #: with ``keep_records``: each prompt's consumption and launch step
         self.consumed_at: dict[str, int] = {}
         self.launched_at: dict[str, int] = {}
         self.pending: list[Group] = []
@@ -94,7 +99,8 @@ class StepStream(StalenessRules, GroupFiltering):
             self.exhausted = True
         for g in groups:
             self.flying[id(g)] = (g, self.t)
-            self.launched_at[g.prompt_id] = self.t
+            if self.keep_records:
+                self.launched_at[g.prompt_id] = self.t
         self._launched_now += len(groups)
         if groups:
             self.run.add_groups(groups, self.t, self.spec)
@@ -117,7 +123,8 @@ class StepStream(StalenessRules, GroupFiltering):
         running = []
         for g, step in carried:
             self.flying[id(g)] = (g, step)
-            self.launched_at[g.prompt_id] = step
+            if self.keep_records:
+                self.launched_at[g.prompt_id] = step
             for smp in g.samples:
                 if self._too_old(smp, self.step_version):
                     # before the policy sees the group: it queues the sample afresh
@@ -205,7 +212,8 @@ class StepStream(StalenessRules, GroupFiltering):
             lags.append(t - self.flying.pop(id(g))[1])
             del self.complete[id(g)]
             self._leave(g)
-            self.consumed_at[g.prompt_id] = t
+            if self.keep_records:
+                self.consumed_at[g.prompt_id] = t
         if self.drop_stale:   # every group with a token now would be too stale under the next version
             for g, _ in list(self.flying.values()):
                 if any(oldest_version(s) is not None for s in g.samples):
@@ -214,6 +222,8 @@ class StepStream(StalenessRules, GroupFiltering):
                                                                  check_step=t if self.check else None)
         stats = self.sched.stats
         tokens = sum(ages.values())
+        if not self.keep_records:
+            self.records.clear()
         self.records.append(StepRecord(
             index=t, start_s=self.start_s, end_s=self.end_s, groups=len(consumed), launched=self._launched_now,
             tokens=tokens, off_policy_tokens=tokens - ages.get(0, 0), partial_tokens=partial,
