@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping, Sized
 
 from pdsr_sdk.dispatch.steps import StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group
@@ -76,7 +76,11 @@ class StreamSteps:
         group in flight once all are complete (nothing is left carried).
         """
         cfg = self.config
-        self._sources.append(prompt_source(prompts))
+        source = prompt_source(prompts)
+        if not (isinstance(prompts, Sized) and not isinstance(prompts, (str, Mapping)) and not len(prompts)):
+            # (`()` at every step after the first, as the docs give an iterator: kept, it would wait behind an
+            # iterator without end for good, one more each step)
+            self._sources.append(source)
         self._step_end = asyncio.get_running_loop().create_future()
         self.run.begin_span()
         if self._stream is None:

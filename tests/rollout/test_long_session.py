@@ -30,13 +30,14 @@ def prompts():
 def kept(session) -> dict[str, int]:
     stream = session._stream
     return {"records": len(stream.records), "consumed_at": len(stream.consumed_at),
-            "launched_at": len(stream.launched_at)}
+            "launched_at": len(stream.launched_at), "sources": len(session._sources)}
 
 
 def test_a_partial_rollout_session_keeps_the_same_between_step_10_and_step_40(tiny_model_dir):
     """The prompt iterator is given once and ``()`` afterwards (docs/sdk.md): the session's step stream kept every
-    step's record and each prompt's launch and consumption step, for good. It now holds the same after 40 steps as
-    after 10, and each step's result still has its own record."""
+    step's record and each prompt's launch and consumption step, and the session each step's ``()`` behind the
+    iterator, for good. It now holds the same after 40 steps as after 10, and each step's result still has its own
+    record."""
     from pdsr_sdk import RolloutSession
 
     with RolloutSession(partial_config(tiny_model_dir)) as session:
@@ -47,4 +48,4 @@ def test_a_partial_rollout_session_keeps_the_same_between_step_10_and_step_40(ti
             if step == 9:
                 at_10 = kept(session)
         at_40 = kept(session)
-    assert at_40 == at_10 == {"records": 1, "consumed_at": 0, "launched_at": 0}
+    assert at_40 == at_10 == {"records": 1, "consumed_at": 0, "launched_at": 0, "sources": 1}
