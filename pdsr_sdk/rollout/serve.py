@@ -133,8 +133,14 @@ class ChatServer:
 
     def _group_done(self, group: Group) -> None:
         done = self._groups.pop(id(group), None)
-        if done is not None and not done.done():
-            done.set_result(None)
+        if done is not None:
+            # a request's samples are answered now and never scored for anyone (a named sample's reward is read
+            # from the runner: it is not in _groups): the runner lets them go, as a step's result does
+            rewards = self.session.rewards
+            if rewards is not None:
+                rewards.forget(group.samples)
+            if not done.done():
+                done.set_result(None)
         self.named.group_done(group)
 
     def check_ids(self, ids: list[int], what: str) -> None:
