@@ -20,17 +20,17 @@ LONG = 1500   # one sample in 49 runs this long: it outlives max_staleness steps
 B, N = 4, 4
 
 
-def run_stream(policy: str, steps: int, *, seed: int = 0, **stream_kw):
+def run_stream(policy: str, steps: int, *, seed: int = 0, settings: dict | None = None, **stream_kw):
     """``steps`` steps of B = 4 groups of 4 at over_provision 0.25 and max_staleness 2 through ``policy`` on three
     fake engines; returns the stream and the total of its steps' staleness restarts."""
     rng = random.Random(seed)
     clock = VirtualClock()
     engines = [FakeEngine(f"fast-{i}", "fast", clock, max_concurrency=4) for i in range(2)]
     engines.append(FakeEngine("heavy-0", "heavy", clock, max_concurrency=4))
-    cls, settings = resolve_policy(policy, {})
+    cls, policy_settings = resolve_policy(policy, settings or {})
     fatal: list = []
     streams: list[StepStream] = []
-    run = DispatchRun(engines, cls, settings, clock, SamplingConfig(n=N, max_tokens=LONG),
+    run = DispatchRun(engines, cls, policy_settings, clock, SamplingConfig(n=N, max_tokens=LONG),
                       SegmentConfig(min_tokens=16, max_tokens=64), on_fatal=fatal.append,
                       on_group_done=lambda g: streams[0].group_done(g))
     count = iter(range(10**9))
@@ -87,3 +87,13 @@ def test_a_stream_that_keeps_no_records_holds_the_last_step_only():
     short, _ = run_stream("baseline", 60, keep_records=False)
     assert len(short.records) == 1 and short.records[-1] == kept.records[-1]
     assert not short.consumed_at and not short.launched_at
+
+
+def test_v3_forgets_the_samples_it_refreshed_once_their_group_is_consumed():
+    """v3 with ``step_end.refresh_ratio`` regenerates each finished sample of a carried group at most once, and
+    kept every such sample (its tokens too) in a set for good. Only carried groups' samples are looked at: the set
+    now holds those alone."""
+    stream, _ = run_stream("v3", 150, settings={"step_end": {"refresh_ratio": 0.5}})
+    assert sum(r.refreshed for r in stream.records) > 30   # finished samples were refreshed, time and again
+    refreshed = stream.run.policy.step_end.refreshed
+    assert refreshed <= {s for g, _ in stream.flying.values() for s in g.samples}

@@ -48,6 +48,9 @@ class StepEnd(BaseRule):
         ratio = self.cfg.step_end.refresh_ratio
         if ratio is None:
             return out
+        # only carried groups' samples are looked at: those of groups consumed since go (kept, they would pile up
+        # over a long run, each holding its tokens)
+        self.refreshed.intersection_update(s for g in carried for s in g.samples)
         now = self.ctx.clock.now()
         for g in carried:
             running = [_engine_time(s, now) for s in g.samples if not s.finished]
