@@ -22,9 +22,9 @@ from pdsr_sdk.rollout.preflight import (check_model_folder, check_outputs, conte
 from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, carried_groups, nothing_left,
                                      read_resume_state, run_settings, steps_left)
 from pdsr_sdk.rollout.reward import config_reward
-from pdsr_sdk.rollout.session import BatchResult, RolloutSession
+from pdsr_sdk.rollout.session import RolloutSession
 from pdsr_sdk.rollout.reward_totals import GroupRewards
-from pdsr_sdk.rollout.summary import RolloutSummary, run_summary
+from pdsr_sdk.rollout.summary import BatchTally, RolloutSummary, run_summary
 from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock, write_errors_named
 
 
@@ -257,7 +257,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
         session.hooks.on_group_done.append(on_group)
     session.hooks.on_status.append(status)
     rewards: dict[str, GroupRewards] = {}   # prompt id -> what its written group's rewards add to the summary
-    results: list[BatchResult] = []
+    results: list[BatchTally] = []   # (not the batches' groups: they are on disk)
     failure: BaseException | None = None
     try:
         if (batches or carried) and not idle:
@@ -294,7 +294,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
                 filtered, dropped = filtered + len(out.filtered), dropped + len(out.dropped)
                 if len(out.groups) < b:
                     short = (out.step, len(out.groups))
-                results.append(out.report)
+                results.append(BatchTally.of(out.report))
                 # the step on disk before its update, whose await a SIGTERM or Ctrl-C would stop the run in
                 writer.flush()
                 writer.write_carry([{**sample_row(s, tokenizer, None, decode=False), "launch_step": step}
@@ -316,7 +316,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
             session.run.batch_index = index   # a batch cut short before the resume is completed under its index
             result = await session.generate(batch)
             await written()
-            results.append(result)
+            results.append(BatchTally.of(result))
             writer.flush()
             _save(summarise(), config)   # an interrupted run keeps its batches
         writer.finalize()

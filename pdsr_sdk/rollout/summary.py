@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -52,22 +53,41 @@ class RolloutSummary:
         return json.dumps(asdict(self), indent=2, default=str)
 
 
-def run_summary(config, model_dir: str, session: RolloutSession, results: list[BatchResult], prior: ResumeState,
+@dataclass
+class BatchTally:
+    """What a run's summary reads of one finished batch (or step): its report without its groups, and the groups'
+    count, samples and prompt ids. ``pdsr rollout`` keeps these, not the groups, which are on disk by then (kept,
+    every sample's tokens and log-probs stayed in memory until the run ended)."""
+
+    report: BatchResult
+    groups: int
+    samples: int
+    prompt_ids: list[str]
+
+    @classmethod
+    def of(cls, report: BatchResult) -> "BatchTally":
+        return cls(dataclasses.replace(report, groups=[]), len(report.groups),
+                   sum(len(g.samples) for g in report.groups), [g.prompt_id for g in report.groups])
+
+
+def run_summary(config, model_dir: str, session: RolloutSession, tallies: list[BatchTally], prior: ResumeState,
                rewards: dict[str, GroupRewards], *, skipped_long: int = 0) -> RolloutSummary:
     """The whole run's summary: the batches on disk before a resume (``prior``) and this call's."""
     sched = session.scheduler
 
-    def batch_rewards(r: BatchResult) -> dict[str, Any]:
+    results = [t.report for t in tallies]
+
+    def batch_rewards(t: BatchTally) -> dict[str, Any]:
         total = GroupRewards()
-        for g in r.groups:
-            total.add(rewards.get(g.prompt_id, GroupRewards()))
+        for prompt_id in t.prompt_ids:
+            total.add(rewards.get(prompt_id, GroupRewards()))
         return {**asdict(total), "reward_s": round(total.reward_s, 4)}
 
     batches = merged_batches(prior.batches, [{
-        "batch_index": r.batch_index, "groups": len(r.groups), "makespan_s": round(r.makespan_s, 4),
+        "batch_index": r.batch_index, "groups": t.groups, "makespan_s": round(r.makespan_s, 4),
         "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), "l_cut": r.l_cut, "fast_cap": r.fast_cap,
-        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy, **batch_rewards(r), **(r.step or {}),
-    } for r in results])
+        **{k: r.stats.get(k, 0) for k in STAT_KEYS}, "policy": r.policy, **batch_rewards(t), **(r.step or {}),
+    } for t in tallies for r in [t.report]])
     extra: dict[str, list[float]] = {}
     for b in batches:
         extra = add_extra_sums(extra, b.get("reward_extra_sums") or {})
@@ -99,8 +119,8 @@ def run_summary(config, model_dir: str, session: RolloutSession, results: list[B
     return RolloutSummary(
         policy=config.policy, model=model_dir, output=str(config.output.path),
         policy_settings=ran_settings(session.policy_settings),
-        groups=prior.groups + sum(len(r.groups) for r in results),
-        samples=prior.samples + sum(len(g.samples) for r in results for g in r.groups),
+        groups=prior.groups + sum(t.groups for t in tallies),
+        samples=prior.samples + sum(t.samples for t in tallies),
         skipped_groups=prior.groups, batches=batches, makespan_s=makespan, tokens=tokens,
         tokens_per_s=tokens / makespan if makespan > 0 else 0.0,
         engine_busy_fraction={k: (v / makespan if makespan > 0 else 0.0) for k, v in busy.items()},

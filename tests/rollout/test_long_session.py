@@ -49,3 +49,28 @@ def test_a_partial_rollout_session_keeps_the_same_between_step_10_and_step_40(ti
                 at_10 = kept(session)
         at_40 = kept(session)
     assert at_40 == at_10 == {"records": 1, "consumed_at": 0, "launched_at": 0, "sources": 1}
+
+
+def test_pdsr_rollout_lets_each_batchs_groups_go_once_they_are_written(tmp_path, tiny_model_dir):
+    """``pdsr rollout`` kept every batch's result for its summary, groups and all: every sample's tokens and log-probs
+    stayed in memory until the run ended, though each batch is on disk when the next starts. It keeps each batch's
+    tally now: when the 40th batch starts, as many earlier groups are alive as when the 10th did (those of the batch
+    before, at most); the summary counts them all."""
+    import json
+
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.run import run_rollout
+    from watched_fakes import WatchedLoopEngine
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i}?"}) + "\n" for i in range(80)))
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", batch_size=2, sampling={"n": 2, "max_tokens": 4},
+                        data={"path": str(data)}, output={"path": tmp_path / "o.parquet"},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "watched_fakes:WatchedLoopEngine",
+                                  "max_model_len": 256}])
+    WatchedLoopEngine.reset()
+    summary = run_rollout(cfg)
+    alive = WatchedLoopEngine.ALIVE
+    assert len(alive) == 40 and summary.groups == 80 and summary.samples == 160 and len(summary.batches) == 40
+    # (the batch before may be in hand still: 2 groups; all 78 earlier ones were alive)
+    assert alive[39] == alive[9] <= 2, alive
