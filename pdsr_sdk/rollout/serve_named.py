@@ -86,6 +86,9 @@ class NamedSamples:
     def __init__(self, server: RequestHost):
         self.server = server
         self.samples: dict[str, _Named] = {}
+        #: by ``id`` of its group (a named sample keeps its group alive, so the id is its own): a finished group
+        #: is looked up, not searched for among every named sample the server has kept
+        self._by_group: dict[int, _Named] = {}
 
     # ------------------------------------------------------------- requests
     async def chat_turn(self, sample_id: str, messages: list[dict], max_tokens: int,
@@ -166,12 +169,12 @@ class NamedSamples:
         return row
 
     def group_done(self, group: Group) -> None:
-        for named in self.samples.values():
-            if named.group is group and named.done is not None and not named.done.done():
-                named.done.set_result(None)
-                sample = group.samples[0]
-                _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r} ended "
-                                                    f"({sample.finish_reason}: {sample.error})"))
+        named = self._by_group.get(id(group))
+        if named is not None and named.group is group and named.done is not None and not named.done.done():
+            named.done.set_result(None)
+            sample = group.samples[0]
+            _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r} ended "
+                                                f"({sample.finish_reason}: {sample.error})"))
 
     # ------------------------------------------------------------- turns
     async def _turn(self, sample_id: str, api: str, max_tokens: int, start: Callable[[], Group],
@@ -189,6 +192,7 @@ class NamedSamples:
                 named.text = group.prompt_text
             named.waiter = loop.create_future()
             self.samples[sample_id] = named
+            self._by_group[id(group)] = named
             session = self.server.session
             session.agents.prepare([group], self._remote(named))
             group.samples[0].turn_end = max_tokens   # the first turn's limit: this request's max_tokens
