@@ -182,6 +182,10 @@ def test_history_keeps_the_most_recent_responses_per_prompt():
     history.record(make_group([[3], [4]]))
     new = make_group([[5], None])
     assert history.responses(new) == [[2], [3], [4]]    # the 3 most recent
+    # plain lists of Python ints (they travel to vLLM's workers in a request's extra args), not the kept arrays
+    assert all(type(r) is list and all(type(t) is int for t in r) for r in history.responses(new))
+    old.samples[1].token_ids.append(99)                 # a recorded response changed later: the history is not
+    assert history.responses(new)[0] == [2]
     assert draft_corpus(new.samples[1]) == [[5]]        # no history until the session gives it to the group
     new.draft_responses = history.responses(new)
     assert draft_corpus(new.samples[1]) == [[5], [2], [3], [4]]   # siblings first
