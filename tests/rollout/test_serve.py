@@ -133,21 +133,48 @@ def test_token_ids_out_of_the_vocabulary_are_a_400_naming_the_id(served):
     assert len(r.choices[0].token_ids) == 4
 
 
+def refusing(tiny_model_dir, max_tokens: int) -> RolloutConfig:
+    """A session on one fake engine that refuses every request holding turn_fakes.REFUSED_ID."""
+    return RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": max_tokens},
+                         engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:RefusingTurnEngine",
+                                   "max_model_len": 256, "max_num_seqs": 4}])
+
+
 @requires_torch
 def test_a_request_an_engine_refuses_is_an_error_naming_why(tiny_model_dir):
     """Not a 200 with an empty answer and finish reason 'stop'; the server goes on serving."""
     from turn_fakes import REFUSED_ID
 
-    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 16},
-                        engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:RefusingTurnEngine",
-                                  "max_model_len": 256, "max_num_seqs": 4}])
-    with RolloutSession(cfg) as session, serving(session) as (client, _):
+    with RolloutSession(refusing(tiny_model_dir, 16)) as session, serving(session) as (client, _):
         with pytest.raises(openai.BadRequestError, match=f"2 of 2 choices failed: engine 'f0' refused request "
                                                          f".*token {REFUSED_ID} refused"):
             client.completions.create(model="tiny", prompt=[5, REFUSED_ID], max_tokens=4, n=2)
         with pytest.raises(openai.BadRequestError, match="1 of 1 choices failed: engine 'f0' refused"):
             client.completions.create(model="tiny", prompt=[REFUSED_ID], max_tokens=4, stream=True)
         assert len(client.completions.create(model="tiny", prompt=[5, 6], max_tokens=4).choices[0].token_ids) == 4
+
+
+@requires_torch
+def test_a_named_sample_that_fails_in_a_turn_is_a_409_naming_it(tiny_model_dir):
+    """While a turn of it is asked for: the waiting request is a 409 naming the sample and why it ended, whatever
+    other samples and plain requests the server has finished meanwhile."""
+    from turn_fakes import REFUSED_ID
+
+    with RolloutSession(refusing(tiny_model_dir, 64)) as session, serving(session) as (client, _):
+        kept = {}
+        for name in ("a", "b", "c"):   # named samples the server keeps, then plain requests it finishes
+            kept[name] = client.completions.create(model="tiny", prompt=[5, 6], max_tokens=4,
+                                                   extra_body={"pdsr_sample": name})
+            assert len(client.completions.create(model="tiny", prompt=[7], max_tokens=2).choices[0].token_ids) == 2
+        ids = [5, 6] + kept["b"].choices[0].token_ids + [REFUSED_ID]   # b's next turn: the engine refuses it
+        with pytest.raises(openai.APIStatusError) as info:
+            client.completions.create(model="tiny", prompt=ids, max_tokens=4, extra_body={"pdsr_sample": "b"})
+        assert info.value.status_code == 409
+        message = info.value.body["message"] if isinstance(info.value.body, dict) else str(info.value)
+        assert "sample 'b' ended (failed" in message and f"token {REFUSED_ID} refused" in message
+        ids = [5, 6] + kept["c"].choices[0].token_ids + [8]   # the others go on
+        r = client.completions.create(model="tiny", prompt=ids, max_tokens=4, extra_body={"pdsr_sample": "c"})
+        assert len(r.choices[0].token_ids) == 4
 
 
 @requires_torch
