@@ -17,6 +17,7 @@ from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.io.columns import TableColumns
 from pdsr_sdk.io.tables import read_table
 from pdsr_sdk.progress import ProgressFactory
+from pdsr_sdk.rollout.reward import scalar_truth
 
 #: looked for in this order when no column is named (verl: prompt as chat messages, reward_model.ground_truth;
 #: OpenRLHF: input or context_messages, label); a prompt column of chat messages is used as messages
@@ -289,9 +290,7 @@ def truth_value(truth: Any) -> Any:
     """A ground truth given in Python (a prompt mapping's ``ground_truth`` / ``answer``) as a record keeps it: a
     string, number or numpy scalar as text (as a data file's string or number column is read); None, a dict, a
     list or any other value as it is, for a reward that takes it."""
-    if isinstance(truth, (str, int, float)) or (getattr(truth, "ndim", None) == 0 and hasattr(truth, "item")):
-        return str(truth)
-    return truth
+    return str(truth) if scalar_truth(truth) else truth
 
 
 def step_prompts(prompts: Any, count: int) -> list:

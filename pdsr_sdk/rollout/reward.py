@@ -33,13 +33,17 @@ def compares_text(reward: str | None) -> str | None:
     return TEXT_REWARDS.get(reward) if isinstance(reward, str) else None
 
 
+def scalar_truth(ground_truth: Any) -> bool:
+    """Whether a ground truth is one plain value, read as text: a string, a number, a numpy scalar."""
+    return isinstance(ground_truth, (str, int, float)) or (getattr(ground_truth, "ndim", None) == 0
+                                                           and hasattr(ground_truth, "item"))
+
+
 def text_truth(ground_truth: Any, reward: str, info: dict[str, Any]) -> str:
     """``ground_truth`` as the text a built-in reward (``reward``) compares: a string as it is, a number written
     out; any other value (a dict, a list: Search-R1's ``{"target": [...]}``) is a DataError naming the prompt
     (``info``'s ``prompt_id``), which stops the run rather than scoring every sample 0."""
-    if isinstance(ground_truth, str):
-        return ground_truth
-    if isinstance(ground_truth, (int, float)) or getattr(ground_truth, "ndim", None) == 0:   # numpy's scalars too
+    if scalar_truth(ground_truth):
         return str(ground_truth)
     raise DataError(f"prompt {info.get('prompt_id')!r}: the {reward} reward compares the answer as text and needs a "
                     f"string or number ground truth; this one is a {type(ground_truth).__name__}, "
