@@ -70,6 +70,7 @@ class SpeculativeSettings(ConfigModel):
     prompt_lookup_max: int = Field(4, ge=1, description="Longest such n-gram, tried first (vLLM's prompt_lookup_max; group uses it the same way).")
     max_batch_size: int | None = Field(32, ge=1, description="Draft only while the engine runs at most this many sequences (vLLM's num_speculative_tokens_per_batch_size; none drafts at any batch size). 32: on an H100 checking 4 drafted tokens costs 1.22 decode steps at batch 32 and 1.36 at 128 (bench/verify_cost.py), while a verify step in a step's tail yields 1.2-1.5 tokens (bench/spec.py).")
     history_responses: int = Field(8, ge=0, description="group: besides the finished siblings, draft from up to this many of the most recent responses to the same prompt (the same prompt token ids) in groups the session finished before (earlier steps: older weights); 0 = siblings only.")
+    history_tokens: int | None = Field(1 << 30, ge=1, description="group: at most this many response tokens kept in that history over every prompt (4 bytes each: the default, 2^30, is 4 GiB), the prompts recorded least recently dropped first; null = no bound (in training the dataset bounds it, under serve every distinct request prompt adds to it).")
     history_file: str | None = Field(None, description="group: a trajectories file (a pdsr rollout output, e.g. the previous run's) whose responses count as earlier responses to their prompts, before any of this session's; its failed and dropped samples are skipped.")
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ called once by the engine at start-up). That is the plugin boundary: the propose
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -60,13 +61,25 @@ class DraftHistory:
     """Earlier responses to each prompt (keyed by its token ids, ``per_prompt`` most recent kept), drafted from by
     later groups of that prompt: the session records every group it finishes, and may start from a trajectories
     file (:meth:`read`); a group gets its prompt's responses when the session hands it to the engines
-    (:attr:`Group.draft_responses <pdsr_sdk.dispatch.types.Group.draft_responses>`)."""
+    (:attr:`Group.draft_responses <pdsr_sdk.dispatch.types.Group.draft_responses>`).
 
-    def __init__(self, per_prompt: int):
+    At most ``max_tokens`` response tokens are kept in all (None: no bound): past it, the prompts recorded least
+    recently lose their responses first (the latest prompt's are kept whatever their size). In training a dataset bounds the history; under ``serve`` every distinct
+    request prompt would add to it for good."""
+
+    def __init__(self, per_prompt: int, max_tokens: int | None = None):
         self.per_prompt = per_prompt
+        self.max_tokens = max_tokens
         #: int32 arrays, not lists of ints: a list holds about 36 bytes a token, and a history of every prompt of a
-        #: dataset (100k prompts x 8 responses of 1k tokens) would take about 29 GB that way, 3.2 GB this way
-        self._responses: dict[tuple[int, ...], list[np.ndarray]] = {}
+        #: dataset (100k prompts x 8 responses of 1k tokens) would take about 29 GB that way, 3.2 GB this way;
+        #: ordered from the prompt recorded least recently to the latest (the order the bound evicts in)
+        self._responses: OrderedDict[tuple[int, ...], list[np.ndarray]] = OrderedDict()
+        self._tokens = 0   # response tokens kept, over every prompt
+
+    @property
+    def tokens(self) -> int:
+        """The response tokens kept, over every prompt."""
+        return self._tokens
 
     def record(self, group: Any) -> None:
         """Keep ``group``'s finished responses (not those dynamic sampling dropped unfinished)."""
@@ -96,8 +109,13 @@ class DraftHistory:
         if self.per_prompt <= 0 or not responses:
             return
         key = tuple(prompt)
-        self._responses[key] = (self._responses.get(key, []) +
-                                [np.asarray(r, dtype=np.int32) for r in responses])[-self.per_prompt:]
+        old = self._responses.pop(key, [])
+        kept = (old + [np.asarray(r, dtype=np.int32) for r in responses])[-self.per_prompt:]
+        self._responses[key] = kept   # now the latest recorded
+        self._tokens += sum(r.size for r in kept) - sum(r.size for r in old)
+        while self.max_tokens is not None and self._tokens > self.max_tokens and len(self._responses) > 1:
+            _, evicted = self._responses.popitem(last=False)
+            self._tokens -= sum(r.size for r in evicted)
 
 
 def draft_corpus(sample: Any) -> list[list[int]]:

@@ -115,7 +115,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         if self.draft_history is None and config.speculative == "group" and spec.history_responses > 0:
             from pdsr_sdk.engines.group_drafter import DraftHistory
 
-            self.draft_history = DraftHistory(spec.history_responses)
+            self.draft_history = DraftHistory(spec.history_responses, spec.history_tokens)
             if spec.history_file is not None:
                 self.draft_history.read(spec.history_file)
         # multi-turn: the default agent function (``agent``, else config.agent.function; None: single-turn), and

@@ -194,6 +194,51 @@ def test_history_keeps_the_most_recent_responses_per_prompt():
     DraftHistory(0).record(old)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_history_token_bound_drops_the_prompts_recorded_least_recently(seed):
+    # naive twin: replay every record, keep each prompt's last per_prompt responses, then drop whole prompts in
+    # the order of their last record, oldest first, until the tokens fit (the latest prompt always stays)
+    rng = np.random.default_rng(seed)
+    per_prompt, bound = 2, 12
+    history, log = DraftHistory(per_prompt, max_tokens=bound), []
+    groups = [build_groups([PromptRecord(f"p{i}", f"p{i}", [i, i])], 2, 8)[0] for i in range(6)]
+    for step in range(40):
+        i = int(rng.integers(6))
+        responses = [list(rng.integers(0, 50, size=int(rng.integers(1, 7)))) for _ in range(int(rng.integers(1, 3)))]
+        group = make_group([[int(t) for t in r] for r in responses] + [None])
+        group.prompt_token_ids = [i, i]
+        history.record(group)
+        log.append((i, [[int(t) for t in r] for r in responses]))
+        kept: dict[int, list] = {}
+        for p, rs in log:
+            kept[p] = (kept.pop(p, []) + rs)[-per_prompt:]   # re-inserted: the dict's order is the last record's
+        dropped = set()
+        for p in list(kept):
+            if sum(len(r) for q in kept if q not in dropped for r in kept[q]) <= bound or p == log[-1][0]:
+                break
+            dropped.add(p)
+        for p in range(6):
+            assert history.responses(groups[p]) == ([] if p not in kept or p in dropped else kept[p]), (step, p)
+        assert history.tokens == sum(len(r) for q in kept if q not in dropped for r in kept[q])
+        # dropped prompts are gone for good: forget them in the twin too
+        log = [(p, rs) for p, rs in log if p not in dropped]
+
+
+def test_history_without_a_token_bound_keeps_every_prompt():
+    history = DraftHistory(1, max_tokens=None)
+    groups = []
+    for i in range(50):
+        group = make_group([[i] * 100, None])
+        group.prompt_token_ids = [i]
+        history.record(group)
+        groups.append(group)
+    assert history.tokens == 5000
+    assert [history.responses(g) for g in groups] == [[[i] * 100] for i in range(50)]
+    one = DraftHistory(2, max_tokens=10)           # the latest prompt's responses stay, whatever their size
+    one.record(groups[0])
+    assert one.responses(groups[0]) == [[0] * 100] and one.tokens == 100
+
+
 def test_history_reads_a_trajectories_file_in_row_order(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -269,3 +314,12 @@ def test_a_session_drafts_later_groups_from_earlier_groups_of_the_same_prompt(ti
         session.step(prompt)
         engine = session.engines[0]
     assert list(engine.corpora.values())[0] == earlier
+
+
+def test_the_session_bounds_its_history_by_history_tokens():
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    for bound in (1 << 30, 64, None):
+        cfg = RolloutConfig(speculative="group", speculative_settings={"history_tokens": bound})
+        assert RolloutSession(cfg).draft_history.max_tokens == bound
