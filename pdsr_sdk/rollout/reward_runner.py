@@ -14,8 +14,12 @@ A sample that finishes again (restarted, regenerated) is scored again: each job 
 scored (restarts, tokens, finish reason), and a stale job's result is never used. The scores are the
 same as scoring after the step (:func:`pdsr_sdk.dispatch.trajectory.score_sample`, the same call).
 
-A reward of the user's gets no time limit (math_verify's checks have ``reward_timeout_s``): one that never returns
-holds its group, and the batch or step, until the run is stopped. Stopping it then ends the process: the threads are
+A reward call gets no time limit unless ``time_limit_s`` is given (``reward_time_limit_s``; math_verify's own checks
+have ``reward_timeout_s`` beneath it): without one, a call that never returns holds its group, and the batch or step,
+until the run is stopped. With one, a call that runs longer (counted from its start, not from its wait in the queue)
+is its sample's reward error. In a worker process the call is interrupted by a timer signal (Python code; a call
+stuck inside C code is not); in a thread it cannot be stopped: it keeps its thread until it returns, its result
+unused, and the pool starts a thread in its place. Stopping a run ends the process either way: the threads are
 daemons and :meth:`RewardRunner.close` ends the worker processes (the standard pools are joined at exit, so a run
 stopped with Ctrl-C or SIGTERM said so and then never exited).
 """
@@ -64,6 +68,37 @@ def _state(sample: Sample) -> tuple:
     return (sample.restarts, sample.num_generated, sample.finish_reason)
 
 
+def time_limit_error(limit_s: float) -> str:
+    """A sample's reward error when its call ran past ``reward_time_limit_s``."""
+    return f"the reward call ran past reward_time_limit_s ({limit_s:g} s) and was given up"
+
+
+class _TimeLimit(BaseException):
+    """Raised into a reward call in a worker process by its timer; not an ``Exception``, so that a reward's own
+    ``except Exception`` does not swallow it."""
+
+
+def _score_limited(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: dict[str, Any],
+                   limit_s: float) -> Scored:
+    """In a worker process (its main thread, where signals arrive): :func:`_score` under a ``limit_s`` timer."""
+    import signal
+
+    def expire(signum, frame):
+        raise _TimeLimit
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            return _score(fn, text, ground_truth, info)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _TimeLimit:
+        return Scored(text, None, None, time_limit_error(limit_s), limit_s)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _score(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: dict[str, Any]) -> Scored:
     """In a worker thread: the reward of one decoded response, timed, with the counters it moved."""
     from pdsr_sdk.dispatch.trajectory import score_text
@@ -90,13 +125,15 @@ class RewardRunner:
     responses: a tokenizer, or a function that loads one at the first decode (None, or ``decode=False``:
     the text is empty, as for simulated samples). With one worker
     (the default) the counters a reward keeps (math_verify's timeouts) are attributed to the sample whose
-    call moved them."""
+    call moved them. ``time_limit_s``: seconds one reward call may run (None: no limit; see the module)."""
 
     def __init__(self, reward_for: Callable[[Group], Callable[..., Any] | None], tokenizer: Any, *,
                  workers: int = 1, decode: bool = True, executor: str = "thread",
-                 given: Callable[[Sample], tuple[float | None, str | None, str | None] | None] | None = None):
+                 given: Callable[[Sample], tuple[float | None, str | None, str | None] | None] | None = None,
+                 time_limit_s: float | None = None):
         if executor not in EXECUTORS:
             raise ConfigError(f"reward_executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
+        self.time_limit_s = time_limit_s
         self.reward_for = reward_for
         self._tokenizer = tokenizer
         self.decode = decode and tokenizer is not None
@@ -134,6 +171,8 @@ class RewardRunner:
             future.set_result(Scored(text, None, None, None))
         elif self.executor == "process":
             future = asyncio.ensure_future(self._in_process(fn, text, g.ground_truth, info))
+        elif self.time_limit_s is not None:
+            future = asyncio.ensure_future(self._in_thread_limited(fn, text, g.ground_truth, info))
         else:
             future = loop.run_in_executor(self._executor(), _score, fn, text, g.ground_truth, info)
         self._jobs[key] = (sample, state, future)
@@ -188,6 +227,27 @@ class RewardRunner:
         self._pool = self._alone = None
         self._jobs.clear()
 
+    async def _in_thread_limited(self, fn: Callable[..., Any], text: str, ground_truth: Any,
+                                 info: dict[str, Any]) -> Scored:
+        """``_score`` on a worker thread, given up ``time_limit_s`` after the call starts: the thread cannot be
+        stopped, so it is left to its call and the pool starts another in its place."""
+        loop = asyncio.get_running_loop()
+        started = loop.create_future()
+
+        def call() -> Scored:
+            loop.call_soon_threadsafe(lambda: started.done() or started.set_result(None))
+            return _score(fn, text, ground_truth, info)
+
+        pool = self._executor()
+        job = asyncio.wrap_future(pool.submit(call))
+        await asyncio.wait({started, job}, return_when=asyncio.FIRST_COMPLETED)   # cancelled before it started
+        try:
+            return await asyncio.wait_for(asyncio.shield(job), self.time_limit_s)
+        except asyncio.TimeoutError:
+            if isinstance(pool, DaemonThreads):
+                pool.add_worker()
+            return Scored(text, None, None, time_limit_error(self.time_limit_s), self.time_limit_s)
+
     async def _in_process(self, fn: Callable[..., Any], text: str, ground_truth: Any,
                           info: dict[str, Any]) -> Scored:
         """``_score`` in a worker process. A worker that dies (the reward called ``os._exit``, crashed, was
@@ -196,7 +256,7 @@ class RewardRunner:
         worker. A call whose worker dies there too is this sample's reward error, as an exception is."""
         pool = self._executor()
         try:
-            return await asyncio.wrap_future(pool.submit(_score, fn, text, ground_truth, info))
+            return await asyncio.wrap_future(pool.submit(*self._process_call(fn, text, ground_truth, info)))
         except cf.process.BrokenProcessPool:
             if self._pool is pool:
                 self._pool = None
@@ -208,12 +268,18 @@ class RewardRunner:
                 self._alone = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
             alone = self._alone
             try:
-                return await asyncio.wrap_future(alone.submit(_score, fn, text, ground_truth, info))
+                return await asyncio.wrap_future(alone.submit(*self._process_call(fn, text, ground_truth, info)))
             except cf.process.BrokenProcessPool:
                 self._alone = None
                 alone.shutdown(wait=False, cancel_futures=True)
         return Scored(text, None, None, "the reward's worker process died while scoring this sample, alone in a "
                                         "fresh process too (os._exit, a crash, or a kill); reward_executor 'process'")
+
+    def _process_call(self, fn: Callable[..., Any], text: str, ground_truth: Any, info: dict[str, Any]) -> tuple:
+        """What a worker process runs for one reward: under the time limit's timer where there is one."""
+        if self.time_limit_s is None:
+            return _score, fn, text, ground_truth, info
+        return _score_limited, fn, text, ground_truth, info, self.time_limit_s
 
     def _executor(self) -> cf.Executor:
         if self._pool is None:
@@ -247,6 +313,16 @@ class DaemonThreads(cf.Executor):
                 thread.start()
                 self._threads.append(thread)
         return future
+
+    def add_worker(self) -> None:
+        """Start one more thread: one of the pool's is held by a call that was given up (it runs on to its end)."""
+        with self._lock:
+            if self._shut:
+                return
+            self._workers += 1
+            thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:

@@ -57,8 +57,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
     ``config.agent.function``; a step's own ``agent=`` overrides it.
 
     Rewards are computed as samples finish, on ``config.reward_workers`` threads off the event loop
-    (:mod:`pdsr_sdk.rollout.reward_runner`); a step's summary has their time (``reward_s``) and how long
-    the step waited for them after its groups were complete (``reward_wait_s``).
+    (:mod:`pdsr_sdk.rollout.reward_runner`); a step's summary has their time and wait (``reward_s``, ``reward_wait_s``).
 
     Dynamic sampling (DAPO): ``config.filter_groups`` (``kind: zero-variance``), or ``group_filter(group,
     rewards) -> bool`` (True keeps the group; it replaces the config's kind), makes steps stream and filters
@@ -256,7 +255,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             from pdsr_sdk.rollout.reward_runner import RewardRunner
 
             self.rewards = RewardRunner(self.reward_for, lambda: self.tokenizer, workers=cfg.reward_workers,
-                                        executor=cfg.reward_executor, given=self._agent_score)
+                                        executor=cfg.reward_executor, given=self._agent_score,
+                                        time_limit_s=cfg.reward_time_limit_s)
         if self._given_engines is None:
             began = loop.time()
             self._status(starting_message(self.engine_specs, self._model_dir()))

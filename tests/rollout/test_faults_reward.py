@@ -1,4 +1,4 @@
-"""A reward of the user's that never returns: pdsr sets it no time limit, so the run waits on it; stopped (SIGTERM, as
+"""A reward of the user's that never returns, without reward_time_limit_s: the run waits on it; stopped (SIGTERM, as
 a scheduler's preemption), the process ends, its finished groups kept. Before, the reward's thread (or worker
 process) was joined at interpreter exit: the run said it was terminated and the process never exited. Fake engines
 (fakes:LoopEngine, no vLLM), ``pdsr rollout`` as a process of its own."""
