@@ -127,23 +127,15 @@ class TrajectoryWriter:
     def finalize(self) -> Path:
         """Merge everything on disk into the output file and remove the parts (a reward's dict fields become a
         struct column where they allow it: ``reward_extra_struct``)."""
-        import pyarrow.parquet as pq
-
-        from pdsr_sdk.dispatch.trajectory import reward_extra_json, reward_extra_struct
-
         self.flush()
         self._remove_old()
         if any(not f.exists() for f in self._holds):
             self._missing()
-        tables = [reward_extra_json(pq.read_table(f)).cast(self.schema) for f in self._existing_files()]
-        table = self._pa.concat_tables(tables) if tables else self.schema.empty_table()
-        merged = {**(self.schema.metadata or {}), MERGED_KEY: str(self._next_part).encode()}
-        table = reward_extra_struct(table.replace_schema_metadata(merged))
-        with write_errors_named(self.path):
-            write_table_atomic(table, self.path)   # killed from here to the parts' removal: MERGED_KEY skips them
+        merged = self.schema.with_metadata({**(self.schema.metadata or {}), MERGED_KEY: str(self._next_part).encode()})
+        with write_errors_named(self.path):   # killed from here to the parts' removal: MERGED_KEY skips them
+            merge_files(self._existing_files(), merged, self.path)
         shutil.rmtree(self.parts_dir, ignore_errors=True)
         return self.path
-
 
     def _missing(self) -> None:
         gone = [f for f in self._holds if not f.exists()]
@@ -152,6 +144,53 @@ class TrajectoryWriter:
         raise DataError(f"{gone[0]}{more}: removed while the run was writing {self.path} (its folder, or "
                         f"{self.parts_dir.name}/, deleted?); the groups in them are lost, so the output is not "
                         f"merged as if complete. Rerun with --resume: the groups no longer on disk run again")
+
+
+def merge_files(files: list[Path], schema, path: Path, *, batch_rows: int = 1024) -> None:
+    """Write the rows of ``files`` (trajectory files, in order) to ``path`` in ``schema`` (atomically), streamed
+    ``batch_rows`` rows at a time: a run of a million long responses does not fit in memory at once. Only the
+    ``reward_extra`` column is read whole first, to decide whether it can be a struct column
+    (:func:`~pdsr_sdk.dispatch.trajectory.reward_extra_struct` needs every row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.dispatch.trajectory import reward_extra_json, reward_extra_struct
+    from pdsr_sdk.io.tables import atomic_path
+
+    plain = pa.schema(list(schema))   # the columns' types, without the file's metadata
+    extra = None
+    if "reward_extra" in schema.names:
+        field = schema.field("reward_extra")
+        text = [reward_extra_json(pq.read_table(f, columns=["reward_extra"])).column("reward_extra").cast(field.type)
+                for f in files]
+        extra = reward_extra_struct(pa.table([pa.chunked_array([c for t in text for c in t.chunks], field.type)],
+                                             schema=pa.schema([field]))).column("reward_extra")
+        i = schema.get_field_index("reward_extra")
+        schema = schema.set(i, schema.field(i).with_type(extra.type))
+    def row_groups():
+        """The rows in row groups of ``batch_rows`` (the last may be short): the same groups however the rows were
+        split before, so a merged file merged again is the same file."""
+        held: list = []
+        for f in files:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows):
+                held.append(reward_extra_json(pa.Table.from_batches([batch])).cast(plain))
+                while sum(t.num_rows for t in held) >= batch_rows:
+                    rows = pa.concat_tables(held)
+                    yield rows.slice(0, batch_rows)
+                    held = [rows.slice(batch_rows)]
+        if held and sum(t.num_rows for t in held):
+            yield pa.concat_tables(held)
+
+    offset = 0
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+        for table in row_groups():
+            if extra is not None:
+                i = table.schema.get_field_index("reward_extra")
+                table = table.set_column(i, schema.field(i), extra.slice(offset, table.num_rows))
+            offset += table.num_rows
+            out.write_table(table.replace_schema_metadata(schema.metadata))
+        if offset == 0:
+            out.write_table(schema.empty_table())
 
 
 @contextlib.contextmanager

@@ -59,20 +59,22 @@ def _file_size_limit_from(monkeypatch, nth: int, limit: int = 1024) -> list:
     kernel refuses them (EFBIG; Python ignores SIGXFSZ) as a full disk would, until the test undoes it. Returns the
     files it was asked to write."""
     asked = []
-    write = writer_mod.write_table_atomic
 
-    def limited(table, path, **kwargs):
-        asked.append(path)
-        if len(asked) < nth:
-            return write(table, path, **kwargs)
-        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-        try:
-            return write(table, path, **kwargs)
-        finally:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    def limiting(write):   # a part file's write, or the merge's (its last argument before the keywords: the path)
+        def limited(*args, **kwargs):
+            asked.append(args[-1])
+            if len(asked) < nth:
+                return write(*args, **kwargs)
+            soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+            try:
+                return write(*args, **kwargs)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        return limited
 
-    monkeypatch.setattr(writer_mod, "write_table_atomic", limited)
+    monkeypatch.setattr(writer_mod, "write_table_atomic", limiting(writer_mod.write_table_atomic))
+    monkeypatch.setattr(writer_mod, "merge_files", limiting(writer_mod.merge_files))
     return asked
 
 
