@@ -23,7 +23,8 @@ class SamplingConfig(ConfigModel):
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
     max_tokens: int = Field(1024, ge=1, description="Most response tokens per sample (finish reason 'length' past it).")
     stop: list[str] = Field(default_factory=list, description="Stop strings that end a response (non-empty: vLLM refuses an empty one).")
-    ignore_eos: bool = Field(False, description="Keep generating past EOS until max_tokens (benchmarks).")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Token ids that end a response besides the model's EOS, as verl passes a chat template's end-of-turn tokens (<|im_end|>, <|eot_id|>); the stop token is kept as the response's last token. Extra EOS ids: ignore_eos ignores them too.")
+    ignore_eos: bool = Field(False, description="Keep generating past EOS (and stop_token_ids) until max_tokens (benchmarks).")
 
 
     @field_validator("temperature")
@@ -42,6 +43,13 @@ class SamplingConfig(ConfigModel):
         if any(not s for s in stop):
             raise ValueError(f"an empty stop string ends nothing (vLLM refuses it); got {stop!r}")
         return stop
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids(cls, ids: list[int]) -> list[int]:
+        if any(i < 0 for i in ids):
+            raise ValueError(f"a token id is 0 or more; got {ids!r}")
+        return ids
 
 
 class SegmentConfig(ConfigModel):

@@ -37,6 +37,7 @@ class WireSampling:
     top_p: float
     top_k: int
     stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Submit:
     def of(cls, request, draft_args: dict[str, Any] | None = None) -> "Submit":
         s = request.sampling
         return cls(request.request_id, list(request.context_ids), request.context_len, request.max_tokens,
-                   request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop)),
+                   request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop), tuple(s.stop_token_ids)),
                    request.cache_salt, draft_args, request.continued_tokens)
 
     def request(self):

@@ -282,6 +282,8 @@ class VllmEngine(VllmControl, ModelEngine):
                 top_p=s.top_p,
                 top_k=s.top_k if s.top_k > 0 else 0,
                 stop=list(s.stop) or None,
+                # extra EOS ids (verl's): ignored with the EOS, as vLLM ignores the model's generation-config ones
+                stop_token_ids=None if request.ignore_eos else list(s.stop_token_ids) or None,
                 ignore_eos=request.ignore_eos,
                 logprobs=0,
                 detokenize=bool(s.stop),   # text is decoded once at the end; stop strings need it

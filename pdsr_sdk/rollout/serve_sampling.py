@@ -37,6 +37,12 @@ def _stop(value: Any) -> list[str]:
     return stops
 
 
+def _token_ids(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise ServeError(400, f"stop_token_ids must be a list of token ids (integers), got {value!r:.80}")
+    return value
+
+
 def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], Any], str]]:
     """(field, the session's value, the request's value as compared, why it is refused) per checked field (the
     response's own fields too: echo, suffix, response_format)."""
@@ -57,6 +63,8 @@ def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], A
         ("top_k", top_k, lambda v: max(_number("top_k", v), 0.0),   # 0 and -1 both turn it off, as in vLLM
          setting("top_k", top_k, config("top_k"))),
         ("stop", list(sampling.stop), _stop, setting("stop", list(sampling.stop), config("stop"))),
+        ("stop_token_ids", list(sampling.stop_token_ids), _token_ids,
+         setting("stop_token_ids", list(sampling.stop_token_ids), config("stop_token_ids"))),
         ("ignore_eos", sampling.ignore_eos, bool, setting("ignore_eos", sampling.ignore_eos, config("ignore_eos"))),
     ]
     fields += [(field, session, read, _NONE.format(field=field)) for field, session, read in [

@@ -1,0 +1,77 @@
+"""Sampling options verl and vLLM users set (stop_token_ids, ...) on real engines, with small segments and with one
+request per sample: the session's shared fp32 pair, greedy, so a segmented run's tokens equal an unsegmented one's,
+and each is checked against a reference cut from a run without the option."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import requires_vllm, run_on
+from pdsr_sdk.rollout.config import RolloutConfig
+
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
+
+SEGMENT = 8
+MAX_TOKENS = 40
+WHOLE = {"min_tokens": 64, "max_tokens": 64}   # one request per sample
+SPLIT = {"min_tokens": SEGMENT, "max_tokens": SEGMENT}
+
+
+def _records(tok):
+    from pdsr_sdk.rollout.data import PromptRecord
+
+    texts = [f"Question {i}: what is {i} plus {2 * i + 5}?" for i in range(4)]
+    return [PromptRecord(prompt_id=f"q{i}", text=t, token_ids=tok.encode(t)) for i, t in enumerate(texts)]
+
+
+def _run(engine_loop, engines, model_dir, segments, **sampling):
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    config = RolloutConfig(model=str(model_dir), policy="baseline", segments=segments,
+                           sampling={"n": 1, "max_tokens": MAX_TOKENS, "temperature": 0.0, **sampling})
+
+    async def run():
+        async with RolloutSession(config, engines=engines) as session:
+            out = await session.astep(_records(session.tokenizer))
+            return {s.key: s for s in out.samples}
+    return run_on(engine_loop, run(), timeout=300)
+
+
+def _cut(token_ids, stop_ids):
+    """The response up to and including its first stop token (vLLM keeps it), and whether it has one."""
+    for i, t in enumerate(token_ids):
+        if t in stop_ids:
+            return token_ids[:i + 1], True
+    return token_ids, False
+
+
+def _later_token(samples):
+    """A token id first sampled past the first segment (so a continuation request meets it)."""
+    for s in samples.values():
+        for i, t in enumerate(s.token_ids):
+            if i >= SEGMENT and t not in s.token_ids[:i]:
+                return t
+    return None
+
+
+def test_stop_token_ids_end_a_sample_where_their_token_is_sampled_in_any_segment(engine_loop, engines,
+                                                                                 tiny_model_dir):
+    free = _run(engine_loop, engines, tiny_model_dir, WHOLE)
+    stop_id = _later_token(free)
+    assert stop_id is not None, {k: s.token_ids for k, s in free.items()}
+    other = 0 if stop_id != 0 else 1   # a second id never sampled: a list of several is read as a set
+    whole = _run(engine_loop, engines, tiny_model_dir, WHOLE, stop_token_ids=[other, stop_id])
+    split = _run(engine_loop, engines, tiny_model_dir, SPLIT, stop_token_ids=[other, stop_id])
+    hits = 0
+    for key, ref in free.items():
+        want, hit = _cut(ref.token_ids, {stop_id, other})
+        for got in (whole[key], split[key]):
+            assert got.token_ids == want and got.finish_reason == ("stop" if hit else ref.finish_reason), key
+            assert len(got.logprobs) == len(got.token_ids)
+        hits += hit and len(split[key].segments) > 1
+    assert hits, "no sample met its stop token in a continuation"
+    # extra EOS ids: ignore_eos ignores them as it ignores the model's EOS (a forced-length replay runs to its length)
+    past_eos = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True)
+    ignored = _run(engine_loop, engines, tiny_model_dir, SPLIT, stop_token_ids=[stop_id], ignore_eos=True)
+    assert {k: s.token_ids for k, s in ignored.items()} == {k: s.token_ids for k, s in past_eos.items()}
+    assert all(len(s.token_ids) == MAX_TOKENS for s in ignored.values())
