@@ -45,13 +45,15 @@ class EngineListener(Protocol):
         it out and the time of its first call counts."""
 
     def on_segment_end(self, engine: "Engine", request_id: str, finish_reason: str, *,
-                       speculation: tuple[int, int] | None = None) -> None:
+                       speculation: tuple[int, int] | None = None, stop_reason: str | int | None = None) -> None:
         """Called exactly once per submitted request, after its last ``on_tokens``.
 
         ``finish_reason``: ``stop`` (EOS/stop string), ``length`` (hit the
         request's ``max_tokens``) or ``abort`` (after ``Engine.abort``).
         ``speculation``: (drafted, accepted) tokens of the request's verify steps, from an engine running
         speculative decoding that counts them (only then is it passed).
+        ``stop_reason``: with ``stop``, the stop string or stop token id that ended the request (vLLM's
+        ``CompletionOutput.stop_reason``; only then is it passed: the model's EOS has none).
         """
 
     def on_request_failed(self, engine: "Engine", request_id: str, error: str) -> None:

@@ -69,6 +69,11 @@ def trajectory_schema() -> pa.Schema:
         _f("response_text", pa.string(), "Decoded response (special tokens skipped)."),
         _f("response_logprobs", pa.list_(pa.float32()), "Engine log-prob of each response token (see the file's logprobs_mode metadata)."),
         _f("finish_reason", pa.string(), "stop | length | truncated | failed (see error)."),
+        _f("stop_reason", pa.string(), "With finish_reason stop: the stop string (sampling.stop) that ended the "
+                                       "response, or the stop token id (sampling.stop_token_ids, or one the model's "
+                                       "generation config adds to its EOS) as its decimal digits ('151645'); null "
+                                       "when the model's EOS ended it. A multi-turn sample's: its last model "
+                                       "turn's.", nullable=True),
         _f("prompt_length", pa.int32(), "Prompt tokens."),
         _f("response_length", pa.int32(), "Response tokens."),
         _f("routed_to", pa.string(), "Pool the sample was first queued on after probing (null for probes).", nullable=True),
@@ -174,6 +179,7 @@ def restore_sample(sample: Sample, row: dict[str, Any]) -> None:
     sample.num_generated = row["response_length"]
     sample.segments = [SegmentRecord(**seg) for seg in row["segments"] or []]
     sample.finish_reason = row["finish_reason"]
+    sample.stop_reason = stop_value(row.get("stop_reason"), sample.token_ids)
     sample.is_probe = row["is_probe"]
     sample.routed_to = row["routed_to"]
     for key in ("moves", "restarts", "retries", "steals", "wasted_tokens"):
@@ -207,6 +213,7 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
         "response_text": text,
         "response_logprobs": sample.logprobs,
         "finish_reason": sample.finish_reason,
+        "stop_reason": None if sample.stop_reason is None else str(sample.stop_reason),
         "prompt_length": g.prompt_len,
         "response_length": sample.num_generated,
         "routed_to": sample.routed_to,
@@ -230,6 +237,14 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
         "env_s": None if sample.turns is None else sample.env_s,
         "error": sample.error,
     }
+
+
+def stop_value(text: str | None, token_ids: list[int]) -> str | int | None:
+    """A ``stop_reason`` cell as the sample held it: a stop token id (the digits of the response's last token,
+    which a stop token always is) as an int, else the stop string."""
+    if text is not None and text.isdigit() and token_ids and token_ids[-1] == int(text):
+        return int(text)
+    return text
 
 
 def truth_text(ground_truth: Any) -> str | None:

@@ -129,6 +129,9 @@ class Sample:
     num_generated: int = 0
     segments: list[SegmentRecord] = field(default_factory=list)
     finish_reason: str | None = None
+    #: with finish reason ``stop``: the stop string or stop token id (an int) that ended the response, as vLLM's
+    #: ``stop_reason``; None when the model's EOS did (or a multi-turn sample's last model turn ended otherwise)
+    stop_reason: str | int | None = None
     # routing bookkeeping
     routed_to: str | None = None   # pool of its first dispatch after probing
     cap: int | None = None         # max response tokens allowed in its current pool
@@ -224,6 +227,7 @@ class Sample:
         if self.turns is not None:
             self.turns.clear()
         self.env_tokens = 0
+        self.stop_reason = None
         self.wasted_tokens += n
         return n
 

@@ -95,6 +95,7 @@ class SegmentEnd:
     finish_reason: str
     speculation: tuple[int, int] | None = None   # (drafted, accepted) tokens, from an engine that counts them
     error: str | None = None   # the engine refused the request (a bad prompt): why; its sample fails
+    stop_reason: str | int | None = None   # the stop string or stop token id that ended it
 
 
 @dataclass(frozen=True)
@@ -320,8 +321,8 @@ class EngineActor:
         self._wake()
 
     def on_segment_end(self, engine, request_id: str, finish_reason: str, *,
-                       speculation: tuple[int, int] | None = None) -> None:
-        self._ends.append(SegmentEnd(request_id, finish_reason, speculation))
+                       speculation: tuple[int, int] | None = None, stop_reason: str | int | None = None) -> None:
+        self._ends.append(SegmentEnd(request_id, finish_reason, speculation, stop_reason=stop_reason))
         self._wake()
 
     def on_request_failed(self, engine, request_id: str, error: str) -> None:

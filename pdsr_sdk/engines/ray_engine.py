@@ -316,10 +316,10 @@ class RayEngine(ModelEngine):
                         refused(self, end.request_id, end.error)
                     else:
                         self._die(EngineError(self.name, f"request {end.request_id} failed: {end.error}"))
-                elif end.speculation is None:
-                    listener.on_segment_end(self, end.request_id, end.finish_reason)
-                else:
-                    listener.on_segment_end(self, end.request_id, end.finish_reason, speculation=end.speculation)
+                else:   # only what there is, as the local engine passes it
+                    extra = {k: v for k, v in (("speculation", end.speculation), ("stop_reason", end.stop_reason))
+                             if v is not None}
+                    listener.on_segment_end(self, end.request_id, end.finish_reason, **extra)
             if news.dead is not None:
                 self._die(news.dead.error(self.name, f" (in its Ray actor on {self.where()})"))
             self._polls_seen = news.seq

@@ -36,12 +36,16 @@ def straddling_stop(decode: Callable[[list[int]], str], before: Sequence[int], n
         return None, True
     for i in range(1, len(new) + 1):
         text = decode(before + list(new[:i]))
-        # an occurrence that starts before the boundary and ends after it, in the text so far
-        if any(0 <= text.find(s, max(0, start - len(s) + 1), start + len(s) - 1) < start for s in stops):
+        if _crossing(text, start, stops) is not None:
             return i, True
         if len(text) - start >= longest - 1:
             return None, True
     return None, False
+
+
+def _crossing(text: str, start: int, stops: Sequence[str]) -> str | None:
+    """The first of ``stops`` that occurs in ``text`` starting before ``start`` (the boundary) and ending after it."""
+    return next((s for s in stops if 0 <= text.find(s, max(0, start - len(s) + 1), start + len(s) - 1) < start), None)
 
 
 class HeldTokens:
@@ -52,6 +56,8 @@ class HeldTokens:
         self.ids: list[int] = []
         self.logprobs: list[float] | None = []
         self.done = False
+        #: the stop string the boundary split, once one has ended the response (vLLM's stop_reason for it)
+        self.stop: str | None = None
 
     def feed(self, ids: Sequence[int], logprobs: Sequence[float] | None,
              finished: bool) -> tuple[list[int], list[float] | None, bool]:
@@ -64,4 +70,6 @@ class HeldTokens:
             return [], [], False
         self.done = True
         n = len(self.ids) if keep is None else keep
+        if keep is not None:
+            self.stop = _crossing(self.decode(self.before + self.ids[:n]), len(self.decode(self.before)), self.stops)
         return self.ids[:n], None if self.logprobs is None else self.logprobs[:n], keep is not None

@@ -273,6 +273,7 @@ class VllmEngine(VllmControl, ModelEngine):
             extra_args = observer.on_launch(request, extra_args)
         reason = ABORT
         counts = None
+        stop_reason: str | int | None = None   # the stop string or stop token id that ended it (vLLM's)
         listener = self._listener
         try:
             # in the try: sampling vLLM refuses (its VLLMValidationError) fails this sample, not the task unseen
@@ -303,18 +304,19 @@ class VllmEngine(VllmControl, ModelEngine):
                 lps = [step[tok].logprob for step, tok in zip(comp.logprobs or (), ids)] if comp.logprobs else None
                 if held is not None:   # a continuation's first tokens wait until no split stop string can end in them
                     ids, lps, cut = held.feed(ids, lps, out.finished)
-                    if held.done:
-                        held = None
                     if cut:   # a stop string the boundary split ends here: as vLLM would have stopped
                         if ids:
                             listener.on_tokens(self, request.request_id, len(ids), ids, lps)
-                        reason = STOP
+                        reason, stop_reason = STOP, held.stop
                         await gen.aclose()   # aborts the request in vLLM
                         break
+                if held is not None and held.done:
+                    held = None
                 if ids:
                     listener.on_tokens(self, request.request_id, len(ids), ids, lps)
                 if out.finished:
                     reason = finish_reason(comp.finish_reason)
+                    stop_reason = comp.stop_reason if reason == STOP else None
                     counts = speculation_counts(getattr(comp, "spec_decode_metrics", None))
         except asyncio.CancelledError:
             if self._closing:
@@ -337,10 +339,9 @@ class VllmEngine(VllmControl, ModelEngine):
                 remote_traceback=self._read_error()))
             return
         self._tasks.pop(request.request_id, None)
-        if counts is None:
-            listener.on_segment_end(self, request.request_id, reason)
-        else:
-            listener.on_segment_end(self, request.request_id, reason, speculation=counts)
+        # only what there is: a listener written before a keyword was added still hears the rest
+        extra = {k: v for k, v in (("speculation", counts), ("stop_reason", stop_reason)) if v is not None}
+        listener.on_segment_end(self, request.request_id, reason, **extra)
 
     # ---------------------------------------------------------------- death
     def _is_dead(self, exc: Exception) -> bool:

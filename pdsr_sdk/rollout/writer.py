@@ -173,7 +173,7 @@ def merge_files(files: list[Path], schema, path: Path, *, batch_rows: int = 1024
         held: list = []
         for f in files:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows):
-                held.append(reward_extra_json(pa.Table.from_batches([batch])).cast(plain))
+                held.append(_conform(reward_extra_json(pa.Table.from_batches([batch])), plain))
                 while sum(t.num_rows for t in held) >= batch_rows:
                     rows = pa.concat_tables(held)
                     yield rows.slice(0, batch_rows)
@@ -321,3 +321,14 @@ def _remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:   # not empty (the run wrote), or gone
             return
+
+
+def _conform(table, schema):
+    """``table`` (a part or earlier file) in ``schema``: a nullable column it lacks (one a later pdsr added, such as
+    stop_reason, in a run resumed from an older one's file) is null."""
+    import pyarrow as pa
+
+    for field in schema:
+        if field.name not in table.column_names and field.nullable:
+            table = table.append_column(field.name, pa.nulls(len(table), field.type))
+    return table.select(schema.names).cast(schema)

@@ -25,6 +25,7 @@ def _records(tok):
 
 
 def _run(engine_loop, engines, model_dir, segments, **sampling):
+    """The samples by key; each's row of the step's table (the trajectories schema) is ``sample.row``."""
     from pdsr_sdk.rollout.session import RolloutSession
 
     config = RolloutConfig(model=str(model_dir), policy="baseline", segments=segments,
@@ -33,6 +34,9 @@ def _run(engine_loop, engines, model_dir, segments, **sampling):
     async def run():
         async with RolloutSession(config, engines=engines) as session:
             out = await session.astep(_records(session.tokenizer))
+            rows = {f"{r['prompt_id']}/{r['sample_index']}": r for r in out.table.to_pylist()}
+            for s in out.samples:
+                s.row = rows[s.key]
             return {s.key: s for s in out.samples}
     return run_on(engine_loop, run(), timeout=300)
 
@@ -67,6 +71,9 @@ def test_stop_token_ids_end_a_sample_where_their_token_is_sampled_in_any_segment
         want, hit = _cut(ref.token_ids, {stop_id, other})
         for got in (whole[key], split[key]):
             assert got.token_ids == want and got.finish_reason == ("stop" if hit else ref.finish_reason), key
+            # which stop ended it: the token id (vLLM's stop_reason), in the table as its digits
+            assert got.stop_reason == (stop_id if hit else ref.stop_reason), key
+            assert got.row["stop_reason"] == (None if got.stop_reason is None else str(got.stop_reason))
             assert len(got.logprobs) == len(got.token_ids)
         hits += hit and len(split[key].segments) > 1
     assert hits, "no sample met its stop token in a continuation"
@@ -75,3 +82,39 @@ def test_stop_token_ids_end_a_sample_where_their_token_is_sampled_in_any_segment
     ignored = _run(engine_loop, engines, tiny_model_dir, SPLIT, stop_token_ids=[stop_id], ignore_eos=True)
     assert {k: s.token_ids for k, s in ignored.items()} == {k: s.token_ids for k, s in past_eos.items()}
     assert all(len(s.token_ids) == MAX_TOKENS for s in ignored.values())
+
+
+def _split_stop(tok, token_ids):
+    """A stop string whose first occurrence in the response's text begins before a segment boundary and ends after
+    it (so pdsr's own check, not vLLM's, finds it in the segmented run), or None."""
+    def text(n):
+        return tok.decode(token_ids[:n], skip_special_tokens=True)
+    whole = text(len(token_ids))
+    for boundary in range(SEGMENT, len(token_ids) - 2, SEGMENT):
+        at = len(text(boundary))
+        stop = text(boundary + 2)[len(text(boundary - 1)):]
+        first = whole.find(stop)
+        if len(stop.strip()) >= 2 and 0 <= first < at < first + len(stop):
+            return stop
+    return None
+
+
+def test_stop_reason_names_the_stop_string_vllm_or_a_segment_boundary_check_found(engine_loop, engines,
+                                                                                   tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    free = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True)
+    stops = {key: _split_stop(tok, s.token_ids) for key, s in free.items()}
+    stop = next((v for v in stops.values() if v), None)
+    assert stop, f"no response of the tiny model has a stop string across a boundary: {stops}"
+    decoy = "\x00never"   # a second stop string that never occurs: the reason is the one that matched
+    whole = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True, stop=[decoy, stop])
+    split = _run(engine_loop, engines, tiny_model_dir, SPLIT, ignore_eos=True, stop=[decoy, stop])
+    for key, ref in whole.items():
+        got = split[key]
+        assert got.token_ids == ref.token_ids and got.finish_reason == ref.finish_reason, key
+        assert ref.stop_reason == (stop if ref.finish_reason == "stop" else None), key
+        assert got.stop_reason == ref.stop_reason and got.row["stop_reason"] == ref.stop_reason, key
+    assert all(split[key].stop_reason == stop and len(split[key].segments) > 1
+               for key, v in stops.items() if v == stop)

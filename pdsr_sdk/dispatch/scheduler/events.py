@@ -43,10 +43,12 @@ class EngineEvents(Pausing, Turns):
         usage.tokens += n
 
     def on_segment_end(self, engine: Engine, request_id: str, finish_reason: str, *,
-                       speculation: tuple[int, int] | None = None) -> None:
+                       speculation: tuple[int, int] | None = None, stop_reason: str | int | None = None) -> None:
         run = self._end_request(engine, request_id)
         if run is None:
             return
+        # what ended the sample (or a multi-turn sample's latest turn); a segment that ends otherwise clears it
+        run.sample.stop_reason = stop_reason if finish_reason == STOP else None
         if speculation is not None:
             seg = run.sample.segments[-1]
             seg.drafted_tokens, seg.accepted_tokens = speculation
