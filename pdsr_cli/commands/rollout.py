@@ -38,6 +38,13 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--stop-token-id", "stop_token_ids", multiple=True, type=int, metavar="ID",
               help="A token id that ends a response besides the model's EOS (repeatable; e.g. a chat template's "
                    "<|im_end|>).")
+@click.option("--min-p", type=float, help="Min-p sampling; 0 disables it.  [default: 0]")
+@click.option("--repetition-penalty", type=float,
+              help="vLLM's repetition penalty over prompt and response tokens; 1 is off.  [default: 1]")
+@click.option("--presence-penalty", type=float,
+              help="vLLM's presence penalty (-2 to 2); needs --no-segments.  [default: 0]")
+@click.option("--frequency-penalty", type=float,
+              help="vLLM's frequency penalty (-2 to 2); needs --no-segments.  [default: 0]")
 @click.option("--ignore-eos", is_flag=True, default=None, help="Generate to max tokens (or forced lengths) past EOS.")
 @click.option("--fast", type=int, help="Engines in the fast pool (automatic layout).")
 @click.option("--heavy", type=int, help="Engines in the heavy pool (automatic layout).")
@@ -107,7 +114,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
-            temperature, top_p, top_k, stop, stop_token_ids, ignore_eos, fast, heavy, ray_address, prompt_column,
+            temperature, top_p, top_k, stop, stop_token_ids, min_p, repetition_penalty,
+            presence_penalty, frequency_penalty, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, data_source,
             target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
             num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
@@ -149,7 +157,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "num_batches": num_batches, "data.limit": limit, "sampling.max_tokens": max_tokens,
         "sampling.temperature": temperature, "sampling.top_p": top_p, "sampling.top_k": top_k,
         "sampling.stop": list(stop) or None, "sampling.stop_token_ids": list(stop_token_ids) or None,
-        "sampling.ignore_eos": ignore_eos,
+        "sampling.ignore_eos": ignore_eos, "sampling.min_p": min_p, "sampling.repetition_penalty": repetition_penalty,
+        "sampling.presence_penalty": presence_penalty, "sampling.frequency_penalty": frequency_penalty,
         "fast": fast, "heavy": heavy, "ray.address": ray_address,
         "data.prompt_column": prompt_column, "data.messages_column": messages_column,
         "data.system_prompt": system_prompt, "data.instruction": instruction,

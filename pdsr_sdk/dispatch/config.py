@@ -21,6 +21,10 @@ class SamplingConfig(ConfigModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 = greedy, else 0.01 to 2, vLLM's bounds (it refuses a request above 2 and samples one under 0.01 at 0.01).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p sampling: tokens whose probability is under min_p x the most likely token's are never sampled; 0 disables it. Like top_p and top_k it shapes what is sampled from, and the recorded log-probs (logprobs_mode processed_logprobs) are of that distribution.")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="vLLM's repetition penalty on every token already in the prompt or the response (logits divided by it where positive, multiplied where negative; 1 = off). Segment-invariant: a continuation's prompt holds the response so far. The recorded log-probs (processed_logprobs) are after it, so they are not the model's own: a trainer's importance ratio against the model's log-probs sees the penalty too.")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="vLLM's presence penalty (subtracted from the logit of every token already in the response; 0 = off). vLLM counts only a request's own output, so it needs each sample in one request: segments.enabled false, no steps, no agent; a sample a policy moves, an engine's death requeues or a pause carries is continued with the counts starting again. Recorded log-probs are after it (as repetition_penalty).")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="vLLM's frequency penalty (subtracted once per occurrence of a token in the response; 0 = off). Counted as presence_penalty is: it needs each sample in one request (segments.enabled false, no steps, no agent).")
     max_tokens: int = Field(1024, ge=1, description="Most response tokens per sample (finish reason 'length' past it).")
     stop: list[str] = Field(default_factory=list, description="Stop strings that end a response (non-empty: vLLM refuses an empty one).")
     stop_token_ids: list[int] = Field(default_factory=list, description="Token ids that end a response besides the model's EOS, as verl passes a chat template's end-of-turn tokens (<|im_end|>, <|eot_id|>); the stop token is kept as the response's last token. Extra EOS ids: ignore_eos ignores them too.")
@@ -50,6 +54,19 @@ class SamplingConfig(ConfigModel):
         if any(i < 0 for i in ids):
             raise ValueError(f"a token id is 0 or more; got {ids!r}")
         return ids
+
+
+def check_output_penalties(sampling: SamplingConfig, *, segments: bool, steps: bool, agent: bool) -> None:
+    """presence_penalty and frequency_penalty count a vLLM request's own output tokens only: a sample continued in a
+    new request (whose prompt holds the response so far) would be penalised as if its response began there."""
+    keys = [k for k in ("presence_penalty", "frequency_penalty") if getattr(sampling, k)]
+    where = [w for w, on in (("segments.enabled (segments: set it false)", segments),
+                             ("steps (partial rollout carries samples across steps)", steps),
+                             ("agent (each model turn is a new request)", agent)) if on]
+    if keys and where:
+        raise ConfigValueError(f"sampling.{' and sampling.'.join(keys)} need each sample in one vLLM request (vLLM "
+                               f"counts only a request's own output, and a continuation's earlier tokens are in its "
+                               f"prompt), which {'; '.join(where)} breaks")
 
 
 class SegmentConfig(ConfigModel):

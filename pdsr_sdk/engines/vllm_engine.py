@@ -24,6 +24,7 @@ from pdsr_sdk.engines.model_engine import ModelEngine
 from pdsr_sdk.engines.request_observer import RequestObserver
 from pdsr_sdk.engines.stop_window import HeldTokens, window_tokens
 from pdsr_sdk.engines.vllm_control import VllmControl
+from pdsr_sdk.engines.vllm_sampling import sampling_args
 from pdsr_sdk.engines.vllm_spawn import spawn
 from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, speculation_counts
 from pdsr_sdk.errors import EngineError
@@ -279,13 +280,7 @@ class VllmEngine(VllmControl, ModelEngine):
             # in the try: sampling vLLM refuses (its VLLMValidationError) fails this sample, not the task unseen
             params = SamplingParams(
                 max_tokens=request.max_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k if s.top_k > 0 else 0,
-                stop=list(s.stop) or None,
-                # extra EOS ids (verl's): ignored with the EOS, as vLLM ignores the model's generation-config ones
-                stop_token_ids=None if request.ignore_eos else list(s.stop_token_ids) or None,
-                ignore_eos=request.ignore_eos,
+                **sampling_args(s, request.ignore_eos),
                 logprobs=0,
                 detokenize=bool(s.stop),   # text is decoded once at the end; stop strings need it
                 output_kind=RequestOutputKind.DELTA,

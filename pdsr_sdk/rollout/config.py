@@ -15,7 +15,7 @@ from pdsr_sdk.agent.config import AgentConfig
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
 from pdsr_sdk.errors import ConfigError, ConfigValueError
-from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamConfig
+from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamConfig, check_output_penalties
 from pdsr_sdk.dispatch.steps import check_agent_streaming
 from pdsr_sdk.engines.config import (SPECULATIVE_METHODS, EngineSpec, RayConfig, SpeculativeSettings,
                                      unknown_speculative)
@@ -189,6 +189,12 @@ class RolloutConfig(StepStreamConfig):
         agent runs without a staleness bound (or on-policy dynamic sampling, which drops instead)."""
         if self.agent.function is not None:
             check_agent_streaming(self.max_staleness, self.filter_groups is not None)
+        return self
+
+    @model_validator(mode="after")
+    def _penalties_in_one_request(self) -> "RolloutConfig":
+        check_output_penalties(self.sampling, segments=self.segments.enabled, steps=self.steps is not None,
+                               agent=self.agent.function is not None)
         return self
 
     def vllm_speculative_config(self) -> dict[str, Any] | None:

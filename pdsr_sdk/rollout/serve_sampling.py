@@ -65,12 +65,12 @@ def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], A
         ("stop", list(sampling.stop), _stop, setting("stop", list(sampling.stop), config("stop"))),
         ("stop_token_ids", list(sampling.stop_token_ids), _token_ids,
          setting("stop_token_ids", list(sampling.stop_token_ids), config("stop_token_ids"))),
+        *[(k, getattr(sampling, k), number(k), setting(k, getattr(sampling, k), config(k)))
+          for k in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")],
         ("ignore_eos", sampling.ignore_eos, bool, setting("ignore_eos", sampling.ignore_eos, config("ignore_eos"))),
     ]
     fields += [(field, session, read, _NONE.format(field=field)) for field, session, read in [
-        ("seed", None, same), ("min_p", 0.0, number("min_p")), ("presence_penalty", 0.0, number("presence_penalty")),
-        ("frequency_penalty", 0.0, number("frequency_penalty")),
-        ("repetition_penalty", 1.0, number("repetition_penalty")), ("min_tokens", 0, same), ("logit_bias", {}, same),
+        ("seed", None, same), ("min_tokens", 0, same), ("logit_bias", {}, same),
         ("use_beam_search", False, bool)]]
     # chat: logprobs is a bool and top_logprobs how many alternatives; completions: logprobs is how many (0: the
     # sampled token's own, so only null asks for none)

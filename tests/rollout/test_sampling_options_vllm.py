@@ -118,3 +118,24 @@ def test_stop_reason_names_the_stop_string_vllm_or_a_segment_boundary_check_foun
         assert got.stop_reason == ref.stop_reason and got.row["stop_reason"] == ref.stop_reason, key
     assert all(split[key].stop_reason == stop and len(split[key].segments) > 1
                for key, v in stops.items() if v == stop)
+
+
+def test_repetition_penalty_is_the_same_in_segments_as_in_one_request(engine_loop, engines, tiny_model_dir):
+    # vLLM counts a request's prompt tokens too, and a continuation's prompt holds the response so far
+    plain = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True)
+    whole = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True, repetition_penalty=1.5)
+    split = _run(engine_loop, engines, tiny_model_dir, SPLIT, ignore_eos=True, repetition_penalty=1.5)
+    assert {k: s.token_ids for k, s in whole.items()} != {k: s.token_ids for k, s in plain.items()}
+    for key, ref in whole.items():
+        assert split[key].token_ids == ref.token_ids and len(split[key].segments) > 1, key
+
+
+def test_min_p_shapes_the_distribution_the_recorded_logprobs_are_of(engine_loop, engines, tiny_model_dir):
+    # min_p 1 keeps only the most likely token: sampling at temperature 1 is then greedy, and the recorded
+    # (processed) log-prob of every token is that of a one-token distribution, 0, where without min_p it is not
+    greedy = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True)
+    free = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True, temperature=1.0)
+    kept = _run(engine_loop, engines, tiny_model_dir, SPLIT, ignore_eos=True, temperature=1.0, min_p=1.0)
+    assert {k: s.token_ids for k, s in kept.items()} == {k: s.token_ids for k, s in greedy.items()}
+    assert all(lp == pytest.approx(0.0, abs=1e-5) for s in kept.values() for lp in s.logprobs)
+    assert min(lp for s in free.values() for lp in s.logprobs) < -1.0

@@ -231,7 +231,7 @@ def test_zero_choices_or_tokens_are_a_400_not_the_default(served, bad, expect):
     ("top_k", 20, r"top_k 20: this session samples every request with top_k 0; .*sampling\.top_k"),
     ("stop", ["\n"], r"stop \['\\n'\]: this session samples every request with stop \[\]; .*sampling\.stop"),
     ("seed", 7, r"seed 7: pdsr does not apply a request's seed"),
-    ("presence_penalty", 0.5, r"presence_penalty 0\.5: pdsr does not apply"),
+    ("presence_penalty", 0.5, r"presence_penalty 0\.5: this session samples every request with presence_penalty 0\.0"),
     ("logprobs", True, r"logprobs True: pdsr's responses carry no log-probs .*response_logprobs"),
     ("top_logprobs", 5, r"top_logprobs 5: pdsr's responses carry no log-probs"),
     ("echo", True, r"echo True: pdsr answers with the sampled text alone"),

@@ -26,3 +26,14 @@ def test_stop_token_ids_other_than_the_sessions_are_a_400_and_the_sessions_pass(
     for body, sampling in [({"stop_token_ids": [151645]}, with_ids), ({"stop_token_ids": []}, plain),
                            ({"stop_token_ids": None}, with_ids), ({}, with_ids)]:
         check_sampling(body, sampling, chat=True, n=1)
+
+
+@pytest.mark.parametrize("key, value", [("min_p", 0.1), ("repetition_penalty", 1.2), ("presence_penalty", 0.5),
+                                        ("frequency_penalty", -0.5)])
+def test_min_p_and_penalties_other_than_the_sessions_are_a_400_and_the_sessions_pass(key, value):
+    plain, with_value = SamplingConfig(), SamplingConfig(**{key: value})
+    _refused({key: value}, plain, rf"{key} {value}: this session samples every request with {key} "
+                                  rf"{getattr(plain, key)}; .*sampling\.{key}")
+    _refused({key: "high"}, with_value, rf"{key} must be a number")
+    check_sampling({key: value}, with_value, chat=True, n=1)
+    check_sampling({key: None}, with_value, chat=True, n=1)
