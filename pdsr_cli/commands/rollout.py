@@ -79,6 +79,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--reward-timeout", "reward_timeout_s", type=float, metavar="SECONDS",
               help="Seconds one math_verify check may take; longer scores 0 and counts as reward_timeouts.  "
                    "[default: 5]")
+@click.option("--reward-time-limit", "reward_time_limit_s", type=float, metavar="SECONDS",
+              help="Seconds one reward call may run, from its start (your own reward too); longer is that sample's "
+                   "reward error and the run goes on.  [default: no limit]")
 @click.option("--overlong-buffer", type=int, metavar="TOKENS",
               help="DAPO's overlong reward shaping: responses past --max-tokens minus TOKENS lose up to "
                    "--overlong-penalty of reward, linearly.  [default: off]")
@@ -117,7 +120,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             temperature, top_p, top_k, stop, stop_token_ids, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, data_source,
-            target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, overlong_buffer, overlong_penalty, seed, speculative,
+            target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, reward_time_limit_s, overlong_buffer, overlong_penalty, seed, speculative,
             num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
@@ -166,7 +169,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "data.data_source": data_source,
         "data.target_lengths_column": target_lengths_column, "data.skip_long": skip_long,
         "reward": reward, "reward_executor": reward_executor, "reward_timeout_s": reward_timeout_s,
-        "overlong_buffer": overlong_buffer,
+        "reward_time_limit_s": reward_time_limit_s, "overlong_buffer": overlong_buffer,
         "overlong_penalty": overlong_penalty, "seed": seed, "speculative": speculative,
         "speculative_settings.num_speculative_tokens": num_speculative_tokens,
         "speculative_settings.history_file": draft_history,

@@ -72,3 +72,19 @@ def test_the_time_limit_is_a_positive_number_of_seconds():
     assert RolloutConfig().reward_time_limit_s is None
     with pytest.raises(ValueError, match="reward_time_limit_s"):
         RolloutConfig(reward_time_limit_s=0)
+
+
+@requires_torch
+def test_pdsr_rollout_reward_time_limit_flag(tmp_path, tiny_model_dir):
+    import pyarrow.parquet as pq
+
+    from cli_checks import fake_rollout, invoke, write_jsonl
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    out = tmp_path / "o.parquet"
+    r = invoke(*fake_rollout(tmp_path, tiny_model_dir), "--data", prompts, "--out", out,
+               "--reward", "test_reward_time_limit:hangs", "--reward-time-limit", "1")
+    assert r.exit_code == 0, r.output
+    rows = pq.read_table(out).to_pylist()
+    assert [(x["prompt_id"], x["sample_index"], x["reward_error"]) for x in rows if x["reward_error"]] == \
+           [("q1", 0, time_limit_error(1.0))]
