@@ -37,6 +37,8 @@ RESUME_KEYS = {
     "data.system_prompt": "--system-prompt", "data.instruction": "--instruction",
     "data.apply_chat_template": "data.apply_chat_template", "data.target_lengths_column": "--target-lengths-column",
     "batch_size": "--batch-size",   # the run's batches are the data cut by it (batches_left)
+    # multi-turn: a resume without --agent would write single-turn rows into a multi-turn run
+    "agent.function": "--agent", "agent.max_turns": "--max-turns", "agent.turn_max_tokens": "--turn-max-tokens",
 }
 METADATA_KEY = "pdsr_run"
 _COUNTERS = ("moves", "steals", "restarts", "wasted_tokens", "retries")
@@ -57,7 +59,8 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
         "reward": config.reward, "data.path": Path(config.data.path).name if config.data.path else None,
         "data.system_prompt": config.data.system_prompt, "data.apply_chat_template": config.data.apply_chat_template,
         "data.target_lengths_column": config.data.target_lengths_column, "data.instruction": config.data.instruction,
-        "batch_size": config.batch_size,
+        "batch_size": config.batch_size, "agent.function": config.agent.function,
+        "agent.max_turns": config.agent.max_turns, "agent.turn_max_tokens": config.agent.turn_max_tokens,
     }
 
 
