@@ -113,7 +113,7 @@ class AgentContext:
         if (messages is None) == (ids is None):
             raise AgentError("append: give messages or ids (one of them)")
         if ids is not None:
-            new = [int(i) for i in ids]
+            new = self._checked_ids(ids)
         else:
             msgs = self._checked(messages)
             if not self.messages:
@@ -124,6 +124,23 @@ class AgentContext:
         self._staged.extend(new)
         self._staged_tool = tool_name or self._staged_tool
         return new
+
+    def _checked_ids(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as a list of ints, or an AgentError naming the first that is not a token id of the vocabulary
+        (a negative one stopped the whole step where its row was decoded; one past the vocabulary cost a request
+        the engine refused)."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise AgentError(f"sample {self.sample.key}: append(ids=...) takes a list of token ids, got "
+                             f"{type(ids).__name__} {ids!r:.60}")
+        vocab = self._runner.vocab()
+        out = []
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not hasattr(t, "__index__") or t < 0 or (vocab is not None and t >= vocab):
+                within = f"0 to {vocab - 1}" if vocab is not None else "0 or more"
+                raise AgentError(f"sample {self.sample.key}: append: ids[{i}] = {t!r:.40} is not a token id of the "
+                                 f"vocabulary (ints {within})")
+            out.append(int(t))
+        return out
 
     def _checked(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """``messages`` with their content as the template's text (:func:`message_text`), or an AgentError naming

@@ -52,12 +52,14 @@ def load_agent(path_or_fn: str | AgentFn) -> AgentFn:
 
 class AgentRunner:
     """Agent tasks of one session (see the module). ``scheduler`` is read when a turn ends (the session's current
-    one); ``tokenizer`` decodes turns and renders what agents append."""
+    one); ``tokenizer`` decodes turns and renders what agents append; ``vocab`` is the vocabulary size the ids an
+    agent appends are checked against (None: not known; the engine checks them)."""
 
     def __init__(self, scheduler: Callable[[], Any], tokenizer: Callable[[], Any], *, max_turns: int,
-                 turn_max_tokens: int | None, env_timeout_s: float):
+                 turn_max_tokens: int | None, env_timeout_s: float, vocab: Callable[[], int | None] = lambda: None):
         self._scheduler = scheduler
         self._tokenizer = tokenizer
+        self.vocab = vocab
         self.max_turns = max_turns
         self.turn_max_tokens = turn_max_tokens
         self.env_timeout_s = env_timeout_s

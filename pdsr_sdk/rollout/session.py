@@ -117,8 +117,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             self.draft_history = DraftHistory(spec.history_responses, spec.history_tokens)
             if spec.history_file is not None:
                 self.draft_history.read(spec.history_file)
-        # multi-turn: the default agent function (``agent``, else config.agent.function; None: single-turn), and
-        # the runner of agent tasks
+        # multi-turn: the default agent function (``agent``, else config.agent.function; None: single-turn)
         from pdsr_sdk.agent.runner import AgentRunner, load_agent
 
         given_agent = agent if agent is not None else config.agent.function
@@ -131,7 +130,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         self._init_serving()
         self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, max_turns=config.agent.max_turns,
                                   turn_max_tokens=config.agent.turn_max_tokens,
-                                  env_timeout_s=config.agent.env_timeout_s)
+                                  env_timeout_s=config.agent.env_timeout_s,
+                                  vocab=lambda: (self._prompt_limits or (None,))[0])   # set by the step's prompts
 
     @property
     def scheduler(self) -> Scheduler | None:
