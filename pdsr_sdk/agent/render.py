@@ -1,9 +1,10 @@
 """The token ids an environment adds to a conversation, rendered by the chat template (pure; no engine).
 
 Token-in, token-out: a multi-turn sample's context is its prompt, then every sampled id as sampled, then the
-environment's ids. Only what the environment adds is ever encoded: the text the template renders for the new
-messages, past what it renders for the conversation so far. The conversation's own tokens are never decoded
-and encoded again, because templates are not append-only and decode-encode does not give back sampled ids.
+environment's ids. Only what the environment adds is ever encoded: the text the template renders for the
+conversation with the new messages, past the model's last turn. The conversation's own tokens are never decoded
+and encoded again, because templates are not append-only (Qwen3's renders a turn otherwise once a message
+follows it) and decode-encode does not give back sampled ids.
 
 The template's tokens after a sampled end of turn (ChatML's ``<|im_end|>`` closes the assistant turn and a
 newline follows it) belong to the environment: the model sampled ``<|im_end|>``, the newline is template.
@@ -83,7 +84,11 @@ def environment_ids(tokenizer: Any, conversation: list[dict[str, Any]], new: lis
     """Ids the environment adds with ``new`` messages after ``conversation`` (whose last message may be the
     model's turn, rendered from its decoded text; ``last_turn_ids`` are that turn's sampled ids, None if the
     conversation does not end with a model turn): the rest of the model turn's closing that the model did not
-    sample, then render(conversation + new) past render(conversation), with the generation prompt."""
+    sample, then what the template renders for ``new``, with the generation prompt."""
+    if conversation and conversation[-1].get("role") == "assistant":
+        text = _after_model_turn(tokenizer, conversation, new, last_turn_ids)
+        if text is not None:
+            return encode(tokenizer, text)
     before = render(tokenizer, conversation, generation_prompt=False)
     after = render(tokenizer, conversation + new, generation_prompt=True)
     if not after.startswith(before):
@@ -91,10 +96,25 @@ def environment_ids(tokenizer: Any, conversation: list[dict[str, Any]], new: lis
 
         raise DataError("the chat template does not render the conversation with new messages as an extension "
                         "of the conversation alone; append token ids (agent.append(ids=...)) instead")
-    text = after[len(before):]
-    if last_turn_ids is not None and conversation and conversation[-1].get("role") == "assistant":
-        closing = closing_text(tokenizer, conversation)
-        tail = tokenizer.decode(list(last_turn_ids)[-8:], skip_special_tokens=False)
-        # the closing is in `before` already; what the model did not sample of it is the environment's
-        text = unsampled_closing(closing, tail) + text
-    return encode(tokenizer, text)
+    return encode(tokenizer, after[len(before):])
+
+
+def _after_model_turn(tokenizer: Any, conversation: list[dict[str, Any]], new: list[dict[str, Any]],
+                      last_turn_ids: Sequence[int] | None) -> str | None:
+    """The text after the model turn's content in the template's rendering of the whole conversation with ``new``,
+    less what the model sampled of the turn's closing (all of it when ``last_turn_ids`` is None: ids appended
+    after the turn took its place). Only the text after the turn is taken, so a template that renders earlier
+    turns otherwise once a message follows them (Qwen3's drops a turn's empty reasoning block when it is no
+    longer the last message, and a turn's reasoning once a user message follows) still gives the new messages'
+    text; the earlier turns stay as sampled. None if the template does not render the turn's content."""
+    marked = [*conversation[:-1], {**conversation[-1], "content": CONTENT_MARK}]
+    rendered = render(tokenizer, marked + new, generation_prompt=True)
+    at = rendered.find(CONTENT_MARK)
+    if at < 0 or rendered.count(CONTENT_MARK) != 1:
+        return None
+    closing = closing_text(tokenizer, conversation)
+    text = rendered[at + len(CONTENT_MARK):]
+    if last_turn_ids is None:
+        return text[len(closing):] if text.startswith(closing) else text
+    tail = tokenizer.decode(list(last_turn_ids)[-8:], skip_special_tokens=False)
+    return unsampled_closing(text[:len(closing)], tail) + text[len(closing):]
