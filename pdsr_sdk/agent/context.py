@@ -58,6 +58,9 @@ class AgentContext:
         self.messages: list[dict[str, Any]] = [dict(m) for m in g.messages] if g.messages else []
         self._staged: list[int] = []
         self._staged_tool: str | None = None
+        #: the messages appended since the model's turn with nothing between them, rendered together: (where their
+        #: ids start in _staged, the conversation before them, the messages, the model turn's ids or None)
+        self._block: tuple[int, list[dict[str, Any]], list[dict[str, Any]], list[int] | None] | None = None
         self._last_turn_ids: list[int] | None = None
         self._pending: asyncio.Future | None = None
         self._first: TurnResult | None = None
@@ -104,7 +107,10 @@ class AgentContext:
                tool_name: str | None = None) -> list[int]:
         """Add what the environment says before the next turn: chat ``messages`` (rendered by the chat template
         after the conversation, with the assistant header after them) or raw token ``ids``. Returns the ids
-        added. ``tool_name`` labels the span in the trajectory's turns."""
+        added. Messages appended right after other appended messages are rendered with them, as the template
+        renders them together (one assistant header, after the last; Qwen3's puts consecutive tool results in one
+        message): the ids returned are then those of all of them, in place of the ids the earlier call returned.
+        ``tool_name`` labels the span in the trajectory's turns."""
         if self.done:
             raise AgentError(f"sample {self.sample.key}: append after the sample ended")
         if self._first is not None:
@@ -114,14 +120,18 @@ class AgentContext:
             raise AgentError("append: give messages or ids (one of them)")
         if ids is not None:
             new = self._checked_ids(ids)
+            self._staged.extend(new)
+            self._block = None
         else:
             msgs = self._checked(messages)
             if not self.messages:
                 raise AgentError(f"sample {self.sample.key}: its prompt was not given as chat messages; append ids")
-            new = environment_ids(self.tokenizer, self.messages, msgs,
-                                  last_turn_ids=None if self._staged else self._last_turn_ids)
+            start, conversation, before, last = self._block or (
+                len(self._staged), list(self.messages), [], None if self._staged else self._last_turn_ids)
+            new = environment_ids(self.tokenizer, conversation, before + msgs, last_turn_ids=last)
+            self._staged[start:] = new
+            self._block = (start, conversation, before + msgs, last)
             self.messages.extend(msgs)
-        self._staged.extend(new)
         self._staged_tool = tool_name or self._staged_tool
         return new
 
@@ -186,7 +196,7 @@ class AgentContext:
             raise AgentDone(f"sample {self.sample.key}: its {self.sample.max_tokens} response tokens are spent")
         limit = self.turn_max_tokens if max_tokens is None else max_tokens
         staged, tool = self._staged, self._staged_tool
-        self._staged, self._staged_tool = [], None
+        self._staged, self._staged_tool, self._block = [], None, None
         self._pending = asyncio.get_running_loop().create_future()
         self._runner.continue_turn(self, staged, limit, tool)
         return await self._pending
