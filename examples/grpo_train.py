@@ -46,7 +46,8 @@ the engines itself), and that step does not end before it (``step(..., wait_for_
 token ages count at the weights the trainer trains it with.
 
 ``--multi-turn`` trains on two-turn samples (``pdsr_sdk.agent``): each sample writes, a scripted user turn
-asks for more, and it writes again. Each turn gets ``--max-tokens`` // 2 tokens and the reward counts only
+asks for more, and it writes again (with ``--over-provision`` too: a sample carried into the next step goes on
+with its conversation; no ``--max-staleness``, since a multi-turn sample is never restarted). Each turn gets ``--max-tokens`` // 2 tokens and the reward counts only
 the sampled tokens. The loss mask is the trajectory's ``response_mask``: the tokens the chat template and the
 user turn add between the model's turns carry no loss. The step's line adds ``env_tokens`` (masked out).
 
@@ -187,6 +188,7 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
     partial = s.over_provision is not None
     stream = prompt_stream(s, "updates" if s.update else "control") if partial else None
     history = []
+    agent = two_turns if s.multi_turn else None
     # not `with`: its exit would join a pipelined step that waits for this loop's update, so an error here would
     # hang the run; the step ends instead when the session closes, and the thread with it
     stepping = ThreadPoolExecutor(1)
@@ -196,16 +198,17 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             t0 = time.perf_counter()
             if partial:   # the iterator once; the last step returns every group in flight (nothing carried)
                 last = step == s.steps - 1
-                out = nxt.result() if nxt is not None else session.step(stream if step == 0 else (), n=s.n, last=last)
+                out = nxt.result() if nxt is not None else session.step(stream if step == 0 else (), n=s.n, last=last,
+                                                                        agent=agent)
                 nxt = None
                 if s.pipeline and not last:   # the next step generates while this one trains: the update lands in
                     # it, and the step waits for it (so its token ages count at the weights it is trained with)
                     nxt = stepping.submit(session.step, (), n=s.n, last=step + 1 == s.steps - 1,
-                                          wait_for_update=s.update)
+                                          wait_for_update=s.update, agent=agent)
             else:
                 start = (step * s.batch_size) % len(prompts_all)
                 out = session.step([prompts_all[(start + i) % len(prompts_all)] for i in range(s.batch_size)], n=s.n,
-                                   agent=two_turns if s.multi_turn else None)
+                                   agent=agent)
             samples = [x for x in out.samples if x.token_ids]
             prompts = [list(x.group.prompt_token_ids) for x in samples]
             comps = [list(x.token_ids) for x in samples]
@@ -277,7 +280,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
                 row.update(off_policy_share=round(out.summary["off_policy_share"], 4),
                            max_token_age=out.summary["max_token_age"],
                            # the age the trainer sees: its weights may be newer than the step's end
-                           trained_token_age=int(trainer_version - token_version.min()))
+                           # of sampled tokens: an environment's (multi-turn) have no version (-1)
+                           trained_token_age=int(trainer_version - token_version[np.concatenate(sampled)].min()))
             if partial or tis_upper is not None:   # null: --tis off
                 row["tis_weight"] = round(float(weights[keep].mean()), 4) if tis_upper is not None else None
             history.append(row)
@@ -369,8 +373,9 @@ def main(argv: Sequence[str] | None = None, defaults: GrpoSettings = GrpoSetting
                      tis=a.tis, pipeline=a.pipeline, multi_turn=a.multi_turn)
     if (s.max_staleness is not None or s.pipeline) and s.over_provision is None:
         raise SystemExit("--max-staleness and --pipeline apply to partial rollout: set --over-provision too")
-    if s.multi_turn and s.over_provision is not None:
-        raise SystemExit("--multi-turn runs on-policy steps: multi-turn samples do not carry across steps yet")
+    if s.multi_turn and s.max_staleness is not None:
+        raise SystemExit("--max-staleness: a multi-turn sample is never restarted (its agent holds the conversation), "
+                         "so --multi-turn takes no staleness bound; TIS corrects its older tokens")
     if s.multi_turn and s.max_tokens < 2:
         raise SystemExit("--max-tokens: --multi-turn gives each of its two turns max-tokens // 2; expected 2 or more")
 

@@ -24,7 +24,8 @@ def token_versions(starts: Any, counts: Any, versions: Any, length: int) -> np.n
 
     Span ``i`` covers tokens ``[starts[i], starts[i] + counts[i])``; a later span overwrites an earlier
     one (after a restart the spans start at 0 again and the discarded tokens are gone). A token no span
-    covers is -1 (the trajectories of pdsr cover every token; -1 flags a row that does not).
+    covers is -1: a multi-turn row's environment tokens (no policy sampled them), else a row whose spans do not
+    cover every sampled token.
     """
     out = np.full(int(length), -1, dtype=np.int64)
     for start, count, version in zip(np.asarray(starts), np.asarray(counts), np.asarray(versions)):

@@ -54,7 +54,7 @@ def test_a_bad_value_is_one_line_naming_its_flag(argv, flag, says, no_run, capsy
 @pytest.mark.parametrize("argv,flag", [
     (["--pipeline"], "--pipeline"),
     (["--max-staleness", "1"], "--max-staleness"),
-    (["--multi-turn", "--over-provision", "1"], "--multi-turn"),
+    (["--multi-turn", "--over-provision", "1", "--max-staleness", "1"], "--max-staleness"),
     (["--multi-turn", "--max-tokens", "1"], "--max-tokens"),
 ])
 def test_a_bad_combination_is_one_line_naming_its_flag(argv, flag, no_run):
