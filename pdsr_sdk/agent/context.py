@@ -193,7 +193,13 @@ class AgentContext:
         if self.turns >= self.max_turns:
             raise AgentDone(f"sample {self.sample.key}: {self.turns} turns, the limit (agent.max_turns)")
         if self.tokens_left <= 0:
-            raise AgentDone(f"sample {self.sample.key}: its {self.sample.max_tokens} response tokens are spent")
+            budget = f"{self.sample.max_tokens} response tokens (sampling.max_tokens)"
+            left = self.sample.max_tokens - self.sample.num_generated
+            if left > 0:   # the environment's tokens do not fit, not the model's: an agent can shorten them
+                raise AgentDone(f"sample {self.sample.key}: the {len(self._staged)} tokens the environment appended "
+                                f"since the last turn do not fit in the {left} left of its {budget}; they are not "
+                                f"in the trajectory")
+            raise AgentDone(f"sample {self.sample.key}: its {budget} are spent")
         limit = self.turn_max_tokens if max_tokens is None else max_tokens
         staged, tool = self._staged, self._staged_tool
         self._staged, self._staged_tool, self._block = [], None, None
