@@ -128,7 +128,8 @@ class AgentContext:
                 raise AgentError(f"sample {self.sample.key}: its prompt was not given as chat messages; append ids")
             start, conversation, before, last = self._block or (
                 len(self._staged), list(self.messages), [], None if self._staged else self._last_turn_ids)
-            new = environment_ids(self.tokenizer, conversation, before + msgs, last_turn_ids=last)
+            new = environment_ids(self.tokenizer, conversation, before + msgs, last_turn_ids=last,
+                                  template_kwargs=self._runner.template_kwargs)
             self._staged[start:] = new
             self._block = (start, conversation, before + msgs, last)
             self.messages.extend(msgs)

@@ -12,12 +12,15 @@ newline follows it) belong to the environment: the model sampled ``<|im_end|>``,
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
-    """The chat template's text for ``messages`` (``generation_prompt``: with the assistant header after)."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def render(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool,
+           template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The chat template's text for ``messages`` (``generation_prompt``: with the assistant header after;
+    ``template_kwargs``: the template's extra variables, ``data.chat_template_kwargs``)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                         **(template_kwargs or {}))
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -60,12 +63,13 @@ def message_text(content: Any, where: str) -> str:
 CONTENT_MARK = "PDSRCONTENTMARK7f3a"
 
 
-def closing_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+def closing_text(tokenizer: Any, messages: list[dict[str, Any]],
+                 template_kwargs: Mapping[str, Any] | None = None) -> str:
     """What the template renders after the last (assistant) message's content: its end-of-turn text (ChatML:
     ``<|im_end|>\\n``), found by rendering the conversation with :data:`CONTENT_MARK` as that content. Empty if the
     template does not render the content."""
     marked = [*messages[:-1], {**messages[-1], "content": CONTENT_MARK}]
-    rendered = render(tokenizer, marked, generation_prompt=False)
+    rendered = render(tokenizer, marked, generation_prompt=False, template_kwargs=template_kwargs)
     at = rendered.rfind(CONTENT_MARK)
     return rendered[at + len(CONTENT_MARK):] if at >= 0 else ""
 
@@ -80,17 +84,17 @@ def unsampled_closing(closing: str, sampled_tail: str) -> str:
 
 
 def environment_ids(tokenizer: Any, conversation: list[dict[str, Any]], new: list[dict[str, Any]], *,
-                    last_turn_ids: Sequence[int] | None) -> list[int]:
+                    last_turn_ids: Sequence[int] | None, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """Ids the environment adds with ``new`` messages after ``conversation`` (whose last message may be the
     model's turn, rendered from its decoded text; ``last_turn_ids`` are that turn's sampled ids, None if the
     conversation does not end with a model turn): the rest of the model turn's closing that the model did not
     sample, then what the template renders for ``new``, with the generation prompt."""
     if conversation and conversation[-1].get("role") == "assistant":
-        text = _after_model_turn(tokenizer, conversation, new, last_turn_ids)
+        text = _after_model_turn(tokenizer, conversation, new, last_turn_ids, template_kwargs)
         if text is not None:
             return encode(tokenizer, text)
-    before = render(tokenizer, conversation, generation_prompt=False)
-    after = render(tokenizer, conversation + new, generation_prompt=True)
+    before = render(tokenizer, conversation, generation_prompt=False, template_kwargs=template_kwargs)
+    after = render(tokenizer, conversation + new, generation_prompt=True, template_kwargs=template_kwargs)
     if not after.startswith(before):
         from pdsr_sdk.errors import DataError
 
@@ -100,7 +104,7 @@ def environment_ids(tokenizer: Any, conversation: list[dict[str, Any]], new: lis
 
 
 def _after_model_turn(tokenizer: Any, conversation: list[dict[str, Any]], new: list[dict[str, Any]],
-                      last_turn_ids: Sequence[int] | None) -> str | None:
+                      last_turn_ids: Sequence[int] | None, template_kwargs: Mapping[str, Any] | None) -> str | None:
     """The text after the model turn's content in the template's rendering of the whole conversation with ``new``,
     less what the model sampled of the turn's closing (all of it when ``last_turn_ids`` is None: ids appended
     after the turn took its place). Only the text after the turn is taken, so a template that renders earlier
@@ -108,11 +112,11 @@ def _after_model_turn(tokenizer: Any, conversation: list[dict[str, Any]], new: l
     longer the last message, and a turn's reasoning once a user message follows) still gives the new messages'
     text; the earlier turns stay as sampled. None if the template does not render the turn's content."""
     marked = [*conversation[:-1], {**conversation[-1], "content": CONTENT_MARK}]
-    rendered = render(tokenizer, marked + new, generation_prompt=True)
+    rendered = render(tokenizer, marked + new, generation_prompt=True, template_kwargs=template_kwargs)
     at = rendered.find(CONTENT_MARK)
     if at < 0 or rendered.count(CONTENT_MARK) != 1:
         return None
-    closing = closing_text(tokenizer, conversation)
+    closing = closing_text(tokenizer, conversation, template_kwargs)
     text = rendered[at + len(CONTENT_MARK):]
     if last_turn_ids is None:
         return text[len(closing):] if text.startswith(closing) else text

@@ -18,11 +18,14 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from pdsr_sdk.agent.context import AgentContext, AgentDone, TurnResult
 from pdsr_sdk.dispatch.types import DROPPED, FAILED, LENGTH, STOP, Group, Sample
 from pdsr_sdk.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pdsr_sdk.agent.config import AgentConfig
 
 AgentFn = Callable[[AgentContext], Awaitable[Any]]
 
@@ -52,17 +55,20 @@ def load_agent(path_or_fn: str | AgentFn) -> AgentFn:
 
 class AgentRunner:
     """Agent tasks of one session (see the module). ``scheduler`` is read when a turn ends (the session's current
-    one); ``tokenizer`` decodes turns and renders what agents append; ``vocab`` is the vocabulary size the ids an
-    agent appends are checked against (None: not known; the engine checks them)."""
+    one); ``tokenizer`` decodes turns and renders what agents append; ``limits`` (an ``AgentConfig``) holds the
+    turn and time limits; ``vocab`` is the vocabulary size the ids an agent appends are checked against (None: not
+    known; the engine checks them); ``template_kwargs`` the chat template's extra variables new messages are
+    rendered with (``data.chat_template_kwargs``)."""
 
-    def __init__(self, scheduler: Callable[[], Any], tokenizer: Callable[[], Any], *, max_turns: int,
-                 turn_max_tokens: int | None, env_timeout_s: float, vocab: Callable[[], int | None] = lambda: None):
+    def __init__(self, scheduler: Callable[[], Any], tokenizer: Callable[[], Any], limits: AgentConfig, *,
+                 vocab: Callable[[], int | None] = lambda: None, template_kwargs: dict[str, Any] | None = None):
+        self.template_kwargs = dict(template_kwargs or {})
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self.vocab = vocab
-        self.max_turns = max_turns
-        self.turn_max_tokens = turn_max_tokens
-        self.env_timeout_s = env_timeout_s
+        self.max_turns = limits.max_turns
+        self.turn_max_tokens = limits.turn_max_tokens
+        self.env_timeout_s = limits.env_timeout_s
         self._fns: dict[Sample, AgentFn] = {}
         self._contexts: dict[Sample, AgentContext] = {}
         self._tasks: dict[Sample, asyncio.Task] = {}

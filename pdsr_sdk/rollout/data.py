@@ -204,7 +204,8 @@ def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None, wher
         template = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
     messages = add_system_and_instruction(messages, cfg, where)
     if template:
-        prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                    **cfg.chat_template_kwargs)
         ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
     else:
         prompt_text = "\n\n".join(m["content"] for m in messages)

@@ -35,7 +35,8 @@ RESUME_KEYS = {
     "sampling.repetition_penalty": "--repetition-penalty",
     "logprobs_mode": "logprobs_mode", "reward": "--reward", "data.path": "--data",
     "data.system_prompt": "--system-prompt", "data.instruction": "--instruction",
-    "data.apply_chat_template": "data.apply_chat_template", "data.target_lengths_column": "--target-lengths-column",
+    "data.apply_chat_template": "data.apply_chat_template", "data.chat_template_kwargs": "data.chat_template_kwargs",
+    "data.target_lengths_column": "--target-lengths-column",
     "batch_size": "--batch-size",   # the run's batches are the data cut by it (batches_left)
     # multi-turn: a resume without --agent would write single-turn rows into a multi-turn run
     "agent.function": "--agent", "agent.max_turns": "--max-turns", "agent.turn_max_tokens": "--turn-max-tokens",
@@ -58,6 +59,7 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
         "logprobs_mode": config.logprobs_mode,
         "reward": config.reward, "data.path": Path(config.data.path).name if config.data.path else None,
         "data.system_prompt": config.data.system_prompt, "data.apply_chat_template": config.data.apply_chat_template,
+        "data.chat_template_kwargs": dict(config.data.chat_template_kwargs),
         "data.target_lengths_column": config.data.target_lengths_column, "data.instruction": config.data.instruction,
         "batch_size": config.batch_size, "agent.function": config.agent.function,
         "agent.max_turns": config.agent.max_turns, "agent.turn_max_tokens": config.agent.turn_max_tokens,

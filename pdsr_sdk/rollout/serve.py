@@ -181,7 +181,8 @@ class ChatServer:
         if not getattr(tok, "chat_template", None):
             raise ServeError(400, "the model's tokenizer has no chat template; use /v1/completions")
         try:
-            return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+            return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                           **self.session.config.data.chat_template_kwargs)
         except Exception as exc:   # noqa: BLE001 - the template's refusal (raise_exception: jinja's TemplateError)
             raise ServeError(400, f"the chat template refused the messages: {exc}") from None
 

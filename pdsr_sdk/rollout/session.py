@@ -128,9 +128,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         self.agent = load_agent(given_agent) if given_agent is not None else None
         self._step_agent = self.agent   # the agent of the groups a partial-rollout step launches
         self._init_serving()
-        self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, max_turns=config.agent.max_turns,
-                                  turn_max_tokens=config.agent.turn_max_tokens,
-                                  env_timeout_s=config.agent.env_timeout_s,
+        self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, config.agent,
+                                  template_kwargs=config.data.chat_template_kwargs,
                                   vocab=lambda: (self._prompt_limits or (None,))[0])   # set by the step's prompts
 
     @property
