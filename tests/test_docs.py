@@ -199,8 +199,8 @@ def test_rollout_session_signatures_in_docs_sdk_md_are_the_codes():
 
 
 def test_the_signature_check_finds_a_parameter_left_out_or_misdefaulted():
-    assert signature_problems("update_weights", "weights, *, version=None") == []
-    assert signature_problems("update_weights", "weights, *, version=3") == [
+    assert signature_problems("update_weights", "weights, *, version=None, bucket_bytes=None") == []
+    assert signature_problems("update_weights", "weights, *, version=3, bucket_bytes=None") == [
         "update_weights: version defaults to None, not 3"]
     assert signature_problems("update_weights", "weights") == []          # no `*`: it need not be whole
     assert documented_signatures('`s.pause("keep")` `step(..., last=True)` `s.sleep(level=1)` `s.wake()`') == [

@@ -147,6 +147,10 @@ class UpdateWeights:
     folder: str | None = None
     #: reset the engine's prefix cache after loading (False: ``kv_on_update: keep``)
     reset_prefix_cache: bool = True
+    #: one bucket of an update sent in several: (index, last), else None
+    bucket: tuple | None = None
+    #: no weights: finish a bucketed update that stopped part-way (the engine's ``end_weights``)
+    end: bool = False
 
 
 #: the engine methods :class:`Control` may call
@@ -284,16 +288,20 @@ class EngineActor:
         error as data."""
         from pathlib import Path
 
-        from pdsr_sdk.engines.weights import FolderWeights
+        from pdsr_sdk.engines.weights import FolderWeights, WeightsBucket
         from pdsr_sdk.engines.weights_shm import write_buffer
 
         block = None
         try:
+            if message.end:
+                await self.engine.end_weights()
+                return None
             if message.folder is not None:
                 source = FolderWeights(message.folder)
             else:
                 source = block = write_buffer(buffer, message.entries)
-            await self.engine.update_weights(source, reset_prefix_cache=message.reset_prefix_cache)
+            bucket = WeightsBucket(*message.bucket) if message.bucket is not None else None
+            await self.engine.update_weights(source, reset_prefix_cache=message.reset_prefix_cache, bucket=bucket)
         except Exception as exc:  # noqa: BLE001 - reported to the orchestrator as data
             return error_info(exc)
         finally:

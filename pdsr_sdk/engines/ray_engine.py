@@ -199,9 +199,24 @@ class RayEngine(ModelEngine):
                                                                    reset_prefix_cache=reset_prefix_cache))
         else:
             block = weights.shared()
+            bucket = weights.bucket
             call = self._actor.update_weights.remote(UpdateWeights(entries=block.entries,
-                                                                   reset_prefix_cache=reset_prefix_cache),
+                                                                   reset_prefix_cache=reset_prefix_cache,
+                                                                   bucket=None if bucket is None else
+                                                                   (bucket.index, bucket.last)),
                                                      weights.ray_ref(ray))
+        await self._weights_call(call)
+
+    async def end_weights(self) -> None:
+        """Finish a bucketed update that stopped part-way in the actor's engine (see
+        :meth:`VllmEngine.end_weights <pdsr_sdk.engines.vllm_engine.VllmEngine.end_weights>`)."""
+        from pdsr_sdk.engines.ray_actor import UpdateWeights
+
+        if self._dead or self._actor is None:
+            raise EngineError(self.name, f"end_weights: the engine is not running (Ray actor on {self.where()})")
+        await self._weights_call(self._actor.update_weights.remote(UpdateWeights(end=True)))
+
+    async def _weights_call(self, call) -> None:
         try:
             err = await _wait(call)
         except Exception as exc:  # noqa: BLE001 - the actor died

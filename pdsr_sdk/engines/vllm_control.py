@@ -16,11 +16,15 @@ class VllmControl:
     """
 
     # -------------------------------------------------------------- weights
-    async def update_weights(self, weights, *, reset_prefix_cache: bool = True) -> None:
+    async def update_weights(self, weights, *, reset_prefix_cache: bool = True, bucket=None) -> None:
         """Load new weights (a :class:`~pdsr_sdk.engines.weights.StagedWeights`, or what its ``local()``
         gives) into the engine process, then reset the prefix cache (its KV blocks were computed with
         the old weights; ``reset_prefix_cache=False`` keeps them: ``kv_on_update: keep``). Call it while no
-        request runs (or while requests are frozen, keeping the cache). Raises an EngineError naming this engine."""
+        request runs (or while requests are frozen, keeping the cache). Raises an EngineError naming this engine.
+
+        ``bucket`` (a :class:`~pdsr_sdk.engines.weights.WeightsBucket`; by default the staged weights' own): one
+        bucket of an update sent in several; the engine's model is whole again after the last one
+        (:meth:`end_weights` ends one stopped part-way)."""
         if self._dead or self._llm is None:
             raise EngineError(self.name, "update_weights: the engine is not running")
         try:
@@ -30,7 +34,11 @@ class VllmControl:
                 source = weights.local(gpu)
             else:
                 source = weights
-            results = await self._llm.collective_rpc("pdsr_load_weights", kwargs={"source": source.message()})
+            message = source.message()
+            bucket = bucket if bucket is not None else getattr(weights, "bucket", None)
+            if bucket is not None:
+                message["bucket"] = bucket.message()
+            results = await self._llm.collective_rpc("pdsr_load_weights", kwargs={"source": message})
         except Exception as exc:  # noqa: BLE001 - the engine process failed or died
             raise EngineError(self.name, f"update_weights failed: {type(exc).__name__}: {exc}",
                               exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
@@ -41,6 +49,18 @@ class VllmControl:
         if reset_prefix_cache and not await self._llm.reset_prefix_cache():
             raise EngineError(self.name, "update_weights: the weights changed but the prefix cache could not be "
                                          "reset (requests were running); update weights between steps")
+
+    async def end_weights(self) -> None:
+        """Finish a bucketed update that stopped part-way (the engine keeps what it loaded: a partial update;
+        the layers no bucket reached keep their old weights), so the engine process is consistent again.
+        Nothing when none is open. Raises an EngineError naming this engine."""
+        if self._dead or self._llm is None:
+            raise EngineError(self.name, "end_weights: the engine is not running")
+        try:
+            await self._llm.collective_rpc("pdsr_end_weights")
+        except Exception as exc:  # noqa: BLE001 - the engine process failed or died
+            raise EngineError(self.name, f"ending a partial weight update failed: {type(exc).__name__}: {exc}",
+                              exit_status=self.exit_status(), remote_traceback=self._read_error()) from None
 
     async def reset_prefix_cache(self) -> None:
         """Forget every cached KV block (what a weight update needs unless its KV is kept). Call it while no

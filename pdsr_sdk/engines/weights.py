@@ -19,7 +19,8 @@ session stages it once (:func:`stage_weights`):
 Names and shapes are checked against the engine's model folder (its safetensors headers,
 :mod:`pdsr_sdk.engines.weights_check`) before anything is copied, and again inside the engine
 process before any parameter changes: a bad update names the parameter and leaves the engine's
-weights as they were.
+weights as they were. An update bigger than the session's bucket goes in buckets, each staged like a whole
+update (:mod:`pdsr_sdk.engines.weights_buckets`, which says what is checked when for an iterator).
 
 The engine side is :mod:`pdsr_sdk.engines.vllm_worker`. No heavy import at module level.
 """
@@ -30,7 +31,7 @@ import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from pdsr_sdk.engines.weights_check import ModelWeights
 from pdsr_sdk.engines.weights_cuda import CudaIpcWeights, cuda_device_uuid, share_cuda_tensors
@@ -48,6 +49,19 @@ class FolderWeights:
         return {"kind": "folder", "path": self.path}
 
 
+@dataclass(frozen=True)
+class WeightsBucket:
+    """Where one bucket sits in an update sent in several (:mod:`pdsr_sdk.engines.weights_buckets`): ``index``
+    (0 first) and whether it is the ``last``. An engine opens vLLM's layer-wise reload at bucket 0 and finishes
+    it after the last."""
+
+    index: int
+    last: bool
+
+    def message(self) -> dict[str, Any]:
+        return {"index": self.index, "last": self.last}
+
+
 class StagedWeights:
     """One update's weights, staged once for every engine (see the module docstring).
 
@@ -57,10 +71,12 @@ class StagedWeights:
     """
 
     def __init__(self, *, items: list[tuple[str, Any]] | None = None, folder: str | None = None,
-                 block: "WeightsBlock | None" = None):
+                 block: "WeightsBlock | None" = None, bucket: WeightsBucket | None = None, min_size: int = 0):
         self.items = items
         self.folder = folder
         self.block = block         # a block kept across updates (its owner frees it), else a block of its own
+        self.bucket = bucket       # one bucket of an update sent in several (weights_buckets), else None: all of it
+        self.min_size = min_size   # the block's least size (a bucketed update's blocks all have the bucket size)
         self._shared: SharedWeights | None = None
         self._finalizer: weakref.finalize | None = None
         self._ray_ref = None
@@ -74,6 +90,11 @@ class StagedWeights:
     def is_folder(self) -> bool:
         return self.folder is not None
 
+    @property
+    def last(self) -> bool:
+        """Whether the update is whole once this is loaded (the last bucket, or not bucketed)."""
+        return self.bucket is None or self.bucket.last
+
     def local(self, device_uuid: str | None = None) -> SharedWeights | FolderWeights | CudaIpcWeights:
         """What a local engine process loads from; ``device_uuid``: the engine's GPU, if it has one."""
         if self.folder is not None:
@@ -86,7 +107,8 @@ class StagedWeights:
 
     def shared(self) -> SharedWeights:
         if self._shared is None:
-            self._shared = write_block(self.items or [], self.block.path if self.block is not None else None)
+            self._shared = write_block(self.items or [], self.block.path if self.block is not None else None,
+                                       min_size=self.min_size)
             if self.block is None:   # a block of its own goes with this object even if close() is never called
                 self._finalizer = weakref.finalize(self, _unlink, self._shared.path)
         return self._shared
@@ -142,6 +164,17 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None, *,
         if reference is not None:
             reference.check(((n, s) for n, (s, _) in got.shapes.items()), what=f"update_weights({folder})")
         return StagedWeights(folder=str(folder.resolve()))
+    items = list(checked_pairs(weights))
+    if not items:
+        raise DataValueError("update_weights: no tensors given")
+    if reference is not None:
+        items = check_items(items, reference, what="update_weights")
+    return StagedWeights(items=items, block=block)
+
+
+def checked_pairs(weights: Any) -> Iterator[tuple[str, Any]]:
+    """The ``(name, tensor)`` pairs of a state dict or an iterable of pairs, taken one at a time (an iterator is
+    never materialised here); a DataValueError naming the item that is not such a pair."""
     if isinstance(weights, Mapping):
         pairs: Iterable = weights.items()
     elif isinstance(weights, Iterable):
@@ -149,7 +182,6 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None, *,
     else:
         raise DataError(f"update_weights: expected a state dict, an iterable of (name, tensor) pairs or a model "
                         f"folder, got {type(weights).__name__}")
-    items: list[tuple[str, Any]] = []
     for i, pair in enumerate(pairs):
         try:
             name, tensor = pair
@@ -157,12 +189,13 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None, *,
             raise DataValueError(f"update_weights: item {i} is not a (name, tensor) pair: {type(pair).__name__}") from None
         if not isinstance(name, str) or not hasattr(tensor, "shape") or not hasattr(tensor, "element_size"):
             raise DataValueError(f"update_weights: item {i} ({name!r}) is not a (str, torch.Tensor) pair")
-        items.append((name, tensor))
-    if not items:
-        raise DataValueError("update_weights: no tensors given")
-    if reference is not None:
-        skip = reference.check(((n, tuple(t.shape)) for n, t in items), what="update_weights")
-        reference.check_tensors(items)
-        if skip:
-            items = [(n, t) for n, t in items if n not in skip]
-    return StagedWeights(items=items, block=block)
+        yield name, tensor
+
+
+def check_items(items: list[tuple[str, Any]], reference: ModelWeights, *, what: str,
+                seen: set[str] | None = None, complete: bool = True) -> list[tuple[str, Any]]:
+    """``items`` checked against the engines' model (names, shapes, what the tensors hold; with ``seen`` and
+    ``complete``: one bucket of an update, see :meth:`ModelWeights.check`), less the names vLLM skips."""
+    skip = reference.check(((n, tuple(t.shape)) for n, t in items), what=what, seen=seen, complete=complete)
+    reference.check_tensors(items, what=what)
+    return [(n, t) for n, t in items if n not in skip] if skip else items

@@ -44,12 +44,16 @@ class ModelWeights:
                 pass
         return cls(str(folder), shapes, tied)
 
-    def check(self, items: Iterable[tuple[str, tuple[int, ...]]], *, what: str = "weights") -> set[str]:
+    def check(self, items: Iterable[tuple[str, tuple[int, ...]]], *, what: str = "weights",
+              seen: set[str] | None = None, complete: bool = True) -> set[str]:
         """Check ``(name, shape)`` pairs: every name known with its shape, every checkpoint tensor given.
         Returns the names to leave out (present in a trainer's state dict, skipped by vLLM: a tied
-        ``lm_head.weight``, rotary ``inv_freq`` buffers). Raises a DataError naming the parameter."""
+        ``lm_head.weight``, rotary ``inv_freq`` buffers). Raises a DataError naming the parameter.
+
+        A bucket of an update checks with the update's ``seen`` names so far (added to), and only the last
+        bucket with ``complete`` (every checkpoint tensor given by then)."""
         skip: set[str] = set()
-        seen: set[str] = set()
+        seen = set() if seen is None else seen
         for name, shape in items:
             ref = self.shapes.get(name)
             if ref is None:
@@ -66,12 +70,12 @@ class ModelWeights:
             if name in seen:
                 raise DataValueError(f"{what}: parameter {name!r} is given twice")
             seen.add(name)
-        missing = [n for n in self.shapes if n not in seen]
+        missing = [n for n in self.shapes if n not in seen] if complete else []
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise DataValueError(f"{what}: {len(missing)} parameter(s) of the model in {self.folder} are missing: "
-                            f"{', '.join(repr(m) for m in missing[:3])}{more} (update_weights takes every tensor "
-                            f"of the model at once)")
+                            f"{', '.join(repr(m) for m in missing[:3])}{more} (an update gives every tensor "
+                            f"of the model)")
         return skip
 
 

@@ -83,13 +83,15 @@ def map_block(path: str, size: int, *, populate: bool = False):
     return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
 
-def write_block(items: list[tuple[str, Any]], path: str | None = None) -> SharedWeights:
+def write_block(items: list[tuple[str, Any]], path: str | None = None, *, min_size: int = 0) -> SharedWeights:
     """Copy ``(name, tensor)`` pairs once into a shared block: a new one, or the block at ``path``
     (rewritten in place when its size fits: its pages exist already, which makes the write several
-    times faster than into fresh pages); returns its description."""
+    times faster than into fresh pages); returns its description. ``min_size``: the block is at least
+    this big (the buckets of an update share one block of the bucket size)."""
     import torch
 
     entries, size = pack_layout(items)
+    size = max(size, -(-min_size // 64) * 64)
     if path is not None and os.path.exists(path) and os.path.getsize(path) != size:
         os.unlink(path)           # another layout: a fresh block under the same name
     path = path or new_block_path()

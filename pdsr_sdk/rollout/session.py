@@ -319,7 +319,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
         ``agent``: ``async def run(agent)`` run for each sample of this step (multi-turn; default: the
         session's agent, if any; see :mod:`pdsr_sdk.agent`)."""
-        self._check_usable("step")
+        self._check_can_generate("step")
         with self._one_step("step"):
             return await self._astep(prompts, n=n, last=last, wait_for_update=wait_for_update, agent=agent)
 
@@ -362,7 +362,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
                        agent: Callable[..., Any] | None = None) -> BatchResult:
         """Run one batch of prompt records to completion and return its groups and costs (``agent``: run each
         sample with it, multi-turn; default: the session's agent, if any)."""
-        self._check_usable("generate")
+        self._check_can_generate("generate")
         with self._one_step("generate"):
             if not self._started:
                 await self.start()

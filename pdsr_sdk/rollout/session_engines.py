@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from pdsr_sdk.dispatch.scheduler import PAUSE_MODES
-from pdsr_sdk.errors import ConfigError, ConfigValueError, RunError, UnsupportedError
+from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError, EngineError, RunError, UnsupportedError
 from pdsr_sdk.rollout.aio import failures, reset_prefix_cache
 
 
@@ -24,21 +24,26 @@ class EngineControl:
         self._reference_weights = None
         self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._loading: asyncio.Future | None = None   # set while update_weights loads (a step waits for it)
+        self._weights_partial = False   # a bucketed update stopped part-way: nothing generates until a whole one
+        self._partial_paused = False    # ... and it had paused a running step itself (the next whole one resumes)
         self._asleep = False
         self._sleep_paused = False   # sleep() paused the scheduler itself (wake() resumes it)
 
-    def update_weights(self, weights, *, version: int | None = None) -> int:
+    def update_weights(self, weights, *, version: int | None = None, bucket_bytes: int | None = None) -> int:
         """Load new weights into every engine (synchronous; see :meth:`aupdate_weights`)."""
-        return self._call(self.aupdate_weights(weights, version=version), "update_weights")
+        return self._call(self.aupdate_weights(weights, version=version, bucket_bytes=bucket_bytes),
+                          "update_weights")
 
-    async def aupdate_weights(self, weights, *, version: int | None = None) -> int:
+    async def aupdate_weights(self, weights, *, version: int | None = None, bucket_bytes: int | None = None) -> int:
         """Load new weights into every engine, reset their prefix caches, and bump the policy version
         (to ``version`` if given, else by one); returns the new version.
 
         ``weights``: a state dict (``{name: tensor}``, e.g. ``model.state_dict()``), an iterable of
         ``(name, tensor)`` pairs, or a model folder (safetensors). Every tensor of the model at once,
         with the checkpoint's names (Hugging Face names; a tied ``lm_head.weight`` may be left in).
-        Tensors travel through one shared-memory block that every local engine process maps (no
+        An update bigger than ``bucket_bytes`` (default ``config.weights_bucket_bytes``, 1 GiB) goes in buckets
+        of at most that size (:mod:`pdsr_sdk.engines.weights_buckets`); an iterator is consumed a bucket at a
+        time. Tensors travel through one shared-memory block that every local engine process maps (no
         pickling; the session keeps the block and rewrites it at each update, until :meth:`close`), to
         Ray engines through Ray's object store, and by CUDA IPC handle to a local engine on the GPU the
         tensors sit on. Between steps, or while paused; in partial rollout (``over_provision`` set) also
@@ -46,9 +51,12 @@ class EngineControl:
         then stop keeping every token, load, and go on under the new version (a change that would make a
         sample already restarted for staleness too stale again waits for the step's end).
         A bad name or shape raises a :class:`~pdsr_sdk.errors.DataError` naming the parameter before
-        anything changes; an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
+        anything changes (for an iterator in several buckets: before its bucket loads; one found after earlier
+        buckets loaded says the engines hold a partial update, and the session then refuses to generate until
+        an update_weights completes); an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
         """
-        from pdsr_sdk.engines.weights import WeightsBlock, stage_weights
+        from pdsr_sdk.engines.weights import WeightsBlock
+        from pdsr_sdk.engines.weights_buckets import stage_update
         from pdsr_sdk.engines.weights_check import ModelWeights
 
         self._check_usable("update_weights")
@@ -71,7 +79,9 @@ class EngineControl:
             self._reference_weights = ModelWeights.read(self._model_dir())
         if self._weights_block is None:
             self._weights_block = WeightsBlock()
-        staged = stage_weights(weights, self._reference_weights, block=self._weights_block)
+        parts = stage_update(weights, self._reference_weights, block=self._weights_block,
+                             bucket_bytes=self.config.weights_bucket_bytes if bucket_bytes is None else bucket_bytes)
+        staged = next(parts)    # a state dict is checked whole here, an iterator's first bucket
         step_end, paused_here = self._step_end, False
         try:
             if streaming_mid_step:
@@ -92,18 +102,58 @@ class EngineControl:
                                     "their groups are due at this step's end: call update_weights without "
                                     "pausing first (it then waits for that end), or after step() returns")
             self._loading = asyncio.get_running_loop().create_future()
-            failed = await failures(e.update_weights(staged, reset_prefix_cache=not self._keep_kv) for e in engines)
-            if failed:
-                raise failed[0]
+            await self._load_parts(staged, parts, engines)
             self.policy_version = new
         finally:
             staged.close()
+            parts.close()
             if self._loading is not None:
                 self._loading.set_result(None)
                 self._loading = None
-            if paused_here and not step_end.done():   # else the step ended meanwhile: its engines stay stopped
+            if self._weights_partial:   # a step this paused stays paused: the next whole update resumes it
+                self._partial_paused = self._partial_paused or paused_here
+            elif (paused_here or self._partial_paused) and not step_end.done():
+                self._partial_paused = False      # else the step ended meanwhile: its engines stay stopped
                 await self.aresume()
         return new
+
+    async def _load_parts(self, staged, parts, engines: list) -> None:
+        """Load each staged part of an update (one, or its buckets in order) into every engine. A failure after
+        some engine loaded a bucket ends the engines' open reloads (:meth:`VllmEngine.end_weights`), marks the
+        weights partial (nothing generates until a whole update) and says so in the error it raises."""
+        loaded = 0      # buckets some engine has loaded
+        try:
+            while True:
+                try:
+                    failed = await failures(e.update_weights(staged, reset_prefix_cache=staged.last and not self._keep_kv)
+                                            for e in engines)
+                finally:
+                    staged.close()
+                if staged.bucket is not None and len(failed) < len(engines):
+                    loaded += 1
+                if failed:
+                    raise failed[0]
+                if staged.last:
+                    break
+                staged = next(parts)    # the next bucket, checked before it loads
+        except Exception as exc:
+            if not loaded:
+                raise
+            await failures(e.end_weights() for e in engines if hasattr(e, "end_weights"))
+            self._weights_partial = True
+            raise partial_update_error(exc, loaded) from exc
+        self._weights_partial = False
+
+    def _check_weights_whole(self, what: str) -> None:
+        """A RunError while the engines hold a partial weight update (a bucketed update_weights stopped part-way):
+        nothing generates from weights that are part old, part new, until an update_weights completes."""
+        if self._weights_partial:
+            raise RunError(f"{what}: the engines hold a partial weight update (an update_weights in buckets stopped "
+                           f"part-way); call update_weights with the whole model first")
+
+    def _check_can_generate(self, what: str) -> None:
+        self._check_usable(what)
+        self._check_weights_whole(what)
 
     def _next_version_given(self, version) -> int:
         """``update_weights(version=...)``: an int above the current policy version (versions only go up: token
@@ -131,6 +181,7 @@ class EngineControl:
         self._check_usable("next_version")
         if not self._started or self.scheduler is None:
             raise RunError("next_version: start the session first")
+        self._check_weights_whole("next_version")
         if not self._keep_kv:
             failed = await failures(reset_prefix_cache(e) for e in self._live_engines())
             if failed:
@@ -211,6 +262,7 @@ class EngineControl:
             return
         if self._asleep:
             raise RunError("resume: the engines are asleep; call session.wake() first")
+        self._check_weights_whole("resume")
         mode = sched.paused
         self._sleep_paused = False
         sched.resume()
@@ -277,3 +329,16 @@ class EngineControl:
     def _live_engines(self) -> list:
         """The engines the scheduler has not seen die."""
         return self.scheduler.live_engines() if self.scheduler is not None else list(self.engines)
+
+
+def partial_update_error(exc: Exception, loaded: int) -> Exception:
+    """``exc`` (what stopped a bucketed update) as the same kind of error, saying the engines hold a partial
+    update now."""
+    note = (f"{loaded} bucket(s) of this update had been loaded: the engines now hold a partial update, and the "
+            f"session refuses to generate until an update_weights completes")
+    if isinstance(exc, EngineError):
+        return EngineError(exc.engine, f"{exc.message} ({note})", exit_status=exc.exit_status,
+                           remote_traceback=exc.remote_traceback)
+    if isinstance(exc, DataError):
+        return type(exc)(f"{exc} ({note})")
+    return RunError(f"update_weights: {type(exc).__name__}: {exc} ({note})")
