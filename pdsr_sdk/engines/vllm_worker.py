@@ -29,7 +29,7 @@ class PdsrWorkerExtension:
         (``{"kind": "folder", "path"}``) or CUDA IPC handles of tensors on this worker's GPU
         (``{"kind": "cuda_ipc", "device_uuid", "names", "shapes", "handles"}``). Returns None, or the
         error as data."""
-        from pdsr_sdk.engines.weights_check import ModelWeights
+        from pdsr_sdk.engines.weights_check import ModelWeights, folder_tensors
         from pdsr_sdk.engines.weights_cuda import open_cuda_tensors
         from pdsr_sdk.engines.weights_shm import WeightEntry, read_block
         from pdsr_sdk.errors import PdsrError
@@ -46,7 +46,7 @@ class PdsrWorkerExtension:
             elif source["kind"] == "folder":
                 given = ModelWeights.read(source["path"])
                 skip = reference.check(((n, s) for n, (s, _) in given.shapes.items()), what=f"update_weights({source['path']})")
-                weights = _read_folder(source["path"], skip)
+                weights = folder_tensors(source["path"], skip)
             elif source["kind"] == "cuda_ipc":
                 here = self.pdsr_device_uuid()
                 if source["device_uuid"] != here:
@@ -210,18 +210,6 @@ class PdsrWorkerExtension:
             ref = ModelWeights.read(self.vllm_config.model_config.model)
             self._pdsr_reference_weights = ref
         return ref
-
-
-def _read_folder(folder: str, skip: set[str]):
-    from pathlib import Path
-
-    from safetensors import safe_open
-
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if name not in skip:
-                    yield name, f.get_tensor(name)
 
 
 def _tracked(weights, current: list):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from pdsr_sdk.engines.weights_check import ModelWeights
+from pdsr_sdk.engines.weights_check import ModelWeights, check_finite, folder_tensors
 from pdsr_sdk.engines.weights_cuda import CudaIpcWeights, cuda_device_uuid, share_cuda_tensors
 from pdsr_sdk.engines.weights_shm import SharedWeights, map_block, new_block_path, write_block
 from pdsr_sdk.errors import DataError, DataValueError
@@ -163,6 +163,8 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None, *,
         got = ModelWeights.read(folder)
         if reference is not None:
             reference.check(((n, s) for n, (s, _) in got.shapes.items()), what=f"update_weights({folder})")
+        for name, tensor in folder_tensors(folder):   # one read of the files (the engines then read them cached)
+            check_finite(name, tensor, what=f"update_weights({folder})")
         return StagedWeights(folder=str(folder.resolve()))
     items = list(checked_pairs(weights))
     if not items:

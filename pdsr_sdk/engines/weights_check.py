@@ -4,10 +4,11 @@ of an update's tensors against it that names a bad parameter (before anything is
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from pdsr_sdk.errors import DataError, DataValueError
 
@@ -81,8 +82,9 @@ class ModelWeights:
 
     def check_tensors(self, items: Iterable[tuple[str, Any]], *, what: str = "update_weights") -> None:
         """What names and shapes do not show, checked before anything is copied: a tensor whose data the session
-        cannot read (a DTensor, a shard of FSDP2 or tensor parallelism; a meta tensor) or an integer or bool tensor
-        for a floating-point parameter (it would load as its values converted). A DataValueError naming it."""
+        cannot read (a DTensor, a shard of FSDP2 or tensor parallelism; a meta tensor), an integer or bool tensor
+        for a floating-point parameter (it would load as its values converted), a NaN or an infinity
+        (:func:`check_finite`). A DataValueError naming it."""
         for name, t in items:
             if type(t).__name__ == "DTensor":
                 raise DataValueError(
@@ -99,6 +101,38 @@ class ModelWeights:
                 raise DataValueError(f"{what}: parameter {name!r} is {str(t.dtype).removeprefix('torch.')}; the "
                                      f"model in {self.folder} holds it as {ref[1]} (floating point): an integer or "
                                      f"bool tensor would load as its values converted")
+            check_finite(name, t, what=what)
+
+
+def check_finite(name: str, tensor: Any, *, what: str = "update_weights") -> None:
+    """A DataValueError naming ``name`` if the floating-point ``tensor`` holds a NaN or an infinity (a diverged
+    trainer's weights would otherwise make the engines generate garbage, silently). One read of the tensor where
+    it is (``torch.aminmax``: NaN propagates into both, an infinity shows in one; no temporary of its size)."""
+    import torch
+
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return
+    with torch.no_grad():
+        try:
+            lo, hi = (float(v) for v in torch.aminmax(tensor.detach()))
+        except (RuntimeError, NotImplementedError):   # a dtype aminmax lacks (float8): through float32
+            lo, hi = (float(v) for v in torch.aminmax(tensor.detach().float()))
+    if math.isnan(lo) or math.isnan(hi):
+        raise DataValueError(f"{what}: parameter {name!r} holds NaN values (a diverged trainer?); refused")
+    if math.isinf(lo) or math.isinf(hi):
+        raise DataValueError(f"{what}: parameter {name!r} holds infinite values (a diverged trainer?); refused")
+
+
+def folder_tensors(folder: str | Path, skip: Iterable[str] = ()) -> Iterator[tuple[str, Any]]:
+    """``(name, tensor)`` of every tensor in a model folder's ``*.safetensors`` files, read one at a time."""
+    from safetensors import safe_open
+
+    skip = set(skip)
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if name not in skip:
+                    yield name, f.get_tensor(name)
 
 
 def _floating(dtype: str) -> bool:
