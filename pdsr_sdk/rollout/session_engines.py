@@ -62,13 +62,8 @@ class EngineControl:
         self._check_usable("update_weights")
         if not self._started:
             raise RunError("update_weights: start the session first")
-        if self._asleep:
-            raise RunError("update_weights: the engines are asleep; call session.wake() first")
         streaming_mid_step = self._mid_stream_step()
-        if not streaming_mid_step and self.scheduler is not None and not self.scheduler.idle \
-                and self.scheduler.paused is None:
-            raise RunError("update_weights: a step is running; pause it first (session.pause(...)) or update "
-                           "weights between steps")
+        self._check_between_steps("update_weights", "update weights between steps", mid_stream=streaming_mid_step)
         new = self.policy_version + 1 if version is None else self._next_version_given(version)
         engines = self._live_engines()
         unsupported = [e.name for e in engines if not hasattr(e, "update_weights")]
@@ -144,6 +139,14 @@ class EngineControl:
             raise partial_update_error(exc, loaded) from exc
         self._weights_partial = False
 
+    def _check_between_steps(self, what: str, hint: str, *, mid_stream: bool = False) -> None:
+        """A RunError unless a weight update may happen now: the engines awake, and no step running unpaused
+        (``mid_stream``: a partial-rollout step, which update_weights pauses itself, may be)."""
+        if self._asleep:
+            raise RunError(f"{what}: the engines are asleep; call session.wake() first")
+        if not mid_stream and self.scheduler is not None and not self.scheduler.idle and self.scheduler.paused is None:
+            raise RunError(f"{what}: a step is running; pause it first (session.pause(...)) or {hint}")
+
     def _check_weights_whole(self, what: str) -> None:
         """A RunError while the engines hold a partial weight update (a bucketed update_weights stopped part-way):
         nothing generates from weights that are part old, part new, until an update_weights completes."""
@@ -176,12 +179,16 @@ class EngineControl:
     async def anext_version(self) -> int:
         """A weight update without weights: the policy version goes up by one and, unless ``kv_on_update`` is
         ``keep``, the engines' prefix caches are reset, as :meth:`aupdate_weights` does (``pdsr rollout --steps``
-        and the benchmarks stand in for a trainer with it). Between steps, or while paused with nothing running.
-        Returns the new version."""
+        and the benchmarks stand in for a trainer with it). Between steps (a partial-rollout step's end included), or
+        while paused; during a running, unpaused step (partial rollout's too: it is not stopped for this), or while
+        the engines sleep, a RunError, as :meth:`aupdate_weights` decides. Returns the new version."""
         self._check_usable("next_version")
         if not self._started or self.scheduler is None:
             raise RunError("next_version: start the session first")
         self._check_weights_whole("next_version")
+        self._check_between_steps("next_version", "call it between steps (after step() returns)")
+        self._check_not_blocked(self.policy_version + 1, "next_version: the policy version", "call it after step() "
+                                "returns")
         if not self._keep_kv:
             failed = await failures(reset_prefix_cache(e) for e in self._live_engines())
             if failed:
