@@ -122,6 +122,9 @@ class ChatServer:
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier
         responses to its prompt to draft from)."""
+        if self.session._weights_partial:   # no sample from weights part old, part new
+            raise ServeError(503, "the engines hold a partial weight update (an update_weights in buckets stopped "
+                                  "part-way); ask again once the trainer's next update_weights completes")
         self.session.give_history(groups)
         sched = self.session.scheduler
         sched.guarded(sched.add_groups, groups)

@@ -341,8 +341,8 @@ class EngineControl:
 def partial_update_error(exc: Exception, loaded: int) -> Exception:
     """``exc`` (what stopped a bucketed update) as the same kind of error, saying the engines hold a partial
     update now."""
-    note = (f"{loaded} bucket(s) of this update had been loaded: the engines now hold a partial update, and the "
-            f"session refuses to generate until an update_weights completes")
+    note = (f"the engines had loaded up to {loaded} bucket(s) of this update: they now hold a partial update, and "
+            f"the session refuses to generate until an update_weights completes")
     if isinstance(exc, EngineError):
         return EngineError(exc.engine, f"{exc.message} ({note})", exit_status=exc.exit_status,
                            remote_traceback=exc.remote_traceback)
