@@ -9,11 +9,8 @@ import click
 
 from pdsr_cli.common import build_config_replacing, cli_progress, config_option, echo_status, handle_errors, quiet_option
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.scoring.config import ScoreConfig
+from pdsr_sdk.scoring.config import ScoreConfig, score_flag
 
-
-#: the flag of a config key, where it is not the key's name with dashes
-FLAGS = {"max_tokens_per_micro_batch": "--max-tokens-per-mb"}
 #: the default shown for a key whose default (None) means a rule
 RULE_DEFAULTS = {"pack": "unpacked (the rule above)"}
 
@@ -33,7 +30,7 @@ def _help(name: str) -> str:
 
 
 def _flag(key: str) -> str:
-    return FLAGS.get(key, "--" + key.replace("_", "-"))
+    return score_flag(key)
 
 
 @click.command("score")
@@ -41,6 +38,8 @@ def _flag(key: str) -> str:
 @click.option("--data", type=click.Path(path_type=Path), default=None, help=_help("data"))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help=_help("out"))
 @click.option("--overwrite", is_flag=True, default=None, help=_help("overwrite"))
+@click.option("--resume", is_flag=True, default=None, help=_help("resume"))
+@click.option("--block-tokens", type=int, default=None, help=_help("block_tokens"))
 @click.option("--mbs", type=int, default=None, help=_help("mbs"))
 @click.option("--max-tokens-per-mb", "max_tokens_per_micro_batch", type=int, default=None,
               help=_help("max_tokens_per_micro_batch"))
@@ -73,20 +72,26 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     Reads a Parquet file with list columns of prompt and response token ids
     (what `pdsr rollout` writes), computes the per-token log-probs under the
     model (fp32 log-softmax, logits / temperature) and writes the input plus a
-    list<float32> column. Micro-batching: --mbs N (fixed size; the tail block
-    is padded to N rows) or --max-tokens-per-mb N (token quota, balanced,
-    original order restored), else one forward over everything; either flag
+    list<float32> column. Micro-batching: --mbs N (fixed size; the last
+    micro-batch is padded to N rows) or --max-tokens-per-mb N (token quota,
+    balanced, original order restored), else one forward per block of rows
+    (--block-tokens); either flag
     replaces the other mode set in --config. --pack: each micro-batch is one
     row of concatenated samples (no padding; attention stays inside each
     sample), N real tokens with --max-tokens-per-mb N.
+
+    Rows are read, scored and written in blocks (--block-tokens), so memory
+    holds a block, not the file; the finished blocks of an interrupted run
+    stay in <out>.parts/ and --resume continues from them.
 
     \b
     Example:
       pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 8192 --out scored.parquet
       pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 16384 --pack --out scored.parquet
+      pdsr score --model ./my-model --data traj.parquet --max-tokens-per-mb 8192 --out scored.parquet --resume
     """
     from pdsr_cli.quiet import output_mode
-    from pdsr_sdk.scoring.table import score_file
+    from pdsr_sdk.scoring.file_run import score_file
 
     mbs, quota = flags["mbs"], flags["max_tokens_per_micro_batch"]
     if mbs is not None and quota is not None:
@@ -101,5 +106,10 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     with output_mode(quiet):
         path, stats = score_file(cfg, progress=cli_progress(quiet))
     extra = f" and '{cfg.column}_entropy'" if cfg.entropy else ""
-    click.echo(f"wrote {path}: {stats.samples} rows, column '{cfg.column}'{extra} ({stats.backend}, {stats.head})")
+    kept = f" ({stats.resumed_samples} of them scored before the resume)" if stats.resumed_samples else ""
+    if not stats.samples and stats.resumed_samples:
+        click.echo(f"nothing left to score: {path} has all {stats.resumed_samples} rows, column '{cfg.column}'{extra}")
+        return
+    click.echo(f"wrote {path}: {stats.samples + stats.resumed_samples} rows{kept}, column '{cfg.column}'{extra} "
+               f"({stats.backend}, {stats.head})")
     click.echo(stats.summary())

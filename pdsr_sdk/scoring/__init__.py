@@ -8,7 +8,8 @@
   ``vllm`` (prompt logprobs); register your own or pass an import path.
 - Micro-batching: one forward, fixed ``mbs`` (tail padded to ``mbs`` rows),
   or a token quota (balanced partitions, original order restored).
-- :func:`score_table` / :func:`score_file`: the same on a trajectories table.
+- :func:`score_table` / :func:`score_file`: the same on a trajectories table / file (the file in blocks
+  of rows, resumable).
 
 Importing this package does not import torch, transformers or vLLM.
 """
@@ -32,7 +33,7 @@ _LAZY = {
     "load_model": "pdsr_sdk.scoring.torch_backend",
     "make_engine": "pdsr_sdk.scoring.vllm_backend",
     "score_table": "pdsr_sdk.scoring.table",
-    "score_file": "pdsr_sdk.scoring.table",
+    "score_file": "pdsr_sdk.scoring.file_run",
     "score_output_schema": "pdsr_sdk.scoring.table",
     "chunked_token_logps": "pdsr_sdk.scoring.logprob_kernel",
     "naive_token_logps": "pdsr_sdk.scoring.logprob_kernel",

@@ -46,6 +46,8 @@ class ScoreStats:
     peak_memory_bytes: int | None
     peak_memory_method: str
     head: str  #: how logits were formed ("chunked lm_head", or the full-logits fallback and why)
+    #: ``pdsr score --resume``: rows an interrupted run had scored (kept, not counted in the numbers above)
+    resumed_samples: int = 0
 
     @property
     def padding_efficiency(self) -> float:
@@ -147,23 +149,24 @@ def as_ragged(rows: Any, name: str) -> Ragged:
 
 
 def validate_rows(prompts: Ragged, completions: Ragged, vocab_size: int, *, prompt_name: str = "prompt_ids",
-                  completion_name: str = "completion_ids", where: str = "") -> None:
+                  completion_name: str = "completion_ids", where: str = "", first_row: int = 0) -> None:
     """DataValueError naming the row for: count mismatch, empty prompt, id outside [0, vocab). An empty completion
-    is fine (a failed sample of ``pdsr rollout`` has none): it gets an empty array."""
+    is fine (a failed sample of ``pdsr rollout`` has none): it gets an empty array. ``first_row``: the number of
+    row 0 in the messages (the rows are a block of a file)."""
     prefix = f"{where}: " if where else ""
     if len(prompts) != len(completions):
         raise DataValueError(f"{prefix}{prompt_name} has {len(prompts)} rows but {completion_name} has {len(completions)}")
     empty = np.flatnonzero(prompts.lengths == 0)
     if empty.size:
         more = f" ({empty.size} rows in all)" if empty.size > 1 else ""
-        raise DataValueError(f"{prefix}row {int(empty[0])}: empty prompt: the first completion token needs at least "
+        raise DataValueError(f"{prefix}row {first_row + int(empty[0])}: empty prompt: the first completion token needs at least "
                              f"one token of context ({prompt_name} has no tokens){more}")
     for rag, name in ((prompts, prompt_name), (completions, completion_name)):
         bad = np.flatnonzero((rag.values < 0) | (rag.values >= vocab_size))
         if bad.size:
             flat = int(bad[0])
             row = int(np.searchsorted(rag.offsets, flat, side="right") - 1)
-            raise DataValueError(f"{prefix}row {row}: token id {int(rag.values[flat])} in {name} (position "
+            raise DataValueError(f"{prefix}row {first_row + row}: token id {int(rag.values[flat])} in {name} (position "
                             f"{flat - int(rag.offsets[row])}) is outside the model's vocabulary "
                             f"[0, {vocab_size}) (vocab size {vocab_size})")
 
@@ -229,10 +232,17 @@ def per_token_logps(
     if vocab is not None:
         validate_rows(prompts, completions, int(vocab), **check)
 
+    meter = ScoreMeter(prompts.lengths + completions.lengths, progress)
+    return score_checked(backend, model, prompts, completions, opts, meter, source)
+
+
+def score_checked(backend: Any, model: Any, prompts: Ragged, completions: Ragged, opts: ScoreOptions,
+                  meter: ScoreMeter, source: str = "") -> ScoreResult:
+    """Score rows already checked (:func:`validate_rows`) with a loaded ``model``: the backend's work, its output
+    checked and put back in input order, and the stats. ``meter``'s lengths are prompt + completion lengths."""
     lengths = prompts.lengths + completions.lengths
     seqs = [np.concatenate([prompts.row(i), completions.row(i)]) for i in range(len(prompts))]
     inputs = ScoreInputs(seqs=seqs, prompt_lens=prompts.lengths, lengths=lengths, source=source)
-    meter = ScoreMeter(lengths, progress)
     try:
         out = backend.score(model, inputs, opts, meter)
     except DataValueError as exc:

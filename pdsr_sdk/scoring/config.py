@@ -20,6 +20,16 @@ from pdsr_sdk.io.tables import ParquetPath
 
 DEFAULT_ROW_CHUNK = 512
 DEFAULT_LENGTH_BUCKET = 64
+#: prompt + response tokens per block of rows ``pdsr score`` reads, scores and writes at a time
+DEFAULT_BLOCK_TOKENS = 1 << 20
+
+#: the flag of a ``pdsr score`` config key, where it is not the key's name with dashes
+SCORE_FLAGS = {"max_tokens_per_micro_batch": "--max-tokens-per-mb"}
+
+
+def score_flag(key: str) -> str:
+    """The ``pdsr score`` flag of config key ``key``."""
+    return SCORE_FLAGS.get(key, "--" + key.replace("_", "-"))
 
 #: the keyword ``per_token_logps`` once took for :attr:`ScoreOptions.entropy` (still accepted)
 OLD_KEYWORDS = {"return_entropy": "entropy"}
@@ -38,12 +48,13 @@ class ScoreOptions(ConfigModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Model weights dtype when a model directory is loaded ('auto' = the checkpoint's). "
                             "Log-softmax always runs in fp32.")
-    mbs: int | None = Field(None, ge=1, description="Fixed micro-batch size (rows); the last block is padded with "
-                                                    "dummy rows to `mbs` so the (rows, seq_len) shapes stay few. "
+    mbs: int | None = Field(None, ge=1, description="Fixed micro-batch size (rows); the last micro-batch is padded "
+                                                    "with dummy rows to `mbs` so the (rows, seq_len) shapes stay few. "
                                                     "Exclusive with `max_tokens_per_micro_batch`.")
     max_tokens_per_micro_batch: int | None = Field(
         None, ge=1, description="Token quota per micro-batch (computed tokens: rows x padded length). "
-                                "Exclusive with `mbs`. Neither = one forward over everything.")
+                                "Exclusive with `mbs`. Neither = one forward over all the rows (`pdsr "
+                                "score`: over each block of rows, `block_tokens`).")
     token_grouping: Literal["length", "none"] = Field(
         "length", description="Token-quota mode only. 'length': group samples of similar length, then split each "
                               "group with partition_by_tokens (little padding); 'none': partition_by_tokens over "
@@ -163,7 +174,18 @@ class ScoreConfig(ScoreOptions):
                                    "of prompt and response token ids (what `pdsr rollout` writes).")
     out: ParquetPath = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing `out` "
-                                               "is an error).")
+                                               "is an error), and start over where an interrupted run left "
+                                               "blocks in `<out>.parts/`.")
+    resume: bool = Field(False, description="Continue the interrupted run whose finished blocks are in "
+                                            "`<out>.parts/`: keep them (each checked to match its rows of the "
+                                            "input) and score the rest; refused, naming each one, where a setting "
+                                            "that changes the numbers differs from the run's.")
+    block_tokens: int = Field(DEFAULT_BLOCK_TOKENS, ge=1,
+                              description="Rows are read, scored and written in blocks of consecutive rows holding "
+                                          "about this many prompt + response tokens (a longer row is a block of "
+                                          "its own; with `mbs`, a block is a whole number of micro-batches), so "
+                                          "memory holds a block, not the file, and an interrupted run keeps its "
+                                          "finished blocks.")
     model: Path | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
                                                  "default: the built-in tiny random model.")
     prompt_column: str = Field("prompt_token_ids", description="List column with each sample's prompt token ids.")
@@ -171,3 +193,17 @@ class ScoreConfig(ScoreOptions):
                                                                    "(the tokens that get a log-prob).")
     column: str = Field("ref_logps", description="Name of the output list<float32> column; with `entropy`, "
                                                  "`<column>_entropy` is written too.")
+
+    @field_validator("block_tokens", mode="before")
+    @classmethod
+    def _no_bool_for_block_tokens(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ConfigValueError("expected an integer, not a bool")
+        return value
+
+    @model_validator(mode="after")
+    def _resume_or_overwrite(self) -> "ScoreConfig":
+        if self.resume and self.overwrite:
+            raise ConfigValueError("resume and overwrite are exclusive: --resume continues the run in <out>.parts/, "
+                                   "--overwrite starts over")
+        return self

@@ -1,14 +1,14 @@
-"""Scoring a trajectories table: read token-id columns, score, add list<float32> column(s)."""
+"""Scoring a trajectories table: read token-id columns, score, add list<float32> column(s). A file, in blocks of
+rows: :mod:`pdsr_sdk.scoring.file_run`."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
-from pdsr_sdk.io.tables import check_new_output, list_column_to_numpy, numpy_to_list_array, read_table, write_table_atomic
+from pdsr_sdk.io.tables import list_column_to_numpy, numpy_to_list_array
 from pdsr_sdk.progress import ProgressFactory
 from pdsr_sdk.scoring.api import Ragged, ScoreStats, per_token_logps
 from pdsr_sdk.scoring.config import ScoreConfig
@@ -65,23 +65,3 @@ def score_table(table: pa.Table, config: ScoreConfig, model, *, progress: Progre
     if result.entropy is not None:
         out = _attach(out, f"{config.column}_entropy", result.entropy, ENTROPY_DESCRIPTION)
     return out, result.stats
-
-
-def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) -> tuple[Path, ScoreStats]:
-    """Read ``config.data``, score it, write ``config.out`` atomically (checked writable first, and refused where
-    it exists unless ``config.overwrite``); returns (path, stats).
-
-    ``config.model`` None uses the built-in tiny model (built on first use).
-    """
-    check_new_output(config.out, "out (--out)", overwrite=config.overwrite)
-    if config.model is not None:
-        from pdsr_sdk.scoring.checkpoint import check_model_dir
-
-        model_dir = check_model_dir(config.model)  # fail before reading a large input
-    else:
-        from pdsr_sdk.models.tiny import ensure_tiny_model
-
-        model_dir = ensure_tiny_model()
-    table = read_table(config.data, (config.prompt_column, config.response_column))
-    scored, stats = score_table(table, config, model_dir, progress=progress, source=str(config.data))
-    return write_table_atomic(scored, config.out), stats

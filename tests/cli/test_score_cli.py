@@ -106,8 +106,8 @@ def test_without_model_uses_tiny_model(tmp_path, tiny_model_dir, rows, monkeypat
     ("both_modes", r"--mbs \(4\) and --max-tokens-per-mb \(100\) are exclusive"),
     ("missing_out", r"--out is required"),
     ("vllm_temperature", r"vllm backend cannot apply temperature=0.5"),
-    ("too_long", r"traj.parquet: sample 0: prompt \+ completion = 3 tokens does not fit "
-                 r"max_tokens_per_micro_batch=2; raise the quota \(3 samples"),
+    ("too_long", r"traj.parquet: row 0: prompt \+ completion = 3 tokens does not fit "
+                 r"max_tokens_per_micro_batch=2; raise the quota \(3 row"),
 ])
 def test_errors_are_clean(tmp_path, tiny_model_dir, case, pattern):
     data = tmp_path / "traj.parquet"

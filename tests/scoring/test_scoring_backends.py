@@ -103,7 +103,7 @@ def test_options_resolve_and_config_options():
     assert options.model_dump() == config.model_dump(include=set(ScoreOptions.model_fields))
     assert ScoreOptions.resolve(config) == options  # a ScoreConfig passed as options: just its options
     assert set(ScoreConfig.model_fields) - set(ScoreOptions.model_fields) == {
-        "data", "out", "overwrite", "model", "prompt_column", "response_column", "column"}
+        "data", "out", "overwrite", "resume", "block_tokens", "model", "prompt_column", "response_column", "column"}
 
 
 # -------------------------------------------------------- outside backend

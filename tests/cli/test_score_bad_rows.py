@@ -1,0 +1,89 @@
+"""``pdsr score`` on bad rows: each is one clean error naming the file, the column and the file's row (not the row
+within a block), found by the first pass over the token columns, before the model loads; and the progress bar
+counts the file's tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from pdsr_cli.main import cli  # noqa: E402
+
+
+def rows(n=12):
+    rng = np.random.default_rng(3)
+    return ([rng.integers(0, 1024, 4).tolist() for _ in range(n)], [rng.integers(0, 1024, 6).tolist() for _ in range(n)])
+
+
+@pytest.mark.parametrize("case,says", [
+    ("null_row", "column 'response_token_ids' row 7 is null; expected a list of token ids"),
+    ("null_id", "column 'response_token_ids' row 6 has a null token id"),
+    ("outside_vocab", "row 8: token id 4096 in response_token_ids (position 2) is outside the model's vocabulary"),
+    ("empty_prompt", "row 9: empty prompt"),
+    ("text", "column 'response_token_ids' must be a list of integer token ids, got string"),
+    ("float_ids", "column 'prompt_token_ids' must be a list of integer token ids, got list<"),
+])
+def test_a_bad_row_is_named_by_its_row_of_the_file(tmp_path, tiny_model_dir, monkeypatch, case, says):
+    from pdsr_sdk.io import blocks
+    from pdsr_sdk.scoring import file_run
+
+    monkeypatch.setattr(blocks, "BATCH_ROWS", 5)   # the row is in the second or third batch read
+    monkeypatch.setattr(file_run, "_load", lambda *a, **k: pytest.fail("loaded the model for a bad file"))
+    prompts, responses = rows()
+    prompt_type = pa.list_(pa.int64())
+    if case == "null_row":
+        responses[7] = None
+    if case == "null_id":
+        responses[6] = [1, None, 3]
+    if case == "outside_vocab":
+        responses[8] = [1, 2, 4096]
+    if case == "empty_prompt":
+        prompts[9] = []
+    if case == "text":
+        responses = [" ".join(map(str, r)) for r in responses]
+    if case == "float_ids":
+        prompts = [[float(t) for t in p] for p in prompts]
+        prompt_type = pa.list_(pa.float64())
+    data = tmp_path / "traj.parquet"
+    pq.write_table(pa.table({"prompt_token_ids": pa.array(prompts, prompt_type), "response_token_ids": responses}),
+                   data)
+    res = CliRunner().invoke(cli, ["score", "--model", str(tiny_model_dir), "--data", str(data),
+                                   "--out", str(tmp_path / "o.parquet"), "--quiet"])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {data}: ") and says in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "o.parquet").exists()
+
+
+def test_the_bar_counts_the_files_tokens(tmp_path, tiny_model_dir):
+    from pdsr_sdk.scoring.config import ScoreConfig
+    from pdsr_sdk.scoring.file_run import score_file
+
+    prompts, responses = rows(20)
+    data = tmp_path / "traj.parquet"
+    pq.write_table(pa.table({"prompt_token_ids": prompts, "response_token_ids": responses}), data)
+    bars = []
+
+    class Bar:
+        def __init__(self, desc="", total=None, unit="it"):
+            self.desc, self.total, self.unit, self.updates, self.closed = desc, total, unit, [], False
+            bars.append(self)
+
+        def update(self, n=1):
+            self.updates.append(n)
+
+        def set_postfix_str(self, s="", refresh=True):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    score_file(ScoreConfig(model=tiny_model_dir, data=data, out=tmp_path / "o.parquet", device="cpu", mbs=3,
+                           block_tokens=50), progress=Bar)
+    assert len(bars) == 1 and bars[0].unit == "token" and bars[0].closed
+    assert bars[0].total == sum(bars[0].updates) == 20 * 10
+    assert bars[0].updates == [30] * 6 + [20]   # one update per micro-batch of 3 rows of 10 tokens
