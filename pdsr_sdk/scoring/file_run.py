@@ -1,7 +1,7 @@
 """``pdsr score`` on a file: read, score and write blocks of rows, so memory holds a block and a run can resume.
 
 A first pass reads only the two token columns and checks every row (types, nulls, empty prompts, ids in the
-vocabulary, lengths within the token quota), naming the file and row before the model
+vocabulary, lengths within the model's context and the token quota), naming the file and row before the model
 loads. The rows are then cut into blocks of about ``block_tokens`` tokens (:func:`plan_blocks`); each block is
 scored and written to ``<out>.parts/`` (:mod:`pdsr_sdk.scoring.resume`), and the blocks are merged into ``out``
 at the end (atomic rename). ``resume`` keeps the blocks an interrupted run finished, after checking each against
@@ -146,6 +146,13 @@ def scan_rows(source: TableBatches, config: ScoreConfig, model_dir: Path, where:
         i = int(too_long[0])
         raise DataValueError(f"{where}: row {i}: prompt + completion = {int(lengths[i])} tokens does not fit "
                              f"max_tokens_per_micro_batch={quota}; raise the quota ({len(too_long)} row(s) in all)")
+    limit, what = context_limit(model_dir, config)
+    if limit is not None:
+        too_long = np.flatnonzero(lengths > limit)
+        if too_long.size:
+            i = int(too_long[0])
+            raise DataValueError(f"{where}: row {i}: prompt + response = {int(lengths[i])} tokens, over {what} "
+                                 f"({too_long.size} row(s) in all)")
     return lengths
 
 
@@ -171,6 +178,35 @@ def _null_id(column: pa.Array, name: str, where: str, first_row: int):
     flat = int(offsets[0]) + int(np.flatnonzero(~np.asarray(column.values.slice(int(offsets[0])).is_valid()))[0])
     row = first_row + int(np.searchsorted(offsets, flat, side="right") - 1)
     raise DataError(f"{where}: column {name!r} row {row} has a null token id")
+
+
+def context_limit(model_dir: Path, config: ScoreConfig) -> tuple[int | None, str]:
+    """The longest prompt + response the model takes, and what says so: its config.json's
+    ``max_position_embeddings`` (times a linear, dynamic or YaRN rope scaling's factor, as vLLM reads it), or
+    ``vllm_max_model_len`` - 1 where that is smaller (vLLM needs length + 1)."""
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    cfg = cfg.get("text_config") or cfg if isinstance(cfg, dict) else {}
+    limit, what = None, ""
+    if isinstance(cfg.get("max_position_embeddings"), int):
+        limit = cfg["max_position_embeddings"]
+        what = f"the model's context of {limit} tokens (max_position_embeddings in {model_dir / 'config.json'})"
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}   # (transformers 5 names it so)
+        scaling = scaling if isinstance(scaling, dict) else {}
+        kind = scaling.get("rope_type") or scaling.get("type")
+        if kind in ("linear", "dynamic", "yarn") and isinstance(scaling.get("factor"), (int, float)):
+            base = scaling.get("original_max_position_embeddings", limit) if kind == "yarn" else limit
+            limit = int(base * scaling["factor"])
+            what = f"the model's context of {limit} tokens ({kind} rope scaling in {model_dir / 'config.json'})"
+    if not isinstance(limit, int) or limit < 1:
+        limit = None
+    if config.backend == "vllm" and config.vllm_max_model_len and (limit is None
+                                                                    or config.vllm_max_model_len - 1 < limit):
+        limit = config.vllm_max_model_len - 1
+        what = f"--vllm-max-model-len {config.vllm_max_model_len} (vLLM needs prompt + response + 1)"
+    return limit, what
 
 
 def plan_blocks(lengths: np.ndarray, block_tokens: int, mbs: int | None = None) -> list[tuple[int, int]]:

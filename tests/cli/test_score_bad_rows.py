@@ -25,6 +25,8 @@ def rows(n=12):
     ("null_id", "column 'response_token_ids' row 6 has a null token id"),
     ("outside_vocab", "row 8: token id 4096 in response_token_ids (position 2) is outside the model's vocabulary"),
     ("empty_prompt", "row 9: empty prompt"),
+    ("over_context", "row 11: prompt + response = 8193 tokens, over the model's context of 8192 tokens "
+                     "(max_position_embeddings in "),
     ("text", "column 'response_token_ids' must be a list of integer token ids, got string"),
     ("float_ids", "column 'prompt_token_ids' must be a list of integer token ids, got list<"),
 ])
@@ -44,6 +46,9 @@ def test_a_bad_row_is_named_by_its_row_of_the_file(tmp_path, tiny_model_dir, mon
         responses[8] = [1, 2, 4096]
     if case == "empty_prompt":
         prompts[9] = []
+    if case == "over_context":
+        prompts[11] = [5] * 8000
+        responses[11] = [6] * 193
     if case == "text":
         responses = [" ".join(map(str, r)) for r in responses]
     if case == "float_ids":
@@ -87,3 +92,27 @@ def test_the_bar_counts_the_files_tokens(tmp_path, tiny_model_dir):
     assert len(bars) == 1 and bars[0].unit == "token" and bars[0].closed
     assert bars[0].total == sum(bars[0].updates) == 20 * 10
     assert bars[0].updates == [30] * 6 + [20]   # one update per micro-batch of 3 rows of 10 tokens
+
+
+@pytest.mark.parametrize("config,backend,vllm_len,limit", [
+    ({"max_position_embeddings": 4096}, "torch", None, 4096),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                        "original_max_position_embeddings": 2048}}, "torch", None, 8192),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2}}, "torch", None, 8192),
+    ({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "torch", None, 8192),
+    ({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "torch", None,
+     4096),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "torch", None, 4096),
+    ({"text_config": {"max_position_embeddings": 1024}}, "torch", None, 1024),
+    ({"max_position_embeddings": 4096}, "vllm", 2049, 2048),
+    ({}, "torch", None, None),
+])
+def test_context_limit_is_the_models_as_vllm_reads_it(tmp_path, config, backend, vllm_len, limit):
+    import json
+
+    from pdsr_sdk.scoring.config import ScoreConfig
+    from pdsr_sdk.scoring.file_run import context_limit
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = ScoreConfig(data="d.parquet", out="o.parquet", backend=backend, vllm_max_model_len=vllm_len)
+    assert context_limit(tmp_path, cfg)[0] == limit
