@@ -29,6 +29,7 @@ from pdsr_sdk.scoring import resume as parts
 from pdsr_sdk.scoring.api import Ragged, ScoreStats, score_checked, validate_rows
 from pdsr_sdk.scoring.backend import ScoreMeter, get_backend
 from pdsr_sdk.scoring.config import ScoreConfig
+from pdsr_sdk.scoring.tokenizer_check import check_tokenizer
 
 
 class _FileMeter(ScoreMeter):
@@ -75,6 +76,7 @@ def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) 
             parts.check_settings(parts.parts_dir(out), part.settings, settings)
     where = str(config.data)
     lengths = scan_rows(source, config, model_dir, where)
+    check_tokenizer(source, model_dir, config.response_column, where)
     plan = plan_blocks(lengths, config.block_tokens, config.mbs)
     kept = _kept_blocks(out, on_disk, plan)
     run_id = on_disk[0].run_id if kept else uuid.uuid4().hex
