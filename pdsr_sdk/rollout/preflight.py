@@ -11,13 +11,9 @@ from typing import Any, Callable
 
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.io.tables import check_distinct, check_writable
+from pdsr_sdk.models.context import POSITION_KEYS, model_context  # noqa: F401 - here before models/context.py
 from pdsr_sdk.rollout.resume import check_resume_options
 from pdsr_sdk.rollout.writer import existing_files
-
-#: config.json keys vLLM reads the model's context from (the smallest present wins)
-POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
-                 "model_max_length")
-
 
 def summary_path(config) -> Path:
     out = config.output
@@ -94,28 +90,6 @@ def check_engine_model(config, specs: list, model_dir: str, tokenizer: Callable[
             spec = spec.model_copy(update={"max_model_len": limit})
         out.append(spec)
     return out
-
-
-def model_context(model_dir: str | Path) -> tuple[int | None, str]:
-    """The longest context ``model_dir``'s config.json allows (rope scaling applied as vLLM does), and where
-    that number comes from; (None, "") when the config names none."""
-    path = Path(model_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None, ""
-    cfg = {**cfg.get("text_config", {}), **cfg} if isinstance(cfg.get("text_config"), dict) else cfg
-    found = [(int(cfg[k]), k) for k in POSITION_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0]
-    if not found:
-        return None, ""
-    limit, key = min(found)
-    rope = cfg.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type"))
-    if isinstance(rope, dict) and "factor" in rope and kind not in ("su", "longrope", "llama3", "default", "mrope"):
-        if kind == "yarn" and "original_max_position_embeddings" in rope:
-            limit = int(rope["original_max_position_embeddings"])
-        limit, key = int(limit * rope["factor"]), f"{key} x rope_scaling.factor"
-    return limit, f"{key} in {path}"
 
 
 def context_limit(config, model_dir: str, engines: list | None = None) -> tuple[int | None, str]:

@@ -183,27 +183,13 @@ def _null_id(column: pa.Array, name: str, where: str, first_row: int):
 
 
 def context_limit(model_dir: Path, config: ScoreConfig) -> tuple[int | None, str]:
-    """The longest prompt + response the model takes, and what says so: its config.json's
-    ``max_position_embeddings`` (times a linear, dynamic or YaRN rope scaling's factor, as vLLM reads it), or
+    """The longest prompt + response the model takes, and what says so: its config.json
+    (:func:`~pdsr_sdk.models.context.model_context`, as ``pdsr rollout`` and vLLM read it), or
     ``vllm_max_model_len`` - 1 where that is smaller (vLLM needs length + 1)."""
-    try:
-        cfg = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        cfg = {}
-    cfg = cfg.get("text_config") or cfg if isinstance(cfg, dict) else {}
-    limit, what = None, ""
-    if isinstance(cfg.get("max_position_embeddings"), int):
-        limit = cfg["max_position_embeddings"]
-        what = f"the model's context of {limit} tokens (max_position_embeddings in {model_dir / 'config.json'})"
-        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}   # (transformers 5 names it so)
-        scaling = scaling if isinstance(scaling, dict) else {}
-        kind = scaling.get("rope_type") or scaling.get("type")
-        if kind in ("linear", "dynamic", "yarn") and isinstance(scaling.get("factor"), (int, float)):
-            base = scaling.get("original_max_position_embeddings", limit) if kind == "yarn" else limit
-            limit = int(base * scaling["factor"])
-            what = f"the model's context of {limit} tokens ({kind} rope scaling in {model_dir / 'config.json'})"
-    if not isinstance(limit, int) or limit < 1:
-        limit = None
+    from pdsr_sdk.models.context import model_context
+
+    limit, source = model_context(model_dir)
+    what = f"the model's context of {limit} tokens ({source})"
     if config.backend == "vllm" and config.vllm_max_model_len and (limit is None
                                                                     or config.vllm_max_model_len - 1 < limit):
         limit = config.vllm_max_model_len - 1
