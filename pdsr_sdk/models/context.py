@@ -20,6 +20,12 @@ def model_context(model_dir: str | Path) -> tuple[int | None, str]:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError):
         return None, ""
+    return config_context(cfg, str(path))
+
+
+def config_context(cfg: dict, where: str) -> tuple[int | None, str]:
+    """:func:`model_context` of a config already read (a config.json's dict, ``model.config.to_dict()``);
+    ``where`` names it in the source."""
     if not isinstance(cfg, dict):
         return None, ""
     cfg = {**cfg.get("text_config", {}), **cfg} if isinstance(cfg.get("text_config"), dict) else cfg
@@ -34,4 +40,4 @@ def model_context(model_dir: str | Path) -> tuple[int | None, str]:
         if kind == "yarn" and "original_max_position_embeddings" in rope:
             limit = int(rope["original_max_position_embeddings"])
         limit, key = int(limit * rope["factor"]), f"{key} x rope_scaling.factor"
-    return limit, f"{key} in {path}"
+    return limit, f"{key} in {where}"

@@ -222,15 +222,19 @@ def per_token_logps(
     prompts = as_ragged(prompt_ids, names[0])
     completions = as_ragged(completion_ids, names[1])
     check = dict(prompt_name=names[0], completion_name=names[1], where=source)
+    model_dir = None
     if isinstance(model, (str, Path)):
         from pdsr_sdk.scoring.checkpoint import check_model_dir
 
         model_dir = check_model_dir(model)
         validate_rows(prompts, completions, _config_vocab_size(model_dir), **check)  # before loading anything
+        check_context(prompts.lengths + completions.lengths, _context(model_dir), source)
         model = backend.load(model_dir, opts)
     vocab = backend.vocab_size(model)
     if vocab is not None:
         validate_rows(prompts, completions, int(vocab), **check)
+    if model_dir is None:
+        check_context(prompts.lengths + completions.lengths, _context(model), source)
 
     meter = ScoreMeter(prompts.lengths + completions.lengths, progress)
     return score_checked(backend, model, prompts, completions, opts, meter, source)
@@ -298,6 +302,30 @@ def restore_order_lists(per_micro_batch: list[list[np.ndarray]], partitions: lis
     if not partitions:
         return []
     return restore_order(per_micro_batch, partitions)
+
+
+def _context(model: Any) -> tuple[int | None, str]:
+    """The model's context (a model directory's config.json, or a loaded model's ``config``), as
+    :func:`~pdsr_sdk.models.context.model_context` reads it; (None, "") where neither says."""
+    from pdsr_sdk.models.context import config_context, model_context
+
+    if isinstance(model, Path):
+        return model_context(model)
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    return config_context(to_dict(), f"{type(model).__name__}.config") if callable(to_dict) else (None, "")
+
+
+def check_context(lengths: np.ndarray, limit: tuple[int | None, str], source: str = "") -> None:
+    """A DataValueError naming the first row whose prompt + completion is over the model's context ``limit``
+    (a number and where it comes from): its positions were never trained, and its log-probs would mean nothing."""
+    tokens, where = limit
+    too_long = np.flatnonzero(lengths > tokens) if tokens is not None else ()
+    if len(too_long):
+        i = int(too_long[0])
+        raise DataValueError(f"{source + ': ' if source else ''}row {i}: prompt + completion = {int(lengths[i])} "
+                             f"tokens, over the model's context of {tokens} tokens ({where}) ({len(too_long)} "
+                             f"row(s) in all)")
 
 
 def _config_vocab_size(model_dir: str | Path) -> int:

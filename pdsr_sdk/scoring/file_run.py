@@ -26,7 +26,7 @@ from pdsr_sdk.io.blocks import TableBatches, open_table_batches
 from pdsr_sdk.io.tables import atomic_path, check_new_output, remove_stale_temps, write_table_atomic
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.scoring import resume as parts
-from pdsr_sdk.scoring.api import Ragged, ScoreStats, score_checked, validate_rows
+from pdsr_sdk.scoring.api import Ragged, ScoreStats, check_context, score_checked, validate_rows
 from pdsr_sdk.scoring.backend import ScoreMeter, get_backend
 from pdsr_sdk.scoring.config import ScoreConfig
 from pdsr_sdk.scoring.tokenizer_check import check_tokenizer
@@ -148,13 +148,7 @@ def scan_rows(source: TableBatches, config: ScoreConfig, model_dir: Path, where:
         i = int(too_long[0])
         raise DataValueError(f"{where}: row {i}: prompt + completion = {int(lengths[i])} tokens does not fit "
                              f"max_tokens_per_micro_batch={quota}; raise the quota ({len(too_long)} row(s) in all)")
-    limit, what = context_limit(model_dir, config)
-    if limit is not None:
-        too_long = np.flatnonzero(lengths > limit)
-        if too_long.size:
-            i = int(too_long[0])
-            raise DataValueError(f"{where}: row {i}: prompt + response = {int(lengths[i])} tokens, over {what} "
-                                 f"({too_long.size} row(s) in all)")
+    check_context(lengths, context_limit(model_dir, config), where)
     return lengths
 
 
@@ -188,12 +182,11 @@ def context_limit(model_dir: Path, config: ScoreConfig) -> tuple[int | None, str
     ``vllm_max_model_len`` - 1 where that is smaller (vLLM needs length + 1)."""
     from pdsr_sdk.models.context import model_context
 
-    limit, source = model_context(model_dir)
-    what = f"the model's context of {limit} tokens ({source})"
+    limit, what = model_context(model_dir)
     if config.backend == "vllm" and config.vllm_max_model_len and (limit is None
                                                                     or config.vllm_max_model_len - 1 < limit):
         limit = config.vllm_max_model_len - 1
-        what = f"--vllm-max-model-len {config.vllm_max_model_len} (vLLM needs prompt + response + 1)"
+        what = f"--vllm-max-model-len {config.vllm_max_model_len} - 1: vLLM needs prompt + completion + 1"
     return limit, what
 
 

@@ -25,7 +25,7 @@ def rows(n=12):
     ("null_id", "column 'response_token_ids' row 6 has a null token id"),
     ("outside_vocab", "row 8: token id 4096 in response_token_ids (position 2) is outside the model's vocabulary"),
     ("empty_prompt", "row 9: empty prompt"),
-    ("over_context", "row 11: prompt + response = 8193 tokens, over the model's context of 8192 tokens "
+    ("over_context", "row 11: prompt + completion = 8193 tokens, over the model's context of 8192 tokens "
                      "(max_position_embeddings in "),
     ("text", "column 'response_token_ids' must be a list of integer token ids, got string"),
     ("float_ids", "column 'prompt_token_ids' must be a list of integer token ids, got list<"),
