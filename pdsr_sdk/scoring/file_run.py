@@ -69,7 +69,7 @@ def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) 
     source = open_table_batches(config.data, (config.prompt_column, config.response_column), what="scoring input")
     settings = parts.run_settings(config, model_dir)
     if config.resume:
-        done = _finished_output(out, settings, on_disk)
+        done = _finished_output(out, settings, on_disk, source.num_rows)
         if done is not None:
             return out, done
         for part in on_disk[:1]:
@@ -98,7 +98,7 @@ def _model_dir(config: ScoreConfig) -> Path:
     return Path(ensure_tiny_model())
 
 
-def _finished_output(out: Path, settings: dict, on_disk: list) -> ScoreStats | None:
+def _finished_output(out: Path, settings: dict, on_disk: list, rows: int) -> ScoreStats | None:
     """With --resume: stats of nothing scored where ``out`` is this run finished (its parts, if a kill left them,
     removed), None where there is a run to continue; a ConfigError where ``out`` is something else."""
     meta = parts.read_meta(out) if out.exists() else None
@@ -109,6 +109,9 @@ def _finished_output(out: Path, settings: dict, on_disk: list) -> ScoreStats | N
                               f"replace it")
         return None
     parts.check_settings(out, meta["settings"], settings)
+    if int(meta["rows"]) != rows:
+        raise DataError(f"{out}: finished on {meta['rows']} rows, but the input (--data) has {rows} now: it changed "
+                        f"since; pass --overwrite to score it again")
     shutil.rmtree(parts.parts_dir(out), ignore_errors=True)
     return ScoreStats(backend=settings["backend"], mode="nothing left to score", samples=0, micro_batches=0,
                       distinct_shapes=None, shapes=(), real_tokens=0, computed_tokens=0, scored_tokens=0,

@@ -101,6 +101,10 @@ def test_killed_run_resumes_to_the_uninterrupted_file(tmp_path, tiny_model_dir, 
                                                                                   "whole"]
     done = invoke(*args(tiny_model_dir, data, out, "--resume"))
     assert done.exit_code == 0 and f"nothing left to score: {out} has all 40 rows" in done.output
+    table = pq.read_table(data)   # rows added to the input since: not "nothing left"
+    pq.write_table(pa.concat_tables([table, table.slice(0, 3)]), data)
+    grown = invoke(*args(tiny_model_dir, data, out, "--resume"))
+    assert grown.exit_code == 2 and "finished on 40 rows, but the input (--data) has 43 now" in grown.output
 
 
 def test_sigterm_keeps_the_finished_blocks_and_says_how_to_go_on(tmp_path, tiny_model_dir, data, whole, monkeypatch):
