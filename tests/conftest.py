@@ -99,6 +99,19 @@ def _no_hub(monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture(scope="module")
+def tiny_weights(tiny_model_dir):
+    """The tiny model's fp32 state dict, loaded by transformers (a trainer's), and its checkpoint's names and shapes
+    (``ModelWeights``), what ``update_weights`` checks a state dict against. Per module: a test may change tensors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.weights_check import ModelWeights
+
+    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    return policy.state_dict(), ModelWeights.read(tiny_model_dir)
+
+
 @pytest.fixture(scope="session")
 def engine_loop():
     """One asyncio loop in a background thread for the whole session.

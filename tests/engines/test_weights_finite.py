@@ -14,17 +14,6 @@ pytestmark = requires_torch
 NAME = "model.layers.1.mlp.up_proj.weight"
 
 
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pdsr_sdk.engines.weights_check import ModelWeights
-
-    policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    return policy.state_dict(), ModelWeights.read(tiny_model_dir)
-
-
 def spoiled(sd, value, dtype=None, at=(3, 5)):
     out = {n: (t.to(dtype) if dtype is not None else t).clone() for n, t in sd.items()}
     out[NAME][at] = value
@@ -33,14 +22,14 @@ def spoiled(sd, value, dtype=None, at=(3, 5)):
 
 @pytest.mark.parametrize("value,word", [(float("nan"), "NaN"), (float("inf"), "infinite"), (-float("inf"), "infinite")])
 @pytest.mark.parametrize("dtype", [None, "bfloat16", "float16"])
-def test_a_state_dict_with_a_non_finite_value_is_refused_naming_the_parameter(model, value, word, dtype):
+def test_a_state_dict_with_a_non_finite_value_is_refused_naming_the_parameter(tiny_weights, value, word, dtype):
     """One NaN, +inf or -inf anywhere in one tensor (fp32, bf16, fp16): a DataValueError naming it, in one bucket or
     before the first of several; the same weights without it stage."""
     import torch
 
     from pdsr_sdk.engines.weights_buckets import stage_update
 
-    sd, ref = model
+    sd, ref = tiny_weights
     dt = getattr(torch, dtype) if dtype else None
     for bucket in (1 << 30, 100):
         with pytest.raises(DataValueError, match=rf"parameter '{NAME}' holds {word} values"):
@@ -50,10 +39,10 @@ def test_a_state_dict_with_a_non_finite_value_is_refused_naming_the_parameter(mo
     clean.close()
 
 
-def test_an_iterator_is_refused_at_the_bucket_holding_the_non_finite_tensor(model):
+def test_an_iterator_is_refused_at_the_bucket_holding_the_non_finite_tensor(tiny_weights):
     from pdsr_sdk.engines.weights_buckets import stage_update
 
-    sd, ref = model
+    sd, ref = tiny_weights
     handed = []
     with pytest.raises(DataValueError, match=rf"update_weights \(bucket \d+\): parameter '{NAME}' holds NaN"):
         for staged in stage_update(iter(spoiled(sd, float("nan")).items()), ref, bucket_bytes=100):
@@ -61,14 +50,14 @@ def test_an_iterator_is_refused_at_the_bucket_holding_the_non_finite_tensor(mode
     assert handed == list(sd)[:list(sd).index(NAME)]
 
 
-def test_a_model_folder_with_a_non_finite_tensor_is_refused(model, tiny_model_dir, tmp_path):
+def test_a_model_folder_with_a_non_finite_tensor_is_refused(tiny_weights, tiny_model_dir, tmp_path):
     import shutil
 
     from safetensors.torch import save_file
 
     from pdsr_sdk.engines.weights import stage_weights
 
-    sd, ref = model
+    sd, ref = tiny_weights
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir, folder)
     for f in folder.glob("*.safetensors"):
@@ -84,13 +73,14 @@ def test_a_model_folder_with_a_non_finite_tensor_is_refused(model, tiny_model_di
 @requires_vllm
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_engines_keep_their_weights_when_an_update_holds_a_nan(engine_loop, vllm_pair, tiny_model_dir, model):
+def test_the_engines_keep_their_weights_when_an_update_holds_a_nan(engine_loop, vllm_pair, tiny_model_dir,
+                                                                  tiny_weights):
     """A state dict with a NaN, in buckets: refused before the first loads; the engines' greedy continuation is
     unchanged and the session still generates (no partial update)."""
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
 
-    sd, _ = model
+    sd, _ = tiny_weights
     cfg = RolloutConfig(model=str(tiny_model_dir), batch_size=1, policy="baseline",
                         sampling={"n": 1, "max_tokens": 8, "temperature": 0.0})
 

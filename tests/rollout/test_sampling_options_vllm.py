@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from segment_checks import SEGMENT, SPLIT, WHOLE, records, split_stop
 from support import requires_vllm, run_on
 from pdsr_sdk.rollout.config import RolloutConfig
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
 
-SEGMENT = 8
 MAX_TOKENS = 40
-WHOLE = {"min_tokens": 64, "max_tokens": 64}   # one request per sample
-SPLIT = {"min_tokens": SEGMENT, "max_tokens": SEGMENT}
 
 
 def _records(tok):
-    from pdsr_sdk.rollout.data import PromptRecord
-
-    texts = [f"Question {i}: what is {i} plus {2 * i + 5}?" for i in range(4)]
-    return [PromptRecord(prompt_id=f"q{i}", text=t, token_ids=tok.encode(t)) for i, t in enumerate(texts)]
+    return records(tok, [f"Question {i}: what is {i} plus {2 * i + 5}?" for i in range(4)])
 
 
 def _run(engine_loop, engines, model_dir, segments, **sampling):
@@ -84,28 +79,13 @@ def test_stop_token_ids_end_a_sample_where_their_token_is_sampled_in_any_segment
     assert all(len(s.token_ids) == MAX_TOKENS for s in ignored.values())
 
 
-def _split_stop(tok, token_ids):
-    """A stop string whose first occurrence in the response's text begins before a segment boundary and ends after
-    it (so pdsr's own check, not vLLM's, finds it in the segmented run), or None."""
-    def text(n):
-        return tok.decode(token_ids[:n], skip_special_tokens=True)
-    whole = text(len(token_ids))
-    for boundary in range(SEGMENT, len(token_ids) - 2, SEGMENT):
-        at = len(text(boundary))
-        stop = text(boundary + 2)[len(text(boundary - 1)):]
-        first = whole.find(stop)
-        if len(stop.strip()) >= 2 and 0 <= first < at < first + len(stop):
-            return stop
-    return None
-
-
 def test_stop_reason_names_the_stop_string_vllm_or_a_segment_boundary_check_found(engine_loop, engines,
                                                                                    tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     free = _run(engine_loop, engines, tiny_model_dir, WHOLE, ignore_eos=True)
-    stops = {key: _split_stop(tok, s.token_ids) for key, s in free.items()}
+    stops = {key: split_stop(tok, s.token_ids) for key, s in free.items()}
     stop = next((v for v in stops.values() if v), None)
     assert stop, f"no response of the tiny model has a stop string across a boundary: {stops}"
     decoy = "\x00never"   # a second stop string that never occurs: the reason is the one that matched

@@ -5,37 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from segment_checks import SPLIT, WHOLE, records, split_stop
 from support import requires_vllm, run_on
 from pdsr_sdk.rollout.config import RolloutConfig
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
 
-SEGMENT = 8
 MAX_TOKENS = 48
-WHOLE = {"min_tokens": 64, "max_tokens": 64}   # one request per sample
-SPLIT = {"min_tokens": SEGMENT, "max_tokens": SEGMENT}
 
 
 def _records(tok):
-    from pdsr_sdk.rollout.data import PromptRecord
-
-    texts = [f"Question {i}: what is {i} times {i + 3}?" for i in range(4)]
-    return [PromptRecord(prompt_id=f"q{i}", text=t, token_ids=tok.encode(t)) for i, t in enumerate(texts)]
-
-
-def _split_stop(tok, token_ids):
-    """A stop string whose first occurrence in the response's text begins before a segment boundary and ends after
-    it, or None."""
-    def text(n):
-        return tok.decode(token_ids[:n], skip_special_tokens=True)
-    whole = text(len(token_ids))
-    for boundary in range(SEGMENT, MAX_TOKENS - 2, SEGMENT):
-        at = len(text(boundary))
-        stop = text(boundary + 2)[len(text(boundary - 1)):]
-        first = whole.find(stop)
-        if len(stop.strip()) >= 2 and 0 <= first < at < first + len(stop):
-            return stop
-    return None
+    return records(tok, [f"Question {i}: what is {i} times {i + 3}?" for i in range(4)])
 
 
 def test_a_stop_string_split_by_a_segment_boundary_ends_the_sample_as_one_request_does(engine_loop, engines,
@@ -53,7 +33,7 @@ def test_a_stop_string_split_by_a_segment_boundary_ends_the_sample_as_one_reques
             return {s.key: s for s in out.samples}, session.tokenizer
 
     free, tok = run_on(engine_loop, run(WHOLE, []), timeout=300)
-    stops = {key: _split_stop(tok, s.token_ids) for key, s in free.items()}
+    stops = {key: split_stop(tok, s.token_ids) for key, s in free.items()}
     stop = next((v for v in stops.values() if v), None)
     assert stop, f"no response of the tiny model has a stop string across a boundary: {stops}"
     one_request, _ = run_on(engine_loop, run(WHOLE, [stop]), timeout=300)       # vLLM finds it itself

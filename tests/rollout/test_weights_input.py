@@ -14,39 +14,28 @@ pytestmark = requires_torch
 NAME = "model.layers.0.self_attn.q_proj.weight"
 
 
-@pytest.fixture(scope="module")
-def weights(tiny_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pdsr_sdk.engines.weights_check import ModelWeights
-
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    return model.state_dict(), ModelWeights.read(tiny_model_dir)
-
-
-def test_floating_point_tensors_of_any_width_are_taken(weights):
+def test_floating_point_tensors_of_any_width_are_taken(tiny_weights):
     """bf16, fp16 and fp64 tensors for the checkpoint's fp32 parameters are staged as given (the engine converts
     them on load)."""
     import torch
 
     from pdsr_sdk.engines.weights import stage_weights
 
-    sd, ref = weights
+    sd, ref = tiny_weights
     for dtype in (torch.bfloat16, torch.float16, torch.float64):
         staged = stage_weights({n: t.to(dtype) for n, t in sd.items()}, ref)
         assert {t.dtype for _, t in staged.items} == {dtype}
         staged.close()
 
 
-def test_an_integer_or_bool_tensor_for_a_floating_point_parameter_is_refused_naming_it(weights):
+def test_an_integer_or_bool_tensor_for_a_floating_point_parameter_is_refused_naming_it(tiny_weights):
     """An int or bool tensor used to be taken and loaded as its values converted: the engines then sampled from
     nonsense weights, silently. Now it is a DataValueError naming the parameter, its dtype and the checkpoint's."""
     import torch
 
     from pdsr_sdk.engines.weights import stage_weights
 
-    sd, ref = weights
+    sd, ref = tiny_weights
     assert ref.shapes[NAME][1] == "F32"
     for bad, shown in ((sd[NAME].long(), "int64"), (sd[NAME] > 0, "bool"), (sd[NAME].to(torch.int8), "int8")):
         with pytest.raises(DataValueError, match=rf"update_weights: parameter '{NAME}' is {shown}; the model in .* "
@@ -54,18 +43,18 @@ def test_an_integer_or_bool_tensor_for_a_floating_point_parameter_is_refused_nam
             stage_weights({**sd, NAME: bad}, ref)
 
 
-def test_a_meta_tensor_is_refused_naming_it(weights):
+def test_a_meta_tensor_is_refused_naming_it(tiny_weights):
     """A meta tensor (no data) used to fail inside the engine's copy with torch's message and no parameter name."""
     import torch
 
     from pdsr_sdk.engines.weights import stage_weights
 
-    sd, ref = weights
+    sd, ref = tiny_weights
     with pytest.raises(DataValueError, match=rf"parameter '{NAME}' is a meta tensor: it has no data"):
         stage_weights({**sd, NAME: torch.empty_like(sd[NAME], device="meta")}, ref)
 
 
-def test_a_dtensor_shard_is_refused_saying_how_to_gather_full_tensors(weights, tmp_path):
+def test_a_dtensor_shard_is_refused_saying_how_to_gather_full_tensors(tiny_weights, tmp_path):
     """An FSDP2 trainer's ``model.state_dict()`` holds DTensors: their shapes are the full ones, so the shape check
     passed and the copy failed inside the engine with torch's "mixed torch.Tensor and DTensor". Now it is a
     DataValueError naming the parameter and the call that gathers full tensors (a one-process gloo group here)."""
@@ -74,7 +63,7 @@ def test_a_dtensor_shard_is_refused_saying_how_to_gather_full_tensors(weights, t
 
     from pdsr_sdk.engines.weights import stage_weights
 
-    sd, ref = weights
+    sd, ref = tiny_weights
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
