@@ -83,8 +83,8 @@ class ChatServer:
         _check_failed(group)
         tok = self.session.tokenizer
         choices = [{"index": s.index, "text": tok.decode(s.token_ids, skip_special_tokens=True),
-                    "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "logprobs": None,
-                    "token_ids": list(s.token_ids)} for s in group.samples]
+                    "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "stop_reason": s.stop_reason,
+                    "logprobs": None, "token_ids": list(s.token_ids)} for s in group.samples]
         return self.envelope("text_completion", "cmpl", choices, len(ids), group.samples)
 
     def models(self) -> dict[str, Any]:
@@ -212,20 +212,22 @@ class ChatServer:
                     "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
         return message
 
-    def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str) -> dict[str, Any]:
+    def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str,
+                    stop: str | int | None = None) -> dict[str, Any]:
         """A chat response's choice of a sampled turn; its finish reason ``tool_calls`` where the turn ended
-        calling tools, as OpenAI's (and vLLM's) is."""
+        calling tools, as OpenAI's (and vLLM's) is; ``stop``: its ``stop_reason`` as vLLM's server fills it (the stop
+        string or stop token id that ended the turn; None when the model's EOS or a limit did)."""
         message = self.message(text, token_ids)
         finish = _FINISH.get(finish_reason, "stop")
         if finish == "stop" and message.get("tool_calls"):
             finish = "tool_calls"
-        return {"index": index, "message": message, "finish_reason": finish, "logprobs": None,
+        return {"index": index, "message": message, "finish_reason": finish, "stop_reason": stop, "logprobs": None,
                 "token_ids": list(token_ids)}
 
     def _chat_response(self, samples: list[Sample], prompt_tokens: int) -> dict[str, Any]:
         tok = self.session.tokenizer
         choices = [self.chat_choice(s.index, tok.decode(s.token_ids, skip_special_tokens=True), s.token_ids,
-                                    s.finish_reason or "") for s in samples]
+                                    s.finish_reason or "", s.stop_reason) for s in samples]
         return self.envelope("chat.completion", "chatcmpl", choices, prompt_tokens, samples)
 
     def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
@@ -313,7 +315,8 @@ def stream_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[st
         chunks.append({**head, "choices": [{"index": c["index"], **content, "logprobs": None, "finish_reason": None,
                                             "token_ids": c["token_ids"]}], **usage})
         chunks.append({**head, "choices": [{"index": c["index"], **closing, "logprobs": None,
-                                            "finish_reason": c["finish_reason"]}], **usage})
+                                            "finish_reason": c["finish_reason"], "stop_reason": c.get("stop_reason")}],
+                       **usage})
     if include_usage:
         chunks.append({**head, "choices": [], "usage": response["usage"]})
     return chunks

@@ -108,7 +108,7 @@ class NamedSamples:
             return {"messages": new, "tool_name": tool}
 
         named, turn = await self._turn(sample_id, CHAT, max_tokens, start, extend)
-        choice = server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason)
+        choice = server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason, _stop(named, turn))
         return self._response(named, turn, "chat.completion", "chatcmpl", choice)
 
     async def completion_turn(self, sample_id: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
@@ -134,8 +134,8 @@ class NamedSamples:
             return {"ids": ids}
 
         named, turn = await self._turn(sample_id, COMPLETIONS, max_tokens, start, extend)
-        choice = {"index": 0, "text": turn.text, "finish_reason": turn.finish_reason, "logprobs": None,
-                  "token_ids": list(turn.token_ids)}
+        choice = {"index": 0, "text": turn.text, "finish_reason": turn.finish_reason,
+                  "stop_reason": _stop(named, turn), "logprobs": None, "token_ids": list(turn.token_ids)}
         return self._response(named, turn, "text_completion", "cmpl", choice)
 
     async def end(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
@@ -267,6 +267,12 @@ class NamedSamples:
         if named is None:
             raise ServeError(404, f"no sample {sample_id!r}")
         return named
+
+
+def _stop(named: _Named, turn: Any) -> str | int | None:
+    """A turn's ``stop_reason``: the stop string or stop token id that ended it (the sample holds its latest
+    turn's), None when the model's EOS or a limit did."""
+    return named.group.samples[0].stop_reason if turn.finish_reason == "stop" else None
 
 
 def _route(api: str) -> str:

@@ -237,7 +237,8 @@ def test_streams_carry_the_whole_turn_in_one_chunk(served):
     assert [e["object"] for e in events] == ["text_completion"] * 2 and all("usage" not in e for e in events)
     assert events[0]["choices"][0]["text"] == tok.decode(events[0]["choices"][0]["token_ids"], skip_special_tokens=True)
     assert len(events[0]["choices"][0]["token_ids"]) == 3 and events[0]["choices"][0]["finish_reason"] is None
-    assert events[1]["choices"] == [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]
+    assert events[1]["choices"] == [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
+                                      "stop_reason": None}]
     assert _end(base, "stream-1")["response_token_ids"] == events[0]["choices"][0]["token_ids"]
     # n = 2: each choice its content chunk and its finish chunk
     events = _events(httpx.post(f"{base}/chat/completions", json={"model": "tiny", "n": 2, "stream": True,

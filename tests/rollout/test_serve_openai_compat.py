@@ -1,0 +1,70 @@
+"""``pdsr serve`` as a drop-in for vLLM's OpenAI-compatible server, with the real ``openai`` client on fake engines
+(tests/turn_fakes.py): the fields vLLM's responses carry that clients read, and the request fields vLLM takes."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from pdsr_sdk.rollout.config import RolloutConfig
+from pdsr_sdk.rollout.session import RolloutSession
+from support import WAIT_S, requires_torch
+
+openai = pytest.importorskip("openai")
+
+from serve_client import serving  # noqa: E402
+
+
+def stop_config(tiny_model_dir) -> RolloutConfig:
+    return RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 64},
+                         engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:StopTurnEngine",
+                                   "max_model_len": 256, "max_num_seqs": 4}])
+
+
+def stream_finish(base: str, route: str, body: dict) -> list[dict]:
+    """The stream's chunks that carry a finish reason."""
+    with httpx.stream("POST", f"{base}/{route}", json={**body, "stream": True}, timeout=WAIT_S) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    return [c for chunk in map(json.loads, lines) for c in chunk["choices"] if c["finish_reason"] is not None]
+
+
+@requires_torch
+@pytest.mark.parametrize("stop", ["</answer>", 7])
+def test_each_choice_carries_its_stop_reason_as_vllms_does(tiny_model_dir, stop):
+    """vLLM's choices name the stop string or stop token id that ended them (``stop_reason``); pdsr's had none,
+    though the sample records it. A turn cut at its limit has none, in a named sample's turns too."""
+    from turn_fakes import StopTurnEngine
+
+    StopTurnEngine.STOP_REASON = stop
+    try:
+        with RolloutSession(stop_config(tiny_model_dir)) as session, serving(session) as (client, base):
+            msgs = [{"role": "user", "content": "x"}]
+            r = client.chat.completions.create(model="m", messages=msgs, n=2)
+            assert [(c.finish_reason, c.stop_reason) for c in r.choices] == [("stop", stop)] * 2
+            c = client.completions.create(model="m", prompt="x")
+            assert (c.choices[0].finish_reason, c.choices[0].stop_reason) == ("stop", stop)
+            cut = client.completions.create(model="m", prompt="x", max_tokens=2)
+            assert (cut.choices[0].finish_reason, cut.choices[0].stop_reason) == ("length", None)
+            for route, body in (("chat/completions", {"messages": msgs}), ("completions", {"prompt": "x"})):
+                assert [c["stop_reason"] for c in stream_finish(base, route, body)] == [stop]
+            named = client.chat.completions.create(model="m", messages=msgs, max_tokens=2,
+                                                   extra_body={"pdsr_sample": "s"})
+            assert named.choices[0].stop_reason is None   # cut at the turn's max_tokens
+            msgs += [{"role": "assistant", "content": named.choices[0].message.content},
+                     {"role": "user", "content": "y"}]
+            named = client.chat.completions.create(model="m", messages=msgs, extra_body={"pdsr_sample": "s"})
+            assert (named.choices[0].finish_reason, named.choices[0].stop_reason) == ("stop", stop)
+            text = client.completions.create(model="m", prompt="x", extra_body={"pdsr_sample": "t"})
+            assert text.choices[0].stop_reason == stop
+    finally:
+        StopTurnEngine.STOP_REASON = None
+
+
+@requires_torch
+def test_a_choice_the_models_eos_ended_has_no_stop_reason(served):
+    _, client, _ = served
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].stop_reason is None
+    assert "stop_reason" in r.choices[0].model_dump()   # present, null, as vLLM's
