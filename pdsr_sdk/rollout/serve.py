@@ -56,12 +56,14 @@ class ChatServer:
         messages = _messages(body.get("messages"))
         tools = _tools(body.get("tools"))
         n, max_tokens = self._common(body, chat=True)
+        template = self._template_options(body)
         sample_id = sample_id or body.get("pdsr_sample")
         if sample_id is not None:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
+            _named_template(template, self.session.config.data.chat_template_kwargs)
             return await self.named.chat_turn(str(sample_id), messages, max_tokens, tools)
-        text = self.render(messages, tools)
+        text = self.render(messages, tools, **template)
         ids = self.encode(text)
         group = self.make_group(ids, text, n, max_tokens, messages)
         await self._run(group)
@@ -177,15 +179,42 @@ class ChatServer:
         check_sampling(body, self.session.config.sampling, chat=chat, n=n)
         return n, max_tokens
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def _template_options(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A chat request's template options, as vLLM's server takes them: its ``chat_template_kwargs`` over the
+        session's (``data.chat_template_kwargs``), ``add_generation_prompt`` (default true) and
+        ``continue_final_message`` (default false; the last message, the assistant's, is continued)."""
+        extra = body.get("chat_template_kwargs")
+        if extra is not None and not isinstance(extra, dict):
+            raise ServeError(400, f"chat_template_kwargs must be an object, got {extra!r:.80}")
+        flags = {}
+        for key, default in (("add_generation_prompt", True), ("continue_final_message", False)):
+            value = body.get(key)
+            if value is not None and not isinstance(value, bool):
+                raise ServeError(400, f"{key} must be true or false, got {value!r:.80}")
+            flags[key] = default if value is None else value
+        if flags["add_generation_prompt"] and flags["continue_final_message"]:
+            raise ServeError(400, "continue_final_message continues the last message; it takes "
+                                  "add_generation_prompt: false (as vLLM's server says)")
+        return {"template_kwargs": {**self.session.config.data.chat_template_kwargs, **(extra or {})}, **flags}
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, *,
+               template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+               continue_final_message: bool = False) -> str:
         """``messages`` as the chat template renders them, with the generation prompt (and the request's ``tools``,
-        which a tool-calling template describes to the model, as vLLM's server passes them)."""
+        which a tool-calling template describes to the model, as vLLM's server passes them); ``template_kwargs``:
+        the template's extra variables (default the session's ``data.chat_template_kwargs``)."""
         tok = self.session.tokenizer
         if not getattr(tok, "chat_template", None):
             raise ServeError(400, "the model's tokenizer has no chat template; use /v1/completions")
+        if template_kwargs is None:
+            template_kwargs = self.session.config.data.chat_template_kwargs
+        if continue_final_message and messages[-1]["role"] != "assistant":
+            raise ServeError(400, f"continue_final_message continues the last message, an assistant's; it is "
+                                  f"{messages[-1]['role']!r}")
         try:
-            return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
-                                           **self.session.config.data.chat_template_kwargs)
+            return tok.apply_chat_template(messages, tools=tools, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message, **template_kwargs)
         except Exception as exc:   # noqa: BLE001 - the template's refusal (raise_exception: jinja's TemplateError)
             raise ServeError(400, f"the chat template refused the messages: {exc}") from None
 
@@ -238,6 +267,19 @@ class ChatServer:
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
+
+
+def _named_template(options: dict[str, Any], session: dict[str, Any]) -> None:
+    """A 400 unless a named sample's request renders as the sample's later messages are (the session's
+    ``data.chat_template_kwargs``, a generation prompt): each turn must start where the template puts the next."""
+    if options["template_kwargs"] != session:
+        raise ServeError(400, f"chat_template_kwargs {options['template_kwargs']!r:.120}: a named sample's messages "
+                              f"are rendered with the session's data.chat_template_kwargs ({session!r:.120}); serve "
+                              f"with those set (a --config file), or leave chat_template_kwargs out")
+    for key, default in (("add_generation_prompt", True), ("continue_final_message", False)):
+        if options[key] != default:
+            raise ServeError(400, f"{key} {options[key]}: a named sample's every turn starts at the template's "
+                                  f"generation prompt; leave {key} out")
 
 
 def _check_failed(group: Group) -> None:

@@ -68,3 +68,53 @@ def test_a_choice_the_models_eos_ended_has_no_stop_reason(served):
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert r.choices[0].finish_reason == "stop" and r.choices[0].stop_reason is None
     assert "stop_reason" in r.choices[0].model_dump()   # present, null, as vLLM's
+
+
+@requires_torch
+def test_a_requests_template_options_reach_the_template_as_vllms_do(tiny_model_dir):
+    """``chat_template_kwargs`` (over the session's ``data.chat_template_kwargs``, as vLLM merges a request's over
+    its server's), ``add_generation_prompt`` and ``continue_final_message`` were ignored without a word: the prompt
+    was rendered with the session's variables and a generation prompt whatever the request said."""
+    from test_chat_template_kwargs import THINKING
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 8},
+                        data={"chat_template_kwargs": {"enable_thinking": True}},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
+                                  "max_model_len": 256, "max_num_seqs": 4}])
+    with RolloutSession(cfg) as session, serving(session) as (client, _):
+        tok = session.tokenizer
+        tok.chat_template = THINKING
+        engine = session.engines[0]
+        user = [{"role": "user", "content": "hi"}]
+
+        def sent(messages, **extra) -> str:
+            client.chat.completions.create(model="m", messages=messages, max_tokens=2, extra_body=extra)
+            return tok.decode(engine.requests[-1].context_ids, skip_special_tokens=False)
+
+        head = "<|im_start|>user\nhi<|im_end|>\n"
+        assert sent(user) == head + "<|im_start|>assistant\n"   # the session's: thinking on
+        assert sent(user, chat_template_kwargs={"enable_thinking": False}) == (
+            head + "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        assert sent(user, add_generation_prompt=False) == head
+        partial = user + [{"role": "assistant", "content": "The answer is"}]
+        assert sent(partial, add_generation_prompt=False, continue_final_message=True) == (
+            head + "<|im_start|>assistant\nThe answer is")
+        with pytest.raises(openai.BadRequestError, match="continue_final_message .* takes add_generation_prompt: "
+                                                         "false"):
+            client.chat.completions.create(model="m", messages=partial, extra_body={"continue_final_message": True})
+        with pytest.raises(openai.BadRequestError, match="an assistant's; it is 'user'"):
+            client.chat.completions.create(model="m", messages=user, extra_body={
+                "continue_final_message": True, "add_generation_prompt": False})
+        with pytest.raises(openai.BadRequestError, match="chat_template_kwargs must be an object"):
+            client.chat.completions.create(model="m", messages=user, extra_body={"chat_template_kwargs": "no"})
+        # a named sample's later messages are rendered with the session's: a request asking for others is refused
+        with pytest.raises(openai.BadRequestError, match=r"chat_template_kwargs \{'enable_thinking': False\}: a "
+                                                         r"named sample's messages .*data\.chat_template_kwargs"):
+            client.chat.completions.create(model="m", messages=user, extra_body={
+                "pdsr_sample": "n", "chat_template_kwargs": {"enable_thinking": False}})
+        with pytest.raises(openai.BadRequestError, match="add_generation_prompt False: a named sample's"):
+            client.chat.completions.create(model="m", messages=user, extra_body={
+                "pdsr_sample": "n", "add_generation_prompt": False})
+        r = client.chat.completions.create(model="m", messages=user, max_tokens=2, extra_body={
+            "pdsr_sample": "n", "chat_template_kwargs": {"enable_thinking": True}})   # the session's: taken
+        assert len(r.choices[0].token_ids) == 2
