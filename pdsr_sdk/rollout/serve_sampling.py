@@ -1,6 +1,6 @@
 """What ``pdsr serve`` does with a request's sampling fields: every request samples with the session's settings
 (``config.sampling``), as a rollout's samples do, so a field that asks for something else (``temperature: 0``,
-``logprobs: true``, a ``seed``) is a 400 that names it, what the session uses, and how to change that, never
+``logprobs: true``, a ``seed``, a vLLM option such as ``skip_special_tokens: false``) is a 400 that names it, what the session uses, and how to change that, never
 silently ignored (an RL user's importance ratios or greedy evaluation would be wrong without a word). A field
 left out, null, or equal to what the session does passes. ``n`` and ``max_tokens`` are the request's own
 (:meth:`~pdsr_sdk.rollout.serve.ChatServer._common`)."""
@@ -19,6 +19,11 @@ _NONE = "pdsr does not apply a request's {field} (every request samples alike, w
 #: a field that changes what a response holds beyond the sampled text
 _PLAIN = ("pdsr answers with the sampled text alone (no echoed prompt, suffix or structured output); leave {field} "
           "out or null")
+#: a vLLM or OpenAI option pdsr has no counterpart of, asked for with a value other than its default
+_OPTION = "pdsr does not apply a request's {field} (it answers as with {default!r}); leave it out, null or {default!r}"
+#: tool_choice other than auto
+_TOOLS = ("pdsr does not constrain the model's tool calls (tool_choice 'auto' only: the model decides, and "
+          "--tool-parser parses its calls); leave tool_choice out or 'auto'")
 #: a request that asks for log-probs
 _LOGPROBS = ("pdsr's responses carry no log-probs (the engine's log-prob of every sampled token is in a named sample's "
              "row: response_logprobs, GET /v1/pdsr/samples/ID); leave {field} out or null")
@@ -81,6 +86,15 @@ def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], A
     fields += [(field, session, read, _PLAIN.format(field=field))
                for field, session, read in [("echo", False, same), ("suffix", None, same),
                                             ("response_format", None, text_format)]]
+    # vLLM's own options (extra_body) and OpenAI's that change what is sampled or answered: their defaults pass
+    options = [("skip_special_tokens", True), ("spaces_between_special_tokens", True),
+               ("truncate_prompt_tokens", None), ("allowed_token_ids", None), ("bad_words", []),
+               ("structured_outputs", None), ("length_penalty", 1.0), ("reasoning_effort", None)]
+    options += ([("add_special_tokens", False), ("chat_template", None), ("documents", None),
+                 ("parallel_tool_calls", True)] if chat else [("add_special_tokens", True)])
+    fields += [(field, default, same, _OPTION.format(field=field, default=default)) for field, default in options]
+    if chat:
+        fields.append(("tool_choice", "auto", same, _TOOLS))
     return fields
 
 

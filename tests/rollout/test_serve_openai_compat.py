@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -118,3 +119,55 @@ def test_a_requests_template_options_reach_the_template_as_vllms_do(tiny_model_d
         r = client.chat.completions.create(model="m", messages=user, max_tokens=2, extra_body={
             "pdsr_sample": "n", "chat_template_kwargs": {"enable_thinking": True}})   # the session's: taken
         assert len(r.choices[0].token_ids) == 2
+
+
+#: vLLM's and OpenAI's request options pdsr has no counterpart of: a value other than the default, then the default
+OPTIONS = [("skip_special_tokens", False, True), ("spaces_between_special_tokens", False, True),
+           ("truncate_prompt_tokens", 8, None), ("allowed_token_ids", [5, 6], None), ("bad_words", ["no"], []),
+           ("structured_outputs", {"regex": "[0-9]+"}, None), ("length_penalty", 2.0, 1.0),
+           ("reasoning_effort", "low", None)]
+CHAT_OPTIONS = [("add_special_tokens", True, False), ("chat_template", "{{ messages }}", None),
+                ("documents", [{"title": "a", "text": "b"}], None), ("parallel_tool_calls", False, True)]
+
+
+@requires_torch
+@pytest.mark.parametrize("field, value, default", OPTIONS + CHAT_OPTIONS)
+def test_a_vllm_option_pdsr_does_not_apply_is_a_400_naming_it(served, field, value, default):
+    """They were taken and ignored without a word (skip_special_tokens: false answered with the special tokens
+    skipped, allowed_token_ids sampled from the whole vocabulary, parallel_tool_calls: false answered with every
+    call). The default (vLLM's), or null, passes."""
+    _, client, _ = served
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.BadRequestError, match=f"{field} .*: pdsr does not apply a request's {field} "
+                                                     f"\\(it answers as with {re.escape(repr(default))}\\)"):
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, extra_body={field: value})
+    for ok in (default, None):
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, extra_body={field: ok})
+        assert len(r.choices[0].token_ids) == 2
+    if (field, value, default) in OPTIONS:
+        with pytest.raises(openai.BadRequestError, match=f"pdsr does not apply a request's {field}"):
+            client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={field: value})
+        assert len(client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                             extra_body={field: default}).choices) == 1
+
+
+@requires_torch
+def test_completions_add_special_tokens_defaults_to_true_as_vllms(served):
+    _, client, _ = served
+    with pytest.raises(openai.BadRequestError, match="add_special_tokens False: .*as with True"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"add_special_tokens": False})
+
+
+@requires_torch
+@pytest.mark.parametrize("choice", ["none", "required", {"type": "function", "function": {"name": "f"}}])
+def test_tool_choice_other_than_auto_is_a_400(served, choice):
+    """The model was left to decide, whatever the request asked for (a required or named call, none)."""
+    _, client, _ = served
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    with pytest.raises(openai.BadRequestError, match="tool_choice .*: pdsr does not constrain the model's tool "
+                                                     "calls"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       tools=tools, tool_choice=choice)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       tools=tools, tool_choice="auto")
+    assert r.choices[0].finish_reason == "length"
