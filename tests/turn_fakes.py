@@ -100,13 +100,17 @@ class RefusingTurnEngine(TurnEngine):
 
 class StopTurnEngine(TurnEngine):
     """A :class:`TurnEngine` whose turns that end (not at a limit) report ``STOP_REASON`` as vLLM's
-    ``stop_reason`` (a stop string or stop token id: a test sets it), and end with no EOS token."""
+    ``stop_reason`` (a stop string or stop token id: a test sets it), and end with no EOS token; with
+    ``TURN_IDS`` set, a turn samples them over and over instead (a text that holds the stop string)."""
 
     STOP_REASON: str | int | None = None
+    TURN_IDS: list[int] | None = None
 
     def _end(self, rid):
         e = self.running.pop(rid)
         s = e["req"].sample
         ids = [sampled_token(s.key, e["pos"] + i) for i in range(e["n"])]
+        if self.TURN_IDS:
+            ids = [self.TURN_IDS[i % len(self.TURN_IDS)] for i in range(e["n"])]
         self.listener.on_tokens(self, rid, e["n"], ids, [-0.25] * e["n"])
         self.listener.on_segment_end(self, rid, e["reason"], stop_reason=self.STOP_REASON if e["eos"] else None)

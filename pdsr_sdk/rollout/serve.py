@@ -63,12 +63,13 @@ class ChatServer:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
             _named_template(template, self.session.config.data.chat_template_kwargs)
             return await self.named.chat_turn(str(sample_id), messages, max_tokens, tools)
+        include = _include_stop(body)
         text = self.render(messages, tools, **template)
         ids = self.encode(text)
         group = self.make_group(ids, text, n, max_tokens, messages)
         await self._run(group)
         _check_failed(group)
-        return self._chat_response(group.samples, len(ids))
+        return self._chat_response(group.samples, len(ids), include)
 
     async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/completions``: a text prompt (or token ids), no chat template."""
@@ -79,12 +80,12 @@ class ChatServer:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
             return await self.named.completion_turn(str(sample_id), prompt, max_tokens)
+        include = _include_stop(body)
         text, ids = (prompt, self.encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
         group = self.make_group(ids, text, n, max_tokens, None)
         await self._run(group)
         _check_failed(group)
-        tok = self.session.tokenizer
-        choices = [{"index": s.index, "text": tok.decode(s.token_ids, skip_special_tokens=True),
+        choices = [{"index": s.index, "text": self._text(s, include),
                     "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "stop_reason": s.stop_reason,
                     "logprobs": None, "token_ids": list(s.token_ids)} for s in group.samples]
         return self.envelope("text_completion", "cmpl", choices, len(ids), group.samples)
@@ -253,10 +254,19 @@ class ChatServer:
         return {"index": index, "message": message, "finish_reason": finish, "stop_reason": stop, "logprobs": None,
                 "token_ids": list(token_ids)}
 
-    def _chat_response(self, samples: list[Sample], prompt_tokens: int) -> dict[str, Any]:
-        tok = self.session.tokenizer
-        choices = [self.chat_choice(s.index, tok.decode(s.token_ids, skip_special_tokens=True), s.token_ids,
-                                    s.finish_reason or "", s.stop_reason) for s in samples]
+    def _text(self, sample: Sample, include_stop: bool) -> str:
+        """A plain request's answer text, as vLLM's server gives it: the sampled text, special tokens skipped, cut
+        before the stop string that ended it (``include_stop``: after it). The sampled ids hold the stop string
+        (the token that completed it too); a named sample's turn keeps it, as its trajectory does."""
+        text = self.session.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        stop = sample.stop_reason
+        at = text.find(stop) if isinstance(stop, str) and stop else -1
+        return text if at < 0 else text[:at + (len(stop) if include_stop else 0)]
+
+    def _chat_response(self, samples: list[Sample], prompt_tokens: int,
+                       include_stop: bool = False) -> dict[str, Any]:
+        choices = [self.chat_choice(s.index, self._text(s, include_stop), s.token_ids, s.finish_reason or "",
+                                    s.stop_reason) for s in samples]
         return self.envelope("chat.completion", "chatcmpl", choices, prompt_tokens, samples)
 
     def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
@@ -267,6 +277,14 @@ class ChatServer:
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
+
+
+def _include_stop(body: dict[str, Any]) -> bool:
+    """A request's ``include_stop_str_in_output`` (vLLM's; default false)."""
+    value = body.get("include_stop_str_in_output")
+    if value is not None and not isinstance(value, bool):
+        raise ServeError(400, f"include_stop_str_in_output must be true or false, got {value!r:.80}")
+    return bool(value)
 
 
 def _named_template(options: dict[str, Any], session: dict[str, Any]) -> None:

@@ -171,3 +171,35 @@ def test_tool_choice_other_than_auto_is_a_400(served, choice):
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                        tools=tools, tool_choice="auto")
     assert r.choices[0].finish_reason == "length"
+
+
+@requires_torch
+def test_the_answer_text_ends_before_its_stop_string_as_vllms_does(tiny_model_dir):
+    """vLLM's text ends before the stop string that ended it (include_stop_str_in_output: true, after it); pdsr's
+    was every sampled token decoded, the stop string and what the token completing it held after it too. The
+    sampled ids and a named sample's turns keep them: they are its trajectory."""
+    from turn_fakes import StopTurnEngine
+
+    with RolloutSession(stop_config(tiny_model_dir)) as session, serving(session) as (client, base):
+        StopTurnEngine.TURN_IDS = session.tokenizer("A</a>", add_special_tokens=False)["input_ids"]
+        StopTurnEngine.STOP_REASON = "</a>"
+        try:
+            msgs = [{"role": "user", "content": "x"}]
+            r = client.chat.completions.create(model="m", messages=msgs)
+            assert r.choices[0].message.content == "A"
+            assert session.tokenizer.decode(r.choices[0].token_ids).startswith("A</a>")   # the ids are whole
+            r = client.chat.completions.create(model="m", messages=msgs,
+                                               extra_body={"include_stop_str_in_output": True})
+            assert r.choices[0].message.content == "A</a>"
+            assert client.completions.create(model="m", prompt="x").choices[0].text == "A"
+            c = client.completions.create(model="m", prompt="x", extra_body={"include_stop_str_in_output": True})
+            assert c.choices[0].text == "A</a>"
+            with pytest.raises(openai.BadRequestError, match="include_stop_str_in_output must be true or false"):
+                client.completions.create(model="m", prompt="x", extra_body={"include_stop_str_in_output": "y"})
+            named = client.completions.create(model="m", prompt="x", extra_body={"pdsr_sample": "k"})
+            assert named.choices[0].text == session.tokenizer.decode(named.choices[0].token_ids)
+            StopTurnEngine.STOP_REASON = 32   # a stop token id: the text is every token's
+            r = client.completions.create(model="m", prompt="x")
+            assert r.choices[0].text == session.tokenizer.decode(r.choices[0].token_ids) != "A"
+        finally:
+            StopTurnEngine.TURN_IDS = StopTurnEngine.STOP_REASON = None
