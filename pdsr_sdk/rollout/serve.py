@@ -31,6 +31,8 @@ from typing import Any
 from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
 from pdsr_sdk.rollout.serve_error import ServeError
+from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
+from pdsr_sdk.rollout.serve_options import check_named_template, include_stop, template_options
 from pdsr_sdk.rollout.serve_named import NamedSamples
 
 #: finish reasons as OpenAI's API names them
@@ -56,38 +58,41 @@ class ChatServer:
         messages = _messages(body.get("messages"))
         tools = _tools(body.get("tools"))
         n, max_tokens = self._common(body, chat=True)
-        template = self._template_options(body)
+        template = template_options(body, self.session.config.data.chat_template_kwargs)
+        want = wanted(body, chat=True)
         sample_id = sample_id or body.get("pdsr_sample")
         if sample_id is not None:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
-            _named_template(template, self.session.config.data.chat_template_kwargs)
-            return await self.named.chat_turn(str(sample_id), messages, max_tokens, tools)
-        include = _include_stop(body)
+            check_named_template(template, self.session.config.data.chat_template_kwargs)
+            return await self.named.chat_turn(str(sample_id), messages, max_tokens, tools, want)
+        include = include_stop(body)
         text = self.render(messages, tools, **template)
         ids = self.encode(text)
         group = self.make_group(ids, text, n, max_tokens, messages)
         await self._run(group)
         _check_failed(group)
-        return self._chat_response(group.samples, len(ids), include)
+        return self._chat_response(group.samples, len(ids), include, want)
 
     async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/completions``: a text prompt (or token ids), no chat template."""
         prompt = _prompt(body.get("prompt"))
         n, max_tokens = self._common(body, chat=False)
+        want = wanted(body, chat=False)
         sample_id = sample_id or body.get("pdsr_sample")
         if sample_id is not None:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
-            return await self.named.completion_turn(str(sample_id), prompt, max_tokens)
-        include = _include_stop(body)
+            return await self.named.completion_turn(str(sample_id), prompt, max_tokens, want)
+        include = include_stop(body)
         text, ids = (prompt, self.encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
         group = self.make_group(ids, text, n, max_tokens, None)
         await self._run(group)
         _check_failed(group)
         choices = [{"index": s.index, "text": self._text(s, include),
                     "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "stop_reason": s.stop_reason,
-                    "logprobs": None, "token_ids": list(s.token_ids)} for s in group.samples]
+                    "logprobs": self.logprobs(s.token_ids, s.logprobs, chat=False, want=want),
+                    "token_ids": list(s.token_ids)} for s in group.samples]
         return self.envelope("text_completion", "cmpl", choices, len(ids), group.samples)
 
     def models(self) -> dict[str, Any]:
@@ -180,24 +185,6 @@ class ChatServer:
         check_sampling(body, self.session.config.sampling, chat=chat, n=n)
         return n, max_tokens
 
-    def _template_options(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A chat request's template options, as vLLM's server takes them: its ``chat_template_kwargs`` over the
-        session's (``data.chat_template_kwargs``), ``add_generation_prompt`` (default true) and
-        ``continue_final_message`` (default false; the last message, the assistant's, is continued)."""
-        extra = body.get("chat_template_kwargs")
-        if extra is not None and not isinstance(extra, dict):
-            raise ServeError(400, f"chat_template_kwargs must be an object, got {extra!r:.80}")
-        flags = {}
-        for key, default in (("add_generation_prompt", True), ("continue_final_message", False)):
-            value = body.get(key)
-            if value is not None and not isinstance(value, bool):
-                raise ServeError(400, f"{key} must be true or false, got {value!r:.80}")
-            flags[key] = default if value is None else value
-        if flags["add_generation_prompt"] and flags["continue_final_message"]:
-            raise ServeError(400, "continue_final_message continues the last message; it takes "
-                                  "add_generation_prompt: false (as vLLM's server says)")
-        return {"template_kwargs": {**self.session.config.data.chat_template_kwargs, **(extra or {})}, **flags}
-
     def render(self, messages: list[dict], tools: list[dict] | None = None, *,
                template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                continue_final_message: bool = False) -> str:
@@ -243,15 +230,16 @@ class ChatServer:
         return message
 
     def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str,
-                    stop: str | int | None = None) -> dict[str, Any]:
+                    stop: str | int | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """A chat response's choice of a sampled turn; its finish reason ``tool_calls`` where the turn ended
         calling tools, as OpenAI's (and vLLM's) is; ``stop``: its ``stop_reason`` as vLLM's server fills it (the stop
-        string or stop token id that ended the turn; None when the model's EOS or a limit did)."""
+        string or stop token id that ended the turn; None when the model's EOS or a limit did); ``logprobs``: its
+        log-probs object (:meth:`logprobs`), None when not asked for."""
         message = self.message(text, token_ids)
         finish = _FINISH.get(finish_reason, "stop")
         if finish == "stop" and message.get("tool_calls"):
             finish = "tool_calls"
-        return {"index": index, "message": message, "finish_reason": finish, "stop_reason": stop, "logprobs": None,
+        return {"index": index, "message": message, "finish_reason": finish, "stop_reason": stop, "logprobs": logprobs,
                 "token_ids": list(token_ids)}
 
     def _text(self, sample: Sample, include_stop: bool) -> str:
@@ -263,10 +251,19 @@ class ChatServer:
         at = text.find(stop) if isinstance(stop, str) and stop else -1
         return text if at < 0 else text[:at + (len(stop) if include_stop else 0)]
 
-    def _chat_response(self, samples: list[Sample], prompt_tokens: int,
-                       include_stop: bool = False) -> dict[str, Any]:
+    def logprobs(self, token_ids: list[int], logprobs: list[float], *, chat: bool,
+                 want: bool | None) -> dict[str, Any] | None:
+        """A choice's ``logprobs`` (:mod:`pdsr_sdk.rollout.serve_logprobs`); ``want``: None when the request did
+        not ask for them, else whether tokens are named by id."""
+        if want is None:
+            return None
+        return choice_logprobs(self.session.tokenizer, list(token_ids), list(logprobs), chat=chat, as_ids=want)
+
+    def _chat_response(self, samples: list[Sample], prompt_tokens: int, include_stop: bool = False,
+                       want: bool | None = None) -> dict[str, Any]:
         choices = [self.chat_choice(s.index, self._text(s, include_stop), s.token_ids, s.finish_reason or "",
-                                    s.stop_reason) for s in samples]
+                                    s.stop_reason, self.logprobs(s.token_ids, s.logprobs, chat=True, want=want))
+                   for s in samples]
         return self.envelope("chat.completion", "chatcmpl", choices, prompt_tokens, samples)
 
     def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
@@ -277,27 +274,6 @@ class ChatServer:
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
-
-
-def _include_stop(body: dict[str, Any]) -> bool:
-    """A request's ``include_stop_str_in_output`` (vLLM's; default false)."""
-    value = body.get("include_stop_str_in_output")
-    if value is not None and not isinstance(value, bool):
-        raise ServeError(400, f"include_stop_str_in_output must be true or false, got {value!r:.80}")
-    return bool(value)
-
-
-def _named_template(options: dict[str, Any], session: dict[str, Any]) -> None:
-    """A 400 unless a named sample's request renders as the sample's later messages are (the session's
-    ``data.chat_template_kwargs``, a generation prompt): each turn must start where the template puts the next."""
-    if options["template_kwargs"] != session:
-        raise ServeError(400, f"chat_template_kwargs {options['template_kwargs']!r:.120}: a named sample's messages "
-                              f"are rendered with the session's data.chat_template_kwargs ({session!r:.120}); serve "
-                              f"with those set (a --config file), or leave chat_template_kwargs out")
-    for key, default in (("add_generation_prompt", True), ("continue_final_message", False)):
-        if options[key] != default:
-            raise ServeError(400, f"{key} {options[key]}: a named sample's every turn starts at the template's "
-                                  f"generation prompt; leave {key} out")
 
 
 def _check_failed(group: Group) -> None:
@@ -372,7 +348,8 @@ def stream_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[st
             closing: dict[str, Any] = {"delta": {}}
         else:
             content, closing = {"text": c["text"]}, {"text": ""}
-        chunks.append({**head, "choices": [{"index": c["index"], **content, "logprobs": None, "finish_reason": None,
+        chunks.append({**head, "choices": [{"index": c["index"], **content, "logprobs": c.get("logprobs"),
+                                            "finish_reason": None,
                                             "token_ids": c["token_ids"]}], **usage})
         chunks.append({**head, "choices": [{"index": c["index"], **closing, "logprobs": None,
                                             "finish_reason": c["finish_reason"], "stop_reason": c.get("stop_reason")}],

@@ -55,8 +55,14 @@ class RequestHost(Protocol):
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are."""
 
-    def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str) -> dict[str, Any]:
-        """A chat response's choice of a sampled turn (its message, finish reason and token ids)."""
+    def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str,
+                    stop: str | int | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A chat response's choice of a sampled turn (its message, finish reason, stop reason, log-probs and
+        token ids)."""
+
+    def logprobs(self, token_ids: list[int], logprobs: list[float], *, chat: bool,
+                 want: bool | None) -> dict[str, Any] | None:
+        """A choice's ``logprobs`` object, None when ``want`` is (the request did not ask for them)."""
 
     def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
                  completion: int | None = None) -> dict[str, Any]:
@@ -92,8 +98,9 @@ class NamedSamples:
 
     # ------------------------------------------------------------- requests
     async def chat_turn(self, sample_id: str, messages: list[dict], max_tokens: int,
-                        tools: list[dict] | None = None) -> dict[str, Any]:
-        """A turn of a chat sample; ``tools`` (the request's) are rendered into its prompt by the first request."""
+                        tools: list[dict] | None = None, want: bool | None = None) -> dict[str, Any]:
+        """A turn of a chat sample; ``tools`` (the request's) are rendered into its prompt by the first request;
+        ``want``: its log-probs (:meth:`RequestHost.logprobs`)."""
         server = self.server
 
         def start() -> Group:
@@ -108,10 +115,12 @@ class NamedSamples:
             return {"messages": new, "tool_name": tool}
 
         named, turn = await self._turn(sample_id, CHAT, max_tokens, start, extend)
-        choice = server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason, _stop(named, turn))
+        choice = server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason, _stop(named, turn),
+                                    server.logprobs(turn.token_ids, turn.logprobs, chat=True, want=want))
         return self._response(named, turn, "chat.completion", "chatcmpl", choice)
 
-    async def completion_turn(self, sample_id: str, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
+    async def completion_turn(self, sample_id: str, prompt: str | list[int], max_tokens: int,
+                              want: bool | None = None) -> dict[str, Any]:
         server = self.server
 
         def start() -> Group:
@@ -135,7 +144,9 @@ class NamedSamples:
 
         named, turn = await self._turn(sample_id, COMPLETIONS, max_tokens, start, extend)
         choice = {"index": 0, "text": turn.text, "finish_reason": turn.finish_reason,
-                  "stop_reason": _stop(named, turn), "logprobs": None, "token_ids": list(turn.token_ids)}
+                  "stop_reason": _stop(named, turn),
+                  "logprobs": server.logprobs(turn.token_ids, turn.logprobs, chat=False, want=want),
+                  "token_ids": list(turn.token_ids)}
         return self._response(named, turn, "text_completion", "cmpl", choice)
 
     async def end(self, sample_id: str, reward: Any = None) -> dict[str, Any]:

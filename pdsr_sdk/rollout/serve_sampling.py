@@ -1,6 +1,6 @@
 """What ``pdsr serve`` does with a request's sampling fields: every request samples with the session's settings
 (``config.sampling``), as a rollout's samples do, so a field that asks for something else (``temperature: 0``,
-``logprobs: true``, a ``seed``, a vLLM option such as ``skip_special_tokens: false``) is a 400 that names it, what the session uses, and how to change that, never
+``top_logprobs: 5``, a ``seed``, a vLLM option such as ``skip_special_tokens: false``) is a 400 that names it, what the session uses, and how to change that, never
 silently ignored (an RL user's importance ratios or greedy evaluation would be wrong without a word). A field
 left out, null, or equal to what the session does passes. ``n`` and ``max_tokens`` are the request's own
 (:meth:`~pdsr_sdk.rollout.serve.ChatServer._common`)."""
@@ -24,9 +24,9 @@ _OPTION = "pdsr does not apply a request's {field} (it answers as with {default!
 #: tool_choice other than auto
 _TOOLS = ("pdsr does not constrain the model's tool calls (tool_choice 'auto' only: the model decides, and "
           "--tool-parser parses its calls); leave tool_choice out or 'auto'")
-#: a request that asks for log-probs
-_LOGPROBS = ("pdsr's responses carry no log-probs (the engine's log-prob of every sampled token is in a named sample's "
-             "row: response_logprobs, GET /v1/pdsr/samples/ID); leave {field} out or null")
+#: a request that asks for log-probs pdsr does not record
+_LOGPROBS = ("pdsr records the log-prob of each sampled token only (chat: logprobs true; completions: logprobs 0), "
+             "no alternatives and no prompt's; leave {field} out, null or {session!r}")
 
 
 def _number(field: str, value: Any) -> float:
@@ -46,6 +46,10 @@ def _token_ids(value: Any) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         raise ServeError(400, f"stop_token_ids must be a list of token ids (integers), got {value!r:.80}")
     return value
+
+
+def _bad_count(field: str, value: Any) -> int:
+    raise ServeError(400, f"{field} must be a non-negative integer, got {value!r:.80}")
 
 
 def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], Any], str]]:
@@ -77,11 +81,20 @@ def _fields(sampling: Any, chat: bool) -> list[tuple[str, Any, Callable[[Any], A
     fields += [(field, session, read, _NONE.format(field=field)) for field, session, read in [
         ("seed", None, same), ("min_tokens", 0, same), ("logit_bias", {}, same),
         ("use_beam_search", False, bool)]]
-    # chat: logprobs is a bool and top_logprobs how many alternatives; completions: logprobs is how many (0: the
-    # sampled token's own, so only null asks for none)
-    logprobs = [("logprobs", False), ("top_logprobs", 0)] if chat else [("logprobs", None)]
-    fields += [(field, session, same, _LOGPROBS.format(field=field))
-               for field, session in logprobs + [("prompt_logprobs", None)]]
+    # chat: logprobs is a bool (served: serve_logprobs) and top_logprobs how many alternatives; completions:
+    # logprobs is how many alternatives (0: the sampled token's own, served)
+    def flag(v: Any) -> bool:
+        if not isinstance(v, bool):
+            raise ServeError(400, f"logprobs must be true or false, got {v!r:.80}")
+        return False   # either way: served
+
+    def count(field: str) -> Callable[[Any], Any]:
+        return lambda v: v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else _bad_count(field, v)
+
+    logprobs = ([("logprobs", False, flag), ("top_logprobs", 0, count("top_logprobs"))] if chat
+                else [("logprobs", 0, count("logprobs"))])
+    fields += [(field, session, read, _LOGPROBS.format(field=field, session=session))
+               for field, session, read in logprobs + [("prompt_logprobs", None, same)]]
     text_format = lambda v: None if v == {"type": "text"} else v  # noqa: E731 - plain text is the default
     fields += [(field, session, read, _PLAIN.format(field=field))
                for field, session, read in [("echo", False, same), ("suffix", None, same),

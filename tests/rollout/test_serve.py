@@ -233,8 +233,7 @@ def test_zero_choices_or_tokens_are_a_400_not_the_default(served, bad, expect):
     ("stop", ["\n"], r"stop \['\\n'\]: this session samples every request with stop \[\]; .*sampling\.stop"),
     ("seed", 7, r"seed 7: pdsr does not apply a request's seed"),
     ("presence_penalty", 0.5, r"presence_penalty 0\.5: this session samples every request with presence_penalty 0\.0"),
-    ("logprobs", True, r"logprobs True: pdsr's responses carry no log-probs .*response_logprobs"),
-    ("top_logprobs", 5, r"top_logprobs 5: pdsr's responses carry no log-probs"),
+    ("top_logprobs", 5, r"top_logprobs 5: pdsr records the log-prob of each sampled token only"),
     ("echo", True, r"echo True: pdsr answers with the sampled text alone"),
     ("suffix", "end", r"suffix 'end': pdsr answers with the sampled text alone"),
     ("response_format", {"type": "json_object"}, r"response_format .*json_object.*: pdsr answers with the sampled"),
@@ -264,8 +263,8 @@ def test_sampling_fields_equal_to_the_sessions_or_null_pass(served):
     assert len(r.choices) == 1
     r = client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=None, temperature=1.0, stop=None)
     assert len(r.choices) == 1
-    with pytest.raises(openai.BadRequestError, match=r"logprobs 0: pdsr's responses carry no log-probs"):
-        client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=0)   # 0: the sampled token's
+    with pytest.raises(openai.BadRequestError, match=r"logprobs 1: pdsr records the log-prob of each sampled"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=1)   # 1: an alternative
     with pytest.raises(openai.BadRequestError, match=r"best_of 3: pdsr returns every sample"):
         client.completions.create(model="tiny", prompt="x", max_tokens=2, best_of=3)
     # any model name: one model is served, and the response names it

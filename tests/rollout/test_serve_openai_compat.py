@@ -203,3 +203,66 @@ def test_the_answer_text_ends_before_its_stop_string_as_vllms_does(tiny_model_di
             assert r.choices[0].text == session.tokenizer.decode(r.choices[0].token_ids) != "A"
         finally:
             StopTurnEngine.TURN_IDS = StopTurnEngine.STOP_REASON = None
+
+
+@requires_torch
+def test_logprobs_are_the_sampled_tokens_as_vllm_shapes_them(served):
+    """logprobs: true (completions: logprobs 0) was a 400, though each sample records its engine's log-prob of
+    every sampled token (an RL client's behaviour log-probs); they come back in vLLM's shapes now. The fake engine
+    samples each token with log-prob -0.25."""
+    session, client, base = served
+    tok = session.tokenizer
+    msgs = [{"role": "user", "content": "x"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, logprobs=True, n=2)
+    for c in r.choices:
+        assert [(t.token, t.logprob, t.top_logprobs) for t in c.logprobs.content] == [
+            (tok.decode([i]), -0.25, []) for i in c.token_ids]
+        assert all(t.bytes == list(t.token.encode()) for t in c.logprobs.content)
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3, logprobs=True, top_logprobs=0,
+                                       extra_body={"return_tokens_as_token_ids": True})
+    assert [t.token for t in r.choices[0].logprobs.content] == [f"token_id:{i}" for i in r.choices[0].token_ids]
+    assert client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2).choices[0].logprobs is None
+    c = client.completions.create(model="tiny", prompt="x", max_tokens=4, logprobs=0).choices[0]
+    tokens = [tok.decode([i]) for i in c.token_ids]
+    assert c.logprobs.tokens == tokens and c.logprobs.token_logprobs == [-0.25] * 4
+    assert c.logprobs.top_logprobs == [{t: -0.25} for t in tokens]
+    assert c.logprobs.text_offset == [sum(len(t) for t in tokens[:k]) for k in range(4)]
+    # a named sample's turns: the log-probs its row records for them
+    first = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3, logprobs=True,
+                                           extra_body={"pdsr_sample": "lp"})
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "y"}]
+    second = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, logprobs=True,
+                                            extra_body={"pdsr_sample": "lp"})
+    row = httpx.post(f"{base}/pdsr/samples/lp/end", json={"reward": 0.0}, timeout=WAIT_S).json()
+    turns = [t for t in row["turns"] if t["role"] == "assistant"]
+    for turn, response in zip(turns, (first, second)):
+        recorded = row["response_logprobs"][turn["start_token"]:turn["start_token"] + turn["num_tokens"]]
+        assert [t.logprob for t in response.choices[0].logprobs.content] == recorded
+    text = client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=0,
+                                     extra_body={"pdsr_sample": "lp-text"})
+    assert text.choices[0].logprobs.token_logprobs == [-0.25] * 2
+    # a stream's content chunk carries them
+    with httpx.stream("POST", f"{base}/chat/completions", timeout=WAIT_S, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": True,
+            "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert [len(lp["content"]) for ch in chunks for c in ch["choices"] if (lp := c["logprobs"])] == [2]
+
+
+@requires_torch
+@pytest.mark.parametrize("chat, extra, expect", [
+    (True, {"logprobs": True, "top_logprobs": 2}, r"top_logprobs 2: pdsr records the log-prob of each sampled "
+                                                  r"token only .*leave top_logprobs out, null or 0"),
+    (True, {"logprobs": "yes"}, "logprobs must be true or false"),
+    (True, {"prompt_logprobs": 1}, "prompt_logprobs 1: pdsr records the log-prob of each sampled token only"),
+    (False, {"logprobs": 2}, r"logprobs 2: pdsr records the log-prob of each sampled token only .*null or 0"),
+    (False, {"logprobs": -1}, "logprobs must be a non-negative integer, got -1"),
+])
+def test_logprobs_pdsr_does_not_record_are_a_400(served, chat, extra, expect):
+    _, client, _ = served
+    with pytest.raises(openai.BadRequestError, match=expect):
+        if chat:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                           extra_body=extra)
+        else:
+            client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body=extra)

@@ -1,0 +1,50 @@
+"""A ``pdsr serve`` request's options that shape its prompt or its text, as vLLM's server takes them: the chat
+template's (``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``) and
+``include_stop_str_in_output``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdsr_sdk.rollout.serve_error import ServeError
+
+
+def template_options(body: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
+    """A chat request's template options (:meth:`~pdsr_sdk.rollout.serve.ChatServer.render`'s keywords): its
+    ``chat_template_kwargs`` over the session's (``session``: ``data.chat_template_kwargs``), as vLLM's server
+    merges them over its defaults, ``add_generation_prompt`` (default true) and ``continue_final_message``
+    (default false; the last message, the assistant's, is continued)."""
+    extra = body.get("chat_template_kwargs")
+    if extra is not None and not isinstance(extra, dict):
+        raise ServeError(400, f"chat_template_kwargs must be an object, got {extra!r:.80}")
+    flags = {}
+    for key, default in (("add_generation_prompt", True), ("continue_final_message", False)):
+        value = body.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ServeError(400, f"{key} must be true or false, got {value!r:.80}")
+        flags[key] = default if value is None else value
+    if flags["add_generation_prompt"] and flags["continue_final_message"]:
+        raise ServeError(400, "continue_final_message continues the last message; it takes "
+                              "add_generation_prompt: false (as vLLM's server says)")
+    return {"template_kwargs": {**session, **(extra or {})}, **flags}
+
+
+def check_named_template(options: dict[str, Any], session: dict[str, Any]) -> None:
+    """A 400 unless a named sample's request renders as the sample's later messages are (the session's
+    ``data.chat_template_kwargs``, a generation prompt): each turn must start where the template puts the next."""
+    if options["template_kwargs"] != session:
+        raise ServeError(400, f"chat_template_kwargs {options['template_kwargs']!r:.120}: a named sample's messages "
+                              f"are rendered with the session's data.chat_template_kwargs ({session!r:.120}); serve "
+                              f"with those set (a --config file), or leave chat_template_kwargs out")
+    for key, default in (("add_generation_prompt", True), ("continue_final_message", False)):
+        if options[key] != default:
+            raise ServeError(400, f"{key} {options[key]}: a named sample's every turn starts at the template's "
+                                  f"generation prompt; leave {key} out")
+
+
+def include_stop(body: dict[str, Any]) -> bool:
+    """A request's ``include_stop_str_in_output`` (vLLM's; default false)."""
+    value = body.get("include_stop_str_in_output")
+    if value is not None and not isinstance(value, bool):
+        raise ServeError(400, f"include_stop_str_in_output must be true or false, got {value!r:.80}")
+    return bool(value)
