@@ -69,7 +69,7 @@ class ChatServer:
         include = include_stop(body)
         text = self.render(messages, tools, **template)
         ids = self.encode(text)
-        group = self.make_group(ids, text, n, max_tokens, messages)
+        group = self.make_group(ids, text, n, max_tokens, messages, fit=_no_max_tokens(body))
         await self._run(group)
         _check_failed(group)
         return self._chat_response(group.samples, len(ids), include, want)
@@ -86,7 +86,7 @@ class ChatServer:
             return await self.named.completion_turn(str(sample_id), prompt, max_tokens, want)
         include = include_stop(body)
         text, ids = (prompt, self.encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
-        group = self.make_group(ids, text, n, max_tokens, None)
+        group = self.make_group(ids, text, n, max_tokens, None, fit=_no_max_tokens(body))
         await self._run(group)
         _check_failed(group)
         choices = [{"index": s.index, "text": self._text(s, include),
@@ -109,10 +109,17 @@ class ChatServer:
 
     # ------------------------------------------------------------- dispatch
     def make_group(self, ids: list[int], text: str, n: int, max_tokens: int, messages: list[dict] | None, *,
-                   prompt_id: str | None = None) -> Group:
-        """A request's group of ``n`` samples (its prompt checked against the engines' context)."""
+                   prompt_id: str | None = None, fit: bool = False) -> Group:
+        """A request's group of ``n`` samples (its prompt checked against the engines' context). ``fit``: the
+        request set no max_tokens, so ``max_tokens`` (the session's) shrinks to the room the prompt leaves, as
+        vLLM's server's default does; a max_tokens the request set is a 400 when it does not fit."""
         self.check_ids(ids, "the prompt")
         limit = self._context_limit()
+        if fit and limit is not None and len(ids) < limit:
+            max_tokens = min(max_tokens, limit - len(ids))
+        if limit is not None and len(ids) >= limit:
+            raise ServeError(400, f"the prompt ({len(ids)} tokens) leaves no room for a response in the engines' "
+                                  f"context ({limit} tokens)")
         if limit is not None and len(ids) + max_tokens > limit:
             raise ServeError(400, f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
                                   f"engines' context ({limit} tokens)")
@@ -274,6 +281,10 @@ class ChatServer:
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
+
+
+def _no_max_tokens(body: dict[str, Any]) -> bool:
+    return body.get("max_tokens") is None and body.get("max_completion_tokens") is None
 
 
 def _check_failed(group: Group) -> None:

@@ -266,3 +266,28 @@ def test_logprobs_pdsr_does_not_record_are_a_400(served, chat, extra, expect):
                                            extra_body=extra)
         else:
             client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body=extra)
+
+
+@requires_torch
+def test_a_request_without_max_tokens_gets_the_room_its_prompt_leaves(served):
+    """With no max_tokens, vLLM's server samples up to the end of the context; pdsr refused a prompt within 64
+    tokens (the session's max_tokens) of its 256-token context with a 400 the client had not asked for. A
+    max_tokens the request sets that does not fit is still a 400 naming the lengths, and so is a prompt that
+    fills the context."""
+    session, client, _ = served
+    prompt = list(range(10, 10 + 254))   # 2 tokens of room
+    c = client.completions.create(model="tiny", prompt=prompt).choices[0]
+    assert (len(c.token_ids), c.finish_reason) == (2, "length")
+    with pytest.raises(openai.BadRequestError, match=r"the prompt \(254 tokens\) plus max_tokens \(64\) exceeds the "
+                                                     r"engines' context \(256 tokens\)"):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=64)
+    with pytest.raises(openai.BadRequestError, match=r"the prompt \(256 tokens\) leaves no room for a response in "
+                                                     r"the engines' context \(256 tokens\)"):
+        client.completions.create(model="tiny", prompt=list(range(10, 10 + 256)))
+    tok = session.tokenizer
+    text = "y" * 240
+    rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    room = 256 - len(tok(rendered, add_special_tokens=False)["input_ids"])
+    assert 0 < room < 5   # shorter than the fake's 5-token turn: cut at the context's end
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}])
+    assert (len(r.choices[0].token_ids), r.choices[0].finish_reason) == (room, "length")
