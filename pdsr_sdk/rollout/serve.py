@@ -72,7 +72,7 @@ class ChatServer:
         group = self.make_group(ids, text, n, max_tokens, messages, fit=_no_max_tokens(body))
         await self._run(group)
         _check_failed(group)
-        return self._chat_response(group.samples, len(ids), include, want)
+        return self._chat_response(group.samples, ids, include, want)
 
     async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/completions``: a text prompt (or token ids), no chat template."""
@@ -93,7 +93,7 @@ class ChatServer:
                     "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "stop_reason": s.stop_reason,
                     "logprobs": self.logprobs(s.token_ids, s.logprobs, chat=False, want=want),
                     "token_ids": list(s.token_ids)} for s in group.samples]
-        return self.envelope("text_completion", "cmpl", choices, len(ids), group.samples)
+        return self.envelope("text_completion", "cmpl", choices, ids, group.samples)
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
@@ -266,21 +266,22 @@ class ChatServer:
             return None
         return choice_logprobs(self.session.tokenizer, list(token_ids), list(logprobs), chat=chat, as_ids=want)
 
-    def _chat_response(self, samples: list[Sample], prompt_tokens: int, include_stop: bool = False,
+    def _chat_response(self, samples: list[Sample], prompt: list[int], include_stop: bool = False,
                        want: bool | None = None) -> dict[str, Any]:
         choices = [self.chat_choice(s.index, self._text(s, include_stop), s.token_ids, s.finish_reason or "",
                                     s.stop_reason, self.logprobs(s.token_ids, s.logprobs, chat=True, want=want))
                    for s in samples]
-        return self.envelope("chat.completion", "chatcmpl", choices, prompt_tokens, samples)
+        return self.envelope("chat.completion", "chatcmpl", choices, prompt, samples)
 
-    def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
+    def envelope(self, kind: str, prefix: str, choices: list, prompt: list[int], samples: list[Sample], *,
                  completion: int | None = None) -> dict[str, Any]:
-        """An OpenAI response object around ``choices``, with its usage."""
+        """An OpenAI response object around ``choices``, with its usage and, as vLLM's with ``return_token_ids``,
+        ``prompt_token_ids`` (``prompt``: the ids the engines continued)."""
         completion = sum(s.sampled_tokens for s in samples) if completion is None else completion
         return {"id": f"{prefix}-{next(self._ids)}", "object": kind, "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                          "total_tokens": prompt_tokens + completion}}
+                "model": self.model_name, "choices": choices, "prompt_token_ids": list(prompt),
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
+                          "total_tokens": len(prompt) + completion}}
 
 
 def _no_max_tokens(body: dict[str, Any]) -> bool:

@@ -64,9 +64,9 @@ class RequestHost(Protocol):
                  want: bool | None) -> dict[str, Any] | None:
         """A choice's ``logprobs`` object, None when ``want`` is (the request did not ask for them)."""
 
-    def envelope(self, kind: str, prefix: str, choices: list, prompt_tokens: int, samples: list[Sample], *,
+    def envelope(self, kind: str, prefix: str, choices: list, prompt: list[int], samples: list[Sample], *,
                  completion: int | None = None) -> dict[str, Any]:
-        """An OpenAI response object around ``choices``, with its usage."""
+        """An OpenAI response object around ``choices`` (``prompt``: the ids the turn continued), with its usage."""
 
 
 @dataclass
@@ -232,8 +232,9 @@ class NamedSamples:
 
     def _response(self, named: _Named, turn: Any, kind: str, prefix: str, choice: dict) -> dict[str, Any]:
         sample = named.group.samples[0]
-        prompt_tokens = sample.prompt_len + sample.num_generated - len(turn.token_ids)
-        return self.server.envelope(kind, prefix, [choice], prompt_tokens, [sample], completion=len(turn.token_ids))
+        ids = named.ctx.ids   # the trajectory, this turn last
+        prompt = ids[:len(ids) - len(turn.token_ids)]
+        return self.server.envelope(kind, prefix, [choice], prompt, [sample], completion=len(turn.token_ids))
 
     def _remote(self, named: _Named):
         """The agent of a named sample: each turn answers the request waiting; the next request's new messages

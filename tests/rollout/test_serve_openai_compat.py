@@ -291,3 +291,26 @@ def test_a_request_without_max_tokens_gets_the_room_its_prompt_leaves(served):
     assert 0 < room < 5   # shorter than the fake's 5-token turn: cut at the context's end
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}])
     assert (len(r.choices[0].token_ids), r.choices[0].finish_reason) == (room, "length")
+
+
+@requires_torch
+def test_a_response_carries_its_prompt_token_ids(served):
+    """vLLM's server gives prompt_token_ids (with return_token_ids) next to each choice's token_ids; pdsr gave the
+    choices' only, so a client could not see the ids its prompt was rendered to."""
+    session, client, base = served
+    tok = session.tokenizer
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2,
+                                       extra_body={"return_token_ids": True})
+    rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert r.prompt_token_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert r.usage.prompt_tokens == len(r.prompt_token_ids)
+    c = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=2)
+    assert c.prompt_token_ids == [5, 6, 7]
+    first = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3, extra_body={"pdsr_sample": "p"})
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "tool", "content": "4"}]
+    second = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, extra_body={"pdsr_sample": "p"})
+    row = httpx.post(f"{base}/pdsr/samples/p/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+    assert first.prompt_token_ids == row["prompt_token_ids"]
+    assert second.prompt_token_ids == row["prompt_token_ids"] + row["response_token_ids"][:-2]
+    assert second.usage.prompt_tokens == len(second.prompt_token_ids)

@@ -344,7 +344,7 @@ def test_a_turn_that_calls_tools_finishes_with_tool_calls(tiny_model_dir):
                                                                   + [tok.eos_token_id], STOP)]
     group.samples = [Sample(group=group, index=i, max_tokens=64, token_ids=ids, finish_reason=reason)
                      for i, (ids, reason) in enumerate(turns)]
-    response = server._chat_response(group.samples, 1)
+    response = server._chat_response(group.samples, [1])
     assert [c["finish_reason"] for c in response["choices"]] == ["tool_calls", "length", "stop"]
     assert response["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculator"
     closing = [c["choices"][0]["finish_reason"] for c in stream_chunks(response, False)][1::2]
