@@ -32,7 +32,7 @@ from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
-from pdsr_sdk.rollout.serve_options import check_named_template, include_stop, template_options
+from pdsr_sdk.rollout.serve_options import check_named_template, include_stop, template_options, with_tool_arguments
 from pdsr_sdk.rollout.serve_named import NamedSamples
 
 #: finish reasons as OpenAI's API names them
@@ -304,9 +304,10 @@ def _messages(value: Any) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ServeError(400, f"messages[{i}] must be an object with a string 'role'")
         try:   # text parts joined, as vLLM's server passes them to a template of string content
-            out.append({**m, "content": message_text(m.get("content"), f"messages[{i}].content")})
+            m = {**m, "content": message_text(m.get("content"), f"messages[{i}].content")}
         except ValueError as exc:
             raise ServeError(400, str(exc)) from None
+        out.append(with_tool_arguments(m, f"messages[{i}]"))
     return out
 
 

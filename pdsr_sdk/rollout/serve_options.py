@@ -1,9 +1,10 @@
 """A ``pdsr serve`` request's options that shape its prompt or its text, as vLLM's server takes them: the chat
-template's (``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``) and
-``include_stop_str_in_output``."""
+template's (``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``), an assistant
+message's ``tool_calls`` as the template gets them, and ``include_stop_str_in_output``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pdsr_sdk.rollout.serve_error import ServeError
@@ -48,3 +49,37 @@ def include_stop(body: dict[str, Any]) -> bool:
     if value is not None and not isinstance(value, bool):
         raise ServeError(400, f"include_stop_str_in_output must be true or false, got {value!r:.80}")
     return bool(value)
+
+
+def with_tool_arguments(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """An assistant ``message`` whose ``tool_calls`` carry their ``function.arguments`` as objects, as vLLM's server
+    hands them to the chat template (OpenAI's clients send a JSON string, which a template's ``arguments | tojson``
+    would quote again); an empty ``tool_calls`` dropped, as vLLM drops it. A 400 naming ``where`` for arguments
+    that are not a JSON object (vLLM's server renders them as ``{}``, a call the model never made)."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or calls is None:
+        return message
+    if not isinstance(calls, list):
+        raise ServeError(400, f"{where}.tool_calls must be a list, got {calls!r:.80}")
+    if not calls:
+        return {k: v for k, v in message.items() if k != "tool_calls"}
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise ServeError(400, f"{where}.tool_calls[{j}] must be {{'type': 'function', 'function': {{name, "
+                                  f"arguments}}}}, got {call!r:.80}")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ServeError(400, f"{where}.tool_calls[{j}].function.arguments is not JSON ({exc.msg}): "
+                                      f"{function['arguments']!r:.80}") from None
+        elif arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise ServeError(400, f"{where}.tool_calls[{j}].function.arguments must be a JSON object, got "
+                                  f"{function.get('arguments')!r:.80}")
+        out.append({**call, "function": {**function, "arguments": arguments}})
+    return {**message, "tool_calls": out}

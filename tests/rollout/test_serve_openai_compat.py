@@ -314,3 +314,41 @@ def test_a_response_carries_its_prompt_token_ids(served):
     assert first.prompt_token_ids == row["prompt_token_ids"]
     assert second.prompt_token_ids == row["prompt_token_ids"] + row["response_token_ids"][:-2]
     assert second.usage.prompt_tokens == len(second.prompt_token_ids)
+
+
+#: ChatML that renders an assistant's tool calls as Qwen2.5's template does (``arguments | tojson``)
+TOOL_CALLS = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+              "{% for c in m.get('tool_calls', []) %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+              "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@requires_torch
+def test_an_assistants_tool_call_arguments_reach_the_template_as_an_object(tiny_model_dir):
+    """OpenAI's clients send a tool call's arguments as a JSON string; vLLM's server parses it before the template,
+    whose ``tojson`` would otherwise quote it again. pdsr passed the string: the model saw
+    ``"arguments": "{\\"a\\": 1}"``, not the ``{"a": 1}`` it had written."""
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 8},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
+                                  "max_model_len": 256, "max_num_seqs": 4}])
+    with RolloutSession(cfg) as session, serving(session) as (client, _):
+        tok = session.tokenizer
+        tok.chat_template = TOOL_CALLS
+        call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+        msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "2"}]
+        client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+        sent = tok.decode(session.engines[0].requests[-1].context_ids, skip_special_tokens=False)
+        assert sent == ('<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n<tool_call>{"name": "add", '
+                        '"arguments": {"a": 1}}</tool_call><|im_end|>\n<|im_start|>tool\n2<|im_end|>\n'
+                        '<|im_start|>assistant\n')
+        msgs[1] = {"role": "assistant", "content": "ok", "tool_calls": []}   # empty: dropped, as vLLM drops it
+        client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+        assert "<|im_start|>assistant\nok<|im_end|>" in tok.decode(session.engines[0].requests[-1].context_ids)
+        for arguments, expect in (("{oops", r"messages\[1\]\.tool_calls\[0\]\.function\.arguments is not JSON"),
+                                  ("[1]", r"messages\[1\]\.tool_calls\[0\]\.function\.arguments must be a JSON "
+                                          r"object")):
+            msgs[1] = {"role": "assistant", "content": None,
+                       "tool_calls": [{**call, "function": {"name": "add", "arguments": arguments}}]}
+            with pytest.raises(openai.BadRequestError, match=expect):
+                client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
