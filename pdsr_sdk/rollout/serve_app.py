@@ -12,7 +12,7 @@ from pdsr_sdk.rollout.serve_error import ServeError
 
 def create_app(server: ChatServer) -> Any:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     from starlette.exceptions import HTTPException
 
@@ -27,8 +27,8 @@ def create_app(server: ChatServer) -> Any:
     async def routing_error(request: Request, exc: HTTPException) -> JSONResponse:
         # a route or method pdsr does not serve: the error body OpenAI's clients read, not FastAPI's {"detail": ...}
         return error(ServeError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; pdsr serves "
-                                                 f"POST /v1/chat/completions, POST /v1/completions, GET /v1/models "
-                                                 f"and /v1/pdsr/samples/ID"))
+                                                 f"POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
+                                                 f"GET /health and /v1/pdsr/samples/ID"))
 
     async def body_of(request: Request) -> dict[str, Any]:
         try:
@@ -50,6 +50,11 @@ def create_app(server: ChatServer) -> Any:
         if usage is None:
             return response
         return StreamingResponse(iter(stream_events(response, usage)), media_type="text/event-stream")
+
+    @app.get("/health")
+    async def health() -> Any:
+        # vLLM's readiness probe, which launch scripts poll before their first request: 200 once serving
+        return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models() -> Any:

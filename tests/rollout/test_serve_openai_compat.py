@@ -352,3 +352,14 @@ def test_an_assistants_tool_call_arguments_reach_the_template_as_an_object(tiny_
                        "tool_calls": [{**call, "function": {"name": "add", "arguments": arguments}}]}
             with pytest.raises(openai.BadRequestError, match=expect):
                 client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+
+
+@requires_torch
+def test_health_answers_200_as_vllms_does(served):
+    """Launch scripts written for vLLM poll GET /health before their first request; pdsr answered it with a 404,
+    so they waited until their timeout."""
+    _, _, base = served
+    root = base.removesuffix("/v1")
+    r = httpx.get(f"{root}/health", timeout=WAIT_S)
+    assert (r.status_code, r.content) == (200, b"")
+    assert "GET /health" in httpx.get(f"{root}/nope", timeout=WAIT_S).json()["error"]["message"]
