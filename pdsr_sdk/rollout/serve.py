@@ -96,8 +96,11 @@ class ChatServer:
         return self.envelope("text_completion", "cmpl", choices, ids, group.samples)
 
     def models(self) -> dict[str, Any]:
+        """``GET /v1/models``: the one model, with the engines' context as vLLM's server lists it (``max_model_len``,
+        which clients read to budget a conversation; null when no engine says)."""
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                             "owned_by": "pdsr"}]}
+                                             "owned_by": "pdsr", "root": self.model_name, "parent": None,
+                                             "max_model_len": self._context_limit()}]}
 
     async def end_sample(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
         """End a named sample (``reward``: its reward, or None for the reward function) and return its row."""

@@ -363,3 +363,11 @@ def test_health_answers_200_as_vllms_does(served):
     r = httpx.get(f"{root}/health", timeout=WAIT_S)
     assert (r.status_code, r.content) == (200, b"")
     assert "GET /health" in httpx.get(f"{root}/nope", timeout=WAIT_S).json()["error"]["message"]
+
+
+@requires_torch
+def test_models_lists_the_context_as_vllms_does(served):
+    """vLLM's model card has max_model_len (clients budget a conversation with it); pdsr's had none."""
+    _, client, _ = served
+    [card] = client.models.list().data
+    assert (card.id, card.max_model_len, card.root) == ("tiny", 256, "tiny")   # the fake engine's max_model_len
