@@ -27,7 +27,7 @@ class SamplingConfig(ConfigModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="vLLM's frequency penalty (subtracted once per occurrence of a token in the response; 0 = off). Counted as presence_penalty is: it needs each sample in one request (segments.enabled false, no steps, no agent).")
     max_tokens: int = Field(1024, ge=1, description="Most response tokens per sample (finish reason 'length' past it).")
     stop: list[str] = Field(default_factory=list, description="Stop strings that end a response (non-empty: vLLM refuses an empty one).")
-    stop_token_ids: list[int] = Field(default_factory=list, description="Token ids that end a response besides the model's EOS, as verl passes a chat template's end-of-turn tokens (<|im_end|>, <|eot_id|>); the stop token is kept as the response's last token. Extra EOS ids: ignore_eos ignores them too.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Token ids that end a response besides the model's EOS, as verl passes a chat template's end-of-turn tokens (<|im_end|>, <|eot_id|>); the stop token is kept as the response's last token; an id outside the model's vocabulary is an error. Extra EOS ids: ignore_eos ignores them too.")
     ignore_eos: bool = Field(False, description="Keep generating past EOS (and stop_token_ids) until max_tokens (benchmarks).")
 
 

@@ -68,13 +68,17 @@ MODEL_BACKENDS = ("vllm", "ray")
 def check_engine_model(config, specs: list, model_dir: str, tokenizer: Callable[[], Any]) -> list:
     """Before a session builds vLLM engines: ``model_dir`` is a model folder, and ``tokenizer()`` loads its tokenizer
     (so a hub id or a folder without tokenizer files is named now, not in an engine's start-up or at the first
-    prompt); an engine's max_model_len above the model's context is an error naming the key that set it, or, the
+    prompt); a stop token id outside its vocabulary is an error; an engine's max_model_len above the model's context is an error naming the key that set it, or, the
     default's, lowered to that context (vLLM refuses either at start-up). Returns ``specs`` so lowered. Engines of
     other backends (your own: a remote server's model name) are left to themselves."""
     if not any(s.backend in MODEL_BACKENDS for s in specs):
         return specs
     check_model_folder(model_dir)
-    tokenizer()
+    vocab = max(len(tokenizer()), model_vocab_size(model_dir) or 0)
+    outside = [t for t in config.sampling.stop_token_ids if t >= vocab]
+    if outside:   # vLLM takes it and never meets it: a response meant to end there runs to max_tokens
+        raise ConfigError(f"sampling.stop_token_ids: {outside[0]} is not a token of the model (its ids are 0 to "
+                          f"{vocab - 1}), so it would never end a response")
     limit, source = model_context(model_dir)
     if limit is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true"):
         return specs
