@@ -74,7 +74,7 @@ def check_engine_model(config, specs: list, model_dir: str, tokenizer: Callable[
     if not any(s.backend in MODEL_BACKENDS for s in specs):
         return specs
     check_model_folder(model_dir)
-    vocab = max(len(tokenizer()), model_vocab_size(model_dir) or 0)
+    vocab = model_vocab(tokenizer(), model_dir)
     outside = [t for t in config.sampling.stop_token_ids if t >= vocab]
     if outside:   # vLLM takes it and never meets it: a response meant to end there runs to max_tokens
         raise ConfigError(f"sampling.stop_token_ids: {outside[0]} is not a token of the model (its ids are 0 to "
@@ -165,6 +165,11 @@ def model_vocab_size(model_dir: str | Path) -> int | None:
     return None
 
 
+def model_vocab(tokenizer, model_dir: str | Path) -> int:
+    """The ids a model takes: the larger of its tokenizer's size and its config's vocabulary, as vLLM takes it."""
+    return max(len(tokenizer), model_vocab_size(model_dir) or 0)
+
+
 def session_context(config, engines: list, given: bool) -> tuple[int | None, str]:
     """The longest context (prompt + response) a session's engines take, and what sets it, said as the setting
     that raises it (for the error naming a prompt too long)."""
@@ -187,8 +192,7 @@ def session_context(config, engines: list, given: bool) -> tuple[int | None, str
 def prompt_limits(config, tokenizer, model_dir: str, engines: list, given: bool) -> tuple[int, int | None, str]:
     """What :func:`check_prompt_ids` checks a session's prompts against: (vocabulary size: the larger of the
     tokenizer's and the model's, as vLLM takes it; context limit; what sets the limit)."""
-    vocab = max(len(tokenizer), model_vocab_size(model_dir) or 0)
-    return (vocab, *session_context(config, engines, given))
+    return (model_vocab(tokenizer, model_dir), *session_context(config, engines, given))
 
 
 def check_prompt_ids(records: list, *, vocab: int | None, limit: int | None, source: str, max_tokens: int,

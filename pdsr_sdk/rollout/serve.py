@@ -167,9 +167,9 @@ class ChatServer:
     def check_ids(self, ids: list[int], what: str) -> None:
         """A 400 naming the first of ``ids`` outside the model's vocabulary (the engines would refuse it)."""
         if self._vocab is None:
-            from pdsr_sdk.rollout.preflight import model_vocab_size
+            from pdsr_sdk.rollout.preflight import model_vocab
 
-            self._vocab = max(len(self.session.tokenizer), model_vocab_size(self.session.model_dir or "") or 0)
+            self._vocab = model_vocab(self.session.tokenizer, self.session.model_dir or "")
         bad = next((i for i in ids if not 0 <= i < self._vocab), None)
         if bad is not None:
             raise ServeError(400, f"{what}: token id {bad} is out of the vocabulary (ids 0 to {self._vocab - 1})")
