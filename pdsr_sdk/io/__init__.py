@@ -1,4 +1,5 @@
-"""Reading and writing tables: atomic writes, streamed record batches, ragged columns and their padding.
+"""Reading and writing tables: atomic writes, streamed record batches, ragged columns and their padding; and the
+settings check a ``--resume`` of ``pdsr rollout`` or ``pdsr score`` makes (:mod:`pdsr_sdk.io.resume_check`).
 
 The names load on first use (pyarrow is imported then, not with the package).
 """

@@ -20,6 +20,7 @@ from pdsr_sdk.dispatch.run import STAT_KEYS
 from pdsr_sdk.dispatch.trajectory import restore_sample
 from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, PdsrError
+from pdsr_sdk.io.resume_check import check_resume_settings
 from pdsr_sdk.policies.resolve import plain_settings
 from pdsr_sdk.rollout.data import build_groups
 from pdsr_sdk.rollout.reward_totals import add_extra_sums
@@ -161,12 +162,8 @@ def _check_settings(path: Path, now: dict[str, Any], meta: dict[bytes, bytes], g
         then = {k: meta[k.encode()].decode() for k in ("policy", "logprobs_mode") if k.encode() in meta}
     if len(group_sizes) == 1:
         then.setdefault("sampling.n", next(iter(group_sizes)))
-    diffs = [f"{key} ({RESUME_KEYS[key]}) is {now[key]!r} now but was {then[key]!r}"
-             for key in RESUME_KEYS if key in then and key in now and then[key] != now[key]
-             and not (key == "policy_settings" and _same_policy_settings(then, now, path))]
-    if diffs:
-        raise ConfigError(f"{path}: --resume continues a run made with other settings: {'; '.join(diffs)}. Resume "
-                          f"with the run's settings, or start over with --overwrite (which replaces it)")
+    check_resume_settings(path, then, now, RESUME_KEYS,
+                          same=lambda key: key == "policy_settings" and _same_policy_settings(then, now, path))
 
 
 def _same_policy_settings(then: dict[str, Any], now: dict[str, Any], path: Path) -> bool:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.resume_check import check_resume_settings
 from pdsr_sdk.scoring.config import ScoreConfig, score_flag
 
 METADATA_KEY = b"pdsr_score"
@@ -67,17 +68,11 @@ def run_settings(config: ScoreConfig, model_dir: str | Path) -> dict[str, Any]:
     return settings
 
 
-def _flag(key: str) -> str:
-    return {"model": "--model", "data": "--data"}.get(key) or score_flag(key)
-
-
 def check_settings(where: Path, then: dict[str, Any], now: dict[str, Any]) -> None:
-    """A ConfigError naming every setting of ``now`` that differs from ``then`` (the run in ``where``)."""
-    differ = [f"{key} ({_flag(key)}): {then.get(key)!r} there, {now[key]!r} now" for key in now
-              if then.get(key) != now[key]]
-    if differ:
-        raise ConfigError(f"{where}: cannot resume: the run there was made with other settings: {'; '.join(differ)}. "
-                          f"Resume with its settings, or start over with --overwrite")
+    """A ConfigError naming every setting of ``now`` that differs from ``then`` (the run in ``where``); ``then``
+    holds every key of its run's :func:`run_settings`, so one it lacks (a run of an older pdsr) differs too."""
+    flags = {key: {"model": "--model", "data": "--data"}.get(key) or score_flag(key) for key in now}
+    check_resume_settings(where, then, now, flags, complete=True)
 
 
 @dataclass(frozen=True)

@@ -150,16 +150,16 @@ def _interrupted(tmp_path, tiny_model_dir, data, monkeypatch):
 
 
 @pytest.mark.parametrize("flags,says", [
-    (["--temperature", 0.7], "temperature (--temperature): 1.0 there, 0.7 now"),
-    (["--column", "old_logps", "--entropy"], "column (--column): 'ref_logps' there, 'old_logps' now; entropy "
-                                             "(--entropy): False there, True now"),
-    (["--block-tokens", 300], "block_tokens (--block-tokens): 200 there, 300 now"),
+    (["--temperature", 0.7], "temperature (--temperature) is 0.7 now but was 1.0"),
+    (["--column", "old_logps", "--entropy"], "column (--column) is 'old_logps' now but was 'ref_logps'; entropy "
+                                             "(--entropy) is True now but was False"),
+    (["--block-tokens", 300], "block_tokens (--block-tokens) is 300 now but was 200"),
 ])
 def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path, tiny_model_dir, data, monkeypatch, flags, says):
     out = _interrupted(tmp_path, tiny_model_dir, data, monkeypatch)
     res = invoke(*args(tiny_model_dir, data, out, "--resume"), *flags)
     assert res.exit_code == 2 and res.output.startswith("error: ") and says in res.output, res.output
-    assert "cannot resume" in res.output and "--overwrite" in res.output
+    assert "--resume continues a run made with other settings" in res.output and "--overwrite" in res.output
 
 
 def test_a_resume_with_another_model_or_changed_input_is_refused(tmp_path, tiny_model_dir, data, monkeypatch):
@@ -173,7 +173,7 @@ def test_a_resume_with_another_model_or_changed_input_is_refused(tmp_path, tiny_
     raw[-1] ^= 1
     weights.write_bytes(bytes(raw))
     res = invoke(*args(other, data, out, "--resume"))
-    assert res.exit_code == 2 and "model (--model): " in res.output and "(weights " in res.output, res.output
+    assert res.exit_code == 2 and "model (--model) is " in res.output and "(weights " in res.output, res.output
 
     table = pq.read_table(data)
     uid = table.column("uid").to_pylist()
