@@ -1,5 +1,6 @@
-"""Reading and writing tables: atomic writes, streamed record batches, ragged columns and their padding; and the
-settings check a ``--resume`` of ``pdsr rollout`` or ``pdsr score`` makes (:mod:`pdsr_sdk.io.resume_check`).
+"""Reading and writing tables: atomic writes, streamed record batches, ragged columns and their padding; and what
+``pdsr rollout`` and ``pdsr score`` share about their output: the settings check of a ``--resume``
+(:mod:`pdsr_sdk.io.resume_check`) and the lock held while one run writes it (:mod:`pdsr_sdk.io.output_lock`).
 
 The names load on first use (pyarrow is imported then, not with the package).
 """

@@ -13,6 +13,7 @@ from pdsr_sdk.dispatch.steps import groups_launched
 from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, Interrupted, PdsrError
+from pdsr_sdk.io.output_lock import output_lock
 from pdsr_sdk.io.tables import remove_stale_temps, write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
@@ -25,7 +26,7 @@ from pdsr_sdk.rollout.reward import config_reward
 from pdsr_sdk.rollout.session import RolloutSession
 from pdsr_sdk.rollout.reward_totals import GroupRewards
 from pdsr_sdk.rollout.summary import BatchTally, RolloutSummary, run_summary
-from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, output_lock, write_errors_named
+from pdsr_sdk.rollout.writer import TrajectoryWriter, carry_file, write_errors_named
 
 
 def resolve_model_dir(config) -> str:
@@ -123,7 +124,7 @@ async def run_rollout_async(config, *, progress: ProgressFactory = silent_progre
     """Every check that needs no engine comes first (outputs, options, policy, data, the run resumed, prompt
     lengths); nothing on disk changes before they pass, but for the output's lock (``<out>.lock``, held while the
     run goes on: a second run on the same output is an error)."""
-    with output_lock(config.output.path):
+    with output_lock(config.output.path, "pdsr rollout"):
         return await _rollout(config, progress=progress, status=status, engines=engines, _state=_state)
 
 

@@ -5,7 +5,8 @@ vocabulary, lengths within the model's context and the token quota), naming the 
 loads. The rows are then cut into blocks of about ``block_tokens`` tokens (:func:`plan_blocks`); each block is
 scored and written to ``<out>.parts/`` (:mod:`pdsr_sdk.scoring.resume`), and the blocks are merged into ``out``
 at the end (atomic rename). ``resume`` keeps the blocks an interrupted run finished, after checking each against
-its rows of the input.
+its rows of the input. One run at a time writes an output (:func:`~pdsr_sdk.io.output_lock.output_lock`): two on
+one ``out`` would write the same block files.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyarrow as pa
 
 from pdsr_sdk.errors import ConfigError, DataError, DataValueError, Interrupted
 from pdsr_sdk.io.blocks import TableBatches, open_table_batches
+from pdsr_sdk.io.output_lock import output_lock
 from pdsr_sdk.io.tables import atomic_path, check_new_output, remove_stale_temps, write_table_atomic
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 from pdsr_sdk.scoring import resume as parts
@@ -55,7 +57,14 @@ class _FileMeter(ScoreMeter):
 
 def score_file(config: ScoreConfig, *, progress: ProgressFactory | None = None) -> tuple[Path, ScoreStats]:
     """Read ``config.data``, score it in blocks of rows, write ``config.out``; returns (path, stats of the rows
-    scored by this call; ``stats.resumed_samples``: rows kept from an interrupted run). See the module doc."""
+    scored by this call; ``stats.resumed_samples``: rows kept from an interrupted run). See the module doc. The
+    output's lock (``<out>.lock``) is held for the whole call: a second run on the same ``out`` is a DataError
+    naming it, before it reads or writes anything there."""
+    with output_lock(config.out, "pdsr score"):
+        return _score_file(config, progress)
+
+
+def _score_file(config: ScoreConfig, progress: ProgressFactory | None) -> tuple[Path, ScoreStats]:
     out = Path(config.out)
     check_new_output(out, "out (--out)", overwrite=config.overwrite or config.resume)
     model_dir = _model_dir(config)

@@ -1,0 +1,95 @@
+"""One run at a time on an output: ``pdsr rollout`` and ``pdsr score`` hold :func:`output_lock` on theirs while they
+write it (part files under ``<out>.parts/`` included), so a second run on the same ``--out`` is refused instead of
+both writing parts under the same numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+from pdsr_sdk.errors import DataError
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path, command: str) -> Iterator[None]:
+    """Held while a run (``command``, such as ``"pdsr score"``) writes ``path``: an exclusive lock (``flock``) on
+    ``<path>.lock``, which holds the process id and ``command``, removed at the end. A second run on the same
+    output (a ``--resume`` started while the first still runs: a background job ignores Ctrl-C's SIGINT) is a
+    DataError naming the path, the running one's command and process id, instead of both writing part files under
+    the same numbers (each replacing the other's) and doing the same work twice. The output's folder is made for
+    the lock where it is missing (two runs into a new folder are kept apart too), and removed again if the run
+    leaves it empty. Where it cannot be made, or on a system without ``fcntl``, nothing is locked (the output
+    checks name a folder that cannot be written)."""
+    try:
+        import fcntl
+    except ImportError:   # not POSIX
+        yield
+        return
+    path = Path(path)
+    lock = path.with_name(path.name + ".lock")
+    made = _missing_folders(lock.parent)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = _locked(lock, fcntl)
+    except OSError:
+        _remove_empty(made)
+        yield
+        return
+    except DataError as e:
+        _remove_empty(made)
+        raise DataError(f"{path}: {e}") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {command}".encode())
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+        _remove_empty(made)
+
+
+def _locked(lock: Path, fcntl) -> int:
+    """A descriptor of ``lock`` holding its exclusive flock. A run that ends unlinks its lock file, so one that opened
+    the file just before that would lock a file no longer on disk while a third run locks a new one: the lock is
+    kept only if ``lock`` still names the locked file, else taken again on the file there now."""
+    for _ in range(100):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            held = os.read(fd, 256).decode(errors="replace").split(maxsplit=1)
+            os.close(fd)
+            pid = held[0] if held else "unknown"
+            command = held[1] if len(held) > 1 else "pdsr run"   # (a lock of a pdsr that wrote only its pid)
+            raise DataError(f"another {command} is writing this output (process {pid}, holding {lock.name}); let it "
+                            f"finish or stop it (kill {pid}: it keeps what it finished) before running again with "
+                            f"--resume") from None
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)   # unlinked or replaced by the run that held it: lock the file there now
+    raise OSError(f"{lock}: replaced again and again while locking it")
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those above it that do not exist, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that are empty: made for a lock by a run that wrote nothing there."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:   # not empty (the run wrote), or gone
+            return
