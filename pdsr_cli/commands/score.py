@@ -74,9 +74,9 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     model (fp32 log-softmax, logits / temperature) and writes the input plus a
     list<float32> column. Micro-batching: --mbs N (fixed size; the last
     micro-batch is padded to N rows) or --max-tokens-per-mb N (token quota,
-    balanced, original order restored), else one forward per block of rows
-    (--block-tokens); either flag
-    replaces the other mode set in --config. --pack: each micro-batch is one
+    balanced, original order restored), else a token quota of 16,384
+    (verl's default; raised to the longest row); either flag replaces the
+    other mode set in --config. --pack: each micro-batch is one
     row of concatenated samples (no padding; attention stays inside each
     sample), N real tokens with --max-tokens-per-mb N.
 

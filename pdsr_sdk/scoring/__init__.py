@@ -6,8 +6,8 @@
 - Backends (:data:`SCORING_BACKENDS`, each a :class:`ScoringBackend`):
   ``torch`` (transformers, chunked fp32 log-softmax over the lm_head) and
   ``vllm`` (prompt logprobs); register your own or pass an import path.
-- Micro-batching: one forward, fixed ``mbs`` (tail padded to ``mbs`` rows),
-  or a token quota (balanced partitions, original order restored).
+- Micro-batching: fixed ``mbs`` (tail padded to ``mbs`` rows) or a token
+  quota (balanced partitions, original order restored; 16,384 by default).
 - :func:`score_table` / :func:`score_file`: the same on a trajectories table / file (the file in blocks
   of rows, resumable).
 

@@ -33,7 +33,7 @@ class ScoreStats:
     """What a scoring run did and cost."""
 
     backend: str
-    mode: str  #: "single forward", "mbs=32" or "token quota 8192"
+    mode: str  #: "mbs=32", "token quota 8192" or "token quota 16384 (default)"
     samples: int
     micro_batches: int
     #: distinct (rows, seq_len) forward shapes; None for vLLM (it batches unpadded tokens itself)
@@ -196,7 +196,8 @@ def per_token_logps(
             least one token; an empty completion gets an empty array.
         options: a :class:`ScoreOptions` (or a mapping of its keys; None =
             the defaults): backend, micro-batching (``mbs`` or
-            ``max_tokens_per_micro_batch``, neither = one forward),
+            ``max_tokens_per_micro_batch``, neither = a quota of 16,384
+            raised to the longest row),
             ``temperature``, ``entropy`` and the rest; see its fields.
         progress: progress factory (see :mod:`pdsr_sdk.progress`); one step per micro-batch.
         names, source: the inputs' names and origin (a file), used in error messages.

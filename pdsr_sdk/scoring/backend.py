@@ -55,7 +55,7 @@ class BackendOutput:
     partitions: list[list[int]]
     logps: list[list[np.ndarray]]
     entropy: list[list[np.ndarray]] | None  #: like logps, or None when not computed
-    mode: str  #: how samples were grouped, e.g. "mbs=32", "token quota 8192", "single forward"
+    mode: str  #: how samples were grouped, e.g. "mbs=32", "token quota 8192", "token quota 16384 (default)"
     head: str  #: how the log-probs were formed (shown in the stats)
     computed_tokens: int  #: tokens the model ran on, padding and dummy rows included
     distinct_shapes: int | None = None  #: distinct padded (rows, seq_len) shapes; None if unpadded

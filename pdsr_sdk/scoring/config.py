@@ -20,6 +20,9 @@ from pdsr_sdk.io.tables import ParquetPath
 
 DEFAULT_ROW_CHUNK = 512
 DEFAULT_LENGTH_BUCKET = 64
+#: the token quota per micro-batch when neither ``mbs`` nor ``max_tokens_per_micro_batch`` is set (verl's default
+#: ``log_prob_max_token_len_per_gpu``); raised to the longest padded row where one is longer
+DEFAULT_TOKEN_QUOTA = 16384
 #: prompt + response tokens per block of rows ``pdsr score`` reads, scores and writes at a time
 DEFAULT_BLOCK_TOKENS = 1 << 20
 
@@ -53,8 +56,8 @@ class ScoreOptions(ConfigModel):
                                                     "Exclusive with `max_tokens_per_micro_batch`.")
     max_tokens_per_micro_batch: int | None = Field(
         None, ge=1, description="Token quota per micro-batch (computed tokens: rows x padded length). "
-                                "Exclusive with `mbs`. Neither = one forward over all the rows (`pdsr "
-                                "score`: over each block of rows, `block_tokens`).")
+                                "Exclusive with `mbs`. Neither: 16,384 (verl's default), raised to the "
+                                "longest row where one is longer.")
     token_grouping: Literal["length", "none"] = Field(
         "length", description="Token-quota mode only. 'length': group samples of similar length, then split each "
                               "group with partition_by_tokens (little padding); 'none': partition_by_tokens over "

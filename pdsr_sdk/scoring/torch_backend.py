@@ -29,6 +29,7 @@ import numpy as np
 from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.scoring.backend import BackendOutput, ScoreInputs, ScoreMeter
 from pdsr_sdk.scoring.buckets import MicroBatch
+from pdsr_sdk.scoring.config import DEFAULT_TOKEN_QUOTA
 from pdsr_sdk.scoring.hf_model import Parts, find_parts, last_hidden, load_model, model_device, model_vocab_size
 from pdsr_sdk.scoring.packed import check_packing, packed_attention_for, resolve_pack, score_packed_micro_batch
 
@@ -142,24 +143,28 @@ def _run_micro_batches(model, parts: Parts, plan: Sequence[MicroBatch], seqs: Se
 
 
 def plan_for(lengths: np.ndarray, options: ScoreOptions, packed: bool = False) -> tuple[list[MicroBatch], str]:
-    """The micro-batch plan of ``options`` (fixed mbs, token quota or one forward) and its description."""
-    from pdsr_sdk.scoring.buckets import plan_fixed, plan_packed, plan_single, plan_token_quota
+    """The micro-batch plan of ``options`` (fixed mbs, else a token quota: the given one, or the default one
+    raised to the longest padded row) and its description."""
+    from pdsr_sdk.scoring.buckets import plan_fixed, plan_packed, plan_token_quota, round_up
 
     mbs, max_tokens, bucket = options.mbs, options.max_tokens_per_micro_batch, int(options.length_bucket)
     if len(lengths) == 0:
         return [], "empty"
+    quota = f"token quota {max_tokens}"
+    if mbs is None and max_tokens is None:
+        # one forward over a block of rows padded to its longest ran out of memory (24 GB on 2,000 rows)
+        longest = int(lengths.max()) if packed else round_up(int(lengths.max()), bucket)
+        max_tokens = max(DEFAULT_TOKEN_QUOTA, longest)
+        quota = f"token quota {max_tokens} (default)"
     if packed:
-        plan = plan_packed(lengths, mbs=mbs, max_tokens=max_tokens)
-        what = f"mbs={mbs}" if mbs is not None else f"token quota {max_tokens}" if max_tokens is not None else "one row"
-        return plan, f"packed, {what}"
+        plan = plan_packed(lengths, mbs=mbs, max_tokens=None if mbs is not None else max_tokens)
+        return plan, f"packed, {f'mbs={mbs}' if mbs is not None else quota}"
     if mbs is not None:
         return plan_fixed(lengths, int(mbs), length_bucket=bucket), f"mbs={mbs}"
-    if max_tokens is not None:
-        grouping = options.token_grouping
-        plan, _ = plan_token_quota(lengths, int(max_tokens), length_bucket=bucket, grouping=grouping,
-                                   max_padding_fraction=options.max_padding_fraction)
-        return plan, f"token quota {max_tokens}" + ("" if grouping == "length" else f", grouping={grouping}")
-    return plan_single(lengths, length_bucket=bucket), "single forward"
+    grouping = options.token_grouping
+    plan, _ = plan_token_quota(lengths, int(max_tokens), length_bucket=bucket, grouping=grouping,
+                               max_padding_fraction=options.max_padding_fraction)
+    return plan, quota + ("" if grouping == "length" else f", grouping={grouping}")
 
 
 def resolve_pad_id(model, pad_id: int | None) -> int:

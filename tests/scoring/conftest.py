@@ -24,9 +24,10 @@ def samples():
 
 @pytest.fixture(scope="module")
 def unbatched(model, samples):
+    """One forward over every sample (a micro-batch of them all): the reference micro-batching is held to."""
     from pdsr_sdk.scoring import per_token_logps
 
-    return per_token_logps(model, *samples)
+    return per_token_logps(model, *samples, mbs=len(samples[0]))
 
 
 @pytest.fixture(scope="module")
