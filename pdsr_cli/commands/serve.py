@@ -19,8 +19,10 @@ from pdsr_cli.common import (build_config, check_speculative_flags, config_optio
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on (0: any free one).")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
-@click.option("--model-name", help="The model id /v1/models lists and responses name (a request's model is not "
-                                   "checked).  [default: the model folder's name]")
+@click.option("--model-name", "--served-model-name", "model_name", multiple=True,
+              help="The model id /v1/models lists and responses name; a request naming another model is a 404, as "
+                   "vLLM's server answers it. Repeat it to answer to several names (the first is the responses').  "
+                   "[default: the model folder's name, and the --model folder as given]")
 @click.option("--max-tokens", type=int, help="Most tokens of a response when a request does not say, and a named "
                                             "sample's whole budget.  [default: 1024]")
 @click.option("--temperature", type=float, help="Sampling temperature of every request (a rollout samples with "
@@ -57,6 +59,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     from pdsr_sdk.policies.resolve import with_policy_sets
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
+    from pdsr_sdk.rollout.serve_model import served_names
     from pdsr_sdk.rollout.session_serve import check_listen_address, check_serve_config
 
     overrides = {"policy": policy, "model": model, "sampling.max_tokens": max_tokens,
@@ -68,6 +71,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     check_speculative_flags(cfg, num_speculative_tokens)
     check_serve_config(cfg)   # before the engines start
     check_listen_address(host, port, host_flag="--host", port_flag="--port")
+    served_names(list(model_name), "", flag="--model-name")   # an empty name: before the engines start
     if cfg.model is None:
         echo_status("model: the built-in tiny random model (pass --model DIR for a real one)")
     if quiet or not stderr_is_terminal():
@@ -80,4 +84,4 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
                     f"(Ctrl-C stops)")
 
     with output_mode(quiet), session:
-        session.serve(host, port, model_name=model_name, tool_parser=tool_parser, on_ready=ready)
+        session.serve(host, port, model_name=list(model_name) or None, tool_parser=tool_parser, on_ready=ready)

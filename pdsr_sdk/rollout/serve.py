@@ -32,6 +32,7 @@ from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
+from pdsr_sdk.rollout.serve_model import check_model
 from pdsr_sdk.rollout.serve_options import check_named_template, include_stop, template_options, with_tool_arguments
 from pdsr_sdk.rollout.serve_named import NamedSamples
 
@@ -42,9 +43,14 @@ _FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
 class ChatServer:
     """The server's logic over a started :class:`~pdsr_sdk.rollout.session.RolloutSession`."""
 
-    def __init__(self, session: Any, *, model_name: str | None = None, tool_parser: str | None = None):
+    def __init__(self, session: Any, *, model_name: str | list[str] | None = None, aliases: list[str] | None = None,
+                 tool_parser: str | None = None):
         self.session = session
-        self.model_name = model_name or "pdsr"
+        #: the names a request's ``model`` may be (listed by /v1/models; the first names every response), and
+        #: ``aliases`` taken too, unlisted (:mod:`pdsr_sdk.rollout.serve_model`)
+        self.model_names = [model_name] if isinstance(model_name, str) else list(model_name or ["pdsr"])
+        self.model_name = self.model_names[0]
+        self.aliases = list(aliases or [])
         self.tool_parser = tool_parser
         self._ids = itertools.count()
         self.named = NamedSamples(self)
@@ -55,6 +61,7 @@ class ChatServer:
     # ------------------------------------------------------------- requests
     async def chat(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/chat/completions``."""
+        self.check_model(body)
         messages = _messages(body.get("messages"))
         tools = _tools(body.get("tools"))
         n, max_tokens = self._common(body, chat=True)
@@ -76,6 +83,7 @@ class ChatServer:
 
     async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/completions``: a text prompt (or token ids), no chat template."""
+        self.check_model(body)
         prompt = _prompt(body.get("prompt"))
         n, max_tokens = self._common(body, chat=False)
         want = wanted(body, chat=False)
@@ -95,12 +103,16 @@ class ChatServer:
                     "token_ids": list(s.token_ids)} for s in group.samples]
         return self.envelope("text_completion", "cmpl", choices, ids, group.samples)
 
+    def check_model(self, body: dict[str, Any]) -> None:
+        """A 404 unless the request's ``model`` is a name this server answers to, as vLLM's server's."""
+        check_model(body, self.model_names, self.aliases)
+
     def models(self) -> dict[str, Any]:
-        """``GET /v1/models``: the one model, with the engines' context as vLLM's server lists it (``max_model_len``,
-        which clients read to budget a conversation; null when no engine says)."""
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                             "owned_by": "pdsr", "root": self.model_name, "parent": None,
-                                             "max_model_len": self._context_limit()}]}
+        """``GET /v1/models``: the model, once per name it answers to, with the engines' context as vLLM's server
+        lists it (``max_model_len``, which clients read to budget a conversation; null when no engine says)."""
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "pdsr",
+                                             "root": name, "parent": None, "max_model_len": self._context_limit()}
+                                            for name in self.model_names]}
 
     async def end_sample(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
         """End a named sample (``reward``: its reward, or None for the reward function) and return its row."""

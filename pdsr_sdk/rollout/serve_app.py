@@ -19,9 +19,8 @@ def create_app(server: ChatServer) -> Any:
     app = FastAPI(title="pdsr", docs_url=None, redoc_url=None)
 
     def error(exc: ServeError) -> JSONResponse:
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        return JSONResponse({"error": {"message": str(exc), "type": kind, "code": exc.status}},
-                            status_code=exc.status)
+        return JSONResponse({"error": {"message": str(exc), "type": exc.kind, "param": exc.param,
+                                       "code": exc.status}}, status_code=exc.status)
 
     @app.exception_handler(HTTPException)
     async def routing_error(request: Request, exc: HTTPException) -> JSONResponse:

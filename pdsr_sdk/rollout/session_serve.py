@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from pathlib import Path
 from typing import Any, Callable
 
 from pdsr_sdk.errors import ConfigError, RunError
@@ -24,19 +23,24 @@ class Serving:
         """Serve OpenAI-style requests until :meth:`stop_serving` or Ctrl-C (synchronous; see :meth:`aserve`)."""
         return self._call(self.aserve(host, port, **kw), "serve")
 
-    async def aserve(self, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
+    async def aserve(self, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | list[str] | None = None,
                      tool_parser: str | None = None, on_ready: Callable[[int], None] | None = None) -> None:
         """Serve ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models`` on the engines,
-        each request a group through the policy, until :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`:
-        named samples, recorded token-exact). ``on_ready(port)`` is called once it listens (``port=0``: any
-        free port). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser. A port
-        out of range or taken is a ConfigError (before the engines start, where this call starts them)."""
+        each request a group through the policy, until
+        :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`: named samples, recorded token-exact). ``on_ready(port)``
+        is called once it listens (``port=0``: any free port). ``model_name``: the name, or names, a request's
+        ``model`` may be (another is a 404, as vLLM's server answers it; default the model folder's name, and the
+        folder as given). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser.
+        A port out of range or taken, or an empty model name, is a ConfigError (before the engines start, where
+        this call starts them)."""
         import uvicorn
 
         from pdsr_sdk.rollout.serve import ChatServer
         from pdsr_sdk.rollout.serve_app import create_app
+        from pdsr_sdk.rollout.serve_model import served_names
 
         check_serve_config(self.config)
+        names, aliases = served_names(model_name, self._model_dir())
         check_streaming(self.policy_cls, self.config.policy)   # requests arrive while others run
         if not self._started:
             check_listen_address(host, port)   # before the engines start
@@ -44,8 +48,7 @@ class Serving:
         # our socket: a port taken since is an error here (uvicorn would exit the session's loop thread: a hang)
         sock = listen_socket(host, port)
         try:
-            server = ChatServer(self, model_name=model_name or Path(self._model_dir()).name,
-                                tool_parser=tool_parser)
+            server = ChatServer(self, model_name=names, aliases=aliases, tool_parser=tool_parser)
             http = uvicorn.Server(uvicorn.Config(create_app(server), host=host, port=port, log_level="warning",
                                                  lifespan="off"))
         except BaseException:

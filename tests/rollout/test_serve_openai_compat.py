@@ -40,7 +40,7 @@ def test_each_choice_carries_its_stop_reason_as_vllms_does(tiny_model_dir, stop)
 
     StopTurnEngine.STOP_REASON = stop
     try:
-        with RolloutSession(stop_config(tiny_model_dir)) as session, serving(session) as (client, base):
+        with RolloutSession(stop_config(tiny_model_dir)) as session, serving(session, model_name="m") as (client, base):
             msgs = [{"role": "user", "content": "x"}]
             r = client.chat.completions.create(model="m", messages=msgs, n=2)
             assert [(c.finish_reason, c.stop_reason) for c in r.choices] == [("stop", stop)] * 2
@@ -82,7 +82,7 @@ def test_a_requests_template_options_reach_the_template_as_vllms_do(tiny_model_d
                         data={"chat_template_kwargs": {"enable_thinking": True}},
                         engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
                                   "max_model_len": 256, "max_num_seqs": 4}])
-    with RolloutSession(cfg) as session, serving(session) as (client, _):
+    with RolloutSession(cfg) as session, serving(session, model_name="m") as (client, _):
         tok = session.tokenizer
         tok.chat_template = THINKING
         engine = session.engines[0]
@@ -180,7 +180,7 @@ def test_the_answer_text_ends_before_its_stop_string_as_vllms_does(tiny_model_di
     sampled ids and a named sample's turns keep them: they are its trajectory."""
     from turn_fakes import StopTurnEngine
 
-    with RolloutSession(stop_config(tiny_model_dir)) as session, serving(session) as (client, base):
+    with RolloutSession(stop_config(tiny_model_dir)) as session, serving(session, model_name="m") as (client, base):
         StopTurnEngine.TURN_IDS = session.tokenizer("A</a>", add_special_tokens=False)["input_ids"]
         StopTurnEngine.STOP_REASON = "</a>"
         try:
@@ -331,7 +331,7 @@ def test_an_assistants_tool_call_arguments_reach_the_template_as_an_object(tiny_
     cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 8},
                         engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
                                   "max_model_len": 256, "max_num_seqs": 4}])
-    with RolloutSession(cfg) as session, serving(session) as (client, _):
+    with RolloutSession(cfg) as session, serving(session, model_name="m") as (client, _):
         tok = session.tokenizer
         tok.chat_template = TOOL_CALLS
         call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}

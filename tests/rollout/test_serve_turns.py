@@ -260,7 +260,7 @@ def test_a_served_request_drafts_from_earlier_responses_to_its_prompt(tiny_model
     with RolloutSession(cfg, draft_history=DraftHistory(per_prompt=3)) as session:
         done: list = []
         session.hooks.on_group_done.append(done.append)
-        with serving(session) as (client, _):
+        with serving(session, model_name="pdsr") as (client, _):
             first = client.completions.create(model="pdsr", prompt=[5, 6, 7], n=2, max_tokens=8)
             client.completions.create(model="pdsr", prompt=[5, 6, 7], n=2, max_tokens=8)
             client.completions.create(model="pdsr", prompt=[9, 10], max_tokens=8)
