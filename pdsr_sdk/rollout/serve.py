@@ -37,7 +37,7 @@ from pdsr_sdk.rollout.serve_options import check_named_template, include_stop, t
 from pdsr_sdk.rollout.serve_named import NamedSamples
 
 #: finish reasons as OpenAI's API names them
-_FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
+FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
 
 
 class ChatServer:
@@ -76,32 +76,17 @@ class ChatServer:
         include = include_stop(body)
         text = self.render(messages, tools, **template)
         ids = self.encode(text)
-        group = self.make_group(ids, text, n, max_tokens, messages, fit=_no_max_tokens(body))
-        await self._run(group)
-        _check_failed(group)
+        group = self.make_group(ids, text, n, max_tokens, messages, fit=no_max_tokens(body))
+        await self.run([group])
+        check_failed(group)
         return self._chat_response(group.samples, ids, include, want)
 
     async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
-        """``POST /v1/completions``: a text prompt (or token ids), no chat template."""
-        self.check_model(body)
-        prompt = _prompt(body.get("prompt"))
-        n, max_tokens = self._common(body, chat=False)
-        want = wanted(body, chat=False)
-        sample_id = sample_id or body.get("pdsr_sample")
-        if sample_id is not None:
-            if n != 1:
-                raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
-            return await self.named.completion_turn(str(sample_id), prompt, max_tokens, want)
-        include = include_stop(body)
-        text, ids = (prompt, self.encode(prompt, special=True)) if isinstance(prompt, str) else ("", prompt)
-        group = self.make_group(ids, text, n, max_tokens, None, fit=_no_max_tokens(body))
-        await self._run(group)
-        _check_failed(group)
-        choices = [{"index": s.index, "text": self._text(s, include),
-                    "finish_reason": _FINISH.get(s.finish_reason or "", "stop"), "stop_reason": s.stop_reason,
-                    "logprobs": self.logprobs(s.token_ids, s.logprobs, chat=False, want=want),
-                    "token_ids": list(s.token_ids)} for s in group.samples]
-        return self.envelope("text_completion", "cmpl", choices, ids, group.samples)
+        """``POST /v1/completions``: a text prompt or token ids, no chat template; or a batch of either
+        (:mod:`pdsr_sdk.rollout.serve_batch`)."""
+        from pdsr_sdk.rollout.serve_batch import completions
+
+        return await completions(self, body, sample_id)
 
     def check_model(self, body: dict[str, Any]) -> None:
         """A 404 unless the request's ``model`` is a name this server answers to, as vLLM's server's."""
@@ -124,30 +109,38 @@ class ChatServer:
 
     # ------------------------------------------------------------- dispatch
     def make_group(self, ids: list[int], text: str, n: int, max_tokens: int, messages: list[dict] | None, *,
-                   prompt_id: str | None = None, fit: bool = False) -> Group:
+                   prompt_id: str | None = None, fit: bool = False, what: str = "the prompt") -> Group:
         """A request's group of ``n`` samples (its prompt checked against the engines' context). ``fit``: the
         request set no max_tokens, so ``max_tokens`` (the session's) shrinks to the room the prompt leaves, as
-        vLLM's server's default does; a max_tokens the request set is a 400 when it does not fit."""
-        self.check_ids(ids, "the prompt")
+        vLLM's server's default does; a max_tokens the request set is a 400 when it does not fit. ``what``: the
+        prompt as an error names it (a batch's ``prompt[i]``)."""
+        self.check_ids(ids, what)
         limit = self._context_limit()
         if fit and limit is not None and len(ids) < limit:
             max_tokens = min(max_tokens, limit - len(ids))
         if limit is not None and len(ids) >= limit:
-            raise ServeError(400, f"the prompt ({len(ids)} tokens) leaves no room for a response in the engines' "
+            raise ServeError(400, f"{what} ({len(ids)} tokens) leaves no room for a response in the engines' "
                                   f"context ({limit} tokens)")
         if limit is not None and len(ids) + max_tokens > limit:
-            raise ServeError(400, f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+            raise ServeError(400, f"{what} ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
                                   f"engines' context ({limit} tokens)")
         g = Group(prompt_id=prompt_id or f"req-{next(self._ids)}", prompt_token_ids=ids, prompt_text=text, n=n,
                   messages=messages)
         g.samples = [Sample(group=g, index=i, max_tokens=max_tokens) for i in range(n)]
         return g
 
-    async def _run(self, group: Group) -> None:
-        done = asyncio.get_running_loop().create_future()
-        self._groups[id(group)] = done
-        self.add([group])
-        await asyncio.shield(done)
+    async def run(self, groups: list[Group]) -> None:
+        """Hand a request's ``groups`` to the dispatcher together and wait until each is done."""
+        loop = asyncio.get_running_loop()
+        done = [loop.create_future() for _ in groups]
+        self._groups.update((id(g), d) for g, d in zip(groups, done))
+        try:
+            self.add(groups)
+        except ServeError:
+            for g in groups:
+                self._groups.pop(id(g), None)
+            raise
+        await asyncio.shield(asyncio.gather(*done))
 
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier
@@ -228,11 +221,12 @@ class ChatServer:
         except Exception as exc:   # noqa: BLE001 - the template's refusal (raise_exception: jinja's TemplateError)
             raise ServeError(400, f"the chat template refused the messages: {exc}") from None
 
-    def encode(self, text: str, special: bool = False) -> list[int]:
-        """``text``'s token ids (``special``: with the tokenizer's added special tokens)."""
+    def encode(self, text: str, special: bool = False, what: str = "the prompt") -> list[int]:
+        """``text``'s token ids (``special``: with the tokenizer's added special tokens); ``what``: the prompt as
+        the 400 for no ids names it."""
         ids = list(self.session.tokenizer(text, add_special_tokens=special)["input_ids"])
         if not ids:
-            raise ServeError(400, "the prompt tokenizes to nothing")
+            raise ServeError(400, f"{what} tokenizes to nothing")
         return ids
 
     def message(self, text: str, token_ids: list[int]) -> dict[str, Any]:
@@ -258,7 +252,7 @@ class ChatServer:
         string or stop token id that ended the turn; None when the model's EOS or a limit did); ``logprobs``: its
         log-probs object (:meth:`logprobs`), None when not asked for."""
         message = self.message(text, token_ids)
-        finish = _FINISH.get(finish_reason, "stop")
+        finish = FINISH.get(finish_reason, "stop")
         if finish == "stop" and message.get("tool_calls"):
             finish = "tool_calls"
         return {"index": index, "message": message, "finish_reason": finish, "stop_reason": stop, "logprobs": logprobs,
@@ -288,22 +282,24 @@ class ChatServer:
                    for s in samples]
         return self.envelope("chat.completion", "chatcmpl", choices, prompt, samples)
 
-    def envelope(self, kind: str, prefix: str, choices: list, prompt: list[int], samples: list[Sample], *,
-                 completion: int | None = None) -> dict[str, Any]:
+    def envelope(self, kind: str, prefix: str, choices: list, prompt: list, samples: list[Sample], *,
+                 completion: int | None = None, batch: bool = False) -> dict[str, Any]:
         """An OpenAI response object around ``choices``, with its usage and, as vLLM's with ``return_token_ids``,
-        ``prompt_token_ids`` (``prompt``: the ids the engines continued)."""
+        ``prompt_token_ids`` (``prompt``: the ids the engines continued; ``batch``: a list of prompts' ids, whose
+        usage is summed, and the response's ``prompt_token_ids`` null: each choice carries its own)."""
         completion = sum(s.sampled_tokens for s in samples) if completion is None else completion
+        prompt_tokens = sum(map(len, prompt)) if batch else len(prompt)
         return {"id": f"{prefix}-{next(self._ids)}", "object": kind, "created": int(time.time()),
-                "model": self.model_name, "choices": choices, "prompt_token_ids": list(prompt),
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
-                          "total_tokens": len(prompt) + completion}}
+                "model": self.model_name, "choices": choices, "prompt_token_ids": None if batch else list(prompt),
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                          "total_tokens": prompt_tokens + completion}}
 
 
-def _no_max_tokens(body: dict[str, Any]) -> bool:
+def no_max_tokens(body: dict[str, Any]) -> bool:
     return body.get("max_tokens") is None and body.get("max_completion_tokens") is None
 
 
-def _check_failed(group: Group) -> None:
+def check_failed(group: Group) -> None:
     """A 400 naming why when a request's sample failed, never an empty answer: an engine refused it (vLLM's
     validation of the request; vLLM's own server answers those with a 400 too, which clients do not retry)."""
     failed = [s for s in group.samples if s.finish_reason == FAILED]
@@ -336,17 +332,6 @@ def _tools(value: Any) -> list[dict] | None:
     return value or None
 
 
-def _prompt(value: Any) -> str | list[int]:
-    """A completions request's prompt: a non-empty string, or a list of token ids."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        value = value[0]
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return list(value)
-    raise ServeError(400, "prompt must be a non-empty string or a list of token ids (one prompt per request)")
-
-
 def stream_usage(body: dict[str, Any]) -> bool | None:
     """None when the request does not stream; else whether its stream ends with a usage chunk
     (``stream_options: {"include_usage": true}``)."""
@@ -376,6 +361,8 @@ def stream_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[st
             closing: dict[str, Any] = {"delta": {}}
         else:
             content, closing = {"text": c["text"]}, {"text": ""}
+        if "prompt_token_ids" in c:   # completions: each choice's prompt, in its first chunk as vLLM's
+            content["prompt_token_ids"] = c["prompt_token_ids"]
         chunks.append({**head, "choices": [{"index": c["index"], **content, "logprobs": c.get("logprobs"),
                                             "finish_reason": None,
                                             "token_ids": c["token_ids"]}], **usage})

@@ -1,11 +1,13 @@
 """``pdsr serve`` where vLLM's OpenAI server answers otherwise than pdsr did, on real vLLM engines (CPU build, tiny
-model) with the ``openai`` client, one server for the module: a request naming a model not served (vLLM's 404).
-What vLLM's engines received (their own view, a PromptLog) is the reference for the ids pdsr reports; vLLM's own
-response models are the reference for the shapes."""
+model) with the ``openai`` client, one server for the module: a request naming a model not served (vLLM's 404) and
+a completions batch (``prompt`` as a list of prompts). What vLLM's engines
+received (their own view, a PromptLog) is the reference for the ids pdsr reports; vLLM's own response models are
+the reference for the shapes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 from http import HTTPStatus
 
@@ -21,6 +23,7 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # uses the sh
 openai = pytest.importorskip("openai")
 
 NAMES = ["tiny", "tiny-alias"]
+PROMPTS = ["Once upon a time", "The capital of France is", "1, 2, 3,"]
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +82,63 @@ def test_a_model_not_served_is_vllms_404(vserved):
         got = post(url, {**body, "model": "gpt-4o", "max_tokens": 2})
         assert (got.status_code, got.json()) == (404, vllm_404), url
     assert post(f"{base}/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200   # no model: served
+
+
+def test_a_completions_batch_is_served_prompt_major_with_summed_usage(vserved):
+    """pdsr refused a list of prompts. Each prompt of a batch is now a group as a single prompt's is; choices are
+    indexed prompt * n + sample and carry their prompt's ids, which are what vLLM received; usage sums them."""
+    session, client, _, log = vserved
+    tok = session.tokenizer
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    seen = len(log.entries)
+    r = client.completions.create(model="tiny", prompt=PROMPTS, n=2, max_tokens=4)
+    received = [p for _, p in log.entries[seen:]]
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.prompt_token_ids for c in r.choices] == [i for i in ids for _ in range(2)]
+    assert all(received.count(i) >= 2 for i in ids)   # each prompt's two samples reached vLLM with those ids
+    assert all(c.text == tok.decode(c.token_ids, skip_special_tokens=True) for c in r.choices)
+    assert r.usage.prompt_tokens == sum(map(len, ids))
+    assert r.usage.completion_tokens == sum(len(c.token_ids) for c in r.choices) and 0 < r.usage.completion_tokens
+    # token-id lists too; one list of ids stays one prompt
+    batch = client.completions.create(model="tiny", prompt=ids[:2], max_tokens=3)
+    assert [c.prompt_token_ids for c in batch.choices] == ids[:2] and batch.usage.prompt_tokens == len(ids[0] + ids[1])
+    one = client.completions.create(model="tiny", prompt=ids[0], n=2, max_tokens=3)
+    assert len(one.choices) == 2 and one.model_extra["prompt_token_ids"] == ids[0]
+
+
+def test_a_batch_streams_with_vllms_indexes_and_a_summed_usage_chunk(vserved):
+    session, _, base, _ = vserved
+    tok = session.tokenizer
+    body = {"model": "tiny", "prompt": PROMPTS[:2], "n": 2, "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{base}/completions", json=body, timeout=WAIT_S) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    choices = [c for chunk in chunks for c in chunk["choices"]]
+    content = {c["index"]: c for c in choices if c["finish_reason"] is None}
+    finished = sorted(c["index"] for c in choices if c["finish_reason"] is not None)
+    assert sorted(content) == finished == [0, 1, 2, 3]
+    assert [content[i]["prompt_token_ids"] for i in range(4)] == [tok(PROMPTS[i // 2])["input_ids"] for i in range(4)]
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["prompt_tokens"] == sum(len(tok(p)["input_ids"]) for p in PROMPTS[:2])
+    assert usage["completion_tokens"] == sum(len(c["token_ids"]) for c in content.values())
+
+
+@pytest.mark.parametrize("prompt, expect", [
+    ([], "prompt must be non-empty"),
+    (["a", [5, 6]], r"prompt\[1\] is \[5, 6\], where prompt\[0\] is a string"),
+    ([[5, 6], "a"], r"prompt\[1\] is 'a', where prompt\[0\] is a list of token ids"),
+    ([{"text": "a"}], r"prompt\[0\] is \{'text': 'a'\}, prompt must be a string, a list of token ids"),
+    (["a", ""], r"prompt\[1\] is empty"),
+    ([[5, 6], [10 ** 9]], r"prompt\[1\]: token id 1000000000 is out of the vocabulary"),
+    ([[5, 6], []], r"prompt\[1\] is empty"),
+])
+def test_a_bad_batch_is_a_400_naming_the_prompt_and_nothing_of_it_runs(vserved, prompt, expect):
+    _, client, _, log = vserved
+    seen = len(log.entries)
+    with pytest.raises(openai.BadRequestError, match=expect):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    assert len(log.entries) == seen
+    with pytest.raises(openai.BadRequestError, match="a named sample .* takes one prompt"):
+        client.completions.create(model="tiny", prompt=["a", "b"], max_tokens=2, extra_body={"pdsr_sample": "b"})
