@@ -41,7 +41,8 @@ from pdsr_cli.common import (build_config, check_speculative_flags, config_optio
 @handle_errors
 def command(config_path, policy, policy_set, host, port, model, model_name, max_tokens, temperature, top_p, fast,
             heavy, tool_parser, sample_timeout_s, speculative, num_speculative_tokens, draft_history, quiet):
-    """Serve POST /v1/chat/completions, POST /v1/completions and GET /v1/models on vLLM engines.
+    """Serve POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize and POST /detokenize
+    on vLLM engines.
 
     Every request is a group placed by the dispatch policy, as a rollout's groups are. A chat or completions
     request that names a sample (header X-Pdsr-Sample, or "pdsr_sample" in the body) is recorded token-exact

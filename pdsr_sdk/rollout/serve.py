@@ -62,8 +62,8 @@ class ChatServer:
     async def chat(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
         """``POST /v1/chat/completions``."""
         self.check_model(body)
-        messages = _messages(body.get("messages"))
-        tools = _tools(body.get("tools"))
+        messages = messages_of(body.get("messages"))
+        tools = tools_of(body.get("tools"))
         n, max_tokens = self._common(body, chat=True)
         template = template_options(body, self.session.config.data.chat_template_kwargs)
         want = wanted(body, chat=True)
@@ -88,6 +88,18 @@ class ChatServer:
 
         return await completions(self, body, sample_id)
 
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /tokenize``: a prompt's or a chat's ids, as a request's (:mod:`pdsr_sdk.rollout.serve_tokenize`)."""
+        from pdsr_sdk.rollout.serve_tokenize import tokenize
+
+        return tokenize(self, body)
+
+    def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /detokenize``: token ids' text."""
+        from pdsr_sdk.rollout.serve_tokenize import detokenize
+
+        return detokenize(self, body)
+
     def check_model(self, body: dict[str, Any]) -> None:
         """A 404 unless the request's ``model`` is a name this server answers to, as vLLM's server's."""
         check_model(body, self.model_names, self.aliases)
@@ -96,7 +108,7 @@ class ChatServer:
         """``GET /v1/models``: the model, once per name it answers to, with the engines' context as vLLM's server
         lists it (``max_model_len``, which clients read to budget a conversation; null when no engine says)."""
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "pdsr",
-                                             "root": name, "parent": None, "max_model_len": self._context_limit()}
+                                             "root": name, "parent": None, "max_model_len": self.context_limit()}
                                             for name in self.model_names]}
 
     async def end_sample(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
@@ -115,7 +127,7 @@ class ChatServer:
         vLLM's server's default does; a max_tokens the request set is a 400 when it does not fit. ``what``: the
         prompt as an error names it (a batch's ``prompt[i]``)."""
         self.check_ids(ids, what)
-        limit = self._context_limit()
+        limit = self.context_limit()
         if fit and limit is not None and len(ids) < limit:
             max_tokens = min(max_tokens, limit - len(ids))
         if limit is not None and len(ids) >= limit:
@@ -179,7 +191,7 @@ class ChatServer:
         if bad is not None:
             raise ServeError(400, f"{what}: token id {bad} is out of the vocabulary (ids 0 to {self._vocab - 1})")
 
-    def _context_limit(self) -> int | None:
+    def context_limit(self) -> int | None:
         limits = [getattr(getattr(e, "spec", None), "max_model_len", None) for e in self.session.engines]
         known = [x for x in limits if x]
         return min(known) if known else None
@@ -307,7 +319,7 @@ def check_failed(group: Group) -> None:
         raise ServeError(400, f"{len(failed)} of {len(group.samples)} choices failed: {failed[0].error}")
 
 
-def _messages(value: Any) -> list[dict]:
+def messages_of(value: Any) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise ServeError(400, "messages must be a non-empty list of {role, content}")
     out = []
@@ -322,7 +334,7 @@ def _messages(value: Any) -> list[dict]:
     return out
 
 
-def _tools(value: Any) -> list[dict] | None:
+def tools_of(value: Any) -> list[dict] | None:
     """A chat request's ``tools`` (OpenAI's function definitions), for the chat template; None when it has none."""
     if value is None:
         return None

@@ -27,7 +27,8 @@ def create_app(server: ChatServer) -> Any:
         # a route or method pdsr does not serve: the error body OpenAI's clients read, not FastAPI's {"detail": ...}
         return error(ServeError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; pdsr serves "
                                                  f"POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
-                                                 f"GET /health and /v1/pdsr/samples/ID"))
+                                                 f"POST /tokenize, POST /detokenize, GET /health and "
+                                                 f"/v1/pdsr/samples/ID"))
 
     async def body_of(request: Request) -> dict[str, Any]:
         try:
@@ -66,6 +67,20 @@ def create_app(server: ChatServer) -> Any:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         return await answer(request, server.completions)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        try:
+            return server.tokenize(await body_of(request))
+        except ServeError as exc:
+            return error(exc)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        try:
+            return server.detokenize(await body_of(request))
+        except ServeError as exc:
+            return error(exc)
 
     @app.get("/v1/pdsr/samples/{sample_id}")
     async def sample(sample_id: str) -> Any:

@@ -1,6 +1,6 @@
 """``pdsr serve`` where vLLM's OpenAI server answers otherwise than pdsr did, on real vLLM engines (CPU build, tiny
-model) with the ``openai`` client, one server for the module: a request naming a model not served (vLLM's 404) and
-a completions batch (``prompt`` as a list of prompts). What vLLM's engines
+model) with the ``openai`` client, one server for the module: a request naming a model not served (vLLM's 404), a
+completions batch (``prompt`` as a list of prompts), and ``/tokenize`` and ``/detokenize``. What vLLM's engines
 received (their own view, a PromptLog) is the reference for the ids pdsr reports; vLLM's own response models are
 the reference for the shapes."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import re
 from http import HTTPStatus
 
 import httpx
@@ -67,6 +68,7 @@ def test_a_model_not_served_is_vllms_404(vserved):
     from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
     _, client, base, _ = vserved
+    root = base.removesuffix("/v1")
     assert [m.id for m in client.models.list().data] == NAMES
     msgs = [{"role": "user", "content": "hi"}]
     r = client.chat.completions.create(model="tiny-alias", messages=msgs, max_tokens=2)
@@ -78,7 +80,8 @@ def test_a_model_not_served_is_vllms_404(vserved):
     vllm_404 = create_error_response("The model `gpt-4o` does not exist. Valid aliases: tiny, tiny-alias.",
                                      err_type="NotFoundError", status_code=HTTPStatus.NOT_FOUND,
                                      param="model").model_dump()
-    for url, body in ((f"{base}/completions", {"prompt": "x"}), (f"{base}/chat/completions", {"messages": msgs})):
+    for url, body in ((f"{base}/completions", {"prompt": "x"}), (f"{base}/chat/completions", {"messages": msgs}),
+                      (f"{root}/tokenize", {"prompt": "x"}), (f"{root}/detokenize", {"tokens": [5]})):
         got = post(url, {**body, "model": "gpt-4o", "max_tokens": 2})
         assert (got.status_code, got.json()) == (404, vllm_404), url
     assert post(f"{base}/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200   # no model: served
@@ -142,3 +145,52 @@ def test_a_bad_batch_is_a_400_naming_the_prompt_and_nothing_of_it_runs(vserved, 
     assert len(log.entries) == seen
     with pytest.raises(openai.BadRequestError, match="a named sample .* takes one prompt"):
         client.completions.create(model="tiny", prompt=["a", "b"], max_tokens=2, extra_body={"pdsr_sample": "b"})
+
+
+def test_tokenize_counts_a_chat_as_a_chat_request_is_sent(vserved):
+    """A chat's ``/tokenize`` renders as ``/v1/chat/completions`` does (the request's chat_template_kwargs, tools,
+    generation prompt): its count is the chat request's usage.prompt_tokens, its ids what vLLM received."""
+    from vllm.entrypoints.serve.tokenize.protocol import DetokenizeResponse, TokenizeResponse
+
+    session, client, base, log = vserved
+    tok, root = session.tokenizer, base.removesuffix("/v1")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+    counts = {}
+    for kwargs in ({}, {"enable_thinking": False}):
+        t = post(f"{root}/tokenize", {"model": "tiny", "messages": msgs, "chat_template_kwargs": kwargs}).json()
+        assert set(t) == set(TokenizeResponse.model_fields) and t["token_strs"] is None
+        seen = len(log.entries)
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2,
+                                           extra_body={"chat_template_kwargs": kwargs})
+        assert t["count"] == r.usage.prompt_tokens == len(t["tokens"])
+        assert t["tokens"] == log.entries[seen][1] and t["max_model_len"] == vllm_context(session)
+        counts[bool(kwargs)] = t["count"]
+    think = tok("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
+    assert counts[True] == counts[False] + len(think)   # the template took the kwargs
+    # a prompt, as /v1/completions encodes it; and back
+    t = post(f"{root}/tokenize", {"prompt": "Hello world", "return_token_strs": True}).json()
+    assert t["tokens"] == tok("Hello world")["input_ids"] and t["token_strs"] == tok.convert_ids_to_tokens(t["tokens"])
+    d = post(f"{root}/detokenize", {"model": "tiny", "tokens": t["tokens"] + [tok.eos_token_id]}).json()
+    assert set(d) == set(DetokenizeResponse.model_fields)
+    assert d["prompt"] == "Hello world" + tok.eos_token   # special tokens kept, as vLLM's server decodes
+
+
+@pytest.mark.parametrize("route, body, expect", [
+    ("tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "one of them"),
+    ("tokenize", {}, "a prompt .* or messages"),
+    ("tokenize", {"prompt": [5, 6]}, "prompt must be a string"),
+    ("tokenize", {"messages": []}, "messages must be a non-empty list"),
+    ("tokenize", {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ x }}"}, "chat_template"),
+    ("tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens must be true or false"),
+    ("detokenize", {"tokens": "5 6"}, "tokens must be a list of token ids"),
+    ("detokenize", {"tokens": [5, -1]}, "tokens: token id -1 is out of the vocabulary"),
+])
+def test_bad_tokenize_requests_are_400s_naming_the_field(vserved, route, body, expect):
+    _, _, base, _ = vserved
+    r = post(f"{base.removesuffix('/v1')}/{route}", body)
+    assert r.status_code == 400
+    assert re.search(expect, r.json()["error"]["message"]), r.json()
+
+
+def vllm_context(session) -> int:
+    return min(e.spec.max_model_len for e in session.engines)
