@@ -24,7 +24,9 @@ class EngineControl:
         self._reference_weights = None
         self._weights_block = None     # the shared-memory block updates are written to, kept across them
         self._loading: asyncio.Future | None = None   # set while update_weights loads (a step waits for it)
-        self._weights_partial = False   # a bucketed update stopped part-way: nothing generates until a whole one
+        # an update stopped part-way (a bucketed one after some bucket loaded, or one some engine loaded and another
+        # failed): nothing generates until a whole one; what happened, for the refusals
+        self._weights_partial: str | None = None
         self._partial_paused = False    # ... and it had paused a running step itself (the next whole one resumes)
         self._asleep = False
         self._sleep_paused = False   # sleep() paused the scheduler itself (wake() resumes it)
@@ -53,7 +55,9 @@ class EngineControl:
         A bad name or shape raises a :class:`~pdsr_sdk.errors.DataError` naming the parameter before
         anything changes (for an iterator in several buckets: before its bucket loads; one found after earlier
         buckets loaded says the engines hold a partial update, and the session then refuses to generate until
-        an update_weights completes); an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name.
+        an update_weights completes); an engine's failure an :class:`~pdsr_sdk.errors.EngineError` with its name
+        (when other engines loaded the update, or earlier buckets of it, the engines are marked as holding a
+        partial update, as above).
         """
         from pdsr_sdk.engines.weights import WeightsBlock
         from pdsr_sdk.engines.weights_buckets import stage_update
@@ -114,30 +118,48 @@ class EngineControl:
 
     async def _load_parts(self, staged, parts, engines: list) -> None:
         """Load each staged part of an update (one, or its buckets in order) into every engine. A failure after
-        some engine loaded a bucket ends the engines' open reloads (:meth:`VllmEngine.end_weights`), marks the
-        weights partial (nothing generates until a whole update) and says so in the error it raises."""
+        some engine loaded a bucket, or of some engines where others loaded the whole update, ends the engines'
+        open reloads (:meth:`VllmEngine.end_weights`), marks the weights partial (nothing generates until a whole
+        update) and says so, naming the engines that failed, in the error it raises."""
         loaded = 0      # buckets some engine has loaded
+        split = False   # some engine loaded a one-block update that another failed: they hold different weights
+        failed: list[str] = []   # the engines the last part sent failed
+        bucket = None            # that part's bucket index (None: one block)
         try:
             while True:
                 try:
-                    failed = await failures(e.update_weights(staged, reset_prefix_cache=staged.last and not self._keep_kv)
-                                            for e in engines)
+                    results = await asyncio.gather(
+                        *(e.update_weights(staged, reset_prefix_cache=staged.last and not self._keep_kv)
+                          for e in engines), return_exceptions=True)
                 finally:
                     staged.close()
-                if staged.bucket is not None and len(failed) < len(engines):
+                errors = [r for r in results if isinstance(r, BaseException)]
+                failed = [e.name for e, r in zip(engines, results) if isinstance(r, BaseException)]
+                bucket = staged.bucket.index if staged.bucket is not None else None
+                if staged.bucket is not None and len(errors) < len(engines):
                     loaded += 1
-                if failed:
-                    raise failed[0]
+                if errors:
+                    split = staged.bucket is None and len(errors) < len(engines)
+                    raise errors[0]
                 if staged.last:
                     break
                 staged = next(parts)    # the next bucket, checked before it loads
         except Exception as exc:
-            if not loaded:
+            if not loaded and not split:
                 raise
             await failures(e.end_weights() for e in engines if hasattr(e, "end_weights"))
-            self._weights_partial = True
-            raise partial_update_error(exc, loaded) from exc
-        self._weights_partial = False
+            names = ", ".join(repr(n) for n in failed)
+            if split:
+                took = ", ".join(repr(e.name) for e in engines if e.name not in failed)
+                what = (f"engine(s) {names} failed this update and {took} loaded it: the engines now hold different "
+                        f"weights")
+            else:
+                what = f"the engines had loaded up to {loaded} bucket(s) of this update: they now hold a partial update"
+                if failed:
+                    what += f", engine(s) {names} having failed bucket {bucket}"
+            self._weights_partial = what
+            raise partial_update_error(exc, what) from exc
+        self._weights_partial = None
 
     def _check_between_steps(self, what: str, hint: str, *, mid_stream: bool = False) -> None:
         """A RunError unless a weight update may happen now: the engines awake, and no step running unpaused
@@ -148,11 +170,12 @@ class EngineControl:
             raise RunError(f"{what}: a step is running; pause it first (session.pause(...)) or {hint}")
 
     def _check_weights_whole(self, what: str) -> None:
-        """A RunError while the engines hold a partial weight update (a bucketed update_weights stopped part-way):
-        nothing generates from weights that are part old, part new, until an update_weights completes."""
+        """A RunError while the engines hold a partial weight update (an update_weights stopped part-way): nothing
+        generates from weights that are part old, part new, or differ between engines, until an update_weights
+        completes."""
         if self._weights_partial:
-            raise RunError(f"{what}: the engines hold a partial weight update (an update_weights in buckets stopped "
-                           f"part-way); call update_weights with the whole model first")
+            raise RunError(f"{what}: the engines hold a partial weight update (an update_weights stopped part-way: "
+                           f"{self._weights_partial}); call update_weights with the whole model first")
 
     def _check_can_generate(self, what: str) -> None:
         self._check_usable(what)
@@ -338,11 +361,10 @@ class EngineControl:
         return self.scheduler.live_engines() if self.scheduler is not None else list(self.engines)
 
 
-def partial_update_error(exc: Exception, loaded: int) -> Exception:
-    """``exc`` (what stopped a bucketed update) as the same kind of error, saying the engines hold a partial
-    update now."""
-    note = (f"the engines had loaded up to {loaded} bucket(s) of this update: they now hold a partial update, and "
-            f"the session refuses to generate until an update_weights completes")
+def partial_update_error(exc: Exception, what: str) -> Exception:
+    """``exc`` (what stopped an update part-way) as the same kind of error, saying ``what`` the engines hold now and
+    that the session refuses to generate."""
+    note = f"{what}, and the session refuses to generate until an update_weights completes"
     if isinstance(exc, EngineError):
         return EngineError(exc.engine, f"{exc.message} ({note})", exit_status=exc.exit_status,
                            remote_traceback=exc.remote_traceback)
