@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class AgentDone(Exception):
     """The sample can take no more model turns (its turn limit or token budget is spent, or the dispatch policy
     ended it). Raised by :meth:`AgentContext.generate`; an agent may let it propagate: the sample then ends as
-    if the agent had returned None."""
+    if the agent had returned None. Raised for the budget, it ends the sample ``length``, caught or not."""
 
 
 class AgentError(PdsrError):
@@ -66,6 +66,9 @@ class AgentContext:
         self._first: TurnResult | None = None
         self.turns = 0
         self.done = False
+        #: a generate() was refused because the sample's response budget (sampling.max_tokens) is spent or the
+        #: environment's tokens do not fit in it: the sample ends ``length``, as a trainer's overlong filter reads it
+        self.budget_spent = False
 
     # ------------------------------------------------------------ read
     @property
@@ -194,6 +197,7 @@ class AgentContext:
         if self.turns >= self.max_turns:
             raise AgentDone(f"sample {self.sample.key}: {self.turns} turns, the limit (agent.max_turns)")
         if self.tokens_left <= 0:
+            self.budget_spent = True
             budget = f"{self.sample.max_tokens} response tokens (sampling.max_tokens)"
             left = self.sample.max_tokens - self.sample.num_generated
             if left > 0:   # the environment's tokens do not fit, not the model's: an agent can shorten them
