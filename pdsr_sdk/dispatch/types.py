@@ -107,7 +107,8 @@ class TurnRecord:
     tool_name: str | None = None
     start_s: float = 0.0      # assistant: when the turn was queued; environment: when the model's turn ended
     end_s: float | None = None
-    finish_reason: str | None = None   # assistant: stop | length (the turn's token limit)
+    #: assistant: stop | length (the turn's or the sample's token limit) | failed (the engine refused its request)
+    finish_reason: str | None = None
 
 
 @dataclass(eq=False)

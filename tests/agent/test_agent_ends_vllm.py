@@ -1,6 +1,6 @@
 """How a multi-turn sample ends, on the shared real vLLM engines (tiny model): a sample its response budget ends says
 ``length`` (as a trainer's overlong filter reads it), one its turn limit ends keeps its last turn's reason, one whose
-agent returns after a stopped turn says ``stop``.
+agent returns after a stopped turn says ``stop``, and a turn the engine refuses leaves no empty turn in the row.
 
 Every token id is a stop token here, so each turn is one sampled token ending ``stop``: the budget and the turn limit,
 not the model, decide where each sample ends."""
@@ -79,3 +79,33 @@ def test_a_budget_end_says_length_and_a_turn_limit_end_its_last_turns(engine_loo
         assert row["error"] is None and row["reward"] == {"stop": 1.0, "spent": 0.5}.get(case, 0.0)
     batch = trainer_batch(out, pad_token_id=0, numpy=True)
     assert batch.non_tensors["finish_reasons"].tolist() == [r["finish_reason"] for r in rows]
+
+
+async def refused_agent(agent):
+    """Sample 0's next turn carries an id the engine refuses; sample 1's is one of the vocabulary."""
+    await agent.generate()
+    await agent.generate(ids=[agent.info["extra_info"]["vocab"] + 5 if agent.sample_index == 0 else 7])
+    return 1.0
+
+
+def test_a_turn_the_engine_refuses_leaves_no_empty_turn(engine_loop, vllm_pair, tiny_model_dir):
+    """The refused turn's entry stayed in ``turns`` with no token and no finish reason: a trainer counting turns
+    (verl's ``__num_turns__``) counted a model turn that never ran. The session's own check of the ids is off here, as
+    if it had missed one."""
+    out, vocab = run_step(engine_loop, vllm_pair, tiny_model_dir, ["refused"], refused_agent, vocab=lambda: None)
+    rows = {r["sample_index"]: r for r in out.table.to_pylist()}
+    refused, ok = rows[0], rows[1]
+    assert refused["finish_reason"] == "failed" and refused["reward"] is None
+    assert "refused request" in refused["error"] and "out of vocabulary" in refused["error"]
+    # the model's first turn, then the environment's id as appended (masked): nothing of the refused turn
+    assert [(t["role"], t["num_tokens"], t["finish_reason"]) for t in refused["turns"]] == [
+        ("assistant", 1, "stop"), ("environment", 1, None)]
+    assert refused["response_token_ids"][1:] == [vocab + 5] and refused["response_mask"] == [1, 0]
+    assert [(t["role"], t["num_tokens"]) for t in ok["turns"]] == [("assistant", 1), ("environment", 1),
+                                                                   ("assistant", 1)]
+    assert ok["finish_reason"] == "stop" and ok["reward"] == 1.0
+    # verl's count: the prompt and each span (it counted the refused turn too)
+    from pdsr_sdk.rollout.padded import trainer_batch
+
+    samples = sorted(out.samples, key=lambda s: s.index)
+    assert trainer_batch(samples, pad_token_id=0, numpy=True).non_tensors["__num_turns__"].tolist() == [3, 4]

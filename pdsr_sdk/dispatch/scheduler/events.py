@@ -64,6 +64,12 @@ class EngineEvents(Pausing, Turns):
             return
         sample = run.sample
         sample.segments[-1].end_reason = FAILED
+        turns = sample.turns
+        if turns and turns[-1].role == "assistant" and turns[-1].end_s is None:
+            if turns[-1].num_tokens:   # a turn refused part-way (a later segment): it ended there
+                turns[-1].end_s, turns[-1].finish_reason = self.clock.now(), FAILED
+            else:   # a turn refused at its start never ran: a trainer counting turns would count an empty one
+                turns.pop()
         sample.error = f"engine {engine.name!r} refused request {request_id}: {error}"[:2000]
         self.guarded(self._finish, sample, FAILED)
         self._go_on()
