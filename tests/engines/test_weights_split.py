@@ -1,7 +1,7 @@
 """A one-block update_weights that one real engine fails while the other loads it leaves the engines on different
 weights: the error names both, and the session refuses to generate until a whole update, as after a bucketed update
 stopped part-way (tests/engines/test_weights_buckets.py). An update every engine fails changed nothing and marks
-nothing."""
+nothing. A bucketed update's error names the engine that failed its bucket."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from support import requires_torch, requires_vllm, run_on
 from test_weights_buckets import engine_logps, torch_logps
 from pdsr_sdk.errors import EngineError, RunError
 
-pytestmark = [requires_torch, requires_vllm, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = requires_torch
 
 
 def failing_loads(llm):
@@ -26,6 +26,9 @@ def failing_loads(llm):
     return rpc
 
 
+@requires_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_an_update_one_engine_fails_marks_the_engines_out_of_step(engine_loop, vllm_pair, tiny_model_dir,
                                                                   monkeypatch):
     import torch
@@ -93,3 +96,30 @@ def test_an_update_one_engine_fails_marks_the_engines_out_of_step(engine_loop, v
     assert got["whole"] == 1 and got["step"] == 1
     assert got["after"][1] == got["after"][0] == got["split"][0]
     assert got["restored"] == got["old"]
+
+
+def test_a_bucket_error_names_the_engine_that_failed_it(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.dispatch.clock import LoopClock
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+    from test_weights_partial import LoadingEngine
+
+    sd = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).state_dict()
+    engines = [LoadingEngine("fast-0", "fast", None, fail_at=1), LoadingEngine("heavy-0", "heavy", None)]
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", sampling={"max_tokens": 8})
+    with RolloutSession(cfg, engines=engines) as session:
+        for e in engines:
+            e.clock = LoopClock(session._thread.loop)
+        with pytest.raises(EngineError) as info:
+            session.update_weights(sd, bucket_bytes=1 << 20)
+        with pytest.raises(RunError) as refused:
+            session.step(["a"])
+    note = ("the engines had loaded up to 2 bucket(s) of this update: they now hold a partial update, engine(s) "
+            "'fast-0' having failed bucket 1")
+    assert str(info.value) == (f"engine 'fast-0': update_weights: bucket 1 failed here ({note}, and the session refuses "
+                               f"to generate until an update_weights completes)")
+    assert str(refused.value) == (f"step: the engines hold a partial weight update (an update_weights stopped part-way: "
+                                  f"{note}); call update_weights with the whole model first")
