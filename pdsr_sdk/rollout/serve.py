@@ -64,7 +64,7 @@ class ChatServer:
         self.check_model(body)
         messages = messages_of(body.get("messages"))
         tools = tools_of(body.get("tools"))
-        n, max_tokens = self._common(body, chat=True)
+        n, max_tokens = self.common(body, chat=True)
         template = template_options(body, self.session.config.data.chat_template_kwargs)
         want = wanted(body, chat=True)
         sample_id = sample_id or body.get("pdsr_sample")
@@ -157,9 +157,9 @@ class ChatServer:
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier
         responses to its prompt to draft from)."""
-        if self.session._weights_partial:   # no sample from weights part old, part new
-            raise ServeError(503, "the engines hold a partial weight update (an update_weights in buckets stopped "
-                                  "part-way); ask again once the trainer's next update_weights completes")
+        if self.session.weights_partial:   # no sample from weights part old, part new, or differing by engine
+            raise ServeError(503, f"the engines hold a partial weight update ({self.session.weights_partial}); ask "
+                                  f"again once the trainer's next update_weights completes")
         self.session.give_history(groups)
         sched = self.session.scheduler
         sched.guarded(sched.add_groups, groups)
@@ -197,10 +197,9 @@ class ChatServer:
         return min(known) if known else None
 
     # ------------------------------------------------------------- helpers
-    def _common(self, body: dict[str, Any], *, chat: bool) -> tuple[int, int]:
+    def common(self, body: dict[str, Any], *, chat: bool) -> tuple[int, int]:
         """A request's ``n`` and ``max_tokens``, after checking that its sampling fields ask for what the session
-        samples with (:mod:`pdsr_sdk.rollout.serve_sampling`). Its ``model`` is not checked: one model is served, and
-        a response names it."""
+        samples with (:mod:`pdsr_sdk.rollout.serve_sampling`). Its ``model`` is checked by :meth:`check_model`."""
         from pdsr_sdk.rollout.serve_sampling import check_sampling
 
         n = 1 if body.get("n") is None else body["n"]   # null or absent: the default; 0 is an error, not 1
@@ -270,7 +269,7 @@ class ChatServer:
         return {"index": index, "message": message, "finish_reason": finish, "stop_reason": stop, "logprobs": logprobs,
                 "token_ids": list(token_ids)}
 
-    def _text(self, sample: Sample, include_stop: bool) -> str:
+    def text_of(self, sample: Sample, include_stop: bool) -> str:
         """A plain request's answer text, as vLLM's server gives it: the sampled text, special tokens skipped, cut
         before the stop string that ended it (``include_stop``: after it). The sampled ids hold the stop string
         (the token that completed it too); a named sample's turn keeps it, as its trajectory does."""
@@ -289,7 +288,7 @@ class ChatServer:
 
     def _chat_response(self, samples: list[Sample], prompt: list[int], include_stop: bool = False,
                        want: bool | None = None) -> dict[str, Any]:
-        choices = [self.chat_choice(s.index, self._text(s, include_stop), s.token_ids, s.finish_reason or "",
+        choices = [self.chat_choice(s.index, self.text_of(s, include_stop), s.token_ids, s.finish_reason or "",
                                     s.stop_reason, self.logprobs(s.token_ids, s.logprobs, chat=True, want=want))
                    for s in samples]
         return self.envelope("chat.completion", "chatcmpl", choices, prompt, samples)

@@ -45,7 +45,7 @@ async def completions(server: ChatServer, body: dict[str, Any], sample_id: str |
     """``POST /v1/completions`` on ``server``: each prompt a group through the policy, answered once all are done."""
     server.check_model(body)
     batch, is_batch = prompts(body.get("prompt"))
-    n, max_tokens = server._common(body, chat=False)
+    n, max_tokens = server.common(body, chat=False)
     want = wanted(body, chat=False)
     sample_id = sample_id or body.get("pdsr_sample")
     if sample_id is not None:
@@ -62,7 +62,7 @@ async def completions(server: ChatServer, body: dict[str, Any], sample_id: str |
     await server.run(groups)
     for group in groups:
         check_failed(group)
-    choices = [{"index": i * n + s.index, "text": server._text(s, include),
+    choices = [{"index": i * n + s.index, "text": server.text_of(s, include),
                 "finish_reason": FINISH.get(s.finish_reason or "", "stop"), "stop_reason": s.stop_reason,
                 "logprobs": server.logprobs(s.token_ids, s.logprobs, chat=False, want=want),
                 "token_ids": list(s.token_ids), "prompt_token_ids": list(g.prompt_token_ids)}

@@ -3,7 +3,7 @@
 ``top_logprobs: 5``, a ``seed``, a vLLM option such as ``skip_special_tokens: false``) is a 400 that names it, what the session uses, and how to change that, never
 silently ignored (an RL user's importance ratios or greedy evaluation would be wrong without a word). A field
 left out, null, or equal to what the session does passes. ``n`` and ``max_tokens`` are the request's own
-(:meth:`~pdsr_sdk.rollout.serve.ChatServer._common`)."""
+(:meth:`~pdsr_sdk.rollout.serve.ChatServer.common`)."""
 
 from __future__ import annotations
 

@@ -161,6 +161,12 @@ class EngineControl:
             raise partial_update_error(exc, what) from exc
         self._weights_partial = None
 
+    @property
+    def weights_partial(self) -> str | None:
+        """What an update_weights stopped part-way left the engines holding (a bucketed one after some bucket
+        loaded, or one some engine failed and another loaded), or None: nothing generates until a whole update."""
+        return self._weights_partial
+
     def _check_between_steps(self, what: str, hint: str, *, mid_stream: bool = False) -> None:
         """A RunError unless a weight update may happen now: the engines awake, and no step running unpaused
         (``mid_stream``: a partial-rollout step, which update_weights pauses itself, may be)."""
