@@ -12,8 +12,9 @@ backwards from the end with ``lastgae = 0`` and ``next_v = 0``::
 
 So at an interior masked position the advantage is the carried advantage of
 the next valid token, after the last valid token it is 0, and rewards (and
-values) at masked positions never enter the state. No whitening is applied
-(see :func:`masked_whiten`).
+values) at masked positions never enter the state. No whitening is applied:
+verl's ``compute_gae_advantage_return`` returns ``masked_whiten(advantages,
+mask)`` and the unwhitened ``returns``; :func:`masked_whiten` gives those.
 
 How this relates to other conventions:
 
