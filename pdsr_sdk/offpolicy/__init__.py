@@ -11,6 +11,9 @@ the per-token ratio ``pi_train / pi_rollout`` of its own log-probs to the engine
   ``[lower, upper]`` are left out of the loss (its mask *and* its denominator, as verl and slime do);
 - at token, sequence (product of the token ratios) or geometric (their geometric mean) level.
 
+verl's ``rollout_rs`` k1 options bound ``1 / ratio`` by ``"lower_upper"``: ``lower=1/upper_verl,
+upper=1/lower_verl`` here gives its rejections (docs/sdk.md, "Off-policy corrections").
+
 ``token_versions`` turns a trajectory row's ``segments`` into the policy version of each response
 token; ``off_policy_share`` is the share of tokens sampled before the current version.
 """
