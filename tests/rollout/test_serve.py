@@ -200,6 +200,7 @@ def test_a_sample_out_of_tokens_still_takes_its_reward(served):
     assert not httpx.get(f"{base}/pdsr/samples/spent-1", timeout=WAIT_S).json()["finished"]
     row = httpx.post(f"{base}/pdsr/samples/spent-1/end", json={"reward": 0.5}, timeout=WAIT_S).json()
     assert row["finished"] and row["reward"] == 0.5 and row["error"] is None
+    assert row["finish_reason"] == "length"   # its budget ended it, as an agent's (a trainer's overlong filter)
     assert row["turns"][-1]["role"] == "assistant"   # the refused turn's tool message is not in the trajectory
     assert len(row["response_token_ids"]) <= 64
     again = httpx.post(f"{base}/pdsr/samples/spent-1/end", json={"reward": 0.5}, timeout=WAIT_S)
