@@ -13,7 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pdsr_sdk.agent.config import AgentConfig
 from pdsr_sdk.config import ConfigModel
-from pdsr_sdk.config.base import deprecated_key
+from pdsr_sdk.config.base import deprecated_key, validate_config
 from pdsr_sdk.errors import ConfigError, ConfigValueError
 from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamConfig, check_output_penalties
 from pdsr_sdk.dispatch.steps import check_agent_streaming
@@ -135,6 +135,14 @@ class RolloutConfig(StepStreamConfig):
 
         self.policy_settings = type_policy_settings(self.policy, self.policy_settings,
                                                     origin=(info.context or {}).get("source"))
+        return self
+
+    @model_validator(mode="after")
+    def _engine_defaults_are_engine_keys(self, info: ValidationInfo) -> "RolloutConfig":
+        """``engine_defaults`` holds an engine entry's keys: checked when the config is read, naming the file and
+        the dotted key (``engine_defaults.max_num_seq``), not when the layout is built after the other checks."""
+        validate_config(EngineSpec, {"name": "engine_defaults", "pool": "fast", **self.engine_defaults},
+                        source=(info.context or {}).get("source"), prefix="engine_defaults")
         return self
 
     @field_validator("reward")

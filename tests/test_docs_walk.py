@@ -1,0 +1,30 @@
+"""Mistakes a newcomer following README.md and docs/ makes, and what pdsr answers: each error names the file, the
+dotted key or the flag (docs/configuration.md: "errors name the file and the dotted key") in pdsr's words."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli_checks import failed, invoke
+from pdsr_sdk import RolloutConfig
+from pdsr_sdk.config import load_config
+from pdsr_sdk.errors import ConfigError
+
+
+def test_a_misspelt_engine_defaults_key_is_named_with_its_file_when_the_config_is_read(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("engine_defaults: {max_num_seq: 64, max_model_len: 4096}\n")
+    out = tmp_path / "r.parquet"
+    out.write_bytes(b"an earlier run")   # the output check comes after the config's: the key is what is reported
+    text = failed(invoke("rollout", "--config", cfg, "--out", out),
+                  f"{cfg}: engine_defaults.max_num_seq: unknown config key; valid keys here: ", "max_num_seqs")
+    assert "already exists" not in text and out.read_bytes() == b"an earlier run"
+    with pytest.raises(ConfigError, match=r"run\.yaml: engine_defaults\.max_num_seq: unknown config key"):
+        load_config(RolloutConfig, cfg)
+
+
+def test_an_engine_defaults_value_is_checked_as_an_engines_in_code_too():
+    with pytest.raises(ConfigError, match=r"engine_defaults\.max_num_seqs: Input should be greater than or equal to 1"):
+        RolloutConfig(engine_defaults={"max_num_seqs": 0})
+    given = {"max_num_seqs": 8, "max_model_len": 512, "engine_args": {"enforce_eager": True}}
+    assert RolloutConfig(engine_defaults=given).engine_defaults == given   # kept as given, a dict
