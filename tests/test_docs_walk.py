@@ -28,3 +28,33 @@ def test_an_engine_defaults_value_is_checked_as_an_engines_in_code_too():
         RolloutConfig(engine_defaults={"max_num_seqs": 0})
     given = {"max_num_seqs": 8, "max_model_len": 512, "engine_args": {"enforce_eager": True}}
     assert RolloutConfig(engine_defaults=given).engine_defaults == given   # kept as given, a dict
+
+
+def test_a_validators_plain_value_error_reads_as_pdsrs_own():
+    """pydantic's "Value error, " is not pdsr's wording, and the value is not given twice."""
+    text = failed(invoke("rollout", "--instruction", "maths"),
+                  "--instruction: data.instruction: unknown instruction 'maths'; valid names: math")
+    assert "Value error" not in text and "(got 'maths')" not in text
+    text = failed(invoke("rollout", "--temperature", "0.005"), "--temperature: sampling.temperature: 0.005 is under 0.01")
+    assert "Value error" not in text and "(got 0.005)" not in text
+
+
+def test_a_value_error_that_does_not_show_the_value_gets_it_appended():
+    from pydantic import Field, field_validator
+
+    from pdsr_sdk.config import ConfigModel
+
+    class Settings(ConfigModel):   # as a policy's own config_model might raise
+        window: int = Field(8, description="A window.")
+
+        @field_validator("window")
+        @classmethod
+        def _even(cls, window: int) -> int:
+            if window % 2:
+                raise ValueError("must be even")
+            return window
+
+    with pytest.raises(ConfigError) as caught:
+        Settings(window=7)
+    assert str(caught.value).endswith("Settings: window: must be even (got 7)")
+

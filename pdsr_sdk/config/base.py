@@ -241,7 +241,11 @@ def format_validation_error(
         else:
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-            lines.append(f"{origin}: {key}: {err['msg']}{shown}")
+            message = str(err["msg"])
+            if err["type"] == "value_error":   # a validator's plain ValueError (a policy's own settings model, say):
+                message = str((err.get("ctx") or {}).get("error", message))   # its words without pydantic's "Value error, ", and the
+                shown = "" if str(got) in message else shown   # value only where they do not give it already
+            lines.append(f"{origin}: {key}: {message}{shown}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
