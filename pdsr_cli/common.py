@@ -268,7 +268,10 @@ def flag_names(overrides: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _same_value(a: Any, b: Any) -> bool:
-    """``a is b``, or equal values of one type (so that 0 is not False)."""
+    """``a is b``, or equal values of one type (so that 0 is not False); a repeatable flag's tuple equals the list
+    it became (``--stop`` -> ``sampling.stop``)."""
+    if isinstance(a, tuple) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
     try:
         return a is b or (type(a) is type(b) and bool(a == b))
     except Exception:  # noqa: BLE001 - a value whose == does not give a truth value (an array)

@@ -58,3 +58,10 @@ def test_a_value_error_that_does_not_show_the_value_gets_it_appended():
         Settings(window=7)
     assert str(caught.value).endswith("Settings: window: must be even (got 7)")
 
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--stop", ""], "--stop: sampling.stop: an empty stop string ends nothing"),
+    (["--stop-token-id", "3", "--stop-token-id", "-1"], "--stop-token-id: sampling.stop_token_ids: a token id is 0 or more"),
+])
+def test_a_bad_value_of_a_repeatable_flag_names_the_flag(flags, named):
+    assert "command line:" not in failed(invoke("rollout", *flags), named)
