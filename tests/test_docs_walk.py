@@ -65,3 +65,22 @@ def test_a_value_error_that_does_not_show_the_value_gets_it_appended():
 ])
 def test_a_bad_value_of_a_repeatable_flag_names_the_flag(flags, named):
     assert "command line:" not in failed(invoke("rollout", *flags), named)
+
+
+def test_a_missing_model_folder_under_a_local_folder_is_not_called_a_hub_id(tmp_path, monkeypatch):
+    """README's models/smollm2-135m-instruct mistyped was answered 'it looks like a Hugging Face hub id' with a
+    huggingface-cli command to download it; where its first part is a folder here, it is a path."""
+    from pdsr_sdk.errors import DataError
+    from pdsr_sdk.rollout.preflight import check_model_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(DataError) as caught:
+        check_model_folder("models/smollm2-135m-instruc")
+    assert str(caught.value) == ("model 'models/smollm2-135m-instruc' does not exist; pass a local Hugging Face "
+                                 "model folder")
+    text = failed(invoke("rollout", "--model", "models/smollm2-135m-instruc", "--out", tmp_path / "r.parquet"),
+                  "model 'models/smollm2-135m-instruc' does not exist")
+    assert "hub id" not in text
+    with pytest.raises(DataError, match=r"does not exist; .*; if it is a Hugging Face hub id: .*download Org/model"):
+        check_model_folder("Org/model")   # no folder Org here: it may be one

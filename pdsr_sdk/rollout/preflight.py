@@ -55,8 +55,10 @@ def check_model_folder(model: str | Path) -> str:
         return str(path)
     what = "does not exist" if not path.exists() else "is not a model directory (no config.json in it)"
     hint = ""
-    if not path.exists() and len(path.parts) == 2 and not str(model).startswith((".", "/", "~")):
-        hint = (f"; it looks like a Hugging Face hub id: pdsr loads local folders only, so download it first "
+    # ORG/NAME may be a hub id; not where ORG is a folder here (a typo in models/smollm2-135m-instruct, say)
+    if not path.exists() and len(path.parts) == 2 and not str(model).startswith((".", "/", "~")) \
+            and not path.parent.is_dir():
+        hint = (f"; if it is a Hugging Face hub id: pdsr loads local folders only, so download it first "
                 f"(huggingface-cli download {model} --local-dir DIR) and pass DIR")
     raise DataError(f"model {str(model)!r} {what}; pass a local Hugging Face model folder{hint}")
 
