@@ -84,3 +84,11 @@ def test_a_missing_model_folder_under_a_local_folder_is_not_called_a_hub_id(tmp_
     assert "hub id" not in text
     with pytest.raises(DataError, match=r"does not exist; .*; if it is a Hugging Face hub id: .*download Org/model"):
         check_model_folder("Org/model")   # no folder Org here: it may be one
+
+
+def test_calibrates_warning_gives_the_median_error_as_the_profile_does():
+    """A 0.66% median error read '1%' in the warning beside '0.7%' in the profile it was printed with."""
+    from pdsr_sdk.sim.calibrate import PoolFit, fit_warnings
+
+    poor = PoolFit(pool="fast", coefficients={}, spans=16, engines=1, r2=0.2199, median_rel_error=0.006603)
+    assert "(R^2 0.22, median |error| 0.7%; 16 spans)" in fit_warnings({"fast": poor})[0]

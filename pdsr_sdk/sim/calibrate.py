@@ -142,7 +142,7 @@ def fit_warnings(fits: dict[str, PoolFit]) -> list[str]:
     """One line per pool whose fit explains too little of its span timings to simulate with (MIN_R2,
     MAX_MEDIAN_ERROR)."""
     return [f"{f.pool}: the fit explains little of the span timings (R^2 {f.r2:.3g}, median |error| "
-            f"{100 * f.median_rel_error:.0f}%; {f.spans} spans): too few, or timed while other work shared the "
+            f"{100 * f.median_rel_error:.1f}%; {f.spans} spans): too few, or timed while other work shared the "
             f"engines' cores or devices; a simulation with this profile is not a prediction, measure a longer or "
             f"quieter run" for f in fits.values()
             if (not math.isnan(f.r2) and f.r2 < MIN_R2) or f.median_rel_error > MAX_MEDIAN_ERROR]
