@@ -92,3 +92,11 @@ def test_calibrates_warning_gives_the_median_error_as_the_profile_does():
 
     poor = PoolFit(pool="fast", coefficients={}, spans=16, engines=1, r2=0.2199, median_rel_error=0.006603)
     assert "(R^2 0.22, median |error| 0.7%; 16 spans)" in fit_warnings({"fast": poor})[0]
+
+
+def test_a_policy_import_path_that_fails_is_not_answered_with_the_presets():
+    """docs/rollout.md's `--policy my_pkg.policies:LongestFirst` before my_pkg exists: the import's error alone."""
+    text = failed(invoke("rollout", "--policy", "my_pkg.policies:LongestFirst"),
+                  "--policy: policy: cannot import module 'my_pkg.policies' (from 'my_pkg.policies:LongestFirst')")
+    assert "presets:" not in text
+    failed(invoke("rollout", "--policy", "v4"), "unknown policy 'v4'; valid names: ", "; presets: v2.5-restart")

@@ -58,7 +58,8 @@ def policy_class(name: str, *, simulation: bool = False) -> tuple[type, dict[str
         cls = POLICIES.get(name)
     except ConfigValueError as exc:
         if source is None:   # a name that is neither a policy nor a preset: say which presets there are too
-            presets = [p for p in list_presets() if p not in POLICIES.names()]
+            # (not for an import path that failed to import: the presets are no answer to that)
+            presets = [p for p in list_presets() if p not in POLICIES.names()] if ":" not in name else []
             raise ConfigValueError(f"{exc}" + (f"; presets: {', '.join(presets)}" if presets else "")) from None
         # the preset's own policy key is wrong: name the preset file, not the config that chose the preset
         chained = load_preset(name) is not None
