@@ -213,8 +213,8 @@ class RolloutConfig(StepStreamConfig):
 
     @model_validator(mode="after")
     def _stream_keys(self) -> "RolloutConfig":
-        if self.overlong_buffer is not None and self.overlong_buffer >= self.sampling.max_tokens:
-            raise ConfigValueError(f"overlong_buffer ({self.overlong_buffer}) must be less than sampling.max_tokens "
+        if self.overlong_buffer is not None and self.overlong_buffer > self.sampling.max_tokens:
+            raise ConfigValueError(f"overlong_buffer ({self.overlong_buffer}) must be at most sampling.max_tokens "
                                    f"({self.sampling.max_tokens}): shaping starts overlong_buffer tokens before the cap")
         if self.filter_groups is not None and self.reward == "none":
             raise ConfigValueError("filter_groups filters groups by their rewards: set a reward (reward is 'none')")

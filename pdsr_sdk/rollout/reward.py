@@ -289,7 +289,12 @@ class OverlongShaping:
 def config_reward(config: Any, has_ground_truth: bool) -> RewardFn | None:
     """The reward a rollout config asks for (``reward``, ``reward_timeout_s``), with DAPO's overlong shaping
     when ``overlong_buffer`` is set; None for no reward."""
-    fn = resolve_reward(config.reward, has_ground_truth, timeout_s=config.reward_timeout_s)
+    return with_overlong(resolve_reward(config.reward, has_ground_truth, timeout_s=config.reward_timeout_s), config)
+
+
+def with_overlong(fn: RewardFn | None, config: Any) -> RewardFn | None:
+    """``fn`` with DAPO's overlong shaping when the config sets ``overlong_buffer`` (a session's own reward
+    function too, as verl's DAPO reward manager shapes whatever ``compute_score`` it is given)."""
     if fn is None or not getattr(config, "overlong_buffer", None):
         return fn
     return OverlongShaping(fn, max_tokens=config.sampling.max_tokens, buffer=config.overlong_buffer,

@@ -34,7 +34,7 @@ import pickle
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from pdsr_sdk.dispatch.types import Group, Sample
@@ -119,6 +119,17 @@ def _score(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: di
                   score)
 
 
+def _shaped(fn: Callable[..., Any] | None, scored: Scored, response_length: int) -> Scored:
+    """A reward decided elsewhere (an agent's own) with the overlong shaping ``fn`` has, if any, as a reward
+    function's score gets it (verl's DAPO reward manager shapes every response's score)."""
+    from pdsr_sdk.rollout.reward import OverlongShaping
+
+    if not isinstance(fn, OverlongShaping) or scored.reward is None:
+        return scored
+    reward, extra = fn.apply(scored.reward, scored.extra, response_length)
+    return replace(scored, reward=reward, extra=extra, score=scored.reward)
+
+
 class RewardRunner:
     """Scores finished samples on ``workers`` threads (see the module). ``reward_for(group)`` is the reward
     function for a group's samples (None: no reward; the text is still decoded); ``tokenizer`` decodes
@@ -165,7 +176,7 @@ class RewardRunner:
         decided = self.given(sample) if self.given is not None else None
         if decided is not None:
             future = loop.create_future()
-            future.set_result(Scored(text, *decided))
+            future.set_result(_shaped(fn, Scored(text, *decided), sample.num_generated))
         elif fn is None:
             future = loop.create_future()
             future.set_result(Scored(text, None, None, None))

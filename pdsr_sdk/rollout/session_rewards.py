@@ -21,11 +21,12 @@ class SessionRewards:
 
     def _init_rewards(self, reward: Callable[..., Any] | None) -> None:
         # by whether the data has a ground truth; a reward pdsr cannot call is an error here, before any engine
-        from pdsr_sdk.rollout.reward import adapt_reward, config_reward
+        from pdsr_sdk.rollout.reward import adapt_reward, config_reward, with_overlong
 
         config = self.config
         self._reward_fns: dict[bool, Any] = {True: config_reward(config, True)}
-        self._reward_override = None if reward is None else adapt_reward(reward, getattr(reward, "__name__", "reward"))
+        self._reward_override = None if reward is None else with_overlong(
+            adapt_reward(reward, getattr(reward, "__name__", "reward")), config)
         #: scores finished samples off the event loop (made when the session starts)
         self.rewards = None
 

@@ -194,7 +194,7 @@ def test_dapo_overlong_shaping():
     mv = config_reward(RolloutConfig(overlong_buffer=4, sampling={"max_tokens": 16}), True)
     assert mv.stats is resolve_reward("math_verify", True).stats   # math_verify's timeouts still counted
     with pytest.raises(ConfigError, match="overlong_buffer"):
-        RolloutConfig(overlong_buffer=16, sampling={"max_tokens": 16})
+        RolloutConfig(overlong_buffer=17, sampling={"max_tokens": 16})
 
 
 def extra_table(extras: list) -> pa.Table:
