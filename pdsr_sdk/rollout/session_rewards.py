@@ -36,15 +36,18 @@ class SessionRewards:
 
         config = self.config
         kind = GROUP_FILTERS[config.filter_groups.kind]
+        metric = config.filter_groups.metric
 
         def group_filter(group: Group, rewards: list[float | None]) -> bool:
             if self.reward_for(group) is None:
                 raise ConfigError(f"filter_groups filters groups by their rewards, and group {group.prompt_id!r} "
                                   f"has none: reward is {config.reward!r} and its prompt has no ground truth; "
                                   f"give the data a ground truth column or set a reward")
-            # the scores before overlong shaping (DAPO's acc): a group all wrong is filtered whatever its lengths
             scores = [self.rewards.result(s) for s in group.samples] if self.rewards is not None else []
-            return kind([sc.unshaped if sc is not None else None for sc in scores] if scores else rewards)
+            if not scores:
+                return kind(rewards)
+            return kind([filter_value(sc, metric, f"group {group.prompt_id!r} sample {s.index}")
+                         for s, sc in zip(group.samples, scores)])
 
         return group_filter
 
@@ -133,3 +136,31 @@ class SessionRewards:
                 "env_tokens": sum(s.env_tokens for s in multi), "env_s": sum(s.env_s for s in multi)})
         return StepResult(step=result.batch_index, policy_version=version, groups=result.groups, table=table,
                           summary=summary, report=result, scores=scored)
+
+
+def filter_value(scored: Any, metric: str, where: str) -> float | None:
+    """The value of one sample that dynamic sampling's filter compares (``filter_groups.metric``, verl's
+    ``algorithm.filter_groups.metric``), from its :class:`~pdsr_sdk.rollout.reward_runner.Scored`; None where
+    its reward failed (left out). ``acc``: the reward's ``acc`` field, else its score before overlong shaping;
+    ``score``: that score; ``seq_reward``: the reward after shaping. ``where`` names the sample in an error."""
+    import json
+    import math
+
+    if scored is None or scored.reward is None:
+        return None
+    if metric == "seq_reward":
+        return scored.reward
+    fields = json.loads(scored.extra) if metric == "acc" and scored.extra else {}
+    if not isinstance(fields, dict) or "acc" not in fields:
+        return scored.unshaped   # a number reward's acc is its score, as verl logs it
+    acc = fields["acc"]
+    # a numpy bool or integer reaches the JSON of the extra fields as its text ('True', '3')
+    acc = {"True": 1.0, "False": 0.0}.get(acc, acc) if isinstance(acc, str) else acc
+    try:
+        value = float(acc) if isinstance(acc, (bool, int, float, str)) else None
+    except ValueError:
+        value = None
+    if value is not None and math.isfinite(value):
+        return value
+    raise ConfigError(f"filter_groups.metric 'acc': {where}: the reward's acc is {acc!r:.60}, not a number or bool; "
+                      f"compare the score instead (filter_groups.metric: score)")

@@ -220,6 +220,9 @@ class SimulateConfig(StepStreamConfig):
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
             if self.max_partial_share is not None:
                 raise ConfigValueError("max_partial_share applies to multi-step runs only; set steps too")
+        elif self.filter_groups is not None and "metric" in self.filter_groups.model_fields_set:
+            raise ConfigValueError("filter_groups.metric chooses among a reward's values in pdsr rollout; the "
+                                   "simulator compares the one reward per sample its trace records: leave it out")
         elif self.max_partial_share is not None and self.over_provision is not None:
             raise ConfigValueError("max_partial_share searches the over-provision: leave over_provision unset")
         return self

@@ -16,7 +16,11 @@ def in_flight(b: int, over_provision: float) -> int:
 
 def has_reward_variance(rewards: Sequence[float | None]) -> bool:
     """The ``zero-variance`` filter: a group passes when its rewards (failed ones, None, left out) are not all
-    equal, i.e. at least two differ; all right or all wrong gives every GRPO advantage 0."""
+    equal, i.e. at least two differ; all right or all wrong gives every GRPO advantage 0. A group of one sample
+    (n = 1) passes when it has its reward, as verl's DAPO trainer keeps it: its GRPO advantage is the score
+    itself. Values are compared exactly, where verl's ``np.std(...) > 0`` can keep three equal 0.1s (1e-17)."""
+    if len(rewards) == 1:
+        return rewards[0] is not None
     return len({r for r in rewards if r is not None}) > 1
 
 
