@@ -75,18 +75,26 @@ class GroupFiltering(StreamState):
         return False
 
     def _top_up(self) -> None:
-        """Launch what the groups in flight are not expected to bring of this step's B passing ones."""
+        """Launch what the groups in flight are not expected to bring of this step's B passing ones, within
+        the step's bound (``max_launches``): at the bound the groups in flight run on, and the run ends with an
+        error only once even all of them passing cannot bring B, as verl's trainer raises only after its last
+        allowed generation batch is judged and still short."""
         if self.closing or self.done or self.exhausted:
             return
         incomplete = len(self.flying) - len(self.complete)
-        count = needed_launches(self.b - len(self.complete), incomplete, self.pass_rate)
+        need = self.b - len(self.complete)
+        count = needed_launches(need, incomplete, self.pass_rate)
         if count and self.max_launches is not None and self._launched_now + count > self.max_launches:
-            raise RunError(
-                f"dynamic sampling: step {self.t} has launched {self._launched_now} groups and {len(self.complete)} "
-                f"of the {self.b} that pass the filter are complete ({self.passed} of {self.judged} groups passed so "
-                f"far); filter_groups.max_launch_factor bounds a step at {self.max_launches}. Nearly every group's "
-                f"rewards are all equal: the prompts are too hard or too easy for this model (or its reward never "
-                f"tells right from wrong). Raise the bound, or set it to null for no bound")
+            room = max(0, self.max_launches - self._launched_now)
+            if incomplete + room < need:
+                raise RunError(
+                    f"dynamic sampling: step {self.t} has launched {self._launched_now} groups and {len(self.complete)} "
+                    f"of the {self.b} that pass the filter are complete, with {incomplete} more generating ({self.passed} "
+                    f"of {self.judged} groups passed so far); filter_groups.max_launch_factor bounds a step at "
+                    f"{self.max_launches}. Nearly every group's rewards are all equal: the prompts are too hard or too "
+                    f"easy for this model (or its reward never tells right from wrong). Raise the bound, or set it to "
+                    f"null for no bound")
+            count = room
         self.launch(count)
         self.maybe_end()
 
