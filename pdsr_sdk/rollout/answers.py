@@ -65,9 +65,20 @@ _STRIP = [
 ]
 
 
+#: a unit in text after the value at the end of an answer: ``12 \\text{ cm}``, MATH-500's ``15\\mbox{ cm}^2``
+_RIGHT_UNIT = re.compile(r"(.*?\S)\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?[23]\}?)?")
+
+
 def normalize_answer(answer: str) -> str:
     """Light normalisation: strip spacing commands, text wrappers, units of degrees and
-    percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'."""
+    percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'. A number with a unit in
+    text after it is the number (``864 \\mbox{ inches}^2`` is 864, as verl's MATH reward drops a
+    ``\\text{ unit}``); a word alone in text stays (``\\text{Evelyn}``)."""
+    unit = _RIGHT_UNIT.fullmatch(answer.strip())
+    if unit is not None:
+        value = normalize_answer(unit.group(1))
+        if exact_value(value) is not None:
+            return value
     s = answer.strip()
     for pattern, repl in _STRIP:
         s = pattern.sub(repl, s)
