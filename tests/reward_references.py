@@ -227,10 +227,11 @@ def verl_math_dapo(response: str, truth: str) -> bool:
 
 def math_verify_direct(response: str, truth: str) -> bool:
     """math-verify as its README calls it: ``parse`` the gold and the whole response with the default
-    extraction, then ``verify(gold, answer)``."""
+    extraction, then ``verify(gold, answer)`` (their time limits raised from 5 s, which a loaded machine overruns)."""
     from math_verify import parse, verify
 
-    return bool(verify(parse(f"${truth}$"), parse(response)))
+    gold, answer = parse(f"${truth}$", parsing_timeout=60), parse(response, parsing_timeout=60)
+    return bool(verify(gold, answer, timeout_seconds=60))
 
 
 def confusion(labels: list[bool], ours: list[bool], theirs: list[bool]) -> dict[str, int]:

@@ -70,9 +70,10 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--skip-long", is_flag=True, default=None,
               help="Skip prompts whose tokens plus --max-tokens exceed the model's context (counted in the summary); "
                    "without it such a prompt is an error naming its row.")
-@click.option("--reward", help="math_verify (the response's last \\boxed{}, else its GSM8K '#### N', against the "
-                              "ground truth), math_boxed (its pure-Python fallback), none, auto (math_verify when the "
-                              "data has a ground truth), 'package.module:fn' or 'path/to/file.py:fn'.  [default: auto]")
+@click.option("--reward", help="math_verify (the response's last \\boxed{}, else its GSM8K '#### N', else its DAPO "
+                              "'Answer: N', against the ground truth), math_boxed (its pure-Python fallback), none, auto "
+                              "(math_verify when the data has a ground truth), 'package.module:fn' or "
+                              "'path/to/file.py:fn'.  [default: auto]")
 @click.option("--reward-executor", type=click.Choice(["thread", "process"]),
               help="Run reward functions on worker threads, or in worker processes (a CPU-bound Python reward then "
                    "never holds the loop that feeds the engines; give it by import path).  [default: thread]")

@@ -1,4 +1,5 @@
-"""Math answers compared as text: a response's final answer (its last ``\\boxed{}``, else its last ``#### N``),
+"""Math answers compared as text: a response's final answer (its last ``\\boxed{}``, else its last ``#### N``, else its
+last ``Answer: N``),
 answers normalised, and exact rational values, so that 1/2, ``\\frac{1}{2}``, ``\\dfrac12`` and 0.5 compare equal (``math_boxed``, and ``math_verify``'s
 fallback)."""
 
@@ -38,18 +39,29 @@ _HEADING = re.compile(r"[A-Za-z]{2,}\b")
 _NUMBER_AND_UNIT = re.compile(r"(\\?\$?\s*[-+]?\d[\d,]*(?:\.\d+)?%?)\s+[A-Za-z][A-Za-z ]*[.!]?")
 
 
+#: DAPO's final-answer line, ``Answer: 34`` (DAPO-Math-17k's prompt asks for it; verl's math_dapo reads the last one):
+#: at the start of a line (Markdown before it allowed), so that prose such as "To answer: first we count 18 eggs"
+#: is no answer line (math-verify would find 18 in it)
+_ANSWER_LINE = re.compile(r"^[ \t*#>]*(?:final[ \t]+)?answer[ \t]*:[ \t*]*([^\n]*)", re.IGNORECASE | re.MULTILINE)
+
+
 def response_answer(text: str) -> str | None:
     """A response's final answer: the content of its last ``\\boxed{}`` (:func:`last_boxed`), else what follows
     its last ``####`` on that line (GSM8K's format: verl's gsm8k data asks for ``#### N``), Markdown bold
     around it dropped, a Markdown heading after it skipped (``#### Explanation``), and unit words after a
-    number dropped (``#### 18 dollars`` is 18); None when it has neither (or the ``####`` lines are empty)."""
+    number dropped (``#### 18 dollars`` is 18), else what follows the last ``Answer:`` that begins a line (DAPO's
+    format, ``**Answer:** 18`` too); None when it has none of them (or those lines are empty)."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     found = [a for a in (f.strip().strip("*").strip() for f in _HASHES.findall(text)) if a]
-    if not found:
-        return None
-    answer = next((a for a in reversed(found) if not _HEADING.match(a)), found[-1])
+    if found:
+        answer = next((a for a in reversed(found) if not _HEADING.match(a)), found[-1])
+    else:
+        lines = [a for a in (f.strip().strip("*").strip() for f in _ANSWER_LINE.findall(text)) if a]
+        if not lines:
+            return None
+        answer = lines[-1]
     unit = _NUMBER_AND_UNIT.fullmatch(answer)
     return unit.group(1) if unit else answer
 

@@ -1,5 +1,5 @@
-"""The ``math_verify`` reward: a response's final answer (its last ``\\boxed{}``, else its last ``#### N``)
-against the ground truth with
+"""The ``math_verify`` reward: a response's final answer (its last ``\\boxed{}``, else its last ``#### N``, else its
+last ``Answer: N``) against the ground truth with
 Hugging Face's math-verify (``parse`` + ``verify``), each check in a worker process under a timeout.
 
 math-verify's own timeout uses ``signal.alarm``, which works only in a process's main thread, and a
@@ -122,7 +122,8 @@ def reference_answer(ground_truth: str) -> str:
 
 class MathVerifyReward:
     """``reward(response_text, ground_truth, **info) -> float``: 1.0 when the response's final answer (its last
-    ``\\boxed{}``, else its last ``#### N``, GSM8K's form: :func:`~pdsr_sdk.rollout.answers.response_answer`)
+    ``\\boxed{}``, else its last ``#### N``, GSM8K's form, else its last ``Answer: N``, DAPO's:
+    :func:`~pdsr_sdk.rollout.answers.response_answer`)
     equals the ground truth by ``check`` (default :func:`verify_check`, math-verify), else 0.0 (also without
     such an answer or a ground truth). A check that takes longer than ``timeout_s`` scores 0.0 and adds one
     to ``stats["reward_timeouts"]``. Safe to call from any thread; calls are served one at a time."""

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not (MATH500.is_file() and GSM8K.is_file()), rea
 #: ways of answering that pdsr's rewards score 0 on purpose: a final answer only in prose ("The answer is 18.")
 #: is no answer, as for verl's MATH and GSM8K rewards (math-verify called on the whole response takes the
 #: last number or formula it finds, which a training reward should not)
-DELIBERATE = {"answer_is", "answer_line", "answer_bold"}
+DELIBERATE = {"answer_is"}
 
 
 def rows_of(name: str, limit: int | None) -> tuple[list[Case], dict[str, str]]:
@@ -36,7 +36,7 @@ def rows_of(name: str, limit: int | None) -> tuple[list[Case], dict[str, str]]:
 def scored(name: str, cases: list[Case], truths: dict[str, str], direct: bool) -> dict[str, list[bool]]:
     """Each reward's verdict on each case. pdsr's get the data file's ground truth (GSM8K's worked solution);
     the references get the answer as verl's data preparation writes it (GSM8K's number without commas)."""
-    pdsr_verify = math_verify_reward()
+    pdsr_verify = math_verify_reward(60.0)   # a check's time limit well above what a loaded machine takes
     verl = verl_math_reward if name == "math500" else verl_gsm8k
     out: dict[str, list[bool]] = collections.defaultdict(list)
     for case in cases:
@@ -101,3 +101,24 @@ def test_math_boxed_reads_a_truth_with_a_unit_as_its_value(row, truth, value):
     assert math_boxed(f"So the answer is $\\boxed{{{value}1}}$.", truth) == 0.0
     assert math_boxed("So the answer is $\\boxed{\\text{Evelyn}}$.", "\\text{Evelyn}") == 1.0   # a word stays a word
     assert math_boxed("So the answer is $\\boxed{\\text{Evelyn}}$.", "\\text{Navin}") == 0.0
+
+
+@pytest.mark.parametrize("reward", ["math_verify", "math_boxed"])
+def test_an_answer_line_is_the_final_answer_without_a_box_or_hashes(reward):
+    """DAPO's prompt asks for 'Answer: N' on the last line (verl's math_dapo reads it); pdsr's rewards read only a
+    box or '#### N' and scored every such response 0. GSM8K row 0 (Janet's ducks, 18) and MATH-500's first row,
+    test/precalculus/807.json (\\left( 3, \\frac{\\pi}{2} \\right))."""
+    fn = math_verify_reward(60.0) if reward == "math_verify" else math_boxed
+    janet = gsm8k_rows()[0]
+    assert gsm8k_number(janet) == "18"
+    for response, score in [("She makes 9 * 2 = 18.\nAnswer: 18", 1.0), ("...\n**Answer:** 18", 1.0),
+                            ("...\nAnswer: $18$.", 1.0), ("...\nAnswer: 18 dollars", 1.0),
+                            ("Answer: 18\nWait, that is wrong.\nAnswer: 20", 0.0), ("...\nAnswer: 20", 0.0),
+                            ("...\nAnswer: 20\n#### 18", 1.0),   # '####' comes first, as a box does
+                            ("...\\boxed{20}\nAnswer: 18", 0.0), ("The answer is 18.", 0.0),
+                            ("...\n## Final Answer: 18", 1.0),
+                            ("To answer: first we count 18 eggs, then subtract.", 0.0)]:   # prose, no answer line
+        assert fn(response, janet["answer"]) == score, response
+    first = math500_rows()[0]
+    assert first["unique_id"] == "test/precalculus/807.json"
+    assert fn(f"...\nAnswer: {first['answer']}", first["answer"]) == 1.0
