@@ -216,6 +216,9 @@ class RolloutConfig(StepStreamConfig):
         if self.overlong_buffer is not None and self.overlong_buffer > self.sampling.max_tokens:
             raise ConfigValueError(f"overlong_buffer ({self.overlong_buffer}) must be at most sampling.max_tokens "
                                    f"({self.sampling.max_tokens}): shaping starts overlong_buffer tokens before the cap")
+        if self.overlong_buffer is not None and self.reward == "none":   # it would shape nothing, silently
+            raise ConfigValueError("overlong_buffer shapes the scores of a reward function (and an agent's own reward "
+                                   "beside one): set a reward (reward is 'none'), or leave overlong_buffer out")
         if self.filter_groups is not None and self.reward == "none":
             raise ConfigValueError("filter_groups filters groups by their rewards: set a reward (reward is 'none')")
         if not self.streaming:

@@ -195,6 +195,8 @@ def test_dapo_overlong_shaping():
     assert mv.stats is resolve_reward("math_verify", True).stats   # math_verify's timeouts still counted
     with pytest.raises(ConfigError, match="overlong_buffer"):
         RolloutConfig(overlong_buffer=17, sampling={"max_tokens": 16})
+    with pytest.raises(ConfigError, match="overlong_buffer shapes the scores of a reward function.*reward is 'none'"):
+        RolloutConfig(overlong_buffer=4, reward="none", sampling={"max_tokens": 16})   # it would shape nothing
 
 
 def extra_table(extras: list) -> pa.Table:
