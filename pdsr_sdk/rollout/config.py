@@ -80,7 +80,7 @@ class RolloutConfig(StepStreamConfig):
     engines: list[EngineSpec] | None = Field(None, description="Explicit engine list; default: an automatic layout from fast/heavy.")
     fast: int | None = Field(None, ge=0, description="Engines in the fast pool for the automatic layout (default: most devices).")
     heavy: int | None = Field(None, ge=0, description="Engines in the heavy pool for the automatic layout (default: 1 per 4 devices, at least 1).")
-    engine_defaults: dict[str, Any] = Field(default_factory=dict, description="Settings applied to every automatically laid-out engine (keys of an engine entry).")
+    engine_defaults: dict[str, Any] = Field(default_factory=dict, description="Settings applied to every automatically laid-out engine (keys of an engine entry), over the layout's own `max_num_seqs: 128` (an engine listed in `engines` defaults to 64).")
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments.")
     reward: str | None = Field("auto", description="Reward: 'math_verify' (math-verify on the last \\boxed{}, else a GSM8K '#### N', else a DAPO 'Answer: N'), 'math_boxed' (its pure-Python fallback), 'none', an import path 'pkg.mod:fn' or a file's 'path/to/file.py:fn' (verl's custom_reward_function), or 'auto' (math_verify when a ground truth exists).")
     reward_timeout_s: float = Field(5.0, gt=0, description="Seconds one math_verify check may take (it runs in a worker process); a check that takes longer scores 0 and is counted as reward_timeouts in the summary.")
