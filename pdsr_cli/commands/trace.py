@@ -117,31 +117,37 @@ def _column_option(role: str, what: str):
                         help=f"{what}  [default: the first of {', '.join(defaults)} present]")
 
 
-@command.command("convert", short_help="Rollout log (one row per response: Parquet/Arrow/JSONL/CSV) or "
-                                       "trajectories -> JSONL length trace.")
-@click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
+@command.command("convert", short_help="Rollout log (one row per response: Parquet/Arrow/JSONL/CSV), verl's "
+                                       "generation dumps, or trajectories -> JSONL length trace.")
+@click.argument("source", type=click.Path(path_type=Path))
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
 @_column_option("id", "Prompt id column: the rows of one id are one group.")
-@_column_option("length", "Response length column: whole token counts (float columns of whole numbers too), or "
-                          "a list of token ids, counted (text is not tokenized).")
-@_column_option("prompt_length", "Prompt length column (the same on every row of a prompt); none: 0.")
+@_column_option("length", "Response length column: whole token counts (float columns of whole numbers too), a "
+                          "list of token ids, counted, or the response's text, counted with --tokenizer.")
+@_column_option("prompt_length", "Prompt length column (the same on every row of a prompt): token counts, or the "
+                                 "prompt's text, counted with --tokenizer; none: 0.")
 @_column_option("sample_index", "Column ordering the samples of a prompt (the smallest is sample 0, the probe); "
                                 "none: the rows' order.")
 @_column_option("reward", "Reward column (empty for a response without one).")
 @_column_option("finish_reason", "Finish reason column ('stop', 'length', ...).")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Local Hugging Face model or tokenizer folder (the policy's) that counts text: verl's dumps, a "
+                   "--length-column or --prompt-length-column of text. Tokens of the text encoded without special "
+                   "tokens.")
 @_overwrite_option
 @handle_errors
-def convert(source: Path, out: Path, overwrite: bool, **columns: str | None) -> None:
+def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None, **columns: str | None) -> None:
     """Write the length trace of SOURCE as JSONL (one line per prompt group).
 
     SOURCE is your own rollout log, one row per response, in Parquet, Arrow
     IPC, JSONL or CSV/TSV (verl, OpenRLHF, vLLM dumps, an OpenAI-style
-    completions log); or a trajectories file from `pdsr rollout`; or a JSONL
-    trace. Name the log's columns with the flags below (a dotted path reads a
-    field of a struct column: usage.completion_tokens; a number, a list's
-    item: choices.0.finish_reason); a column not named is looked for under
-    its usual names. Rows count from 0 in errors.
+    completions log), or a folder or quoted glob pattern of its shards; or
+    verl's generation dumps; or a trajectories file from `pdsr rollout`; or a
+    JSONL trace. Name the log's columns with the flags below (a dotted path
+    reads a field of a struct column: usage.completion_tokens; a number, a
+    list's item: choices.0.finish_reason); a column not named is looked for
+    under its usual names. Rows count from 0 in errors.
 
     Groups are the rows of one prompt id, in order of first appearance, and
     may differ in size. A trajectories file's durations are finish_time_s -
@@ -149,18 +155,33 @@ def convert(source: Path, out: Path, overwrite: bool, **columns: str | None) -> 
     turns: per turn the sampled tokens, then the environment's tokens and its
     time (the environment spans' end_s - start_s).
 
+    verl's dumps (trainer.rollout_data_dir or validation_data_dir: a folder of
+    {step}.jsonl files, one of them, or a pattern; lines with input, output,
+    score, step) are recognised by their keys and need --tokenizer: the
+    response's and the prompt's text are counted with it. verl writes no
+    prompt id, so a group is the lines of one prompt text within one step
+    (two prompts of the same text in a step become one group); score is the
+    reward (--reward-column acc reads another key); errors name file:line.
+
     \b
     Examples:
       pdsr trace convert verl_dump.parquet --id-column uid --reward-column score --out trace.jsonl
+      pdsr trace convert rollout_data/ --tokenizer models/policy --out trace.jsonl   # verl's {step}.jsonl
       pdsr trace convert log.jsonl --id-column metadata.prompt_id \\
           --length-column usage.completion_tokens --out trace.jsonl
       pdsr trace convert lengths.csv --id-column question --length-column n_tokens --out trace.jsonl
+      pdsr trace convert chats.csv --id-column question --length-column answer --tokenizer DIR --out trace.jsonl
     """
     from pdsr_sdk.io.tables import check_new_output
     from pdsr_sdk.traces import read_any_trace, write_trace_jsonl
 
     check_new_output(out, "--out", overwrite=overwrite, config_key=None, inputs=[("SOURCE", source)])
-    trace = read_any_trace(source, **columns)
+    tokenizer = None
+    if tokenizer_dir is not None:
+        from pdsr_sdk.rollout.data import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir, setting="--tokenizer")
+    trace = read_any_trace(source, **columns, tokenizer=tokenizer)
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes
     shape = f"{sizes[0]} samples each" if trace.is_rectangular else f"{sizes.min()}..{sizes.max()} samples"

@@ -369,22 +369,25 @@ def _lengths(value: Any, where: str, column: str, n: int | None) -> list[int]:
     return list(value[:n] if n else value)
 
 
-def load_tokenizer(path: str | Path):
-    """A Hugging Face tokenizer from a local directory, with a clear error when it is not one."""
+def load_tokenizer(path: str | Path, setting: str | None = None):
+    """A Hugging Face tokenizer from a local directory, with a clear error when it is not one; ``setting`` (a flag,
+    such as ``--tokenizer``) is what the user set to it, named in the errors (default: the rollout's tokenizer)."""
     path = Path(path)
+    where = f"{setting} {path}" if setting else str(path)
+    setting = setting or "tokenizer (RolloutConfig.tokenizer)"
     if not path.is_dir():
-        raise DataError(f"{path}: model/tokenizer directory does not exist")
+        raise DataError(f"{where}: model/tokenizer directory does not exist")
     try:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types
-        raise DataError(f"{path}: cannot load a tokenizer: {exc}") from None
+        raise DataError(f"{where}: cannot load a tokenizer: {exc}") from None
     if not tokenizer.encode("a b", add_special_tokens=False):
         # transformers builds an empty tokenizer from config.json alone (no tokenizer.json, tokenizer.model or vocab
         # files): every prompt would tokenize to nothing
-        raise DataError(f"{path}: no tokenizer files in it (tokenizer.json, tokenizer.model, vocab.json, ...): the "
+        raise DataError(f"{where}: no tokenizer files in it (tokenizer.json, tokenizer.model, vocab.json, ...): the "
                         f"tokenizer read from it has {len(tokenizer)} token(s) and encodes text to nothing; copy the "
-                        f"model's tokenizer files there, or set tokenizer (RolloutConfig.tokenizer) to a folder "
+                        f"model's tokenizer files there, or set {setting} to a folder "
                         f"that has them")
     return tokenizer

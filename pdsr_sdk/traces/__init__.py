@@ -1,7 +1,8 @@
 """Length traces: per-prompt-group response lengths (sample 0 is the probe).
 
 ``read_trace`` reads a JSONL trace or a trajectories Parquet/Arrow file, ``read_any_trace`` also your own
-rollout log (one row per response, Parquet/Arrow/JSONL/CSV, columns mapped by name),
+rollout log (one row per response, Parquet/Arrow/JSONL/CSV, columns mapped by name) and verl's generation dumps
+(``read_verl_dump``, text counted with a tokenizer),
 ``write_trace_jsonl`` writes the JSONL form, ``synth_trace`` draws a
 synthetic long-tailed trace, ``default_trace_path`` is the built-in one. ``WORKLOADS`` is the
 family of named workloads (seeded generators with their own defaults and measurement) policies are
@@ -24,6 +25,7 @@ from pdsr_sdk.traces.io import (
     read_trace,
     read_trace_jsonl,
     read_trajectories_trace,
+    read_verl_dump,
     trace_from_trajectories,
     write_trace_jsonl,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "read_trace",
     "read_trace_jsonl",
     "read_trajectories_trace",
+    "read_verl_dump",
     "register_workload",
     "resample_trace",
     "synth_trace",

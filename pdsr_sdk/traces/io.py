@@ -27,7 +27,8 @@ column (tables).
 
 ``pdsr trace convert`` reads more (:func:`read_any_trace`): your own rollout log, a table of one row per response
 (Parquet, Arrow IPC, JSONL or CSV/TSV) whose columns are named by flags or found under their usual names
-(:mod:`pdsr_sdk.traces.responses`).
+(:mod:`pdsr_sdk.traces.responses`), and verl's generation dumps, text counted with a tokenizer
+(:mod:`pdsr_sdk.traces.verl_dump`).
 
 The JSONL reader and writer are in :mod:`pdsr_sdk.traces.jsonl`, the trajectories reader in
 :mod:`pdsr_sdk.traces.trajectories` and format detection in :mod:`pdsr_sdk.traces.formats`; their names are
@@ -43,6 +44,8 @@ from pdsr_sdk.traces.formats import detect_format
 from pdsr_sdk.traces.jsonl import OPTIONAL_KEYS, REQUIRED_KEYS, read_trace_jsonl, write_trace_jsonl
 from pdsr_sdk.traces.responses import RESPONSE_COLUMNS, read_responses_trace, trace_from_responses
 from pdsr_sdk.traces.trace import LengthTrace
+from pdsr_sdk.traces.verl_dump import is_verl_dump as _is_verl_dump
+from pdsr_sdk.traces.verl_dump import read_verl_dump
 from pdsr_sdk.traces.trajectories import (
     TRAJECTORY_COLUMNS,
     TRAJECTORY_OPTIONAL,
@@ -62,6 +65,7 @@ __all__ = [
     "read_trace",
     "read_trace_jsonl",
     "read_trajectories_trace",
+    "read_verl_dump",
     "trace_from_responses",
     "trace_from_trajectories",
     "write_trace_jsonl",
@@ -79,11 +83,15 @@ def read_trace(path: str | Path) -> LengthTrace:
 
 def read_any_trace(path: str | Path, *, id_column: str | None = None, length_column: str | None = None,
                    prompt_length_column: str | None = None, sample_index_column: str | None = None,
-                   reward_column: str | None = None, finish_reason_column: str | None = None) -> LengthTrace:
+                   reward_column: str | None = None, finish_reason_column: str | None = None,
+                   tokenizer=None) -> LengthTrace:
     """What ``pdsr trace convert`` reads: a JSONL length trace or a trajectories file of ``pdsr rollout`` (as
-    :func:`read_trace`) when no column is named, else (or when the file is neither: CSV, a JSONL of one line per
-    response, another tool's table) a table of one row per response (:func:`read_responses_trace`, its columns
-    named by the ``*_column`` arguments or found under their usual names)."""
+    :func:`read_trace`) when no column is named; verl's generation dumps (``{step}.jsonl``: a file, a folder or a
+    glob pattern, :func:`read_verl_dump`) when no id, length, prompt length or sample index column is named; else
+    (or when the source is none of these: CSV, a JSONL of one line per response, another tool's table, a folder of
+    shards) a table of one row per response (:func:`read_responses_trace`, its columns named by the ``*_column``
+    arguments or found under their usual names). ``tokenizer`` (a Hugging Face tokenizer, the policy's) counts
+    text: verl's dumps, a length or prompt length column of text."""
     path = Path(path)
     columns = dict(id_column=id_column, length_column=length_column, prompt_length_column=prompt_length_column,
                    sample_index_column=sample_index_column, reward_column=reward_column,
@@ -97,7 +105,11 @@ def read_any_trace(path: str | Path, *, id_column: str | None = None, length_col
             return read_trace_jsonl(path)
         if kind in ("parquet", "arrow_file", "arrow_stream") and _has_trajectory_columns(path, kind):
             return read_trajectories_trace(path, kind)
-    return read_responses_trace(path, **columns)
+    structural = (id_column, length_column, prompt_length_column, sample_index_column)
+    if all(v is None for v in structural) and _is_verl_dump(path):
+        return read_verl_dump(path, tokenizer, reward_key=reward_column or "score",
+                              finish_reason_key=finish_reason_column)
+    return read_responses_trace(path, **columns, tokenizer=tokenizer)
 
 
 def _is_group_trace(path: Path) -> bool:

@@ -13,6 +13,7 @@ from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.traces.formats import short_repr
 from pdsr_sdk.traces.responses import looks_like_responses
 from pdsr_sdk.traces.trace import LengthTrace, SampleTurns
+from pdsr_sdk.traces.verl_dump import looks_like_verl_dump
 
 REQUIRED_KEYS = ("prompt_id", "prompt_len", "lengths")
 #: optional per-sample keys of a JSONL trace line
@@ -45,6 +46,10 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
                             f"not a length trace (one prompt group per line: {', '.join(REQUIRED_KEYS)}); "
                             f"`pdsr trace convert {path} --out trace.jsonl` reads such a log into a trace (name its "
                             f"columns with --id-column, --length-column, ...)")
+        if missing and looks_like_verl_dump(row):
+            raise DataError(f"{where}: this is a line of verl's generation dump (input, output, score, step), not a "
+                            f"length trace; `pdsr trace convert {path.parent} --tokenizer DIR --out trace.jsonl` "
+                            f"counts its text with the policy's tokenizer into a trace")
         if missing:
             raise DataError(f"{where}: missing key(s) {', '.join(map(repr, missing))}; a trace line needs "
                             f"{', '.join(REQUIRED_KEYS)}")

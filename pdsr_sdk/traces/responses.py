@@ -8,9 +8,11 @@ none is given; a name may be a dotted path into struct columns, a number in it p
 - prompt id (``--id-column``; ``prompt_id``, ``uid``): a string or integer; rows with the same id are one group.
 - response length (``--length-column``; ``response_length``, ``completion_tokens``, ``usage.completion_tokens``,
   ``response_ids``): a whole number of tokens >= 0 (a float column of whole numbers is read too), or a list of
-  token ids, whose count is the length (text is never tokenized).
+  token ids, whose count is the length, or the response's text, its tokens counted with the ``tokenizer`` given
+  (``--tokenizer DIR``; :func:`pdsr_sdk.traces.tokens.count_tokens`; without one, text is an error).
 - prompt length (``--prompt-length-column``; ``prompt_length``, ``prompt_len``, ``prompt_tokens``,
-  ``usage.prompt_tokens``): whole numbers, the same for every row of a prompt; none found: 0.
+  ``usage.prompt_tokens``): whole numbers, or the prompt's text (counted as a response's), the same for every row of
+  a prompt; none found: 0.
 - sample index (``--sample-index-column``; ``sample_index``): orders the samples of a prompt (distinct numbers; the
   smallest is sample 0, the probe); none found: the rows' order in the file.
 - reward (``--reward-column``; ``reward``, ``score``): numbers, empty (null) for a response without one.
@@ -49,15 +51,20 @@ _TABLE_KIND = {"parquet": "parquet", "arrow_file": "arrow", "arrow_stream": "arr
 
 def read_responses_trace(path: str | Path, *, id_column: str | None = None, length_column: str | None = None,
                          prompt_length_column: str | None = None, sample_index_column: str | None = None,
-                         reward_column: str | None = None, finish_reason_column: str | None = None) -> LengthTrace:
-    """Read a table of one row per response (Parquet, Arrow IPC, JSONL or CSV/TSV) and group it into a trace.
+                         reward_column: str | None = None, finish_reason_column: str | None = None,
+                         tokenizer=None) -> LengthTrace:
+    """Read a table of one row per response (Parquet, Arrow IPC, JSONL or CSV/TSV, or a folder or glob pattern of
+    such shards) and group it into a trace.
 
     Each ``*_column`` names the column of that role (see the module's docstring); None looks for its usual names.
+    ``tokenizer`` (a Hugging Face tokenizer) counts a length or prompt length column of text.
     """
     from pdsr_sdk.io.tables import FORMATS, read_table
 
+    import glob
+
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not glob.has_magic(str(path)):   # a pattern is read_table's to expand
         raise DataError(f"{path}: file does not exist")
     if path.is_file():
         with path.open("rb") as fh:
@@ -73,14 +80,16 @@ def read_responses_trace(path: str | Path, *, id_column: str | None = None, leng
     table = read_table(path, what="response", kind=kind)
     return trace_from_responses(table, source=str(path), id_column=id_column, length_column=length_column,
                                 prompt_length_column=prompt_length_column, sample_index_column=sample_index_column,
-                                reward_column=reward_column, finish_reason_column=finish_reason_column)
+                                reward_column=reward_column, finish_reason_column=finish_reason_column,
+                                tokenizer=tokenizer)
 
 
 def trace_from_responses(table, *, source: str | None = None, id_column: str | None = None,
                          length_column: str | None = None, prompt_length_column: str | None = None,
                          sample_index_column: str | None = None, reward_column: str | None = None,
-                         finish_reason_column: str | None = None) -> LengthTrace:
-    """Group a pyarrow table of one row per response into a ``LengthTrace`` (columns as in the module's docstring)."""
+                         finish_reason_column: str | None = None, tokenizer=None) -> LengthTrace:
+    """Group a pyarrow table of one row per response into a ``LengthTrace`` (columns as in the module's docstring);
+    ``tokenizer`` counts a length or prompt length column of text."""
     import pyarrow as pa
 
     from pdsr_sdk.io.columns import TableColumns
@@ -110,12 +119,13 @@ def trace_from_responses(table, *, source: str | None = None, id_column: str | N
     encoded = ids.dictionary_encode()
     code = np.asarray(encoded.indices, dtype=np.int64)
     len_name, len_col = found["length"]
-    lengths = _whole(len_col, len_name, where, token_lists=True)
+    lengths = _lengths(len_col, len_name, where, "length", tokenizer)
     canon = {"prompt_id": ids, "response_length": lengths}
     labels = {"response_length": len_name}
     if "prompt_length" in found:
         labels["prompt_length"] = found["prompt_length"][0]
-        canon["prompt_length"] = _whole(found["prompt_length"][1], labels["prompt_length"], where)
+        canon["prompt_length"] = _lengths(found["prompt_length"][1], labels["prompt_length"], where, "prompt_length",
+                                          tokenizer)
     else:
         canon["prompt_length"] = np.zeros(table.num_rows, dtype=np.int64)
     if "sample_index" in found:
@@ -189,6 +199,36 @@ def _numbers(column, name: str, where: str, hint: str = "") -> np.ndarray:
     return out
 
 
+def _lengths(column, name: str, where: str, role: str, tokenizer) -> np.ndarray:
+    """Token counts of a length (``role`` "length": token ids counted too) or prompt length column; a column of text
+    (a value that is no number) is counted with ``tokenizer``, and without one is an error naming the flag."""
+    import pyarrow as pa
+
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        texts = column.to_pylist()
+        row = next((i for i, t in enumerate(texts) if t is not None and t.strip() and not _is_number(t)), None)
+        if row is not None:
+            if tokenizer is None:
+                _fail(where, name, row, f"is text ({short_repr(texts[row])}), not a token count; count its tokens "
+                      f"with --tokenizer DIR (the policy model's folder; tokenizer= in Python), or name a column of "
+                      f"token counts{' or token ids' if role == 'length' else ''} with {RESPONSE_COLUMNS[role][0]}")
+            if None in texts:
+                _fail(where, name, texts.index(None), "is empty (null); expected text")
+            from pdsr_sdk.traces.tokens import count_tokens
+
+            return count_tokens(tokenizer, texts)
+    return _whole(column, name, where, token_lists=role == "length")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _whole(column, name: str, where: str, *, token_lists: bool = False) -> np.ndarray:
     """int64 whole numbers >= 0 of a column (numbers, whole floats, or text); with ``token_lists`` a list column
     (token ids) gives each row's count. Null, fractional and negative values are errors naming the row."""
@@ -201,13 +241,12 @@ def _whole(column, name: str, where: str, *, token_lists: bool = False) -> np.nd
             raise DataError(f"{where}: column {name!r} is {kind}; expected whole numbers")
         if not (pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)):
             raise DataError(f"{where}: column {name!r} is {kind}; a list column counts as a length only when it "
-                            f"holds token ids (integers); text is not tokenized")
+                            f"holds token ids (integers)")
         values = np.asarray(pc.list_value_length(column).cast(pa.float64()).to_numpy(zero_copy_only=False))
     elif pa.types.is_boolean(kind):
         raise DataError(f"{where}: column {name!r} is {kind}; expected whole numbers")
     else:
-        values = _numbers(column, name, where, " (text is not tokenized: name a column of token counts or of token "
-                                               "ids)" if token_lists else "")
+        values = _numbers(column, name, where)
     if np.isnan(values).any():
         _fail(where, name, int(np.argmax(np.isnan(values))), "is empty (null); expected a whole number")
     bad = ~(np.isfinite(values) & (values == np.round(values)) & (np.abs(values) < 2.0**63))

@@ -11,7 +11,6 @@ import textwrap
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from click.testing import CliRunner
 
 from pdsr_cli.main import cli
@@ -68,26 +67,3 @@ def test_a_unique_id_per_response_is_warned_about(tmp_path):
     right = _convert(tmp_path / "log.jsonl", tmp_path / "right.jsonl", "--id-column", "uid")
     assert right.exit_code == 0 and "warning" not in right.stderr
     assert read_trace(tmp_path / "right.jsonl").group_sizes.tolist() == [2, 2, 2]
-
-
-@pytest.mark.slow   # transformers' import, in the snippet's process and here
-def test_the_docs_verl_text_dump_snippet_counts_tokens_and_groups_by_prompt(tmp_path, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    (tmp_path / "rollout").mkdir()
-    questions = ["What is 2+3?", "Name a prime above 10.", "Solve x + 1 = 4."]
-    outputs = [[f"Let me think{' step' * (4 * q + s)}. Done." for s in range(4)] for q in range(3)]
-    with open(tmp_path / "rollout" / "12.jsonl", "w") as fh:
-        for q, text in enumerate(questions):   # verl's dump: a prompt's n responses on consecutive lines
-            for s, out in enumerate(outputs[q]):
-                fh.write(json.dumps({"input": text, "output": out, "score": float(s == 0), "step": 12}) + "\n")
-    code = _snippet("Text only, as verl's").replace("your/policy-model", str(tiny_model_dir))
-    _run_snippet(code, tmp_path)
-    result = _convert(tmp_path / "step12.parquet", tmp_path / "trace.jsonl", "--id-column", "prompt")
-    assert result.exit_code == 0, result.output
-    trace = read_trace(tmp_path / "trace.jsonl")
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert trace.prompt_ids == questions
-    assert trace.prompt_lens.tolist() == [len(tok.encode(q, add_special_tokens=False)) for q in questions]
-    assert trace.lengths.tolist() == [len(tok.encode(o, add_special_tokens=False)) for group in outputs for o in group]
-    assert trace.rewards.tolist() == [1.0, 0.0, 0.0, 0.0] * 3

@@ -147,7 +147,7 @@ def _bad_csv(tmp_path: Path, body: str) -> Path:
     (lambda d: _bad_csv(d, "uid,len\na,10\nb,-3\n"), ["--length-column", "len"],
      "bad.csv: column 'len' row 1 is negative (-3); expected a token count >= 0"),
     (lambda d: _bad_csv(d, "uid,len\na,10\nb,many\n"), ["--length-column", "len"],
-     "bad.csv: column 'len' row 1 is 'many'; expected a number"),
+     "bad.csv: column 'len' row 1 is text ('many'), not a token count; count its tokens with --tokenizer DIR"),
     (lambda d: _bad_csv(d, "uid,len\na,10\n,4\n"), ["--length-column", "len"],
      "bad.csv: column 'uid' row 1 is empty (null); every response needs its prompt's id"),
     (lambda d: _bad_csv(d, "uid,len,plen\na,10,5\na,4,6\n"), ["--length-column", "len", "--prompt-length-column",
@@ -159,9 +159,9 @@ def _bad_csv(tmp_path: Path, body: str) -> Path:
     (lambda d: (d / "bad.jsonl").write_text("\n\n") and d / "bad.jsonl", [], "bad.jsonl: the file is empty"),
     (lambda d: _parquet(d, _verl_table().slice(0, 0)), [], "bad.parquet: the table has no rows"),
     (lambda d: _parquet(d, pa.table({"uid": ["a"], "text": ["some words"]})), ["--length-column", "text"],
-     "bad.parquet: column 'text' row 0 is 'some words'; expected a number (text is not tokenized"),
+     "bad.parquet: column 'text' row 0 is text ('some words'), not a token count; count its tokens with --tokenizer"),
     (lambda d: _parquet(d, pa.table({"uid": ["a"], "out": [["some", "words"]]})), ["--length-column", "out"],
-     "a list column counts as a length only when it holds token ids (integers); text is not tokenized"),
+     "a list column counts as a length only when it holds token ids (integers)"),
 ])
 def test_bad_logs_are_one_clean_error_naming_file_row_and_column(tmp_path, make, flags, needle):
     src = make(tmp_path)

@@ -1,0 +1,204 @@
+"""A length trace from verl's generation dumps: what ``trainer.rollout_data_dir`` (and ``validation_data_dir``)
+write, a JSONL file per step named ``{step}.jsonl``, one line per response::
+
+    {"input": "<prompt text>", "output": "<response text>", "gts": ..., "score": 1.0, "step": 12, ...}
+
+(the reward function's extra values, such as ``acc``, follow as more keys). The text is what verl decoded with
+special tokens skipped; no token count, uid or request id is written, and the lines of a prompt need not be
+consecutive (verl's ``balance_batch`` reorders the batch). So:
+
+- a group is the lines of one prompt text within one step (of one file): two dataset rows of the same text in one
+  step become one group of 2n;
+- lengths are counted with the policy's tokenizer (:func:`pdsr_sdk.traces.tokens.count_tokens`): the response's
+  text, and the prompt's text for ``prompt_len``, which lacks the chat template's special tokens;
+- sample 0 (the probe) is the group's first line; ``score`` (or another key) is the reward.
+
+Errors name the file and its line (from 1) and the key.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.traces.formats import detect_format, short_repr
+from pdsr_sdk.traces.trace import LengthTrace
+
+#: the keys every line of verl's dump has; a JSONL log whose first line has them all is read as one
+VERL_DUMP_KEYS = ("input", "output", "score", "step")
+TOKENIZER_HINT = "count them with a tokenizer: pdsr trace convert --tokenizer DIR (the policy model's folder)"
+
+
+def looks_like_verl_dump(row: object) -> bool:
+    """Whether a parsed JSON line is one of verl's generation dump (its keys, and no trace line's ``lengths``)."""
+    return isinstance(row, dict) and "lengths" not in row and all(k in row for k in VERL_DUMP_KEYS)
+
+
+def verl_dump_files(path: str | Path) -> list[Path]:
+    """The JSONL files of ``path``: the file itself, a folder's ``*.jsonl`` files or a glob pattern's matches, in
+    order of step (a ``{step}.jsonl`` name's number; other names after, by name)."""
+    path = Path(path)
+    if path.is_dir():
+        files = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".jsonl"]
+        if not files:
+            raise DataError(f"{path}: the folder has no .jsonl file; expected verl's generation dumps "
+                            f"({{step}}.jsonl, as trainer.rollout_data_dir writes them) or shards of one log")
+    elif path.exists():
+        files = [path]
+    else:
+        files = [Path(m) for m in glob.glob(str(path)) if Path(m).is_file()]
+        if not files:
+            raise DataError(f"{path}: file does not exist" + (", nor does the pattern match any"
+                                                             if glob.has_magic(str(path)) else ""))
+
+    def order(p: Path):
+        return (0, int(p.stem), str(p)) if re.fullmatch(r"\d+", p.stem) else (1, 0, str(p))
+
+    return sorted(files, key=order)
+
+
+def is_verl_dump(path: str | Path) -> bool:
+    """Whether ``path`` (a file, folder or pattern) reads as verl's dump: its first file's first line does."""
+    try:
+        files = verl_dump_files(path)
+        if detect_format(files[0]) != "jsonl":
+            return False
+    except DataError:
+        return False
+    with files[0].open("r", encoding="utf-8-sig", errors="replace") as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    return looks_like_verl_dump(json.loads(line))
+                except json.JSONDecodeError:
+                    return False
+    return False
+
+
+def read_verl_dump(path: str | Path, tokenizer, *, reward_key: str = "score",
+                   finish_reason_key: str | None = None) -> LengthTrace:
+    """Read verl's generation dumps (a ``{step}.jsonl`` file, a folder of them, or a glob pattern) into a trace.
+
+    ``tokenizer`` (a Hugging Face tokenizer, the policy's) counts the response and prompt texts; ``reward_key`` names
+    the reward (``score``, or a reward function's extra key such as ``acc``; a null value: that response has none);
+    ``finish_reason_key`` a key of finish reasons, if the dump has one (verl's own has none).
+    """
+    import pyarrow as pa
+
+    from pdsr_sdk.traces.tokens import count_tokens
+    from pdsr_sdk.traces.trajectories import trace_from_trajectories
+
+    files = verl_dump_files(path)
+    if tokenizer is None:
+        raise DataError(f"{files[0]}: verl's generation dump holds text ('input', 'output'), not token counts; "
+                        f"{TOKENIZER_HINT}")
+    names = [f.name for f in files]
+    labels = names if len(set(names)) == len(names) else [str(f) for f in files]
+    row_ids: list[str] = []
+    response_len: list[np.ndarray] = []
+    prompt_len: list[np.ndarray] = []
+    sample_index: list[np.ndarray] = []
+    rewards: list[float | None] = []
+    reasons: list[str] = []
+    for file, label in zip(files, labels, strict=True):
+        outputs: list[str] = []
+        prompts: list[str] = []        # each group's prompt text
+        group_ids: list[str] = []      # each group's id: where its first line is, so a user can find it
+        group_of: list[int] = []       # each line's group
+        first: dict[tuple[int, str], int] = {}
+        for lineno, row in _lines(file):
+            where = f"{file}:{lineno}"
+            output, prompt, step = _text(row, "output", where), _text(row, "input", where), _step(row, where)
+            group = first.setdefault((step, prompt), len(prompts))
+            if group == len(prompts):
+                prompts.append(prompt)
+                group_ids.append(f"{label}:{lineno}")
+            group_of.append(group)
+            outputs.append(output)
+            rewards.append(_reward(row, reward_key, where))
+            if finish_reason_key is not None:
+                reasons.append(_reason(row, finish_reason_key, where))
+        if not outputs:
+            raise DataError(f"{file}: the file has no lines; expected one JSON object per response")
+        groups = np.asarray(group_of, dtype=np.int64)
+        row_ids.extend(group_ids[g] for g in group_of)
+        response_len.append(count_tokens(tokenizer, outputs))
+        prompt_len.append(count_tokens(tokenizer, prompts)[groups])
+        seen = np.zeros(len(prompts), dtype=np.int64)
+        rank = np.empty(len(groups), dtype=np.int64)
+        for i, g in enumerate(group_of):   # a line's sample number: its group's lines before it
+            rank[i] = seen[g]
+            seen[g] += 1
+        sample_index.append(rank)
+    canon = {"prompt_id": pa.array(row_ids, pa.string()),
+             "sample_index": pa.array(np.concatenate(sample_index)),
+             "prompt_length": pa.array(np.concatenate(prompt_len)),
+             "response_length": pa.array(np.concatenate(response_len)),
+             "reward": pa.array(rewards, pa.float64())}
+    if finish_reason_key is not None:
+        canon["finish_reason"] = pa.array(reasons, pa.string())
+    source = str(files[0]) if len(files) == 1 else str(path)
+    return trace_from_trajectories(pa.table(canon), source=source)
+
+
+def _lines(file: Path):
+    """(line number from 1, parsed object) of each non-blank line; errors name the line."""
+    try:
+        with file.open("r", encoding="utf-8-sig") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{file}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{file}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+                yield lineno, row
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                        f"re-encode it (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _text(row: dict, key: str, where: str) -> str:
+    if key not in row:
+        what = "the response text" if key == "output" else "the prompt text"
+        raise DataError(f"{where}: no {key!r} ({what}); a line of verl's dump has {', '.join(VERL_DUMP_KEYS)}")
+    value = row[key]
+    if not isinstance(value, str):
+        raise DataError(f"{where}: {key!r} is {short_repr(value)}; expected text")
+    return value
+
+
+def _step(row: dict, where: str) -> int:
+    value = row.get("step")
+    if type(value) is not int:
+        raise DataError(f"{where}: 'step' is {short_repr(value)}; expected the training step (a whole number)")
+    return value
+
+
+def _reward(row: dict, key: str, where: str) -> float | None:
+    if key not in row:
+        raise DataError(f"{where}: no {key!r} (the reward, --reward-column); keys: {', '.join(row)}")
+    value = row[key]
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise DataError(f"{where}: {key!r} is {short_repr(value)}; expected a finite number (the reward) or null")
+    return float(value)
+
+
+def _reason(row: dict, key: str, where: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, str):
+        raise DataError(f"{where}: {key!r} (--finish-reason-column) is {short_repr(value)}; expected a string such "
+                        f"as 'stop' or 'length'")
+    return value
