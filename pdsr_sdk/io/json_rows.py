@@ -10,11 +10,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
+
+
+def json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number from 1, object) of each non-blank line of a JSONL file, a byte-order mark skipped (Windows
+    tools write one); a DataError names the line of one that is not a JSON object."""
+    with path.open(encoding="utf-8-sig") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+            yield lineno, row
 
 
 def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], str]) -> pa.Table:

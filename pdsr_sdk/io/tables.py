@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import AfterValidator
 
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError
-from pdsr_sdk.io.json_rows import rows_table
+from pdsr_sdk.io.json_rows import json_lines, rows_table
 from pdsr_sdk.io.padding import pad_rows
 
 
@@ -162,19 +162,9 @@ def _read_jsonl(path: Path) -> pa.Table:
             raise DataError(f"{path}: item {bad} of the array: expected a JSON object, got {type(items[bad]).__name__}")
         return rows_table(items, path, lambda i: f"{path}: item {i} of the array")
     rows, linenos = [], []
-    with path.open(encoding="utf-8-sig") as fh:   # a byte-order mark (Windows tools write one) is no JSON
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
-            linenos.append(lineno)
+    for lineno, row in json_lines(path):
+        rows.append(row)
+        linenos.append(lineno)
     return rows_table(rows, path, lambda i: f"{path}:{linenos[i]}")
 
 

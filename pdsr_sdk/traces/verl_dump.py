@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.json_rows import json_lines
 from pdsr_sdk.traces.formats import detect_format, short_repr
 from pdsr_sdk.traces.trace import LengthTrace
 
@@ -150,17 +151,7 @@ def read_verl_dump(path: str | Path, tokenizer, *, reward_key: str = "score",
 def _lines(file: Path):
     """(line number from 1, parsed object) of each non-blank line; errors name the line."""
     try:
-        with file.open("r", encoding="utf-8-sig") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{file}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{file}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-                yield lineno, row
+        yield from json_lines(file)
     except UnicodeDecodeError as exc:
         raise DataError(f"{file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
                         f"re-encode it (e.g. iconv -f latin1 -t utf-8)") from None
