@@ -5,6 +5,8 @@ real engines: tests/engines/test_weights_buckets.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from fakes import FakeEngine
@@ -34,22 +36,26 @@ class LoadingEngine(FakeEngine):
         self.ends += 1
 
 
-def test_an_engine_failing_a_bucket_leaves_a_partial_update_that_nothing_generates_from(tiny_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM
-
+@contextlib.contextmanager
+def loading_session(tiny_model_dir, engines: list[LoadingEngine], **settings):
+    """A session (baseline policy, ``settings``) on the fake loading ``engines``, their clocks on its loop."""
     from pdsr_sdk.dispatch.clock import LoopClock
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
 
-    sd = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).state_dict()
-    few = 3 * max(t.numel() * t.element_size() for t in sd.values())
-    engines = [LoadingEngine("fast-0", "fast", None), LoadingEngine("heavy-0", "heavy", None, fail_at=2)]
-    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", batch_size=1,
-                        sampling={"n": 2, "max_tokens": 8, "ignore_eos": True})
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", **settings)
     with RolloutSession(cfg, engines=engines) as session:
         for e in engines:
             e.clock = LoopClock(session._thread.loop)
+        yield session
+
+
+def test_an_engine_failing_a_bucket_leaves_a_partial_update_that_nothing_generates_from(tiny_model_dir, tiny_weights):
+    sd = tiny_weights[0]
+    few = 3 * max(t.numel() * t.element_size() for t in sd.values())
+    engines = [LoadingEngine("fast-0", "fast", None), LoadingEngine("heavy-0", "heavy", None, fail_at=2)]
+    with loading_session(tiny_model_dir, engines, batch_size=1,
+                         sampling={"n": 2, "max_tokens": 8, "ignore_eos": True}) as session:
         with pytest.raises(EngineError, match=r"engine 'heavy-0': update_weights: bucket 2 failed here \(the engines had "
                                               r"loaded up to 3 bucket\(s\) of this update: they now hold a partial"):
             session.update_weights(sd, bucket_bytes=few)
@@ -72,24 +78,15 @@ def test_an_engine_failing_a_bucket_leaves_a_partial_update_that_nothing_generat
     assert len(out.samples) == 2 and {seg.policy_version for s in out.samples for seg in s.segments} == {1}
 
 
-def test_a_served_request_is_refused_while_the_weights_are_partial(tiny_model_dir):
+def test_a_served_request_is_refused_while_the_weights_are_partial(tiny_model_dir, tiny_weights):
     """``session.serve``: a request gets a 503 saying why while the engines hold a partial update, and is served
     once a whole update completes."""
     openai = pytest.importorskip("openai")
-    import torch
     from serve_client import serving
-    from transformers import AutoModelForCausalLM
 
-    from pdsr_sdk.dispatch.clock import LoopClock
-    from pdsr_sdk.rollout.config import RolloutConfig
-    from pdsr_sdk.rollout.session import RolloutSession
-
-    sd = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).state_dict()
+    sd = tiny_weights[0]
     engines = [LoadingEngine("fast-0", "fast", None, fail_at=1), LoadingEngine("heavy-0", "heavy", None)]
-    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", sampling={"max_tokens": 8})
-    with RolloutSession(cfg, engines=engines) as session:
-        for e in engines:
-            e.clock = LoopClock(session._thread.loop)
+    with loading_session(tiny_model_dir, engines, sampling={"max_tokens": 8}) as session:
         with pytest.raises(EngineError, match="partial update"):
             session.update_weights(iter(sd.items()), bucket_bytes=1 << 20)
         with serving(session, model_name="tiny") as (client, _):

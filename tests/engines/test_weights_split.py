@@ -98,21 +98,12 @@ def test_an_update_one_engine_fails_marks_the_engines_out_of_step(engine_loop, v
     assert got["restored"] == got["old"]
 
 
-def test_a_bucket_error_names_the_engine_that_failed_it(tiny_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM
+def test_a_bucket_error_names_the_engine_that_failed_it(tiny_model_dir, tiny_weights):
+    from test_weights_partial import LoadingEngine, loading_session
 
-    from pdsr_sdk.dispatch.clock import LoopClock
-    from pdsr_sdk.rollout.config import RolloutConfig
-    from pdsr_sdk.rollout.session import RolloutSession
-    from test_weights_partial import LoadingEngine
-
-    sd = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).state_dict()
+    sd = tiny_weights[0]
     engines = [LoadingEngine("fast-0", "fast", None, fail_at=1), LoadingEngine("heavy-0", "heavy", None)]
-    cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline", sampling={"max_tokens": 8})
-    with RolloutSession(cfg, engines=engines) as session:
-        for e in engines:
-            e.clock = LoopClock(session._thread.loop)
+    with loading_session(tiny_model_dir, engines, sampling={"max_tokens": 8}) as session:
         with pytest.raises(EngineError) as info:
             session.update_weights(sd, bucket_bytes=1 << 20)
         with pytest.raises(RunError) as refused:
