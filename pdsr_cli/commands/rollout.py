@@ -115,6 +115,10 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                      "the last step drains)", "0: each step waits for its own groups")
 @click.option("--write-filtered", is_flag=True, default=None,
               help="With --filter-groups: also write the filtered groups, to <out stem>.filtered.parquet.")
+@click.option("--filter-metric", type=click.Choice(["acc", "score", "seq_reward"]), default=None,
+              help="With --filter-groups: what it compares within a group, as verl's algorithm.filter_groups.metric. "
+                   "acc: a dict reward's acc field, else its score before overlong shaping; score: that score; "
+                   "seq_reward: the reward after shaping (the reward column).  [default: acc]")
 @quiet_option
 @handle_errors
 def command(config_path, policy, policy_set, data, model, n, batch_size, num_batches, limit, max_tokens,
@@ -124,7 +128,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, reward_time_limit_s, overlong_buffer, overlong_penalty, seed, speculative,
             num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
-            group_deadline, kv_on_update, filter_groups, write_filtered, quiet):
+            group_deadline, kv_on_update, filter_groups, write_filtered, filter_metric, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
     Sample 0 of each prompt is its probe; the policy (v3 by default) decides
@@ -194,6 +198,11 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             raise ConfigError("--write-filtered writes the groups --filter-groups filters out: pass --filter-groups "
                               "too (or set filter_groups in the config)")
         cfg = cfg.model_copy(update={"filter_groups": cfg.filter_groups.model_copy(update={"write_filtered": True})})
+    if filter_metric is not None:
+        if cfg.filter_groups is None:
+            raise ConfigError("--filter-metric says what --filter-groups compares: pass --filter-groups too (or set "
+                              "filter_groups in the config)")
+        cfg = cfg.model_copy(update={"filter_groups": cfg.filter_groups.model_copy(update={"metric": filter_metric})})
     sets = parse_policy_sets(policy_set)
     check_policy_set_targets(sets, policy_names(cfg.policy))
     cfg = with_policy_sets(cfg, sets)

@@ -146,3 +146,30 @@ def test_a_run_the_data_ends_early_says_how_many_steps_it_ran(tmp_path, tiny_mod
     assert len(json.loads((tmp_path / "o.summary.json").read_text())["batches"]) == 3
     assert ("pdsr: the data's prompts ran out after 3 of the 5 steps asked for (--steps 5): 10 groups at 4 a step"
             in r.output)
+
+
+def acc_varies(text, ground_truth, *, prompt_id, sample_index, **info):
+    """The same score for every sample, an acc that differs within each group."""
+    return {"score": 1.0, "acc": float(sample_index % 2)}
+
+
+def test_filter_metric_chooses_what_the_filter_compares(tmp_path, tiny_model_dir):
+    cfg = setup(tmp_path, tiny_model_dir)
+    groups = {}
+    for metric in ("acc", "score"):
+        out = tmp_path / f"{metric}.parquet"
+        r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--steps", "2",
+                                     "--batch-size", "4", "--limit", "8", "--filter-groups", "zero-variance",
+                                     "--filter-metric", metric, "--reward", "test_rollout_filter_cli:acc_varies"])
+        assert r.exit_code == 0, r.output
+        summary = json.loads((tmp_path / f"{metric}.summary.json").read_text())
+        groups[metric] = (summary["groups"], summary["filtered_groups"])
+    assert groups == {"acc": (8, 0), "score": (0, 8)}
+
+
+def test_filter_metric_needs_filter_groups(tmp_path, tiny_model_dir):
+    cfg = setup(tmp_path, tiny_model_dir)
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(tmp_path / "o.parquet"),
+                                 "--steps", "2", "--filter-metric", "score"])
+    assert r.exit_code != 0 and "--filter-metric" in r.output and "--filter-groups" in r.output
+    assert not (tmp_path / "o.parquet").exists()
