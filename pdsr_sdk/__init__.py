@@ -23,6 +23,8 @@ _LAZY = {
     "compute_gae": "pdsr_sdk.gae",
     "grpo_advantages": "pdsr_sdk.gae",
     "masked_whiten": "pdsr_sdk.gae",
+    "rloo_advantages": "pdsr_sdk.gae", "reinforce_pp_advantages": "pdsr_sdk.gae",
+    "reinforce_pp_baseline_advantages": "pdsr_sdk.gae",
     "partition_by_tokens": "pdsr_sdk.batching",
     "restore_order": "pdsr_sdk.batching",
     "partition_for_data_parallel": "pdsr_sdk.batching", "inverse_permutation": "pdsr_sdk.batching",

@@ -1,4 +1,5 @@
-"""Generalized advantage estimation (GAE) with a response mask, and GRPO advantages.
+"""Generalized advantage estimation (GAE) with a response mask; GRPO, RLOO and REINFORCE++ advantages
+(:mod:`pdsr_sdk.gae.outcome`).
 
 Semantics (verl's ``compute_gae_advantage_return``), per row, walking t
 backwards from the end with ``lastgae = 0`` and ``next_v = 0``::
@@ -38,7 +39,9 @@ triton is installed (torch otherwise) and numba for everything else.
 
 from pdsr_sdk.gae.api import GAE_BACKENDS, GaeBackend, compute_gae, get_backend, resolve_backend_name
 from pdsr_sdk.gae.grpo import grpo_advantages
+from pdsr_sdk.gae.outcome import reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages
 from pdsr_sdk.gae.whiten import masked_whiten
 
 __all__ = ["GAE_BACKENDS", "GaeBackend", "compute_gae", "get_backend", "grpo_advantages", "masked_whiten",
-           "resolve_backend_name"]
+           "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "resolve_backend_name",
+           "rloo_advantages"]

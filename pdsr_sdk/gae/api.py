@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from pdsr_sdk.errors import ConfigValueError, DataValueError
+from pdsr_sdk.gae.inputs import check_unit_interval
 from pdsr_sdk.registry import Registry
 
 CARRY_DTYPES = ("auto", "float32", "float64")
@@ -133,12 +134,7 @@ def triton_available() -> bool:
 
 def _check_params(gamma: Any, lam: Any, chunk_size: Any, carry_dtype: Any, threads: Any) -> None:
     for key, value in (("gamma", gamma), ("lam", lam)):
-        try:
-            ok = 0.0 <= float(value) <= 1.0
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ConfigValueError(f"{key}: expected a number in [0, 1], got {value!r}")
+        check_unit_interval(key, value)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ConfigValueError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     if str(carry_dtype) not in CARRY_DTYPES:
