@@ -3,11 +3,10 @@
 - :func:`rloo_advantages` (verl's ``rloo``): one number per sample, its reward less the mean reward of
   the other samples of its group, ``n / (n - 1) * (r_i - mean_g)``.
 - :func:`reinforce_pp_advantages` (``reinforce_plus_plus``): per token, the discounted return over the
-  response, ``G_t = r_t + gamma * mask_{t+1} * G_{t+1}``, whitened over every valid token of the batch
-  (:func:`~pdsr_sdk.gae.masked_whiten`) and zeroed on masked tokens. verl's recurrence stops the return at a
-  masked token (written for right padding): a valid token before an interior masked span (a multi-turn
-  response's tool output) gets no reward from after the span, where GAE (:func:`~pdsr_sdk.gae.compute_gae`)
-  skips the span.
+  response's valid tokens, masked ones skipped as GAE (:func:`~pdsr_sdk.gae.compute_gae`) skips them,
+  whitened over every valid token of the batch (:func:`~pdsr_sdk.gae.masked_whiten`), 0 on masked tokens.
+  verl's loop did this since its PR #7300 (August 2026); before, it reset the return at every masked token,
+  so a token before a multi-turn response's tool output got nothing of the reward after it.
 - :func:`reinforce_pp_baseline_advantages` (``reinforce_plus_plus_baseline``): the reward less its
   group's mean, on each valid token of the sample, whitened over every valid token of the batch (so a
   longer response weighs more in the mean and variance).
@@ -57,9 +56,10 @@ def reinforce_pp_advantages(rewards: Any, mask: Any, *, gamma: float = 1.0) -> t
 
     ``rewards``: [N, T] per-token rewards, or [N], one per sample, placed on the sample's last valid token
     (as ``pdsr gae`` places them). Returns ``(advantages, returns)``: ``returns`` the discounted returns
-    ``G_t = r_t + gamma * mask_{t+1} * G_{t+1}`` (every position, as verl returns them), ``advantages`` those
-    whitened over all valid tokens of the batch (unbiased variance, eps 1e-8) and 0 on masked tokens.
-    ``gamma`` is verl's ``algorithm.gamma``, in [0, 1].
+    ``G_t = r_t + gamma * G_next`` on each valid token, ``G_next`` that of the next valid token (0 after the
+    last), rewards on masked tokens ignored, 0 on masked tokens; ``advantages`` those whitened over all valid
+    tokens of the batch (unbiased variance, eps 1e-8), 0 on masked tokens. ``gamma`` is verl's
+    ``algorithm.gamma``, in [0, 1].
 
     A [N] reward other than 0 on a row with no valid token (nowhere to place it), or a mask with fewer than
     2 valid tokens (no variance to whiten by), is a DataValueError naming it.
@@ -75,9 +75,9 @@ def reinforce_pp_advantages(rewards: Any, mask: Any, *, gamma: float = 1.0) -> t
     running = np.zeros(token.shape[0])
     gamma = float(gamma)
     for t in range(token.shape[1] - 1, -1, -1):
-        running = token[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * valid[:, t]     # a masked token ends the return: the one before it starts anew
+        step = token[:, t] + gamma * running
+        returns[:, t] = np.where(valid[:, t], step, 0.0)
+        running = np.where(valid[:, t], step, running)     # a masked token passes the return on unchanged
     return r.output(np.where(valid, masked_whiten(returns, valid), 0.0)), r.output(returns)
 
 

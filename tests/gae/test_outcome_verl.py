@@ -3,9 +3,10 @@
 verl's semantics (``verl/trainer/ppo/core_algos.py``: ``compute_rloo_outcome_advantage``,
 ``compute_rloo_vectorized_outcome_advantage``, ``compute_reinforce_plus_plus_outcome_advantage``,
 ``compute_reinforce_plus_plus_baseline_outcome_advantage``; ``verl/utils/torch_functional.py``:
-``masked_whiten``; read at commit b178a3cd56f5, January 2026) are written here as float64 formulas, stated
-differently from pdsr's code: RLOO as the mean of the other samples, REINFORCE++'s return as a sum over the run
-of valid tokens after t. Tiny cases first, with the expected numbers worked out by hand.
+``masked_whiten``; read at verl-project/verl 1dda039b9c63, August 2026, which has PR #7300's REINFORCE++ over
+masked spans) are written here as float64 formulas, stated differently from pdsr's code: RLOO as the mean of
+the other samples, REINFORCE++'s return as a sum over the valid tokens from t on. Tiny cases first, with the
+expected numbers worked out by hand.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pdsr_sdk.errors import ConfigValueError, DataValueError  # noqa: E402
-from pdsr_sdk.gae import (grpo_advantages, reinforce_pp_advantages, reinforce_pp_baseline_advantages,  # noqa: E402
+from pdsr_sdk.gae import (compute_gae, grpo_advantages, reinforce_pp_advantages, reinforce_pp_baseline_advantages,  # noqa: E402
                           rloo_advantages)
 
 
@@ -45,16 +46,15 @@ def verl_whiten_valid(x, mask):
 
 
 def verl_reinforce_pp(token_rewards, mask, gamma):
-    """G_t = sum of gamma^(j - t) r_j over j = t and the valid tokens that follow t without a gap (verl resets
-    its running return after each masked token); advantages: G whitened over the valid tokens."""
+    """On a valid token t, G_t = sum of gamma^k r_j over the valid tokens j from t on, k the number of valid
+    tokens from t to j less one (masked tokens neither discount nor add); 0 on masked tokens. Advantages: G
+    whitened over the valid tokens."""
     r, m = np.asarray(token_rewards, np.float64), np.asarray(mask) != 0
     returns = np.zeros_like(r)
     for row in range(r.shape[0]):
-        for t in range(r.shape[1]):
-            end = t + 1
-            while end < r.shape[1] and m[row, end]:
-                end += 1
-            returns[row, t] = sum(gamma ** (j - t) * r[row, j] for j in range(t, end))
+        idx = np.flatnonzero(m[row])
+        for k, t in enumerate(idx):
+            returns[row, t] = sum(gamma ** i * r[row, j] for i, j in enumerate(idx[k:]))
     return verl_whiten_valid(returns, m), returns
 
 
@@ -89,12 +89,12 @@ def test_rloo_hand_case():
 def test_reinforce_pp_hand_case():
     # gamma 0.5; rewards 1, 2, 0 on each row's last valid token (t = 2, 3, 1).
     # row 0: G = 0.25, 0.5, 1 on the valid tokens, 0 on the padding.
-    # row 1: G_3 = 2, G_2 = 1; t = 1 is masked: G_1 = 0 + 0.5 * G_2 = 0.5, and the return stops there (verl's
-    # reset), so G_0 = 0, not the 0.25 that GAE's skipping of masked tokens would carry. row 2: all 0.
-    # Valid returns 0.25, 0.5, 1, 0, 1, 2, 0, 0: sum 4.75, mean 19/32, sum of squares 6.3125,
-    # squared deviations 6.3125 - 8 (19/32)^2 = 1341/384, unbiased variance 1341/2688.
-    returns = np.array([[0.25, 0.5, 1.0, 0.0], [0.0, 0.5, 1.0, 2.0], [0.0, 0.0, 0.0, 0.0]])
-    expected = np.where(MASK, (returns - 19 / 32) / math.sqrt(1341 / 2688 + 1e-8), 0.0)
+    # row 1: G_3 = 2, G_2 = 1; t = 1 is masked: 0, and the return passes it unchanged, so G_0 = 0.5 G_2 = 0.5
+    # (verl before its PR #7300 reset the return there, G_0 = 0). row 2: all 0.
+    # Valid returns 0.25, 0.5, 1, 0.5, 1, 2, 0, 0: sum 5.25, mean 21/32, sum of squares 6.5625,
+    # squared deviations 6.5625 - 8 (21/32)^2 = 399/128, unbiased variance 57/128.
+    returns = np.array([[0.25, 0.5, 1.0, 0.0], [0.5, 0.0, 1.0, 2.0], [0.0, 0.0, 0.0, 0.0]])
+    expected = np.where(MASK, (returns - 21 / 32) / math.sqrt(57 / 128 + 1e-8), 0.0)
     adv, ret = reinforce_pp_advantages(np.array([1.0, 2.0, 0.0]), MASK, gamma=0.5)
     np.testing.assert_allclose(ret, returns, atol=1e-15)
     np.testing.assert_allclose(adv, expected, rtol=1e-12, atol=1e-15)
@@ -165,6 +165,9 @@ def test_reinforce_pp_matches_verl_on_random_masks(gamma, seed):
     ref_adv, ref_ret = verl_reinforce_pp(token, mask, gamma)
     np.testing.assert_allclose(ret, ref_ret, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-7, atol=1e-7)
+    # on the valid tokens the returns are GAE's advantages with lambda 1 and values 0 (GAE skips masked tokens)
+    gae, _ = compute_gae(token, np.zeros(mask.shape), mask, gamma, 1.0, backend="reference")
+    np.testing.assert_allclose(ret[mask], gae[mask], rtol=1e-12, atol=1e-12)
     # float32 tensors in, float32 tensors out; and one reward per sample is the token form on the last valid token
     adv32, ret32 = reinforce_pp_advantages(torch.tensor(token, dtype=torch.float32), torch.from_numpy(mask),
                                            gamma=gamma)
