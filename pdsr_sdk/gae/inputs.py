@@ -73,7 +73,15 @@ def read_rewards(rewards: Any, ndims: tuple[int, ...] = (1,), what: str = "[N] (
     if not (np.issubdtype(r_np.dtype, np.floating) or np.issubdtype(r_np.dtype, np.integer)
             or r_np.dtype == np.bool_):
         raise DataValueError(f"rewards must be numeric, got dtype {r_np.dtype}")
-    return Rewards(r_np.astype(np.float64), out_dtype, device)
+    values = r_np.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(values.reshape(-1)))
+    if bad.size:    # one NaN would turn every advantage its group or batch statistics touch into NaN
+        index = (lambda i: f"{i}") if values.ndim <= 1 else (
+            lambda i: ", ".join(map(str, np.unravel_index(i, values.shape))))
+        shown = ", ".join(f"rewards[{index(i)}] = {values.reshape(-1)[i]}" for i in bad[:5])
+        raise DataValueError(f"rewards must be finite numbers; {bad.size} of {values.size} "
+                             f"{'is' if bad.size == 1 else 'are'} not: {shown}{', ...' if bad.size > 5 else ''}")
+    return Rewards(values, out_dtype, device)
 
 
 def group_index(group_ids: Any, n: int) -> tuple[np.ndarray, np.ndarray]:

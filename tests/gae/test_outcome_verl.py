@@ -248,3 +248,14 @@ BAD = [
 def test_bad_inputs_name_the_argument(call, kind, match):
     with pytest.raises(kind, match=match):
         call()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "rpp", "rpp_baseline"])
+def test_a_non_finite_reward_is_named(estimator, bad):
+    rewards, ids, mask = np.array([1.0, bad, 0.0, 1.0]), np.array([0, 0, 1, 1]), np.ones((4, 3))
+    call = {"grpo": lambda: grpo_advantages(rewards, ids), "rloo": lambda: rloo_advantages(rewards, ids),
+            "rpp": lambda: reinforce_pp_advantages(rewards, mask),
+            "rpp_baseline": lambda: reinforce_pp_baseline_advantages(rewards, ids, mask)}[estimator]
+    with pytest.raises(DataValueError, match=r"finite.*rewards\[1\] = (nan|-?inf)"):
+        call()
