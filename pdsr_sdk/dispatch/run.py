@@ -69,7 +69,8 @@ class DispatchRun:
     ``on_fatal`` receives a policy's exception or the loss of a pool's last engine (default: raise).
     ``on_restart`` receives each sample whose restart takes effect (its tokens just thrown away, before it
     is generated again from its prompt). ``on_turn_end`` and ``hold_turn_slots``: multi-turn samples
-    (:class:`~pdsr_sdk.dispatch.scheduler.Scheduler`).
+    (:class:`~pdsr_sdk.dispatch.scheduler.Scheduler`). ``on_tokens(sample, n)``: a sample's ``n`` new tokens, once
+    added to it (a server streams them).
     """
 
     def __init__(self, engines: Sequence[Engine], policy_cls: Callable[[Any, Any], Dispatcher], settings: Any,
@@ -80,12 +81,14 @@ class DispatchRun:
                  on_restart: Callable[[Sample], None] | None = None,
                  on_turn_end: Callable[[Sample, str], None] | None = None,
                  hold_turn_slots: bool = False,
+                 on_tokens: Callable[[Sample, int], None] | None = None,
                  busy_s: Callable[[Engine, float], float] | None = None,
                  first_batch_index: int = 0):
         self.scheduler = Scheduler(
             engines, lambda ctx: policy_cls(settings, ctx), clock, sampling, segments,
             policy_version=policy_version, on_sample_done=on_sample_done, on_group_done=on_group_done,
-            on_fatal=on_fatal, on_restart=on_restart, on_turn_end=on_turn_end, hold_turn_slots=hold_turn_slots)
+            on_fatal=on_fatal, on_restart=on_restart, on_turn_end=on_turn_end, hold_turn_slots=hold_turn_slots,
+            on_tokens=on_tokens)
         for engine in self.scheduler.engines:
             engine.bind(self.scheduler)
         self._busy_s = busy_s or self._slot_busy_s

@@ -71,5 +71,8 @@ class SessionHooks:
 
     on_sample_done: list[Callable[[Sample], None]] = field(default_factory=list)
     on_group_done: list[Callable[[Group], None]] = field(default_factory=list)
+    #: ``fn(sample, n)``: ``n`` tokens just added to a running sample (its ``token_ids`` end with them when the engine
+    #: reports ids), as the engine reports them: each engine step's, or more at once
+    on_tokens: list[Callable[[Sample, int], None]] = field(default_factory=list)
     #: one-line messages (``starting 2 vLLM engines ...``, ``engines ready in 23.1 s``); see pdsr_sdk.progress
     on_status: list[Callable[[str], None]] = field(default_factory=list)

@@ -15,10 +15,9 @@ or no reward: then the session's reward function scores it), which returns its t
 request for ``agent.env_timeout_s`` fails, as an agent that hangs does. ``GET /v1/pdsr/samples/ID`` reads it
 at any time.
 
-**Streaming.** pdsr answers a turn when it ends (the policy may move it between engines on the way), so
-``stream=true`` gets the whole answer as one content chunk per choice, then a chunk with its ``finish_reason``
-(then, with ``stream_options.include_usage``, a chunk with ``usage`` and no choices), then ``data: [DONE]``:
-OpenAI's chunk objects, not token by token (:func:`stream_events`).
+**Streaming.** ``stream=true`` streams a plain request's tokens as the engines make them, in vLLM's server's chunk
+shapes (:mod:`pdsr_sdk.rollout.serve_stream`); a named sample's turn, and a chat with a tool parser, stream the
+whole turn at its end.
 """
 
 from __future__ import annotations
@@ -56,11 +55,13 @@ class ChatServer:
         self.named = NamedSamples(self)
         self._groups: dict[int, asyncio.Future] = {}
         self._vocab: int | None = None
+        self._hub: Any = None   # the streams' StreamHub, from the first stream on
         session.hooks.on_group_done.append(self._group_done)
 
     # ------------------------------------------------------------- requests
-    async def chat(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
-        """``POST /v1/chat/completions``."""
+    async def chat(self, body: dict[str, Any], sample_id: str | None = None, stream: bool | None = None) -> Any:
+        """``POST /v1/chat/completions``; ``stream``: None, or whether a stream ends with usage (then the stream's
+        events, or the whole response for the HTTP layer to stream)."""
         self.check_model(body)
         messages = messages_of(body.get("messages"))
         tools = tools_of(body.get("tools"))
@@ -77,16 +78,18 @@ class ChatServer:
         text = self.render(messages, tools, **template)
         ids = self.encode(text)
         group = self.make_group(ids, text, n, max_tokens, messages, fit=no_max_tokens(body))
+        if stream is not None and not self.tool_parser:   # a tool parser reads the whole turn
+            return await self.stream([group], chat=True, include_stop=include, want=want, include_usage=stream)
         await self.run([group])
         check_failed(group)
         return self._chat_response(group.samples, ids, include, want)
 
-    async def completions(self, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
+    async def completions(self, body: dict[str, Any], sample_id: str | None = None, stream: bool | None = None) -> Any:
         """``POST /v1/completions``: a text prompt or token ids, no chat template; or a batch of either
-        (:mod:`pdsr_sdk.rollout.serve_batch`)."""
+        (:mod:`pdsr_sdk.rollout.serve_batch`); ``stream`` as :meth:`chat`'s."""
         from pdsr_sdk.rollout.serve_batch import completions
 
-        return await completions(self, body, sample_id)
+        return await completions(self, body, sample_id, stream)
 
     def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /tokenize``: a prompt's or a chat's ids, as a request's (:mod:`pdsr_sdk.rollout.serve_tokenize`)."""
@@ -143,6 +146,10 @@ class ChatServer:
 
     async def run(self, groups: list[Group]) -> None:
         """Hand a request's ``groups`` to the dispatcher together and wait until each is done."""
+        await asyncio.shield(asyncio.gather(*self.launch(groups)))
+
+    def launch(self, groups: list[Group]) -> list[asyncio.Future]:
+        """Hand a request's ``groups`` to the dispatcher together; a future per group, done when it is."""
         loop = asyncio.get_running_loop()
         done = [loop.create_future() for _ in groups]
         self._groups.update((id(g), d) for g, d in zip(groups, done))
@@ -152,7 +159,16 @@ class ChatServer:
             for g in groups:
                 self._groups.pop(id(g), None)
             raise
-        await asyncio.shield(asyncio.gather(*done))
+        return done
+
+    async def stream(self, groups: list[Group], **kw: Any) -> Any:
+        """Run ``groups`` streamed: their events once their first tokens came (``kw``:
+        :class:`~pdsr_sdk.rollout.serve_stream.LiveStream`'s)."""
+        from pdsr_sdk.rollout.serve_stream import LiveStream, StreamHub
+
+        if self._hub is None:   # heard from a server's first stream on
+            self._hub = StreamHub(self.session.hooks)
+        return await LiveStream(self, self._hub, groups, **kw).open()
 
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier
@@ -165,9 +181,11 @@ class ChatServer:
         sched.guarded(sched.add_groups, groups)
 
     def close(self) -> None:
-        """Stop hearing the session's finished groups (the session calls it when serving ends)."""
+        """Stop hearing the session's finished groups and tokens (the session calls it when serving ends)."""
         if self._group_done in self.session.hooks.on_group_done:
             self.session.hooks.on_group_done.remove(self._group_done)
+        if self._hub is not None:
+            self._hub.close()
 
     def _group_done(self, group: Group) -> None:
         done = self._groups.pop(id(group), None)
@@ -300,10 +318,15 @@ class ChatServer:
         usage is summed, and the response's ``prompt_token_ids`` null: each choice carries its own)."""
         completion = sum(s.sampled_tokens for s in samples) if completion is None else completion
         prompt_tokens = sum(map(len, prompt)) if batch else len(prompt)
-        return {"id": f"{prefix}-{next(self._ids)}", "object": kind, "created": int(time.time()),
+        return {"id": self.response_id(prefix), "object": kind, "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "prompt_token_ids": None if batch else list(prompt),
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
+
+
+    def response_id(self, prefix: str) -> str:
+        """A new response's id (``chatcmpl-N``, ``cmpl-N``)."""
+        return f"{prefix}-{next(self._ids)}"
 
 
 def no_max_tokens(body: dict[str, Any]) -> bool:
@@ -352,41 +375,3 @@ def stream_usage(body: dict[str, Any]) -> bool | None:
     if not isinstance(options, dict):
         raise ServeError(400, f"stream_options must be an object, got {options!r}")
     return bool(options.get("include_usage"))
-
-
-def stream_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
-    """A whole response as OpenAI's stream chunks: per choice, one chunk with all its content, then one with its
-    finish reason; then, with ``include_usage``, one with the usage and no choices (the others carry
-    ``usage: null``, as OpenAI's do)."""
-    chat = response["object"] == "chat.completion"
-    head = {"id": response["id"], "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": response["created"], "model": response["model"]}
-    usage = {"usage": None} if include_usage else {}
-    chunks = []
-    for c in response["choices"]:
-        if chat:
-            delta = dict(c["message"])
-            if "tool_calls" in delta:   # a stream's tool calls carry their position
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
-            content: dict[str, Any] = {"delta": delta}
-            closing: dict[str, Any] = {"delta": {}}
-        else:
-            content, closing = {"text": c["text"]}, {"text": ""}
-        if "prompt_token_ids" in c:   # completions: each choice's prompt, in its first chunk as vLLM's
-            content["prompt_token_ids"] = c["prompt_token_ids"]
-        chunks.append({**head, "choices": [{"index": c["index"], **content, "logprobs": c.get("logprobs"),
-                                            "finish_reason": None,
-                                            "token_ids": c["token_ids"]}], **usage})
-        chunks.append({**head, "choices": [{"index": c["index"], **closing, "logprobs": None,
-                                            "finish_reason": c["finish_reason"], "stop_reason": c.get("stop_reason")}],
-                       **usage})
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": response["usage"]})
-    return chunks
-
-
-def stream_events(response: dict[str, Any], include_usage: bool) -> list[str]:
-    """The Server-Sent Events of :func:`stream_chunks`, then ``data: [DONE]``."""
-    import json
-
-    return [f"data: {json.dumps(chunk)}\n\n" for chunk in stream_chunks(response, include_usage)] + ["data: [DONE]\n\n"]

@@ -1,13 +1,14 @@
 """The HTTP layer of ``pdsr serve`` (FastAPI, imported only when serving): OpenAI's routes over
 :class:`~pdsr_sdk.rollout.serve.ChatServer`, and pdsr's named-sample routes. A ``stream=true`` request is
-answered, once its turn ended, as Server-Sent Events (:func:`~pdsr_sdk.rollout.serve.stream_events`)."""
+answered as Server-Sent Events of its tokens as they are made (:mod:`pdsr_sdk.rollout.serve_stream`)."""
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, imported lazily in
 # create_app) as objects
 from typing import Any
 
-from pdsr_sdk.rollout.serve import ChatServer, stream_events, stream_usage
+from pdsr_sdk.rollout.serve import ChatServer, stream_usage
 from pdsr_sdk.rollout.serve_error import ServeError
+from pdsr_sdk.rollout.serve_stream import error_body, stream_events
 
 
 def create_app(server: ChatServer) -> Any:
@@ -19,8 +20,7 @@ def create_app(server: ChatServer) -> Any:
     app = FastAPI(title="pdsr", docs_url=None, redoc_url=None)
 
     def error(exc: ServeError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc), "type": exc.kind, "param": exc.param,
-                                       "code": exc.status}}, status_code=exc.status)
+        return JSONResponse(error_body(exc), status_code=exc.status)
 
     @app.exception_handler(HTTPException)
     async def routing_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -40,16 +40,18 @@ def create_app(server: ChatServer) -> Any:
         return body
 
     async def answer(request: Request, call: Any) -> Any:
-        """``call(body, sample_id)``'s response, as JSON or, for ``stream=true``, as one turn's events."""
+        """``call(body, sample_id, stream)``'s response, as JSON or, for ``stream=true``, as events: the tokens'
+        as they come, or a whole response's."""
         try:
             body = await body_of(request)
             usage = stream_usage(body)   # checked before the request runs
-            response = await call(body, request.headers.get("x-pdsr-sample"))
+            response = await call(body, request.headers.get("x-pdsr-sample"), usage)
         except ServeError as exc:
             return error(exc)
         if usage is None:
             return response
-        return StreamingResponse(iter(stream_events(response, usage)), media_type="text/event-stream")
+        events = iter(stream_events(response, usage)) if isinstance(response, dict) else response
+        return StreamingResponse(events, media_type="text/event-stream")
 
     @app.get("/health")
     async def health() -> Any:

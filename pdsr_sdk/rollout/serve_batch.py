@@ -41,8 +41,10 @@ def prompts(value: Any) -> tuple[list[str | list[int]], bool]:
     return list(value), len(value) > 1   # a batch of one answers as its prompt alone, as before
 
 
-async def completions(server: ChatServer, body: dict[str, Any], sample_id: str | None = None) -> dict[str, Any]:
-    """``POST /v1/completions`` on ``server``: each prompt a group through the policy, answered once all are done."""
+async def completions(server: ChatServer, body: dict[str, Any], sample_id: str | None = None,
+                      stream: bool | None = None) -> Any:
+    """``POST /v1/completions`` on ``server``: each prompt a group through the policy, answered once all are done,
+    or streamed (``stream``: whether the stream ends with usage; :mod:`pdsr_sdk.rollout.serve_stream`)."""
     server.check_model(body)
     batch, is_batch = prompts(body.get("prompt"))
     n, max_tokens = server.common(body, chat=False)
@@ -59,6 +61,8 @@ async def completions(server: ChatServer, body: dict[str, Any], sample_id: str |
         text, ids = (prompt, server.encode(prompt, special=True, what=what)) if isinstance(prompt, str) \
             else ("", prompt)
         groups.append(server.make_group(ids, text, n, max_tokens, None, fit=no_max_tokens(body), what=what))
+    if stream is not None:
+        return await server.stream(groups, chat=False, include_stop=include, want=want, include_usage=stream)
     await server.run(groups)
     for group in groups:
         check_failed(group)

@@ -24,10 +24,10 @@ def wanted(body: dict[str, Any], *, chat: bool) -> bool | None:
 
 
 def choice_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[float], *, chat: bool,
-                    as_ids: bool) -> dict[str, Any]:
+                    as_ids: bool, start: int = 0) -> dict[str, Any]:
     """A choice's ``logprobs`` object: chat's ``{"content": [{token, logprob, bytes, top_logprobs: []}]}``, or
     completions' ``{tokens, token_logprobs, top_logprobs, text_offset}`` (each top entry the sampled token's own,
-    as vLLM's are for ``logprobs: 0``)."""
+    as vLLM's are for ``logprobs: 0``; ``start``: the first token's offset, a stream chunk's after the last's)."""
     if len(logprobs) != len(token_ids):
         raise ServeError(500, f"the engine reported {len(logprobs)} log-probs for {len(token_ids)} sampled tokens")
     tokens = [f"token_id:{i}" if as_ids else tokenizer.decode([i]) for i in token_ids]
@@ -35,7 +35,7 @@ def choice_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[float],
     if chat:
         return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", errors="replace")),
                              "top_logprobs": []} for t, lp in zip(tokens, values)]}
-    offsets, at = [], 0
+    offsets, at = [], start
     for t in tokens:
         offsets.append(at)
         at += len(t)

@@ -248,7 +248,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         self.run = DispatchRun(
             self.engines, self.policy_cls, self.policy_settings, LoopClock(loop), cfg.sampling, cfg.segments,
             policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
-            on_fatal=self._set_fatal, on_turn_end=self.agents.on_turn_end, first_batch_index=self.run.batch_index if self.run is not None else 0)
+            on_fatal=self._set_fatal, on_turn_end=self.agents.on_turn_end, on_tokens=self._tokens,
+            first_batch_index=self.run.batch_index if self.run is not None else 0)
         self.run.scheduler.salt_by_version = self._keep_kv
         if self.rewards is None:
             from pdsr_sdk.rollout.reward_runner import RewardRunner

@@ -15,9 +15,10 @@ class RunCallbacks:
     """The dispatch run's callbacks (a mixin of :class:`~pdsr_sdk.rollout.session.RolloutSession`, whose ``start()``
     gives them to the run). They hold no state of their own: they hand a finished sample to the agents, the reward
     runner (``rewards``, :class:`~pdsr_sdk.rollout.session_rewards.SessionRewards`) and the caller's ``hooks``; a
-    finished group to the draft history, the hooks and the step stream (``_stream``, judged by
-    ``group_filter`` once scored: ``_group_scored`` of :class:`~pdsr_sdk.rollout.session_stream.StreamSteps`); and
-    set ``_fatal``, the future a step waits on besides its groups."""
+    running sample's new tokens to the hooks (a server streams them); a finished group to the draft history, the
+    hooks and the step stream (``_stream``, judged by ``group_filter`` once scored: ``_group_scored`` of
+    :class:`~pdsr_sdk.rollout.session_stream.StreamSteps`); and set ``_fatal``, the future a step waits on besides
+    its groups."""
 
     def _sample_done(self, sample: Sample) -> None:
         if sample.turns is not None:
@@ -26,6 +27,10 @@ class RunCallbacks:
             self.rewards.submit(sample)
         for fn in self.hooks.on_sample_done:
             fn(sample)
+
+    def _tokens(self, sample: Sample, n: int) -> None:
+        for fn in self.hooks.on_tokens:
+            fn(sample, n)
 
     def _group_done(self, group: Group) -> None:
         if self.draft_history is not None:

@@ -218,18 +218,23 @@ def _events(response: httpx.Response) -> list:
 
 
 @requires_torch
-def test_streams_carry_the_whole_turn_in_one_chunk(served):
+def test_streams_start_with_the_role_and_end_with_usage(served):
+    """A stream on an engine that reports a turn's tokens at its end (tests/rollout/test_serve_stream_vllm.py: real
+    engines, token by token): per choice its role chunk, then its finish chunk carrying the turn; a named sample's
+    turn: one content chunk and a finish chunk."""
     session, client, base = served
     tok = session.tokenizer
     chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                                  stream=True, stream_options={"include_usage": True}))
     assert [c.object for c in chunks] == ["chat.completion.chunk"] * 3 and len({c.id for c in chunks}) == 1
-    content, closing, usage = chunks
-    ids = content.choices[0].token_ids
-    assert content.choices[0].delta.role == "assistant"
-    assert content.choices[0].delta.content == tok.decode(ids, skip_special_tokens=True) != ""
-    assert content.choices[0].finish_reason is None and content.usage is None
-    assert closing.choices[0].finish_reason == "stop" and closing.choices[0].delta.content is None
+    role, closing, usage = chunks
+    assert role.choices[0].delta.role == "assistant" and role.choices[0].delta.content == ""
+    rendered = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert role.model_extra["prompt_token_ids"] == tok(rendered, add_special_tokens=False)["input_ids"]
+    ids = closing.choices[0].token_ids
+    assert closing.choices[0].delta.content == tok.decode(ids, skip_special_tokens=True) != ""
+    assert role.choices[0].finish_reason is None and role.usage is None and closing.usage is None
+    assert closing.choices[0].finish_reason == "stop" and closing.choices[0].stop_reason is None
     assert usage.choices == [] and usage.usage.completion_tokens == len(ids)
     # completions, named, no usage asked: a content chunk and a finish chunk
     body = {"model": "tiny", "prompt": "Once", "max_tokens": 3, "stream": True, "pdsr_sample": "stream-1"}
@@ -240,12 +245,13 @@ def test_streams_carry_the_whole_turn_in_one_chunk(served):
     assert events[1]["choices"] == [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
                                       "stop_reason": None}]
     assert _end(base, "stream-1")["response_token_ids"] == events[0]["choices"][0]["token_ids"]
-    # n = 2: each choice its content chunk and its finish chunk
+    # n = 2: both role chunks first, then each choice's finish chunk
     events = _events(httpx.post(f"{base}/chat/completions", json={"model": "tiny", "n": 2, "stream": True,
                                                                  "messages": [{"role": "user", "content": "x"}]},
                                 timeout=WAIT_S))
-    assert [(e["choices"][0]["index"], e["choices"][0]["finish_reason"]) for e in events] == [
-        (0, None), (0, "stop"), (1, None), (1, "stop")]
+    assert [e["choices"][0]["finish_reason"] for e in events] == [None, None, "stop", "stop"]
+    assert sorted(e["choices"][0]["index"] for e in events[:2]) == sorted(e["choices"][0]["index"]
+                                                                          for e in events[2:]) == [0, 1]
 
 
 @requires_torch
@@ -314,7 +320,7 @@ def test_a_server_that_cannot_listen_is_an_error_not_a_hang(tiny_model_dir, monk
 
 
 def test_stream_chunks_number_tool_calls():
-    from pdsr_sdk.rollout.serve import stream_chunks
+    from pdsr_sdk.rollout.serve_stream import stream_chunks
 
     call = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     response = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "usage": {},
@@ -333,7 +339,8 @@ def test_a_turn_that_calls_tools_finishes_with_tool_calls(tiny_model_dir):
 
     from pdsr_sdk.dispatch.types import LENGTH, STOP, Group, Sample
     from pdsr_sdk.rollout.data import load_tokenizer
-    from pdsr_sdk.rollout.serve import ChatServer, stream_chunks
+    from pdsr_sdk.rollout.serve import ChatServer
+    from pdsr_sdk.rollout.serve_stream import stream_chunks
 
     tok = load_tokenizer(tiny_model_dir)
     server = ChatServer(SimpleNamespace(tokenizer=tok, hooks=SimpleNamespace(on_group_done=[])), tool_parser="hermes")

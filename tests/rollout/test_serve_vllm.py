@@ -86,9 +86,10 @@ def test_openai_client_on_real_engines(engine_loop, vllm_pair, tiny_model_dir):
     spans = [response[t["start_token"]:t["start_token"] + t["num_tokens"]] for t in crow["turns"]
              if t["role"] == "environment"]
     assert spans == [tok(text, add_special_tokens=False)["input_ids"] for text in env]
-    # the stream: the whole turn in one content chunk, then its finish reason
-    content = [c for c in chunks if c.choices and c.choices[0].finish_reason is None]
-    assert len(content) == 1 and [c.object for c in chunks] == ["chat.completion.chunk"] * 2
-    ids = content[0].choices[0].token_ids
-    assert 0 < len(ids) <= 8 and content[0].choices[0].delta.content == tok.decode(ids, skip_special_tokens=True)
+    # the stream: its role, then the turn's tokens as they came (tests/rollout/test_serve_stream_vllm.py), then its
+    # finish reason
+    assert chunks[0].choices[0].delta.role == "assistant" and {c.object for c in chunks} == {"chat.completion.chunk"}
+    ids = [i for c in chunks[1:] for i in c.choices[0].token_ids]
+    assert 0 < len(ids) <= 8
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == tok.decode(ids, skip_special_tokens=True)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")

@@ -119,13 +119,13 @@ def test_a_batch_streams_with_vllms_indexes_and_a_summed_usage_chunk(vserved):
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(line) for line in lines[:-1]]
     choices = [c for chunk in chunks for c in chunk["choices"]]
-    content = {c["index"]: c for c in choices if c["finish_reason"] is None}
+    first = {c["index"]: c for c in reversed(choices)}   # each index's first chunk
     finished = sorted(c["index"] for c in choices if c["finish_reason"] is not None)
-    assert sorted(content) == finished == [0, 1, 2, 3]
-    assert [content[i]["prompt_token_ids"] for i in range(4)] == [tok(PROMPTS[i // 2])["input_ids"] for i in range(4)]
+    assert sorted(first) == finished == [0, 1, 2, 3]
+    assert [first[i]["prompt_token_ids"] for i in range(4)] == [tok(PROMPTS[i // 2])["input_ids"] for i in range(4)]
     usage = chunks[-1]["usage"]
     assert chunks[-1]["choices"] == [] and usage["prompt_tokens"] == sum(len(tok(p)["input_ids"]) for p in PROMPTS[:2])
-    assert usage["completion_tokens"] == sum(len(c["token_ids"]) for c in content.values())
+    assert usage["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
 
 
 @pytest.mark.parametrize("prompt, expect", [

@@ -40,6 +40,7 @@ class Scheduler(EngineEvents):
         on_restart: Callable[[Sample], None] | None = None,
         on_turn_end: Callable[[Sample, str], None] | None = None,
         hold_turn_slots: bool = False,
+        on_tokens: Callable[[Sample, int], None] | None = None,
     ):
         names = [e.name for e in engines]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -50,7 +51,7 @@ class Scheduler(EngineEvents):
                           on_group_done=on_group_done, on_fatal=on_fatal, on_restart=on_restart)
         self._init_pause()
         self._init_turns(on_turn_end, hold_turn_slots)
-        self._init_events()
+        self._init_events(on_tokens)
         self.streaming = False   # set by add_groups (DispatchContext.streaming)
         self.stream: StreamSpec | None = None   # the stream's description, from add_groups (DispatchContext.stream)
         self._bind_policy(policy_factory(self))

@@ -4,7 +4,7 @@ segment's end, an engine's death."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.scheduler.pause import Pausing
@@ -18,8 +18,10 @@ class EngineEvents(Pausing, Turns):
     """What engines report, and where each ended segment's sample goes next (``engine_errors`` set by
     :meth:`_init_events`)."""
 
-    def _init_events(self) -> None:
+    def _init_events(self, on_tokens: Callable[[Sample, int], None] | None = None) -> None:
         self.engine_errors: list[EngineError] = []
+        # a sample's new tokens, once added to it (a server streams them to its client)
+        self._on_tokens = on_tokens
 
     def on_tokens(self, engine: Engine, request_id: str, n: int,
                   token_ids: Sequence[int] | None, logprobs: Sequence[float] | None, *,
@@ -41,6 +43,8 @@ class EngineEvents(Pausing, Turns):
         sample.add_tokens(n, token_ids, logprobs)
         usage = self.usage[engine.name]
         usage.tokens += n
+        if self._on_tokens is not None:
+            self._on_tokens(sample, n)
 
     def on_segment_end(self, engine: Engine, request_id: str, finish_reason: str, *,
                        speculation: tuple[int, int] | None = None, stop_reason: str | int | None = None) -> None:
