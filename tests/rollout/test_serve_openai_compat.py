@@ -31,6 +31,13 @@ def stream_finish(base: str, route: str, body: dict) -> list[dict]:
     return [c for chunk in map(json.loads, lines) for c in chunk["choices"] if c["finish_reason"] is not None]
 
 
+def streamed_text(base: str, route: str, body: dict) -> str:
+    """The stream's deltas joined (chat: ``delta.content``; completions: ``text``)."""
+    with httpx.stream("POST", f"{base}/{route}", json={**body, "stream": True}, timeout=WAIT_S) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for ch in chunks for c in ch["choices"])
+
+
 @requires_torch
 @pytest.mark.parametrize("stop", ["</answer>", 7])
 def test_each_choice_carries_its_stop_reason_as_vllms_does(tiny_model_dir, stop):
@@ -194,6 +201,10 @@ def test_the_answer_text_ends_before_its_stop_string_as_vllms_does(tiny_model_di
             assert client.completions.create(model="m", prompt="x").choices[0].text == "A"
             c = client.completions.create(model="m", prompt="x", extra_body={"include_stop_str_in_output": True})
             assert c.choices[0].text == "A</a>"
+            for route, body in (("chat/completions", {"messages": msgs}), ("completions", {"prompt": "x"})):
+                for include, text in ((False, "A"), (True, "A</a>")):   # streamed as answered
+                    assert streamed_text(base, route, {"model": "m", **body,
+                                                       "include_stop_str_in_output": include}) == text
             with pytest.raises(openai.BadRequestError, match="include_stop_str_in_output must be true or false"):
                 client.completions.create(model="m", prompt="x", extra_body={"include_stop_str_in_output": "y"})
             named = client.completions.create(model="m", prompt="x", extra_body={"pdsr_sample": "k"})
