@@ -86,13 +86,14 @@ class DraftHistory:
         self._add(group.prompt_token_ids,
                   [s.token_ids for s in group.samples if s.finished and s.finish_reason != DROPPED and s.token_ids])
 
-    def read(self, path: str | Path) -> int:
+    def read(self, path: str | Path, setting: str | None = None) -> int:
         """Keep the responses in a trajectories file (``pdsr rollout``'s output: ``prompt_token_ids``,
         ``response_token_ids``, ``finish_reason``), in its row order, as if their groups had finished before any
-        of this session's; those that failed or were dropped are skipped. Returns the responses read."""
+        of this session's; those that failed or were dropped are skipped. Returns the responses read. ``setting``:
+        the flag or config key that gave ``path``, named in the errors about the file."""
         from pdsr_sdk.io.tables import read_table   # pyarrow: not in vLLM's workers, which import this module
 
-        rows = read_table(path, HISTORY_COLUMNS, what="draft history").select(HISTORY_COLUMNS).to_pylist()
+        rows = read_table(path, HISTORY_COLUMNS, what="draft history", setting=setting).select(HISTORY_COLUMNS).to_pylist()
         count = 0
         for row in rows:
             if row["finish_reason"] not in _NOT_DRAFTED and row["response_token_ids"]:

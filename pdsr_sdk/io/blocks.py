@@ -7,7 +7,6 @@ rows at a time; any other input (JSONL, Arrow, CSV, shards whose schemas differ)
 
 from __future__ import annotations
 
-import glob
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -15,6 +14,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.paths import resolve_inputs, user_path
 from pdsr_sdk.io.tables import FORMATS, SAVE_TO_DISK_METADATA, read_table
 
 #: rows per batch read from a Parquet file
@@ -54,15 +54,17 @@ class TableBatches:
                 raise DataError(f"{file}: cannot read it as Parquet: {exc}") from None
 
 
-def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: str = "input") -> TableBatches:
+def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: str = "input",
+                       setting: str | None = None) -> TableBatches:
     """``path`` (a file, a folder of shards or a glob pattern, as :func:`~pdsr_sdk.io.tables.read_table` reads)
     ready to read in batches, checking that ``columns`` exist (a DataError naming the missing ones and what the
-    file has). Parquet of one schema is streamed; anything else is read whole now."""
-    path = Path(path)
-    files = _parquet_files(path)
+    file has). Parquet of one schema is streamed; anything else is read whole now. ``setting``: the flag or config
+    key that gave ``path``, named in the errors about the whole input."""
+    path = user_path(path)
+    files = _parquet_files(path, what, setting)
     schema = _one_schema(files) if files else None
     if schema is None:
-        table = read_table(path, columns, what=what)
+        table = read_table(path, columns, what=what, setting=setting)
         return TableBatches(path, table.schema, table.num_rows, [], table)
     missing = [c for c in columns if c not in schema.names]
     if missing:
@@ -79,21 +81,12 @@ def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: s
     return TableBatches(path, schema, rows, files)
 
 
-def _parquet_files(path: Path) -> list[Path]:
+def _parquet_files(path: Path, what: str, setting: str | None) -> list[Path]:
     """The Parquet files ``path`` names (itself, a folder's shards, a pattern's matches), or [] where it names
-    anything else (read whole: read_table reads it, or says what is wrong)."""
-    if not path.exists() and glob.has_magic(str(path)):
-        candidates = sorted(Path(m) for m in glob.glob(str(path)) if Path(m).is_file())
-    elif path.is_dir():
-        candidates = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-    elif path.is_file():
-        return [path] if FORMATS.get(path.suffix.lower(), "parquet") == "parquet" else []
-    else:
-        return []
-    shards = [p for p in candidates if p.suffix.lower() in FORMATS and p.name not in SAVE_TO_DISK_METADATA]
-    if shards and all(FORMATS[p.suffix.lower()] == "parquet" for p in shards):
-        return shards
-    return []
+    other files (read whole); one that cannot be read as Parquet is read_table's to name."""
+    files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
+    kind = FORMATS.get(files[0].suffix.lower(), "parquet")   # a single file of another name is read as Parquet
+    return files if kind == "parquet" else []
 
 
 def _one_schema(files: list[Path]) -> pa.Schema | None:

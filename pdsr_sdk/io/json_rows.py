@@ -19,18 +19,38 @@ from pdsr_sdk.errors import DataError
 
 def json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number from 1, object) of each non-blank line of a JSONL file, a byte-order mark skipped (Windows
-    tools write one); a DataError names the line of one that is not a JSON object."""
-    with path.open(encoding="utf-8-sig") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            yield lineno, row
+    tools write one); a DataError names the line of one that is not a JSON object, or not UTF-8 text."""
+    try:
+        with path.open(encoding="utf-8-sig") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+                yield lineno, row
+    except UnicodeDecodeError:
+        # the codec's offset is into a read buffer, not the file: find the byte's line
+        raise DataError(not_utf8(path, *(first_non_utf8(path) or (0, 0)))) from None
+
+
+def first_non_utf8(path: Path) -> tuple[int, int] | None:
+    """(line number, byte) of the first byte of ``path`` that is not UTF-8, if any."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+        return None
+    except UnicodeDecodeError as exc:
+        return data.count(b"\n", 0, exc.start) + 1, data[exc.start]
+
+
+def not_utf8(path: Path, line: int, byte: int) -> str:
+    """The error for a text file with a byte that is not UTF-8 at ``line``."""
+    return (f"{path}:{line}: not UTF-8 text (byte 0x{byte:02x}); pdsr reads text files as UTF-8: re-encode it "
+            f"(e.g. iconv -f latin1 -t utf-8)")
 
 
 def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], str]) -> pa.Table:

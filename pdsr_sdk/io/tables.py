@@ -27,7 +27,8 @@ import pyarrow as pa
 from pydantic import AfterValidator
 
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError
-from pdsr_sdk.io.json_rows import json_lines, rows_table
+from pdsr_sdk.io.json_rows import first_non_utf8, json_lines, not_utf8, rows_table
+from pdsr_sdk.io.paths import labelled, resolve_inputs, user_path
 from pdsr_sdk.io.padding import pad_rows
 
 
@@ -40,22 +41,20 @@ FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".arrow":
 SAVE_TO_DISK_METADATA = frozenset({"dataset_info.json", "state.json"})
 
 
-def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input", kind: str | None = None) -> pa.Table:
+def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input", kind: str | None = None,
+               setting: str | None = None) -> pa.Table:
     """Read a Parquet, Arrow IPC, JSONL (or a .json array of objects) or CSV/TSV file (by its suffix; any other
     is read as Parquet; ``kind``, one of ``FORMATS``' values, reads a file as that format whatever its name), or a
-    folder of such files or a glob pattern matching them (shards of one format, in name order), checking that
-    ``columns`` exist. A CSV's columns are all read as text, as written (an answer ``0.50`` or an id ``007`` is
-    not turned into a number); an empty cell is missing (null)."""
-    path = Path(path)
-    if not path.exists() and glob.has_magic(str(path)):   # a pattern the shell did not expand: 'train-*.parquet'
-        matches = sorted(Path(m) for m in glob.glob(str(path)))
-        if not matches:
-            raise DataError(f"{path}: {what} file does not exist, nor does the pattern match any")
-        table = _read_shards(path, [m for m in matches if m.is_file()], what)
-    elif not path.exists():
-        raise DataError(f"{path}: {what} file does not exist")
+    folder of such files or a glob pattern matching them (shards of one format, in name order:
+    :func:`~pdsr_sdk.io.paths.resolve_inputs`), checking that ``columns`` exist. A CSV's columns are all read as
+    text, as written (an answer ``0.50`` or an id ``007`` is not turned into a number); an empty cell is missing
+    (null). ``setting``: the flag or config key that gave ``path``, named in the errors about the whole input."""
+    path = user_path(path)
+    files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
+    if files == [path]:
+        table = _read_file(path, what, kind, setting)
     else:
-        table = _read_folder(path, what) if path.is_dir() else _read_file(path, what, kind)
+        table = _concat([_read_file(f, what) for f in files], labelled(path, setting))
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise DataError(
@@ -65,9 +64,12 @@ def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "in
     return table
 
 
-def _read_file(path: Path, what: str, kind: str | None = None) -> pa.Table:
+def _read_file(path: Path, what: str, kind: str | None = None, setting: str | None = None) -> pa.Table:
     suffix = path.suffix.lower()
     kind = kind or FORMATS.get(suffix, "parquet")
+    where = labelled(path, setting)
+    if path.stat().st_size == 0:
+        raise DataError(f"{where}: the {what} file is empty")
     try:
         if kind == "jsonl":
             table = _read_jsonl(path)
@@ -82,47 +84,22 @@ def _read_file(path: Path, what: str, kind: str | None = None) -> pa.Table:
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
-        if kind in ("jsonl", "csv") and (bad := _first_non_utf8(path)):
-            raise DataError(f"{path}:{bad[0]}: not UTF-8 text (byte 0x{bad[1]:02x}); pdsr reads text files as UTF-8: "
-                            f"re-encode it (e.g. iconv -f latin1 -t utf-8)") from None
+        if kind in ("jsonl", "csv") and (bad := first_non_utf8(path)):
+            raise DataError(not_utf8(path, *bad)) from None
         known = "" if suffix in FORMATS or kind != "parquet" else (
             f" (a {suffix or 'suffix-less'} name is read as Parquet; pdsr reads {', '.join(FORMATS)})")
-        raise DataError(f"{path}: cannot read {what} file as {kind}{known}: {exc}") from None
+        raise DataError(f"{where}: cannot read {what} file as {kind}{known}: {exc}") from None
+    if table.num_columns == 0 and table.num_rows == 0:   # blank lines only
+        raise DataError(f"{where}: the {what} file is empty")
     return table
 
 
-def _first_non_utf8(path: Path) -> tuple[int, int] | None:
-    """(line number, byte) of the first byte of ``path`` that is not UTF-8, if any."""
-    data = path.read_bytes()
-    try:
-        data.decode("utf-8")
-        return None
-    except UnicodeDecodeError as exc:
-        return data.count(b"\n", 0, exc.start) + 1, data[exc.start]
-
-
-def _read_folder(path: Path, what: str) -> pa.Table:
-    """A folder of shards (a dataset's ``train-00000-of-00004.parquet``, ``save_to_disk``'s ``.arrow`` files): every
-    file of one known format in it, in name order, as one table."""
-    return _read_shards(path, sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")), what)
-
-
-def _read_shards(path: Path, files: list[Path], what: str) -> pa.Table:
-    """The ``files`` of a known format (of one format, else an error naming ``path``: a folder or a pattern), in the
-    order given, as one table."""
-    by_kind: dict[str, list[Path]] = {}
-    for f in files:
-        if f.suffix.lower() in FORMATS and f.name not in SAVE_TO_DISK_METADATA:
-            by_kind.setdefault(FORMATS[f.suffix.lower()], []).append(f)
-    if len(by_kind) != 1:
-        found = "; ".join(f"{len(fs)} {kind} ({fs[0].name}, ...)" for kind, fs in by_kind.items()) or "none"
-        where = "the folder must hold" if path.is_dir() else "the pattern must match"
-        raise DataError(f"{path}: {where} {what} files of one format ({', '.join(FORMATS)}); found {found}")
-    tables = [_read_file(f, what) for f in next(iter(by_kind.values()))]
+def _concat(tables: list[pa.Table], where: str) -> pa.Table:
+    """Shards as one table; ``where`` names the folder or pattern."""
     try:
         return pa.concat_tables(tables, promote_options="default")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DataError(f"{path}: its files do not share one schema: {exc}") from None
+        raise DataError(f"{where}: its files do not share one schema: {exc}") from None
 
 
 def _read_arrow(path: Path) -> pa.Table:

@@ -15,6 +15,7 @@ from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.io.columns import TableColumns
+from pdsr_sdk.io.paths import user_path
 from pdsr_sdk.io.tables import read_table
 from pdsr_sdk.progress import ProgressFactory
 from pdsr_sdk.rollout.reward import scalar_truth
@@ -63,8 +64,8 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
     ground truths are for (``config.reward``; None: none, or a function given in Python): a built-in that compares
     text (``auto``, ``math_verify``, ``math_boxed``) makes a list or struct ground truth a DataError naming its
     row; any other takes the value as it is (:attr:`PromptRecord.ground_truth`)."""
-    path = Path(path)
-    table = read_table(path, what="prompt")
+    path = user_path(path)
+    table = read_table(path, what="prompt", setting="--data (data.path)")
     if table.num_rows == 0:
         raise DataError(f"{path}: the prompt file is empty")
     if cfg.limit:

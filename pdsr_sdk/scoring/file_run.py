@@ -75,7 +75,8 @@ def _score_file(config: ScoreConfig, progress: ProgressFactory | None) -> tuple[
     if config.overwrite and parts.parts_dir(out).exists():
         shutil.rmtree(parts.parts_dir(out))
         on_disk = []
-    source = open_table_batches(config.data, (config.prompt_column, config.response_column), what="scoring input")
+    source = open_table_batches(config.data, (config.prompt_column, config.response_column), what="scoring input",
+                                setting="data (--data)")
     settings = parts.run_settings(config, model_dir)
     if config.resume:
         done = _finished_output(out, settings, on_disk, source.num_rows)

@@ -92,7 +92,9 @@ def read_any_trace(path: str | Path, *, id_column: str | None = None, length_col
     shards) a table of one row per response (:func:`read_responses_trace`, its columns named by the ``*_column``
     arguments or found under their usual names). ``tokenizer`` (a Hugging Face tokenizer, the policy's) counts
     text: verl's dumps, a length or prompt length column of text."""
-    path = Path(path)
+    from pdsr_sdk.io.paths import user_path
+
+    path = user_path(path)
     columns = dict(id_column=id_column, length_column=length_column, prompt_length_column=prompt_length_column,
                    sample_index_column=sample_index_column, reward_column=reward_column,
                    finish_reason_column=finish_reason_column)

@@ -59,13 +59,10 @@ def read_responses_trace(path: str | Path, *, id_column: str | None = None, leng
     Each ``*_column`` names the column of that role (see the module's docstring); None looks for its usual names.
     ``tokenizer`` (a Hugging Face tokenizer) counts a length or prompt length column of text.
     """
+    from pdsr_sdk.io.paths import user_path
     from pdsr_sdk.io.tables import FORMATS, read_table
 
-    import glob
-
-    path = Path(path)
-    if not path.exists() and not glob.has_magic(str(path)):   # a pattern is read_table's to expand
-        raise DataError(f"{path}: file does not exist")
+    path = user_path(path)
     if path.is_file():
         with path.open("rb") as fh:
             if not fh.read(4096).strip():

@@ -18,16 +18,14 @@ Errors name the file and its line (from 1) and the key.
 
 from __future__ import annotations
 
-import glob
-import json
 import math
-import re
 from pathlib import Path
 
 import numpy as np
 
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.json_rows import json_lines
+from pdsr_sdk.io.paths import resolve_inputs, user_path
 from pdsr_sdk.traces.formats import detect_format, short_repr
 from pdsr_sdk.traces.trace import LengthTrace
 
@@ -43,42 +41,28 @@ def looks_like_verl_dump(row: object) -> bool:
 
 def verl_dump_files(path: str | Path) -> list[Path]:
     """The JSONL files of ``path``: the file itself, a folder's ``*.jsonl`` files or a glob pattern's matches, in
-    order of step (a ``{step}.jsonl`` name's number; other names after, by name)."""
-    path = Path(path)
-    if path.is_dir():
-        files = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".jsonl"]
-        if not files:
-            raise DataError(f"{path}: the folder has no .jsonl file; expected verl's generation dumps "
-                            f"({{step}}.jsonl, as trainer.rollout_data_dir writes them) or shards of one log")
-    elif path.exists():
-        files = [path]
-    else:
-        files = [Path(m) for m in glob.glob(str(path)) if Path(m).is_file()]
-        if not files:
-            raise DataError(f"{path}: file does not exist" + (", nor does the pattern match any"
-                                                             if glob.has_magic(str(path)) else ""))
+    order of step (a ``{step}.jsonl`` name's number; other names after, by name). A folder or pattern of files of
+    another format, or of several, is a DataError (:func:`~pdsr_sdk.io.paths.resolve_inputs`)."""
+    from pdsr_sdk.io.tables import FORMATS   # the formats a folder may hold, as any table input
 
-    def order(p: Path):
-        return (0, int(p.stem), str(p)) if re.fullmatch(r"\d+", p.stem) else (1, 0, str(p))
-
-    return sorted(files, key=order)
+    files = resolve_inputs(path, FORMATS, what="verl dump", order="step")
+    if files != [user_path(path)] and FORMATS[files[0].suffix.lower()] != "jsonl":
+        raise DataError(f"{path}: holds {files[0].suffix} files; verl's generation dumps are {{step}}.jsonl files, "
+                        f"as trainer.rollout_data_dir writes them")
+    return files
 
 
 def is_verl_dump(path: str | Path) -> bool:
-    """Whether ``path`` (a file, folder or pattern) reads as verl's dump: its first file's first line does."""
+    """Whether ``path`` (a file, folder or pattern) reads as verl's dump: its first file's first line does. Any
+    file it cannot read so is not (its reader names what is wrong with it)."""
     try:
         files = verl_dump_files(path)
         if detect_format(files[0]) != "jsonl":
             return False
+        for _, row in json_lines(files[0]):
+            return looks_like_verl_dump(row)
     except DataError:
         return False
-    with files[0].open("r", encoding="utf-8-sig", errors="replace") as fh:
-        for line in fh:
-            if line.strip():
-                try:
-                    return looks_like_verl_dump(json.loads(line))
-                except json.JSONDecodeError:
-                    return False
     return False
 
 
@@ -113,7 +97,7 @@ def read_verl_dump(path: str | Path, tokenizer, *, reward_key: str = "score",
         group_ids: list[str] = []      # each group's id: where its first line is, so a user can find it
         group_of: list[int] = []       # each line's group
         first: dict[tuple[int, str], int] = {}
-        for lineno, row in _lines(file):
+        for lineno, row in json_lines(file):   # errors name the line
             where = f"{file}:{lineno}"
             output, prompt, step = _text(row, "output", where), _text(row, "input", where), _step(row, where)
             group = first.setdefault((step, prompt), len(prompts))
@@ -146,15 +130,6 @@ def read_verl_dump(path: str | Path, tokenizer, *, reward_key: str = "score",
         canon["finish_reason"] = pa.array(reasons, pa.string())
     source = str(files[0]) if len(files) == 1 else str(path)
     return trace_from_trajectories(pa.table(canon), source=source)
-
-
-def _lines(file: Path):
-    """(line number from 1, parsed object) of each non-blank line; errors name the line."""
-    try:
-        yield from json_lines(file)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                        f"re-encode it (e.g. iconv -f latin1 -t utf-8)") from None
 
 
 def _text(row: dict, key: str, where: str) -> str:
