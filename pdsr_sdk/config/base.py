@@ -108,13 +108,18 @@ def _origin(source: str | Path | None) -> str:
     return f"{source}: " if source else ""
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict."""
+def read_config_file(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict (UTF-8, a byte-order mark skipped);
+    ``what`` names the file in errors."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:   # a binary file, or another encoding: the line, not the codec's traceback
+        from pdsr_sdk.io.json_rows import first_non_utf8, not_utf8
+
+        raise ConfigError(f"{not_utf8(path, *(first_non_utf8(path) or (0, 0)))} ({what})") from None
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)

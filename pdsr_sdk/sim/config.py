@@ -252,7 +252,7 @@ def load_profile_file(path: str | Path) -> dict[str, dict[str, Any]]:
     otherwise, and the other pool's illustrative GPU-like defaults would be seconds of another machine."""
     from pdsr_sdk.config import read_config_file
 
-    data = read_config_file(path)
+    data = read_config_file(path, "profile file")
     if not data:   # an empty file would run on the illustrative defaults while the user believes it measured
         raise ConfigError(f"{path}: no pool in the profile file; it maps 'fast' and/or 'heavy' to profile settings "
                           f"(`pdsr simulate calibrate` writes one)")
