@@ -376,6 +376,8 @@ def load_tokenizer(path: str | Path, setting: str | None = None):
     path = Path(path)
     where = f"{setting} {path}" if setting else str(path)
     setting = setting or "tokenizer (RolloutConfig.tokenizer)"
+    if path.is_file():
+        raise DataError(f"{where}: is a file; expected a model or tokenizer folder (with tokenizer.json, ...)")
     if not path.is_dir():
         raise DataError(f"{where}: model/tokenizer directory does not exist")
     try:
@@ -383,6 +385,10 @@ def load_tokenizer(path: str | Path, setting: str | None = None):
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types
+        if not any((path / name).is_file() for name in ("config.json", "tokenizer_config.json", "tokenizer.json")):
+            # transformers' own words here are a paragraph about slow tokenizers and sentencepiece
+            raise DataError(f"{where}: not a model or tokenizer folder (no config.json, tokenizer_config.json or "
+                            f"tokenizer.json in it)") from None
         raise DataError(f"{where}: cannot load a tokenizer: {exc}") from None
     if not tokenizer.encode("a b", add_special_tokens=False):
         # transformers builds an empty tokenizer from config.json alone (no tokenizer.json, tokenizer.model or vocab

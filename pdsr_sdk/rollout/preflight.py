@@ -53,7 +53,8 @@ def check_model_folder(model: str | Path) -> str:
     path = Path(model)
     if (path / "config.json").is_file():
         return str(path)
-    what = "does not exist" if not path.exists() else "is not a model directory (no config.json in it)"
+    what = ("does not exist" if not path.exists() else "is a file, not a model directory" if path.is_file()
+            else "is not a model directory (no config.json in it)")
     hint = ""
     # ORG/NAME may be a hub id; not where ORG is a folder here (a typo in models/smollm2-135m-instruct, say)
     if not path.exists() and len(path.parts) == 2 and not str(model).startswith((".", "/", "~")) \

@@ -14,6 +14,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 def check_model_dir(model_dir: str | Path) -> Path:
     """``model_dir`` as a Path, or a DataError naming it: it must be a folder with a ``config.json``."""
     path = Path(model_dir)
+    if path.is_file():
+        raise DataError(f"{path}: is a file; expected a Hugging Face model directory (with config.json)")
     if not path.is_dir():
         raise DataError(f"{path}: model directory does not exist")
     if not (path / "config.json").is_file():

@@ -28,3 +28,24 @@ def test_a_json_config_with_a_byte_order_mark_reads_as_without(tmp_path):
         path = tmp_path / name
         path.write_bytes(codecs.BOM_UTF8 + b'{"policy": "baseline", "batch_size": 8}')
         assert read_config_file(path) == {"policy": "baseline", "batch_size": 8}
+
+
+def test_a_file_or_an_empty_folder_given_as_a_model_or_tokenizer(tmp_path, tiny_model_dir):
+    """A file given as --tokenizer or pdsr score's --model was 'directory does not exist' (it exists); an empty
+    folder as --tokenizer was transformers' paragraph about sentencepiece and slow tokenizers."""
+    log = tmp_path / "l.csv"
+    log.write_text("uid,len\na,3\n")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 16)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    convert = ("trace", "convert", log, "--id-column", "uid", "--length-column", "len", "--out", tmp_path / "t.jsonl")
+    failed(invoke(*convert, "--tokenizer", weights), f"--tokenizer {weights}: is a file; expected a model or "
+                                                     f"tokenizer folder")
+    out = failed(invoke(*convert, "--tokenizer", empty), f"--tokenizer {empty}: not a model or tokenizer folder "
+                                                         f"(no config.json")
+    assert "sentencepiece" not in out
+    failed(invoke("score", "--model", weights, "--data", log, "--out", tmp_path / "s.parquet",
+                  "--max-tokens-per-mb", 64), f"{weights}: is a file; expected a Hugging Face model directory")
+    failed(invoke("rollout", "--quiet", "--model", weights, "--out", tmp_path / "o.parquet"),
+           f"model '{weights}' is a file, not a model directory")
