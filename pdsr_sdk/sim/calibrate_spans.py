@@ -124,6 +124,9 @@ def _read_table(path: Path, pq):
 
     from pdsr_sdk.traces.formats import detect_format
 
+    if path.is_file() and path.stat().st_size == 0:   # detect_format calls an empty file JSONL (a trace of none)
+        raise DataError(f"{path}: the trajectories file is empty; calibrate reads the Parquet or Arrow trajectories "
+                        f"`pdsr rollout` writes (with their 'segments' timings)")
     try:
         kind = detect_format(path)
     except DataError:

@@ -49,3 +49,12 @@ def test_a_file_or_an_empty_folder_given_as_a_model_or_tokenizer(tmp_path, tiny_
                   "--max-tokens-per-mb", 64), f"{weights}: is a file; expected a Hugging Face model directory")
     failed(invoke("rollout", "--quiet", "--model", weights, "--out", tmp_path / "o.parquet"),
            f"model '{weights}' is a file, not a model directory")
+
+
+def test_an_empty_trajectories_file_is_not_called_a_length_trace(tmp_path):
+    """pdsr simulate calibrate said an empty run.parquet 'is a length trace (JSONL)'."""
+    empty = tmp_path / "run.parquet"
+    empty.write_bytes(b"")
+    out = failed(invoke("simulate", "calibrate", "--trajectories", empty, "--out", tmp_path / "p.yaml"),
+                 f"{empty}: the trajectories file is empty")
+    assert "length trace" not in out
