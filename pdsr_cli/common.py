@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import signal
 import sys
 import threading
@@ -21,10 +22,18 @@ from pdsr_sdk.errors import Interrupted, PdsrDeprecationWarning, PdsrError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class UserPathType(click.Path):
+    """``click.Path`` with a leading ``~`` expanded to the home folder: a shell leaves it in ``--out=~/x`` and in a
+    quoted ``'~/x/*.parquet'``, and a folder named ``~`` would be made in the working one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return super().convert(os.path.expanduser(value) if isinstance(value, str) else value, param, ctx)
+
+
 def config_option(f: F) -> F:
     """``--config FILE``: a YAML/JSON file of the command's config; flags override it."""
     return click.option(
-        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        "--config", "config_path", type=UserPathType(dir_okay=False, path_type=Path), default=None,
         help="YAML or JSON config file; command-line flags override its values.",
     )(f)
 
@@ -211,7 +220,7 @@ def speculative_options(group: str, history: str) -> Callable[[F], F]:
     """``--speculative``, ``--num-speculative-tokens`` and ``--draft-history`` (``pdsr rollout`` and ``pdsr serve``);
     ``group`` says what the group method drafts from, ``history`` what the history file's responses are."""
     def add(f: F) -> F:
-        f = click.option("--draft-history", type=click.Path(dir_okay=False), metavar="FILE",
+        f = click.option("--draft-history", type=UserPathType(dir_okay=False), metavar="FILE",
                          help=f"With --speculative group: a trajectories file {history}.  [default: none]")(f)
         f = click.option("--num-speculative-tokens", type=int, metavar="K",
                          help="Tokens drafted per request per step with --speculative.  [default: 4]")(f)

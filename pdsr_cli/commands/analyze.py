@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config, config_option, deprecated_flag, format_table, handle_errors
+from pdsr_cli.common import build_config, config_option, deprecated_flag, format_table, handle_errors, UserPathType
 from pdsr_sdk.analysis.config import AnalyzeConfig
 
 
@@ -17,7 +17,7 @@ def _help(name: str) -> str:
 
 
 @click.command("analyze")
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("trace_path", metavar="TRACE", type=UserPathType(dir_okay=False, path_type=Path))
 @click.option("--top-k", type=float, default=None, help=_help("top_k"))
 @click.option("--safe-k", type=float, default=None, help=_help("safe_k"))
 @click.option("--fn-length", type=int, default=None, help=_help("fn_length"))
@@ -30,10 +30,10 @@ def _help(name: str) -> str:
 @deprecated_flag("--cap-mult", "--cap-multiplier", "old_cap_multiplier", type=float, default=None)
 @click.option("--cv-ddof", type=click.Choice(["0", "1"]), default=None, help=_help("cv_ddof"))
 @click.option("--plots/--no-plots", default=None, help="Write PNG plots. [default: --plots]")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out-dir", type=UserPathType(file_okay=False, path_type=Path), default=None,
               help="Directory for the plots (and analysis.json); files of the same names there are replaced. "
                    "[default: the --json file's directory, else ./analysis]")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--json", "json_path", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Where to write the JSON report; an existing file is an error unless --overwrite. "
                    "[default: OUT_DIR/analysis.json]")
 @click.option("--overwrite", is_flag=True, default=False, help="Replace an existing --json file.")

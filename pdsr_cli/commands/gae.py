@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config_replacing, cli_progress, config_option, handle_errors, quiet_option
+from pdsr_cli.common import build_config_replacing, cli_progress, config_option, handle_errors, quiet_option, UserPathType
 from pdsr_sdk.gae.config import GaeConfig
 
 
@@ -19,8 +19,8 @@ def _help(name: str) -> str:
 
 
 @click.command("gae")
-@click.option("--data", type=click.Path(path_type=Path), default=None, help=_help("data"))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help=_help("out"))
+@click.option("--data", type=UserPathType(path_type=Path), default=None, help=_help("data"))
+@click.option("--out", type=UserPathType(dir_okay=False, path_type=Path), default=None, help=_help("out"))
 @click.option("--overwrite", is_flag=True, default=None, help=_help("overwrite"))
 @click.option("--rewards-column", default=None, help=_help("rewards_column"))
 @click.option("--values-column", default=None, help=_help("values_column"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import handle_errors
+from pdsr_cli.common import handle_errors, UserPathType
 
 
 @click.group("model")
@@ -15,7 +15,7 @@ def command() -> None:
 
 
 @command.command("tiny", short_help="Build the tiny random Qwen2 used by default; prints its path.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", type=UserPathType(file_okay=False, path_type=Path), default=None,
               help="Where to write it.  [default: the pdsr cache, ~/.cache/pdsr/models]")
 @handle_errors
 def tiny(out: Path | None) -> None:
@@ -26,7 +26,7 @@ def tiny(out: Path | None) -> None:
 
 
 @command.command("smollm2", short_help="Convert SmolLM2-135M-Instruct's GGUF into a Hugging Face folder.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("models/smollm2-135m-instruct"),
+@click.option("--out", type=UserPathType(file_okay=False, path_type=Path), default=Path("models/smollm2-135m-instruct"),
               show_default=True, help="Where to write the Hugging Face folder.")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True,
               help="Data type of the weights written (the GGUF's are dequantised to it). An --out folder that "

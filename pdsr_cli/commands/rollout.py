@@ -10,7 +10,7 @@ import click
 from pdsr_cli.common import (build_config, check_policy_set_targets, check_speculative_flags, cli_progress,
                              config_option, echo_status,
                              format_summary, format_table, handle_errors, parse_policy_sets, policy_option,
-                             policy_set_option, quiet_option, speculative_options, step_stream_options)
+                             policy_set_option, quiet_option, speculative_options, step_stream_options, UserPathType)
 from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 
 
@@ -20,7 +20,7 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                "a comma-separated list, or 'all' (every registered policy that runs on real engines): one run "
                "per policy, each to <out stem>.<policy>.parquet.  [default: v3]")
 @policy_set_option
-@click.option("--data", type=click.Path(path_type=Path),
+@click.option("--data", type=UserPathType(path_type=Path),
               help="Prompts: a Parquet, JSONL (or a .json array), Arrow IPC or CSV/TSV file, or a folder or quoted glob pattern ('train-*.parquet') of such shards.  "
                    "[default: the built-in sample prompts]")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
@@ -103,9 +103,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
               help="Seconds an agent may take between turns (its environment's time); past it the sample fails "
                    "and the step goes on.  [default: 60]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--out", type=UserPathType(dir_okay=False, path_type=Path),
               help="Trajectories Parquet.  [default: runs/rollout.parquet]")
-@click.option("--summary", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--summary", type=UserPathType(dir_okay=False, path_type=Path),
               help="Run summary JSON.  [default: <out>.summary.json]")
 @click.option("--resume", is_flag=True, default=None,
               help="Continue the run in --out: skip its finished groups, complete a batch it cut short, and "

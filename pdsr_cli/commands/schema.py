@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import handle_errors
+from pdsr_cli.common import handle_errors, UserPathType
 
 
 @click.command("schema")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("schemas"),
+@click.option("--out", "out_dir", type=UserPathType(file_okay=False, path_type=Path), default=Path("schemas"),
               show_default=True, help="Directory to write the schema files into.")
 @handle_errors
 def command(out_dir: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config_replacing, cli_progress, config_option, echo_status, handle_errors, quiet_option
+from pdsr_cli.common import build_config_replacing, cli_progress, config_option, echo_status, handle_errors, quiet_option, UserPathType
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.scoring.config import ScoreConfig, score_flag
 
@@ -34,9 +34,9 @@ def _flag(key: str) -> str:
 
 
 @click.command("score")
-@click.option("--model", type=click.Path(path_type=Path), default=None, help=_help("model"))
-@click.option("--data", type=click.Path(path_type=Path), default=None, help=_help("data"))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help=_help("out"))
+@click.option("--model", type=UserPathType(path_type=Path), default=None, help=_help("model"))
+@click.option("--data", type=UserPathType(path_type=Path), default=None, help=_help("data"))
+@click.option("--out", type=UserPathType(dir_okay=False, path_type=Path), default=None, help=_help("out"))
 @click.option("--overwrite", is_flag=True, default=None, help=_help("overwrite"))
 @click.option("--resume", is_flag=True, default=None, help=_help("resume"))
 @click.option("--block-tokens", type=int, default=None, help=_help("block_tokens"))

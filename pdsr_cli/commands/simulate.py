@@ -10,14 +10,14 @@ import click
 
 from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, cli_progress,
                              config_option, deprecated_flag, format_table, handle_errors, parse_policy_sets,
-                             policy_option, policy_set_option, quiet_option, step_stream_options)
+                             policy_option, policy_set_option, quiet_option, step_stream_options, UserPathType)
 
 #: counter columns of the side-by-side table, left out when every policy's is zero (simulate.json has them all)
 COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts", "wasted", "trunc", "preempt")
 
 
 @click.group("simulate", invoke_without_command=True)
-@click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--trace", "trace", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.  [default: a "
                    "built-in synthetic trace (`pdsr trace synth`'s defaults, the `informative` family member: median "
                    "~420 tokens, p99 ~1.4k), written to "
@@ -36,7 +36,7 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
 @click.option("--batch-size", type=int, default=None, help="Prompts per batch (B).  [default: 128]")
 @click.option("--n", "n", type=int, default=None, help="Samples per prompt (the first n of each group).  [default: all]")
 @click.option("--num-batches", type=int, default=None, help="Simulate only the first this many batches.")
-@click.option("--profile", "profile", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--profile", "profile", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`; one "
                    "pool's section is given to both); overrides --config's profiles.  [default: one illustrative GPU-like profile for every engine]")
 @click.option("--segment-min", type=int, default=None, help="Shortest dynamic segment (L_min).  [default: 64]")
@@ -46,7 +46,7 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
               help="A trace of turns: every policy's samples keep their slot while their environment works (as a "
                    "framework that holds the request through a tool call).  [default: a parked sample frees it; "
                    "with references the report adds baseline-hold]")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out-dir", type=UserPathType(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here (with --steps: steps.json, the curve steps.png and "
                    "timeline.png); files of the same names there are replaced.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
@@ -73,7 +73,7 @@ COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts"
               help="Model speculative decoding in every engine with METHOD's acceptance (ngram, group, ...) from "
                    "--acceptance (bench/spec.py's file): a token costs a verify step over the tokens it yields while "
                    "at most --speculation-max-batch requests run. See docs/simulate.md.  [default: off]")
-@click.option("--acceptance", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--acceptance", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="bench/spec.py's acceptance file (--acceptance-out), read with --speculative.")
 @click.option("--speculation-max-batch", type=int, default=None,
               help="With --speculative: drafting only while at most this many requests run.  [default: 32]")
@@ -330,9 +330,9 @@ def write_outputs(report, out_dir: Path) -> None:
 
 
 @command.command("calibrate", short_help="Fit engine profiles (c0, c1, c2, prefill per pool) from a rollout run.")
-@click.option("--trajectories", "trajectories", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--trajectories", "trajectories", multiple=True, type=UserPathType(dir_okay=False, path_type=Path),
               help="Trajectories Parquet/Arrow file(s) written by `pdsr rollout` (repeatable).")
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", "out", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Where to write the profile YAML (use it with `pdsr simulate --profile`); an existing file is an "
                    "error unless --overwrite.")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out file.")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pdsr_cli.common import build_config, config_option, handle_errors
+from pdsr_cli.common import build_config, config_option, handle_errors, UserPathType
 from pdsr_sdk.traces.config import TraceSynthConfig
 
 
@@ -43,7 +43,7 @@ def command() -> None:
 
 
 @command.command("synth", short_help="Draw a synthetic long-tailed length trace (JSONL).")
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("--out", "out", type=UserPathType(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
 @click.option("--family", type=str, default=None, is_eager=True, callback=_list_family,
               help=_help("family"))
@@ -119,8 +119,8 @@ def _column_option(role: str, what: str):
 
 @command.command("convert", short_help="Rollout log (one row per response: Parquet/Arrow/JSONL/CSV), verl's "
                                        "generation dumps, or trajectories -> JSONL length trace.")
-@click.argument("source", type=click.Path(path_type=Path))
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.argument("source", type=UserPathType(path_type=Path))
+@click.option("--out", "out", type=UserPathType(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
 @_column_option("id", "Prompt id column: the rows of one id are one group.")
 @_column_option("length", "Response length column: whole token counts (float columns of whole numbers too), a "
@@ -131,7 +131,7 @@ def _column_option(role: str, what: str):
                                 "none: the rows' order.")
 @_column_option("reward", "Reward column (empty for a response without one).")
 @_column_option("finish_reason", "Finish reason column ('stop', 'length', ...).")
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+@click.option("--tokenizer", "tokenizer_dir", type=UserPathType(path_type=Path), default=None, metavar="DIR",
               help="Local Hugging Face model or tokenizer folder (the policy's) that counts text: verl's dumps, a "
                    "--length-column or --prompt-length-column of text. Tokens of the text encoded without special "
                    "tokens.")

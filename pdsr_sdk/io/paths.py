@@ -10,9 +10,12 @@ is not expanded by the shell).
 from __future__ import annotations
 
 import glob
+import os
 import re
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Annotated, Literal, Mapping
+
+from pydantic import AfterValidator
 
 from pdsr_sdk.errors import DataError
 
@@ -20,6 +23,12 @@ from pdsr_sdk.errors import DataError
 def user_path(path: str | Path) -> Path:
     """``path`` with a leading ``~`` (or ``~user``) expanded to the home folder."""
     return Path(path).expanduser()
+
+
+#: a config's path, its leading ``~`` expanded when the config is validated
+UserPath = Annotated[Path, AfterValidator(user_path)]
+#: a config's path kept as text (a model folder, which may also be a hub id: none starts with ``~``)
+UserPathText = Annotated[str, AfterValidator(os.path.expanduser)]
 
 
 def labelled(path: str | Path, setting: str | None) -> str:

@@ -194,8 +194,9 @@ def parquet_name(path: Path) -> Path:
     return path
 
 
-#: a config's output path of a Parquet file (:func:`parquet_name` checks it when the config is validated)
-ParquetPath = Annotated[Path, AfterValidator(parquet_name)]
+#: a config's output path of a Parquet file, ``~`` expanded (:func:`parquet_name` checks it when the config is
+#: validated)
+ParquetPath = Annotated[Path, AfterValidator(user_path), AfterValidator(parquet_name)]
 
 
 def check_new_output(path: str | Path, what: str, *, overwrite: bool, config_key: str | None = "overwrite",

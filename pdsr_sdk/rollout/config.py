@@ -19,6 +19,7 @@ from pdsr_sdk.dispatch.config import SamplingConfig, SegmentConfig, StepStreamCo
 from pdsr_sdk.dispatch.steps import check_agent_streaming
 from pdsr_sdk.engines.config import (SPECULATIVE_METHODS, EngineSpec, RayConfig, SpeculativeSettings,
                                      unknown_speculative)
+from pdsr_sdk.io.paths import UserPath, UserPathText
 from pdsr_sdk.io.tables import ParquetPath
 
 #: standard instructions by name (``data.instruction``, ``--instruction``), appended to the last user message
@@ -33,7 +34,7 @@ __all__ = ["INSTRUCTIONS", "AgentConfig", "DataConfig", "EngineSpec", "OutputCon
 class DataConfig(ConfigModel):
     """Where prompts come from."""
 
-    path: Path | None = Field(None, description="Parquet, JSONL (or a .json array of objects), Arrow IPC or CSV/TSV file of prompts, or a folder or glob pattern (train-*.parquet) of such shards, read in name order; default: the built-in sample prompts.")
+    path: UserPath | None = Field(None, description="Parquet, JSONL (or a .json array of objects), Arrow IPC or CSV/TSV file of prompts, or a folder or glob pattern (train-*.parquet) of such shards, read in name order; default: the built-in sample prompts.")
     prompt_column: str | None = Field(None, description="Column with the prompt text, or with chat messages (then used as messages_column); default: the first of 'prompt', 'problem', 'question', 'input', 'context_messages' present. Column names may be dotted paths into struct columns.")
     messages_column: str | None = Field(None, description="Column with chat messages (a list of {role, content}); used instead of prompt_column.")
     id_column: str | None = Field(None, description="Column with a unique prompt id; default: 'id'/'unique_id'/'prompt_id' if present, else the row number.")
@@ -59,7 +60,7 @@ class OutputConfig(ConfigModel):
     """Where trajectories and the summary go."""
 
     path: ParquetPath = Field(Path("runs/rollout.parquet"), description="Trajectories Parquet file (one row per sample).")
-    summary_path: Path | None = Field(None, description="Run summary JSON; default: <path without suffix>.summary.json.")
+    summary_path: UserPath | None = Field(None, description="Run summary JSON; default: <path without suffix>.summary.json.")
     resume: bool = Field(False, description="Skip prompt groups already finished in the output (after an interrupted run).")
     overwrite: bool = Field(False, description="Replace an existing output instead of failing.")
     flush_groups: int = Field(16, ge=1, description="Write finished groups to disk at least every this many groups.")
@@ -69,8 +70,8 @@ class OutputConfig(ConfigModel):
 class RolloutConfig(StepStreamConfig):
     """``pdsr rollout``: generate GRPO groups with a P-DSR dispatch policy."""
 
-    model: str | None = Field(None, description="Local model directory (Hugging Face format); default: the built-in tiny random model.")
-    tokenizer: str | None = Field(None, description="Tokenizer directory if not the model's.")
+    model: UserPathText | None = Field(None, description="Local model directory (Hugging Face format); default: the built-in tiny random model.")
+    tokenizer: UserPathText | None = Field(None, description="Tokenizer directory if not the model's.")
     data: DataConfig = Field(default_factory=DataConfig, description="Prompt source.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling settings.")
     batch_size: int = Field(128, ge=1, description="Prompts per batch (B); a batch is one GRPO step's rollout.")

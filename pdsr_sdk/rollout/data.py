@@ -373,7 +373,7 @@ def _lengths(value: Any, where: str, column: str, n: int | None) -> list[int]:
 def load_tokenizer(path: str | Path, setting: str | None = None):
     """A Hugging Face tokenizer from a local directory, with a clear error when it is not one; ``setting`` (a flag,
     such as ``--tokenizer``) is what the user set to it, named in the errors (default: the rollout's tokenizer)."""
-    path = Path(path)
+    path = user_path(path)
     where = f"{setting} {path}" if setting else str(path)
     setting = setting or "tokenizer (RolloutConfig.tokenizer)"
     if path.is_file():

@@ -7,7 +7,6 @@ plus the files and columns, so a config file keeps one flat set of keys.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
@@ -16,6 +15,7 @@ from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import check_device
 from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.scoring.registry import SCORING_BACKENDS
+from pdsr_sdk.io.paths import UserPath
 from pdsr_sdk.io.tables import ParquetPath
 
 DEFAULT_ROW_CHUNK = 512
@@ -173,7 +173,7 @@ class ScoreOptions(ConfigModel):
 class ScoreConfig(ScoreOptions):
     """Score the completions of a trajectories file under a model and write the log-probs back."""
 
-    data: Path = Field(description="Input Parquet/JSONL/Arrow file (or a folder of such shards) with list columns "
+    data: UserPath = Field(description="Input Parquet/JSONL/Arrow file (or a folder of such shards) with list columns "
                                    "of prompt and response token ids (what `pdsr rollout` writes).")
     out: ParquetPath = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing `out` "
@@ -189,7 +189,7 @@ class ScoreConfig(ScoreOptions):
                                           "its own; with `mbs`, a block is a whole number of micro-batches), so "
                                           "memory holds a block, not the file, and an interrupted run keeps its "
                                           "finished blocks.")
-    model: Path | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
+    model: UserPath | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
                                                  "default: the built-in tiny random model.")
     prompt_column: str = Field("prompt_token_ids", description="List column with each sample's prompt token ids.")
     response_column: str = Field("response_token_ids", description="List column with each sample's completion token ids "

@@ -26,6 +26,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pdsr_sdk.config import ConfigModel, validate_config
 from pdsr_sdk.dispatch.config import SegmentConfig, StepStreamConfig
 from pdsr_sdk.errors import ConfigError, ConfigValueError
+from pdsr_sdk.io.paths import UserPath
 
 #: cost/KV keys of a profile (the rest mirror EngineSpec's fields of the same name)
 COST_KEYS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
@@ -153,7 +154,7 @@ class SimProfiles(ConfigModel):
 class SimulateConfig(StepStreamConfig):
     """``pdsr simulate``: replay a length trace through dispatch policies on simulated engines."""
 
-    trace: Path | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`. None: `pdsr simulate` uses a built-in synthetic trace (`pdsr trace synth` defaults, cached; `pdsr_sdk.traces.default_trace_path`).")
+    trace: UserPath | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`. None: `pdsr simulate` uses a built-in synthetic trace (`pdsr trace synth` defaults, cached; `pdsr_sdk.traces.default_trace_path`).")
     policy: str = Field("v3", description="Policy name, preset or import path, or a comma-separated list; 'all' runs every registered policy that runs on real engines side by side. The simulator-only reference schedules (oracle, oracle-probe) may be named too.")
     references: bool | None = Field(None, description="Also run baseline (when missing) and the reference schedules oracle and oracle-probe, which the report's vs_baseline and share-of-gain columns need. null: on when more than one policy is selected.")
     policy_settings: dict[str, Any] = Field(default_factory=dict, description="Per-policy settings overrides, keyed by policy name: {'v2.5': {'cap_multiplier': 2.0}}; validated with the config, and carried as each policy's typed settings (schemas/policy-<name>.schema.json).")
@@ -166,7 +167,7 @@ class SimulateConfig(StepStreamConfig):
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Budget-aware dynamic segments (as in `pdsr rollout`).")
     tail_fraction: float = Field(0.1, gt=0, lt=1, description="The tail share measures the time spent on the last this fraction of each batch's samples.")
     hold_turn_slots: bool = Field(False, description="A trace of turns: every policy's samples keep their engine slot while their environment works, as a framework that holds the request through a tool call does (their KV blocks are not counted against the cache). Default: a parked sample holds no slot (pdsr); with references on, the report adds baseline so held as the slot-holding reference.")
-    out_dir: Path | None = Field(None, description="Directory for simulate.json (with steps: steps.json and the curve's PNG) and the timeline PNG; none = print only.")
+    out_dir: UserPath | None = Field(None, description="Directory for simulate.json (with steps: steps.json and the curve's PNG) and the timeline PNG; none = print only.")
     timeline: bool = Field(True, description="Draw the engines x time occupancy timeline (needs out_dir; with steps, the engines record their occupancy only then).")
     # multi-step runs (partial rollout across steps; pdsr_sdk.sim.steps)
     steps: int | None = Field(None, ge=1, description="Multi-step run: simulate this many training steps K over a stream of the trace's groups (in order), with over_provision groups in flight beyond each step's batch; unfinished groups carry into the next step. Reported next to the on-policy baseline at the same batch size. None = ordinary batch-by-batch simulation.")
@@ -236,8 +237,8 @@ class SimulateConfig(StepStreamConfig):
 class CalibrateConfig(ConfigModel):
     """``pdsr simulate calibrate``: fit engine profiles from the segment timings of `pdsr rollout` runs."""
 
-    trajectories: list[Path] = Field(default_factory=list, description="Trajectories Parquet/Arrow files written by `pdsr rollout` (their 'segments' column).")
-    out: Path | None = Field(None, description="Where to write the fitted profiles (YAML: {fast: {...}, heavy: {...}}).")
+    trajectories: list[UserPath] = Field(default_factory=list, description="Trajectories Parquet/Arrow files written by `pdsr rollout` (their 'segments' column).")
+    out: UserPath | None = Field(None, description="Where to write the fitted profiles (YAML: {fast: {...}, heavy: {...}}).")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing 'out' is an error).")
     block_size: int = Field(16, ge=1, description="KV block size of the engines that ran (prefix-cache granularity of continuations).")
     iterations: int = Field(8, ge=1, description="Refinement passes (step counts per interval re-estimated from the previous fit).")
