@@ -65,6 +65,11 @@ def cli() -> None:
     log-prob scoring, chunk-scan GAE, and a simulator and analyser for
     rollout length traces. Every command that runs a job takes --config
     FILE (YAML/JSON); flags override the file.
+
+    Paths: a leading ~ is the home folder. An output's missing folders are
+    made; an output file where a folder is, or a folder where a file is, is
+    an error; an existing --out or --json file is replaced only with
+    --overwrite (an --out-dir folder's files are replaced).
     """
 
 

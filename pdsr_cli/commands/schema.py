@@ -16,6 +16,8 @@ from pdsr_cli.common import handle_errors, UserPathType
 def command(out_dir: Path) -> None:
     """Write schemas/<config>.schema.json and schemas/<table>.arrow.json."""
     from pdsr_sdk.config.catalog import write_schemas
+    from pdsr_sdk.io.tables import check_writable
 
+    check_writable(out_dir / "rollout.schema.json", "--out")
     for path in write_schemas(out_dir):
         click.echo(f"wrote {path}")

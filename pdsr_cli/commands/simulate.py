@@ -155,6 +155,10 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     elif speculation_max_batch is not None:
         raise ConfigError("--speculation-max-batch applies with --speculative")
     cfg = build_config(SimulateConfig, config_path, overrides)
+    if cfg.out_dir is not None:   # before the run: a file in the way is an error now, not a traceback after it
+        from pdsr_sdk.io.tables import check_writable
+
+        check_writable(cfg.out_dir / "simulate.json", "--out-dir (out_dir)")
     if cfg.trace is None:
         cfg = cfg.model_copy(update={"trace": default_trace_path(builtin_trace_groups(cfg))})
         click.echo(f"pdsr: no --trace: the built-in synthetic trace {cfg.trace} (`pdsr trace synth` defaults)",
