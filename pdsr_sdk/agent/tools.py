@@ -2,13 +2,17 @@
 
 ``hermes`` (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) is the convention of ChatML models
 (Qwen, SmolLM2, Hermes); any parser name the installed vLLM registers works (``tool_parser_names()``).
-Only well-formed calls count: a malformed one is not a call.
+Only well-formed calls count: a malformed one is not a call, and the turn's other calls still are.
+
+``hermes`` is read here, call by call, as verl's agent loop reads it: vLLM's hermes parser drops every call of a
+turn when one is malformed, and takes a ``<tool_call>`` the turn's token limit cut before its ``</tool_call>``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -43,9 +47,31 @@ def _parser(name: str, tokenizer: Any) -> Any:
     return cls(tokenizer)
 
 
+#: one closed hermes call; its body is a JSON object {"name": ..., "arguments": {...}}
+HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+    calls = []
+    for body in HERMES_CALL.findall(text):
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if (isinstance(call, dict) and isinstance(call.get("name"), str)
+                and isinstance(call.get("arguments"), dict)):
+            calls.append(ToolCall(call["name"], call["arguments"]))
+    if not calls:
+        return text, []
+    return text[:text.find("<tool_call>")] or None, calls
+
+
 def parse_tool_calls(text: str, tokenizer: Any, parser: str = "hermes") -> tuple[str | None, list[ToolCall]]:
     """(the text before the calls, the well-formed calls) of one model turn's ``text`` (decoded with special
-    tokens, as vLLM's parsers expect), parsed by vLLM's ``parser``."""
+    tokens, as vLLM's parsers expect), parsed by vLLM's ``parser``; ``hermes`` here, each closed call on its own
+    (see the module). With no call, the text is the whole ``text``."""
+    if parser == "hermes":
+        return _hermes(text)
     quiet = logging.getLogger("vllm.tool_parsers")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)   # a malformed call is the model's business, not an error to log

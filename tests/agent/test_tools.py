@@ -31,6 +31,31 @@ def test_hermes_calls_parse_and_malformed_ones_do_not_count(tiny_model_dir):
         parse_tool_calls(text, tok, "no-such-parser")
 
 
+CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+
+
+@pytest.mark.parametrize("text, content, names", [
+    # a malformed call beside a well-formed one: verl's agent loop runs the well-formed one (vLLM's parser ran none)
+    ("a " + CALC + '<tool_call>{"name": calc</tool_call>', "a ", ["calculator"]),
+    ('<tool_call>{"arguments": {}}</tool_call>' + CALC, None, ["calculator"]),
+    (CALC + '<tool_call>{"name": "search", "arguments": "q"}</tool_call>', None, ["calculator"]),
+    # a call the turn's token limit cut before </tool_call> is no call (vLLM's parser took it)
+    ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}', None, []),
+    ('x <tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', None, []),
+    ("line\n<tool_call>\n" + CALC[11:-12] + "\n</tool_call>", "line\n", ["calculator"]),
+])
+def test_hermes_takes_each_well_formed_call_as_verl_does(tiny_model_dir, text, content, names):
+    """Each closed <tool_call> is read on its own, as verl's hermes parser reads it: a malformed one (not JSON, no
+    name, arguments not an object) is left out and the others count; an unclosed one is not a call."""
+    from pdsr_sdk.agent import parse_tool_calls
+    from pdsr_sdk.rollout.data import load_tokenizer
+
+    got_content, calls = parse_tool_calls(text, load_tokenizer(tiny_model_dir))
+    assert [c.name for c in calls] == names
+    assert got_content == (content if calls else text)
+    assert all(c.arguments == {"expression": "2+3"} for c in calls)
+
+
 @pytest.mark.parametrize("expression, expect", [
     ("2+3", "5"), ("12*7+3", "87"), ("(1+2)**3", "27"), ("7/2", "3.5"), ("-4 % 3", "2"),
     ("1/0", "error: division by zero"), ("__import__('os')", "error: only numbers and + - * / % ** ( )"),
