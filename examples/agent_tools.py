@@ -74,7 +74,10 @@ async def solve(agent, *, scripted: bool) -> dict:
             nudges += 1
         else:
             break
-        if agent.turns_left <= 0 or agent.tokens_left < 24:
+        if agent.turns_left <= 0:
+            break
+        if agent.tokens_left < 24:   # too little for an answer: the sample ends `length`, as the budget cut it
+            agent.stop_for_budget()
             break
         turn = await agent.generate()
     return {"score": math_boxed(turn.text, agent.ground_truth), "tool_calls": calls_made}

@@ -67,8 +67,10 @@ class AgentContext:
         self.turns = 0
         self.done = False
         #: a generate() was refused because the sample's response budget (sampling.max_tokens) is spent or the
-        #: environment's tokens do not fit in it: the sample ends ``length``, as a trainer's overlong filter reads it
+        #: environment's tokens do not fit in it, or the agent called stop_for_budget(): the sample ends ``length``,
+        #: as a trainer's overlong filter reads it
         self.budget_spent = False
+        self._stopped_for_budget = False
 
     # ------------------------------------------------------------ read
     @property
@@ -105,7 +107,21 @@ class AgentContext:
     def turns_left(self) -> int:
         return self.max_turns - self.turns
 
+    @property
+    def env_pending(self) -> int:
+        """Ids the environment appended since the model's last turn: the next turn's prompt takes them; an agent
+        that returns leaves them out of the trajectory."""
+        return len(self._staged)
+
     # ----------------------------------------------------------- act
+    def stop_for_budget(self) -> None:
+        """Say that the agent stops because what is left of the response budget (``tokens_left``) is too little
+        for another useful turn: the sample ends ``length`` when the agent returns, as when the budget refuses a
+        generate() (a trainer's overlong filter reads it so), and a later generate() raises AgentDone."""
+        if self.done:
+            raise AgentError(f"sample {self.sample.key}: stop_for_budget after the sample ended")
+        self.budget_spent = self._stopped_for_budget = True
+
     def append(self, messages: Sequence[dict[str, Any]] | None = None, *, ids: Sequence[int] | None = None,
                tool_name: str | None = None) -> list[int]:
         """Add what the environment says before the next turn: chat ``messages`` (rendered by the chat template
@@ -194,6 +210,8 @@ class AgentContext:
             raise AgentError(f"sample {self.sample.key}: generate() while another generate() waits")
         if self.done:
             raise AgentDone(f"sample {self.sample.key} has ended")
+        if self._stopped_for_budget:
+            raise AgentDone(f"sample {self.sample.key}: the agent stopped for its budget (stop_for_budget)")
         if self.turns >= self.max_turns:
             raise AgentDone(f"sample {self.sample.key}: {self.turns} turns, the limit (agent.max_turns)")
         if self.tokens_left <= 0:

@@ -151,11 +151,13 @@ class AgentRunner:
             self._fail(sample, str(exc))
             return
         self._disarm(sample)
-        # length when the budget ended the sample (its last turn cut, or a generate() past the budget refused): a
-        # trainer's overlong filter masks or penalises it; else (the agent returned, or hit agent.max_turns) the last
-        # turn's, as verl's multi-turn rollout ends a max-turn sample stop
+        # length when the budget ended the sample (its last turn cut, a generate() past the budget refused, the agent
+        # said so, or it returned with the environment's ids past the budget, which a generate() would have refused):
+        # a trainer's overlong filter masks or penalises it; else (the agent returned, or hit agent.max_turns) the
+        # last turn's, as verl's multi-turn rollout ends a max-turn sample stop
         last = sample.turns[-1] if sample.turns else None
-        reason = STOP if last is not None and last.finish_reason == STOP and not ctx.budget_spent else LENGTH
+        spent = ctx.budget_spent or (ctx.env_pending and ctx.tokens_left <= 0)
+        reason = STOP if last is not None and last.finish_reason == STOP and not spent else LENGTH
         sched = self._scheduler()
         sched.guarded(sched.finish, sample, reason)
 
