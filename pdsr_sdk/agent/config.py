@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from pdsr_sdk.config import ConfigModel
@@ -14,3 +16,5 @@ class AgentConfig(ConfigModel):
     max_turns: int = Field(8, ge=1, description="Most model turns a sample may take; a generate() past it raises AgentDone, which ends the sample as if the agent had returned.")
     turn_max_tokens: int | None = Field(None, ge=1, description="Most tokens one model turn may sample; default: what is left of the sample's budget (sampling.max_tokens counts every response token, the model's and the environment's).")
     env_timeout_s: float = Field(60.0, gt=0, description="Seconds the agent may spend between a model turn's end and its next generate() (or its return): the environment's time. Past it the sample fails (finish_reason 'failed', the error in its row) and the rest of the step goes on.")
+    max_tool_response_chars: int | None = Field(None, ge=1, description="Most characters of a 'tool' message's content that an agent function appends: a longer one is cut as tool_response_truncate_side says, with a '(truncated)' mark, before the chat template renders it (verl's multi_turn.max_tool_response_length, also characters; its default is 256). None: no cap. pdsr serve's named samples are not cut (their client holds the conversation it sent).")
+    tool_response_truncate_side: Literal["left", "middle", "right"] = Field("middle", description="What a cut by max_tool_response_chars keeps, as verl's multi_turn.tool_response_truncate_side: 'left' the first characters, then '...(truncated)'; 'right' '(truncated)...', then the last; 'middle' the first and last half each, '...(truncated)...' between.")

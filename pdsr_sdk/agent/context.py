@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pdsr_sdk.agent.render import environment_ids, message_text
+from pdsr_sdk.agent.tools import truncate_tool_response
 from pdsr_sdk.errors import PdsrError
 
 if TYPE_CHECKING:
@@ -46,8 +47,10 @@ class AgentContext:
     an agent function reads it and calls :meth:`generate` and :meth:`append`."""
 
     def __init__(self, sample: Sample, tokenizer: Any, *, max_turns: int, turn_max_tokens: int | None,
-                 runner: Any):
+                 runner: Any, tool_cap: tuple[int, str] | None = None):
         g = sample.group
+        #: (most characters, side) a 'tool' message's content is cut to (agent.max_tool_response_chars); None: not cut
+        self.tool_cap = tool_cap
         self.sample = sample
         self.tokenizer = tokenizer
         self.max_turns = max_turns
@@ -129,7 +132,8 @@ class AgentContext:
         added. Messages appended right after other appended messages are rendered with them, as the template
         renders them together (one assistant header, after the last; Qwen3's puts consecutive tool results in one
         message): the ids returned are then those of all of them, in place of the ids the earlier call returned.
-        ``tool_name`` labels the span in the trajectory's turns."""
+        ``tool_name`` labels the span in the trajectory's turns. A ``tool`` message's content longer than
+        ``agent.max_tool_response_chars`` is cut (``tool_cap``), in ``messages`` too: what the model sees."""
         if self.done:
             raise AgentError(f"sample {self.sample.key}: append after the sample ended")
         if self._first is not None:
@@ -143,6 +147,9 @@ class AgentContext:
             self._block = None
         else:
             msgs = self._checked(messages)
+            if self.tool_cap is not None:
+                msgs = [{**m, "content": truncate_tool_response(m["content"], *self.tool_cap)}
+                        if m["role"] == "tool" else m for m in msgs]
             if not self.messages:
                 raise AgentError(f"sample {self.sample.key}: its prompt was not given as chat messages; append ids")
             start, conversation, before, last = self._block or (

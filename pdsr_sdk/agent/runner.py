@@ -69,6 +69,9 @@ class AgentRunner:
         self.max_turns = limits.max_turns
         self.turn_max_tokens = limits.turn_max_tokens
         self.env_timeout_s = limits.env_timeout_s
+        self.tool_cap = (None if limits.max_tool_response_chars is None
+                         else (limits.max_tool_response_chars, limits.tool_response_truncate_side))
+        self._capped: set[Sample] = set()
         self._fns: dict[Sample, AgentFn] = {}
         self._contexts: dict[Sample, AgentContext] = {}
         self._tasks: dict[Sample, asyncio.Task] = {}
@@ -76,11 +79,15 @@ class AgentRunner:
         self._env_since: dict[Sample, float] = {}
         self.outcomes: dict[Sample, AgentOutcome] = {}
 
-    def prepare(self, groups: list[Group], fn: AgentFn) -> None:
-        """Make the groups' samples multi-turn, run by ``fn`` (before they are handed to the scheduler)."""
+    def prepare(self, groups: list[Group], fn: AgentFn, *, cap_tools: bool = False) -> None:
+        """Make the groups' samples multi-turn, run by ``fn`` (before they are handed to the scheduler).
+        ``cap_tools``: cut the tool messages ``fn`` appends to ``agent.max_tool_response_chars`` (an agent
+        function's samples; serve's named ones are not cut, their client holds the conversation it sent)."""
         for g in groups:
             for s in g.samples:
                 self._fns[s] = fn
+                if cap_tools and self.tool_cap is not None:
+                    self._capped.add(s)
                 if s.turns is None:
                     s.turns = []
                     s.response_mask = []
@@ -93,7 +100,8 @@ class AgentRunner:
         ctx = self._contexts.get(sample)
         if ctx is None:
             ctx = AgentContext(sample, self._tokenizer(), max_turns=self.max_turns,
-                               turn_max_tokens=self.turn_max_tokens, runner=self)
+                               turn_max_tokens=self.turn_max_tokens, runner=self,
+                               tool_cap=self.tool_cap if sample in self._capped else None)
             self._contexts[sample] = ctx
         turn = sample.turns[-1] if sample.turns else None
         n = turn.num_tokens if turn is not None else 0
@@ -110,6 +118,7 @@ class AgentRunner:
         """Called as any sample finishes: an agent sample ended by the policy (truncated) or by the runner."""
         ctx = self._contexts.pop(sample, None)
         self._fns.pop(sample, None)
+        self._capped.discard(sample)
         self._disarm(sample)
         if sample.finish_reason == DROPPED:   # never scored: nothing reads its outcome
             self.outcomes.pop(sample, None)
@@ -212,3 +221,4 @@ class AgentRunner:
         self._timers.clear()
         self._contexts.clear()
         self._fns.clear()
+        self._capped.clear()

@@ -28,6 +28,19 @@ class ToolCall:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
+def truncate_tool_response(text: str, max_chars: int, side: str) -> str:
+    """``text`` cut to ``max_chars`` characters when longer, as verl's agent loop cuts a tool's response: ``side``
+    'left' keeps the start, 'right' the end, 'middle' half of each; a mark says where it was cut."""
+    if len(text) <= max_chars:
+        return text
+    if side == "left":
+        return text[:max_chars] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-max_chars:]
+    half = max_chars // 2
+    return text[:half] + "...(truncated)..." + (text[-half:] if half else "")
+
+
 def tool_parser_names() -> list[str]:
     """The tool parsers the installed vLLM has."""
     from vllm.tool_parsers import ToolParserManager

@@ -371,7 +371,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             groups = build_groups(records, group_size(n, self.config.sampling.n), self.config.sampling.max_tokens)
             fn = self.agent if agent is None else _load_agent(agent)
             if fn is not None:
-                self.agents.prepare(groups, fn)
+                self.agents.prepare(groups, fn, cap_tools=True)
             return await self.run_groups(groups)
 
     def _check_prompts(self, records: list[PromptRecord]) -> None:

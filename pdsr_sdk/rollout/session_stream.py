@@ -198,7 +198,7 @@ class StreamSteps:
         self._check_prompts(records)
         groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
         if self._step_agent is not None:
-            self.agents.prepare(groups, self._step_agent)
+            self.agents.prepare(groups, self._step_agent, cap_tools=True)
         self.give_history(groups)
         return groups
 
