@@ -47,13 +47,14 @@ class AgentContext:
     an agent function reads it and calls :meth:`generate` and :meth:`append`."""
 
     def __init__(self, sample: Sample, tokenizer: Any, *, max_turns: int, turn_max_tokens: int | None,
-                 runner: Any, tool_cap: tuple[int, str] | None = None):
+                 runner: Any, tool_cap: tuple[int, str] | None = None, max_env_turns: int | None = None):
         g = sample.group
         #: (most characters, side) a 'tool' message's content is cut to (agent.max_tool_response_chars); None: not cut
         self.tool_cap = tool_cap
         self.sample = sample
         self.tokenizer = tokenizer
         self.max_turns = max_turns
+        self.max_env_turns = max_env_turns
         self.turn_max_tokens = turn_max_tokens
         self._runner = runner
         #: the conversation as chat messages (the model's turns as their decoded text): what new messages are
@@ -68,6 +69,8 @@ class AgentContext:
         self._pending: asyncio.Future | None = None
         self._first: TurnResult | None = None
         self.turns = 0
+        #: environment turns taken: appended ids a model turn followed (the trajectory's 'environment' spans)
+        self.env_turns = 0
         self.done = False
         #: a generate() was refused because the sample's response budget (sampling.max_tokens) is spent or the
         #: environment's tokens do not fit in it, or the agent called stop_for_budget(): the sample ends ``length``,
@@ -221,6 +224,10 @@ class AgentContext:
             raise AgentDone(f"sample {self.sample.key}: the agent stopped for its budget (stop_for_budget)")
         if self.turns >= self.max_turns:
             raise AgentDone(f"sample {self.sample.key}: {self.turns} turns, the limit (agent.max_turns)")
+        if self._staged and self.max_env_turns is not None and self.env_turns >= self.max_env_turns:
+            raise AgentDone(f"sample {self.sample.key}: {self.env_turns} environment turns, the limit "
+                            f"(agent.max_env_turns); the {len(self._staged)} ids appended since the last turn are "
+                            f"not in the trajectory")
         if self.tokens_left <= 0:
             self.budget_spent = True
             budget = f"{self.sample.max_tokens} response tokens (sampling.max_tokens)"
@@ -232,6 +239,7 @@ class AgentContext:
             raise AgentDone(f"sample {self.sample.key}: its {budget} are spent")
         limit = self.turn_max_tokens if max_tokens is None else max_tokens
         staged, tool = self._staged, self._staged_tool
+        self.env_turns += bool(staged)
         self._staged, self._staged_tool, self._block = [], None, None
         self._pending = asyncio.get_running_loop().create_future()
         self._runner.continue_turn(self, staged, limit, tool)

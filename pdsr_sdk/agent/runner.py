@@ -67,6 +67,7 @@ class AgentRunner:
         self._tokenizer = tokenizer
         self.vocab = vocab
         self.max_turns = limits.max_turns
+        self.max_env_turns = limits.max_env_turns
         self.turn_max_tokens = limits.turn_max_tokens
         self.env_timeout_s = limits.env_timeout_s
         self.tool_cap = (None if limits.max_tool_response_chars is None
@@ -100,7 +101,7 @@ class AgentRunner:
         ctx = self._contexts.get(sample)
         if ctx is None:
             ctx = AgentContext(sample, self._tokenizer(), max_turns=self.max_turns,
-                               turn_max_tokens=self.turn_max_tokens, runner=self,
+                               turn_max_tokens=self.turn_max_tokens, runner=self, max_env_turns=self.max_env_turns,
                                tool_cap=self.tool_cap if sample in self._capped else None)
             self._contexts[sample] = ctx
         turn = sample.turns[-1] if sample.turns else None
