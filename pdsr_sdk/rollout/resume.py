@@ -41,6 +41,8 @@ RESUME_KEYS = {
     "batch_size": "--batch-size",   # the run's batches are the data cut by it (batches_left)
     # multi-turn: a resume without --agent would write single-turn rows into a multi-turn run
     "agent.function": "--agent", "agent.max_turns": "--max-turns", "agent.turn_max_tokens": "--turn-max-tokens",
+    "agent.max_env_turns": "agent.max_env_turns", "agent.max_tool_response_chars": "agent.max_tool_response_chars",
+    "agent.tool_response_truncate_side": "agent.tool_response_truncate_side",
 }
 METADATA_KEY = "pdsr_run"
 _COUNTERS = ("moves", "steals", "restarts", "wasted_tokens", "retries")
@@ -64,6 +66,9 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
         "data.target_lengths_column": config.data.target_lengths_column, "data.instruction": config.data.instruction,
         "batch_size": config.batch_size, "agent.function": config.agent.function,
         "agent.max_turns": config.agent.max_turns, "agent.turn_max_tokens": config.agent.turn_max_tokens,
+        "agent.max_env_turns": config.agent.max_env_turns,
+        "agent.max_tool_response_chars": config.agent.max_tool_response_chars,
+        "agent.tool_response_truncate_side": config.agent.tool_response_truncate_side,
     }
 
 

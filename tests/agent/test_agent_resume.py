@@ -12,15 +12,16 @@ from support import requires_torch
 AGENT = "test_agent_session:tool_agent"   # two model turns, a tool's result between them
 
 
-def rollout(tiny_model_dir, tmp_path: Path, *flags: str):
-    """``pdsr rollout`` of the first 4 sample prompts, 2 a batch, 2 samples each: the CLI's result."""
+def rollout(tiny_model_dir, tmp_path: Path, *flags: str, agent: dict | None = None):
+    """``pdsr rollout`` of the first 4 sample prompts, 2 a batch, 2 samples each (``agent``: the config's agent
+    settings): the CLI's result."""
     import yaml
     from click.testing import CliRunner
 
     from pdsr_cli.main import cli
 
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), "engines": [
+    cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), **({"agent": agent} if agent else {}), "engines": [
         {"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine", "max_model_len": 512, "max_num_seqs": 4}]}))
     return CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--batch-size", "2", "--limit", "4", "--n", "2",
                                     "--max-tokens", "200", "--out", str(tmp_path / "mt.parquet"), "--quiet", *flags])
@@ -37,6 +38,23 @@ def test_a_resume_with_another_agent_or_its_limits_is_refused(tiny_model_dir, tm
     first = rollout(tiny_model_dir, tmp_path, "--agent", AGENT, "--num-batches", "1")
     assert first.exit_code == 0, first.output
     again = rollout(tiny_model_dir, tmp_path, "--resume", *flags)
+    assert again.exit_code != 0 and key in again.output, again.output
+    assert "Traceback" not in again.output
+
+
+@requires_torch
+@pytest.mark.parametrize("agent, key", [
+    ({"max_env_turns": 2}, "agent.max_env_turns (agent.max_env_turns) is 2 now but was None"),
+    ({"max_tool_response_chars": 64}, "agent.max_tool_response_chars (agent.max_tool_response_chars) is 64 now but "
+                                      "was None"),
+    ({"tool_response_truncate_side": "left"}, "agent.tool_response_truncate_side (agent.tool_response_truncate_side) "
+                                              "is 'left' now but was 'middle'")])
+def test_a_resume_with_other_environment_limits_is_refused(tiny_model_dir, tmp_path, agent, key):
+    """What the environment may append (its turns, a tool message's length) shapes a trajectory as the turn limits
+    do: a resume with other values would mix two setups in one run."""
+    first = rollout(tiny_model_dir, tmp_path, "--agent", AGENT, "--num-batches", "1")
+    assert first.exit_code == 0, first.output
+    again = rollout(tiny_model_dir, tmp_path, "--resume", "--agent", AGENT, agent=agent)
     assert again.exit_code != 0 and key in again.output, again.output
     assert "Traceback" not in again.output
 
