@@ -1,16 +1,21 @@
 """GRPO group-normalised advantages (one scalar per sample).
 
-``adv_i = (r_i - mean_g) / (std_g + eps)`` over the samples of i's group g,
-or ``r_i - mean_g`` with ``normalize_std=False``.
+``adv_i = (r_i - mean_g) / (std + eps)`` with ``mean_g`` the mean of i's group g and ``std`` by
+``normalize_std``:
 
-- ``std_g`` is the unbiased (n-1) standard deviation, as verl's
-  ``compute_grpo_outcome_advantage`` (``torch.std``) uses.
+- ``True`` or ``"group"`` (default): the unbiased (n-1) standard deviation of the group, as verl's
+  ``compute_grpo_outcome_advantage`` (``torch.std``) and TRL's ``scale_rewards="group"`` use.
+- ``"batch"``: the unbiased standard deviation of all N rewards, one number for the whole batch (TRL's
+  ``scale_rewards="batch"``, Lite PPO's group mean with the batch's std), so a group whose rewards spread
+  little is not scaled up.
+- ``False`` or ``"none"``: ``r_i - mean_g`` (Dr. GRPO; verl's ``norm_adv_by_std_in_grpo=False``).
+
 - A group of size 1 gets advantage 0 by default (``singleton="zero"``):
   the sample is its own mean, so it carries no relative signal. verl's
   ``compute_grpo_outcome_advantage`` instead takes mean 0 and std 1 for
   such a group, so the sample keeps its score, ``r / (1 + eps)`` (``r``
-  with ``normalize_std=False``): ``singleton="score"`` gives those numbers.
-  A group whose rewards are all equal gets 0.
+  with ``normalize_std=False``): ``singleton="score"`` gives those numbers (with ``"batch"``, its mean 0
+  and the batch's std). A group whose rewards are all equal gets 0.
 - Per-token advantages, as verl returns them, are ``adv[:, None] * mask``.
 """
 
@@ -20,12 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.gae.inputs import check_singleton, group_index, read_rewards
 
+#: normalize_std's values beside True (= "group") and False (= "none"), as TRL's scale_rewards names them
+STD_SCALES = ("group", "batch", "none")
 
-def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool = True, eps: float = 1e-6,
+
+def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool | str = True, eps: float = 1e-6,
                     singleton: str = "zero") -> Any:
     """Group-normalised advantages of [N] rewards grouped by [N] ``group_ids`` (any sortable ids).
+
+    ``normalize_std``: the std the centred reward is divided by: its group's (``True`` or ``"group"``,
+    default), the whole batch's (``"batch"``), or none (``False`` or ``"none"``). ``eps`` is added to it
+    (verl's 1e-6; TRL's is 1e-4).
 
     ``singleton``: the advantage of a sample alone in its group: ``"zero"`` (default), or ``"score"``, verl's
     (its reward, divided by ``1 + eps`` when ``normalize_std``).
@@ -39,6 +52,7 @@ def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool = True,
     ``scores[i].error`` and the table's ``reward_error`` column) is a
     :class:`~pdsr_sdk.errors.DataValueError` naming the first such entries.
     """
+    scale = _std_scale(normalize_std)
     check_singleton(singleton)
     r = read_rewards(rewards)
     x = r.values
@@ -50,10 +64,21 @@ def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool = True,
     if singleton == "score":    # verl's mean 0 (and std 1 below) for a group of one
         mean[alone] = 0.0
     centered = x - mean[inverse]                        # "zero": exactly 0 for singleton groups
-    if normalize_std:
+    if scale == "group":
         sq = np.bincount(inverse, weights=centered * centered)
         std = np.sqrt(sq / np.maximum(counts - 1.0, 1.0))   # unbiased; singleton: 0
         if singleton == "score":
             std[alone] = 1.0
         centered = centered / (std[inverse] + eps)
+    elif scale == "batch":      # one reward alone has no spread: std 0, as TRL's
+        centered = centered / ((np.std(x, ddof=1) if x.size > 1 else 0.0) + eps)
     return r.output(centered)
+
+
+def _std_scale(normalize_std: Any) -> str:
+    if isinstance(normalize_std, (bool, np.bool_)):
+        return "group" if normalize_std else "none"
+    if isinstance(normalize_std, str) and normalize_std in STD_SCALES:
+        return normalize_std
+    raise ConfigValueError(f"normalize_std: expected True, False or one of {', '.join(map(repr, STD_SCALES))}, "
+                           f"got {normalize_std!r}")

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-from pdsr_sdk.errors import DataError, DataValueError  # noqa: E402
+from pdsr_sdk.errors import ConfigValueError, DataError, DataValueError  # noqa: E402
 from pdsr_sdk.gae import grpo_advantages, masked_whiten  # noqa: E402
 
 
@@ -93,6 +93,58 @@ def test_grpo_bad_shapes():
         grpo_advantages(np.zeros(3), np.zeros(2))
     with pytest.raises(DataError, match=r"1-D \[N\]"):
         grpo_advantages(np.zeros((3, 2)), np.zeros((3, 2)))
+
+
+def trl_batch_scaled(rewards, ids, eps):
+    """TRL's scale_rewards="batch" (GRPOTrainer, trl f2cd577): the reward less its group's mean, over the
+    unbiased std of every reward of the batch plus eps."""
+    xs = [float(x) for x in rewards]
+    std = statistics.stdev(xs)
+    out = []
+    for i, x in enumerate(xs):
+        group = [xs[j] for j in range(len(xs)) if ids[j] == ids[i]]
+        out.append((x - sum(group) / len(group)) / (std + eps))
+    return np.array(out)
+
+
+def test_grpo_batch_std_hand_case():
+    """Groups {0, 1} and {2, 4}: centred -0.5, 0.5, -1, 1; the std of 0, 1, 2, 4 is sqrt(35/12)."""
+    got = grpo_advantages(np.array([0.0, 1.0, 2.0, 4.0]), [0, 0, 1, 1], normalize_std="batch", eps=0.0)
+    np.testing.assert_allclose(got, np.array([-0.5, 0.5, -1.0, 1.0]) / math.sqrt(35 / 12), rtol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [1e-4, 0.5])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_grpo_batch_std_matches_trl(eps, kind):
+    rng = np.random.default_rng(7)
+    ids = np.repeat(np.arange(6), 4)
+    rng.shuffle(ids)
+    rewards = rng.standard_normal(ids.size) * np.repeat(rng.uniform(0.01, 3.0, 6), 4)[ids]   # spreads differ
+    rewards[ids == ids[0]] = 0.25            # a group with zero spread: 0, not 0 / eps
+    want = trl_batch_scaled(rewards, list(ids), eps)
+    r_in = torch.from_numpy(rewards) if kind == "torch" else rewards
+    got = grpo_advantages(r_in, ids, normalize_std="batch", eps=eps)
+    assert (isinstance(got, torch.Tensor) if kind == "torch" else got.dtype == np.float64)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+    group = grpo_advantages(rewards, ids, eps=eps)        # the per-group std gives other numbers here
+    assert not np.allclose(group, want)
+
+
+def test_grpo_normalize_std_names():
+    """True / False are "group" / "none" (TRL's scale_rewards takes the same); a batch of one reward has std 0."""
+    rewards, ids = np.array([0.0, 1.0, 3.0, 3.5, 9.0]), [0, 0, 1, 1, 2]
+    np.testing.assert_array_equal(grpo_advantages(rewards, ids, normalize_std="group"),
+                                  grpo_advantages(rewards, ids, normalize_std=True))
+    np.testing.assert_array_equal(grpo_advantages(rewards, ids, normalize_std="none"),
+                                  grpo_advantages(rewards, ids, normalize_std=np.bool_(False)))
+    np.testing.assert_allclose(grpo_advantages(rewards, ids, normalize_std="none"), [-0.5, 0.5, -0.25, 0.25, 0.0])
+    std = statistics.stdev(rewards.tolist())
+    np.testing.assert_allclose(grpo_advantages(rewards, ids, normalize_std="batch", singleton="score", eps=0.0),
+                               [-0.5 / std, 0.5 / std, -0.25 / std, 0.25 / std, 9.0 / std])
+    np.testing.assert_allclose(grpo_advantages([2.0], [0], normalize_std="batch", singleton="score", eps=0.5), [4.0])
+    with pytest.raises(ConfigValueError, match=r"normalize_std: expected True, False or one of 'group', 'batch', "
+                                               r"'none', got 'global'"):
+        grpo_advantages(rewards, ids, normalize_std="global")
 
 
 # --------------------------------------------------------------------------- whitening
