@@ -85,7 +85,8 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
 
     ``ratio = exp(trainer - rollout)`` per token (``level="token"``), or per sequence: the product
     (``"sequence"``) or geometric mean (``"geometric"``) of the masked token ratios, given to each of its
-    tokens. ``mode="truncate"`` (TIS): ``weights = min(ratio, upper)``, ``keep = mask``.
+    tokens. ``mode="truncate"`` (TIS): ``weights = min(ratio, upper)``, or ``clip(ratio, lower, upper)`` when
+    ``lower`` is given (TRL's ``clip_min``, OpenRLHF's TIS low), ``keep = mask``.
     ``mode="mask"`` (MIS): ``weights = ratio``, ``keep = mask & (lower <= ratio <= upper)`` with
     ``lower`` defaulting to ``1 / upper``. Weights are 0 where ``keep`` is false. Multiply the
     per-token loss by ``weights`` and normalise by ``keep.sum()``, so rejected tokens leave the
@@ -99,7 +100,7 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
         raise ConfigValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if not upper > 0 or (lower is not None and not 0 <= lower <= upper):
         raise ConfigValueError(f"expected 0 <= lower <= upper and upper > 0, got lower={lower}, upper={upper}")
-    low = 1.0 / upper if lower is None else lower
+    low = 1.0 / upper if lower is None else lower   # mask's default; truncate clamps below only when given
     if type(trainer_logprobs).__module__.startswith("torch"):   # stay on the tensors' device
         import torch as xp
 
@@ -127,7 +128,7 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
         log_ratio = per_seq + 0.0 * delta
     ratio = xp.exp(xp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     if mode == "truncate":
-        keep, weights = m, xp.clip(ratio, None, upper)
+        keep, weights = m, xp.clip(ratio, lower, upper)
     else:
         keep, weights = m & (ratio >= low) & (ratio <= upper), ratio
     weights = xp.where(keep, weights, 0.0)

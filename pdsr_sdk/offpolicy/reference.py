@@ -38,7 +38,7 @@ def importance_weights_naive(trainer: Any, rollout: Any, mask: Any, *, level: st
                 log_ratio = total / max(count, 1)
             ratio = math.exp(min(max(log_ratio, -20.0), 20.0))
             if mode == "truncate":
-                keep, w = bool(m), min(ratio, upper)
+                keep, w = bool(m), min(ratio, upper) if lower is None else min(max(ratio, lower), upper)
             else:
                 keep, w = bool(m) and low <= ratio <= upper, ratio
             w_row.append(w if keep else 0.0)

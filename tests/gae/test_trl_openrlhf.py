@@ -250,11 +250,10 @@ def test_trl_and_openrlhf_importance_sampling(seed):
         w, _ = importance_weights(old, rollout, mask, level=level, mode="mask", upper=3.0, lower=0.0)
         np.testing.assert_allclose(w[valid], trl_is(old, rollout, mask, mode, None, 3.0)[valid], rtol=1e-12)
     for mode, level in [("token_truncate", "token"), ("sequence_truncate", "sequence")]:
-        w, keep = importance_weights(old, rollout, mask, level=level, mode="truncate", upper=2.0)
-        w = np.where(keep, np.maximum(w, 0.5), 0.0)
+        w, keep = importance_weights(old, rollout, mask, level=level, mode="truncate", upper=2.0, lower=0.5)
         np.testing.assert_allclose(w[valid], trl_is(old, rollout, mask, mode, 0.5, 2.0)[valid], rtol=1e-12)
-    w, keep = importance_weights(old, rollout, mask, level="token", mode="truncate", upper=5.0)
-    np.testing.assert_allclose(np.where(keep, np.maximum(w, 0.5), 0.0)[valid],
+    w, keep = importance_weights(old, rollout, mask, level="token", mode="truncate", upper=5.0, lower=0.5)
+    np.testing.assert_allclose(w[valid],
                                openrlhf_is(old, rollout, mask, "tis", 0.5, 5.0)[valid], rtol=1e-12)
     w, _ = importance_weights(old, rollout, mask, level="token", mode="mask", lower=0.8, upper=1.2)
     np.testing.assert_allclose(w[valid], openrlhf_is(old, rollout, mask, "icepop", 0.8, 1.2)[valid], rtol=1e-12)

@@ -43,6 +43,9 @@ def test_importance_weights_match_the_loop(seed, level, mode, as_torch):
     assert not (keep & ~mask).any() and (weights[~keep] == 0).all()
     if mode == "truncate":
         assert weights.max() <= upper and (keep == mask).all()
+        if lower is not None:   # a lower bound given to truncate clamps from below
+            assert weights[keep].min() >= lower
+            assert level != "token" or (weights[keep] == lower).any(), "some token ratio must be clamped up"
     elif level == "token":
         assert (~keep & mask).any(), "the 30-nat outlier must be rejected"
 
