@@ -59,7 +59,7 @@ def run_gae_file(cfg: GaeConfig, *, progress: ProgressFactory | None = None) -> 
     check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite)
     columns = ([cfg.rewards_column] if cfg.rewards_column else []) + [cfg.values_column] + \
         ([cfg.mask_column] if cfg.mask_column else [])
-    table = read_table(cfg.data, columns, what="GAE input")
+    table = read_table(cfg.data, columns, what="GAE input", setting="data (--data)")
     result, summary = gae_table(table, cfg, source=cfg.data, progress=progress)
     write_table_atomic(result, cfg.out)
     return summary

@@ -98,3 +98,11 @@ def test_gae_unwritable_out_fails_before_computing(tmp_path, gae_input, monkeypa
     failed(invoke("gae", "--data", path, "--out", blocker / "out.parquet"), "--out", "blocker", "is a file")
     failed(invoke("gae", "--data", path, "--out", tmp_path), "--out", "is a directory")
     assert blocker.read_text() == "a file where a folder must be"
+
+
+def test_gae_a_missing_or_empty_data_input_names_the_flag(tmp_path):
+    out = tmp_path / "o.parquet"
+    failed(invoke("gae", "--data", tmp_path / "nope.parquet", "--out", out), "data (--data)")
+    (tmp_path / "empty").mkdir()
+    failed(invoke("gae", "--data", tmp_path / "empty", "--out", out), "data (--data)")
+    assert not out.exists()
