@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pdsr_sdk.errors import ConfigValueError
-from pdsr_sdk.gae.inputs import check_singleton, group_index, read_rewards
+from pdsr_sdk.gae.inputs import read_groups
 
 #: normalize_std's values beside True (= "group") and False (= "none"), as TRL's scale_rewards names them
 STD_SCALES = ("group", "batch", "none")
@@ -53,10 +53,7 @@ def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool | str =
     :class:`~pdsr_sdk.errors.DataValueError` naming the first such entries.
     """
     scale = _std_scale(normalize_std)
-    check_singleton(singleton)
-    r = read_rewards(rewards)
-    x = r.values
-    inverse, counts = group_index(group_ids, x.size)
+    r, x, inverse, counts = read_groups(rewards, group_ids, singleton)
     if x.size == 0:
         return r.output(x)
     mean = np.bincount(inverse, weights=x) / counts

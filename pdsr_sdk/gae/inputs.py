@@ -98,6 +98,15 @@ def group_index(group_ids: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
     return inverse, np.bincount(inverse).astype(np.float64)
 
 
+def read_groups(rewards: Any, group_ids: Any, singleton: Any) -> tuple[Rewards, np.ndarray, np.ndarray, np.ndarray]:
+    """The grouped estimators' inputs, checked: ``(rewards, their float64 values [N], each sample's group 0..G-1
+    [N], each group's size [G])``."""
+    check_singleton(singleton)
+    r = read_rewards(rewards)
+    inverse, counts = group_index(group_ids, r.values.size)
+    return r, r.values, inverse, counts
+
+
 def read_mask(mask: Any, rows: int) -> np.ndarray:
     """A [rows, T] response mask (bool or numeric, nonzero = valid token) as bool."""
     m = mask.detach().cpu().numpy() if is_tensor(mask) else np.asarray(mask)

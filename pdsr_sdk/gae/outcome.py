@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from pdsr_sdk.errors import DataValueError
-from pdsr_sdk.gae.inputs import check_singleton, check_unit_interval, group_index, read_mask, read_rewards
+from pdsr_sdk.gae.inputs import check_unit_interval, read_groups, read_mask, read_rewards
 from pdsr_sdk.gae.whiten import masked_whiten
 
 
@@ -39,10 +39,7 @@ def rloo_advantages(rewards: Any, group_ids: Any, *, singleton: str = "zero") ->
     One number per sample, as :func:`~pdsr_sdk.gae.grpo_advantages`; verl's per-token form is
     ``adv[:, None] * response_mask``. A reward that is None or not a number is a DataValueError naming it.
     """
-    check_singleton(singleton)
-    r = read_rewards(rewards)
-    x = r.values
-    inverse, counts = group_index(group_ids, x.size)
+    r, x, inverse, counts = read_groups(rewards, group_ids, singleton)
     if x.size == 0:
         return r.output(x)
     n = counts[inverse]
@@ -91,10 +88,7 @@ def reinforce_pp_baseline_advantages(rewards: Any, group_ids: Any, mask: Any, *,
     still counts in its group's mean, as in verl, and gets 0. A mask with fewer than 2 valid tokens is a
     DataValueError.
     """
-    check_singleton(singleton)
-    r = read_rewards(rewards)
-    x = r.values
-    inverse, counts = group_index(group_ids, x.size)
+    r, x, inverse, counts = read_groups(rewards, group_ids, singleton)
     valid = read_mask(mask, x.size)
     _check_whitenable(valid, "REINFORCE++-baseline")
     mean = np.bincount(inverse, weights=x) / counts
