@@ -14,8 +14,9 @@ request's first tokens (an engine's refusal before any is a 400, as without stre
 - with ``stream_options.include_usage`` a chunk with ``usage`` and no choices (the others carry ``usage: null``);
 - ``data: [DONE]``.
 
-An error once the stream has started (a choice that failed, or that its policy restarted: text sent cannot be
-taken back) is a chunk ``{"error": {...}}`` then ``[DONE]``, as vLLM's server ends a stream. A named sample's turn,
+An error once the stream has started (a choice that failed, or that its policy restarted after some of its tokens
+were sent: they cannot be taken back) is a chunk ``{"error": {...}}`` then ``[DONE]``, as vLLM's server ends a
+stream. A restart before any of a choice's tokens was sent is no error: the choice streams its new tokens. A named sample's turn,
 and a chat with a tool parser (calls are parsed from the whole turn), stream the whole turn at its end
 (:func:`stream_chunks`)."""
 
@@ -149,10 +150,12 @@ class LiveStream:
         """Choice ``c``'s chunk for the tokens that arrived since the last (none when none did), or its last."""
         s = c.sample
         if s.restarts != c.restarts or len(s.token_ids) < c.consumed:
-            raise ServeError(500, f"choice {c.index} was started over by the dispatch policy after {c.consumed} of "
-                                  f"its tokens were streamed, which a stream cannot take back; serve with a policy "
-                                  f"that resumes a moved sample (on_break / on_probe_timeout: resume), or "
-                                  f"without stream")
+            if c.consumed:
+                raise ServeError(500, f"choice {c.index} was started over by the dispatch policy after {c.consumed} "
+                                      f"of its tokens were streamed, which a stream cannot take back; serve with a "
+                                      f"policy that resumes a moved sample (on_break / on_probe_timeout: resume), or "
+                                      f"without stream")
+            c.restarts = s.restarts   # nothing sent yet: the choice streams its new tokens
         if s.finish_reason == FAILED:
             raise ServeError(400, f"choice {c.index} failed: {s.error}")
         ids, lps = s.token_ids[c.consumed:], s.logprobs[c.consumed:len(s.token_ids)]

@@ -1,0 +1,111 @@
+"""A fake engine that reports each token as it makes it, for ``pdsr serve``'s streams (backend
+``stream_fakes:ScriptEngine``; tests/rollout/test_serve_stream_held.py). Its responses follow a script the test
+sets, and it can hold a response part-way until the test releases it: a test orders events by what it reads, never
+by time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad
+
+
+class ScriptEngine:
+    """Response token ``p`` of a turn is ``script[p % len(script)]``, one per loop turn (``burst`` at a time).
+    With ``ends``, a turn ends ``stop`` after the script's last token (``stop_reason``: vLLM's, the stop string the
+    script ends with); else it runs to its request's ``max_tokens``. ``hold(p)``: the next response to reach token
+    ``p`` waits there (``held`` is set) until :meth:`release`."""
+
+    counts_only = False
+
+    def __init__(self, name: str, pool: str, conc: int = 4):
+        self.name, self.pool = name, pool
+        self.max_concurrency, self.segment_capacity_tokens, self.kv_cache_tokens = conc, 4096, None
+        self.script: list[int] = [5]
+        self.ends = False
+        self.stop_reason: str | int | None = None
+        self.burst = 1
+        self.hold_at: int | None = None
+        self.held = threading.Event()
+        self.running: dict[str, dict] = {}
+        self.listener = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_spec(cls, spec, **_):
+        engine = cls(spec.name, spec.pool, conc=spec.max_num_seqs)
+        engine.spec = spec   # its max_model_len bounds what a server accepts
+        engine.loop = asyncio.get_running_loop()
+        return engine
+
+    def play(self, script: list[int], *, ends: bool = False, stop_reason: str | int | None = None,
+             burst: int = 1) -> None:
+        """Answer every turn from now on with ``script`` (set from the test's thread before its request)."""
+        self.script, self.ends, self.stop_reason, self.burst = list(script), ends, stop_reason, burst
+
+    def hold(self, at: int) -> None:
+        self.held.clear()
+        self.hold_at = at
+
+    def release(self) -> None:
+        """Let the held response go on (from any thread)."""
+        self.loop.call_soon_threadsafe(self._release)
+
+    def _release(self) -> None:
+        self.hold_at = None
+        for rid, run in list(self.running.items()):
+            if run.pop("waiting", False):
+                self._next(rid)
+
+    async def start(self):
+        pass
+
+    async def close(self):
+        pass
+
+    def bind(self, listener):
+        self.listener = listener
+
+    def submit(self, req) -> None:
+        s = req.sample
+        assert req.context_ids == s.group.prompt_token_ids + s.token_ids, "context is not the trajectory"
+        mask = s.response_mask or []
+        turn_pos = (mask[::-1].index(0) if 0 in mask else len(mask)) if s.response_mask is not None \
+            else s.num_generated
+        self.running[req.request_id] = {"pos": turn_pos, "left": req.max_tokens}
+        self.loop.call_soon(self._next, req.request_id)
+
+    def _next(self, rid: str) -> None:
+        """Emit the response's next tokens, or end it; then come back next loop turn."""
+        run = self.running.get(rid)
+        if run is None:
+            return
+        if self.hold_at is not None and run["pos"] >= self.hold_at:
+            run["waiting"] = True
+            self.held.set()
+            return
+        k = min(self.burst, run["left"])
+        if self.hold_at is not None:
+            k = min(k, self.hold_at - run["pos"])
+        if self.ends:
+            k = min(k, len(self.script) - run["pos"] % len(self.script))
+        ids = [self.script[(run["pos"] + i) % len(self.script)] for i in range(k)]
+        run["pos"] += k
+        run["left"] -= k
+        self.listener.on_tokens(self, rid, k, ids, [-0.5] * k)
+        if self.ends and run["pos"] % len(self.script) == 0:
+            del self.running[rid]
+            self.listener.on_segment_end(self, rid, STOP, stop_reason=self.stop_reason)
+        elif not run["left"]:
+            del self.running[rid]
+            self.listener.on_segment_end(self, rid, LENGTH)
+        else:
+            self.loop.call_soon(self._next, rid)
+
+    def abort(self, rid: str) -> None:
+        if self.running.pop(rid, None) is not None:
+            self.loop.call_soon(lambda: self.listener.on_segment_end(self, rid, ABORT))
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(running=len(self.running))
