@@ -15,9 +15,9 @@ or no reward: then the session's reward function scores it), which returns its t
 request for ``agent.env_timeout_s`` fails, as an agent that hangs does. ``GET /v1/pdsr/samples/ID`` reads it
 at any time.
 
-**Streaming.** ``stream=true`` streams a plain request's tokens as the engines make them, in vLLM's server's chunk
-shapes (:mod:`pdsr_sdk.rollout.serve_stream`); a named sample's turn, and a chat with a tool parser, stream the
-whole turn at its end.
+**Streaming.** ``stream=true`` streams a request's tokens as the engines make them (a named sample's turn's too), in
+vLLM's server's chunk shapes (:mod:`pdsr_sdk.rollout.serve_stream`); with a tool parser, a chat's tool calls come at
+its end.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class ChatServer:
     # ------------------------------------------------------------- requests
     async def chat(self, body: dict[str, Any], sample_id: str | None = None, stream: bool | None = None) -> Any:
         """``POST /v1/chat/completions``; ``stream``: None, or whether a stream ends with usage (then the stream's
-        events, or the whole response for the HTTP layer to stream)."""
+        events)."""
         self.check_model(body)
         messages = messages_of(body.get("messages"))
         tools = tools_of(body.get("tools"))
@@ -73,12 +73,12 @@ class ChatServer:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")
             check_named_template(template, self.session.config.data.chat_template_kwargs)
-            return await self.named.chat_turn(str(sample_id), messages, max_tokens, tools, want)
+            return await self.named.chat_turn(str(sample_id), messages, max_tokens, tools, want, stream)
         include = include_stop(body)
         text = self.render(messages, tools, **template)
         ids = self.encode(text)
         group = self.make_group(ids, text, n, max_tokens, messages, fit=no_max_tokens(body))
-        if stream is not None and not self.tool_parser:   # a tool parser reads the whole turn
+        if stream is not None:
             return await self.stream([group], chat=True, include_stop=include, want=want, include_usage=stream)
         await self.run([group])
         check_failed(group)
@@ -163,12 +163,25 @@ class ChatServer:
 
     async def stream(self, groups: list[Group], **kw: Any) -> Any:
         """Run ``groups`` streamed: their events once their first tokens came (``kw``:
-        :class:`~pdsr_sdk.rollout.serve_stream.LiveStream`'s)."""
-        from pdsr_sdk.rollout.serve_stream import LiveStream, StreamHub
+        :func:`~pdsr_sdk.rollout.serve_stream.stream_groups`')."""
+        from pdsr_sdk.rollout.serve_stream import stream_groups
 
-        if self._hub is None:   # heard from a server's first stream on
+        return await stream_groups(self, groups, **kw)
+
+    async def stream_turn(self, sample: Sample, turn: asyncio.Future, prompt: list[int], answer: Any,
+                          **kw: Any) -> Any:
+        """A named sample's running ``turn`` streamed (:func:`~pdsr_sdk.rollout.serve_stream.stream_turn`)."""
+        from pdsr_sdk.rollout.serve_stream import stream_turn
+
+        return await stream_turn(self, sample, turn, prompt, answer, **kw)
+
+    def stream_hub(self) -> Any:
+        """The streams' :class:`~pdsr_sdk.rollout.serve_stream.StreamHub` (heard from a server's first stream on)."""
+        if self._hub is None:
+            from pdsr_sdk.rollout.serve_stream import StreamHub
+
             self._hub = StreamHub(self.session.hooks)
-        return await LiveStream(self, self._hub, groups, **kw).open()
+        return self._hub
 
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier

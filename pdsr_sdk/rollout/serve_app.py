@@ -8,7 +8,7 @@ from typing import Any
 
 from pdsr_sdk.rollout.serve import ChatServer, stream_usage
 from pdsr_sdk.rollout.serve_error import ServeError
-from pdsr_sdk.rollout.serve_stream import error_body, stream_events
+from pdsr_sdk.rollout.serve_stream import error_body
 
 
 def create_app(server: ChatServer) -> Any:
@@ -40,8 +40,8 @@ def create_app(server: ChatServer) -> Any:
         return body
 
     async def answer(request: Request, call: Any) -> Any:
-        """``call(body, sample_id, stream)``'s response, as JSON or, for ``stream=true``, as events: the tokens'
-        as they come, or a whole response's."""
+        """``call(body, sample_id, stream)``'s response, as JSON or, for ``stream=true``, as the events of its
+        tokens as they come."""
         try:
             body = await body_of(request)
             usage = stream_usage(body)   # checked before the request runs
@@ -50,8 +50,7 @@ def create_app(server: ChatServer) -> Any:
             return error(exc)
         if usage is None:
             return response
-        events = iter(stream_events(response, usage)) if isinstance(response, dict) else response
-        return StreamingResponse(events, media_type="text/event-stream")
+        return StreamingResponse(response, media_type="text/event-stream")
 
     @app.get("/health")
     async def health() -> Any:

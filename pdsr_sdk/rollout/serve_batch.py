@@ -53,7 +53,7 @@ async def completions(server: ChatServer, body: dict[str, Any], sample_id: str |
     if sample_id is not None:
         if n != 1 or len(batch) != 1:
             raise ServeError(400, "a named sample (pdsr_sample) takes one prompt and n = 1")
-        return await server.named.completion_turn(str(sample_id), batch[0], max_tokens, want)
+        return await server.named.completion_turn(str(sample_id), batch[0], max_tokens, want, stream)
     include = include_stop(body)
     groups = []
     for i, prompt in enumerate(batch):   # every prompt checked before any runs

@@ -5,7 +5,7 @@ to (:meth:`~pdsr_sdk.rollout.serve.ChatServer.text_of`), which the stream's last
 Two things hold text back, as vLLM's server does: a token that ends inside a character (a byte-level tokenizer
 splits a multi-byte character over tokens; the decoded text then ends in U+FFFD until the rest arrives), and text
 that is, or could be the start of, a stop string (the engine ends the response there, and the answer's text ends
-before it)."""
+before it); a stream with a tool parser holds a tool call's tag so too (its calls are read from the whole turn)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,9 @@ recorded and appends only what is new, so the next turn continues from the sampl
   (no special tokens added) and appended as ids. The client's text is compared, not the trajectory decoded:
   a response's text skips special tokens (a sampled end of text), and a turn may end inside a character.
 
-A sample keeps its endpoint and, for completions, its prompt form (text or ids): mixing them is refused.
+A sample keeps its endpoint and, for completions, its prompt form (text or ids): mixing them is refused. A turn
+asked with ``stream=true`` streams its tokens as they come (:mod:`pdsr_sdk.rollout.serve_stream`); the sample is
+recorded as without it.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ class RequestHost(Protocol):
                  completion: int | None = None) -> dict[str, Any]:
         """An OpenAI response object around ``choices`` (``prompt``: the ids the turn continued), with its usage."""
 
+    async def stream_turn(self, sample: Sample, turn: asyncio.Future, prompt: list[int],
+                          answer: Callable[[], dict[str, Any]], *, chat: bool, want: bool | None,
+                          include_usage: bool) -> Any:
+        """The events of a running ``turn`` of ``sample`` (``answer``: its choice once it ended)."""
+
 
 @dataclass
 class _Named:
@@ -98,9 +105,11 @@ class NamedSamples:
 
     # ------------------------------------------------------------- requests
     async def chat_turn(self, sample_id: str, messages: list[dict], max_tokens: int,
-                        tools: list[dict] | None = None, want: bool | None = None) -> dict[str, Any]:
+                        tools: list[dict] | None = None, want: bool | None = None,
+                        stream: bool | None = None) -> Any:
         """A turn of a chat sample; ``tools`` (the request's) are rendered into its prompt by the first request;
-        ``want``: its log-probs (:meth:`RequestHost.logprobs`)."""
+        ``want``: its log-probs (:meth:`RequestHost.logprobs`); ``stream``: None, or whether its stream ends with
+        usage (then its events)."""
         server = self.server
 
         def start() -> Group:
@@ -114,13 +123,15 @@ class NamedSamples:
             tool = next((m["name"] for m in new if m["role"] == "tool" and isinstance(m.get("name"), str)), None)
             return {"messages": new, "tool_name": tool}
 
-        named, turn = await self._turn(sample_id, CHAT, max_tokens, start, extend)
-        choice = server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason, _stop(named, turn),
-                                    server.logprobs(turn.token_ids, turn.logprobs, chat=True, want=want))
-        return self._response(named, turn, "chat.completion", "chatcmpl", choice)
+        def answer(turn: Any, want: bool | None) -> dict[str, Any]:
+            return server.chat_choice(0, turn.text, turn.token_ids, turn.finish_reason, _stop(named, turn),
+                                      server.logprobs(turn.token_ids, turn.logprobs, chat=True, want=want))
+
+        named, turn, ids = self._turn(sample_id, CHAT, max_tokens, start, extend)
+        return await self._answer(named, turn, ids, answer, want, stream, chat=True)
 
     async def completion_turn(self, sample_id: str, prompt: str | list[int], max_tokens: int,
-                              want: bool | None = None) -> dict[str, Any]:
+                              want: bool | None = None, stream: bool | None = None) -> Any:
         server = self.server
 
         def start() -> Group:
@@ -142,12 +153,14 @@ class NamedSamples:
             named.text = prompt
             return {"ids": ids}
 
-        named, turn = await self._turn(sample_id, COMPLETIONS, max_tokens, start, extend)
-        choice = {"index": 0, "text": turn.text, "finish_reason": turn.finish_reason,
-                  "stop_reason": _stop(named, turn),
-                  "logprobs": server.logprobs(turn.token_ids, turn.logprobs, chat=False, want=want),
-                  "token_ids": list(turn.token_ids)}
-        return self._response(named, turn, "text_completion", "cmpl", choice)
+        def answer(turn: Any, want: bool | None) -> dict[str, Any]:
+            return {"index": 0, "text": turn.text, "finish_reason": turn.finish_reason,
+                    "stop_reason": _stop(named, turn),
+                    "logprobs": server.logprobs(turn.token_ids, turn.logprobs, chat=False, want=want),
+                    "token_ids": list(turn.token_ids)}
+
+        named, turn, ids = self._turn(sample_id, COMPLETIONS, max_tokens, start, extend)
+        return await self._answer(named, turn, ids, answer, want, stream, chat=False)
 
     async def end(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
         """End a named sample (``reward``: its reward, or None for the reward function) and return its row."""
@@ -188,12 +201,12 @@ class NamedSamples:
                                                 f"({sample.finish_reason}: {sample.error})"))
 
     # ------------------------------------------------------------- turns
-    async def _turn(self, sample_id: str, api: str, max_tokens: int, start: Callable[[], Group],
-                    extend: Callable[[_Named], dict[str, Any]]) -> tuple[_Named, Any]:
-        """Run one turn of the sample: ``start()`` makes its group on its first request; ``extend(named)`` gives
+    def _turn(self, sample_id: str, api: str, max_tokens: int, start: Callable[[], Group],
+              extend: Callable[[_Named], dict[str, Any]]) -> tuple[_Named, asyncio.Future, list[int]]:
+        """Start one turn of the sample: ``start()`` makes its group on its first request; ``extend(named)`` gives
         what a later request appends (``agent.append``'s keyword arguments), after checking it. It is appended here,
         while the request is answered, so that what the chat template refuses is the request's 400 and the sample
-        goes on."""
+        goes on. The sample, a future of the turn's result, and the ids the turn continues."""
         named = self.samples.get(sample_id)
         loop = asyncio.get_running_loop()
         if named is None:
@@ -228,13 +241,22 @@ class NamedSamples:
                                       f"{exc}") from None
             named.waiter = loop.create_future()
             named.requests.put_nowait(("turn", max_tokens))
-        return named, await asyncio.shield(named.waiter)
+        # the trajectory before the turn: what its environment appended is staged in the agent's context
+        prompt = list(named.ctx.ids) if named.ctx is not None else list(named.group.prompt_token_ids)
+        return named, named.waiter, prompt
 
-    def _response(self, named: _Named, turn: Any, kind: str, prefix: str, choice: dict) -> dict[str, Any]:
+    async def _answer(self, named: _Named, turn: asyncio.Future, prompt: list[int],
+                      answer: Callable[[Any, bool | None], dict[str, Any]], want: bool | None, stream: bool | None,
+                      *, chat: bool) -> Any:
+        """A turn's response once it ended (``answer(turn, want)``: its choice), or its stream's events."""
         sample = named.group.samples[0]
-        ids = named.ctx.ids   # the trajectory, this turn last
-        prompt = ids[:len(ids) - len(turn.token_ids)]
-        return self.server.envelope(kind, prefix, [choice], prompt, [sample], completion=len(turn.token_ids))
+        if stream is not None:   # the choice's log-probs go in its chunks, made as its tokens come
+            return await self.server.stream_turn(sample, turn, prompt, lambda: answer(turn.result(), None),
+                                                 chat=chat, want=want, include_usage=stream)
+        result = await asyncio.shield(turn)
+        kind, prefix = ("chat.completion", "chatcmpl") if chat else ("text_completion", "cmpl")
+        return self.server.envelope(kind, prefix, [answer(result, want)], prompt, [sample],
+                                    completion=len(result.token_ids))
 
     def _remote(self, named: _Named):
         """The agent of a named sample: each turn answers the request waiting; the next request's new messages

@@ -1,24 +1,28 @@
-"""``stream=true`` in ``pdsr serve``: a plain request's tokens as the engines make them, as Server-Sent Events in
-vLLM's server's chunk shapes.
+"""``stream=true`` in ``pdsr serve``: a request's tokens as the engines make them, as Server-Sent Events in vLLM's
+server's chunk shapes.
 
-A streamed request runs as any other (its groups through the policy), and the server hears each of its samples'
-new tokens through the session's ``hooks.on_tokens`` (:class:`StreamHub`). The HTTP response starts at the
-request's first tokens (an engine's refusal before any is a 400, as without streaming). Then, as vLLM's:
+A streamed request runs as any other (a plain request's groups through the policy, a named sample's turn as its
+agent runs it: its trajectory is recorded as without ``stream``), and the server hears each of its samples' new
+tokens through the session's ``hooks.on_tokens`` (:class:`StreamHub`). The HTTP response starts at the request's
+first tokens (an error before any, such as an engine's refusal, is the error response the request gets without
+``stream``). Then, as vLLM's:
 
 - chat: per choice a first chunk with ``delta: {"role": "assistant", "content": ""}`` (and the prompt's
   ``prompt_token_ids``); completions: a choice's first chunk carries its prompt's ``prompt_token_ids``;
 - a chunk per choice each time tokens arrive: the text they made stable (:mod:`pdsr_sdk.rollout.serve_deltas`;
   possibly empty), their ``token_ids`` and, when asked, their ``logprobs``;
+- with a tool parser, a chat choice's text from its first ``<tool_call>`` on (hermes; with another parser, whose
+  tags pdsr does not read, its whole text) is held to its end, when the calls are parsed from the whole turn as
+  without ``stream``: then a chunk per call, ``delta.tool_calls`` with its ``index``, ``id``, ``type``, name and
+  whole ``arguments`` (vLLM's server sends the arguments in fragments; a client joins either alike);
 - per choice a chunk with ``finish_reason`` and ``stop_reason``, carrying the rest of its text: the joined deltas
-  are the text a request without ``stream`` gets;
+  (and calls) are the answer a request without ``stream`` gets;
 - with ``stream_options.include_usage`` a chunk with ``usage`` and no choices (the others carry ``usage: null``);
 - ``data: [DONE]``.
 
 An error once the stream has started (a choice that failed, or that its policy restarted after some of its tokens
 were sent: they cannot be taken back) is a chunk ``{"error": {...}}`` then ``[DONE]``, as vLLM's server ends a
-stream. A restart before any of a choice's tokens was sent is no error: the choice streams its new tokens. A named sample's turn,
-and a chat with a tool parser (calls are parsed from the whole turn), stream the whole turn at its end
-(:func:`stream_chunks`)."""
+stream. A restart before any of a choice's tokens was sent is no error: the choice streams its new tokens."""
 
 from __future__ import annotations
 
@@ -26,13 +30,16 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.rollout.serve import FINISH, check_failed
 from pdsr_sdk.rollout.serve_deltas import TextDeltas
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs
+
+#: where a hermes tool call starts: a chat choice's text is held back from it (and while its end may become it)
+TOOL_CALL_TAG = "<tool_call>"
 
 
 class StreamHub:
@@ -58,9 +65,12 @@ class StreamHub:
     def watch(self, samples: list[Sample], event: asyncio.Event) -> None:
         self._waiting.update((s, event) for s in samples)
 
-    def unwatch(self, samples: list[Sample]) -> None:
+    def unwatch(self, samples: list[Sample], event: asyncio.Event) -> None:
+        """Stop waking ``event`` for ``samples``; a named sample's next turn may be watched by its own stream
+        already (its client read the last turn's end before this one's generator closed)."""
         for s in samples:
-            self._waiting.pop(s, None)
+            if self._waiting.get(s) is event:
+                del self._waiting[s]
 
     def close(self) -> None:
         for hooks, fn in ((self.hooks.on_tokens, self._wake), (self.hooks.on_sample_done, self._done)):
@@ -73,61 +83,82 @@ class _Choice:
     index: int
     sample: Sample
     deltas: TextDeltas
-    restarts: int
-    consumed: int = 0     # the sample's tokens streamed
+    #: the choice's answer as a request without ``stream`` gets it (its message or text, finish and stop reason),
+    #: asked once the choice ended
+    answer: Callable[[], dict[str, Any]]
+    restarts: int = 0
+    #: a named sample's turn: its TurnResult once it ended (None: a plain request's sample, which ends finished)
+    turn: asyncio.Future | None = None
+    start: int = 0        # the sample's tokens before the choice's own (a named sample's earlier turns)
+    live: bool = True     # its text is streamed as it comes; False: held to its end (a tool parser's)
+    consumed: int = 0     # the choice's tokens streamed
     offset: int = 0       # completions' logprobs: the text offset of the next token
     started: bool = False
     closed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)   # the first chunk's additions
 
+    def ended(self) -> bool:
+        return self.turn.done() if self.turn is not None else self.sample.finished
+
+    def tokens(self) -> tuple[list[int], list[float]]:
+        """The choice's ids and log-probs so far (an ended turn's: its sample may have gone on)."""
+        if self.turn is not None and self.turn.done() and self.turn.exception() is None:
+            t = self.turn.result()
+            return list(t.token_ids), list(t.logprobs)
+        s = self.sample
+        return s.token_ids[self.start:], s.logprobs[self.start:len(s.token_ids)]
+
 
 class LiveStream:
-    """One streamed request over ``groups`` (choice ``i * n + j``: group i's sample j, as vLLM's batch)."""
+    """One streamed request's ``choices``. ``groups``: a plain request's, handed to the dispatcher when the stream
+    opens (None: a named sample's turn, already running); ``prompt``: the ids a chat's role chunks carry;
+    ``prompt_tokens``: its usage's."""
 
-    def __init__(self, server: Any, hub: StreamHub, groups: list[Group], *, chat: bool, include_stop: bool,
-                 want: bool | None, include_usage: bool):
-        self.server, self.hub, self.groups, self.chat = server, hub, groups, chat
-        self.include_stop, self.want, self.include_usage = include_stop, want, include_usage
-        tok, stops = server.session.tokenizer, list(server.session.config.sampling.stop)
-        self.choices = [_Choice(i * g.n + s.index, s, TextDeltas(tok, stops), s.restarts)
-                        for i, g in enumerate(groups) for s in g.samples]
-        if not chat:
-            for c in self.choices:
-                c.extra["prompt_token_ids"] = list(c.sample.group.prompt_token_ids)
+    def __init__(self, server: Any, choices: list[_Choice], *, chat: bool, want: bool | None, include_usage: bool,
+                 prompt: list[int], prompt_tokens: int, groups: list[Group] | None = None):
+        self.server, self.hub, self.choices, self.groups = server, server.stream_hub(), choices, groups
+        self.chat, self.want, self.include_usage = chat, want, include_usage
+        self.prompt, self.prompt_tokens = prompt, prompt_tokens
         kind = "chat.completion.chunk" if chat else "text_completion"
         self.head = {"id": server.response_id("chatcmpl" if chat else "cmpl"), "object": kind,
                      "created": int(time.time()), "model": server.model_name}
         self.wake = asyncio.Event()
+        for c in choices:
+            if c.turn is not None:
+                c.turn.add_done_callback(lambda _: self.wake.set())
 
     @property
     def samples(self) -> list[Sample]:
         return [c.sample for c in self.choices]
 
     async def open(self) -> AsyncIterator[str]:
-        """Hand the groups to the dispatcher and wait for their first tokens; the stream's events. A 400 when every
-        choice failed before any token (an engine refused the prompt)."""
-        hub = self.hub
-        hub.watch(self.samples, self.wake)
+        """Hand a plain request's groups to the dispatcher and wait for the first tokens; the stream's events. The
+        request's error response when every choice ended before any token: a 400 when an engine refused the
+        prompt, a named sample's turn's error."""
+        self.hub.watch(self.samples, self.wake)
         try:
-            self.server.launch(self.groups)
-            while not any(s.num_generated or s.finished for s in self.samples):
+            if self.groups is not None:
+                self.server.launch(self.groups)
+            while not any(len(c.sample.token_ids) > c.start or c.ended() for c in self.choices):
                 await self.wake.wait()
                 self.wake.clear()
-            if all(s.finished for s in self.samples):
-                for g in self.groups:
+            if all(c.ended() for c in self.choices):
+                for g in self.groups or []:
                     check_failed(g)
+                for c in self.choices:
+                    if c.turn is not None and c.turn.exception() is not None:
+                        raise c.turn.exception()
         except BaseException:
-            hub.unwatch(self.samples)
+            self.hub.unwatch(self.samples, self.wake)
             raise
         return self.events()
 
     async def events(self) -> AsyncIterator[str]:
         try:
             if self.chat:
-                prompt = list(self.groups[0].prompt_token_ids)
                 for c in self.choices:
                     yield self._event([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}], prompt_token_ids=prompt)
+                                        "logprobs": None, "finish_reason": None}], prompt_token_ids=self.prompt)
             while True:
                 self.wake.clear()
                 try:
@@ -144,49 +175,71 @@ class LiveStream:
                 await self.wake.wait()
             yield "data: [DONE]\n\n"
         finally:
-            self.hub.unwatch(self.samples)
+            self.hub.unwatch(self.samples, self.wake)
 
     def _step(self, c: _Choice) -> list[dict[str, Any]]:
         """Choice ``c``'s chunk for the tokens that arrived since the last (none when none did), or its last."""
         s = c.sample
-        if s.restarts != c.restarts or len(s.token_ids) < c.consumed:
-            if c.consumed:
-                raise ServeError(500, f"choice {c.index} was started over by the dispatch policy after {c.consumed} "
-                                      f"of its tokens were streamed, which a stream cannot take back; serve with a "
-                                      f"policy that resumes a moved sample (on_break / on_probe_timeout: resume), or "
-                                      f"without stream")
-            c.restarts = s.restarts   # nothing sent yet: the choice streams its new tokens
-        if s.finish_reason == FAILED:
-            raise ServeError(400, f"choice {c.index} failed: {s.error}")
-        ids, lps = s.token_ids[c.consumed:], s.logprobs[c.consumed:len(s.token_ids)]
-        c.consumed = len(s.token_ids)
-        if s.finished:
-            final = self.server.text_of(s, self.include_stop)
-            sent = c.deltas.text[:c.deltas.sent]
-            if not final.startswith(sent):
-                raise ServeError(500, f"choice {c.index}: the text streamed ({sent[-40:]!r} at its end) is not the "
-                                      f"start of the response's text; the tokenizer decodes tokens otherwise alone "
-                                      f"than together")
+        if c.turn is None:
+            if s.restarts != c.restarts or len(s.token_ids) < c.consumed:
+                if c.consumed:
+                    raise ServeError(500, f"choice {c.index} was started over by the dispatch policy after "
+                                          f"{c.consumed} of its tokens were streamed, which a stream cannot take "
+                                          f"back; serve with a policy that resumes a moved sample (on_break / "
+                                          f"on_probe_timeout: resume), or without stream")
+                c.restarts = s.restarts   # nothing sent yet: the choice streams its new tokens
+            if s.finish_reason == FAILED:
+                raise ServeError(400, f"choice {c.index} failed: {s.error}")
+        elif c.turn.done() and c.turn.exception() is not None:
+            raise c.turn.exception()
+        ended = c.ended()
+        ids, lps = c.tokens()
+        ids, lps = ids[c.consumed:], lps[c.consumed:]
+        c.consumed += len(ids)
+        if ended:
             c.closed = True
-            return [self._chunk(c, final[len(sent):], ids, lps, finish=s)]
+            return self._close(c, ids, lps)
         if not ids:
             return []
-        return [self._chunk(c, c.deltas.push(ids), ids, lps)]
+        return [self._chunk(c, c.deltas.push(ids) if c.live else "", ids, lps)]
 
-    def _chunk(self, c: _Choice, text: str, ids: list[int], lps: list[float],
-               finish: Sample | None = None) -> dict[str, Any]:
+    def _close(self, c: _Choice, ids: list[int], lps: list[float]) -> list[dict[str, Any]]:
+        """Choice ``c``'s last chunks: the rest of its answer's text, its tool calls, its finish reason."""
+        answer = c.answer()
+        if self.chat:
+            message = answer["message"]
+            final, calls = message.get("content") or "", message.get("tool_calls") or []
+        else:
+            final, calls = answer["text"], []
+        sent = c.deltas.text[:c.deltas.sent]
+        if not final.startswith(sent):
+            raise ServeError(500, f"choice {c.index}: the text streamed ({sent[-40:]!r} at its end) is not the start "
+                                  f"of the answer's text ({final[:len(sent)][-40:]!r} there); the tokenizer decodes "
+                                  f"these tokens otherwise alone than together")
+        rest = final[len(sent):]
+        chunks = [self._chunk(c, rest if i == 0 else "", [], [], calls=[{"index": i, **call}])
+                  for i, call in enumerate(calls)]
+        return chunks + [self._chunk(c, "" if calls else rest, ids, lps, finish=answer)]
+
+    def _chunk(self, c: _Choice, text: str, ids: list[int], lps: list[float], *, calls: list[dict] | None = None,
+               finish: dict[str, Any] | None = None) -> dict[str, Any]:
         logprobs = None
         if self.want is not None and ids:
             logprobs = choice_logprobs(self.server.session.tokenizer, ids, lps, chat=self.chat, as_ids=self.want,
                                        start=c.offset)
             if not self.chat:
                 c.offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
-        body: dict[str, Any] = {"delta": {"content": text} if text or finish is None else {}} if self.chat \
-            else {"text": text}
+        if self.chat:
+            delta: dict[str, Any] = {"content": text} if text or (finish is None and not calls) else {}
+            if calls:
+                delta["tool_calls"] = calls
+            body: dict[str, Any] = {"delta": delta}
+        else:
+            body = {"text": text}
         out = {"index": c.index, **body, "logprobs": logprobs,
-               "finish_reason": None if finish is None else FINISH.get(finish.finish_reason or "", "stop")}
+               "finish_reason": None if finish is None else finish["finish_reason"]}
         if finish is not None:
-            out["stop_reason"] = finish.stop_reason
+            out["stop_reason"] = finish.get("stop_reason")
         out["token_ids"] = list(ids)
         if not c.started:
             out.update(c.extra)
@@ -194,9 +247,9 @@ class LiveStream:
         return out
 
     def _usage(self) -> dict[str, int]:
-        prompt = sum(len(g.prompt_token_ids) for g in self.groups)
-        completion = sum(s.sampled_tokens for s in self.samples)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        completion = sum(c.consumed for c in self.choices)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
 
     def _event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         usage = {"usage": None} if self.include_usage else {}
@@ -208,37 +261,56 @@ def error_body(exc: ServeError) -> dict[str, Any]:
     return {"error": {"message": str(exc), "type": exc.kind, "param": exc.param, "code": exc.status}}
 
 
-def stream_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
-    """A whole response as OpenAI's stream chunks (a named sample's turn, a chat with a tool parser): per choice,
-    one chunk with all its content, then one with its finish reason; then, with ``include_usage``, one with the
-    usage and no choices (the others carry ``usage: null``, as OpenAI's do)."""
-    chat = response["object"] == "chat.completion"
-    head = {"id": response["id"], "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": response["created"], "model": response["model"]}
-    usage = {"usage": None} if include_usage else {}
-    chunks = []
-    for c in response["choices"]:
-        if chat:
-            delta = dict(c["message"])
-            if "tool_calls" in delta:   # a stream's tool calls carry their position
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
-            content: dict[str, Any] = {"delta": delta}
-            closing: dict[str, Any] = {"delta": {}}
-        else:
-            content, closing = {"text": c["text"]}, {"text": ""}
-        if "prompt_token_ids" in c:   # completions: each choice's prompt, in its first chunk as vLLM's
-            content["prompt_token_ids"] = c["prompt_token_ids"]
-        chunks.append({**head, "choices": [{"index": c["index"], **content, "logprobs": c.get("logprobs"),
-                                            "finish_reason": None,
-                                            "token_ids": c["token_ids"]}], **usage})
-        chunks.append({**head, "choices": [{"index": c["index"], **closing, "logprobs": None,
-                                            "finish_reason": c["finish_reason"], "stop_reason": c.get("stop_reason")}],
-                       **usage})
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": response["usage"]})
-    return chunks
+def _text_holds(server: Any, chat: bool, stops: list[str]) -> tuple[bool, list[str]]:
+    """Whether a choice's text streams as it comes, and the strings it is held back before (``stops``, and a hermes
+    tool call's tag: the calls are read from the whole turn). A tokenizer that drops the tag as a special token
+    from the text, or another tool parser, holds a chat's whole text to its end."""
+    if not chat or not server.tool_parser:
+        return True, stops
+    tok = server.session.tokenizer
+    if server.tool_parser == "hermes" and tok.decode(tok(TOOL_CALL_TAG, add_special_tokens=False)["input_ids"],
+                                                     skip_special_tokens=True) == TOOL_CALL_TAG:
+        return True, stops + [TOOL_CALL_TAG]
+    return False, stops
 
 
-def stream_events(response: dict[str, Any], include_usage: bool) -> list[str]:
-    """The Server-Sent Events of :func:`stream_chunks`, then ``data: [DONE]``."""
-    return [f"data: {json.dumps(chunk)}\n\n" for chunk in stream_chunks(response, include_usage)] + ["data: [DONE]\n\n"]
+async def stream_groups(server: Any, groups: list[Group], *, chat: bool, include_stop: bool, want: bool | None,
+                        include_usage: bool) -> AsyncIterator[str]:
+    """A plain request's ``groups`` run streamed (choice ``i * n + j``: group i's sample j, as vLLM's batch): their
+    events once their first tokens came."""
+    live, holds = _text_holds(server, chat, list(server.session.config.sampling.stop))
+
+    def answer(index: int, s: Sample) -> Callable[[], dict[str, Any]]:
+        def made() -> dict[str, Any]:
+            text = server.text_of(s, include_stop)
+            if chat:
+                return server.chat_choice(index, text, s.token_ids, s.finish_reason or "", s.stop_reason)
+            return {"text": text, "finish_reason": FINISH.get(s.finish_reason or "", "stop"),
+                    "stop_reason": s.stop_reason}
+        return made
+
+    choices = [_Choice(i * g.n + s.index, s, TextDeltas(server.session.tokenizer, holds), answer(i * g.n + s.index, s),
+                       restarts=s.restarts, live=live) for i, g in enumerate(groups) for s in g.samples]
+    if not chat:
+        for c in choices:
+            c.extra["prompt_token_ids"] = list(c.sample.group.prompt_token_ids)
+    stream = LiveStream(server, choices, chat=chat, want=want, include_usage=include_usage,
+                        prompt=list(groups[0].prompt_token_ids),
+                        prompt_tokens=sum(len(g.prompt_token_ids) for g in groups), groups=groups)
+    return await stream.open()
+
+
+async def stream_turn(server: Any, sample: Sample, turn: asyncio.Future, prompt: list[int],
+                      answer: Callable[[], dict[str, Any]], *, chat: bool, want: bool | None,
+                      include_usage: bool) -> AsyncIterator[str]:
+    """A named sample's running ``turn`` streamed as a plain request's choice 0 (``prompt``: the ids the turn
+    continues; ``answer``: the turn's choice without ``stream``, once it ended). Its text keeps the stop string that
+    ended it, as the trajectory's does: only a tool call's tag holds it back."""
+    live, holds = _text_holds(server, chat, [])
+    choice = _Choice(0, sample, TextDeltas(server.session.tokenizer, holds), answer, turn=turn,
+                     start=len(prompt) - len(sample.group.prompt_token_ids), live=live)
+    if not chat:
+        choice.extra["prompt_token_ids"] = list(prompt)
+    stream = LiveStream(server, [choice], chat=chat, want=want, include_usage=include_usage, prompt=list(prompt),
+                        prompt_tokens=len(prompt))
+    return await stream.open()

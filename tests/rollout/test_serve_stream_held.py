@@ -1,7 +1,9 @@
 """``pdsr serve``'s streams on an engine that reports each token as it makes it and holds a response part-way until
-the test releases it (tests/stream_fakes.py; one server for the module, v2 with ``on_break: restart`` and a stop
-string). What a stream sent is read while its response is held, never by time: a restart after tokens were sent
-ends the stream with an error chunk, one before any is no error; text that may become a stop string is held back."""
+the test releases it (tests/stream_fakes.py; one server for the module, v2 with ``on_break: restart``, a stop string
+and ``--tool-parser hermes``). What a stream sent is read while its response is held, never by time: a restart
+after tokens were sent ends the stream with an error chunk, one before any is no error; text that may become a stop
+string or a tool call is held back; a named sample's turn streams as it comes and is recorded as without ``stream``;
+tool calls come as ``delta.tool_calls`` after the content."""
 
 from __future__ import annotations
 
@@ -18,11 +20,15 @@ pytestmark = requires_torch
 
 openai = pytest.importorskip("openai")
 
+from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: E402
 from serve_client import serving  # noqa: E402
 
 CAP = 200         # v2's breaker_tokens: a fast sample past it breaks and starts over on heavy
 STOP = "</answer>"
 ANSWER = "The answer is 42"
+CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+CLOCK = '<tool_call>{"name": "clock", "arguments": {}}</tool_call>'
+CALCULATOR = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -35,7 +41,7 @@ def held(tiny_model_dir):
                 "max_num_seqs": 4} for name, pool in (("f0", "fast"), ("h0", "heavy"))]
     cfg = RolloutConfig(model=str(tiny_model_dir), policy="v2", policy_settings=settings,
                         sampling={"max_tokens": 256, "stop": [STOP]}, agent={"env_timeout_s": 60}, engines=engines)
-    with RolloutSession(cfg) as session, serving(session, model_name="tiny") as (client, base):
+    with RolloutSession(cfg) as session, serving(session, model_name="tiny", tool_parser="hermes") as (client, base):
         yield session, client, base, session.tokenizer, {e.name: e for e in session.engines}
 
 
@@ -138,3 +144,116 @@ def test_text_that_may_be_a_stop_string_is_held_back_mid_stream(held):
     chunks = list(client.completions.create(model="tiny", prompt="Q:", stream=True,
                                             extra_body={"include_stop_str_in_output": True}))
     assert "".join(c.choices[0].text for c in chunks) == ANSWER + STOP
+
+
+def test_a_named_samples_turns_stream_as_they_come_and_are_recorded_as_without_stream(held):
+    """Two turns of a named chat sample, streamed (the first held part-way: its tokens are sent and recorded
+    before the turn ends), against the same two turns of a sample without stream: the same answers, chunk by
+    chunk joined, and the same trajectory."""
+    _, client, base, tok, engines = held
+    script = ids_of(tok, "Hello there, friend.") + [tok.eos_token_id]
+    play(engines, script, ends=True)
+
+    def ask(sample_id: str, convo: list, stream: bool):
+        body = {"model": "tiny", "messages": convo, "max_tokens": 32, "logprobs": True, "pdsr_sample": sample_id}
+        if not stream:
+            return httpx.post(f"{base}/chat/completions", json=body, timeout=WAIT_S).json()
+        return httpx.stream("POST", f"{base}/chat/completions", timeout=WAIT_S,
+                            json={**body, "stream": True, "stream_options": {"include_usage": True}})
+
+    convo = list(HI)
+    answers = []
+    for turn in range(2):
+        answers.append(ask("plain", convo, False))
+        convo += [{"role": "assistant", "content": answers[-1]["choices"][0]["message"]["content"]},
+                  {"role": "tool", "content": f"result {turn}", "name": "calc"}]
+    convo = list(HI)
+    for turn, plain in enumerate(answers):
+        if not turn:
+            engines["f0"].hold(3)
+        with ask("streamed", convo, True) as r:
+            events = sse(r)
+            chunks = read_tokens(events, 3) if not turn else []
+            if not turn:
+                assert engines["f0"].held.wait(WAIT_S) and content(chunks) == tok.decode(script[:3])
+                row = httpx.get(f"{base}/pdsr/samples/streamed", timeout=WAIT_S).json()
+                assert not row["finished"] and row["response_token_ids"] == script[:3]
+                engines["f0"].release()
+            *chunks, usage, done = chunks + list(events)
+        want = plain["choices"][0]
+        role, *body = chunks
+        assert done == "[DONE]" and role["prompt_token_ids"] == plain["prompt_token_ids"]
+        assert len(body) > 1 and content(body) == want["message"]["content"] == "Hello there, friend."
+        assert [i for c in body for i in c["choices"][0]["token_ids"]] == want["token_ids"]
+        assert [x for c in body if c["choices"][0]["logprobs"] for x in c["choices"][0]["logprobs"]["content"]] == \
+            want["logprobs"]["content"]
+        assert body[-1]["choices"][0]["finish_reason"] == want["finish_reason"] == "stop"
+        assert usage["usage"] == plain["usage"]
+        convo += [{"role": "assistant", "content": content(body)}, {"role": "tool", "content": f"result {turn}",
+                                                                    "name": "calc"}]
+    rows = [httpx.post(f"{base}/pdsr/samples/{s}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+            for s in ("plain", "streamed")]
+    for key in ("prompt_token_ids", "response_token_ids", "response_mask", "response_logprobs", "reward",
+                "finish_reason"):
+        assert rows[0][key] == rows[1][key], key
+    assert [(t["role"], t["num_tokens"], t.get("tool_name")) for t in rows[0]["turns"]] == \
+        [(t["role"], t["num_tokens"], t.get("tool_name")) for t in rows[1]["turns"]]
+
+
+def test_a_chat_with_a_tool_parser_streams_its_content_then_its_calls(held):
+    """Content is streamed until a <tool_call> may have begun (held there), then each parsed call comes as a
+    delta.tool_calls chunk and the finish reason is tool_calls: the openai client's accumulated message is the
+    answer without stream. A call the token limit cut is no call: its text comes at the end, finish 'length'."""
+    _, client, _, tok, engines = held
+    script = ids_of(tok, "Let me look." + CALC + "\n" + CLOCK) + [tok.eos_token_id]
+    play(engines, script, ends=True)
+    plain = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR]).choices[0]
+    assert plain.finish_reason == "tool_calls" and plain.message.content == "Let me look."
+    k = inside(tok, script, "Let me look.")
+    engines["f0"].hold(k)
+    stream = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR], stream=True)
+    state, chunks = ChatCompletionStreamState(), []
+    for chunk in stream:
+        state.handle_chunk(chunk)
+        chunks.append(chunk)
+        if sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == k:
+            assert engines["f0"].held.wait(WAIT_S)
+            assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Let me look."
+            engines["f0"].release()
+    got = state.get_final_completion().choices[0]
+    assert got.finish_reason == "tool_calls" and got.message.content == plain.message.content
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == \
+        [(c.type, c.function.name, json.loads(c.function.arguments)) for c in plain.message.tool_calls] == \
+        [("function", "calculator", {"expression": "6*7"}), ("function", "clock", {})]
+    assert len({c.id for c in got.message.tool_calls}) == 2
+    calls = [[t.index for t in c.choices[0].delta.tool_calls] for c in chunks if c.choices[0].delta.tool_calls]
+    assert calls == [[0], [1]]
+    # cut inside its first call: no call, the whole text at the end, as without stream
+    cut = dict(model="tiny", messages=HI, tools=[CALCULATOR], max_tokens=len(ids_of(tok, "Let me look." + CALC)) - 3)
+    plain = client.chat.completions.create(**cut).choices[0]
+    state = ChatCompletionStreamState()
+    for chunk in client.chat.completions.create(**cut, stream=True):
+        state.handle_chunk(chunk)
+    got = state.current_completion_snapshot.choices[0]   # (get_final_completion refuses a 'length' one)
+    assert (got.finish_reason, got.message.content, got.message.tool_calls) == ("length", plain.message.content, None)
+    assert got.message.content.startswith("Let me look.<tool_call>")
+
+
+def test_only_a_hermes_tag_the_text_keeps_is_held_back(tiny_model_dir):
+    """A chat's text streams held back before hermes's <tool_call>; where the tokenizer drops that tag from the text
+    (a special token), or with another parser, whose tags pdsr does not read, it is held whole to the end."""
+    from types import SimpleNamespace
+
+    from pdsr_sdk.rollout.data import load_tokenizer
+    from pdsr_sdk.rollout.serve_stream import TOOL_CALL_TAG, _text_holds
+
+    tok = load_tokenizer(tiny_model_dir)
+    server = SimpleNamespace(session=SimpleNamespace(tokenizer=tok), tool_parser="hermes")
+    assert _text_holds(server, True, [STOP]) == (True, [STOP, TOOL_CALL_TAG])
+    assert _text_holds(server, False, [STOP]) == (True, [STOP])   # completions: no parser
+    tok.add_special_tokens({"additional_special_tokens": [TOOL_CALL_TAG]})
+    assert _text_holds(server, True, [STOP]) == (False, [STOP])
+    server.tool_parser = "llama3_json"
+    assert _text_holds(server, True, []) == (False, [])
+    server.tool_parser = None
+    assert _text_holds(server, True, []) == (True, [])

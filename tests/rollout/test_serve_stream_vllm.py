@@ -2,7 +2,8 @@
 for the module), read with the ``openai`` client. The order of events is held by a weight-update pause, never by
 time: a hook on the session's tokens pauses the streamed sample part-way, the test reads the stream's first content
 while the sample is held unfinished, then resumes it, and the stream goes on to the end. The joined deltas are the
-text, ids and log-probs the same request gets without ``stream``."""
+text, ids and log-probs the same request gets without ``stream``; a named sample's streamed turns are recorded as
+unstreamed ones are."""
 
 from __future__ import annotations
 
@@ -127,3 +128,25 @@ def test_a_completions_stream_of_n_choices_joins_to_the_plain_answer(streamed):
         assert [i for c in mine for i in c["token_ids"]] == want["token_ids"]
         for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
             assert [x for c in mine if c["logprobs"] for x in c["logprobs"][key]] == want["logprobs"][key]
+
+
+def test_a_named_samples_streamed_turns_are_recorded_as_unstreamed_ones(streamed):
+    """Two turns of a named chat sample streamed, against the same two turns of one without stream (greedy): each
+    turn's joined deltas and ids are the unstreamed turn's, and the two trajectories are the same."""
+    _, client, base = streamed
+    convos = {"plain": [{"role": "user", "content": "Hi"}], "streamed": [{"role": "user", "content": "Hi"}]}
+    for turn in range(2):
+        plain = client.chat.completions.create(model="tiny", messages=convos["plain"], max_tokens=12,
+                                               extra_body={"pdsr_sample": "plain"}).choices[0]
+        chunks = list(client.chat.completions.create(model="tiny", messages=convos["streamed"], max_tokens=12,
+                                                     stream=True, extra_body={"pdsr_sample": "streamed"}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert text == plain.message.content and chunks[-1].choices[0].finish_reason == plain.finish_reason
+        assert [i for c in chunks[1:] for i in c.choices[0].token_ids] == plain.token_ids
+        for name, said in (("plain", plain.message.content), ("streamed", text)):
+            convos[name] += [{"role": "assistant", "content": said}, {"role": "user", "content": f"and {turn}?"}]
+    rows = [httpx.post(f"{base}/pdsr/samples/{s}/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+            for s in ("plain", "streamed")]
+    for key in ("prompt_token_ids", "response_token_ids", "response_mask"):
+        assert rows[0][key] == rows[1][key], key
+    assert [t["num_tokens"] for t in rows[0]["turns"]] == [t["num_tokens"] for t in rows[1]["turns"]]

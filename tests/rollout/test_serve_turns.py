@@ -219,9 +219,10 @@ def _events(response: httpx.Response) -> list:
 
 @requires_torch
 def test_streams_start_with_the_role_and_end_with_usage(served):
-    """A stream on an engine that reports a turn's tokens at its end (tests/rollout/test_serve_stream_vllm.py: real
-    engines, token by token): per choice its role chunk, then its finish chunk carrying the turn; a named sample's
-    turn: one content chunk and a finish chunk."""
+    """A stream on an engine that reports a turn's tokens at its end (tests/rollout/test_serve_stream_held.py and
+    test_serve_stream_vllm.py: token by token): per choice its role chunk, then its finish chunk carrying the turn;
+    a named sample's turn: its tokens, then its finish (the turn ends after its tokens are reported: in the chunk
+    that carries them, or the next)."""
     session, client, base = served
     tok = session.tokenizer
     chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
@@ -236,15 +237,16 @@ def test_streams_start_with_the_role_and_end_with_usage(served):
     assert role.choices[0].finish_reason is None and role.usage is None and closing.usage is None
     assert closing.choices[0].finish_reason == "stop" and closing.choices[0].stop_reason is None
     assert usage.choices == [] and usage.usage.completion_tokens == len(ids)
-    # completions, named, no usage asked: a content chunk and a finish chunk
+    # completions, named, no usage asked: the turn's tokens, then its finish
     body = {"model": "tiny", "prompt": "Once", "max_tokens": 3, "stream": True, "pdsr_sample": "stream-1"}
     events = _events(httpx.post(f"{base}/completions", json=body, timeout=WAIT_S))
-    assert [e["object"] for e in events] == ["text_completion"] * 2 and all("usage" not in e for e in events)
-    assert events[0]["choices"][0]["text"] == tok.decode(events[0]["choices"][0]["token_ids"], skip_special_tokens=True)
-    assert len(events[0]["choices"][0]["token_ids"]) == 3 and events[0]["choices"][0]["finish_reason"] is None
-    assert events[1]["choices"] == [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
-                                      "stop_reason": None}]
-    assert _end(base, "stream-1")["response_token_ids"] == events[0]["choices"][0]["token_ids"]
+    assert {e["object"] for e in events} == {"text_completion"} and all("usage" not in e for e in events)
+    choices = [e["choices"][0] for e in events]
+    ids = [i for c in choices for i in c["token_ids"]]
+    assert len(ids) == 3 and "".join(c["text"] for c in choices) == tok.decode(ids, skip_special_tokens=True)
+    assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert choices[-1]["stop_reason"] is None and choices[0]["prompt_token_ids"] == tok("Once")["input_ids"]
+    assert _end(base, "stream-1")["response_token_ids"] == ids
     # n = 2: both role chunks first, then each choice's finish chunk
     events = _events(httpx.post(f"{base}/chat/completions", json={"model": "tiny", "n": 2, "stream": True,
                                                                  "messages": [{"role": "user", "content": "x"}]},
@@ -319,28 +321,16 @@ def test_a_server_that_cannot_listen_is_an_error_not_a_hang(tiny_model_dir, monk
         asyncio.run(RolloutSession(cfg).aserve(port=65536))
 
 
-def test_stream_chunks_number_tool_calls():
-    from pdsr_sdk.rollout.serve_stream import stream_chunks
-
-    call = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    response = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "usage": {},
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                             "finish_reason": "stop", "token_ids": [5]}]}
-    content = stream_chunks(response, False)[0]["choices"][0]
-    assert content["delta"]["tool_calls"] == [{"index": 0, **call}]
-    assert response["choices"][0]["message"]["tool_calls"] == [call]   # the response itself is left as it was
-
-
 @requires_vllm
 def test_a_turn_that_calls_tools_finishes_with_tool_calls(tiny_model_dir):
     """With a tool parser, a turn that ended calling tools has finish reason 'tool_calls', as OpenAI's has (it was
-    'stop'); one cut at its limit stays 'length', and one with no call 'stop'. The stream says the same."""
+    'stop'); one cut at its limit stays 'length', and one with no call 'stop' (a stream's:
+    tests/rollout/test_serve_stream_held.py)."""
     from types import SimpleNamespace
 
     from pdsr_sdk.dispatch.types import LENGTH, STOP, Group, Sample
     from pdsr_sdk.rollout.data import load_tokenizer
     from pdsr_sdk.rollout.serve import ChatServer
-    from pdsr_sdk.rollout.serve_stream import stream_chunks
 
     tok = load_tokenizer(tiny_model_dir)
     server = ChatServer(SimpleNamespace(tokenizer=tok, hooks=SimpleNamespace(on_group_done=[])), tool_parser="hermes")
@@ -354,5 +344,3 @@ def test_a_turn_that_calls_tools_finishes_with_tool_calls(tiny_model_dir):
     response = server._chat_response(group.samples, [1])
     assert [c["finish_reason"] for c in response["choices"]] == ["tool_calls", "length", "stop"]
     assert response["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculator"
-    closing = [c["choices"][0]["finish_reason"] for c in stream_chunks(response, False)][1::2]
-    assert closing == ["tool_calls", "length", "stop"]
