@@ -172,6 +172,10 @@ def test_a_named_sample_that_fails_in_a_turn_is_a_409_naming_it(tiny_model_dir):
         assert info.value.status_code == 409
         message = info.value.body["message"] if isinstance(info.value.body, dict) else str(info.value)
         assert "sample 'b' ended (failed" in message and f"token {REFUSED_ID} refused" in message
+        ids = [5, 6] + kept["a"].choices[0].token_ids + [REFUSED_ID]   # streamed: the same 409, before any event
+        with pytest.raises(openai.ConflictError, match=f"sample 'a' ended .failed.*token {REFUSED_ID} refused"):
+            client.completions.create(model="tiny", prompt=ids, max_tokens=4, stream=True,
+                                      extra_body={"pdsr_sample": "a"})
         ids = [5, 6] + kept["c"].choices[0].token_ids + [8]   # the others go on
         r = client.completions.create(model="tiny", prompt=ids, max_tokens=4, extra_body={"pdsr_sample": "c"})
         assert len(r.choices[0].token_ids) == 4
