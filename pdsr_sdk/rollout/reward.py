@@ -258,7 +258,8 @@ def reward_counters(reward_fn: object) -> dict[str, int]:
 class OverlongShaping:
     """DAPO's overlong reward shaping around a reward (verl's DAPO reward manager): a response of L tokens
     past ``max_tokens - buffer`` gets ``min(-(L - (max_tokens - buffer)) / buffer * penalty, 0)`` added to its
-    score (``-penalty`` at ``max_tokens``), and the amount is a field of its own, ``overlong_reward``. The
+    score (``-penalty`` at ``max_tokens``), and the amount is a field of its own, ``overlong_reward``, beside
+    ``overlong`` (whether it is below 0), as verl logs both (``overlong_buffer.log``). The
     reward's own score (before shaping) is what dynamic sampling's filter compares, as DAPO's ``acc``."""
 
     def __init__(self, fn: Callable[..., Any], *, max_tokens: int, buffer: int, penalty: float):
@@ -276,7 +277,7 @@ class OverlongShaping:
             return got   # no number to shape: the sample's reward error says so
         fields = got if isinstance(got, dict) else {"score": got}
         extra = self.shaping(int(info.get("response_length") or 0))
-        return {**fields, "score": float(fields["score"]) + extra, "overlong_reward": extra}
+        return {**fields, "score": float(fields["score"]) + extra, "overlong_reward": extra, "overlong": extra < 0}
 
     def apply(self, score: float, extra: str | None, response_length: int) -> tuple[float, str]:
         """What :meth:`__call__` gives, from the wrapped reward's score and other fields (JSON) already computed:
@@ -284,7 +285,8 @@ class OverlongShaping:
         import json
 
         shaping = self.shaping(int(response_length or 0))
-        return score + shaping, json.dumps({**(json.loads(extra) if extra else {}), "overlong_reward": shaping})
+        return score + shaping, json.dumps({**(json.loads(extra) if extra else {}), "overlong_reward": shaping,
+                                            "overlong": shaping < 0})
 
 
 def config_reward(config: Any, has_ground_truth: bool) -> RewardFn | None:

@@ -169,5 +169,5 @@ def test_every_response_is_shaped_a_sessions_reward_and_an_agents_too():
         return 1.0, json.dumps({"acc": True}), None
     scored, passed = judged([None, None], [15, 16], reward_fn=own, decided=agent, env_tokens=6)
     assert [sc.reward for sc in scored] == [0.25, 0.0] and not passed   # acc True twice: no signal
-    assert [json.loads(sc.extra) for sc in scored] == [{"acc": True, "overlong_reward": -0.75},
-                                                       {"acc": True, "overlong_reward": -1.0}]
+    assert [json.loads(sc.extra) for sc in scored] == [{"acc": True, "overlong_reward": -0.75, "overlong": True},
+                                                       {"acc": True, "overlong_reward": -1.0, "overlong": True}]
