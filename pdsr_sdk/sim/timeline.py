@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pdsr_sdk.errors import ConfigValueError
+
 
 def agg_figure(size: tuple[float, float]):
     """A figure drawn on matplotlib's Agg canvas, outside pyplot (headless, and nothing global changes)."""
@@ -33,13 +35,19 @@ def occupancy_grid(times: list[float], counts: list[int], edges: np.ndarray) -> 
     return np.diff(at) / np.where(width > 0, width, 1.0)
 
 
+#: time-weighted running sequences below this read as idle (float sums of zero are exact; the margin is cheap)
+IDLE_BELOW = 1e-9
+IDLE_COLOUR = "#c8c8c8"   # idle engine time: grey, apart from every running count on the colour scale
+MARK_COLOUR = "tab:red"   # batch starts / step ends: red shows on viridis and on the idle grey alike
+
+
 def write_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
     """Draw one panel per policy (shared time axis) and save it as a PNG."""
     runs = report.runs
     panels = [(run.engines, run.makespan_s, [b.start_s for b in run.batches[1:]],
-               f"{run.policy}: makespan {run.makespan_s:.4g} s, bound {run.lower_bound_s:.4g} s "
-               f"(fast above the line, heavy below; dotted = batch starts)") for run in runs]
-    return _draw(panels, path, vmax=max((e.max_concurrency for r in runs for e in r.engines), default=1), bins=bins)
+               f"{run.policy}: makespan {run.makespan_s:.4g} s, bound {run.lower_bound_s:.4g} s") for run in runs]
+    vmax = max((e.max_concurrency for r in runs for e in r.engines), default=1)
+    return _draw(panels, path, vmax=vmax, bins=bins, marks="batch starts")
 
 
 def write_steps_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
@@ -52,40 +60,74 @@ def write_steps_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
         lanes = ", ".join(e.name for e in run.engines if e.lane)
         panels.append((run.engines, run.horizon_s, [s.end_s for s in run.steps[:-1]],
                        f"{run.policy}, F={run.over_provision:g}: steady step {run.steady_step_s:.4g} s "
-                       f"(on-policy {report.baseline_step_s:.4g} s); dotted = step ends"
-                       + (f"; tail lane: {lanes}" if lanes else "")))
-    return _draw(panels, path, vmax=max((e.max_seqs for r in runs for e in r.engines), default=1), bins=bins)
+                       f"(on-policy {report.baseline_step_s:.4g} s)" + (f"; tail lane: {lanes}" if lanes else "")))
+    vmax = max((e.max_seqs for r in runs for e in r.engines), default=1)
+    return _draw(panels, path, vmax=vmax, bins=bins, marks="step ends")
 
 
-def _draw(panels, path: str | Path, *, vmax: int, bins: int) -> Path:
-    """``panels``: one (engines, end, marks, title) each, drawn on a shared time axis: engines (each with
-    ``name``, ``pool``, ``occupancy_t`` and ``occupancy_n``) as rows coloured by running sequences up to
-    ``vmax``, blank after ``end``, a dotted line at each time of ``marks``."""
+def timeline_image(grid: np.ndarray) -> np.ndarray:
+    """What the timeline's image holds for a grid of mean running sequences: log10 of the count (a bin with any
+    running, however briefly, counts at least 1), -1 where the engine sat idle (below the colour scale: grey), NaN
+    kept (past the panel's end: blank). On a log scale an engine running the long tail's last few sequences reads
+    apart from one running hundreds, and apart from an idle one."""
+    out = np.log10(np.maximum(grid, 1.0))
+    out[grid < IDLE_BELOW] = -1.0
+    out[np.isnan(grid)] = np.nan
+    return out
+
+
+def _draw(panels, path: str | Path, *, vmax: int, bins: int, marks: str) -> Path:
+    """``panels``: one (engines, end, mark times, title) each, drawn on a shared time axis: engines (each with
+    ``name``, ``pool``, ``occupancy_t`` and ``occupancy_n``) as rows coloured by running sequences (log scale, 1 to
+    ``vmax``; grey = idle), blank after ``end``, a dashed line at each mark time (``marks`` names them)."""
+    import matplotlib
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LogNorm, Normalize
+
+    for engines, end, _, title in panels:
+        # a run that was not recorded reads as engines idle throughout: refuse it rather than draw that
+        if end > 0 and not any(max(e.occupancy_n, default=0) > 0 for e in engines):
+            raise ConfigValueError(f"timeline: {title.split(':')[0]} recorded no engine occupancy; simulate with "
+                                   "timeline=True (with steps, and out_dir set) to draw its timeline")
     horizon = max((end for _, end, _, _ in panels), default=0.0) or 1.0
     edges = np.linspace(0.0, horizon, bins + 1)
     n_eng = len(panels[0][0]) if panels else 0
     height = min(2.2 + 0.012 * n_eng, 7.0)
-    fig = agg_figure((11, 0.6 + height * len(panels)))
+    fig_height = 0.9 + height * len(panels)
+    fig = agg_figure((11, fig_height))
+    # the figure title sits a fixed height above the panels' titles, however many panels there are
+    fig.subplots_adjust(top=1.0 - 0.65 / fig_height)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)
-    image = None
-    for ax, (engines, end, marks, title) in zip(axes[:, 0], panels):
+    cmap = matplotlib.colormaps["viridis"].with_extremes(under=IDLE_COLOUR, bad="white")
+    top = np.log10(max(vmax, 2))
+    pools = False
+    for ax, (engines, end, times, title) in zip(axes[:, 0], panels):
         grid = np.stack([occupancy_grid(e.occupancy_t, e.occupancy_n, edges) for e in engines])
         # time past this panel's own end is blank
         grid[:, edges[:-1] >= end] = np.nan
-        image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=vmax,
-                          extent=(0.0, horizon, len(engines) - 0.5, -0.5))
+        ax.imshow(timeline_image(grid), aspect="auto", interpolation="nearest", cmap=cmap,
+                  norm=Normalize(vmin=0.0, vmax=top), extent=(0.0, horizon, len(engines) - 0.5, -0.5))
         n_fast = sum(1 for e in engines if e.pool == "fast")
         if 0 < n_fast < len(engines):
-            ax.axhline(n_fast - 0.5, color="white", lw=1.0)
-        for t in marks:
-            ax.axvline(t, color="white", lw=0.6, ls=":")
+            pools = True
+            ax.axhline(n_fast - 0.5, color="black", lw=1.2)
+        for t in times:
+            ax.axvline(t, color=MARK_COLOUR, lw=1.3, ls=(0, (4, 2)))
         ax.set_ylabel("engine")
         ax.set_title(title, fontsize=9)
         if len(engines) <= 16:
             ax.set_yticks(range(len(engines)), [e.name for e in engines], fontsize=7)
     axes[-1, 0].set_xlabel("virtual time (s)")
-    if image is not None:
-        fig.colorbar(image, ax=axes[:, 0].tolist(), label="running sequences", shrink=0.8)
+    fig.suptitle("Running sequences per engine over virtual time: grey = idle, "
+                 f"red dashed = {marks}" + ("; fast pool above the black line, heavy below" if pools else ""),
+                 fontsize=10, y=1.0 - 0.1 / fig_height, va="top")
+    # the colour bar is drawn from a log norm over the same counts, so its ticks read 1, 10, 100
+    scale = ScalarMappable(norm=LogNorm(vmin=1, vmax=max(vmax, 2)), cmap=cmap)
+    bar = fig.colorbar(scale, ax=axes[:, 0].tolist(), label="running sequences (log scale)", shrink=0.8,
+                       extend="min")
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= vmax]
+    bar.set_ticks(ticks, labels=[str(t) for t in ticks])
+    bar.ax.minorticks_off()
     from pdsr_sdk.io.tables import write_png
 
     write_png(fig, path)
