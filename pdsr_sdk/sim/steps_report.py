@@ -350,13 +350,14 @@ def write_steps_plot(report: StepsReport, path) -> str:
         ax.axvline(report.cfg.max_partial_share * 100, color="tab:orange", lw=0.8, ls=":",
                    label=f"partial-share budget {report.cfg.max_partial_share:.0%}")
         ax.plot([pick.partial_share * 100], [report.ratio(pick) or 0.0], "*",
-                color="tab:red", ms=13, label=f"fastest within it: F={pick.over_provision:g}")
-    ax.legend(fontsize=8, loc="lower right")
+                color="tab:red", ms=13, label=f"fastest within it: F={pick.over_provision:.3g}")
+    # below the axes: inside, it covered the work bounds and the curve's right end (high F)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     every = 1 if len(rows) <= 6 else 2   # the search's 11 points: label every other one
     for i, (x, y, r) in enumerate(zip(xs, ys, rows)):
         if i % every:
             continue
-        ax.annotate(f"F={r['F']:g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.annotate(f"F={r['F']:.3g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("off-policy tokens (%)")
     ax.set_ylabel("steady step / on-policy step")
@@ -364,8 +365,8 @@ def write_steps_plot(report: StepsReport, path) -> str:
     s = "none" if cfg.max_staleness is None else str(cfg.max_staleness)
     trainer = (f", {'pipelined' if cfg.pipeline else 'synchronous'} trainer {cfg.trainer_s:g} s + load "
                f"{cfg.weight_update_s:g} s" if cfg.trained else "")
-    ax.set_title(f"{report.runs[0].policy}, B={cfg.step_groups or cfg.batch_size}, K={cfg.steps}, "
-                 f"max staleness {s}{trainer}", fontsize=9)
+    ax.set_title(f"Steady step against off-policy tokens, one point per over-provision F\n{report.runs[0].policy}, "
+                 f"B={cfg.step_groups or cfg.batch_size}, K={cfg.steps}, max staleness {s}{trainer}", fontsize=9)
     ax.set_ylim(bottom=0)
     write_png(fig, path)
     return str(path)

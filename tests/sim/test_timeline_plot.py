@@ -1,5 +1,6 @@
 """What the simulator's PNGs show, read from the figures' artists (never from pixels): the timeline tells an idle
-engine from one running the long tail's last sequence, and marks batch starts and step ends."""
+engine from one running the long tail's last sequence, marks batch starts and step ends, and steps.png keeps its
+legend off the points."""
 
 from __future__ import annotations
 
@@ -87,6 +88,22 @@ def test_steps_timeline_marks_each_step_end_and_blanks_past_each_run(tmp_path, d
         assert not np.isnan(image[:, edges[:-1] < run.horizon_s]).any()
         assert ax.get_title().startswith(f"v3, F={run.over_provision:g}: steady step ")
     assert "step ends" in fig.get_suptitle()
+
+
+@pytest.mark.parametrize("max_partial_share", [None, 0.2])
+def test_steps_plot_keeps_its_legend_off_the_points(tmp_path, drawn, max_partial_share):
+    """The legend sat inside the axes (lower right), over the work-bound marks and the high-F end of the curve."""
+    report = simulate_steps(small_trace(), small_cfg(policy="v3", max_staleness=2,
+                                                     max_partial_share=max_partial_share))
+    write_steps_plot(report, tmp_path / "steps.png")
+    (fig,) = drawn
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert not legend.overlaps(ax.get_window_extent())
+    assert ax.get_title().startswith("Steady step against off-policy tokens, one point per over-provision F\nv3, ")
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("off-policy tokens (%)", "steady step / on-policy step")
+    assert len(ax.texts) >= 2                                  # the F labels
 
 
 def test_one_engine_one_step_draws(tmp_path, drawn):
