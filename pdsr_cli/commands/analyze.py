@@ -57,7 +57,7 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     Example:
       pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
     """
-    from pdsr_sdk.analysis import analyze_trace, report_notes, report_tables, write_plots
+    from pdsr_sdk.analysis import analyze_trace, length_cap, report_notes, report_tables, write_plots
     from pdsr_sdk.io.tables import check_new_output, write_text_atomic
     from pdsr_sdk.traces import read_trace
 
@@ -78,7 +78,8 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
 
     plots = []
     if cfg.plots:
-        plots = write_plots(trace.matrix(), out_dir, cv_ddof=cfg.cv_ddof, title=trace_path.name)
+        plots = write_plots(trace.matrix(), out_dir, cv_ddof=cfg.cv_ddof, title=trace_path.name,
+                            cap=length_cap(report))
     report["plots"] = [str(p) for p in plots]
     write_text_atomic(json.dumps(report, indent=2) + "\n", json_path)
 

@@ -7,7 +7,7 @@ are pure array functions in ``pdsr_sdk.analysis.stats`` (with naive twins in
 
 from pdsr_sdk.analysis.config import AnalyzeConfig
 from pdsr_sdk.analysis.plots import write_plots
-from pdsr_sdk.analysis.report import DEFINITIONS, analyze_trace, report_notes, report_tables
+from pdsr_sdk.analysis.report import DEFINITIONS, analyze_trace, length_cap, report_notes, report_tables
 from pdsr_sdk.analysis.dispatch_replay import DispatchCounts, dispatch_v25
 from pdsr_sdk.analysis.stats import (
     BatchCapture,
@@ -37,6 +37,7 @@ __all__ = [
     "dispatch_v25",
     "false_negatives",
     "group_cv",
+    "length_cap",
     "offload_count",
     "report_notes",
     "report_tables",

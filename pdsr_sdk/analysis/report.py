@@ -194,6 +194,13 @@ def _capped(at_cap: dict[str, Any]) -> bool:
     return at_cap["share"] >= AT_CAP_NOTE
 
 
+def length_cap(report: dict[str, Any]) -> int | None:
+    """The length an :func:`analyze_trace` report's responses were cut at, as its notes and false-negative warning
+    read it (any finish_reason 'length', else at least 20% of responses at the trace's max); None if uncut."""
+    at_cap = report["trace"]["at_cap"]
+    return at_cap["length"] if _capped(at_cap) else None
+
+
 def _at_cap(trace: LengthTrace, x: np.ndarray) -> dict[str, Any]:
     if trace.finish_reasons is not None:
         cut = trace.finish_reasons.astype(str) == "length"
