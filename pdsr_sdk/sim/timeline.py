@@ -123,8 +123,9 @@ def _draw(panels, path: str | Path, *, vmax: int, bins: int, marks: str) -> Path
                  fontsize=10, y=1.0 - 0.1 / fig_height, va="top")
     # the colour bar is drawn from a log norm over the same counts, so its ticks read 1, 10, 100
     scale = ScalarMappable(norm=LogNorm(vmin=1, vmax=max(vmax, 2)), cmap=cmap)
-    bar = fig.colorbar(scale, ax=axes[:, 0].tolist(), label="running sequences (log scale)", shrink=0.8,
-                       extend="min")
+    # at most about 5 in long: beside eight policies' panels a 0.8 share of the height was 15 in of bar
+    bar = fig.colorbar(scale, ax=axes[:, 0].tolist(), label="running sequences (log scale)",
+                       shrink=min(0.8, 5.0 / fig_height), extend="min")
     ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= vmax]
     bar.set_ticks(ticks, labels=[str(t) for t in ticks])
     bar.ax.minorticks_off()
