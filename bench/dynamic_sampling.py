@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_args import float_list
+from bench_args import at_least, float_list, number_at_least
 
 DATA = Path(__file__).resolve().parent / "data" / "smollm2-gsm8k-128x8.jsonl"
 SCORED = DATA.with_name("smollm2-gsm8k-128x8-rewards.jsonl")   # another run of the same, with rewards
@@ -79,14 +79,17 @@ def filter_bound_s(trace, cfg, pass_rate: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--solve", default="recorded,0.05,0.1,0.2,0.3",
-                        help="'recorded' (the recorded rewards) or chances a stopped response is right")
-    parser.add_argument("--b", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policy", default="v3")
-    parser.add_argument("--fast", type=int, default=6)
-    parser.add_argument("--heavy", type=int, default=2)
-    parser.add_argument("--over-provision", type=float, default=None, help="fixed F instead of the adaptive count")
+                        help="'recorded' (the recorded rewards) or chances a stopped response is right, "
+                             "comma-separated")
+    parser.add_argument("--b", type=at_least(1), default=128, help="groups a step hands to the trainer (B)")
+    parser.add_argument("--steps", type=at_least(1), default=8,
+                        help="steps K (the step time is the mean of steps 3 to K-1; of every step when K < 4)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the groups drawn and the derived rewards")
+    parser.add_argument("--policy", default="v3", help="pdsr's policy (the recipe runs baseline)")
+    parser.add_argument("--fast", type=at_least(0), default=6, help="fast simulated engines")
+    parser.add_argument("--heavy", type=at_least(0), default=2, help="heavy simulated engines")
+    parser.add_argument("--over-provision", type=number_at_least(0), default=None,
+                        help="fixed F instead of the adaptive count")
     args = parser.parse_args()
     solves: list[float | None] = []
     for item in args.solve.split(","):
@@ -94,10 +97,21 @@ def main() -> None:
             solves.append(None if item == "recorded" else float_list(item)[0])
         except argparse.ArgumentTypeError:
             parser.error(f"--solve: {item!r} is neither 'recorded' nor a number (e.g. recorded,0.05,0.1)")
+        if solves[-1] is not None and not 0 < solves[-1] <= 1:   # 0: no group passes, the recipe never ends a step
+            parser.error(f"--solve: {item} is not a chance in (0, 1]")
 
+    from pdsr_sdk.errors import PdsrError
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import simulate_steps
     from pdsr_sdk.sim.steps_baseline import DAPO_GEN_FACTOR, dapo_plan
+    from pdsr_sdk.sim.steps_report import steady_window
+
+    try:   # --policy and the engines, checked before any run
+        cfg = SimulateConfig(policy=args.policy, fast=args.fast, heavy=args.heavy, steps=args.steps,
+                             step_groups=args.b, batch_size=args.b, max_staleness=0, timeline=False,
+                             over_provision=args.over_provision, filter_groups={"kind": "zero-variance"})
+    except PdsrError as exc:
+        parser.error(" ".join(str(exc).split()))   # the config's lines as one
 
     print(f"B = {args.b}, {args.steps} steps, policy {args.policy}, {args.fast} fast + {args.heavy} heavy simulated "
           f"engines, seed {args.seed}, over-provision {args.over_provision if args.over_provision is not None else 'adaptive'}")
@@ -106,13 +120,14 @@ def main() -> None:
     print(" | ".join(header))
     for solve in solves:
         began = time.perf_counter()
-        cfg = SimulateConfig(policy=args.policy, fast=args.fast, heavy=args.heavy, steps=args.steps,
-                             step_groups=args.b, batch_size=args.b, max_staleness=0, timeline=False,
-                             over_provision=args.over_provision, filter_groups={"kind": "zero-variance"})
         trace = gsm8k_trace(args.b * DAPO_GEN_FACTOR * 10 * args.steps, solve, args.seed)
         groups = trace.group_rewards()
         pass_rate = sum(len(set(rs)) > 1 for rs in groups.values()) / len(groups)
-        plan = dapo_plan(trace, cfg)
+        try:
+            plan = dapo_plan(trace, cfg)
+        except PdsrError as exc:   # the recipe's max_num_gen_batches reached: too few groups pass
+            raise SystemExit(f"error: --solve {'recorded' if solve is None else f'{solve:g}'}: {exc}") from None
+        steady = plan[steady_window(len(plan))]   # the steps the step times are taken over
         report = simulate_steps(trace, cfg)
         bound = filter_bound_s(trace, cfg, pass_rate)
         run = report.runs[0]
@@ -120,7 +135,7 @@ def main() -> None:
         dropped = sum(st["dropped_tokens"] for st in s["steps"])   # groups dropped at a step's end
         generated = s["tokens"] + s["wasted_tokens"] + s["filtered_tokens"] + dropped
         print(" | ".join(["recorded" if solve is None else f"{solve:g}", f"{float(np.nanmean(trace.rewards)):.3f}", f"{pass_rate:.3f}",
-                          f"{sum(plan[2:-1]) / max(1, len(plan[2:-1])):.2f}", f"{report.baseline_step_s:.2f}",
+                          f"{sum(steady) / len(steady):.2f}", f"{report.baseline_step_s:.2f}",
                           f"{run.steady_step_s:.2f}", f"{report.ratio(run):.3f}", f"{bound:.2f}",
                           f"{bound / report.baseline_step_s:.3f}", str(run.in_flight),
                           f"{s['wasted_tokens'] / generated:.3f}" if generated else "0",

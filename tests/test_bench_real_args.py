@@ -1,4 +1,4 @@
-"""The real-engine bench scripts refuse a bad flag by name (argparse's exit 2 and one ``error:`` line) before any
+"""The bench scripts (the real-engine ones first) refuse a bad flag by name (argparse's exit 2 and one ``error:`` line) before any
 engine starts, and bench/fidelity.py's --reuse takes only a real.json made with the same settings."""
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ MAIN_CASES = [   # scripts whose main() parses sys.argv
     ("record_trace", ["no/such.parquet", "--out", "x.jsonl"], "argument trajectories: no such file: no/such.parquet"),
     ("gpu", ["--budgets", "0"], "argument --budgets: 0 is below 1"),
     ("verify_cost", ["--repeat", "0"], "argument --repeat: 0 is below 1"),
+    ("dynamic_sampling", ["--b", "0"], "argument --b: 0 is below 1"),
+    ("dynamic_sampling", ["--solve", "recorded,1.5"], "--solve: 1.5 is not a chance in (0, 1]"),
+    ("dynamic_sampling", ["--policy", "nope"], "policy: unknown policy 'nope'"),
+    ("dynamic_sampling", ["--fast", "0", "--heavy", "0"], "fast + heavy is 0"),
 ]
 
 
