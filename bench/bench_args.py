@@ -15,6 +15,14 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated whole numbers (e.g. 101,102)") from None
 
 
+def count_list(text: str) -> list[int]:
+    """Comma-separated whole numbers of at least 1 (``128,512``: batch sizes, engines)."""
+    values = int_list(text)
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{min(values)} is below 1 (in {text!r})")
+    return values
+
+
 def float_list(text: str) -> list[float]:
     """Comma-separated numbers (``0.05,0.1``)."""
     try:
@@ -71,6 +79,17 @@ def number_at_least(low: float):
 
     parse.__name__ = f"number >= {low:g}"
     return parse
+
+
+def share(text: str) -> float:
+    """A share strictly between 0 and 1 (a budget such as --max-partial-share)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:   # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value:g} is not between 0 and 1")
+    return value
 
 
 def check_policies(ap: argparse.ArgumentParser, names: list[str], flag: str = "--policies", *,

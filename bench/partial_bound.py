@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from bench_args import check_members, int_list
+from bench_args import at_least, check_members, count_list, existing_file, int_list
 
 from pdsr_sdk.traces import Measurement
 
@@ -103,12 +103,12 @@ def target_for(name: str, b: int) -> tuple[float, float] | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="all", help="members, comma-separated, or all [default: all]")
-    ap.add_argument("--batch-sizes", default="128,512", help="B, comma-separated [default: 128,512]")
+    ap.add_argument("--batch-sizes", type=count_list, default="128,512", help="B, comma-separated [default: 128,512]")
     ap.add_argument("--seeds", type=int_list, default=None, help="trace seeds, comma-separated [default: each member's pinned]")
     ap.add_argument("--jobs", type=int, default=1, help="cells run at once, in worker processes (one a core)")
-    ap.add_argument("--trace", default=None, help="a length trace of your own (`pdsr trace synth`, or one recorded "
+    ap.add_argument("--trace", type=existing_file, default=None, help="a length trace of your own (`pdsr trace synth`, or one recorded "
                                                   "from a run) instead of the family: its first (K + 1) x B groups")
-    ap.add_argument("--steps", type=int, default=10, help="with --trace: K [default: 10]")
+    ap.add_argument("--steps", type=at_least(1), default=10, help="with --trace: K [default: 10]")
     ap.add_argument("--profile", default=None, help="with --trace: an engine profile file (`pdsr simulate "
                                                     "--profile`; its fast pool) [default: the family's equal engine]")
     args = ap.parse_args()
@@ -121,7 +121,7 @@ def main() -> None:
     names = ([n for n in WORKLOADS.names() if n != "multi-turn"] if args.family == "all"
              else args.family.split(","))
     check_members(ap, names)
-    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    sizes = args.batch_sizes
     cells = [(n, s, b) for n in names for b in sizes
              for s in (args.seeds if args.seeds else workload(n).measure.seeds)]
     out: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
@@ -168,14 +168,19 @@ def own_trace(args: argparse.Namespace) -> None:
     from pdsr_sdk.traces import read_trace
     from pdsr_sdk.traces.family import EQUAL_ENGINE
 
-    trace = read_trace(args.trace)
-    pools = load_profile_file(args.profile) if args.profile else {"fast": dict(EQUAL_ENGINE)}
+    from pdsr_sdk.errors import PdsrError
+
+    try:   # a file that is no trace or no profile: one line naming it
+        trace = read_trace(args.trace)
+        pools = load_profile_file(args.profile) if args.profile else {"fast": dict(EQUAL_ENGINE)}
+    except PdsrError as exc:
+        raise SystemExit(f"error: {exc}") from None
     prof = dict(pools.get("fast") or pools["heavy"])
     print(f"{args.trace}: 6 + 2 equal engines, K = {args.steps}, S = 2, within {BUDGET:.0%} partial tokens; "
           f"step / on-policy step")
     print("\n| B | work bound | partial-budget floor | step-count floor | F = 0 step |")
     print("|---|---|---|---|---|")
-    for b in (int(x) for x in args.batch_sizes.split(",")):
+    for b in args.batch_sizes:
         bound, floor, f0, steps = bounds(trace, b, args.steps, prof)
         print(f"| {b} | {bound:.3f} | {floor:.3f} | {steps:.3f} | {f0:.3f} |", flush=True)
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from bench_args import at_least, check_policies, count_list, existing_file, int_list
 
 from pdsr_sdk.traces import Measurement
 
@@ -100,31 +101,37 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", "--families", dest="family", default="all",
                     help="members of the workload family, comma-separated, or all (default)")
-    ap.add_argument("--seed", default=None, help="trace seeds, comma-separated (default: each member's five pinned "
+    ap.add_argument("--seed", type=int_list, default=None, help="trace seeds, comma-separated (default: each member's five pinned "
                                                  "seeds)")
     ap.add_argument("--quick", action="store_true",
                     help=f"small cells: --engines {QUICK['engines']} --batch-sizes {QUICK['batch_sizes']} --batches "
                          f"{QUICK['batches']} --policies {QUICK['policies']} (flags given still win)")
-    ap.add_argument("--batches", type=int, default=None, help="batches per draw [default: 4]")
-    ap.add_argument("--engines", default=None, help="[default: 8,64]")
-    ap.add_argument("--batch-sizes", default=None, help="[default: 128,512]")
-    ap.add_argument("--trace", metavar="FILE", help="a recorded JSONL length trace instead of the family (each seed "
+    ap.add_argument("--batches", type=at_least(1), default=None, help="batches per draw [default: 4]")
+    ap.add_argument("--engines", type=count_list, default=None,
+                    help="equal simulated engines, a quarter of them heavy, comma-separated [default: 8,64]")
+    ap.add_argument("--batch-sizes", type=count_list, default=None, help="B, comma-separated [default: 128,512]")
+    ap.add_argument("--trace", metavar="FILE", type=existing_file, help="a recorded JSONL length trace instead of the family (each seed "
                                                    "resamples its groups; default seeds 101-105)")
-    ap.add_argument("--policies", default=None, help=f"[default: {POLICIES}]")
+    ap.add_argument("--policies", default=None,
+                    help=f"policies and references, comma-separated; baseline among them [default: {POLICIES}]")
     ap.add_argument("--settings", default=None, metavar="JSON",
                     help="v3's settings in every cell, a JSON mapping of nested keys [default: its preset]")
     args = ap.parse_args()
     defaults = QUICK if args.quick else dict(engines="8,64", batch_sizes="128,512", batches=4, policies=POLICIES)
     for key, value in defaults.items():
         if getattr(args, key) is None:
-            setattr(args, key, value)
+            setattr(args, key, count_list(value) if key in ("engines", "batch_sizes") else value)
 
     from pdsr_sdk.policies.resolve import policy_names
     from pdsr_sdk.errors import PdsrError
     from pdsr_sdk.traces import WORKLOADS, workload
     from pdsr_sdk.traces.family import SEEDS
 
-    policies = policy_names(args.policies)
+    try:
+        policies = policy_names(args.policies)
+    except PdsrError as exc:
+        ap.error(f"--policies: {exc}")
+    check_policies(ap, policies, simulation=True)   # an unknown name, listing the valid ones
     settings = check_settings(args.settings, ap)
     if "baseline" not in policies:
         ap.error("--policies: baseline is what every policy is measured against; name it")
@@ -132,9 +139,12 @@ def main() -> None:
     if args.trace:
         from pdsr_sdk.traces.io import read_trace
 
-        recorded = read_trace(args.trace)   # read once: every cell and draw resamples it
-        recorded.require_rectangular("bench/policies.py --trace")
-        members = [args.trace]
+        try:
+            recorded = read_trace(args.trace)   # read once: every cell and draw resamples it
+            recorded.require_rectangular("bench/policies.py --trace")
+        except PdsrError as exc:
+            ap.error(f"--trace: {exc}")
+        members = [str(args.trace)]
     else:
         members = WORKLOADS.names() if args.family == "all" else args.family.split(",")
         for name in members:
@@ -143,7 +153,7 @@ def main() -> None:
             except PdsrError as exc:   # an unknown name, listing the valid ones
                 ap.error(f"--family: {exc}")
     for fam in members:
-        seeds = ([int(x) for x in args.seed.split(",")] if args.seed else
+        seeds = (args.seed if args.seed else
                  list(SEEDS) if recorded is not None else list(workload(fam).measure.seeds))
         many = len(seeds) > 1
         print(f"\n{fam}: seeds {', '.join(map(str, seeds))}" + (" (median [min, max] over them)" if many else "")
@@ -151,8 +161,8 @@ def main() -> None:
         extra = " v3 faster than baseline |" if many else ""
         print("| engines | B | " + " | ".join(policies) + " | v3 share of oracle gain | preemptions base / v3 |" + extra)
         print("|---|---|" + "---|" * len(policies) + "---|---|" + ("---|" if many else ""))
-        for n_eng in map(int, args.engines.split(",")):
-            for b in map(int, args.batch_sizes.split(",")):
+        for n_eng in args.engines:
+            for b in args.batch_sizes:
                 cells = [run_cell(fam, n_eng, b, args.batches, seed, policies, recorded, settings)
                          for seed in seeds]
                 shares = [c[1] for c in cells if c[1] is not None]

@@ -21,7 +21,7 @@ members' medians (the family's median) and the worst member (lowest median). The
 rule whose family median is not above 1, or whose worst member is below 0.99. All in virtual time: one run gives
 the same numbers on any machine (the machine's noise does not enter).
 
-Runtime on one core: the defaults (B = 128, 2 batches; the stream at each member's pinned K, capped at
+Runtime on one core: the defaults (B = 128, 1 batch; the stream at each member's pinned K, capped at
 ``--steps``) take about 20 minutes for the family; --quick a minute.
 """
 
@@ -31,6 +31,7 @@ import argparse
 import time
 
 import numpy as np
+from bench_args import at_least, count_list, existing_file, int_list, number_at_least
 
 MODES = ("batch", "stream")
 QUICK = dict(family="informative,kv-bound", seeds="101", batches=1, steps=5, modes="batch,stream")
@@ -174,16 +175,16 @@ def main() -> None:
     ap.add_argument("--seeds", default=None, help="trace seeds, comma-separated [default: each member's pinned]")
     ap.add_argument("--modes", default=None, help="batch (on-policy), stream (partial rollout) [default: both]")
     ap.add_argument("--rules", default=None, help="rules to disable one at a time [default: every rule]")
-    ap.add_argument("--batch-sizes", default="128", help="on-policy B, comma-separated [default: 128]")
-    ap.add_argument("--batches", type=int, default=None, help="on-policy batches per draw [default: 1]")
-    ap.add_argument("--step-groups", type=int, default=128, help="stream B [default: 128]")
-    ap.add_argument("--over-provision", type=float, default=0.25, help="stream F [default: 0.25]")
-    ap.add_argument("--steps", type=int, default=None, help="stream K at most this (each member's pinned K "
+    ap.add_argument("--batch-sizes", type=count_list, default="128", help="on-policy B, comma-separated [default: 128]")
+    ap.add_argument("--batches", type=at_least(1), default=None, help="on-policy batches per draw [default: 1]")
+    ap.add_argument("--step-groups", type=at_least(1), default=128, help="stream B [default: 128]")
+    ap.add_argument("--over-provision", type=number_at_least(0), default=0.25, help="stream F [default: 0.25]")
+    ap.add_argument("--steps", type=at_least(1), default=None, help="stream K at most this (each member's pinned K "
                                                             "otherwise) [default: 5]")
     ap.add_argument("--together", default=None, help="also these rules disabled at once (row 'together'): the "
                                                      "check of the set that remains once they are removed")
     ap.add_argument("--per-seed", action="store_true", help="also print every cell's ratios")
-    ap.add_argument("--from-log", metavar="FILE", help="print the tables of the --per-seed lines of an earlier run's "
+    ap.add_argument("--from-log", metavar="FILE", type=existing_file, help="print the tables of the --per-seed lines of an earlier run's "
                                                        "output (e.g. one that was interrupted) instead of running")
     ap.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(f"--{k.replace('_', '-')} {v}"
                                                                                    for k, v in QUICK.items()))
@@ -192,6 +193,10 @@ def main() -> None:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    try:
+        seeds = int_list(args.seeds) if args.seeds else None
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"argument --seeds: {exc}")
 
     if args.from_log:
         with open(args.from_log) as fh:
@@ -223,15 +228,14 @@ def main() -> None:
     if set(together) - set(RULES):
         ap.error(f"--together: of {', '.join(RULES)}")
     labels = variants(rules, together)
-    runs = [("batch", b) for b in map(int, args.batch_sizes.split(","))] if "batch" in modes else []
+    runs = [("batch", b) for b in args.batch_sizes] if "batch" in modes else []
     runs += [("stream", args.step_groups)] if "stream" in modes else []
     for mode, b in runs:
         t0 = time.perf_counter()
         cells: dict[str, dict[int, dict[str, float]]] = {}
         preempted: dict[str, dict[str, list[int]]] = {}   # variant -> member -> per seed
         for name in members:
-            seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else list(workload(name).measure.seeds)
-            for seed in seeds:
+            for seed in seeds or workload(name).measure.seeds:
                 got = (batch_times(name, seed, b, args.batches, labels) if mode == "batch" else
                        stream_times(name, seed, b, args.over_provision, args.steps, labels))
                 cells.setdefault(name, {})[seed] = rule_ratios({r: t for r, (t, _) in got.items()})

@@ -24,6 +24,8 @@ import pstats
 import time
 from pathlib import Path
 
+from bench_args import at_least
+
 TARGET_S = 10.0
 SMALL_TARGET_S = 2.0
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "synth_256x8.jsonl"
@@ -32,11 +34,11 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "traces" / "synth_2
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="v2.5", help="policy or 'all' (default v2.5)")
-    parser.add_argument("--groups", type=int, default=12500)
-    parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--fast", type=int, default=750)
-    parser.add_argument("--heavy", type=int, default=250)
-    parser.add_argument("--batch-size", type=int, default=1250)
+    parser.add_argument("--groups", type=at_least(1), default=12500, help="large case: prompts of the synthetic trace")
+    parser.add_argument("--n", type=at_least(1), default=8, help="large case: samples per prompt")
+    parser.add_argument("--fast", type=at_least(0), default=750, help="large case: fast simulated engines")
+    parser.add_argument("--heavy", type=at_least(0), default=250, help="large case: heavy simulated engines")
+    parser.add_argument("--batch-size", type=at_least(1), default=1250, help="large case: prompts per batch")
     parser.add_argument("--profile", action="store_true", help="cProfile the large case")
     args = parser.parse_args()
 

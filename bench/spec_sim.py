@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench_args import check_members, int_list
+from bench_args import at_least, check_members, count_list, existing_file, float_list, int_list, number_at_least
 
 from pdsr_sdk.traces import Measurement
 
@@ -105,29 +105,39 @@ def run_partial(fam: str, b: int, seed: int, engines: int, specs: dict[str, dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="seed002,longcot", help="members, comma-separated")
-    ap.add_argument("--batch-sizes", default="128,512")
+    ap.add_argument("--batch-sizes", type=count_list, default="128,512", help="B, comma-separated")
     ap.add_argument("--seeds", type=int_list, default="101,102,103", help="trace draws (the family pins 101-105)")
     ap.add_argument("--tokens-per-step", default="1.3,1.45,1.6,2,3",
                     help="tokens a step yields per request while drafting 4 tokens every step, swept ('' for none)")
-    ap.add_argument("--acceptance", type=Path, default=None, help="bench/spec.py's acceptance file: a run per method")
+    ap.add_argument("--acceptance", type=existing_file, default=None, help="bench/spec.py's acceptance file: a run per method")
     ap.add_argument("--methods", default="ngram,group", help="with --acceptance: its methods, comma-separated")
     ap.add_argument("--tail-mean", action="store_true",
                     help="with --acceptance: also a run per method at its tail's mean acceptance everywhere "
                          "(METHOD-tail), against the acceptance by response position")
-    ap.add_argument("--max-batch", type=int, default=32, help="drafting only while at most this many run")
-    ap.add_argument("--engines", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=None, help="partial rollout over K steps instead (see above)")
-    ap.add_argument("--over-provision", type=float, default=None,
+    ap.add_argument("--max-batch", type=at_least(1), default=32, help="drafting only while at most this many run")
+    ap.add_argument("--engines", type=at_least(1), default=8, help="equal simulated engines, a quarter of them heavy")
+    ap.add_argument("--steps", type=at_least(1), default=None,
+                    help="partial rollout over K steps instead (see above)")
+    ap.add_argument("--over-provision", type=number_at_least(0), default=None,
                     help="with --steps: this F instead of the search for the fastest within 10%% partial tokens")
     args = ap.parse_args()
     check_members(ap, args.family.split(","))
-    specs = {f"{float(g):g}": {"tokens_per_step": float(g), "max_batch": args.max_batch}
-             for g in args.tokens_per_step.split(",") if g.strip()}
+    try:
+        swept = float_list(args.tokens_per_step) if args.tokens_per_step.strip() else []
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"argument --tokens-per-step: {exc}")
+    if swept and min(swept) < 1:   # a step yields its own token at least
+        ap.error(f"argument --tokens-per-step: {min(swept):g} is below 1")
+    specs = {f"{g:g}": {"tokens_per_step": g, "max_batch": args.max_batch} for g in swept}
     if args.acceptance is not None:
+        from pdsr_sdk.errors import PdsrError
         from pdsr_sdk.sim.speculation import speculation_from_acceptance
 
         for method in args.methods.split(","):
-            spec = speculation_from_acceptance(args.acceptance, method, max_batch=args.max_batch)
+            try:
+                spec = speculation_from_acceptance(args.acceptance, method, max_batch=args.max_batch)
+            except PdsrError as exc:   # not an acceptance file, or no such method in it
+                ap.error(f"--acceptance / --methods: {exc}")
             specs[method] = spec
             print(f"{method}: {spec['tokens_per_step']:.4f} tokens a step, draft load {spec['draft_load']:.3f} "
                   f"in the tail, {len(spec.get('by_position', ()))} position bins (from {args.acceptance.name})")
@@ -137,7 +147,7 @@ def main() -> None:
     seeds = args.seeds
     print(f"{args.engines} engines (H100, 7B), max_batch {args.max_batch}, seeds {seeds}")
     for fam in args.family.split(","):
-        for b in (int(x) for x in args.batch_sizes.split(",")):
+        for b in args.batch_sizes:
             if args.steps:
                 cells = [run_partial(fam, b, seed, args.engines, specs, args.steps, args.over_provision)
                          for seed in seeds]

@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
+from bench_args import at_least, int_list, share
+
 from pydantic import Field
 
 from pdsr_sdk.dispatch.types import Sample
@@ -104,10 +106,11 @@ def search(name: str, seed: int, order: str, b: int, budget: float):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="all", help="members of the workload family, comma-separated, or all")
-    ap.add_argument("--seeds", default=None, help="trace seeds, comma-separated (default: each member's pinned seeds)")
+    ap.add_argument("--seeds", type=int_list, default=None, help="trace seeds, comma-separated (default: each member's pinned seeds)")
     ap.add_argument("--quick", action="store_true", help="--step-groups 128 --orders v3 (flags given still win)")
-    ap.add_argument("--step-groups", type=int, default=None, help="B [default: 512]")
-    ap.add_argument("--max-partial-share", type=float, default=0.1)
+    ap.add_argument("--step-groups", type=at_least(1), default=None, help="B [default: 512]")
+    ap.add_argument("--max-partial-share", type=share, default=0.1,
+                    help="the search's budget: the most partial tokens' share of a step's, in (0, 1) [default: 0.1]")
     ap.add_argument("--orders", default=None, help=f"comma-separated, of {', '.join(ORDERS)} "
                                                    f"[default: v3,group_median,sample]")
     ap.add_argument("--per-seed", action="store_true", help="also one row per seed")
@@ -135,7 +138,7 @@ def main() -> None:
             ap.error(f"--family: {exc}")
     b = args.step_groups
     tasks = [(name, seed, order) for name in members
-             for seed in ([int(x) for x in args.seeds.split(",")] if args.seeds else workload(name).measure.seeds)
+             for seed in (args.seeds or workload(name).measure.seeds)
              for order in orders]
     pool = ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
     futures: dict = {}

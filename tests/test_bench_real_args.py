@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support import load_bench
+from support import ROOT, load_bench
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +65,20 @@ MAIN_CASES = [   # scripts whose main() parses sys.argv
     ("dynamic_sampling", ["--solve", "recorded,1.5"], "--solve: 1.5 is not a chance in (0, 1]"),
     ("dynamic_sampling", ["--policy", "nope"], "policy: unknown policy 'nope'"),
     ("dynamic_sampling", ["--fast", "0", "--heavy", "0"], "fast + heavy is 0"),
+    ("simulate", ["--groups", "0"], "argument --groups: 0 is below 1"),
+    ("policies", ["--seed", "x"], "argument --seed: 'x' is not comma-separated whole numbers"),
+    ("policies", ["--engines", "8,0"], "argument --engines: 0 is below 1"),
+    ("policies", ["--policies", "baseline,nope"], "--policies: unknown policy 'nope'"),
+    ("policies", ["--trace", "no/such.jsonl"], "argument --trace: no such file: no/such.jsonl"),
+    ("rules", ["--seeds", "x"], "argument --seeds: 'x' is not comma-separated whole numbers"),
+    ("rules", ["--batch-sizes", "128,x"], "argument --batch-sizes: '128,x' is not comma-separated whole numbers"),
+    ("rules", ["--over-provision", "-1"], "argument --over-provision: -1 is below 0"),
+    ("spec_sim", ["--tokens-per-step", "0.5"], "argument --tokens-per-step: 0.5 is below 1"),
+    ("spec_sim", ["--acceptance", str(ROOT / "bench/data/spec-acceptance-smollm2.json"), "--methods", "nope"],
+     "spec-acceptance-smollm2.json: data set 'math500' has no method 'nope'"),
+    ("stream_oracle", ["--seeds", "x"], "argument --seeds: 'x' is not comma-separated whole numbers"),
+    ("stream_oracle", ["--max-partial-share", "2"], "argument --max-partial-share: 2 is not between 0 and 1"),
+    ("partial_bound", ["--batch-sizes", "0"], "argument --batch-sizes: 0 is below 1"),
 ]
 
 
