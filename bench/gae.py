@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--loop-repeats", type=at_least(1), default=1,
                         help="timed runs of each per-timestep torch loop (seconds each at full size; default 1)")
     parser.add_argument("--threads", type=int, default=0, help="numba threads (default: all available)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random data")
     args = parser.parse_args()
     shapes = args.shapes or (QUICK if args.quick else FULL)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))

@@ -277,7 +277,7 @@ def score_part(args, results: Results) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["all", "gae", "score"], default="all")
+    ap.add_argument("--part", choices=["all", "gae", "score"], default="all", help="which measurement to run")
     ap.add_argument("--repeat", type=at_least(1), default=20, help="timed repeats per GAE kernel (median shown)")
     ap.add_argument("--samples", type=at_least(1), default=512, help="samples scored")
     ap.add_argument("--budgets", type=at_least(1), nargs="+", default=[16384, 65536], help="token budgets per micro-batch")

@@ -57,7 +57,8 @@ def label_config(label: str, args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int_list, default="101,102,103,104,105")
+    parser.add_argument("--seeds", type=int_list, default="101,102,103,104,105",
+                        help="trace seeds, comma-separated")
     parser.add_argument("--groups", type=at_least(1), default=256, help="prompt groups per seed (batches of --batch-size)")
     parser.add_argument("--engines", type=at_least(1), default=8, help="equal simulated engines")
     parser.add_argument("--batch-size", type=at_least(1), default=128, help="prompts per batch (B)")

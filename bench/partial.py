@@ -67,7 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--runaway-frac", type=number_at_least(0), default=0.02,
                    help="synthetic trace: share of samples at the max (0 to 1)")
     p.add_argument("--seed", type=int, default=0, help="synthetic trace's seed")
-    p.add_argument("--max-num-seqs", type=at_least(1), default=64)
+    p.add_argument("--max-num-seqs", type=at_least(1), default=64, help="sequences per engine")
     p.add_argument("--repeats", type=at_least(1), default=1, help="rounds of both runs, alternating")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
     p.add_argument("--kv-on-update", choices=("recompute", "keep"), default="recompute",

@@ -44,7 +44,8 @@ def last_number_right(response: str | None, ground_truth: str | None) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trajectories", type=existing_file, help="a pdsr rollout trajectories Parquet file")
-    ap.add_argument("--scorer", choices=("run", "last-number"), default="run")
+    ap.add_argument("--scorer", choices=("run", "last-number"), default="run",
+                    help="the run's own rewards, or each response scored again by its last number (see above)")
     ap.add_argument("--out", required=True, help="the JSONL trace to write")
     args = ap.parse_args()
 

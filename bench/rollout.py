@@ -57,8 +57,8 @@ def parse_args(argv=None):
                    help="policies to run (baseline is always run, first); NAME-noseg runs NAME without dynamic "
                         "segments")
     p.add_argument("--model", help="model directory (default: the built-in tiny model)")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-num-seqs", type=at_least(1), default=64)
+    p.add_argument("--dtype", default="auto", help="engine dtype (as EngineSpec.dtype)")
+    p.add_argument("--max-num-seqs", type=at_least(1), default=64, help="sequences per engine")
     p.add_argument("--fast-kv-gib", type=number_at_least(0.01), default=None,
                    help="KV cache of the fast engine (CPU build, GiB)")
     p.add_argument("--heavy-kv-gib", type=number_at_least(0.01), default=None,

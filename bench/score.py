@@ -66,7 +66,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="local HF causal LM directory (default: the built-in tiny model)")
     ap.add_argument("--samples", type=at_least(1), default=512, help="samples scored")
-    ap.add_argument("--completion-median", type=number_at_least(1), default=150.0)
+    ap.add_argument("--completion-median", type=number_at_least(1), default=150.0,
+                    help="median completion length (lognormal)")
     ap.add_argument("--sigma", type=number_at_least(0), default=1.0, help="lognormal sigma of completion lengths")
     ap.add_argument("--max-completion", type=at_least(8), default=1024, help="completion length cap")
     ap.add_argument("--mbs", type=at_least(1), default=32, help="rows of a fixed micro-batch")
@@ -78,7 +79,7 @@ def main() -> None:
     ap.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--no-attention-mask", action="store_true",
                     help="run without the padding mask (exact for causal LMs; SDPA's causal kernel)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the samples' lengths and tokens")
     ap.add_argument("--repeat", type=at_least(1), default=1,
                     help="runs of token quota and packed, interleaved; the best of each is shown")
     ap.add_argument("--vocab", type=at_least(2), default=32768, help="vocab of the random lm_head in part 2")

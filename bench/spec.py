@@ -100,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=at_least(1), default=16, help="prompts per data set (the first ones)")
     p.add_argument("--n", type=at_least(1), default=8, help="samples per prompt (a group)")
     p.add_argument("--max-tokens", type=at_least(1), default=512, help="response cap")
-    p.add_argument("--temperature", type=number_at_least(0), default=1.0)
+    p.add_argument("--temperature", type=number_at_least(0), default=1.0, help="sampling temperature")
     p.add_argument("--methods", default="off,ngram,group,group-longest",
                    help=f"comma-separated, from {', '.join(METHODS)} (default: all but group-siblings)")
     p.add_argument("--num-speculative-tokens", type=at_least(1), default=4, help="K, every method")
