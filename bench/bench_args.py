@@ -51,6 +51,23 @@ def existing_file(text: str) -> Path:
     return path
 
 
+def read_columns(path: Path, columns: list[str], flag: str) -> list[dict]:
+    """The rows of a trajectories Parquet file, ``columns`` only; a file that is no Parquet file or lacks one of them
+    ends the script with one line naming the flag and the file, not pyarrow's traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+    except (pa.ArrowException, OSError) as exc:
+        raise SystemExit(f"error: {flag} {path}: not a trajectories Parquet file ({exc})") from None
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise SystemExit(f"error: {flag} {path}: no column {', '.join(missing)} (a `pdsr rollout` run's trajectories "
+                         f"have them)")
+    return pq.read_table(path, columns=columns).to_pylist()
+
+
 def at_least(low: int):
     """A whole number of at least ``low`` (``at_least(1)``: a count such as --repeats or --groups)."""
     def parse(text: str) -> int:

@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=at_least(1), default=5, help="timed runs of each fast variant (median; default 5)")
     parser.add_argument("--loop-repeats", type=at_least(1), default=1,
                         help="timed runs of each per-timestep torch loop (seconds each at full size; default 1)")
-    parser.add_argument("--threads", type=int, default=0, help="numba threads (default: all available)")
+    parser.add_argument("--threads", type=at_least(0), default=0, help="numba threads (default, 0: all available)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random data")
     args = parser.parse_args()
     shapes = args.shapes or (QUICK if args.quick else FULL)

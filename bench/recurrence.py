@@ -20,14 +20,12 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from bench_args import existing_file
+from bench_args import existing_file, read_columns
 
 
-def capped_flags(path: Path) -> dict[str, list[bool]]:
+def capped_flags(path: Path, flag: str) -> dict[str, list[bool]]:
     """Per prompt, whether each response (by sample index) ran to the cap (finish reason ``length``)."""
-    import pyarrow.parquet as pq
-
-    rows = pq.read_table(path, columns=["prompt_id", "sample_index", "finish_reason"]).to_pylist()
+    rows = read_columns(path, ["prompt_id", "sample_index", "finish_reason"], flag)
     out: dict[str, dict[int, bool]] = defaultdict(dict)
     for r in rows:
         out[r["prompt_id"]][r["sample_index"]] = r["finish_reason"] == "length"
@@ -37,11 +35,11 @@ def capped_flags(path: Path) -> dict[str, list[bool]]:
 def main() -> None:
     from pdsr_sdk.sim.redraw import cap_chance, cap_prior
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("first", type=existing_file, help="trajectories of the first run")
     ap.add_argument("second", type=existing_file, help="trajectories of the same prompts, another seed")
     args = ap.parse_args()
-    a, b = capped_flags(args.first), capped_flags(args.second)
+    a, b = capped_flags(args.first, "first"), capped_flags(args.second, "second")
     prompts = sorted(set(a) & set(b))
     if not prompts:
         raise SystemExit(f"{args.first} and {args.second} share no prompt ids")

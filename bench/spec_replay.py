@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_args import at_least, existing_file, number_at_least  # noqa: E402
+from bench_args import at_least, existing_file, number_at_least, read_columns  # noqa: E402
 
 RULES = ("ngram", "longest", "vote", "siblings")
 
@@ -78,11 +78,9 @@ def parse_args(argv=None):
     return args
 
 
-def read(path: Path) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
+def read(path: Path, flag: str) -> list[dict[str, Any]]:
     cols = ["prompt_id", "sample_index", "prompt_token_ids", "response_token_ids", "segments", "finish_time_s"]
-    return pq.read_table(path, columns=cols).to_pylist()
+    return read_columns(path, cols, flag)
 
 
 def token_times(row: dict[str, Any]) -> np.ndarray:
@@ -190,10 +188,10 @@ def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     results: dict[str, Any] = {}
     for i, path in enumerate(args.run):
-        rows = read(path)
+        rows = read(path, "--run")
         history: dict[tuple, list[list[int]]] = defaultdict(list)
         if args.history:
-            for h in read(args.history[i]):
+            for h in read(args.history[i], "--history"):
                 if h["response_token_ids"]:
                     history[tuple(h["prompt_token_ids"])].append(h["response_token_ids"])
             history = {p: v[-args.history_responses:] if args.history_responses > 0 else []

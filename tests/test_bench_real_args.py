@@ -192,3 +192,26 @@ def test_partial_prints_the_details_of_the_round_at_the_median_ratio():
     runs = [{"samples": 10, "wall_s": w, "round": r} for r, w in enumerate((0.5, 0.25, 1.0))]   # ratios 2, 4, 1
     assert median_run(runs, on)["round"] == 0
     assert median_run(runs[1:], on[1:])["round"] == 2   # ratios 4, 1: the lower middle
+
+
+def test_a_file_that_is_no_trajectories_is_one_line_naming_it(tmp_path, monkeypatch):
+    """bench/recurrence.py and bench/spec_replay.py ended in pyarrow's traceback on a file that is no Parquet file or
+    lacks a column they read; the error names the argument and the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    text = tmp_path / "notes.txt"
+    text.write_text("not parquet\n")
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(pa.table({"prompt_id": ["a"], "sample_index": [0]}), bare)
+    rec = load_bench("recurrence")
+    for argv, message in [([str(text), str(bare)], f"error: first {text}: not a trajectories Parquet file"),
+                          ([str(bare), str(bare)], f"error: first {bare}: no column finish_reason")]:
+        monkeypatch.setattr(sys, "argv", ["recurrence.py", *argv])
+        with pytest.raises(SystemExit) as exc:
+            rec.main()
+        assert str(exc.value.code).startswith(message)
+    replay = load_bench("spec_replay")
+    with pytest.raises(SystemExit) as exc:
+        replay.main(["--run", str(bare)])
+    assert str(exc.value.code).startswith(f"error: --run {bare}: no column prompt_token_ids, response_token_ids")
