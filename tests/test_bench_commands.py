@@ -1,7 +1,7 @@
-"""Every bench script's ``--help`` and the bench command lines the docs give (README.md, docs/*.md; not docs/notes/,
-which is history): each script's --help exits 0 and gives every option a line of help, and each
-``bench/<name>.py ...`` a doc names has only that script's options, with values its parser takes (CI runs no
-benchmark, so a renamed flag would otherwise rot on the page unseen)."""
+"""Every bench script's ``--help``, and the bench command lines the docs (README.md, docs/*.md; not docs/notes/,
+which is history) and the scripts' own --help give: each script's --help exits 0 and gives every option a line of
+help, and each ``bench/<name>.py ...`` a doc or a --help names has only that script's options, with values its
+parser takes (CI runs no benchmark, so a renamed flag would otherwise rot on the page unseen)."""
 
 from __future__ import annotations
 
@@ -105,6 +105,14 @@ def test_every_bench_command_a_doc_gives_parses(doc, parsers, capsys, monkeypatc
     monkeypatch.chdir(ROOT)   # the commands run from the repository's root (bench/data/... paths)
     found = problems(doc.read_text(), parsers, capsys)
     assert not found, f"{doc.name}:\n" + "\n".join(found)
+
+
+def test_every_bench_command_a_help_gives_parses(parsers, capsys, monkeypatch):
+    """The examples each script's --help gives (its docstring's indented lines) too."""
+    monkeypatch.chdir(ROOT)
+    found = [f"bench/{name}.py --help, line {line}" for name, parser in parsers.items()
+             for line in problems(parser.description or "", parsers, capsys)]
+    assert not found, "\n".join(found)
 
 
 def test_the_command_check_finds_a_gone_flag_a_bad_value_and_a_gone_script(parsers, capsys, monkeypatch):
