@@ -2,7 +2,7 @@
 
 First the run (vLLM CPU, one engine; about 23 minutes for 1,024 samples at a 512-token cap on two cores):
 
-    pdsr rollout --policy baseline --data ../shared/data/gsm8k_test.jsonl --limit 128 --instruction math \\
+    pdsr rollout --policy baseline --data gsm8k_test.jsonl --limit 128 --instruction math \\
         --n 8 --batch-size 128 --max-tokens 512 --temperature 1 --model SMOLLM2_DIR --reward math_verify \\
         --out gsm8k-512.parquet
 

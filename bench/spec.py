@@ -38,8 +38,8 @@ Measured per method (engine counters, ``VllmEngine.speculation_stats()``, summed
   segment whose chunks do not line up (vLLM merged two steps' outputs) has its steps spread evenly over it
   (``unaligned_segments`` counts them).
 
-    .venv/bin/python bench/spec.py --model DIR --data ../shared/data/math500.parquet \\
-        --data ../shared/data/gsm8k_test.jsonl --prompts 8 --acceptance-out runs/acceptance.json
+    .venv/bin/python bench/spec.py --model DIR --data math500.parquet \\
+        --data gsm8k_test.jsonl --prompts 8 --acceptance-out runs/acceptance.json
 
 Without ``--model`` it runs the built-in tiny model (whose output hardly repeats: a smoke run; ``--prompts 2 --n 2
 --max-tokens 32 --methods off,ngram,group --engines 1`` takes about 2 minutes on 2 shared cores, each method's
