@@ -3,7 +3,7 @@
 Every request goes through the session's dispatcher: it becomes a group (``n`` samples) handed to the policy
 like a step's groups, so the server schedules as a rollout does. The HTTP layer
 (:mod:`pdsr_sdk.rollout.serve_app`) is thin: it parses, calls :class:`ChatServer`, and turns a
-:class:`ServeError` into an OpenAI-style error.
+:class:`ServeError` into vLLM's server's error body.
 
 **Named samples.** A chat or completions request that names a sample (header ``X-Pdsr-Sample: ID``, or
 ``"pdsr_sample": ID`` in the body) is a turn of one multi-turn sample, recorded token-exact as an agent's sample
@@ -336,7 +336,6 @@ class ChatServer:
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion}}
 
-
     def response_id(self, prefix: str) -> str:
         """A new response's id (``chatcmpl-N``, ``cmpl-N``)."""
         return f"{prefix}-{next(self._ids)}"
@@ -377,14 +376,3 @@ def tools_of(value: Any) -> list[dict] | None:
         raise ServeError(400, f"tools must be a list of objects (OpenAI's {{'type': 'function', 'function': ...}}), "
                               f"got {value!r:.80}")
     return value or None
-
-
-def stream_usage(body: dict[str, Any]) -> bool | None:
-    """None when the request does not stream; else whether its stream ends with a usage chunk
-    (``stream_options: {"include_usage": true}``)."""
-    if not body.get("stream"):
-        return None
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ServeError(400, f"stream_options must be an object, got {options!r}")
-    return bool(options.get("include_usage"))

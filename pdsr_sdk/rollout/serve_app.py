@@ -4,11 +4,12 @@ answered as Server-Sent Events of its tokens as they are made (:mod:`pdsr_sdk.ro
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request, imported lazily in
 # create_app) as objects
+from http import HTTPStatus
 from typing import Any
 
-from pdsr_sdk.rollout.serve import ChatServer, stream_usage
-from pdsr_sdk.rollout.serve_error import ServeError
-from pdsr_sdk.rollout.serve_stream import error_body
+from pdsr_sdk.rollout.serve import ChatServer
+from pdsr_sdk.rollout.serve_error import ServeError, error_body, internal_error
+from pdsr_sdk.rollout.serve_options import stream_usage
 
 
 def create_app(server: ChatServer) -> Any:
@@ -24,19 +25,28 @@ def create_app(server: ChatServer) -> Any:
 
     @app.exception_handler(HTTPException)
     async def routing_error(request: Request, exc: HTTPException) -> JSONResponse:
-        # a route or method pdsr does not serve: the error body OpenAI's clients read, not FastAPI's {"detail": ...}
+        # a route or method pdsr does not serve: an error body whose message lists the routes (vLLM's is Starlette's
+        # {"detail": ...}), typed as vLLM types an HTTPException: the status's phrase
         return error(ServeError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; pdsr serves "
                                                  f"POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
                                                  f"POST /tokenize, POST /detokenize, GET /health and "
-                                                 f"/v1/pdsr/samples/ID"))
+                                                 f"/v1/pdsr/samples/ID",
+                                kind=HTTPStatus(exc.status_code).phrase))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        return error(internal_error(exc))   # as vLLM's server answers one, not a plain-text 500
 
     async def body_of(request: Request) -> dict[str, Any]:
+        # typed and named as vLLM's validation of a request body answers them ("Bad Request", param body)
         try:
             body = await request.json()
-        except ValueError:
-            raise ServeError(400, "the request body is not JSON") from None
+        except ValueError as exc:
+            at = getattr(exc, "pos", None)
+            raise ServeError(400, f"the request body is not JSON ({exc})", kind="Bad Request",
+                             param="body" if at is None else f"body.{at}") from None
         if not isinstance(body, dict):
-            raise ServeError(400, "the request body must be a JSON object")
+            raise ServeError(400, "the request body must be a JSON object", kind="Bad Request", param="body")
         return body
 
     async def answer(request: Request, call: Any) -> Any:

@@ -36,4 +36,4 @@ def check_model(body: dict[str, Any], names: Sequence[str], also: Sequence[str] 
         raise ServeError(400, f"model must be a string, got {model!r:.80}", param="model")
     if model not in names and model not in also:
         raise ServeError(404, f"The model `{model}` does not exist. Valid aliases: {', '.join(names)}.",
-                         kind="NotFoundError", param="model")
+                         param="model")

@@ -1,6 +1,6 @@
 """A ``pdsr serve`` request's options that shape its prompt or its text, as vLLM's server takes them: the chat
 template's (``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``), an assistant
-message's ``tool_calls`` as the template gets them, and ``include_stop_str_in_output``."""
+message's ``tool_calls`` as the template gets them, ``include_stop_str_in_output`` and ``stream_options``."""
 
 from __future__ import annotations
 
@@ -83,3 +83,14 @@ def with_tool_arguments(message: dict[str, Any], where: str) -> dict[str, Any]:
                                   f"{function.get('arguments')!r:.80}")
         out.append({**call, "function": {**function, "arguments": arguments}})
     return {**message, "tool_calls": out}
+
+
+def stream_usage(body: dict[str, Any]) -> bool | None:
+    """None when the request does not stream; else whether its stream ends with a usage chunk
+    (``stream_options: {"include_usage": true}``)."""
+    if not body.get("stream"):
+        return None
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ServeError(400, f"stream_options must be an object, got {options!r}")
+    return bool(options.get("include_usage"))

@@ -21,8 +21,9 @@ first tokens (an error before any, such as an engine's refusal, is the error res
 - ``data: [DONE]``.
 
 An error once the stream has started (a choice that failed, or that its policy restarted after some of its tokens
-were sent: they cannot be taken back) is a chunk ``{"error": {...}}`` then ``[DONE]``, as vLLM's server ends a
-stream. A restart before any of a choice's tokens was sent is no error: the choice streams its new tokens."""
+were sent: they cannot be taken back; an unexpected exception, a 500) is a chunk with the error body
+(:func:`~pdsr_sdk.rollout.serve_error.error_body`) then ``[DONE]``, as vLLM's server ends a stream. A restart
+before any of a choice's tokens was sent is no error: the choice streams its new tokens."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from typing import Any, AsyncIterator, Callable
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.rollout.serve import FINISH, check_failed
 from pdsr_sdk.rollout.serve_deltas import TextDeltas
-from pdsr_sdk.rollout.serve_error import ServeError
+from pdsr_sdk.rollout.serve_error import ServeError, error_body, internal_error
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs
 
 #: where a hermes tool call starts: a chat choice's text is held back from it (and while its end may become it)
@@ -163,8 +164,9 @@ class LiveStream:
                 self.wake.clear()
                 try:
                     chunks = [chunk for c in self.choices if not c.closed for chunk in self._step(c)]
-                except ServeError as exc:
-                    yield f"data: {json.dumps(error_body(exc))}\n\n"
+                except Exception as exc:   # noqa: BLE001 - a bug too ends the stream as vLLM's does, not cut off
+                    error = exc if isinstance(exc, ServeError) else internal_error(exc)
+                    yield f"data: {json.dumps(error_body(error))}\n\n"
                     break
                 for chunk in chunks:
                     yield self._event([chunk])
@@ -254,11 +256,6 @@ class LiveStream:
     def _event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         usage = {"usage": None} if self.include_usage else {}
         return f"data: {json.dumps({**self.head, 'choices': choices, **usage, **extra})}\n\n"
-
-
-def error_body(exc: ServeError) -> dict[str, Any]:
-    """OpenAI's error body for ``exc`` (vLLM's server's, in a response and in a stream)."""
-    return {"error": {"message": str(exc), "type": exc.kind, "param": exc.param, "code": exc.status}}
 
 
 def _text_holds(server: Any, chat: bool, stops: list[str]) -> tuple[bool, list[str]]:

@@ -4,6 +4,7 @@ fixture: tests/rollout/conftest.py)."""
 
 from __future__ import annotations
 
+from http import HTTPStatus
 
 import httpx
 import pytest
@@ -77,7 +78,7 @@ def test_bad_requests_get_clear_errors(served):
     assert httpx.get(f"{base}/pdsr/samples/nope", timeout=WAIT_S).status_code == 404
     bad = httpx.post(f"{base}/pdsr/samples/s2/end", json={"reward": "high"}, timeout=WAIT_S)
     assert bad.status_code == 400 and "finite number" in bad.json()["error"]["message"]
-    # a route or method not served: OpenAI's error body (FastAPI's was {"detail": "Not Found"})
+    # a route or method not served: an error body listing the routes (FastAPI's was {"detail": "Not Found"})
     for method, path, status in (("POST", "/responses", 404), ("GET", "/chat/completions", 405)):
         r = httpx.request(method, base + path, timeout=WAIT_S)
         assert r.status_code == status and r.json()["error"]["code"] == status
@@ -211,6 +212,7 @@ def test_a_sample_out_of_tokens_still_takes_its_reward(served):
     assert again.status_code == 200 and again.json()["reward"] == 0.5   # ending twice with its reward: the same row
     other = httpx.post(f"{base}/pdsr/samples/spent-1/end", json={"reward": 1.0}, timeout=WAIT_S)
     assert other.status_code == 409 and "the reward 1.0 was not taken" in other.json()["error"]["message"]
+    assert other.json()["error"]["type"] == HTTPStatus.CONFLICT.phrase   # as vLLM's server types a 409
 
 
 @requires_torch

@@ -1,0 +1,136 @@
+"""What ``pdsr serve`` answers besides completions, against vLLM's own server code as the reference, on real vLLM
+engines (CPU build, tiny model; one server for the module) with the ``openai`` client: the error bodies
+(vLLM's ``create_error_response`` for the same error), in a stream too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+from http import HTTPStatus
+
+import httpx
+import pytest
+
+from support import WAIT_S, requires_vllm
+
+openai = pytest.importorskip("openai")
+
+NAMES = ["tiny", "tiny-alias"]
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def vserved(engine_loop, vllm_pair, tiny_model_dir):
+    """``session.aserve`` on the shared real engines, answering to NAMES: (session, openai client, root URL)."""
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    session = RolloutSession(RolloutConfig(model=str(tiny_model_dir), sampling={"max_tokens": 8}), engines=vllm_pair)
+    ready: queue.Queue = queue.Queue()
+
+    async def serve():
+        async with session:
+            await session.aserve(port=0, on_ready=ready.put, model_name=NAMES)
+
+    running = asyncio.run_coroutine_threadsafe(serve(), engine_loop)
+    try:
+        root = f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}"
+        yield session, openai.OpenAI(base_url=f"{root}/v1", api_key="none", max_retries=0, timeout=WAIT_S), root
+    finally:
+        session.stop_serving()
+        running.result(WAIT_S)
+
+
+def vllm_body(error: str | Exception, **kw) -> dict:
+    """vLLM's server's error body for ``error`` (a message, with ``kw`` as its server passes them, or an exception
+    its server maps itself)."""
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+    return create_error_response(error, **kw).model_dump()
+
+
+def stream_chunks(url: str, body: dict) -> list[str]:
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=WAIT_S) as r:
+        assert r.status_code == 200
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+@requires_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+class TestOnVllmEngines:
+    def test_a_bad_request_is_vllms_400(self, vserved):
+        """pdsr's 400 was typed OpenAI's ``invalid_request_error``; vLLM's is ``BadRequestError``."""
+        _, client, root = vserved
+        r = httpx.post(f"{root}/v1/chat/completions", json={"messages": MSGS, "n": 0}, timeout=WAIT_S)
+        assert r.status_code == 400 and "n must be a positive integer" in r.json()["error"]["message"]
+        assert r.json() == vllm_body(r.json()["error"]["message"])
+        with pytest.raises(openai.BadRequestError, match="n must be a positive integer"):
+            client.chat.completions.create(model="tiny", messages=MSGS, n=0)
+
+    def test_a_body_that_is_no_json_object_is_vllms_validation_400(self, vserved):
+        """vLLM's request validation types these ``Bad Request`` and names the body (at the JSON error's
+        position), where pdsr's said only invalid_request_error."""
+        _, _, root = vserved
+        bad = b'{"messages": ]'
+        for raw, param in ((bad, f"body.{json_error_at(bad)}"), (b"[1]", "body")):
+            r = httpx.post(f"{root}/v1/chat/completions", content=raw, timeout=WAIT_S,
+                           headers={"content-type": "application/json"})
+            error = r.json()["error"]
+            assert (r.status_code, error["type"], error["param"], error["code"]) == (400, "Bad Request", param, 400)
+
+    def test_a_bug_is_vllms_500_and_ends_a_stream_with_its_error(self, vserved, monkeypatch):
+        """An unexpected exception was FastAPI's plain-text 'Internal Server Error' (and cut a stream off without
+        its error chunk and [DONE]); vLLM's server answers it with its error body, in a stream as its last chunk."""
+        from pdsr_sdk.rollout import serve_stream
+        from pdsr_sdk.rollout.serve import ChatServer
+
+        session, client, root = vserved
+
+        def boom(*_):
+            raise RuntimeError("boom: a bug")
+
+        monkeypatch.setattr(ChatServer, "detokenize", boom)
+        r = httpx.post(f"{root}/detokenize", json={"tokens": [5]}, timeout=WAIT_S)
+        assert (r.status_code, r.json()) == (500, vllm_body(RuntimeError("boom: a bug")))
+        monkeypatch.setattr(serve_stream._Choice, "tokens", boom)   # fails once the stream has begun
+        lines = stream_chunks(f"{root}/v1/chat/completions", {"messages": MSGS, "max_tokens": 4})
+        assert json.loads(lines[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert (json.loads(lines[-2]), lines[-1]) == (vllm_body(RuntimeError("boom: a bug")), "[DONE]")
+        monkeypatch.undo()
+        assert client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2).choices   # serving on
+
+    def test_engines_holding_a_partial_update_are_vllms_retryable_503(self, vserved):
+        from vllm.exceptions import RetryableRequestError
+
+        session, client, root = vserved
+        session._weights_partial = "the engines had loaded up to 1 bucket(s) of this update"   # as a failed update
+        try:
+            r = httpx.post(f"{root}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=WAIT_S)
+            assert (r.status_code, r.json()) == (503, vllm_body(RetryableRequestError(r.json()["error"]["message"])))
+            assert "partial weight update" in r.json()["error"]["message"]
+            with pytest.raises(openai.InternalServerError, match="partial weight update"):   # openai's 5xx
+                client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, stream=True)
+        finally:
+            session._weights_partial = None
+        assert client.completions.create(model="tiny", prompt="x", max_tokens=2).choices
+
+    def test_a_route_not_served_is_typed_as_vllm_types_an_http_error(self, vserved):
+        _, client, root = vserved
+        for method, path, status in (("GET", "/v1/models/tiny", 404), ("GET", "/v1/completions", 405)):
+            r = httpx.request(method, f"{root}{path}", timeout=WAIT_S)
+            error = r.json()["error"]
+            assert (r.status_code, error["type"], error["code"]) == (status, HTTPStatus(status).phrase, status)
+            assert "GET /health" in error["message"]
+        with pytest.raises(openai.NotFoundError, match="/v1/models/tiny"):
+            client.models.retrieve("tiny")
+
+
+def json_error_at(raw: bytes) -> int:
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return exc.pos
+    raise AssertionError(f"{raw!r} is JSON")
+
