@@ -31,7 +31,7 @@ from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
-from pdsr_sdk.rollout.serve_model import check_model
+from pdsr_sdk.rollout.serve_model import check_model, model_cards
 from pdsr_sdk.rollout.serve_options import check_named_template, include_stop, template_options, with_tool_arguments
 from pdsr_sdk.rollout.serve_named import NamedSamples
 
@@ -108,11 +108,8 @@ class ChatServer:
         check_model(body, self.model_names, self.aliases)
 
     def models(self) -> dict[str, Any]:
-        """``GET /v1/models``: the model, once per name it answers to, with the engines' context as vLLM's server
-        lists it (``max_model_len``, which clients read to budget a conversation; null when no engine says)."""
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "pdsr",
-                                             "root": name, "parent": None, "max_model_len": self.context_limit()}
-                                            for name in self.model_names]}
+        """``GET /v1/models``: vLLM's card of the model per name it answers to (:func:`model_cards`)."""
+        return model_cards(self.model_names, self.session.model_dir or "", self.context_limit())
 
     async def end_sample(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
         """End a named sample (``reward``: its reward, or None for the reward function) and return its row."""

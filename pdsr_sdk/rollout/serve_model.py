@@ -1,8 +1,11 @@
 """The model names ``pdsr serve`` answers to, as vLLM's server's ``--served-model-name``: a request naming another
-model is a 404 (vLLM's ``NotFoundError``), not an answer from a model the client did not ask for."""
+model is a 404 (vLLM's ``NotFoundError``), not an answer from a model the client did not ask for; and what
+``GET /v1/models`` says of the model, as vLLM's server says it."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,3 +40,22 @@ def check_model(body: dict[str, Any], names: Sequence[str], also: Sequence[str] 
     if model not in names and model not in also:
         raise ServeError(404, f"The model `{model}` does not exist. Valid aliases: {', '.join(names)}.",
                          param="model")
+
+
+def model_cards(names: Sequence[str], root: str, max_model_len: int | None) -> dict[str, Any]:
+    """``GET /v1/models``: vLLM's model list, a card per name the server answers to, each of the model as given
+    (``root``: the ``--model`` folder or name, as vLLM's ``root`` is its ``--model``), with the engines' context
+    (``max_model_len``, which clients read to budget a conversation), ``owned_by`` and one permission object as
+    vLLM's server fills them: the engines are vLLM's."""
+    now = int(time.time())
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": now, "owned_by": "vllm",
+                                        "root": root, "parent": None, "max_model_len": max_model_len,
+                                        "permission": [_permission(now)]} for name in names]}
+
+
+def _permission(now: int) -> dict[str, Any]:
+    # vLLM's defaults: sampling, log-probs and viewing allowed, nothing else, for any organization
+    return {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission", "created": now,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False}

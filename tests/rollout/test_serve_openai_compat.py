@@ -379,6 +379,6 @@ def test_health_answers_200_as_vllms_does(served):
 @requires_torch
 def test_models_lists_the_context_as_vllms_does(served):
     """vLLM's model card has max_model_len (clients budget a conversation with it); pdsr's had none."""
-    _, client, _ = served
+    session, client, _ = served
     [card] = client.models.list().data
-    assert (card.id, card.max_model_len, card.root) == ("tiny", 256, "tiny")   # the fake engine's max_model_len
+    assert (card.id, card.max_model_len, card.root) == ("tiny", 256, session.model_dir)   # the fake engine's limit

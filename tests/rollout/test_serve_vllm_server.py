@@ -1,6 +1,7 @@
 """What ``pdsr serve`` answers besides completions, against vLLM's own server code as the reference, on real vLLM
 engines (CPU build, tiny model; one server for the module) with the ``openai`` client: the error bodies
-(vLLM's ``create_error_response`` for the same error), in a stream too."""
+(vLLM's ``create_error_response`` for the same error), in a stream too; ``/v1/models`` (vLLM's
+``ModelCard``)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,26 @@ class TestOnVllmEngines:
         finally:
             session._weights_partial = None
         assert client.completions.create(model="tiny", prompt="x", max_tokens=2).choices
+
+    def test_models_are_vllms_model_cards(self, vserved, tiny_model_dir):
+        """pdsr's card had ``root`` the served name, ``owned_by`` pdsr and no ``permission``; vLLM's ``root`` is
+        the model as given (its --model), for each served name."""
+        from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, ModelPermission
+
+        session, client, root = vserved
+        listed = httpx.get(f"{root}/v1/models", timeout=WAIT_S).json()
+        assert ModelList.model_validate(listed).model_dump(exclude={"data"}) == {"object": "list"}
+        context = min(e.spec.max_model_len for e in session.engines)
+        default = ModelPermission().model_dump(exclude={"id", "created"})
+        for card, name in zip(listed["data"], NAMES, strict=True):
+            assert set(card) == set(ModelCard.model_fields)
+            expect = ModelCard(id=name, root=str(tiny_model_dir), max_model_len=context).model_dump(
+                exclude={"created", "permission"})
+            assert {k: card[k] for k in expect} == expect
+            [perm] = card["permission"]
+            assert set(perm) == set(ModelPermission.model_fields) and perm["id"].startswith("modelperm-")
+            assert {k: perm[k] for k in default} == default
+        assert [m.root for m in client.models.list().data] == [str(tiny_model_dir)] * 2
 
     def test_a_route_not_served_is_typed_as_vllm_types_an_http_error(self, vserved):
         _, client, root = vserved
