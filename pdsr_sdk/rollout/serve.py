@@ -29,6 +29,7 @@ from typing import Any
 
 from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
+from pdsr_sdk.errors import RunError
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
 from pdsr_sdk.rollout.serve_model import check_model, model_cards
@@ -111,6 +112,14 @@ class ChatServer:
         """``GET /v1/models``: vLLM's card of the model per name it answers to (:func:`model_cards`)."""
         return model_cards(self.model_names, self.session.model_dir or "", self.context_limit())
 
+    def failure(self) -> str | None:
+        """Why the session answers no request (it failed: a policy's exception, a pool's last engine lost), or None."""
+        try:
+            self.session._check_usable("serve")
+        except RunError as exc:
+            return str(exc)
+        return None
+
     async def end_sample(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
         """End a named sample (``reward``: its reward, or None for the reward function) and return its row."""
         return await self.named.end(sample_id, reward)
@@ -183,6 +192,9 @@ class ChatServer:
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier
         responses to its prompt to draft from)."""
+        failed = self.failure()
+        if failed is not None:   # as vLLM's server answers a request once its engine died
+            raise ServeError(500, failed)
         if self.session.weights_partial:   # no sample from weights part old, part new, or differing by engine
             raise ServeError(503, f"the engines hold a partial weight update ({self.session.weights_partial}); ask "
                                   f"again once the trainer's next update_weights completes")

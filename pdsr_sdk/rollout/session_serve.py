@@ -26,13 +26,13 @@ class Serving:
     async def aserve(self, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | list[str] | None = None,
                      tool_parser: str | None = None, on_ready: Callable[[int], None] | None = None) -> None:
         """Serve ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``POST /tokenize``
-        and ``POST /detokenize`` on the engines, each request a group through the policy, until
-        :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`: named samples, recorded token-exact). ``on_ready(port)``
-        is called once it listens (``port=0``: any free port). ``model_name``: the name, or names, a request's
-        ``model`` may be (another is a 404, as vLLM's server answers it; default the model folder's name, and the
-        folder as given). ``tool_parser``: parse the model's tool calls into ``tool_calls`` with that vLLM parser.
-        A port out of range or taken, or an empty model name, is a ConfigError (before the engines start, where
-        this call starts them)."""
+        and ``POST /detokenize`` (and vLLM's ``/health``, ``/ping`` and ``/version``) on the engines, each request a
+        group through the policy, until :meth:`stop_serving` (:mod:`pdsr_sdk.rollout.serve`: named samples, recorded
+        token-exact). ``on_ready(port)`` is called once it listens (``port=0``: any free port). ``model_name``: the
+        name, or names, a request's ``model`` may be (another is a 404, as vLLM's server answers it; default the
+        model folder's name, and the folder as given). ``tool_parser``: parse the model's tool calls into
+        ``tool_calls`` with that vLLM parser. A port out of range or taken, or an empty model name, is a
+        ConfigError (before the engines start, where this call starts them)."""
         import uvicorn
 
         from pdsr_sdk.rollout.serve import ChatServer

@@ -1,7 +1,7 @@
 """What ``pdsr serve`` answers besides completions, against vLLM's own server code as the reference, on real vLLM
 engines (CPU build, tiny model; one server for the module) with the ``openai`` client: the error bodies
-(vLLM's ``create_error_response`` for the same error), in a stream too; ``/v1/models`` (vLLM's
-``ModelCard``)."""
+(vLLM's ``create_error_response`` for the same error), in a stream too; ``/v1/models`` (vLLM's ``ModelCard``);
+``/version``, ``/ping``. A failed session's answers are checked on fake engines (it cannot serve again)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from http import HTTPStatus
 import httpx
 import pytest
 
-from support import WAIT_S, requires_vllm
+from pdsr_sdk.errors import RunError
+from support import WAIT_S, requires_torch, requires_vllm
 
 openai = pytest.importorskip("openai")
 
@@ -137,13 +138,24 @@ class TestOnVllmEngines:
             assert {k: perm[k] for k in default} == default
         assert [m.root for m in client.models.list().data] == [str(tiny_model_dir)] * 2
 
+    def test_version_and_ping_are_vllms(self, vserved):
+        """Clients ask ``/version`` which vLLM they talk to, and SageMaker-style probes ``/ping``: pdsr had
+        neither (a 404)."""
+        import vllm
+
+        _, _, root = vserved
+        assert httpx.get(f"{root}/version", timeout=WAIT_S).json() == {"version": vllm.__version__}
+        for method in ("GET", "POST"):
+            r = httpx.request(method, f"{root}/ping", timeout=WAIT_S)
+            assert (r.status_code, r.content) == (200, b"")
+
     def test_a_route_not_served_is_typed_as_vllm_types_an_http_error(self, vserved):
         _, client, root = vserved
         for method, path, status in (("GET", "/v1/models/tiny", 404), ("GET", "/v1/completions", 405)):
             r = httpx.request(method, f"{root}{path}", timeout=WAIT_S)
             error = r.json()["error"]
             assert (r.status_code, error["type"], error["code"]) == (status, HTTPStatus(status).phrase, status)
-            assert "GET /health" in error["message"]
+            assert "GET /version" in error["message"]
         with pytest.raises(openai.NotFoundError, match="/v1/models/tiny"):
             client.models.retrieve("tiny")
 
@@ -155,3 +167,33 @@ def json_error_at(raw: bytes) -> int:
         return exc.pos
     raise AssertionError(f"{raw!r} is JSON")
 
+
+@requires_torch
+def test_a_failed_session_is_unhealthy_and_answers_vllms_500(tiny_model_dir):
+    """A session a fatal error ended (a policy's exception, a pool's last engine lost) refuses every call, but its
+    server still answered /health with a 200 and took requests; vLLM's server with its engine dead answers /health
+    (and /ping) with a 503 and a request with its 500."""
+    from serve_client import serving
+
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", sampling={"max_tokens": 8},
+                        engines=[{"name": "f0", "pool": "fast", "backend": "turn_fakes:TurnEngine",
+                                  "max_model_len": 256, "max_num_seqs": 4}])
+    with RolloutSession(cfg) as session, serving(session, model_name="m") as (client, base):
+        root = base.removesuffix("/v1")
+        assert client.completions.create(model="m", prompt="x", max_tokens=2).choices
+        assert httpx.get(f"{root}/health", timeout=WAIT_S).status_code == 200
+
+        async def fail():
+            session._set_fatal(RunError("pool 'fast' lost its last engine"))
+
+        asyncio.run_coroutine_threadsafe(fail(), session._thread.loop).result(WAIT_S)
+        for probe in ("health", "ping"):
+            r = httpx.get(f"{root}/{probe}", timeout=WAIT_S)
+            assert (r.status_code, r.content) == (503, b"")
+        with pytest.raises(openai.InternalServerError, match="pool 'fast' lost its last engine") as refused:
+            client.completions.create(model="m", prompt="x", max_tokens=2)
+        error = refused.value.body
+        assert (error["type"], error["code"]) == ("InternalServerError", 500)
