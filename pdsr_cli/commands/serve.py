@@ -42,13 +42,13 @@ from pdsr_cli.common import (build_config, check_speculative_flags, config_optio
 def command(config_path, policy, policy_set, host, port, model, model_name, max_tokens, temperature, top_p, fast,
             heavy, tool_parser, sample_timeout_s, speculative, num_speculative_tokens, draft_history, quiet):
     """Serve POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize and POST /detokenize
-    on vLLM engines.
+    on vLLM engines (and vLLM's GET /health, /ping and /version), with vLLM's server's error bodies.
 
     Every request is a group placed by the dispatch policy, as a rollout's groups are. A chat or completions
     request that names a sample (header X-Pdsr-Sample, or "pdsr_sample" in the body) is recorded token-exact
     across its requests; POST /v1/pdsr/samples/ID/end (body {"reward": R}) ends it and returns its
-    trajectory, with response_mask and per-token log-probs. stream=true gets each turn, once it ended, as one
-    chunk. See docs/agents.md.
+    trajectory, with response_mask and per-token log-probs. stream=true streams the tokens as the engines make
+    them, in vLLM's server's chunks (a named sample's turn too). See docs/agents.md.
 
     \b
     Examples:
