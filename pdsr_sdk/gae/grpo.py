@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,8 @@ def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool | str =
     """Group-normalised advantages of [N] rewards grouped by [N] ``group_ids`` (any sortable ids).
 
     ``normalize_std``: the std the centred reward is divided by: its group's (``True`` or ``"group"``,
-    default), the whole batch's (``"batch"``), or none (``False`` or ``"none"``). ``eps`` is added to it
-    (verl's 1e-6; TRL's is 1e-4).
+    default), the whole batch's (``"batch"``), or none (``False`` or ``"none"``). ``eps``, a number >= 0, is added
+    to it (verl's 1e-6; TRL's is 1e-4); with ``eps=0`` a group (or batch) whose rewards are all equal still gets 0.
 
     ``singleton``: the advantage of a sample alone in its group: ``"zero"`` (default), or ``"score"``, verl's
     (its reward, divided by ``1 + eps`` when ``normalize_std``).
@@ -53,6 +54,7 @@ def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool | str =
     :class:`~pdsr_sdk.errors.DataValueError` naming the first such entries.
     """
     scale = _std_scale(normalize_std)
+    _check_eps(eps)
     r, x, inverse, counts = read_groups(rewards, group_ids, singleton)
     if x.size == 0:
         return r.output(x)
@@ -66,10 +68,25 @@ def grpo_advantages(rewards: Any, group_ids: Any, *, normalize_std: bool | str =
         std = np.sqrt(sq / np.maximum(counts - 1.0, 1.0))   # unbiased; singleton: 0
         if singleton == "score":
             std[alone] = 1.0
-        centered = centered / (std[inverse] + eps)
+        centered = _divide(centered, std[inverse] + eps)
     elif scale == "batch":      # one reward alone has no spread: std 0, as TRL's
-        centered = centered / ((np.std(x, ddof=1) if x.size > 1 else 0.0) + eps)
+        centered = _divide(centered, np.full_like(x, (np.std(x, ddof=1) if x.size > 1 else 0.0) + eps))
     return r.output(centered)
+
+
+def _divide(centered: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``centered / scale``, 0 where ``scale`` is 0 (``eps=0`` and no spread: 0 / 0, which would be NaN)."""
+    return np.divide(centered, scale, out=np.zeros_like(centered), where=scale > 0)
+
+
+def _check_eps(eps: Any) -> None:
+    try:
+        ok = not isinstance(eps, (bool, str)) and math.isfinite(float(eps)) and float(eps) >= 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigValueError(f"eps: expected a finite number >= 0 (added to the std: verl's 1e-6, TRL's 1e-4), "
+                               f"got {eps!r}")
 
 
 def _std_scale(normalize_std: Any) -> str:

@@ -147,6 +147,30 @@ def test_grpo_normalize_std_names():
         grpo_advantages(rewards, ids, normalize_std="global")
 
 
+@pytest.mark.parametrize("normalize_std", [True, "batch"])
+def test_grpo_eps_zero_gives_a_group_of_equal_rewards_zero(normalize_std):
+    """eps=0 (no floor on the std): a group of equal rewards is 0 / 0; it gets 0 as with eps > 0, not NaN, and the
+    other groups are the centred rewards over the plain std (the loop's numbers with eps 0)."""
+    rewards, ids = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.5]), [0, 0, 1, 1, 2, 2]
+    with np.errstate(all="raise"):       # a 0 / 0 would raise here instead of warning
+        got = grpo_advantages(rewards, ids, normalize_std=normalize_std, eps=0.0)
+    if normalize_std is True:        # each group's own std
+        std1, std2 = statistics.stdev([0.0, 1.0]), statistics.stdev([0.0, 0.5])
+    else:                            # the batch's
+        std1 = std2 = statistics.stdev(rewards.tolist())
+    np.testing.assert_allclose(got, [0.0, 0.0, -0.5 / std1, 0.5 / std1, -0.25 / std2, 0.25 / std2])
+    # two singletons keeping their rewards over a batch std of 0: 0 too, not 2 / 0
+    np.testing.assert_array_equal(grpo_advantages([2.0, 2.0], [0, 1], normalize_std="batch", singleton="score",
+                                                  eps=0.0), [0.0, 0.0])
+
+
+@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "1e-6", None, True])
+def test_grpo_refuses_an_eps_that_is_not_a_number_at_least_0(eps):
+    """A negative eps flips or blows up the advantages of a group that spreads little; NaN makes them all NaN."""
+    with pytest.raises(ConfigValueError, match=r"^eps: expected a finite number >= 0 .*got "):
+        grpo_advantages([0.0, 1.0], [0, 0], eps=eps)
+
+
 # --------------------------------------------------------------------------- whitening
 
 def whiten_loop(values, mask, shift_mean, eps):
