@@ -2,7 +2,7 @@
 
 Each sample is an agent (``async def run(agent)``, :mod:`pdsr_sdk.agent`): the model answers, and where it
 calls the calculator (``<tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call>``,
-the Hermes convention of ChatML models, parsed by vLLM's ``hermes`` tool parser) the environment appends the
+the Hermes convention of ChatML models, parsed by ``pdsr_sdk.agent.parse_tool_calls``) the environment appends the
 result as a ``tool`` message and the model goes on. The reward is ``math_boxed`` on the last turn.
 
     python examples/agent_tools.py --smoke                          # tiny model, built-in prompts, ~2 min
