@@ -260,10 +260,13 @@ def test_every_rollout_config_key_is_in_docs_configuration_md():
     assert sorted(set(RolloutConfig.model_fields) - set(table)) == []
     assert sorted(set(table) - set(RolloutConfig.model_fields)) == []
     # each section's keys with a default written beside them: the model's defaults
+    # and every key of these sections is named (a key added to the model, agent.max_env_turns, was left out)
     problems = []
     for section in ("sampling", "segments", "speculative_settings", "filter_groups", "agent"):
         model = RolloutConfig.model_fields[section].annotation
         model = next((a for a in getattr(model, "__args__", (model,)) if hasattr(a, "model_fields")), model)
+        problems += [f"{section}.{key}: not in the table" for key in sorted(set(model.model_fields)
+                                                                             - set(re.findall(r"`(\w+)`", table[section])))]
         for key, default in re.findall(r"`(\w+)` \((`?[\w.-]+`?)[,);:]", table[section]):   # `key` (default
             if key not in model.model_fields:
                 problems.append(f"{section}.{key}: no such key")
