@@ -100,3 +100,21 @@ def test_a_policy_import_path_that_fails_is_not_answered_with_the_presets():
                   "--policy: policy: cannot import module 'my_pkg.policies' (from 'my_pkg.policies:LongestFirst')")
     assert "presets:" not in text
     failed(invoke("rollout", "--policy", "v4"), "unknown policy 'v4'; valid names: ", "; presets: v2.5-restart")
+
+
+def test_rollout_mds_dynamic_filtering_range_filter_takes_a_failed_reward():
+    """docs/rollout.md's group_filter for OpenRLHF's --algo.dynamic_filtering_range, as written with LO, HI = 0, 1:
+    a failed sample's reward is None (the cell says so); the lambda leaves it out, as --filter-groups does, where
+    sum(r) raised a TypeError. Against the range test on the rewards that did not fail."""
+    import re
+    from pathlib import Path
+
+    import numpy as np
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "rollout.md").read_text()
+    found = re.findall(r"group_filter=(lambda group, r: [^`]*)\)`", text)
+    assert len(found) == 1, found
+    keep = eval(found[0], {"np": np, "LO": 0.0, "HI": 1.0})   # noqa: S307 - the doc's own expression
+    for rewards in ([1.0, None, 0.0], [1.0, None, 1.0], [0.5], [None, None], [0.0, 0.0, 1.0, 1.0]):
+        ok = [x for x in rewards if x is not None]
+        assert bool(keep(None, rewards)) == (bool(ok) and 0.0 < sum(ok) / len(ok) < 1.0), rewards
