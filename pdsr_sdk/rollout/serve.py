@@ -115,7 +115,7 @@ class ChatServer:
     def failure(self) -> str | None:
         """Why the session answers no request (it failed: a policy's exception, a pool's last engine lost), or None."""
         try:
-            self.session._check_usable("serve")
+            self.session.check_usable("serve")
         except RunError as exc:
             return str(exc)
         return None

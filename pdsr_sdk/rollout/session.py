@@ -196,7 +196,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         """Run ``coro`` on the session's background loop (synchronous API)."""
         if self._thread is None:
             coro.close()
-            self._check_usable(what)   # closed: say so, not "open it first"
+            self.check_usable(what)   # closed: say so, not "open it first"
             try:
                 asyncio.get_running_loop()
                 inside = True
@@ -218,7 +218,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
     async def start(self, *, max_model_len: int | None = None) -> None:
         """Build and start the engines (at once; each engine process is pinned when it is spawned)."""
-        self._check_usable("start")
+        self.check_usable("start")
         if self._started:
             return
         from pdsr_sdk.engines import build_engine

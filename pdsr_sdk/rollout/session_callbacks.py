@@ -53,7 +53,7 @@ class RunCallbacks:
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_result(exc)
 
-    def _check_usable(self, what: str) -> None:
+    def check_usable(self, what: str) -> None:
         """A closed session, or one a fatal error ended (a policy's exception, a pool's last engine lost), refuses
         every call with a RunError saying so (the error that ended it is its cause)."""
         if self._closed:

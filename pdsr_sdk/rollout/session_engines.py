@@ -63,7 +63,7 @@ class EngineControl:
         from pdsr_sdk.engines.weights_buckets import stage_update
         from pdsr_sdk.engines.weights_check import ModelWeights
 
-        self._check_usable("update_weights")
+        self.check_usable("update_weights")
         if not self._started:
             raise RunError("update_weights: start the session first")
         streaming_mid_step = self._mid_stream_step()
@@ -184,7 +184,7 @@ class EngineControl:
                            f"{self._weights_partial}); call update_weights with the whole model first")
 
     def _check_can_generate(self, what: str) -> None:
-        self._check_usable(what)
+        self.check_usable(what)
         self._check_weights_whole(what)
 
     def _next_version_given(self, version) -> int:
@@ -211,7 +211,7 @@ class EngineControl:
         and the benchmarks stand in for a trainer with it). Between steps (a partial-rollout step's end included), or
         while paused; during a running, unpaused step (partial rollout's too: it is not stopped for this), or while
         the engines sleep, a RunError, as :meth:`aupdate_weights` decides. Returns the new version."""
-        self._check_usable("next_version")
+        self.check_usable("next_version")
         if not self._started or self.scheduler is None:
             raise RunError("next_version: start the session first")
         self._check_weights_whole("next_version")
