@@ -6,7 +6,8 @@
   copied), names no path above the working directory, and its flags are options of its command.
 - A signature of a ``RolloutSession`` method in docs/sdk.md (``step(prompts=(), *, n=None, ...)``) has the
   method's parameters with their defaults: all of them, unless it ends in ``...``.
-- The tables of docs/configuration.md give each key's default as the config models have it.
+- The tables of docs/configuration.md name every key of each rollout config section and of v3's settings, and
+  each default they write beside a key is the config model's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+from pathlib import PurePath
 
 import pytest
 import yaml
@@ -228,9 +230,14 @@ def test_v3_settings_defaults_in_docs_configuration_md_are_the_codes():
     table = v3_table_defaults((ROOT / "docs" / "configuration.md").read_text())
     assert len(table) >= 20
     settings = V3Settings().model_dump()
-    problems = []
+    # every key of every rule's section is in the table (with its default)
+    problems = [f"{section}.{key}: not in the table" for section, keys in settings.items() if isinstance(keys, dict)
+                for key in keys if f"{section}.{key}" not in table]
     for dotted, default in table.items():
         section, key = dotted.split(".")
+        if key not in settings.get(section, {}):
+            problems.append(f"{dotted}: no such setting")
+            continue
         value = settings[section][key]
         written = None if default.split(":")[0] == "none" else default.strip("`")
         if written is None or isinstance(value, str):
@@ -259,23 +266,33 @@ def test_every_rollout_config_key_is_in_docs_configuration_md():
     table = key_table((ROOT / "docs" / "configuration.md").read_text())
     assert sorted(set(RolloutConfig.model_fields) - set(table)) == []
     assert sorted(set(table) - set(RolloutConfig.model_fields)) == []
-    # each section's keys with a default written beside them: the model's defaults
-    # and every key of these sections is named (a key added to the model, agent.max_env_turns, was left out)
+    # every key of each section (a sub-model: data, sampling, engines, ray, ...) is named in its row (a key added
+    # to the model, agent.max_env_turns, output.flush_groups, was left out), and a default written beside one,
+    # `key` (default), is the model's
     problems = []
-    for section in ("sampling", "segments", "speculative_settings", "filter_groups", "agent"):
-        model = RolloutConfig.model_fields[section].annotation
-        model = next((a for a in getattr(model, "__args__", (model,)) if hasattr(a, "model_fields")), model)
+    sections = {name: model for name, field in RolloutConfig.model_fields.items()
+                if (model := config_model_in(field.annotation)) is not None}
+    assert {"data", "sampling", "engines", "segments", "agent", "output", "ray", "filter_groups"} <= set(sections)
+    for section, model in sections.items():
         problems += [f"{section}.{key}: not in the table" for key in sorted(set(model.model_fields)
                                                                              - set(re.findall(r"`(\w+)`", table[section])))]
-        for key, default in re.findall(r"`(\w+)` \((`?[\w.-]+`?)[,);:]", table[section]):   # `key` (default
+        for key, default in re.findall(r"`(\w+)` \((`?[\w./-]+`?)[,);:]", table[section]):   # `key` (default
             if key not in model.model_fields:
                 problems.append(f"{section}.{key}: no such key")
                 continue
-            value = model.model_fields[key].default
+            value = model.model_fields[key].get_default(call_default_factory=True)
+            value = str(value) if isinstance(value, PurePath) else value
             written = None if default in ("none", "null") else yaml.safe_load(default.strip("`"))
             if written != value:
                 problems.append(f"{section}.{key}: the code's default is {value!r}, the table says {default}")
     assert not problems, "docs/configuration.md:\n" + "\n".join(problems)
+
+
+def config_model_in(annotation):
+    """The pydantic model in a field's type (``X``, ``X | None``, ``list[X] | None``), or None."""
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    return next((m for a in getattr(annotation, "__args__", ()) if (m := config_model_in(a)) is not None), None)
 
 
 # -- config examples ----------------------------------------------------------------------------------------------
