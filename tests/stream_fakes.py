@@ -1,7 +1,7 @@
 """A fake engine that reports each token as it makes it, for ``pdsr serve``'s streams (backend
 ``stream_fakes:ScriptEngine``; tests/rollout/test_serve_stream_held.py). Its responses follow a script the test
-sets, and it can hold a response part-way until the test releases it: a test orders events by what it reads, never
-by time."""
+sets, and it can hold a response part-way until the test releases it, or die with responses held: a test orders
+events by what it reads, never by time."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import asyncio
 import threading
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad
+from pdsr_sdk.errors import EngineError
 
 
 class ScriptEngine:
     """Response token ``p`` of a turn is ``script[p % len(script)]``, one per loop turn (``burst`` at a time).
     With ``ends``, a turn ends ``stop`` after the script's last token (``stop_reason``: vLLM's, the stop string the
     script ends with); else it runs to its request's ``max_tokens``. ``hold(p)``: the next response to reach token
-    ``p`` waits there (``held`` is set) until :meth:`release`."""
+    ``p`` waits there (``held`` is set; :meth:`wait_held` counts them) until :meth:`release`; :meth:`die` ends the
+    engine as a crash would."""
 
     counts_only = False
 
@@ -28,6 +30,8 @@ class ScriptEngine:
         self.burst = 1
         self.hold_at: int | None = None
         self.held = threading.Event()
+        self._holding = threading.Condition()
+        self.n_held = 0   # responses waiting at hold_at now
         self.running: dict[str, dict] = {}
         self.listener = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -54,9 +58,29 @@ class ScriptEngine:
 
     def _release(self) -> None:
         self.hold_at = None
+        self._count_held(-self.n_held)
         for rid, run in list(self.running.items()):
             if run.pop("waiting", False):
                 self._next(rid)
+
+    def wait_held(self, k: int, timeout: float) -> bool:
+        """Whether ``k`` responses wait at the hold within ``timeout`` seconds (from the test's thread)."""
+        with self._holding:
+            return self._holding.wait_for(lambda: self.n_held >= k, timeout)
+
+    def _count_held(self, k: int) -> None:
+        with self._holding:
+            self.n_held += k
+            self._holding.notify_all()
+
+    def die(self) -> None:
+        """Crash (from any thread): every running response is lost and the scheduler hears the engine died."""
+        self.loop.call_soon_threadsafe(self._die)
+
+    def _die(self) -> None:
+        self.running.clear()
+        self._count_held(-self.n_held)
+        self.listener.on_engine_dead(self, EngineError(self.name, "killed by the test", exit_status=-9))
 
     async def start(self):
         pass
@@ -84,6 +108,7 @@ class ScriptEngine:
         if self.hold_at is not None and run["pos"] >= self.hold_at:
             run["waiting"] = True
             self.held.set()
+            self._count_held(1)
             return
         k = min(self.burst, run["left"])
         if self.hold_at is not None:
@@ -104,7 +129,10 @@ class ScriptEngine:
             self.loop.call_soon(self._next, rid)
 
     def abort(self, rid: str) -> None:
-        if self.running.pop(rid, None) is not None:
+        run = self.running.pop(rid, None)
+        if run is not None:
+            if run.get("waiting"):
+                self._count_held(-1)
             self.loop.call_soon(lambda: self.listener.on_segment_end(self, rid, ABORT))
 
     def load(self) -> EngineLoad:

@@ -15,6 +15,10 @@ or no reward: then the session's reward function scores it), which returns its t
 request for ``agent.env_timeout_s`` fails, as an agent that hangs does. ``GET /v1/pdsr/samples/ID`` reads it
 at any time.
 
+**A failed session.** Once the session fails (a policy's exception, a pool's last engine lost), every request
+still running gets vLLM's 500 saying why (a stream that started: its error chunk, then ``[DONE]``), as each new
+one does, and ``/health`` answers 503: no client waits on samples that will never end.
+
 **Streaming.** ``stream=true`` streams a request's tokens as the engines make them (a named sample's turn's too), in
 vLLM's server's chunk shapes (:mod:`pdsr_sdk.rollout.serve_stream`); with a tool parser, a chat's tool calls come at
 its end.
@@ -27,14 +31,14 @@ import itertools
 import time
 from typing import Any
 
-from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.dispatch.types import FAILED, LENGTH, STOP, TRUNCATED, Group, Sample
 from pdsr_sdk.errors import RunError
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
 from pdsr_sdk.rollout.serve_model import check_model, model_cards
-from pdsr_sdk.rollout.serve_options import check_named_template, include_stop, template_options, with_tool_arguments
-from pdsr_sdk.rollout.serve_named import NamedSamples
+from pdsr_sdk.rollout.serve_options import (check_named_template, include_stop, messages_of, template_options,
+                                             tools_of)
+from pdsr_sdk.rollout.serve_named import NamedSamples, _fail
 
 #: finish reasons as OpenAI's API names them
 FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
@@ -58,6 +62,9 @@ class ChatServer:
         self._vocab: int | None = None
         self._hub: Any = None   # the streams' StreamHub, from the first stream on
         session.hooks.on_group_done.append(self._group_done)
+        self._fatal = getattr(session, "_fatal", None)   # done once the session failed (RunCallbacks._set_fatal)
+        if self._fatal is not None:
+            self._fatal.add_done_callback(self._session_failed)
 
     # ------------------------------------------------------------- requests
     async def chat(self, body: dict[str, Any], sample_id: str | None = None, stream: bool | None = None) -> Any:
@@ -192,9 +199,7 @@ class ChatServer:
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are (with speculative 'group', each with the earlier
         responses to its prompt to draft from)."""
-        failed = self.failure()
-        if failed is not None:   # as vLLM's server answers a request once its engine died
-            raise ServeError(500, failed)
+        self.check_alive()
         if self.session.weights_partial:   # no sample from weights part old, part new, or differing by engine
             raise ServeError(503, f"the engines hold a partial weight update ({self.session.weights_partial}); ask "
                                   f"again once the trainer's next update_weights completes")
@@ -202,8 +207,27 @@ class ChatServer:
         sched = self.session.scheduler
         sched.guarded(sched.add_groups, groups)
 
+    def check_alive(self) -> None:
+        """vLLM's 500 for a request once its engine died: here, once the session failed (:meth:`failure`)."""
+        failed = self.failure()
+        if failed is not None:
+            raise ServeError(500, failed)
+
+    def _session_failed(self, _: Any = None) -> None:
+        """The session failed: its samples still running will never end, so each request waiting on one gets the
+        500 now (a plain request's groups, a named sample's turn or end; a stream wakes to end with it)."""
+        why = self.failure() or "the session failed"
+        waiting, self._groups = list(self._groups.values()), {}
+        for done in waiting:
+            _fail(done, ServeError(500, why))
+        self.named.fail(lambda: ServeError(500, why))
+        if self._hub is not None:
+            self._hub.wake_all()
+
     def close(self) -> None:
         """Stop hearing the session's finished groups and tokens (the session calls it when serving ends)."""
+        if self._fatal is not None:
+            self._fatal.remove_done_callback(self._session_failed)
         if self._group_done in self.session.hooks.on_group_done:
             self.session.hooks.on_group_done.remove(self._group_done)
         if self._hub is not None:
@@ -361,27 +385,3 @@ def check_failed(group: Group) -> None:
     if failed:
         raise ServeError(400, f"{len(failed)} of {len(group.samples)} choices failed: {failed[0].error}")
 
-
-def messages_of(value: Any) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise ServeError(400, "messages must be a non-empty list of {role, content}")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ServeError(400, f"messages[{i}] must be an object with a string 'role'")
-        try:   # text parts joined, as vLLM's server passes them to a template of string content
-            m = {**m, "content": message_text(m.get("content"), f"messages[{i}].content")}
-        except ValueError as exc:
-            raise ServeError(400, str(exc)) from None
-        out.append(with_tool_arguments(m, f"messages[{i}]"))
-    return out
-
-
-def tools_of(value: Any) -> list[dict] | None:
-    """A chat request's ``tools`` (OpenAI's function definitions), for the chat template; None when it has none."""
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise ServeError(400, f"tools must be a list of objects (OpenAI's {{'type': 'function', 'function': ...}}), "
-                              f"got {value!r:.80}")
-    return value or None

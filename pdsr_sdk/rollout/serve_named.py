@@ -57,6 +57,9 @@ class RequestHost(Protocol):
     def add(self, groups: list[Group]) -> None:
         """Hand ``groups`` to the dispatcher, as a step's groups are."""
 
+    def check_alive(self) -> None:
+        """A 500 once the session failed (its samples never end)."""
+
     def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str,
                     stop: str | int | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """A chat response's choice of a sampled turn (its message, finish reason, stop reason, log-probs and
@@ -165,6 +168,7 @@ class NamedSamples:
     async def end(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
         """End a named sample (``reward``: its reward, or None for the reward function) and return its row."""
         named = self._get(sample_id)
+        self.server.check_alive()   # its agent would never end it
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
                                    or not math.isfinite(reward)):
             raise ServeError(400, f"reward must be a finite number or null, got {reward!r}")
@@ -200,6 +204,14 @@ class NamedSamples:
             _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r} ended "
                                                 f"({sample.finish_reason}: {sample.error})"))
 
+    def fail(self, error: Callable[[], BaseException]) -> None:
+        """The session failed: each request waiting on a sample that has not ended (its turn, its end) gets
+        ``error()``."""
+        for named in self.samples.values():
+            if not named.group.samples[0].finished:
+                _fail(named.waiter, error())
+                _fail(named.done, error())
+
     # ------------------------------------------------------------- turns
     def _turn(self, sample_id: str, api: str, max_tokens: int, start: Callable[[], Group],
               extend: Callable[[_Named], dict[str, Any]]) -> tuple[_Named, asyncio.Future, list[int]]:
@@ -222,6 +234,7 @@ class NamedSamples:
             group.samples[0].turn_end = max_tokens   # the first turn's limit: this request's max_tokens
             self.server.add([group])
         else:
+            self.server.check_alive()   # its agent would never take the turn
             if named.api != api:
                 raise ServeError(400, f"sample {sample_id!r} was started on /v1/{_route(named.api)}; continue "
                                       f"it there (a sample keeps one endpoint)")

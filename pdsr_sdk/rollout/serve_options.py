@@ -1,5 +1,5 @@
-"""A ``pdsr serve`` request's options that shape its prompt or its text, as vLLM's server takes them: the chat
-template's (``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``), an assistant
+"""A ``pdsr serve`` request's messages and tools (:func:`messages_of`, :func:`tools_of`) and its options that shape
+its prompt or its text, as vLLM's server takes them: the chat template's (``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``), an assistant
 message's ``tool_calls`` as the template gets them, ``include_stop_str_in_output`` and ``stream_options``."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdsr_sdk.agent.render import message_text
 from pdsr_sdk.rollout.serve_error import ServeError
 
 
@@ -94,3 +95,28 @@ def stream_usage(body: dict[str, Any]) -> bool | None:
     if not isinstance(options, dict):
         raise ServeError(400, f"stream_options must be an object, got {options!r}")
     return bool(options.get("include_usage"))
+
+
+def messages_of(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise ServeError(400, "messages must be a non-empty list of {role, content}")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ServeError(400, f"messages[{i}] must be an object with a string 'role'")
+        try:   # text parts joined, as vLLM's server passes them to a template of string content
+            m = {**m, "content": message_text(m.get("content"), f"messages[{i}].content")}
+        except ValueError as exc:
+            raise ServeError(400, str(exc)) from None
+        out.append(with_tool_arguments(m, f"messages[{i}]"))
+    return out
+
+
+def tools_of(value: Any) -> list[dict] | None:
+    """A chat request's ``tools`` (OpenAI's function definitions), for the chat template; None when it has none."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ServeError(400, f"tools must be a list of objects (OpenAI's {{'type': 'function', 'function': ...}}), "
+                              f"got {value!r:.80}")
+    return value or None

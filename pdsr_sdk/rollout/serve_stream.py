@@ -21,7 +21,7 @@ first tokens (an error before any, such as an engine's refusal, is the error res
 - ``data: [DONE]``.
 
 An error once the stream has started (a choice that failed, or that its policy restarted after some of its tokens
-were sent: they cannot be taken back; an unexpected exception, a 500) is a chunk with the error body
+were sent: they cannot be taken back; the session's failure, or an unexpected exception, a 500) is a chunk with the error body
 (:func:`~pdsr_sdk.rollout.serve_error.error_body`) then ``[DONE]``, as vLLM's server ends a stream. A restart
 before any of a choice's tokens was sent is no error: the choice streams its new tokens."""
 
@@ -72,6 +72,11 @@ class StreamHub:
         for s in samples:
             if self._waiting.get(s) is event:
                 del self._waiting[s]
+
+    def wake_all(self) -> None:
+        """Wake every stream (the session failed: its samples never end, the streams end with its error)."""
+        for event in self._waiting.values():
+            event.set()
 
     def close(self) -> None:
         for hooks, fn in ((self.hooks.on_tokens, self._wake), (self.hooks.on_sample_done, self._done)):
@@ -141,6 +146,7 @@ class LiveStream:
             if self.groups is not None:
                 self.server.launch(self.groups)
             while not any(len(c.sample.token_ids) > c.start or c.ended() for c in self.choices):
+                self.server.check_alive()   # a failed session's samples never end
                 await self.wake.wait()
                 self.wake.clear()
             if all(c.ended() for c in self.choices):
@@ -195,6 +201,8 @@ class LiveStream:
         elif c.turn.done() and c.turn.exception() is not None:
             raise c.turn.exception()
         ended = c.ended()
+        if not ended:
+            self.server.check_alive()   # a failed session's sample never ends: its stream ends with the 500
         ids, lps = c.tokens()
         ids, lps = ids[c.consumed:], lps[c.consumed:]
         c.consumed += len(ids)

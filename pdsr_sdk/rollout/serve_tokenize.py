@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdsr_sdk.rollout.serve import ChatServer, messages_of, tools_of
+from pdsr_sdk.rollout.serve import ChatServer
+from pdsr_sdk.rollout.serve_options import messages_of, tools_of
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_options import template_options
 
