@@ -74,5 +74,8 @@ class SessionHooks:
     #: ``fn(sample, n)``: ``n`` tokens just added to a running sample (its ``token_ids`` end with them when the engine
     #: reports ids), as the engine reports them: each engine step's, or more at once
     on_tokens: list[Callable[[Sample, int], None]] = field(default_factory=list)
+    #: ``fn(exc)``: the session just failed (a policy's exception, a pool's last engine lost); the samples still
+    #: running will never end, and every later call raises a RunError (``check_usable``)
+    on_fatal: list[Callable[[BaseException], None]] = field(default_factory=list)
     #: one-line messages (``starting 2 vLLM engines ...``, ``engines ready in 23.1 s``); see pdsr_sdk.progress
     on_status: list[Callable[[str], None]] = field(default_factory=list)

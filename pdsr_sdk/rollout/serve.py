@@ -38,7 +38,7 @@ from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
 from pdsr_sdk.rollout.serve_model import check_model, model_cards
 from pdsr_sdk.rollout.serve_options import (check_named_template, include_stop, messages_of, template_options,
                                              tools_of)
-from pdsr_sdk.rollout.serve_named import NamedSamples, _fail
+from pdsr_sdk.rollout.serve_named import NamedSamples, fail_future
 
 #: finish reasons as OpenAI's API names them
 FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
@@ -62,9 +62,7 @@ class ChatServer:
         self._vocab: int | None = None
         self._hub: Any = None   # the streams' StreamHub, from the first stream on
         session.hooks.on_group_done.append(self._group_done)
-        self._fatal = getattr(session, "_fatal", None)   # done once the session failed (RunCallbacks._set_fatal)
-        if self._fatal is not None:
-            self._fatal.add_done_callback(self._session_failed)
+        session.hooks.on_fatal.append(self._session_failed)
 
     # ------------------------------------------------------------- requests
     async def chat(self, body: dict[str, Any], sample_id: str | None = None, stream: bool | None = None) -> Any:
@@ -219,15 +217,15 @@ class ChatServer:
         why = self.failure() or "the session failed"
         waiting, self._groups = list(self._groups.values()), {}
         for done in waiting:
-            _fail(done, ServeError(500, why))
+            fail_future(done, ServeError(500, why))
         self.named.fail(lambda: ServeError(500, why))
         if self._hub is not None:
             self._hub.wake_all()
 
     def close(self) -> None:
         """Stop hearing the session's finished groups and tokens (the session calls it when serving ends)."""
-        if self._fatal is not None:
-            self._fatal.remove_done_callback(self._session_failed)
+        if self._session_failed in self.session.hooks.on_fatal:
+            self.session.hooks.on_fatal.remove(self._session_failed)
         if self._group_done in self.session.hooks.on_group_done:
             self.session.hooks.on_group_done.remove(self._group_done)
         if self._hub is not None:

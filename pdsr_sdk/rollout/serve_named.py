@@ -201,7 +201,7 @@ class NamedSamples:
         if named is not None and named.group is group and named.done is not None and not named.done.done():
             named.done.set_result(None)
             sample = group.samples[0]
-            _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r} ended "
+            fail_future(named.waiter, ServeError(409, f"sample {named.sample_id!r} ended "
                                                 f"({sample.finish_reason}: {sample.error})"))
 
     def fail(self, error: Callable[[], BaseException]) -> None:
@@ -209,8 +209,8 @@ class NamedSamples:
         ``error()``."""
         for named in self.samples.values():
             if not named.group.samples[0].finished:
-                _fail(named.waiter, error())
-                _fail(named.done, error())
+                fail_future(named.waiter, error())
+                fail_future(named.done, error())
 
     # ------------------------------------------------------------- turns
     def _turn(self, sample_id: str, api: str, max_tokens: int, start: Callable[[], Group],
@@ -296,16 +296,16 @@ class NamedSamples:
                         # no turn or token left: the sample waits for its end (and its reward), holding no slot
                         named.spent = (f"sample {named.sample_id!r}: {exc}; end it with POST "
                                        f"/v1/pdsr/samples/{named.sample_id}/end")
-                        _fail(named.waiter, ServeError(409, named.spent))
+                        fail_future(named.waiter, ServeError(409, named.spent))
                         while True:
                             kind, *rest = await named.requests.get()
                             if kind == "end":
                                 return rest[0]
             except AgentDone as exc:
-                _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r}: {exc}"))
+                fail_future(named.waiter, ServeError(409, f"sample {named.sample_id!r}: {exc}"))
                 raise
             except BaseException as exc:
-                _fail(named.waiter, ServeError(409, f"sample {named.sample_id!r} failed: {exc!r}"))
+                fail_future(named.waiter, ServeError(409, f"sample {named.sample_id!r} failed: {exc!r}"))
                 raise
         return remote
 
@@ -374,7 +374,8 @@ def _resolve(future: asyncio.Future | None, value: Any) -> None:
         future.set_result(value)
 
 
-def _fail(future: asyncio.Future | None, exc: BaseException) -> None:
+def fail_future(future: asyncio.Future | None, exc: BaseException) -> None:
+    """Fail ``future`` with ``exc`` unless it is done already (a request waiting on it gets the error)."""
     if future is not None and not future.done():
         future.set_exception(exc)
         future.exception()   # seen: nobody may be waiting any more

@@ -52,6 +52,8 @@ class RunCallbacks:
     def _set_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_result(exc)
+            for fn in self.hooks.on_fatal:
+                fn(exc)
 
     def check_usable(self, what: str) -> None:
         """A closed session, or one a fatal error ended (a policy's exception, a pool's last engine lost), refuses

@@ -333,7 +333,7 @@ def test_a_turn_that_calls_tools_finishes_with_tool_calls(tiny_model_dir):
     from pdsr_sdk.rollout.serve import ChatServer
 
     tok = load_tokenizer(tiny_model_dir)
-    server = ChatServer(SimpleNamespace(tokenizer=tok, hooks=SimpleNamespace(on_group_done=[])), tool_parser="hermes")
+    server = ChatServer(SimpleNamespace(tokenizer=tok, hooks=SimpleNamespace(on_group_done=[], on_fatal=[])), tool_parser="hermes")
     call = tok('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>',
                add_special_tokens=False)["input_ids"]
     group = Group(prompt_id="p", prompt_token_ids=[1], prompt_text="", n=3)
