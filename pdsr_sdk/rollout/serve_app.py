@@ -34,6 +34,10 @@ def create_app(server: ChatServer) -> Any:
                                                  f"GET /version and /v1/pdsr/samples/ID",
                                 kind=HTTPStatus(exc.status_code).phrase))
 
+    @app.exception_handler(ServeError)
+    async def refused(request: Request, exc: ServeError) -> JSONResponse:
+        return error(exc)   # every route's refusal (a bad body, an unknown model, a failed session): its status
+
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
         return error(internal_error(exc))   # as vLLM's server answers one, not a plain-text 500
@@ -53,12 +57,9 @@ def create_app(server: ChatServer) -> Any:
     async def answer(request: Request, call: Any) -> Any:
         """``call(body, sample_id, stream)``'s response, as JSON or, for ``stream=true``, as the events of its
         tokens as they come."""
-        try:
-            body = await body_of(request)
-            usage = stream_usage(body)   # checked before the request runs
-            response = await call(body, request.headers.get("x-pdsr-sample"), usage)
-        except ServeError as exc:
-            return error(exc)
+        body = await body_of(request)
+        usage = stream_usage(body)   # checked before the request runs
+        response = await call(body, request.headers.get("x-pdsr-sample"), usage)
         if usage is None:
             return response
         return StreamingResponse(response, media_type="text/event-stream")
@@ -91,31 +92,19 @@ def create_app(server: ChatServer) -> Any:
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Any:
-        try:
-            return server.tokenize(await body_of(request))
-        except ServeError as exc:
-            return error(exc)
+        return server.tokenize(await body_of(request))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Any:
-        try:
-            return server.detokenize(await body_of(request))
-        except ServeError as exc:
-            return error(exc)
+        return server.detokenize(await body_of(request))
 
     @app.get("/v1/pdsr/samples/{sample_id}")
     async def sample(sample_id: str) -> Any:
-        try:
-            return await server.sample_row(sample_id)
-        except ServeError as exc:
-            return error(exc)
+        return await server.sample_row(sample_id)
 
     @app.post("/v1/pdsr/samples/{sample_id}/end")
     async def end(sample_id: str, request: Request) -> Any:
-        try:
-            body = await body_of(request) if await request.body() else {}
-            return await server.end_sample(sample_id, body.get("reward"))
-        except ServeError as exc:
-            return error(exc)
+        body = await body_of(request) if await request.body() else {}
+        return await server.end_sample(sample_id, body.get("reward"))
 
     return app
