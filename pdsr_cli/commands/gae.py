@@ -1,4 +1,5 @@
-"""``pdsr gae``: GAE advantages and returns for a table of per-token rewards, values and masks."""
+"""``pdsr gae``: per-token advantages for a table of rollouts: critic GAE (rewards, values, masks) or GRPO, RLOO,
+REINFORCE++ (one reward per sample and its group)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import click
 
 from pdsr_cli.common import build_config_replacing, cli_progress, config_option, handle_errors, quiet_option, UserPathType
-from pdsr_sdk.gae.config import GaeConfig
+from pdsr_sdk.gae.config import ESTIMATOR_KEYS, GaeConfig
 
 
 def _help(name: str) -> str:
@@ -22,12 +23,19 @@ def _help(name: str) -> str:
 @click.option("--data", type=UserPathType(path_type=Path), default=None, help=_help("data"))
 @click.option("--out", type=UserPathType(dir_okay=False, path_type=Path), default=None, help=_help("out"))
 @click.option("--overwrite", is_flag=True, default=None, help=_help("overwrite"))
+@click.option("--estimator", type=click.Choice(list(ESTIMATOR_KEYS)), default=None, help=_help("estimator"))
 @click.option("--rewards-column", default=None, help=_help("rewards_column"))
 @click.option("--values-column", default=None, help=_help("values_column"))
+@click.option("--group-column", default=None, help=_help("group_column"))
+@click.option("--tokens-column", default=None, help=_help("tokens_column"))
 @click.option("--mask-column", default=None,
               help=_help("mask_column").replace("null:", "null (on the command line: ''):"))
 @click.option("--gamma", type=float, default=None, help=_help("gamma"))
 @click.option("--lam", type=float, default=None, help=_help("lam"))
+@click.option("--normalize-std", type=click.Choice(["group", "batch", "none"]), default=None,
+              help=_help("normalize_std"))
+@click.option("--eps", type=float, default=None, help=_help("eps"))
+@click.option("--singleton", type=click.Choice(["zero", "score"]), default=None, help=_help("singleton"))
 @click.option("--chunk", type=int, default=None, help=_help("chunk"))
 @click.option("--backend", default=None, help=_help("backend"))
 @click.option("--carry-dtype", type=click.Choice(["auto", "float32", "float64"]), default=None,
@@ -39,16 +47,20 @@ def _help(name: str) -> str:
 @config_option
 @handle_errors
 def command(config_path: Path | None, quiet: bool, **flags) -> None:
-    """Add per-token 'advantages' and 'returns' columns to a table of rollouts.
+    """Add per-token 'advantages' (and 'returns') columns to a table of rollouts.
 
-    Semantics are verl's masked GAE: walking each row backwards, a valid
-    token updates the advantage and the bootstrap value, a masked token
-    carries both unchanged (its reward is ignored); returns = advantages +
-    values.
+    --estimator gae (default) is verl's masked GAE over a values column:
+    walking each row backwards, a valid token updates the advantage and the
+    bootstrap value, a masked token carries both unchanged (its reward is
+    ignored); returns = advantages + values. grpo, rloo,
+    reinforce_plus_plus and reinforce_plus_plus_baseline need no critic:
+    one reward per sample, its group from --group-column, the advantage on
+    each valid token of the response and 0 on masked ones, as verl's.
 
     \b
     Example:
       pdsr gae --data rollouts.parquet --out rollouts_gae.parquet --gamma 1.0 --lam 0.95
+      pdsr gae --data rollouts.parquet --out rollouts_adv.parquet --estimator grpo
     """
     from pdsr_cli.quiet import output_mode
     from pdsr_sdk.gae.table import run_gae_file
@@ -61,8 +73,10 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
         cfg = cfg.model_copy(update={"mask_column": None})
     with output_mode(quiet):   # --quiet also hides third-party warnings (numba, torch)
         summary = run_gae_file(cfg, progress=cli_progress(quiet))
+    how = ", ".join(([] if summary.estimator == "gae" else [f"estimator {summary.estimator}"])
+                    + ([f"backend {summary.backend}"] if summary.backend else []))
     click.echo(f"wrote {summary.out}: {summary.rows} rows, {summary.tokens} tokens ({summary.valid_tokens} valid), "
-               f"backend {summary.backend}, {summary.seconds:.3g} s")
+               f"{how}, {summary.seconds:.3g} s")
     if summary.dropped_rewards:
         rows = summary.dropped_rewards
         shown = ", ".join(map(str, rows[:5])) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")

@@ -1,4 +1,5 @@
-"""GAE over a table file (``pdsr gae``): ragged list columns in, two list columns out."""
+"""Advantages over a table file (``pdsr gae``): ragged list columns in, per-token list columns out. Critic GAE here;
+the outcome estimators (GRPO, RLOO, REINFORCE++) in :mod:`pdsr_sdk.gae.outcome_table`."""
 
 from __future__ import annotations
 
@@ -28,11 +29,16 @@ def gae_output_schema() -> pa.Schema:
     return pa.schema(
         [
             pa.field(ADVANTAGES, pa.list_(pa.float32()), nullable=False, metadata={
-                "description": "Per-token GAE advantage A_t, as long as the row's rewards list; at a masked token "
-                               "the advantage of the next valid token, after the last valid token 0; whitened "
-                               "over the file's valid tokens when --whiten is given."}),
+                "description": "Per-token advantage. gae: A_t, as long as the row's rewards list; at a masked "
+                               "token the advantage of the next valid token, after the last valid token 0; "
+                               "whitened over the file's valid tokens when --whiten is given. grpo, rloo: the "
+                               "sample's advantage on each valid token of its response, 0 on masked ones. "
+                               "reinforce_plus_plus(_baseline): verl's, whitened over the file's valid tokens, "
+                               "0 on masked ones."}),
             pa.field(RETURNS, pa.list_(pa.float32()), nullable=False, metadata={
-                "description": "Per-token return (value target) A_t + V_t, with A_t before whitening."}),
+                "description": "Per-token return. gae: the value target A_t + V_t, with A_t before whitening. "
+                               "reinforce_plus_plus: the discounted return of each valid token, 0 on masked "
+                               "ones. Not written by the other estimators."}),
         ],
         metadata={"description": "Columns added by `pdsr gae` to a copy of its input table."},
     )
@@ -46,20 +52,19 @@ class GaeRunSummary:
     rows: int
     tokens: int
     valid_tokens: int
-    backend: str
+    backend: str                # of the scan; "" for the estimators that run none (grpo, rloo, the baseline)
     seconds: float
     #: rows whose scalar reward is not 0 but that have no valid token to carry it (their mask is all 0): their
     #: reward is in no advantage
     dropped_rewards: tuple[int, ...] = ()
+    estimator: str = "gae"
 
 
 def run_gae_file(cfg: GaeConfig, *, progress: ProgressFactory | None = None) -> GaeRunSummary:
     """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically (checked writable first).
     ``progress``: a factory whose bar counts the tokens done (:mod:`pdsr_sdk.progress`; default silent)."""
     check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite)
-    columns = ([cfg.rewards_column] if cfg.rewards_column else []) + [cfg.values_column] + \
-        ([cfg.mask_column] if cfg.mask_column else [])
-    table = read_table(cfg.data, columns, what="GAE input", setting="data (--data)")
+    table = read_table(cfg.data, what="GAE input", setting="data (--data)")
     result, summary = gae_table(table, cfg, source=cfg.data, progress=progress)
     write_table_atomic(result, cfg.out)
     return summary
@@ -70,21 +75,60 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "",
     """``table`` plus ``advantages`` and ``returns`` columns computed as ``cfg`` says, in blocks of rows each padded
     to its own longest row (:data:`BLOCK_CELLS`), not the whole table to the longest row of all."""
     from pdsr_sdk.gae import masked_whiten
-    from pdsr_sdk.gae.api import get_backend, resolve_backend_name
 
+    if cfg.estimator != "gae":
+        from pdsr_sdk.gae.outcome_table import outcome_table
+
+        return outcome_table(table, cfg, source=source, progress=progress)
+    require_columns(table, source, {cfg.values_column: "--values-column", **mask_flag(cfg)},
+                    hint="; without a critic's values, an outcome estimator: --estimator grpo, rloo, "
+                         "reinforce_plus_plus or reinforce_plus_plus_baseline")
     values, offsets = list_column_to_numpy(table.column(cfg.values_column), np.float32, name=cfg.values_column,
                                            path=source)
     lengths = np.diff(offsets)
-    _check_finite(source, cfg.values_column, values, offsets)
+    check_finite(source, cfg.values_column, values, offsets)
     if cfg.mask_column:
-        mask_col = _mask_nulls_as_all_valid(table.column(cfg.mask_column), lengths)
+        mask_col = mask_nulls_as_all_valid(table.column(cfg.mask_column), lengths)
         mask, mask_offsets = list_column_to_numpy(mask_col, np.float64, name=cfg.mask_column, path=source)
-        _check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets))
-        _check_finite(source, cfg.mask_column, mask, mask_offsets)
+        check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets))
+        check_finite(source, cfg.mask_column, mask, mask_offsets)
         mask = mask != 0
     else:
         mask = np.ones(len(values), dtype=np.bool_)
-    rewards, dropped = _rewards(table, cfg, source, offsets, mask)
+    rewards, dropped = token_rewards(table, cfg, source, offsets, mask, cfg.values_column)
+    start = time.perf_counter()
+    adv, ret, name = scan_rows(rewards, values, mask, offsets, cfg, cfg.lam, progress)
+    if cfg.whiten:
+        try:   # over the flat tokens: the same entries, in the same order, as over a padded [B, T] array
+            adv = masked_whiten(adv, mask)
+        except DataError as exc:
+            raise DataError(f"{source}: cannot whiten: {exc}") from None
+    seconds = time.perf_counter() - start
+
+    table = with_token_columns(table, {ADVANTAGES: adv, RETURNS: ret}, offsets)
+    summary = GaeRunSummary(out=Path(cfg.out), rows=table.num_rows, tokens=int(lengths.sum()),
+                            valid_tokens=int(mask.sum()), backend=name, seconds=seconds,
+                            dropped_rewards=tuple(int(r) for r in dropped))
+    return table, summary
+
+
+def with_token_columns(table: pa.Table, flats: dict[str, np.ndarray], offsets: np.ndarray) -> pa.Table:
+    """``table`` with each of ``flats`` (flat per-token float32 arrays over ``offsets``) as a list column of the
+    output schema, replacing a column of that name."""
+    schema = gae_output_schema()
+    for name, flat in flats.items():
+        column = numpy_to_list_array(flat, offsets, pa.float32())
+        if name in table.column_names:
+            table = table.drop_columns([name])
+        table = table.append_column(schema.field(name), column)
+    return table
+
+
+def scan_rows(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, offsets: np.ndarray, cfg: GaeConfig,
+              lam: float, progress: ProgressFactory | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """Masked GAE of flat per-token arrays over ``offsets`` with ``cfg``'s backend and gamma and ``lam``, in blocks
+    of rows (:func:`row_blocks`): the flat advantages, returns, and the backend's name."""
+    from pdsr_sdk.gae.api import get_backend, resolve_backend_name
 
     cuda = cfg.device.startswith("cuda")
     name = resolve_backend_name(cfg.backend, cuda=cuda)
@@ -97,34 +141,30 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "",
             raise ConfigError(f"device: {cfg.device!r} requested but torch sees no CUDA device; use --device cpu")
     adv = np.empty(len(values), dtype=np.float32)
     ret = np.empty(len(values), dtype=np.float32)
-    bar = (progress or silent_progress)(desc="gae", total=int(offsets[-1]), unit="token")
-    start = time.perf_counter()
+    bar = (progress or silent_progress)(desc=cfg.estimator, total=int(offsets[-1]), unit="token")
     try:
-        for first, end in row_blocks(lengths, BLOCK_CELLS):
+        for first, end in row_blocks(np.diff(offsets), BLOCK_CELLS):
             a, b = int(offsets[first]), int(offsets[end])
             block = offsets[first:end + 1] - a
-            adv[a:b], ret[a:b] = _gae_block(rewards[a:b], values[a:b], mask[a:b], block, cfg, name, cuda or
+            adv[a:b], ret[a:b] = _gae_block(rewards[a:b], values[a:b], mask[a:b], block, cfg, lam, name, cuda or
                                             backend.array_kind == "torch")
             bar.update(b - a)
     finally:
         bar.close()
-    if cfg.whiten:
-        try:   # over the flat tokens: the same entries, in the same order, as over a padded [B, T] array
-            adv = masked_whiten(adv, mask)
-        except DataError as exc:
-            raise DataError(f"{source}: cannot whiten: {exc}") from None
-    seconds = time.perf_counter() - start
+    return adv, ret, name
 
-    schema = gae_output_schema()
-    for field, flat in ((schema.field(ADVANTAGES), adv), (schema.field(RETURNS), ret)):
-        column = numpy_to_list_array(flat, offsets, pa.float32())
-        if field.name in table.column_names:
-            table = table.drop_columns([field.name])
-        table = table.append_column(field, column)
-    summary = GaeRunSummary(out=Path(cfg.out), rows=table.num_rows, tokens=int(lengths.sum()),
-                            valid_tokens=int(mask.sum()), backend=name, seconds=seconds,
-                            dropped_rewards=tuple(int(r) for r in dropped))
-    return table, summary
+
+def require_columns(table: pa.Table, source, flags: dict[str, str], hint: str = "") -> None:
+    """A DataError naming the first of ``flags``' columns (column -> the flag that names it) ``table`` lacks."""
+    for column, flag in flags.items():
+        if column not in table.column_names:
+            key = flag.removeprefix("--").replace("-", "_")
+            raise DataError(f"{source}: no column {column!r} ({flag}, config key {key}); the file has: "
+                            f"{', '.join(table.column_names) or '(no columns)'}{hint}")
+
+
+def mask_flag(cfg: GaeConfig) -> dict[str, str]:
+    return {cfg.mask_column: "--mask-column"} if cfg.mask_column else {}
 
 
 def row_blocks(lengths: np.ndarray, cells: int) -> list[tuple[int, int]]:
@@ -144,7 +184,7 @@ def row_blocks(lengths: np.ndarray, cells: int) -> list[tuple[int, int]]:
 
 
 def _gae_block(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, offsets: np.ndarray, cfg: GaeConfig,
-               name: str, as_torch: bool) -> tuple[np.ndarray, np.ndarray]:
+               lam: float, name: str, as_torch: bool) -> tuple[np.ndarray, np.ndarray]:
     """GAE of one block of rows (flat arrays and their offsets from 0), padded to the block's longest row;
     the flat advantages and returns."""
     from pdsr_sdk.gae import compute_gae
@@ -157,16 +197,16 @@ def _gae_block(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, offset
         import torch
 
         args = [torch.from_numpy(x).to(cfg.device) for x in (padded_r, padded_v, padded_m)]
-        adv, ret = compute_gae(*args, cfg.gamma, cfg.lam, backend=name, chunk_size=cfg.chunk,
+        adv, ret = compute_gae(*args, cfg.gamma, lam, backend=name, chunk_size=cfg.chunk,
                                carry_dtype=cfg.carry_dtype, threads=threads)
         adv, ret = adv.cpu().numpy(), ret.cpu().numpy()
     else:
-        adv, ret = compute_gae(padded_r, padded_v, padded_m, cfg.gamma, cfg.lam, backend=name,
+        adv, ret = compute_gae(padded_r, padded_v, padded_m, cfg.gamma, lam, backend=name,
                                chunk_size=cfg.chunk, carry_dtype=cfg.carry_dtype, threads=threads)
     return padded_to_ragged(adv, lengths)[0], padded_to_ragged(ret, lengths)[0]
 
 
-def _mask_nulls_as_all_valid(column: pa.ChunkedArray, lengths: np.ndarray) -> pa.Array:
+def mask_nulls_as_all_valid(column: pa.ChunkedArray, lengths: np.ndarray) -> pa.Array:
     """The mask column with each null row replaced by ones, as long as the row's values list: ``pdsr rollout``
     writes ``response_mask`` null for a single-turn sample (every token sampled), and ``trainer_batch`` reads it
     so. Anything else odd (not a list of numbers, null elements) is left for list_column_to_numpy to name."""
@@ -189,7 +229,7 @@ def _mask_nulls_as_all_valid(column: pa.ChunkedArray, lengths: np.ndarray) -> pa
     return numpy_to_list_array(values, offsets, pa.float64())
 
 
-def _check_finite(source, name: str, flat: np.ndarray, offsets: np.ndarray) -> None:
+def check_finite(source, name: str, flat: np.ndarray, offsets: np.ndarray) -> None:
     """NaN/inf would spread through a row's advantages (with whitening, the whole file's): name the first."""
     bad = np.flatnonzero(~np.isfinite(flat))
     if bad.size:
@@ -199,7 +239,7 @@ def _check_finite(source, name: str, flat: np.ndarray, offsets: np.ndarray) -> N
                         f"finite numbers ({bad.size} non-finite value(s) in the column)")
 
 
-def _check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: np.ndarray) -> None:
+def check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: np.ndarray) -> None:
     bad = np.flatnonzero(len_a != len_b)
     if bad.size:
         row = int(bad[0])
@@ -212,6 +252,7 @@ def rewards_column_name(table: pa.Table, cfg: GaeConfig, source) -> str:
     """The rewards column ``cfg`` names, or without one 'rewards' if ``table`` has it, else 'reward' (the
     column ``pdsr rollout`` writes)."""
     if cfg.rewards_column:
+        require_columns(table, source, {cfg.rewards_column: "--rewards-column"})
         return cfg.rewards_column
     for name in ("rewards", "reward"):
         if name in table.column_names:
@@ -221,29 +262,19 @@ def rewards_column_name(table: pa.Table, cfg: GaeConfig, source) -> str:
                     f"{', '.join(table.column_names) or '(no columns)'}")
 
 
-def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray,
-             mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Flat per-token rewards (a scalar column goes on each row's last valid token), and the rows whose scalar
-    reward is not 0 but that have no valid token to carry it."""
+def token_rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, mask: np.ndarray,
+                  lengths_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Flat per-token rewards (a scalar column goes on each row's last valid token; a list column's rows as long
+    as ``lengths_name``'s), and the rows whose scalar reward is not 0 but that have no valid token to carry it."""
     name = rewards_column_name(table, cfg, source)
     column = table.column(name)
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         rewards, r_offsets = list_column_to_numpy(column, np.float32, name=name, path=source)
-        _check_lengths(source, name, np.diff(r_offsets), cfg.values_column, np.diff(offsets))
-        _check_finite(source, name, rewards, r_offsets)
+        check_lengths(source, name, np.diff(r_offsets), lengths_name, np.diff(offsets))
+        check_finite(source, name, rewards, r_offsets)
         return rewards, np.zeros(0, dtype=np.int64)
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
-        raise DataError(f"{source}: column {name!r} must be a list of numbers per row or one number "
-                        f"per row, got {kind}")
-    if column.null_count:
-        row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
-        raise DataError(f"{source}: column {name!r} row {row} is null; expected a number")
-    scalars = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
-    bad = np.flatnonzero(~np.isfinite(scalars))
-    if bad.size:
-        raise DataError(f"{source}: column {name!r} row {int(bad[0])} is {scalars[bad[0]]}; expected "
-                        f"a finite number ({bad.size} non-finite row(s))")
+    scalars = reward_scalars(column, name, table, source).astype(np.float32)
     rewards = np.zeros(int(offsets[-1]), dtype=np.float32)
     # last valid flat index of each row: the last valid index before the row's end, if inside the row
     valid_idx = np.flatnonzero(mask)
@@ -252,3 +283,25 @@ def _rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray,
     has_valid = (k >= 0) & (last >= offsets[:-1])
     rewards[last[has_valid]] = scalars[has_valid]   # a row with no valid token carries no reward
     return rewards, np.flatnonzero(~has_valid & (scalars != 0))
+
+
+def reward_scalars(column: pa.ChunkedArray, name: str, table: pa.Table, source) -> np.ndarray:
+    """A column of one reward per row as float64; a null (a reward function that failed: `pdsr rollout` writes
+    its exception in ``reward_error``) or non-finite one is a DataError naming the row."""
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        raise DataError(f"{source}: column {name!r} must be a list of numbers per row or one number "
+                        f"per row, got {kind}")
+    if column.null_count:
+        rows = np.flatnonzero(~np.asarray(column.is_valid()))
+        row = int(rows[0])
+        why = table.column("reward_error")[row].as_py() if "reward_error" in table.column_names else None
+        why = f"; its reward_error: {str(why).strip().splitlines()[-1][:200]}" if why else ""
+        raise DataError(f"{source}: column {name!r} row {row} is null ({rows.size} null row(s)){why}; expected a "
+                        f"number: leave out the samples without a reward, or give them one")
+    scalars = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(scalars))
+    if bad.size:
+        raise DataError(f"{source}: column {name!r} row {int(bad[0])} is {scalars[bad[0]]}; expected "
+                        f"a finite number ({bad.size} non-finite row(s))")
+    return scalars
