@@ -7,7 +7,7 @@
 - A signature of a ``RolloutSession`` method in docs/sdk.md (``step(prompts=(), *, n=None, ...)``) has the
   method's parameters with their defaults: all of them, unless it ends in ``...``.
 - The tables of docs/configuration.md name every key of each rollout config section and of v3's settings, and
-  each default they write beside a key is the config model's.
+  each default they write beside a key is the config model's (the other commands' tables: tests/test_docs_tables.py).
 """
 
 from __future__ import annotations
