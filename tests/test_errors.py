@@ -3,6 +3,8 @@ file and what was expected (exit 2, no traceback); the SDK's also subclass Value
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -146,3 +148,40 @@ def test_an_import_path_naming_a_module_asks_for_the_object_after_a_colon(tmp_pa
     assert import_object("pdsr_user_pkg.agent_mod:run").__name__ == "run"
     with pytest.raises(ConfigValueError, match=r"module 'pdsr_user_pkg' has no attribute 'other'"):
         import_object("pdsr_user_pkg.other", kind="agent")
+
+
+def config_keys() -> set[str]:
+    """Every config key of every command, nested ones dotted (``output.path``, ``out_dir``)."""
+    from pdsr_sdk.config.catalog import CONFIG_MODELS
+
+    def walk(model, prefix):
+        for name, field in model.model_fields.items():
+            yield prefix + name
+            sub = next((a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                        if hasattr(a, "model_fields")), None)
+            if sub is not None:
+                yield from walk(sub, f"{prefix}{name}.")
+
+    return {key for name in CONFIG_MODELS.names() for key in walk(CONFIG_MODELS.get(name), "")}
+
+
+FLAG_THEN_KEY = re.compile(r"(--[a-z][a-z-]*) \(([a-z_]+(?:\.[a-z_]+)*)\)")
+
+
+def flag_first(text: str, keys: set[str]) -> list[str]:
+    """``--flag (config.key)`` in ``text``: the other order than pdsr's errors name a setting in."""
+    return [m.group(0) for m in FLAG_THEN_KEY.finditer(text) if m.group(2) in keys]
+
+
+def test_errors_name_a_setting_as_its_config_key_then_the_flag():
+    """One order everywhere (``output.path (--out)``, as ``pdsr score``, ``pdsr gae``, the resume checks and the
+    column errors write it): ``pdsr rollout`` and ``pdsr simulate`` wrote ``--out (output.path)``."""
+    from support import ROOT
+
+    keys = config_keys()
+    assert {"output.path", "out_dir", "data.path", "sampling.max_tokens"} <= keys
+    assert flag_first('raise DataError(f"--out (output.path) {p}: x") # --out-dir (real.json)', keys) == [
+        "--out (output.path)"]
+    found = [f"{path.relative_to(ROOT)}: {hit}" for folder in ("pdsr_sdk", "pdsr_cli")
+             for path in sorted((ROOT / folder).rglob("*.py")) for hit in flag_first(path.read_text(), keys)]
+    assert found == []

@@ -158,7 +158,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     if cfg.out_dir is not None:   # before the run: a file in the way is an error now, not a traceback after it
         from pdsr_sdk.io.tables import check_writable
 
-        check_writable(cfg.out_dir / "simulate.json", "--out-dir (out_dir)")
+        check_writable(cfg.out_dir / "simulate.json", "out_dir (--out-dir)")
     if cfg.trace is None:
         cfg = cfg.model_copy(update={"trace": default_trace_path(builtin_trace_groups(cfg))})
         click.echo(f"pdsr: no --trace: the built-in synthetic trace {cfg.trace} (`pdsr trace synth` defaults)",
@@ -380,7 +380,7 @@ def calibrate_cmd(trajectories, out, overwrite, block_size, iterations, shared, 
         raise click.UsageError("give at least one --trajectories FILE")
     if cfg.out is None:
         raise click.UsageError("give --out FILE for the fitted profile")
-    check_new_output(cfg.out, "--out (out)", overwrite=cfg.overwrite,
+    check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite,
                      inputs=[("--trajectories", p) for p in cfg.trajectories])
     fits = calibrate(cfg.trajectories, block_size=cfg.block_size, iterations=cfg.iterations,
                      min_spans=cfg.min_spans, per_pool=cfg.per_pool, speculation_max_batch=cfg.speculation_max_batch)

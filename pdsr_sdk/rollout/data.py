@@ -65,7 +65,7 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
     text (``auto``, ``math_verify``, ``math_boxed``) makes a list or struct ground truth a DataError naming its
     row; any other takes the value as it is (:attr:`PromptRecord.ground_truth`)."""
     path = user_path(path)
-    table = read_table(path, what="prompt", setting="--data (data.path)")
+    table = read_table(path, what="prompt", setting="data.path (--data)")
     if table.num_rows == 0:
         raise DataError(f"{path}: the prompt file is empty")
     if cfg.limit:
@@ -77,8 +77,8 @@ def load_prompts(cfg, tokenizer, *, path: str | Path, n: int | None = None,
     else:
         prompt_col = cfg.prompt_column or next((c for c in PROMPT_COLUMNS if cols.has(c)), None)
         if prompt_col is None:
-            raise DataError(f"{path}: no prompt column; set --prompt-column (data.prompt_column) to a text column "
-                            f"or --messages-column (data.messages_column) to a chat-messages column; columns: "
+            raise DataError(f"{path}: no prompt column; set data.prompt_column (--prompt-column) to a text column "
+                            f"or data.messages_column (--messages-column) to a chat-messages column; columns: "
                             f"{cols.listing()}; tried {', '.join(PROMPT_COLUMNS)}")
         messages_col = None
         if _is_list(cols.get(prompt_col, "data.prompt_column", "--prompt-column").type):

@@ -35,11 +35,11 @@ def check_outputs(config) -> None:
     check_resume_options(config)
     summary = summary_path(config)
     check_distinct(out.path, "--out", [("--summary", summary), ("--data", config.data.path)])
-    check_writable(out.path, "--out (output.path)")
+    check_writable(out.path, "output.path (--out)")
     parts = out.path.with_name(out.path.name + ".parts")
     if parts.exists() and not parts.is_dir():
-        raise DataError(f"--out (output.path) {out.path}: {parts} is a file; streaming needs it to be a folder")
-    check_writable(summary, "--summary (output.summary_path)")
+        raise DataError(f"output.path (--out) {out.path}: {parts} is a file; streaming needs it to be a folder")
+    check_writable(summary, "output.summary_path (--summary)")
     for path in (out.path, filtered_path(config)):
         if path is not None and existing_files(path) and not (out.resume or out.overwrite):
             raise DataError(f"{path}: output already exists (or an interrupted run left {path.name}.parts/); "
@@ -126,7 +126,7 @@ def split_long_prompts(records: list, config, limit: int | None, source: str, da
         return records, []
     max_tokens = config.sampling.max_tokens
     if max_tokens + 1 > limit and not any(r.target_lengths for r in records):
-        raise ConfigError(f"--max-tokens (sampling.max_tokens) is {max_tokens} but the context is {limit} tokens "
+        raise ConfigError(f"sampling.max_tokens (--max-tokens) is {max_tokens} but the context is {limit} tokens "
                           f"({source}): no prompt fits; lower --max-tokens below {limit}")
 
     def budget(r) -> int:
@@ -136,7 +136,7 @@ def split_long_prompts(records: list, config, limit: int | None, source: str, da
     if long and len(long) == (total if total is not None else len(records)):
         r = min(long, key=lambda r: len(r.token_ids) + budget(r))
         raise DataError(f"{data_path}: every prompt ({len(long)}) with its response exceeds the context of {limit} "
-                        f"tokens ({source}), so --skip-long (data.skip_long) would leave nothing to run; the shortest, "
+                        f"tokens ({source}), so data.skip_long (--skip-long) would leave nothing to run; the shortest, "
                         f"row {r.row} (prompt id {r.prompt_id!r}), has {len(r.token_ids)} prompt tokens + {budget(r)}. "
                         f"Lower --max-tokens")
     if long and not config.data.skip_long:
@@ -144,7 +144,7 @@ def split_long_prompts(records: list, config, limit: int | None, source: str, da
         what = "forced response tokens (--target-lengths-column)" if r.target_lengths else "--max-tokens"
         raise DataError(f"{data_path}: row {r.row} (prompt id {r.prompt_id!r}): {len(r.token_ids)} prompt tokens + "
                         f"{budget(r)} {what} = {len(r.token_ids) + budget(r)} exceed the context of {limit} tokens "
-                        f"({source}); {len(long)} row(s) in all. Pass --skip-long (data.skip_long) to skip them, "
+                        f"({source}); {len(long)} row(s) in all. Pass data.skip_long (--skip-long) to skip them, "
                         f"or lower --max-tokens")
     skipped = {id(r) for r in long}
     return [r for r in records if id(r) not in skipped], long

@@ -116,7 +116,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
             self.draft_history = DraftHistory(spec.history_responses, spec.history_tokens)
             if spec.history_file is not None:
-                self.draft_history.read(spec.history_file, "--draft-history (speculative_settings.history_file)")
+                self.draft_history.read(spec.history_file, "speculative_settings.history_file (--draft-history)")
         # multi-turn: the default agent function (``agent``, else config.agent.function; None: single-turn)
         from pdsr_sdk.agent.runner import AgentRunner, load_agent
 

@@ -18,9 +18,9 @@ def test_unwritable_out_fails_before_engines_start(prompts, tmp_path, no_engines
     blocker = tmp_path / "blocker"
     blocker.write_text("a file")
     failed(invoke("rollout", "--data", prompts, "--out", blocker / "o.parquet"),
-           "--out (output.path)", "blocker", "is a file, not a folder")
+           "output.path (--out)", "blocker", "is a file, not a folder")
     failed(invoke("rollout", "--data", prompts, "--out", tmp_path / "o.parquet", "--summary", blocker / "s.json"),
-           "--summary (output.summary_path)", "is a file, not a folder")
+           "output.summary_path (--summary)", "is a file, not a folder")
     as_parquet = tmp_path / "prompts.parquet"
     pq.write_table(pa.Table.from_pylist([json.loads(line) for line in prompts.read_text().splitlines()]), as_parquet)
     failed(invoke("rollout", "--data", as_parquet, "--out", as_parquet), "--out and --data are the same file")
@@ -94,7 +94,7 @@ def test_a_list_id_column_is_the_wrong_type(tmp_path, tiny_model_dir):
 def test_max_tokens_beyond_the_context_names_the_flag(prompts, tmp_path, tiny_model_dir, no_engines):
     failed(invoke("rollout", "--data", prompts, "--model", tiny_model_dir, "--max-tokens", 9000,
                   "--out", tmp_path / "o.parquet"),
-           "--max-tokens (sampling.max_tokens) is 9000 but the context is 8192 tokens",
+           "sampling.max_tokens (--max-tokens) is 9000 but the context is 8192 tokens",
            "max_position_embeddings in", "config.json")
 
 

@@ -39,11 +39,11 @@ def test_a_folder_and_a_pattern_in_name_or_step_order(tmp_path):
 def test_errors_name_the_setting_and_the_path(tmp_path):
     def error(path, **kw):
         with pytest.raises(DataError) as caught:
-            resolve_inputs(path, FORMATS, what="prompt", setting="--data (data.path)", **kw)
+            resolve_inputs(path, FORMATS, what="prompt", setting="data.path (--data)", **kw)
         return str(caught.value)
 
-    assert error(tmp_path / "gone.parquet") == f"--data (data.path) {tmp_path / 'gone.parquet'}: prompt file does not exist"
-    assert error(tmp_path / "val-*.parquet") == (f"--data (data.path) {tmp_path / 'val-*.parquet'}: prompt file does "
+    assert error(tmp_path / "gone.parquet") == f"data.path (--data) {tmp_path / 'gone.parquet'}: prompt file does not exist"
+    assert error(tmp_path / "val-*.parquet") == (f"data.path (--data) {tmp_path / 'val-*.parquet'}: prompt file does "
                                                  f"not exist, nor does the pattern match any")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -91,7 +91,7 @@ def test_cli_table_inputs_name_their_flag(tmp_path, tiny_model_dir):
            f"data (--data) {tmp_path / 'blank.jsonl'}: the scoring input file is empty")
     failed(invoke("rollout", "--quiet", "--model", tiny_model_dir, "--data", tmp_path / "gone-*.jsonl", "--out",
                   tmp_path / "o.parquet"),
-           f"--data (data.path) {tmp_path / 'gone-*.jsonl'}: prompt file does not exist, nor does the pattern match")
+           f"data.path (--data) {tmp_path / 'gone-*.jsonl'}: prompt file does not exist, nor does the pattern match")
 
 
 def test_a_verl_dump_line_not_utf8_is_named_by_its_line(tmp_path, tiny_model_dir):

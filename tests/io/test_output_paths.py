@@ -41,7 +41,7 @@ def test_an_output_folder_behind_a_file_is_a_clean_error(tmp_path, trace):
     blocker.write_text("x")
     out = blocker / "sub"
     failed(invoke("simulate", "--trace", trace, "--policy", "baseline", "--fast", 1, "--heavy", 1, "--quiet",
-                  "--out-dir", out), f"--out-dir (out_dir) {out / 'simulate.json'}: cannot create its folder: "
+                  "--out-dir", out), f"out_dir (--out-dir) {out / 'simulate.json'}: cannot create its folder: "
                                      f"{blocker} is a file")
     failed(invoke("schema", "--out", out), f"--out {out / 'rollout.schema.json'}: cannot create its folder")
     failed(invoke("model", "tiny", "--out", out), f"--out {out / 'config.json'}: cannot create its folder")

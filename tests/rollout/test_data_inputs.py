@@ -116,7 +116,7 @@ def test_when_every_prompt_is_too_long_the_run_is_refused_before_it_writes(tmp_p
                                      *skip], catch_exceptions=False)
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
         assert ("p.jsonl: every prompt (2) with its response exceeds the context of 64 tokens "
-                "(engines[0].max_model_len), so --skip-long") in r.output
+                "(engines[0].max_model_len), so data.skip_long (--skip-long) would leave nothing to run") in r.output
         assert f"row 1 (prompt id 'row-1'), has {shortest} prompt tokens + 8" in r.output
         assert not out.exists() and not (tmp_path / "o.summary.json").exists()
 

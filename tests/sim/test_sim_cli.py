@@ -48,7 +48,7 @@ def test_cli_round_trip_writes_json_and_png_and_calibrates(tmp_path):
     assert "fast" in r.output and "heavy" in r.output
     # an existing --out needs --overwrite (or overwrite: true); an input as --out is always an error
     for args, needle in ((["--out", tmp_path / "p.yaml"], "p.yaml: already exists; pass --overwrite (overwrite: true)"),
-                         (["--out", traj, "--overwrite"], f"--out (out) and --trajectories are the same file {traj}")):
+                         (["--out", traj, "--overwrite"], f"out (--out) and --trajectories are the same file {traj}")):
         r = CliRunner().invoke(cli, ["simulate", "calibrate", "--trajectories", str(traj), *map(str, args)])
         assert r.exit_code == 2 and needle in r.output, r.output
     assert pq.read_table(traj).num_rows == 64
