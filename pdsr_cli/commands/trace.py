@@ -181,7 +181,7 @@ def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None
         from pdsr_sdk.rollout.data import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir, setting="--tokenizer")
-    trace = read_any_trace(source, **columns, tokenizer=tokenizer)
+    trace = read_any_trace(source, **columns, tokenizer=tokenizer, setting="SOURCE")
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes
     shape = f"{sizes[0]} samples each" if trace.is_rectangular else f"{sizes.min()}..{sizes.max()} samples"

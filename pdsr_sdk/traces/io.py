@@ -84,20 +84,35 @@ def read_trace(path: str | Path) -> LengthTrace:
 def read_any_trace(path: str | Path, *, id_column: str | None = None, length_column: str | None = None,
                    prompt_length_column: str | None = None, sample_index_column: str | None = None,
                    reward_column: str | None = None, finish_reason_column: str | None = None,
-                   tokenizer=None) -> LengthTrace:
+                   tokenizer=None, setting: str | None = None) -> LengthTrace:
     """What ``pdsr trace convert`` reads: a JSONL length trace or a trajectories file of ``pdsr rollout`` (as
     :func:`read_trace`) when no column is named; verl's generation dumps (``{step}.jsonl``: a file, a folder or a
     glob pattern, :func:`read_verl_dump`) when no id, length, prompt length or sample index column is named; else
     (or when the source is none of these: CSV, a JSONL of one line per response, another tool's table, a folder of
     shards) a table of one row per response (:func:`read_responses_trace`, its columns named by the ``*_column``
     arguments or found under their usual names). ``tokenizer`` (a Hugging Face tokenizer, the policy's) counts
-    text: verl's dumps, a length or prompt length column of text."""
+    text: verl's dumps, a length or prompt length column of text. ``setting``: the argument or flag ``path`` came
+    from (``SOURCE``), put before each error about it (missing, unreadable, of no format read, a pattern matching
+    nothing, a bad line or column), as ``data.path (--data)`` is before a prompt file's."""
     from pdsr_sdk.io.paths import user_path
 
     path = user_path(path)
     columns = dict(id_column=id_column, length_column=length_column, prompt_length_column=prompt_length_column,
                    sample_index_column=sample_index_column, reward_column=reward_column,
                    finish_reason_column=finish_reason_column)
+    lead = f"{setting} " if setting else ""
+    try:
+        return _read_any_trace(path, columns, tokenizer)
+    except DataError as exc:
+        if not lead:
+            raise
+        raise type(exc)(lead + str(exc)) from exc
+    except OSError as exc:   # a file the readers open but cannot read (no permission, a vanished shard)
+        where = exc.filename or path
+        raise DataError(f"{lead}{where}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _read_any_trace(path: Path, columns: dict[str, str | None], tokenizer) -> LengthTrace:
     if not any(v is not None for v in columns.values()) and path.is_file():
         try:
             kind = detect_format(path)
@@ -107,10 +122,10 @@ def read_any_trace(path: str | Path, *, id_column: str | None = None, length_col
             return read_trace_jsonl(path)
         if kind in ("parquet", "arrow_file", "arrow_stream") and _has_trajectory_columns(path, kind):
             return read_trajectories_trace(path, kind)
-    structural = (id_column, length_column, prompt_length_column, sample_index_column)
-    if all(v is None for v in structural) and _is_verl_dump(path):
-        return read_verl_dump(path, tokenizer, reward_key=reward_column or "score",
-                              finish_reason_key=finish_reason_column)
+    structural = ("id_column", "length_column", "prompt_length_column", "sample_index_column")
+    if all(columns[k] is None for k in structural) and _is_verl_dump(path):
+        return read_verl_dump(path, tokenizer, reward_key=columns["reward_column"] or "score",
+                              finish_reason_key=columns["finish_reason_column"])
     return read_responses_trace(path, **columns, tokenizer=tokenizer)
 
 

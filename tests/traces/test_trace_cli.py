@@ -80,3 +80,46 @@ def test_cli_convert_reports_bad_input_without_traceback(tmp_path):
     assert result.exit_code == 2
     assert f"{src}:2: lengths[0] is negative" in result.output
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def convert_error(tmp_path, source) -> str:
+    result = CliRunner().invoke(cli, ["trace", "convert", str(source), "--out", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "o.jsonl").exists()
+    return result.output.strip()
+
+
+@pytest.mark.parametrize("name, make, expected", [
+    ("gone.jsonl", lambda p: None, "response file does not exist"),
+    ("gone-*.parquet", lambda p: None, "response file does not exist, nor does the pattern match any"),
+    ("empty", lambda p: p.mkdir(), "the folder must hold response files of one format"),
+    ("log.bin", lambda p: p.write_bytes(b"neither Parquet nor Arrow"), "cannot read response file as parquet"),
+    ("broken.parquet", lambda p: p.write_bytes(b"PAR1 and nothing else"), "cannot read trajectories file"),
+    ("bad.jsonl", lambda p: p.write_text("hello\n"), ":1: not valid JSON"),
+    ("cols.csv", lambda p: p.write_text("x,y\n1,2\n"), "no prompt id column; name it with --id-column"),
+])
+def test_cli_convert_errors_about_source_name_the_argument(tmp_path, name, make, expected):
+    """Each error about SOURCE (missing, a pattern matching nothing, a folder of no files read, a format not
+    read, a bad line, no usable column) names the argument as well as its path, as --data's errors name it."""
+    source = tmp_path / name
+    make(source)
+    message = convert_error(tmp_path, source)
+    assert message.startswith(f"error: SOURCE {source}"), message
+    assert expected in message
+
+
+def test_cli_convert_an_unreadable_source_is_an_error_naming_it(tmp_path, monkeypatch):
+    """A SOURCE the process may not read is one error line naming it, not an OSError's traceback. (Path.open raises
+    what the OS would: the tests run as root here, where a file of mode 000 reads anyway.)"""
+    from pathlib import Path
+
+    source = write_lines(tmp_path / "t.jsonl", [GOOD])
+    real_open = Path.open
+
+    def denied(self, *args, **kwargs):
+        if self == source:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    assert convert_error(tmp_path, source) == f"error: SOURCE {source}: cannot read: Permission denied"
