@@ -156,7 +156,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     from pdsr_sdk.policies.resolve import policy_names, with_policy_sets
     from pdsr_sdk.errors import ConfigError
     from pdsr_sdk.rollout.config import RolloutConfig
-    from pdsr_sdk.rollout.preflight import check_outputs
+    from pdsr_sdk.rollout.preflight import check_agent_settings, check_outputs
     from pdsr_sdk.rollout.run import policy_configs, run_rollout, summary_path
 
     overrides = {
@@ -187,11 +187,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups,
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
-    agent_flags = [flag for flag, value in (("--max-turns", max_turns), ("--turn-max-tokens", turn_max_tokens),
-                                            ("--agent-timeout", agent_timeout_s)) if value is not None]
-    if agent_flags and cfg.agent.function is None:
-        raise ConfigError(f"{', '.join(agent_flags)}: multi-turn settings, and this run is single-turn; pass --agent "
-                          f"PKG.MOD:FN (or set agent.function in the config) or leave them out")
+    check_agent_settings(cfg)   # from a flag or the config file alike
     check_speculative_flags(cfg, num_speculative_tokens)
     if write_filtered:
         if cfg.filter_groups is None:

@@ -15,6 +15,28 @@ from pdsr_sdk.models.context import POSITION_KEYS, model_context  # noqa: F401 -
 from pdsr_sdk.rollout.resume import check_resume_options
 from pdsr_sdk.rollout.writer import existing_files
 
+#: the ``pdsr rollout`` flag of each agent setting that has one (the others are config keys only)
+AGENT_FLAGS = {"function": "--agent", "max_turns": "--max-turns", "turn_max_tokens": "--turn-max-tokens",
+               "env_timeout_s": "--agent-timeout"}
+
+
+def check_agent_settings(config) -> None:
+    """A ConfigError naming the agent settings (``agent.max_turns``, ...) given a value other than their default
+    while ``agent.function`` is unset: a run without an agent would ignore them. (A trainer's ``RolloutSession``
+    may take its agent in Python and ``pdsr serve`` runs named samples with these limits: only a rollout run,
+    which has no other agent, checks this.)"""
+    agent = config.agent
+    if agent.function is not None:
+        return
+    given = [name for name, field in type(agent).model_fields.items()
+             if name != "function" and getattr(agent, name) != field.get_default(call_default_factory=True)]
+    if given:
+        named = [f"agent.{name} ({AGENT_FLAGS[name]})" if name in AGENT_FLAGS else f"agent.{name}"
+                 for name in given]
+        raise ConfigError(f"{', '.join(named)}: multi-turn settings, and this run is single-turn (agent.function is "
+                          f"unset); pass --agent PKG.MOD:FN (or set agent.function in the config) or leave them out")
+
+
 def summary_path(config) -> Path:
     out = config.output
     return out.summary_path or out.path.with_name(out.path.stem + ".summary.json")

@@ -65,11 +65,16 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
         "data.chat_template_kwargs": dict(config.data.chat_template_kwargs),
         "data.target_lengths_column": config.data.target_lengths_column, "data.instruction": config.data.instruction,
         "batch_size": config.batch_size, "agent.function": config.agent.function,
-        "agent.max_turns": config.agent.max_turns, "agent.turn_max_tokens": config.agent.turn_max_tokens,
-        "agent.max_env_turns": config.agent.max_env_turns,
-        "agent.max_tool_response_chars": config.agent.max_tool_response_chars,
-        "agent.tool_response_truncate_side": config.agent.tool_response_truncate_side,
+        **(_agent_limits(config.agent) if config.agent.function is not None else {}),
     }
+
+
+def _agent_limits(agent) -> dict[str, Any]:
+    """A multi-turn run's agent limits. A single-turn run has none to match: a run recorded before they were an
+    error without an agent (``agent.max_turns: 3`` then, ignored) resumes without them."""
+    return {f"agent.{name}": getattr(agent, name) for name in ("max_turns", "turn_max_tokens", "max_env_turns",
+                                                                "max_tool_response_chars",
+                                                                "tool_response_truncate_side")}
 
 
 @dataclass

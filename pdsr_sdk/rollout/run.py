@@ -18,8 +18,8 @@ from pdsr_sdk.io.tables import remove_stale_temps, write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
 from pdsr_sdk.rollout.data import load_prompts
-from pdsr_sdk.rollout.preflight import (check_model_folder, check_outputs, context_limit, filtered_path,
-                                        split_long_prompts, summary_path)
+from pdsr_sdk.rollout.preflight import (check_agent_settings, check_model_folder, check_outputs, context_limit,
+                                        filtered_path, split_long_prompts, summary_path)
 from pdsr_sdk.rollout.resume import (METADATA_KEY, ResumeState, batches_left, carried_groups, nothing_left,
                                      read_resume_state, run_settings, steps_left)
 from pdsr_sdk.rollout.reward import config_reward
@@ -138,6 +138,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
         raise ConfigError(f"policy {config.policy!r} selects {len(names)} policies ({', '.join(names)}); a run has "
                           f"one: run each of policy_configs(config)")
     check_outputs(config)
+    check_agent_settings(config)
     model_dir = resolve_model_dir(config)
     # config problems (policy name, its settings) surface before any data or engine work
     session = RolloutSession(config, engines=engines, model_dir=model_dir)

@@ -76,3 +76,29 @@ def test_a_resumed_agent_run_writes_multi_turn_rows_for_the_batches_left(tiny_mo
         assert [t["role"] for t in r["turns"]] == ["assistant", "environment", "assistant"]
         assert r["turns"][1]["tool_name"] == "calc" and r["reward"] == 0.5 + r["sample_index"]
         assert len(r["response_mask"]) == r["response_length"] and 0 in r["response_mask"]
+
+
+@requires_torch
+def test_a_single_turn_run_that_recorded_agent_limits_resumes_without_them(tiny_model_dir, tmp_path):
+    """A single-turn run made while agent limits without an agent were ignored recorded them (agent.max_turns: 3);
+    now they are an error, and left out, a resume compares no agent limit of a single-turn run, so it goes on."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.rollout.resume import METADATA_KEY
+
+    first = rollout(tiny_model_dir, tmp_path, "--num-batches", "1")
+    assert first.exit_code == 0, first.output
+    out = tmp_path / "mt.parquet"
+    table = pq.read_table(out)
+    meta = dict(table.schema.metadata)
+    settings = json.loads(meta[METADATA_KEY.encode()])
+    assert "agent.max_turns" not in settings and settings["agent.function"] is None
+    meta[METADATA_KEY.encode()] = json.dumps({**settings, "agent.max_turns": 3}).encode()
+    pq.write_table(table.replace_schema_metadata(meta), out)
+    again = rollout(tiny_model_dir, tmp_path, "--resume", agent={"max_turns": 3})
+    assert again.exit_code == 2 and "agent.max_turns (--max-turns): multi-turn settings" in again.output, again.output
+    again = rollout(tiny_model_dir, tmp_path, "--resume")
+    assert again.exit_code == 0, again.output
+    assert pq.read_table(out).num_rows == 8 and set(pq.read_table(out).column("batch_index").to_pylist()) == {0, 1}

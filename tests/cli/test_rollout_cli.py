@@ -118,8 +118,21 @@ def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_
 def test_agent_flags_without_an_agent_are_an_error(prompts, tmp_path):
     """--max-turns / --turn-max-tokens / --agent-timeout on a single-turn run were ignored without a word."""
     r = invoke("--data", str(prompts), "--max-turns", "3", "--turn-max-tokens", "64", "--out", str(tmp_path / "o.parquet"))
-    assert r.exit_code == 2 and "--max-turns, --turn-max-tokens: multi-turn settings" in r.output
+    assert r.exit_code == 2, r.output
+    assert "agent.max_turns (--max-turns), agent.turn_max_tokens (--turn-max-tokens): multi-turn settings" in r.output
     assert "pass --agent" in r.output and not (tmp_path / "o.parquet").exists()
+
+
+def test_agent_keys_of_a_config_file_without_an_agent_are_an_error(prompts, tmp_path):
+    """The agent keys of a config file (max_env_turns, max_tool_response_chars, ...) with no agent.function ran a
+    single-turn rollout that ignored them without a word, as the flags once did."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("agent: {max_env_turns: 2, max_tool_response_chars: 512, tool_response_truncate_side: left}\n")
+    r = invoke("--config", str(cfg), "--data", str(prompts), "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2, r.output
+    assert ("agent.max_env_turns, agent.max_tool_response_chars, agent.tool_response_truncate_side: multi-turn "
+            "settings, and this run is single-turn (agent.function is unset)") in r.output
+    assert not (tmp_path / "o.parquet").exists()
 
 
 def test_num_speculative_tokens_without_speculation_is_an_error(prompts, tmp_path):
