@@ -51,6 +51,25 @@ def existing_file(text: str) -> Path:
     return path
 
 
+def writable_dir(text: str) -> Path:
+    """A folder the script writes into: one that is there, or one it can make (its nearest existing parent a
+    folder it may write in), so that a file or an unwritable place is refused before any run, not by mkdir's
+    traceback after it."""
+    import os
+
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a file, not a folder")
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: cannot make this folder: {folder} is a file")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write in {folder}")
+    return path
+
+
 def read_columns(path: Path, columns: list[str], flag: str) -> list[dict]:
     """The rows of a trajectories Parquet file, ``columns`` only; a file that is no Parquet file or lacks one of them
     ends the script with one line naming the flag and the file, not pyarrow's traceback."""

@@ -24,7 +24,7 @@ import random
 import time
 from pathlib import Path
 
-from bench_args import at_least, check_policies, number_at_least, run_engines
+from bench_args import at_least, check_policies, number_at_least, run_engines, writable_dir
 
 POLICIES = ("baseline", "v1", "v2", "v2.5")
 TARGET = 0.15
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=at_least(1), default=8, help="sequences per engine")
     parser.add_argument("--seed", type=int, default=0, help="synthetic trace's and prompts' seed")
     parser.add_argument("--policies", default=",".join(POLICIES), help="policies to run, comma-separated")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/fidelity"),
+    parser.add_argument("--out-dir", type=writable_dir, default="runs/fidelity",
                         help="where the prompts, each policy's trajectories, real.json and profile.yaml go")
     parser.add_argument("--per-pool", action="store_true", help="calibrate each pool separately")
     parser.add_argument("--reuse", action="store_true",
@@ -140,25 +140,28 @@ def main() -> None:
     from pdsr_sdk.sim.driver import run_policy, trace_batches
     from pdsr_sdk.traces import LengthTrace, synth_trace
 
-    out_dir = args.out_dir
+    folder = args.out_dir
     settings = {key: getattr(args, key) for key in SETTINGS}
-    real = reused_runs(out_dir / "real.json", settings, parser) if args.reuse else None   # before writing there
-    out_dir.mkdir(parents=True, exist_ok=True)
+    real = reused_runs(folder / "real.json", settings, parser) if args.reuse else None   # before writing there
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:   # what writable_dir cannot see: a read-only mount, no space
+        parser.error(f"--out-dir: {folder}: {exc.strerror or exc}")
     trace = synth_trace(groups=args.groups, n=args.n, seed=args.seed, median_length=args.median_length,
                         max_length=args.max_length, runaway_frac=0.02)
-    prompts = out_dir / "prompts.jsonl"
+    prompts = folder / "prompts.jsonl"
     write_prompts(trace, prompts, args.seed)
     print(f"trace: {args.groups} prompts x {args.n}, {int(trace.lengths.sum())} tokens, batches of "
           f"{args.batch_size}; engines fast-0 (core 0) and heavy-0 (core 1), {args.max_num_seqs} seqs each",
           flush=True)
     if real is None:
-        real = run_engines(run_real(args, prompts, out_dir))
-        (out_dir / "real.json").write_text(json.dumps({"settings": settings, "runs": real}, indent=2, default=str))
+        real = run_engines(run_real(args, prompts, folder))
+        (folder / "real.json").write_text(json.dumps({"settings": settings, "runs": real}, indent=2, default=str))
 
     paths = [r["path"] for r in real.values()]
     # both engines are the same model on one core each: one fit over all segments (--per-pool: one per pool)
     fits = calibrate(paths, per_pool=args.per_pool)
-    (out_dir / "profile.yaml").write_text(profile_yaml(fits, paths))
+    (folder / "profile.yaml").write_text(profile_yaml(fits, paths))
     for f in fits.values():
         c = f.coefficients
         print(f"  calibrated {f.pool}: c0 {c['c0_s']:.3g} s, c1 {c['c1_s_per_seq']:.3g} s/seq, "

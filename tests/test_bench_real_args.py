@@ -49,6 +49,10 @@ CASES = [
 MAIN_CASES = [   # scripts whose main() parses sys.argv
     ("fidelity", ["--policies", "baseline,v9"], "--policies: unknown policy 'v9'"),
     ("fidelity", ["--batch-size", "0"], "argument --batch-size: 0 is below 1"),
+    ("fidelity", ["--out-dir", str(ROOT / "README.md")], f"argument --out-dir: {ROOT / 'README.md'}: is a file, not "
+                                                          f"a folder"),
+    ("fidelity", ["--out-dir", str(ROOT / "README.md" / "fid")], f"argument --out-dir: {ROOT / 'README.md' / 'fid'}: "
+                                                                 f"cannot make this folder: {ROOT / 'README.md'} is a file"),
     ("weights", ["--repeats", "0"], "argument --repeats: 0 is below 1"),
     ("weights", ["--model", "no/such/model"], "--model: no/such/model: not a model directory"),
     ("score", ["--mbs", "0"], "argument --mbs: 0 is below 1"),
