@@ -48,8 +48,9 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     request that names a sample (header X-Pdsr-Sample, or "pdsr_sample" in the body) is recorded token-exact
     across its requests; POST /v1/pdsr/samples/ID/end (body {"reward": R}) ends it and returns its
     trajectory, with response_mask and per-token log-probs. stream=true streams the tokens as the engines make
-    them, in vLLM's server's chunks (a named sample's turn too; with --tool-parser, a tool call comes whole at the
-    turn's end). See docs/agents.md.
+    them, in vLLM's server's chunks (a named sample's turn too; with --tool-parser hermes, a tool call's name and
+    then its arguments as they are written; another parser's calls come whole at the turn's end). See
+    docs/agents.md.
 
     \b
     Examples:

@@ -64,16 +64,19 @@ def _parser(name: str, tokenizer: Any) -> Any:
 HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
+def hermes_call(body: str) -> ToolCall | None:
+    """The call a closed hermes ``<tool_call>``'s ``body`` (its text between the tags) is; None when malformed."""
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict):
+        return ToolCall(call["name"], call["arguments"])
+    return None
+
+
 def _hermes(text: str) -> tuple[str | None, list[ToolCall]]:
-    calls = []
-    for body in HERMES_CALL.findall(text):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if (isinstance(call, dict) and isinstance(call.get("name"), str)
-                and isinstance(call.get("arguments"), dict)):
-            calls.append(ToolCall(call["name"], call["arguments"]))
+    calls = [call for call in map(hermes_call, HERMES_CALL.findall(text)) if call is not None]
     if not calls:
         return text, []
     return text[:text.find("<tool_call>")] or None, calls

@@ -20,8 +20,8 @@ still running gets vLLM's 500 saying why (a stream that started: its error chunk
 one does, and ``/health`` answers 503: no client waits on samples that will never end.
 
 **Streaming.** ``stream=true`` streams a request's tokens as the engines make them (a named sample's turn's too), in
-vLLM's server's chunk shapes (:mod:`pdsr_sdk.rollout.serve_stream`); with a tool parser, a chat's tool calls come at
-its end.
+vLLM's server's chunk shapes (:mod:`pdsr_sdk.rollout.serve_stream`); with ``hermes``, a chat's tool calls as they
+are written.
 """
 
 from __future__ import annotations

@@ -5,11 +5,15 @@ to (:meth:`~pdsr_sdk.rollout.serve.ChatServer.text_of`), which the stream's last
 Two things hold text back, as vLLM's server does: a token that ends inside a character (a byte-level tokenizer
 splits a multi-byte character over tokens; the decoded text then ends in U+FFFD until the rest arrives), and text
 that is, or could be the start of, a stop string (the engine ends the response there, and the answer's text ends
-before it); a stream with a tool parser holds a tool call's tag so too (its calls are read from the whole turn)."""
+before it); a stream with a tool parser holds a tool call's tag so too (the text from it on is the calls':
+:func:`close_calls` ends those a hermes stream sent as they were written)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from pdsr_sdk.agent.tool_stream import START, HermesCallStream
+from pdsr_sdk.rollout.serve_error import ServeError
 
 
 class TextDeltas:
@@ -55,3 +59,37 @@ class TextDeltas:
                     end = min(end, len(text) - k)
                     break
         return end
+
+
+def text_holds(tokenizer: Any, tool_parser: str | None, chat: bool, stops: list[str]) -> tuple[bool, list[str]]:
+    """Whether a choice's text streams as it comes, and the strings it is held back before (``stops``, and a hermes
+    tool call's tag: the text from it on is the calls'). A tokenizer that drops the tag as a special token from the
+    text, or another tool parser, holds a chat's whole text to its end."""
+    if not chat or not tool_parser:
+        return True, stops
+    if tool_parser == "hermes" and tokenizer.decode(tokenizer(START, add_special_tokens=False)["input_ids"],
+                                                    skip_special_tokens=True) == START:
+        return True, stops + [START]
+    return False, stops
+
+
+def close_calls(deltas: TextDeltas, calls: HermesCallStream, ids: list[int], index: int, answer: dict[str, Any]
+                ) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """A choice's streamed hermes calls at its end, given its last ``ids`` and its ``answer`` (its choice without
+    ``stream``): (its whole content, the last ``delta.tool_calls`` entries, its finish). A call already streamed
+    that is no call of the answer (:class:`~pdsr_sdk.agent.tool_stream.HermesCallStream`) stays as sent: the
+    content ends where the calls began, and a finish ``stop`` is ``tool_calls``, as vLLM's stream's."""
+    message = answer["message"]
+    deltas.push(ids)
+    last = calls.push(deltas.text)
+    want = [(call["function"]["name"], call["function"]["arguments"]) for call in message.get("tool_calls") or []]
+    got = [(name, arguments) for _, name, arguments in calls.calls()]
+    if got != want:
+        raise ServeError(500, f"choice {index}: the calls streamed ({got}) are not the answer's ({want}); the "
+                              f"tokenizer decodes these tokens otherwise with special tokens than without")
+    content = message.get("content") or ""
+    if calls.sent and not want:
+        content = deltas.text[:deltas.text.find(START)]
+    if calls.sent and answer["finish_reason"] == "stop":
+        answer = {**answer, "finish_reason": "tool_calls"}
+    return content, [last] if last else [], answer

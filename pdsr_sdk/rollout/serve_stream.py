@@ -11,12 +11,14 @@ first tokens (an error before any, such as an engine's refusal, is the error res
   ``prompt_token_ids``); completions: a choice's first chunk carries its prompt's ``prompt_token_ids``;
 - a chunk per choice each time tokens arrive: the text they made stable (:mod:`pdsr_sdk.rollout.serve_deltas`;
   possibly empty), their ``token_ids`` and, when asked, their ``logprobs``;
-- with a tool parser, a chat choice's text from its first ``<tool_call>`` on (hermes; with another parser, whose
-  tags pdsr does not read, its whole text) is held to its end, when the calls are parsed from the whole turn as
-  without ``stream``: then a chunk per call, ``delta.tool_calls`` with its ``index``, ``id``, ``type``, name and
-  whole ``arguments`` (vLLM's server sends the arguments in fragments; a client joins either alike);
+- with ``--tool-parser hermes``, a chat choice's text up to its first ``<tool_call>``, then its calls as they are
+  written (:mod:`pdsr_sdk.agent.tool_stream`): per call a ``delta.tool_calls`` entry with its ``index``, ``id``,
+  ``type``, name and ``arguments: ""`` once its arguments began, then its arguments in fragments, as vLLM's server
+  streams them; with another parser (whose tags pdsr does not read) the whole text is held to its end, and the
+  calls, parsed from the whole turn as without ``stream``, come then, a chunk per call with its whole arguments;
 - per choice a chunk with ``finish_reason`` and ``stop_reason``, carrying the rest of its text: the joined deltas
-  (and calls) are the answer a request without ``stream`` gets;
+  (and calls) are the answer a request without ``stream`` gets (but for a call streamed that then turned out
+  malformed, which the stream keeps as sent);
 - with ``stream_options.include_usage`` a chunk with ``usage`` and no choices (the others carry ``usage: null``);
 - ``data: [DONE]``.
 
@@ -35,13 +37,10 @@ from typing import Any, AsyncIterator, Callable
 
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.rollout.serve import FINISH, check_failed
-from pdsr_sdk.rollout.serve_deltas import TextDeltas
+from pdsr_sdk.agent.tool_stream import HermesCallStream
+from pdsr_sdk.rollout.serve_deltas import TextDeltas, close_calls, text_holds
 from pdsr_sdk.rollout.serve_error import ServeError, error_body, internal_error
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs
-
-#: where a hermes tool call starts: a chat choice's text is held back from it (and while its end may become it)
-TOOL_CALL_TAG = "<tool_call>"
-
 
 class StreamHub:
     """Wakes the streams waiting on samples: on a sample's new tokens and its end (the session's hooks; a sample
@@ -97,6 +96,7 @@ class _Choice:
     turn: asyncio.Future | None = None
     start: int = 0        # the sample's tokens before the choice's own (a named sample's earlier turns)
     live: bool = True     # its text is streamed as it comes; False: held to its end (a tool parser's)
+    calls: HermesCallStream | None = None   # its hermes calls, streamed as they come
     consumed: int = 0     # the choice's tokens streamed
     offset: int = 0       # completions' logprobs: the text offset of the next token
     started: bool = False
@@ -211,7 +211,8 @@ class LiveStream:
             return self._close(c, ids, lps)
         if not ids:
             return []
-        return [self._chunk(c, c.deltas.push(ids) if c.live else "", ids, lps)]
+        text = c.deltas.push(ids) if c.live else ""
+        return [self._chunk(c, text, ids, lps, calls=c.calls.push(c.deltas.text) if c.calls else None)]
 
     def _close(self, c: _Choice, ids: list[int], lps: list[float]) -> list[dict[str, Any]]:
         """Choice ``c``'s last chunks: the rest of its answer's text, its tool calls, its finish reason."""
@@ -222,14 +223,16 @@ class LiveStream:
         else:
             final, calls = answer["text"], []
         sent = c.deltas.text[:c.deltas.sent]
+        entries = [[{"index": i, **call}] for i, call in enumerate(calls)]
+        if c.calls is not None:
+            final, entries, answer = close_calls(c.deltas, c.calls, ids, c.index, answer)
         if not final.startswith(sent):
             raise ServeError(500, f"choice {c.index}: the text streamed ({sent[-40:]!r} at its end) is not the start "
                                   f"of the answer's text ({final[:len(sent)][-40:]!r} there); the tokenizer decodes "
                                   f"these tokens otherwise alone than together")
         rest = final[len(sent):]
-        chunks = [self._chunk(c, rest if i == 0 else "", [], [], calls=[{"index": i, **call}])
-                  for i, call in enumerate(calls)]
-        return chunks + [self._chunk(c, "" if calls else rest, ids, lps, finish=answer)]
+        chunks = [self._chunk(c, rest if i == 0 else "", [], [], calls=e) for i, e in enumerate(entries)]
+        return chunks + [self._chunk(c, "" if entries else rest, ids, lps, finish=answer)]
 
     def _chunk(self, c: _Choice, text: str, ids: list[int], lps: list[float], *, calls: list[dict] | None = None,
                finish: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -266,24 +269,19 @@ class LiveStream:
         return f"data: {json.dumps({**self.head, 'choices': choices, **usage, **extra})}\n\n"
 
 
-def _text_holds(server: Any, chat: bool, stops: list[str]) -> tuple[bool, list[str]]:
-    """Whether a choice's text streams as it comes, and the strings it is held back before (``stops``, and a hermes
-    tool call's tag: the calls are read from the whole turn). A tokenizer that drops the tag as a special token
-    from the text, or another tool parser, holds a chat's whole text to its end."""
-    if not chat or not server.tool_parser:
-        return True, stops
-    tok = server.session.tokenizer
-    if server.tool_parser == "hermes" and tok.decode(tok(TOOL_CALL_TAG, add_special_tokens=False)["input_ids"],
-                                                     skip_special_tokens=True) == TOOL_CALL_TAG:
-        return True, stops + [TOOL_CALL_TAG]
-    return False, stops
+def _calls(server: Any, chat: bool, live: bool) -> HermesCallStream | None:
+    """A chat choice's hermes call reader, where its text streams (the calls are read from the text)."""
+    if chat and live and server.tool_parser == "hermes":
+        return HermesCallStream(lambda: server.response_id("call"))
+    return None
 
 
 async def stream_groups(server: Any, groups: list[Group], *, chat: bool, include_stop: bool, want: bool | None,
                         include_usage: bool) -> AsyncIterator[str]:
     """A plain request's ``groups`` run streamed (choice ``i * n + j``: group i's sample j, as vLLM's batch): their
     events once their first tokens came."""
-    live, holds = _text_holds(server, chat, list(server.session.config.sampling.stop))
+    live, holds = text_holds(server.session.tokenizer, server.tool_parser, chat,
+                             list(server.session.config.sampling.stop))
 
     def answer(index: int, s: Sample) -> Callable[[], dict[str, Any]]:
         def made() -> dict[str, Any]:
@@ -295,7 +293,8 @@ async def stream_groups(server: Any, groups: list[Group], *, chat: bool, include
         return made
 
     choices = [_Choice(i * g.n + s.index, s, TextDeltas(server.session.tokenizer, holds), answer(i * g.n + s.index, s),
-                       restarts=s.restarts, live=live) for i, g in enumerate(groups) for s in g.samples]
+                       restarts=s.restarts, live=live, calls=_calls(server, chat, live))
+               for i, g in enumerate(groups) for s in g.samples]
     if not chat:
         for c in choices:
             c.extra["prompt_token_ids"] = list(c.sample.group.prompt_token_ids)
@@ -311,9 +310,9 @@ async def stream_turn(server: Any, sample: Sample, turn: asyncio.Future, prompt:
     """A named sample's running ``turn`` streamed as a plain request's choice 0 (``prompt``: the ids the turn
     continues; ``answer``: the turn's choice without ``stream``, once it ended). Its text keeps the stop string that
     ended it, as the trajectory's does: only a tool call's tag holds it back."""
-    live, holds = _text_holds(server, chat, [])
+    live, holds = text_holds(server.session.tokenizer, server.tool_parser, chat, [])
     choice = _Choice(0, sample, TextDeltas(server.session.tokenizer, holds), answer, turn=turn,
-                     start=len(prompt) - len(sample.group.prompt_token_ids), live=live)
+                     start=len(prompt) - len(sample.group.prompt_token_ids), live=live, calls=_calls(server, chat, live))
     if not chat:
         choice.extra["prompt_token_ids"] = list(prompt)
     stream = LiveStream(server, [choice], chat=chat, want=want, include_usage=include_usage, prompt=list(prompt),

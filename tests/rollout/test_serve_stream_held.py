@@ -3,7 +3,8 @@ the test releases it (tests/stream_fakes.py; one server for the module, v2 with 
 and ``--tool-parser hermes``). What a stream sent is read while its response is held, never by time: a restart
 after tokens were sent ends the stream with an error chunk, one before any is no error; text that may become a stop
 string or a tool call is held back; a named sample's turn streams as it comes and is recorded as without ``stream``;
-tool calls come as ``delta.tool_calls`` after the content."""
+tool calls come as ``delta.tool_calls`` after the content, each call's name first, then its arguments as they are
+written."""
 
 from __future__ import annotations
 
@@ -200,60 +201,114 @@ def test_a_named_samples_turns_stream_as_they_come_and_are_recorded_as_without_s
         [(t["role"], t["num_tokens"], t.get("tool_name")) for t in rows[1]["turns"]]
 
 
-def test_a_chat_with_a_tool_parser_streams_its_content_then_its_calls(held):
-    """Content is streamed until a <tool_call> may have begun (held there), then each parsed call comes as a
-    delta.tool_calls chunk and the finish reason is tool_calls: the openai client's accumulated message is the
-    answer without stream. A call the token limit cut is no call: its text comes at the end, finish 'length'."""
-    _, client, _, tok, engines = held
-    script = ids_of(tok, "Let me look." + CALC + "\n" + CLOCK) + [tok.eos_token_id]
-    play(engines, script, ends=True)
-    plain = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR]).choices[0]
-    assert plain.finish_reason == "tool_calls" and plain.message.content == "Let me look."
-    k = inside(tok, script, "Let me look.")
-    engines["f0"].hold(k)
-    stream = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR], stream=True)
+def accumulated(stream, on_chunk=None):
+    """The openai client's accumulated choice of a stream and its chunks (``on_chunk(chunks)`` after each)."""
     state, chunks = ChatCompletionStreamState(), []
     for chunk in stream:
         state.handle_chunk(chunk)
         chunks.append(chunk)
+        if on_chunk is not None:
+            on_chunk(chunks)
+    return state.current_completion_snapshot.choices[0], chunks
+
+
+def entries(chunks) -> list:
+    return [t for c in chunks for t in c.choices[0].delta.tool_calls or []]
+
+
+def same_message(got, plain) -> None:
+    """The streamed choice is the answer without stream: content, calls (their arguments text too), finish."""
+    assert (got.finish_reason, got.message.content) == (plain.finish_reason, plain.message.content)
+    assert [(c.type, c.function.name, c.function.arguments) for c in got.message.tool_calls or []] == \
+        [(c.type, c.function.name, c.function.arguments) for c in plain.message.tool_calls or []]
+    assert len({c.id for c in got.message.tool_calls or []}) == len(plain.message.tool_calls or [])
+
+
+@pytest.mark.parametrize("calls", [[CALC], [CALC, CLOCK]])
+def test_a_chat_streams_its_content_then_each_calls_name_then_its_arguments(held, calls):
+    """Content is streamed until a <tool_call> may have begun; held inside the first call's arguments, the stream
+    has sent its name (index, id, type, arguments "") and the arguments so far, no finish yet. The fragments
+    joined are each call's arguments, and the openai client's accumulated message is the answer without stream
+    (finish tool_calls), for one call and for two."""
+    _, client, _, tok, engines = held
+    text = "Let me look." + "\n".join(calls)
+    script = ids_of(tok, text) + [tok.eos_token_id]
+    play(engines, script, ends=True)
+    plain = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR]).choices[0]
+    assert plain.finish_reason == "tool_calls" and plain.message.content == "Let me look."
+    k = inside(tok, script, text[:text.index("6*7")])
+    engines["f0"].hold(k)
+    seen = []
+
+    def at_hold(chunks):
         if sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == k:
             assert engines["f0"].held.wait(WAIT_S)
-            assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Let me look."
+            seen.extend(chunks)
             engines["f0"].release()
-    got = state.get_final_completion().choices[0]
-    assert got.finish_reason == "tool_calls" and got.message.content == plain.message.content
-    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == \
-        [(c.type, c.function.name, json.loads(c.function.arguments)) for c in plain.message.tool_calls] == \
-        [("function", "calculator", {"expression": "6*7"}), ("function", "clock", {})]
-    assert len({c.id for c in got.message.tool_calls}) == 2
-    calls = [[t.index for t in c.choices[0].delta.tool_calls] for c in chunks if c.choices[0].delta.tool_calls]
-    assert calls == [[0], [1]]
-    # cut inside its first call: no call, the whole text at the end, as without stream
-    cut = dict(model="tiny", messages=HI, tools=[CALCULATOR], max_tokens=len(ids_of(tok, "Let me look." + CALC)) - 3)
+
+    got, chunks = accumulated(client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR],
+                                                             stream=True), at_hold)
+    first, *more = entries(seen)
+    assert "".join(c.choices[0].delta.content or "" for c in seen) == "Let me look."
+    assert (first.index, first.type, first.function.name, first.function.arguments) == (0, "function",
+                                                                                         "calculator", "")
+    assert first.id and all((t.index, t.id, t.type, t.function.name) == (0, None, None, None) for t in more)
+    so_far = "".join(t.function.arguments for t in more)
+    assert so_far.startswith('{"expression": "') and plain.message.tool_calls[0].function.arguments.startswith(so_far)
+    assert not so_far.endswith("}")
+    assert all(c.choices[0].finish_reason is None for c in seen)
+    same_message(got, plain)
+    for i, call in enumerate(plain.message.tool_calls):
+        assert "".join(t.function.arguments for t in entries(chunks) if t.index == i) == call.function.arguments
+        assert [t.function.name for t in entries(chunks) if t.index == i and t.function.name] == [call.function.name]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("text, content, names", [
+    # its arguments not an object: no name is sent, its text comes at the end
+    ('Hmm.<tool_call>{"name": "calculator", "arguments": "6*7"}</tool_call>',
+     'Hmm.<tool_call>{"name": "calculator", "arguments": "6*7"}</tool_call>', []),
+    # not JSON before its name, then a well-formed call: the malformed one is left out
+    ("Hmm.<tool_call>{name: calculator}</tool_call>" + CLOCK, "Hmm.", ["clock"]),
+])
+def test_a_malformed_call_streams_as_the_answer_without_stream(held, text, content, names):
+    _, client, _, tok, engines = held
+    play(engines, ids_of(tok, text) + [tok.eos_token_id], ends=True)
+    plain = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR]).choices[0]
+    got, chunks = accumulated(client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR],
+                                                             stream=True))
+    assert plain.message.content == content and [c.function.name for c in plain.message.tool_calls or []] == names
+    same_message(got, plain)
+
+
+def test_a_call_streamed_then_cut_stays_as_sent(held):
+    """A call whose name and arguments went out, then cut by the token limit before its </tool_call>: no call
+    without stream (its text is the content, finish length); the stream cannot take it back, so it keeps the call
+    as sent and its content ends where the call began, as vLLM's stream."""
+    _, client, _, tok, engines = held
+    script = ids_of(tok, "Let me look." + CALC) + [tok.eos_token_id]
+    play(engines, script, ends=True)
+    cut = dict(model="tiny", messages=HI, tools=[CALCULATOR], max_tokens=len(script) - 4)
     plain = client.chat.completions.create(**cut).choices[0]
-    state = ChatCompletionStreamState()
-    for chunk in client.chat.completions.create(**cut, stream=True):
-        state.handle_chunk(chunk)
-    got = state.current_completion_snapshot.choices[0]   # (get_final_completion refuses a 'length' one)
-    assert (got.finish_reason, got.message.content, got.message.tool_calls) == ("length", plain.message.content, None)
-    assert got.message.content.startswith("Let me look.<tool_call>")
+    assert (plain.finish_reason, plain.message.tool_calls) == ("length", None)
+    assert plain.message.content == tok.decode(script[:len(script) - 4])
+    got, _ = accumulated(client.chat.completions.create(**cut, stream=True))
+    (call,) = got.message.tool_calls
+    assert (got.finish_reason, got.message.content, call.function.name) == ("length", "Let me look.", "calculator")
+    assert '{"expression": "6*7"}'.startswith(call.function.arguments) and call.function.arguments
 
 
 def test_only_a_hermes_tag_the_text_keeps_is_held_back(tiny_model_dir):
     """A chat's text streams held back before hermes's <tool_call>; where the tokenizer drops that tag from the text
     (a special token), or with another parser, whose tags pdsr does not read, it is held whole to the end."""
-    from types import SimpleNamespace
-
     from pdsr_sdk.rollout.data import load_tokenizer
-    from pdsr_sdk.rollout.serve_stream import TOOL_CALL_TAG, _text_holds
+    from pdsr_sdk.rollout.serve_deltas import text_holds
 
     tok = load_tokenizer(tiny_model_dir)
-    server = SimpleNamespace(session=SimpleNamespace(tokenizer=tok), tool_parser="hermes")
-    assert _text_holds(server, True, [STOP]) == (True, [STOP, TOOL_CALL_TAG])
-    assert _text_holds(server, False, [STOP]) == (True, [STOP])   # completions: no parser
-    tok.add_special_tokens({"additional_special_tokens": [TOOL_CALL_TAG]})
-    assert _text_holds(server, True, [STOP]) == (False, [STOP])
-    server.tool_parser = "llama3_json"
-    assert _text_holds(server, True, []) == (False, [])
-    server.tool_parser = None
-    assert _text_holds(server, True, []) == (True, [])
+    tag = "<tool_call>"
+    assert text_holds(tok, "hermes", True, [STOP]) == (True, [STOP, tag])
+    assert text_holds(tok, "hermes", False, [STOP]) == (True, [STOP])   # completions: no parser
+    assert text_holds(tok, None, True, []) == (True, [])
+    assert text_holds(tok, "llama3_json", True, []) == (False, [])
+    tok.add_special_tokens({"additional_special_tokens": [tag]})
+    assert text_holds(tok, "hermes", True, [STOP]) == (False, [STOP])
