@@ -60,6 +60,29 @@ def _parser(name: str, tokenizer: Any) -> Any:
     return cls(tokenizer)
 
 
+#: the parsers whose answer's content is the turn's text before a marker (its whole text without one), and the
+#: parser's attribute naming that marker (tests/agent/test_tool_markers.py checks each with the installed vLLM)
+MARKER_ATTRIBUTES = {"qwen3_json": "tool_call_start_token", "longcat": "tool_call_start_token",
+                     "deepseek_v3": "tool_calls_start_token", "deepseek_v31": "tool_calls_start_token"}
+
+
+def tool_call_marker(parser: str, tokenizer: Any) -> str | None:
+    """Where a turn's tool calls begin for ``parser``: the text before it is the answer's content. None where pdsr
+    knows no such place: a parser with no marker (llama3_json, pythonic: a call is the text itself), one whose
+    content is not the text before its marker (ernie45, dots, functiongemma strip it), one not checked, or one the
+    tokenizer cannot build (its marker is not in the vocabulary)."""
+    if parser == "hermes":
+        return "<tool_call>"
+    attribute = MARKER_ATTRIBUTES.get(parser)
+    if attribute is None:
+        return None
+    try:
+        marker = getattr(_parser(parser, tokenizer), attribute, None)
+    except Exception:   # noqa: BLE001 - vLLM's parsers refuse a tokenizer without their tokens in several ways
+        return None
+    return marker if isinstance(marker, str) and marker else None
+
+
 #: one closed hermes call; its body is a JSON object {"name": ..., "arguments": {...}}
 HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 

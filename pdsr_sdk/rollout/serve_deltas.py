@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from pdsr_sdk.agent.tool_stream import START, HermesCallStream
+from pdsr_sdk.agent.tools import tool_call_marker
 from pdsr_sdk.rollout.serve_error import ServeError
 
 
@@ -62,14 +63,16 @@ class TextDeltas:
 
 
 def text_holds(tokenizer: Any, tool_parser: str | None, chat: bool, stops: list[str]) -> tuple[bool, list[str]]:
-    """Whether a choice's text streams as it comes, and the strings it is held back before (``stops``, and a hermes
-    tool call's tag: the text from it on is the calls'). A tokenizer that drops the tag as a special token from the
-    text, or another tool parser, holds a chat's whole text to its end."""
+    """Whether a choice's text streams as it comes, and the strings it is held back before (``stops``, and where the
+    tool parser's calls begin, :func:`~pdsr_sdk.agent.tools.tool_call_marker`: the text from it on is the calls').
+    A parser with no such marker, or a tokenizer that drops it from the text as a special token, holds a chat's
+    whole text to its end."""
     if not chat or not tool_parser:
         return True, stops
-    if tool_parser == "hermes" and tokenizer.decode(tokenizer(START, add_special_tokens=False)["input_ids"],
-                                                    skip_special_tokens=True) == START:
-        return True, stops + [START]
+    marker = tool_call_marker(tool_parser, tokenizer)
+    if marker and tokenizer.decode(tokenizer(marker, add_special_tokens=False)["input_ids"],
+                                   skip_special_tokens=True) == marker:
+        return True, stops + [marker]
     return False, stops
 
 

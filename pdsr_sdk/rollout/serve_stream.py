@@ -14,8 +14,9 @@ first tokens (an error before any, such as an engine's refusal, is the error res
 - with ``--tool-parser hermes``, a chat choice's text up to its first ``<tool_call>``, then its calls as they are
   written (:mod:`pdsr_sdk.agent.tool_stream`): per call a ``delta.tool_calls`` entry with its ``index``, ``id``,
   ``type``, name and ``arguments: ""`` once its arguments began, then its arguments in fragments, as vLLM's server
-  streams them; with another parser (whose tags pdsr does not read) the whole text is held to its end, and the
-  calls, parsed from the whole turn as without ``stream``, come then, a chunk per call with its whole arguments;
+  streams them; with another parser, the text up to where its calls begin (where pdsr knows that place,
+  :func:`~pdsr_sdk.agent.tools.tool_call_marker`; else the whole text is held to its end), and the calls, parsed
+  from the whole turn as without ``stream``, at its end, a chunk per call with its whole arguments;
 - per choice a chunk with ``finish_reason`` and ``stop_reason``, carrying the rest of its text: the joined deltas
   (and calls) are the answer a request without ``stream`` gets (but for a call streamed that then turned out
   malformed, which the stream keeps as sent);

@@ -9,6 +9,7 @@ written."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -33,17 +34,24 @@ CALCULATOR = {"type": "function", "function": {"name": "calculator", "parameters
 HI = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(scope="module")
-def held(tiny_model_dir):
+@contextmanager
+def served(model_dir, tool_parser: str):
     """(session, openai client, base URL, tokenizer, engines by name) of ``session.serve`` on a fast and a heavy
     ScriptEngine."""
     settings = {"v2": {"breaker_tokens": CAP, "breaker_time_s": None, "on_break": "restart", "steal": False}}
     engines = [{"name": name, "pool": pool, "backend": "stream_fakes:ScriptEngine", "max_model_len": 1024,
                 "max_num_seqs": 4} for name, pool in (("f0", "fast"), ("h0", "heavy"))]
-    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v2", policy_settings=settings,
+    cfg = RolloutConfig(model=str(model_dir), policy="v2", policy_settings=settings,
                         sampling={"max_tokens": 256, "stop": [STOP]}, agent={"env_timeout_s": 60}, engines=engines)
-    with RolloutSession(cfg) as session, serving(session, model_name="tiny", tool_parser="hermes") as (client, base):
+    with RolloutSession(cfg) as session, serving(session, model_name="tiny", tool_parser=tool_parser) as (client,
+                                                                                                        base):
         yield session, client, base, session.tokenizer, {e.name: e for e in session.engines}
+
+
+@pytest.fixture(scope="module")
+def held(tiny_model_dir):
+    with served(tiny_model_dir, "hermes") as server:
+        yield server
 
 
 def ids_of(tok, text: str) -> list[int]:
@@ -298,9 +306,36 @@ def test_a_call_streamed_then_cut_stays_as_sent(held):
     assert '{"expression": "6*7"}'.startswith(call.function.arguments) and call.function.arguments
 
 
-def test_only_a_hermes_tag_the_text_keeps_is_held_back(tiny_model_dir):
-    """A chat's text streams held back before hermes's <tool_call>; where the tokenizer drops that tag from the text
-    (a special token), or with another parser, whose tags pdsr does not read, it is held whole to the end."""
+def test_another_parser_streams_the_text_before_its_marker_and_its_calls_at_the_end(tiny_model_dir):
+    """qwen3_json (vLLM's own reading of hermes calls): held after the content, the stream has sent it; the calls
+    come whole at the turn's end, and the accumulated message is the answer without stream."""
+    with served(tiny_model_dir, "qwen3_json") as (_, client, _, tok, engines):
+        script = ids_of(tok, "Let me look." + CALC + "\n" + CLOCK) + [tok.eos_token_id]
+        play(engines, script, ends=True)
+        plain = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR]).choices[0]
+        k = inside(tok, script, "Let me look.<tool_call>")
+        engines["f0"].hold(k)
+        seen = []
+
+        def at_hold(chunks):
+            if sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == k:
+                assert engines["f0"].held.wait(WAIT_S)
+                seen.extend(chunks)
+                engines["f0"].release()
+
+        got, chunks = accumulated(client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR],
+                                                                 stream=True), at_hold)
+        assert "".join(c.choices[0].delta.content or "" for c in seen) == "Let me look." and not entries(seen)
+        assert plain.finish_reason == "tool_calls" and len(plain.message.tool_calls) == 2
+        same_message(got, plain)
+        assert [[t.index for t in c.choices[0].delta.tool_calls] for c in chunks if c.choices[0].delta.tool_calls] \
+            == [[0], [1]]
+
+
+def test_only_a_marker_the_text_keeps_is_held_back(tiny_model_dir):
+    """A chat's text streams held back before its parser's marker (hermes's <tool_call>, qwen3_json's too); where
+    the tokenizer drops it from the text (a special token), or with a parser with no marker, it is held whole to
+    the end."""
     from pdsr_sdk.rollout.data import load_tokenizer
     from pdsr_sdk.rollout.serve_deltas import text_holds
 
@@ -309,6 +344,8 @@ def test_only_a_hermes_tag_the_text_keeps_is_held_back(tiny_model_dir):
     assert text_holds(tok, "hermes", True, [STOP]) == (True, [STOP, tag])
     assert text_holds(tok, "hermes", False, [STOP]) == (True, [STOP])   # completions: no parser
     assert text_holds(tok, None, True, []) == (True, [])
+    assert text_holds(tok, "qwen3_json", True, []) == (True, [tag])
     assert text_holds(tok, "llama3_json", True, []) == (False, [])
     tok.add_special_tokens({"additional_special_tokens": [tag]})
     assert text_holds(tok, "hermes", True, [STOP]) == (False, [STOP])
+    assert text_holds(tok, "qwen3_json", True, [STOP]) == (False, [STOP])
