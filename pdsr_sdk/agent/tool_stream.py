@@ -225,6 +225,7 @@ class _Region:
     at: int = 0                       # where its arguments start in its text
     ok: bool = False                  # a well-formed call, sent whole
     arguments: str = ""               # then: its arguments, as sent joined
+    seek: int = 0                     # where its </tool_call> may begin
 
 
 class HermesCallStream:
@@ -253,11 +254,13 @@ class HermesCallStream:
             if r is None:
                 at = text.find(START, self._from)
                 if at < 0:
+                    self._from = max(self._from, len(text) - len(START) + 1)   # a long turn is not searched again
                     return out
                 self.regions.append(_Region(at + len(START)))
                 continue
-            end = text.find(END, r.body)
+            end = text.find(END, max(r.body, r.seek))
             if end < 0:
+                r.seek = len(text) - len(END) + 1
                 body = text[r.body:]
                 out += self._grow(r, body[:len(body) - _partial_end(body, END)])
                 return out
