@@ -6,9 +6,9 @@ own), and what is sent is only what no later text can change:
 
 - the call's first delta (``index``, ``id``, ``type: "function"``, ``function: {name, arguments: ""}``) once its text
   is ``{"name": "<name>", "arguments": {`` (the shape a hermes template asks for; JSON whitespace allowed);
-- then its arguments as ``json.dumps`` writes the parsed object (the ``arguments`` a request without ``stream``
-  gets), each value once it is complete (a string's characters as they come), so the fragments joined are those
-  arguments (:class:`CanonicalJson`);
+- then its arguments as vLLM's tool parsers write the parsed object (:func:`json_text`: the ``arguments`` a request
+  without ``stream`` gets), each value once it is complete (a string's characters as they come), so the fragments
+  joined are those arguments (:class:`CanonicalJson`);
 - a call of another shape (its arguments first) comes whole once its ``</tool_call>`` closes it, and a malformed
   one not at all (its text is the answer's, as without ``stream``).
 
@@ -34,10 +34,22 @@ _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r"
 #: the words Python's json reads as values (NaN and the infinities too)
 _WORDS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_HEX = "0123456789abcdefABCDEF"
+#: what may follow a high surrogate's escape to make a pair with it: a low surrogate's escape, character by character
+_LOW = ("\\", "u", "dD", "cdefCDEF", _HEX, _HEX)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value: Any) -> str:
+    """``value``'s JSON text as vLLM's tool parsers write a call's arguments (``json.dumps(value,
+    ensure_ascii=False)``: characters as themselves, control characters escaped), except that a lone surrogate (an
+    unpaired ``\\ud83d`` in the model's text) stays escaped: written as itself it could not be encoded as UTF-8,
+    and the response could not be sent."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
 
 
 def _char(c: str) -> str:
-    return json.dumps(c)[1:-1]
+    return json_text(c)[1:-1]
 
 
 def _partial_end(text: str, tag: str) -> int:
@@ -46,11 +58,11 @@ def _partial_end(text: str, tag: str) -> int:
 
 
 class CanonicalJson:
-    """A JSON value's text as ``json.dumps(json.loads(text))`` writes it, while ``text`` grows: :meth:`feed` takes
+    """A JSON value's text as ``json_text(json.loads(text))`` writes it, while ``text`` grows: :meth:`feed` takes
     the text so far and returns what it added to :attr:`out` that no continuation can change (a number once a
-    delimiter ends it, a word once whole, an object's key once closed; a string's characters as they come).
-    ``done``: the value closed; ``broken``: the text can no longer be JSON as read (or repeats a key) and nothing
-    more is written."""
+    delimiter ends it, a word once whole, an object's key once closed; a string's characters as they come, an escaped
+    surrogate pair's first half with its second). ``done``: the value closed; ``broken``: the text can no longer be
+    JSON as read (or repeats a key) and nothing more is written."""
 
     def __init__(self) -> None:
         self.out = ""
@@ -100,11 +112,24 @@ class CanonicalJson:
         if e == "u":
             digits = text[at + 2:at + 6]
             if len(digits) < 4:
-                return None if all(d in "0123456789abcdefABCDEF" for d in digits) else self._bad(at)
-            if all(d in "0123456789abcdefABCDEF" for d in digits):
-                # a surrogate pair's halves written one at a time are the pair's text (json.dumps escapes it so)
-                return chr(int(digits, 16)), at + 6
+                return None if all(d in _HEX for d in digits) else self._bad(at)
+            if all(d in _HEX for d in digits):
+                return self._pair(text, at + 6, int(digits, 16))
         return self._bad(at)
+
+    @staticmethod
+    def _pair(text: str, at: int, code: int) -> tuple[str, int] | None:
+        """The character of a ``\\uXXXX`` escape (``code``) that ends at ``at``: a high surrogate's with the low
+        one's escape right after it is the pair's character, as json.loads reads them; None while the text after
+        it may still become that escape."""
+        if not 0xD800 <= code <= 0xDBFF:
+            return chr(code), at
+        low = text[at:at + 6]
+        if not all(c in allowed for c, allowed in zip(low, _LOW)):
+            return chr(code), at   # a lone surrogate (json_text escapes it)
+        if len(low) < 6:
+            return None
+        return chr(0x10000 + ((code - 0xD800) << 10) + int(low[2:], 16) - 0xDC00), at + 6
 
     def _bad(self, at: int) -> tuple[str, int]:
         self.broken = True
@@ -166,7 +191,7 @@ class CanonicalJson:
             self.broken = True   # json.loads keeps the last value, where the first stood: not this text's order
             return True
         keys.add(key)
-        self.out += json.dumps(key)
+        self.out += json_text(key)
         self._pos = end + 1
         self._expect = "colon"
         return True
@@ -293,7 +318,7 @@ class HermesCallStream:
         call = hermes_call(body)
         if call is None:
             return []
-        arguments = json.dumps(call.arguments)
+        arguments = json_text(call.arguments)
         if r.index is None:
             r.index, r.ok, r.name, r.arguments = self.sent, True, call.name, arguments
             self.sent += 1

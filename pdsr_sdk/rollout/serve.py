@@ -311,11 +311,11 @@ class ChatServer:
             raw = self.session.tokenizer.decode(token_ids, skip_special_tokens=False)
             content, calls = parse_tool_calls(raw, self.session.tokenizer, self.tool_parser)
             if calls:
-                import json
+                from pdsr_sdk.agent.tool_stream import json_text
 
                 message["content"] = content or None
                 message["tool_calls"] = [{"id": f"call-{next(self._ids)}", "type": "function", "function": {
-                    "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+                    "name": c.name, "arguments": json_text(c.arguments)}} for c in calls]
         return message
 
     def chat_choice(self, index: int, text: str, token_ids: list[int], finish_reason: str,

@@ -1,6 +1,7 @@
 """Hermes calls read as a turn's text grows (:mod:`pdsr_sdk.agent.tool_stream`), the text fed one character more
-at a time: what is sent joined is what ``json.dumps(json.loads(...))`` and ``parse_tool_calls`` make of the whole
-text, each piece sent only once no later text can change it."""
+at a time: what is sent joined is what ``json.dumps(json.loads(...), ensure_ascii=False)`` (as vLLM's tool parsers
+write arguments) and ``parse_tool_calls`` make of the whole text, each piece sent only once no later text can change
+it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import pytest
 
 from pdsr_sdk.agent import parse_tool_calls
-from pdsr_sdk.agent.tool_stream import CanonicalJson, HermesCallStream
+from pdsr_sdk.agent.tool_stream import CanonicalJson, HermesCallStream, json_text
 
 VALUES = [
     '{}',
@@ -20,6 +21,18 @@ VALUES = [
     '{"nested": {"a": {"b": [[], [{}], [[1]]]}}, "z": -12.0e+3}',
     '{"k\\u00e9y": "v", "": ""}',
     '\n{\n  "code": "print(\\"hi\\")\\nx = [1, 2]"\n}',
+    # non-ASCII keys and values, raw and escaped: CJK, emoji (an escaped surrogate pair is the emoji), control
+    # characters (escaped as json.dumps escapes them)
+    '{"城市": "北京", "\\u5929\\u6c14": "\\u6674", "emoji": "\U0001f600\\ud83d\\ude00", "\\ud83c\\udf89": ["é"]}',
+    '{"ctl": "a\\u0001\\u001f\\u007f\\u2028b", "two": "\\ud83d\\ude00\\ud83d\\ude01"}',
+]
+#: escaped lone surrogates (an unpaired half, a half before a non-half, two highs then a pair, a low alone): what
+#: json.dumps(ensure_ascii=False) writes as itself, which UTF-8 cannot encode, stays escaped
+LONE = [
+    ('{"a": "x\\ud83dy"}', '{"a": "x\\ud83dy"}'),
+    ('{"\\udc00": "\\ud83d\\u00e9"}', '{"\\udc00": "\\ud83dé"}'),
+    ('{"a": "\\ud83d\\ud83d\\ude00\\ude00"}', '{"a": "\\ud83d\U0001f600\\ude00"}'),
+    ('{"a": ["\\ud83d", "\\udfff"]}', '{"a": ["\\ud83d", "\\udfff"]}'),
 ]
 
 
@@ -31,7 +44,8 @@ def fed(text: str) -> tuple[CanonicalJson, list[str]]:
 
 @pytest.mark.parametrize("text", VALUES)
 def test_arguments_are_written_as_json_dumps_writes_them_as_they_come(text):
-    want = json.dumps(json.loads(text))
+    want = json.dumps(json.loads(text), ensure_ascii=False)
+    assert json_text(json.loads(text)) == want
     writer, steps = fed(text)
     assert writer.done and not writer.broken and "".join(steps) == writer.out == want
     # written as it came: each prefix of the text wrote a prefix of the answer, and a string's characters came
@@ -58,6 +72,26 @@ def test_text_that_cannot_be_json_stops_the_writing_where_it_breaks(text, writte
     else:
         with pytest.raises(json.JSONDecodeError):
             json.loads(text)
+
+
+@pytest.mark.parametrize("text, want", LONE)
+def test_a_lone_surrogate_stays_escaped_where_json_dumps_would_write_what_utf8_cannot_encode(text, want):
+    with pytest.raises(UnicodeEncodeError):
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    writer, steps = fed(text)
+    assert writer.done and "".join(steps) == writer.out == json_text(json.loads(text)) == want
+    assert json.loads(want) == json.loads(text) and want.encode("utf-8")
+    assert all(want.startswith("".join(steps[:i])) for i in range(len(steps)))
+
+
+def test_an_escaped_pairs_first_half_waits_for_what_follows_it():
+    writer = CanonicalJson()
+    assert writer.feed('{"a": "\\ud83d') == '{"a": "'
+    assert writer.feed('{"a": "\\ud83d\\uDE0') == ""     # may still be the pair's second half
+    assert writer.feed('{"a": "\\ud83d\\uDE00') == "\U0001f600"
+    assert writer.feed('{"a": "\\ud83d\\uDE00\\ud83d\\u') == ""
+    assert writer.feed('{"a": "\\ud83d\\uDE00\\ud83d\\u0') == "\\ud83d"   # not a low half: alone
+    assert writer.feed('{"a": "\\ud83d\\uDE00\\ud83d\\u00e9"}') == 'é"}' and writer.done
 
 
 def test_a_number_waits_for_its_end_and_a_key_for_its_quote():
@@ -103,9 +137,9 @@ def test_calls_are_sent_as_parse_tool_calls_reads_them_the_name_first(tiny_model
     _, calls = parse_tool_calls(text, tok, "hermes")
     got = joined([e for _, e in entries])
     assert [(got[i]["name"], got[i]["arguments"]) for i, _, _ in reader.calls()] == \
-        [(c.name, json.dumps(c.arguments)) for c in calls] == \
+        [(c.name, json.dumps(c.arguments, ensure_ascii=False)) for c in calls] == \
         [("calculator", '{"expression": "6*7", "digits": [1, 2]}'), ("clock", "{}")]
-    assert [(name, arguments) for _, name, arguments in reader.calls()] == [(c.name, json.dumps(c.arguments))
+    assert [(name, arguments) for _, name, arguments in reader.calls()] == [(c.name, json_text(c.arguments))
                                                                            for c in calls]
     # the calculator's name once its arguments began, its arguments as they came, before its </tool_call>
     first = [(at, e) for at, e in entries if e["index"] == 0]
@@ -130,3 +164,18 @@ def test_a_tag_split_over_pushes_and_a_string_holding_the_end_tag():
     reader, entries = streamed('<tool_call>{"name": "html", "arguments": {"s": "a</tool_call>"}}</tool_call>')
     assert joined([e for _, e in entries])[0]["arguments"] == '{"s": "a'
     assert reader.broken == [0] and reader.calls() == []
+
+
+def test_non_ascii_arguments_stream_as_the_answer_writes_them(tiny_model_dir):
+    """Raw and escaped CJK and emoji, and a lone surrogate, in a call's keys and values: the fragments joined are
+    the characters themselves (the lone surrogate escaped), as parse_tool_calls's arguments are written."""
+    from pdsr_sdk.rollout.data import load_tokenizer
+
+    text = ('<tool_call>{"name": "翻译", "arguments": {"文本": "你好\\u4e16\\u754c", "\\ud83d\\ude00": '
+            '["\U0001f389", "\\ud83d!"]}}</tool_call>')
+    reader, entries = streamed(text)
+    _, (call,) = parse_tool_calls(text, load_tokenizer(tiny_model_dir), "hermes")
+    got = joined([e for _, e in entries])[0]
+    assert (got["name"], got["arguments"]) == (call.name, json_text(call.arguments)) == \
+        ("翻译", '{"文本": "你好世界", "\U0001f600": ["\U0001f389", "\\ud83d!"]}')
+    assert reader.calls() == [(0, "翻译", got["arguments"])] and len(entries) > 5

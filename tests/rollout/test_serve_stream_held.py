@@ -349,3 +349,24 @@ def test_only_a_marker_the_text_keeps_is_held_back(tiny_model_dir):
     tok.add_special_tokens({"additional_special_tokens": [tag]})
     assert text_holds(tok, "hermes", True, [STOP]) == (False, [STOP])
     assert text_holds(tok, "qwen3_json", True, [STOP]) == (False, [STOP])
+
+
+def test_non_ascii_arguments_are_written_as_vllm_writes_them_stream_or_not(held):
+    """A call's raw and escaped CJK and emoji come as the characters themselves (json.dumps(ensure_ascii=False), as
+    vLLM's tool parsers write them), a lone surrogate escaped (UTF-8 cannot carry it): in the answer's body, and
+    in the openai client's message accumulated from the stream, which is the answer without stream."""
+    _, client, base, tok, engines = held
+    call = ('<tool_call>{"name": "calculator", "arguments": {"城市": "北京\\u5929", "emoji": "\U0001f600\\ud83d'
+            '\\ude00", "lone": "\\ud83d!"}}</tool_call>')
+    script = ids_of(tok, "Let me look." + call) + [tok.eos_token_id]
+    assert tok.decode(script[:-1]) == "Let me look." + call
+    play(engines, script, ends=True)
+    want = '{"城市": "北京天", "emoji": "\U0001f600\U0001f600", "lone": "\\ud83d!"}'
+    body = {"model": "tiny", "messages": HI, "tools": [CALCULATOR]}
+    raw = httpx.post(f"{base}/chat/completions", json=body, timeout=WAIT_S)
+    assert raw.status_code == 200 and "北京天".encode() in raw.content   # UTF-8 on the wire, as vLLM's body
+    assert raw.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == want
+    plain = client.chat.completions.create(**body).choices[0]
+    assert plain.message.tool_calls[0].function.arguments == want
+    got, _ = accumulated(client.chat.completions.create(**body, stream=True))
+    same_message(got, plain)
