@@ -110,6 +110,17 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     if not stats.samples and stats.resumed_samples:
         click.echo(f"nothing left to score: {path} has all {stats.resumed_samples} rows, column '{cfg.column}'{extra}")
         return
-    click.echo(f"wrote {path}: {stats.samples + stats.resumed_samples} rows{kept}, column '{cfg.column}'{extra} "
+    at = (f" at temperature {stats.temperature:g} (the rollout's, recorded in --data)"
+          if stats.rollout_temperature is not None and "temperature" not in cfg.model_fields_set else "")
+    click.echo(f"wrote {path}: {stats.samples + stats.resumed_samples} rows{kept}, column '{cfg.column}'{extra}{at} "
                f"({stats.backend}, {stats.head})")
     click.echo(stats.summary())
+    _warn_other_temperature(stats)
+
+
+def _warn_other_temperature(stats) -> None:
+    rollout = stats.rollout_temperature
+    if rollout is not None and stats.temperature != rollout:
+        click.echo(f"warning: temperature (--temperature) is {stats.temperature:g}, but the rollout in --data "
+                   f"sampled at {rollout:g}: its response_logprobs are of logits / {rollout:g}, as verl's old and "
+                   f"reference log-probs are", err=True)

@@ -48,6 +48,10 @@ class ScoreStats:
     head: str  #: how logits were formed ("chunked lm_head", or the full-logits fallback and why)
     #: ``pdsr score --resume``: rows an interrupted run had scored (kept, not counted in the numbers above)
     resumed_samples: int = 0
+    #: ``pdsr score``: the temperature the logits were divided by, and the one the input's rollout sampled at
+    #: (recorded in its metadata; None: not a rollout's file, or greedy), which is the default
+    temperature: float = 1.0
+    rollout_temperature: float | None = None
 
     @property
     def padding_efficiency(self) -> float:

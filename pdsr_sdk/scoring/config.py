@@ -73,7 +73,9 @@ class ScoreOptions(ConfigModel):
                            description="Completion positions per lm_head/log-softmax chunk: fp32 logits are "
                                        "materialised for at most `row_chunk` x vocab at a time.")
     temperature: float = Field(1.0, gt=0.0, description="Logits are divided by this before the softmax "
-                                                        "(match the sampling temperature of the rollout).")
+                                                        "(match the sampling temperature of the rollout; `pdsr "
+                                                        "score` on a `pdsr rollout` file takes the temperature it "
+                                                        "recorded, unless given).")
     entropy: bool = Field(False, description="Also compute the per-token entropy (torch backend only); `pdsr "
                                              "score` writes it as `<column>_entropy`.")
     attention_mask: bool = Field(

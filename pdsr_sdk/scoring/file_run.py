@@ -31,6 +31,7 @@ from pdsr_sdk.scoring import resume as parts
 from pdsr_sdk.scoring.api import Ragged, ScoreStats, check_context, score_checked, validate_rows
 from pdsr_sdk.scoring.backend import ScoreMeter, get_backend
 from pdsr_sdk.scoring.config import ScoreConfig
+from pdsr_sdk.scoring.rollout_input import with_rollout_temperature
 from pdsr_sdk.scoring.tokenizer_check import check_tokenizer
 
 
@@ -77,11 +78,13 @@ def _score_file(config: ScoreConfig, progress: ProgressFactory | None) -> tuple[
         on_disk = []
     source = open_table_batches(config.data, (config.prompt_column, config.response_column), what="scoring input",
                                 setting="data (--data)")
+    config, recorded = with_rollout_temperature(config, source.schema)   # a rollout's file: at its temperature
+    temperatures = dict(temperature=config.temperature, rollout_temperature=recorded)
     settings = parts.run_settings(config, model_dir)
     if config.resume:
         done = _finished_output(out, settings, on_disk, source.num_rows)
         if done is not None:
-            return out, done
+            return out, replace(done, **temperatures)
         for part in on_disk[:1]:
             parts.check_settings(parts.parts_dir(out), part.settings, settings)
     where = str(config.data)
@@ -95,7 +98,7 @@ def _score_file(config: ScoreConfig, progress: ProgressFactory | None) -> tuple[
     stats = _score_blocks(source, config, model_dir, plan, kept, lengths, where,
                           dict(settings=settings, run_id=run_id), progress or silent_progress)
     _merge(out, source, config, len(plan), dict(settings=settings, run_id=run_id, rows=int(len(lengths))))
-    return out, replace(stats, resumed_samples=sum(b - a for a, b in plan[:kept]))
+    return out, replace(stats, resumed_samples=sum(b - a for a, b in plan[:kept]), **temperatures)
 
 
 def _model_dir(config: ScoreConfig) -> Path:
