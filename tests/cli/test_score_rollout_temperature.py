@@ -91,3 +91,15 @@ def test_recorded_temperature_reads_only_a_rollouts_number():
                 json.dumps({"sampling.temperature": "0.6"}), json.dumps({"sampling.n": 4})):
         assert recorded_temperature(schema(raw)) is None, raw
     assert recorded_temperature(None) is None
+
+
+def test_the_keys_read_are_the_ones_pdsr_rollout_writes():
+    """The scoring layer names the rollout's metadata key and settings key itself (it sits below rollout); they must
+    stay the ones a rollout writes, or every rollout file would be scored at 1.0 again without a word."""
+    from pdsr_sdk.rollout.config import RolloutConfig
+    from pdsr_sdk.rollout.resume import METADATA_KEY, run_settings
+    from pdsr_sdk.scoring.rollout_input import ROLLOUT_METADATA, TEMPERATURE_KEY
+
+    assert ROLLOUT_METADATA == METADATA_KEY
+    cfg = RolloutConfig.model_validate({"sampling": {"temperature": 0.7}})
+    assert run_settings(cfg, "models/tiny")[TEMPERATURE_KEY] == 0.7
