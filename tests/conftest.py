@@ -16,9 +16,12 @@ from support import HAVE_TORCH  # noqa: E402  (after the vLLM environment is set
 #: session fixtures that hold real engines and serve a run of neighbouring tests: closed after the last test
 #: of such a run that uses them (nothing later asks for them; were one to, it would start them again),
 #: so that their engines do not sit in memory while the rest of the suite starts others
-RELEASED_AFTER_THEIR_LAST_USER = ("speculative_engines",)
-#: session fixtures holding real engines: the tests using them run on one xdist worker, so they start once
-SHARED_ENGINES = ("vllm_pair", "speculative_engines")
+RELEASED_AFTER_THEIR_LAST_USER = ("speculative_engines", "ray_actors", "ray_cluster")
+#: session fixtures holding real engines (or a Ray cluster), each with the xdist group of its users: the tests
+#: of a group run on one worker, so they start once. The Ray tests (tests/engines/conftest.py) join the local
+#: pair's group: those with engines in actors use both, and a cluster per worker would start twice.
+SHARED_ENGINES = {"vllm_pair": "vllm_pair", "speculative_engines": "speculative_engines",
+                  "ray_cluster": "vllm_pair"}
 
 
 def pytest_configure(config):
@@ -36,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
     # Under xdist (addopts: `-n 2 --dist loadgroup`) tests are dealt one at a time to whichever worker is free,
     # which would start a module's (or a session's) engines once in each worker. So the tests of a module that
     # use a fixture wider than one test run on one worker, and with them those of every module sharing a
-    # session's engines (vllm_pair, speculative_engines); every other test is dealt singly.
+    # session's engines (or Ray cluster: SHARED_ENGINES names the group); every other test is dealt singly.
     if not config.pluginmanager.hasplugin("xdist"):
         return
     modules: dict = {}
@@ -46,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
         wide, engines = [], set()
         for item in members:
             used = item._fixtureinfo.name2fixturedefs
-            engines.update(name for name in used if name in SHARED_ENGINES)
+            engines.update(SHARED_ENGINES[name] for name in used if name in SHARED_ENGINES)
             if any(name in SHARED_ENGINES or (defs and defs[-1].scope in ("module", "class", "package"))
                    for name, defs in used.items()):
                 wide.append(item)
@@ -134,7 +137,7 @@ def engine_loop():
 @pytest.fixture(scope="session")
 def vllm_pair(engine_loop, tiny_model_dir):
     """Two real vLLM engines on the tiny model, started once for the whole run and shared by the modules that
-    need local engines (tests/rollout/test_rollout_vllm.py, tests/engines/test_ray_engine.py): ``fast-0`` on
+    need local engines (tests/rollout/test_rollout_vllm.py, tests/engines/test_ray_engine_*.py): ``fast-0`` on
     core 0 and ``heavy-0`` on core 1. float32, so greedy continuation after a move is bit-exact (in bf16 a
     re-prefilled context differs from step-by-step decoding in the last bits, and greedy paths can fork). A
     test that loads other weights puts the model folder's back before it ends."""

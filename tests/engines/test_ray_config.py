@@ -1,5 +1,5 @@
 """The Ray backend without a cluster: the config's Ray section, the layout and placement, and the message when Ray is
-not installed (the engines in Ray actors: test_ray_engine.py)."""
+not installed (the engines in Ray actors: test_ray_engine_*.py)."""
 
 from __future__ import annotations
 
