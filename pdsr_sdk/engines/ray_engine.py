@@ -277,6 +277,11 @@ class RayEngine(ModelEngine):
                 raise EngineError(self.name, f"{method}: no poll answered by the Ray actor on {self.where()}")
             await asyncio.sleep(0.005)
 
+    @property
+    def dead(self) -> bool:
+        """Whether the engine died (its actor lost or failed): it takes no more requests."""
+        return self._dead
+
     def where(self) -> str:
         """Where the actor runs, for messages: ``node IP (node id ..., pid ...)``."""
         n = self.node

@@ -64,7 +64,7 @@ def live_ray_engines(ray_actors, engine_loop, tiny_model_dir):
 
     def live(*names):
         # a killed actor's engine is dead for good (a RayEngine does not restart): a new one takes its place
-        stale = [name for name in names if name not in ray_actors or ray_actors[name]._dead]
+        stale = [name for name in names if name not in ray_actors or ray_actors[name].dead]
         if stale:
             run_on(engine_loop, renew(stale))
         return tuple(ray_actors[name] for name in names)

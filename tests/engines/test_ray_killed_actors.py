@@ -93,6 +93,7 @@ def test_killing_one_actor_mid_run_requeues_its_samples_on_the_pool(ray_engines,
     assert err.engine == "fast-ray-0" and ray0.node["ip"] in text and ray0.node["node_id"] in text
     assert "ActorDiedError" in text and "ray.kill" in text
     assert result.stats["engines_lost"] == 1 and result.stats["retries"] == len(retried)
+    assert ray0.dead and not ray1.dead   # what the shared fixture reads to start a killed actor afresh
     assert _wait_gone(children) == []   # no engine core left behind holding memory
 
 
@@ -116,7 +117,7 @@ def test_killing_the_only_actor_of_a_pool_stops_with_an_engine_error_naming_engi
         _session_run(engine_loop, cfg, [local, ray1], reference["records"], kill_when)
     err = info.value
     text = str(err)
-    assert err.engine == "heavy-ray-1"
+    assert err.engine == "heavy-ray-1" and ray1.dead
     assert "no live engine is left in pool 'heavy'" in text
     node_ips = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     assert ray1.node["ip"] in node_ips and ray1.node["ip"] in text and ray1.node["node_id"] in text
