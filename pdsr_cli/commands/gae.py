@@ -32,8 +32,8 @@ def _help(name: str) -> str:
               help=_help("mask_column").replace("null:", "null (on the command line: ''):"))
 @click.option("--gamma", type=float, default=None, help=_help("gamma"))
 @click.option("--lam", type=float, default=None, help=_help("lam"))
-@click.option("--normalize-std", type=click.Choice(["group", "batch", "none"]), default=None,
-              help=_help("normalize_std"))
+@click.option("--normalize-std", type=click.Choice(["group", "batch", "none"]), default=None,   # a YAML bool only in a file
+              help=_help("normalize_std").replace("; true / false mean", "; in --config, true / false mean"))
 @click.option("--eps", type=float, default=None, help=_help("eps"))
 @click.option("--singleton", type=click.Choice(["zero", "score"]), default=None, help=_help("singleton"))
 @click.option("--chunk", type=int, default=None, help=_help("chunk"))

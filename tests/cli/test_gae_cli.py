@@ -184,6 +184,25 @@ def test_help_shows_defaults():
         assert part in text
 
 
+def test_normalize_std_help_offers_true_and_false_only_where_they_are_taken(tmp_path):
+    """The help said 'true / false mean group / none', which --normalize-std refuses: a config file's YAML bool."""
+    text = " ".join(CliRunner().invoke(cli, ["gae", "--help"]).output.split())
+    assert "in --config, true / false mean group / none" in text
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 9, size=9)
+    src = write([{"prompt_id": f"p{i // 3}", "response_token_ids": [1] * int(n), "response_mask": [1] * int(n),
+                  "reward": float(rng.random())} for i, n in enumerate(lengths)], tmp_path / "in.parquet")
+    refused = invoke("--data", src, "--out", tmp_path / "a.parquet", "--estimator", "grpo", "--normalize-std", "false")
+    assert refused.exit_code == 2 and "'false' is not one of 'group', 'batch', 'none'" in refused.output
+    cfg = tmp_path / "gae.yaml"
+    cfg.write_text("estimator: grpo\nnormalize_std: false\n")
+    for name, flags in (("b", ["--config", cfg]), ("c", ["--estimator", "grpo", "--normalize-std", "none"]),
+                        ("d", ["--estimator", "grpo"])):
+        assert invoke("--data", src, "--out", tmp_path / f"{name}.parquet", *flags).exit_code == 0
+    b, c, d = (pq.read_table(tmp_path / f"{n}.parquet").column("advantages").to_pylist() for n in "bcd")
+    assert b == c != d   # false is none (r - mean), not the default's division by the std
+
+
 def _verl_style_gae(rewards, values, valid, gamma, lam):
     """One row, float64, written out as verl's masked loop (a masked token carries both the advantage and the
     bootstrap value): independent of pdsr_sdk.gae.reference."""
