@@ -25,7 +25,7 @@ if os.environ.get("PDSR_QUIET") == "1":
 COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("rollout", "Generate GRPO groups with a P-DSR dispatch policy on vLLM engines."),
     "score": ("score", "Per-token log-probs of completions under a model, micro-batched."),
-    "gae": ("gae", "Generalized advantage estimation (chunk-scan) on a Parquet file."),
+    "gae": ("gae", "Per-token advantages of a rollout's file: GAE, or GRPO, RLOO, REINFORCE++ (no critic)."),
     "simulate": ("simulate", "Replay a length trace through dispatch policies on simulated engines."),
     "analyze": ("analyze", "Statistics and plots of a length trace or trajectories file."),
     "trace": ("trace", "Length traces: synthesize or convert."),
@@ -62,8 +62,8 @@ def cli() -> None:
     """pdsr: fast rollout side of LLM reinforcement learning (GRPO/PPO).
 
     Probe-based Dynamic Segment Rollout over vLLM engines, micro-batched
-    log-prob scoring, chunk-scan GAE, and a simulator and analyser for
-    rollout length traces. Every command that runs a job takes --config
+    log-prob scoring, per-token advantages (chunk-scan GAE; GRPO, RLOO,
+    REINFORCE++), and a simulator and analyser for rollout length traces. Every command that runs a job takes --config
     FILE (YAML/JSON); flags override the file.
 
     Paths: a leading ~ is the home folder. An output's missing folders are
