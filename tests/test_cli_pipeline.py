@@ -146,6 +146,24 @@ def test_per_token_columns_line_up_and_match_the_engine(chain, kind):
     assert (masked > 0) == (kind == "multi")
 
 
+def sdk_batch(rows):
+    """trainer_batch's tensors for the file's rows, as the SDK pads a step's samples (one segment each)."""
+    from pdsr_sdk.dispatch.types import Group, SegmentRecord, Sample
+    from pdsr_sdk.rollout.padded import trainer_batch
+
+    samples = []
+    for r in rows:
+        g = Group(prompt_id=r["prompt_id"], prompt_token_ids=r["prompt_token_ids"], prompt_text="", n=1)
+        s = Sample(group=g, index=r["sample_index"], max_tokens=len(r["response_token_ids"]),
+                   token_ids=r["response_token_ids"], logprobs=r["response_logprobs"],
+                   finish_reason=r["finish_reason"], response_mask=r["response_mask"])
+        s.segments = [SegmentRecord(pool="fast", engine="fast-0", start_token=0,
+                                    num_tokens=len(r["response_token_ids"]), policy_version=0)]
+        g.samples = [s]
+        samples.append(s)
+    return trainer_batch(samples, pad_token_id=0, numpy=True).tensors
+
+
 @pytest.mark.parametrize("kind", ["single", "multi"])
 def test_the_pages_python_pads_the_file_as_trainer_batch_lays_it_out(chain, kind):
     work, files = chain
@@ -164,6 +182,12 @@ def test_the_pages_python_pads_the_file_as_trainer_batch_lays_it_out(chain, kind
     width = max(len(r["response_token_ids"]) for r in rows)
     prompt_width = max(len(r["prompt_token_ids"]) for r in rows)
     assert batch["responses"].shape == (len(rows), width) and batch["prompts"].shape == (len(rows), prompt_width)
+    # the keys trainer_batch has, with its values and dtypes: the file's int32 ids came out int32, which torch's
+    # cross_entropy refuses as targets
+    want = sdk_batch(rows)
+    for key in ("prompts", "responses", "response_mask", "rollout_log_probs"):
+        assert batch[key].dtype == want[key].dtype, key
+        np.testing.assert_array_equal(batch[key], want[key], err_msg=key)
     for i, r in enumerate(rows):   # each row against its own lists: values first, then padding
         n, p = len(r["response_token_ids"]), len(r["prompt_token_ids"])
         mask = r["response_mask"] if r["response_mask"] is not None else [1] * n
