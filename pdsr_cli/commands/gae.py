@@ -77,8 +77,22 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
                     + ([f"backend {summary.backend}"] if summary.backend else []))
     click.echo(f"wrote {summary.out}: {summary.rows} rows, {summary.tokens} tokens ({summary.valid_tokens} valid), "
                f"{how}, {summary.seconds:.3g} s")
+    _warn_lone_samples(summary, cfg)
     if summary.dropped_rewards:
         rows = summary.dropped_rewards
         shown = ", ".join(map(str, rows[:5])) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
         click.echo(f"warning: {len(rows)} row(s) have a reward but no valid token to carry it (their "
                    f"{cfg.mask_column or 'mask'} is all 0), so it is in no advantage: row {shown}", err=True)
+
+
+def _warn_lone_samples(summary, cfg: GaeConfig) -> None:
+    """A group of one sample with singleton zero gets advantage 0: a file of prompts sampled once (pdsr rollout
+    --n 1, or group ids that are not the prompt's) would train on nothing without a word."""
+    lone, groups = summary.singleton_groups, summary.groups
+    if not lone or cfg.singleton != "zero":
+        return
+    which = (f"every group ({cfg.group_column}) holds" if lone == groups
+             else f"{lone} of {groups} groups ({cfg.group_column}) {'holds' if lone == 1 else 'hold'}")
+    click.echo(f"warning: {which} one sample: a lone sample is its own baseline, so nothing of its reward is in its "
+               f"advantage; sample each prompt several times (pdsr rollout --n N), or keep a lone sample's reward "
+               f"with singleton (--singleton) score, as verl does", err=True)

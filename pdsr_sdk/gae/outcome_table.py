@@ -40,9 +40,11 @@ def outcome_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "",
     columns: dict[str, np.ndarray] = {}
     dropped: np.ndarray = np.zeros(0, dtype=np.int64)
     backend = ""
+    counts = np.zeros(0, dtype=np.int64)
     if grouped:
         rewards = _sample_rewards(table, cfg, source, lengths)
         groups = _group_ids(table, cfg.group_column, source)
+        counts = np.unique(groups, return_counts=True)[1]
         if cfg.estimator == "grpo":
             per_sample = grpo_advantages(rewards, groups, normalize_std=cfg.normalize_std, eps=cfg.eps,
                                          singleton=cfg.singleton)
@@ -67,7 +69,8 @@ def outcome_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "",
     table = with_token_columns(table, columns, offsets)
     summary = GaeRunSummary(out=Path(cfg.out), rows=table.num_rows, tokens=int(lengths.sum()),
                             valid_tokens=int(mask.sum()), backend=backend, seconds=seconds,
-                            dropped_rewards=tuple(int(r) for r in dropped), estimator=cfg.estimator)
+                            dropped_rewards=tuple(int(r) for r in dropped), estimator=cfg.estimator,
+                            groups=len(counts), singleton_groups=int((counts == 1).sum()))
     return table, summary
 
 

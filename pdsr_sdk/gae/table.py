@@ -58,6 +58,10 @@ class GaeRunSummary:
     #: reward is in no advantage
     dropped_rewards: tuple[int, ...] = ()
     estimator: str = "gae"
+    #: grpo, rloo, reinforce_plus_plus_baseline: the file's groups, and how many hold one sample (with singleton
+    #: "zero" their advantage is 0: a file of prompts sampled once trains on nothing)
+    groups: int = 0
+    singleton_groups: int = 0
 
 
 def run_gae_file(cfg: GaeConfig, *, progress: ProgressFactory | None = None) -> GaeRunSummary:

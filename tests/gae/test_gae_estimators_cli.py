@@ -160,6 +160,28 @@ def test_reinforce_pp_warns_of_a_reward_no_token_carries(tmp_path, monkeypatch):
     assert "1 row(s) have a reward but no valid token to carry it" in printed and "row 7" in printed
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_groups_of_one_sample_are_counted_in_a_warning(tmp_path, monkeypatch, estimator):
+    """A lone sample is its own baseline (singleton zero), so a file of prompts sampled once (pdsr rollout --n 1)
+    got advantages 0 on every token without a word; the command counts such groups, except with singleton score."""
+    table, a = rollout_like(1)
+    sizes = np.unique(a["ids"], return_counts=True)[1]
+    _, printed = run_cli(tmp_path, monkeypatch, table, "--estimator", estimator)
+    lone = int((sizes == 1).sum())
+    assert 0 < lone < len(sizes)
+    assert f"warning: {lone} of {len(sizes)} groups (prompt_id) hold one sample" in printed
+    assert "--singleton" in printed and "--n N" in printed
+    _, printed = run_cli(tmp_path, monkeypatch, table, "--estimator", estimator, "--singleton", "score")
+    assert "one sample" not in printed
+    shared = np.isin(a["ids"], np.unique(a["ids"], return_counts=True)[0][sizes > 1])
+    _, printed = run_cli(tmp_path, monkeypatch, table.filter(pa.array(shared)), "--estimator", estimator)
+    assert "one sample" not in printed
+    alone = table.set_column(0, "prompt_id", pa.array([f"s{i}" for i in range(table.num_rows)]))
+    out, printed = run_cli(tmp_path, monkeypatch, alone, "--estimator", estimator)
+    assert "warning: every group (prompt_id) holds one sample" in printed
+    assert not any(x for row in out.column("advantages").to_pylist() for x in row)
+
+
 @pytest.fixture()
 def small(tmp_path):
     table, _ = rollout_like(7)
