@@ -77,10 +77,12 @@ def test_sdk_config_overrides_are_validated_naming_the_key():
 
 
 @pytest.mark.parametrize("build, key, expected", [
-    ("pdsr_sdk.sim.config:SimulateConfig", dict(fast=0, heavy=0), "(top level): fast + heavy is 0"),
+    ("pdsr_sdk.sim.config:SimulateConfig", dict(fast=0, heavy=0), "fast + heavy is 0"),
     ("pdsr_sdk.sim.config:SimulateConfig", dict(segments={"min_tokens": 100, "max_tokens": 10}),
      "segments: min_tokens (100) must be <= max_tokens (10)"),
     ("pdsr_sdk.sim.config:SimulateConfig", dict(fastt=2), "fastt: unknown config key; valid keys here: "),
+    ("pdsr_sdk.gae.config:GaeConfig", dict(data="a", out="b.parquet", estimator="grpo", lam=0.9),
+     "lam (--lam) does not apply to estimator 'grpo'"),
     ("pdsr_sdk.gae.config:GaeConfig", dict(device="tpu"), "device: expected cpu, cuda or cuda:N, got 'tpu'"),
     ("pdsr_sdk.gae.config:GaeConfig", dict(backend="fast"),
      "backend: unknown GAE backend 'fast'; valid names: auto, numba, reference, torch, triton"),

@@ -242,7 +242,8 @@ def format_validation_error(
             hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
             lines.append(f"{origin}: {key}: unknown config key{hint}")
         elif isinstance((err.get("ctx") or {}).get("error"), PdsrError):   # our validators' own message
-            lines.append(f"{origin}: {key}: {err['ctx']['error']}")
+            # a whole-model check names its keys itself: no "(top level)" before it
+            lines.append(f"{origin}: {key}: {err['ctx']['error']}" if loc or prefix else f"{origin}: {err['ctx']['error']}")
         else:
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
