@@ -74,7 +74,7 @@ def read_responses_trace(path: str | Path, *, id_column: str | None = None, leng
         kind = None   # CSV/TSV, or what read_table makes of the name
     if kind == "jsonl" and FORMATS.get(path.suffix.lower()) not in (None, "jsonl"):
         kind = None   # a .csv that starts with "{": read as its name says
-    table = read_table(path, what="response", kind=kind)
+    table = read_table(path, what="rollout log", kind=kind)
     return trace_from_responses(table, source=str(path), id_column=id_column, length_column=length_column,
                                 prompt_length_column=prompt_length_column, sample_index_column=sample_index_column,
                                 reward_column=reward_column, finish_reason_column=finish_reason_column,

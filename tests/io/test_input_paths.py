@@ -122,5 +122,5 @@ def test_a_folder_of_a_dump_and_other_tables_is_refused(tmp_path, tiny_model_dir
     write_jsonl(folder / "1.jsonl", [row, row])
     pq.write_table(pa.table({"uid": ["a"], "response_length": [3]}), folder / "lengths.parquet")
     failed(invoke("trace", "convert", folder, "--tokenizer", tiny_model_dir, "--out", tmp_path / "t.jsonl"),
-           f"{folder}: the folder must hold response files of one format", "found 1 jsonl (1.jsonl, ...); "
+           f"{folder}: the folder must hold rollout log files of one format", "found 1 jsonl (1.jsonl, ...); "
            "1 parquet (lengths.parquet, ...)")

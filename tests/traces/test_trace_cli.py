@@ -90,10 +90,10 @@ def convert_error(tmp_path, source) -> str:
 
 
 @pytest.mark.parametrize("name, make, expected", [
-    ("gone.jsonl", lambda p: None, "response file does not exist"),
-    ("gone-*.parquet", lambda p: None, "response file does not exist, nor does the pattern match any"),
-    ("empty", lambda p: p.mkdir(), "the folder must hold response files of one format"),
-    ("log.bin", lambda p: p.write_bytes(b"neither Parquet nor Arrow"), "cannot read response file as parquet"),
+    ("gone.jsonl", lambda p: None, "rollout log file does not exist"),
+    ("gone-*.parquet", lambda p: None, "rollout log file does not exist, nor does the pattern match any"),
+    ("empty", lambda p: p.mkdir(), "the folder must hold rollout log files of one format"),
+    ("log.bin", lambda p: p.write_bytes(b"neither Parquet nor Arrow"), "cannot read rollout log file as parquet"),
     ("broken.parquet", lambda p: p.write_bytes(b"PAR1 and nothing else"), "cannot read trajectories file"),
     ("bad.jsonl", lambda p: p.write_text("hello\n"), ":1: not valid JSON"),
     ("cols.csv", lambda p: p.write_text("x,y\n1,2\n"), "no prompt id column; name it with --id-column"),
@@ -106,6 +106,19 @@ def test_cli_convert_errors_about_source_name_the_argument(tmp_path, name, make,
     message = convert_error(tmp_path, source)
     assert message.startswith(f"error: SOURCE {source}"), message
     assert expected in message
+
+
+def test_cli_convert_a_missing_source_is_named_as_the_user_gave_it(tmp_path):
+    """A path, a pattern or a folder that gives no file is named as what SOURCE is, the user's rollout log (it
+    said 'response file', the table reader's word for it), in these words."""
+    formats = ".parquet, .jsonl, .json, .arrow, .ipc, .feather, .csv, .tsv"
+    gone, pattern, folder = tmp_path / "gone.jsonl", tmp_path / "gone-*.jsonl", tmp_path / "logs"
+    folder.mkdir()
+    assert convert_error(tmp_path, gone) == f"error: SOURCE {gone}: rollout log file does not exist"
+    assert convert_error(tmp_path, pattern) == (f"error: SOURCE {pattern}: rollout log file does not exist, nor "
+                                                f"does the pattern match any")
+    assert convert_error(tmp_path, folder) == (f"error: SOURCE {folder}: the folder must hold rollout log files of "
+                                               f"one format ({formats}); found none")
 
 
 def test_cli_convert_an_unreadable_source_is_an_error_naming_it(tmp_path, monkeypatch):
