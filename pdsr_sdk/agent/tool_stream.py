@@ -10,7 +10,8 @@ own), and what is sent is only what no later text can change:
   without ``stream`` gets), each value once it is complete (a string's characters as they come), so the fragments
   joined are those arguments (:class:`CanonicalJson`);
 - a call of another shape (its arguments first) comes whole once its ``</tool_call>`` closes it, and a malformed
-  one not at all (its text is the answer's, as without ``stream``).
+  one not at all (its text is the answer's, as without ``stream``); nor does a call whose name holds a lone
+  surrogate (:func:`~pdsr_sdk.agent.tools.is_tool_name`), malformed too.
 
 A call whose first delta went out and that then turns out malformed (its JSON breaks, or the turn ends before its
 ``</tool_call>``; or its arguments repeat a key, whose last value ``json.loads`` keeps) cannot be taken back: the
@@ -23,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pdsr_sdk.agent.tools import hermes_call
+from pdsr_sdk.agent.tools import SURROGATE, hermes_call, is_tool_name
 
 START, END = "<tool_call>", "</tool_call>"
 #: a hermes call's text up to its arguments' ``{``: then its name is known and its arguments have begun
@@ -37,7 +38,6 @@ _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _HEX = "0123456789abcdefABCDEF"
 #: what may follow a high surrogate's escape to make a pair with it: a low surrogate's escape, character by character
 _LOW = ("\\", "u", "dD", "cdefCDEF", _HEX, _HEX)
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def json_text(value: Any) -> str:
@@ -45,7 +45,7 @@ def json_text(value: Any) -> str:
     ensure_ascii=False)``: characters as themselves, control characters escaped), except that a lone surrogate (an
     unpaired ``\\ud83d`` in the model's text) stays escaped: written as itself it could not be encoded as UTF-8,
     and the response could not be sent."""
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
+    return SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
 
 
 def _char(c: str) -> str:
@@ -301,8 +301,8 @@ class HermesCallStream:
                 name = json.loads(head.group(1)) if head else None
             except json.JSONDecodeError:
                 name = None
-            if not isinstance(name, str):
-                return []
+            if not is_tool_name(name):
+                return []   # not text, or a lone surrogate in it: malformed once closed too (its text the content)
             r.index, r.name, r.args, r.at = self.sent, name, CanonicalJson(), head.end() - 1
             self.sent += 1
             out.append({"index": r.index, "id": self.new_id(), "type": "function",

@@ -2,7 +2,8 @@
 
 ``hermes`` (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) is the convention of ChatML models
 (Qwen, SmolLM2, Hermes); any parser name the installed vLLM registers works (``tool_parser_names()``).
-Only well-formed calls count: a malformed one is not a call, and the turn's other calls still are.
+Only well-formed calls count: a malformed one (a name holding a lone surrogate escape, ``"\\ud83d"``, too) is not a
+call, and the turn's other calls still are.
 
 ``hermes`` is read here, call by call, as verl's agent loop reads it: vLLM's hermes parser drops every call of a
 turn when one is malformed, and takes a ``<tool_call>`` the turn's token limit cut before its ``</tool_call>``.
@@ -87,13 +88,23 @@ def tool_call_marker(parser: str, tokenizer: Any) -> str | None:
 HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
+#: a surrogate code point: in text json.loads read, a lone half of a pair (``"\\ud83d"``), which no UTF-8 text holds
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_tool_name(name: object) -> bool:
+    """Whether ``name`` may be a call's name: text without a lone surrogate. One with it is a malformed call, as
+    no answer (UTF-8 JSON) could carry it and no agent could look its tool up."""
+    return isinstance(name, str) and not SURROGATE.search(name)
+
+
 def hermes_call(body: str) -> ToolCall | None:
     """The call a closed hermes ``<tool_call>``'s ``body`` (its text between the tags) is; None when malformed."""
     try:
         call = json.loads(body)
     except json.JSONDecodeError:
         return None
-    if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict):
+    if isinstance(call, dict) and is_tool_name(call.get("name")) and isinstance(call.get("arguments"), dict):
         return ToolCall(call["name"], call["arguments"])
     return None
 
@@ -122,6 +133,8 @@ def parse_tool_calls(text: str, tokenizer: Any, parser: str = "hermes") -> tuple
         return got.content, []
     calls = []
     for call in got.tool_calls:
+        if not is_tool_name(call.function.name):
+            continue
         try:
             args = json.loads(call.function.arguments or "{}")
         except json.JSONDecodeError:

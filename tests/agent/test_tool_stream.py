@@ -158,6 +158,20 @@ def test_calls_are_sent_as_parse_tool_calls_reads_them_the_name_first(tiny_model
     assert reader.sent == 4 and [got[i]["id"] for i in range(4)] == [f"call-{i}" for i in range(4)]
 
 
+def test_a_name_with_a_lone_surrogate_is_never_sent(tiny_model_dir):
+    """A call named '\\ud83d' (no UTF-8 text holds it) is malformed, so no delta names it: its text stays the
+    answer's, as parse_tool_calls leaves it out, and the call after it is the stream's first."""
+    from pdsr_sdk.rollout.data import load_tokenizer
+
+    text = 'Hmm.<tool_call>{"name": "\\ud83d", "arguments": {"x": 1}}</tool_call>' + CLOCK
+    reader, entries = streamed(text)
+    _, calls = parse_tool_calls(text, load_tokenizer(tiny_model_dir), "hermes")
+    assert [c.name for c in calls] == ["clock"]
+    assert [e for _, e in entries] == [{"index": 0, "id": "call-0", "type": "function",
+                                        "function": {"name": "clock", "arguments": "{}"}}]
+    assert reader.calls() == [(0, "clock", "{}")] and reader.broken == []
+
+
 def test_a_tag_split_over_pushes_and_a_string_holding_the_end_tag():
     """A </tool_call> that may be coming is not sent as arguments; one inside a string closes the call there, as
     parse_tool_calls reads it (the call is malformed: sent up to the tag, it stays as sent)."""

@@ -43,10 +43,14 @@ CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</t
     ('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}', None, []),
     ('x <tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', None, []),
     ("line\n<tool_call>\n" + CALC[11:-12] + "\n</tool_call>", "line\n", ["calculator"]),
+    # a name holding a lone surrogate escape is malformed (no UTF-8 text holds it); an escaped pair is its character
+    ('<tool_call>{"name": "\\ud83d", "arguments": {"expression": "2+3"}}</tool_call>', None, []),
+    ('a <tool_call>{"name": "calc\\udc00", "arguments": {}}</tool_call>' + CALC, "a ", ["calculator"]),
+    ('<tool_call>{"name": "\\ud83d\\ude00", "arguments": {"expression": "2+3"}}</tool_call>', None, ["\U0001f600"]),
 ])
 def test_hermes_takes_each_well_formed_call_as_verl_does(tiny_model_dir, text, content, names):
     """Each closed <tool_call> is read on its own, as verl's hermes parser reads it: a malformed one (not JSON, no
-    name, arguments not an object) is left out and the others count; an unclosed one is not a call."""
+    name or one with a lone surrogate, arguments not an object) is left out and the others count; an unclosed one is not a call."""
     from pdsr_sdk.agent import parse_tool_calls
     from pdsr_sdk.rollout.data import load_tokenizer
 
@@ -54,6 +58,21 @@ def test_hermes_takes_each_well_formed_call_as_verl_does(tiny_model_dir, text, c
     assert [c.name for c in calls] == names
     assert got_content == (content if calls else text)
     assert all(c.arguments == {"expression": "2+3"} for c in calls)
+
+
+@requires_vllm
+def test_a_name_with_a_lone_surrogate_is_no_call_with_vllms_parsers_either(tiny_model_dir):
+    """vLLM's own parsers take such a name as it reads (qwen3_json: '\\ud83d'); parse_tool_calls leaves that call
+    out as it does with hermes, so that an agent or pdsr serve never gets a name UTF-8 cannot carry."""
+    from pdsr_sdk.agent import parse_tool_calls
+    from pdsr_sdk.agent.tools import _parser
+    from pdsr_sdk.rollout.data import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    text = 'a <tool_call>{"name": "\\ud83d", "arguments": {}}</tool_call>\n' + CALC
+    names = [c.function.name for c in _parser("qwen3_json", tok).extract_tool_calls(text, None).tool_calls]
+    assert names == ["\ud83d", "calculator"]   # what vLLM's parser makes of it, the case this guards against
+    assert [c.name for c in parse_tool_calls(text, tok, "qwen3_json")[1]] == ["calculator"]
 
 
 @pytest.mark.parametrize("expression, expect", [

@@ -278,6 +278,10 @@ def test_a_chat_streams_its_content_then_each_calls_name_then_its_arguments(held
      'Hmm.<tool_call>{"name": "calculator", "arguments": "6*7"}</tool_call>', []),
     # not JSON before its name, then a well-formed call: the malformed one is left out
     ("Hmm.<tool_call>{name: calculator}</tool_call>" + CLOCK, "Hmm.", ["clock"]),
+    # a name holding a lone surrogate (UTF-8 cannot carry it: the answer's body failed to encode, a 500)
+    ('Hmm.<tool_call>{"name": "\\ud83d", "arguments": {}}</tool_call>',
+     'Hmm.<tool_call>{"name": "\\ud83d", "arguments": {}}</tool_call>', []),
+    ('Hmm.<tool_call>{"name": "a\\udfff", "arguments": {"x": 1}}</tool_call>' + CLOCK, "Hmm.", ["clock"]),
 ])
 def test_a_malformed_call_streams_as_the_answer_without_stream(held, text, content, names):
     _, client, _, tok, engines = held
