@@ -20,7 +20,8 @@ def write_plots(lengths, out_dir: str | Path, *, cv_ddof: int = 1, title: str | 
                 cap: int | None = None) -> list[Path]:
     """Write the three plots of a [G, N] length array into ``out_dir``; returns their paths.
 
-    - ``lengths_hist.png``: histogram of all response lengths (log x), probes overlaid;
+    - ``lengths_hist.png``: histogram of all response lengths (log x), the probes' outlined over it, each as the
+      share of its own samples per bin;
     - ``probe_vs_later.png``: probe length vs each later sample (log-log) with y = x and the mean Spearman
       correlation (with N = 1 it says there is no later sample);
     - ``cv_hist.png``: distribution of the per-group coefficient of variation.
@@ -66,17 +67,25 @@ def _cap_label(x: np.ndarray, cap: int) -> str:
 
 
 def _length_hist(x: np.ndarray, suffix: str, cap: int | None):
+    from matplotlib.ticker import PercentFormatter
+
     fig, ax = _figure()
     shown = np.maximum(x, 1)  # a log axis cannot show 0; empty responses are drawn at 1
     bins = _log_bins(shown)
-    ax.hist(shown.ravel(), bins=bins, color="tab:blue", alpha=0.75, label=f"all samples ({x.size})")
-    ax.hist(shown[:, 0], bins=bins, histtype="step", color="tab:red", linewidth=1.4,
-            label=f"probes, sample 0 ({x.shape[0]})")
+    # each histogram as its share of its own samples (heights sum to 1): as counts the probes' outline, 1/N of all
+    # samples, lay flat along the bottom and its shape could not be held against theirs. The bins are of equal
+    # width on the log axis, so a share per bin is a density over log length.
+    every, probes = shown.ravel(), shown[:, 0]
+    ax.hist(every, bins=bins, weights=np.full(every.size, 1 / every.size), color="tab:blue", alpha=0.75,
+            label=f"all samples ({x.size})")
+    ax.hist(probes, bins=bins, weights=np.full(probes.size, 1 / probes.size), histtype="step", color="tab:red",
+            linewidth=1.4, label=f"probes, sample 0 ({x.shape[0]})")
     if cap is not None:
         ax.axvline(max(cap, 1), color="black", linestyle="--", linewidth=1, label=_cap_label(x, cap))
     ax.set_xscale("log")
     ax.set_xlabel("response length (tokens, log scale)")
-    ax.set_ylabel("samples")
+    ax.set_ylabel("share of samples per bin (each sums to 100%)")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_title("Response length distribution" + suffix)
     # below the axes: inside, it covered the top of the distribution
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=2)

@@ -62,6 +62,27 @@ def test_the_cap_and_the_share_at_it_are_marked(tmp_path, drawn):
         assert not ax.get_legend().get_window_extent().overlaps(ax.get_window_extent()), name
 
 
+def test_all_samples_and_the_probes_are_drawn_as_shares_of_their_own(tmp_path, drawn):
+    """The probes' outline was drawn in counts over all samples' (1/N of them): flat along the bottom, its shape
+    not comparable. Each is now its share of its own samples per bin: heights sum to 1 and are numpy's counts over
+    the same bins divided by the samples counted, and the y axis says so."""
+    rng = np.random.default_rng(3)
+    lengths = np.concatenate([rng.integers(20, 60, (30, 8)), rng.integers(300, 900, (10, 8))])
+    lengths[:, 0] = rng.integers(20, 900, 40)   # probes spread otherwise than the rest
+    write_plots(lengths, tmp_path)
+    ax = drawn["lengths_hist.png"].axes[0]
+    bars = [p for p in ax.patches if p.get_fill()]
+    (outline,) = [p for p in ax.patches if not p.get_fill()]
+    edges = np.array([b.get_x() for b in bars] + [bars[-1].get_x() + bars[-1].get_width()])
+    heights = np.array([b.get_height() for b in bars])
+    corners = outline.get_xy()[1:2 * len(bars):2]   # a step outline: (left edge, top) of each bin
+    assert np.allclose(corners[:, 0], edges[:-1])
+    assert np.isclose(heights.sum(), 1) and np.isclose(corners[:, 1].sum(), 1)
+    assert np.allclose(heights, np.histogram(lengths.ravel(), edges)[0] / lengths.size)
+    assert np.allclose(corners[:, 1], np.histogram(lengths[:, 0], edges)[0] / lengths.shape[0])
+    assert ax.get_ylabel() == "share of samples per bin (each sums to 100%)"
+
+
 def test_without_a_cap_nothing_is_marked(tmp_path, drawn):
     write_plots(CUT, tmp_path)
     assert cap_lines(drawn["lengths_hist.png"].axes[0], 512) == []
