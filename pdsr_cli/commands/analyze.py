@@ -73,7 +73,7 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     json_path = json_path or out_dir / "analysis.json"
     check_new_output(json_path, what, overwrite=overwrite or what == "--out-dir", config_key=None,
                      inputs=[("TRACE", trace_path)])
-    trace = read_trace(trace_path)
+    trace = read_trace(trace_path, setting="TRACE")
     report = analyze_trace(trace, cfg)
 
     plots = []

@@ -167,7 +167,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     check_policy_set_targets(sets, run_names(cfg))
     check_policy_set_targets(old_sets, run_names(cfg), "--policy-set")
     cfg = apply_policy_sets(cfg, sets + old_sets)
-    tr = read_trace(cfg.trace)
+    tr = read_trace(cfg.trace, setting="trace (--trace)")
     if cfg.steps is not None:
         with output_mode(quiet):
             _run_steps(tr, cfg, quiet)

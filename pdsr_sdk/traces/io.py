@@ -37,7 +37,9 @@ importable from here too.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.traces.formats import detect_format
@@ -72,13 +74,30 @@ __all__ = [
 ]
 
 
-def read_trace(path: str | Path) -> LengthTrace:
-    """Read a JSONL length trace or a trajectories Parquet/Arrow file (detected from its content)."""
+def read_trace(path: str | Path, *, setting: str | None = None) -> LengthTrace:
+    """Read a JSONL length trace or a trajectories Parquet/Arrow file (detected from its content). ``setting``: the
+    argument or flag ``path`` came from (``TRACE``, ``trace (--trace)``), put before each error about it."""
     path = Path(path)
-    kind = detect_format(path)
-    if kind == "jsonl":
-        return read_trace_jsonl(path)
-    return read_trajectories_trace(path, kind)
+    with _errors_named(setting, path):
+        kind = detect_format(path)
+        if kind == "jsonl":
+            return read_trace_jsonl(path)
+        return read_trajectories_trace(path, kind)
+
+
+@contextlib.contextmanager
+def _errors_named(setting: str | None, path: Path) -> Iterator[None]:
+    """A DataError about ``path`` led by ``setting``; an OSError reading it (no permission, a vanished shard) one
+    DataError naming the file."""
+    lead = f"{setting} " if setting else ""
+    try:
+        yield
+    except DataError as exc:
+        if not lead:
+            raise
+        raise type(exc)(lead + str(exc)) from exc
+    except OSError as exc:
+        raise DataError(f"{lead}{exc.filename or path}: cannot read: {exc.strerror or exc}") from exc
 
 
 def read_any_trace(path: str | Path, *, id_column: str | None = None, length_column: str | None = None,
@@ -100,16 +119,8 @@ def read_any_trace(path: str | Path, *, id_column: str | None = None, length_col
     columns = dict(id_column=id_column, length_column=length_column, prompt_length_column=prompt_length_column,
                    sample_index_column=sample_index_column, reward_column=reward_column,
                    finish_reason_column=finish_reason_column)
-    lead = f"{setting} " if setting else ""
-    try:
+    with _errors_named(setting, path):
         return _read_any_trace(path, columns, tokenizer)
-    except DataError as exc:
-        if not lead:
-            raise
-        raise type(exc)(lead + str(exc)) from exc
-    except OSError as exc:   # a file the readers open but cannot read (no permission, a vanished shard)
-        where = exc.filename or path
-        raise DataError(f"{lead}{where}: cannot read: {exc.strerror or exc}") from exc
 
 
 def _read_any_trace(path: Path, columns: dict[str, str | None], tokenizer) -> LengthTrace:

@@ -238,3 +238,12 @@ def test_report_of_a_jsonl_file_agrees_with_scipy_and_hand_counts(tmp_path):
     assert report["trace"]["at_cap"] == {"basis": "max_length", "length": cap, "samples": at_cap,
                                          "share": pytest.approx(at_cap / lengths.size)}
     assert f"{100 * at_cap / lengths.size:.1f}% at {cap}" in result.output
+
+
+def test_an_unreadable_trace_is_named_by_its_argument(tmp_path):
+    """As ``pdsr trace convert`` names SOURCE, analyze names TRACE, before what is wrong with the file."""
+    gone, bad = tmp_path / "gone.jsonl", tmp_path / "bad.jsonl"
+    bad.write_text('{"x": 1}\n')
+    assert _run(str(gone), "--no-plots", "--out-dir", str(tmp_path / "o")).output.strip() == (
+        f"error: TRACE {gone}: trace file does not exist")
+    assert _run(str(bad), "--no-plots", "--out-dir", str(tmp_path / "o")).output.startswith(f"error: TRACE {bad}:1: ")

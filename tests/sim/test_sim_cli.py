@@ -148,3 +148,14 @@ def test_cli_marks_a_policy_that_truncated_responses_as_not_comparable(tmp_path)
                                  "--no-references", "--batch-size", "16", "--no-timeline"])
     assert r.exit_code == 0, r.output
     assert "trunc" in r.output.splitlines()[1] and "trunc = responses a policy's cap cut short" in r.output
+
+
+def test_an_unreadable_trace_is_named_by_its_key_and_flag(tmp_path):
+    """``trace (--trace)`` before what is wrong with the file, as ``data.path (--data)`` before a prompt file's."""
+    gone, bad = tmp_path / "gone.jsonl", tmp_path / "bad.jsonl"
+    bad.write_text('{"x": 1}\n')
+    out = ["--out-dir", str(tmp_path / "o")]
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(gone), *out])
+    assert result.exit_code != 0 and result.output.strip() == f"error: trace (--trace) {gone}: trace file does not exist"
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad), *out])
+    assert result.exit_code != 0 and result.output.startswith(f"error: trace (--trace) {bad}:1: missing key(s)")
