@@ -1,23 +1,29 @@
 """Reading a table a batch of rows at a time, so that memory holds a batch, not the file.
 
-Parquet (one file, a folder of shards or a glob pattern of them, all of one schema) is streamed a few thousand
-rows at a time; any other input (JSONL, Arrow, CSV, shards whose schemas differ) is read whole by
-:func:`~pdsr_sdk.io.tables.read_table` and handed out in batches, so callers need one path only.
+Parquet, Arrow IPC and JSONL inputs (one file, a folder of shards or a glob pattern of them, all of one schema)
+are streamed a few thousand rows at a time, with the columns, types and values that
+:func:`~pdsr_sdk.io.tables.read_table` gives for the whole input: Parquet by row groups, Arrow IPC's file format
+memory-mapped and its stream format (a Hugging Face dataset's ``save_to_disk`` files) a record batch at a time
+(a compressed record batch is decompressed whole), JSONL as :mod:`~pdsr_sdk.io.json_stream` says (read once more
+first, for the whole file's column types). The rest (CSV, a ``.json`` file holding one array, Feather V1, shards
+whose schemas differ) is read whole by ``read_table`` and handed out in batches, so callers need one path only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
-from pdsr_sdk.io.paths import resolve_inputs, user_path
-from pdsr_sdk.io.tables import FORMATS, SAVE_TO_DISK_METADATA, read_table
+from pdsr_sdk.io.json_rows import first_non_utf8, not_utf8
+from pdsr_sdk.io.json_stream import JsonPlan, jsonl_batches, plan_jsonl
+from pdsr_sdk.io.paths import labelled, resolve_inputs, user_path
+from pdsr_sdk.io.tables import FORMATS, SAVE_TO_DISK_METADATA, json_array_file, read_table
 
-#: rows per batch read from a Parquet file
+#: rows per batch read from a file
 BATCH_ROWS = 4096
 
 
@@ -28,8 +34,10 @@ class TableBatches:
     path: Path
     schema: pa.Schema
     num_rows: int
-    files: list[Path]            #: the Parquet files streamed, in order; empty when the table was read whole
+    files: list[Path]            #: the files streamed, in order; empty when the table was read whole
     table: pa.Table | None = None
+    kind: str = "parquet"        #: the streamed files' format: parquet, arrow or jsonl
+    plans: list[JsonPlan] = field(default_factory=list)   #: a JSONL file's columns, one per file
 
     @property
     def streamed(self) -> bool:
@@ -42,60 +50,137 @@ class TableBatches:
             for start in range(0, table.num_rows, rows):
                 yield table.slice(start, rows)
             return
-        import pyarrow.parquet as pq
-
         names = list(columns) if columns is not None else None
+        if self.kind == "jsonl":
+            for plan in self.plans:
+                yield from jsonl_batches(plan, names, rows)
+            return
         for file in self.files:
-            try:
-                with pq.ParquetFile(file) as reader:
-                    for batch in reader.iter_batches(batch_size=rows, columns=names):
-                        yield pa.Table.from_batches([batch])
-            except (OSError, pa.ArrowException) as exc:
-                raise DataError(f"{file}: cannot read it as Parquet: {exc}") from None
+            yield from (_ipc_batches if self.kind == "arrow" else _parquet_batches)(file, names, rows)
 
 
 def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: str = "input",
                        setting: str | None = None) -> TableBatches:
     """``path`` (a file, a folder of shards or a glob pattern, as :func:`~pdsr_sdk.io.tables.read_table` reads)
     ready to read in batches, checking that ``columns`` exist (a DataError naming the missing ones and what the
-    file has). Parquet of one schema is streamed; anything else is read whole now. ``setting``: the flag or config
-    key that gave ``path``, named in the errors about the whole input."""
+    file has). Parquet, Arrow IPC and JSONL of one schema are streamed (a JSONL file is read through once now, for
+    its types; its errors are read_table's); anything else is read whole now. ``setting``: the flag or config key
+    that gave ``path``, named in the errors about the whole input."""
     path = user_path(path)
-    files = _parquet_files(path, what, setting)
-    schema = _one_schema(files) if files else None
-    if schema is None:
+    files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
+    kind = FORMATS.get(files[0].suffix.lower(), "parquet")   # a single file of another name is read as Parquet
+    plans: list[JsonPlan] = []
+    if kind == "jsonl":
+        plans = _jsonl_plans(files, path, what, setting)
+        opened = [(p.schema, p.num_rows) for p in plans] or None
+    elif kind == "arrow":
+        opened = _ipc_files(files)
+    elif kind == "parquet":
+        opened = _parquet_files(files, what)
+    else:
+        opened = None
+    schema = opened[0][0] if opened and all(s.equals(opened[0][0]) for s, _ in opened[1:]) else None
+    if schema is None:   # read_table unifies the schemas, or names why not
         table = read_table(path, columns, what=what, setting=setting)
         return TableBatches(path, table.schema, table.num_rows, [], table)
     missing = [c for c in columns if c not in schema.names]
     if missing:
         raise DataError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
                         f"the file has: {', '.join(schema.names) or '(no columns)'}")
-    import pyarrow.parquet as pq
-
-    rows = 0
-    for file in files:
-        try:
-            rows += pq.ParquetFile(file).metadata.num_rows
-        except (OSError, pa.ArrowException) as exc:
-            raise DataError(f"{file}: cannot read {what} file as parquet: {exc}") from None
-    return TableBatches(path, schema, rows, files)
+    return TableBatches(path, schema, sum(rows for _, rows in opened or ()), files, kind=kind, plans=plans)
 
 
-def _parquet_files(path: Path, what: str, setting: str | None) -> list[Path]:
-    """The Parquet files ``path`` names (itself, a folder's shards, a pattern's matches), or [] where it names
-    other files (read whole); one that cannot be read as Parquet is read_table's to name."""
-    files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
-    kind = FORMATS.get(files[0].suffix.lower(), "parquet")   # a single file of another name is read as Parquet
-    return files if kind == "parquet" else []
+# ------------------------------------------------------------------ Parquet
 
-
-def _one_schema(files: list[Path]) -> pa.Schema | None:
-    """The schema the files share, or None (unreadable, or differing: read_table unifies them, or names why)."""
+def _parquet_files(files: list[Path], what: str) -> list[tuple[pa.Schema, int]] | None:
+    """Each file's schema and rows, or None where one cannot be read (read_table names why)."""
     import pyarrow.parquet as pq
 
     try:
         schemas = [pq.read_schema(f) for f in files]
     except (OSError, pa.ArrowException):
         return None
-    first = schemas[0]
-    return first if all(s.equals(first) for s in schemas[1:]) else None
+    out = []
+    for file, schema in zip(files, schemas):
+        try:
+            out.append((schema, pq.ParquetFile(file).metadata.num_rows))
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{file}: cannot read {what} file as parquet: {exc}") from None
+    return out
+
+
+def _parquet_batches(file: Path, names: list[str] | None, rows: int) -> Iterator[pa.Table]:
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(file) as reader:
+            for batch in reader.iter_batches(batch_size=rows, columns=names):
+                yield pa.Table.from_batches([batch])
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{file}: cannot read it as Parquet: {exc}") from None
+
+
+# ------------------------------------------------------------------ Arrow IPC
+
+def _ipc_files(files: list[Path]) -> list[tuple[pa.Schema, int]] | None:
+    """Each file's schema and rows (a stream's batches are read to count them), or None where one is neither
+    format (read_table reads Feather V1, or names why not)."""
+    out = []
+    for file in files:
+        try:
+            with _ipc_reader(file) as reader:
+                rows = reader.count_rows() if isinstance(reader, pa.ipc.RecordBatchFileReader) else \
+                    sum(batch.num_rows for batch in reader)
+                out.append((reader.schema, rows))
+        except (OSError, pa.ArrowException):
+            return None
+    return out
+
+
+def _ipc_reader(file: Path):
+    """The file format's reader over a memory map (no copy: the rows are read as they are used), else the stream
+    format's."""
+    source = pa.memory_map(str(file))
+    try:
+        return pa.ipc.open_file(source)
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return pa.ipc.open_stream(source)
+
+
+def _ipc_batches(file: Path, names: list[str] | None, rows: int) -> Iterator[pa.Table]:
+    try:
+        with _ipc_reader(file) as reader:
+            if isinstance(reader, pa.ipc.RecordBatchFileReader):
+                batches: Iterator[pa.RecordBatch] = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            else:
+                batches = iter(reader)
+            for batch in batches:
+                batch = batch.select(names) if names is not None else batch
+                for start in range(0, batch.num_rows, rows):
+                    yield pa.Table.from_batches([batch.slice(start, rows)])
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{file}: cannot read it as Arrow IPC: {exc}") from None
+
+
+# ------------------------------------------------------------------ JSONL
+
+def _jsonl_plans(files: list[Path], path: Path, what: str, setting: str | None) -> list[JsonPlan]:
+    """Each file's plan (:func:`~pdsr_sdk.io.json_stream.plan_jsonl`), with read_table's errors; [] where a file
+    is a .json array (read whole)."""
+    if any(json_array_file(f) for f in files):
+        return []
+    plans = []
+    for file in files:
+        where = labelled(path, setting) if files == [path] else str(file)   # as read_table names them
+        if file.stat().st_size == 0:
+            raise DataError(f"{where}: the {what} file is empty")
+        try:
+            plans.append(plan_jsonl(file, BATCH_ROWS, f"{where}: the {what} file is empty"))
+        except DataError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - what read_table says of it (an int beyond int64)
+            if bad := first_non_utf8(file):
+                raise DataError(not_utf8(file, *bad)) from None
+            raise DataError(f"{where}: cannot read {what} file as jsonl: {exc}") from None
+    return plans

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -61,11 +61,11 @@ def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], st
         pass
     keys = list(dict.fromkeys(k for row in rows for k in row))
     for key in keys:
-        kinds = {_kind(row.get(key)) for row in rows} - {None}
+        kinds = {value_kind(row.get(key)) for row in rows} - {None}
         if kinds == {"a number", "a string"}:
             for row in rows:
                 value = row.get(key)
-                if _kind(value) == "a number":
+                if value_kind(value) == "a number":
                     row[key] = json.dumps(value)
     try:
         return pa.Table.from_pylist(rows)
@@ -75,7 +75,7 @@ def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], st
         raise DataError(f"{path}: cannot read its objects as one table: {exc}") from None
 
 
-def _kind(value: Any) -> str | None:
+def value_kind(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -96,20 +96,25 @@ def _check_column(rows: list[dict[str, Any]], key: str, path: Path, where: Calla
         return
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         pass
-    first = None
-    for i, row in enumerate(rows):
-        value = row.get(key)
+    raise column_misfit(((where(i), row.get(key)) for i, row in enumerate(rows)), key, path)
+
+
+def column_misfit(values: Iterable[tuple[str, Any]], key: str, path: Path) -> DataError:
+    """The error for column ``key`` of ``path`` whose values do not make one Arrow column, at the first value that
+    does not fit the column's first non-null one; ``values``: (where it is, e.g. ``f"{path}:{lineno}"``, value)."""
+    first: tuple[str, Any] | None = None
+    for here, value in values:
         if value is None:
             continue
         if first is None:
-            first = i
+            first = here, value
             continue
         try:
-            pa.array([rows[first][key], value])
+            pa.array([first[1], value])
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            here, there = _kind(value), _kind(rows[first][key])
-            what = (f"{here} here but {there} at {where(first)}" if here != there else
-                    f"{here} here whose fields do not match those at {where(first)} ({exc})")
-            raise DataError(f"{where(i)}: column {key!r} is {what}; a column must keep one type (numbers and "
-                            f"strings may mix: such a column is read as strings)") from None
-    raise DataError(f"{path}: column {key!r}: its values do not make one Arrow column")
+            kind, there = value_kind(value), value_kind(first[1])
+            what = (f"{kind} here but {there} at {first[0]}" if kind != there else
+                    f"{kind} here whose fields do not match those at {first[0]} ({exc})")
+            return DataError(f"{here}: column {key!r} is {what}; a column must keep one type (numbers and "
+                             f"strings may mix: such a column is read as strings)")
+    return DataError(f"{path}: column {key!r}: its values do not make one Arrow column")

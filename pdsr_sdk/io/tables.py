@@ -145,6 +145,11 @@ def _read_jsonl(path: Path) -> pa.Table:
     return rows_table(rows, path, lambda i: f"{path}:{linenos[i]}")
 
 
+def json_array_file(path: Path) -> bool:
+    """Whether ``path`` is a .json file holding one array of objects (read whole), not JSON Lines."""
+    return path.suffix.lower() == ".json" and _starts_array(path)
+
+
 def _starts_array(path: Path) -> bool:
     with path.open(encoding="utf-8-sig", errors="replace") as fh:
         while chunk := fh.read(4096):
