@@ -220,6 +220,22 @@ def accumulated(stream, on_chunk=None):
     return state.current_completion_snapshot.choices[0], chunks
 
 
+def held_stream(client, engines, k, **request):
+    """A chat streamed with the engine held after ``k`` tokens: the chunks received by then (read while it is held),
+    and the accumulated choice and every chunk once released."""
+    engines["f0"].hold(k)
+    seen = []
+
+    def at_hold(chunks):
+        if sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == k:
+            assert engines["f0"].held.wait(WAIT_S)
+            seen.extend(chunks)
+            engines["f0"].release()
+
+    got, chunks = accumulated(client.chat.completions.create(**request, stream=True), at_hold)
+    return seen, got, chunks
+
+
 def entries(chunks) -> list:
     return [t for c in chunks for t in c.choices[0].delta.tool_calls or []]
 
@@ -245,17 +261,7 @@ def test_a_chat_streams_its_content_then_each_calls_name_then_its_arguments(held
     plain = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR]).choices[0]
     assert plain.finish_reason == "tool_calls" and plain.message.content == "Let me look."
     k = inside(tok, script, text[:text.index("6*7")])
-    engines["f0"].hold(k)
-    seen = []
-
-    def at_hold(chunks):
-        if sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == k:
-            assert engines["f0"].held.wait(WAIT_S)
-            seen.extend(chunks)
-            engines["f0"].release()
-
-    got, chunks = accumulated(client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR],
-                                                             stream=True), at_hold)
+    seen, got, chunks = held_stream(client, engines, k, model="tiny", messages=HI, tools=[CALCULATOR])
     first, *more = entries(seen)
     assert "".join(c.choices[0].delta.content or "" for c in seen) == "Let me look."
     assert (first.index, first.type, first.function.name, first.function.arguments) == (0, "function",
@@ -318,17 +324,7 @@ def test_another_parser_streams_the_text_before_its_marker_and_its_calls_at_the_
         play(engines, script, ends=True)
         plain = client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR]).choices[0]
         k = inside(tok, script, "Let me look.<tool_call>")
-        engines["f0"].hold(k)
-        seen = []
-
-        def at_hold(chunks):
-            if sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == k:
-                assert engines["f0"].held.wait(WAIT_S)
-                seen.extend(chunks)
-                engines["f0"].release()
-
-        got, chunks = accumulated(client.chat.completions.create(model="tiny", messages=HI, tools=[CALCULATOR],
-                                                                 stream=True), at_hold)
+        seen, got, chunks = held_stream(client, engines, k, model="tiny", messages=HI, tools=[CALCULATOR])
         assert "".join(c.choices[0].delta.content or "" for c in seen) == "Let me look." and not entries(seen)
         assert plain.finish_reason == "tool_calls" and len(plain.message.tool_calls) == 2
         same_message(got, plain)
