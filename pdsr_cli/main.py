@@ -51,6 +51,14 @@ class LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.NoSuchOption as exc:   # another tool's name for a pdsr setting: say pdsr's
+            from pdsr_cli.foreign_flags import with_foreign_answer
+
+            raise with_foreign_answer(exc) from None
+
     @staticmethod
     def _available(name: str) -> bool:
         return importlib.util.find_spec(f"pdsr_cli.commands.{COMMANDS[name][0]}") is not None

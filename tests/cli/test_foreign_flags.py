@@ -1,0 +1,112 @@
+"""Another tool's name for a pdsr setting, typed as a flag (``pdsr rollout --num-generations 8``), is answered with
+pdsr's flag and config key (pdsr_cli/foreign_flags.py); every row's flag and key exist on its commands; a plain
+typo still gets click's own message."""
+
+from __future__ import annotations
+
+import re
+
+import click
+import pytest
+
+from cli_checks import failed, invoke
+from pdsr_cli.foreign_flags import FOREIGN_NAMES, foreign_answer
+from pdsr_cli.main import cli
+from pdsr_sdk.config import load_config
+from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.gae.config import GaeConfig
+from pdsr_sdk.rollout.config import RolloutConfig
+from pdsr_sdk.sim.config import SimulateConfig
+from support import ROOT
+
+CONFIGS = {"rollout": RolloutConfig, "serve": RolloutConfig, "simulate": SimulateConfig, "gae": GaeConfig}
+
+
+@pytest.mark.parametrize("args, answer", [
+    (["rollout", "--num-generations", "8"], "TRL's num_generations is pdsr's --n (sampling.n)"),
+    (["rollout", "--num_generations=8"], "TRL's num_generations is pdsr's --n (sampling.n)"),
+    (["gae", "--estimator", "grpo", "--scale-rewards", "batch"],
+     "TRL's scale_rewards is pdsr's --normalize-std (normalize_std)"),
+    (["rollout", "--rollout.n_samples_per_prompt", "8"],
+     "OpenRLHF's --rollout.n_samples_per_prompt is pdsr's --n (sampling.n)"),
+    (["gae", "--algo.advantage.estimator", "group_norm"],
+     "OpenRLHF's --algo.advantage.estimator is pdsr's --estimator (estimator)"),
+    (["gae", "--adv_estimator", "grpo"], "verl's algorithm.adv_estimator is pdsr's --estimator (estimator)"),
+    (["rollout", "--max-assistant-turns", "3"],
+     "verl's actor_rollout_ref.rollout.multi_turn.max_assistant_turns is pdsr's --max-turns (agent.max_turns)"),
+    (["simulate", "--partial-rollout"], "slime's --partial-rollout is pdsr's --steps (steps)"),
+    (["rollout", "--over_sampling_batch_size", "64"], "slime's --over-sampling-batch-size is pdsr's --over-provision"),
+    (["rollout", "--max_head_offpolicyness", "2"], "AReaL's max_head_offpolicyness is pdsr's --max-staleness"),
+    (["serve", "--max-model-len", "4096"],
+     "vLLM's --max-model-len is pdsr's config key engine_defaults.max_model_len, set in the --config file (no flag)"),
+    (["rollout", "--gpu-memory-utilization", "0.5"], "vLLM's --gpu-memory-utilization is pdsr's config key engine_defaults.gpu_memory_utilization"),
+    (["serve", "--tool-call-parser", "hermes"], "vLLM's --tool-call-parser is pdsr's --tool-parser"),
+    (["rollout", "--served-model-name", "x"], "vLLM's --served-model-name: pdsr has none"),
+])
+def test_another_tools_name_gets_pdsrs(args, answer):
+    option = next(a.split("=")[0] for a in args if a.startswith("--") and a != "--estimator")
+    out = failed(invoke(*args), f"No such option '{option}': {answer}")
+    assert "Did you mean" not in out   # click's close spellings (--no-segments for --num-generations) left out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rollout", "--tempreature", "1"], "No such option '--tempreature'. Did you mean '--temperature'?"),
+    (["rollout", "--top_p", "1"], "No such option '--top_p'."),              # pdsr's own flag: click's "Did you mean"
+    (["rollout", "--scale-rewards", "batch"], "No such option '--scale-rewards'."),   # pdsr gae's, not rollout's
+    (["serve", "--num-generations", "8"], "No such option '--num-generations'."),     # serve has no --n
+    (["--num-generations", "8"], "No such option '--num-generations'."),              # pdsr itself
+])
+def test_other_unknown_options_get_clicks_message(args, message):
+    out = failed(invoke(*args), message)
+    assert "pdsr's" not in out and "'s " not in out.split("Error: ")[-1]
+
+
+def _command(path: str) -> click.Command:
+    with click.Context(cli) as ctx:
+        command = cli.get_command(ctx, path)
+    assert command is not None, path
+    return command
+
+
+def _key_unknown(model, key: str) -> bool:
+    try:
+        load_config(model, None, {key: "__probe__"})
+    except ConfigError as exc:
+        return f"{key}: unknown config key" in str(exc)
+    return False
+
+
+def test_the_key_check_finds_an_unknown_key():
+    assert _key_unknown(RolloutConfig, "sampling.num_generations")
+    assert _key_unknown(RolloutConfig, "engine_defaults.max_model_length")
+    assert not _key_unknown(RolloutConfig, "engine_defaults.max_model_len")
+
+
+@pytest.mark.parametrize("row", FOREIGN_NAMES, ids=lambda r: f"{r.tool}:{r.name}")
+def test_every_rows_flag_and_key_exist_on_its_commands(row):
+    assert row.commands and (row.flag or row.key or row.note)
+    for name in row.commands:
+        command = _command(name)
+        flags = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+        if row.flag:
+            assert row.flag in flags, (row, name)
+        if row.key:
+            assert not _key_unknown(CONFIGS[name], row.key), (row, name)
+        assert foreign_answer(name, row.name, flags) is not None, (row, name)   # not shadowed by a flag of its own
+
+
+def test_every_row_is_a_name_the_docs_map():
+    docs = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    for row in FOREIGN_NAMES:
+        words = row.name.lstrip("-")
+        spellings = {words, words.replace("-", "_")} | {words.split(".", i)[-1] for i in range(1, words.count(".") + 1)}
+        assert any(re.search(rf"`[^`]*\b{re.escape(s)}\b[^`]*`", docs) for s in spellings), row
+
+
+def test_an_exact_name_wins_over_a_names_end():
+    flags = {p for p in ("--n", "--max-tokens")}
+    said = foreign_answer("rollout", "--tensor_parallel_size", flags)
+    assert said is not None and said.startswith("vLLM's --tensor-parallel-size") and "OpenRLHF" not in said
+    assert foreign_answer("rollout", "--n-samples-per-prompt", flags).startswith("OpenRLHF's")   # the end of a name
+    assert foreign_answer("rollout", "--len", flags) is None    # one word: no match on verl's overlong_buffer.len
+    assert foreign_answer("rollout", "--max_tokens", flags) is None   # pdsr's own, spelled with underscores
