@@ -3,8 +3,8 @@ user types out of habit (``pdsr rollout --num-generations 8``) is answered with 
 
 The rows are the mapping tables of docs/rollout.md (Coming from TRL or OpenRLHF), docs/scoring-gae.md (verl,
 TRL, OpenRLHF), docs/partial-rollout.md (slime, verl, AReaL), docs/agents.md (verl's multi-turn keys) and
-docs/configuration.md (vLLM's engine settings); tests/cli/test_foreign_flags.py checks every row's flag and key
-against its commands."""
+docs/configuration.md (vLLM's engine settings, pdsr score's); tests/cli/test_foreign_flags.py checks every row's
+flag and key against its commands."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ ROLLOUT = ("rollout",)
 ENGINES = ("rollout", "serve")            # commands whose config lays out vLLM engines (RolloutConfig)
 STEPS = ("rollout", "simulate")           # commands with the multi-step flags (common.step_stream_options)
 GAE = ("gae",)
+SCORE = ("score",)
 ENGINE_NOTE = "each engine's setting, in engine_defaults or an engines entry (docs/configuration.md)"
 
 
@@ -123,6 +124,11 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--max-num-seqs", None, "engine_defaults.max_num_seqs", ENGINE_NOTE),
            ("--dtype", None, "engine_defaults.dtype", ENGINE_NOTE),
            ("--speculative-config", "--speculative", "speculative", "with --num-speculative-tokens")),
+    *_rows("vLLM", SCORE,
+           ("--max-model-len", "--vllm-max-model-len", "vllm_max_model_len", "with --backend vllm")),
+    *_rows("verl", SCORE,
+           ("log_prob_max_token_len_per_gpu", "--max-tokens-per-mb", "max_tokens_per_micro_batch",
+            "a token quota per micro-batch, 16,384 by default as verl's")),
     *_rows("vLLM", ROLLOUT,
            ("--served-model-name", None, None, "a rollout serves nothing, pdsr serve --model-name names its model")),
     *_rows("vLLM", ("serve",),

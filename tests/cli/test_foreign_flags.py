@@ -16,10 +16,12 @@ from pdsr_sdk.config import load_config
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.gae.config import GaeConfig
 from pdsr_sdk.rollout.config import RolloutConfig
+from pdsr_sdk.scoring.config import ScoreConfig
 from pdsr_sdk.sim.config import SimulateConfig
 from support import ROOT
 
-CONFIGS = {"rollout": RolloutConfig, "serve": RolloutConfig, "simulate": SimulateConfig, "gae": GaeConfig}
+CONFIGS = {"rollout": RolloutConfig, "serve": RolloutConfig, "simulate": SimulateConfig, "gae": GaeConfig,
+           "score": ScoreConfig}
 
 
 @pytest.mark.parametrize("args, answer", [
@@ -41,10 +43,12 @@ CONFIGS = {"rollout": RolloutConfig, "serve": RolloutConfig, "simulate": Simulat
      "vLLM's --max-model-len is pdsr's config key engine_defaults.max_model_len, set in the --config file (no flag)"),
     (["rollout", "--gpu-memory-utilization", "0.5"], "vLLM's --gpu-memory-utilization is pdsr's config key engine_defaults.gpu_memory_utilization"),
     (["serve", "--tool-call-parser", "hermes"], "vLLM's --tool-call-parser is pdsr's --tool-parser"),
+    (["score", "--backend", "vllm", "--max-model-len", "4096"],
+     "vLLM's --max-model-len is pdsr's --vllm-max-model-len (vllm_max_model_len)"),
     (["rollout", "--served-model-name", "x"], "vLLM's --served-model-name: pdsr has none"),
 ])
 def test_another_tools_name_gets_pdsrs(args, answer):
-    option = next(a.split("=")[0] for a in args if a.startswith("--") and a != "--estimator")
+    option = next(a.split("=")[0] for a in args if a.startswith("--") and a not in ("--estimator", "--backend"))
     out = failed(invoke(*args), f"No such option '{option}': {answer}")
     assert "Did you mean" not in out   # click's close spellings (--no-segments for --num-generations) left out
 
