@@ -5,7 +5,7 @@ are streamed a few thousand rows at a time, with the columns, types and values t
 :func:`~pdsr_sdk.io.tables.read_table` gives for the whole input: Parquet by row groups, Arrow IPC's file format
 memory-mapped and its stream format (a Hugging Face dataset's ``save_to_disk`` files) a record batch at a time
 (a compressed record batch is decompressed whole), JSONL as :mod:`~pdsr_sdk.io.json_stream` says (read once more
-first, for the whole file's column types). The rest (CSV, a ``.json`` file holding one array, Feather V1, shards
+first, for the whole file's columns and types). The rest (CSV, a ``.json`` file holding one array, Feather V1, shards
 whose schemas differ) is read whole by ``read_table`` and handed out in batches, so callers need one path only.
 """
 

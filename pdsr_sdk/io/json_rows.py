@@ -1,5 +1,8 @@
 """JSON objects (a JSONL file's lines, a .json file's array) as one Arrow table, one column per key.
 
+The columns are every object's keys, in order of first appearance (as pyarrow.json and pandas read JSONL): a key
+first written on a later line is a column too, null on the lines without it.
+
 Arrow wants one type per column. Hand-made data often mixes numbers and strings in an answer or label column
 (``"answer": 18`` on one line, ``"answer": "\\frac{1}{2}"`` on the next): such a column is read as strings,
 each number as JSON writes it (``18``, ``0.5``), as a CSV's cells are. Any other mix is a DataError naming the
@@ -54,12 +57,13 @@ def not_utf8(path: Path, line: int, byte: int) -> str:
 
 
 def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], str]) -> pa.Table:
-    """``rows`` as a table; ``where(i)`` names row ``i`` in errors (``f"{path}:{lineno}"``)."""
+    """``rows`` as a table, a column per key any row has; ``where(i)`` names row ``i`` in errors
+    (``f"{path}:{lineno}"``)."""
+    keys = list(dict.fromkeys(k for row in rows for k in row))
     try:
-        return pa.Table.from_pylist(rows)
+        return _table(rows, keys)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         pass
-    keys = list(dict.fromkeys(k for row in rows for k in row))
     for key in keys:
         kinds = {value_kind(row.get(key)) for row in rows} - {None}
         if kinds == {"a number", "a string"}:
@@ -68,11 +72,16 @@ def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], st
                 if value_kind(value) == "a number":
                     row[key] = json.dumps(value)
     try:
-        return pa.Table.from_pylist(rows)
+        return _table(rows, keys)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         for key in keys:
             _check_column(rows, key, path, where)
         raise DataError(f"{path}: cannot read its objects as one table: {exc}") from None
+
+
+def _table(rows: list[dict[str, Any]], keys: list[str]) -> pa.Table:
+    # not pa.Table.from_pylist: it takes the first row's keys as the columns and drops any other
+    return pa.Table.from_pydict({key: [row.get(key) for row in rows] for key in keys})
 
 
 def value_kind(value: Any) -> str | None:

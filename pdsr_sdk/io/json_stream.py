@@ -2,8 +2,10 @@
 file gives (:func:`~pdsr_sdk.io.tables.read_table`, :func:`~pdsr_sdk.io.json_rows.rows_table`), so that a resumed
 run and a fresh one, or a streamed read and a whole one, see the same table.
 
-The whole file's types are Arrow's inference over each column's values, which reads one type per column from
-the values up to the first boolean, float (a number written with a point or an exponent) or string
+The columns are every line's keys in order of first appearance, as for the whole file: the plan reads the file
+through before the first batch is handed out, and every batch has the whole file's columns (null where its lines
+lack a key). The whole file's types are Arrow's inference over each column's values, which reads one type per
+column from the values up to the first boolean, float (a number written with a point or an exponent) or string
 (``[1, 2, 0.5]`` is double; ``[True, 1]`` bool, and a failed conversion), counting every value below (list
 items, object fields). :func:`plan_jsonl` reads the file once, a batch at a time, and keeps per column a value
 standing for the batches before (of the type inferred so far: ``0`` for int64, ``[0]`` for list<int64>,
@@ -74,25 +76,26 @@ class _Column:
 
 
 def plan_jsonl(path: Path, rows: int, empty: str) -> JsonPlan:
-    """Read ``path`` (a JSONL file) through, ``rows`` lines at a time, for its columns' types. The error
+    """Read ``path`` (a JSONL file) through, ``rows`` lines at a time, for its columns and their types. The error
     :func:`~pdsr_sdk.io.tables.read_table` gives, where it gives one: a DataError naming the line, or the
     exception it names the file with (an int beyond int64); ``empty`` where the file has no column."""
-    names: list[str] | None = None
-    columns: dict[str, _Column] = {}
+    columns: dict[str, _Column] = {}   # every line's keys, in order of first appearance (rows_table's columns)
     count = batch = 0
     for chunk in _chunks(path, rows):
-        if names is None:
-            names = list(chunk[0][1])   # the first object's keys are the columns (pa.Table.from_pylist)
-            columns = {name: _Column() for name in names}
+        for _, row in chunk:
+            for name in row:
+                if name not in columns:   # a column first seen now: null on the lines before, which infer nothing
+                    columns[name] = _Column()
         for name, column in columns.items():
             column.add([row.get(name) for _, row in chunk], batch)
         count += len(chunk)
         batch += 1
+    names = list(columns)
     if not names:
         raise DataError(empty)
     as_text = frozenset(n for n, c in columns.items() if c.kinds - {None} == _NUMBERS_AND_STRINGS)
     errors = _first_errors(path, rows, columns)
-    # rows_table: pa.Table.from_pylist names the first column that fails; an error other than Arrow's (an int
+    # rows_table: Arrow names the first column that fails; an error other than Arrow's (an int
     # beyond int64) is raised as it is; after Arrow's, it reads the columns mixing numbers and strings as strings
     # and tries again, then names the first column that still fails and its line.
     for name in names:

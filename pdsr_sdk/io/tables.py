@@ -126,9 +126,9 @@ def _read_csv(path: Path, delimiter: str) -> pa.Table:
 
 
 def _read_jsonl(path: Path) -> pa.Table:
-    """JSON Lines, one object a line; a ``.json`` file may instead hold one array of objects. A column mixing numbers
-    and strings is read as strings; any other mix of types is an error naming the line and column
-    (:func:`~pdsr_sdk.io.json_rows.rows_table`)."""
+    """JSON Lines, one object a line; a ``.json`` file may instead hold one array of objects. The columns are every
+    object's keys (null where an object lacks one). A column mixing numbers and strings is read as strings; any
+    other mix of types is an error naming the line and column (:func:`~pdsr_sdk.io.json_rows.rows_table`)."""
     if path.suffix.lower() == ".json" and _starts_array(path):
         try:
             items = json.loads(path.read_text(encoding="utf-8-sig"))

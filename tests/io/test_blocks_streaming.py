@@ -67,7 +67,11 @@ CASES = {
     "an object column whose keys vary": [{"d": {"x": 1}}] * 4 + [{"d": {"y": "s", "x": None}}, {"d": {"z": [1.5]}},
                                                                 {"d": None}, {"d": {}}],
     "numbers and strings: strings": [{"ans": 18}] * 4 + [{"ans": "\\frac{1}{2}"}, {"ans": 0.5}, {"ans": None}],
-    "keys after the first line's are not columns": [{"a": 1}, {"a": 2, "b": "x"}] * 3,
+    "a key first on line 2": [{"a": 1}, {"a": 2, "b": "x"}] * 3,
+    "a key only on the last line": [{"a": i} for i in range(8)] + [{"z": [0.5], "a": 9}],
+    "a first object without keys": [{}, {"a": 1}],
+    "keys in another order": [{"a": 1, "b": 2}, {"c": "x", "b": 3, "a": None}] * 2 + [{}],
+    "an object key first seen late": [{"d": {"x": 1}}] * 7 + [{"d": {"x": 2, "late": {"deep": True}}}],
     "booleans after floats": [{"a": 0.5}] * 4 + [{"a": True}],
     "int64's largest": [{"a": 2**63 - 1}] * 4 + [{"a": -2**63}],
     "a token file": [{"prompt_token_ids": list(range(i + 1)), "response_token_ids": [i] * i} for i in range(9)],
@@ -103,7 +107,9 @@ BAD = {
     "a big int, then a string": ([{"a": 1}] * 4 + [{"a": 2**64}, {"a": "x"}], "cannot read input file as jsonl"),
     "an int a float cannot hold": ([{"a": 2**60}] * 4 + [{"a": 0.5}], ":5: column 'a' is a number here whose"),
     "only blank lines": (["", "  "], "the input file is empty"),
-    "a first object without keys": ([{}, {"a": 1}], "the input file is empty"),
+    "objects without keys only": ([{}, {}], "the input file is empty"),
+    "a late key's column mixing types": ([{"a": 1}] * 5 + [{"b": 1}, {"a": 1, "b": [1]}],
+                                         ":7: column 'b' is a list here but a number at"),
 }
 
 
@@ -147,17 +153,21 @@ def _random_value(rng, kind, depth=0):
 
 @pytest.mark.parametrize("seed", range(150))
 def test_random_files_read_as_read_table_reads_them(tmp_path, seed):
-    """Columns of a few kinds (ints, floats, booleans, strings, lists, objects, nulls) in runs of random length:
-    the streamed table or error is read_table's, whatever the batches."""
+    """Columns of a few kinds (ints, floats, booleans, strings, lists, objects, nulls) in runs of random length,
+    each line lacking some keys now and then (a key may first appear on any line), in varying order: the streamed
+    table or error is read_table's, whatever the batches."""
     rng = random.Random(seed)
     kinds = ["int", "float", "bool", "str", "list", "dict", "none"]
     mixing = [["int", "float"], ["none", "list"], ["int", "none"], ["dict", "none"], ["float", "bool"], ["str", "int"]]
     palettes = {name: rng.choice(mixing) if rng.random() < 0.6 else rng.sample(kinds, rng.randrange(1, 3))
-                for name in "abc"}
+                for name in "abcd"}
+    absent = {name: rng.choice([0.0, 0.0, 0.3, 0.9]) for name in palettes}   # how often a line lacks it
     rows = []
     for _ in range(rng.randrange(1, 14)):
         run = {name: rng.choice(palette) for name, palette in palettes.items()}
-        rows += [{name: _random_value(rng, kind) for name, kind in run.items()} for _ in range(rng.randrange(1, 5))]
+        for _ in range(rng.randrange(1, 5)):
+            names = [name for name in rng.sample(list(run), len(run)) if rng.random() >= absent[name]]
+            rows.append({name: _random_value(rng, run[name]) for name in names})
     _same_as_whole(_lines(tmp_path / "in.jsonl", rows), rows=rng.randrange(1, 5))
 
 
@@ -275,8 +285,9 @@ def test_streaming_an_arrow_file_allocates_no_table(tmp_path):
 
 
 def test_pdsr_score_on_jsonl_writes_what_it_writes_on_parquet(tmp_path, tiny_model_dir, monkeypatch):
-    """The same rows as JSONL (with an answer column mixing numbers and strings and an object column) and as the
-    Parquet file of read_table's table: the same output, log-probs bit for bit; the JSONL streamed."""
+    """The same rows as JSONL (with an answer column mixing numbers and strings and an object column, both absent
+    from the first line) and as the Parquet file of read_table's table: the same output, log-probs bit for bit,
+    the late columns kept; the JSONL streamed."""
     pytest.importorskip("torch")
     from click.testing import CliRunner
 
@@ -286,6 +297,7 @@ def test_pdsr_score_on_jsonl_writes_what_it_writes_on_parquet(tmp_path, tiny_mod
     rows = [{"prompt_token_ids": [rng.randrange(1024) for _ in range(rng.randrange(1, 9))],
              "response_token_ids": [rng.randrange(1024) for _ in range(rng.randrange(0, 12))],
              "answer": rng.choice([18, "\\frac{1}{2}", 0.5]), "extra": {"turn": i}} for i in range(12)]
+    del rows[0]["answer"], rows[0]["extra"]
     jsonl = _lines(tmp_path / "in.jsonl", rows)
     parquet = tmp_path / "in.parquet"
     pq.write_table(read_table(jsonl), parquet)
@@ -300,5 +312,6 @@ def test_pdsr_score_on_jsonl_writes_what_it_writes_on_parquet(tmp_path, tiny_mod
         assert result.exit_code == 0, result.output
         outs.append(pq.read_table(out))
     assert outs[0].num_rows == 12 and outs[0].equals(outs[1])
-    assert outs[0].column("answer").to_pylist() == [json.dumps(r["answer"]) if not isinstance(r["answer"], str)
-                                                    else r["answer"] for r in rows]
+    assert outs[0].column("answer").to_pylist() == [None] + [
+        json.dumps(r["answer"]) if not isinstance(r["answer"], str) else r["answer"] for r in rows[1:]]
+    assert outs[0].column("extra").to_pylist() == [None] + [{"turn": i} for i in range(1, 12)]
