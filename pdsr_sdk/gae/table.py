@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from pdsr_sdk.errors import ConfigError, DataError
 from pdsr_sdk.gae.config import GaeConfig
-from pdsr_sdk.io.tables import (check_new_output, list_column_to_numpy, numpy_to_list_array, padded_to_ragged, ragged_to_padded,
-                                read_table, write_table_atomic)
+from pdsr_sdk.io.tables import list_column_to_numpy, numpy_to_list_array, padded_to_ragged, ragged_to_padded
 from pdsr_sdk.progress import ProgressFactory, silent_progress
 
 ADVANTAGES = "advantages"
@@ -53,7 +53,7 @@ class GaeRunSummary:
     tokens: int
     valid_tokens: int
     backend: str                # of the scan; "" for the estimators that run none (grpo, rloo, the baseline)
-    seconds: float
+    seconds: float              # computing, in every pass over the file (reading and writing not counted)
     #: rows whose scalar reward is not 0 but that have no valid token to carry it (their mask is all 0): their
     #: reward is in no advantage
     dropped_rewards: tuple[int, ...] = ()
@@ -65,13 +65,12 @@ class GaeRunSummary:
 
 
 def run_gae_file(cfg: GaeConfig, *, progress: ProgressFactory | None = None) -> GaeRunSummary:
-    """Read ``cfg.data``, compute GAE per row, write ``cfg.out`` atomically (checked writable first).
-    ``progress``: a factory whose bar counts the tokens done (:mod:`pdsr_sdk.progress`; default silent)."""
-    check_new_output(cfg.out, "out (--out)", overwrite=cfg.overwrite)
-    table = read_table(cfg.data, what="GAE input", setting="data (--data)")
-    result, summary = gae_table(table, cfg, source=cfg.data, progress=progress)
-    write_table_atomic(result, cfg.out)
-    return summary
+    """Read ``cfg.data`` a block of rows at a time, compute the advantages, write ``cfg.out`` atomically (checked
+    writable first): :mod:`pdsr_sdk.gae.file_run`. ``progress``: a factory whose bars count the rows done in each
+    pass over the file (:mod:`pdsr_sdk.progress`; default silent)."""
+    from pdsr_sdk.gae.file_run import run_gae_file as run
+
+    return run(cfg, progress=progress)
 
 
 def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "",
@@ -84,36 +83,89 @@ def gae_table(table: pa.Table, cfg: GaeConfig, *, source: str | Path = "",
         from pdsr_sdk.gae.outcome_table import outcome_table
 
         return outcome_table(table, cfg, source=source, progress=progress)
+    block = critic_block(table, cfg, source, progress=progress)
+    start = time.perf_counter()
+    adv = block.advantages
+    if cfg.whiten:
+        try:   # over the flat tokens: the same entries, in the same order, as over a padded [B, T] array
+            adv = masked_whiten(adv, block.mask)
+        except DataError as exc:
+            raise DataError(f"{source}: cannot whiten: {exc}") from None
+    seconds = block.seconds + time.perf_counter() - start
+
+    table = with_token_columns(table, {ADVANTAGES: adv, RETURNS: block.returns}, block.offsets)
+    summary = GaeRunSummary(out=Path(cfg.out), rows=table.num_rows, tokens=int(block.offsets[-1]),
+                            valid_tokens=int(block.mask.sum()), backend=block.backend, seconds=seconds,
+                            dropped_rewards=tuple(int(r) for r in block.dropped))
+    return table, summary
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which of the file's rows a table holds (``count`` from ``first``; None: all), so that an error about its
+    row i names the file's row ``first + i`` and says over which rows it counted the bad entries."""
+
+    first: int = 0
+    count: int | None = None
+
+    def row(self, i) -> int:
+        return self.first + int(i)
+
+    def among(self) -> str:
+        return "" if self.count is None else f" in rows {self.first}-{self.first + self.count - 1}"
+
+
+ALL_ROWS = Rows()
+
+
+@dataclass(frozen=True)
+class CriticBlock:
+    """Critic GAE of a table's rows (:func:`critic_block`): flat per-token arrays over ``offsets`` (from 0)."""
+
+    advantages: np.ndarray      # float32, not whitened
+    returns: np.ndarray         # float32
+    mask: np.ndarray            # bool
+    offsets: np.ndarray
+    dropped: np.ndarray         # the file's rows whose scalar reward no valid token carries
+    backend: str
+    seconds: float              # of the scan
+
+
+def critic_block(table: pa.Table, cfg: GaeConfig, source, rows: Rows = ALL_ROWS,
+                 progress: ProgressFactory | None = None) -> CriticBlock:
+    """GAE of ``table``'s rows (the whole file, or with ``rows`` a block of it) as ``cfg`` says, its columns
+    checked (errors name the file's rows), before any whitening."""
     require_columns(table, source, {cfg.values_column: "--values-column", **mask_flag(cfg)},
                     hint="; without a critic's values, an outcome estimator: --estimator grpo, rloo, "
                          "reinforce_plus_plus or reinforce_plus_plus_baseline")
-    values, offsets = list_column_to_numpy(table.column(cfg.values_column), np.float32, name=cfg.values_column,
-                                           path=source)
+    values, offsets = flat_list(table.column(cfg.values_column), np.float32, cfg.values_column, source, rows)
     lengths = np.diff(offsets)
-    check_finite(source, cfg.values_column, values, offsets)
+    check_finite(source, cfg.values_column, values, offsets, rows)
     if cfg.mask_column:
         mask_col = mask_nulls_as_all_valid(table.column(cfg.mask_column), lengths)
-        mask, mask_offsets = list_column_to_numpy(mask_col, np.float64, name=cfg.mask_column, path=source)
-        check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets))
-        check_finite(source, cfg.mask_column, mask, mask_offsets)
+        mask, mask_offsets = flat_list(mask_col, np.float64, cfg.mask_column, source, rows)
+        check_lengths(source, cfg.values_column, lengths, cfg.mask_column, np.diff(mask_offsets), rows)
+        check_finite(source, cfg.mask_column, mask, mask_offsets, rows)
         mask = mask != 0
     else:
         mask = np.ones(len(values), dtype=np.bool_)
-    rewards, dropped = token_rewards(table, cfg, source, offsets, mask, cfg.values_column)
+    rewards, dropped = token_rewards(table, cfg, source, offsets, mask, cfg.values_column, rows)
     start = time.perf_counter()
     adv, ret, name = scan_rows(rewards, values, mask, offsets, cfg, cfg.lam, progress)
-    if cfg.whiten:
-        try:   # over the flat tokens: the same entries, in the same order, as over a padded [B, T] array
-            adv = masked_whiten(adv, mask)
-        except DataError as exc:
-            raise DataError(f"{source}: cannot whiten: {exc}") from None
-    seconds = time.perf_counter() - start
+    return CriticBlock(adv, ret, mask, offsets, dropped + rows.first, name, time.perf_counter() - start)
 
-    table = with_token_columns(table, {ADVANTAGES: adv, RETURNS: ret}, offsets)
-    summary = GaeRunSummary(out=Path(cfg.out), rows=table.num_rows, tokens=int(lengths.sum()),
-                            valid_tokens=int(mask.sum()), backend=name, seconds=seconds,
-                            dropped_rewards=tuple(int(r) for r in dropped))
-    return table, summary
+
+def flat_list(column, dtype, name: str, source, rows: Rows = ALL_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~pdsr_sdk.io.tables.list_column_to_numpy`, its errors naming the file's row."""
+    try:
+        return list_column_to_numpy(column, dtype, name=name, path=source)
+    except DataError as exc:
+        head = f"{source}: column {name!r} row "
+        text = str(exc)
+        if rows.first == 0 or not text.startswith(head):
+            raise
+        row, _, rest = text[len(head):].partition(" ")
+        raise DataError(f"{head}{rows.row(int(row))} {rest}") from None
 
 
 def with_token_columns(table: pa.Table, flats: dict[str, np.ndarray], offsets: np.ndarray) -> pa.Table:
@@ -158,13 +210,19 @@ def scan_rows(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, offsets
     return adv, ret, name
 
 
-def require_columns(table: pa.Table, source, flags: dict[str, str], hint: str = "") -> None:
-    """A DataError naming the first of ``flags``' columns (column -> the flag that names it) ``table`` lacks."""
+def require_columns(table: pa.Table | pa.Schema, source, flags: dict[str, str], hint: str = "") -> None:
+    """A DataError naming the first of ``flags``' columns (column -> the flag that names it) ``table`` (or a
+    file's schema) lacks."""
+    names = column_names(table)
     for column, flag in flags.items():
-        if column not in table.column_names:
+        if column not in names:
             key = flag.removeprefix("--").replace("-", "_")
             raise DataError(f"{source}: no column {column!r} ({flag}, config key {key}); the file has: "
-                            f"{', '.join(table.column_names) or '(no columns)'}{hint}")
+                            f"{', '.join(names) or '(no columns)'}{hint}")
+
+
+def column_names(table: pa.Table | pa.Schema) -> list[str]:
+    return table.names if isinstance(table, pa.Schema) else table.column_names
 
 
 def mask_flag(cfg: GaeConfig) -> dict[str, str]:
@@ -233,52 +291,53 @@ def mask_nulls_as_all_valid(column: pa.ChunkedArray, lengths: np.ndarray) -> pa.
     return numpy_to_list_array(values, offsets, pa.float64())
 
 
-def check_finite(source, name: str, flat: np.ndarray, offsets: np.ndarray) -> None:
+def check_finite(source, name: str, flat: np.ndarray, offsets: np.ndarray, rows: Rows = ALL_ROWS) -> None:
     """NaN/inf would spread through a row's advantages (with whitening, the whole file's): name the first."""
     bad = np.flatnonzero(~np.isfinite(flat))
     if bad.size:
         i = int(bad[0])
         row = int(np.searchsorted(offsets, i, side="right") - 1)
-        raise DataError(f"{source}: column {name!r} row {row} token {i - int(offsets[row])} is {flat[i]}; expected "
-                        f"finite numbers ({bad.size} non-finite value(s) in the column)")
+        raise DataError(f"{source}: column {name!r} row {rows.row(row)} token {i - int(offsets[row])} is {flat[i]}; "
+                        f"expected finite numbers ({bad.size} non-finite value(s) in the column{rows.among()})")
 
 
-def check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: np.ndarray) -> None:
+def check_lengths(source, name_a: str, len_a: np.ndarray, name_b: str, len_b: np.ndarray,
+                  rows: Rows = ALL_ROWS) -> None:
     bad = np.flatnonzero(len_a != len_b)
     if bad.size:
         row = int(bad[0])
-        raise DataError(f"{source}: row {row}: {name_a!r} has {int(len_a[row])} elements but {name_b!r} has "
-                        f"{int(len_b[row])}; the per-token lists of a row must have equal length "
-                        f"({bad.size} row(s) differ)")
+        raise DataError(f"{source}: row {rows.row(row)}: {name_a!r} has {int(len_a[row])} elements but {name_b!r} "
+                        f"has {int(len_b[row])}; the per-token lists of a row must have equal length "
+                        f"({bad.size} row(s) differ{rows.among()})")
 
 
-def rewards_column_name(table: pa.Table, cfg: GaeConfig, source) -> str:
+def rewards_column_name(table: pa.Table | pa.Schema, cfg: GaeConfig, source) -> str:
     """The rewards column ``cfg`` names, or without one 'rewards' if ``table`` has it, else 'reward' (the
     column ``pdsr rollout`` writes)."""
     if cfg.rewards_column:
         require_columns(table, source, {cfg.rewards_column: "--rewards-column"})
         return cfg.rewards_column
     for name in ("rewards", "reward"):
-        if name in table.column_names:
+        if name in column_names(table):
             return name
     raise DataError(f"{source}: no rewards column: neither 'rewards' nor 'reward' (the column `pdsr rollout` "
                     f"writes); name one with --rewards-column (config key rewards_column); the file has: "
-                    f"{', '.join(table.column_names) or '(no columns)'}")
+                    f"{', '.join(column_names(table)) or '(no columns)'}")
 
 
 def token_rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, mask: np.ndarray,
-                  lengths_name: str) -> tuple[np.ndarray, np.ndarray]:
+                  lengths_name: str, rows: Rows = ALL_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """Flat per-token rewards (a scalar column goes on each row's last valid token; a list column's rows as long
     as ``lengths_name``'s), and the rows whose scalar reward is not 0 but that have no valid token to carry it."""
     name = rewards_column_name(table, cfg, source)
     column = table.column(name)
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        rewards, r_offsets = list_column_to_numpy(column, np.float32, name=name, path=source)
-        check_lengths(source, name, np.diff(r_offsets), lengths_name, np.diff(offsets))
-        check_finite(source, name, rewards, r_offsets)
+        rewards, r_offsets = flat_list(column, np.float32, name, source, rows)
+        check_lengths(source, name, np.diff(r_offsets), lengths_name, np.diff(offsets), rows)
+        check_finite(source, name, rewards, r_offsets, rows)
         return rewards, np.zeros(0, dtype=np.int64)
-    scalars = reward_scalars(column, name, table, source).astype(np.float32)
+    scalars = reward_scalars(column, name, source, reward_error_in(table), rows).astype(np.float32)
     rewards = np.zeros(int(offsets[-1]), dtype=np.float32)
     # last valid flat index of each row: the last valid index before the row's end, if inside the row
     valid_idx = np.flatnonzero(mask)
@@ -289,23 +348,33 @@ def token_rewards(table: pa.Table, cfg: GaeConfig, source, offsets: np.ndarray, 
     return rewards, np.flatnonzero(~has_valid & (scalars != 0))
 
 
-def reward_scalars(column: pa.ChunkedArray, name: str, table: pa.Table, source) -> np.ndarray:
+def reward_error_in(table: pa.Table) -> Callable[[int], object]:
+    """The ``reward_error`` (what `pdsr rollout` writes of a reward function that raised) of ``table``'s row i."""
+    if "reward_error" not in table.column_names:
+        return lambda i: None
+    return lambda i: table.column("reward_error")[i].as_py()
+
+
+def reward_scalars(column: pa.ChunkedArray, name: str, source, reward_error: Callable[[int], object],
+                   rows: Rows = ALL_ROWS) -> np.ndarray:
     """A column of one reward per row as float64; a null (a reward function that failed: `pdsr rollout` writes
-    its exception in ``reward_error``) or non-finite one is a DataError naming the row."""
+    its exception in ``reward_error``, row i's given by ``reward_error(i)``) or non-finite one is a DataError
+    naming the file's row."""
     kind = column.type
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
         raise DataError(f"{source}: column {name!r} must be a list of numbers per row or one number "
                         f"per row, got {kind}")
     if column.null_count:
-        rows = np.flatnonzero(~np.asarray(column.is_valid()))
-        row = int(rows[0])
-        why = table.column("reward_error")[row].as_py() if "reward_error" in table.column_names else None
+        null = np.flatnonzero(~np.asarray(column.is_valid()))
+        row = int(null[0])
+        why = reward_error(row)
         why = f"; its reward_error: {str(why).strip().splitlines()[-1][:200]}" if why else ""
-        raise DataError(f"{source}: column {name!r} row {row} is null ({rows.size} null row(s)){why}; expected a "
-                        f"number: leave out the samples without a reward, or give them one")
+        raise DataError(f"{source}: column {name!r} row {rows.row(row)} is null ({null.size} null row(s)"
+                        f"{rows.among()}){why}; expected a number: leave out the samples without a reward, or give "
+                        f"them one")
     scalars = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(scalars))
     if bad.size:
-        raise DataError(f"{source}: column {name!r} row {int(bad[0])} is {scalars[bad[0]]}; expected "
-                        f"a finite number ({bad.size} non-finite row(s))")
+        raise DataError(f"{source}: column {name!r} row {rows.row(bad[0])} is {scalars[bad[0]]}; expected "
+                        f"a finite number ({bad.size} non-finite row(s){rows.among()})")
     return scalars

@@ -89,12 +89,13 @@ def test_gae_without_data_or_out_names_the_flag(tmp_path, gae_input):
 
 
 def test_gae_unwritable_out_fails_before_computing(tmp_path, gae_input, monkeypatch):
-    from pdsr_sdk.gae import table
+    from pdsr_sdk.gae import file_run
 
     path, _ = gae_input
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where a folder must be")
-    monkeypatch.setattr(table, "read_table", lambda *a, **k: pytest.fail("read the input before checking --out"))
+    monkeypatch.setattr(file_run, "open_table_batches",
+                        lambda *a, **k: pytest.fail("read the input before checking --out"))
     failed(invoke("gae", "--data", path, "--out", blocker / "out.parquet"), "--out", "blocker", "is a file")
     failed(invoke("gae", "--data", path, "--out", tmp_path), "--out", "is a directory")
     assert blocker.read_text() == "a file where a folder must be"
