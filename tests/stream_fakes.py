@@ -10,9 +10,10 @@ import threading
 
 from pdsr_sdk.dispatch.types import ABORT, LENGTH, STOP, EngineLoad
 from pdsr_sdk.errors import EngineError
+from turn_fakes import FakeEngine
 
 
-class ScriptEngine:
+class ScriptEngine(FakeEngine):
     """Response token ``p`` of a turn is ``script[p % len(script)]``, one per loop turn (``burst`` at a time).
     With ``ends``, a turn ends ``stop`` after the script's last token (``stop_reason``: vLLM's, the stop string the
     script ends with); else it runs to its request's ``max_tokens``. ``hold(p)``: the next response to reach token
@@ -82,18 +83,9 @@ class ScriptEngine:
         self._count_held(-self.n_held)
         self.listener.on_engine_dead(self, EngineError(self.name, "killed by the test", exit_status=-9))
 
-    async def start(self):
-        pass
-
-    async def close(self):
-        pass
-
-    def bind(self, listener):
-        self.listener = listener
-
     def submit(self, req) -> None:
+        self.check_context(req)
         s = req.sample
-        assert req.context_ids == s.group.prompt_token_ids + s.token_ids, "context is not the trajectory"
         mask = s.response_mask or []
         turn_pos = (mask[::-1].index(0) if 0 in mask else len(mask)) if s.response_mask is not None \
             else s.num_generated

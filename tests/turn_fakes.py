@@ -17,7 +17,26 @@ def turn_length(sample) -> int:
     return 5 + 3 * sample.index + 7 * (sample.group.position % 3)
 
 
-class TurnEngine:
+class FakeEngine:
+    """What the in-process fake engines share: nothing to start or close, the listener bound, and each request's
+    context checked to be the sample's prompt plus its response so far, exactly."""
+
+    async def start(self):
+        pass
+
+    async def close(self):
+        pass
+
+    def bind(self, listener):
+        self.listener = listener
+
+    @staticmethod
+    def check_context(req) -> None:
+        s = req.sample
+        assert req.context_ids == s.group.prompt_token_ids + s.token_ids, "context is not the trajectory"
+
+
+class TurnEngine(FakeEngine):
     """Samples ``turn_length(sample)`` tokens per turn (the last one ``eos`` when given), one per ``token_time``."""
 
     counts_only = False
@@ -41,18 +60,9 @@ class TurnEngine:
         engine.spec = spec   # its max_model_len bounds what a server accepts
         return engine
 
-    async def start(self):
-        pass
-
-    async def close(self):
-        pass
-
-    def bind(self, listener):
-        self.listener = listener
-
     def submit(self, req):
+        self.check_context(req)
         s = req.sample
-        assert req.context_ids == s.group.prompt_token_ids + s.token_ids, "context is not the trajectory"
         mask = s.response_mask or []
         in_turn = mask[::-1].index(0) if 0 in mask else len(mask)
         left = turn_length(s) - in_turn
