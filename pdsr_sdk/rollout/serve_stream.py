@@ -31,14 +31,13 @@ before any of a choice's tokens was sent is no error: the choice streams its new
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.rollout.serve import FINISH, check_failed
-from pdsr_sdk.agent.tool_stream import HermesCallStream
+from pdsr_sdk.agent.tool_stream import HermesCallStream, json_text
 from pdsr_sdk.rollout.serve_deltas import TextDeltas, close_calls, text_holds
 from pdsr_sdk.rollout.serve_error import ServeError, error_body, internal_error
 from pdsr_sdk.rollout.serve_logprobs import choice_logprobs
@@ -173,13 +172,13 @@ class LiveStream:
                     chunks = [chunk for c in self.choices if not c.closed for chunk in self._step(c)]
                 except Exception as exc:   # noqa: BLE001 - a bug too ends the stream as vLLM's does, not cut off
                     error = exc if isinstance(exc, ServeError) else internal_error(exc)
-                    yield f"data: {json.dumps(error_body(error))}\n\n"
+                    yield f"data: {json_text(error_body(error))}\n\n"
                     break
                 for chunk in chunks:
                     yield self._event([chunk])
                 if all(c.closed for c in self.choices):
                     if self.include_usage:
-                        yield f"data: {json.dumps({**self.head, 'choices': [], 'usage': self._usage()})}\n\n"
+                        yield f"data: {json_text({**self.head, 'choices': [], 'usage': self._usage()})}\n\n"
                     break
                 await self.wake.wait()
             yield "data: [DONE]\n\n"
@@ -267,7 +266,7 @@ class LiveStream:
 
     def _event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         usage = {"usage": None} if self.include_usage else {}
-        return f"data: {json.dumps({**self.head, 'choices': choices, **usage, **extra})}\n\n"
+        return f"data: {json_text({**self.head, 'choices': choices, **usage, **extra})}\n\n"
 
 
 def _calls(server: Any, chat: bool, live: bool) -> HermesCallStream | None:

@@ -354,7 +354,8 @@ def test_only_a_marker_the_text_keeps_is_held_back(tiny_model_dir):
 def test_non_ascii_arguments_are_written_as_vllm_writes_them_stream_or_not(held):
     """A call's raw and escaped CJK and emoji come as the characters themselves (json.dumps(ensure_ascii=False), as
     vLLM's tool parsers write them), a lone surrogate escaped (UTF-8 cannot carry it): in the answer's body, and
-    in the openai client's message accumulated from the stream, which is the answer without stream."""
+    in the openai client's message accumulated from the stream, which is the answer without stream; the stream's
+    chunks carry them as UTF-8 too."""
     _, client, base, tok, engines = held
     call = ('<tool_call>{"name": "calculator", "arguments": {"城市": "北京\\u5929", "emoji": "\U0001f600\\ud83d'
             '\\ude00", "lone": "\\ud83d!"}}</tool_call>')
@@ -370,3 +371,7 @@ def test_non_ascii_arguments_are_written_as_vllm_writes_them_stream_or_not(held)
     assert plain.message.tool_calls[0].function.arguments == want
     got, _ = accumulated(client.chat.completions.create(**body, stream=True))
     same_message(got, plain)
+    with httpx.stream("POST", f"{base}/chat/completions", json={**body, "stream": True}, timeout=WAIT_S) as r:
+        wire = r.read()
+    assert "北".encode() in wire and b"\\u5317" not in wire   # the stream's chunks are UTF-8 too, as vLLM's
+    assert b"\\ud83d!" in wire   # the lone surrogate escaped: UTF-8 cannot carry it
