@@ -1,10 +1,10 @@
 """Other tools' names for pdsr's settings, so that an unknown option a TRL, OpenRLHF, verl, slime, AReaL or vLLM
-user types out of habit (``pdsr rollout --num-generations 8``) is answered with pdsr's flag and config key.
+user types out of habit (``pdsr rollout --num-generations 8``, ``-tp 2``) is answered with pdsr's flag and config key.
 
-The rows are the mapping tables of docs/rollout.md (Coming from TRL or OpenRLHF), docs/scoring-gae.md (verl,
-TRL, OpenRLHF), docs/partial-rollout.md (slime, verl, AReaL), docs/agents.md (verl's multi-turn keys) and
-docs/configuration.md (vLLM's engine settings, pdsr score's); tests/cli/test_foreign_flags.py checks every row's
-flag and key against its commands."""
+The rows are the mapping tables of docs/rollout.md (Coming from TRL or OpenRLHF, verl's rollout keys),
+docs/scoring-gae.md (verl, TRL, OpenRLHF), docs/partial-rollout.md (slime, verl, AReaL), docs/agents.md (verl's
+multi-turn keys) and docs/configuration.md (vLLM's engine settings, pdsr score's); tests/cli/test_foreign_flags.py
+checks every row's flag and key against its commands."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ STEPS = ("rollout", "simulate")           # commands with the multi-step flags (
 GAE = ("gae",)
 SCORE = ("score",)
 ENGINE_NOTE = "each engine's setting, in engine_defaults or an engines entry (docs/configuration.md)"
+ARGS_NOTE = "vLLM's engine argument, passed through in engine_defaults or an engines entry (docs/configuration.md)"
+ENGINES_NOTE = ("an engine's GPUs are its tensor_parallel_size; more GPUs run more engines, each a vLLM instance "
+                "(--fast, --heavy)")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,15 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--advantage_estimator", "--estimator", "estimator", "docs/scoring-gae.md#coming-from-openrlhf"),
            ("--algo.advantage.gamma", "--gamma", "gamma")),
     *_rows("verl", ROLLOUT,
+           ("actor_rollout_ref.rollout.n", "--n", "sampling.n"),
+           ("actor_rollout_ref.rollout.temperature", "--temperature", "sampling.temperature"),
+           ("actor_rollout_ref.rollout.top_p", "--top-p", "sampling.top_p"),
+           ("actor_rollout_ref.rollout.top_k", "--top-k", "sampling.top_k", "verl's -1 (off) is 0"),
+           ("actor_rollout_ref.rollout.ignore_eos", "--ignore-eos", "sampling.ignore_eos"),
+           ("actor_rollout_ref.model.path", "--model", "model"),
+           ("data.train_batch_size", "--batch-size", "batch_size"),
+           ("data.max_response_length", "--max-tokens", "sampling.max_tokens"),
+           ("data.prompt_key", "--prompt-column", "data.prompt_column"),
            ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "--max-turns", "agent.max_turns"),
            ("actor_rollout_ref.rollout.multi_turn.max_user_turns", None, "agent.max_env_turns"),
            ("actor_rollout_ref.rollout.multi_turn.max_tool_response_length", None, "agent.max_tool_response_chars"),
@@ -96,6 +108,17 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("data.train_files", "--data", "data.path", "a file, a folder or a glob pattern of shards"),
            ("data.filter_overlong_prompts", "--skip-long", "data.skip_long"),
            ("overlong_buffer.len", "--overlong-buffer", "overlong_buffer")),
+    *_rows("verl", ENGINES,
+           ("actor_rollout_ref.rollout.tensor_model_parallel_size", None, "engine_defaults.tensor_parallel_size",
+            ENGINE_NOTE),
+           ("actor_rollout_ref.rollout.gpu_memory_utilization", None, "engine_defaults.gpu_memory_utilization",
+            ENGINE_NOTE),
+           ("actor_rollout_ref.rollout.max_num_seqs", None, "engine_defaults.max_num_seqs", ENGINE_NOTE),
+           ("actor_rollout_ref.rollout.max_model_len", None, "engine_defaults.max_model_len", ENGINE_NOTE),
+           ("actor_rollout_ref.rollout.enforce_eager", None, "engine_defaults.engine_args.enforce_eager", ARGS_NOTE),
+           ("actor_rollout_ref.rollout.max_num_batched_tokens", None,
+            "engine_defaults.engine_args.max_num_batched_tokens", ARGS_NOTE),
+           ("actor_rollout_ref.rollout.engine_kwargs.vllm", None, "engine_defaults.engine_args", ARGS_NOTE)),
     *_rows("verl", ("serve",),
            ("actor_rollout_ref.rollout.multi_turn.format", "--tool-parser", None)),
     *_rows("verl", STEPS,
@@ -123,7 +146,19 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--tensor-parallel-size", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE),
            ("--max-num-seqs", None, "engine_defaults.max_num_seqs", ENGINE_NOTE),
            ("--dtype", None, "engine_defaults.dtype", ENGINE_NOTE),
-           ("--speculative-config", "--speculative", "speculative", "with --num-speculative-tokens")),
+           ("--speculative-config", "--speculative", "speculative", "with --num-speculative-tokens"),
+           ("-tp", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE),
+           ("--tokenizer", None, "tokenizer", "the run's tokenizer, if not the model's"),
+           ("--enforce-eager", None, "engine_defaults.engine_args.enforce_eager", ARGS_NOTE + "; on by pdsr on CPUs"),
+           ("--max-num-batched-tokens", None, "engine_defaults.engine_args.max_num_batched_tokens", ARGS_NOTE),
+           ("--kv-cache-dtype", None, "engine_defaults.engine_args.kv_cache_dtype", ARGS_NOTE),
+           ("--quantization", None, "engine_defaults.engine_args.quantization", ARGS_NOTE),
+           ("--enable-chunked-prefill", None, "engine_defaults.engine_args.enable_chunked_prefill", ARGS_NOTE),
+           ("--enable-prefix-caching", None, None, "prefix caching is always on (a continued segment resubmits its tokens)"),
+           ("--pipeline-parallel-size", None, None, ENGINES_NOTE),
+           ("-pp", None, None, ENGINES_NOTE),
+           ("--data-parallel-size", None, None, ENGINES_NOTE),
+           ("-dp", None, None, ENGINES_NOTE)),
     *_rows("vLLM", SCORE,
            ("--max-model-len", "--vllm-max-model-len", "vllm_max_model_len", "with --backend vllm")),
     *_rows("verl", SCORE,
@@ -132,6 +167,7 @@ FOREIGN_NAMES: list[ForeignName] = [
     *_rows("vLLM", ROLLOUT,
            ("--served-model-name", None, None, "a rollout serves nothing, pdsr serve --model-name names its model")),
     *_rows("vLLM", ("serve",),
+           ("--seed", None, "seed", "the engines' seed"),
            ("--tool-call-parser", "--tool-parser", None),
            ("--enable-auto-tool-choice", None, None, "auto is the only tool choice; --tool-parser parses the calls")),
 ]
@@ -142,32 +178,50 @@ def _spelling(name: str) -> str:
     return name.lstrip("-").replace("-", "_").lower()
 
 
+def _rows_named(command: str, typed: str) -> list[ForeignName]:
+    """``command``'s rows named ``typed`` (one spelling), or else, ``typed`` of two words or more, whose name ends
+    with it after a dot (``max_assistant_turns`` for verl's ``...multi_turn.max_assistant_turns``; not ``len``)."""
+    rows = [r for r in FOREIGN_NAMES if command in r.commands]
+    return [r for r in rows if _spelling(r.name) == typed] or \
+        [r for r in rows if ("_" in typed or "." in typed) and _spelling(r.name).endswith("." + typed)]
+
+
+def _said(rows: list[ForeignName]) -> str | None:
+    return ". ".join(dict.fromkeys(r.answer() for r in rows)) or None
+
+
 def foreign_answer(command: str, option: str, flags: set[str]) -> str | None:
-    """What ``option``, unknown to ``command`` (``rollout``, ``trace synth``), is in pdsr, or None. It matches a
-    row's name in either spelling, or, a name of two words or more, the row name's end after a dot
-    (``--max_assistant_turns`` for verl's ``...multi_turn.max_assistant_turns``; not ``--len``). None where it is one of ``flags`` (the command's own) spelled with
-    underscores: click's "Did you mean" says that."""
+    """What ``option``, unknown to ``command`` (``rollout``, ``trace synth``), is in pdsr, or None: the rows
+    :func:`_rows_named` finds. None where it is one of ``flags`` (the command's own) spelled with underscores:
+    click's "Did you mean" says that."""
     typed = _spelling(option)
     if not typed or "--" + typed.replace("_", "-") in flags:
         return None
-    rows = [r for r in FOREIGN_NAMES if command in r.commands]
-    found = [r for r in rows if _spelling(r.name) == typed] or \
-        [r for r in rows if ("_" in typed or "." in typed) and _spelling(r.name).endswith("." + typed)]
-    answers = list(dict.fromkeys(r.answer() for r in found))
-    return ". ".join(answers) or None
+    return _said(_rows_named(command, typed))
 
 
-def with_foreign_answer(exc: click.NoSuchOption) -> click.NoSuchOption:
-    """``exc`` with pdsr's name for its option in place of click's close spellings, where a row answers it."""
-    ctx = exc.ctx
-    if ctx is None or ctx.parent is None:   # pdsr's own options (pdsr --version)
-        return exc
+def command_name(ctx: click.Context) -> str:
+    """The command ``ctx`` runs, without ``pdsr`` (``rollout``, ``trace synth``)."""
     names, node = [], ctx
     while node.parent is not None:
         names.append(node.info_name or "")
         node = node.parent
+    return " ".join(reversed(names))
+
+
+def with_foreign_answer(exc: click.NoSuchOption, argv: list[str]) -> click.NoSuchOption:
+    """``exc`` with pdsr's name for its option in place of click's close spellings, where a row answers it.
+    ``argv``: the command line, for vLLM's ``-tp 2``, which click reads as ``-t`` with ``p`` after it."""
+    ctx = exc.ctx
+    if ctx is None or ctx.parent is None:   # pdsr's own options (pdsr --version)
+        return exc
+    option = exc.option_name
+    if len(option) == 2 and option[0] == "-":
+        option = next((word for word in (a.split("=")[0] for a in argv)
+                       if word.startswith(option) and len(word) > 2 and not word.startswith("--")), option)
     flags = {opt for p in ctx.command.params for opt in (*p.opts, *p.secondary_opts)}
-    said = foreign_answer(" ".join(reversed(names)), exc.option_name, flags)
+    said = foreign_answer(command_name(ctx), option, flags)
     if said is None:
         return exc
-    return click.NoSuchOption(exc.option_name, f"No such option '{exc.option_name}': {said}", ctx=ctx)
+    return click.NoSuchOption(option, f"No such option '{option}': {said}", ctx=ctx)
+

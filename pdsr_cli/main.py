@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: ``ctx.meta`` key of the command line after ``pdsr``
+ARGV = "pdsr.argv"
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name in COMMANDS if self._available(name)]
@@ -51,13 +55,17 @@ class LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[ARGV] = list(args)   # the answers below read it: click's errors keep no command line
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except click.NoSuchOption as exc:   # another tool's name for a pdsr setting: say pdsr's
             from pdsr_cli.foreign_flags import with_foreign_answer
 
-            raise with_foreign_answer(exc) from None
+            raise with_foreign_answer(exc, ctx.meta.get(ARGV, [])) from None
 
     @staticmethod
     def _available(name: str) -> bool:

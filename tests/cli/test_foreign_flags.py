@@ -4,6 +4,7 @@ typo still gets click's own message."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import click
@@ -114,3 +115,37 @@ def test_an_exact_name_wins_over_a_names_end():
     assert foreign_answer("rollout", "--n-samples-per-prompt", flags).startswith("OpenRLHF's")   # the end of a name
     assert foreign_answer("rollout", "--len", flags) is None    # one word: no match on verl's overlong_buffer.len
     assert foreign_answer("rollout", "--max_tokens", flags) is None   # pdsr's own, spelled with underscores
+
+
+@pytest.mark.parametrize("args, answer", [
+    (["rollout", "-tp", "2"], "No such option '-tp': vLLM's -tp is pdsr's config key engine_defaults.tensor_parallel_size"),
+    (["serve", "-tp=2"], "No such option '-tp': vLLM's -tp is pdsr's config key engine_defaults.tensor_parallel_size"),
+    (["rollout", "-pp", "2"], "No such option '-pp': vLLM's -pp: pdsr has none (an engine's GPUs are its "
+                              "tensor_parallel_size; more GPUs run more engines"),
+    (["serve", "--data-parallel-size", "2"], "vLLM's --data-parallel-size: pdsr has none"),
+    (["rollout", "--enforce-eager"], "vLLM's --enforce-eager is pdsr's config key "
+                                     "engine_defaults.engine_args.enforce_eager"),
+    (["serve", "--max-num-batched-tokens", "8192"], "engine_defaults.engine_args.max_num_batched_tokens"),
+    (["rollout", "--tokenizer", "x"], "vLLM's --tokenizer is pdsr's config key tokenizer"),
+    (["serve", "--seed", "3"], "vLLM's --seed is pdsr's config key seed"),
+    (["rollout", "--enable-prefix-caching"], "vLLM's --enable-prefix-caching: pdsr has none (prefix caching is "
+                                             "always on"),
+])
+def test_vllms_engine_flags_are_answered(args, answer):   # -tp: click reads -t, then p
+    failed(invoke(*args), answer)
+
+
+def test_a_short_flag_no_row_names_keeps_clicks_message():
+    out = failed(invoke("rollout", "-xz", "2"), "No such option")
+    assert "pdsr's" not in out and "has none" not in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM's AsyncEngineArgs needs vLLM")
+def test_every_engine_args_answer_is_an_argument_vllm_takes():
+    from pdsr_sdk.engines.config import EngineSpec
+    from pdsr_sdk.engines.vllm_args import check_engine_args
+
+    prefix = "engine_defaults.engine_args."
+    keys = {r.key[len(prefix):] for r in FOREIGN_NAMES if r.key and r.key.startswith(prefix)}
+    assert {"enforce_eager", "max_num_batched_tokens", "kv_cache_dtype"} <= keys
+    check_engine_args(EngineSpec(name="e", pool="fast", engine_args=dict.fromkeys(keys, 1)))   # raises on one it lacks
