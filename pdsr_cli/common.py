@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 import click
 from click.core import ParameterSource
 
+from pdsr_cli.foreign_flags import foreign_key_hints
 from pdsr_sdk.errors import Interrupted, PdsrDeprecationWarning, PdsrError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,7 +46,7 @@ def handle_errors(f: F) -> F:
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with warnings.catch_warnings(), _sigterm_interrupts():
+            with warnings.catch_warnings(), _sigterm_interrupts(), foreign_key_hints():
                 warnings.simplefilter("always", PdsrDeprecationWarning)
                 warnings.showwarning = functools.partial(_show_warning, warnings.showwarning, set())
                 return f(*args, **kwargs)

@@ -1,14 +1,17 @@
 """Other tools' names for pdsr's settings, so that an unknown option a TRL, OpenRLHF, verl, slime, AReaL or vLLM
-user types out of habit (``pdsr rollout --num-generations 8``, ``-tp 2``) is answered with pdsr's flag and config key.
+user types out of habit (``pdsr rollout --num-generations 8``, ``-tp 2``), or as an unknown key of their config file
+(``actor_rollout_ref.rollout.n: 8``), is answered with pdsr's flag and config key.
 
 The rows are the mapping tables of docs/rollout.md (Coming from TRL or OpenRLHF, verl's rollout keys),
 docs/scoring-gae.md (verl, TRL, OpenRLHF), docs/partial-rollout.md (slime, verl, AReaL), docs/agents.md (verl's
 multi-turn keys) and docs/configuration.md (vLLM's engine settings, pdsr score's); tests/cli/test_foreign_flags.py
-checks every row's flag and key against its commands."""
+and test_foreign_keys.py check every row's flag and key against its commands."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import click
 
@@ -198,6 +201,42 @@ def foreign_answer(command: str, option: str, flags: set[str]) -> str | None:
     if not typed or "--" + typed.replace("_", "-") in flags:
         return None
     return _said(_rows_named(command, typed))
+
+
+def _key_rows(command: str, key: str) -> list[ForeignName]:
+    """The rows of a dotted config key as written (``actor_rollout_ref.rollout.n``): those named it, or else those
+    :func:`_rows_named` finds for it or its end after a dot, of two words or more (``sampling.num_generations``:
+    TRL's ``num_generations``), where they all name one pdsr setting (an end is not enough to choose between two)."""
+    parts = _spelling(key).split(".")
+    for i in range(len(parts)):
+        tail = ".".join(parts[i:])
+        if i and "_" not in tail and "." not in tail:   # one word (n, len, dtype) of a longer key: too loose
+            return []
+        found = _rows_named(command, tail)
+        if i == 0 and found and all(_spelling(r.name) == tail for r in found):
+            return found
+        if found:
+            return found if len({(r.flag, r.key) for r in found}) == 1 else []
+    return []
+
+
+def key_hint(command: str) -> Callable[[str], str | None]:
+    """The SDK's unknown-key hint (:func:`pdsr_sdk.config.base.unknown_key_hints`) for ``command``'s config."""
+    return lambda key: _said(_key_rows(command, key))
+
+
+@contextlib.contextmanager
+def foreign_key_hints() -> Iterator[None]:
+    """While the running command runs, an unknown config key that is another tool's name for one of its settings (in
+    the --config file, nested or dotted, or in --set) is answered with pdsr's flag and key."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        yield
+        return
+    from pdsr_sdk.config.base import unknown_key_hints
+
+    with unknown_key_hints(key_hint(command_name(ctx))):
+        yield
 
 
 def command_name(ctx: click.Context) -> str:

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import warnings
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, Callable, ClassVar, Iterator, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
 from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrDeprecationWarning, PdsrError
 
 M = TypeVar("M", bound=BaseModel)
+
+#: what an unknown key may be instead, by its dotted key as written (None: nothing to say). The SDK has no such
+#: names: a front end sets one around its loading (the CLI, other tools' names for pdsr's settings), and a context
+#: variable reaches the sections validators check several calls down (engine_defaults, policy_settings) as well
+_UNKNOWN_KEY_HINT: ContextVar[Callable[[str], str | None] | None] = ContextVar("unknown_key_hint", default=None)
+
+
+@contextlib.contextmanager
+def unknown_key_hints(hint: Callable[[str], str | None]) -> Iterator[None]:
+    """While inside, an unknown key's error adds ``hint(key)`` where it is not None, asked for the key and, where
+    the key's value is a mapping, for each nested key under it (``actor_rollout_ref.rollout.n``)."""
+    token = _UNKNOWN_KEY_HINT.set(hint)
+    try:
+        yield
+    finally:
+        _UNKNOWN_KEY_HINT.reset(token)
 
 
 class ConfigModel(BaseModel):
@@ -238,9 +256,12 @@ def format_validation_error(
         else:
             origin = str(source) if source else model.__name__
         if err["type"] == "extra_forbidden":
-            valid = _valid_keys(model, loc[:-1])
-            hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
-            lines.append(f"{origin}: {key}: unknown config key{hint}")
+            hinted, rest = _hinted_keys(key, err.get("input"), _UNKNOWN_KEY_HINT.get())
+            lines += [f"{origin}: {name}: unknown config key; {said}" for name, said in hinted]
+            if rest:   # a key, or nested keys under it, that no hint names
+                valid = _valid_keys(model, loc[:-1])
+                hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
+                lines.append(f"{origin}: {key}: unknown config key{hint}")
         elif isinstance((err.get("ctx") or {}).get("error"), PdsrError):   # our validators' own message
             # a whole-model check names its keys itself: no "(top level)" before it
             lines.append(f"{origin}: {key}: {err['ctx']['error']}" if loc or prefix else f"{origin}: {err['ctx']['error']}")
@@ -253,6 +274,23 @@ def format_validation_error(
                 shown = "" if str(got) in message else shown   # value only where they do not give it already
             lines.append(f"{origin}: {key}: {message}{shown}")
     return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _hinted_keys(key: str, value: Any, hint: Callable[[str], str | None] | None) -> tuple[list[tuple[str, str]], bool]:
+    """``hint``'s answers for ``key`` or, where it has none and the value is a mapping, for the keys nested under it
+    (dotted); and whether a key none answers is left (``key`` itself, or a nested one)."""
+    said = hint(key) if hint is not None else None
+    if said is not None:
+        return [(key, said)], False
+    if hint is None or not isinstance(value, Mapping) or not value:
+        return [], True
+    found: list[tuple[str, str]] = []
+    rest = False
+    for name, inner in value.items():
+        more, left = _hinted_keys(f"{key}.{name}", inner, hint)
+        found += more
+        rest = rest or left
+    return found, rest
 
 
 def _valid_keys(model: type[BaseModel], loc: list[str]) -> list[str]:

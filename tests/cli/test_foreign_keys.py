@@ -1,0 +1,127 @@
+"""Another tool's name for a pdsr setting as a key of a --config file (nested or dotted) or of --set is answered with
+pdsr's flag and key (pdsr_cli/foreign_flags.py, through the SDK's unknown-key hint); a key no row names keeps the
+plain message. tests/cli/test_foreign_flags.py has the flags."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cli_checks import failed, invoke
+from pdsr_cli import foreign_flags
+from pdsr_cli.foreign_flags import FOREIGN_NAMES, ForeignName, key_hint
+from pdsr_sdk.config import load_config
+from pdsr_sdk.config.base import unknown_key_hints
+from pdsr_sdk.errors import ConfigError
+from test_foreign_flags import CONFIGS
+
+#: rows whose name, as a config key, is pdsr's own key of that name: nothing to answer
+OWN = {("vLLM", "--tokenizer"), ("vLLM", "--seed")}
+#: rows whose name's first word is a pdsr key that is not a section: nested, pdsr's key has the wrong type
+NOT_SECTIONS = {"--reward.remote_url", "--reward.overlong_buffer_len", "--reward.overlong_penalty_factor",
+                "overlong_buffer.len"}
+CASES = [(row, command) for row in FOREIGN_NAMES for command in row.commands if (row.tool, row.name) not in OWN]
+
+
+def _key(row: ForeignName) -> str:
+    return row.name.lstrip("-").replace("-", "_")
+
+
+def _nested(key: str, value):
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def _load_error(tmp_path, command: str, data: dict) -> tuple[str, str]:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with unknown_key_hints(key_hint(command)), pytest.raises(ConfigError) as info:
+        load_config(CONFIGS[command], path)
+    return str(path), str(info.value)
+
+
+@pytest.mark.parametrize("row, command", CASES, ids=lambda c: c if isinstance(c, str) else f"{c.tool}:{c.name}")
+def test_every_rows_name_as_a_config_key_is_answered(tmp_path, row, command):
+    key = _key(row)
+    forms = [{key: 8}] + ([_nested(key, 8)] if "." in key and row.name not in NOT_SECTIONS else [])
+    for data in forms:
+        path, message = _load_error(tmp_path, command, data)
+        line = next(x for x in message.splitlines() if f"{path}: {key}: unknown config key" in x)
+        assert line.endswith(f"unknown config key; {key_hint(command)(key)}"), (data, message)
+        assert row.answer() in line and "valid keys here" not in message, (data, message)
+
+
+@pytest.mark.parametrize("row", [r for r in FOREIGN_NAMES if (r.tool, r.name) in OWN], ids=lambda r: r.name)
+def test_a_name_that_is_pdsrs_own_key_is_that_key(row):
+    assert row.key == _key(row)
+
+
+def test_a_nested_verl_config_names_each_key_it_knows_and_the_rest_plainly(tmp_path):
+    path, message = _load_error(tmp_path, "rollout", {
+        "actor_rollout_ref": {"rollout": {"n": 8, "temperature": 0.7, "val_kwargs": {"n": 1}},
+                              "model": {"path": "Qwen/Qwen3-8B"}},
+        "sampling": {"num_generations": 4}, "data": {"train_batch_size": 64}})
+    lines = message.splitlines()[1:]
+    assert f"  {path}: actor_rollout_ref.rollout.n: unknown config key; verl's actor_rollout_ref.rollout.n is " \
+           "pdsr's --n (sampling.n)" in lines
+    assert f"  {path}: actor_rollout_ref.model.path: unknown config key; verl's actor_rollout_ref.model.path is " \
+           "pdsr's --model (model)" in lines
+    assert f"  {path}: sampling.num_generations: unknown config key; TRL's num_generations is pdsr's --n " \
+           "(sampling.n)" in lines   # in a section of pdsr's: by its last word
+    assert f"  {path}: data.train_batch_size: unknown config key; verl's data.train_batch_size is pdsr's " \
+           "--batch-size (batch_size)" in lines
+    # val_kwargs.n is no row's (the validation's n, not the rollout's): the key it is under, plainly
+    plain = [x for x in lines if x.startswith(f"  {path}: actor_rollout_ref: unknown config key; valid keys here: ")]
+    assert len(plain) == 1 and "val_kwargs" not in message
+    assert len(lines) == 6, message   # n, temperature, model.path, num_generations, train_batch_size, the rest
+
+
+@pytest.mark.parametrize("command, data, key", [
+    ("rollout", {"num_generation": 8}, "num_generation"),
+    ("rollout", {"sampling": {"nn": 8}}, "sampling.nn"),
+    ("rollout", {"actor_rollout_ref": {"rollout": {"val_kwargs": {"temperature": 0}}}}, "actor_rollout_ref"),
+    ("rollout", {"foo.len": 3}, "foo.len"),                          # one word of a longer key: no match on len
+    ("gae", {"critic": {"gamma": 1.0}}, "critic"),
+    ("score", {"rollout": {"n": 8}}, "rollout"),
+    ("simulate", {"actor_rollout_ref.rollout.n": 8}, "actor_rollout_ref.rollout.n"),   # not simulate's setting
+])
+def test_a_key_no_row_names_keeps_the_plain_message(tmp_path, command, data, key):
+    path, message = _load_error(tmp_path, command, data)
+    assert f"{path}: {key}: unknown config key; valid keys here: " in message
+    assert "pdsr's" not in message and "'s " not in message
+
+
+def test_an_end_naming_several_settings_is_not_answered(monkeypatch):
+    rows = [ForeignName("A", "a.same_end", ("rollout",), "--n", "sampling.n"),
+            ForeignName("B", "b.same_end", ("rollout",), "--top-p", "sampling.top_p")]
+    monkeypatch.setattr(foreign_flags, "FOREIGN_NAMES", rows)
+    hint = key_hint("rollout")
+    assert hint("x.same_end") is None and hint("same_end") is None
+    assert hint("a.same_end") == "A's a.same_end is pdsr's --n (sampling.n)"
+    rows.append(ForeignName("C", "c.same_end", ("rollout",), "--n", "sampling.n"))
+    rows.remove(rows[1])
+    assert hint("x.same_end").startswith("A's a.same_end")   # every row it ends says --n
+
+
+def test_the_cli_answers_a_config_files_keys(tmp_path, no_engines, prompts):
+    cfg = tmp_path / "verl.yaml"
+    cfg.write_text("actor_rollout_ref:\n  rollout:\n    n: 8\n'data.max_response_length': 512\n")
+    failed(invoke("rollout", "--config", cfg, "--data", prompts),
+           f"{cfg}: actor_rollout_ref.rollout.n: unknown config key; verl's actor_rollout_ref.rollout.n is pdsr's --n",
+           f"{cfg}: data.max_response_length: unknown config key; verl's data.max_response_length is pdsr's "
+           "--max-tokens (sampling.max_tokens)")
+    cfg.write_text("algorithm:\n  adv_estimator: grpo\n")
+    failed(invoke("gae", "--config", cfg, "--data", tmp_path / "in.parquet", "--out", tmp_path / "out.parquet"),
+           f"{cfg}: algorithm.adv_estimator: unknown config key; verl's algorithm.adv_estimator is pdsr's --estimator")
+    cfg.write_text("actor_rollout_ref:\n  rollout:\n    log_prob_max_token_len_per_gpu: 8192\n")
+    failed(invoke("score", "--config", cfg, "--model", tmp_path, "--data", tmp_path / "in.parquet", "--out",
+                  tmp_path / "out.parquet"),
+           "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu: unknown config key; verl's "
+           "log_prob_max_token_len_per_gpu is pdsr's --max-tokens-per-mb")
+
+
+def test_the_cli_answers_a_set_key(no_engines, prompts):
+    failed(invoke("rollout", "--data", prompts, "--policy", "v3", "--set", "actor_rollout_ref.rollout.n=8"),
+           "--set: policy_settings.v3.actor_rollout_ref.rollout.n: unknown config key; verl's "
+           "actor_rollout_ref.rollout.n is pdsr's --n (sampling.n)")
