@@ -66,6 +66,14 @@ class LazyGroup(click.Group):
             from pdsr_cli.foreign_flags import with_foreign_answer
 
             raise with_foreign_answer(exc, ctx.meta.get(ARGV, [])) from None
+        except click.UsageError as exc:
+            # "unexpected extra argument", or a group's "No such command" (click < 8.3: a plain UsageError too);
+            # a bad value or a missing one: click's message says it
+            if type(exc) is not click.UsageError and type(exc).__name__ != "NoSuchCommand":
+                raise
+            from pdsr_cli.foreign_flags import with_key_value_answer   # Hydra's key=value: say pdsr's flags
+
+            raise with_key_value_answer(exc, ctx.meta.get(ARGV, [])) from None
 
     @staticmethod
     def _available(name: str) -> bool:

@@ -1,6 +1,6 @@
-"""Another tool's name for a pdsr setting as a key of a --config file (nested or dotted) or of --set is answered with
-pdsr's flag and key (pdsr_cli/foreign_flags.py, through the SDK's unknown-key hint); a key no row names keeps the
-plain message. tests/cli/test_foreign_flags.py has the flags."""
+"""Another tool's name for a pdsr setting as a key of a --config file (nested or dotted) or of --set, and Hydra-style
+``key=value`` arguments, are answered with pdsr's flag and key (pdsr_cli/foreign_flags.py; a config key through the
+SDK's unknown-key hint); a key no row names keeps the plain message. tests/cli/test_foreign_flags.py has the flags."""
 
 from __future__ import annotations
 
@@ -125,3 +125,46 @@ def test_the_cli_answers_a_set_key(no_engines, prompts):
     failed(invoke("rollout", "--data", prompts, "--policy", "v3", "--set", "actor_rollout_ref.rollout.n=8"),
            "--set: policy_settings.v3.actor_rollout_ref.rollout.n: unknown config key; verl's "
            "actor_rollout_ref.rollout.n is pdsr's --n (sampling.n)")
+
+
+HEAD = "takes flags and --config FILE, not key=value arguments (Hydra's overrides):"
+
+
+@pytest.mark.parametrize("command, given, lines", [
+    (["rollout"], ["actor_rollout_ref.rollout.n=8", "data.max_response_length=1024", "n=4", "ignore_eos=true"],
+     ["actor_rollout_ref.rollout.n=8: --n 8; verl's actor_rollout_ref.rollout.n is pdsr's --n (sampling.n)",
+      "data.max_response_length=1024: --max-tokens 1024; verl's data.max_response_length is pdsr's --max-tokens",
+      "n=4: --n 4", "ignore_eos=true: --ignore-eos"]),
+    (["rollout"], ["actor_rollout_ref.rollout.top_k=-1"],   # a value pdsr reads otherwise: no --top-k -1
+     ["actor_rollout_ref.rollout.top_k=-1: verl's actor_rollout_ref.rollout.top_k is pdsr's --top-k (sampling.top_k); "
+      "verl's -1 (off) is 0"]),
+    (["score"], ["+log_prob_max_token_len_per_gpu=8192"],
+     ["+log_prob_max_token_len_per_gpu=8192: verl's log_prob_max_token_len_per_gpu is pdsr's --max-tokens-per-mb"]),
+    (["gae"], ["algorithm.adv_estimator=grpo", "algorithm.gamma=0.99"],
+     ["algorithm.adv_estimator=grpo: --estimator grpo; verl's", "algorithm.gamma=0.99: --gamma 0.99; verl's"]),
+    (["serve"], ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
+     ["verl's actor_rollout_ref.rollout.gpu_memory_utilization is pdsr's config key "
+      "engine_defaults.gpu_memory_utilization, set in the --config file (no flag)"]),
+    (["simulate"], ["async_training.staleness_threshold=0.5", "--steps", "3"],
+     ["async_training.staleness_threshold=0.5: verl's async_training.staleness_threshold is pdsr's --over-provision"]),
+    (["simulate", "--steps", "3"], ["trainer.n_gpus_per_node=8"],
+     ["trainer.n_gpus_per_node=8: not a name pdsr simulate knows: its flags are in pdsr simulate --help, a "
+      "--config file's keys in docs/configuration.md"]),
+])
+def test_key_value_arguments_get_pdsrs_flags(command, given, lines):
+    out = failed(invoke(*command, *given), f"pdsr {command[0]} {HEAD}", *lines)
+    assert "unexpected extra argument" not in out and "No such command" not in out
+
+
+@pytest.mark.parametrize("command", ["rollout", "score", "gae", "serve", "simulate"])
+def test_an_unknown_key_value_points_at_the_help(command):
+    out = failed(invoke(command, "foo.bar=1", "baz"), f"pdsr {command} {HEAD}",
+                 f"  foo.bar=1: not a name pdsr {command} knows: its flags are in pdsr {command} --help, a --config "
+                 "file's keys in docs/configuration.md")
+    assert ("also unexpected: baz" in out) == (command != "simulate")   # a group reads no further than its first
+
+
+def test_an_options_value_with_an_equals_sign_is_not_an_argument():
+    out = failed(invoke("rollout", "--stop", "x=y", "a.b=1"), f"pdsr rollout {HEAD}", "  a.b=1: not a name")
+    assert "x=y" not in out
+    assert "Did you mean '--temperature'" in failed(invoke("rollout", "--stop", "x=y", "--tempreature", "1"))
