@@ -307,8 +307,10 @@ def restore_order(per_micro_batch_outputs: Sequence[Any], partitions: Sequence[S
 
     ``per_micro_batch_outputs[m]`` holds micro-batch m's samples along dim 0
     in the order of ``partitions[m]``: numpy arrays or torch tensors
-    (concatenated, then index-permuted; trailing shapes must agree) or Python
-    lists (returned as one list). An empty micro-batch may give ``None``.
+    (concatenated, then index-permuted; trailing shapes must agree), jagged
+    nested tensors (one row per sample, as verl's no-padding path returns;
+    rebuilt as one nested tensor of the same layout) or Python lists
+    (returned as one list). An empty micro-batch may give ``None``.
     """
     outputs = list(per_micro_batch_outputs)
     if len(outputs) != len(partitions):
@@ -321,7 +323,10 @@ def restore_order(per_micro_batch_outputs: Sequence[Any], partitions: Sequence[S
             if len(part):
                 raise DataValueError(f"restore_order: output {m} is None but micro-batch {m} has {len(part)} samples")
             continue
-        if _is_tensor(out):
+        if _is_tensor(out) and out.is_nested:
+            kinds.add("nested tensor")
+            size = int(out.size(0))
+        elif _is_tensor(out):
             kinds.add("tensor")
             size = int(out.shape[0]) if out.dim() else -1
         elif isinstance(out, np.ndarray):
@@ -343,6 +348,10 @@ def restore_order(per_micro_batch_outputs: Sequence[Any], partitions: Sequence[S
     if kind == "list":
         flat = [x for out in present for x in out]
         return [flat[p] for p in inv.tolist()]
+    if kind == "nested tensor":  # ragged rows: no trailing shape to agree on, no torch.cat
+        torch = sys.modules["torch"]
+        rows = [row for out in present for row in out.unbind()]
+        return torch.nested.as_nested_tensor([rows[p] for p in inv.tolist()], layout=present[0].layout)
     trailing = {tuple(out.shape[1:]) for out in present}
     if len(trailing) > 1:
         raise DataValueError(f"restore_order: micro-batch outputs have different trailing shapes "

@@ -72,6 +72,27 @@ def test_restore_torch_tensors_match_unbatched():
     assert torch.equal(out, torch.tanh(data) * 3)
 
 
+def test_restore_jagged_nested_tensors_match_unbatched():
+    # verl's no-padding path returns log-probs as jagged nested tensors, one ragged row per sample
+    # (restore_dynamic_batch takes them); each row here is a function of its sample alone.
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    lengths = rng.integers(1, 40, 23)
+    parts = partition_by_tokens(lengths, 90)
+    rows = [torch.from_numpy(rng.standard_normal(int(n))) for n in lengths]
+    expected = [torch.tanh(r) * 2 for r in rows]
+    outputs = [torch.nested.as_nested_tensor([torch.tanh(rows[i]) * 2 for i in p], layout=torch.jagged)
+               for p in parts]
+    out = restore_order(outputs, parts)
+    assert out.is_nested and out.layout == torch.jagged
+    got = out.unbind()
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+    with pytest.raises(DataError, match="mix nested tensor and tensor"):
+        restore_order([outputs[0], torch.zeros(len(parts[1]))] + outputs[2:], parts)
+    with pytest.raises(DataError, match="output 0 has"):
+        restore_order([outputs[1], outputs[0]] + outputs[2:], parts)
+
+
 def test_restore_with_padding_and_bad_outputs():
     parts = pad_micro_batches([[2, 0], [1]], 4)
     assert parts == [[2, 0], [1], [], []]
