@@ -14,8 +14,11 @@ Rules (what callers can rely on)
 - Balancing is k-way Karmarkar-Karp (largest differencing). Its max - min
   load spread never exceeds the largest single weight. If it breaks the cap
   at some k while first-fit-decreasing packing fits in k micro-batches, the
-  FFD packing is returned instead (feasible, but less balanced; it only
-  happens when the cap is tight relative to the lengths). FFD fits for every
+  FFD packing is used instead (it only happens when the cap is tight relative
+  to the lengths), evened out by moving samples from heavier micro-batches
+  into the lightest while the cap holds (:mod:`pdsr_sdk.batching.rebalance`):
+  balancing tokens, its max - min then also stays within the longest sample
+  (without that, FFD's max / min reached 7.45 on long-tailed rollouts). FFD fits for every
   k >= its own bin count (<= n), so the search always ends. At k >= n every
   sample gets its own micro-batch (what KK gives there) without running KK.
 - ``balance="attention"`` balances a*L + L**2 per sample (the cap still
@@ -233,7 +236,9 @@ def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, 
         if ffd is None:
             ffd = ffd_labels(lengths, cap)
         if k >= ffd[1]:
-            labels = _fill_empty_parts(ffd[0], lengths, k)
+            from pdsr_sdk.batching.rebalance import rebalance
+
+            labels = rebalance(_fill_empty_parts(ffd[0], lengths, k), weights, lengths, k, cap)
             break
         k += d
     return _labels_to_partitions(labels, weights, k)

@@ -174,6 +174,8 @@ def test_partition_rule_against_reference(case, min_mb, d, balance):
     w = weights_of(lengths, balance, coef)
     loads = [sum(w[i] for i in p) for p in parts]
     assert loads == sorted(loads, reverse=True), "heaviest micro-batch first"
+    if balance == "tokens":  # KK's bound, and the first-fit fallback's after rebalancing
+        assert loads[0] - loads[-1] <= max(lengths)
     for a, b in zip(parts, parts[1:]):
         if sum(w[i] for i in a) == sum(w[i] for i in b):
             assert a[0] < b[0]
@@ -200,7 +202,9 @@ def test_partition_rule_on_tight_instances():
             continue
         parts = partition_by_tokens(lengths, cap, divisible_by=d)
         assert len(parts) == expected
-        assert all(parts) and max(sum(lengths[i] for i in p) for p in parts) <= cap
+        loads = [sum(lengths[i] for i in p) for p in parts]
+        assert all(parts) and max(loads) <= cap
+        assert max(loads) - min(loads) <= max(lengths)
         grew += expected > -(-packing_lower_bound(np.array(lengths), cap) // d) * d
     assert grew >= 10, "the sweep must exercise counts beyond the lower bounds"
 
