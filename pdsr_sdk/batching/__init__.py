@@ -2,7 +2,8 @@
 
 ``partition_by_tokens`` splits samples into the fewest balanced micro-batches
 under a token cap; ``restore_order`` puts per micro-batch outputs back in
-sample order; the data-parallel helpers give every rank the same count.
+sample order; the data-parallel helpers give every rank the same count;
+``partition_equal_size`` spreads a batch over ranks, the same number each.
 Numba is imported only when a partition is first computed.
 """
 
@@ -15,6 +16,7 @@ from pdsr_sdk.batching.dp import (
     partition_for_data_parallel,
     partition_on_rank,
 )
+from pdsr_sdk.batching.equal import partition_equal_size
 from pdsr_sdk.batching.partition import (
     DEFAULT_ATTENTION_COEF,
     inverse_permutation,
@@ -29,6 +31,7 @@ __all__ = [
     "inverse_permutation",
     "pad_micro_batches",
     "partition_by_tokens",
+    "partition_equal_size",
     "partition_for_data_parallel",
     "partition_on_rank",
     "restore_order",
