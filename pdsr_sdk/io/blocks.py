@@ -178,7 +178,7 @@ def _jsonl_plans(files: list[Path], path: Path, what: str, setting: str | None) 
         if file.stat().st_size == 0:
             raise DataError(f"{where}: the {what} file is empty")
         try:
-            plans.append(plan_jsonl(file, BATCH_ROWS, f"{where}: the {what} file is empty"))
+            plans.append(plan_jsonl(file, BATCH_ROWS, where, what))
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - what read_table says of it (an int beyond int64)

@@ -56,6 +56,19 @@ def not_utf8(path: Path, line: int, byte: int) -> str:
             f"(e.g. iconv -f latin1 -t utf-8)")
 
 
+def no_columns(where: str, what: str, objects: int, *, array: bool = False) -> DataError:
+    """The error for a JSONL file (``array``: a .json file's array) that has no column: no object (blank lines
+    only, an empty array), or ``objects`` objects of which none has a key."""
+    if objects == 0:
+        return DataError(f"{where}: the {what} file holds an empty array; expected an array of JSON objects" if array
+                         else f"{where}: the {what} file has only blank lines; expected a JSON object per line")
+    if objects == 1:
+        every = "its one object is" if array else "its one line is"
+    else:
+        every = f"all {objects:,} objects of its array are" if array else f"all {objects:,} lines are"
+    return DataError(f"{where}: the {what} file has no column: {every} {{}}, an object without keys")
+
+
 def rows_table(rows: list[dict[str, Any]], path: Path, where: Callable[[int], str]) -> pa.Table:
     """``rows`` as a table, a column per key any row has; ``where(i)`` names row ``i`` in errors
     (``f"{path}:{lineno}"``)."""

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
-from pdsr_sdk.io.json_rows import column_misfit, json_lines, value_kind
+from pdsr_sdk.io.json_rows import column_misfit, json_lines, no_columns, value_kind
 
 #: the errors rows_table catches (it names the column and line); any other is raised as it is
 _CAUGHT = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
@@ -75,10 +75,11 @@ class _Column:
         self.converted.append((batch, self.type, _conversion_error(values, self.type)))
 
 
-def plan_jsonl(path: Path, rows: int, empty: str) -> JsonPlan:
+def plan_jsonl(path: Path, rows: int, where: str, what: str) -> JsonPlan:
     """Read ``path`` (a JSONL file) through, ``rows`` lines at a time, for its columns and their types. The error
     :func:`~pdsr_sdk.io.tables.read_table` gives, where it gives one: a DataError naming the line, or the
-    exception it names the file with (an int beyond int64); ``empty`` where the file has no column."""
+    exception it names the file with (an int beyond int64); one naming ``where`` (the file) and ``what`` (the
+    input) where the file has no column."""
     columns: dict[str, _Column] = {}   # every line's keys, in order of first appearance (rows_table's columns)
     count = batch = 0
     for chunk in _chunks(path, rows):
@@ -92,7 +93,7 @@ def plan_jsonl(path: Path, rows: int, empty: str) -> JsonPlan:
         batch += 1
     names = list(columns)
     if not names:
-        raise DataError(empty)
+        raise no_columns(where, what, count)
     as_text = frozenset(n for n, c in columns.items() if c.kinds - {None} == _NUMBERS_AND_STRINGS)
     errors = _first_errors(path, rows, columns)
     # rows_table: Arrow names the first column that fails; an error other than Arrow's (an int

@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import AfterValidator
 
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError
-from pdsr_sdk.io.json_rows import first_non_utf8, json_lines, not_utf8, rows_table
+from pdsr_sdk.io.json_rows import first_non_utf8, json_lines, no_columns, not_utf8, rows_table
 from pdsr_sdk.io.paths import labelled, resolve_inputs, user_path
 from pdsr_sdk.io.padding import pad_rows
 
@@ -72,7 +72,7 @@ def _read_file(path: Path, what: str, kind: str | None = None, setting: str | No
         raise DataError(f"{where}: the {what} file is empty")
     try:
         if kind == "jsonl":
-            table = _read_jsonl(path)
+            table = _read_jsonl(path, where, what)
         elif kind == "arrow":
             table = _read_arrow(path)
         elif kind == "csv":
@@ -125,10 +125,11 @@ def _read_csv(path: Path, delimiter: str) -> pa.Table:
                                                            strings_can_be_null=True, null_values=[""]))
 
 
-def _read_jsonl(path: Path) -> pa.Table:
+def _read_jsonl(path: Path, where: str, what: str) -> pa.Table:
     """JSON Lines, one object a line; a ``.json`` file may instead hold one array of objects. The columns are every
     object's keys (null where an object lacks one). A column mixing numbers and strings is read as strings; any
-    other mix of types is an error naming the line and column (:func:`~pdsr_sdk.io.json_rows.rows_table`)."""
+    other mix of types is an error naming the line and column (:func:`~pdsr_sdk.io.json_rows.rows_table`). A file
+    without a column (blank lines, an empty array, objects without keys) is an error naming ``where``."""
     if path.suffix.lower() == ".json" and _starts_array(path):
         try:
             items = json.loads(path.read_text(encoding="utf-8-sig"))
@@ -137,11 +138,15 @@ def _read_jsonl(path: Path) -> pa.Table:
         bad = next((i for i, item in enumerate(items) if not isinstance(item, dict)), None)
         if bad is not None:
             raise DataError(f"{path}: item {bad} of the array: expected a JSON object, got {type(items[bad]).__name__}")
+        if not any(items):
+            raise no_columns(where, what, len(items), array=True)
         return rows_table(items, path, lambda i: f"{path}: item {i} of the array")
     rows, linenos = [], []
     for lineno, row in json_lines(path):
         rows.append(row)
         linenos.append(lineno)
+    if not any(rows):
+        raise no_columns(where, what, len(rows))
     return rows_table(rows, path, lambda i: f"{path}:{linenos[i]}")
 
 

@@ -106,8 +106,8 @@ BAD = {
                                                              "large"),
     "a big int, then a string": ([{"a": 1}] * 4 + [{"a": 2**64}, {"a": "x"}], "cannot read input file as jsonl"),
     "an int a float cannot hold": ([{"a": 2**60}] * 4 + [{"a": 0.5}], ":5: column 'a' is a number here whose"),
-    "only blank lines": (["", "  "], "the input file is empty"),
-    "objects without keys only": ([{}, {}], "the input file is empty"),
+    "only blank lines": (["", "  "], "the input file has only blank lines"),
+    "objects without keys only": ([{}, {}], "the input file has no column: all 2 lines are {}"),
     "a late key's column mixing types": ([{"a": 1}] * 5 + [{"b": 1}, {"a": 1, "b": [1]}],
                                          ":7: column 'b' is a list here but a number at"),
 }

@@ -75,9 +75,10 @@ def test_a_leading_tilde_is_the_home_folder(tmp_path, monkeypatch):
 def test_an_empty_table_file_is_said_to_be_empty(tmp_path):
     """A zero-byte Parquet file, or a JSONL of blank lines, was 'cannot read ... Parquet file size is 0 bytes' or
     'missing column(s) ...; the file has: (no columns)'."""
-    for name, text in (("e.parquet", ""), ("e.jsonl", "\n\n"), ("e.csv", "")):
+    for name, text, said in (("e.parquet", "", "is empty"), ("e.csv", "", "is empty"),
+                             ("e.jsonl", "\n\n", "has only blank lines; expected a JSON object per line")):
         (tmp_path / name).write_text(text)
-        with pytest.raises(DataError, match=f"^--data {tmp_path / name}: the scoring input file is empty$"):
+        with pytest.raises(DataError, match=f"^--data {tmp_path / name}: the scoring input file {said}$"):
             read_table(tmp_path / name, ["prompt_token_ids"], what="scoring input", setting="--data")
 
 
@@ -88,7 +89,7 @@ def test_cli_table_inputs_name_their_flag(tmp_path, tiny_model_dir):
     (tmp_path / "blank.jsonl").write_text("\n")
     failed(invoke("score", "--model", tiny_model_dir, "--data", tmp_path / "blank.jsonl", "--out",
                   tmp_path / "s.parquet", "--max-tokens-per-mb", 64),
-           f"data (--data) {tmp_path / 'blank.jsonl'}: the scoring input file is empty")
+           f"data (--data) {tmp_path / 'blank.jsonl'}: the scoring input file has only blank lines")
     failed(invoke("rollout", "--quiet", "--model", tiny_model_dir, "--data", tmp_path / "gone-*.jsonl", "--out",
                   tmp_path / "o.parquet"),
            f"data.path (--data) {tmp_path / 'gone-*.jsonl'}: prompt file does not exist, nor does the pattern match")

@@ -110,3 +110,41 @@ def test_pdsr_trace_convert_keeps_rewards_the_first_line_lacks(tmp_path):
     groups = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(g["prompt_id"], g["lengths"], g.get("rewards")) for g in groups] == [("p0", [5, 7], [None, 1.0]),
                                                                                    ("p1", [3], [0.0])]
+
+
+NO_COLUMN = {   # (file name, text, what the error says after the path)
+    "zero bytes": ("in.jsonl", "", "the input file is empty"),
+    "blank lines only": ("in.jsonl", "\n  \n\n", "the input file has only blank lines; expected a JSON object per "
+                                                  "line"),
+    "objects without keys": ("in.jsonl", "{}\n{ }\n\n{}\n", "the input file has no column: all 3 lines are {}, an "
+                                                            "object without keys"),
+    "one object without keys": ("in.jsonl", "\n{}\n", "the input file has no column: its one line is {}, an object "
+                                                     "without keys"),
+    "an empty array": ("in.json", " [ ]\n", "the input file holds an empty array; expected an array of JSON objects"),
+    "an array of objects without keys": ("in.json", "[{}, {}]", "the input file has no column: all 2 objects of its "
+                                                                "array are {}, an object without keys"),
+}
+
+
+@pytest.mark.parametrize("case", NO_COLUMN)
+def test_a_file_without_a_column_says_which_kind_it_is(tmp_path, case):
+    """A zero-byte file, one of blank lines and one whose lines are all {} were each 'the input file is empty':
+    each has its own message naming the file (and the flag that gave it), read whole, streamed, or as a shard."""
+    name, text, said = NO_COLUMN[case]
+    path = tmp_path / name
+    path.write_text(text)
+    for read in (read_table, open_table_batches):
+        with pytest.raises(DataError) as caught:
+            read(path)
+        assert str(caught.value) == f"{path}: {said}"
+        with pytest.raises(DataError) as caught:
+            read(path, what="scoring input", setting="--data")
+        assert str(caught.value) == f"--data {path}: {said.replace('input', 'scoring input')}"
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    _write(folder / f"a{path.suffix}", [{"a": 1}])
+    shard = path.rename(folder / f"b{path.suffix}")
+    for read in (read_table, open_table_batches):
+        with pytest.raises(DataError) as caught:
+            read(folder, setting="--data")
+        assert str(caught.value) == f"{shard}: {said}"
