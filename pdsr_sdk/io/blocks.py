@@ -4,9 +4,10 @@ Parquet, Arrow IPC and JSONL inputs (one file, a folder of shards or a glob patt
 are streamed a few thousand rows at a time, with the columns, types and values that
 :func:`~pdsr_sdk.io.tables.read_table` gives for the whole input: Parquet by row groups, Arrow IPC's file format
 memory-mapped and its stream format (a Hugging Face dataset's ``save_to_disk`` files) a record batch at a time
-(a compressed record batch is decompressed whole), JSONL as :mod:`~pdsr_sdk.io.json_stream` says (read once more
-first, for the whole file's columns and types). The rest (CSV, a ``.json`` file holding one array, Feather V1, shards
-whose schemas differ) is read whole by ``read_table`` and handed out in batches, so callers need one path only.
+(a compressed record batch is decompressed whole), JSONL as :mod:`~pdsr_sdk.io.json_stream` says (parsed once,
+first, for the whole file's columns and types, its batches kept in a temporary file they are read from). The rest
+(CSV, a ``.json`` file holding one array, Feather V1, shards whose schemas differ) is read whole by ``read_table``
+and handed out in batches, so callers need one path only.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: s
                        setting: str | None = None) -> TableBatches:
     """``path`` (a file, a folder of shards or a glob pattern, as :func:`~pdsr_sdk.io.tables.read_table` reads)
     ready to read in batches, checking that ``columns`` exist (a DataError naming the missing ones and what the
-    file has). Parquet, Arrow IPC and JSONL of one schema are streamed (a JSONL file is read through once now, for
-    its types; its errors are read_table's); anything else is read whole now. ``setting``: the flag or config key
+    file has). Parquet, Arrow IPC and JSONL of one schema are streamed (a JSONL file is parsed now, for its types,
+    and its batches kept in a temporary file; its errors are read_table's); anything else is read whole now. ``setting``: the flag or config key
     that gave ``path``, named in the errors about the whole input."""
     path = user_path(path)
     files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)

@@ -10,14 +10,17 @@ column from the values up to the first boolean, float (a number written with a p
 items, object fields). :func:`plan_jsonl` reads the file once, a batch at a time, and keeps per column a value
 standing for the batches before (of the type inferred so far: ``0`` for int64, ``[0]`` for list<int64>,
 ``{"a": None}`` for struct<a: null>), which Arrow's inference counts as it would the rows it stands for. Each
-batch is converted to the type inferred up to it; the batches converted to another than the file's final type
-(an int column with a float on line 90,000) are converted once more to it, reading the file again up to the
-last of them. A column mixing numbers and strings is read as strings, numbers written as JSON writes them
-(``rows_table``'s rule, over the whole file).
+batch is converted to the type inferred up to it and kept, compressed, in a temporary file
+(:mod:`~pdsr_sdk.io.spill`); the batches converted to another than the file's final type (an int column with a
+float on line 90,000) are converted once more to it, reading the file again up to the last of them. A column
+mixing numbers and strings is read as strings, numbers written as JSON writes them (``rows_table``'s rule, over
+the whole file): its batches from the first that mixes them on are kept as text.
 A column that does not convert is the error ``rows_table`` gives, naming the file's line.
 
-Cost: one reading of the file to plan it (a second, partial one where a column's type changed), and one per
-:func:`jsonl_batches` call; memory holds a batch of rows.
+Cost: one reading and parsing of the file to plan it (a second, partial one where a column's type changed);
+:func:`jsonl_batches` reads the temporary file, no JSON, as often as it is called (and the file may change
+meanwhile: the batches are what was planned). Memory holds a batch of rows; the temporary file takes about a third
+of the JSONL's size for token ids.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.json_rows import column_misfit, json_lines, no_columns, value_kind
+from pdsr_sdk.io.spill import Segment, Spill
 
 #: the errors rows_table catches (it names the column and line); any other is raised as it is
 _CAUGHT = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
@@ -40,13 +44,24 @@ _NUMBERS_AND_STRINGS = {"a number", "a string"}
 
 @dataclass(frozen=True)
 class JsonPlan:
-    """How a JSONL file's lines become tables: the whole file's schema and rows, and the columns whose numbers
-    are written as text."""
+    """How a JSONL file's lines became tables: the whole file's schema and rows, and each batch's columns as the
+    plan converted them (kept in ``spill``)."""
 
     path: Path
     schema: pa.Schema
     num_rows: int
-    as_text: frozenset[str]
+    spill: Spill
+    batches: list[_Batch]
+
+
+@dataclass
+class _Batch:
+    """One batch of lines: its rows, first line, and where each column's array lies in the spill (none: null)."""
+
+    rows: int
+    first_line: int
+    segments: dict[str, Segment] = field(default_factory=dict)
+    unconverted: set[str] = field(default_factory=set)   #: columns with values that did not convert
 
 
 @dataclass
@@ -60,42 +75,58 @@ class _Column:
     error: Exception | None = None   #: why the values infer no type (a list beside a number)
     converted: list = field(default_factory=list)   #: (batch, type it was converted to, the error or None)
 
-    def add(self, values: list, batch: int) -> None:
+    def add(self, values: list, batch: int) -> pa.Array | None:
+        """Infer from ``values`` (batch ``batch``'s) and convert them: the array, None where they are all null or
+        do not convert. Once the column has mixed numbers and strings, the values as text (as the column is read
+        unless a value of another kind follows, which is an error)."""
         self.kinds.update(value_kind(v) for v in values)
-        if self.error is not None or all(v is None for v in values):   # nulls convert to any type, infer none
-            return
-        if not self.final:
+        if all(v is None for v in values):   # nulls convert to any type, infer none
+            return None
+        array = None
+        if self.error is None and not self.final:
             try:
                 self.type = pa.infer_type(self.before + values)
             except Exception as exc:  # noqa: BLE001 - kept, to be raised where read_table raises it
                 self.error = exc
-                return
-            self.final = any(isinstance(v, (bool, float, str)) for v in values)
-            self.before = [] if self.final else [_standing_for(self.type)]
-        self.converted.append((batch, self.type, _conversion_error(values, self.type)))
+            else:
+                self.final = any(isinstance(v, (bool, float, str)) for v in values)
+                self.before = [] if self.final else [_standing_for(self.type)]
+        if self.error is None:
+            array, error = _convert(values, self.type)
+            self.converted.append((batch, self.type, error))
+        if self.kinds - {None} == _NUMBERS_AND_STRINGS:
+            return pa.array(_as_text(values), pa.string())
+        return array
 
 
 def plan_jsonl(path: Path, rows: int, where: str, what: str) -> JsonPlan:
-    """Read ``path`` (a JSONL file) through, ``rows`` lines at a time, for its columns and their types. The error
-    :func:`~pdsr_sdk.io.tables.read_table` gives, where it gives one: a DataError naming the line, or the
-    exception it names the file with (an int beyond int64); one naming ``where`` (the file) and ``what`` (the
-    input) where the file has no column."""
+    """Read ``path`` (a JSONL file) through, ``rows`` lines at a time, for its columns and their types, keeping
+    each batch's columns in a spill. The error :func:`~pdsr_sdk.io.tables.read_table` gives, where it gives one: a
+    DataError naming the line, or the exception it names the file with (an int beyond int64); one naming ``where``
+    (the file) and ``what`` (the input) where the file has no column."""
     columns: dict[str, _Column] = {}   # every line's keys, in order of first appearance (rows_table's columns)
-    count = batch = 0
+    spill = Spill(where)
+    batches: list[_Batch] = []
     for chunk in _chunks(path, rows):
         for _, row in chunk:
             for name in row:
                 if name not in columns:   # a column first seen now: null on the lines before, which infer nothing
                     columns[name] = _Column()
+        batch = _Batch(len(chunk), chunk[0][0])
         for name, column in columns.items():
-            column.add([row.get(name) for _, row in chunk], batch)
-        count += len(chunk)
-        batch += 1
+            values = [row.get(name) for _, row in chunk]
+            array = column.add(values, len(batches))
+            if array is not None:
+                batch.segments[name] = spill.write(array)
+            elif any(v is not None for v in values):
+                batch.unconverted.add(name)
+        batches.append(batch)
     names = list(columns)
     if not names:
-        raise no_columns(where, what, count)
+        raise no_columns(where, what, sum(b.rows for b in batches))
     as_text = frozenset(n for n, c in columns.items() if c.kinds - {None} == _NUMBERS_AND_STRINGS)
-    errors = _first_errors(path, rows, columns)
+    types = {n: pa.string() if n in as_text else columns[n].type for n in names}
+    errors = _read_again(path, rows, columns, batches, types, as_text, spill)
     # rows_table: Arrow names the first column that fails; an error other than Arrow's (an int
     # beyond int64) is raised as it is; after Arrow's, it reads the columns mixing numbers and strings as strings
     # and tries again, then names the first column that still fails and its line.
@@ -110,24 +141,48 @@ def plan_jsonl(path: Path, rows: int, where: str, what: str) -> JsonPlan:
                 raise errors[name]
             raise column_misfit(((f"{path}:{lineno}", row.get(name)) for lineno, row in json_lines(path)), name,
                                 path)
-    types = [(n, pa.string() if n in as_text else columns[n].type) for n in names]
-    return JsonPlan(path, pa.schema(types), count, as_text)
+    for batch in batches:
+        for name in batch.unconverted:   # converted whole, read_table's table has it: read again, it does not
+            raise DataError(f"{path}:{batch.first_line}: column {name!r} does not convert to {types[name]} in the "
+                            f"{batch.rows} lines from here, though the file's column does: the file changed while "
+                            f"being read")
+    return JsonPlan(path, pa.schema(list(types.items())), sum(b.rows for b in batches), spill, batches)
 
 
-def _first_errors(path: Path, rows: int, columns: dict[str, _Column]) -> dict[str, Exception]:
-    """Each column's error converting it whole to its type (that of its first value that does not convert), if
-    any: batches converted to another type as the file was read are converted again (read again up to them)."""
-    again: dict[int, list[str]] = {}
+def _read_again(path: Path, rows: int, columns: dict[str, _Column], batches: list[_Batch],
+                types: dict[str, pa.DataType], as_text: frozenset[str], spill: Spill) -> dict[str, Exception]:
+    """Each column's error converting it whole to its inferred type (that of its first value that does not
+    convert), if any. The batches converted to another type than the file's (``types``) as it was read are read
+    again, up to the last of them, and converted to it: the errors at the inferred type, the arrays (kept) at the
+    file's."""
+    errors_again: dict[int, list[str]] = {}
+    arrays_again: dict[int, list[str]] = {}
     for name, column in columns.items():
         for index, typ, _ in column.converted:
             if column.error is None and typ != column.type:
-                again.setdefault(index, []).append(name)
+                errors_again.setdefault(index, []).append(name)
+    for index, batch in enumerate(batches):
+        for name, segment in batch.segments.items():
+            if segment.type != types[name]:
+                arrays_again.setdefault(index, []).append(name)
+        if batch.unconverted:
+            arrays_again.setdefault(index, []).extend(batch.unconverted)
     redone: dict[tuple[str, int], Exception | None] = {}
-    if again:
-        last = max(again)
+    if errors_again or arrays_again:
+        last = max(errors_again.keys() | arrays_again.keys())
         for index, chunk in enumerate(_chunks(path, rows)):
-            for name in again.get(index, ()):
-                redone[name, index] = _conversion_error([row.get(name) for _, row in chunk], columns[name].type)
+            batch = batches[index] if index < len(batches) else None
+            if batch is None or (batch.rows, batch.first_line) != (len(chunk), chunk[0][0]):
+                raise DataError(f"{path}:{chunk[0][0]}: the file changed while being read")
+            for name in dict.fromkeys(errors_again.get(index, []) + arrays_again.get(index, [])):
+                values = [row.get(name) for _, row in chunk]
+                if name in errors_again.get(index, ()):
+                    redone[name, index] = _convert(values, columns[name].type)[1]
+                if name in arrays_again.get(index, ()):
+                    array, _ = _convert(_as_text(values) if name in as_text else values, types[name])
+                    if array is not None:   # else an error of the column, raised by plan_jsonl
+                        batch.segments[name] = spill.write(array)
+                        batch.unconverted.discard(name)
             if index == last:
                 break
     errors: dict[str, Exception] = {}
@@ -145,20 +200,29 @@ def _first_errors(path: Path, rows: int, columns: dict[str, _Column]) -> dict[st
 
 def jsonl_batches(plan: JsonPlan, columns: Sequence[str] | None, rows: int) -> Iterator[pa.Table]:
     """The file's rows in tables of at most ``rows`` rows (only ``columns``, when given), as :func:`plan_jsonl`
-    planned them."""
+    converted them."""
     fields = [plan.schema.field(n) for n in (columns if columns is not None else plan.schema.names)]
     schema = pa.schema(fields)
-    for chunk in _chunks(plan.path, rows):
-        arrays = []
-        for f in fields:
-            values = [row.get(f.name) for _, row in chunk]
-            try:
-                arrays.append(pa.array(_as_text(values) if f.name in plan.as_text else values, type=f.type))
-            except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
-                raise DataError(f"{plan.path}:{chunk[0][0]}-{chunk[-1][0]}: column {f.name!r} no longer converts "
-                                f"to {f.type}, as it did when the file was first read: the file changed while "
-                                f"being read ({exc})") from None
-        yield pa.Table.from_arrays(arrays, schema=schema)
+    held: list[pa.Table] = []
+    count = 0
+    for batch in plan.batches:
+        table = pa.Table.from_arrays([plan.spill.read(batch.segments[f.name]) if f.name in batch.segments
+                                      else pa.nulls(batch.rows, f.type) for f in fields], schema=schema)
+        start = 0
+        while start < table.num_rows:
+            take = min(rows - count, table.num_rows - start)
+            held.append(table.slice(start, take))
+            count += take
+            start += take
+            if count == rows:
+                yield _joined(held)
+                held, count = [], 0
+    if held:
+        yield _joined(held)
+
+
+def _joined(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
 
 
 def _chunks(path: Path, rows: int) -> Iterator[list[tuple[int, dict[str, Any]]]]:
@@ -172,12 +236,11 @@ def _chunks(path: Path, rows: int) -> Iterator[list[tuple[int, dict[str, Any]]]]
         yield chunk
 
 
-def _conversion_error(values: list, typ: pa.DataType) -> Exception | None:
+def _convert(values: list, typ: pa.DataType) -> tuple[pa.Array | None, Exception | None]:
     try:
-        pa.array(values, type=typ)
-        return None
+        return pa.array(values, type=typ), None
     except Exception as exc:  # noqa: BLE001 - kept, to be raised where read_table raises it
-        return exc
+        return None, exc
 
 
 def _as_text(values: list) -> list:
