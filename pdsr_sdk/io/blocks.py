@@ -1,13 +1,14 @@
 """Reading a table a batch of rows at a time, so that memory holds a batch, not the file.
 
-Parquet, Arrow IPC and JSONL inputs (one file, a folder of shards or a glob pattern of them, all of one schema)
-are streamed a few thousand rows at a time, with the columns, types and values that
+Parquet, Arrow IPC and JSONL inputs (one file, a folder of shards or a glob pattern of them; shards whose columns
+differ as the union of their columns, null where a shard lacks one or has nulls only, as read_table concatenates
+them) are streamed a few thousand rows at a time, with the columns, types and values that
 :func:`~pdsr_sdk.io.tables.read_table` gives for the whole input: Parquet by row groups, Arrow IPC's file format
 memory-mapped and its stream format (a Hugging Face dataset's ``save_to_disk`` files) a record batch at a time
 (a compressed record batch is decompressed whole), JSONL as :mod:`~pdsr_sdk.io.json_stream` says (parsed once,
 first, for the whole file's columns and types, its batches kept in a temporary file they are read from). The rest
-(CSV, a ``.json`` file holding one array, Feather V1, shards whose schemas differ) is read whole by ``read_table``
-and handed out in batches, so callers need one path only.
+(CSV, a ``.json`` file holding one array, Feather V1) is read whole by ``read_table`` and handed out in batches,
+so callers need one path only; shards whose types differ are read_table's error.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class TableBatches:
     table: pa.Table | None = None
     kind: str = "parquet"        #: the streamed files' format: parquet, arrow or jsonl
     plans: list[JsonPlan] = field(default_factory=list)   #: a JSONL file's columns, one per file
+    file_schemas: list[pa.Schema] = field(default_factory=list)   #: each streamed file's own schema
 
     @property
     def streamed(self) -> bool:
@@ -51,22 +53,29 @@ class TableBatches:
             for start in range(0, table.num_rows, rows):
                 yield table.slice(start, rows)
             return
-        names = list(columns) if columns is not None else None
-        if self.kind == "jsonl":
-            for plan in self.plans:
-                yield from jsonl_batches(plan, names, rows)
-            return
-        for file in self.files:
-            yield from (_ipc_batches if self.kind == "arrow" else _parquet_batches)(file, names, rows)
+        fields = [self.schema.field(n) for n in (columns if columns is not None else self.schema.names)]
+        for index, (file, own) in enumerate(zip(self.files, self.file_schemas)):
+            # a shard without some of the columns (or null throughout one) is read for those it has (at least one,
+            # for its rows), the rest null, as read_table's concatenation makes them
+            names = [f.name for f in fields if f.name in own.names] or own.names[:1]
+            if self.kind == "jsonl":
+                read = jsonl_batches(self.plans[index], names, rows)
+            else:
+                read = (_ipc_batches if self.kind == "arrow" else _parquet_batches)(file, names, rows)
+            for batch in read:
+                fits = batch.column_names == [f.name for f in fields] and \
+                    all(batch.schema.field(f.name).type == f.type for f in fields)
+                yield batch if fits else _conformed(batch, fields, self.schema.metadata)
 
 
 def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: str = "input",
                        setting: str | None = None) -> TableBatches:
     """``path`` (a file, a folder of shards or a glob pattern, as :func:`~pdsr_sdk.io.tables.read_table` reads)
     ready to read in batches, checking that ``columns`` exist (a DataError naming the missing ones and what the
-    file has). Parquet, Arrow IPC and JSONL of one schema are streamed (a JSONL file is parsed now, for its types,
-    and its batches kept in a temporary file; its errors are read_table's); anything else is read whole now. ``setting``: the flag or config key
-    that gave ``path``, named in the errors about the whole input."""
+    file has). Parquet, Arrow IPC and JSONL are streamed, shards whose columns differ as their union (a JSONL file
+    is parsed now, for its types, and its batches kept in a temporary file; its errors are read_table's); anything
+    else is read whole now. ``setting``: the flag or config key that gave ``path``, named in the errors about the
+    whole input."""
     path = user_path(path)
     files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
     kind = FORMATS.get(files[0].suffix.lower(), "parquet")   # a single file of another name is read as Parquet
@@ -80,15 +89,36 @@ def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: s
         opened = _parquet_files(files, what)
     else:
         opened = None
-    schema = opened[0][0] if opened and all(s.equals(opened[0][0]) for s, _ in opened[1:]) else None
-    if schema is None:   # read_table unifies the schemas, or names why not
+    schema = _one_schema([s for s, _ in opened]) if opened else None
+    if schema is None:   # read_table names why the schemas do not unify
         table = read_table(path, columns, what=what, setting=setting)
         return TableBatches(path, table.schema, table.num_rows, [], table)
     missing = [c for c in columns if c not in schema.names]
     if missing:
         raise DataError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
                         f"the file has: {', '.join(schema.names) or '(no columns)'}")
-    return TableBatches(path, schema, sum(rows for _, rows in opened or ()), files, kind=kind, plans=plans)
+    return TableBatches(path, schema, sum(rows for _, rows in opened or ()), files, kind=kind, plans=plans,
+                        file_schemas=[s for s, _ in opened or ()])
+
+
+def _one_schema(schemas: list[pa.Schema]) -> pa.Schema | None:
+    """The shards' schema as read_table's concatenation makes it: theirs where they have one, else their union (the
+    columns in order of first appearance across the shards; a column missing from a shard, or null throughout it,
+    is null there); None where they do not unify (read_table names why)."""
+    if all(s.equals(schemas[0]) for s in schemas[1:]):
+        return schemas[0]
+    try:
+        return pa.unify_schemas(schemas, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+
+
+def _conformed(batch: pa.Table, fields: list[pa.Field], metadata) -> pa.Table:
+    """``batch`` of a shard with the columns ``fields`` of the union: null where the shard lacks one or has nulls
+    only."""
+    arrays = [batch.column(f.name) if f.name in batch.column_names and batch.schema.field(f.name).type == f.type
+              else pa.nulls(batch.num_rows, f.type) for f in fields]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
 # ------------------------------------------------------------------ Parquet

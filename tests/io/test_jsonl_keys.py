@@ -148,3 +148,70 @@ def test_a_file_without_a_column_says_which_kind_it_is(tmp_path, case):
         with pytest.raises(DataError) as caught:
             read(folder, setting="--data")
         assert str(caught.value) == f"{shard}: {said}"
+
+
+def _shards(folder, write, shards):
+    folder.mkdir()
+    for i, rows in enumerate(shards):
+        write(folder / f"part-{i}", rows)
+    return folder
+
+
+def _jsonl_shard(path, rows):
+    _write(path.with_suffix(".jsonl"), rows)
+
+
+def _parquet_shard(path, rows):
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path.with_suffix(".parquet"), row_group_size=2)
+
+
+def _arrow_shard(path, rows):
+    import pyarrow.feather as feather
+
+    feather.write_feather(pa.Table.from_pylist(rows), path.with_suffix(".arrow"), chunksize=2)
+
+
+#: shards whose optional keys differ: the columns are the union in order of first appearance across the shards
+SHARDS = [
+    [{"prompt": "a", "reward": 1.0}, {"prompt": "b", "reward": 0.0}, {"prompt": "c", "reward": 1.0}],
+    [{"prompt": "d", "ground_truth": "4", "reward": 0.5}],
+    [{"reward": 1.0, "prompt": "e", "extra": {"turn": 1}}, {"reward": None, "prompt": "f", "extra": None}] * 3,
+    [{"prompt": "g", "ground_truth": None, "reward": 0.0}],
+]
+UNION = ["prompt", "reward", "ground_truth", "extra"]
+
+
+@pytest.mark.parametrize("write", [_jsonl_shard, _parquet_shard, _arrow_shard], ids=["jsonl", "parquet", "arrow"])
+def test_shards_whose_keys_differ_are_streamed_as_their_union(tmp_path, monkeypatch, write):
+    """A folder (or pattern) of shards that differ in optional keys was read whole: it is streamed, each batch with
+    the union's columns, null where its shard lacks one (or has nulls only), the table read_table gives."""
+    folder = _shards(tmp_path / "shards", write, SHARDS)
+    whole = read_table(folder)
+    assert whole.column_names == UNION
+    expected = [{k: row.get(k) for k in UNION} for shard in SHARDS for row in shard]
+    assert whole.to_pylist() == expected   # the reference: the union, filled in
+    from pdsr_sdk.io import blocks
+
+    monkeypatch.setattr(blocks, "read_table", lambda *a, **k: pytest.fail("the shards were read whole"))
+    suffix = next(folder.iterdir()).suffix
+    for given in (folder, tmp_path / "shards" / f"part-*{suffix}"):
+        source = open_table_batches(given)
+        assert source.streamed and source.schema.equals(whole.schema) and source.num_rows == len(expected)
+        parts = list(source.batches(rows=2))
+        assert all(p.schema.equals(whole.schema, check_metadata=True) for p in parts)
+        assert pa.concat_tables(parts).equals(whole)
+        some = pa.concat_tables(source.batches(["ground_truth", "reward"], rows=4))   # shard 0 has no ground truth
+        assert some.equals(whole.select(["ground_truth", "reward"]))
+        only = pa.concat_tables(source.batches(["extra"]))   # shards 0, 1 and 3 have none of the columns asked for
+        assert only.num_rows == len(expected) and only.column("extra").to_pylist() == [r["extra"] for r in expected]
+
+
+def test_shards_of_differing_types_are_still_refused_with_read_tables_words(tmp_path):
+    folder = _shards(tmp_path / "shards", _jsonl_shard, [[{"a": 1, "b": "x"}], [{"b": "y", "a": 0.5}]])
+    with pytest.raises(DataError) as whole:
+        read_table(folder)
+    with pytest.raises(DataError) as streamed:
+        open_table_batches(folder)
+    assert str(streamed.value) == str(whole.value) and "its files do not share one schema" in str(whole.value)
