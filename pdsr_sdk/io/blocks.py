@@ -1,8 +1,7 @@
 """Reading a table a batch of rows at a time, so that memory holds a batch, not the file.
 
 Parquet, Arrow IPC and JSONL inputs (one file, a folder of shards or a glob pattern of them; shards whose columns
-differ as the union of their columns, null where a shard lacks one or has nulls only, as read_table concatenates
-them) are streamed a few thousand rows at a time, with the columns, types and values that
+differ as the union of their columns, null where a shard lacks one, as read_table concatenates them) are streamed a few thousand rows at a time, with the columns, types and values that
 :func:`~pdsr_sdk.io.tables.read_table` gives for the whole input: Parquet by row groups, Arrow IPC's file format
 memory-mapped and its stream format (a Hugging Face dataset's ``save_to_disk`` files) a record batch at a time
 (a compressed record batch is decompressed whole), JSONL as :mod:`~pdsr_sdk.io.json_stream` says (parsed once,
@@ -23,7 +22,7 @@ from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.json_rows import first_non_utf8, not_utf8
 from pdsr_sdk.io.json_stream import JsonPlan, jsonl_batches, plan_jsonl
 from pdsr_sdk.io.paths import labelled, resolve_inputs, user_path
-from pdsr_sdk.io.tables import FORMATS, SAVE_TO_DISK_METADATA, json_array_file, read_table
+from pdsr_sdk.io.tables import FORMATS, SAVE_TO_DISK_METADATA, conformed, json_array_file, read_table
 
 #: rows per batch read from a file
 BATCH_ROWS = 4096
@@ -54,6 +53,7 @@ class TableBatches:
                 yield table.slice(start, rows)
             return
         fields = [self.schema.field(n) for n in (columns if columns is not None else self.schema.names)]
+        wanted = pa.schema(fields, metadata=self.schema.metadata)
         for index, (file, own) in enumerate(zip(self.files, self.file_schemas)):
             # a shard without some of the columns (or null throughout one) is read for those it has (at least one,
             # for its rows), the rest null, as read_table's concatenation makes them
@@ -63,9 +63,8 @@ class TableBatches:
             else:
                 read = (_ipc_batches if self.kind == "arrow" else _parquet_batches)(file, names, rows)
             for batch in read:
-                fits = batch.column_names == [f.name for f in fields] and \
-                    all(batch.schema.field(f.name).type == f.type for f in fields)
-                yield batch if fits else _conformed(batch, fields, self.schema.metadata)
+                fits = batch.column_names == wanted.names and batch.schema.types == wanted.types
+                yield batch if fits else conformed(batch, wanted)
 
 
 def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: str = "input",
@@ -111,14 +110,6 @@ def _one_schema(schemas: list[pa.Schema]) -> pa.Schema | None:
         return pa.unify_schemas(schemas, promote_options="default")
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
-
-
-def _conformed(batch: pa.Table, fields: list[pa.Field], metadata) -> pa.Table:
-    """``batch`` of a shard with the columns ``fields`` of the union: null where the shard lacks one or has nulls
-    only."""
-    arrays = [batch.column(f.name) if f.name in batch.column_names and batch.schema.field(f.name).type == f.type
-              else pa.nulls(batch.num_rows, f.type) for f in fields]
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
 # ------------------------------------------------------------------ Parquet

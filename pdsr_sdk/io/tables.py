@@ -95,11 +95,43 @@ def _read_file(path: Path, what: str, kind: str | None = None, setting: str | No
 
 
 def _concat(tables: list[pa.Table], where: str) -> pa.Table:
-    """Shards as one table; ``where`` names the folder or pattern."""
+    """Shards as one table; ``where`` names the folder or pattern. Their columns are the union of theirs (in order of
+    first appearance), a column a shard lacks null there (Arrow's "default" promotion)."""
     try:
-        return pa.concat_tables(tables, promote_options="default")
+        schema = pa.unify_schemas([t.schema for t in tables], promote_options="default")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise DataError(f"{where}: its files do not share one schema: {exc}") from None
+    return pa.concat_tables([conformed(t, schema) for t in tables])
+
+
+def conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` (a shard) with the columns of ``schema``, the shards' union (:func:`pyarrow.unify_schemas`, default
+    promotion): a column the shard lacks is null; one whose type has nulls where the union's has not (null,
+    list<null>, an object without some of the union's fields) is cast."""
+    columns = []
+    for f in schema:
+        if f.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        column = table.column(f.name)
+        if column.type == f.type:
+            columns.append(column)
+        elif _null_inside(column.type):
+            # pyarrow (26) casts a list<null> inside an object to an invalid array (its child's length is the
+            # object's): converted from Python instead, slower, for such a column only
+            columns.append(pa.array(column.to_pylist(), type=f.type))
+        else:
+            columns.append(column.cast(f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _null_inside(typ: pa.DataType) -> bool:
+    """Whether a nested type holds the null type (list<null>, struct<a: list<null>>)."""
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return pa.types.is_null(typ.value_type) or _null_inside(typ.value_type)
+    if pa.types.is_struct(typ):
+        return any(pa.types.is_null(f.type) or _null_inside(f.type) for f in typ)
+    return False
 
 
 def _read_arrow(path: Path) -> pa.Table:

@@ -169,6 +169,13 @@ def test_random_files_read_as_read_table_reads_them(tmp_path, seed):
             names = [name for name in rng.sample(list(run), len(run)) if rng.random() >= absent[name]]
             rows.append({name: _random_value(rng, run[name]) for name in names})
     _same_as_whole(_lines(tmp_path / "in.jsonl", rows), rows=rng.randrange(1, 5))
+    # the same rows cut into shards (each its own types; a key some shards lack): the folder's table or error too
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    cuts = sorted(rng.sample(range(1, len(rows)), min(len(rows) - 1, rng.randrange(3))))
+    for i, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(rows)])):
+        _lines(folder / f"{i}.jsonl", rows[start:end])
+    _same_as_whole(folder, rows=rng.randrange(1, 5))
 
 
 def test_shards_and_a_json_array(tmp_path, monkeypatch):

@@ -215,3 +215,19 @@ def test_shards_of_differing_types_are_still_refused_with_read_tables_words(tmp_
     with pytest.raises(DataError) as streamed:
         open_table_batches(folder)
     assert str(streamed.value) == str(whole.value) and "its files do not share one schema" in str(whole.value)
+
+
+def test_shards_whose_objects_differ_around_a_list_of_nulls(tmp_path):
+    """pyarrow's concatenation of shards whose objects have different fields, one a list of nulls (a field whose
+    lists hold only nulls in its shard), made an invalid table (reading it raised IndexError): read whole or
+    streamed, the table holds what the lines say."""
+    folder = _shards(tmp_path / "shards", _jsonl_shard, [[{"d": {"x": -1.25, "y": [None, None]}}, {"d": {"y": []}}],
+                                                         [{"d": {"z": 0.5}}]])
+    expected = [{"d": {"x": -1.25, "y": [None, None], "z": None}}, {"d": {"x": None, "y": [], "z": None}},
+                {"d": {"x": None, "y": None, "z": 0.5}}]
+    whole = read_table(folder)
+    whole.validate(full=True)
+    assert whole.to_pylist() == expected
+    streamed, _ = _streamed(folder)
+    streamed.validate(full=True)
+    assert streamed.equals(whole) and streamed.to_pylist() == expected
