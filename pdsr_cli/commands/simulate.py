@@ -11,10 +11,8 @@ import click
 from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, cli_progress,
                              config_option, deprecated_flag, format_table, handle_errors, parse_policy_sets,
                              policy_option, policy_set_option, quiet_option, step_stream_options, UserPathType)
-
-#: counter columns of the side-by-side table, left out when every policy's is zero (simulate.json has them all)
-COUNTER_COLUMNS = ("probes", "offloads", "breaks", "moves", "steals", "restarts", "wasted", "trunc", "preempt")
-
+from pdsr_cli.commands.simulate_notes import (COUNTER_COLUMNS, batch_words, cost_words, fastest_words, steady_words,
+                                              table_notes, trainer_words)
 
 @click.group("simulate", invoke_without_command=True)
 @click.option("--trace", "trace", type=UserPathType(dir_okay=False, path_type=Path), default=None,
@@ -178,27 +176,14 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     if cfg.out_dir is not None:
         write_outputs(report, cfg.out_dir)
     tb = report.batches
-    click.echo(f"{cfg.trace}: {tb.num_groups} groups, {tb.num_samples} samples in {_batch_words(tb, cfg)}; "
+    click.echo(f"{cfg.trace}: {tb.num_groups} groups, {tb.num_samples} samples in {batch_words(tb, cfg)}; "
                f"engines: {cfg.fast} fast ({cfg.profiles.fast.max_num_seqs} seqs), "
                f"{cfg.heavy} heavy ({cfg.profiles.heavy.max_num_seqs} seqs)"
                + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else "")
-               + _cost_words(cfg))
+               + cost_words(cfg))
     rows = report.rows()
     click.echo(format_table(rows, hide_empty=COUNTER_COLUMNS))
-    sim_s = sum(r.wall_s for r in report.runs)
-    shown = set(rows[0]) if rows else set()
-    words = [w for col, w in (
-        ("vs_base", "vs_base = makespan / baseline's"),
-        ("bound_s", "bound = max(work / engines, longest sample alone) per batch"),
-        ("of_oracle", "of_oracle, of_probe = (baseline - policy) / (baseline - reference) for oracle and "
-                      "oracle-probe, n/a when the reference gains under 1% of baseline"),
-        ("tail", "tail = share of the makespan after 90% of each batch's samples finished"),
-        ("env_slot", "env_slot = share of slot-time held by samples waiting on their environment, baseline-hold = "
-                     "baseline keeping each slot through the wait")) if col in shown]
-    if any(row.get("trunc") for row in rows):
-        words.append("trunc = responses a policy's cap cut short (v1's fast_max_tokens): its makespan and bound "
-                     "are of shorter responses than the others', not comparable")
-    click.echo("(" + "; ".join(words + [f"simulated in {sim_s:.2f} s"]) + ")")
+    click.echo(table_notes(rows, sum(r.wall_s for r in report.runs)))
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
 
@@ -212,28 +197,6 @@ def _beside_baseline(cfg):
     if cfg.references is None and len(names) == 1 and names[0] != "baseline" and names[0] not in reference_policies():
         return cfg.model_copy(update={"policy": f"baseline,{cfg.policy}", "references": False})
     return cfg
-
-
-def _cost_words(cfg) -> str:
-    """Says when the seconds are the cost model's illustrative defaults (no pool's costs given)."""
-    from pdsr_sdk.sim.config import COST_KEYS, EngineProfile
-
-    default = EngineProfile()
-    if all(getattr(p, k) == getattr(default, k) for p in (cfg.profiles.fast, cfg.profiles.heavy) for k in COST_KEYS):
-        return "; seconds from the illustrative cost model (--profile gives measured ones; ratios are what to read)"
-    return ""
-
-
-def _batch_words(tb, cfg) -> str:
-    """How the trace was cut into batches, saying where a batch is short or fewer ran than --num-batches asked."""
-    sizes = [len(b) for b in tb.batches]
-    words = f"{len(sizes)} batch(es) of {cfg.batch_size} prompts"
-    if sizes[-1] < cfg.batch_size:
-        words += (f" (the last has {sizes[-1]}: the trace ran out)" if len(sizes) > 1
-                  else f" (the trace holds only {sizes[0]} groups: one short batch)")
-    if cfg.num_batches is not None and len(sizes) < cfg.num_batches:
-        words += f"; --num-batches asked for {cfg.num_batches}, the trace holds {len(sizes)}"
-    return words
 
 
 def with_profile_verify_cost(spec: dict, profile: dict) -> dict:
@@ -258,15 +221,15 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                f"{cfg.max_staleness if cfg.max_staleness is not None else 'none'}; engines: {cfg.fast} fast, "
                f"{cfg.heavy} heavy; " + ("verl's DAPO recipe (batches of 3 x B, filtered, up to 10 a step) step"
                                          if cfg.filter_groups is not None else "on-policy baseline step")
-               + f" {report.baseline_step_s:.4g} s" + _trainer_words(cfg)
+               + f" {report.baseline_step_s:.4g} s" + trainer_words(cfg)
                + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
                   else "; restarted samples replay their recorded lengths")
-               + ("; KV kept across updates" if cfg.kv_on_update == "keep" else "") + _cost_words(cfg))
+               + ("; KV kept across updates" if cfg.kv_on_update == "keep" else "") + cost_words(cfg))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))
     click.echo(format_table(report.rows()))
-    click.echo("(step_s: mean of steps 3 to K-1; ratio = step_s / on-policy step; token_ratio = tokens the steps "
+    click.echo("(" + steady_words(cfg.steps) + "; ratio = step_s / on-policy step; token_ratio = tokens the steps "
                "consumed / the trace's lengths of the same groups (below 1: restarts swapped long responses for "
                "shorter fresh draws), "
                "per_token = ratio / token_ratio; vs_bound = step_s / the work "
@@ -280,7 +243,7 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                   "share of the run's time with a step running, prefill = share of that spent prefilling, lane = "
                   "kept light for long samples" if len(report.runs) == 1 else "; per engine: steps.json") + ")")
     if cfg.max_partial_share is not None:
-        click.echo(_fastest_words(report))
+        click.echo(fastest_words(report))
     if cfg.out_dir is not None:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))
@@ -288,39 +251,6 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
             report.plots.append(str(write_steps_timeline(report, cfg.out_dir / "timeline.png")))
         write_text_atomic(json.dumps(report.to_dict(), indent=2) + "\n", cfg.out_dir / "steps.json")
         click.echo(f"wrote {cfg.out_dir / 'steps.json'}" + "".join(f"\nwrote {p}" for p in report.plots))
-
-
-def _fastest_words(report) -> str:
-    budget = report.cfg.max_partial_share
-    pick = report.fastest_within()
-    floor = (f"\nfloor: no schedule of these engines in equal steps goes below {report.floor_s:.4g} s = "
-             f"{report.floor_ratio:.3f}x within {budget:.1%} partial tokens (steps.json's floor_s)"
-             if report.floor_ratio is not None else "")
-    if pick is None:
-        return f"no over-provision kept the partial share within {budget:.1%}" + floor
-    return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "
-            f"flight), steady step "
-            f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
-            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} version{'' if pick.max_age == 1 else 's'} old; "
-            f"per consumed token "
-            f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + _carried_words(pick) + floor)
-
-
-def _carried_words(run) -> str:
-    made = run.carried_made_before
-    if made is None:
-        return ""
-    per_step = run.carried_responses / len(run.steps)
-    return (f"\nits partial tokens: {per_step:.3g} responses a step crossed an update, {made:.0%} of their tokens "
-            f"made before it")
-
-
-def _trainer_words(cfg) -> str:
-    if not cfg.trained:
-        return ""
-    how = "pipelined" if cfg.pipeline else "synchronous"
-    return (f"; {how} trainer {cfg.trainer_s:g} s a step, weight load {cfg.weight_update_s:g} s (in the on-policy "
-            f"step too)")
 
 
 def write_outputs(report, out_dir: Path) -> None:
