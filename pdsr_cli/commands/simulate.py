@@ -286,7 +286,17 @@ def calibrate_cmd(trajectories, out, overwrite, block_size, iterations, shared, 
     Each segment's duration is modelled as the sum of its steps' times (c0 + c1*running +
     c2*context tokens, plus prefill of requests joining); the engines' batches over time are
     rebuilt from all segments; a non-negative least-squares fit alternates with re-estimating how
-    many steps fell in each interval. Writes {fast: {...}, heavy: {...}} for --profile.
+    many steps fell in each interval. Writes {fast: {...}, heavy: {...}} for --profile, with each
+    pool's max_num_seqs and KV capacity from the run's summary (the .summary.json beside the file).
+
+    It measures the engines the run ran on: a run on this machine's CPU gives a CPU profile. For GPUs
+    not at hand, write the profile's keys yourself (seconds and tokens; docs/simulate.md, and
+    bench/data/profile-h100-7b.yaml: a 7B model on one H100, each number's source beside it).
+
+    Prints per pool: the segments fitted (spans) and the outliers left out, its engines, the fitted
+    costs in seconds (c0_s a step, c1_s_per_seq per running sequence, c2_s_per_token per context
+    token, prefill_s_per_token), and how well they predict the spans' durations (r2, and median_err,
+    the median relative error); under R^2 0.5 or over 25% a warning says the profile predicts little.
 
     From a run with speculation (`pdsr rollout --speculative ...`: each segment records its drafted and
     accepted tokens) a segment took fewer steps than tokens, and a step costs more per drafted token it

@@ -74,3 +74,24 @@ def test_step_s_is_the_mean_of_the_steps_the_note_names(tmp_path):
         step_s = float(summary[0][header.index("step_s")])
         assert abs(step_s - statistics.mean(times[window])) <= 1e-3 * step_s + 1e-3, (steps, times, step_s)
         assert any(line.startswith("(" + words) for line in lines), (steps, lines[-1][:120])
+
+
+def test_calibrate_help_says_what_it_measures_and_names_every_column_it_prints(tmp_path):
+    import pyarrow.parquet as pq
+
+    from pdsr_sdk.sim.config import SimulateConfig
+    from pdsr_sdk.sim.driver import simulate, trajectories_table
+
+    rep = simulate(small_trace(groups=16), SimulateConfig(policy="baseline", fast=1, heavy=1, batch_size=16,
+                                                          timeline=False), keep_groups=True)
+    traj = tmp_path / "run.parquet"
+    pq.write_table(trajectories_table(rep.runs[0].groups), traj)
+    result = CliRunner().invoke(cli, ["simulate", "calibrate", "--trajectories", str(traj), "--out",
+                                      str(tmp_path / "p.yaml")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    header = result.output.splitlines()[0].split()
+    assert header[:2] == ["pool", "spans"]
+    help_text = " ".join(CliRunner().invoke(cli, ["simulate", "calibrate", "--help"]).output.split())
+    assert [c for c in header if c not in help_text] == []
+    assert "a run on this machine's CPU gives a CPU profile" in help_text
+    assert "bench/data/profile-h100-7b.yaml" in help_text
