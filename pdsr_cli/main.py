@@ -59,6 +59,20 @@ class LazyGroup(click.Group):
         ctx.meta[ARGV] = list(args)   # the answers below read it: click's errors keep no command line
         return super().parse_args(ctx, args)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:   # `pdsr calibrate`: a subcommand of one of ours, named without its group
+            groups = [group for group in self.list_commands(ctx) if args and self._has_subcommand(ctx, group, args[0])]
+            if not groups:
+                raise
+            where = " or ".join(f"`pdsr {group} {args[0]}`" for group in groups)
+            raise click.UsageError(f"No such command {args[0]!r}; it is {where}.", ctx) from exc
+
+    def _has_subcommand(self, ctx: click.Context, group: str, name: str) -> bool:
+        command = self.get_command(ctx, group)
+        return isinstance(command, click.Group) and name in command.list_commands(ctx)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
