@@ -176,7 +176,8 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     if cfg.out_dir is not None:
         write_outputs(report, cfg.out_dir)
     tb = report.batches
-    click.echo(f"{cfg.trace}: {tb.num_groups} groups, {tb.num_samples} samples in {batch_words(tb, cfg)}; "
+    click.echo(f"{cfg.trace}: {tb.num_groups} group{'' if tb.num_groups == 1 else 's'}, {tb.num_samples} samples in "
+               f"{batch_words(tb, cfg)}; "
                f"engines: {cfg.fast} fast ({cfg.profiles.fast.max_num_seqs} seqs), "
                f"{cfg.heavy} heavy ({cfg.profiles.heavy.max_num_seqs} seqs)"
                + (f"; {tb.zero_length_samples} zero-length samples run as 1 token" if tb.zero_length_samples else "")

@@ -75,7 +75,7 @@ def batch_words(tb, cfg) -> str:
     words = f"{len(sizes)} batch(es) of {cfg.batch_size} prompts"
     if sizes[-1] < cfg.batch_size:
         words += (f" (the last has {sizes[-1]}: the trace ran out)" if len(sizes) > 1
-                  else f" (the trace holds only {sizes[0]} groups: one short batch)")
+                  else f" (the trace holds only {sizes[0]} group{'' if sizes[0] == 1 else 's'}: one short batch)")
     if cfg.num_batches is not None and len(sizes) < cfg.num_batches:
         words += f"; --num-batches asked for {cfg.num_batches}, the trace holds {len(sizes)}"
     return words

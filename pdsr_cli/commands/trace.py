@@ -187,7 +187,8 @@ def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None
     shape = f"{sizes[0]} samples each" if trace.is_rectangular else f"{sizes.min()}..{sizes.max()} samples"
     extras = [k for k, v in (("durations", trace.durations_s), ("finish reasons", trace.finish_reasons),
                              ("rewards", trace.rewards), ("turns", trace.turns)) if v is not None]
-    click.echo(f"wrote {out}: {trace.num_groups} groups, {shape}, {trace.num_samples} samples"
+    groups = f"{trace.num_groups} group" + ("" if trace.num_groups == 1 else "s")
+    click.echo(f"wrote {out}: {groups}, {shape}, {trace.num_samples} samples"
                + (f" (with {', '.join(extras)})" if extras else ""))
     if trace.num_groups > 1 and sizes.max() == 1:
         # a per-response id taken for the prompt's, or one row per prompt whose list of lengths was counted as
@@ -196,3 +197,8 @@ def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None
                    "analyze needs 2 or more). Is --id-column a prompt's id (the same on each of its responses)? A "
                    "log of one row per prompt, its responses in lists, is one row per response once exploded: "
                    "docs/simulate.md#your-own-logs", err=True)
+    elif trace.num_groups == 1 and sizes[0] > 1:
+        # an id column that is the same on every row (a model or run name taken for the prompt's): one group
+        click.echo(f"warning: every response has the prompt id {trace.prompt_ids[0]!r}, so the trace is one group "
+                   "(pdsr simulate runs it as one short batch; pdsr analyze ranks groups against each other). Is "
+                   "--id-column a prompt's id (a different one for each prompt)?", err=True)

@@ -67,3 +67,19 @@ def test_a_unique_id_per_response_is_warned_about(tmp_path):
     right = _convert(tmp_path / "log.jsonl", tmp_path / "right.jsonl", "--id-column", "uid")
     assert right.exit_code == 0 and "warning" not in right.stderr
     assert read_trace(tmp_path / "right.jsonl").group_sizes.tolist() == [2, 2, 2]
+
+
+def test_an_id_column_the_same_on_every_row_is_warned_about(tmp_path):
+    """A run's or model's name taken for the prompt id makes one group of every response: convert says so, and what it
+    and simulate print count it as one group."""
+    rows = [{"model": "qwen-7b", "uid": f"p{i // 4}", "response_length": 5 + i} for i in range(12)]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wrong = _convert(tmp_path / "log.jsonl", tmp_path / "wrong.jsonl", "--id-column", "model")
+    assert wrong.exit_code == 0 and "wrote" in wrong.stdout and ": 1 group, 12 samples each" in wrong.stdout
+    assert "warning: every response has the prompt id 'qwen-7b', so the trace is one group" in wrong.stderr
+    assert read_trace(tmp_path / "wrong.jsonl").group_sizes.tolist() == [12]
+    right = _convert(tmp_path / "log.jsonl", tmp_path / "right.jsonl", "--id-column", "uid")
+    assert right.exit_code == 0 and "warning" not in right.stderr and ": 3 groups, 4 samples each" in right.stdout
+    sim = CliRunner().invoke(cli, ["simulate", "--trace", str(tmp_path / "wrong.jsonl"), "--quiet", "--no-timeline"])
+    assert sim.exit_code == 0 and ": 1 group, 12 samples in 1 batch(es) of 128 prompts (the trace holds only 1 group:" \
+        in sim.output
