@@ -31,7 +31,7 @@ def test_config_range_errors_name_the_keys(tmp_path):
     clean(run(cli, ["simulate", "--trace", str(trace), "--segment-min", "100", "--segment-max", "10"]),
           "segments", "min_tokens (100) must be <= max_tokens (10)")
     clean(run(cli, ["simulate", "--trace", str(trace), "--fast", "0", "--heavy", "0"]),
-          "fast + heavy is 0")
+          "fast (--fast) + heavy (--heavy) is 0")
     clean(run(cli, ["trace", "synth", "--out", str(tmp_path / "s.jsonl"), "--min-length", "10", "--max-length", "5"]),
           "min_length (10) must be <= max_length (5)")
     clean(run(cli, ["gae", "--data", str(tmp_path / "x.parquet"), "--out", str(tmp_path / "o.parquet"),
@@ -187,3 +187,29 @@ def test_errors_name_a_setting_as_its_config_key_then_the_flag():
     found = [f"{path.relative_to(ROOT)}: {hit}" for folder in ("pdsr_sdk", "pdsr_cli")
              for path in sorted((ROOT / folder).rglob("*.py")) for hit in flag_first(path.read_text(), keys)]
     assert found == []
+
+
+def test_a_whole_model_check_names_the_flags_given_and_no_model():
+    """A check of several keys names them itself: each key the command has a flag for gets it (``key (--flag)``, as
+    a key's own error), once, whole words only; on the command line without a file, no model name before it."""
+    from pydantic import ValidationError
+
+    from pdsr_sdk.config.base import format_validation_error
+    from pdsr_sdk.sim.config import SimulateConfig
+
+    try:
+        SimulateConfig.model_validate({"fast": 0, "heavy": 0, "max_staleness": 2})
+    except ValidationError as exc:
+        error = exc
+    flags = {"fast": "--fast", "heavy": "--heavy"}
+    cli_text = format_validation_error(error, SimulateConfig, overrides={"fast": 0, "heavy": 0}, origins=flags)
+    assert cli_text.splitlines()[1].strip() == "fast (--fast) + heavy (--heavy) is 0: a simulation needs at least one engine"
+    in_file = format_validation_error(error, SimulateConfig, source="run.yaml", overrides={}, origins={})
+    assert in_file.splitlines()[1].strip() == "run.yaml: fast + heavy is 0: a simulation needs at least one engine"
+    sdk_text = format_validation_error(error, SimulateConfig)
+    assert sdk_text.splitlines()[1].strip() == "SimulateConfig: fast + heavy is 0: a simulation needs at least one engine"
+    from pdsr_sdk.config.base import _with_flags
+
+    assert _with_flags("steps_x and steps, then steps", {"steps": "--steps"}) == "steps_x and steps (--steps), then steps"
+    assert _with_flags("a.b.steps and steps (--steps)", {"steps": "--steps"}) == "a.b.steps and steps (--steps)"
+    assert _with_flags("--out is <out>.parts/; out", {"out": "--out"}) == "--out is <out>.parts/; out (--out)"

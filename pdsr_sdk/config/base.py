@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 import warnings
 from contextvars import ContextVar
 from pathlib import Path
@@ -263,8 +264,13 @@ def format_validation_error(
                 hint = f"; valid keys here: {', '.join(valid)}" if valid else ""
                 lines.append(f"{origin}: {key}: unknown config key{hint}")
         elif isinstance((err.get("ctx") or {}).get("error"), PdsrError):   # our validators' own message
-            # a whole-model check names its keys itself: no "(top level)" before it
-            lines.append(f"{origin}: {key}: {err['ctx']['error']}" if loc or prefix else f"{origin}: {err['ctx']['error']}")
+            said = str(err["ctx"]["error"])
+            if loc or prefix:
+                lines.append(f"{origin}: {key}: {said}")
+            else:   # a whole-model check names its keys itself: each gets the command's flag for it, and the
+                # command line has no name to put first (the model's means nothing to its user)
+                said = _with_flags(said, origins or {})
+                lines.append(f"{source}: {said}" if source else said if overrides is not None else f"{origin}: {said}")
         else:
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
@@ -274,6 +280,14 @@ def format_validation_error(
                 shown = "" if str(got) in message else shown   # value only where they do not give it already
             lines.append(f"{origin}: {key}: {message}{shown}")
     return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _with_flags(text: str, origins: Mapping[str, str]) -> str:
+    """``text`` with the first mention of each key of ``origins`` (a command's flags) written ``key (--flag)``, as
+    a key's own error names it."""
+    for key, flag in sorted(origins.items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(rf"(?<![\w.<-]){re.escape(key)}(?![\w.>-]| \()", f"{key} ({flag})", text, count=1)
+    return text
 
 
 def _hinted_keys(key: str, value: Any, hint: Callable[[str], str | None] | None) -> tuple[list[tuple[str, str]], bool]:
