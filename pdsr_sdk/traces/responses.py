@@ -21,6 +21,9 @@ none is given; a name may be a dotted path into struct columns, a number in it p
 Groups appear in the order of their first row and may differ in size (a ragged trace). ``submit_time_s`` and
 ``finish_time_s`` (durations) and ``turns`` are read as in a trajectories file when the table has them. Errors
 name the file, the row (counted from 0, in the file's order) and the column.
+
+:func:`read_responses_trace` reads the log's schema, then only these columns, a block of rows at a time; a length
+column of token ids is kept as the counts (:mod:`pdsr_sdk.traces.log_columns`).
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def read_responses_trace(path: str | Path, *, id_column: str | None = None, leng
     ``tokenizer`` (a Hugging Face tokenizer) counts a length or prompt length column of text.
     """
     from pdsr_sdk.io.paths import user_path
-    from pdsr_sdk.io.tables import FORMATS, read_table
+    from pdsr_sdk.io.tables import FORMATS
+    from pdsr_sdk.traces.log_columns import read_log_columns
 
     path = user_path(path)
     if path.is_file():
@@ -74,11 +78,11 @@ def read_responses_trace(path: str | Path, *, id_column: str | None = None, leng
         kind = None   # CSV/TSV, or what read_table makes of the name
     if kind == "jsonl" and FORMATS.get(path.suffix.lower()) not in (None, "jsonl"):
         kind = None   # a .csv that starts with "{": read as its name says
-    table = read_table(path, what="rollout log", kind=kind)
-    return trace_from_responses(table, source=str(path), id_column=id_column, length_column=length_column,
-                                prompt_length_column=prompt_length_column, sample_index_column=sample_index_column,
-                                reward_column=reward_column, finish_reason_column=finish_reason_column,
-                                tokenizer=tokenizer)
+    given = {"id": id_column, "length": length_column, "prompt_length": prompt_length_column,
+             "sample_index": sample_index_column, "reward": reward_column, "finish_reason": finish_reason_column}
+    table, schema, rows = read_log_columns(path, kind, {role: (name,) if name is not None else RESPONSE_COLUMNS[role][1]
+                                                  for role, name in given.items()}, _as_in_trajectories)
+    return _trace(table, schema, rows, str(path), given, tokenizer)
 
 
 def trace_from_responses(table, *, source: str | None = None, id_column: str | None = None,
@@ -87,17 +91,23 @@ def trace_from_responses(table, *, source: str | None = None, id_column: str | N
                          finish_reason_column: str | None = None, tokenizer=None) -> LengthTrace:
     """Group a pyarrow table of one row per response into a ``LengthTrace`` (columns as in the module's docstring);
     ``tokenizer`` counts a length or prompt length column of text."""
+    given = {"id": id_column, "length": length_column, "prompt_length": prompt_length_column,
+             "sample_index": sample_index_column, "reward": reward_column, "finish_reason": finish_reason_column}
+    return _trace(table, table.schema, table.num_rows, source, given, tokenizer)
+
+
+def _trace(table, schema, rows: int, source: str | None, given: dict[str, str | None], tokenizer) -> LengthTrace:
+    """The trace of ``table``, the columns read of a log of ``rows`` rows whose columns are ``schema`` (what errors
+    list); ``given``: role -> the column a flag named, or None."""
     import pyarrow as pa
 
-    from pdsr_sdk.io.columns import TableColumns
+    from pdsr_sdk.traces.log_columns import LogColumns
     from pdsr_sdk.traces.trajectories import trace_from_trajectories
 
     where = source or "responses"
-    if table.num_rows == 0:
+    if rows == 0:
         raise DataError(f"{where}: the table has no rows; expected one row per response")
-    cols = TableColumns(table, Path(where))
-    given = {"id": id_column, "length": length_column, "prompt_length": prompt_length_column,
-             "sample_index": sample_index_column, "reward": reward_column, "finish_reason": finish_reason_column}
+    cols = LogColumns(table, Path(where), schema)
     found: dict[str, tuple[str, object]] = {}   # role -> (column name, column)
     for role, name in given.items():
         flag, defaults = RESPONSE_COLUMNS[role]
@@ -124,7 +134,7 @@ def trace_from_responses(table, *, source: str | None = None, id_column: str | N
         canon["prompt_length"] = _lengths(found["prompt_length"][1], labels["prompt_length"], where, "prompt_length",
                                           tokenizer)
     else:
-        canon["prompt_length"] = np.zeros(table.num_rows, dtype=np.int64)
+        canon["prompt_length"] = np.zeros(rows, dtype=np.int64)
     if "sample_index" in found:
         name, col = found["sample_index"]
         canon["sample_index"] = _rank(code, _whole(col, name, where), encoded.dictionary, name, where)
@@ -141,14 +151,22 @@ def trace_from_responses(table, *, source: str | None = None, id_column: str | N
         canon["reward"] = pa.array(rewards, mask=np.isnan(rewards))
     if "finish_reason" in found:
         canon["finish_reason"] = _strings(found["finish_reason"][1], found["finish_reason"][0], where)
-    for name in ("submit_time_s", "finish_time_s"):
-        if name in table.column_names and _numeric_type(table[name].type):
-            canon[name] = table[name]
-    kind = table.schema.field("turns").type if "turns" in table.column_names else None
-    if (kind is not None and pa.types.is_list(kind) and pa.types.is_struct(kind.value_type)
-            and {"role", "num_tokens"} <= {f.name for f in kind.value_type}):
-        canon["turns"] = table["turns"]   # pdsr rollout's spans; another tool's "turns" (chat messages) is not read
+    for field in table.schema:
+        if _as_in_trajectories(field):
+            canon[field.name] = table[field.name]
     return trace_from_trajectories(pa.table(canon), source=source, labels=labels)
+
+
+def _as_in_trajectories(field) -> bool:
+    """Whether a column is read as a trajectories file's: ``submit_time_s`` and ``finish_time_s`` of numbers
+    (durations), ``turns`` of pdsr rollout's spans (another tool's "turns", chat messages, is not read)."""
+    import pyarrow as pa
+
+    kind = field.type
+    if field.name in ("submit_time_s", "finish_time_s"):
+        return _numeric_type(kind)
+    return (field.name == "turns" and pa.types.is_list(kind) and pa.types.is_struct(kind.value_type)
+            and {"role", "num_tokens"} <= {f.name for f in kind.value_type})
 
 
 def _fail(where: str, name: str, row: int, what: str):
