@@ -90,15 +90,17 @@ class DraftHistory:
         """Keep the responses in a trajectories file (``pdsr rollout``'s output: ``prompt_token_ids``,
         ``response_token_ids``, ``finish_reason``), in its row order, as if their groups had finished before any
         of this session's; those that failed or were dropped are skipped. Returns the responses read. ``setting``:
-        the flag or config key that gave ``path``, named in the errors about the file."""
-        from pdsr_sdk.io.tables import read_table   # pyarrow: not in vLLM's workers, which import this module
+        the flag or config key that gave ``path``, named in the errors about the file. Only these three columns are
+        read, a batch of rows at a time (a rollout output also holds log-probs, text and segments)."""
+        from pdsr_sdk.io.blocks import open_table_batches   # pyarrow: not in vLLM's workers, which import this module
 
-        rows = read_table(path, HISTORY_COLUMNS, what="draft history", setting=setting).select(HISTORY_COLUMNS).to_pylist()
+        log = open_table_batches(path, HISTORY_COLUMNS, what="draft history", setting=setting)
         count = 0
-        for row in rows:
-            if row["finish_reason"] not in _NOT_DRAFTED and row["response_token_ids"]:
-                self._add(row["prompt_token_ids"], [row["response_token_ids"]])
-                count += 1
+        for batch in log.batches(HISTORY_COLUMNS):
+            for row in batch.to_pylist():
+                if row["finish_reason"] not in _NOT_DRAFTED and row["response_token_ids"]:
+                    self._add(row["prompt_token_ids"], [row["response_token_ids"]])
+                    count += 1
         return count
 
     def responses(self, group: Any) -> list[list[int]]:

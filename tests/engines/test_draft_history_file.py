@@ -1,0 +1,100 @@
+"""``--draft-history FILE``: :meth:`DraftHistory.read` reads only the three columns it keeps, a block of rows at a
+time, from a rollout output that also holds log-probs and text, and keeps what the rows say."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+import pdsr_sdk.io.tables
+from pdsr_sdk.engines.group_drafter import DraftHistory
+from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.blocks import BATCH_ROWS
+
+ROWS = 2 * BATCH_ROWS + 50
+PROMPTS = 30
+SETTING = "speculative_settings.history_file (--draft-history)"
+
+
+def _rollout(rows: int = ROWS) -> pa.Table:
+    """A rollout output's shape: prompts' and responses' token ids, finish reasons of every kind, heavy columns."""
+    rng = np.random.default_rng(3)
+    prompts = [[p, p + 1, 7] for p in range(PROMPTS)]
+    lengths = rng.integers(0, 12, rows)
+    return pa.table({
+        "prompt_id": [f"p{i % PROMPTS}" for i in range(rows)],
+        "prompt_token_ids": pa.array([prompts[i % PROMPTS] for i in range(rows)], pa.list_(pa.int32())),
+        "response_token_ids": pa.array([rng.integers(0, 50, n).tolist() for n in lengths], pa.list_(pa.int32())),
+        "response_logprobs": pa.array([[-1.0] * n for n in lengths], pa.list_(pa.float32())),
+        "response_text": ["t" * int(n) for n in lengths],
+        "finish_reason": rng.choice(["stop", "length", "truncated", "failed", "dropped"], rows).tolist()})
+
+
+def _kept_by_hand(table: pa.Table, per_prompt: int) -> tuple[dict[tuple, list[list[int]]], int]:
+    """Each prompt's last ``per_prompt`` responses that neither failed, were dropped nor are empty, and their
+    count."""
+    kept: dict[tuple, list[list[int]]] = {}
+    count = 0
+    for row in table.to_pylist():
+        if row["finish_reason"] not in ("failed", "dropped") and row["response_token_ids"]:
+            kept.setdefault(tuple(row["prompt_token_ids"]), []).append(row["response_token_ids"])
+            count += 1
+    return {k: v[-per_prompt:] for k, v in kept.items()}, count
+
+
+def _write(table: pa.Table, path, kind: str):
+    if kind == "parquet":
+        pq.write_table(table, path, row_group_size=3000)
+    elif kind == "arrow":
+        feather.write_feather(table, path, chunksize=3000)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+    return path
+
+
+@pytest.mark.parametrize("name", ["out.parquet", "out.arrow", "out.jsonl"])
+def test_the_history_read_is_what_the_rows_say(tmp_path, name):
+    table = _rollout()
+    path = _write(table, tmp_path / name, name.split(".")[1])
+    history = DraftHistory(3)
+    expected, count = _kept_by_hand(table, 3)
+    assert history.read(path, SETTING) == count
+    assert len(expected) == PROMPTS
+    for prompt, responses in expected.items():
+        assert history.responses(SimpleNamespace(prompt_token_ids=list(prompt))) == responses
+    assert history.tokens == sum(len(r) for rs in expected.values() for r in rs)
+
+
+def test_only_the_three_columns_are_read(tmp_path, monkeypatch):
+    path = _write(_rollout(), tmp_path / "out.parquet", "parquet")
+    asked: list = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def recording(self, *args, **kwargs):
+        asked.append(kwargs.get("columns"))
+        return iter_batches(self, *args, **kwargs)
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the whole file was read")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
+    monkeypatch.setattr(pq, "read_table", whole)
+    monkeypatch.setattr(pdsr_sdk.io.tables, "read_table", whole)
+    assert DraftHistory(2).read(path, SETTING) > 0
+    assert asked == [["prompt_token_ids", "response_token_ids", "finish_reason"]]
+
+
+def test_errors_name_the_file_its_columns_and_the_flag(tmp_path):
+    path = _write(_rollout(10).drop(["response_token_ids"]), tmp_path / "out.parquet", "parquet")
+    with pytest.raises(DataError, match=r"out\.parquet: missing column\(s\) 'response_token_ids'; the file has: "
+                                        r"prompt_id, prompt_token_ids, response_logprobs, response_text, "
+                                        r"finish_reason$"):
+        DraftHistory(2).read(path, SETTING)
+    with pytest.raises(DataError, match=r"--draft-history\).*none\.parquet.*does not exist"):
+        DraftHistory(2).read(tmp_path / "none.parquet", SETTING)
