@@ -34,6 +34,7 @@ import numpy as np
 from pdsr_sdk.dispatch.types import DROPPED, FAILED
 from pdsr_sdk.engines.config import GROUP_PROPOSER
 from pdsr_sdk.engines.group_match import best_match, vote_draft
+from pdsr_sdk.errors import DataError
 
 #: the key of a request's corpus in ``SamplingParams.extra_args``
 EXTRA_KEY = "pdsr_group"
@@ -95,8 +96,12 @@ class DraftHistory:
         from pdsr_sdk.io.blocks import open_table_batches   # pyarrow: not in vLLM's workers, which import this module
 
         log = open_table_batches(path, HISTORY_COLUMNS, what="draft history", setting=setting)
-        count = 0
+        where = f"{setting} {log.path}" if setting else str(log.path)
+        _check_history_types(log.schema, where)
+        count = start = 0
         for batch in log.batches(HISTORY_COLUMNS):
+            _check_no_null_ids(batch, start, where)
+            start += batch.num_rows
             for row in batch.to_pylist():
                 if row["finish_reason"] not in _NOT_DRAFTED and row["response_token_ids"]:
                     self._add(row["prompt_token_ids"], [row["response_token_ids"]])
@@ -119,6 +124,38 @@ class DraftHistory:
         while self.max_tokens is not None and self._tokens > self.max_tokens and len(self._responses) > 1:
             _, evicted = self._responses.popitem(last=False)
             self._tokens -= sum(r.size for r in evicted)
+
+
+def _check_history_types(schema: Any, where: str) -> None:
+    """A DataError naming ``where`` and the column unless the token id columns are lists of integers and
+    ``finish_reason`` is text (read as they are, a column of text would be split into characters or fail deep in
+    the read)."""
+    import pyarrow as pa
+
+    for name in HISTORY_COLUMNS:
+        kind = schema.field(name).type
+        if name == "finish_reason":
+            ok = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+            expected = "text (stop, length, failed, ...)"
+        else:
+            ok = ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
+                  and (pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)))
+            expected = "lists of token ids (integers)"
+        if not ok:
+            raise DataError(f"{where}: column {name!r} is {kind}; expected {expected}, as pdsr rollout writes it")
+
+
+def _check_no_null_ids(batch: Any, start: int, where: str) -> None:
+    """A DataError naming the row (``start``: the batch's first row in the file) of the first null token id."""
+    import pyarrow.compute as pc
+
+    for name in HISTORY_COLUMNS[:2]:
+        column = batch[name].combine_chunks()
+        flat = pc.list_flatten(column)
+        if flat.null_count:
+            rows = pc.list_parent_indices(column)
+            row = start + int(np.asarray(rows)[np.flatnonzero(np.asarray(flat.is_null()))[0]])
+            raise DataError(f"{where}: column {name!r} row {row} has an empty (null) token id")
 
 
 def draft_corpus(sample: Any) -> list[list[int]]:

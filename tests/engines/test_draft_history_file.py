@@ -98,3 +98,32 @@ def test_errors_name_the_file_its_columns_and_the_flag(tmp_path):
         DraftHistory(2).read(path, SETTING)
     with pytest.raises(DataError, match=r"--draft-history\).*none\.parquet.*does not exist"):
         DraftHistory(2).read(tmp_path / "none.parquet", SETTING)
+
+
+@pytest.mark.parametrize("column, values, said", [
+    ("response_token_ids", pa.array(["12 13"] * 10), "is string; expected lists of token ids (integers)"),
+    ("response_token_ids", pa.array([[1.5]] * 10), "is list<element: double>; expected lists of token ids (integers)"),
+    ("prompt_token_ids", pa.array(["what is 2+2?"] * 10), "is string; expected lists of token ids (integers)"),
+    ("finish_reason", pa.array([1] * 10), "is int64; expected text (stop, length, failed, ...)"),
+])
+def test_a_column_of_another_type_is_named_with_the_flag(tmp_path, column, values, said):
+    """Read as they were, text token ids failed deep in the read, a prompt's text was split into characters (a key
+    no group's prompt matches) and float ids were cut to integers."""
+    table = _rollout(10)
+    table = table.set_column(table.schema.get_field_index(column), column, values)
+    path = _write(table, tmp_path / "out.parquet", "parquet")
+    with pytest.raises(DataError) as info:
+        DraftHistory(2).read(path, SETTING)
+    assert str(info.value) == f"{SETTING} {path}: column {column!r} {said}, as pdsr rollout writes it"
+
+
+def test_a_null_token_id_is_named_by_its_row_past_the_first_block(tmp_path):
+    table = _rollout()
+    ids = table["response_token_ids"].to_pylist()
+    row = BATCH_ROWS + 9
+    ids[row] = [4, None]
+    table = table.set_column(2, "response_token_ids", pa.array(ids, pa.list_(pa.int32())))
+    path = _write(table, tmp_path / "out.parquet", "parquet")
+    with pytest.raises(DataError) as info:
+        DraftHistory(2).read(path, SETTING)
+    assert str(info.value) == f"{SETTING} {path}: column 'response_token_ids' row {row} has an empty (null) token id"
