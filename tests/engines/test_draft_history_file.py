@@ -23,22 +23,24 @@ SETTING = "speculative_settings.history_file (--draft-history)"
 
 
 def _rollout(rows: int = ROWS) -> pa.Table:
-    """A rollout output's shape: prompts' and responses' token ids, finish reasons of every kind, heavy columns."""
+    """A rollout output's shape: prompts' and responses' token ids (some empty, some null), finish reasons of every
+    kind, heavy columns."""
     rng = np.random.default_rng(3)
     prompts = [[p, p + 1, 7] for p in range(PROMPTS)]
     lengths = rng.integers(0, 12, rows)
     return pa.table({
         "prompt_id": [f"p{i % PROMPTS}" for i in range(rows)],
         "prompt_token_ids": pa.array([prompts[i % PROMPTS] for i in range(rows)], pa.list_(pa.int32())),
-        "response_token_ids": pa.array([rng.integers(0, 50, n).tolist() for n in lengths], pa.list_(pa.int32())),
+        "response_token_ids": pa.array([None if i % 97 == 5 else rng.integers(0, 50, n).tolist()
+                                        for i, n in enumerate(lengths)], pa.list_(pa.int32())),
         "response_logprobs": pa.array([[-1.0] * n for n in lengths], pa.list_(pa.float32())),
         "response_text": ["t" * int(n) for n in lengths],
         "finish_reason": rng.choice(["stop", "length", "truncated", "failed", "dropped"], rows).tolist()})
 
 
 def _kept_by_hand(table: pa.Table, per_prompt: int) -> tuple[dict[tuple, list[list[int]]], int]:
-    """Each prompt's last ``per_prompt`` responses that neither failed, were dropped nor are empty, and their
-    count."""
+    """Each prompt's last ``per_prompt`` responses that neither failed, were dropped nor are empty or null, and
+    their count."""
     kept: dict[tuple, list[list[int]]] = {}
     count = 0
     for row in table.to_pylist():
@@ -127,3 +129,20 @@ def test_a_null_token_id_is_named_by_its_row_past_the_first_block(tmp_path):
     with pytest.raises(DataError) as info:
         DraftHistory(2).read(path, SETTING)
     assert str(info.value) == f"{SETTING} {path}: column 'response_token_ids' row {row} has an empty (null) token id"
+
+
+def test_a_null_prompt_is_named_by_its_row_where_its_response_is_kept(tmp_path):
+    table = _rollout(12)
+    prompts, reasons = table["prompt_token_ids"].to_pylist(), ["stop"] * 12
+    prompts[3], reasons[3] = None, "failed"          # skipped: no prompt needed
+    prompts[7] = None
+    ids = table["response_token_ids"].to_pylist()
+    ids[7] = [1, 2]
+    table = table.set_column(1, "prompt_token_ids", pa.array(prompts, pa.list_(pa.int32())))
+    table = table.set_column(2, "response_token_ids", pa.array(ids, pa.list_(pa.int32())))
+    table = table.set_column(5, "finish_reason", pa.array(reasons))
+    path = _write(table, tmp_path / "out.parquet", "parquet")
+    with pytest.raises(DataError) as info:
+        DraftHistory(2).read(path, SETTING)
+    assert str(info.value) == (f"{SETTING} {path}: column 'prompt_token_ids' row 7 is empty (null); expected the "
+                               f"prompt's token ids")
