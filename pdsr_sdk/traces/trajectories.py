@@ -17,7 +17,7 @@ TRAJECTORY_OPTIONAL = ("finish_reason", "submit_time_s", "finish_time_s", "rewar
 
 
 def read_trajectories_trace(path: str | Path, kind: str | None = None) -> LengthTrace:
-    """Read only the trace columns of a trajectories Parquet / Arrow IPC file and group them."""
+    """Read only the trace columns of a trajectories Parquet / Arrow IPC file (file or stream) and group them."""
     import pyarrow as pa
 
     path = Path(path)
@@ -32,9 +32,12 @@ def read_trajectories_trace(path: str | Path, kind: str | None = None) -> Length
                                                  if c in names])
         elif kind in ("arrow_file", "arrow_stream"):
             with pa.memory_map(str(path)) as source:
-                reader = pa.ipc.open_file(source) if kind == "arrow_file" else pa.ipc.open_stream(source)
-                _require_columns(path, reader.schema.names)
-                table = reader.read_all()
+                names = _ipc_reader(source, kind).schema.names
+            _require_columns(path, names)
+            # only those columns: a compressed file's others (token ids, text) would be decompressed whole too
+            used = sorted(names.index(c) for c in (*TRAJECTORY_COLUMNS, *TRAJECTORY_OPTIONAL) if c in names)
+            with pa.memory_map(str(path)) as source:
+                table = _ipc_reader(source, kind, pa.ipc.IpcReadOptions(included_fields=used)).read_all()
         else:
             raise DataError(f"{path}: not a trajectories table (Parquet or Arrow IPC)")
     except DataError:
@@ -42,6 +45,12 @@ def read_trajectories_trace(path: str | Path, kind: str | None = None) -> Length
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
         raise DataError(f"{path}: cannot read trajectories file: {exc}") from None
     return trace_from_trajectories(table, source=str(path))
+
+
+def _ipc_reader(source, kind: str, options=None):
+    import pyarrow as pa
+
+    return (pa.ipc.open_file if kind == "arrow_file" else pa.ipc.open_stream)(source, options=options)
 
 
 def _require_columns(path: Path, names: list[str]) -> None:

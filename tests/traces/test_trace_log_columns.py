@@ -1,6 +1,7 @@
 """`pdsr trace convert` of a big rollout log reads only the columns its trace uses (the schema first, then those
 columns a block at a time; token ids read as lengths kept as counts): the trace is the one of the whole log read,
-unused heavy columns are never read, and errors still list every column and name the row."""
+unused heavy columns are never read, and errors still list every column and name the row. A trajectories Arrow
+file (what `pdsr simulate --trace` reads too) is read for its trace columns only."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from pdsr_cli.main import cli
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.blocks import BATCH_ROWS
 from pdsr_sdk.traces import read_responses_trace, read_trace
-from pdsr_sdk.traces.io import trace_from_responses
+from pdsr_sdk.traces.io import read_trajectories_trace, trace_from_responses, trace_from_trajectories
 from pdsr_sdk.traces.log_columns import read_log_columns
-from trace_inputs import assert_same_trace
+from trace_inputs import assert_same_trace, sample_trajectories
 
 #: more rows than a block, so the token ids are counted over several blocks
 ROWS = 2 * BATCH_ROWS + 100
@@ -136,3 +137,32 @@ def test_errors_list_every_column_and_name_the_row_past_the_first_block(tmp_path
     assert result.exit_code == 2 and not out.exists()
     assert result.output.strip() == (f"error: SOURCE {bad}: column 'response_ids' row {row} is empty (null); "
                                      f"expected a whole number")
+
+
+@pytest.mark.parametrize("kind", ["arrow_file", "arrow_stream"])
+def test_a_trajectories_arrow_file_is_read_for_its_trace_columns_only(tmp_path, kind, monkeypatch):
+    """A compressed Arrow file's other columns (token ids) were decompressed whole before the trace columns were
+    taken: the reader is now asked for the trace columns only, and gives the trace of the whole table."""
+    table = sample_trajectories()
+    table = table.append_column("logprobs", pa.array([[-0.5] * 50] * table.num_rows, pa.list_(pa.float32())))
+    path = tmp_path / "run.arrow"
+    if kind == "arrow_file":
+        feather.write_feather(table, path, compression="lz4")
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(
+                sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+            writer.write_table(table)
+    asked = []
+    opener = "open_file" if kind == "arrow_file" else "open_stream"
+    real = getattr(pa.ipc, opener)
+
+    def recording(source, options=None, **kwargs):
+        asked.append(None if options is None else list(options.included_fields))
+        return real(source, options=options, **kwargs)
+
+    monkeypatch.setattr(pa.ipc, opener, recording)
+    trace = read_trajectories_trace(path, kind)
+    trace_columns = ["prompt_id", "sample_index", "prompt_length", "response_length", "finish_reason",
+                     "submit_time_s", "finish_time_s"]
+    assert asked[-1] == [table.column_names.index(c) for c in trace_columns]
+    assert_same_trace(trace, trace_from_trajectories(table))
