@@ -31,9 +31,9 @@ def read_log_columns(path: Path, kind: str | None, roles: Mapping[str, Sequence[
                      extra: Callable[[pa.Field], bool] = lambda field: False, *,
                      what: str = "rollout log") -> tuple[pa.Table, pa.Schema, int]:
     """The columns of the log at ``path`` (a file, a folder or a glob pattern of shards) that a trace may read, the
-    whole log's schema and its rows (the table's, unless no column is read). ``roles``: each role's names, in the order they are looked for (one given by a flag, or
-    the usual ones; a dotted path reads its first part's column): the names after the first the schema says is
-    there are not read. ``extra``: whether a column of the log is read too. The column of role ``length`` only,
+    whole log's schema and its rows (the table's, unless no column is read). ``roles``: each role's names, in the
+    order they are looked for (one given by a flag, or the usual ones; a dotted path reads its first part's column):
+    the names after the first the schema says is there are not read. ``extra``: whether a column of the log is read too. The column of role ``length`` only,
     when it holds lists of integers (token ids), comes as each row's count (null where the row is null).
     ``kind``: the format of the file's content (a :data:`~pdsr_sdk.io.tables.FORMATS` value), None: its name's."""
     from pdsr_sdk.io.blocks import TableBatches, open_table_batches
@@ -46,8 +46,9 @@ def read_log_columns(path: Path, kind: str | None, roles: Mapping[str, Sequence[
     else:
         log = open_table_batches(path, what=what)
     names, counted = _columns_read(log.schema, roles, extra, path)
-    parts = [_counted(batch, counted) for batch in log.batches(names)]
-    if not parts:   # no rows: the trace's reader says so
+    # none to read (the trace's reader says what is missing): no batches, which would read a column for their rows
+    parts = [_counted(batch, counted) for batch in log.batches(names)] if names else []
+    if not parts:
         parts = [_counted(pa.schema([log.schema.field(n) for n in names]).empty_table(), counted)]
     return pa.concat_tables(parts), log.schema, log.num_rows
 

@@ -166,3 +166,14 @@ def test_a_trajectories_arrow_file_is_read_for_its_trace_columns_only(tmp_path, 
                      "submit_time_s", "finish_time_s"]
     assert asked[-1] == [table.column_names.index(c) for c in trace_columns]
     assert_same_trace(trace, trace_from_trajectories(table))
+
+
+def test_a_log_without_a_column_read_reads_no_rows_to_say_so(tmp_path, monkeypatch):
+    path = _write(_log(50).select(["logprobs", "text"]), tmp_path / "log.parquet", "parquet")
+    asked: list = []
+    iter_batches = pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches",
+                        lambda self, *a, **k: asked.append(k.get("columns")) or iter_batches(self, *a, **k))
+    with pytest.raises(DataError, match="no prompt id column; name it with --id-column .*; columns: logprobs, text$"):
+        read_responses_trace(path)
+    assert asked == []
