@@ -87,7 +87,9 @@ def trajectory_schema() -> pa.Schema:
         _f("submit_time_s", pa.float64(), "When the sample was first queued (seconds since run start)."),
         _f("first_token_time_s", pa.float64(), "When its first token arrived.", nullable=True),
         _f("finish_time_s", pa.float64(), "When it finished."),
-        _f("policy_versions", pa.list_(pa.int32()), "Distinct weights versions that generated its tokens (ascending)."),
+        _f("policy_versions", pa.list_(pa.int32()), "Distinct weights versions that generated its response tokens "
+                                                    "(ascending); not those of tokens a restart threw away (their "
+                                                    "spans stay in segments)."),
         _f("ground_truth", pa.string(), "Reference answer, when the data has one: a string or number one as text; "
                                         "a list or struct one (Search-R1's {\"target\": [...]}) as its JSON text.",
            nullable=True),
@@ -195,6 +197,8 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
     """A finished :class:`~pdsr_sdk.dispatch.types.Sample` as a trajectories row; ``tokenizer`` decodes
     the response text (when ``decode``), ``reward_fn`` (or None) scores it. ``scored``: its text and
     reward already computed (a :class:`~pdsr_sdk.rollout.reward_runner.Scored`); then neither is done here."""
+    from pdsr_sdk.dispatch.types import kept_segments
+
     g = sample.group
     if scored is not None:
         text, reward, extra, error = scored.text, scored.reward, scored.extra, scored.error
@@ -227,7 +231,8 @@ def sample_row(sample: Sample, tokenizer: Any, reward_fn: Callable[..., float] |
         "submit_time_s": sample.submit_time_s,
         "first_token_time_s": sample.first_token_time_s,
         "finish_time_s": sample.finish_time_s,
-        "policy_versions": sorted({seg.policy_version for seg in sample.segments if seg.num_tokens}),
+        # of the tokens it holds: a restart's thrown-away tokens (older, often past max_staleness) are not in it
+        "policy_versions": sorted({seg.policy_version for seg in kept_segments(sample) if seg.num_tokens}),
         "ground_truth": truth_text(g.ground_truth),
         "reward": reward,
         "reward_extra": extra,
