@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 #: (``ctx.count``) that are not listed here appear in a report only when they moved
 STAT_KEYS = ("probes", "offloaded_prompts", "breaks", "moves", "steals", "restarts", "wasted_tokens",
              "retries", "truncations", "probe_timeouts", "steal_timeouts", "engines_lost")
+#: the shortest span a batch's tokens/s is given for (the summary's makespan_s has 4 decimals); shorter: 0.0
+MIN_RATE_SPAN_S = 1e-4
 
 
 @dataclass
@@ -56,7 +58,10 @@ class BatchReport:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+        # a step that ended at once (its groups complete when it began) spans microseconds: its tokens came in the
+        # step before, and tokens / span would be hundreds of millions. Such a span shows as 0 s in the summary
+        # (4 decimals), which a resume recomputes the rate from: 0.0 both ways
+        return self.tokens / self.makespan_s if self.makespan_s >= MIN_RATE_SPAN_S else 0.0
 
 
 class DispatchRun:
