@@ -153,3 +153,14 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     assert "token_ratio" in data["definitions"] and "per_token" in res.output
     assert all(r["max_age"] <= 1 for r in data["runs"])
     assert (out / "steps.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_step_takes_every_due_group_even_past_b():
+    """docs/partial-rollout.md: a step consumes B groups, more only when more than B are due. Six long groups
+    launched at step 0 with group_deadline 1 are all due at step 1, which waits for them and takes the six (B = 2)."""
+    trace = hand_trace([20, 20] + [300] * 6 + [20] * 20)
+    cfg = unit_cfg(steps=4, batch_size=2, group_deadline=1)
+    run = run_steps(trace, cfg, "baseline", 3.0, keep_groups=True)   # 8 groups in flight
+    longs = {f"g{i}" for i in range(2, 8)}
+    assert [s.groups for s in run.steps][:2] == [2, 6]
+    assert {p for p, k in run.consumed_at.items() if k == 1} == longs
