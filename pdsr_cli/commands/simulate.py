@@ -242,7 +242,9 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                "any dynamic sampling dropped"
                + ("; per engine: token_share of the tokens generated, seqs_per_step = the mean batch it ran, busy = "
                   "share of the run's time with a step running, prefill = share of that spent prefilling, lane = "
-                  "kept light for long samples" if len(report.runs) == 1 else "; per engine: steps.json") + ")")
+                  "kept light for long samples" if len(report.runs) == 1
+                  else "; per engine: steps.json with --out-dir" if cfg.out_dir is None else "; per engine: steps.json")
+               + ")")
     if cfg.max_partial_share is not None:
         click.echo(fastest_words(report))
     if cfg.out_dir is not None:
