@@ -32,7 +32,7 @@ class RayConfig(ConfigModel):
     """Ray: engines as Ray actors (backend 'ray'). Engine-level keys may be overridden per engine."""
 
     address: str = Field("auto", description="Ray cluster: 'auto' (the cluster this machine joined with `ray start`), 'local' (start a one-machine cluster in this process), a head address 'host:6379', or a Ray Client address 'ray://host:10001'. Ignored when Ray is already initialised in this process.")
-    namespace: str | None = Field(None, description="Ray namespace of the engine actors; default: an anonymous one for this run.")
+    namespace: str | None = Field(None, description="Ray namespace of the engine actors (also where your own process called ray.init); default: the connection's, an anonymous one for this run where pdsr connects.")
     local_num_cpus: int | None = Field(None, ge=1, description="With address 'local': logical CPUs of the started cluster (default: this machine's count).")
     num_cpus: float = Field(1.0, ge=0, description="Logical CPUs Ray reserves for each engine actor.")
     num_gpus: float | None = Field(None, ge=0, description="GPUs per tensor-parallel rank of each engine; default: 1 when the cluster has GPUs, else 0.")

@@ -113,7 +113,8 @@ class RayEngine(ModelEngine):
         actor_cls = _remote_class(ray, EngineActor)
         self._actor = actor_cls.options(
             **options, scheduling_strategy=strategy, max_restarts=0, max_task_retries=0,
-            name=f"pdsr-{self.name}-{uuid.uuid4().hex[:8]}",
+            # per actor, not only at ray.init: a trainer's own connection (which pdsr then uses) keeps the key too
+            name=f"pdsr-{self.name}-{uuid.uuid4().hex[:8]}", namespace=cfg.namespace,
             runtime_env={"env_vars": env} if env else None,
         ).remote(spec, self.model, self.tokenizer, self.seed, self.logprobs_mode, self.speculative)
         try:

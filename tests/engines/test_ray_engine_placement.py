@@ -55,3 +55,34 @@ def test_automatic_layout_with_a_ray_section_makes_ray_engines(ray_cluster):
     # the cluster has no GPU: the CPU layout (one fast, one heavy, cores split), every engine on Ray
     assert [(s.name, s.backend, s.ray.num_cpus) for s in specs] == [("fast-0", "ray", 0.5), ("heavy-0", "ray", 0.5)]
     assert all(s.devices for s in specs)
+
+
+@pytest.mark.parametrize("namespace", ["pdsr-ns-probe", None])
+@ray_test
+def test_an_engine_actor_lives_in_ray_namespace_also_on_a_connection_made_before(namespace, ray_cluster,
+                                                                                 engine_loop):
+    """The session's cluster was joined by ray.init (as a trainer's is) in an anonymous namespace: ray.namespace
+    still places the actor (docs/ray.md, 'From a trainer'); without it, the connection's namespace."""
+    import asyncio
+
+    from pdsr_sdk.engines.ray_engine import RayEngine
+
+    # never placed (no node has the resource): its actor waits, named, until the timeout ends it
+    engine = RayEngine.from_spec(spec("ns-probe"), model="unused",
+                                 ray=RayConfig(namespace=namespace, resources={"no_such_node": 1},
+                                               placement_timeout_s=10))
+
+    async def named_while_pending():
+        start = asyncio.ensure_future(engine.start())
+        seen: list = []
+        while not seen and not start.done():
+            await asyncio.sleep(0.1)
+            seen = [a for a in ray_cluster.util.list_named_actors(all_namespaces=True) if "ns-probe" in a["name"]]
+        with pytest.raises(EngineError):
+            await start
+        return seen
+
+    seen = run_on(engine_loop, named_while_pending(), timeout=WAIT_S)
+    assert [a["namespace"] for a in seen] == [namespace or ray_cluster.get_runtime_context().namespace]
+    run_on(engine_loop, engine.close())
+    assert not _named_actors_left(ray_cluster, "ns-probe")
