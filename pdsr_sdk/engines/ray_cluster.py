@@ -14,6 +14,9 @@ INSTALL_HINT = "install Ray: in a pdsr checkout `bash scripts/install.sh cpu,ray
 PROBE_TIMEOUT_S = 10.0
 _START_HINT = ("start a cluster first (`ray start --head` on this machine, `ray start --address=HEAD:6379` "
                "on the others) or use address 'local' (--ray local) for a one-machine cluster")
+#: Ray 2.60's `ray start --head` turns token authentication on by default; a driver needs RAY_AUTH_MODE=token
+_AUTH_HINT = ("for a cluster with Ray's token authentication, set RAY_AUTH_MODE=token here, with the cluster's "
+              "token in ~/.ray/auth_token or RAY_AUTH_TOKEN (`ray get-auth-token` on its head prints it)")
 
 _connected_address: str | None = None   # the address this process called ray.init with
 
@@ -57,9 +60,21 @@ def connect(cfg) -> Any:
         if cause:   # Ray's "Failed to connect to Ray cluster at X" hides why (an auth token, ...): its last line says
             detail += f"; {cause.splitlines()[-1].strip()}"
         raise ConfigError(f"ray.address {cfg.address!r}: cannot connect to a Ray cluster ({type(exc).__name__}: "
-                          f"{detail}); {_START_HINT}") from None
+                          f"{detail}); {_hint(cfg.address, detail)}") from None
     _connected_address = cfg.address
     return ray
+
+
+def _hint(address: str, detail: str) -> str:
+    """What to do about a failed ray.init: the token where the head refused it, else start a cluster."""
+    if "InvalidAuthToken" in detail or "AuthenticationError" in detail:
+        return _AUTH_HINT
+    if (address.startswith("ray://") and "connection timeout" in detail
+            and os.environ.get("RAY_AUTH_MODE", "").lower() != "token"):
+        # a Ray Client server that wants a token drops the tokenless client: it sees only a timeout (Ray 2.60)
+        return f"a Ray Client server that requires a token only times out a client without one; {_AUTH_HINT}; " \
+               f"otherwise {_START_HINT}"
+    return _START_HINT
 
 
 def _check_head_address(address: str) -> None:

@@ -109,3 +109,29 @@ def test_a_refused_connection_says_rays_own_reason(ray_not_started, monkeypatch)
     assert f"Failed to connect to Ray cluster at 127.0.0.1:{port}; ray.exceptions.AuthenticationError: RPC error: " \
            "InvalidAuthToken: token is missing" in msg
     assert "Traceback" not in msg and "node.py" not in msg
+    # the head answered: what to do is the token, not starting a cluster
+    assert "set RAY_AUTH_MODE=token here" in msg and "start a cluster first" not in msg
+
+
+@pytest.mark.parametrize("auth_mode", [None, "token"])
+@requires_ray
+def test_a_ray_client_timeout_names_the_token_unless_it_is_set(auth_mode, ray_not_started, monkeypatch):
+    """A Ray Client server whose cluster wants a token drops a client that sends none, which sees only
+    ConnectionError('ray client connection timeout') (Ray 2.60, ray/util/client/worker.py): without
+    RAY_AUTH_MODE=token the error says to set it; with it, only how to start a cluster."""
+    from pdsr_sdk.engines.ray_cluster import connect
+
+    def timeout(**kwargs):
+        raise ConnectionError("ray client connection timeout")
+
+    monkeypatch.setattr(ray_not_started, "init", timeout)
+    if auth_mode:
+        monkeypatch.setenv("RAY_AUTH_MODE", auth_mode)
+    else:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(ConfigError) as info:
+        connect(RayConfig(address="ray://127.0.0.1:10001"))
+    msg = str(info.value)
+    assert msg.startswith("ray.address 'ray://127.0.0.1:10001': cannot connect to a Ray cluster (ConnectionError: "
+                          "ray client connection timeout)")
+    assert ("RAY_AUTH_MODE=token" in msg) == (auth_mode is None) and "ray start --head" in msg
