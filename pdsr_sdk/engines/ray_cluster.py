@@ -1,8 +1,11 @@
 """The Ray cluster a :class:`~pdsr_sdk.engines.ray_engine.RayEngine` runs on: connecting to it (once per
-process), and what one engine's actor asks of it (resources, placement-group bundles, its Ray settings)."""
+process), what one engine's actor asks of it (resources, placement-group bundles, its Ray settings), and awaiting
+its answers (:func:`wait_ref`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
 from typing import Any
@@ -153,3 +156,33 @@ def merge_ray_config(run, engine):
         if key in base and key in own:
             own[key] = {**base[key], **own[key]}
     return RayConfig.model_validate({**base, **own})
+
+
+def wait_ref(ref) -> asyncio.Future:
+    """An asyncio future for a Ray ObjectRef (works for Ray Client refs too).
+
+    Cancelling it (close() stopping the poll, a timeout) leaves Ray's own future alone, unlike
+    ``asyncio.wrap_future``: Ray Client sets the answer on that future when it comes, and on a cancelled one
+    that raises InvalidStateError in its streaming thread (two tracebacks on the terminal at every close
+    over ``ray://``, Ray 2.60). An answer after this loop closed is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    out = loop.create_future()
+
+    def answered(source) -> None:   # in Ray's thread
+        with contextlib.suppress(RuntimeError):   # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(_settle, out, source)
+
+    ref.future().add_done_callback(answered)
+    return out
+
+
+def _settle(out: asyncio.Future, source) -> None:
+    if out.done():   # cancelled here
+        return
+    if source.cancelled():
+        out.cancel()
+    elif source.exception() is not None:
+        out.set_exception(source.exception())
+    else:
+        out.set_result(source.result())

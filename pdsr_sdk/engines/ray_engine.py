@@ -39,7 +39,7 @@ from typing import Any
 
 from pdsr_sdk.dispatch.types import EngineLoad, SegmentRequest
 from pdsr_sdk.engines.model_engine import CPU_CANNOT_SLEEP, ModelEngine
-from pdsr_sdk.engines.ray_cluster import connect, engine_args_for, merge_ray_config, placement
+from pdsr_sdk.engines.ray_cluster import connect, engine_args_for, merge_ray_config, placement, wait_ref
 from pdsr_sdk.errors import EngineError, UnsupportedError
 
 #: how long one poll may wait in the actor before returning an empty batch (keeps load() fresh)
@@ -100,7 +100,7 @@ class RayEngine(ModelEngine):
             self._pg = placement_group(bundles, strategy=cfg.placement_strategy,
                                        name=f"pdsr-{self.name}-{uuid.uuid4().hex[:8]}")
             try:
-                await asyncio.wait_for(_wait(self._pg.ready()), cfg.placement_timeout_s)
+                await asyncio.wait_for(wait_ref(self._pg.ready()), cfg.placement_timeout_s)
             except asyncio.TimeoutError:
                 msg = self._unplaced(f"placement group {bundles} (strategy {cfg.placement_strategy})")
                 await self.close()
@@ -118,7 +118,7 @@ class RayEngine(ModelEngine):
             runtime_env={"env_vars": env} if env else None,
         ).remote(spec, self.model, self.tokenizer, self.seed, self.logprobs_mode, self.speculative)
         try:
-            self.node = await asyncio.wait_for(_wait(self._actor.node_info.remote()), cfg.placement_timeout_s)
+            self.node = await asyncio.wait_for(wait_ref(self._actor.node_info.remote()), cfg.placement_timeout_s)
         except asyncio.TimeoutError:
             need = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
             msg = self._unplaced(f"an actor needing {_describe(need)}")
@@ -128,7 +128,7 @@ class RayEngine(ModelEngine):
             await self.close()
             raise self._gone(exc, "failed to start") from None
         try:
-            err = await _wait(self._actor.start.remote())
+            err = await wait_ref(self._actor.start.remote())
         except Exception as exc:  # noqa: BLE001 - the actor process died while loading
             await self.close()
             raise self._gone(exc, "failed to start") from None
@@ -151,7 +151,7 @@ class RayEngine(ModelEngine):
 
             if not self._dead and self.node is not None:   # a live actor shuts its engine down cleanly
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(_wait(actor.close.remote()), CLOSE_TIMEOUT_S)
+                    await asyncio.wait_for(wait_ref(actor.close.remote()), CLOSE_TIMEOUT_S)
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         pg, self._pg = self._pg, None
@@ -219,7 +219,7 @@ class RayEngine(ModelEngine):
 
     async def _weights_call(self, call) -> None:
         try:
-            err = await _wait(call)
+            err = await wait_ref(call)
         except Exception as exc:  # noqa: BLE001 - the actor died
             raise self._gone(exc, "lost during update_weights") from None
         if err is not None:
@@ -265,7 +265,7 @@ class RayEngine(ModelEngine):
         if self._dead or self._actor is None:
             raise EngineError(self.name, f"{method}: the engine is not running (Ray actor on {self.where()})")
         try:
-            result = await _wait(self._actor.control.remote(Control(method, tuple(kwargs.items()))))
+            result = await wait_ref(self._actor.control.remote(Control(method, tuple(kwargs.items()))))
         except Exception as exc:  # noqa: BLE001 - the actor died
             raise self._gone(exc, f"lost during {method}") from None
         if result.error is not None:
@@ -302,7 +302,7 @@ class RayEngine(ModelEngine):
         cmds, self._outbox = self._outbox, []
         if not cmds or self._dead or self._actor is None:
             return
-        fut = _wait(self._actor.commands.remote(cmds))
+        fut = wait_ref(self._actor.commands.remote(cmds))
         fut.add_done_callback(self._commands_done)
 
     def _commands_done(self, fut: asyncio.Future) -> None:
@@ -315,7 +315,7 @@ class RayEngine(ModelEngine):
     async def _poll_loop(self) -> None:
         while not self._dead and self._actor is not None:
             try:
-                news = await _wait(self._actor.poll.remote(POLL_WAIT_S))
+                news = await wait_ref(self._actor.poll.remote(POLL_WAIT_S))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - RayActorError and friends: the actor is gone
@@ -374,11 +374,6 @@ def _absolute_if_here(path: str | None) -> str | None:
     if path and not os.path.isabs(path) and os.path.exists(path):
         return os.path.abspath(path)
     return path
-
-
-def _wait(ref) -> asyncio.Future:
-    """An asyncio future for a Ray ObjectRef (works for Ray Client refs too)."""
-    return asyncio.wrap_future(ref.future())
 
 
 _REMOTE: dict[type, Any] = {}
