@@ -1,6 +1,6 @@
-"""Benchmark: token-quota partitioning (numba KK) against its pure-Python twin.
+"""Benchmark: token-quota partitioning (numba KK) against its pure-Python twin, and tight caps.
 
-    .venv/bin/python bench/partition.py [--runs 7]
+    .venv/bin/python bench/partition.py [--runs 7] [--tight-sizes 256 4096 16384] [--old-max-counts 20]
 
 Long-tailed lengths (lognormal, clipped to 16..16384), seeded. For each case
 prints: the kernel at a fixed k (median of --runs after warm-up), the full
@@ -9,6 +9,14 @@ the naive twin once, the ratios, and the imbalance (max load / ideal load).
 First-call cost is reported separately: in this process (numba's on-disk
 cache may already hold the kernel) and cold, in a child process with an empty
 cache directory.
+
+Tight caps: sequence lengths (prompt + response) of the workload family's ``kv-bound`` and
+``recorded-math-2048`` members, --tight-sizes of them, under caps of 1.1x, 1.5x, 2x and 4x the longest and
+of 16,384 and 32,768 tokens (where no sample is longer), balancing tokens and attention. Per case: CPU time
+of ``partition_by_tokens`` (median of --runs), the count and max / min tokens per micro-batch, and the same
+for the linear count search it replaced (:mod:`pdsr_sdk.batching.partition_naive`, one Karmarkar-Karp run per
+count from the lower bound up, on the same kernel), with the ratio of the two times. The old search is
+timed once, and only where it needs at most --old-max-counts KK runs (the others take minutes).
 """
 
 from __future__ import annotations
@@ -50,6 +58,54 @@ def median_time(fn, runs: int) -> float:
     return statistics.median(times)
 
 
+def cpu_time(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return statistics.median(times)
+
+
+def max_over_min(lengths: np.ndarray, parts) -> float:
+    loads = [int(lengths[p].sum()) for p in parts if len(p)]
+    return max(loads) / max(min(loads), 1)
+
+
+def tight_caps(sizes: list[int], runs: int, old_max_counts: int) -> None:
+    from micro_batching_rules import sequence_lengths
+
+    from pdsr_sdk.batching import partition_by_tokens
+    from pdsr_sdk.batching.partition import as_lengths, packing_lower_bound
+    from pdsr_sdk.batching.partition_naive import partition_lengths_naive
+
+    print("\ntight caps: CPU ms of partition_by_tokens (median of --runs) -> micro-batches, max / min tokens; "
+          "the old linear search once, where it needs at most --old-max-counts KK runs")
+    for member in ("kv-bound", "recorded-math-2048"):
+        for n in sizes:
+            lengths = as_lengths(sequence_lengths(member, n, seed=101))
+            longest = int(lengths.max())
+            caps = [(f"{f}x", int(f * longest)) for f in (1.1, 1.5, 2.0, 4.0)]
+            caps += [(f"{c // 1024}k", c) for c in (16384, 32768) if c >= longest]
+            for name, cap in caps:
+                for balance in ("tokens", "attention"):
+                    parts = partition_by_tokens(lengths, cap, balance=balance)
+                    t_new = cpu_time(lambda: partition_by_tokens(lengths, cap, balance=balance), runs)
+                    line = (f"  {member:18s} n={n:5d} cap {name:>4s} ({cap:6d}) {balance:9s}: {t_new * 1e3:8.1f} ms "
+                            f"-> {len(parts):5d}, max/min {max_over_min(lengths, parts):.3f}")
+                    counts = len(parts) - packing_lower_bound(lengths, cap) + 1
+                    if counts <= old_max_counts:
+                        t = time.process_time()
+                        old = partition_lengths_naive(lengths, cap, min_micro_batches=1, divisible_by=1,
+                                                      balance=balance, attention_coef=24576, allow_empty=False)
+                        t_old = time.process_time() - t
+                        line += (f" | old {t_old * 1e3:8.1f} ms -> {len(old):5d}, max/min "
+                                 f"{max_over_min(lengths, old):.3f}, ratio old / new {t_old / t_new:6.1f}x")
+                    else:
+                        line += f" | old skipped ({counts} KK runs)"
+                    print(line, flush=True)
+
+
 def imbalance(lengths: np.ndarray, parts) -> float:
     loads = [int(lengths[p].sum()) for p in parts]
     return max(loads) / (lengths.sum() / len(parts))
@@ -58,9 +114,15 @@ def imbalance(lengths: np.ndarray, parts) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="timed runs per fast measurement (median; default 7)")
+    parser.add_argument("--tight-sizes", type=int, nargs="*", default=[256, 4096, 16384],
+                        help="numbers of sequences for the tight-cap cases (default 256 4096 16384; none skips them)")
+    parser.add_argument("--old-max-counts", type=int, default=20,
+                        help="time the old linear search where it runs at most this many KK counts (default 20)")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs: must be at least 1 (a median needs one run), got {args.runs}")
+    if any(n < 1 for n in args.tight_sizes):
+        parser.error(f"--tight-sizes: each must be at least 1, got {args.tight_sizes}")
 
     from pdsr_sdk.batching import partition_by_tokens
     from pdsr_sdk.batching.kk_naive import kk_labels_naive
@@ -100,6 +162,8 @@ def main() -> None:
               f"{REFERENCE[n]:.1f} s as reported, not measured here)")
         print(f"  attention balance        : {len(att)} micro-batches, token imbalance "
               f"{imbalance(lengths, att):.4f}")
+    if args.tight_sizes:
+        tight_caps(args.tight_sizes, args.runs, args.old_max_counts)
 
 
 if __name__ == "__main__":

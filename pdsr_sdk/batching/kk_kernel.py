@@ -21,7 +21,15 @@ Layout, so that memory stays a small multiple of n rather than n x k:
   is ever copied.
 - When A and B have at most k non-empty parts together (most merges), no
   two non-empty parts meet and the stable re-sort is a merge of two sorted
-  runs, O(nnz). Otherwise it is a stable argsort of k sums, O(k log k).
+  runs, O(nnz). Otherwise only A's last nb parts change (nb = B's non-empty
+  parts): those are stably sorted and merged into A's block in place from its
+  end, so A's parts above the heaviest changed one are not touched (before,
+  all k parts went through a scratch array and back: 1.3-1.7x slower at
+  k = 1,838 and 6,730 for 16,384 lengths).
+- ``limit``: a part's sum only grows (parts merge, weights are >= 0), so the
+  final heaviest part is at least every part ever formed; the kernel stops at
+  the first merged part above ``limit`` and reports that the result's heaviest
+  part would exceed it (the count search discards such counts anyway).
 """
 
 from __future__ import annotations
@@ -86,14 +94,13 @@ def _merge_disjoint(oa, na, ob, nb, psum, phead, ptail, out_sum, out_head, out_t
 
 
 @numba.njit(cache=True)
-def _merge_overlapping(oa, na, ob, nb, k, psum, phead, ptail, nxt, t_sum, t_head, t_tail, key,
-                       out_sum, out_head, out_tail):
-    """Merged parts when na + nb > k: every merged part is non-empty.
+def _changed_parts(oa, na, ob, nb, k, psum, phead, ptail, nxt, t_sum, t_head, t_tail, key):
+    """The nb merged parts that change when na + nb > k, in stable descending order of sum.
 
-    Positions j < k - nb keep A's part alone (still sorted); only the last nb
-    positions change (A's smallest parts plus B's parts). Stable-sort those nb
-    and merge them with the untouched run, which wins ties (smaller
-    positions): O(k + nb log nb) instead of sorting all k parts.
+    Positions j < k - nb keep A's part alone (still sorted); position j >= k - nb
+    gets B's part k-1-j, joined by A's part j when A has one. Returns the order
+    of the nb parts in ``t_sum``/``t_head``/``t_tail`` (a stable argsort, like
+    Python's sorted).
     """
     keep = k - nb  # < na because na + nb > k
     for q in range(nb):
@@ -110,36 +117,73 @@ def _merge_overlapping(oa, na, ob, nb, k, psum, phead, ptail, nxt, t_sum, t_head
         t_head[q] = h
         t_tail[q] = t
         key[q] = -s
-    order = np.argsort(key[:nb], kind="mergesort")  # stable, like Python's sorted
-    i = 0
-    q = 0
-    out = 0
-    while i < keep or q < nb:
-        if q >= nb or (i < keep and psum[oa + i] >= t_sum[order[q]]):
-            out_sum[out] = psum[oa + i]
-            out_head[out] = phead[oa + i]
-            out_tail[out] = ptail[oa + i]
-            i += 1
-        else:
-            o = order[q]
-            out_sum[out] = t_sum[o]
-            out_head[out] = t_head[o]
-            out_tail[out] = t_tail[o]
-            q += 1
-        out += 1
+    return np.argsort(key[:nb], kind="mergesort")
 
 
 @numba.njit(cache=True)
-def kk_labels_fast(weights, k):
-    """Part label (0..k-1) of each item; part 0 has the largest sum.
+def _merge_in_place(o, keep, nb, order, psum, phead, ptail, t_sum, t_head, t_tail):
+    """Merge the sorted changed parts into A's untouched run psum[o:o+keep], filling o..o+keep+nb-1.
+
+    From the end: the last position takes whichever of A's smallest untouched
+    part and the smallest changed part sorts later. On equal sums the untouched
+    run sorts first (it sits at smaller positions), so the changed part goes
+    later. Stops when the changed parts are placed: the rest of A is in place.
+    """
+    w = keep + nb - 1
+    i = keep - 1
+    q = nb - 1
+    while q >= 0:
+        t = order[q]
+        if i >= 0 and psum[o + i] < t_sum[t]:
+            psum[o + w] = psum[o + i]
+            phead[o + w] = phead[o + i]
+            ptail[o + w] = ptail[o + i]
+            i -= 1
+        else:
+            psum[o + w] = t_sum[t]
+            phead[o + w] = t_head[t]
+            ptail[o + w] = t_tail[t]
+            q -= 1
+        w -= 1
+
+
+@numba.njit(cache=True)
+def _block(c, psum, phead, ptail, free_head, top):
+    """A free block of class c: (offset, pool arrays, possibly grown, new top)."""
+    if free_head[c] >= 0:
+        o = free_head[c]
+        free_head[c] = psum[o]
+        return o, psum, phead, ptail, top
+    if top + (1 << c) > psum.shape[0]:
+        grown = max(2 * psum.shape[0], top + (1 << c))
+        psum2 = np.empty(grown, np.int64)
+        phead2 = np.empty(grown, np.int32)
+        ptail2 = np.empty(grown, np.int32)
+        psum2[:top] = psum[:top]
+        phead2[:top] = phead[:top]
+        ptail2[:top] = ptail[:top]
+        psum, phead, ptail = psum2, phead2, ptail2
+    return top, psum, phead, ptail, top + (1 << c)
+
+
+@numba.njit(cache=True)
+def kk_labels_fast(weights, k, limit):
+    """(part label 0..k-1 of each item, True), part 0 the largest sum; (zeros, False) past ``limit``.
 
     ``weights``: int64 array (n,), values >= 0 whose total fits in 2**61
-    (the sort key is 2 * sum + non-empty). ``k`` >= 1.
+    (the sort key is 2 * sum + non-empty). ``k`` >= 1. ``limit``: the run
+    stops once a part's sum exceeds it, which happens iff the finished
+    partition's largest part would (pass 2**63 - 1 for no limit).
     """
     n = weights.shape[0]
     labels = np.zeros(n, np.int64)
-    if n == 0 or k == 1:
-        return labels
+    if n == 0:
+        return labels, True
+    if k == 1:
+        return labels, weights.sum() <= limit
+    for i in range(n):
+        if weights[i] > limit:
+            return labels, False
 
     # pool of part blocks; block of class c holds 2**c parts
     pool = 4 * n + 2 * k + 16
@@ -175,6 +219,9 @@ def kk_labels_fast(weights, k):
     out_sum = np.empty(k, np.int64)
     out_head = np.empty(k, np.int32)
     out_tail = np.empty(k, np.int32)
+    class_k = 0
+    while (1 << class_k) < k:
+        class_k += 1
     counter = n
     while size > 1:
         a = heap[0]
@@ -184,50 +231,51 @@ def kk_labels_fast(weights, k):
         b = heap[0]  # stays on the heap top; replaced by the merged state below
         na = nnz[a]
         nb = nnz[b]
+        oa = off[a]
         if na + nb <= k:
             need = na + nb
-            _merge_disjoint(off[a], na, off[b], nb, psum, phead, ptail, out_sum, out_head, out_tail)
+            _merge_disjoint(oa, na, off[b], nb, psum, phead, ptail, out_sum, out_head, out_tail)
+            c = cls[b]  # B's block is free
+            psum[off[b]] = free_head[c]
+            free_head[c] = off[b]
+            if (1 << cls[a]) < need:  # so is A's: the merged state needs a larger one
+                c = cls[a]
+                psum[oa] = free_head[c]
+                free_head[c] = oa
+                c = 0
+                while (1 << c) < need:
+                    c += 1
+                oa, psum, phead, ptail, top = _block(c, psum, phead, ptail, free_head, top)
+                off[a] = oa
+                cls[a] = c
+            for j in range(need):
+                psum[oa + j] = out_sum[j]
+                phead[oa + j] = out_head[j]
+                ptail[oa + j] = out_tail[j]
         else:
             need = k
-            _merge_overlapping(off[a], na, off[b], nb, k, psum, phead, ptail, nxt, t_sum, t_head,
-                               t_tail, key, out_sum, out_head, out_tail)
-
-        # B's block is free; A's too if the merged state does not fit in it
-        c = cls[b]
-        psum[off[b]] = free_head[c]
-        free_head[c] = off[b]
-        if (1 << cls[a]) < need:
-            c = cls[a]
-            psum[off[a]] = free_head[c]
-            free_head[c] = off[a]
-            c = 0
-            while (1 << c) < need:
-                c += 1
-            if free_head[c] >= 0:
-                off[a] = free_head[c]
-                free_head[c] = psum[off[a]]
-            else:
-                if top + (1 << c) > psum.shape[0]:
-                    grown = max(2 * psum.shape[0], top + (1 << c))
-                    psum2 = np.empty(grown, np.int64)
-                    phead2 = np.empty(grown, np.int32)
-                    ptail2 = np.empty(grown, np.int32)
-                    psum2[:top] = psum[:top]
-                    phead2[:top] = phead[:top]
-                    ptail2[:top] = ptail[:top]
-                    psum = psum2
-                    phead = phead2
-                    ptail = ptail2
-                off[a] = top
-                top += 1 << c
-            cls[a] = c
-        o = off[a]
-        for j in range(need):
-            psum[o + j] = out_sum[j]
-            phead[o + j] = out_head[j]
-            ptail[o + j] = out_tail[j]
+            keep = k - nb
+            order = _changed_parts(oa, na, off[b], nb, k, psum, phead, ptail, nxt, t_sum, t_head, t_tail, key)
+            c = cls[b]  # B's parts are in t_*: its block is free
+            psum[off[b]] = free_head[c]
+            free_head[c] = off[b]
+            if (1 << cls[a]) < k:  # A's untouched parts move to a block of k
+                o, psum, phead, ptail, top = _block(class_k, psum, phead, ptail, free_head, top)
+                for j in range(keep):
+                    psum[o + j] = psum[oa + j]
+                    phead[o + j] = phead[oa + j]
+                    ptail[o + j] = ptail[oa + j]
+                c = cls[a]
+                psum[oa] = free_head[c]
+                free_head[c] = oa
+                oa = o
+                off[a] = oa
+                cls[a] = class_k
+            _merge_in_place(oa, keep, nb, order, psum, phead, ptail, t_sum, t_head, t_tail)
+        if psum[oa] > limit:
+            return labels, False
         nnz[a] = need
-        spread[a] = out_sum[0] - (out_sum[k - 1] if need == k else 0)
+        spread[a] = psum[oa] - (psum[oa + k - 1] if need == k else 0)
         seq[a] = counter
         counter += 1
         heap[0] = a
@@ -242,4 +290,4 @@ def kk_labels_fast(weights, k):
             if node == ptail[o + j]:
                 break
             node = nxt[node - 1]
-    return labels
+    return labels, True

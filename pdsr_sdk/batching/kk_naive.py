@@ -11,8 +11,8 @@ from __future__ import annotations
 import heapq
 
 
-def kk_labels_naive(weights, k: int) -> list[int]:
-    """Part label (0..k-1) of each item; part 0 has the largest sum."""
+def kk_labels_naive(weights, k: int, limit: int | None = None) -> list[int] | None:
+    """Part label (0..k-1) of each item; part 0 has the largest sum. None when a part's sum exceeds ``limit``."""
     weights = [int(w) for w in weights]
     n = len(weights)
     if n == 0:
@@ -29,6 +29,8 @@ def kk_labels_naive(weights, k: int) -> list[int]:
         merged = sorted(merged, key=lambda part: (-part[0], -int(bool(part[1]))))
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), counter, merged))
         counter += 1
+    if limit is not None and heap[0][2][0][0] > limit:
+        return None
     labels = [0] * n
     for j, (_, members) in enumerate(heap[0][2]):
         for i in members:

@@ -5,22 +5,32 @@ micro-batch outputs back in the original sample order. Same idea as the
 dynamic batch size of verl (``rearrange_micro_batches``), re-implemented.
 
 Rules (what callers can rely on)
-- The count k is the first of k0, k0 + d, k0 + 2d, ... (d = ``divisible_by``)
-  at which the balanced partition keeps every micro-batch within the token
-  cap. k0 = max(ceil(total / cap), min_micro_batches, a packing lower bound)
-  rounded up to a multiple of d. The packing bound (no micro-batch can hold
-  j + 1 samples longer than cap / (j + 1)) only skips counts that no
-  partition could satisfy, so it changes no result, it only saves attempts.
-- Balancing is k-way Karmarkar-Karp (largest differencing). Its max - min
-  load spread never exceeds the largest single weight. If it breaks the cap
-  at some k while first-fit-decreasing packing fits in k micro-batches, the
-  FFD packing is used instead (it only happens when the cap is tight relative
-  to the lengths), evened out by moving samples from heavier micro-batches
+- The count starts at k0 = max(ceil(total / cap), min_micro_batches, a packing
+  bound: a micro-batch holds at most j samples longer than cap / (j + 1))
+  rounded up to a multiple of d = ``divisible_by``.
+- Balancing is k-way Karmarkar-Karp (largest differencing); its max - min
+  load spread never exceeds the largest single weight. If KK at k0 keeps every
+  micro-batch within the cap, that is the result. Otherwise first-fit
+  decreasing (FFD) packs into U micro-batches (its bin count rounded up to a
+  multiple of d; FFD fits for every k >= its bin count <= n), and KK is tried
+  below U: balancing attention at k0 + d, k0 + 2d, ... one by one for the
+  first 16 counts, then (and balancing tokens, straight away) at U - d, then by
+  bisection between the highest count where KK broke the cap and the lowest
+  where it kept it. The count is the smallest that fits that this search finds:
+  KK's partition there, or at U, where KK breaks the cap, FFD's packing.
+- KK's fit is not monotone in the count, so this is not always the first of
+  k0, k0 + d, ... that fits (:mod:`partition_naive` runs KK at each): there
+  the count is larger. On 99,494 random inputs (long-tailed, uniform, tight
+  packings of three lengths; caps 1-3x the longest) both gave the same
+  micro-batches; balancing attention by bisection alone, 21 of 45,846 tight
+  packings got a larger count. KK ran at 3 counts instead of 310 on 16,384
+  ``recorded-math-2048`` lengths under 1.1x the longest (bench/partition.py).
+- FFD's packing is evened out by moving samples from heavier micro-batches
   into the lightest while the cap holds (:mod:`pdsr_sdk.batching.rebalance`):
   balancing tokens, its max - min then also stays within the longest sample
-  (without that, FFD's max / min reached 7.45 on long-tailed rollouts). FFD fits for every
-  k >= its own bin count (<= n), so the search always ends. At k >= n every
-  sample gets its own micro-batch (what KK gives there) without running KK.
+  (FFD alone: max / min 7.45 on long-tailed rollouts). At k >= n each sample
+  is its own micro-batch, without KK. KK stops at the first part heavier than
+  a micro-batch within the cap can be (parts only grow).
 - ``balance="attention"`` balances a*L + L**2 per sample (the cap still
   counts tokens). Per layer, a causal forward costs about 24*h*h*L FLOPs in
   the linear layers and 2*h*L*L in attention, i.e. proportional to
@@ -53,6 +63,9 @@ BALANCE_MODES = ("tokens", "attention")
 _MAX_TOTAL_WEIGHT = 2**60
 # Token sums go through float64 bincount: exact below 2**53.
 _MAX_TOTAL_TOKENS = 2**53
+_INT64_MAX = 2**63 - 1
+# Balancing attention, KK's fit under the cap is least monotone in the count: try these counts one by one first.
+_ATTENTION_SCAN = 16
 
 
 # --------------------------------------------------------------- validation
@@ -134,26 +147,6 @@ def packing_lower_bound(lengths: np.ndarray, cap: int) -> int:
     return max(bound, int(np.max(-(-longer // j))))
 
 
-def ffd_labels(lengths: np.ndarray, cap: int) -> tuple[np.ndarray, int]:
-    """First-fit-decreasing packing with unlimited bins: (bin of each sample, bins used).
-
-    With k bins FFD places every sample exactly as here as long as it needs
-    no bin beyond k, so it fits in k bins iff ``bins used <= k``.
-    """
-    n = lengths.shape[0]
-    order = np.argsort(-lengths, kind="stable")
-    room = np.full(max(n, 1), cap, np.int64)
-    labels = np.empty(n, np.int64)
-    used = 0
-    for i in order:
-        length = lengths[i]
-        j = int(np.argmax(room[: used + 1] >= length))  # bin `used` is fresh and always fits
-        room[j] -= length
-        labels[i] = j
-        used = max(used, j + 1)
-    return labels, used
-
-
 def _fill_empty_parts(labels: np.ndarray, lengths: np.ndarray, k: int) -> np.ndarray:
     """Move samples into empty parts (k <= n), each from the part with the most samples.
 
@@ -174,11 +167,16 @@ def _fill_empty_parts(labels: np.ndarray, lengths: np.ndarray, k: int) -> np.nda
     return labels
 
 
-def kk_labels(weights: np.ndarray, k: int) -> np.ndarray:
-    """k-way Karmarkar-Karp labels through the numba kernel (compiled on first use)."""
+def kk_labels(weights: np.ndarray, k: int, limit: int | None = None) -> np.ndarray | None:
+    """k-way Karmarkar-Karp labels through the numba kernel (compiled on first use); None past ``limit``.
+
+    None when the partition's heaviest part would weigh more than ``limit`` (the kernel stops there).
+    """
     from pdsr_sdk.batching.kk_kernel import kk_labels_fast
 
-    return kk_labels_fast(np.ascontiguousarray(weights, dtype=np.int64), int(k))
+    labels, ok = kk_labels_fast(np.ascontiguousarray(weights, dtype=np.int64), int(k),
+                                _INT64_MAX if limit is None else int(limit))
+    return labels if ok else None
 
 
 def _labels_to_partitions(labels: np.ndarray, weights: np.ndarray, k: int) -> list[list[int]]:
@@ -193,6 +191,26 @@ def _labels_to_partitions(labels: np.ndarray, weights: np.ndarray, k: int) -> li
     return [groups[j].tolist() for j in rank]
 
 
+def validated_weights(lengths: np.ndarray, cap: int, balance: str, attention_coef: int) -> np.ndarray:
+    """What the partition balances, after checking that every sample fits the cap and the total is exact."""
+    too_long = np.flatnonzero(lengths > cap)
+    if too_long.size:
+        i = int(too_long[0])
+        raise DataValueError(
+            f"lengths[{i}] = {int(lengths[i])} tokens is longer than max_tokens_per_micro_batch={cap}: "
+            f"a sample cannot be split across micro-batches; raise the cap or truncate/drop the sample"
+            + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
+    total = int(lengths.sum())
+    if total >= _MAX_TOTAL_TOKENS:
+        raise DataValueError(f"lengths: {total} tokens in total, more than supported (2**53)")
+    return balance_weights(lengths, balance, attention_coef)
+
+
+def weight_limit(cap: int, balance: str, attention_coef: int) -> int:
+    """The most a micro-batch within the token cap can weigh: a*T + sum of L**2 <= a*cap + cap**2 for T <= cap."""
+    return cap if balance == "tokens" else min(attention_coef * cap + cap * cap, _INT64_MAX)
+
+
 def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, divisible_by: int,
                       balance: str, attention_coef: int, allow_empty: bool) -> list[list[int]]:
     """The search behind :func:`partition_by_tokens` on validated inputs.
@@ -205,42 +223,55 @@ def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, 
     d = divisible_by
     if n == 0 and not allow_empty:
         return []
-    too_long = np.flatnonzero(lengths > cap)
-    if too_long.size:
-        i = int(too_long[0])
-        raise DataValueError(
-            f"lengths[{i}] = {int(lengths[i])} tokens is longer than max_tokens_per_micro_batch={cap}: "
-            f"a sample cannot be split across micro-batches; raise the cap or truncate/drop the sample"
-            + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
-    total = int(lengths.sum())
-    if total >= _MAX_TOTAL_TOKENS:
-        raise DataValueError(f"lengths: {total} tokens in total, more than supported (2**53)")
-    weights = balance_weights(lengths, balance, attention_coef)
+    weights = validated_weights(lengths, cap, balance, attention_coef)
     bound = packing_lower_bound(lengths, cap)
-    k = -(-max(bound, min_micro_batches) // d) * d
+    limit = weight_limit(cap, balance, attention_coef)
 
-    ffd = None
-    while True:
+    def check_fill(k: int) -> None:
         if k > n and not allow_empty:
             raise DataValueError(
                 f"lengths: {n} samples cannot fill {k} micro-batches (packing lower bound {bound}, "
                 f"min_micro_batches={min_micro_batches}, divisible_by={d}, max_tokens_per_micro_batch={cap}); "
                 f"partition_by_tokens never returns empty micro-batches: pass fewer/looser options, or use "
                 f"partition_for_data_parallel / pad_micro_batches if empty micro-batches are acceptable")
-        if k >= n:  # KK would give every sample its own micro-batch: skip it
-            labels = np.arange(n, dtype=np.int64)
-        else:
-            labels = kk_labels(weights, k) if k > 1 else np.zeros(n, np.int64)
-        if n == 0 or int(np.bincount(labels, weights=lengths, minlength=k).max()) <= cap:
-            break
-        if ffd is None:
-            ffd = ffd_labels(lengths, cap)
-        if k >= ffd[1]:
-            from pdsr_sdk.batching.rebalance import rebalance
 
-            labels = rebalance(_fill_empty_parts(ffd[0], lengths, k), weights, lengths, k, cap)
-            break
-        k += d
+    def fitting(k: int) -> np.ndarray | None:
+        """KK's labels at k if its heaviest micro-batch keeps the cap, else None."""
+        if k >= n:  # KK would give every sample its own micro-batch: skip it
+            return np.arange(n, dtype=np.int64)
+        labels = kk_labels(weights, k, limit)
+        ok = labels is not None and int(np.bincount(labels, weights=lengths, minlength=k).max()) <= cap
+        return labels if ok else None
+
+    k = lo = -(-max(bound, min_micro_batches) // d) * d
+    check_fill(k)
+    labels = fitting(k)
+    if labels is None:
+        from pdsr_sdk.batching.rebalance import ffd_labels, rebalance
+
+        ffd, used = ffd_labels(lengths, cap)
+        k = max(lo, -(-used // d) * d)  # FFD packs into k; KK is tried below it
+        for _ in range(0 if balance == "tokens" else _ATTENTION_SCAN):  # one by one first
+            if lo + d >= k:
+                break
+            got = fitting(lo + d)
+            if got is not None:
+                k, labels = lo + d, got
+                break
+            lo += d
+        probe = k - d  # then FFD's count less one step (where KK's fit ends on long-tailed lengths), bisecting
+        while probe > lo:
+            got = fitting(probe)
+            if got is None:
+                lo = probe
+            else:
+                k, labels = probe, got
+            probe = lo + (k - lo) // (2 * d) * d
+        check_fill(k)
+        if labels is None and k > lo:
+            labels = fitting(k)
+        if labels is None:
+            labels = rebalance(_fill_empty_parts(ffd, lengths, k), weights, lengths, k, cap)
     return _labels_to_partitions(labels, weights, k)
 
 

@@ -1,6 +1,10 @@
-"""Evening out a packing that keeps the token cap (the first-fit-decreasing fallback of ``partition_lengths``).
+"""The first-fit-decreasing fallback of ``partition_lengths``: the packing, and evening it out under the token cap.
 
 Imports numba at module level: import this module lazily (``partition.py`` does).
+
+:func:`ffd_labels` finds each sample's first bin with room through a tree of the bins' largest room, O(n log n)
+(the plain loop, :func:`pdsr_sdk.batching.partition_naive.ffd_labels_naive`, scans the bins: 59-66 ms CPU on
+16,384 kv-bound lengths under 1.1x-2x the longest, where this takes 3 ms).
 
 First-fit decreasing fills micro-batches to the cap and leaves the last ones light (max / min tokens 7.45
 on 256 long-tailed rollouts under a cap of 1.5 x the longest; 1.09 after this). :func:`rebalance` then moves one sample at a time from a heavier micro-batch
@@ -17,6 +21,45 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+
+
+@numba.njit(cache=True)
+def _ffd(lengths, order, cap):
+    n = lengths.shape[0]
+    size = 1
+    while size < max(n, 1):
+        size *= 2
+    room = np.full(2 * size, -1, np.int64)  # room[size + j]: bin j's room; above: the larger of two children
+    room[size:size + max(n, 1)] = cap
+    for node in range(size - 1, 0, -1):
+        room[node] = max(room[2 * node], room[2 * node + 1])
+    labels = np.empty(n, np.int64)
+    used = 0
+    for i in order:
+        length = lengths[i]
+        node = 1
+        while node < size:  # the leftmost bin with room: a fresh bin (room cap >= length) always exists
+            node = 2 * node if room[2 * node] >= length else 2 * node + 1
+        j = node - size
+        room[node] -= length
+        node //= 2
+        while node >= 1:
+            room[node] = max(room[2 * node], room[2 * node + 1])
+            node //= 2
+        labels[i] = j
+        used = max(used, j + 1)
+    return labels, used
+
+
+def ffd_labels(lengths: np.ndarray, cap: int) -> tuple[np.ndarray, int]:
+    """First-fit-decreasing packing with unlimited bins: (bin of each sample, bins used).
+
+    With k bins FFD places every sample exactly as here as long as it needs
+    no bin beyond k, so it fits in k bins iff ``bins used <= k``. Every length must be <= cap.
+    """
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    labels, used = _ffd(lengths, np.argsort(-lengths, kind="stable"), int(cap))
+    return labels, int(used)
 
 
 @numba.njit(cache=True)
