@@ -225,7 +225,7 @@ class RolloutConfig(StepStreamConfig):
         if not self.streaming:
             for key in ("step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:
-                    raise ConfigValueError(f"{key} applies to multi-step runs only; set steps (or over_provision) too")
+                    raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too, or over_provision")
         return self
 
     @classmethod
