@@ -50,7 +50,7 @@ class TableBatches:
         if self.table is not None:
             table = self.table.select(list(columns)) if columns is not None else self.table
             for start in range(0, table.num_rows, rows):
-                yield table.slice(start, rows)
+                yield table.slice(start, min(rows, table.num_rows - start))   # a table of no columns does not clamp
             return
         fields = [self.schema.field(n) for n in (columns if columns is not None else self.schema.names)]
         wanted = pa.schema(fields, metadata=self.schema.metadata)
@@ -63,6 +63,9 @@ class TableBatches:
             else:
                 read = (_ipc_batches if self.kind == "arrow" else _parquet_batches)(file, names, rows)
             for batch in read:
+                if not fields:   # no column asked for: the rows still count, which a table built of no columns
+                    yield batch.select([])   # (or given metadata, pyarrow 26) loses; a selection keeps them
+                    continue
                 fits = batch.column_names == wanted.names and batch.schema.types == wanted.types
                 yield batch if fits else conformed(batch, wanted)
 

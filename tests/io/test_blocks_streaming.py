@@ -321,3 +321,20 @@ def test_pdsr_score_on_jsonl_writes_what_it_writes_on_parquet(tmp_path, tiny_mod
     assert outs[0].column("answer").to_pylist() == [None] + [
         json.dumps(r["answer"]) if not isinstance(r["answer"], str) else r["answer"] for r in rows[1:]]
     assert outs[0].column("extra").to_pylist() == [None] + [{"turn": i} for i in range(1, 12)]
+
+
+def test_no_column_asked_still_gives_every_row(tmp_path):
+    """batches([]) of a streamed input counts its rows, as of one read whole (a table of no columns has none unless
+    it is a selection of one that has rows)."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    pq.write_table(pa.table({"a": [1, 2, 3]}), folder / "0.parquet")
+    pq.write_table(pa.table({"b": ["x", "y"]}), folder / "1.parquet")   # another column: streamed as the union
+    inputs = {"shards of other columns": folder, "jsonl": _lines(tmp_path / "r.jsonl", [{"a": i} for i in range(7)]),
+              "arrow": _ipc_file(tmp_path / "r.arrow", _table(7)), "csv (read whole)": tmp_path / "r.csv"}
+    (tmp_path / "r.csv").write_text("a\n" + "".join(f"{i}\n" for i in range(7)))
+    for name, path in inputs.items():
+        source = open_table_batches(path)
+        parts = list(source.batches([], rows=2))
+        assert [p.num_columns for p in parts] == [0] * len(parts), name
+        assert sum(p.num_rows for p in parts) == source.num_rows == read_table(path).num_rows, name
