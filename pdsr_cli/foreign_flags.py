@@ -334,4 +334,6 @@ def _as_flag(option: click.Option, value: str) -> str:
         return f"{name} {shlex.quote(value)}"
     if value.strip().lower() in ("true", "1", "yes", "on"):
         return name
-    return option.secondary_opts[0] if option.secondary_opts else f"no {name}"
+    if option.secondary_opts:
+        return option.secondary_opts[0]
+    return f"leave out {name} (off unless given)"   # an on switch alone: given, it turns its setting on

@@ -135,6 +135,7 @@ HEAD = "takes flags and --config FILE, not key=value arguments (Hydra's override
      ["actor_rollout_ref.rollout.n=8: --n 8; verl's actor_rollout_ref.rollout.n is pdsr's --n (sampling.n)",
       "data.max_response_length=1024: --max-tokens 1024; verl's data.max_response_length is pdsr's --max-tokens",
       "n=4: --n 4", "ignore_eos=true: --ignore-eos"]),
+    (["rollout"], ["ignore_eos=false"], ["ignore_eos=false: leave out --ignore-eos (off unless given)"]),
     (["rollout"], ["actor_rollout_ref.rollout.top_k=-1"],   # a value pdsr reads otherwise: no --top-k -1
      ["actor_rollout_ref.rollout.top_k=-1: verl's actor_rollout_ref.rollout.top_k is pdsr's --top-k (sampling.top_k); "
       "verl's -1 (off) is 0"]),
