@@ -52,6 +52,8 @@ def steady_words(steps: int) -> str:
     from pdsr_sdk.sim.steps_report import steady_window
 
     window = range(steps)[steady_window(steps)]
+    if steps == 1:
+        return "step_s: the one step's time (it fills the pipeline: run 4 or more for a steady number)"
     if len(window) == steps:
         return (f"step_s: mean of all {steps} steps (under 4, the first two, which fill the pipeline, are not left "
                 f"out: run more for a steady number)")

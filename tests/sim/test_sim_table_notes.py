@@ -64,7 +64,8 @@ def test_step_s_is_the_mean_of_the_steps_the_note_names(tmp_path):
     trace = write_trace_jsonl(small_trace(groups=60, seed=4), tmp_path / "t.jsonl")
     for steps, window, words in ((5, slice(2, 4), "step_s: mean of steps 3 to 4;"),
                                  (4, slice(2, 3), "step_s: mean of step 3;"),
-                                 (3, slice(0, 3), "step_s: mean of all 3 steps (under 4, the first two")):
+                                 (3, slice(0, 3), "step_s: mean of all 3 steps (under 4, the first two"),
+                                 (1, slice(0, 1), "step_s: the one step's time (it fills the pipeline")):
         lines = run("--trace", str(trace), "--steps", str(steps), "--step-groups", "8", "--over-provision", "0.25",
                     "--fast", "2", "--heavy", "1")
         header, per_step = table(lines, "step")
