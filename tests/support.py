@@ -43,3 +43,43 @@ def load_bench(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def record_parquet_columns(monkeypatch) -> list:
+    """The ``columns`` each ``ParquetFile.iter_batches`` call asks for, from now on; a whole-file read (pyarrow's or
+    pdsr's ``read_table``) fails the test."""
+    import pyarrow.parquet as pq
+
+    import pdsr_sdk.io.tables
+
+    asked: list = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def recording(self, *args, **kwargs):
+        asked.append(kwargs.get("columns"))
+        return iter_batches(self, *args, **kwargs)
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the whole file was read")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
+    monkeypatch.setattr(pq, "read_table", whole)
+    monkeypatch.setattr(pdsr_sdk.io.tables, "read_table", whole)
+    return asked
+
+
+def write_table_as(table, path, kind: str):
+    """``table`` written to ``path`` as ``kind`` (parquet, arrow or jsonl) in blocks of 3000 rows, so that a
+    reader of a few thousand rows at a time crosses them; returns ``path``."""
+    import json
+
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    if kind == "parquet":
+        pq.write_table(table, path, row_group_size=3000)
+    elif kind == "arrow":
+        feather.write_feather(table, path, chunksize=3000)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+    return path

@@ -3,19 +3,16 @@ time, from a rollout output that also holds log-probs and text, and keeps what t
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.feather as feather
-import pyarrow.parquet as pq
 import pytest
 
-import pdsr_sdk.io.tables
 from pdsr_sdk.engines.group_drafter import DraftHistory
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.blocks import BATCH_ROWS
+from support import record_parquet_columns, write_table_as
 
 ROWS = 2 * BATCH_ROWS + 50
 PROMPTS = 30
@@ -50,20 +47,10 @@ def _kept_by_hand(table: pa.Table, per_prompt: int) -> tuple[dict[tuple, list[li
     return {k: v[-per_prompt:] for k, v in kept.items()}, count
 
 
-def _write(table: pa.Table, path, kind: str):
-    if kind == "parquet":
-        pq.write_table(table, path, row_group_size=3000)
-    elif kind == "arrow":
-        feather.write_feather(table, path, chunksize=3000)
-    else:
-        path.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
-    return path
-
-
 @pytest.mark.parametrize("name", ["out.parquet", "out.arrow", "out.jsonl"])
 def test_the_history_read_is_what_the_rows_say(tmp_path, name):
     table = _rollout()
-    path = _write(table, tmp_path / name, name.split(".")[1])
+    path = write_table_as(table, tmp_path / name, name.split(".")[1])
     history = DraftHistory(3)
     expected, count = _kept_by_hand(table, 3)
     assert history.read(path, SETTING) == count
@@ -74,26 +61,14 @@ def test_the_history_read_is_what_the_rows_say(tmp_path, name):
 
 
 def test_only_the_three_columns_are_read(tmp_path, monkeypatch):
-    path = _write(_rollout(), tmp_path / "out.parquet", "parquet")
-    asked: list = []
-    iter_batches = pq.ParquetFile.iter_batches
-
-    def recording(self, *args, **kwargs):
-        asked.append(kwargs.get("columns"))
-        return iter_batches(self, *args, **kwargs)
-
-    def whole(*args, **kwargs):
-        raise AssertionError("the whole file was read")
-
-    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
-    monkeypatch.setattr(pq, "read_table", whole)
-    monkeypatch.setattr(pdsr_sdk.io.tables, "read_table", whole)
+    path = write_table_as(_rollout(), tmp_path / "out.parquet", "parquet")
+    asked = record_parquet_columns(monkeypatch)
     assert DraftHistory(2).read(path, SETTING) > 0
     assert asked == [["prompt_token_ids", "response_token_ids", "finish_reason"]]
 
 
 def test_errors_name_the_file_its_columns_and_the_flag(tmp_path):
-    path = _write(_rollout(10).drop(["response_token_ids"]), tmp_path / "out.parquet", "parquet")
+    path = write_table_as(_rollout(10).drop(["response_token_ids"]), tmp_path / "out.parquet", "parquet")
     with pytest.raises(DataError, match=r"out\.parquet: missing column\(s\) 'response_token_ids'; the file has: "
                                         r"prompt_id, prompt_token_ids, response_logprobs, response_text, "
                                         r"finish_reason$"):
@@ -113,7 +88,7 @@ def test_a_column_of_another_type_is_named_with_the_flag(tmp_path, column, value
     no group's prompt matches) and float ids were cut to integers."""
     table = _rollout(10)
     table = table.set_column(table.schema.get_field_index(column), column, values)
-    path = _write(table, tmp_path / "out.parquet", "parquet")
+    path = write_table_as(table, tmp_path / "out.parquet", "parquet")
     with pytest.raises(DataError) as info:
         DraftHistory(2).read(path, SETTING)
     assert str(info.value) == f"{SETTING} {path}: column {column!r} {said}, as pdsr rollout writes it"
@@ -125,7 +100,7 @@ def test_a_null_token_id_is_named_by_its_row_past_the_first_block(tmp_path):
     row = BATCH_ROWS + 9
     ids[row] = [4, None]
     table = table.set_column(2, "response_token_ids", pa.array(ids, pa.list_(pa.int32())))
-    path = _write(table, tmp_path / "out.parquet", "parquet")
+    path = write_table_as(table, tmp_path / "out.parquet", "parquet")
     with pytest.raises(DataError) as info:
         DraftHistory(2).read(path, SETTING)
     assert str(info.value) == f"{SETTING} {path}: column 'response_token_ids' row {row} has an empty (null) token id"
@@ -141,7 +116,7 @@ def test_a_null_prompt_is_named_by_its_row_where_its_response_is_kept(tmp_path):
     table = table.set_column(1, "prompt_token_ids", pa.array(prompts, pa.list_(pa.int32())))
     table = table.set_column(2, "response_token_ids", pa.array(ids, pa.list_(pa.int32())))
     table = table.set_column(5, "finish_reason", pa.array(reasons))
-    path = _write(table, tmp_path / "out.parquet", "parquet")
+    path = write_table_as(table, tmp_path / "out.parquet", "parquet")
     with pytest.raises(DataError) as info:
         DraftHistory(2).read(path, SETTING)
     assert str(info.value) == (f"{SETTING} {path}: column 'prompt_token_ids' row 7 is empty (null); expected the "

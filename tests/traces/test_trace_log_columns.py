@@ -18,6 +18,7 @@ import pdsr_sdk.io.tables
 from pdsr_cli.main import cli
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.blocks import BATCH_ROWS
+from support import record_parquet_columns, write_table_as
 from pdsr_sdk.traces import read_responses_trace, read_trace
 from pdsr_sdk.traces.io import read_trajectories_trace, trace_from_responses, trace_from_trajectories
 from pdsr_sdk.traces.log_columns import read_log_columns
@@ -56,20 +57,10 @@ def _expected(table: pa.Table, tmp_path) -> object:
     return read_trace(path)
 
 
-def _write(table: pa.Table, path, kind: str):
-    if kind == "parquet":
-        pq.write_table(table, path, row_group_size=3000)
-    elif kind == "arrow":
-        feather.write_feather(table, path, chunksize=3000)
-    else:
-        path.write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
-    return path
-
-
 @pytest.mark.parametrize("kind, name", [("parquet", "log.parquet"), ("arrow", "log.arrow"), ("jsonl", "log.jsonl")])
 def test_the_trace_is_the_whole_logs_and_its_heavy_columns_are_not_kept(tmp_path, kind, name):
     table = _log()
-    path = _write(table, tmp_path / name, kind)
+    path = write_table_as(table, tmp_path / name, kind)
     trace = read_responses_trace(path, id_column="uid")
     assert_same_trace(trace, _expected(table, tmp_path))
     assert_same_trace(trace, trace_from_responses(pdsr_sdk.io.tables.read_table(path), id_column="uid"))
@@ -81,20 +72,8 @@ def test_the_trace_is_the_whole_logs_and_its_heavy_columns_are_not_kept(tmp_path
 
 
 def test_unused_columns_are_never_read_from_parquet(tmp_path, monkeypatch):
-    path = _write(_log(), tmp_path / "log.parquet", "parquet")
-    asked: list = []
-    iter_batches = pq.ParquetFile.iter_batches
-
-    def recording(self, *args, **kwargs):
-        asked.append(kwargs.get("columns"))
-        return iter_batches(self, *args, **kwargs)
-
-    def whole(*args, **kwargs):
-        raise AssertionError("the whole log was read")
-
-    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
-    monkeypatch.setattr(pq, "read_table", whole)
-    monkeypatch.setattr(pdsr_sdk.io.tables, "read_table", whole)
+    path = write_table_as(_log(), tmp_path / "log.parquet", "parquet")
+    asked = record_parquet_columns(monkeypatch)
     trace = read_responses_trace(path, id_column="uid")
     assert asked == [["uid", "response_ids", "score", "finish_reason"]]
     assert trace.num_samples == ROWS
@@ -104,12 +83,12 @@ def test_a_length_column_found_first_stops_the_search_and_a_listed_item_does_not
     """Names looked for after the one found are not read; a list's item (choices.0.finish_reason) may be missing
     on a row, so the names after it are read: the same choice as the whole log's."""
     table = _log(20).append_column("response_length", pa.array([3] * 20))
-    path = _write(table, tmp_path / "log.parquet", "parquet")
+    path = write_table_as(table, tmp_path / "log.parquet", "parquet")
     read, _, _ = read_log_columns(path, "parquet", {"length": ["response_length", "response_ids"]})
     assert read.column_names == ["response_length"]
     choices = pa.array([[{"finish_reason": "stop"}]] * 19 + [[]])
     table = _log(20).drop(["finish_reason"]).append_column("choices", choices)
-    path = _write(table, tmp_path / "choices.parquet", "parquet")
+    path = write_table_as(table, tmp_path / "choices.parquet", "parquet")
     read, _, _ = read_log_columns(path, "parquet", {"finish_reason": ["choices.0.finish_reason", "text"]})
     assert read.column_names == ["text", "choices"]
     trace = read_responses_trace(path, id_column="uid")
@@ -119,18 +98,18 @@ def test_a_length_column_found_first_stops_the_search_and_a_listed_item_does_not
 
 def test_errors_list_every_column_and_name_the_row_past_the_first_block(tmp_path):
     table = _log()
-    path = _write(table, tmp_path / "log.parquet", "parquet")
+    path = write_table_as(table, tmp_path / "log.parquet", "parquet")
     listing = "columns: uid, response_ids, logprobs, text, score, finish_reason"
     with pytest.raises(DataError, match=f"--id-column is 'prompt' but the file has no such column; {listing}$"):
         read_responses_trace(path, id_column="prompt")
-    no_length = _write(table.drop(["response_ids"]), tmp_path / "n.parquet", "parquet")
+    no_length = write_table_as(table.drop(["response_ids"]), tmp_path / "n.parquet", "parquet")
     with pytest.raises(DataError, match="no response length column; name it with --length-column .*; columns: uid, "
                                         "logprobs, text, score, finish_reason$"):
         read_responses_trace(no_length, id_column="uid")
     row = BATCH_ROWS + 17
     ids = table["response_ids"].to_pylist()
     ids[row] = None
-    bad = _write(table.set_column(1, "response_ids", pa.array(ids, pa.list_(pa.int32()))), tmp_path / "bad.parquet",
+    bad = write_table_as(table.set_column(1, "response_ids", pa.array(ids, pa.list_(pa.int32()))), tmp_path / "bad.parquet",
                  "parquet")
     out = tmp_path / "t.jsonl"
     result = CliRunner().invoke(cli, ["trace", "convert", str(bad), "--id-column", "uid", "--out", str(out)])
@@ -169,7 +148,7 @@ def test_a_trajectories_arrow_file_is_read_for_its_trace_columns_only(tmp_path, 
 
 
 def test_a_log_without_a_column_read_reads_no_rows_to_say_so(tmp_path, monkeypatch):
-    path = _write(_log(50).select(["logprobs", "text"]), tmp_path / "log.parquet", "parquet")
+    path = write_table_as(_log(50).select(["logprobs", "text"]), tmp_path / "log.parquet", "parquet")
     asked: list = []
     iter_batches = pq.ParquetFile.iter_batches
     monkeypatch.setattr(pq.ParquetFile, "iter_batches",
