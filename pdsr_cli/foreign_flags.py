@@ -292,8 +292,8 @@ def extra_arguments(ctx: click.Context, argv: list[str]) -> list[str] | None:
 
 
 def with_key_value_answer(exc: click.UsageError, argv: list[str]) -> click.UsageError:
-    """``exc``, click's "unexpected extra argument", as one error saying that pdsr takes flags and ``--config FILE``
-    and what each ``key=value`` argument is in pdsr, where some are; else ``exc``."""
+    """``exc``, click's "unexpected extra argument", as one error saying that pdsr takes flags (and ``--config FILE``
+    where the command has it) and what each ``key=value`` argument is in pdsr, where some are; else ``exc``."""
     ctx = exc.ctx
     # a group that runs without a subcommand (pdsr simulate) read the first of them as a subcommand's name
     group = isinstance(ctx.command, click.Group) if ctx is not None else False
@@ -305,7 +305,8 @@ def with_key_value_answer(exc: click.UsageError, argv: list[str]) -> click.Usage
         return exc
     command = command_name(ctx)
     options = {opt: p for p in ctx.command.params if isinstance(p, click.Option) for opt in p.opts}
-    lines = [f"pdsr {command} takes flags and --config FILE, not key=value arguments (Hydra's overrides):"]
+    config = " and --config FILE" if "--config" in options else ""   # pdsr trace convert, pdsr model: flags only
+    lines = [f"pdsr {command} takes flags{config}, not key=value arguments (Hydra's overrides):"]
     lines += [f"  {arg}: {_key_value_answer(command, m[1], m[2], options)}" for arg, m in pairs]
     others = [arg for arg in extra if not _OVERRIDE.fullmatch(arg)]
     if others and not group:   # a group's words after its "subcommand" were not read
@@ -320,8 +321,8 @@ def _key_value_answer(command: str, key: str, value: str, options: dict[str, cli
     rows = _key_rows(command, key)
     said = _said(rows)
     if said is None:
-        return (f"not a name pdsr {command} knows: its flags are in pdsr {command} --help, a --config file's keys "
-                f"in docs/configuration.md")
+        keys = ", a --config file's keys in docs/configuration.md" if "--config" in options else ""
+        return f"not a name pdsr {command} knows: its flags are in pdsr {command} --help{keys}"
     same = len({(r.flag, r.note) for r in rows}) == 1 and not rows[0].note   # their value is pdsr's as it is
     flag = options.get(rows[0].flag or "") if same else None
     return f"{_as_flag(flag, value)}; {said}" if flag is not None else said

@@ -169,3 +169,11 @@ def test_an_options_value_with_an_equals_sign_is_not_an_argument():
     out = failed(invoke("rollout", "--stop", "x=y", "a.b=1"), f"pdsr rollout {HEAD}", "  a.b=1: not a name")
     assert "x=y" not in out
     assert "Did you mean '--temperature'" in failed(invoke("rollout", "--stop", "x=y", "--tempreature", "1"))
+
+
+@pytest.mark.parametrize("command", [["trace", "convert", "log.jsonl", "--out", "t.jsonl"], ["model", "tiny"]])
+def test_a_command_without_a_config_file_is_not_said_to_take_one(command):
+    out = failed(invoke(*command, "foo.bar=1"), f"pdsr {' '.join(command[:2])} takes flags, not key=value arguments",
+                 f"  foo.bar=1: not a name pdsr {' '.join(command[:2])} knows: its flags are in pdsr "
+                 f"{' '.join(command[:2])} --help")
+    assert "--config" not in out and "configuration.md" not in out
