@@ -46,6 +46,10 @@ RESUME_KEYS = {
 }
 METADATA_KEY = "pdsr_run"
 _COUNTERS = ("moves", "steals", "restarts", "wasted_tokens", "retries")
+#: the carry file's columns that carried_groups and restore_sample read
+CARRY_COLUMNS = ("prompt_id", "sample_index", "launch_step", "response_token_ids", "response_logprobs",
+                 "response_length", "segments", "finish_reason", "stop_reason", "is_probe", "routed_to",
+                 "submit_time_s", "first_token_time_s", "finish_time_s", *_COUNTERS)
 
 
 def run_settings(config, model_dir: str) -> dict[str, Any]:
@@ -133,12 +137,14 @@ def _read_carry(path: Path, run_id: str, done: set[str]) -> list[dict[str, Any]]
     if not file.exists():
         return []
     try:
-        table = pq.read_table(file)
+        schema = pq.read_schema(file)
+        if (schema.metadata or {}).get(b"run_id", b"").decode() != run_id:
+            return []
+        # the file holds every sample's prompt ids and text too (GBs on a long run), which nothing here reads
+        table = pq.read_table(file, columns=[c for c in CARRY_COLUMNS if c in schema.names])
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
         raise DataError(f"{file}: cannot read the groups the run carried between steps: {exc}; remove the file "
                         f"to start them over") from None
-    if (table.schema.metadata or {}).get(b"run_id", b"").decode() != run_id:
-        return []
     return [r for r in table.to_pylist() if r["prompt_id"] not in done]
 
 
