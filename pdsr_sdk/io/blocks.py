@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -57,11 +57,14 @@ class TableBatches:
         for index, (file, own) in enumerate(zip(self.files, self.file_schemas)):
             # a shard without some of the columns (or null throughout one) is read for those it has (at least one,
             # for its rows), the rest null, as read_table's concatenation makes them
-            names = [f.name for f in fields if f.name in own.names] or own.names[:1]
-            if self.kind == "jsonl":
-                read = jsonl_batches(self.plans[index], names, rows)
+            names = [f.name for f in fields if f.name in own.names]
+            if self.kind == "jsonl" and not names and self.plans[index].converted is not None:
+                # its first column may not be converted (open_table_batches' only): its rows are all there is
+                read = _null_batches(self.plans[index].num_rows, wanted, rows)
+            elif self.kind == "jsonl":
+                read = jsonl_batches(self.plans[index], names or own.names[:1], rows)
             else:
-                read = (_ipc_batches if self.kind == "arrow" else _parquet_batches)(file, names, rows)
+                read = (_ipc_batches if self.kind == "arrow" else _parquet_batches)(file, names or own.names[:1], rows)
             for batch in read:
                 if not fields:   # no column asked for: the rows still count, which a table built of no columns
                     yield batch.select([])   # (or given metadata, pyarrow 26) loses; a selection keeps them
@@ -71,19 +74,20 @@ class TableBatches:
 
 
 def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: str = "input",
-                       setting: str | None = None) -> TableBatches:
+                       setting: str | None = None, only: Collection[str] | None = None) -> TableBatches:
     """``path`` (a file, a folder of shards or a glob pattern, as :func:`~pdsr_sdk.io.tables.read_table` reads)
     ready to read in batches, checking that ``columns`` exist (a DataError naming the missing ones and what the
     file has). Parquet, Arrow IPC and JSONL are streamed, shards whose columns differ as their union (a JSONL file
     is parsed now, for its types, and its batches kept in a temporary file; its errors are read_table's); anything
     else is read whole now. ``setting``: the flag or config key that gave ``path``, named in the errors about the
-    whole input."""
+    whole input. ``only``: the only columns ``batches`` will be asked for; a JSONL file's other keys are in the
+    schema but not converted (nor are their values checked)."""
     path = user_path(path)
     files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
     kind = FORMATS.get(files[0].suffix.lower(), "parquet")   # a single file of another name is read as Parquet
     plans: list[JsonPlan] = []
     if kind == "jsonl":
-        plans = _jsonl_plans(files, path, what, setting)
+        plans = _jsonl_plans(files, path, what, setting, only)
         opened = [(p.schema, p.num_rows) for p in plans] or None
     elif kind == "arrow":
         opened = _ipc_files(files)
@@ -192,7 +196,14 @@ def _ipc_batches(file: Path, names: list[str] | None, rows: int) -> Iterator[pa.
 
 # ------------------------------------------------------------------ JSONL
 
-def _jsonl_plans(files: list[Path], path: Path, what: str, setting: str | None) -> list[JsonPlan]:
+def _null_batches(num_rows: int, schema: pa.Schema, rows: int) -> Iterator[pa.Table]:
+    for start in range(0, num_rows, rows):
+        count = min(rows, num_rows - start)
+        yield pa.Table.from_arrays([pa.nulls(count, f.type) for f in schema], schema=schema)
+
+
+def _jsonl_plans(files: list[Path], path: Path, what: str, setting: str | None,
+                 only: Collection[str] | None) -> list[JsonPlan]:
     """Each file's plan (:func:`~pdsr_sdk.io.json_stream.plan_jsonl`), with read_table's errors; [] where a file
     is a .json array (read whole)."""
     if any(json_array_file(f) for f in files):
@@ -203,7 +214,7 @@ def _jsonl_plans(files: list[Path], path: Path, what: str, setting: str | None) 
         if file.stat().st_size == 0:
             raise DataError(f"{where}: the {what} file is empty")
         try:
-            plans.append(plan_jsonl(file, BATCH_ROWS, where, what))
+            plans.append(plan_jsonl(file, BATCH_ROWS, where, what, only))
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - what read_table says of it (an int beyond int64)

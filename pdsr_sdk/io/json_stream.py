@@ -17,6 +17,8 @@ mixing numbers and strings is read as strings, numbers written as JSON writes th
 the whole file): its batches from the first that mixes them on are kept as text.
 A column that does not convert is the error ``rows_table`` gives, naming the file's line.
 
+A plan of some keys only (``columns``) infers the others' types, for the schema, but does not convert them.
+
 Cost: one reading and parsing of the file to plan it (a second, partial one where a column's type changed);
 :func:`jsonl_batches` reads the temporary file, no JSON, as often as it is called (and the file may change
 meanwhile: the batches are what was planned). Memory holds a batch of rows; the temporary file takes about a third
@@ -28,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -52,6 +54,8 @@ class JsonPlan:
     num_rows: int
     spill: Spill
     batches: list[_Batch]
+    #: the columns converted (None: all); the others are in ``schema`` but cannot be read
+    converted: frozenset[str] | None = None
 
 
 @dataclass
@@ -74,11 +78,12 @@ class _Column:
     final: bool = False     #: inference met a boolean, float or string: later values do not change the type
     error: Exception | None = None   #: why the values infer no type (a list beside a number)
     converted: list = field(default_factory=list)   #: (batch, type it was converted to, the error or None)
+    read: bool = True   #: converted (else its type is inferred only, for the schema)
 
     def add(self, values: list, batch: int) -> pa.Array | None:
         """Infer from ``values`` (batch ``batch``'s) and convert them: the array, None where they are all null or
-        do not convert. Once the column has mixed numbers and strings, the values as text (as the column is read
-        unless a value of another kind follows, which is an error)."""
+        do not convert (or the column is not ``read``). Once the column has mixed numbers and strings, the values
+        as text (as the column is read unless a value of another kind follows, which is an error)."""
         self.kinds.update(value_kind(v) for v in values)
         if all(v is None for v in values):   # nulls convert to any type, infer none
             return None
@@ -91,6 +96,8 @@ class _Column:
             else:
                 self.final = any(isinstance(v, (bool, float, str)) for v in values)
                 self.before = [] if self.final else [_standing_for(self.type)]
+        if not self.read:
+            return None
         if self.error is None:
             array, error = _convert(values, self.type)
             self.converted.append((batch, self.type, error))
@@ -99,34 +106,38 @@ class _Column:
         return array
 
 
-def plan_jsonl(path: Path, rows: int, where: str, what: str) -> JsonPlan:
+def plan_jsonl(path: Path, rows: int, where: str, what: str,
+               columns: Collection[str] | None = None) -> JsonPlan:
     """Read ``path`` (a JSONL file) through, ``rows`` lines at a time, for its columns and their types, keeping
     each batch's columns in a spill. The error :func:`~pdsr_sdk.io.tables.read_table` gives, where it gives one: a
     DataError naming the line, or the exception it names the file with (an int beyond int64); one naming ``where``
-    (the file) and ``what`` (the input) where the file has no column."""
-    columns: dict[str, _Column] = {}   # every line's keys, in order of first appearance (rows_table's columns)
+    (the file) and ``what`` (the input) where the file has no column. ``columns``: the only keys to convert (the
+    others' types are inferred, for the schema, and their values neither converted nor checked; the arrays of
+    these, and the errors, are those of the file holding only them)."""
+    # every line's keys, in order of first appearance (rows_table's columns)
+    plan: dict[str, _Column] = {}
     spill = Spill(where)
     batches: list[_Batch] = []
     for chunk in _chunks(path, rows):
         for _, row in chunk:
             for name in row:
-                if name not in columns:   # a column first seen now: null on the lines before, which infer nothing
-                    columns[name] = _Column()
+                if name not in plan:   # a column first seen now: null on the lines before, which infer nothing
+                    plan[name] = _Column(read=columns is None or name in columns)
         batch = _Batch(len(chunk), chunk[0][0])
-        for name, column in columns.items():
+        for name, column in plan.items():
             values = [row.get(name) for _, row in chunk]
             array = column.add(values, len(batches))
             if array is not None:
                 batch.segments[name] = spill.write(array)
-            elif any(v is not None for v in values):
+            elif column.read and any(v is not None for v in values):
                 batch.unconverted.add(name)
         batches.append(batch)
-    names = list(columns)
+    names = list(plan)
     if not names:
         raise no_columns(where, what, sum(b.rows for b in batches))
-    as_text = frozenset(n for n, c in columns.items() if c.kinds - {None} == _NUMBERS_AND_STRINGS)
-    types = {n: pa.string() if n in as_text else columns[n].type for n in names}
-    errors = _read_again(path, rows, columns, batches, types, as_text, spill)
+    as_text = frozenset(n for n, c in plan.items() if c.kinds - {None} == _NUMBERS_AND_STRINGS)
+    types = {n: pa.string() if n in as_text else plan[n].type for n in names}
+    errors = _read_again(path, rows, plan, batches, types, as_text, spill)
     # rows_table: Arrow names the first column that fails; an error other than Arrow's (an int
     # beyond int64) is raised as it is; after Arrow's, it reads the columns mixing numbers and strings as strings
     # and tries again, then names the first column that still fails and its line.
@@ -146,7 +157,8 @@ def plan_jsonl(path: Path, rows: int, where: str, what: str) -> JsonPlan:
             raise DataError(f"{path}:{batch.first_line}: column {name!r} does not convert to {types[name]} in the "
                             f"{batch.rows} lines from here, though the file's column does: the file changed while "
                             f"being read")
-    return JsonPlan(path, pa.schema(list(types.items())), sum(b.rows for b in batches), spill, batches)
+    return JsonPlan(path, pa.schema(list(types.items())), sum(b.rows for b in batches), spill, batches,
+                    None if columns is None else frozenset(n for n in names if plan[n].read))
 
 
 def _read_again(path: Path, rows: int, columns: dict[str, _Column], batches: list[_Batch],
@@ -187,6 +199,8 @@ def _read_again(path: Path, rows: int, columns: dict[str, _Column], batches: lis
                 break
     errors: dict[str, Exception] = {}
     for name, column in columns.items():
+        if not column.read:
+            continue
         if column.error is not None:
             errors[name] = column.error
             continue
@@ -201,7 +215,10 @@ def _read_again(path: Path, rows: int, columns: dict[str, _Column], batches: lis
 def jsonl_batches(plan: JsonPlan, columns: Sequence[str] | None, rows: int) -> Iterator[pa.Table]:
     """The file's rows in tables of at most ``rows`` rows (only ``columns``, when given), as :func:`plan_jsonl`
     converted them."""
-    fields = [plan.schema.field(n) for n in (columns if columns is not None else plan.schema.names)]
+    names = columns if columns is not None else plan.schema.names
+    if plan.converted is not None and (left := [n for n in names if n not in plan.converted]):
+        raise ValueError(f"{plan.path}: column(s) {', '.join(left)} were not converted when the file was planned")
+    fields = [plan.schema.field(n) for n in names]
     schema = pa.schema(fields)
     held: list[pa.Table] = []
     count = 0

@@ -1,13 +1,13 @@
 """Reading only the columns of a rollout log that its trace uses (:func:`read_log_columns`): a log of 1-5 GB is
 mostly token ids, log-probs and text a trace does not read. The log's schema is read first (cheap for Parquet and
-Arrow IPC; a JSONL file is parsed through once for its keys and types, a batch at a time), then its rows a batch at
-a time, only the columns a role may be read from; a column of token ids read as a response length is kept as each
-row's count, not its ids. Errors about a column list every column of the log (:class:`LogColumns`)."""
+Arrow IPC; a JSONL file is parsed through once for its keys and types, a batch at a time, converting only the keys a
+role or ``extra_names`` name), then its rows a batch at a time, only the columns a role may be read from; a column
+of token ids read as a response length is kept as each row's count, not its ids. Errors about a column list every column of the log (:class:`LogColumns`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,14 +28,16 @@ class LogColumns(TableColumns):
 
 
 def read_log_columns(path: Path, kind: str | None, roles: Mapping[str, Sequence[str]],
-                     extra: Callable[[pa.Field], bool] = lambda field: False, *,
-                     what: str = "rollout log") -> tuple[pa.Table, pa.Schema, int]:
+                     extra: Callable[[pa.Field], bool] = lambda field: False, *, what: str = "rollout log",
+                     extra_names: Collection[str] | None = None) -> tuple[pa.Table, pa.Schema, int]:
     """The columns of the log at ``path`` (a file, a folder or a glob pattern of shards) that a trace may read, the
     whole log's schema and its rows (the table's, unless no column is read). ``roles``: each role's names, in the
     order they are looked for (one given by a flag, or the usual ones; a dotted path reads its first part's column):
     the names after the first the schema says is there are not read. ``extra``: whether a column of the log is read too. The column of role ``length`` only,
     when it holds lists of integers (token ids), comes as each row's count (null where the row is null).
-    ``kind``: the format of the file's content (a :data:`~pdsr_sdk.io.tables.FORMATS` value), None: its name's."""
+    ``kind``: the format of the file's content (a :data:`~pdsr_sdk.io.tables.FORMATS` value), None: its name's.
+    ``extra_names``: the names ``extra`` may accept (None: any); a JSONL log's keys that neither a role nor these
+    name are parsed and typed, for the schema, but not converted."""
     from pdsr_sdk.io.blocks import TableBatches, open_table_batches
     from pdsr_sdk.io.tables import FORMATS, read_table
 
@@ -44,7 +46,9 @@ def read_log_columns(path: Path, kind: str | None, roles: Mapping[str, Sequence[
         table = read_table(path, what=what, kind=kind)
         log = TableBatches(path, table.schema, table.num_rows, [], table)
     else:
-        log = open_table_batches(path, what=what)
+        only = None if extra_names is None else {part for names in roles.values() for name in names
+                                                 for part in (name, name.split(".")[0])} | set(extra_names)
+        log = open_table_batches(path, what=what, only=only)
     names, counted = _columns_read(log.schema, roles, extra, path)
     # none to read (the trace's reader says what is missing): no batches, which would read a column for their rows
     parts = [_counted(batch, counted) for batch in log.batches(names)] if names else []

@@ -81,7 +81,8 @@ def read_responses_trace(path: str | Path, *, id_column: str | None = None, leng
     given = {"id": id_column, "length": length_column, "prompt_length": prompt_length_column,
              "sample_index": sample_index_column, "reward": reward_column, "finish_reason": finish_reason_column}
     table, schema, rows = read_log_columns(path, kind, {role: (name,) if name is not None else RESPONSE_COLUMNS[role][1]
-                                                  for role, name in given.items()}, _as_in_trajectories)
+                                                  for role, name in given.items()}, _as_in_trajectories,
+                                           extra_names=_IN_TRAJECTORIES)
     return _trace(table, schema, rows, str(path), given, tokenizer)
 
 
@@ -155,6 +156,10 @@ def _trace(table, schema, rows: int, source: str | None, given: dict[str, str | 
         if _as_in_trajectories(field):
             canon[field.name] = table[field.name]
     return trace_from_trajectories(pa.table(canon), source=source, labels=labels)
+
+
+#: the columns _as_in_trajectories may read
+_IN_TRAJECTORIES = ("submit_time_s", "finish_time_s", "turns")
 
 
 def _as_in_trajectories(field) -> bool:

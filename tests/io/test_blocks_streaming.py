@@ -151,12 +151,7 @@ def _random_value(rng, kind, depth=0):
     return None
 
 
-@pytest.mark.parametrize("seed", range(150))
-def test_random_files_read_as_read_table_reads_them(tmp_path, seed):
-    """Columns of a few kinds (ints, floats, booleans, strings, lists, objects, nulls) in runs of random length,
-    each line lacking some keys now and then (a key may first appear on any line), in varying order: the streamed
-    table or error is read_table's, whatever the batches."""
-    rng = random.Random(seed)
+def _random_rows(rng) -> list[dict]:
     kinds = ["int", "float", "bool", "str", "list", "dict", "none"]
     mixing = [["int", "float"], ["none", "list"], ["int", "none"], ["dict", "none"], ["float", "bool"], ["str", "int"]]
     palettes = {name: rng.choice(mixing) if rng.random() < 0.6 else rng.sample(kinds, rng.randrange(1, 3))
@@ -168,6 +163,16 @@ def test_random_files_read_as_read_table_reads_them(tmp_path, seed):
         for _ in range(rng.randrange(1, 5)):
             names = [name for name in rng.sample(list(run), len(run)) if rng.random() >= absent[name]]
             rows.append({name: _random_value(rng, run[name]) for name in names})
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_random_files_read_as_read_table_reads_them(tmp_path, seed):
+    """Columns of a few kinds (ints, floats, booleans, strings, lists, objects, nulls) in runs of random length,
+    each line lacking some keys now and then (a key may first appear on any line), in varying order: the streamed
+    table or error is read_table's, whatever the batches."""
+    rng = random.Random(seed)
+    rows = _random_rows(rng)
     _same_as_whole(_lines(tmp_path / "in.jsonl", rows), rows=rng.randrange(1, 5))
     # the same rows cut into shards (each its own types; a key some shards lack): the folder's table or error too
     folder = tmp_path / "shards"
@@ -176,6 +181,49 @@ def test_random_files_read_as_read_table_reads_them(tmp_path, seed):
     for i, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(rows)])):
         _lines(folder / f"{i}.jsonl", rows[start:end])
     _same_as_whole(folder, rows=rng.randrange(1, 5))
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_random_files_planned_for_some_columns_read_as_a_file_of_those_only(tmp_path, seed):
+    """open_table_batches(only=...): the streamed table (or error) of the columns asked for is read_table's of the
+    lines holding those keys only, whatever the other keys hold; the schema still has every key, and the others
+    are not converted."""
+    rng = random.Random(seed)
+    rows = _random_rows(rng)
+    only = set(rng.sample("abcd", rng.randrange(1, 4)))
+    path = tmp_path / "in.jsonl"
+    kept = [{k: v for k, v in row.items() if k in only} for row in rows]
+    if not any(kept):
+        return   # no line has them: that file has no column, this one has
+    whole, whole_error = _outcome(lambda: read_table(_lines(path, kept)))
+    _lines(path, rows)
+
+    def streamed():
+        source = open_table_batches(path, only=only)
+        assert source.schema.names == list(dict.fromkeys(k for row in rows for k in row))
+        assert all(set(p.batches[0].segments) <= only for p in source.plans)
+        names = [n for n in source.schema.names if n in only]
+        parts = list(source.batches(names, rows=rng.randrange(1, 5)))
+        assert sum(p.num_rows for p in parts) == len(rows)
+        return pa.concat_tables(parts)
+
+    got, error = _outcome(streamed)
+    assert error == whole_error
+    if whole is not None:
+        assert got.schema.equals(whole.schema) and got.to_pylist() == whole.to_pylist()
+
+
+def test_a_column_not_planned_is_not_read_and_a_shard_without_those_asked_is_null(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    _lines(folder / "0.jsonl", [{"x": 1, "y": [1, 2]}, {"x": 2, "y": [3]}])
+    _lines(folder / "1.jsonl", [{"y": [4]}] * 4)
+    source = open_table_batches(folder, only={"x"})
+    assert source.schema.names == ["x", "y"] and source.schema.field("y").type == pa.list_(pa.int64())
+    got = pa.concat_tables(source.batches(["x"], rows=3))
+    assert got.to_pylist() == read_table(folder).select(["x"]).to_pylist()
+    with pytest.raises(ValueError, match="column.s. y were not converted"):
+        list(source.batches(["y"]))
 
 
 def test_shards_and_a_json_array(tmp_path, monkeypatch):

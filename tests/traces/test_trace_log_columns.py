@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+import pdsr_sdk.io.blocks
 import pdsr_sdk.io.tables
 from pdsr_cli.main import cli
 from pdsr_sdk.errors import DataError
@@ -77,6 +78,24 @@ def test_unused_columns_are_never_read_from_parquet(tmp_path, monkeypatch):
     trace = read_responses_trace(path, id_column="uid")
     assert asked == [["uid", "response_ids", "score", "finish_reason"]]
     assert trace.num_samples == ROWS
+
+
+def test_a_jsonl_logs_unused_keys_are_typed_not_converted(tmp_path, monkeypatch):
+    """A JSONL log's lines are all parsed, but only the keys a trace may read are converted and kept; the others
+    are typed, so errors list them as before (an object's fields too)."""
+    table = _log().append_column("meta", pa.array([{"step": i // 64, "source": "math"} for i in range(ROWS)]))
+    path = _write(table, tmp_path / "log.jsonl", "jsonl")
+    plans: list = []
+    plan_jsonl = pdsr_sdk.io.blocks.plan_jsonl
+    monkeypatch.setattr(pdsr_sdk.io.blocks, "plan_jsonl", lambda *a, **k: plans.append(plan_jsonl(*a, **k)) or plans[-1])
+    trace = read_responses_trace(path, id_column="uid")
+    assert_same_trace(trace, _expected(table, tmp_path))
+    (plan,) = plans
+    assert set().union(*(b.segments for b in plan.batches)) == {"uid", "response_ids", "score", "finish_reason"}
+    assert plan.schema.field("meta").type == pa.struct([("step", pa.int64()), ("source", pa.string())])
+    with pytest.raises(DataError, match=r"columns: uid, response_ids, logprobs, text, score, finish_reason, "
+                                        r"meta \(fields: step, source\)$"):
+        read_responses_trace(path, id_column="prompt")
 
 
 def test_a_length_column_found_first_stops_the_search_and_a_listed_item_does_not(tmp_path):
