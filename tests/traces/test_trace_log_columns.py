@@ -84,7 +84,7 @@ def test_a_jsonl_logs_unused_keys_are_typed_not_converted(tmp_path, monkeypatch)
     """A JSONL log's lines are all parsed, but only the keys a trace may read are converted and kept; the others
     are typed, so errors list them as before (an object's fields too)."""
     table = _log().append_column("meta", pa.array([{"step": i // 64, "source": "math"} for i in range(ROWS)]))
-    path = _write(table, tmp_path / "log.jsonl", "jsonl")
+    path = write_table_as(table, tmp_path / "log.jsonl", "jsonl")
     plans: list = []
     plan_jsonl = pdsr_sdk.io.blocks.plan_jsonl
     monkeypatch.setattr(pdsr_sdk.io.blocks, "plan_jsonl", lambda *a, **k: plans.append(plan_jsonl(*a, **k)) or plans[-1])
