@@ -133,6 +133,8 @@ class AgentRunner:
                       tool_name: str | None) -> None:
         """Called by :meth:`AgentContext.generate`: run the sample's next turn."""
         sample = ctx.sample
+        if self._overdue(sample):
+            return
         self._disarm(sample)
         sched = self._scheduler()
         sched.guarded(functools.partial(sched.continue_turn, sample, env_ids, max_tokens, tool_name=tool_name))
@@ -153,7 +155,7 @@ class AgentRunner:
             # out of this task would stop the session's event loop and hang the step
             self._fail(sample, f"the agent raised {type(exc).__name__}: {exc}")
             return
-        if sample.finished:
+        if sample.finished or self._overdue(sample):
             return
         try:
             self._record(sample, got)
@@ -197,12 +199,24 @@ class AgentRunner:
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
 
+    def _timeout_error(self) -> str:
+        return f"the agent took longer than agent.env_timeout_s ({self.env_timeout_s:g} s) between turns"
+
     def _arm_timer(self, sample: Sample) -> None:
         self._disarm(sample, count=False)
         loop = asyncio.get_running_loop()
-        self._timers[sample] = loop.call_later(
-            self.env_timeout_s, self._fail, sample,
-            f"the agent took longer than agent.env_timeout_s ({self.env_timeout_s:g} s) between turns")
+        self._timers[sample] = loop.call_later(self.env_timeout_s, self._fail, sample, self._timeout_error())
+
+    def _overdue(self, sample: Sample) -> bool:
+        """Fails ``sample`` when its agent's time since the turn's end is past ``env_timeout_s``: an agent that
+        blocked the event loop (a tool's synchronous call) held off its timer until it called generate() or
+        returned, and would otherwise go on."""
+        since = self._env_since.get(sample)
+        if since is None or time.perf_counter() - since <= self.env_timeout_s:
+            return False
+        self._fail(sample, self._timeout_error() + " (the event loop was held past it, as a tool's blocking "
+                   "call holds it: run blocking code with asyncio.to_thread)")
+        return True
 
     def _disarm(self, sample: Sample, count: bool = True) -> None:
         timer = self._timers.pop(sample, None)
