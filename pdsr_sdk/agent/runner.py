@@ -39,17 +39,21 @@ class AgentOutcome:
     extra: dict[str, Any] | None = None
 
 
-def load_agent(path_or_fn: str | AgentFn) -> AgentFn:
+def load_agent(path_or_fn: str | AgentFn, *, where: str = "agent") -> AgentFn:
     """The agent function of an import path ``pkg.mod:run`` (or the function itself): an ``async def``
-    taking one argument. A ConfigError naming it otherwise, before any engine starts."""
+    taking one argument. A ConfigError naming it otherwise, before any engine starts, its message starting with
+    ``where`` (the config key and flag, or the argument, that gave it)."""
     import inspect
 
     from pdsr_sdk.registry import import_object
 
-    fn = import_object(path_or_fn, kind="agent") if isinstance(path_or_fn, str) else path_or_fn
+    try:
+        fn = import_object(path_or_fn, kind="agent") if isinstance(path_or_fn, str) else path_or_fn
+    except ConfigError as exc:
+        raise type(exc)(f"{where}: {exc}") from exc.__cause__
     name = path_or_fn if isinstance(path_or_fn, str) else getattr(fn, "__qualname__", repr(fn))
     if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-        raise ConfigError(f"agent {name!r} must be an `async def run(agent)` function; got {fn!r}")
+        raise ConfigError(f"{where}: {name!r} must be an `async def run(agent)` function; got {fn!r}")
     return fn
 
 

@@ -125,7 +125,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             from pdsr_sdk.rollout.config import check_agent_streaming
 
             check_agent_streaming(config.max_staleness, group_filter is not None)
-        self.agent = load_agent(given_agent) if given_agent is not None else None
+        where = "agent.function (--agent)" if agent is None else "RolloutSession(agent=...)"
+        self.agent = load_agent(given_agent, where=where) if given_agent is not None else None
         self._step_agent = self.agent   # the agent of the groups a partial-rollout step launches
         self._init_serving()
         self.agents = AgentRunner(lambda: self.scheduler, lambda: self.tokenizer, config.agent,
@@ -396,5 +397,4 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
 
 def _load_agent(agent: Callable[..., Any] | str) -> Callable[..., Any]:
     from pdsr_sdk.agent.runner import load_agent
-
-    return load_agent(agent)
+    return load_agent(agent, where="step(agent=...)")
