@@ -141,14 +141,15 @@ def _check_history_types(schema: Any, where: str) -> None:
     the read)."""
     import pyarrow as pa
 
+    from pdsr_sdk.io.columns import is_token_ids
+
     for name in HISTORY_COLUMNS:
         kind = schema.field(name).type
         if name == "finish_reason":
             ok = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
             expected = "text (stop, length, failed, ...)"
         else:
-            ok = ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
-                  and (pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)))
+            ok = is_token_ids(kind)
             expected = "lists of token ids (integers)"
         if not ok:
             raise DataError(f"{where}: column {name!r} is {kind}; expected {expected}, as pdsr rollout writes it")

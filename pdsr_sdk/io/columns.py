@@ -12,6 +12,13 @@ import pyarrow.compute as pc
 from pdsr_sdk.errors import DataError
 
 
+def is_token_ids(kind: pa.DataType) -> bool:
+    """Whether a column of type ``kind`` holds token ids: lists of integers (``list<null>`` where every list is
+    empty or null, as Arrow types a column it saw no id in)."""
+    return ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            and (pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)))
+
+
 class TableColumns:
     """A table's columns by name, or by a dotted path into struct columns (a number in the path picks that item of a
     list column: ``choices.0.finish_reason``); errors name the file, the flag and config key (when it has one),

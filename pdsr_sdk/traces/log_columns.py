@@ -12,7 +12,7 @@ from typing import Callable, Collection, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pdsr_sdk.io.columns import TableColumns
+from pdsr_sdk.io.columns import TableColumns, is_token_ids
 
 
 class LogColumns(TableColumns):
@@ -73,18 +73,13 @@ def _columns_read(schema: pa.Schema, roles: Mapping[str, Sequence[str]], extra: 
         if extra(field):
             uses.setdefault(field.name, set()).add("read")
     read = [n for n in schema.names if n in uses]
-    return read, [n for n in read if uses[n] == {"count"} and _token_ids(schema.field(n).type)]
+    return read, [n for n in read if uses[n] == {"count"} and is_token_ids(schema.field(n).type)]
 
 
 def _picks_an_item(name: str, schema: pa.Schema) -> bool:
     """Whether a dotted path picks a list's item (``choices.0.finish_reason``): whether a row has that item is in
     the rows, not the schema."""
     return name not in schema.names and any(part.isdigit() for part in name.split(".")[1:])
-
-
-def _token_ids(kind: pa.DataType) -> bool:
-    return ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
-            and (pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)))
 
 
 def _counted(batch: pa.Table, counted: list[str]) -> pa.Table:
