@@ -6,13 +6,12 @@ config key.
 The rows are the mapping tables of docs/rollout.md (Coming from TRL or OpenRLHF, Coming from verl or vLLM),
 docs/scoring-gae.md (verl, TRL, OpenRLHF), docs/partial-rollout.md (slime, verl, AReaL), docs/agents.md (verl's
 multi-turn keys) and docs/configuration.md (vLLM's engine settings, pdsr score's); tests/cli/test_foreign_flags.py
-and test_foreign_keys.py check every row's flag and key against its commands."""
+and test_foreign_keys.py check every row's flag and key against its commands. pdsr_cli/key_value.py answers
+Hydra's key=value arguments with these rows."""
 
 from __future__ import annotations
 
 import contextlib
-import re
-import shlex
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -192,7 +191,7 @@ def _rows_named(command: str, typed: str) -> list[ForeignName]:
         [r for r in rows if ("_" in typed or "." in typed) and _spelling(r.name).endswith("." + typed)]
 
 
-def _said(rows: list[ForeignName]) -> str | None:
+def rows_answer(rows: list[ForeignName]) -> str | None:
     return ". ".join(dict.fromkeys(r.answer() for r in rows)) or None
 
 
@@ -203,10 +202,10 @@ def foreign_answer(command: str, option: str, flags: set[str]) -> str | None:
     typed = _spelling(option)
     if not typed or "--" + typed.replace("_", "-") in flags:
         return None
-    return _said(_rows_named(command, typed))
+    return rows_answer(_rows_named(command, typed))
 
 
-def _key_rows(command: str, key: str) -> list[ForeignName]:
+def key_rows(command: str, key: str) -> list[ForeignName]:
     """The rows of a dotted config key as written (``actor_rollout_ref.rollout.n``): those named it, or else those
     :func:`_rows_named` finds for it or its end after a dot, of two words or more (``sampling.num_generations``:
     TRL's ``num_generations``), where they all name one pdsr setting (an end is not enough to choose between two)."""
@@ -225,7 +224,7 @@ def _key_rows(command: str, key: str) -> list[ForeignName]:
 
 def key_hint(command: str) -> Callable[[str], str | None]:
     """The SDK's unknown-key hint (:func:`pdsr_sdk.config.base.unknown_key_hints`) for ``command``'s config."""
-    return lambda key: _said(_key_rows(command, key))
+    return lambda key: rows_answer(key_rows(command, key))
 
 
 @contextlib.contextmanager
@@ -266,75 +265,3 @@ def with_foreign_answer(exc: click.NoSuchOption, argv: list[str]) -> click.NoSuc
     if said is None:
         return exc
     return click.NoSuchOption(option, f"No such option '{option}': {said}", ctx=ctx)
-
-
-#: a Hydra override as verl's command lines give them: key=value, +key=value (a new key), ++key=value; keys dotted
-_OVERRIDE = re.compile(r"\+{0,2}([A-Za-z_][\w.\-]*)=(.*)", re.DOTALL)
-
-
-def extra_arguments(ctx: click.Context, argv: list[str]) -> list[str] | None:
-    """The words of ``argv`` (the command line after ``pdsr``) that ``ctx``'s command has no place for, read again
-    with each command's parser down to it, as click read them (its error keeps only their text); None where that
-    reading fails."""
-    chain, node = [], ctx
-    while node is not None:
-        chain.append(node)
-        node = node.parent
-    args = list(argv)
-    for node in reversed(chain):
-        try:
-            _, args, _ = node.command.make_parser(node).parse_args(args=args)
-        except click.UsageError:
-            return None
-        if node is not ctx:
-            args = args[1:]   # the subcommand's name
-    return args
-
-
-def with_key_value_answer(exc: click.UsageError, argv: list[str]) -> click.UsageError:
-    """``exc``, click's "unexpected extra argument", as one error saying that pdsr takes flags (and ``--config FILE``
-    where the command has it) and what each ``key=value`` argument is in pdsr, where some are; else ``exc``."""
-    ctx = exc.ctx
-    # a group that runs without a subcommand (pdsr simulate) read the first of them as a subcommand's name
-    group = isinstance(ctx.command, click.Group) if ctx is not None else False
-    if ctx is None or ctx.parent is None or (group and not ctx.command.invoke_without_command):
-        return exc
-    extra = extra_arguments(ctx, argv) or []
-    pairs = [(arg, m) for arg in extra if (m := _OVERRIDE.fullmatch(arg))]
-    if not pairs or (group and not _OVERRIDE.fullmatch(extra[0])):
-        return exc
-    command = command_name(ctx)
-    options = {opt: p for p in ctx.command.params if isinstance(p, click.Option) for opt in p.opts}
-    config = " and --config FILE" if "--config" in options else ""   # pdsr trace convert, pdsr model: flags only
-    lines = [f"pdsr {command} takes flags{config}, not key=value arguments (Hydra's overrides):"]
-    lines += [f"  {arg}: {_key_value_answer(command, m[1], m[2], options)}" for arg, m in pairs]
-    others = [arg for arg in extra if not _OVERRIDE.fullmatch(arg)]
-    if others and not group:   # a group's words after its "subcommand" were not read
-        lines.append(f"  also unexpected: {' '.join(others)}")
-    return click.UsageError("\n".join(lines), ctx=ctx)
-
-
-def _key_value_answer(command: str, key: str, value: str, options: dict[str, click.Option]) -> str:
-    own = options.get("--" + key.replace("_", "-"))
-    if own is not None:   # pdsr's own flag, written as a key (n=8)
-        return _as_flag(own, value)
-    rows = _key_rows(command, key)
-    said = _said(rows)
-    if said is None:
-        keys = ", a --config file's keys in docs/configuration.md" if "--config" in options else ""
-        return f"not a name pdsr {command} knows: its flags are in pdsr {command} --help{keys}"
-    same = len({(r.flag, r.note) for r in rows}) == 1 and not rows[0].note   # their value is pdsr's as it is
-    flag = options.get(rows[0].flag or "") if same else None
-    return f"{_as_flag(flag, value)}; {said}" if flag is not None else said
-
-
-def _as_flag(option: click.Option, value: str) -> str:
-    """``option`` given ``value`` on a command line: ``--n 8``; a boolean flag by the value's truth."""
-    name = max(option.opts, key=len)
-    if not option.is_flag:
-        return f"{name} {shlex.quote(value)}"
-    if value.strip().lower() in ("true", "1", "yes", "on"):
-        return name
-    if option.secondary_opts:
-        return option.secondary_opts[0]
-    return f"leave out {name} (off unless given)"   # an on switch alone: given, it turns its setting on

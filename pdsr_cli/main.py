@@ -85,7 +85,7 @@ class LazyGroup(click.Group):
             # a bad value or a missing one: click's message says it
             if type(exc) is not click.UsageError and type(exc).__name__ != "NoSuchCommand":
                 raise
-            from pdsr_cli.foreign_flags import with_key_value_answer   # Hydra's key=value: say pdsr's flags
+            from pdsr_cli.key_value import with_key_value_answer   # Hydra's key=value: say pdsr's flags
 
             raise with_key_value_answer(exc, ctx.meta.get(ARGV, [])) from None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from pdsr_cli.common import build_config, config_option, deprecated_flag, format_table, handle_errors, UserPathType
+from pdsr_cli.key_value import key_value_argument
 from pdsr_sdk.analysis.config import AnalyzeConfig
 
 
@@ -17,7 +18,8 @@ def _help(name: str) -> str:
 
 
 @click.command("analyze")
-@click.argument("trace_path", metavar="TRACE", type=UserPathType(dir_okay=False, path_type=Path))
+@click.argument("trace_path", metavar="TRACE", type=UserPathType(dir_okay=False, path_type=Path),
+                callback=key_value_argument)
 @click.option("--top-k", type=float, default=None, help=_help("top_k"))
 @click.option("--safe-k", type=float, default=None, help=_help("safe_k"))
 @click.option("--fn-length", type=int, default=None, help=_help("fn_length"))

@@ -8,6 +8,7 @@ import click
 import numpy as np
 
 from pdsr_cli.common import build_config, config_option, handle_errors, UserPathType
+from pdsr_cli.key_value import key_value_argument
 from pdsr_sdk.traces.config import TraceSynthConfig
 
 
@@ -119,7 +120,7 @@ def _column_option(role: str, what: str):
 
 @command.command("convert", short_help="Rollout log (one row per response: Parquet/Arrow/JSONL/CSV), verl's "
                                        "generation dumps, or trajectories -> JSONL length trace.")
-@click.argument("source", type=UserPathType(path_type=Path))
+@click.argument("source", type=UserPathType(path_type=Path), callback=key_value_argument)
 @click.option("--out", "out", type=UserPathType(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
 @_column_option("id", "Prompt id column: the rows of one id are one group.")
