@@ -38,6 +38,8 @@ class ForeignName:
     note: str = ""               # what differs, or where it is instead
 
     def answer(self) -> str:
+        if self.tool == "pdsr":   # pdsr's own config key, typed as the flag it does not have
+            return f"pdsr's {self.name} is a config key, set in the --config file (no flag); {self.note}"
         theirs = f"{self.tool}'s {self.name}"
         if self.flag:
             said = f"{theirs} is pdsr's {self.flag}" + (f" ({self.key})" if self.key else "")
@@ -73,7 +75,6 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--rollout.max_new_tokens", "--max-tokens", "sampling.max_tokens"),
            ("--rollout.temperature", "--temperature", "sampling.temperature"),
            ("--rollout.top_p", "--top-p", "sampling.top_p"),
-           ("--vllm.num_engines", "--fast", "fast", "with --heavy, the engines of each pool"),
            ("--train.agent_func_path", "--agent", "agent.function", "with --max-turns (docs/agents.md)"),
            ("--reward.remote_url", "--reward", "reward",
             "FILE.py:fn, fn scoring one sample (docs/rollout.md#coming-from-trl-or-openrlhf)"),
@@ -85,6 +86,8 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--rollout.vllm_generate_batch_size", "--over-provision", "over_provision",
             "with --steps, about G / B - 1 for G")),
     *_rows("OpenRLHF", ENGINES,
+           ("--vllm.num_engines", "--fast", "fast", "with --heavy, the engines of each pool"),
+           ("--vllm_num_engines", "--fast", "fast", "with --heavy, the engines of each pool"),   # before April 2026
            ("--vllm.tensor_parallel_size", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE),
            ("--vllm.gpu_memory_utilization", None, "engine_defaults.gpu_memory_utilization", ENGINE_NOTE),
            ("--data.max_len", None, "engine_defaults.max_model_len", ENGINE_NOTE),
@@ -141,6 +144,13 @@ FOREIGN_NAMES: list[ForeignName] = [
     *_rows("slime", ROLLOUT,
            ("--mask-offpolicy-in-partial-rollout", None, None,
             "the loss mask is the trainer's: token_versions_of_rows, docs/partial-rollout.md")),
+    *_rows("slime", ENGINES,
+           ("--rollout-num-gpus", "--fast", "fast", "engines, not GPUs: with --heavy, the engines of each pool; by "
+            "default one engine per visible GPU (docs/rollout.md#engines)"),
+           ("--rollout-num-gpus-per-engine", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE)),
+    *_rows("pdsr", ENGINES,
+           ("engines", None, "engines", "it lists the engines one by one (docs/configuration.md); their number in "
+            "the automatic layout is --fast (fast) and --heavy (heavy)")),
     *_rows("AReaL", STEPS,
            ("max_head_offpolicyness", "--max-staleness", "max_staleness",
             "a bound on each token's age in versions (docs/partial-rollout.md)")),

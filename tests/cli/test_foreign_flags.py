@@ -100,6 +100,37 @@ def test_every_rows_flag_and_key_exist_on_its_commands(row):
         assert foreign_answer(name, row.name, flags) is not None, (row, name)   # not shadowed by a flag of its own
 
 
+def test_every_flag_a_rows_note_names_exists():
+    # "pdsr serve --model-name" names serve's flag; any other, the row's commands'
+    named = 0
+    for row in FOREIGN_NAMES:
+        for m in re.finditer(r"(?:pdsr ([a-z]+(?: [a-z]+)?) )?(--[a-z][a-z-]*)", row.note):
+            for name in [m[1]] if m[1] else row.commands:
+                command = _command(name)
+                assert m[2] in {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}, (row, name)
+                named += 1
+    assert named > 20
+
+
+@pytest.mark.parametrize("args, answer", [
+    (["rollout", "--engines", "8"], "pdsr's engines is a config key, set in the --config file (no flag); it lists "
+                                    "the engines one by one (docs/configuration.md); their number in the automatic "
+                                    "layout is --fast (fast) and --heavy (heavy)"),
+    (["serve", "--num-engines", "2"], "OpenRLHF's --vllm.num_engines is pdsr's --fast (fast)"),   # not serve's row
+    (["rollout", "--vllm_num_engines", "4"], "OpenRLHF's --vllm_num_engines is pdsr's --fast (fast); with --heavy"),
+    (["rollout", "--vllm_tensor_parallel_size", "2"],
+     "TRL's vllm_tensor_parallel_size is pdsr's config key engine_defaults.tensor_parallel_size"),   # OpenRLHF's too
+    (["serve", "--rollout-num-gpus", "8"], "slime's --rollout-num-gpus is pdsr's --fast (fast); engines, not GPUs"),
+    (["rollout", "--rollout-num-gpus-per-engine", "2"],
+     "slime's --rollout-num-gpus-per-engine is pdsr's config key engine_defaults.tensor_parallel_size"),
+    (["serve", "--tensor-model-parallel-size", "2"], "verl's actor_rollout_ref.rollout.tensor_model_parallel_size is "
+                                                     "pdsr's config key engine_defaults.tensor_parallel_size"),
+])
+def test_guesses_at_the_number_of_engines_are_answered(args, answer):
+    out = failed(invoke(*args), f"No such option '{args[1]}': {answer}")
+    assert "Did you mean" not in out
+
+
 def test_every_row_is_a_name_the_docs_map():
     docs = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
     for row in FOREIGN_NAMES:

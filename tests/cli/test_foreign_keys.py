@@ -16,7 +16,7 @@ from pdsr_sdk.errors import ConfigError
 from test_foreign_flags import CONFIGS
 
 #: rows whose name, as a config key, is pdsr's own key of that name: nothing to answer
-OWN = {("vLLM", "--tokenizer"), ("vLLM", "--seed")}
+OWN = {("vLLM", "--tokenizer"), ("vLLM", "--seed"), ("pdsr", "engines")}
 #: rows whose name's first word is a pdsr key that is not a section: nested, pdsr's key has the wrong type
 NOT_SECTIONS = {"--reward.remote_url", "--reward.overlong_buffer_len", "--reward.overlong_penalty_factor",
                 "overlong_buffer.len"}
