@@ -188,6 +188,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
     check_agent_settings(cfg)   # from a flag or the config file alike
+    check_functions(cfg, config_path, reward=reward, agent=agent)
     check_speculative_flags(cfg, num_speculative_tokens)
     if write_filtered:
         if cfg.filter_groups is None:
@@ -219,6 +220,22 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             click.echo(f"trajectories: {results[-1].output}\nsummary: {summary_path(run_cfg)}")
     if len(results) > 1:
         click.echo("\n" + render_comparison(results))
+
+
+def check_functions(cfg, config_path: Path | None, *, reward: str | None, agent: str | None) -> None:
+    """A reward or agent function that cannot be loaded is an error before the data and the engines, naming where
+    it was given: its key and flag, and the --config file where the flag was not given (the run, which loads it
+    again, cannot tell the file's value from the flag's)."""
+    from pdsr_sdk.agent import load_agent
+    from pdsr_sdk.rollout.reward import load_reward
+
+    def where(key: str, flag: str, given: str | None) -> str:
+        return f"{key} ({flag})" if given is not None or config_path is None else f"{config_path}: {key} ({flag})"
+
+    if cfg.reward is not None and ":" in cfg.reward:   # a name, not an import path: the config checked it
+        load_reward(cfg.reward, where=where("reward", "--reward", reward))
+    if cfg.agent.function is not None:
+        load_agent(cfg.agent.function, where=where("agent.function", "--agent", agent))
 
 
 def engines_label(summary) -> str:

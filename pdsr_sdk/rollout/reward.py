@@ -83,10 +83,11 @@ DEFAULT_MATH_REWARD = "math_verify"
 DEFAULT_TIMEOUT_S = 5.0
 
 
-def resolve_reward(name: str | None, has_ground_truth: bool, *,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> RewardFn | None:
+def resolve_reward(name: str | None, has_ground_truth: bool, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   where: str = "reward (--reward)") -> RewardFn | None:
     """``auto`` -> math_verify when the data has a ground truth; ``none`` -> no reward. ``timeout_s`` is
-    math_verify's time for one check (its worker pool is shared by every caller with the same timeout)."""
+    math_verify's time for one check (its worker pool is shared by every caller with the same timeout). ``where``
+    begins the error of an import path that cannot be loaded (:func:`load_reward`)."""
     if name is None or name == "none":
         return None
     if name == "auto":
@@ -98,11 +99,21 @@ def resolve_reward(name: str | None, has_ground_truth: bool, *,
 
         return math_verify_reward(timeout_s)
     if ":" in name:
-        fn = _reward_file_object(name) if name.rpartition(":")[0].endswith(".py") else import_object(name, kind="reward function")
-        if not callable(fn):
-            raise ConfigError(f"reward: {name!r} is not callable")
-        return adapt_reward(fn, name)
+        return load_reward(name, where=where)
     return adapt_reward(REWARDS.get(REWARDS.check_name(name, also=REWARD_WORDS)), name)
+
+
+def load_reward(name: str, *, where: str = "reward (--reward)") -> RewardFn:
+    """The reward function of an import path ``pkg.mod:fn`` or a file's ``path/to/file.py:fn``, callable as pdsr
+    calls a reward (:func:`adapt_reward`). A ConfigError otherwise, its message starting with ``where`` (the config
+    key and flag that gave it; pdsr rollout adds the --config file it was in), as :func:`load_agent`'s."""
+    try:
+        fn = (_reward_file_object(name) if name.rpartition(":")[0].endswith(".py")
+              else import_object(name, kind="reward function"))
+        return adapt_reward(fn, name)
+    except ConfigError as exc:
+        text = str(exc).removeprefix("reward ")   # adapt_reward's "reward 'pkg.mod:fn' (...)": where says reward
+        raise type(exc)(f"{where}: {text}") from exc.__cause__
 
 
 def _reward_file_object(name: str) -> Any:
@@ -114,10 +125,10 @@ def _reward_file_object(name: str) -> Any:
     file, _, attr = name.rpartition(":")
     path = Path(file).expanduser().resolve()
     if not path.is_file():
-        raise ConfigError(f"reward {name!r}: no such file: {path}")
+        raise ConfigError(f"{name!r}: no such file: {path}")
     loaded = sys.modules.get(path.stem)
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() != path:
-        raise ConfigError(f"reward {name!r}: a module named {path.stem!r} is imported already (from "
+        raise ConfigError(f"{name!r}: a module named {path.stem!r} is imported already (from "
                           f"{getattr(loaded, '__file__', None) or 'no file'}); rename {path.name}")
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))

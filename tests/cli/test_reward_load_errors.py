@@ -1,0 +1,83 @@
+"""A reward function that cannot be loaded (``--reward`` or ``reward`` in a --config file), and an agent function
+given in a --config file, are errors naming where they were given: the key and flag, and the --config file when the
+flag was not given, as pdsr's config errors name it; before the data is read or any engine starts. (They were
+``error: cannot import module ...``, with no word of the flag or file.)"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from cli_checks import failed, invoke
+from pdsr_sdk.errors import ConfigError
+
+
+@pytest.fixture
+def user_pkg(tmp_path, monkeypatch):
+    (tmp_path / "pdsr_rw_pkg").mkdir()
+    (tmp_path / "pdsr_rw_pkg" / "__init__.py").write_text("")
+    (tmp_path / "pdsr_rw_pkg" / "rewards.py").write_text(
+        "def one_argument(text):\n    return 1.0\n\nNOT_A_FUNCTION = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("pdsr_rw_pkg", "pdsr_rw_pkg.rewards"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+CASES = [
+    ("pdsr_rw_pkg.nomod:fn", "cannot import module 'pdsr_rw_pkg.nomod' (from 'pdsr_rw_pkg.nomod:fn')"),
+    ("pdsr_rw_pkg.rewards:nope", "module 'pdsr_rw_pkg.rewards' has no attribute 'nope' (from "
+                                 "'pdsr_rw_pkg.rewards:nope'); a reward function named by import path"),
+    ("pdsr_rw_pkg.rewards:NOT_A_FUNCTION", "'pdsr_rw_pkg.rewards:NOT_A_FUNCTION': 3 (int) is not callable"),
+    ("pdsr_rw_pkg.rewards:one_argument", "'pdsr_rw_pkg.rewards:one_argument' (pdsr_rw_pkg.rewards:one_argument(text)) "
+                                         "cannot be called with any signature pdsr knows"),
+    ("{tmp}/absent.py:compute_score", "'{tmp}/absent.py:compute_score': no such file: {tmp}/absent.py"),
+]
+
+
+def _run(tmp_path, prompts, *args):
+    out = tmp_path / "r.parquet"
+    result = invoke("rollout", *args, "--data", prompts, "--out", out)
+    assert not out.exists()
+    return result
+
+
+@pytest.mark.parametrize("given, says", CASES, ids=[c[0].split(":")[-1] for c in CASES])
+def test_a_bad_reward_flag_names_the_flag_and_key(user_pkg, tmp_path, prompts, no_engines, given, says):
+    given, says = given.format(tmp=tmp_path), says.format(tmp=tmp_path)
+    out = failed(_run(tmp_path, prompts, "--reward", given), f"error: reward (--reward): {says}")
+    assert out.count("reward (--reward)") == 1 and "pdsr: data:" not in out   # before the data is read
+
+
+@pytest.mark.parametrize("given, says", CASES, ids=[c[0].split(":")[-1] for c in CASES])
+def test_a_bad_reward_in_a_config_file_names_the_file(user_pkg, tmp_path, prompts, no_engines, given, says):
+    given, says = given.format(tmp=tmp_path), says.format(tmp=tmp_path)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"reward: '{given}'\n")
+    failed(_run(tmp_path, prompts, "--config", cfg), f"error: {cfg}: reward (--reward): {says}")
+
+
+def test_the_flag_over_a_file_is_named_as_the_flag(user_pkg, tmp_path, prompts, no_engines):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("reward: math_boxed\nagent:\n  function: pdsr_rw_pkg.nomod:run\n")
+    out = failed(_run(tmp_path, prompts, "--config", cfg, "--reward", "pdsr_rw_pkg.nomod:fn"),
+                 "error: reward (--reward): cannot import module 'pdsr_rw_pkg.nomod'")
+    assert str(cfg) not in out
+    # the reward is fine, the file's agent is not
+    failed(_run(tmp_path, prompts, "--config", cfg),
+           f"error: {cfg}: agent.function (--agent): cannot import module 'pdsr_rw_pkg.nomod' (from "
+           "'pdsr_rw_pkg.nomod:run')")
+    out = failed(_run(tmp_path, prompts, "--config", cfg, "--agent", "pdsr_rw_pkg.rewards:one_argument"),
+                 "error: agent.function (--agent): 'pdsr_rw_pkg.rewards:one_argument' must be an `async def")
+    assert str(cfg) not in out
+
+
+def test_the_sdk_names_the_key_and_flag_or_what_it_is_told(user_pkg):
+    from pdsr_sdk.rollout.reward import load_reward, resolve_reward
+
+    with pytest.raises(ConfigError, match=r"^reward \(--reward\): cannot import module 'pdsr_rw_pkg\.nomod'"):
+        resolve_reward("pdsr_rw_pkg.nomod:fn", True)
+    with pytest.raises(ConfigError, match=r"^RolloutSession\(reward\): 'pdsr_rw_pkg\.rewards:one_argument' "):
+        load_reward("pdsr_rw_pkg.rewards:one_argument", where="RolloutSession(reward)")
+    assert load_reward("pdsr_sdk.rollout.reward:math_boxed").__name__ == "math_boxed"
