@@ -19,6 +19,15 @@ def is_token_ids(kind: pa.DataType) -> bool:
             and (pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)))
 
 
+def integer_token_ids(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A token-id column (:func:`is_token_ids`) with integer items: a ``list<null>`` one (no id seen: every list
+    empty or null) as lists of int64, its nulls kept for the caller's checks; another as it is."""
+    kind = column.type
+    if not pa.types.is_null(kind.value_type):
+        return column
+    return column.cast(pa.large_list(pa.int64()) if pa.types.is_large_list(kind) else pa.list_(pa.int64()))
+
+
 class TableColumns:
     """A table's columns by name, or by a dotted path into struct columns (a number in the path picks that item of a
     list column: ``choices.0.finish_reason``); errors name the file, the flag and config key (when it has one),

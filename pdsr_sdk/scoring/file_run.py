@@ -171,12 +171,13 @@ def scan_rows(source: TableBatches, config: ScoreConfig, model_dir: Path, where:
 def token_column(batch: pa.Table, name: str, where: str, first_row: int) -> Ragged:
     """A list-of-integers column of a batch as :class:`Ragged`; a DataError naming the column and the file's row
     for another type, a null row or a null id."""
+    from pdsr_sdk.io.columns import integer_token_ids, is_token_ids
     from pdsr_sdk.io.tables import list_column_to_numpy
 
     column = batch.column(name).combine_chunks()
-    typ = column.type
-    if not ((pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_integer(typ.value_type)):
-        raise DataError(f"{where}: column {name!r} must be a list of integer token ids, got {typ}")
+    if not is_token_ids(column.type):
+        raise DataError(f"{where}: column {name!r} must be a list of integer token ids, got {column.type}")
+    column = integer_token_ids(column)   # list<null>: every list empty or null (the checks below say which)
     if column.null_count:
         row = first_row + int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
         raise DataError(f"{where}: column {name!r} row {row} is null; expected a list of token ids")

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.columns import integer_token_ids, is_token_ids
 from pdsr_sdk.io.tables import list_column_to_numpy, numpy_to_list_array
 from pdsr_sdk.progress import ProgressFactory
 from pdsr_sdk.scoring.api import Ragged, ScoreStats, per_token_logps
@@ -32,10 +33,9 @@ def score_output_schema(column: str = "ref_logps", entropy: bool = True) -> pa.S
 
 def _ragged_column(table: pa.Table, name: str, source: str) -> Ragged:
     column = table.column(name)
-    typ = column.type
-    if not ((pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_integer(typ.value_type)):
-        raise DataError(f"{source}: column {name!r} must be a list of integer token ids, got {typ}")
-    values, offsets = list_column_to_numpy(column, np.int64, name=name, path=source)
+    if not is_token_ids(column.type):
+        raise DataError(f"{source}: column {name!r} must be a list of integer token ids, got {column.type}")
+    values, offsets = list_column_to_numpy(integer_token_ids(column), np.int64, name=name, path=source)
     return Ragged(values, offsets)
 
 

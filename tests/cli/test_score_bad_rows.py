@@ -29,6 +29,10 @@ def rows(n=12):
                      "(max_position_embeddings in "),
     ("text", "column 'response_token_ids' must be a list of integer token ids, got string"),
     ("float_ids", "column 'prompt_token_ids' must be a list of integer token ids, got list<"),
+    # list<null>: the type Arrow gives a column with no id in it (was "must be a list of integer token ids")
+    ("no_ids_null_rows", "column 'response_token_ids' row 0 is null; expected a list of token ids"),
+    ("no_ids_null_id", "column 'response_token_ids' row 6 has a null token id"),
+    ("no_ids_prompts", "row 0: empty prompt"),
 ])
 def test_a_bad_row_is_named_by_its_row_of_the_file(tmp_path, tiny_model_dir, monkeypatch, case, says):
     from pdsr_sdk.io import blocks
@@ -37,7 +41,7 @@ def test_a_bad_row_is_named_by_its_row_of_the_file(tmp_path, tiny_model_dir, mon
     monkeypatch.setattr(blocks, "BATCH_ROWS", 5)   # the row is in the second or third batch read
     monkeypatch.setattr(file_run, "_load", lambda *a, **k: pytest.fail("loaded the model for a bad file"))
     prompts, responses = rows()
-    prompt_type = pa.list_(pa.int64())
+    prompt_type, response_type = pa.list_(pa.int64()), None
     if case == "null_row":
         responses[7] = None
     if case == "null_id":
@@ -54,14 +58,43 @@ def test_a_bad_row_is_named_by_its_row_of_the_file(tmp_path, tiny_model_dir, mon
     if case == "float_ids":
         prompts = [[float(t) for t in p] for p in prompts]
         prompt_type = pa.list_(pa.float64())
+    if case.startswith("no_ids"):
+        response_type = pa.list_(pa.null())
+        responses = [None] * 12 if case == "no_ids_null_rows" else [[]] * 6 + [[None]] + [[]] * 5
+    if case == "no_ids_prompts":
+        prompts, prompt_type, responses = [[]] * 12, pa.large_list(pa.null()), [[]] * 12
     data = tmp_path / "traj.parquet"
-    pq.write_table(pa.table({"prompt_token_ids": pa.array(prompts, prompt_type), "response_token_ids": responses}),
-                   data)
+    pq.write_table(pa.table({"prompt_token_ids": pa.array(prompts, prompt_type),
+                             "response_token_ids": pa.array(responses, response_type)}), data)
+    if response_type is not None:   # as Arrow types a column with no id in it
+        assert pq.read_schema(data).field("response_token_ids").type == response_type
     res = CliRunner().invoke(cli, ["score", "--model", str(tiny_model_dir), "--data", str(data),
                                    "--out", str(tmp_path / "o.parquet"), "--quiet"])
     assert res.exit_code == 2, res.output
     assert res.output.startswith(f"error: {data}: ") and says in res.output, res.output
     assert "Traceback" not in res.output and not (tmp_path / "o.parquet").exists()
+
+
+def test_a_column_of_no_ids_is_empty_completions(tmp_path, tiny_model_dir):
+    # list<null> (every completion empty, as failed samples are): scored as the same file typed list<int64> is
+    from pdsr_sdk.scoring.config import ScoreConfig
+    from pdsr_sdk.scoring.table import score_table
+
+    prompts, _ = rows(4)
+    outs = {}
+    for kind in (pa.null(), pa.int64()):
+        data, out = tmp_path / f"{kind}.parquet", tmp_path / f"{kind}.out.parquet"
+        pq.write_table(pa.table({"prompt_token_ids": prompts,
+                                 "response_token_ids": pa.array([[]] * 4, pa.list_(kind))}), data)
+        res = CliRunner().invoke(cli, ["score", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(out),
+                                       "--quiet"])
+        assert res.exit_code == 0, res.output
+        outs[kind] = pq.read_table(out)
+    assert outs[pa.null()].column("ref_logps").to_pylist() == outs[pa.int64()].column("ref_logps").to_pylist() == \
+        [[]] * 4
+    table = pa.table({"prompt_token_ids": prompts, "response_token_ids": pa.array([[]] * 4, pa.list_(pa.null()))})
+    scored, _ = score_table(table, ScoreConfig(data="d.parquet", out="o.parquet", device="cpu"), tiny_model_dir)
+    assert scored.column("ref_logps").to_pylist() == [[]] * 4
 
 
 def test_the_bar_counts_the_files_tokens(tmp_path, tiny_model_dir):
