@@ -76,8 +76,11 @@ def key_value_error(ctx: click.Context, extra: list[str], note: str = "") -> cli
 
 def key_value_argument(ctx: click.Context, param: click.Parameter, value):
     """A path argument's callback (analyze's TRACE): a key=value word there that names no file is a Hydra override,
-    answered as the words after it are, not as a missing file."""
-    if value is None or ctx.resilient_parsing or not _OVERRIDE.fullmatch(str(value)) or os.path.lexists(value):
+    answered as the words after it are, not as a missing file. A glob pattern (SOURCE's ``step=*.parquet``, Hive's
+    partition folders) is left to the command."""
+    text = str(value) if value is not None else ""
+    if (value is None or ctx.resilient_parsing or not _OVERRIDE.fullmatch(text) or os.path.lexists(value)
+            or any(c in text for c in "*?[")):
         return value
     from pdsr_cli.main import ARGV
 

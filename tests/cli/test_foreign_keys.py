@@ -191,6 +191,8 @@ def test_a_key_value_where_a_file_goes_is_answered_as_one(tmp_path, monkeypatch,
     (tmp_path / "n=8").write_text("not a trace\n")   # a file of that name is the file
     out = failed(invoke(*command, "n=8"))
     assert "key=value" not in out and "n=8" in out
+    out = failed(invoke(*command, "step=*.parquet"))   # a pattern (of Hive's partition folders): the command's
+    assert "key=value" not in out and "step=*.parquet" in out
 
 
 TOP = ("pdsr takes a command (rollout, score, gae, simulate, analyze, trace, serve, model, schema) and its flags, "
