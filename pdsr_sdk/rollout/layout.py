@@ -1,13 +1,14 @@
 """Which engines a run gets: an explicit list from config, or an automatic layout.
 
-Automatic layout: on GPUs, one engine per GPU (``heavy`` of them in
-the heavy pool; by default one per four GPUs, at least one, for a policy whose
+Automatic layout: on GPUs, one engine per GPU, or per ``tensor_parallel_size``
+GPUs where ``engine_defaults`` sets it (``heavy`` of them in the heavy pool; by
+default one per four engines, at least one, for a policy whose
 ``required_pools`` names the heavy pool, and none for the others); on the CPU
 build, one engine on all cores, and a second, heavy one splitting the cores with
-it for a policy that needs a heavy pool. Every engine
-of the automatic layout starts with the same vLLM settings (equal engines;
-"heavy" is a role a policy gives some of them); ``engine_defaults`` changes
-them all, and an explicit engine list may still make them differ. With a
+it for a policy that needs a heavy pool. Every engine of the automatic layout
+starts with the same vLLM settings (equal engines; "heavy" is a role a policy
+gives some of them); ``engine_defaults`` changes them all, and an explicit
+engine list may still make them differ. With a
 ``ray`` section the automatic layout's engines are Ray actors (backend
 ``ray``) and the GPUs counted are the Ray cluster's.
 """
@@ -80,10 +81,13 @@ def _with_ray_settings(config, index: int, spec: EngineSpec) -> EngineSpec:
 
 def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[str, ...],
                  ray_gpus: int | None = None) -> list[EngineSpec]:
-    if ray_gpus:   # one engine slot per tensor-parallel group of the cluster's GPUs
-        devices = list(range(ray_gpus // int(config.engine_defaults.get("tensor_parallel_size", 1))))
+    tp = _tensor_parallel_size(config)
+    if ray_gpus:   # one engine slot per tensor-parallel group of the cluster's GPUs (Ray assigns them)
+        devices = list(range(ray_gpus // tp))
+        slots = [[d] for d in devices]
     else:
         devices = available_devices(cpu)
+        slots = [devices[i * tp:(i + 1) * tp] for i in range(len(devices) // tp)]
     wants_heavy = HEAVY in required_pools
     if cpu:
         n_fast = 1 if config.fast is None else config.fast
@@ -95,15 +99,19 @@ def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[st
         groups = [devices[i * len(devices) // n:(i + 1) * len(devices) // n] or [devices[i % len(devices)]]
                   for i in range(n)]
     else:
-        if not devices:
+        if not devices and not ray_gpus:
             raise ConfigError("no GPU found and vLLM is not the CPU build; install the 'cpu' extra on machines without a GPU")
-        n_heavy = (max(1, len(devices) // 4) if wants_heavy else 0) if config.heavy is None else config.heavy
-        n_fast = max(1, len(devices) - n_heavy) if config.fast is None else config.fast
+        gpus = ray_gpus or len(devices)
+        if not slots:
+            raise ConfigError(f"engine_defaults.tensor_parallel_size is {tp} but only {gpus} GPU(s) are visible")
+        n_heavy = (max(1, len(slots) // 4) if wants_heavy else 0) if config.heavy is None else config.heavy
+        n_fast = max(1, len(slots) - n_heavy) if config.fast is None else config.fast
         n = n_fast + n_heavy
-        if n > len(devices):
-            raise ConfigError(f"fast + heavy = {n} but only {len(devices)} GPU(s) are visible; "
-                              f"list engines explicitly to share GPUs")
-        groups = [[d] for d in devices[:n]]
+        if n > len(slots):
+            fit = f"{len(slots)} engine(s) of {tp} GPUs fit the {gpus} visible GPUs" if tp > 1 \
+                else f"only {gpus} GPU(s) are visible"
+            raise ConfigError(f"fast + heavy = {n} but {fit}; list engines explicitly to share GPUs")
+        groups = slots[:n]
     specs = []
     for i in range(n):
         pool, k = (FAST, i) if i < n_fast else (HEAVY, i - n_fast)
@@ -114,6 +122,14 @@ def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[st
         data.update(config.engine_defaults)
         specs.append(validate_config(EngineSpec, data, source="engine_defaults"))
     return specs
+
+
+def _tensor_parallel_size(config) -> int:
+    """``engine_defaults.tensor_parallel_size`` (GPUs per engine); a bad value is left to EngineSpec's check."""
+    try:
+        return max(1, int(config.engine_defaults.get("tensor_parallel_size", 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 def starting_message(specs: list, model_dir: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -272,3 +273,37 @@ def test_automatic_layout_is_what_docs_rollout_md_says(monkeypatch, cpu, devices
     assert [s.pool for s in specs] == layout
     if cpu:   # the cores are split between the engines, none shared
         assert sorted(d for s in specs for d in s.devices) == list(range(devices))
+
+
+@pytest.mark.parametrize("gpus,tp,fast,expected", [
+    (8, 2, None, [[0, 1], [2, 3], [4, 5], [6, 7]]),   # one engine per tensor-parallel group
+    (8, 4, None, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    (7, 2, None, [[0, 1], [2, 3], [4, 5]]),           # a GPU left over is not half an engine
+    (8, 2, 2, [[0, 1], [2, 3]]),
+])
+def test_automatic_layout_gives_each_engine_its_tensor_parallel_gpus(monkeypatch, gpus, tp, fast, expected):
+    """With engine_defaults.tensor_parallel_size, each automatic engine gets that many GPUs of its own (it got one)."""
+    from pdsr_sdk.rollout import layout as layout_module
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    monkeypatch.setattr(layout_module, "available_devices", lambda cpu: list(range(gpus)))
+    config = RolloutConfig(engine_defaults={"tensor_parallel_size": tp}, fast=fast)
+    specs = layout_module.engine_layout(config, required_pools=(), cpu=False, max_model_len=512)
+    assert [s.devices for s in specs] == expected
+    assert {s.tensor_parallel_size for s in specs} == {tp}
+
+
+@pytest.mark.parametrize("gpus,tp,fast,message", [
+    (2, 4, None, "engine_defaults.tensor_parallel_size is 4 but only 2 GPU(s) are visible"),
+    (8, 2, 5, "fast + heavy = 5 but 4 engine(s) of 2 GPUs fit the 8 visible GPUs"),
+    (4, 1, 5, "fast + heavy = 5 but only 4 GPU(s) are visible"),
+])
+def test_automatic_layout_that_does_not_fit_the_gpus_says_so(monkeypatch, gpus, tp, fast, message):
+    from pdsr_sdk.errors import ConfigError
+    from pdsr_sdk.rollout import layout as layout_module
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    monkeypatch.setattr(layout_module, "available_devices", lambda cpu: list(range(gpus)))
+    config = RolloutConfig(engine_defaults={"tensor_parallel_size": tp}, fast=fast)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        layout_module.engine_layout(config, required_pools=(), cpu=False, max_model_len=512)
