@@ -54,6 +54,10 @@ def engine_layout(config, *, required_pools: tuple[str, ...], cpu: bool, max_mod
             cpu = ray_gpus == 0
         specs = _auto_layout(config, cpu, max_model_len, required_pools, ray_gpus)
     specs = [_with_ray_settings(config, i, s) for i, s in enumerate(specs)]
+    for i, s in enumerate(specs):   # vLLM would fail at start, far from the config
+        if not cpu and s.backend == "vllm" and s.devices and len(s.devices) != s.tensor_parallel_size:
+            raise ConfigError(f"engines[{i}] ({s.name!r}): devices {s.devices} are {len(s.devices)} GPU(s) but "
+                              f"tensor_parallel_size is {s.tensor_parallel_size}; give one GPU per rank")
     names = [s.name for s in specs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -307,3 +307,19 @@ def test_automatic_layout_that_does_not_fit_the_gpus_says_so(monkeypatch, gpus, 
     config = RolloutConfig(engine_defaults={"tensor_parallel_size": tp}, fast=fast)
     with pytest.raises(ConfigError, match=re.escape(message)):
         layout_module.engine_layout(config, required_pools=(), cpu=False, max_model_len=512)
+
+
+def test_an_explicit_engine_with_fewer_gpus_than_its_tensor_parallel_size_is_named():
+    from pdsr_sdk.errors import ConfigError
+    from pdsr_sdk.rollout import layout as layout_module
+    from pdsr_sdk.rollout.config import RolloutConfig
+
+    config = RolloutConfig(engines=[{"name": "a", "pool": "fast", "devices": [0, 1], "tensor_parallel_size": 2},
+                                    {"name": "b", "pool": "fast", "devices": [2], "tensor_parallel_size": 2}])
+    with pytest.raises(ConfigError, match=re.escape("engines[1] ('b'): devices [2] are 1 GPU(s) but "
+                                                    "tensor_parallel_size is 2")):
+        layout_module.engine_layout(config, required_pools=(), cpu=False, max_model_len=512)
+    assert len(layout_module.engine_layout(config.model_copy(update={"engines": config.engines[:1]}),
+                                           required_pools=(), cpu=False, max_model_len=512)) == 1
+    # on the CPU build devices are cores, any number of them
+    assert len(layout_module.engine_layout(config, required_pools=(), cpu=True, max_model_len=512)) == 2
