@@ -32,7 +32,7 @@ import numpy as np
 
 from pdsr_sdk.io.padding import pad_rows
 from pdsr_sdk.dispatch.types import Sample
-from pdsr_sdk.errors import DataValueError
+from pdsr_sdk.errors import ConfigValueError, DataValueError
 from pdsr_sdk.offpolicy.correction import token_versions
 from pdsr_sdk.scoring.api import as_ragged
 
@@ -61,6 +61,11 @@ def trainer_batch(step: Any, *, pad_token_id: int, prompt_length: int | None = N
     scores, unless it has none; none for plain samples), and without them no ``token_level_scores``; a sample
     without a reward among samples with one is an error naming it. ``numpy``: numpy arrays instead of torch
     tensors."""
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+        # tokenizer.pad_token_id is None for tokenizers without a pad token (Llama's): verl pads with eos then
+        raise ConfigValueError(f"trainer_batch: pad_token_id must be a token id (an int), got {pad_token_id!r}"
+                               + ("; a tokenizer without a pad token gives None: pass its eos_token_id, as verl does"
+                                  if pad_token_id is None else ""))
     samples: list[Sample] = list(step.samples) if hasattr(step, "samples") else list(step)
     if rewards is None and getattr(step, "scores", None):
         rewards = [s.reward for s in step.scores]

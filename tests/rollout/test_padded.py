@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pdsr_sdk.dispatch.types import Group, Sample, SegmentRecord, TurnRecord
-from pdsr_sdk.errors import DataValueError
+from pdsr_sdk.errors import ConfigValueError, DataValueError
 from pdsr_sdk.rollout.padded import trainer_batch
 
 PAD = 0
@@ -104,6 +104,14 @@ def test_what_cannot_be_a_row_is_named():
         trainer_batch([counted], pad_token_id=PAD)
     with pytest.raises(DataValueError, match="2 rewards for 3 samples"):
         trainer_batch(samples(), pad_token_id=PAD, rewards=[1.0, 0.0])
+    # a tokenizer without a pad token (Llama's) has pad_token_id None: it used to fail deep in the padding
+    with pytest.raises(ConfigValueError, match=r"trainer_batch: pad_token_id must be a token id \(an int\), got None; "
+                                               r"a tokenizer without a pad token gives None: pass its eos_token_id"):
+        trainer_batch(samples(), pad_token_id=None)
+    for bad in ("0", 1.0, True):
+        with pytest.raises(ConfigValueError, match=f"pad_token_id must be a token id \\(an int\\), got {bad!r}$"):
+            trainer_batch(samples(), pad_token_id=bad)
+    assert trainer_batch(samples(), pad_token_id=np.int64(7), numpy=True).tensors["responses"][2, -1] == 7
 
 
 def test_a_forward_over_the_batch_gives_each_samples_unbatched_log_probs(tiny_model_dir):
