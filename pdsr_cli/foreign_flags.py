@@ -153,7 +153,8 @@ FOREIGN_NAMES: list[ForeignName] = [
             "the automatic layout is --fast (fast) and --heavy (heavy)")),
     *_rows("AReaL", STEPS,
            ("max_head_offpolicyness", "--max-staleness", "max_staleness",
-            "a bound on each token's age in versions (docs/partial-rollout.md)")),
+            "pdsr bounds each consumed token's age in versions, where AReaL bounds how many rollouts start "
+            "(docs/partial-rollout.md, Coming from AReaL)")),
     *_rows("vLLM", ENGINES,
            ("--max-model-len", None, "engine_defaults.max_model_len",
             "each engine's context, by default what the prompts need (docs/configuration.md)"),
