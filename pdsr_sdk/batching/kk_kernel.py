@@ -21,15 +21,22 @@ Layout, so that memory stays a small multiple of n rather than n x k:
   is ever copied.
 - When A and B have at most k non-empty parts together (most merges), no
   two non-empty parts meet and the stable re-sort is a merge of two sorted
-  runs, O(nnz). Otherwise only A's last nb parts change (nb = B's non-empty
-  parts): those are stably sorted and merged into A's block in place from its
-  end, so A's parts above the heaviest changed one are not touched (before,
-  all k parts went through a scratch array and back: 1.3-1.7x slower at
-  k = 1,838 and 6,730 for 16,384 lengths).
+  runs: B's parts are merged into A's block in place from its end, O(nb)
+  plus the parts of A they pass. Otherwise only A's last nb parts change
+  (nb = B's non-empty parts): those are stably sorted and merged in the same
+  way. Either way A's parts above the heaviest part B brings are not touched.
+  (Sorting all k parts through a scratch array was 1.3-1.7x slower at
+  k = 1,838 and 6,730 for 16,384 lengths; copying all na + nb parts on the
+  disjoint merges made a run O(n k), where a heavy state takes the next
+  light ones one at a time: 2.2-5.5x slower at k = 1,008-7,039.)
 - ``limit``: a part's sum only grows (parts merge, weights are >= 0), so the
   final heaviest part is at least every part ever formed; the kernel stops at
   the first merged part above ``limit`` and reports that the result's heaviest
-  part would exceed it (the count search discards such counts anyway).
+  part would exceed it (the count search discards such counts anyway). The
+  same for ``token_limit`` on a second, unbalanced sum per item (the token
+  cap when balancing the attention cost, whose weight limit a*cap + cap**2
+  lets many parts over the cap pass: 16,384 lengths under 1.5x the longest
+  ran 17 counts to the end to find each over the cap).
 """
 
 from __future__ import annotations
@@ -63,46 +70,37 @@ def _sift_down(heap, size, pos, spread, seq):
 
 
 @numba.njit(cache=True)
-def _merge_disjoint(oa, na, ob, nb, psum, phead, ptail, out_sum, out_head, out_tail):
-    """Merged parts when A's and B's non-empty parts never meet (na + nb <= k).
+def _parts_of_b(ob, nb, psum, phead, ptail, t_sum, t_head, t_tail):
+    """B's parts in the order they take in the merged state when na + nb <= k (no two non-empty parts meet).
 
-    Part j of the merged state is then A's part j (j < na) or B's part k-1-j
-    alone. The stable sort by descending sum is a merge of two sorted runs:
-    on equal sums A's parts come first (they sit at smaller positions), and
-    equal-sum parts of B come in reverse order (B sits reversed).
+    Part j of the merged state is then A's part j (j < na) or B's part k-1-j alone, so B sits reversed: in
+    the stable sort by descending sum each run of B's equal sums comes in reverse order.
     """
-    pa = 0
-    ib = 0
     out = 0
-    while pa < na or ib < nb:
-        if ib >= nb or (pa < na and psum[oa + pa] >= psum[ob + ib]):
-            out_sum[out] = psum[oa + pa]
-            out_head[out] = phead[oa + pa]
-            out_tail[out] = ptail[oa + pa]
-            pa += 1
+    ib = 0
+    while ib < nb:
+        run_end = ib
+        while run_end + 1 < nb and psum[ob + run_end + 1] == psum[ob + ib]:
+            run_end += 1
+        for q in range(run_end, ib - 1, -1):
+            t_sum[out] = psum[ob + q]
+            t_head[out] = phead[ob + q]
+            t_tail[out] = ptail[ob + q]
             out += 1
-        else:
-            run_end = ib
-            while run_end + 1 < nb and psum[ob + run_end + 1] == psum[ob + ib]:
-                run_end += 1
-            for q in range(run_end, ib - 1, -1):
-                out_sum[out] = psum[ob + q]
-                out_head[out] = phead[ob + q]
-                out_tail[out] = ptail[ob + q]
-                out += 1
-            ib = run_end + 1
+        ib = run_end + 1
 
 
 @numba.njit(cache=True)
-def _changed_parts(oa, na, ob, nb, k, psum, phead, ptail, nxt, t_sum, t_head, t_tail, key):
+def _changed_parts(oa, na, ob, nb, k, psum, phead, ptail, nxt, tok, token_limit, t_sum, t_head, t_tail, key):
     """The nb merged parts that change when na + nb > k, in stable descending order of sum.
 
     Positions j < k - nb keep A's part alone (still sorted); position j >= k - nb
     gets B's part k-1-j, joined by A's part j when A has one. Returns the order
     of the nb parts in ``t_sum``/``t_head``/``t_tail`` (a stable argsort, like
-    Python's sorted).
+    Python's sorted), and whether a joined part's tokens (``tok`` of its head) exceed ``token_limit``.
     """
     keep = k - nb  # < na because na + nb > k
+    over = False
     for q in range(nb):
         j = keep + q
         jb = nb - 1 - q  # = k - 1 - j
@@ -112,12 +110,14 @@ def _changed_parts(oa, na, ob, nb, k, psum, phead, ptail, nxt, t_sum, t_head, t_
         if j < na:
             s += psum[oa + j]
             nxt[ptail[oa + j] - 1] = h  # A's members, then B's
+            tok[phead[oa + j] - 1] += tok[h - 1]  # the joined part's head stays A's
+            over = over or tok[phead[oa + j] - 1] > token_limit
             h = phead[oa + j]
         t_sum[q] = s
         t_head[q] = h
         t_tail[q] = t
         key[q] = -s
-    return np.argsort(key[:nb], kind="mergesort")
+    return np.argsort(key[:nb], kind="mergesort"), over
 
 
 @numba.njit(cache=True)
@@ -167,23 +167,27 @@ def _block(c, psum, phead, ptail, free_head, top):
 
 
 @numba.njit(cache=True)
-def kk_labels_fast(weights, k, limit):
-    """(part label 0..k-1 of each item, True), part 0 the largest sum; (zeros, False) past ``limit``.
+def kk_labels_fast(weights, k, limit, tokens, token_limit):
+    """(part label 0..k-1 of each item, True), part 0 the largest sum; (zeros, False) past a limit.
 
     ``weights``: int64 array (n,), values >= 0 whose total fits in 2**61
     (the sort key is 2 * sum + non-empty). ``k`` >= 1. ``limit``: the run
     stops once a part's sum exceeds it, which happens iff the finished
-    partition's largest part would (pass 2**63 - 1 for no limit).
+    partition's largest part would (pass 2**63 - 1 for no limit). ``tokens``
+    (int64 (n,), >= 0, not balanced) and ``token_limit``: likewise once a
+    part's tokens exceed it; a part's tokens are kept at its first member
+    (the head of its list), so only joins update them.
     """
     n = weights.shape[0]
     labels = np.zeros(n, np.int64)
     if n == 0:
         return labels, True
     if k == 1:
-        return labels, weights.sum() <= limit
+        return labels, weights.sum() <= limit and tokens.sum() <= token_limit
     for i in range(n):
-        if weights[i] > limit:
+        if weights[i] > limit or tokens[i] > token_limit:
             return labels, False
+    tok = tokens.copy()
 
     # pool of part blocks; block of class c holds 2**c parts
     pool = 4 * n + 2 * k + 16
@@ -216,9 +220,7 @@ def kk_labels_fast(weights, k, limit):
     t_head = np.empty(k, np.int32)
     t_tail = np.empty(k, np.int32)
     key = np.empty(k, np.int64)
-    out_sum = np.empty(k, np.int64)
-    out_head = np.empty(k, np.int32)
-    out_tail = np.empty(k, np.int32)
+    identity = np.arange(k, dtype=np.int64)
     class_k = 0
     while (1 << class_k) < k:
         class_k += 1
@@ -233,29 +235,35 @@ def kk_labels_fast(weights, k, limit):
         nb = nnz[b]
         oa = off[a]
         if na + nb <= k:
+            # B's parts are merged into A's block in place from its end: B is usually a few parts lighter than
+            # all of A's, so this costs O(nb), where copying all na + nb parts made a run O(n k).
             need = na + nb
-            _merge_disjoint(oa, na, off[b], nb, psum, phead, ptail, out_sum, out_head, out_tail)
-            c = cls[b]  # B's block is free
+            _parts_of_b(off[b], nb, psum, phead, ptail, t_sum, t_head, t_tail)
+            c = cls[b]  # B's parts are in t_*: its block is free
             psum[off[b]] = free_head[c]
             free_head[c] = off[b]
-            if (1 << cls[a]) < need:  # so is A's: the merged state needs a larger one
-                c = cls[a]
-                psum[oa] = free_head[c]
-                free_head[c] = oa
+            if (1 << cls[a]) < need:  # A's parts move to a block large enough for the merged state
                 c = 0
                 while (1 << c) < need:
                     c += 1
-                oa, psum, phead, ptail, top = _block(c, psum, phead, ptail, free_head, top)
+                o, psum, phead, ptail, top = _block(c, psum, phead, ptail, free_head, top)
+                for j in range(na):
+                    psum[o + j] = psum[oa + j]
+                    phead[o + j] = phead[oa + j]
+                    ptail[o + j] = ptail[oa + j]
+                psum[oa] = free_head[cls[a]]  # the old block is free once copied
+                free_head[cls[a]] = oa
+                oa = o
                 off[a] = oa
                 cls[a] = c
-            for j in range(need):
-                psum[oa + j] = out_sum[j]
-                phead[oa + j] = out_head[j]
-                ptail[oa + j] = out_tail[j]
+            _merge_in_place(oa, na, nb, identity, psum, phead, ptail, t_sum, t_head, t_tail)
         else:
             need = k
             keep = k - nb
-            order = _changed_parts(oa, na, off[b], nb, k, psum, phead, ptail, nxt, t_sum, t_head, t_tail, key)
+            order, over = _changed_parts(oa, na, off[b], nb, k, psum, phead, ptail, nxt, tok, token_limit,
+                                         t_sum, t_head, t_tail, key)
+            if over:
+                return labels, False
             c = cls[b]  # B's parts are in t_*: its block is free
             psum[off[b]] = free_head[c]
             free_head[c] = off[b]

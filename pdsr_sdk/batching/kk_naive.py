@@ -11,8 +11,13 @@ from __future__ import annotations
 import heapq
 
 
-def kk_labels_naive(weights, k: int, limit: int | None = None) -> list[int] | None:
-    """Part label (0..k-1) of each item; part 0 has the largest sum. None when a part's sum exceeds ``limit``."""
+def kk_labels_naive(weights, k: int, limit: int | None = None, tokens=None,
+                    token_limit: int | None = None) -> list[int] | None:
+    """Part label (0..k-1) of each item; part 0 has the largest sum.
+
+    None when a part's sum exceeds ``limit``, or the ``tokens`` of its items (not balanced) add up to more
+    than ``token_limit``.
+    """
     weights = [int(w) for w in weights]
     n = len(weights)
     if n == 0:
@@ -30,6 +35,8 @@ def kk_labels_naive(weights, k: int, limit: int | None = None) -> list[int] | No
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), counter, merged))
         counter += 1
     if limit is not None and heap[0][2][0][0] > limit:
+        return None
+    if token_limit is not None and max(sum(int(tokens[i]) for i in members) for _, members in heap[0][2]) > token_limit:
         return None
     labels = [0] * n
     for j, (_, members) in enumerate(heap[0][2]):

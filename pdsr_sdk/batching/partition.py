@@ -30,7 +30,7 @@ Rules (what callers can rely on)
   balancing tokens, its max - min then also stays within the longest sample
   (FFD alone: max / min 7.45 on long-tailed rollouts). At k >= n each sample
   is its own micro-batch, without KK. KK stops at the first part heavier than
-  a micro-batch within the cap can be (parts only grow).
+  a micro-batch within the cap can be, or over the cap (parts only grow).
 - ``balance="attention"`` balances a*L + L**2 per sample (the cap still
   counts tokens). Per layer, a causal forward costs about 24*h*h*L FLOPs in
   the linear layers and 2*h*L*L in attention, i.e. proportional to
@@ -167,15 +167,19 @@ def _fill_empty_parts(labels: np.ndarray, lengths: np.ndarray, k: int) -> np.nda
     return labels
 
 
-def kk_labels(weights: np.ndarray, k: int, limit: int | None = None) -> np.ndarray | None:
-    """k-way Karmarkar-Karp labels through the numba kernel (compiled on first use); None past ``limit``.
+def kk_labels(weights: np.ndarray, k: int, limit: int | None = None, tokens: np.ndarray | None = None,
+              token_limit: int | None = None) -> np.ndarray | None:
+    """k-way Karmarkar-Karp labels through the numba kernel (compiled on first use); None past a limit.
 
-    None when the partition's heaviest part would weigh more than ``limit`` (the kernel stops there).
+    None when a part would weigh more than ``limit``, or its ``tokens`` (per item, not balanced) add up to
+    more than ``token_limit`` (the kernel stops there).
     """
     from pdsr_sdk.batching.kk_kernel import kk_labels_fast
 
-    labels, ok = kk_labels_fast(np.ascontiguousarray(weights, dtype=np.int64), int(k),
-                                _INT64_MAX if limit is None else int(limit))
+    weights = np.ascontiguousarray(weights, dtype=np.int64)
+    tokens = weights if tokens is None else np.ascontiguousarray(tokens, dtype=np.int64)
+    labels, ok = kk_labels_fast(weights, int(k), _INT64_MAX if limit is None else int(limit), tokens,
+                                _INT64_MAX if token_limit is None else int(token_limit))
     return labels if ok else None
 
 
@@ -236,12 +240,8 @@ def partition_lengths(lengths: np.ndarray, cap: int, *, min_micro_batches: int, 
                 f"partition_for_data_parallel / pad_micro_batches if empty micro-batches are acceptable")
 
     def fitting(k: int) -> np.ndarray | None:
-        """KK's labels at k if its heaviest micro-batch keeps the cap, else None."""
-        if k >= n:  # KK would give every sample its own micro-batch: skip it
-            return np.arange(n, dtype=np.int64)
-        labels = kk_labels(weights, k, limit)
-        ok = labels is not None and int(np.bincount(labels, weights=lengths, minlength=k).max()) <= cap
-        return labels if ok else None
+        """KK's labels at k if every micro-batch keeps the token cap, else None."""
+        return np.arange(n, dtype=np.int64) if k >= n else kk_labels(weights, k, limit, lengths, cap)
 
     k = lo = -(-max(bound, min_micro_batches) // d) * d
     check_fill(k)

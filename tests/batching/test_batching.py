@@ -115,6 +115,8 @@ def length_cases(draw, max_n=40):
     (1, 1, "uniform"), (7, 3, "uniform"), (50, 1, "uniform"), (50, 7, "zeros"), (64, 64, "uniform"),
     (30, 45, "uniform"), (300, 16, "lognormal"), (1000, 32, "lognormal"), (500, 8, "equal"), (200, 5, "few"),
     (1500, 300, "few"), (1200, 200, "equal"), (1000, 250, "lognormal"), (800, 100, "zeros"),
+    # k near n / 2: a heavy state takes light ones one at a time (merged into its block in place)
+    (1200, 500, "lognormal"), (1400, 600, "few"), (900, 450, "zeros"), (1000, 999, "uniform"),
 ])
 def test_fast_kernel_equals_naive_twin(n, k, dist):
     rng = np.random.default_rng(n * 1000 + k)

@@ -48,6 +48,33 @@ def test_kernel_stops_past_the_limit_exactly_when_the_result_would(n, k, kind):
             assert fast.tolist() == naive == full
 
 
+@pytest.mark.parametrize("n,k,kind", [
+    (1, 1, "lognormal"), (2, 1, "few"), (40, 3, "few"), (300, 64, "pareto"), (600, 250, "few"),
+    (900, 400, "lognormal"), (1200, 500, "pareto"),
+])
+@pytest.mark.parametrize("coef", [0, 7, 24576])
+def test_kernel_stops_past_the_token_limit_exactly_when_the_result_would(n, k, kind, coef):
+    # Balancing the attention cost a*L + L**2, the kernel also stops at the first joined part over the token
+    # cap (its tokens kept at the part's first member): None iff the full run has a part over it, the same
+    # labels otherwise, as the twin that checks the finished partition.
+    rng = np.random.default_rng(n + k + coef)
+    lengths = long_tailed(rng, n, kind)
+    w = lengths * coef + lengths * lengths
+    full = kk_labels_naive(w.tolist(), k)
+    assert kk_labels(w, k).tolist() == full
+    most = int(max(np.bincount(full, weights=lengths, minlength=k)))
+    for token_limit in (most - 1, most, most + 1, int(lengths.max()), int(lengths.sum())):
+        fast = kk_labels(w, k, None, lengths, token_limit)
+        naive = kk_labels_naive(w.tolist(), k, None, lengths.tolist(), token_limit)
+        if most > token_limit:
+            assert fast is None and naive is None
+        else:
+            assert fast.tolist() == naive == full
+    heaviest = int(max(np.bincount(full, weights=w, minlength=k)))
+    assert kk_labels(w, k, heaviest - 1, lengths, int(lengths.sum())) is None  # either limit stops it
+    assert kk_labels(w, k, heaviest, lengths, most).tolist() == full
+
+
 @pytest.mark.parametrize("n,kind,cap_over_longest", [
     (1, "lognormal", 1.0), (50, "few", 1.3), (300, "lognormal", 1.1), (1000, "pareto", 2.0), (2000, "few", 4.0),
 ])
