@@ -5,7 +5,8 @@ its heaviest micro-batch fits the cap or first-fit decreasing (a plain Python lo
 Obviously the first such count, and slow where the cap is near the longest sample (one full KK run per
 count: 310 of them for 16,384 lengths under 1.1x the longest of ``recorded-math-2048``). Tests and
 ``bench/partition.py`` hold the fast search to it: the same count where KK's fit is monotone in the
-count, never a larger one on the inputs they draw.
+count, never a larger one on the inputs they draw. :func:`rebalance_naive` is the plain loop behind
+:func:`pdsr_sdk.batching.rebalance.rebalance` (every sample scanned for each move).
 """
 
 from __future__ import annotations
@@ -36,6 +37,44 @@ def ffd_labels_naive(lengths: np.ndarray, cap: int) -> tuple[np.ndarray, int]:
         labels[i] = j
         used = max(used, j + 1)
     return labels, used
+
+
+def rebalance_naive(labels: np.ndarray, weights: np.ndarray, lengths: np.ndarray, k: int, cap: int) -> np.ndarray:
+    """The rebalance of :func:`pdsr_sdk.batching.rebalance.rebalance` as a plain loop over every sample per move.
+
+    Each move: the lightest part (smallest index among equals); per part, its sample of weight
+    0 < w < gap (gap: its load less the lightest's) that keeps the lightest within the cap and is closest
+    to halving the gap (smallest index among equals); of the parts with one, the heaviest (smallest index
+    among equals) gives it to the lightest. Ends when no part has such a sample.
+    """
+    labels = np.array(labels, np.int64)
+    load = np.zeros(k, np.int64)  # exact: attention weights reach 2**60, past float64's integers
+    tokens = np.zeros(k, np.int64)
+    np.add.at(load, labels, weights)
+    np.add.at(tokens, labels, lengths)
+    while True:
+        light = int(np.argmin(load))
+        best = [-1] * k
+        score = [0] * k
+        for i in range(labels.shape[0]):
+            h = int(labels[i])
+            gap = int(load[h] - load[light])
+            w = int(weights[i])
+            if 0 < w < gap and tokens[light] + lengths[i] <= cap:
+                s = abs(2 * w - gap)
+                if best[h] < 0 or s < score[h]:
+                    best[h] = i
+                    score[h] = s
+        donors = [h for h in range(k) if best[h] >= 0]
+        if not donors:
+            return labels
+        heavy = max(donors, key=lambda h: (load[h], -h))
+        i = best[heavy]
+        labels[i] = light
+        load[heavy] -= weights[i]
+        load[light] += weights[i]
+        tokens[heavy] -= lengths[i]
+        tokens[light] += lengths[i]
 
 
 def partition_lengths_naive(lengths: np.ndarray, cap: int, *, min_micro_batches: int, divisible_by: int,

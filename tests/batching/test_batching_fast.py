@@ -1,8 +1,9 @@
 """The fast count search of partition_by_tokens and its kernels, held to their naive twins.
 
 The twins: the plain-Python Karmarkar-Karp (kk_naive, with the same early stop past a limit), the plain
-first-fit-decreasing loop and the linear count search (partition_naive: KK at every count from the lower
-bound up). The fast search must give the same count or a smaller one, and no worse max / min tokens.
+first-fit-decreasing loop, the rebalance's loop over every sample per move and the linear count search
+(partition_naive: KK at every count from the lower bound up). The fast search must give the same count or a
+smaller one, and no worse max / min tokens.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from partition_checks import check_partition
 from pdsr_sdk.batching import partition_by_tokens
 from pdsr_sdk.batching.kk_naive import kk_labels_naive
 from pdsr_sdk.batching.partition import as_lengths, kk_labels, packing_lower_bound, partition_lengths
-from pdsr_sdk.batching.partition_naive import ffd_labels_naive, partition_lengths_naive
-from pdsr_sdk.batching.rebalance import ffd_labels
+from pdsr_sdk.batching.partition_naive import ffd_labels_naive, partition_lengths_naive, rebalance_naive
+from pdsr_sdk.batching.rebalance import ffd_labels, rebalance
 
 
 def long_tailed(rng, n, kind):
@@ -87,6 +88,38 @@ def test_ffd_kernel_equals_the_plain_loop(n, kind, cap_over_longest):
     naive_labels, naive_used = ffd_labels_naive(lengths, cap)
     assert used == naive_used and labels.tolist() == naive_labels.tolist()
     assert np.bincount(labels, weights=lengths).max() <= cap
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kind", ["lognormal", "pareto", "few", "short and long"])
+@pytest.mark.parametrize("balance", ["tokens", "attention"])
+def test_rebalance_equals_the_plain_loop(seed, kind, balance):
+    # The rebalance searches parts in order of load and skips those that cannot give a sample; the plain loop
+    # scans every sample for each move. Same moves, so the same labels, from first-fit decreasing's packing
+    # under caps from the longest sample to 3x it (many moves where the cap is tight), zero-length samples too.
+    # Short samples among long ones, balancing attention: the lightest part by weight is often not by tokens,
+    # so the cap keeps some samples in place (a part is skipped only for the weights, never for that).
+    from pdsr_sdk.batching.partition import _fill_empty_parts, balance_weights
+
+    rng = np.random.default_rng(7 * seed + len(kind))
+    mixed = kind == "short and long"
+    for _ in range(30 if mixed else 4):
+        if mixed:  # small: the cap binds the lightest part when a few long samples weigh most
+            n = int(rng.integers(4, 60))
+            lengths = np.where(rng.random(n) < rng.uniform(0.1, 0.6), rng.integers(50, 100, n),
+                               rng.integers(1, 20, n)).astype(np.int64)
+        else:
+            n = int(rng.integers(2, 600))
+            lengths = long_tailed(rng, n, kind)
+            lengths[rng.integers(0, n, n // 10)] = 0
+        cap = max(1, int(lengths.max() * rng.uniform(1.0, 2.0 if mixed else 3.0)))
+        weights = balance_weights(lengths, balance, int(rng.choice([0, 7, 50 if mixed else 24576])))
+        ffd, used = ffd_labels(lengths, cap)
+        k = min(n, used + int(rng.integers(0, 3)))  # extra parts start empty, filled as the search does
+        start = _fill_empty_parts(ffd, lengths, k)
+        fast = rebalance(start, weights, lengths, k, cap)
+        assert fast.tolist() == rebalance_naive(start, weights, lengths, k, cap).tolist()
+        assert np.bincount(fast, weights=lengths, minlength=k).max() <= cap
 
 
 def loads_ratio(lengths, parts):
