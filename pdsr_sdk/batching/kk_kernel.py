@@ -28,14 +28,14 @@ Layout, so that memory stays a small multiple of n rather than n x k:
   (Sorting all k parts through a scratch array was 1.3-1.7x slower at
   k = 1,838 and 6,730 for 16,384 lengths; copying all na + nb parts on the
   disjoint merges made a run O(n k), where a heavy state takes the next
-  light ones one at a time: 2.2-5.5x slower at k = 1,008-7,039.)
+  light ones one at a time: 1.1-4.5x slower at k = 1,008-7,039.)
 - A full state taking a lone part (nb = 1) joins it to its lightest part, which
   then moves up: O(k) each as a long tail's light samples come one by one (20.9M
   part moves at k = 1,833 for 16,384 kv-bound lengths). Meanwhile its block is a
   min-heap, O(log k) each, with a stamp per part (at its first member) of when it
   last changed; heapsorted back by descending sum, equal sums by stamp, before
   any other merge, it is the insertions' order. A run at k = 128-7,039 for
-  16,384 lengths: 6-11 ms (30-90 ms without).
+  16,384 lengths: 6-11 ms (8-118 ms without).
 - ``limit``: a part's sum only grows (parts merge, weights are >= 0), so the
   final heaviest part is at least every part ever formed; the kernel stops at
   the first merged part above ``limit`` and reports that the result's heaviest
