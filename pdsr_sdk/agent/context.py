@@ -204,16 +204,23 @@ class AgentContext:
         """One model turn after the conversation so far (``messages`` or ``ids`` are appended first, as
         :meth:`append`). ``max_tokens`` bounds this turn (default: the config's ``turn_max_tokens``, else the
         budget left). Raises :class:`AgentDone` when no turn or token is left."""
-        if self._first is not None:   # the first turn ran on the data row's prompt before the agent started
-            if messages is not None or ids is not None:
-                raise AgentError(f"sample {self.sample.key}: the first turn runs on the data row's prompt; call "
-                                 f"generate() without messages first (put what the first turn needs in the data)")
-            first, self._first = self._first, None
-            return first
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or max_tokens < 1):
             raise AgentError(f"sample {self.sample.key}: generate(max_tokens={max_tokens!r}): a turn's limit is a "
                              f"positive int, or None for the default (agent.turn_max_tokens, else the budget left)")
+        if self._first is not None:   # the first turn ran on the data row's prompt before the agent started
+            if messages is not None or ids is not None:
+                raise AgentError(f"sample {self.sample.key}: the first turn runs on the data row's prompt; call "
+                                 f"generate() without messages first (put what the first turn needs in the data)")
+            # that turn ran under turn_max_tokens (else the budget): a lower max_tokens here was silently not applied
+            ran_under = min(self.turn_max_tokens or self.sample.max_tokens, self.sample.max_tokens)
+            if max_tokens is not None and max_tokens < ran_under:
+                raise AgentError(f"sample {self.sample.key}: generate(max_tokens={max_tokens!r}) cannot bound the "
+                                 f"first turn: it runs on the data row's prompt before the agent starts, under "
+                                 f"agent.turn_max_tokens (--turn-max-tokens; now {self.turn_max_tokens}, so up to "
+                                 f"{ran_under} tokens); set that, or call the first generate() without max_tokens")
+            first, self._first = self._first, None
+            return first
         if messages is not None or ids is not None:
             self.append(messages, ids=ids, tool_name=tool_name)
         if self._pending is not None and not self._pending.done():

@@ -146,12 +146,24 @@ def test_misuse_is_clear(tiny_model_dir):
         await agent.generate()
         await agent.generate(ids=[7], max_tokens=0)
 
+    async def first_bounded(agent):   # the first turn ran before the agent: its max_tokens used to be ignored
+        await agent.generate(max_tokens=5)
+
+    async def first_bounded_by_the_budget(agent):   # no lower than the limit the first turn ran under: taken
+        await agent.generate(max_tokens=200)
+        return 1.0
+
     with RolloutSession(config(tiny_model_dir)) as session:
         for fn, expect in ((append_first, "take it with `await agent.generate()`"),
                            (first_with_messages, "the first turn runs on the data row's prompt"),
-                           (zero_tokens, "generate(max_tokens=0): a turn's limit is a positive int")):
+                           (zero_tokens, "generate(max_tokens=0): a turn's limit is a positive int"),
+                           (first_bounded, "generate(max_tokens=5) cannot bound the first turn: it runs on the data "
+                                           "row's prompt before the agent starts, under agent.turn_max_tokens "
+                                           "(--turn-max-tokens; now None, so up to 200 tokens)")):
             out = session.step(PROMPTS[:1], agent=fn)
             assert all(expect in r["error"] for r in out.table.to_pylist())
+        out = session.step(PROMPTS[:1], agent=first_bounded_by_the_budget)
+        assert [(r["error"], r["reward"]) for r in out.table.to_pylist()] == [(None, 1.0)] * 4
     with pytest.raises(ConfigError, match="async def run"):
         RolloutSession(config(tiny_model_dir), agent=lambda agent: None)
     assert issubclass(AgentError, Exception) and issubclass(AgentDone, Exception)
