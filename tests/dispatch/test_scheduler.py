@@ -2,7 +2,7 @@
 engines lost mid-batch, how a sample finishes, the per-batch report, and pausing a running step for a
 weight update (``pause(mode)`` / ``resume()`` in every mode, every sample keeping its own tokens). The
 policies' dispatch on the same fakes: tests/policies/test_policies.py; the session's ``pause`` on real
-engines: tests/rollout/test_rollout_vllm.py."""
+engines: tests/rollout/test_rollout_vllm_weights.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The trainer's threads: ``RolloutSession.step`` blocks one thread while ``pause`` / ``resume`` come from
 another (fake engines on the session's loop), and a step that loses an engine. The scheduler's pause modes:
-tests/dispatch/test_scheduler.py; the session's pause on real vLLM engines: tests/rollout/test_rollout_vllm.py."""
+tests/dispatch/test_scheduler.py; the session's pause on real vLLM engines: tests/rollout/test_rollout_vllm_weights.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from support import WAIT_S
 
 def test_a_synchronous_step_in_one_thread_is_paused_and_resumed_from_another(tiny_model_dir):
     """The trainer's threads: ``session.step`` blocks one thread, ``pause`` / ``resume`` come from another
-    (fake engines on the session's loop; the real engines: tests/rollout/test_rollout_vllm.py)."""
+    (fake engines on the session's loop; the real engines: tests/rollout/test_rollout_vllm_weights.py)."""
     import threading
     import time
 

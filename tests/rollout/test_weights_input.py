@@ -1,6 +1,6 @@
 """What a trainer's state dict may hold for ``update_weights`` beyond names and shapes (the staging the session does
 before anything reaches an engine; names and shapes: tests/rollout/test_sdk_weights.py, the engines' loads:
-tests/rollout/test_rollout_vllm.py)."""
+tests/rollout/test_rollout_vllm_weights.py)."""
 
 from __future__ import annotations
 
