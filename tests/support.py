@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -29,6 +30,27 @@ def run_on(loop, coro, timeout: float = 900):
     import asyncio
 
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+@contextlib.contextmanager
+def serving(session, loop, model_name="tiny"):
+    """``session.aserve`` (port 0) on ``loop`` while the block runs: yields the server's root URL
+    (``http://127.0.0.1:PORT``); stops serving and waits for the session to close after it."""
+    import asyncio
+    import queue
+
+    ready: queue.Queue = queue.Queue()
+
+    async def serve():
+        async with session:
+            await session.aserve(port=0, on_ready=ready.put, model_name=model_name)
+
+    running = asyncio.run_coroutine_threadsafe(serve(), loop)
+    try:
+        yield f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}"
+    finally:
+        session.stop_serving()
+        running.result(WAIT_S)
 
 
 def load_bench(name: str):

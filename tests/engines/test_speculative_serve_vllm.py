@@ -8,12 +8,9 @@ tests/rollout/test_serve_turns.py."""
 
 from __future__ import annotations
 
-import asyncio
-import queue
-
 import pytest
 
-from support import WAIT_S, requires_vllm, run_on
+from support import WAIT_S, requires_vllm, run_on, serving
 from test_speculative_vllm import LOGPROB_TOL, MAX_TOKENS, PROMPTS, compare_tokens, reference_greedy
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines (started once, shared)
@@ -34,22 +31,11 @@ def test_a_served_request_drafts_from_the_earlier_response_to_its_prompt(engine_
     session = RolloutSession(cfg, engines=[group])
     done: list = []
     session.hooks.on_group_done.append(done.append)
-    ready: queue.Queue = queue.Queue()
-
-    async def serve():
-        async with session:
-            await session.aserve(port=0, on_ready=ready.put, model_name="tiny")
-
-    running = asyncio.run_coroutine_threadsafe(serve(), engine_loop)
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}/v1", api_key="none",
-                               max_retries=0, timeout=WAIT_S)
+    with serving(session, engine_loop) as root:
+        client = openai.OpenAI(base_url=f"{root}/v1", api_key="none", max_retries=0, timeout=WAIT_S)
         # one request at a time, each prompt twice: the second finds the first's response in the history
         answers = [client.completions.create(model="tiny", prompt=ids, max_tokens=MAX_TOKENS).choices[0]
                    for ids in PROMPTS for _ in range(2)]
-    finally:
-        session.stop_serving()
-        running.result(WAIT_S)
     assert [a.finish_reason for a in answers] == ["length"] * 2 * len(PROMPTS)
     samples = [g.samples[0] for g in done]
     firsts, seconds = samples[0::2], samples[1::2]

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import threading
 
 import httpx
 import pytest
 
-from support import WAIT_S, requires_vllm
+from support import WAIT_S, requires_vllm, serving
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # uses the shared real engines (tests/conftest.py)
 
@@ -35,19 +34,9 @@ def streamed(engine_loop, vllm_pair, tiny_model_dir):
     cfg = RolloutConfig(model=str(tiny_model_dir), sampling={"max_tokens": MAX_TOKENS, "temperature": 0.0,
                                                              "ignore_eos": True})
     session = RolloutSession(cfg, engines=vllm_pair)
-    ready: queue.Queue = queue.Queue()
-
-    async def serve():
-        async with session:
-            await session.aserve(port=0, on_ready=ready.put, model_name="tiny")
-
-    running = asyncio.run_coroutine_threadsafe(serve(), engine_loop)
-    try:
-        base = f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}/v1"
+    with serving(session, engine_loop) as root:
+        base = f"{root}/v1"
         yield session, openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=WAIT_S), base
-    finally:
-        session.stop_serving()
-        running.result(WAIT_S)
 
 
 class PauseAt:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 from http import HTTPStatus
 
 import httpx
 import pytest
 
 from pdsr_sdk.errors import RunError
-from support import WAIT_S, requires_torch, requires_vllm
+from support import WAIT_S, requires_torch, requires_vllm, serving
 
 openai = pytest.importorskip("openai")
 
@@ -29,19 +28,8 @@ def vserved(engine_loop, vllm_pair, tiny_model_dir):
     from pdsr_sdk.rollout.session import RolloutSession
 
     session = RolloutSession(RolloutConfig(model=str(tiny_model_dir), sampling={"max_tokens": 8}), engines=vllm_pair)
-    ready: queue.Queue = queue.Queue()
-
-    async def serve():
-        async with session:
-            await session.aserve(port=0, on_ready=ready.put, model_name=NAMES)
-
-    running = asyncio.run_coroutine_threadsafe(serve(), engine_loop)
-    try:
-        root = f"http://127.0.0.1:{ready.get(timeout=WAIT_S)}"
+    with serving(session, engine_loop, NAMES) as root:
         yield session, openai.OpenAI(base_url=f"{root}/v1", api_key="none", max_retries=0, timeout=WAIT_S), root
-    finally:
-        session.stop_serving()
-        running.result(WAIT_S)
 
 
 def vllm_body(error: str | Exception, **kw) -> dict:
