@@ -31,7 +31,7 @@ def import_object(path: str, *, kind: str = "object", register_hint: str | None 
     if not module_name or not attr:
         raise ConfigValueError(f"{path!r} is not an import path of the form 'package.module:name'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name, path)
     except ModuleNotFoundError as exc:
         # a user's own module beside them (`--agent examples.agent_tools:run`): the `pdsr` script, unlike
         # `python -m`, does not put the working directory on the path; uvicorn's app strings look there too
@@ -43,7 +43,7 @@ def import_object(path: str, *, kind: str = "object", register_hint: str | None 
             raise ConfigValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from exc
         sys.path.append(here)
         try:
-            module = importlib.import_module(module_name)
+            module = _import_module(module_name, path)
         except ImportError as again:
             raise ConfigValueError(f"cannot import module {module_name!r} (from {path!r}): {again}") from again
     except ImportError as exc:
@@ -63,6 +63,29 @@ def import_object(path: str, *, kind: str = "object", register_hint: str | None 
                 hint += f"; or register it under a name: {register_hint}"
             raise ConfigValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r}){hint}") from None
     return obj
+
+
+def _import_module(module_name: str, path: str) -> Any:
+    """``importlib.import_module``; the module's own code failing (a syntax error, an exception at its top level) is
+    a ConfigValueError naming the import path and the file and line, where it was a traceback through importlib."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError:
+        raise
+    except SyntaxError as exc:
+        raise ConfigValueError(f"cannot import module {module_name!r} (from {path!r}): {exc.msg} "
+                               f"({exc.filename}, line {exc.lineno})") from exc
+    except Exception as exc:
+        import traceback
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        try:
+            origin = importlib.util.find_spec(module_name).origin   # None: AttributeError, caught
+        except Exception:   # a package above it fails the same way
+            origin = None
+        frame = ([f for f in frames if f.filename == origin] or frames)[-1]   # its line, not the stdlib's it called
+        raise ConfigValueError(f"cannot import module {module_name!r} (from {path!r}): its code raised "
+                               f"{type(exc).__name__}: {exc} ({frame.filename}, line {frame.lineno})") from exc
 
 
 def _article(kind: str) -> str:

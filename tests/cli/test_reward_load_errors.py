@@ -19,8 +19,10 @@ def user_pkg(tmp_path, monkeypatch):
     (tmp_path / "pdsr_rw_pkg" / "__init__.py").write_text("")
     (tmp_path / "pdsr_rw_pkg" / "rewards.py").write_text(
         "def one_argument(text):\n    return 1.0\n\nNOT_A_FUNCTION = 3\n")
+    (tmp_path / "pdsr_rw_pkg" / "broken.py").write_text("def compute_score(:\n    pass\n")
+    (tmp_path / "pdsr_rw_pkg" / "raising.py").write_text("import os\nTOKEN = os.environ['PDSR_RW_NO_SUCH_VAR']\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("pdsr_rw_pkg", "pdsr_rw_pkg.rewards"):
+    for name in ("pdsr_rw_pkg", "pdsr_rw_pkg.rewards", "pdsr_rw_pkg.broken", "pdsr_rw_pkg.raising"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return tmp_path
 
@@ -33,6 +35,12 @@ CASES = [
     ("pdsr_rw_pkg.rewards:one_argument", "'pdsr_rw_pkg.rewards:one_argument' (pdsr_rw_pkg.rewards:one_argument(text)) "
                                          "cannot be called with any signature pdsr knows"),
     ("{tmp}/absent.py:compute_score", "'{tmp}/absent.py:compute_score': no such file: {tmp}/absent.py"),
+    # the module's own code fails: its file and line, not a traceback through importlib
+    ("pdsr_rw_pkg.broken:compute_score", "cannot import module 'pdsr_rw_pkg.broken' (from "
+                                         "'pdsr_rw_pkg.broken:compute_score'): invalid syntax "
+                                         "({tmp}/pdsr_rw_pkg/broken.py, line 1)"),
+    ("pdsr_rw_pkg.raising:fn", "cannot import module 'pdsr_rw_pkg.raising' (from 'pdsr_rw_pkg.raising:fn'): its code "
+                               "raised KeyError: 'PDSR_RW_NO_SUCH_VAR' ({tmp}/pdsr_rw_pkg/raising.py, line 2)"),
 ]
 
 
@@ -48,6 +56,7 @@ def test_a_bad_reward_flag_names_the_flag_and_key(user_pkg, tmp_path, prompts, n
     given, says = given.format(tmp=tmp_path), says.format(tmp=tmp_path)
     out = failed(_run(tmp_path, prompts, "--reward", given), f"error: reward (--reward): {says}")
     assert out.count("reward (--reward)") == 1 and "pdsr: data:" not in out   # before the data is read
+    assert "Traceback" not in out
 
 
 @pytest.mark.parametrize("given, says", CASES, ids=[c[0].split(":")[-1] for c in CASES])
