@@ -150,7 +150,7 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--rollout-num-gpus-per-engine", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE)),
     *_rows("pdsr", ENGINES,
            ("engines", None, "engines", "it lists the engines one by one (docs/configuration.md); their number in "
-            "the automatic layout is --fast (fast) and --heavy (heavy)")),
+            "the automatic layout is fast (--fast) and heavy (--heavy)")),
     *_rows("AReaL", STEPS,
            ("max_head_offpolicyness", "--max-staleness", "max_staleness",
             "pdsr bounds each consumed token's age in versions, where AReaL bounds how many rollouts start "

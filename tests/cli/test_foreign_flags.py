@@ -115,7 +115,7 @@ def test_every_flag_a_rows_note_names_exists():
 @pytest.mark.parametrize("args, answer", [
     (["rollout", "--engines", "8"], "pdsr's engines is a config key, set in the --config file (no flag); it lists "
                                     "the engines one by one (docs/configuration.md); their number in the automatic "
-                                    "layout is --fast (fast) and --heavy (heavy)"),
+                                    "layout is fast (--fast) and heavy (--heavy)"),
     (["serve", "--num-engines", "2"], "OpenRLHF's --vllm.num_engines is pdsr's --fast (fast)"),   # not serve's row
     (["rollout", "--vllm_num_engines", "4"], "OpenRLHF's --vllm_num_engines is pdsr's --fast (fast); with --heavy"),
     (["rollout", "--vllm_tensor_parallel_size", "2"],
