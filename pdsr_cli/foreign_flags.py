@@ -146,7 +146,8 @@ FOREIGN_NAMES: list[ForeignName] = [
             "the loss mask is the trainer's: token_versions_of_rows, docs/partial-rollout.md")),
     *_rows("slime", ENGINES,
            ("--rollout-num-gpus", "--fast", "fast", "engines, not GPUs: with --heavy, the engines of each pool; by "
-            "default one engine per visible GPU (docs/rollout.md#engines)"),
+            "default one engine per visible GPU, or per engine_defaults.tensor_parallel_size GPUs where it is set "
+            "(docs/rollout.md#engines)"),
            ("--rollout-num-gpus-per-engine", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE)),
     *_rows("pdsr", ENGINES,
            ("engines", None, "engines", "it lists the engines one by one (docs/configuration.md); their number in "

@@ -120,7 +120,9 @@ def test_every_flag_a_rows_note_names_exists():
     (["rollout", "--vllm_num_engines", "4"], "OpenRLHF's --vllm_num_engines is pdsr's --fast (fast); with --heavy"),
     (["rollout", "--vllm_tensor_parallel_size", "2"],
      "TRL's vllm_tensor_parallel_size is pdsr's config key engine_defaults.tensor_parallel_size"),   # OpenRLHF's too
-    (["serve", "--rollout-num-gpus", "8"], "slime's --rollout-num-gpus is pdsr's --fast (fast); engines, not GPUs"),
+    (["serve", "--rollout-num-gpus", "8"], "slime's --rollout-num-gpus is pdsr's --fast (fast); engines, not GPUs: "
+                                           "with --heavy, the engines of each pool; by default one engine per visible "
+                                           "GPU, or per engine_defaults.tensor_parallel_size GPUs where it is set"),
     (["rollout", "--rollout-num-gpus-per-engine", "2"],
      "slime's --rollout-num-gpus-per-engine is pdsr's config key engine_defaults.tensor_parallel_size"),
     (["serve", "--tensor-model-parallel-size", "2"], "verl's actor_rollout_ref.rollout.tensor_model_parallel_size is "
