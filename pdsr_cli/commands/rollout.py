@@ -188,7 +188,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
     check_agent_settings(cfg)   # from a flag or the config file alike
-    check_functions(cfg, config_path, reward=reward, agent=agent)
+    check_functions(cfg, config_path, {"reward": ("--reward", reward), "agent.function": ("--agent", agent)})
     check_speculative_flags(cfg, num_speculative_tokens)
     if write_filtered:
         if cfg.filter_groups is None:
@@ -222,20 +222,23 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         click.echo("\n" + render_comparison(results))
 
 
-def check_functions(cfg, config_path: Path | None, *, reward: str | None, agent: str | None) -> None:
+def check_functions(cfg, config_path: Path | None, flags: dict[str, tuple[str, str | None]]) -> None:
     """A reward or agent function that cannot be loaded is an error before the data and the engines, naming where
-    it was given: its key and flag, and the --config file where the flag was not given (the run, which loads it
-    again, cannot tell the file's value from the flag's)."""
+    it was given: its key, with its flag where ``flags`` has one (key -> (flag, the flag's value or None)), and the
+    --config file where the flag was not given (the run, which loads it again, cannot tell the file's value from
+    the flag's). pdsr serve has neither flag: its keys come from the file alone."""
     from pdsr_sdk.agent import load_agent
     from pdsr_sdk.rollout.reward import load_reward
 
-    def where(key: str, flag: str, given: str | None) -> str:
-        return f"{key} ({flag})" if given is not None or config_path is None else f"{config_path}: {key} ({flag})"
+    def where(key: str) -> str:
+        flag, given = flags.get(key, (None, None))
+        named = f"{key} ({flag})" if flag else key
+        return named if given is not None or config_path is None else f"{config_path}: {named}"
 
     if cfg.reward is not None and ":" in cfg.reward:   # a name, not an import path: the config checked it
-        load_reward(cfg.reward, where=where("reward", "--reward", reward))
+        load_reward(cfg.reward, where=where("reward"))
     if cfg.agent.function is not None:
-        load_agent(cfg.agent.function, where=where("agent.function", "--agent", agent))
+        load_agent(cfg.agent.function, where=where("agent.function"))
 
 
 def engines_label(summary) -> str:

@@ -58,6 +58,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
       pdsr serve --model DIR --port 8000 --tool-parser hermes --max-tokens 4096
       pdsr serve --model DIR --speculative ngram --num-speculative-tokens 4
     """
+    from pdsr_cli.commands.rollout import check_functions
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
     from pdsr_sdk.policies.resolve import with_policy_sets
     from pdsr_sdk.rollout.config import RolloutConfig
@@ -73,6 +74,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     cfg = with_policy_sets(build_config(RolloutConfig, config_path, overrides), parse_policy_sets(policy_set))
     check_speculative_flags(cfg, num_speculative_tokens)
     check_serve_config(cfg)   # before the engines start
+    check_functions(cfg, config_path, {})   # a --config file's reward or agent.function (serve has no flag)
     check_listen_address(host, port, host_flag="--host", port_flag="--port")
     served_names(list(model_name), "", flag="--model-name")   # an empty name: before the engines start
     if cfg.model is None:

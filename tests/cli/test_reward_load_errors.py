@@ -90,3 +90,14 @@ def test_the_sdk_names_the_key_and_flag_or_what_it_is_told(user_pkg):
     with pytest.raises(ConfigError, match=r"^RolloutSession\(reward\): 'pdsr_rw_pkg\.rewards:one_argument' "):
         load_reward("pdsr_rw_pkg.rewards:one_argument", where="RolloutSession(reward)")
     assert load_reward("pdsr_sdk.rollout.reward:math_boxed").__name__ == "math_boxed"
+
+
+@pytest.mark.parametrize("key, text", [("reward", "reward: pdsr_rw_pkg.nomod:fn\n"),
+                                       ("agent.function", "agent:\n  function: pdsr_rw_pkg.nomod:fn\n")])
+def test_pdsr_serve_names_the_file_and_key_without_a_flag_it_lacks(user_pkg, tmp_path, no_engines, key, text):
+    # serve has no --reward or --agent: its reward and agent come from the --config file alone
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(text)
+    out = failed(invoke("serve", "--config", cfg, "--port", "0"),
+                 f"error: {cfg}: {key}: cannot import module 'pdsr_rw_pkg.nomod' (from 'pdsr_rw_pkg.nomod:fn')")
+    assert "--reward" not in out and "--agent" not in out
