@@ -215,10 +215,12 @@ class AgentContext:
             # that turn ran under turn_max_tokens (else the budget): a lower max_tokens here was silently not applied
             ran_under = min(self.turn_max_tokens or self.sample.max_tokens, self.sample.max_tokens)
             if max_tokens is not None and max_tokens < ran_under:
+                now = (f"now {self.turn_max_tokens}" if self.turn_max_tokens is not None
+                       else "not set: the budget, sampling.max_tokens")
                 raise AgentError(f"sample {self.sample.key}: generate(max_tokens={max_tokens!r}) cannot bound the "
                                  f"first turn: it runs on the data row's prompt before the agent starts, under "
-                                 f"agent.turn_max_tokens (--turn-max-tokens; now {self.turn_max_tokens}, so up to "
-                                 f"{ran_under} tokens); set that, or call the first generate() without max_tokens")
+                                 f"agent.turn_max_tokens (--turn-max-tokens; {now}, so up to {ran_under} tokens); "
+                                 f"set that, or call the first generate() without max_tokens")
             first, self._first = self._first, None
             return first
         if messages is not None or ids is not None:

@@ -159,11 +159,15 @@ def test_misuse_is_clear(tiny_model_dir):
                            (zero_tokens, "generate(max_tokens=0): a turn's limit is a positive int"),
                            (first_bounded, "generate(max_tokens=5) cannot bound the first turn: it runs on the data "
                                            "row's prompt before the agent starts, under agent.turn_max_tokens "
-                                           "(--turn-max-tokens; now None, so up to 200 tokens)")):
-            out = session.step(PROMPTS[:1], agent=fn)
-            assert all(expect in r["error"] for r in out.table.to_pylist())
+                                           "(--turn-max-tokens; not set: the budget, sampling.max_tokens, so up to "
+                                           "200 tokens)")):
+            rows = session.step(PROMPTS[:1], agent=fn).table.to_pylist()
+            assert len(rows) == 4 and all(expect in r["error"] for r in rows)
         out = session.step(PROMPTS[:1], agent=first_bounded_by_the_budget)
         assert [(r["error"], r["reward"]) for r in out.table.to_pylist()] == [(None, 1.0)] * 4
+    with RolloutSession(config(tiny_model_dir, agent={"turn_max_tokens": 50})) as session:
+        rows = session.step(PROMPTS[:1], agent=first_bounded).table.to_pylist()
+        assert len(rows) == 4 and all("(--turn-max-tokens; now 50, so up to 50 tokens)" in r["error"] for r in rows)
     with pytest.raises(ConfigError, match="async def run"):
         RolloutSession(config(tiny_model_dir), agent=lambda agent: None)
     assert issubclass(AgentError, Exception) and issubclass(AgentDone, Exception)
