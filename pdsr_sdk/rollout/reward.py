@@ -132,7 +132,13 @@ def _reward_file_object(name: str) -> Any:
                           f"{getattr(loaded, '__file__', None) or 'no file'}); rename {path.name}")
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
-    return import_object(f"{path.stem}:{attr}")
+    import_object(f"{path.stem}:__name__")   # imports the file: its errors name the module, file and line
+    module = sys.modules[path.stem]
+    if "." not in attr and not hasattr(module, attr):   # not import_object's answer, which is about import paths
+        own = sorted(k for k, v in vars(module).items()
+                     if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == path.stem)
+        raise ConfigError(f"{name!r}: {path} has no {attr!r}" + (f" (its functions: {', '.join(own)})" if own else ""))
+    return import_object(f"{path.stem}:{attr}", kind="reward function")
 
 
 #: the info a reward is given by keyword (the last two when the data row has those columns)

@@ -21,8 +21,9 @@ def user_pkg(tmp_path, monkeypatch):
         "def one_argument(text):\n    return 1.0\n\nNOT_A_FUNCTION = 3\n")
     (tmp_path / "pdsr_rw_pkg" / "broken.py").write_text("def compute_score(:\n    pass\n")
     (tmp_path / "pdsr_rw_pkg" / "raising.py").write_text("import os\nTOKEN = os.environ['PDSR_RW_NO_SUCH_VAR']\n")
+    (tmp_path / "pdsr_rw_file.py").write_text("import math\n\ndef other(text, ground_truth):\n    return 0.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("pdsr_rw_pkg", "pdsr_rw_pkg.rewards", "pdsr_rw_pkg.broken", "pdsr_rw_pkg.raising"):
+    for name in ("pdsr_rw_pkg", "pdsr_rw_pkg.rewards", "pdsr_rw_pkg.broken", "pdsr_rw_pkg.raising", "pdsr_rw_file"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return tmp_path
 
@@ -35,6 +36,9 @@ CASES = [
     ("pdsr_rw_pkg.rewards:one_argument", "'pdsr_rw_pkg.rewards:one_argument' (pdsr_rw_pkg.rewards:one_argument(text)) "
                                          "cannot be called with any signature pdsr knows"),
     ("{tmp}/absent.py:compute_score", "'{tmp}/absent.py:compute_score': no such file: {tmp}/absent.py"),
+    # verl's custom_reward_function.path and .name: the file, and what it defines (not a word of import paths)
+    ("{tmp}/pdsr_rw_file.py:compute_score", "'{tmp}/pdsr_rw_file.py:compute_score': {tmp}/pdsr_rw_file.py has no "
+                                            "'compute_score' (its functions: other)"),
     # the module's own code fails: its file and line, not a traceback through importlib
     ("pdsr_rw_pkg.broken:compute_score", "cannot import module 'pdsr_rw_pkg.broken' (from "
                                          "'pdsr_rw_pkg.broken:compute_score'): invalid syntax "
