@@ -82,12 +82,17 @@ class LazyGroup(click.Group):
             raise with_foreign_answer(exc, ctx.meta.get(ARGV, [])) from None
         except click.UsageError as exc:
             # "unexpected extra argument", or a group's "No such command" (click < 8.3: a plain UsageError too);
-            # a bad value or a missing one: click's message says it
-            if type(exc) is not click.UsageError and type(exc).__name__ != "NoSuchCommand":
+            # a missing option where key=value words were given (click checks required options first); a bad value
+            # or a missing one otherwise: click's message says it
+            plain = type(exc) is click.UsageError or type(exc).__name__ == "NoSuchCommand"
+            if not plain and not isinstance(exc, click.MissingParameter):
                 raise
             from pdsr_cli.key_value import with_key_value_answer   # Hydra's key=value: say pdsr's flags
 
-            raise with_key_value_answer(exc, ctx.meta.get(ARGV, [])) from None
+            answer = with_key_value_answer(exc, ctx.meta.get(ARGV, []))
+            if answer is exc:
+                raise
+            raise answer from None
 
     @staticmethod
     def _available(name: str) -> bool:

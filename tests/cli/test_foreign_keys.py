@@ -165,6 +165,13 @@ def test_an_unknown_key_value_points_at_the_help(command):
     assert ("also unexpected: baz" in out) == (command != "simulate")   # a group reads no further than its first
 
 
+def test_a_key_value_is_answered_before_a_missing_required_option():
+    # was "Missing option '--out'": click checks required options before it sees the extra words
+    failed(invoke("trace", "synth", "seed=3"), f"pdsr trace synth {HEAD}", "  seed=3: --seed 3")
+    out = failed(invoke("trace", "synth", "--seed", "3"))   # no key=value: click's own message
+    assert "Missing option '--out'" in out and "key=value" not in out
+
+
 def test_an_options_value_with_an_equals_sign_is_not_an_argument():
     out = failed(invoke("rollout", "--stop", "x=y", "a.b=1"), f"pdsr rollout {HEAD}", "  a.b=1: not a name")
     assert "x=y" not in out
