@@ -132,7 +132,10 @@ def _reward_file_object(name: str) -> Any:
                           f"{getattr(loaded, '__file__', None) or 'no file'}); rename {path.name}")
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
-    import_object(f"{path.stem}:__name__")   # imports the file: its errors name the module, file and line
+    try:   # imports the file: its errors name the module, file and line
+        import_object(f"{path.stem}:__name__")
+    except ConfigError as exc:   # as given, not the module attribute this asked for
+        raise type(exc)(str(exc).replace(repr(f"{path.stem}:__name__"), repr(name))) from exc.__cause__
     module = sys.modules[path.stem]
     if "." not in attr and not hasattr(module, attr):   # not import_object's answer, which is about import paths
         own = sorted(k for k, v in vars(module).items()

@@ -22,8 +22,10 @@ def user_pkg(tmp_path, monkeypatch):
     (tmp_path / "pdsr_rw_pkg" / "broken.py").write_text("def compute_score(:\n    pass\n")
     (tmp_path / "pdsr_rw_pkg" / "raising.py").write_text("import os\nTOKEN = os.environ['PDSR_RW_NO_SUCH_VAR']\n")
     (tmp_path / "pdsr_rw_file.py").write_text("import math\n\ndef other(text, ground_truth):\n    return 0.0\n")
+    (tmp_path / "pdsr_rw_raising_file.py").write_text("import pdsr_rw_no_such_pkg\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("pdsr_rw_pkg", "pdsr_rw_pkg.rewards", "pdsr_rw_pkg.broken", "pdsr_rw_pkg.raising", "pdsr_rw_file"):
+    for name in ("pdsr_rw_pkg", "pdsr_rw_pkg.rewards", "pdsr_rw_pkg.broken", "pdsr_rw_pkg.raising", "pdsr_rw_file",
+                 "pdsr_rw_raising_file"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return tmp_path
 
@@ -43,6 +45,10 @@ CASES = [
     ("pdsr_rw_pkg.broken:compute_score", "cannot import module 'pdsr_rw_pkg.broken' (from "
                                          "'pdsr_rw_pkg.broken:compute_score'): invalid syntax "
                                          "({tmp}/pdsr_rw_pkg/broken.py, line 1)"),
+    # a file whose import fails: named as given (not as the module attribute pdsr imports it by)
+    ("{tmp}/pdsr_rw_raising_file.py:compute_score", "cannot import module 'pdsr_rw_raising_file' (from "
+                                                    "'{tmp}/pdsr_rw_raising_file.py:compute_score'): No module named "
+                                                    "'pdsr_rw_no_such_pkg'"),
     ("pdsr_rw_pkg.raising:fn", "cannot import module 'pdsr_rw_pkg.raising' (from 'pdsr_rw_pkg.raising:fn'): its code "
                                "raised KeyError: 'PDSR_RW_NO_SUCH_VAR' ({tmp}/pdsr_rw_pkg/raising.py, line 2)"),
 ]
