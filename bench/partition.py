@@ -49,22 +49,17 @@ def lengths_for(n: int, seed: int) -> np.ndarray:
     return np.clip(rng.lognormal(7.0, 1.0, n), 16, 16384).astype(np.int64)
 
 
-def median_time(fn, runs: int) -> float:
+def median_time(fn, runs: int, clock=time.perf_counter) -> float:
     times = []
     for _ in range(runs):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return statistics.median(times)
 
 
 def cpu_time(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t = time.process_time()
-        fn()
-        times.append(time.process_time() - t)
-    return statistics.median(times)
+    return median_time(fn, runs, time.process_time)
 
 
 def max_over_min(lengths: np.ndarray, parts) -> float:
