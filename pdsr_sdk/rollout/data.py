@@ -19,6 +19,7 @@ from pdsr_sdk.io.paths import user_path
 from pdsr_sdk.io.tables import read_table
 from pdsr_sdk.progress import ProgressFactory
 from pdsr_sdk.rollout.reward import scalar_truth
+from pdsr_sdk.rollout.tokenizer import load_tokenizer as load_tokenizer   # its home until it had one of its own
 
 #: looked for in this order when no column is named (verl: prompt as chat messages, reward_model.ground_truth;
 #: OpenRLHF: input or context_messages, label); a prompt column of chat messages is used as messages
@@ -240,9 +241,10 @@ def add_system_and_instruction(messages: list[dict], cfg, where: str = "prompt")
 def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str = "prompts") -> list[PromptRecord]:
     """Prompts a trainer passes (:meth:`RolloutSession.step`) as records. Each item is a
     :class:`PromptRecord` (used as it is), a string (one user message), a list of chat messages
-    (``{role, content}``), or a mapping with ``prompt`` (str) or ``messages``, and optionally
-    ``id`` / ``prompt_id``, ``ground_truth`` / ``answer``, and ``data_source`` / ``extra_info`` (for the reward). Items without an id get
-    ``f"{id_prefix}{i}"``. Ids must be unique."""
+    (``{role, content}``), or a mapping with ``prompt`` (a string, or chat messages as in a verl row) or
+    ``messages``, and optionally ``id`` / ``prompt_id``, ``ground_truth`` / ``answer`` (else verl's
+    ``reward_model["ground_truth"]``), and ``data_source`` / ``extra_info`` (for the reward). Items without an id
+    get ``f"{id_prefix}{i}"``. Ids must be unique."""
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(prompts):
@@ -260,14 +262,19 @@ def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str 
                 messages = _messages(item, at, "messages")
             elif isinstance(item, dict):
                 pid = item.get("id", item.get("prompt_id"))
-                truth = item.get("ground_truth", item.get("answer"))
+                verl = item["reward_model"] if isinstance(item.get("reward_model"), Mapping) else {}
+                truth = item.get("ground_truth", item.get("answer", verl.get("ground_truth")))
+                prompt = item.get("prompt")   # a verl row's: chat messages (a numpy array of them from pandas)
+                prompt = prompt.tolist() if hasattr(prompt, "tolist") else prompt
                 if "messages" in item:
                     messages = _messages(item["messages"], at, "messages")
-                elif isinstance(item.get("prompt"), str) and item["prompt"].strip():
-                    messages = [{"role": "user", "content": item["prompt"]}]
+                elif isinstance(prompt, list):
+                    messages = _messages(prompt, at, "prompt")
+                elif isinstance(prompt, str) and prompt.strip():
+                    messages = [{"role": "user", "content": prompt}]
                 else:
-                    raise DataError(f"{at}: a prompt mapping needs a non-empty 'prompt' string or 'messages'; "
-                                    f"got keys {sorted(item)}")
+                    raise DataError(f"{at}: a prompt mapping needs a non-empty 'prompt' (a string or chat messages) "
+                                    f"or 'messages'; got keys {sorted(item)}")
             else:
                 raise DataError(f"{at}: a prompt is a string, a list of chat messages, a mapping with 'prompt' or "
                                 f"'messages', or a PromptRecord; got {type(item).__name__}")
@@ -368,33 +375,3 @@ def _lengths(value: Any, where: str, column: str, n: int | None) -> list[int]:
     if n is not None and len(value) < n:
         raise DataError(f"{where}: column {column!r} has {len(value)} lengths but the group size n is {n}")
     return list(value[:n] if n else value)
-
-
-def load_tokenizer(path: str | Path, setting: str | None = None):
-    """A Hugging Face tokenizer from a local directory, with a clear error when it is not one; ``setting`` (a flag,
-    such as ``--tokenizer``) is what the user set to it, named in the errors (default: the rollout's tokenizer)."""
-    path = user_path(path)
-    where = f"{setting} {path}" if setting else str(path)
-    setting = setting or "tokenizer (RolloutConfig.tokenizer)"
-    if path.is_file():
-        raise DataError(f"{where}: is a file; expected a model or tokenizer folder (with tokenizer.json, ...)")
-    if not path.is_dir():
-        raise DataError(f"{where}: model/tokenizer directory does not exist")
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types
-        if not any((path / name).is_file() for name in ("config.json", "tokenizer_config.json", "tokenizer.json")):
-            # transformers' own words here are a paragraph about slow tokenizers and sentencepiece
-            raise DataError(f"{where}: not a model or tokenizer folder (no config.json, tokenizer_config.json or "
-                            f"tokenizer.json in it)") from None
-        raise DataError(f"{where}: cannot load a tokenizer: {exc}") from None
-    if not tokenizer.encode("a b", add_special_tokens=False):
-        # transformers builds an empty tokenizer from config.json alone (no tokenizer.json, tokenizer.model or vocab
-        # files): every prompt would tokenize to nothing
-        raise DataError(f"{where}: no tokenizer files in it (tokenizer.json, tokenizer.model, vocab.json, ...): the "
-                        f"tokenizer read from it has {len(tokenizer)} token(s) and encodes text to nothing; copy the "
-                        f"model's tokenizer files there, or set {setting} to a folder "
-                        f"that has them")
-    return tokenizer

@@ -307,7 +307,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
                     wait_for_update: bool = False, agent: Callable[..., Any] | None = None) -> StepResult:
         """Run one training step's rollout: ``prompts`` is this step's list, or an iterator the step takes
         ``config.batch_size`` prompts from (the rest stay for the next steps). A prompt is a string, a list
-        of chat messages, a mapping (``prompt`` or ``messages``, optional ``id``, ``ground_truth``) or a
+        of chat messages, a mapping (``prompt`` or ``messages``, optional ``id``, ``ground_truth``; a verl row) or a
         :class:`~pdsr_sdk.rollout.data.PromptRecord`. Every group gets ``n`` samples (default
         ``config.sampling.n``); each segment records the current :attr:`policy_version`.
 

@@ -70,13 +70,41 @@ def test_prompts_a_step_takes(tiny_model_dir):
     assert records[0].token_ids == tok(records[0].text, add_special_tokens=False)["input_ids"]
     with pytest.raises(DataError, match=r"prompts\[1\]: duplicate prompt id 'a'"):
         prompt_records([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}], cfg, tok)
-    with pytest.raises(DataError, match=r"prompts\[0\]: a prompt mapping needs .*'prompt'.*got keys \['text'\]"):
+    with pytest.raises(DataError, match=r"prompts\[0\]: a prompt mapping needs .*'prompt' \(a string or chat "
+                                        r"messages\).*got keys \[.text.\]"):
         prompt_records([{"text": "x"}], cfg, tok)
     with pytest.raises(DataError, match=r"prompts\[0\]: a prompt is a string.*got int"):
         prompt_records([3], cfg, tok)
     with pytest.raises(DataError, match=r"prompts\[1\]: a list of ints looks like token ids; give them as a "
                                         r"PromptRecord\(prompt_id, text, token_ids\)"):
         prompt_records(["x", [37, 81]], cfg, tok)
+
+
+@requires_torch
+def test_a_verl_row_is_a_prompt(tiny_model_dir):
+    """A row of verl's parquet (as verl's gsm8k preprocessing script writes it: ``prompt`` as chat messages, the
+    answer in ``reward_model``), as ``datasets`` or pandas (a numpy array of messages) hands it on, is the same
+    prompt as its messages with their ground truth, data_source and extra_info given by name. It was a DataError
+    ("needs a non-empty 'prompt' string or 'messages'") while ``pdsr rollout --data`` read the same file."""
+    import numpy as np
+
+    from pdsr_sdk.rollout.config import DataConfig
+    from pdsr_sdk.rollout.data import load_tokenizer, prompt_records
+
+    tok, cfg = load_tokenizer(tiny_model_dir), DataConfig()
+    messages = [{"role": "user", "content": "Natalia sold 48 clips. Output the final answer after \"####\"."}]
+    info = {"split": "train", "index": 0}
+    row = {"data_source": "openai/gsm8k", "prompt": messages, "ability": "math",
+           "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": info}
+    named = prompt_records([{"messages": messages, "ground_truth": "72", "data_source": "openai/gsm8k",
+                             "extra_info": info}], cfg, tok)[0]
+    for got in prompt_records([row, {**row, "prompt": np.array(messages, dtype=object)}], cfg, tok):
+        assert (got.text, got.token_ids, got.ground_truth, got.reward_info) == \
+            (named.text, named.token_ids, "72", named.reward_info)
+    assert named.reward_info == {"data_source": "openai/gsm8k", "extra_info": info}
+    assert prompt_records([{**row, "ground_truth": "7"}], cfg, tok)[0].ground_truth == "7"   # a name given wins
+    with pytest.raises(DataError, match=r"prompts\[0\]: column 'prompt' must be a non-empty list"):
+        prompt_records([{**row, "prompt": []}], cfg, tok)
 
 
 def readme_trainer_snippet() -> str:
