@@ -205,14 +205,17 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
         total_groups = min(total_groups, groups_launched(config.step_groups or config.batch_size,
                                                          config.over_provision or 0.0, steps))
     sample_bar = probe_bar = None
+    # a resumed run's carried samples that finished before the stop never finish again: the bars leave them out
+    done_before = [s for g, _ in carried for s in g.samples if s.finished]
+    probes_before = sum(s.is_probe for s in done_before)
 
     def open_sample_bar() -> None:
         """Once the engines are ready: the bar's clock (its elapsed time and rate) counts the run's generation
         from its start, not engine start-up, nor only from the first finished sample."""
         nonlocal sample_bar
         if sample_bar is None:
-            sample_bar = progress(desc="samples", total=total_groups and total_groups * config.sampling.n,
-                                  unit="sample")
+            sample_bar = progress(desc="samples", total=total_groups and total_groups * config.sampling.n
+                                  - len(done_before), unit="sample")
 
     def on_sample(sample: Sample) -> None:
         nonlocal probe_bar
@@ -221,7 +224,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
         sample_bar.update(1)
         if sample.is_probe:
             if probe_bar is None:
-                probe_bar = progress(desc="probes", total=total_groups, unit="probe")
+                probe_bar = progress(desc="probes", total=total_groups and total_groups - probes_before, unit="probe")
             probe_bar.update(1)
 
     def write_group(group: Group, scored: list) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import pyarrow.parquet as pq
 import pytest
 
-from real_rollout import by_key, rollout
+from real_rollout import Bars, by_key, rollout
 from support import WAIT_S, requires_vllm, run_on
 from pdsr_sdk.rollout.config import RolloutConfig
 from workloads import LENGTHS
@@ -317,9 +317,15 @@ def test_an_interrupted_steps_run_resumes_its_carried_samples_from_their_tokens(
     assert all(r["launch_step"] == 0 and r["response_length"] == len(r["response_token_ids"])
                == len(r["response_logprobs"]) for r in carry)
 
-    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", **opts,
+    bars = Bars()
+    summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v3", progress=bars, **opts,
                             **{"output.resume": True})
     assert sorted(by_key(rows)) == sorted((p, i) for p in LENGTHS for i in range(4)) and len(rows) == 20
+    # the bars count what finishes in the resumed run: the carried samples finished before the stop are not due
+    # (before they were left out, the bar ended short of its total: 13/16 samples with 3 carried ones done)
+    done = [r for r in carry if r["finish_reason"] is not None]
+    assert bars.bars["samples"] == [16 - len(done)] * 2 and done
+    assert bars.bars["probes"] == [4 - sum(r["is_probe"] for r in done)] * 2
     assert summary.groups == 5 and summary.skipped_groups == 1
     got = by_key(rows)
     for r in rows:
