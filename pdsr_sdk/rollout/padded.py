@@ -20,7 +20,10 @@ non_tensors=b.non_tensors)``. The layout, one row per sample (P prompt columns, 
 
 ``non_tensors``: ``uid``, ``finish_reasons``, and ``__num_turns__`` (int32) as verl's agent loop counts a sample's
 turns (``user_turns + assistant_turns + 1``): the prompt, then each model turn and each environment turn (a span of
-the sample's ``turns``); 2 for a single-turn sample, as verl's single-turn agent loop gives.
+the sample's ``turns``); 2 for a single-turn sample, as verl's single-turn agent loop gives. Where the prompts had
+them, also verl's reward inputs, so that its reward managers score the batch as they score one of its own rollout:
+``data_source`` and ``extra_info`` (a data row's, or a prompt mapping's) and ``reward_model`` (``{"ground_truth":
+...}``); a row without one has None (``extra_info``: an empty dict, which verl's managers add ``num_turns`` to).
 """
 
 from __future__ import annotations
@@ -112,11 +115,36 @@ def trainer_batch(step: Any, *, pad_token_id: int, prompt_length: int | None = N
     non_tensors = {"uid": np.array([s.group.prompt_id for s in samples], dtype=object),
                    "finish_reasons": np.array([s.finish_reason for s in samples], dtype=object),
                    "__num_turns__": np.array([1 + (len(s.turns) if s.turns else 1) for s in samples], dtype=np.int32)}
+    non_tensors.update(_reward_inputs(samples))
     if not numpy:
         import torch
 
         out = {k: torch.from_numpy(v) for k, v in out.items()}
     return TrainerBatch(tensors=out, non_tensors=non_tensors)
+
+
+def _reward_inputs(samples: list[Sample]) -> dict[str, np.ndarray]:
+    """verl's reward inputs of the samples' prompts (its ``non_tensor_batch`` keys), each where any prompt has it."""
+    infos = [s.group.reward_info or {} for s in samples]
+    truths = [s.group.ground_truth for s in samples]
+    out: dict[str, np.ndarray] = {}
+    if any(t is not None for t in truths):
+        out["reward_model"] = _objects([{"ground_truth": t} if t is not None else None for t in truths])
+    if any(i.get("data_source") is not None for i in infos):
+        out["data_source"] = _objects([i.get("data_source") for i in infos])
+    if any(i.get("extra_info") is not None for i in infos):
+        # a copy per row: verl's reward managers write num_turns into it
+        extra = [i.get("extra_info") for i in infos]
+        out["extra_info"] = _objects([dict(e) if isinstance(e, dict) else {} if e is None else e for e in extra])
+    return out
+
+
+def _objects(values: list) -> np.ndarray:
+    """A 1-D object array of ``values`` as they are (np.array would make a list of lists 2-D)."""
+    out = np.empty(len(values), dtype=object)
+    for k, v in enumerate(values):
+        out[k] = v
+    return out
 
 
 def _check(s: Sample, i: int, rewards: Sequence[float | None] | None) -> None:

@@ -78,6 +78,29 @@ def test_rows_are_the_samples_in_verls_layout(widths):
     assert batch.non_tensors["__num_turns__"].dtype == np.int32
 
 
+def test_verls_reward_inputs_go_with_the_rows():
+    """A verl trainer scores a rollout batch with its reward manager, which reads each row's
+    ``non_tensor_batch["reward_model"]["ground_truth"]``, ``["data_source"]`` and ``.get("extra_info", {})`` (and
+    writes ``num_turns`` into the last). trainer_batch had none of them: the batch could not be scored by verl's own
+    reward managers. Now each row carries its prompt's, None (or for extra_info a fresh empty dict) where the prompt
+    had none, and nothing at all where no prompt had one."""
+    ss = samples()
+    info = {"split": "test", "index": 3}
+    ss[0].group.ground_truth, ss[0].group.reward_info = "18", {"data_source": "openai/gsm8k", "extra_info": info}
+    ss[2].group.ground_truth = {"target": ["Paris"]}
+    nt = trainer_batch(ss, pad_token_id=PAD).non_tensors
+    assert len(nt["reward_model"]) == len(nt["data_source"]) == len(nt["extra_info"]) == 3
+    assert nt["reward_model"].dtype == object and nt["reward_model"].ndim == 1
+    assert nt["reward_model"].tolist() == [{"ground_truth": "18"}, None, {"ground_truth": {"target": ["Paris"]}}]
+    assert nt["data_source"].tolist() == ["openai/gsm8k", None, None]
+    assert nt["extra_info"].tolist() == [info, {}, {}]
+    for row in range(3):   # as verl's managers read and extend them
+        nt["extra_info"][row]["num_turns"] = int(nt["__num_turns__"][row])
+    assert info == {"split": "test", "index": 3} and nt["extra_info"][1] is not nt["extra_info"][2]
+    plain = trainer_batch(samples(), pad_token_id=PAD).non_tensors
+    assert {"reward_model", "data_source", "extra_info"}.isdisjoint(plain)
+
+
 def test_torch_tensors_by_default_and_no_scores_without_rewards():
     import torch
 
