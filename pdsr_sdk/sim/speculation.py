@@ -52,9 +52,13 @@ def speculation_from_acceptance(path: str | Path, method: str, *, dataset: str |
     response position, and by position and finished siblings. A DataError names the file and what is missing."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: cannot read the acceptance file ({exc})") from None
+        text = path.read_text()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the acceptance file: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise DataError(f"{path}: the acceptance file is not JSON ({exc})") from None
     sets = doc.get("datasets") if isinstance(doc, dict) else None
     if not isinstance(sets, dict) or not sets:
         raise DataError(f"{path}: not an acceptance file of bench/spec.py (no 'datasets')")

@@ -55,6 +55,12 @@ def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(DataError, match="not an acceptance file"):
         speculation_from_acceptance(tmp_path / "bad.json", "group")
+    # a missing file is named with the OS's reason, not Python's repr of the exception ([Errno 2] ...)
+    with pytest.raises(DataError, match=r"^acceptance\.json: cannot read the acceptance file: No such file or directory$"):
+        speculation_from_acceptance("acceptance.json", "group")
+    (tmp_path / "cut.json").write_text('{"datasets": ')
+    with pytest.raises(DataError, match="cut.json: the acceptance file is not JSON"):
+        speculation_from_acceptance(tmp_path / "cut.json", "group")
     assert verify_cost_for(3) == H100_VERIFY_COST[4] and verify_cost_for(16) == H100_VERIFY_COST[8]
 
 
