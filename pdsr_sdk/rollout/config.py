@@ -21,6 +21,7 @@ from pdsr_sdk.engines.config import (SPECULATIVE_METHODS, EngineSpec, RayConfig,
                                      unknown_speculative)
 from pdsr_sdk.io.paths import UserPath, UserPathText
 from pdsr_sdk.io.tables import ParquetPath
+from pdsr_sdk.policies.choice import PolicyChoice
 
 #: standard instructions by name (``data.instruction``, ``--instruction``), appended to the last user message
 INSTRUCTIONS: dict[str, str] = {
@@ -67,7 +68,7 @@ class OutputConfig(ConfigModel):
     flush_interval_s: float = Field(10.0, gt=0, description="... or at least this often (seconds).")
 
 
-class RolloutConfig(StepStreamConfig):
+class RolloutConfig(StepStreamConfig, PolicyChoice):
     """``pdsr rollout``: generate GRPO groups with a P-DSR dispatch policy."""
 
     model: UserPathText | None = Field(None, description="Local model directory (Hugging Face format); default: the built-in tiny random model.")
@@ -110,33 +111,6 @@ class RolloutConfig(StepStreamConfig):
     def streaming(self) -> bool:
         """Whether steps stream (partial rollout): ``steps``, ``over_provision`` or ``filter_groups`` set."""
         return self.steps is not None or self.over_provision is not None or self.filter_groups is not None
-
-    @field_validator("policy", mode="before")
-    @classmethod
-    def _policy_class_by_name(cls, policy: Any) -> Any:
-        """A policy class given in code is stored as its registered name or import path (``policy_spec``)."""
-        from pdsr_sdk.policies.resolve import policy_spec
-
-        return policy_spec(policy)
-
-    @field_validator("policy", "policy_settings")
-    @classmethod
-    def _known_policies(cls, value: Any) -> Any:
-        """Every policy named (by ``policy``, or as a key of ``policy_settings``) exists, so that an unknown one
-        is reported at its key."""
-        from pdsr_sdk.policies.resolve import check_policies
-
-        check_policies(value)
-        return value
-
-    @model_validator(mode="after")
-    def _typed_policy_settings(self, info: ValidationInfo) -> "RolloutConfig":
-        """Each selected policy's settings (and each one given) validated once, here, and carried typed."""
-        from pdsr_sdk.policies.resolve import type_policy_settings
-
-        self.policy_settings = type_policy_settings(self.policy, self.policy_settings,
-                                                    origin=(info.context or {}).get("source"))
-        return self
 
     @model_validator(mode="after")
     def _engine_defaults_are_engine_keys(self, info: ValidationInfo) -> "RolloutConfig":

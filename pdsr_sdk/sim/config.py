@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel, validate_config
 from pdsr_sdk.dispatch.config import SegmentConfig, StepStreamConfig
 from pdsr_sdk.errors import ConfigError, ConfigValueError
 from pdsr_sdk.io.paths import UserPath
+from pdsr_sdk.policies.choice import PolicyChoice
 
 #: cost/KV keys of a profile (the rest mirror EngineSpec's fields of the same name)
 COST_KEYS = ("c0_s", "c1_s_per_seq", "c2_s_per_token", "prefill_s_per_token")
@@ -151,8 +152,10 @@ class SimProfiles(ConfigModel):
         return data
 
 
-class SimulateConfig(StepStreamConfig):
+class SimulateConfig(StepStreamConfig, PolicyChoice):
     """``pdsr simulate``: replay a length trace through dispatch policies on simulated engines."""
+
+    simulation: ClassVar[bool] = True   # the reference schedules may be named (PolicyChoice)
 
     trace: UserPath | None = Field(None, description="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`. None: `pdsr simulate` uses a built-in synthetic trace (`pdsr trace synth` defaults, cached; `pdsr_sdk.traces.default_trace_path`).")
     policy: str = Field("v3", description="Policy name, preset or import path, or a comma-separated list; 'all' runs every registered policy that runs on real engines side by side. The simulator-only reference schedules (oracle, oracle-probe) may be named too.")
@@ -177,33 +180,6 @@ class SimulateConfig(StepStreamConfig):
     pipeline: bool = Field(False, description="Multi-step: the trainer trains on step k while step k + 1 generates (one step off-policy, as examples/grpo_train.py --pipeline): its update lands in the middle of the next step (the engines stop keeping every token, load for weight_update_s, and go on under the new version), and no step ends before the update for its predecessor (a session's step(wait_for_update=True)), so token ages count at the weights the trainer trains with.")
     restart_lengths: Literal["replay", "redraw"] = Field("redraw", description="Multi-step: the length a restarted sample (too stale, refreshed, or retried by its policy) generates. redraw (the default): a fresh draw, as RL sampling makes one: the response cap with the prompt's chance of reaching it (its group's share, shrunk toward the trace's pooled share by a beta prior fitted to the trace: the pooled share itself where runaways do not cluster by prompt), else one of its group's recorded lengths that did not (pdsr_sdk.sim.redraw; on a real model a response that ran to the cap did again 49% of the times it was drawn afresh, where this predicted 52%: bench/recurrence.py). replay: its recorded length again, as a length-controlled replay on real engines does (bench/partial.py; a response that ran to the cap runs there again).")
     max_partial_share: float | None = Field(None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., 0.5 instead of 0, 0.25, 0.5 and 1, refine it by bisecting the groups in flight between the fastest F whose partial share (consumed tokens from responses carried across a weight update) is at most this and the next one over it, and name the fastest within: the over-provision to run within an off-policy budget. None: no search.")
-
-    @field_validator("policy", mode="before")
-    @classmethod
-    def _policy_class_by_name(cls, policy: Any) -> Any:
-        """A policy class given in code is stored as its registered name or import path (``policy_spec``)."""
-        from pdsr_sdk.policies.resolve import policy_spec
-
-        return policy_spec(policy)
-
-    @field_validator("policy", "policy_settings")
-    @classmethod
-    def _known_policies(cls, value: Any) -> Any:
-        """Every policy named (by ``policy``, or as a key of ``policy_settings``) exists, so that an unknown one
-        is reported at its key."""
-        from pdsr_sdk.policies.resolve import check_policies
-
-        check_policies(value, simulation=True)
-        return value
-
-    @model_validator(mode="after")
-    def _typed_policy_settings(self, info: ValidationInfo) -> "SimulateConfig":
-        """Each selected policy's settings (and each one given) validated once, here, and carried typed."""
-        from pdsr_sdk.policies.resolve import type_policy_settings
-
-        self.policy_settings = type_policy_settings(self.policy, self.policy_settings, simulation=True,
-                                                    origin=(info.context or {}).get("source"))
-        return self
 
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":
