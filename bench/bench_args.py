@@ -43,6 +43,15 @@ def check_members(ap: argparse.ArgumentParser, names: list[str], flag: str = "--
             ap.error(f"{flag}: {exc}")
 
 
+def family_members(ap: argparse.ArgumentParser, text: str, flag: str = "--family") -> list[str]:
+    """A --family value ("all" or comma-separated member names) -> the member names, each checked to exist."""
+    from pdsr_sdk.traces import WORKLOADS
+
+    names = WORKLOADS.names() if text == "all" else text.split(",")
+    check_members(ap, names, flag)
+    return names
+
+
 def existing_file(text: str) -> Path:
     """A path that must name a file that is there (a run's trajectories, a trace)."""
     path = Path(text)

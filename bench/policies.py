@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from bench_args import at_least, check_policies, count_list, existing_file, int_list
+from bench_args import at_least, check_policies, count_list, existing_file, family_members, int_list
 
 from pdsr_sdk.traces import Measurement
 
@@ -124,7 +124,7 @@ def main() -> None:
 
     from pdsr_sdk.policies.resolve import policy_names
     from pdsr_sdk.errors import PdsrError
-    from pdsr_sdk.traces import WORKLOADS, workload
+    from pdsr_sdk.traces import workload
     from pdsr_sdk.traces.family import SEEDS
 
     try:
@@ -146,12 +146,7 @@ def main() -> None:
             ap.error(f"--trace: {exc}")
         members = [str(args.trace)]
     else:
-        members = WORKLOADS.names() if args.family == "all" else args.family.split(",")
-        for name in members:
-            try:
-                workload(name)
-            except PdsrError as exc:   # an unknown name, listing the valid ones
-                ap.error(f"--family: {exc}")
+        members = family_members(ap, args.family)
     for fam in members:
         seeds = (args.seed if args.seed else
                  list(SEEDS) if recorded is not None else list(workload(fam).measure.seeds))

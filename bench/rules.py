@@ -31,7 +31,7 @@ import argparse
 import time
 
 import numpy as np
-from bench_args import at_least, count_list, existing_file, int_list, number_at_least
+from bench_args import at_least, count_list, existing_file, family_members, int_list, number_at_least
 
 MODES = ("batch", "stream")
 QUICK = dict(family="informative,kv-bound", seeds="101", batches=1, steps=5, modes="batch,stream")
@@ -207,16 +207,10 @@ def main() -> None:
                 print("\n" + table(mode, summarize(cells), list(cells), caption) + "\n")
         return
 
-    from pdsr_sdk.errors import PdsrError
     from pdsr_sdk.policies.v3.settings import RULES
-    from pdsr_sdk.traces import WORKLOADS, workload
+    from pdsr_sdk.traces import workload
 
-    members = WORKLOADS.names() if args.family == "all" else args.family.split(",")
-    for name in members:
-        try:
-            workload(name)
-        except PdsrError as exc:
-            ap.error(f"--family: {exc}")
+    members = family_members(ap, args.family)
     modes = args.modes.split(",")
     if set(modes) - set(MODES):
         ap.error(f"--modes: of {', '.join(MODES)}")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
-from bench_args import at_least, int_list, share
+from bench_args import at_least, family_members, int_list, share
 
 from pydantic import Field
 
@@ -127,15 +127,9 @@ def main() -> None:
 
     from concurrent.futures import Future, ProcessPoolExecutor
 
-    from pdsr_sdk.errors import PdsrError
-    from pdsr_sdk.traces import WORKLOADS, workload
+    from pdsr_sdk.traces import workload
 
-    members = WORKLOADS.names() if args.family == "all" else args.family.split(",")
-    for name in members:
-        try:
-            workload(name)
-        except PdsrError as exc:   # an unknown name, listing the valid ones
-            ap.error(f"--family: {exc}")
+    members = family_members(ap, args.family)
     b = args.step_groups
     tasks = [(name, seed, order) for name in members
              for seed in (args.seeds or workload(name).measure.seeds)
