@@ -89,10 +89,7 @@ class Launcher(SlotTable):
             seg_len = next_segment_len(engine.segment_capacity_tokens, n_active, seg_cfg.min_tokens,
                                        seg_cfg.max_tokens)
             if self._wants_floor:
-                try:
-                    floor = self.policy.segment_floor(sample, engine)
-                except Exception as exc:
-                    raise self._hook_failed("segment_floor", exc)
+                floor = self._hook("segment_floor", sample, engine)
                 seg_len = max(seg_len, min(floor, seg_cfg.max_tokens))
         else:
             seg_len = sample.max_tokens
@@ -138,21 +135,23 @@ class Launcher(SlotTable):
         if sample.cap is not None and sample.num_generated >= sample.cap:
             if mark:
                 seg.end_reason = "cap"
-            try:
-                self.policy.on_over_cap(sample, engine)
-            except Exception as exc:
-                raise self._hook_failed("on_over_cap", exc)
+            self._hook("on_over_cap", sample, engine)
             if self._untouched(sample):
                 self._finish(sample, TRUNCATED)
             return
         if mark:
             seg.end_reason = "segment"
-        try:
-            self.policy.on_segment_end(sample, engine)
-        except Exception as exc:
-            raise self._hook_failed("on_segment_end", exc)
+        self._hook("on_segment_end", sample, engine)
         if self._untouched(sample):
             self._launch(sample, engine, sample.cap, stolen_from=run.stolen_from, continuing=True)
+
+    def _hook(self, hook: str, sample: Sample, engine: Engine) -> Any:
+        """The policy's ``hook(sample, engine)``, called in the scheduler's own flow; what it raises ends the run
+        as :meth:`_hook_failed` says."""
+        try:
+            return getattr(self.policy, hook)(sample, engine)
+        except Exception as exc:
+            raise self._hook_failed(hook, exc)
 
     def _untouched(self, sample: Sample) -> bool:
         """True if the policy neither finished, queued nor relaunched the sample."""
