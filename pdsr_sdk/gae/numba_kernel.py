@@ -52,6 +52,20 @@ from numba import njit
 _FLAGS = dict(cache=True, fastmath={"contract"}, nogil=True)
 
 
+@njit(inline="always", **_FLAGS)
+def _one_token(rb, vb, mb, ab, tb, t, g, nv, gamma, w, zero, one):  # pragma: no cover - jitted
+    """Token ``t`` of a row, one step of the recurrence: writes its advantage and return, and gives the carried
+    ``(g, nv)`` (nv: the value of the next valid token). Inlined into both kernels."""
+    vt = vb[t]
+    valid = mb[t] != 0
+    d = rb[t] + gamma * nv - vt           # computed unconditionally, selected below
+    g = (d if valid else zero) + (w if valid else one) * g
+    nv = vt if valid else nv
+    ab[t] = g
+    tb[t] = g + vt
+    return g, nv
+
+
 @njit(**_FLAGS)
 def gae_rows_simple(rewards, values, mask, gamma, w, zero, one, adv, ret):  # pragma: no cover - jitted
     """Per-row masked GAE, one token per step. ``gamma``, ``w`` (= gamma*lam),
@@ -67,13 +81,7 @@ def gae_rows_simple(rewards, values, mask, gamma, w, zero, one, adv, ret):  # pr
         g = zero
         nv = zero
         for t in range(steps - 1, -1, -1):
-            vt = vb[t]
-            valid = mb[t] != 0
-            d = rb[t] + gamma * nv - vt           # computed unconditionally, selected below
-            g = (d if valid else zero) + (w if valid else one) * g
-            nv = vt if valid else nv
-            ab[t] = g
-            tb[t] = g + vt
+            g, nv = _one_token(rb, vb, mb, ab, tb, t, g, nv, gamma, w, zero, one)
 
 
 @njit(**_FLAGS)
@@ -92,13 +100,7 @@ def gae_rows_unrolled(rewards, values, mask, gamma, w, zero, one, adv, ret):  # 
         t = steps - 1
         # the last steps % 4 tokens one at a time, so the rest splits into groups of 4
         while (t + 1) % 4 != 0:
-            vt = vb[t]
-            valid = mb[t] != 0
-            d = rb[t] + gamma * nv - vt
-            g = (d if valid else zero) + (w if valid else one) * g
-            nv = vt if valid else nv
-            ab[t] = g
-            tb[t] = g + vt
+            g, nv = _one_token(rb, vb, mb, ab, tb, t, g, nv, gamma, w, zero, one)
             t -= 1
         while t >= 3:
             # tokens t (k=3) down to t-3 (k=0)
