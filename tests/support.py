@@ -25,6 +25,21 @@ requires_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not install
 requires_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (install the 'ray' extra)")
 
 
+def interrupt_at_call(monkeypatch, module, name: str, call: int):
+    """``module.name`` raises KeyboardInterrupt (a Ctrl-C) at its ``call``-th call and runs as itself before;
+    returns the real function (to set back)."""
+    real, calls = getattr(module, name), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, interrupted)
+    return real
+
+
 def run_on(loop, coro, timeout: float = 900):
     """Run ``coro`` on ``loop`` (another thread) and return its result."""
     import asyncio

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 pytest.importorskip("torch")
 
 from pdsr_cli.main import cli  # noqa: E402
-from support import ROOT  # noqa: E402
+from support import ROOT, interrupt_at_call  # noqa: E402
 from tiny_scoring import random_samples  # noqa: E402
 
 # the CLI in a process of its own, killed (SIGKILL: no clean-up runs) as it starts scoring block 2
@@ -134,16 +134,8 @@ def _interrupted(tmp_path, tiny_model_dir, data, monkeypatch):
     """A run stopped (Ctrl-C) as block 2 starts: blocks 0 and 1 on disk."""
     from pdsr_sdk.scoring import file_run
 
-    score, calls = file_run.score_checked, []
-
-    def interrupted(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return score(*a, **k)
-
     out = tmp_path / "scored.parquet"
-    monkeypatch.setattr(file_run, "score_checked", interrupted)
+    score = interrupt_at_call(monkeypatch, file_run, "score_checked", 3)
     assert invoke(*args(tiny_model_dir, data, out)).exit_code == 130
     monkeypatch.setattr(file_run, "score_checked", score)
     return out

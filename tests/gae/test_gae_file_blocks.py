@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from support import interrupt_at_call
+
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.gae import file_run, masked_whiten
 from pdsr_sdk.gae.config import GaeConfig
@@ -169,16 +171,7 @@ def test_an_interrupted_run_leaves_no_output(tmp_path, tiny_blocks, monkeypatch)
     path = write_as(rollout_table(1), tmp_path / "in.parquet")
     out = tmp_path / "out.parquet"
     out.write_bytes(b"an earlier result")
-    real = file_run.critic_block
-    calls = []
-
-    def failing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(file_run, "critic_block", failing)
+    interrupt_at_call(monkeypatch, file_run, "critic_block", 5)
     with pytest.raises(KeyboardInterrupt):
         run_gae_file(GaeConfig(data=path, out=out, overwrite=True))
     assert out.read_bytes() == b"an earlier result"

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli_checks import failed, invoke
+from support import interrupt_at_call
 from tiny_scoring import random_samples
 
 from pdsr_sdk.errors import DataError, Interrupted
@@ -45,15 +46,8 @@ def lock_is_free(out) -> bool:
 
 def test_a_second_run_on_a_held_output_is_refused_and_a_resume_waits_for_it(config, monkeypatch):
     out = config.out
-    score, calls = file_run.score_checked, []
-
-    def interrupted(*a, **k):   # Ctrl-C as the second block starts: block 0 on disk
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return score(*a, **k)
-
-    monkeypatch.setattr(file_run, "score_checked", interrupted)
+    # Ctrl-C as the second block starts: block 0 on disk
+    score = interrupt_at_call(monkeypatch, file_run, "score_checked", 2)
     with pytest.raises(Interrupted):
         file_run.score_file(config)
     monkeypatch.setattr(file_run, "score_checked", score)
