@@ -16,17 +16,14 @@ its response (``SamplingParams.extra_args``, built by ``VllmEngine`` from ``Segm
 
 from __future__ import annotations
 
-import asyncio
-import math
-
 import pytest
 
 from support import requires_vllm, run_on
 from pdsr_sdk.dispatch.types import LENGTH, SegmentRequest
 from pdsr_sdk.rollout.config import SamplingConfig
 from pdsr_sdk.rollout.data import PromptRecord, build_groups
-from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, Recorder, compare_greedy, ended,
-                                   prompt_logprobs, reference_greedy)
+from test_speculative_vllm import (LOGPROB_TOL, MAX_TOKENS, PROMPTS, Recorder, check_sampled_logprobs, compare_greedy,
+                                   ended, reference_greedy)
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines (started once, shared)
 
@@ -110,18 +107,4 @@ def test_group_sampling_accepts_drafts_and_reports_the_models_logprobs(engine_lo
     assert counts["drafts"] > 0 and counts["drafted_tokens"] >= counts["drafts"]
     assert 0 < counts["accepted_tokens"] <= counts["drafted_tokens"]
 
-    scored = [(rid, ids) for tag, ids in prompts.items() for rid in rids[tag]]
-
-    async def rescore():
-        return await asyncio.gather(*(prompt_logprobs(ref, f"score-{rid}", ids + rec.tokens[rid], len(ids))
-                                      for rid, ids in scored))
-
-    worst = 0.0
-    for (rid, ids), want in zip(scored, run_on(engine_loop, rescore())):
-        got = rec.logprobs[rid]
-        assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
-        assert all(math.isfinite(x) and x <= 0 for x in got), (rid, got)
-        worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
-        assert min(want) > -25, (rid, min(want))
-    print(f"sampling: largest log-prob difference to the reference's scoring {worst:.3g}")
-    assert worst <= LOGPROB_TOL
+    check_sampled_logprobs(engine_loop, ref, rec, [(rid, ids) for tag, ids in prompts.items() for rid in rids[tag]])

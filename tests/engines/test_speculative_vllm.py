@@ -161,6 +161,27 @@ async def prompt_logprobs(engine, rid: str, ids: list[int], n_prompt: int) -> li
     return [final.prompt_logprobs[i][ids[i]].logprob for i in range(n_prompt, len(ids))]
 
 
+def check_sampled_logprobs(engine_loop, ref, rec, scored: list[tuple[str, list[int]]]) -> None:
+    """Each sampled request of ``scored`` ((request id, prompt ids), recorded by ``rec``) ran to MAX_TOKENS, and
+    the log-prob it reported for each token is, within LOGPROB_TOL, what the reference engine ``ref`` gives the
+    token when it scores the whole trajectory as a prompt."""
+    async def rescore():
+        return await asyncio.gather(*(prompt_logprobs(ref, f"score-{rid}", ids + rec.tokens[rid], len(ids))
+                                      for rid, ids in scored))
+
+    worst = 0.0
+    for (rid, ids), want in zip(scored, run_on(engine_loop, rescore())):
+        got = rec.logprobs[rid]
+        assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
+        assert all(math.isfinite(x) and x <= 0 for x in got), (rid, got)
+        worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
+        # drawn at the model's temperature: no token the model gives under e^-25 (all 1024 such tokens
+        # together: 1.4e-8 a draw); with vLLM's CPU fallback unfixed (vllm_fixes.py) tokens at e^-33 came out
+        assert min(want) > -25, (rid, min(want))
+    print(f"sampling: largest log-prob difference to the reference's scoring {worst:.3g}")
+    assert worst <= LOGPROB_TOL
+
+
 def compare_greedy(want, rec, rid: str, method: str) -> tuple[tuple[str, int, float] | None, float, int]:
     """Request ``rid``'s greedy tokens (recorded by ``rec``, with ``method``) against the reference's ``want``
     ((token, log-prob, top-two gap) per position): they may part only at a near-tie. Returns (where they parted,
@@ -223,21 +244,7 @@ def test_sampling_accepts_drafts_and_reports_the_models_logprobs(engine_loop, en
     assert sum(d for d, _ in per_request) == delta["drafted_tokens"]
     assert sum(a for _, a in per_request) == delta["accepted_tokens"]
 
-    async def rescore():
-        return await asyncio.gather(*(prompt_logprobs(ref, f"score-{rid}", ids + rec.tokens[rid], len(ids))
-                                      for rid, ids in prompts.items()))
-
-    worst = 0.0
-    for (rid, ids), want in zip(prompts.items(), run_on(engine_loop, rescore())):
-        got = rec.logprobs[rid]
-        assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
-        assert all(math.isfinite(x) and x <= 0 for x in got), (rid, got)
-        worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
-        # drawn at the model's temperature: no token the model gives under e^-25 (all 1024 such tokens
-        # together: 1.4e-8 a draw); with vLLM's CPU fallback unfixed (vllm_fixes.py) tokens at e^-33 came out
-        assert min(want) > -25, (rid, min(want))
-    print(f"sampling: largest log-prob difference to the reference's scoring {worst:.3g}")
-    assert worst <= LOGPROB_TOL
+    check_sampled_logprobs(engine_loop, ref, rec, list(prompts.items()))
 
 
 def test_drafting_waits_until_the_batch_has_thinned(engine_loop, engines, speculative_engines):
