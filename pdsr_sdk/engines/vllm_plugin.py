@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -48,69 +49,70 @@ def register() -> None:
     _fix_cpu_sampler()
 
 
+def _never_fails(fn):
+    """``fn``, a step of an engine process's start-up, run so that whatever it raises is dropped: never break
+    engine start-up over one of these."""
+    @functools.wraps(fn)
+    def run(*args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - never break engine start-up over this
+            pass
+
+    return run
+
+
+@_never_fails
 def _grant_amx() -> None:
-    try:
-        import torch
+    import torch
 
-        if not torch.cuda.is_available() and hasattr(torch.cpu, "_init_amx"):
-            torch.cpu._init_amx()
-    except Exception:  # noqa: BLE001 - never break engine start-up over this
-        pass
+    if not torch.cuda.is_available() and hasattr(torch.cpu, "_init_amx"):
+        torch.cpu._init_amx()
 
 
+@_never_fails
 def _watch_parent() -> None:
-    try:
-        from pdsr_sdk.parent_watch import arm_from_env
+    from pdsr_sdk.parent_watch import arm_from_env
 
-        arm_from_env()
-    except Exception:  # noqa: BLE001 - never break engine start-up over this
-        pass
+    arm_from_env()
 
 
+@_never_fails
 def _capture_errors(path: str) -> None:
-    try:
-        import faulthandler
+    import faulthandler
 
-        stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
-        faulthandler.enable(file=stream, all_threads=True)
-        handler = logging.StreamHandler(stream)
-        handler.setLevel(logging.ERROR)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-        logging.getLogger("vllm").addHandler(handler)
-    except Exception:  # noqa: BLE001
-        pass
+    stream = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    faulthandler.enable(file=stream, all_threads=True)
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    logging.getLogger("vllm").addHandler(handler)
 
 
+@_never_fails
 def _fix_cpu_sampler() -> None:
-    try:
-        from pdsr_sdk.engines.vllm_fixes import apply_cpu_sampler_fix
+    from pdsr_sdk.engines.vllm_fixes import apply_cpu_sampler_fix
 
-        apply_cpu_sampler_fix()
-    except Exception:  # noqa: BLE001 - never break engine start-up over this
-        pass
+    apply_cpu_sampler_fix()
 
 
+@_never_fails
 def _fork_worker() -> None:
-    try:
-        from pdsr_sdk.engines.vllm_env import FORK_WORKER_ENV
-        from pdsr_sdk.parent_watch import ENGINE_CORE_PID_ENV, ORCHESTRATOR_PID_ENV
+    from pdsr_sdk.engines.vllm_env import FORK_WORKER_ENV
+    from pdsr_sdk.parent_watch import ENGINE_CORE_PID_ENV, ORCHESTRATOR_PID_ENV
 
-        if os.environ.get(FORK_WORKER_ENV) != "1" or os.environ.get(ENGINE_CORE_PID_ENV) != str(os.getpid()):
-            return   # not an engine core pdsr started so (vLLM's worker inherits the variable: it is not one either)
-        try:   # what this core would run on had the OpenMP runtime not pinned it: its parent's CPUs
-            cpus = os.sched_getaffinity(int(os.environ[ORCHESTRATOR_PID_ENV]))
-        except (KeyError, ValueError, OSError):
-            cpus = set(range(os.cpu_count() or 1))
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-        os.register_at_fork(after_in_parent=lambda: _free_core_threads(cpus))
-    except Exception:  # noqa: BLE001 - never break engine start-up over this
-        pass
+    if os.environ.get(FORK_WORKER_ENV) != "1" or os.environ.get(ENGINE_CORE_PID_ENV) != str(os.getpid()):
+        return   # not an engine core pdsr started so (vLLM's worker inherits the variable: it is not one either)
+    try:   # what this core would run on had the OpenMP runtime not pinned it: its parent's CPUs
+        cpus = os.sched_getaffinity(int(os.environ[ORCHESTRATOR_PID_ENV]))
+    except (KeyError, ValueError, OSError):
+        cpus = set(range(os.cpu_count() or 1))
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    os.register_at_fork(after_in_parent=lambda: _free_core_threads(cpus))
 
 
+@_never_fails
 def _free_core_threads(cpus) -> None:
-    try:
-        from pdsr_sdk.engines.vllm_env import free_core_threads
+    from pdsr_sdk.engines.vllm_env import free_core_threads
 
-        free_core_threads(cpus)
-    except Exception:  # noqa: BLE001
-        pass
+    free_core_threads(cpus)
