@@ -248,31 +248,34 @@ register_workload(WorkloadMember(
     "16-256 environment tokens and a 0.1-5 s environment delay (log-uniform) after each turn but the last.",
     synth=dict(turns_min=1, turns_max=8, env_delay_min_s=0.1, env_delay_max_s=5.0),
 ))
-register_workload(WorkloadMember(
+
+
+def _recorded(name: str, description: str, cap: int, path: str) -> WorkloadMember:
+    """A member resampling a recorded trace: SmolLM2-135M-Instruct's groups of 8 at a ``cap``-token response cap."""
+    return WorkloadMember(name, description, synth=dict(n=8, max_length=cap), recorded=path)
+
+
+register_workload(_recorded(
     "recorded-gsm8k",
     "SmolLM2-135M-Instruct on the first 128 GSM8K test prompts (vLLM CPU, n = 8, temperature 1, 512-token cap), "
     "resampled: each seed draws whole recorded groups with replacement (44% at the cap, probe Spearman 0.03).",
-    synth=dict(n=8, max_length=512),
-    recorded="bench/data/smollm2-gsm8k-128x8.jsonl",
+    512, "bench/data/smollm2-gsm8k-128x8.jsonl",
 ))
-register_workload(WorkloadMember(
+register_workload(_recorded(
     "recorded-math",
     "SmolLM2-135M-Instruct on the first 128 MATH-500 problems (vLLM CPU, n = 8, temperature 1, 512-token cap), "
     "resampled as recorded-gsm8k is (45% at the cap; with math_verify's rewards: 1 of 1,024 right).",
-    synth=dict(n=8, max_length=512),
-    recorded="bench/data/smollm2-math500-128x8.jsonl",
+    512, "bench/data/smollm2-math500-128x8.jsonl",
 ))
-register_workload(WorkloadMember(
+register_workload(_recorded(
     "recorded-gsm8k-2048",
     "recorded-gsm8k's model and settings at a 2,048-token cap, on the first 32 GSM8K test prompts (what fits "
     "this machine's two cores in an hour), resampled as recorded-gsm8k is.",
-    synth=dict(n=8, max_length=2048),
-    recorded="bench/data/smollm2-gsm8k-32x8-2048.jsonl",
+    2048, "bench/data/smollm2-gsm8k-32x8-2048.jsonl",
 ))
-register_workload(WorkloadMember(
+register_workload(_recorded(
     "recorded-math-2048",
     "recorded-math's model and settings at a 2,048-token cap, on the first 24 MATH-500 problems (what fits this "
     "machine's two cores in an hour), resampled as recorded-math is.",
-    synth=dict(n=8, max_length=2048),
-    recorded="bench/data/smollm2-math500-24x8-2048.jsonl",
+    2048, "bench/data/smollm2-math500-24x8-2048.jsonl",
 ))
