@@ -77,6 +77,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     check_functions(cfg, config_path, {})   # a --config file's reward or agent.function (serve has no flag)
     check_listen_address(host, port, host_flag="--host", port_flag="--port")
     served_names(list(model_name), "", flag="--model-name")   # an empty name: before the engines start
+    check_tool_parser(tool_parser)
     if cfg.model is None:
         echo_status("model: the built-in tiny random model (pass --model DIR for a real one)")
     if quiet or not stderr_is_terminal():
@@ -90,3 +91,17 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
 
     with output_mode(quiet), session:
         session.serve(host, port, model_name=list(model_name) or None, tool_parser=tool_parser, on_ready=ready)
+
+
+def check_tool_parser(name: str | None) -> None:
+    """A --tool-parser the installed vLLM lacks fails here, before the engines start, not when a chat request's
+    answer is parsed (pdsr_sdk.agent.tools raises there, after the engines started and the server listened)."""
+    if name is None:
+        return
+    from pdsr_sdk.agent.tools import tool_parser_names
+    from pdsr_sdk.errors import ConfigError
+
+    names = tool_parser_names()
+    if name not in names:
+        raise ConfigError(f"--tool-parser {name!r}: not a tool parser of the installed vLLM; it has: "
+                          f"{', '.join(names)}")

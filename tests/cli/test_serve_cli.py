@@ -27,3 +27,16 @@ def test_serve_turns_off_the_engines_weight_loading_bar_as_rollout_does(served, 
     r = CliRunner().invoke(cli, ["serve", "--port", "0", *flags])
     assert r.exit_code == 0, r.output
     assert [c.engine_defaults["engine_args"]["use_tqdm_on_load"] for c in served] == [False]
+
+
+def test_an_unknown_tool_parser_fails_before_the_engines_start(served):
+    """pdsr serve --tool-parser hermess (a typo) started the engines and listened; the name was looked up only when
+    a chat answer was parsed. It is refused first now, with the installed vLLM's names; a known one still serves."""
+    r = CliRunner().invoke(cli, ["serve", "--port", "0", "--tool-parser", "hermess"])
+    assert r.exit_code == 2, r.output
+    assert "--tool-parser 'hermess': not a tool parser of the installed vLLM; it has: " in r.output
+    assert "hermes" in r.output.split("it has: ")[1].split(", ") and served == []
+    r = CliRunner().invoke(cli, ["serve", "--port", "0", "--tool-parser", "hermes"])
+    assert r.exit_code == 0, r.output
+    assert len(served) == 1
+
