@@ -77,10 +77,10 @@ def test_a_missing_model_folder_under_a_local_folder_is_not_called_a_hub_id(tmp_
     (tmp_path / "models").mkdir()
     with pytest.raises(DataError) as caught:
         check_model_folder("models/smollm2-135m-instruc")
-    assert str(caught.value) == ("model 'models/smollm2-135m-instruc' does not exist; pass a local Hugging Face "
+    assert str(caught.value) == ("model (--model) 'models/smollm2-135m-instruc' does not exist; pass a local Hugging Face "
                                  "model folder")
     text = failed(invoke("rollout", "--model", "models/smollm2-135m-instruc", "--out", tmp_path / "r.parquet"),
-                  "model 'models/smollm2-135m-instruc' does not exist")
+                  "model (--model) 'models/smollm2-135m-instruc' does not exist")
     assert "hub id" not in text
     with pytest.raises(DataError, match=r"does not exist; .*; if it is a Hugging Face hub id: .*download Org/model"):
         check_model_folder("Org/model")   # no folder Org here: it may be one

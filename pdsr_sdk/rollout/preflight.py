@@ -83,7 +83,7 @@ def check_model_folder(model: str | Path) -> str:
             and not path.parent.is_dir():
         hint = (f"; if it is a Hugging Face hub id: pdsr loads local folders only, so download it first "
                 f"(huggingface-cli download {model} --local-dir DIR) and pass DIR")
-    raise DataError(f"model {str(model)!r} {what}; pass a local Hugging Face model folder{hint}")
+    raise DataError(f"model (--model) {str(model)!r} {what}; pass a local Hugging Face model folder{hint}")
 
 
 #: engine backends that load the model folder themselves (vLLM's): the folder and its tokenizer are checked for them

@@ -34,7 +34,7 @@ def test_a_hub_id_is_named_with_what_to_do(tmp_path, monkeypatch, engine_loop):
     LocalEntryNotFoundError, naming no model; the session now refuses it before building its engines."""
     monkeypatch.chdir(tmp_path)
     session = RolloutSession(RolloutConfig(model=HUB_ID))
-    with pytest.raises(DataError, match=rf"model '{HUB_ID}' does not exist.*hub id.*download {HUB_ID}"):
+    with pytest.raises(DataError, match=rf"model \(--model\) '{HUB_ID}' does not exist.*hub id.*download {HUB_ID}"):
         run_on(engine_loop, session.start())
     assert session.engines == []
     refused(rollout("--model", HUB_ID, "--out", tmp_path / "r.parquet"), HUB_ID, "hub id")
