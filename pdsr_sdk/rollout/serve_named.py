@@ -328,14 +328,15 @@ def _route(api: str) -> str:
 
 def _extension(recorded: list[dict], messages: list[dict], sample_id: str) -> list[dict]:
     """The messages a chat request adds to its sample's recorded conversation (which it must extend)."""
-    if len(messages) <= len(recorded):
-        raise ServeError(400, f"sample {sample_id!r}: the request has no new message after the recorded "
-                              f"conversation ({len(recorded)} messages)")
-    for i, (old, new) in enumerate(zip(recorded, messages)):
+    for i, (old, new) in enumerate(zip(recorded, messages)):   # where it differs first: a changed message is
+        # the client's mistake whether or not the request is longer than the recording
         if old["role"] != new["role"] or (old["role"] != "assistant" and old.get("content") != new.get("content")):
             raise ServeError(400, f"sample {sample_id!r}: message {i} differs from the recorded conversation "
                                   f"(recorded role {old['role']!r}); send the conversation so far, then new "
                                   f"messages")
+    if len(messages) <= len(recorded):
+        raise ServeError(400, f"sample {sample_id!r}: the request has no new message after the recorded "
+                              f"conversation ({len(recorded)} messages)")
     # every field the client sent (a tool result's tool_call_id and name, an assistant message's tool_calls), as
     # vLLM's server passes them: a template may render them (Mistral's, some of Llama's)
     return messages[len(recorded):]

@@ -87,6 +87,21 @@ def test_bad_requests_get_clear_errors(served):
 
 
 @requires_torch
+def test_a_changed_message_is_named_even_when_the_request_adds_none(served):
+    """A request repeating the recorded conversation with a message changed (and nothing new) said only that it
+    added no message; it names the message that differs, as a longer request's error does."""
+    session, client, base = served
+    convo = [{"role": "user", "content": "a"}]
+    r = client.chat.completions.create(model="tiny", messages=convo, extra_body={"pdsr_sample": "s-changed"})
+    convo.append({"role": "assistant", "content": r.choices[0].message.content})
+    for sent in ([{"role": "user", "content": "b"}, convo[1]], [{"role": "user", "content": "b"}]):
+        with pytest.raises(openai.BadRequestError, match="message 0 differs from the recorded conversation"):
+            client.chat.completions.create(model="tiny", messages=sent, extra_body={"pdsr_sample": "s-changed"})
+    with pytest.raises(openai.BadRequestError, match="no new message after the recorded conversation"):
+        client.chat.completions.create(model="tiny", messages=convo, extra_body={"pdsr_sample": "s-changed"})
+
+
+@requires_torch
 def test_text_parts_are_joined_as_vllm_joins_them(served):
     """Content given as text parts (as smolagents and Claude Code-style clients send every message) was a 400; it is
     joined with newlines, as vLLM's server passes it to a template of string content. A named sample's later request
