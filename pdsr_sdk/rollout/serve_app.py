@@ -105,6 +105,11 @@ def create_app(server: ChatServer) -> Any:
     @app.post("/v1/pdsr/samples/{sample_id}/end")
     async def end(sample_id: str, request: Request) -> Any:
         body = await body_of(request) if await request.body() else {}
+        other = sorted(set(body) - {"reward"})
+        if other:   # a misspelt reward would otherwise end the sample scored by the reward function, without a word
+            raise ServeError(400, f"POST /v1/pdsr/samples/{sample_id}/end takes {{\"reward\": R}} (or no body: the "
+                                  f"session's reward function scores it); unknown field(s) {', '.join(other)}",
+                             param=other[0])
         return await server.end_sample(sample_id, body.get("reward"))
 
     return app

@@ -102,6 +102,21 @@ def test_a_changed_message_is_named_even_when_the_request_adds_none(served):
 
 
 @requires_torch
+def test_an_end_with_an_unknown_field_is_a_400_and_the_sample_goes_on(served):
+    """POST .../end with {"rewrd": 1} ended the sample scored by the session's reward function (0 here), the
+    misspelt reward dropped without a word; it is a 400 naming the field, and the sample still takes its reward."""
+    session, client, base = served
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
+                                   extra_body={"pdsr_sample": "s-typo"})
+    bad = httpx.post(f"{base}/pdsr/samples/s-typo/end", json={"rewrd": 1.0}, timeout=WAIT_S)
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["param"] == "rewrd" and "unknown field(s) rewrd" in bad.json()["error"]["message"]
+    assert not httpx.get(f"{base}/pdsr/samples/s-typo", timeout=WAIT_S).json()["finished"]
+    row = httpx.post(f"{base}/pdsr/samples/s-typo/end", json={"reward": 1.0}, timeout=WAIT_S).json()
+    assert row["finished"] and row["reward"] == 1.0
+
+
+@requires_torch
 def test_text_parts_are_joined_as_vllm_joins_them(served):
     """Content given as text parts (as smolagents and Claude Code-style clients send every message) was a 400; it is
     joined with newlines, as vLLM's server passes it to a template of string content. A named sample's later request
