@@ -38,7 +38,7 @@ from pdsr_sdk.rollout.serve_logprobs import choice_logprobs, wanted
 from pdsr_sdk.rollout.serve_model import check_model, model_cards
 from pdsr_sdk.rollout.serve_options import (check_named_template, include_stop, messages_of, template_options,
                                              tools_of)
-from pdsr_sdk.rollout.serve_named import NamedSamples, fail_future
+from pdsr_sdk.rollout.serve_named import NamedSamples, fail_future, sample_name
 
 #: finish reasons as OpenAI's API names them
 FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
@@ -74,7 +74,7 @@ class ChatServer:
         n, max_tokens = self.common(body, chat=True)
         template = template_options(body, self.session.config.data.chat_template_kwargs)
         want = wanted(body, chat=True)
-        sample_id = sample_id or body.get("pdsr_sample")
+        sample_id = sample_name(sample_id, body)
         if sample_id is not None:
             if n != 1:
                 raise ServeError(400, "a named sample (pdsr_sample) takes n = 1")

@@ -98,11 +98,12 @@ def create_app(server: ChatServer) -> Any:
     async def detokenize(request: Request) -> Any:
         return server.detokenize(await body_of(request))
 
-    @app.get("/v1/pdsr/samples/{sample_id}")
+    # :path: an ID may hold "/" (run/env/3), which the client sends as it is or as %2F
+    @app.get("/v1/pdsr/samples/{sample_id:path}")
     async def sample(sample_id: str) -> Any:
         return await server.sample_row(sample_id)
 
-    @app.post("/v1/pdsr/samples/{sample_id}/end")
+    @app.post("/v1/pdsr/samples/{sample_id:path}/end")
     async def end(sample_id: str, request: Request) -> Any:
         body = await body_of(request) if await request.body() else {}
         other = sorted(set(body) - {"reward"})

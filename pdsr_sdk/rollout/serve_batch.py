@@ -11,6 +11,7 @@ from typing import Any
 from pdsr_sdk.rollout.serve import FINISH, ChatServer, check_failed, no_max_tokens
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import wanted
+from pdsr_sdk.rollout.serve_named import sample_name
 from pdsr_sdk.rollout.serve_options import include_stop
 
 _FORMS = "a string, a list of token ids, or a batch: a list of strings or a list of token-id lists"
@@ -49,7 +50,7 @@ async def completions(server: ChatServer, body: dict[str, Any], sample_id: str |
     batch, is_batch = prompts(body.get("prompt"))
     n, max_tokens = server.common(body, chat=False)
     want = wanted(body, chat=False)
-    sample_id = sample_id or body.get("pdsr_sample")
+    sample_id = sample_name(sample_id, body)
     if sample_id is not None:
         if n != 1 or len(batch) != 1:
             raise ServeError(400, "a named sample (pdsr_sample) takes one prompt and n = 1")

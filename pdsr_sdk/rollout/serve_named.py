@@ -316,6 +316,18 @@ class NamedSamples:
         return named
 
 
+def sample_name(header: str | None, body: dict[str, Any]) -> str | None:
+    """The sample a request names (header ``X-Pdsr-Sample``, else the body's ``pdsr_sample``), None when neither is
+    given. An empty one is a 400: no ``/v1/pdsr/samples/ID`` could read or end it (an empty header named none)."""
+    value = header if header is not None else body.get("pdsr_sample")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise ServeError(400, f"a sample's ID (header X-Pdsr-Sample or pdsr_sample) is a non-empty string, got "
+                              f"{value!r}", param="pdsr_sample")
+    return str(value)
+
+
 def _stop(named: _Named, turn: Any) -> str | int | None:
     """A turn's ``stop_reason``: the stop string or stop token id that ended it (the sample holds its latest
     turn's), None when the model's EOS or a limit did."""

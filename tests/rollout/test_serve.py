@@ -117,6 +117,25 @@ def test_an_end_with_an_unknown_field_is_a_400_and_the_sample_goes_on(served):
 
 
 @requires_torch
+def test_a_sample_id_with_a_slash_can_be_read_and_ended_and_an_empty_one_is_a_400(served):
+    """A sample named "run-1/env-0/3" was recorded, but its GET and end routes were 404s (raw or %2F-quoted): its
+    reward could never be sent. An empty ID (header or body) was taken as no name, the turn silently not recorded."""
+    session, client, base = served
+    name = "run-1/env-0/3"
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
+                                   extra_body={"pdsr_sample": name})
+    got = httpx.get(f"{base}/pdsr/samples/{name}", timeout=WAIT_S)
+    assert got.status_code == 200 and got.json()["prompt_id"] == f"sample-{name}"
+    row = httpx.post(f"{base}/pdsr/samples/run-1%2Fenv-0%2F3/end", json={"reward": 0.5}, timeout=WAIT_S).json()
+    assert row["finished"] and row["reward"] == 0.5 and row["prompt_id"] == f"sample-{name}"
+    for how in ({"extra_headers": {"X-Pdsr-Sample": ""}}, {"extra_body": {"pdsr_sample": ""}}):
+        with pytest.raises(openai.BadRequestError, match="a sample's ID .* is a non-empty string, got ''"):
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}], **how)
+        with pytest.raises(openai.BadRequestError, match="a sample's ID .* is a non-empty string, got ''"):
+            client.completions.create(model="tiny", prompt="a", max_tokens=2, **how)
+
+
+@requires_torch
 def test_text_parts_are_joined_as_vllm_joins_them(served):
     """Content given as text parts (as smolagents and Claude Code-style clients send every message) was a 400; it is
     joined with newlines, as vLLM's server passes it to a template of string content. A named sample's later request
