@@ -95,13 +95,18 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
 
 def check_tool_parser(name: str | None) -> None:
     """A --tool-parser the installed vLLM lacks fails here, before the engines start, not when a chat request's
-    answer is parsed (pdsr_sdk.agent.tools raises there, after the engines started and the server listened)."""
-    if name is None:
+    answer is parsed (pdsr_sdk.agent.tools raises there, after the engines started and the server listened).
+    ``hermes`` is pdsr's own parser: it needs no vLLM."""
+    if name is None or name == "hermes":
         return
     from pdsr_sdk.agent.tools import tool_parser_names
     from pdsr_sdk.errors import ConfigError
 
-    names = tool_parser_names()
+    try:
+        names = tool_parser_names()
+    except ImportError:
+        raise ConfigError(f"--tool-parser {name!r}: a parser other than hermes is the installed vLLM's, and vLLM's "
+                          f"tool parsers cannot be imported here (is vLLM installed?)") from None
     if name not in names:
         raise ConfigError(f"--tool-parser {name!r}: not a tool parser of the installed vLLM; it has: "
                           f"{', '.join(names)}")

@@ -40,3 +40,17 @@ def test_an_unknown_tool_parser_fails_before_the_engines_start(served):
     assert r.exit_code == 0, r.output
     assert len(served) == 1
 
+
+def test_hermes_needs_no_vllm_and_another_parser_without_it_is_named(served, monkeypatch):
+    """The tool-parser check imported vLLM's parsers for every name, hermes too, which pdsr parses itself: pdsr
+    serve --tool-parser hermes failed with an ImportError traceback where vLLM's tool parsers cannot be imported."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers", None)   # an import of it raises ImportError
+    r = CliRunner().invoke(cli, ["serve", "--port", "0", "--tool-parser", "hermes"])
+    assert r.exit_code == 0, r.output
+    assert len(served) == 1
+    r = CliRunner().invoke(cli, ["serve", "--port", "0", "--tool-parser", "qwen3_xml"])
+    assert r.exit_code == 2, r.output
+    assert "--tool-parser 'qwen3_xml': a parser other than hermes is the installed vLLM's" in r.output
+    assert len(served) == 1
