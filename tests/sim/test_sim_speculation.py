@@ -31,7 +31,7 @@ def acceptance_file(tmp_path):
     return path
 
 
-def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft_load(tmp_path):
+def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft_load(tmp_path, monkeypatch):
     path = acceptance_file(tmp_path)
     # every step counts, those that drafted nothing too. math500's token tail: 1000 tokens, 24 accepted of 80
     # drafted, so 976 steps; gsm8k has no token-tail verify steps: its tail, 10 accepted of 40, 990 steps
@@ -55,7 +55,10 @@ def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(DataError, match="not an acceptance file"):
         speculation_from_acceptance(tmp_path / "bad.json", "group")
-    # a missing file is named with the OS's reason, not Python's repr of the exception ([Errno 2] ...)
+    # a missing file is named with the OS's reason, not Python's repr of the exception ([Errno 2] ...); in an
+    # empty folder, so that an acceptance.json where the tests run (docs/simulate.md's command writes one) is not read
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
     with pytest.raises(DataError, match=r"^acceptance\.json: cannot read the acceptance file: No such file or directory$"):
         speculation_from_acceptance("acceptance.json", "group")
     (tmp_path / "cut.json").write_text('{"datasets": ')
