@@ -48,7 +48,7 @@ def test_a_file_or_an_empty_folder_given_as_a_model_or_tokenizer(tmp_path, tiny_
     failed(invoke("score", "--model", weights, "--data", log, "--out", tmp_path / "s.parquet",
                   "--max-tokens-per-mb", 64), f"{weights}: is a file; expected a Hugging Face model directory")
     failed(invoke("rollout", "--quiet", "--model", weights, "--out", tmp_path / "o.parquet"),
-           f"model '{weights}' is a file, not a model directory")
+           f"model (--model) '{weights}' is a file, not a model directory")
 
 
 def test_an_empty_trajectories_file_is_not_called_a_length_trace(tmp_path):
