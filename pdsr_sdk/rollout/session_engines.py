@@ -87,7 +87,7 @@ class EngineControl:
                 # a pipelined trainer's update while a partial-rollout step runs: stop the engines keeping
                 # every token (their samples go on under the new version), unless the caller paused them
                 if self.scheduler.paused is None:
-                    await self.apause("abort")
+                    await self._pause("abort", caller=False)
                     paused_here = True
                 if paused_here and self._mid_stream_step() and self._stream.blocked_by(new):
                     # a sample restarted for staleness once would turn stale again: its group is due, so
@@ -254,6 +254,11 @@ class EngineControl:
         Nothing new starts until resume, also in a step started while paused. Every sample finishes
         in full: the step returns every sample of its groups.
         """
+        await self._pause(mode, caller=True)
+
+    async def _pause(self, mode: str, *, caller: bool) -> None:
+        """:meth:`apause`; ``caller``: the caller's own pause, which a partial-rollout step's end keeps (an update's
+        pause of its own is not: the step's end then leaves the next step to start the engines)."""
         if mode not in PAUSE_MODES:
             raise ConfigValueError(f"pause: mode must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
         if not self._started or self.scheduler is None:
@@ -273,6 +278,8 @@ class EngineControl:
             return
         drained = asyncio.get_running_loop().create_future()
         sched.pause(mode, on_drained=lambda: drained.done() or drained.set_result(None))
+        if caller and self._stream is not None:   # a step's end inside this pause keeps it: the next step waits
+            self._caller_paused = mode
         if mode == "keep":
             failed = await failures(e.pause_generation("keep", clear_cache=not self._keep_kv) for e in engines)
             if failed:
@@ -301,6 +308,7 @@ class EngineControl:
         self._check_weights_whole("resume")
         mode = sched.paused
         self._sleep_paused = False
+        self._caller_paused = None
         sched.resume()
         if mode == "keep":
             failed = await failures(e.resume_generation() for e in self._live_engines())

@@ -197,3 +197,38 @@ def test_pause_update_resume_between_partial_rollout_steps(tiny_model_dir):
     assert len(out.groups) == 2 and out.policy_version == 1 and out.summary["max_token_age"] <= 1
     assert all(len(s.token_ids) == 400 for g in out.groups for s in g.samples)
     assert any(seg.policy_version == 1 for g in out.groups for s in g.samples for seg in s.segments)
+
+
+def test_a_pause_wait_across_a_partial_rollout_steps_end_holds_until_resume(tiny_model_dir):
+    """A trainer thread's ``pause("wait")`` in the middle of a partial-rollout step lets the running samples finish;
+    when they completed the step, the step's end cleared the caller's pause: ``paused`` read None and the next step
+    started generating before ``resume()`` (under weights the trainer was still loading). Now the pause holds across
+    the step's end: ``paused`` says so, and the next step waits, generating nothing, until ``resume()``."""
+    from pdsr_sdk import RolloutSession
+
+    cfg = fake_config(tiny_model_dir, over_provision=1.0, max_staleness=1)
+    cfg = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"max_tokens": 4000})})
+
+    async def scenario():
+        async with RolloutSession(cfg) as session:
+            sched = session.scheduler
+            first = asyncio.create_task(session.astep(iter([f"p{i}" for i in range(12)])))
+            while not first.done() and not (sched.in_flight and any(s.num_generated for s in sched.running())):
+                await asyncio.sleep(0.001)
+            assert not first.done() and sched.in_flight == 8   # every sample of the step's 4 groups runs
+            await session.apause("wait")   # returns once none runs: every running sample finished
+            out = await asyncio.wait_for(first, WAIT_S)   # their groups completed the step
+            assert session.paused == "wait" and sched.in_flight == 0
+            # the other two groups completed too: the next step is whole before it begins and generates nothing
+            second = await asyncio.wait_for(session.astep(()), WAIT_S)
+            assert session.paused == "wait" and sched.in_flight == 0
+            third = asyncio.create_task(session.astep(()))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not third.done() and sched.in_flight == 0 and session.paused is not None
+            await session.aresume()
+            return out, second, await asyncio.wait_for(third, WAIT_S)
+
+    steps = asyncio.run(scenario())
+    assert [len(out.groups) for out in steps] == [2, 2, 2]
+    assert all(len(s.token_ids) == 4000 for out in steps for g in out.groups for s in g.samples)
