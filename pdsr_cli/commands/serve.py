@@ -60,6 +60,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     """
     from pdsr_cli.commands.rollout import check_functions
     from pdsr_cli.quiet import output_mode, quiet_engine_args, stderr_is_terminal
+    from pdsr_sdk.agent.tools import check_tool_parser
     from pdsr_sdk.policies.resolve import with_policy_sets
     from pdsr_sdk.rollout.config import RolloutConfig
     from pdsr_sdk.rollout.session import RolloutSession
@@ -77,7 +78,7 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     check_functions(cfg, config_path, {})   # a --config file's reward or agent.function (serve has no flag)
     check_listen_address(host, port, host_flag="--host", port_flag="--port")
     served_names(list(model_name), "", flag="--model-name")   # an empty name: before the engines start
-    check_tool_parser(tool_parser)
+    check_tool_parser(tool_parser, "--tool-parser")   # before the engines start
     if cfg.model is None:
         echo_status("model: the built-in tiny random model (pass --model DIR for a real one)")
     if quiet or not stderr_is_terminal():
@@ -92,21 +93,3 @@ def command(config_path, policy, policy_set, host, port, model, model_name, max_
     with output_mode(quiet), session:
         session.serve(host, port, model_name=list(model_name) or None, tool_parser=tool_parser, on_ready=ready)
 
-
-def check_tool_parser(name: str | None) -> None:
-    """A --tool-parser the installed vLLM lacks fails here, before the engines start, not when a chat request's
-    answer is parsed (pdsr_sdk.agent.tools raises there, after the engines started and the server listened).
-    ``hermes`` is pdsr's own parser: it needs no vLLM."""
-    if name is None or name == "hermes":
-        return
-    from pdsr_sdk.agent.tools import tool_parser_names
-    from pdsr_sdk.errors import ConfigError
-
-    try:
-        names = tool_parser_names()
-    except ImportError:
-        raise ConfigError(f"--tool-parser {name!r}: a parser other than hermes is the installed vLLM's, and vLLM's "
-                          f"tool parsers cannot be imported here (is vLLM installed?)") from None
-    if name not in names:
-        raise ConfigError(f"--tool-parser {name!r}: not a tool parser of the installed vLLM; it has: "
-                          f"{', '.join(names)}")

@@ -31,15 +31,17 @@ class Serving:
         token-exact). ``on_ready(port)`` is called once it listens (``port=0``: any free port). ``model_name``: the
         name, or names, a request's ``model`` may be (another is a 404, as vLLM's server answers it; default the
         model folder's name, and the folder as given). ``tool_parser``: parse the model's tool calls into
-        ``tool_calls`` with that vLLM parser. A port out of range or taken, or an empty model name, is a
-        ConfigError (before the engines start, where this call starts them)."""
+        ``tool_calls`` with that vLLM parser. A port out of range or taken, an empty model name, or a tool parser the
+        installed vLLM lacks, is a ConfigError (before the engines start, where this call starts them)."""
         import uvicorn
 
+        from pdsr_sdk.agent.tools import check_tool_parser
         from pdsr_sdk.rollout.serve import ChatServer
         from pdsr_sdk.rollout.serve_app import create_app
         from pdsr_sdk.rollout.serve_model import served_names
 
         check_serve_config(self.config)
+        check_tool_parser(tool_parser)
         names, aliases = served_names(model_name, self._model_dir())
         check_streaming(self.policy_cls, self.config.policy)   # requests arrive while others run
         if not self._started:

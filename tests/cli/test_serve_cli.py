@@ -54,3 +54,25 @@ def test_hermes_needs_no_vllm_and_another_parser_without_it_is_named(served, mon
     assert r.exit_code == 2, r.output
     assert "--tool-parser 'qwen3_xml': a parser other than hermes is the installed vLLM's" in r.output
     assert len(served) == 1
+
+
+def test_the_sdks_serve_refuses_an_unknown_tool_parser_before_the_engines_start(tiny_model_dir, monkeypatch):
+    """RolloutSession.serve(tool_parser="hermess") started the engines and listened; the name was looked up only
+    when a chat answer was parsed (the CLI's check was the CLI's alone). The SDK refuses it first now."""
+    import asyncio
+
+    from pdsr_sdk import RolloutConfig, RolloutSession
+    from pdsr_sdk.errors import ConfigValueError
+
+    class Started(Exception):
+        pass
+
+    async def start(self):
+        raise Started   # the engines would start here
+
+    monkeypatch.setattr(RolloutSession, "start", start)
+    session = RolloutSession(RolloutConfig(model=str(tiny_model_dir)))
+    with pytest.raises(ConfigValueError, match=r"^tool_parser 'hermess': not a tool parser of the installed vLLM"):
+        asyncio.run(session.aserve("127.0.0.1", 0, tool_parser="hermess"))
+    with pytest.raises(Started):   # a known one goes on to start them
+        asyncio.run(session.aserve("127.0.0.1", 0, tool_parser="hermes"))
