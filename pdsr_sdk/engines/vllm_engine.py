@@ -26,7 +26,7 @@ from pdsr_sdk.engines.stop_window import HeldTokens, window_tokens
 from pdsr_sdk.engines.vllm_control import VllmControl
 from pdsr_sdk.engines.vllm_sampling import sampling_args
 from pdsr_sdk.engines.vllm_spawn import spawn
-from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, speculation_counts
+from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, refused, speculation_counts
 from pdsr_sdk.errors import EngineError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
@@ -50,6 +50,7 @@ class VllmEngine(VllmControl, ModelEngine):
         self._gpu_uuid: str | None = None        # the engine's GPU (see device_uuid) ...
         self._gpu_asked = False                  # ... once asked
         self._tasks: dict[str, asyncio.Task] = {}
+        self._abort_asked: set[str] = set()      # see abort: a request's stream ends itself at its next output
         self._stats = LoadRecorder()
         #: speculative ``group``: draft corpora made where the sample is (a Ray engine's orchestrator), by request
         #: id, for requests that arrive without their sample (the Ray actor's)
@@ -225,7 +226,10 @@ class VllmEngine(VllmControl, ModelEngine):
         self._tasks[request.request_id] = asyncio.get_running_loop().create_task(self._stream(request))
 
     def abort(self, request_id: str) -> None:
+        # vLLM drops an abort that reaches it before the request is added (a submit and an abort in one tick):
+        # the request would run to its max_tokens. So its stream also ends it at its next output.
         if request_id in self._tasks and self._llm is not None and not self._dead:
+            self._abort_asked.add(request_id)
             asyncio.get_running_loop().create_task(self._abort(request_id))
 
     async def _abort(self, request_id: str) -> None:
@@ -313,6 +317,9 @@ class VllmEngine(VllmControl, ModelEngine):
                     reason = finish_reason(comp.finish_reason)
                     stop_reason = comp.stop_reason if reason == STOP else None
                     counts = speculation_counts(getattr(comp, "spec_decode_metrics", None))
+                elif request.request_id in self._abort_asked:
+                    await gen.aclose()   # aborts the request in vLLM, now that it knows it
+                    break
         except asyncio.CancelledError:
             if self._closing:
                 return
@@ -324,7 +331,7 @@ class VllmEngine(VllmControl, ModelEngine):
             if self._is_dead(exc):
                 self._die(exc)
                 return
-            if _refused(exc) and hasattr(listener, "on_request_failed"):
+            if refused(exc) and hasattr(listener, "on_request_failed"):
                 # vLLM refused this request (an empty prompt, a token out of vocabulary, a context past
                 # max_model_len, sampling it does not take): its sample fails, the engine serves on
                 listener.on_request_failed(self, request.request_id, f"{type(exc).__name__}: {exc}")
@@ -333,6 +340,8 @@ class VllmEngine(VllmControl, ModelEngine):
                 self.name, f"request {request.request_id} failed: {type(exc).__name__}: {exc}",
                 remote_traceback=self._read_error()))
             return
+        finally:
+            self._abort_asked.discard(request.request_id)
         self._tasks.pop(request.request_id, None)
         # only what there is: a listener written before a keyword was added still hears the rest
         extra = {k: v for k, v in (("speculation", counts), ("stop_reason", stop_reason)) if v is not None}
@@ -375,16 +384,6 @@ class VllmEngine(VllmControl, ModelEngine):
         except OSError:
             return None
         return text[-20000:] or None
-
-
-def _refused(exc: Exception) -> bool:
-    """Whether vLLM refused the request itself (its validation, or admission control: a 4xx error) rather than
-    failed serving it. A vLLM without ``VLLMClientError`` (older releases) refuses nothing this way."""
-    try:
-        from vllm.exceptions import VLLMClientError
-    except ImportError:
-        return False
-    return isinstance(exc, VLLMClientError)
 
 
 def _fmt(value: float) -> str:

@@ -1,5 +1,6 @@
 """What a :class:`~pdsr_sdk.engines.vllm_engine.VllmEngine` reads off vLLM's reports: a stat logger keeping
-the load and speculative decoding's counters, and a finished request's finish reason and speculation counts."""
+the load and speculative decoding's counters, a finished request's finish reason and speculation counts, and
+whether an exception is vLLM refusing a request."""
 
 from __future__ import annotations
 
@@ -68,3 +69,13 @@ def finish_reason(reason: str | None) -> str:
     if reason == "abort":
         return ABORT
     return STOP
+
+
+def refused(exc: Exception) -> bool:
+    """Whether vLLM refused the request itself (its validation, or admission control: a 4xx error) rather than
+    failed serving it. A vLLM without ``VLLMClientError`` (older releases) refuses nothing this way."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return False
+    return isinstance(exc, VLLMClientError)

@@ -96,6 +96,12 @@ def test_stream_abort_and_death_are_reported(engine_loop, tiny_model_dir):
         await wait_for(lambda: len(rec.tokens.get("long", [])) >= 5)
         engine.abort("long")
         await wait_for(lambda: "long" in rec.ends)
+        # aborted in the tick it was submitted in, before vLLM has the request (which drops such an abort):
+        # it still ends as aborted, and the engine is left idle, so its prefix cache can be reset
+        engine.submit(request("early", 1500))
+        engine.abort("early")
+        await wait_for(lambda: "early" in rec.ends)
+        await engine.reset_prefix_cache()
         load = engine.load()
         engine.submit(request("victim", 1500))
         await wait_for(lambda: len(rec.tokens.get("victim", [])) >= 5)
@@ -111,10 +117,11 @@ def test_stream_abort_and_death_are_reported(engine_loop, tiny_model_dir):
         run_on(engine_loop, engine.close())
     assert rec.ends["full"] == "length" and len(rec.tokens["full"]) == 40
     assert len(rec.logprobs["full"]) == 40 and all(lp <= 0 for lp in rec.logprobs["full"])
-    assert obs.launched == ["full", "long", "victim"]   # the observer saw every request the listener did
+    assert obs.launched == ["full", "long", "early", "victim"]   # the observer saw every request the listener did
     assert obs.streamed["full"] == 40 and "full" in obs.finished
     assert obs.streamed["long"] == len(rec.tokens["long"])
     assert rec.ends["long"] == "abort" and 5 <= len(rec.tokens["long"]) < 1500
+    assert rec.ends["early"] == "abort" and len(rec.tokens.get("early", [])) < 1500
     assert load.running >= 0 and (load.kv_cache_usage is None or 0.0 <= load.kv_cache_usage <= 1.0)
     assert "victim" not in rec.ends                     # a dead engine ends no request
     err = rec.dead[0]
