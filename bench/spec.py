@@ -7,7 +7,7 @@ method at the same ``--num-speculative-tokens`` and n-gram window). Methods:
 
 - ``off``: no speculation (engine seed ``--seed``); its responses are also the history of ``group``;
 - ``ngram``: vLLM's n-gram lookup in the request's own prompt and output;
-- ``group``: pdsr's drafter (docs/rollout.md): the finished siblings' responses, plus the history: the ``off``
+- ``group``: pdsr's drafter (docs/engines.md): the finished siblings' responses, plus the history: the ``off``
   run's responses to the same prompts (another engine seed, so fresh draws of the same weights: history from the
   step before a small weight update, never a replay of the measured step's own draws);
 - ``group-siblings``: ``group`` without the history (siblings, then the row's own context);
@@ -32,7 +32,7 @@ Measured per method (engine counters, ``VllmEngine.speculation_stats()``, summed
 - per request (vLLM's ``per_request_spec_decode_metrics = detailed``: each verify step's drafted and accepted counts,
   read from each segment's last output): acceptance by position in the response (``--position-bin`` tokens a bin)
   and by the number of the sample's siblings that had finished when its segment was launched (what ``group``'s
-  corpus holds: pdsr hands a request its corpus at launch, see docs/rollout.md). A verify step's position comes
+  corpus holds: pdsr hands a request its corpus at launch, see docs/engines.md). A verify step's position comes
   from lining the per-step counts up with the streamed chunks (one chunk per engine step, 1 + accepted tokens);
   verify steps that accepted nothing are spread evenly over the run of one-token chunks they fall in, and a
   segment whose chunks do not line up (vLLM merged two steps' outputs) has its steps spread evenly over it

@@ -228,7 +228,7 @@ def speculative_options(group: str, history: str) -> Callable[[F], F]:
         return click.option("--speculative", metavar="METHOD",
                             help=f"Speculative decoding in the engines: off; ngram (vLLM's n-gram lookup over each "
                                  f"request's own prompt and output); or group (the same lookup over {group}). Same "
-                                 f"outputs, drafts verified in one pass. See docs/rollout.md.  [default: off]")(f)
+                                 f"outputs, drafts verified in one pass. See docs/engines.md.  [default: off]")(f)
     return add
 
 

@@ -3,7 +3,7 @@ user types out of habit (``pdsr rollout --num-generations 8``, ``-tp 2``), an un
 (``actor_rollout_ref.rollout.n: 8``) and a Hydra-style ``key=value`` argument are answered with pdsr's flag and
 config key.
 
-The rows are the mapping tables of docs/rollout.md (Coming from TRL or OpenRLHF, Coming from verl or vLLM),
+The rows are the mapping tables of docs/coming-from.md (Coming from TRL or OpenRLHF, Coming from verl or vLLM),
 docs/scoring-gae.md (verl, TRL, OpenRLHF), docs/partial-rollout.md (slime, verl, AReaL), docs/agents.md (verl's
 multi-turn keys) and docs/configuration.md (vLLM's engine settings, pdsr score's); tests/cli/test_foreign_flags.py
 and test_foreign_keys.py check every row's flag and key against its commands. pdsr_cli/key_value.py answers
@@ -77,7 +77,7 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--rollout.top_p", "--top-p", "sampling.top_p"),
            ("--train.agent_func_path", "--agent", "agent.function", "with --max-turns (docs/agents.md)"),
            ("--reward.remote_url", "--reward", "reward",
-            "FILE.py:fn, fn scoring one sample (docs/rollout.md#coming-from-trl-or-openrlhf)"),
+            "FILE.py:fn, fn scoring one sample (docs/coming-from.md#coming-from-trl-or-openrlhf)"),
            ("--algo.dynamic_filtering_enable", "--filter-groups", "filter_groups.kind", "--filter-groups zero-variance"),
            ("--reward.overlong_buffer_len", "--overlong-buffer", "overlong_buffer"),
            ("--reward.overlong_penalty_factor", "--overlong-penalty", "overlong_penalty"),
@@ -147,7 +147,7 @@ FOREIGN_NAMES: list[ForeignName] = [
     *_rows("slime", ENGINES,
            ("--rollout-num-gpus", "--fast", "fast", "engines, not GPUs: with --heavy, the engines of each pool; by "
             "default one engine per visible GPU, or per engine_defaults.tensor_parallel_size GPUs where it is set "
-            "(docs/rollout.md#engines)"),
+            "(docs/engines.md)"),
            ("--rollout-num-gpus-per-engine", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE)),
     *_rows("pdsr", ENGINES,
            ("engines", None, "engines", "it lists the engines one by one (docs/configuration.md); their number in "

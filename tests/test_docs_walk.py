@@ -102,8 +102,8 @@ def test_a_policy_import_path_that_fails_is_not_answered_with_the_presets():
     failed(invoke("rollout", "--policy", "v4"), "unknown policy 'v4'; valid names: ", "; presets: v2.5-restart")
 
 
-def test_rollout_mds_dynamic_filtering_range_filter_takes_a_failed_reward():
-    """docs/rollout.md's group_filter for OpenRLHF's --algo.dynamic_filtering_range, as written with LO, HI = 0, 1:
+def test_coming_from_mds_dynamic_filtering_range_filter_takes_a_failed_reward():
+    """docs/coming-from.md's group_filter for OpenRLHF's --algo.dynamic_filtering_range, as written with LO, HI = 0, 1:
     a failed sample's reward is None (the cell says so); the lambda leaves it out, as --filter-groups does, where
     sum(r) raised a TypeError. Against the range test on the rewards that did not fail."""
     import re
@@ -111,7 +111,7 @@ def test_rollout_mds_dynamic_filtering_range_filter_takes_a_failed_reward():
 
     import numpy as np
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "rollout.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "coming-from.md").read_text()
     found = re.findall(r"group_filter=(lambda group, r: [^`]*)\)`", text)
     assert len(found) == 1, found
     keep = eval(found[0], {"np": np, "LO": 0.0, "HI": 1.0})   # noqa: S307 - the doc's own expression

@@ -1,7 +1,7 @@
 """``pdsr serve`` with ``--speculative group`` on a real vLLM engine drafting with pdsr's group proposer (``group-0``
 of the session's ``speculative_engines``, tests/conftest.py; greedy in float32 on the repetitive tiny model,
 test_speculative_vllm.py says why that model): a request's group drafts from the earlier responses to its prompt
-(docs/rollout.md, "Speculative decoding"). Served through the ``openai`` client, a second request for a prompt
+(docs/engines.md, "Speculative decoding"). Served through the ``openai`` client, a second request for a prompt
 drafts from the first one's response (and accepts more drafted tokens than the first did), and both are the
 reference engine's greedy tokens without speculation. The history's plumbing on fake engines:
 tests/rollout/test_serve_turns.py."""

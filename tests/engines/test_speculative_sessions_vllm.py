@@ -5,7 +5,7 @@ session's ``speculative_engines``, tests/conftest.py), greedy in float32 on the 
 
 The policies cut samples into segments, some of which run on the other engine (the printout counts them), and
 with partial rollout carry samples across steps and policy versions. A sample's draft corpus is rebuilt at each segment's launch
-from its siblings as they stand then (docs/rollout.md, "Speculative decoding"), so none of this may change an
+from its siblings as they stand then (docs/engines.md, "Speculative decoding"), so none of this may change an
 output: every sample's tokens are the reference engine's greedy tokens without speculation (parting only at a
 near-tie, as in test_speculative_vllm.py), its log-probs within 1e-4 of the reference's, and the engines report
 drafted tokens accepted.

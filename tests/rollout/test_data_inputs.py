@@ -123,7 +123,7 @@ def test_when_every_prompt_is_too_long_the_run_is_refused_before_it_writes(tmp_p
 
 def test_a_tokenizer_without_a_chat_template_is_said_and_joins_the_messages(tmp_path, tiny_model_dir):
     """A base model's tokenizer has no chat template (verl would fail on it): the run says so in a status line,
-    and each prompt is its messages' contents joined by blank lines, as docs/rollout.md says."""
+    and each prompt is its messages' contents joined by blank lines, as docs/data-rewards.md says."""
     import shutil
 
     import pyarrow.parquet as pq

@@ -264,7 +264,7 @@ def test_session_starts_engines_at_once_and_closes_all_when_one_fails(tmp_path):
     (True, 2, (), ["fast"]),                                        # one engine on all cores
 ])
 def test_automatic_layout_is_what_docs_rollout_md_says(monkeypatch, cpu, devices, pools, layout):
-    """docs/rollout.md ("Engines") and docs/ray.md: heavy engines only for a policy that needs a heavy pool."""
+    """docs/engines.md ("Engines") and docs/ray.md: heavy engines only for a policy that needs a heavy pool."""
     from pdsr_sdk.rollout import layout as layout_module
     from pdsr_sdk.rollout.config import RolloutConfig
 
