@@ -19,7 +19,7 @@ the median of the pairwise ratios with its spread. The simulator's prediction fo
 pushes the weights after it (``update_weights`` with the model's own weights); samples per second are
 then over the wall time from the first step's start to the last step's training end, and a third run
 joins: **pipelined** partial rollout, which starts step k + 1 before training on step k, so the update
-lands in the middle of the next step, which waits for it (``wait_for_update``; docs/sdk.md, "Partial
+lands in the middle of the next step, which waits for it (``wait_for_update``; docs/sdk-partial.md, "Partial
 rollout across steps").
 
     python bench/partial.py                        # K=5, B=4, N=8, F=0.5, S=2, lengths to 2048, tiny model

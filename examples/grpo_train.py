@@ -25,7 +25,7 @@ sampled the step to the reference, k3 estimator on the sampled tokens) and ``eng
 bf16 where the CPU has it, against the trainer's fp32; 0 where both are fp32).
 
 **Partial rollout** (``--over-provision F``, ``--max-staleness S``): steps stream instead of waiting
-for their longest sample (docs/sdk.md, "Partial rollout across steps"). ``ceil(B x (1 + F))`` groups
+for their longest sample (docs/sdk-partial.md, "Partial rollout across steps"). ``ceil(B x (1 + F))`` groups
 stay in flight, a step trains on the first B that complete, and unfinished samples carry into the
 next step and continue under the new weights, so some of a step's tokens were sampled by an older
 policy (never more than S versions old). ``--tis UPPER`` (default 2 with ``--over-provision``)

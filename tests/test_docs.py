@@ -4,8 +4,8 @@
   inside a shell's ``$(...)``, another program's command line) names an option of that command.
 - Each ``pdsr ...`` example in a command's ``--help`` shows on one line of the rendered help (so it runs when
   copied), names no path above the working directory, and its flags are options of its command.
-- A signature of a ``RolloutSession`` method in docs/sdk.md (``step(prompts=(), *, n=None, ...)``) has the
-  method's parameters with their defaults: all of them, unless it ends in ``...``.
+- A signature of a ``RolloutSession`` method in the SDK's pages, docs/sdk*.md (``step(prompts=(), *, n=None,
+  ...)``), has the method's parameters with their defaults: all of them, unless it ends in ``...``.
 - The tables of docs/configuration.md name every key of each rollout config section and of v3's settings, and
   each default they write beside a key is the config model's (the other commands' tables: tests/test_docs_tables.py).
 """
@@ -146,7 +146,7 @@ def test_the_help_check_finds_a_wrapped_example_a_machine_path_and_a_gone_flag()
     assert problems("\b\nExample:\n  pdsr gae --data x.parquet --gone\n") == ["no such flag: pdsr gae --gone"]
 
 
-# -- docs/sdk.md: RolloutSession's signatures -------------------------------------------------------------------
+# -- docs/sdk*.md: RolloutSession's signatures ------------------------------------------------------------------
 
 SIGNATURE = re.compile(r"`(?:await )?(?:s\.|session\.)?(RolloutSession|[a-z_]+)\(([^()`]*(?:\([^()`]*\)[^()`]*)*)\)"
                        r"(?: -> \w+)?`")
@@ -194,10 +194,16 @@ def signature_problems(name: str, params: str) -> list[str]:
 
 
 def test_rollout_session_signatures_in_docs_sdk_md_are_the_codes():
+    pages = sorted((ROOT / "docs").glob("sdk*.md"))   # sdk.md and the pages split from it (weights, partial, ...)
+    assert {"sdk.md", "sdk-weights.md"} <= {page.name for page in pages}
+    for page in pages:
+        found = documented_signatures(page.read_text())
+        problems = [p for name, params in found for p in signature_problems(name, params)]
+        assert not problems, f"docs/{page.name}:\n" + "\n".join(problems)
     found = documented_signatures((ROOT / "docs" / "sdk.md").read_text())
     assert {"RolloutSession", "step", "update_weights", "pause", "sleep"} <= {name for name, _ in found}
-    problems = [p for name, params in found for p in signature_problems(name, params)]
-    assert not problems, "docs/sdk.md:\n" + "\n".join(problems)
+    found = documented_signatures((ROOT / "docs" / "sdk-weights.md").read_text())
+    assert {"update_weights", "pause", "sleep"} <= {name for name, _ in found}
 
 
 def test_the_signature_check_finds_a_parameter_left_out_or_misdefaulted():

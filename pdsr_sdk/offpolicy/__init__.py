@@ -12,7 +12,7 @@ the per-token ratio ``pi_train / pi_rollout`` of its own log-probs to the engine
 - at token, sequence (product of the token ratios) or geometric (their geometric mean) level.
 
 verl's ``rollout_rs`` k1 options bound ``1 / ratio`` by ``"lower_upper"``: ``lower=1/upper_verl,
-upper=1/lower_verl`` here gives its rejections (docs/sdk.md, "Off-policy corrections").
+upper=1/lower_verl`` here gives its rejections (docs/sdk-batch.md, "Off-policy corrections").
 
 ``token_versions`` turns a trajectory row's ``segments`` into the policy version of each response
 token; ``off_policy_share`` is the share of tokens sampled before the current version.

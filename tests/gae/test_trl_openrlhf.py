@@ -241,7 +241,7 @@ def is_case(seed):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_trl_and_openrlhf_importance_sampling(seed):
-    """docs/sdk.md's mappings: the weights on valid tokens (the loss's denominator stays the mask's in both)."""
+    """docs/sdk-batch.md's mappings: the weights on valid tokens (the loss's denominator stays the mask's in both)."""
     from pdsr_sdk import importance_weights
 
     old, rollout, mask = is_case(seed)

@@ -111,7 +111,7 @@ def test_versions_of_trajectory_rows_and_the_off_policy_share():
 
 def test_tokens_without_a_version_are_not_counted_in_the_off_policy_share():
     """A multi-turn row's environment tokens have no version (-1: no span covers them, as trainer_batch's
-    token_versions shows): they were not sampled, so docs/sdk.md's ``off_policy_share(np.concatenate(versions),
+    token_versions shows): they were not sampled, so docs/sdk-batch.md's ``off_policy_share(np.concatenate(versions),
     current=...)`` used to count them as off-policy. Now they count on neither side (nor does padding's -1)."""
     rows = [{"response_length": 6, "segments": [{"start_token": 0, "num_tokens": 2, "policy_version": 3},
                                                 {"start_token": 4, "num_tokens": 2, "policy_version": 2}]}]

@@ -1,4 +1,4 @@
-"""Weights staging for the SDK's weight updates (docs/sdk.md): checked against the model, written once to
+"""Weights staging for the SDK's weight updates (docs/sdk-weights.md): checked against the model, written once to
 shared memory (or a session's kept block), CPU tensors through the block, CUDA IPC handles opened in another
 process and refused by an engine on another device."""
 

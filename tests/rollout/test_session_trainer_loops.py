@@ -55,17 +55,17 @@ def test_a_second_step_while_one_runs_is_an_error_and_the_first_completes(tiny_m
 
 
 def docs_pipelined_loop() -> str:
-    """The pipelined trainer's loop of docs/sdk.md ("Partial rollout across steps"), as written there."""
+    """The pipelined trainer's loop of docs/sdk-partial.md ("Partial rollout across steps"), as written there."""
     import re
 
     from support import ROOT
 
-    text = (ROOT / "docs" / "sdk.md").read_text()
+    text = (ROOT / "docs" / "sdk-partial.md").read_text()
     return next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "ThreadPoolExecutor" in block)
 
 
 def test_the_docs_pipelined_loop_ends_with_the_trainers_error(tiny_model_dir):
-    """docs/sdk.md's pipelined loop, run as written, with a trainer that raises while step 1 waits for its
+    """docs/sdk-partial.md's pipelined loop, run as written, with a trainer that raises while step 1 waits for its
     update: the error comes out. With the executor entered after the session (as the docs had it), its exit
     joined the step's thread first, and that step waited for good for an update that never came."""
     import textwrap
