@@ -46,7 +46,8 @@ from pdsr_cli.commands.simulate_notes import (COUNTER_COLUMNS, batch_words, cost
                    "with references the report adds baseline-hold]")
 @click.option("--out-dir", type=UserPathType(file_okay=False, path_type=Path), default=None,
               help="Write simulate.json and timeline.png here (with --steps: steps.json, the curve steps.png and "
-                   "timeline.png); files of the same names there are replaced.  [default: print only]")
+                   "timeline.png); files of the same names there are replaced, and those of these four names this "
+                   "run does not write (an earlier run's) are removed.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
 @step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
                      "the curve F = 0, 0.25, 0.5, 1")
@@ -174,6 +175,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     with output_mode(quiet):
         report = simulate(tr, cfg, progress=cli_progress(quiet))
     if cfg.out_dir is not None:
+        remove_other_outputs(cfg.out_dir, {"simulate.json", "timeline.png"} if cfg.timeline else {"simulate.json"})
         write_outputs(report, cfg.out_dir)
     tb = report.batches
     click.echo(f"{cfg.trace}: {tb.num_groups} group{'' if tb.num_groups == 1 else 's'}, {tb.num_samples} samples in "
@@ -248,12 +250,29 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     if cfg.max_partial_share is not None:
         click.echo(fastest_words(report))
     if cfg.out_dir is not None:
+        remove_other_outputs(cfg.out_dir, {"steps.json", "steps.png"} | ({"timeline.png"} if cfg.timeline else set()))
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))
         if cfg.timeline:
             report.plots.append(str(write_steps_timeline(report, cfg.out_dir / "timeline.png")))
         write_text_atomic(json.dumps(report.to_dict(), indent=2) + "\n", cfg.out_dir / "steps.json")
         click.echo(f"wrote {cfg.out_dir / 'steps.json'}" + "".join(f"\nwrote {p}" for p in report.plots))
+
+
+#: every file `pdsr simulate --out-dir` writes (one batch: the first two; --steps: the last three)
+OUT_DIR_FILES = ("simulate.json", "timeline.png", "steps.json", "steps.png")
+
+
+def remove_other_outputs(out_dir: Path, writes: set[str]) -> None:
+    """Remove the files of ``OUT_DIR_FILES`` in ``out_dir`` that this run does not write (``writes``), once the run
+    has finished and before it writes its own, so that the folder describes this run alone: a --steps run's
+    steps.json and steps.png left beside a later one-batch run's simulate.json read as that run's. Nothing else
+    there is touched; a folder of one of these names is left as it is."""
+    for name in OUT_DIR_FILES:
+        path = out_dir / name
+        if name not in writes and (path.is_file() or path.is_symlink()):
+            path.unlink()
+            click.echo(f"pdsr: removed {path}: an earlier run's (this run writes no {name})", err=True)
 
 
 def write_outputs(report, out_dir: Path) -> None:

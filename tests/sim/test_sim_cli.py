@@ -159,3 +159,26 @@ def test_an_unreadable_trace_is_named_by_its_key_and_flag(tmp_path):
     assert result.exit_code != 0 and result.output.strip() == f"error: trace (--trace) {gone}: trace file does not exist"
     result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad), *out])
     assert result.exit_code != 0 and result.output.startswith(f"error: trace (--trace) {bad}:1: missing key(s)")
+
+
+def test_a_run_in_an_earlier_runs_out_dir_leaves_only_its_own_files(tmp_path):
+    """--steps 3, then one batch without the timeline, then --steps again, in the same --out-dir: each run's folder
+    holds the files it wrote and none of the earlier run's others; a file of another name stays."""
+    trace_path = write_trace_jsonl(small_trace(groups=16), tmp_path / "t.jsonl")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    common = ["simulate", "--trace", str(trace_path), "--fast", "1", "--heavy", "1", "--batch-size", "4",
+              "--policy", "baseline", "--out-dir", str(out), "--quiet"]
+    r = CliRunner().invoke(cli, [*common, "--steps", "3", "--over-provision", "0"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "steps.json", "steps.png", "timeline.png"]
+    r = CliRunner().invoke(cli, [*common, "--no-timeline"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "simulate.json"]
+    for name in ("steps.json", "steps.png", "timeline.png"):
+        assert f"pdsr: removed {out / name}: an earlier run's (this run writes no {name})" in r.output
+    r = CliRunner().invoke(cli, [*common, "--steps", "3", "--over-provision", "0"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "steps.json", "steps.png", "timeline.png"]
+    assert (out / "notes.txt").read_text() == "mine\n"
