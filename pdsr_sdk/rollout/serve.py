@@ -17,7 +17,9 @@ at any time.
 
 **A failed session.** Once the session fails (a policy's exception, a pool's last engine lost), every request
 still running gets vLLM's 500 saying why (a stream that started: its error chunk, then ``[DONE]``), as each new
-one does, and ``/health`` answers 503: no client waits on samples that will never end.
+one does, and ``/health`` answers 503: no client waits on samples that will never end. A server shutting down
+(Ctrl-C, the session closed) answers what it has not finished with a 503 saying so (:data:`SHUTTING_DOWN`), not
+the SDK's words for a closed session.
 
 **Streaming.** ``stream=true`` streams a request's tokens as the engines make them (a named sample's turn's too), in
 vLLM's server's chunk shapes (:mod:`pdsr_sdk.rollout.serve_stream`); with ``hermes``, a chat's tool calls as they
@@ -42,6 +44,8 @@ from pdsr_sdk.rollout.serve_named import NamedSamples, fail_future, sample_name
 
 #: finish reasons as OpenAI's API names them
 FINISH = {STOP: "stop", LENGTH: "length", TRUNCATED: "length"}
+#: what a request the server will not finish hears once it shuts down (a 503, as the body's message)
+SHUTTING_DOWN = "the server is shutting down and did not finish this request; send it again to a running server"
 
 
 class ChatServer:
@@ -61,6 +65,7 @@ class ChatServer:
         self._groups: dict[int, asyncio.Future] = {}
         self._vocab: int | None = None
         self._hub: Any = None   # the streams' StreamHub, from the first stream on
+        self._stopping = False   # close() ran: the server is shutting down
         session.hooks.on_group_done.append(self._group_done)
         session.hooks.on_fatal.append(self._session_failed)
 
@@ -117,12 +122,16 @@ class ChatServer:
         """``GET /v1/models``: vLLM's card of the model per name it answers to (:func:`model_cards`)."""
         return model_cards(self.model_names, self.session.model_dir or "", self.context_limit())
 
-    def failure(self) -> str | None:
-        """Why the session answers no request (it failed: a policy's exception, a pool's last engine lost), or None."""
+    def refusal(self) -> ServeError | None:
+        """The error a request gets now in place of an answer, or None while the server serves: a 503 once it shuts
+        down (:meth:`close` ran, or the session was closed: an HTTP client is told to retry elsewhere, not to open a
+        RolloutSession), vLLM's 500 once the session failed (a policy's exception, a pool's last engine lost)."""
+        if self._stopping or self.session.closed:
+            return ServeError(503, SHUTTING_DOWN)
         try:
             self.session.check_usable("serve")
         except RunError as exc:
-            return str(exc)
+            return ServeError(500, str(exc))
         return None
 
     async def end_sample(self, sample_id: str, reward: Any = None) -> dict[str, Any]:
@@ -206,24 +215,30 @@ class ChatServer:
         sched.guarded(sched.add_groups, groups)
 
     def check_alive(self) -> None:
-        """vLLM's 500 for a request once its engine died: here, once the session failed (:meth:`failure`)."""
-        failed = self.failure()
-        if failed is not None:
-            raise ServeError(500, failed)
+        """vLLM's 500 for a request once its engine died: here, once the session failed; a 503 once the server shuts
+        down (:meth:`refusal`)."""
+        error = self.refusal()
+        if error is not None:
+            raise error
 
     def _session_failed(self, _: Any = None) -> None:
-        """The session failed: its samples still running will never end, so each request waiting on one gets the
-        500 now (a plain request's groups, a named sample's turn or end; a stream wakes to end with it)."""
-        why = self.failure() or "the session failed"
+        """The session failed (or closed): its samples still running will never end, so each request waiting on one
+        gets the error now (a plain request's groups, a named sample's turn or end; a stream wakes to end with it)."""
+        def error() -> ServeError:
+            return self.refusal() or ServeError(500, "the session failed")
+
         waiting, self._groups = list(self._groups.values()), {}
         for done in waiting:
-            fail_future(done, ServeError(500, why))
-        self.named.fail(lambda: ServeError(500, why))
+            fail_future(done, error())
+        self.named.fail(error)
         if self._hub is not None:
             self._hub.wake_all()
 
     def close(self) -> None:
-        """Stop hearing the session's finished groups and tokens (the session calls it when serving ends)."""
+        """Serving ends (the session calls it once the HTTP server stopped, or was stopped by Ctrl-C): a request
+        still waiting gets the 503 of :data:`SHUTTING_DOWN`; then stop hearing the session's groups and tokens."""
+        self._stopping = True
+        self._session_failed()
         if self._session_failed in self.session.hooks.on_fatal:
             self.session.hooks.on_fatal.remove(self._session_failed)
         if self._group_done in self.session.hooks.on_group_done:

@@ -68,7 +68,7 @@ def create_app(server: ChatServer) -> Any:
     async def health() -> Any:
         # vLLM's readiness probe, which launch scripts poll before their first request: 200 once serving, 503 (no
         # body, as vLLM's with its engine dead) once the session failed and answers no request
-        return Response(status_code=200 if server.failure() is None else 503)
+        return Response(status_code=200 if server.refusal() is None else 503)
 
     @app.api_route("/ping", methods=["GET", "POST"])
     async def ping() -> Any:

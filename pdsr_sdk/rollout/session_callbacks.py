@@ -55,6 +55,11 @@ class RunCallbacks:
             for fn in self.hooks.on_fatal:
                 fn(exc)
 
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` ran: the session refuses every call (a server on it is shutting down)."""
+        return self._closed
+
     def check_usable(self, what: str) -> None:
         """A closed session, or one a fatal error ended (a policy's exception, a pool's last engine lost), refuses
         every call with a RunError saying so (the error that ended it is its cause)."""
