@@ -20,10 +20,13 @@ non_tensors=b.non_tensors)``. The layout, one row per sample (P prompt columns, 
 
 ``non_tensors``: ``uid``, ``finish_reasons``, and ``__num_turns__`` (int32) as verl's agent loop counts a sample's
 turns (``user_turns + assistant_turns + 1``): the prompt, then each model turn and each environment turn (a span of
-the sample's ``turns``); 2 for a single-turn sample, as verl's single-turn agent loop gives. Where the prompts had
-them, also verl's reward inputs, so that its reward managers score the batch as they score one of its own rollout:
-``data_source`` and ``extra_info`` (a data row's, or a prompt mapping's) and ``reward_model`` (``{"ground_truth":
-...}``); a row without one has None (``extra_info``: an empty dict, which verl's managers add ``num_turns`` to).
+the sample's ``turns``); 2 for a single-turn sample, as verl's single-turn agent loop gives. Where any prompt had
+one of them, also verl's reward inputs, all three on every row, so that its reward managers score the batch as they
+score one of its own rollout (each reads ``reward_model["ground_truth"]`` and ``data_source`` on every row, and
+``extra_info``, which it adds ``num_turns`` to): ``reward_model`` (``{"ground_truth": ...}``, ``{"ground_truth":
+None}`` on a row whose prompt had none), ``data_source`` (a data row's, or a prompt mapping's; None where none) and
+``extra_info`` (the same; an empty dict where none, a copy per row). A batch whose prompts had none of them has
+none of the three keys.
 """
 
 from __future__ import annotations
@@ -124,19 +127,18 @@ def trainer_batch(step: Any, *, pad_token_id: int, prompt_length: int | None = N
 
 
 def _reward_inputs(samples: list[Sample]) -> dict[str, np.ndarray]:
-    """verl's reward inputs of the samples' prompts (its ``non_tensor_batch`` keys), each where any prompt has it."""
+    """verl's reward inputs of the samples' prompts (its ``non_tensor_batch`` keys), all three on every row where any
+    prompt has one: verl's reward managers index ``reward_model["ground_truth"]`` and ``data_source`` on every row,
+    so a row of None (or a key missing) failed a batch mixing prompts with and without a ground truth."""
     infos = [s.group.reward_info or {} for s in samples]
     truths = [s.group.ground_truth for s in samples]
-    out: dict[str, np.ndarray] = {}
-    if any(t is not None for t in truths):
-        out["reward_model"] = _objects([{"ground_truth": t} if t is not None else None for t in truths])
-    if any(i.get("data_source") is not None for i in infos):
-        out["data_source"] = _objects([i.get("data_source") for i in infos])
-    if any(i.get("extra_info") is not None for i in infos):
-        # a copy per row: verl's reward managers write num_turns into it
-        extra = [i.get("extra_info") for i in infos]
-        out["extra_info"] = _objects([dict(e) if isinstance(e, dict) else {} if e is None else e for e in extra])
-    return out
+    extra = [i.get("extra_info") for i in infos]
+    sources = [i.get("data_source") for i in infos]
+    if all(t is None for t in truths) and all(e is None for e in extra) and all(d is None for d in sources):
+        return {}
+    # extra_info: a copy per row, verl's reward managers write num_turns into it
+    return {"reward_model": _objects([{"ground_truth": t} for t in truths]), "data_source": _objects(sources),
+            "extra_info": _objects([dict(e) if isinstance(e, dict) else {} if e is None else e for e in extra])}
 
 
 def _objects(values: list) -> np.ndarray:

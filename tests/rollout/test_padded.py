@@ -78,12 +78,25 @@ def test_rows_are_the_samples_in_verls_layout(widths):
     assert batch.non_tensors["__num_turns__"].dtype == np.int32
 
 
+def verl_reads(nt: dict) -> list[tuple]:
+    """What verl's reward managers read of each row (verl/workers/reward_manager/naive.py and dapo.py, the reward
+    loop's too): ``non_tensor_batch["reward_model"]["ground_truth"]``, ``["data_source"]`` and ``.get("extra_info",
+    {})``, into which they write ``num_turns``."""
+    reads = []
+    for row in range(len(nt["uid"])):
+        item = {k: v[row] for k, v in nt.items()}
+        extra_info = item.get("extra_info", {})
+        extra_info["num_turns"] = int(item["__num_turns__"])
+        reads.append((item["reward_model"]["ground_truth"], item["data_source"], extra_info))
+    return reads
+
+
 def test_verls_reward_inputs_go_with_the_rows():
-    """A verl trainer scores a rollout batch with its reward manager, which reads each row's
-    ``non_tensor_batch["reward_model"]["ground_truth"]``, ``["data_source"]`` and ``.get("extra_info", {})`` (and
-    writes ``num_turns`` into the last). trainer_batch had none of them: the batch could not be scored by verl's own
-    reward managers. Now each row carries its prompt's, None (or for extra_info a fresh empty dict) where the prompt
-    had none, and nothing at all where no prompt had one."""
+    """A verl trainer scores a rollout batch with its reward manager, which reads each row as :func:`verl_reads`
+    does. trainer_batch had none of them: the batch could not be scored by verl's own reward managers. Now each row
+    carries its prompt's, and every row has all three where any prompt had one: ``{"ground_truth": None}``, None
+    and a fresh empty dict where its prompt had none (a row of None, or a key missing, failed a batch mixing prompts
+    with and without a ground truth in verl's manager); a batch whose prompts had none has none of the keys."""
     ss = samples()
     info = {"split": "test", "index": 3}
     ss[0].group.ground_truth, ss[0].group.reward_info = "18", {"data_source": "openai/gsm8k", "extra_info": info}
@@ -91,12 +104,16 @@ def test_verls_reward_inputs_go_with_the_rows():
     nt = trainer_batch(ss, pad_token_id=PAD).non_tensors
     assert len(nt["reward_model"]) == len(nt["data_source"]) == len(nt["extra_info"]) == 3
     assert nt["reward_model"].dtype == object and nt["reward_model"].ndim == 1
-    assert nt["reward_model"].tolist() == [{"ground_truth": "18"}, None, {"ground_truth": {"target": ["Paris"]}}]
-    assert nt["data_source"].tolist() == ["openai/gsm8k", None, None]
-    assert nt["extra_info"].tolist() == [info, {}, {}]
-    for row in range(3):   # as verl's managers read and extend them
-        nt["extra_info"][row]["num_turns"] = int(nt["__num_turns__"][row])
+    assert nt["reward_model"].tolist() == [{"ground_truth": "18"}, {"ground_truth": None},
+                                           {"ground_truth": {"target": ["Paris"]}}]
+    assert verl_reads(nt) == [("18", "openai/gsm8k", {**info, "num_turns": 2}), (None, None, {"num_turns": 4}),
+                              ({"target": ["Paris"]}, None, {"num_turns": 2})]
     assert info == {"split": "test", "index": 3} and nt["extra_info"][1] is not nt["extra_info"][2]
+    # ground truths alone (no data_source, no extra_info anywhere): the three keys still, as verl reads them
+    ss = samples()
+    ss[1].group.ground_truth = "7"
+    assert verl_reads(trainer_batch(ss, pad_token_id=PAD).non_tensors) == [
+        (None, None, {"num_turns": 2}), ("7", None, {"num_turns": 4}), (None, None, {"num_turns": 2})]
     plain = trainer_batch(samples(), pad_token_id=PAD).non_tensors
     assert {"reward_model", "data_source", "extra_info"}.isdisjoint(plain)
 
