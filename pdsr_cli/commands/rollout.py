@@ -109,7 +109,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
               help="Run summary JSON.  [default: <out>.summary.json]")
 @click.option("--resume", is_flag=True, default=None,
               help="Continue the run in --out: skip its finished groups, complete a batch it cut short, and "
-                   "run the batches left up to --num-batches.")
+                   "run the batches left up to --num-batches. Where --out holds none, a new run starts (a "
+                   "'pdsr:' line says so).")
 @click.option("--overwrite", is_flag=True, default=None, help="Replace an existing --out.")
 @step_stream_options("the data's prompts (each step's end bumps the policy version, as a trainer's update would; "
                      "the last step drains)", "0: each step waits for its own groups")

@@ -174,6 +174,8 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     left = prior.done_ids | {g.prompt_id for g, _ in carried}
     if filtered_writer is not None and out.resume:   # filtered before: not run again
         left |= filtered_writer.finished_prompt_ids()
+    if out.resume and not left:   # kept: a run resumed in a loop starts the first time; said, not silent
+        status(f"output.resume (--resume): {out.path} holds no finished group to resume; starting a new run")
     _, too_long = split_long_prompts([r for r in records if r.prompt_id not in left], config,
                                      limit, source, data_path, total=len(records))
     batches = batches_left(records, too_long, left, config)

@@ -137,3 +137,18 @@ def test_overwrite_keeps_the_old_output_until_the_run_writes(prompts, tmp_path, 
     failed(invoke(*fake_run, "--data", bad, "--out", out, "--overwrite"), "bad.jsonl", "'prompt'", "is int64",
            "expected text")
     assert out.read_bytes() == before
+
+
+def test_resume_with_nothing_to_resume_starts_a_new_run_and_says_so(prompts, tmp_path, fake_run):
+    """--resume (with --steps K too) where --out holds no run: a new run starts, as before, with one pdsr: line
+    saying so; a resume that finds a run does not say it."""
+    line = "holds no finished group to resume; starting a new run"
+    for extra, out in (([], tmp_path / "o.parquet"), (["--steps", 2], tmp_path / "s" / "o.parquet")):
+        r = invoke(*fake_run, "--data", prompts, "--out", out, "--batch-size", 2, "--num-batches", 1, "--resume",
+                   *extra)
+        assert r.exit_code == 0, r.output
+        assert f"pdsr: output.resume (--resume): {out} {line}" in r.output
+        assert [ln for ln in r.output.splitlines() if line in ln] == [f"pdsr: output.resume (--resume): {out} {line}"]
+        assert pq.read_table(out).num_rows > 0
+    again = invoke(*fake_run, "--data", prompts, "--out", tmp_path / "o.parquet", "--batch-size", 2, "--resume")
+    assert again.exit_code == 0 and line not in again.output, again.output
