@@ -160,9 +160,29 @@ def _closing_brace(s: str, i: int) -> int:
     return -1
 
 
+#: a single variable assigned, ``x = `` or ``a_1 =``, before a right-hand side with no other ``=``
+_ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?=[^=]+$)")
+
+
+def drop_assignment(answer: str) -> str:
+    """The value of an answer that assigns it to a variable (``x = 5`` is 5, ``a_1 = -3`` is -3); any other
+    answer as it is (``x = 5 = y``, ``2x = 3``)."""
+    return _ASSIGNMENT.sub("", answer, count=1)
+
+
 def answers_equal(predicted: str, truth: str) -> bool:
-    """Equal after :func:`normalize_answer`, or both numbers of the same exact value (:func:`exact_value`)."""
+    """Equal after :func:`normalize_answer`, or both numbers of the same exact value (:func:`exact_value`); where
+    one of them assigns a variable and the other has no ``=``, that one's value (:func:`drop_assignment`, as
+    verl's MATH reward and math-verify read ``x = 5``)."""
     p, t = normalize_answer(predicted), normalize_answer(truth)
+    if _normalized_equal(p, t):
+        return True
+    if ("=" in p) != ("=" in t):
+        return _normalized_equal(drop_assignment(p), drop_assignment(t))
+    return False
+
+
+def _normalized_equal(p: str, t: str) -> bool:
     if p == t:
         return True
     vp = exact_value(p)

@@ -57,7 +57,7 @@ def math_boxed(response_text: str, ground_truth: Any, **info) -> float:
     ``#### N``, GSM8K's form, else its last ``Answer: N``, DAPO's) equals the ground truth
     (:func:`answers_equal`: the same text after
     :func:`normalize_answer`, or numbers of the same exact rational value, so 1/2, \\frac{1}{2}, \\dfrac12
-    and 0.5 match and 0.333 and 1/3 do not), else 0.0 (also 0.0 without such an answer)."""
+    and 0.5 match and 0.333 and 1/3 do not; ``x = 5`` is 5), else 0.0 (also 0.0 without such an answer)."""
     if ground_truth is None:
         return 0.0
     ground_truth = text_truth(ground_truth, "math_boxed", info)

@@ -19,7 +19,6 @@ import concurrent.futures as cf
 import contextlib
 import importlib.util
 import multiprocessing
-import re
 import signal
 import sys
 import threading
@@ -27,7 +26,7 @@ import types
 from typing import Any, Callable, Iterator
 
 from pdsr_sdk.errors import ConfigError, RunError
-from pdsr_sdk.rollout.answers import answers_equal, last_boxed, response_answer
+from pdsr_sdk.rollout.answers import answers_equal, drop_assignment, last_boxed, response_answer
 
 #: seconds a fresh worker may take to start and import math-verify (sympy) before the first check
 STARTUP_TIMEOUT_S = 120.0
@@ -102,10 +101,6 @@ def _main_hidden() -> Iterator[None]:
         sys.modules["__main__"] = main
 
 
-#: a single variable assigned, ``x = `` or ``a_1 =``, before a right-hand side with no other ``=``
-_ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?=[^=]+$)")
-
-
 def tidy_answer(answer: str) -> str:
     """An answer without surrounding space, dollar signs or a final period (``9.`` is how a sentence ends,
     and math-verify reads it as nothing)."""
@@ -156,7 +151,7 @@ class MathVerifyReward:
         if answers_equal(predicted, truth):   # math_boxed's rule: the same text or number, no worker needed
             return 1.0
         if "=" not in truth and "\\in" not in truth:   # 'x = 10,\\!080' against '10,\\!080'
-            predicted = _ASSIGNMENT.sub("", predicted, count=1)
+            predicted = drop_assignment(predicted)
         return 1.0 if self.equal(predicted, truth) else 0.0
 
     def equal(self, predicted: str, truth: str) -> bool:

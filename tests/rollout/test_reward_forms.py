@@ -1,0 +1,48 @@
+"""Ways of writing a right answer that math_boxed (the pure-Python fallback) scored 0 where verl's MATH reward
+(data_source HuggingFaceH4/MATH-500, its rules written down in tests/reward_references.py) or math-verify scores
+1: each case is checked against that reference too, and, where the team's data is there, on every MATH-500 row
+the form applies to."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from reward_references import MATH500, math500_rows, verl_math_reward
+from pdsr_sdk.rollout.reward import math_boxed
+
+
+def boxed(answer: str) -> str:
+    return f"Step by step ... so the answer is $\\boxed{{{answer}}}$."
+
+
+#: (response's answer, ground truth, right?): a variable assigned its value, as verl's MATH reward and
+#: math_verify read it (MATH-500's test/algebra/2193.json has 'x=5' as its answer)
+ASSIGNMENTS = [("x = 5", "5", True), ("5", "x=5", True), ("a_1 = -3", "-3", True), ("x = \\frac{1}{2}", "0.5", True),
+               ("y = 2x+3", "2x+3", True), ("x = 6", "5", False), ("5", "x=6", False), ("x = 5 = y", "5", False)]
+
+
+@pytest.mark.parametrize("answer, truth, right", ASSIGNMENTS)
+def test_an_assigned_variable_is_its_value(answer, truth, right):
+    assert math_boxed(boxed(answer), truth) == float(right)
+
+
+@pytest.mark.parametrize("answer, truth, right", [c for c in ASSIGNMENTS if c[0] in ("x = 5", "5", "y = 2x+3", "x = 6")])
+def test_assignments_as_verl_reads_them(answer, truth, right):
+    """The reference agrees with the cases above (verl reads a left side of at most two characters, so not
+    'a_1', and compares text, so not a fraction with a decimal)."""
+    assert verl_math_reward(boxed(answer), truth) is right
+
+
+@pytest.mark.skipif(not MATH500.is_file(), reason="../shared/data not found")
+def test_every_math500_integer_answer_assigned():
+    """On the 311 MATH-500 rows whose answer is an integer (2026-12-01: math_boxed 0 of 311, verl's MATH reward
+    and math_verify 311)."""
+    rows = [r for r in math500_rows() if re.fullmatch(r"-?\d+", r["answer"])]
+    assert len(rows) > 300
+    for row in rows:
+        a = row["answer"]
+        assert verl_math_reward(boxed(f"x = {a}"), a)
+        assert math_boxed(boxed(f"x = {a}"), a) == 1.0, row["unique_id"]
+        assert math_boxed(boxed(f"x = {int(a) + 1}"), a) == 0.0, row["unique_id"]
