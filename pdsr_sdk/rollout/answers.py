@@ -74,6 +74,11 @@ _STRIP = [
     (re.compile(r"\\%|%"), ""),
     (re.compile(r"\s+"), ""),
     (re.compile(r"\\?\$"), ""),   # $18 and \$18
+    # TeX's one-character arguments in braces, so that \frac32 is \frac{3}{2} and \sqrt2 is \sqrt{2} as text too
+    (re.compile(r"\\sqrt(\w)"), r"\\sqrt{\1}"),
+    (re.compile(r"\\frac(\d)(\d)"), r"\\frac{\1}{\2}"),
+    (re.compile(r"\\frac(\d)\{"), r"\\frac{\1}{"),
+    (re.compile(r"\\frac(\{[^{}]*\})(\d)"), r"\\frac\1{\2}"),
 ]
 
 
@@ -83,7 +88,8 @@ _RIGHT_UNIT = re.compile(r"(.*?\S)\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z 
 
 def normalize_answer(answer: str) -> str:
     """Light normalisation: strip spacing commands, text wrappers, units of degrees and
-    percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'. A number with a unit in
+    percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'; TeX's one-character arguments
+    braced (``\\frac32`` -> ``\\frac{3}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``). A number with a unit in
     text after it is the number (``864 \\mbox{ inches}^2`` is 864, as verl's MATH reward drops a
     ``\\text{ unit}``); a word alone in text stays (``\\text{Evelyn}``)."""
     unit = _RIGHT_UNIT.fullmatch(answer.strip())
