@@ -67,6 +67,8 @@ def response_answer(text: str) -> str | None:
 
 
 _STRIP = [
+    (re.compile("\u2212"), "-"),   # Unicode's minus sign
+    (re.compile(r"(?<=\d)\{,\}(?=\d)"), ","),   # TeX's 1{,}000
     (re.compile(r"\\(?:left|right|!|,|;|:|quad|qquad)"), ""),
     (re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}"), r"\1"),
     (re.compile(r"\\[dt]frac"), r"\\frac"),
@@ -88,7 +90,8 @@ _RIGHT_UNIT = re.compile(r"(.*?\S)\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z 
 
 def normalize_answer(answer: str) -> str:
     """Light normalisation: strip spacing commands, text wrappers, units of degrees and
-    percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'; TeX's one-character arguments
+    percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'; Unicode's minus sign is '-', and
+    TeX's ``1{,}000`` is 1,000 (then 1000, as any thousands separator); TeX's one-character arguments
     braced (``\\frac32`` -> ``\\frac{3}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``). A number with a unit in
     text after it is the number (``864 \\mbox{ inches}^2`` is 864, as verl's MATH reward drops a
     ``\\text{ unit}``); a word alone in text stays (``\\text{Evelyn}``)."""

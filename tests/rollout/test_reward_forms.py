@@ -82,3 +82,26 @@ def test_every_math500_answer_in_shorthand():
         assert verl_math_reward(boxed(short), a)
         assert math_boxed(boxed(short), a) == 1.0, (row["unique_id"], short)
     assert count > 30
+
+
+#: numbers as TeX and Unicode write them: ``{,}`` between thousands (a comma that TeX spaces as a digit
+#: separator) and the minus sign U+2212; math-verify reads them (verl's MATH reward does not)
+NUMBERS = [("1{,}000", "1000", True), ("12{,}345{,}678", "12,345,678", True), ("\u22125", "-5", True),
+           ("\u2212\\frac{1}{2}", "-0.5", True), ("\u22121024", "-1024", True), ("1{,}001", "1000", False),
+           ("\u22125", "5", False), ("1{,}00", "100", False)]
+
+
+@pytest.mark.parametrize("answer, truth, right", NUMBERS)
+def test_tex_thousands_and_unicode_minus(answer, truth, right):
+    pytest.importorskip("math_verify")
+    from reward_references import math_verify_direct
+
+    assert math_verify_direct(boxed(answer), truth) is right   # the reference reads them so
+    assert math_boxed(boxed(answer), truth) == float(right)
+
+
+def test_gsm8k_answer_with_unicode_minus_and_tex_thousands():
+    truth = "She lost 3 - 8 = <<3-8=-5>>-5 dollars.\n#### -5"
+    assert math_boxed("So the change is \u22125.\n#### \u22125", truth) == 1.0
+    assert math_boxed("So the change is 5.\n#### 5", truth) == 0.0
+    assert math_boxed("The total is \\boxed{1{,}234}.", "Adding up ...\n#### 1,234") == 1.0
