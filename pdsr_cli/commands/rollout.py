@@ -284,7 +284,10 @@ def render_summary(s) -> str:
               + (f" ({s.skipped_groups} groups from before the resume)" if s.skipped_groups else "")
               + f", {s.tokens} tokens"
               + (f"; {s.skipped_long} prompts longer than the context skipped (--skip-long)" if s.skipped_long else "")
-              + (f"; {s.filtered_groups} groups filtered out (--filter-groups)" if s.filtered_groups else ""))
+              + (f"; {s.filtered_groups} groups filtered out (--filter-groups"
+                 + (f"; the reward failed on {s.filtered_reward_errors} of their samples, each left out of its "
+                    f"group's comparison: see reward_error with --write-filtered)" if s.filtered_reward_errors else ")")
+                 if s.filtered_groups else ""))
     # the means of the rewards' other numeric fields (verl's reward_extra_info: acc ...) beside the reward's
     extras = ", ".join(f"{k} {v:.3f}" for k, v in s.reward_extra_means.items())
     lead = [("makespan", f"{s.makespan_s:.2f} s"), ("", f"{s.tokens_per_s:.1f} tokens/s"),

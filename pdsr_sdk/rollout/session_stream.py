@@ -127,7 +127,8 @@ class StreamSteps:
         if self.group_filter is not None:
             report.step.update({"filtered_groups": record.filtered, "filtered_tokens": record.filtered_tokens,
                                 "pass_rate": record.pass_rate, "launched_groups": record.launched,
-                                "dropped_groups": record.dropped, "dropped_tokens": record.dropped_tokens})
+                                "dropped_groups": record.dropped, "dropped_tokens": record.dropped_tokens,
+                                "filtered_reward_errors": 0})
         result = await self._step_result(report, version)
         result.summary.update(report.step)
         result.record = record
@@ -140,6 +141,9 @@ class StreamSteps:
             filtered = [s for g in stream.last_filtered for s in g.samples]
             result.filtered_scores = await self.scores(filtered)
             self.rewards.forget(filtered)
+            # a failed reward is left out of the filter's comparison, so its group may be filtered for it: count them
+            errors = sum(sc is not None and sc.error is not None for sc in result.filtered_scores)
+            report.step["filtered_reward_errors"] = result.summary["filtered_reward_errors"] = errors
         return result
 
     def _passes(self, group: Group) -> bool:

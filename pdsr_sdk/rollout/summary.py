@@ -38,6 +38,7 @@ class RolloutSummary:
     #: over the samples that have it
     reward_extra_means: dict[str, float] = field(default_factory=dict)
     filtered_groups: int = 0   # groups dynamic sampling filtered out (filter_groups), not in groups
+    filtered_reward_errors: int = 0   # samples of those groups whose reward failed (not in stats' reward_errors)
     dropped_groups: int = 0    # groups on-policy dynamic sampling dropped at a step's end, not in groups
     rewarded_samples: int = 0          # samples with a reward
     run_id: str = ""          # the same across a run and its resumes
@@ -131,6 +132,7 @@ def run_summary(config, model_dir: str, session: RolloutSession, tallies: list[B
         reward_mean=reward_sum / rewarded if rewarded else None, rewarded_samples=rewarded,
         reward_extra_means=extra_means(extra),
         filtered_groups=sum(b.get("filtered_groups", 0) for b in batches),
+        filtered_reward_errors=sum(b.get("filtered_reward_errors", 0) for b in batches),
         dropped_groups=sum(b.get("dropped_groups", 0) for b in batches),
         speculative_settings=(None if config.speculative == "off" else
                               {"method": config.speculative, **config.speculative_settings.model_dump()}),

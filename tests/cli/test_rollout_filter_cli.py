@@ -173,3 +173,33 @@ def test_filter_metric_needs_filter_groups(tmp_path, tiny_model_dir):
                                  "--steps", "2", "--filter-metric", "score"])
     assert r.exit_code != 0 and "--filter-metric" in r.output and "--filter-groups" in r.output
     assert not (tmp_path / "o.parquet").exists()
+
+
+def failing(text, ground_truth, *, prompt_id, sample_index, **info):
+    """``reward``, except that it raises on sample 0 of every even-numbered prompt."""
+    if int(prompt_id[1:]) % 2 == 0 and sample_index == 0:
+        raise RuntimeError("the reward's server refused the request")
+    return reward(text, ground_truth, prompt_id=prompt_id, sample_index=sample_index)
+
+
+def test_reward_errors_in_filtered_groups_are_counted(tmp_path, tiny_model_dir):
+    """A reward that raised on samples of groups the filter then took out (a failed reward is left out of the
+    comparison, so such a group has one value fewer) was counted nowhere: the summary said reward_errors 0 for a
+    reward that failed on a third of the samples."""
+    cfg = setup(tmp_path, tiny_model_dir)
+    out = tmp_path / "o.parquet"
+    r = CliRunner().invoke(cli, ["rollout", "--config", str(cfg), "--quiet", "--out", str(out), "--steps", "3",
+                                 "--batch-size", "4", "--filter-groups", "zero-variance", "--write-filtered",
+                                 "--reward", "test_rollout_filter_cli:failing"])
+    assert r.exit_code == 0, r.output
+    kept, filtered = (pq.read_table(p).to_pylist() for p in (out, tmp_path / "o.filtered.parquet"))
+    # the reference: sample 0 of each even-numbered prompt, in whichever file its group went to
+    failed_kept = sum(int(row["prompt_id"][1:]) % 2 == 0 and row["sample_index"] == 0 for row in kept)
+    failed_filtered = sum(int(row["prompt_id"][1:]) % 2 == 0 and row["sample_index"] == 0 for row in filtered)
+    assert failed_kept > 0 and failed_filtered > 0
+    assert sum(row["reward_error"] is not None for row in filtered) == failed_filtered
+    summary = json.loads((tmp_path / "o.summary.json").read_text())
+    assert summary["stats"]["reward_errors"] == failed_kept
+    assert summary["filtered_reward_errors"] == failed_filtered
+    assert sum(b["filtered_reward_errors"] for b in summary["batches"]) == failed_filtered
+    assert f"the reward failed on {failed_filtered} of their samples" in r.output
