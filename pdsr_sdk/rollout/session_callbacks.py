@@ -7,6 +7,7 @@ import asyncio
 from contextlib import contextmanager
 from typing import Iterator
 
+from pdsr_sdk.dispatch.steps import FilterBoundError
 from pdsr_sdk.dispatch.types import DROPPED, Group, Sample
 from pdsr_sdk.errors import RunError
 
@@ -50,6 +51,8 @@ class RunCallbacks:
             fn(message)
 
     def _set_fatal(self, exc: BaseException) -> None:
+        if isinstance(exc, FilterBoundError):
+            exc = self._with_reward_failures(exc)
         if self._fatal is not None and not self._fatal.done():
             self._fatal.set_result(exc)
             for fn in self.hooks.on_fatal:
@@ -59,6 +62,21 @@ class RunCallbacks:
     def closed(self) -> bool:
         """:meth:`close` ran: the session refuses every call (a server on it is shutting down)."""
         return self._closed
+
+    def _with_reward_failures(self, exc: RunError) -> RunError:
+        """Dynamic sampling's launch bound, with the step's filtered samples whose reward failed (each is left
+        out of its group's comparison, so a reward that fails often gets its groups filtered: the bound's own
+        words, prompts too hard or too easy, would send the user the wrong way)."""
+        groups = self._stream.filtered if self._stream is not None and self.rewards is not None else []
+        scored = [self.rewards.result(s) for g in groups for s in g.samples]
+        failed = [sc.error for sc in scored if sc is not None and sc.error is not None]
+        if not failed:
+            return exc
+        out = type(exc)(f"{exc}. But the reward failed on {len(failed)} of the {len(scored)} samples of the groups "
+                        f"filtered in this step (a failed reward is left out of its group's comparison), the first "
+                        f"with {failed[0][:300]}")
+        out.__cause__ = exc
+        return out
 
     def check_usable(self, what: str) -> None:
         """A closed session, or one a fatal error ended (a policy's exception, a pool's last engine lost), refuses

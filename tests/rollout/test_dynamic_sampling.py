@@ -3,6 +3,8 @@ the filtered ones are exactly those a naive filter over the unfiltered results r
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pdsr_sdk.dispatch.steps import adaptive_in_flight, has_reward_variance, needed_launches
@@ -111,3 +113,24 @@ def test_filtering_prompts_without_a_ground_truth_and_no_reward_for_them_is_an_e
     with RolloutSession(config(tiny_model_dir, filter_groups={"kind": "zero-variance"})) as session:
         with pytest.raises(ConfigError, match="filter_groups.*group 's0-p0' has none.*'auto'.*no ground truth"):
             session.step(["What is 1+1?", "What is 2+2?", "What is 3+3?"])
+
+
+@requires_torch
+def test_a_reward_that_always_fails_is_named_when_the_launch_bound_ends_the_run(tiny_model_dir):
+    """Every call of the reward raised: every group was filtered (a failed reward is left out of the comparison),
+    and the run ended with 'the prompts are too hard or too easy for this model', not a word of the reward's
+    error. The error now says how many of the filtered groups' samples the reward failed on, and the first error."""
+    from pdsr_sdk.errors import RunError
+
+    def unreachable(text, ground_truth, **info):
+        raise ConnectionError("the sandbox at port 8080 refused the connection")
+
+    cfg = config(tiny_model_dir, filter_groups={"kind": "zero-variance", "max_launch_factor": 2})
+    with RolloutSession(cfg, reward=unreachable) as session:
+        with pytest.raises(RunError) as info:
+            session.step(iter(PROMPTS))
+    text = str(info.value)
+    assert "max_launch_factor" in text   # the bound's own message stays
+    failed = re.search(r"the reward failed on (\d+) of the (\d+) samples", text)
+    assert failed and failed[1] == failed[2] and int(failed[1]) >= N * B, text   # every one of them
+    assert "ConnectionError: the sandbox at port 8080 refused the connection" in text

@@ -59,10 +59,11 @@ from pdsr_sdk.dispatch.steps.counts import (
     GROUP_FILTERS, adaptive_in_flight, check_agent_streaming, groups_launched, has_reward_variance, in_flight,
     needed_launches,
 )
+from pdsr_sdk.dispatch.steps.filtering import FilterBoundError
 from pdsr_sdk.dispatch.steps.record import StepRecord, check_consumed, consumed_tokens
 from pdsr_sdk.dispatch.steps.stream import StepStream
 
 __all__ = [
-    "GROUP_FILTERS", "StepRecord", "StepStream", "adaptive_in_flight", "check_agent_streaming", "check_consumed",
+    "GROUP_FILTERS", "FilterBoundError", "StepRecord", "StepStream", "adaptive_in_flight", "check_agent_streaming", "check_consumed",
     "consumed_tokens", "groups_launched", "has_reward_variance", "in_flight", "needed_launches",
 ]

@@ -14,6 +14,11 @@ from pdsr_sdk.dispatch.types import DROPPED, Group
 from pdsr_sdk.errors import RunError
 
 
+class FilterBoundError(RunError):
+    """Dynamic sampling reached ``max_launch_factor`` x B launches in a step and even all the groups in flight
+    passing cannot bring its B (the owner may add what it knows of why, such as rewards that failed)."""
+
+
 class GroupFiltering(StreamState):
     """The filter, its pass rate and the groups it took out or a step's end dropped (set by :meth:`_init_filter`)."""
 
@@ -87,7 +92,7 @@ class GroupFiltering(StreamState):
         if count and self.max_launches is not None and self._launched_now + count > self.max_launches:
             room = max(0, self.max_launches - self._launched_now)
             if incomplete + room < need:
-                raise RunError(
+                raise FilterBoundError(
                     f"dynamic sampling: step {self.t} has launched {self._launched_now} groups and {len(self.complete)} "
                     f"of the {self.b} that pass the filter are complete, with {incomplete} more generating ({self.passed} "
                     f"of {self.judged} groups passed so far); filter_groups.max_launch_factor bounds a step at "
