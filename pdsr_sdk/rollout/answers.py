@@ -91,10 +91,10 @@ _RIGHT_UNIT = re.compile(r"(.*?\S)\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z 
 def normalize_answer(answer: str) -> str:
     """Light normalisation: strip spacing commands, text wrappers, units of degrees and
     percent, dollar signs and whitespace; drop a trailing period; '0.50' -> '0.5'; Unicode's minus sign is '-', and
-    TeX's ``1{,}000`` is 1,000 (then 1000, as any thousands separator); TeX's one-character arguments
-    braced (``\\frac32`` -> ``\\frac{3}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``). A number with a unit in
-    text after it is the number (``864 \\mbox{ inches}^2`` is 864, as verl's MATH reward drops a
-    ``\\text{ unit}``); a word alone in text stays (``\\text{Evelyn}``)."""
+    TeX's ``1{,}000`` is 1,000 (then 1000, as any thousands separator); a choice in parentheses is its letter
+    (``\\text{(C)}`` is C); TeX's one-character arguments braced (``\\frac32`` -> ``\\frac{3}{2}``, ``\\sqrt2`` ->
+    ``\\sqrt{2}``). A number with a unit in text after it is the number (``864 \\mbox{ inches}^2`` is 864, as
+    verl's MATH reward drops a ``\\text{ unit}``); a word alone in text stays (``\\text{Evelyn}``)."""
     unit = _RIGHT_UNIT.fullmatch(answer.strip())
     if unit is not None:
         value = normalize_answer(unit.group(1))
@@ -104,6 +104,9 @@ def normalize_answer(answer: str) -> str:
     for pattern, repl in _STRIP:
         s = pattern.sub(repl, s)
     s = s.rstrip(".")
+    choice = re.fullmatch(r"\(([A-Z])\)", s)   # a multiple-choice answer, MATH's \text{(C)}: the letter
+    if choice:
+        s = choice.group(1)
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
         s = s.replace(",", "")
     if re.fullmatch(r"-?\d+\.\d+", s):

@@ -105,3 +105,17 @@ def test_gsm8k_answer_with_unicode_minus_and_tex_thousands():
     assert math_boxed("So the change is \u22125.\n#### \u22125", truth) == 1.0
     assert math_boxed("So the change is 5.\n#### 5", truth) == 0.0
     assert math_boxed("The total is \\boxed{1{,}234}.", "Adding up ...\n#### 1,234") == 1.0
+
+
+#: a multiple-choice answer, MATH-500's \text{(C)} (test/precalculus/1105.json and two more), as a letter
+CHOICES = [("C", "\\text{(C)}", True), ("(C)", "\\text{(C)}", True), ("\\text{C}", "\\text{(C)}", True),
+           ("\\textbf{(C)}", "C", True), ("B", "\\text{(C)}", False), ("(B)", "\\text{(C)}", False)]
+
+
+@pytest.mark.parametrize("answer, truth, right", CHOICES)
+def test_a_choice_letter_with_or_without_parentheses(answer, truth, right):
+    pytest.importorskip("math_verify")
+    from reward_references import math_verify_direct
+
+    assert math_verify_direct(boxed(answer), truth) is right   # the reference reads them so
+    assert math_boxed(boxed(answer), truth) == float(right)
