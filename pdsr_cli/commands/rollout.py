@@ -76,7 +76,9 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                               "'path/to/file.py:fn'.  [default: auto]")
 @click.option("--reward-executor", type=click.Choice(["thread", "process"]),
               help="Run reward functions on worker threads, or in worker processes (a CPU-bound Python reward then "
-                   "never holds the loop that feeds the engines; give it by import path).  [default: thread]")
+                   "never holds the loop that feeds the engines; give it by import path; a reward using math-verify's "
+                   "own timeouts, verl's math_verify.compute_score, needs it: they use signals, which fail on a "
+                   "thread, and it then scores 0).  [default: thread]")
 @click.option("--reward-timeout", "reward_timeout_s", type=float, metavar="SECONDS",
               help="Seconds one math_verify check may take; longer scores 0 and counts as reward_timeouts.  "
                    "[default: 5]")
