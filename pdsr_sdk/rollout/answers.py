@@ -36,7 +36,7 @@ _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 #: a ``####`` line that is a Markdown heading (``#### Explanation``, ``#### Step 2: ...``), not an answer: a word
 _HEADING = re.compile(r"[A-Za-z]{2,}\b")
 #: GSM8K's answer, a number, with words of a unit after it (``18 dollars``: verl's gsm8k reward reads the number)
-_NUMBER_AND_UNIT = re.compile(r"(\\?\$?\s*[-+]?\d[\d,]*(?:\.\d+)?%?)\s+[A-Za-z][A-Za-z ]*[.!]?")
+_NUMBER_AND_UNIT = re.compile(r"(\\?\$?\s*[-+\u2212]?\d[\d,]*(?:\.\d+)?%?)\s+[A-Za-z][A-Za-z ]*[.!]?")
 
 
 #: DAPO's final-answer line, ``Answer: 34`` (DAPO-Math-17k's prompt asks for it; verl's math_dapo reads the last one):

@@ -104,6 +104,7 @@ def test_gsm8k_answer_with_unicode_minus_and_tex_thousands():
     truth = "She lost 3 - 8 = <<3-8=-5>>-5 dollars.\n#### -5"
     assert math_boxed("So the change is \u22125.\n#### \u22125", truth) == 1.0
     assert math_boxed("So the change is 5.\n#### 5", truth) == 0.0
+    assert math_boxed("So the change is \u22125 dollars.\n#### \u22125 dollars", truth) == 1.0   # a unit after it
     assert math_boxed("The total is \\boxed{1{,}234}.", "Adding up ...\n#### 1,234") == 1.0
 
 
