@@ -161,7 +161,7 @@ def test_a_prompt_past_the_sessions_context_names_the_setting_that_raises_it(tin
 
 def test_a_reward_that_is_not_callable_is_an_error_before_any_engine():
     """``reward=3`` used to be taken (a failed signature read as a builtin's) and every sample got a reward error;
-    docs/sdk.md says a reward pdsr cannot call is an error before any engine starts."""
+    docs/data-rewards.md says a reward pdsr cannot call is an error before any engine starts."""
     from pdsr_sdk import RolloutConfig, RolloutSession
     from pdsr_sdk.errors import ConfigError
 
