@@ -74,29 +74,40 @@ def time_limit_error(limit_s: float) -> str:
 
 
 class _TimeLimit(BaseException):
-    """Raised into a reward call in a worker process by its timer; not an ``Exception``, so that a reward's own
+    """Raised into a reward call in a worker process by its watchdog; not an ``Exception``, so that a reward's own
     ``except Exception`` does not swallow it."""
+
+
+#: the worker process's limit signal: not SIGALRM, whose timer a reward's own timeouts (math-verify's, verl's
+#: math_verify reward) set and cancel, cancelling a limit kept there
+LIMIT_SIGNAL = "SIGUSR1"
+_armed = False   # a call is under its limit; a signal arriving after it ended does nothing
+
+
+def _expire(signum, frame):
+    if _armed:
+        raise _TimeLimit
 
 
 def _score_limited(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: dict[str, Any],
                    limit_s: float) -> Scored:
-    """In a worker process (its main thread, where signals arrive): :func:`_score` under a ``limit_s`` timer."""
+    """In a worker process (its main thread): :func:`_score` under a ``limit_s`` watchdog, a thread that signals
+    the main thread at the limit."""
     import signal
 
-    def expire(signum, frame):
-        raise _TimeLimit
-
-    previous = signal.signal(signal.SIGALRM, expire)
+    global _armed
+    signal.signal(sig := getattr(signal, LIMIT_SIGNAL), _expire)
+    watchdog = threading.Timer(limit_s, signal.pthread_kill, (threading.main_thread().ident, sig))
+    watchdog.daemon = _armed = True
     try:
-        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        watchdog.start()
         try:
             return _score(fn, text, ground_truth, info)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            _armed = False
+            watchdog.cancel()
     except _TimeLimit:
         return Scored(text, None, None, time_limit_error(limit_s), limit_s)
-    finally:
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _score(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: dict[str, Any]) -> Scored:

@@ -28,6 +28,17 @@ def hangs(text, ground_truth, *, prompt_id, sample_index, **info):
     return 1.0
 
 
+def verifies_then_hangs(text, ground_truth, *, prompt_id, sample_index, **info):
+    """verl's math_verify reward's way: math-verify's own timeout (``signal.alarm``, set then cancelled), then, on
+    one sample, a hang."""
+    from math_verify import parse, verify
+
+    right = verify(parse("$4$"), parse("$4$"))
+    if (prompt_id, sample_index) == ("q1", 0):
+        hangs(text, ground_truth, prompt_id=prompt_id, sample_index=sample_index)
+    return float(right)
+
+
 def slow(text, ground_truth, **info):
     """Every call takes 0.5 s: twelve in a row on one worker wait 5.5 s in the queue, each within the limit."""
     time.sleep(0.5)
@@ -56,6 +67,20 @@ def test_a_reward_past_its_time_limit_fails_its_own_sample_only(tiny_model_dir, 
                [("q1", 0, None, time_limit_error(1.0))]
         assert sorted(r["reward"] for r in rows if r["reward_error"] is None) == [1.0] * 11
         assert step.summary["reward_errors"] == 1
+
+
+@requires_torch
+def test_a_reward_using_math_verify_timeouts_keeps_its_time_limit(tiny_model_dir):
+    """math-verify's timeout sets and cancels ``signal.alarm``, the timer a worker process's limit used to run on:
+    the reward's first check cancelled the limit, and the hang after it ran on forever."""
+    pytest.importorskip("math_verify")
+    cfg = config(tiny_model_dir, reward="test_reward_time_limit:verifies_then_hangs", reward_executor="process",
+                 reward_time_limit_s=1.0)
+    with RolloutSession(cfg) as session:
+        rows = session.step(PROMPTS).table.to_pylist()
+    failed = [(r["prompt_id"], r["sample_index"], r["reward_error"]) for r in rows if r["reward_error"] is not None]
+    assert failed == [("q1", 0, time_limit_error(1.0))]
+    assert sorted(r["reward"] for r in rows if r["reward_error"] is None) == [1.0] * 11
 
 
 @requires_torch
