@@ -9,6 +9,7 @@ import click
 
 from pdsr_cli.common import build_config, config_option, deprecated_flag, format_table, handle_errors, UserPathType
 from pdsr_cli.key_value import key_value_argument
+from pdsr_cli.out_dir import remove_other_outputs
 from pdsr_sdk.analysis.config import AnalyzeConfig
 
 
@@ -33,8 +34,10 @@ def _help(name: str) -> str:
 @click.option("--cv-ddof", type=click.Choice(["0", "1"]), default=None, help=_help("cv_ddof"))
 @click.option("--plots/--no-plots", default=None, help="Write PNG plots. [default: --plots]")
 @click.option("--out-dir", type=UserPathType(file_okay=False, path_type=Path), default=None,
-              help="Directory for the plots (and analysis.json); files of the same names there are replaced. "
-                   "[default: the --json file's directory, else ./analysis]")
+              help="Directory for the plots (lengths_hist.png, probe_vs_later.png, cv_hist.png) and analysis.json; "
+                   "files of the same names there are replaced, and those of these four names this run does not write (an earlier run's, e.g. its plots after "
+                   "--no-plots) are removed.  [default: the --json file's directory (nothing there is removed), "
+                   "else ./analysis]")
 @click.option("--json", "json_path", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Where to write the JSON report; an existing file is an error unless --overwrite. "
                    "[default: OUT_DIR/analysis.json]")
@@ -60,6 +63,7 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
       pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
     """
     from pdsr_sdk.analysis import analyze_trace, length_cap, report_notes, report_tables, write_plots
+    from pdsr_sdk.analysis.plots import PLOT_FILES
     from pdsr_sdk.io.tables import check_new_output, write_text_atomic
     from pdsr_sdk.traces import read_trace
 
@@ -69,6 +73,9 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
         if old is not None and flags[key] is None:
             flags[key] = old
     cfg = build_config(AnalyzeConfig, config_path, flags)
+    # a folder named by --out-dir (or the default ./analysis) is the run's: an earlier run's files there that this
+    # run does not write are removed; the --json file's folder, used when only --json is given, is the user's
+    own_dir = out_dir is not None or json_path is None
     out_dir = out_dir or (json_path.parent if json_path is not None else Path("analysis"))
     # a --json file is refused if it exists; OUT_DIR/analysis.json is the folder's, replaced as its plots are
     what = "--json" if json_path is not None else "--out-dir"
@@ -78,6 +85,11 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     trace = read_trace(trace_path, setting="TRACE")
     report = analyze_trace(trace, cfg)
 
+    if own_dir:
+        writes = set(PLOT_FILES if cfg.plots else ())
+        if json_path.resolve() == (out_dir / "analysis.json").resolve():
+            writes.add("analysis.json")
+        remove_other_outputs(out_dir, OUT_DIR_FILES, writes, keep=[trace_path])
     plots = []
     if cfg.plots:
         plots = write_plots(trace.matrix(), out_dir, cv_ddof=cfg.cv_ddof, title=trace_path.name,
@@ -104,6 +116,11 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
         click.echo(f"wrote {path}")
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)
+
+
+#: every file `pdsr analyze --out-dir` writes: the JSON report (without --json) and the three plots (without
+#: --no-plots; pdsr_sdk.analysis.plots.PLOT_FILES, which a test holds to this)
+OUT_DIR_FILES = ("analysis.json", "lengths_hist.png", "probe_vs_later.png", "cv_hist.png")
 
 
 def _v3_ranking_words(lengths) -> str:

@@ -13,6 +13,7 @@ from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_
                              policy_option, policy_set_option, quiet_option, step_stream_options, UserPathType)
 from pdsr_cli.commands.simulate_notes import (COUNTER_COLUMNS, batch_words, cost_words, fastest_words, steady_words,
                                               table_notes, trainer_words)
+from pdsr_cli.out_dir import remove_other_outputs
 
 @click.group("simulate", invoke_without_command=True)
 @click.option("--trace", "trace", type=UserPathType(dir_okay=False, path_type=Path), default=None,
@@ -175,7 +176,8 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     with output_mode(quiet):
         report = simulate(tr, cfg, progress=cli_progress(quiet))
     if cfg.out_dir is not None:
-        remove_other_outputs(cfg.out_dir, {"simulate.json", "timeline.png"} if cfg.timeline else {"simulate.json"})
+        remove_other_outputs(cfg.out_dir, OUT_DIR_FILES,
+                             {"simulate.json", "timeline.png"} if cfg.timeline else {"simulate.json"})
         write_outputs(report, cfg.out_dir)
     tb = report.batches
     click.echo(f"{cfg.trace}: {tb.num_groups} group{'' if tb.num_groups == 1 else 's'}, {tb.num_samples} samples in "
@@ -250,7 +252,8 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
     if cfg.max_partial_share is not None:
         click.echo(fastest_words(report))
     if cfg.out_dir is not None:
-        remove_other_outputs(cfg.out_dir, {"steps.json", "steps.png"} | ({"timeline.png"} if cfg.timeline else set()))
+        remove_other_outputs(cfg.out_dir, OUT_DIR_FILES,
+                             {"steps.json", "steps.png"} | ({"timeline.png"} if cfg.timeline else set()))
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         report.plots.append(write_steps_plot(report, cfg.out_dir / "steps.png"))
         if cfg.timeline:
@@ -261,18 +264,6 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
 
 #: every file `pdsr simulate --out-dir` writes (one batch: the first two; --steps: the last three)
 OUT_DIR_FILES = ("simulate.json", "timeline.png", "steps.json", "steps.png")
-
-
-def remove_other_outputs(out_dir: Path, writes: set[str]) -> None:
-    """Remove the files of ``OUT_DIR_FILES`` in ``out_dir`` that this run does not write (``writes``), once the run
-    has finished and before it writes its own, so that the folder describes this run alone: a --steps run's
-    steps.json and steps.png left beside a later one-batch run's simulate.json read as that run's. Nothing else
-    there is touched; a folder of one of these names is left as it is."""
-    for name in OUT_DIR_FILES:
-        path = out_dir / name
-        if name not in writes and (path.is_file() or path.is_symlink()):
-            path.unlink()
-            click.echo(f"pdsr: removed {path}: an earlier run's (this run writes no {name})", err=True)
 
 
 def write_outputs(report, out_dir: Path) -> None:

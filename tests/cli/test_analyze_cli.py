@@ -247,3 +247,36 @@ def test_an_unreadable_trace_is_named_by_its_argument(tmp_path):
     assert _run(str(gone), "--no-plots", "--out-dir", str(tmp_path / "o")).output.strip() == (
         f"error: TRACE {gone}: trace file does not exist")
     assert _run(str(bad), "--no-plots", "--out-dir", str(tmp_path / "o")).output.startswith(f"error: TRACE {bad}:1: ")
+
+
+def test_a_run_in_an_earlier_runs_out_dir_leaves_only_its_own_files(tmp_path):
+    """A run with plots, then one with --no-plots, then one with --json elsewhere, in the same --out-dir: each
+    run's folder holds the files it wrote and none of the earlier run's others (the plots of another trace beside
+    this one's analysis.json); a file of another name, the trace itself, and the --json file's own folder stay."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    trace = write_trace_jsonl(synth_trace(groups=16, n=4, seed=1), out / "t.jsonl")
+    assert _run(str(EXAMPLE), "--out-dir", str(out)).exit_code == 0
+    assert {p.name for p in out.iterdir()} == PLOTS | {"analysis.json", "notes.txt", "t.jsonl"}
+    r = _run(str(trace), "--no-plots", "--out-dir", str(out))
+    assert r.exit_code == 0, r.output
+    assert {p.name for p in out.iterdir()} == {"analysis.json", "notes.txt", "t.jsonl"}
+    for name in sorted(PLOTS):
+        assert f"pdsr: removed {out / name}: an earlier run's (this run writes no {name})" in r.output
+    assert json.loads((out / "analysis.json").read_text())["trace"]["groups"] == 16
+    r = _run(str(EXAMPLE), "--out-dir", str(out), "--json", str(tmp_path / "elsewhere.json"))
+    assert r.exit_code == 0, r.output
+    assert {p.name for p in out.iterdir()} == PLOTS | {"notes.txt", "t.jsonl"}
+    # only --json: its folder is the user's, where the plots replace theirs and nothing else is removed
+    r = _run(str(trace), "--no-plots", "--json", str(out / "again.json"))
+    assert r.exit_code == 0, r.output
+    assert {p.name for p in out.iterdir()} == PLOTS | {"notes.txt", "t.jsonl", "again.json"}
+    assert (out / "notes.txt").read_text() == "mine\n" and read_trace(trace).num_groups == 16
+
+
+def test_the_out_dir_files_removed_are_those_analyze_writes():
+    from pdsr_cli.commands.analyze import OUT_DIR_FILES
+    from pdsr_sdk.analysis.plots import PLOT_FILES
+
+    assert set(OUT_DIR_FILES) == PLOTS | {"analysis.json"} == set(PLOT_FILES) | {"analysis.json"}
