@@ -31,13 +31,41 @@ def json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+                    raise not_json_line(path, lineno, exc) from None
                 if not isinstance(row, dict):
                     raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
                 yield lineno, row
     except UnicodeDecodeError:
         # the codec's offset is into a read buffer, not the file: find the byte's line
         raise DataError(not_utf8(path, *(first_non_utf8(path) or (0, 0)))) from None
+
+
+#: a file up to this size whose first line is no JSON is parsed whole, to say when it is one JSON document
+WHOLE_DOCUMENT_BYTES = 64 << 20
+
+
+def not_json_line(path: Path, lineno: int, exc: json.JSONDecodeError) -> DataError:
+    """The error for a JSONL line that is no JSON. Where the line is the file's first and the whole file is one
+    JSON object or array spread over lines (a pretty-printed report, such as ``pdsr rollout``'s ``.summary.json``
+    or ``pdsr analyze``'s ``analysis.json``), it says so: the parser's words alone ("Expecting property name")
+    call a valid JSON file invalid and do not say what the file is."""
+    message = f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})"
+    try:
+        if path.stat().st_size > WHOLE_DOCUMENT_BYTES:
+            return DataError(message)
+        text = path.read_text(encoding="utf-8-sig")
+        if lineno != next(i for i, line in enumerate(text.splitlines(), 1) if line.strip()):
+            return DataError(message)
+        whole = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError, StopIteration):
+        return DataError(message)
+    if not isinstance(whole, (dict, list)):
+        return DataError(message)
+    lines = text.count("\n") + (not text.endswith("\n"))
+    what = (f"one JSON object over {lines} lines (a report, such as pdsr rollout's .summary.json or pdsr analyze's "
+            f"analysis.json), not JSON Lines (one JSON object per line)" if isinstance(whole, dict) else
+            f"one JSON array over {lines} lines, not JSON Lines (one JSON object per line)")
+    return DataError(f"{path}: {what}; line {lineno} alone is not valid JSON ({exc.msg})")
 
 
 def first_non_utf8(path: Path) -> tuple[int, int] | None:

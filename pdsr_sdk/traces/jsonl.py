@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.json_rows import not_json_line
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.traces.formats import short_repr
 from pdsr_sdk.traces.responses import looks_like_responses
@@ -128,7 +129,7 @@ def _parse_lines(path: Path) -> list[tuple[int, object]]:
         try:
             parsed.append((lineno, json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+            raise not_json_line(path, lineno, exc) from None
     return parsed
 
 

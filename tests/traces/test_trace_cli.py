@@ -136,3 +136,22 @@ def test_cli_convert_an_unreadable_source_is_an_error_naming_it(tmp_path, monkey
 
     monkeypatch.setattr(Path, "open", denied)
     assert convert_error(tmp_path, source) == f"error: SOURCE {source}: cannot read: Permission denied"
+
+
+@pytest.mark.parametrize("command", [["trace", "convert", "{}", "--out", "{out}"], ["analyze", "{}", "--no-plots"],
+                                     ["simulate", "--trace", "{}", "--quiet"]])
+def test_a_pretty_printed_report_given_as_a_trace_or_log_is_named_as_one(tmp_path, command):
+    """A JSON report (pdsr rollout's .summary.json, here one of its shape) given where a trace or a log goes read
+    as 'summary.json:1: not valid JSON: Expecting property name enclosed in double quotes': the file is valid JSON,
+    one object over lines; the error now says what it is. A JSONL file whose later line is cut keeps its line."""
+    report = tmp_path / "roll.summary.json"
+    report.write_text(json.dumps({"policy": "v3", "makespan_s": 1.5, "counters": {"probes": 16}}, indent=2) + "\n")
+    args = [a.format(report, out=tmp_path / "o.jsonl") for a in command]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"{report}: one JSON object over 7 lines (a report, such as pdsr rollout's .summary.json or pdsr " \
+           "analyze's analysis.json), not JSON Lines (one JSON object per line); line 1 alone is not valid JSON " \
+           "(Expecting property name enclosed in double quotes)" in result.output
+    cut = write_lines(tmp_path / "cut.jsonl", [GOOD, json.dumps(GOOD)[:20]])
+    result = CliRunner().invoke(cli, [a.format(cut, out=tmp_path / "o.jsonl") for a in command])
+    assert result.exit_code == 2 and f"{cut}:2: not valid JSON: " in result.output, result.output
