@@ -144,8 +144,9 @@ def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None
     SOURCE is your own rollout log, one row per response, in Parquet, Arrow
     IPC, JSONL or CSV/TSV (verl, OpenRLHF, vLLM dumps, an OpenAI-style
     completions log), or a folder or quoted glob pattern of its shards; or
-    verl's generation dumps; or a trajectories file from `pdsr rollout`; or a
-    JSONL trace. Name the log's columns with the flags below (a dotted path
+    verl's generation dumps; or a trajectories file from `pdsr rollout` (or,
+    while one runs or after it stopped before its end, its OUT.parts folder
+    of the groups it finished); or a JSONL trace. Name the log's columns with the flags below (a dotted path
     reads a field of a struct column: usage.completion_tokens; a number, a
     list's item: choices.0.finish_reason); a column not named is looked for
     under its usual names. Rows count from 0 in errors.

@@ -93,3 +93,41 @@ def _remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:   # not empty (the run wrote), or gone
             return
+
+
+def unfinished_output(path: str | Path, read_parts: str) -> str | None:
+    """Why an output ``path`` that does not exist is not there yet, where a run writing it left traces: a run
+    (``pdsr rollout``) streams its finished groups into part files under ``<path>.parts/`` and writes ``path`` only
+    at its end, holding ``<path>.lock`` meanwhile; an input that names the output of a run still going, or of one
+    stopped before its end, read only "file does not exist". None when neither is there. ``read_parts``: how the
+    caller's user reads the part files (``{parts}`` is the folder), said where there are some."""
+    path = Path(path)
+    parts, lock = path.with_name(path.name + ".parts"), path.with_name(path.name + ".lock")
+    has_parts = parts.is_dir() and any(parts.glob("part-*.parquet"))
+    finished = (f"the part files of what it has finished so far are in {parts}/: {read_parts.format(parts=parts)}"
+                if has_parts else "it has finished nothing yet")
+    holder = _live_holder(lock)
+    if holder is not None:
+        pid, command = holder
+        return f"{command} (process {pid}, holding {lock.name}) is still writing it and writes it at its end; {finished}"
+    if has_parts:
+        return (f"a run writing it stopped before its end (--resume finishes it); the part files of what it "
+                f"finished are in {parts}/: {read_parts.format(parts=parts)}")
+    return None
+
+
+def _live_holder(lock: Path) -> tuple[int, str] | None:
+    """(process id, command) written in ``lock`` where that process still runs (a lock of a run killed with
+    SIGKILL stays on disk: its process is gone)."""
+    try:
+        held = lock.read_text(errors="replace").split(maxsplit=1)
+        pid = int(held[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except OSError:   # another user's process: it runs
+        pass
+    return pid, held[1] if len(held) > 1 else "a pdsr run"

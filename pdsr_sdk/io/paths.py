@@ -18,6 +18,7 @@ from typing import Annotated, Literal, Mapping
 from pydantic import AfterValidator
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.output_lock import unfinished_output
 
 
 def user_path(path: str | Path) -> Path:
@@ -52,7 +53,8 @@ def resolve_inputs(path: str | Path, formats: Mapping[str, str], *, what: str = 
         return [path]
     pattern = not path.exists() and glob.has_magic(str(path))
     if not path.exists() and not pattern:
-        raise DataError(f"{where}: {what} file does not exist")
+        unfinished = unfinished_output(path, "give that folder to read them as they are")
+        raise DataError(f"{where}: {what} file does not exist" + (f" yet: {unfinished}" if unfinished else ""))
     if pattern:
         found = [Path(m) for m in glob.glob(str(path))]
         if not found:

@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.output_lock import unfinished_output
 
 
 def detect_format(path: Path) -> str:
     """``"jsonl"``, ``"parquet"``, ``"arrow_file"`` or ``"arrow_stream"`` from the first bytes of ``path``."""
     if not path.exists():
-        raise DataError(f"{path}: trace file does not exist")
+        unfinished = unfinished_output(path, "`pdsr trace convert {parts} --out trace.jsonl` makes a trace of them")
+        raise DataError(f"{path}: trace file does not exist" + (f" yet: {unfinished}" if unfinished else ""))
     if path.is_dir():
         raise DataError(f"{path}: is a directory; expected a length trace (JSONL) or a trajectories file")
     with path.open("rb") as fh:

@@ -155,3 +155,50 @@ def test_a_pretty_printed_report_given_as_a_trace_or_log_is_named_as_one(tmp_pat
     cut = write_lines(tmp_path / "cut.jsonl", [GOOD, json.dumps(GOOD)[:20]])
     result = CliRunner().invoke(cli, [a.format(cut, out=tmp_path / "o.jsonl") for a in command])
     assert result.exit_code == 2 and f"{cut}:2: not valid JSON: " in result.output, result.output
+
+
+def test_the_output_of_a_rollout_still_running_or_stopped_is_named_as_such(tmp_path):
+    """A rollout streams finished groups to <out>.parts/ and writes <out> at its end, holding <out>.lock meanwhile.
+    Converting, analysing or simulating <out> before then said only 'file does not exist'; the error now says a
+    run is writing it (process, lock) or stopped before its end, and where what it finished is. The parts folder
+    converts as it is. A path with neither is the plain error."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "roll.parquet"
+    parts, lock = tmp_path / "roll.parquet.parts", tmp_path / "roll.parquet.lock"
+    commands = [(["trace", "convert", str(out), "--out", str(tmp_path / "t.jsonl"), "--overwrite"], f"SOURCE {out}: rollout log",
+                 "give that folder to read them as they are"),
+                (["analyze", str(out), "--no-plots"], f"TRACE {out}: trace",
+                 f"`pdsr trace convert {parts} --out trace.jsonl` makes a trace of them"),
+                (["simulate", "--trace", str(out), "--quiet"], f"trace (--trace) {out}: trace",
+                 f"`pdsr trace convert {parts} --out trace.jsonl` makes a trace of them")]
+
+    def errors() -> list[str]:
+        results = [CliRunner().invoke(cli, args) for args, _, _ in commands]
+        assert all(r.exit_code == 2 and "Traceback" not in r.output for r in results), [r.output for r in results]
+        return [r.output.strip() for r in results]
+
+    running = (f"pdsr rollout (process {os.getpid()}, holding roll.parquet.lock) is still writing it and writes it "
+               f"at its end")
+    lock.write_text(f"{os.getpid()} pdsr rollout")
+    for message, (_, where, _) in zip(errors(), commands):
+        assert message == f"error: {where} file does not exist yet: {running}; it has finished nothing yet"
+    parts.mkdir()
+    pq.write_table(sample_trajectories(), parts / "part-000000.parquet")
+    for message, (_, where, read) in zip(errors(), commands):
+        assert message == (f"error: {where} file does not exist yet: {running}; the part files of what it has "
+                           f"finished so far are in {parts}/: {read}")
+    # the run stopped (SIGTERM removes the lock; SIGKILL leaves it, naming a process that is gone)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(f"{gone.stdout.strip()} pdsr rollout")
+    for message, (_, where, read) in zip(errors(), commands):
+        assert message == (f"error: {where} file does not exist yet: a run writing it stopped before its end "
+                           f"(--resume finishes it); the part files of what it finished are in {parts}/: {read}")
+    result = CliRunner().invoke(cli, ["trace", "convert", str(parts), "--out", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 0 and read_trace(tmp_path / "t.jsonl").num_groups == 2, result.output
+    lock.unlink()
+    (parts / "part-000000.parquet").unlink()
+    for message, (_, where, _) in zip(errors(), commands):
+        assert message == f"error: {where} file does not exist"
