@@ -123,6 +123,11 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
 OUT_DIR_FILES = ("analysis.json", "lengths_hist.png", "probe_vs_later.png", "cv_hist.png")
 
 
+#: what v3 does besides its rank: the line about the rank must not read as "v3 is baseline here"
+OTHER_RULES = ("its other rules, such as moving the tail to a lighter engine, still act: pdsr simulate --policy all "
+               "measures what it buys on the trace")
+
+
 def _v3_ranking_words(lengths) -> str:
     """What v3's ranking rule would decide on this trace: the correlation it measures (log probe length against log
     sibling length, over its window of pairs, in trace order) against its threshold, with the default settings."""
@@ -133,10 +138,12 @@ def _v3_ranking_words(lengths) -> str:
     values = window_correlations(lengths, rank.correlation_window, rank.min_pairs)
     if not values:
         return (f"v3 (default settings): the trace holds fewer than ranking.min_pairs = {rank.min_pairs} "
-                f"probe/sibling pairs, so v3 would run it in queue order, as baseline")
+                f"probe/sibling pairs, so v3 would not rank by the probe: it would take waiting work in queue order, "
+                f"as baseline does ({OTHER_RULES})")
     above = sum(v >= rank.min_correlation for v in values) / len(values)
     verdict = ("ranks waiting work by the probe throughout" if above == 1.0 else
-               "runs in queue order throughout, as baseline (the probe predicts too little to rank by)" if above == 0.0
+               "takes waiting work in queue order throughout, as baseline does (the probe predicts too little to rank "
+               f"by; {OTHER_RULES})" if above == 0.0
                else f"ranks by the probe {above:.0%} of the time, else runs in queue order")
     return (f"v3 (default settings): the correlation of log probe length with log sibling length, over its window "
             f"of {rank.correlation_window:,} pairs, reads from {min(values):.2f} to {max(values):.2f} "
