@@ -99,7 +99,8 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
 
     tables = report_tables(report)
     dv = report["dispatch_v25"]
-    click.echo(f"{trace_path}: {report['trace']['groups']} groups x {report['trace']['samples_per_group']} samples\n")
+    groups, samples = report["trace"]["groups"], report["trace"]["samples_per_group"]
+    click.echo(f"{trace_path}: {groups} group{'' if groups == 1 else 's'} x {samples} samples\n")   # N >= 2
     click.echo(format_table(tables["summary"]))
     for note in report_notes(report):
         click.echo(note)

@@ -194,6 +194,12 @@ def test_degenerate_trace_says_na(tmp_path):
     assert " n/a " in recall_line and " n/a " in capture_line and "100" not in recall_line + capture_line
     assert "warning: every length is 300: there is nothing to rank" in result.stderr
 
+    # one group: the heading said "1 groups x 4 samples"
+    write_trace_jsonl(LengthTrace.from_matrix(np.array([[7, 9, 11, 5]])), path)
+    result = CliRunner().invoke(cli, ["analyze", str(path), "--no-plots", "--out-dir", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{path}: 1 group x 4 samples\n"), result.stdout
+
 
 def test_analyze_says_whether_v3_would_rank_by_the_probe(tmp_path):
     informative = write_trace_jsonl(synth_trace(groups=64, seed=5), tmp_path / "i.jsonl")
