@@ -354,10 +354,13 @@ def write_steps_plot(report: StepsReport, path) -> str:
     # below the axes: inside, it covered the work bounds and the curve's right end (high F)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     every = 1 if len(rows) <= 6 else 2   # the search's 11 points: label every other one
+    right = max(xs)
     for i, (x, y, r) in enumerate(zip(xs, ys, rows)):
         if i % every:
             continue
-        ax.annotate(f"F={r['F']:.3g}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        # the rightmost point sits at the axes' edge: its label goes to its left, inside
+        ax.annotate(f"F={r['F']:.3g}", (x, y), textcoords="offset points", xytext=(-5 if x == right else 5, 5),
+                    ha="right" if x == right else "left", fontsize=8)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("off-policy tokens (%)")
     ax.set_ylabel("steady step / on-policy step")

@@ -104,6 +104,11 @@ def test_steps_plot_keeps_its_legend_off_the_points(tmp_path, drawn, max_partial
     assert ax.get_title().startswith("Steady step against off-policy tokens, one point per over-provision F\nv3, ")
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("off-policy tokens (%)", "steady step / on-policy step")
     assert len(ax.texts) >= 2                                  # the F labels
+    # each F label within the axes' width: the rightmost point's (the highest F) ran over the right edge
+    box = ax.get_window_extent()
+    for text in ax.texts:
+        label = text.get_window_extent()
+        assert box.x0 <= label.x0 and label.x1 <= box.x1, (text.get_text(), label, box)
 
 
 def test_one_engine_one_step_draws(tmp_path, drawn):
