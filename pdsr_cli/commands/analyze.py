@@ -9,6 +9,7 @@ import click
 
 from pdsr_cli.common import build_config, config_option, deprecated_flag, format_table, handle_errors, UserPathType
 from pdsr_cli.key_value import key_value_argument
+from pdsr_cli.input_warnings import warn_if_in_progress
 from pdsr_cli.out_dir import remove_other_outputs
 from pdsr_sdk.analysis.config import AnalyzeConfig
 
@@ -82,6 +83,7 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     json_path = json_path or out_dir / "analysis.json"
     check_new_output(json_path, what, overwrite=overwrite or what == "--out-dir", config_key=None,
                      inputs=[("TRACE", trace_path)])
+    warn_if_in_progress(trace_path, "TRACE")
     trace = read_trace(trace_path, setting="TRACE")
     report = analyze_trace(trace, cfg)
 

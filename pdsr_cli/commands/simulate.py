@@ -13,6 +13,7 @@ from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_
                              policy_option, policy_set_option, quiet_option, step_stream_options, UserPathType)
 from pdsr_cli.commands.simulate_notes import (COUNTER_COLUMNS, batch_words, cost_words, fastest_words, steady_words,
                                               table_notes, trainer_words)
+from pdsr_cli.input_warnings import warn_if_in_progress
 from pdsr_cli.out_dir import remove_other_outputs
 
 @click.group("simulate", invoke_without_command=True)
@@ -167,6 +168,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     check_policy_set_targets(sets, run_names(cfg))
     check_policy_set_targets(old_sets, run_names(cfg), "--policy-set")
     cfg = apply_policy_sets(cfg, sets + old_sets)
+    warn_if_in_progress(cfg.trace, "trace (--trace)")
     tr = read_trace(cfg.trace, setting="trace (--trace)")
     if cfg.steps is not None:
         with output_mode(quiet):

@@ -8,6 +8,7 @@ import click
 import numpy as np
 
 from pdsr_cli.common import build_config, config_option, handle_errors, UserPathType
+from pdsr_cli.input_warnings import warn_if_in_progress
 from pdsr_cli.key_value import key_value_argument
 from pdsr_sdk.traces.config import TraceSynthConfig
 
@@ -183,6 +184,7 @@ def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None
         from pdsr_sdk.rollout.data import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_dir, setting="--tokenizer")
+    warn_if_in_progress(source, "SOURCE")
     trace = read_any_trace(source, **columns, tokenizer=tokenizer, setting="SOURCE")
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes

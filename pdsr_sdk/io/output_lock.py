@@ -131,3 +131,18 @@ def _live_holder(lock: Path) -> tuple[int, str] | None:
     except OSError:   # another user's process: it runs
         pass
     return pid, held[1] if len(held) > 1 else "a pdsr run"
+
+
+def output_in_progress(path: str | Path) -> str | None:
+    """Where a file that exists is the output of a run still writing it (its ``<path>.lock`` names a process that
+    runs: a ``--resume`` adding groups, or an ``--overwrite`` run): what reading it now gets. Such a run writes what
+    it finishes into ``<path>.parts/`` and ``path`` only at its end, so the file read now is what was there when
+    the run started, and a reader of it was told nothing. None otherwise."""
+    path = Path(path)
+    holder = _live_holder(path.with_name(path.name + ".lock"))
+    if holder is None:
+        return None
+    pid, command = holder
+    parts = path.with_name(path.name + ".parts")
+    return (f"{command} (process {pid}, holding {path.name}.lock) is writing this output now: the file read is what "
+            f"it held when that run started; the groups finished since are in {parts}/ and join it at the run's end")

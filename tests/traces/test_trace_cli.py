@@ -202,3 +202,31 @@ def test_the_output_of_a_rollout_still_running_or_stopped_is_named_as_such(tmp_p
     (parts / "part-000000.parquet").unlink()
     for message, (_, where, _) in zip(errors(), commands):
         assert message == f"error: {where} file does not exist"
+
+
+def test_reading_an_output_a_run_is_writing_warns_what_it_reads(tmp_path):
+    """A --resume (or --overwrite) rollout keeps OUT as it was and writes its new groups to OUT.parts/ until its end:
+    converting, analysing or simulating OUT meanwhile read the earlier groups alone, without a word. Each now warns
+    (and still reads the file); a lock whose process is gone says nothing."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "roll.parquet"
+    pq.write_table(sample_trajectories(), out)
+    lock = tmp_path / "roll.parquet.lock"
+    commands = [(["trace", "convert", str(out), "--out", str(tmp_path / "t.jsonl"), "--overwrite"], "SOURCE"),
+                (["analyze", str(out), "--no-plots", "--out-dir", str(tmp_path / "a")], "TRACE"),
+                (["simulate", "--trace", str(out), "--quiet"], "trace (--trace)")]
+    lock.write_text(f"{os.getpid()} pdsr rollout")
+    for args, label in commands:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert (f"warning: {label} {out}: pdsr rollout (process {os.getpid()}, holding roll.parquet.lock) is writing "
+                f"this output now: the file read is what it held when that run started; the groups finished since "
+                f"are in {tmp_path / 'roll.parquet.parts'}/ and join it at the run's end") in result.stderr
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(f"{gone.stdout.strip()} pdsr rollout")
+    for args, _ in commands:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0 and "is writing this output" not in result.output, result.output
