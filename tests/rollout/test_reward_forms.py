@@ -108,7 +108,8 @@ def test_gsm8k_answer_with_unicode_minus_and_tex_thousands():
     assert math_boxed("The total is \\boxed{1{,}234}.", "Adding up ...\n#### 1,234") == 1.0
 
 
-#: a multiple-choice answer, MATH-500's \text{(C)} (test/precalculus/1105.json and two more), as a letter
+#: a multiple-choice answer, MATH-500's \text{(C)} (test/precalculus/819.json; \text{(E)} and \text{(B)} in two
+#: more), as a letter
 CHOICES = [("C", "\\text{(C)}", True), ("(C)", "\\text{(C)}", True), ("\\text{C}", "\\text{(C)}", True),
            ("\\textbf{(C)}", "C", True), ("B", "\\text{(C)}", False), ("(B)", "\\text{(C)}", False)]
 
