@@ -1,5 +1,5 @@
 """A trainer's loop around a session, as a slime / AReaL user writes it (docs/sdk.md): steps one at a time, and the
-pipelined loop of the docs ending when its trainer raises (fake engines from the config, tests/fakes.py)."""
+pipelined loop of docs/sdk-partial.md ending when its trainer raises (fake engines from the config, tests/fakes.py)."""
 
 from __future__ import annotations
 
