@@ -64,6 +64,6 @@ from pdsr_sdk.dispatch.steps.record import StepRecord, check_consumed, consumed_
 from pdsr_sdk.dispatch.steps.stream import StepStream
 
 __all__ = [
-    "GROUP_FILTERS", "FilterBoundError", "StepRecord", "StepStream", "adaptive_in_flight", "check_agent_streaming", "check_consumed",
-    "consumed_tokens", "groups_launched", "has_reward_variance", "in_flight", "needed_launches",
+    "GROUP_FILTERS", "FilterBoundError", "StepRecord", "StepStream", "adaptive_in_flight", "check_agent_streaming",
+    "check_consumed", "consumed_tokens", "groups_launched", "has_reward_variance", "in_flight", "needed_launches",
 ]
