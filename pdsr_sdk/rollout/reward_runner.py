@@ -16,12 +16,12 @@ same as scoring after the step (:func:`pdsr_sdk.dispatch.trajectory.score_sample
 
 A reward call gets no time limit unless ``time_limit_s`` is given (``reward_time_limit_s``; math_verify's own checks
 have ``reward_timeout_s`` beneath it): without one, a call that never returns holds its group, and the batch or step,
-until the run is stopped. With one, a call that runs longer (counted from its start, not from its wait in the queue)
-is its sample's reward error. In a worker process the call is interrupted by a timer signal (Python code; a call
-stuck inside C code is not); in a thread it cannot be stopped: it keeps its thread until it returns, its result
-unused, and the pool starts a thread in its place. Stopping a run ends the process either way: the threads are
-daemons and :meth:`RewardRunner.close` ends the worker processes (the standard pools are joined at exit, so a run
-stopped with Ctrl-C or SIGTERM said so and then never exited).
+until the run is stopped. With one, a call that runs longer (counted from its start, not its wait in the queue) is
+its sample's reward error. In a worker process a watchdog thread's signal interrupts the call (Python code; not one
+stuck inside C code); in a thread it cannot be stopped: it keeps its thread until it returns, its result unused, and
+the pool starts a thread in its place. Stopping a run ends the process either way: the threads are daemons and
+:meth:`RewardRunner.close` ends the worker processes (the standard pools are joined at exit: a run stopped with
+Ctrl-C or SIGTERM said so and then never exited).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import contextlib
 import multiprocessing
 import pickle
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -74,37 +75,37 @@ def time_limit_error(limit_s: float) -> str:
 
 
 class _TimeLimit(BaseException):
-    """Raised into a reward call in a worker process by its watchdog; not an ``Exception``, so that a reward's own
-    ``except Exception`` does not swallow it."""
+    """Raised into a reward call by its watchdog; no ``Exception``, which a reward's own ``except`` would swallow."""
 
 
-#: the worker process's limit signal: not SIGALRM, whose timer a reward's own timeouts (math-verify's, verl's
-#: math_verify reward) set and cancel, cancelling a limit kept there
+#: not SIGALRM: a reward's own timeouts (math-verify's) set and cancel its timer, and with it a limit kept there
 LIMIT_SIGNAL = "SIGUSR1"
-_armed = False   # a call is under its limit; a signal arriving after it ended does nothing
+_armed: Any = None   # the running call's watchdog; a late signal from an earlier call's finds it unfired
 
 
 def _expire(signum, frame):
-    if _armed:
+    if getattr(_armed, "fired", False):
         raise _TimeLimit
 
 
 def _score_limited(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: dict[str, Any],
                    limit_s: float) -> Scored:
-    """In a worker process (its main thread): :func:`_score` under a ``limit_s`` watchdog, a thread that signals
-    the main thread at the limit."""
-    import signal
-
+    """In a worker process (its main thread): :func:`_score` under a watchdog thread signalling it at ``limit_s``."""
     global _armed
     signal.signal(sig := getattr(signal, LIMIT_SIGNAL), _expire)
-    watchdog = threading.Timer(limit_s, signal.pthread_kill, (threading.main_thread().ident, sig))
-    watchdog.daemon = _armed = True
+
+    def fire():
+        watchdog.fired = True
+        signal.pthread_kill(main, sig)
+
+    main, watchdog = threading.main_thread().ident, threading.Timer(limit_s, fire)
+    watchdog.daemon, _armed = True, watchdog
     try:
         watchdog.start()
         try:
             return _score(fn, text, ground_truth, info)
         finally:
-            _armed = False
+            _armed = None
             watchdog.cancel()
     except _TimeLimit:
         return Scored(text, None, None, time_limit_error(limit_s), limit_s)
@@ -378,8 +379,7 @@ def _workers(pool: cf.Executor) -> list:
 
 
 def _end(workers: list) -> None:
-    """Terminate a shut-down process pool's ``workers``: one running a reward that never returns would otherwise be
-    waited for when the interpreter exits (Python 3.14's ``terminate_workers`` does this)."""
+    """Terminate a shut-down pool's ``workers`` (one in a reward that never returns would be waited for at exit)."""
     for proc in workers:
         with contextlib.suppress(Exception):
             proc.terminate()

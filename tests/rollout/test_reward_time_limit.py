@@ -113,3 +113,24 @@ def test_pdsr_rollout_reward_time_limit_flag(tmp_path, tiny_model_dir):
     rows = pq.read_table(out).to_pylist()
     assert [(x["prompt_id"], x["sample_index"], x["reward_error"]) for x in rows if x["reward_error"]] == \
            [("q1", 0, time_limit_error(1.0))]
+
+
+def test_a_late_signal_from_an_earlier_calls_watchdog_fails_no_later_call():
+    """A watchdog that fires as its call returns sends its signal anyway; arriving in the next call (here: sent
+    from inside it), it must not end that call, which its own watchdog has not timed out."""
+    import os
+    import signal
+
+    from pdsr_sdk.rollout import reward_runner
+
+    def stale(text, ground_truth, **info):
+        os.kill(os.getpid(), getattr(signal, reward_runner.LIMIT_SIGNAL))
+        time.sleep(0.05)   # the handler runs here
+        return 1.0
+
+    previous = signal.getsignal(getattr(signal, reward_runner.LIMIT_SIGNAL))
+    try:
+        scored = reward_runner._score_limited(stale, "4", "4", {}, 30.0)
+    finally:
+        signal.signal(getattr(signal, reward_runner.LIMIT_SIGNAL), previous)
+    assert (scored.reward, scored.error) == (1.0, None)
