@@ -26,7 +26,7 @@ from pdsr_sdk.engines.stop_window import HeldTokens, window_tokens
 from pdsr_sdk.engines.vllm_control import VllmControl
 from pdsr_sdk.engines.vllm_sampling import sampling_args
 from pdsr_sdk.engines.vllm_spawn import spawn
-from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, refused, speculation_counts
+from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, no_prometheus, refused, speculation_counts
 from pdsr_sdk.errors import EngineError
 
 #: read by pdsr's vLLM plugin inside the engine-core process (see vllm_plugin.py)
@@ -110,7 +110,8 @@ class VllmEngine(VllmControl, ModelEngine):
             inspect_models_in_process()   # not in a second interpreter (11 s on a machine's first run)
 
         def create():
-            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[self._stats.factory])
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args),
+                                             stat_loggers=[self._stats.factory, no_prometheus()])
 
         try:
             self._llm = await spawn(create, env)

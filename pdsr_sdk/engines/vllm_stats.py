@@ -79,3 +79,29 @@ def refused(exc: Exception) -> bool:
     except ImportError:
         return False
     return isinstance(exc, VLLMClientError)
+
+
+def no_prometheus() -> type:
+    """A vLLM Prometheus stat logger that registers nothing, for ``AsyncLLM(stat_loggers=...)``: given one, vLLM adds
+    none of its own. Its own registers the engine's metrics in the process's one registry, unregistering every
+    earlier engine's first, so with several engines in one process it served only the last one's, and engines
+    starting at once collided there (``DuplicateTimeseries: vllm:cache_config_info``, at start-up)."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class NoPrometheus(PrometheusStatLogger):
+        def __init__(self, vllm_config: Any = None, engine_indexes: list[int] | None = None):
+            self.engine_indexes = engine_indexes or [0]
+
+        def record(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_admission_rejection(self, reason: str) -> None:
+            pass
+
+        def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return NoPrometheus
