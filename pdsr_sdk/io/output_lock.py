@@ -28,7 +28,7 @@ def output_lock(path: str | Path, command: str) -> Iterator[None]:
         yield
         return
     path = Path(path)
-    lock = path.with_name(path.name + ".lock")
+    lock = _beside(path, ".lock")
     made = _missing_folders(lock.parent)
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -61,10 +61,9 @@ def _locked(lock: Path, fcntl) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            held = os.read(fd, 256).decode(errors="replace").split(maxsplit=1)
+            pid, command = _holder(os.read(fd, 256).decode(errors="replace"))
             os.close(fd)
-            pid = held[0] if held else "unknown"
-            command = held[1] if len(held) > 1 else "pdsr run"   # (a lock of a pdsr that wrote only its pid)
+            pid, command = pid or "unknown", command or "pdsr run"
             raise DataError(f"another {command} is writing this output (process {pid}, holding {lock.name}); let it "
                             f"finish or stop it (kill {pid}: it keeps what it finished) before running again with "
                             f"--resume") from None
@@ -102,7 +101,7 @@ def unfinished_output(path: str | Path, read_parts: str) -> str | None:
     stopped before its end, read only "file does not exist". None when neither is there. ``read_parts``: how the
     caller's user reads the part files (``{parts}`` is the folder), said where there are some."""
     path = Path(path)
-    parts, lock = path.with_name(path.name + ".parts"), path.with_name(path.name + ".lock")
+    parts, lock = _beside(path, ".parts"), _beside(path, ".lock")
     has_parts = parts.is_dir() and any(parts.glob("part-*.parquet"))
     finished = (f"the part files of what it has finished so far are in {parts}/: {read_parts.format(parts=parts)}"
                 if has_parts else "it has finished nothing yet")
@@ -120,9 +119,9 @@ def _live_holder(lock: Path) -> tuple[int, str] | None:
     """(process id, command) written in ``lock`` where that process still runs (a lock of a run killed with
     SIGKILL stays on disk: its process is gone)."""
     try:
-        held = lock.read_text(errors="replace").split(maxsplit=1)
-        pid = int(held[0])
-    except (OSError, ValueError, IndexError):
+        text, command = _holder(lock.read_text(errors="replace"))
+        pid = int(text)
+    except (OSError, ValueError):
         return None
     try:
         os.kill(pid, 0)
@@ -130,7 +129,7 @@ def _live_holder(lock: Path) -> tuple[int, str] | None:
         return None
     except OSError:   # another user's process: it runs
         pass
-    return pid, held[1] if len(held) > 1 else "a pdsr run"
+    return pid, command or "a pdsr run"
 
 
 def output_in_progress(path: str | Path) -> str | None:
@@ -139,10 +138,22 @@ def output_in_progress(path: str | Path) -> str | None:
     it finishes into ``<path>.parts/`` and ``path`` only at its end, so the file read now is what was there when
     the run started, and a reader of it was told nothing. None otherwise."""
     path = Path(path)
-    holder = _live_holder(path.with_name(path.name + ".lock"))
+    holder = _live_holder(_beside(path, ".lock"))
     if holder is None:
         return None
     pid, command = holder
-    parts = path.with_name(path.name + ".parts")
+    parts = _beside(path, ".parts")
     return (f"{command} (process {pid}, holding {path.name}.lock) is writing this output now: the file read is what "
             f"it held when that run started; the groups finished since are in {parts}/ and join it at the run's end")
+
+
+def _beside(path: Path, suffix: str) -> Path:
+    """``<path><suffix>``: the lock file (``.lock``) or the part files' folder (``.parts``) of an output."""
+    return path.with_name(path.name + suffix)
+
+
+def _holder(text: str) -> tuple[str, str | None]:
+    """A lock file's words, ``"<process id> <command>"``: (the process id as written, "" where none; the command,
+    None where a pdsr that wrote only its process id held it)."""
+    held = text.split(maxsplit=1)
+    return (held[0] if held else ""), (held[1] if len(held) > 1 else None)
