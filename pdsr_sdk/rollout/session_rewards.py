@@ -141,8 +141,10 @@ class SessionRewards:
 def filter_value(scored: Any, metric: str, where: str) -> float | None:
     """The value of one sample that dynamic sampling's filter compares (``filter_groups.metric``, verl's
     ``algorithm.filter_groups.metric``), from its :class:`~pdsr_sdk.rollout.reward_runner.Scored`; None where
-    its reward failed (left out). ``acc``: the reward's ``acc`` field, else its score before overlong shaping;
-    ``score``: that score; ``seq_reward``: the reward after shaping. ``where`` names the sample in an error."""
+    its reward failed or its ``acc`` is NaN or infinite: left out, as a failed reward is, and the others
+    compared (verl's ``np.std`` of a group holding a NaN is NaN, so verl filters that group whatever the others
+    are). ``acc``: the reward's ``acc`` field, else its score before overlong shaping; ``score``: that score;
+    ``seq_reward``: the reward after shaping. ``where`` names the sample in an error."""
     import json
     import math
 
@@ -160,7 +162,7 @@ def filter_value(scored: Any, metric: str, where: str) -> float | None:
         value = float(acc) if isinstance(acc, (bool, int, float, str)) else None
     except ValueError:
         value = None
-    if value is not None and math.isfinite(value):
-        return value
+    if value is not None:
+        return value if math.isfinite(value) else None
     raise ConfigError(f"filter_groups.metric 'acc': {where}: the reward's acc is {acc!r:.60}, not a number or bool; "
                       f"compare the score instead (filter_groups.metric: score)")

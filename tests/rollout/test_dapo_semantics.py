@@ -129,6 +129,17 @@ def test_acc_that_is_no_number_is_an_error_naming_the_sample_and_the_other_metri
         judged([{"score": 1.0, "acc": True}, {"score": 0.0, "acc": "maybe"}], [3, 3])
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "nan"])
+def test_an_acc_that_is_nan_is_left_out_and_the_run_goes_on(bad):
+    """A NaN or infinite acc is no value: left out of its group's comparison as a failed reward is (it used to end
+    the run as a config error), the other samples compared, the sample's score kept."""
+    scored, passed = judged([{"score": 1.0, "acc": True}, {"score": 0.0, "acc": bad}, {"score": 0.0, "acc": False}],
+                            [3, 3, 3])
+    assert passed and [sc.reward for sc in scored] == [1.0, 0.0, 0.0]
+    scored, passed = judged([{"score": 1.0, "acc": True}, {"score": 0.0, "acc": bad}], [3, 3])
+    assert not passed   # one value left: nothing to compare it with
+
+
 def test_the_simulator_refuses_a_metric_it_cannot_apply():
     from pdsr_sdk.sim.config import SimulateConfig
 
