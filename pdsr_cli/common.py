@@ -18,7 +18,7 @@ import click
 from click.core import ParameterSource
 
 from pdsr_cli.foreign_flags import foreign_key_hints
-from pdsr_sdk.errors import Interrupted, PdsrDeprecationWarning, PdsrError
+from pdsr_sdk.errors import Interrupted, PdsrDeprecationWarning, PdsrError, PdsrWarning
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +48,7 @@ def handle_errors(f: F) -> F:
         try:
             with warnings.catch_warnings(), _sigterm_interrupts(), foreign_key_hints():
                 warnings.simplefilter("always", PdsrDeprecationWarning)
+                warnings.simplefilter("always", PdsrWarning)
                 warnings.showwarning = functools.partial(_show_warning, warnings.showwarning, set())
                 return f(*args, **kwargs)
         except PdsrError as exc:
@@ -85,9 +86,9 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 def _show_warning(fallback: Callable[..., None], shown: set[str], message, category, filename, lineno, file=None,
                   line=None) -> None:
-    """pdsr's deprecation warnings as one ``warning:`` line on stderr, each once a command (a preset's settings
-    are read again where ``--set`` meets them); others go to ``fallback``."""
-    if issubclass(category, PdsrDeprecationWarning):
+    """pdsr's own warnings (deprecations, input partly ignored) as one ``warning:`` line on stderr, each once a
+    command (a preset's settings are read again where ``--set`` meets them); others go to ``fallback``."""
+    if issubclass(category, (PdsrDeprecationWarning, PdsrWarning)):
         if str(message) not in shown:
             shown.add(str(message))
             click.echo(f"warning: {message}", err=True)

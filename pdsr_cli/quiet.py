@@ -57,11 +57,12 @@ def output_mode(quiet: bool) -> Iterator[None]:
     try:
         with patched_environ(env), warnings.catch_warnings():
             if quiet:
-                from pdsr_sdk.errors import PdsrDeprecationWarning
+                from pdsr_sdk.errors import PdsrDeprecationWarning, PdsrWarning
 
                 quiet_logging()
                 warnings.simplefilter("ignore")
-                warnings.simplefilter("always", PdsrDeprecationWarning)   # pdsr's own: a one-line 'warning:'
+                for own in (PdsrDeprecationWarning, PdsrWarning):   # pdsr's own: a one-line 'warning:'
+                    warnings.simplefilter("always", own)
             yield
     finally:
         for name, level in saved_levels.items():

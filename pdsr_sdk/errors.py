@@ -53,6 +53,11 @@ class PdsrDeprecationWarning(DeprecationWarning):
     """An old spelling (config key, flag) that still works; the message names what to use instead."""
 
 
+class PdsrWarning(UserWarning):
+    """Input that pdsr reads but partly ignores (a key a trace line does not define); the message names the file,
+    the line and what is ignored."""
+
+
 class EngineError(PdsrError):
     """An engine failed; carries the engine's name, exit status and its own traceback."""
 

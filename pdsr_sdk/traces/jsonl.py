@@ -3,12 +3,14 @@ reader, with vectorised checks of every line's values, and its writer."""
 
 from __future__ import annotations
 
+import difflib
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import DataError, PdsrWarning
 from pdsr_sdk.io.json_rows import not_json_line
 from pdsr_sdk.io.tables import write_text_atomic
 from pdsr_sdk.traces.formats import short_repr
@@ -19,6 +21,7 @@ from pdsr_sdk.traces.verl_dump import looks_like_verl_dump
 REQUIRED_KEYS = ("prompt_id", "prompt_len", "lengths")
 #: optional per-sample keys of a JSONL trace line
 OPTIONAL_KEYS = ("durations_s", "finish_reasons", "rewards", "turns")
+_KEYS = frozenset(REQUIRED_KEYS + OPTIONAL_KEYS)
 
 
 def read_trace_jsonl(path: str | Path) -> LengthTrace:
@@ -36,6 +39,7 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
     flat: dict[str, list] = {"lengths": [], "durations_s": [], "finish_reasons": [], "rewards": [], "turns": []}
     seen: dict[str, int] = {}
     has_opt: dict[str, int] = {}  # optional key -> +line / -line of the first group that has / lacks it
+    unknown: dict[str, int] = {}  # a key no trace line defines -> the first line holding it
     for lineno, row in _parse_lines(path):
         where = f"{path}:{lineno}"
         if type(row) is not dict:
@@ -54,6 +58,9 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
         if missing:
             raise DataError(f"{where}: missing key(s) {', '.join(map(repr, missing))}; a trace line needs "
                             f"{', '.join(REQUIRED_KEYS)}")
+        if not row.keys() <= _KEYS:
+            for key in row.keys() - _KEYS:
+                unknown.setdefault(key, lineno)
         pid = row["prompt_id"]
         if type(pid) is not str:
             if type(pid) is not int:
@@ -93,6 +100,8 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
         # every line that is not blank is a group or an error, so the file is empty (whatever its name says)
         raise DataError(f"{path}: the file is empty (no groups); expected a length trace (JSONL, one JSON object per "
                         f"prompt group) or a trajectories Parquet/Arrow file")
+    if unknown:
+        _warn_unknown(path, unknown)
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     check = _FlatCheck(path, offsets, lines)
@@ -104,6 +113,20 @@ def read_trace_jsonl(path: str | Path) -> LengthTrace:
     return LengthTrace(prompt_ids=ids, prompt_lens=np.asarray(prompt_lens, dtype=np.int64), lengths=lengths,
                        offsets=offsets, durations_s=durations, finish_reasons=reasons, source=str(path),
                        rewards=rewards, turns=turns)
+
+
+def _warn_unknown(path: Path, unknown: dict[str, int]) -> None:
+    """One :class:`~pdsr_sdk.errors.PdsrWarning` for the keys of a trace no trace line defines (a misspelt
+    ``reward`` would otherwise leave the trace without its rewards, unsaid), each with the first line holding it
+    and the key it most likely meant."""
+    said = []
+    for key, lineno in sorted(unknown.items(), key=lambda kv: (kv[1], kv[0]))[:5]:
+        close = difflib.get_close_matches(key, sorted(_KEYS), n=1, cutoff=0.6)
+        said.append(f"{key!r} (line {lineno}{f'; did you mean {close[0]!r}?' if close else ''})")
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    warnings.warn(f"{path}: key(s) {', '.join(said)}{more} are not length-trace keys and are ignored; a trace line "
+                  f"holds {', '.join(REQUIRED_KEYS)} and optionally {', '.join(OPTIONAL_KEYS)}", PdsrWarning,
+                  stacklevel=3)
 
 
 def _parse_lines(path: Path) -> list[tuple[int, object]]:

@@ -294,3 +294,18 @@ def test_the_out_dir_files_removed_are_those_analyze_writes():
     from pdsr_sdk.analysis.plots import PLOT_FILES
 
     assert set(OUT_DIR_FILES) == PLOTS | {"analysis.json"} == set(PLOT_FILES) | {"analysis.json"}
+
+
+def test_a_misspelt_trace_key_is_one_warning_line(tmp_path):
+    """A key no trace line defines (``reward`` for ``rewards``) is said once on stderr as ``warning:``, with the file,
+    the line and the key it likely meant, and the analysis runs on."""
+    path = tmp_path / "t.jsonl"
+    write_trace_jsonl(synth_trace(groups=32, seed=1), path)
+    rows = [dict(json.loads(line), reward=[0] * 8) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(cli, ["analyze", str(path), "--no-plots", "--out-dir", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if "not length-trace keys" in line]
+    assert said == [f"warning: {path}: key(s) 'reward' (line 1; did you mean 'rewards'?) are not length-trace "
+                    f"keys and are ignored; a trace line holds prompt_id, prompt_len, lengths and optionally "
+                    f"durations_s, finish_reasons, rewards, turns"]

@@ -260,7 +260,7 @@ def test_quiet_mode_sets_the_engine_environment_and_restores_it(monkeypatch):
     import logging
 
     from pdsr_cli.quiet import QUIET_ENV, output_mode
-    from pdsr_sdk.errors import PdsrDeprecationWarning
+    from pdsr_sdk.errors import PdsrDeprecationWarning, PdsrWarning
 
     for key in QUIET_ENV:
         monkeypatch.delenv(key, raising=False)
@@ -274,8 +274,9 @@ def test_quiet_mode_sets_the_engine_environment_and_restores_it(monkeypatch):
             assert logging.getLogger("vllm.triton_utils.importing").getEffectiveLevel() == logging.ERROR
             warnings.warn("third-party noise", UserWarning)
             warnings.warn("old key", PdsrDeprecationWarning)
+            warnings.warn("key ignored", PdsrWarning)   # a UserWarning, but pdsr's own
         warnings.warn("after", UserWarning)
-    assert [str(w.message) for w in seen] == ["old key", "after"]
+    assert [str(w.message) for w in seen] == ["old key", "key ignored", "after"]
     assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO" and "PDSR_QUIET" not in os.environ
     assert logging.getLogger("vllm").level == before
 

@@ -4,13 +4,14 @@ own checks, with errors that name the file, line or row, and key."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import DataError, PdsrWarning
 from pdsr_sdk.traces import (
     LengthTrace,
     read_trace,
@@ -29,7 +30,9 @@ def test_jsonl_parses_ragged_groups_with_optional_keys(tmp_path):
         {"prompt_id": 7, "prompt_len": 0, "lengths": [5.0, 0], "durations_s": [1, 0.0],
          "finish_reasons": ["stop", "abort"], "extra": "ignored"},
     ])
-    trace = read_trace(path)
+    with pytest.warns(PdsrWarning, match=r"t.jsonl: key\(s\) 'extra' \(line 3\) are not length-trace keys and are "
+                                         r"ignored"):
+        trace = read_trace(path)
     assert trace.prompt_ids == ["a", "7"]
     assert trace.prompt_lens.tolist() == [87, 0]
     assert trace.lengths.tolist() == [412, 380, 9, 5, 0]
@@ -105,6 +108,26 @@ def test_jsonl_errors_name_file_line_and_key(tmp_path, line, needle):
     message = str(info.value)
     assert f"{path}:2:" in message
     assert needle in message
+
+
+def test_jsonl_misspelt_key_is_named_with_the_key_it_likely_meant(tmp_path):
+    """A misspelt optional key (``reward``) left the trace without its rewards, unsaid: it is now one warning naming
+    the file, each key's first line and the likely key; the trace reads as without it."""
+    path = write_lines(tmp_path / "t.jsonl", [dict(GOOD), dict(GOOD, prompt_id="b", reward=[1, 0, 1], durationss=1)])
+    with pytest.warns(PdsrWarning) as caught:
+        trace = read_trace(path)
+    assert len(caught) == 1
+    assert str(caught[0].message).startswith(
+        f"{path}: key(s) 'durationss' (line 2; did you mean 'durations_s'?), 'reward' (line 2; did you mean "
+        f"'rewards'?) are not length-trace keys")
+    assert trace.rewards is None and trace.num_groups == 2
+
+
+def test_jsonl_of_known_keys_reads_without_a_warning(tmp_path):
+    path = write_trace_jsonl(synth_trace(groups=3, n=2, seed=1), tmp_path / "t.jsonl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_trace(path)
 
 
 def test_jsonl_optional_key_must_be_all_or_none(tmp_path):
