@@ -101,7 +101,7 @@ def unfinished_output(path: str | Path, read_parts: str) -> str | None:
     stopped before its end, read only "file does not exist". None when neither is there. ``read_parts``: how the
     caller's user reads the part files (``{parts}`` is the folder), said where there are some."""
     path = Path(path)
-    parts, lock = _beside(path, ".parts"), _beside(path, ".lock")
+    parts, lock = parts_dir(path), _beside(path, ".lock")
     has_parts = parts.is_dir() and any(parts.glob("part-*.parquet"))
     finished = (f"the part files of what it has finished so far are in {parts}/: {read_parts.format(parts=parts)}"
                 if has_parts else "it has finished nothing yet")
@@ -142,9 +142,15 @@ def output_in_progress(path: str | Path) -> str | None:
     if holder is None:
         return None
     pid, command = holder
-    parts = _beside(path, ".parts")
+    parts = parts_dir(path)
     return (f"{command} (process {pid}, holding {path.name}.lock) is writing this output now: the file read is what "
             f"it held when that run started; the groups finished since are in {parts}/ and join it at the run's end")
+
+
+def parts_dir(path: str | Path) -> Path:
+    """``<path>.parts/``: the folder of an output's part files while a run writes it (``pdsr rollout``'s groups,
+    ``pdsr score``'s blocks), kept by an interrupted run for ``--resume``."""
+    return _beside(Path(path), ".parts")
 
 
 def _beside(path: Path, suffix: str) -> Path:

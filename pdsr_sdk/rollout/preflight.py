@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pdsr_sdk.errors import ConfigError, DataError
+from pdsr_sdk.io.output_lock import parts_dir
 from pdsr_sdk.io.tables import check_distinct, check_writable
 from pdsr_sdk.models.context import POSITION_KEYS, model_context  # noqa: F401 - here before models/context.py
 from pdsr_sdk.rollout.resume import check_resume_options
@@ -58,7 +59,7 @@ def check_outputs(config) -> None:
     summary = summary_path(config)
     check_distinct(out.path, "--out", [("--summary", summary), ("--data", config.data.path)])
     check_writable(out.path, "output.path (--out)")
-    parts = out.path.with_name(out.path.name + ".parts")
+    parts = parts_dir(out.path)
     if parts.exists() and not parts.is_dir():
         raise DataError(f"output.path (--out) {out.path}: {parts} is a file; streaming needs it to be a folder")
     check_writable(summary, "output.summary_path (--summary)")

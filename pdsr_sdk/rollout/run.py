@@ -13,7 +13,7 @@ from pdsr_sdk.dispatch.steps import groups_launched
 from pdsr_sdk.dispatch.trajectory import carry_schema, sample_row, trajectory_schema
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
 from pdsr_sdk.errors import ConfigError, DataError, Interrupted, PdsrError
-from pdsr_sdk.io.output_lock import output_lock
+from pdsr_sdk.io.output_lock import output_lock, parts_dir
 from pdsr_sdk.io.tables import remove_stale_temps, write_text_atomic
 from pdsr_sdk.policies.resolve import policy_names
 from pdsr_sdk.progress import ProgressFactory, StatusFn, silent_progress, silent_status
@@ -105,7 +105,7 @@ class _RunState:
 
     def describe(self, config) -> str:
         out = config.output.path
-        parts = out.with_name(out.name + ".parts")
+        parts = parts_dir(out)
         how = "interrupted" if self.signal is None else f"terminated ({self.signal})"
         # an --overwrite'n output is replaced only once the first new group is written: nothing lost here
         if not self.engines_started:

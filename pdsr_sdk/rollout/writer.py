@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.output_lock import parts_dir
 from pdsr_sdk.io.tables import write_table_atomic
 
 CARRY_FILE = "_carry.parquet"   # "_": dataset readers of the parts folder skip it
@@ -41,7 +42,7 @@ class TrajectoryWriter:
         import pyarrow as pa
 
         self.path = Path(path)
-        self.parts_dir = self.path.with_name(self.path.name + ".parts")
+        self.parts_dir = parts_dir(self.path)
         self.schema = schema.with_metadata({**(schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}) if metadata else schema
         self.flush_groups = flush_groups
         self.flush_interval_s = flush_interval_s
@@ -206,8 +207,7 @@ def write_errors_named(path: Path) -> Iterator[None]:
 
 def carry_file(path: str | Path) -> Path:
     """Where a multi-step run writing ``path`` keeps the groups it has in flight (see ``write_carry``)."""
-    path = Path(path)
-    return path.with_name(path.name + ".parts") / CARRY_FILE
+    return parts_dir(path) / CARRY_FILE
 
 
 def existing_files(path: str | Path) -> list[Path]:
@@ -221,7 +221,7 @@ def existing_files(path: str | Path) -> list[Path]:
 
 def _part_files(path: Path) -> list[tuple[int, Path]]:
     """(number, path) of every part file of ``path``, in order."""
-    parts = path.with_name(path.name + ".parts")
+    parts = parts_dir(path)
     found = ((_PART.fullmatch(p.name), p) for p in parts.glob("part-*.parquet")) if parts.is_dir() else ()
     return sorted((int(m.group(1)), p) for m, p in found if m)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.output_lock import parts_dir
 from pdsr_sdk.io.resume_check import check_resume_settings
 from pdsr_sdk.scoring.config import ScoreConfig, score_flag
 
@@ -27,10 +28,6 @@ RESUMED_KEYS = ("prompt_column", "response_column", "column", "entropy", "temper
 #: bytes read from the start and the end of each weight file for the model's fingerprint
 FINGERPRINT_BYTES = 1 << 20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-def parts_dir(out: str | Path) -> Path:
-    return Path(f"{out}.parts")
 
 
 def part_path(out: str | Path, index: int) -> Path:
