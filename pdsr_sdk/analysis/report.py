@@ -64,7 +64,8 @@ DEFINITIONS = {
                  "MATH, 7424 groups x 8), shown next to statistics computed with its settings; the study's tie "
                  "rule is not published, these numbers are expectations over random tie orders",
     "warnings": "statistics that are n/a, and why (degenerate traces: one group, all lengths equal, an empty "
-                "top-k set, no batch larger than capture_top, a cap at or below fn_length)",
+                "top-k set, no batch larger than capture_top, a cap at or below fn_length, no probe below "
+                "fn_length)",
 }
 
 
@@ -127,6 +128,10 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
                  f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")
         warnings.append(f"false negatives at {cfg.fn_length} are n/a: {at_cap['share']:.0%} of responses {where}, "
                         f"so no later sample can exceed {cfg.fn_length}")
+    elif fn.groups_below == 0:
+        warnings.append(f"false negatives at {cfg.fn_length} are n/a: no group's probe is below {cfg.fn_length} "
+                        f"tokens (the shortest is {int(x[:, 0].min())}), so no group counts as short (fn_length "
+                        f"sets the threshold)")
 
     ranked = cap.ranked
     miss_prob = 1.0 - cap.capture_prob[ranked]

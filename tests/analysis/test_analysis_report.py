@@ -140,6 +140,22 @@ def test_responses_at_the_cap_are_counted_and_censor_false_negatives():
     assert not any("at the cap" in n for n in report_notes(analyze_trace(LengthTrace.from_matrix(few))))
 
 
+def test_false_negatives_with_no_probe_below_the_threshold_say_why():
+    # long responses (every probe >= 600 tokens, none at a cap): no group is below 512, so the rate has no
+    # denominator; it is n/a, and the warnings say why, as for every other n/a statistic
+    x = np.array([[900, 1200, 700], [600, 650, 2000], [1500, 800, 900], [700, 3000, 640]])
+    report = analyze_trace(LengthTrace.from_matrix(x, finish_reasons=np.full(x.shape, "stop")))
+    fn = report["false_negatives"]
+    assert fn["groups_below"] == 0 and fn["group_rate"] is None and fn["sample_rate"] is None
+    assert [w for w in report["warnings"] if w.startswith("false negatives at 512 are n/a")] == [
+        "false negatives at 512 are n/a: no group's probe is below 512 tokens (the shortest is 600), so no group "
+        "counts as short (fn_length sets the threshold)"]
+    # a threshold some probe is below measures it, and warns nothing of it
+    report = analyze_trace(LengthTrace.from_matrix(x), AnalyzeConfig(fn_length=650))
+    assert report["false_negatives"]["group_rate"] == 1.0
+    assert not any(w.startswith("false negatives") for w in report["warnings"])
+
+
 def test_report_needs_equal_groups_of_two_or_more():
     ragged = LengthTrace(prompt_ids=["a", "b"], prompt_lens=[1, 1], lengths=[1, 2, 3], offsets=[0, 2, 3])
     with pytest.raises(DataError, match="analysis needs the same number of samples"):
