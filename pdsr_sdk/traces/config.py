@@ -9,6 +9,11 @@ from pydantic import Field, field_validator, model_validator
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.errors import ConfigValueError
 
+#: the most tokens a length, a prompt or an environment's turn of a synthetic trace may have (2^31 - 1, past any
+#: model's context), and the most samples (groups x n) a trace may hold: int64 sums over a trace cannot overflow
+MAX_TOKENS = 2**31 - 1
+MAX_SAMPLES = 2**31 - 1
+
 
 class TraceSynthConfig(ConfigModel):
     """A synthetic GRPO length trace: G prompt groups of N samples.
@@ -48,35 +53,44 @@ class TraceSynthConfig(ConfigModel):
     n: int = Field(8, ge=1, description="Samples per group N (sample 0 is the probe).")
     seed: int = Field(0, ge=0, description="Seed of the numpy random Generator; the same seed gives the same trace.")
     median_length: float = Field(
-        420.0, gt=0, description="Median response length of a prompt of median difficulty, in tokens.")
+        420.0, gt=0, allow_inf_nan=False,
+        description="Median response length of a prompt of median difficulty, in tokens.")
     prompt_sigma: float = Field(
-        0.4, ge=0, description="Log-normal sigma of per-prompt difficulty (spread between prompts).")
+        0.4, ge=0, allow_inf_nan=False,
+        description="Log-normal sigma of per-prompt difficulty (spread between prompts).")
     noise_sigma: float = Field(
-        0.3, ge=0, description="Log-normal sigma of the multiplicative within-group noise (spread inside a group).")
+        0.3, ge=0, allow_inf_nan=False,
+        description="Log-normal sigma of the multiplicative within-group noise (spread inside a group).")
     runaway_frac: float = Field(
         0.003, ge=0, le=1, description="Fraction of samples that run away and stop at max_length.")
     runaway_concentration: float | None = Field(
-        None, gt=0, description="None: every sample runs away with probability runaway_frac, independently. A "
+        None, gt=0, allow_inf_nan=False,
+        description="None: every sample runs away with probability runaway_frac, independently. A "
                                 "number k: each prompt draws its own runaway rate from Beta(runaway_frac*k, "
                                 "(1-runaway_frac)*k) (mean runaway_frac; the smaller k, the more the rate varies "
                                 "between prompts), as a small model's runs to the cap cluster by prompt "
                                 "(SmolLM2-135M, 16 GSM8K prompts x 8, 512 tokens: 44% at the cap, 1 to 7 of 8 per prompt, "
                                 "a variance 1.7x the independent case's, which k=9 gives; k=5 gives 2.2x and a "
                                 "probe rank correlation of about 0.1 at 40% runaways).")
-    max_length: int = Field(4096, ge=1, description="Maximum response length (generation cap) in tokens.")
-    min_length: int = Field(1, ge=0, description="Minimum response length in tokens.")
-    prompt_len_min: int = Field(30, ge=0, description="Smallest prompt length (uniform integer range, inclusive).")
-    prompt_len_max: int = Field(300, ge=0, description="Largest prompt length (uniform integer range, inclusive).")
+    max_length: int = Field(4096, ge=1, le=MAX_TOKENS,
+                            description="Maximum response length (generation cap) in tokens.")
+    min_length: int = Field(1, ge=0, le=MAX_TOKENS, description="Minimum response length in tokens.")
+    prompt_len_min: int = Field(30, ge=0, le=MAX_TOKENS,
+                                description="Smallest prompt length (uniform integer range, inclusive).")
+    prompt_len_max: int = Field(300, ge=0, le=MAX_TOKENS,
+                                description="Largest prompt length (uniform integer range, inclusive).")
     tokens_per_s: float | None = Field(
-        None, gt=0, description="When set, write durations_s = length / tokens_per_s for every sample.")
+        None, gt=0, allow_inf_nan=False,
+        description="When set, write durations_s = length / tokens_per_s for every sample.")
     id_prefix: str = Field("p", description="Prompt ids are this prefix followed by the zero-padded group index.")
-    turns_min: int = Field(1, ge=1, description="Fewest turns of a sample (a trace of turns when turns_max > 1).")
-    turns_max: int = Field(1, ge=1, description="Most turns of a sample; 1: single-turn samples (no turns in the trace). Each prompt draws a centre uniformly in [turns_min, turns_max], its samples vary around it (turns_noise).")
-    turns_noise: float = Field(1.0, ge=0, description="Standard deviation of a sample's turn count around its prompt's centre (in turns).")
-    env_tokens_min: int = Field(16, ge=0, description="Fewest tokens the environment adds after a turn (tool results, the template's tokens), uniform integer range.")
-    env_tokens_max: int = Field(256, ge=0, description="Most tokens the environment adds after a turn.")
-    env_delay_min_s: float = Field(0.1, ge=0, description="Shortest environment delay after a turn in seconds (log-uniform between the two, as tool latencies spread over orders of magnitude; uniform from 0 when this is 0).")
-    env_delay_max_s: float = Field(5.0, ge=0, description="Longest environment delay after a turn in seconds.")
+    turns_min: int = Field(1, ge=1, le=MAX_TOKENS,
+                           description="Fewest turns of a sample (a trace of turns when turns_max > 1).")
+    turns_max: int = Field(1, ge=1, le=MAX_TOKENS, description="Most turns of a sample; 1: single-turn samples (no turns in the trace). Each prompt draws a centre uniformly in [turns_min, turns_max], its samples vary around it (turns_noise).")
+    turns_noise: float = Field(1.0, ge=0, allow_inf_nan=False, description="Standard deviation of a sample's turn count around its prompt's centre (in turns).")
+    env_tokens_min: int = Field(16, ge=0, le=MAX_TOKENS, description="Fewest tokens the environment adds after a turn (tool results, the template's tokens), uniform integer range.")
+    env_tokens_max: int = Field(256, ge=0, le=MAX_TOKENS, description="Most tokens the environment adds after a turn.")
+    env_delay_min_s: float = Field(0.1, ge=0, allow_inf_nan=False, description="Shortest environment delay after a turn in seconds (log-uniform between the two, as tool latencies spread over orders of magnitude; uniform from 0 when this is 0).")
+    env_delay_max_s: float = Field(5.0, ge=0, allow_inf_nan=False, description="Longest environment delay after a turn in seconds.")
 
     @model_validator(mode="before")
     @classmethod
@@ -106,6 +120,9 @@ class TraceSynthConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _ranges(self) -> "TraceSynthConfig":
+        if self.groups * self.n > MAX_SAMPLES:
+            raise ConfigValueError(f"groups x n = {self.groups} x {self.n} is {self.groups * self.n:,} samples; a "
+                                   f"synthetic trace holds at most {MAX_SAMPLES:,}")
         if self.min_length > self.max_length:
             raise ConfigValueError(f"min_length ({self.min_length}) must be <= max_length ({self.max_length})")
         if self.turns_min > self.turns_max:

@@ -38,6 +38,36 @@ def test_cli_synth_bad_value_is_a_clean_error(tmp_path):
     assert "groups" in result.output and "Traceback" not in result.output
 
 
+HUGE = str(10**20)   # past int64: numpy's arithmetic on it raised OverflowError / ValueError deep in the generator
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--max-length", HUGE], "--max-length"),
+    (["--min-length", HUGE, "--max-length", HUGE], "--max-length"),
+    (["--prompt-len-min", HUGE, "--prompt-len-max", HUGE], "--prompt-len-min"),
+    (["--turns-max", HUGE], "--turns-max"),
+    (["--env-tokens-max", HUGE, "--turns-max", "3"], "--env-tokens-max"),
+    (["--groups", HUGE], "groups (--groups) x n (--n)"),
+    (["--groups", "100000000", "--n", "100000"], "groups (--groups) x n (--n)"),   # 10^13 samples: a 73 TiB allocation
+    (["--env-delay-max-s", "inf", "--turns-max", "3"], "--env-delay-max-s"),
+    (["--median-length", "inf"], "--median-length"),                # every length silently at the cap
+    (["--runaway-concentration", "inf"], "--runaway-concentration"),  # Beta(inf, inf): no runaways at all
+])
+def test_cli_synth_out_of_range_values_are_clean_errors(tmp_path, flags, named):
+    from cli_checks import failed, invoke
+
+    out = tmp_path / "t.jsonl"
+    failed(invoke("trace", "synth", *flags, "--out", out), named)
+    assert not out.exists()
+
+
+def test_synth_takes_lengths_up_to_its_bound(tmp_path):
+    from pdsr_sdk.traces.config import MAX_TOKENS
+
+    trace = synth_trace(groups=50, n=4, max_length=MAX_TOKENS, runaway_frac=0.1, seed=0)
+    assert trace.lengths.max() == MAX_TOKENS and (trace.lengths > 0).all()
+
+
 @pytest.mark.parametrize("job", ["synth", "convert"])
 def test_cli_an_existing_out_is_kept_unless_overwrite(tmp_path, job):
     src = tmp_path / "traj.parquet"
