@@ -36,7 +36,8 @@ class AnalyzeConfig(ConfigModel):
         0.2, gt=0, le=1,
         description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; floor(frac * B), at least 1 (seed 002: 25 of 128).")
     cap_multiplier: float = Field(
-        1.5, gt=0, description="V2.5: the fast-pool cap is floor(cap_multiplier * L_cut) tokens.")
+        1.5, gt=0, allow_inf_nan=False,
+        description="V2.5: the fast-pool cap is floor(cap_multiplier * L_cut) tokens.")
     cv_ddof: Literal[0, 1] = Field(
         1, description="Delta degrees of freedom of the per-group std in the CV: 1 = sample std (pandas), "
                        "0 = population std.")

@@ -319,7 +319,8 @@ def batch_capture(lengths, batch_prompts: int = 16, capture_top: int = 3) -> Bat
         holds = later == longest[:, None]
         share = holds / holds.sum(axis=1, keepdims=True)      # P(group holds the longest task)
         gt, eq = greater_equal_counts(probe)
-        in_top = np.clip((capture_top - gt) / eq, 0.0, 1.0)   # P(group's probe is in the top capture_top)
+        top = min(capture_top, b)   # a top past the batch holds all of it (and, so bounded, fits an int64)
+        in_top = np.clip((top - gt) / eq, 0.0, 1.0)   # P(group's probe is in the top capture_top)
         ratio = longest[:, None] / np.maximum(probe, 1)
         capture = (share * in_top).sum(axis=1)
         miss_cost = (share * (1.0 - in_top) * ratio).sum(axis=1)

@@ -164,6 +164,31 @@ def test_dispatch_cap_is_exact_for_float_products():
     assert (d.heavy, d.fast_broke) == (2, 1)
 
 
+def test_huge_settings_mean_no_cap_and_a_whole_batch(tmp_path):
+    # a cap multiplier whose product passes int64 is no cap: nothing breaks, nothing is wasted (the product was
+    # converted to int64 and wrapped to a negative cap, and every fast sample broke)
+    for mult in (1e17, 1e300):
+        d = dispatch_v25(HAND, batch_prompts=2, offload_fraction=0.5, cap_multiplier=mult)
+        assert (d.fast_broke, d.fast_prompts_broke, d.wasted_tokens) == (0, 0, 0)
+        assert (d.cap > HAND.max()).all()
+    # a top past any batch holds every group: every batch is captured and none is ranked, as with top = B
+    # (an int past int64 raised OverflowError)
+    for top in (2, 10**20):
+        cap = batch_capture(HAND, batch_prompts=2, capture_top=top)
+        assert (cap.capture_prob == 1).all() and not cap.ranked.any()
+    # through the CLI: a report, not a traceback; an infinite multiplier is an error naming the flag
+    from cli_checks import failed, invoke
+    from pdsr_sdk.traces import synth_trace, write_trace_jsonl
+
+    trace = tmp_path / "t.jsonl"
+    write_trace_jsonl(synth_trace(groups=40, n=4, seed=0), trace)
+    result = invoke("analyze", trace, "--no-plots", "--json", tmp_path / "a.json", "--capture-top", 10**20)
+    assert result.exit_code == 0 and "batch capture is n/a" in result.output
+    failed(invoke("analyze", trace, "--no-plots", "--json", tmp_path / "b.json", "--cap-multiplier", "inf"),
+           "--cap-multiplier")
+    assert not (tmp_path / "b.json").exists()
+
+
 def test_dispatch_v25_shorter_last_batch_and_ties():
     x = np.array([[9, 9], [9, 100], [1, 1], [4, 4], [2, 50]])
     # B=4: batch 0 probes 9,9,1,4 -> floor(0.25*4)=1 heavy: group 0 (tie broken by order), L_cut 9,
