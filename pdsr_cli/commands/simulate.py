@@ -35,7 +35,8 @@ from pdsr_cli.out_dir import remove_other_outputs
 @click.option("--heavy", type=int, default=None, help="Engines in the heavy pool.  [default: 2]")
 @click.option("--batch-size", type=int, default=None, help="Prompts per batch (B).  [default: 128]")
 @click.option("--n", "n", type=int, default=None, help="Samples per prompt (the first n of each group).  [default: all]")
-@click.option("--num-batches", type=int, default=None, help="Simulate only the first this many batches.")
+@click.option("--num-batches", type=int, default=None,
+              help="Simulate only the first this many batches (not with --steps, which takes steps x step-groups).")
 @click.option("--profile", "profile", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`; one "
                    "pool's section is given to both); overrides --config's profiles.  [default: one illustrative GPU-like profile for every engine]")

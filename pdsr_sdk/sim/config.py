@@ -197,6 +197,9 @@ class SimulateConfig(StepStreamConfig, PolicyChoice):
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too")
             if self.max_partial_share is not None:
                 raise ConfigValueError("max_partial_share applies to multi-step runs only; set steps too")
+        elif self.num_batches is not None:
+            raise ConfigValueError("num_batches applies to batch-by-batch runs only; with steps a run takes steps "
+                                   "x step_groups groups (and more in flight): leave num_batches out")
         elif self.filter_groups is not None and "metric" in self.filter_groups.model_fields_set:
             raise ConfigValueError("filter_groups.metric chooses among a reward's values in pdsr rollout; the "
                                    "simulator compares the one reward per sample its trace records: leave it out")

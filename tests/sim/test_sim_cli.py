@@ -116,6 +116,18 @@ def test_cli_errors_are_clean(tmp_path):
     assert "pdsr rollout" in r.output and not (tmp_path / "p.yaml").exists()
 
 
+def test_num_batches_with_steps_is_refused_not_ignored(tmp_path):
+    # --steps runs steps x step_groups groups whatever --num-batches says: the flag did nothing, silently
+    trace_path = write_trace_jsonl(small_trace(groups=40), tmp_path / "t.jsonl")
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--steps", "2", "--step-groups", "4",
+                                 "--num-batches", "3", "--quiet"], catch_exceptions=False)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "num_batches (--num-batches) applies to batch-by-batch runs only" in r.output
+    with pytest.raises(ValueError, match="num_batches applies to batch-by-batch runs only"):
+        SimulateConfig(steps=2, num_batches=3)
+    assert SimulateConfig(num_batches=3).num_batches == 3 and SimulateConfig(steps=2).steps == 2
+
+
 def test_cli_says_what_a_user_of_one_trace_needs_to_read_the_table(tmp_path):
     """One policy runs beside baseline (vs_base); the footnote explains only the columns shown; a short trace and
     fewer batches than asked are said; a response no engine can hold is named before anything runs."""
