@@ -146,6 +146,9 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     profiles = load_profile_file(profile) if profile is not None else {}
     for pool, values in profiles.items():
         overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
+    if no_segments and (segment_min is not None or segment_max is not None):
+        raise ConfigError("--segment-min / --segment-max size the dynamic segments that --no-segments turns off: "
+                          "give one or the other")
     if (speculative is None) != (acceptance is None):
         raise ConfigError("--speculative METHOD and --acceptance FILE go together (bench/spec.py writes the file)")
     if speculative is not None:

@@ -128,6 +128,19 @@ def test_num_batches_with_steps_is_refused_not_ignored(tmp_path):
     assert SimulateConfig(num_batches=3).num_batches == 3 and SimulateConfig(steps=2).steps == 2
 
 
+@pytest.mark.parametrize("flag", ["--segment-min", "--segment-max"])
+def test_segment_sizes_with_no_segments_are_refused_not_ignored(tmp_path, flag):
+    # --no-segments runs each request in one go: a segment size beside it did nothing, silently
+    trace_path = write_trace_jsonl(small_trace(groups=8), tmp_path / "t.jsonl")
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--no-segments", flag, "100", "--quiet"],
+                           catch_exceptions=False)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "--segment-min / --segment-max size the dynamic segments that --no-segments turns off" in r.output
+    ok = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), flag, "100", "--quiet"],
+                            catch_exceptions=False)
+    assert ok.exit_code == 0, ok.output
+
+
 def test_cli_says_what_a_user_of_one_trace_needs_to_read_the_table(tmp_path):
     """One policy runs beside baseline (vs_base); the footnote explains only the columns shown; a short trace and
     fewer batches than asked are said; a response no engine can hold is named before anything runs."""
