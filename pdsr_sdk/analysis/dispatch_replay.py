@@ -39,17 +39,6 @@ class DispatchCounts:
         return self.fast_prompts - self.fast_prompts_broke
 
 
-#: the fast cap of a multiplier whose product passes int64 (no cap, in effect): longer than any length
-NO_CAP = 2**62
-
-
-def _fast_cap(cap_multiplier: float, l_cut: np.ndarray) -> np.ndarray:
-    """``cap_tokens``, held at ``NO_CAP`` where floor(cap_multiplier x L_cut) passes it (converted to int64 such a
-    product wrapped to a negative cap, and every fast sample broke)."""
-    past = cap_multiplier * l_cut.astype(np.float64) >= NO_CAP
-    return np.where(past, NO_CAP, cap_tokens(cap_multiplier, np.where(past, 0, l_cut)))
-
-
 def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2,
                  cap_multiplier: float = 1.5) -> DispatchCounts:
     """Replay V2.5 rank-based offloading on recorded lengths.
@@ -77,7 +66,7 @@ def dispatch_v25(lengths, batch_prompts: int = 16, offload_fraction: float = 0.2
         is_heavy = np.zeros((nb, b), dtype=bool)
         np.put_along_axis(is_heavy, order[:, :n_heavy], True, axis=1)
         l_cut = np.take_along_axis(block[:, :, 0], order[:, n_heavy - 1: n_heavy], axis=1)[:, 0]
-        cap = _fast_cap(cap_multiplier, l_cut)
+        cap = cap_tokens(cap_multiplier, l_cut)
         breaks = (block > cap[:, None, None]) & ~is_heavy[:, :, None]
         per_batch = breaks.sum(axis=(1, 2))
         fast_prompts += int((~is_heavy).sum())

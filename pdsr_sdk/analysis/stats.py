@@ -65,12 +65,19 @@ def offload_count(frac: float, batch_prompts: int) -> int:
     return min(batch_prompts, max(1, math.floor(frac * batch_prompts + _EPS)))
 
 
+#: the cap of a product past int64 (``cap_multiplier`` 1e17 or ``inf``): longer than any length, so no cap
+NO_CAP = 2**62
+
+
 def cap_tokens(cap_multiplier: float, l_cut):
-    """The fast-pool cap ``floor(cap_multiplier * L_cut)``; a sample breaks when its length exceeds it.
+    """The fast-pool cap ``floor(cap_multiplier * L_cut)``; a sample breaks when its length exceeds it. Held at
+    :data:`NO_CAP` (converted to int64, a larger product wrapped to a negative cap, and every fast sample broke).
 
     For integer lengths, ``length > floor(x)`` is the same as ``length > x``.
     """
-    return np.floor(cap_multiplier * np.asarray(l_cut, dtype=np.float64) + _EPS).astype(np.int64)
+    # fmin: inf x 0 (NaN) is no cap too
+    cap = np.fmin(cap_multiplier * np.asarray(l_cut, dtype=np.float64) + _EPS, float(NO_CAP))
+    return np.floor(cap).astype(np.int64)
 
 
 # -- per-group spread ---------------------------------------------------------------------

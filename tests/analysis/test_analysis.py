@@ -158,6 +158,9 @@ def test_dispatch_v25_by_hand():
 def test_dispatch_cap_is_exact_for_float_products():
     assert cap_tokens(1.15, 100) == 115       # 1.15 * 100 = 114.99999999999999 in floats
     assert cap_tokens(1.5, np.array([3, 4])).tolist() == [4, 6]
+    # a product past int64 is held at NO_CAP, not wrapped to a negative cap
+    assert cap_tokens(1e17, np.array([0, 100, 2**40])).tolist() == [0, 2**62, 2**62]
+    assert cap_tokens(float("inf"), 7) == 2**62
     # a fast sample of exactly 115 tokens does not break a cap of 1.15 x 100; 116 does
     x = np.array([[100, 100], [50, 115], [50, 116]])
     d = dispatch_v25(x, batch_prompts=3, offload_fraction=0.3, cap_multiplier=1.15)

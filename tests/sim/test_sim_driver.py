@@ -195,3 +195,17 @@ def test_v2_threshold_is_numpys_percentile_bit_for_bit():
         values = [float(v) for v in rng.exponential(3.0, n).round(int(rng.integers(0, 4)))]
         q = float(rng.choice([80.0, 50.0, 99.0, rng.uniform(0.01, 99.99)]))
         assert linear_percentile(values, q) == float(np.percentile(np.asarray(values), q))
+
+
+def test_v25_with_a_cap_past_int64_breaks_nothing():
+    """v2.5's fast cap floor(cap_multiplier x L_cut) past int64 wrapped to a negative cap, so every fast sample broke
+    (then clamped to min_cap_tokens); held at no cap, it runs as a cap longer than every length does."""
+    trace = synth_trace(groups=32, n=4, seed=3)
+    runs = {}
+    for mult in (1e6, 1e17, 1e300):
+        cfg = SimulateConfig(policy="v2.5", policy_settings={"v2.5": {"cap_multiplier": mult}}, fast=2, heavy=1,
+                             batch_size=16, timeline=False, references=False)
+        runs[mult] = simulate(trace, cfg).to_dict()["policies"][0]
+    assert runs[1e6]["breaks"] == 0
+    for mult in (1e17, 1e300):
+        assert runs[mult]["breaks"] == 0 and runs[mult]["makespan_s"] == runs[1e6]["makespan_s"]
