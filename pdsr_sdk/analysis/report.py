@@ -110,6 +110,10 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
         if (x[:, 0] == x[0, 0]).all():
             warnings.append(f"every probe is {int(x[0, 0])} tokens: the probe ranks nothing (Spearman n/a; "
                             "recall, safe rate and capture are at chance)")
+        flat = [j for j in range(1, n) if (x[:, j] == x[0, j]).all()]
+        if flat and not (x[:, 0] == x[0, 0]).all():
+            said = ", ".join(f"sample {j} ({int(x[0, j])} tokens)" for j in flat[:5]) + (" ..." if len(flat) > 5 else "")
+            warnings.append(f"Spearman is n/a for {len(flat)} later sample(s) whose every length is the same: {said}")
         if k == 0:
             warnings.append(f"top-K recall and safe rate are n/a: floor({cfg.top_k:g} x {g} groups) = 0, the top "
                             f"set is empty (it needs {math.ceil(1 / cfg.top_k - 1e-9)} groups)")
@@ -126,7 +130,7 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     if fn_na:
         where = (f"were cut at {at_cap['length']} tokens" if at_cap["basis"] == "finish_reason" else
                  f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")
-        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {at_cap['share']:.0%} of responses {where}, "
+        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {at_cap['share']:.{0 if at_cap['share'] >= 0.01 else 1}%} of responses {where}, "
                         f"so no later sample can exceed {cfg.fn_length}")
     elif fn.groups_below == 0:
         warnings.append(f"false negatives at {cfg.fn_length} are n/a: no group's probe is below {cfg.fn_length} "

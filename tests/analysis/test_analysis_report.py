@@ -156,6 +156,25 @@ def test_false_negatives_with_no_probe_below_the_threshold_say_why():
     assert not any(w.startswith("false negatives") for w in report["warnings"])
 
 
+def test_a_later_sample_of_one_length_says_why_its_spearman_is_na():
+    # sample 2 ran to the same 512 tokens in every group: nothing to rank, so its Spearman is n/a, and the
+    # warnings say so (the other samples' are numbers); 1 of 250 responses at the cap reads 0.4%, not 0%
+    x = np.array([[100, 150, 512], [300, 250, 512], [200, 400, 512], [50, 80, 512]])
+    report = analyze_trace(LengthTrace.from_matrix(x))
+    assert report["spearman"]["per_sample"][0] is not None and report["spearman"]["per_sample"][1] is None
+    assert "Spearman is n/a for 1 later sample(s) whose every length is the same: sample 2 (512 tokens)" in \
+        report["warnings"]
+    assert not any("Spearman is n/a" in w for w in analyze_trace(LengthTrace.from_matrix(x[:, :2]))["warnings"])
+    y = np.full((125, 2), 300)
+    y[:, 1] = np.arange(125)
+    y[0, 0] = 512
+    reasons = np.full(y.shape, "stop", dtype=object)
+    reasons[0, 0] = "length"
+    said = [w for w in analyze_trace(LengthTrace.from_matrix(y, finish_reasons=reasons))["warnings"]
+            if w.startswith("false negatives")]
+    assert said and "0.4% of responses were cut at 512 tokens" in said[0]
+
+
 def test_report_needs_equal_groups_of_two_or_more():
     ragged = LengthTrace(prompt_ids=["a", "b"], prompt_lens=[1, 1], lengths=[1, 2, 3], offsets=[0, 2, 3])
     with pytest.raises(DataError, match="analysis needs the same number of samples"):
