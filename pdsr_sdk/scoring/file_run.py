@@ -78,7 +78,10 @@ def _score_file(config: ScoreConfig, progress: ProgressFactory | None) -> tuple[
         on_disk = []
     source = open_table_batches(config.data, (config.prompt_column, config.response_column), what="scoring input",
                                 setting="data (--data)")
+    given = "temperature" in config.model_fields_set
     config, recorded = with_rollout_temperature(config, source.schema)   # a rollout's file: at its temperature
+    if not given:
+        _check_rollout_temperature(config, recorded)
     temperatures = dict(temperature=config.temperature, rollout_temperature=recorded)
     settings = parts.run_settings(config, model_dir)
     if config.resume:
@@ -109,6 +112,20 @@ def _model_dir(config: ScoreConfig) -> Path:
     from pdsr_sdk.models.tiny import ensure_tiny_model
 
     return Path(ensure_tiny_model())
+
+
+def _check_rollout_temperature(config: ScoreConfig, recorded: float | None) -> None:
+    """The vllm backend scores at temperature 1 only: where the temperature is the one the rollout recorded in
+    ``data`` (none given), say so, and what each way out means, rather than the backend's words about a
+    temperature the user never gave."""
+    if config.backend != "vllm" or recorded is None or recorded == 1.0:
+        return
+    raise ConfigError(f"{config.data}: the rollout in this file sampled at temperature {recorded:g} (recorded in its "
+                      f"metadata), which pdsr score takes as its temperature (--temperature) unless given, but the "
+                      f"vllm backend (--backend vllm) scores at temperature 1 only: vLLM's prompt log-probs are of "
+                      f"the raw logits. Score with --backend torch for log-probs at {recorded:g}, as the rollout's "
+                      f"response_logprobs and verl's old and reference log-probs are, or pass --temperature 1 for "
+                      f"log-probs of the raw logits")
 
 
 def _finished_output(out: Path, settings: dict, on_disk: list, rows: int) -> ScoreStats | None:

@@ -103,3 +103,19 @@ def test_the_keys_read_are_the_ones_pdsr_rollout_writes():
     assert ROLLOUT_METADATA == METADATA_KEY
     cfg = RolloutConfig.model_validate({"sampling": {"temperature": 0.7}})
     assert run_settings(cfg, "models/tiny")[TEMPERATURE_KEY] == 0.7
+
+
+def test_the_vllm_backend_on_a_rollout_not_at_1_names_the_recorded_temperature(tmp_path, tiny_model_dir, case):
+    """vLLM's prompt log-probs are of the raw logits, so the vllm backend scores at 1 only. On a rollout file at 0.7
+    it was refused with the backend's words about 'temperature=0.7', a value the user never gave, and its advice
+    'temperature=1' in the SDK's spelling; the error now says the 0.7 is the rollout's, recorded in --data, and
+    what each way out gives. (Refused before any engine starts; vLLM is not needed.)"""
+    prompts, responses, _ = case
+    data = _rollout_file(tmp_path / "r.parquet", prompts, responses, 0.7)
+    out = tmp_path / "scored.parquet"
+    result = CliRunner().invoke(cli, ["score", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(out),
+                                      "--backend", "vllm"])
+    assert result.exit_code == 2, result.output
+    assert f"{data}: the rollout in this file sampled at temperature 0.7 (recorded in its metadata)" in result.output
+    assert "--backend torch" in result.output and "--temperature 1" in result.output
+    assert not out.exists()
