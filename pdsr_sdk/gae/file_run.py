@@ -285,8 +285,13 @@ class _Run:
 
     def _summary(self, tally: _Tally) -> GaeRunSummary:
         dropped = np.concatenate(tally.dropped) if tally.dropped else np.zeros(0, np.int64)
+        backend = tally.backend
+        if not backend and self.cfg.estimator in ("gae", "reinforce_plus_plus"):   # no rows: the scan's, unrun
+            from pdsr_sdk.gae.api import resolve_backend_name
+
+            backend = resolve_backend_name(self.cfg.backend, cuda=self.cfg.device.startswith("cuda"))
         return GaeRunSummary(out=Path(self.cfg.out), rows=tally.rows, tokens=tally.tokens, valid_tokens=tally.valid,
-                             backend=tally.backend, seconds=self.seconds + tally.seconds,
+                             backend=backend, seconds=self.seconds + tally.seconds,
                              dropped_rewards=tuple(int(r) for r in dropped), estimator=self.cfg.estimator)
 
     def _same_lengths(self, n: np.ndarray, lengths: np.ndarray, rows: Rows) -> None:

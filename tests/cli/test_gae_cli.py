@@ -270,3 +270,19 @@ def test_rewards_column_default_prefers_rewards_and_names_both_when_absent(tmp_p
     assert result.exit_code == 2
     assert "neither 'rewards' nor 'reward'" in result.output and "--rewards-column" in result.output
     assert str(src) in result.output and "Traceback" not in result.output
+
+
+def test_empty_table_summary_names_the_backend(tmp_path):
+    """A file of no rows ran no scan block, and the summary line read 'wrote ...: 0 rows, 0 tokens (0 valid), , 0 s':
+    the backend's place left empty between two commas. It names the backend the run was set to, as for a file of
+    rows."""
+    schema = pa.schema([("rewards", pa.list_(pa.float64())), ("values", pa.list_(pa.float64())),
+                        ("response_mask", pa.list_(pa.bool_()))])
+    src = tmp_path / "in.parquet"
+    pq.write_table(schema.empty_table(), src)
+    out = tmp_path / "out.parquet"
+    for backend in ("numba", "reference"):
+        result = invoke("--data", src, "--out", out, "--backend", backend, "--overwrite")
+        assert result.exit_code == 0, result.output
+        assert f"wrote {out}: 0 rows, 0 tokens (0 valid), backend {backend}, " in result.output
+        assert ", ," not in result.output
