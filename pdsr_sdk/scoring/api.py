@@ -60,8 +60,9 @@ class ScoreStats:
 
     @property
     def tokens_per_s(self) -> float:
-        """Real (prompt + completion) tokens per second of the scoring loop."""
-        return self.real_tokens / self.seconds if self.seconds > 0 else float("inf")
+        """Real (prompt + completion) tokens per second of the scoring loop; 0 where it timed nothing (no rows),
+        as a rollout's summary says (not inf, which JSON has no number for)."""
+        return self.real_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> str:
         unpadded = "n/a (vLLM batches unpadded)" if self.backend == "vllm" else "n/a (unpadded)"

@@ -267,3 +267,22 @@ def test_rollout_file_with_a_failed_sample(tmp_path, tiny_model_dir, rows):
         logp = torch.log_softmax(logits[len(prompts[i]) - 1:-1], -1)
         want = logp.gather(-1, torch.tensor(responses[i])[:, None])[:, 0].numpy()
         np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_file_of_no_rows_reports_no_rate(tmp_path, tiny_model_dir):
+    """A file of no rows scored nothing in no time, and the summary said 'inf tokens/s' (its stats' to_dict held
+    inf too, which json.dumps writes as the non-JSON 'Infinity'). It says 0 tokens/s, as a rollout's summary does."""
+    import json
+
+    from pdsr_sdk.scoring.config import ScoreConfig
+    from pdsr_sdk.scoring.file_run import score_file
+
+    data = _write(tmp_path / "empty.parquet", pa.array([], pa.list_(pa.int64())), pa.array([], pa.list_(pa.int64())))
+    out = tmp_path / "scored.parquet"
+    result = _run("--model", tiny_model_dir, "--data", data, "--out", out, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: 0 rows" in result.output
+    assert "\n0 tokens/s (0 tokens, 0 scored, 0.00 s)" in result.output and "inf" not in result.output
+    _, stats = score_file(ScoreConfig(model=tiny_model_dir, data=data, out=tmp_path / "o.parquet", device="cpu"))
+    assert stats.tokens_per_s == 0.0
+    json.dumps(stats.to_dict(), allow_nan=False)
