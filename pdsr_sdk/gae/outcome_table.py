@@ -152,6 +152,8 @@ def group_ids(column: pa.ChunkedArray, name: str, source) -> np.ndarray:
         raise DataError(f"{source}: column {name!r} (--group-column) row {row} is null; every sample needs its "
                         f"group's id")
     kind = column.type
+    if pa.types.is_dictionary(kind):   # a pandas category, a dictionary-encoded Parquet column: its values are the ids
+        column, kind = column.cast(kind.value_type), kind.value_type
     if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
             or pa.types.is_boolean(kind) or pa.types.is_floating(kind)):
         raise DataError(f"{source}: column {name!r} (--group-column) must hold a number or text id per row, got "

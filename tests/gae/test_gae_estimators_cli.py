@@ -238,6 +238,19 @@ def test_a_null_group_id_names_the_row(small):
            "'prompt_id' (--group-column) row 3 is null")
 
 
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_a_dictionary_encoded_group_column_groups_by_its_values(tmp_path, monkeypatch, estimator):
+    """A group column of text ids written from a pandas category (or any dictionary-encoded Arrow column) reads back
+    as dictionary<string>; it was refused ('must hold a number or text id per row, got dictionary<...>'). Its values
+    are the ids: the advantages are those of the same column plain."""
+    table, _ = rollout_like(5)
+    plain, _ = run_cli(tmp_path, monkeypatch, table, "--estimator", estimator)
+    encoded = table.set_column(0, "prompt_id", table.column("prompt_id").dictionary_encode())
+    got, _ = run_cli(tmp_path, monkeypatch, encoded, "--estimator", estimator)
+    assert pa.types.is_dictionary(got.schema.field("prompt_id").type)   # the input's column kept as it was
+    assert got.column("advantages").to_pylist() == plain.column("advantages").to_pylist()
+
 #: a reward that spreads within a group (the tiny random model never answers right): by the response's length
 REWARD = "def score(text, ground_truth, **info):\n    return (len(text) % 5) / 4\n"
 
