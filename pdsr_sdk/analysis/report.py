@@ -112,7 +112,8 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
                             "recall, safe rate and capture are at chance)")
         flat = [j for j in range(1, n) if (x[:, j] == x[0, j]).all()]
         if flat and not (x[:, 0] == x[0, 0]).all():
-            said = ", ".join(f"sample {j} ({int(x[0, j])} tokens)" for j in flat[:5]) + (" ..." if len(flat) > 5 else "")
+            said = ", ".join(f"sample {j} ({int(x[0, j])} tokens)" for j in flat[:5])
+            said += " ..." if len(flat) > 5 else ""
             warnings.append(f"Spearman is n/a for {len(flat)} later sample(s) whose every length is the same: {said}")
         if k == 0:
             warnings.append(f"top-K recall and safe rate are n/a: floor({cfg.top_k:g} x {g} groups) = 0, the top "
@@ -130,8 +131,9 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     if fn_na:
         where = (f"were cut at {at_cap['length']} tokens" if at_cap["basis"] == "finish_reason" else
                  f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")
-        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {at_cap['share']:.{0 if at_cap['share'] >= 0.01 else 1}%} of responses {where}, "
-                        f"so no later sample can exceed {cfg.fn_length}")
+        digits = 0 if at_cap["share"] >= 0.01 else 1   # 0.4% of responses, not 0%
+        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {at_cap['share']:.{digits}%} of responses "
+                        f"{where}, so no later sample can exceed {cfg.fn_length}")
     elif fn.groups_below == 0:
         warnings.append(f"false negatives at {cfg.fn_length} are n/a: no group's probe is below {cfg.fn_length} "
                         f"tokens (the shortest is {int(x[:, 0].min())}), so no group counts as short (fn_length "
