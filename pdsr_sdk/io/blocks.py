@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Iterator, Sequence
+from typing import Collection, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -22,7 +22,8 @@ from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.json_rows import first_non_utf8, not_utf8
 from pdsr_sdk.io.json_stream import JsonPlan, jsonl_batches, plan_jsonl
 from pdsr_sdk.io.paths import labelled, resolve_inputs, user_path
-from pdsr_sdk.io.tables import FORMATS, SAVE_TO_DISK_METADATA, conformed, json_array_file, read_table
+from pdsr_sdk.io.tables import (FORMATS, SAVE_TO_DISK_METADATA, check_columns, conformed, json_array_file,
+                                read_table)
 
 #: rows per batch read from a file
 BATCH_ROWS = 4096
@@ -73,13 +74,14 @@ class TableBatches:
                 yield batch if fits else conformed(batch, wanted)
 
 
-def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: str = "input",
-                       setting: str | None = None, only: Collection[str] | None = None) -> TableBatches:
+def open_table_batches(path: str | Path, columns: Sequence[str] | Mapping[str, str] = (), *,
+                       what: str = "input", setting: str | None = None,
+                       only: Collection[str] | None = None) -> TableBatches:
     """``path`` (a file, a folder of shards or a glob pattern, as :func:`~pdsr_sdk.io.tables.read_table` reads)
-    ready to read in batches, checking that ``columns`` exist (a DataError naming the missing ones and what the
-    file has). Parquet, Arrow IPC and JSONL are streamed, shards whose columns differ as their union (a JSONL file
-    is parsed now, for its types, and its batches kept in a temporary file; its errors are read_table's); anything
-    else is read whole now. ``setting``: the flag or config key that gave ``path``, named in the errors about the
+    ready to read in batches, checking that ``columns`` exist (:func:`~pdsr_sdk.io.tables.check_columns`).
+    Parquet, Arrow IPC and JSONL are streamed, shards whose columns differ as their union (a JSONL file is parsed
+    now, for its types, and its batches kept in a temporary file; its errors are read_table's); anything else is
+    read whole now. ``setting``: the flag or config key that gave ``path``, named in the errors about the
     whole input. ``only``: the only columns ``batches`` will be asked for; a JSONL file's other keys are in the
     schema but not converted (nor are their values checked)."""
     path = user_path(path)
@@ -99,10 +101,7 @@ def open_table_batches(path: str | Path, columns: Sequence[str] = (), *, what: s
     if schema is None:   # read_table names why the schemas do not unify
         table = read_table(path, columns, what=what, setting=setting)
         return TableBatches(path, table.schema, table.num_rows, [], table)
-    missing = [c for c in columns if c not in schema.names]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
-                        f"the file has: {', '.join(schema.names) or '(no columns)'}")
+    check_columns(path, columns, schema.names)
     return TableBatches(path, schema, sum(rows for _, rows in opened or ()), files, kind=kind, plans=plans,
                         file_schemas=[s for s, _ in opened or ()])
 

@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Iterable, Iterator, Sequence
+from typing import Annotated, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -41,27 +41,32 @@ FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".arrow":
 SAVE_TO_DISK_METADATA = frozenset({"dataset_info.json", "state.json"})
 
 
-def read_table(path: str | Path, columns: Sequence[str] = (), *, what: str = "input", kind: str | None = None,
-               setting: str | None = None) -> pa.Table:
+def read_table(path: str | Path, columns: Sequence[str] | Mapping[str, str] = (), *, what: str = "input",
+               kind: str | None = None, setting: str | None = None) -> pa.Table:
     """Read a Parquet, Arrow IPC, JSONL (or a .json array of objects) or CSV/TSV file (by its suffix; any other
     is read as Parquet; ``kind``, one of ``FORMATS``' values, reads a file as that format whatever its name), or a
     folder of such files or a glob pattern matching them (shards of one format, in name order:
-    :func:`~pdsr_sdk.io.paths.resolve_inputs`), checking that ``columns`` exist. A CSV's columns are all read as
-    text, as written (an answer ``0.50`` or an id ``007`` is not turned into a number); an empty cell is missing
-    (null). ``setting``: the flag or config key that gave ``path``, named in the errors about the whole input."""
+    :func:`~pdsr_sdk.io.paths.resolve_inputs`), checking that ``columns`` exist (:func:`check_columns`). A CSV's
+    columns are all read as text, as written (an answer ``0.50`` or an id ``007`` is not turned into a number); an
+    empty cell is missing (null). ``setting``: the flag or config key that gave ``path``, named in the errors about the whole input."""
     path = user_path(path)
     files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
     if files == [path]:
         table = _read_file(path, what, kind, setting)
     else:
         table = _concat([_read_file(f, what) for f in files], labelled(path, setting))
-    missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise DataError(
-            f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; "
-            f"the file has: {', '.join(table.column_names) or '(no columns)'}"
-        )
+    check_columns(path, columns, table.column_names)
     return table
+
+
+def check_columns(path: str | Path, columns: Sequence[str] | Mapping[str, str], have: Sequence[str]) -> None:
+    """A DataError naming the ``columns`` that ``have`` lacks, and what the file has. ``columns`` may map each name
+    to the flag or config key that chose it, named beside it (``'response_token_ids' (--response-column)``)."""
+    missing = [c for c in columns if c not in have]
+    if missing:
+        chosen = columns if isinstance(columns, Mapping) else {}
+        named = ", ".join(f"{c!r} ({chosen[c]})" if c in chosen else repr(c) for c in missing)
+        raise DataError(f"{path}: missing column(s) {named}; the file has: {', '.join(have) or '(no columns)'}")
 
 
 def _read_file(path: Path, what: str, kind: str | None = None, setting: str | None = None) -> pa.Table:
@@ -349,7 +354,9 @@ def list_column_to_numpy(column: pa.ChunkedArray | pa.Array, dtype, *, name: str
         row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
         raise DataError(f"{path}: column {name!r} row {row} is null; expected a list")
     item = column.type.value_type
-    if dtype is not None and not (pa.types.is_integer(item) or pa.types.is_floating(item) or pa.types.is_boolean(item)):
+    numbers = pa.types.is_integer(item) or pa.types.is_floating(item) or pa.types.is_boolean(item)
+    # list<null>: every list empty (a JSON reader's type for [] throughout); a null item is refused below
+    if dtype is not None and not (numbers or pa.types.is_null(item)):
         raise DataError(f"{path}: column {name!r} must be a list of numbers per row, got {column.type}")
     offsets = np.asarray(column.offsets, dtype=np.int64)
     values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))

@@ -76,8 +76,8 @@ def _score_file(config: ScoreConfig, progress: ProgressFactory | None) -> tuple[
     if config.overwrite and parts.parts_dir(out).exists():
         shutil.rmtree(parts.parts_dir(out))
         on_disk = []
-    source = open_table_batches(config.data, (config.prompt_column, config.response_column), what="scoring input",
-                                setting="data (--data)")
+    columns = {config.prompt_column: "--prompt-column", config.response_column: "--response-column"}
+    source = open_table_batches(config.data, columns, what="scoring input", setting="data (--data)")
     given = "temperature" in config.model_fields_set
     config, recorded = with_rollout_temperature(config, source.schema)   # a rollout's file: at its temperature
     if not given:

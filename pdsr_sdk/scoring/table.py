@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.columns import integer_token_ids, is_token_ids
-from pdsr_sdk.io.tables import list_column_to_numpy, numpy_to_list_array
+from pdsr_sdk.io.tables import check_columns, list_column_to_numpy, numpy_to_list_array
 from pdsr_sdk.progress import ProgressFactory
 from pdsr_sdk.scoring.api import Ragged, ScoreStats, per_token_logps
 from pdsr_sdk.scoring.config import ScoreConfig
@@ -53,10 +53,8 @@ def _attach(table: pa.Table, name: str, arrays: list[np.ndarray], description: s
 def score_table(table: pa.Table, config: ScoreConfig, model, *, progress: ProgressFactory | None = None,
                 source: str = "input") -> tuple[pa.Table, ScoreStats]:
     """Score ``table``'s completions with ``model`` (a loaded model, LLM, or directory) per ``config``."""
-    missing = [c for c in (config.prompt_column, config.response_column) if c not in table.column_names]
-    if missing:
-        raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing)}; the file has: "
-                        f"{', '.join(table.column_names) or '(no columns)'}")
+    check_columns(source, {config.prompt_column: "prompt_column", config.response_column: "response_column"},
+                  table.column_names)
     prompts = _ragged_column(table, config.prompt_column, source)
     completions = _ragged_column(table, config.response_column, source)
     result = per_token_logps(model, prompts, completions, config.options(), progress=progress,

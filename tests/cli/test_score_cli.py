@@ -99,7 +99,7 @@ def test_without_model_uses_tiny_model(tmp_path, tiny_model_dir, rows, monkeypat
 
 
 @pytest.mark.parametrize("case,pattern", [
-    ("missing_column", r"missing column\(s\) 'response_token_ids'"),
+    ("missing_column", r"missing column\(s\) 'response_token_ids' \(--response-column\)"),
     ("empty_prompt", r"row 2: empty prompt"),
     ("bad_token", r"row 1: token id 4096 in response_token_ids .*vocab size 1024"),
     ("no_config_json", r"not a Hugging Face model directory \(no config.json"),

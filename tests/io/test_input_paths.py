@@ -11,6 +11,7 @@ import pytest
 
 from cli_checks import failed, invoke, write_jsonl
 from pdsr_sdk.errors import DataError
+from pdsr_sdk.io.blocks import open_table_batches
 from pdsr_sdk.io.paths import resolve_inputs
 from pdsr_sdk.io.tables import FORMATS, SAVE_TO_DISK_METADATA, read_table
 from pdsr_sdk.traces.verl_dump import is_verl_dump, verl_dump_files
@@ -125,3 +126,21 @@ def test_a_folder_of_a_dump_and_other_tables_is_refused(tmp_path, tiny_model_dir
     failed(invoke("trace", "convert", folder, "--tokenizer", tiny_model_dir, "--out", tmp_path / "t.jsonl"),
            f"{folder}: the folder must hold rollout log files of one format", "found 1 jsonl (1.jsonl, ...); "
            "1 parquet (lengths.parquet, ...)")
+
+
+@pytest.mark.parametrize("shape", ["parquet", "jsonl"])
+def test_a_missing_column_names_the_flag_that_chose_it(tmp_path, shape):
+    """A column asked for by a flag is named with it ('response_token_ids' was said alone, leaving the user to
+    guess which flag picks it); both readers say the same, a column without a flag as before."""
+    path = tmp_path / f"t.{shape}"
+    if shape == "parquet":
+        pq.write_table(pa.table({"a": [1]}), path)
+    else:
+        path.write_text('{"a": 1}\n')
+    columns = {"a": "--a-column", "b": "--b-column", "c": "--c-column"}
+    said = f"^{path}: missing column\\(s\\) 'b' \\(--b-column\\), 'c' \\(--c-column\\); the file has: a$"
+    for read in (read_table, open_table_batches):
+        with pytest.raises(DataError, match=said):
+            read(path, columns)
+        with pytest.raises(DataError, match=f"^{path}: missing column\\(s\\) 'b'; the file has: a$"):
+            read(path, ["a", "b"])
