@@ -2,9 +2,9 @@
 
 Each block of rows is written, scored, to ``<out>.parts/block-NNNNN.parquet`` (atomically) with the run's
 settings in its metadata; the finished run merges them into ``out`` (which keeps the settings) and removes the
-folder. A resumed run must have every setting that changes a number (:data:`RESUMED_KEYS`), the same model
-(by name and a fingerprint of its weight files) and the same input rows block for block; otherwise it is
-refused, naming each difference.
+folder. A resumed run must have every setting that changes a number (:data:`RESUMED_KEYS`, those its scoring
+reads: :func:`unused_keys`), the same model (by name and a fingerprint of its weight files) and the same input
+rows block for block; otherwise it is refused, naming each difference.
 """
 
 from __future__ import annotations
@@ -57,12 +57,40 @@ def run_settings(config: ScoreConfig, model_dir: str | Path) -> dict[str, Any]:
     so a run directory moved to another mount still resumes."""
     settings: dict[str, Any] = {"model": f"{Path(model_dir).name} (weights {model_fingerprint(model_dir)})",
                                 "data": Path(config.data).name}
-    settings.update({key: getattr(config, key) for key in RESUMED_KEYS})
+    device = config.device
     if config.device == "auto" and config.backend == "torch":   # the device it means here: cpu and cuda differ
         import torch
 
-        settings["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    unused = unused_keys(config, device)
+    settings.update({key: getattr(config, key) for key in RESUMED_KEYS if key not in unused})
+    if "device" not in unused:
+        settings["device"] = device
+    if "pack" not in unused:   # as the forward runs: unset is the measured rule's choice for this device
+        settings["pack"] = packs(config, device)
     return settings
+
+
+def packs(config: ScoreConfig, device: str) -> bool:
+    """Whether the torch backend runs packed forwards for ``config`` on ``device``."""
+    from pdsr_sdk.scoring.packed import resolve_pack
+
+    return resolve_pack(config.pack, device.split(":")[0])
+
+
+def unused_keys(config: ScoreConfig, device: str) -> frozenset[str]:
+    """The keys of :data:`RESUMED_KEYS` that ``config``'s scoring does not read on ``device``, so that a resume
+    need not match them: the torch backend's forward options under ``vllm`` (its engine batches unpadded tokens
+    itself); under a packed forward its padding's; with ``mbs`` the token quota's grouping; unpacked,
+    ``packed_attention``. A backend given by import path may read any of them."""
+    if config.backend == "vllm":
+        return frozenset(("device", "token_grouping", "max_padding_fraction", "length_bucket", "row_chunk",
+                          "attention_mask", "pack", "packed_attention", "pad_id"))
+    if config.backend != "torch":
+        return frozenset()
+    if packs(config, device):
+        return frozenset(("token_grouping", "max_padding_fraction", "length_bucket", "attention_mask", "pad_id"))
+    return frozenset(("packed_attention",) + (("token_grouping", "max_padding_fraction") if config.mbs is not None else ()))
 
 
 def check_settings(where: Path, then: dict[str, Any], now: dict[str, Any]) -> None:

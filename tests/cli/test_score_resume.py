@@ -154,6 +154,15 @@ def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path, tiny_mode
     assert "--resume continues a run made with other settings" in res.output and "--overwrite" in res.output
 
 
+def test_a_resume_may_change_what_its_scoring_does_not_read(tmp_path, tiny_model_dir, data, whole, monkeypatch):
+    """Unpacked (the CPU's rule), --packed-attention is not read: a resume with it was refused ("packed_attention
+    (--packed-attention) is 'model' now but was 'varlen'"); it now ends with the uninterrupted run's file."""
+    out = _interrupted(tmp_path, tiny_model_dir, data, monkeypatch)
+    res = invoke(*args(tiny_model_dir, data, out, "--resume", "--packed-attention", "model"))
+    assert res.exit_code == 0, res.output
+    same_file(out, whole)
+
+
 def test_a_resume_with_another_model_or_changed_input_is_refused(tmp_path, tiny_model_dir, data, monkeypatch):
     import shutil
 
