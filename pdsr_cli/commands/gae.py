@@ -81,8 +81,9 @@ def command(config_path: Path | None, quiet: bool, **flags) -> None:
     if summary.dropped_rewards:
         rows = summary.dropped_rewards
         shown = ", ".join(map(str, rows[:5])) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
-        click.echo(f"warning: {len(rows)} row(s) have a reward but no valid token to carry it (their "
-                   f"{cfg.mask_column or 'mask'} is all 0), so it is in no advantage: row {shown}", err=True)
+        why = "the response is empty" + (f" or its {cfg.mask_column} is all 0" if cfg.mask_column else "")
+        click.echo(f"warning: {len(rows)} row(s) have a reward but no valid token to carry it ({why}), so it is in "
+                   f"no advantage: row {shown}", err=True)
 
 
 def _warn_lone_samples(summary, cfg: GaeConfig) -> None:

@@ -61,12 +61,24 @@ def test_gae_a_reward_no_token_can_carry_is_named(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), path)
     res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out), "--lam", "1"])
     assert res.exit_code == 0, res.output
-    assert ("warning: 2 row(s) have a reward but no valid token to carry it (their response_mask is all 0), so it "
-            "is in no advantage: row 1, 3") in res.output
+    assert ("warning: 2 row(s) have a reward but no valid token to carry it (the response is empty or its "
+            "response_mask is all 0), so it is in no advantage: row 1, 3") in res.output
     adv = pq.read_table(out).column("advantages").to_pylist()
     assert adv[0] == [1.0, 1.0] and adv[1] == adv[3] == [0.0, 0.0]
     res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out), "--overwrite", "--mask-column", ""])
     assert res.exit_code == 0 and "warning" not in res.output, res.output
+
+
+def test_gae_without_a_mask_names_an_empty_response_as_the_reason(tmp_path):
+    """Without a mask column only an empty response has no token for its reward: the warning said "(their mask
+    is all 0)", of a mask the run did not have."""
+    path, out = tmp_path / "in.parquet", tmp_path / "o.parquet"
+    rows = [{"rewards": r, "values": v} for r, v in ((1.0, [0.0, 0.0]), (2.0, []))]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out), "--mask-column", ""])
+    assert res.exit_code == 0, res.output
+    assert ("warning: 1 row(s) have a reward but no valid token to carry it (the response is empty), so it is in "
+            "no advantage: row 1") in res.output
 
 
 def test_gae_existing_out_needs_overwrite(tmp_path, gae_input):
@@ -107,3 +119,19 @@ def test_gae_a_missing_or_empty_data_input_names_the_flag(tmp_path):
     (tmp_path / "empty").mkdir()
     failed(invoke("gae", "--data", tmp_path / "empty", "--out", out), "data (--data)")
     assert not out.exists()
+
+
+def test_gae_a_file_of_empty_responses_gives_empty_advantages(tmp_path):
+    """Every response empty (a batch of failed samples): a JSON reader types the columns list<null>, which was
+    refused ("column 'values' must be a list of numbers per row, got list<item: null>"); each row now gets its
+    empty advantages and returns, as the same file typed list<float> does."""
+    outs = []
+    for typed in (False, True):
+        path, out = tmp_path / f"in{typed}.parquet", tmp_path / f"o{typed}.parquet"
+        kind = pa.list_(pa.float32()) if typed else pa.list_(pa.null())
+        pq.write_table(pa.table({"rewards": [0.0, 0.0], "values": pa.array([[], []], kind),
+                                 "response_mask": pa.array([[], []], kind)}), path)
+        res = CliRunner().invoke(cli, ["gae", "--data", str(path), "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        outs.append([pq.read_table(out).column(c).to_pylist() for c in ("advantages", "returns")])
+    assert outs[0] == outs[1] == [[[], []], [[], []]]
