@@ -105,7 +105,8 @@ def synth(out: Path, overwrite: bool, config_path: Path | None, **flags) -> None
         turns = (f"; {len(t.sampled) / trace.num_samples:.2f} turns per sample, environment delay "
                  f"{t.env_s[t.env_tokens > 0].mean() if (t.env_tokens > 0).any() else 0.0:.2f} s mean")
         at_cap = int(sum(1 for r in trace.finish_reasons if r == "length"))
-    click.echo(f"wrote {out}{family}: {trace.num_groups} groups x {cfg.n} samples, length median "
+    groups = f"{trace.num_groups} group" + ("" if trace.num_groups == 1 else "s")
+    click.echo(f"wrote {out}{family}: {groups} x {cfg.n} sample{'' if cfg.n == 1 else 's'}, length median "
                f"{np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, {at_cap} at max_length "
                f"{cfg.max_length}{turns}")
 

@@ -23,6 +23,12 @@ def test_cli_synth_writes_the_sdk_trace(tmp_path):
     assert_same_trace(read_trace(out), synth_trace(groups=40, n=4, seed=9, tokens_per_s=80))
 
 
+def test_cli_synth_counts_one_group_and_one_sample_in_the_singular(tmp_path):
+    result = CliRunner().invoke(cli, ["trace", "synth", "--groups", "1", "--n", "1", "--out", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert ": 1 group x 1 sample, length median" in result.output   # was "1 groups x 1 samples"
+
+
 def test_cli_synth_flags_override_config_file(tmp_path):
     cfg = tmp_path / "synth.yaml"
     cfg.write_text("groups: 12\nn: 3\nseed: 4\nmax_length: 999\n")
