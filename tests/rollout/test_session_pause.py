@@ -47,7 +47,7 @@ def test_a_synchronous_step_in_one_thread_is_paused_and_resumed_from_another(tin
         time.sleep(0.1)
         assert stepping.is_alive()
         session.resume()
-        stepping.join(30)
+        stepping.join(WAIT_S)
         result = out["result"]
     assert len(result.samples) == 6 and all(s.num_generated == 40 == len(s.token_ids) for s in result.samples)
     held = [s for s in result.samples if any(seg.end_reason == "pause" for seg in s.segments)]
