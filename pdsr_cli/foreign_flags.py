@@ -24,6 +24,10 @@ GAE = ("gae",)
 SCORE = ("score",)
 ENGINE_NOTE = "each engine's setting, in engine_defaults or an engines entry (docs/configuration.md)"
 ARGS_NOTE = "vLLM's engine argument, passed through in engine_defaults or an engines entry (docs/configuration.md)"
+SLEEP_NOTE = "vLLM's engine argument (GPU builds), then session.sleep() / wake() (docs/sdk-weights.md)"
+ALWAYS_VLLM = "always vLLM, in engine processes of their own (--fast, --heavy)"
+TABLE = "docs/coming-from.md#coming-from-trl-or-openrlhf"
+WEIGHTED = "one that calls each and returns their weighted sum, " + TABLE
 ENGINES_NOTE = ("an engine's GPUs are its tensor_parallel_size; more GPUs run more engines, each a vLLM instance "
                 "(--fast, --heavy)")
 
@@ -61,11 +65,20 @@ FOREIGN_NAMES: list[ForeignName] = [
             "in prompts, TRL's generation_batch_size / num_generations"),
            ("max_completion_length", "--max-tokens", "sampling.max_tokens"),
            ("max_tool_calling_iterations", "--max-turns", "agent.max_turns", "with --agent (docs/agents.md)"),
-           ("chat_template_kwargs", None, "data.chat_template_kwargs")),
+           ("chat_template_kwargs", None, "data.chat_template_kwargs"),
+           ("num_generations_eval", "--n", "sampling.n", "an evaluation is a run of its own, or session.step(n=...)"),
+           ("reward_funcs", "--reward", "reward", "one function; several, weighted: " + WEIGHTED),
+           ("reward_weights", "--reward", "reward", "one function; several, weighted: " + WEIGHTED),
+           ("generation_kwargs", None, None, "no pass-through; the vLLM keys it takes: --stop, --stop-token-id, "
+            "--presence-penalty, --frequency-penalty, --ignore-eos and --seed"),
+           ("vllm_structured_outputs_regex", None, None, "no structured outputs")),
     *_rows("TRL", ENGINES,
            ("vllm_tensor_parallel_size", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE),
            ("vllm_gpu_memory_utilization", None, "engine_defaults.gpu_memory_utilization", ENGINE_NOTE),
-           ("vllm_max_model_length", None, "engine_defaults.max_model_len", ENGINE_NOTE)),
+           ("vllm_max_model_length", None, "engine_defaults.max_model_len", ENGINE_NOTE),
+           ("vllm_enable_sleep_mode", None, "engine_defaults.engine_args.enable_sleep_mode", SLEEP_NOTE),
+           ("use_vllm", None, None, ALWAYS_VLLM),
+           ("vllm_mode", None, None, ALWAYS_VLLM)),
     *_rows("TRL", GAE,
            ("scale_rewards", "--normalize-std", "normalize_std",
             "group, batch or none with --estimator grpo, and --eps 1e-4 for TRL's std")),
@@ -79,6 +92,10 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--reward.remote_url", "--reward", "reward",
             "FILE.py:fn, fn scoring one sample (docs/coming-from.md#coming-from-trl-or-openrlhf)"),
            ("--algo.dynamic_filtering_enable", "--filter-groups", "filter_groups.kind", "--filter-groups zero-variance"),
+           ("--algo.dynamic_filtering_range", "--filter-groups", "filter_groups.kind",
+            "zero-variance is the range (0, 1) of 0/1 scores; another range: a group_filter, " + TABLE),
+           ("--eval.n_samples_per_prompt", "--n", "sampling.n", "an evaluation is a run of its own, or "
+            "session.step(n=...)"),
            ("--reward.overlong_buffer_len", "--overlong-buffer", "overlong_buffer"),
            ("--reward.overlong_penalty_factor", "--overlong-penalty", "overlong_penalty"),
            ("--train.partial_rollout_enable", "--steps", "steps", "with --max-staleness and --over-provision"),
@@ -91,7 +108,8 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--vllm.tensor_parallel_size", None, "engine_defaults.tensor_parallel_size", ENGINE_NOTE),
            ("--vllm.gpu_memory_utilization", None, "engine_defaults.gpu_memory_utilization", ENGINE_NOTE),
            ("--data.max_len", None, "engine_defaults.max_model_len", ENGINE_NOTE),
-           ("--vllm.enable_prefix_caching", None, None, "prefix caching is always on")),
+           ("--vllm.enable_prefix_caching", None, None, "prefix caching is always on"),
+           ("--vllm.enable_sleep", None, "engine_defaults.engine_args.enable_sleep_mode", SLEEP_NOTE)),
     *_rows("OpenRLHF", GAE,
            ("--algo.advantage.estimator", "--estimator", "estimator", "docs/scoring-gae.md#coming-from-openrlhf"),
            ("--advantage_estimator", "--estimator", "estimator", "docs/scoring-gae.md#coming-from-openrlhf"),

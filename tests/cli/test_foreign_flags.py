@@ -182,3 +182,27 @@ def test_every_engine_args_answer_is_an_argument_vllm_takes():
     keys = {r.key[len(prefix):] for r in FOREIGN_NAMES if r.key and r.key.startswith(prefix)}
     assert {"enforce_eager", "max_num_batched_tokens", "kv_cache_dtype"} <= keys
     check_engine_args(EngineSpec(name="e", pool="fast", engine_args=dict.fromkeys(keys, 1)))   # raises on one it lacks
+
+
+def _coming_from_names() -> list[str]:
+    """The other tools' names in docs/coming-from.md's tables (their columns, not pdsr's last one)."""
+    names = []
+    for line in (ROOT / "docs" / "coming-from.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or cells[0] in ("TRL", "verl") or cells[0].startswith("---"):
+            continue
+        for cell in cells[:-1]:
+            while cell != (cell := re.sub(r"\([^()]*\)", "", cell)):   # asides: values, what they count
+                pass
+            names += [m.split(" ")[0] for m in re.findall(r"`([^`]+)`", cell)]
+    return names
+
+
+def test_every_name_coming_from_maps_is_answered():
+    # the page says the CLI answers its tables' names typed as flags: each is a row, or pdsr's own flag
+    flags = {opt for p in _command("rollout").params for opt in (*p.opts, *p.secondary_opts)}
+    names = _coming_from_names()
+    assert {"num_generations", "use_vllm", "--vllm.enable_sleep", "-tp", "engine_kwargs.vllm"} <= set(names)
+    unanswered = [n for n in names if "--" + n.lstrip("-").replace("_", "-") not in flags
+                  and not any(foreign_answer(c, n, flags) for c in ("rollout", "serve"))]
+    assert not unanswered
