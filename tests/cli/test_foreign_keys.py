@@ -148,6 +148,9 @@ HEAD = "takes flags and --config FILE, not key=value arguments (Hydra's override
       "engine_defaults.gpu_memory_utilization, set in the --config file (no flag)"]),
     (["simulate"], ["async_training.staleness_threshold=0.5", "--steps", "3"],
      ["async_training.staleness_threshold=0.5: verl's async_training.staleness_threshold is pdsr's --over-provision"]),
+    (["rollout"], ["async_training.trigger_parameter_sync_step=2"],   # docs/partial-rollout.md's verl table
+     ["verl's async_training.trigger_parameter_sync_step is pdsr's --step-groups (step_groups); the weights change "
+      "at every step's end: k trainer steps a sync are one step of k x B groups"]),
     (["simulate", "--steps", "3"], ["trainer.n_gpus_per_node=8"],
      ["trainer.n_gpus_per_node=8: not a name pdsr simulate knows: its flags are in pdsr simulate --help, a "
       "--config file's keys in docs/configuration.md"]),
