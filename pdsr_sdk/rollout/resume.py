@@ -23,7 +23,7 @@ from pdsr_sdk.errors import ConfigError, DataError, PdsrError
 from pdsr_sdk.io.resume_check import check_resume_settings
 from pdsr_sdk.policies.resolve import plain_settings
 from pdsr_sdk.rollout.data import build_groups
-from pdsr_sdk.rollout.reward_totals import add_extra_sums
+from pdsr_sdk.rollout.reward_totals import GroupRewards, add_extra_sums
 from pdsr_sdk.rollout.writer import carry_file, existing_files
 
 #: settings a resumed run must share with the run on disk (config key -> flag)
@@ -45,6 +45,8 @@ RESUME_KEYS = {
     "agent.tool_response_truncate_side": "agent.tool_response_truncate_side",
 }
 METADATA_KEY = "pdsr_run"
+#: the trajectories' columns a batch cut short adds to the summary's reward counts beside ``reward``
+_REWARD_COLUMNS = ("reward_error", "reward_extra")
 _COUNTERS = ("moves", "steals", "restarts", "wasted_tokens", "retries")
 #: the carry file's columns that carried_groups and restore_sample read
 CARRY_COLUMNS = ("prompt_id", "sample_index", "launch_step", "response_token_ids", "response_logprobs",
@@ -111,7 +113,12 @@ def read_resume_state(path: Path, settings: dict[str, Any], summary: Path) -> Re
                "finish_time_s", "reward", *_COUNTERS]
     try:
         meta = pq.read_schema(files[0]).metadata or {}
-        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+        # what a batch cut short adds to the summary's reward counts; a file written before a column was added
+        # reads as null there (the merged file's reward_extra is a struct, a part's JSON text: the same values)
+        tables = [pq.read_table(f, columns=columns + [c for c in _REWARD_COLUMNS if c in pq.read_schema(f).names])
+                  for f in files]
+        table = pa.concat_tables([t.select(columns) for t in tables])
+        rewards = [t.select([c for c in _REWARD_COLUMNS if c in t.column_names]).to_pylist() for t in tables]
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types
         raise DataError(f"{path}: cannot read the existing output to resume: {exc}") from None
     rows = table.to_pydict()
@@ -121,7 +128,7 @@ def read_resume_state(path: Path, settings: dict[str, Any], summary: Path) -> Re
                         samples=table.num_rows)
     state.carried = _read_carry(path, run_id, state.done_ids)
     reported, state.busy_s = _reported_batches(summary, run_id)
-    on_disk = _batches_from_rows(rows)
+    on_disk = _batches_from_rows(rows, [r for part in rewards for r in part])
     for index, derived in sorted(on_disk.items()):
         report = reported.get(index)
         state.batches.append(report if report and report["groups"] == derived["groups"] else derived)
@@ -212,20 +219,27 @@ def _reported_batches(summary: Path, run_id: str) -> tuple[dict[int, dict], dict
     return {b["batch_index"]: b for b in data.get("batches", []) if isinstance(b, dict)}, busy
 
 
-def _batches_from_rows(rows: dict[str, list]) -> dict[int, dict[str, Any]]:
-    """Summary rows counted from the trajectories (a batch cut short: no policy facts, makespan from times)."""
+def _batches_from_rows(rows: dict[str, list], rewards: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Summary rows counted from the trajectories (a batch cut short: no policy facts, makespan from times), with
+    the rewards the rows' ``rewards`` columns (:data:`_REWARD_COLUMNS`, row for row) add: their errors and the
+    sums of a dict reward's numeric fields, as the run counted its finished batches (math_verify's timeouts and the
+    reward's seconds are on no row)."""
     out: dict[int, dict[str, Any]] = {}
     ids: dict[int, set] = {}
     for i, index in enumerate(rows["batch_index"]):
         b = out.setdefault(index, {"batch_index": index, "groups": 0, "start": float("inf"), "end": 0.0,
                                    "tokens": 0, "l_cut": None, "fast_cap": None, **{k: 0 for k in STAT_KEYS},
-                                   "policy": {}, "interrupted": True, "reward_sum": 0.0, "rewarded_samples": 0})
+                                   "policy": {}, "interrupted": True, "reward_sum": 0.0, "rewarded_samples": 0,
+                                   "reward_errors": 0, "reward_extra_sums": {}})
         ids.setdefault(index, set()).add(rows["prompt_id"][i])
         b["tokens"] += rows["response_length"][i]
         b["probes"] += bool(rows["is_probe"][i])
-        if rows["reward"][i] is not None:
-            b["reward_sum"] += rows["reward"][i]
-            b["rewarded_samples"] += 1
+        got = GroupRewards.of_rows([{"reward": rows["reward"][i], "reward_error": None, "reward_extra": None,
+                                     **rewards[i]}], [])
+        b["reward_sum"] += got.reward_sum
+        b["rewarded_samples"] += got.rewarded_samples
+        b["reward_errors"] += got.reward_errors
+        b["reward_extra_sums"] = add_extra_sums(b["reward_extra_sums"], got.reward_extra_sums)
         for k in _COUNTERS:
             b[k] += rows[k][i] or 0
         b["start"] = min(b["start"], rows["submit_time_s"][i])
