@@ -272,12 +272,19 @@ def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tu
     """(reward, extra fields as JSON, error) of one sample. ``reward_fn(text, ground_truth, **info)`` (info:
     prompt_id, sample_index, prompt_text, response_length and the row's reward columns, e.g. data_source, extra_info) returns a
     number or a dict with a ``score`` (its other fields kept as JSON). Info also has ``response_length`` (tokens). An exception fails only this sample:
-    reward None and the error (``SystemExit`` too: a reward that runs the model's code gets its ``sys.exit()``); pdsr's own
+    reward None and the error (``SystemExit`` too: a reward that runs the model's code gets its ``sys.exit()``; and
+    a BaseException of the reward's own); pdsr's own
     errors (a reward misconfigured) stop the run."""
     g = sample.group
     return score_text(reward_fn, text, g.ground_truth, {
         "prompt_id": g.prompt_id, "sample_index": sample.index, "prompt_text": g.prompt_text,
         "response_length": sample.num_generated, **(g.reward_info or {})})
+
+
+class RewardStopped(BaseException):
+    """Raised into a reward call from outside it (``reward_time_limit_s``'s watchdog): :func:`score_text` lets it
+    through, where the call's own exceptions are its sample's error. No ``Exception``, which a reward's own
+    ``except`` would swallow."""
 
 
 def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: Any,
@@ -306,9 +313,10 @@ def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: Any,
         if not math.isfinite(score):   # one nan makes its group's GRPO advantages, and the loss, nan
             raise ValueError(f"the reward returned {score} as its score; a score is a finite number")
         return score, extra, None
-    except PdsrError:
+    except (PdsrError, KeyboardInterrupt, GeneratorExit, RewardStopped):
         raise
     except SystemExit as exc:   # a reward running the model's code (unit tests) got its sys.exit(): this sample's
         return None, None, f"SystemExit: the reward called sys.exit({exc.code!r})"[:2000]
-    except Exception as exc:   # noqa: BLE001 - one sample's reward, reported in its row
+    # a BaseException of the reward's own too (func_timeout's FunctionTimedOut, pytest's Failed): one sample's
+    except BaseException as exc:   # noqa: BLE001 - one sample's reward, reported in its row
         return None, None, f"{type(exc).__name__}: {exc}"[:2000]

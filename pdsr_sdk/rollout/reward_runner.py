@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
+from pdsr_sdk.dispatch.trajectory import RewardStopped as _TimeLimit   # raised into a call by its watchdog
 from pdsr_sdk.dispatch.types import Group, Sample
 from pdsr_sdk.errors import ConfigError
 
@@ -72,10 +73,6 @@ def _state(sample: Sample) -> tuple:
 def time_limit_error(limit_s: float) -> str:
     """A sample's reward error when its call ran past ``reward_time_limit_s``."""
     return f"the reward call ran past reward_time_limit_s ({limit_s:g} s) and was given up"
-
-
-class _TimeLimit(BaseException):
-    """Raised into a reward call by its watchdog; no ``Exception``, which a reward's own ``except`` would swallow."""
 
 
 #: not SIGALRM: a reward's own timeouts (math-verify's) set and cancel its timer, and with it a limit kept there

@@ -83,11 +83,25 @@ def dies(text, ground_truth, *, prompt_id, sample_index, **info):
     return 1.0
 
 
+class FunctionTimedOut(BaseException):
+    """func_timeout's exception, a BaseException as it is there (pytest's Failed is one too)."""
+
+
+def times_out(text, ground_truth, *, prompt_id, sample_index, **info):
+    """A reward whose own time limit (func_timeout's, around the model's code) ran out on one sample."""
+    if (prompt_id, sample_index) == ("q1", 0):
+        raise FunctionTimedOut("the code ran past 3 s")
+    return 1.0
+
+
 @requires_torch
 @pytest.mark.parametrize("executor, reward, error", [
     ("thread", "exits", r"SystemExit: the reward called sys\.exit\(3\)"),
     ("process", "exits", r"SystemExit: the reward called sys\.exit\(3\)"),
     ("process", "dies", r"the reward's worker process died while scoring this sample"),
+    # before, the run stopped with the exception's traceback, every sample's reward lost
+    ("thread", "times_out", r"^FunctionTimedOut: the code ran past 3 s$"),
+    ("process", "times_out", r"^FunctionTimedOut: the code ran past 3 s$"),
 ])
 def test_a_reward_that_exits_fails_its_own_sample_only(tiny_model_dir, executor, reward, error):
     cfg = config(tiny_model_dir, reward_executor=executor, reward_workers=2).model_copy(
