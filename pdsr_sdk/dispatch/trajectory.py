@@ -309,7 +309,11 @@ def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: Any,
                              "numeric 'score'")
         if isinstance(got, (str, bytes)):   # float() would read '0.5' and fail on 'abc' without naming the reward
             raise ValueError(f"the reward returned {got!r} ({type(got).__name__}) as its score; a score is a number")
-        score = float(got)
+        try:
+            score = float(got)
+        except (TypeError, ValueError):   # a list, a (score, info) tuple: float()'s own words name no reward
+            raise ValueError(f"the reward returned {got!r:.80} ({type(got).__name__}) as its score; a score is a "
+                             f"number") from None
         if not math.isfinite(score):   # one nan makes its group's GRPO advantages, and the loss, nan
             raise ValueError(f"the reward returned {score} as its score; a score is a finite number")
         return score, extra, None

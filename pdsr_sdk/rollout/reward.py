@@ -293,7 +293,7 @@ class OverlongShaping:
     def __call__(self, text: str, ground_truth: Any, **info: Any) -> Any:
         got = awaited(self.fn(text, ground_truth, **info))
         score = got.get("score") if isinstance(got, dict) else got
-        if score is None or isinstance(score, (str, bytes)):
+        if score is None or isinstance(score, (str, bytes)) or not hasattr(score, "__float__"):
             return got   # no number to shape: the sample's reward error says so
         fields = got if isinstance(got, dict) else {"score": got}
         extra = self.shaping(int(info.get("response_length") or 0))

@@ -302,6 +302,10 @@ def test_an_async_reward_is_awaited_in_every_form():
     ({"score": float("inf")}, "returned inf as its score"), (float("-inf"), "returned -inf as its score"),
     ("0.5", "the reward returned '0.5' (str) as its score; a score is a number"),
     ({"score": "abc", "acc": False}, "the reward returned 'abc' (str) as its score"),
+    # before: "TypeError: float() argument must be a string or a real number, not 'list'", naming no reward
+    ([1.0], "the reward returned [1.0] (list) as its score; a score is a number"),
+    ((1.0, {"acc": True}), "the reward returned (1.0, {'acc': True}) (tuple) as its score"),
+    ({"score": [0.5]}, "the reward returned [0.5] (list) as its score"),
 ])
 def test_a_score_that_is_none_or_not_finite_is_that_samples_error(result, error):
     from pdsr_sdk.rollout.reward import OverlongShaping
