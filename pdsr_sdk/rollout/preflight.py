@@ -58,6 +58,10 @@ def check_outputs(config) -> None:
     check_resume_options(config)
     summary = summary_path(config)
     check_distinct(out.path, "--out", [("--summary", summary), ("--data", config.data.path)])
+    check_distinct(summary, "--summary", [("--data", config.data.path)])   # the summary would replace the data
+    if filtered_path(config) is not None:
+        check_distinct(filtered_path(config), "--write-filtered's output", [("--summary", summary),
+                                                                           ("--data", config.data.path)])
     check_writable(out.path, "output.path (--out)")
     parts = parts_dir(out.path)
     if parts.exists() and not parts.is_dir():

@@ -27,6 +27,19 @@ def test_unwritable_out_fails_before_engines_start(prompts, tmp_path, no_engines
     assert blocker.read_text() == "a file" and not (tmp_path / "o.parquet").exists()
 
 
+def test_an_output_that_is_the_data_is_refused_before_it_is_replaced(prompts, tmp_path, no_engines):
+    """The summary, or the filtered groups' file, at the data's path: before, the run wrote it over the data."""
+    data = prompts.read_text()
+    failed(invoke("rollout", "--data", prompts, "--out", tmp_path / "o.parquet", "--summary", prompts),
+           f"--summary and --data are the same file {prompts}")
+    as_parquet = tmp_path / "o.filtered.parquet"
+    pq.write_table(pa.Table.from_pylist([json.loads(line) for line in data.splitlines()]), as_parquet)
+    failed(invoke("rollout", "--data", as_parquet, "--out", tmp_path / "o.parquet", "--filter-groups",
+                  "zero-variance", "--write-filtered"), "--write-filtered's output and --data are the same file")
+    assert prompts.read_text() == data and pq.read_table(as_parquet).num_rows == len(data.splitlines())
+    assert not (tmp_path / "o.parquet").exists()
+
+
 def test_every_policys_output_is_checked_before_the_first_run(prompts, tmp_path, no_engines):
     (tmp_path / "o.v2.5.parquet").mkdir()
     failed(invoke("rollout", "--data", prompts, "--policy", "v3,v2.5", "--out", tmp_path / "o.parquet"),
