@@ -271,18 +271,29 @@ def steps_left(config, prior: ResumeState) -> int:
     return max(0, (config.steps or 1) - prior.next_batch_index)
 
 
-def nothing_left(path: Path, prompts: int, config) -> str:
-    """The line of a resumed run that finds its batches all done (``prompts``: the data's, less any too long)."""
+def nothing_left(path: Path, prompts: int, config, prior: ResumeState, *, data_left: bool) -> str:
+    """The line of a resumed run that finds nothing to run (``prompts``: the data's, less any too long): the steps or
+    batches ``prior`` has on disk, and why no more run: every prompt of the data done (``data_left`` False), else
+    the run's count of them reached (``--steps``, ``--num-batches``: the run's in all)."""
     if config.streaming:
-        return (f"nothing left to run: {path} already has the run's {config.steps or 1} steps (--steps "
-                f"{config.steps or 1}); raise --steps to run more, or start over with --overwrite")
+        done = prior.next_batch_index
+        if not data_left:   # a larger --steps would find no prompt either
+            return (f"nothing left to run: {path} already has every prompt of the data (in {_count(done, 'step')}); "
+                    f"start over with --overwrite to run them again")
+        return (f"nothing left to run: {path} already has {_count(done, 'step')}, and --steps {config.steps or 1} "
+                f"counts the run's steps in all; raise --steps to run more, or start over with --overwrite")
     planned = -(-prompts // config.batch_size)
+    done = len(prior.batches)
     if config.num_batches is not None and config.num_batches < planned:
-        return (f"nothing left to run: {path} already has the run's {config.num_batches} batches "
-                f"(--num-batches {config.num_batches}); raise --num-batches to run more, or start over "
-                f"with --overwrite")
+        return (f"nothing left to run: {path} already has {_count(done, 'batch')}, and --num-batches "
+                f"{config.num_batches} counts the run's batches in all; raise --num-batches to run more, or start "
+                f"over with --overwrite")
     return (f"nothing left to run: {path} already has every prompt of the data ({planned} batches of "
             f"{config.batch_size}); start over with --overwrite to run them again")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
 
 
 def merged_batches(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:

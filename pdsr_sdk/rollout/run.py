@@ -183,7 +183,7 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
     steps = steps_left(config, prior)
     idle = out.resume and prior.groups and (not (batches or carried) or (config.streaming and not steps))
     if idle:
-        status(nothing_left(out.path, len(records) - len(too_long), config))
+        status(nothing_left(out.path, len(records) - len(too_long), config, prior, data_left=bool(batches or carried)))
     running = todo + [r for r in records if r.prompt_id in left and r.prompt_id not in prior.done_ids]
     longest_prompt = max((len(r.token_ids) for r in running), default=0)
     max_model_len = _round_up(longest_prompt + max(

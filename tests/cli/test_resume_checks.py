@@ -104,12 +104,14 @@ def test_num_batches_counts_the_runs_batches_in_all_however_often_it_resumes(pro
     before = out.read_bytes()
     again = invoke(*run, "--out", out, "--num-batches", 2, "--resume")
     assert again.exit_code == 0, again.output
-    assert (f"pdsr: nothing left to run: {out} already has the run's 2 batches (--num-batches 2)"
-            in again.output)
+    assert (f"pdsr: nothing left to run: {out} already has 2 batches, and --num-batches 2 counts the run's "
+            f"batches in all; raise --num-batches to run more" in again.output)
     assert "4 groups, 8 samples (4 groups from before the resume)" in again.output
     assert out.read_bytes() == before and summary_batches(tmp_path) == [(0, 2), (1, 2)]
-    # a smaller --num-batches than the file has runs nothing either; without it the rest of the data runs
-    assert "nothing left to run" in invoke(*run, "--out", out, "--num-batches", 1, "--resume").output
+    # a smaller --num-batches than the file has runs nothing either, and the line says what the file has (before:
+    # "already has the run's 1 batches"); without it the rest of the data runs
+    fewer = invoke(*run, "--out", out, "--num-batches", 1, "--resume").output
+    assert f"nothing left to run: {out} already has 2 batches, and --num-batches 1 counts the run's" in fewer
     rest = invoke(*run, "--out", out, "--resume")
     assert "nothing left to run" not in rest.output and batch_of(out) == {**batch_of(whole), "q4": 2}
     assert "already has every prompt of the data (3 batches of 2)" in invoke(*run, "--out", out, "--resume").output
@@ -152,3 +154,24 @@ def test_resume_with_nothing_to_resume_starts_a_new_run_and_says_so(prompts, tmp
         assert pq.read_table(out).num_rows > 0
     again = invoke(*fake_run, "--data", prompts, "--out", tmp_path / "o.parquet", "--batch-size", 2, "--resume")
     assert again.exit_code == 0 and line not in again.output, again.output
+
+
+def test_a_resumed_steps_run_with_nothing_to_run_says_what_its_file_has(prompts, tmp_path, fake_run):
+    """--steps K counts the run's steps in all. A run whose data ran out before K steps, resumed with K or more, has
+    no prompt left to run: before, its line said it had "the run's 8 steps (--steps 8); raise --steps to run more"
+    of a file of 3 steps, which no --steps adds to. One resumed with fewer steps than its file has said "the run's
+    1 steps" of a file of 2."""
+    out, used_up = tmp_path / "o.parquet", tmp_path / "u" / "o.parquet"
+    run = [*fake_run, "--data", prompts, "--step-groups", 2]
+    first = invoke(*run, "--out", used_up, "--steps", 5)
+    assert first.exit_code == 0 and "ran out after 3 of the 5 steps asked for" in first.output, first.output
+    for steps in (5, 8):
+        again = invoke(*run, "--out", used_up, "--steps", steps, "--resume")
+        assert again.exit_code == 0, again.output
+        assert (f"pdsr: nothing left to run: {used_up} already has every prompt of the data (in 3 steps); start "
+                f"over with --overwrite to run them again" in again.output), again.output
+    assert invoke(*run, "--out", out, "--steps", 2).exit_code == 0   # q4 left
+    for steps in (2, 1):
+        again = invoke(*run, "--out", out, "--steps", steps, "--resume")
+        assert (f"pdsr: nothing left to run: {out} already has 2 steps, and --steps {steps} counts the run's steps in "
+                f"all; raise --steps to run more" in again.output), again.output
