@@ -39,6 +39,9 @@ RESUME_KEYS = {
     "data.apply_chat_template": "data.apply_chat_template", "data.chat_template_kwargs": "data.chat_template_kwargs",
     "data.target_lengths_column": "--target-lengths-column",
     "batch_size": "--batch-size",   # the run's batches are the data cut by it (batches_left)
+    # what the file's rewards and groups are: the reward shaped or not, zero-variance groups left out or not
+    "overlong_buffer": "--overlong-buffer", "overlong_penalty": "--overlong-penalty",
+    "filter_groups.kind": "--filter-groups", "filter_groups.metric": "--filter-metric",
     # multi-turn: a resume without --agent would write single-turn rows into a multi-turn run
     "agent.function": "--agent", "agent.max_turns": "--max-turns", "agent.turn_max_tokens": "--turn-max-tokens",
     "agent.max_env_turns": "agent.max_env_turns", "agent.max_tool_response_chars": "agent.max_tool_response_chars",
@@ -71,6 +74,10 @@ def run_settings(config, model_dir: str) -> dict[str, Any]:
         "data.chat_template_kwargs": dict(config.data.chat_template_kwargs),
         "data.target_lengths_column": config.data.target_lengths_column, "data.instruction": config.data.instruction,
         "batch_size": config.batch_size, "agent.function": config.agent.function,
+        "overlong_buffer": config.overlong_buffer,
+        "overlong_penalty": config.overlong_penalty if config.overlong_buffer is not None else None,
+        "filter_groups.kind": config.filter_groups.kind if config.filter_groups is not None else None,
+        "filter_groups.metric": config.filter_groups.metric if config.filter_groups is not None else None,
         **(_agent_limits(config.agent) if config.agent.function is not None else {}),
     }
 

@@ -175,3 +175,29 @@ def test_a_resumed_steps_run_with_nothing_to_run_says_what_its_file_has(prompts,
         again = invoke(*run, "--out", out, "--steps", steps, "--resume")
         assert (f"pdsr: nothing left to run: {out} already has 2 steps, and --steps {steps} counts the run's steps in "
                 f"all; raise --steps to run more" in again.output), again.output
+
+
+def test_resume_keeps_the_reward_shaping_and_the_group_filter(prompts, tmp_path, fake_run):
+    """What the file's rows are: rewards under DAPO's overlong shaping or not, zero-variance groups filtered out or
+    not. Before, a dynamic-sampling run resumed without --filter-groups wrote groups whose rewards all equal into it,
+    and one resumed without --overlong-buffer unshaped rewards beside shaped ones, without a word."""
+    out = tmp_path / "o.parquet"
+    run = [*fake_run, "--data", prompts, "--out", out, "--reward", "math_boxed", "--max-tokens", 8]
+    first = invoke(*run, "--steps", 1, "--step-groups", 2, "--filter-groups", "zero-variance", "--overlong-buffer", 4)
+    assert first.exit_code == 0, first.output
+    before = out.read_bytes()
+    msg = failed(invoke(*run, "--steps", 2, "--step-groups", 2, "--resume"),
+                 "o.parquet: --resume continues a run made with other settings",
+                 "overlong_buffer (--overlong-buffer) is None now but was 4",
+                 "overlong_penalty (--overlong-penalty) is None now but was 1.0",
+                 "filter_groups.kind (--filter-groups) is None now but was 'zero-variance'",
+                 "filter_groups.metric (--filter-metric) is None now but was 'acc'")
+    assert "sampling" not in msg
+    failed(invoke(*run, "--steps", 2, "--step-groups", 2, "--resume", "--filter-groups", "zero-variance",
+                  "--filter-metric", "score", "--overlong-buffer", 4, "--overlong-penalty", 0.5),
+           "overlong_penalty (--overlong-penalty) is 0.5 now but was 1.0",
+           "filter_groups.metric (--filter-metric) is 'score' now but was 'acc'")
+    assert out.read_bytes() == before
+    same = invoke(*run, "--steps", 2, "--step-groups", 2, "--resume", "--filter-groups", "zero-variance",
+                  "--overlong-buffer", 4)
+    assert same.exit_code == 0, same.output
