@@ -253,8 +253,9 @@ def flag_names(overrides: Mapping[str, Any]) -> dict[str, str]:
     """The flag each override came from (dotted key -> ``--flag``), so that a bad value's error names what the
     user typed: the running command's option named like the key (``sampling.max_tokens`` -> ``--max-tokens``)
     whose parsed value is the override's; else the one option given on the command line, and not named like
-    another key, whose value is the override's (``segments.min_tokens`` <- ``--segment-min``). A key with no
-    such option, or with several, is left out (the error says "command line")."""
+    another key, whose value is the override's (``segments.min_tokens`` <- ``--segment-min``; of several with
+    equal values, the one whose value object it is). A key with no such option, or with several, is left out (the
+    error says "command line")."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return {}
@@ -273,6 +274,8 @@ def flag_names(overrides: Mapping[str, Any]) -> dict[str, str]:
         if dotted in found or value is None:
             continue
         same = [name for name in given if _same_value(ctx.params.get(name), value)]
+        if len(same) > 1:   # equal values (--data x --out x): the option whose own value object the override is
+            same = [name for name in same if ctx.params.get(name) is value]
         if len(same) == 1:
             found[dotted] = options[same[0]]
     return found

@@ -71,6 +71,16 @@ def test_an_output_named_as_another_format_is_refused(args, out, tmp_path, monke
     assert not list(tmp_path.iterdir())
 
 
+def test_a_bad_value_equal_to_another_flags_names_its_own_flag(tmp_path, monkeypatch):
+    """--data d.jsonl --out d.jsonl: two flags of one value, so the error named neither ("command line:
+    output.path: ..."); it names --out, whose value it is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"prompt": "hi"}\n')
+    out = failed(invoke("rollout", "--data", "d.jsonl", "--out", "d.jsonl"),
+                 "--out: output.path: d.jsonl: this output is written as Parquet, not .jsonl")
+    assert "command line" not in out
+
+
 def test_a_bad_value_from_the_file_names_the_file_not_a_flag(tmp_path):
     cfg = tmp_path / "synth.yaml"
     cfg.write_text("groups: 0\n")
