@@ -115,7 +115,8 @@ class _RunState:
             return f"{how} while the engines were shutting down, after the run had finished: {out} is complete"
         if not self.groups_written:
             return f"{how} before any group had finished: nothing was written"
-        return (f"{how}: {self.groups_written} finished groups were written to {parts}/; "
+        n = self.groups_written
+        return (f"{how}: {n} finished group{' was' if n == 1 else 's were'} written to {parts}/; "
                 f"rerun with --resume to continue")
 
 
@@ -355,8 +356,9 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
             if unwritten is not None and str(unwritten) != str(failure):
                 failure.add_note(f"also: {unwritten}")
             if writer.groups_on_disk:   # an engine died, a reward stopped the run: what it keeps, and how to go on
-                failure.add_note(f"{writer.groups_on_disk} finished groups of this run are on disk in "
-                                 f"{writer.parts_dir}/; rerun with --resume to continue")
+                n = writer.groups_on_disk
+                failure.add_note(f"{n} finished group{' of this run is' if n == 1 else 's of this run are'} on disk "
+                                 f"in {writer.parts_dir}/; rerun with --resume to continue")
         elif failure is None and unwritten is not None:
             raise unwritten
     summary = summarise()
