@@ -314,8 +314,11 @@ async def _rollout(config, *, progress: ProgressFactory, status: StatusFn, engin
                      + (f" and {dropped} dropped at on-policy step ends" if dropped else "")
                      if config.filter_groups is not None else "")
             if ran < steps:   # not an error (the last groups come back in the steps they take), but not what was asked
+                # a filtered step the data cut short is named, as when it is the only step asked for
+                where = (f", in step {short[0]}, which has {short[1]} of its {b} groups"
+                         if short is not None and config.filter_groups is not None else "")
                 status(f"the data's prompts ran out after {ran} of the {steps} steps "
-                       f"{'left to run' if prior.batches else 'asked for'} (--steps {config.steps}): "
+                       f"{'left to run' if prior.batches else 'asked for'} (--steps {config.steps}){where}: "
                        f"{len(todo_left) + len(carried)} groups at {b} a step (--step-groups){taken}")
             elif short is not None and config.filter_groups is not None:
                 status(f"the data's prompts ran out in step {short[0]}, which has {short[1]} of its {b} groups: "

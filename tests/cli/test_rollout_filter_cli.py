@@ -75,8 +75,10 @@ def test_a_run_whose_every_group_is_filtered_ends_when_the_data_does(tmp_path, t
     summary = json.loads((tmp_path / "o.summary.json").read_text())
     assert summary["groups"] == 0 and summary["filtered_groups"] == 10
     assert pq.read_table(out).num_rows == 0
-    assert ("ran out after 1 of the 5 steps asked for (--steps 5): 10 groups at 4 a step (--step-groups); 10 of "
-            "them filtered out (--filter-groups: their rewards all equal)") in r.output
+    # the step it ran has none of its 4 groups: the line says so, as a single short step's does
+    assert ("ran out after 1 of the 5 steps asked for (--steps 5), in step 0, which has 0 of its 4 groups: 10 "
+            "groups at 4 a step (--step-groups); 10 of them filtered out (--filter-groups: their rewards all equal)"
+            ) in r.output
 
 
 def test_a_single_filtered_step_the_data_cuts_short_says_so(tmp_path, tiny_model_dir):
