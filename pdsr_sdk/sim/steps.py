@@ -183,10 +183,14 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
     bounds: list[float] = []
     recorded: list[int] = []
 
+    ran_out: list[int] = []   # the step whose launch the trace could not fill (a refill of the in-flight count)
+
     def new_groups(count: int) -> list[Group]:
         nonlocal next_row
         taken = rows[next_row:next_row + count]
         next_row += len(taken)
+        if len(taken) < count and not ran_out:
+            ran_out.append(stream.t)
         return build_batch(taken)
 
     # after the first step the engines also stop for each update, and without pipelining for the trainer too
@@ -216,9 +220,12 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
             events = clock.run(until=lambda: stream.done or bool(fatal))
         if fatal:
             raise_fatal(fatal[0], name, f"step {stream.t}")
-        if not stream.done and stream.exhausted and not stream.flying:
-            raise DataError(f"{cfg.trace}: the trace ran out of groups at step {stream.t + 1} of {cfg.steps} (steps "
-                            f"that must take due groups consume more than {b} each); give a longer trace")
+        if ran_out:
+            # from there on fewer groups were in flight than the run reports (a last step could take fewer than B)
+            what = "take due groups" + (" or replace those the filter takes out" if keep is not None else "")
+            raise DataError(f"{cfg.trace or trace.source}: the trace ran out of groups at step {ran_out[0] + 1} of {cfg.steps}: its "
+                            f"{len(rows)} groups could not keep {stream.target} in flight (steps that {what} consume "
+                            f"more than {b} each); give a longer trace")
         if not stream.done:
             raise PdsrError(f"policy {name!r}: step {stream.t} stalled with {len(stream.flying)} groups in "
                             f"flight, {len(stream.complete)} complete (nothing left to run)")

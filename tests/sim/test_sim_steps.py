@@ -164,3 +164,17 @@ def test_a_step_takes_every_due_group_even_past_b():
     longs = {f"g{i}" for i in range(2, 8)}
     assert [s.groups for s in run.steps][:2] == [2, 6]
     assert {p for p, k in run.consumed_at.items() if k == 1} == longs
+
+
+def test_a_trace_that_due_groups_run_dry_is_an_error_not_a_short_step():
+    """The trace has the in-flight count plus (K - 1) x B groups, but the six due groups step 1 takes (B = 2) leave it
+    short: from step 3 on fewer than 8 groups could be in flight, and step 4 took 4 of the 6 groups an unlimited trace
+    gives it, without a word. Now that is the error a trace run dry with nothing in flight gives; 4 groups more is
+    enough (test_a_step_takes_every_due_group_even_past_b's run, step for step)."""
+    cfg = unit_cfg(steps=4, batch_size=2, group_deadline=1)
+    short = hand_trace([20, 20] + [300] * 6 + [20] * 6)
+    with pytest.raises(DataError, match=r"the trace ran out of groups at step 3 of 4: its 14 groups could not keep 8 "
+                                        r"in flight \(steps that take due groups consume more than 2 each\)"):
+        run_steps(short, cfg, "baseline", 3.0)
+    run = run_steps(hand_trace([20, 20] + [300] * 6 + [20] * 10), cfg, "baseline", 3.0)
+    assert [s.groups for s in run.steps] == [2, 6, 2, 6] and [s.launched for s in run.steps] == [8, 2, 6, 2]
