@@ -26,7 +26,8 @@ class StepsRun:
     max_staleness: int | None
     group_deadline: int | None
     steps: list[StepRecord]
-    #: groups in flight after the last step (launched, not consumed) and their finished samples' tokens
+    #: groups in flight after the last step (launched, not consumed; with those a group deadline dropped), their
+    #: finished samples, and the tokens all their samples had made
     dropped_groups: int
     dropped_samples: int
     dropped_tokens: int
@@ -290,8 +291,9 @@ DEFINITIONS = {
     "off_policy_share": "Tokens of consumed groups generated under an older policy version than their step's, "
                         "over all consumed tokens (a segment's tokens carry the version it started under).",
     "partial_share": "The part of off_policy_share from responses that crossed a weight update while being "
-                     "generated (their older tokens: the partial responses steps carried); the rest is whole "
-                     "responses finished under an older version while their group waited for its other samples.",
+                     "generated (their older tokens); the rest is whole responses finished under an older version "
+                     "while their group waited for its other samples. With pipeline, a response carried over a "
+                     "step's end that finishes before the next weight update is off-policy, not partial.",
     "carried_responses": "Consumed responses that crossed a weight update while being generated (per step: carried, "
                          "with carried_tokens, all their tokens); carried_made_before: the share of those tokens made "
                          "under an older version than their step's (partial tokens / carried tokens). Near 1, the "
