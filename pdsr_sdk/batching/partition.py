@@ -204,7 +204,8 @@ def validated_weights(lengths: np.ndarray, cap: int, balance: str, attention_coe
             f"lengths[{i}] = {int(lengths[i])} tokens is longer than max_tokens_per_micro_batch={cap}: "
             f"a sample cannot be split across micro-batches; raise the cap or truncate/drop the sample"
             + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
-    total = int(lengths.sum())
+    # int64's sum wraps past 2**63 (and broke the cap): exact where the float sum says it could
+    total = int(lengths.sum(dtype=object) if float(lengths.sum(dtype=np.float64)) >= 2.0**62 else lengths.sum())
     if total >= _MAX_TOTAL_TOKENS:
         raise DataValueError(f"lengths: {total} tokens in total, more than supported (2**53)")
     return balance_weights(lengths, balance, attention_coef)

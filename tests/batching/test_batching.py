@@ -341,3 +341,16 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(DataError, match="too large"):
         partition_by_tokens([2**31] * 4, 2**40, balance="attention")
     assert issubclass(DataError, PdsrError)
+
+
+def test_totals_past_int64_are_refused_not_wrapped():
+    # These lengths add up to 3.8e19 tokens: an int64 sum wrapped to 1.9e18, and before the check did not see it,
+    # every micro-batch came back over the cap (1.2-1.55x).
+    lengths = [2911538000480929518, 7203677800192366423, 7946817128418530264, 3572700197647467849,
+               4000208211860776721, 3405195132802340845, 977059524860610051, 4375521483169543844,
+               2204838546598634969]
+    total = sum(lengths)
+    with pytest.raises(DataError, match=f"{total} tokens in total, more than supported"):
+        partition_by_tokens(lengths, 9135359231321651020)
+    with pytest.raises(DataError, match=r"\b18446744073709551616 tokens in total"):
+        partition_by_tokens([2**61] * 8, 2**62)  # wrapped to 0
