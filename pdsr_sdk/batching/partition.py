@@ -82,20 +82,15 @@ def as_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
         raise DataValueError(f"{name}: expected a 1-D sequence of integers, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, np.int64)
-    if arr.dtype.kind in "iu":
-        out = arr.astype(np.int64)
-    elif arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+    if arr.dtype.kind not in "iuf":
+        raise DataValueError(f"{name}: expected integers, got dtype {arr.dtype}")
+    # checked before the int64 cast, which wraps (uint64) or saturates (float) past 2**63: -2**63 read as a length
+    for bad, why in ((~np.isfinite(arr) | (arr != np.round(arr)), "expected a whole number of tokens"),
+                     (arr < 0, "a length must be >= 0"), (arr >= 2**63, "too large for a token count")):
         if bad.any():
             i = int(np.argmax(bad))
-            raise DataValueError(f"{name}[{i}] = {arr[i].item()!r}: expected a whole number of tokens")
-        out = arr.astype(np.int64)
-    else:
-        raise DataValueError(f"{name}: expected integers, got dtype {arr.dtype}")
-    if (out < 0).any():
-        i = int(np.argmax(out < 0))
-        raise DataValueError(f"{name}[{i}] = {int(out[i])}: a length must be >= 0")
-    return out
+            raise DataValueError(f"{name}[{i}] = {arr[i].item()!r}: {why}")
+    return arr.astype(np.int64)
 
 
 def _int_option(name: str, value: Any, minimum: int) -> int:

@@ -354,3 +354,14 @@ def test_totals_past_int64_are_refused_not_wrapped():
         partition_by_tokens(lengths, 9135359231321651020)
     with pytest.raises(DataError, match=r"\b18446744073709551616 tokens in total"):
         partition_by_tokens([2**61] * 8, 2**62)  # wrapped to 0
+
+
+def test_lengths_past_int64_are_named_as_they_were_given():
+    # The int64 cast saturated floats and wrapped uint64 before the checks: 'lengths[0] = -9223372036854775808:
+    # a length must be >= 0' for 1e20.
+    with pytest.raises(DataError, match=r"lengths\[1\] = 1e\+20: too large for a token count"):
+        partition_by_tokens([3.0, 1e20], 10)
+    with pytest.raises(DataError, match=r"lengths\[0\] = 9223372036854775813: too large"):
+        partition_by_tokens(np.array([2**63 + 5], np.uint64), 10)
+    with pytest.raises(DataError, match=r"lengths\[0\] = -1e\+20: a length must be >= 0"):
+        partition_by_tokens([-1e20], 10)
