@@ -98,6 +98,8 @@ def _int_option(name: str, value: Any, minimum: int) -> int:
         raise ConfigValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
     if value < minimum:
         raise ConfigValueError(f"{name}: expected an integer >= {minimum}, got {value}")
+    if value > _INT64_MAX:  # the kernels compute in int64: an OverflowError from numpy/numba otherwise
+        raise ConfigValueError(f"{name}: expected an integer <= 2**63 - 1, got {value}")
     return int(value)
 
 

@@ -365,3 +365,12 @@ def test_lengths_past_int64_are_named_as_they_were_given():
         partition_by_tokens(np.array([2**63 + 5], np.uint64), 10)
     with pytest.raises(DataError, match=r"lengths\[0\] = -1e\+20: a length must be >= 0"):
         partition_by_tokens([-1e20], 10)
+
+
+def test_options_past_int64_are_named():
+    # An OverflowError ('Python int too large to convert to C long') from deep inside before.
+    with pytest.raises(ConfigError, match=r"max_tokens_per_micro_batch: expected an integer <= 2\*\*63 - 1"):
+        partition_by_tokens([1, 2, 3], 2**64)
+    with pytest.raises(ConfigError, match="attention_coef: expected an integer <= "):
+        partition_by_tokens([0, 0], 10, balance="attention", attention_coef=2**70)
+    assert partition_by_tokens([1, 2, 3], 2**63 - 1) == [[0, 1, 2]]
