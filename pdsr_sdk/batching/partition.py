@@ -49,6 +49,7 @@ Rules (what callers can rely on)
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any, Sequence
 
@@ -315,9 +316,11 @@ def inverse_permutation(partitions: Sequence[Sequence[int]]) -> np.ndarray:
     ``inv[i]`` is the position of sample i in the micro-batches laid end to end.
     The partitions must hold each of 0..n-1 exactly once (DataValueError otherwise).
     """
-    flat = [int(i) for part in partitions for i in part]
-    n = len(flat)
-    perm = np.asarray(flat, dtype=np.int64)
+    try:  # int() took 1.5 for sample 1: a silently wrong order
+        flat = [operator.index(i) for part in partitions for i in part]
+    except TypeError as exc:
+        raise DataValueError(f"partitions: expected integer sample indices ({exc})") from None
+    n, perm = len(flat), np.asarray(flat, dtype=np.int64)
     if n and (perm.min() < 0 or perm.max() >= n):
         bad = int(perm[(perm < 0) | (perm >= n)][0])
         raise DataValueError(f"partitions: index {bad} is outside 0..{n - 1} ({n} indices in all)")

@@ -114,6 +114,15 @@ def test_restore_with_padding_and_bad_outputs():
         pad_micro_batches([[0], [1]], 1)
 
 
+def test_non_integer_indices_are_refused_not_truncated():
+    # int() made 1.5 index 1: restore_order put the rows back as if the partition had said 1.
+    with pytest.raises(DataError, match="partitions: expected integer sample indices"):
+        inverse_permutation([[0, 1.5], [2]])
+    with pytest.raises(DataError, match="integer sample indices"):
+        restore_order([[10, 11], [12]], [[0, 1.5], [2]])
+    assert inverse_permutation([np.array([2, 0]), [np.int32(1)]]).tolist() == [1, 2, 0]
+
+
 # ---------------------------------------------------------- data parallel
 
 @st.composite
