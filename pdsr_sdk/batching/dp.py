@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 from pdsr_sdk.batching.partition import (
     DEFAULT_ATTENTION_COEF,
     _check_options,
+    _int_option,
     as_lengths,
     partition_lengths,
 )
@@ -48,6 +49,7 @@ def common_micro_batch_count(counts: Sequence[int]) -> int:
 
 def pad_micro_batches(partitions: Sequence[Sequence[int]], count: int) -> list[list[int]]:
     """``partitions`` followed by empty micro-batches up to ``count`` (a new list)."""
+    count = _int_option("count", count, 0)
     if len(partitions) > count:
         raise DataValueError(f"pad_micro_batches: {len(partitions)} micro-batches already, more than count={count}")
     return [list(p) for p in partitions] + [[] for _ in range(count - len(partitions))]

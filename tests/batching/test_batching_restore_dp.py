@@ -112,6 +112,11 @@ def test_restore_with_padding_and_bad_outputs():
         restore_order([np.zeros(1), [1]], [[0], [1]])
     with pytest.raises(DataError, match="more than count"):
         pad_micro_batches([[0], [1]], 1)
+    # a TypeError ("'>' not supported between instances of 'int' and 'str'") before
+    with pytest.raises(ConfigError, match="count: expected an integer >= 0, got '3'"):
+        pad_micro_batches([[0]], "3")
+    with pytest.raises(ConfigError, match="count: expected an integer >= 0, got 2.5"):
+        pad_micro_batches([[0]], 2.5)
 
 
 def test_non_integer_indices_are_refused_not_truncated():
