@@ -82,12 +82,19 @@ def all_reduce_max(count: int, group: Any = None) -> int:
     return int(value.item())
 
 
-def _agree(partition_at: Callable[[int], list[list[int]]], reduce_max: Callable[[int], int]) -> list[list[int]]:
-    """One rank's side of the agreement loop (every rank calls reduce_max equally often)."""
+# What a rank that cannot partition its samples passes to the reduce: no rank asks for as many micro-batches.
+_FAILED = 2**63 - 1
+
+
+def _agree(parts: list[list[int]], partition_at: Callable[[int], list[list[int]]],
+           reduce_max: Callable[[int], int]) -> list[list[int]]:
+    """One rank's side of the agreement loop from its own partition (every rank calls reduce_max equally often)."""
     count = 0
-    parts = partition_at(0)
     while True:
         agreed = reduce_max(len(parts))
+        if agreed >= _FAILED:
+            raise DataValueError("partition_on_rank: another rank of the group could not partition its samples "
+                                 "(its own error says why); this rank stops too rather than wait for it")
         if agreed == count:
             return parts
         count = agreed
@@ -103,18 +110,27 @@ def partition_on_rank(lengths, max_tokens_per_micro_batch: int, *, group: Any = 
 
     Call it on every rank of the group. ``reduce_max`` (default
     :func:`all_reduce_max` over ``group``) returns the maximum of the values
-    all ranks pass in; the result has the same length on every rank.
+    all ranks pass in; the result has the same length on every rank. A rank
+    whose lengths or options are refused still takes part in the first
+    reduce before it raises, and every other rank then raises DataValueError
+    too, rather than wait in the collective for it.
     """
-    cap, min_mb, d, balance, coef = _check_options(
-        max_tokens_per_micro_batch, min_micro_batches, divisible_by, balance, attention_coef)
-    arr = as_lengths(lengths)
     reduce = reduce_max if reduce_max is not None else (lambda c: all_reduce_max(c, group=group))
+    try:
+        cap, min_mb, d, balance, coef = _check_options(
+            max_tokens_per_micro_batch, min_micro_batches, divisible_by, balance, attention_coef)
+        arr = as_lengths(lengths)
+        parts = partition_lengths(arr, cap, min_micro_batches=min_mb, divisible_by=d, balance=balance,
+                                  attention_coef=coef, allow_empty=True)
+    except (ConfigValueError, DataValueError):
+        reduce(_FAILED)  # the other ranks wait in this reduce: a sample too long on one rank hung them all
+        raise
 
     def partition_at(count: int) -> list[list[int]]:
         return partition_lengths(arr, cap, min_micro_batches=max(min_mb, count), divisible_by=d,
                                  balance=balance, attention_coef=coef, allow_empty=True)
 
-    return _agree(partition_at, reduce)
+    return _agree(parts, partition_at, reduce)
 
 
 def partition_for_data_parallel(lengths_per_rank: Sequence[Any], max_tokens_per_micro_batch: int, *,

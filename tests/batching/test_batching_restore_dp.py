@@ -228,6 +228,40 @@ def test_partition_on_rank_agrees_like_the_single_process_helper(case, d):
     assert thread_ranks(ranks, cap, divisible_by=d) == partition_for_data_parallel(ranks, cap, divisible_by=d)
 
 
+def test_a_rank_that_cannot_partition_does_not_leave_the_others_waiting():
+    # A collective does not return until every rank has called it. Before, rank 0's error (a sample over the cap)
+    # came before its reduce, and rank 1 waited in the reduce (here: until the barrier's timeout).
+    ranks = [[9, 1], [1, 2, 3]]
+    slots = [0, 0]
+    barrier = threading.Barrier(2, timeout=20)
+
+    def reducer(rank):
+        def reduce_max(value):
+            slots[rank] = value
+            barrier.wait()
+            out = max(slots)
+            barrier.wait()
+            return out
+        return reduce_max
+
+    errors = [None, None]
+
+    def run(rank):
+        try:
+            partition_on_rank(ranks[rank], 5, reduce_max=reducer(rank))
+        except Exception as exc:  # checked below
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert isinstance(errors[0], DataError) and "lengths[0] = 9 tokens" in str(errors[0])
+    assert isinstance(errors[1], DataError), errors[1]
+    assert "another rank of the group could not partition its samples" in str(errors[1])
+
+
 def _gloo_rank(rank, world, store_path, lengths, cap, queue):
     import torch.distributed as dist
 
