@@ -304,7 +304,7 @@ ACTS = [
     ("disable", ["early_restart"], {"lane": {"evidence": 2}}, "steps", _short, FULL),
     ("ranking.mode", "never", {}, "batches", _uninformative, {}),
     ("ranking.min_correlation", 0.9, {}, "batches", _informative, {}),
-    ("ranking.correlation_window", 16, {}, "batches", _uninformative, {}),
+    ("ranking.correlation_window", 16, {"ranking": {"min_pairs": 16}}, "batches", _informative, {}),
     ("ranking.min_pairs", 1000, {}, "batches", _uninformative, {}),
     ("lengths.history", 16, {}, "batches", _informative, {}),
     ("placement.mode", "deal", {}, "batches", _informative, {}),
