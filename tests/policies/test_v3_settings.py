@@ -31,7 +31,7 @@ OLD_AND_NEW = [
     ({"rank": "never", "min_correlation": 0.1, "correlation_window": 64, "min_pairs": 8},
      {"ranking": {"mode": "never", "min_correlation": 0.1, "correlation_window": 64, "min_pairs": 8}}),
     ({"history": 100}, {"lengths": {"history": 100}}),
-    ({"placement": "chunk", "heavy_max_seqs": 16}, {"placement": {"mode": "chunk", "heavy_max_seqs": 16}}),
+    ({"placement": "deal", "heavy_max_seqs": 16}, {"placement": {"mode": "deal", "heavy_max_seqs": 16}}),
     ({"stream_placement": "deal"}, {"placement": {"mode": "deal"}}),
     ({"tail_lane": "always", "lane_seqs": 8, "lane_quantile": 0.9, "lane_engines": 2, "lane_recurrence": 0.2,
       "lane_evidence": 9, "stream_segment_tokens": 0},

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.policies.v3 import V3Policy
 from pdsr_sdk.policies.v3.ledger import Ledger
 from pdsr_sdk.policies.v3.lengths import Lengths
@@ -122,6 +123,16 @@ def test_heavy_max_seqs_holds_the_heavy_engines_where_work_is_dealt():
     free, held = _batches(dealt), _batches({"placement": {"mode": "deal", "heavy_max_seqs": 2}})
     assert _peak_running(free, "heavy") == PROF["max_num_seqs"]
     assert _peak_running(held, "heavy") == 2 and _peak_running(held, "fast") == PROF["max_num_seqs"]
+
+
+def test_heavy_max_seqs_holds_the_heavy_engines_under_auto_placement_and_is_refused_with_chunks():
+    """'auto' placed these batches in chunks, which hand a heavy engine its whole chunk: the heavy engine ran 32
+    samples at once with heavy_max_seqs 2. Set, it makes 'auto' deal; with 'chunk' it is refused."""
+    held = _batches({"placement": {"mode": "auto", "heavy_max_seqs": 2}})
+    assert _peak_running(held, "heavy") == 2
+    assert _peak_running(_batches({}), "heavy") == PROF["max_num_seqs"]
+    with pytest.raises(ConfigError, match=r"placement.heavy_max_seqs \(2\) holds the heavy engines back only where"):
+        _batches({"placement": {"mode": "chunk", "heavy_max_seqs": 2}})
 
 
 # ----------------------------------------------------------------------------------------------- migration

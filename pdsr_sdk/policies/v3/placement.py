@@ -47,7 +47,8 @@ class Placement(BaseRule):
 
     def on_batch(self, groups: list[Group]) -> None:
         mode = self.cfg.placement.mode
-        if mode == "chunk" or (mode == "auto" and self._chunks(groups)):
+        held = self.cfg.placement.heavy_max_seqs is not None   # only dealing holds an engine under its limit
+        if mode == "chunk" or (mode == "auto" and not held and self._chunks(groups)):
             self._place_chunks(groups)
             return
         self.ranking.enqueue(groups)

@@ -12,11 +12,11 @@ import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping, get_args
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from pdsr_sdk.config import ConfigModel
 from pdsr_sdk.config.base import deprecated_key
-from pdsr_sdk.errors import ConfigError, PdsrDeprecationWarning
+from pdsr_sdk.errors import ConfigError, ConfigValueError, PdsrDeprecationWarning
 
 #: the rules (and parts of rules) that ``disable`` may switch off
 V3Rule = Literal["probes_first", "locality", "balance", "chunk_steal", "migration", "early_restart"]
@@ -74,9 +74,18 @@ class PlacementSettings(ConfigModel):
                             "keep a group's prompt in one engine's prefix cache; the ranked pool wins where "
                             "staleness binds.")
     heavy_max_seqs: int | None = Field(
-        None, ge=1, description="Run the heavy pool's engines with at most this many samples each. None: the "
-                                "engine's own limit, as every other engine, since no workload measured gained "
-                                "from a lighter heavy pool.")
+        None, ge=1, description="Run the heavy pool's engines with at most this many samples each ('auto' then "
+                                "deals every group: a chunk cannot hold an engine back). None: the engine's own "
+                                "limit, as every other engine, since no workload measured gained from a lighter "
+                                "heavy pool.")
+
+    @model_validator(mode="after")
+    def _held_heavy_engines_are_dealt(self) -> "PlacementSettings":
+        if self.mode == "chunk" and self.heavy_max_seqs is not None:
+            raise ConfigValueError(f"placement.heavy_max_seqs ({self.heavy_max_seqs}) holds the heavy engines back "
+                                   "only where samples are dealt one at a time; placement.mode 'chunk' hands each "
+                                   "engine its whole chunk: use mode 'auto' or 'deal', or leave heavy_max_seqs unset")
+        return self
 
 
 class MigrationSettings(ConfigModel):
