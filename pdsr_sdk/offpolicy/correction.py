@@ -91,6 +91,8 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
     ``lower`` defaulting to ``1 / upper``. Weights are 0 where ``keep`` is false. Multiply the
     per-token loss by ``weights`` and normalise by ``keep.sum()``, so rejected tokens leave the
     denominator too. Torch tensors in give tensors out on their device (no gradient: the weights are constants of the loss).
+    The weights are float64 when ``trainer_logprobs`` is, else float32 (bf16 or fp16 in too, as AReaL's
+    ``behave_imp_weight``: a bf16 weight could exceed ``upper``); the ratios are computed in float64.
     Ragged rows (lists of unequal length), mismatched shapes and NaN log-probs are a
     :class:`~pdsr_sdk.errors.DataValueError` naming the argument or row.
     """
@@ -132,6 +134,7 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
     else:
         keep, weights = m & (ratio >= low) & (ratio <= upper), ratio
     weights = xp.where(keep, weights, 0.0)
-    dtype = trainer_logprobs.dtype if xp is not np else (
-        np.float64 if np.asarray(trainer_logprobs).dtype == np.float64 else np.float32)
-    return weights.to(dtype) if xp is not np else weights.astype(dtype), keep
+    # float64 in, float64 out; anything else float32, never narrower: a bf16 weight of min(ratio, 1.2) is 1.203125
+    wide = (trainer_logprobs if xp is not np else np.asarray(trainer_logprobs)).dtype == xp.float64
+    out = xp.float64 if wide else xp.float32
+    return (weights.to(out) if xp is not np else weights.astype(out)), keep

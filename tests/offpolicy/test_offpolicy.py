@@ -120,3 +120,18 @@ def test_tokens_without_a_version_are_not_counted_in_the_off_policy_share():
     assert off_policy_share(versions, current=3) == pytest.approx(2 / 4)
     assert off_policy_share(versions, current=3, mask=[1, 0, 1, 1, 1, 0]) == pytest.approx(1 / 2)
     assert off_policy_share([-1, -1], current=3) == 0.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bf16_log_probs_give_float32_weights_within_the_bounds(mode):
+    """A trainer's bf16 log-probs came back as bf16 weights: min(1.5, 1.2) was 1.203125 (bf16's nearest), above the
+    cap, and every weight rounded to 8 bits (AReaL's behave_imp_weight is float32 whatever its inputs)."""
+    trainer = torch.log(torch.tensor([[1.5, 1.19, 0.5, 1.003]], dtype=torch.float64)).to(torch.bfloat16)
+    rollout = torch.zeros(1, 4)
+    weights, keep = importance_weights(trainer, rollout, torch.ones(1, 4), mode=mode, upper=1.2, lower=0.6)
+    assert weights.dtype == torch.float32
+    want_w, want_k = importance_weights_naive(trainer.double().tolist(), rollout.tolist(), [[1] * 4], level="token",
+                                              mode=mode, upper=1.2, lower=0.6)
+    assert keep.tolist() == want_k
+    np.testing.assert_allclose(weights.numpy(), np.array(want_w, np.float32), rtol=0, atol=0)
+    assert float(weights.max()) <= float(np.float32(1.2))   # the cap as float32 holds it, not 1.203125
