@@ -69,6 +69,19 @@ def _as_2d(x: Any, name: str, xp: Any, dtype: Any, device: Any = None) -> Any:
                              f"padded(width), trainer_batch's layout)") from None
 
 
+def _bound(key: str, value: Any) -> float | None:
+    """``value`` as a float (None stays None for ``lower``); text or a bool is a ConfigValueError naming ``key``
+    (float('2') would pass)."""
+    if value is None and key == "lower":
+        return None
+    try:
+        if value is None or isinstance(value, (str, bytes, bool)):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigValueError(f"{key}: expected a number, got {value!r}") from None
+
+
 def off_policy_share(versions: Any, current: int, mask: Any = None) -> float:
     """Share of the (masked) tokens sampled with a policy version older than ``current``; 0 when none. A token
     with no version (-1: the environment's tokens of a multi-turn response, padding) was not sampled: it counts
@@ -100,9 +113,13 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
         raise ConfigValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
     if mode not in MODES:
         raise ConfigValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    upper, lower = _bound("upper", upper), _bound("lower", lower)
     if not upper > 0 or (lower is not None and not 0 <= lower <= upper):
         raise ConfigValueError(f"expected 0 <= lower <= upper and upper > 0, got lower={lower}, upper={upper}")
     low = 1.0 / upper if lower is None else lower   # mask's default; truncate clamps below only when given
+    if mode == "mask" and low > upper:   # every token would be rejected
+        raise ConfigValueError(f"upper: mode='mask' keeps 1 / upper <= ratio <= upper unless lower is given; upper="
+                               f"{upper} < 1 keeps no token: give upper >= 1, or lower")
     if type(trainer_logprobs).__module__.startswith("torch"):   # stay on the tensors' device
         import torch as xp
 

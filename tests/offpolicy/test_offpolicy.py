@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +137,22 @@ def test_bf16_log_probs_give_float32_weights_within_the_bounds(mode):
     assert keep.tolist() == want_k
     np.testing.assert_allclose(weights.numpy(), np.array(want_w, np.float32), rtol=0, atol=0)
     assert float(weights.max()) <= float(np.float32(1.2))   # the cap as float32 holds it, not 1.203125
+
+
+def test_bounds_that_are_not_numbers_or_keep_nothing_are_named():
+    """upper='2' ended in "TypeError: '>' not supported between instances of 'str' and 'int'", upper=True was read
+    as 1.0, and mode='mask' with upper=0.5 and no lower (1 / upper = 2 above it) rejected every token without a
+    word, so a loss normalised by keep.sum() divided 0 by 0."""
+    t, r, m = _logprobs(0)
+    t = np.nan_to_num(t)
+    for key, value in (("upper", "2"), ("upper", True), ("lower", "0.5"), ("upper", None), ("lower", [0.5])):
+        with pytest.raises(ConfigValueError, match=rf"^{key}: expected a number, got {re.escape(repr(value))}$"):
+            importance_weights(t, r, m, **{key: value})
+    with pytest.raises(ConfigValueError, match=r"upper: mode='mask' keeps 1 / upper <= ratio <= upper .* upper=0.5 < 1"):
+        importance_weights(t, r, m, mode="mask", upper=0.5)
+    _, keep = importance_weights(t, r, m, mode="mask", upper=0.5, lower=0.1)   # an interval of its own: fine
+    assert keep.any()
+    weights, _ = importance_weights(t, r, m, mode="truncate", upper=0.5)        # truncating at 0.5 is allowed
+    assert weights.max() == 0.5
+    weights, _ = importance_weights(t, r, m, upper=np.float32(2.0), lower=torch.tensor(0.5))   # numbers of any kind
+    assert weights[m].min() == 0.5 and weights.max() == 2.0
