@@ -134,7 +134,8 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
     if tuple(lp_t.shape) != tuple(lp_r.shape) or tuple(lp_t.shape) != tuple(m.shape) or lp_t.ndim != 2:
         raise DataValueError(f"expected [B, T] trainer log-probs, rollout log-probs and mask of one shape, got "
                              f"{tuple(lp_t.shape)}, {tuple(lp_r.shape)} and {tuple(m.shape)}")
-    delta = xp.where(m, lp_t - lp_r, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):   # padding's -inf - -inf is NaN: masked out, not a warning
+        delta = xp.where(m, lp_t - lp_r, 0.0)
     bad = ~xp.isfinite(delta)
     if bad.any():
         raise DataValueError(f"row {int(bad.nonzero()[0][0])}: a masked-in log-prob is NaN or infinite")

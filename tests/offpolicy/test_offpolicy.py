@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -156,3 +157,16 @@ def test_bounds_that_are_not_numbers_or_keep_nothing_are_named():
     assert weights.max() == 0.5
     weights, _ = importance_weights(t, r, m, upper=np.float32(2.0), lower=torch.tensor(0.5))   # numbers of any kind
     assert weights[m].min() == 0.5 and weights.max() == 2.0
+
+
+def test_minus_infinity_on_the_padding_is_no_warning():
+    """Padding holding -inf on both sides (a log-prob of nothing) gave numpy's "RuntimeWarning: invalid value
+    encountered in subtract", an error under -W error, though the mask leaves those tokens out."""
+    trainer, rollout, mask = _logprobs(0)
+    trainer[~mask], rollout[~mask] = -np.inf, -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        weights, keep = importance_weights(trainer, rollout, mask)
+    want_w, want_k = importance_weights_naive(trainer, rollout, mask, level="token", mode="truncate", upper=2.0)
+    np.testing.assert_allclose(weights, want_w, rtol=1e-12, atol=0)
+    assert (keep == np.array(want_k)).all()
