@@ -8,7 +8,8 @@ the per-token ratio ``pi_train / pi_rollout`` of its own log-probs to the engine
 
 - TIS, truncated importance sampling: weight ``min(ratio, upper)``;
 - MIS, masked importance sampling: weight ``ratio``, and tokens whose ratio is outside
-  ``[lower, upper]`` are left out of the loss (its mask *and* its denominator, as verl and slime do);
+  ``[lower, upper]`` are left out of the loss (its mask *and* its denominator, as verl does; slime since May
+  2026 keeps them in its denominator: divide by the mask for its numbers, docs/sdk-batch.md);
 - at token, sequence (product of the token ratios) or geometric (their geometric mean) level.
 
 verl's ``rollout_rs`` k1 options bound ``1 / ratio`` by ``"lower_upper"``: ``lower=1/upper_verl,
