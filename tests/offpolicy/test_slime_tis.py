@@ -6,7 +6,7 @@ The reference is a float64 loop of slime's rules as written there:
 - ``--use-tis`` alone (``vanilla_tis_function``, slime/backends/megatron_utils/loss.py): every token's
   ``clamp(exp(old - rollout), tis_clip_low, tis_clip)``, no clamp of the log-ratio, the loss masks unchanged;
 - ``icepop_function``: the ratio where ``tis_clip_low <= ratio <= tis_clip``, else 0, the loss masks unchanged;
-- ``--custom-tis-function-path examples/train_infer_mismatch_helper/mis.py:compute_mis_weights_with_cp``: the
+- ``--custom-tis-function-path`` with slime's ``slime/examples/train_infer_mismatch_helper/mis.py:compute_mis_weights_with_cp``: the
   log-ratio per token, summed (``sequence``) or averaged (``geometric``, count clamped to 1) over the loss mask,
   clamped to +-20, exponentiated; ``truncate`` ``clamp(0, upper)``, ``clip`` ``clamp(lower, upper)``, ``mask``
   the ratio and a loss mask that drops what is outside ``[lower, upper]``; ``lower`` defaults to ``1 / upper``;
