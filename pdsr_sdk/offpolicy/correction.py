@@ -125,12 +125,17 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
 
         lp_t = trainer_logprobs.detach().double()
         lp_r = _as_2d(rollout_logprobs, "rollout_logprobs", xp, xp.float64, lp_t.device)
-        m = _as_2d(mask, "mask", xp, xp.bool, lp_t.device)
+        m = _as_2d(mask, "mask", xp, xp.float64, lp_t.device)
     else:
         xp = np   # type: ignore[assignment]
         lp_t = _as_2d(trainer_logprobs, "trainer_logprobs", np, np.float64)
         lp_r = _as_2d(rollout_logprobs, "rollout_logprobs", np, np.float64)
-        m = _as_2d(mask, "mask", np, np.float64).astype(bool)
+        m = _as_2d(mask, "mask", np, np.float64)
+    bad_mask = ~xp.isfinite(m)
+    if bad_mask.any():   # bool(nan) is True: a NaN in the mask would keep its token
+        raise DataValueError(f"mask row {int(bad_mask.nonzero()[0][0])}: a value is NaN or infinite; a mask holds "
+                             f"0 or 1 per token")
+    m = m != 0
     if tuple(lp_t.shape) != tuple(lp_r.shape) or tuple(lp_t.shape) != tuple(m.shape) or lp_t.ndim != 2:
         raise DataValueError(f"expected [B, T] trainer log-probs, rollout log-probs and mask of one shape, got "
                              f"{tuple(lp_t.shape)}, {tuple(lp_r.shape)} and {tuple(m.shape)}")

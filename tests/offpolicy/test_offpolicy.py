@@ -82,6 +82,16 @@ def test_bad_arguments_name_what_was_expected():
         importance_weights(np.nan_to_num(t), r2, m)
 
 
+@pytest.mark.parametrize("to", [np.asarray, torch.tensor], ids=["numpy", "torch"])
+def test_a_nan_in_the_mask_is_named_not_kept(to):
+    """bool(nan) is True: a NaN in the mask kept its token (keep [[True, False]]); it is refused, naming its row."""
+    mask = [[1.0, 0.0], [float("nan"), 0.0]]
+    with pytest.raises(DataValueError, match=r"^mask row 1: a value is NaN or infinite; a mask holds 0 or 1"):
+        importance_weights(to([[0.0, 0.0]] * 2), to([[0.0, 0.0]] * 2), to(mask))
+    _, keep = importance_weights(to([[0.0, 0.0]] * 2), to([[0.0, 0.0]] * 2), to([[1.0, 0.0], [0.0, 2.0]]))
+    assert np.asarray(keep).tolist() == [[True, False], [False, True]]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_token_versions_match_the_loop(seed):
     rng = np.random.default_rng(seed)
