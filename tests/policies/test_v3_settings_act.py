@@ -94,11 +94,14 @@ def test_the_correlation_is_measured_over_the_last_correlation_window_pairs(wind
     assert run.batches[0].policy["probe_correlation"] == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-4)
 
 
-def test_a_window_shorter_than_min_pairs_never_decides():
-    """(What the generic case ``ranking.correlation_window=16`` sees: with the default min_pairs of 64 the window
-    never holds enough pairs, so 'auto' never measures, and the rank never turns on.)"""
-    facts = [b.policy for b in _batches({"ranking": {"correlation_window": 16}}).batches]
-    assert all(f["probe_correlation"] is None and f["ranking"] is False for f in facts)
+def test_a_window_shorter_than_min_pairs_is_refused():
+    """Such a window never holds enough pairs, so 'auto' never measured and never ranked, without a word (every
+    batch reported probe_correlation None); it is a ConfigError naming both keys."""
+    with pytest.raises(ConfigError, match=r"ranking.correlation_window \(16\) holds fewer pairs than "
+                                          r"ranking.min_pairs \(64\) needs"):
+        _batches({"ranking": {"correlation_window": 16}})
+    facts = [b.policy for b in _batches({"ranking": {"correlation_window": 16, "min_pairs": 16}}).batches]
+    assert any(f["probe_correlation"] is not None for f in facts)
 
 
 # ----------------------------------------------------------------------------------------------- placement

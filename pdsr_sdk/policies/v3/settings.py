@@ -51,6 +51,14 @@ class RankingSettings(ConfigModel):
         64, ge=2, description="Pairs needed before the correlation is trusted; until then work runs in queue "
                               "order, as in baseline. 64 pairs is eight groups of eight.")
 
+    @model_validator(mode="after")
+    def _window_holds_min_pairs(self) -> "RankingSettings":
+        if self.correlation_window < self.min_pairs:
+            raise ConfigValueError(f"ranking.correlation_window ({self.correlation_window}) holds fewer pairs than "
+                                   f"ranking.min_pairs ({self.min_pairs}) needs, so the correlation would never be "
+                                   f"trusted and 'auto' would never rank: raise the window or lower min_pairs")
+        return self
+
 
 class LengthSettings(ConfigModel):
     """The length prior (:mod:`.lengths`): what a sample with no finished sibling is predicted to need."""
