@@ -70,11 +70,11 @@ _ATTENTION_SCAN = 16
 
 
 # --------------------------------------------------------------- validation
-
 def as_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
     """Validated 1-D int64 copy of ``lengths`` (list, numpy array or CPU/GPU tensor)."""
-    if hasattr(lengths, "detach") and hasattr(lengths, "cpu"):  # a torch tensor
-        lengths = lengths.detach().cpu().numpy()
+    if hasattr(lengths, "detach") and hasattr(lengths, "cpu"):  # a torch tensor; bfloat16 (no numpy type) as float32
+        tensor = lengths.detach().cpu()
+        lengths = (tensor.float() if str(tensor.dtype) == "torch.bfloat16" else tensor).numpy()
     try:
         arr = np.asarray(lengths)
     except (TypeError, ValueError) as exc:

@@ -317,6 +317,8 @@ def test_torch_lengths_accepted():
     torch = pytest.importorskip("torch")
     lengths = [7, 1, 8, 3, 3, 9]
     assert partition_by_tokens(torch.tensor(lengths), 12) == partition_by_tokens(lengths, 12)
+    # bfloat16 (numpy has none) was "TypeError: Got unsupported ScalarType BFloat16"
+    assert partition_by_tokens(torch.tensor(lengths, dtype=torch.bfloat16), 12) == partition_by_tokens(lengths, 12)
 
 
 def test_errors_name_what_is_wrong():
