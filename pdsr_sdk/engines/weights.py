@@ -163,8 +163,11 @@ def stage_weights(weights: Any, reference: ModelWeights | None = None, *,
         got = ModelWeights.read(folder)
         if reference is not None:
             reference.check(((n, s) for n, (s, _) in got.shapes.items()), what=f"update_weights({folder})")
+        tied: dict[str, Any] = {}
         for name, tensor in folder_tensors(folder):   # one read of the files (the engines then read them cached)
             check_finite(name, tensor, what=f"update_weights({folder})")
+            if reference is not None:
+                reference.check_tied_head([(name, tensor)], what=f"update_weights({folder})", pending=tied)
         return StagedWeights(folder=str(folder.resolve()))
     items = list(checked_pairs(weights))
     if not items:
@@ -195,9 +198,12 @@ def checked_pairs(weights: Any) -> Iterator[tuple[str, Any]]:
 
 
 def check_items(items: list[tuple[str, Any]], reference: ModelWeights, *, what: str,
-                seen: set[str] | None = None, complete: bool = True) -> list[tuple[str, Any]]:
-    """``items`` checked against the engines' model (names, shapes, what the tensors hold; with ``seen`` and
-    ``complete``: one bucket of an update, see :meth:`ModelWeights.check`), less the names vLLM skips."""
+                seen: set[str] | None = None, complete: bool = True,
+                tied: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+    """``items`` checked against the engines' model (names, shapes, what the tensors hold, a tied head; with
+    ``seen``, ``complete`` and ``tied``: one bucket of an update, see :meth:`ModelWeights.check` and
+    :meth:`ModelWeights.check_tied_head`), less the names vLLM skips."""
     skip = reference.check(((n, tuple(t.shape)) for n, t in items), what=what, seen=seen, complete=complete)
     reference.check_tensors(items, what=what)
+    reference.check_tied_head(items, what=what, pending=tied)
     return [(n, t) for n, t in items if n not in skip] if skip else items

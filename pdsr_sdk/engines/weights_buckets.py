@@ -49,11 +49,12 @@ def stage_update(weights: Any, reference: ModelWeights, *, bucket_bytes: int = D
             yield StagedWeights(items=chunk, block=block, bucket=WeightsBucket(i, last), min_size=bucket_bytes)
         return
     seen: set[str] = set()
+    tied: dict[str, Any] = {}    # a tied head and its embedding may come in different buckets
     pairs = checked_pairs(weights)
     index = 0
     for chunk, last in _buckets(pairs, bucket_bytes):
         what = "update_weights" if index == 0 and last else f"update_weights (bucket {index})"
-        chunk = check_items(chunk, reference, what=what, seen=seen, complete=last)
+        chunk = check_items(chunk, reference, what=what, seen=seen, complete=last, tied=tied)
         if index == 0 and last:
             yield StagedWeights(items=chunk, block=block)
             return

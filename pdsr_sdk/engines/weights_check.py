@@ -14,6 +14,8 @@ from pdsr_sdk.errors import DataError, DataValueError
 
 #: names a Hugging Face state dict may hold that vLLM's loaders skip
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+#: what a tied model's input embedding, the tensor its LM head uses, is called in its checkpoint
+_EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 
 
 @dataclass
@@ -102,6 +104,50 @@ class ModelWeights:
                                      f"model in {self.folder} holds it as {ref[1]} (floating point): an integer or "
                                      f"bool tensor would load as its values converted")
             check_finite(name, t, what=what)
+
+    def check_tied_head(self, items: Iterable[tuple[str, Any]], *, what: str = "update_weights",
+                        pending: dict[str, Any] | None = None) -> None:
+        """A tied model's engines skip a given ``lm_head.weight`` and use the embedding as their head: one that
+        differs from the update's embedding (a trainer whose head is not tied) would leave them sampling from
+        another model than the trainer's, without a word. A DataValueError naming both. ``pending``: what an
+        update's earlier buckets held of the two (their fingerprints, :func:`_fingerprint`), added to."""
+        embedding = self._embedding_name() if self.tied_embeddings else None
+        if embedding is None:
+            return
+        pending = {} if pending is None else pending
+        for name, t in items:
+            if name in (embedding, "lm_head.weight"):
+                pending[name] = _fingerprint(t)
+        if len(pending) == 2 and not _same_fingerprint(pending[embedding], pending["lm_head.weight"]):
+            raise DataValueError(f"{what}: 'lm_head.weight' differs from {embedding!r}, but the model in "
+                                 f"{self.folder} ties them (tie_word_embeddings): the engines would use {embedding!r} "
+                                 f"as their head, not the trainer's; give the tied head (or leave it out)")
+
+    def _embedding_name(self) -> str | None:
+        names = [n for n in self.shapes if n.endswith(_EMBEDDING_SUFFIXES)]
+        return names[0] if len(names) == 1 else None
+
+
+def _fingerprint(tensor: Any) -> tuple:
+    """A 2-D tensor's shape and row and column sums (float64, no temporary of its size): equal for the same values
+    in any layout or bucket, unequal for a head that has drifted from its embedding. Else its shape and a copy."""
+    import torch
+
+    t = tensor.detach()
+    if t.dim() != 2 or not t.is_floating_point():
+        return tuple(t.shape), t.cpu().clone()
+    with torch.no_grad():
+        return tuple(t.shape), torch.cat([t.sum(1, dtype=torch.float64), t.sum(0, dtype=torch.float64)]).cpu()
+
+
+def _same_fingerprint(a: tuple, b: tuple) -> bool:
+    import torch
+
+    if a[0] != b[0] or a[1].dtype != b[1].dtype:
+        return False
+    if a[1].is_floating_point():
+        return bool(torch.allclose(a[1], b[1], rtol=1e-10, atol=1e-10))
+    return bool(torch.equal(a[1], b[1]))
 
 
 def check_finite(name: str, tensor: Any, *, what: str = "update_weights") -> None:
