@@ -159,6 +159,12 @@ class EngineControl:
                     what += f", engine(s) {names} having failed bucket {bucket}"
             self._weights_partial = what
             raise partial_update_error(exc, what) from exc
+        except BaseException:
+            # cancelled (a trainer's timeout, Ctrl-C) while the engines load: their processes go on loading, so they
+            # may hold the update, part of it or the old weights, under the old version; the next whole update
+            # ends any reload left open (VllmEngine.update_weights)
+            self._weights_partial = "an update_weights was cancelled while the engines loaded it"
+            raise
         self._weights_partial = None
 
     @property

@@ -97,3 +97,50 @@ def test_a_served_request_is_refused_while_the_weights_are_partial(tiny_model_di
             session.update_weights(sd)
             done = client.completions.create(model="tiny", prompt="Hi", max_tokens=4)
     assert done.choices[0].finish_reason in ("stop", "length") and done.usage.completion_tokens >= 1
+
+
+def test_an_update_cancelled_while_the_engines_load_leaves_nothing_generating(tiny_model_dir, tiny_weights):
+    """A trainer that gives up on an update (``asyncio.wait_for(session.aupdate_weights(...), timeout)``, Ctrl-C)
+    cancels it while the engines load: the engine processes go on loading, so the engines may hold the new weights,
+    part of them or the old ones. It used to leave the session as if nothing had happened (policy version not
+    bumped, weights_partial None), so the next step sampled from the new weights (on real engines: their log-probs
+    were the new weights' to 2e-5) and stamped its segments with the old version. Now the engines count as holding
+    a partial update: steps and next_version are refused until a whole update, which makes the session whole."""
+    import asyncio
+    import threading
+
+    sd = tiny_weights[0]
+    loading = threading.Event()
+
+    class SlowEngine(LoadingEngine):
+        async def update_weights(self, weights, *, reset_prefix_cache: bool = True) -> None:
+            if self.fail_at == "hang":
+                loading.set()
+                await asyncio.sleep(60)
+            await super().update_weights(weights, reset_prefix_cache=reset_prefix_cache)
+
+    engines = [SlowEngine("fast-0", "fast", None), SlowEngine("heavy-0", "heavy", None, fail_at="hang")]
+    with loading_session(tiny_model_dir, engines, batch_size=1,
+                         sampling={"n": 2, "max_tokens": 8, "ignore_eos": True}) as session:
+        for version, bucket_bytes in ((1, None), (2, 1 << 16)):   # one block, in buckets
+            loading.clear()
+            engines[1].fail_at = "hang"
+
+            async def cancelled_midway():
+                task = asyncio.ensure_future(session.aupdate_weights(sd, bucket_bytes=bucket_bytes))
+                while not loading.is_set():
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+            asyncio.run_coroutine_threadsafe(cancelled_midway(), session._thread.loop).result(60)
+            assert session.policy_version == version - 1 and "cancelled" in (session.weights_partial or "")
+            for refused in (lambda: session.step(["a"]), session.next_version):
+                with pytest.raises(RunError, match="the engines hold a partial weight update.*cancelled"):
+                    refused()
+            engines[1].fail_at = None
+            assert session.update_weights(sd, bucket_bytes=bucket_bytes) == version
+            assert session.weights_partial is None
+            out = session.step(["a"])
+            assert {seg.policy_version for s in out.samples for seg in s.segments} == {version}
