@@ -139,19 +139,38 @@ class RolloutConfig(StepStreamConfig, PolicyChoice):
             raise ConfigValueError(unknown_speculative(method))
         return method
 
-    @model_validator(mode="after")
-    def _one_speculative_config(self) -> "RolloutConfig":
-        """``speculative`` and a vLLM ``speculative_config`` passed through engine_args would fight: one of them."""
-        if self.speculative == "off":
-            return self
+    def _own_speculative_configs(self) -> list[str]:
+        """Where a vLLM ``speculative_config`` is passed through engine_args (the keys, as a config names them)."""
         given = [f"engines[{i}].engine_args.speculative_config" for i, spec in enumerate(self.engines or ())
                  if "speculative_config" in spec.engine_args]
         defaults_args = self.engine_defaults.get("engine_args")
         if isinstance(defaults_args, dict) and "speculative_config" in defaults_args:
             given.append("engine_defaults.engine_args.speculative_config")
+        return given
+
+    @model_validator(mode="after")
+    def _one_speculative_config(self) -> "RolloutConfig":
+        """``speculative`` and a vLLM ``speculative_config`` passed through engine_args would fight: one of them."""
+        if self.speculative == "off":
+            return self
+        given = self._own_speculative_configs()
         if given:
             raise ConfigValueError(f"speculative ({self.speculative!r}) and {given[0]} are both set; set one of "
                                    f"them (speculative builds vLLM's speculative_config)")
+        return self
+
+    @model_validator(mode="after")
+    def _min_p_sampled(self) -> "RolloutConfig":
+        """vLLM (0.32) has no min-p processor in an engine with a speculative_config and refuses each request with
+        min_p there: every sample would fail, once the engines had started."""
+        if not self.sampling.min_p:
+            return self
+        given = [f"speculative ({self.speculative!r})"] if self.speculative != "off" else []
+        given += self._own_speculative_configs()
+        if given:
+            raise ConfigValueError(f"sampling.min_p ({self.sampling.min_p}) and {given[0]} are both set: vLLM "
+                                   f"refuses min_p in an engine with speculative decoding (every request would "
+                                   f"fail); set sampling.min_p to 0 or turn speculation off")
         return self
 
     @model_validator(mode="after")

@@ -108,6 +108,26 @@ def test_both_speculative_and_a_speculative_config_is_an_error_naming_both(where
     assert "speculative ('ngram')" in str(err.value) and where in str(err.value)
 
 
+@pytest.mark.parametrize("where, overrides", [
+    ("speculative ('ngram')", {"speculative": "ngram"}),
+    ("speculative ('group')", {"speculative": "group"}),
+    ("engines[0].engine_args.speculative_config",
+     {"engines": [{"name": "a", "pool": "fast", "engine_args": {"speculative_config": {"method": "ngram"}}}]}),
+    ("engine_defaults.engine_args.speculative_config",
+     {"engine_defaults": {"engine_args": {"speculative_config": {"method": "ngram"}}}}),
+])
+def test_min_p_with_speculation_is_an_error_naming_both(where, overrides):
+    """vLLM 0.32 builds no min-p processor in an engine with a speculative_config and refuses every request with
+    min_p there ('VLLMValidationError: The min_p and logit_bias sampling parameters are not yet supported with
+    speculative decoding'): each sample failed, after the engines had started. Refused with the config instead."""
+    with pytest.raises(ConfigError) as err:
+        load_config(RolloutConfig, None, {"sampling.min_p": 0.1, **overrides})
+    assert "sampling.min_p (0.1)" in str(err.value) and where in str(err.value)
+    # either alone is fine
+    assert load_config(RolloutConfig, None, {"sampling.min_p": 0.1}).sampling.min_p == 0.1
+    assert load_config(RolloutConfig, None, {"sampling.min_p": 0, **overrides})
+
+
 def test_the_engine_refuses_both_too():
     """An SDK user who builds engines directly gets the same error, before the engine process starts."""
     with pytest.raises(ConfigError, match="speculative.*engine_args.speculative_config"):
