@@ -9,6 +9,12 @@ sampling each drafted position is verified, and sampled, at an arbitrary tempera
 gives e^-19 come out, and the log-probs reported are NaN, 0 or -log(vocab) (tests/engines/
 test_speculative_vllm.py found it). Greedy requests never reach it. :func:`expand_kernel_impl` is the
 same expansion in torch, for every dtype.
+
+The same CPU path verifies drafts with top-k alone (top_p 1) through ``apply_top_k_only``, which takes ``k.max()``
+and fails on an engine step where no request drafted (vLLM runs the rejection sampler over zero drafted tokens
+then): ``RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0``, and the engine
+core dies, on the first such step of a run with ``--top-k`` and speculation. :func:`top_k_only_taking_no_rows`
+returns zero rows as they are.
 """
 
 from __future__ import annotations
@@ -31,15 +37,27 @@ def expand_kernel_impl(output: Any, input_val: Any, cu_num_tokens: Any, replace_
     output[:int(ends[-1])] = values.repeat_interleave(counts).to(output.dtype)
 
 
+def top_k_only_taking_no_rows(apply_top_k_only: Any) -> Any:
+    """vLLM's ``apply_top_k_only(logits, k)``, returning ``logits`` of zero rows as they are."""
+    def apply(logits: Any, k: Any) -> Any:
+        if logits.shape[0] == 0:
+            return logits
+        return apply_top_k_only(logits, k)
+
+    apply.pdsr_wrapped = apply_top_k_only
+    return apply
+
+
 def apply_cpu_sampler_fix() -> bool:
-    """Use :func:`expand_kernel_impl` for vLLM's CPU fallback of ``expand_kernel`` (in the process that
-    registers the fallbacks: vLLM's worker, which loads the plugins first). True if applied."""
+    """Use :func:`expand_kernel_impl` for vLLM's CPU fallback of ``expand_kernel``, and
+    :func:`top_k_only_taking_no_rows` for its CPU top-k (in the process that registers the fallbacks: vLLM's
+    worker, which loads the plugins first). True if applied."""
     try:
         from vllm.triton_utils import HAS_TRITON
     except Exception:  # noqa: BLE001 - no vLLM here
         return False
     if HAS_TRITON:
-        return False   # the Triton kernel runs (GPUs, or Triton's CPU backend): nothing to replace
+        return False   # the Triton kernels run (GPUs, or Triton's CPU backend): nothing to replace
     try:
         from vllm.utils import cpu_triton_utils
     except Exception:  # noqa: BLE001 - not a CPU build
@@ -47,4 +65,11 @@ def apply_cpu_sampler_fix() -> bool:
     if not hasattr(cpu_triton_utils, "_expand_kernel_impl"):
         return False
     cpu_triton_utils._expand_kernel_impl = expand_kernel_impl
+    try:
+        from vllm.v1.sample.ops import topk_topp_sampler
+    except Exception:  # noqa: BLE001 - a vLLM without it: the expansion is fixed all the same
+        return True
+    top_k = getattr(topk_topp_sampler, "apply_top_k_only", None)
+    if top_k is not None and not hasattr(top_k, "pdsr_wrapped"):
+        topk_topp_sampler.apply_top_k_only = top_k_only_taking_no_rows(top_k)
     return True

@@ -22,7 +22,7 @@
 5. On vLLM's CPU build (no Triton), the rejection sampler's fallback that spreads each request's
    temperature, top-k and top-p over its drafted tokens leaves them uninitialised (vLLM 0.32); speculative
    decoding with random sampling then samples at arbitrary temperatures. pdsr's own expansion replaces it
-   (vllm_fixes.py).
+   (vllm_fixes.py), and its top-k alone takes a step with no drafted token, where vLLM's raised.
 """
 
 from __future__ import annotations

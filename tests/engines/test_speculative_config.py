@@ -216,15 +216,49 @@ def test_the_cpu_sampler_fix_applies_where_vllm_has_no_triton():
     from vllm.triton_utils import HAS_TRITON
     from vllm.utils import cpu_triton_utils
 
+    from vllm.v1.sample.ops import topk_topp_sampler as sampler
+
     from pdsr_sdk.engines import vllm_fixes
 
-    before = cpu_triton_utils._expand_kernel_impl
+    before, top_k = cpu_triton_utils._expand_kernel_impl, sampler.apply_top_k_only
     try:
         assert vllm_fixes.apply_cpu_sampler_fix() == (not HAS_TRITON)
         if not HAS_TRITON:
             assert cpu_triton_utils._expand_kernel_impl is vllm_fixes.expand_kernel_impl
     finally:
-        cpu_triton_utils._expand_kernel_impl = before
+        cpu_triton_utils._expand_kernel_impl, sampler.apply_top_k_only = before, top_k
+
+
+def test_the_cpu_top_k_fix_takes_a_step_that_drafted_nothing():
+    """vLLM's CPU rejection sampler applies top-k alone (top_p 1) to the drafted positions through
+    ``apply_top_k_only``, and on an engine step where no request drafted those are zero rows: vLLM 0.32 raised
+    there ('max(): Expected reduction dim ... numel() == 0') and the engine core died (an ngram engine sampling at
+    temperature 1.5 with top_k 5, on the tiny model). With pdsr's fix zero rows come back as they are, and rows
+    are masked as vLLM masks them."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.utils import cpu_triton_utils
+    from vllm.v1.sample.ops import topk_topp_sampler as sampler
+
+    from pdsr_sdk.engines import vllm_fixes
+
+    if HAS_TRITON:
+        pytest.skip("vLLM runs its Triton top-k here")
+    before, expand = sampler.apply_top_k_only, cpu_triton_utils._expand_kernel_impl
+    try:
+        assert vllm_fixes.apply_cpu_sampler_fix()
+        no_rows = torch.empty(0, 16)
+        assert sampler.apply_top_k_top_p_pytorch(no_rows, torch.empty(0, dtype=torch.int64), None,
+                                                 allow_cpu_sync=True).shape == (0, 16)
+        logits = torch.tensor([[0.1, 3.0, 2.0, -1.0], [5.0, 4.0, 3.0, 2.0]])
+        got = sampler.apply_top_k_top_p_pytorch(logits.clone(), torch.tensor([2, 4]), None, allow_cpu_sync=True)
+        inf = float("-inf")
+        assert got.tolist() == [[inf, 3.0, 2.0, inf], [5.0, 4.0, 3.0, 2.0]]
+        assert vllm_fixes.apply_cpu_sampler_fix()   # applied again (two plugin loads): wrapped once
+        assert getattr(sampler.apply_top_k_only, "pdsr_wrapped", None) is before
+    finally:
+        sampler.apply_top_k_only, cpu_triton_utils._expand_kernel_impl = before, expand
 
 
 def test_the_run_summary_carries_each_engines_speculation_counts():

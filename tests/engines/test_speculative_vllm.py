@@ -275,3 +275,53 @@ def test_drafting_waits_until_the_batch_has_thinned(engine_loop, engines, specul
     for a, b, n in zip(full_rids, thin_rids, lengths):
         assert rec.tokens[a] == rec.tokens[b] and len(rec.tokens[b]) == n
     assert 0 < thin < full
+
+
+async def top_k_logprobs(engine, rid: str, ids: list[int], n_prompt: int, k: int, temperature: float) -> list[float]:
+    """The log-prob of each of ``ids[n_prompt:]`` in the model's distribution at ``temperature`` cut to its ``k``
+    most likely tokens (vLLM's processed log-probs), from the reference's top-k prompt log-probs."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=k, detokenize=False)
+    final = None
+    async for out in engine._llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+        final = out
+    want = []
+    for i in range(n_prompt, len(ids)):
+        step = final.prompt_logprobs[i]
+        top = sorted((lp.logprob for lp in step.values()), reverse=True)[:k]
+        norm = top[0] / temperature + math.log(sum(math.exp((x - top[0]) / temperature) for x in top))
+        want.append(step[ids[i]].logprob / temperature - norm)
+    return want
+
+
+def test_sampling_with_top_k_alone_runs_and_reports_the_cut_distribution(engine_loop, engines):
+    """Top-k without top-p: vLLM's CPU rejection sampler cuts the drafted positions through ``apply_top_k_only``,
+    which failed on an engine step where no request drafted (zero rows: 'max(): Expected reduction dim ...') and
+    killed the engine core, until pdsr's fix (vllm_fixes.py). The tokens drawn are among the top k, and their
+    log-probs are those of the model's distribution at the temperature cut to its top k."""
+    ref, ngram, rec = engines
+    k, temperature = 5, 1.5
+    prompts = {f"topk-{i}": ids for i, ids in enumerate(PROMPTS[:4])}
+    before = ngram.speculation_stats()
+
+    async def sample():
+        for rid, ids in prompts.items():
+            g = build_groups([PromptRecord(rid, rid, list(ids))], 1, MAX_TOKENS)[0]
+            ngram.submit(SegmentRequest(request_id=rid, context_ids=list(ids), context_len=len(ids),
+                                        max_tokens=MAX_TOKENS, ignore_eos=True, sample=g.samples[0],
+                                        sampling=SamplingConfig(temperature=temperature, top_k=k)))
+        await ended(rec, list(prompts))
+        return await asyncio.gather(*(top_k_logprobs(ref, f"score-{rid}", ids + rec.tokens[rid], len(ids), k,
+                                                     temperature) for rid, ids in prompts.items()))
+
+    wants = run_on(engine_loop, sample())
+    accepted = ngram.speculation_stats()["accepted_tokens"] - before["accepted_tokens"]
+    worst = 0.0
+    for rid, want in zip(prompts, wants):
+        got = rec.logprobs[rid]
+        assert rec.ends[rid] == "length" and len(got) == len(want) == MAX_TOKENS
+        worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
+    print(f"\ntop-k sampling: {accepted} drafted tokens accepted, largest log-prob difference {worst:.3g}")
+    assert accepted > 0 and worst <= LOGPROB_TOL
