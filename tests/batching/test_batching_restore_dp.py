@@ -184,12 +184,9 @@ def test_common_count_and_reduce_without_process_group():
     assert all_reduce_max(5) == 5
 
 
-def thread_ranks(ranks, cap, **kw):
-    """Run partition_on_rank on threads, one per simulated rank, with a barrier max-reduce."""
-    world = len(ranks)
-    slots = [0] * world
-    barrier = threading.Barrier(world)
-    calls = [0] * world
+def barrier_reducers(barrier, calls):
+    """One max-reduce per simulated rank, meeting at ``barrier`` (as a collective does); ``calls[rank]`` counts."""
+    slots = [0] * len(calls)
 
     def reducer(rank):
         def reduce_max(value):
@@ -200,6 +197,15 @@ def thread_ranks(ranks, cap, **kw):
             barrier.wait()
             return out
         return reduce_max
+    return reducer
+
+
+def thread_ranks(ranks, cap, **kw):
+    """Run partition_on_rank on threads, one per simulated rank, with a barrier max-reduce."""
+    world = len(ranks)
+    barrier = threading.Barrier(world)
+    calls = [0] * world
+    reducer = barrier_reducers(barrier, calls)
 
     results = [None] * world
     errors = []
@@ -232,18 +238,7 @@ def test_a_rank_that_cannot_partition_does_not_leave_the_others_waiting():
     # A collective does not return until every rank has called it. Before, rank 0's error (a sample over the cap)
     # came before its reduce, and rank 1 waited in the reduce (here: until the barrier's timeout).
     ranks = [[9, 1], [1, 2, 3]]
-    slots = [0, 0]
-    barrier = threading.Barrier(2, timeout=20)
-
-    def reducer(rank):
-        def reduce_max(value):
-            slots[rank] = value
-            barrier.wait()
-            out = max(slots)
-            barrier.wait()
-            return out
-        return reduce_max
-
+    reducer = barrier_reducers(threading.Barrier(2, timeout=20), [0, 0])
     errors = [None, None]
 
     def run(rank):
