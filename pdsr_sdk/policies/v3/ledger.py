@@ -77,6 +77,15 @@ class Ledger:
         waiting_work = len(self.waiting) * prior
         return self.limit(e) * (self.total_remaining + waiting_work) / self.total_slots
 
+    # ------------------------------------------------------------ the pool
+    def queue(self, s: Sample) -> None:
+        """``s`` joins the ranked pool (placed nowhere yet)."""
+        self.waiting.add(s)
+
+    def dequeue(self, s: Sample) -> None:
+        """``s`` leaves the ranked pool, about to be placed."""
+        self.waiting.discard(s)
+
     # ------------------------------------------------------------ placement
     def place(self, s: Sample, e: Engine, length: float) -> None:
         self.engine_of[s] = e.name
@@ -173,12 +182,26 @@ class Ledger:
         engine and some: a rebuild at most every few dozen pushes)."""
         return 2 * len(self.tail_on) + 32
 
-    def best_target(self) -> Engine | None:
-        """The live engine running the fewest tail samples, then the fewest samples."""
+    def best_target(self, ruled_out: Callable[[Engine], bool] | None = None, tries: int = 1) -> Engine | None:
+        """The live engine running the fewest tail samples, then the fewest samples; with ``ruled_out``, the best
+        of the first ``tries`` such engines that it does not rule out (the others stay in the heap)."""
         if self.targets_stale:
             self.targets = [(n, self.assigned[name], name) for name, n in self.tail_on.items()]
             heapq.heapify(self.targets)
             self.targets_stale = False
+        skipped = []
+        found = None
+        while len(skipped) < tries:
+            target = self._top_target()
+            if target is None or ruled_out is None or not ruled_out(target):
+                found = target
+                break
+            skipped.append(heapq.heappop(self.targets))
+        for entry in skipped:
+            heapq.heappush(self.targets, entry)
+        return found
+
+    def _top_target(self) -> Engine | None:
         heap = self.targets
         while heap:
             tails, count, name = heap[0]

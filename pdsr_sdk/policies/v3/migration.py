@@ -17,7 +17,6 @@ moves cost up to 0.8% at B = 128 (8 engines, five seeds) and gained nothing wher
 
 from __future__ import annotations
 
-import heapq
 
 from pdsr_sdk.dispatch.protocols import DispatchContext, Engine
 from pdsr_sdk.dispatch.types import Sample
@@ -109,21 +108,11 @@ class Migration(BaseRule):
         ``context`` tokens (``migration.kv_headroom``) and where the prefill of the moves still arriving, and of this
         one, pays (``migration.stall_share``); the next best are tried while the best are ruled out (with many
         engines one target was full and moves waited)."""
-        skipped = []
-        found = None
         remaining = self.lengths.residual(s.num_generated)
-        while len(skipped) < _MAX_TARGETS_TRIED:
-            target = self.ledger.best_target()
-            if target is None:
-                break
-            if target is source or (self._fits(target, context)
-                                    and self._takes(target.name, source.name, context, remaining)):
-                found = target
-                break
-            skipped.append(heapq.heappop(self.ledger.targets))
-        for entry in skipped:
-            heapq.heappush(self.ledger.targets, entry)
-        return found
+        return self.ledger.best_target(
+            lambda target: target is not source and not (self._fits(target, context)
+                                                         and self._takes(target.name, source.name, context, remaining)),
+            tries=_MAX_TARGETS_TRIED)
 
     def _fits(self, target: Engine, context: int) -> bool:
         """Whether ``target``'s KV cache, as it reports it, keeps ``migration.kv_headroom`` free with the moved

@@ -53,7 +53,6 @@ class Ranking(BaseRule):
 
     def enqueue(self, groups: list[Group]) -> None:
         """Queue every unfinished sample of ``groups`` in the ranked pool, probes marked."""
-        waiting = self.ledger.waiting
         for g in groups:
             self.lengths.add_group(sum(1 for s in g.samples if not s.finished), id(g))
             for s in g.samples:
@@ -61,7 +60,7 @@ class Ranking(BaseRule):
                     continue
                 if s.index == 0 and self.probes_first:
                     s.is_probe = True
-                waiting.add(s)
+                self.ledger.queue(s)
                 self.push(s)
         if self.probes_first:
             self.ctx.count("probes", len(groups))
@@ -159,7 +158,7 @@ class Ranking(BaseRule):
         """``s`` (picked for ``e``) leaves the pool; called before it is placed."""
         if s is top:
             heapq.heappop(self.heap)
-        self.ledger.waiting.discard(s)     # (a sibling taken before the top leaves its heap entry to top)
+        self.ledger.dequeue(s)     # (a sibling taken before the top leaves its heap entry to top)
         if local:
             self.placed.setdefault(e.name, {})[id(s.group)] = s.group
 
