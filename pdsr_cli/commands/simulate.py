@@ -11,6 +11,7 @@ import click
 from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, cli_progress,
                              config_option, deprecated_flag, format_table, handle_errors, parse_policy_sets,
                              policy_option, policy_set_option, quiet_option, step_stream_options, UserPathType)
+from pdsr_cli.commands.trace import list_family
 from pdsr_cli.commands.simulate_notes import (COUNTER_COLUMNS, batch_words, cost_words, fastest_words, steady_words,
                                               table_notes, trainer_words)
 from pdsr_cli.input_warnings import warn_if_in_progress
@@ -37,6 +38,12 @@ from pdsr_cli.out_dir import remove_other_outputs
 @click.option("--n", "n", type=int, default=None, help="Samples per prompt (the first n of each group).  [default: all]")
 @click.option("--num-batches", type=int, default=None,
               help="Simulate only the first this many batches (not with --steps, which takes steps x step-groups).")
+@click.option("--family", "family", type=str, default=None, is_eager=True, callback=list_family,
+              help="A member of the workload family (`--family list` lists them): its engines (its pinned profile, "
+                   "under --profile's keys) and, without --trace, its trace, drawn as `pdsr trace synth --family` "
+                   "draws it (cached).  [default: none: the built-in trace and profile]")
+@click.option("--seed", "seed", type=int, default=None,
+              help="With --family and no --trace: the draw's seed.  [default: the member's first pinned seed, 101]")
 @click.option("--profile", "profile", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`; one "
                    "pool's section is given to both); overrides --config's profiles.  [default: one illustrative GPU-like profile for every engine]")
@@ -84,7 +91,7 @@ from pdsr_cli.out_dir import remove_other_outputs
 @click.pass_context
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
-            num_batches, profile, segment_min, segment_max, no_segments, hold_turn_slots, out_dir, no_timeline, steps, over_provision,
+            num_batches, family, seed, profile, segment_min, segment_max, no_segments, hold_turn_slots, out_dir, no_timeline, steps, over_provision,
             step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
             pipeline, restart_lengths, max_partial_share, speculative, acceptance, speculation_max_batch, quiet,
             config_path) -> None:
@@ -143,7 +150,9 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "pipeline": pipeline,
         "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }
-    profiles = load_profile_file(profile) if profile is not None else {}
+    profiles = _family_profiles(family, seed, trace)
+    for pool, values in (load_profile_file(profile) if profile is not None else {}).items():
+        profiles[pool] = {**profiles.get(pool, {}), **values}
     for pool, values in profiles.items():
         overrides.update({f"profiles.{pool}.{k}": v for k, v in values.items()})
     if no_segments and (segment_min is not None or segment_max is not None):
@@ -164,7 +173,10 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         from pdsr_sdk.io.tables import check_writable
 
         check_writable(cfg.out_dir / "simulate.json", "out_dir (--out-dir)")
-    if cfg.trace is None:
+    if cfg.trace is None and family is not None:
+        cfg = cfg.model_copy(update={"trace": default_trace_path(builtin_trace_groups(cfg), family, seed)})
+        click.echo(f"pdsr: no --trace: the {family} member's trace {cfg.trace} on its engines", err=True)
+    elif cfg.trace is None:
         cfg = cfg.model_copy(update={"trace": default_trace_path(builtin_trace_groups(cfg))})
         click.echo(f"pdsr: no --trace: the built-in synthetic trace {cfg.trace} (`pdsr trace synth` defaults)",
                    err=True)
@@ -197,6 +209,22 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     click.echo(table_notes(rows, sum(r.wall_s for r in report.runs)))
     if cfg.out_dir is not None:
         click.echo(f"wrote {cfg.out_dir / 'simulate.json'}" + "".join(f"\nwrote {p}" for p in report.timelines))
+
+
+def _family_profiles(family: str | None, seed: int | None, trace: Path | None) -> dict[str, dict]:
+    """Both pools' profile keys of the workload member ``family`` (none without one); ``seed`` only draws its
+    trace, so it needs the member and no --trace."""
+    from pdsr_sdk.errors import ConfigError
+
+    if seed is not None and (family is None or trace is not None):
+        raise ConfigError("--seed draws --family's trace: give --family NAME and no --trace"
+                          if family is None else "--seed draws --family's trace, and --trace gives one: drop one")
+    if family is None:
+        return {}
+    from pdsr_sdk.traces.family import workload
+
+    profile = dict(workload(family).measure.profile)
+    return {"fast": dict(profile), "heavy": dict(profile)}
 
 
 def _beside_baseline(cfg):

@@ -19,7 +19,7 @@ def _help(name: str) -> str:
     return field.description if field.default is None else f"{field.description} [default: {field.default}]"
 
 
-def _list_family(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def list_family(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--family list``: print the members and their descriptions, then exit (before --out is required)."""
     if value != "list" or ctx.resilient_parsing:
         return value
@@ -47,7 +47,7 @@ def command() -> None:
 @command.command("synth", short_help="Draw a synthetic long-tailed length trace (JSONL).")
 @click.option("--out", "out", type=UserPathType(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
-@click.option("--family", type=str, default=None, is_eager=True, callback=_list_family,
+@click.option("--family", type=str, default=None, is_eager=True, callback=list_family,
               help=_help("family"))
 @click.option("--groups", type=int, default=None, help=_help("groups"))
 @click.option("--n", "n", type=int, default=None, help=_help("n"))

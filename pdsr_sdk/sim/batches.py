@@ -86,7 +86,7 @@ def check_fits(source: str, batches, cfg: SimulateConfig) -> None:
                 raise DataError(f"{source}: group {index} ({pid!r}), sample {i}: a context of {plen + max(lens):,} "
                                 f"tokens (prompt {plen:,} + response {max(lens):,}); the simulated engines hold at "
                                 f"most {limit:,} (max_model_len, kv_cache_tokens: raise them in a --profile file's "
-                                f"fast / heavy sections)")
+                                f"fast / heavy sections, or take a family member's engines with --family NAME)")
             index += 1
 
 

@@ -93,15 +93,28 @@ def _draw_turns(cfg: TraceSynthConfig, rng: np.random.Generator, sampled: np.nda
     return SampleTurns.from_lists(rows), totals
 
 
-def default_trace_path(groups: int) -> Path:
+def default_trace_path(groups: int, family: str | None = None, seed: int | None = None) -> Path:
     """The built-in trace of ``pdsr simulate`` without one: ``TraceSynthConfig``'s defaults (the workload family's
     ``informative`` member, median ~420 tokens, p99 ~1.4k; seed 0) with ``groups`` groups, in pdsr's cache
-    (``$PDSR_CACHE_DIR`` or ``~/.cache/pdsr``), written atomically on first use."""
+    (``$PDSR_CACHE_DIR`` or ``~/.cache/pdsr``), written atomically on first use. With ``family``, that member's
+    draw instead (``seed``, default its first pinned seed), as ``pdsr trace synth --family`` writes it."""
     from pdsr_sdk.models.tiny import cache_dir
     from pdsr_sdk.traces.io import write_trace_jsonl
 
-    base = TraceSynthConfig()
-    path = cache_dir() / "data" / f"synth_{groups}x{base.n}_seed{base.seed}.jsonl"
+    if family is None:
+        if seed is not None:
+            raise ConfigValueError("default_trace_path: a seed is for a family member's draw; give the family")
+        base = TraceSynthConfig()
+        path = cache_dir() / "data" / f"synth_{groups}x{base.n}_seed{base.seed}.jsonl"
+        if not path.exists():
+            write_trace_jsonl(synth_trace(base, groups=groups), path)
+        return path
+    from pdsr_sdk.traces.family import workload
+
+    member = workload(family)
+    seed = member.measure.seeds[0] if seed is None else seed
+    cfg = member.config(groups=groups, seed=seed)
+    path = cache_dir() / "data" / f"{family}_{groups}x{cfg.n}_seed{seed}.jsonl"
     if not path.exists():
-        write_trace_jsonl(synth_trace(base, groups=groups), path)
+        write_trace_jsonl(member.trace(groups=groups, seed=seed), path)
     return path
