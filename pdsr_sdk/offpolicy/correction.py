@@ -69,10 +69,23 @@ def _as_2d(x: Any, name: str, xp: Any, dtype: Any, device: Any = None) -> Any:
                              f"padded(width), trainer_batch's layout)") from None
 
 
+def _kept_mean(weights: Any, keep: Any, level: str, xp: Any) -> float:
+    """The mean weight over the kept tokens, or (per sequence) over the sequences with one, each counted once;
+    1 where nothing is kept or the mean is under 1e-8 (verl's guard), so nothing divides by 0."""
+    if level == "token":
+        total, count = float((weights * keep).sum()), int(keep.sum())
+    else:   # a sequence's kept tokens share its weight
+        rows = keep.any(1)
+        per_row = (weights * keep).sum(1) / xp.clip(keep.sum(1), 1, None)
+        total, count = float((per_row * rows).sum()), int(rows.sum())
+    mean = total / count if count else 1.0
+    return mean if mean > 1e-8 else 1.0
+
+
 def _bound(key: str, value: Any) -> float | None:
-    """``value`` as a float (None stays None for ``lower``); text or a bool is a ConfigValueError naming ``key``
+    """``value`` as a float (None stays None for ``lower`` and ``veto``); text or a bool is a ConfigValueError naming ``key``
     (float('2') would pass)."""
-    if value is None and key == "lower":
+    if value is None and key in ("lower", "veto"):
         return None
     try:
         if value is None or isinstance(value, (str, bytes, bool)):
@@ -93,7 +106,8 @@ def off_policy_share(versions: Any, current: int, mask: Any = None) -> float:
 
 
 def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, *, level: str = "token",
-                       mode: str = "truncate", upper: float = 2.0, lower: float | None = None) -> tuple[Any, Any]:
+                       mode: str = "truncate", upper: float = 2.0, lower: float | None = None,
+                       normalize: bool = False, veto: float | None = None) -> tuple[Any, Any]:
     """(weights, keep) for [B, T] log-probs of the sampled tokens and their [B, T] mask.
 
     ``ratio = exp(trainer - rollout)`` per token (``level="token"``), or per sequence: the product
@@ -103,7 +117,12 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
     ``mode="mask"`` (MIS): ``weights = ratio``, ``keep = mask & (lower <= ratio <= upper)`` with
     ``lower`` defaulting to ``1 / upper``. Weights are 0 where ``keep`` is false. Multiply the
     per-token loss by ``weights`` and normalise by ``keep.sum()``, so rejected tokens leave the
-    denominator too. Torch tensors in give tensors out on their device (no gradient: the weights are constants of the loss).
+    denominator too. ``normalize=True`` divides the weights by their mean over the kept tokens (``level="token"``)
+    or over the sequences with a kept token (the others: one weight per sequence), as verl's
+    ``rollout_is_batch_normalize`` (over this call's batch: verl averages over every data-parallel rank's).
+    ``veto`` rejects a whole sequence holding a masked-in token whose own ratio is below it (``keep`` false on
+    every token, after normalizing), as verl's ``rollout_token_veto_threshold`` and slime's veto do.
+    Torch tensors in give tensors out on their device (no gradient: the weights are constants of the loss).
     The weights are float64 when ``trainer_logprobs`` is, else float32 (bf16 or fp16 in too, as AReaL's
     ``behave_imp_weight``: a bf16 weight could exceed ``upper``); the ratios are computed in float64.
     Ragged rows (lists of unequal length), mismatched shapes and NaN log-probs are a
@@ -114,6 +133,12 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
     if mode not in MODES:
         raise ConfigValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     upper, lower = _bound("upper", upper), _bound("lower", lower)
+    veto = _bound("veto", veto)
+    if veto is not None and not veto > 0:
+        raise ConfigValueError(f"veto: expected a ratio above 0 (a sequence with a token ratio below it is "
+                               f"rejected), got {veto}")
+    if not isinstance(normalize, bool):
+        raise ConfigValueError(f"normalize: expected True or False, got {normalize!r}")
     if not upper > 0 or (lower is not None and not 0 <= lower <= upper):
         raise ConfigValueError(f"expected 0 <= lower <= upper and upper > 0, got lower={lower}, upper={upper}")
     low = 1.0 / upper if lower is None else lower   # mask's default; truncate clamps below only when given
@@ -156,6 +181,10 @@ def importance_weights(trainer_logprobs: Any, rollout_logprobs: Any, mask: Any, 
         keep, weights = m, xp.clip(ratio, lower, upper)
     else:
         keep, weights = m & (ratio >= low) & (ratio <= upper), ratio
+    if normalize:
+        weights = weights / _kept_mean(weights, keep, level, xp)
+    if veto is not None:   # the raw token ratio (not the level's), unclamped: log(veto) in log space
+        keep = keep & ~(m & (delta < float(np.log(veto)))).any(1)[:, None]
     weights = xp.where(keep, weights, 0.0)
     # float64 in, float64 out; anything else float32, never narrower: a bf16 weight of min(ratio, 1.2) is 1.203125
     wide = (trainer_logprobs if xp is not np else np.asarray(trainer_logprobs)).dtype == xp.float64

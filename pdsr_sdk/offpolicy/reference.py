@@ -19,7 +19,8 @@ def token_versions_naive(spans: list[tuple[int, int, int]], length: int) -> list
 
 
 def importance_weights_naive(trainer: Any, rollout: Any, mask: Any, *, level: str, mode: str, upper: float,
-                             lower: float | None = None) -> tuple[list[list[float]], list[list[bool]]]:
+                             lower: float | None = None, normalize: bool = False,
+                             veto: float | None = None) -> tuple[list[list[float]], list[list[bool]]]:
     low = 1.0 / upper if lower is None else lower
     weights, keeps = [], []
     for lt_row, lr_row, m_row in zip(trainer, rollout, mask):
@@ -41,8 +42,19 @@ def importance_weights_naive(trainer: Any, rollout: Any, mask: Any, *, level: st
                 keep, w = bool(m), min(ratio, upper) if lower is None else min(max(ratio, lower), upper)
             else:
                 keep, w = bool(m) and low <= ratio <= upper, ratio
-            w_row.append(w if keep else 0.0)
+            w_row.append(w)
             k_row.append(keep)
         weights.append(w_row)
         keeps.append(k_row)
-    return weights, keeps
+    if normalize:
+        kept = [(w, i) for i, (w_row, k_row) in enumerate(zip(weights, keeps)) for w, k in zip(w_row, k_row) if k]
+        if level != "token":   # one weight per sequence with a kept token
+            kept = list({i: (w, i) for w, i in kept}.values())
+        mean = sum(w for w, _ in kept) / len(kept) if kept else 1.0
+        mean = mean if mean > 1e-8 else 1.0
+        weights = [[w / mean for w in w_row] for w_row in weights]
+    if veto is not None:
+        for i, (lt_row, lr_row, m_row) in enumerate(zip(trainer, rollout, mask)):
+            if any(m and float(lt) - float(lr) < math.log(veto) for lt, lr, m in zip(lt_row, lr_row, m_row)):
+                keeps[i] = [False] * len(keeps[i])
+    return [[w if k else 0.0 for w, k in zip(w_row, k_row)] for w_row, k_row in zip(weights, keeps)], keeps
