@@ -11,7 +11,11 @@ consecutive (verl's ``balance_batch`` reorders the batch). So:
   step become one group of 2n;
 - lengths are counted with the policy's tokenizer (:func:`pdsr_sdk.traces.tokens.count_tokens`): the response's
   text, and the prompt's text for ``prompt_len``, which lacks the chat template's special tokens;
-- sample 0 (the probe) is the group's first line; ``score`` (or another key) is the reward.
+- a group's samples are its lines in a seeded random order (the same dump gives the same trace), so sample 0, the
+  probe, is any of its responses alike: verl's ``balance_batch`` (on by default) orders each data-parallel rank's
+  lines by length, shortest at both ends, so a group's first line is biased short (on one rank it was the group's
+  shortest half the time);
+- ``score`` (or another key) is the reward.
 
 Errors name the file and its line (from 1) and the key.
 """
@@ -31,6 +35,8 @@ from pdsr_sdk.traces.trace import LengthTrace
 
 #: the keys every line of verl's dump has; a JSONL log whose first line has them all is read as one
 VERL_DUMP_KEYS = ("input", "output", "score", "step")
+#: seeds the order of a group's samples (:func:`_shuffled_ranks`): the same dump always gives the same trace
+SAMPLE_ORDER_SEED = 0
 TOKENIZER_HINT = "count them with a tokenizer: pdsr trace convert --tokenizer DIR (the policy model's folder)"
 
 
@@ -91,6 +97,7 @@ def read_verl_dump(path: str | Path, tokenizer, *, reward_key: str = "score",
     sample_index: list[np.ndarray] = []
     rewards: list[float | None] = []
     reasons: list[str] = []
+    rng = np.random.default_rng(SAMPLE_ORDER_SEED)
     for file, label in zip(files, labels, strict=True):
         outputs: list[str] = []
         prompts: list[str] = []        # each group's prompt text
@@ -115,12 +122,7 @@ def read_verl_dump(path: str | Path, tokenizer, *, reward_key: str = "score",
         row_ids.extend(group_ids[g] for g in group_of)
         response_len.append(count_tokens(tokenizer, outputs))
         prompt_len.append(count_tokens(tokenizer, prompts)[groups])
-        seen = np.zeros(len(prompts), dtype=np.int64)
-        rank = np.empty(len(groups), dtype=np.int64)
-        for i, g in enumerate(group_of):   # a line's sample number: its group's lines before it
-            rank[i] = seen[g]
-            seen[g] += 1
-        sample_index.append(rank)
+        sample_index.append(_shuffled_ranks(groups, len(prompts), rng))
     canon = {"prompt_id": pa.array(row_ids, pa.string()),
              "sample_index": pa.array(np.concatenate(sample_index)),
              "prompt_length": pa.array(np.concatenate(prompt_len)),
@@ -130,6 +132,18 @@ def read_verl_dump(path: str | Path, tokenizer, *, reward_key: str = "score",
         canon["finish_reason"] = pa.array(reasons, pa.string())
     source = str(files[0]) if len(files) == 1 else str(path)
     return trace_from_trajectories(pa.table(canon), source=source)
+
+
+def _shuffled_ranks(groups: np.ndarray, num_groups: int, rng: np.random.Generator) -> np.ndarray:
+    """Each line's sample number within its group, in a random order of the group's lines (not the file's: verl's
+    balance_batch sorts lines by length, so the first would be a short one, not a random one)."""
+    keys = rng.random(groups.size)
+    order = np.lexsort((keys, groups))               # by group, then by key
+    starts = np.zeros(num_groups, dtype=np.int64)
+    np.cumsum(np.bincount(groups, minlength=num_groups)[:-1], out=starts[1:])
+    rank = np.empty(groups.size, dtype=np.int64)
+    rank[order] = np.arange(groups.size) - starts[groups[order]]
+    return rank
 
 
 def _text(row: dict, key: str, where: str) -> str:

@@ -52,7 +52,8 @@ def dump(tmp_path):
 
 def _expected(steps: dict[int, list[dict]], tokenizer, reward_key: str = "score") -> list[dict]:
     """The trace written by hand: per step (in step order), a group per prompt text in order of its first line, its
-    samples in line order; lengths by the tokenizer's encode of each text, one at a time."""
+    samples (length, reward) sorted, as the reader puts them in a random order; lengths by the tokenizer's encode of
+    each text, one at a time."""
     def count(text):
         return len(tokenizer.encode(text, add_special_tokens=False))
 
@@ -66,11 +67,20 @@ def _expected(steps: dict[int, list[dict]], tokenizer, reward_key: str = "score"
             group["lengths"].append(count(row["output"]))
             group["rewards"].append(float(row[reward_key]))
         out.extend(groups.values())
+    return _sorted_samples(out)
+
+
+def _sorted_samples(groups: list[dict]) -> list[dict]:
+    """Trace lines with each group's samples sorted by (length, reward), kept paired."""
+    out = []
+    for g in groups:
+        pairs = sorted(zip(g["lengths"], g["rewards"]))
+        out.append({**g, "lengths": [n for n, _ in pairs], "rewards": [r for _, r in pairs]})
     return out
 
 
 def _read(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return _sorted_samples([json.loads(line) for line in path.read_text().splitlines()])
 
 
 def test_a_folder_of_steps_gives_a_group_per_prompt_text_and_step_counted_by_the_tokenizer(dump, tokenizer,
@@ -114,8 +124,48 @@ def test_the_sdk_reads_a_dump_with_a_tokenizer_object(dump, tokenizer):
     expected = _expected(steps, tokenizer)
     for trace in (read_verl_dump(folder, tokenizer), read_any_trace(folder, tokenizer=tokenizer)):
         assert trace.prompt_ids == [g["prompt_id"] for g in expected]
-        assert trace.matrix().tolist() == [g["lengths"] for g in expected]
+        assert sorted(map(sorted, trace.matrix().tolist())) == sorted(g["lengths"] for g in expected)
         assert trace.prompt_lens.tolist() == [g["prompt_len"] for g in expected]
+
+
+def _balance_batch_order(seqlens: list[int]) -> list[int]:
+    """The order verl's _balance_batch writes a batch in on one data-parallel rank (verl b178a3c,
+    verl/trainer/ppo/ray_trainer.py: the partition sorted by workload, then its even places ascending and its odd
+    places descending), the workload 24576 s + s^2 of each sequence's tokens s."""
+    part = sorted(range(len(seqlens)), key=lambda i: (24576 * seqlens[i] + seqlens[i] ** 2, i))
+    return part[::2] + part[1::2][::-1]
+
+
+def test_the_probe_of_a_balance_batch_dump_is_a_random_sample_not_the_short_first_line(tokenizer, tmp_path):
+    """verl's balance_batch writes each rank's lines shortest first: the first line of a group was its shortest in
+    about half the groups. The probe must be any of a group's samples alike (the shortest in 1/N of the groups),
+    and the same dump must give the same trace."""
+    from pdsr_sdk.traces import read_verl_dump
+
+    rng = random.Random(3)
+    groups, n = 200, 8
+    rows = []
+    for g in range(groups):
+        prompt = f"user\nQuestion {g}: add {g} and {g + 1}.\nassistant\n"
+        for words in rng.sample(range(1, 120), n):    # distinct lengths within a group
+            rows.append({"input": prompt, "output": " ".join(["step"] * words), "gts": "1", "score": words / 100,
+                         "step": 1})
+    count = [len(tokenizer.encode(r["input"] + r["output"], add_special_tokens=False)) for r in rows]
+    dump = tmp_path / "1.jsonl"
+    write_jsonl(dump, [rows[i] for i in _balance_batch_order(count)])
+
+    trace = read_verl_dump(dump, tokenizer)
+    x = trace.matrix()
+    assert trace.num_groups == groups and len({tuple(r) for r in x.tolist()}) == groups
+    shortest = float((x[:, 0] == x.min(axis=1)).mean())
+    # first lines: the shortest in ~50% of groups; a random sample: 1/8 (sd 2.3% over 200 groups)
+    assert 0.05 < shortest < 0.22, shortest
+    # rewards stay with their responses: each score here is the response's word count / 100
+    words = (trace.rewards.reshape(groups, n) * 100).round().astype(int)
+    assert (x == [[len(tokenizer.encode(" ".join(["step"] * w), add_special_tokens=False)) for w in row]
+                  for row in words.tolist()]).all()
+    again = read_verl_dump(dump, tokenizer)
+    assert again.lengths.tolist() == trace.lengths.tolist() and again.prompt_ids == trace.prompt_ids
 
 
 def test_bad_dumps_name_the_file_the_line_and_the_flag(dump, tiny_model_dir, tmp_path):
