@@ -39,7 +39,8 @@ DEFINITIONS = {
     "safe_rate": "expected share of sample 0's top floor(top_k*G) groups inside sample j's top floor(safe_k*G), "
                  "ties at random, mean over j (n/a when either is 0); chance = floor(safe_k*G)/G",
     "false_negatives": "groups with probe < L: group_rate = share with any later sample > L; sample_rate = share "
-                       "of their later samples > L; n/a when the responses were cut at a cap <= L (none can exceed L)",
+                       "of their later samples > L; n/a when the responses were cut at a cap <= L "
+                       "and none is longer than L (none can exceed it)",
     "batch_capture": "consecutive batches of batch_prompts groups (a shorter last batch is kept); a batch is "
                      "captured when the group holding its longest later sample (one of the tied holders, chosen "
                      "uniformly) is among the batch's capture_top longest probes (ties at random); capture_rate "
@@ -127,7 +128,9 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     if rank_na:
         rho, recall, safe = (np.full(n - 1, np.nan) for _ in range(3))
     capture_na = capture_na or rank_na
-    fn_na = _capped(at_cap) and at_cap["length"] <= cfg.fn_length
+    # n/a only when the data agrees that none can exceed fn_length: responses cut at different lengths ('length' at
+    # the context limit, after prompts of different lengths) leave longer ones that stopped, which are measured
+    fn_na = _capped(at_cap) and at_cap["length"] <= cfg.fn_length and int(x.max()) <= cfg.fn_length
     if fn_na:
         where = (f"were cut at {at_cap['length']} tokens" if at_cap["basis"] == "finish_reason" else
                  f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")

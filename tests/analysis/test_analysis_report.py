@@ -140,6 +140,20 @@ def test_responses_at_the_cap_are_counted_and_censor_false_negatives():
     assert not any("at the cap" in n for n in report_notes(analyze_trace(LengthTrace.from_matrix(few))))
 
 
+def test_a_cut_below_the_threshold_does_not_hide_longer_responses_that_stopped():
+    # 'length' at 300 and 400 tokens (a context limit after long prompts) while other responses stopped past 512:
+    # false negatives at 512 were n/a, 'so no later sample can exceed 512', yet 2 of 6 later samples below do
+    x = np.array([[100, 300, 600], [200, 400, 100], [50, 700, 80], [900, 100, 90]])
+    reasons = np.full(x.shape, "stop", dtype=object)
+    reasons[0, 1] = reasons[1, 1] = "length"
+    report = analyze_trace(LengthTrace.from_matrix(x, finish_reasons=reasons))
+    assert report["trace"]["at_cap"]["length"] == 400
+    fn = report["false_negatives"]
+    assert (fn["groups_below"], fn["groups_exceeding"], fn["samples_below"], fn["samples_exceeding"]) == (3, 2, 6, 2)
+    assert fn["group_rate"] == 2 / 3 and fn["sample_rate"] == 2 / 6
+    assert not any(w.startswith("false negatives") for w in report["warnings"])
+
+
 def test_false_negatives_with_no_probe_below_the_threshold_say_why():
     # long responses (every probe >= 600 tokens, none at a cap): no group is below 512, so the rate has no
     # denominator; it is n/a, and the warnings say why, as for every other n/a statistic
