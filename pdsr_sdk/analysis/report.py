@@ -205,12 +205,14 @@ def _capped(at_cap: dict[str, Any]) -> bool:
         return False
     if at_cap["basis"] == "finish_reason":
         return at_cap["share"] > 0
-    return at_cap["share"] >= AT_CAP_NOTE
+    # one response at the max is no pile-up (a small trace's longest is 25% of 4 samples)
+    return at_cap["share"] >= AT_CAP_NOTE and at_cap["samples"] >= 2
 
 
 def length_cap(report: dict[str, Any]) -> int | None:
     """The length an :func:`analyze_trace` report's responses were cut at, as its notes and false-negative warning
-    read it (any finish_reason 'length', else at least 20% of responses at the trace's max); None if uncut."""
+    read it (any finish_reason 'length', else at least 20% of responses, two or more, at the trace's max); None if
+    uncut."""
     at_cap = report["trace"]["at_cap"]
     return at_cap["length"] if _capped(at_cap) else None
 

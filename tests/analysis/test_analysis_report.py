@@ -154,6 +154,21 @@ def test_a_cut_below_the_threshold_does_not_hide_longer_responses_that_stopped()
     assert not any(w.startswith("false negatives") for w in report["warnings"])
 
 
+def test_one_response_at_the_max_is_no_cap():
+    # a small trace without finish reasons whose longest response is alone at its max: it was read as a cap ('25% of
+    # responses end at the cap (40 tokens) and tie there'), and false negatives at 512 as n/a
+    for x in ([[10, 20, 30, 40]], [[30, 10], [20, 40]]):
+        report = analyze_trace(LengthTrace.from_matrix(np.array(x)))
+        assert report["trace"]["at_cap"] == {"basis": "max_length", "length": 40, "samples": 1, "share": 0.25}
+        assert not any("at the cap" in n for n in report_notes(report))
+        assert report["false_negatives"]["group_rate"] == 0.0
+        assert not any(w.startswith("false negatives") for w in report["warnings"])
+    # two responses at the max are one (as in test_responses_at_the_cap_are_counted_and_censor_false_negatives)
+    report = analyze_trace(LengthTrace.from_matrix(np.array([[30, 40], [20, 40]])))
+    assert report["false_negatives"]["group_rate"] is None
+    assert any("50% of responses end at the cap (40 tokens)" in n for n in report_notes(report))
+
+
 def test_false_negatives_with_no_probe_below_the_threshold_say_why():
     # long responses (every probe >= 600 tokens, none at a cap): no group is below 512, so the rate has no
     # denominator; it is n/a, and the warnings say why, as for every other n/a statistic
