@@ -165,7 +165,7 @@ class LengthTrace:
             if arr.size and not ok.all():
                 row = int(np.argmax(~ok))
                 i = int(np.searchsorted(t.offsets, row, side="right") - 1)
-                raise DataError(f"{where}: sample {i}, turn {row - int(t.offsets[i])}: {name} is {arr[row]!r}; "
+                raise DataError(f"{where}: sample {i}, turn {row - int(t.offsets[i])}: {name} is {arr[row].item()!r}; "
                                 f"expected {'>= 1' if name == 'sampled' else '>= 0'}")
         has = np.diff(t.offsets) > 0
         wrong = has & (t.lengths() != lengths)

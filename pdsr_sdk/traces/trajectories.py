@@ -126,7 +126,7 @@ def trace_from_trajectories(table, *, source: str | None = None, labels: dict[st
         if bad.any():
             row = int(order[int(np.argmax(bad))])
             raise DataError(f"{where}: row {row}: finish_time_s - submit_time_s is "
-                            f"{durations[int(np.argmax(bad))]!r}; expected a finite duration >= 0")
+                            f"{float(durations[int(np.argmax(bad))])!r}; expected a finite duration >= 0")
     reasons = None
     if "finish_reason" in table.column_names:
         reasons = np.asarray(table["finish_reason"].to_pylist(), dtype=object)[order]

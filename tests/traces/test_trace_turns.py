@@ -70,6 +70,9 @@ def test_length_trace_checks_turns_against_lengths():
         LengthTrace.from_matrix(np.array([[7, 9]]), turns=turns)
     with pytest.raises(DataError, match="turns has 2 entries, expected one per sample \\(3\\)"):
         LengthTrace.from_matrix(np.array([[6, 9, 1]]), turns=turns)
+    # the bad number as it is, not numpy's repr (np.int64(0))
+    with pytest.raises(DataError, match=r"sample 0, turn 0: sampled is 0; expected >= 1$"):
+        LengthTrace.from_matrix(np.array([[5, 9]]), turns=SampleTurns.from_lists([[(0, 5, 0.1)], None]))
 
 
 def test_synth_turns_follow_the_model():

@@ -207,7 +207,8 @@ def _with(table: pa.Table, name: str, values) -> pa.Table:
     (lambda t: _with(t, "sample_index", [1, 2, 3, 0, 1, 2]), "prompt 'q' has sample_index values [1, 2, 3]"),
     (lambda t: _with(t, "response_length", [40, 300, 35, 100, -1, 0]), "'response_length' row 4 is negative"),
     (lambda t: _with(t, "prompt_length", [7, 5, 7, 5, 6, 7]), "'prompt_length' row 4 differs"),
-    (lambda t: _with(t, "finish_time_s", [4.0, 31.0, 3.5, 10.0, 12.5, 1.0]), "row 5: finish_time_s - submit_time_s"),
+    (lambda t: _with(t, "finish_time_s", [4.0, 31.0, 3.5, 10.0, 12.5, 1.0]),
+     "row 5: finish_time_s - submit_time_s is -1.0; expected"),   # the number, not numpy's repr np.float64(-1.0)
     (lambda t: _with(t, "response_length", [40, None, 35, 100, 120, 0]), "'response_length' row 1 is null"),
     (lambda t: t.set_column(1, "sample_index", pa.array(["1", "2", "0", "0", "1", "2"])),
      "'sample_index' must be integers (or whole floats), got string"),
