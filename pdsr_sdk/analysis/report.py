@@ -134,8 +134,8 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     if fn_na:
         where = (f"were cut at {at_cap['length']} tokens" if at_cap["basis"] == "finish_reason" else
                  f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")
-        digits = 0 if at_cap["share"] >= 0.01 else 1   # 0.4% of responses, not 0%
-        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {at_cap['share']:.{digits}%} of responses "
+        # the summary table's share, to its digit (2.5%, not a rounded 2%; 0.4%, not 0%)
+        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {_pct(at_cap['share'])} of responses "
                         f"{where}, so no later sample can exceed {cfg.fn_length}")
     elif fn.groups_below == 0:
         warnings.append(f"false negatives at {cfg.fn_length} are n/a: no group's probe is below {cfg.fn_length} "

@@ -226,3 +226,15 @@ def test_importing_analysis_does_not_import_matplotlib():
     code = "import sys, pdsr_sdk.analysis, pdsr_sdk.traces; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_false_negative_warning_gives_the_tables_share_at_the_cap():
+    # 1 of 40 responses cut at 300 tokens: the table said 2.5% and the warning '2% of responses were cut at 300'
+    x = np.full((5, 8), 100)
+    x[:, 0] = [50, 60, 70, 80, 90]
+    x[2, 3] = 300
+    report = analyze_trace(LengthTrace.from_matrix(x, finish_reasons=np.where(x == 300, "length", "stop")))
+    row = next(r["value"] for r in report_tables(report)["summary"] if r["statistic"] == "responses at the cap")
+    assert row.startswith("2.5% at 300")
+    assert any(w.startswith("false negatives at 512 are n/a: 2.5% of responses were cut at 300 tokens")
+               for w in report["warnings"])
