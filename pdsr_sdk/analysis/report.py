@@ -60,7 +60,10 @@ DEFINITIONS = {
                     "match. Responses cut at the trace's cap cannot exceed it, so breaks past the cap go unseen "
                     "(optimistic when many responses are at the cap)",
     "at_cap": "trace.at_cap: share of responses at the length cap: finish_reason 'length' where the trace has "
-              "finish reasons (basis 'finish_reason'), else length == the trace's max length (basis 'max_length')",
+              "finish reasons (basis 'finish_reason'), else length == the trace's max length (basis 'max_length'); "
+              "length / min_length: the longest / shortest of them (they differ when responses were cut at "
+              "different lengths: environment tokens of multi-turn responses, a context limit after prompts of "
+              "different lengths)",
     "reference": "the console's 'ref 0.5B MATH' column: the P-DSR length study's published numbers (0.5B model on "
                  "MATH, 7424 groups x 8), shown next to statistics computed with its settings; the study's tie "
                  "rule is not published, these numbers are expectations over random tie orders",
@@ -132,7 +135,7 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     # the context limit, after prompts of different lengths) leave longer ones that stopped, which are measured
     fn_na = _capped(at_cap) and at_cap["length"] <= cfg.fn_length and int(x.max()) <= cfg.fn_length
     if fn_na:
-        where = (f"were cut at {at_cap['length']} tokens" if at_cap["basis"] == "finish_reason" else
+        where = (f"were cut at {cut_lengths(at_cap)}" if at_cap["basis"] == "finish_reason" else
                  f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")
         # the summary table's share, to its digit (2.5%, not a rounded 2%; 0.4%, not 0%)
         warnings.append(f"false negatives at {cfg.fn_length} are n/a: {_pct(at_cap['share'])} of responses "
@@ -220,11 +223,19 @@ def length_cap(report: dict[str, Any]) -> int | None:
 def _at_cap(trace: LengthTrace, x: np.ndarray) -> dict[str, Any]:
     if trace.finish_reasons is not None:
         cut = trace.finish_reasons.astype(str) == "length"
-        length = int(np.asarray(trace.lengths)[cut].max()) if cut.any() else None
-        return {"basis": "finish_reason", "length": length, "samples": int(cut.sum()), "share": float(cut.mean())}
+        lengths = np.asarray(trace.lengths)[cut]
+        length, shortest = (int(lengths.max()), int(lengths.min())) if cut.any() else (None, None)
+        return {"basis": "finish_reason", "length": length, "min_length": shortest, "samples": int(cut.sum()),
+                "share": float(cut.mean())}
     top = int(x.max())
     at = int((x == top).sum())
-    return {"basis": "max_length", "length": top, "samples": at, "share": at / x.size}
+    return {"basis": "max_length", "length": top, "min_length": top, "samples": at, "share": at / x.size}
+
+
+def cut_lengths(at_cap: dict[str, Any], unit: str = " tokens", to: str = " to ") -> str:
+    """The length a report's responses at the cap were cut at, or their range when they were cut at several."""
+    low, high = at_cap["min_length"], at_cap["length"]
+    return f"{high}{unit}" if low == high else f"{low}{to}{high}{unit}"
 
 
 def _trace_summary(trace: LengthTrace, x: np.ndarray) -> dict[str, Any]:

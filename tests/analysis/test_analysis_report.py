@@ -120,7 +120,8 @@ def test_responses_at_the_cap_are_counted_and_censor_false_negatives():
     x = np.array([[100, 512, 300], [512, 200, 512], [50, 60, 70], [400, 512, 80]])
     reasons = np.where(x == 512, "length", "stop")
     report = analyze_trace(LengthTrace.from_matrix(x, finish_reasons=reasons))
-    assert report["trace"]["at_cap"] == {"basis": "finish_reason", "length": 512, "samples": 4, "share": 4 / 12}
+    assert report["trace"]["at_cap"] == {"basis": "finish_reason", "length": 512, "min_length": 512, "samples": 4,
+                                         "share": 4 / 12}
     fn = report["false_negatives"]
     assert fn["group_rate"] is None and fn["sample_rate"] is None and fn["groups_below"] == 3
     assert any("false negatives at 512 are n/a" in w and "cut at 512 tokens" in w for w in report["warnings"])
@@ -159,7 +160,8 @@ def test_one_response_at_the_max_is_no_cap():
     # responses end at the cap (40 tokens) and tie there'), and false negatives at 512 as n/a
     for x in ([[10, 20, 30, 40]], [[30, 10], [20, 40]]):
         report = analyze_trace(LengthTrace.from_matrix(np.array(x)))
-        assert report["trace"]["at_cap"] == {"basis": "max_length", "length": 40, "samples": 1, "share": 0.25}
+        assert report["trace"]["at_cap"] == {"basis": "max_length", "length": 40, "min_length": 40, "samples": 1,
+                                             "share": 0.25}
         assert not any("at the cap" in n for n in report_notes(report))
         assert report["false_negatives"]["group_rate"] == 0.0
         assert not any(w.startswith("false negatives") for w in report["warnings"])
@@ -238,3 +240,20 @@ def test_the_false_negative_warning_gives_the_tables_share_at_the_cap():
     assert row.startswith("2.5% at 300")
     assert any(w.startswith("false negatives at 512 are n/a: 2.5% of responses were cut at 300 tokens")
                for w in report["warnings"])
+
+
+def test_responses_cut_at_different_lengths_are_not_said_to_tie_at_one_cap():
+    # 'length' at 300, 340 and 400 tokens (multi-turn responses with environment tokens, a context limit): the note
+    # said '33% of responses end at the cap (400 tokens) and tie there', the table '33.3% at 400'
+    x = np.array([[100, 300, 200], [340, 150, 120], [50, 60, 400], [200, 400, 80]])
+    reasons = np.where(x >= 300, "length", "stop")
+    report = analyze_trace(LengthTrace.from_matrix(x, finish_reasons=reasons))
+    assert report["trace"]["at_cap"] == {"basis": "finish_reason", "length": 400, "min_length": 300, "samples": 4,
+                                         "share": 4 / 12}
+    row = next(r["value"] for r in report_tables(report)["summary"] if r["statistic"] == "responses at the cap")
+    assert row == "33.3% at 300..400 (finish_reason 'length')"
+    notes = [n for n in report_notes(report) if n.startswith("note:")]
+    assert len(notes) == 1 and "tie" not in notes[0]
+    assert notes[0].startswith("note: 33% of responses were cut (finish_reason 'length') at 300 to 400 tokens, "
+                               "not at one cap")
+    assert any("33.3% of responses were cut at 300 to 400 tokens" in w for w in report["warnings"])

@@ -249,7 +249,7 @@ def test_report_of_a_jsonl_file_agrees_with_scipy_and_hand_counts(tmp_path):
     assert report["trace"]["length"]["p99"] == pytest.approx(flat[lo] + (h - lo) * (flat[lo + 1] - flat[lo]))
     at_cap = int((lengths == cap).sum())
     assert at_cap > 0
-    assert report["trace"]["at_cap"] == {"basis": "max_length", "length": cap, "samples": at_cap,
+    assert report["trace"]["at_cap"] == {"basis": "max_length", "length": cap, "min_length": cap, "samples": at_cap,
                                          "share": pytest.approx(at_cap / lengths.size)}
     assert f"{100 * at_cap / lengths.size:.1f}% at {cap}" in result.output
 
