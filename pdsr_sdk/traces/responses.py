@@ -14,7 +14,8 @@ none is given; a name may be a dotted path into struct columns, a number in it p
   ``usage.prompt_tokens``): whole numbers, or the prompt's text (counted as a response's), the same for every row of
   a prompt; none found: 0.
 - sample index (``--sample-index-column``; ``sample_index``): orders the samples of a prompt (distinct numbers; the
-  smallest is sample 0, the probe); none found: the rows' order in the file.
+  smallest is sample 0, the probe); none found: the rows' order in the file (a warning when far more prompts than
+  chance have their shortest response first: a log written as responses finished).
 - reward (``--reward-column``; ``reward``, ``score``): numbers, empty (null) for a response without one.
 - finish reason (``--finish-reason-column``; ``finish_reason``, ``choices.0.finish_reason``): strings.
 
@@ -142,6 +143,7 @@ def _trace(table, schema, rows: int, source: str | None, given: dict[str, str | 
         labels["sample_index"] = name
     else:
         canon["sample_index"] = _rank(code, None, encoded.dictionary, "", where)
+        _warn_if_completion_ordered(code, lengths, where)
     if "reward" in found:
         name, col = found["reward"]
         rewards = _numbers(col, name, where)
@@ -277,6 +279,48 @@ def _whole(column, name: str, where: str, *, token_lists: bool = False) -> np.nd
         k = int(np.argmax(values < 0))
         _fail(where, name, k, f"is negative ({int(values[k])}); expected a token count >= 0")
     return values.astype(np.int64)
+
+
+#: the chance that a log whose rows are in random order within each prompt gets the completion-order warning
+COMPLETION_ORDER_FALSE_ALARM = 1e-6
+
+
+def _warn_if_completion_ordered(code: np.ndarray, lengths: np.ndarray, where: str) -> None:
+    """Warn when far more prompts than chance have their shortest response in their first row, the probe when no
+    sample-index column orders them: a log written as responses finished, whose probes would all be short.
+
+    In random order a prompt's first row is its shortest with probability p = (rows at its minimum) / n, each prompt
+    independently; the count of such prompts exceeds its mean by t with probability at most exp(-t^2 / (2 (var +
+    t / 3))) (Bernstein), so the warning comes on a log in random order with probability at most
+    :data:`COMPLETION_ORDER_FALSE_ALARM`."""
+    import warnings
+
+    from pdsr_sdk.errors import PdsrWarning
+
+    order = np.lexsort((np.arange(len(code)), code))   # by prompt, each in the file's order
+    starts = np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1]])
+    sorted_lengths = lengths[order]
+    low = np.minimum.reduceat(sorted_lengths, starts)
+    sizes = np.diff(np.r_[starts, len(code)])
+    at_low = np.add.reduceat((sorted_lengths == np.repeat(low, sizes)).astype(np.int64), starts)
+    ranked = at_low < sizes   # prompts whose lengths are not all equal (a prompt of one row has all equal)
+    if not ranked.any():
+        return
+    first_low = (sorted_lengths[starts] == low)[ranked]
+    p = (at_low / sizes)[ranked]
+    count, mean, var = int(first_low.sum()), float(p.sum()), float((p * (1 - p)).sum())
+    bound = -np.log(COMPLETION_ORDER_FALSE_ALARM)
+    t = bound / 3 + np.sqrt((bound / 3) ** 2 + 2 * bound * var)   # solves t^2 = 2 bound (var + t / 3)
+    if count - mean < t:
+        return
+    prompts = int(ranked.sum())
+    warnings.warn(f"{where}: in {count} of {prompts} prompts ({count / prompts:.0%}) the first row is the prompt's "
+                  f"shortest response, against {mean / prompts:.1%} expected if each prompt's rows were in random "
+                  f"order (1/n of n samples): the log looks written as responses finished. Without a sample-index "
+                  f"column a prompt's first row is its sample 0, the probe, so the probes would be the short "
+                  f"responses. Name the column that numbers each prompt's samples (--sample-index-column; "
+                  f"sample_index_column= in Python), or shuffle each prompt's rows. (Rows in random order get this "
+                  f"warning with probability below {COMPLETION_ORDER_FALSE_ALARM:g}.)", PdsrWarning, stacklevel=4)
 
 
 def _strings(column, name: str, where: str):

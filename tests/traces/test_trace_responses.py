@@ -211,3 +211,51 @@ def test_a_log_named_otherwise_is_read_by_its_content_and_chat_turns_are_not_rea
     trace = read_any_trace(log)
     assert trace.prompt_ids == ["a", "b"] and trace.lengths.tolist() == [10, 11, 12, 20, 21]
     assert trace.turns is None
+
+
+def _completion_ordered_log(path: Path, groups: int = 200, n: int = 8, seed: int = 0, shuffle: bool = False):
+    """A log of lognormal lengths in the order responses of those lengths finish (shortest first) or, with
+    ``shuffle``, in random order; its column ``sample`` numbers each prompt's samples (a name not looked for)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = np.rint(400 * np.exp(0.3 * rng.standard_normal((groups, n)))).astype(int)
+    uid = np.repeat(np.arange(groups), n)
+    order = rng.permutation(lengths.size) if shuffle else np.argsort(lengths.ravel(), kind="stable")
+    pq.write_table(pa.table({"uid": uid[order], "response_length": lengths.ravel()[order],
+                             "sample": np.tile(np.arange(n), groups)[order]}), path)
+
+
+def test_a_log_in_completion_order_warns_that_its_probes_are_the_shortest(tmp_path):
+    # a log written as responses finished: each prompt's first row, its probe, was its shortest, without a word
+    import warnings
+
+    from pdsr_sdk.errors import PdsrWarning
+
+    path = tmp_path / "done.parquet"
+    _completion_ordered_log(path)
+    with pytest.warns(PdsrWarning) as said:
+        x = read_responses_trace(path).matrix()
+    assert (x[:, 0] == x.min(axis=1)).mean() > 0.95   # not reordered: the rows' order, as documented
+    text = str(said[0].message)
+    chance = ((x == x.min(axis=1, keepdims=True)).sum(axis=1) / 8).mean()   # 1/8, more where the shortest ties
+    assert text.startswith(f"{path}: in 200 of 200 prompts (100%) the first row is the prompt's shortest response, "
+                           f"against {chance:.1%} expected")
+    assert "--sample-index-column" in text and "shuffle" in text
+    # the sample-index column orders the samples: no warning, and the probe is the logged sample 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ordered = read_any_trace(path, id_column="uid", sample_index_column="sample").matrix()
+    assert (ordered[:, 0] == x.min(axis=1)).mean() < 0.3
+    # random order never warns (its false-alarm rate is at most 1e-6), however the rows fell
+    for seed in range(30):
+        _completion_ordered_log(path, groups=50, seed=seed, shuffle=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            read_any_trace(path, id_column="uid")
+    # the CLI prints it as a warning line
+    _completion_ordered_log(path)
+    result = CliRunner().invoke(cli, ["trace", "convert", str(path), "--id-column", "uid", "--out",
+                                      str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert "warning: " in result.stderr and "the first row is the prompt's shortest" in result.stderr
