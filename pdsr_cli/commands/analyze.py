@@ -63,7 +63,7 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     Example:
       pdsr analyze examples/traces/synth_256x8.jsonl --out-dir analysis
     """
-    from pdsr_sdk.analysis import analyze_trace, length_cap, report_notes, report_tables, write_plots
+    from pdsr_sdk.analysis import analyze_trace, length_cap, report_notes, report_tables, without_failed, write_plots
     from pdsr_sdk.analysis.plots import PLOT_FILES
     from pdsr_sdk.io.tables import check_new_output, write_text_atomic
     from pdsr_sdk.traces import read_trace
@@ -86,6 +86,7 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
     warn_if_in_progress(trace_path, "TRACE")
     trace = read_trace(trace_path, setting="TRACE")
     report = analyze_trace(trace, cfg)
+    trace = without_failed(trace)[0]   # the groups the report is of (its warnings say which were left out)
 
     if own_dir:
         writes = set(PLOT_FILES if cfg.plots else ())

@@ -7,7 +7,7 @@ are pure array functions in ``pdsr_sdk.analysis.stats`` (with naive twins in
 
 from pdsr_sdk.analysis.config import AnalyzeConfig
 from pdsr_sdk.analysis.plots import write_plots
-from pdsr_sdk.analysis.report import DEFINITIONS, analyze_trace, length_cap
+from pdsr_sdk.analysis.report import DEFINITIONS, analyze_trace, length_cap, without_failed
 from pdsr_sdk.analysis.report_text import report_notes, report_tables
 from pdsr_sdk.analysis.dispatch_replay import DispatchCounts, dispatch_v25
 from pdsr_sdk.analysis.stats import (
@@ -47,5 +47,6 @@ __all__ = [
     "top_k_count",
     "top_k_prob",
     "top_k_recall",
+    "without_failed",
     "write_plots",
 ]

@@ -69,7 +69,7 @@ DEFINITIONS = {
                  "rule is not published, these numbers are expectations over random tie orders",
     "warnings": "statistics that are n/a, and why (degenerate traces: one group, all lengths equal, an empty "
                 "top-k set, no batch larger than capture_top, a cap at or below fn_length, no probe below "
-                "fn_length)",
+                "fn_length), and groups left out (a failed sample: trace.failed)",
 }
 
 
@@ -80,6 +80,7 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     reason in ``report["warnings"]`` (the SDK prints nothing).
     """
     cfg = config or AnalyzeConfig()
+    trace, failed, failed_groups = without_failed(trace)
     trace.require_rectangular("analysis needs")
     if trace.samples_per_group < 2:
         raise DataError(f"{trace.source or 'trace'}: analysis needs at least 2 samples per group (sample 0 is "
@@ -101,6 +102,11 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     at_cap = summary["at_cap"]
 
     warnings: list[str] = []
+    if failed:
+        warnings.append(f"{failed} sample(s) failed (finish_reason 'failed': an agent raised or timed out, an engine "
+                        f"refused or died), so their lengths are not a response's: their {failed_groups} group(s) are "
+                        f"left out of every statistic, {g} of {g + failed_groups} remain")
+    summary["failed"] = {"samples": failed, "groups_left_out": failed_groups}
     rank_na = capture_na = False
     if g == 1:
         rank_na = True
@@ -200,6 +206,33 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
         "definitions": DEFINITIONS,
     }
     return _jsonable(report)
+
+
+def without_failed(trace: LengthTrace) -> tuple[LengthTrace, int, int]:
+    """``trace`` without the groups holding a failed sample (finish_reason 'failed': its length is where it broke off,
+    not a response's; a group with one is no longer N comparable samples), the failed samples and those groups'
+    count. A trace whose every group holds one is a ``DataError``."""
+    if trace.finish_reasons is None:
+        return trace, 0, 0
+    failed = trace.finish_reasons.astype(str) == "failed"
+    if not failed.any():
+        return trace, 0, 0
+    group = np.repeat(np.arange(trace.num_groups), trace.group_sizes)
+    drop = np.zeros(trace.num_groups, dtype=bool)
+    drop[group[failed]] = True
+    if drop.all():
+        raise DataError(f"{trace.source or 'trace'}: every group has a failed sample (finish_reason 'failed', "
+                        f"{int(failed.sum())} in all), so none is N responses to compare; nothing to analyze")
+    keep = ~drop[group]
+    pick = lambda v: None if v is None else v[keep]  # noqa: E731
+    kept = np.flatnonzero(~drop)
+    sizes = trace.group_sizes[kept]
+    out = LengthTrace(prompt_ids=[trace.prompt_ids[i] for i in kept], prompt_lens=trace.prompt_lens[kept],
+                      lengths=trace.lengths[keep], offsets=np.r_[0, np.cumsum(sizes)],
+                      durations_s=pick(trace.durations_s), finish_reasons=pick(trace.finish_reasons),
+                      source=trace.source, rewards=pick(trace.rewards),
+                      turns=None if trace.turns is None else trace.turns.take(np.flatnonzero(keep)))
+    return out, int(failed.sum()), int(drop.sum())
 
 
 def _capped(at_cap: dict[str, Any]) -> bool:

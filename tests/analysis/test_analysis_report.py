@@ -257,3 +257,30 @@ def test_responses_cut_at_different_lengths_are_not_said_to_tie_at_one_cap():
     assert notes[0].startswith("note: 33% of responses were cut (finish_reason 'length') at 300 to 400 tokens, "
                                "not at one cap")
     assert any("33.3% of responses were cut at 300 to 400 tokens" in w for w in report["warnings"])
+
+
+def test_failed_samples_leave_their_groups_out_with_a_warning():
+    # a failed sample (an engine died, an agent raised) has the length it broke off at: it was counted as a response
+    # (here a probe of 0 tokens ranked its group last) and nothing said so
+    rng = np.random.default_rng(3)
+    x = rng.integers(100, 900, size=(10, 4))
+    reasons = np.full(x.shape, "stop", dtype=object)
+    x[2, 0], reasons[2, 0] = 0, "failed"
+    x[7, 2], reasons[7, 2] = 35, "failed"
+    reasons[7, 3] = "failed"
+    kept = np.delete(x, [2, 7], axis=0)
+    report = analyze_trace(LengthTrace.from_matrix(x, finish_reasons=reasons, prompt_ids=[f"q{i}" for i in range(10)]))
+    assert report["trace"]["groups"] == 8 and report["trace"]["tokens"] == int(kept.sum())
+    assert report["trace"]["failed"] == {"samples": 3, "groups_left_out": 2}
+    assert report["trace"]["finish_reasons"] == {"stop": 32}
+    assert report["spearman"]["per_sample"] == pytest.approx(spearman_vs_probe(kept).tolist())
+    assert report["cv"]["mean"] == pytest.approx(group_cv(kept, 1).mean())
+    said = [w for w in report["warnings"] if "failed" in w]
+    assert len(said) == 1 and said[0].startswith("3 sample(s) failed (finish_reason 'failed'")
+    assert "their 2 group(s) are left out of every statistic, 8 of 10 remain" in said[0]
+    clean = analyze_trace(LengthTrace.from_matrix(kept, finish_reasons=np.full(kept.shape, "stop")))
+    assert clean["trace"]["failed"] == {"samples": 0, "groups_left_out": 0}
+    assert not any("failed" in w for w in clean["warnings"])
+    reasons[:, 1] = "failed"
+    with pytest.raises(DataError, match="every group has a failed sample"):
+        analyze_trace(LengthTrace.from_matrix(x, finish_reasons=reasons, source="t.jsonl"))

@@ -309,3 +309,22 @@ def test_a_misspelt_trace_key_is_one_warning_line(tmp_path):
     assert said == [f"warning: {path}: key(s) 'reward' (line 1; did you mean 'rewards'?) are not length-trace "
                     f"keys and are ignored; a trace line holds prompt_id, prompt_len, lengths and optionally "
                     f"durations_s, finish_reasons, rewards, turns"]
+
+
+def test_failed_samples_are_left_out_and_said_on_stderr(tmp_path):
+    # a trajectories file whose engine died under one prompt: its samples' lengths were analyzed as responses
+    rng = np.random.default_rng(5)
+    x = rng.integers(50, 600, size=(12, 4))
+    reasons = np.full(x.shape, "stop", dtype=object)
+    x[4], reasons[4] = [0, 0, 17, 0], "failed"
+    trace = LengthTrace.from_matrix(x, finish_reasons=reasons)
+    path = tmp_path / "t.jsonl"
+    write_trace_jsonl(trace, path)
+    result = _run(str(path), "--out-dir", str(tmp_path / "o"))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{path}: 11 groups x 4 samples")
+    assert "warning: 4 sample(s) failed (finish_reason 'failed'" in result.stderr
+    assert "11 of 12 remain" in result.stderr
+    report = json.loads((tmp_path / "o" / "analysis.json").read_text())
+    assert report["trace"]["failed"] == {"samples": 4, "groups_left_out": 1}
+    assert report["trace"]["probe_length"]["min"] == float(np.delete(x, 4, axis=0)[:, 0].min())
