@@ -103,7 +103,7 @@ class RolloutConfig(StepStreamConfig, PolicyChoice):
 
     # partial rollout across steps (pdsr_sdk.dispatch.steps; step_groups, max_staleness, group_deadline above)
     steps: int | None = Field(None, ge=1, description="Multi-step run (`pdsr rollout --steps K`): K training steps over a stream of the data's prompts, each step's end bumping the policy version as a trainer's update would; unfinished samples carry into the next step with their tokens, and the last step drains. K counts the run's steps in all, those a --resume finds on disk included. None = batch by batch.")
-    over_provision: float | None = Field(None, ge=0, description="Multi-step: keep ceil(step_groups x (1 + over_provision)) groups in flight (carried + newly launched); a step ends when step_groups groups are complete. With steps set, default 0 (each step waits for its own groups). In the SDK, setting it makes RolloutSession.step stream.")
+    over_provision: float | None = Field(None, ge=0, allow_inf_nan=False, description="Multi-step: keep ceil(step_groups x (1 + over_provision)) groups in flight (carried + newly launched); a step ends when step_groups groups are complete. With steps set, default 0 (each step waits for its own groups). In the SDK, setting it makes RolloutSession.step stream.")
 
     renamed_keys: ClassVar[dict[str, str]] = {"fast_engines": "fast", "heavy_engines": "heavy"}
 

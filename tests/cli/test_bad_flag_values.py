@@ -50,6 +50,11 @@ def test_rollout_setting_for_a_policy_not_selected(tmp_path):
     (["simulate", "--segment-min", 0, "--segment-max", 0], "command line: segments.min_tokens: Input should be"),
     (["gae", "--chunk", 0, "--data", "in.parquet", "--out", "o.parquet"], "--chunk: chunk: Input should be"),
     (["trace", "synth", "--groups", 0, "--out", "t.jsonl"], "--groups: groups: Input should be"),
+    # an infinite over-provision passed ge=0 and died at the first step in math.ceil (OverflowError)
+    (["rollout", "--steps", 2, "--over-provision", "inf"], "--over-provision: over_provision: Input should be a "
+                                                           "finite number (got inf)"),
+    (["simulate", "--steps", 2, "--over-provision", "inf"], "--over-provision: over_provision: Input should be a "
+                                                            "finite number (got inf)"),
 ])
 def test_a_bad_flag_value_names_the_flag_and_its_key(args, line, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
