@@ -326,7 +326,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
             return await self._astep(prompts, n=n, last=last, wait_for_update=wait_for_update, agent=agent)
 
     async def _astep(self, prompts: Iterable, *, n, last: bool, wait_for_update: bool, agent) -> StepResult:
-        n = group_size(n, self.config.sampling.n)
+        given_n, n = n, group_size(n, self.config.sampling.n)   # a stream checks the one given (None: its own)
         if agent is not None and self.streaming:
             from pdsr_sdk.rollout.config import check_agent_streaming
 
@@ -341,7 +341,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         if self.streaming:
             # the groups this step launches run with this agent (carried ones keep theirs)
             self._step_agent = self.agent if agent is None else _load_agent(agent)
-            return await self._astream_step(prompts, n=n, last=last, wait_for_update=wait_for_update)
+            return await self._astream_step(prompts, n=given_n, last=last, wait_for_update=wait_for_update)
         items = step_prompts(prompts, self.config.batch_size)
         if not items:
             raise DataError("step: no prompts (an empty list, or the prompt iterator is exhausted)")

@@ -10,8 +10,8 @@ from typing import Iterable, Iterator, Mapping, Sized
 
 from pdsr_sdk.dispatch.steps import StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group
-from pdsr_sdk.errors import DataError, RunError
-from pdsr_sdk.rollout.data import build_groups, prompt_records, prompt_source
+from pdsr_sdk.errors import ConfigValueError, DataError, RunError
+from pdsr_sdk.rollout.data import build_groups, group_size, prompt_records, prompt_source
 from pdsr_sdk.rollout.results import BatchResult, StepResult
 
 
@@ -76,6 +76,11 @@ class StreamSteps:
         group in flight once all are complete (nothing is left carried).
         """
         cfg = self.config
+        if self._stream is not None and n is not None and n != self._stream_n:
+            # the stream's groups (carried, queued, launched at any later step) all have its first step's size
+            raise ConfigValueError(f"step(n={n}): partial rollout keeps one group size for its whole stream, and "
+                                   f"this stream's groups have n={self._stream_n} samples (set at its first step); "
+                                   f"leave n out at later steps, or start a new session for another n")
         source = prompt_source(prompts)
         if not (isinstance(prompts, Sized) and not isinstance(prompts, (str, Mapping)) and not len(prompts)):
             # (`()` at every step after the first, as the docs give an iterator: kept, it would wait behind an
@@ -85,7 +90,7 @@ class StreamSteps:
         self.run.begin_span()
         if self._stream is None:
             b = cfg.step_groups or cfg.batch_size
-            self._stream_n = n   # checked by astep (None: config.sampling.n)
+            self._stream_n = group_size(n, cfg.sampling.n)   # checked by astep (None: config.sampling.n)
             self._stream = StepStream(
                 self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,

@@ -164,3 +164,23 @@ def test_leaving_async_with_ends_a_step_task_still_waiting(tiny_model_dir):
             task.result()
 
     asyncio.run(scenario())
+
+
+@requires_torch
+def test_a_later_partial_rollout_step_refuses_another_n_and_keeps_the_streams(tiny_model_dir):
+    """Partial rollout: every group of the stream has its first step's n (carried, queued and new ones alike). A
+    later ``step(n=...)`` with another size used to be ignored without a word (groups of the first step's size came
+    back); it is a ConfigValueError naming n and the stream's size, and the session goes on. The same n, or none,
+    is fine."""
+    from pdsr_sdk import RolloutSession
+    from pdsr_sdk.errors import ConfigValueError
+
+    with RolloutSession(fake_config(tiny_model_dir, policy="baseline", over_provision=1.0)) as session:
+        out = session.step(["a", "b", "c", "d"], n=3)
+        with pytest.raises(ConfigValueError, match=r"step\(n=2\): partial rollout keeps one group size for its whole "
+                                                   r"stream, and this stream's groups have n=3 samples"):
+            session.step(["e", "f"], n=2)
+        sizes = [len(g.samples) for g in out.groups]
+        sizes += [len(g.samples) for g in session.step(["e", "f"], n=3).groups]
+        sizes += [len(g.samples) for g in session.step((), last=True).groups]
+        assert sizes == [3] * 6
