@@ -238,16 +238,17 @@ def add_system_and_instruction(messages: list[dict], cfg, where: str = "prompt")
     return out
 
 
-def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str = "prompts") -> list[PromptRecord]:
+def prompt_records(prompts, cfg, tokenizer, *, id_prefix: str = "p", where: str = "prompts",
+                   first: int = 0) -> list[PromptRecord]:
     """Prompts a trainer passes (:meth:`RolloutSession.step`) as records. Each item is a
     :class:`PromptRecord` (used as it is), a string (one user message), a list of chat messages
     (``{role, content}``), or a mapping with ``prompt`` (a string, or chat messages as in a verl row) or
     ``messages``, and optionally ``id`` / ``prompt_id``, ``ground_truth`` / ``answer`` (else verl's
     ``reward_model["ground_truth"]``), and ``data_source`` / ``extra_info`` (for the reward). Items without an id
-    get ``f"{id_prefix}{i}"``. Ids must be unique."""
+    get ``f"{id_prefix}{i}"``, ``i`` counted from ``first`` (as are the items in messages). Ids must be unique."""
     records: list[PromptRecord] = []
     seen: dict[str, int] = {}
-    for i, item in enumerate(prompts):
+    for i, item in enumerate(prompts, first):
         at = f"{where}[{i}]"
         if isinstance(item, PromptRecord):
             record = item

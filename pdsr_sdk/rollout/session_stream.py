@@ -33,6 +33,7 @@ class StreamSteps:
         self._step_end: asyncio.Future | None = None
         self._stream_base = 0   # batch index of the stream's first step (launch steps are counted from it)
         self._restored: list[tuple[Group, int]] = []
+        self._step_prompts = (-1, 0)   # (step, prompts it launched): ids given by the session go on counting
         # between steps a step's end holds the engines stopped; a caller's pause() then only records its mode and
         # resume() clears it: the next step starts the engines, unless the caller is still paused
         self._caller_paused: str | None = None
@@ -202,8 +203,17 @@ class StreamSteps:
         if not items:
             return []
         step = self.run.batch_index
+        # a step may launch several times (dynamic sampling's top-ups): its ids go on from its earlier launches
+        first = self._step_prompts[1] if self._step_prompts[0] == step else 0
+        self._step_prompts = (step, first + len(items))
         records = prompt_records(items, self.config.data, self.tokenizer, id_prefix=f"s{step}-p",
-                                 where=f"step {step} prompts")
+                                 where=f"step {step} prompts", first=first)
+        flying = {g.prompt_id: launched for g, launched in self._stream.in_flight_groups()}
+        for r in records:   # two groups of one id could be returned together, one uid in a trainer's batch
+            if r.prompt_id in flying:
+                raise DataError(f"step {step} prompts: prompt id {r.prompt_id!r} is given again while its group "
+                                f"(launched at step {self._stream_base + flying[r.prompt_id]}) is still in flight; "
+                                f"ids must be unique among the groups in flight: give each prompt once")
         self._check_prompts(records)
         groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
         if self._step_agent is not None:

@@ -184,3 +184,37 @@ def test_a_later_partial_rollout_step_refuses_another_n_and_keeps_the_streams(ti
         sizes += [len(g.samples) for g in session.step(["e", "f"], n=3).groups]
         sizes += [len(g.samples) for g in session.step((), last=True).groups]
         assert sizes == [3] * 6
+
+
+@requires_torch
+def test_partial_rollout_ids_are_unique_among_the_groups_in_flight(tiny_model_dir):
+    """A step's groups go to a trainer with their prompt id as the group's uid, so no two groups in flight may share
+    one. Dynamic sampling's top-ups in the middle of a step used to number the prompts they took from 0 again
+    ('s0-p0' launched twice in step 0, one filtered, one returned); a prompt id given again while its group was
+    carried used to make a second group of that id, and both came back in one step (trainer_batch's uids
+    ['e', 'e', 'e', 'e', ...]: one group of four to GRPO). Ids now go on counting within a step, and an id given
+    again while in flight is a DataError naming it; the session goes on."""
+    from pdsr_sdk import RolloutSession
+
+    judged = []
+
+    def every_third(group, rewards):
+        judged.append(group.prompt_id)
+        return len(judged) % 3 == 0   # most groups are filtered out: the step tops up while it runs
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=0.0)
+    with RolloutSession(cfg, reward=lambda text, ground_truth=None, **_: 0.0, group_filter=every_third) as session:
+        prompts = iter([f"prompt {i}" for i in range(40)])
+        returned = [g.prompt_id for k in range(3) for g in session.step(prompts if k == 0 else ()).groups]
+    assert len(judged) > 12 and len(set(judged)) == len(judged), judged
+    assert len(returned) == 6 and set(returned) <= set(judged)
+
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=1.0).model_copy(update={"batch_size": 4})
+    with RolloutSession(cfg) as session:
+        out = session.step([{"id": k, "prompt": k} for k in "abcde"])   # 4 returned, 'e' carried
+        assert [g.prompt_id for g, _ in session.carried()] == ["e"]
+        with pytest.raises(DataError, match=r"step 1 prompts: prompt id 'e' is given again while its group "
+                                            r"\(launched at step 0\) is still in flight"):
+            session.step([{"id": k, "prompt": k} for k in "efg"])
+        out = session.step([{"id": k, "prompt": k} for k in "fgh"], last=True)
+        assert sorted(g.prompt_id for g in out.groups) == ["e", "f", "g", "h"] and not session.carried()
