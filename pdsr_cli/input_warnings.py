@@ -17,3 +17,16 @@ def warn_if_in_progress(path: Path | None, label: str) -> None:
     words = output_in_progress(path)
     if words:
         click.echo(f"warning: {label} {path}: {words}", err=True)
+
+
+def warn_failed_samples(trace, label: str) -> None:
+    """One ``warning:`` line on stderr where ``trace`` (read from ``label``) holds failed samples: their lengths are
+    where a sample broke off (an agent raised, an engine died), not a response's."""
+    reasons = trace.finish_reasons
+    if reasons is None:
+        return
+    failed = int((reasons.astype(str) == "failed").sum())
+    if failed:
+        click.echo(f"warning: {label} {trace.source or ''}: {failed} sample(s) failed (finish_reason 'failed'); their "
+                   f"lengths are where they broke off, not responses' (pdsr simulate replays them as they are; pdsr "
+                   f"analyze leaves their groups out)", err=True)

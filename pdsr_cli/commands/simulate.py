@@ -14,7 +14,7 @@ from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_
 from pdsr_cli.commands.trace import list_family
 from pdsr_cli.commands.simulate_notes import (COUNTER_COLUMNS, batch_words, cost_words, fastest_words, steady_words,
                                               table_notes, trainer_words)
-from pdsr_cli.input_warnings import warn_if_in_progress
+from pdsr_cli.input_warnings import warn_failed_samples, warn_if_in_progress
 from pdsr_cli.out_dir import remove_other_outputs
 
 @click.group("simulate", invoke_without_command=True)
@@ -186,6 +186,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
     cfg = apply_policy_sets(cfg, sets + old_sets)
     warn_if_in_progress(cfg.trace, "trace (--trace)")
     tr = read_trace(cfg.trace, setting="trace (--trace)")
+    warn_failed_samples(tr, "trace (--trace)")
     if cfg.steps is not None:
         with output_mode(quiet):
             _run_steps(tr, cfg, quiet)

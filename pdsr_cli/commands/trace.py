@@ -8,7 +8,7 @@ import click
 import numpy as np
 
 from pdsr_cli.common import build_config, config_option, handle_errors, UserPathType
-from pdsr_cli.input_warnings import warn_if_in_progress
+from pdsr_cli.input_warnings import warn_failed_samples, warn_if_in_progress
 from pdsr_cli.key_value import key_value_argument
 from pdsr_sdk.traces.config import TraceSynthConfig
 
@@ -187,6 +187,7 @@ def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None
         tokenizer = load_tokenizer(tokenizer_dir, setting="--tokenizer")
     warn_if_in_progress(source, "SOURCE")
     trace = read_any_trace(source, **columns, tokenizer=tokenizer, setting="SOURCE")
+    warn_failed_samples(trace, "SOURCE")
     write_trace_jsonl(trace, out)
     sizes = trace.group_sizes
     shape = f"{sizes[0]} samples each" if trace.is_rectangular else f"{sizes.min()}..{sizes.max()} samples"

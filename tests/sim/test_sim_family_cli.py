@@ -79,3 +79,24 @@ def test_bad_family_and_seed_use_are_named(tmp_path):
     assert r.exit_code != 0 and "--trace gives one" in r.output
     r = run(cli, ["simulate", "--family", "list"])
     assert r.exit_code == 0 and "longcot:" in r.output and "max_model_len 20,480" in r.output
+
+
+def test_failed_samples_are_named_where_a_trace_is_read(tmp_path):
+    """A trajectories file whose engine died under one prompt: simulate and trace convert took its samples' lengths
+    as responses' without a word (analyze leaves their groups out)."""
+    from pdsr_sdk.traces import LengthTrace
+
+    x = np.random.default_rng(5).integers(50, 600, size=(8, 4))
+    reasons = np.full(x.shape, "stop", dtype=object)
+    x[3], reasons[3] = [0, 0, 17, 0], "failed"
+    path = write_trace_jsonl(LengthTrace.from_matrix(x, finish_reasons=reasons), tmp_path / "t.jsonl")
+    for args in (["simulate", "--trace", str(path), *SMALL[:4], "4", *SMALL[5:]],
+                 ["trace", "convert", str(path), "--out", str(tmp_path / "c.jsonl")]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output
+        assert "4 sample(s) failed (finish_reason 'failed')" in r.stderr
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(tmp_path / "c.jsonl"), *SMALL[:4], "4", *SMALL[5:]])
+    assert "failed" in r.stderr     # convert keeps the finish reasons
+    clean = write_trace_jsonl(LengthTrace.from_matrix(x), tmp_path / "ok.jsonl")
+    r = CliRunner().invoke(cli, ["simulate", "--trace", str(clean), *SMALL[:4], "4", *SMALL[5:]])
+    assert r.exit_code == 0 and "failed" not in r.stderr
