@@ -104,6 +104,28 @@ def test_a_window_shorter_than_min_pairs_is_refused():
     assert any(f["probe_correlation"] is not None for f in facts)
 
 
+# ----------------------------------------------------------------------------------------------- lengths
+def _last_finished(run, batch, size):
+    """The lengths of the last ``size`` samples to finish by the end of ``batch``, sorted (none tied across the
+    window's edge: which one is in it would be a guess)."""
+    done = sorted((s for g in run.groups if g.batch_index <= batch for s in g.samples), key=lambda s: s.finish_time_s)
+    if size < len(done):
+        assert done[-size - 1].finish_time_s < done[-size].finish_time_s
+    return sorted(s.num_generated for s in done[-size:])
+
+
+def test_the_tail_threshold_is_read_from_the_last_history_finished_lengths():
+    """The thresholds are quantiles of the last ``lengths.history`` finished lengths, in the order they finished
+    (the cap runners' threshold out of the way): after each batch, 0.9 of the last 64 with history 64, of every
+    one with the default 2,048 (a different threshold after every batch here)."""
+    tail = {"cap_runner_share": 1.0}
+    short, full = (_batches({"lengths": {"history": h}, "migration": tail}) for h in (64, 2048))
+    for run, size in ((short, 64), (full, 2048)):
+        windows = [_last_finished(run, b, size) for b in range(3)]
+        assert [b.policy["tail_threshold"] for b in run.batches] == [w[int(0.9 * len(w))] for w in windows]
+    assert all(a.policy["tail_threshold"] != b.policy["tail_threshold"] for a, b in zip(short.batches, full.batches))
+
+
 # ----------------------------------------------------------------------------------------------- placement
 def _peak_running(run, pool):
     """The most samples running at once on one engine of ``pool`` (from the segments' spans)."""
@@ -136,6 +158,23 @@ def test_heavy_max_seqs_holds_the_heavy_engines_under_auto_placement_and_is_refu
     assert _peak_running(_batches({}), "heavy") == PROF["max_num_seqs"]
     with pytest.raises(ConfigError, match=r"placement.heavy_max_seqs \(2\) holds the heavy engines back only where"):
         _batches({"placement": {"mode": "chunk", "heavy_max_seqs": 2}})
+
+
+def _engines_per_group(run, batch):
+    """How many engines each group of ``batch`` first ran its samples on."""
+    return [len({s.segments[0].engine for s in g.samples}) for g in run.groups if g.batch_index == batch]
+
+
+@pytest.mark.parametrize("mode, spread", [("chunk", [False] * 3), ("deal", [True] * 3), ("auto", [True, False, False])])
+def test_placement_mode_chunks_or_deals_each_batch(mode, spread):
+    """Moves off (a moved sample ran on two engines): 'chunk' gives each engine contiguous whole groups (32 groups of
+    eight in four chunks of 64), so every group starts on one engine; 'deal' hands out samples one at a time and
+    spreads groups; 'auto' deals the cold first batch, which queues for slots (256 samples, 128 slots), and chunks
+    the batches after it."""
+    run = _batches({"placement": {"mode": mode}, "disable": ["migration"]})
+    per_batch = [_engines_per_group(run, b) for b in range(3)]
+    assert [max(n) > 1 for n in per_batch] == spread, per_batch
+    assert all(min(n) == 1 and len(n) == 32 for n in per_batch if max(n) == 1)
 
 
 # ----------------------------------------------------------------------------------------------- migration
