@@ -104,6 +104,17 @@ def test_a_window_shorter_than_min_pairs_is_refused():
     assert any(f["probe_correlation"] is not None for f in facts)
 
 
+def test_the_default_min_pairs_is_first_reached_by_the_tenth_group_of_eight():
+    """A group of eight gives seven (probe, sibling) pairs, so the default 64 pairs are first held once ten groups
+    have completed (70 pairs; nine give 63), as the description says (it said eight groups, 56 pairs). One group a
+    batch: the correlation is first reported after the tenth."""
+    run = _batches({}, batch_size=1, num_batches=11)
+    measured = [b.policy["probe_correlation"] is not None for b in run.batches]
+    assert measured == [False] * 9 + [True] * 2
+    description = V3Settings.model_fields["ranking"].annotation.model_fields["min_pairs"].description
+    assert "ten groups of eight" in description
+
+
 # ----------------------------------------------------------------------------------------------- lengths
 def _last_finished(run, batch, size):
     """The lengths of the last ``size`` samples to finish by the end of ``batch``, sorted (none tied across the

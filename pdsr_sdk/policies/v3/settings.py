@@ -49,7 +49,7 @@ class RankingSettings(ConfigModel):
                                  "still follows a change of workload.")
     min_pairs: int = Field(
         64, ge=2, description="Pairs needed before the correlation is trusted; until then work runs in queue "
-                              "order, as in baseline. 64 pairs is eight groups of eight.")
+                              "order, as in baseline. 64 pairs is ten groups of eight (seven pairs each).")
 
     @model_validator(mode="after")
     def _window_holds_min_pairs(self) -> "RankingSettings":
