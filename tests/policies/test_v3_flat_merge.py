@@ -111,3 +111,23 @@ def test_a_resumed_runs_old_settings_warn_naming_the_run(tmp_path):
     said = [str(w.message) for w in caught if issubclass(w.category, PdsrDeprecationWarning)]
     assert f"{out}: config key 'migrate' is deprecated; use 'disable: [migration]'" in said
     assert any(m.startswith(f"{out}: config key 'migrate_lead_guard' of a saved run is ignored") for m in said)
+
+
+@pytest.mark.parametrize("old, new_setting, says", [
+    ({"refresh_ratio": 0.5}, None, "use 'step_end.refresh_ratio: null (refreshes off"),
+    ({"refresh": True, "refresh_ratio": 0.5}, 0.5, "use 'step_end.refresh_ratio: 0.5'"),
+    ({"refresh": True}, 1.0, "use 'step_end.refresh_ratio: 1.0'"),
+])
+def test_the_refresh_warning_gives_the_value_that_keeps_the_old_behaviour(old, new_setting, says):
+    """An old 'refresh_ratio: 0.5' alone did nothing (refreshes were off) and maps to off, but its warning said "use
+    'step_end.refresh_ratio'", and writing 'step_end.refresh_ratio: 0.5' turns refreshes on."""
+    from pdsr_sdk.errors import PdsrDeprecationWarning
+    from pdsr_sdk.policies.v3.settings import V3Settings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert V3Settings.model_validate(old).step_end.refresh_ratio == new_setting
+    texts = [str(w.message) for w in caught if issubclass(w.category, PdsrDeprecationWarning)]
+    assert texts and all(says in t for t in texts), texts
+    if new_setting is not None:   # what the warning says to write gives the same settings
+        assert V3Settings.model_validate({"step_end": {"refresh_ratio": new_setting}}) == V3Settings.model_validate(old)

@@ -291,15 +291,19 @@ class V3Settings(ConfigModel):
             new = FLAT_KEYS[old]
             deprecated_key(old, new, source)
             _set_new(data, new, value, origin, old)
-        for old, given in (("refresh", refresh), ("refresh_ratio", refresh_ratio)):
-            if given is not None:   # (a ratio turns refreshes on, null leaves them off)
-                deprecated_key(old, "step_end.refresh_ratio", source)
         if refresh is not None or refresh_ratio is not None:
             # refreshes were on with a ratio (default 1.0); each key given alone keeps the other's value below
             step_end = base.get("step_end")
             below_ratio = step_end.get("refresh_ratio") if isinstance(step_end, Mapping) else None
             on = refresh if refresh is not None else below_ratio is not None
             ratio = refresh_ratio if refresh_ratio is not None else below_ratio if below_ratio is not None else 1.0
+            # the new key's value, not its name alone: a ratio there turns refreshes on, where the old ratio
+            # given without 'refresh: true' did nothing
+            new = f"step_end.refresh_ratio: {ratio}" if on else "step_end.refresh_ratio: null (refreshes off, as " \
+                "'refresh' was; a ratio there turns them on)"
+            for old, given in (("refresh", refresh), ("refresh_ratio", refresh_ratio)):
+                if given is not None:
+                    deprecated_key(old, new, source)
             _set_new(data, "step_end.refresh_ratio", ratio if on else None, origin,
                      "refresh" if refresh is not None else "refresh_ratio")
         return data
