@@ -77,6 +77,8 @@ class AgentContext:
         #: as a trainer's overlong filter reads it
         self.budget_spent = False
         self._stopped_for_budget = False
+        #: generate() calls refused (AgentDone, AgentError) since the model's last turn: named by a timeout's error
+        self.refused = 0
 
     # ------------------------------------------------------------ read
     @property
@@ -223,6 +225,17 @@ class AgentContext:
                                  f"set that, or call the first generate() without max_tokens")
             first, self._first = self._first, None
             return first
+        # yield to the event loop first: an agent that catches AgentDone (or an AgentError) and calls again would
+        # otherwise hold the loop for good, its env_timeout_s timer and every other sample with it
+        await asyncio.sleep(0)
+        try:
+            return await self._next_turn(messages, ids, max_tokens, tool_name)
+        except (AgentDone, AgentError):
+            self.refused += 1
+            raise
+
+    async def _next_turn(self, messages: Sequence[dict[str, Any]] | None, ids: Sequence[int] | None,
+                         max_tokens: int | None, tool_name: str | None) -> TurnResult:
         if messages is not None or ids is not None:
             self.append(messages, ids=ids, tool_name=tool_name)
         if self._pending is not None and not self._pending.done():
@@ -258,6 +271,7 @@ class AgentContext:
     def turn_ended(self, result: TurnResult) -> None:
         """The runner: a model turn ended (the first one before the agent starts)."""
         self.turns += 1
+        self.refused = 0
         self._last_turn_ids = result.token_ids
         self.messages.append({"role": "assistant", "content": result.text})
         if self.turns == 1:

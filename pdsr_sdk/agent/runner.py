@@ -203,13 +203,19 @@ class AgentRunner:
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
 
-    def _timeout_error(self) -> str:
-        return f"the agent took longer than agent.env_timeout_s ({self.env_timeout_s:g} s) between turns"
+    def _timeout_error(self, sample: Sample) -> str:
+        ctx = self._contexts.get(sample)
+        refused = ctx.refused if ctx is not None else 0
+        retried = (f"; {refused} generate() calls were refused meanwhile (AgentDone or AgentError): an agent that "
+                   f"calls again after AgentDone never gets another turn" if refused > 1 else "")
+        return f"the agent took longer than agent.env_timeout_s ({self.env_timeout_s:g} s) between turns{retried}"
 
     def _arm_timer(self, sample: Sample) -> None:
         self._disarm(sample, count=False)
         loop = asyncio.get_running_loop()
-        self._timers[sample] = loop.call_later(self.env_timeout_s, self._fail, sample, self._timeout_error())
+        # the error is worded when it fires: it names the generate() calls refused by then
+        self._timers[sample] = loop.call_later(self.env_timeout_s,
+                                               lambda: self._fail(sample, self._timeout_error(sample)))
 
     def _overdue(self, sample: Sample) -> bool:
         """Fails ``sample`` when its agent's time since the turn's end is past ``env_timeout_s``: an agent that
@@ -218,7 +224,7 @@ class AgentRunner:
         since = self._env_since.get(sample)
         if since is None or time.perf_counter() - since <= self.env_timeout_s:
             return False
-        self._fail(sample, self._timeout_error() + " (the event loop was held past it, as a tool's blocking "
+        self._fail(sample, self._timeout_error(sample) + " (the event loop was held past it, as a tool's blocking "
                    "call holds it: run blocking code with asyncio.to_thread)")
         return True
 

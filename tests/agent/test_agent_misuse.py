@@ -1,0 +1,37 @@
+"""Agent functions that misuse the API (fake turn engine, tests/turn_fakes.py): each gets an error naming its
+sample or the argument that gave it, and none holds up the step."""
+
+from __future__ import annotations
+
+import time
+
+
+from pdsr_sdk.agent import AgentDone
+from pdsr_sdk.rollout.session import RolloutSession
+from support import requires_torch
+from test_agent_session import PROMPTS, config
+
+
+async def retries_after_done(agent):
+    """Catches AgentDone and calls generate() again, as a retry loop would: for 4 s of wall time at most (so a run
+    that cannot stop it ends), then returns a reward."""
+    await agent.generate()
+    began, refused = time.monotonic(), 0
+    while time.monotonic() - began < 4:
+        try:
+            await agent.generate(ids=[7])
+        except AgentDone:
+            refused += 1
+    return {"score": 1.0, "refused": refused}
+
+
+@requires_torch
+def test_an_agent_retrying_after_agent_done_fails_at_its_timeout(tiny_model_dir):
+    """generate() raised AgentDone without yielding to the event loop, so an agent that retried after it held the
+    loop: env_timeout_s could not fire and the run hung (here: 4 s a sample, one after another, then each scored 1.0)."""
+    with RolloutSession(config(tiny_model_dir, agent={"max_turns": 1, "env_timeout_s": 0.5})) as session:
+        out = session.step(PROMPTS[:1], agent=retries_after_done)
+    for row in out.table.to_pylist():
+        assert row["finish_reason"] == "failed" and row["reward"] is None
+        assert "agent.env_timeout_s (0.5 s)" in row["error"] and "AgentDone" in row["error"]
+    assert out.summary["agent_failed"] == 4
