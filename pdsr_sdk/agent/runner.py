@@ -187,10 +187,15 @@ class AgentRunner:
                 raise ValueError(f"the agent returned a dict without 'score' (keys: {sorted(got)})")
             extra = {k: v for k, v in got.items() if k != "score"} or None
             got = got["score"]
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(float(got)):
-            raise ValueError(f"the agent returned {got!r}; expected None (the reward function scores the "
+        # a number as a reward function's score is one: float() of it (numpy's too), but not text or a bool
+        try:
+            score = None if isinstance(got, (bool, str, bytes)) else float(got)
+        except (TypeError, ValueError):   # a list, an array of several
+            score = None
+        if score is None or not math.isfinite(score):
+            raise ValueError(f"the agent returned {got!r:.80}; expected None (the reward function scores the "
                              f"trajectory), a finite number, or a dict with 'score'")
-        outcome.reward, outcome.extra = float(got), extra
+        outcome.reward, outcome.extra = score, extra
 
     def _fail(self, sample: Sample, error: str) -> None:
         if sample.finished:   # ended meanwhile (dropped, truncated): its agent's end is no failure of its own

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 
 from pdsr_sdk.agent import AgentDone
 from pdsr_sdk.rollout.session import RolloutSession
@@ -35,3 +37,22 @@ def test_an_agent_retrying_after_agent_done_fails_at_its_timeout(tiny_model_dir)
         assert row["finish_reason"] == "failed" and row["reward"] is None
         assert "agent.env_timeout_s (0.5 s)" in row["error"] and "AgentDone" in row["error"]
     assert out.summary["agent_failed"] == 4
+
+
+async def numpy_rewards(agent):
+    """The reward as numpy computes it (np.mean of float32 scores, an int64 count), or not a number."""
+    await agent.generate()
+    return [np.float32(0.25), {"score": np.int64(1), "n": 2}, "1.0", np.array([1.0, 2.0])][agent.sample_index]
+
+
+@requires_torch
+def test_an_agent_may_return_a_numpy_number(tiny_model_dir):
+    """A reward function's numpy score was taken (float()), an agent's was refused: 'the agent returned
+    np.float32(0.25); expected None ..., a finite number, or a dict with 'score'', its sample failed."""
+    with RolloutSession(config(tiny_model_dir)) as session:
+        out = session.step(PROMPTS[:1], agent=numpy_rewards)
+    rows = {row["sample_index"]: row for row in out.table.to_pylist()}
+    assert (rows[0]["reward"], rows[0]["error"]) == (0.25, None)
+    assert (rows[1]["reward"], rows[1]["reward_extra"], rows[1]["error"]) == (1.0, {"n": 2}, None)
+    for k, got in ((2, "'1.0'"), (3, "array([1., 2.])")):
+        assert rows[k]["finish_reason"] == "failed" and rows[k]["error"].startswith(f"the agent returned {got}; ")
