@@ -54,6 +54,15 @@ def load_agent(path_or_fn: str | AgentFn, *, where: str = "agent") -> AgentFn:
     name = path_or_fn if isinstance(path_or_fn, str) else getattr(fn, "__qualname__", repr(fn))
     if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         raise ConfigError(f"{where}: {name!r} must be an `async def run(agent)` function; got {fn!r}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):   # no signature to read (a builtin): the call will say
+        return fn
+    try:
+        signature.bind(None)
+    except TypeError as exc:   # else found only once every first turn has run, failing each sample
+        raise ConfigError(f"{where}: {name!r} must take the agent context as its one argument (`async def "
+                          f"run(agent)`): {exc}") from None
     return fn
 
 

@@ -16,7 +16,10 @@ from support import requires_torch
 def user_pkg(tmp_path, monkeypatch):
     (tmp_path / "pdsr_walk_pkg").mkdir()
     (tmp_path / "pdsr_walk_pkg" / "__init__.py").write_text("")
-    (tmp_path / "pdsr_walk_pkg" / "agents.py").write_text("def run(agent):\n    return 1.0\n")
+    (tmp_path / "pdsr_walk_pkg" / "agents.py").write_text(
+        "def run(agent):\n    return 1.0\n"
+        "async def bare():\n    return 1.0\n"
+        "async def two(agent, env):\n    return 1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("pdsr_walk_pkg", "pdsr_walk_pkg.agents"):
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -28,6 +31,11 @@ def user_pkg(tmp_path, monkeypatch):
     ("pdsr_walk_pkg.agents:nope", "module 'pdsr_walk_pkg.agents' has no attribute 'nope'"),
     ("pdsr_walk_pkg.agents", "'pdsr_walk_pkg.agents' is a module, not an agent"),
     ("pdsr_walk_pkg.agents:run", "'pdsr_walk_pkg.agents:run' must be an `async def run(agent)` function"),
+    # these started the engines and ran every first turn, then failed each sample with the call's TypeError
+    ("pdsr_walk_pkg.agents:bare", "'pdsr_walk_pkg.agents:bare' must take the agent context as its one argument "
+                                  "(`async def run(agent)`): too many positional arguments"),
+    ("pdsr_walk_pkg.agents:two", "'pdsr_walk_pkg.agents:two' must take the agent context as its one argument "
+                                 "(`async def run(agent)`): missing a required argument: 'env'"),
 ])
 def test_a_bad_agent_flag_names_the_flag_and_key(user_pkg, tiny_model_dir, given, says):
     out = user_pkg / "r.parquet"
