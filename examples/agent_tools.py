@@ -23,6 +23,7 @@ import argparse
 import ast
 import asyncio
 import json
+import math
 import operator
 
 SYSTEM = ("You can use a calculator. To call it, write <tool_call>{\"name\": \"calculator\", \"arguments\": "
@@ -33,18 +34,34 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Mod: operator.mod}
 
 
+#: the most bits of an integer result: one a float holds, so the answer can be formatted (and no power tower runs for
+#: minutes on the event loop)
+MAX_BITS = 1000
+
+
+def _checked(value: object) -> float:
+    if isinstance(value, complex):
+        raise ValueError("not a real number")
+    if isinstance(value, int) and value.bit_length() > MAX_BITS or isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("result too large")
+    return value
+
+
 def calculate(expression: object) -> str:
     """The calculator tool: + - * / % ** and parentheses over numbers; an error message for anything else."""
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
+            return _checked(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             right = ev(node.right)
             if isinstance(node.op, ast.Pow) and abs(right) > 64:
                 raise ValueError("exponent too large")
-            return _OPS[type(node.op)](ev(node.left), right)
+            left = ev(node.left)
+            if isinstance(node.op, ast.Pow) and isinstance(left, int) and abs(left).bit_length() * right > MAX_BITS:
+                raise ValueError("result too large")   # said before it is computed
+            return _checked(_OPS[type(node.op)](left, right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.operand))
+            return _checked(_OPS[type(node.op)](ev(node.operand)))
         raise ValueError("only numbers and + - * / % ** ( )")
     try:
         value = ev(ast.parse(str(expression), mode="eval").body)

@@ -79,6 +79,9 @@ def test_a_name_with_a_lone_surrogate_is_no_call_with_vllms_parsers_either(tiny_
     ("2+3", "5"), ("12*7+3", "87"), ("(1+2)**3", "27"), ("7/2", "3.5"), ("-4 % 3", "2"),
     ("1/0", "error: division by zero"), ("__import__('os')", "error: only numbers and + - * / % ** ( )"),
     ("2**1000", "error: exponent too large"), (None, "error: only numbers and + - * / % ** ( )"), ("2+", "error: invalid syntax (<unknown>, line 1)"),
+    # each of these raised out of the tool (OverflowError, TypeError), failing the sample, or ran for minutes
+    ("2**64", "18446744073709551616"), ("(9**64)**6", "error: result too large"), ("1e300*1e300", "error: result too large"),
+    ("(((9**64)**64)**64)**64", "error: result too large"), ("(-8)**0.5", "error: not a real number"),
 ])
 def test_calculator(expression, expect):
     from examples.agent_tools import calculate
