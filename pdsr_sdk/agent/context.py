@@ -146,6 +146,9 @@ class AgentContext:
                              f"`await agent.generate()` before appending")
         if (messages is None) == (ids is None):
             raise AgentError("append: give messages or ids (one of them)")
+        if tool_name is not None and not isinstance(tool_name, str):   # else the step's rows could not be written
+            raise AgentError(f"sample {self.sample.key}: append: tool_name must be a string (or None), got "
+                             f"{type(tool_name).__name__} {tool_name!r:.60}")
         if ids is not None:
             new = self._checked_ids(ids)
             self._staged.extend(new)

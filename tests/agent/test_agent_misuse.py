@@ -56,3 +56,24 @@ def test_an_agent_may_return_a_numpy_number(tiny_model_dir):
     assert (rows[1]["reward"], rows[1]["reward_extra"], rows[1]["error"]) == (1.0, {"n": 2}, None)
     for k, got in ((2, "'1.0'"), (3, "array([1., 2.])")):
         assert rows[k]["finish_reason"] == "failed" and rows[k]["error"].startswith(f"the agent returned {got}; ")
+
+
+async def names_its_tool(agent):
+    await agent.generate()
+    name = {"calc": 1} if agent.sample_index == 0 else "calc"
+    agent.append([{"role": "tool", "content": "1"}], tool_name=name)
+    await agent.generate(max_tokens=2)
+
+
+@requires_torch
+def test_a_tool_name_that_is_not_text_fails_its_sample(tiny_model_dir):
+    """A tool_name that was not a string went into the trajectory's turns, and writing the step's rows stopped the
+    whole step with pyarrow's 'ArrowTypeError: Expected bytes, got a 'dict' object'."""
+    with RolloutSession(config(tiny_model_dir)) as session:
+        out = session.step(PROMPTS[:1], agent=names_its_tool)
+    rows = {row["sample_index"]: row for row in out.table.to_pylist()}
+    assert rows[0]["finish_reason"] == "failed"
+    assert rows[0]["error"] == ("the agent raised AgentError: sample q0/0: append: tool_name must be a string (or None), "
+                                "got dict {'calc': 1}")
+    for k in (1, 2, 3):
+        assert rows[k]["error"] is None and [t["tool_name"] for t in rows[k]["turns"]] == [None, "calc", None]
