@@ -145,7 +145,7 @@ class AgentContext:
             raise AgentError(f"sample {self.sample.key}: the first turn ran on the data row's prompt; take it with "
                              f"`await agent.generate()` before appending")
         if (messages is None) == (ids is None):
-            raise AgentError("append: give messages or ids (one of them)")
+            raise AgentError(f"sample {self.sample.key}: append: give messages or ids (one of them)")
         if tool_name is not None and not isinstance(tool_name, str):   # else the step's rows could not be written
             raise AgentError(f"sample {self.sample.key}: append: tool_name must be a string (or None), got "
                              f"{type(tool_name).__name__} {tool_name!r:.60}")

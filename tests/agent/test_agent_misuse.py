@@ -60,6 +60,8 @@ def test_an_agent_may_return_a_numpy_number(tiny_model_dir):
 
 async def names_its_tool(agent):
     await agent.generate()
+    if agent.sample_index == 3:
+        agent.append(tool_name="calc")   # neither messages nor ids
     name = {"calc": 1} if agent.sample_index == 0 else "calc"
     agent.append([{"role": "tool", "content": "1"}], tool_name=name)
     await agent.generate(max_tokens=2)
@@ -75,5 +77,7 @@ def test_a_tool_name_that_is_not_text_fails_its_sample(tiny_model_dir):
     assert rows[0]["finish_reason"] == "failed"
     assert rows[0]["error"] == ("the agent raised AgentError: sample q0/0: append: tool_name must be a string (or None), "
                                 "got dict {'calc': 1}")
-    for k in (1, 2, 3):
+    # this one named no sample
+    assert rows[3]["error"] == "the agent raised AgentError: sample q0/3: append: give messages or ids (one of them)"
+    for k in (1, 2):
         assert rows[k]["error"] is None and [t["tool_name"] for t in rows[k]["turns"]] == [None, "calc", None]
