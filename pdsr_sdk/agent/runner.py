@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -195,6 +196,11 @@ class AgentRunner:
             if "score" not in got:
                 raise ValueError(f"the agent returned a dict without 'score' (keys: {sorted(got)})")
             extra = {k: v for k, v in got.items() if k != "score"} or None
+            try:   # as the row writes them; else the step stops where its rewards are gathered
+                json.dumps(extra, default=str)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"the agent returned a dict whose other fields cannot be written as JSON "
+                                 f"(reward_extra): {exc}") from None
             got = got["score"]
         # a number as a reward function's score is one: float() of it (numpy's too), but not text or a bool
         try:

@@ -3,6 +3,7 @@ sample or the argument that gave it, and none holds up the step."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -81,3 +82,23 @@ def test_a_tool_name_that_is_not_text_fails_its_sample(tiny_model_dir):
     assert rows[3]["error"] == "the agent raised AgentError: sample q0/3: append: give messages or ids (one of them)"
     for k in (1, 2):
         assert rows[k]["error"] is None and [t["tool_name"] for t in rows[k]["turns"]] == [None, "calc", None]
+
+
+async def odd_fields(agent):
+    await agent.generate()
+    return [{"score": 1.0, (1, 2): 3}, {"score": 1.0, "tool": object}, {"score": 1.0, "n": 2}, None][agent.sample_index]
+
+
+@requires_torch
+def test_a_returned_dict_whose_fields_are_not_json_fails_its_sample(tiny_model_dir):
+    """Fields json.dumps cannot write (a tuple key) stopped the whole step where the rewards were gathered:
+    'TypeError: keys must be str, int, float, bool or None, not tuple' from json's encoder."""
+    with RolloutSession(config(tiny_model_dir)) as session:
+        out = session.step(PROMPTS[:1], agent=odd_fields)
+    rows = {row["sample_index"]: row for row in out.table.to_pylist()}
+    assert rows[0]["finish_reason"] == "failed" and rows[0]["error"] == (
+        "the agent returned a dict whose other fields cannot be written as JSON (reward_extra): keys must be str, "
+        "int, float, bool or None, not tuple")
+    # the rows' fields differ, so each row's reward_extra is JSON text; a value JSON lacks is str()'s
+    assert (rows[1]["reward"], json.loads(rows[1]["reward_extra"])) == (1.0, {"tool": "<class 'object'>"})
+    assert (rows[2]["reward"], json.loads(rows[2]["reward_extra"])) == (1.0, {"n": 2})
