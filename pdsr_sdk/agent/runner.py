@@ -201,16 +201,15 @@ class AgentRunner:
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"the agent returned a dict whose other fields cannot be written as JSON "
                                  f"(reward_extra): {exc}") from None
+            if not _finite_number(got["score"]):
+                raise ValueError(f"the agent returned a dict whose 'score' is {got['score']!r:.80}; expected a finite "
+                                 f"number (return None, not a dict, for the reward function to score the trajectory)")
             got = got["score"]
         # a number as a reward function's score is one: float() of it (numpy's too), but not text or a bool
-        try:
-            score = None if isinstance(got, (bool, str, bytes)) else float(got)
-        except (TypeError, ValueError):   # a list, an array of several
-            score = None
-        if score is None or not math.isfinite(score):
+        if not _finite_number(got):
             raise ValueError(f"the agent returned {got!r:.80}; expected None (the reward function scores the "
                              f"trajectory), a finite number, or a dict with 'score'")
-        outcome.reward, outcome.extra = score, extra
+        outcome.reward, outcome.extra = float(got), extra
 
     def _fail(self, sample: Sample, error: str) -> None:
         if sample.finished:   # ended meanwhile (dropped, truncated): its agent's end is no failure of its own
@@ -267,3 +266,12 @@ class AgentRunner:
         self._contexts.clear()
         self._fns.clear()
         self._capped.clear()
+
+
+def _finite_number(value: Any) -> bool:
+    """Whether ``value`` is a score: a finite number ``float()`` reads (numpy's too), not text, a bool or a list."""
+    try:
+        score = None if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError):   # a list, an array of several
+        return False
+    return score is not None and math.isfinite(score)

@@ -7,7 +7,7 @@ import json
 import time
 
 import numpy as np
-
+import pytest
 
 from pdsr_sdk.agent import AgentDone
 from pdsr_sdk.rollout.session import RolloutSession
@@ -102,3 +102,21 @@ def test_a_returned_dict_whose_fields_are_not_json_fails_its_sample(tiny_model_d
     # the rows' fields differ, so each row's reward_extra is JSON text; a value JSON lacks is str()'s
     assert (rows[1]["reward"], json.loads(rows[1]["reward_extra"])) == (1.0, {"tool": "<class 'object'>"})
     assert (rows[2]["reward"], json.loads(rows[2]["reward_extra"])) == (1.0, {"n": 2})
+
+
+@pytest.mark.parametrize("got, says", [
+    ({"score": None}, "the agent returned a dict whose 'score' is None; expected a finite number (return None, not "
+                      "a dict, for the reward function to score the trajectory)"),
+    ({"score": "1", "n": 2}, "the agent returned a dict whose 'score' is '1'; expected a finite number"),
+    (float("nan"), "the agent returned nan; expected None (the reward function scores the trajectory)"),
+])
+def test_a_returned_score_that_is_not_a_number_is_named(got, says):
+    """{'score': None} read 'the agent returned None; expected None (the reward function scores the trajectory),
+    ...': the dict's None was reported as what the agent returned, which the message itself allows."""
+    from pdsr_sdk.agent.runner import AgentRunner
+
+    runner = AgentRunner.__new__(AgentRunner)   # _record reads only the outcomes it fills
+    runner.outcomes = {}
+    with pytest.raises(ValueError) as caught:
+        runner._record(object(), got)
+    assert str(caught.value).startswith(says)
