@@ -76,7 +76,6 @@ class StreamSteps:
         ``last=True`` launches only what brings the groups in flight to ``step_groups`` and returns every
         group in flight once all are complete (nothing is left carried).
         """
-        cfg = self.config
         if self._stream is not None and n is not None and n != self._stream_n:
             # the stream's groups (carried, queued, launched at any later step) all have its first step's size
             raise ConfigValueError(f"step(n={n}): partial rollout keeps one group size for its whole stream, and "
@@ -88,35 +87,15 @@ class StreamSteps:
             # iterator without end for good, one more each step)
             self._sources.append(source)
         self._step_end = asyncio.get_running_loop().create_future()
-        self.run.begin_span()
-        if self._stream is None:
-            b = cfg.step_groups or cfg.batch_size
-            self._stream_n = group_size(n, cfg.sampling.n)   # checked by astep (None: config.sampling.n)
-            self._stream = StepStream(
-                self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
-                max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
-                new_groups=self._new_stream_groups, on_step_end=self._stream_step_end,
-                group_filter=self._passes if self.group_filter is not None else None, keep_records=False,
-                adapt=cfg.over_provision is None, filter_config=cfg.filter_groups)
-            self._stream_base = self.run.batch_index
-            self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
-            self._restored = []
-        else:
-            # the version after the one the previous step ended under: reached already if the trainer
-            # updated before this step began
-            self._stream.hold_until = self._stream.end_version + 1 if wait_for_update else None
-            self._stream.refill(last=last)
-            # a step whose B groups were complete before it began ends inside refill: the engines stay
-            # stopped (the trainer trains next) and its new groups wait, queued, for the next step
-            if not self._step_end.done():
-                if self._caller_paused is None:
-                    self.scheduler.resume()
-                # else the caller paused between steps: the stop is its pause now, and its resume() starts them
-                self._caller_paused = None
+        first = self._stream is None
+        try:
+            self._begin_stream_step(n, last, wait_for_update)
+        except Exception:
+            if first and self.scheduler.paused is not None:
+                self._caller_paused = self.scheduler.paused   # paused before the stream began: the caller's pause
+            await self._end_failed_step()
+            raise
         stream = self._stream
-        if not stream.flying:
-            raise DataError("step: nothing to run: no new prompts (an empty list, or the iterator is exhausted) "
-                            "and no group carried from the previous step")
         await self._await_step_end(self._step_end)
         consumed = stream.consume()
         record = stream.records[-1]
@@ -151,6 +130,51 @@ class StreamSteps:
             errors = sum(sc is not None and sc.error is not None for sc in result.filtered_scores)
             report.step["filtered_reward_errors"] = result.summary["filtered_reward_errors"] = errors
         return result
+
+    def _begin_stream_step(self, n: int | None, last: bool, wait_for_update: bool) -> None:
+        """Start a partial-rollout step: the stream's first launch, or the next step's refill (what it raises,
+        such as a DataError naming a prompt, fails this step only)."""
+        cfg = self.config
+        self.run.begin_span()
+        if self._stream is None:
+            b = cfg.step_groups or cfg.batch_size
+            self._stream_n = group_size(n, cfg.sampling.n)   # checked by astep (None: config.sampling.n)
+            self._stream = StepStream(
+                self.run, step_groups=b, in_flight=in_flight(b, cfg.over_provision or 0.0), steps=None,
+                max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
+                new_groups=self._new_stream_groups, on_step_end=self._stream_step_end,
+                group_filter=self._passes if self.group_filter is not None else None, keep_records=False,
+                adapt=cfg.over_provision is None, filter_config=cfg.filter_groups)
+            self._stream_base = self.run.batch_index
+            self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
+            self._restored = []
+        else:
+            # the version after the one the previous step ended under: reached already if the trainer
+            # updated before this step began
+            self._stream.hold_until = self._stream.end_version + 1 if wait_for_update else None
+            self._stream.refill(last=last)
+            # a step whose B groups were complete before it began ends inside refill: the engines stay
+            # stopped (the trainer trains next) and its new groups wait, queued, for the next step
+            if not self._step_end.done():
+                if self._caller_paused is None:
+                    self.scheduler.resume()
+                # else the caller paused between steps: the stop is its pause now, and its resume() starts them
+                self._caller_paused = None
+        if not self._stream.flying:
+            raise DataError("step: nothing to run: no new prompts (an empty list, or the iterator is exhausted) "
+                            "and no group carried from the previous step")
+
+    async def _end_failed_step(self) -> None:
+        """A step failed before its end (such as a prompt refused at its first launch): end it as a step
+        ends, its engines stopped holding every token, so that the session is between steps again (``paused`` is
+        the caller's, pause and update_weights work as after a step) and the next step goes on with the groups in
+        flight. A failed session (the run's fatal error) is left as it is."""
+        if self._fatal.done() or self._stream is None:
+            return
+        self._stream.closing = True   # as after a step's end: nothing launches or ends until the next refill
+        if not self._step_end.done():
+            self._stream_step_end()
+        await self._await_step_end(self._step_end)
 
     def _passes(self, group: Group) -> bool:
         """Dynamic sampling: the group passes the filter (its rewards are in: :meth:`_group_done` saw to it)."""

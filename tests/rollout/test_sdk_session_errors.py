@@ -218,3 +218,29 @@ def test_partial_rollout_ids_are_unique_among_the_groups_in_flight(tiny_model_di
             session.step([{"id": k, "prompt": k} for k in "efg"])
         out = session.step([{"id": k, "prompt": k} for k in "fgh"], last=True)
         assert sorted(g.prompt_id for g in out.groups) == ["e", "f", "g", "h"] and not session.carried()
+
+
+@requires_torch
+def test_after_a_partial_rollout_step_refuses_a_prompt_the_session_is_between_steps(tiny_model_dir):
+    """A later step whose first launch refuses a prompt (a DataError naming it) used to leave the session in the
+    middle of that step: ``session.paused`` said 'abort' where the caller had not paused (between steps it is None),
+    and ``pause()`` refused with 'already paused (mode 'abort'); call resume() first', where a trainer pausing
+    around its update expects it to work. The failed step now ends as a step ends: the session is between steps,
+    pause and resume work, and the next step returns the carried groups."""
+    from pdsr_sdk import RolloutSession
+
+    with RolloutSession(fake_config(tiny_model_dir, policy="baseline", over_provision=1.0)) as session:
+        session.step([{"id": k, "prompt": k} for k in "abcd"])
+        carried = sorted(g.prompt_id for g, _ in session.carried())
+        assert len(carried) == 2
+        with pytest.raises(DataError, match=r"step 1 prompts\[0\]: a prompt mapping needs a non-empty 'prompt'"):
+            session.step([{"id": "e", "prompt": ""}])
+        assert session.paused is None
+        session.pause("abort")
+        assert session.paused == "abort"
+        session.next_version()
+        session.resume()
+        assert session.paused is None and not session.scheduler.running()
+        out = session.step([{"id": "f", "prompt": "f"}])
+        assert sorted(g.prompt_id for g in out.groups) == carried and out.policy_version == 1
+        assert [g.prompt_id for g in session.step((), last=True).groups] == ["f"]
