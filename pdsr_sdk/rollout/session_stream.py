@@ -34,6 +34,7 @@ class StreamSteps:
         self._stream_base = 0   # batch index of the stream's first step (launch steps are counted from it)
         self._restored: list[tuple[Group, int]] = []
         self._step_prompts = (-1, 0)   # (step, prompts it launched): ids given by the session go on counting
+        self._step_error: DataError | None = None   # a top-up's refused prompt: the running step raises it
         # between steps a step's end holds the engines stopped; a caller's pause() then only records its mode and
         # resume() clears it: the next step starts the engines, unless the caller is still paused
         self._caller_paused: str | None = None
@@ -87,6 +88,7 @@ class StreamSteps:
             # iterator without end for good, one more each step)
             self._sources.append(source)
         self._step_end = asyncio.get_running_loop().create_future()
+        self._step_error = None
         first = self._stream is None
         try:
             self._begin_stream_step(n, last, wait_for_update)
@@ -97,6 +99,8 @@ class StreamSteps:
             raise
         stream = self._stream
         await self._await_step_end(self._step_end)
+        if self._step_error is not None:   # a top-up met a prompt it refused: the step ended there, as a step ends
+            raise self._step_error
         consumed = stream.consume()
         record = stream.records[-1]
         version = record.version   # the version at the step's end: its token ages count from it
@@ -144,7 +148,8 @@ class StreamSteps:
                 max_staleness=cfg.max_staleness, group_deadline=cfg.group_deadline,
                 new_groups=self._new_stream_groups, on_step_end=self._stream_step_end,
                 group_filter=self._passes if self.group_filter is not None else None, keep_records=False,
-                adapt=cfg.over_provision is None, filter_config=cfg.filter_groups)
+                adapt=cfg.over_provision is None, filter_config=cfg.filter_groups,
+                on_top_up_error=self._top_up_refused)
             self._stream_base = self.run.batch_index
             self._stream.start(last=last, carried=[(g, step - self._stream_base) for g, step in self._restored])
             self._restored = []
@@ -165,7 +170,7 @@ class StreamSteps:
                             "and no group carried from the previous step")
 
     async def _end_failed_step(self) -> None:
-        """A step failed before its end (such as a prompt refused at its first launch): end it as a step
+        """A step failed before its end (a prompt refused at its first launch or at a top-up): end it as a step
         ends, its engines stopped holding every token, so that the session is between steps again (``paused`` is
         the caller's, pause and update_weights work as after a step) and the next step goes on with the groups in
         flight. A failed session (the run's fatal error) is left as it is."""
@@ -175,6 +180,13 @@ class StreamSteps:
         if not self._step_end.done():
             self._stream_step_end()
         await self._await_step_end(self._step_end)
+
+    def _top_up_refused(self, exc: DataError) -> None:
+        """Dynamic sampling's top-up in the middle of a step met a prompt that the step's first launch would
+        refuse (:meth:`_new_stream_groups`; called inside the scheduler): the step ends now, as a step ends, and
+        raises it; the groups in flight carry on into the next step. (Raised here it would end the session.)"""
+        self._step_error = exc
+        self._stream_step_end()
 
     def _passes(self, group: Group) -> bool:
         """Dynamic sampling: the group passes the filter (its rewards are in: :meth:`_group_done` saw to it)."""

@@ -221,6 +221,36 @@ def test_partial_rollout_ids_are_unique_among_the_groups_in_flight(tiny_model_di
 
 
 @requires_torch
+def test_a_prompt_refused_at_a_top_up_fails_that_step_only(tiny_model_dir):
+    """Dynamic sampling launches new groups in the middle of a step (top-ups) as groups are filtered out. A prompt
+    that a step's first launch refuses with a DataError naming it (there the step fails and the session goes on)
+    used to end the whole session when a top-up met it: the step raised the DataError and every later call 'the
+    session failed earlier ... and cannot go on'. The step now fails as at its first launch: the DataError names
+    the prompt, the engines stop as at a step's end (not paused for the caller), and the next steps go on with the
+    groups in flight and the prompts after it."""
+    from pdsr_sdk import RolloutSession
+
+    judged = []
+
+    def every_third(group, rewards):
+        judged.append(group.prompt_id)
+        return len(judged) % 3 == 0   # the first two groups are filtered out: the step tops up while it runs
+
+    prompts = [{"id": f"q{i}", "prompt": f"prompt {i}"} for i in range(40)]
+    prompts[2] = {"id": "bad", "prompt": ""}   # the first launch takes two: a top-up takes this one
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=0.0)
+    with RolloutSession(cfg, reward=lambda text, ground_truth=None, **_: 0.0, group_filter=every_third) as session:
+        source = iter(prompts)
+        with pytest.raises(DataError, match=r"step 0 prompts\[2\]: a prompt mapping needs a non-empty 'prompt'"):
+            session.step(source)
+        assert session.paused is None and not session.scheduler.running()
+        returned = [g.prompt_id for k in range(2) for g in session.step((), last=k == 1).groups]
+        assert not session.carried()
+    assert len(returned) >= 4 and len(set(returned)) == len(returned) and set(returned) <= set(judged), returned
+    assert "bad" not in judged and len(set(judged)) == len(judged), judged
+
+
+@requires_torch
 def test_after_a_partial_rollout_step_refuses_a_prompt_the_session_is_between_steps(tiny_model_dir):
     """A later step whose first launch refuses a prompt (a DataError naming it) used to leave the session in the
     middle of that step: ``session.paused`` said 'abort' where the caller had not paused (between steps it is None),

@@ -11,7 +11,7 @@ from pdsr_sdk.dispatch.config import GroupFilterConfig
 from pdsr_sdk.dispatch.steps.counts import adaptive_in_flight, needed_launches
 from pdsr_sdk.dispatch.steps.state import StreamState
 from pdsr_sdk.dispatch.types import DROPPED, Group
-from pdsr_sdk.errors import RunError
+from pdsr_sdk.errors import DataError, RunError
 
 
 class FilterBoundError(RunError):
@@ -23,8 +23,11 @@ class GroupFiltering(StreamState):
     """The filter, its pass rate and the groups it took out or a step's end dropped (set by :meth:`_init_filter`)."""
 
     def _init_filter(self, step_groups: int, max_staleness: int | None, group_filter: Callable[[Group], bool] | None,
-                     adapt: bool, filter_config: GroupFilterConfig | None) -> None:
+                     adapt: bool, filter_config: GroupFilterConfig | None,
+                     on_top_up_error: Callable[[DataError], None] | None = None) -> None:
         self.group_filter = group_filter
+        #: the owner's handler of a DataError its ``new_groups`` raised for a top-up (None: it ends the run)
+        self.on_top_up_error = on_top_up_error
         self.adapt = adapt and group_filter is not None
         #: on-policy dynamic sampling drops the groups still generating at a step's end (see the module)
         self.drop_stale = group_filter is not None and max_staleness == 0
@@ -100,7 +103,16 @@ class GroupFiltering(StreamState):
                     f"easy for this model (or its reward never tells right from wrong). Raise the bound, or set it to "
                     f"null for no bound")
             count = room
-        self.launch(count)
+        try:
+            self.launch(count)
+        except DataError as exc:
+            if self.on_top_up_error is None:
+                raise
+            # the owner refused a prompt, as it would at a step's first launch: the step ends with that error, and
+            # the stream waits as after a step's end (nothing launches or ends) until the next refill
+            self.closing = True
+            self.on_top_up_error(exc)
+            return
         self.maybe_end()
 
     def _drop(self, group: Group) -> None:

@@ -12,7 +12,7 @@ from pdsr_sdk.dispatch.steps.record import StepRecord, consumed_tokens
 from pdsr_sdk.dispatch.steps.staleness import StalenessRules
 from pdsr_sdk.dispatch.scheduler.watch import hook_error, policy_label
 from pdsr_sdk.dispatch.types import Group, Sample, StreamSpec, oldest_version
-from pdsr_sdk.errors import PdsrError, RunError
+from pdsr_sdk.errors import DataError, PdsrError, RunError
 
 
 class StepStream(StalenessRules, GroupFiltering):
@@ -27,7 +27,9 @@ class StepStream(StalenessRules, GroupFiltering):
     prompt's launch and consumption step (:attr:`launched_at`, :attr:`consumed_at`), as the simulator's report reads
     them; False keeps the last step's record only, as a session that runs for days needs. ``adapt``: the in-flight count follows the measured pass rate
     (``in_flight`` is then the first step's); ``filter_config`` gives the estimate's floor and the bound on a
-    step's launches (:class:`~pdsr_sdk.dispatch.config.GroupFilterConfig`).
+    step's launches (:class:`~pdsr_sdk.dispatch.config.GroupFilterConfig`). ``on_top_up_error(exc)``: a
+    DataError ``new_groups`` raised for a top-up in the middle of a step goes to it, and the stream then waits for
+    :meth:`refill` as after a step's end (without it, the error ends the run).
 
     Its parts: :class:`~pdsr_sdk.dispatch.steps.staleness.StalenessRules` (the bound, restarts, due groups) and
     :class:`~pdsr_sdk.dispatch.steps.filtering.GroupFiltering` (dynamic sampling), each setting its own state in
@@ -39,7 +41,8 @@ class StepStream(StalenessRules, GroupFiltering):
                  new_groups: Callable[[int], list[Group]], on_step_end: Callable[[], None],
                  keep_groups: bool = False, keep_records: bool = True, check: bool = False, on_advance: Callable[[], None] | None = None,
                  group_filter: Callable[[Group], bool] | None = None, adapt: bool = False,
-                 filter_config: GroupFilterConfig | None = None):
+                 filter_config: GroupFilterConfig | None = None,
+                 on_top_up_error: Callable[[DataError], None] | None = None):
         self.run = run
         self.sched = run.scheduler
         self.clock = run.clock
@@ -59,7 +62,7 @@ class StepStream(StalenessRules, GroupFiltering):
         self.new_groups = new_groups
         self.on_step_end = on_step_end
         self.on_advance = on_advance
-        self._init_filter(step_groups, max_staleness, group_filter, adapt, filter_config)
+        self._init_filter(step_groups, max_staleness, group_filter, adapt, filter_config, on_top_up_error)
         self.t = 0
         #: the policy version at the step's start, and at its end (token ages count from the latter)
         self.step_version = self.sched.policy_version
