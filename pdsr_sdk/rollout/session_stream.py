@@ -249,8 +249,8 @@ class StreamSteps:
             if r.prompt_id in flying:
                 raise DataError(f"step {step} prompts: prompt id {r.prompt_id!r} is given again while its group "
                                 f"(launched at step {self._stream_base + flying[r.prompt_id]}) is still in flight; "
-                                f"ids must be unique among the groups in flight: give each prompt once (another epoch over the "
-                                f"same prompts: give them new ids, such as '{r.prompt_id}-e2')")
+                                f"ids must be unique among the groups in flight: give each prompt once (another "
+                                f"epoch over the same prompts: give them new ids, such as '{r.prompt_id}-e2')")
         self._check_prompts(records)
         groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
         if self._step_agent is not None:
