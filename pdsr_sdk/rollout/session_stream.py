@@ -157,6 +157,8 @@ class StreamSteps:
             # the version after the one the previous step ended under: reached already if the trainer
             # updated before this step began
             self._stream.hold_until = self._stream.end_version + 1 if wait_for_update else None
+            if self._sources:   # prompts given since the source ran out (which emptied the sources): launch again
+                self._stream.exhausted = False
             self._stream.refill(last=last)
             # a step whose B groups were complete before it began ends inside refill: the engines stay
             # stopped (the trainer trains next) and its new groups wait, queued, for the next step

@@ -134,3 +134,22 @@ def test_a_reward_that_always_fails_is_named_when_the_launch_bound_ends_the_run(
     failed = re.search(r"the reward failed on (\d+) of the (\d+) samples", text)
     assert failed and failed[1] == failed[2] and int(failed[1]) >= N * B, text   # every one of them
     assert "ConnectionError: the sandbox at port 8080 refused the connection" in text
+
+
+@requires_torch
+def test_prompts_given_after_the_source_ran_out_are_topped_up_from(tiny_model_dir):
+    """A step whose prompts run out before B groups pass ends with what it has. The stream used to keep that for
+    good: every later step, given prompts enough, still launched no top-up and returned fewer than B groups
+    (B=2, step 1 given 20 new prompts: 1 group, 19 prompts untouched). New prompts now top up again."""
+    judged = []
+
+    def every_second(group, rewards):
+        judged.append(group.prompt_id)
+        return len(judged) % 2 == 0
+
+    cfg = config(tiny_model_dir, batch_size=2, over_provision=0.0)
+    with RolloutSession(cfg, reward=lambda text, ground_truth=None, **_: 0.0, group_filter=every_second) as session:
+        first = session.step([f"a{i}" for i in range(3)])   # the 1st and 3rd judged filtered: none left
+        assert len(first.groups) == 1 and len(first.filtered) == 2
+        later = [session.step([f"b{i}" for i in range(20)] if k == 0 else ()) for k in range(2)]
+    assert [len(out.groups) for out in later] == [2, 2]
