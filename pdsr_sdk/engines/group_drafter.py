@@ -197,6 +197,18 @@ def group_extra_args(request: Any, min_n: int, max_n: int) -> dict[str, Any]:
                         "rule": DEFAULT_RULE}}
 
 
+def in_vocabulary(draft: list[int], vocab_size: int | None) -> list[int]:
+    """``draft`` up to its first id outside the model's vocabulary (a history from another tokenizer or model):
+    vLLM checks no drafted id, and the model's embedding lookup fails on one (the engine core dies); the model
+    never samples such an id, so the tokens after it could not be accepted either."""
+    if vocab_size is None:
+        return draft
+    for j, t in enumerate(draft):
+        if not 0 <= t < vocab_size:
+            return draft[:j]
+    return draft
+
+
 class GroupProposer:
     """vLLM's ``custom_class`` proposer for ``group`` (one per worker, built by vLLM)."""
 
@@ -204,6 +216,9 @@ class GroupProposer:
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
+        #: the model's token ids are 0 .. vocab_size - 1 (None: unknown, nothing cut)
+        vocab = getattr(vllm_config.model_config, "get_vocab_size", None)
+        self.vocab_size: int | None = int(vocab()) if callable(vocab) else None
         #: drafted tokens by running batch size (index = rows), from vLLM's batch-size schedule, or None: k always
         self._k_by_batch: list[int] | None = None
         schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
@@ -253,7 +268,8 @@ class GroupProposer:
             k = min(k_batch, self.max_model_len - num_tokens)   # 0 above the schedule's batch size
             if k <= 0:
                 continue
-            drafts[i] = self._draft(token_ids_cpu[i, :num_tokens], self._corpus(rid, extra), extra, k)
+            draft = self._draft(token_ids_cpu[i, :num_tokens], self._corpus(rid, extra), extra, k)
+            drafts[i] = in_vocabulary(draft, self.vocab_size)
         for rid in [r for r in self._corpora if r not in live and r not in requests]:
             del self._corpora[rid]   # finished or aborted requests
         return drafts

@@ -108,3 +108,35 @@ def test_group_sampling_accepts_drafts_and_reports_the_models_logprobs(engine_lo
     assert 0 < counts["accepted_tokens"] <= counts["drafted_tokens"]
 
     check_sampled_logprobs(engine_loop, ref, rec, [(rid, ids) for tag, ids in prompts.items() for rid in rids[tag]])
+
+
+def test_drafts_outside_the_vocabulary_never_reach_the_model(engine_loop, group_engines):
+    """A history from another tokenizer or model (``--draft-history``, ``pdsr serve``'s requests) can hold ids the
+    model does not have: past its vocabulary, or negative. The drafter proposes only the tokens before the first such
+    id (an id the model cannot sample is never accepted), so the request runs as without them: the reference's
+    greedy tokens, with drafts accepted."""
+    ref, group, ngram, rec = group_engines
+    ids = PROMPTS[1]
+    want = run_on(engine_loop, reference_greedy(ref, {"ref-oov": ids}))["ref-oov"]
+    vocab = ref._llm.vllm_config.model_config.get_vocab_size()
+    seq = list(ids) + [tok for tok, _, _ in want]
+    strange = (vocab + 3, -1)
+    g = build_groups([PromptRecord("oov", "oov", list(ids))], 1, MAX_TOKENS)[0]
+    # the response with an id the model does not have after every fifth token, eight times (outvoting the row's
+    # own context): a window that matches drafts its true next tokens up to such an id, or the id first
+    history = [t for j, tok in enumerate(seq[len(ids):]) for t in ([tok] if j % 5 < 4 else [tok, strange[j % 2]])]
+    g.draft_responses = [history] * 8
+    s, before = g.samples[0], group.speculation_stats()
+
+    async def go():
+        group.submit(SegmentRequest(request_id="oov", context_ids=s.context_ids(), context_len=len(ids),
+                                    max_tokens=MAX_TOKENS, ignore_eos=True, sampling=SamplingConfig(temperature=0.0),
+                                    sample=s))
+        await ended(rec, ["oov"])   # the engine did not die
+
+    run_on(engine_loop, go())
+    counts = spent(group, before)
+    tie, worst, compared = compare_greedy(want, rec, "oov", "group")
+    print(f"\nout-of-vocabulary history: {counts}; {compared} tokens as the reference's, parted at {tie}")
+    assert worst <= LOGPROB_TOL and compared >= MAX_TOKENS // 2
+    assert 0 < counts["accepted_tokens"] <= counts["drafted_tokens"], counts
