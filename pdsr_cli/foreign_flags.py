@@ -27,6 +27,7 @@ ARGS_NOTE = "vLLM's engine argument, passed through in engine_defaults or an eng
 SLEEP_NOTE = "vLLM's engine argument (GPU builds), then session.sleep() / wake() (docs/sdk-weights.md)"
 ALWAYS_VLLM = "always vLLM, in engine processes of their own (--fast, --heavy)"
 TABLE = "docs/coming-from.md#coming-from-trl-or-openrlhf"
+TRL_GAE = "docs/scoring-gae.md#coming-from-trl"
 WEIGHTED = "one that calls each and returns their weighted sum, " + TABLE
 ENGINES_NOTE = ("an engine's GPUs are its tensor_parallel_size; more GPUs run more engines, each a vLLM instance "
                 "(--fast, --heavy)")
@@ -81,7 +82,19 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("vllm_mode", None, None, ALWAYS_VLLM)),
     *_rows("TRL", GAE,
            ("scale_rewards", "--normalize-std", "normalize_std",
-            "group, batch or none with --estimator grpo, and --eps 1e-4 for TRL's std")),
+            "group, batch or none with --estimator grpo, and --eps 1e-4 for TRL's std"),
+           ("multi_objective_aggregation", None, None, "sum_then_normalize: one reward function returning the "
+            "weighted sum; normalize_then_sum: grpo_advantages of each part, " + TRL_GAE),
+           ("mask_truncated_completions", None, None, "the trainer's loss mask: response_mask 0 where finish_reasons "
+            "is 'length', after the advantages, " + TRL_GAE),
+           ("epsilon", None, None, "the PPO clip of the trainer's loss, not pdsr's --eps, which is added to the "
+            "std (TRL's 1e-4)"),
+           *((name, None, None, "the trainer's loss; it changes no advantage, " + TRL_GAE) for name in (
+               "loss_type", "epsilon_high", "delta", "importance_sampling_level", "top_entropy_quantile",
+               "entropy_coef", "off_policy_mask_threshold")),
+           ("beta", None, None, "the trainer's loss (KL to the reference); the reference's log-probs: pdsr score"),
+           ("num_iterations", None, None, "the trainer's: its updates per generated batch"),
+           ("steps_per_generation", None, None, "the trainer's: its updates per generated batch")),
     *_rows("OpenRLHF", ROLLOUT,
            ("--rollout.n_samples_per_prompt", "--n", "sampling.n"),
            ("--rollout.batch_size", "--batch-size", "batch_size"),

@@ -206,3 +206,30 @@ def test_every_name_coming_from_maps_is_answered():
     unanswered = [n for n in names if "--" + n.lstrip("-").replace("_", "-") not in flags
                   and not any(foreign_answer(c, n, flags) for c in ("rollout", "serve"))]
     assert not unanswered
+
+
+def _trl_advantage_names() -> list[str]:
+    """TRL's names in the first column of docs/scoring-gae.md's "Coming from TRL" table (values left out)."""
+    text = (ROOT / "docs" / "scoring-gae.md").read_text()
+    section = text.split("### Coming from TRL", 1)[1].split("\n### ", 1)[0]
+    names = []
+    for line in section.splitlines():
+        cell = line.strip().strip("|").split("|")[0].strip()
+        if not line.startswith("| ") or cell in ("TRL", "") or cell.startswith("---"):
+            continue
+        while cell != (cell := re.sub(r"\([^()]*\)", "", cell)):   # asides: values, defaults
+            pass
+        names += [m.split("=")[0] for m in re.findall(r"`([^`]+)`", cell) if re.match(r"[a-z][a-z_]*(=|$)", m)]
+    return names
+
+
+def test_every_trl_name_the_advantage_page_maps_is_answered():
+    # TRL's loss settings were unanswered on pdsr gae, and click's guess for --epsilon (TRL's PPO clip) was --eps,
+    # the std's epsilon: a TRL user following it would have set the advantages' eps to 0.2
+    names = _trl_advantage_names()
+    assert {"scale_rewards", "loss_type", "epsilon", "beta", "mask_truncated_completions"} <= set(names)
+    flags = {opt for p in _command("gae").params for opt in (*p.opts, *p.secondary_opts)}
+    assert not [n for n in names if not any(foreign_answer(c, n, flags) for c in ("gae", "rollout"))]
+    out = failed(invoke("gae", "--estimator", "grpo", "--epsilon", "0.2"), "No such option '--epsilon': TRL's epsilon: "
+                 "pdsr has none (the PPO clip of the trainer's loss, not pdsr's --eps")
+    assert "Did you mean" not in out
