@@ -193,7 +193,8 @@ def per_token_logps(
 
     Args:
         model: what the backend scores with. torch: a loaded Hugging Face
-            causal LM; vllm: a ``vllm.LLM``. Either: a local model directory
+            causal LM (scored in eval mode, no dropout; its modules' modes are
+            put back after); vllm: a ``vllm.LLM``. Either: a local model directory
             (str or Path, with config.json), loaded per ``options.device`` /
             ``options.dtype`` (vllm starts an engine and shuts it down).
         prompt_ids, completion_ids: ragged token ids, one sequence per sample

@@ -179,6 +179,22 @@ def resolve_pad_id(model, pad_id: int | None) -> int:
     return int(pad_id)
 
 
+@contextlib.contextmanager
+def eval_mode(model: Any):
+    """``model`` in eval mode (dropout off) while it is scored, each module's mode put back after: a trainer scores
+    its policy between optimizer steps, in train mode, and the old policy's log-probs must not be dropout's draw."""
+    modes = [(m, m.training) for m in model.modules()] if hasattr(model, "modules") else []
+    if not any(training for _, training in modes):
+        yield
+        return
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:   # parents first: a child's own mode, set after, wins
+            m.train(training)
+
+
 class TorchScoring:
     """The ``torch`` scoring backend: right-padded (or packed) transformers forwards per micro-batch plan."""
 
@@ -198,7 +214,7 @@ class TorchScoring:
         packed = resolve_pack(options.pack, model_device(model).type)
         plan, mode = plan_for(inputs.lengths, options, packed)
         pad_id = resolve_pad_id(model, options.pad_id)
-        with PeakMemory(str(model_device(model))) as mem:
+        with eval_mode(model), PeakMemory(str(model_device(model))) as mem:
             meter.start(len(plan))
             try:
                 per_mb_logps, per_mb_entropy, head = run_plan(

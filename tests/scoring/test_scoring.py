@@ -282,3 +282,20 @@ def test_stats_summary_names_the_numbers(unbatched):
     assert st.seconds > 0 and st.tokens_per_s > 0
     assert st.peak_memory_method
     json.dumps(st.to_dict())
+
+
+def test_a_model_in_train_mode_is_scored_without_dropout_and_keeps_its_modes(tiny_model_dir, samples):
+    """A trainer's model is in train mode between its optimizer steps; scoring it there for the old policy's
+    log-probs ran dropout: two calls on the same weights differed by 4.07 (attention dropout 0.5). The forward now
+    runs in eval mode, and each module's mode is as it was after (a frozen part the trainer put in eval stays)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32, attention_dropout=0.5)
+    model.eval()
+    reference = naive_logps(model, *samples)   # an unbatched forward per sample, dropout off
+    model.train()
+    model.model.embed_tokens.eval()
+    for _ in range(2):
+        got = per_token_logps(model, *samples, mbs=8)
+        assert max_diff(got.logps, reference) <= 1e-5
+    assert model.training and model.model.layers[0].self_attn.training and not model.model.embed_tokens.training
