@@ -28,6 +28,7 @@ SLEEP_NOTE = "vLLM's engine argument (GPU builds), then session.sleep() / wake()
 ALWAYS_VLLM = "always vLLM, in engine processes of their own (--fast, --heavy)"
 TABLE = "docs/coming-from.md#coming-from-trl-or-openrlhf"
 TRL_GAE = "docs/scoring-gae.md#coming-from-trl"
+OPENRLHF_GAE = "docs/scoring-gae.md#coming-from-openrlhf"
 WEIGHTED = "one that calls each and returns their weighted sum, " + TABLE
 ENGINES_NOTE = ("an engine's GPUs are its tensor_parallel_size; more GPUs run more engines, each a vLLM instance "
                 "(--fast, --heavy)")
@@ -126,7 +127,15 @@ FOREIGN_NAMES: list[ForeignName] = [
     *_rows("OpenRLHF", GAE,
            ("--algo.advantage.estimator", "--estimator", "estimator", "docs/scoring-gae.md#coming-from-openrlhf"),
            ("--advantage_estimator", "--estimator", "estimator", "docs/scoring-gae.md#coming-from-openrlhf"),
-           ("--algo.advantage.gamma", "--gamma", "gamma")),
+           ("--algo.advantage.gamma", "--gamma", "gamma"),
+           *((name, None, None, "the trainer's loss; it changes no advantage, " + OPENRLHF_GAE) for name in (
+               "--actor.eps_clip", "--actor.eps_clip_low_high", "--actor.dual_clip", "--actor.policy_loss_type",
+               "--critic.value_clip", "--actor.entropy_coef", "--algo.kl.use_loss", "--algo.kl.estimator",
+               "--algo.kl.target")),
+           ("--algo.kl.init_coef", None, None, "KL in the reward: per-token rewards into reinforce_pp_advantages or "
+            "compute_gae from Python, " + OPENRLHF_GAE),
+           *((name, None, None, "a line of numpy around grpo_advantages from Python, " + OPENRLHF_GAE) for name in (
+               "--algo.advantage.no_std_norm", "--reward.clip_range", "--reward.stop_properly_penalty_coef"))),
     *_rows("verl", ROLLOUT,
            ("actor_rollout_ref.rollout.n", "--n", "sampling.n"),
            ("actor_rollout_ref.rollout.temperature", "--temperature", "sampling.temperature"),

@@ -233,3 +233,18 @@ def test_every_trl_name_the_advantage_page_maps_is_answered():
     out = failed(invoke("gae", "--estimator", "grpo", "--epsilon", "0.2"), "No such option '--epsilon': TRL's epsilon: "
                  "pdsr has none (the PPO clip of the trainer's loss, not pdsr's --eps")
     assert "Did you mean" not in out
+
+
+def test_every_openrlhf_flag_the_advantage_page_maps_is_answered():
+    # OpenRLHF's loss flags were unanswered, and click's guess for --eps-clip (OpenRLHF's PPO clip, --eps_clip before
+    # April 2026) was --eps, the std's epsilon
+    text = (ROOT / "docs" / "scoring-gae.md").read_text()
+    section = text.split("### Coming from OpenRLHF", 1)[1].split("\n## ", 1)[0]
+    names = {m.split(" ")[0] for m in re.findall(r"`(--[^`]+)`", section)}
+    assert {"--actor.eps_clip", "--algo.kl.init_coef", "--reward.clip_range"} <= names
+    flags = {c: {opt for p in _command(c).params for opt in (*p.opts, *p.secondary_opts)} for c in ("gae", "rollout")}
+    assert not [n for n in names if n not in flags["gae"] | flags["rollout"]
+                and not any(foreign_answer(c, n, flags[c]) for c in ("gae", "rollout"))]
+    out = failed(invoke("gae", "--estimator", "grpo", "--eps-clip", "0.2"),
+                 "No such option '--eps-clip': OpenRLHF's --actor.eps_clip: pdsr has none (the trainer's loss")
+    assert "Did you mean" not in out
