@@ -215,7 +215,7 @@ def test_key_values_without_a_command_name_the_commands_that_take_them():
                  "  actor_rollout_ref.rollout.n=8: pdsr rollout: --n 8; verl's actor_rollout_ref.rollout.n is pdsr's "
                  "--n (sampling.n)\n",
                  "  gamma=1: pdsr gae: --gamma 1\n",
-                 "  seed=3: pdsr rollout, pdsr trace synth: --seed 3; pdsr serve: vLLM's --seed is pdsr's config key "
+                 "  seed=3: pdsr rollout, pdsr simulate, pdsr trace synth: --seed 3; pdsr serve: vLLM's --seed is pdsr's config key "
                  "seed, set in the --config file (no flag); the engines' seed\n",
                  "  foo.bar=1: not a name any pdsr command knows: pdsr COMMAND --help lists its flags\n")
     assert "No such command" not in out and out.count("\n  ") == 4   # --n 8: not a key=value
