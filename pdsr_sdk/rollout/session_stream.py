@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, Mapping, Sized
 from pdsr_sdk.dispatch.steps import StepStream, in_flight
 from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigValueError, DataError, RunError
-from pdsr_sdk.rollout.data import build_groups, group_size, prompt_records, prompt_source
+from pdsr_sdk.rollout.data import PromptRecord, build_groups, group_size, prompt_records, prompt_source
 from pdsr_sdk.rollout.results import BatchResult, StepResult
 
 
@@ -243,22 +243,41 @@ class StreamSteps:
         step = self.run.batch_index
         # a step may launch several times (dynamic sampling's top-ups): its ids go on from its earlier launches
         first = self._step_prompts[1] if self._step_prompts[0] == step else 0
-        self._step_prompts = (step, first + len(items))
-        records = prompt_records(items, self.config.data, self.tokenizer, id_prefix=f"s{step}-p",
-                                 where=f"step {step} prompts", first=first)
         flying = {g.prompt_id: launched for g, launched in self._stream.in_flight_groups()}
-        for r in records:   # two groups of one id could be returned together, one uid in a trainer's batch
-            if r.prompt_id in flying:
-                raise DataError(f"step {step} prompts: prompt id {r.prompt_id!r} is given again while its group "
-                                f"(launched at step {self._stream_base + flying[r.prompt_id]}) is still in flight; "
-                                f"ids must be unique among the groups in flight: give each prompt once (another "
-                                f"epoch over the same prompts: give them new ids, such as '{r.prompt_id}-e2')")
-        self._check_prompts(records)
+        records: list[PromptRecord] = []
+        for j, item in enumerate(items):   # one at a time, so that a refusal names the one item refused
+            try:
+                records.append(self._stream_record(item, step, first + j, flying, records))
+            except DataError:
+                # nothing of this launch starts: the others go back to the front of the source, in order, and the
+                # next launch takes them (an iterator's caller could not know which to give again)
+                if len(items) > 1:
+                    self._sources.appendleft(iter(items[:j] + items[j + 1:]))
+                self._step_prompts = (step, first)
+                raise
+        self._step_prompts = (step, first + len(items))
         groups = build_groups(records, self._stream_n, self.config.sampling.max_tokens)
         if self._step_agent is not None:
             self.agents.prepare(groups, self._step_agent, cap_tools=True)
         self.give_history(groups)
         return groups
+
+    def _stream_record(self, item, step: int, i: int, flying: dict[str, int],
+                       taken: list[PromptRecord]) -> PromptRecord:
+        """The record of a stream's new prompt ``item`` (the ``i``-th the step takes), or a DataError naming it:
+        malformed, an id taken in this launch or by a group in flight, or a prompt the engines would refuse."""
+        where = f"step {step} prompts"
+        (r,) = prompt_records([item], self.config.data, self.tokenizer, id_prefix=f"s{step}-p", where=where, first=i)
+        same = next((k for k, t in enumerate(taken, i - len(taken)) if t.prompt_id == r.prompt_id), None)
+        if same is not None:
+            raise DataError(f"{where}[{i}]: duplicate prompt id {r.prompt_id!r} (also item {same})")
+        if r.prompt_id in flying:   # two groups of one id could be returned together, one uid in a trainer's batch
+            raise DataError(f"{where}: prompt id {r.prompt_id!r} is given again while its group "
+                            f"(launched at step {self._stream_base + flying[r.prompt_id]}) is still in flight; "
+                            f"ids must be unique among the groups in flight: give each prompt once (another "
+                            f"epoch over the same prompts: give them new ids, such as '{r.prompt_id}-e2')")
+        self._check_prompts([r])
+        return r
 
     def _stream_step_end(self) -> None:
         """A step's groups are chosen (called inside the scheduler): stop the engines, keeping every token."""

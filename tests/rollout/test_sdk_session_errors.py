@@ -216,7 +216,7 @@ def test_partial_rollout_ids_are_unique_among_the_groups_in_flight(tiny_model_di
         with pytest.raises(DataError, match=r"step 1 prompts: prompt id 'e' is given again while its group "
                                             r"\(launched at step 0\) is still in flight"):
             session.step([{"id": k, "prompt": k} for k in "efg"])
-        out = session.step([{"id": k, "prompt": k} for k in "fgh"], last=True)
+        out = session.step([{"id": "h", "prompt": "h"}], last=True)   # 'f' and 'g' went back to the source
         assert sorted(g.prompt_id for g in out.groups) == ["e", "f", "g", "h"] and not session.carried()
 
 
@@ -274,3 +274,44 @@ def test_after_a_partial_rollout_step_refuses_a_prompt_the_session_is_between_st
         out = session.step([{"id": "f", "prompt": "f"}])
         assert sorted(g.prompt_id for g in out.groups) == carried and out.policy_version == 1
         assert [g.prompt_id for g in session.step((), last=True).groups] == ["f"]
+
+
+@requires_torch
+@pytest.mark.parametrize("launch", ["first", "top-up"])
+def test_the_prompts_launched_with_a_refused_one_are_not_lost(tiny_model_dir, launch):
+    """A launch that refuses a prompt (a DataError naming it) used to lose the other prompts it had taken from the
+    source: with an iterator the caller cannot know which to give again. At a later step's first launch ('e' taken
+    with the refused 'x': 'e' was never returned); at a dynamic-sampling top-up (q3 to q9 taken with 'bad' and never
+    judged). They now go back to the front of the source, in order, and the next launches take them: every prompt
+    but the refused one is returned (or, with a filter, judged) once, launched in the order given."""
+    from pdsr_sdk import RolloutSession
+
+    if launch == "first":   # B=2 and 4 in flight: step 1 launches two ('e' and 'x'), with 'g' and 'h' left
+        given = [[{"id": k, "prompt": k} for k in "abcd"], [{"id": k, "prompt": k} for k in "exgh"]]
+        given[1][1]["prompt"] = ""
+        with RolloutSession(fake_config(tiny_model_dir, policy="baseline", over_provision=1.0)) as session:
+            returned = [g.prompt_id for g in session.step(iter(given[0])).groups]
+            with pytest.raises(DataError, match=r"step 1 prompts\[1\]: a prompt mapping needs a non-empty 'prompt'"):
+                session.step(iter(given[1]))
+            for k in range(3):
+                returned += [g.prompt_id for g in session.step((), last=k == 2).groups]
+            assert not session.carried()
+        assert sorted(returned) == list("abcdegh"), returned
+        return
+    judged = []
+
+    def every_third(group, rewards):
+        judged.append(group.prompt_id)
+        return len(judged) % 3 == 0   # the first two groups are filtered out: a top-up takes 'bad' and five more
+
+    prompts = [{"id": f"q{i}", "prompt": f"prompt {i}"} for i in range(40)]
+    prompts[2] = {"id": "bad", "prompt": ""}
+    cfg = fake_config(tiny_model_dir, policy="baseline", over_provision=0.0)
+    with RolloutSession(cfg, reward=lambda text, ground_truth=None, **_: 0.0, group_filter=every_third) as session:
+        with pytest.raises(DataError, match=r"step 0 prompts\[2\]: a prompt mapping needs a non-empty 'prompt'"):
+            session.step(iter(prompts))
+        for k in range(2):
+            session.step((), last=k == 1)
+    given = [p["id"] for p in prompts if p["id"] != "bad"]
+    # in completion order: the launched ones are the first given (the last step drains: every one is judged)
+    assert len(judged) >= 8 and sorted(judged, key=given.index) == given[:len(judged)], judged
