@@ -153,3 +153,27 @@ def test_prompts_given_after_the_source_ran_out_are_topped_up_from(tiny_model_di
         assert len(first.groups) == 1 and len(first.filtered) == 2
         later = [session.step([f"b{i}" for i in range(20)] if k == 0 else ()) for k in range(2)]
     assert [len(out.groups) for out in later] == [2, 2]
+
+
+@requires_torch
+def test_the_launch_bound_counts_each_step_and_a_failed_steps_launches_stay_counted(tiny_model_dir):
+    """B=1, max_launch_factor 2: a step launches at most 2 groups. Step 0 launched q0 (filtered), and its top-up
+    refused 'bad', failing it. Its launch used to count toward the next step's bound: that step launched q2
+    (filtered) and, with 2 launched, ended the session with "step 0 has launched 2 groups ... bounds a step at 2"
+    where it had launched one. The bound now counts each step's own launches (the next step tops up with q3, which
+    passes); its record still counts the failed step's launch, as it does that step's filtered group."""
+    from pdsr_sdk.errors import DataError
+
+    prompts = [{"id": k, "prompt": f"prompt {k}"} for k in ("q0", "bad", "q2", "q3", "q4")]
+    prompts[1]["prompt"] = ""
+    cfg = config(tiny_model_dir, batch_size=1, over_provision=0.0,
+                 filter_groups={"kind": "zero-variance", "max_launch_factor": 2})
+    with RolloutSession(cfg, reward=lambda text, ground_truth=None, **_: 0.0,
+                        group_filter=lambda group, rewards: group.prompt_id not in ("q0", "q2")) as session:
+        source = iter(prompts)
+        with pytest.raises(DataError, match=r"step 0 prompts\[1\]: a prompt mapping needs a non-empty 'prompt'"):
+            session.step(source)
+        out = session.step(())
+    assert [g.prompt_id for g in out.groups] == ["q3"]
+    assert [g.prompt_id for g in out.filtered] == ["q0", "q2"]
+    assert out.summary["launched_groups"] == 3 and out.summary["filtered_groups"] == 2, out.summary

@@ -92,13 +92,14 @@ class GroupFiltering(StreamState):
         incomplete = len(self.flying) - len(self.complete)
         need = self.b - len(self.complete)
         count = needed_launches(need, incomplete, self.pass_rate)
-        if count and self.max_launches is not None and self._launched_now + count > self.max_launches:
-            room = max(0, self.max_launches - self._launched_now)
+        if count and self.max_launches is not None and self._step_launches + count > self.max_launches:
+            room = max(0, self.max_launches - self._step_launches)
             if incomplete + room < need:
                 raise FilterBoundError(
-                    f"dynamic sampling: step {self.t} has launched {self._launched_now} groups and {len(self.complete)} "
-                    f"of the {self.b} that pass the filter are complete, with {incomplete} more generating ({self.passed} "
-                    f"of {self.judged} groups passed so far); filter_groups.max_launch_factor bounds a step at "
+                    f"dynamic sampling: step {self.t} has launched {self._step_launches} groups and "
+                    f"{len(self.complete)} of the {self.b} that pass the filter are complete, with {incomplete} more "
+                    f"generating ({self.passed} of {self.judged} groups passed so far); "
+                    f"filter_groups.max_launch_factor bounds a step at "
                     f"{self.max_launches}. Nearly every group's rewards are all equal: the prompts are too hard or too "
                     f"easy for this model (or its reward never tells right from wrong). Raise the bound, or set it to "
                     f"null for no bound")

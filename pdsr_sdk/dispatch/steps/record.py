@@ -17,7 +17,8 @@ class StepRecord:
     index: int
     start_s: float
     end_s: float
-    #: groups consumed at its end, and launched at its start (the refill after the previous step)
+    #: groups consumed at its end, and launched since the previous step's (its refill and top-ups, and those of a
+    #: step that failed in between: the owner refused a prompt)
     groups: int
     launched: int
     #: response tokens of the consumed groups; those generated under an older version than the step's

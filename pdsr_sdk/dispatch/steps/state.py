@@ -31,6 +31,7 @@ class StreamState:
     done: bool
     exhausted: bool
     _launched_now: int
+    _step_launches: int
 
     def launch(self, count: int) -> None:
         raise NotImplementedError

@@ -92,7 +92,11 @@ class StepStream(StalenessRules, GroupFiltering):
         self.consumed_at: dict[str, int] = {}
         self.launched_at: dict[str, int] = {}
         self.pending: list[Group] = []
+        # groups launched since the last consumed step (its record's), and since this step began (what
+        # max_launch_factor bounds): a step that failed before its end (the owner refused a prompt) adds its
+        # launches to the next step's record, as its filtered groups, but not to that step's bound
         self._launched_now = 0
+        self._step_launches = 0
 
     # ------------------------------------------------------------ launching
     def launch(self, count: int) -> None:
@@ -105,6 +109,7 @@ class StepStream(StalenessRules, GroupFiltering):
             if self.keep_records:
                 self.launched_at[g.prompt_id] = self.t
         self._launched_now += len(groups)
+        self._step_launches += len(groups)
         if groups:
             self.run.add_groups(groups, self.t, self.spec)
 
@@ -286,6 +291,7 @@ class StepStream(StalenessRules, GroupFiltering):
                     self.early_restarts += 1
         self.draining = last
         self._adapt_target()
+        self._step_launches = 0
         self.launch((self.b if last else self.target) - len(self.flying))
         self.start_s = self.clock.now()
         self.held_since = None
