@@ -115,7 +115,8 @@ def test_closing_the_session_ends_a_step_blocked_in_another_thread(tiny_model_di
         assert worker.is_alive()
     worker.join(WAIT_S)
     assert not worker.is_alive(), "the step still waits after the session closed"
-    assert isinstance(got.get("error"), RunError) and "the session was closed while this call waited" in str(got["error"])
+    assert isinstance(got.get("error"), RunError)
+    assert "the session was closed while this call waited" in str(got["error"])
 
 
 @requires_torch

@@ -58,7 +58,8 @@ class GroupFiltering(StreamState):
 
     @property
     def pass_rate(self) -> float:
-        """The filter's pass rate so far, (passed + 1) / (judged + 2), at least ``min_pass_rate`` (1 without a filter)."""
+        """The filter's pass rate so far, (passed + 1) / (judged + 2), at least ``min_pass_rate`` (1 without a
+        filter)."""
         if self.group_filter is None:
             return 1.0
         return max(self.min_pass_rate, (self.passed + 1) / (self.judged + 2))

@@ -23,11 +23,12 @@ class StepStream(StalenessRules, GroupFiltering):
     policy version (its weight update) and then calls :meth:`advance`. ``check`` verifies every
     consumed sample (:func:`check_consumed`, for runs whose lengths are known in advance).
     ``group_filter(group) -> bool``: dynamic sampling (see the module); the owner calls :meth:`group_done`
-    once the group's rewards are in. ``keep_records``: keep every step's :class:`StepRecord` (:attr:`records`) and each
-    prompt's launch and consumption step (:attr:`launched_at`, :attr:`consumed_at`), as the simulator's report reads
-    them; False keeps the last step's record only, as a session that runs for days needs. ``adapt``: the in-flight count follows the measured pass rate
-    (``in_flight`` is then the first step's); ``filter_config`` gives the estimate's floor and the bound on a
-    step's launches (:class:`~pdsr_sdk.dispatch.config.GroupFilterConfig`). ``on_top_up_error(exc)``: a
+    once the group's rewards are in. ``keep_records``: keep every step's :class:`StepRecord` (:attr:`records`) and
+    each prompt's launch and consumption step (:attr:`launched_at`, :attr:`consumed_at`), as the simulator's report
+    reads them; False keeps the last step's record only, as a session that runs for days needs. ``adapt``: the
+    in-flight count follows the measured pass rate (``in_flight`` is then the first step's); ``filter_config``
+    gives the estimate's floor and the bound on a step's launches
+    (:class:`~pdsr_sdk.dispatch.config.GroupFilterConfig`). ``on_top_up_error(exc)``: a
     DataError ``new_groups`` raised for a top-up in the middle of a step goes to it, and the stream then waits for
     :meth:`refill` as after a step's end (without it, the error ends the run).
 
@@ -39,7 +40,8 @@ class StepStream(StalenessRules, GroupFiltering):
     def __init__(self, run: DispatchRun, *, step_groups: int, in_flight: int, steps: int | None,
                  max_staleness: int | None, group_deadline: int | None,
                  new_groups: Callable[[int], list[Group]], on_step_end: Callable[[], None],
-                 keep_groups: bool = False, keep_records: bool = True, check: bool = False, on_advance: Callable[[], None] | None = None,
+                 keep_groups: bool = False, keep_records: bool = True, check: bool = False,
+                 on_advance: Callable[[], None] | None = None,
                  group_filter: Callable[[Group], bool] | None = None, adapt: bool = False,
                  filter_config: GroupFilterConfig | None = None,
                  on_top_up_error: Callable[[DataError], None] | None = None):
