@@ -25,7 +25,7 @@ from pdsr_sdk.engines.request_observer import RequestObserver
 from pdsr_sdk.engines.stop_window import HeldTokens, window_tokens
 from pdsr_sdk.engines.vllm_control import VllmControl
 from pdsr_sdk.engines.vllm_sampling import sampling_args
-from pdsr_sdk.engines.vllm_spawn import spawn
+from pdsr_sdk.engines.vllm_spawn import spawn, unguarded_script_hint
 from pdsr_sdk.engines.vllm_stats import LoadRecorder, finish_reason, no_prometheus, refused, speculation_counts
 from pdsr_sdk.errors import EngineError
 
@@ -116,7 +116,7 @@ class VllmEngine(VllmControl, ModelEngine):
         try:
             self._llm = await spawn(create, env)
         except Exception as exc:  # noqa: BLE001 - vLLM raises many types at start-up
-            raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}",
+            raise EngineError(self.name, f"failed to start: {type(exc).__name__}: {exc}{unguarded_script_hint()}",
                               remote_traceback=self._read_error()) from exc
         cache = self._llm.vllm_config.cache_config
         if cache.num_gpu_blocks and cache.block_size:   # sized by the engine core at start-up

@@ -76,3 +76,25 @@ def _spawn_lock() -> asyncio.Lock:
         lock = _SPAWN_LOCKS[loop] = asyncio.Lock()
     return lock
 
+
+
+def unguarded_script_hint(main: object | None = None) -> str:
+    """Words for an engine that failed to start where the program is a script (``python train.py``) with no
+    ``if __name__ == "__main__":`` in it: vLLM's engine core is a spawned process that imports the script again, and
+    the script starts engines at import there too, which fails in the child with Python's bootstrapping error while
+    the parent sees only "Engine core initialization failed". Empty where the script has a guard or is no file."""
+    import sys
+    from pathlib import Path
+
+    main = sys.modules.get("__main__") if main is None else main
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return ""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    if "__main__" in text:
+        return ""
+    return (f"; {path} has no `if __name__ == \"__main__\":`: vLLM's engine core is a new process that imports the "
+            f"script again, so a script must start the engines under that guard (docs/sdk.md)")
