@@ -137,7 +137,8 @@ class AgentContext:
         added. Messages appended right after other appended messages are rendered with them, as the template
         renders them together (one assistant header, after the last; Qwen3's puts consecutive tool results in one
         message): the ids returned are then those of all of them, in place of the ids the earlier call returned.
-        ``tool_name`` labels the span in the trajectory's turns. A ``tool`` message's content longer than
+        ``tool_name`` labels the span in the trajectory's turns (several appends before one turn make one span: their
+        names joined by ``,``, each once). A ``tool`` message's content longer than
         ``agent.max_tool_response_chars`` is cut (``tool_cap``), in ``messages`` too: what the model sees."""
         if self.done:
             raise AgentError(f"sample {self.sample.key}: append after the sample ended")
@@ -167,7 +168,8 @@ class AgentContext:
             self._staged[start:] = new
             self._block = (start, conversation, before + msgs, last)
             self.messages.extend(msgs)
-        self._staged_tool = tool_name or self._staged_tool
+        if tool_name and tool_name not in (self._staged_tool or "").split(","):   # one span: every tool it holds
+            self._staged_tool = f"{self._staged_tool},{tool_name}" if self._staged_tool else tool_name
         return new
 
     def _checked_ids(self, ids: Sequence[int]) -> list[int]:

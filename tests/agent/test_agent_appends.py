@@ -47,3 +47,22 @@ def test_messages_appended_one_by_one_are_the_templates_rendering_of_them_all(ti
         assert spans[3][:2] == [7, 8]
         assert tok.decode(spans[3][2:], skip_special_tokens=False) == \
             "<|im_start|>user\nAnd so?<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def two_tools(agent):
+    """Two tools' results appended before one turn, a third append of the first tool again."""
+    await agent.generate()
+    agent.append(RESULTS[:1], tool_name="calc")
+    agent.append(RESULTS[1:], tool_name="search")
+    agent.append(NUDGE, tool_name="calc")
+    await agent.generate()
+    return 1.0
+
+
+@requires_torch
+def test_a_span_of_several_tools_names_each_once(tiny_model_dir):
+    """The span's tool_name was the last append's ('search' lost 'calc'); it names each tool once, in order."""
+    with RolloutSession(config(tiny_model_dir)) as session:
+        out = session.step(PROMPTS[:1], agent=two_tools)
+    for row in out.table.to_pylist():
+        assert row["error"] is None and [t["tool_name"] for t in row["turns"]] == [None, "calc,search", None]
