@@ -139,12 +139,12 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
     capture_na = capture_na or rank_na
     # n/a only when the data agrees that none can exceed fn_length: responses cut at different lengths ('length' at
     # the context limit, after prompts of different lengths) leave longer ones that stopped, which are measured
-    fn_na = _capped(at_cap) and at_cap["length"] <= cfg.fn_length and int(x.max()) <= cfg.fn_length
+    fn_na = cut_at_cap(at_cap) and at_cap["length"] <= cfg.fn_length and int(x.max()) <= cfg.fn_length
     if fn_na:
         where = (f"were cut at {cut_lengths(at_cap)}" if at_cap["basis"] == "finish_reason" else
                  f"end at the trace's max length, {at_cap['length']} (no finish reasons: taken as the cap)")
         # the summary table's share, to its digit (2.5%, not a rounded 2%; 0.4%, not 0%)
-        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {_pct(at_cap['share'])} of responses "
+        warnings.append(f"false negatives at {cfg.fn_length} are n/a: {pct_text(at_cap['share'])} of responses "
                         f"{where}, so no later sample can exceed {cfg.fn_length}")
     elif fn.groups_below == 0:
         warnings.append(f"false negatives at {cfg.fn_length} are n/a: no group's probe is below {cfg.fn_length} "
@@ -235,7 +235,7 @@ def without_failed(trace: LengthTrace) -> tuple[LengthTrace, int, int]:
     return out, int(failed.sum()), int(drop.sum())
 
 
-def _capped(at_cap: dict[str, Any]) -> bool:
+def cut_at_cap(at_cap: dict[str, Any]) -> bool:
     """Whether the trace's responses were cut at a length cap (any 'length' finish, else a large share at the max)."""
     if at_cap["length"] is None:
         return False
@@ -250,7 +250,7 @@ def length_cap(report: dict[str, Any]) -> int | None:
     read it (any finish_reason 'length', else at least 20% of responses, two or more, at the trace's max); None if
     uncut."""
     at_cap = report["trace"]["at_cap"]
-    return at_cap["length"] if _capped(at_cap) else None
+    return at_cap["length"] if cut_at_cap(at_cap) else None
 
 
 def _at_cap(trace: LengthTrace, x: np.ndarray) -> dict[str, Any]:
@@ -336,5 +336,5 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def _pct(v) -> str:
+def pct_text(v) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdsr_sdk.analysis.report import AT_CAP_NOTE, _capped, _pct, cut_lengths
+from pdsr_sdk.analysis.report import AT_CAP_NOTE, cut_at_cap, cut_lengths, pct_text
 
 
 def report_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -27,7 +27,7 @@ def report_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     }
     length = t["length"]
     fn_value = ("n/a" if fn["group_rate"] is None and fn["groups_below"] else
-                f"{_pct(fn['group_rate'])} / {_pct(fn['sample_rate'])}")
+                f"{pct_text(fn['group_rate'])} / {pct_text(fn['sample_rate'])}")
     rows = [
         ("groups x samples", f"{t['groups']} x {t['samples_per_group']}", ref["groups"]),
         ("length median / p99 / max", f"{length['median']:.0f} / {length['p99']:.0f} / {length['max']:.0f}", ""),
@@ -78,12 +78,12 @@ def report_notes(report: dict[str, Any]) -> list[str]:
         notes.append("ref 0.5B MATH: the P-DSR length study's published numbers (0.5B model on MATH), where the "
                      "settings match.")
     at_cap = report["trace"]["at_cap"]
-    if _capped(at_cap) and at_cap["share"] >= AT_CAP_NOTE and at_cap["min_length"] != at_cap["length"]:
+    if cut_at_cap(at_cap) and at_cap["share"] >= AT_CAP_NOTE and at_cap["min_length"] != at_cap["length"]:
         # cut at many lengths (environment tokens of multi-turn responses, context-limit cuts): they do not tie
         notes.append(f"note: {at_cap['share']:.0%} of responses were cut (finish_reason 'length') at "
                      f"{cut_lengths(at_cap)}, not at one cap: their full lengths are unknown, so recall, safe rate "
                      "and capture rank them by where they were cut, and the V2.5 replay sees no breaks past them.")
-    elif _capped(at_cap) and at_cap["share"] >= AT_CAP_NOTE:
+    elif cut_at_cap(at_cap) and at_cap["share"] >= AT_CAP_NOTE:
         notes.append(f"note: {at_cap['share']:.0%} of responses end at the cap ({at_cap['length']} tokens) and tie "
                      "there, which no probe can rank: it limits recall, safe rate and capture whatever the model, "
                      "and the V2.5 replay sees no breaks past the cap.")
@@ -94,11 +94,11 @@ def _at_cap_text(at_cap: dict[str, Any]) -> str:
     if at_cap["length"] is None:
         return "0.0% (finish_reason 'length')"
     how = "finish_reason 'length'" if at_cap["basis"] == "finish_reason" else "length = max, no finish reasons"
-    return f"{_pct(at_cap['share'])} at {cut_lengths(at_cap, '', '..')} ({how})"
+    return f"{pct_text(at_cap['share'])} at {cut_lengths(at_cap, '', '..')} ({how})"
 
 
 def _chance(v, chance) -> str:
-    return _pct(v) if v is None or chance is None else f"{_pct(v)} (chance {_pct(chance)})"
+    return pct_text(v) if v is None or chance is None else f"{pct_text(v)} (chance {pct_text(chance)})"
 
 
 def _fmt(v, suffix: str = "") -> str:
