@@ -105,16 +105,16 @@ def default_trace_path(groups: int, family: str | None = None, seed: int | None 
         if seed is not None:
             raise ConfigValueError("default_trace_path: a seed is for a family member's draw; give the family")
         base = TraceSynthConfig()
-        path = cache_dir() / "data" / f"synth_{groups}x{base.n}_seed{base.seed}.jsonl"
-        if not path.exists():
-            write_trace_jsonl(synth_trace(base, groups=groups), path)
-        return path
-    from pdsr_sdk.traces.family import workload
+        name = f"synth_{groups}x{base.n}_seed{base.seed}"
+        draw = lambda: synth_trace(base, groups=groups)  # noqa: E731
+    else:
+        from pdsr_sdk.traces.family import workload
 
-    member = workload(family)
-    seed = member.measure.seeds[0] if seed is None else seed
-    cfg = member.config(groups=groups, seed=seed)
-    path = cache_dir() / "data" / f"{family}_{groups}x{cfg.n}_seed{seed}.jsonl"
+        member = workload(family)
+        seed = member.measure.seeds[0] if seed is None else seed
+        name = f"{family}_{groups}x{member.config(groups=groups, seed=seed).n}_seed{seed}"
+        draw = lambda: member.trace(groups=groups, seed=seed)  # noqa: E731
+    path = cache_dir() / "data" / f"{name}.jsonl"
     if not path.exists():
-        write_trace_jsonl(member.trace(groups=groups, seed=seed), path)
+        write_trace_jsonl(draw(), path)
     return path
