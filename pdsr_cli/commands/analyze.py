@@ -49,8 +49,9 @@ def command(trace_path: Path, out_dir: Path | None, json_path: Path | None, over
             config_path: Path | None, cv_ddof: str | None, **flags) -> None:
     """How well sample 0 (the probe) predicts the lengths of its group's other samples.
 
-    TRACE is a JSONL length trace or a trajectories Parquet/Arrow file from
-    `pdsr rollout`. Prints per-group spread (CV), Spearman rank correlation of
+    TRACE is a JSONL length trace, a trajectories Parquet/Arrow file from
+    `pdsr rollout`, or one of slime's rollout dumps (a .pt file of
+    --save-debug-rollout-data). Prints per-group spread (CV), Spearman rank correlation of
     the probe with each later sample, top-K recall and the "safe" rate, the
     false-negative rate of a fixed length threshold, batch-level capture of the
     longest task with its cost ratio, and a V2.5 dispatch replay (heavy / fast /

@@ -19,7 +19,8 @@ from pdsr_cli.out_dir import remove_other_outputs
 
 @click.group("simulate", invoke_without_command=True)
 @click.option("--trace", "trace", type=UserPathType(dir_okay=False, path_type=Path), default=None,
-              help="Length trace (JSONL) or trajectories Parquet/Arrow file from `pdsr rollout`.  [default: a "
+              help="Length trace (JSONL), trajectories Parquet/Arrow file from `pdsr rollout`, or slime's rollout "
+                   "dump (.pt).  [default: a "
                    "built-in synthetic trace (`pdsr trace synth`'s defaults, the `informative` family member: median "
                    "~420 tokens, p99 ~1.4k), written to "
                    "pdsr's cache on first use, with the groups the run needs]")

@@ -121,7 +121,7 @@ def _column_option(role: str, what: str):
 
 
 @command.command("convert", short_help="Rollout log (one row per response: Parquet/Arrow/JSONL/CSV), verl's "
-                                       "generation dumps, or trajectories -> JSONL length trace.")
+                                       "or slime's dumps, or trajectories -> JSONL length trace.")
 @click.argument("source", type=UserPathType(path_type=Path), callback=key_value_argument)
 @click.option("--out", "out", type=UserPathType(dir_okay=False, path_type=Path), required=True,
               help="Where to write the JSONL trace.")
@@ -167,10 +167,18 @@ def convert(source: Path, out: Path, overwrite: bool, tokenizer_dir: Path | None
     (two prompts of the same text in a step become one group); score is the
     reward (--reward-column acc reads another key); errors name file:line.
 
+    slime's rollout dumps (--save-debug-rollout-data: a {rollout_id}.pt
+    file, a folder of them or a pattern) need no tokenizer: a response's
+    length is its response_length, the prompt's its tokens less that; a
+    group is a group_index, status gives the finish reason (truncated:
+    length), reward the reward (a dict's score, or --reward-column KEY);
+    errors name the file, samples[i] and the key.
+
     \b
     Examples:
       pdsr trace convert verl_dump.parquet --id-column uid --reward-column score --out trace.jsonl
       pdsr trace convert rollout_data/ --tokenizer models/policy --out trace.jsonl   # verl's {step}.jsonl
+      pdsr trace convert dump/rollout_data/ --out trace.jsonl   # slime's {rollout_id}.pt
       pdsr trace convert log.jsonl --id-column metadata.prompt_id \\
           --length-column usage.completion_tokens --out trace.jsonl
       pdsr trace convert lengths.csv --id-column question --length-column n_tokens --out trace.jsonl

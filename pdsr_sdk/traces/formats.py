@@ -10,7 +10,8 @@ from pdsr_sdk.io.output_lock import unfinished_output
 
 
 def detect_format(path: Path) -> str:
-    """``"jsonl"``, ``"parquet"``, ``"arrow_file"`` or ``"arrow_stream"`` from the first bytes of ``path``."""
+    """``"jsonl"``, ``"parquet"``, ``"arrow_file"``, ``"arrow_stream"`` or ``"torch"`` (a zip archive, as
+    ``torch.save`` writes: slime's rollout dumps) from the first bytes of ``path``."""
     if not path.exists():
         unfinished = unfinished_output(path, "`pdsr trace convert {parts} --out trace.jsonl` makes a trace of them")
         raise DataError(f"{path}: trace file does not exist" + (f" yet: {unfinished}" if unfinished else ""))
@@ -24,11 +25,13 @@ def detect_format(path: Path) -> str:
         return "arrow_file"
     if head.startswith(b"\xff\xff\xff\xff"):
         return "arrow_stream"
+    if head.startswith(b"PK\x03\x04"):
+        return "torch"
     stripped = head.removeprefix(b"\xef\xbb\xbf").lstrip()  # tolerate a UTF-8 byte-order mark
     if not stripped or stripped.startswith(b"{"):
         return "jsonl"
-    raise DataError(f"{path}: not a length trace (JSONL objects, one per line) nor a trajectories file "
-                    f"(Parquet or Arrow IPC); a rollout log of one row per response (CSV, ...): "
+    raise DataError(f"{path}: not a length trace (JSONL objects, one per line), a trajectories file "
+                    f"(Parquet or Arrow IPC) nor slime's rollout dump (torch.save); a rollout log of one row per response (CSV, ...): "
                     f"`pdsr trace convert {path} --out trace.jsonl` makes a trace of it")
 
 

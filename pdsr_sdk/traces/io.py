@@ -1,6 +1,6 @@
 """Reading and writing length traces.
 
-Two inputs, detected from the file's first bytes (not its name):
+Three inputs, detected from the file's first bytes (not its name):
 
 - a length trace, JSONL, one prompt group per line::
 
@@ -13,6 +13,9 @@ Two inputs, detected from the file's first bytes (not its name):
   the tokens its environment added and the environment's delay in seconds (the last turn's are what the
   agent adds before the sample ends, usually ``0, 0``). A sample's ``lengths`` entry is the sum of its
   sampled and environment tokens. Every optional key is given for every group or for none.
+
+- slime's rollout dump (``--save-debug-rollout-data``: a ``torch.save`` file of one rollout's samples), read by
+  :func:`~pdsr_sdk.traces.slime_dump.read_slime_dump`.
 
 - a trajectories file as written by ``pdsr rollout`` (Parquet, Arrow IPC file
   or stream), one row per sample with columns ``prompt_id``, ``sample_index``
@@ -27,8 +30,9 @@ column (tables).
 
 ``pdsr trace convert`` reads more (:func:`read_any_trace`): your own rollout log, a table of one row per response
 (Parquet, Arrow IPC, JSONL or CSV/TSV) whose columns are named by flags or found under their usual names
-(:mod:`pdsr_sdk.traces.responses`), and verl's generation dumps, text counted with a tokenizer
-(:mod:`pdsr_sdk.traces.verl_dump`).
+(:mod:`pdsr_sdk.traces.responses`), verl's generation dumps, text counted with a tokenizer
+(:mod:`pdsr_sdk.traces.verl_dump`), and a folder or glob pattern of slime's rollout dumps
+(:mod:`pdsr_sdk.traces.slime_dump`).
 
 The JSONL reader and writer are in :mod:`pdsr_sdk.traces.jsonl`, the trajectories reader in
 :mod:`pdsr_sdk.traces.trajectories` and format detection in :mod:`pdsr_sdk.traces.formats`; their names are
@@ -45,6 +49,8 @@ from pdsr_sdk.errors import DataError
 from pdsr_sdk.traces.formats import detect_format
 from pdsr_sdk.traces.jsonl import OPTIONAL_KEYS, REQUIRED_KEYS, read_trace_jsonl, write_trace_jsonl
 from pdsr_sdk.traces.responses import RESPONSE_COLUMNS, read_responses_trace, trace_from_responses
+from pdsr_sdk.traces.slime_dump import is_slime_dump as _is_slime_dump
+from pdsr_sdk.traces.slime_dump import read_slime_dump
 from pdsr_sdk.traces.trace import LengthTrace
 from pdsr_sdk.traces.verl_dump import is_verl_dump as _is_verl_dump
 from pdsr_sdk.traces.verl_dump import read_verl_dump
@@ -64,6 +70,7 @@ __all__ = [
     "detect_format",
     "read_any_trace",
     "read_responses_trace",
+    "read_slime_dump",
     "read_trace",
     "read_trace_jsonl",
     "read_trajectories_trace",
@@ -75,13 +82,16 @@ __all__ = [
 
 
 def read_trace(path: str | Path, *, setting: str | None = None) -> LengthTrace:
-    """Read a JSONL length trace or a trajectories Parquet/Arrow file (detected from its content). ``setting``: the
+    """Read a JSONL length trace, a trajectories Parquet/Arrow file or slime's rollout dump (a ``.pt`` file; a dict
+    reward's ``score``), detected from its content. ``setting``: the
     argument or flag ``path`` came from (``TRACE``, ``trace (--trace)``), put before each error about it."""
     path = Path(path)
     with _errors_named(setting, path):
         kind = detect_format(path)
         if kind == "jsonl":
             return read_trace_jsonl(path)
+        if kind == "torch":
+            return read_slime_dump(path)
         return read_trajectories_trace(path, kind)
 
 
@@ -105,7 +115,8 @@ def read_any_trace(path: str | Path, *, id_column: str | None = None, length_col
                    reward_column: str | None = None, finish_reason_column: str | None = None,
                    tokenizer=None, setting: str | None = None) -> LengthTrace:
     """What ``pdsr trace convert`` reads: a JSONL length trace or a trajectories file of ``pdsr rollout`` (as
-    :func:`read_trace`) when no column is named; verl's generation dumps (``{step}.jsonl``: a file, a folder or a
+    :func:`read_trace`) when no column is named; slime's rollout dumps (``.pt``: a file, a folder or a glob pattern,
+    :func:`read_slime_dump`, ``reward_column`` the key of a dict reward); verl's generation dumps (``{step}.jsonl``: a file, a folder or a
     glob pattern, :func:`read_verl_dump`) when no id, length, prompt length or sample index column is named; else
     (or when the source is none of these: CSV, a JSONL of one line per response, another tool's table, a folder of
     shards) a table of one row per response (:func:`read_responses_trace`, its columns named by the ``*_column``
@@ -134,6 +145,13 @@ def _read_any_trace(path: Path, columns: dict[str, str | None], tokenizer) -> Le
         if kind in ("parquet", "arrow_file", "arrow_stream") and _has_trajectory_columns(path, kind):
             return read_trajectories_trace(path, kind)
     structural = ("id_column", "length_column", "prompt_length_column", "sample_index_column")
+    if _is_slime_dump(path):
+        named = [k for k in (*structural, "finish_reason_column") if columns[k] is not None]
+        if named:
+            flags = ", ".join("--" + k.replace("_", "-") for k in named)
+            raise DataError(f"{path}: slime's rollout dump (torch.save) has its own keys; {flags} name columns of a "
+                            f"table (only --reward-column applies: the key of a dict reward)")
+        return read_slime_dump(path, reward_key=columns["reward_column"])
     if all(columns[k] is None for k in structural) and _is_verl_dump(path):
         return read_verl_dump(path, tokenizer, reward_key=columns["reward_column"] or "score",
                               finish_reason_key=columns["finish_reason_column"])

@@ -74,7 +74,7 @@ def read_responses_trace(path: str | Path, *, id_column: str | None = None, leng
                 raise DataError(f"{path}: the file is empty; expected a rollout log (one row per response) or a "
                                 f"length trace")
     try:
-        kind = _TABLE_KIND[detect_format(path)]
+        kind = _TABLE_KIND.get(detect_format(path))   # None: a torch.save file, read by its name (an error)
     except DataError:
         kind = None   # CSV/TSV, or what read_table makes of the name
     if kind == "jsonl" and FORMATS.get(path.suffix.lower()) not in (None, "jsonl"):
