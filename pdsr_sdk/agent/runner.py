@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from pdsr_sdk.agent.context import AgentContext, AgentDone, TurnResult
+from pdsr_sdk.dispatch.trajectory import extra_json
 from pdsr_sdk.dispatch.types import DROPPED, FAILED, LENGTH, STOP, Group, Sample
 from pdsr_sdk.errors import ConfigError
 
@@ -197,7 +197,7 @@ class AgentRunner:
                 raise ValueError(f"the agent returned a dict without 'score' (keys: {sorted(got)})")
             extra = {k: v for k, v in got.items() if k != "score"} or None
             try:   # as the row writes them; else the step stops where its rewards are gathered
-                json.dumps(extra, default=str)
+                extra_json(extra)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"the agent returned a dict whose other fields cannot be written as JSON "
                                  f"(reward_extra): {exc}") from None

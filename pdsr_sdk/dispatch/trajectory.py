@@ -281,6 +281,25 @@ def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tu
         "response_length": sample.num_generated, **(g.reward_info or {})})
 
 
+def extra_json(fields: dict[str, Any] | None) -> str | None:
+    """A reward's (or an agent's) extra fields as a row's ``reward_extra`` JSON text (None when there are none):
+    numpy and torch numbers and arrays as the numbers and lists they hold (their ``tolist()``), so that the column
+    keeps them numeric and the run's ``reward_extra_means`` counts them; anything else JSON lacks as its text."""
+    import json
+
+    return json.dumps(fields, default=_json_plain) if fields else None
+
+
+def _json_plain(value: Any) -> Any:
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        try:
+            return tolist()
+        except Exception:  # noqa: BLE001 - an object whose tolist() is not numpy's: its text, as before
+            pass
+    return str(value)
+
+
 class RewardStopped(BaseException):
     """Raised into a reward call from outside it (``reward_time_limit_s``'s watchdog): :func:`score_text` lets it
     through, where the call's own exceptions are its sample's error. No ``Exception``, which a reward's own
@@ -290,7 +309,6 @@ class RewardStopped(BaseException):
 def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: Any,
                info: dict[str, Any]) -> tuple[float | None, str | None, str | None]:
     """:func:`score_sample` given the reward's inputs: ``reward_fn(text, ground_truth, **info)``."""
-    import json
     import math
 
     from pdsr_sdk.errors import PdsrError
@@ -301,8 +319,7 @@ def score_text(reward_fn: Callable[..., Any], text: str, ground_truth: Any,
         if isinstance(got, dict):
             if "score" not in got:
                 raise ValueError(f"the reward returned a dict without 'score' (keys: {sorted(got)})")
-            others = {k: v for k, v in got.items() if k != "score"}
-            extra = json.dumps(others, default=str) if others else None
+            extra = extra_json({k: v for k, v in got.items() if k != "score"})
             got = got["score"]
         if got is None:
             raise ValueError("the reward returned None as its score; it returns a number or a dict with a "

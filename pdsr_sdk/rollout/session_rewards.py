@@ -85,7 +85,7 @@ class SessionRewards:
         """A multi-turn sample's reward when its agent decided it: (reward, extra as JSON, error); None when the
         reward function scores it (see RewardRunner's ``given``). A failed sample (its agent failed, or an engine
         refused its request) has none."""
-        import json
+        from pdsr_sdk.dispatch.trajectory import extra_json
 
         if sample.turns is None:
             return (None, None, None) if sample.finish_reason == FAILED else None
@@ -94,8 +94,7 @@ class SessionRewards:
             return None, None, None   # no reward; the row's error says why
         if outcome is None or outcome.reward is None:
             return None
-        extra = json.dumps(outcome.extra, default=str) if outcome.extra else None
-        return outcome.reward, extra, None
+        return outcome.reward, extra_json(outcome.extra), None
 
     async def scores(self, samples: Iterable[Sample]) -> list:
         """The rewards of finished samples (:class:`~pdsr_sdk.rollout.reward_runner.Scored`, in order), waiting

@@ -43,13 +43,14 @@ def test_an_agent_retrying_after_agent_done_fails_at_its_timeout(tiny_model_dir)
 async def numpy_rewards(agent):
     """The reward as numpy computes it (np.mean of float32 scores, an int64 count), or not a number."""
     await agent.generate()
-    return [np.float32(0.25), {"score": np.int64(1), "n": 2}, "1.0", np.array([1.0, 2.0])][agent.sample_index]
+    return [np.float32(0.25), {"score": np.int64(1), "n": np.int64(2)}, "1.0", np.array([1.0, 2.0])][agent.sample_index]
 
 
 @requires_torch
 def test_an_agent_may_return_a_numpy_number(tiny_model_dir):
     """A reward function's numpy score was taken (float()), an agent's was refused: 'the agent returned
-    np.float32(0.25); expected None ..., a finite number, or a dict with 'score'', its sample failed."""
+    np.float32(0.25); expected None ..., a finite number, or a dict with 'score'', its sample failed. A numpy
+    field beside the score was written as its text ('2')."""
     with RolloutSession(config(tiny_model_dir)) as session:
         out = session.step(PROMPTS[:1], agent=numpy_rewards)
     rows = {row["sample_index"]: row for row in out.table.to_pylist()}
