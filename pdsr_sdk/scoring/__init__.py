@@ -1,8 +1,9 @@
 """Micro-batched per-token log-prob scoring (``pdsr score``).
 
-- :func:`per_token_logps`: ragged prompt/completion ids in, one float32
-  array of completion log-probs per sample out (plus entropy and stats);
-  how it runs is a :class:`ScoreOptions` (or the same keys as keywords).
+- :func:`per_token_logps`: ragged prompt/completion ids in (or a trainer's
+  padded ones with their masks), one float32 array of completion log-probs
+  per sample out (plus entropy and stats); how it runs is a
+  :class:`ScoreOptions` (or the same keys as keywords).
 - Backends (:data:`SCORING_BACKENDS`, each a :class:`ScoringBackend`):
   ``torch`` (transformers, chunked fp32 log-softmax over the lm_head) and
   ``vllm`` (prompt logprobs); register your own or pass an import path.

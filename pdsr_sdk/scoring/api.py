@@ -1,6 +1,7 @@
 """``per_token_logps``: log-probs of completion tokens under a model, micro-batched.
 
-Inputs are ragged token-id sequences (no caller-side padding). Output: one
+Inputs are ragged token-id sequences, or a trainer's padded ones with their
+masks (``prompt_mask``, ``completion_mask``: see :mod:`~pdsr_sdk.scoring.masks`). Output: one
 float32 array per sample, entry t = log p(completion[t] | prompt,
 completion[:t]) with logits divided by ``temperature`` before the softmax
 (as verl does). Micro-batching changes only how the forwards are grouped,
@@ -87,14 +88,19 @@ class ScoreResult:
     logps: list[np.ndarray]
     entropy: list[np.ndarray] | None
     stats: ScoreStats = field(repr=False)
+    #: the width R of the padded completions given with ``completion_mask`` (every mask row as wide), which
+    #: :meth:`padded` defaults to; None without one
+    completion_width: int | None = None
 
     def padded(self, width: int | None = None, *, fill: float = -1.0, entropy: bool = False) -> np.ndarray:
-        """The log-probs (``entropy=True``: the entropies) as one float32 ``[B, width]`` array in
+        """The log-probs (``entropy=True``: the entropies) as one float32 numpy ``[B, width]`` array in
         :func:`~pdsr_sdk.rollout.padded.trainer_batch`'s layout: row i is sample i's completion from column 0,
-        right-padded with ``fill`` (-1, as trainer_batch's ``rollout_log_probs``). ``width`` defaults to the
-        longest completion; pass ``trainer_batch(...).tensors["responses"].shape[1]`` to line up with a batch
-        of the same samples (``torch.from_numpy`` makes it a tensor). A row longer than ``width`` is a
-        DataValueError naming it."""
+        right-padded with ``fill`` (-1, as trainer_batch's ``rollout_log_probs``). Scored with a
+        ``completion_mask`` (its 1s run from column 0), those are each row's log-probs at its mask's 1s: ``width``
+        defaults to the mask's R, and the array lines up with the padded completions; without one, to the longest
+        completion: pass ``trainer_batch(...).tensors["responses"].shape[1]`` to line up with a batch of the
+        same samples. Always numpy, whatever the inputs were (``torch.from_numpy`` makes it a tensor). A row
+        longer than ``width`` is a DataValueError naming it."""
         from pdsr_sdk.io.padding import pad_rows
 
         rows = self.logps if not entropy else self.entropy
@@ -103,7 +109,9 @@ class ScoreResult:
                                  "to per_token_logps)")
         lengths = np.array([len(r) for r in rows], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        width = int(lengths.max(initial=0)) if width is None else int(width)
+        if width is None:
+            width = self.completion_width if self.completion_width is not None else int(lengths.max(initial=0))
+        width = int(width)
         if len(lengths) and int(lengths.max()) > width:
             i = int(np.argmax(lengths))
             raise DataValueError(f"ScoreResult.padded: sample {i} has {int(lengths[i])} tokens, over width={width}")
@@ -187,6 +195,8 @@ def per_token_logps(
     progress: ProgressFactory | None = None,
     names: tuple[str, str] = ("prompt_ids", "completion_ids"),
     source: str = "",
+    prompt_mask: Any = None,
+    completion_mask: Any = None,
     **option_keywords: Any,
 ) -> ScoreResult:
     """Per-token log-probs of ``completion_ids[i]`` given ``prompt_ids[i]``, micro-batched.
@@ -197,9 +207,18 @@ def per_token_logps(
             put back after); vllm: a ``vllm.LLM``. Either: a local model directory
             (str or Path, with config.json), loaded per ``options.device`` /
             ``options.dtype`` (vllm starts an engine and shuts it down).
-        prompt_ids, completion_ids: ragged token ids, one sequence per sample
-            (lists, numpy arrays or tensors); no padding. A prompt needs at
-            least one token; an empty completion gets an empty array.
+        prompt_ids, completion_ids: token ids, one sequence per sample (lists,
+            numpy arrays or tensors, or a [B, P] / [B, R] array or tensor), taken
+            as they are: padding would be scored as tokens, unless masked. A
+            prompt needs at least one token; an empty completion gets an empty array.
+        prompt_mask, completion_mask: a trainer's padding masks, the shape of
+            the ids (tensors, numpy arrays or lists of rows; 1 or True: a real
+            token, 0: padding), as verl's ``attention_mask[:, :P]`` and
+            ``attention_mask[:, P:]`` or TRL's ``prompt_mask`` and
+            ``completion_mask``. Each row is scored on its real tokens only,
+            which must be one run: at the end of a prompt (left padding), from
+            column 0 of a completion (right padding). With ``completion_mask``,
+            ``ScoreResult.padded()`` puts the log-probs back in the [B, R] layout.
         options: a :class:`ScoreOptions` (or a mapping of its keys; None =
             the defaults): backend, micro-batching (``mbs`` or
             ``max_tokens_per_micro_batch``, neither = a quota of 16,384
@@ -218,7 +237,10 @@ def per_token_logps(
     Raises:
         DataValueError (a DataError and a ValueError): mismatched row counts, an empty prompt, a token
             id outside the vocabulary (each names the row), a model directory
-            without config.json (a DataError), a sample longer than the token quota.
+            without config.json (a DataError), a sample longer than the token quota;
+            a mask whose shape or row length is not its ids', a value other than
+            0/1, a row not padded on its side, a prompt row with no real token
+            (each names the mask and the row).
         ConfigValueError (a ConfigError and a ValueError): an unknown or invalid option (the message names the key),
             both ``mbs`` and ``max_tokens_per_micro_batch``, an option the
             backend cannot honour.
@@ -226,8 +248,12 @@ def per_token_logps(
     opts = ScoreOptions.resolve(options, option_keywords)
     backend = get_backend(opts.backend)
     backend.check(opts)
-    prompts = as_ragged(prompt_ids, names[0])
-    completions = as_ragged(completion_ids, names[1])
+    from pdsr_sdk.scoring.masks import unpad   # each row's real tokens, where masks say which
+
+    prompts = as_ragged(prompt_ids, names[0]) if prompt_mask is None else \
+        unpad(prompt_ids, prompt_mask, names[0], "prompt_mask", "left")[0]
+    completions, width = (as_ragged(completion_ids, names[1]), None) if completion_mask is None else \
+        unpad(completion_ids, completion_mask, names[1], "completion_mask", "right")
     check = dict(prompt_name=names[0], completion_name=names[1], where=source)
     model_dir = None
     if isinstance(model, (str, Path)):
@@ -244,7 +270,9 @@ def per_token_logps(
         check_context(prompts.lengths + completions.lengths, _context(model), source)
 
     meter = ScoreMeter(prompts.lengths + completions.lengths, progress)
-    return score_checked(backend, model, prompts, completions, opts, meter, source)
+    result = score_checked(backend, model, prompts, completions, opts, meter, source)
+    result.completion_width = width
+    return result
 
 
 def score_checked(backend: Any, model: Any, prompts: Ragged, completions: Ragged, opts: ScoreOptions,

@@ -45,6 +45,13 @@ SCRIPT = textwrap.dedent('''
             out["fp32"] = run(llm, prompts, completions)
             out["fp32_mbs"] = run(llm, prompts, completions, mbs=6)
             out["fp32_quota"] = run(llm, prompts, completions, max_tokens_per_micro_batch=256)
+            # a trainer's padded batch and its masks (padding -1: never read): the same rows
+            P, R = max(map(len, prompts)), max(map(len, completions))
+            padded_p = [[-1] * (P - len(p)) + p for p in prompts]
+            padded_c = [c + [-1] * (R - len(c)) for c in completions]
+            out["fp32_masked"] = run(llm, padded_p, padded_c, mbs=6,
+                                     prompt_mask=[[x >= 0 for x in row] for row in padded_p],
+                                     completion_mask=[[x >= 0 for x in row] for row in padded_c])
             # a failed sample has no completion tokens: [] (the others as above)
             out["empty"] = run(llm, prompts[:3], [completions[0], [], completions[2]])
             try:
@@ -107,7 +114,7 @@ def _diffs(a, b):
 @requires_vllm
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["fp32", "fp32_mbs", "fp32_quota", "auto"])
+@pytest.mark.parametrize("run", ["fp32", "fp32_mbs", "fp32_quota", "fp32_masked", "auto"])
 def test_vllm_fp32_engine_matches_torch(vllm_results, torch_fp32, samples, run):
     res = vllm_results[run]
     assert res["dtypes"] == ["float32"]
