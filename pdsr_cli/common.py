@@ -338,7 +338,8 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None, *
     columns = [c for c in columns if c not in hide_empty or not all(is_empty(r.get(c)) for r in rows)]
 
     def cell(v: Any) -> str:
-        if isinstance(v, float):   # 4 significant places; from 1,000 whole (the same digits) with separators, never e-notation
+        # 4 significant places; from 1,000 whole (the same digits) with separators, never e-notation
+        if isinstance(v, float):
             return f"{v:,.0f}" if abs(v) >= 1e3 else f"{v:.4g}"
         return "" if v is None else str(v)
 

@@ -105,7 +105,8 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--train.agent_func_path", "--agent", "agent.function", "with --max-turns (docs/agents.md)"),
            ("--reward.remote_url", "--reward", "reward",
             "FILE.py:fn, fn scoring one sample (docs/coming-from.md#coming-from-trl-or-openrlhf)"),
-           ("--algo.dynamic_filtering_enable", "--filter-groups", "filter_groups.kind", "--filter-groups zero-variance"),
+           ("--algo.dynamic_filtering_enable", "--filter-groups", "filter_groups.kind",
+            "--filter-groups zero-variance"),
            ("--algo.dynamic_filtering_range", "--filter-groups", "filter_groups.kind",
             "zero-variance is the range (0, 1) of 0/1 scores; another range: a group_filter, " + TABLE),
            ("--eval.n_samples_per_prompt", "--n", "sampling.n", "an evaluation is a run of its own, or "
@@ -182,7 +183,8 @@ FOREIGN_NAMES: list[ForeignName] = [
     *_rows("slime", STEPS,
            ("--partial-rollout", "--steps", "steps", "with --over-provision"),
            ("--over-sampling-batch-size", "--over-provision", "over_provision", "about O / B - 1 for O"),
-           ("--dynamic-sampling-filter-path", "--filter-groups", "filter_groups.kind", "--filter-groups zero-variance")),
+           ("--dynamic-sampling-filter-path", "--filter-groups", "filter_groups.kind",
+            "--filter-groups zero-variance")),
     *_rows("slime", ROLLOUT,
            ("--mask-offpolicy-in-partial-rollout", None, None,
             "the loss mask is the trainer's: token_versions_of_rows, docs/partial-rollout.md")),
@@ -213,7 +215,8 @@ FOREIGN_NAMES: list[ForeignName] = [
            ("--kv-cache-dtype", None, "engine_defaults.engine_args.kv_cache_dtype", ARGS_NOTE),
            ("--quantization", None, "engine_defaults.engine_args.quantization", ARGS_NOTE),
            ("--enable-chunked-prefill", None, "engine_defaults.engine_args.enable_chunked_prefill", ARGS_NOTE),
-           ("--enable-prefix-caching", None, None, "prefix caching is always on (a continued segment resubmits its tokens)"),
+           ("--enable-prefix-caching", None, None,
+            "prefix caching is always on (a continued segment resubmits its tokens)"),
            ("--pipeline-parallel-size", None, None, ENGINES_NOTE),
            ("-pp", None, None, ENGINES_NOTE),
            ("--data-parallel-size", None, None, ENGINES_NOTE),
@@ -233,7 +236,8 @@ FOREIGN_NAMES: list[ForeignName] = [
 
 
 def _spelling(name: str) -> str:
-    """One spelling of a name: no leading dashes, dashes as underscores (``--num-generations`` = ``num_generations``)."""
+    """One spelling of a name: no leading dashes, dashes as underscores (``--num-generations`` =
+    ``num_generations``)."""
     return name.lstrip("-").replace("-", "_").lower()
 
 

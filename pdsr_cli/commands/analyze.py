@@ -36,9 +36,9 @@ def _help(name: str) -> str:
 @click.option("--plots/--no-plots", default=None, help="Write PNG plots. [default: --plots]")
 @click.option("--out-dir", type=UserPathType(file_okay=False, path_type=Path), default=None,
               help="Directory for the plots (lengths_hist.png, probe_vs_later.png, cv_hist.png) and analysis.json; "
-                   "files of the same names there are replaced, and those of these four names this run does not write (an earlier run's, e.g. its plots after "
-                   "--no-plots) are removed.  [default: the --json file's directory (nothing there is removed), "
-                   "else ./analysis]")
+                   "files of the same names there are replaced, and those of these four names this run does not write "
+                   "(an earlier run's, e.g. its plots after --no-plots) are removed.  [default: the --json file's "
+                   "directory (nothing there is removed), else ./analysis]")
 @click.option("--json", "json_path", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Where to write the JSON report; an existing file is an error unless --overwrite. "
                    "[default: OUT_DIR/analysis.json]")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config_replacing, cli_progress, config_option, handle_errors, quiet_option, UserPathType
+from pdsr_cli.common import (build_config_replacing, cli_progress, config_option, handle_errors, quiet_option,
+                             UserPathType)
 from pdsr_sdk.gae.config import ESTIMATOR_KEYS, GaeConfig
 
 
@@ -32,7 +33,8 @@ def _help(name: str) -> str:
               help=_help("mask_column").replace("null:", "null (on the command line: ''):"))
 @click.option("--gamma", type=float, default=None, help=_help("gamma"))
 @click.option("--lam", type=float, default=None, help=_help("lam"))
-@click.option("--normalize-std", type=click.Choice(["group", "batch", "none"]), default=None,   # a YAML bool only in a file
+# a YAML bool only in a file
+@click.option("--normalize-std", type=click.Choice(["group", "batch", "none"]), default=None,
               help=_help("normalize_std").replace("; true / false mean", "; in --config, true / false mean"))
 @click.option("--eps", type=float, default=None, help=_help("eps"))
 @click.option("--singleton", type=click.Choice(["zero", "score"]), default=None, help=_help("singleton"))

@@ -21,8 +21,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                "per policy, each to <out stem>.<policy>.parquet.  [default: v3]")
 @policy_set_option
 @click.option("--data", type=UserPathType(path_type=Path),
-              help="Prompts: a Parquet, JSONL (or a .json array), Arrow IPC or CSV/TSV file, or a folder or quoted glob pattern ('train-*.parquet') of such shards.  "
-                   "[default: the built-in sample prompts]")
+              help="Prompts: a Parquet, JSONL (or a .json array), Arrow IPC or CSV/TSV file, or a folder or quoted "
+                   "glob pattern ('train-*.parquet') of such shards.  [default: the built-in sample prompts]")
 @click.option("--model", help="Local Hugging Face model directory.  [default: the built-in tiny random model]")
 @click.option("--n", type=int, help="Samples per prompt (group size).  [default: 8]")
 @click.option("--batch-size", type=int, help="Prompts per batch.  [default: 128]")
@@ -66,13 +66,14 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
                                            "[default: the first of answer, ground_truth, reward_model.ground_truth, "
                                            "label]")
 @click.option("--data-source", metavar="NAME", help=DataConfig.model_fields["data_source"].description)
-@click.option("--target-lengths-column", help="Per-sample forced lengths (length-controlled replay; needs --ignore-eos).")
+@click.option("--target-lengths-column",
+              help="Per-sample forced lengths (length-controlled replay; needs --ignore-eos).")
 @click.option("--skip-long", is_flag=True, default=None,
               help="Skip prompts whose tokens plus --max-tokens exceed the model's context (counted in the summary); "
                    "without it such a prompt is an error naming its row.")
 @click.option("--reward", help="math_verify (the response's last \\boxed{}, else its GSM8K '#### N', else its DAPO "
-                              "'Answer: N', against the ground truth), math_boxed (its pure-Python fallback), none, auto "
-                              "(math_verify when the data has a ground truth), 'package.module:fn' or "
+                              "'Answer: N', against the ground truth), math_boxed (its pure-Python fallback), none, "
+                              "auto (math_verify when the data has a ground truth), 'package.module:fn' or "
                               "'path/to/file.py:fn'.  [default: auto]")
 @click.option("--reward-executor", type=click.Choice(["thread", "process"]),
               help="Run reward functions on worker threads, or in worker processes (a CPU-bound Python reward then "
@@ -104,7 +105,8 @@ from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 @click.option("--agent-timeout", "agent_timeout_s", type=float, metavar="SECONDS",
               help="Seconds an agent may take between turns (its environment's time); past it the sample fails "
                    "and the step goes on.  [default: 60]")
-@click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end in one go (no dynamic segments).")
+@click.option("--no-segments", is_flag=True, default=None,
+              help="Run each request to its end in one go (no dynamic segments).")
 @click.option("--out", type=UserPathType(dir_okay=False, path_type=Path),
               help="Trajectories Parquet.  [default: runs/rollout.parquet]")
 @click.option("--summary", type=UserPathType(dir_okay=False, path_type=Path),
@@ -128,7 +130,8 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             temperature, top_p, top_k, stop, stop_token_ids, min_p, repetition_penalty,
             presence_penalty, frequency_penalty, ignore_eos, fast, heavy, ray_address, prompt_column,
             messages_column, system_prompt, instruction, id_column, ground_truth_column, data_source,
-            target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, reward_time_limit_s, overlong_buffer, overlong_penalty, seed, speculative,
+            target_lengths_column, skip_long, reward, reward_executor, reward_timeout_s, reward_time_limit_s,
+            overlong_buffer, overlong_penalty, seed, speculative,
             num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
             group_deadline, kv_on_update, filter_groups, write_filtered, filter_metric, quiet):
@@ -293,7 +296,8 @@ def render_summary(s) -> str:
     # the means of the rewards' other numeric fields (verl's reward_extra_info: acc ...) beside the reward's
     extras = ", ".join(f"{k} {v:.3f}" for k, v in s.reward_extra_means.items())
     lead = [("makespan", f"{s.makespan_s:.2f} s"), ("", f"{s.tokens_per_s:.1f} tokens/s"),
-            ("reward mean", None if s.reward_mean is None else f"{s.reward_mean:.3f}" + (f" ({extras})" if extras else ""))]
+            ("reward mean",
+             None if s.reward_mean is None else f"{s.reward_mean:.3f}" + (f" ({extras})" if extras else ""))]
     busy = ", ".join(f"{k} {v:.0%}" for k, v in s.engine_busy_fraction.items())
     details = [counts, f"engines busy: {busy}" if busy else "engines busy: none"]
     spec = s.speculation

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from pdsr_cli.common import build_config_replacing, cli_progress, config_option, echo_status, handle_errors, quiet_option, UserPathType
+from pdsr_cli.common import (build_config_replacing, cli_progress, config_option, echo_status, handle_errors,
+                             quiet_option, UserPathType)
 from pdsr_sdk.errors import ConfigError
 from pdsr_sdk.scoring.config import ScoreConfig, score_flag
 

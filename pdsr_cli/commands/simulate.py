@@ -30,13 +30,15 @@ from pdsr_cli.out_dir import remove_other_outputs
 @click.option("--references/--no-references", "references", default=None,
               help="Also run baseline (if missing) and the simulator-only reference schedules oracle (true "
                    "lengths) and oracle-probe (probe lengths known from the start), for the vs_base and share "
-                   "columns.  [default: on when more than one policy is selected; one policy runs beside baseline alone]")
+                   "columns.  [default: on when more than one policy is selected; one policy runs beside baseline "
+                   "alone]")
 @policy_set_option
 @deprecated_flag("--policy-set", "--set", "old_policy_set", multiple=True, metavar=POLICY_SET_METAVAR)
 @click.option("--fast", type=int, default=None, help="Engines in the fast pool.  [default: 6]")
 @click.option("--heavy", type=int, default=None, help="Engines in the heavy pool.  [default: 2]")
 @click.option("--batch-size", type=int, default=None, help="Prompts per batch (B).  [default: 128]")
-@click.option("--n", "n", type=int, default=None, help="Samples per prompt (the first n of each group).  [default: all]")
+@click.option("--n", "n", type=int, default=None,
+              help="Samples per prompt (the first n of each group).  [default: all]")
 @click.option("--num-batches", type=int, default=None,
               help="Simulate only the first this many batches (not with --steps, which takes steps x step-groups).")
 @click.option("--family", "family", type=str, default=None, is_eager=True, callback=list_family,
@@ -47,7 +49,8 @@ from pdsr_cli.out_dir import remove_other_outputs
               help="With --family and no --trace: the draw's seed.  [default: the member's first pinned seed, 101]")
 @click.option("--profile", "profile", type=UserPathType(dir_okay=False, path_type=Path), default=None,
               help="Engine profile file ({fast: {...}, heavy: {...}}, e.g. from `pdsr simulate calibrate`; one "
-                   "pool's section is given to both); overrides --config's profiles.  [default: one illustrative GPU-like profile for every engine]")
+                   "pool's section is given to both); overrides --config's profiles.  [default: one illustrative "
+                   "GPU-like profile for every engine]")
 @click.option("--segment-min", type=int, default=None, help="Shortest dynamic segment (L_min).  [default: 64]")
 @click.option("--segment-max", type=int, default=None, help="Longest dynamic segment (L_max).  [default: 4096]")
 @click.option("--no-segments", is_flag=True, default=None, help="Run each request to its end (or cap) in one go.")
@@ -92,7 +95,8 @@ from pdsr_cli.out_dir import remove_other_outputs
 @click.pass_context
 @handle_errors
 def command(ctx: click.Context, trace, policy, references, policy_set, old_policy_set, fast, heavy, batch_size, n,
-            num_batches, family, seed, profile, segment_min, segment_max, no_segments, hold_turn_slots, out_dir, no_timeline, steps, over_provision,
+            num_batches, family, seed, profile, segment_min, segment_max, no_segments, hold_turn_slots, out_dir,
+            no_timeline, steps, over_provision,
             step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
             pipeline, restart_lengths, max_partial_share, speculative, acceptance, speculation_max_batch, quiet,
             config_path) -> None:
@@ -147,7 +151,8 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "segments.enabled": False if no_segments else None, "hold_turn_slots": hold_turn_slots, "out_dir": out_dir,
         "timeline": False if no_timeline else None, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
-        "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups, "trainer_s": trainer_s, "weight_update_s": weight_update_s,
+        "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups, "trainer_s": trainer_s,
+        "weight_update_s": weight_update_s,
         "pipeline": pipeline,
         "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }
@@ -374,7 +379,8 @@ def calibrate_cmd(trajectories, out, overwrite, block_size, iterations, shared, 
     fits = calibrate(cfg.trajectories, block_size=cfg.block_size, iterations=cfg.iterations,
                      min_spans=cfg.min_spans, per_pool=cfg.per_pool, speculation_max_batch=cfg.speculation_max_batch)
     write_text_atomic(profile_yaml(fits, cfg.trajectories), cfg.out)
-    rows = [{"pool": f.pool, "spans": f.spans, "outliers": f.outliers, "engines": f.engines, "c0_s": f.coefficients["c0_s"],
+    rows = [{"pool": f.pool, "spans": f.spans, "outliers": f.outliers, "engines": f.engines,
+             "c0_s": f.coefficients["c0_s"],
              "c1_s_per_seq": f.coefficients["c1_s_per_seq"], "c2_s_per_token": f.coefficients["c2_s_per_token"],
              "prefill_s_per_token": f.coefficients["prefill_s_per_token"], "r2": f.r2,
              "median_err": f.median_rel_error,

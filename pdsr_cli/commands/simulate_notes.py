@@ -94,8 +94,8 @@ def fastest_words(report) -> str:
     return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "
             f"flight), steady step "
             f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
-            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} version{'' if pick.max_age == 1 else 's'} old; "
-            f"per consumed token "
+            f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} version{'' if pick.max_age == 1 else 's'} "
+            f"old; per consumed token "
             f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + _carried_words(pick) + floor)
 
 

@@ -50,8 +50,9 @@ def tool_parser_names() -> list[str]:
 
 
 def check_tool_parser(name: str | None, setting: str = "tool_parser") -> None:
-    """A tool parser the installed vLLM lacks is a ConfigValueError naming ``setting`` (the flag or argument that gave it),
-    raised before a server starts, not when a chat request's answer is parsed. ``hermes`` is pdsr's own: no vLLM."""
+    """A tool parser the installed vLLM lacks is a ConfigValueError naming ``setting`` (the flag or argument that gave
+    it), raised before a server starts, not when a chat request's answer is parsed. ``hermes`` is pdsr's own: no
+    vLLM."""
     if name is None or name == "hermes":
         return
     try:
@@ -60,7 +61,8 @@ def check_tool_parser(name: str | None, setting: str = "tool_parser") -> None:
         raise ConfigValueError(f"{setting} {name!r}: a parser other than hermes is the installed vLLM's, and vLLM's "
                           f"tool parsers cannot be imported here (is vLLM installed?)") from None
     if name not in names:
-        raise ConfigValueError(f"{setting} {name!r}: not a tool parser of the installed vLLM; it has: {', '.join(names)}")
+        raise ConfigValueError(f"{setting} {name!r}: not a tool parser of the installed vLLM; it has: "
+                               f"{', '.join(names)}")
 
 
 @lru_cache(maxsize=8)

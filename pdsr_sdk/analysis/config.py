@@ -34,7 +34,8 @@ class AnalyzeConfig(ConfigModel):
                     "its batch capture test used 16, batch_prompts).")
     offload_fraction: float = Field(
         0.2, gt=0, le=1,
-        description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; floor(frac * B), at least 1 (seed 002: 25 of 128).")
+        description="V2.5: fraction of each batch's prompts (by probe length) offloaded to heavy; floor(frac * B), at "
+                    "least 1 (seed 002: 25 of 128).")
     cap_multiplier: float = Field(
         1.5, gt=0, allow_inf_nan=False,
         description="V2.5: the fast-pool cap is floor(cap_multiplier * L_cut) tokens.")

@@ -186,7 +186,8 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
             "cost_ratio_all": {"mean": _nanmean(cap.cost_ratio), "max": _nanmax(cap.cost_ratio)},
         },
         "dispatch_v25": {
-            "batch_prompts": disp.batch_prompts, "offload_fraction": disp.offload_fraction, "cap_multiplier": disp.cap_multiplier,
+            "batch_prompts": disp.batch_prompts, "offload_fraction": disp.offload_fraction,
+            "cap_multiplier": disp.cap_multiplier,
             "heavy_prompts_per_batch": stats.offload_count(disp.offload_fraction, min(disp_b, g)),
             "batches": disp.batches, "samples": disp.samples,
             "heavy": disp.heavy, "fast": disp.fast, "fast_ok": disp.fast_ok, "fast_broke": disp.fast_broke,

@@ -46,7 +46,8 @@ def report_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     ]
     summary = [{"statistic": name, "value": value, "ref 0.5B MATH": r} for name, value, r in rows]
     per_sample = [
-        {"sample": j + 1, "spearman": "n/a" if sp["per_sample"][j] is None else sp["per_sample"][j], "top_k_recall_%": pct(rc["per_sample"][j]),
+        {"sample": j + 1, "spearman": "n/a" if sp["per_sample"][j] is None else sp["per_sample"][j],
+         "top_k_recall_%": pct(rc["per_sample"][j]),
          "safe_rate_%": pct(sf["per_sample"][j])}
         for j in range(len(sp["per_sample"]))
     ]

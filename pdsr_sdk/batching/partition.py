@@ -78,7 +78,8 @@ def as_lengths(lengths: Any, *, name: str = "lengths") -> np.ndarray:
     try:
         arr = np.asarray(lengths)
     except (TypeError, ValueError) as exc:
-        raise DataValueError(f"{name}: expected a 1-D sequence of integers, got {type(lengths).__name__} ({exc})") from None
+        raise DataValueError(f"{name}: expected a 1-D sequence of integers, got {type(lengths).__name__} "
+                             f"({exc})") from None
     if arr.ndim != 1:
         raise DataValueError(f"{name}: expected a 1-D sequence of integers, got shape {arr.shape}")
     if arr.size == 0:

@@ -7,10 +7,10 @@ Imports numba at module level: import this module lazily (``partition.py`` does)
 16,384 kv-bound lengths under 1.1x-2x the longest, where this takes 3 ms).
 
 First-fit decreasing fills micro-batches to the cap and leaves the last ones light (max / min tokens 7.45
-on 256 long-tailed rollouts under a cap of 1.5 x the longest; 1.09 after this). :func:`rebalance` then moves one sample at a time from a heavier micro-batch
-(load H) into the lightest (load l), choosing a sample of weight w with 0 < w < H - l: both new loads lie
-strictly between l and H, so the sum of squared loads falls by 2w(H - l - w) > 0 each move and the loop
-ends. Each move is taken from the heaviest micro-batch that has such a sample (a lone long sample cannot
+on 256 long-tailed rollouts under a cap of 1.5 x the longest; 1.09 after this). :func:`rebalance` then moves one sample
+at a time from a heavier micro-batch (load H) into the lightest (load l), choosing a sample of weight w with 0 < w < H -
+l: both new loads lie strictly between l and H, so the sum of squared loads falls by 2w(H - l - w) > 0 each move and the
+loop ends. Each move is taken from the heaviest micro-batch that has such a sample (a lone long sample cannot
 move), and is the one closest to halving the gap. Balancing tokens, a move never breaks the cap (both new
 loads are below H <= cap), and at the end no sample of the heaviest micro-batch fits the gap to the
 lightest: max - min <= the longest sample, the bound Karmarkar-Karp meets. Balancing the attention cost, a

@@ -276,8 +276,9 @@ def format_validation_error(
             shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
             message = str(err["msg"])
             if err["type"] == "value_error":   # a validator's plain ValueError (a policy's own settings model, say):
-                message = str((err.get("ctx") or {}).get("error", message))   # its words without pydantic's "Value error, ", and the
-                shown = "" if str(got) in message else shown   # value only where they do not give it already
+                # its words without pydantic's "Value error, ", and the value only where they do not give it already
+                message = str((err.get("ctx") or {}).get("error", message))
+                shown = "" if str(got) in message else shown
             lines.append(f"{origin}: {key}: {message}{shown}")
     return "invalid config:\n  " + "\n  ".join(lines)
 

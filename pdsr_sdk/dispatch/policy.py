@@ -115,7 +115,8 @@ class Policy:
         # largest-remainder split so the shares add up exactly
         quotas = [len(probes) * s / total for s in slots]
         counts = [math.floor(q) for q in quotas]
-        for i in sorted(range(len(pools)), key=lambda i: quotas[i] - counts[i], reverse=True)[: len(probes) - sum(counts)]:
+        for i in sorted(range(len(pools)),
+                        key=lambda i: quotas[i] - counts[i], reverse=True)[: len(probes) - sum(counts)]:
             counts[i] += 1
         start = 0
         for pool, count in zip(pools, counts):

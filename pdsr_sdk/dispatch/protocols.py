@@ -242,8 +242,8 @@ class Dispatcher(Protocol):
     def on_step_end(self, carried: list[Group]) -> list[Sample]:
         """Optional (partial rollout across steps): a step ended and the weights changed; ``carried`` are
         the groups going into the next step (their running samples stopped, holding their tokens). Return a
-        list (``[]`` for none) of samples to generate again under the new weights (their tokens are thrown away and counted as
-        wasted): finished ones, and under a staleness bound running ones, whose restart then counts as
+        list (``[]`` for none) of samples to generate again under the new weights (their tokens are thrown away and
+        counted as wasted): finished ones, and under a staleness bound running ones, whose restart then counts as
         their one staleness restart (one already restarted for staleness is left as it is); called after
         the staleness restarts and before the step's new groups arrive."""
 

@@ -25,17 +25,28 @@ def segment_type() -> pa.StructType:
     import pyarrow as pa
 
     return pa.struct([
-        _f("pool", pa.string(), "Pool of the engine that ran the span ('fast', 'heavy'; 'fast<-heavy' = fast engine running stolen heavy work)."),
+        _f("pool", pa.string(), "Pool of the engine that ran the span ('fast', 'heavy'; 'fast<-heavy' = fast engine "
+                                "running stolen heavy work)."),
         _f("engine", pa.string(), "Engine name."),
         _f("start_token", pa.int32(), "Index of the span's first response token."),
-        _f("num_tokens", pa.int32(), "Tokens generated in the span (for a restarted sample, spans before the restart were discarded)."),
+        _f("num_tokens", pa.int32(), "Tokens generated in the span (for a restarted sample, spans before the restart "
+                                     "were discarded)."),
         _f("policy_version", pa.int32(), "Weights version that generated the span."),
         _f("submit_time_s", pa.float64(), "When the span was submitted (seconds since run start)."),
-        _f("first_token_time_s", pa.float64(), "When the span's first token was sampled (after any wait in the engine's queue and the prefill); null if it produced none.", nullable=True),
+        _f("first_token_time_s", pa.float64(),
+           "When the span's first token was sampled (after any wait in the engine's queue and the prefill); null if it "
+           "produced none.", nullable=True),
         _f("end_time_s", pa.float64(), "When the span ended.", nullable=True),
-        _f("end_reason", pa.string(), "stop | length | segment (continued) | cap | moved | truncated | abort | engine_dead | pause (cut by session.pause)."),
-        _f("drafted_tokens", pa.int32(), "Speculative decoding: drafted tokens the span's verify steps checked; null with speculation off or when the engine did not report them (an aborted request).", nullable=True),
-        _f("accepted_tokens", pa.int32(), "Speculative decoding: of those, the tokens the model accepted, as vLLM counts them: those accepted in the span's last verify step past its token budget or a stop count too, though the span does not keep them (so num_tokens - accepted_tokens is at most the span's steps, short by at most num_speculative_tokens); null as drafted_tokens.", nullable=True),
+        _f("end_reason", pa.string(), "stop | length | segment (continued) | cap | moved | truncated | abort | "
+                                      "engine_dead | pause (cut by session.pause)."),
+        _f("drafted_tokens", pa.int32(),
+           "Speculative decoding: drafted tokens the span's verify steps checked; null with speculation off or when "
+           "the engine did not report them (an aborted request).", nullable=True),
+        _f("accepted_tokens", pa.int32(), "Speculative decoding: of those, the tokens the model accepted, as vLLM "
+                                          "counts them: those accepted in the span's last verify step past its token "
+                                          "budget or a stop count too, though the span does not keep them (so "
+                                          "num_tokens - accepted_tokens is at most the span's steps, short by at most "
+                                          "num_speculative_tokens); null as drafted_tokens.", nullable=True),
     ])
 
 
@@ -43,13 +54,18 @@ def turn_type() -> pa.StructType:
     import pyarrow as pa
 
     return pa.struct([
-        _f("role", pa.string(), "assistant (the model sampled the span) | environment (tool results, user turns and the chat template's tokens between turns)."),
+        _f("role", pa.string(), "assistant (the model sampled the span) | environment (tool results, user turns and "
+                                "the chat template's tokens between turns)."),
         _f("start_token", pa.int32(), "Index of the span's first response token."),
         _f("num_tokens", pa.int32(), "Tokens in the span."),
-        _f("tool_name", pa.string(), "For an environment span: the tool whose result it holds, when the agent named one.", nullable=True),
-        _f("start_s", pa.float64(), "assistant: when the turn started running; environment: when the model's turn before it ended (seconds since run start)."),
-        _f("end_s", pa.float64(), "When the span ended (environment: when the agent asked for the next turn).", nullable=True),
-        _f("finish_reason", pa.string(), "assistant: stop (end of turn) | length (the turn's token limit); null for environment spans.", nullable=True),
+        _f("tool_name", pa.string(),
+           "For an environment span: the tool whose result it holds, when the agent named one.", nullable=True),
+        _f("start_s", pa.float64(), "assistant: when the turn started running; environment: when the model's turn "
+                                    "before it ended (seconds since run start)."),
+        _f("end_s", pa.float64(), "When the span ended (environment: when the agent asked for the next turn).",
+           nullable=True),
+        _f("finish_reason", pa.string(), "assistant: stop (end of turn) | length (the turn's token limit); null for "
+                                         "environment spans.", nullable=True),
     ])
 
 
@@ -67,7 +83,8 @@ def trajectory_schema() -> pa.Schema:
         _f("response_token_ids", pa.list_(pa.int32()), "Response token ids."),
         _f("prompt_text", pa.string(), "Prompt text as sent to the model (after the chat template)."),
         _f("response_text", pa.string(), "Decoded response (special tokens skipped)."),
-        _f("response_logprobs", pa.list_(pa.float32()), "Engine log-prob of each response token (see the file's logprobs_mode metadata)."),
+        _f("response_logprobs", pa.list_(pa.float32()), "Engine log-prob of each response token (see the file's "
+                                                        "logprobs_mode metadata)."),
         _f("finish_reason", pa.string(), "stop | length | truncated | failed (see error)."),
         _f("stop_reason", pa.string(), "With finish_reason stop: the stop string (sampling.stop) that ended the "
                                        "response, or the stop token id (sampling.stop_token_ids, or one the model's "
@@ -76,8 +93,10 @@ def trajectory_schema() -> pa.Schema:
                                        "turn's.", nullable=True),
         _f("prompt_length", pa.int32(), "Prompt tokens."),
         _f("response_length", pa.int32(), "Response tokens."),
-        _f("routed_to", pa.string(), "Pool the sample was first queued on after probing (null for probes).", nullable=True),
-        _f("segments", pa.list_(segment_type()), "Every span of generation: pool, engine, tokens, policy version, times."),
+        _f("routed_to", pa.string(), "Pool the sample was first queued on after probing (null for probes).",
+           nullable=True),
+        _f("segments", pa.list_(segment_type()),
+           "Every span of generation: pool, engine, tokens, policy version, times."),
         _f("num_segments", pa.int32(), "Number of spans."),
         _f("moves", pa.int32(), "Times the sample was moved between pools (breaker, steal time limit, probe timeout)."),
         _f("restarts", pa.int32(), "Times the sample started over, discarding its tokens."),
@@ -268,10 +287,12 @@ def truth_text(ground_truth: Any) -> str | None:
     return json.dumps(ground_truth, ensure_ascii=False, default=plain)
 
 
-def score_sample(reward_fn: Callable[..., Any], text: str, sample: Sample) -> tuple[float | None, str | None, str | None]:
+def score_sample(reward_fn: Callable[..., Any], text: str,
+                 sample: Sample) -> tuple[float | None, str | None, str | None]:
     """(reward, extra fields as JSON, error) of one sample. ``reward_fn(text, ground_truth, **info)`` (info:
-    prompt_id, sample_index, prompt_text, response_length and the row's reward columns, e.g. data_source, extra_info) returns a
-    number or a dict with a ``score`` (its other fields kept as JSON). Info also has ``response_length`` (tokens). An exception fails only this sample:
+    prompt_id, sample_index, prompt_text, response_length and the row's reward columns, e.g. data_source, extra_info)
+    returns a number or a dict with a ``score`` (its other fields kept as JSON). Info also has ``response_length``
+    (tokens). An exception fails only this sample:
     reward None and the error (``SystemExit`` too: a reward that runs the model's code gets its ``sys.exit()``; and
     a BaseException of the reward's own); pdsr's own
     errors (a reward misconfigured) stop the run."""

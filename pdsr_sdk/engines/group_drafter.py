@@ -65,8 +65,8 @@ class DraftHistory:
     (:attr:`Group.draft_responses <pdsr_sdk.dispatch.types.Group.draft_responses>`).
 
     At most ``max_tokens`` response tokens are kept in all (None: no bound): past it, the prompts recorded least
-    recently lose their responses first (the latest prompt's are kept whatever their size). In training a dataset bounds the history; under ``serve`` every distinct
-    request prompt would add to it for good."""
+    recently lose their responses first (the latest prompt's are kept whatever their size). In training a dataset bounds
+    the history; under ``serve`` every distinct request prompt would add to it for good."""
 
     def __init__(self, per_prompt: int, max_tokens: int | None = None):
         self.per_prompt = per_prompt

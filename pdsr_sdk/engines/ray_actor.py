@@ -64,7 +64,8 @@ class Submit:
     def of(cls, request, draft_args: dict[str, Any] | None = None) -> "Submit":
         s = request.sampling
         return cls(request.request_id, list(request.context_ids), request.context_len, request.max_tokens,
-                   request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop), tuple(s.stop_token_ids), s.min_p,
+                   request.ignore_eos, WireSampling(s.temperature, s.top_p, s.top_k, tuple(s.stop),
+                                                    tuple(s.stop_token_ids), s.min_p,
                                                        s.presence_penalty, s.frequency_penalty, s.repetition_penalty),
                    request.cache_salt, draft_args, request.continued_tokens)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from pdsr_sdk.errors import ConfigError
 
-INSTALL_HINT = "install Ray: in a pdsr checkout `bash scripts/install.sh cpu,ray` (gpu,ray on GPU machines), or `pip install ray`"
+INSTALL_HINT = ("install Ray: in a pdsr checkout `bash scripts/install.sh cpu,ray` (gpu,ray on GPU machines), or "
+                "`pip install ray`")
 #: how long a head address may take to accept a TCP connection before the run says nothing answers there
 PROBE_TIMEOUT_S = 10.0
 _START_HINT = ("start a cluster first (`ray start --head` on this machine, `ray start --address=HEAD:6379` "

@@ -88,7 +88,8 @@ class VllmEngine(VllmControl, ModelEngine):
                ORCHESTRATOR_PID_ENV: str(os.getpid()), **engine_process_env()}
         if cpu:
             apply_cpu_defaults()
-            env["VLLM_CPU_KVCACHE_SPACE"] = _fmt(self.spec.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)))
+            env["VLLM_CPU_KVCACHE_SPACE"] = _fmt(self.spec.kv_cache_gib
+                                                 or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)))
             if self.spec.devices:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(d) for d in self.spec.devices)
             if self._forks_worker(args):

@@ -45,7 +45,8 @@ class PdsrWorkerExtension:
                 weights = read_block(source["path"], int(source["size"]), [e for e in entries if e.name not in skip])
             elif source["kind"] == "folder":
                 given = ModelWeights.read(source["path"])
-                skip = reference.check(((n, s) for n, (s, _) in given.shapes.items()), what=f"update_weights({source['path']})")
+                skip = reference.check(((n, s) for n, (s, _) in given.shapes.items()),
+                                       what=f"update_weights({source['path']})")
                 weights = folder_tensors(source["path"], skip)
             elif source["kind"] == "cuda_ipc":
                 here = self.pdsr_device_uuid()

@@ -191,7 +191,8 @@ def checked_pairs(weights: Any) -> Iterator[tuple[str, Any]]:
         try:
             name, tensor = pair
         except (TypeError, ValueError):
-            raise DataValueError(f"update_weights: item {i} is not a (name, tensor) pair: {type(pair).__name__}") from None
+            raise DataValueError(f"update_weights: item {i} is not a (name, tensor) pair: "
+                                 f"{type(pair).__name__}") from None
         if not isinstance(name, str) or not hasattr(tensor, "shape") or not hasattr(tensor, "element_size"):
             raise DataValueError(f"update_weights: item {i} ({name!r}) is not a (str, torch.Tensor) pair")
         yield name, tensor

@@ -42,7 +42,8 @@ class ModelWeights:
         if cfg.exists():
             try:
                 conf = json.loads(cfg.read_text())
-                tied = bool(conf.get("tie_word_embeddings", conf.get("text_config", {}).get("tie_word_embeddings", False)))
+                tied = bool(conf.get("tie_word_embeddings",
+                                     conf.get("text_config", {}).get("tie_word_embeddings", False)))
             except (OSError, ValueError):
                 pass
         return cls(str(folder), shapes, tied)

@@ -57,7 +57,8 @@ class GaeBackend(Protocol):
 #: name -> backend class (lazy import paths). ``auto`` is resolved by
 #: :func:`compute_gae`: ``triton`` for CUDA tensors when triton is installed,
 #: else ``torch`` for CUDA tensors, ``numba`` otherwise.
-GAE_BACKENDS: Registry[type] = Registry("GAE backend", register_hint="pdsr_sdk.gae.GAE_BACKENDS.register('name', MyBackend)")
+GAE_BACKENDS: Registry[type] = Registry("GAE backend",
+                                        register_hint="pdsr_sdk.gae.GAE_BACKENDS.register('name', MyBackend)")
 GAE_BACKENDS.register("reference", "pdsr_sdk.gae.reference:ReferenceGae")
 GAE_BACKENDS.register("numba", "pdsr_sdk.gae.numba_kernel:NumbaGae")
 GAE_BACKENDS.register("torch", "pdsr_sdk.gae.torch_chunk_scan:TorchChunkScanGae")

@@ -77,21 +77,22 @@ class GaeConfig(ConfigModel):
         "zero", description="grpo, rloo, reinforce_plus_plus_baseline: a sample alone in its group gets zero (it "
                             "is its own baseline), or score: a baseline of 0, so it keeps its reward (verl's grpo, "
                             "rloo and reinforce_plus_plus_baseline).")
-    chunk: int = Field(256, ge=1, description="gae, reinforce_plus_plus: chunk length C of the torch chunk-scan backend (numba and "
-                                              "reference ignore it).")
-    backend: str = Field("auto", description="gae, reinforce_plus_plus: backend of the scan: auto (on a CUDA device triton if installed, else "
-                                             "torch; numba otherwise), numba, torch, triton (fused kernel, CUDA "
-                                             "only), reference (float64 loop, slow), or an import path "
-                                             "'package.module:Class' of a registered-style backend.")
+    chunk: int = Field(256, ge=1, description="gae, reinforce_plus_plus: chunk length C of the torch chunk-scan "
+                                              "backend (numba and reference ignore it).")
+    backend: str = Field("auto", description="gae, reinforce_plus_plus: backend of the scan: auto (on a CUDA device "
+                                             "triton if installed, else torch; numba otherwise), numba, torch, triton "
+                                             "(fused kernel, CUDA only), reference (float64 loop, slow), or an import "
+                                             "path 'package.module:Class' of a registered-style backend.")
     carry_dtype: Literal["auto", "float32", "float64"] = Field(
-        "auto", description="gae, reinforce_plus_plus: precision of the recurrence state: auto = the backend's choice (numba and triton: "
-                            "float32 for float32 data; torch: float64), float32 or float64.")
-    device: str = Field("cpu", description="gae, reinforce_plus_plus: device of the torch backend: cpu, cuda or cuda:N.")
+        "auto", description="gae, reinforce_plus_plus: precision of the recurrence state: auto = the backend's choice "
+                            "(numba and triton: float32 for float32 data; torch: float64), float32 or float64.")
+    device: str = Field("cpu",
+                        description="gae, reinforce_plus_plus: device of the torch backend: cpu, cuda or cuda:N.")
     whiten: bool = Field(False, description="gae: whiten the advantages over all valid tokens of the file (verl's "
                                             "masked_whiten: unbiased variance, eps 1e-8); returns are computed "
                                             "before whitening.")
-    threads: int = Field(0, ge=0, description="gae, reinforce_plus_plus: CPU threads of the numba backend; 0 = all CPUs available to "
-                                              "the process.")
+    threads: int = Field(0, ge=0, description="gae, reinforce_plus_plus: CPU threads of the numba backend; 0 = all "
+                                              "CPUs available to the process.")
 
     @field_validator("normalize_std", mode="before")
     @classmethod

@@ -89,7 +89,8 @@ def discounted_returns(token_rewards: np.ndarray, mask: np.ndarray, offsets: np.
     """REINFORCE++'s per-token return, 0 on masked tokens (float32), and the scan's backend: GAE with values 0 and
     lambda 1."""
     returns, _, backend = scan_rows(token_rewards, np.zeros_like(token_rewards), mask, offsets, cfg, 1.0, progress)
-    return np.where(mask, returns, 0.0), backend   # after a row's last valid token the scan leaves 0; inside, it carries
+    # after a row's last valid token the scan leaves 0; inside, it carries
+    return np.where(mask, returns, 0.0), backend
 
 
 def check_whiten_count(valid: int, cfg: GaeConfig, source) -> None:

@@ -1,13 +1,14 @@
 """Reading a table a batch of rows at a time, so that memory holds a batch, not the file.
 
 Parquet, Arrow IPC and JSONL inputs (one file, a folder of shards or a glob pattern of them; shards whose columns
-differ as the union of their columns, null where a shard lacks one, as read_table concatenates them) are streamed a few thousand rows at a time, with the columns, types and values that
-:func:`~pdsr_sdk.io.tables.read_table` gives for the whole input: Parquet by row groups, Arrow IPC's file format
-memory-mapped and its stream format (a Hugging Face dataset's ``save_to_disk`` files) a record batch at a time
-(a compressed record batch is decompressed whole), JSONL as :mod:`~pdsr_sdk.io.json_stream` says (parsed once,
-first, for the whole file's columns and types, its batches kept in a temporary file they are read from). The rest
-(CSV, a ``.json`` file holding one array, Feather V1) is read whole by ``read_table`` and handed out in batches,
-so callers need one path only; shards whose types differ are read_table's error.
+differ as the union of their columns, null where a shard lacks one, as read_table concatenates them) are streamed a few
+thousand rows at a time, with the columns, types and values that :func:`~pdsr_sdk.io.tables.read_table` gives for the
+whole input: Parquet by row groups, Arrow IPC's file format memory-mapped and its stream format (a Hugging Face
+dataset's ``save_to_disk`` files) a record batch at a time (a compressed record batch is decompressed whole), JSONL as
+:mod:`~pdsr_sdk.io.json_stream` says (parsed once, first, for the whole file's columns and types, its batches kept in a
+temporary file they are read from). The rest (CSV, a ``.json`` file holding one array, Feather V1) is read whole by
+``read_table`` and handed out in batches, so callers need one path only; shards whose types differ are read_table's
+error.
 """
 
 from __future__ import annotations

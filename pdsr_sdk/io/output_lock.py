@@ -108,7 +108,8 @@ def unfinished_output(path: str | Path, read_parts: str) -> str | None:
     holder = _live_holder(lock)
     if holder is not None:
         pid, command = holder
-        return f"{command} (process {pid}, holding {lock.name}) is still writing it and writes it at its end; {finished}"
+        return (f"{command} (process {pid}, holding {lock.name}) is still writing it and writes it at its end; "
+                f"{finished}")
     if has_parts:
         return (f"a run writing it stopped before its end (--resume finishes it); the part files of what it "
                 f"finished are in {parts}/: {read_parts.format(parts=parts)}")

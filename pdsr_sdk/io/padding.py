@@ -16,7 +16,8 @@ def pad_rows(values: np.ndarray, offsets: np.ndarray, width: int, *, side: Liter
              fill=0, dtype=None) -> np.ndarray:
     """Rows ``values[offsets[i]:offsets[i + 1]]`` as a ``[rows, width]`` array, each row's values at its
     right end (``side="left"``: padded on the left, as a prompt is) or its left end (``"right"``), the rest
-    ``fill``. A row longer than ``width`` is a :class:`~pdsr_sdk.errors.DataValueError` naming the row (a ValueError)."""
+    ``fill``. A row longer than ``width`` is a :class:`~pdsr_sdk.errors.DataValueError` naming the row (a
+    ValueError)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.diff(offsets)
     if len(lengths) and int(lengths.max()) > width:

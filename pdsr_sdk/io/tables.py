@@ -48,7 +48,8 @@ def read_table(path: str | Path, columns: Sequence[str] | Mapping[str, str] = ()
     folder of such files or a glob pattern matching them (shards of one format, in name order:
     :func:`~pdsr_sdk.io.paths.resolve_inputs`), checking that ``columns`` exist (:func:`check_columns`). A CSV's
     columns are all read as text, as written (an answer ``0.50`` or an id ``007`` is not turned into a number); an
-    empty cell is missing (null). ``setting``: the flag or config key that gave ``path``, named in the errors about the whole input."""
+    empty cell is missing (null). ``setting``: the flag or config key that gave ``path``, named in the errors about the
+    whole input."""
     path = user_path(path)
     files = resolve_inputs(path, FORMATS, what=what, setting=setting, ignore=SAVE_TO_DISK_METADATA)
     if files == [path]:

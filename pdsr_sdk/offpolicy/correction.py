@@ -83,8 +83,8 @@ def _kept_mean(weights: Any, keep: Any, level: str, xp: Any) -> float:
 
 
 def _bound(key: str, value: Any) -> float | None:
-    """``value`` as a float (None stays None for ``lower`` and ``veto``); text or a bool is a ConfigValueError naming ``key``
-    (float('2') would pass)."""
+    """``value`` as a float (None stays None for ``lower`` and ``veto``); text or a bool is a ConfigValueError naming
+    ``key`` (float('2') would pass)."""
     if value is None and key in ("lower", "veto"):
         return None
     try:

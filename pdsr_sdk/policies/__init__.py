@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from pdsr_sdk.registry import Registry as _Registry
 
-POLICIES: _Registry[type] = _Registry("policy", register_hint="pdsr_sdk.policies.POLICIES.register('my-policy', MyPolicy), then policy='my-policy'")
+POLICIES: _Registry[type] = _Registry("policy",
+                                      register_hint="pdsr_sdk.policies.POLICIES.register('my-policy', MyPolicy), then "
+                                                    "policy='my-policy'")
 # reference schedules (simulation_only: `pdsr simulate` runs them, `pdsr rollout` and `all` leave them out)
 POLICIES.register("oracle", "pdsr_sdk.policies.oracle:OraclePolicy")
 POLICIES.register("oracle-probe", "pdsr_sdk.policies.oracle:OracleProbePolicy")

@@ -24,8 +24,10 @@ class LptSettings(ConfigModel):
     """Settings of the lpt policy."""
 
     predictor: Literal["probe_length", "probe_time"] = Field(
-        "probe_length", description="Predict a sample's cost by its prompt's probe length, or by the probe's wall time.")
-    weight_by_slots: bool = Field(True, description="Divide an engine's predicted work by its slots (engines of different concurrency).")
+        "probe_length",
+        description="Predict a sample's cost by its prompt's probe length, or by the probe's wall time.")
+    weight_by_slots: bool = Field(True, description="Divide an engine's predicted work by its slots (engines of "
+                                                    "different concurrency).")
 
 
 class LongestPredictedFirstPolicy(ProbeBarrierPolicy):

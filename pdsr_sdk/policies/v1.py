@@ -27,11 +27,19 @@ from pdsr_sdk.policies.base import ProbeBarrierPolicy, probe_duration
 class V1Settings(ConfigModel):
     """Settings of the v1 batch-sync probe policy."""
 
-    top_fraction: float = Field(0.10, ge=0.0, le=1.0, description="K: fraction of prompts (by probe time, longest first; floor(K x B) of them, at least 1, as seed 002 counts its top 20%) sent to the heavy pool.")
-    rank_by: Literal["time", "length"] = Field("time", description="Rank probes by wall time (the seed's choice) or by response length.")
-    probe_timeout_s: float | None = Field(5.0, gt=0, description="Stop probes still running this long after the batch started and mark their prompts heavy; null disables.")
-    on_probe_timeout: Literal["resume", "restart"] = Field("resume", description="A stopped probe continues on the heavy pool from its tokens, or starts over there.")
-    fast_max_tokens: int | None = Field(2048, ge=1, description="Static cap on response tokens for fast-pool samples; past it they are truncated. null = no cap.")
+    top_fraction: float = Field(
+        0.10, ge=0.0, le=1.0, description="K: fraction of prompts (by probe time, longest first; floor(K x B) of them, "
+                                          "at least 1, as seed 002 counts its top 20%) sent to the heavy pool.")
+    rank_by: Literal["time", "length"] = Field(
+        "time", description="Rank probes by wall time (the seed's choice) or by response length.")
+    probe_timeout_s: float | None = Field(
+        5.0, gt=0, description="Stop probes still running this long after the batch started and mark their prompts "
+                               "heavy; null disables.")
+    on_probe_timeout: Literal["resume", "restart"] = Field(
+        "resume", description="A stopped probe continues on the heavy pool from its tokens, or starts over there.")
+    fast_max_tokens: int | None = Field(
+        2048, ge=1,
+        description="Static cap on response tokens for fast-pool samples; past it they are truncated. null = no cap.")
 
 
 class BatchSyncProbePolicy(ProbeBarrierPolicy):

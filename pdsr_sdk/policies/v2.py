@@ -28,18 +28,33 @@ class V2Settings(ConfigModel):
     """Settings of the v2 streaming policy."""
 
     window: int = Field(64, ge=1, description="M: how many recent probe durations the threshold is computed over.")
-    route_by: Literal["time", "length"] = Field("time", description="What a probe is measured by: its wall time (the seed's choice; slows down as the fast pool fills) or its length in tokens.")
+    route_by: Literal["time", "length"] = Field(
+        "time", description="What a probe is measured by: its wall time (the seed's choice; slows down as the fast "
+                            "pool fills) or its length in tokens.")
     percentile: float = Field(80.0, gt=0, lt=100, description="P: the threshold is this percentile of the window.")
-    min_history: int = Field(8, ge=1, description="Below this many probe durations every prompt is routed fast (the breaker still guards).")
-    breaker_time_s: float | None = Field(10.0, gt=0, description="A fast sample running longer than this moves to heavy; null disables.")
-    breaker_tokens: int | None = Field(2048, ge=1, description="A fast sample generating more tokens than this moves to heavy; null disables.")
-    breaker_on_probes: bool = Field(True, description="Apply the breaker to probes too (a broken probe marks its prompt hard at once).")
-    on_break: Literal["resume", "restart"] = Field("resume", description="A broken sample continues on heavy from its tokens, or starts over.")
+    min_history: int = Field(8, ge=1, description="Below this many probe durations every prompt is routed fast (the "
+                                                  "breaker still guards).")
+    breaker_time_s: float | None = Field(
+        10.0, gt=0, description="A fast sample running longer than this moves to heavy; null disables.")
+    breaker_tokens: int | None = Field(
+        2048, ge=1, description="A fast sample generating more tokens than this moves to heavy; null disables.")
+    breaker_on_probes: bool = Field(True, description="Apply the breaker to probes too (a broken probe marks its "
+                                                      "prompt hard at once).")
+    on_break: Literal["resume", "restart"] = Field(
+        "resume", description="A broken sample continues on heavy from its tokens, or starts over.")
     steal: bool = Field(True, description="Let idle engines take work from the other pool's queue.")
     fast_steal_max: int = Field(1, ge=1, description="Heavy-queue samples an idle fast engine takes at a time.")
-    fast_steal_time_limit_s: float = Field(5.0, gt=0, description="A stolen heavy sample still running on a fast engine after this long goes back to the heavy queue.")
-    heavy_steal_max: int | None = Field(None, ge=1, description="Fast-queue samples an idle heavy engine takes at a time; null = as many as it has free slots.")
-    steal_below_load: float = Field(0.5, gt=0, le=1, description="An engine steals only while at most this fraction of its slots is busy (an idle worker, not merely one with a free slot); keeps one busy engine from collecting the other pool's queue.")
+    fast_steal_time_limit_s: float = Field(
+        5.0, gt=0,
+        description="A stolen heavy sample still running on a fast engine after this long goes back to the heavy "
+                    "queue.")
+    heavy_steal_max: int | None = Field(
+        None, ge=1,
+        description="Fast-queue samples an idle heavy engine takes at a time; null = as many as it has free slots.")
+    steal_below_load: float = Field(
+        0.5, gt=0, le=1, description="An engine steals only while at most this fraction of its slots is busy (an idle "
+                                     "worker, not merely one with a free slot); keeps one busy engine from collecting "
+                                     "the other pool's queue.")
 
 
 class StreamingProbePolicy(Policy):

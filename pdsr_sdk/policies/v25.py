@@ -25,12 +25,20 @@ from pdsr_sdk.policies.base import ProbeBarrierPolicy
 class V25Settings(ConfigModel):
     """Settings of the v2.5 rank-based offloading policy."""
 
-    offload_fraction: float = Field(0.20, ge=0.0, le=1.0, description="Fraction of prompts (longest probes first; floor(fraction x B) of them, at least 1: seed 002's 25 of 128) whose samples go to the heavy pool.")
-    cap_multiplier: float = Field(1.5, gt=0, description="Fast-pool cap = floor(cap_multiplier x L_cut) tokens; a fast sample longer than that breaks.")
+    offload_fraction: float = Field(
+        0.20, ge=0.0, le=1.0, description="Fraction of prompts (longest probes first; floor(fraction x B) of them, at "
+                                          "least 1: seed 002's 25 of 128) whose samples go to the heavy pool.")
+    cap_multiplier: float = Field(1.5, gt=0, description="Fast-pool cap = floor(cap_multiplier x L_cut) tokens; a fast "
+                                                         "sample longer than that breaks.")
     min_cap_tokens: int = Field(16, ge=1, description="The fast cap is never below this many tokens.")
-    on_break: Literal["resume", "restart"] = Field("resume", description="A fast sample over the cap continues on heavy from its tokens, or starts over there.")
-    probe_pools: Literal["all", "fast"] = Field("all", description="Run probes on every engine (split by slots) or on the fast pool only.")
-    probe_timeout_s: float | None = Field(None, gt=0, description="Stop waiting for probes this long after the batch started (not in the seed; v1's mitigation of the probe barrier): unfinished probes rank as the longest, continue on the heavy pool, and their prompts go heavy. null = wait for every probe.")
+    on_break: Literal["resume", "restart"] = Field(
+        "resume", description="A fast sample over the cap continues on heavy from its tokens, or starts over there.")
+    probe_pools: Literal["all", "fast"] = Field(
+        "all", description="Run probes on every engine (split by slots) or on the fast pool only.")
+    probe_timeout_s: float | None = Field(
+        None, gt=0, description="Stop waiting for probes this long after the batch started (not in the seed; v1's "
+                                "mitigation of the probe barrier): unfinished probes rank as the longest, continue on "
+                                "the heavy pool, and their prompts go heavy. null = wait for every probe.")
 
 
 class RankOffloadPolicy(ProbeBarrierPolicy):

@@ -1,7 +1,7 @@
 """Math answers compared as text: a response's final answer (its last ``\\boxed{}``, else its last ``#### N``, else its
 last ``Answer: N``),
-answers normalised, and exact rational values, so that 1/2, ``\\frac{1}{2}``, ``\\dfrac12`` and 0.5 compare equal (``math_boxed``, and ``math_verify``'s
-fallback)."""
+answers normalised, and exact rational values, so that 1/2, ``\\frac{1}{2}``, ``\\dfrac12`` and 0.5 compare equal
+(``math_boxed``, and ``math_verify``'s fallback)."""
 
 from __future__ import annotations
 

@@ -198,7 +198,8 @@ def _is_scalar(kind) -> bool:
             or pa.types.is_boolean(kind))
 
 
-def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None, where: str = "prompt") -> tuple[str, list[int]]:
+def encode_messages(messages: list[dict], cfg, tokenizer, *, template=None,
+                    where: str = "prompt") -> tuple[str, list[int]]:
     """Chat ``messages`` as the prompt text and token ids the engines get: :func:`add_system_and_instruction`,
     then the tokenizer's chat template (when ``cfg.apply_chat_template`` and it has one); else the contents
     joined by blank lines. ``cfg`` is a :class:`DataConfig`; ``where`` names the prompt in errors."""

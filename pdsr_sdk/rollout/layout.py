@@ -104,7 +104,8 @@ def _auto_layout(config, cpu: bool, max_model_len: int, required_pools: tuple[st
                   for i in range(n)]
     else:
         if not devices and not ray_gpus:
-            raise ConfigError("no GPU found and vLLM is not the CPU build; install the 'cpu' extra on machines without a GPU")
+            raise ConfigError("no GPU found and vLLM is not the CPU build; install the 'cpu' extra on machines without "
+                              "a GPU")
         gpus = ray_gpus or len(devices)
         if not slots:
             raise ConfigError(f"engine_defaults.tensor_parallel_size is {tp} but only {gpus} GPU(s) are visible")

@@ -98,9 +98,10 @@ MODEL_BACKENDS = ("vllm", "ray")
 def check_engine_model(config, specs: list, model_dir: str, tokenizer: Callable[[], Any]) -> list:
     """Before a session builds vLLM engines: ``model_dir`` is a model folder, and ``tokenizer()`` loads its tokenizer
     (so a hub id or a folder without tokenizer files is named now, not in an engine's start-up or at the first
-    prompt); a stop token id outside its vocabulary is an error; an engine's max_model_len above the model's context is an error naming the key that set it, or, the
-    default's, lowered to that context (vLLM refuses either at start-up). Returns ``specs`` so lowered. Engines of
-    other backends (your own: a remote server's model name) are left to themselves."""
+    prompt); a stop token id outside its vocabulary is an error; an engine's max_model_len above the model's context is
+    an error naming the key that set it, or, the default's, lowered to that context (vLLM refuses either at start-up).
+    Returns ``specs`` so lowered. Engines of other backends (your own: a remote server's model name) are left to
+    themselves."""
     if not any(s.backend in MODEL_BACKENDS for s in specs):
         return specs
     check_model_folder(model_dir)
@@ -209,7 +210,8 @@ def session_context(config, engines: list, given: bool) -> tuple[int | None, str
         return None, ""
     limit, name = min(specs)
     if given:
-        return limit, f"the max_model_len of engine {name!r} (engines passed to the session: start them with a longer one)"
+        return limit, (f"the max_model_len of engine {name!r} (engines passed to the session: start them with a "
+                       "longer one)")
     if config.engines:
         i = next(i for i, s in enumerate(config.engines) if s.name == name)
         return limit, f"engines[{i}].max_model_len"

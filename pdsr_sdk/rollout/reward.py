@@ -3,8 +3,8 @@ pure Python), and user functions by import path.
 
 A reward function is ``fn(response_text: str, ground_truth: Any, **info) -> float``
 where ``info`` has ``prompt_id``, ``sample_index`` and ``prompt_text``. The ground truth is text (a data file's
-string or number column), a list or struct column's value as pyarrow gives it (a dict, a list), or None. A reward may also have a
-``stats`` dict of counters (``math_verify``: ``reward_timeouts``), which runs add up and report. An
+string or number column), a list or struct column's value as pyarrow gives it (a dict, a list), or None. A reward may
+also have a ``stats`` dict of counters (``math_verify``: ``reward_timeouts``), which runs add up and report. An
 ``async def`` reward (verl's reward loop awaits them too) is awaited on its worker thread's own event loop.
 """
 

@@ -5,8 +5,8 @@ event loop). The runner decodes the response there (cheap) and runs the reward f
 thread, so a slow reward never holds up the loop that feeds the engines; ``math_verify``'s checks run
 in its own worker processes (:mod:`pdsr_sdk.rollout.verify_reward`) beneath that thread. With
 ``executor="process"`` the reward functions themselves run in worker processes (spawned), so a CPU-bound
-Python reward does not hold the interpreter lock either; the functions must pickle (:func:`check_picklable`). A reward that
-raises fails only its own sample (``SystemExit`` too), and so does one that kills its worker process. A step waits
+Python reward does not hold the interpreter lock either; the functions must pickle (:func:`check_picklable`). A reward
+that raises fails only its own sample (``SystemExit`` too), and so does one that kills its worker process. A step waits
 for its samples' scores only after its groups are complete (:meth:`RewardRunner.wait`), and dynamic
 sampling reads a group's scores as soon as its last one is in (:meth:`RewardRunner.when_scored`).
 

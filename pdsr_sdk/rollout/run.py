@@ -121,7 +121,8 @@ class _RunState:
 
 
 async def run_rollout_async(config, *, progress: ProgressFactory = silent_progress,
-                            status: StatusFn = silent_status, engines: list | None = None, _state: "_RunState | None" = None) -> RolloutSummary:
+                            status: StatusFn = silent_status, engines: list | None = None,
+                            _state: "_RunState | None" = None) -> RolloutSummary:
     """Every check that needs no engine comes first (outputs, options, policy, data, the run resumed, prompt
     lengths); nothing on disk changes before they pass, but for the output's lock (``<out>.lock``, held while the
     run goes on: a second run on the same output is an error)."""

@@ -1,6 +1,7 @@
 """A ``pdsr serve`` request's messages and tools (:func:`messages_of`, :func:`tools_of`) and its options that shape
-its prompt or its text, as vLLM's server takes them: the chat template's (``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``), an assistant
-message's ``tool_calls`` as the template gets them, ``include_stop_str_in_output`` and ``stream_options``."""
+its prompt or its text, as vLLM's server takes them: the chat template's (``chat_template_kwargs``,
+``add_generation_prompt``, ``continue_final_message``), an assistant message's ``tool_calls`` as the template gets them,
+``include_stop_str_in_output`` and ``stream_options``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """What ``pdsr serve`` does with a request's sampling fields: every request samples with the session's settings
 (``config.sampling``), as a rollout's samples do, so a field that asks for something else (``temperature: 0``,
-``top_logprobs: 5``, a ``seed``, a vLLM option such as ``skip_special_tokens: false``) is a 400 that names it, what the session uses, and how to change that, never
-silently ignored (an RL user's importance ratios or greedy evaluation would be wrong without a word). A field
-left out, null, or equal to what the session does passes. ``n`` and ``max_tokens`` are the request's own
-(:meth:`~pdsr_sdk.rollout.serve.ChatServer.common`)."""
+``top_logprobs: 5``, a ``seed``, a vLLM option such as ``skip_special_tokens: false``) is a 400 that names it, what the
+session uses, and how to change that, never silently ignored (an RL user's importance ratios or greedy evaluation would
+be wrong without a word). A field left out, null, or equal to what the session does passes. ``n`` and ``max_tokens`` are
+the request's own (:meth:`~pdsr_sdk.rollout.serve.ChatServer.common`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pdsr_sdk.rollout.serve_error import ServeError
 _SET = ("this session samples every request with {field} {session!r}; to sample with another, serve with {how}, "
         "or leave {field} out")
 #: a field the session has no setting for
-_NONE = "pdsr does not apply a request's {field} (every request samples alike, with the session's settings); leave it out or null"
+_NONE = ("pdsr does not apply a request's {field} (every request samples alike, with the session's settings); leave "
+         "it out or null")
 #: a field that changes what a response holds beyond the sampled text
 _PLAIN = ("pdsr answers with the sampled text alone (no echoed prompt, suffix or structured output); leave {field} "
           "out or null")

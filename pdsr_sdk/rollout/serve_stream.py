@@ -24,8 +24,8 @@ first tokens (an error before any, such as an engine's refusal, is the error res
 - ``data: [DONE]``.
 
 An error once the stream has started (a choice that failed, or that its policy restarted after some of its tokens
-were sent: they cannot be taken back; the session's failure, or an unexpected exception, a 500) is a chunk with the error body
-(:func:`~pdsr_sdk.rollout.serve_error.error_body`) then ``[DONE]``, as vLLM's server ends a stream. A restart
+were sent: they cannot be taken back; the session's failure, or an unexpected exception, a 500) is a chunk with the
+error body (:func:`~pdsr_sdk.rollout.serve_error.error_body`) then ``[DONE]``, as vLLM's server ends a stream. A restart
 before any of a choice's tokens was sent is no error: the choice streams its new tokens."""
 
 from __future__ import annotations
@@ -312,7 +312,8 @@ async def stream_turn(server: Any, sample: Sample, turn: asyncio.Future, prompt:
     ended it, as the trajectory's does: only a tool call's tag holds it back."""
     live, holds = text_holds(server.session.tokenizer, server.tool_parser, chat, [])
     choice = _Choice(0, sample, TextDeltas(server.session.tokenizer, holds), answer, turn=turn,
-                     start=len(prompt) - len(sample.group.prompt_token_ids), live=live, calls=_calls(server, chat, live))
+                     start=len(prompt) - len(sample.group.prompt_token_ids), live=live,
+                     calls=_calls(server, chat, live))
     if not chat:
         choice.extra["prompt_token_ids"] = list(prompt)
     stream = LiveStream(server, [choice], chat=chat, want=want, include_usage=include_usage, prompt=list(prompt),

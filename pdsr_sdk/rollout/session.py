@@ -82,7 +82,8 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         given = model_dir or config.model
         #: the model folder the engines load (resolved when the session starts if not given)
         self.model_dir: str | None = str(given) if given else None
-        self.policy_cls, self.policy_settings = resolve_policy(config.policy, config.policy_settings.get(config.policy, {}))
+        self.policy_cls, self.policy_settings = resolve_policy(config.policy,
+                                                               config.policy_settings.get(config.policy, {}))
         if group_filter is None and config.filter_groups is not None:
             group_filter = self._config_group_filter()
         #: dynamic sampling's predicate (None: no filter)

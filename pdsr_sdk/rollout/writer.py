@@ -43,7 +43,9 @@ class TrajectoryWriter:
 
         self.path = Path(path)
         self.parts_dir = parts_dir(self.path)
-        self.schema = schema.with_metadata({**(schema.metadata or {}), **{k.encode(): v.encode() for k, v in (metadata or {}).items()}}) if metadata else schema
+        self.schema = (schema.with_metadata({**(schema.metadata or {}),
+                                             **{k.encode(): v.encode() for k, v in (metadata or {}).items()}})
+                       if metadata else schema)
         self.flush_groups = flush_groups
         self.flush_interval_s = flush_interval_s
         self._rows: list[dict] = []

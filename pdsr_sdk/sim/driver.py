@@ -5,8 +5,8 @@ run one after another (like GRPO steps); the policy instance persists across
 batches. Every sample is forced to its recorded length. A trace of turns replays each multi-turn sample
 turn by turn through the same scheduler (:class:`TurnReplay`): each turn is a request; at its end the sample is
 parked (no slot held) and, after the trace's environment delay on the virtual clock, continues with the
-environment's tokens (prefilled by the engine that runs the next turn) or, after its last turn, finishes. A policy with several
-:meth:`~pdsr_sdk.dispatch.policy.Policy.simulation_variants` (the ``oracle`` reference) runs once per
+environment's tokens (prefilled by the engine that runs the next turn) or, after its last turn, finishes. A policy with
+several :meth:`~pdsr_sdk.dispatch.policy.Policy.simulation_variants` (the ``oracle`` reference) runs once per
 variant, and its run keeps each batch's best outcome (:func:`~pdsr_sdk.sim.outcomes.best_of`). The same run assembly
 (:class:`~pdsr_sdk.dispatch.run.DispatchRun`: scheduler, policy classes, batch reports) as a real
 ``pdsr rollout`` run drives :class:`~pdsr_sdk.sim.engine.SimEngine` s on a
@@ -162,7 +162,8 @@ def run_policy(batches: TraceBatches, cfg: SimulateConfig, name: str, *, keep_gr
     runs = []
     for label, variant in variants:
         run = _run_one(batches, cfg, name, cls, variant, keep_groups=keep_groups, record=record,
-                       progress=progress, hold=hold, desc=f"simulate {name}" + (f" ({label})" if len(variants) > 1 else ""))
+                       progress=progress, hold=hold,
+                       desc=f"simulate {name}" + (f" ({label})" if len(variants) > 1 else ""))
         runs.append((label, run))
     if len(runs) == 1:
         return runs[0][1]

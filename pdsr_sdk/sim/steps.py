@@ -223,9 +223,9 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
         if ran_out:
             # from there on fewer groups were in flight than the run reports (a last step could take fewer than B)
             what = "take due groups" + (" or replace those the filter takes out" if keep is not None else "")
-            raise DataError(f"{cfg.trace or trace.source}: the trace ran out of groups at step {ran_out[0] + 1} of {cfg.steps}: its "
-                            f"{len(rows)} groups could not keep {stream.target} in flight (steps that {what} consume "
-                            f"more than {b} each); give a longer trace")
+            raise DataError(f"{cfg.trace or trace.source}: the trace ran out of groups at step {ran_out[0] + 1} of "
+                            f"{cfg.steps}: its {len(rows)} groups could not keep {stream.target} in flight (steps that "
+                            f"{what} consume more than {b} each); give a longer trace")
         if not stream.done:
             raise PdsrError(f"policy {name!r}: step {stream.t} stalled with {len(stream.flying)} groups in "
                             f"flight, {len(stream.complete)} complete (nothing left to run)")

@@ -54,7 +54,8 @@ class EngineUse:
 def engine_use(engines, now: float, lanes: set[str], *, occupancy: bool) -> list[EngineUse]:
     """The counters of simulated ``engines`` (:class:`~pdsr_sdk.sim.engine.SimEngine`) at virtual time ``now``;
     ``lanes``: the names of those the policy made a tail lane."""
-    return [EngineUse(name=e.name, pool=e.pool, max_seqs=e.max_concurrency, tokens=e.tokens, decode_steps=e.steps, busy_s=e.busy_s_at(now),
+    return [EngineUse(name=e.name, pool=e.pool, max_seqs=e.max_concurrency, tokens=e.tokens, decode_steps=e.steps,
+                      busy_s=e.busy_s_at(now),
                       prefill_tokens=e.prefill_tokens,
                       prefill_s=e.prefill_tokens * e.profile.prefill_s_per_token, preemptions=e.preemptions,
                       lane=e.name in lanes,

@@ -69,8 +69,8 @@ class TraceSynthConfig(ConfigModel):
                                 "number k: each prompt draws its own runaway rate from Beta(runaway_frac*k, "
                                 "(1-runaway_frac)*k) (mean runaway_frac; the smaller k, the more the rate varies "
                                 "between prompts), as a small model's runs to the cap cluster by prompt "
-                                "(SmolLM2-135M, 16 GSM8K prompts x 8, 512 tokens: 44% at the cap, 1 to 7 of 8 per prompt, "
-                                "a variance 1.7x the independent case's, which k=9 gives; k=5 gives 2.2x and a "
+                                "(SmolLM2-135M, 16 GSM8K prompts x 8, 512 tokens: 44% at the cap, 1 to 7 of 8 per "
+                                "prompt, a variance 1.7x the independent case's, which k=9 gives; k=5 gives 2.2x and a "
                                 "probe rank correlation of about 0.1 at 40% runaways).")
     max_length: int = Field(4096, ge=1, le=MAX_TOKENS,
                             description="Maximum response length (generation cap) in tokens.")
@@ -85,12 +85,23 @@ class TraceSynthConfig(ConfigModel):
     id_prefix: str = Field("p", description="Prompt ids are this prefix followed by the zero-padded group index.")
     turns_min: int = Field(1, ge=1, le=MAX_TOKENS,
                            description="Fewest turns of a sample (a trace of turns when turns_max > 1).")
-    turns_max: int = Field(1, ge=1, le=MAX_TOKENS, description="Most turns of a sample; 1: single-turn samples (no turns in the trace). Each prompt draws a centre uniformly in [turns_min, turns_max], its samples vary around it (turns_noise).")
-    turns_noise: float = Field(1.0, ge=0, allow_inf_nan=False, description="Standard deviation of a sample's turn count around its prompt's centre (in turns).")
-    env_tokens_min: int = Field(16, ge=0, le=MAX_TOKENS, description="Fewest tokens the environment adds after a turn (tool results, the template's tokens), uniform integer range.")
+    turns_max: int = Field(
+        1, ge=1, le=MAX_TOKENS, description="Most turns of a sample; 1: single-turn samples (no turns in the trace). "
+                                            "Each prompt draws a centre uniformly in [turns_min, turns_max], its "
+                                            "samples vary around it (turns_noise).")
+    turns_noise: float = Field(
+        1.0, ge=0, allow_inf_nan=False,
+        description="Standard deviation of a sample's turn count around its prompt's centre (in turns).")
+    env_tokens_min: int = Field(
+        16, ge=0, le=MAX_TOKENS, description="Fewest tokens the environment adds after a turn (tool results, the "
+                                             "template's tokens), uniform integer range.")
     env_tokens_max: int = Field(256, ge=0, le=MAX_TOKENS, description="Most tokens the environment adds after a turn.")
-    env_delay_min_s: float = Field(0.1, ge=0, allow_inf_nan=False, description="Shortest environment delay after a turn in seconds (log-uniform between the two, as tool latencies spread over orders of magnitude; uniform from 0 when this is 0).")
-    env_delay_max_s: float = Field(5.0, ge=0, allow_inf_nan=False, description="Longest environment delay after a turn in seconds.")
+    env_delay_min_s: float = Field(
+        0.1, ge=0, allow_inf_nan=False,
+        description="Shortest environment delay after a turn in seconds (log-uniform between the two, as tool "
+                    "latencies spread over orders of magnitude; uniform from 0 when this is 0).")
+    env_delay_max_s: float = Field(
+        5.0, ge=0, allow_inf_nan=False, description="Longest environment delay after a turn in seconds.")
 
     @model_validator(mode="before")
     @classmethod

@@ -31,8 +31,8 @@ def detect_format(path: Path) -> str:
     if not stripped or stripped.startswith(b"{"):
         return "jsonl"
     raise DataError(f"{path}: not a length trace (JSONL objects, one per line), a trajectories file "
-                    f"(Parquet or Arrow IPC) nor slime's rollout dump (torch.save); a rollout log of one row per response (CSV, ...): "
-                    f"`pdsr trace convert {path} --out trace.jsonl` makes a trace of it")
+                    f"(Parquet or Arrow IPC) nor slime's rollout dump (torch.save); a rollout log of one row per "
+                    f"response (CSV, ...): `pdsr trace convert {path} --out trace.jsonl` makes a trace of it")
 
 
 def short_repr(value, limit: int = 60) -> str:

@@ -116,12 +116,12 @@ def read_any_trace(path: str | Path, *, id_column: str | None = None, length_col
                    tokenizer=None, setting: str | None = None) -> LengthTrace:
     """What ``pdsr trace convert`` reads: a JSONL length trace or a trajectories file of ``pdsr rollout`` (as
     :func:`read_trace`) when no column is named; slime's rollout dumps (``.pt``: a file, a folder or a glob pattern,
-    :func:`read_slime_dump`, ``reward_column`` the key of a dict reward); verl's generation dumps (``{step}.jsonl``: a file, a folder or a
-    glob pattern, :func:`read_verl_dump`) when no id, length, prompt length or sample index column is named; else
-    (or when the source is none of these: CSV, a JSONL of one line per response, another tool's table, a folder of
-    shards) a table of one row per response (:func:`read_responses_trace`, its columns named by the ``*_column``
-    arguments or found under their usual names). ``tokenizer`` (a Hugging Face tokenizer, the policy's) counts
-    text: verl's dumps, a length or prompt length column of text. ``setting``: the argument or flag ``path`` came
+    :func:`read_slime_dump`, ``reward_column`` the key of a dict reward); verl's generation dumps (``{step}.jsonl``: a
+    file, a folder or a glob pattern, :func:`read_verl_dump`) when no id, length, prompt length or sample index column
+    is named; else (or when the source is none of these: CSV, a JSONL of one line per response, another tool's table, a
+    folder of shards) a table of one row per response (:func:`read_responses_trace`, its columns named by the
+    ``*_column`` arguments or found under their usual names). ``tokenizer`` (a Hugging Face tokenizer, the policy's)
+    counts text: verl's dumps, a length or prompt length column of text. ``setting``: the argument or flag ``path`` came
     from (``SOURCE``), put before each error about it (missing, unreadable, of no format read, a pattern matching
     nothing, a bad line or column), as ``data.path (--data)`` is before a prompt file's."""
     from pdsr_sdk.io.paths import user_path

@@ -209,7 +209,8 @@ class _FlatCheck:
         """Rewards: finite numbers, or null (NaN) for a sample without one."""
         for k, v in enumerate(values):
             if v is not None and (type(v) not in (int, float) or not np.isfinite(v)):
-                self._fail(key, k, f"is {short_repr(v)}; expected a finite number, or null for a sample without a reward")
+                self._fail(key, k,
+                           f"is {short_repr(v)}; expected a finite number, or null for a sample without a reward")
         return np.asarray([np.nan if v is None else float(v) for v in values], dtype=np.float64)
 
     def turns(self, values: list, lengths: np.ndarray) -> SampleTurns:

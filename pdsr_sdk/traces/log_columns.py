@@ -2,7 +2,8 @@
 mostly token ids, log-probs and text a trace does not read. The log's schema is read first (cheap for Parquet and
 Arrow IPC; a JSONL file is parsed through once for its keys and types, a batch at a time, converting only the keys a
 role or ``extra_names`` name), then its rows a batch at a time, only the columns a role may be read from; a column
-of token ids read as a response length is kept as each row's count, not its ids. Errors about a column list every column of the log (:class:`LogColumns`)."""
+of token ids read as a response length is kept as each row's count, not its ids. Errors about a column list every column
+of the log (:class:`LogColumns`)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def read_log_columns(path: Path, kind: str | None, roles: Mapping[str, Sequence[
     """The columns of the log at ``path`` (a file, a folder or a glob pattern of shards) that a trace may read, the
     whole log's schema and its rows (the table's, unless no column is read). ``roles``: each role's names, in the
     order they are looked for (one given by a flag, or the usual ones; a dotted path reads its first part's column):
-    the names after the first the schema says is there are not read. ``extra``: whether a column of the log is read too. The column of role ``length`` only,
-    when it holds lists of integers (token ids), comes as each row's count (null where the row is null).
+    the names after the first the schema says is there are not read. ``extra``: whether a column of the log is read too.
+    The column of role ``length`` only, when it holds lists of integers (token ids), comes as each row's count (null
+    where the row is null).
     ``kind``: the format of the file's content (a :data:`~pdsr_sdk.io.tables.FORMATS` value), None: its name's.
     ``extra_names``: the names ``extra`` may accept (None: any); a JSONL log's keys that neither a role nor these
     name are parsed and typed, for the schema, but not converted."""

@@ -56,7 +56,8 @@ def synth_trace(config: TraceSynthConfig | None = None, **overrides) -> LengthTr
     ids = [f"{cfg.id_prefix}{i:0{width}d}" for i in range(g)]
     return LengthTrace.from_matrix(lengths, prompt_ids=ids, prompt_lens=prompt_lens, durations_s=durations,
                                    finish_reasons=reasons, turns=turns,
-                                   source=f"synth({cfg.family}, seed={cfg.seed})" if cfg.family else f"synth(seed={cfg.seed})")
+                                   source=(f"synth({cfg.family}, seed={cfg.seed})" if cfg.family
+                                           else f"synth(seed={cfg.seed})"))
 
 
 def _draw_turns(cfg: TraceSynthConfig, rng: np.random.Generator, sampled: np.ndarray) -> tuple[SampleTurns, np.ndarray]:

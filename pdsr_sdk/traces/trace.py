@@ -143,7 +143,8 @@ class LengthTrace:
         if self.rewards is not None:
             rewards = np.asarray(self.rewards, dtype=np.float64)
             if rewards.shape != lengths.shape:
-                raise DataError(f"{where}: rewards has {rewards.size} entries, expected one per sample ({lengths.size})")
+                raise DataError(f"{where}: rewards has {rewards.size} entries, expected one per sample "
+                                f"({lengths.size})")
         object.__setattr__(self, "rewards", rewards)
         if self.turns is not None:
             self._check_turns(where, lengths, offsets)

@@ -155,7 +155,8 @@ def _trace_turns(spans: list | None, row: int, where: str) -> list[tuple[int, in
         if type(n) is not int or n < 0:
             raise DataError(f"{where}: row {row}: turns[{j}].num_tokens is {n!r}; expected a token count >= 0")
         if role == "assistant":
-            if out and out[-1][1] == 0 and out[-1][2] == 0.0 and last_end is not None and span.get("start_s") is not None:
+            if (out and out[-1][1] == 0 and out[-1][2] == 0.0 and last_end is not None
+                    and span.get("start_s") is not None):
                 out[-1][2] = max(0.0, float(span["start_s"]) - last_end)
             if n == 0:
                 continue   # a turn that sampled nothing (failed before its first token): nothing to replay

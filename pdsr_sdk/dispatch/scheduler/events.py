@@ -39,7 +39,8 @@ class EngineEvents(Pausing, Turns):
             elif not getattr(engine, "counts_only", False):
                 seg.first_token_time_s = self.clock.now()
         if sample.first_token_time_s is None:
-            sample.first_token_time_s = seg.first_token_time_s if seg.first_token_time_s is not None else self.clock.now()
+            sample.first_token_time_s = (seg.first_token_time_s if seg.first_token_time_s is not None
+                                         else self.clock.now())
         sample.add_tokens(n, token_ids, logprobs)
         usage = self.usage[engine.name]
         usage.tokens += n

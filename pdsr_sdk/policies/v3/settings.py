@@ -219,8 +219,8 @@ class V3Settings(ConfigModel):
     placement: PlacementSettings = Field(default_factory=PlacementSettings,
                                          description="Where arriving groups go.")
     migration: MigrationSettings = Field(default_factory=MigrationSettings,
-                                         description="Moving a tail sample to a lightly loaded engine, and again where a "
-                                                     "lighter one opens later.")
+                                         description="Moving a tail sample to a lightly loaded engine, and again where "
+                                                     "a lighter one opens later.")
     lane: LaneSettings = Field(default_factory=LaneSettings,
                                description="The tail lane for runaways in a stream under a staleness bound.")
     step_end: StepEndSettings = Field(default_factory=StepEndSettings,
