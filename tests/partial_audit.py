@@ -31,8 +31,9 @@ def token_walk(row: dict) -> tuple[list[int], int]:
 def audit_steps(rows: list[dict], *, b: int, n: int, staleness: int, steps: int,
                 lengths: dict[str, list[int]] | None = None) -> dict[int, dict]:
     """Check every row of a ``--steps`` run (version at step k's end: k, each step's end a weight update) and return,
-    per step, the consumed tokens (``lengths``: each sample's forced length, checked), those older than the step's version (off-policy), the part of them in responses
-    whose tokens span versions (partial: carried across an update) and the oldest token's age."""
+    per step, the consumed tokens (``lengths``: each sample's forced length, checked), those older than the step's
+    version (off-policy), the part of them in responses whose tokens span versions (partial: carried across an update)
+    and the oldest token's age."""
     by_step: dict[int, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     seen = set()
     for r in rows:

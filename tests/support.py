@@ -21,7 +21,8 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 
 requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (install the 'cpu' or 'gpu' extra)")
-requires_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (install the 'torch' or 'cpu' extra)")
+requires_torch = pytest.mark.skipif(not HAVE_TORCH,
+                                    reason="torch is not installed (install the 'torch' or 'cpu' extra)")
 requires_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (install the 'ray' extra)")
 
 

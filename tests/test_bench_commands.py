@@ -142,8 +142,8 @@ def test_every_bench_command_a_help_gives_parses(parsers, capsys, monkeypatch):
 def test_the_command_check_finds_a_gone_flag_a_bad_value_and_a_gone_script(parsers, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     text = ("    .venv/bin/python bench/gae.py --quick --no-such-flag\n"
-            "`bench/policies.py --batches 0`, `bench/multi_turn.py --groups 8 [--max-num-seqs 64]`, `bench/recurrence.py`\n"
-            "    K=0\n"
+            "`bench/policies.py --batches 0`, `bench/multi_turn.py --groups 8 [--max-num-seqs 64]`, "
+            "`bench/recurrence.py`\n    K=0\n"
             "    .venv/bin/python bench/rules.py --steps $K --per-seed   # --gone: a comment's flags are checked too\n"
             "`bench/" "gone.py --x`, and bench/partial.py --repeats x outside code\n"
             "    .venv/bin/python bench/partial.py \\\n        --repeats x\n"
@@ -165,8 +165,9 @@ def test_the_command_check_finds_a_gone_flag_a_bad_value_and_a_gone_script(parse
                      "4: bench/rules.py --steps 0 --per-seed: rules.py: error: argument --steps: 0 is below 1",
                      "4: bench/rules.py has no --gone",
                      "5: bench/" "gone.py is no script",
-                     "6: bench/partial.py --repeats x: partial.py: error: argument --repeats: 'x' is not a whole number",
-                     "8: bench/gae.py --shapes 0x10: gae.py: error: argument --shapes: '0x10' is not BxT with B, T >= 1 "
-                     "(e.g. 64x32768)",
+                     "6: bench/partial.py --repeats x: partial.py: error: argument --repeats: 'x' is not a whole "
+                     "number",
+                     "8: bench/gae.py --shapes 0x10: gae.py: error: argument --shapes: '0x10' is not BxT with B, T >= "
+                     "1 (e.g. 64x32768)",
                      "9: bench/spec.py has no --no-such",
                      "10: bench/gae.py has no --nope"]

@@ -1,5 +1,5 @@
-"""The bench scripts (the real-engine ones first) refuse a bad flag by name (argparse's exit 2 and one ``error:`` line) before any
-engine starts, and bench/fidelity.py's --reuse takes only a real.json made with the same settings."""
+"""The bench scripts (the real-engine ones first) refuse a bad flag by name (argparse's exit 2 and one ``error:`` line)
+before any engine starts, and bench/fidelity.py's --reuse takes only a real.json made with the same settings."""
 
 from __future__ import annotations
 
@@ -52,13 +52,15 @@ MAIN_CASES = [   # scripts whose main() parses sys.argv
     ("fidelity", ["--out-dir", str(ROOT / "README.md")], f"argument --out-dir: {ROOT / 'README.md'}: is a file, not "
                                                           f"a folder"),
     ("fidelity", ["--out-dir", str(ROOT / "README.md" / "fid")], f"argument --out-dir: {ROOT / 'README.md' / 'fid'}: "
-                                                                 f"cannot make this folder: {ROOT / 'README.md'} is a file"),
+                                                                 f"cannot make this folder: {ROOT / 'README.md'} is a "
+                                                                 "file"),
     ("weights", ["--repeats", "0"], "argument --repeats: 0 is below 1"),
     ("weights", ["--model", "no/such/model"], "--model: no/such/model: not a model directory"),
     ("score", ["--mbs", "0"], "argument --mbs: 0 is below 1"),
     ("score", ["--max-tokens", "512"], "argument --max-tokens: 512 is below the longest sample"),
     ("score", ["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
-    ("multi_turn", ["--policies", "v3,nope"], "--policies: nope: invalid config: SimulateConfig: policy: unknown policy"),
+    ("multi_turn", ["--policies", "v3,nope"],
+     "--policies: nope: invalid config: SimulateConfig: policy: unknown policy"),
     ("multi_turn", ["--policies", "v3-no-bogus"], "--policies: v3-no-bogus: invalid config: V3Settings: "
                                                   "policy_settings.v3.disable.0: Input should be 'probes_first'"),
     ("multi_turn", ["--groups", "0"], "argument --groups: 0 is below 1"),

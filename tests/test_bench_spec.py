@@ -1,5 +1,6 @@
-"""bench/spec.py's accounting (bench/spec_accounting.py): the tail's size, the counter deltas, and where each verify step lands in a response
-(lining vLLM's per-request verify steps up with the streamed chunks), against a simulated engine."""
+"""bench/spec.py's accounting (bench/spec_accounting.py): the tail's size, the counter deltas, and where each verify
+step lands in a response (lining vLLM's per-request verify steps up with the streamed chunks), against a simulated
+engine."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ FILES = {
     "fp32.yaml": "engine_defaults: {dtype: float32}\n",
     "length_reward.py": "def score(text, ground_truth, **info):\n    return (len(text) % 5) / 4\n",
     "nudged_agent.py": ("from examples.agent_tools import run_scripted\n\n\n"
-                        "async def run(agent):\n    await run_scripted(agent)   # None: the reward function scores it\n"),
+                        "async def run(agent):\n    await run_scripted(agent)   # None: the reward function scores "
+                        "it\n"),
 }
 #: the multi-turn run: the page's rollout with these flags on top (a later --max-tokens wins)
 MULTI_TURN = ["--agent", "nudged_agent:run", "--max-turns", "2", "--turn-max-tokens", "8", "--max-tokens", "96"]
@@ -64,7 +65,8 @@ def rename(args, old, new):
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    """The page's commands in a fresh folder, single-turn and multi-turn: (the folder, {"single"|"multi": {stage: table}})."""
+    """The page's commands in a fresh folder, single-turn and multi-turn: (the folder, {"single"|"multi": {stage:
+    table}})."""
     import pyarrow.parquet as pq
     from click.testing import CliRunner
 
@@ -194,6 +196,7 @@ def test_the_pages_python_pads_the_file_as_trainer_batch_lays_it_out(chain, kind
         assert batch["prompts"][i].tolist() == [0] * (prompt_width - p) + r["prompt_token_ids"]
         assert batch["responses"][i].tolist() == r["response_token_ids"] + [0] * (width - n)
         assert batch["response_mask"][i].tolist() == mask + [0] * (width - n)
-        np.testing.assert_array_equal(batch["rollout_log_probs"][i], np.float32(r["response_logprobs"] + [-1] * (width - n)))
+        np.testing.assert_array_equal(batch["rollout_log_probs"][i],
+                                      np.float32(r["response_logprobs"] + [-1] * (width - n)))
         np.testing.assert_array_equal(batch["ref_log_prob"][i], np.float32(r["ref_logps"] + [0] * (width - n)))
         np.testing.assert_array_equal(batch["advantages"][i], np.float32(r["advantages"] + [0] * (width - n)))

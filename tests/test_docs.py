@@ -280,8 +280,8 @@ def test_every_rollout_config_key_is_in_docs_configuration_md():
                 if (model := config_model_in(field.annotation)) is not None}
     assert {"data", "sampling", "engines", "segments", "agent", "output", "ray", "filter_groups"} <= set(sections)
     for section, model in sections.items():
-        problems += [f"{section}.{key}: not in the table" for key in sorted(set(model.model_fields)
-                                                                             - set(re.findall(r"`(\w+)`", table[section])))]
+        problems += [f"{section}.{key}: not in the table"
+                     for key in sorted(set(model.model_fields) - set(re.findall(r"`(\w+)`", table[section])))]
         for key, default in re.findall(r"`(\w+)` \((`?[\w./-]+`?)[,);:]", table[section]):   # `key` (default
             if key not in model.model_fields:
                 problems.append(f"{section}.{key}: no such key")

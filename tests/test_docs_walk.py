@@ -35,7 +35,8 @@ def test_a_validators_plain_value_error_reads_as_pdsrs_own():
     text = failed(invoke("rollout", "--instruction", "maths"),
                   "--instruction: data.instruction: unknown instruction 'maths'; valid names: math")
     assert "Value error" not in text and "(got 'maths')" not in text
-    text = failed(invoke("rollout", "--temperature", "0.005"), "--temperature: sampling.temperature: 0.005 is under 0.01")
+    text = failed(invoke("rollout", "--temperature", "0.005"),
+                  "--temperature: sampling.temperature: 0.005 is under 0.01")
     assert "Value error" not in text and "(got 0.005)" not in text
 
 
@@ -61,7 +62,8 @@ def test_a_value_error_that_does_not_show_the_value_gets_it_appended():
 
 @pytest.mark.parametrize(("flags", "named"), [
     (["--stop", ""], "--stop: sampling.stop: an empty stop string ends nothing"),
-    (["--stop-token-id", "3", "--stop-token-id", "-1"], "--stop-token-id: sampling.stop_token_ids: a token id is 0 or more"),
+    (["--stop-token-id", "3", "--stop-token-id", "-1"],
+     "--stop-token-id: sampling.stop_token_ids: a token id is 0 or more"),
 ])
 def test_a_bad_value_of_a_repeatable_flag_names_the_flag(flags, named):
     assert "command line:" not in failed(invoke("rollout", *flags), named)
@@ -77,8 +79,8 @@ def test_a_missing_model_folder_under_a_local_folder_is_not_called_a_hub_id(tmp_
     (tmp_path / "models").mkdir()
     with pytest.raises(DataError) as caught:
         check_model_folder("models/smollm2-135m-instruc")
-    assert str(caught.value) == ("model (--model) 'models/smollm2-135m-instruc' does not exist; pass a local Hugging Face "
-                                 "model folder")
+    assert str(caught.value) == ("model (--model) 'models/smollm2-135m-instruc' does not exist; pass a local Hugging "
+                                 "Face model folder")
     text = failed(invoke("rollout", "--model", "models/smollm2-135m-instruc", "--out", tmp_path / "r.parquet"),
                   "model (--model) 'models/smollm2-135m-instruc' does not exist")
     assert "hub id" not in text

@@ -86,7 +86,8 @@ def test_sdk_config_overrides_are_validated_naming_the_key():
     ("pdsr_sdk.gae.config:GaeConfig", dict(device="tpu"), "device: expected cpu, cuda or cuda:N, got 'tpu'"),
     ("pdsr_sdk.gae.config:GaeConfig", dict(backend="fast"),
      "backend: unknown GAE backend 'fast'; valid names: auto, numba, reference, torch, triton"),
-    ("pdsr_sdk.rollout.config:RolloutConfig", dict(sampling={"n": 0}), "sampling.n: Input should be greater than or equal to 1"),
+    ("pdsr_sdk.rollout.config:RolloutConfig", dict(sampling={"n": 0}),
+     "sampling.n: Input should be greater than or equal to 1"),
 ])
 def test_configs_built_in_python_raise_pdsr_errors_naming_the_key(build, key, expected):
     """An SDK user building a config directly gets the CLI's message (class name, dotted key, what was
@@ -203,13 +204,16 @@ def test_a_whole_model_check_names_the_flags_given_and_no_model():
         error = exc
     flags = {"fast": "--fast", "heavy": "--heavy"}
     cli_text = format_validation_error(error, SimulateConfig, overrides={"fast": 0, "heavy": 0}, origins=flags)
-    assert cli_text.splitlines()[1].strip() == "fast (--fast) + heavy (--heavy) is 0: a simulation needs at least one engine"
+    assert cli_text.splitlines()[1].strip() == ("fast (--fast) + heavy (--heavy) is 0: a simulation needs at least "
+                                                "one engine")
     in_file = format_validation_error(error, SimulateConfig, source="run.yaml", overrides={}, origins={})
     assert in_file.splitlines()[1].strip() == "run.yaml: fast + heavy is 0: a simulation needs at least one engine"
     sdk_text = format_validation_error(error, SimulateConfig)
-    assert sdk_text.splitlines()[1].strip() == "SimulateConfig: fast + heavy is 0: a simulation needs at least one engine"
+    assert sdk_text.splitlines()[1].strip() == ("SimulateConfig: fast + heavy is 0: a simulation needs at least one "
+                                                "engine")
     from pdsr_sdk.config.base import _with_flags
 
-    assert _with_flags("steps_x and steps, then steps", {"steps": "--steps"}) == "steps_x and steps (--steps), then steps"
+    assert (_with_flags("steps_x and steps, then steps", {"steps": "--steps"})
+            == "steps_x and steps (--steps), then steps")
     assert _with_flags("a.b.steps and steps (--steps)", {"steps": "--steps"}) == "a.b.steps and steps (--steps)"
     assert _with_flags("--out is <out>.parts/; out", {"out": "--out"}) == "--out is <out>.parts/; out (--out)"

@@ -2,7 +2,8 @@
 
 Bottom to top (see CONTRIBUTING.md):
 
-0. ``pdsr_sdk`` itself and ``errors``, ``config``, ``registry``, ``lazy``, ``progress``, ``io``, ``parent_watch``, ``environ``
+0. ``pdsr_sdk`` itself and ``errors``, ``config``, ``registry``, ``lazy``, ``progress``, ``io``, ``parent_watch``,
+   ``environ``
 1. ``dispatch``: types, protocols, clocks, segments, the scheduler, the policy base, run assembly
 2. ``engines``, ``policies``, ``models``, ``traces``, ``batching``, ``gae``, ``scoring``, ``analysis``, ``offpolicy``,
    ``agent``
@@ -27,7 +28,8 @@ from support import ROOT
 
 
 LAYERS = {
-    "pdsr_sdk": 0, "errors": 0, "config": 0, "registry": 0, "lazy": 0, "progress": 0, "io": 0, "parent_watch": 0, "environ": 0,
+    "pdsr_sdk": 0, "errors": 0, "config": 0, "registry": 0, "lazy": 0, "progress": 0, "io": 0, "parent_watch": 0,
+    "environ": 0,
     "dispatch": 1,
     "engines": 2, "policies": 2, "models": 2, "traces": 2, "batching": 2, "gae": 2, "scoring": 2, "analysis": 2,
     "offpolicy": 2, "agent": 2,
@@ -134,7 +136,8 @@ def test_every_package_has_a_layer():
     names = {p.stem if p.is_file() else p.name for p in (ROOT / "pdsr_sdk").iterdir()
              if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
     missing = sorted(names - set(LAYERS))
-    assert not missing, f"give these pdsr_sdk packages/modules a layer in tests/test_layers.py (and CONTRIBUTING.md): {missing}"
+    assert not missing, (f"give these pdsr_sdk packages/modules a layer in tests/test_layers.py (and CONTRIBUTING.md): "
+                         f"{missing}")
     assert {i.source for i in IMPORTS} <= set(LAYERS)
 
 

@@ -33,7 +33,8 @@ def public_names(module: types.ModuleType) -> set[str]:
 
 
 def test_every_package_is_listed():
-    assert {"pdsr_sdk.dispatch", "pdsr_sdk.engines", "pdsr_sdk.io", "pdsr_sdk.models", "pdsr_sdk.rollout"} <= set(PACKAGES)
+    assert {"pdsr_sdk.dispatch", "pdsr_sdk.engines", "pdsr_sdk.io", "pdsr_sdk.models",
+            "pdsr_sdk.rollout"} <= set(PACKAGES)
 
 
 @pytest.mark.parametrize("name", PACKAGES)

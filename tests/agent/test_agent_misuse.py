@@ -31,7 +31,8 @@ async def retries_after_done(agent):
 @requires_torch
 def test_an_agent_retrying_after_agent_done_fails_at_its_timeout(tiny_model_dir):
     """generate() raised AgentDone without yielding to the event loop, so an agent that retried after it held the
-    loop: env_timeout_s could not fire and the run hung (here: 4 s a sample, one after another, then each scored 1.0)."""
+    loop: env_timeout_s could not fire and the run hung (here: 4 s a sample, one after another, then each scored
+    1.0)."""
     with RolloutSession(config(tiny_model_dir, agent={"max_turns": 1, "env_timeout_s": 0.5})) as session:
         out = session.step(PROMPTS[:1], agent=retries_after_done)
     for row in out.table.to_pylist():
@@ -77,8 +78,8 @@ def test_a_tool_name_that_is_not_text_fails_its_sample(tiny_model_dir):
         out = session.step(PROMPTS[:1], agent=names_its_tool)
     rows = {row["sample_index"]: row for row in out.table.to_pylist()}
     assert rows[0]["finish_reason"] == "failed"
-    assert rows[0]["error"] == ("the agent raised AgentError: sample q0/0: append: tool_name must be a string (or None), "
-                                "got dict {'calc': 1}")
+    assert rows[0]["error"] == ("the agent raised AgentError: sample q0/0: append: tool_name must be a string (or "
+                                "None), got dict {'calc': 1}")
     # this one named no sample
     assert rows[3]["error"] == "the agent raised AgentError: sample q0/3: append: give messages or ids (one of them)"
     for k in (1, 2):

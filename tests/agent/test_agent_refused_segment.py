@@ -1,5 +1,5 @@
-"""A turn the engine refuses part-way (its continuation segment: fake turn engine) ends there: its entry keeps the tokens
-it sampled and says ``failed`` (the engine refusing a turn's start: tests/agent/test_agent_ends_vllm.py)."""
+"""A turn the engine refuses part-way (its continuation segment: fake turn engine) ends there: its entry keeps the
+tokens it sampled and says ``failed`` (the engine refusing a turn's start: tests/agent/test_agent_ends_vllm.py)."""
 
 from __future__ import annotations
 

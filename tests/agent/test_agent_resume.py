@@ -28,9 +28,12 @@ def rollout(tiny_model_dir, tmp_path: Path, *flags: str, agent: dict | None = No
 
 
 @requires_torch
-@pytest.mark.parametrize("flags, key", [((), "agent.function (--agent) is None now but was 'test_agent_session:tool_agent'"),
-                                        (("--agent", AGENT, "--max-turns", "3"), "agent.max_turns (--max-turns) is 3 now but was 8"),
-                                        (("--agent", AGENT, "--turn-max-tokens", "4"), "agent.turn_max_tokens (--turn-max-tokens) is 4 now but was None")])
+@pytest.mark.parametrize("flags, key", [((), "agent.function (--agent) is None now but was "
+                                             "'test_agent_session:tool_agent'"),
+                                        (("--agent", AGENT, "--max-turns", "3"),
+                                         "agent.max_turns (--max-turns) is 3 now but was 8"),
+                                        (("--agent", AGENT, "--turn-max-tokens", "4"),
+                                         "agent.turn_max_tokens (--turn-max-tokens) is 4 now but was None")])
 def test_a_resume_with_another_agent_or_its_limits_is_refused(tiny_model_dir, tmp_path, flags, key):
     """A multi-turn run resumed without --agent wrote single-turn rows (no turns, no mask) into the multi-turn
     run's file, and one resumed with other turn limits mixed two sampling setups, without a word: the agent's

@@ -74,7 +74,8 @@ def test_turns_rewards_and_the_summary(tiny_model_dir):
     assert full.non_tensors["__num_turns__"].tolist() == [4] * 12   # verl's count: the prompt and three turns
     for i, (s, row) in enumerate(zip(out.samples, rows)):
         n = len(s.token_ids)
-        assert batch["response_mask"][i][:n].tolist() == row["response_mask"] and not batch["response_mask"][i][n:].any()
+        assert (batch["response_mask"][i][:n].tolist() == row["response_mask"]
+                and not batch["response_mask"][i][n:].any())
         assert batch["attention_mask"][i][-batch["responses"].shape[1]:][:n].all()
         assert batch["token_level_scores"][i][n - 1] == pytest.approx(row["reward"])
         # the environment's tokens: no version (as padding), log-prob 0 (padding: -1)

@@ -38,9 +38,10 @@ def test_a_long_tool_message_is_cut_as_verl_cuts_it(tiny_model_dir, side):
     row = out.table.to_pylist()[0]
     tool = expected(side, cap)
     # the tool's message is cut, the user's is not; the trajectory and the agent's messages hold what the model saw
-    assert row["reward_extra"]["env"] == (f"\n<|im_start|>tool\n{tool}<|im_end|>\n<|im_start|>user\n{LONG[:30]}<|im_end|>\n"
-                                          f"<|im_start|>assistant\n")
-    assert row["reward_extra"]["messages"] == [{"role": "tool", "content": tool}, {"role": "user", "content": LONG[:30]}]
+    assert row["reward_extra"]["env"] == (f"\n<|im_start|>tool\n{tool}<|im_end|>\n<|im_start|>user\n"
+                                          f"{LONG[:30]}<|im_end|>\n<|im_start|>assistant\n")
+    assert row["reward_extra"]["messages"] == [{"role": "tool", "content": tool},
+                                               {"role": "user", "content": LONG[:30]}]
     env = row["turns"][1]
     assert env["role"] == "environment" and env["tool_name"] == "dump"
     assert row["response_mask"].count(0) == env["num_tokens"] == row["reward"]

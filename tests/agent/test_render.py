@@ -77,8 +77,8 @@ def test_tools_in_chat_template_kwargs_reach_the_prompt_and_an_agents_messages(t
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"id": "a", "prompt": "What is 6*7?"}) + "\n")
     [record] = load_prompts(DataConfig(chat_template_kwargs=kwargs), tok, path=path)
-    assert record.text == ("<|im_start|>system\nTools: calculator <|im_end|>\n<|im_start|>user\nWhat is 6*7?<|im_end|>\n"
-                           "<|im_start|>assistant\n")
+    assert record.text == ("<|im_start|>system\nTools: calculator <|im_end|>\n<|im_start|>user\nWhat is "
+                           "6*7?<|im_end|>\n<|im_start|>assistant\n")
     conversation = [{"role": "user", "content": "What is 6*7?"}, {"role": "assistant", "content": "call"}]
     whole = tok.apply_chat_template(conversation + TOOL, tools=[CALCULATOR], tokenize=False, add_generation_prompt=True)
     got = environment_ids(tok, conversation, TOOL, last_turn_ids=ids(tok, "call") + [tok.eos_token_id],

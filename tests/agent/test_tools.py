@@ -50,7 +50,8 @@ CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</t
 ])
 def test_hermes_takes_each_well_formed_call_as_verl_does(tiny_model_dir, text, content, names):
     """Each closed <tool_call> is read on its own, as verl's hermes parser reads it: a malformed one (not JSON, no
-    name or one with a lone surrogate, arguments not an object) is left out and the others count; an unclosed one is not a call."""
+    name or one with a lone surrogate, arguments not an object) is left out and the others count; an unclosed one is not
+    a call."""
     from pdsr_sdk.agent import parse_tool_calls
     from pdsr_sdk.rollout.data import load_tokenizer
 
@@ -78,9 +79,11 @@ def test_a_name_with_a_lone_surrogate_is_no_call_with_vllms_parsers_either(tiny_
 @pytest.mark.parametrize("expression, expect", [
     ("2+3", "5"), ("12*7+3", "87"), ("(1+2)**3", "27"), ("7/2", "3.5"), ("-4 % 3", "2"),
     ("1/0", "error: division by zero"), ("__import__('os')", "error: only numbers and + - * / % ** ( )"),
-    ("2**1000", "error: exponent too large"), (None, "error: only numbers and + - * / % ** ( )"), ("2+", "error: invalid syntax (<unknown>, line 1)"),
+    ("2**1000", "error: exponent too large"), (None, "error: only numbers and + - * / % ** ( )"),
+    ("2+", "error: invalid syntax (<unknown>, line 1)"),
     # each of these raised out of the tool (OverflowError, TypeError), failing the sample, or ran for minutes
-    ("2**64", "18446744073709551616"), ("(9**64)**6", "error: result too large"), ("1e300*1e300", "error: result too large"),
+    ("2**64", "18446744073709551616"), ("(9**64)**6", "error: result too large"),
+    ("1e300*1e300", "error: result too large"),
     ("(((9**64)**64)**64)**64", "error: result too large"), ("(-8)**0.5", "error: not a real number"),
 ])
 def test_calculator(expression, expect):

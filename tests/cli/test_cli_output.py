@@ -133,7 +133,8 @@ def test_summary_json_keeps_every_key():
 def test_format_table_hides_only_the_named_empty_columns():
     from pdsr_cli.common import format_table
 
-    rows = [{"policy": "a", "moves": 0, "steals": 2, "tail": 0.0}, {"policy": "b", "moves": 0, "steals": 0, "tail": 0.0}]
+    rows = [{"policy": "a", "moves": 0, "steals": 2, "tail": 0.0},
+            {"policy": "b", "moves": 0, "steals": 0, "tail": 0.0}]
     header = format_table(rows, hide_empty=("moves", "steals")).splitlines()[0].split()
     assert header == ["policy", "steals", "tail"]
 
@@ -287,8 +288,10 @@ def test_quiet_engine_args_turn_off_the_weight_loading_bar():
 
     cfg = quiet_engine_args(RolloutConfig(engine_defaults={"engine_args": {"enable_chunked_prefill": True}}))
     assert cfg.engine_defaults["engine_args"] == {"use_tqdm_on_load": False, "enable_chunked_prefill": True}
-    cfg = quiet_engine_args(RolloutConfig(engines=[EngineSpec(name="a", pool="fast", engine_args={"use_tqdm_on_load": True}),
-                                                   EngineSpec(name="b", pool="fast"), EngineSpec(name="c", pool="heavy", backend="sim")]))
+    cfg = quiet_engine_args(RolloutConfig(engines=[EngineSpec(name="a", pool="fast",
+                                                              engine_args={"use_tqdm_on_load": True}),
+                                                   EngineSpec(name="b", pool="fast"),
+                                                   EngineSpec(name="c", pool="heavy", backend="sim")]))
     assert [e.engine_args for e in cfg.engines] == [{"use_tqdm_on_load": True}, {"use_tqdm_on_load": False}, {}]
 
 

@@ -42,7 +42,8 @@ CONFIGS = {"rollout": RolloutConfig, "serve": RolloutConfig, "simulate": Simulat
     (["rollout", "--max_head_offpolicyness", "2"], "AReaL's max_head_offpolicyness is pdsr's --max-staleness"),
     (["serve", "--max-model-len", "4096"],
      "vLLM's --max-model-len is pdsr's config key engine_defaults.max_model_len, set in the --config file (no flag)"),
-    (["rollout", "--gpu-memory-utilization", "0.5"], "vLLM's --gpu-memory-utilization is pdsr's config key engine_defaults.gpu_memory_utilization"),
+    (["rollout", "--gpu-memory-utilization", "0.5"], "vLLM's --gpu-memory-utilization is pdsr's config key "
+                                                     "engine_defaults.gpu_memory_utilization"),
     (["serve", "--tool-call-parser", "hermes"], "vLLM's --tool-call-parser is pdsr's --tool-parser"),
     (["score", "--backend", "vllm", "--max-model-len", "4096"],
      "vLLM's --max-model-len is pdsr's --vllm-max-model-len (vllm_max_model_len)"),
@@ -151,7 +152,8 @@ def test_an_exact_name_wins_over_a_names_end():
 
 
 @pytest.mark.parametrize("args, answer", [
-    (["rollout", "-tp", "2"], "No such option '-tp': vLLM's -tp is pdsr's config key engine_defaults.tensor_parallel_size"),
+    (["rollout", "-tp", "2"], "No such option '-tp': vLLM's -tp is pdsr's config key "
+                              "engine_defaults.tensor_parallel_size"),
     (["serve", "-tp=2"], "No such option '-tp': vLLM's -tp is pdsr's config key engine_defaults.tensor_parallel_size"),
     (["rollout", "-pp", "2"], "No such option '-pp': vLLM's -pp: pdsr has none (an engine's GPUs are its "
                               "tensor_parallel_size; more GPUs run more engines"),

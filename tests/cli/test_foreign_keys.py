@@ -189,14 +189,16 @@ def test_a_command_without_a_config_file_is_not_said_to_take_one(command):
     assert "--config" not in out and "configuration.md" not in out
 
 
-@pytest.mark.parametrize("command, metavar", [(["analyze"], "TRACE"), (["trace", "convert", "--out", "t.jsonl"], "SOURCE")])
+@pytest.mark.parametrize("command, metavar", [(["analyze"], "TRACE"),
+                                              (["trace", "convert", "--out", "t.jsonl"], "SOURCE")])
 def test_a_key_value_where_a_file_goes_is_answered_as_one(tmp_path, monkeypatch, command, metavar):
     # was "TRACE a.b=1: trace file does not exist": the argument took the override
     monkeypatch.chdir(tmp_path)
     name = " ".join(c for c in command if not c.startswith("-") and "." not in c)
     out = failed(invoke(*command, "actor_rollout_ref.rollout.n=8", "foo=1"), f"pdsr {name} takes flags",
                  f"  actor_rollout_ref.rollout.n=8: not a name pdsr {name} knows: its flags are in pdsr {name} --help",
-                 f"  foo=1: not a name pdsr {name} knows", f"  ({metavar}: no file is named actor_rollout_ref.rollout.n=8)")
+                 f"  foo=1: not a name pdsr {name} knows", f"  ({metavar}: no file is named "
+                                                           "actor_rollout_ref.rollout.n=8)")
     assert "does not exist" not in out and "also unexpected" not in out
     (tmp_path / "n=8").write_text("not a trace\n")   # a file of that name is the file
     out = failed(invoke(*command, "n=8"))
@@ -215,8 +217,8 @@ def test_key_values_without_a_command_name_the_commands_that_take_them():
                  "  actor_rollout_ref.rollout.n=8: pdsr rollout: --n 8; verl's actor_rollout_ref.rollout.n is pdsr's "
                  "--n (sampling.n)\n",
                  "  gamma=1: pdsr gae: --gamma 1\n",
-                 "  seed=3: pdsr rollout, pdsr simulate, pdsr trace synth: --seed 3; pdsr serve: vLLM's --seed is pdsr's config key "
-                 "seed, set in the --config file (no flag); the engines' seed\n",
+                 "  seed=3: pdsr rollout, pdsr simulate, pdsr trace synth: --seed 3; pdsr serve: vLLM's --seed is "
+                 "pdsr's config key seed, set in the --config file (no flag); the engines' seed\n",
                  "  foo.bar=1: not a name any pdsr command knows: pdsr COMMAND --help lists its flags\n")
     assert "No such command" not in out and out.count("\n  ") == 4   # --n 8: not a key=value
 

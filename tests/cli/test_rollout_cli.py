@@ -119,7 +119,8 @@ def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_
 
 def test_agent_flags_without_an_agent_are_an_error(prompts, tmp_path):
     """--max-turns / --turn-max-tokens / --agent-timeout on a single-turn run were ignored without a word."""
-    r = invoke("--data", str(prompts), "--max-turns", "3", "--turn-max-tokens", "64", "--out", str(tmp_path / "o.parquet"))
+    r = invoke("--data", str(prompts), "--max-turns", "3", "--turn-max-tokens", "64", "--out",
+               str(tmp_path / "o.parquet"))
     assert r.exit_code == 2, r.output
     assert "agent.max_turns (--max-turns), agent.turn_max_tokens (--turn-max-tokens): multi-turn settings" in r.output
     assert "pass --agent" in r.output and not (tmp_path / "o.parquet").exists()
@@ -203,5 +204,6 @@ def test_a_second_run_on_an_output_being_written_is_refused(prompts, tmp_path, t
     assert f"{out}: another pdsr rollout is writing this output (process {os.getpid()}" in second.output
     assert "error" not in first and first["summary"].groups == 3
     rows = pq.read_table(out).to_pylist()
-    assert sorted((r["prompt_id"], r["sample_index"]) for r in rows) == [(f"q{i}", k) for i in range(3) for k in range(2)]
+    assert (sorted((r["prompt_id"], r["sample_index"]) for r in rows)
+            == [(f"q{i}", k) for i in range(3) for k in range(2)])
     assert not (tmp_path / "o.parquet.lock").exists() and not (tmp_path / "o.parquet.parts").exists()

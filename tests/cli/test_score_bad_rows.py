@@ -17,7 +17,8 @@ from pdsr_cli.main import cli  # noqa: E402
 
 def rows(n=12):
     rng = np.random.default_rng(3)
-    return ([rng.integers(0, 1024, 4).tolist() for _ in range(n)], [rng.integers(0, 1024, 6).tolist() for _ in range(n)])
+    return ([rng.integers(0, 1024, 4).tolist() for _ in range(n)],
+            [rng.integers(0, 1024, 6).tolist() for _ in range(n)])
 
 
 @pytest.mark.parametrize("case,says", [
@@ -130,7 +131,8 @@ def test_the_bar_counts_the_files_tokens(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("config,backend,vllm_len,limit", [
     ({"max_position_embeddings": 4096}, "torch", None, 4096),
     ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                        "original_max_position_embeddings": 2048}}, "torch", None, 8192),
+                                                        "original_max_position_embeddings": 2048}}, "torch", None,
+     8192),
     ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2}}, "torch", None, 8192),
     ({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "torch", None, 8192),
     ({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "torch", None,

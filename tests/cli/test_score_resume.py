@@ -185,7 +185,8 @@ def test_a_resume_with_another_model_or_changed_input_is_refused(tmp_path, tiny_
     assert "input changed" in res.output
 
     res = invoke(*args(tiny_model_dir, data, out, "--resume", "--overwrite"))
-    assert res.exit_code == 2 and "resume (--resume) and overwrite (--overwrite) are exclusive: --resume continues the run in <out>" in res.output
+    assert res.exit_code == 2 and ("resume (--resume) and overwrite (--overwrite) are exclusive: --resume continues "
+                                   "the run in <out>") in res.output
     res = invoke(*args(tiny_model_dir, data, out, "--overwrite"))   # starts over
     assert res.exit_code == 0 and "wrote" in res.output and "before the resume" not in res.output
     assert pq.read_table(out).column("uid").to_pylist()[1] == "changed"

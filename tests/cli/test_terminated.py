@@ -58,7 +58,8 @@ def test_sigterm_in_a_write_leaves_no_file_and_says_so(tmp_path, gae_input, comm
     out = tmp_path / "out"
     out.mkdir()
     trace = tmp_path / "in" / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"prompt_id": f"p{i}", "prompt_len": 5, "lengths": [10 + i, 20, 30 + i, 40]}) + "\n"
+    trace.write_text("".join(json.dumps({"prompt_id": f"p{i}", "prompt_len": 5,
+                                         "lengths": [10 + i, 20, 30 + i, 40]}) + "\n"
                              for i in range(8)))
     args = [str(a).format(out=out, gae_input=gae_input, trace=trace) for a in command]
     proc = terminated(tmp_path, *args)

@@ -51,7 +51,8 @@ def test_a_presets_old_key_is_one_warning_line_with_set_too(tmp_path, monkeypatc
                                 "--num-batches", "1", "--batch-size", "8", "--no-references"])
     assert r.exit_code == 0, r.output + r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
-    assert lines == [f"warning: {tmp_path / 'mine.yaml'}: config key 'migrate' is deprecated; use 'disable: [migration]'",
+    assert lines == [f"warning: {tmp_path / 'mine.yaml'}: config key 'migrate' is deprecated; use 'disable: "
+                     "[migration]'",
                      "warning: --set: config key 'balance' is deprecated; use 'disable: [balance]'"]
 
 

@@ -65,8 +65,8 @@ def run_stream(policy: str, steps: int, *, seed: int = 0, settings: dict | None 
 @pytest.mark.parametrize("policy", ["baseline", "v3"])
 def test_staleness_restarts_are_forgotten_when_their_group_leaves(policy):
     """The stream kept, by sample id, every sample it had restarted for staleness, after its group was consumed:
-    one entry per such restart, for good (about a hundred after 300 steps here), and a new sample at a freed sample's address
-    could be taken for one restarted already (refused a second restart as 'a bug'). Only samples of groups in
+    one entry per such restart, for good (about a hundred after 300 steps here), and a new sample at a freed sample's
+    address could be taken for one restarted already (refused a second restart as 'a bug'). Only samples of groups in
     flight are asked about; those are all it keeps now."""
     stream, stale_restarts = run_stream(policy, 300)
     assert stale_restarts > 30   # the long samples were restarted for staleness, time and again

@@ -67,7 +67,8 @@ def test_a_sample_placed_on_a_full_engine_waits_on_that_engines_queue():
 def test_natural_eos_finishes_with_stop_and_max_tokens_with_length():
     natural = {("a", 0): 5, ("a", 1): 500}
     clock = VirtualClock()
-    engines = [FakeEngine("fast-0", "fast", clock, lengths=natural), FakeEngine("heavy-0", "heavy", clock, lengths=natural)]
+    engines = [FakeEngine("fast-0", "fast", clock, lengths=natural),
+               FakeEngine("heavy-0", "heavy", clock, lengths=natural)]
     cls = POLICIES.get("baseline")
     dispatch = DispatchRun(engines, cls, cls.config_model(), clock, SamplingConfig(n=2, max_tokens=100),
                            SegmentConfig(min_tokens=16, max_tokens=64))
@@ -178,7 +179,8 @@ def test_abort_holds_running_samples_with_their_tokens_and_continues_them_after_
         assert len(cut) == 1, s.key
         before, after = s.segments[:cut[0] + 1], s.segments[cut[0] + 1:]
         assert {seg.policy_version for seg in before} == {0} and {seg.policy_version for seg in after} == {1}
-        assert after[0].engine == before[-1].engine and after[0].start_token == before[-1].start_token + before[-1].num_tokens
+        assert (after[0].engine == before[-1].engine
+                and after[0].start_token == before[-1].start_token + before[-1].num_tokens)
     # nothing was generated while paused
     for g in groups:
         for s in g.samples:

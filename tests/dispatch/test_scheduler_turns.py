@@ -72,7 +72,8 @@ def test_turns_are_exact_masked_and_hold_no_slot(policy):
                     expect_mask += [1] * t.num_tokens
                 else:
                     assert t.num_tokens == ENV_IDS and t.end_s >= t.start_s
-                    expect_ids += [900 + len([x for x in s.turns[:s.turns.index(t)] if x.role == "assistant"])] * ENV_IDS
+                    expect_ids += ([900 + len([x for x in s.turns[:s.turns.index(t)] if x.role == "assistant"])]
+                                   * ENV_IDS)
                     expect_mask += [0] * ENV_IDS
             assert s.token_ids == expect_ids and s.response_mask == expect_mask
             assert len(s.logprobs) == len(s.token_ids)

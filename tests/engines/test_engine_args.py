@@ -61,7 +61,8 @@ def test_engine_settings_and_engine_args_reach_vllm(engine_loop, tiny_model_dir)
     import torch
 
     model = config.model_config
-    assert (model.dtype, model.max_model_len, model.seed, model.logprobs_mode) == (torch.float32, 320, 7, "raw_logprobs")
+    assert ((model.dtype, model.max_model_len, model.seed, model.logprobs_mode)
+            == (torch.float32, 320, 7, "raw_logprobs"))
     assert model.max_logprobs == 3
     assert config.scheduler_config.max_num_seqs == 3 and config.scheduler_config.max_num_batched_tokens == 640
     assert config.cache_config.enable_prefix_caching is True   # segment continuations resubmit their context

@@ -54,7 +54,8 @@ def test_update_weights_reaches_ray_engines_through_the_object_store(ray_engines
             bad = dict(policy.state_dict())
             bad["model.norm.weight"] = torch.ones(5)
             staged = StagedWeights(items=list(bad.items()))
-            with pytest.raises(EngineError, match=r"engine 'heavy-ray-1'.*'model\.norm\.weight' has shape \[5\].*in its Ray actor on node") as info:
+            with pytest.raises(EngineError, match=r"engine 'heavy-ray-1'.*'model\.norm\.weight' has shape \[5\].*in "
+                                                  r"its Ray actor on node") as info:
                 await ray1.update_weights(staged)
             staged.close()
             assert "Traceback" not in str(info.value).split("--- engine traceback ---")[0]

@@ -135,7 +135,8 @@ def test_the_engine_refuses_both_too():
                     engine_args={"speculative_config": {"method": "ngram"}})
 
 
-@pytest.mark.parametrize("method, says", [("suffix", "needs Arctic Inference"), ("eagle", "unknown speculative method")])
+@pytest.mark.parametrize("method, says", [("suffix", "needs Arctic Inference"),
+                                          ("eagle", "unknown speculative method")])
 def test_methods_not_built_are_refused(method, says):
     with pytest.raises(ConfigError) as err:
         load_config(RolloutConfig, None, {"speculative": method})
@@ -290,8 +291,9 @@ def test_the_run_summary_totals_the_engines_counts_with_rates():
     assert totals == {"drafts": 8, "drafted_tokens": 20, "accepted_tokens": 10, "acceptance_rate": 10 / 20,
                       "accepted_per_verify_step": 10 / 8}
     assert speculation_totals([{"name": "ray-0"}]) is None
-    assert speculation_totals([{"name": "e", "speculation": dict.fromkeys(("drafts", "drafted_tokens",
-                                                                          "accepted_tokens"), 0)}])["acceptance_rate"] is None
+    assert speculation_totals(
+        [{"name": "e", "speculation": dict.fromkeys(("drafts", "drafted_tokens", "accepted_tokens"), 0)}]
+    )["acceptance_rate"] is None
     summary = RolloutSummary(policy="v3", model="m", output="o", groups=1, samples=2, skipped_groups=0, batches=[],
                              makespan_s=1.0, tokens=40, tokens_per_s=40.0, engine_busy_fraction={}, stats={},
                              engines=engines, speculation=totals)

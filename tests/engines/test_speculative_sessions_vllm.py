@@ -4,9 +4,9 @@ session's ``speculative_engines``, tests/conftest.py), greedy in float32 on the 
 (test_speculative_vllm.py says why that model).
 
 The policies cut samples into segments, some of which run on the other engine (the printout counts them), and
-with partial rollout carry samples across steps and policy versions. A sample's draft corpus is rebuilt at each segment's launch
-from its siblings as they stand then (docs/engines.md, "Speculative decoding"), so none of this may change an
-output: every sample's tokens are the reference engine's greedy tokens without speculation (parting only at a
+with partial rollout carry samples across steps and policy versions. A sample's draft corpus is rebuilt at each
+segment's launch from its siblings as they stand then (docs/engines.md, "Speculative decoding"), so none of this may
+change an output: every sample's tokens are the reference engine's greedy tokens without speculation (parting only at a
 near-tie, as in test_speculative_vllm.py), its log-probs within 1e-4 of the reference's, and the engines report
 drafted tokens accepted.
 """
@@ -135,8 +135,8 @@ def test_partial_rollout_with_group_speculation_carries_samples_and_gives_the_gr
     crossed = [s for s in got if s.key in carried]
     assert any(len({seg.policy_version for seg in s.segments if seg.num_tokens}) > 1 for s in crossed)
     ties, compared = assert_exact(want, got)
-    print(f"\npartial: {len(carried)} samples carried, {moved(got)} ran on both engines, {compared} tokens compared, parted at near-ties "
-          f"{ties or 'nowhere'}, {accepted(engines) - before} drafted tokens accepted")
+    print(f"\npartial: {len(carried)} samples carried, {moved(got)} ran on both engines, {compared} tokens compared, "
+          f"parted at near-ties {ties or 'nowhere'}, {accepted(engines) - before} drafted tokens accepted")
     assert compared >= TOTAL // 2
     assert accepted(engines) > before
 

@@ -15,7 +15,8 @@ def brute_force(pieces, before, new, stops):
     in ``before``'s text is complete; or, without one, whether the new text is long enough to rule one out."""
     start = sum(len(pieces[t]) for t in before)
     text = "".join(pieces[t] for t in list(before) + list(new))
-    ends = [at + len(s) for s in stops for at in range(len(text)) if text.startswith(s, at) and at < start < at + len(s)]
+    ends = [at + len(s) for s in stops for at in range(len(text))
+            if text.startswith(s, at) and at < start < at + len(s)]
     reach = start
     for i, t in enumerate(new, 1):
         reach += len(pieces[t])

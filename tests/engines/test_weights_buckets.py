@@ -191,7 +191,8 @@ def test_bucketed_updates_load_what_one_block_loads(engine_loop, vllm_pair, tiny
     got = run_on(engine_loop, scenario(), timeout=600)
     for i in range(2):
         one = got["one_block"][i]
-        assert max(abs(a - b) for a, b in zip(one, new)) <= 1e-3 and max(abs(a - b) for a, b in zip(one, got["old"][i])) > 0.05
+        assert (max(abs(a - b) for a, b in zip(one, new)) <= 1e-3
+                and max(abs(a - b) for a, b in zip(one, got["old"][i])) > 0.05)
         for bucket in (100, few):
             assert got[bucket][0][i] == one
         assert got["after_partial"][i] == one

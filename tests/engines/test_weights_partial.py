@@ -56,8 +56,9 @@ def test_an_engine_failing_a_bucket_leaves_a_partial_update_that_nothing_generat
     engines = [LoadingEngine("fast-0", "fast", None), LoadingEngine("heavy-0", "heavy", None, fail_at=2)]
     with loading_session(tiny_model_dir, engines, batch_size=1,
                          sampling={"n": 2, "max_tokens": 8, "ignore_eos": True}) as session:
-        with pytest.raises(EngineError, match=r"engine 'heavy-0': update_weights: bucket 2 failed here \(the engines had "
-                                              r"loaded up to 3 bucket\(s\) of this update: they now hold a partial"):
+        with pytest.raises(EngineError, match=r"engine 'heavy-0': update_weights: bucket 2 failed here \(the engines "
+                                              r"had loaded up to 3 bucket\(s\) of this update: they now hold a "
+                                              r"partial"):
             session.update_weights(sd, bucket_bytes=few)
         partial = [list(e.loads) for e in engines], [e.ends for e in engines]
         assert session.policy_version == 0

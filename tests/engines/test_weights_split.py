@@ -81,9 +81,9 @@ def test_an_update_one_engine_fails_marks_the_engines_out_of_step(engine_loop, v
 
     got = run_on(engine_loop, scenario(), timeout=600)
     assert got["all_failed"] == (got["old"], 0)
-    assert got["error"] == ("engine 'heavy-0': update_weights failed: RuntimeError: the worker's load failed (injected) "
-                            "(engine(s) 'heavy-0' failed this update and 'fast-0' loaded it: the engines now hold "
-                            "different weights, and the session refuses to generate until an update_weights "
+    assert got["error"] == ("engine 'heavy-0': update_weights failed: RuntimeError: the worker's load failed "
+                            "(injected) (engine(s) 'heavy-0' failed this update and 'fast-0' loaded it: the engines "
+                            "now hold different weights, and the session refuses to generate until an update_weights "
                             "completes)")
     # what the mark is for: fast-0 holds the new weights (the trainer's log-probs), heavy-0 the old ones
     assert max(abs(a - b) for a, b in zip(got["split"][0], new)) <= 1e-3
@@ -110,7 +110,7 @@ def test_a_bucket_error_names_the_engine_that_failed_it(tiny_model_dir, tiny_wei
             session.step(["a"])
     note = ("the engines had loaded up to 2 bucket(s) of this update: they now hold a partial update, engine(s) "
             "'fast-0' having failed bucket 1")
-    assert str(info.value) == (f"engine 'fast-0': update_weights: bucket 1 failed here ({note}, and the session refuses "
-                               f"to generate until an update_weights completes)")
-    assert str(refused.value) == (f"step: the engines hold a partial weight update (an update_weights stopped part-way: "
-                                  f"{note}); call update_weights with the whole model first")
+    assert str(info.value) == (f"engine 'fast-0': update_weights: bucket 1 failed here ({note}, and the session "
+                               f"refuses to generate until an update_weights completes)")
+    assert str(refused.value) == (f"step: the engines hold a partial weight update (an update_weights stopped "
+                                  f"part-way: {note}); call update_weights with the whole model first")

@@ -144,7 +144,8 @@ def grpo_compare():
 @pytest.mark.slow
 def test_grpo_example_runs_end_to_end_and_reports_its_numbers(grpo_compare):
     """Every step prints its numbers; with updates each step's samples come from a new policy version,
-    in the control from one version; the engine's log-probs agree with the trainer's (bf16 or fp32 engines, an fp32 trainer)."""
+    in the control from one version; the engine's log-probs agree with the trainer's (bf16 or fp32 engines, an fp32
+    trainer)."""
     updates, control = grpo_compare["updates"], grpo_compare["control"]
     assert [r["step"] for r in updates] == [r["step"] for r in control] == list(range(8))
     assert [r["policy_version"] for r in updates] == list(range(1, 9))   # 1 = the initial weights pushed once
@@ -284,8 +285,9 @@ def test_grpo_example_reports_tis_on_policy_and_trains_partial_rollout_without_i
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("PDSR_TEST_RAY_EXAMPLE") != "1",
-                    reason="opt-in (PDSR_TEST_RAY_EXAMPLE=1): the test took 157-282 s on the shared 2-core machine (Ray "
-                           "and an engine in an actor start for 130 s or more), over the examples' share of CI time")
+                    reason="opt-in (PDSR_TEST_RAY_EXAMPLE=1): the test took 157-282 s on the shared 2-core machine "
+                           "(Ray and an engine in an actor start for 130 s or more), over the examples' share of CI "
+                           "time")
 def test_ray_engines_example_runs_the_same_loop_on_ray_actors():
     """examples/ray_engines.py: two steps of the GRPO loop with the engine(s) in Ray actors of a local
     cluster (the automatic layout of a 2-core CPU cluster); each update goes through Ray's object store.

@@ -43,7 +43,8 @@ def test_errors_name_the_setting_and_the_path(tmp_path):
             resolve_inputs(path, FORMATS, what="prompt", setting="data.path (--data)", **kw)
         return str(caught.value)
 
-    assert error(tmp_path / "gone.parquet") == f"data.path (--data) {tmp_path / 'gone.parquet'}: prompt file does not exist"
+    assert error(tmp_path / "gone.parquet") == (f"data.path (--data) {tmp_path / 'gone.parquet'}: prompt file does "
+                                                "not exist")
     assert error(tmp_path / "val-*.parquet") == (f"data.path (--data) {tmp_path / 'val-*.parquet'}: prompt file does "
                                                  f"not exist, nor does the pattern match any")
     empty = tmp_path / "empty"

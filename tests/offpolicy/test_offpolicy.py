@@ -159,7 +159,8 @@ def test_bounds_that_are_not_numbers_or_keep_nothing_are_named():
     for key, value in (("upper", "2"), ("upper", True), ("lower", "0.5"), ("upper", None), ("lower", [0.5])):
         with pytest.raises(ConfigValueError, match=rf"^{key}: expected a number, got {re.escape(repr(value))}$"):
             importance_weights(t, r, m, **{key: value})
-    with pytest.raises(ConfigValueError, match=r"upper: mode='mask' keeps 1 / upper <= ratio <= upper .* upper=0.5 < 1"):
+    with pytest.raises(ConfigValueError,
+                       match=r"upper: mode='mask' keeps 1 / upper <= ratio <= upper .* upper=0.5 < 1"):
         importance_weights(t, r, m, mode="mask", upper=0.5)
     _, keep = importance_weights(t, r, m, mode="mask", upper=0.5, lower=0.1)   # an interval of its own: fine
     assert keep.any()

@@ -6,7 +6,8 @@ The reference is a float64 loop of slime's rules as written there:
 - ``--use-tis`` alone (``vanilla_tis_function``, slime/backends/megatron_utils/loss.py): every token's
   ``clamp(exp(old - rollout), tis_clip_low, tis_clip)``, no clamp of the log-ratio, the loss masks unchanged;
 - ``icepop_function``: the ratio where ``tis_clip_low <= ratio <= tis_clip``, else 0, the loss masks unchanged;
-- ``--custom-tis-function-path`` with slime's ``slime/examples/train_infer_mismatch_helper/mis.py:compute_mis_weights_with_cp``: the
+- ``--custom-tis-function-path`` with slime's
+  ``slime/examples/train_infer_mismatch_helper/mis.py:compute_mis_weights_with_cp``: the
   log-ratio per token, summed (``sequence``) or averaged (``geometric``, count clamped to 1) over the loss mask,
   clamped to +-20, exponentiated; ``truncate`` ``clamp(0, upper)``, ``clip`` ``clamp(lower, upper)``, ``mask``
   the ratio and a loss mask that drops what is outside ``[lower, upper]``; ``lower`` defaults to ``1 / upper``;
@@ -67,8 +68,9 @@ def slime_naive(old, rollout, mask, *, fn: str, level: str = "token", mode: str 
 
 def slime_losses(pg, weights, masks, loss_mask):
     """slime's two reductions of ``pg_loss * weights`` at 624b824: per token (``--calculate-per-token-loss``: the
-    sum over the modified masks, divided by the original masks' token count, an empty sample counted as 1) and per sample (each sample's sum
-    over its modified mask divided by its original mask's total, clamped to 1; one sample per rollout here)."""
+    sum over the modified masks, divided by the original masks' token count, an empty sample counted as 1) and per
+    sample (each sample's sum over its modified mask divided by its original mask's total, clamped to 1; one sample per
+    rollout here)."""
     total, per_sample, count = 0.0, 0.0, 0
     for p_row, w_row, k_row, m_row in zip(pg, weights, masks, loss_mask):
         s = sum(float(p) * w for p, w, k in zip(p_row, w_row, k_row) if k)

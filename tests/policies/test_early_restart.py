@@ -146,7 +146,8 @@ def test_v3_restarts_nothing_early_once_restarted_runaways_are_seen_to_run_away_
     recur (the tail lane is on) and v3 names nothing more; what it named before then was named without a verdict."""
     run = _v3(2, restart_lengths="replay")
     facts = run.policy_facts
-    assert facts["tail_lane"] and facts["restarted_runaways"] >= 2 and facts["recurred"] >= facts["restarted_runaways"] / 2
+    assert (facts["tail_lane"] and facts["restarted_runaways"] >= 2
+            and facts["recurred"] >= facts["restarted_runaways"] / 2)
     assert not any(known and recurs for known, recurs in RecordingV3.verdicts)
     assert sum(s.stale_restarts for s in run.steps) > 0
 

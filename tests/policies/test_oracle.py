@@ -1,4 +1,5 @@
-"""The reference schedules (``oracle``, ``oracle-probe``), the report's comparisons with them, and where they may run."""
+"""The reference schedules (``oracle``, ``oracle-probe``), the report's comparisons with them, and where they may
+run."""
 
 from __future__ import annotations
 
@@ -228,7 +229,8 @@ def test_simulate_cli_names_references_and_leaves_them_out_on_request(tmp_path):
     assert header[:7] == ["policy", "makespan_s", "vs_base", "bound_s", "vs_bound", "of_oracle", "of_probe"]
     r = CliRunner().invoke(cli, [*common, "--policy", "all", "--no-references"])
     assert r.exit_code == 0, r.output
-    policies = [line.split()[0] for line in r.output.splitlines()[3:] if line and not line.startswith("(")]   # not the notes
+    # not the notes
+    policies = [line.split()[0] for line in r.output.splitlines()[3:] if line and not line.startswith("(")]
     assert policies == policy_names("all")
     assert "of_oracle" not in r.output.splitlines()[1] and "vs_base" in r.output.splitlines()[1]
     r = CliRunner().invoke(cli, [*common, "--policy", "v2.5", "--references", "--set", "oracle:variant=bad"])

@@ -141,7 +141,8 @@ def test_v3_chunks_stay_work_conserving_by_taking_whole_unstarted_groups():
     from the other's (``chunk_steal``), rerouted before any token (a steal, never a move); every token is still
     checked by the fake engine, and a sample that ran or finished cannot be rerouted."""
     lengths = {"g0": [100, 100, 100, 100], "g1": [100, 90, 80, 70], "g2": [10, 10, 10, 10], "g3": [12, 8, 10, 9]}
-    groups, sched, engines, done, fatal = run_fakes("v3", {"placement": {"mode": "chunk"}, "disable": ["migration"]}, fast=1, heavy=1,
+    groups, sched, engines, done, fatal = run_fakes("v3", {"placement": {"mode": "chunk"}, "disable": ["migration"]},
+                                                    fast=1, heavy=1,
                                               conc=2, lengths=lengths)
     assert not fatal and done
     assert sched.stats["steals"] == 4 and sched.stats["moves"] == 0
@@ -151,7 +152,8 @@ def test_v3_chunks_stay_work_conserving_by_taking_whole_unstarted_groups():
         for s in g.samples:
             assert len({seg.engine for seg in s.segments}) == 1    # taken before it ran anywhere
     assert_complete(groups, lengths)
-    *_, kept, _ = run_fakes("v3", {"placement": {"mode": "chunk"}, "disable": ["migration", "chunk_steal"]}, fast=1, heavy=1, conc=2,
+    *_, kept, _ = run_fakes("v3", {"placement": {"mode": "chunk"}, "disable": ["migration", "chunk_steal"]}, fast=1,
+                            heavy=1, conc=2,
                       lengths=lengths)
     assert done[0] < 0.7 * kept[0]      # without steals fast-0 runs g0 and then g1 while heavy-0 idles
     finished = next(iter(by_key(groups).values()))

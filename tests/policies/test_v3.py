@@ -76,7 +76,8 @@ def test_probes_stop_jumping_the_queue_once_measured_to_predict_nothing():
                                     prompt_lens=[1] * 4)
     cfg = SimulateConfig(policy="v3", fast=1, heavy=0, timeline=False, batch_size=2,
                          profiles={"fast": UNIT, "heavy": UNIT}, segments={"enabled": False},
-                         policy_settings={"v3": {"ranking": {"min_pairs": 2}, "placement": {"mode": "deal"}}}, references=False)
+                         policy_settings={"v3": {"ranking": {"min_pairs": 2}, "placement": {"mode": "deal"}}},
+                         references=False)
     run = run_policy(trace_batches(trace, cfg), cfg, "v3", keep_groups=True)
     order = launch_order(run)
     assert order[:2] == ["p0/0", "p1/0"]                                  # undecided: probes first

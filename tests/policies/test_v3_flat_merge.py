@@ -88,7 +88,8 @@ def test_a_flat_switch_reads_its_value_as_its_bool_field_did(off):
 def test_a_flat_switch_that_is_not_a_bool_is_an_error_naming_it():
     from pdsr_sdk.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"mine\.yaml: policy_settings\.v3\.migrate: expected true or false, got 'maybe'"):
+    with pytest.raises(ConfigError,
+                       match=r"mine\.yaml: policy_settings\.v3\.migrate: expected true or false, got 'maybe'"):
         resolve_policy("v3", {"migrate": "maybe"}, origin="mine.yaml")
 
 

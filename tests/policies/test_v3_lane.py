@@ -77,12 +77,14 @@ def placements(run):
 
 
 def test_the_lane_is_on_in_a_stream_exactly_when_a_staleness_bound_is_set():
-    # without a bound a slow tail just carries over and the lane's capacity would cost ~2% (docs/notes/partial-rollout.md)
+    # without a bound a slow tail just carries over and the lane's capacity would cost ~2%
+    # (docs/notes/partial-rollout.md)
     assert placements(stream("auto", max_staleness=None)) == placements(stream("never", max_staleness=None))
     bound = stream("auto")
     assert bound.policy_facts["tail_lane"] and bound.policy_facts["lane_engines"] == ["heavy-0"]
     assert placements(bound) != placements(stream("never"))
-    # (it differs from 'always' until restarts show whether they repeat runaways: tests/policies/test_runaway_recurrence.py)
+    # (it differs from 'always' until restarts show whether they repeat runaways:
+    # tests/policies/test_runaway_recurrence.py)
 
 
 def test_the_lane_stays_off_within_a_batch():

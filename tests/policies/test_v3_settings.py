@@ -184,7 +184,8 @@ def test_cli_set_with_a_dotted_key_changes_what_v3_does(tmp_path):
         assert r.exit_code == 0, r.output
         reports[mode] = json.loads((tmp_path / mode / "simulate.json").read_text())["policies"][0]
         assert reports[mode]["settings"]["placement"]["mode"] == mode
-    assert [b["makespan_s"] for b in reports["chunk"]["batches"]] != [b["makespan_s"] for b in reports["deal"]["batches"]]
+    assert ([b["makespan_s"] for b in reports["chunk"]["batches"]]
+            != [b["makespan_s"] for b in reports["deal"]["batches"]])
     r = CliRunner().invoke(cli, [*args, "--out-dir", str(tmp_path / "old"), "--set", "v3:migrate=false"])
     assert r.exit_code == 0, r.output
     assert "warning: --set: config key 'migrate' is deprecated; use 'disable: [migration]'" in r.output

@@ -104,7 +104,8 @@ def test_when_every_prompt_is_too_long_the_run_is_refused_before_it_writes(tmp_p
     from pdsr_cli.main import cli
 
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({"model": str(tiny_model_dir), "policy": "baseline", "sampling": {"n": 2, "max_tokens": 8},
+    cfg.write_text(json.dumps({"model": str(tiny_model_dir), "policy": "baseline",
+                               "sampling": {"n": 2, "max_tokens": 8},
                                "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine",
                                             "max_model_len": 64}]}))
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 80}, {"prompt": "word " * 60}])

@@ -46,7 +46,8 @@ def test_a_run_stuck_in_a_hung_reward_ends_when_terminated(tmp_path, tiny_model_
         "output": {"flush_groups": 1}, "reward": f"{tmp_path / 'hangs.py'}:reward", "reward_executor": executor,
         "engines": [{"name": "f0", "pool": "fast", "backend": "fakes:LoopEngine", "max_model_len": 256}]}))
     out = tmp_path / "o.parquet"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "pdsr_cli", "rollout", "--quiet", "--config", str(cfg), "--data",
                              str(prompts), "--batch-size", "2", "--out", str(out)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -34,8 +34,8 @@ def kept(session) -> dict[str, int]:
 
 
 def test_a_partial_rollout_session_keeps_the_same_between_step_10_and_step_40(tiny_model_dir):
-    """The prompt iterator is given once and ``()`` afterwards (docs/sdk-partial.md): the session's step stream kept every
-    step's record and each prompt's launch and consumption step, and the session each step's ``()`` behind the
+    """The prompt iterator is given once and ``()`` afterwards (docs/sdk-partial.md): the session's step stream kept
+    every step's record and each prompt's launch and consumption step, and the session each step's ``()`` behind the
     iterator, for good. It now holds the same after 40 steps as after 10, and each step's result still has its own
     record."""
     from pdsr_sdk import RolloutSession

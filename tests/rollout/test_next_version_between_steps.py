@@ -48,8 +48,8 @@ def test_a_running_step_refuses_next_version_until_paused(tiny_model_dir):
         stepping = threading.Thread(target=lambda: out.update(result=session.step(["a", "b"])))
         stepping.start()
         wait_running(session, stepping)
-        with pytest.raises(RunError, match=r"next_version: a step is running; pause it first \(session\.pause\(\.\.\.\)\) "
-                                           r"or call it between steps"):
+        with pytest.raises(RunError, match=r"next_version: a step is running; pause it first "
+                                           r"\(session\.pause\(\.\.\.\)\) or call it between steps"):
             session.next_version()
         assert session.policy_version == 0 and stepping.is_alive()
         session.pause("abort")

@@ -28,7 +28,8 @@ def test_an_assigned_variable_is_its_value(answer, truth, right):
     assert math_boxed(boxed(answer), truth) == float(right)
 
 
-@pytest.mark.parametrize("answer, truth, right", [c for c in ASSIGNMENTS if c[0] in ("x = 5", "5", "y = 2x+3", "x = 6")])
+@pytest.mark.parametrize("answer, truth, right",
+                         [c for c in ASSIGNMENTS if c[0] in ("x = 5", "5", "y = 2x+3", "x = 6")])
 def test_assignments_as_verl_reads_them(answer, truth, right):
     """The reference agrees with the cases above (verl reads a left side of at most two characters, so not
     'a_1', and compares text, so not a fraction with a decimal)."""
@@ -55,8 +56,10 @@ SHORTHAND = [("\\left( \\frac32, -13 \\right)", "\\left( \\frac{3}{2}, -13 \\rig
              ("1\\frac45", "1\\frac{4}{5}", True), ("137 \\frac12", "137 \\frac{1}{2}", True),
              ("\\frac{270}7", "\\frac{270}{7}", True), ("\\frac1{2}\\pi", "\\frac{1}{2}\\pi", True),
              ("2\\sqrt2", "2\\sqrt{2}", True), ("\\frac{\\sqrt3}{2}", "\\frac{\\sqrt{3}}{2}", True),
-             ("\\sqrt5 - 1", "\\sqrt{5}-1", True), ("\\left(\\frac35,\\frac83\\right]", "\\left(\\frac{3}{5},\\frac{8}{3}\\right]", True),
-             ("2\\sqrt3", "2\\sqrt{2}", False), ("\\frac32", "\\frac{2}{3}", False), ("\\sqrt{12}", "\\sqrt{1}2", False),
+             ("\\sqrt5 - 1", "\\sqrt{5}-1", True),
+             ("\\left(\\frac35,\\frac83\\right]", "\\left(\\frac{3}{5},\\frac{8}{3}\\right]", True),
+             ("2\\sqrt3", "2\\sqrt{2}", False), ("\\frac32", "\\frac{2}{3}", False),
+             ("\\sqrt{12}", "\\sqrt{1}2", False),
              ("1\\frac45", "1\\frac{4}{6}", False)]
 
 

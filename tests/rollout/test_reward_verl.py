@@ -179,8 +179,10 @@ def test_dapo_overlong_shaping():
 
     shaped = OverlongShaping(lambda text, truth, **info: 1.0, max_tokens=100, buffer=20, penalty=1.0)
     assert [shaped("t", "1", response_length=n) for n in (50, 90, 100)] == [
-        {"score": 1.0, "overlong_reward": 0.0, "overlong": False}, {"score": 0.5, "overlong_reward": -0.5, "overlong": True},
-        {"score": 0.0, "overlong_reward": -1.0, "overlong": True}]   # the amount logged for a float reward too, as verl's DAPO does
+        {"score": 1.0, "overlong_reward": 0.0, "overlong": False}, {"score": 0.5, "overlong_reward": -0.5,
+                                                                    "overlong": True},
+        # the amount logged for a float reward too, as verl's DAPO does
+        {"score": 0.0, "overlong_reward": -1.0, "overlong": True}]
     verl = OverlongShaping(resolve_reward(f"{HERE}:compute_score", True), max_tokens=100, buffer=20, penalty=0.5)
     got = verl("\\boxed{1}", "1", response_length=100)
     assert got["score"] == 0.5 and got["overlong_reward"] == -0.5 and got["acc"] is True

@@ -108,7 +108,8 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
         "Problem 45000\nits second line, with a comma")
     array = tmp_path / "p.json"   # a .json file of one array of objects, as a dataset's to_json(lines=False) writes
     array.write_text(json.dumps(rows, indent=1))
-    assert [(r.prompt_id, r.ground_truth) for r in load_prompts(DataConfig(), tok, path=array)] == [("a", "2"), ("b", "4")]
+    assert ([(r.prompt_id, r.ground_truth) for r in load_prompts(DataConfig(), tok, path=array)]
+            == [("a", "2"), ("b", "4")])
     array.write_text(json.dumps([rows[0], "not an object"]))
     with pytest.raises(DataError, match="p.json: item 1 of the array: expected a JSON object, got str"):
         load_prompts(DataConfig(), tok, path=array)
@@ -132,7 +133,8 @@ def test_load_prompts_variants(tmp_path, tiny_model_dir):
     assert [r.prompt_id for r in load_prompts(DataConfig(), tok, path=saved)] == ["a", "b"]
     (shards / "more.jsonl").write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(DataError, match=r"shards: the folder must hold prompt files of one format .*found 1 jsonl "
-                                        r"\(more\.jsonl, \.\.\.\); 2 parquet \(train-00000-of-00002\.parquet, \.\.\.\)"):
+                                        r"\(more\.jsonl, \.\.\.\); 2 parquet \(train-00000-of-00002\.parquet, "
+                                        r"\.\.\.\)"):
         load_prompts(DataConfig(), tok, path=shards)
     tsv = tmp_path / "p.tsv"
     tsv.write_text("prompt\tlabel\nWhat is 3+3?\t6\n")

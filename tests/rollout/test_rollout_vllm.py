@@ -106,7 +106,8 @@ def test_resume_after_an_interrupted_run_has_every_sample_once(engine_loop, engi
         run_mod.RolloutSession.generate = real_generate
     parts = list((tmp_path / "v2.5.parquet.parts").glob("part-*.parquet"))
     assert parts and not (tmp_path / "v2.5.parquet").exists()
-    first = pq.read_table(parts).to_pylist() if len(parts) == 1 else [r for f in parts for r in pq.read_table(f).to_pylist()]
+    first = (pq.read_table(parts).to_pylist() if len(parts) == 1
+             else [r for f in parts for r in pq.read_table(f).to_pylist()])
     assert {r["prompt_id"] for r in first} == {"p0", "p1"}
 
     summary, rows = rollout(engine_loop, engines, tiny_model_dir, tmp_path, replay_data, "v2.5", batch_size=2,

@@ -311,7 +311,8 @@ def test_an_interrupted_steps_run_resumes_its_carried_samples_from_their_tokens(
     before = pq.read_table(out.with_name(out.name + ".parts")).to_pylist()
     carry = pq.read_table(carry_file(out)).to_pylist()
     assert len({r["prompt_id"] for r in before}) == 1 and {r["batch_index"] for r in before} == {0}
-    assert len({r["prompt_id"] for r in carry}) == 2 and not {r["prompt_id"] for r in carry} & {r["prompt_id"] for r in before}
+    assert (len({r["prompt_id"] for r in carry}) == 2
+            and not {r["prompt_id"] for r in carry} & {r["prompt_id"] for r in before})
     partial = [r for r in carry if r["finish_reason"] is None and r["response_length"]]
     assert partial, "some carried sample must hold tokens without being finished"
     assert all(r["launch_step"] == 0 and r["response_length"] == len(r["response_token_ids"])

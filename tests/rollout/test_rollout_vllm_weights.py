@@ -85,7 +85,8 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
             second = await session.astep(iter(prompts))
             # bad input: nothing reaches the engines, the error names the parameter
             sd = policy.state_dict()
-            with pytest.raises(DataError, match=r"unknown parameter 'model\.layers\.0\.mlp\.up_proj\.weigth'.*did you mean"):
+            with pytest.raises(DataError,
+                               match=r"unknown parameter 'model\.layers\.0\.mlp\.up_proj\.weigth'.*did you mean"):
                 await session.aupdate_weights({**sd, "model.layers.0.mlp.up_proj.weigth": sd["model.norm.weight"]})
             bad = dict(sd)
             bad["model.layers.1.self_attn.q_proj.weight"] = torch.zeros(3, 7)
@@ -93,7 +94,9 @@ def test_update_weights_reaches_every_engine_and_bumps_the_version(engine_loop, 
                 await session.aupdate_weights(bad)
             # the engine process checks too (here bypassing the session's check): an EngineError with its name
             staged = StagedWeights(items=list(bad.items()))
-            with pytest.raises(EngineError, match=r"engine 'fast-0'.*'model\.layers\.1\.self_attn\.q_proj\.weight' has shape") as info:
+            with pytest.raises(EngineError,
+                               match=r"engine 'fast-0'.*'model\.layers\.1\.self_attn\.q_proj\.weight' has "
+                                     r"shape") as info:
                 await engines[0].update_weights(staged)
             staged.close()
             assert "Traceback" not in str(info.value)

@@ -66,7 +66,8 @@ def test_prompts_a_step_takes(tiny_model_dir):
          PromptRecord("mine", "x", [1, 2, 3])], cfg, tok, id_prefix="s0-p")
     assert [r.prompt_id for r in records] == ["s0-p0", "s0-p1", "s0-p2", "7", "mine"]
     assert [r.ground_truth for r in records] == [None, None, "4", "6", None]
-    assert records[0].text.startswith("<|im_start|>system\nBe brief.<|im_end|>") and records[0].text.endswith("assistant\n")
+    assert records[0].text.startswith("<|im_start|>system\nBe "
+                                      "brief.<|im_end|>") and records[0].text.endswith("assistant\n")
     assert records[0].token_ids == tok(records[0].text, add_special_tokens=False)["input_ids"]
     with pytest.raises(DataError, match=r"prompts\[1\]: duplicate prompt id 'a'"):
         prompt_records([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}], cfg, tok)

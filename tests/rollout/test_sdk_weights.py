@@ -57,7 +57,8 @@ def test_weights_are_checked_against_the_model_and_written_once_to_shared_memory
     assert stage_weights(iter(sd.items()), ref).items is not None       # an iterator of pairs
 
     name = "model.layers.0.self_attn.q_proj.weight"
-    with pytest.raises(DataValueError, match=rf"unknown parameter 'model.layers.0.self_attn.q_proj.weights'.*did you mean '{name}'"):
+    with pytest.raises(DataValueError,
+                       match=rf"unknown parameter 'model.layers.0.self_attn.q_proj.weights'.*did you mean '{name}'"):
         stage_weights({**sd, name + "s": sd[name]}, ref)
     with pytest.raises(DataError, match=rf"parameter '{name}' has shape \[2, 2\]; .* expects \[256, 256\]"):
         stage_weights({**sd, name: torch.zeros(2, 2)}, ref)

@@ -147,7 +147,8 @@ def test_text_parts_are_joined_as_vllm_joins_them(served):
                                      add_generation_prompt=True)
     r = client.chat.completions.create(model="tiny", messages=parts, max_tokens=2, extra_body={"pdsr_sample": "parts"})
     assert r.usage.prompt_tokens == len(tok(expect, add_special_tokens=False)["input_ids"])
-    convo = [{"role": "user", "content": "What is\n6*7?"}, {"role": "assistant", "content": r.choices[0].message.content},
+    convo = [{"role": "user", "content": "What is\n6*7?"}, {"role": "assistant",
+                                                            "content": r.choices[0].message.content},
              {"role": "tool", "content": [{"type": "text", "text": "42"}]}]
     client.chat.completions.create(model="tiny", messages=convo, max_tokens=2, extra_body={"pdsr_sample": "parts"})
     row = httpx.post(f"{base}/pdsr/samples/parts/end", json={"reward": 1.0}, timeout=WAIT_S).json()

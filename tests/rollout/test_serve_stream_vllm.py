@@ -92,7 +92,8 @@ def test_a_chat_stream_sends_tokens_as_they_come_and_goes_on_after_a_pause(strea
     # the joined deltas: the answer without stream, to the token and its log-prob
     assert "".join(c.choices[0].delta.content or "" for c in content) == plain.choices[0].message.content
     assert [i for c in content for i in c.choices[0].token_ids] == plain.choices[0].token_ids
-    streamed_lps = [(t.token, t.logprob) for c in content if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    streamed_lps = [(t.token, t.logprob)
+                    for c in content if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert streamed_lps == [(t.token, t.logprob) for t in plain.choices[0].logprobs.content]
     assert usage.choices == [] and usage.usage == plain.usage
 

@@ -80,13 +80,14 @@ def test_a_named_samples_new_messages_keep_the_fields_the_template_renders(serve
         convo += [{"role": "assistant", "content": r.choices[0].message.content},
                   {"role": "assistant", "content": None, "tool_calls": [call]},
                   {"role": "tool", "content": "42", "tool_call_id": "c1", "name": "calc"}]
-        client.chat.completions.create(model="tiny", messages=convo, max_tokens=3, extra_body={"pdsr_sample": "fields-1"})
+        client.chat.completions.create(model="tiny", messages=convo, max_tokens=3,
+                                       extra_body={"pdsr_sample": "fields-1"})
         row = httpx.post(f"{base}/pdsr/samples/fields-1/end", json={"reward": 1.0}, timeout=WAIT_S).json()
         env = row["turns"][1]
         env_ids = row["response_token_ids"][env["start_token"]:env["start_token"] + env["num_tokens"]]
         # the first turn was cut at its 4 tokens: its end of turn is the environment's
-        assert tok.decode(env_ids) == ("<|im_end|>\n<|im_start|>assistant\n@c1 calc<|im_end|>\n<|im_start|>tool calc c1\n42"
-                                       "<|im_end|>\n<|im_start|>assistant\n")
+        assert tok.decode(env_ids) == ("<|im_end|>\n<|im_start|>assistant\n@c1 calc<|im_end|>\n<|im_start|>tool calc "
+                                       "c1\n42<|im_end|>\n<|im_start|>assistant\n")
         assert env["role"] == "environment" and env["tool_name"] == "calc"
         # a plain request renders them too
         plain = client.chat.completions.create(model="tiny", messages=convo, max_tokens=2)
@@ -122,7 +123,8 @@ def test_messages_the_chat_template_refuses_are_a_400_and_the_sample_goes_on(ser
         convo.append({"role": "assistant", "content": r.choices[0].message.content})
         with pytest.raises(openai.BadRequestError, match="'strict-1': the chat template refused the new messages: "
                                                          "Conversation roles must be user or assistant"):
-            client.chat.completions.create(model="tiny", messages=convo + [tool], extra_body={"pdsr_sample": "strict-1"})
+            client.chat.completions.create(model="tiny", messages=convo + [tool],
+                                           extra_body={"pdsr_sample": "strict-1"})
         r = client.chat.completions.create(model="tiny", messages=convo + [{"role": "user", "content": "42"}],
                                            max_tokens=3, extra_body={"pdsr_sample": "strict-1"})
         assert len(r.choices[0].token_ids) == 3
@@ -333,7 +335,8 @@ def test_a_turn_that_calls_tools_finishes_with_tool_calls(tiny_model_dir):
     from pdsr_sdk.rollout.serve import ChatServer
 
     tok = load_tokenizer(tiny_model_dir)
-    server = ChatServer(SimpleNamespace(tokenizer=tok, hooks=SimpleNamespace(on_group_done=[], on_fatal=[])), tool_parser="hermes")
+    server = ChatServer(SimpleNamespace(tokenizer=tok, hooks=SimpleNamespace(on_group_done=[], on_fatal=[])),
+                        tool_parser="hermes")
     call = tok('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>',
                add_special_tokens=False)["input_ids"]
     group = Group(prompt_id="p", prompt_token_ids=[1], prompt_text="", n=3)

@@ -68,7 +68,8 @@ def test_openai_client_on_real_engines(engine_loop, vllm_pair, tiny_model_dir):
     finally:
         session.stop_serving()
     log, tok = running.result(WAIT_S)
-    assert row["reward"] == 1.0 and [t["role"] for t in row["turns"]] == ["assistant", "environment"] * 2 + ["assistant"]
+    assert row["reward"] == 1.0 and [t["role"] for t in row["turns"]] == ["assistant",
+                                                                          "environment"] * 2 + ["assistant"]
     prompt, response = row["prompt_token_ids"], row["response_token_ids"]
     mine = [ids for rid, ids in log if rid.startswith("sample-agent-1/")]
     assert len(mine) >= 3

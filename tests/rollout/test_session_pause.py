@@ -1,6 +1,7 @@
 """The trainer's threads: ``RolloutSession.step`` blocks one thread while ``pause`` / ``resume`` come from
 another (fake engines on the session's loop), and a step that loses an engine. The scheduler's pause modes:
-tests/dispatch/test_scheduler.py; the session's pause on real vLLM engines: tests/rollout/test_rollout_vllm_weights.py."""
+tests/dispatch/test_scheduler.py; the session's pause on real vLLM engines:
+tests/rollout/test_rollout_vllm_weights.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_a_synchronous_step_in_one_thread_is_paused_and_resumed_from_another(tin
     engines = [FakeEngine("fast-0", "fast", None, max_concurrency=2, token_time=0.01),
                FakeEngine("heavy-0", "heavy", None, max_concurrency=2, token_time=0.01)]
     cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline",
-                        sampling={"n": 3, "max_tokens": 40, "ignore_eos": True}, segments={"min_tokens": 8, "max_tokens": 8})
+                        sampling={"n": 3, "max_tokens": 40, "ignore_eos": True},
+                        segments={"min_tokens": 8, "max_tokens": 8})
     with RolloutSession(cfg, engines=engines) as session:
         for e in engines:
             e.clock = LoopClock(session._thread.loop)
@@ -66,7 +68,8 @@ def test_a_step_that_lost_an_engine_names_it_in_its_summary(tiny_model_dir):
 
     engines = [FakeEngine(name, "fast", None, max_concurrency=2, token_time=0.01) for name in ("fast-0", "fast-1")]
     cfg = RolloutConfig(model=str(tiny_model_dir), policy="baseline",
-                        sampling={"n": 2, "max_tokens": 24, "ignore_eos": True}, segments={"min_tokens": 8, "max_tokens": 8})
+                        sampling={"n": 2, "max_tokens": 24, "ignore_eos": True},
+                        segments={"min_tokens": 8, "max_tokens": 8})
     with RolloutSession(cfg, engines=engines) as session:
         for e in engines:
             e.clock = LoopClock(session._thread.loop)

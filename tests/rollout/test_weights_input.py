@@ -98,7 +98,8 @@ def test_a_head_that_differs_from_the_tied_embedding_is_refused(tiny_weights, tm
 
     sd, ref = tiny_weights
     embed = sd["model.embed_tokens.weight"]
-    assert ref.tied_embeddings and "lm_head.weight" not in ref.shapes and sd["lm_head.weight"].data_ptr() == embed.data_ptr()
+    assert (ref.tied_embeddings and "lm_head.weight" not in ref.shapes
+            and sd["lm_head.weight"].data_ptr() == embed.data_ptr())
     untied = embed + 1e-3 * torch.randn_like(embed)
     said = r"'lm_head\.weight' differs from 'model\.embed_tokens\.weight'.*ties them"
     for head in (untied, embed[:1000], embed.to(torch.bfloat16)):

@@ -181,7 +181,8 @@ def test_an_unreadable_trace_is_named_by_its_key_and_flag(tmp_path):
     bad.write_text('{"x": 1}\n')
     out = ["--out-dir", str(tmp_path / "o")]
     result = CliRunner().invoke(cli, ["simulate", "--trace", str(gone), *out])
-    assert result.exit_code != 0 and result.output.strip() == f"error: trace (--trace) {gone}: trace file does not exist"
+    assert result.exit_code != 0 and result.output.strip() == (f"error: trace (--trace) {gone}: trace file does not "
+                                                               "exist")
     result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad), *out])
     assert result.exit_code != 0 and result.output.startswith(f"error: trace (--trace) {bad}:1: missing key(s)")
 

@@ -59,7 +59,8 @@ def test_the_tail_counts_of_each_data_set_make_the_tokens_per_step_and_the_draft
     # empty folder, so that an acceptance.json where the tests run (docs/simulate.md's command writes one) is not read
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path / "empty")
-    with pytest.raises(DataError, match=r"^acceptance\.json: cannot read the acceptance file: No such file or directory$"):
+    with pytest.raises(DataError,
+                       match=r"^acceptance\.json: cannot read the acceptance file: No such file or directory$"):
         speculation_from_acceptance("acceptance.json", "group")
     (tmp_path / "cut.json").write_text('{"datasets": ')
     with pytest.raises(DataError, match="cut.json: the acceptance file is not JSON"):

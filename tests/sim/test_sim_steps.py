@@ -35,7 +35,8 @@ def test_f0_is_the_on_policy_run_step_for_step():
     assert run.work_bounds_s == pytest.approx([b.work_bound_s for b in on.batches], rel=1e-12)
 
 
-@pytest.mark.parametrize("policy,staleness", [("baseline", None), ("baseline", 1), ("baseline", 0), ("v2", 1), ("v3", None), ("v3", 1),
+@pytest.mark.parametrize("policy,staleness", [("baseline", None), ("baseline", 1), ("baseline", 0), ("v2", 1),
+                                              ("v3", None), ("v3", 1),
                                               ("v1", 1), ("v2.5", None), ("v2.5", 1), ("lpt", 1)])
 def test_no_sample_lost_or_duplicated_and_staleness_holds(policy, staleness):
     trace = small_trace()
@@ -139,9 +140,11 @@ def test_cli_curve_writes_json_and_png(tmp_path):
     write_trace_jsonl(small_trace(groups=60), trace_path)
     out = tmp_path / "out"
     profile = tmp_path / "p.yaml"
-    profile.write_text("fast: {max_num_seqs: 8, kv_cache_tokens: 4096}\nheavy: {max_num_seqs: 8, kv_cache_tokens: 4096}\n")
+    profile.write_text("fast: {max_num_seqs: 8, kv_cache_tokens: 4096}\nheavy: {max_num_seqs: 8, kv_cache_tokens: "
+                       "4096}\n")
     res = CliRunner().invoke(cli, ["simulate", "--trace", str(trace_path), "--steps", "5", "--batch-size", "6",
-                                   "--fast", "2", "--heavy", "1", "--profile", str(profile), "--max-staleness", "1", "--policy", "baseline",
+                                   "--fast", "2", "--heavy", "1", "--profile", str(profile), "--max-staleness", "1",
+                                   "--policy", "baseline",
                                    "--out-dir", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
     assert "on-policy baseline step" in res.output and "off_policy" in res.output

@@ -32,7 +32,8 @@ def test_v3_refresh_regenerates_a_carried_groups_finished_samples_under_the_new_
     t=12 with 5 + 8."""
     trace = LengthTrace.from_matrix(np.array([[5, 12], [8, 8], [20, 20], [20, 20], [20, 20]]),
                                     prompt_ids=[f"g{i}" for i in range(5)], prompt_lens=np.full(5, 4))
-    cfg = unit_cfg(policy="v3", steps=2, policy_settings={"v3": {"step_end": {"refresh_ratio": 1.0 if refresh else None}}})
+    cfg = unit_cfg(policy="v3", steps=2,
+                   policy_settings={"v3": {"step_end": {"refresh_ratio": 1.0 if refresh else None}}})
     run = run_steps(trace, cfg, "v3", 1.0, keep_groups=True)
     assert run.consumed_at["g1"] == 0 and run.consumed_at["g0"] == 1
     step = run.steps[1]

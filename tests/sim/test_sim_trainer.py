@@ -70,7 +70,8 @@ def test_pipelined_partial_rollout_keeps_every_sample_and_the_staleness_bound(po
     launched group is consumed once or still in flight, each sample with exactly its recorded length; token
     ages count from each step's end version, which is one above its predecessor's (the hold) and never older
     than S; the steps together take at least their work bounds. Against the same run with a synchronous
-    trainer, pipelining hides the trainer: its steady step is shorter. (A step here takes 1-2.5 s, so the updates land while it runs.)"""
+    trainer, pipelining hides the trainer: its steady step is shorter. (A step here takes 1-2.5 s, so the updates land
+    while it runs.)"""
     trace = small_trace(groups=80)
     want = recorded(trace)
     cfg = small_cfg(policy=policy, max_staleness=staleness, trainer_s=trainer_s, weight_update_s=update_s,

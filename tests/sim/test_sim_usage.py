@@ -53,7 +53,8 @@ def test_the_engines_the_policy_made_a_tail_lane_are_named():
     """v3 in a stream under a staleness bound makes its heavy engine a tail lane (asked for: 'auto' opens it only
     at a restarted runaway, which this small stream has none of); without a bound it has none."""
     trace = small_trace()
-    bound = run_steps(trace, small_cfg(policy="v3", max_staleness=2, policy_settings={"v3": {"lane": {"mode": "always"}}}),
+    bound = run_steps(trace,
+                      small_cfg(policy="v3", max_staleness=2, policy_settings={"v3": {"lane": {"mode": "always"}}}),
                       "v3", 0.5)
     assert bound.policy_facts["lane_engines"] == ["heavy-0"]
     assert [e.name for e in bound.engines if e.lane] == ["heavy-0"]

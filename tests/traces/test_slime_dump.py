@@ -30,7 +30,8 @@ def slime_sample(*, group_index, index, prompt, prompt_tokens, response_length, 
     ``trace`` is the attribute slime/observability/trace_utils.py's ``bind_trace`` sets on it)."""
     sample = {
         "group_index": group_index, "index": index, "rollout_id": None, "prompt": prompt,
-        "tokens": list(range(100, 100 + prompt_tokens)) + [7] * response_length,   # the prompt's ids, then the response's
+        # the prompt's ids, then the response's
+        "tokens": list(range(100, 100 + prompt_tokens)) + [7] * response_length,
         "multimodal_inputs": None, "multimodal_train_inputs": None, "multimodal_train_input_id": None,
         "apply_chat_template_kwargs": {}, "response": "so " * response_length, "response_length": response_length,
         "label": "12", "reward": reward, "loss_mask": None, "weight_versions": ["3"],

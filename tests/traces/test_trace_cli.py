@@ -24,7 +24,8 @@ def test_cli_synth_writes_the_sdk_trace(tmp_path):
 
 
 def test_cli_synth_counts_one_group_and_one_sample_in_the_singular(tmp_path):
-    result = CliRunner().invoke(cli, ["trace", "synth", "--groups", "1", "--n", "1", "--out", str(tmp_path / "t.jsonl")])
+    result = CliRunner().invoke(cli,
+                                ["trace", "synth", "--groups", "1", "--n", "1", "--out", str(tmp_path / "t.jsonl")])
     assert result.exit_code == 0, result.output
     assert ": 1 group x 1 sample, length median" in result.output   # was "1 groups x 1 samples"
 
@@ -204,7 +205,8 @@ def test_the_output_of_a_rollout_still_running_or_stopped_is_named_as_such(tmp_p
 
     out = tmp_path / "roll.parquet"
     parts, lock = tmp_path / "roll.parquet.parts", tmp_path / "roll.parquet.lock"
-    commands = [(["trace", "convert", str(out), "--out", str(tmp_path / "t.jsonl"), "--overwrite"], f"SOURCE {out}: rollout log",
+    commands = [(["trace", "convert", str(out), "--out", str(tmp_path / "t.jsonl"), "--overwrite"],
+                 f"SOURCE {out}: rollout log",
                  "give that folder to read them as they are"),
                 (["analyze", str(out), "--no-plots"], f"TRACE {out}: trace",
                  f"`pdsr trace convert {parts} --out trace.jsonl` makes a trace of them"),

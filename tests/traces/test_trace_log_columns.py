@@ -87,7 +87,8 @@ def test_a_jsonl_logs_unused_keys_are_typed_not_converted(tmp_path, monkeypatch)
     path = write_table_as(table, tmp_path / "log.jsonl", "jsonl")
     plans: list = []
     plan_jsonl = pdsr_sdk.io.blocks.plan_jsonl
-    monkeypatch.setattr(pdsr_sdk.io.blocks, "plan_jsonl", lambda *a, **k: plans.append(plan_jsonl(*a, **k)) or plans[-1])
+    monkeypatch.setattr(pdsr_sdk.io.blocks, "plan_jsonl",
+                        lambda *a, **k: plans.append(plan_jsonl(*a, **k)) or plans[-1])
     trace = read_responses_trace(path, id_column="uid")
     assert_same_trace(trace, _expected(table, tmp_path))
     (plan,) = plans
@@ -128,7 +129,8 @@ def test_errors_list_every_column_and_name_the_row_past_the_first_block(tmp_path
     row = BATCH_ROWS + 17
     ids = table["response_ids"].to_pylist()
     ids[row] = None
-    bad = write_table_as(table.set_column(1, "response_ids", pa.array(ids, pa.list_(pa.int32()))), tmp_path / "bad.parquet",
+    bad = write_table_as(table.set_column(1, "response_ids", pa.array(ids, pa.list_(pa.int32()))),
+                         tmp_path / "bad.parquet",
                  "parquet")
     out = tmp_path / "t.jsonl"
     result = CliRunner().invoke(cli, ["trace", "convert", str(bad), "--id-column", "uid", "--out", str(out)])

@@ -95,7 +95,8 @@ def test_per_response_jsonl_and_csv(tmp_path):
     assert_same_trace(read_any_trace(jsonl), _expected(tmp_path))
     csv = tmp_path / "log.csv"
     csv.write_text("question,n_tokens,why,score\n" + "".join(
-        f"{pid},{float(n) if i == 1 else n},{r},{'' if w is None else w}\n" for i, (pid, _, n, r, w) in enumerate(ROWS)))
+        f"{pid},{float(n) if i == 1 else n},{r},{'' if w is None else w}\n"
+        for i, (pid, _, n, r, w) in enumerate(ROWS)))
     out = tmp_path / "t.jsonl"
     result = _convert(csv, out, "--id-column", "question", "--length-column", "n_tokens",
                       "--finish-reason-column", "why")

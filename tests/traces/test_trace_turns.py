@@ -40,7 +40,8 @@ def test_turns_round_trip_and_old_traces_read_as_before(tmp_path):
 
 
 @pytest.mark.parametrize("turns, needle", [
-    ([[[10, 4, 0.5], [15, 0, 0.0]], None], "turns[0] adds up to 29 tokens (sampled + environment) but lengths[] says 30"),
+    ([[[10, 4, 0.5], [15, 0, 0.0]], None],
+     "turns[0] adds up to 29 tokens (sampled + environment) but lengths[] says 30"),
     ([[[0, 4, 0.5], [26, 0, 0.0]], None], "turns[0] turn 0 is [0, 4, 0.5]; expected [sampled, env_tokens, env_s]"),
     ([[[10, 4, -1], [16, 0, 0.0]], None], "turns[0] turn 0 is [10, 4, -1]"),
     ([[[10, 4.5, 1], [16, 0, 0.0]], None], "turns[0] turn 0 is [10, 4.5, 1]"),
