@@ -18,8 +18,8 @@ the measured pass rate are printed beside each.
 pdsr: ``pdsr simulate --steps K --step-groups B --max-staleness 0 --filter-groups zero-variance`` (on-policy: a
 group still generating at a step's end is dropped then, as the recipe drops its excess; the
 groups in flight follow the measured pass rate). verl's DAPO
-recipe (``recipe/dapo``, ``pdsr_sdk.sim.steps_baseline.dapo_recipe_steps``): generation batches of 3 x B prompts with the
-baseline policy (plain continuous batching, each batch waits for its longest sample), filtered, until B pass, at
+recipe (``recipe/dapo``, ``pdsr_sdk.sim.steps_baseline.dapo_recipe_steps``): generation batches of 3 x B prompts with
+the baseline policy (plain continuous batching, each batch waits for its longest sample), filtered, until B pass, at
 most 10 a step. Both on the same simulated engines (default profile). Step time: the mean of steps 3 to K-1.
 
 ``filter_bound_s``: the least time these engines need to complete B / pass rate groups of the trace's average
@@ -114,7 +114,8 @@ def main() -> None:
         parser.error(" ".join(str(exc).split()))   # the config's lines as one
 
     print(f"B = {args.b}, {args.steps} steps, policy {args.policy}, {args.fast} fast + {args.heavy} heavy simulated "
-          f"engines, seed {args.seed}, over-provision {args.over_provision if args.over_provision is not None else 'adaptive'}")
+          f"engines, seed {args.seed}, over-provision "
+          f"{args.over_provision if args.over_provision is not None else 'adaptive'}")
     header = ("solve", "solve_rate", "pass_rate", "dapo_gen_batches", "dapo_step_s", "pdsr_step_s", "ratio",
               "filter_bound_s", "best_ratio", "pdsr_in_flight", "pdsr_wasted_share", "pdsr_dropped_share", "sim_s")
     print(" | ".join(header))
@@ -134,7 +135,8 @@ def main() -> None:
         s = report.summary(run)
         dropped = sum(st["dropped_tokens"] for st in s["steps"])   # groups dropped at a step's end
         generated = s["tokens"] + s["wasted_tokens"] + s["filtered_tokens"] + dropped
-        print(" | ".join(["recorded" if solve is None else f"{solve:g}", f"{float(np.nanmean(trace.rewards)):.3f}", f"{pass_rate:.3f}",
+        print(" | ".join(["recorded" if solve is None else f"{solve:g}", f"{float(np.nanmean(trace.rewards)):.3f}",
+                          f"{pass_rate:.3f}",
                           f"{sum(steady) / len(steady):.2f}", f"{report.baseline_step_s:.2f}",
                           f"{run.steady_step_s:.2f}", f"{report.ratio(run):.3f}", f"{bound:.2f}",
                           f"{bound / report.baseline_step_s:.3f}", str(run.in_flight),

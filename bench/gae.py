@@ -183,7 +183,8 @@ def main() -> None:
     parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="comma-separated BxT shapes (default: 256x131072,128x65536)")
     parser.add_argument("--quick", action="store_true", help=f"small shapes ({QUICK}) for a quick check")
-    parser.add_argument("--repeats", type=at_least(1), default=5, help="timed runs of each fast variant (median; default 5)")
+    parser.add_argument("--repeats", type=at_least(1), default=5,
+                        help="timed runs of each fast variant (median; default 5)")
     parser.add_argument("--loop-repeats", type=at_least(1), default=1,
                         help="timed runs of each per-timestep torch loop (seconds each at full size; default 1)")
     parser.add_argument("--threads", type=at_least(0), default=0, help="numba threads (default, 0: all available)")

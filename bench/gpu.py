@@ -280,14 +280,16 @@ def main() -> None:
     ap.add_argument("--part", choices=["all", "gae", "score"], default="all", help="which measurement to run")
     ap.add_argument("--repeat", type=at_least(1), default=20, help="timed repeats per GAE kernel (median shown)")
     ap.add_argument("--samples", type=at_least(1), default=512, help="samples scored")
-    ap.add_argument("--budgets", type=at_least(1), nargs="+", default=[16384, 65536], help="token budgets per micro-batch")
+    ap.add_argument("--budgets", type=at_least(1), nargs="+", default=[16384, 65536],
+                    help="token budgets per micro-batch")
     ap.add_argument("--gae-sweep", action="store_true",
                     help="also sweep the GAE kernel's tile length x warps x prefetch on the first shape")
     ap.add_argument("--fixed-mbs", type=at_least(1), nargs="*", default=[32, 8], metavar="MBS",
                     help="fixed micro-batch sizes to score with too (none: only the token budgets' modes)")
     ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa, flex_attention, "
                                                    "flash_attention_2 (if installed), eager")
-    ap.add_argument("--peak-tflops", type=number_at_least(0.001), default=None, help="the GPU's dense bf16 peak in TFLOP/s")
+    ap.add_argument("--peak-tflops", type=number_at_least(0.001), default=None,
+                    help="the GPU's dense bf16 peak in TFLOP/s")
     ap.add_argument("--json", default=None, metavar="PATH",
                     help="also write the numbers as JSON to PATH (rewritten after each measurement)")
     args = ap.parse_args()

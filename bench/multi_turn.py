@@ -59,7 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int_list, default="101,102,103,104,105",
                         help="trace seeds, comma-separated")
-    parser.add_argument("--groups", type=at_least(1), default=256, help="prompt groups per seed (batches of --batch-size)")
+    parser.add_argument("--groups", type=at_least(1), default=256,
+                        help="prompt groups per seed (batches of --batch-size)")
     parser.add_argument("--engines", type=at_least(1), default=8, help="equal simulated engines")
     parser.add_argument("--batch-size", type=at_least(1), default=128, help="prompts per batch (B)")
     parser.add_argument("--max-num-seqs", type=at_least(1), default=256, help="sequences per engine")
@@ -84,7 +85,8 @@ def main() -> None:
         r = run_seed(seed, args)
         rows.append(r)
         vals = [r["baseline"], *[r[n] for n in names], r["oracle"], r["bound"], r["baseline-hold"]]
-        print(f"{seed:>13}" + "".join(f" {v:13.2f}" for v in vals) + f" {r['hold_share']:13.3f} {r['pdsr_share']:13.3f}")
+        print(f"{seed:>13}" + "".join(f" {v:13.2f}" for v in vals)
+              + f" {r['hold_share']:13.3f} {r['pdsr_share']:13.3f}")
     for name in [*names, "oracle", "baseline-hold"]:
         ratios = sorted(r[name] / r["baseline"] for r in rows)
         print(f"{name}/baseline over {len(rows)} seeds: min {ratios[0]:.3f} median {statistics.median(ratios):.3f} "

@@ -47,7 +47,8 @@ NOSEG = "-noseg"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="prompts file or folder (as pdsr rollout --data); default: the built-in sample prompts")
+    p.add_argument("--data",
+                   help="prompts file or folder (as pdsr rollout --data); default: the built-in sample prompts")
     p.add_argument("--prompts", type=at_least(1), default=64, help="prompts used (the data's first ones)")
     p.add_argument("--n", type=at_least(1), default=8, help="samples per prompt")
     p.add_argument("--median-length", type=at_least(1), default=120, help="median forced response length")

@@ -202,12 +202,12 @@ async def main_async(args) -> None:
     predicted = simulated_ratio(args, trace, k, b, fitted, load_s)
     with_trainer = f" (trainer {args.trainer_s:g} s, weight load {load_s:.2f} s)" if args.trainer_s > 0 else ""
     x = statistics.median(ratios)
-    print(f"\npartial / on-policy samples per second: {x:.3f}x (target {TARGET:g}x: {'met' if x >= TARGET else 'not met'}) "
-          f"[{ratios[0]:.3f}, {ratios[-1]:.3f}] over {len(ratios)} round(s); simulated with a profile calibrated "
-          f"from the on-policy steps{with_trainer}: {predicted:.3f}x; partial run: off-policy token share {part['off_policy_share']:.3f}, oldest token "
-          f"{part['max_token_age']} version(s), {part['stale_restarts']} staleness restarts ({part['wasted_tokens']} "
-          f"tokens thrown away), steps {part['step_s']} s, {part['drained_groups']} carried groups drained after "
-          f"step {k}")
+    print(f"\npartial / on-policy samples per second: {x:.3f}x (target {TARGET:g}x: "
+          f"{'met' if x >= TARGET else 'not met'}) [{ratios[0]:.3f}, {ratios[-1]:.3f}] over {len(ratios)} round(s); "
+          f"simulated with a profile calibrated from the on-policy steps{with_trainer}: {predicted:.3f}x; partial run: "
+          f"off-policy token share {part['off_policy_share']:.3f}, oldest token {part['max_token_age']} version(s), "
+          f"{part['stale_restarts']} staleness restarts ({part['wasted_tokens']} tokens thrown away), steps "
+          f"{part['step_s']} s, {part['drained_groups']} carried groups drained after step {k}")
     if "pipelined" in runs:
         piped = pairwise(runs["pipelined"], runs["on-policy"])
         over = pairwise(runs["pipelined"], runs["partial"])

@@ -104,9 +104,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="all", help="members, comma-separated, or all [default: all]")
     ap.add_argument("--batch-sizes", type=count_list, default="128,512", help="B, comma-separated [default: 128,512]")
-    ap.add_argument("--seeds", type=int_list, default=None, help="trace seeds, comma-separated [default: each member's pinned]")
+    ap.add_argument("--seeds", type=int_list, default=None,
+                    help="trace seeds, comma-separated [default: each member's pinned]")
     ap.add_argument("--jobs", type=int, default=1, help="cells run at once, in worker processes (one a core)")
-    ap.add_argument("--trace", type=existing_file, default=None, help="a length trace of your own (`pdsr trace synth`, or one recorded "
+    ap.add_argument("--trace", type=existing_file, default=None,
+                    help="a length trace of your own (`pdsr trace synth`, or one recorded "
                                                   "from a run) instead of the family: its first (K + 1) x B groups")
     ap.add_argument("--steps", type=at_least(1), default=10, help="with --trace: K [default: 10]")
     ap.add_argument("--profile", default=None, help="with --trace: an engine profile file (`pdsr simulate "

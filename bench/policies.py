@@ -10,10 +10,10 @@ The workloads are the members of the family (pdsr_sdk.traces.WORKLOADS, `pdsr tr
 list`; docs/notes/workload-family.md): informative (`pdsr trace synth`'s defaults), uninformative,
 uninformative-by-prompt, kv-bound, seed002, heavy, longcot, multi-turn, recorded-gsm8k, recorded-math,
 recorded-gsm8k-2048 and recorded-math-2048
-(bench/data/smollm2-gsm8k-128x8.jsonl and smollm2-math500-128x8.jsonl, resampled by seed). Each member runs on its pinned engine profile (KV tokens,
-max_model_len) and its pinned seeds (five: 101-105); --seed replaces them. Engines are equal, a quarter of
-them heavy. Prints a markdown table per member: for each policy its makespan / baseline's as the median
-[min, max] over the seeds, v3's median share of the oracle's gain, preemptions of baseline and v3 (summed
+(bench/data/smollm2-gsm8k-128x8.jsonl and smollm2-math500-128x8.jsonl, resampled by seed). Each member runs on its
+pinned engine profile (KV tokens, max_model_len) and its pinned seeds (five: 101-105); --seed replaces them. Engines are
+equal, a quarter of them heavy. Prints a markdown table per member: for each policy its makespan / baseline's as the
+median [min, max] over the seeds, v3's median share of the oracle's gain, preemptions of baseline and v3 (summed
 over the seeds: measured in one run of the simulator; the machine's noise does not enter virtual time),
 and the seeds on which v3 beats baseline.
 
@@ -101,7 +101,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", "--families", dest="family", default="all",
                     help="members of the workload family, comma-separated, or all (default)")
-    ap.add_argument("--seed", type=int_list, default=None, help="trace seeds, comma-separated (default: each member's five pinned "
+    ap.add_argument("--seed", type=int_list, default=None,
+                    help="trace seeds, comma-separated (default: each member's five pinned "
                                                  "seeds)")
     ap.add_argument("--quick", action="store_true",
                     help=f"small cells: --engines {QUICK['engines']} --batch-sizes {QUICK['batch_sizes']} --batches "
@@ -110,7 +111,8 @@ def main() -> None:
     ap.add_argument("--engines", type=count_list, default=None,
                     help="equal simulated engines, a quarter of them heavy, comma-separated [default: 8,64]")
     ap.add_argument("--batch-sizes", type=count_list, default=None, help="B, comma-separated [default: 128,512]")
-    ap.add_argument("--trace", metavar="FILE", type=existing_file, help="a recorded JSONL length trace instead of the family (each seed "
+    ap.add_argument("--trace", metavar="FILE", type=existing_file,
+                    help="a recorded JSONL length trace instead of the family (each seed "
                                                    "resamples its groups; default seeds 101-105)")
     ap.add_argument("--policies", default=None,
                     help=f"policies and references, comma-separated; baseline among them [default: {POLICIES}]")
@@ -154,7 +156,8 @@ def main() -> None:
         print(f"\n{fam}: seeds {', '.join(map(str, seeds))}" + (" (median [min, max] over them)" if many else "")
               + "\n")
         extra = " v3 faster than baseline |" if many else ""
-        print("| engines | B | " + " | ".join(policies) + " | v3 share of oracle gain | preemptions base / v3 |" + extra)
+        print("| engines | B | " + " | ".join(policies)
+              + " | v3 share of oracle gain | preemptions base / v3 |" + extra)
         print("|---|---|" + "---|" * len(policies) + "---|---|" + ("---|" if many else ""))
         for n_eng in args.engines:
             for b in args.batch_sizes:

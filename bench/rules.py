@@ -184,7 +184,8 @@ def main() -> None:
     ap.add_argument("--together", default=None, help="also these rules disabled at once (row 'together'): the "
                                                      "check of the set that remains once they are removed")
     ap.add_argument("--per-seed", action="store_true", help="also print every cell's ratios")
-    ap.add_argument("--from-log", metavar="FILE", type=existing_file, help="print the tables of the --per-seed lines of an earlier run's "
+    ap.add_argument("--from-log", metavar="FILE", type=existing_file,
+                    help="print the tables of the --per-seed lines of an earlier run's "
                                                        "output (e.g. one that was interrupted) instead of running")
     ap.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(f"--{k.replace('_', '-')} {v}"
                                                                                    for k, v in QUICK.items()))

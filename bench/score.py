@@ -83,7 +83,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=at_least(1), default=1,
                     help="runs of token quota and packed, interleaved; the best of each is shown")
     ap.add_argument("--vocab", type=at_least(2), default=32768, help="vocab of the random lm_head in part 2")
-    ap.add_argument("--mem-tokens", type=at_least(4), default=4096, help="completion positions in part 2 (and a quarter)")
+    ap.add_argument("--mem-tokens", type=at_least(4), default=4096,
+                    help="completion positions in part 2 (and a quarter)")
     ap.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hidden", type=int, default=256, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -66,8 +66,8 @@ Acceptance file (``--acceptance-out``, JSON, read by the simulator, issue 50 ite
               "acceptance_rate": accepted / drafted, "draft_share": accepted / tokens}
 
 ``whole`` and ``tail`` come from the engines' counters; ``token_tail`` and the ``by_*`` rows
-from the per-request metrics (their sums match ``whole`` up to segments without metrics). ``--json`` writes everything the
-run printed.
+from the per-request metrics (their sums match ``whole`` up to segments without metrics). ``--json`` writes everything
+the run printed.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", help="engine dtype (auto: float32 on a CPU without native bf16)")
     p.add_argument("--policy", default="baseline", help="dispatch policy")
     p.add_argument("--seed", type=int, default=0, help="engine seed of off (the history); speculative runs: seed + 1")
-    p.add_argument("--tail-frac", type=float, default=0.1, help="the tail: this share of the samples, the last to finish")
+    p.add_argument("--tail-frac", type=float, default=0.1,
+                   help="the tail: this share of the samples, the last to finish")
     p.add_argument("--position-bin", type=at_least(1), default=64, help="tokens per response-position bin")
     p.add_argument("--acceptance-out", type=Path, help="write the acceptance file (format above)")
     p.add_argument("--json", type=Path, help="write every measured number as JSON")
@@ -368,7 +369,8 @@ async def main_async(args) -> dict[str, Any]:
 
 
 def write_acceptance(args, report: dict[str, Any]) -> None:
-    keep = ("whole", "tail", "token_tail", "tokens_per_s", "token_tail_tokens_per_s", "tail_tokens_per_s", "makespan_s", "vs_off", "by_position",
+    keep = ("whole", "tail", "token_tail", "tokens_per_s", "token_tail_tokens_per_s", "tail_tokens_per_s", "makespan_s",
+            "vs_off", "by_position",
             "by_siblings_finished", "by_position_and_siblings", "segments", "unaligned_segments")
     doc = {"version": 1, "model": Path(args.model).name, "dtype": report.get("dtype"), "k": args.num_speculative_tokens,
            "window": [args.prompt_lookup_min, args.prompt_lookup_max], "n": args.n, "temperature": args.temperature,

@@ -1,6 +1,7 @@
 """bench/spec.py's accounting, pure: the tail's size, the acceptance file's COUNTS and their deltas, where each
 verify step lands in a response (lining vLLM's per-request verify steps up with the streamed chunks), and bins of
-segments by position and finished siblings. Kept apart from the script's runs; ``tests/test_bench_spec.py`` checks it."""
+segments by position and finished siblings. Kept apart from the script's runs; ``tests/test_bench_spec.py`` checks
+it."""
 
 from __future__ import annotations
 

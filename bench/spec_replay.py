@@ -61,7 +61,8 @@ def parse_args(argv=None):
                    help="vote: the share of places a drafted token needs (default: the proposer's, VOTE_SHARE)")
     p.add_argument("--corpus-min-n", type=at_least(1), default=None,
                    help="vote: the shortest n-gram a corpus place counts with (default: the window's longest)")
-    p.add_argument("--tail-frac", type=number_at_least(0), default=0.1, help="the tail: the last share of the step's tokens")
+    p.add_argument("--tail-frac", type=number_at_least(0), default=0.1,
+                   help="the tail: the last share of the step's tokens")
     args = p.parse_args(argv)
     args.rules = [x.strip() for x in args.rules.split(",") if x.strip()]
     bad = [r for r in args.rules if r not in RULES]

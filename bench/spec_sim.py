@@ -109,7 +109,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int_list, default="101,102,103", help="trace draws (the family pins 101-105)")
     ap.add_argument("--tokens-per-step", default="1.3,1.45,1.6,2,3",
                     help="tokens a step yields per request while drafting 4 tokens every step, swept ('' for none)")
-    ap.add_argument("--acceptance", type=existing_file, default=None, help="bench/spec.py's acceptance file: a run per method")
+    ap.add_argument("--acceptance", type=existing_file, default=None,
+                    help="bench/spec.py's acceptance file: a run per method")
     ap.add_argument("--methods", default="ngram,group", help="with --acceptance: its methods, comma-separated")
     ap.add_argument("--tail-mean", action="store_true",
                     help="with --acceptance: also a run per method at its tail's mean acceptance everywhere "

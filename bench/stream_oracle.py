@@ -20,10 +20,11 @@ Everything else is v3's (placement, siblings first on an engine, the lane, segme
 and order, the fastest over-provision within 10% partial tokens as the median [min, max] over the seeds:
 its F, steady step / on-policy step, partial share, the ratio per consumed token, and the work bound (the
 steady step's consumed tokens at full occupancy, ``pdsr simulate``'s ``work_bound_s``) over the on-policy step;
-``--orders v3,sample`` adds the true-length reference (with --per-seed, one row per seed too). All in virtual time: one run gives the same numbers on any machine. A search takes
-about 2-3 minutes per order and trace at B = 512 on one core (kv-bound longer), so the defaults take
-hours. --quick (B = 128, v3's order only) takes 1 to 9 minutes a trace (kv-bound and heavy the longest),
-about two hours for the whole family's forty traces on one core; --jobs N runs N searches at once.
+``--orders v3,sample`` adds the true-length reference (with --per-seed, one row per seed too). All in virtual time: one
+run gives the same numbers on any machine. A search takes about 2-3 minutes per order and trace at B = 512 on one core
+(kv-bound longer), so the defaults take hours. --quick (B = 128, v3's order only) takes 1 to 9 minutes a trace (kv-bound
+and heavy the longest), about two hours for the whole family's forty traces on one core; --jobs N runs N searches at
+once.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def search(name: str, seed: int, order: str, b: int, budget: float):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="all", help="members of the workload family, comma-separated, or all")
-    ap.add_argument("--seeds", type=int_list, default=None, help="trace seeds, comma-separated (default: each member's pinned seeds)")
+    ap.add_argument("--seeds", type=int_list, default=None,
+                    help="trace seeds, comma-separated (default: each member's pinned seeds)")
     ap.add_argument("--quick", action="store_true", help="--step-groups 128 --orders v3 (flags given still win)")
     ap.add_argument("--step-groups", type=at_least(1), default=None, help="B [default: 512]")
     ap.add_argument("--max-partial-share", type=share, default=0.1,

@@ -169,7 +169,8 @@ def write(path: str | None, data: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", type=at_least(0), default=2048, help="tokens already in each sequence's KV cache")
-    ap.add_argument("--tokens", type=at_least(1), nargs="+", default=list(range(1, 9)), help="new tokens per sequence (k)")
+    ap.add_argument("--tokens", type=at_least(1), nargs="+", default=list(range(1, 9)),
+                    help="new tokens per sequence (k)")
     ap.add_argument("--batches", type=at_least(1), nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                     help="sequences per step (B)")
     ap.add_argument("--repeat", type=at_least(1), default=20, help="timed repeats per point (median shown)")

@@ -167,7 +167,8 @@ def main() -> None:
     ap.add_argument("--kv-gib", type=number_at_least(0.01), default=1.0, help="KV cache per engine (CPU build, GiB)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: trainer tensors and engines on GPU 0 (the CUDA IPC path)")
-    ap.add_argument("--gpu-memory-utilization", type=number_at_least(0.01), default=0.3, help="--device cuda: per engine")
+    ap.add_argument("--gpu-memory-utilization", type=number_at_least(0.01), default=0.3,
+                    help="--device cuda: per engine")
     args = ap.parse_args()
     check_model_dir(ap, args.model)
     if args.gpu_memory_utilization > 1:
@@ -186,8 +187,10 @@ def main() -> None:
         print(f"model: {label} ({model}): {r['tensors']} tensors, {gb:.3f} GB in bf16; {args.engines} engines on GPU "
               f"0 beside the state dict; median of {args.repeats}")
         print(f"  update_weights (CUDA IPC)            {med['update']:.3f} s")
-        print(f"  the same through the shared block    {med['shm']:.3f} s  ({med['shm'] / med['update']:.2f}x the IPC update)")
-        print(f"  device copy of the same bytes        {med['copy']:.4f} s  (update / copy {med['update'] / med['copy']:.1f}x)")
+        print(f"  the same through the shared block    {med['shm']:.3f} s  ({med['shm'] / med['update']:.2f}x the IPC "
+              "update)")
+        print(f"  device copy of the same bytes        {med['copy']:.4f} s  (update / copy "
+              f"{med['update'] / med['copy']:.1f}x)")
         return
 
     from pdsr_sdk.engines.vllm_env import apply_cpu_defaults
@@ -203,7 +206,8 @@ def main() -> None:
     print(f"    engines: map + reload + reset      {med['load']:.3f} s  (all {args.engines} in parallel)")
     print(f"  write the state dict once to shm    {med['write']:.3f} s  ({gb / med['write']:.2f} GB/s, a fresh block)")
     print(f"    the same, into an existing block  {med['rewrite']:.3f} s  ({gb / med['rewrite']:.2f} GB/s)")
-    print(f"  ratio update / write                {med['update'] / med['write']:.2f}x  (target: under 3 s and within 3x)")
+    print(f"  ratio update / write                {med['update'] / med['write']:.2f}x  (target: under 3 s and within "
+          "3x)")
     print(f"    update / rewrite (stricter)       {med['update'] / med['rewrite']:.2f}x")
     print(f"  all runs (s): update {[round(x, 3) for x in r['update']]}, write {[round(x, 3) for x in r['write']]}, "
           f"rewrite {[round(x, 3) for x in r['rewrite']]}")

@@ -42,7 +42,8 @@ MAX_BITS = 1000
 def _checked(value: object) -> float:
     if isinstance(value, complex):
         raise ValueError("not a real number")
-    if isinstance(value, int) and value.bit_length() > MAX_BITS or isinstance(value, float) and not math.isfinite(value):
+    if (isinstance(value, int) and value.bit_length() > MAX_BITS
+            or isinstance(value, float) and not math.isfinite(value)):
         raise ValueError("result too large")
     return value
 

@@ -47,9 +47,10 @@ token ages count at the weights the trainer trains it with.
 
 ``--multi-turn`` trains on two-turn samples (``pdsr_sdk.agent``): each sample writes, a scripted user turn
 asks for more, and it writes again (with ``--over-provision`` too: a sample carried into the next step goes on
-with its conversation; no ``--max-staleness``, since a multi-turn sample is never restarted). Each turn gets ``--max-tokens`` // 2 tokens and the reward counts only
-the sampled tokens. The loss mask is the trajectory's ``response_mask``: the tokens the chat template and the
-user turn add between the model's turns carry no loss. The step's line adds ``env_tokens`` (masked out).
+with its conversation; no ``--max-staleness``, since a multi-turn sample is never restarted). Each turn gets
+``--max-tokens`` // 2 tokens and the reward counts only the sampled tokens. The loss mask is the trajectory's
+``response_mask``: the tokens the chat template and the user turn add between the model's turns carry no loss. The
+step's line adds ``env_tokens`` (masked out).
 
 ``--no-update`` is the control: the trainer still trains on every step's samples, but the engines
 keep the initial weights (so ``kl_ref`` is 0 there). ``--compare`` runs both in one session (the
@@ -222,7 +223,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             old_scores = per_token_logps(model, prompts, comps, backend="torch")     # the trainer's policy now
             ref_scores = per_token_logps(ref, prompts, comps, backend="torch")
             old, refl = old_scores.logps, ref_scores.logps                          # one array per sample
-            sampler = old if s.update else refl            # the weights the engines sampled with (this version's tokens)
+            # the weights the engines sampled with (this version's tokens)
+            sampler = old if s.update else refl
             # the padded batch for the gradient-carrying forward, in verl's layout: prompts left-padded, responses
             # right-padded, the loss mask (sampled tokens), the engine's log-probs and each token's policy version
             batch = trainer_batch(samples, pad_token_id=0).tensors
@@ -239,7 +241,8 @@ def train(s: GrpoSettings, session=None, emit: Callable[[str], Any] = print) -> 
             gaps = np.concatenate([np.abs(np.asarray(x.logprobs[:len(c)], dtype=np.float32) - o)
                                    for x, c, o in zip(samples, comps, sampler)])
             engine_gap = float(np.mean(gaps[current])) if current.any() else float("nan")
-            d = (np.concatenate(refl) - np.concatenate(sampler))[current]   # k3: E[exp(d) - d - 1] over the sampler's tokens
+            # k3: E[exp(d) - d - 1] over the sampler's tokens
+            d = (np.concatenate(refl) - np.concatenate(sampler))[current]
             kl = float(np.mean(np.exp(d) - d - 1)) if current.any() else float("nan")
 
             adv_t = torch.from_numpy(adv)[:, None]

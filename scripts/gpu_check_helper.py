@@ -161,7 +161,8 @@ def pytest_json(log: str, junit: str, report: str, rc: str, seconds: str) -> int
     collection_errors = [line.strip() for line in text.splitlines() if line.startswith("ERROR ") and "::" not in line]
     tail = re.findall(r"^=+ (.*(?:passed|failed|skipped|error|deselected|no tests ran).*) =+$", text, re.M)
     data = {"part": "tests", "selection": "pytest -m cuda", "rc": int(rc), "seconds": float(seconds),
-            "timed_out": int(rc) in (124, 137), "complete": int(rc) not in (124, 137), "source": source, "counts": counts,
+            "timed_out": int(rc) in (124, 137), "complete": int(rc) not in (124, 137), "source": source,
+            "counts": counts,
             "pytest_summary": tail[-1] if tail else None, "collection_errors": collection_errors,
             "failed": {k: v for k, v in tests.items() if v["outcome"] in ("failed", "error")},
             "tests": {k: v["outcome"] for k, v in tests.items()}}
