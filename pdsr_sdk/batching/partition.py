@@ -41,10 +41,9 @@ Rules (what callers can rely on)
   cost when balancing it), ties by smallest first index, so the heaviest
   micro-batch runs first and an out-of-memory shows up at once.
 - No samples -> ``[]``. Otherwise micro-batches are never empty: when the
-  options need more micro-batches than there are samples, DataValueError says so
-  (use :func:`pdsr_sdk.batching.pad_micro_batches` or
-  :func:`pdsr_sdk.batching.partition_for_data_parallel` if your trainer runs
-  empty micro-batches).
+  options need more micro-batches than there are samples, DataValueError says so (use
+  :func:`pdsr_sdk.batching.pad_micro_batches` or :func:`pdsr_sdk.batching.partition_for_data_parallel`
+  if your trainer runs empty micro-batches).
 """
 
 from __future__ import annotations

@@ -76,7 +76,6 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
                  agent: Callable[..., Any] | None = None, draft_history: Any = None):
         if config is None:
             from pdsr_sdk.rollout.config import RolloutConfig
-
             config = RolloutConfig()
         self.config = config
         given = model_dir or config.model

@@ -168,12 +168,13 @@ def validate_rows(prompts: Ragged, completions: Ragged, vocab_size: int, *, prom
     row 0 in the messages (the rows are a block of a file)."""
     prefix = f"{where}: " if where else ""
     if len(prompts) != len(completions):
-        raise DataValueError(f"{prefix}{prompt_name} has {len(prompts)} rows but {completion_name} has {len(completions)}")
+        raise DataValueError(f"{prefix}{prompt_name} has {len(prompts)} rows but {completion_name} has "
+                             f"{len(completions)}")
     empty = np.flatnonzero(prompts.lengths == 0)
     if empty.size:
         more = f" ({empty.size} rows in all)" if empty.size > 1 else ""
-        raise DataValueError(f"{prefix}row {first_row + int(empty[0])}: empty prompt: the first completion token needs at least "
-                             f"one token of context ({prompt_name} has no tokens){more}")
+        raise DataValueError(f"{prefix}row {first_row + int(empty[0])}: empty prompt: the first completion token "
+                             f"needs at least one token of context ({prompt_name} has no tokens){more}")
     for rag, name in ((prompts, prompt_name), (completions, completion_name)):
         bad = np.flatnonzero((rag.values < 0) | (rag.values >= vocab_size))
         if bad.size:

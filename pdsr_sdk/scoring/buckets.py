@@ -59,7 +59,8 @@ def round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 
 
-def _micro_batch(indices: Sequence[int], lengths: np.ndarray, length_bucket: int, rows: int | None = None) -> MicroBatch:
+def _micro_batch(indices: Sequence[int], lengths: np.ndarray, length_bucket: int,
+                 rows: int | None = None) -> MicroBatch:
     idx = tuple(int(i) for i in indices)
     longest = int(lengths[list(idx)].max())
     return MicroBatch(idx, rows if rows is not None else len(idx), round_up(longest, length_bucket))
@@ -124,7 +125,8 @@ def plan_token_quota(lengths: np.ndarray, max_tokens: int, *, length_bucket: int
         i = int(too_long[0])
         raise DataValueError(
             f"sample {i}: prompt + completion = {int(lengths[i])} tokens"
-            + (f" (padded to {int(padded[i])}, a multiple of length_bucket={length_bucket})" if grouping == "length" else "")
+            + (f" (padded to {int(padded[i])}, a multiple of length_bucket={length_bucket})"
+               if grouping == "length" else "")
             + f" does not fit max_tokens_per_micro_batch={max_tokens}; raise the quota"
             + (f" ({too_long.size} samples are too long)" if too_long.size > 1 else ""))
     if grouping == "none":

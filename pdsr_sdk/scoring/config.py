@@ -88,8 +88,8 @@ class ScoreOptions(ConfigModel):
                           "token is padding; a micro-batch is `max_tokens_per_micro_batch` real tokens (or `mbs` "
                           "consecutive samples, or everything). Unset: the rule 'packed where measured faster' "
                           "(pdsr_sdk.scoring.packed.PACK_MEASURED_FASTER) decides; it says unpacked: packed "
-                          "matched the token quota on an H200 and was slower on the CPU. `length_bucket`, `attention_mask` and "
-                          "`pad_id` do not apply to packed forwards.")
+                          "matched the token quota on an H200 and was slower on the CPU. `length_bucket`, "
+                          "`attention_mask` and `pad_id` do not apply to packed forwards.")
     packed_attention: Literal["varlen", "model"] = Field(
         "varlen", description="Attention in packed forwards: 'varlen' computes each sample's own causal block "
                               "(flash-attention varlen on CUDA fp16/bf16, one sdpa call per sample elsewhere); "
@@ -177,7 +177,8 @@ class ScoreConfig(ScoreOptions):
 
     data: UserPath = Field(description="Input Parquet/JSONL/Arrow file (or a folder of such shards) with list columns "
                                    "of prompt and response token ids (what `pdsr rollout` writes).")
-    out: ParquetPath = Field(description="Output Parquet file: the input columns plus the log-prob column (written atomically).")
+    out: ParquetPath = Field(description="Output Parquet file: the input columns plus the log-prob column (written "
+                                         "atomically).")
     overwrite: bool = Field(False, description="Replace an existing output file (without it, an existing `out` "
                                                "is an error), and start over where an interrupted run left "
                                                "blocks in `<out>.parts/`.")
@@ -194,8 +195,9 @@ class ScoreConfig(ScoreOptions):
     model: UserPath | None = Field(None, description="Local Hugging Face causal LM directory (with config.json); "
                                                  "default: the built-in tiny random model.")
     prompt_column: str = Field("prompt_token_ids", description="List column with each sample's prompt token ids.")
-    response_column: str = Field("response_token_ids", description="List column with each sample's completion token ids "
-                                                                   "(the tokens that get a log-prob).")
+    response_column: str = Field("response_token_ids",
+                                 description="List column with each sample's completion token ids (the tokens that "
+                                             "get a log-prob).")
     column: str = Field("ref_logps", description="Name of the output list<float32> column; with `entropy`, "
                                                  "`<column>_entropy` is written too.")
 

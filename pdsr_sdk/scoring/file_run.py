@@ -305,7 +305,8 @@ def _score_blocks(source: TableBatches, config: ScoreConfig, model_dir: Path, pl
             all_stats.append(result.stats)
     except KeyboardInterrupt as exc:
         done = len(parts.finished_parts(Path(config.out)))
-        raise Interrupted(f"{str(exc) or 'interrupted'}: {done} of {len(plan)} blocks ({plan[done - 1][1] if done else 0}"
+        raise Interrupted(f"{str(exc) or 'interrupted'}: {done} of {len(plan)} blocks "
+                          f"({plan[done - 1][1] if done else 0}"
                           f" of {len(lengths)} rows) are scored in {parts.parts_dir(config.out)}; continue with "
                           f"--resume", getattr(exc, "exit_status", 130)) from None
     finally:

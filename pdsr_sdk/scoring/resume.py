@@ -90,7 +90,8 @@ def unused_keys(config: ScoreConfig, device: str) -> frozenset[str]:
         return frozenset()
     if packs(config, device):
         return frozenset(("token_grouping", "max_padding_fraction", "length_bucket", "attention_mask", "pad_id"))
-    return frozenset(("packed_attention",) + (("token_grouping", "max_padding_fraction") if config.mbs is not None else ()))
+    grouping = ("token_grouping", "max_padding_fraction") if config.mbs is not None else ()
+    return frozenset(("packed_attention",) + grouping)
 
 
 def check_settings(where: Path, then: dict[str, Any], now: dict[str, Any]) -> None:

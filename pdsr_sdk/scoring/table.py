@@ -17,8 +17,8 @@ from pdsr_sdk.scoring.config import ScoreConfig
 LOGPS_DESCRIPTION = ("Log-probability of each response token given the prompt and the earlier response tokens, "
                      "under the scoring model (logits / temperature, fp32 log-softmax); one entry per "
                      "response token.")
-ENTROPY_DESCRIPTION = ("Written with --entropy (torch backend). Entropy (nats) of the scoring model's next-token distribution at each response "
-                       "position (logits / temperature); one entry per response token.")
+ENTROPY_DESCRIPTION = ("Written with --entropy (torch backend). Entropy (nats) of the scoring model's next-token "
+                       "distribution at each response position (logits / temperature); one entry per response token.")
 
 
 def score_output_schema(column: str = "ref_logps", entropy: bool = True) -> pa.Schema:

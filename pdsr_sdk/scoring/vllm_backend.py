@@ -179,8 +179,9 @@ class VllmScoring:
             too_long = np.flatnonzero(lengths + 1 > limit)
             if too_long.size:
                 i = int(too_long[0])
-                raise DataValueError(f"{source + ': ' if source else ''}row {i}: prompt + completion = {int(lengths[i])} "
-                                f"tokens does not fit the vLLM engine's max_model_len={limit} (needs length + 1)")
+                raise DataValueError(f"{source + ': ' if source else ''}row {i}: prompt + completion = "
+                                     f"{int(lengths[i])} tokens does not fit the vLLM engine's max_model_len={limit} "
+                                     f"(needs length + 1)")
             meter.start(len(partitions))
             try:
                 return score_blocks(model, partitions, inputs.seqs, inputs.prompt_lens, on_block=meter.advance)

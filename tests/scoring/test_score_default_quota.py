@@ -54,4 +54,5 @@ def test_default_quota_on_the_model_matches_naive(model):
     res = per_token_logps(model, prompts, completions)
     assert res.stats.micro_batches > 1 and res.stats.mode == f"token quota {DEFAULT_TOKEN_QUOTA} (default)"
     naive = naive_logps(model, prompts, completions)
-    assert max(float(np.abs(a - b).max()) for a, b in zip(res.logps, naive) if len(a)) <= 5e-5  # fp32, rows of up to 600
+    # fp32, rows of up to 600
+    assert max(float(np.abs(a - b).max()) for a, b in zip(res.logps, naive) if len(a)) <= 5e-5

@@ -55,7 +55,8 @@ def test_file_in_blocks_matches_a_forward_per_sample(tmp_path, tiny_model_dir, m
     from pdsr_sdk.scoring import file_run
 
     score = file_run.score_checked
-    monkeypatch.setattr(file_run, "score_checked", lambda b, m, p, *a, **k: sizes.append(len(p)) or score(b, m, p, *a, **k))
+    monkeypatch.setattr(file_run, "score_checked",
+                        lambda b, m, p, *a, **k: sizes.append(len(p)) or score(b, m, p, *a, **k))
     cfg = ScoreConfig(model=tiny_model_dir, data=path, out=tmp_path / "o.parquet", device="cpu", dtype="float32",
                       block_tokens=300, entropy=True, **flags)
     out, stats = score_file(cfg)
