@@ -73,6 +73,10 @@ from pdsr_cli.out_dir import remove_other_outputs
 @click.option("--pipeline", is_flag=True, default=None,
               help="With --steps: the trainer trains on step k while step k + 1 generates; its update lands in the "
                    "middle of the next step, which does not end before it (one step off-policy).")
+@click.option("--update", type=click.Choice(["all", "staggered"]), default=None,
+              help="With --steps: all: every engine loads each update at the step's end; staggered (simulator only): "
+                   "responses of the ending version finish under it on the fewest engines, which load after.  "
+                   "[default: all]")
 @click.option("--restart-lengths", type=click.Choice(["replay", "redraw"]), default=None,
               help="With --steps: the length a restarted sample generates. redraw: a fresh draw, as RL sampling makes "
                    "one (the cap with the prompt's chance of reaching it, fitted over the trace, else one of its "
@@ -98,7 +102,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
             num_batches, family, seed, profile, segment_min, segment_max, no_segments, hold_turn_slots, out_dir,
             no_timeline, steps, over_provision,
             step_groups, max_staleness, group_deadline, kv_on_update, filter_groups, trainer_s, weight_update_s,
-            pipeline, restart_lengths, max_partial_share, speculative, acceptance, speculation_max_batch, quiet,
+            pipeline, update, restart_lengths, max_partial_share, speculative, acceptance, speculation_max_batch, quiet,
             config_path) -> None:
     """Replay recorded response lengths through dispatch policies on simulated engines, in virtual time.
 
@@ -153,7 +157,7 @@ def command(ctx: click.Context, trace, policy, references, policy_set, old_polic
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
         "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups, "trainer_s": trainer_s,
         "weight_update_s": weight_update_s,
-        "pipeline": pipeline,
+        "pipeline": pipeline, "update": update,
         "restart_lengths": restart_lengths, "max_partial_share": max_partial_share,
     }
     profiles = _family_profiles(family, seed, trace)
@@ -270,7 +274,8 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                + f" {report.baseline_step_s:.4g} s" + trainer_words(cfg)
                + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
                   else "; restarted samples replay their recorded lengths")
-               + ("; KV kept across updates" if cfg.kv_on_update == "keep" else "") + cost_words(cfg))
+               + ("; KV kept across updates" if cfg.kv_on_update == "keep" else "")
+               + ("; staggered update" if cfg.update == "staggered" else "") + cost_words(cfg))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))

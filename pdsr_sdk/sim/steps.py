@@ -208,7 +208,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
                         filter_config=cfg.filter_groups)
     handlers.append(stream)
     trainer = SimTrainer(stream, trainer_s=cfg.trainer_s, weight_update_s=cfg.weight_update_s, pipeline=cfg.pipeline,
-                         keep_kv=cfg.kv_on_update == "keep")
+                         keep_kv=cfg.kv_on_update == "keep", staggered=cfg.update == "staggered")
     wall0 = time.perf_counter()
     events = 0
     with gc_paused(), closing(bar):   # as in run_policy: many small objects, no cycles

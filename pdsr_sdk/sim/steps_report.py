@@ -250,7 +250,7 @@ class StepsReport:
             "step_groups": cfg.step_groups or cfg.batch_size, "max_staleness": cfg.max_staleness,
             "group_deadline": cfg.group_deadline, "trainer_s": cfg.trainer_s,
             "weight_update_s": cfg.weight_update_s, "pipeline": cfg.pipeline,
-            "restart_lengths": cfg.restart_lengths, "kv_on_update": cfg.kv_on_update,
+            "restart_lengths": cfg.restart_lengths, "kv_on_update": cfg.kv_on_update, "update": cfg.update,
             "max_partial_share": cfg.max_partial_share,
             "fastest_within": pick.over_provision if pick is not None else None,
             "floor_s": self.floor_s,

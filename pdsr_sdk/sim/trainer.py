@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.steps import StepStream
+from pdsr_sdk.dispatch.steps.stagger import plan_stagger
 from pdsr_sdk.errors import PdsrError
 
 
@@ -34,7 +36,7 @@ class SimTrainer:
     """Drives a :class:`StepStream` whose ``on_step_end`` is :meth:`step_end`."""
 
     def __init__(self, stream: StepStream, *, trainer_s: float, weight_update_s: float, pipeline: bool,
-                 keep_kv: bool = False):
+                 keep_kv: bool = False, staggered: bool = False):
         self.stream = stream
         self.sched = stream.sched
         self.clock = stream.clock
@@ -42,6 +44,9 @@ class SimTrainer:
         self.update_s = weight_update_s
         self.pipeline = pipeline
         self.keep_kv = keep_kv
+        if staggered and pipeline:
+            raise PdsrError("a staggered update needs the engines stopped at the step's end (pipeline off)")
+        self.staggered = staggered
         # as a session does: KV kept across updates is shared only by requests started under the same weights
         self.sched.salt_by_version = keep_kv
         self.base = self.sched.policy_version
@@ -92,11 +97,39 @@ class SimTrainer:
             self.sched.resume()
 
     def _bump(self) -> None:
+        sched = self.sched
+        sched.policy_version += 1
+        lagging = self._stagger(sched.policy_version - 1) if self.staggered else set()
         if not self.keep_kv:   # kv_on_update: recompute (the engines' caches hold the old weights' KV)
-            for engine in self.sched.engines:
-                engine.reset_prefix_cache()
-        self.sched.policy_version += 1
+            for engine in sched.engines:
+                if engine.name not in lagging:   # those keep the old weights, and their KV, until they load
+                    engine.reset_prefix_cache()
         self.stream.version_changed()   # between steps (closing) it does nothing: refill restarts instead
+
+    def _stagger(self, ended: int) -> set[str]:
+        """A staggered update: the stopped samples whose tokens are all of the ended version finish under it on
+        the fewest engines (:func:`plan_stagger`), which load once those end; returns their names. Engines still
+        finishing samples of the version before load now, with the others."""
+        sched = self.sched
+        for engine in sched.engines:
+            if engine.name in sched.lagging():
+                sched.lag_loaded(engine)
+        keep = plan_stagger(sched.held_on(), ended)
+        if keep:
+            sched.lag(keep, ended, on_drained=self._lag_drained)
+        return set(sched.lagging())
+
+    def _lag_drained(self, engine: Engine) -> None:
+        """An engine's samples under the old weights have all ended: it loads the current ones."""
+        version = self.sched.lagging()[engine.name]
+
+        def loaded() -> None:
+            if self.sched.lagging().get(engine.name) == version:   # not loaded at an update meanwhile
+                if not self.keep_kv:
+                    engine.reset_prefix_cache()
+                self.sched.lag_loaded(engine)
+
+        self._later(self.update_s, loaded)
 
     def _stop(self, then: Callable[[], None]) -> None:
         if self.sched.paused is None:

@@ -21,9 +21,9 @@ class Scheduler(EngineEvents):
     as a stream (``add_groups``).
 
     Its parts, each a module of this package: the slots and queues (``slots``), launches and the pump
-    (``launch``), pause and resume (``pause``), multi-turn samples between turns (``turns``), the engines'
-    events (``events``); each sets its own state in its ``_init_*``, called here in that order, and the
-    policy is built last."""
+    (``launch``), pause and resume (``pause``), engines finishing samples under older weights after an update
+    (``lag``), multi-turn samples between turns (``turns``), the engines' events (``events``); each sets its own
+    state in its ``_init_*``, called here in that order, and the policy is built last."""
 
     def __init__(
         self,
@@ -50,6 +50,7 @@ class Scheduler(EngineEvents):
         self._init_launch(sampling, segments, policy_version, on_sample_done=on_sample_done,
                           on_group_done=on_group_done, on_fatal=on_fatal, on_restart=on_restart)
         self._init_pause()
+        self._init_lag()
         self._init_turns(on_turn_end, hold_turn_slots)
         self._init_events(on_tokens)
         self.streaming = False   # set by add_groups (DispatchContext.streaming)

@@ -31,6 +31,8 @@ class Launcher(SlotTable):
     #: samples a pause stopped (Pausing) and multi-turn samples between turns (Turns): work that will go on
     _held: dict[Sample, Run]
     _parked: dict[Sample, Any]
+    #: a sample that finished under older weights (Lagging): its engine may load once its last such sample has
+    _lag_finished: Callable[[Sample], None]
 
     def _init_launch(self, sampling: SamplingConfig, segments: SegmentConfig, policy_version: int, *,
                      on_sample_done: Callable[[Sample], None] | None,
@@ -102,10 +104,11 @@ class Launcher(SlotTable):
         self._runs[request_id] = run
         self._run_of[sample] = run
         self._take_slot(engine, request_id)
+        lag_version = self.usage[engine.name].lag_version
         sample.segments.append(SegmentRecord(
             pool=engine.pool if stolen_from is None else f"{engine.pool}<-{stolen_from}",
             engine=engine.name, start_token=sample.num_generated,
-            policy_version=self.policy_version, submit_time_s=now))
+            policy_version=self.policy_version if lag_version is None else lag_version, submit_time_s=now))
         usage = self.usage[engine.name]
         usage.segments += 1
         turns = sample.turns
@@ -176,6 +179,8 @@ class Launcher(SlotTable):
         self.stats["samples_finished"] += 1
         self.stats["tokens_generated"] += sample.sampled_tokens
         self._on_sample_done(sample)
+        if sample in self._lag_of:
+            self._lag_finished(sample)
         self.guarded(self.policy.on_sample_finished, sample)
         if sample.group.done:
             self._open.pop(id(sample.group), None)
@@ -223,7 +228,7 @@ class Launcher(SlotTable):
             if self.usage[name].dead:
                 continue
             q = self._engine_queues[name]
-            while q and self._free_slots(engine) > 0:
+            while q and self._free_slots(engine, own_queue=True) > 0:
                 item = q.popleft()
                 del self._where[item.sample]
                 self._launch(item.sample, engine, item.cap, continuing=item.turn)

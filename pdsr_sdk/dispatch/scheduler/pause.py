@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pdsr_sdk.dispatch.scheduler.launch import Launcher
+from pdsr_sdk.dispatch.protocols import Engine
+from pdsr_sdk.dispatch.scheduler.lag import Lagging
 from pdsr_sdk.dispatch.scheduler.slots import Run
 from pdsr_sdk.dispatch.types import Sample, SegmentRecord
 from pdsr_sdk.errors import PdsrError
@@ -13,7 +14,7 @@ from pdsr_sdk.errors import PdsrError
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
-class Pausing(Launcher):
+class Pausing(Lagging):
     """:meth:`pause` and :meth:`resume`, and the samples a pause holds (set by :meth:`_init_pause`)."""
 
     def _init_pause(self) -> None:
@@ -83,6 +84,10 @@ class Pausing(Launcher):
         """Samples a pause stopped (``abort``), waiting for :meth:`resume`."""
         return list(self._held)
 
+    def held_on(self) -> list[tuple[Sample, Engine]]:
+        """Samples a pause stopped, each with the engine it ran on (where it continues at :meth:`resume`)."""
+        return [(s, run.engine) for s, run in self._held.items()]
+
     def _split_segment(self, sample: Sample, now: float) -> None:
         seg = sample.segments[-1]
         if seg.policy_version == self.policy_version:
@@ -99,7 +104,10 @@ class Pausing(Launcher):
         sample, engine = run.sample, run.engine
         if sample.finished or sample in self._where or sample in self._run_of:
             return
-        if self.usage[engine.name].dead:
+        lag = self._lag_of.get(sample)
+        if self.usage[engine.name].dead or self.usage[engine.name].lag_version is not None and lag is not engine \
+                or lag not in (None, engine):
+            # its engine is gone, or holds weights other than its tokens' (_enqueue sends a lagging sample to its own)
             self._enqueue(sample, run.stolen_from or engine.pool, None, sample.cap, True)
             return
         self._next_segment(run, mark=False)

@@ -35,6 +35,9 @@ class EngineUsage:
     segments: int = 0
     tokens: int = 0
     dead: bool = False
+    #: the older policy version the engine still holds while it finishes samples under it (a staggered update,
+    #: :meth:`~pdsr_sdk.dispatch.scheduler.lag.Lagging.lag`), else None
+    lag_version: int | None = None
 
 
 @dataclass(slots=True)
@@ -81,6 +84,7 @@ class SlotTable:
         self._grown_pools: set[str] = set()   # pools whose queue got work since the last pump
         self._pool_engines: dict[str, list[Engine]] = {p: [e for e in engines if e.pool == p]
                                                        for p in self._pool_queues}
+        self._lag_of: dict[Sample, Engine] = {}   # a sample finishing under older weights -> the engine holding them
 
     def pools(self) -> dict[str, list[Engine]]:
         out: dict[str, list[Engine]] = {pool: [] for pool in self._pool_queues}
@@ -137,9 +141,13 @@ class SlotTable:
     def _enqueue(self, sample: Sample, pool: str | None, engine: Engine | None, cap: int | None,
                  front: bool, *, check_live: bool = True, turn: bool = False) -> None:
         item = Queued(sample, cap, turn)
+        lag = self._lag_of.get(sample)
+        if lag is not None:   # it runs only where its weights are, wherever a policy sends it
+            pool, engine = lag.pool, lag
         if engine is not None:
             self._check_own(engine, f"placed sample {sample.key} on")
-            if self.usage[engine.name].dead:
+            usage = self.usage[engine.name]
+            if usage.dead or (usage.lag_version is not None and lag is not engine):
                 pool, engine = engine.pool, None
             else:
                 q = self._engine_queues[engine.name]
@@ -170,8 +178,11 @@ class SlotTable:
                 del q[i]
                 return
 
-    def _free_slots(self, engine: Engine) -> int:
-        if self.usage[engine.name].dead:
+    def _free_slots(self, engine: Engine, *, own_queue: bool = False) -> int:
+        """Room for new work on ``engine``: none while it is dead, nor while it lags (it holds older weights)
+        except for its own queue (``own_queue``), which then holds only the samples it finishes under them."""
+        usage = self.usage[engine.name]
+        if usage.dead or (usage.lag_version is not None and not own_queue):
             return 0
         return engine.max_concurrency - len(self._running_on[engine.name])
 
