@@ -83,9 +83,10 @@ from pdsr_cli.out_dir import remove_other_outputs
                    "group's other lengths); replay: its recorded length again (as a length-controlled replay on real "
                    "engines).  [default: redraw]")
 @click.option("--max-partial-share", type=float, default=None,
-              help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5, refine between the fastest F "
-                   "whose partial share (tokens from responses carried across a weight update) is at most this and "
-                   "the next one over it (bisecting the groups in flight), and name the fastest within, e.g. 0.1.")
+              help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5 (with --update staggered, also "
+                   "0.75 to 1.5), refine between the fastest F whose partial share (tokens from responses carried "
+                   "across a weight update) is at most this and the next one over it (bisecting the groups in "
+                   "flight), and name the fastest within, e.g. 0.1.")
 @click.option("--speculative", metavar="METHOD", default=None,
               help="Model speculative decoding in every engine with METHOD's acceptance (ngram, group, ...) from "
                    "--acceptance (bench/spec.py's file): a token costs a verify step over the tokens it yields while "

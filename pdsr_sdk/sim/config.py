@@ -285,12 +285,12 @@ class SimulateConfig(StepStreamConfig, PolicyChoice):
                               "replay: its recorded length again, as a length-controlled replay on real engines does "
                               "(bench/partial.py; a response that ran to the cap runs there again).")
     max_partial_share: float | None = Field(
-        None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., 0.5 "
-                                      "instead of 0, 0.25, 0.5 and 1, refine it by bisecting the groups in flight "
-                                      "between the fastest F whose partial share (consumed tokens from responses "
-                                      "carried across a weight update) is at most this and the next one over it, and "
-                                      "name the fastest within: the over-provision to run within an off-policy budget. "
-                                      "None: no search.")
+        None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., "
+                                      "0.5 (with update staggered, also 0.75, 1, 1.25 and 1.5) instead of 0, 0.25, "
+                                      "0.5 and 1, refine it by bisecting the groups in flight between the fastest F "
+                                      "whose partial share (consumed tokens from responses carried across a weight "
+                                      "update) is at most this and the next one over it, and name the fastest within:"
+                                      " the over-provision to run within an off-policy budget. None: no search.")
 
     @model_validator(mode="after")
     def _engines(self) -> "SimulateConfig":

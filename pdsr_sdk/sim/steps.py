@@ -49,6 +49,8 @@ from pdsr_sdk.sim.usage import engine_use
 CURVE = (0.0, 0.25, 0.5, 1.0)
 #: over-provision values of the search for the fastest within a partial-share budget (``max_partial_share``)
 SEARCH = tuple(round(0.05 * i, 2) for i in range(11))
+#: ... and beyond with a staggered update, whose responses cross no update, so a larger F fits the budget
+SEARCH_STAGGERED = SEARCH + (0.75, 1.0, 1.25, 1.5)
 
 
 def curve_values(cfg: SimulateConfig) -> tuple[float, ...]:
@@ -62,7 +64,7 @@ def curve_values(cfg: SimulateConfig) -> tuple[float, ...]:
         return CURVE
     b = cfg.step_groups or cfg.batch_size
     first: dict[int, float] = {}
-    for f in SEARCH:
+    for f in SEARCH_STAGGERED if cfg.update == "staggered" else SEARCH:
         first.setdefault(in_flight(b, f), f)
     return tuple(first.values())
 

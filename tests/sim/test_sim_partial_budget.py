@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pdsr_cli.main import cli
 from pdsr_sdk.dispatch.steps import in_flight
 from pdsr_sdk.errors import ConfigError
-from pdsr_sdk.sim.steps import SEARCH, curve_values, refine_within, simulate_steps
+from pdsr_sdk.sim.steps import SEARCH, SEARCH_STAGGERED, curve_values, refine_within, simulate_steps
 from pdsr_sdk.traces import write_trace_jsonl
 from sim_cases import small_cfg, small_trace
 
@@ -23,6 +23,9 @@ def test_the_search_runs_each_in_flight_count_once():
     assert all(f == min(g for g in SEARCH if in_flight(6, g) == in_flight(6, f)) for f in values)
     assert len(curve_values(small_cfg(max_partial_share=0.1, batch_size=128))) == len(SEARCH)
     assert curve_values(small_cfg()) == (0.0, 0.25, 0.5, 1.0)
+    # a staggered update's responses cross no update: its search goes on to F = 1.5
+    wide = curve_values(small_cfg(max_partial_share=0.1, batch_size=128, update="staggered"))
+    assert wide == SEARCH_STAGGERED and wide[:len(SEARCH)] == SEARCH and max(wide) == 1.5
 
 
 def test_without_a_budget_the_timeline_draws_every_run():
