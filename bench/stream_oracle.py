@@ -3,7 +3,7 @@ across the workload family.
 
     .venv/bin/python bench/stream_oracle.py --quick                # every member, B = 128, v3's own order
     .venv/bin/python bench/stream_oracle.py [--family informative,seed002] [--seeds 7,37] [--step-groups 512]
-                                            [--orders v3,group_median,sample]
+                                            [--orders v3,group_median,sample] [--updates all,staggered]
 
 For each member of the workload family (pdsr_sdk.traces.WORKLOADS, `pdsr trace synth --family list`;
 docs/notes/workload-family.md) and each of its pinned seeds (five: 101-105; --seeds replaces them) it runs
@@ -16,15 +16,16 @@ v3 told what no real engine knows, in the place of its ranked pool's order (``V3
 - ``group_max``: each group by its longest recorded response (also knowing the noise of this draw);
 - ``sample``: every sample by its own recorded length, longest first (knowing the noise of each sample).
 
-Everything else is v3's (placement, siblings first on an engine, the lane, segments). Prints, per member
-and order, the fastest over-provision within 10% partial tokens as the median [min, max] over the seeds:
-its F, steady step / on-policy step, partial share, the ratio per consumed token, and the work bound (the
-steady step's consumed tokens at full occupancy, ``pdsr simulate``'s ``work_bound_s``) over the on-policy step;
-``--orders v3,sample`` adds the true-length reference (with --per-seed, one row per seed too). All in virtual time: one
-run gives the same numbers on any machine. A search takes about 2-3 minutes per order and trace at B = 512 on one core
-(kv-bound longer), so the defaults take hours. --quick (B = 128, v3's order only) takes 1 to 9 minutes a trace (kv-bound
-and heavy the longest), about two hours for the whole family's forty traces on one core; --jobs N runs N searches at
-once.
+Everything else is v3's (placement, siblings first on an engine, the lane, segments). Prints, per member and order,
+the fastest over-provision within 10% partial tokens as the median [min, max] over the seeds: its F, steady step /
+on-policy step, partial share, the ratio per consumed token, and the work bound (the steady step's consumed tokens
+at full occupancy, ``pdsr simulate``'s ``work_bound_s``) over the on-policy step; ``--updates all,staggered`` also
+runs each search with `pdsr simulate --update staggered` (its search goes on to F = 1.5), both on traces of (K + 2)
+x B groups. ``--orders v3,sample`` adds the true-length reference (with --per-seed, one row per seed too). All in
+virtual time: one run gives the same numbers on any machine. A search takes about 2-3 minutes per order and trace
+at B = 512 on one core (kv-bound longer), so the defaults take hours. --quick (B = 128, v3's order only) takes 1 to
+9 minutes a trace (kv-bound and heavy the longest), about two hours for the whole family's forty traces on one
+core; --jobs N runs N searches at once.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class OracleOrderPolicy(V3Policy):
         return 1, -float(sorted(lengths)[len(lengths) // 2])
 
 
-def fastest_within(trace, order: str, b: int, budget: float, profile: dict | None = None, steps: int = 10):
+def fastest_within(trace, order: str, b: int, budget: float, profile: dict | None = None, steps: int = 10,
+                   update: str = "all"):
     """(F, ratio, partial share, ratio per token, work bound / on-policy step) of the fastest run within
     ``budget`` partial tokens."""
     from pdsr_sdk.sim.config import SimulateConfig
@@ -82,7 +84,7 @@ def fastest_within(trace, order: str, b: int, budget: float, profile: dict | Non
     prof = dict(profile or EQUAL)
     cfg = SimulateConfig(policy=policy, policy_settings=settings, fast=6, heavy=2, steps=steps, step_groups=b,
                          max_staleness=2, max_partial_share=budget, kv_on_update="keep", timeline=False,
-                         profiles={"fast": prof, "heavy": prof})
+                         profiles={"fast": prof, "heavy": prof}, update=update)
     report = simulate_steps(trace, cfg)
     pick = report.fastest_within()
     if pick is None:
@@ -91,8 +93,9 @@ def fastest_within(trace, order: str, b: int, budget: float, profile: dict | Non
             pick.work_bound_s / report.baseline_step_s)
 
 
-def search(name: str, seed: int, order: str, b: int, budget: float):
-    """``fastest_within`` for member ``name``'s trace of ``seed`` on its pinned profile and K (a worker's task)."""
+def search(name: str, seed: int, order: str, update: str, b: int, budget: float, wide: bool):
+    """``fastest_within`` for member ``name``'s trace of ``seed`` on its pinned profile and K (a worker's task);
+    ``wide``: a trace of (K + 2) x B groups, what a staggered update's search to F = 1.5 needs, for either update."""
     from pdsr_sdk.policies import POLICIES
     from pdsr_sdk.traces import workload
 
@@ -100,8 +103,8 @@ def search(name: str, seed: int, order: str, b: int, budget: float):
         POLICIES.register(OracleOrderPolicy.name, OracleOrderPolicy)   # this process only
     member = workload(name)
     k = member.measure.steps
-    trace = member.trace(groups=(k + 1) * b, n=8, seed=seed)
-    return fastest_within(trace, order, b, budget, dict(member.measure.profile), k)
+    trace = member.trace(groups=(k + 1 + wide) * b, n=8, seed=seed)
+    return fastest_within(trace, order, b, budget, dict(member.measure.profile), k, update)
 
 
 def main() -> None:
@@ -115,6 +118,9 @@ def main() -> None:
                     help="the search's budget: the most partial tokens' share of a step's, in (0, 1) [default: 0.1]")
     ap.add_argument("--orders", default=None, help=f"comma-separated, of {', '.join(ORDERS)} "
                                                    f"[default: v3,group_median,sample]")
+    ap.add_argument("--updates", default="all", help="comma-separated, of all and staggered (`pdsr simulate "
+                                                     "--update`); with staggered, every trace has (K + 2) x B groups "
+                                                     "[default: all]")
     ap.add_argument("--per-seed", action="store_true", help="also one row per seed")
     ap.add_argument("--jobs", type=int, default=1, help="searches run at once, in worker processes (one a core)")
     args = ap.parse_args()
@@ -126,6 +132,10 @@ def main() -> None:
     unknown = sorted(set(orders) - set(ORDERS))
     if unknown:
         ap.error(f"--orders: unknown {', '.join(unknown)}; valid: {', '.join(ORDERS)}")
+    updates = args.updates.split(",")
+    if set(updates) - {"all", "staggered"}:
+        ap.error(f"--updates: unknown {', '.join(sorted(set(updates) - {'all', 'staggered'}))}; valid: all, staggered")
+    wide = "staggered" in updates
 
     from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -133,42 +143,42 @@ def main() -> None:
 
     members = family_members(ap, args.family)
     b = args.step_groups
-    tasks = [(name, seed, order) for name in members
+    tasks = [(name, seed, order, update) for name in members
              for seed in (args.seeds or workload(name).measure.seeds)
-             for order in orders]
+             for order in orders for update in updates]
     pool = ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
     futures: dict = {}
     for t in tasks:   # in order: with one job each runs when its result is asked for
-        futures[t] = pool.submit(search, *t, b, args.max_partial_share) if pool else None
+        futures[t] = pool.submit(search, *t, b, args.max_partial_share, wide) if pool else None
 
     def result(t):
         fut: Future | None = futures[t]
-        return fut.result() if fut is not None else search(*t, b, args.max_partial_share)
+        return fut.result() if fut is not None else search(*t, b, args.max_partial_share, wide)
 
     print(f"B = {b}, S = 2, keep, 6 + 2 engines, fastest within {args.max_partial_share:.0%} partial tokens; "
           f"median [min, max] over the seeds\n")
-    print("| member | K | order | seeds | F | step / on-policy step (x) | partial | per consumed token (x) "
+    print("| member | K | order | update | seeds | F | step / on-policy step (x) | partial | per consumed token (x) "
           "| work bound (x) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in members:
         k = workload(name).measure.steps
-        for order in orders:
+        for order, update in ((o, u) for o in orders for u in updates):
             got = {}
-            for t in (t for t in tasks if t[0] == name and t[2] == order):
+            for t in (t for t in tasks if t[0] == name and t[2:] == (order, update)):
                 seed = t[1]
                 got[seed] = result(t)
                 if args.per_seed:
                     row = ("none within the budget | | | |" if got[seed] is None else
                            "{:.3g} | {:.3f} | {:.1%} | {:.3f} | {:.3f}".format(*got[seed]))
-                    print(f"| {name} | {k} | {order} | {seed} | {row} |", flush=True)
+                    print(f"| {name} | {k} | {order} | {update} | {seed} | {row} |", flush=True)
             found = [g for g in got.values() if g is not None]
             missing = len(got) - len(found)
             label = f"{len(found)} of {len(got)}" + (" (the others: none within the budget)" if missing else "")
             if not found:
-                print(f"| {name} | {k} | {order} | {label} | | | | | |", flush=True)
+                print(f"| {name} | {k} | {order} | {update} | {label} | | | | | |", flush=True)
                 continue
             cols = [spread([g[i] for g in found], fmt) for i, fmt in enumerate((".3g", ".3f", ".1%", ".3f", ".3f"))]
-            print(f"| {name} | {k} | {order} | {label} | {' | '.join(cols)} |", flush=True)
+            print(f"| {name} | {k} | {order} | {update} | {label} | {' | '.join(cols)} |", flush=True)
     if pool:
         pool.shutdown()
 
