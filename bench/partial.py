@@ -26,6 +26,7 @@ rollout across steps").
     python bench/partial.py --steps 8 --step-groups 16 --over-provision 0.25 --repeats 3
     python bench/partial.py --trainer-s 3                # with a trainer, and pipelined against it
     python bench/partial.py --kv-on-update keep          # carried samples go on from their cached KV
+    python bench/partial.py --update staggered           # and a partial run with a staggered update beside it
 
 Each step's end stands in for the trainer's update with ``RolloutSession.next_version()`` (without
 ``--trainer-s``): under ``--kv-on-update recompute`` (the default) it resets the engines' prefix caches as
@@ -73,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--kv-on-update", choices=("recompute", "keep"), default="recompute",
                    help="partial run: what each update does to the engines' KV cache (recompute: reset it, so the "
                         "carried samples prefill their context again; keep: go on from it, PipelineRL-style)")
+    p.add_argument("--update", choices=("all", "staggered"), default="all",
+                   help="staggered: a third run, partial rollout with a staggered update (samples of the ending "
+                        "version finish under it on the fewest engines, which load after), against the others")
     p.add_argument("--trainer-s", type=number_at_least(0), default=0.0,
                    help="a trainer taking this many seconds a step, then update_weights; adds the pipelined run")
     args = p.parse_args(argv)
@@ -111,6 +115,7 @@ async def main_async(args) -> None:
     part_cfg = RolloutConfig(**base, policy="v3", batch_size=b, over_provision=args.over_provision,
                              max_staleness=args.max_staleness, kv_on_update=args.kv_on_update)
 
+    stag_cfg = part_cfg.model_copy(update={"update": "staggered"})
     tables: list[Path] = []   # the on-policy steps' trajectories, to calibrate the simulator
 
     update_s: list[float] = []   # update_weights' durations, for the simulator's weight_update_s
@@ -140,9 +145,9 @@ async def main_async(args) -> None:
                 await train(session)
         return {"wall_s": time.perf_counter() - t0 if args.trainer_s > 0 else wall, "samples": samples, "steps": k}
 
-    async def partial(records, *, pipelined: bool = False) -> dict:
-        async with RolloutSession(part_cfg, engines=engines) as session:
-            wall, samples, off, ages, wasted, restarts = 0.0, 0, [], [], 0, 0
+    async def partial(records, *, pipelined: bool = False, staggered: bool = False) -> dict:
+        async with RolloutSession(stag_cfg if staggered else part_cfg, engines=engines) as session:
+            wall, samples, off, ages, wasted, restarts, part = 0.0, 0, [], [], 0, 0, 0
             source = iter(records)
             step_times: list[float] = []
             t0 = time.perf_counter()
@@ -158,6 +163,7 @@ async def main_async(args) -> None:
                 off.append(out.summary["off_policy_share"])
                 ages.append(out.summary["max_token_age"])
                 wasted += out.summary["wasted_tokens"]
+                part += out.summary["partial_tokens"]
                 restarts += out.summary["stale_restarts"]
                 await train(session)
                 if step + 1 < k:
@@ -167,10 +173,14 @@ async def main_async(args) -> None:
         return {"wall_s": elapsed if args.trainer_s > 0 else wall, "samples": samples, "steps": k,
                 "off_policy_share": statistics.mean(off), "max_token_age": max(ages),
                 "drained_groups": len(tail.groups), "wasted_tokens": wasted, "stale_restarts": restarts,
+                "partial_tokens": part,
                 "step_s": [round(x, 2) for x in step_times]}
 
     async def pipelined(records) -> dict:
         return await partial(records, pipelined=True)
+
+    async def staggered(records) -> dict:
+        return await partial(records, staggered=True)
 
     tok = load_tokenizer(model)
     records = load_prompts(on_cfg.data, tok, path=path, n=n)
@@ -185,6 +195,8 @@ async def main_async(args) -> None:
         kinds = [("on-policy", on_policy), ("partial", partial)]
         if args.trainer_s > 0:
             kinds.append(("pipelined", pipelined))
+        if args.update == "staggered":
+            kinds.append(("staggered", staggered))
         runs: dict[str, list[dict]] = {name: [] for name, _ in kinds}
         for r in range(args.repeats):
             for name, fn in kinds:
@@ -206,7 +218,8 @@ async def main_async(args) -> None:
           f"{'met' if x >= TARGET else 'not met'}) [{ratios[0]:.3f}, {ratios[-1]:.3f}] over {len(ratios)} round(s); "
           f"simulated with a profile calibrated from the on-policy steps{with_trainer}: {predicted:.3f}x; partial run: "
           f"off-policy token share {part['off_policy_share']:.3f}, oldest token {part['max_token_age']} version(s), "
-          f"{part['stale_restarts']} staleness restarts ({part['wasted_tokens']} tokens thrown away), steps "
+          f"{part['stale_restarts']} staleness restarts ({part['wasted_tokens']} tokens thrown away), "
+          f"{part['partial_tokens']} partial tokens, steps "
           f"{part['step_s']} s, {part['drained_groups']} carried groups drained after step {k}")
     if "pipelined" in runs:
         piped = pairwise(runs["pipelined"], runs["on-policy"])
@@ -218,6 +231,15 @@ async def main_async(args) -> None:
               f"{statistics.median(over):.3f}x [{over[0]:.3f}, {over[-1]:.3f}]; pipelined run: off-policy token "
               f"share {pipe['off_policy_share']:.3f}, oldest token {pipe['max_token_age']} version(s) at its step's "
               f"end, {pipe['stale_restarts']} staleness restarts, steps {pipe['step_s']} s")
+    if "staggered" in runs:
+        stag = pairwise(runs["staggered"], runs["on-policy"])
+        over = pairwise(runs["staggered"], runs["partial"])
+        run = median_run(runs["staggered"], runs["on-policy"])
+        print(f"staggered update / on-policy samples per second {statistics.median(stag):.3f}x [{stag[0]:.3f}, "
+              f"{stag[-1]:.3f}] (simulated {simulated_ratio(args, trace, k, b, fitted, load_s, update='staggered'):.3f}"
+              f"x), staggered / partial {statistics.median(over):.3f}x [{over[0]:.3f}, {over[-1]:.3f}]; staggered "
+              f"run: off-policy token share {run['off_policy_share']:.3f}, {run['partial_tokens']} partial tokens, "
+              f"steps {run['step_s']} s")
     print(f"the on-policy steps' trajectories (the calibration's input): {work}")
 
 
@@ -245,7 +267,7 @@ def calibrated_profile(tables: list[Path]) -> dict:
 
 
 def simulated_ratio(args, trace, k: int, b: int, fitted: dict, load_s: float = 0.0, *,
-                    pipeline: bool = False) -> float:
+                    pipeline: bool = False, update: str = "all") -> float:
     """Partial (or pipelined) / on-policy samples per second as ``pdsr simulate --steps`` predicts them for this
     trace on two equal engines of the bench's size with the fitted cost model: the K steps' summed times, with the
     trainer (``--trainer-s``, and ``load_s`` a weight load) after each, as the bench's wall time counts them."""
@@ -258,7 +280,7 @@ def simulated_ratio(args, trace, k: int, b: int, fitted: dict, load_s: float = 0
     cfg = SimulateConfig(policy="v3", fast=1, heavy=1, batch_size=b, steps=k, over_provision=args.over_provision,
                          max_staleness=args.max_staleness, profiles={"fast": profile, "heavy": profile},
                          restart_lengths="replay",   # the bench forces every length, also after a restart
-                         kv_on_update=args.kv_on_update,
+                         kv_on_update=args.kv_on_update, update=update,
                          timeline=False, **trainer)
     report = simulate_steps(trace, cfg)
     last = args.trainer_s + load_s if args.trainer_s > 0 else 0.0   # the last step's training, in both

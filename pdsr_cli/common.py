@@ -170,7 +170,7 @@ def quiet_option(f: F) -> F:
 def step_stream_options(stream: str, over_provision_default: str) -> Callable[[F], F]:
     """The flags of a multi-step run (partial rollout across steps), the same in ``pdsr rollout`` and
     ``pdsr simulate`` (config keys ``steps``, ``over_provision``, ``step_groups``, ``max_staleness``,
-    ``group_deadline``, ``kv_on_update``, ``filter_groups.kind``). ``stream`` says what the groups come from."""
+    ``group_deadline``, ``kv_on_update``, ``update``, ``filter_groups.kind``). ``stream``: what the groups come from."""
     options = [
         click.option("--steps", type=int, default=None,
                      help=f"Multi-step run: K training steps over a stream of {stream}; unfinished samples carry "
@@ -192,6 +192,10 @@ def step_stream_options(stream: str, over_provision_default: str) -> Callable[[F
                           "it (carried samples prefill their context again under the new weights); keep: go on "
                           "from it (PipelineRL's in-flight updates: no re-prefill, but their later tokens attend "
                           "to KV of the weights their earlier tokens were sampled with).  [default: recompute]"),
+        click.option("--update", type=click.Choice(["all", "staggered"]), default=None,
+                     help="With --steps: how each weight update reaches the engines. all: every engine loads it at "
+                          "the step's end; staggered: responses of the ending version finish under it on the fewest "
+                          "engines, which load once those end (off-policy by one, not partial).  [default: all]"),
         click.option("--filter-groups", type=click.Choice(["zero-variance"]), default=None,
                      help="Dynamic sampling (DAPO): filter out groups whose N rewards are all equal as they "
                           "complete; a step ends when B groups that pass are complete (multi-step; the filtered "

@@ -34,6 +34,7 @@ CASES = [
     ("partial", ["--steps", "-1"], "argument --steps: -1 is below 1"),
     ("partial", ["--over-provision", "-0.5"], "argument --over-provision: -0.5 is below 0"),
     ("partial", ["--trainer-s", "x"], "argument --trainer-s: 'x' is not a number"),
+    ("partial", ["--update", "later"], "argument --update: invalid choice: 'later'"),
     ("cpu_engine", ["--rounds", "0"], "argument --rounds: 0 is below 1"),
     ("cpu_engine", ["--core", "4096"], "argument --core: 4096 is not a core this process may run on"),
     ("spec", ["--data", "math=no/such.parquet"], "argument --data: no such file: no/such.parquet"),

@@ -134,7 +134,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
             overlong_buffer, overlong_penalty, seed, speculative,
             num_speculative_tokens, draft_history, agent, max_turns, turn_max_tokens, agent_timeout_s,
             no_segments, out, summary, resume, overwrite, steps, over_provision, step_groups, max_staleness,
-            group_deadline, kv_on_update, filter_groups, write_filtered, filter_metric, quiet):
+            group_deadline, kv_on_update, update, filter_groups, write_filtered, filter_metric, quiet):
     """Generate B x N samples per batch with a P-DSR dispatch policy on vLLM engines.
 
     Sample 0 of each prompt is its probe; the policy (v3 by default) decides
@@ -190,7 +190,7 @@ def command(config_path, policy, policy_set, data, model, n, batch_size, num_bat
         "output.path": out, "output.summary_path": summary, "output.resume": resume,
         "output.overwrite": overwrite, "steps": steps, "over_provision": over_provision,
         "step_groups": step_groups, "max_staleness": max_staleness, "group_deadline": group_deadline,
-        "kv_on_update": kv_on_update, "filter_groups.kind": filter_groups,
+        "kv_on_update": kv_on_update, "update": update, "filter_groups.kind": filter_groups,
     }
     cfg = build_config(RolloutConfig, config_path, overrides)
     check_agent_settings(cfg)   # from a flag or the config file alike

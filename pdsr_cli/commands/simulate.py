@@ -73,10 +73,6 @@ from pdsr_cli.out_dir import remove_other_outputs
 @click.option("--pipeline", is_flag=True, default=None,
               help="With --steps: the trainer trains on step k while step k + 1 generates; its update lands in the "
                    "middle of the next step, which does not end before it (one step off-policy).")
-@click.option("--update", type=click.Choice(["all", "staggered"]), default=None,
-              help="With --steps: all: every engine loads each update at the step's end; staggered (simulator only): "
-                   "responses of the ending version finish under it on the fewest engines, which load after.  "
-                   "[default: all]")
 @click.option("--restart-lengths", type=click.Choice(["replay", "redraw"]), default=None,
               help="With --steps: the length a restarted sample generates. redraw: a fresh draw, as RL sampling makes "
                    "one (the cap with the prompt's chance of reaching it, fitted over the trace, else one of its "

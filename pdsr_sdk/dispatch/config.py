@@ -172,3 +172,17 @@ class StepStreamConfig(ConfigModel):
                                  "sampled with (no re-prefill; its later tokens attend to that older KV, which is "
                                  "never older than its oldest kept token: requests of different start versions do not "
                                  "share cached blocks).")
+    update: Literal["all", "staggered"] = Field(
+        "all", description="Multi-step: how a weight update reaches the engines. all (the default): every engine "
+                           "loads it at the step's end, and a response running then goes on under the new weights "
+                           "(partial). staggered: a response whose tokens are all of the ending version finishes "
+                           "under it (off-policy by one, not partial) on the fewest engines with room, which take "
+                           "nothing else and load the update once those end (the session keeps it until then; one "
+                           "sent in buckets, or in the middle of a step, loads every engine at once).")
+
+    @model_validator(mode="after")
+    def _staggered_needs_staleness(self) -> "StepStreamConfig":
+        if self.update == "staggered" and self.max_staleness == 0:
+            raise ConfigValueError("update: staggered finishes responses under the weights of the step that ended, "
+                                   "one version old: it needs max_staleness unset or at least 1")
+        return self

@@ -113,6 +113,18 @@ class StagedWeights:
                 self._finalizer = weakref.finalize(self, _unlink, self._shared.path)
         return self._shared
 
+    def again(self) -> "StagedWeights":
+        """The same update, to load again later from where it is staged (a staggered update's engines that load
+        after the others): its kept block, written now if no engine has read it yet, or its folder. Not CUDA IPC:
+        the trainer's tensors may change before then. Needs a whole update in a kept block, or a folder."""
+        if self.folder is not None:
+            return StagedWeights(folder=self.folder)
+        if self.block is None or self.bucket is not None:
+            raise ValueError("again: only a whole update staged in a kept block can be loaded again")
+        copy = StagedWeights(block=self.block)
+        copy._shared = self.shared()
+        return copy
+
     def ray_ref(self, ray):
         """An object-store reference to the packed bytes (put once, shared by every actor)."""
         if self._ray_ref is None:

@@ -331,6 +331,8 @@ class RolloutConfig(StepStreamConfig, PolicyChoice):
             for key in ("step_groups", "max_staleness", "group_deadline"):
                 if getattr(self, key) is not None:
                     raise ConfigValueError(f"{key} applies to multi-step runs only; set steps too, or over_provision")
+            if self.update != "all":
+                raise ConfigValueError("update applies to multi-step runs only; set steps too, or over_provision")
         return self
 
     @classmethod

@@ -11,8 +11,9 @@ Trainers use it directly (see docs/sdk.md)::
 or, from async code, ``async with RolloutSession(config) as session`` and ``await session.astep(...)``, ``await
 session.aupdate_weights(...)``. ``pdsr rollout`` (:func:`.run.run_rollout`) is a loop over :meth:`generate`.
 
-The class is written in six files: this one (its engines' lifecycle, a step), :mod:`.session_stream` (partial
-rollout's steps), :mod:`.session_engines` (weights, pause, sleep), :mod:`.session_rewards` (rewards, a step's result),
+The class is written in eight files: this one (its engines' lifecycle, a step), :mod:`.session_stream` (partial
+rollout's steps), :mod:`.session_engines` (weights, pause; sleep in :mod:`.session_sleep`, a staggered update's
+later loads in :mod:`.session_stagger`), :mod:`.session_rewards` (rewards, a step's result),
 :mod:`.session_serve` (serving) and :mod:`.session_callbacks` (the run's callbacks). Results: :mod:`.results`.
 """
 
@@ -274,9 +275,7 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         a RunError; the session refuses every call after."""
         self._closed = True
         self._set_fatal(RunError("the session was closed while this call waited"))
-        if self._weights_block is not None:
-            self._weights_block.close()
-            self._weights_block = None
+        self._close_weights()
         if self.rewards is not None:
             self.rewards.close()
             self.rewards = None

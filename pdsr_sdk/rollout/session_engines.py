@@ -8,9 +8,11 @@ import asyncio
 from pdsr_sdk.dispatch.scheduler import PAUSE_MODES
 from pdsr_sdk.errors import ConfigError, ConfigValueError, DataError, EngineError, RunError, UnsupportedError
 from pdsr_sdk.rollout.aio import failures, reset_prefix_cache
+from pdsr_sdk.rollout.session_sleep import SleepWake
+from pdsr_sdk.rollout.session_stagger import StaggeredLoads
 
 
-class EngineControl:
+class EngineControl(StaggeredLoads, SleepWake):
     """Weight updates, pause / resume and sleep / wake of a session's engines (a mixin of
     :class:`~pdsr_sdk.rollout.session.RolloutSession`). :meth:`_init_engine_control` sets its state when the
     session is made.
@@ -30,6 +32,7 @@ class EngineControl:
         self._partial_paused = False    # ... and it had paused a running step itself (the next whole one resumes)
         self._asleep = False
         self._sleep_paused = False   # sleep() paused the scheduler itself (wake() resumes it)
+        self._init_stagger()
 
     def update_weights(self, weights, *, version: int | None = None, bucket_bytes: int | None = None) -> int:
         """Load new weights into every engine (synchronous; see :meth:`aupdate_weights`)."""
@@ -66,6 +69,7 @@ class EngineControl:
         self.check_usable("update_weights")
         if not self._started:
             raise RunError("update_weights: start the session first")
+        await self._settle_lagging()
         streaming_mid_step = self._mid_stream_step()
         self._check_between_steps("update_weights", "update weights between steps", mid_stream=streaming_mid_step)
         new = self.policy_version + 1 if version is None else self._next_version_given(version)
@@ -81,6 +85,8 @@ class EngineControl:
         parts = stage_update(weights, self._reference_weights, block=self._weights_block,
                              bucket_bytes=self.config.weights_bucket_bytes if bucket_bytes is None else bucket_bytes)
         staged = next(parts)    # a state dict is checked whole here, an iterator's first bucket
+        keep = self._stagger_plan(staged, mid_step=streaming_mid_step)   # update: staggered
+        lagging, again = {e.name for e in keep.values()}, staged.again() if keep else None
         step_end, paused_here = self._step_end, False
         try:
             if streaming_mid_step:
@@ -101,8 +107,10 @@ class EngineControl:
                                     "their groups are due at this step's end: call update_weights without "
                                     "pausing first (it then waits for that end), or after step() returns")
             self._loading = asyncio.get_running_loop().create_future()
-            await self._load_parts(staged, parts, engines)
+            await self._load_parts(staged, parts, [e for e in engines if e.name not in lagging])
             self.policy_version = new
+            self._stagger_loaded()
+            self._stagger(keep, new - 1, again)
         finally:
             staged.close()
             parts.close()
@@ -224,11 +232,16 @@ class EngineControl:
         self._check_between_steps("next_version", "call it between steps (after step() returns)")
         self._check_not_blocked(self.policy_version + 1, "next_version: the policy version", "call it after step() "
                                 "returns")
+        await self._settle_lagging()
+        keep = self._stagger_plan(None, mid_step=False)   # update: staggered
+        lagging = {e.name for e in keep.values()}
         if not self._keep_kv:
-            failed = await failures(reset_prefix_cache(e) for e in self._live_engines())
+            failed = await failures(reset_prefix_cache(e) for e in self._live_engines() if e.name not in lagging)
             if failed:
                 raise failed[0]
         self.policy_version += 1
+        self._stagger_loaded()
+        self._stagger(keep, self.policy_version - 1, None)
         return self.policy_version
 
     # --------------------------------------------------------- pause / sleep
@@ -321,60 +334,12 @@ class EngineControl:
             if failed:
                 raise failed[0]
 
-    def sleep(self, level: int = 1) -> None:
-        """Free the engines' memory between steps (synchronous; see :meth:`asleep`)."""
-        return self._call(self.asleep(level), "sleep")
-
-    async def asleep(self, level: int = 1) -> None:
-        """Free the engines' memory (vLLM sleep mode) while the trainer needs it; :meth:`awake` restores it.
-        Level 1 keeps the weights in host memory and drops the KV cache; level 2 drops the weights too
-        (load them again with :meth:`aupdate_weights` after waking). No request may be running: call it
-        between steps or after ``pause("abort")`` / ``pause("wait")``; nothing starts while asleep.
-
-        Engines that cannot free memory make it raise :class:`~pdsr_sdk.errors.UnsupportedError` naming
-        them, before any engine sleeps: vLLM's CPU build (its sleep mode is GPU-only), and GPU engines
-        started without ``engine_args: {enable_sleep_mode: true}``."""
-        if not self._started or self.scheduler is None:
-            raise RunError("sleep: start the session first")
-        if self._asleep:
-            return
-        sched = self.scheduler
-        if sched.in_flight:
-            raise RunError(f"sleep: {sched.in_flight} request(s) are running; call it between steps or after "
-                           f"pause('abort') / pause('wait')")
-        engines = self._live_engines()
-        reasons = {e.name: (e.sleep_unsupported() if hasattr(e, "sleep_unsupported") else
-                            "its backend has no sleep mode") for e in engines}
-        reasons = {name: why for name, why in reasons.items() if why}
-        if reasons:
-            detail = "; ".join(f"{name}: {why}" for name, why in reasons.items())
-            raise UnsupportedError(f"sleep: engine memory cannot be freed here ({detail}); the engines stay "
-                                   f"awake and keep their memory")
-        if sched.paused is None:
-            sched.pause("abort")   # nothing runs: this only keeps new work from starting
-            self._sleep_paused = True
-        failed = await failures(e.sleep(level) for e in engines)
-        self._asleep = True
-        if failed:
-            await self.awake()
-            raise failed[0]
-
-    def wake(self) -> None:
-        """Restore what :meth:`sleep` freed (synchronous; see :meth:`awake`)."""
-        return self._call(self.awake(), "wake")
-
-    async def awake(self) -> None:
-        """Restore the engines' memory after :meth:`asleep` (after level 2, load weights next). Not asleep:
-        nothing."""
-        if not self._asleep:
-            return
-        failed = await failures(e.wake_up() for e in self._live_engines())
-        self._asleep = False
-        if self._sleep_paused:
-            self._sleep_paused = False
-            self.scheduler.resume()
-        if failed:
-            raise failed[0]
+    def _close_weights(self) -> None:
+        """At close: stop the later loads of a staggered update and free the shared-memory block."""
+        self._cancel_lagging()
+        if self._weights_block is not None:
+            self._weights_block.close()
+            self._weights_block = None
 
     def _live_engines(self) -> list:
         """The engines the scheduler has not seen die."""

@@ -99,6 +99,7 @@ class StreamSteps:
             raise
         stream = self._stream
         await self._await_step_end(self._step_end)
+        await self._settle_lagging()   # update: staggered: each engine holds the old weights or the new, not half
         if self._step_error is not None:   # a top-up met a prompt it refused: the step ended there, as a step ends
             raise self._step_error
         consumed = stream.consume()

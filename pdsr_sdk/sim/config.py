@@ -268,12 +268,6 @@ class SimulateConfig(StepStreamConfig, PolicyChoice):
                                               "no step ends before the update for its predecessor (a session's "
                                               "step(wait_for_update=True)), so token ages count at the weights the "
                                               "trainer trains with.")
-    update: Literal["all", "staggered"] = Field(
-        "all", description="Multi-step: how an update reaches the engines. all (the default, what a session does): "
-                           "every engine loads it at the step's end, and a response running then goes on under the "
-                           "new weights (partial). staggered (simulator only for now): a response whose tokens are "
-                           "all of the ending version finishes under it (off-policy by one, not partial) on the "
-                           "fewest engines with room, which take nothing else and load once those end.")
     restart_lengths: Literal["replay", "redraw"] = Field(
         "redraw", description="Multi-step: the length a restarted sample (too stale, refreshed, or retried by its "
                               "policy) generates. redraw (the default): a fresh draw, as RL sampling makes one: the "
@@ -314,9 +308,9 @@ class SimulateConfig(StepStreamConfig, PolicyChoice):
         elif self.filter_groups is not None and "metric" in self.filter_groups.model_fields_set:
             raise ConfigValueError("filter_groups.metric chooses among a reward's values in pdsr rollout; the "
                                    "simulator compares the one reward per sample its trace records: leave it out")
-        elif self.update == "staggered" and (self.pipeline or self.max_staleness == 0):
-            raise ConfigValueError("update: staggered finishes responses under the weights of the step that ended: "
-                                   "it needs pipeline off and max_staleness unset or at least 1")
+        elif self.update == "staggered" and self.pipeline:
+            raise ConfigValueError("update: staggered finishes responses under the weights of the step that ended, "
+                                   "with the engines stopped at its end: it needs pipeline off")
         elif self.max_partial_share is not None and self.over_provision is not None:
             raise ConfigValueError("max_partial_share searches the over-provision: leave over_provision unset")
         return self

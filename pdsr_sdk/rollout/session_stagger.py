@@ -1,0 +1,79 @@
+"""A staggered weight update (``update: staggered``): the part of
+:class:`~pdsr_sdk.rollout.session.RolloutSession` that lets the samples a partial-rollout step's end stopped, whose
+tokens are all of the ending version, finish under it on the fewest engines (:func:`plan_stagger`), and loads the
+update into those engines once their samples have ended (:meth:`Scheduler.lag
+<pdsr_sdk.dispatch.scheduler.lag.Lagging.lag>`). Every other engine loads at once, as with ``update: all``."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pdsr_sdk.dispatch.protocols import Engine
+from pdsr_sdk.dispatch.steps.stagger import plan_stagger
+from pdsr_sdk.dispatch.types import Sample
+from pdsr_sdk.rollout.aio import reset_prefix_cache
+
+
+class StaggeredLoads:
+    """Which samples lag where at an update, and the later loads of their engines (a mixin of
+    :class:`~pdsr_sdk.rollout.session_engines.EngineControl`; :meth:`_init_stagger` sets its state)."""
+
+    def _init_stagger(self) -> None:
+        self._lag_staged = None   # the update a lagging engine loads once drained (None: next_version, no weights)
+        self._lag_loads: set[asyncio.Task] = set()   # those loads, running
+
+    def _stagger_plan(self, staged, *, mid_step: bool) -> dict[Sample, Engine]:
+        """At an update between partial-rollout steps with ``update: staggered``: the samples to finish under the
+        ending version, each with its engine; else none. An update in buckets (the session keeps one bucket, not
+        the update) or in the middle of a step loads every engine at once."""
+        sched = self.scheduler
+        if (self.config.update != "staggered" or mid_step or self._stream is None or sched is None
+                or sched.paused is None or (staged is not None and staged.bucket is not None)):
+            return {}
+        return plan_stagger(sched.held_on(), self.policy_version)
+
+    def _stagger_loaded(self) -> None:
+        """The engines still lagging have loaded this update with the others: they take any work again."""
+        sched = self.scheduler
+        for engine in self._live_engines():
+            if engine.name in sched.lagging():
+                sched.lag_loaded(engine)
+
+    def _stagger(self, keep: dict[Sample, Engine], ended: int, staged) -> None:
+        """After the bump to the new version: ``keep``'s samples go on under ``ended`` on their engines, which load
+        ``staged`` (a copy of the update kept in the session's block; None: only reset their prefix caches) once
+        drained."""
+        self._lag_staged = staged
+        if keep:
+            self.scheduler.lag(keep, ended, on_drained=self._lag_drained)
+
+    def _lag_drained(self, engine: Engine) -> None:
+        """(In the scheduler.) An engine's samples under the older weights have all ended: load the update."""
+        version = self.scheduler.lagging()[engine.name]
+        task = asyncio.get_running_loop().create_task(self._load_lagging(engine, version))
+        self._lag_loads.add(task)
+        task.add_done_callback(self._lag_loads.discard)
+
+    async def _load_lagging(self, engine: Engine, version: int) -> None:
+        try:
+            if self._lag_staged is not None:
+                await engine.update_weights(self._lag_staged, reset_prefix_cache=not self._keep_kv)
+            elif not self._keep_kv:
+                await reset_prefix_cache(engine)
+        except Exception as exc:
+            # it keeps the older weights and takes no work; nothing generates until a whole update loads everywhere
+            self._weights_partial = (f"engine {engine.name!r} failed to load a staggered update once its samples "
+                                     f"under version {version} had ended ({type(exc).__name__}: {exc})")
+            return
+        if self.scheduler.lagging().get(engine.name) == version:   # not loaded by an update meanwhile
+            self.scheduler.lag_loaded(engine)
+
+    async def _settle_lagging(self) -> None:
+        """Wait for the later loads running (an update, sleep or close must not overlap them)."""
+        if self._lag_loads:
+            await asyncio.gather(*self._lag_loads, return_exceptions=True)
+
+    def _cancel_lagging(self) -> None:
+        for task in list(self._lag_loads):
+            task.cancel()
+        self._lag_staged = None
