@@ -113,6 +113,8 @@ def test_step_flags_need_steps_and_name_their_key(prompts, tmp_path, tiny_model_
     assert r.exit_code == 2 and ("max_staleness (--max-staleness) applies to multi-step runs only; set steps (--steps) "
                                  "too, or over_provision (--over-provision)") in r.output
     assert "RolloutConfig" not in r.output   # the model's name means nothing on the command line
+    r = invoke("--data", str(prompts), "--update", "staggered", "--out", str(tmp_path / "o.parquet"))
+    assert r.exit_code == 2 and "update (--update) applies to multi-step runs only" in r.output
     r = invoke("--data", str(prompts), "--steps", "2", "--over-provision", "-1", "--out", str(tmp_path / "o.parquet"))
     assert r.exit_code == 2 and "over_provision" in r.output and "greater than or equal to 0" in r.output
 

@@ -118,11 +118,18 @@ def test_an_engine_never_runs_two_versions_at_once_and_staggered_responses_stay_
 
 
 def test_update_key_is_checked():
+    from pdsr_sdk.rollout.config import RolloutConfig
+
     with pytest.raises(ValueError, match="update applies to multi-step runs only"):
         SimulateConfig(update="staggered")
+    with pytest.raises(ValueError, match="update applies to multi-step runs only; set steps too, or over_provision"):
+        RolloutConfig(update="staggered")
+    assert RolloutConfig(update="staggered", steps=3, max_staleness=1).update == "staggered"
     for bad in ({"pipeline": True}, {"max_staleness": 0}):
         with pytest.raises(ValueError, match="update: staggered"):
             small_cfg(update="staggered", **bad)
+    with pytest.raises(ValueError, match="update: staggered .* needs max_staleness unset or at least 1"):
+        RolloutConfig(update="staggered", steps=3, max_staleness=0)
     with pytest.raises(ValueError, match="update"):
         small_cfg(update="later")
 
