@@ -66,7 +66,7 @@ class Lagging(Launcher):
 
     def lagging(self) -> dict[str, int]:
         """The engines that hold older weights: name -> the version they hold."""
-        return {name: u.lag_version for name, u in self.usage.items() if u.lag_version is not None}
+        return {name: u.lag_version for name, u in self.usage.items() if u.lag_version is not None and not u.dead}
 
     def _lag_finished(self, sample: Sample) -> None:
         engine = self._lag_of.pop(sample)

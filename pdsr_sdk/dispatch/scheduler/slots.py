@@ -142,6 +142,9 @@ class SlotTable:
                  front: bool, *, check_live: bool = True, turn: bool = False) -> None:
         item = Queued(sample, cap, turn)
         lag = self._lag_of.get(sample)
+        if lag is not None and self.usage[lag.name].dead:   # its weights died with the engine: it goes on as any
+            del self._lag_of[sample]
+            lag = None
         if lag is not None:   # it runs only where its weights are, wherever a policy sends it
             pool, engine = lag.pool, lag
         if engine is not None:
