@@ -222,30 +222,31 @@ async def main_async(args) -> None:
           f"{part['partial_tokens']} partial tokens, steps "
           f"{part['step_s']} s, {part['drained_groups']} carried groups drained after step {k}")
     if "pipelined" in runs:
-        piped = pairwise(runs["pipelined"], runs["on-policy"])
-        over = pairwise(runs["pipelined"], runs["partial"])
         pipe = median_run(runs["pipelined"], runs["on-policy"])
         print(f"with a trainer of {args.trainer_s:g} s a step: pipelined / on-policy samples per second "
-              f"{statistics.median(piped):.3f}x [{piped[0]:.3f}, {piped[-1]:.3f}] (simulated "
+              f"{spread(runs['pipelined'], runs['on-policy'])} (simulated "
               f"{simulated_ratio(args, trace, k, b, fitted, load_s, pipeline=True):.3f}x), pipelined / partial "
-              f"{statistics.median(over):.3f}x [{over[0]:.3f}, {over[-1]:.3f}]; pipelined run: off-policy token "
+              f"{spread(runs['pipelined'], runs['partial'])}; pipelined run: off-policy token "
               f"share {pipe['off_policy_share']:.3f}, oldest token {pipe['max_token_age']} version(s) at its step's "
               f"end, {pipe['stale_restarts']} staleness restarts, steps {pipe['step_s']} s")
     if "staggered" in runs:
-        stag = pairwise(runs["staggered"], runs["on-policy"])
-        over = pairwise(runs["staggered"], runs["partial"])
         run = median_run(runs["staggered"], runs["on-policy"])
-        print(f"staggered update / on-policy samples per second {statistics.median(stag):.3f}x [{stag[0]:.3f}, "
-              f"{stag[-1]:.3f}] (simulated {simulated_ratio(args, trace, k, b, fitted, load_s, update='staggered'):.3f}"
-              f"x), staggered / partial {statistics.median(over):.3f}x [{over[0]:.3f}, {over[-1]:.3f}]; staggered "
-              f"run: off-policy token share {run['off_policy_share']:.3f}, {run['partial_tokens']} partial tokens, "
-              f"steps {run['step_s']} s")
+        print(f"staggered update / on-policy samples per second {spread(runs['staggered'], runs['on-policy'])} "
+              f"(simulated {simulated_ratio(args, trace, k, b, fitted, load_s, update='staggered'):.3f}x), "
+              f"staggered / partial {spread(runs['staggered'], runs['partial'])}; staggered run: off-policy token "
+              f"share {run['off_policy_share']:.3f}, {run['partial_tokens']} partial tokens, steps {run['step_s']} s")
     print(f"the on-policy steps' trajectories (the calibration's input): {work}")
 
 
 def pairwise(runs: list[dict], against: list[dict]) -> list[float]:
     """Samples per second of each round's run over the same round's ``against`` run, sorted."""
     return sorted((r["samples"] / r["wall_s"]) / (a["samples"] / a["wall_s"]) for r, a in zip(runs, against))
+
+
+def spread(runs: list[dict], against: list[dict]) -> str:
+    """The median of :func:`pairwise` with its lowest and highest: ``1.234x [1.100, 1.300]``."""
+    r = pairwise(runs, against)
+    return f"{statistics.median(r):.3f}x [{r[0]:.3f}, {r[-1]:.3f}]"
 
 
 def median_run(runs: list[dict], against: list[dict]) -> dict:

@@ -109,7 +109,7 @@ class EngineControl(StaggeredLoads, SleepWake):
             self._loading = asyncio.get_running_loop().create_future()
             await self._load_parts(staged, parts, [e for e in engines if e.name not in lagging])
             self.policy_version = new
-            self._stagger_loaded()
+            self.scheduler.all_loaded()   # engines still lagging loaded it with the others
             self._stagger(keep, new - 1, again)
         finally:
             staged.close()
@@ -240,7 +240,7 @@ class EngineControl(StaggeredLoads, SleepWake):
             if failed:
                 raise failed[0]
         self.policy_version += 1
-        self._stagger_loaded()
+        self.scheduler.all_loaded()
         self._stagger(keep, self.policy_version - 1, None)
         return self.policy_version
 

@@ -32,13 +32,6 @@ class StaggeredLoads:
             return {}
         return plan_stagger(sched.held_on(), self.policy_version)
 
-    def _stagger_loaded(self) -> None:
-        """The engines still lagging have loaded this update with the others: they take any work again."""
-        sched = self.scheduler
-        for engine in self._live_engines():
-            if engine.name in sched.lagging():
-                sched.lag_loaded(engine)
-
     def _stagger(self, keep: dict[Sample, Engine], ended: int, staged) -> None:
         """After the bump to the new version: ``keep``'s samples go on under ``ended`` on their engines, which load
         ``staged`` (a copy of the update kept in the session's block; None: only reset their prefix caches) once

@@ -111,9 +111,7 @@ class SimTrainer:
         the fewest engines (:func:`plan_stagger`), which load once those end; returns their names. Engines still
         finishing samples of the version before load now, with the others."""
         sched = self.sched
-        for engine in sched.engines:
-            if engine.name in sched.lagging():
-                sched.lag_loaded(engine)
+        sched.all_loaded()
         keep = plan_stagger(sched.held_on(), ended)
         if keep:
             sched.lag(keep, ended, on_drained=self._lag_drained)

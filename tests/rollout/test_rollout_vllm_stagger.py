@@ -10,6 +10,7 @@ from support import requires_vllm, run_on
 from pdsr_sdk.rollout.config import RolloutConfig
 from test_rollout_vllm_steps import stream_records
 from test_rollout_vllm_weights import engine_logps, mean_abs, torch_logps
+from version_checks import assert_one_version_at_a_time
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
 
@@ -99,14 +100,4 @@ def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engin
             assert s.token_ids == ref[s.key].token_ids, s.key
     for out in seen["steps"]:
         assert out.summary["max_token_age"] <= 2
-    by_engine: dict[str, list] = {}
-    for s in got:
-        for seg in s.segments:
-            by_engine.setdefault(seg.engine, []).append(seg)
-    for name, segs in by_engine.items():
-        segs.sort(key=lambda x: x.submit_time_s)
-        for i, x in enumerate(segs):
-            for y in segs[i + 1:]:
-                if y.submit_time_s >= x.end_time_s:
-                    break
-                assert x.policy_version == y.policy_version, (name, x, y)
+    assert_one_version_at_a_time(got)

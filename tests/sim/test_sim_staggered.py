@@ -17,6 +17,7 @@ from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.steps import run_steps
 from pdsr_sdk.traces import write_trace_jsonl
 from sim_cases import recorded, small_cfg, small_trace
+from version_checks import assert_one_version_at_a_time
 
 
 @dataclass(eq=False)
@@ -67,15 +68,6 @@ def test_plan_gathers_the_samples_on_the_fewest_engines_that_hold_most_of_them()
     assert {e.name for e in plan.values()} == {"big"}
 
 
-def segments_by_engine(groups):
-    out: dict[str, list[SegmentRecord]] = {}
-    for g in groups:
-        for s in g.samples:
-            for seg in s.segments:
-                out.setdefault(seg.engine, []).append(seg)
-    return out
-
-
 @pytest.mark.parametrize("policy", ["baseline", "v3"])
 def test_an_engine_never_runs_two_versions_at_once_and_staggered_responses_stay_whole(policy):
     """Against the same stream with every engine loading at the step's end (all): with staggered, every
@@ -103,13 +95,7 @@ def test_an_engine_never_runs_two_versions_at_once_and_staggered_responses_stay_
                     current = max([v + 1 for t, v in ends if t <= seg.submit_time_s], default=0)
                     assert seg.policy_version <= current
                     lagged += seg.policy_version < current
-        for name, segs in segments_by_engine(run.groups).items():
-            segs.sort(key=lambda x: x.submit_time_s)
-            for i, x in enumerate(segs):
-                for y in segs[i + 1:]:
-                    if y.submit_time_s >= x.end_time_s:
-                        break
-                    assert x.policy_version == y.policy_version, (name, x, y)
+        assert_one_version_at_a_time(s for g in run.groups for s in g.samples)
         if update == "all":
             assert lagged == 0
         else:

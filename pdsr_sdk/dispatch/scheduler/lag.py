@@ -64,6 +64,12 @@ class Lagging(Launcher):
         self._dirty_pools.add(engine.pool)
         self._pump()
 
+    def all_loaded(self) -> None:
+        """An update reached every live engine, those lagging included: each takes any work again
+        (:meth:`lag_loaded`)."""
+        for name in self.lagging():
+            self.lag_loaded(self._by_name[name])
+
     def lagging(self) -> dict[str, int]:
         """The engines that hold older weights: name -> the version they hold."""
         return {name: u.lag_version for name, u in self.usage.items() if u.lag_version is not None and not u.dead}

@@ -104,10 +104,10 @@ class Pausing(Lagging):
         sample, engine = run.sample, run.engine
         if sample.finished or sample in self._where or sample in self._run_of:
             return
-        lag = self._lag_of.get(sample)
-        if self.usage[engine.name].dead or self.usage[engine.name].lag_version is not None and lag is not engine \
-                or lag not in (None, engine):
-            # its engine is gone, or holds weights other than its tokens' (_enqueue sends a lagging sample to its own)
+        usage, lag = self.usage[engine.name], self._lag_of.get(sample)
+        moved = lag is not None and lag is not engine          # it finishes where its older weights are
+        stranded = lag is None and usage.lag_version is not None   # its engine keeps older weights than its tokens'
+        if usage.dead or moved or stranded:   # _enqueue sends it where it may run
             self._enqueue(sample, run.stolen_from or engine.pool, None, sample.cap, True)
             return
         self._next_segment(run, mark=False)
