@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pdsr_sdk.config import ConfigModel
+from pdsr_sdk.errors import ConfigValueError
 
 
 class AnalyzeConfig(ConfigModel):
@@ -20,7 +21,8 @@ class AnalyzeConfig(ConfigModel):
         description="Top-K fraction for the recall statistic: the floor(K * G) longest groups by each sample.")
     safe_k: float = Field(
         0.2, gt=0, le=1,
-        description="The 'safe' rate counts sample 0's top_k groups that land in sample j's top safe_k groups.")
+        description="The 'safe' rate counts sample 0's top_k groups that land in sample j's top safe_k groups; at "
+                    "least top_k (the safe set is the wider one).")
     fn_length: int = Field(
         512, ge=0,
         description="Length threshold (tokens) of the false-negative rate: probe below it, a later sample above.")
@@ -43,3 +45,11 @@ class AnalyzeConfig(ConfigModel):
         1, description="Delta degrees of freedom of the per-group std in the CV: 1 = sample std (pandas), "
                        "0 = population std.")
     plots: bool = Field(True, description="Write PNG plots (length histogram, probe vs later, CV histogram).")
+
+    @model_validator(mode="after")
+    def _safe_set_wider(self) -> "AnalyzeConfig":
+        # below top_k the rate could never reach 1 and reads as a worse probe than it is
+        if self.safe_k < self.top_k:
+            raise ConfigValueError(f"safe_k ({self.safe_k:g}) must be at least top_k ({self.top_k:g}): the safe rate "
+                                   f"counts the top_k groups found inside the wider top safe_k")
+        return self

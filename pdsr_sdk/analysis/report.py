@@ -128,8 +128,6 @@ def analyze_trace(trace: LengthTrace, config: AnalyzeConfig | None = None) -> di
         if k == 0:
             warnings.append(f"top-K recall and safe rate are n/a: floor({cfg.top_k:g} x {g} groups) = 0, the top "
                             f"set is empty (it needs {math.ceil(1 / cfg.top_k - 1e-9)} groups)")
-        elif k_safe == 0:
-            warnings.append(f"safe rate is n/a: floor({cfg.safe_k:g} x {g} groups) = 0, the safe set is empty")
         if not cap.ranked.any():
             capture_na = True
             warnings.append(f"batch capture is n/a: no batch has more than capture_top = {cfg.capture_top} groups, "

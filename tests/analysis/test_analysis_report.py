@@ -23,7 +23,7 @@ from pdsr_sdk.analysis import (
     top_k_recall,
     write_plots,
 )
-from pdsr_sdk.errors import DataError
+from pdsr_sdk.errors import ConfigValueError, DataError
 from pdsr_sdk.traces import LengthTrace, synth_trace
 
 
@@ -103,10 +103,13 @@ def test_degenerate_traces_say_na_with_a_warning():
     assert small["top_k_recall"]["k"] == 0 and small["top_k_recall"]["mean"] is None
     assert small["safe_rate"]["mean"] is None and small["spearman"]["mean"] == pytest.approx(1.0)
     assert any("floor(0.1 x 9 groups) = 0" in w and "needs 10 groups" in w for w in small["warnings"])
-    # top 20% of 9 is 1 group, but the safe set of 10% is empty
+    # a safe set narrower than the top set is refused, naming both keys (it gave a rate that could not reach 1)
+    with pytest.raises(ConfigValueError, match=r"safe_k \(0.1\) must be at least top_k \(0.2\)"):
+        AnalyzeConfig(top_k=0.2, safe_k=0.1)
+    # top 20% of 9 is 1 group, and so is the safe set of 20%
     safe_only = analyze_trace(LengthTrace.from_matrix(np.arange(27).reshape(9, 3)), AnalyzeConfig(top_k=0.2,
-                                                                                                  safe_k=0.1))
-    assert safe_only["top_k_recall"]["mean"] == 1.0 and safe_only["safe_rate"]["mean"] is None
+                                                                                                  safe_k=0.2))
+    assert safe_only["top_k_recall"]["mean"] == 1.0 and safe_only["safe_rate"]["mean"] == 1.0
     # batches no larger than capture_top are captured whatever the probe
     tiny_batches = analyze_trace(LengthTrace.from_matrix(np.arange(60).reshape(20, 3)),
                                  AnalyzeConfig(batch_prompts=3, capture_top=3))

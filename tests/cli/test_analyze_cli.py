@@ -121,6 +121,7 @@ def test_analyze_trajectories_parquet(tmp_path):
 @pytest.mark.parametrize("make, args, needle", [
     (None, ["--top-k", "1.5"], "top_k: Input should be less than or equal to 1"),
     (None, ["--cap-multiplier", "0"], "cap_multiplier: Input should be greater than 0"),
+    (None, ["--top-k", "0.3"], "safe_k (0.2) must be at least top_k (0.3)"),
     ("missing", [], "does not exist"),
     ("ragged", [], "analysis needs the same number of samples in every group"),
     ("single", [], "at least 2 samples per group"),
