@@ -17,6 +17,9 @@ datasets' samples one after another. So:
   its first sample; where a sample has none (evaluations), consecutive samples of one ``prompt``;
 - lengths are exact: ``response_length``, and ``len(tokens) - response_length`` for ``prompt_len`` (the first
   sample's); no tokenizer;
+- a multi-turn sample's turns from ``loss_mask`` (one 0 or 1 per response token; None or all 1: single-turn): each
+  run of 1s is a turn the model sampled, the run of 0s after it the tokens its tools added; slime records only the
+  sample's whole ``non_generation_time``, shared equally by the turns its tools answered;
 - finish reasons from ``status`` (:data:`STATUS_REASONS`: ``truncated`` is ``length``);
 - the reward is ``reward``; a dict reward's ``score`` (:data:`DICT_REWARD_KEY`, as slime's examples'
   ``--reward-key score``) or the key named;
@@ -39,7 +42,7 @@ import numpy as np
 from pdsr_sdk.errors import DataError
 from pdsr_sdk.io.paths import resolve_inputs
 from pdsr_sdk.traces.formats import detect_format, short_repr
-from pdsr_sdk.traces.trace import LengthTrace
+from pdsr_sdk.traces.trace import LengthTrace, SampleTurns
 
 #: slime's ``Sample.Status`` values and the finish reason each is here
 STATUS_REASONS = {"completed": "stop", "truncated": "length", "aborted": "abort", "failed": "failed",
@@ -81,6 +84,7 @@ class _Rollout:
     lengths: list[int]
     reasons: list[str]
     rewards: list[float]
+    turns: list[list[tuple[int, int, float]] | None]
 
 
 def read_slime_dump(path: str | Path, *, reward_key: str | None = None) -> LengthTrace:
@@ -97,13 +101,15 @@ def read_slime_dump(path: str | Path, *, reward_key: str | None = None) -> Lengt
         rollouts.sort(key=lambda r: r.rollout_id)   # stable: files of one id stay in name order
     sizes = [s for r in rollouts for s in r.sizes]
     rewards = np.asarray([x for r in rollouts for x in r.rewards], dtype=np.float64)
+    turns = [t for r in rollouts for t in r.turns]
     return LengthTrace(prompt_ids=[i for r in rollouts for i in r.ids],
                        prompt_lens=np.asarray([p for r in rollouts for p in r.prompt_lens], dtype=np.int64),
                        lengths=np.asarray([x for r in rollouts for x in r.lengths], dtype=np.int64),
                        offsets=np.r_[0, np.cumsum(sizes, dtype=np.int64)],
                        finish_reasons=np.asarray([x for r in rollouts for x in r.reasons], dtype=object),
                        rewards=None if np.isnan(rewards).all() else rewards,
-                       source=str(files[0]) if len(files) == 1 else str(path))
+                       source=str(files[0]) if len(files) == 1 else str(path),
+                       turns=SampleTurns.from_lists(turns) if any(t is not None for t in turns) else None)
 
 
 def _read_rollout(file: Path, label: str, reward_key: str | None) -> _Rollout:
@@ -126,7 +132,7 @@ def _read_rollout(file: Path, label: str, reward_key: str | None) -> _Rollout:
     members: dict[str, list[int]] = {}
     for i, gid in enumerate(ids):
         members.setdefault(gid, []).append(i)
-    out = _Rollout(data.get("rollout_id"), list(members), [], [], [], [], [])
+    out = _Rollout(data.get("rollout_id"), list(members), [], [], [], [], [], [])
     for gid, rows in members.items():
         for i in rows:
             where = f"{file}: samples[{i}]"
@@ -138,6 +144,7 @@ def _read_rollout(file: Path, label: str, reward_key: str | None) -> _Rollout:
             out.lengths.append(length)
             out.reasons.append(_reason(sample, where))
             out.rewards.append(_reward(sample, reward_key, where))
+            out.turns.append(_turns(sample, length, where))
         out.sizes.append(len(rows))
     return out
 
@@ -220,3 +227,36 @@ def _reward(sample: dict, key: str | None, where: str) -> float:
     if not isinstance(value, int | float) or not math.isfinite(value):
         raise DataError(f"{where}: {named} is {short_repr(value)}; expected a finite number (the reward) or None")
     return float(value)
+
+
+def _turns(sample: dict, response_length: int, where: str) -> list[tuple[int, int, float]] | None:
+    """A multi-turn sample's ``(sampled, tool tokens, tool seconds)`` per turn from its ``loss_mask``; None for a
+    single-turn one (no mask, or every token sampled)."""
+    mask = sample.get("loss_mask")
+    if mask is None:
+        return None
+    if hasattr(mask, "tolist") and not isinstance(mask, list | tuple):
+        mask = mask.tolist()   # a tensor torch read (values); a shape alone has no tolist
+    if not isinstance(mask, list | tuple) or any(type(v) is not int or v not in (0, 1) for v in mask):
+        raise DataError(f"{where}: 'loss_mask' is {short_repr(mask)}; expected a list of 0 and 1, one per response "
+                        f"token (0: a tool's)")
+    if len(mask) != response_length:
+        raise DataError(f"{where}: 'loss_mask' has {len(mask)} entries, not one per response token "
+                        f"('response_length' {response_length})")
+    if all(mask):
+        return None
+    if mask[0] == 0:
+        raise DataError(f"{where}: 'loss_mask' starts with 0: the response starts with a tool's tokens, before the "
+                        f"model sampled any; a turn starts with sampled tokens")
+    runs: list[list[int]] = []   # [sampled, tool tokens] per turn: a turn starts where a 1 follows a 0
+    prev = 0
+    for v in mask:
+        if v and not prev:
+            runs.append([0, 0])
+        runs[-1][0 if v else 1] += 1
+        prev = v
+    tool_s = sample.get("non_generation_time") or 0.0
+    if isinstance(tool_s, bool) or not isinstance(tool_s, int | float) or not math.isfinite(tool_s) or tool_s < 0:
+        raise DataError(f"{where}: 'non_generation_time' is {short_repr(tool_s)}; expected seconds, >= 0")
+    answered = sum(1 for _, tools in runs if tools)
+    return [(sampled, tools, tool_s / answered if tools else 0.0) for sampled, tools in runs]

@@ -216,6 +216,29 @@ def _without(key):
     return s
 
 
+def test_a_multi_turn_sample_has_the_turns_of_its_loss_mask(tmp_path):
+    # slime's multi-turn samples: the response holds the tools' tokens (loss_mask 0) between the model's turns
+    mask = [1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1]
+    samples = [slime_sample(group_index=0, index=0, prompt="q", prompt_tokens=4, response_length=11, loss_mask=mask,
+                            non_generation_time=3.0),
+               slime_sample(group_index=0, index=1, prompt="q", prompt_tokens=4, response_length=6,
+                            loss_mask=[1, 1, 0, 1, 0, 0], non_generation_time=0.5),
+               slime_sample(group_index=0, index=2, prompt="q", prompt_tokens=4, response_length=3, loss_mask=[1] * 3),
+               slime_sample(group_index=0, index=3, prompt="q", prompt_tokens=4, response_length=2)]
+    path = save_rollout(tmp_path / "1.pt", 1, samples)
+    trace = read_trace(path)
+    assert trace.multi_turn and trace.lengths.tolist() == [11, 6, 3, 2]
+    # the tools' seconds shared by the turns they answered; the last turn's trailing 0s are what the tools added
+    assert trace.turns.of(0) == [(3, 2, 1.5), (2, 3, 1.5), (1, 0, 0.0)]
+    assert trace.turns.of(1) == [(2, 1, 0.25), (1, 2, 0.25)]
+    assert trace.turns.of(2) is None and trace.turns.of(3) is None   # all sampled, or no mask: single-turn
+    out = tmp_path / "t.jsonl"   # and they survive a conversion to pdsr's own trace
+    invoke("trace", "convert", path, "--out", out)
+    assert read_trace(out).turns.of(0) == [(3, 2, 1.5), (2, 3, 1.5), (1, 0, 0.0)]
+    single = read_trace(save_rollout(tmp_path / "2.pt", 2, samples[2:]))
+    assert single.turns is None and not single.multi_turn
+
+
 @pytest.mark.parametrize("content, needle", [
     ([_sample()], "holds list, not a dict; slime's --save-debug-rollout-data writes"),
     ({"rollout_id": 1, "data": []}, "no 'samples' key (keys: 'rollout_id', 'data')"),
@@ -231,6 +254,11 @@ def _without(key):
     ({"samples": [_sample(reward="1")]}, "samples[0]: 'reward' is '1'; expected a finite number"),
     ({"samples": [_sample(reward=float("inf"))]}, "samples[0]: 'reward' is inf; expected a finite number"),
     ({"samples": [_without("reward")]}, "samples[0]: no 'reward'"),
+    ({"samples": [_sample(loss_mask=[1, 1, 0])]}, "samples[0]: 'loss_mask' has 3 entries, not one per response token"),
+    ({"samples": [_sample(loss_mask=[1, 2, 0, 1, 1])]}, "samples[0]: 'loss_mask' is [1, 2, 0, 1, 1]; expected a list"),
+    ({"samples": [_sample(loss_mask=[0, 1, 1, 1, 1])]}, "samples[0]: 'loss_mask' starts with 0"),
+    ({"samples": [_sample(loss_mask=[1, 0, 1, 1, 1], non_generation_time=-1.0)]},
+     "samples[0]: 'non_generation_time' is -1.0; expected seconds"),
     ({"samples": [_sample(group_index=None), dict(_without("prompt"), group_index=None)]},
      "samples[1]: no 'group_index' nor 'prompt' to group it by"),
 ])
