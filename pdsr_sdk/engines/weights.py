@@ -114,13 +114,21 @@ class StagedWeights:
         return self._shared
 
     def again(self) -> "StagedWeights":
-        """The same update, to load again later from where it is staged (a staggered update's engines that load
-        after the others): its kept block, written now if no engine has read it yet, or its folder. Not CUDA IPC:
-        the trainer's tensors may change before then. Needs a whole update in a kept block, or a folder."""
+        """The same part, to load again later (a staggered update's engines that load after the others): a whole
+        update from its kept block, written now if no engine has read it yet; a bucket from a block of its own,
+        written now (the next bucket rewrites the kept one); a folder from the folder. Not CUDA IPC: the trainer's
+        tensors may change before then. Call it before :meth:`close`."""
         if self.folder is not None:
             return StagedWeights(folder=self.folder)
-        if self.block is None or self.bucket is not None:
-            raise ValueError("again: only a whole update staged in a kept block can be loaded again")
+        if self.bucket is not None:
+            if self.items is None:
+                raise ValueError("again: this bucket was closed; copy it before its engines load it")
+            copy = StagedWeights(items=self.items, bucket=self.bucket)
+            copy.shared()
+            copy.items = None   # the bytes are in its block: the trainer's tensors are not held
+            return copy
+        if self.block is None:
+            raise ValueError("again: a whole update is loaded again from the block a session keeps")
         copy = StagedWeights(block=self.block)
         copy._shared = self.shared()
         return copy

@@ -85,8 +85,9 @@ class EngineControl(StaggeredLoads, SleepWake):
         parts = stage_update(weights, self._reference_weights, block=self._weights_block,
                              bucket_bytes=self.config.weights_bucket_bytes if bucket_bytes is None else bucket_bytes)
         staged = next(parts)    # a state dict is checked whole here, an iterator's first bucket
-        keep = self._stagger_plan(staged, mid_step=streaming_mid_step)   # update: staggered
-        lagging, again = {e.name for e in keep.values()}, staged.again() if keep else None
+        keep = self._stagger_plan(mid_step=streaming_mid_step)   # update: staggered
+        lagging = {e.name for e in keep.values()}
+        again: list | None = [] if keep else None   # each part, kept for the engines that load it later
         step_end, paused_here = self._step_end, False
         try:
             if streaming_mid_step:
@@ -107,7 +108,7 @@ class EngineControl(StaggeredLoads, SleepWake):
                                     "their groups are due at this step's end: call update_weights without "
                                     "pausing first (it then waits for that end), or after step() returns")
             self._loading = asyncio.get_running_loop().create_future()
-            await self._load_parts(staged, parts, [e for e in engines if e.name not in lagging])
+            await self._load_parts(staged, parts, [e for e in engines if e.name not in lagging], again=again)
             self.policy_version = new
             self.scheduler.all_loaded()   # engines still lagging loaded it with the others
             self._stagger(keep, new - 1, again)
@@ -124,8 +125,9 @@ class EngineControl(StaggeredLoads, SleepWake):
                 await self.aresume()
         return new
 
-    async def _load_parts(self, staged, parts, engines: list) -> None:
-        """Load each staged part of an update (one, or its buckets in order) into every engine. A failure after
+    async def _load_parts(self, staged, parts, engines: list, *, again: list | None = None) -> None:
+        """Load each staged part of an update (one, or its buckets in order) into ``engines``, each part first
+        copied into ``again`` if given (:meth:`StagedWeights.again`: for engines that load later). A failure after
         some engine loaded a bucket, or of some engines where others loaded the whole update, ends the engines'
         open reloads (:meth:`VllmEngine.end_weights`), marks the weights partial (nothing generates until a whole
         update) and says so, naming the engines that failed, in the error it raises."""
@@ -136,6 +138,8 @@ class EngineControl(StaggeredLoads, SleepWake):
         try:
             while True:
                 try:
+                    if again is not None:
+                        again.append(staged.again())
                     results = await asyncio.gather(
                         *(e.update_weights(staged, reset_prefix_cache=staged.last and not self._keep_kv)
                           for e in engines), return_exceptions=True)
@@ -233,7 +237,7 @@ class EngineControl(StaggeredLoads, SleepWake):
         self._check_not_blocked(self.policy_version + 1, "next_version: the policy version", "call it after step() "
                                 "returns")
         await self._settle_lagging()
-        keep = self._stagger_plan(None, mid_step=False)   # update: staggered
+        keep = self._stagger_plan(mid_step=False)   # update: staggered
         lagging = {e.name for e in keep.values()}
         if not self._keep_kv:
             failed = await failures(reset_prefix_cache(e) for e in self._live_engines() if e.name not in lagging)

@@ -11,7 +11,7 @@ import asyncio
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.steps.stagger import plan_stagger
 from pdsr_sdk.dispatch.types import Sample
-from pdsr_sdk.rollout.aio import reset_prefix_cache
+from pdsr_sdk.rollout.aio import failures, reset_prefix_cache
 
 
 class StaggeredLoads:
@@ -19,23 +19,25 @@ class StaggeredLoads:
     :class:`~pdsr_sdk.rollout.session_engines.EngineControl`; :meth:`_init_stagger` sets its state)."""
 
     def _init_stagger(self) -> None:
-        self._lag_staged = None   # the update a lagging engine loads once drained (None: next_version, no weights)
+        self._lag_staged = None   # the update's parts a lagging engine loads once drained (None: next_version's none)
         self._lag_loads: set[asyncio.Task] = set()   # those loads, running
 
-    def _stagger_plan(self, staged, *, mid_step: bool) -> dict[Sample, Engine]:
+    def _stagger_plan(self, *, mid_step: bool) -> dict[Sample, Engine]:
         """At an update between partial-rollout steps with ``update: staggered``: the samples to finish under the
-        ending version, each with its engine; else none. An update in buckets (the session keeps one bucket, not
-        the update) or in the middle of a step loads every engine at once."""
+        ending version, each with its engine; else none. An update in the middle of a step loads every engine at
+        once."""
         sched = self.scheduler
         if (self.config.update != "staggered" or mid_step or self._stream is None or sched is None
-                or sched.paused is None or (staged is not None and staged.bucket is not None)):
+                or sched.paused is None):
             return {}
         return plan_stagger(sched.held_on(), self.policy_version)
 
-    def _stagger(self, keep: dict[Sample, Engine], ended: int, staged) -> None:
+    def _stagger(self, keep: dict[Sample, Engine], ended: int, staged: list | None) -> None:
         """After the bump to the new version: ``keep``'s samples go on under ``ended`` on their engines, which load
-        ``staged`` (a copy of the update kept in the session's block; None: only reset their prefix caches) once
-        drained."""
+        ``staged`` once drained (the update's parts in order, each kept where :meth:`StagedWeights.again` put it: a
+        whole update in the session's block, each bucket in a block of its own until no engine lags; None: only
+        reset their prefix caches)."""
+        self._free_lag_staged()
         self._lag_staged = staged
         if keep:
             self.scheduler.lag(keep, ended, on_drained=self._lag_drained)
@@ -48,18 +50,24 @@ class StaggeredLoads:
         task.add_done_callback(self._lag_loads.discard)
 
     async def _load_lagging(self, engine: Engine, version: int) -> None:
+        parts = self._lag_staged
         try:
-            if self._lag_staged is not None:
-                await engine.update_weights(self._lag_staged, reset_prefix_cache=not self._keep_kv)
+            if parts is not None:
+                for part in parts:
+                    await engine.update_weights(part, reset_prefix_cache=part.last and not self._keep_kv)
             elif not self._keep_kv:
                 await reset_prefix_cache(engine)
         except Exception as exc:
+            if parts and parts[0].bucket is not None and hasattr(engine, "end_weights"):
+                await failures([engine.end_weights()])   # end the reload its bucket 0 opened
             # it keeps the older weights and takes no work; nothing generates until a whole update loads everywhere
             self._weights_partial = (f"engine {engine.name!r} failed to load a staggered update once its samples "
                                      f"under version {version} had ended ({type(exc).__name__}: {exc})")
             return
         if self.scheduler.lagging().get(engine.name) == version:   # not loaded by an update meanwhile
             self.scheduler.lag_loaded(engine)
+        if not self.scheduler.lagging():
+            self._free_lag_staged()
 
     async def _settle_lagging(self) -> None:
         """Wait for the later loads running (an update, sleep or close must not overlap them)."""
@@ -69,4 +77,10 @@ class StaggeredLoads:
     def _cancel_lagging(self) -> None:
         for task in list(self._lag_loads):
             task.cancel()
+        self._free_lag_staged()
+
+    def _free_lag_staged(self) -> None:
+        """No engine will load the kept parts any more: free a bucketed update's blocks (a model's worth)."""
+        for part in self._lag_staged or ():
+            part.close()
         self._lag_staged = None

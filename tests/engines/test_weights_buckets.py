@@ -63,6 +63,43 @@ def test_an_iterator_is_taken_a_bucket_at_a_time_into_blocks_of_the_bucket_size(
     whole[0].close()
 
 
+def test_a_bucket_kept_for_a_later_load_holds_its_tensors_as_they_were(model, tmp_path, monkeypatch):
+    """StagedWeights.again() of a bucket (a staggered update's engines that load later): a block of its own, written
+    at once, so the next bucket rewriting the session's block and the trainer changing its tensors leave it as it
+    was; close() frees it; a closed bucket cannot be kept."""
+    import torch
+
+    from pdsr_sdk.engines.weights import WeightsBlock
+    from pdsr_sdk.engines.weights_buckets import stage_update
+    from pdsr_sdk.engines.weights_shm import read_block
+
+    monkeypatch.setenv("PDSR_SHM_DIR", str(tmp_path))
+    policy, ref = model
+    sd = {k: v.clone() for k, v in policy.state_dict().items()}
+    want = {k: v.clone() for k, v in sd.items()}
+    block = WeightsBlock()
+    kept = []
+    for staged in stage_update(iter(sd.items()), ref, bucket_bytes=1 << 16, block=block):
+        staged.shared()   # what the engines loading now read, in the session's block
+        kept.append(staged.again())
+        for _, t in staged.items:
+            t.add_(1.0)   # the trainer's next step
+        staged.close()
+    assert len(kept) > 2 and [k.bucket.index for k in kept] == list(range(len(kept))) and kept[-1].last
+    paths = {k.shared().path for k in kept}
+    assert len(paths) == len(kept) and block.path not in paths
+    for k in kept:
+        shared = k.shared()
+        for name, t in read_block(shared.path, shared.size, shared.entries):
+            assert torch.equal(t, want[name]), name
+    for k in kept:
+        k.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [block.path.rsplit("/", 1)[-1]]
+    with pytest.raises(ValueError, match="this bucket was closed"):
+        staged.again()
+    block.close()
+
+
 def test_bad_buckets_are_refused_before_they_load(model):
     """A state dict is checked whole before its first bucket; an iterator's bad shape or missing tensor is found
     at the bucket that has it (or the last), after the earlier ones were handed on, naming the parameter."""

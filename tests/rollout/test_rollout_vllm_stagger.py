@@ -4,6 +4,8 @@ engines, tests/conftest.py)."""
 
 from __future__ import annotations
 
+import glob
+
 import pytest
 
 from support import requires_vllm, run_on
@@ -15,13 +17,21 @@ from version_checks import assert_one_version_at_a_time
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
 
 
+def weight_blocks() -> int:
+    """The shared-memory weight blocks this process holds."""
+    from pdsr_sdk.engines.weights_shm import new_block_path
+
+    return len(glob.glob(new_block_path().rsplit("-", 1)[0] + "-*"))
+
+
 def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engine_loop, engines, tiny_model_dir):
     """fp32, greedy, forced lengths; steps of 2 groups with 2 more in flight and a trainer that perturbs the weights
     at each update. After an update, an engine kept for samples of the ending version still holds that version's
     weights (its log-probs of a fixed response), the others the new ones; once it has no such sample left it holds
     the new ones. A sample that ran after the first update under version 0 made exactly the tokens of an
     uninterrupted run under the first weights (it never saw the new ones); no engine ran two versions at once; every
-    consumed sample is whole, no token older than S = 2. An update in buckets keeps no engine back."""
+    consumed sample is whole, no token older than S = 2. An update in buckets holds engines back the same way (each
+    bucket kept in a block of its own until they have loaded it; before, every engine loaded it at once)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -48,7 +58,7 @@ def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engin
             reference = await session.astep(stream_records(session))
         cfg = RolloutConfig(**base, over_provision=1.0, step_groups=2, max_staleness=2, update="staggered")
         seen = {"steps": [], "held": [], "lagging": [], "versions_after_update": [], "versions_at_end": [],
-                "update_times": []}
+                "update_times": [], "blocks_after_update": [], "blocks_at_end": []}
         try:
             async with RolloutSession(cfg, engines=engines) as session:
                 records = iter(stream_records(session))
@@ -58,6 +68,7 @@ def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engin
                     seen["steps"].append(out)
                     seen["versions_at_end"].append(({e.name: await engine_logps(e) for e in engines},
                                                     dict(sched.lagging())))
+                    seen["blocks_at_end"].append(weight_blocks())
                     if k == 4:
                         break
                     seen["held"].append(len(sched.held()))
@@ -65,6 +76,7 @@ def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engin
                     bucket = 1 << 16 if k == 2 else None   # the third update goes in buckets
                     await session.aupdate_weights(weights[k], bucket_bytes=bucket)
                     seen["lagging"].append(dict(sched.lagging()))
+                    seen["blocks_after_update"].append(weight_blocks())
                     seen["versions_after_update"].append({e.name: await engine_logps(e) for e in engines})
                 assert not session.carried() and not sched.held() and not sched.lagging()
         finally:   # the shared engines go back to the model folder's weights
@@ -78,7 +90,13 @@ def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engin
     assert sorted(s.key for s in got) == sorted(ref)
     lagged_updates = [i for i, lag in enumerate(seen["lagging"]) if lag]
     assert lagged_updates, f"no update kept an engine back (held at the step ends: {seen['held']})"
-    assert seen["lagging"][2] == {}   # in buckets: every engine loads at once
+    assert seen["lagging"][2], f"the bucketed update kept no engine back (held: {seen['held'][2]})"
+    # its buckets each kept in a block of their own for the engines that load later, freed once none lags
+    blocks = seen["blocks_after_update"]
+    assert blocks[2] > blocks[1] + 1, blocks
+    assert blocks[3] == blocks[1], blocks   # the next update loaded every engine: freed
+    if not seen["versions_at_end"][3][1]:   # or sooner, had every held-back engine loaded by the step's end
+        assert seen["blocks_at_end"][3] == blocks[1], (seen["blocks_at_end"], blocks)
     for i, lag in enumerate(seen["lagging"]):
         new = i + 1
         for name, logps in seen["versions_after_update"][i].items():
