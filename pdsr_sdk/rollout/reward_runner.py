@@ -1,14 +1,14 @@
 """Rewards as samples finish, off the dispatch loop.
 
-A session hands every finished sample to a :class:`RewardRunner` (from the scheduler's callback, on the
-event loop). The runner decodes the response there (cheap) and runs the reward function on a worker
-thread, so a slow reward never holds up the loop that feeds the engines; ``math_verify``'s checks run
-in its own worker processes (:mod:`pdsr_sdk.rollout.verify_reward`) beneath that thread. With
-``executor="process"`` the reward functions themselves run in worker processes (spawned), so a CPU-bound
-Python reward does not hold the interpreter lock either; the functions must pickle (:func:`check_picklable`). A reward
-that raises fails only its own sample (``SystemExit`` too), and so does one that kills its worker process. A step waits
-for its samples' scores only after its groups are complete (:meth:`RewardRunner.wait`), and dynamic
-sampling reads a group's scores as soon as its last one is in (:meth:`RewardRunner.when_scored`).
+A session hands every finished sample to a :class:`RewardRunner` (from the scheduler's callback, on the event loop).
+The runner decodes the response there (cheap) and runs the reward function on a worker thread, so a slow reward never
+holds up the loop that feeds the engines; ``math_verify``'s checks run in its own worker processes
+(:mod:`pdsr_sdk.rollout.verify_reward`) beneath that thread. With ``executor="process"`` the reward functions
+themselves run in worker processes (spawned), so a CPU-bound Python reward does not hold the interpreter lock either;
+the functions must pickle (:func:`check_picklable`). A reward that raises fails only its own sample (``SystemExit``
+too; ``KeyboardInterrupt`` stops the run with a ``RunError``), and so does one that kills its worker process. A step
+waits for its samples' scores only after its groups are complete (:meth:`RewardRunner.wait`), and dynamic sampling
+reads a group's scores as soon as its last one is in (:meth:`RewardRunner.when_scored`).
 
 A sample that finishes again (restarted, regenerated) is scored again: each job remembers the state it
 scored (restarts, tokens, finish reason), and a stale job's result is never used. The scores are the
@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 
 from pdsr_sdk.dispatch.trajectory import RewardStopped as _TimeLimit   # raised into a call by its watchdog
 from pdsr_sdk.dispatch.types import Group, Sample
-from pdsr_sdk.errors import ConfigError
+from pdsr_sdk.errors import ConfigError, RunError
 
 EXECUTORS = ("thread", "process")
 
@@ -119,13 +119,16 @@ def _score(fn: Callable[..., Any] | None, text: str, ground_truth: Any, info: di
     began = time.perf_counter()
     # under overlong shaping, the reward's own score is kept beside the shaped one (the filter's)
     shaping = fn if isinstance(fn, OverlongShaping) else None
-    reward, extra, error = score_text(fn if shaping is None else shaping.fn, text, ground_truth, info)
+    try:
+        reward, extra, error = score_text(fn if shaping is None else shaping.fn, text, ground_truth, info)
+    except KeyboardInterrupt as exc:   # the reward's own (Ctrl-C goes to the main thread): it would end the loop
+        raise RunError(f"the reward function raised KeyboardInterrupt{f' ({exc})' if str(exc) else ''} on sample "
+                       f"{info.get('sample_index')} of prompt {info.get('prompt_id')!r}: the run stops") from None
     score = reward
     if shaping is not None and reward is not None:
         reward, extra = shaping.apply(reward, extra, info.get("response_length") or 0)
-    seconds = time.perf_counter() - began
-    return Scored(text, reward, extra, error, seconds, reward_counters(fn).get("reward_timeouts", 0) - before,
-                  score)
+    timeouts = reward_counters(fn).get("reward_timeouts", 0) - before
+    return Scored(text, reward, extra, error, time.perf_counter() - began, timeouts, score)
 
 
 def _shaped(fn: Callable[..., Any] | None, scored: Scored, response_length: int) -> Scored:

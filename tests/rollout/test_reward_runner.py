@@ -75,6 +75,36 @@ def test_a_reward_that_blocks_does_not_stall_the_engines(tiny_model_dir):
 
 
 @requires_torch
+def test_a_reward_raising_keyboard_interrupt_stops_the_step_with_an_error_naming_it(tiny_model_dir):
+    """A reward that raises KeyboardInterrupt itself (no Ctrl-C reaches its worker thread): the step raises a RunError
+    naming it and the session closes. Before, the KeyboardInterrupt ended the session's event loop and step() waited
+    for good."""
+    from pdsr_sdk.errors import RunError
+
+    def interrupting(text, ground_truth, *, sample_index, **info):
+        if sample_index == 1:
+            raise KeyboardInterrupt("sandbox gone")
+        return 1.0
+
+    outcome: list[BaseException | None] = []
+
+    def run():
+        try:
+            with RolloutSession(config(tiny_model_dir, reward_workers=2), reward=interrupting) as session:
+                session.step(PROMPTS)
+            outcome.append(None)
+        except BaseException as exc:   # noqa: BLE001 - what the step raised, checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "step() never returned after the reward raised KeyboardInterrupt"
+    assert isinstance(outcome[0], RunError), outcome
+    assert "the reward function raised KeyboardInterrupt (sandbox gone) on sample 1 of prompt" in str(outcome[0])
+
+
+@requires_torch
 def test_a_restarted_sample_is_scored_again(tiny_model_dir):
     """A sample that finishes a second time (regenerated) gets the score of its new response, not the old one."""
     import asyncio
