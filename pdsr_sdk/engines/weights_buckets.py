@@ -16,6 +16,7 @@ partial update.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -62,6 +63,14 @@ def stage_update(weights: Any, reference: ModelWeights, *, bucket_bytes: int = D
         index += 1
     if index == 0:
         raise DataValueError("update_weights: no tensors given")
+
+
+def update_bytes(reference: ModelWeights, first: StagedWeights) -> int:
+    """About how many bytes a whole update takes (what a staggered update keeps of one sent in buckets): every
+    parameter of ``reference`` at the element size of ``first``'s tensors (the trainer's dtype, not the
+    checkpoint's)."""
+    size = first.items[0][1].element_size() if first.items else 4
+    return sum(math.prod(shape) * size for shape, _ in reference.shapes.values())
 
 
 def _buckets(pairs: Iterator[tuple[str, Any]], bucket_bytes: int) -> Iterator[tuple[list[tuple[str, Any]], bool]]:

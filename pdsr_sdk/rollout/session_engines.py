@@ -85,7 +85,7 @@ class EngineControl(StaggeredLoads, SleepWake):
         parts = stage_update(weights, self._reference_weights, block=self._weights_block,
                              bucket_bytes=self.config.weights_bucket_bytes if bucket_bytes is None else bucket_bytes)
         staged = next(parts)    # a state dict is checked whole here, an iterator's first bucket
-        keep = self._stagger_plan(mid_step=streaming_mid_step)   # update: staggered
+        keep = self._stagger_plan(staged, mid_step=streaming_mid_step)   # update: staggered
         lagging = {e.name for e in keep.values()}
         again: list | None = [] if keep else None   # each part, kept for the engines that load it later
         step_end, paused_here = self._step_end, False
@@ -237,7 +237,7 @@ class EngineControl(StaggeredLoads, SleepWake):
         self._check_not_blocked(self.policy_version + 1, "next_version: the policy version", "call it after step() "
                                 "returns")
         await self._settle_lagging()
-        keep = self._stagger_plan(mid_step=False)   # update: staggered
+        keep = self._stagger_plan(None, mid_step=False)   # update: staggered
         lagging = {e.name for e in keep.values()}
         if not self._keep_kv:
             failed = await failures(reset_prefix_cache(e) for e in self._live_engines() if e.name not in lagging)

@@ -11,6 +11,7 @@ import asyncio
 from pdsr_sdk.dispatch.protocols import Engine
 from pdsr_sdk.dispatch.steps.stagger import plan_stagger
 from pdsr_sdk.dispatch.types import Sample
+from pdsr_sdk.errors import PdsrWarning
 from pdsr_sdk.rollout.aio import failures, reset_prefix_cache
 
 
@@ -22,15 +23,35 @@ class StaggeredLoads:
         self._lag_staged = None   # the update's parts a lagging engine loads once drained (None: next_version's none)
         self._lag_loads: set[asyncio.Task] = set()   # those loads, running
 
-    def _stagger_plan(self, *, mid_step: bool) -> dict[Sample, Engine]:
+    def _stagger_plan(self, staged, *, mid_step: bool) -> dict[Sample, Engine]:
         """At an update between partial-rollout steps with ``update: staggered``: the samples to finish under the
         ending version, each with its engine; else none. An update in the middle of a step loads every engine at
-        once."""
+        once, and so does one in buckets (``staged``: its first) whose copy would not fit the shared memory free."""
         sched = self.scheduler
         if (self.config.update != "staggered" or mid_step or self._stream is None or sched is None
                 or sched.paused is None):
             return {}
-        return plan_stagger(sched.held_on(), self.policy_version)
+        keep = plan_stagger(sched.held_on(), self.policy_version)
+        if keep and staged is not None and staged.bucket is not None and not self._copy_fits(staged):
+            return {}
+        return keep
+
+    def _copy_fits(self, first) -> bool:
+        """Whether shared memory has room for a copy of the update ``first`` begins (a warning says when not)."""
+        import shutil
+        import warnings
+
+        from pdsr_sdk.engines.weights_buckets import update_bytes
+        from pdsr_sdk.engines.weights_shm import shm_dir
+
+        need, free = update_bytes(self._reference_weights, first), shutil.disk_usage(shm_dir()).free
+        if need < free:
+            return True
+        warnings.warn(f"update: staggered: this update goes in buckets, and the copy the engines held back would "
+                      f"load later ({need / 2**30:.2f} GiB) does not fit the {free / 2**30:.2f} GiB free in "
+                      f"{shm_dir()} (PDSR_SHM_DIR chooses it): every engine loads it at once", PdsrWarning,
+                      stacklevel=2)
+        return False
 
     def _stagger(self, keep: dict[Sample, Engine], ended: int, staged: list | None) -> None:
         """After the bump to the new version: ``keep``'s samples go on under ``ended`` on their engines, which load

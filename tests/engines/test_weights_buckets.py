@@ -100,6 +100,21 @@ def test_a_bucket_kept_for_a_later_load_holds_its_tensors_as_they_were(model, tm
     block.close()
 
 
+def test_an_update_s_size_is_the_checkpoint_s_parameters_at_the_trainer_s_dtype(model):
+    """update_bytes (a staggered update's check that a copy of a bucketed one fits): the checkpoint's parameters
+    at the element size of the tensors sent, fp32 or bf16."""
+    import torch
+
+    from pdsr_sdk.engines.weights_buckets import stage_update, update_bytes
+
+    policy, ref = model
+    for dtype in (torch.float32, torch.bfloat16):
+        sd = {k: v.to(dtype) for k, v in policy.state_dict().items() if k in ref.shapes}
+        first = next(stage_update(iter(sd.items()), ref, bucket_bytes=1 << 16))
+        assert update_bytes(ref, first) == sum(nbytes(t) for t in sd.values()) > 0
+        first.close()
+
+
 def test_bad_buckets_are_refused_before_they_load(model):
     """A state dict is checked whole before its first bucket; an iterator's bad shape or missing tensor is found
     at the bucket that has it (or the last), after the earlier ones were handed on, naming the parameter."""

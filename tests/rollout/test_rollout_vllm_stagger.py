@@ -119,3 +119,41 @@ def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engin
     for out in seen["steps"]:
         assert out.summary["max_token_age"] <= 2
     assert_one_version_at_a_time(got)
+
+
+def test_a_bucketed_update_whose_copy_does_not_fit_loads_every_engine_at_once(engine_loop, engines, tiny_model_dir,
+                                                                               monkeypatch):
+    """Shared memory without room for a copy of an update sent in buckets (what the engines held back would load
+    later): a warning names the sizes and where, and every engine loads the update at once (no engine lags)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdsr_sdk.engines.weights import StagedWeights
+    from pdsr_sdk.errors import PdsrWarning
+    from pdsr_sdk.rollout.session import RolloutSession
+
+    cfg = RolloutConfig(model=str(tiny_model_dir), policy="v3", segments={"min_tokens": 16, "max_tokens": 32},
+                        sampling={"n": 4, "max_tokens": 128, "temperature": 0.0, "ignore_eos": True},
+                        over_provision=1.0, step_groups=2, max_staleness=2, update="staggered")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=1 << 16))
+
+    async def scenario():
+        try:
+            async with RolloutSession(cfg, engines=engines) as session:
+                await session.astep(stream_records(session))
+                held = len(session.scheduler.held())
+                with pytest.warns(PdsrWarning, match=r"GiB\) does not fit the 0\.00 GiB free in .*every engine loads"):
+                    await session.aupdate_weights(model.state_dict(), bucket_bytes=1 << 16)
+                lagging = dict(session.scheduler.lagging())
+                await session.astep((), last=True)
+        finally:
+            for e in engines:
+                await e.update_weights(StagedWeights(folder=str(tiny_model_dir)))
+        return held, lagging
+
+    held, lagging = run_on(engine_loop, scenario(), timeout=600)
+    assert held and lagging == {}
