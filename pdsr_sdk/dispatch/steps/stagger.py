@@ -28,10 +28,6 @@ def plan_stagger(held: Sequence[tuple[Sample, Engine]], version: int) -> dict[Sa
     slots = {name: e.max_concurrency for name, e in engines.items()}
     need = len(kept)
     fewest = next((k for k in range(1, len(slots) + 1) if sum(sorted(slots.values())[-k:]) >= need), len(slots))
-    import os
-    cap = int(os.environ.get("PDSR_STAGGER_FIT", "0"))
-    if cap and (fewest > cap or sum(sorted(slots.values())[-fewest:]) < need):
-        return {}
     room: dict[str, int] = {}
     for name, _ in Counter(e.name for _, e in kept).most_common():
         left = fewest - len(room) - 1
