@@ -177,7 +177,8 @@ class StepStreamConfig(ConfigModel):
                            "every engine at the step's end, so a response running then goes on under the new weights "
                            "(partial). staggered lets responses whose tokens are all of the ending version finish "
                            "under it on the fewest engines, which take nothing else and load once those end "
-                           "(off-policy by one, not partial; an update in buckets or mid-step loads every engine).")
+                           "(off-policy by one, not partial; an update mid-step, or in buckets without the shared "
+                           "memory for a copy, loads every engine).")
 
     @model_validator(mode="after")
     def _staggered_needs_staleness(self) -> "StepStreamConfig":
