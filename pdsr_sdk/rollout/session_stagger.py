@@ -44,12 +44,13 @@ class StaggeredLoads:
         from pdsr_sdk.engines.weights_buckets import update_bytes
         from pdsr_sdk.engines.weights_shm import shm_dir
 
-        need, free = update_bytes(self._reference_weights, first), shutil.disk_usage(shm_dir()).free
+        folder = shm_dir()
+        need, free = update_bytes(self._reference_weights, first), shutil.disk_usage(folder).free
         if need < free:
             return True
         warnings.warn(f"update: staggered: this update goes in buckets, and the copy the engines held back would "
                       f"load later ({need / 2**30:.2f} GiB) does not fit the {free / 2**30:.2f} GiB free in "
-                      f"{shm_dir()} (PDSR_SHM_DIR chooses it): every engine loads it at once", PdsrWarning,
+                      f"{folder} (PDSR_SHM_DIR chooses it): every engine loads it at once", PdsrWarning,
                       stacklevel=2)
         return False
 
