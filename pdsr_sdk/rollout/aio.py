@@ -32,10 +32,21 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="pdsr-session", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="pdsr-session", daemon=True)
         self.thread.start()
         self._calls: set[concurrent.futures.Future] = set()   # calls running now (several threads may call)
         self._stopping = False
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.loop.run_forever()
+                return   # stop()
+            except (KeyboardInterrupt, SystemExit):
+                # raised by code on the loop itself (a hook, a policy), where no Ctrl-C arrives: asyncio lets it
+                # out of run_forever with the task that raised it already failed, but that failure reaches the
+                # waiting call only through the loop's next callbacks; so the loop goes on and the call raises it
+                continue
 
     def call(self, coro):
         if self._stopping:

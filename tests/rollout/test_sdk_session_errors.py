@@ -1,6 +1,7 @@
 """A session on fake engines given bad input or closed under a waiting call: a bad ``n`` or prompts is an error
 naming it and the session goes on, a failed or closed session says so on every later call and starts no engine,
-and closing ends a step still waiting (in a thread or an asyncio task)."""
+closing ends a step still waiting (in a thread or an asyncio task), and a hook's KeyboardInterrupt reaches the
+step."""
 
 from __future__ import annotations
 
@@ -316,3 +317,40 @@ def test_the_prompts_launched_with_a_refused_one_are_not_lost(tiny_model_dir, la
     given = [p["id"] for p in prompts if p["id"] != "bad"]
     # in completion order: the launched ones are the first given (the last step drains: every one is judged)
     assert len(judged) >= 8 and sorted(judged, key=given.index) == given[:len(judged)], judged
+
+
+@requires_torch
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_a_hook_raising_keyboard_interrupt_reaches_the_step_and_the_session_closes(tiny_model_dir, raised):
+    """A hook raising KeyboardInterrupt or SystemExit on the session's loop thread (no Ctrl-C reaches that thread:
+    the hook raised it itself) ends ``step()`` with that exception, as Ctrl-C would; a later step says the session
+    failed, and the ``with`` block's exit closes the engines. Before, the exception stopped the session's event
+    loop, and ``step()`` waited for good."""
+    import threading
+
+    from pdsr_sdk import RolloutSession
+
+    def interrupting(group):
+        raise raised("a hook stops the run")
+
+    outcome: list[BaseException | None] = []
+
+    def run():
+        try:
+            with RolloutSession(fake_config(tiny_model_dir)) as session:
+                session.hooks.on_group_done.append(interrupting)
+                try:
+                    session.step(["x"])
+                finally:
+                    session.hooks.on_group_done.clear()
+                    with pytest.raises(RunError, match=r"the session failed earlier \(" + raised.__name__):
+                        session.step(["y"])
+            outcome.append(None)
+        except BaseException as exc:   # noqa: BLE001 - what the step raised, checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), f"step() never returned after a hook raised {raised.__name__}"
+    assert isinstance(outcome[0], raised) and "a hook stops the run" in str(outcome[0]), outcome
