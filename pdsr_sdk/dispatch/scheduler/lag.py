@@ -59,9 +59,7 @@ class Lagging(Launcher):
         self._lag_left.pop(engine.name, None)
         for sample in [s for s, e in self._lag_of.items() if e is engine]:
             del self._lag_of[sample]
-        self._load_changed[engine.pool].add(engine.name)
-        self._dirty_engines.add(engine.name)
-        self._dirty_pools.add(engine.pool)
+        self._room_changed(engine)
         self._pump()
 
     def all_loaded(self) -> None:

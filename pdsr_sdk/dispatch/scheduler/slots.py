@@ -201,6 +201,10 @@ class SlotTable:
         slots.discard(request_id)
         if not slots:
             self._mark_idle(engine)
+        self._room_changed(engine)
+
+    def _room_changed(self, engine: Engine) -> None:
+        """``engine`` can take other work than before: its load, its queue and its pool are looked at again."""
         self._load_changed[engine.pool].add(engine.name)
         self._dirty_engines.add(engine.name)
         self._dirty_pools.add(engine.pool)
