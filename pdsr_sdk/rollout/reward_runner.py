@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import contextlib
 import multiprocessing
 import pickle
-import queue
 import signal
 import threading
 import time
@@ -40,6 +38,7 @@ from typing import Any, Callable, Iterable
 
 from pdsr_sdk.dispatch.trajectory import RewardStopped as _TimeLimit   # raised into a call by its watchdog
 from pdsr_sdk.dispatch.types import Group, Sample
+from pdsr_sdk.rollout.reward_pools import DaemonThreads, process_workers, terminate
 from pdsr_sdk.errors import ConfigError, RunError
 
 EXECUTORS = ("thread", "process")
@@ -244,9 +243,9 @@ class RewardRunner:
         thread does not keep the process alive), worker processes are ended."""
         for pool in (self._pool, self._alone):
             if pool is not None:
-                workers = _workers(pool)   # shutdown forgets them
+                workers = process_workers(pool)   # shutdown forgets them
                 pool.shutdown(wait=False, cancel_futures=True)
-                _end(workers)
+                terminate(workers)
         self._pool = self._alone = None
         self._jobs.clear()
 
@@ -312,77 +311,6 @@ class RewardRunner:
             else:
                 self._pool = DaemonThreads(self.workers, "pdsr-reward")
         return self._pool
-
-
-class DaemonThreads(cf.Executor):
-    """A pool of ``workers`` daemon threads (started at the first call). ``ThreadPoolExecutor``'s threads are joined
-    when the interpreter exits, so one reward call that never returns kept a stopped run's process alive."""
-
-    def __init__(self, workers: int, name: str):
-        self._workers, self._name = workers, name
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._shut = False
-
-    def submit(self, fn, /, *args, **kwargs) -> cf.Future:  # type: ignore[override]
-        future: cf.Future = cf.Future()
-        with self._lock:
-            if self._shut:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queue.put((future, fn, args, kwargs))
-            while len(self._threads) < self._workers:
-                thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
-                thread.start()
-                self._threads.append(thread)
-        return future
-
-    def add_worker(self) -> None:
-        """Start one more thread: one of the pool's is held by a call that was given up (it runs on to its end)."""
-        with self._lock:
-            if self._shut:
-                return
-            self._workers += 1
-            thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as ThreadPoolExecutor does
-                future.set_exception(exc)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._shut = True
-        if cancel_futures:
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    item = self._queue.get_nowait()
-                    if item is not None:
-                        item[0].cancel()
-        for _ in self._threads:
-            self._queue.put(None)
-        if wait:
-            for thread in self._threads:
-                thread.join()
-
-
-def _workers(pool: cf.Executor) -> list:
-    """A process pool's worker processes (its own table of them; [] for threads)."""
-    return list((getattr(pool, "_processes", None) or {}).values()) if isinstance(pool, cf.ProcessPoolExecutor) else []
-
-
-def _end(workers: list) -> None:
-    """Terminate a shut-down pool's ``workers`` (one in a reward that never returns would be waited for at exit)."""
-    for proc in workers:
-        with contextlib.suppress(Exception):
-            proc.terminate()
 
 
 def check_picklable(fn: Callable[..., Any] | None, what: str = "the reward function") -> None:
