@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdsr_sdk.rollout.serve import FINISH, ChatServer, check_failed, no_max_tokens
+from pdsr_sdk.rollout.serve import ChatServer, check_failed, no_max_tokens
+from pdsr_sdk.rollout.serve_shapes import FINISH
 from pdsr_sdk.rollout.serve_error import ServeError
 from pdsr_sdk.rollout.serve_logprobs import wanted
 from pdsr_sdk.rollout.serve_named import sample_name

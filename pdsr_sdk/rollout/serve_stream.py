@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from pdsr_sdk.dispatch.types import FAILED, Group, Sample
-from pdsr_sdk.rollout.serve import FINISH, check_failed
+from pdsr_sdk.rollout.serve import check_failed
+from pdsr_sdk.rollout.serve_shapes import FINISH
 from pdsr_sdk.agent.tool_stream import HermesCallStream, json_text
 from pdsr_sdk.rollout.serve_deltas import TextDeltas, close_calls, text_holds
 from pdsr_sdk.rollout.serve_error import ServeError, error_body, internal_error
