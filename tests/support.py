@@ -41,6 +41,27 @@ def interrupt_at_call(monkeypatch, module, name: str, call: int):
     return real
 
 
+def raised_in_thread(fn, hung: str) -> BaseException | None:
+    """Run ``fn()`` in a daemon thread and return what it raised (None: nothing); fails with ``hung`` if it has
+    not returned within WAIT_S (a call that would hang the test's own thread for good)."""
+    import threading
+
+    outcome: list[BaseException | None] = []
+
+    def run():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:   # noqa: BLE001 - what fn raised is the caller's to check
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), hung
+    return outcome[0]
+
+
 def run_on(loop, coro, timeout: float = 900):
     """Run ``coro`` on ``loop`` (another thread) and return its result."""
     import asyncio

@@ -10,7 +10,7 @@ import pytest
 from pdsr_sdk.dispatch.trajectory import reward_extra_struct, sample_row, trajectory_schema
 from pdsr_sdk.rollout.config import RolloutConfig
 from pdsr_sdk.rollout.session import RolloutSession
-from support import WAIT_S, requires_torch
+from support import WAIT_S, raised_in_thread, requires_torch
 
 PROMPTS = [{"id": f"q{i}", "prompt": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(3)]
 
@@ -86,22 +86,13 @@ def test_a_reward_raising_keyboard_interrupt_stops_the_step_with_an_error_naming
             raise KeyboardInterrupt("sandbox gone")
         return 1.0
 
-    outcome: list[BaseException | None] = []
-
     def run():
-        try:
-            with RolloutSession(config(tiny_model_dir, reward_workers=2), reward=interrupting) as session:
-                session.step(PROMPTS)
-            outcome.append(None)
-        except BaseException as exc:   # noqa: BLE001 - what the step raised, checked below
-            outcome.append(exc)
+        with RolloutSession(config(tiny_model_dir, reward_workers=2), reward=interrupting) as session:
+            session.step(PROMPTS)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(WAIT_S)
-    assert not thread.is_alive(), "step() never returned after the reward raised KeyboardInterrupt"
-    assert isinstance(outcome[0], RunError), outcome
-    assert "the reward function raised KeyboardInterrupt (sandbox gone) on sample 1 of prompt" in str(outcome[0])
+    error = raised_in_thread(run, "step() never returned after the reward raised KeyboardInterrupt")
+    assert isinstance(error, RunError), error
+    assert "the reward function raised KeyboardInterrupt (sandbox gone) on sample 1 of prompt" in str(error)
 
 
 @requires_torch

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from support import WAIT_S, requires_torch
+from support import WAIT_S, raised_in_thread, requires_torch
 from pdsr_sdk.errors import DataError, RunError
 
 
@@ -326,31 +326,20 @@ def test_a_hook_raising_keyboard_interrupt_reaches_the_step_and_the_session_clos
     the hook raised it itself) ends ``step()`` with that exception, as Ctrl-C would; a later step says the session
     failed, and the ``with`` block's exit closes the engines. Before, the exception stopped the session's event
     loop, and ``step()`` waited for good."""
-    import threading
-
     from pdsr_sdk import RolloutSession
 
     def interrupting(group):
         raise raised("a hook stops the run")
 
-    outcome: list[BaseException | None] = []
-
     def run():
-        try:
-            with RolloutSession(fake_config(tiny_model_dir)) as session:
-                session.hooks.on_group_done.append(interrupting)
-                try:
-                    session.step(["x"])
-                finally:
-                    session.hooks.on_group_done.clear()
-                    with pytest.raises(RunError, match=r"the session failed earlier \(" + raised.__name__):
-                        session.step(["y"])
-            outcome.append(None)
-        except BaseException as exc:   # noqa: BLE001 - what the step raised, checked below
-            outcome.append(exc)
+        with RolloutSession(fake_config(tiny_model_dir)) as session:
+            session.hooks.on_group_done.append(interrupting)
+            try:
+                session.step(["x"])
+            finally:
+                session.hooks.on_group_done.clear()
+                with pytest.raises(RunError, match=r"the session failed earlier \(" + raised.__name__):
+                    session.step(["y"])
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(WAIT_S)
-    assert not thread.is_alive(), f"step() never returned after a hook raised {raised.__name__}"
-    assert isinstance(outcome[0], raised) and "a hook stops the run" in str(outcome[0]), outcome
+    error = raised_in_thread(run, f"step() never returned after a hook raised {raised.__name__}")
+    assert isinstance(error, raised) and "a hook stops the run" in str(error), error
