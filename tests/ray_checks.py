@@ -70,6 +70,18 @@ def greedy_request(rid, ids, max_tokens):
                           ignore_eos=True, sampling=SamplingConfig(temperature=0.0), sample=None)
 
 
+async def greedy_continuations(engines, tag: str, prompt: list[int], max_tokens: int) -> list[list[int]]:
+    """Each of ``engines``' greedy continuation of ``prompt`` (``max_tokens`` tokens, EOS ignored), in their order:
+    each engine is bound to a listener of its own for it (outside a session, or between a baseline session's
+    steps)."""
+    col = Collector()
+    for e in engines:
+        e.bind(col)
+        e.submit(greedy_request(f"{tag}-{e.name}", prompt, max_tokens))
+    await col.wait(lambda: len(col.ends) == len(engines))
+    return [col.tokens[f"{tag}-{e.name}"] for e in engines]
+
+
 def replay_config(tiny_model_dir, data, out, policy, **over) -> RolloutConfig:
     """A greedy run of the replay prompts (workloads.LENGTHS: 5 prompts x 4 samples of forced lengths)."""
     overrides = {

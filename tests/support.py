@@ -62,6 +62,15 @@ def raised_in_thread(fn, hung: str) -> BaseException | None:
     return outcome[0]
 
 
+def weight_blocks() -> int:
+    """The shared-memory weight blocks this process holds."""
+    import glob
+
+    from pdsr_sdk.engines.weights_shm import new_block_path
+
+    return len(glob.glob(new_block_path().rsplit("-", 1)[0] + "-*"))
+
+
 def run_on(loop, coro, timeout: float = 900):
     """Run ``coro`` on ``loop`` (another thread) and return its result."""
     import asyncio

@@ -4,33 +4,14 @@ tests/rollout/test_rollout_vllm_stagger.py)."""
 
 from __future__ import annotations
 
-import glob
-
-from ray_checks import Collector, engine_test, greedy_request
-from support import run_on
+from ray_checks import engine_test, greedy_continuations
+from support import run_on, weight_blocks
 
 PROMPT = [5, 17, 250, 3, 99, 42, 7, 600]
 #: per group, its 4 samples' forced lengths: a few long ones run on past each step's end
 LENGTHS = [[8, 8, 8, 120], [8, 16, 8, 8], [120, 8, 8, 8], [16, 16, 16, 16], [8, 8, 120, 8], [8, 8, 8, 16],
            [16, 8, 8, 8], [8, 120, 8, 8]] * 2
 UPDATES = 6   # at most: the run ends after the first update that holds an engine back
-
-
-def weight_blocks() -> int:
-    """The shared-memory weight blocks this process holds."""
-    from pdsr_sdk.engines.weights_shm import new_block_path
-
-    return len(glob.glob(new_block_path().rsplit("-", 1)[0] + "-*"))
-
-
-async def greedy(engines, tag):
-    """Each engine's greedy continuation of PROMPT (24 tokens)."""
-    col = Collector()
-    for e in engines:
-        e.bind(col)
-        e.submit(greedy_request(f"{tag}-{e.name}", PROMPT, 24))
-    await col.wait(lambda: len(col.ends) == len(engines))
-    return [col.tokens[f"{tag}-{e.name}"] for e in engines]
 
 
 @engine_test
@@ -67,10 +48,9 @@ def test_a_ray_engine_held_back_loads_a_bucketed_update_from_its_kept_copies(eng
         try:
             async with RolloutSession(cfg, engines=list(engines)) as session:
                 tok = session.tokenizer
-                records = [PromptRecord(prompt_id=f"g{i}", text=f"Question {i}: what is {i} + {i}?",
-                                        token_ids=tok.encode(f"Question {i}: what is {i} + {i}?"),
-                                        target_lengths=lengths) for i, lengths in enumerate(LENGTHS)]
-                records = iter(records)
+                records = iter([PromptRecord(prompt_id=f"g{i}", text=f"Question {i}: what is {i} + {i}?",
+                                             token_ids=tok.encode(f"Question {i}: what is {i} + {i}?"),
+                                             target_lengths=lengths) for i, lengths in enumerate(LENGTHS)])
                 last = False
                 for k in range(UPDATES + 1):
                     out = await session.astep(records if k == 0 else (), last=last or k == UPDATES)
@@ -82,11 +62,11 @@ def test_a_ray_engine_held_back_loads_a_bucketed_update_from_its_kept_copies(eng
                     last = bool(seen["lagging"][-1])
                 seen["lagging_at_end"] = dict(session.scheduler.lagging())
             seen["blocks_after"] = weight_blocks()
-            seen["updated"] = await greedy(engines, "updated")
+            seen["updated"] = await greedy_continuations(engines, "updated", PROMPT, 24)
         finally:   # the shared actors go back to the model folder's weights
             for e in engines:
                 await e.update_weights(StagedWeights(folder=str(tiny_model_dir)))
-        seen["folder"] = await greedy(engines, "folder")
+        seen["folder"] = await greedy_continuations(engines, "folder", PROMPT, 24)
         return seen
 
     seen = run_on(engine_loop, go(), timeout=600)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ray_checks import Collector, engine_test, greedy_request, replay_config
+from ray_checks import engine_test, greedy_continuations, replay_config
 from support import WAIT_S, run_on
 from pdsr_sdk.errors import DataValueError, EngineError
 from workloads import LENGTHS
@@ -40,12 +40,7 @@ def test_update_weights_reaches_ray_engines_through_the_object_store(ray_engines
     cfg = replay_config(tiny_model_dir, "unused.jsonl", "unused.parquet", "baseline")
 
     async def greedy(tag):
-        col = Collector()
-        for e in (ray0, ray1, local):
-            e.bind(col)
-            e.submit(greedy_request(f"{tag}-{e.name}", prompt, 30))
-        await col.wait(lambda: len(col.ends) == 3)
-        return [col.tokens[f"{tag}-{e.name}"] for e in (ray0, ray1, local)]
+        return await greedy_continuations((ray0, ray1, local), tag, prompt, 30)
 
     async def go():
         async with RolloutSession(cfg, engines=[ray0, ray1, local]) as session:
@@ -161,12 +156,7 @@ def test_a_bucketed_update_reaches_a_ray_engine_as_one_block_does(engine_loop, l
     cfg = RolloutConfig(model=str(tiny_model_dir), batch_size=1, policy="baseline")
 
     async def greedy(tag):
-        col = Collector()
-        for e in engines:
-            e.bind(col)
-            e.submit(greedy_request(f"{tag}-{e.name}", prompt, 24))
-        await col.wait(lambda: len(col.ends) == 2)
-        return [col.tokens[f"{tag}-{e.name}"] for e in engines]
+        return await greedy_continuations(engines, tag, prompt, 24)
 
     async def go():
         got = {}

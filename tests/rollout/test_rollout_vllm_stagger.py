@@ -4,24 +4,15 @@ engines, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import glob
-
 import pytest
 
-from support import requires_vllm, run_on
+from support import requires_vllm, run_on, weight_blocks
 from pdsr_sdk.rollout.config import RolloutConfig
 from test_rollout_vllm_steps import stream_records
 from test_rollout_vllm_weights import engine_logps, mean_abs, torch_logps
 from version_checks import assert_one_version_at_a_time
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]   # real engines start: 30-70 s
-
-
-def weight_blocks() -> int:
-    """The shared-memory weight blocks this process holds."""
-    from pdsr_sdk.engines.weights_shm import new_block_path
-
-    return len(glob.glob(new_block_path().rsplit("-", 1)[0] + "-*"))
 
 
 def test_lagging_engines_finish_under_the_old_weights_then_load_the_update(engine_loop, engines, tiny_model_dir):
