@@ -179,7 +179,7 @@ def test_packages_of_one_layer_import_each_other_without_cycles():
 
 def test_the_walker_sees_imports_inside_functions_and_resolves_lazy_names():
     # the checks above are only as good as the walk: a known function-level import and a known lazy name
-    assert any(i.file == "pdsr_sdk/rollout/session.py" and i.target == "engines" and not i.module_level
+    assert any(i.file == "pdsr_sdk/rollout/session_start.py" and i.target == "engines" and not i.module_level
                for i in IMPORTS)
     assert _targets(ast.parse("from pdsr_sdk import simulate").body[0], "pdsr_sdk.x", False) == ["pdsr_sdk.sim"]
     assert _targets(ast.parse("from pdsr_sdk import sim").body[0], "pdsr_sdk.x", False) == ["pdsr_sdk.sim"]

@@ -11,10 +11,11 @@ Trainers use it directly (see docs/sdk.md)::
 or, from async code, ``async with RolloutSession(config) as session`` and ``await session.astep(...)``, ``await
 session.aupdate_weights(...)``. ``pdsr rollout`` (:func:`.run.run_rollout`) is a loop over :meth:`generate`.
 
-The class is written in eight files: this one (its engines' lifecycle, a step), :mod:`.session_stream` (partial
-rollout's steps), :mod:`.session_engines` (weights, pause; sleep in :mod:`.session_sleep`, a staggered update's
-later loads in :mod:`.session_stagger`), :mod:`.session_rewards` (rewards, a step's result),
-:mod:`.session_serve` (serving) and :mod:`.session_callbacks` (the run's callbacks). Results: :mod:`.results`.
+The class is written in nine files: this one (a step), :mod:`.session_start` (its engines' start and close),
+:mod:`.session_stream` (partial rollout's steps), :mod:`.session_engines` (weights, pause; sleep in
+:mod:`.session_sleep`, a staggered update's later loads in :mod:`.session_stagger`), :mod:`.session_rewards`
+(rewards, a step's result), :mod:`.session_serve` (serving) and :mod:`.session_callbacks` (the run's callbacks).
+Results: :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -23,26 +24,26 @@ import asyncio
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from pdsr_sdk.dispatch.clock import LoopClock
 from pdsr_sdk.dispatch.run import DispatchRun
 from pdsr_sdk.dispatch.scheduler import Scheduler
 from pdsr_sdk.dispatch.types import Group
 from pdsr_sdk.errors import ConfigError, DataError, RunError
 from pdsr_sdk.policies.resolve import check_streaming, resolve_policy
-from pdsr_sdk.rollout.aio import LoopThread, failures
+from pdsr_sdk.rollout.aio import LoopThread
 from pdsr_sdk.rollout.data import PromptRecord, build_groups, group_size, prompt_records, step_prompts
-from pdsr_sdk.rollout.preflight import SESSION_PROMPT_ROOM, check_engine_model, check_prompt_ids, prompt_limits
+from pdsr_sdk.rollout.preflight import check_prompt_ids, prompt_limits
 from pdsr_sdk.rollout.results import BatchResult, SessionHooks, StepResult
 from pdsr_sdk.rollout.session_callbacks import RunCallbacks
 from pdsr_sdk.rollout.session_engines import EngineControl
 from pdsr_sdk.rollout.session_rewards import SessionRewards
 from pdsr_sdk.rollout.session_serve import Serving
+from pdsr_sdk.rollout.session_start import EngineLifecycle
 from pdsr_sdk.rollout.session_stream import StreamSteps
 
 __all__ = ["BatchResult", "RolloutSession", "SessionHooks", "StepResult"]
 
 
-class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCallbacks):
+class RolloutSession(EngineLifecycle, StreamSteps, EngineControl, SessionRewards, Serving, RunCallbacks):
     """Engines + one policy instance for a sequence of training steps (see the module docstring).
 
     ``config``: a :class:`~pdsr_sdk.rollout.config.RolloutConfig` (default: all defaults: the
@@ -211,81 +212,6 @@ class RolloutSession(StreamSteps, EngineControl, SessionRewards, Serving, RunCal
         return self._thread.call(coro)
 
     # ------------------------------------------------------------- lifecycle
-    def _model_dir(self) -> str:
-        if self.model_dir is None:
-            from pdsr_sdk.models.tiny import ensure_tiny_model
-
-            self.model_dir = str(ensure_tiny_model())
-        return self.model_dir
-
-    async def start(self, *, max_model_len: int | None = None) -> None:
-        """Build and start the engines (at once; each engine process is pinned when it is spawned)."""
-        self.check_usable("start")
-        if self._started:
-            return
-        from pdsr_sdk.engines import build_engine
-        from pdsr_sdk.engines.vllm_env import is_cpu_build
-        from pdsr_sdk.rollout.layout import engine_layout, starting_message
-
-        cfg, required = self.config, getattr(self.policy_cls, "required_pools", ())   # optional in the Protocol
-        if cfg.reward_executor == "process":
-            self._check_rewards_pickle()   # before any engine starts
-        if self._given_engines is not None:
-            self.engines = list(self._given_engines)
-        else:
-            model_dir = self._model_dir()
-            needed = max_model_len or (cfg.sampling.max_tokens + SESSION_PROMPT_ROOM)
-            self.engine_specs = engine_layout(cfg, required_pools=required, cpu=is_cpu_build(), max_model_len=needed)
-            self.engine_specs = check_engine_model(cfg, self.engine_specs, model_dir, lambda: self.tokenizer)
-            speculative = cfg.vllm_speculative_config()
-            self.engines = [build_engine(spec, model=model_dir, tokenizer=cfg.tokenizer, seed=cfg.seed,
-                                         logprobs_mode=cfg.logprobs_mode, speculative=speculative)
-                            for spec in self.engine_specs]
-        missing = [p for p in required if p not in {e.pool for e in self.engines}]
-        if missing:
-            raise ConfigError(f"policy {cfg.policy!r} needs an engine in pool(s) {', '.join(missing)}")
-        loop = asyncio.get_running_loop()
-        self._fatal = loop.create_future()
-        version = self.scheduler.policy_version if self.scheduler is not None else cfg.policy_version
-        self.run = DispatchRun(
-            self.engines, self.policy_cls, self.policy_settings, LoopClock(loop), cfg.sampling, cfg.segments,
-            policy_version=version, on_sample_done=self._sample_done, on_group_done=self._group_done,
-            on_fatal=self._set_fatal, on_turn_end=self.agents.on_turn_end, on_tokens=self._tokens,
-            first_batch_index=self.run.batch_index if self.run is not None else 0)
-        self.run.scheduler.salt_by_version = self._keep_kv
-        if self.rewards is None:
-            from pdsr_sdk.rollout.reward_runner import RewardRunner
-
-            self.rewards = RewardRunner(self.reward_for, lambda: self.tokenizer, workers=cfg.reward_workers,
-                                        executor=cfg.reward_executor, given=self._agent_score,
-                                        time_limit_s=cfg.reward_time_limit_s)
-        if self._given_engines is None:
-            began = loop.time()
-            self._status(starting_message(self.engine_specs, self._model_dir()))
-            failed = await failures(engine.start() for engine in self.engines)
-            if failed:
-                await failures(engine.close() for engine in self.engines)
-                raise failed[0]
-            self._status(f"engines ready in {loop.time() - began:.1f} s")
-        self._started = True
-
-    async def close(self) -> None:
-        """Close the engines this session built (engines passed in belong to the caller) and free the
-        shared-memory block weight updates used. A call still waiting (a step in another thread or task) ends with
-        a RunError; the session refuses every call after."""
-        self._closed = True
-        self._set_fatal(RunError("the session was closed while this call waited"))
-        self._close_weights()
-        if self.rewards is not None:
-            self.rewards.close()
-            self.rewards = None
-        self.agents.cancel_all()
-        if self._given_engines is not None:
-            self._started = False
-            return
-        await failures(engine.close() for engine in self.engines)
-        self._started = False
-
     # ------------------------------------------------------------ one step
     def load_prompts(self, path: str | Path | None = None) -> list[PromptRecord]:
         """Prompts from a Parquet/JSONL/CSV file read as ``config.data`` says (default: ``config.data.path``,
