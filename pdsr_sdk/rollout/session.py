@@ -211,7 +211,6 @@ class RolloutSession(EngineLifecycle, StreamSteps, EngineControl, SessionRewards
             raise RunError(f"session.{what}(): open the session first: `with RolloutSession(config) as session:`")
         return self._thread.call(coro)
 
-    # ------------------------------------------------------------- lifecycle
     # ------------------------------------------------------------ one step
     def load_prompts(self, path: str | Path | None = None) -> list[PromptRecord]:
         """Prompts from a Parquet/JSONL/CSV file read as ``config.data`` says (default: ``config.data.path``,

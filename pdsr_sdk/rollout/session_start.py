@@ -84,8 +84,6 @@ class EngineLifecycle:
             self.rewards.close()
             self.rewards = None
         self.agents.cancel_all()
-        if self._given_engines is not None:
-            self._started = False
-            return
-        await failures(engine.close() for engine in self.engines)
+        if self._given_engines is None:   # engines passed in are the caller's to close
+            await failures(engine.close() for engine in self.engines)
         self._started = False
