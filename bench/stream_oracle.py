@@ -21,16 +21,18 @@ the fastest over-provision within 10% partial tokens as the median [min, max] ov
 on-policy step, partial share, the ratio per consumed token, and the work bound (the steady step's consumed tokens
 at full occupancy, ``pdsr simulate``'s ``work_bound_s``) over the on-policy step; ``--updates all,staggered`` also
 runs each search with `pdsr simulate --update staggered` (its search goes on to F = 1.5), both on traces of (K + 2)
-x B groups. ``--orders v3,sample`` adds the true-length reference (with --per-seed, one row per seed too). All in
-virtual time: one run gives the same numbers on any machine. A search takes about 2-3 minutes per order and trace
-at B = 512 on one core (kv-bound longer), so the defaults take hours. --quick (B = 128, v3's order only) takes 1 to
-9 minutes a trace (kv-bound and heavy the longest), about two hours for the whole family's forty traces on one
-core; --jobs N runs N searches at once.
+x B groups; ``--updates auto`` runs both in one search and takes the faster (the update it took beside each seed).
+``--orders v3,sample`` adds the true-length reference (with --per-seed, one row per seed too). All in virtual time:
+one run gives the same numbers on any machine. A search takes about 2-3 minutes per order and trace at B = 512 on
+one core (kv-bound longer), so the defaults take hours. --quick (B = 128, v3's order only) takes 1 to 9 minutes a
+trace (kv-bound and heavy the longest), about two hours for the whole family's forty traces on one core; --jobs N
+runs N searches at once.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import Literal
 
 from bench_args import at_least, family_members, int_list, share
@@ -45,6 +47,7 @@ from pdsr_sdk.traces import Measurement
 spread = Measurement.spread   # median [min, max] over a member's seeds
 
 ORDERS = ("v3", "group_median", "group_max", "sample")
+UPDATES = ("all", "staggered", "auto")
 EQUAL = dict(max_num_seqs=256, kv_cache_tokens=262144)
 
 
@@ -74,8 +77,8 @@ class OracleOrderPolicy(V3Policy):
 
 def fastest_within(trace, order: str, b: int, budget: float, profile: dict | None = None, steps: int = 10,
                    update: str = "all"):
-    """(F, ratio, partial share, ratio per token, work bound / on-policy step) of the fastest run within
-    ``budget`` partial tokens."""
+    """(F, ratio, partial share, ratio per token, work bound / on-policy step, update) of the fastest run within
+    ``budget`` partial tokens (``update`` auto: of either update)."""
     from pdsr_sdk.sim.config import SimulateConfig
     from pdsr_sdk.sim.steps import simulate_steps
 
@@ -90,7 +93,7 @@ def fastest_within(trace, order: str, b: int, budget: float, profile: dict | Non
     if pick is None:
         return None
     return (pick.over_provision, report.ratio(pick), pick.partial_share, report.ratio_per_token(pick),
-            pick.work_bound_s / report.baseline_step_s)
+            pick.work_bound_s / report.baseline_step_s, pick.update)
 
 
 def search(name: str, seed: int, order: str, update: str, b: int, budget: float, wide: bool):
@@ -118,9 +121,10 @@ def main() -> None:
                     help="the search's budget: the most partial tokens' share of a step's, in (0, 1) [default: 0.1]")
     ap.add_argument("--orders", default=None, help=f"comma-separated, of {', '.join(ORDERS)} "
                                                    f"[default: v3,group_median,sample]")
-    ap.add_argument("--updates", default="all", help="comma-separated, of all and staggered (`pdsr simulate "
-                                                     "--update`); with staggered, every trace has (K + 2) x B groups "
-                                                     "[default: all]")
+    ap.add_argument("--updates", default="all", help="comma-separated, of all, staggered and auto (`pdsr simulate "
+                                                     "--update`: auto runs both and takes the faster, the update it "
+                                                     "took in the seed's row); with staggered or auto, every trace "
+                                                     "has (K + 2) x B groups [default: all]")
     ap.add_argument("--per-seed", action="store_true", help="also one row per seed")
     ap.add_argument("--jobs", type=int, default=1, help="searches run at once, in worker processes (one a core)")
     args = ap.parse_args()
@@ -133,9 +137,9 @@ def main() -> None:
     if unknown:
         ap.error(f"--orders: unknown {', '.join(unknown)}; valid: {', '.join(ORDERS)}")
     updates = args.updates.split(",")
-    if set(updates) - {"all", "staggered"}:
-        ap.error(f"--updates: unknown {', '.join(sorted(set(updates) - {'all', 'staggered'}))}; valid: all, staggered")
-    wide = "staggered" in updates
+    if set(updates) - set(UPDATES):
+        ap.error(f"--updates: unknown {', '.join(sorted(set(updates) - set(UPDATES)))}; valid: {', '.join(UPDATES)}")
+    wide = updates != ["all"]
 
     from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -169,11 +173,15 @@ def main() -> None:
                 got[seed] = result(t)
                 if args.per_seed:
                     row = ("none within the budget | | | |" if got[seed] is None else
-                           "{:.3g} | {:.3f} | {:.1%} | {:.3f} | {:.3f}".format(*got[seed]))
-                    print(f"| {name} | {k} | {order} | {update} | {seed} | {row} |", flush=True)
+                           "{:.3g} | {:.3f} | {:.1%} | {:.3f} | {:.3f}".format(*got[seed][:5]))
+                    took = f" ({got[seed][5]})" if update == "auto" and got[seed] is not None else ""
+                    print(f"| {name} | {k} | {order} | {update}{took} | {seed} | {row} |", flush=True)
             found = [g for g in got.values() if g is not None]
             missing = len(got) - len(found)
             label = f"{len(found)} of {len(got)}" + (" (the others: none within the budget)" if missing else "")
+            if update == "auto":   # which update the seeds' picks took
+                took = Counter(g[5] for g in found)
+                label += " (" + ", ".join(f"{u}: {took[u]}" for u in ("all", "staggered") if took[u]) + ")"
             if not found:
                 print(f"| {name} | {k} | {order} | {update} | {label} | | | | | |", flush=True)
                 continue

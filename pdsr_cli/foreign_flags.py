@@ -19,7 +19,7 @@ import click
 
 ROLLOUT = ("rollout",)
 ENGINES = ("rollout", "serve")            # commands whose config lays out vLLM engines (RolloutConfig)
-STEPS = ("rollout", "simulate")           # commands with the multi-step flags (common.step_stream_options)
+STEPS = ("rollout", "simulate")           # commands with the multi-step flags (stream_options.step_stream_options)
 GAE = ("gae",)
 SCORE = ("score",)
 ENGINE_NOTE = "each engine's setting, in engine_defaults or an engines entry (docs/configuration.md)"

@@ -58,7 +58,7 @@ MAIN_CASES = [   # scripts whose main() parses sys.argv
     ("weights", ["--repeats", "0"], "argument --repeats: 0 is below 1"),
     ("weights", ["--model", "no/such/model"], "--model: no/such/model: not a model directory"),
     ("score", ["--mbs", "0"], "argument --mbs: 0 is below 1"),
-    ("stream_oracle", ["--updates", "all,later"], "--updates: unknown later; valid: all, staggered"),
+    ("stream_oracle", ["--updates", "all,later"], "--updates: unknown later; valid: all, staggered, auto"),
     ("score", ["--max-tokens", "512"], "argument --max-tokens: 512 is below the longest sample"),
     ("score", ["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
     ("multi_turn", ["--policies", "v3,nope"],

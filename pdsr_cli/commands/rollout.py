@@ -10,7 +10,8 @@ import click
 from pdsr_cli.common import (build_config, check_policy_set_targets, check_speculative_flags, cli_progress,
                              config_option, echo_status,
                              format_summary, format_table, handle_errors, parse_policy_sets, policy_option,
-                             policy_set_option, quiet_option, speculative_options, step_stream_options, UserPathType)
+                             policy_set_option, quiet_option, speculative_options, UserPathType)
+from pdsr_cli.stream_options import step_stream_options
 from pdsr_sdk.rollout.config import INSTRUCTIONS, DataConfig
 
 

@@ -10,12 +10,13 @@ import click
 
 from pdsr_cli.common import (POLICY_SET_METAVAR, build_config, check_policy_set_targets, cli_progress,
                              config_option, deprecated_flag, format_table, handle_errors, parse_policy_sets,
-                             policy_option, policy_set_option, quiet_option, step_stream_options, UserPathType)
+                             policy_option, policy_set_option, quiet_option, UserPathType)
 from pdsr_cli.commands.trace import list_family
 from pdsr_cli.commands.simulate_notes import (COUNTER_COLUMNS, batch_words, cost_words, fastest_words, steady_words,
-                                              table_notes, trainer_words)
+                                              table_notes, trainer_words, UPDATE_WORDS)
 from pdsr_cli.input_warnings import warn_failed_samples, warn_if_in_progress
 from pdsr_cli.out_dir import remove_other_outputs
+from pdsr_cli.stream_options import step_stream_options
 
 @click.group("simulate", invoke_without_command=True)
 @click.option("--trace", "trace", type=UserPathType(dir_okay=False, path_type=Path), default=None,
@@ -64,7 +65,7 @@ from pdsr_cli.out_dir import remove_other_outputs
                    "run does not write (an earlier run's) are removed.  [default: print only]")
 @click.option("--no-timeline", is_flag=True, default=None, help="Do not draw the PNG timeline.")
 @step_stream_options("the trace's groups (compared with the on-policy baseline at the same B)",
-                     "the curve F = 0, 0.25, 0.5, 1")
+                     "the curve F = 0, 0.25, 0.5, 1", auto_update=True)
 @click.option("--trainer-s", type=float, default=None,
               help="With --steps: seconds the trainer trains on a step before it updates the weights (the engines "
                    "stop meanwhile unless --pipeline; the on-policy baseline's steps take it too).  [default: 0]")
@@ -79,7 +80,7 @@ from pdsr_cli.out_dir import remove_other_outputs
                    "group's other lengths); replay: its recorded length again (as a length-controlled replay on real "
                    "engines).  [default: redraw]")
 @click.option("--max-partial-share", type=float, default=None,
-              help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5 (with --update staggered, also "
+              help="With --steps and no --over-provision: run F = 0, 0.05, ..., 0.5 (staggered runs also "
                    "0.75 to 1.5), refine between the fastest F whose partial share (tokens from responses carried "
                    "across a weight update) is at most this and the next one over it (bisecting the groups in "
                    "flight), and name the fastest within, e.g. 0.1.")
@@ -259,7 +260,7 @@ def with_profile_verify_cost(spec: dict, profile: dict) -> dict:
 def _run_steps(tr, cfg, quiet: bool) -> None:
     from pdsr_sdk.io.tables import write_text_atomic
     from pdsr_sdk.sim.steps import simulate_steps
-    from pdsr_sdk.sim.steps_report import write_steps_plot
+    from pdsr_sdk.sim.steps_plot import write_steps_plot
     from pdsr_sdk.sim.timeline import write_steps_timeline
 
     report = simulate_steps(tr, cfg, progress=cli_progress(quiet))
@@ -272,7 +273,7 @@ def _run_steps(tr, cfg, quiet: bool) -> None:
                + ("; restarted samples draw fresh lengths" if cfg.restart_lengths == "redraw"
                   else "; restarted samples replay their recorded lengths")
                + ("; KV kept across updates" if cfg.kv_on_update == "keep" else "")
-               + ("; staggered update" if cfg.update == "staggered" else "") + cost_words(cfg))
+               + UPDATE_WORDS[cfg.update] + cost_words(cfg))
     if len(report.runs) == 1:
         click.echo(format_table(report.step_rows(report.runs[0])))
         click.echo(format_table(report.engine_rows(report.runs[0])))

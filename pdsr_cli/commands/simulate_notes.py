@@ -91,12 +91,26 @@ def fastest_words(report) -> str:
              if report.floor_ratio is not None else "")
     if pick is None:
         return f"no over-provision kept the partial share within {budget:.1%}" + floor
-    return (f"fastest within {budget:.1%} partial tokens: F = {pick.over_provision:.3g} ({pick.in_flight} groups in "
-            f"flight), steady step "
+    auto = report.cfg.update == "auto"
+    return (f"fastest within {budget:.1%} partial tokens: " + (f"update {pick.update}, " if auto else "")
+            + f"F = {pick.over_provision:.3g} ({pick.in_flight} groups in flight), steady step "
             f"{pick.steady_step_s:.4g} s = {report.ratio(pick) or 0.0:.3f}x the on-policy step "
             f"(partial {pick.partial_share:.1%}, oldest token {pick.max_age} version{'' if pick.max_age == 1 else 's'} "
             f"old; per consumed token "
-            f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + _carried_words(pick) + floor)
+            f"{report.ratio_per_token(pick) or 0.0:.3f}x)" + _carried_words(pick)
+            + (_other_update_words(report, pick) if auto else "") + floor)
+
+
+def _other_update_words(report, pick) -> str:
+    """With ``update: auto``: the fastest run within the budget of the update the pick does not have."""
+    budget = report.cfg.max_partial_share
+    other = min((r for r in report.runs if r.update != pick.update and r.partial_share <= budget),
+                key=lambda r: r.steady_step_s, default=None)
+    if other is None:
+        return f"\nwith update {'all' if pick.update == 'staggered' else 'staggered'}: no F within the budget"
+    return (f"\nwith update {other.update}: fastest within F = {other.over_provision:.3g}, "
+            f"{report.ratio(other) or 0.0:.3f}x (partial {other.partial_share:.1%}; off-policy tokens "
+            f"{other.off_policy_share:.1%} against {pick.off_policy_share:.1%})")
 
 
 def _carried_words(run) -> str:
@@ -106,6 +120,10 @@ def _carried_words(run) -> str:
     per_step = run.carried_responses / len(run.steps)
     return (f"\nits partial tokens: {per_step:.3g} responses a step crossed an update, {made:.0%} of their tokens "
             f"made before it")
+
+
+#: how the run's header names the update (``--update``)
+UPDATE_WORDS = {"all": "", "staggered": "; staggered update", "auto": "; each F with update all and staggered"}
 
 
 def trainer_words(cfg) -> str:

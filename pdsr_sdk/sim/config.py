@@ -278,9 +278,13 @@ class SimulateConfig(StepStreamConfig, PolicyChoice):
                               "49% of the times it was drawn afresh, where this predicted 52%: bench/recurrence.py). "
                               "replay: its recorded length again, as a length-controlled replay on real engines does "
                               "(bench/partial.py; a response that ran to the cap runs there again).")
+    update: Literal["all", "staggered", "auto"] = Field(
+        "all", description="Multi-step: how each update reaches the engines, as in a session: all (the default) or "
+                           "staggered (StepStreamConfig.update). auto: run each over-provision value with both and "
+                           "name the faster (with max_partial_share, the fastest of either within the budget).")
     max_partial_share: float | None = Field(
         None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., "
-                                      "0.5 (with update staggered, also 0.75, 1, 1.25 and 1.5) instead of 0, 0.25, "
+                                      "0.5 (staggered runs also 0.75, 1, 1.25 and 1.5) instead of 0, 0.25, "
                                       "0.5 and 1, refine it by bisecting the groups in flight between the fastest F "
                                       "whose partial share (consumed tokens from responses carried across a weight "
                                       "update) is at most this and the next one over it, and name the fastest within:"
@@ -308,9 +312,13 @@ class SimulateConfig(StepStreamConfig, PolicyChoice):
         elif self.filter_groups is not None and "metric" in self.filter_groups.model_fields_set:
             raise ConfigValueError("filter_groups.metric chooses among a reward's values in pdsr rollout; the "
                                    "simulator compares the one reward per sample its trace records: leave it out")
-        elif self.update == "staggered" and self.pipeline:
-            raise ConfigValueError("update: staggered finishes responses under the weights of the step that ended, "
-                                   "with the engines stopped at its end: it needs pipeline off")
+        elif self.update != "all" and self.pipeline:
+            raise ConfigValueError(f"update: {self.update}: a staggered update finishes responses under the "
+                                   f"weights of the step that ended, with the engines stopped at its end: it needs "
+                                   f"pipeline off")
+        elif self.update == "auto" and self.max_staleness == 0:
+            raise ConfigValueError("update: auto: a staggered update finishes responses under the weights of the step "
+                                   "that ended, one version old: it needs max_staleness unset or at least 1")
         elif self.max_partial_share is not None and self.over_provision is not None:
             raise ConfigValueError("max_partial_share searches the over-provision: leave over_provision unset")
         return self

@@ -51,6 +51,8 @@ CURVE = (0.0, 0.25, 0.5, 1.0)
 SEARCH = tuple(round(0.05 * i, 2) for i in range(11))
 #: ... and beyond with a staggered update, whose responses cross no update, so a larger F fits the budget
 SEARCH_STAGGERED = SEARCH + (0.75, 1.0, 1.25, 1.5)
+#: the updates one run can have (``update: auto`` runs each)
+UPDATES = ("all", "staggered")
 
 
 def curve_values(cfg: SimulateConfig) -> tuple[float, ...]:
@@ -64,7 +66,7 @@ def curve_values(cfg: SimulateConfig) -> tuple[float, ...]:
         return CURVE
     b = cfg.step_groups or cfg.batch_size
     first: dict[int, float] = {}
-    for f in SEARCH_STAGGERED if cfg.update == "staggered" else SEARCH:
+    for f in SEARCH if cfg.update == "all" else SEARCH_STAGGERED:   # auto: its staggered runs' (the most)
         first.setdefault(in_flight(b, f), f)
     return tuple(first.values())
 
@@ -161,6 +163,9 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
     With ``cfg.filter_groups``, ``over_provision`` None adapts the groups in flight to the pass rate."""
     if cfg.steps is None:
         raise ConfigError("steps: a multi-step run needs steps (K)")
+    if cfg.update not in UPDATES:
+        raise ConfigError(f"update: a run has one update, {' or '.join(UPDATES)}; got {cfg.update!r} (simulate_steps "
+                          f"runs auto as both)")
     cls, settings = policy_for_steps(cfg, name)
     keep = group_filter(trace, cfg)
     rows = stream_rows(trace, cfg, groups_needed(cfg, over_provision), over_provision_label([over_provision]))
@@ -237,7 +242,7 @@ def run_steps(trace, cfg: SimulateConfig, name: str, over_provision: float | Non
     facts = dict(report()) if report is not None else {}
     end = clock.now()
     return StepsRun(
-        policy=name, over_provision=over_provision, step_groups=stream.b, in_flight=stream.target,
+        policy=name, over_provision=over_provision, update=cfg.update, step_groups=stream.b, in_flight=stream.target,
         max_staleness=cfg.max_staleness, group_deadline=stream.d, steps=stream.records,
         dropped_groups=len(left) + sum(r.dropped for r in stream.records),
         dropped_samples=sum(1 for g in left for s in g.samples if s.finished),
@@ -282,12 +287,17 @@ def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = si
     else:
         base = on_policy_steps(trace, cfg, progress=progress)
 
-    def run_at(f: float | None) -> StepsRun:
-        return run_steps(trace, cfg, name, f, keep_groups=keep_groups, progress=progress)
+    runs: list[StepsRun] = []
+    for update in UPDATES if cfg.update == "auto" else (cfg.update,):
+        one = cfg.model_copy(update={"update": update})
 
-    runs = [run_at(f) for f in values]
-    if cfg.max_partial_share is not None:
-        runs = refine_within(runs, cfg.max_partial_share, cfg.step_groups or cfg.batch_size, run_at)
+        def run_at(f: float | None, one=one) -> StepsRun:
+            return run_steps(trace, one, name, f, keep_groups=keep_groups, progress=progress)
+
+        these = [run_at(f) for f in curve_values(one)]
+        if cfg.max_partial_share is not None:
+            these = refine_within(these, cfg.max_partial_share, cfg.step_groups or cfg.batch_size, run_at)
+        runs += these
     return StepsReport(cfg, base, runs, floor_s=budget_floor(trace, cfg, runs))
 
 
@@ -342,9 +352,13 @@ def refine_within(runs: list[StepsRun], budget: float, b: int,
         return runs
     hi = min(over, key=lambda r: r.in_flight)
     out = list(runs)
+    ran = {r.in_flight: r for r in runs}
     while hi.in_flight - lo.in_flight > 1:
-        r = run_at((lo.in_flight + hi.in_flight) // 2 / b - 1.0)
-        out.append(r)
+        mid = (lo.in_flight + hi.in_flight) // 2
+        r = ran.get(mid)   # a count the grid already ran (a slower run within the budget): not again
+        if r is None:
+            r = ran[mid] = run_at(mid / b - 1.0)
+            out.append(r)
         if r.partial_share <= budget:
             lo = r
         else:

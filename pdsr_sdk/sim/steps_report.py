@@ -1,6 +1,7 @@
 """The record and report of a multi-step simulation (``pdsr simulate --steps``): one run's steps and their
 steady state (:class:`StepsRun`), the on-policy baseline beside the runs, their table rows, ``steps.json`` and
-the curve's PNG (:class:`StepsReport`). :mod:`pdsr_sdk.sim.steps` runs them."""
+the curve's PNG (:class:`StepsReport`; drawn by :mod:`pdsr_sdk.sim.steps_plot`). :mod:`pdsr_sdk.sim.steps` runs
+them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class StepsRun:
     policy: str
     #: None: dynamic sampling with the groups in flight adapted to the pass rate
     over_provision: float | None
+    #: how each weight update reached the engines: all or staggered (``update: auto`` runs both)
+    update: str
     step_groups: int
     in_flight: int
     max_staleness: int | None
@@ -155,7 +158,7 @@ class StepsReport:
     def summary(self, r: StepsRun) -> dict[str, Any]:
         base = self.baseline_step_s
         return {
-            "policy": r.policy, "over_provision": r.over_provision, "step_groups": r.step_groups,
+            "policy": r.policy, "over_provision": r.over_provision, "update": r.update, "step_groups": r.step_groups,
             "in_flight": r.in_flight, "max_staleness": r.max_staleness, "group_deadline": r.group_deadline,
             "steady_step_s": r.steady_step_s, "baseline_step_s": base,
             "ratio": self.ratio(r),
@@ -205,13 +208,14 @@ class StepsReport:
         return [pick] if pick is not None else list(self.runs)
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per over-provision value: the curve of step time against off-policy share (with a partial-share
-        budget, the fastest run within it is marked in ``pick``)."""
+        """One row per over-provision value (with ``update: auto``, per value and update): the curve of step time
+        against off-policy share (with a partial-share budget, the fastest run within it is marked in ``pick``)."""
         out = []
         pick = self.fastest_within()
         for r in self.runs:
             s = self.summary(r)
-            row = {"F": r.over_provision, "in_flight": r.in_flight, "step_s": s["steady_step_s"],
+            row = {"F": r.over_provision, **({"update": r.update} if self.cfg.update == "auto" else {}),
+                   "in_flight": r.in_flight, "step_s": s["steady_step_s"],
                    "on_policy_s": s["baseline_step_s"], "ratio": s["ratio"], "token_ratio": s["token_ratio"],
                    "per_token": s["ratio_per_token"], "vs_bound": s["vs_work_bound"],
                    "off_policy": s["off_policy_share"], "partial": s["partial_share"], "max_age": s["max_age"],
@@ -253,6 +257,7 @@ class StepsReport:
             "restart_lengths": cfg.restart_lengths, "kv_on_update": cfg.kv_on_update, "update": cfg.update,
             "max_partial_share": cfg.max_partial_share,
             "fastest_within": pick.over_provision if pick is not None else None,
+            "fastest_within_update": pick.update if pick is not None else None,
             "floor_s": self.floor_s,
             "floor_ratio": self.floor_ratio,
             "engines": {"fast": {"count": cfg.fast, **cfg.profiles.fast.model_dump()},
@@ -318,60 +323,9 @@ DEFINITIONS = {
                "each long response made in its consuming step priced, and the steps a response makes one token at a "
                "time, each paying c0; bench/partial_bound.py). floor_ratio: over the on-policy step.",
     "fastest_within": "With max_partial_share: the over-provision F whose run had the shortest steady step among "
-                      "those with partial_share at most max_partial_share (null when none was within it).",
+                      "those with partial_share at most max_partial_share (null when none was within it); "
+                      "fastest_within_update: that run's update (with update auto, the runs of both are compared).",
     "dropped_groups": "Groups still in flight after the last step (the next step's carry), and those on-policy "
                       "dynamic sampling dropped at a step's end; dropped_tokens: their samples' reported tokens; "
                       "dropped_samples: the finished samples of the groups still in flight.",
 }
-
-
-def write_steps_plot(report: StepsReport, path) -> str:
-    """PNG: steady step time / on-policy step against the off-policy token share, one point per F, with
-    each point's work bound below it."""
-    from pdsr_sdk.io.tables import write_png
-    from pdsr_sdk.sim.timeline import agg_figure
-
-    rows = report.rows()
-    fig = agg_figure((6, 4.2))
-    ax = fig.add_subplot()
-    xs = [r["off_policy"] * 100 for r in rows]
-    ys = [r["ratio"] or 0.0 for r in rows]
-    ax.plot(xs, ys, "o-", color="tab:blue", label="all off-policy tokens")
-    ax.plot([r["partial"] * 100 for r in rows], ys, "o--", color="tab:orange", mfc="none",
-            label="of them: carried partial responses")
-    per_token = [r["per_token"] for r in rows]
-    if any(p is not None and p != y for p, y in zip(per_token, ys)):   # restarts changed the consumed lengths
-        ax.plot(xs, [p or 0.0 for p in per_token], "x", color="tab:blue", alpha=0.7,
-                label="per consumed token (ratio / token_ratio)")
-    base = report.baseline_step_s
-    if base > 0:   # the floor under each point: its consumed tokens generated at full occupancy
-        ax.plot(xs, [r.work_bound_s / base for r in report.runs], "_", color="grey", ms=14, mew=2,
-                label="work bound (consumed tokens at full occupancy)")
-    pick = report.fastest_within()
-    if pick is not None:   # the over-provision to run within the partial-share budget
-        ax.axvline(report.cfg.max_partial_share * 100, color="tab:orange", lw=0.8, ls=":",
-                   label=f"partial-share budget {report.cfg.max_partial_share:.0%}")
-        ax.plot([pick.partial_share * 100], [report.ratio(pick) or 0.0], "*",
-                color="tab:red", ms=13, label=f"fastest within it: F={pick.over_provision:.3g}")
-    # below the axes: inside, it covered the work bounds and the curve's right end (high F)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
-    every = 1 if len(rows) <= 6 else 2   # the search's 11 points: label every other one
-    right = max(xs)
-    for i, (x, y, r) in enumerate(zip(xs, ys, rows)):
-        if i % every:
-            continue
-        # the rightmost point sits at the axes' edge: its label goes to its left, inside
-        ax.annotate(f"F={r['F']:.3g}", (x, y), textcoords="offset points", xytext=(-5 if x == right else 5, 5),
-                    ha="right" if x == right else "left", fontsize=8)
-    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("off-policy tokens (%)")
-    ax.set_ylabel("steady step / on-policy step")
-    cfg = report.cfg
-    s = "none" if cfg.max_staleness is None else str(cfg.max_staleness)
-    trainer = (f", {'pipelined' if cfg.pipeline else 'synchronous'} trainer {cfg.trainer_s:g} s + load "
-               f"{cfg.weight_update_s:g} s" if cfg.trained else "")
-    ax.set_title(f"Steady step against off-policy tokens, one point per over-provision F\n{report.runs[0].policy}, "
-                 f"B={cfg.step_groups or cfg.batch_size}, K={cfg.steps}, max staleness {s}{trainer}", fontsize=9)
-    ax.set_ylim(bottom=0)
-    write_png(fig, path)
-    return str(path)

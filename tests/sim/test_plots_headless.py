@@ -20,7 +20,7 @@ mine = plt.figure()
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import simulate
 from pdsr_sdk.sim.steps import simulate_steps
-from pdsr_sdk.sim.steps_report import write_steps_plot
+from pdsr_sdk.sim.steps_plot import write_steps_plot
 from pdsr_sdk.sim.timeline import write_steps_timeline, write_timeline
 from pdsr_sdk.traces import synth_trace
 out = sys.argv[1]

@@ -144,6 +144,7 @@ def test_the_refinement_bisects_to_the_last_count_within_the_budget(b, budget, w
     runs = refine_within(coarse, budget, b, run_at)
     counts = [r.in_flight for r in runs]
     assert counts == sorted(counts) and len(runs) == len(coarse) + len(asked)
+    assert len(set(counts)) == len(counts)                       # no count run twice
     within = [r for r in runs if r.partial_share <= budget]
     best = min(within, key=lambda r: r.steady_step_s)
     assert best.in_flight == want                                # by hand: b + floor(budget / 0.001), capped at 1.5 b
@@ -153,3 +154,28 @@ def test_the_refinement_bisects_to_the_last_count_within_the_budget(b, budget, w
         assert len(asked) <= step.bit_length()                   # a bisection, not a scan
     else:
         assert asked == []                                       # nothing over the budget to bisect toward
+
+
+def test_the_refinement_does_not_run_again_a_count_the_grid_ran():
+    """B = 32 on the staggered grid: F = 1, 1.25, 1.5 keep 64, 72 and 80 groups in flight. 72 is within the budget
+    but slower than 64 and 80 is over it, so the bisection's first midpoint is 72: it was run, and it once ran
+    again (a second row of the same count in the table)."""
+    b = 32
+    coarse = [_Run(b, f) for f in SEARCH_STAGGERED]
+    for r in coarse:
+        r.partial_share = 0.002 * (r.in_flight - b)            # 72: 8%, 80: 9.6%
+        if r.in_flight == 72:
+            r.steady_step_s = 100.0                             # within, but slower than 64
+    asked = []
+
+    def run_at(f):
+        asked.append(in_flight(b, f))
+        r = _Run(b, f)
+        r.partial_share = 0.002 * (r.in_flight - b)
+        return r
+
+    runs = refine_within(coarse, 0.09, b, run_at)
+    counts = [r.in_flight for r in runs]
+    assert asked and not set(asked) & {r.in_flight for r in coarse}
+    assert len(set(counts)) == len(counts) and counts == sorted(counts)
+    assert max(r.in_flight for r in runs if r.partial_share <= 0.09) == 77   # 32 + floor(0.09 / 0.002)

@@ -13,7 +13,7 @@ from pdsr_sdk.errors import ConfigValueError
 from pdsr_sdk.sim.config import SimulateConfig
 from pdsr_sdk.sim.driver import simulate
 from pdsr_sdk.sim.steps import simulate_steps
-from pdsr_sdk.sim.steps_report import write_steps_plot
+from pdsr_sdk.sim.steps_plot import write_steps_plot
 from pdsr_sdk.sim.timeline import MARK_COLOUR, timeline_image, write_steps_timeline, write_timeline
 from sim_cases import UNIT, hand_trace, small_cfg, small_trace
 
