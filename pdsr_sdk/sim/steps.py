@@ -12,6 +12,9 @@ flight after the last step (the next step's carry) are reported. With F = 0 and 
 launches B groups and waits for all of them: the on-policy run. The runs' record and report (table
 rows, ``steps.json``, the curve's PNG) are in :mod:`pdsr_sdk.sim.steps_report`.
 
+``update: auto`` runs the curve or the search with every engine loading at each update and again with a staggered
+update (:class:`~pdsr_sdk.sim.trainer.SimTrainer`), each run as it would run alone.
+
 Dynamic sampling (``filter_groups``): each group's rewards are the trace's (``rewards``; a restarted sample
 keeps its recorded reward), a complete group is judged at once, and the baseline is verl's DAPO recipe
 (:func:`~pdsr_sdk.sim.steps_baseline.dapo_recipe_steps`) instead of the plain on-policy batch.
@@ -275,7 +278,7 @@ def step_work_bound(groups: list[Group], engines: int, cfg: SimulateConfig, coef
 def simulate_steps(trace, cfg: SimulateConfig, *, progress: ProgressFactory = silent_progress,
                    keep_groups: bool = False) -> StepsReport:
     """The on-policy baseline and a multi-step run for ``cfg.over_provision`` (or each value of the curve or the
-    search: :func:`curve_values`)."""
+    search: :func:`curve_values`); with ``update: auto`` those runs with each update, one after the other."""
     name = cfg.policy
     if getattr(trace, "multi_turn", False):   # as a session with an agent: its samples are never restarted
         check_agent_streaming(cfg.max_staleness, cfg.filter_groups is not None, "with a trace of turns")
