@@ -56,10 +56,12 @@ def write_steps_timeline(report, path: str | Path, *, bins: int = 600) -> Path:
     save it as a PNG: where the steps' slots sat empty, and which engines the policy kept light (its tail lane)."""
     panels = []
     runs = report.timeline_runs()
+    auto = report.cfg.update == "auto"   # runs of both updates: each panel names its own
     for run in runs:
         lanes = ", ".join(e.name for e in run.engines if e.lane)
         panels.append((run.engines, run.horizon_s, [s.end_s for s in run.steps[:-1]],
-                       f"{run.policy}, F={run.over_provision:g}: steady step {run.steady_step_s:.4g} s "
+                       f"{run.policy}, F={run.over_provision:g}" + (f", update {run.update}" if auto else "")
+                       + f": steady step {run.steady_step_s:.4g} s "
                        f"(on-policy {report.baseline_step_s:.4g} s)" + (f"; tail lane: {lanes}" if lanes else "")))
     vmax = max((e.max_seqs for r in runs for e in r.engines), default=1)
     return _draw(panels, path, vmax=vmax, bins=bins, marks="step ends")

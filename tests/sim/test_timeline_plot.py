@@ -135,3 +135,20 @@ def test_a_run_that_recorded_no_occupancy_is_refused_not_drawn_idle(tmp_path):
     with pytest.raises(ConfigValueError, match="timeline: baseline, F=0.5 recorded no engine occupancy"):
         write_steps_timeline(steps, tmp_path / "steps_timeline.png")
     assert not list(tmp_path.iterdir())
+
+
+def test_update_auto_draws_a_curve_and_names_a_panel_per_update(tmp_path, drawn):
+    """--update auto at one F: steps.png has the curves of both updates (each labelled with its update) and the
+    timeline a panel per run, each titled with its update (two panels of one F read alike otherwise)."""
+    report = simulate_steps(small_trace(groups=200), small_cfg(policy="v3", max_staleness=2, update="auto",
+                                                               over_provision=0.5, timeline=True, out_dir=tmp_path))
+    assert [r.update for r in report.runs] == ["all", "staggered"]
+    write_steps_plot(report, tmp_path / "steps.png")
+    write_steps_timeline(report, tmp_path / "timeline.png")
+    plot, timeline = drawn
+    labels = [line.get_label() for line in plot.axes[0].get_lines()]
+    for update in ("all", "staggered"):
+        assert f"all off-policy tokens (update {update})" in labels
+        assert f"of them: carried partial responses (update {update})" in labels
+    titles = [ax.get_title() for ax in timeline.axes if ax.images]
+    assert [t.split(":")[0] for t in titles] == ["v3, F=0.5, update all", "v3, F=0.5, update staggered"]
