@@ -40,8 +40,8 @@ def step_stream_options(stream: str, over_provision_default: str, *, auto_update
                      help="With --steps: how each weight update reaches the engines. all: every engine loads it at "
                           "the step's end; staggered: responses of the ending version finish under it on the fewest "
                           "engines, which load once those end (off-policy by one, not partial)"
-                          + ("; auto: run each F with both and name the faster (with --max-partial-share: the "
-                             "fastest of either within the budget)" if auto_update else "")
+                          + ("; auto: run each F with both (with --max-partial-share, name the fastest of either "
+                             "within the budget)" if auto_update else "")
                           + ".  [default: all]"),
         click.option("--filter-groups", type=click.Choice(["zero-variance"]), default=None,
                      help="Dynamic sampling (DAPO): filter out groups whose N rewards are all equal as they "

@@ -280,8 +280,8 @@ class SimulateConfig(StepStreamConfig, PolicyChoice):
                               "(bench/partial.py; a response that ran to the cap runs there again).")
     update: Literal["all", "staggered", "auto"] = Field(
         "all", description="Multi-step: how each update reaches the engines, as in a session: all (the default) or "
-                           "staggered (StepStreamConfig.update). auto: run each over-provision value with both and "
-                           "name the faster (with max_partial_share, the fastest of either within the budget).")
+                           "staggered (StepStreamConfig.update). auto: run each over-provision value with both (with "
+                           "max_partial_share, name the fastest of either within the budget).")
     max_partial_share: float | None = Field(
         None, gt=0, lt=1, description="Multi-step, with over_provision unset: run the curve over F = 0, 0.05, ..., "
                                       "0.5 (staggered runs also 0.75, 1, 1.25 and 1.5) instead of 0, 0.25, "
