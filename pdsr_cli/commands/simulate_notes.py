@@ -103,11 +103,10 @@ def fastest_words(report) -> str:
 
 def _other_update_words(report, pick) -> str:
     """With ``update: auto``: the fastest run within the budget of the update the pick does not have."""
-    budget = report.cfg.max_partial_share
-    other = min((r for r in report.runs if r.update != pick.update and r.partial_share <= budget),
-                key=lambda r: r.steady_step_s, default=None)
+    update = "all" if pick.update == "staggered" else "staggered"
+    other = report.fastest_within(update)
     if other is None:
-        return f"\nwith update {'all' if pick.update == 'staggered' else 'staggered'}: no F within the budget"
+        return f"\nwith update {update}: no F within the budget"
     return (f"\nwith update {other.update}: fastest within F = {other.over_provision:.3g}, "
             f"{report.ratio(other) or 0.0:.3f}x (partial {other.partial_share:.1%}; off-policy tokens "
             f"{other.off_policy_share:.1%} against {pick.off_policy_share:.1%})")

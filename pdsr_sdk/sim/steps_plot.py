@@ -23,7 +23,7 @@ def write_steps_plot(report: StepsReport, path) -> str:
     updates = list(dict.fromkeys(run.update for run in report.runs))
     for update in updates:   # a curve per update: the runs of one are in order of F
         at = [i for i, run in enumerate(report.runs) if run.update == update]
-        colour, marker = STYLES.get(update, STYLES["all"])
+        colour, marker = STYLES[update]
         named = f" (update {update})" if len(updates) > 1 else ""
         ax.plot([xs[i] for i in at], [ys[i] for i in at], f"{marker}-", color=colour,
                 label=f"all off-policy tokens{named}")

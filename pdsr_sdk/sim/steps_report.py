@@ -192,13 +192,14 @@ class StepsReport:
                       for s in r.steps],
         }
 
-    def fastest_within(self) -> StepsRun | None:
+    def fastest_within(self, update: str | None = None) -> StepsRun | None:
         """The run with the shortest steady step among those whose partial share is at most
-        ``cfg.max_partial_share`` (None without a budget, or when none is within it)."""
+        ``cfg.max_partial_share`` (None without a budget, or when none is within it); ``update``: among that
+        update's runs only (``update: auto`` runs both)."""
         budget = self.cfg.max_partial_share
         if budget is None:
             return None
-        within = [r for r in self.runs if r.partial_share <= budget]
+        within = [r for r in self.runs if r.partial_share <= budget and update in (None, r.update)]
         return min(within, key=lambda r: r.steady_step_s, default=None)
 
     def timeline_runs(self) -> list[StepsRun]:

@@ -44,6 +44,9 @@ def test_auto_runs_both_updates_as_each_alone_and_picks_the_fastest_within(budge
     pick = auto.fastest_within()
     assert (pick.update, pick.in_flight, pick.steady_step_s) == (want.update, want.in_flight, want.steady_step_s)
     assert pick.partial_share <= budget
+    for update, rep in alone.items():   # each update's own pick, as its search alone names it
+        mine, theirs = auto.fastest_within(update), rep.fastest_within()
+        assert (mine.in_flight, mine.steady_step_s) == (theirs.in_flight, theirs.steady_step_s)
     d = auto.to_dict()
     assert (d["update"], d["fastest_within"], d["fastest_within_update"]) == ("auto", pick.over_provision,
                                                                             pick.update)
